@@ -1,0 +1,1 @@
+"""Benchmarks: JSON results and PNG plots under bench/results/."""

@@ -1,0 +1,52 @@
+"""Writing benchmark results: one JSON file and one PNG plot per run."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def write_result(out_dir: str | Path, name: str, payload: dict[str, Any]) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = out / f"{name}-{stamp}.json"
+    path.write_text(json.dumps({"benchmark": name, "time": stamp, "env": environment(), **payload}, indent=2))
+    return path
+
+
+def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, points in series.items():
+        xs, ys = zip(*points, strict=True) if points else ((), ())
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png = path.with_suffix(".png")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

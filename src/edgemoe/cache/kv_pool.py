@@ -1,0 +1,59 @@
+"""Paged KV pool: fixed-size pages of key/value slots for every attention layer.
+
+A request owns a list of page ids (its page table). Token position p of a request
+lives in slot `pages[p // page_size] * page_size + p % page_size` in every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class OutOfPages(RuntimeError):
+    """Raised when an allocation asks for more pages than are free."""
+
+
+class KVPool:
+    """Owns the KV tensors and the free list. Not thread-safe: the engine loop owns it."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Pop from the end: low page ids are handed out first, which keeps tests readable.
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfPages(f"need {n} KV pages, {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+    def slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
+        """Slots of positions [start, end) for a request with page table `pages`."""
+        pos = torch.arange(start, end)
+        page_idx = torch.tensor(pages, dtype=torch.long)[pos // self.page_size]
+        return (page_idx * self.page_size + pos % self.page_size).to(self.k.device)
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2

@@ -1,0 +1,113 @@
+"""Command line: argparse → config objects → the command. Nothing else lives here.
+
+Engine flags are generated from the config dataclasses (`edgemoe.config`), so the flag
+`--foo-bar`, the field and the `LLM(foo_bar=...)` keyword cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from edgemoe.config import setting_fields
+
+
+def _flag_type(annotation: Any) -> type:
+    text = str(annotation)
+    if "int" in text:
+        return int
+    if "float" in text:
+        return float
+    return str
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per engine setting, named after the field."""
+    group = parser.add_argument_group("engine")
+    for f in setting_fields():
+        flag = "--" + f.name.replace("_", "-")
+        group.add_argument(
+            flag,
+            dest=f.name,
+            type=_flag_type(f.type),
+            default=argparse.SUPPRESS,  # unset flags keep the dataclass default
+            choices=f.metadata.get("choices"),
+            help=f.metadata.get("help"),
+        )
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    names = {f.name for f in setting_fields()}
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgemoe", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate from one or more prompts")
+    add_engine_flags(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message with the chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+
+    bench = sub.add_parser("bench", help="benchmarks; results under bench/results/")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    dec = bench_sub.add_parser("decode", help="prefill and decode tok/s")
+    add_engine_flags(dec)
+    dec.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 512])
+    dec.add_argument("--decode-tokens", type=int, default=64)
+    dec.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    dec.add_argument("--out", default="bench/results", help="result folder")
+    return parser
+
+
+def run_generate(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    from edgemoe import LLM, SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_tokens=args.max_tokens, seed=args.sample_seed,
+    )
+    with LLM(progress=True, **settings) as llm:
+        for prompt in args.prompt:
+            if args.chat:
+                prompt = _chat_prompt(llm.tokenizer, prompt)
+            print(f"### {prompt!r}")
+            for delta in llm.stream(prompt, params):
+                print(delta.text, end="", flush=True)
+            print(f"\n### finish_reason={delta.finish_reason}")
+    return 0
+
+
+def _chat_prompt(tokenizer: Any, text: str) -> str:
+    from edgemoe.server.templates import ChatTemplate
+
+    if not tokenizer.chat_template:
+        raise ValueError("--chat: the model has no chat template (chat_template.jinja or tokenizer_config.json)")
+    template = ChatTemplate(tokenizer.chat_template, bos_token=None, eos_token=None)
+    return template.render([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args, engine_settings(args))
+        if args.command == "bench":
+            from edgemoe.bench.decode import run_decode_bench
+
+            return run_decode_bench(args, engine_settings(args))
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"edgemoe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+

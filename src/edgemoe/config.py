@@ -1,0 +1,109 @@
+"""Engine configuration: frozen dataclasses, composed, one name per setting.
+
+The CLI flag `--foo-bar`, the dataclass field `foo_bar` and the `LLM(foo_bar=...)`
+keyword are the same setting. Every field carries its help text in `metadata`, so the
+CLI builds its flags from these classes and cannot drift from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def setting(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A config field with its CLI help (and choices) attached."""
+    meta: dict[str, Any] = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = setting(None, "model directory (Hugging Face layout); default: the demo model")
+    dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's", DTYPES)
+    device: str = setting("auto", "cpu, cuda, cuda:N; auto = cuda when available")
+    max_model_len: int | None = setting(None, "context length; default: the model's")
+    seed: int = setting(0, "seed of the engine's shared sampling generator")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    page_size: int = setting(16, "tokens per KV page")
+    kv_tokens: int | None = setting(None, "KV cache capacity in tokens; default: planned")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int = setting(64, "most requests decoding at once")
+    max_prefill_tokens: int = setting(2048, "most prompt tokens prefilled in one step (longer prompts are chunked)")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    moe_backend: str = setting("resident", "where experts run", ("resident",))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from flat keywords (`page_size=16`), validating every value."""
+        parts: dict[str, Any] = {}
+        for part in fields(cls):
+            part_cls = part.default_factory  # type: ignore[misc]
+            names = {f.name for f in fields(part_cls)}
+            chosen = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            parts[part.name] = part_cls(**chosen)
+        if kwargs:
+            raise TypeError(
+                f"unknown setting(s) {sorted(kwargs)}; known: {sorted(all_setting_names())}"
+            )
+        config = cls(**parts)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        for part in (self.model, self.cache, self.scheduler, self.moe):
+            for f in fields(part):
+                choices = f.metadata.get("choices")
+                value = getattr(part, f.name)
+                if choices and value not in choices:
+                    raise ValueError(f"{flag_name(f.name)}={value!r}: choose one of {', '.join(choices)}")
+        positive = {
+            "page_size": self.cache.page_size,
+            "max_running_requests": self.scheduler.max_running_requests,
+            "max_prefill_tokens": self.scheduler.max_prefill_tokens,
+            "kv_tokens": self.cache.kv_tokens or 1,
+            "max_model_len": self.model.max_model_len or 1,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{flag_name(name)} must be >= 1 (got {value})")
+
+
+def setting_fields() -> list[dataclasses.Field[Any]]:
+    """Every leaf setting of EngineConfig, in declaration order."""
+    out: list[dataclasses.Field[Any]] = []
+    for part in fields(EngineConfig):
+        out.extend(fields(part.default_factory))  # type: ignore[arg-type]
+    return out
+
+
+def all_setting_names() -> list[str]:
+    return [f.name for f in setting_fields()]
+
+
+def flag_name(name: str) -> str:
+    """How errors name a setting: the keyword and its CLI flag."""
+    return f"{name} (--{name.replace('_', '-')})"

@@ -1,0 +1,1 @@
+"""The engine: requests, scheduling, the step loop, sampling."""

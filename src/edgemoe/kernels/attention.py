@@ -1,0 +1,55 @@
+"""Paged causal attention over a KV pool, torch reference.
+
+The KV pool stores keys/values by *slot* (page * page_size + offset). A sequence's
+context is gathered through its page table; its queries are the last `q_len` positions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv_ref(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """k_cache/v_cache [S, Hkv, D]; k/v [T, Hkv, D]; slots [T]."""
+    k_cache[slots] = k
+    v_cache[slots] = v
+
+
+def causal_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[q_len, ctx_len] bool: query i sits at position ctx_len - q_len + i."""
+    q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)[:, None]
+    k_pos = torch.arange(ctx_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_start: int,
+    q_len: int,
+    ctx_slots: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """One sequence: q [T, Hq, D] (rows q_start:q_start+q_len are its), ctx_slots [C].
+
+    Returns [q_len, Hq, D]. Softmax in float32, as transformers' eager path.
+    """
+    qs = q[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q, D]
+    ks = k_cache[ctx_slots].transpose(0, 1)  # [Hkv, C, D]
+    vs = v_cache[ctx_slots].transpose(0, 1)
+    groups = qs.shape[0] // ks.shape[0]
+    ks = ks.repeat_interleave(groups, dim=0)
+    vs = vs.repeat_interleave(groups, dim=0)
+    scores = torch.matmul(qs, ks.transpose(1, 2)) * scale  # [Hq, q, C]
+    mask = causal_mask(q_len, ctx_slots.numel(), window, q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, vs).transpose(0, 1)  # [q, Hq, D]

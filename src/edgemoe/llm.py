@@ -1,0 +1,149 @@
+"""`edgemoe.LLM`: the engine in-process, for scripts, tests, `edgemoe generate` and benchmarks."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from edgemoe.config import EngineConfig
+from edgemoe.engine.engine import Engine
+from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
+
+Prompt = str | list[int]
+
+
+@dataclass
+class CompletionOutput:
+    """One prompt's result. `token_ids` are the generated ids only."""
+
+    prompt_token_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text
+        self.token_ids.extend(out.token_ids)
+        if out.logprobs:
+            self.logprobs = (self.logprobs or []) + out.logprobs
+        if out.finished:
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """An increment of one streamed completion; texts concatenate to the final text."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+
+
+class LLM:
+    """`LLM(model=None, **settings)`: every CLI flag `--foo-bar` is the keyword `foo_bar`.
+
+    `model=None` loads the demo model (random weights). Use as a context manager, or call
+    `close()`, to free the model before building another one in the same process.
+    """
+
+    def __init__(self, model: str | None = None, *, progress: bool = False, **settings: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **settings)
+        self.engine: Engine | None = Engine(self.config, progress=progress)
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - TokenizerBundle
+        return self._engine().tokenizer
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("this LLM is closed")
+        return self.engine
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self._engine().tokenizer.encode(prompt, add_special_tokens=True)
+        return list(prompt)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
+        """Run every prompt to completion as one continuously batched workload."""
+        prompt_list = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompt_list))
+        engine = self._engine()
+        results: dict[str, CompletionOutput] = {}
+        for prompt, p in zip(prompt_list, params, strict=True):
+            ids = self.encode(prompt)
+            rid = engine.add_request(ids, p, request_id=f"llm-{next(self._ids)}")
+            results[rid] = CompletionOutput(prompt_token_ids=ids)
+        pending = set(results)
+        while pending:
+            for out in engine.step():
+                if out.request_id in results:
+                    results[out.request_id].add(out)
+                    if out.finished:
+                        pending.discard(out.request_id)
+        return list(results.values())
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
+        """Yield increments of one completion as they are generated."""
+        engine = self._engine()
+        rid = engine.add_request(self.encode(prompt), sampling_params or SamplingParams(), f"llm-{next(self._ids)}")
+        try:
+            while True:
+                for out in engine.step():
+                    if out.request_id == rid:
+                        yield StreamDelta(out.text, out.token_ids, out.finished, out.finish_reason)
+                        if out.finished:
+                            return
+        finally:
+            engine.abort(rid)  # a consumer that stops early frees the request
+
+    def prompt_logits(self, prompt: Prompt) -> torch.Tensor:
+        """Float32 logits [T, V] at every position of the prompt."""
+        return self._engine().prompt_logits(self.encode(prompt))
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [list(prompts)]  # type: ignore[arg-type]
+    return list(prompts)  # type: ignore[arg-type]
+
+
+def _as_params_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"{len(params)} sampling params for {n} prompts")
+    return list(params)

@@ -1,0 +1,95 @@
+"""Structs that cross the process boundary (server <-> engine), in one place.
+
+msgspec structs: cheap to encode over ZMQ, and plain enough to use in-process
+(`edgemoe.LLM`) too. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How to pick tokens for one request. Defaults mean plain sampling at T=1.
+
+    `temperature=0` is greedy. `max_tokens=None` means "until the context is full".
+    `stop` strings are matched on the detokenised text across token boundaries and
+    are excluded from the output; `stop_token_ids` end generation on that token.
+    `min_tokens` masks every EOS id and stop token id until that many were generated.
+    `logprobs=N` returns the sampled token's logprob plus the top-N alternatives
+    (raw model distribution, before penalties and filters).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 256
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the field for any out-of-range value."""
+        checks = [
+            (self.temperature >= 0.0, "temperature", "must be >= 0"),
+            (self.top_k >= -1, "top_k", "must be -1, 0 (off) or a positive integer"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (self.min_tokens >= 0, "min_tokens", "must be >= 0"),
+            (
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                "must be <= max_tokens",
+            ),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
+            (all(s for s in self.stop), "stop", "stop strings must be non-empty"),
+        ]
+        for ok, field, why in checks:
+            if not ok:
+                raise ValueError(f"{field} {why} (got {getattr(self, field)!r})")
+        if vocab_size is not None:
+            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"stop_token_ids {bad} outside the vocabulary [0, {vocab_size})")
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One generated token's logprob and the top alternatives (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = msgspec.field(default_factory=list)
+
+
+class RequestOutput(msgspec.Struct, kw_only=True):
+    """What one engine step produced for one request: an increment, never a total.
+
+    `text` is the newly final text (stop strings excluded). On the last increment
+    `finished` is true and `finish_reason` is "stop" (EOS, stop string or stop token:
+    `stop_reason` says which string/id, None for EOS), "length" (max_tokens or context
+    full), "abort" or "error" (`error` says why).
+    """
+
+    request_id: str
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0

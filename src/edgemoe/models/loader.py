@@ -1,0 +1,166 @@
+"""Load a Hugging Face checkpoint directory into our layout, one tensor at a time.
+
+Dense tensors land in a dict of our names; per-expert tensors are written straight into
+the host ExpertStore's stacked banks. Each checkpoint tensor is read, copied into its
+place and dropped, so the model is never held twice in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from edgemoe.models.arch import DecoderArch
+from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.registry import model_module
+from edgemoe.moe.store import ExpertStore
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Tensors some checkpoints carry that we derive ourselves.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """The checkpoint directory is incomplete or inconsistent; the message names the file."""
+
+
+@dataclass
+class LoadedModel:
+    arch: DecoderArch
+    params: dict[str, torch.Tensor]
+    experts: ExpertStore
+    config: dict[str, Any]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[DecoderArch, dict[str, Any]]:
+    config = read_json(model_dir / "config.json")
+    arch = model_module(config.get("model_type")).arch(config)
+    if dtype != "auto":
+        arch = replace(arch, dtype=DTYPES[dtype])
+    return arch, config
+
+
+def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
+    """File name → tensor names it should hold (from the index when sharded)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no 'weight_map' object")
+        files: dict[str, list[str]] = {}
+        for name, fname in weight_map.items():
+            files.setdefault(fname, []).append(name)
+        for fname in files:
+            if not (model_dir / fname).exists():
+                raise CheckpointError(f"{model_dir / fname}: listed in {index.name} but missing")
+        return files
+    single = model_dir / "model.safetensors"
+    found = [single] if single.exists() else sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(f"{model_dir}: no model.safetensors, index or *.safetensors files")
+    return {p.name: [] for p in found}
+
+
+def load_checkpoint(model_dir: str | Path, dtype: str = "auto", progress: bool = True) -> LoadedModel:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    arch, config = read_arch(model_dir, dtype)
+    names = model_module(arch.model_type).checkpoint_map(arch)
+    params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
+    experts = ExpertStore.allocate(
+        list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype
+    )
+    files = safetensors_files(model_dir)
+    filled = _stream_files(model_dir, files, names, params, experts, progress)
+    missing = sorted(set(names) - filled)
+    if missing:
+        where = {n: f for f, ns in files.items() for n in ns}
+        first = missing[0]
+        raise CheckpointError(
+            f"{model_dir}: missing tensor {first!r}"
+            + (f" (the index puts it in {where[first]})" if first in where else "")
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
+    if arch.tie_word_embeddings:
+        params["lm_head"] = params["embed"]
+    return LoadedModel(arch, params, experts, config)
+
+
+def _stream_files(
+    model_dir: Path,
+    files: dict[str, list[str]],
+    names: NameMap,
+    params: dict[str, torch.Tensor],
+    experts: ExpertStore,
+    progress: bool,
+) -> set[str]:
+    filled: set[str] = set()
+    unexpected: list[str] = []
+    bar = tqdm(total=len(names), desc="loading", unit="tensor", disable=not progress, leave=False)
+    for fname in files:
+        path = model_dir / fname
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
+        with handle:
+            for name in handle.keys():
+                place = names.get(name)
+                if place is None:
+                    if not name.endswith(IGNORED_SUFFIXES):
+                        unexpected.append(name)
+                    continue
+                _place(path, name, _read(handle, path, name), place, params, experts)
+                filled.add(name)
+                bar.update(1)
+    bar.close()
+    if unexpected:
+        log.warning("ignored %d unexpected tensor(s), e.g. %s", len(unexpected), unexpected[:3])
+    return filled
+
+
+def _read(handle: Any, path: Path, name: str) -> torch.Tensor:
+    try:
+        return handle.get_tensor(name)
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot read tensor {name!r}: corrupt or truncated ({e})") from None
+
+
+def _place(
+    path: Path,
+    name: str,
+    tensor: torch.Tensor,
+    place: Placement,
+    params: dict[str, torch.Tensor],
+    experts: ExpertStore,
+) -> None:
+    if place.target.startswith("experts."):
+        _, layer, which = place.target.split(".")
+        dest = experts.tensor(int(layer), which)
+    else:
+        dest = params[place.target]
+    view = dest[place.index] if place.index else dest
+    if tuple(view.shape) != tuple(tensor.shape):
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(view.shape)}"
+        )
+    view.copy_(tensor)

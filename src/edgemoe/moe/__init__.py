@@ -1,0 +1,1 @@
+"""Routed experts: host store, device slot cache, eviction policies, executors."""

@@ -1,0 +1,282 @@
+"""Hermes / Qwen2.5 / Qwen3 JSON tool calls: ``<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>``.
+
+Streaming: the call is announced (id + name) as soon as ``{"name": "<string>",
+"arguments": {`` has been read, then each top-level argument is emitted once its value
+is complete, as ``{"k": v`` / ``, "k": v``, and ``}`` when the object closes. Values
+are re-serialised (``json.dumps(..., ensure_ascii=False)``), so a call's arguments are
+always ``json.dumps(arguments_dict, ensure_ascii=False)`` — valid JSON even when the
+model wrote raw control characters inside strings.
+
+Any other JSON shape (``arguments`` first, arguments as a JSON string, ``parameters``)
+is parsed whole when ``</tool_call>`` arrives. ``<tool_call>`` not followed by ``{`` is
+prose: the tag stays content. Invalid JSON before the call was announced: the raw
+text through ``</tool_call>`` is content, no call. Invalid or unfinished JSON after it
+was announced (the name cannot be taken back): the call keeps the arguments completed
+so far, its object is closed, and the rest of the raw text is content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, NamedTuple
+
+from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
+
+# A complete JSON string (unrolled loop: linear, no backtracking blow-up).
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_STRUCT = re.compile(r'[{}\[\]"]')
+_SCALAR = re.compile(r"[^ \t\r\n,\]}]*")
+_IN_STRING = re.compile(r'["\\]')
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN/Infinity would not round-trip
+
+
+def loads(text: str) -> Any:
+    """Lenient on raw control characters in strings, strict on NaN/Infinity."""
+    return json.loads(text, strict=False, parse_constant=_no_constant)
+
+
+def scan_string(buf: str, pos: int) -> int | Scan:
+    """End of the JSON string opening at ``pos`` (NEED while unterminated)."""
+    m = _STRING.match(buf, pos)
+    return m.end() if m else Scan.NEED
+
+
+def scan_value(buf: str, pos: int) -> int | Scan:
+    """End of the JSON value starting at ``pos`` (structure only; loads() validates)."""
+    if pos >= len(buf):
+        return Scan.NEED
+    if buf[pos] == '"':
+        return scan_string(buf, pos)
+    if buf[pos] in "{[":
+        depth, i = 0, pos
+        while (m := _STRUCT.search(buf, i)) is not None:
+            if m.group() == '"':
+                end = scan_string(buf, m.start())
+                if end is Scan.NEED:
+                    return end
+                i = end
+                continue
+            depth += 1 if m.group() in "{[" else -1
+            i = m.end()
+            if depth == 0:
+                return i
+        return Scan.NEED
+    end = _SCALAR.match(buf, pos).end()  # type: ignore[union-attr]  # matches empty
+    if end == pos:
+        return Scan.FAIL
+    return Scan.NEED if end == len(buf) else end  # a number may still grow
+
+
+class Member(NamedTuple):
+    key: str
+    value: Any
+    end: int
+
+
+class ObjectEnd(NamedTuple):
+    end: int  # just after the closing brace
+
+
+def parse_member(buf: str, pos: int, first: bool) -> Member | ObjectEnd | Scan:
+    """The next ``"key": value`` (after a comma unless ``first``) or the closing brace."""
+    p = skip_ws(buf, pos)
+    if p == len(buf):
+        return Scan.NEED
+    if buf[p] == "}":
+        return ObjectEnd(p + 1)
+    if not first:
+        if buf[p] != ",":
+            return Scan.FAIL
+        p = skip_ws(buf, p + 1)
+    if p == len(buf):
+        return Scan.NEED
+    if buf[p] != '"':
+        return Scan.FAIL
+    key_end = scan_string(buf, p)
+    if key_end is Scan.NEED:
+        return key_end
+    colon = expect(buf, skip_ws(buf, key_end), ":")
+    if not isinstance(colon, int):
+        return colon
+    v = skip_ws(buf, colon)
+    value_end = scan_value(buf, v)
+    if not isinstance(value_end, int):
+        return value_end
+    try:
+        return Member(loads(buf[p:key_end]), loads(buf[v:value_end]), value_end)
+    except ValueError:
+        return Scan.FAIL
+
+
+class Header(NamedTuple):
+    name: str
+    args_pos: int  # just after the "{" that opens the arguments object
+
+
+def parse_header(buf: str, pos: int) -> Header | Scan:
+    """``{"name": "<string>", "arguments": {`` at ``pos``, whitespace-tolerant."""
+    p = pos
+    name: str | None = None
+    for part in ("{", '"name"', ":", None, ",", '"arguments"', ":", "{"):
+        p = skip_ws(buf, p)
+        if part is not None:
+            r = expect(buf, p, part)
+            if not isinstance(r, int):
+                return r
+            p = r
+            continue
+        if p == len(buf):
+            return Scan.NEED
+        end = scan_string(buf, p) if buf[p] == '"' else Scan.FAIL
+        if not isinstance(end, int):
+            return end
+        try:
+            name = loads(buf[p:end])
+        except ValueError:
+            return Scan.FAIL
+        p = end
+    assert isinstance(name, str)
+    return Header(name, p)
+
+
+def parse_whole(text: str) -> tuple[str, dict[str, Any]] | None:
+    """A complete call object in any common shape, or None if it is not one."""
+    try:
+        obj = loads(text)
+        args = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
+        if isinstance(args, str):
+            args = loads(args) if args.strip() else {}
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+@dataclass
+class _StringAwareScan:
+    """Resumable search for ``</tool_call>`` outside JSON strings."""
+
+    pos: int
+    in_string: bool = False
+
+    def find(self, buf: str, tag: str) -> int | None:
+        while True:
+            if self.in_string:
+                m = _IN_STRING.search(buf, self.pos)
+                if m is None:
+                    self.pos = len(buf)
+                    return None
+                if m.group() == '"':
+                    self.in_string, self.pos = False, m.end()
+                elif m.end() < len(buf):
+                    self.pos = m.end() + 1  # skip the escaped character
+                else:
+                    self.pos = m.start()  # the escaped character has not arrived
+                    return None
+                continue
+            quote, close = buf.find('"', self.pos), buf.find(tag, self.pos)
+            if close >= 0 and (quote < 0 or close < quote):
+                return close
+            if quote < 0:
+                self.pos = max(self.pos, len(buf) - len(tag) + 1)
+                return None
+            self.in_string, self.pos = True, quote + 1
+
+
+class _Phase(Enum):
+    HEADER = "header"
+    ARGS = "args"  # committed: inside the arguments object
+    TAIL = "tail"  # arguments closed: rest of the outer object
+    CLOSE = "close"  # outer object closed: expecting </tool_call>
+    WHOLE = "whole"  # unusual shape: parse at </tool_call>
+
+
+class HermesToolParser(TaggedToolParser):
+    """Streaming parser for Hermes-style JSON tool calls (see the module docstring)."""
+
+    def _begin_call(self) -> None:
+        self._phase = _Phase.HEADER
+        self._whole: _StringAwareScan | None = None
+        self._whole_start = 0
+
+    def _step_call(self, final: bool) -> bool:
+        if self._phase is _Phase.HEADER:
+            return self._step_header(final)
+        if self._phase is _Phase.ARGS:
+            return self._step_members(final, _Phase.TAIL)
+        if self._phase is _Phase.TAIL:
+            return self._step_members(final, _Phase.CLOSE)
+        if self._phase is _Phase.CLOSE:
+            return self._step_close(final)
+        return self._step_whole(final)
+
+    def _step_header(self, final: bool) -> bool:
+        header = parse_header(self.buf, self.pos)
+        if isinstance(header, Header):
+            self._commit(header.name)
+            self.pos, self._phase = header.args_pos, _Phase.ARGS
+            return True
+        if header is Scan.NEED and not final:
+            return False
+        p = skip_ws(self.buf, self.pos)
+        if header is Scan.FAIL and p < len(self.buf) and self.buf[p] == "{":
+            self._phase, self._whole, self._whole_start = _Phase.WHOLE, _StringAwareScan(p), p
+            return True
+        self._reject()  # prose mentioning the tag, or cut off before the name
+        return True
+
+    def _step_members(self, final: bool, after: _Phase) -> bool:
+        """ARGS: emit each argument; TAIL: skip the outer object's other keys."""
+        first = after is _Phase.TAIL and self._members == 0
+        r = parse_member(self.buf, self.pos, first)
+        if isinstance(r, Member):
+            if after is _Phase.TAIL:
+                self._member(r.key, r.value)
+            self.pos = r.end
+            return True
+        if isinstance(r, ObjectEnd):
+            if after is _Phase.TAIL:
+                self._close_args()
+            self.pos, self._phase = r.end, after
+            return True
+        if r is Scan.NEED and not final:
+            return False
+        self._end_call(self.pos, lstrip=after is _Phase.CLOSE)
+        return True
+
+    def _step_close(self, final: bool) -> bool:
+        p = skip_ws(self.buf, self.pos)
+        r = expect(self.buf, p, self.CLOSE)
+        if isinstance(r, int):
+            self._end_call(r, lstrip=True)
+        elif r is Scan.NEED:
+            if not final:
+                return False
+            self._end_call(len(self.buf), lstrip=True)  # a close tag cut off by the stop
+        else:
+            self._end_call(p, lstrip=True)  # no close tag: what follows is text again
+        return True
+
+    def _step_whole(self, final: bool) -> bool:
+        assert self._whole is not None
+        close = self._whole.find(self.buf, self.CLOSE)
+        if close is None and not final:
+            return False
+        end = len(self.buf) if close is None else close
+        resume = end if close is None else close + len(self.CLOSE)
+        call = parse_whole(self.buf[self._whole_start : end])
+        if call is None:
+            self._reject(resume)  # invalid JSON: the raw text, tags included, is content
+            return True
+        self._commit(call[0])
+        for key, value in call[1].items():
+            self._member(key, value)
+        self._end_call(resume, lstrip=True)
+        return True

@@ -1,0 +1,195 @@
+"""Qwen3-Coder / Qwen3.5+ XML tool calls.
+
+Format (from the model's chat template)::
+
+    <tool_call>
+    <function=NAME>
+    <parameter=KEY>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+
+Values are raw text: one leading and one trailing newline are stripped, the rest is
+typed by the tool's JSON schema (``schema.convert_value``). A value may itself contain
+``</parameter>`` or ``</function>``, so a ``</parameter>`` closes the value only when
+what follows (after optional whitespace) is ``<parameter=``, or ``</function>`` and then
+(after optional whitespace) ``</tool_call>``; a ``</function>`` closes the call only
+when ``</tool_call>`` follows it. At the end of the output a closing sequence cut off by
+the stop counts as complete (``…</parameter>\\n</function>`` then EOS closes the call).
+
+Streaming: id + name when ``<function=NAME>`` is complete; ``{"k": v`` / ``, "k": v``
+per completed parameter; ``}`` when the call closes. ``<tool_call>`` not followed by
+``<function=`` is prose and stays content. After the call is announced, anything that
+breaks the format (or the end of output inside a value) closes the arguments with the
+completed parameters and the rest of the raw text is content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+from edgemoe.server.parsers.base import (
+    IdFactory,
+    Scan,
+    TaggedToolParser,
+    ToolSpec,
+    expect,
+    skip_ws,
+)
+from edgemoe.server.parsers.schema import convert_value, property_schema, tool_schemas
+
+FUNCTION_OPEN = "<function="
+FUNCTION_CLOSE = "</function>"
+PARAM_OPEN = "<parameter="
+PARAM_CLOSE = "</parameter>"
+
+
+def parse_tag_name(buf: str, pos: int) -> tuple[str, int] | Scan:
+    """``NAME>`` at ``pos`` (after ``<function=``/``<parameter=``): name and end."""
+    gt = buf.find(">", pos)
+    region = buf[pos : gt if gt >= 0 else len(buf)]
+    if "\n" in region or "<" in region:
+        return Scan.FAIL  # a name never spans lines or holds a tag
+    if gt < 0:
+        return Scan.NEED
+    name = region.strip()
+    return (name, gt + 1) if name else Scan.FAIL
+
+
+def function_closes(buf: str, pos: int) -> bool | Scan:
+    """Is the ``</function>`` ending at ``pos`` followed by ``</tool_call>``?"""
+    r = expect(buf, skip_ws(buf, pos), TaggedToolParser.CLOSE)
+    return Scan.NEED if r is Scan.NEED else isinstance(r, int)
+
+
+def parameter_closes(buf: str, pos: int) -> bool | Scan:
+    """Is the ``</parameter>`` ending at ``pos`` the real end of its value?"""
+    p = skip_ws(buf, pos)
+    nxt = expect(buf, p, PARAM_OPEN)
+    if isinstance(nxt, int):
+        return True
+    end = expect(buf, p, FUNCTION_CLOSE)
+    if isinstance(end, int):
+        return function_closes(buf, end)
+    return Scan.NEED if Scan.NEED in (nxt, end) else False
+
+
+def strip_value(raw: str) -> str:
+    """Drop exactly one leading and one trailing newline (the template's layout)."""
+    if raw.startswith("\n"):
+        raw = raw[1:]
+    if raw.endswith("\n"):
+        raw = raw[:-1]
+    return raw
+
+
+class _Phase(Enum):
+    HEADER = "header"  # expecting <function=NAME>
+    BODY = "body"  # committed: expecting <parameter=KEY> or </function>
+    VALUE = "value"  # inside a parameter value
+
+
+class Qwen3CoderToolParser(TaggedToolParser):
+    """Streaming parser for the Qwen3-Coder XML tool-call format (module docstring)."""
+
+    def __init__(
+        self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None
+    ) -> None:
+        super().__init__(tools, id_factory)
+        self._schemas = tool_schemas(self.tools)
+
+    def _begin_call(self) -> None:
+        self._phase = _Phase.HEADER
+        self._name = ""
+        self._key = ""
+        self._param_start = 0  # where <parameter= began: given back if cut off
+        self._value_start = 0
+        self._scan_from = 0  # no real </parameter> starts before this
+
+    def _step_call(self, final: bool) -> bool:
+        if self._phase is _Phase.HEADER:
+            return self._step_header(final)
+        if self._phase is _Phase.BODY:
+            return self._step_body(final)
+        return self._step_value(final)
+
+    def _step_header(self, final: bool) -> bool:
+        r = expect(self.buf, skip_ws(self.buf, self.pos), FUNCTION_OPEN)
+        named = parse_tag_name(self.buf, r) if isinstance(r, int) else r
+        if isinstance(named, tuple):
+            self._name = named[0]
+            self._commit(named[0])
+            self.pos, self._phase = named[1], _Phase.BODY
+            return True
+        if named is Scan.NEED and not final:
+            return False
+        self._reject()  # prose mentioning the tag, or cut off before the name
+        return True
+
+    def _step_body(self, final: bool) -> bool:
+        buf = self.buf
+        p = skip_ws(buf, self.pos)
+        param = expect(buf, p, PARAM_OPEN)
+        if isinstance(param, int):
+            return self._open_param(p, param, final)
+        end = expect(buf, p, FUNCTION_CLOSE)
+        closes = function_closes(buf, end) if isinstance(end, int) else end
+        if closes is True:
+            tag_end = expect(buf, skip_ws(buf, end), self.CLOSE)  # type: ignore[arg-type]
+            assert isinstance(tag_end, int)
+            self._end_call(tag_end, lstrip=True)
+            return True
+        if Scan.NEED in (closes, param) and not final:
+            return False
+        if p == len(buf) or (closes is Scan.NEED and param is Scan.FAIL):
+            self._end_call(len(buf), lstrip=True)  # the stop cut the closing tags
+        else:
+            self._end_call(p, lstrip=False)  # not the format: the rest is text
+        return True
+
+    def _open_param(self, start: int, name_pos: int, final: bool) -> bool:
+        named = parse_tag_name(self.buf, name_pos)
+        if isinstance(named, tuple):
+            self._key, self._param_start = named[0], start
+            self.pos = self._value_start = self._scan_from = named[1]
+            self._phase = _Phase.VALUE
+            return True
+        if named is Scan.NEED and not final:
+            return False
+        self._end_call(start, lstrip=False)
+        return True
+
+    def _step_value(self, final: bool) -> bool:
+        end = self._find_value_end(final)
+        if end is Scan.NEED:
+            return False
+        if end is Scan.FAIL:
+            self._end_call(self._param_start, lstrip=False)  # value cut off by the stop
+            return True
+        assert isinstance(end, int)
+        raw = strip_value(self.buf[self._value_start : end])
+        root = self._schemas.get(self._name)
+        self._member(self._key, convert_value(raw, property_schema(root, self._key), root))
+        self.pos, self._phase = end + len(PARAM_CLOSE), _Phase.BODY
+        return True
+
+    def _find_value_end(self, final: bool) -> int | Scan:
+        """Start of the ``</parameter>`` that really closes the value (FAIL: none, final)."""
+        buf, start = self.buf, self._scan_from
+        while True:
+            i = buf.find(PARAM_CLOSE, start)
+            if i < 0:
+                if final:
+                    return Scan.FAIL
+                # Resume where a "</parameter>" split by the chunking could begin.
+                self._scan_from = max(start, len(buf) - len(PARAM_CLOSE) + 1)
+                return Scan.NEED
+            closes = parameter_closes(buf, i + len(PARAM_CLOSE))
+            if closes is True or (closes is Scan.NEED and final):
+                return i
+            if closes is Scan.NEED:
+                self._scan_from = i
+                return Scan.NEED
+            start = i + 1

@@ -1,0 +1,233 @@
+"""Typing raw parameter text by the tool's JSON schema (Qwen3-Coder XML values).
+
+The model writes every value as raw text; the schema says what it means. Rules:
+
+- the effective schema follows ``$ref`` (``#/$defs/…``, ``#/definitions/…``), merges
+  ``allOf``, and takes ``anyOf``/``oneOf`` as the union of its non-null branches
+  (a ``null`` branch, ``"type": [..., "null"]`` or ``nullable: true`` make it nullable);
+- ``string`` keeps the text as written; ``integer`` → int; ``number`` → int when
+  whole, else float; ``boolean`` → true/false in any case; ``object``/``array`` →
+  JSON, then a Python literal (``ast.literal_eval``: single quotes, True/None);
+- ``null`` (any case) → None, unless the type is a non-nullable string;
+- an ``enum``/``const`` without ``type`` keeps its members' own types: text equal to
+  the string member ``"1"`` stays ``"1"``, text ``1`` matching the integer member is 1;
+- no schema, an unknown parameter, or text its type rejects: JSON if it parses,
+  else the raw string.
+
+Results are always JSON-serialisable (no NaN/Infinity, no sets, no bytes).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_MAX_DEPTH = 32  # $ref cycles and absurd nesting end here
+_INT = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_FAIL = object()  # a converter's "not this type"
+# Tried in this order when a value may have several types; string always fits: last.
+_ORDER = ("boolean", "integer", "number", "object", "array", "string")
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """What a schema allows for a value, as far as converting text is concerned."""
+
+    types: tuple[str, ...] = ()  # JSON-schema type names, "null" excluded; () = any
+    nullable: bool = False
+    enum: tuple[Any, ...] | None = None  # enum/const members when listed
+
+
+def tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Function name → parameters schema, from OpenAI, Responses or Anthropic tools."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        fn = tool.get("function", tool)
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters", fn.get("input_schema"))
+        out[fn["name"]] = params if isinstance(params, Mapping) else {}
+    return out
+
+
+def resolve(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    """The schema with ``$ref`` followed and ``allOf`` merged in (later wins per key)."""
+    if depth > _MAX_DEPTH:
+        return {}
+    out: dict[str, Any] = {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        out.update(resolve(_lookup(ref, root), root, depth + 1))
+    for part in schema.get("allOf") or []:
+        if isinstance(part, Mapping):
+            merged = resolve(part, root, depth + 1)
+            props = {**out.get("properties", {}), **merged.get("properties", {})}
+            out.update(merged)
+            if props:
+                out["properties"] = props
+    out.update({k: v for k, v in schema.items() if k not in ("$ref", "allOf")})
+    return out
+
+
+def _lookup(ref: str, root: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not ref.startswith("#"):
+        return {}  # remote refs are not fetched
+    node: Any = root
+    for part in ref.lstrip("#").strip("/").split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node if isinstance(node, Mapping) else {}
+
+
+def property_schema(root: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    """The schema of parameter ``name`` in a parameters schema, None if not declared."""
+    if root is None:
+        return None
+    props = resolve(root, root).get("properties")
+    prop = props.get(name) if isinstance(props, Mapping) else None
+    return prop if isinstance(prop, Mapping) else None
+
+
+def value_type(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int = 0) -> ValueType:
+    s = resolve(schema, root, depth)
+    declared = s.get("type")
+    names = [declared] if isinstance(declared, str) else list(declared or [])
+    nullable = "null" in names or s.get("nullable") is True
+    types = [t for t in names if isinstance(t, str) and t != "null"]
+    enum: tuple[Any, ...] | None = None
+    if isinstance(s.get("enum"), list):
+        enum = tuple(s["enum"])
+    elif "const" in s:
+        enum = (s["const"],)
+    branches = [b for key in ("anyOf", "oneOf") for b in s.get(key) or [] if isinstance(b, Mapping)]
+    if branches and depth < _MAX_DEPTH:
+        kinds = [value_type(b, root, depth + 1) for b in branches]
+        nullable = nullable or any(k.nullable for k in kinds)
+        # A branch that only says "null" adds nullability, nothing else.
+        real = [k for k in kinds if k.types or k.enum is not None or not k.nullable]
+        if not types:
+            types = [t for k in real for t in k.types]
+            if real and all(k.enum is not None and not k.types for k in real):
+                enum = tuple(m for k in real for m in k.enum or ())
+    if enum is not None and None in enum:
+        nullable = True
+    return ValueType(tuple(dict.fromkeys(types)), nullable, enum)
+
+
+def convert_value(
+    raw: str, schema: Mapping[str, Any] | None, root: Mapping[str, Any] | None = None
+) -> Any:
+    """Raw parameter text → a JSON-serialisable value, typed by ``schema``."""
+    vt = value_type(schema, root if root is not None else schema) if schema else ValueType()
+    text = raw.strip()
+    if vt.enum is not None and not vt.types:
+        member = _enum_member(raw, vt.enum)
+        if member is not _FAIL:
+            return member
+    if text.lower() == "null" and (vt.nullable or "string" not in vt.types):
+        return None
+    for name in sorted(vt.types, key=lambda t: _ORDER.index(t) if t in _ORDER else len(_ORDER)):
+        value = _CONVERTERS.get(name, _to_json)(raw)
+        if value is not _FAIL:
+            return value
+    value = _to_json(raw)
+    return raw if value is _FAIL else value
+
+
+def _enum_member(raw: str, members: tuple[Any, ...]) -> Any:
+    text = raw.strip()
+    for m in members:
+        if isinstance(m, str) and m in (raw, text):
+            return m
+    parsed = _to_json(raw)
+    for m in members:
+        if not isinstance(m, str) and parsed is not _FAIL and _same(parsed, m):
+            return m
+    return _FAIL
+
+
+def _same(a: Any, b: Any) -> bool:
+    # bool is an int in Python; 1 must not match True.
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
+def _to_string(raw: str) -> Any:
+    return raw
+
+
+def _to_integer(raw: str) -> Any:
+    text = raw.strip()
+    if _INT.fullmatch(text):
+        return int(text)
+    number = _to_number(raw)
+    return number if isinstance(number, int) else _FAIL
+
+
+def _to_number(raw: str) -> Any:
+    text = raw.strip()
+    if _INT.fullmatch(text):
+        return int(text)
+    if not _NUMBER.fullmatch(text):
+        return _FAIL
+    value = float(text)
+    if not math.isfinite(value):
+        return _FAIL
+    return int(value) if value.is_integer() else value
+
+
+def _to_boolean(raw: str) -> Any:
+    text = raw.strip().lower()
+    return {"true": True, "false": False}.get(text, _FAIL)
+
+
+def _container(kind: type) -> Any:
+    def convert(raw: str) -> Any:
+        value = _to_json(raw)
+        if isinstance(value, kind):
+            return value
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return _FAIL
+        if kind is list and isinstance(value, tuple):
+            value = list(value)
+        return value if isinstance(value, kind) and _serialisable(value) else _FAIL
+
+    return convert
+
+
+def _serialisable(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _to_json(raw: str) -> Any:
+    try:
+        return json.loads(raw.strip(), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return _FAIL
+
+
+_CONVERTERS = {
+    "string": _to_string,
+    "integer": _to_integer,
+    "number": _to_number,
+    "boolean": _to_boolean,
+    "object": _container(dict),
+    "array": _container(list),
+}

@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny checkpoints built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+
+@pytest.fixture(scope="session")
+def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def make_ckpt(checkpoint_root: Path):  # noqa: ANN201
+    """make_ckpt(model_type, **overrides) -> Path, memoised per argument set."""
+    from edgemoe.testing import make_checkpoint
+
+    built: dict[str, Path] = {}
+
+    def make(model_type: str, seed: int = 0, **overrides: object) -> Path:
+        key = f"{model_type}-{seed}-" + "-".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+        if key not in built:
+            safe = key.replace("[", "").replace("]", "").replace(", ", "_").replace(" ", "")
+            built[key] = make_checkpoint(model_type, checkpoint_root / safe, seed=seed, **overrides)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def qwen3_ckpt(make_ckpt) -> Path:  # noqa: ANN001
+    return make_ckpt("qwen3_moe")
