@@ -130,7 +130,8 @@ def test_chat_template_sources(tmp_path: Path) -> None:
     assert (b.chat_template, b.chat_template_path) == ("{{ 'cfg' }}", d / "tokenizer_config.json")
 
     named = [{"name": "tool_use", "template": "{{ 'tools' }}"}, {"name": "default", "template": "{{ 'dflt' }}"}]
-    assert TokenizerBundle.load(make_dir(tmp_path / "b", _tok_config(chat_template=named))).chat_template == "{{ 'dflt' }}"
+    b = TokenizerBundle.load(make_dir(tmp_path / "b", _tok_config(chat_template=named)))
+    assert b.chat_template == "{{ 'dflt' }}"
 
     # chat_template.jinja is what newer checkpoints ship; it wins over the config's.
     d = make_dir(tmp_path / "c", _tok_config(chat_template="{{ 'cfg' }}"), chat_template__jinja="{{ 'file' }}\n")

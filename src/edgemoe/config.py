@@ -28,6 +28,9 @@ class ModelConfig:
     model: str | None = setting(None, "model directory (Hugging Face layout); default: the demo model")
     dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's", DTYPES)
     device: str = setting("auto", "cpu, cuda, cuda:N; auto = cuda when available")
+    gpu_memory: str | None = setting(
+        None, "cap on everything the process holds on the GPU (e.g. 16GiB); default: 90%% of free memory"
+    )
     max_model_len: int | None = setting(None, "context length; default: the model's")
     seed: int = setting(0, "seed of the engine's shared sampling generator")
 
@@ -46,7 +49,19 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    moe_backend: str = setting("resident", "where experts run", ("resident",))
+    moe_backend: str = setting(
+        "auto",
+        "where routed experts run: resident (all on the device), offload (slot cache, misses copied), "
+        "cpu (misses computed on the host), hybrid (misses split); auto = resident if they fit",
+        ("auto", "resident", "offload", "cpu", "hybrid"),
+    )
+    moe_slots: int | None = setting(None, "device expert slots shared by all layers; default: planned")
+    moe_policy: str = setting("lru", "slot eviction policy", ("lru", "lfu"))
+    moe_hybrid_fraction: float = setting(0.5, "hybrid: share of misses computed on the CPU")
+    expert_store: str = setting(
+        "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
+        ("auto", "pinned", "pageable", "mmap"),
+    )
 
 
 @dataclass(frozen=True)
@@ -80,7 +95,10 @@ class EngineConfig:
                 value = getattr(part, f.name)
                 if choices and value not in choices:
                     raise ValueError(f"{flag_name(f.name)}={value!r}: choose one of {', '.join(choices)}")
+        if not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
+            raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         positive = {
+            "moe_slots": self.moe.moe_slots or 1,
             "page_size": self.cache.page_size,
             "max_running_requests": self.scheduler.max_running_requests,
             "max_prefill_tokens": self.scheduler.max_prefill_tokens,

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from edgemoe import LLM, SamplingParams
-MODEL_TYPES = ("qwen3_moe", "olmoe", "mixtral")
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,9 +41,20 @@ def hf_greedy(model, prompt: list[int]) -> list[int]:  # noqa: ANN001
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=MODEL_TYPES)
+VARIANTS = [
+    ("qwen3_moe", {}),
+    # dense MLP layers two ways, and un-normalised top-k weights
+    ("qwen3_moe", {"mlp_only_layers": [0], "decoder_sparse_step": 1, "norm_topk_prob": False}),
+    ("qwen3_moe", {"decoder_sparse_step": 2, "norm_topk_prob": True}),
+    ("olmoe", {}),
+    ("mixtral", {}),
+]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: v[0] + "".join(f"-{k}" for k in v[1]))
 def pair(request, make_ckpt):  # noqa: ANN001, ANN201
-    path = make_ckpt(request.param)
+    model_type, overrides = request.param
+    path = make_ckpt(model_type, **overrides)
     ref = hf_model(path)
     expected = [hf_greedy(ref, p) for p in PROMPTS]
     return path, ref, expected

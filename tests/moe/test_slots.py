@@ -49,7 +49,7 @@ class RefCache:
         size = self.num_slots - len(others)
         if routed and size < 1:
             raise RuntimeError("no capacity")
-        waves = [self._wave(layer, routed[i : i + size], others) for i in range(0, len(routed), size)]
+        waves = [self._wave(layer, routed[i : i + size], others) for i in range(0, len(routed), max(size, 1))]
         self.pinned[layer] = {(layer, e) for e in routed if (layer, e) in self.slot_of}
         return waves
 
@@ -102,7 +102,9 @@ def plain(wave: LayerWave) -> PlainWave:
     return wave.experts, wave.slots, wave.num_hits, misses  # type: ignore[return-value]
 
 
-def make_pair(num_slots: int, layers: int, experts: int, kind: str, max_average: int = 16) -> tuple[SlotCache, RefCache]:
+def make_pair(
+    num_slots: int, layers: int, experts: int, kind: str, max_average: int = 16
+) -> tuple[SlotCache, RefCache]:
     policy = LRUPolicy() if kind == "lru" else LFUPolicy(max_average)
     return SlotCache(num_slots, layers, experts, policy), RefCache(num_slots, kind, max_average)
 
@@ -117,8 +119,20 @@ def assert_same_state(cache: SlotCache, ref: RefCache) -> None:
     assert cache.stats.total_hits == ref.hits and cache.stats.total_misses == ref.misses
 
 
-def check_wave_spec(cache: SlotCache, layer: int, routed: list[int], before: dict[int, int], waves: list[LayerWave], capacity: int) -> None:
-    """Properties from the contract alone, no reference model needed."""
+def resident_slots(cache: SlotCache, layer: int) -> dict[int, int]:
+    return {e: s for e in range(cache.num_experts) if (s := cache.lookup(layer, e)) is not None}
+
+
+def check_wave_spec(
+    cache: SlotCache,
+    layer: int,
+    routed: list[int],
+    before: dict[int, int],
+    waves: list[LayerWave],
+    capacity: int,
+) -> None:
+    """Properties from the contract alone, no reference model needed. `before` is the
+    layer's expert -> slot map before planning, `capacity` the free capacity then."""
     unique = list(dict.fromkeys(routed))
     covered = [e for w in waves for e in w.experts]
     assert sorted(covered) == sorted(unique), "each routed expert in exactly one wave"
@@ -141,7 +155,7 @@ def check_wave_spec(cache: SlotCache, layer: int, routed: list[int], before: dic
 
 def drive(cache: SlotCache, ref: RefCache, layer: int, routed: list[int]) -> list[LayerWave]:
     """One layer of one step, real and reference side by side, then release."""
-    before = {e: s for e in range(cache.num_experts) if (s := cache.lookup(layer, e)) is not None}
+    before = resident_slots(cache, layer)
     capacity = cache.unpinned_capacity
     waves = cache.plan_layer(layer, routed)
     assert [plain(w) for w in waves] == ref.plan(layer, routed)
@@ -206,7 +220,7 @@ class SlotMachine(RuleBasedStateMachine):
             with pytest.raises(RuntimeError):
                 self.cache.plan_layer(layer, routed)
             return
-        before = {e: s for e in range(self.cache.num_experts) if (s := self.cache.lookup(layer, e)) is not None}
+        before = resident_slots(self.cache, layer)
         capacity = self.cache.unpinned_capacity
         waves = self.cache.plan_layer(layer, routed)
         assert [plain(w) for w in waves] == expected
@@ -284,6 +298,15 @@ def test_tensor_routing_is_accepted() -> None:
     assert wave.experts == (5, 1, 2) and wave.slots == (0, 1, 2)
     assert cache.slot_map[0].tolist() == [-1, 1, 2, -1, -1, 0, -1, -1]
     assert cache.slot_owners[:3].tolist() == [[0, 5], [0, 1], [0, 2]]
+    assert cache.resident_experts(0) == [1, 2, 5]
+    cache.release_layer(0)
+    version = cache.map_version
+    (wave,) = cache.plan_layer(0, [2, 7])
+    assert wave.hit_mask == (True, False) and cache.map_version == version + 1
+    assert cache.partition(0, [7, 6, 7]) == ((7,), (6,))
+    cache.release_layer(0)
+    cache.plan_layer(0, [7])  # all hits: the map is unchanged, a device mirror stays valid
+    assert cache.map_version == version + 1
 
 
 # ---- protection, errors, the checker ------------------------------------------------

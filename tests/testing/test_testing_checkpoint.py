@@ -78,6 +78,15 @@ def test_qwen3_dense_layers_and_tied_embeddings(tmp_path: Path) -> None:
     _assert_clean(info)
 
 
+def test_max_shard_bytes_gives_many_shards(tmp_path: Path) -> None:
+    ckpt = make_checkpoint("olmoe", tmp_path, max_shard_bytes=64 << 10)  # splits the layers too
+    shards = sorted(ckpt.glob("model-*.safetensors"))
+    assert len(shards) > 4
+    _read_all(ckpt)  # index and files agree
+    _, info = _load(ckpt)
+    _assert_clean(info)
+
+
 def test_config_files(checkpoints: dict[str, Path]) -> None:
     config = json.loads((checkpoints["qwen3_moe"] / "config.json").read_text())
     assert config["architectures"] == ["Qwen3MoeForCausalLM"]

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from edgemoe.testing import demo_model_path
+from edgemoe.testing import demo_model_path, qwen3_tokenizer_json
 from edgemoe.testing.demo import DEMO_NAME
 
 
 def test_concurrent_first_use_builds_one_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = qwen3_tokenizer_json()  # from the real cache: this test is about the demo race
     monkeypatch.setenv("EDGEMOE_CACHE_DIR", str(tmp_path))
-    # Two racing builders (tokenizer conversion included) must agree on one finished directory.
+    shutil.copyfile(tokenizer, tmp_path / tokenizer.name)
+    # Two racing builders must agree on one finished directory.
     with ThreadPoolExecutor(max_workers=2) as pool:
         paths = list(pool.map(lambda _: demo_model_path(), range(2)))
     assert paths[0] == paths[1] == tmp_path / DEMO_NAME

@@ -1,4 +1,4 @@
-"""Build the runtime an Engine drives: tokenizer, model, experts, KV pool, attention."""
+"""Build the runtime an Engine drives: tokenizer, weights, memory plan, experts, KV."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from pathlib import Path
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
-from edgemoe.config import EngineConfig
+from edgemoe.config import EngineConfig, flag_name
+from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
 from edgemoe.layers.attention import AttentionBackend, TorchPagedAttention
+from edgemoe.models.arch import DecoderArch
 from edgemoe.models.decoder import MoEDecoder, activation
-from edgemoe.models.loader import load_checkpoint
-from edgemoe.moe.executor import MoEExecutor, ResidentExecutor
+from edgemoe.models.loader import load_checkpoint, read_arch
+from edgemoe.moe.executor import MoEExecutor, make_executor
 from edgemoe.tokenizer import TokenizerBundle
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ class Runtime:
     attention: AttentionBackend
     device: torch.device
     max_model_len: int
+    plan: MemoryPlan
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -36,7 +39,10 @@ def resolve_model_dir(model: str | None) -> Path:
         from edgemoe.testing.demo import demo_model_path
 
         return demo_model_path()
-    return Path(model).expanduser()
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model (--model) {model!r}: no such directory")
+    return path
 
 
 def resolve_device(name: str) -> torch.device:
@@ -44,29 +50,59 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} but CUDA is not available")
+        raise ValueError(f"{flag_name('device')}={name!r} but CUDA is not available")
     return device
 
 
-def default_kv_tokens(max_model_len: int) -> int:
-    # NOTE: a CPU-sized default; the GPU memory planner replaces it when a budget exists.
-    return max(max_model_len, min(2 * max_model_len, 65536))
+def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | None, int]:
+    """(cap in bytes, bytes the process already holds: CUDA context + cuBLAS)."""
+    if device.type != "cuda":
+        return None, 0
+    torch.cuda.set_device(device)
+    a = torch.ones(64, 64, device=device)
+    (a @ a).sum().item()  # materialise the context and the cuBLAS workspace
+    del a
+    free, total = torch.cuda.mem_get_info(device)
+    # NOTE: assumes no other process uses this GPU; then total - free is our context.
+    context = total - free
+    cap = parse_size(config.model.gpu_memory) if config.model.gpu_memory else int(0.9 * total)
+    return cap, context
+
+
+def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max_len: int) -> MemoryPlan:
+    budget, context = device_budget(config, device)
+    moe, sched = config.moe, config.scheduler
+    if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
+        raise ValueError(f"{flag_name('moe_slots')} must be at least num_experts_per_tok = {arch.top_k}")
+    return plan_memory(
+        arch,
+        backend=moe.moe_backend,
+        moe_slots=moe.moe_slots,
+        kv_tokens=config.cache.kv_tokens,
+        max_model_len=max_len,
+        max_prefill_tokens=sched.max_prefill_tokens,
+        max_running=sched.max_running_requests,
+        budget=budget,
+        context=context,
+    )
 
 
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     model_dir = resolve_model_dir(config.model.model)
     tokenizer = TokenizerBundle.load(model_dir)
-    loaded = load_checkpoint(model_dir, config.model.dtype, progress=progress)
-    arch = loaded.arch
+    arch, _ = read_arch(model_dir, config.model.dtype)
     device = resolve_device(config.model.device)
-    executor = ResidentExecutor(loaded.experts, device, activation(arch.hidden_act))
+    max_len = config.model.max_model_len or arch.max_position_embeddings
+    plan = make_plan(config, arch, device, max_len)
+    log.info("%s", plan.table())
+    pin = device.type == "cuda" and config.moe.expert_store in ("auto", "pinned")
+    loaded = load_checkpoint(model_dir, config.model.dtype, progress=progress, pin_experts=pin)
+    executor = make_executor(
+        plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
+        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction,
+    )
     model = MoEDecoder(arch, loaded.params, executor, device)
     del loaded
-    max_len = config.model.max_model_len or arch.max_position_embeddings
-    kv_tokens = config.cache.kv_tokens or default_kv_tokens(max_len)
     page = config.cache.page_size
-    pool = KVPool(
-        arch.num_layers, -(-kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device
-    )
-    log.info("KV pool: %d pages x %d tokens (%.1f MiB)", pool.num_pages, page, pool.nbytes() / 2**20)
-    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool), device, max_len)
+    pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
+    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool), device, max_len, plan)

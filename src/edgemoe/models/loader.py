@@ -79,7 +79,11 @@ def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
     return {p.name: [] for p in found}
 
 
-def load_checkpoint(model_dir: str | Path, dtype: str = "auto", progress: bool = True) -> LoadedModel:
+def load_checkpoint(
+    model_dir: str | Path, dtype: str = "auto", progress: bool = True, pin_experts: bool = False
+) -> LoadedModel:
+    """`pin_experts`: allocate the expert banks page-locked (written in place, never
+    pinned by copying); falls back to pageable memory with a warning."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
@@ -87,7 +91,8 @@ def load_checkpoint(model_dir: str | Path, dtype: str = "auto", progress: bool =
     names = model_module(arch.model_type).checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     experts = ExpertStore.allocate(
-        list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype
+        list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype,
+        pin=pin_experts,
     )
     files = safetensors_files(model_dir)
     filled = _stream_files(model_dir, files, names, params, experts, progress)

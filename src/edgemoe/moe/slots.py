@@ -39,7 +39,8 @@ class MissLoad(NamedTuple):
 
 
 class LayerWave(NamedTuple):
-    """One group of at most `num_slots` experts of a layer, loaded then computed together.
+    """One group of at most `capacity` (usually `num_slots`) experts of a layer, loaded
+    then computed together.
 
     `experts[i]` runs from `slots[i]`. Hits come first: `experts[:num_hits]` were
     resident already; the rest are `misses`, in the same order, to be copied in.
@@ -108,7 +109,7 @@ class SlotCache:
         cache.release_layer(layer)
 
     Contract:
-    - A routed set no larger than the pool is one wave; a larger one is
+    - A routed set no larger than `capacity` is one wave; a larger one is
       ceil(n / capacity) waves, hits first, so resident experts run before any load
       of the layer can evict them. Every routed expert is in exactly one wave.
       `capacity` is `num_slots` minus the keys pinned by other unreleased layers.
@@ -126,7 +127,9 @@ class SlotCache:
     Lifetimes: the state is final when `plan_layer` returns, but the *copies* are the
     executor's: NOTE a miss of wave i+1 may take the slot of an expert of wave i (or of
     a released layer), so wave i must finish computing before wave i+1's copies land.
-    The slots of the last wave stay valid until `release_layer`. `slot_map` and
+    The slots of the last wave stay valid until `release_layer`. NOTE `slot_map` shows
+    the state after the *last* wave: compute an earlier wave from `wave.slots`, whose
+    experts may already be unmapped (evicted by a later wave). `slot_map` and
     `slot_owners` are the same tensor objects for the cache's life, updated in place;
     `map_version` changes whenever they do, so a device mirror knows when to refresh.
 
@@ -220,7 +223,7 @@ class SlotCache:
             raise RuntimeError(f"all {self.num_slots} slots are pinned by layers {sorted(self._pinned)}")
         waves = [
             self._plan_wave(layer, ordered[i : i + capacity], others)
-            for i in range(0, len(ordered), capacity)
+            for i in range(0, len(ordered), max(capacity, 1))
         ]
         base, resident = layer * self.num_experts, self._slot_of
         self._pinned[layer] = {base + e: resident[base + e] for e in ordered if base + e in resident}
@@ -318,7 +321,8 @@ class SlotCache:
         _require(self.num_resident <= self.num_slots, "more resident keys than slots")
         for key, slot in self._slot_of.items():
             _require(0 <= slot < self.num_slots, f"key {key} maps to bad slot {slot}")
-            _require(self._owner[slot] == key, f"slot {slot}: map says {key}, inverse says {self._owner[slot]}")
+            owner = self._owner[slot]
+            _require(owner == key, f"slot {slot}: map says key {key}, inverse says {owner}")
         free = [s for s, k in enumerate(self._owner) if k < 0]
         _require(sorted(self._free) == free, "free list disagrees with the inverse map")
         _require(len(free) + self.num_resident == self.num_slots, "a slot holds two keys")

@@ -246,7 +246,7 @@ class ChatTemplate:
         self.name = name
         # NOTE: tokens that are None stay undefined, as in transformers: passing None
         # would print "None" in templates that write `{{ bos_token }}`.
-        self._special = {k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) }
+        self._special = {k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None}
         # A template that never names "developer" would reject that role or drop it.
         self.keeps_developer_role = "developer" in source
         try:

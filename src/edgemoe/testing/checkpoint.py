@@ -32,6 +32,7 @@ LINEAR_GAIN = 1.0  # std = LINEAR_GAIN / sqrt(fan_in): each projection preserves
 ROUTER_GAIN = 4.0  # router logits std ~4, so top-k choices are far from ties
 LM_HEAD_GAIN = 4.0  # logits std ~4 over the vocab: clear top-1 margins
 
+ENDOFTEXT_ID = 151643
 Shape = tuple[int, ...]
 TensorSpec = tuple[str, Shape]
 
@@ -65,28 +66,40 @@ def _attention(p: str, c: dict[str, Any], head_dim: int) -> Iterator[TensorSpec]
     yield f"{p}.self_attn.o_proj.weight", (h, q)
 
 
-def _experts(p: str, n: int, h: int, i: int, names: tuple[str, str, str]) -> Iterator[TensorSpec]:
-    """Per-expert (gate, up, down) projections, named as on the Hub."""
+_GLU = ("gate_proj", "up_proj", "down_proj")
+_MIXTRAL_GLU = ("w1", "w3", "w2")  # Mixtral's names for gate, up, down
+
+
+def _mlp(p: str, h: int, i: int, names: tuple[str, str, str] = _GLU) -> Iterator[TensorSpec]:
+    """One SwiGLU MLP: gate [I, H], up [I, H], down [H, I]."""
     gate, up, down = names
+    yield f"{p}.{gate}.weight", (i, h)
+    yield f"{p}.{up}.weight", (i, h)
+    yield f"{p}.{down}.weight", (h, i)
+
+
+def _moe(p: str, n: int, h: int, i: int, names: tuple[str, str, str] = _GLU) -> Iterator[TensorSpec]:
+    """Router [E, H] then per-expert MLPs, named as on the Hub (one tensor per expert)."""
+    yield f"{p}.gate.weight", (n, h)
     for e in range(n):
-        yield f"{p}.experts.{e}.{gate}.weight", (i, h)
-        yield f"{p}.experts.{e}.{up}.weight", (i, h)
-        yield f"{p}.experts.{e}.{down}.weight", (h, i)
+        yield from _mlp(f"{p}.experts.{e}", h, i, names)
 
 
 def _qwen3_moe_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
     h, d = c["hidden_size"], c["head_dim"]
     yield from _attention(p, c, d)
-    yield f"{p}.self_attn.q_norm.weight", (d,)
+    yield f"{p}.self_attn.q_norm.weight", (d,)  # per head
     yield f"{p}.self_attn.k_norm.weight", (d,)
     # NOTE: same sparsity rule as transformers' Qwen3MoeDecoderLayer.
-    sparse = idx not in c["mlp_only_layers"] and c["num_experts"] > 0 and (idx + 1) % c["decoder_sparse_step"] == 0
+    sparse = (
+        idx not in c["mlp_only_layers"]
+        and c["num_experts"] > 0
+        and (idx + 1) % c["decoder_sparse_step"] == 0
+    )
     if sparse:
-        yield f"{p}.mlp.gate.weight", (c["num_experts"], h)
-        yield from _experts(f"{p}.mlp", c["num_experts"], h, c["moe_intermediate_size"], ("gate_proj", "up_proj", "down_proj"))
+        yield from _moe(f"{p}.mlp", c["num_experts"], h, c["moe_intermediate_size"])
     else:
-        i = c["intermediate_size"]
-        yield from ((f"{p}.mlp.gate_proj.weight", (i, h)), (f"{p}.mlp.up_proj.weight", (i, h)), (f"{p}.mlp.down_proj.weight", (h, i)))
+        yield from _mlp(f"{p}.mlp", h, c["intermediate_size"])
 
 
 def _olmoe_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
@@ -96,16 +109,13 @@ def _olmoe_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
     # OLMoE normalises q and k over all heads at once, before the head split.
     yield f"{p}.self_attn.q_norm.weight", (c["num_attention_heads"] * d,)
     yield f"{p}.self_attn.k_norm.weight", (c["num_key_value_heads"] * d,)
-    yield f"{p}.mlp.gate.weight", (c["num_experts"], h)
-    yield from _experts(f"{p}.mlp", c["num_experts"], h, c["intermediate_size"], ("gate_proj", "up_proj", "down_proj"))
+    yield from _moe(f"{p}.mlp", c["num_experts"], h, c["intermediate_size"])
 
 
 def _mixtral_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
-    h = c["hidden_size"]
     yield from _attention(p, c, c["head_dim"])
-    yield f"{p}.block_sparse_moe.gate.weight", (c["num_local_experts"], h)
-    # Mixtral: w1 = gate, w3 = up, w2 = down.
-    yield from _experts(f"{p}.block_sparse_moe", c["num_local_experts"], h, c["intermediate_size"], ("w1", "w3", "w2"))
+    n, h, i = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
+    yield from _moe(f"{p}.block_sparse_moe", n, h, i, _MIXTRAL_GLU)
 
 
 @dataclass(frozen=True)
@@ -268,7 +278,9 @@ def make_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", config)
     eos = config["eos_token_id"]
-    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": [eos, 151643], "pad_token_id": 151643}
+    # Like Qwen3's: generation also stops on <|endoftext|>, which doubles as padding.
+    stop = [*eos] if isinstance(eos, list) else [eos, ENDOFTEXT_ID]
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": stop, "pad_token_id": ENDOFTEXT_ID}
     write_json(out / "generation_config.json", generation)
     _write_weights(out, config, seed, max_shard_bytes)
     write_tokenizer_files(out)

@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edgemoe.testing.checkpoint import make_checkpoint
 from edgemoe.testing.tokenizer_factory import cache_dir
 
 DEMO_NAME = "demo-qwen3-moe-v1"  # bump the suffix when DEMO_CONFIG or the weight init changes
@@ -36,7 +35,11 @@ def demo_model_path() -> Path:
     dest = cache_dir() / DEMO_NAME
     if (dest / "config.json").exists():
         return dest
+    # Imported here: resolving an existing demo must not pull in torch (the server has none).
+    from edgemoe.testing.checkpoint import make_checkpoint
+
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{DEMO_NAME}."))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary user directory
     try:
         make_checkpoint("qwen3_moe", tmp, seed=DEMO_SEED, **DEMO_CONFIG)
         try:

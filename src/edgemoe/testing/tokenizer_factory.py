@@ -78,6 +78,7 @@ def atomic_path(dest: Path) -> Iterator[Path]:
     """
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; cached files are ordinary user files
     try:
         yield Path(tmp)
         os.replace(tmp, dest)

@@ -1,0 +1,92 @@
+"""Offload: a global pool of device slots caches experts; misses are copied in.
+
+`SlotBanks` owns the device slot tensors and the host→device copies; `SlotCache`
+(slots.py) decides which expert sits in which slot. A layer whose routed set exceeds
+the pool runs in waves: copy a wave's misses, compute it, go on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_experts_partial
+from edgemoe.moe.executor import MoEExecutor, new_contrib, routed_experts
+from edgemoe.moe.slots import LayerWave, SlotCache
+from edgemoe.moe.stats import MoEStats
+from edgemoe.moe.store import ExpertStore
+
+
+class SlotBanks:
+    """Device tensors gate_up [S, 2I, H] and down [S, H, I], filled from the store.
+
+    Copies are issued on the current stream (so compute that follows sees them);
+    from pinned host memory they run on the copy engine asynchronously.
+    """
+
+    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, stats: MoEStats) -> None:
+        bank = next(iter(store.banks.values()))
+        self.store, self.device, self.stats = store, device, stats
+        self.gate_up = torch.empty((num_slots, *bank.gate_up.shape[1:]), dtype=bank.gate_up.dtype, device=device)
+        self.down = torch.empty((num_slots, *bank.down.shape[1:]), dtype=bank.down.dtype, device=device)
+        self.expert_nbytes = bank.expert_nbytes
+        self._timed = device.type == "cuda"
+
+    def load(self, layer: int, wave: LayerWave) -> None:
+        if not wave.misses:
+            return
+        bank = self.store.banks[layer]
+        start = torch.cuda.Event(enable_timing=True) if self._timed else None
+        if start is not None:
+            start.record()
+        for miss in wave.misses:
+            self.gate_up[miss.slot].copy_(bank.gate_up[miss.expert], non_blocking=True)
+            self.down[miss.slot].copy_(bank.down[miss.expert], non_blocking=True)
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.stats.add_copy_interval(start, end)
+        self.stats.bytes_copied += len(wave.misses) * self.expert_nbytes
+
+    def nbytes(self) -> int:
+        return self.gate_up.nbytes + self.down.nbytes
+
+
+class OffloadExecutor(MoEExecutor):
+    def __init__(
+        self,
+        store: ExpertStore,
+        device: torch.device,
+        act: Activation,
+        num_layers: int,
+        num_slots: int,
+        policy: str = "lru",
+    ) -> None:
+        num_experts = next(iter(store.banks.values())).num_experts
+        self.act = act
+        self.stats = MoEStats(num_layers, first_layer=min(store.banks))
+        self.cache = SlotCache(num_slots, num_layers, num_experts, policy)
+        self.slots = SlotBanks(store, num_slots, device, self.stats)
+
+    def run_waves(
+        self, layer: int, experts: list[int], x: torch.Tensor, topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor, contrib: torch.Tensor,
+    ) -> None:
+        """Load and compute `experts` of `layer` through the slot cache, wave by wave."""
+        with self.cache.layer_waves(layer, experts) as waves:
+            for wave in waves:
+                self.stats.hits[layer] += wave.num_hits
+                self.stats.misses[layer] += len(wave.misses)
+                self.slots.load(layer, wave)
+                moe_experts_partial(
+                    x, topk_ids, topk_weights, wave.experts, wave.slots,
+                    self.slots.gate_up, self.slots.down, self.act, contrib,
+                )
+
+    def forward(self, layer, x, topk_ids, topk_weights):  # type: ignore[override]
+        self.stats.count_tokens(layer, x.shape[0])
+        contrib = new_contrib(topk_ids, x)
+        self.run_waves(layer, routed_experts(topk_ids), x, topk_ids, topk_weights, contrib)
+        return moe_combine(contrib, x.dtype)
+
+    def close(self) -> None:
+        del self.slots
