@@ -185,7 +185,12 @@ def hold_start(buf: str, pos: int, tag: str, ws: str) -> int:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud83d") breaks the HTTP body
+        text = json.dumps(value)
+    return text
 
 
 def merge_call_deltas(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
@@ -306,12 +311,15 @@ class TaggedToolParser(ToolParser):
     def _member(self, key: str, value: Any) -> None:
         sep = "{" if self._members == 0 else ", "
         self._members += 1
-        self._calls.append(ToolCallDelta(self._count - 1, None, None, f"{sep}{dumps(key)}: {dumps(value)}"))
+        self._piece(f"{sep}{dumps(key)}: {dumps(value)}")
+
+    def _piece(self, arguments: str) -> None:
+        self._calls.append(ToolCallDelta(self._count - 1, None, None, arguments))
 
     def _close_args(self) -> None:
         if self._args_open:
             self._args_open = False
-            self._calls.append(ToolCallDelta(self._count - 1, None, None, "}" if self._members else "{}"))
+            self._piece("}" if self._members else "{}")
 
     def _end_call(self, resume: int, lstrip: bool) -> None:
         """Leave a committed call; text from ``resume`` on is parsed as text again."""

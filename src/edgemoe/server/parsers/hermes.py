@@ -1,4 +1,6 @@
-"""Hermes / Qwen2.5 / Qwen3 JSON tool calls: ``<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>``.
+"""Hermes / Qwen2.5 / Qwen3 JSON tool calls.
+
+Format: ``<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>``, several in a row.
 
 Streaming: the call is announced (id + name) as soon as ``{"name": "<string>",
 "arguments": {`` has been read, then each top-level argument is emitted once its value
@@ -47,30 +49,46 @@ def scan_string(buf: str, pos: int) -> int | Scan:
     return m.end() if m else Scan.NEED
 
 
-def scan_value(buf: str, pos: int) -> int | Scan:
+@dataclass
+class ValueScan:
+    """Where a scan of one value stopped, so the next feed resumes instead of rescanning."""
+
+    start: int = -1  # the value this state belongs to
+    pos: int = 0  # everything before is settled
+    depth: int = 0
+    in_string: bool = False
+
+
+def scan_value(buf: str, pos: int, memo: ValueScan | None = None) -> int | Scan:
     """End of the JSON value starting at ``pos`` (structure only; loads() validates)."""
     if pos >= len(buf):
         return Scan.NEED
-    if buf[pos] == '"':
-        return scan_string(buf, pos)
-    if buf[pos] in "{[":
-        depth, i = 0, pos
-        while (m := _STRUCT.search(buf, i)) is not None:
-            if m.group() == '"':
-                end = scan_string(buf, m.start())
-                if end is Scan.NEED:
-                    return end
-                i = end
-                continue
-            depth += 1 if m.group() in "{[" else -1
-            i = m.end()
-            if depth == 0:
-                return i
-        return Scan.NEED
-    end = _SCALAR.match(buf, pos).end()  # type: ignore[union-attr]  # matches empty
-    if end == pos:
-        return Scan.FAIL
-    return Scan.NEED if end == len(buf) else end  # a number may still grow
+    if buf[pos] not in '"{[':
+        end = _SCALAR.match(buf, pos).end()  # type: ignore[union-attr]  # matches empty
+        if end == pos:
+            return Scan.FAIL
+        return Scan.NEED if end == len(buf) else end  # a number may still grow
+    st = memo if memo is not None else ValueScan()
+    if st.start != pos:
+        st.start, st.depth = pos, 0
+        st.in_string, st.pos = buf[pos] == '"', pos + (buf[pos] == '"')
+    while True:
+        m = (_IN_STRING if st.in_string else _STRUCT).search(buf, st.pos)
+        if m is None:
+            st.pos = len(buf)
+            return Scan.NEED
+        c, st.pos = m.group(), m.end()
+        if c == "\\":
+            if st.pos == len(buf):
+                st.pos = m.start()  # the escaped character has not arrived
+                return Scan.NEED
+            st.pos += 1
+        elif c == '"':
+            st.in_string = not st.in_string
+        else:
+            st.depth += 1 if c in "{[" else -1
+        if st.depth == 0 and not st.in_string:
+            return st.pos
 
 
 class Member(NamedTuple):
@@ -83,7 +101,9 @@ class ObjectEnd(NamedTuple):
     end: int  # just after the closing brace
 
 
-def parse_member(buf: str, pos: int, first: bool) -> Member | ObjectEnd | Scan:
+def parse_member(
+    buf: str, pos: int, first: bool, memo: ValueScan | None = None
+) -> Member | ObjectEnd | Scan:
     """The next ``"key": value`` (after a comma unless ``first``) or the closing brace."""
     p = skip_ws(buf, pos)
     if p == len(buf):
@@ -105,7 +125,7 @@ def parse_member(buf: str, pos: int, first: bool) -> Member | ObjectEnd | Scan:
     if not isinstance(colon, int):
         return colon
     v = skip_ws(buf, colon)
-    value_end = scan_value(buf, v)
+    value_end = scan_value(buf, v, memo)
     if not isinstance(value_end, int):
         return value_end
     try:
@@ -119,30 +139,38 @@ class Header(NamedTuple):
     args_pos: int  # just after the "{" that opens the arguments object
 
 
+_BEFORE_NAME = ("{", '"name"', ":")
+_AFTER_NAME = (",", '"arguments"', ":", "{")
+
+
+def _expect_all(buf: str, pos: int, parts: tuple[str, ...]) -> int | Scan:
+    for part in parts:
+        r = expect(buf, skip_ws(buf, pos), part)
+        if not isinstance(r, int):
+            return r
+        pos = r
+    return pos
+
+
 def parse_header(buf: str, pos: int) -> Header | Scan:
     """``{"name": "<string>", "arguments": {`` at ``pos``, whitespace-tolerant."""
-    p = pos
-    name: str | None = None
-    for part in ("{", '"name"', ":", None, ",", '"arguments"', ":", "{"):
-        p = skip_ws(buf, p)
-        if part is not None:
-            r = expect(buf, p, part)
-            if not isinstance(r, int):
-                return r
-            p = r
-            continue
-        if p == len(buf):
-            return Scan.NEED
-        end = scan_string(buf, p) if buf[p] == '"' else Scan.FAIL
-        if not isinstance(end, int):
-            return end
-        try:
-            name = loads(buf[p:end])
-        except ValueError:
-            return Scan.FAIL
-        p = end
-    assert isinstance(name, str)
-    return Header(name, p)
+    p = _expect_all(buf, pos, _BEFORE_NAME)
+    if not isinstance(p, int):
+        return p
+    p = skip_ws(buf, p)
+    if p == len(buf):
+        return Scan.NEED
+    end = scan_string(buf, p) if buf[p] == '"' else Scan.FAIL
+    if not isinstance(end, int):
+        return end
+    try:
+        name = loads(buf[p:end])
+    except ValueError:
+        return Scan.FAIL
+    if not name.strip():
+        return Scan.FAIL  # a call needs a name
+    args = _expect_all(buf, end, _AFTER_NAME)
+    return Header(name, args) if isinstance(args, int) else args
 
 
 def parse_whole(text: str) -> tuple[str, dict[str, Any]] | None:
@@ -154,7 +182,7 @@ def parse_whole(text: str) -> tuple[str, dict[str, Any]] | None:
             args = loads(args) if args.strip() else {}
     except ValueError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"].strip():
         return None
     return (obj["name"], args) if isinstance(args, dict) else None
 
@@ -205,14 +233,15 @@ class HermesToolParser(TaggedToolParser):
         self._phase = _Phase.HEADER
         self._whole: _StringAwareScan | None = None
         self._whole_start = 0
+        self._memo = ValueScan()
 
     def _step_call(self, final: bool) -> bool:
         if self._phase is _Phase.HEADER:
             return self._step_header(final)
         if self._phase is _Phase.ARGS:
-            return self._step_members(final, _Phase.TAIL)
+            return self._step_args(final)
         if self._phase is _Phase.TAIL:
-            return self._step_members(final, _Phase.CLOSE)
+            return self._step_tail(final)
         if self._phase is _Phase.CLOSE:
             return self._step_close(final)
         return self._step_whole(final)
@@ -232,23 +261,34 @@ class HermesToolParser(TaggedToolParser):
         self._reject()  # prose mentioning the tag, or cut off before the name
         return True
 
-    def _step_members(self, final: bool, after: _Phase) -> bool:
-        """ARGS: emit each argument; TAIL: skip the outer object's other keys."""
-        first = after is _Phase.TAIL and self._members == 0
-        r = parse_member(self.buf, self.pos, first)
+    def _step_args(self, final: bool) -> bool:
+        r = parse_member(self.buf, self.pos, self._members == 0, self._memo)
         if isinstance(r, Member):
-            if after is _Phase.TAIL:
-                self._member(r.key, r.value)
+            self._member(r.key, r.value)
             self.pos = r.end
             return True
         if isinstance(r, ObjectEnd):
-            if after is _Phase.TAIL:
-                self._close_args()
-            self.pos, self._phase = r.end, after
+            self._close_args()
+            self.pos, self._phase = r.end, _Phase.TAIL
             return True
+        return self._stuck(r, final, lstrip=False)
+
+    def _step_tail(self, final: bool) -> bool:
+        """Skip other keys of the outer object (ignored) up to its closing brace."""
+        r = parse_member(self.buf, self.pos, False, self._memo)
+        if isinstance(r, Member):
+            self.pos = r.end
+            return True
+        if isinstance(r, ObjectEnd):
+            self.pos, self._phase = r.end, _Phase.CLOSE
+            return True
+        return self._stuck(r, final, lstrip=True)
+
+    def _stuck(self, r: Scan, final: bool, lstrip: bool) -> bool:
+        """NEED: wait, unless the output ended; FAIL: the call ends, the rest is text."""
         if r is Scan.NEED and not final:
             return False
-        self._end_call(self.pos, lstrip=after is _Phase.CLOSE)
+        self._end_call(self.pos, lstrip)
         return True
 
     def _step_close(self, final: bool) -> bool:

@@ -1,0 +1,89 @@
+"""Reasoning and tool-call parsers: model text → content, reasoning, tool calls.
+
+Tool parsers are chosen by name (``--tool-call-parser``) and imported only when chosen.
+``parser_for_model_type`` gives a family's default format.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from edgemoe.server.parsers.base import (
+    ParsedDelta,
+    ParsedMessage,
+    ReasoningParser,
+    ResponseParser,
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
+    accumulate,
+)
+from edgemoe.server.parsers.reasoning import ThinkReasoningParser, prompt_opens_reasoning
+
+# name → "module:Class", imported on first use.
+TOOL_PARSERS: dict[str, str] = {
+    "hermes": "edgemoe.server.parsers.hermes:HermesToolParser",
+    "qwen3_coder": "edgemoe.server.parsers.qwen3_coder:Qwen3CoderToolParser",
+}
+
+# HF model_type → its family's default tool-call format.
+_MODEL_TYPE_PARSER: dict[str, str] = {
+    "qwen2": "hermes",
+    "qwen2_moe": "hermes",
+    "qwen3": "hermes",
+    "qwen3_moe": "hermes",
+    "olmoe": "hermes",
+    "mixtral": "hermes",
+    "qwen3_5_moe": "qwen3_coder",
+    "qwen3_next": "qwen3_coder",
+    "qwen4_exp": "qwen3_coder",
+}
+
+
+def get_tool_parser(name: str) -> type[ToolParser]:
+    """The tool parser class registered as ``name`` (construct it per response)."""
+    try:
+        module, cls = TOOL_PARSERS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown tool parser {name!r}; known: {sorted(TOOL_PARSERS)}") from None
+    parser: type[ToolParser] = getattr(importlib.import_module(module), cls)
+    return parser
+
+
+def parser_for_model_type(model_type: str) -> str:
+    """Default tool-parser name for an HF ``model_type``.
+
+    NOTE: Qwen3-Coder-30B-A3B is ``qwen3_moe`` yet writes the XML format; a template
+    check (``parser_for_chat_template``) or an explicit name overrides this default.
+    """
+    try:
+        return _MODEL_TYPE_PARSER[model_type]
+    except KeyError:
+        raise ValueError(f"no default tool parser for model_type {model_type!r}") from None
+
+
+def parser_for_chat_template(template: str) -> str | None:
+    """The tool format a chat template teaches the model, if it teaches one we parse."""
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
+    if "<tool_call>" in template:
+        return "hermes"
+    return None
+
+
+__all__ = [
+    "TOOL_PARSERS",
+    "ParsedDelta",
+    "ParsedMessage",
+    "ReasoningParser",
+    "ResponseParser",
+    "ThinkReasoningParser",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolParser",
+    "accumulate",
+    "get_tool_parser",
+    "parser_for_chat_template",
+    "parser_for_model_type",
+    "prompt_opens_reasoning",
+]

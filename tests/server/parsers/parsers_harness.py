@@ -1,0 +1,95 @@
+"""Shared checks for the parser tests: run a parser over chunkings, compare with one shot."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from edgemoe.server.parsers import ResponseParser, ThinkReasoningParser, get_tool_parser
+from edgemoe.server.parsers.base import ParsedDelta, ParsedMessage, accumulate
+
+MakeParser = Callable[[], ResponseParser]
+
+
+def counter_ids() -> Callable[[], str]:
+    counter = itertools.count()
+    return lambda: f"call_{next(counter)}"
+
+
+def maker(
+    tool_parser: str | None,
+    tools: Sequence[dict[str, Any]] | None = None,
+    reasoning: bool | None = None,
+) -> MakeParser:
+    """``reasoning``: None = no reasoning parser, else its ``starts_in_reasoning``."""
+
+    def make() -> ResponseParser:
+        tp = get_tool_parser(tool_parser)(tools, counter_ids()) if tool_parser else None
+        rp = ThinkReasoningParser(starts_in_reasoning=reasoning) if reasoning is not None else None
+        return ResponseParser(rp, tp)
+
+    return make
+
+
+def stream(make: MakeParser, chunks: Sequence[str]) -> ParsedMessage:
+    parser = make()
+    deltas = [parser.feed(c) for c in chunks] + [parser.finish()]
+    check_deltas(deltas)
+    message = accumulate(deltas)
+    assert parser.tool_calls_emitted == len(message.tool_calls)
+    return message
+
+
+def check_deltas(deltas: Sequence[ParsedDelta]) -> None:
+    """Stream shape clients rely on: id/name on a call's first piece only, 0-based
+    contiguous indices in order, and each call's arguments a JSON object."""
+    seen: dict[int, str] = {}
+    for delta in deltas:
+        for piece in delta.tool_calls:
+            if piece.index not in seen:
+                assert piece.index == len(seen), "indices are contiguous and in order"
+                assert piece.id and piece.name, "first piece carries id and name"
+                seen[piece.index] = piece.arguments
+            else:
+                assert piece.id is None and piece.name is None
+                assert piece.index == len(seen) - 1, "only the newest call grows"
+                seen[piece.index] += piece.arguments
+    for args in seen.values():
+        assert isinstance(json.loads(args), dict), args
+
+
+def single_splits(text: str) -> Iterator[list[str]]:
+    for i in range(len(text) + 1):
+        yield [text[:i], text[i:]]
+
+
+def pair_splits(text: str) -> Iterator[list[str]]:
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1):
+            yield [text[:i], text[i:j], text[j:]]
+
+
+def chunks_at(text: str, cuts: Sequence[int]) -> list[str]:
+    points = [0, *sorted(set(cuts)), len(text)]
+    return [text[a:b] for a, b in zip(points, points[1:])]
+
+
+def assert_chunking_invariant(make: MakeParser, text: str, pairs_up_to: int = 200) -> ParsedMessage:
+    """Every single split, every pair of splits (short texts) and per-character
+    feeding give exactly the one-shot result; returns that result."""
+    whole = make().parse_complete(text)
+    splits: Iterator[list[str]] = single_splits(text)
+    if len(text) <= pairs_up_to:
+        splits = itertools.chain(splits, pair_splits(text))
+    for chunks in itertools.chain(splits, [list(text)]):
+        got = stream(make, chunks)
+        assert got == whole, f"chunks={chunks!r}"
+    return whole
+
+
+def summary(message: ParsedMessage) -> tuple[str, str, list[tuple[str, Any]]]:
+    """(content, reasoning, [(name, arguments as dict)]) for readable expectations."""
+    calls = [(c.name, json.loads(c.arguments)) for c in message.tool_calls]
+    return message.content, message.reasoning, calls
