@@ -27,13 +27,15 @@ def hf_model(path):  # noqa: ANN001, ANN201
 
 def hf_greedy(model, prompt: list[int]) -> list[int]:  # noqa: ANN001
     with torch.no_grad():
+        # An explicit mask: inferring one from pad_token_id would mask real tokens.
         out = model.generate(
             torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=NEW_TOKENS,
             min_new_tokens=NEW_TOKENS,
             do_sample=False,
             eos_token_id=None,
-            pad_token_id=0,
+            pad_token_id=151643,
         )
     return out[0, len(prompt) :].tolist()
 

@@ -15,7 +15,7 @@ from edgemoe.detokenizer import TextStream
 from edgemoe.engine.build import build_runtime
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import ModelRunner
-from edgemoe.engine.sampler import Sampler
+from edgemoe.engine.sampling import RequestSampler, SampledTokens
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
 
@@ -30,7 +30,7 @@ class Engine:
         self.vocab_size = rt.model.arch.vocab_size
         self.scheduler = Scheduler(config.scheduler, rt.pool)
         self.runner = ModelRunner(rt.model, rt.attention, rt.pool, rt.device)
-        self.sampler = Sampler(self.vocab_size, rt.device, config.model.seed)
+        self.sampler = RequestSampler(self.vocab_size, rt.device, config.model.seed)
         self.eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._streams: dict[str, TextStream] = {}
@@ -88,13 +88,13 @@ class Engine:
         sampled = self.sampler.sample(logits, [s.request for s in sampling])
         return self._update(plan, sampling, sampled)
 
-    def _update(self, plan: StepPlan, sampling: list[ScheduledSeq], sampled) -> list[RequestOutput]:  # noqa: ANN001
+    def _update(self, plan: StepPlan, sampling: list[ScheduledSeq], sampled: SampledTokens) -> list[RequestOutput]:
         for s in plan.seqs:
             s.request.num_computed = s.start + s.length
         outputs = []
         for row, s in enumerate(sampling):
-            token = int(sampled.token_ids[row])
-            logprob = sampled.logprob_entry(row) if s.request.params.logprobs is not None else None
+            token, n_top = sampled.token_ids[row], s.request.params.logprobs
+            logprob = sampled.logprob_entry(row, n_top) if n_top is not None else None
             outputs.append(self._append_token(s.request, token, logprob))
         return outputs
 

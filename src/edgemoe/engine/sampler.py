@@ -1,0 +1,295 @@
+"""Batched sampling for one engine step: logits [B, V] -> one token per row.
+
+Order (vLLM's): min_tokens mask -> repetition penalty -> frequency/presence
+penalties -> greedy rows take the argmax -> temperature -> top-k -> top-p -> min-p ->
+draw. Logprobs describe the raw model distribution (before any of that).
+
+The draw is an exponential race, argmax(p / E) with E ~ Exp(1) i.i.d., which picks
+token i with probability p_i. A seeded request draws its E from its own generator,
+once per step, so its tokens depend only on its seed and its own logits, not on
+which other requests share the batch or where its row is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from edgemoe.messages import SamplingParams
+
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing by them overflows.
+GREEDY_BELOW = 1e-5
+NEG_INF = float("-inf")
+_SEED_MASK = (1 << 64) - 1  # torch.Generator.manual_seed accepts 64-bit values
+
+
+@dataclass(eq=False)
+class SamplingState:
+    """One request's sampling inputs; the engine keeps it for the request's lifetime.
+
+    `eos_ids` are the ids masked while fewer than `min_tokens` were generated (with
+    `stop_token_ids`); the engine decides what goes in it. `ignore_eos` does not
+    concern the sampler: it never masks EOS, and stopping is the engine's job.
+    NOTE: a seeded state's generator lives on `device`, which must be the device
+    of the logits it is sampled with.
+    """
+
+    params: SamplingParams
+    prompt_ids: Sequence[int] = ()
+    eos_ids: frozenset[int] = frozenset()
+    device: torch.device | str = "cpu"
+    output_ids: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = field(init=False, default=None)
+    _prompt_tensor: Tensor | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.params.seed is not None:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(self.params.seed & _SEED_MASK)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_ids)
+
+    def append(self, token_id: int) -> None:
+        """Record a generated token (the penalties and min_tokens read these)."""
+        self.output_ids.append(token_id)
+
+    def banned_ids(self) -> list[int]:
+        """Ids masked this step to honour `min_tokens`."""
+        if self.num_generated >= self.params.min_tokens:
+            return []
+        return sorted(self.eos_ids.union(self.params.stop_token_ids))
+
+    def prompt_tensor(self) -> Tensor:
+        """The prompt ids on `device`, built once (prompts can be long)."""
+        if self._prompt_tensor is None:
+            self._prompt_tensor = torch.tensor(list(self.prompt_ids), dtype=torch.long, device=self.device)
+        return self._prompt_tensor
+
+
+def _is_greedy(p: SamplingParams) -> bool:
+    return p.temperature < GREEDY_BELOW
+
+
+def _flat_ids(rows: Sequence[tuple[int, Tensor]], vocab_size: int, device: torch.device) -> Tensor:
+    """Token ids of several rows as indices into a flattened [B * V] tensor."""
+    parts = [ids.to(device) + row * vocab_size for row, ids in rows if ids.numel()]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long, device=device)
+
+
+def _as_ids(ids: Sequence[int], device: torch.device) -> Tensor:
+    return torch.tensor(list(ids), dtype=torch.long, device=device)
+
+
+class Banned(NamedTuple):
+    rows: Tensor  # [N] long
+    ids: Tensor  # [N] long: logits[rows[j], ids[j]] = -inf
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """The tensors one step needs; a field is None when no row uses that feature."""
+
+    vocab_size: int
+    temperature: Tensor  # [B] f32, 1.0 on greedy rows
+    greedy: Tensor  # [B] bool
+    greedy_rows: tuple[bool, ...]  # the same on the host (no device sync to read it)
+    all_greedy: bool
+    top_k: Tensor | None  # [B] long, vocab_size where off
+    max_top_k: int  # the largest top_k in use (host copy)
+    top_p: Tensor | None  # [B] f32, 1.0 where off
+    min_p: Tensor | None  # [B] f32, 0.0 where off
+    repetition: Tensor | None  # [B] f32
+    seen: Tensor | None  # [B, V] bool: in prompt or output (repetition penalty)
+    frequency: Tensor | None  # [B] f32
+    presence: Tensor | None  # [B] f32
+    output_counts: Tensor | None  # [B, V] f32: occurrences in the output so far
+    banned: Banned | None  # min_tokens mask
+    generators: tuple[torch.Generator | None, ...]  # per row; None: the shared one
+    num_logprobs: int | None  # the largest `logprobs` asked for; None: nobody asked
+
+    @classmethod
+    def build(
+        cls, states: Sequence[SamplingState], vocab_size: int, device: torch.device | str
+    ) -> SamplingBatch:
+        device = torch.device(device)
+        params = [s.params for s in states]
+        greedy = [_is_greedy(p) for p in params]
+        V = vocab_size
+        top_k = [p.top_k if 0 < p.top_k < V else V for p in params]
+        rep = [p.repetition_penalty for p in params]
+        freq = [p.frequency_penalty for p in params]
+        pres = [p.presence_penalty for p in params]
+        # One host->device copy for all per-row floats.
+        floats = torch.tensor(
+            [
+                [1.0 if g else p.temperature for g, p in zip(greedy, params)],
+                [p.top_p for p in params],
+                [p.min_p for p in params],
+                rep,
+                freq,
+                pres,
+            ],
+            dtype=torch.float32,
+        ).to(device)
+        temperature, top_p, min_p, repetition, frequency, presence = floats.unbind(0)
+        use_rep = [r != 1.0 for r in rep]
+        use_freq = [f != 0.0 or q != 0.0 for f, q in zip(freq, pres)]
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            vocab_size=V,
+            temperature=temperature,
+            greedy=torch.tensor(greedy, dtype=torch.bool).to(device),
+            greedy_rows=tuple(greedy),
+            all_greedy=all(greedy),
+            top_k=torch.tensor(top_k, dtype=torch.long).to(device) if any(k < V for k in top_k) else None,
+            max_top_k=max((k for k in top_k if k < V), default=V),
+            top_p=top_p if any(p.top_p < 1.0 for p in params) else None,
+            min_p=min_p if any(p.min_p > 0.0 for p in params) else None,
+            repetition=repetition if any(use_rep) else None,
+            seen=_seen_mask(states, use_rep, V, device) if any(use_rep) else None,
+            frequency=frequency if any(use_freq) else None,
+            presence=presence if any(use_freq) else None,
+            output_counts=_output_counts(states, use_freq, V, device) if any(use_freq) else None,
+            banned=_banned(states, V, device),
+            generators=tuple(s.generator for s in states),
+            num_logprobs=max(logprobs) if logprobs else None,
+        )
+
+
+def _seen_mask(states: Sequence[SamplingState], use: Sequence[bool], V: int, device: torch.device) -> Tensor:
+    """[B, V] bool: token appears in the row's prompt or output (rows in `use` only)."""
+    rows = [(i, s.prompt_tensor()) for i, s in enumerate(states) if use[i]]
+    rows += [(i, _as_ids(s.output_ids, device)) for i, s in enumerate(states) if use[i]]
+    seen = torch.zeros(len(states) * V, dtype=torch.bool, device=device)
+    seen[_flat_ids(rows, V, device)] = True
+    return seen.view(len(states), V)
+
+
+def _output_counts(states: Sequence[SamplingState], use: Sequence[bool], V: int, device: torch.device) -> Tensor:
+    """[B, V] f32: how often each token occurs in the row's output (rows in `use` only)."""
+    rows = [(i, _as_ids(s.output_ids, device)) for i, s in enumerate(states) if use[i]]
+    idx = _flat_ids(rows, V, device)
+    counts = torch.zeros(len(states) * V, dtype=torch.float32, device=device)
+    counts.scatter_add_(0, idx, torch.ones(idx.shape, dtype=torch.float32, device=device))
+    return counts.view(len(states), V)
+
+
+def _banned(states: Sequence[SamplingState], V: int, device: torch.device) -> Banned | None:
+    pairs = [(i, t) for i, s in enumerate(states) for t in s.banned_ids() if 0 <= t < V]
+    if not pairs:
+        return None
+    rows, ids = zip(*pairs)
+    return Banned(_as_ids(rows, device), _as_ids(ids, device))
+
+
+class TopLogprobs(NamedTuple):
+    ids: Tensor  # [B, N] long, most likely first
+    values: Tensor  # [B, N] f32
+
+
+class SampleOutput(NamedTuple):
+    token_ids: Tensor  # [B] long
+    logprobs: Tensor | None  # [B] f32: raw logprob of the sampled token; None: nobody asked
+    top_logprobs: TopLogprobs | None  # N = the largest `logprobs` in the batch; rows
+    # that asked for fewer use their first entries, rows that asked for none ignore it
+
+
+def sample(logits: Tensor, batch: SamplingBatch, generator: torch.Generator | None = None) -> SampleOutput:
+    """Pick one token per row. `generator` serves the unseeded rows (None: torch's default).
+
+    Never NaN: every filter keeps each row's best token, and a row left with no finite
+    logit at all (which a sane model never produces) falls back to the argmax of its
+    raw logits, i.e. token 0 when every raw logit is -inf.
+    """
+    raw = logits.float()  # [B, V]
+    x = _apply_penalties(raw.clone(), batch)
+    tokens = x.argmax(-1)
+    if not batch.all_greedy:
+        sampled = _draw(_filtered_probs(x, batch), batch, generator)
+        tokens = torch.where(batch.greedy, tokens, sampled)
+    dead = x.amax(-1) == NEG_INF
+    tokens = torch.where(dead, raw.argmax(-1), tokens)
+    logprobs, top = _logprobs(raw, tokens, batch.num_logprobs)
+    return SampleOutput(tokens, logprobs, top)
+
+
+def _apply_penalties(x: Tensor, b: SamplingBatch) -> Tensor:
+    """min_tokens mask, then repetition, then frequency/presence penalties (in place)."""
+    if b.banned is not None:
+        x[b.banned.rows, b.banned.ids] = NEG_INF
+    if b.seen is not None and b.repetition is not None:
+        # HF/vLLM: a seen token's positive logit is divided, a negative one multiplied.
+        p = b.repetition[:, None]
+        x = torch.where(b.seen, torch.where(x > 0, x / p, x * p), x)
+    if b.output_counts is not None and b.frequency is not None and b.presence is not None:
+        # OpenAI: over output tokens only, frequency per occurrence, presence once.
+        counts = b.output_counts
+        x -= b.frequency[:, None] * counts + b.presence[:, None] * (counts > 0)
+    return x
+
+
+def _filtered_probs(x: Tensor, b: SamplingBatch) -> Tensor:
+    """Temperature, top-k, top-p, min-p; returns unnormalised probabilities [B, V]."""
+    x = x / b.temperature[:, None]
+    x = _top_k_top_p(x, b.top_k, b.max_top_k, b.top_p)
+    probs = x.softmax(-1)
+    if b.min_p is not None:
+        # Keep tokens at least min_p times as likely as the best one (which always stays).
+        top = probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill(probs < b.min_p[:, None] * top, 0.0)
+    return probs
+
+
+def _top_k_top_p(x: Tensor, top_k: Tensor | None, max_k: int, top_p: Tensor | None) -> Tensor:
+    """vLLM's semantics: top-k keeps ties with the k-th value; top-p drops the largest
+    set of least likely tokens whose total probability is <= 1 - p, never the best."""
+    if top_p is None:
+        if top_k is None:
+            return x
+        # topk(max_k) is much cheaper than a full sort; rows with top-k off keep all.
+        kth = x.topk(max_k, dim=-1).values.gather(1, (top_k.clamp(max=max_k) - 1)[:, None])
+        kth = kth.masked_fill(top_k[:, None] >= x.shape[1], NEG_INF)
+        return x.masked_fill(x < kth, NEG_INF)
+    srt, idx = x.sort(dim=-1)  # ascending: the best token is last
+    if top_k is not None:
+        kth = srt.gather(1, (x.shape[1] - top_k)[:, None])
+        srt = srt.masked_fill(srt < kth, NEG_INF)
+    cum = srt.softmax(-1).cumsum(-1)
+    drop = cum <= 1.0 - top_p[:, None]
+    drop[:, -1] = False
+    srt = srt.masked_fill(drop, NEG_INF)
+    return torch.empty_like(x).scatter_(1, idx, srt)
+
+
+def _draw(probs: Tensor, b: SamplingBatch, generator: torch.Generator | None) -> Tensor:
+    """Exponential race over unnormalised probabilities [B, V] -> [B] long."""
+    noise = torch.empty_like(probs)
+    seeded = [i for i, g in enumerate(b.generators) if g is not None]
+    if len(seeded) < len(b.generators):
+        noise.exponential_(generator=generator)
+    for i in seeded:
+        # NOTE: greedy seeded rows draw nothing; harmless, since a request's
+        # temperature never changes between its steps.
+        if not b.greedy_rows[i]:
+            noise[i].exponential_(generator=b.generators[i])
+    # Exp(1) can return 0: p / 0 would be inf (or NaN for p = 0) and win the race.
+    noise.clamp_(min=torch.finfo(torch.float32).tiny)
+    return (probs / noise).argmax(-1)
+
+
+def _logprobs(raw: Tensor, tokens: Tensor, n: int | None) -> tuple[Tensor | None, TopLogprobs | None]:
+    if n is None:
+        return None, None
+    lp = raw.log_softmax(-1)
+    lp = lp.masked_fill(lp.isnan(), NEG_INF)  # an all -inf row: every token impossible
+    sampled = lp.gather(1, tokens[:, None]).squeeze(1)
+    if n == 0:
+        return sampled, None
+    values, ids = lp.topk(n, dim=-1)
+    return sampled, TopLogprobs(ids, values)

@@ -1,0 +1,153 @@
+"""End-to-end engine behaviour through `edgemoe.LLM` on a tiny checkpoint (fp32, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgemoe import LLM, SamplingParams
+
+PROMPTS = [[9707, 11, 1879], list(range(3000, 3017)), [151644, 872, 198, 3838]]
+
+
+def greedy(n: int, **kw: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_ckpt):  # noqa: ANN001, ANN201
+    with LLM(str(qwen3_ckpt), dtype="float32", page_size=4) as llm:
+        yield llm
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(llm: LLM) -> None:
+    p = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=7, ignore_eos=True)
+    a = llm.generate(PROMPTS, p)
+    b = llm.generate(PROMPTS[::-1], p)[::-1]  # other batch order, same seed per request
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    c = llm.generate(PROMPTS, SamplingParams(temperature=1.0, top_p=0.95, max_tokens=12, seed=8, ignore_eos=True))
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+
+
+def test_stream_concatenates_to_generate(llm: LLM) -> None:
+    p = SamplingParams(temperature=0.8, max_tokens=20, seed=3, ignore_eos=True)
+    whole = llm.generate([PROMPTS[1]], p)[0]
+    deltas = list(llm.stream(PROMPTS[1], p))
+    assert "".join(d.text for d in deltas) == whole.text
+    assert [t for d in deltas for t in d.token_ids] == whole.token_ids
+    assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+
+
+def test_stop_string_across_token_boundary(llm: LLM) -> None:
+    full = llm.generate([PROMPTS[0]], greedy(16))[0]
+    tok = llm.tokenizer
+    pieces = [tok.decode([t]) for t in full.token_ids]
+    # Pick a boundary with at least 2 printable chars on each side.
+    for i in range(2, len(pieces) - 1):
+        left, right = "".join(pieces[:i]), pieces[i]
+        if len(pieces[i - 1]) >= 2 and len(right) >= 2 and "\ufffd" not in left + right:
+            stop = left[-2:] + right[:2]
+            break
+    else:
+        pytest.skip("no suitable token boundary in this sample")
+    out = llm.generate([PROMPTS[0]], greedy(16, stop=[stop]))[0]
+    assert out.text == full.text[: full.text.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
+def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
+    first = llm.generate([PROMPTS[2]], greedy(8))[0].token_ids[0]
+    out = llm.generate([PROMPTS[2]], greedy(8, stop_token_ids=[first]))[0]
+    assert out.token_ids == [first] and out.finish_reason == "stop" and out.stop_reason == first
+    held = llm.generate([PROMPTS[2]], greedy(8, stop_token_ids=[first], min_tokens=4))[0]
+    assert first not in held.token_ids[:4] and len(held.token_ids) >= 4
+
+
+def test_min_tokens_holds_eos_back_exactly(make_ckpt) -> None:  # noqa: ANN001
+    base = make_ckpt("qwen3_moe")
+    with LLM(str(base), dtype="float32") as llm:
+        eos = llm.generate([PROMPTS[0]], greedy(1))[0].token_ids[0]
+    # The same weights with that token declared EOS: greedy wants to stop at once.
+    path = make_ckpt("qwen3_moe", eos_token_id=eos)
+    with LLM(str(path), dtype="float32") as llm:
+        assert eos in llm.engine.eos_ids
+        stop_now = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=10))[0]
+        assert stop_now.token_ids == [eos] and stop_now.finish_reason == "stop"
+        held = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=10, min_tokens=3))[0]
+        assert eos not in held.token_ids[:3] and len(held.token_ids) >= 3
+        assert held.finish_reason == "length" or held.token_ids[-1] == eos
+
+
+def test_logprobs_are_the_raw_model_distribution(llm: LLM) -> None:
+    out = llm.generate([PROMPTS[0]], greedy(4, logprobs=3))[0]
+    seq = PROMPTS[0] + out.token_ids
+    logits = llm.prompt_logits(seq)
+    for i, entry in enumerate(out.logprobs or []):
+        ref = torch.log_softmax(logits[len(PROMPTS[0]) - 1 + i], -1)
+        assert entry.token_id == out.token_ids[i]
+        assert entry.logprob == pytest.approx(float(ref[entry.token_id]), abs=1e-4)
+        top_ids = [t for t, _ in entry.top]
+        assert top_ids == ref.topk(3).indices.tolist()
+
+
+def test_preemption_under_a_tiny_kv_pool_keeps_tokens(qwen3_ckpt) -> None:  # noqa: ANN001
+    prompts = [list(range(5000 + 40 * i, 5000 + 40 * i + 20)) for i in range(4)]
+    with LLM(str(qwen3_ckpt), dtype="float32") as roomy:
+        want = [o.token_ids for o in roomy.generate(prompts, greedy(24))]
+    # 64 tokens of KV for four 44-token sequences: requests must be preempted and recomputed.
+    with LLM(str(qwen3_ckpt), dtype="float32", kv_tokens=64, page_size=4) as tight:
+        got = [o.token_ids for o in tight.generate(prompts, greedy(24))]
+        assert tight.engine.runtime.pool.num_free == tight.engine.runtime.pool.num_pages
+    assert got == want
+
+
+def test_context_full_finishes_with_length(qwen3_ckpt) -> None:  # noqa: ANN001
+    with LLM(str(qwen3_ckpt), dtype="float32", max_model_len=8) as llm:
+        out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+        assert out.finish_reason == "length" and len(PROMPTS[0]) + len(out.token_ids) == 8
+        with pytest.raises(ValueError, match="the prompt has 17 tokens, the context length is 8"):
+            llm.generate([PROMPTS[1]], greedy(1))
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(min_tokens=5, max_tokens=2), "min_tokens"),
+        (dict(logprobs=99), "logprobs"),
+        (dict(stop=[""]), "stop"),
+        (dict(stop_token_ids=[10**9]), "stop_token_ids"),
+    ],
+)
+def test_bad_sampling_params_are_rejected(llm: LLM, params: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        llm.generate([PROMPTS[0]], SamplingParams(**params))
+    assert not llm.engine.has_work()
+
+
+def test_bad_prompts_are_rejected(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([[]], greedy(1))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([[10**7]], greedy(1))
+
+
+def test_unknown_setting_and_bad_values(qwen3_ckpt) -> None:  # noqa: ANN001
+    with pytest.raises(TypeError, match="unknown setting.*pagesize"):
+        LLM(str(qwen3_ckpt), pagesize=4)
+    with pytest.raises(ValueError, match=r"page_size \(--page-size\) must be >= 1"):
+        LLM(str(qwen3_ckpt), page_size=0)
+    with pytest.raises(ValueError, match=r"dtype \(--dtype\)='float8'"):
+        LLM(str(qwen3_ckpt), dtype="float8")
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        LLM("/nonexistent/model")
+
+
+def test_close_frees_and_many_llms_in_turn(qwen3_ckpt) -> None:  # noqa: ANN001
+    for _ in range(3):
+        with LLM(str(qwen3_ckpt), dtype="float32") as llm:
+            assert llm.generate([PROMPTS[0]], greedy(2))[0].token_ids
+        with pytest.raises(RuntimeError, match="closed"):
+            llm.generate([PROMPTS[0]], greedy(2))
