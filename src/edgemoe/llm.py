@@ -114,6 +114,11 @@ class LLM:
         """Float32 logits [T, V] at every position of the prompt."""
         return self._engine().prompt_logits(self.encode(prompt))
 
+    def stats(self) -> dict[str, Any]:
+        """Expert-cache hits/misses (per layer), bytes copied, CPU experts, copy/CPU
+        time, KV occupancy and the memory plan."""
+        return self._engine().stats()
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()

@@ -166,6 +166,19 @@ class Engine:
         finally:
             pool.free(req.pages)
 
+    def stats(self) -> dict[str, object]:
+        """Engine statistics: expert traffic, KV pool occupancy, the memory plan."""
+        pool, plan = self.runtime.pool, self.runtime.plan
+        return {
+            "moe_backend": plan.backend,
+            "moe": self.runtime.executor.stats.snapshot(),
+            "kv_pages_total": pool.num_pages,
+            "kv_pages_free": pool.num_free,
+            "requests_running": len(self.scheduler.running),
+            "requests_waiting": len(self.scheduler.waiting),
+            "memory_plan": {k: v for k, v in vars(plan).items()},
+        }
+
     def close(self) -> None:
         self.runtime.executor.close()
         self.requests.clear()

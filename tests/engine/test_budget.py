@@ -1,0 +1,70 @@
+"""The memory planner's arithmetic at the real Qwen3-30B-A3B shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgemoe.engine.budget import GiB, PlanError, expert_nbytes, kv_bytes_per_token, parse_size, plan_memory
+from edgemoe.models import qwen3_moe
+
+QWEN3_30B = dict(
+    model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+    num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+    num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144,
+    max_position_embeddings=40960, norm_topk_prob=True, torch_dtype="bfloat16",
+)
+
+
+@pytest.fixture()
+def arch():  # noqa: ANN201
+    return qwen3_moe.arch(QWEN3_30B)
+
+
+def plan(arch, **kw):  # noqa: ANN001, ANN003, ANN201
+    base = dict(backend="auto", moe_slots=None, kv_tokens=None, max_model_len=40960,
+                max_prefill_tokens=2048, max_running=8, budget=16 * GiB, context=600 * 2**20)
+    return plan_memory(arch, **(base | kw))
+
+
+def test_sizes_match_the_published_arithmetic(arch) -> None:  # noqa: ANN001
+    assert expert_nbytes(arch) == 3 * 2048 * 768 * 2  # 9.44 MB
+    assert kv_bytes_per_token(arch) == 2 * 48 * 4 * 128 * 2
+
+
+def test_16gib_plan_offloads_and_fits(arch) -> None:  # noqa: ANN001
+    p = plan(arch)
+    assert p.backend == "offload"
+    assert p.total <= 16 * GiB
+    assert 0.10 < p.num_slots / (48 * 128) < 0.30  # PERF-NOTES: ~21% of experts at 16 GiB
+    assert "expert slots" in p.table() and "budget (--gpu-memory)" in p.table()
+
+
+def test_big_budget_goes_resident(arch) -> None:  # noqa: ANN001
+    p = plan(arch, budget=120 * GiB)
+    assert p.backend == "resident" and p.num_slots == 0 and p.total <= 120 * GiB
+
+
+def test_impossible_plans_say_what_to_lower(arch) -> None:  # noqa: ANN001
+    with pytest.raises(PlanError, match="raise --gpu-memory"):
+        plan(arch, budget=2 * GiB)
+    with pytest.raises(PlanError, match="--kv-tokens"):
+        plan(arch, kv_tokens=130_000)
+    with pytest.raises(PlanError, match="--moe-backend offload"):
+        plan(arch, backend="resident")
+    with pytest.raises(PlanError, match="--moe-slots"):
+        plan(arch, moe_slots=5000)
+
+
+def test_cpu_plan_has_no_budget(arch) -> None:  # noqa: ANN001
+    p = plan(arch, budget=None, backend="offload")
+    assert p.budget is None and p.num_slots == 48 * 128 // 4
+
+
+@pytest.mark.parametrize("text,n", [("16GiB", 16 * GiB), ("16G", 16 * GiB), ("900MiB", 900 * 2**20), ("1.5GiB", int(1.5 * GiB)), ("1024", 1024)])
+def test_parse_size(text: str, n: int) -> None:
+    assert parse_size(text) == n
+
+
+def test_parse_size_error_names_the_flag() -> None:
+    with pytest.raises(ValueError, match="--gpu-memory"):
+        parse_size("lots")

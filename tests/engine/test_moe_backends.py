@@ -1,0 +1,51 @@
+"""Greedy tokens do not depend on where experts run (CPU, simulated device pool)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgemoe import LLM, SamplingParams
+
+PROMPTS = [[9707, 11, 1879], list(range(3000, 3030)), [151644, 872, 198, 3838, 374]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+TOP_K, EXPERTS, MOE_LAYERS = 2, 8, 3  # the tiny qwen3_moe checkpoint
+
+
+@pytest.fixture(scope="module")
+def resident_tokens(qwen3_ckpt):  # noqa: ANN001, ANN201
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
+        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(moe_backend="offload", moe_slots=TOP_K),
+        dict(moe_backend="offload", moe_slots=EXPERTS * MOE_LAYERS // 4),
+        dict(moe_backend="offload", moe_slots=EXPERTS * MOE_LAYERS),
+        dict(moe_backend="offload", moe_slots=5, moe_policy="lfu"),
+        dict(moe_backend="cpu", moe_slots=TOP_K),
+        dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
+    ],
+    ids=lambda s: "-".join(str(v) for v in s.values()),
+)
+def test_backend_gives_resident_tokens(qwen3_ckpt, resident_tokens, settings) -> None:  # noqa: ANN001
+    with LLM(str(qwen3_ckpt), dtype="float32", max_prefill_tokens=11, **settings) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        stats = llm.stats()
+    assert got == resident_tokens
+    moe = stats["moe"]
+    assert stats["moe_backend"] == settings["moe_backend"]
+    assert moe["hits"] + moe["misses"] > 0 and moe["tokens"] > 0
+    assert len(moe["misses_per_token_by_layer"]) == MOE_LAYERS
+    if settings.get("moe_slots", 0) < EXPERTS * MOE_LAYERS:
+        assert moe["misses"] > 0
+    if settings["moe_backend"] in ("cpu", "hybrid"):
+        assert moe["experts_cpu"] > 0
+    else:
+        assert moe["bytes_copied"] > 0
+
+
+def test_slots_below_top_k_are_refused(qwen3_ckpt) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=r"moe_slots \(--moe-slots\) must be at least num_experts_per_tok = 2"):
+        LLM(str(qwen3_ckpt), moe_backend="offload", moe_slots=1)
