@@ -95,6 +95,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     max_len = config.model.max_model_len or arch.max_position_embeddings
     plan = make_plan(config, arch, device, max_len)
     log.info("%s", plan.table())
+    if plan.budget is not None:
+        # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
+        total = torch.cuda.mem_get_info(device)[1]
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
     pin = device.type == "cuda" and config.moe.expert_store in ("auto", "pinned")
     loaded = load_checkpoint(model_dir, config.model.dtype, progress=progress, pin_experts=pin)
     executor = make_executor(
@@ -105,4 +109,4 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     del loaded
     page = config.cache.page_size
     pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
-    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool), device, max_len, plan)
+    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool, "sdpa" if device.type == "cuda" else "ref"), device, max_len, plan)

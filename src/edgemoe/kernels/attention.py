@@ -53,3 +53,28 @@ def paged_attention_ref(
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, vs).transpose(0, 1)  # [q, Hq, D]
+
+
+def paged_attention_sdpa(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_start: int,
+    q_len: int,
+    ctx_slots: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Same contract as `paged_attention_ref`, through torch's fused SDPA kernels
+    (flash / memory-efficient on CUDA): no [q, C] score matrix is materialised."""
+    ctx_len = ctx_slots.numel()
+    qs = q[q_start : q_start + q_len].transpose(0, 1)[None]  # [1, Hq, q, D]
+    ks = k_cache[ctx_slots].transpose(0, 1)[None]  # [1, Hkv, C, D]
+    vs = v_cache[ctx_slots].transpose(0, 1)[None]
+    mask, causal = None, False
+    if window is not None or (1 < q_len < ctx_len):
+        mask = causal_mask(q_len, ctx_len, window, q.device)
+    elif q_len == ctx_len and q_len > 1:
+        causal = True  # a whole sequence at once: the kernel's own causal path
+    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)  # [q, Hq, D]

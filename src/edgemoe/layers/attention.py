@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.cache.kv_pool import KVPool
-from edgemoe.kernels.attention import paged_attention_ref, write_kv_ref
+from edgemoe.kernels.attention import paged_attention_ref, paged_attention_sdpa, write_kv_ref
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.norm import RMSNorm
@@ -38,17 +38,22 @@ class AttentionBackend(ABC):
 
 
 class TorchPagedAttention(AttentionBackend):
-    """Reference backend: gathers each sequence's context and runs dense attention."""
+    """Gathers each sequence's context through its page table and attends to it.
 
-    def __init__(self, pool: KVPool) -> None:
+    `kernel="ref"` is the exact eager reference (the CPU default: it reproduces
+    transformers' eager attention bit for bit); "sdpa" uses torch's fused kernels
+    (the CUDA default: no score matrix in memory)."""
+
+    def __init__(self, pool: KVPool, kernel: str = "ref") -> None:
         self.pool = pool
+        self.kernel = {"ref": paged_attention_ref, "sdpa": paged_attention_sdpa}[kernel]
 
     def forward(self, layer, q, k, v, batch, scale, window):  # type: ignore[override]
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
         write_kv_ref(k_cache, v_cache, k, v, batch.write_slots)
         out = torch.empty_like(q)
         for s in batch.seqs:
-            out[s.q_start : s.q_start + s.q_len] = paged_attention_ref(
+            out[s.q_start : s.q_start + s.q_len] = self.kernel(
                 q, k_cache, v_cache, s.q_start, s.q_len, s.ctx_slots, scale, window
             )
         return out
