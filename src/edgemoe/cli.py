@@ -38,6 +38,36 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServerConfig field (`edgemoe.server.config`), named after the field."""
+    from dataclasses import fields
+
+    from edgemoe.server.config import ServerConfig
+
+    group = parser.add_argument_group("server")
+    for f in fields(ServerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if "bool" in str(f.type):
+            group.add_argument(flag, dest=f.name, action="store_true", default=argparse.SUPPRESS,
+                               help=f.metadata.get("help"))
+            continue
+        group.add_argument(
+            flag,
+            dest=f.name,
+            type=f.metadata.get("parse") or _flag_type(f.type),
+            default=argparse.SUPPRESS,
+            choices=f.metadata.get("choices"),
+            help=f.metadata.get("help"),
+        )
+
+
+def server_settings(args: argparse.Namespace) -> dict[str, Any]:
+    from edgemoe.server.config import server_setting_names
+
+    names = set(server_setting_names())
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     names = {f.name for f in setting_fields()}
     return {k: v for k, v in vars(args).items() if k in names}
@@ -56,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (no --model: the demo model)")
+    add_server_flags(serve)
+    add_engine_flags(serve)
 
     bench = sub.add_parser("bench", help="benchmarks; results under bench/results/")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -101,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args, engine_settings(args))
+        if args.command == "serve":
+            from edgemoe.serve import run_serve
+            from edgemoe.server.config import ServerConfig
+
+            return run_serve(ServerConfig(**server_settings(args)), engine_settings(args))
         if args.command == "bench":
             from edgemoe.bench.decode import run_decode_bench
 

@@ -93,3 +93,65 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+
+
+# --------------------------------------------------------------------------- process protocol
+# server -> engine: `EngineRequest` commands; engine -> server: `EngineEvent`s. Both are
+# tagged unions so one msgpack decoder per direction reads every message.
+
+
+class AddRequest(msgspec.Struct, tag="add", kw_only=True):
+    """Start generating for `prompt_ids`. The engine answers with `EngineOutputs`
+    increments for `request_id`, or one `EngineError` naming it if the request is refused."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class AbortRequest(msgspec.Struct, tag="abort"):
+    """Stop these requests (unknown or finished ids are ignored)."""
+
+    request_ids: list[str]
+
+
+class ShutdownEngine(msgspec.Struct, tag="shutdown"):
+    """Finish the loop and exit the engine process with status 0."""
+
+
+EngineRequest = AddRequest | AbortRequest | ShutdownEngine
+
+
+class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
+    """Sent once, when the model is loaded and the loop accepts requests.
+
+    `model_dir` is the resolved checkpoint directory (the demo model's path when none
+    was given), so the server can load the tokenizer and template without torch.
+    """
+
+    model_dir: str
+    model_type: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    pid: int
+
+
+class EngineOutputs(msgspec.Struct, tag="outputs"):
+    """Every increment one engine step produced, batched into one message."""
+
+    outputs: list[RequestOutput]
+
+
+class EngineError(msgspec.Struct, tag="error", kw_only=True):
+    """A failure. With `request_id`: that request only (`invalid` = the input was bad,
+    e.g. the prompt is too long; otherwise an internal error). With `fatal`: the engine
+    is going away (failed to load, or crashed) and every request is lost."""
+
+    message: str
+    request_id: str | None = None
+    invalid: bool = False
+    fatal: bool = False
+
+
+EngineEvent = EngineReady | EngineOutputs | EngineError

@@ -47,10 +47,13 @@ def resolve_model_dir(model: str | None) -> Path:
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{flag_name('device')}={name!r} but CUDA is not available")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{flag_name('device')}={name!r} but CUDA is not available")
+        if device.index is None:  # memory queries need an explicit index
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
