@@ -30,7 +30,8 @@ def resident(small_ckpt):  # noqa: ANN001, ANN201
 
 @pytest.mark.parametrize("slots", [4, EXPERTS // 4, EXPERTS])
 def test_offload_tokens_identical_to_resident(small_ckpt, resident, slots: int) -> None:  # noqa: ANN001
-    assert greedy_tokens(small_ckpt, moe_backend="offload", moe_slots=slots, max_prefill_tokens=13) == resident
+    # Same kernels on the same device, only the residency differs: bitwise-equal logits.
+    assert greedy_tokens(small_ckpt, moe_backend="offload", moe_slots=slots) == resident
 
 
 @pytest.mark.parametrize("backend", ["cpu", "hybrid"])
@@ -41,7 +42,8 @@ def test_cpu_paths_agree_with_resident(small_ckpt, resident, backend: str) -> No
     got = teacher_forced(small_ckpt, seq, moe_backend=backend, moe_slots=8)
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree
-    assert (ref - got).abs().max().item() < 0.5
+    err = (ref - got).abs()
+    assert err.mean().item() < 0.05 * ref.std().item() and err.max().item() < 0.25 * ref.std().item()
 
 
 def test_bf16_gpu_agrees_with_fp32_reference(small_ckpt, resident) -> None:  # noqa: ANN001
