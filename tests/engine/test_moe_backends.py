@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from edgemoe import LLM, SamplingParams
 
@@ -26,6 +27,8 @@ def resident_tokens(qwen3_ckpt):  # noqa: ANN001, ANN201
         dict(moe_backend="offload", moe_slots=5, moe_policy="lfu"),
         dict(moe_backend="cpu", moe_slots=TOP_K),
         dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
+        dict(moe_backend="offload", moe_slots=4, expert_store="mmap"),
+        dict(moe_backend="cpu", moe_slots=4, expert_store="mmap"),
     ],
     ids=lambda s: "-".join(str(v) for v in s.values()),
 )
@@ -49,3 +52,17 @@ def test_backend_gives_resident_tokens(qwen3_ckpt, resident_tokens, settings) ->
 def test_slots_below_top_k_are_refused(qwen3_ckpt) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match=r"moe_slots \(--moe-slots\) must be at least num_experts_per_tok = 2"):
         LLM(str(qwen3_ckpt), moe_backend="offload", moe_slots=1)
+
+
+def test_mmap_store_maps_instead_of_reading(qwen3_ckpt) -> None:  # noqa: ANN001
+    from edgemoe.models.loader import load_checkpoint
+    from edgemoe.moe.mmap_store import MmapStore
+
+    loaded = load_checkpoint(qwen3_ckpt, expert_store="mmap", progress=False)
+    store = loaded.experts
+    assert isinstance(store, MmapStore) and not store.missing()
+    ram = load_checkpoint(qwen3_ckpt, progress=False).experts
+    for layer in store.layers:
+        for e in (0, EXPERTS - 1):
+            for a, b in zip(store.expert(layer, e), ram.expert(layer, e), strict=True):
+                assert torch.equal(a, b)

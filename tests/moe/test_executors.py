@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.moe.executor import make_executor
-from edgemoe.moe.store import ExpertStore
+from edgemoe.moe.store import BankStore as ExpertStore
 
 L, E, K, H, I = 3, 8, 2, 16, 12
 
@@ -85,7 +85,7 @@ def test_routed_set_larger_than_pool_runs_in_waves(store: ExpertStore) -> None:
     w = torch.full((E, K), 0.5)
     got = ex.forward(0, x, ids, w)
     torch.testing.assert_close(got, reference(store, 0, x, ids, w), rtol=1e-5, atol=1e-5)
-    assert ex.stats.misses[0] == E and ex.stats.bytes_copied == E * store.banks[0].expert_nbytes
+    assert ex.stats.misses[0] == E and ex.stats.bytes_copied == E * store.expert_nbytes
     ex.cache.check_invariants()
 
 

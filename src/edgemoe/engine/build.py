@@ -72,6 +72,13 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
     return cap, context
 
 
+def host_store_kind(setting: str, device: torch.device) -> str:
+    """auto: pinned when a GPU will copy from it (async copies), plain RAM otherwise."""
+    if setting == "auto":
+        return "pinned" if device.type == "cuda" else "ram"
+    return "ram" if setting == "pageable" else setting
+
+
 def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max_len: int) -> MemoryPlan:
     budget, context = device_budget(config, device)
     moe, sched = config.moe, config.scheduler
@@ -102,8 +109,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
-    pin = device.type == "cuda" and config.moe.expert_store in ("auto", "pinned")
-    loaded = load_checkpoint(model_dir, config.model.dtype, progress=progress, pin_experts=pin)
+    loaded = load_checkpoint(model_dir, config.model.dtype, progress, host_store_kind(config.moe.expert_store, device))
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction,

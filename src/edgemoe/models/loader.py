@@ -20,7 +20,8 @@ from tqdm import tqdm
 from edgemoe.models.arch import DecoderArch
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.registry import model_module
-from edgemoe.moe.store import ExpertStore
+from edgemoe.moe.mmap_store import MmapStore
+from edgemoe.moe.store import BankStore, ExpertStore
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +81,20 @@ def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
 
 
 def load_checkpoint(
-    model_dir: str | Path, dtype: str = "auto", progress: bool = True, pin_experts: bool = False
+    model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
 ) -> LoadedModel:
-    """`pin_experts`: allocate the expert banks page-locked (written in place, never
-    pinned by copying); falls back to pageable memory with a warning."""
+    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked: written
+    in place, never pinned by copying; pageable with a warning if the OS refuses), or
+    "mmap" (experts stay in the checkpoint files, mapped, never read at load time)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     arch, config = read_arch(model_dir, dtype)
     names = model_module(arch.model_type).checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
-    experts = ExpertStore.allocate(
-        list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype,
-        pin=pin_experts,
+    shape = (list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
+    experts: ExpertStore = (
+        MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape, pin=expert_store == "pinned")
     )
     files = safetensors_files(model_dir)
     filled = _stream_files(model_dir, files, names, params, experts, progress)
@@ -134,6 +136,11 @@ def _stream_files(
                     if not name.endswith(IGNORED_SUFFIXES):
                         unexpected.append(name)
                     continue
+                if isinstance(experts, MmapStore) and place.target.startswith("experts."):
+                    _map_expert(path, name, place, experts)
+                    filled.add(name)
+                    bar.update(1)
+                    continue
                 _place(path, name, _read(handle, path, name), place, params, experts)
                 filled.add(name)
                 bar.update(1)
@@ -148,6 +155,21 @@ def _read(handle: Any, path: Path, name: str) -> torch.Tensor:
         return handle.get_tensor(name)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot read tensor {name!r}: corrupt or truncated ({e})") from None
+
+
+def _map_expert(path: Path, name: str, place: Placement, store: MmapStore) -> None:
+    """Register a per-expert tensor as a view into its file (nothing is read)."""
+    _, layer, which = place.target.split(".")
+    expert = place.index[0]
+    part = "down" if which == "down" else ("gate" if place.index[1].start == 0 else "up")  # type: ignore[union-attr]
+    try:
+        view = store.file(path).view(name)
+    except (KeyError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot map tensor {name!r}: corrupt or truncated ({e})") from None
+    want = store.expected_shape(part)
+    if tuple(view.shape) != want:
+        raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, expected {want}")
+    store.add(int(layer), int(expert), part, view)  # type: ignore[arg-type]
 
 
 def _place(

@@ -76,10 +76,11 @@ class SplitExecutor(OffloadExecutor):
         return self._pool.submit(self._cpu_compute, *args) if self._pool else self._cpu_compute(*args)
 
     def _cpu_compute(self, layer, experts, x, topk_ids, topk_weights) -> torch.Tensor:  # noqa: ANN001
-        bank = self.store.banks[layer]
         contrib = new_contrib(topk_ids, x)
         with Stopwatch() as w:
-            moe_experts_partial(x, topk_ids, topk_weights, experts, experts, bank.gate_up, bank.down, self.act, contrib)
+            for e in experts:
+                gate_up, down = self.store.expert(layer, e)
+                moe_experts_partial(x, topk_ids, topk_weights, [e], [0], gate_up[None], down[None], self.act, contrib)
         self.stats.cpu_s += w.seconds
         return contrib
 

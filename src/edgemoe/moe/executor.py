@@ -53,8 +53,8 @@ class ResidentExecutor(MoEExecutor):
 
     def __init__(self, store: ExpertStore, device: torch.device, act: Activation, num_layers: int) -> None:
         self.act = act
-        self.banks = {i: (b.gate_up.to(device), b.down.to(device)) for i, b in store.banks.items()}
-        self.stats = MoEStats(num_layers, first_layer=min(store.banks, default=0))
+        self.banks = {i: tuple(t.to(device) for t in store.layer_banks(i)) for i in store.layers}
+        self.stats = MoEStats(num_layers, first_layer=store.layers[0])
 
     def forward(self, layer, x, topk_ids, topk_weights):  # type: ignore[override]
         gate_up, down = self.banks[layer]

@@ -24,23 +24,22 @@ class SlotBanks:
     """
 
     def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, stats: MoEStats) -> None:
-        bank = next(iter(store.banks.values()))
         self.store, self.device, self.stats = store, device, stats
-        self.gate_up = torch.empty((num_slots, *bank.gate_up.shape[1:]), dtype=bank.gate_up.dtype, device=device)
-        self.down = torch.empty((num_slots, *bank.down.shape[1:]), dtype=bank.down.dtype, device=device)
-        self.expert_nbytes = bank.expert_nbytes
+        self.gate_up = torch.empty((num_slots, *store.gate_up_shape), dtype=store.dtype, device=device)
+        self.down = torch.empty((num_slots, *store.down_shape), dtype=store.dtype, device=device)
+        self.expert_nbytes = store.expert_nbytes
         self._timed = device.type == "cuda"
 
     def load(self, layer: int, wave: LayerWave) -> None:
         if not wave.misses:
             return
-        bank = self.store.banks[layer]
         start = torch.cuda.Event(enable_timing=True) if self._timed else None
         if start is not None:
             start.record()
         for miss in wave.misses:
-            self.gate_up[miss.slot].copy_(bank.gate_up[miss.expert], non_blocking=True)
-            self.down[miss.slot].copy_(bank.down[miss.expert], non_blocking=True)
+            gate_up, down = self.store.expert(layer, miss.expert)
+            self.gate_up[miss.slot].copy_(gate_up, non_blocking=True)
+            self.down[miss.slot].copy_(down, non_blocking=True)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -61,10 +60,9 @@ class OffloadExecutor(MoEExecutor):
         num_slots: int,
         policy: str = "lru",
     ) -> None:
-        num_experts = next(iter(store.banks.values())).num_experts
         self.act = act
-        self.stats = MoEStats(num_layers, first_layer=min(store.banks))
-        self.cache = SlotCache(num_slots, num_layers, num_experts, policy)
+        self.stats = MoEStats(num_layers, first_layer=store.layers[0])
+        self.cache = SlotCache(num_slots, num_layers, store.num_experts, policy)
         self.slots = SlotBanks(store, num_slots, device, self.stats)
 
     def run_waves(

@@ -1,17 +1,53 @@
-"""Host expert store: every routed expert of every MoE layer as stacked [E, ...] banks.
+"""Host expert stores: where every routed expert of every MoE layer lives on the host.
 
-The loader writes checkpoint tensors straight into these banks (no second copy), so a
-bank row *is* the expert: the slot cache and executors address experts by index.
+`ExpertStore` is the interface the executors read; two implementations:
+- `BankStore`: stacked [E, 2I, H] / [E, H, I] banks per layer in RAM (page-locked when
+  a GPU is used), written in place by the loader, so a bank row *is* the expert;
+- `MmapStore` (mmap_store.py): views straight into the checkpoint's safetensors files,
+  for hosts with less RAM than the model (the page cache holds what is hot).
 """
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
 
 log = logging.getLogger(__name__)
+
+
+class ExpertStore(ABC):
+    """Read-only access to host experts by (layer, expert id).
+
+    Contract: tensors returned are host tensors valid until the store is dropped; they
+    may be views into shared memory (never write to them). `expert()` may allocate
+    (an mmap store concatenates gate and up), so hot paths copy from it once.
+    """
+
+    layers: list[int]  # MoE layer indices, ascending
+    num_experts: int
+    dtype: torch.dtype
+    gate_up_shape: tuple[int, int]  # [2I, H], gate rows first
+    down_shape: tuple[int, int]  # [H, I]
+
+    @property
+    def expert_nbytes(self) -> int:
+        (a, b), (c, d) = self.gate_up_shape, self.down_shape
+        return (a * b + c * d) * self.dtype.itemsize
+
+    def nbytes(self) -> int:
+        return len(self.layers) * self.num_experts * self.expert_nbytes
+
+    @abstractmethod
+    def expert(self, layer: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, H], down [H, I]) of one expert."""
+
+    def layer_banks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All experts of a layer stacked: ([E, 2I, H], [E, H, I]) (a copy by default)."""
+        pairs = [self.expert(layer, e) for e in range(self.num_experts)]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
 
 @dataclass
@@ -21,20 +57,18 @@ class ExpertBank:
     gate_up: torch.Tensor
     down: torch.Tensor
 
-    @property
-    def num_experts(self) -> int:
-        return int(self.gate_up.shape[0])
 
-    @property
-    def expert_nbytes(self) -> int:
-        return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
-
-
-class ExpertStore:
-    """Banks by layer index (only MoE layers have one)."""
+class BankStore(ExpertStore):
+    """Stacked banks in host RAM, filled in place by the loader."""
 
     def __init__(self, banks: dict[int, ExpertBank]) -> None:
         self.banks = banks
+        first = banks[min(banks)]
+        self.layers = sorted(banks)
+        self.num_experts = int(first.gate_up.shape[0])
+        self.dtype = first.gate_up.dtype
+        self.gate_up_shape = tuple(first.gate_up.shape[1:])  # type: ignore[assignment]
+        self.down_shape = tuple(first.down.shape[1:])  # type: ignore[assignment]
 
     @classmethod
     def allocate(
@@ -45,7 +79,7 @@ class ExpertStore:
         intermediate: int,
         dtype: torch.dtype,
         pin: bool = False,
-    ) -> ExpertStore:
+    ) -> BankStore:
         """Empty banks to be filled in place. `pin`: page-locked host memory, so copies
         to the device run asynchronously on the copy engine; if the OS refuses (memlock
         limits, low RAM), pageable memory with one warning."""
@@ -60,8 +94,13 @@ class ExpertStore:
     def tensor(self, layer: int, which: str) -> torch.Tensor:
         return getattr(self.banks[layer], which)
 
-    def nbytes(self) -> int:
-        return sum(b.gate_up.nbytes + b.down.nbytes for b in self.banks.values())
+    def expert(self, layer: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        bank = self.banks[layer]
+        return bank.gate_up[e], bank.down[e]
+
+    def layer_banks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        bank = self.banks[layer]
+        return bank.gate_up, bank.down
 
 
 def _banks(
