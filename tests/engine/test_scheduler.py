@@ -18,16 +18,16 @@ def pool(pages: int, page_size: int = 4) -> KVPool:
     return KVPool(1, pages, page_size, 1, 2, torch.float32, torch.device("cpu"))
 
 
-def run_step(sched: Scheduler, rng: random.Random) -> list:  # noqa: ANN001
-    """Schedule, then pretend the model ran: advance and append a token to samplers."""
+def run_step(sched: Scheduler, rng: random.Random) -> tuple[list, int]:
+    """Schedule, then pretend the model ran: advance and append a token to samplers.
+    Returns the scheduled chunks and how many of their tokens were prompt (not decode)."""
     plan = sched.schedule()
-    decodes = {id(s) for s in plan.seqs if s.request.num_remaining == 1}
-    run_step.prefill_tokens = sum(s.length for s in plan.seqs if id(s) not in decodes)  # type: ignore[attr-defined]
+    prefill_tokens = sum(s.length for s in plan.seqs if s.request.num_remaining > 1)
     for s in plan.seqs:
         s.request.num_computed = s.start + s.length
         if s.samples:
             s.request.output_ids.append(rng.randrange(100))
-    return list(plan.seqs)
+    return list(plan.seqs), prefill_tokens
 
 
 def test_decode_never_stalls_behind_a_long_prompt() -> None:
@@ -38,7 +38,7 @@ def test_decode_never_stalls_behind_a_long_prompt() -> None:
     run_step(sched, rng)  # short's prompt + first token
     sched.add(Request("long", list(range(200)), SamplingParams()))
     for _ in range(12):
-        seqs = run_step(sched, rng)
+        seqs, _ = run_step(sched, rng)
         by_id = {s.request.request_id: s for s in seqs}
         assert by_id["short"].length == 1  # one decode token, every step
         assert by_id["long"].length == 16  # the rest of the budget goes to the prompt
@@ -57,9 +57,9 @@ def test_random_workload_respects_limits_and_returns_every_page() -> None:
     for _ in range(2000):
         if not sched.has_work():
             break
-        seqs = run_step(sched, rng)
+        seqs, prefill_tokens = run_step(sched, rng)
         assert len(sched.running) <= cfg.max_running_requests
-        assert run_step.prefill_tokens <= cfg.max_prefill_tokens  # type: ignore[attr-defined]
+        assert prefill_tokens <= cfg.max_prefill_tokens
         assert seqs or not sched.has_work()
         held = sum(len(r.pages) for r in sched.running) + sum(len(r.pages) for r in sched.waiting)
         assert held + kv.num_free == kv.num_pages
