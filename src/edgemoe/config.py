@@ -38,6 +38,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     page_size: int = setting(16, "tokens per KV page")
+    cache_type: str = setting("radix", "prefix cache over KV pages (radix) or none", ("radix", "none"))
     kv_tokens: int | None = setting(None, "KV cache capacity in tokens; default: planned")
 
 

@@ -27,9 +27,11 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
+        self.num_cached_tokens = out.num_cached_tokens
         self.token_ids.extend(out.token_ids)
         if out.logprobs:
             self.logprobs = (self.logprobs or []) + out.logprobs

@@ -172,7 +172,8 @@ class PrefixCache(ABC):
         """Share of queried tokens served from the cache."""
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
-    def _record(self, query_tokens: int, hit_tokens: int) -> None:
+    def record_query(self, query_tokens: int, hit_tokens: int) -> None:
+        """Count one lookup (for callers that matched with `record=False`)."""
         self.queries += 1
         self.query_tokens += query_tokens
         self.hit_tokens += hit_tokens
@@ -195,7 +196,7 @@ class NoPrefixCache(PrefixCache):
 
     def match(self, token_ids: Sequence[int], *, record: bool = True) -> PrefixMatch:
         if record:
-            self._record(len(token_ids), 0)
+            self.record_query(len(token_ids), 0)
         return PrefixMatch(0, [], NO_HANDLE)
 
     def lock(self, handle: object) -> None:

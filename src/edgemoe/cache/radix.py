@@ -83,7 +83,7 @@ class RadixPrefixCache(PrefixCache):
         self._touch(path)
         pages = [p for node in path for p in node.pages]
         if record:
-            self._record(len(tokens), len(pages) * self.page_size)
+            self.record_query(len(tokens), len(pages) * self.page_size)
         handle = path[-1] if path else self._root
         return PrefixMatch(len(pages) * self.page_size, pages, handle)
 

@@ -10,6 +10,7 @@ import itertools
 
 import torch
 
+from edgemoe.cache.prefix_cache import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.build import build_runtime
@@ -28,7 +29,8 @@ class Engine:
         self.tokenizer = rt.tokenizer
         self.max_model_len = rt.max_model_len
         self.vocab_size = rt.model.arch.vocab_size
-        self.scheduler = Scheduler(config.scheduler, rt.pool)
+        self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool)
+        self.scheduler = Scheduler(config.scheduler, rt.pool, self.prefix_cache)
         self.runner = ModelRunner(rt.model, rt.attention, rt.pool, rt.device)
         self.sampler = RequestSampler(self.vocab_size, rt.device, config.model.seed)
         self.eos_ids = frozenset(rt.tokenizer.eos_token_ids)
@@ -146,6 +148,7 @@ class Engine:
             logprobs=logprobs,
             num_prompt_tokens=len(req.prompt_ids),
             num_output_tokens=len(req.output_ids),
+            num_cached_tokens=req.num_cached or 0,
         )
 
     # -- scoring ----------------------------------------------------------------------
@@ -156,7 +159,10 @@ class Engine:
         self.validate(prompt_ids, SamplingParams())
         req = Request("score", list(prompt_ids), SamplingParams())
         pool, chunk = self.runtime.pool, self.config.scheduler.max_prefill_tokens
-        req.pages = pool.alloc(pool.pages_for(len(prompt_ids)))
+        need = pool.pages_for(len(prompt_ids))
+        if need > pool.num_free:
+            self.prefix_cache.evict(need - pool.num_free)
+        req.pages = pool.alloc(need)
         try:
             rows = []
             for start in range(0, len(prompt_ids), chunk):
@@ -174,6 +180,13 @@ class Engine:
             "moe": self.runtime.executor.stats.snapshot(),
             "kv_pages_total": pool.num_pages,
             "kv_pages_free": pool.num_free,
+            "kv_pages_cached": self.prefix_cache.total_pages,
+            "prefix_cache": {
+                "queries": self.prefix_cache.queries,
+                "query_tokens": self.prefix_cache.query_tokens,
+                "hit_tokens": self.prefix_cache.hit_tokens,
+                "hit_rate": self.prefix_cache.hit_rate,
+            },
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
             "memory_plan": {k: v for k, v in vars(plan).items()},

@@ -35,6 +35,8 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prefix_handle: object | None = None  # locked prefix-cache match while pages are held
+    num_cached: int | None = None  # prompt tokens served by the prefix cache (first admission)
 
     @property
     def num_tokens(self) -> int:

@@ -3,8 +3,13 @@
 Each step: every decoding request gets its one token first (decode never stalls behind
 a long prompt), then prompt chunks fill up to `max_prefill_tokens`, first for requests
 already running, then for newly admitted ones. A prompt longer than the budget is
-prefilled over several steps. When the KV pool runs dry, the most recently arrived
-running request is preempted (its pages freed, recomputed later).
+prefilled over several steps.
+
+With a prefix cache, an admitted request starts from the longest cached prefix of its
+tokens (pages shared, locked while in use) and a released request offers its computed
+pages back to the cache. When the pool runs dry, unlocked cached pages are evicted
+first; then the most recently arrived running request is preempted (its computed pages
+go to the cache, so the recompute is mostly a prefix hit).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from edgemoe.cache.kv_pool import KVPool
+from edgemoe.cache.prefix_cache import NoPrefixCache, PrefixCache
 from edgemoe.config import SchedulerConfig
 from edgemoe.engine.request import Request, Status
 
@@ -41,9 +47,10 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: KVPool) -> None:
+    def __init__(self, config: SchedulerConfig, pool: KVPool, prefix: PrefixCache | None = None) -> None:
         self.config = config
         self.pool = pool
+        self.prefix = prefix or NoPrefixCache(pool.page_size)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -73,7 +80,7 @@ class Scheduler:
             seqs.append(seq)
             budget -= seq.length
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
-            seq = self._chunk(self.waiting[0], budget)
+            seq = self._admit(self.waiting[0], budget)
             if seq is None:
                 break
             req = self.waiting.popleft()
@@ -102,11 +109,30 @@ class Scheduler:
             return None
         return ScheduledSeq(req, req.num_computed, length)
 
+    def _admit(self, req: Request, budget: int) -> ScheduledSeq | None:
+        """Start a waiting request from its longest cached prefix; None if no pages."""
+        query = req.token_slice(0, req.num_tokens - 1)  # the last token is always computed
+        m = self.prefix.match(query, record=False)
+        self.prefix.lock(m.handle)
+        req.pages, req.num_computed, req.prefix_handle = list(m.pages), m.num_tokens, m.handle
+        seq = self._chunk(req, budget)
+        if seq is None:
+            self.prefix.unlock(m.handle)
+            req.pages, req.num_computed, req.prefix_handle = [], 0, None
+            return None
+        if req.num_cached is None:  # count each request's lookup once, not its retries
+            req.num_cached = m.num_tokens
+            self.prefix.record_query(len(query), m.num_tokens)
+        return seq
+
     def _reserve(self, req: Request, num_tokens: int) -> bool:
-        """Grow the request's page table to hold `num_tokens` positions, if pages allow."""
+        """Grow the request's page table to hold `num_tokens` positions, if pages allow
+        (evicting unlocked cached prefixes first)."""
         need = self.pool.pages_for(num_tokens) - len(req.pages)
         if need <= 0:
             return True
+        if need > self.pool.num_free:
+            self.prefix.evict(need - self.pool.num_free)
         if need > self.pool.num_free:
             return False
         req.pages.extend(self.pool.alloc(need))
@@ -118,8 +144,8 @@ class Scheduler:
             return None
         victim = max(candidates, key=lambda r: r.arrival)
         self.running.remove(victim)
-        self.pool.free(victim.pages)
-        victim.pages, victim.num_computed = [], 0
+        self._release_pages(victim)
+        victim.num_computed = 0
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)
         return victim
@@ -130,6 +156,15 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.pool.free(req.pages)
-        req.pages = []
+        self._release_pages(req)
         req.status = Status.FINISHED
+
+    def _release_pages(self, req: Request) -> None:
+        """Offer the computed pages to the prefix cache, free the rest, unlock the match."""
+        if req.prefix_handle is None:
+            self.pool.free(req.pages)
+        else:
+            result = self.prefix.insert(req.token_slice(0, req.num_computed), req.pages)
+            self.pool.free(result.to_free)
+            self.prefix.unlock(req.prefix_handle)
+        req.pages, req.prefix_handle = [], None
