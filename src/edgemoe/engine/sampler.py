@@ -1,13 +1,14 @@
 """Batched sampling for one engine step: logits [B, V] -> one token per row.
 
-Order (vLLM's): min_tokens mask -> repetition penalty -> frequency/presence
-penalties -> greedy rows take the argmax -> temperature -> top-k -> top-p -> min-p ->
-draw. Logprobs describe the raw model distribution (before any of that).
+Order (HF's, and vLLM's up to v0): min_tokens mask -> repetition penalty ->
+frequency/presence penalties -> greedy rows take the argmax -> temperature -> top-k ->
+top-p -> min-p -> draw. Logprobs describe the raw model distribution (before all that).
 
-The draw is an exponential race, argmax(p / E) with E ~ Exp(1) i.i.d., which picks
-token i with probability p_i. A seeded request draws its E from its own generator,
-once per step, so its tokens depend only on its seed and its own logits, not on
-which other requests share the batch or where its row is.
+The draw is an exponential race, argmax(p / E) = argmax(logit - log E) with E ~ Exp(1)
+i.i.d., which picks token i with probability p_i and needs no softmax. A seeded
+request draws its E from its own generator, once per step, so its tokens depend only
+on its seed and its own logits, not on which other requests share the batch or where
+its row is.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ _SEED_MASK = (1 << 64) - 1  # torch.Generator.manual_seed accepts 64-bit values
 class SamplingState:
     """One request's sampling inputs; the engine keeps it for the request's lifetime.
 
-    `eos_ids` are the ids masked while fewer than `min_tokens` were generated (with
-    `stop_token_ids`); the engine decides what goes in it. `ignore_eos` does not
-    concern the sampler: it never masks EOS, and stopping is the engine's job.
+    `eos_ids` are masked, with `stop_token_ids`, while fewer than `min_tokens` were
+    generated. The engine decides what goes in it (vLLM leaves EOS out for
+    `ignore_eos` requests); the sampler never reads `ignore_eos`, nor stops anything.
     NOTE: a seeded state's generator lives on `device`, which must be the device
     of the logits it is sampled with.
     """
@@ -68,7 +69,7 @@ class SamplingState:
     def prompt_tensor(self) -> Tensor:
         """The prompt ids on `device`, built once (prompts can be long)."""
         if self._prompt_tensor is None:
-            self._prompt_tensor = torch.tensor(list(self.prompt_ids), dtype=torch.long, device=self.device)
+            self._prompt_tensor = _as_ids(self.prompt_ids, torch.device(self.device))
         return self._prompt_tensor
 
 
@@ -147,7 +148,7 @@ class SamplingBatch:
             greedy=torch.tensor(greedy, dtype=torch.bool).to(device),
             greedy_rows=tuple(greedy),
             all_greedy=all(greedy),
-            top_k=torch.tensor(top_k, dtype=torch.long).to(device) if any(k < V for k in top_k) else None,
+            top_k=_as_ids(top_k, device) if any(k < V for k in top_k) else None,
             max_top_k=max((k for k in top_k if k < V), default=V),
             top_p=top_p if any(p.top_p < 1.0 for p in params) else None,
             min_p=min_p if any(p.min_p > 0.0 for p in params) else None,
@@ -162,7 +163,9 @@ class SamplingBatch:
         )
 
 
-def _seen_mask(states: Sequence[SamplingState], use: Sequence[bool], V: int, device: torch.device) -> Tensor:
+def _seen_mask(
+    states: Sequence[SamplingState], use: Sequence[bool], V: int, device: torch.device
+) -> Tensor:
     """[B, V] bool: token appears in the row's prompt or output (rows in `use` only)."""
     rows = [(i, s.prompt_tensor()) for i, s in enumerate(states) if use[i]]
     rows += [(i, _as_ids(s.output_ids, device)) for i, s in enumerate(states) if use[i]]
@@ -171,7 +174,9 @@ def _seen_mask(states: Sequence[SamplingState], use: Sequence[bool], V: int, dev
     return seen.view(len(states), V)
 
 
-def _output_counts(states: Sequence[SamplingState], use: Sequence[bool], V: int, device: torch.device) -> Tensor:
+def _output_counts(
+    states: Sequence[SamplingState], use: Sequence[bool], V: int, device: torch.device
+) -> Tensor:
     """[B, V] f32: how often each token occurs in the row's output (rows in `use` only)."""
     rows = [(i, _as_ids(s.output_ids, device)) for i, s in enumerate(states) if use[i]]
     idx = _flat_ids(rows, V, device)
@@ -195,12 +200,14 @@ class TopLogprobs(NamedTuple):
 
 class SampleOutput(NamedTuple):
     token_ids: Tensor  # [B] long
-    logprobs: Tensor | None  # [B] f32: raw logprob of the sampled token; None: nobody asked
+    logprobs: Tensor | None  # [B] f32, the sampled token's raw logprob; None: nobody asked
     top_logprobs: TopLogprobs | None  # N = the largest `logprobs` in the batch; rows
     # that asked for fewer use their first entries, rows that asked for none ignore it
 
 
-def sample(logits: Tensor, batch: SamplingBatch, generator: torch.Generator | None = None) -> SampleOutput:
+def sample(
+    logits: Tensor, batch: SamplingBatch, generator: torch.Generator | None = None
+) -> SampleOutput:
     """Pick one token per row. `generator` serves the unseeded rows (None: torch's default).
 
     Never NaN: every filter keeps each row's best token, and a row left with no finite
@@ -208,10 +215,10 @@ def sample(logits: Tensor, batch: SamplingBatch, generator: torch.Generator | No
     raw logits, i.e. token 0 when every raw logit is -inf.
     """
     raw = logits.float()  # [B, V]
-    x = _apply_penalties(raw.clone(), batch)
+    x = apply_penalties(raw.clone(), batch)
     tokens = x.argmax(-1)
     if not batch.all_greedy:
-        sampled = _draw(_filtered_probs(x, batch), batch, generator)
+        sampled = _draw(apply_filters(x, batch), batch, generator)
         tokens = torch.where(batch.greedy, tokens, sampled)
     dead = x.amax(-1) == NEG_INF
     tokens = torch.where(dead, raw.argmax(-1), tokens)
@@ -219,8 +226,11 @@ def sample(logits: Tensor, batch: SamplingBatch, generator: torch.Generator | No
     return SampleOutput(tokens, logprobs, top)
 
 
-def _apply_penalties(x: Tensor, b: SamplingBatch) -> Tensor:
-    """min_tokens mask, then repetition, then frequency/presence penalties (in place)."""
+def apply_penalties(x: Tensor, b: SamplingBatch) -> Tensor:
+    """min_tokens mask, then repetition, then frequency/presence penalties.
+
+    `x` is float32 [B, V] and may be modified in place; use the returned tensor.
+    """
     if b.banned is not None:
         x[b.banned.rows, b.banned.ids] = NEG_INF
     if b.seen is not None and b.repetition is not None:
@@ -234,16 +244,19 @@ def _apply_penalties(x: Tensor, b: SamplingBatch) -> Tensor:
     return x
 
 
-def _filtered_probs(x: Tensor, b: SamplingBatch) -> Tensor:
-    """Temperature, top-k, top-p, min-p; returns unnormalised probabilities [B, V]."""
+def apply_filters(x: Tensor, b: SamplingBatch) -> Tensor:
+    """Temperature, top-k, top-p, min-p -> logits to sample from, -inf where filtered.
+
+    Greedy rows pass through unscaled (they take the argmax, which no filter removes).
+    """
     x = x / b.temperature[:, None]
     x = _top_k_top_p(x, b.top_k, b.max_top_k, b.top_p)
-    probs = x.softmax(-1)
     if b.min_p is not None:
-        # Keep tokens at least min_p times as likely as the best one (which always stays).
-        top = probs.amax(-1, keepdim=True)
-        probs = probs.masked_fill(probs < b.min_p[:, None] * top, 0.0)
-    return probs
+        # p_i >= min_p * p_max, in log space (no softmax); the best token always stays,
+        # and min_p = 0 gives log 0 = -inf, which keeps everything.
+        floor = x.amax(-1, keepdim=True) + b.min_p.log()[:, None]
+        x = x.masked_fill(x < floor, NEG_INF)
+    return x
 
 
 def _top_k_top_p(x: Tensor, top_k: Tensor | None, max_k: int, top_p: Tensor | None) -> Tensor:
@@ -267,9 +280,9 @@ def _top_k_top_p(x: Tensor, top_k: Tensor | None, max_k: int, top_p: Tensor | No
     return torch.empty_like(x).scatter_(1, idx, srt)
 
 
-def _draw(probs: Tensor, b: SamplingBatch, generator: torch.Generator | None) -> Tensor:
-    """Exponential race over unnormalised probabilities [B, V] -> [B] long."""
-    noise = torch.empty_like(probs)
+def _draw(x: Tensor, b: SamplingBatch, generator: torch.Generator | None) -> Tensor:
+    """Exponential race on logits [B, V] -> [B] long: argmax(p / E) = argmax(x - log E)."""
+    noise = torch.empty_like(x)
     seeded = [i for i, g in enumerate(b.generators) if g is not None]
     if len(seeded) < len(b.generators):
         noise.exponential_(generator=generator)
@@ -278,12 +291,15 @@ def _draw(probs: Tensor, b: SamplingBatch, generator: torch.Generator | None) ->
         # temperature never changes between its steps.
         if not b.greedy_rows[i]:
             noise[i].exponential_(generator=b.generators[i])
-    # Exp(1) can return 0: p / 0 would be inf (or NaN for p = 0) and win the race.
+    # Exp(1) can return 0, whose log -inf would make -inf - log E NaN; clamping keeps
+    # log E finite, so filtered (-inf) tokens can never win.
     noise.clamp_(min=torch.finfo(torch.float32).tiny)
-    return (probs / noise).argmax(-1)
+    return (x - noise.log()).argmax(-1)
 
 
-def _logprobs(raw: Tensor, tokens: Tensor, n: int | None) -> tuple[Tensor | None, TopLogprobs | None]:
+def _logprobs(
+    raw: Tensor, tokens: Tensor, n: int | None
+) -> tuple[Tensor | None, TopLogprobs | None]:
     if n is None:
         return None, None
     lp = raw.log_softmax(-1)
