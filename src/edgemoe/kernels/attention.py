@@ -28,6 +28,14 @@ def causal_mask(q_len: int, ctx_len: int, window: int | None, device: torch.devi
     return mask
 
 
+def gather_heads(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: int, q_len: int, ctx_slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sequence's queries [Hq, q, D] and its context keys/values [Hkv, C, D]."""
+    qs = q[q_start : q_start + q_len].transpose(0, 1)
+    return qs, k_cache[ctx_slots].transpose(0, 1), v_cache[ctx_slots].transpose(0, 1)
+
+
 def paged_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -42,9 +50,7 @@ def paged_attention_ref(
 
     Returns [q_len, Hq, D]. Softmax in float32, as transformers' eager path.
     """
-    qs = q[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q, D]
-    ks = k_cache[ctx_slots].transpose(0, 1)  # [Hkv, C, D]
-    vs = v_cache[ctx_slots].transpose(0, 1)
+    qs, ks, vs = gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots)
     groups = qs.shape[0] // ks.shape[0]
     ks = ks.repeat_interleave(groups, dim=0)
     vs = vs.repeat_interleave(groups, dim=0)
@@ -68,9 +74,7 @@ def paged_attention_sdpa(
     """Same contract as `paged_attention_ref`, through torch's fused SDPA kernels
     (flash / memory-efficient on CUDA): no [q, C] score matrix is materialised."""
     ctx_len = ctx_slots.numel()
-    qs = q[q_start : q_start + q_len].transpose(0, 1)[None]  # [1, Hq, q, D]
-    ks = k_cache[ctx_slots].transpose(0, 1)[None]  # [1, Hkv, C, D]
-    vs = v_cache[ctx_slots].transpose(0, 1)[None]
+    qs, ks, vs = (t[None] for t in gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots))
     mask, causal = None, False
     if window is not None or (1 < q_len < ctx_len):
         mask = causal_mask(q_len, ctx_len, window, q.device)

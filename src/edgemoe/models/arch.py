@@ -92,3 +92,24 @@ def checkpoint_dtype(config: dict[str, Any]) -> torch.dtype:
         return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
     except KeyError:
         raise ConfigError(f"config.json dtype {name!r} is not supported") from None
+
+
+def common_fields(c: dict[str, Any], *, eps: float, theta: float, max_pos: int) -> dict[str, Any]:
+    """The DecoderArch fields every Llama-style MoE config spells the same way;
+    `eps`, `theta` and `max_pos` are the model family's defaults when a field is absent."""
+    heads, hidden = require(c, "num_attention_heads"), require(c, "hidden_size")
+    return dict(
+        vocab_size=require(c, "vocab_size"),
+        hidden_size=hidden,
+        num_layers=require(c, "num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or hidden // heads,
+        rms_norm_eps=c.get("rms_norm_eps", eps),
+        rope_theta=rope_theta(c, theta),
+        max_position_embeddings=c.get("max_position_embeddings", max_pos),
+        tie_word_embeddings=c.get("tie_word_embeddings", False),
+        hidden_act=c.get("hidden_act", "silu"),
+        top_k=require(c, "num_experts_per_tok"),
+        dtype=checkpoint_dtype(c),
+    )

@@ -6,37 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.models.arch import DecoderArch, checkpoint_dtype, require, rope_theta
+from edgemoe.models.arch import DecoderArch, common_fields, require
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 
 MODEL_TYPE = "mixtral"
 
 
 def arch(c: dict[str, Any]) -> DecoderArch:
-    layers, heads = require(c, "num_hidden_layers"), require(c, "num_attention_heads")
+    fields = common_fields(c, eps=1e-5, theta=1e6, max_pos=32768)
     return DecoderArch(
         model_type=MODEL_TYPE,
-        vocab_size=require(c, "vocab_size"),
-        hidden_size=require(c, "hidden_size"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or require(c, "hidden_size") // heads,
-        rms_norm_eps=c.get("rms_norm_eps", 1e-5),
-        rope_theta=rope_theta(c, 1e6),
-        max_position_embeddings=c.get("max_position_embeddings", 32768),
-        tie_word_embeddings=c.get("tie_word_embeddings", False),
-        hidden_act=c.get("hidden_act", "silu"),
+        **fields,
         qk_norm="none",
         clip_qkv=None,
         sliding_window=c.get("sliding_window"),
         num_experts=require(c, "num_local_experts"),
-        top_k=require(c, "num_experts_per_tok"),
         moe_intermediate_size=require(c, "intermediate_size"),
         norm_topk_prob=True,
-        moe_layers=tuple(range(layers)),
+        moe_layers=tuple(range(fields["num_layers"])),
         intermediate_size=0,
-        dtype=checkpoint_dtype(c),
     )
 
 

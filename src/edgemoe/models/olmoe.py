@@ -5,37 +5,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.models.arch import DecoderArch, checkpoint_dtype, require, rope_theta
+from edgemoe.models.arch import DecoderArch, common_fields, require
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 
 MODEL_TYPE = "olmoe"
 
 
 def arch(c: dict[str, Any]) -> DecoderArch:
-    layers, heads = require(c, "num_hidden_layers"), require(c, "num_attention_heads")
+    fields = common_fields(c, eps=1e-5, theta=10000.0, max_pos=4096)
+    # NOTE: OLMoE has no head_dim field; its norms assume hidden / heads.
+    fields["head_dim"] = fields["hidden_size"] // fields["num_heads"]
     return DecoderArch(
         model_type=MODEL_TYPE,
-        vocab_size=require(c, "vocab_size"),
-        hidden_size=require(c, "hidden_size"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=require(c, "hidden_size") // heads,
-        rms_norm_eps=c.get("rms_norm_eps", 1e-5),
-        rope_theta=rope_theta(c, 10000.0),
-        max_position_embeddings=c.get("max_position_embeddings", 4096),
-        tie_word_embeddings=c.get("tie_word_embeddings", False),
-        hidden_act=c.get("hidden_act", "silu"),
+        **fields,
         qk_norm="full",
         clip_qkv=c.get("clip_qkv"),
         sliding_window=None,
         num_experts=require(c, "num_experts"),
-        top_k=require(c, "num_experts_per_tok"),
         moe_intermediate_size=require(c, "intermediate_size"),
         norm_topk_prob=c.get("norm_topk_prob", False),
-        moe_layers=tuple(range(layers)),
+        moe_layers=tuple(range(fields["num_layers"])),
         intermediate_size=0,
-        dtype=checkpoint_dtype(c),
     )
 
 

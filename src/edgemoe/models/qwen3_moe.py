@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.models.arch import ConfigError, DecoderArch, checkpoint_dtype, require, rope_theta
+from edgemoe.models.arch import ConfigError, DecoderArch, common_fields, require
 from edgemoe.models.names import NameMap, Placement, common_names, dense_mlp_names, expert_names
 
 MODEL_TYPE = "qwen3_moe"
@@ -19,34 +19,20 @@ def arch(c: dict[str, Any]) -> DecoderArch:
         raise ConfigError("qwen3_moe with use_sliding_window=true is not supported yet")
     if c.get("attention_bias"):
         raise ConfigError("qwen3_moe with attention_bias=true is not supported yet")
-    layers = require(c, "num_hidden_layers")
+    layers, experts = require(c, "num_hidden_layers"), require(c, "num_experts")
     step, dense_only = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
-    experts = require(c, "num_experts")
     moe = tuple(i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
-    heads = require(c, "num_attention_heads")
     return DecoderArch(
         model_type=MODEL_TYPE,
-        vocab_size=require(c, "vocab_size"),
-        hidden_size=require(c, "hidden_size"),
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or require(c, "hidden_size") // heads,
-        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta(c, 10000.0),
-        max_position_embeddings=c.get("max_position_embeddings", 32768),
-        tie_word_embeddings=c.get("tie_word_embeddings", False),
-        hidden_act=c.get("hidden_act", "silu"),
+        **common_fields(c, eps=1e-6, theta=10000.0, max_pos=32768),
         qk_norm="head",
         clip_qkv=None,
         sliding_window=None,
         num_experts=experts,
-        top_k=require(c, "num_experts_per_tok"),
         moe_intermediate_size=require(c, "moe_intermediate_size"),
         norm_topk_prob=c.get("norm_topk_prob", False),
         moe_layers=moe,
         intermediate_size=c.get("intermediate_size", 0),
-        dtype=checkpoint_dtype(c),
     )
 
 
@@ -60,4 +46,3 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         else:
             m |= dense_mlp_names(a, i, mlp)
     return m
-
