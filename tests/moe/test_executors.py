@@ -96,3 +96,14 @@ def test_second_pass_hits_when_everything_fits(store: ExpertStore) -> None:
     misses = ex.stats.misses[1]
     ex.forward(1, x, ids, w)
     assert ex.stats.misses[1] == misses and ex.stats.hits[1] == len(torch.unique(ids))
+
+
+def test_recover_empties_the_cache_and_stays_correct(store: ExpertStore) -> None:
+    ex = make_executor("offload", store, torch.device("cpu"), F.silu, L, num_slots=6)
+    resident = make_executor("resident", store, torch.device("cpu"), F.silu, L, 0)
+    x, ids, w = next(routings(seed=5))
+    ex.cache.plan_layer(0, [0, 1, 2])  # a layer planned but never released: an aborted step
+    ex.recover()
+    ex.cache.check_invariants()
+    assert ex.cache.num_resident == 0
+    assert torch.equal(ex.forward(0, x, ids, w), resident.forward(0, x, ids, w))

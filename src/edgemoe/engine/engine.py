@@ -85,10 +85,28 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan.seqs:
             return []
-        logits = self.runner.run(list(plan.seqs))
         sampling = [s for s in plan.seqs if s.samples]
-        sampled = self.sampler.sample(logits, [s.request for s in sampling])
+        try:
+            logits = self.runner.run(list(plan.seqs))
+            sampled = self.sampler.sample(logits, [s.request for s in sampling])
+        except torch.OutOfMemoryError:
+            return self._fail_step(plan, "the device ran out of memory in this step")
         return self._update(plan, sampling, sampled)
+
+    def _fail_step(self, plan: StepPlan, why: str) -> list[RequestOutput]:
+        """Fail only this step's requests; free their pages and keep serving."""
+        self.runtime.executor.recover()
+        if self.runtime.device.type == "cuda":
+            torch.cuda.empty_cache()
+        outputs = []
+        for s in plan.seqs:
+            if s.request.request_id in self.requests:
+                # The KV written in this step is garbage: nothing of it may be cached.
+                s.request.num_computed = min(s.request.num_computed, s.start)
+                out = self._finish(s.request, "error", None)
+                out.error = f"{why} ({plan.num_tokens} tokens); the request was not completed"
+                outputs.append(out)
+        return outputs
 
     def _update(self, plan: StepPlan, sampling: list[ScheduledSeq], sampled: SampledTokens) -> list[RequestOutput]:
         for s in plan.seqs:

@@ -34,6 +34,9 @@ class MoEExecutor(ABC):
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor: ...
 
+    def recover(self) -> None:
+        """Forget per-step state after a forward aborted midway (device OOM)."""
+
     def close(self) -> None:
         """Release device memory and threads."""
 

@@ -86,5 +86,10 @@ class OffloadExecutor(MoEExecutor):
         self.run_waves(layer, routed_experts(topk_ids), x, topk_ids, topk_weights, contrib)
         return moe_combine(contrib, x.dtype)
 
+    def recover(self) -> None:
+        # A layer aborted between plan and release leaves its experts pinned; copies
+        # that never landed would leave slots mapped to stale weights, so drop them all.
+        self.cache.clear()
+
     def close(self) -> None:
         del self.slots

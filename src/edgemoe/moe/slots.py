@@ -233,6 +233,19 @@ class SlotCache:
         """End the protection `plan_layer(layer)` started. Raises KeyError if not pinned."""
         del self._pinned[layer]
 
+    def clear(self) -> None:
+        """Unpin everything and empty the pool (after a failed step: slot contents are
+        unknown). Eviction counters are not charged."""
+        self._pinned.clear()
+        for key in list(self._slot_of):
+            slot = self._slot_of.pop(key)
+            self.policy.remove(key)
+            self._owner[slot] = -1
+            self._map_flat[key] = -1
+            self._owners_np[slot] = -1
+        self._free = list(range(self.num_slots))
+        self.map_version += 1
+
     def release_all(self) -> None:
         """Unpin every layer (error paths: a forward aborted mid-layer)."""
         self._pinned.clear()
