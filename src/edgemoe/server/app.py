@@ -1,0 +1,133 @@
+"""The FastAPI app: routes only. Each route hands its request to a protocol module.
+
+`create_app(config, client)` wires the state; the app's lifespan starts the engine
+client and loads the model's tokenizer/template once the engine reports ready.
+Every `/v1/...` route also answers with a trailing slash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from edgemoe.server.config import ServerConfig
+from edgemoe.server.engine_client import EngineClient
+from edgemoe.server.errors import APIError, install_handlers, unavailable
+from edgemoe.server.middleware import GuardMiddleware
+from edgemoe.server.openai_chat import create_chat_completion
+from edgemoe.server.openai_completions import create_completion
+from edgemoe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from edgemoe.server.state import ServerState
+from edgemoe.server.tokenize_api import detokenize, tokenize
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.edgemoe
+    return state
+
+
+def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
+    state = ServerState(config, client)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await client.start()
+        loader = asyncio.create_task(state.load())
+        try:
+            yield
+        finally:
+            loader.cancel()
+            await client.close(stop_engine=True)
+
+    app = FastAPI(title="edgemoe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.edgemoe = state
+    install_handlers(app)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
+    _add_info_routes(app)
+    _add_api_routes(app)
+    return app
+
+
+def _both(app: FastAPI, method: str, path: str) -> Callable[[Any], Any]:
+    """Register a route at `path` and `path/`."""
+
+    def register(fn: Any) -> Any:
+        app.add_api_route(path, fn, methods=[method])
+        app.add_api_route(path + "/", fn, methods=[method], include_in_schema=False)
+        return fn
+
+    return register
+
+
+def _add_info_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        state = _state(request)
+        if not state.healthy:
+            return JSONResponse(unavailable(state.unavailable_reason()).body(), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @_both(app, "GET", "/debug/engine")
+    async def engine_info(request: Request) -> dict[str, Any]:
+        state = _state(request)
+        info, model = state.client.ready_info, state.model
+        return {
+            "state": state.client.state.value,
+            "failure": state.client.failure,
+            "engine_pid": info.pid if info else None,
+            "model_dir": info.model_dir if info else None,
+            "model_type": info.model_type if info else None,
+            "max_model_len": info.max_model_len if info else None,
+            "served_model_name": model.name if model else None,
+            "tool_call_parser": model.tool_parser if model else None,
+        }
+
+    @_both(app, "GET", "/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        model = _state(request).serving(None)
+        return {"object": "list", "data": [_card(model.name, request)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+        model_id = model_id.rstrip("/")
+        _state(request).serving(model_id)
+        return _card(model_id, request)
+
+
+def _add_api_routes(app: FastAPI) -> None:
+    @_both(app, "POST", "/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(_state(request), body, request)
+
+    @_both(app, "POST", "/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(_state(request), body, request)
+
+    @_both(app, "POST", "/v1/tokenize")
+    async def tokenize_route(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+        state = _state(request)
+        return await tokenize(state.serving(body.model), body, state.config.thinking_default)
+
+    @_both(app, "POST", "/v1/detokenize")
+    async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+        return detokenize(_state(request).serving(body.model), body)
+
+
+def _card(model_id: str, request: Request) -> dict[str, Any]:
+    model = _state(request).model
+    if model is None:  # serving() checked it; keeps type checkers content
+        raise APIError(503, "the model is still loading")
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": model.created,
+        "owned_by": "edgemoe",
+        "root": model.info.model_dir,
+        "parent": None,
+        "max_model_len": model.max_model_len,
+    }

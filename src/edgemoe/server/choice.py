@@ -1,0 +1,114 @@
+"""One choice of a generation: engine increments → parser → neutral events.
+
+Each `RequestOutput` carries newly final text (stop strings already cut by the
+engine); it is fed to the choice's `ResponseParser`, and the parsed delta becomes
+`ReasoningDelta` / `TextDelta` / `ToolCallStart` / `ToolCallArgumentsDelta` events.
+The last increment also flushes the parser and ends the choice with `ChoiceDone`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgemoe.messages import RequestOutput
+from edgemoe.server.events import (
+    ChoiceDone,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    TokensDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
+from edgemoe.server.model import ServedModel
+from edgemoe.server.parsers import ParsedDelta, ResponseParser, ThinkReasoningParser, get_tool_parser
+
+
+def make_parser(
+    model: ServedModel,
+    tools: list[dict[str, Any]] | None,
+    *,
+    reasoning: bool,
+    starts_in_reasoning: bool,
+) -> ResponseParser | None:
+    """The parser pipeline for one choice, or None when the text passes through as is."""
+    reasoning_parser = ThinkReasoningParser(starts_in_reasoning=starts_in_reasoning) if reasoning else None
+    tool_parser = get_tool_parser(model.tool_parser)(tools) if tools and model.tool_parser else None
+    if reasoning_parser is None and tool_parser is None:
+        return None
+    return ResponseParser(reasoning_parser, tool_parser)
+
+
+class ChoiceState:
+    """Parser state and counters of one choice. Not thread-safe (one event loop)."""
+
+    def __init__(self, index: int, parser: ResponseParser | None, *, parallel_tool_calls: bool = True) -> None:
+        self.index = index
+        self.parser = parser
+        self.parallel_tool_calls = parallel_tool_calls
+        self.done = False
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.reasoning_tokens = 0
+        self._unattributed = 0  # tokens whose text the parser still holds back
+        self._calls = 0
+
+    def on_output(self, out: RequestOutput) -> list[Event]:
+        if self.done:
+            return []
+        events: list[Event] = []
+        if out.token_ids:
+            self.completion_tokens += len(out.token_ids)
+            events.append(TokensDelta(self.index, list(out.token_ids), out.logprobs))
+        self.cached_tokens = max(self.cached_tokens, out.num_cached_tokens)
+        delta = self._parse(out)
+        self._count_reasoning(len(out.token_ids), delta)
+        events.extend(self._delta_events(delta))
+        if out.finished:
+            self.done = True
+            events.append(self._done(out))
+        return events
+
+    def _parse(self, out: RequestOutput) -> ParsedDelta:
+        if self.parser is None:
+            return ParsedDelta(content=out.text)
+        delta = self.parser.feed(out.text) if out.text else ParsedDelta()
+        if out.finished:
+            tail = self.parser.finish()
+            delta = ParsedDelta(
+                delta.content + tail.content, delta.reasoning + tail.reasoning, delta.tool_calls + tail.tool_calls
+            )
+        return delta
+
+    def _count_reasoning(self, n_tokens: int, delta: ParsedDelta) -> None:
+        # Text held back by the parser is attributed to whatever it turns out to be.
+        self._unattributed += n_tokens
+        if delta.content or delta.tool_calls:
+            self._unattributed = 0
+        elif delta.reasoning:
+            self.reasoning_tokens += self._unattributed
+            self._unattributed = 0
+
+    def _delta_events(self, delta: ParsedDelta) -> list[Event]:
+        events: list[Event] = []
+        if delta.reasoning:
+            events.append(ReasoningDelta(self.index, delta.reasoning))
+        if delta.content:
+            events.append(TextDelta(self.index, delta.content))
+        for piece in delta.tool_calls:
+            if piece.index > 0 and not self.parallel_tool_calls:
+                continue  # parallel_tool_calls=false: only the first call is returned
+            if piece.name is not None:
+                self._calls += 1
+                events.append(ToolCallStart(self.index, piece.index, piece.id or "", piece.name))
+            if piece.arguments:
+                events.append(ToolCallArgumentsDelta(self.index, piece.index, piece.arguments))
+        return events
+
+    def _done(self, out: RequestOutput) -> ChoiceDone:
+        reason = out.finish_reason or "stop"
+        if self._calls:
+            reason = "tool_calls"
+        elif reason not in ("stop", "length"):
+            reason = "stop"  # "abort" only reaches us if the engine dropped the request itself
+        return ChoiceDone(self.index, reason, out.stop_reason, self.completion_tokens, self.reasoning_tokens)

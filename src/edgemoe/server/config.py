@@ -1,0 +1,101 @@
+"""Server settings: a frozen dataclass whose fields are the `edgemoe serve` flags.
+
+Like `edgemoe.config`, each field carries its help (and choices, and how to parse the
+flag's text) in `metadata`, so the CLI generates the flags and cannot drift from the
+field names. Torch-free.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+THINKING_MODES = ("on", "off")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "32MiB", "1GB", "512k" or a plain number.
+
+    `KiB`/`MiB`/`GiB` and bare `K`/`M`/`G` are powers of 1024, `KB`/`MB`/`GB` of 1000.
+    """
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"not a size: {text!r} (examples: 32MiB, 1GB, 1048576)")
+    number, unit, binary, b = m.groups()
+    decimal = bool(unit) and bool(b) and not binary
+    base = 1000 if decimal else 1024
+    return int(float(number) * base ** _POWERS[unit.lower()])
+
+
+def server_setting(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], Any] | None = None,
+) -> Any:
+    """A ServerConfig field with its CLI help, choices and text parser attached."""
+    meta: dict[str, Any] = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    if parse is not None:
+        meta["parse"] = parse
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = server_setting("127.0.0.1", "address to listen on")
+    port: int = server_setting(1919, "TCP port to listen on (0: any free port)")
+    served_model_name: str | None = server_setting(
+        None, "the model's name in the API; default: the checkpoint directory's name"
+    )
+    api_key: str | None = server_setting(
+        None, "require this key (Authorization: Bearer KEY, or x-api-key) on every route but /health"
+    )
+    strict_model_name: bool = server_setting(
+        False, "answer 404 to requests naming another model (default: any name is served)"
+    )
+    default_thinking_mode: str = server_setting(
+        "on", "thinking when a request does not say (reasoning_effort, chat_template_kwargs)",
+        choices=THINKING_MODES,
+    )
+    tool_call_parser: str | None = server_setting(
+        None, "tool-call format; default: from the chat template, then the model family"
+    )
+    max_body_size: int = server_setting(
+        32 * 2**20, "largest request body accepted, e.g. 32MiB (larger: 413)", parse=parse_size
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the flag of any bad value."""
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535] (got {self.port})")
+        if self.default_thinking_mode not in THINKING_MODES:
+            raise ValueError(f"--default-thinking-mode must be on or off (got {self.default_thinking_mode!r})")
+        if self.max_body_size < 1:
+            raise ValueError(f"--max-body-size must be >= 1 byte (got {self.max_body_size})")
+        if self.tool_call_parser is not None:
+            from edgemoe.server.parsers import TOOL_PARSERS
+
+            if self.tool_call_parser not in TOOL_PARSERS:
+                raise ValueError(
+                    f"--tool-call-parser {self.tool_call_parser!r}: choose one of {', '.join(sorted(TOOL_PARSERS))}"
+                )
+
+    @property
+    def thinking_default(self) -> bool:
+        return self.default_thinking_mode == "on"
+
+
+def server_setting_names() -> list[str]:
+    return [f.name for f in fields(ServerConfig)]

@@ -1,0 +1,277 @@
+"""The server's end of the engine link: submit requests, route outputs, notice a dead engine.
+
+One `EngineClient` per server, living on the server's event loop. It binds both ZMQ
+sockets (the engine process connects), sends `EngineRequest` commands without
+awaiting (so aborts can be sent from `finally` blocks of cancelled tasks), and routes
+each `RequestOutput` to the `OutputStream` that owns its request id.
+
+Engine death is noticed two ways: a fatal `EngineError`, or the watchdog seeing the
+process (or test thread) gone. Either way every open stream fails at once with
+`EngineUnavailable`, later submits fail the same way, and `on_dead` is called once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from edgemoe.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineError,
+    EngineEvent,
+    EngineOutputs,
+    EngineReady,
+    EngineRequest,
+    RequestOutput,
+    ShutdownEngine,
+)
+
+log = logging.getLogger(__name__)
+
+WATCHDOG_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class EngineLink:
+    """The two ZMQ addresses shared by server and engine."""
+
+    to_engine: str
+    from_engine: str
+
+    @classmethod
+    def in_dir(cls, directory: Path) -> EngineLink:
+        """ipc:// sockets in `directory` (keep its path short: ipc paths max ~100 bytes)."""
+        return cls(f"ipc://{directory}/to-engine.sock", f"ipc://{directory}/from-engine.sock")
+
+
+class EngineHandle(Protocol):
+    """Whatever runs the engine (a process, or a thread in tests)."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def alive(self) -> bool: ...
+
+    def exit_description(self) -> str:
+        """Why it is gone, for messages (e.g. "exit code -9")."""
+        ...
+
+
+class EngineUnavailable(Exception):
+    """The engine is loading, gone, or the server is shutting down (HTTP 503)."""
+
+
+class EngineRejected(Exception):
+    """The engine refused this request's input (HTTP 400)."""
+
+
+class EngineFailure(Exception):
+    """The engine failed this request internally (HTTP 500)."""
+
+
+class State(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DEAD = "dead"
+    CLOSED = "closed"
+
+
+class OutputStream:
+    """Outputs of a group of engine requests (one per choice), in arrival order."""
+
+    def __init__(self, client: EngineClient, request_ids: list[str]) -> None:
+        self._client = client
+        self.request_ids = list(request_ids)
+        self.open_ids = set(request_ids)  # not finished yet
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    async def get(self) -> RequestOutput:
+        """The next output of any request in the group; raises if the engine failed it."""
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def abort(self) -> None:
+        """Stop every unfinished request of the group (idempotent; never raises)."""
+        self._client.abort(self.open_ids)
+        self.open_ids.clear()
+
+
+class EngineClient:
+    def __init__(
+        self,
+        link: EngineLink,
+        handle: EngineHandle | None = None,
+        on_dead: Callable[[str], None] | None = None,
+    ) -> None:
+        self.link = link
+        self.handle = handle
+        self.on_dead = on_dead
+        self.state = State.LOADING
+        self.ready_info: EngineReady | None = None
+        self.failure: str | None = None
+        self._streams: dict[str, OutputStream] = {}
+        self._settled = asyncio.Event()  # ready, dead or closed
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closing = False
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._decode = msgspec.msgpack.Decoder(EngineEvent).decode
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the sockets and start listening (idempotent)."""
+        if self._started:
+            return
+        self._started = True
+        self._sync_ctx: zmq.Context[Any] = zmq.Context()
+        self._async_ctx = zmq.asyncio.Context()
+        self._send_sock = self._sync_ctx.socket(zmq.PUSH)
+        self._send_sock.setsockopt(zmq.SNDHWM, 0)
+        self._send_sock.bind(self.link.to_engine)
+        self._recv_sock = self._async_ctx.socket(zmq.PULL)
+        self._recv_sock.bind(self.link.from_engine)
+        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+
+    def watch(self, handle: EngineHandle) -> None:
+        """Start watching the engine's liveness (the process is spawned after `start`)."""
+        self.handle = handle
+
+    async def wait_ready(self) -> EngineReady:
+        await self._settled.wait()
+        if self.ready_info is None or self.state is not State.READY:
+            raise EngineUnavailable(self.failure or "the engine is not available")
+        return self.ready_info
+
+    async def close(self, reason: str = "the server is shutting down", *, stop_engine: bool = False) -> None:
+        """Fail every open request, stop the tasks, close the sockets (idempotent).
+
+        With `stop_engine`, first ask the engine to exit (ShutdownEngine).
+        """
+        if self._closing:
+            return
+        self._closing = True
+        if stop_engine and self._started and self.state is State.READY:
+            with contextlib.suppress(EngineUnavailable):
+                self._send(ShutdownEngine())
+        if self.state in (State.LOADING, State.READY):
+            self.state = State.CLOSED
+            self.failure = reason
+        self._fail_all(EngineUnavailable(reason))
+        self._settled.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._started:
+            self._send_sock.close(linger=500)  # lets a ShutdownEngine just sent go out
+            self._recv_sock.close(linger=0)
+            self._sync_ctx.term()
+            self._async_ctx.term()
+
+    # -- requests -----------------------------------------------------------------------
+
+    def submit(self, adds: list[AddRequest]) -> OutputStream:
+        """Send a group of requests; their outputs arrive on the returned stream."""
+        self._check_usable()
+        stream = OutputStream(self, [a.request_id for a in adds])
+        for add in adds:
+            self._streams[add.request_id] = stream
+            self._send(add)
+        return stream
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        ids = [rid for rid in request_ids if self._streams.pop(rid, None) is not None]
+        if ids and self.state is State.READY:
+            self._send(AbortRequest(ids))
+
+    def _check_usable(self) -> None:
+        if self.state is not State.READY:
+            raise EngineUnavailable(self.failure or "the model is still loading")
+
+    def _send(self, command: EngineRequest) -> None:
+        try:
+            self._send_sock.send(self._encode(command), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            raise EngineUnavailable(f"cannot reach the engine: {exc}") from exc
+
+    # -- incoming -----------------------------------------------------------------------
+
+    async def _receive(self) -> None:
+        while True:
+            data = await self._recv_sock.recv()
+            try:
+                event = self._decode(data)
+            except msgspec.DecodeError:
+                log.exception("undecodable message from the engine (%d bytes)", len(data))
+                continue
+            if isinstance(event, EngineOutputs):
+                self._route(event.outputs)
+            elif isinstance(event, EngineError):
+                self._on_error(event)
+            elif isinstance(event, EngineReady) and self.state is State.LOADING:
+                self.ready_info = event
+                self.state = State.READY
+                self._settled.set()
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted by us: its final output is of no interest
+            if out.finished:
+                del self._streams[out.request_id]
+                stream.open_ids.discard(out.request_id)
+            stream.put(out)
+
+    def _on_error(self, error: EngineError) -> None:
+        if error.fatal:
+            self._die(f"the engine failed: {error.message}")
+            return
+        stream = self._streams.pop(error.request_id or "", None)
+        if stream is not None:
+            stream.open_ids.discard(error.request_id or "")
+            stream.put(EngineRejected(error.message) if error.invalid else EngineFailure(error.message))
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            if self.handle is not None and not self.handle.alive():
+                self._die(f"the engine process exited ({self.handle.exit_description()})")
+                return
+
+    def _die(self, reason: str) -> None:
+        if self.state in (State.DEAD, State.CLOSED):
+            return
+        log.error("%s", reason)
+        self.state = State.DEAD
+        self.failure = reason
+        self._fail_all(EngineUnavailable(reason))
+        self._settled.set()
+        if self.on_dead is not None:
+            self.on_dead(reason)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        streams = {id(s): s for s in self._streams.values()}
+        self._streams.clear()
+        for stream in streams.values():
+            stream.open_ids.clear()
+            stream.put(exc)

@@ -1,0 +1,118 @@
+"""API errors: one exception type carrying status, message, param and code, and its JSON.
+
+Core code raises `APIError`s; the app's handlers render them in the OpenAI shape
+`{"error": {"message", "type", "param", "code"}}` (the Anthropic routes will render
+the same exceptions in their own shape). FastAPI's 422 for validation errors is
+replaced by a 400 in this shape: clients (the openai SDK) treat 422 differently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error answer: `status` with `message`, naming the request field `param`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, code="engine_unavailable")
+
+
+def error_response(err: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def error_body_bytes(err: APIError) -> bytes:
+    return json.dumps(err.body()).encode()
+
+
+def param_of(loc: Sequence[str | int]) -> str | None:
+    """("body", "messages", 0, "role") → "messages[0].role"."""
+    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request")
+    first = errors[0]
+    loc = first.get("loc") or ()
+    if first.get("type") == "json_invalid":
+        return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
+    param = param_of(loc)
+    if first.get("type") == "missing" and param:
+        message = f"{param}: field required"
+    else:
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return bad_request(message, param=param)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error leaves the app in the error shape; validation errors are 400."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        return error_response(APIError(exc.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))

@@ -1,0 +1,296 @@
+"""The generation core every API shares: a neutral request in, a typed event stream out.
+
+`start_generation` renders the prompt (chat template or raw), checks it, sends `n`
+engine requests and waits for the first engine answer, so a refused request is an
+`APIError` before any response byte is sent. `Generation.events()` then yields the
+`edgemoe.server.events` stream: each engine increment's text goes through that
+choice's `ResponseParser` (reasoning split, then tool calls), whose deltas become
+events. Engine failures surface as `APIError`s (503 engine gone, 400 refused, 500).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+
+from edgemoe.messages import AddRequest, RequestOutput, SamplingParams
+from edgemoe.server.choice import ChoiceState, make_parser
+from edgemoe.server.engine_client import (
+    EngineClient,
+    EngineFailure,
+    EngineRejected,
+    EngineUnavailable,
+    OutputStream,
+)
+from edgemoe.server.errors import APIError, bad_request, unavailable
+from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
+from edgemoe.server.model import ServedModel
+from edgemoe.server.parsers import prompt_opens_reasoning
+from edgemoe.server.templates import ChatInputError
+
+# Render arguments a client's chat_template_kwargs may not override.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "documents", "enable_thinking"})
+
+
+@dataclass(frozen=True)
+class TokensPrompt:
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation in OpenAI chat-message dicts (each protocol converts to this)."""
+
+    messages: list[dict[str, Any]]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+
+
+Prompt = TokensPrompt | TextPrompt | ChatPrompt
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, protocol-neutral.
+
+    `thinking`: None means the server's --default-thinking-mode (chat prompts only).
+    `tools` are OpenAI function-tool dicts; `tool_choice` "none" hides them from the
+    template and parser, "auto"/"required" parse calls, and `named_tool` (a function
+    name) must be one of them. Raw prompts (`parse_output=False`) skip all parsing.
+    """
+
+    prompt: Prompt
+    params: SamplingParams
+    n: int = 1
+    thinking: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str = "auto"
+    named_tool: str | None = None
+    parallel_tool_calls: bool = True
+    parse_output: bool = True
+    prompt_param: str = "messages"  # the request field the prompt came from, for errors
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    token_ids: list[int]
+    text: str | None  # None when the client sent token ids
+    starts_in_reasoning: bool
+
+
+def thinking_from(enable_thinking: object, effort: str | None) -> bool | None:
+    """A request's thinking switch: `enable_thinking` wins, then the effort; None = default.
+
+    Efforts "none" and "minimal" turn thinking off, every other effort turns it on.
+    """
+    if isinstance(enable_thinking, bool):
+        return enable_thinking
+    if effort is not None:
+        return effort.lower() not in ("none", "minimal")
+    return None
+
+
+def sampling_params(model: ServedModel, **values: Any) -> SamplingParams:
+    """SamplingParams from request values; None means the model's generation_config
+    default (for the keys it sets), else SamplingParams' own default."""
+    chosen = {k: v for k, v in values.items() if v is not None}
+    for key, default in model.sampling_defaults.items():
+        if values.get(key) is None and key in SamplingParams.__struct_fields__:
+            chosen[key] = default
+    if "max_tokens" in values and values["max_tokens"] is None:
+        chosen["max_tokens"] = None  # None is meaningful: until the context is full
+    try:
+        return SamplingParams(**chosen)
+    except (TypeError, msgspec.ValidationError) as exc:
+        raise bad_request(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- prompt
+
+
+def active_tools(req: GenerationRequest) -> list[dict[str, Any]] | None:
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return req.tools
+
+
+def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
+    """Token ids of the prompt (blocking: templates and tokenisers run here)."""
+    prompt, tok = req.prompt, model.tokenizer
+    if isinstance(prompt, TokensPrompt):
+        return RenderedPrompt(list(prompt.token_ids), None, False)
+    if isinstance(prompt, TextPrompt):
+        return RenderedPrompt(tok.encode(prompt.text, add_special_tokens=True), prompt.text, False)
+    if model.template is None:
+        why = model.template_error or "the model ships no chat template"
+        raise bad_request(f"chat is not available: {why}", param="messages")
+    kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    try:
+        text = model.template.render(
+            prompt.messages,
+            tools=active_tools(req),
+            add_generation_prompt=prompt.add_generation_prompt,
+            enable_thinking=thinking,
+            **kwargs,
+        )
+    except ChatInputError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    # The template writes any BOS itself (transformers' apply_chat_template does the same).
+    return RenderedPrompt(tok.encode(text, add_special_tokens=False), text, prompt_opens_reasoning(text))
+
+
+def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPrompt) -> None:
+    """Everything the server can refuse before the engine sees the request."""
+    n_tokens, limit = len(prompt.token_ids), model.max_model_len
+    if n_tokens == 0:
+        raise bad_request("the prompt is empty", param=req.prompt_param)
+    if n_tokens >= limit:
+        raise bad_request(
+            f"the prompt has {n_tokens} tokens, the context length is {limit}",
+            param=req.prompt_param, code="context_length_exceeded",
+        )
+    bad = [t for t in prompt.token_ids if not 0 <= t < model.vocab_size]
+    if bad:
+        raise bad_request(f"token ids {bad[:5]} outside the vocabulary [0, {model.vocab_size})", param=req.prompt_param)
+    try:
+        req.params.validate(model.vocab_size)
+    except ValueError as exc:
+        raise bad_request(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+    if req.named_tool is not None and req.named_tool not in _tool_names(req.tools):
+        raise bad_request(f"tool_choice names {req.named_tool!r}, which is not in tools", param="tool_choice")
+
+
+def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
+    names = set()
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+        if isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+# --------------------------------------------------------------------------- running
+
+
+def engine_error(exc: Exception) -> APIError:
+    if isinstance(exc, EngineUnavailable):
+        return unavailable(str(exc))
+    if isinstance(exc, EngineRejected):
+        return bad_request(str(exc), code="context_length_exceeded" if "context length" in str(exc) else None)
+    return APIError(500, f"the engine failed this request: {exc}")
+
+
+class Generation:
+    """One running generation: `n` engine requests, one parser each."""
+
+    def __init__(
+        self, request_id: str, prompt: RenderedPrompt, stream: OutputStream,
+        choices: list[ChoiceState], first: RequestOutput,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self._stream = stream
+        self._choices = choices
+        self._by_id = {rid: c for rid, c in zip(stream.request_ids, choices, strict=True)}
+        self._first: RequestOutput | None = first
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt.token_ids)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The event stream; raises APIError if the engine fails midway. Closes itself."""
+        try:
+            while not all(c.done for c in self._choices):
+                out = self._first or await self._next()
+                self._first = None
+                if out.finish_reason == "error":
+                    raise APIError(500, f"generation failed: {out.error or 'engine error'}")
+                for event in self._by_id[out.request_id].on_output(out):
+                    yield event
+            yield Done(self._usage())
+        finally:
+            self.close()
+
+    async def collect(self) -> tuple[list[ChoiceResult], Usage]:
+        """Run to the end: every choice folded, and the usage (the non-streamed view)."""
+        choices: dict[int, ChoiceResult] = {}
+        usage = Usage(self.prompt_tokens, 0)
+        async for event in self.events():
+            if isinstance(event, Done):
+                usage = event.usage
+            fold_event(choices, event)
+        return [choices[i] for i in sorted(choices)], usage
+
+    async def _next(self) -> RequestOutput:
+        try:
+            return await self._stream.get()
+        except (EngineUnavailable, EngineRejected, EngineFailure) as exc:
+            raise engine_error(exc) from exc
+
+    def close(self) -> None:
+        """Abort whatever is still generating (a client went away). Idempotent."""
+        self._stream.abort()
+
+    def _usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=sum(c.completion_tokens for c in self._choices),
+            cached_tokens=self._choices[0].cached_tokens,
+            reasoning_tokens=sum(c.reasoning_tokens for c in self._choices),
+        )
+
+
+async def start_generation(
+    client: EngineClient, model: ServedModel, req: GenerationRequest, *,
+    default_thinking: bool, request_id: str | None = None,
+) -> Generation:
+    """Render, check and submit `req`; returns once the engine accepted it (first output)."""
+    request_id = request_id or uuid.uuid4().hex
+    thinking = req.thinking if req.thinking is not None else default_thinking
+    prompt = await anyio.to_thread.run_sync(render_prompt, model, req, thinking)
+    check_request(model, req, prompt)
+    adds = [
+        AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(req.params, i))
+        for i in range(req.n)
+    ]
+    try:
+        stream = client.submit(adds)
+    except EngineUnavailable as exc:
+        raise unavailable(str(exc)) from exc
+    try:
+        first = await stream.get()
+    except (EngineUnavailable, EngineRejected, EngineFailure) as exc:
+        stream.abort()
+        raise engine_error(exc) from exc
+    except BaseException:
+        stream.abort()
+        raise
+    reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
+    choices = [
+        ChoiceState(
+            i,
+            make_parser(model, active_tools(req) if req.parse_output else None,
+                        reasoning=reasoning, starts_in_reasoning=prompt.starts_in_reasoning),
+            parallel_tool_calls=req.parallel_tool_calls,
+        )
+        for i in range(req.n)
+    ]
+    return Generation(request_id, prompt, stream, choices, first)
+
+
+def _seeded(params: SamplingParams, i: int) -> SamplingParams:
+    # n > 1 with a seed: each choice gets its own stream, reproducible as a whole.
+    if i == 0 or params.seed is None:
+        return params
+    return msgspec.structs.replace(params, seed=params.seed + i)

@@ -1,0 +1,107 @@
+"""What the server knows about the loaded model: name, tokenizer, template, parser, defaults.
+
+Built once from the engine's `EngineReady` (which names the resolved checkpoint
+directory), by reading the checkpoint's tokenizer and config files: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgemoe.messages import EngineReady
+from edgemoe.server.config import ServerConfig
+from edgemoe.server.logprobs import TokenTexts
+from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
+from edgemoe.server.templates import ChatTemplate
+from edgemoe.tokenizer import TokenizerBundle
+
+log = logging.getLogger(__name__)
+
+# generation_config.json keys that become request defaults (a request's own value wins).
+SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    info: EngineReady
+    tokenizer: TokenizerBundle
+    template: ChatTemplate | None
+    template_error: str | None  # why there is no template (None: it loaded, or none shipped)
+    tool_parser: str | None
+    reasoning: bool  # the template knows `<think>` blocks
+    sampling_defaults: dict[str, float | int]
+    created: int
+    tokens: TokenTexts
+
+    @classmethod
+    def load(cls, info: EngineReady, config: ServerConfig) -> ServedModel:
+        model_dir = Path(info.model_dir)
+        tokenizer = TokenizerBundle.load(model_dir)
+        template, error = _load_template(tokenizer)
+        source = template.source if template is not None else ""
+        return cls(
+            name=config.served_model_name or model_dir.name,
+            info=info,
+            tokenizer=tokenizer,
+            template=template,
+            template_error=error,
+            tool_parser=_tool_parser(config.tool_call_parser, source, info.model_type),
+            reasoning="</think>" in source,
+            sampling_defaults=_sampling_defaults(model_dir / "generation_config.json"),
+            created=int(time.time()),
+            tokens=TokenTexts(tokenizer.tokenizer),
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    def serves(self, name: str | None, strict: bool) -> bool:
+        """Whether a request naming `name` is ours (any name is, unless strict)."""
+        return not strict or name is None or name == self.name
+
+
+def _load_template(tokenizer: TokenizerBundle) -> tuple[ChatTemplate | None, str | None]:
+    try:
+        return ChatTemplate.from_tokenizer(tokenizer), None
+    except ValueError as exc:
+        # Serve anyway: /v1/completions and tokenize still work; chat answers 400 with this.
+        log.warning("chat template unusable: %s", exc)
+        return None, str(exc)
+
+
+def _tool_parser(explicit: str | None, template_source: str, model_type: str) -> str | None:
+    """Explicit flag, else the format the template teaches, else the family's default."""
+    if explicit is not None:
+        return explicit
+    from_template = parser_for_chat_template(template_source) if template_source else None
+    if from_template is not None:
+        return from_template
+    try:
+        return parser_for_model_type(model_type)
+    except ValueError:
+        return None
+
+
+def _sampling_defaults(path: Path) -> dict[str, float | int]:
+    try:
+        config: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    return {
+        k: config[k]
+        for k in SAMPLING_DEFAULT_KEYS
+        if isinstance(config.get(k), (int, float)) and not isinstance(config.get(k), bool)
+    }

@@ -1,0 +1,221 @@
+"""Test harness: the real app in-process (uvicorn in a thread, real HTTP on loopback),
+talking over the real ZMQ link to an engine loop (`edgemoe.engine.service.run_loop`)
+in another thread. The engine is either the real `Engine` or `ScriptedEngine`, a
+stand-in that emits chosen token sequences through the real detokenizer and stop
+logic, so tool calls and reasoning go through the real parser path.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import uvicorn
+
+from edgemoe.detokenizer import TextStream
+from edgemoe.engine.service import EngineCrashed, EngineLike, run_loop
+from edgemoe.messages import EngineReady, RequestOutput, SamplingParams, TokenLogprob
+from edgemoe.server.app import create_app
+from edgemoe.server.config import ServerConfig
+from edgemoe.server.engine_client import EngineClient, EngineLink
+from edgemoe.tokenizer import TokenizerBundle
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+
+
+@dataclass
+class _Scripted:
+    prompt_ids: list[int]
+    params: SamplingParams
+    plan: list[int]
+    stream: TextStream
+    output: list[int] = field(default_factory=list)
+    hang: bool = False
+    crash: bool = False
+
+
+class ScriptedEngine:
+    """An `EngineLike` that generates from scripts instead of a model.
+
+    A prompt containing `[[NAME]]` emits `scripts[NAME]` (tokenised with the real
+    tokenizer) then EOS. `[[hang]]` emits words until aborted (slowly), `[[crash]]`
+    makes the next step raise. Otherwise it emits words chosen by a generator seeded
+    from the request's seed (or the prompt when greedy), then EOS. One token per
+    request per step; the rules for stop strings, stop ids, EOS, min/max tokens and
+    the context length are the real engine's.
+    """
+
+    def __init__(self, tokenizer: TokenizerBundle, scripts: dict[str, str] | None = None,
+                 max_model_len: int = 4096, vocab_size: int = 151936) -> None:
+        self.tokenizer = tokenizer
+        self.scripts = scripts or {}
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_ids = sorted(tokenizer.eos_token_ids)
+        self.requests: dict[str, _Scripted] = {}
+        self.seen: list[tuple[list[int], SamplingParams]] = []  # every accepted request
+        self.ended: list[tuple[str, str | None]] = []  # (request id, finish reason), for diagnostics
+
+    def ready(self, model_dir: Path) -> EngineReady:
+        return EngineReady(model_dir=str(model_dir), model_type="qwen3_moe", max_model_len=self.max_model_len,
+                           vocab_size=self.vocab_size, eos_token_ids=self.eos_ids, pid=0)
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> str:
+        params.validate(self.vocab_size)
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, the context length is {self.max_model_len}")
+        text = self.tokenizer.decode(prompt_ids)
+        req = _Scripted(prompt_ids, params, self._plan(text, prompt_ids, params),
+                        TextStream.for_request(self.tokenizer.tokenizer, params),
+                        hang="[[hang]]" in text, crash="[[crash]]" in text)
+        self.requests[request_id] = req
+        self.seen.append((prompt_ids, params))
+        return request_id
+
+    def _plan(self, text: str, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        for name, output in self.scripts.items():
+            if f"[[{name}]]" in text:
+                return self.tokenizer.encode(output, add_special_tokens=False) + self.eos_ids[:1]
+        seed = params.seed if params.seed is not None else (hash(tuple(prompt_ids)) if params.temperature == 0 else None)
+        rng = random.Random(seed)
+        words = " ".join(rng.choice(WORDS) for _ in range(60)) + "."
+        return self.tokenizer.encode(" " + words, add_special_tokens=False) + self.eos_ids[:1]
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.ended.append((request_id, "abort"))
+        return self._out(request_id, req, [], req.stream.finish().text, "abort", None)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        if any(r.crash for r in self.requests.values()):
+            raise RuntimeError("scripted crash")
+        if any(r.hang for r in self.requests.values()):
+            time.sleep(0.01)
+        return [self._advance(rid, req) for rid, req in list(self.requests.items())]
+
+    def _advance(self, rid: str, req: _Scripted) -> RequestOutput:
+        n = len(req.output)
+        if req.hang:
+            token = self.tokenizer.encode(" " + WORDS[n % len(WORDS)], add_special_tokens=False)[0]
+        else:
+            token = req.plan[min(n, len(req.plan) - 1)]
+        req.output.append(token)
+        p = req.params
+        can_stop = len(req.output) >= p.min_tokens
+        reason: tuple[str, str | int | None] | None = None
+        text = ""
+        if can_stop and token in p.stop_token_ids:
+            reason = ("stop", token)
+        elif can_stop and not p.ignore_eos and token in self.eos_ids:
+            reason = ("stop", None)
+        else:
+            delta = req.stream.push(token)
+            text = delta.text
+            if delta.stopped:
+                reason = ("stop", req.stream.stop_reason)
+        if reason is None and p.max_tokens is not None and len(req.output) >= p.max_tokens:
+            reason = ("length", None)
+        if reason is None and len(req.prompt_ids) + len(req.output) >= self.max_model_len:
+            reason = ("length", None)
+        if reason is None:
+            return self._out(rid, req, [token], text, None, None)
+        del self.requests[rid]
+        self.ended.append((rid, reason[0]))
+        tail = req.stream.finish()
+        return self._out(rid, req, [token], text + tail.text, *reason)
+
+    def _out(self, rid: str, req: _Scripted, tokens: list[int], text: str,
+             finish: str | None, stop: str | int | None) -> RequestOutput:
+        logprobs = None
+        if req.params.logprobs is not None and tokens:
+            t = tokens[0]
+            lp = -0.25 - 0.01 * (len(req.output) % 7)
+            top = [((t + k) % self.vocab_size, lp - k) for k in range(req.params.logprobs)]
+            logprobs = [TokenLogprob(t, lp, top)]
+        return RequestOutput(request_id=rid, token_ids=tokens, text=text, logprobs=logprobs,
+                             finished=finish is not None, finish_reason=finish, stop_reason=stop,
+                             num_prompt_tokens=len(req.prompt_ids), num_output_tokens=len(req.output))
+
+
+class ThreadHandle:
+    """`EngineHandle` for an engine loop running in a thread."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        self.thread = thread
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def exit_description(self) -> str:
+        return "engine thread ended"
+
+
+class ServerHarness:
+    """Engine loop thread + app served by uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, engine: EngineLike, ready: EngineReady, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self._dir = tempfile.mkdtemp(prefix="em-")
+        link = EngineLink.in_dir(Path(self._dir))
+        self._stop = threading.Event()
+        self.engine_thread = threading.Thread(
+            target=self._run_engine, args=(engine, ready, link), daemon=True, name="engine")
+        self.dead: list[str] = []
+        self.client = EngineClient(link, ThreadHandle(self.engine_thread), on_dead=self.dead.append)
+        self.app = create_app(config, self.client)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
+                                                    timeout_graceful_shutdown=1))
+        self._server_thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
+        self.base_url = ""
+
+    def _run_engine(self, engine: EngineLike, ready: EngineReady, link: EngineLink) -> None:
+        try:
+            run_loop(engine, ready, link.to_engine, link.from_engine, stop=self._stop)
+        except EngineCrashed:
+            pass
+
+    def start(self, timeout: float = 30.0) -> ServerHarness:
+        self.engine_thread.start()
+        self._server_thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        while httpx.get(f"{self.base_url}/health").status_code != 200:
+            assert time.monotonic() < deadline, "the server did not become healthy"
+            time.sleep(0.02)
+        return self
+
+    def openai(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=60, **kwargs)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._server_thread.join(10)
+        self._stop.set()
+        self.engine_thread.join(10)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+MakeServer = Callable[..., ServerHarness]
