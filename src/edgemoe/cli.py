@@ -99,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--decode-tokens", type=int, default=64)
     dec.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     dec.add_argument("--out", default="bench/results", help="result folder")
+    agent = bench_sub.add_parser("agent", help="replay a synthetic coding-agent session against a server")
+    add_engine_flags(agent)
+    agent.add_argument("--url", default=None, help="a running server; default: start one per --cache-types value")
+    agent.add_argument("--cache-types", nargs="+", default=["radix", "none"], help="servers to start (without --url)")
+    agent.add_argument("--turns", type=int, default=20)
+    agent.add_argument("--system-tokens", type=int, default=8000, help="system prompt + tools size")
+    agent.add_argument("--tool-result-tokens", type=int, default=1500)
+    agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
+    agent.add_argument("--seed", type=int, default=0)
+    agent.add_argument("--out", default="bench/results", help="result folder")
     return parser
 
 
@@ -140,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.server.config import ServerConfig
 
             return run_serve(ServerConfig(**server_settings(args)), engine_settings(args))
+        if args.command == "bench" and args.bench == "agent":
+            from edgemoe.bench.agent import run_agent_bench
+
+            return run_agent_bench(args, engine_settings(args))
         if args.command == "bench":
             from edgemoe.bench.decode import run_decode_bench
 
@@ -150,3 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"unknown command {args.command}")
     return 2
 
+
+
+if __name__ == "__main__":
+    sys.exit(main())
