@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--system-tokens", type=int, default=8000, help="system prompt + tools size")
     agent.add_argument("--tool-result-tokens", type=int, default=1500)
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
-    agent.add_argument("--seed", type=int, default=0)
+    agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
     return parser
 

@@ -88,7 +88,7 @@ def stream_turn(client: Any, url: str, model: str, messages: list, max_tokens: i
 def run_session(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     import httpx
 
-    rng = random.Random(args.seed)
+    rng = random.Random(args.session_seed)
     system = "You are a coding agent.\n" + code_text(rng, args.system_tokens)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     rows = []
@@ -112,7 +112,7 @@ def run_agent_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             print(f"== cache_type={cache_type}")
             with running_server({**settings, "cache_type": cache_type}) as url:
                 runs[cache_type] = run_session(url, args)
-    params = {k: getattr(args, k) for k in ("turns", "system_tokens", "tool_result_tokens", "max_tokens", "seed")}
+    params = {k: getattr(args, k) for k in ("turns", "system_tokens", "tool_result_tokens", "max_tokens", "session_seed")}
     path = write_result(args.out, "agent", {"settings": settings, "params": params, "runs": runs})
     series = {f"prefilled ({k})": [(r["turn"], r["prefilled_tokens"]) for r in v] for k, v in runs.items()}
     series |= {f"prompt ({k})": [(r["turn"], r["prompt_tokens"]) for r in v] for k, v in runs.items() if k == next(iter(runs))}
