@@ -59,13 +59,21 @@ def session_step(rng: random.Random, turn: int, tool_tokens: int) -> list[dict[s
     ]
 
 
+class ContextFull(Exception):
+    """The server refused the turn: prompt longer than the context."""
+
+
 def stream_turn(client: Any, url: str, model: str, messages: list, max_tokens: int) -> dict[str, Any]:
     body = {"model": model, "messages": messages, "tools": TOOLS, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, text, usage = None, [], {}
     with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            body_text = r.read().decode(errors="replace")
+            if "context_length_exceeded" in body_text:
+                raise ContextFull(json.loads(body_text)["error"]["message"])
+            raise RuntimeError(f"HTTP {r.status_code}: {body_text[:500]}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -95,7 +103,11 @@ def run_session(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     with httpx.Client() as client:
         for turn in range(args.turns):
             messages += session_step(rng, turn, args.tool_result_tokens)
-            row = stream_turn(client, url, "edgemoe", messages, args.max_tokens)
+            try:
+                row = stream_turn(client, url, "edgemoe", messages, args.max_tokens)
+            except ContextFull as e:
+                print(f"turn {turn:3d}: the conversation no longer fits the context ({e}); session ends")
+                break
             messages.append({"role": "assistant", "content": row.pop("text")})
             rows.append({"turn": turn, **row})
             print(f"turn {turn:3d}: prompt {row['prompt_tokens']:6d}  cached {row['cached_tokens']:6d}  "

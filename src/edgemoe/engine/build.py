@@ -118,4 +118,4 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     del loaded
     page = config.cache.page_size
     pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
-    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool, "sdpa" if device.type == "cuda" else "ref"), device, max_len, plan)
+    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool, "sdpa" if device.type == "cuda" else "auto"), device, max_len, plan)

@@ -40,20 +40,27 @@ class AttentionBackend(ABC):
 class TorchPagedAttention(AttentionBackend):
     """Gathers each sequence's context through its page table and attends to it.
 
-    `kernel="ref"` is the exact eager reference (the CPU default: it reproduces
-    transformers' eager attention bit for bit); "sdpa" uses torch's fused kernels
-    (the CUDA default: no score matrix in memory)."""
+    `kernel="ref"` is the exact eager reference (it reproduces transformers' eager
+    attention bit for bit); "sdpa" uses torch's fused kernels (no score matrix in
+    memory); "auto" (the CPU default) takes ref while a sequence's score matrix is
+    small and sdpa beyond, so long contexts never materialise gigabytes of scores."""
+
+    REF_MAX_SCORES = 1 << 24  # fp32 scores per sequence (64 MiB) up to which "auto" uses ref
 
     def __init__(self, pool: KVPool, kernel: str = "ref") -> None:
         self.pool = pool
-        self.kernel = {"ref": paged_attention_ref, "sdpa": paged_attention_sdpa}[kernel]
+        self.kernel_name = kernel
+        self.kernel = {"ref": paged_attention_ref, "sdpa": paged_attention_sdpa, "auto": None}[kernel]
 
     def forward(self, layer, q, k, v, batch, scale, window):  # type: ignore[override]
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
         write_kv_ref(k_cache, v_cache, k, v, batch.write_slots)
         out = torch.empty_like(q)
         for s in batch.seqs:
-            out[s.q_start : s.q_start + s.q_len] = self.kernel(
+            kernel = self.kernel or (
+                paged_attention_ref if q.shape[1] * s.q_len * s.ctx_len <= self.REF_MAX_SCORES else paged_attention_sdpa
+            )
+            out[s.q_start : s.q_start + s.q_len] = kernel(
                 q, k_cache, v_cache, s.q_start, s.q_len, s.ctx_slots, scale, window
             )
         return out

@@ -9,7 +9,7 @@ from typing import Any
 
 from edgemoe.testing.tokenizer_factory import cache_dir
 
-DEMO_NAME = "demo-qwen3-moe-v1"  # bump the suffix when DEMO_CONFIG or the weight init changes
+DEMO_NAME = "demo-qwen3-moe-v2"  # bump the suffix when DEMO_CONFIG or the weight init changes
 DEMO_SEED = 0
 DEMO_CONFIG: dict[str, Any] = {
     "hidden_size": 256,
@@ -22,6 +22,8 @@ DEMO_CONFIG: dict[str, Any] = {
     "moe_intermediate_size": 128,
     "intermediate_size": 512,
     "max_window_layers": 4,
+    # Qwen3's real context length, so agent sessions can grow past 32K tokens.
+    "max_position_embeddings": 40960,
     "torch_dtype": "bfloat16",
 }
 
