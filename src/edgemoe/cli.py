@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(serve)
     add_engine_flags(serve)
 
+    from edgemoe.ctl import add_ctl_parser
+
+    add_ctl_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks; results under bench/results/")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     dec = bench_sub.add_parser("decode", help="prefill and decode tok/s")
@@ -105,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--cache-types", nargs="+", default=["radix", "none"], help="servers to start (without --url)")
     agent.add_argument("--turns", type=int, default=20)
     agent.add_argument("--system-tokens", type=int, default=8000, help="system prompt + tools size")
-    agent.add_argument("--tool-result-tokens", type=int, default=1500)
+    agent.add_argument("--tool-result-tokens", type=int, default=1800)
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
@@ -150,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.server.config import ServerConfig
 
             return run_serve(ServerConfig(**server_settings(args)), engine_settings(args))
+        if args.command == "ctl":
+            from edgemoe.ctl import run_ctl
+
+            return run_ctl(args)
         if args.command == "bench" and args.bench == "agent":
             from edgemoe.bench.agent import run_agent_bench
 
