@@ -46,6 +46,21 @@ def measure(llm: Any, prompt_tokens: int, batch: int, decode_tokens: int) -> dic
     }
 
 
+def moe_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """Expert traffic over the whole run, with the effective copy bandwidth."""
+    moe = stats["moe"]
+    copy_gbps = moe["bytes_copied"] / moe["copy_seconds"] / 1e9 if moe["copy_seconds"] else 0.0
+    return {
+        "backend": stats["moe_backend"],
+        "slots": stats["memory_plan"]["num_slots"],
+        "hit_rate": moe["hit_rate"],
+        "misses_per_token": moe["misses_per_token"],
+        "gb_copied": moe["bytes_copied"] / 1e9,
+        "copy_gb_per_s": copy_gbps,
+        "experts_cpu": moe["experts_cpu"],
+    }
+
+
 def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
 
@@ -62,7 +77,11 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                 )
         model = str(llm.engine.runtime.model_dir)
         device = str(llm.engine.runtime.device)
-    path = write_result(args.out, "decode", {"model": model, "device": device, "settings": settings, "rows": rows})
+        moe = moe_summary(llm.stats())
+    print("experts: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in moe.items()))
+    path = write_result(
+        args.out, "decode", {"model": model, "device": device, "settings": settings, "rows": rows, "moe": moe}
+    )
     series = {f"decode b={b}": [(r["prompt_tokens"], r["decode_tok_s"]) for r in rows if r["batch"] == b] for b in args.batch_sizes}
     png = plot_lines(path, "edgemoe bench decode", "prompt tokens", "decode tok/s", series)
     print(f"wrote {path} and {png}")
