@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 1919
 
-.PHONY: serve test install install-test gpu-wheels clean
+.PHONY: serve test install install-test gpu-wheels clean agents-smoke
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ serve: install
 
 test: install-test
 	$(BIN)/python -m pytest tests -m "not gpu" -p no:cacheprovider
+
+# Claude Code, Codex and OpenCode from the npm registry (into .agents/), one tool-call
+# turn each against `edgemoe serve` with a scripted backend. Not part of `test`.
+agents-smoke: install
+	$(BIN)/python scripts/agents_smoke.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

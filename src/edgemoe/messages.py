@@ -119,7 +119,11 @@ class ShutdownEngine(msgspec.Struct, tag="shutdown"):
     """Finish the loop and exit the engine process with status 0."""
 
 
-EngineRequest = AddRequest | AbortRequest | ShutdownEngine
+class StatsRequest(msgspec.Struct, tag="stats"):
+    """Send an `EngineStats` snapshot now (after the current step)."""
+
+
+EngineRequest = AddRequest | AbortRequest | ShutdownEngine | StatsRequest
 
 
 class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
@@ -154,4 +158,42 @@ class EngineError(msgspec.Struct, tag="error", kw_only=True):
     fatal: bool = False
 
 
-EngineEvent = EngineReady | EngineOutputs | EngineError
+class ExpertCacheStats(msgspec.Struct, kw_only=True):
+    """Expert traffic since the engine started (cumulative counters)."""
+
+    hits: int = 0
+    misses: int = 0
+    experts_cpu: int = 0  # experts computed on the CPU instead of copied
+    bytes_copied: int = 0
+    tokens: int = 0
+    hit_rate_by_layer: list[float] = msgspec.field(default_factory=list)
+    misses_per_token: float = 0.0
+
+
+class EngineStats(msgspec.Struct, tag="stats", kw_only=True):
+    """A snapshot of the engine: scheduler queues, KV pool, prefix cache, experts, memory.
+
+    Counters are cumulative since the engine started. KV pages: every page is free,
+    held by the prefix cache (`kv_pages_cached`, of which `kv_pages_evictable` are
+    referenced by no request), or owned by a running request; idle, free + cached == total.
+    """
+
+    time: float  # the engine's wall clock (time.time()) when taken
+    requests_running: int = 0
+    requests_waiting: int = 0
+    kv_pages_total: int = 0
+    kv_pages_free: int = 0
+    kv_pages_cached: int = 0
+    kv_pages_evictable: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_query_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    moe_backend: str | None = None
+    expert_cache: ExpertCacheStats | None = None
+    memory_plan: dict[str, int | float | str | bool | None] = msgspec.field(default_factory=dict)
+    device_memory_allocated: int | None = None
+    device_memory_reserved: int | None = None
+    host_memory_rss: int | None = None
+
+
+EngineEvent = EngineReady | EngineOutputs | EngineError | EngineStats

@@ -112,7 +112,8 @@ def test_serve_answers_then_stops_cleanly(served: Any, sig: signal.Signals, demo
     reply = client.chat.completions.create(model="anything", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=3)
     assert reply.choices[0].finish_reason in ("length", "stop")
-    assert httpx.get(f"{s.url}/health").json() == {"status": "ok"}
+    health = httpx.get(f"{s.url}/health").json()
+    assert health["status"] == "ok" and health["model"] == demo_dir.name and health["uptime"] > 0
     engine_pid = _engine_pid(s.url)
     s.proc.send_signal(sig)
     code, took = s.wait_exit(10)

@@ -15,7 +15,8 @@ from edgemoe.tokenizer import TokenizerBundle
 
 def test_health_and_debug(scripted: ServerHarness, demo_dir: Any) -> None:
     r = httpx.get(f"{scripted.base_url}/health")
-    assert (r.status_code, r.json()) == (200, {"status": "ok"})
+    assert r.status_code == 200 and set(r.json()) == {"status", "model", "uptime"}
+    assert r.json()["status"] == "ok" and r.json()["model"] == demo_dir.name and r.json()["uptime"] > 0
     info = httpx.get(f"{scripted.base_url}/debug/engine").json()
     assert info["state"] == "ready" and info["model_dir"] == str(demo_dir)
     assert info["served_model_name"] == demo_dir.name and info["tool_call_parser"] == "hermes"

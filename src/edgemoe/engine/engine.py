@@ -199,6 +199,7 @@ class Engine:
             "kv_pages_total": pool.num_pages,
             "kv_pages_free": pool.num_free,
             "kv_pages_cached": self.prefix_cache.total_pages,
+            "kv_pages_evictable": self.prefix_cache.evictable_pages,
             "prefix_cache": {
                 "queries": self.prefix_cache.queries,
                 "query_tokens": self.prefix_cache.query_tokens,
@@ -208,6 +209,17 @@ class Engine:
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
             "memory_plan": {k: v for k, v in vars(plan).items()},
+            **self._device_memory(),
+        }
+
+    def _device_memory(self) -> dict[str, int]:
+        """What the caching allocator holds on the device (nothing to report on CPU)."""
+        device = self.runtime.device
+        if device.type != "cuda":
+            return {}
+        return {
+            "device_memory_allocated": torch.cuda.memory_allocated(device),
+            "device_memory_reserved": torch.cuda.memory_reserved(device),
         }
 
     def close(self) -> None:

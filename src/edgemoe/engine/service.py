@@ -7,6 +7,8 @@ PUSH for `EngineEvent`s, msgpack-encoded). The loop blocks on the command socket
 while the engine is idle, so a busy engine steps back to back. A refused request gets
 an `EngineError` for that request alone; an exception inside `step()` is fatal (the
 engine's state can no longer be trusted): it is reported and the process exits 1.
+`EngineStats` snapshots go out on request and every half second while busy
+(`edgemoe.engine.stats_report`).
 
 Torch is imported only by `build_engine`, so tests can run this loop in a thread with
 a scripted stand-in engine.
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 import msgspec
 import zmq
 
+from edgemoe.engine.stats_report import StatsReporter
 from edgemoe.messages import (
     AbortRequest,
     AddRequest,
@@ -39,6 +42,7 @@ from edgemoe.messages import (
     RequestOutput,
     SamplingParams,
     ShutdownEngine,
+    StatsRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -82,7 +86,7 @@ class _Sockets:
     def send(self, event: EngineEvent) -> None:
         self.events.send(self._encode(event))
 
-    def poll(self, timeout_ms: int) -> list[AddRequest | AbortRequest | ShutdownEngine]:
+    def poll(self, timeout_ms: int) -> list[EngineRequest]:
         """Every command waiting now; waits up to `timeout_ms` for the first one."""
         if not self.commands.poll(timeout_ms):
             return []
@@ -124,6 +128,8 @@ def run_loop(
 def _serve(
     engine: EngineLike, sockets: _Sockets, parent_pid: int | None, stop: threading.Event | None
 ) -> None:
+    # Engines without `stats()` (test doubles) simply send no snapshots.
+    reporter = StatsReporter(getattr(engine, "stats", None))
     while not (stop is not None and stop.is_set()):
         busy = engine.has_work()
         commands = sockets.poll(0 if busy else IDLE_POLL_MS)
@@ -131,8 +137,13 @@ def _serve(
         for command in commands:
             if isinstance(command, ShutdownEngine):
                 return
+            if isinstance(command, StatsRequest):
+                reporter.ask()
+                continue
+            reporter.changed()
             outputs.extend(_apply(engine, command, sockets))
         if engine.has_work():
+            reporter.changed()
             try:
                 outputs.extend(engine.step())
             except Exception as exc:
@@ -141,6 +152,8 @@ def _serve(
                 raise EngineCrashed(str(exc)) from exc
         if outputs:
             sockets.send(EngineOutputs(outputs))
+        if (snapshot := reporter.due()) is not None:
+            sockets.send(snapshot)
         if parent_pid is not None and os.getppid() != parent_pid:
             log.warning("the server process is gone; the engine exits")
             return
@@ -166,6 +179,11 @@ def _apply(engine: EngineLike, command: AddRequest | AbortRequest, sockets: _Soc
 
 def build_engine(settings: dict[str, Any]) -> tuple[EngineLike, EngineReady]:
     """Load the real engine (imports torch) and describe it for the server."""
+    scripted = os.environ.get("EDGEMOE_SCRIPTED_BACKEND")
+    if scripted:  # test-only (make agents-smoke): a scripted engine, no model, no torch
+        from edgemoe.testing.agent_backend import build_agent_backend
+
+        return build_agent_backend(settings, scripted)
     from edgemoe.config import EngineConfig
     from edgemoe.engine.engine import Engine
 

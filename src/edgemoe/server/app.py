@@ -2,7 +2,8 @@
 
 `create_app(config, client)` wires the state; the app's lifespan starts the engine
 client and loads the model's tokenizer/template once the engine reports ready.
-Every `/v1/...` route also answers with a trailing slash.
+Every `/v1/...` route also answers with a trailing slash. Operations routes
+(`/metrics`, `/v1/stats`, `/v1/requests`) live in `stats_api`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,24 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from edgemoe.server.anthropic import count_tokens, create_message
+from edgemoe.server.anthropic_protocol import CountTokensRequest, CreateMessageRequest
+from edgemoe.server.admission import enforce_deadlines
 from edgemoe.server.config import ServerConfig
+from edgemoe.server.disconnect_watch import CancelOnDisconnectMiddleware
 from edgemoe.server.engine_client import EngineClient
 from edgemoe.server.errors import APIError, install_handlers, unavailable
 from edgemoe.server.middleware import GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
 from edgemoe.server.openai_completions import create_completion
+from edgemoe.server.openapi import install_openapi
 from edgemoe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from edgemoe.server.responses import create_response
+from edgemoe.server.responses_protocol import ResponsesRequest
+from edgemoe.server.request_context import RequestContextMiddleware
 from edgemoe.server.state import ServerState
+from edgemoe.server.stats_api import add_ops_routes, health_body
+from edgemoe.server.stats_models import Health
 from edgemoe.server.tokenize_api import detokenize, tokenize
 
 
@@ -33,23 +44,32 @@ def _state(request: Request) -> ServerState:
 
 def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     state = ServerState(config, client)
+    client.observer = state.tracker  # every protocol's requests are counted at the client
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await client.start()
-        loader = asyncio.create_task(state.load())
+        tasks = [asyncio.create_task(state.load())]
+        if config.request_timeout is not None:
+            tasks.append(asyncio.create_task(
+                enforce_deadlines(state.tracker.expired, client.fail, config.request_timeout)))
         try:
             yield
         finally:
-            loader.cancel()
+            for task in tasks:
+                task.cancel()
             await client.close(stop_engine=True)
 
-    app = FastAPI(title="edgemoe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="edgemoe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.edgemoe = state
     install_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
+    app.add_middleware(CancelOnDisconnectMiddleware)
+    app.add_middleware(RequestContextMiddleware)  # outermost: arrival time before the body is read
     _add_info_routes(app)
     _add_api_routes(app)
+    add_ops_routes(app)
+    install_openapi(app)
     return app
 
 
@@ -65,12 +85,12 @@ def _both(app: FastAPI, method: str, path: str) -> Callable[[Any], Any]:
 
 
 def _add_info_routes(app: FastAPI) -> None:
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses={200: {"model": Health}})
     async def health(request: Request) -> Response:
         state = _state(request)
         if not state.healthy:
             return JSONResponse(unavailable(state.unavailable_reason()).body(), status_code=503)
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(health_body(state).model_dump())
 
     @_both(app, "GET", "/debug/engine")
     async def engine_info(request: Request) -> dict[str, Any]:
@@ -107,6 +127,19 @@ def _add_api_routes(app: FastAPI) -> None:
     @_both(app, "POST", "/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(_state(request), body, request)
+
+    @_both(app, "POST", "/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(_state(request), body, request)
+
+    # Anthropic Messages; Claude Code adds `?beta=true`, which changes nothing here.
+    @_both(app, "POST", "/v1/messages")
+    async def messages(body: CreateMessageRequest, request: Request) -> Response:
+        return await create_message(_state(request), body, request)
+
+    @_both(app, "POST", "/v1/messages/count_tokens")
+    async def messages_count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+        return await count_tokens(_state(request), body)
 
     @_both(app, "POST", "/v1/tokenize")
     async def tokenize_route(body: TokenizeRequest, request: Request) -> dict[str, Any]:

@@ -72,6 +72,14 @@ class ServerConfig:
     max_body_size: int = server_setting(
         32 * 2**20, "largest request body accepted, e.g. 32MiB (larger: 413)", parse=parse_size
     )
+    request_timeout: float | None = server_setting(
+        None, "seconds a request may take from arrival to its last token; past it, it ends with a "
+        "timeout error and is aborted in the engine (default: no limit)"
+    )
+    max_queued_requests: int = server_setting(
+        256, "requests that may wait for their first token; past it, new ones get 429 (OpenAI) / "
+        "529 (Anthropic) with Retry-After"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -84,6 +92,10 @@ class ServerConfig:
             raise ValueError(f"--default-thinking-mode must be on or off (got {self.default_thinking_mode!r})")
         if self.max_body_size < 1:
             raise ValueError(f"--max-body-size must be >= 1 byte (got {self.max_body_size})")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if self.max_queued_requests < 1:
+            raise ValueError(f"--max-queued-requests must be >= 1 (got {self.max_queued_requests})")
         if self.tool_call_parser is not None:
             from edgemoe.server.parsers import TOOL_PARSERS
 

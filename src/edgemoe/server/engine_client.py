@@ -8,6 +8,10 @@ each `RequestOutput` to the `OutputStream` that owns its request id.
 Engine death is noticed two ways: a fatal `EngineError`, or the watchdog seeing the
 process (or test thread) gone. Either way every open stream fails at once with
 `EngineUnavailable`, later submits fail the same way, and `on_dead` is called once.
+
+A `RequestObserver` (metrics, admission, the request log) sees every request's
+submit, outputs and end, whichever protocol sent it; `stats` holds the engine's
+latest `EngineStats` snapshot.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from edgemoe.messages import (
     EngineOutputs,
     EngineReady,
     EngineRequest,
+    EngineStats,
     RequestOutput,
     ShutdownEngine,
+    StatsRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,22 @@ class EngineHandle(Protocol):
 
     def exit_description(self) -> str:
         """Why it is gone, for messages (e.g. "exit code -9")."""
+        ...
+
+
+class RequestObserver(Protocol):
+    """Sees each engine request's life. Called on the event loop; must not block."""
+
+    def on_submit(self, adds: list[AddRequest]) -> None:
+        """A group is about to be sent; raising refuses it (nothing is sent)."""
+        ...
+
+    def on_output(self, out: RequestOutput) -> None:
+        """An increment for a request still wanted (its last one has `finished`)."""
+        ...
+
+    def on_end(self, request_ids: Iterable[str], reason: str, error: str | None = None) -> None:
+        """Requests that ended without a finished output: "abort", "timeout", "rejected" or "error"."""
         ...
 
 
@@ -126,6 +148,9 @@ class EngineClient:
         self.ready_info: EngineReady | None = None
         self.failure: str | None = None
         self._streams: dict[str, OutputStream] = {}
+        self.observer: RequestObserver | None = None
+        self.stats: EngineStats | None = None
+        self._stats_waiters: list[asyncio.Future[EngineStats]] = []
         self._settled = asyncio.Event()  # ready, dead or closed
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -192,6 +217,8 @@ class EngineClient:
     def submit(self, adds: list[AddRequest]) -> OutputStream:
         """Send a group of requests; their outputs arrive on the returned stream."""
         self._check_usable()
+        if self.observer is not None:
+            self.observer.on_submit(adds)
         stream = OutputStream(self, [a.request_id for a in adds])
         for add in adds:
             self._streams[add.request_id] = stream
@@ -200,8 +227,38 @@ class EngineClient:
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = [rid for rid in request_ids if self._streams.pop(rid, None) is not None]
+        if ids and self.observer is not None:
+            self.observer.on_end(ids, "abort")
         if ids and self.state is State.READY:
             self._send(AbortRequest(ids))
+
+    def fail(self, request_ids: Iterable[str], exc: BaseException, reason: str) -> None:
+        """End these requests with `exc` on their streams and abort them in the engine
+        (a timeout: the consumer sees `exc`, the engine frees the pages)."""
+        streams = {rid: self._streams.pop(rid) for rid in request_ids if rid in self._streams}
+        for rid, stream in streams.items():
+            stream.open_ids.discard(rid)
+            stream.put(exc)
+        if streams and self.observer is not None:
+            self.observer.on_end(list(streams), reason, str(exc))
+        if streams and self.state is State.READY:
+            self._send(AbortRequest(list(streams)))
+
+    async def fresh_stats(self, timeout: float) -> EngineStats | None:
+        """Ask the engine for a snapshot; the latest one if none comes within `timeout`."""
+        if self.state is not State.READY:
+            return self.stats
+        waiter: asyncio.Future[EngineStats] = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(waiter)
+        try:
+            if len(self._stats_waiters) == 1:  # callers already waiting share one request
+                self._send(StatsRequest())
+            return await asyncio.wait_for(waiter, timeout)
+        except (asyncio.TimeoutError, EngineUnavailable):
+            return self.stats
+        finally:
+            if waiter in self._stats_waiters:
+                self._stats_waiters.remove(waiter)
 
     def _check_usable(self) -> None:
         if self.state is not State.READY:
@@ -225,6 +282,8 @@ class EngineClient:
                 continue
             if isinstance(event, EngineOutputs):
                 self._route(event.outputs)
+            elif isinstance(event, EngineStats):
+                self._on_stats(event)
             elif isinstance(event, EngineError):
                 self._on_error(event)
             elif isinstance(event, EngineReady) and self.state is State.LOADING:
@@ -240,7 +299,16 @@ class EngineClient:
             if out.finished:
                 del self._streams[out.request_id]
                 stream.open_ids.discard(out.request_id)
+            if self.observer is not None:
+                self.observer.on_output(out)
             stream.put(out)
+
+    def _on_stats(self, stats: EngineStats) -> None:
+        self.stats = stats
+        waiters, self._stats_waiters = self._stats_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(stats)
 
     def _on_error(self, error: EngineError) -> None:
         if error.fatal:
@@ -249,6 +317,8 @@ class EngineClient:
         stream = self._streams.pop(error.request_id or "", None)
         if stream is not None:
             stream.open_ids.discard(error.request_id or "")
+            if self.observer is not None:
+                self.observer.on_end([error.request_id or ""], "rejected" if error.invalid else "error", error.message)
             stream.put(EngineRejected(error.message) if error.invalid else EngineFailure(error.message))
 
     async def _watch(self) -> None:
@@ -271,6 +341,8 @@ class EngineClient:
 
     def _fail_all(self, exc: BaseException) -> None:
         streams = {id(s): s for s in self._streams.values()}
+        if self._streams and self.observer is not None:
+            self.observer.on_end(list(self._streams), "error", str(exc))
         self._streams.clear()
         for stream in streams.values():
             stream.open_ids.clear()

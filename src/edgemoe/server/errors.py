@@ -27,8 +27,10 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
 
 
@@ -50,6 +52,18 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class Overloaded(APIError):
+    """The server is at capacity (its queue is full): try again after `retry_after` seconds.
+
+    OpenAI routes answer 429, the Anthropic routes 529 `overloaded_error`; both send
+    `Retry-After`.
+    """
+
+    def __init__(self, message: str = "the server is overloaded; retry later", *, retry_after: float = 1.0) -> None:
+        super().__init__(429, message, code="rate_limit_exceeded")
+        self.retry_after = retry_after
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -58,9 +72,17 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, code="engine_unavailable")
 
 
-def error_response(err: APIError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+def error_response(err: APIError, path: str = "") -> JSONResponse:
+    """`err` in the shape the clients of `path` read: Anthropic's on /v1/messages, else OpenAI's."""
+    # Imported here: anthropic_errors builds on this module.
+    from edgemoe.server.anthropic_errors import anthropic_error_response, is_anthropic_path, retry_after_header
+
+    if is_anthropic_path(path):
+        return anthropic_error_response(err)
+    headers = retry_after_header(err)
+    if err.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
 
 
 def error_body_bytes(err: APIError) -> bytes:
@@ -99,20 +121,20 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(exc))
+        return error_response(validation_error(exc), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "error"
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
-        return error_response(APIError(exc.status_code, message))
+        return error_response(APIError(exc.status_code, message), request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"), request.url.path)

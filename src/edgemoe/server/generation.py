@@ -54,6 +54,7 @@ class ChatPrompt:
     messages: list[dict[str, Any]]
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+    continuation: str = ""  # text the assistant's turn starts with (a prefill), after the template
 
 
 Prompt = TokensPrompt | TextPrompt | ChatPrompt
@@ -145,6 +146,7 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
         )
     except ChatInputError as exc:
         raise bad_request(str(exc), param="messages") from exc
+    text += prompt.continuation
     # The template writes any BOS itself (transformers' apply_chat_template does the same).
     return RenderedPrompt(tok.encode(text, add_special_tokens=False), text, prompt_opens_reasoning(text))
 
@@ -190,6 +192,13 @@ def engine_error(exc: Exception) -> APIError:
     return APIError(500, f"the engine failed this request: {exc}")
 
 
+def step_failure(out: RequestOutput) -> APIError:
+    """A request the engine ended with finish_reason "error" (a device out-of-memory in its
+    step): the engine serves on, so it is 503, retry later, not a server bug."""
+    return APIError(503, f"generation failed: {out.error or 'the engine failed this request'}",
+                    code="generation_failed")
+
+
 class Generation:
     """One running generation: `n` engine requests, one parser each."""
 
@@ -208,6 +217,13 @@ class Generation:
     def prompt_tokens(self) -> int:
         return len(self.prompt.token_ids)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache served; known from the first engine output on,
+        so a stream can report it before any event (Anthropic's `message_start`)."""
+        first = self._first.num_cached_tokens if self._first is not None else 0
+        return max(first, self._choices[0].cached_tokens)
+
     async def events(self) -> AsyncIterator[Event]:
         """The event stream; raises APIError if the engine fails midway. Closes itself."""
         try:
@@ -215,7 +231,7 @@ class Generation:
                 out = self._first or await self._next()
                 self._first = None
                 if out.finish_reason == "error":
-                    raise APIError(500, f"generation failed: {out.error or 'engine error'}")
+                    raise step_failure(out)
                 for event in self._by_id[out.request_id].on_output(out):
                     yield event
             yield Done(self._usage())
@@ -276,6 +292,9 @@ async def start_generation(
     except BaseException:
         stream.abort()
         raise
+    if first.finish_reason == "error":  # failed before any response byte: a plain 503
+        stream.abort()
+        raise step_failure(first)
     reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
     choices = [
         ChoiceState(

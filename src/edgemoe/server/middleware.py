@@ -38,7 +38,7 @@ class GuardMiddleware:
             if error is None:
                 receive = _replay(body, receive)
         if error is not None:
-            await error_response(error)(scope, receive, send)
+            await error_response(error, scope.get("path", ""))(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

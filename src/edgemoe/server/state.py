@@ -1,16 +1,21 @@
-"""The server's shared state: settings, the engine client, and the model once it is ready."""
+"""The server's shared state: settings, the engine client, the model once it is ready,
+and the request tracker that feeds metrics, stats, the request log and admission."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import anyio
 
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.engine_client import EngineClient, EngineUnavailable, State
 from edgemoe.server.errors import APIError, unavailable
+from edgemoe.server.admission import AdmissionGate
+from edgemoe.server.metrics import ServerMetrics
 from edgemoe.server.model import ServedModel
+from edgemoe.server.tracker import RequestTracker
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +27,20 @@ class ServerState:
         self.model: ServedModel | None = None
         self.load_error: str | None = None
         self.settled = asyncio.Event()  # the model is served, or never will be (load_error says why)
+        self.started = time.monotonic()
+        self.metrics = ServerMetrics(self._model_name, self._live_counts, lambda: client.stats)
+        self.tracker = RequestTracker(
+            self.metrics, AdmissionGate(config.max_queued_requests), timeout_s=config.request_timeout)
+
+    @property
+    def uptime_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def _model_name(self) -> str | None:
+        return self.model.name if self.model is not None else None
+
+    def _live_counts(self) -> tuple[int, int]:
+        return self.tracker.live_counts()
 
     async def load(self) -> None:
         """Wait for the engine, then read the model's tokenizer and template."""

@@ -1,0 +1,48 @@
+"""Where and when the current HTTP request arrived, for code far from the route.
+
+The request tracker sees engine requests at the engine client, deep below the routes;
+it reads this context to tag each one with its endpoint and to measure TTFT and
+latency from the HTTP request's arrival (template rendering and queueing included),
+as a client sees them. A pure ASGI middleware sets it: the route runs in the same
+task, so the context variable is visible there.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+@dataclass(frozen=True)
+class Arrival:
+    endpoint: str  # "POST /v1/chat/completions"
+    wall: float  # time.time()
+    monotonic: float  # time.monotonic(), for durations
+
+
+_current: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar("edgemoe_arrival", default=None)
+
+
+def current_arrival() -> Arrival:
+    """The current request's arrival; now and "internal" outside any HTTP request."""
+    arrival = _current.get()
+    return arrival if arrival is not None else Arrival("internal", time.time(), time.monotonic())
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        arrival = Arrival(f"{scope.get('method', '')} {scope.get('path', '')}", time.time(), time.monotonic())
+        token = _current.set(arrival)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _current.reset(token)

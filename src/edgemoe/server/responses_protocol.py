@@ -1,0 +1,208 @@
+"""The Responses API request (the stateless subset Codex uses) and its translation to chat.
+
+Input items become OpenAI chat messages, the form every template takes:
+
+- `message` (also without `type`): roles user/developer/system/assistant; content a
+  string or `input_text`/`output_text`/`refusal` parts (joined with "\\n"); images and
+  files are refused (a text-only model).
+- `function_call {call_id, name, arguments}` joins the assistant message right before it
+  (a model turn is `[reasoning] [message] [function_call…]`), else starts one.
+- `function_call_output {call_id, output}` becomes a `tool` message.
+- `reasoning {content | summary}` becomes the next assistant message's
+  `reasoning_content` (templates keep it only where the model would see it again).
+- other items (records of hosted tools) are skipped; `item_reference` cannot be resolved
+  by a server that stores nothing, so it is refused, like `previous_response_id`.
+
+Tools: flat function tools become chat tools; every other tool type is skipped, never
+refused (Codex always sends some).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgemoe.server.errors import bad_request
+
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
+_ROLES = frozenset({"user", "developer", "system", "assistant"})
+# Items that only record what hosted tools did: nothing a template can show.
+_SKIPPED_ITEMS = frozenset({
+    "web_search_call", "file_search_call", "computer_call", "computer_call_output", "image_generation_call",
+    "code_interpreter_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
+    "local_shell_call", "local_shell_call_output", "custom_tool_call", "custom_tool_call_output",
+    "tool_search_call", "tool_search_output", "additional_tools", "compaction",
+})
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ReasoningConfig(_Request):
+    effort: str | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(_Request):
+    """`POST /v1/responses`. Unknown fields (`store`, `include`, `prompt_cache_key`, `text`,
+    `truncation`, `user`, `service_tier` …) are accepted and have no effect."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    text: dict[str, Any] | None = None
+    # Extensions shared by local servers (vLLM, SGLang).
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    def function_tools(self) -> list[dict[str, Any]]:
+        """The flat function tools as given (echoed in the response)."""
+        return [t for t in self.tools or [] if t.get("type") == "function" and isinstance(t.get("name"), str)]
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        tools = [
+            {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}}
+            for t in self.function_tools()
+        ]
+        return tools or None
+
+    def tool_choice_mode(self) -> tuple[str, str | None]:
+        """(`none`/`auto`/`required`, a named function or None)."""
+        choice = self.tool_choice
+        if choice is None:
+            return "auto", None
+        if isinstance(choice, str):
+            if choice not in ("none", "auto", "required"):
+                raise bad_request(f"tool_choice: unknown value {choice!r}", param="tool_choice")
+            return choice, None
+        kind = choice.get("type")
+        if kind == "function":
+            name = choice.get("name")
+            if not isinstance(name, str):
+                raise bad_request("tool_choice: a function choice needs a 'name'", param="tool_choice.name")
+            return "required", name
+        if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
+            return str(choice["mode"]), None
+        return "auto", None  # a hosted tool: we have none, so let the model choose
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        if self.previous_response_id is not None:
+            raise bad_request(
+                "previous_response_id is not supported: this server stores no responses; send the whole "
+                "conversation in 'input'", param="previous_response_id",
+            )
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            return [*messages, {"role": "user", "content": self.input}]
+        builder = _Conversation(messages)
+        for index, item in enumerate(self.input):
+            builder.add(item, f"input[{index}]")
+        return builder.messages
+
+
+class _Conversation:
+    """Folds input items into chat messages (see the module docstring)."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.messages = messages
+        self._reasoning: list[str] = []  # reasoning items waiting for their assistant message
+
+    def add(self, item: Mapping[str, Any], where: str) -> None:
+        kind = item.get("type", "message")
+        if kind == "message":
+            self._message(item, where)
+        elif kind == "function_call":
+            self._function_call(item, where)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
+            self.messages.append({"role": "tool", "tool_call_id": _str(item, "call_id", where), "content": text})
+        elif kind == "reasoning":
+            text = _parts_text(item.get("content") or [], f"{where}.content") or _parts_text(
+                item.get("summary") or [], f"{where}.summary")
+            if text:
+                self._reasoning.append(text)
+        elif kind == "item_reference":
+            raise bad_request(
+                "item_reference is not supported: this server stores no items; send them in full", param=where)
+        elif kind not in _SKIPPED_ITEMS:
+            raise bad_request(f"{where}: unknown input item type {kind!r}", param=f"{where}.type")
+
+    def _message(self, item: Mapping[str, Any], where: str) -> None:
+        role = item.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"{where}.role: must be one of user, developer, system, assistant", param=f"{where}.role")
+        content = item.get("content")
+        text = content if isinstance(content, str) else _parts_text(content, f"{where}.content")
+        if role == "assistant":
+            self.messages.append(self._assistant(text))
+        else:
+            self._reasoning.clear()  # reasoning belongs to the model turn it preceded
+            self.messages.append({"role": role, "content": text})
+
+    def _function_call(self, item: Mapping[str, Any], where: str) -> None:
+        last = self.messages[-1] if self.messages else None
+        if last is None or last["role"] != "assistant" or self._reasoning:
+            last = self._assistant("")
+            self.messages.append(last)
+        arguments = item.get("arguments", "")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        last.setdefault("tool_calls", []).append({
+            "id": _str(item, "call_id", where), "type": "function",
+            "function": {"name": _str(item, "name", where), "arguments": arguments},
+        })
+
+    def _assistant(self, text: str) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self._reasoning:
+            message["reasoning_content"] = "\n".join(self._reasoning)
+            self._reasoning = []
+        return message
+
+
+def _str(item: Mapping[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key}: field required (a string)", param=f"{where}.{key}")
+    return value
+
+
+def _parts_text(parts: object, where: str) -> str:
+    if parts is None:
+        return ""
+    if not isinstance(parts, list):
+        raise bad_request(f"{where}: must be a string or a list of content parts", param=where)
+    texts: list[str] = []
+    for i, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in _TEXT_PARTS:
+            text = part.get("text", part.get("refusal")) if isinstance(part, Mapping) else None
+            if isinstance(text, str):
+                texts.append(text)
+                continue
+        if kind in ("input_image", "input_file", "input_audio", "image"):
+            raise bad_request(f"{where}[{i}]: content of type {kind!r} is not supported: this is a text-only model",
+                              param=f"{where}[{i}]", code="unsupported_content")
+        raise bad_request(f"{where}[{i}]: unsupported content part {kind!r}", param=f"{where}[{i}].type")
+    return "\n".join(texts)

@@ -1,0 +1,178 @@
+"""A scripted engine for driving real coding-agent CLIs without a model (test-only).
+
+`make agents-smoke` starts `edgemoe serve` with the environment variable
+`EDGEMOE_SCRIPTED_BACKEND=SPEC.json`; the engine process then builds this engine
+instead of loading weights (see `edgemoe.engine.service.build_engine`). The spec is
+`{"marker": "…", "record": "prompts.jsonl"}`.
+
+What it answers, from the rendered prompt (the demo model's Qwen3 template, Hermes
+tool format):
+
+- a prompt whose `<tool_response>` holds `edgemoe-smoke-42-MARKER` (the output of the
+  command below): a final answer quoting it — the agent ran the tool and sent back
+  its result;
+- a prompt that offers a shell tool (`Bash`, `bash`, `shell`, `shell_command`,
+  `exec_command`, …): one call of it running `echo edgemoe-smoke-$((6*7))-MARKER`, with
+  the arguments shaped by the tool's schema (a string command, or an argv array);
+- anything else (titles, summaries, quota probes): "OK.".
+
+Every prompt is appended to the record file with the decision taken, so the smoke
+test can check what the agent sent. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgemoe.detokenizer import TextStream
+from edgemoe.messages import EngineReady, RequestOutput, SamplingParams
+from edgemoe.tokenizer import TokenizerBundle
+
+SPEC_ENV = "EDGEMOE_SCRIPTED_BACKEND"
+SHELL_TOOLS = ("bash", "shell", "shell_command", "exec_command", "run_shell_command", "local_shell")
+TOKENS_PER_STEP = 8
+MAX_MODEL_LEN = 262_144  # agents' system prompts and tool lists run to tens of thousands of tokens
+
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+def expected_output(marker: str) -> str:
+    """What the scripted command prints (its text never appears in the command itself)."""
+    return f"edgemoe-smoke-42-{marker}"
+
+
+def command(marker: str) -> str:
+    return f"echo edgemoe-smoke-$((6*7))-{marker}"
+
+
+@dataclass
+class _Request:
+    plan: list[int]
+    params: SamplingParams
+    stream: TextStream
+    prompt_len: int
+    output: list[int] = field(default_factory=list)
+
+
+class AgentScriptEngine:
+    """An `EngineLike` playing the script above; one output of up to 8 tokens per step."""
+
+    def __init__(self, tokenizer: TokenizerBundle, marker: str, record: Path) -> None:
+        self.tokenizer = tokenizer
+        self.marker = marker
+        self.record = record
+        self.eos = sorted(tokenizer.eos_token_ids)[:1]
+        self.requests: dict[str, _Request] = {}
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> str:
+        if len(prompt_ids) >= MAX_MODEL_LEN:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, the context length is {MAX_MODEL_LEN}")
+        prompt = self.tokenizer.decode(prompt_ids)
+        decision, text = self.answer(prompt)
+        with self.record.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"request_id": request_id, "decision": decision, "prompt": prompt, "output": text}) + "\n")
+        plan = self.tokenizer.encode(text, add_special_tokens=False) + self.eos
+        stream = TextStream.for_request(self.tokenizer.tokenizer, params)
+        self.requests[request_id] = _Request(plan, params, stream, len(prompt_ids))
+        return request_id
+
+    def answer(self, prompt: str) -> tuple[str, str]:
+        """(decision, model output) for a rendered prompt."""
+        wanted = expected_output(self.marker)
+        if any(wanted in block for block in _TOOL_RESPONSE.findall(prompt)):
+            return "answer", f"The command printed {wanted}."
+        tool = shell_tool(prompt)
+        if tool is None:
+            return "plain", "OK."
+        call = {"name": tool["name"], "arguments": shell_arguments(tool, command(self.marker))}
+        return "tool_call", f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        return self._output(request_id, req, [], req.stream.finish().text, "abort", None)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        return [self._advance(rid, req) for rid, req in list(self.requests.items())]
+
+    def _advance(self, rid: str, req: _Request) -> RequestOutput:
+        tokens: list[int] = []
+        text = ""
+        reason: tuple[str, str | None] | None = None
+        while reason is None and len(tokens) < TOKENS_PER_STEP:
+            token = req.plan[min(len(req.output), len(req.plan) - 1)]
+            req.output.append(token)
+            tokens.append(token)
+            if token in self.eos:
+                reason = ("stop", None)
+                break
+            delta = req.stream.push(token)
+            text += delta.text
+            if delta.stopped:
+                reason = ("stop", req.stream.stop_reason)
+            elif req.params.max_tokens is not None and len(req.output) >= req.params.max_tokens:
+                reason = ("length", None)
+        if reason is None:
+            return self._output(rid, req, tokens, text, None, None)
+        del self.requests[rid]
+        return self._output(rid, req, tokens, text + req.stream.finish().text, *reason)
+
+    @staticmethod
+    def _output(rid: str, req: _Request, tokens: list[int], text: str, finish: str | None,
+                stop: str | None) -> RequestOutput:
+        return RequestOutput(request_id=rid, token_ids=tokens, text=text, finished=finish is not None,
+                             finish_reason=finish, stop_reason=stop, num_prompt_tokens=req.prompt_len,
+                             num_output_tokens=len(req.output))
+
+
+def shell_tool(prompt: str) -> dict[str, Any] | None:
+    """The first shell-like function the prompt's `<tools>` block offers."""
+    match = _TOOLS_BLOCK.search(prompt)
+    if match is None:
+        return None
+    for line in match.group(1).split("\n"):
+        try:
+            tool = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and str(function.get("name", "")).lower() in SHELL_TOOLS:
+            return function
+    return None
+
+
+def shell_arguments(tool: dict[str, Any], cmd: str) -> dict[str, Any]:
+    """Arguments for running `cmd` with this tool, shaped by its JSON schema."""
+    props = (tool.get("parameters") or {}).get("properties") or {}
+    key = next((k for k in ("command", "cmd") if k in props), "command")
+    args: dict[str, Any] = {key: ["bash", "-lc", cmd] if props.get(key, {}).get("type") == "array" else cmd}
+    if "description" in props:
+        args["description"] = "Print the smoke-test marker"
+    return args
+
+
+def build_agent_backend(settings: dict[str, Any], spec_path: str) -> tuple[AgentScriptEngine, EngineReady]:
+    """The engine and its ready message, for `edgemoe.engine.service.build_engine`."""
+    from edgemoe.testing.demo import demo_model_path
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    model_dir = Path(settings["model"]) if settings.get("model") else demo_model_path()
+    tokenizer = TokenizerBundle.load(model_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    engine = AgentScriptEngine(tokenizer, str(spec["marker"]), Path(spec["record"]))
+    ready = EngineReady(
+        model_dir=str(model_dir.resolve()), model_type=str(config.get("model_type", "qwen3_moe")),
+        max_model_len=MAX_MODEL_LEN, vocab_size=int(config.get("vocab_size", 151936)),
+        eos_token_ids=sorted(tokenizer.eos_token_ids), pid=os.getpid(),
+    )
+    return engine, ready

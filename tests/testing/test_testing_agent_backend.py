@@ -1,0 +1,76 @@
+"""The scripted agent backend of `make agents-smoke`: its decisions on real rendered prompts,
+and the text it streams back through the real detokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgemoe.messages import SamplingParams
+from edgemoe.server.templates import ChatTemplate
+from edgemoe.testing import QWEN3_CHAT_TEMPLATE, demo_model_path
+from edgemoe.testing.agent_backend import AgentScriptEngine, build_agent_backend, expected_output
+from edgemoe.tokenizer import TokenizerBundle
+
+TEMPLATE = ChatTemplate(QWEN3_CHAT_TEMPLATE)
+
+
+def tool(name: str, **props: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": props}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TokenizerBundle:
+    return TokenizerBundle.load(demo_model_path())
+
+
+def run(engine: AgentScriptEngine, prompt: str, tokenizer: TokenizerBundle, **params: Any) -> str:
+    engine.add_request(tokenizer.encode(prompt, add_special_tokens=False), SamplingParams(**params), "r")
+    text = ""
+    while engine.has_work():
+        for out in engine.step():
+            text += out.text
+    return text
+
+
+@pytest.mark.parametrize(("tools", "arguments"), [
+    ([tool("Read", file_path={"type": "string"}), tool("Bash", command={"type": "string"}, description={"type": "string"})],
+     {"name": "Bash", "arguments": {"command": "echo edgemoe-smoke-$((6*7))-m1", "description": "Print the smoke-test marker"}}),
+    ([tool("exec_command", cmd={"type": "string"})],
+     {"name": "exec_command", "arguments": {"cmd": "echo edgemoe-smoke-$((6*7))-m1"}}),
+    ([tool("shell", command={"type": "array", "items": {"type": "string"}})],
+     {"name": "shell", "arguments": {"command": ["bash", "-lc", "echo edgemoe-smoke-$((6*7))-m1"]}}),
+])
+def test_first_turn_calls_the_shell_tool(tmp_path: Path, tokenizer: TokenizerBundle, tools: list[dict[str, Any]],
+                                         arguments: dict[str, Any]) -> None:
+    engine = AgentScriptEngine(tokenizer, "m1", tmp_path / "rec.jsonl")
+    prompt = TEMPLATE.render([{"role": "user", "content": "go"}], tools=tools)
+    text = run(engine, prompt, tokenizer)
+    assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
+    assert json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")) == arguments
+    (record,) = [json.loads(line) for line in (tmp_path / "rec.jsonl").read_text().splitlines()]
+    assert record["decision"] == "tool_call" and record["prompt"] == prompt
+
+
+def test_answers_once_the_tool_result_is_back(tmp_path: Path, tokenizer: TokenizerBundle) -> None:
+    engine = AgentScriptEngine(tokenizer, "m2", tmp_path / "rec.jsonl")
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "go, and expect edgemoe-smoke-42-m2"},  # the user's text does not count
+    ]
+    tools = [tool("bash", command={"type": "string"})]
+    assert run(engine, TEMPLATE.render(messages, tools=tools), tokenizer).startswith("<tool_call>")
+    messages += [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": {}}}]},
+                 {"role": "tool", "content": f"{expected_output('m2')}\n"}]
+    assert run(engine, TEMPLATE.render(messages, tools=tools), tokenizer) == f"The command printed {expected_output('m2')}."
+    assert run(engine, TEMPLATE.render([{"role": "user", "content": "title?"}]), tokenizer) == "OK."
+    assert run(engine, TEMPLATE.render(messages, tools=tools), tokenizer, max_tokens=2) == "The command"
+
+
+def test_build_from_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl")}))
+    engine, ready = build_agent_backend({}, str(spec))
+    assert engine.marker == "abc" and ready.model_type == "qwen3_moe" and ready.max_model_len >= 131072
