@@ -7,6 +7,7 @@ Engine flags are generated from the config dataclasses (`edgemoe.config`), so th
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -146,6 +147,7 @@ def _chat_prompt(tokenizer: Any, text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="edgemoe: %(message)s")
     try:
         if args.command == "generate":
             return run_generate(args, engine_settings(args))

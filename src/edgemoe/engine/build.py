@@ -104,7 +104,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     device = resolve_device(config.model.device)
     max_len = config.model.max_model_len or arch.max_position_embeddings
     plan = make_plan(config, arch, device, max_len)
-    log.info("%s", plan.table())
+    # WARNING level on purpose: the plan is what a person starting a server wants to see.
+    log.warning("%s", plan.table())
     if plan.budget is not None:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
