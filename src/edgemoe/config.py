@@ -26,7 +26,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 @dataclass(frozen=True)
 class ModelConfig:
     model: str | None = setting(None, "model directory (Hugging Face layout); default: the demo model")
-    dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's", DTYPES)
+    dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's on a GPU, float32 on the CPU", DTYPES)
     device: str = setting("auto", "cpu, cuda, cuda:N; auto = cuda when available")
     gpu_memory: str | None = setting(
         None, "cap on everything the process holds on the GPU (e.g. 16GiB); default: 90%% of free memory"

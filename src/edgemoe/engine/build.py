@@ -72,6 +72,14 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
     return cap, context
 
 
+def resolve_dtype(setting: str, device: torch.device) -> str:
+    """auto: the checkpoint's dtype on a GPU; float32 on the CPU, where bf16/fp16
+    GEMMs without native support run many times slower than fp32."""
+    if setting == "auto" and device.type == "cpu":
+        return "float32"
+    return setting
+
+
 def host_store_kind(setting: str, device: torch.device) -> str:
     """auto: pinned when a GPU will copy from it (async copies), plain RAM otherwise."""
     if setting == "auto":
@@ -100,8 +108,9 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     model_dir = resolve_model_dir(config.model.model)
     tokenizer = TokenizerBundle.load(model_dir)
-    arch, _ = read_arch(model_dir, config.model.dtype)
     device = resolve_device(config.model.device)
+    dtype = resolve_dtype(config.model.dtype, device)
+    arch, _ = read_arch(model_dir, dtype)
     max_len = config.model.max_model_len or arch.max_position_embeddings
     plan = make_plan(config, arch, device, max_len)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
@@ -110,7 +119,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
-    loaded = load_checkpoint(model_dir, config.model.dtype, progress, host_store_kind(config.moe.expert_store, device))
+    loaded = load_checkpoint(model_dir, dtype, progress, host_store_kind(config.moe.expert_store, device))
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction,
