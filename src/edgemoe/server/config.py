@@ -77,8 +77,8 @@ class ServerConfig:
         "timeout error and is aborted in the engine (default: no limit)"
     )
     max_queued_requests: int = server_setting(
-        256, "requests that may wait for their first token; past it, new ones get 429 (OpenAI) / "
-        "529 (Anthropic) with Retry-After"
+        256, "requests that may wait for their first token (default 256); past it, new ones get "
+        "429 (OpenAI) / 529 (Anthropic) with Retry-After"
     )
 
     def __post_init__(self) -> None:

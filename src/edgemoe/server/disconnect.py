@@ -1,7 +1,8 @@
 """Stop work for clients that hung up: a non-streamed generation must not run on for nobody.
 
 (Streamed responses need nothing extra: Starlette cancels the stream when the client
-disconnects, and the generation's `finally` aborts the engine requests.)
+disconnects, and the generation's `finally` aborts the engine requests. Before any
+response starts, e.g. mid-prefill, `disconnect_watch` cancels the route itself.)
 """
 
 from __future__ import annotations

@@ -26,10 +26,9 @@ class Arrival:
 _current: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar("edgemoe_arrival", default=None)
 
 
-def current_arrival() -> Arrival:
-    """The current request's arrival; now and "internal" outside any HTTP request."""
-    arrival = _current.get()
-    return arrival if arrival is not None else Arrival("internal", time.time(), time.monotonic())
+def current_arrival() -> Arrival | None:
+    """The current HTTP request's arrival (None outside one)."""
+    return _current.get()
 
 
 class RequestContextMiddleware:

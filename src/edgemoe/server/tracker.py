@@ -4,7 +4,8 @@ metrics, the `/v1/stats` windows, the request log, the queue bound and the deadl
 It is the client's `RequestObserver`, so every protocol's requests are counted the
 same way without the routes doing anything. A request is "queued" from submission
 until its first token, then "running" until it finishes, is aborted (client gone),
-times out or fails. Times run from the HTTP request's arrival (`request_context`).
+times out or fails. Times run from the HTTP request's arrival (`request_context`);
+`clock` must be the clock arrivals are stamped with (`time.monotonic`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from edgemoe.messages import AddRequest, RequestOutput
 from edgemoe.server.admission import AdmissionGate
 from edgemoe.server.metrics import ServerMetrics
-from edgemoe.server.request_context import current_arrival
+from edgemoe.server.request_context import Arrival, current_arrival
 from edgemoe.server.request_log import RequestLog, RequestRecord
 from edgemoe.server.windows import RateWindow, SampleWindow
 
@@ -110,6 +111,8 @@ class RequestTracker:
     def on_submit(self, adds: list[AddRequest]) -> None:
         self.gate.check(self.num_queued, len(adds), self.windows.ttft.summary(self._clock()).p50)
         arrival = current_arrival()
+        if arrival is None:  # not from an HTTP request (tests): it arrives now
+            arrival = Arrival("internal", time.time(), self._clock())
         deadline = arrival.monotonic + self.timeout_s if self.timeout_s else None
         for add in adds:
             self._live[add.request_id] = _Live(
