@@ -15,6 +15,19 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+# One server-sent event as schemathesis parses it: the data alone, or the data with the
+# event name (Responses and Anthropic streams name every event).
+SSE_EVENT: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "object",
+            "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+            "required": ["data"],
+        },
+    ]
+}
+
 from edgemoe.server.anthropic_errors import is_anthropic_path
 
 _OPENAI_ERROR: dict[str, Any] = {
@@ -70,7 +83,7 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
             responses["default"] = {"description": "Error", "content": {"application/json": {"schema": error}}}
             if _streams(operation, components) and "200" in responses:
                 content = responses["200"].setdefault("content", {})
-                content["text/event-stream"] = {"schema": {"type": "string"}}
+                content["text/event-stream"] = {"schema": SSE_EVENT}
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
     return schema
