@@ -6,6 +6,7 @@ in-process `LLM`) calls `add_request`, `abort` and `step`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -177,10 +178,8 @@ class Engine:
         self.validate(prompt_ids, SamplingParams())
         req = Request("score", list(prompt_ids), SamplingParams())
         pool, chunk = self.runtime.pool, self.config.scheduler.max_prefill_tokens
-        need = pool.pages_for(len(prompt_ids))
-        if need > pool.num_free:
-            self.prefix_cache.evict(need - pool.num_free)
-        req.pages = pool.alloc(need)
+        if not self.scheduler.reserve(req, len(prompt_ids)):
+            raise ValueError(f"the KV cache cannot hold {len(prompt_ids)} tokens while other requests run")
         try:
             rows = []
             for start in range(0, len(prompt_ids), chunk):
@@ -208,7 +207,7 @@ class Engine:
             },
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
-            "memory_plan": {k: v for k, v in vars(plan).items()},
+            "memory_plan": dataclasses.asdict(plan),
             **self._device_memory(),
         }
 

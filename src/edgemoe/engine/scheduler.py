@@ -95,7 +95,7 @@ class Scheduler:
         for req in [r for r in self.running if r.num_remaining == 1]:
             if req.status is not Status.RUNNING:
                 continue  # preempted below while making room for an earlier one
-            while not self._reserve(req, req.num_tokens):
+            while not self.reserve(req, req.num_tokens):
                 victim = self._preempt_latest(exclude=req)
                 if victim is None:
                     raise RuntimeError("KV pool cannot hold a single request (kv_tokens too small)")
@@ -105,7 +105,7 @@ class Scheduler:
 
     def _chunk(self, req: Request, budget: int) -> ScheduledSeq | None:
         length = min(req.num_remaining, budget)
-        if length <= 0 or not self._reserve(req, req.num_computed + length):
+        if length <= 0 or not self.reserve(req, req.num_computed + length):
             return None
         return ScheduledSeq(req, req.num_computed, length)
 
@@ -125,7 +125,7 @@ class Scheduler:
             self.prefix.record_query(len(query), m.num_tokens)
         return seq
 
-    def _reserve(self, req: Request, num_tokens: int) -> bool:
+    def reserve(self, req: Request, num_tokens: int) -> bool:
         """Grow the request's page table to hold `num_tokens` positions, if pages allow
         (evicting unlocked cached prefixes first)."""
         need = self.pool.pages_for(num_tokens) - len(req.pages)

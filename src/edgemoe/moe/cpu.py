@@ -49,7 +49,8 @@ class SplitExecutor(OffloadExecutor):
         experts = routed_experts(topk_ids)
         residency = self.cache.partition(layer, experts)
         cpu_experts = self._cpu_share(residency.misses, topk_ids)
-        device_experts = [e for e in experts if e not in set(cpu_experts)]
+        on_cpu = set(cpu_experts)
+        device_experts = [e for e in experts if e not in on_cpu]
         contrib = new_contrib(topk_ids, x)
         cpu_job = self._start_cpu(layer, cpu_experts, x, topk_ids, topk_weights)
         self.run_waves(layer, device_experts, x, topk_ids, topk_weights, contrib)
