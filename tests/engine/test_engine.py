@@ -158,17 +158,17 @@ def test_device_oom_fails_only_that_step_and_keeps_serving(qwen3_ckpt, monkeypat
     with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", moe_slots=4) as llm:
         engine = llm.engine
         want = llm.generate([PROMPTS[1]], greedy(6))[0].token_ids
-        real_run = engine.runner.run
+        real_run = engine.runner.forward
 
         def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-        monkeypatch.setattr(engine.runner, "run", boom)
+        monkeypatch.setattr(engine.runner, "forward", boom)
         rid = engine.add_request(PROMPTS[0], greedy(4))
         outs = engine.step()
         assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [(rid, True, "error")]
         assert "out of memory" in (outs[0].error or "")
         pool = engine.runtime.pool
         assert pool.num_free + engine.prefix_cache.total_pages == pool.num_pages
-        monkeypatch.setattr(engine.runner, "run", real_run)
+        monkeypatch.setattr(engine.runner, "forward", real_run)
         assert llm.generate([PROMPTS[1]], greedy(6))[0].token_ids == want

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgemoe.moe.executor import make_executor
+from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore as ExpertStore
 
 L, E, K, H, I = 3, 8, 2, 16, 12

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from edgemoe.models.llama_moe import build_model
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
 from edgemoe.models.arch import DecoderArch, common_fields, require
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 
@@ -36,3 +41,7 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         m[mlp + "gate.weight"] = Placement(f"layers.{i}.router")
         m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
     return m
+
+
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+    return build_model(arch, params, executor, device)

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from edgemoe.models.llama_moe import build_model
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
 from edgemoe.models.arch import ConfigError, DecoderArch, common_fields, require
 from edgemoe.models.names import NameMap, Placement, common_names, dense_mlp_names, expert_names
 
@@ -46,3 +51,7 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         else:
             m |= dense_mlp_names(a, i, mlp)
     return m
+
+
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+    return build_model(arch, params, executor, device)
