@@ -49,7 +49,7 @@ class MoEDecoder:
             p["lm_head"] = p["embed"]
         self.embed, self.lm_head = p["embed"], p["lm_head"]
         self.norm = RMSNorm(p["norm"], arch.rms_norm_eps)
-        self.rotary = Rotary(arch.head_dim, arch.rope_theta, device)
+        self.rotary = Rotary(arch.rope, device)
         act = activation(arch.hidden_act)
         self.layers = [self._layer(i, p, executor, act) for i in range(arch.num_layers)]
 
