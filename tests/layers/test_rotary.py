@@ -78,7 +78,7 @@ def test_cos_sin_match_the_models_rotary_embedding(pair) -> None:  # noqa: ANN00
     theirs, mine = pair
     # NOTE: within the context we serve (dynamic NTK: the native length, where transformers
     # has not started rescaling per batch).
-    positions = POSITIONS[POSITIONS < context_length(mine.spec, mine.spec.max_position_embeddings)]
+    positions = POSITIONS[POSITIONS < context_length(mine.spec)]
     with torch.no_grad():
         cos, sin = theirs(torch.zeros(1, dtype=torch.float32), positions[None, :])
     half = mine.rotary_dim // 2

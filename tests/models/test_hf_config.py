@@ -108,7 +108,7 @@ def test_context_length_where_max_position_embeddings_is_already_scaled(model_ty
         raw["rope_scaling"] = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
                                "mscale": 1.0, "mscale_all_dim": 1.0}
     spec = rope_spec(HFConfig(raw), 64, context)
-    assert spec.rope_type == "yarn" and context_length(spec, context) == context
+    assert spec.rope_type == "yarn" and context_length(spec) == context
 
 
 @pytest.mark.parametrize("rope,match", [

@@ -89,7 +89,7 @@ def common_fields(c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None
         head_dim=head_dim,
         rms_norm_eps=c.get("rms_norm_eps", eps),
         rope=rope,
-        max_position_embeddings=context_length(rope, native_len),
+        max_position_embeddings=context_length(rope),
         tie_word_embeddings=c.get("tie_word_embeddings", False),
         hidden_act=c.get("hidden_act", "silu"),
         top_k=c.require("num_experts_per_tok"),

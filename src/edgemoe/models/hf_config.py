@@ -155,13 +155,16 @@ def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeS
     )
 
 
-def context_length(spec: RopeSpec, max_position_embeddings: int) -> int:
-    """Positions the model serves: the native length, stretched by linear and YaRN scaling.
+def context_length(spec: RopeSpec) -> int:
+    """Positions the model serves: the native length (`spec.max_position_embeddings`),
+    stretched by linear and YaRN scaling.
 
     YaRN: `original × factor` (Qwen3-30B-A3B: 32,768 × 4 = 131,072, as Qwen documents),
     or `max_position_embeddings` where that is already the scaled length (DeepSeek-V3,
     gpt-oss). Linear: positions are divided by `factor`, so `max × factor`. Dynamic NTK
     stays at the native length (see layers/rotary.py)."""
+    max_position_embeddings = spec.max_position_embeddings
+    assert max_position_embeddings is not None
     if spec.rope_type == "linear":
         assert spec.factor is not None
         return int(max_position_embeddings * spec.factor)
