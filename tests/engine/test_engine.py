@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import log_softmax_atol, network_atol
 
 from edgemoe import LLM, SamplingParams
 
@@ -83,9 +84,14 @@ def test_logprobs_are_the_raw_model_distribution(llm: LLM) -> None:
     seq = PROMPTS[0] + out.token_ids
     logits = llm.prompt_logits(seq)
     for i, entry in enumerate(out.logprobs or []):
-        ref = torch.log_softmax(logits[len(PROMPTS[0]) - 1 + i], -1)
+        row = logits[len(PROMPTS[0]) - 1 + i]
+        ref = torch.log_softmax(row, -1)
         assert entry.token_id == out.token_ids[i]
-        assert entry.logprob == pytest.approx(float(ref[entry.token_id]), abs=1e-4)
+        # decode steps vs one prefill: logits within a network's rounding (hidden 64 is the
+        # longest reduction), which moves a logprob by at most twice that, plus log_softmax's own
+        tol = 2 * network_atol(torch.float32, 64, row.abs().max().item())
+        tol += log_softmax_atol(torch.float32, row.numel(), abs(entry.logprob))
+        assert entry.logprob == pytest.approx(float(ref[entry.token_id]), abs=tol)
         top_ids = [t for t, _ in entry.top]
         assert top_ids == ref.topk(3).indices.tolist()
 

@@ -14,7 +14,12 @@ from __future__ import annotations
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
-from edgemoe.kernels.attention import context_slots, paged_attention_ref, paged_attention_sdpa, write_kv_ref
+from edgemoe.kernels.attention import (
+    context_slots,
+    paged_attention_ref,
+    paged_attention_sdpa,
+    write_kv_ref,
+)
 from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec
 from edgemoe.layers.batch import ForwardBatch
 

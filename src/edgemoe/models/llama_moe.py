@@ -59,5 +59,5 @@ def build_model(
         )
         for i in range(arch.num_layers)
     ]
-    rotary = Rotary(arch.head_dim, arch.rope_theta, device)
+    rotary = Rotary(arch.rope, device)
     return CausalLM(arch, p["embed"], blocks, RMSNorm(p["norm"], eps), p["lm_head"], rotary)

@@ -8,25 +8,26 @@ from typing import Any
 
 import torch
 
+from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
 from edgemoe.models.llama_moe import build_model
+from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
-from edgemoe.models.arch import DecoderArch, common_fields, require
-from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 
 MODEL_TYPE = "mixtral"
 
 
-def arch(c: dict[str, Any]) -> DecoderArch:
-    fields = common_fields(c, eps=1e-5, theta=1e6, max_pos=32768)
+def arch(config: dict[str, Any]) -> DecoderArch:
+    c = HFConfig(config)
+    fields = common_fields(c, eps=1e-5, max_pos=131072)  # MixtralConfig: 4096 * 32
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="none",
         clip_qkv=None,
         sliding_window=c.get("sliding_window"),
-        num_experts=require(c, "num_local_experts"),
-        moe_intermediate_size=require(c, "intermediate_size"),
+        num_experts=c.require("num_local_experts"),
+        moe_intermediate_size=c.require("intermediate_size"),
         norm_topk_prob=True,
         moe_layers=tuple(range(fields["num_layers"])),
         intermediate_size=0,

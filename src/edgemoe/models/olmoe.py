@@ -7,27 +7,28 @@ from typing import Any
 
 import torch
 
+from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
 from edgemoe.models.llama_moe import build_model
+from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
-from edgemoe.models.arch import DecoderArch, common_fields, require
-from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 
 MODEL_TYPE = "olmoe"
 
 
-def arch(c: dict[str, Any]) -> DecoderArch:
-    fields = common_fields(c, eps=1e-5, theta=10000.0, max_pos=4096)
+def arch(config: dict[str, Any]) -> DecoderArch:
+    c = HFConfig(config)
     # NOTE: OLMoE has no head_dim field; its norms assume hidden / heads.
-    fields["head_dim"] = fields["hidden_size"] // fields["num_heads"]
+    head_dim = c.require("hidden_size") // c.require("num_attention_heads")
+    fields = common_fields(c, eps=1e-5, max_pos=4096, head_dim=head_dim)
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="full",
         clip_qkv=c.get("clip_qkv"),
         sliding_window=None,
-        num_experts=require(c, "num_experts"),
-        moe_intermediate_size=require(c, "intermediate_size"),
+        num_experts=c.require("num_experts"),
+        moe_intermediate_size=c.require("intermediate_size"),
         norm_topk_prob=c.get("norm_topk_prob", False),
         moe_layers=tuple(range(fields["num_layers"])),
         intermediate_size=0,
