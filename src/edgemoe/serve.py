@@ -25,6 +25,7 @@ from typing import Any
 
 import uvicorn
 
+from edgemoe.link_auth import hand_over
 from edgemoe.server.app import create_app
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.engine_client import EngineClient, EngineLink, State
@@ -39,14 +40,19 @@ class EngineProcess:
     """The engine as a child process (an `EngineHandle`)."""
 
     def __init__(self, link: EngineLink, settings: dict[str, Any]) -> None:
+        # The link keys travel through an inherited socket, never argv or the environment.
+        keys = hand_over(link.keys.engine_keys())
         command = [
             sys.executable, "-m", "edgemoe.engine.service",
             "--to-engine", link.to_engine, "--from-engine", link.from_engine,
             "--settings", json.dumps(settings), "--parent-pid", str(os.getpid()),
+            "--keys-fd", str(keys.fileno()),
         ]
         # NOTE: the engine writes to our stderr, so stdout carries only the ready line;
         # loading progress and tracebacks stay visible.
-        self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr)
+        with keys:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                                         pass_fds=(keys.fileno(),))
 
     @property
     def pid(self) -> int | None:

@@ -189,7 +189,7 @@ class ServerHarness:
 
     def _run_engine(self, engine: EngineLike, ready: EngineReady, link: EngineLink) -> None:
         try:
-            run_loop(engine, ready, link.to_engine, link.from_engine, stop=self._stop)
+            run_loop(engine, ready, link.to_engine, link.from_engine, keys=link.keys.engine_keys(), stop=self._stop)
         except EngineCrashed:
             pass
 
