@@ -28,6 +28,7 @@ import uvicorn
 from edgemoe.link_auth import hand_over
 from edgemoe.server.app import create_app
 from edgemoe.server.config import ServerConfig
+from edgemoe.server.connections import uvicorn_options
 from edgemoe.server.engine_client import EngineClient, EngineLink, State
 
 # How long open responses get to flush after the engine died, before the server exits.
@@ -102,7 +103,7 @@ class _Serve:
         self.app = create_app(config, self.client)
         self.server = _Server(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_level="warning",
-            access_log=False, lifespan="on", timeout_graceful_shutdown=2, timeout_keep_alive=5,
+            access_log=False, lifespan="on", timeout_graceful_shutdown=2, **uvicorn_options(config),
         ))
 
     def _on_engine_dead(self, reason: str) -> None:

@@ -26,6 +26,7 @@ from edgemoe.engine.service import EngineCrashed, EngineLike, run_loop
 from edgemoe.messages import EngineReady, RequestOutput, SamplingParams, TokenLogprob
 from edgemoe.server.app import create_app
 from edgemoe.server.config import ServerConfig
+from edgemoe.server.connections import uvicorn_options
 from edgemoe.server.engine_client import EngineClient, EngineLink
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -183,7 +184,7 @@ class ServerHarness:
         self.client = EngineClient(link, ThreadHandle(self.engine_thread), on_dead=self.dead.append)
         self.app = create_app(config, self.client)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                                                    timeout_graceful_shutdown=1))
+                                                    timeout_graceful_shutdown=1, **uvicorn_options(config)))
         self._server_thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
         self.base_url = ""
 
