@@ -203,10 +203,18 @@ class ServerHarness:
             time.sleep(0.01)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}"
-        while httpx.get(f"{self.base_url}/health").status_code != 200:
+        while not self._healthy():
             assert time.monotonic() < deadline, "the server did not become healthy"
             time.sleep(0.02)
         return self
+
+    def _healthy(self) -> bool:
+        # NOTE: while the model loads in this process, its threads can starve ours past a
+        # short --keep-alive-timeout, and the server then closes our idle connection.
+        try:
+            return httpx.get(f"{self.base_url}/health").status_code == 200
+        except httpx.TransportError:
+            return False
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=60, **kwargs)

@@ -22,8 +22,10 @@ uvicorn's h11 protocol with our own watchdog:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
     from edgemoe.server.config import ServerConfig
 
 log = logging.getLogger(__name__)
-_closed_log = LogLimiter(log)
+_slow_senders = LogLimiter(log)  # clients too slow to send their request
+_non_readers = LogLimiter(log)  # clients that stopped reading their response
 # While we ourselves stop reading (the app has not taken the body yet), the body clock
 # is checked this often and credited the time.
 _PAUSED_RECHECK_S = 1.0
@@ -92,6 +95,12 @@ class LimitedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self.flow = _BoundedFlow(transport, self._overflowed)
         transport.set_write_buffer_limits(high=self.limits.max_send_buffer)
+        # The kernel's send buffer too: left to autotune it grows to megabytes for a
+        # client that reads nothing, all of it held before our own bound even starts.
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.max_send_buffer)
         self._timer: asyncio.TimerHandle | None = None
         self._watched: object = None  # the cycle whose request is being read
         self._in_body = False
@@ -162,7 +171,7 @@ class LimitedH11Protocol(H11Protocol):
 
     def _refuse(self, why: str) -> None:
         """408 (unless a response started) and close: the client was too slow to send."""
-        _closed_log.warning("closed a connection from %s: %s", _peer(self.client), why)
+        _slow_senders.warning("closed a connection from %s: %s", _peer(self.client), why)
         cycle = self.cycle if self._in_body else None
         if cycle is None or not cycle.response_started:
             path = str(cycle.scope.get("path", "")) if cycle is not None else ""
@@ -176,7 +185,7 @@ class LimitedH11Protocol(H11Protocol):
     # -- writing ------------------------------------------------------------------------
 
     def _overflowed(self) -> None:
-        _closed_log.warning("disconnected %s: it left %d bytes of its response unread (--max-send-buffer %d)",
+        _non_readers.warning("disconnected %s: it left %d bytes of its response unread (--max-send-buffer %d)",
                             _peer(self.client), self.transport.get_write_buffer_size(), self.limits.max_send_buffer)
         if self.cycle is not None:
             self.cycle.disconnected = True
@@ -190,7 +199,7 @@ class LimitedH11Protocol(H11Protocol):
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
             return
         if unsent:  # close() would wait for the flush forever
-            _closed_log.warning("disconnected %s: it stopped taking its response (%d bytes unsent)",
+            _non_readers.warning("disconnected %s: it stopped taking its response (%d bytes unsent)",
                                 _peer(self.client), unsent)
             self.transport.abort()
             return
