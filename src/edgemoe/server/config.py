@@ -57,7 +57,8 @@ class ServerConfig:
         None, "the model's name in the API; default: the checkpoint directory's name"
     )
     api_key: str | None = server_setting(
-        None, "require this key (Authorization: Bearer KEY, or x-api-key) on every route but /health"
+        None, "require this key (Authorization: Bearer KEY, or x-api-key) on every route but /health; "
+        "visible in the process list: prefer --api-key-file or $EDGEMOE_API_KEY"
     )
     strict_model_name: bool = server_setting(
         False, "answer 404 to requests naming another model (default: any name is served)"
@@ -105,8 +106,9 @@ class ServerConfig:
         "e.g. during a long prefill (default 10)"
     )
     allowed_hosts: str | None = server_setting(
-        None, "comma-separated Host names the server answers to; default: the --host address and localhost "
-        "names (any IP address too when bound to all interfaces); '*' allows any (browser Origin checks too)"
+        None, "comma-separated host names the server answers to besides the --host address and the "
+        "localhost names (when bound to all interfaces: any IP address and this machine's name), and "
+        "whose web pages may call it; '*': any Host, any Origin"
     )
 
     def __post_init__(self) -> None:
