@@ -13,16 +13,19 @@ the server. Raw sockets on loopback against a server with short limits:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from attack_support import assert_idle, assert_serving, baseline
 from server_harness import MakeServer, ServerHarness
+from uvicorn.server import ServerState
 
 HEADER_S = 0.6
 KEEP_ALIVE_S = 0.5
@@ -216,3 +219,60 @@ def test_limits_are_validated() -> None:
                  "max_send_buffer", "stream_heartbeat"):
         with pytest.raises(ValueError, match=f"--{name.replace('_', '-')}"):
             ServerConfig(**{name: 0})
+
+
+class _Transport(asyncio.Transport):
+    """A transport whose unsent-byte count the test sets (no socket)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsent = 0
+        self.aborted = self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 1919)}.get(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.aborted or self.closed
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def write(self, data: Any) -> None:
+        pass
+
+
+def test_a_finished_response_nobody_takes_is_dropped_without_progress() -> None:
+    """After its response, a connection whose client stops taking the rest is aborted at the
+    first keep-alive check without progress (close() would wait for the flush forever);
+    one still draining is left alone, and an emptied one closes normally."""
+    import uvicorn
+
+    from edgemoe.server.config import ServerConfig
+    from edgemoe.server.connections import uvicorn_options
+
+    config = uvicorn.Config(app=lambda *a: None, **uvicorn_options(ServerConfig(keep_alive_timeout=60)))
+    config.load()
+    loop = asyncio.new_event_loop()
+    try:
+        for sizes, ends in [([5000, 5000], "aborted"), ([5000, 4000, 3000], "open"), ([0], "closed")]:
+            proto = config.http_protocol_class(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+            transport = _Transport()
+            proto.connection_made(transport)
+            for unsent in sizes:
+                transport.unsent = unsent
+                proto.timeout_keep_alive_handler()
+            state = "aborted" if transport.aborted else "closed" if transport.closed else "open"
+            assert state == ends, (sizes, state)
+            proto.connection_lost(None)
+    finally:
+        loop.close()
