@@ -196,7 +196,8 @@ class LimitedH11Protocol(H11Protocol):
         unsent = self.transport.get_write_buffer_size()
         if unsent and unsent < self._unsent:  # still taking its last response: wait on
             self._unsent = unsent
-            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
             return
         if unsent:  # close() would wait for the flush forever
             _non_readers.warning("disconnected %s: it stopped taking its response (%d bytes unsent)",
