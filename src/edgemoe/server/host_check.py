@@ -75,9 +75,11 @@ class HostPolicy:
         if self.any_host:
             return True
         parts = urlsplit(origin.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if not parts.netloc:
             return False  # "null" (sandboxed frames, file:// pages) and the like
-        return parts.netloc.lower() == host_header.strip().lower() or hostname(parts.netloc) in self.explicit
+        if parts.scheme in ("http", "https") and parts.netloc.lower() == host_header.strip().lower():
+            return True
+        return hostname(parts.netloc) in self.explicit  # any scheme: an app's own (vscode-webview://…)
 
 
 class HostCheckMiddleware:
