@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -101,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (no --model: the demo model)")
     add_server_flags(serve)
+    serve.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="read the API key from this file (the key alone; default: $EDGEMOE_API_KEY)")
     add_engine_flags(serve)
 
     from edgemoe.ctl import add_ctl_parser
@@ -167,9 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args, engine_settings(args))
         if args.command == "serve":
             from edgemoe.serve import run_serve
+            from edgemoe.server.api_key import resolve_api_key
             from edgemoe.server.config import ServerConfig
 
-            return run_serve(ServerConfig(**server_settings(args)), engine_settings(args))
+            settings = server_settings(args)
+            settings["api_key"] = resolve_api_key(settings.get("api_key"), args.api_key_file, os.environ)
+            return run_serve(ServerConfig(**settings), engine_settings(args))
         if args.command == "ctl":
             from edgemoe.ctl import run_ctl
 
