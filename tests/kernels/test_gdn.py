@@ -65,13 +65,13 @@ def test_chunked_equals_recurrent() -> None:
     # Two algorithms (UT-transform chunks vs token steps) on the same inputs and pool.
     lens = [70, 3, 128]
     x = gdn_inputs(lens, HK, HV, DK, DV, seed=3)
-    rows = torch.tensor(ROWS[:3])
+    rows = torch.tensor(ROWS[:3], dtype=torch.int32)  # int32 rows work as well as int64
     pools = [pool_with(x.states, ROWS[:3]) for _ in range(2)]
     outs = [
         fn(x.q, x.k, x.v, x.g, x.beta, x.cu_seqlens, pool, rows, use_qk_l2norm=True)
         for fn, pool in zip((chunk_gated_delta_rule_ref, recurrent_gated_delta_rule_ref), pools)
     ]
-    atol = recurrence_atol(max(lens), DK, outs[1], pools[1][rows])  # fp32 rounding of two evaluations
+    atol = recurrence_atol(max(lens), DK, outs[1], pools[1][rows.long()])  # fp32 rounding of two evaluations
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=atol)
     torch.testing.assert_close(pools[0], pools[1], rtol=0, atol=atol, equal_nan=True)
 

@@ -12,20 +12,22 @@ heads i*r .. i*r+r-1 (transformers' `repeat_interleave`, fla's GVA).
 Batch contract shared by every implementation of the two entry points
 (`chunk_gated_delta_rule*` for prefill, `recurrent_gated_delta_rule*` for decode):
 
-- q, k [T, Hk, Dk]; v [T, Hv, Dv]; g [T, Hv] log decay (the model makes it ≤ 0); beta [T, Hv]
-  (in (0, 1)); the T tokens are B sequences back to back, `cu_seqlens` [B+1] (int, starts at
-  0, every sequence ≥ 1 token).
+- q, k [T, Hk, Dk]; v [T, Hv, Dv] (row-strided views, e.g. splits of the conv output, are
+  fine); g [T, Hv] log decay (the model makes it ≤ 0); beta [T, Hv] (in (0, 1)); the T tokens
+  are B sequences back to back, `cu_seqlens` [B+1] (int, starts at 0, every sequence ≥ 1 token).
 - `state_pool` [N, Hv, Dk, Dv] fp32 holds one recurrent state per pool row; sequence b starts
-  from row `state_idx[b]` (or from zeros where `has_initial_state[b]` is False: the row is then
-  not read, so a fresh row needs no zeroing) and its final state is written back into the same
-  row, in place. Rows not named in `state_idx` are untouched.
+  from row `state_idx[b]` ([B] int32/int64), or from zeros where `has_initial_state[b]` ([B]
+  bool) is False: the row is then not read, so a fresh row needs no zeroing. Its final state is
+  written back into the same row, in place. Rows not named in `state_idx` are untouched.
   NOTE: `state_idx` entries must be distinct (two sequences cannot share a live state).
 - q/k are L2-normalised inside when `use_qk_l2norm` (x * rsqrt(sum x² + 1e-6), in fp32, as
   transformers' `use_qk_l2norm_in_kernel` and fla); the query scale defaults to Dk^-0.5.
 - Returns o [T, Hv, Dv] in q's dtype. All arithmetic is fp32, as transformers' torch path.
 
-The reference implementations here read `cu_seqlens` on the host (one sync): they are the CPU
-path and the oracle. The fast paths (`gdn_fla.py`, `gdn_triton.py`) share the signature.
+The references here are the CPU path and the oracle; they read `cu_seqlens` on the host (one
+sync), except the recurrent rule at one token per sequence, which is a few sync-free ops over
+the pool rows. The fast paths (`gdn_fla.py`, `gdn_triton.py`) share the signature;
+`gdn_backends.gdn_kernels` picks them by name.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
 
 
 def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
-    """x / sqrt(sum(x²) + eps) over the last dim (fla's form, transformers' `l2norm`)."""
+    """x · rsqrt(sum(x²) + eps) over the last dim (transformers' `l2norm`; fla divides by the
+    sqrt, equal to rounding)."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
@@ -86,6 +89,11 @@ def to_padded(x: torch.Tensor, layout: Padded, batch: int) -> torch.Tensor:
     return out
 
 
+def pool_rows(state_idx: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """`state_idx` (int32 or int64) as the int64 index `index_copy_` needs, on the pool's device."""
+    return state_idx.to(device=pool.device, dtype=torch.long)
+
+
 class Prepared(NamedTuple):
     q: torch.Tensor  # [B, Hv, L, Dk] fp32, normalised and scaled
     k: torch.Tensor  # [B, Hv, L, Dk] fp32, normalised
@@ -112,7 +120,7 @@ def prepare(
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
     heads = [to_padded(x, layout, batch).transpose(1, 2) for x in (q, k, v.float(), g.float(), beta.float())]
     hq, hk = (x.repeat_interleave(reps, dim=1) for x in heads[:2])
-    state = state_pool.index_select(0, state_idx.to(state_pool.device)).float()
+    state = state_pool.index_select(0, pool_rows(state_idx, state_pool)).float()
     if has_initial_state is not None:  # where(), not a multiply: an unread row may hold NaN
         state = torch.where(has_initial_state.view(-1, 1, 1, 1).to(state.device), state, 0.0)
     return Prepared(hq.contiguous(), hk.contiguous(), heads[2].contiguous(), heads[3], heads[4], state)
@@ -123,7 +131,7 @@ def finish(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """o [B, Hv, L, Dv] -> [T, Hv, Dv] in `dtype`; final states written back into their rows."""
-    state_pool.index_copy_(0, state_idx.to(state_pool.device), state.to(state_pool.dtype))
+    state_pool.index_copy_(0, pool_rows(state_idx, state_pool), state.to(state_pool.dtype))
     return o.transpose(1, 2)[layout.batch_of, layout.pos_of].to(dtype)
 
 
@@ -226,7 +234,7 @@ def decode_step_ref(
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
-    idx = state_idx.to(state_pool.device)
+    idx = pool_rows(state_idx, state_pool)
     state = state_pool.index_select(0, idx).float()
     if has_initial_state is not None:
         state = torch.where(has_initial_state.view(-1, 1, 1, 1), state, 0.0)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from edgemoe.kernels.gdn import pool_rows
+
 FLA_MIN_VERSION = (0, 5, 1)  # native grouped value heads (GVA) in both GDN kernels
 
 
@@ -56,7 +58,7 @@ def _initial_states(
 ) -> torch.Tensor:
     if not state_pool.is_cuda:
         raise ValueError("the fla GDN kernels run on CUDA tensors only")
-    states = state_pool.index_select(0, state_idx)
+    states = state_pool.index_select(0, pool_rows(state_idx, state_pool))
     if has_initial_state is not None:  # where(), not a multiply: an unread row may hold NaN
         states = torch.where(has_initial_state.view(-1, 1, 1, 1), states, 0.0)
     return states
@@ -74,7 +76,7 @@ def chunk_gated_delta_rule_fla(
         q[None], k[None], v[None], g=g[None].float(), beta=beta[None], scale=scale, initial_state=states,
         output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=cu_seqlens.long(),
     )
-    state_pool.index_copy_(0, state_idx, final.to(state_pool.dtype))
+    state_pool.index_copy_(0, pool_rows(state_idx, state_pool), final.to(state_pool.dtype))
     return o[0].to(q.dtype)
 
 
@@ -95,5 +97,5 @@ def recurrent_gated_delta_rule_fla(
         q, k, v, g=g, beta=beta, scale=scale, initial_state=states, output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm, cu_seqlens=None if one_each else cu_seqlens.long(),
     )
-    state_pool.index_copy_(0, state_idx, final.to(state_pool.dtype))
+    state_pool.index_copy_(0, pool_rows(state_idx, state_pool), final.to(state_pool.dtype))
     return o.flatten(0, 1).to(dtype)
