@@ -12,7 +12,8 @@ from edgemoe.kernels.gated_norm import gated_rms_norm_ref
 
 @pytest.mark.parametrize("module", [Qwen3NextRMSNormGated, Qwen3_5MoeRMSNormGated])
 @pytest.mark.parametrize(
-    "x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)]
+    "x_dtype,w_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
 )
 def test_gated_norm_matches_transformers(module: type, x_dtype: torch.dtype, w_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
