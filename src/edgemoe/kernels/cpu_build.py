@@ -106,7 +106,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_abi_version.restype = i32
     lib.em_isa.restype = ctypes.c_char_p
     lib.em_amx_enable.restype = i32
-    lib.em_create.restype, lib.em_create.argtypes = p, [i32]
+    lib.em_create.restype, lib.em_create.argtypes = p, [i32, i32]
     lib.em_threads.restype, lib.em_threads.argtypes = i32, [p]
     lib.em_destroy.restype, lib.em_destroy.argtypes = None, [p]
     lib.em_experts.restype = i32

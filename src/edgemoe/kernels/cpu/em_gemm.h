@@ -165,6 +165,14 @@ static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, i
         const void *p0 = em_a_src(a0, ld, n0, k0, K, buf0, &s0);
         const void *p1 = em_a_src(a1, ld, n1, k0, K, buf1, &s1);
         const uint32_t *b = xp + (int64_t)(k0 / 2) * np + t0;
+#if !defined(EM_AMX_EMULATE)
+        /* 32 weight rows stream at once: more than the hardware prefetcher follows. */
+        if (k0 + 256 < K)
+            for (int r = 0; r < 16; r++) {
+                _mm_prefetch((const char *)(a0 + r * ld + k0 + 256), _MM_HINT_T0);
+                _mm_prefetch((const char *)(a1 + r * ld + k0 + 256), _MM_HINT_T0);
+            }
+#endif
         EM_TLOAD(4, p0, s0);
         EM_TLOAD(5, p1, s1);
         EM_TLOAD(6, b, np * 4);

@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#define EM_SPIN_WAKE_NS 200000L /* workers spin this long for the next call */
 #define EM_SPIN_BARRIER 4000    /* barrier spins before yielding */
 
 typedef void (*em_task_fn)(void *ctx, int tid);
@@ -29,6 +28,7 @@ typedef struct {
 
 struct em_pool {
     int nthreads;
+    long spin_ns; /* idle workers spin this long for the next call, then sleep */
     pthread_t *threads;
     em_worker_arg *args;
     pthread_mutex_t call_lock; /* NOTE: one call at a time; ctypes drops the GIL */
@@ -81,7 +81,7 @@ static int em_wait_call(em_pool *p, int seen) {
         int g = atomic_load(&p->generation);
         if (g != seen) return g;
         em_relax();
-        if ((i & 255) == 255 && em_now_ns() - start > EM_SPIN_WAKE_NS) break;
+        if ((i & 255) == 255 && em_now_ns() - start > p->spin_ns) break;
     }
     pthread_mutex_lock(&p->wake_lock);
     p->sleepers++;
@@ -123,11 +123,12 @@ static void em_pool_free(em_pool *p) {
     free(p);
 }
 
-static em_pool *em_pool_new(int nthreads) {
+static em_pool *em_pool_new(int nthreads, int spin_us) {
     em_pool *p = (em_pool *)calloc(1, sizeof(em_pool));
     if (!p) return NULL;
     if (nthreads < 1) nthreads = 1;
     p->nthreads = nthreads;
+    p->spin_ns = spin_us > 0 ? spin_us * 1000L : 0;
     p->threads = (pthread_t *)calloc((size_t)nthreads, sizeof(pthread_t));
     p->args = (em_worker_arg *)calloc((size_t)nthreads, sizeof(em_worker_arg));
     p->local_sense = (int *)calloc((size_t)nthreads, sizeof(int));

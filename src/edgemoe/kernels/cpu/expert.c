@@ -37,8 +37,9 @@
 #endif
 
 /* Rows per task (phase 1 counts gate/up row pairs, phase 2 rows of down). */
-#define EM_P1_GEMV 16
-#define EM_P2_GEMV 32
+/* Small GEMV tasks: one expert at batch 1 must still split evenly over 16+ threads. */
+#define EM_P1_GEMV 8
+#define EM_P2_GEMV 16
 #if defined(EM_ISA_AMX)
 #define EM_P1_GEMM 16
 #define EM_P2_GEMM 32
@@ -358,7 +359,7 @@ int em_amx_enable(void) {
 #endif
 }
 
-void *em_create(int nthreads) { return em_pool_new(nthreads); }
+void *em_create(int nthreads, int spin_us) { return em_pool_new(nthreads, spin_us); }
 int em_threads(void *pool) { return ((em_pool *)pool)->nthreads; }
 void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
 
