@@ -233,3 +233,25 @@ def test_compile_cache_is_keyed_and_reused(tmp_path, monkeypatch) -> None:  # no
     before = cpu_build.build_key(cc, "scalar")
     monkeypatch.setattr(cpu_build, "SOURCE_DIR", edited)
     assert cpu_build.build_key(cc, "scalar") != before
+
+
+def test_concurrent_callers_share_one_pool() -> None:
+    """Calls from several Python threads serialise on the pool (ctypes drops the GIL);
+    more workers than cores; every result as from a single-threaded call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    variant = _best_native()
+    jobs, num_rows = _uneven_jobs(67, 45, 20, counts=[3, 17, 1, 6])
+    xs = [torch.randn(20, 67, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+
+    def run(kernel: CpuExperts, x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(num_rows, 67)
+        for _ in range(5):
+            experts_cpu(x, jobs, out, kernel)
+        return out
+
+    expected = [run(kernel_for(variant, "gemv", threads=1), x) for x in xs]
+    shared = kernel_for(variant, "gemv", threads=5)
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda x: run(shared, x), xs))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

@@ -4,8 +4,8 @@
  * once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 | nothing = portable C) and loaded with
  * ctypes: plain pointers, no Python or torch ABI.
  *
- * A call has three phases, each a list of tasks taken from an atomic counter by every
- * thread, separated by barriers:
+ * A call has three phases, each a list of tasks claimed from an atomic counter by the
+ * threads in the call; a phase starts when the previous one's tasks are all done:
  *   0. pack each job's token rows (gathered from x) into the layout its path reads;
  *   1. gate_up rows of all jobs → h = silu(gate) * up;
  *   2. down rows of all jobs → out[out_rows[t]] = scale[t] * y.
@@ -78,7 +78,8 @@ typedef struct {
     int H, I;
     int64_t Hs, Is, Px, Ph;
     int64_t ntasks[3];
-    atomic_long next[3];
+    atomic_long next[3]; /* next task to claim, per phase */
+    atomic_long done[3]; /* tasks finished, per phase */
 } em_call;
 
 static inline int64_t em_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -264,7 +265,7 @@ static int em_find_job(const em_call *c, int ph, int64_t task) {
 }
 
 static void em_run_phase(em_call *c, int ph) {
-    for (;;) {
+    for (;; atomic_fetch_add(&c->done[ph], 1)) {
         int64_t task = atomic_fetch_add(&c->next[ph], 1);
         if (task >= c->ntasks[ph]) return;
         int j = em_find_job(c, ph, task);
@@ -288,20 +289,20 @@ static void em_run_phase(em_call *c, int ph) {
     }
 }
 
-static void em_call_task(void *ctx, int tid) {
+/* Every thread in the call: claim tasks of a phase; when none are left, wait until
+ * all of them are done (phase 1 reads what phase 0 wrote, and so on). */
+static void em_call_task(void *ctx) {
     em_call *c = (em_call *)ctx;
 #if defined(EM_ISA_AMX)
     if (c->any_gemm) em_amx_config();
 #endif
-    em_run_phase(c, 0);
-    em_barrier(c->pool, tid);
-    em_run_phase(c, 1);
-    em_barrier(c->pool, tid);
-    em_run_phase(c, 2);
+    for (int ph = 0; ph < 3; ph++) {
+        em_run_phase(c, ph);
+        em_wait_count(&c->done[ph], c->ntasks[ph]);
+    }
 #if defined(EM_ISA_AMX)
     if (c->any_gemm) em_amx_release();
 #endif
-    em_barrier(c->pool, tid);
 }
 
 /* Lays out job states and buffers in the pool's workspace; returns 0 or -2 (memory). */
@@ -393,37 +394,41 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
 
 /* ---- memory read bandwidth (edgemoe bench bw) ---- */
 
+#define EM_READ_CHUNK (4L << 20) /* bytes per task: long enough to stream */
+
 typedef struct {
-    em_pool *pool;
     const uint64_t *buf;
-    int64_t words;
-    uint64_t sums[256];
+    int64_t words, ntasks;
+    atomic_long next, done;
+    atomic_ullong sum;
 } em_read_call;
 
-static void em_read_task(void *ctx, int tid) {
+static void em_read_task(void *ctx) {
     em_read_call *c = (em_read_call *)ctx;
-    int nt = c->pool->nthreads;
-    int64_t per = (c->words / nt) & ~(int64_t)63, lo = per * tid, hi = tid == nt - 1 ? c->words : lo + per;
-    uint64_t acc[8] = {0};
-    int64_t k = lo;
-    for (; k + 8 <= hi; k += 8)
-        for (int j = 0; j < 8; j++) acc[j] ^= c->buf[k + j]; /* vectorised by -O3 */
-    for (; k < hi; k++) acc[0] ^= c->buf[k];
-    c->sums[tid & 255] = acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7];
-    em_barrier(c->pool, tid);
+    for (;; atomic_fetch_add(&c->done, 1)) {
+        int64_t task = atomic_fetch_add(&c->next, 1);
+        if (task >= c->ntasks) break;
+        int64_t lo = task * (EM_READ_CHUNK / 8), hi = lo + EM_READ_CHUNK / 8 < c->words ? lo + EM_READ_CHUNK / 8 : c->words;
+        uint64_t acc[8] = {0};
+        int64_t k = lo;
+        for (; k + 8 <= hi; k += 8)
+            for (int j = 0; j < 8; j++) acc[j] ^= c->buf[k + j]; /* vectorised by -O3 */
+        for (; k < hi; k++) acc[0] ^= c->buf[k];
+        atomic_fetch_xor(&c->sum, acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7]);
+    }
+    em_wait_count(&c->done, c->ntasks);
 }
 
-/* Reads `bytes` (a multiple of 8) once on every thread's share; returns a checksum. */
+/* Reads `bytes` once, in chunks shared by the pool; returns a checksum. */
 uint64_t em_read(void *pool, const void *buf, int64_t bytes) {
     em_read_call c;
     memset(&c, 0, sizeof(c));
-    c.pool = (em_pool *)pool;
     c.buf = (const uint64_t *)buf;
     c.words = bytes / 8;
-    pthread_mutex_lock(&c.pool->call_lock);
-    em_pool_run(c.pool, em_read_task, &c);
-    pthread_mutex_unlock(&c.pool->call_lock);
-    uint64_t s = 0;
-    for (int t = 0; t < 256; t++) s ^= c.sums[t];
-    return s;
+    c.ntasks = (c.words + EM_READ_CHUNK / 8 - 1) / (EM_READ_CHUNK / 8);
+    em_pool *p = (em_pool *)pool;
+    pthread_mutex_lock(&p->call_lock);
+    em_pool_run(p, em_read_task, &c);
+    pthread_mutex_unlock(&p->call_lock);
+    return (uint64_t)atomic_load(&c.sum);
 }

@@ -1,0 +1,173 @@
+"""`edgemoe bench bw`: the rates expert offload plans with, measured on this machine.
+
+- Host memory read bandwidth: every physical core reading a large buffer (the CPU
+  expert kernel's thread pool), and torch's `sum` for comparison.
+- The CPU expert path: GB/s of bf16 weights for one Qwen3-30B-A3B expert (H=2048,
+  I=768, 9.44 MB) at n = 1, 8, 32 tokens, and a layer's 8 experts at n = 1 in one call
+  (batch-1 decode), per kernel variant this CPU runs, beside torch's bf16 path; the
+  calls go through `moe_experts_partial_cpu`, the executors' entry point.
+- With CUDA: pinned and pageable host→device copies of one expert and of 256 MiB, and
+  a device-to-device copy.
+Experts rotate through a pool larger than the caches, so every call reads RAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from edgemoe.bench.results import plot_bars, write_result
+from edgemoe.kernels import cpu_isa
+from edgemoe.kernels.cpu_experts import moe_experts_partial_cpu
+from edgemoe.kernels.cpu_kernel import CpuExperts
+
+HIDDEN, INTER = 2048, 768  # Qwen3-30B-A3B
+EXPERT_BYTES = 3 * HIDDEN * INTER * 2
+LAYER_EXPERTS = 8  # routed experts per token
+GEMM_CAPABLE = ("amx", "avx512")
+
+
+def median_seconds(fn: Callable[[int], object], min_seconds: float, min_reps: int = 5) -> float:
+    """Median time of fn(i), i = 1, 2, … after one warm-up call."""
+    fn(0)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_seconds:
+        t = time.perf_counter()
+        fn(len(times) + 1)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def expert_pool(pool_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Banks gate_up [E, 2I, H], down [E, H, I] of bf16 weights, tiled from one random
+    block (normal values: no denormals to slow the FMAs, no NaNs)."""
+    count = max(2 * LAYER_EXPERTS, -(-pool_bytes // EXPERT_BYTES))
+    block = (torch.randn(1 << 20, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    banks = torch.empty(count, 2 * INTER, HIDDEN, dtype=torch.bfloat16), torch.empty(count, HIDDEN, INTER, dtype=torch.bfloat16)
+    for bank in banks:
+        flat = bank.view(-1)
+        for at in range(0, flat.numel(), block.numel()):
+            flat[at : at + block.numel()] = block[: flat.numel() - at]
+    return banks
+
+
+def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], tokens: int, per_call: int,
+                min_seconds: float) -> dict[str, float]:
+    """GB/s of weights when `per_call` experts, each on all `tokens` tokens, run in one call."""
+    gate_up, down = banks
+    count = gate_up.shape[0]
+    x = torch.randn(tokens, HIDDEN).bfloat16()
+    weights = torch.ones(tokens, per_call)
+    contrib = torch.zeros(tokens, per_call, HIDDEN)
+    routes = [[(i * per_call + j) % count for j in range(per_call)] for i in range(count)]
+    ids = [torch.tensor(r).expand(tokens, per_call) for r in routes]
+
+    def call(i: int) -> None:
+        r = i % count
+        moe_experts_partial_cpu(x, ids[r], weights, routes[r], routes[r], gate_up, down, F.silu, contrib, kernel)
+
+    seconds = median_seconds(call, min_seconds)
+    return {"us_per_call": seconds * 1e6, "gb_s": per_call * EXPERT_BYTES / seconds / 1e9}
+
+
+def host_read(kernel: CpuExperts, gib: float, min_seconds: float) -> dict[str, float]:
+    buf = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+    nbytes = buf.numel() * 4
+    return {
+        "kernel_read_gb_s": nbytes / median_seconds(lambda i: kernel.read(buf), min_seconds, 3) / 1e9,
+        "torch_sum_gb_s": nbytes / median_seconds(lambda i: buf.sum(), min_seconds, 3) / 1e9,
+    }
+
+
+def available_kernels(threads: int | None, requested: list[str] | None) -> list[CpuExperts]:
+    names = requested or [v for v in ("amx", "avx512", "avx2") if cpu_isa.supported(v)] + ["torch"]
+    kernels = []
+    for name in names:
+        try:
+            kernels.append(CpuExperts(name, threads=threads))
+        except (ValueError, RuntimeError) as e:
+            print(f"  {name}: unavailable ({e})")
+    return kernels
+
+
+def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.Tensor], seconds: float) -> list[dict[str, Any]]:
+    rows = []
+    for kernel in kernels:
+        cases = [(1, 1, "default"), (8, 1, "default"), (32, 1, "default"), (1, LAYER_EXPERTS, "default")]
+        if kernel.name in GEMM_CAPABLE:
+            cases.append((8, 1, "blocked"))
+        for tokens, per_call, path in cases:
+            saved = kernel.gemm_min_tokens
+            kernel.gemm_min_tokens = 1 if path == "blocked" else saved
+            rate = expert_rate(kernel, banks, tokens, per_call, seconds)
+            kernel.gemm_min_tokens = saved
+            rows.append({"kernel": kernel.name, "tokens": tokens, "experts_per_call": per_call, "path": path, **rate})
+    return rows
+
+
+def _cuda_rate(dst: torch.Tensor, sources: list[torch.Tensor], reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dst.copy_(sources[0], non_blocking=True)
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(reps):
+        dst.copy_(sources[i % len(sources)], non_blocking=True)
+    end.record()
+    end.synchronize()
+    return reps * dst.numel() * dst.element_size() / (start.elapsed_time(end) / 1e3) / 1e9
+
+
+def copy_rates(pool_bytes: int) -> dict[str, float]:
+    """Host→device (pinned, pageable; one expert, 256 MiB) and device→device GB/s."""
+    pageable = torch.empty(pool_bytes, dtype=torch.uint8).fill_(1)
+    pinned = torch.empty(pool_bytes, dtype=torch.uint8, pin_memory=True).fill_(1)
+    rates = {}
+    for size, label in ((EXPERT_BYTES, "expert"), (256 * 2**20, "256MiB")):
+        dst = torch.empty(size, dtype=torch.uint8, device="cuda")
+        for kind, host in (("pinned", pinned), ("pageable", pageable)):
+            chunks = [host[i : i + size] for i in range(0, host.numel() - size + 1, size)]  # rotate: no cache reuse
+            rates[f"h2d_{kind}_{label}_gb_s"] = _cuda_rate(dst, chunks, max(8, 4 * len(chunks)) if label == "expert" else 8)
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    rates["d2d_1GiB_gb_s"] = _cuda_rate(torch.empty_like(a), [a], 10)  # bytes copied (each read once, written once)
+    return rates
+
+
+def _label(row: dict[str, Any]) -> str:
+    what = f"{row['experts_per_call']}×n=1 layer" if row["experts_per_call"] > 1 else f"n={row['tokens']}"
+    return f"{row['kernel']} {what}" + (" blocked" if row["path"] == "blocked" else "")
+
+
+def run_bw_bench(args: argparse.Namespace) -> int:
+    kernels = available_kernels(args.threads, args.kernels)
+    native = next((k for k in kernels if k.native), kernels[0])
+    read = host_read(native, args.read_gib, args.seconds)
+    print(f"host read: {read['kernel_read_gb_s']:.1f} GB/s ({native.name} pool, {native.threads} threads); "
+          f"torch.sum {read['torch_sum_gb_s']:.1f} GB/s ({torch.get_num_threads()} threads)")
+    banks = expert_pool(args.pool_mib * 2**20)
+    rows = measure_experts(kernels, banks, args.seconds)
+    print(f"CPU experts, H={HIDDEN} I={INTER} ({EXPERT_BYTES / 1e6:.2f} MB bf16): GB/s of weights, % of host read")
+    for row in rows:
+        row["ratio_to_read"] = row["gb_s"] / read["kernel_read_gb_s"]
+        print(f"  {_label(row):28s} {row['gb_s']:7.1f} GB/s  {row['ratio_to_read']:6.1%}  ({row['us_per_call']:.0f} µs/call)")
+    copies = copy_rates(min(args.pool_mib * 2**20, 2**30)) if torch.cuda.is_available() else {}
+    for key, value in copies.items():
+        print(f"  {key}: {value:.1f}")
+    payload = {
+        "threads": native.threads, "torch_threads": torch.get_num_threads(), "physical_cores": cpu_isa.physical_cores(),
+        "auto_kernel": CpuExperts("auto", threads=1).name, "expert_bytes": EXPERT_BYTES,
+        "host": read, "experts": rows, "copies": copies,
+    }
+    path = write_result(args.out, "bw", payload)
+    marks = {"host read": read["kernel_read_gb_s"]}
+    if copies:
+        marks["pinned H2D (expert)"] = copies["h2d_pinned_expert_gb_s"]
+    png = plot_bars(path, "edgemoe bench bw: CPU experts", "GB/s of bf16 weights", {_label(r): r["gb_s"] for r in rows}, marks)
+    print(f"wrote {path} and {png}")
+    return 0
