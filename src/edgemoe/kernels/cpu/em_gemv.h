@@ -30,29 +30,38 @@ static inline float em_bf16_to_f32(uint16_t b) {
 #define EM_NT 4
 #define EM_PF 1024 /* prefetch distance in bytes along each weight row */
 
+/* Accumulators are named variables, not an array: GCC otherwise stores the whole
+ * array to the stack on every iteration. a<r><t>: row r, token t. */
+#define EM_FMA2(a, xe, xo) a = _mm512_fmadd_ps(wo, xo, _mm512_fmadd_ps(we, xe, a))
+#define EM_ROW512(r)                                                                \
+    {                                                                               \
+        _mm_prefetch((const char *)(w[r] + k) + EM_PF, _MM_HINT_T0);                \
+        __m512i v = _mm512_maskz_loadu_epi16(m, w[r] + k);                          \
+        __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                  \
+        __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));                   \
+        EM_FMA2(a##r##0, xe0, xo0);                                                 \
+        if (nt > 1) EM_FMA2(a##r##1, xe1, xo1);                                     \
+        if (nt > 2) EM_FMA2(a##r##2, xe2, xo2);                                     \
+        if (nt > 3) EM_FMA2(a##r##3, xe3, xo3);                                     \
+    }
+
 static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *const *w, const float *xs,
                                                                  int64_t xss, const int nt, int K, float *dots) {
-    __m512 acc[4][EM_NT];
-    for (int r = 0; r < 4; r++)
-        for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
+    const __m512 z = _mm512_setzero_ps();
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-    int k = 0;
-    for (; k < K; k += 32) {
+    for (int k = 0; k < K; k += 32) {
         /* NOTE: the tail block loads only K-k weights (masked); xs is zero there. */
         __mmask32 m = K - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (K - k)) - 1u);
-        __m512 xe[EM_NT], xo[EM_NT];
-        for (int t = 0; t < nt; t++) {
-            xe[t] = _mm512_loadu_ps(xs + t * xss + k);
-            xo[t] = _mm512_loadu_ps(xs + t * xss + k + 16);
-        }
-        for (int r = 0; r < 4; r++) {
-            _mm_prefetch((const char *)(w[r] + k) + EM_PF, _MM_HINT_T0);
-            __m512i v = _mm512_maskz_loadu_epi16(m, w[r] + k);
-            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-            for (int t = 0; t < nt; t++) acc[r][t] = _mm512_fmadd_ps(wo, xo[t], _mm512_fmadd_ps(we, xe[t], acc[r][t]));
-        }
+        __m512 xe0 = _mm512_loadu_ps(xs + k), xo0 = _mm512_loadu_ps(xs + k + 16);
+        __m512 xe1 = z, xo1 = z, xe2 = z, xo2 = z, xe3 = z, xo3 = z;
+        if (nt > 1) xe1 = _mm512_loadu_ps(xs + xss + k), xo1 = _mm512_loadu_ps(xs + xss + k + 16);
+        if (nt > 2) xe2 = _mm512_loadu_ps(xs + 2 * xss + k), xo2 = _mm512_loadu_ps(xs + 2 * xss + k + 16);
+        if (nt > 3) xe3 = _mm512_loadu_ps(xs + 3 * xss + k), xo3 = _mm512_loadu_ps(xs + 3 * xss + k + 16);
+        EM_ROW512(0) EM_ROW512(1) EM_ROW512(2) EM_ROW512(3)
     }
+    const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
@@ -70,33 +79,35 @@ static inline float em_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+#define EM_FMA2_256(a, xe, xo) a = _mm256_fmadd_ps(wo, xo, _mm256_fmadd_ps(we, xe, a))
+#define EM_ROW256(r)                                                                \
+    {                                                                               \
+        __m256i v;                                                                  \
+        if (K - k >= 16) {                                                          \
+            _mm_prefetch((const char *)(w[r] + k) + EM_PF, _MM_HINT_T0);            \
+            v = _mm256_loadu_si256((const __m256i *)(w[r] + k));                    \
+        } else { /* tail: no 16-bit masked loads in AVX2 */                         \
+            uint16_t buf[16] = {0};                                                 \
+            memcpy(buf, w[r] + k, (size_t)(K - k) * 2);                             \
+            v = _mm256_loadu_si256((const __m256i *)buf);                           \
+        }                                                                           \
+        __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                  \
+        __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));                   \
+        EM_FMA2_256(a##r##0, xe0, xo0);                                             \
+        if (nt > 1) EM_FMA2_256(a##r##1, xe1, xo1);                                 \
+    }
+
 static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *const *w, const float *xs,
                                                                  int64_t xss, const int nt, int K, float *dots) {
-    __m256 acc[4][EM_NT];
-    for (int r = 0; r < 4; r++)
-        for (int t = 0; t < nt; t++) acc[r][t] = _mm256_setzero_ps();
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
     const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
     for (int k = 0; k < K; k += 16) {
-        __m256 xe[EM_NT], xo[EM_NT];
-        for (int t = 0; t < nt; t++) {
-            xe[t] = _mm256_loadu_ps(xs + t * xss + k);
-            xo[t] = _mm256_loadu_ps(xs + t * xss + k + 8);
-        }
-        for (int r = 0; r < 4; r++) {
-            __m256i v;
-            if (K - k >= 16) {
-                _mm_prefetch((const char *)(w[r] + k) + EM_PF, _MM_HINT_T0);
-                v = _mm256_loadu_si256((const __m256i *)(w[r] + k));
-            } else { /* tail: no 16-bit masked loads in AVX2 */
-                uint16_t buf[16] = {0};
-                memcpy(buf, w[r] + k, (size_t)(K - k) * 2);
-                v = _mm256_loadu_si256((const __m256i *)buf);
-            }
-            __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-            __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
-            for (int t = 0; t < nt; t++) acc[r][t] = _mm256_fmadd_ps(wo, xo[t], _mm256_fmadd_ps(we, xe[t], acc[r][t]));
-        }
+        __m256 xe0 = _mm256_loadu_ps(xs + k), xo0 = _mm256_loadu_ps(xs + k + 8), xe1 = z, xo1 = z;
+        if (nt > 1) xe1 = _mm256_loadu_ps(xs + xss + k), xo1 = _mm256_loadu_ps(xs + xss + k + 8);
+        EM_ROW256(0) EM_ROW256(1) EM_ROW256(2) EM_ROW256(3)
     }
+    const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < nt; t++) dots[r * nt + t] = em_hsum256(acc[r][t]);
 }
