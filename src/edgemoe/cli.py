@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
     bw.add_argument("--read-gib", type=float, default=1.0, help="buffer size for the host read bandwidth")
     bw.add_argument("--pool-mib", type=int, default=1024, help="expert pool the calls rotate through (> caches)")
+    bw.add_argument("--hidden", type=int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
+    bw.add_argument("--intermediate", type=int, default=768, help="expert shape: intermediate size I")
     bw.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
     bw.add_argument("--out", default="bench/results", help="result folder")
     return parser
