@@ -50,15 +50,22 @@ def expert_bytes(hidden: int, inter: int) -> int:
 
 
 def expert_pool(pool_bytes: int, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Banks gate_up [E, 2I, H], down [E, H, I] of bf16 weights, tiled from one random
-    block (normal values: no denormals to slow the FMAs, no NaNs)."""
+    """Banks gate_up [E, 2I, H], down [E, H, I] of bf16 weights: normal values (no
+    denormals to slow the FMAs, no NaNs) tiled from one random block, then every 4 KiB
+    page made unique.
+
+    NOTE: identical pages read as if cached — a host (hypervisor) may merge them — so
+    a tiled pool would overstate every rate; random data everywhere is too slow to draw."""
     count = max(2 * LAYER_EXPERTS, -(-pool_bytes // expert_bytes(hidden, inter)))
-    block = (torch.randn(1 << 20, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    g = torch.Generator().manual_seed(0)
+    block = (torch.randn(1 << 20, generator=g) * 0.02).bfloat16()
     banks = torch.empty(count, 2 * inter, hidden, dtype=torch.bfloat16), torch.empty(count, hidden, inter, dtype=torch.bfloat16)
     for bank in banks:
         flat = bank.view(-1)
         for at in range(0, flat.numel(), block.numel()):
             flat[at : at + block.numel()] = block[: flat.numel() - at]
+        pages = flat[: flat.numel() // 2048 * 2048].view(-1, 2048)  # 2048 bf16 = 4 KiB
+        pages[:, :16] = (torch.randn(pages.shape[0], 16, generator=g) * 0.02).bfloat16()
     return banks
 
 

@@ -7,15 +7,20 @@
  * values, the VW even-indexed ones then the VW odd-indexed ones), so the inner loop is
  * load, shift, and, FMA — no shuffles. Four weight rows share each activation load.
  *
- * gemv4(w, xs, xs_stride, nt, K, dots): dots[r*nt + t] = sum_k w[r][k] * x_t[k] for
- * r < 4 rows and t < nt <= EM_NT tokens; xs holds nt rows in split layout, zero-padded
- * to a multiple of 2*VW.
+ * gemv4(w, xs, xs_stride, nt, K, pf, dots): dots[r*nt + t] = sum_k w[r][k] * x_t[k]
+ * for r < 4 rows and t < nt <= EM_NT tokens; xs holds nt rows in split layout,
+ * zero-padded to a multiple of 2*VW; w[r] + pf is row r of the next group.
  */
 #ifndef EM_GEMV_H
 #define EM_GEMV_H
 
 #include <stdint.h>
 #include <string.h>
+
+/* Prefetch the same column of the next row group (`pf` weights on): a row is one or
+ * two 4 KiB pages, too short for the hardware prefetcher to ramp up on, so each group
+ * would start cold. Measured single-core: 53% → 70% of a plain read's bandwidth. */
+#define EM_PREFETCH(p, pf) _mm_prefetch((const char *)((p) + (pf)), _MM_HINT_T0)
 
 static inline float em_bf16_to_f32(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -28,14 +33,13 @@ static inline float em_bf16_to_f32(uint16_t b) {
 #include <immintrin.h>
 #define EM_VW 16
 #define EM_NT 4
-#define EM_PF 1024 /* prefetch distance in bytes along each weight row */
 
 /* Accumulators are named variables, not an array: GCC otherwise stores the whole
  * array to the stack on every iteration. a<r><t>: row r, token t. */
 #define EM_FMA2(a, xe, xo) a = _mm512_fmadd_ps(wo, xo, _mm512_fmadd_ps(we, xe, a))
 #define EM_ROW512(r)                                                                \
     {                                                                               \
-        _mm_prefetch((const char *)(w[r] + k) + EM_PF, _MM_HINT_T0);                \
+        EM_PREFETCH(w[r] + k, pf);                                                  \
         __m512i v = _mm512_maskz_loadu_epi16(m, w[r] + k);                          \
         __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                  \
         __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));                   \
@@ -46,7 +50,7 @@ static inline float em_bf16_to_f32(uint16_t b) {
     }
 
 static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *const *w, const float *xs,
-                                                                 int64_t xss, const int nt, int K, float *dots) {
+                                                                 int64_t xss, const int nt, int K, int64_t pf, float *dots) {
     const __m512 z = _mm512_setzero_ps();
     __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
     __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
@@ -70,7 +74,6 @@ static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *
 #include <immintrin.h>
 #define EM_VW 8
 #define EM_NT 2 /* 16 ymm registers: 8 accumulators + 4 activations + 2 weights */
-#define EM_PF 1024
 
 static inline float em_hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -84,7 +87,7 @@ static inline float em_hsum256(__m256 v) {
     {                                                                               \
         __m256i v;                                                                  \
         if (K - k >= 16) {                                                          \
-            _mm_prefetch((const char *)(w[r] + k) + EM_PF, _MM_HINT_T0);            \
+            EM_PREFETCH(w[r] + k, pf);                                              \
             v = _mm256_loadu_si256((const __m256i *)(w[r] + k));                    \
         } else { /* tail: no 16-bit masked loads in AVX2 */                         \
             uint16_t buf[16] = {0};                                                 \
@@ -98,7 +101,7 @@ static inline float em_hsum256(__m256 v) {
     }
 
 static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *const *w, const float *xs,
-                                                                 int64_t xss, const int nt, int K, float *dots) {
+                                                                 int64_t xss, const int nt, int K, int64_t pf, float *dots) {
     const __m256 z = _mm256_setzero_ps();
     __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
     const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
@@ -117,8 +120,9 @@ static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *
 #define EM_NT 4
 
 static inline __attribute__((always_inline)) void em_gemv4_impl(const uint16_t *const *w, const float *xs,
-                                                                 int64_t xss, const int nt, int K, float *dots) {
+                                                                 int64_t xss, const int nt, int K, int64_t pf, float *dots) {
     float acc[4][EM_NT] = {{0}};
+    (void)pf; /* plain C: left to the hardware prefetcher */
     for (int k = 0; k < K; k++)
         for (int r = 0; r < 4; r++) {
             float wk = em_bf16_to_f32(w[r][k]);
@@ -136,20 +140,20 @@ static inline int64_t em_split_pos(int64_t i) {
 }
 
 /* Constant token counts let the compiler keep the accumulators in registers. */
-static void em_gemv4_1(const uint16_t *const *w, const float *xs, int64_t s, int K, float *d) { em_gemv4_impl(w, xs, s, 1, K, d); }
-static void em_gemv4_2(const uint16_t *const *w, const float *xs, int64_t s, int K, float *d) { em_gemv4_impl(w, xs, s, 2, K, d); }
+static void em_gemv4_1(const uint16_t *const *w, const float *xs, int64_t s, int K, int64_t pf, float *d) { em_gemv4_impl(w, xs, s, 1, K, pf, d); }
+static void em_gemv4_2(const uint16_t *const *w, const float *xs, int64_t s, int K, int64_t pf, float *d) { em_gemv4_impl(w, xs, s, 2, K, pf, d); }
 #if EM_NT >= 4
-static void em_gemv4_3(const uint16_t *const *w, const float *xs, int64_t s, int K, float *d) { em_gemv4_impl(w, xs, s, 3, K, d); }
-static void em_gemv4_4(const uint16_t *const *w, const float *xs, int64_t s, int K, float *d) { em_gemv4_impl(w, xs, s, 4, K, d); }
+static void em_gemv4_3(const uint16_t *const *w, const float *xs, int64_t s, int K, int64_t pf, float *d) { em_gemv4_impl(w, xs, s, 3, K, pf, d); }
+static void em_gemv4_4(const uint16_t *const *w, const float *xs, int64_t s, int K, int64_t pf, float *d) { em_gemv4_impl(w, xs, s, 4, K, pf, d); }
 #endif
 
-static void em_gemv4(const uint16_t *const *w, const float *xs, int64_t xss, int nt, int K, float *dots) {
+static void em_gemv4(const uint16_t *const *w, const float *xs, int64_t xss, int nt, int K, int64_t pf, float *dots) {
     switch (nt) {
-    case 1: em_gemv4_1(w, xs, xss, K, dots); break;
-    case 2: em_gemv4_2(w, xs, xss, K, dots); break;
+    case 1: em_gemv4_1(w, xs, xss, K, pf, dots); break;
+    case 2: em_gemv4_2(w, xs, xss, K, pf, dots); break;
 #if EM_NT >= 4
-    case 3: em_gemv4_3(w, xs, xss, K, dots); break;
-    default: em_gemv4_4(w, xs, xss, K, dots); break;
+    case 3: em_gemv4_3(w, xs, xss, K, pf, dots); break;
+    default: em_gemv4_4(w, xs, xss, K, pf, dots); break;
 #endif
     }
 }

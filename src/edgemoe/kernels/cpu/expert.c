@@ -137,7 +137,7 @@ static void em_gate_up_gemv(const em_call *c, const em_job *jb, const em_jobstat
         const uint16_t *w[4] = {gu + i * H, gu + i2 * H, gu + (I + i) * H, gu + (I + i2) * H};
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4(w, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, dots);
+            em_gemv4(w, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * H, dots); /* next group: 2 rows on */
             for (int t = 0; t < nt; t++) {
                 float *hs = s->hs + (t0 + t) * c->Is;
                 hs[em_split_pos(i)] = em_silu(dots[t]) * dots[2 * nt + t];
@@ -158,7 +158,7 @@ static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *
         for (int j = 0; j < 4; j++) w[j] = dn + (r + (j < nr ? j : 0)) * I;
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, dots);
+            em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots); /* next group: 4 rows on */
             for (int j = 0; j < nr; j++)
                 for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, dots[j * nt + t]);
         }
