@@ -49,24 +49,28 @@ def expert_bytes(hidden: int, inter: int) -> int:
     return 3 * hidden * inter * 2  # gate, up, down in bf16
 
 
-def expert_pool(pool_bytes: int, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Banks gate_up [E, 2I, H], down [E, H, I] of bf16 weights: normal values (no
-    denormals to slow the FMAs, no NaNs) tiled from one random block, then every 4 KiB
-    page made unique.
+def unique_pages(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """bf16 normal values (no denormals to slow FMAs, no NaNs) tiled from one random
+    block, then every 4 KiB page made unique.
 
-    NOTE: identical pages read as if cached — a host (hypervisor) may merge them — so
-    a tiled pool would overstate every rate; random data everywhere is too slow to draw."""
+    NOTE: a host (hypervisor) may merge identical pages; on the dev VM reads of merged
+    pages ran at a third of the speed of distinct ones, and a kernel reading them
+    looked faster than memory. Drawing random data everywhere is too slow."""
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    flat = out.view(-1)
+    block = (torch.randn(1 << 20, generator=g) * 0.02).bfloat16()
+    for at in range(0, flat.numel(), block.numel()):
+        flat[at : at + block.numel()] = block[: flat.numel() - at]
+    pages = flat[: flat.numel() // 2048 * 2048].view(-1, 2048)  # 2048 bf16 = 4 KiB
+    pages[:, :16] = (torch.randn(pages.shape[0], 16, generator=g) * 0.02).bfloat16()
+    return out
+
+
+def expert_pool(pool_bytes: int, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Banks gate_up [E, 2I, H], down [E, H, I] of bf16 weights, pages unique."""
     count = max(2 * LAYER_EXPERTS, -(-pool_bytes // expert_bytes(hidden, inter)))
     g = torch.Generator().manual_seed(0)
-    block = (torch.randn(1 << 20, generator=g) * 0.02).bfloat16()
-    banks = torch.empty(count, 2 * inter, hidden, dtype=torch.bfloat16), torch.empty(count, hidden, inter, dtype=torch.bfloat16)
-    for bank in banks:
-        flat = bank.view(-1)
-        for at in range(0, flat.numel(), block.numel()):
-            flat[at : at + block.numel()] = block[: flat.numel() - at]
-        pages = flat[: flat.numel() // 2048 * 2048].view(-1, 2048)  # 2048 bf16 = 4 KiB
-        pages[:, :16] = (torch.randn(pages.shape[0], 16, generator=g) * 0.02).bfloat16()
-    return banks
+    return unique_pages((count, 2 * inter, hidden), g), unique_pages((count, hidden, inter), g)
 
 
 def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], tokens: int, per_call: int,
@@ -90,10 +94,15 @@ def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], to
 
 
 def host_read(kernel: CpuExperts, gib: float, min_seconds: float) -> dict[str, float]:
-    buf = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
-    nbytes = buf.numel() * 4
-    read, read_best = timed(lambda i: kernel.read(buf), min_seconds, 3)
-    total, total_best = timed(lambda i: buf.sum(), min_seconds, 3)
+    """Read bandwidth over a `gib` GiB buffer (pages unique), timed per 32 MiB piece
+    taken in turn, so no piece is re-read from cache and each timing is short enough
+    to run unpreempted on a shared host; torch.sum on the same pieces."""
+    piece = 32 * 2**20 // 4  # float32 elements
+    buf = unique_pages((max(piece, int(gib * 2**30) // 4 // piece * piece), 2), torch.Generator().manual_seed(1))
+    pieces = buf.view(torch.float32).view(-1, piece)
+    nbytes = piece * 4
+    read, read_best = timed(lambda i: kernel.read(pieces[i % len(pieces)]), min_seconds)
+    total, total_best = timed(lambda i: pieces[i % len(pieces)].sum(), min_seconds)
     return {"kernel_read_gb_s": nbytes / read / 1e9, "kernel_read_best_gb_s": nbytes / read_best / 1e9,
             "torch_sum_gb_s": nbytes / total / 1e9, "torch_sum_best_gb_s": nbytes / total_best / 1e9}
 

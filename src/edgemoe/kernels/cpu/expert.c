@@ -394,7 +394,7 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
 
 /* ---- memory read bandwidth (edgemoe bench bw) ---- */
 
-#define EM_READ_CHUNK (4L << 20) /* bytes per task: long enough to stream */
+#define EM_READ_CHUNK (1L << 20) /* bytes per task: long enough to stream, short enough to share */
 
 typedef struct {
     const uint64_t *buf;
