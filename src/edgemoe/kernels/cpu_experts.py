@@ -16,7 +16,7 @@ decode step calls them once per MoE layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,9 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
 from edgemoe.kernels.moe_experts import Activation, moe_experts_partial_ref
+
+
+ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, gate_up, down) → y fp32
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def expert_mlp_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor)
     return F.linear(F.silu(gate) * up, down).float()
 
 
-def _run_jobs(mlp, x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor) -> None:  # noqa: ANN001
+def _run_jobs(mlp: ExpertMLP, x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor) -> None:
     for job in jobs:
         if job.tokens.numel() == 0:
             continue
