@@ -131,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
+    bw = bench_sub.add_parser("bw", help="host memory, CPU expert kernel and host-device copy bandwidth")
+    bw.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores)")
+    bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
+    bw.add_argument("--read-gib", type=float, default=1.0, help="buffer size for the host read bandwidth")
+    bw.add_argument("--pool-mib", type=int, default=1024, help="expert pool the calls rotate through (> caches)")
+    bw.add_argument("--hidden", type=int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
+    bw.add_argument("--intermediate", type=int, default=768, help="expert shape: intermediate size I")
+    bw.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
+    bw.add_argument("--out", default="bench/results", help="result folder")
     return parser
 
 
@@ -180,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.ctl import run_ctl
 
             return run_ctl(args)
+        if args.command == "bench" and args.bench == "bw":
+            from edgemoe.bench.bandwidth import run_bw_bench
+
+            return run_bw_bench(args)
         if args.command == "bench" and args.bench == "agent":
             from edgemoe.bench.agent import run_agent_bench
 

@@ -1,5 +1,5 @@
-"""Kernel tests: `gdn_support` (inputs shaped as the model makes them, tolerances) is made
-importable here, since `--import-mode=importlib` keeps a test's folder off `sys.path`."""
+"""Kernel tests: `gdn_support` and `cpu_expert_support` are made importable here, since
+`--import-mode=importlib` keeps a test's folder off `sys.path`."""
 
 from __future__ import annotations
 
