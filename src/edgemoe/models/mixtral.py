@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
-from edgemoe.models.llama_moe import build_model
+from edgemoe.models.llama_moe import assemble, attention_spec, to_device
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
@@ -44,4 +45,11 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
-    return build_model(arch, params, executor, device)
+    """No q/k norm; sliding-window attention when the config sets a window."""
+    p = to_device(arch, params, device)
+
+    def attention(i: int) -> Attention:
+        pre = f"layers.{i}."
+        return Attention(attention_spec(arch, i, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"])
+
+    return assemble(arch, p, attention, executor, device)
