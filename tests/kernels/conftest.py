@@ -1,0 +1,36 @@
+"""Triton kernel tests run under Triton's interpreter on CPU tensors (small shapes).
+
+NOTE: TRITON_INTERPRET must be set before any kernel module is imported (`triton.jit`
+picks the interpreter at decoration time), so it is set here, at collection. On a
+machine with CUDA the interpreter tests are skipped (tests/gpu covers the compiled
+kernels, and the interpreter must not capture the GPU tests' kernels).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = HAVE_TRITON and not torch.cuda.is_available()
+
+
+def _patch_scalar_index() -> None:
+    """Triton 3.6's interpreter converts loop bounds with int() on 1-element arrays,
+    which numpy >= 2.4 refuses; later Triton squeezes first. Same fix, test-only."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):  # noqa: ANN001, ANN202
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+    _patch_scalar_index()
