@@ -19,11 +19,17 @@ def triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    """True when the fast path should run on `t`'s device.
+FAST_DTYPES = (torch.bfloat16, torch.float16)
 
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when the fast path should run on `t` (its device and dtype).
+
+    bf16/fp16 on CUDA only: fp32 on a GPU is a reference run, so it takes the exact
+    eager references (the Triton kernels accept fp32, but their tiles are sized for
+    2-byte elements: fp32 extend tiles at head dim 256 overflow sm_86's shared memory).
     `EDGEMOE_TRITON=0` forces the torch references (A/B runs, bisecting a numeric issue).
     """
     if os.environ.get("EDGEMOE_TRITON", "1") == "0":
         return False
-    return t.is_cuda and triton_importable()
+    return t.is_cuda and t.dtype in FAST_DTYPES and triton_importable()
