@@ -5,7 +5,8 @@ copies of the inputs so the working set exceeds L2 (a decode step reads weights 
 from HBM, not from cache); prefill shapes (8K tokens) run eagerly through
 triton.testing.do_bench. Prints time, achieved GB/s (and its share of 4.2 TB/s) and
 TFLOP/s; writes JSON to $OUT/gpu_kernel_bench.json (else bench/results/).
-Run from the repository root: PYTHONPATH=src python3 scripts/gpu_kernel_bench.py
+Run from the repository root: PYTHONPATH=/tmp/site:src python3 scripts/gpu_kernel_bench.py
+(/tmp/site: the carried wheels, msgspec among them; see docs/gpu.md).
 """
 
 from __future__ import annotations
