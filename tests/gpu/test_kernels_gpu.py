@@ -9,6 +9,7 @@ import importlib.util
 import pytest
 import torch
 
+from edgemoe.kernels import moe_fused, norm_fused, paged_attention, rope_kv
 from edgemoe.kernels.moe_fused import moe_combine, moe_combine_ref, moe_decode, moe_prefill, moe_slots_ref
 from edgemoe.kernels.norm_fused import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
 from edgemoe.kernels.paged_attention import (
@@ -20,6 +21,18 @@ from edgemoe.testing.kernel_inputs import MoEBatch, PagedBatch, moe_batch, paged
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 BF16 = torch.bfloat16
 H, I, E, K = 2048, 768, 128, 8
+
+
+@pytest.fixture(autouse=True)
+def dispatch_must_pick_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every dispatcher call here must take the Triton path (a silent fallback to the
+    reference would compare the reference with itself)."""
+    for module in (moe_fused, paged_attention, norm_fused, rope_kv):
+        def strict(t: torch.Tensor, dtype: torch.dtype | None = None, _pick=module.use_triton) -> bool:  # noqa: ANN001
+            assert _pick(t, dtype), "dispatcher fell back to the torch reference"
+            return True
+
+        monkeypatch.setattr(module, "use_triton", strict)
 
 
 def moe_cells(kernel, b: MoEBatch, act: str = "silu") -> torch.Tensor:  # noqa: ANN001

@@ -120,8 +120,11 @@ def test_triton_extend_chunking_invariant(window: int | None) -> None:
 def test_triton_decode_batch_invariant() -> None:
     from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
 
+    # Alone or in a batch, with the grid sized by the page table or by max_seq_len.
     b = paged_batch([1300, 20, 700], [1, 1, 1], 4, 1, 64, 16, torch.bfloat16, seed=10)
-    run = lambda sl: decode_attention_triton(  # noqa: E731
+    run = lambda sl, max_len=None: decode_attention_triton(  # noqa: E731
         b.q[sl], b.k_cache, b.v_cache, b.page_table, b.req_rows[sl], b.seq_lens[sl], 16, 0.125, None,
-        torch.empty_like(b.q[sl]))
-    assert torch.equal(run(slice(0, 1))[0], run(slice(0, 3))[0])
+        torch.empty_like(b.q[sl]), max_len)
+    batched = run(slice(0, 3))
+    assert torch.equal(run(slice(0, 1))[0], batched[0])
+    assert torch.equal(run(slice(0, 3), 1300), batched)

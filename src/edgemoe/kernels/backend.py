@@ -22,8 +22,9 @@ def triton_importable() -> bool:
 FAST_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    """True when the fast path should run on `t` (its device and dtype).
+def use_triton(t: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
+    """True when the fast path should run on `t`'s device for activations of `dtype`
+    (default: t's own dtype; `moe_combine` passes its output dtype, its cells are fp32).
 
     bf16/fp16 on CUDA only: fp32 on a GPU is a reference run, so it takes the exact
     eager references (the Triton kernels accept fp32, but their tiles are sized for
@@ -32,4 +33,4 @@ def use_triton(t: torch.Tensor) -> bool:
     """
     if os.environ.get("EDGEMOE_TRITON", "1") == "0":
         return False
-    return t.is_cuda and t.dtype in FAST_DTYPES and triton_importable()
+    return t.is_cuda and (dtype or t.dtype) in FAST_DTYPES and triton_importable()

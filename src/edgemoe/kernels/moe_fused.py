@@ -107,7 +107,7 @@ def moe_prefill(
 
 def moe_combine(cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `moe_combine_ref`, one fused kernel on CUDA (bitwise equal)."""
-    if not use_triton(cells):
+    if not use_triton(cells, dtype):
         return moe_combine_ref(cells, dtype, residual)
     from edgemoe.kernels.triton_ops.moe_combine import moe_combine_triton
 

@@ -36,8 +36,11 @@ def decode_attention_ref(
     scale: float,
     window: int | None,
     out: torch.Tensor,  # [B, Hq, D], written
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    """Torch reference: each sequence through `paged_attention_ref` (host syncs)."""
+    """Torch reference: each sequence through `paged_attention_ref` (host syncs).
+    `max_seq_len` (>= every seq_len, e.g. the engine's context limit) bounds the fast
+    path's grid and workspace instead of the page table's capacity; unused here."""
     for b, (row, ctx) in enumerate(zip(req_rows.tolist(), seq_lens.tolist(), strict=True)):
         slots = context_slots(page_table, row, ctx, page_size)
         out[b] = paged_attention_ref(q[b : b + 1], k_cache, v_cache, 0, 1, slots, scale, window)[0]
@@ -73,16 +76,17 @@ def extend_attention_ref(
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
-    out: torch.Tensor,
+    out: torch.Tensor, max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Same contract as `decode_attention_ref`. On CUDA: split-K over fixed-size token
     splits (one program per sequence x kv head x split, all query heads of the group at
     once), then a log-sum-exp merge; no host sync."""
+    args = (q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out, max_seq_len)
     if not use_triton(q):
-        return decode_attention_ref(q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out)
+        return decode_attention_ref(*args)
     from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
 
-    return decode_attention_triton(q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out)
+    return decode_attention_triton(*args)
 
 
 def extend_attention(

@@ -7,8 +7,9 @@ per (sequence, query head) merges the splits in ascending order.
 
 NOTE: the split size is a constant in tokens, so batch 1 at 32K context gets 64 splits
 x Hkv programs (enough to fill the GPU) and a sequence's result depends only on its own
-context, never on the batch. The grid covers the page table's capacity
-(max_pages * page_size positions): programs past a sequence's length exit at once.
+context, never on the batch. The grid covers `max_seq_len` positions (default: the page
+table's capacity, max_pages * page_size): programs past a sequence's length exit at
+once. Workspace: B x Hq x splits x (D + 1) fp32.
 """
 
 from __future__ import annotations
@@ -111,15 +112,16 @@ def _decode_merge(
     tl.store(out, round_to(acc / e_sum, DTYPE, INTERP), mask=d_ok)
 
 
-def num_splits(page_table: torch.Tensor, page_size: int) -> int:
-    """Splits covering the page table's capacity: the grid's (and partials') size."""
-    return triton.cdiv(page_table.shape[1] * page_size, SPLIT_TOKENS)
+def num_splits(page_table: torch.Tensor, page_size: int, max_seq_len: int | None) -> int:
+    """Splits covering `max_seq_len`, else the page table's capacity: the grid's (and the
+    partials') size. Its value never changes a result: programs past a sequence exit."""
+    return triton.cdiv(max_seq_len or page_table.shape[1] * page_size, SPLIT_TOKENS)
 
 
 def decode_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
-    out: torch.Tensor,
+    out: torch.Tensor, max_seq_len: int | None = None,
 ) -> torch.Tensor:
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
@@ -128,7 +130,7 @@ def decode_attention_triton(
     if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     G, D_PAD = Hq // Hkv, triton.next_power_of_2(D)
-    splits = num_splits(page_table, page_size)
+    splits = num_splits(page_table, page_size, max_seq_len)
     o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
     block_n, warps, stages = decode_config(D)
