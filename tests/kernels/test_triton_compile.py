@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_kernels_compile_for_sm86(tmp_path: Path) -> None:
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": path}  # a fresh cache: really compile
     env.pop("TRITON_INTERPRET", None)
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "triton_compile_check.py"), "--arch", "86"],
                          capture_output=True, text=True, env=env, timeout=600)

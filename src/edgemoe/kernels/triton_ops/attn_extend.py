@@ -34,7 +34,7 @@ def _extend(
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    qb = tl.program_id(0)
+    qb = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query blocks start first
     b = tl.program_id(1)
     h = tl.program_id(2)
     q_start = tl.load(cu_ptr + b)
