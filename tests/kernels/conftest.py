@@ -23,7 +23,9 @@ def _patch_scalar_index() -> None:
     which numpy >= 2.4 refuses; later Triton squeezes first. Same fix, test-only."""
     from triton.runtime import interpreter
 
-    original = interpreter._patch_lang_tensor
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:  # another Triton: nothing to patch
+        return
 
     def patched(tensor, scope):  # noqa: ANN001, ANN202
         original(tensor, scope)
