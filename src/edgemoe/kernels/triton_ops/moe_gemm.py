@@ -149,6 +149,8 @@ def moe_prefill_triton(
     pairs = T * K
     if pairs == 0:
         return
+    if cells.stride(-1) != 1:
+        raise ValueError("cells need a unit stride on H (they are written in place)")
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     w = weights.to(torch.float32).contiguous().view(-1)
     blocks = align_pairs(slot_ids, S)

@@ -104,6 +104,8 @@ def moe_decode_triton(
     pairs = T * K
     if pairs == 0:
         return
+    if cells.stride(-1) != 1:
+        raise ValueError("cells need a unit stride on H (they are written in place)")
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     slots = slot_ids.to(torch.int32).contiguous().view(-1)
     w = weights.to(torch.float32).contiguous().view(-1)
