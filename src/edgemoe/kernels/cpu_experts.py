@@ -16,7 +16,7 @@ decode step calls them once per MoE layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
-from edgemoe.kernels.moe_experts import Activation, expert_mlp
+from edgemoe.kernels.moe_experts import Activation, moe_experts_partial_ref
+
 
 ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, gate_up, down) → y fp32
 
@@ -43,29 +44,6 @@ class ExpertJob:
 
 # ---- references ----
 
-
-
-def moe_experts_partial_ref(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    experts: Iterable[int],
-    rows: Iterable[int],
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    act: Activation,
-    contrib: torch.Tensor,
-) -> None:
-    """The torch reference of the routed CPU op: fill contrib[t, k] for every (t, k)
-    routed to one of `experts`, whose weights are bank rows `rows` (gate_up [S, 2I, H],
-    down [S, H, I]); contrib [T, K, H] float32. Each expert's tokens in (t, k) order,
-    as the device kernel batches them."""
-    for expert, row in zip(experts, rows, strict=True):
-        token_idx, k_idx = torch.where(topk_ids == expert)
-        if token_idx.numel() == 0:
-            continue
-        y = expert_mlp(x[token_idx], gate_up[row], down[row], act)  # [n, H]
-        contrib[token_idx, k_idx] = y.float() * topk_weights[token_idx, k_idx, None].float()
 
 def expert_mlp_ref(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """The oracle: everything in fp32 (weights upcast). x [n, H] → [n, H] fp32."""

@@ -48,7 +48,10 @@ def fla_ops() -> tuple[Callable, Callable]:
     if version and version < FLA_MIN_VERSION:
         wanted = ".".join(map(str, FLA_MIN_VERSION))
         raise RuntimeError(f"fla-core {'.'.join(map(str, version))} is too old: the GDN kernels need >= {wanted}")
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from fla.ops.gated_delta_rule import (
+        chunk_gated_delta_rule,
+        fused_recurrent_gated_delta_rule,
+    )
 
     return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 

@@ -21,7 +21,7 @@ masks, so every residency gives the same numbers for the same batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,28 @@ def expert_mlp(
     """One expert on its tokens: x [n, H], gate_up [2I, H], down [H, I] → [n, H]."""
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(act(gate) * up, down)
+
+
+def moe_experts_partial_ref(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,  # [T, K] expert ids
+    topk_weights: torch.Tensor,
+    experts: Iterable[int],
+    rows: Iterable[int],
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    act: Activation,
+    contrib: torch.Tensor,
+) -> None:
+    """The plain reference in expert ids: fill contrib[t, k] for every (t, k) routed to
+    one of `experts`, whose weights are bank rows `rows`; each expert's tokens in (t, k)
+    order. The slot kernels and the CPU kernel are tested against it."""
+    for expert, row in zip(experts, rows, strict=True):
+        token_idx, k_idx = torch.where(topk_ids == expert)
+        if token_idx.numel() == 0:
+            continue
+        y = expert_mlp(x[token_idx], gate_up[row], down[row], act)  # [n, H]
+        contrib[token_idx, k_idx] = y.float() * topk_weights[token_idx, k_idx, None].float()
 
 
 def moe_slots_grouped(
@@ -108,7 +130,11 @@ def moe_slots(
 def moe_combine(
     cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """cells [T, K, H] → [T, H]: the K contributions summed in fp32 in a fixed order,
-    rounded to `dtype`; plus `residual` (in `dtype`, as the unfused `residual + out`)."""
-    out = cells.sum(dim=1).to(dtype)
+    """cells [T, K, H] → [T, H]: the K contributions summed in fp32 in the order
+    k = 0..K-1 (the fast kernels' order too), rounded once to `dtype`; plus `residual`
+    (in `dtype`, as the unfused `residual + out`)."""
+    acc = cells[:, 0].clone()
+    for k in range(1, cells.shape[1]):
+        acc += cells[:, k]
+    out = acc.to(dtype)
     return out if residual is None else residual + out

@@ -1,0 +1,207 @@
+"""Time each Triton kernel of edgemoe.kernels on the GPU at Qwen3-30B-A3B shapes (bf16).
+
+Decode shapes (batch 1, 8, 32) run inside one CUDA graph per case, rotating through
+copies of the inputs so the working set exceeds L2 (a decode step reads weights and KV
+from HBM, not from cache); prefill shapes (8K tokens) run eagerly through
+triton.testing.do_bench. Prints time, achieved GB/s (and its share of 4.2 TB/s) and
+TFLOP/s; writes JSON to $OUT/gpu_kernel_bench.json (else bench/results/).
+Run from the repository root: PYTHONPATH=/tmp/site:src python3 scripts/gpu_kernel_bench.py
+(/tmp/site: the carried wheels, msgspec among them; see docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_slots_ref
+from edgemoe.kernels.norm_fused import add_rms_norm
+from edgemoe.kernels.paged_attention import decode_attention, extend_attention
+from edgemoe.kernels.rope_kv import rope_write_kv
+
+HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; dense bf16 peak
+H, I, E, K, HQ, HKV, D, PAGE = 2048, 768, 128, 8, 32, 4, 128, 16
+BF16, DEV = torch.bfloat16, "cuda"
+L2_BYTES = 64 << 20
+DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192
+DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
+EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
+RESULTS: list[dict] = []
+
+
+def graph_us(calls: list[Callable[[], object]], rounds: int = 4) -> float:
+    """Mean µs per call, all calls replayed from one CUDA graph (~1 µs launch each)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(rounds):
+            for call in calls:
+                call()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (5 * rounds * len(calls))
+
+
+def eager_us(call: Callable[[], object]) -> float:
+    return triton.testing.do_bench(call, warmup=25, rep=200) * 1000
+
+
+def record(kernel: str, case: str, us: float, nbytes: float, flops: float, mode: str) -> None:
+    gbs, tfs = nbytes / us / 1e3, flops / us / 1e6
+    row = dict(kernel=kernel, case=case, mode=mode, us=round(us, 2), GBps=round(gbs, 1),
+               hbm_frac=round(nbytes / us / 1e-6 / HBM_BYTES_S, 3), TFLOPs=round(tfs, 2),
+               flop_frac=round(flops / us / 1e-6 / BF16_FLOP_S, 3))
+    RESULTS.append(row)
+    print(f"{kernel:<18} {case:<26} {mode:<6} {us:9.1f} µs {gbs:8.0f} GB/s ({row['hbm_frac']:5.1%}) {tfs:7.1f} TFLOP/s",
+          flush=True)
+
+
+def copies_for(bytes_per_call: float, cap: int = 16) -> int:
+    """Input copies to rotate through so one round reads more than L2 holds."""
+    return max(2, min(cap, -(-4 * L2_BYTES // max(1, int(bytes_per_call)))))
+
+
+def routing(tokens: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.rand(tokens, E, generator=g, device=DEV).argsort(dim=1)[:, :K].to(torch.int32)
+    w = torch.rand(tokens, K, generator=g, device=DEV)
+    return ids, w / w.sum(1, keepdim=True)
+
+
+def bench_moe(gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    g = torch.Generator(device=DEV).manual_seed(0)
+    expert_bytes = 3 * H * I * 2
+    for tokens in DECODE_TOKENS:
+        n = 16
+        xs = [torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(n)]
+        routes = [routing(tokens, g) for _ in range(n)]
+        cells = [torch.zeros(tokens, K, H, device=DEV) for _ in range(n)]
+        ws = torch.empty(tokens * K * I, dtype=BF16, device=DEV)
+        distinct = sum(torch.unique(r[0]).numel() for r in routes) / n
+        nbytes = distinct * expert_bytes + tokens * H * 2 + tokens * K * H * 4
+        flops = 2 * tokens * K * 3 * H * I
+        for name, fn in (("moe_decode", moe_decode), ("moe_prefill", moe_prefill)):
+            calls = [lambda i=i, fn=fn: fn(xs[i], routes[i][0], routes[i][1], gate_up, down, cells[i], "silu", ws)
+                     for i in range(n)]
+            record(name, f"T={tokens}", graph_us(calls), nbytes, flops, "graph")
+        record("moe_combine+res", f"T={tokens}", graph_us([lambda i=i: moe_combine(cells[i], BF16, xs[i])
+                                                          for i in range(n)]),
+               tokens * K * H * 4 + 2 * tokens * H * 2, 0, "graph")
+        if tokens == 1:
+            record("moe torch ref", "T=1", eager_us(lambda: moe_slots_ref(xs[0], routes[0][0], routes[0][1], gate_up,
+                                                                          down, cells[0], "silu")), nbytes, flops,
+                   "eager")
+    tokens = PREFILL_TOKENS
+    x = torch.randn(tokens, H, generator=g, device=DEV).to(BF16)
+    ids, w = routing(tokens, g)
+    cells8k = torch.zeros(tokens, K, H, device=DEV)
+    nbytes = E * expert_bytes + tokens * H * 2 + tokens * K * (H * 4 + I * 4)
+    record("moe_prefill", f"T={tokens}", eager_us(lambda: moe_prefill(x, ids, w, gate_up, down, cells8k, "silu")), nbytes,
+           2 * tokens * K * 3 * H * I, "eager")
+    record("moe_combine+res", f"T={tokens}", eager_us(lambda: moe_combine(cells8k, BF16, x)),
+           tokens * K * H * 4 + 2 * tokens * H * 2, 0, "eager")
+
+
+def bench_decode_attention() -> None:
+    g = torch.Generator(device=DEV).manual_seed(1)
+    for batch, ctx in DECODE_ATTN:
+        kv_bytes = batch * ctx * HKV * D * 2 * 2
+        n = copies_for(kv_bytes)
+        pages = ctx // PAGE
+        k_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
+        v_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
+        tables = [(torch.randperm(batch * pages, generator=g, device=DEV) + i * batch * pages).view(batch, pages)
+                  .to(torch.int32) for i in range(n)]
+        rows = torch.arange(batch, dtype=torch.int32, device=DEV)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+        qs = [torch.randn(batch, HQ, D, generator=g, device=DEV).to(BF16) for _ in range(n)]
+        outs = [torch.empty_like(q) for q in qs]
+        calls = [lambda i=i: decode_attention(qs[i], k_pool, v_pool, tables[i], rows, lens, PAGE, D**-0.5, None,
+                                              outs[i]) for i in range(n)]
+        flops = 4 * batch * HQ * D * ctx
+        record("decode_attention", f"B={batch} ctx={ctx}", graph_us(calls), kv_bytes, flops, "graph")
+        del k_pool, v_pool
+
+
+def bench_extend_attention() -> None:
+    g = torch.Generator(device=DEV).manual_seed(2)
+    for prefix, chunk in EXTEND_ATTN:
+        ctx = prefix + chunk
+        pages = ctx // PAGE
+        k = torch.randn(ctx, HKV, D, generator=g, device=DEV).to(BF16)
+        v = torch.randn(ctx, HKV, D, generator=g, device=DEV).to(BF16)
+        table = torch.randperm(pages, generator=g, device=DEV).to(torch.int32)[None]
+        q = torch.randn(chunk, HQ, D, generator=g, device=DEV).to(BF16)
+        rows = torch.zeros(1, dtype=torch.int32, device=DEV)
+        cu = torch.tensor([0, chunk], dtype=torch.int32, device=DEV)
+        lens = torch.tensor([ctx], dtype=torch.int32, device=DEV)
+        us = eager_us(lambda: extend_attention(q, k, v, table, rows, cu, lens, PAGE, D**-0.5, None, chunk))
+        causal_pairs = chunk * prefix + chunk * (chunk + 1) / 2
+        record("extend_attention", f"prefix={prefix} new={chunk}", us, (2 * ctx * HKV + 2 * chunk * HQ) * D * 2,
+               4 * HQ * D * causal_pairs, "eager")
+
+
+def bench_small_ops() -> None:
+    g = torch.Generator(device=DEV).manual_seed(3)
+    weight = torch.randn(H, generator=g, device=DEV).to(BF16)
+    max_pos = 32768
+    freqs = torch.arange(max_pos, device=DEV).float()[:, None] * torch.rand(D // 2, generator=g, device=DEV)
+    cos, sin = freqs.cos(), freqs.sin()
+    k_cache = torch.zeros(max_pos, HKV, D, dtype=BF16, device=DEV)
+    v_cache = torch.zeros_like(k_cache)
+    for tokens in (*DECODE_TOKENS, PREFILL_TOKENS):
+        prefill = tokens == PREFILL_TOKENS
+        n = 1 if prefill else 16
+        xs = [torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(2 * n)]
+        norm_calls = [lambda i=i: add_rms_norm(xs[2 * i], xs[2 * i + 1], weight, 1e-6) for i in range(n)]
+        qkv = [[torch.randn(tokens, h, D, generator=g, device=DEV).to(BF16) for h in (HQ, HKV, HKV)] for _ in range(n)]
+        pos = torch.randint(0, max_pos, (tokens,), generator=g, device=DEV)
+        loc = torch.randperm(max_pos, generator=g, device=DEV)[:tokens]
+        rope_calls = [lambda i=i: rope_write_kv(*qkv[i], pos, cos, sin, k_cache, v_cache, loc) for i in range(n)]
+        mode = "eager" if prefill else "graph"
+        timer = (lambda calls: eager_us(calls[0])) if prefill else graph_us
+        record("add_rms_norm", f"T={tokens}", timer(norm_calls), 4 * tokens * H * 2, 0, mode)
+        record("rope_write_kv", f"T={tokens}", timer(rope_calls), 2 * tokens * (HQ + 2 * HKV) * D * 2, 0, mode)
+
+
+def main() -> None:
+    props = torch.cuda.get_device_properties(0)
+    print(f"{props.name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    t0 = time.time()
+    g = torch.Generator(device=DEV).manual_seed(42)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g, device=DEV) * H**-0.5).to(BF16)
+    down = (torch.randn(E, H, I, generator=g, device=DEV) * I**-0.5).to(BF16)
+    bench_moe(gate_up, down)
+    del gate_up, down
+    torch.cuda.empty_cache()
+    bench_decode_attention()
+    bench_extend_attention()
+    bench_small_ops()
+    out_dir = Path(os.environ.get("OUT") or "bench/results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "gpu_kernel_bench.json"
+    meta = dict(device=props.name, torch=torch.__version__, triton=triton.__version__, hbm_bytes_s=HBM_BYTES_S,
+                seconds=round(time.time() - t0, 1))
+    path.write_text(json.dumps(dict(meta=meta, results=RESULTS), indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""RMSNorm, and the residual add fused in front of it.
+
+`add_rms_norm(x, residual, weight, eps, weight_offset)` returns (normed, new_residual)
+with new_residual = residual + x rounded to the dtype (torch's `h + out`) and normed
+the RMSNorm of new_residual, exactly as transformers computes it:
+- weight_offset == 0 (Llama/Qwen3 `RMSNorm`): fp32 statistics, x * rsqrt(mean(x^2) + eps)
+  cast to the dtype, then * weight in the dtype;
+- weight_offset != 0 (Qwen3-Next / Qwen3.5 `x * (1 + w)` norms): the fp32 normalised x
+  * (weight_offset + float(weight)) in fp32, cast to the dtype once.
+The fast path's fp32 sum of squares may differ from torch's in its last bits, so the
+two agree to one rounding of the dtype, not bitwise; new_residual is bitwise equal.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgemoe.kernels.backend import use_triton
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    """Over the last dim of x [..., N]; weight [N]."""
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight_offset == 0.0:
+        return weight * x32.to(dtype)
+    return (x32 * (weight_offset + weight.float())).to(dtype)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x); x, residual [..., N] in one dtype."""
+    new_residual = residual + x
+    return rms_norm_ref(new_residual, weight, eps, weight_offset), new_residual
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    """Same contract as `rms_norm_ref`; one row per program on CUDA."""
+    if not use_triton(x) or weight.dtype != x.dtype:
+        return rms_norm_ref(x, weight, eps, weight_offset)
+    from edgemoe.kernels.triton_ops.norm import rms_norm_triton
+
+    return rms_norm_triton(x, None, weight, eps, weight_offset)[0]
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `add_rms_norm_ref`; one fused kernel on CUDA."""
+    if not use_triton(x) or weight.dtype != x.dtype or residual.dtype != x.dtype:
+        return add_rms_norm_ref(x, residual, weight, eps, weight_offset)
+    from edgemoe.kernels.triton_ops.norm import rms_norm_triton
+
+    normed, new_residual = rms_norm_triton(x, residual, weight, eps, weight_offset)
+    assert new_residual is not None
+    return normed, new_residual

@@ -1,0 +1,62 @@
+"""Rotary embedding (rotate-half, optionally partial) fused with the KV-cache write.
+
+`rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, out_loc)` rotates the
+first R = 2 * cos.shape[1] dims of every q and k head at its token's position (the
+rest pass through), writes rotated k and plain v into the caches at out_loc, and
+returns rotated q. cos/sin [P, R/2] are fp32 tables indexed by position, already
+scaled (e.g. YaRN's attention factor). Rounding as transformers: the tables are cast
+to the activation dtype, then x * cos + rotate_half(x) * sin in the dtype; the fast
+path rounds at the same points and is bitwise equal in bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgemoe.kernels.backend import use_triton
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope_partial_ref(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """x [T, H, D] rotated on its first 2 * cos.shape[1] dims (transformers' order)."""
+    c = cos[positions].to(x.dtype)
+    s = sin[positions].to(x.dtype)
+    c = torch.cat((c, c), dim=-1)[:, None, :]  # [T, 1, R]
+    s = torch.cat((s, s), dim=-1)[:, None, :]
+    rot = c.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return torch.cat((x_rot * c + _rotate_half(x_rot) * s, x_pass), dim=-1)
+
+
+def rope_write_kv_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor,  # [T, Hkv, D]
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [P, R/2] float32
+    sin: torch.Tensor,  # [P, R/2] float32
+    k_cache: torch.Tensor,  # [num_slots, Hkv, D]
+    v_cache: torch.Tensor,
+    out_loc: torch.Tensor,  # [T] int64
+) -> torch.Tensor:  # rotated q [T, Hq, D]
+    k_cache[out_loc] = apply_rope_partial_ref(k, positions, cos, sin).to(k_cache.dtype)
+    v_cache[out_loc] = v.to(v_cache.dtype)
+    return apply_rope_partial_ref(q, positions, cos, sin)
+
+
+def rope_write_kv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+) -> torch.Tensor:
+    """Same contract as `rope_write_kv_ref`; one program per token on CUDA."""
+    if not use_triton(q):
+        return rope_write_kv_ref(q, k, v, positions, cos, sin, k_cache, v_cache, out_loc)
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    return rope_write_kv_triton(q, k, v, positions, cos, sin, k_cache, v_cache, out_loc)

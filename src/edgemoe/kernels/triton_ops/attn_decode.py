@@ -1,0 +1,150 @@
+"""Paged decode attention (one query per sequence), split over the context.
+
+Launch 1: one program per (sequence, kv head, split of SPLIT_TOKENS positions) handles
+all Hq/Hkv query heads of its kv head (each K/V row is read once per group) and writes
+the split's normalised output and log-sum-exp (base 2) in fp32. Launch 2: one program
+per (sequence, query head) merges the splits in ascending order.
+
+NOTE: the split size is a constant in tokens, so batch 1 at 32K context gets 64 splits
+x Hkv programs (enough to fill the GPU) and a sequence's result depends only on its own
+context, never on the batch. The grid covers `max_seq_len` positions (default: the page
+table's capacity, max_pages * page_size): programs past a sequence's length exit at
+once. Workspace: B x Hq x splits x (D + 1) fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+
+SPLIT_TOKENS = 512
+LOG2E = 1.4426950408889634
+
+
+def decode_config(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) by head dim: K and V tiles of 16 KiB at most per
+    stage, which fits the ~99 KiB of shared memory of sm_86/sm_89 blocks too."""
+    return (64, 4, 2) if head_dim <= 128 else (32, 4, 2)
+
+
+@triton.jit
+def _decode_split(
+    q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pr,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    qk_scale, window, page_size,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    pos = seq_len - 1
+    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # first visible position
+    start = split * SPLIT
+    end = tl.minimum(start + SPLIT, seq_len)
+    if (start >= end) | (end <= lo):
+        return
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D_PAD)
+    heads = kvh * G + g
+    hd_ok = (g < G)[:, None] & (d < D)[None, :]
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=hd_ok, other=0.0)
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    # Blocks start at multiples of BLOCK_N, so the first block holds a visible key.
+    for n0 in range(tl.maximum(start, lo // BLOCK_N * BLOCK_N), end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = (n < end) & (n >= lo)
+        page = tl.load(pt_ptr + row * stride_pr + n // page_size, mask=n < end, other=0)
+        slot = page.to(tl.int64) * page_size + n % page_size
+        kv_ok = n_ok[:, None] & (d < D)[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
+        s = mma(q, tl.trans(k), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP) * qk_scale
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
+        acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
+        m = m_new
+    base = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
+    tl.store(o_ptr + base, acc / l[:, None], mask=hd_ok)
+    tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, m + tl.log2(l), mask=g < G)
+
+
+@triton.jit
+def _decode_merge(
+    o_ptr, lse_ptr, lens_ptr, out_ptr,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
+    window,
+    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < D
+    o_row = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
+    lse_row = lse_ptr + b * stride_lb + h * stride_lh
+    e_max = float("-inf")
+    e_sum = 0.0
+    acc = tl.zeros([D_PAD], tl.float32)
+    for split in range(lo // SPLIT, tl.cdiv(seq_len, SPLIT)):  # ascending: a fixed order
+        lse = tl.load(lse_row + split)
+        o = tl.load(o_row + split * stride_os, mask=d_ok, other=0.0)
+        new_max = tl.maximum(lse, e_max)
+        old_scale = tl.exp2(e_max - new_max)
+        w = tl.exp2(lse - new_max)
+        acc = acc * old_scale + o * w
+        e_sum = e_sum * old_scale + w
+        e_max = new_max
+    out = out_ptr + b.to(tl.int64) * stride_outb + h * stride_outh + d
+    tl.store(out, round_to(acc / e_sum, DTYPE, INTERP), mask=d_ok)
+
+
+def num_splits(page_table: torch.Tensor, page_size: int, max_seq_len: int | None) -> int:
+    """Splits covering `max_seq_len`, else the page table's capacity: the grid's (and the
+    partials') size. Its value never changes a result: programs past a sequence exit."""
+    return triton.cdiv(max_seq_len or page_table.shape[1] * page_size, SPLIT_TOKENS)
+
+
+def decode_attention_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
+    out: torch.Tensor, max_seq_len: int | None = None,
+) -> torch.Tensor:
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    if B == 0:
+        return out
+    if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
+    G, D_PAD = Hq // Hkv, triton.next_power_of_2(D)
+    splits = num_splits(page_table, page_size, max_seq_len)
+    o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
+    block_n, warps, stages = decode_config(D)
+    dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
+    _decode_split[(B, Hkv, splits)](
+        q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+        scale * LOG2E, win, page_size,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLIT=SPLIT_TOKENS,
+        DTYPE=dtype, INTERP=interp, num_warps=warps, num_stages=stages,
+    )
+    _decode_merge[(B, Hq)](
+        o_part, lse, seq_lens, out,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
+        win, D=D, D_PAD=D_PAD, SPLIT=SPLIT_TOKENS, DTYPE=dtype, INTERP=interp, num_warps=1,
+    )
+    return out

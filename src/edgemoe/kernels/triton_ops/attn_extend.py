@@ -1,0 +1,106 @@
+"""Paged extend / prefill attention: flash-attention tiles over the varlen batch.
+
+One program per (block of BLOCK_M new tokens, sequence, query head) walks the context
+in BLOCK_N key blocks through the page table (cached prefix and the new tokens alike),
+with an online softmax in fp32 (base 2).
+
+NOTE: key blocks start at multiples of BLOCK_N in absolute positions, and a key block
+that is fully masked for a query row leaves its running max, sum and accumulator
+exactly unchanged (scale 1, weights 0), so a token's output does not depend on which
+query block it landed in: chunked prefill, batch composition and q_len leave it alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgemoe.kernels.triton_ops.attn_decode import LOG2E
+from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+
+
+def extend_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim; K and V tiles stay within
+    16 KiB per stage so sm_86/sm_89 (~99 KiB of shared memory per block) run them."""
+    return (64, 64, 4, 2) if head_dim <= 128 else (64, 32, 8, 2)
+
+
+@triton.jit
+def _extend(
+    q_ptr, k_ptr, v_ptr, o_ptr, pt_ptr, rows_ptr, cu_ptr, lens_ptr,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_pr,
+    qk_scale, window, page_size,
+    G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr,
+):
+    qb = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query blocks start first
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_start
+    if qb * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(lens_ptr + b)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    kvh = h // G
+    i = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    i_ok = i < q_len
+    q_pos = seq_len - q_len + i
+    d = tl.arange(0, D_PAD)
+    d_ok = d < D
+    q_rows = (q_start + i).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+                mask=i_ok[:, None] & d_ok[None, :], other=0.0)
+    end = seq_len - q_len + tl.minimum(qb * BLOCK_M + BLOCK_M, q_len)  # past the block's last query
+    lo = tl.where(window > 0, tl.maximum(seq_len - q_len + qb * BLOCK_M - window + 1, 0), 0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for n0 in range(lo // BLOCK_N * BLOCK_N, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < end
+        page = tl.load(pt_ptr + row * stride_pr + n // page_size, mask=n_ok, other=0)
+        slot = page.to(tl.int64) * page_size + n % page_size
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
+        s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP) * qk_scale
+        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        visible = visible & ((window <= 0) | (n[None, :] > q_pos[:, None] - window))
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
+        acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    o = o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :]
+    tl.store(o, round_to(out, DTYPE, INTERP), mask=i_ok[:, None] & d_ok[None, :])
+
+
+def extend_attention_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    req_rows: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+    scale: float, window: int | None, max_q_len: int,
+) -> torch.Tensor:
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    out = torch.empty_like(q)
+    B = seq_lens.shape[0]
+    if T == 0 or B == 0 or max_q_len == 0:
+        return out
+    if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
+    block_m, block_n, warps, stages = extend_config(D)
+    _extend[(triton.cdiv(max_q_len, block_m), B, Hq)](
+        q, k_cache, v_cache, out, page_table, req_rows, cu_seqlens_q, seq_lens,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1), page_table.stride(0),
+        scale * LOG2E, window or 0, page_size,
+        G=Hq // Hkv, D=D, D_PAD=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
+        DTYPE=tl_dtype(q.dtype), INTERP=interpreting(q), num_warps=warps, num_stages=stages,
+    )
+    return out

@@ -1,0 +1,72 @@
+"""Helpers shared by the Triton kernels: dtype mapping, exact rounding, dots, activations.
+
+The interpreter (`TRITON_INTERPRET=1`, CPU tensors) differs from the compiled path in
+two ways these helpers hide, so one kernel source serves both:
+- it truncates fp32 → bf16 casts (the GPU rounds to nearest even);
+- its `tl.dot` multiplies the raw uint16 storage of bf16 operands.
+Kernels take `INTERP: tl.constexpr` (True exactly when the tensors are on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_pytorch_tanh": 2}
+
+
+def tl_dtype(dtype: torch.dtype) -> tl.dtype:
+    if dtype not in TL_DTYPES:
+        raise TypeError(f"unsupported dtype {dtype} (bf16, fp16 or fp32)")
+    return TL_DTYPES[dtype]
+
+
+def interpreting(t: torch.Tensor) -> bool:
+    """Triton runs CPU tensors only under its interpreter."""
+    return not t.is_cuda
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 → DTYPE, round to nearest even (what torch's casts do)."""
+    if INTERP:
+        if DTYPE == tl.bfloat16:
+            # The interpreter truncates: round the fp32 bits first so truncation is exact.
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def round_trip(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 value rounded to DTYPE and back: a torch op's rounded output, kept in fp32."""
+    return round_to(x, DTYPE, INTERP).to(tl.float32)
+
+
+@triton.jit
+def mma(a, b, acc, INTERP: tl.constexpr):
+    """acc + a @ b in fp32; fp32 operands multiply in full precision (no tf32)."""
+    if INTERP:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    elif a.dtype == tl.float32:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def activate(x, ACT: tl.constexpr):
+    """torch's formulas on fp32 x: 0 = silu, 1 = gelu (erf), 2 = gelu (tanh approximation)."""
+    if ACT == 0:
+        y = x / (1.0 + tl.exp(-x))
+    elif ACT == 1:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    else:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # tanh via exp: no libdevice needed
+        y = 0.5 * x * (1.0 + tanh)
+    return y

@@ -1,0 +1,85 @@
+"""Rotary embedding + KV-cache write, one program per token (see `kernels/rope_kv.py`)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edgemoe.kernels.triton_ops.common import (
+    interpreting,
+    round_to,
+    round_trip,
+    tl_dtype,
+)
+
+
+@triton.jit
+def _rotate(x_ptr, stride_h, c, s, h, d, HEADS, D, HALF: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """[H_PAD, D_PAD] heads of one token, rotated on dims < 2*HALF: x*cos + rotate_half(x)*sin,
+    each product and the sum rounded to DTYPE as torch's ops in that dtype do."""
+    rot = d < 2 * HALF
+    ok = (h < HEADS)[:, None] & (d < D)[None, :]
+    x = tl.load(x_ptr + h[:, None] * stride_h + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    partner = tl.where(d < HALF, d + HALF, d - HALF)  # rotate_half: (-x2, x1)
+    xp = tl.load(x_ptr + h[:, None] * stride_h + partner[None, :], mask=ok & rot[None, :], other=0.0).to(tl.float32)
+    xp = tl.where((d < HALF)[None, :], -xp, xp)
+    y = round_trip(x * c[None, :], DTYPE, INTERP) + round_trip(xp * s[None, :], DTYPE, INTERP)
+    return tl.where(rot[None, :], y, x), ok
+
+
+@triton.jit
+def _rope_write_kv(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, loc_ptr, qo_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cp,
+    stride_kcs, stride_kch, stride_vcs, stride_vch, stride_qot, stride_qoh,
+    HQ, HKV, D,
+    HALF: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    DTYPE: tl.constexpr, CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    loc = tl.load(loc_ptr + t).to(tl.int64)
+    d = tl.arange(0, D_PAD)
+    j = tl.where(d < HALF, d, d - HALF)  # table column of each rotated dim
+    rot = d < 2 * HALF
+    c = round_trip(tl.load(cos_ptr + pos * stride_cp + j, mask=rot, other=0.0), DTYPE, INTERP)
+    s = round_trip(tl.load(sin_ptr + pos * stride_cp + j, mask=rot, other=0.0), DTYPE, INTERP)
+    hq = tl.arange(0, HQ_PAD)
+    yq, ok_q = _rotate(q_ptr + t * stride_qt, stride_qh, c, s, hq, d, HQ, D, HALF, DTYPE, INTERP)
+    tl.store(qo_ptr + t * stride_qot + hq[:, None] * stride_qoh + d[None, :], round_to(yq, DTYPE, INTERP), mask=ok_q)
+    hk = tl.arange(0, HKV_PAD)
+    yk, ok_k = _rotate(k_ptr + t * stride_kt, stride_kh, c, s, hk, d, HKV, D, HALF, DTYPE, INTERP)
+    yk = round_trip(yk, DTYPE, INTERP)
+    tl.store(kc_ptr + loc * stride_kcs + hk[:, None] * stride_kch + d[None, :], round_to(yk, CACHE_DTYPE, INTERP),
+             mask=ok_k)
+    vv = tl.load(v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :], mask=ok_k, other=0.0)
+    tl.store(vc_ptr + loc * stride_vcs + hk[:, None] * stride_vch + d[None, :],
+             round_to(vv.to(tl.float32), CACHE_DTYPE, INTERP), mask=ok_k)
+
+
+def rope_write_kv_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+    sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+) -> torch.Tensor:
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    half = cos.shape[1]
+    if 2 * half > D or cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        raise ValueError(f"cos/sin must be contiguous [P, R/2] with R <= D ({D}); got {tuple(cos.shape)}")
+    for t in (q, k, v, k_cache, v_cache):
+        if t.stride(-1) != 1:
+            raise ValueError("need a unit stride on the head dim")
+    q_out = torch.empty_like(q)
+    if T == 0:
+        return q_out
+    _rope_write_kv[(T,)](
+        q, k, v, positions, cos, sin, k_cache, v_cache, out_loc, q_out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), q_out.stride(0), q_out.stride(1),
+        Hq, Hkv, D,
+        HALF=half, HQ_PAD=triton.next_power_of_2(Hq), HKV_PAD=triton.next_power_of_2(Hkv),
+        D_PAD=triton.next_power_of_2(D), DTYPE=tl_dtype(q.dtype), CACHE_DTYPE=tl_dtype(k_cache.dtype),
+        INTERP=interpreting(q), num_warps=4,
+    )
+    return q_out

@@ -1,0 +1,76 @@
+"""Seeded random inputs in the engine's kernel layouts, for kernel tests and benchmarks.
+
+`paged_batch` scatters each sequence's pages over a shuffled pool (and its page-table
+row among spare rows), so a kernel that ignores the page table or the row map fails.
+`moe_batch` builds slot banks with realistic magnitudes (gate/up outputs ~ N(0, 1)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    q: torch.Tensor  # [T, Hq, D] (decode: T = B)
+    k_cache: torch.Tensor  # [num_slots, Hkv, D]
+    v_cache: torch.Tensor
+    page_table: torch.Tensor  # [R, max_pages] int32
+    req_rows: torch.Tensor  # [B] int32
+    seq_lens: torch.Tensor  # [B] int32
+    cu_seqlens_q: torch.Tensor  # [B+1] int32
+    page_size: int
+    max_q_len: int
+
+
+def paged_batch(
+    seq_lens: list[int], q_lens: list[int], hq: int, hkv: int, d: int, page_size: int,
+    dtype: torch.dtype, device: str | torch.device = "cpu", seed: int = 0, spare_pages: int = 2,
+) -> PagedBatch:
+    g = torch.Generator().manual_seed(seed)
+    pages_per = [-(-n // page_size) for n in seq_lens]
+    max_pages = max(pages_per) + spare_pages  # capacity past the longest context
+    num_pages = sum(pages_per) + 3  # a few pages nobody owns
+    perm = torch.randperm(num_pages, generator=g).to(torch.int32)
+    rows = torch.randperm(len(seq_lens) + 2, generator=g)[: len(seq_lens)].to(torch.int32)
+    table = torch.zeros(len(seq_lens) + 2, max_pages, dtype=torch.int32)
+    used = 0
+    for row, n in zip(rows.tolist(), pages_per, strict=True):
+        table[row, :n] = perm[used : used + n]
+        used += n
+    shape = (num_pages * page_size, hkv, d)
+    k_cache, v_cache = torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    move = lambda t: t.to(device)  # noqa: E731
+    return PagedBatch(
+        move(q), move(k_cache), move(v_cache), move(table), move(rows),
+        move(torch.tensor(seq_lens, dtype=torch.int32)), move(cu), page_size, max(q_lens),
+    )
+
+
+@dataclass(frozen=True)
+class MoEBatch:
+    x: torch.Tensor  # [T, H]
+    slot_ids: torch.Tensor  # [T, K] int32, -1 = not in this pass
+    weights: torch.Tensor  # [T, K] float32
+    gate_up: torch.Tensor  # [S, 2I, H]
+    down: torch.Tensor  # [S, H, I]
+
+
+def moe_batch(
+    tokens: int, top_k: int, hidden: int, inter: int, slots: int, dtype: torch.dtype,
+    device: str | torch.device = "cpu", seed: int = 0, unrouted: float = 0.0,
+) -> MoEBatch:
+    """Each token routes to `top_k` distinct slots; a fraction `unrouted` of the cells is -1."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
+    gate_up = (torch.randn(slots, 2 * inter, hidden, generator=g, device=device) * hidden**-0.5).to(dtype)
+    down = (torch.randn(slots, hidden, inter, generator=g, device=device) * inter**-0.5).to(dtype)
+    ids = torch.rand(tokens, slots, generator=g, device=device).argsort(dim=1)[:, :top_k].to(torch.int32)
+    drop = torch.rand(tokens, top_k, generator=g, device=device) < unrouted
+    ids = torch.where(drop, torch.full_like(ids, -1), ids)
+    weights = torch.rand(tokens, top_k, generator=g, device=device)
+    return MoEBatch(x, ids, weights / weights.sum(1, keepdim=True), gate_up, down)

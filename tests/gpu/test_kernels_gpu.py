@@ -1,0 +1,220 @@
+"""Triton kernels against their torch references on the GPU, bf16, at model shapes
+(Qwen3-30B-A3B: H=2048, I=768, 128 experts, top-8, 32/4 heads x 128; Qwen3.5's 16/2 x 256),
+plus odd head counts, page sizes, windows; CUDA-graph capture without host syncs."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from edgemoe.kernels import moe_fused, norm_fused, paged_attention, rope_kv
+from edgemoe.kernels.moe_fused import moe_combine, moe_combine_ref, moe_decode, moe_prefill, moe_slots_ref
+from edgemoe.kernels.norm_fused import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
+from edgemoe.kernels.paged_attention import (
+    decode_attention, decode_attention_ref, extend_attention, extend_attention_ref,
+)
+from edgemoe.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
+from edgemoe.testing.kernel_inputs import MoEBatch, PagedBatch, moe_batch, paged_batch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+BF16 = torch.bfloat16
+H, I, E, K = 2048, 768, 128, 8
+
+
+@pytest.fixture(autouse=True)
+def dispatch_must_pick_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every dispatcher call here must take the Triton path (a silent fallback to the
+    reference would compare the reference with itself)."""
+    for module in (moe_fused, paged_attention, norm_fused, rope_kv):
+        def strict(t: torch.Tensor, dtype: torch.dtype | None = None, _pick=module.use_triton) -> bool:  # noqa: ANN001
+            assert _pick(t, dtype), "dispatcher fell back to the torch reference"
+            return True
+
+        monkeypatch.setattr(module, "use_triton", strict)
+
+
+def moe_cells(kernel, b: MoEBatch, act: str = "silu") -> torch.Tensor:  # noqa: ANN001
+    cells = torch.full((*b.slot_ids.shape, b.x.shape[1]), float("nan"), device=b.x.device)  # poisoned
+    kernel(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, act)
+    return cells
+
+
+def check_moe(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, slot_ids: torch.Tensor) -> None:
+    skipped = (slot_ids < 0)[..., None].expand_as(got)
+    assert got[skipped].isnan().all()  # -1 cells untouched
+    assert not got[~skipped].isnan().any()
+    # Each of the 4 roundings of the chain (projection, act, product, down) may land one
+    # bf16 ulp (2^-7 relative) apart when fp32 sums run in another order: 4 * 2^-7 of the
+    # cell's largest element.
+    scale = want.nan_to_num().abs().amax(dim=-1, keepdim=True)
+    assert ((got - want).nan_to_num().abs() <= 4 * 2**-7 * scale).all()
+    # And as accurate as torch's bf16 path against the fp32 computation (x1.5 margin).
+    err_kernel = (got - exact).nan_to_num().abs().max()
+    err_torch = (want - exact).nan_to_num().abs().max()
+    assert err_kernel <= 1.5 * err_torch + 1e-6
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 32, 300])
+@pytest.mark.parametrize("path", ["decode", "prefill"])
+def test_moe_matches_ref(path: str, tokens: int) -> None:
+    b = moe_batch(tokens, K, H, I, E, BF16, "cuda", seed=tokens, unrouted=0.1)
+    kernel = {"decode": moe_decode, "prefill": moe_prefill}[path]
+    want = moe_cells(moe_slots_ref, b)
+    exact = moe_cells(moe_slots_ref, MoEBatch(b.x.float(), b.slot_ids, b.weights, b.gate_up.float(), b.down.float()))
+    check_moe(moe_cells(kernel, b), want, exact, b.slot_ids)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_moe_other_activations(act: str) -> None:
+    b = moe_batch(40, 4, 512, 384, 16, BF16, "cuda", seed=3, unrouted=0.2)
+    want = moe_cells(moe_slots_ref, b, act)
+    exact = moe_cells(moe_slots_ref, MoEBatch(b.x.float(), b.slot_ids, b.weights, b.gate_up.float(), b.down.float()),
+                      act)
+    for kernel in (moe_decode, moe_prefill):
+        check_moe(moe_cells(kernel, b, act), want, exact, b.slot_ids)
+
+
+def test_moe_prefill_8k_tokens() -> None:
+    b = moe_batch(8192, K, H, I, E, BF16, "cuda", seed=5)
+    want = moe_cells(moe_slots_ref, b)
+    got = moe_cells(moe_prefill, b)
+    assert ((got - want).abs() <= 4 * 2**-7 * want.abs().amax(dim=-1, keepdim=True)).all()
+
+
+def test_moe_combine_bitwise() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cells = torch.randn(77, K, H, generator=g, device="cuda")
+    residual = torch.randn(77, H, generator=g, device="cuda").to(BF16)
+    assert torch.equal(moe_combine(cells, BF16), moe_combine_ref(cells, BF16))
+    assert torch.equal(moe_combine(cells, BF16, residual), residual + moe_combine_ref(cells, BF16))
+
+
+def fp32_attention(b: PagedBatch, window: int | None, decode: bool) -> torch.Tensor:
+    f = lambda t: t.float()  # noqa: E731
+    scale = b.q.shape[-1] ** -0.5
+    if decode:
+        return decode_attention_ref(f(b.q), f(b.k_cache), f(b.v_cache), b.page_table, b.req_rows, b.seq_lens,
+                                    b.page_size, scale, window, torch.empty(b.q.shape, device=b.q.device))
+    return extend_attention_ref(f(b.q), f(b.k_cache), f(b.v_cache), b.page_table, b.req_rows, b.cu_seqlens_q,
+                                b.seq_lens, b.page_size, scale, window, b.max_q_len)
+
+
+def check_attention(got: torch.Tensor, b: PagedBatch, window: int | None, decode: bool) -> None:
+    # Against fp32: the kernel rounds the probabilities to bf16 (<= 2^-9 relative each,
+    # so <= 2^-9 max|v| on the weighted sum) and the output (<= 2^-9 |out|): 2^-7 max|v|.
+    want = fp32_attention(b, window, decode)
+    assert not got.isnan().any()
+    assert (got.float() - want).abs().max() <= 2**-7 * b.v_cache.float().abs().max()
+
+
+ATTN = [  # Hq, Hkv, D, page_size, window
+    (32, 4, 128, 16, None),  # Qwen3-30B-A3B
+    (16, 2, 256, 64, None),  # Qwen3.5 gated attention
+    (6, 2, 128, 1, None),
+    (5, 1, 64, 64, None),
+    (32, 4, 128, 16, 128),  # sliding window (gpt-oss style)
+]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), ATTN)
+def test_decode_attention(hq: int, hkv: int, d: int, page_size: int, window: int | None) -> None:
+    lens = [1, 17, 512, 513, 1000, 4096, 8191, 20000]
+    b = paged_batch(lens, [1] * len(lens), hq, hkv, d, page_size, BF16, "cuda", seed=d + hq)
+    out = torch.full_like(b.q, float("nan"))
+    decode_attention(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.seq_lens, page_size, d**-0.5, window, out)
+    check_attention(out, b, window, decode=True)
+
+
+def test_decode_attention_32k_batch1() -> None:
+    b = paged_batch([32768], [1], 32, 4, 128, 16, BF16, "cuda", seed=1)
+    out = torch.full_like(b.q, float("nan"))
+    decode_attention(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.seq_lens, 16, 128**-0.5, None, out)
+    check_attention(out, b, None, decode=True)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), ATTN)
+def test_extend_attention(hq: int, hkv: int, d: int, page_size: int, window: int | None) -> None:
+    # A 1000-token chunk after a 2000-token cached prefix, a whole 1500-token prompt, one token.
+    b = paged_batch([3000, 1500, 501], [1000, 1500, 1], hq, hkv, d, page_size, BF16, "cuda", seed=d + hq + 1)
+    out = extend_attention(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.cu_seqlens_q, b.seq_lens,
+                           page_size, d**-0.5, window, b.max_q_len)
+    check_attention(out, b, window, decode=False)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("shape", [(4096, 2048), (512, 32, 128)])
+def test_norms(offset: float, shape: tuple[int, ...]) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(shape, generator=g, device="cuda") * 4).to(BF16)
+    residual = torch.randn(shape, generator=g, device="cuda").to(BF16)
+    weight = (torch.randn(shape[-1], generator=g, device="cuda") * 0.2 + 1).to(BF16)
+    normed, new_residual = add_rms_norm(x, residual, weight, 1e-6, offset)
+    want_normed, want_residual = add_rms_norm_ref(x, residual, weight, 1e-6, offset)
+    assert torch.equal(new_residual, want_residual)
+    # fp32 sums of squares in another order: at most one bf16 ulp (2^-7 relative) apart.
+    assert ((normed.float() - want_normed.float()).abs() <= 2**-7 * want_normed.float().abs()).all()
+    plain, want_plain = rms_norm(x, weight, 1e-6, offset), rms_norm_ref(x, weight, 1e-6, offset)
+    assert ((plain.float() - want_plain.float()).abs() <= 2**-7 * want_plain.float().abs()).all()
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(32, 4, 128, 128), (16, 2, 256, 64), (5, 1, 64, 64)])
+def test_rope_write_kv_bitwise(hq: int, hkv: int, d: int, rotary_dim: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    T, P, slots = 4096, 40960, 8192
+    q, k, v = (torch.randn(T, h, d, generator=g, device="cuda").to(BF16) for h in (hq, hkv, hkv))
+    positions = torch.randint(0, P, (T,), generator=g, device="cuda")
+    out_loc = torch.randperm(slots, generator=g, device="cuda")[:T]
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    freqs = torch.arange(P, device="cuda").float()[:, None] * inv_freq
+    cos, sin = freqs.cos(), freqs.sin()
+    caches = [torch.full((slots, hkv, d), 3.0, dtype=BF16, device="cuda") for _ in range(4)]
+    got = rope_write_kv(q, k, v, positions, cos, sin, caches[0], caches[1], out_loc)
+    want = rope_write_kv_ref(q, k, v, positions, cos, sin, caches[2], caches[3], out_loc)
+    assert torch.equal(got, want) and torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_decode_kernels_capture_in_a_graph_without_syncs() -> None:
+    """moe_decode + combine + decode attention in one CUDA graph (capture fails on any
+    host sync), and a replay after new routing / context lengths written in place
+    equals an eager run on the new inputs."""
+    b = moe_batch(8, K, H, I, E, BF16, "cuda", seed=7)
+    a = paged_batch([300, 2000, 40, 7000, 1, 64, 65, 513], [1] * 8, 32, 4, 128, 16, BF16, "cuda", seed=8)
+    cells = torch.zeros(8, K, H, device="cuda")
+    attn_out = torch.empty_like(a.q)
+    workspace = torch.empty(8 * K * I, dtype=BF16, device="cuda")
+    holder: dict[str, torch.Tensor] = {}
+
+    def step() -> None:
+        moe_decode(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, "silu", workspace)
+        holder["h"] = moe_combine(cells, BF16, b.x)
+        decode_attention(a.q, a.k_cache, a.v_cache, a.page_table, a.req_rows, a.seq_lens, 16, 0.088, None, attn_out)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a host sync inside a capture fails the capture
+        step()
+    b.slot_ids.copy_(torch.roll(b.slot_ids, 1, dims=0))  # new routing, same buffers
+    a.seq_lens.copy_(torch.tensor([301, 1999, 41, 6000, 2, 64, 66, 512], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    replay_h, replay_attn = holder["h"].clone(), attn_out.clone()
+    step()
+    assert torch.equal(replay_h, holder["h"]) and torch.equal(replay_attn, attn_out)
+
+
+def test_moe_prefill_has_no_host_sync() -> None:
+    b = moe_batch(1024, K, H, I, E, BF16, "cuda", seed=9)
+    cells = torch.zeros(1024, K, H, device="cuda")
+    moe_prefill(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, "silu")  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe_prefill(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, "silu")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,130 @@
+"""Batched paged attention: the references against the per-sequence reference of
+`attention.py`, and the Triton kernels (interpreter on CPU) against the references."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from edgemoe.kernels.attention import paged_attention_ref
+from edgemoe.kernels.paged_attention import decode_attention_ref, extend_attention_ref
+from edgemoe.testing.kernel_inputs import PagedBatch, paged_batch
+
+# conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+
+
+def slots_by_hand(b: PagedBatch, seq: int) -> torch.Tensor:
+    """Context slots of sequence `seq`, walked page by page in plain Python."""
+    row, ctx = int(b.req_rows[seq]), int(b.seq_lens[seq])
+    return torch.tensor([int(b.page_table[row, p // b.page_size]) * b.page_size + p % b.page_size for p in range(ctx)])
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_refs_match_per_sequence_reference(page_size: int) -> None:
+    b = paged_batch([9, 14, 5], [3, 14, 1], 4, 2, 8, page_size, torch.float32, seed=1)
+    scale = 8**-0.5
+    got = extend_attention_ref(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.cu_seqlens_q, b.seq_lens,
+                               b.page_size, scale, 6, b.max_q_len)
+    cu = b.cu_seqlens_q.tolist()
+    for seq in range(3):
+        want = paged_attention_ref(b.q, b.k_cache, b.v_cache, cu[seq], cu[seq + 1] - cu[seq], slots_by_hand(b, seq),
+                                   scale, 6)
+        assert torch.equal(got[cu[seq] : cu[seq + 1]], want)
+    d = paged_batch([9, 14, 5], [1, 1, 1], 4, 2, 8, page_size, torch.float32, seed=2)
+    out = decode_attention_ref(d.q, d.k_cache, d.v_cache, d.page_table, d.req_rows, d.seq_lens, d.page_size, scale,
+                               None, torch.empty_like(d.q))
+    for seq in range(3):
+        assert torch.equal(out[seq : seq + 1], paged_attention_ref(d.q, d.k_cache, d.v_cache, seq, 1,
+                                                                  slots_by_hand(d, seq), scale))
+
+
+def fp32_reference(b: PagedBatch, window: int | None, decode: bool) -> torch.Tensor:
+    f = lambda t: t.float()  # noqa: E731
+    scale = b.q.shape[-1] ** -0.5
+    if decode:
+        return decode_attention_ref(f(b.q), f(b.k_cache), f(b.v_cache), b.page_table, b.req_rows, b.seq_lens,
+                                    b.page_size, scale, window, torch.empty(b.q.shape))
+    return extend_attention_ref(f(b.q), f(b.k_cache), f(b.v_cache), b.page_table, b.req_rows, b.cu_seqlens_q,
+                                b.seq_lens, b.page_size, scale, window, b.max_q_len)
+
+
+def assert_attention_close(got: torch.Tensor, want: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Against the fp32 reference. bf16/fp16: the kernel rounds the probabilities (<= 2^-9
+    relative each, so <= 2^-9 max|v| on the weighted sum) and the output (<= 2^-9 |out|);
+    bound 2^-7 max|v| (x2 margin). fp32: sums in another order, ~1e-6 relative."""
+    rel = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}[got.dtype]
+    assert not got.isnan().any()
+    assert (got.float() - want).abs().max() <= rel * v_cache.float().abs().max()
+
+
+CASES = [  # Hq, Hkv, D, page_size, window
+    (6, 2, 64, 16, None),
+    (5, 1, 64, 1, None),
+    (4, 4, 128, 64, None),
+    (6, 2, 64, 16, 300),
+    (2, 1, 256, 16, 40),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), CASES)
+def test_triton_decode(dtype: torch.dtype, hq: int, hkv: int, d: int, page_size: int, window: int | None) -> None:
+    from edgemoe.kernels.triton_ops.attn_decode import SPLIT_TOKENS, decode_attention_triton
+
+    lens = [2 * SPLIT_TOKENS + 77, 130, 1]  # several splits, a partial one, a lone token
+    b = paged_batch(lens, [1, 1, 1], hq, hkv, d, page_size, dtype, seed=d + hq)
+    out = torch.full_like(b.q, float("nan"))  # poisoned: every row must be written
+    decode_attention_triton(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.seq_lens, page_size, d**-0.5,
+                            window, out)
+    assert_attention_close(out, fp32_reference(b, window, decode=True), b.v_cache)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), CASES)
+def test_triton_extend(dtype: torch.dtype, hq: int, hkv: int, d: int, page_size: int, window: int | None) -> None:
+    from edgemoe.kernels.triton_ops.attn_extend import extend_attention_triton
+
+    # A chunk after a cached prefix (two query blocks), a whole prompt, a single token.
+    b = paged_batch([150, 70, 9], [80, 70, 1], hq, hkv, d, page_size, dtype, seed=d + hq + 1)
+    out = extend_attention_triton(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.cu_seqlens_q, b.seq_lens,
+                                  page_size, d**-0.5, window, b.max_q_len)
+    assert_attention_close(out, fp32_reference(b, window, decode=False), b.v_cache)
+
+
+@needs_triton
+@pytest.mark.parametrize("window", [None, 50])
+def test_triton_extend_chunking_invariant(window: int | None) -> None:
+    # A token's output must not depend on how its prompt was chunked or what shares the
+    # batch: 100 tokens at once vs. the last 37 as a chunk beside another sequence.
+    from edgemoe.kernels.triton_ops.attn_extend import extend_attention_triton
+
+    whole = paged_batch([100], [100], 4, 2, 64, 16, torch.bfloat16, seed=9)
+    out = extend_attention_triton(whole.q, whole.k_cache, whole.v_cache, whole.page_table, whole.req_rows,
+                                  whole.cu_seqlens_q, whole.seq_lens, 16, 0.125, window, 100)
+    q = torch.cat((torch.randn(5, 4, 64).to(torch.bfloat16), whole.q[63:]))
+    table = torch.cat((whole.page_table, whole.page_table[whole.req_rows.long()]))  # another row, same pages
+    rows = torch.tensor([int(whole.req_rows[0]), table.shape[0] - 1], dtype=torch.int32)
+    chunk = extend_attention_triton(q, whole.k_cache, whole.v_cache, table, rows, torch.tensor([0, 5, 42], dtype=torch.int32),
+                                    torch.tensor([20, 100], dtype=torch.int32), 16, 0.125, window, 37)
+    assert torch.equal(chunk[5:], out[63:])
+
+
+@needs_triton
+def test_triton_decode_batch_invariant() -> None:
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+
+    # Alone or in a batch, with the grid sized by the page table or by max_seq_len.
+    b = paged_batch([1300, 20, 700], [1, 1, 1], 4, 1, 64, 16, torch.bfloat16, seed=10)
+    run = lambda sl, max_len=None: decode_attention_triton(  # noqa: E731
+        b.q[sl], b.k_cache, b.v_cache, b.page_table, b.req_rows[sl], b.seq_lens[sl], 16, 0.125, None,
+        torch.empty_like(b.q[sl]), max_len)
+    batched = run(slice(0, 3))
+    assert torch.equal(run(slice(0, 1))[0], batched[0])
+    assert torch.equal(run(slice(0, 3), 1300), batched)
