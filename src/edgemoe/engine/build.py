@@ -36,7 +36,7 @@ class Runtime:
 
 def resolve_model_dir(model: str | None) -> Path:
     if model is None:
-        from edgemoe.testing.demo import demo_model_path
+        from edgemoe.assets.demo import demo_model_path
 
         return demo_model_path()
     path = Path(model).expanduser()
