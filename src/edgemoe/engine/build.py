@@ -11,10 +11,10 @@ import torch
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.config import EngineConfig, flag_name
 from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.layers.attention import AttentionBackend, TorchPagedAttention
 from edgemoe.models.arch import DecoderArch
 from edgemoe.models.decoder import MoEDecoder, activation
-from edgemoe.models.loader import load_checkpoint, read_arch
 from edgemoe.moe.executor import MoEExecutor, make_executor
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
+    source: ModelSource
     model_dir: Path
     tokenizer: TokenizerBundle
     model: MoEDecoder
@@ -32,17 +33,6 @@ class Runtime:
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
-
-
-def resolve_model_dir(model: str | None) -> Path:
-    if model is None:
-        from edgemoe.assets.demo import demo_model_path
-
-        return demo_model_path()
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model (--model) {model!r}: no such directory")
-    return path
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,11 +96,11 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
 
 
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
-    model_dir = resolve_model_dir(config.model.model)
-    tokenizer = TokenizerBundle.load(model_dir)
+    source = resolve_model(config.model.model)
+    tokenizer = TokenizerBundle.load(source.model_dir)
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
-    arch, _ = read_arch(model_dir, dtype)
+    arch = source.arch(dtype)
     max_len = config.model.max_model_len or arch.max_position_embeddings
     plan = make_plan(config, arch, device, max_len)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
@@ -119,7 +109,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
-    loaded = load_checkpoint(model_dir, dtype, progress, host_store_kind(config.moe.expert_store, device))
+    loaded = load_model(
+        source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
+        host_memory=config.model.host_memory, device_plan=plan, progress=progress,
+    )
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction,
@@ -128,4 +121,4 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     del loaded
     page = config.cache.page_size
     pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
-    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool, "sdpa" if device.type == "cuda" else "auto"), device, max_len, plan)
+    return Runtime(source, source.model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool, "sdpa" if device.type == "cuda" else "auto"), device, max_len, plan)

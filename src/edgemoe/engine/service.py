@@ -200,7 +200,10 @@ def build_engine(settings: dict[str, Any]) -> tuple[EngineLike, EngineReady]:
     from edgemoe.engine.engine import Engine
 
     engine = Engine(EngineConfig.from_kwargs(**settings), progress=True)
+    source = engine.runtime.source
     ready = EngineReady(
+        model_name=source.name,
+        random_weights=source.random_weights,
         model_dir=str(engine.runtime.model_dir.resolve()),
         model_type=engine.runtime.model.arch.model_type,
         max_model_len=engine.max_model_len,
