@@ -164,3 +164,20 @@ def test_bad_model_dir_fails_fast(served: Any, tmp_path: Path) -> None:
     code, _ = s.wait_exit(60)
     assert code != 0 and not s.stdout
     assert "missing" in s.stderr()
+
+
+def test_random_preset_is_served_under_its_name_and_says_so(served: Any) -> None:
+    spec = "random:tiny-qwen3-moe?num_hidden_layers=1"
+    s = served("--model", spec)
+    m = s.wait_ready()
+    assert m.group(2) == spec and m.group(3) == "; random weights"
+    models = httpx.get(f"{s.url}/v1/models").json()["data"]
+    assert [d["id"] for d in models] == [spec]
+    client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=30)
+    reply = client.chat.completions.create(model=spec, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    s.proc.send_signal(signal.SIGTERM)
+    code, _ = s.wait_exit(10)
+    assert code == 0
+    log = s.stderr()
+    assert "has random weights" in log and "host memory plan" in log

@@ -29,7 +29,8 @@ def generation_config(config: dict[str, Any]) -> dict[str, Any]:
     """
     eos = config.get("eos_token_id", 151645)
     stop = [*eos] if isinstance(eos, list) else [eos, ENDOFTEXT_ID]
-    return {"bos_token_id": config.get("bos_token_id", ENDOFTEXT_ID), "eos_token_id": stop, "pad_token_id": ENDOFTEXT_ID}
+    bos = config.get("bos_token_id", ENDOFTEXT_ID)
+    return {"bos_token_id": bos, "eos_token_id": stop, "pad_token_id": ENDOFTEXT_ID}
 
 
 def write_model_files(out: Path, config: dict[str, Any]) -> None:

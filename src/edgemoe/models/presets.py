@@ -213,7 +213,8 @@ def _typed(text: str, key: str, value: Any, like: Any) -> Any:
         ok = isinstance(value, type(like))
     if not ok:
         raise ValueError(
-            f"model (--model) {text!r}: {key}={_format(value)} must be {type(like).__name__} like the preset's {_format(like)}"
+            f"model (--model) {text!r}: {key}={_format(value)} must be {type(like).__name__} "
+            f"like the preset's {_format(like)}"
         )
     if key in POSITIVE_FIELDS and value < 1:
         raise ValueError(f"model (--model) {text!r}: {key} must be >= 1 (got {value})")
@@ -229,7 +230,9 @@ def _check_seed(text: str, raw: str) -> int:
 
 def _check_shape(text: str, c: dict[str, Any]) -> None:
     if c["num_experts_per_tok"] > c["num_experts"]:
-        raise ValueError(f"model (--model) {text!r}: num_experts_per_tok {c['num_experts_per_tok']} > num_experts {c['num_experts']}")
+        raise ValueError(
+            f"model (--model) {text!r}: num_experts_per_tok {c['num_experts_per_tok']} > num_experts {c['num_experts']}"
+        )
     if c["num_attention_heads"] % c["num_key_value_heads"]:
         raise ValueError(
             f"model (--model) {text!r}: num_attention_heads {c['num_attention_heads']} is not a multiple "
