@@ -26,6 +26,7 @@ from edgemoe.models.arch import DecoderArch
 from edgemoe.models.loader import DTYPES, LoadedModel, load_checkpoint, read_json
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
 from edgemoe.models.registry import model_module
+from edgemoe.moe.pinning import CudaRegistrar, Registrar
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,18 @@ def load_model(
         return load_checkpoint(source.model_dir, _dtype_name(arch), progress, expert_store)
     from edgemoe.models.random_weights import materialise
 
-    registrar = None
-    if expert_store == "pinned" and device.type == "cuda":
-        from edgemoe.moe.pinning import CudaRegistrar
-
-        registrar = CudaRegistrar(device)
+    registrar = _registrar(expert_store, device)
     return materialise(arch, source.config, source.random.seed, registrar=registrar, progress=progress)
+
+
+def _registrar(expert_store: str, device: torch.device) -> Registrar | None:
+    """What page-locks a preset's banks in place: the device's driver, when pinned on CUDA."""
+    if expert_store != "pinned":
+        return None
+    if device.type != "cuda":
+        log.warning("expert_store (--expert-store) pinned needs a CUDA device; using pageable memory")
+        return None
+    return CudaRegistrar(device)
 
 
 def _dtype_name(arch: DecoderArch) -> str:
