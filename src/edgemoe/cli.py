@@ -24,6 +24,17 @@ def _flag_type(annotation: Any) -> type:
     return str
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag and exits 2 otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per engine setting, named after the field."""
     group = parser.add_argument_group("engine")
@@ -100,9 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     dec = bench_sub.add_parser("decode", help="prefill and decode tok/s")
     add_engine_flags(dec)
-    dec.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 512])
-    dec.add_argument("--decode-tokens", type=int, default=64)
-    dec.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    dec.add_argument("--prompt-tokens", type=positive_int, nargs="+", default=[128, 512])
+    dec.add_argument("--decode-tokens", type=positive_int, default=64, help="tokens timed after the first")
+    dec.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 4])
+    dec.add_argument("--profile", action="store_true",
+                     help="also break decode steps down by region (CUDA events) and count launches/host syncs")
+    dec.add_argument("--profile-steps", type=positive_int, default=16, help="decode steps profiled per run")
     dec.add_argument("--out", default="bench/results", help="result folder")
     agent = bench_sub.add_parser("agent", help="replay a synthetic coding-agent session against a server")
     add_engine_flags(agent)

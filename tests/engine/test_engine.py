@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import log_softmax_atol, network_atol
 
 from edgemoe import LLM, SamplingParams
 
@@ -83,9 +84,14 @@ def test_logprobs_are_the_raw_model_distribution(llm: LLM) -> None:
     seq = PROMPTS[0] + out.token_ids
     logits = llm.prompt_logits(seq)
     for i, entry in enumerate(out.logprobs or []):
-        ref = torch.log_softmax(logits[len(PROMPTS[0]) - 1 + i], -1)
+        row = logits[len(PROMPTS[0]) - 1 + i]
+        ref = torch.log_softmax(row, -1)
         assert entry.token_id == out.token_ids[i]
-        assert entry.logprob == pytest.approx(float(ref[entry.token_id]), abs=1e-4)
+        # decode steps vs one prefill: logits within a network's rounding (hidden 64 is the
+        # longest reduction), which moves a logprob by at most twice that, plus log_softmax's own
+        tol = 2 * network_atol(torch.float32, 64, row.abs().max().item())
+        tol += log_softmax_atol(torch.float32, row.numel(), abs(entry.logprob))
+        assert entry.logprob == pytest.approx(float(ref[entry.token_id]), abs=tol)
         top_ids = [t for t, _ in entry.top]
         assert top_ids == ref.topk(3).indices.tolist()
 
@@ -158,17 +164,17 @@ def test_device_oom_fails_only_that_step_and_keeps_serving(qwen3_ckpt, monkeypat
     with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", moe_slots=4) as llm:
         engine = llm.engine
         want = llm.generate([PROMPTS[1]], greedy(6))[0].token_ids
-        real_run = engine.runner.run
+        real_run = engine.runner.forward
 
         def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-        monkeypatch.setattr(engine.runner, "run", boom)
+        monkeypatch.setattr(engine.runner, "forward", boom)
         rid = engine.add_request(PROMPTS[0], greedy(4))
         outs = engine.step()
         assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [(rid, True, "error")]
         assert "out of memory" in (outs[0].error or "")
         pool = engine.runtime.pool
         assert pool.num_free + engine.prefix_cache.total_pages == pool.num_pages
-        monkeypatch.setattr(engine.runner, "run", real_run)
+        monkeypatch.setattr(engine.runner, "forward", real_run)
         assert llm.generate([PROMPTS[1]], greedy(6))[0].token_ids == want

@@ -39,6 +39,7 @@ def test_experts_are_stacked_in_checkpoint_order(qwen3_ckpt: Path) -> None:
     with safe_open(str(qwen3_ckpt / fname), framework="pt") as f:
         up = f.get_tensor(name.format("up_proj")).float()
     inter = loaded.arch.moe_intermediate_size
+    # a bf16 tensor copied into a float32 bank: exact
     torch.testing.assert_close(loaded.experts.banks[1].gate_up[3, inter:], up, rtol=0, atol=0)
 
 

@@ -14,9 +14,9 @@ def test_qwen3_30b_a3b_preset_has_the_published_shape() -> None:
     assert (a.hidden_size, a.num_layers, a.num_heads, a.num_kv_heads, a.head_dim) == (2048, 48, 32, 4, 128)
     assert (a.num_experts, a.top_k, a.moe_intermediate_size, a.vocab_size) == (128, 8, 768, 151936)
     assert a.moe_layers == tuple(range(48)) and a.norm_topk_prob and not a.tie_word_embeddings
-    assert (a.rope_theta, a.max_position_embeddings, a.rms_norm_eps, str(a.dtype)) == (1e6, 40960, 1e-6, "torch.bfloat16")
+    assert (a.rope.theta, a.max_position_embeddings, a.rms_norm_eps, str(a.dtype)) == (1e6, 40960, 1e-6, "torch.bfloat16")
     coder = model_module("qwen3_moe").arch(parse_random("random:qwen3-coder-30b-a3b").config)
-    assert (coder.rope_theta, coder.max_position_embeddings) == (1e7, 262144)
+    assert (coder.rope.theta, coder.max_position_embeddings) == (1e7, 262144)
     assert coder.param_shapes() == model_module("qwen3_moe").arch(PRESETS["qwen3-30b-a3b"]).param_shapes()
 
 
@@ -29,6 +29,10 @@ def test_overrides_are_typed_sorted_and_canonical() -> None:
     assert spec.config["num_hidden_layers"] == 12 and PRESETS["qwen3-30b-a3b"]["num_hidden_layers"] == 48
     assert parse_random("random:tiny-qwen3-moe").name == "random:tiny-qwen3-moe"
     assert parse_random("random:qwen3-30b-a3b?rope_theta=2").config["rope_theta"] == 2.0  # int accepted as float
+    # A JSON object value (commas inside braces stay in it) reaches the model file's config reader.
+    yarn = parse_random('random:qwen3-30b-a3b?rope_scaling={"rope_type":"yarn","factor":4.0},num_hidden_layers=2')
+    rope = model_module("qwen3_moe").arch(yarn.config).rope
+    assert (rope.rope_type, rope.factor, yarn.config["num_hidden_layers"]) == ("yarn", 4.0, 2)
     assert is_random("random:x") and not is_random("/models/x") and not is_random(None)
 
 

@@ -50,3 +50,26 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[st
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def plot_stacked(path: Path, title: str, ylabel: str, bars: dict[str, dict[str, float]]) -> Path:
+    """One stacked bar per label (e.g. a setting), one colour per part; `<path>-breakdown.png`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = sorted({p for v in bars.values() for p in v})
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(bars) + 2), 4))
+    bottoms = [0.0] * len(bars)
+    for part in parts:
+        heights = [v.get(part, 0.0) for v in bars.values()]
+        ax.bar(list(bars), heights, bottom=bottoms, label=part)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set(title=title, ylabel=ylabel)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    png = path.with_name(path.stem + "-breakdown.png")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
