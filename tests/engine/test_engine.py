@@ -108,6 +108,25 @@ def test_preemption_under_a_tiny_kv_pool_keeps_tokens(qwen3_ckpt) -> None:  # no
     assert got == want
 
 
+def test_a_request_outgrowing_the_kv_cache_finishes_with_length(qwen3_ckpt) -> None:  # noqa: ANN001
+    # Issue 11 item 2: a KV cache smaller than the context is a normal offload set-up; a
+    # request that can't grow (even alone) must end with `length`, never kill the engine.
+    prompt = list(range(6000, 6040))
+    with LLM(str(qwen3_ckpt), dtype="float32", kv_tokens=64, page_size=16) as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]
+        assert out.finish_reason == "length"
+        # Every KV slot holds a position (64), plus the last sampled token, which needs none.
+        assert len(prompt) + len(out.token_ids) == 64 + 1
+        # Two at once: the younger one is preempted, each still ends with `length`, and the
+        # engine keeps serving with every page returned.
+        outs = llm.generate([prompt, prompt[::-1]], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+        assert [o.finish_reason for o in outs] == ["length", "length"]
+        assert [len(o.token_ids) for o in outs] == [25, 25]
+        pool = llm.engine.runtime.pool
+        assert pool.num_free + llm.engine.prefix_cache.total_pages == pool.num_pages
+        assert llm.generate([prompt[:8]], greedy(4))[0].finish_reason == "length"
+
+
 def test_context_full_finishes_with_length(qwen3_ckpt) -> None:  # noqa: ANN001
     with LLM(str(qwen3_ckpt), dtype="float32", max_model_len=8) as llm:
         out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))[0]

@@ -73,3 +73,27 @@ def plot_stacked(path: Path, title: str, ylabel: str, bars: dict[str, dict[str, 
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def plot_bars(path: Path, title: str, xlabel: str, bars: dict[str, float], marks: dict[str, float]) -> Path:
+    """Horizontal bars (label → value), top to bottom in order, with dashed vertical
+    lines at reference values (`marks`, e.g. the host's read bandwidth)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(bars) + 1.5))
+    labels = list(bars)[::-1]
+    ax.barh(labels, [bars[k] for k in labels], color="tab:blue")
+    for i, (label, x) in enumerate(marks.items()):
+        ax.axvline(x, linestyle="--", color=f"C{i + 1}", label=f"{label} {x:.1f}")
+    ax.set(title=title, xlabel=xlabel)
+    ax.grid(alpha=0.3, axis="x")
+    if marks:
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    png = path.with_suffix(".png")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

@@ -115,6 +115,12 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     plan = make_plan(config, arch, device, max_len)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
+    if plan.kv_tokens < max_len:
+        log.warning(
+            "the KV cache holds %d tokens, less than the context length %d: a request that outgrows it "
+            "finishes with finish_reason 'length' (raise --kv-tokens or --gpu-memory, or lower --max-model-len)",
+            plan.kv_tokens, max_len,
+        )
     if plan.budget is not None:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]

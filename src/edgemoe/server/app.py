@@ -23,6 +23,7 @@ from edgemoe.server.config import ServerConfig
 from edgemoe.server.disconnect_watch import CancelOnDisconnectMiddleware
 from edgemoe.server.engine_client import EngineClient
 from edgemoe.server.errors import APIError, install_handlers, unavailable
+from edgemoe.server.host_check import HostCheckMiddleware, HostPolicy
 from edgemoe.server.middleware import GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
 from edgemoe.server.openai_completions import create_completion
@@ -64,6 +65,7 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     app.state.edgemoe = state
     install_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
+    app.add_middleware(HostCheckMiddleware, policy=HostPolicy.of(config.host, config.allowed_hosts))
     app.add_middleware(CancelOnDisconnectMiddleware)
     app.add_middleware(RequestContextMiddleware)  # outermost: arrival time before the body is read
     _add_info_routes(app)

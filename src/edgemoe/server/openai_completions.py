@@ -31,6 +31,7 @@ from edgemoe.server.generation import (
 from edgemoe.server.model import ServedModel
 from edgemoe.server.openai_chat import usage_body
 from edgemoe.server.protocol import CompletionRequest
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -94,11 +95,14 @@ class _Body:
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
     gen_req = to_generation_request(req, model)
-    gen = await start_generation(state.client, model, gen_req, default_thinking=False)
+    beat = state.config.stream_heartbeat
+    gen = await start_generation(state.client, model, gen_req, default_thinking=False,
+                                 first_output_wait=beat if req.stream else None)
     body = _Body(model, req.model or model.name, gen_req.params.logprobs)
     echo = _echo_text(model, gen) if req.echo else ""
     if req.stream:
-        return sse_response(_stream(gen, body, echo, req.n, req.include_usage()))
+        frames = _stream(gen, body, echo, req.n, req.include_usage())
+        return sse_response(with_heartbeat(frames, COMMENT_PING, beat, ping_first=gen.pending))
     choices, usage = await unless_disconnected(request, gen.collect())
     out = [
         {
