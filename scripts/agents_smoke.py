@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgemoe.testing.agent_backend import expected_output
+from edgemoe.testing.agent_backend import FACTORY, expected_output
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS_DIR = ROOT / ".agents"
@@ -85,7 +85,7 @@ class Server:
         self.record = run_dir / "prompts.jsonl"
         spec = run_dir / "backend.json"
         spec.write_text(json.dumps({"marker": marker, "record": str(self.record)}))
-        env = {**os.environ, "EDGEMOE_SCRIPTED_BACKEND": str(spec)}
+        env = {**os.environ, "EDGEMOE_ENGINE_FACTORY": FACTORY, "EDGEMOE_SCRIPTED_BACKEND": str(spec)}
         self.log = (run_dir / "server.log").open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", CLI, "serve", "--port", "0", "--api-key", API_KEY, "--served-model-name", MODEL],

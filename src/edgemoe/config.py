@@ -25,11 +25,18 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str | None = setting(None, "model directory (Hugging Face layout); default: the demo model")
+    model: str | None = setting(
+        None,
+        "model directory (Hugging Face layout), or random:PRESET[?field=value,...] for seeded random weights "
+        "at a real shape (e.g. random:qwen3-30b-a3b); default: the demo model",
+    )
     dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's on a GPU, float32 on the CPU", DTYPES)
     device: str = setting("auto", "cpu, cuda, cuda:N; auto = cuda when available")
     gpu_memory: str | None = setting(
         None, "cap on everything the process holds on the GPU (e.g. 16GiB); default: 90%% of free memory"
+    )
+    host_memory: str | None = setting(
+        None, "cap on what the engine plans to hold in host RAM (e.g. 64GiB); default: what the OS reports available"
     )
     max_model_len: int | None = setting(None, "context length; default: the model's")
     seed: int = setting(0, "seed of the engine's shared sampling generator")

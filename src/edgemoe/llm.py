@@ -52,7 +52,8 @@ class StreamDelta:
 class LLM:
     """`LLM(model=None, **settings)`: every CLI flag `--foo-bar` is the keyword `foo_bar`.
 
-    `model=None` loads the demo model (random weights). Use as a context manager, or call
+    `model=None` loads the demo model (random weights); `model="random:qwen3-30b-a3b"`
+    random weights at a real model's shape (docs/models.md). Use as a context manager, or call
     `close()`, to free the model before building another one in the same process.
     """
 

@@ -130,7 +130,9 @@ class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
     """Sent once, when the model is loaded and the loop accepts requests.
 
     `model_dir` is the resolved checkpoint directory (the demo model's path when none
-    was given), so the server can load the tokenizer and template without torch.
+    was given; a random preset's tokenizer directory), so the server can load the
+    tokenizer and template without torch. `model_name` is the model's default served
+    name ("" = the directory's name); `random_weights` marks seeded random weights.
     """
 
     model_dir: str
@@ -139,6 +141,8 @@ class EngineReady(msgspec.Struct, tag="ready", kw_only=True):
     vocab_size: int
     eos_token_ids: list[int]
     pid: int
+    model_name: str = ""
+    random_weights: bool = False
 
 
 class EngineOutputs(msgspec.Struct, tag="outputs"):

@@ -163,7 +163,8 @@ class _Serve:
             await asyncio.sleep(0.02)
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         port = self._bound_port()
-        print(f"edgemoe ready on http://{host}:{port} (model {state.model.name})", flush=True)
+        weights = "; random weights" if state.model.info.random_weights else ""
+        print(f"edgemoe ready on http://{host}:{port} (model {state.model.name}{weights})", flush=True)
 
     def _bound_port(self) -> int:
         for server in self.server.servers:

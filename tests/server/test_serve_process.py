@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-READY = re.compile(r"^edgemoe ready on http://127\.0\.0\.1:(\d+) \(model (.+)\)$")
+READY = re.compile(r"^edgemoe ready on http://127\.0\.0\.1:(\d+) \(model (.+?)(; random weights)?\)$")
 CLI = "import sys; from edgemoe.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -107,7 +107,7 @@ def _gone(pid: int) -> bool:
 def test_serve_answers_then_stops_cleanly(served: Any, sig: signal.Signals, demo_dir: Path) -> None:
     s = served()
     m = s.wait_ready()
-    assert m.group(2) == demo_dir.name
+    assert m.group(2) == demo_dir.name and m.group(3)  # the demo model says it is random weights
     client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=30)
     reply = client.chat.completions.create(model="anything", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=3)
@@ -164,3 +164,20 @@ def test_bad_model_dir_fails_fast(served: Any, tmp_path: Path) -> None:
     code, _ = s.wait_exit(60)
     assert code != 0 and not s.stdout
     assert "missing" in s.stderr()
+
+
+def test_random_preset_is_served_under_its_name_and_says_so(served: Any) -> None:
+    spec = "random:tiny-qwen3-moe?num_hidden_layers=1"
+    s = served("--model", spec)
+    m = s.wait_ready()
+    assert m.group(2) == spec and m.group(3) == "; random weights"
+    models = httpx.get(f"{s.url}/v1/models").json()["data"]
+    assert [d["id"] for d in models] == [spec]
+    client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=30)
+    reply = client.chat.completions.create(model=spec, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    s.proc.send_signal(signal.SIGTERM)
+    code, _ = s.wait_exit(10)
+    assert code == 0
+    log = s.stderr()
+    assert "has random weights" in log and "host memory plan" in log

@@ -74,3 +74,18 @@ def test_build_from_spec(tmp_path: Path) -> None:
     spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl")}))
     engine, ready = build_agent_backend({}, str(spec))
     assert engine.marker == "abc" and ready.model_type == "qwen3_moe" and ready.max_model_len >= 131072
+
+
+def test_engine_process_builds_it_from_the_factory_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemoe.engine.service import ENGINE_FACTORY_ENV, build_engine
+    from edgemoe.testing.agent_backend import FACTORY, SPEC_ENV
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"marker": "hook", "record": str(tmp_path / "r.jsonl")}))
+    monkeypatch.setenv(ENGINE_FACTORY_ENV, FACTORY)
+    monkeypatch.setenv(SPEC_ENV, str(spec))
+    engine, _ = build_engine({})
+    assert isinstance(engine, AgentScriptEngine) and engine.marker == "hook"
+    monkeypatch.setenv(ENGINE_FACTORY_ENV, "edgemoe.testing.agent_backend:no_such_function")
+    with pytest.raises(ValueError, match="cannot import"):
+        build_engine({})

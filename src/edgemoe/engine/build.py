@@ -13,11 +13,11 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.config import EngineConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.mlp import activation
 from edgemoe.models.arch import DecoderArch
-from edgemoe.models.loader import load_checkpoint, read_arch
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
+    source: ModelSource
     model_dir: Path
     tokenizer: TokenizerBundle
     model: CausalLM
@@ -42,17 +43,6 @@ class Runtime:
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
-
-
-def resolve_model_dir(model: str | None) -> Path:
-    if model is None:
-        from edgemoe.testing.demo import demo_model_path
-
-        return demo_model_path()
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model (--model) {model!r}: no such directory")
-    return path
 
 
 def resolve_device(name: str) -> torch.device:
@@ -116,11 +106,11 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
 
 
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
-    model_dir = resolve_model_dir(config.model.model)
-    tokenizer = TokenizerBundle.load(model_dir)
+    source = resolve_model(config.model.model)
+    tokenizer = TokenizerBundle.load(source.model_dir)
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
-    arch, _ = read_arch(model_dir, dtype)
+    arch = source.arch(dtype)
     max_len = config.model.max_model_len or arch.max_position_embeddings
     plan = make_plan(config, arch, device, max_len)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
@@ -135,7 +125,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
-    loaded = load_checkpoint(model_dir, dtype, progress, host_store_kind(config.moe.expert_store, device))
+    loaded = load_model(
+        source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
+        host_memory=config.model.host_memory, device_plan=plan, progress=progress,
+    )
     sched = config.scheduler
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
     profiler = StepProfiler(device)
@@ -153,5 +146,6 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
     runner = ModelRunner(model, attention, buffers, profiler)
     return Runtime(
-        model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device, max_len, plan
+        source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
+        max_len, plan,
     )

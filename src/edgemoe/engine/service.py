@@ -18,6 +18,7 @@ a scripted stand-in engine.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -181,18 +182,32 @@ def _apply(engine: EngineLike, command: AddRequest | AbortRequest, sockets: _Soc
 # --------------------------------------------------------------------------- the process
 
 
+# Test-only hook: "package.module:function", a function settings -> (engine, EngineReady)
+# built instead of the real engine. Named by path, so production code imports no test code.
+ENGINE_FACTORY_ENV = "EDGEMOE_ENGINE_FACTORY"
+
+
+def _import_factory(path: str) -> Any:
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{ENGINE_FACTORY_ENV}={path!r}: cannot import it ({exc})") from exc
+
+
 def build_engine(settings: dict[str, Any]) -> tuple[EngineLike, EngineReady]:
     """Load the real engine (imports torch) and describe it for the server."""
-    scripted = os.environ.get("EDGEMOE_SCRIPTED_BACKEND")
-    if scripted:  # test-only (make agents-smoke): a scripted engine, no model, no torch
-        from edgemoe.testing.agent_backend import build_agent_backend
-
-        return build_agent_backend(settings, scripted)
+    factory = os.environ.get(ENGINE_FACTORY_ENV)
+    if factory:  # test-only (make agents-smoke): a scripted engine, no model, no torch
+        return _import_factory(factory)(settings)
     from edgemoe.config import EngineConfig
     from edgemoe.engine.engine import Engine
 
     engine = Engine(EngineConfig.from_kwargs(**settings), progress=True)
+    source = engine.runtime.source
     ready = EngineReady(
+        model_name=source.name,
+        random_weights=source.random_weights,
         model_dir=str(engine.runtime.model_dir.resolve()),
         model_type=engine.runtime.model.arch.model_type,
         max_model_len=engine.max_model_len,

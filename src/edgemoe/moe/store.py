@@ -10,10 +10,13 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+
+from edgemoe.moe.pinning import InPlacePinner
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,9 @@ class ExpertStore(ABC):
         pairs = [self.expert(layer, e) for e in range(self.num_experts)]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
 
+    def close(self) -> None:
+        """Give back what the store holds beyond its memory (page-locking); idempotent."""
+
 
 @dataclass
 class ExpertBank:
@@ -59,10 +65,16 @@ class ExpertBank:
 
 
 class BankStore(ExpertStore):
-    """Stacked banks in host RAM, filled in place by the loader."""
+    """Stacked banks in host RAM, filled in place by the loader.
 
-    def __init__(self, banks: dict[int, ExpertBank]) -> None:
+    `pinned`: the banks are page-locked (allocated pinned, or registered in place by an
+    `InPlacePinner` this store then owns: unregistered by `close()` or when collected).
+    """
+
+    def __init__(self, banks: dict[int, ExpertBank], pinned: bool = False) -> None:
         self.banks = banks
+        self.pinned = pinned
+        self._unpin: weakref.finalize | None = None
         first = banks[min(banks)]
         self.layers = sorted(banks)
         self.num_experts = int(first.gate_up.shape[0])
@@ -84,12 +96,26 @@ class BankStore(ExpertStore):
         to the device run asynchronously on the copy engine; if the OS refuses (memlock
         limits, low RAM), pageable memory with one warning."""
         try:
-            return cls(_banks(moe_layers, num_experts, hidden, intermediate, dtype, pin))
+            return cls(_banks(moe_layers, num_experts, hidden, intermediate, dtype, pin), pinned=pin)
         except RuntimeError as e:
             if not pin:
                 raise
             log.warning("pinning the expert store failed (%s); using pageable memory (slower copies)", e)
             return cls(_banks(moe_layers, num_experts, hidden, intermediate, dtype, False))
+
+    def own_pins(self, pinner: InPlacePinner) -> None:
+        """Take over `pinner`'s finished registrations of these banks."""
+        self.pinned = pinner.finish()
+        # NOTE: a finalizer, not __del__: it runs before the banks can be freed, and the
+        # pinner holds them until it has unregistered them.
+        self._unpin = weakref.finalize(self, pinner.release)
+        self._unpin.atexit = False  # at exit the process's memory goes anyway
+
+    def close(self) -> None:
+        """Unregister in-place pinned banks now (they become pageable); idempotent."""
+        if self._unpin is not None:
+            self._unpin()
+            self.pinned = False
 
     def tensor(self, layer: int, which: str) -> torch.Tensor:
         return getattr(self.banks[layer], which)

@@ -46,7 +46,7 @@ class ServedModel:
         template, error = _load_template(tokenizer)
         source = template.source if template is not None else ""
         return cls(
-            name=config.served_model_name or model_dir.name,
+            name=config.served_model_name or info.model_name or model_dir.name,
             info=info,
             tokenizer=tokenizer,
             template=template,

@@ -1,6 +1,7 @@
 """A scripted engine for driving real coding-agent CLIs without a model (test-only).
 
-`make agents-smoke` starts `edgemoe serve` with the environment variable
+`make agents-smoke` starts `edgemoe serve` with the environment variables
+`EDGEMOE_ENGINE_FACTORY=edgemoe.testing.agent_backend:engine_from_env` and
 `EDGEMOE_SCRIPTED_BACKEND=SPEC.json`; the engine process then builds this engine
 instead of loading weights (see `edgemoe.engine.service.build_engine`). The spec is
 `{"marker": "…", "record": "prompts.jsonl"}`.
@@ -34,6 +35,7 @@ from edgemoe.messages import EngineReady, RequestOutput, SamplingParams
 from edgemoe.tokenizer import TokenizerBundle
 
 SPEC_ENV = "EDGEMOE_SCRIPTED_BACKEND"
+FACTORY = "edgemoe.testing.agent_backend:engine_from_env"  # for EDGEMOE_ENGINE_FACTORY
 SHELL_TOOLS = ("bash", "shell", "shell_command", "exec_command", "run_shell_command", "local_shell")
 TOKENS_PER_STEP = 8
 MAX_MODEL_LEN = 262_144  # agents' system prompts and tool lists run to tens of thousands of tokens
@@ -163,7 +165,7 @@ def shell_arguments(tool: dict[str, Any], cmd: str) -> dict[str, Any]:
 
 def build_agent_backend(settings: dict[str, Any], spec_path: str) -> tuple[AgentScriptEngine, EngineReady]:
     """The engine and its ready message, for `edgemoe.engine.service.build_engine`."""
-    from edgemoe.testing.demo import demo_model_path
+    from edgemoe.assets.demo import demo_model_path
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     model_dir = Path(settings["model"]) if settings.get("model") else demo_model_path()
@@ -176,3 +178,11 @@ def build_agent_backend(settings: dict[str, Any], spec_path: str) -> tuple[Agent
         eos_token_ids=sorted(tokenizer.eos_token_ids), pid=os.getpid(),
     )
     return engine, ready
+
+
+def engine_from_env(settings: dict[str, Any]) -> tuple[AgentScriptEngine, EngineReady]:
+    """The `EDGEMOE_ENGINE_FACTORY` entry point: the spec path comes from `EDGEMOE_SCRIPTED_BACKEND`."""
+    spec = os.environ.get(SPEC_ENV)
+    if not spec:
+        raise ValueError(f"{SPEC_ENV} must name the scripted backend's spec file")
+    return build_agent_backend(settings, spec)

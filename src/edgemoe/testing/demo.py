@@ -1,54 +1,7 @@
-"""The demo model that ``make serve`` answers with when no model is given."""
+"""Kept for tests: the demo model lives in `edgemoe.assets.demo` now."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-from typing import Any
+from edgemoe.assets.demo import DEMO_CONFIG, DEMO_NAME, DEMO_SEED, demo_model_path
 
-from edgemoe.testing.tokenizer_factory import cache_dir
-
-DEMO_NAME = "demo-qwen3-moe-v2"  # bump the suffix when DEMO_CONFIG or the weight init changes
-DEMO_SEED = 0
-DEMO_CONFIG: dict[str, Any] = {
-    "hidden_size": 256,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "num_experts": 16,
-    "num_experts_per_tok": 4,
-    "moe_intermediate_size": 128,
-    "intermediate_size": 512,
-    "max_window_layers": 4,
-    # Qwen3's real context length, so agent sessions can grow past 32K tokens.
-    "max_position_embeddings": 40960,
-    "torch_dtype": "bfloat16",
-}
-
-
-def demo_model_path() -> Path:
-    """Path of the demo qwen3_moe checkpoint, built under the cache dir on first use.
-
-    NOTE: built in a temp dir and renamed into place, so a reader never sees a partial
-    checkpoint; if another process renamed first, its (identical) copy is used.
-    """
-    dest = cache_dir() / DEMO_NAME
-    if (dest / "config.json").exists():
-        return dest
-    # Imported here: resolving an existing demo must not pull in torch (the server has none).
-    from edgemoe.testing.checkpoint import make_checkpoint
-
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{DEMO_NAME}."))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary user directory
-    try:
-        make_checkpoint("qwen3_moe", tmp, seed=DEMO_SEED, **DEMO_CONFIG)
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if not (dest / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+__all__ = ["DEMO_CONFIG", "DEMO_NAME", "DEMO_SEED", "demo_model_path"]

@@ -1,0 +1,272 @@
+"""Tiny seeded random MoE checkpoints in the Hugging Face Hub layout.
+
+A checkpoint directory holds what a Hub repo holds: ``config.json``,
+``generation_config.json``, sharded ``model-0000X-of-0000N.safetensors`` with
+``model.safetensors.index.json`` and per-expert tensor names, ``tokenizer.json``
+(Qwen3's real tokenizer), ``tokenizer_config.json`` and ``chat_template.jinja``.
+Model-type knowledge is two table entries per type: tiny config defaults and the
+Hub tensor names with their shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from edgemoe.assets.cache import write_json
+from edgemoe.assets.model_files import write_model_files
+
+# Weight scales, chosen so activations keep unit scale through the layers and greedy
+# decisions are decisive (see tests/testing: top-1 margins and non-degenerate output).
+EMBED_STD = 1.0  # the residual stream starts at rms ~1
+NORM_NOISE = 0.1  # norm weights are 1 + N(0, NORM_NOISE^2): non-trivial but mild
+LINEAR_GAIN = 1.0  # std = LINEAR_GAIN / sqrt(fan_in): each projection preserves rms
+ROUTER_GAIN = 4.0  # router logits std ~4, so top-k choices are far from ties
+LM_HEAD_GAIN = 4.0  # logits std ~4 over the vocab: clear top-1 margins
+
+Shape = tuple[int, ...]
+TensorSpec = tuple[str, Shape]
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.02,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "num_experts_per_tok": 2,
+    "output_router_logits": False,
+}
+
+
+def _attention(p: str, c: dict[str, Any], head_dim: int) -> Iterator[TensorSpec]:
+    h, q, kv = c["hidden_size"], c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    yield f"{p}.self_attn.q_proj.weight", (q, h)
+    yield f"{p}.self_attn.k_proj.weight", (kv, h)
+    yield f"{p}.self_attn.v_proj.weight", (kv, h)
+    yield f"{p}.self_attn.o_proj.weight", (h, q)
+
+
+_GLU = ("gate_proj", "up_proj", "down_proj")
+_MIXTRAL_GLU = ("w1", "w3", "w2")  # Mixtral's names for gate, up, down
+
+
+def _mlp(p: str, h: int, i: int, names: tuple[str, str, str] = _GLU) -> Iterator[TensorSpec]:
+    """One SwiGLU MLP: gate [I, H], up [I, H], down [H, I]."""
+    gate, up, down = names
+    yield f"{p}.{gate}.weight", (i, h)
+    yield f"{p}.{up}.weight", (i, h)
+    yield f"{p}.{down}.weight", (h, i)
+
+
+def _moe(p: str, n: int, h: int, i: int, names: tuple[str, str, str] = _GLU) -> Iterator[TensorSpec]:
+    """Router [E, H] then per-expert MLPs, named as on the Hub (one tensor per expert)."""
+    yield f"{p}.gate.weight", (n, h)
+    for e in range(n):
+        yield from _mlp(f"{p}.experts.{e}", h, i, names)
+
+
+def _qwen3_moe_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
+    h, d = c["hidden_size"], c["head_dim"]
+    yield from _attention(p, c, d)
+    yield f"{p}.self_attn.q_norm.weight", (d,)  # per head
+    yield f"{p}.self_attn.k_norm.weight", (d,)
+    # NOTE: same sparsity rule as transformers' Qwen3MoeDecoderLayer.
+    sparse = (
+        idx not in c["mlp_only_layers"]
+        and c["num_experts"] > 0
+        and (idx + 1) % c["decoder_sparse_step"] == 0
+    )
+    if sparse:
+        yield from _moe(f"{p}.mlp", c["num_experts"], h, c["moe_intermediate_size"])
+    else:
+        yield from _mlp(f"{p}.mlp", h, c["intermediate_size"])
+
+
+def _olmoe_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
+    h = c["hidden_size"]
+    d = h // c["num_attention_heads"]  # OLMoE has no head_dim field
+    yield from _attention(p, c, d)
+    # OLMoE normalises q and k over all heads at once, before the head split.
+    yield f"{p}.self_attn.q_norm.weight", (c["num_attention_heads"] * d,)
+    yield f"{p}.self_attn.k_norm.weight", (c["num_key_value_heads"] * d,)
+    yield from _moe(f"{p}.mlp", c["num_experts"], h, c["intermediate_size"])
+
+
+def _mixtral_layer(p: str, c: dict[str, Any], idx: int) -> Iterator[TensorSpec]:
+    yield from _attention(p, c, c["head_dim"])
+    n, h, i = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
+    yield from _moe(f"{p}.block_sparse_moe", n, h, i, _MIXTRAL_GLU)
+
+
+@dataclass(frozen=True)
+class _Family:
+    architecture: str
+    defaults: dict[str, Any]
+    layer: Callable[[str, dict[str, Any], int], Iterator[TensorSpec]]
+
+
+FAMILIES: dict[str, _Family] = {
+    "qwen3_moe": _Family(
+        "Qwen3MoeForCausalLM",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 32,
+            "num_experts": 8,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "rms_norm_eps": 1e-6,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": 3,
+            "router_aux_loss_coef": 0.001,
+        },
+        _qwen3_moe_layer,
+    ),
+    "olmoe": _Family(
+        "OlmoeForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "intermediate_size": 32,
+            "num_experts": 8,
+            "norm_topk_prob": False,
+            "clip_qkv": None,
+            "rms_norm_eps": 1e-5,
+            "pad_token_id": 151643,
+            "router_aux_loss_coef": 0.01,
+        },
+        _olmoe_layer,
+    ),
+    "mixtral": _Family(
+        "MixtralForCausalLM",
+        {
+            "num_hidden_layers": 2,
+            "head_dim": 16,
+            "intermediate_size": 32,
+            "num_local_experts": 8,
+            "rms_norm_eps": 1e-5,
+            "sliding_window": None,
+            "router_jitter_noise": 0.0,
+            "router_aux_loss_coef": 0.001,
+        },
+        _mixtral_layer,
+    ),
+}
+
+
+def model_config(model_type: str, **overrides: Any) -> dict[str, Any]:
+    """The ``config.json`` contents for a tiny ``model_type`` with ``overrides`` applied."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported model_type {model_type!r}; choose from {sorted(FAMILIES)}")
+    family = FAMILIES[model_type]
+    config = {"architectures": [family.architecture], "model_type": model_type, **_COMMON, **family.defaults}
+    config.update(overrides)
+    return dict(sorted(config.items()))
+
+
+def tensor_specs(config: dict[str, Any]) -> Iterator[TensorSpec]:
+    """Hub tensor names and shapes, in model order."""
+    family = FAMILIES[config["model_type"]]
+    h, v = config["hidden_size"], config["vocab_size"]
+    yield "model.embed_tokens.weight", (v, h)
+    for idx in range(config["num_hidden_layers"]):
+        p = f"model.layers.{idx}"
+        yield f"{p}.input_layernorm.weight", (h,)
+        yield from family.layer(p, config, idx)
+        yield f"{p}.post_attention_layernorm.weight", (h,)
+    yield "model.norm.weight", (h,)
+    if not config["tie_word_embeddings"]:
+        yield "lm_head.weight", (v, h)
+
+
+def init_tensor(name: str, shape: Shape, seed: int) -> torch.Tensor:
+    """Seeded fp32 weight; each tensor has its own stream so specs can grow without reshuffling."""
+    # NOTE: torch's CPU generator keeps only the low 32 bits of a seed, so hash (seed, name) to 32 bits.
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=4).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest, "little"))
+    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    if name.endswith("embed_tokens.weight"):
+        return x * EMBED_STD
+    if name.endswith("norm.weight"):
+        return 1.0 + NORM_NOISE * x
+    if name.endswith(".gate.weight"):  # router [E, H]
+        gain = ROUTER_GAIN
+    elif name == "lm_head.weight":
+        gain = LM_HEAD_GAIN
+    else:
+        gain = LINEAR_GAIN
+    return x * (gain / math.sqrt(shape[1]))
+
+
+def _shard_plan(specs: list[TensorSpec], itemsize: int, max_shard_bytes: int | None) -> list[list[TensorSpec]]:
+    """Greedy contiguous shards; the default limit is half the total so even tiny models get >= 2."""
+    sizes = [math.prod(shape) * itemsize for _, shape in specs]
+    limit = max_shard_bytes or max(max(sizes), sum(sizes) // 2)
+    shards: list[list[TensorSpec]] = [[]]
+    used = 0
+    for spec, size in zip(specs, sizes):
+        if shards[-1] and used + size > limit:
+            shards.append([])
+            used = 0
+        shards[-1].append(spec)
+        used += size
+    return shards
+
+
+def _write_weights(out: Path, config: dict[str, Any], seed: int, max_shard_bytes: int | None) -> None:
+    dtype = getattr(torch, config["torch_dtype"])
+    specs = list(tensor_specs(config))
+    shards = _shard_plan(specs, torch.empty((), dtype=dtype).element_size(), max_shard_bytes)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k, shard in enumerate(shards, start=1):
+        fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: init_tensor(name, shape, seed).to(dtype) for name, shape in shard}
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        for name, t in tensors.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    write_json(out / "model.safetensors.index.json", index)
+
+
+def make_checkpoint(
+    model_type: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    *,
+    max_shard_bytes: int | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """Write a tiny random ``model_type`` checkpoint into ``out_dir`` and return its path.
+
+    ``config_overrides`` replace config fields (e.g. ``num_hidden_layers=4``,
+    ``mlp_only_layers=[0]``, ``torch_dtype="float32"``). Same arguments give
+    byte-identical files.
+    """
+    config = model_config(model_type, **config_overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_weights(out, config, seed, max_shard_bytes)
+    write_model_files(out, config)
+    return out

@@ -1,0 +1,128 @@
+"""Page-locking host memory in place, in the background.
+
+`.pin_memory()` copies into a fresh pinned buffer (twice the RAM while it runs), and
+pinned allocations round up; a filled pageable tensor can instead be registered with
+the driver where it lies (`cudaHostRegister`). Registering is slow (~0.5 s per GiB on
+the GPU machine), so `InPlacePinner` does it on a background thread while the caller
+fills the next tensor: submit tensor l once it is written, fill l+1, and so on.
+
+The registrar is an interface so the overlap logic is tested on CPU with a fake one.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class PinError(RuntimeError):
+    """The driver refused to page-lock a range (memlock limits, low RAM)."""
+
+
+class Registrar(Protocol):
+    """Page-locks host ranges in place. Contract: `register` either locks the whole range
+    or raises; `unregister(ptr)` undoes a successful `register(ptr, …)`; both may be
+    called from a thread other than the one that created the registrar."""
+
+    def register(self, ptr: int, nbytes: int) -> None: ...
+
+    def unregister(self, ptr: int) -> None: ...
+
+
+class CudaRegistrar:
+    """`cudaHostRegister` with default flags, for `device`'s context (current in the calling thread)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def register(self, ptr: int, nbytes: int) -> None:
+        # NOTE: with flags 0 the range is pinned for the current context: set it in this thread.
+        torch.cuda.set_device(self.device)
+        err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
+        if int(err) != 0:
+            raise PinError(f"cudaHostRegister({nbytes / 2**30:.2f} GiB) failed with CUDA error {int(err)}")
+
+    def unregister(self, ptr: int) -> None:
+        torch.cuda.set_device(self.device)
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+class InPlacePinner:
+    """Registers host tensors page-locked in place, on one background thread, in the order
+    they are submitted; all or nothing.
+
+    Lifetime: a registered tensor is held until `release()`, so its memory is never
+    freed while the driver still has it locked. `finish()` waits for every submission;
+    if any registration failed it unregisters the rest, warns once and reports False
+    (the memory stays usable, pageable). Owners call `release()` when the memory goes
+    (BankStore does it when closed or collected). Not for concurrent submitters.
+    """
+
+    def __init__(self, registrar: Registrar, what: str = "host memory") -> None:
+        self.registrar = registrar
+        self.what = what
+        self._queue: queue.SimpleQueue[torch.Tensor | None] = queue.SimpleQueue()
+        self._held: list[tuple[torch.Tensor, int]] = []  # (tensor, ptr) registered, in order
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._finished = False
+
+    @property
+    def pinned_bytes(self) -> int:
+        with self._lock:
+            return sum(t.numel() * t.element_size() for t, _ in self._held)
+
+    def submit(self, tensor: torch.Tensor) -> None:
+        """Queue a filled, contiguous host tensor for registration; returns at once."""
+        if self._finished:
+            raise RuntimeError("InPlacePinner.submit after finish()")
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError("only contiguous host tensors can be registered in place")
+        if tensor.numel() == 0:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="edgemoe-pin", daemon=True)
+            self._thread.start()
+        self._queue.put(tensor)
+
+    def finish(self) -> bool:
+        """Wait for every registration; True if all of them succeeded."""
+        if not self._finished:
+            self._finished = True
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+            if self._error is not None:
+                self.release()
+                log.warning("pinning the %s failed (%s); using pageable memory (slower copies)", self.what, self._error)
+        return self._error is None
+
+    def release(self) -> None:
+        """Unregister everything registered (idempotent); the tensors are dropped after."""
+        with self._lock:
+            held, self._held = self._held, []
+        for _, ptr in reversed(held):
+            try:
+                self.registrar.unregister(ptr)
+            except Exception as exc:  # at interpreter exit the driver may be gone already
+                log.debug("unregistering host memory at %#x failed: %s", ptr, exc)
+
+    def _run(self) -> None:
+        while (tensor := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # all or nothing: after a failure, drain without registering
+            ptr = tensor.data_ptr()
+            try:
+                self.registrar.register(ptr, tensor.numel() * tensor.element_size())
+            except BaseException as exc:  # a driver error must not kill the loader silently
+                self._error = exc
+                continue
+            with self._lock:
+                self._held.append((tensor, ptr))
