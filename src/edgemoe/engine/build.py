@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.cache.page_table import PageTable
-from edgemoe.config import EngineConfig, flag_name
+from edgemoe.cache.state_pool import StatePool
+from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.mlp import activation
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
@@ -43,6 +44,8 @@ class Runtime:
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
+    scheduler: SchedulerConfig  # the setting, max_running_requests as planned (hybrids: <= state rows)
+    states: StatePool | None = None  # hybrid models: GDN state rows
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,7 +90,7 @@ def host_store_kind(setting: str, device: torch.device) -> str:
     return "ram" if setting == "pageable" else setting
 
 
-def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max_len: int) -> MemoryPlan:
+def make_plan(config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int) -> MemoryPlan:
     budget, context = device_budget(config, device)
     moe, sched = config.moe, config.scheduler
     if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
@@ -102,6 +105,7 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
         max_running=sched.max_running_requests,
         budget=budget,
         context=context,
+        state_slots=config.cache.state_slots,
     )
 
 
@@ -129,7 +133,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
     )
-    sched = config.scheduler
+    sched = replace(config.scheduler, max_running_requests=plan.max_running)
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
     profiler = StepProfiler(device)
     executor = make_executor(
@@ -140,12 +144,23 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
     del loaded
     page = config.cache.page_size
-    pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
+    pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device)
     attention = make_attention_backend("auto", pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
-    runner = ModelRunner(model, attention, buffers, profiler)
+    states = make_state_pool(arch, plan, device)
+    runner = ModelRunner(model, attention, buffers, profiler, states)
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan,
+        max_len, plan, sched, states,
     )
+
+
+def make_state_pool(arch: ModelArch, plan: MemoryPlan, device: torch.device) -> StatePool | None:
+    """Hybrid models: a state row per page-table row, the scratch row included (so live
+    row r is request row r); the plan's other rows are for snapshots."""
+    shape = arch.state_shape()
+    if shape is None:
+        return None
+    live = plan.max_running + 1
+    return StatePool(shape, live, max(0, plan.state_rows - plan.max_running), device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,12 +23,14 @@ from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import SeqChunk
-from edgemoe.engine.build import build_runtime
+from edgemoe.engine.build import Runtime, build_runtime
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,6 +44,17 @@ class StepHandle:
     error: str | None = None
 
 
+def prefix_cache_type(config: EngineConfig, rt: Runtime) -> str:
+    """The prefix cache type, "none" for hybrid models: a prefix hit would skip the GDN
+    layers' recurrence over the prefix, and until the cache holds state snapshots
+    (issue 14, item 3) it has nothing to resume them from."""
+    if rt.states is not None and config.cache.cache_type != "none":
+        log.warning("prefix cache off: model %s has GDN layers and the prefix cache keeps no GDN state yet",
+                    rt.source.name)
+        return "none"
+    return config.cache.cache_type
+
+
 class Engine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
@@ -49,8 +63,8 @@ class Engine:
         self.tokenizer = rt.tokenizer
         self.max_model_len = rt.max_model_len
         self.vocab_size = rt.model.arch.vocab_size
-        self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool)
-        self.scheduler = Scheduler(config.scheduler, rt.pool, self.prefix_cache, rt.page_table)
+        self.prefix_cache = make_prefix_cache(prefix_cache_type(config, rt), rt.pool)
+        self.scheduler = Scheduler(rt.scheduler, rt.pool, self.prefix_cache, rt.page_table)
         self.runner = rt.runner
         self.profiler = rt.profiler
         self.sampling = SamplingRows(rt.page_table.max_rows + 1, self.vocab_size, rt.device, config.model.seed)

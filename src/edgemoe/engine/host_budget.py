@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgemoe.engine.budget import GiB, MemoryPlan, PlanError, dense_weight_bytes, parse_size
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 
 HOST_FLAG = "host_memory (--host-memory)"
 
@@ -81,7 +81,7 @@ def host_budget(setting: str | None) -> tuple[int, str]:
 
 
 def plan_host(
-    arch: DecoderArch,
+    arch: ModelArch,
     *,
     expert_store: str,
     available: int,
@@ -93,7 +93,7 @@ def plan_host(
     """Rows for the expert store (`expert_store`: pinned | ram | mmap), the dense weights,
     and, with `device_plan` (the model runs on the host), its slots, KV cache and workspace;
     `extra` rows come from features with host tables of their own."""
-    experts = len(arch.moe_layers) * arch.num_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
+    experts = len(arch.moe_layers) * arch.store_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
     expert_bytes = experts * arch.dtype.itemsize
     store = {
         "pinned": HostRow("expert store", expert_bytes, "pinned"),

@@ -22,7 +22,7 @@ from edgemoe.assets.cache import atomic_dir, cache_dir
 from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
 from edgemoe.engine.host_budget import host_budget, plan_host
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import DTYPES, LoadedModel, load_checkpoint, read_json
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
 from edgemoe.models.registry import model_module
@@ -49,7 +49,7 @@ class ModelSource:
         """Seeded random weights (a preset or the demo model): its text means nothing."""
         return self.random is not None or self.demo
 
-    def arch(self, dtype: str = "auto") -> DecoderArch:
+    def arch(self, dtype: str = "auto") -> ModelArch:
         arch = model_module(self.config.get("model_type")).arch(self.config)
         return arch if dtype == "auto" else replace(arch, dtype=DTYPES[dtype])
 
@@ -82,7 +82,7 @@ def preset_dir(spec: RandomSpec) -> Path:
 
 def load_model(
     source: ModelSource,
-    arch: DecoderArch,
+    arch: ModelArch,
     *,
     expert_store: str,
     device: torch.device,
@@ -128,5 +128,5 @@ def _registrar(expert_store: str, device: torch.device) -> Registrar | None:
     return CudaRegistrar(device)
 
 
-def _dtype_name(arch: DecoderArch) -> str:
+def _dtype_name(arch: ModelArch) -> str:
     return next(name for name, dt in DTYPES.items() if dt == arch.dtype)

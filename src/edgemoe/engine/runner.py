@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
+from edgemoe.cache.state_pool import StatePool
 from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
 from edgemoe.engine.sampler import SampleOutput
 from edgemoe.layers.attention_backend import AttentionBackend
 from edgemoe.layers.batch import ForwardBatch
-from edgemoe.layers.context import StepContext
+from edgemoe.layers.context import StateStep, StepContext
 from edgemoe.models.transformer import CausalLM
 from edgemoe.profiling import DISABLED, StepProfiler
 
@@ -24,15 +25,18 @@ class ModelRunner:
         attention: AttentionBackend,
         buffers: BatchBuffers,
         profiler: StepProfiler = DISABLED,
+        states: StatePool | None = None,  # hybrid models: the GDN state rows
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
+        self.states = states
 
     def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
         """Run one step's chunks; return the batch and float32 logits [N, V] for its
         logits rows. Nothing here reads the device back."""
         batch = self.buffers.build(chunks)
         self.attention.prepare(batch)
-        hidden = self.model.forward(StepContext(batch, self.attention, self.profiler))
+        state = StateStep.prepare(self.states, batch) if self.states is not None else None
+        hidden = self.model.forward(StepContext(batch, self.attention, self.profiler, state))
         with self.profiler.region("lm_head"):
             return batch, self.model.logits(hidden)
 

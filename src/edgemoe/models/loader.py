@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
@@ -36,7 +36,7 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadedModel:
-    arch: DecoderArch
+    arch: ModelArch
     params: dict[str, torch.Tensor]
     experts: ExpertStore
     config: dict[str, Any]
@@ -51,7 +51,7 @@ def read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
-def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[DecoderArch, dict[str, Any]]:
+def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[ModelArch, dict[str, Any]]:
     config = read_json(model_dir / "config.json")
     arch = model_module(config.get("model_type")).arch(config)
     if dtype != "auto":
@@ -115,14 +115,17 @@ def load_checkpoint(
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     arch, config = read_arch(model_dir, dtype)
-    names = model_module(arch.model_type).checkpoint_map(arch)
+    module = model_module(arch.model_type)
+    names = module.checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
-    shape = (list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
+    shape = (list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
     experts: ExpertStore = (
         MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape, pin=expert_store == "pinned")
     )
     files = safetensors_files(model_dir)
-    filled = _stream_files(model_dir, files, names, params, experts, progress)
+    # A model file may name checkpoint parts it does not read (vision tower, MTP head).
+    ignored = IGNORED_SUFFIXES, tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    filled = _stream_files(model_dir, files, names, params, experts, progress, ignored)
     missing = sorted(set(names) - filled)
     if missing:
         where = {n: f for f, ns in files.items() for n in ns}
@@ -144,7 +147,10 @@ def _stream_files(
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
     progress: bool,
+    ignored: tuple[tuple[str, ...], tuple[str, ...]] = (IGNORED_SUFFIXES, ()),
 ) -> set[str]:
+    """Place every tensor `names` knows; `ignored` (suffixes, prefixes) are skipped
+    silently, any other unknown tensor with one warning."""
     filled: set[str] = set()
     unexpected: list[str] = []
     bar = tqdm(total=len(names), desc="loading", unit="tensor", disable=not progress, leave=False)
@@ -158,7 +164,7 @@ def _stream_files(
             for name in handle.keys():
                 place = names.get(name)
                 if place is None:
-                    if not name.endswith(IGNORED_SUFFIXES):
+                    if not (name.endswith(ignored[0]) or name.startswith(ignored[1])):
                         unexpected.append(name)
                     continue
                 if isinstance(experts, MmapStore) and place.target.startswith("experts."):
