@@ -52,6 +52,11 @@ class CacheConfig:
         "hybrid (GDN) models: device rows of recurrent state (~61 MiB each for Qwen3.5-35B-A3B), one per "
         "running request, so they cap --max-running-requests; default: planned",
     )
+    host_cache: str | None = setting(
+        None,
+        "host RAM for KV pages (and GDN state snapshots) evicted from the prefix cache, copied back on a hit "
+        "instead of recomputed (e.g. 16GiB); default: none",
+    )
 
 
 @dataclass(frozen=True)

@@ -131,13 +131,25 @@ def test_chunking_paging_and_offload_keep_tokens(reference, variant: str, servin
         assert_greedy(ref, [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
 
 
-def test_repeated_prompt_gives_cold_run_tokens(reference) -> None:  # noqa: ANN001
-    """No prefix reuse until the cache keeps GDN state: a hit would skip the recurrence."""
-    ref = reference("qwen3_5_moe")
-    with LLM(str(ref.path), dtype="float32", cache_type="radix") as llm:
-        first = llm.generate([PROMPTS[3]], GREEDY)[0]
-        again = llm.generate([PROMPTS[3], PROMPTS[3]], GREEDY)
-        stats = llm.stats()
-    assert [o.token_ids for o in again] == [first.token_ids] * 2
-    assert_greedy(ref, [first.token_ids if i == 3 else ref.expected[i] for i in range(len(PROMPTS))])
-    assert stats["prefix_cache"]["hit_tokens"] == 0 and all(o.num_cached_tokens == 0 for o in again)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5_moe"])
+def test_prefix_hits_and_host_tier_revivals_keep_tokens(reference, variant: str, page_size: int) -> None:  # noqa: ANN001
+    """A hit resumes from a GDN state snapshot: the same prompt again, the next agent turn,
+    and both after every page and snapshot was evicted to the host tier and came back."""
+    ref = reference(variant)
+    prompt, want = PROMPTS[3], ref.expected[3]
+    turn2 = prompt + want + [31, 32, 33]
+    want2 = hf_greedy(ref.model, turn2)
+    with LLM(str(ref.path), dtype="float32", page_size=page_size, host_cache="32MiB") as llm:
+        cache = llm.engine.prefix_cache
+        assert llm.generate([prompt], GREEDY)[0].token_ids == want
+        again = llm.generate([prompt], GREEDY)[0]
+        # the prompt's last page boundary before its final token has a snapshot
+        assert again.token_ids == want and again.num_cached_tokens == (len(prompt) - 1) // page_size * page_size
+        nxt = llm.generate([turn2], GREEDY)[0]
+        assert nxt.token_ids == want2 and nxt.num_cached_tokens > len(prompt)
+        cache.evict(cache.total_pages)
+        assert cache.total_pages == 0 and cache.num_snapshots == 0 and cache.host.num_snapshots >= 2
+        revived = llm.generate([prompt, turn2], GREEDY)
+    assert [o.token_ids for o in revived] == [want, want2]
+    assert revived[0].num_cached_tokens == again.num_cached_tokens and revived[1].num_cached_tokens > len(prompt)

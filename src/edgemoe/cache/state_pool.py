@@ -10,7 +10,9 @@ layers through `layers/context.StateStep`.
 Rows: row r < `live_rows` belongs to the running request whose page-table row is r
 (`Request.row`, assigned at admission); row `live_rows - 1` is the page table's scratch
 row (padded batch entries of a CUDA graph point there, never a request). Rows past
-`live_rows` are for prefix-cache snapshots.
+`live_rows` hold prefix-cache snapshots: a copy of a sequence's state at a page boundary,
+handed out by `alloc_snapshot` / `free_snapshot` (the prefix cache and the running
+requests own them in turn, `cache/tiered_radix.py`).
 
 NOTE: a row is only ever written by the kernels of a step that names it, and a fresh
 sequence's first chunk does not read its row (`has_initial_state` False), so a row
@@ -50,7 +52,12 @@ class StateShape(NamedTuple):
 
 
 class StatePool:
-    """The device tensors and their row bookkeeping. Not thread-safe: the engine loop owns it."""
+    """The device tensors and their snapshot-row free list. Not thread-safe: the engine loop owns it.
+
+    NOTE: every snapshot row is, at any time, exactly one of: free (in the free list) or
+    owned by whoever `alloc_snapshot` gave it to until it is passed on or freed; a double
+    free or a free of a live row raises.
+    """
 
     def __init__(self, shape: StateShape, live_rows: int, snapshot_rows: int, device: torch.device) -> None:
         if live_rows < 1 or snapshot_rows < 0:
@@ -62,6 +69,8 @@ class StatePool:
             (s.num_layers, rows, s.num_v_heads, s.key_dim, s.value_dim), dtype=torch.float32, device=device
         )
         self.conv = torch.zeros((s.num_layers, rows, s.conv_channels, s.conv_history), dtype=s.conv_dtype, device=device)
+        self._free = list(range(rows - 1, live_rows - 1, -1))  # pop() hands out low rows first
+        self._is_free = set(self._free)
 
     @property
     def num_rows(self) -> int:
@@ -70,6 +79,28 @@ class StatePool:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv [N, C, K-1], recurrent [N, Hv, Dk, Dv]) of GDN layer i: views the kernels update."""
         return self.conv[i], self.recurrent[i]
+
+    @property
+    def num_free_snapshots(self) -> int:
+        return len(self._free)
+
+    def alloc_snapshot(self) -> int | None:
+        """A free snapshot row, or None when all are taken."""
+        if not self._free:
+            return None
+        row = self._free.pop()
+        self._is_free.discard(row)
+        return row
+
+    def free_snapshot(self, row: int) -> None:
+        if not self.live_rows <= row < self.num_rows or row in self._is_free:
+            raise ValueError(f"state row {row} is not an allocated snapshot row")
+        self._free.append(row)
+        self._is_free.add(row)
+
+    def read_row(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(recurrent [Lg, Hv, Dk, Dv], conv [Lg, C, K-1]) views of one row, every GDN layer."""
+        return self.recurrent[:, row], self.conv[:, row]
 
     def copy_row(self, src: int, dst: int) -> None:
         """Row `dst` := row `src` in every layer (a snapshot, or its restore): two device copies."""

@@ -7,8 +7,9 @@ On a CPU-only machine there is no cap; the "device" is host memory and the defau
 only keep the slot cache honest (a quarter of the experts) for offload tests.
 
 Hybrid models (GDN layers) hold a recurrent state per sequence (~61 MiB at the
-Qwen3.5-35B-A3B shape): `--state-slots` device rows of it, one per running request, so
-the plan caps `max_running_requests` at the rows it can afford and says so.
+Qwen3.5-35B-A3B shape): `--state-slots` device rows of it. Each running request owns one,
+and with the prefix cache two more on average hold snapshots (its rolling one, one kept in
+the tree); the plan caps `max_running_requests` at what the rows allow and says so.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class MemoryPlan:
     max_running: int = 0  # requests running at once (the setting, capped by the state rows)
     state_rows: int = 0  # GDN state rows on the device (hybrid models; 0 otherwise)
     state_row_bytes: int = 0  # one sequence's recurrent + conv state, all GDN layers
+    snapshot_rows: int = 0  # of state_rows, those for prefix-cache snapshots (the rest are live)
     running_note: str = ""  # why max_running is below the setting, if it is
 
     @property
@@ -90,7 +92,8 @@ class MemoryPlan:
     def _state_rows(self) -> list[tuple[str, int]]:
         if not self.state_rows:
             return []
-        rows = f"{self.state_rows} rows + 1 scratch x {self.state_row_bytes / MiB:.1f} MiB"
+        live = self.state_rows - self.snapshot_rows
+        rows = f"{live} live + {self.snapshot_rows} snapshot + 1 scratch rows x {self.state_row_bytes / MiB:.1f} MiB"
         return [(f"GDN state ({rows})", self.state_bytes)]
 
 
@@ -126,30 +129,37 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 class StatePlan(NamedTuple):
-    rows: int  # GDN state rows on the device
-    max_running: int  # requests running at once
+    rows: int  # GDN state rows on the device (live + snapshot)
+    max_running: int  # requests running at once: one live row each
+    snapshot_rows: int  # rows for prefix-cache snapshots
     note: str  # why max_running is below the setting ("" if it is not)
 
 
-def plan_state(arch: ModelArch, state_slots: int | None, max_running: int, budget: int | None, used: int) -> StatePlan:
+def plan_state(
+    arch: ModelArch, state_slots: int | None, max_running: int, budget: int | None, used: int, snapshots: bool = False,
+) -> StatePlan:
     """GDN state rows (`--state-slots`, or a share of what `used` bytes leave of the budget;
-    on the CPU one per running request) and the running requests they allow: each running
-    request owns a row (NOTE: live rows are the page-table rows, so running <= rows)."""
+    on the CPU what the running requests use) and the running requests they allow. A running
+    request owns a live row (NOTE: live rows are the page-table rows, so running <= rows);
+    with `snapshots` (the prefix cache) a third of the rows are live, the rest snapshots."""
     row = arch.state_bytes
     if row == 0:
-        return StatePlan(0, max_running, "")
+        return StatePlan(0, max_running, 0, "")
+    per_request = 3 if snapshots else 1  # its live row, and its rolling snapshot + one in the tree
     if state_slots is not None:
         rows = state_slots
     elif budget is None:
-        rows = max_running
+        rows = per_request * max_running
     else:
-        rows = max(1, min(max_running, int(STATE_SHARE_DEFAULT * max(0, budget - used)) // row - 1))
-    running = min(max_running, rows)
+        rows = max(1, min(per_request * max_running, int(STATE_SHARE_DEFAULT * max(0, budget - used)) // row - 1))
+    running = max(1, min(max_running, rows // per_request))
     note = "" if running == max_running else (
         f"max running requests: {running} (max_running_requests (--max-running-requests) {max_running} is capped "
-        f"by the {rows} GDN state rows of {row / MiB:.1f} MiB: raise --state-slots or --gpu-memory for more)"
+        f"by the {rows} GDN state rows of {row / MiB:.1f} MiB"
+        + (", a third of them live, the rest prefix-cache snapshots" if snapshots else "")
+        + ": raise --state-slots or --gpu-memory for more)"
     )
-    return StatePlan(rows, running, note)
+    return StatePlan(rows, running, rows - running, note)
 
 
 def plan_memory(
@@ -164,18 +174,19 @@ def plan_memory(
     budget: int | None,
     context: int = 0,
     state_slots: int | None = None,
+    snapshots: bool = False,
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots, KV tokens and GDN state rows (hybrid
     models; they cap the running requests); raise PlanError naming the setting to change
     when nothing fits."""
-    state = plan_state(arch, state_slots, max_running, budget, context + dense_weight_bytes(arch))
+    state = plan_state(arch, state_slots, max_running, budget, context + dense_weight_bytes(arch), snapshots)
     plan = _plan_weights_kv(
         arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
         (state.rows + 1) * arch.state_bytes if state.rows else 0,
     )
     return replace(
         plan, max_running=state.max_running, state_rows=state.rows, state_row_bytes=arch.state_bytes,
-        running_note=state.note,
+        snapshot_rows=state.snapshot_rows, running_note=state.note,
     )
 
 

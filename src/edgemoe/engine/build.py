@@ -8,12 +8,14 @@ from pathlib import Path
 
 import torch
 
+from edgemoe.cache.host_tier import HostTier
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.state_pool import StatePool
 from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
-from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.host_budget import HostRow
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
@@ -46,6 +48,7 @@ class Runtime:
     plan: MemoryPlan
     scheduler: SchedulerConfig  # the setting, max_running_requests as planned (hybrids: <= state rows)
     states: StatePool | None = None  # hybrid models: GDN state rows
+    host_tier: HostTier | None = None  # --host-cache
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,6 +109,7 @@ def make_plan(config: EngineConfig, arch: ModelArch, device: torch.device, max_l
         budget=budget,
         context=context,
         state_slots=config.cache.state_slots,
+        snapshots=config.cache.cache_type == "radix",
     )
 
 
@@ -129,9 +133,12 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
+    host_cache = host_cache_bytes(config)
     loaded = load_model(
         source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
+        extra=(HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
+        if host_cache else (),
     )
     sched = replace(config.scheduler, max_running_requests=plan.max_running)
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
@@ -150,10 +157,34 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
     states = make_state_pool(arch, plan, device)
     runner = ModelRunner(model, attention, buffers, profiler, states)
+    host_tier = make_host_tier(host_cache, pool, states) if host_cache else None
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan, sched, states,
+        max_len, plan, sched, states, host_tier,
     )
+
+
+def host_cache_bytes(config: EngineConfig) -> int:
+    """`--host-cache` in bytes (0: no host tier); refused without the prefix cache."""
+    setting = config.cache.host_cache
+    if setting is None:
+        return 0
+    if config.cache.cache_type == "none":
+        raise ValueError(f"{flag_name('host_cache')} needs the prefix cache (--cache-type radix)")
+    try:
+        return parse_size(setting)
+    except ValueError:
+        raise ValueError(f"{flag_name('host_cache')}: cannot parse size {setting!r} (e.g. 16GiB)") from None
+
+
+def make_host_tier(nbytes: int, pool: KVPool, states: StatePool | None) -> HostTier:
+    """Half of it for GDN state snapshots (hybrid models), the rest for KV pages."""
+    snapshot_slots = nbytes // 2 // states.shape.row_nbytes if states is not None else 0
+    used = snapshot_slots * states.shape.row_nbytes if states is not None else 0
+    tier = HostTier(pool, (nbytes - used) // pool.page_nbytes, states, snapshot_slots)
+    log.warning("host cache: %.2f GiB (%d KV pages, %d state snapshots)", tier.nbytes() / GiB,
+                tier.pages.shape[0], snapshot_slots)
+    return tier
 
 
 def make_state_pool(arch: ModelArch, plan: MemoryPlan, device: torch.device) -> StatePool | None:
@@ -162,5 +193,4 @@ def make_state_pool(arch: ModelArch, plan: MemoryPlan, device: torch.device) -> 
     shape = arch.state_shape()
     if shape is None:
         return None
-    live = plan.max_running + 1
-    return StatePool(shape, live, max(0, plan.state_rows - plan.max_running), device)
+    return StatePool(shape, plan.max_running + 1, plan.snapshot_rows, device)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +29,6 @@ from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class StepHandle:
@@ -44,15 +41,14 @@ class StepHandle:
     error: str | None = None
 
 
-def prefix_cache_type(config: EngineConfig, rt: Runtime) -> str:
-    """The prefix cache type, "none" for hybrid models: a prefix hit would skip the GDN
-    layers' recurrence over the prefix, and until the cache holds state snapshots
-    (issue 14, item 3) it has nothing to resume them from."""
-    if rt.states is not None and config.cache.cache_type != "none":
-        log.warning("prefix cache off: model %s has GDN layers and the prefix cache keeps no GDN state yet",
-                    rt.source.name)
-        return "none"
-    return config.cache.cache_type
+# Tokens after which a request keeps a GDN state snapshot until it ends: the assistant's
+# tool-call opener, so a client that re-renders the call resumes right after it.
+SNAPSHOT_TOKENS = ("<tool_call>",)
+
+
+def snapshot_token_ids(rt: Runtime) -> frozenset[int]:
+    ids = (rt.tokenizer.tokenizer.token_to_id(t) for t in SNAPSHOT_TOKENS)
+    return frozenset(i for i in ids if i is not None)
 
 
 class Engine:
@@ -63,7 +59,8 @@ class Engine:
         self.tokenizer = rt.tokenizer
         self.max_model_len = rt.max_model_len
         self.vocab_size = rt.model.arch.vocab_size
-        self.prefix_cache = make_prefix_cache(prefix_cache_type(config, rt), rt.pool)
+        self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool, rt.states, rt.host_tier)
+        self.snapshot_ids = snapshot_token_ids(rt) if self.prefix_cache.stateful else frozenset()
         self.scheduler = Scheduler(rt.scheduler, rt.pool, self.prefix_cache, rt.page_table)
         self.runner = rt.runner
         self.profiler = rt.profiler
@@ -143,7 +140,25 @@ class Engine:
             self.profiler.step_end()
         for s in plan.seqs:
             s.request.num_computed = s.start + s.length
+        if self.prefix_cache.stateful:
+            self._capture_states(plan)
         return StepHandle(plan, sampling, result)
+
+    def _capture_states(self, plan: StepPlan) -> None:
+        """After the step's kernels (stream order): keep each request's state at a page
+        boundary it reached; freeze it at the prompt's last boundary (a repeated or shared
+        prompt resumes there) and after a tool-call opener."""
+        ps = self.runtime.pool.page_size
+        for s in plan.seqs:
+            req = s.request
+            assert req.row is not None
+            self.prefix_cache.capture_state(req.snapshots, req.row, req.num_computed)
+            prompt_end = (len(req.prompt_ids) - 1) // ps * ps  # the scheduler ends a chunk there
+            if s.start < prompt_end == req.num_computed:
+                self.prefix_cache.freeze_state(req.snapshots, "prompt")
+            elif s.length == 1 and s.start >= len(req.prompt_ids):  # a generated token went in
+                if req.token_slice(s.start, s.start + 1)[0] in self.snapshot_ids:
+                    self.prefix_cache.freeze_state(req.snapshots, "tool_call")
 
     def complete(self, handle: StepHandle) -> list[RequestOutput]:
         """Wait for the step's sampled ids; append them and apply the stop rules."""

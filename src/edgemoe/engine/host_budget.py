@@ -106,5 +106,7 @@ def plan_host(
         if d.num_slots:
             rows.append(HostRow("expert slots", d.num_slots * d.slot_bytes, f"{d.num_slots} slots, device cpu"))
         rows.append(HostRow("KV cache", d.kv_bytes, f"{d.kv_tokens} tokens, device cpu"))
+        if d.state_rows:
+            rows.append(HostRow("GDN state", d.state_bytes, f"{d.state_rows} rows + 1 scratch, device cpu"))
         rows.append(HostRow("workspace", d.workspace, "device cpu"))
     return HostPlan((*rows, *extra), available, source, hints)

@@ -21,7 +21,7 @@ import torch
 from edgemoe.assets.cache import atomic_dir, cache_dir
 from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
-from edgemoe.engine.host_budget import host_budget, plan_host
+from edgemoe.engine.host_budget import HostRow, host_budget, plan_host
 from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import DTYPES, LoadedModel, load_checkpoint, read_json
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
@@ -89,6 +89,7 @@ def load_model(
     host_memory: str | None,
     device_plan: MemoryPlan,
     progress: bool = True,
+    extra: tuple[HostRow, ...] = (),
 ) -> LoadedModel:
     """Check the host plan (PlanError before allocating), log it, then load `source`.
 
@@ -103,7 +104,7 @@ def load_model(
     )
     plan = plan_host(
         arch, expert_store=expert_store, available=available, source=where,
-        device_plan=device_plan if device.type == "cpu" else None, hints=hints,
+        device_plan=device_plan if device.type == "cpu" else None, extra=extra, hints=hints,
     )
     # WARNING level on purpose, like the device plan: what a person starting a server wants to see.
     log.warning("%s", plan.table())
