@@ -68,10 +68,14 @@ def test_16gib_plan_caps_running_requests_at_the_state_rows() -> None:
     arch = qwen3_5_moe.arch(QWEN3_5_35B_A3B)
     p = plan(arch)
     assert p.backend == "offload" and p.total <= 16 * GiB
-    assert 1 <= p.max_running == p.state_rows < 64
+    assert 1 <= p.max_running == p.state_rows < 64 and p.snapshot_rows == 0
     assert p.state_bytes == (p.state_rows + 1) * arch.state_bytes  # + the scratch row
     table = p.table()
     assert "GDN state" in table and "--state-slots" in table and f"max running requests: {p.max_running}" in table
+    # with the prefix cache, a third of the rows are live, the rest hold snapshots
+    s = plan(arch, snapshots=True)
+    assert s.state_rows == p.state_rows and s.max_running == s.state_rows // 3
+    assert s.snapshot_rows == s.state_rows - s.max_running and s.total <= 16 * GiB
 
 
 def test_state_slots_setting_caps_and_cpu_plan_follows_running() -> None:
@@ -80,5 +84,7 @@ def test_state_slots_setting_caps_and_cpu_plan_follows_running() -> None:
     assert (p.state_rows, p.max_running) == (4, 4)
     cpu = plan(arch, budget=None, max_running=8)
     assert (cpu.state_rows, cpu.max_running, cpu.running_note) == (8, 8, "")
+    cpu = plan(arch, budget=None, max_running=8, snapshots=True)
+    assert (cpu.state_rows, cpu.max_running, cpu.snapshot_rows) == (24, 8, 16)
     with pytest.raises(ValueError, match="--state-slots"):
         plan(arch, state_slots=400)
