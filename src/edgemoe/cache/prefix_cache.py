@@ -216,6 +216,10 @@ class PrefixCache(ABC):
         """Keep the request's rolling snapshot until it donates it, as the one of `kind`
         (replacing an earlier one of that kind)."""
 
+    def tier_stats(self) -> dict[str, int]:
+        """Counts of what the cache keeps beyond device KV pages (snapshots, host tier)."""
+        return {}
+
     @property
     def hit_rate(self) -> float:
         """Share of queried tokens served from the cache."""

@@ -49,6 +49,12 @@ class TieredRadixCache(RadixPrefixCache):
     def num_snapshots(self) -> int:
         return sum(1 for node in self._nodes() if node.snapshot is not None)
 
+    def tier_stats(self) -> dict[str, int]:
+        stats = {"state_snapshots": self.num_snapshots} if self.states is not None else {}
+        if self.host is not None:
+            stats |= {"host_pages": self.host.num_pages, "host_snapshots": self.host.num_snapshots}
+        return stats
+
     # -- match: device path, host extension, cut back to a snapshot, revive ----------------
 
     def match(self, token_ids: Sequence[int], *, record: bool = True) -> PrefixMatch:

@@ -291,6 +291,7 @@ class Engine:
                 "query_tokens": self.prefix_cache.query_tokens,
                 "hit_tokens": self.prefix_cache.hit_tokens,
                 "hit_rate": self.prefix_cache.hit_rate,
+                **self.prefix_cache.tier_stats(),
             },
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
