@@ -156,9 +156,14 @@ class Engine:
             prompt_end = (len(req.prompt_ids) - 1) // ps * ps  # the scheduler ends a chunk there
             if s.start < prompt_end == req.num_computed:
                 self.prefix_cache.freeze_state(req.snapshots, "prompt")
-            elif s.length == 1 and s.start >= len(req.prompt_ids):  # a generated token went in
-                if req.token_slice(s.start, s.start + 1)[0] in self.snapshot_ids:
-                    self.prefix_cache.freeze_state(req.snapshots, "tool_call")
+            elif self._opens_tool_call(s):
+                self.prefix_cache.freeze_state(req.snapshots, "tool_call")
+
+    def _opens_tool_call(self, s: ScheduledSeq) -> bool:
+        """The step computed a generated tool-call opener token."""
+        req = s.request
+        generated = s.length == 1 and s.start >= len(req.prompt_ids)
+        return generated and req.token_slice(s.start, s.start + 1)[0] in self.snapshot_ids
 
     def complete(self, handle: StepHandle) -> list[RequestOutput]:
         """Wait for the step's sampled ids; append them and apply the stop rules."""
