@@ -153,3 +153,18 @@ def test_prefix_hits_and_host_tier_revivals_keep_tokens(reference, variant: str,
         revived = llm.generate([prompt, turn2], GREEDY)
     assert [o.token_ids for o in revived] == [want, want2]
     assert revived[0].num_cached_tokens == again.num_cached_tokens and revived[1].num_cached_tokens > len(prompt)
+
+
+def test_stacked_expert_checkpoints_load_the_same_model(reference, make_ckpt) -> None:  # noqa: ANN001
+    """Qwen3.5's checkpoints ship each layer's experts stacked (`mlp.experts.gate_up_proj`
+    [E, 2I, H], `down_proj` [E, H, I]); the same values per expert give the same model,
+    in RAM banks or mapped from the files, and transformers reads it completely."""
+    ref = reference("qwen3_5_moe")
+    stacked = make_ckpt("qwen3_5_moe", stacked_experts=True, **F32)
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(stacked, dtype=torch.float32, output_loading_info=True)
+    assert not any(info.values()), info
+    with LLM(str(ref.path), dtype="float32") as llm:
+        want = llm.prompt_logits(PROMPTS[3])
+    for store in ("pageable", "mmap"):
+        with LLM(str(stacked), dtype="float32", expert_store=store) as llm:
+            assert torch.equal(llm.prompt_logits(PROMPTS[3]), want), store

@@ -264,13 +264,16 @@ def make_checkpoint(
     seed: int = 0,
     *,
     max_shard_bytes: int | None = None,
+    stacked_experts: bool = False,
     **config_overrides: Any,
 ) -> Path:
     """Write a tiny random ``model_type`` checkpoint into ``out_dir`` and return its path.
 
     ``config_overrides`` replace config fields (e.g. ``num_hidden_layers=4``,
     ``mlp_only_layers=[0]``, ``torch_dtype="float32"``). Same arguments give
-    byte-identical files.
+    byte-identical files. ``stacked_experts`` (the GDN hybrids): each layer's experts as
+    ``mlp.experts.gate_up_proj`` / ``down_proj`` stacks, as transformers 5 and Qwen3.5's
+    checkpoints store them (the same values as the per-expert tensors).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -278,7 +281,8 @@ def make_checkpoint(
 
     if model_type in hybrid_checkpoint.HYBRID_TYPES:
         config = hybrid_checkpoint.hybrid_config(model_type, **config_overrides)
-        specs, init = list(hybrid_checkpoint.hybrid_specs(config)), hybrid_checkpoint.init_hybrid
+        specs = list(hybrid_checkpoint.hybrid_specs(config, stacked_experts))
+        init = hybrid_checkpoint.init_hybrid
     else:
         config = model_config(model_type, **config_overrides)
         specs, init = list(tensor_specs(config)), init_tensor

@@ -79,8 +79,8 @@ def _layer_types(t: dict[str, Any]) -> list[str]:
     return t.get("layer_types") or [GDN if (i + 1) % t.get("full_attention_interval", 4) else ATTENTION for i in range(n)]
 
 
-def hybrid_specs(config: dict[str, Any]) -> Iterator[TensorSpec]:
-    """Hub tensor names and shapes, in model order."""
+def hybrid_specs(config: dict[str, Any], stacked_experts: bool = False) -> Iterator[TensorSpec]:
+    """Hub tensor names and shapes, in model order (`stacked_experts`: see `_mlp`)."""
     multimodal = config["model_type"] == "qwen3_5_moe"
     t = config["text_config"] if multimodal else config
     pre, h, v = ("model.language_model." if multimodal else "model."), t["hidden_size"], t["vocab_size"]
@@ -90,7 +90,7 @@ def hybrid_specs(config: dict[str, Any]) -> Iterator[TensorSpec]:
         yield f"{p}.input_layernorm.weight", (h,)
         yield from (_gdn(f"{p}.linear_attn", t, config["model_type"]) if kind == GDN else _attention(f"{p}.self_attn", t))
         yield f"{p}.post_attention_layernorm.weight", (h,)
-        yield from _mlp(f"{p}.mlp", t, i, config["model_type"])
+        yield from _mlp(f"{p}.mlp", t, i, config["model_type"], stacked_experts)
     yield f"{pre}norm.weight", (h,)
     if not config.get("tie_word_embeddings", t["tie_word_embeddings"]):
         yield "lm_head.weight", (v, h)
@@ -133,7 +133,7 @@ def _glu(p: str, h: int, i: int) -> Iterator[TensorSpec]:
     yield f"{p}.down_proj.weight", (h, i)
 
 
-def _mlp(p: str, t: dict[str, Any], idx: int, model_type: str) -> Iterator[TensorSpec]:
+def _mlp(p: str, t: dict[str, Any], idx: int, model_type: str, stacked: bool) -> Iterator[TensorSpec]:
     h = t["hidden_size"]
     # NOTE: transformers' rule: Qwen3.5 is MoE everywhere; Qwen3-Next as Qwen3-MoE.
     sparse = model_type != "qwen3_next" or (
@@ -143,14 +143,22 @@ def _mlp(p: str, t: dict[str, Any], idx: int, model_type: str) -> Iterator[Tenso
         yield from _glu(p, h, t["intermediate_size"])
         return
     yield f"{p}.gate.weight", (t["num_experts"], h)
-    for e in range(t["num_experts"]):
-        yield from _glu(f"{p}.experts.{e}", h, t["moe_intermediate_size"])
+    n, i = t["num_experts"], t["moe_intermediate_size"]
+    if stacked:  # one tensor per kind: what init_hybrid fills from the per-expert ones
+        yield f"{p}.experts.gate_up_proj", (n, 2 * i, h)
+        yield f"{p}.experts.down_proj", (n, h, i)
+    else:
+        for e in range(n):
+            yield from _glu(f"{p}.experts.{e}", h, i)
     yield from _glu(f"{p}.shared_expert", h, t["shared_expert_intermediate_size"])
     yield f"{p}.shared_expert_gate.weight", (1, h)
 
 
 def init_hybrid(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """`init_tensor`, with these models' zero-centred norms and GDN decay parameters."""
+    """`init_tensor`, with these models' zero-centred norms and GDN decay parameters; a
+    stacked experts tensor holds exactly the per-expert tensors' values."""
+    if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return _stacked(name, shape, seed)
     x = init_tensor(name, shape, seed)
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         return x - 1.0  # init_tensor gives 1 + noise; these norms scale by 1 + w
@@ -158,3 +166,13 @@ def init_hybrid(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
         return torch.log(1.0 + 15.0 * torch.sigmoid(x))  # A in (1, 16)
     return x
 
+
+def _stacked(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    experts, prefix = shape[0], name.rsplit(".", 1)[0]
+    if name.endswith("down_proj"):
+        return torch.stack([init_tensor(f"{prefix}.{e}.down_proj.weight", shape[1:], seed) for e in range(experts)])
+    half = (shape[1] // 2, shape[2])
+    return torch.stack([
+        torch.cat([init_tensor(f"{prefix}.{e}.{w}.weight", half, seed) for w in ("gate_proj", "up_proj")])
+        for e in range(experts)
+    ])

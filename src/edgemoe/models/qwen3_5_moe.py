@@ -20,12 +20,19 @@ import torch
 from edgemoe.models.arch import ConfigError, HFConfig
 from edgemoe.models.hybrid_arch import HybridArch, hybrid_arch
 from edgemoe.models.names import NameMap, Placement
-from edgemoe.models.qwen_hybrid import IGNORED_PREFIXES, Params, assemble, hybrid_names, to_device
+from edgemoe.models.qwen_hybrid import (
+    IGNORED_PREFIXES,
+    Params,
+    assemble,
+    hybrid_names,
+    stacked_expert_names,
+    to_device,
+)
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE, TEXT_MODEL_TYPE = "qwen3_5_moe", "qwen3_5_moe_text"
-__all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map", "text_config"]
+__all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map", "stacked_expert_names", "text_config"]
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -17,12 +17,19 @@ import torch
 from edgemoe.models.arch import HFConfig
 from edgemoe.models.hybrid_arch import HybridArch, hybrid_arch
 from edgemoe.models.names import NameMap, Placement
-from edgemoe.models.qwen_hybrid import IGNORED_PREFIXES, Params, assemble, hybrid_names, to_device
+from edgemoe.models.qwen_hybrid import (
+    IGNORED_PREFIXES,
+    Params,
+    assemble,
+    hybrid_names,
+    stacked_expert_names,
+    to_device,
+)
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "qwen3_next"
-__all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map"]
+__all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map", "stacked_expert_names"]
 
 
 def arch(config: dict[str, Any]) -> HybridArch:

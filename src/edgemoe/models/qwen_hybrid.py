@@ -24,7 +24,7 @@ from edgemoe.layers.norm import OffsetRMSNorm
 from edgemoe.layers.rotary import Rotary
 from edgemoe.layers.shared_moe import SharedExpertMoE
 from edgemoe.models.hybrid_arch import HybridArch
-from edgemoe.models.names import NameMap, Placement, dense_mlp_names, expert_names
+from edgemoe.models.names import NameMap, Placement, Stacked, StackedMap, dense_mlp_names, expert_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -106,6 +106,21 @@ def _mlp_names(a: HybridArch, i: int, lp: str, our: str) -> NameMap:
         m[sh + "gate_proj.weight"] = Placement(our + "shared_gate_up", (slice(0, inter),))
         m[sh + "up_proj.weight"] = Placement(our + "shared_gate_up", (slice(inter, None),))
         m[sh + "down_proj.weight"] = Placement(our + "shared_down")
+    return m
+
+
+def stacked_expert_names(a: HybridArch) -> StackedMap:
+    """The routed experts as transformers 5 stores them (and Qwen3.5's checkpoints ship
+    them): `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I]
+    per layer, the other spelling of the per-expert names."""
+    m: StackedMap = {}
+    for i in a.moe_layers:
+        lp, bank, E = f"{a.checkpoint_prefix}layers.{i}.mlp.experts.", f"experts.{i}.", a.num_experts
+        per = expert_names(a, i, lp + "{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")  # type: ignore[arg-type]
+        gate_up = tuple(n for n, p in per.items() if p.target.endswith("gate_up"))
+        down = tuple(n for n, p in per.items() if p.target.endswith("down"))
+        m[lp + "gate_up_proj"] = Stacked(Placement(bank + "gate_up", (slice(0, E),)), gate_up)
+        m[lp + "down_proj"] = Stacked(Placement(bank + "down", (slice(0, E),)), down)
     return m
 
 
