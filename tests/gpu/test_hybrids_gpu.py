@@ -64,3 +64,17 @@ def test_preset_slice_plans_state_rows_under_the_cap() -> None:
         assert all(len(o.token_ids) == 8 for o in out)
         free, total = torch.cuda.mem_get_info()
     assert total - free <= cap, (total - free) / 2**30
+
+
+def test_prefix_hits_and_host_revivals_are_bitwise_the_cold_run(hybrid_ckpt) -> None:  # noqa: ANN001
+    """A hit restores a bitwise copy of the state the cold run had at that boundary and
+    reuses its KV pages, so the remaining chunk computes exactly what the cold run did;
+    after a trip through pinned host memory (async copies both ways) too."""
+    with LLM(str(hybrid_ckpt), dtype="bfloat16", device="cuda", host_cache="256MiB") as llm:
+        cold = llm.generate([LONG], GREEDY)[0]
+        hit = llm.generate([LONG], GREEDY)[0]
+        cache = llm.engine.prefix_cache
+        cache.evict(cache.total_pages)
+        revived = llm.generate([LONG], GREEDY)[0]
+    assert hit.num_cached_tokens == revived.num_cached_tokens == (len(LONG) - 1) // 16 * 16
+    assert hit.token_ids == revived.token_ids == cold.token_ids
