@@ -22,6 +22,7 @@ from edgemoe.server.admission import enforce_deadlines
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.disconnect_watch import CancelOnDisconnectMiddleware
 from edgemoe.server.engine_client import EngineClient
+from edgemoe.server.error_middleware import UnexpectedErrorMiddleware
 from edgemoe.server.errors import APIError, install_handlers, unavailable
 from edgemoe.server.middleware import GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
@@ -30,6 +31,7 @@ from edgemoe.server.openapi import install_openapi
 from edgemoe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from edgemoe.server.responses import create_response
 from edgemoe.server.responses_protocol import ResponsesRequest
+from edgemoe.server.request_body import ThreadedBodyRoute
 from edgemoe.server.request_context import RequestContextMiddleware
 from edgemoe.server.state import ServerState
 from edgemoe.server.stats_api import add_ops_routes, health_body
@@ -61,8 +63,10 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
             await client.close(stop_engine=True)
 
     app = FastAPI(title="edgemoe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.router.route_class = ThreadedBodyRoute  # bodies parsed off the event loop
     app.state.edgemoe = state
     install_handlers(app)
+    app.add_middleware(UnexpectedErrorMiddleware)  # innermost: a route's failure is a clean 500
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
     app.add_middleware(CancelOnDisconnectMiddleware)
     app.add_middleware(RequestContextMiddleware)  # outermost: arrival time before the body is read
