@@ -67,6 +67,7 @@ def to_generation_request(
         tool_choice=tool_choice,
         named_tool=named,
         parallel_tool_calls=parallel,
+        field_names={"stop": "stop_sequences"},
     )
 
 

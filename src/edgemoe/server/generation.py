@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from edgemoe.messages import AddRequest, RequestOutput, SamplingParams
+from edgemoe.messages import SEED_MIN, AddRequest, RequestOutput, SamplingParams
 from edgemoe.server.choice import ChoiceState, make_parser
 from edgemoe.server.engine_client import (
     EngineClient,
@@ -80,6 +80,8 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     parse_output: bool = True
     prompt_param: str = "messages"  # the request field the prompt came from, for errors
+    # SamplingParams field → the client's name for it, where they differ (for errors).
+    field_names: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,9 @@ def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPr
     try:
         req.params.validate(model.vocab_size)
     except ValueError as exc:
-        raise bad_request(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        name, _, why = str(exc).partition(" ")
+        name = req.field_names.get(name, name)
+        raise bad_request(f"{name} {why}", param=name) from exc
     if req.named_tool is not None and req.named_tool not in _tool_names(req.tools):
         raise bad_request(f"tool_choice names {req.named_tool!r}, which is not in tools", param="tool_choice")
 
@@ -284,6 +288,8 @@ async def start_generation(
         stream = client.submit(adds)
     except EngineUnavailable as exc:
         raise unavailable(str(exc)) from exc
+    except EngineRejected as exc:
+        raise bad_request(str(exc), param=req.prompt_param) from exc
     try:
         first = await stream.get()
     except (EngineUnavailable, EngineRejected, EngineFailure) as exc:
@@ -312,4 +318,6 @@ def _seeded(params: SamplingParams, i: int) -> SamplingParams:
     # n > 1 with a seed: each choice gets its own stream, reproducible as a whole.
     if i == 0 or params.seed is None:
         return params
-    return msgspec.structs.replace(params, seed=params.seed + i)
+    # Wraps within 64 signed bits, so every choice's seed stays a valid one.
+    seed = (params.seed + i - SEED_MIN) % 2**64 + SEED_MIN
+    return msgspec.structs.replace(params, seed=seed)

@@ -75,6 +75,7 @@ def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> Gen
         tool_choice=tool_choice,
         named_tool=named,
         parallel_tool_calls=req.parallel_tool_calls is not False,
+        field_names={"max_tokens": "max_completion_tokens"} if req.max_completion_tokens is not None else {},
     )
 
 

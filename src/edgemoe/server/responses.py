@@ -66,6 +66,7 @@ def to_generation_request(req: ResponsesRequest, model: ServedModel) -> Generati
         named_tool=named,
         parallel_tool_calls=req.parallel_tool_calls is not False,
         prompt_param="input",
+        field_names={"max_tokens": "max_output_tokens"},
     )
 
 
