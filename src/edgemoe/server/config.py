@@ -80,6 +80,12 @@ class ServerConfig:
         256, "requests that may wait for their first token (default 256); past it, new ones get "
         "429 (OpenAI) / 529 (Anthropic) with Retry-After"
     )
+    template_timeout: float = server_setting(
+        10.0, "seconds a chat template may take to render one request (default 10); past it: 400"
+    )
+    quiet: bool = server_setting(
+        False, "no access log line per request and no periodic engine line on stderr"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -94,6 +100,8 @@ class ServerConfig:
             raise ValueError(f"--max-body-size must be >= 1 byte (got {self.max_body_size})")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if not self.template_timeout > 0:
+            raise ValueError(f"--template-timeout must be > 0 seconds (got {self.template_timeout})")
         if self.max_queued_requests < 1:
             raise ValueError(f"--max-queued-requests must be >= 1 (got {self.max_queued_requests})")
         if self.tool_call_parser is not None:
@@ -107,6 +115,11 @@ class ServerConfig:
     @property
     def thinking_default(self) -> bool:
         return self.default_thinking_mode == "on"
+
+    @property
+    def template_output_limit(self) -> int:
+        """Characters one chat template render may produce: 4 × the largest body."""
+        return 4 * self.max_body_size
 
 
 def server_setting_names() -> list[str]:

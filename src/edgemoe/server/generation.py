@@ -31,10 +31,7 @@ from edgemoe.server.errors import APIError, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
-from edgemoe.server.templates import ChatInputError
-
-# Render arguments a client's chat_template_kwargs may not override.
-_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "documents", "enable_thinking"})
+from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
 
 
 @dataclass(frozen=True)
@@ -137,7 +134,7 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
     if model.template is None:
         why = model.template_error or "the model ships no chat template"
         raise bad_request(f"chat is not available: {why}", param="messages")
-    kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in RESERVED_VARIABLES}
     try:
         text = model.template.render(
             prompt.messages,

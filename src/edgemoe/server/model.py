@@ -17,6 +17,7 @@ from edgemoe.messages import EngineReady
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
+from edgemoe.server.template_sandbox import RenderLimits
 from edgemoe.server.templates import ChatTemplate
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -43,7 +44,8 @@ class ServedModel:
     def load(cls, info: EngineReady, config: ServerConfig) -> ServedModel:
         model_dir = Path(info.model_dir)
         tokenizer = TokenizerBundle.load(model_dir)
-        template, error = _load_template(tokenizer)
+        limits = RenderLimits(timeout_s=config.template_timeout, max_output_chars=config.template_output_limit)
+        template, error = _load_template(tokenizer, limits)
         source = template.source if template is not None else ""
         return cls(
             name=config.served_model_name or model_dir.name,
@@ -71,9 +73,9 @@ class ServedModel:
         return not strict or name is None or name == self.name
 
 
-def _load_template(tokenizer: TokenizerBundle) -> tuple[ChatTemplate | None, str | None]:
+def _load_template(tokenizer: TokenizerBundle, limits: RenderLimits) -> tuple[ChatTemplate | None, str | None]:
     try:
-        return ChatTemplate.from_tokenizer(tokenizer), None
+        return ChatTemplate.from_tokenizer(tokenizer, limits), None
     except ValueError as exc:
         # Serve anyway: /v1/completions and tokenize still work; chat answers 400 with this.
         log.warning("chat template unusable: %s", exc)
