@@ -36,7 +36,7 @@ from edgemoe.server.generation import (
     ChatPrompt,
     Generation,
     GenerationRequest,
-    render_prompt,
+    count_prompt_tokens,
     sampling_params,
     start_generation,
 )
@@ -184,8 +184,7 @@ async def count_tokens(state: ServerState, req: CountTokensRequest) -> dict[str,
     model = state.serving(req.model)
     gen_req = to_generation_request(req, model)
     thinking = gen_req.thinking if gen_req.thinking is not None else state.config.thinking_default
-    prompt = await anyio.to_thread.run_sync(render_prompt, model, gen_req, thinking)
-    return {"input_tokens": len(prompt.token_ids)}
+    return {"input_tokens": await anyio.to_thread.run_sync(count_prompt_tokens, model, gen_req, thinking)}
 
 
 async def _collect(gen: Generation) -> BlockBuilder:

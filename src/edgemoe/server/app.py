@@ -152,7 +152,7 @@ def _add_api_routes(app: FastAPI) -> None:
 
     @_both(app, "POST", "/v1/detokenize")
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
-        return detokenize(_state(request).serving(body.model), body)
+        return await detokenize(_state(request).serving(body.model), body)
 
 
 def _card(model_id: str, request: Request) -> dict[str, Any]:

@@ -29,8 +29,10 @@ from edgemoe.server.engine_client import (
 )
 from edgemoe.server.errors import APIError, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
+from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
+from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
 
 
@@ -124,13 +126,12 @@ def active_tools(req: GenerationRequest) -> list[dict[str, Any]] | None:
     return req.tools
 
 
-def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
-    """Token ids of the prompt (blocking: templates and tokenisers run here)."""
-    prompt, tok = req.prompt, model.tokenizer
-    if isinstance(prompt, TokensPrompt):
-        return RenderedPrompt(list(prompt.token_ids), None, False)
+def render_text(model: ServedModel, req: GenerationRequest, thinking: bool) -> str:
+    """The prompt text of a chat or text prompt (blocking: the chat template runs here)."""
+    prompt = req.prompt
     if isinstance(prompt, TextPrompt):
-        return RenderedPrompt(tok.encode(prompt.text, add_special_tokens=True), prompt.text, False)
+        return prompt.text
+    assert isinstance(prompt, ChatPrompt)
     if model.template is None:
         why = model.template_error or "the model ships no chat template"
         raise bad_request(f"chat is not available: {why}", param="messages")
@@ -145,24 +146,60 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
         )
     except ChatInputError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    text += prompt.continuation
-    # The template writes any BOS itself (transformers' apply_chat_template does the same).
-    return RenderedPrompt(tok.encode(text, add_special_tokens=False), text, prompt_opens_reasoning(text))
+    return text + prompt.continuation
+
+
+def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
+    """Token ids of the prompt (blocking: templates and tokenisers run here).
+
+    Tokenising stops once the prompt cannot fit the context (a 400 naming both numbers),
+    so an oversized prompt costs about a context's worth of work, not its whole size.
+    """
+    prompt = req.prompt
+    if isinstance(prompt, TokensPrompt):
+        return RenderedPrompt(list(prompt.token_ids), None, False)
+    text = render_text(model, req, thinking)
+    # A raw prompt gets the tokenizer's BOS; the template writes any BOS itself
+    # (transformers' apply_chat_template does the same).
+    raw = isinstance(prompt, TextPrompt)
+    try:
+        ids = model.prompt_tokens.encode(text, limit=model.max_model_len - 1, add_special_tokens=raw)
+    except TooManyTokens as exc:
+        raise context_exceeded(model, req, exc.count, exact=exc.exact) from exc
+    return RenderedPrompt(ids, text, False if raw else prompt_opens_reasoning(text))
+
+
+def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bool) -> int:
+    """How many tokens the prompt has, however many (blocking; memory of one piece)."""
+    if isinstance(req.prompt, TokensPrompt):
+        return len(req.prompt.token_ids)
+    return model.prompt_tokens.count(render_text(model, req, thinking))
+
+
+def context_exceeded(model: ServedModel, req: GenerationRequest, n_tokens: int, *, exact: bool = True) -> APIError:
+    return bad_request(
+        f"the prompt has {'' if exact else 'at least '}{n_tokens} tokens, the context length is {model.max_model_len}",
+        param=req.prompt_param, code="context_length_exceeded",
+    )
+
+
+def prepare_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
+    """Render and check the prompt: everything before the engine (blocking, for a worker)."""
+    prompt = render_prompt(model, req, thinking)
+    check_request(model, req, prompt)
+    return prompt
 
 
 def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPrompt) -> None:
     """Everything the server can refuse before the engine sees the request."""
-    n_tokens, limit = len(prompt.token_ids), model.max_model_len
+    n_tokens = len(prompt.token_ids)
     if n_tokens == 0:
         raise bad_request("the prompt is empty", param=req.prompt_param)
-    if n_tokens >= limit:
-        raise bad_request(
-            f"the prompt has {n_tokens} tokens, the context length is {limit}",
-            param=req.prompt_param, code="context_length_exceeded",
-        )
+    if n_tokens >= model.max_model_len:
+        raise context_exceeded(model, req, n_tokens)
     bad = [t for t in prompt.token_ids if not 0 <= t < model.vocab_size]
     if bad:
-        raise bad_request(f"token ids {bad[:5]} outside the vocabulary [0, {model.vocab_size})", param=req.prompt_param)
+        raise bad_request(f"token ids {describe_ids(bad)} are outside the vocabulary [0, {model.vocab_size})", param=req.prompt_param)
     try:
         req.params.validate(model.vocab_size)
     except ValueError as exc:
@@ -275,8 +312,7 @@ async def start_generation(
     """Render, check and submit `req`; returns once the engine accepted it (first output)."""
     request_id = request_id or uuid.uuid4().hex
     thinking = req.thinking if req.thinking is not None else default_thinking
-    prompt = await anyio.to_thread.run_sync(render_prompt, model, req, thinking)
-    check_request(model, req, prompt)
+    prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
     adds = [
         AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(req.params, i))
         for i in range(req.n)

@@ -32,6 +32,7 @@ __all__ = [
     "SEED_MIN",
     "Range",
     "StopStrings",
+    "describe_ids",
     "describe_number",
 ]
 
@@ -47,6 +48,12 @@ def describe_number(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"an integer of {value.bit_length()} bits"
     return repr(value) if isinstance(value, float) else str(value)
+
+
+def describe_ids(ids: list[int]) -> str:
+    """The first few of a list of ids, for an error message."""
+    shown = ", ".join(describe_number(i) for i in ids[:5])
+    return f"[{shown}{', …' if len(ids) > 5 else ''}]"
 
 
 @dataclass(frozen=True)

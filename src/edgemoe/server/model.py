@@ -17,6 +17,7 @@ from edgemoe.messages import EngineReady
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
+from edgemoe.server.prompt_tokens import PromptTokenizer
 from edgemoe.server.template_sandbox import RenderLimits
 from edgemoe.server.templates import ChatTemplate
 from edgemoe.tokenizer import TokenizerBundle
@@ -39,6 +40,7 @@ class ServedModel:
     sampling_defaults: dict[str, float | int]
     created: int
     tokens: TokenTexts
+    prompt_tokens: PromptTokenizer  # bounded prompt tokenisation (pieces, stops at a limit)
 
     @classmethod
     def load(cls, info: EngineReady, config: ServerConfig) -> ServedModel:
@@ -58,6 +60,7 @@ class ServedModel:
             sampling_defaults=_sampling_defaults(model_dir / "generation_config.json"),
             created=int(time.time()),
             tokens=TokenTexts(tokenizer.tokenizer),
+            prompt_tokens=PromptTokenizer(tokenizer),
         )
 
     @property
