@@ -18,6 +18,7 @@ them up for its context gauge); `cache_creation_input_tokens` is always 0.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -168,10 +169,11 @@ def _interleaved(request: Request) -> bool:
 async def create_message(state: ServerState, req: CreateMessageRequest, request: Request) -> Response:
     model = state.serving(req.model)
     req.check_thinking_budget(_interleaved(request))
-    gen_req = to_generation_request(
-        req, model, max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k,
-    )
+    # In a worker: a conversation of many blocks takes a while to convert.
+    gen_req = await anyio.to_thread.run_sync(functools.partial(
+        to_generation_request, req, model, max_tokens=req.max_tokens, stop=req.stop_sequences,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+    ))
     gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default)
     message_id = f"msg_{uuid.uuid4().hex}"
     if req.stream:
@@ -182,7 +184,7 @@ async def create_message(state: ServerState, req: CreateMessageRequest, request:
 
 async def count_tokens(state: ServerState, req: CountTokensRequest) -> dict[str, int]:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)
     thinking = gen_req.thinking if gen_req.thinking is not None else state.config.thinking_default
     return {"input_tokens": await anyio.to_thread.run_sync(count_prompt_tokens, model, gen_req, thinking)}
 

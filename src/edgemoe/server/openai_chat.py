@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -97,7 +98,7 @@ class _Meta:
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
     gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default)
     meta = _Meta(
         f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or model.name,

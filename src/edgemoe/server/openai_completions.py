@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -93,7 +94,7 @@ class _Body:
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
     gen = await start_generation(state.client, model, gen_req, default_thinking=False)
     body = _Body(model, req.model or model.name, gen_req.params.logprobs)
     echo = _echo_text(model, gen) if req.echo else ""

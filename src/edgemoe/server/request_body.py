@@ -2,20 +2,21 @@
 
 FastAPI parses a body (`json.loads`) and validates it (pydantic) on the event loop: a
 30 MB body of a million tiny messages held the loop, and so `/health` and every other
-client, for seconds. `ThreadedBodyRoute` does both in a worker thread with pydantic's
-JSON validator (measured to let the loop run meanwhile: < 0.2 s pauses where
-`model_validate` of the parsed dict held it for 3 s) and hands FastAPI the finished
-model, which FastAPI's own validation then passes through as an instance.
+client, for seconds. `ThreadedBodyRoute` does both in a worker thread and hands FastAPI
+the finished model, which FastAPI's own validation then passes through as an instance.
 
-Invalid Unicode is refused here for every route at once: a lone surrogate (`"\\ud800"`)
-is invalid JSON text for pydantic's parser; the message then names the field it was
-found in.
+NOTE: a thread alone is not enough: pydantic's validator holds the GIL for the whole
+call (150 K messages: 1.5 s without the loop getting a turn). So the JSON is parsed in
+pieces when large (`json_body`), and long top-level lists of models (`messages`,
+`tools`, …) are validated item by item from Python, which lets the loop run between
+items; the final validation only meets instances. Invalid Unicode (a lone surrogate)
+is refused here for every route, naming the field.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import types
+import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -27,8 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from edgemoe.server.errors import APIError, bad_request
+from edgemoe.server.json_body import InvalidJSON, InvalidUnicode, parse_json
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# Lists at least this long are validated item by item (see the module docstring).
+LONG_LIST = 256
+_UNIONS = (typing.Union, types.UnionType)
 
 
 class ThreadedBodyRoute(APIRoute):
@@ -69,48 +73,53 @@ def _is_json(content_type: str | None) -> bool:
 def parse_body(model: type[BaseModel], body: bytes) -> BaseModel:
     """The validated model; raises RequestValidationError or APIError (invalid JSON). Blocking."""
     try:
-        return model.model_validate_json(body)
+        data = parse_json(body)
+    except InvalidUnicode as exc:
+        raise invalid_unicode(exc) from None
+    except InvalidJSON as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    try:
+        if isinstance(data, dict):
+            _validate_long_lists(model, data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        if errors and errors[0].get("type") == "json_invalid":
-            raise invalid_json(body, str((errors[0].get("ctx") or {}).get("error", ""))) from None
-        raise RequestValidationError([{**e, "loc": ("body", *e.get("loc", ()))} for e in errors]) from None
+        raise _request_error(exc.errors(include_url=False)) from None
 
 
-def invalid_json(body: bytes, why: str) -> APIError:
-    """400 for a body that is not JSON; for invalid Unicode, naming the field that holds it."""
-    if "surrogate" in why or "hex escape" in why:
-        try:
-            found = find_surrogate(json.loads(body))
-        except (ValueError, RecursionError):
-            found = None
-        if found is not None:
-            # The path may itself hold the surrogate (a key): escape it, or the answer cannot be encoded.
-            path, char = found[0].encode("utf-8", "backslashreplace").decode("utf-8"), found[1]
-            return bad_request(
-                f"{path or 'the request body'} holds invalid Unicode: a lone surrogate (\\u{ord(char):04x}) is not "
-                "a character; send UTF-8 text (a \\uD800-\\uDBFF escape must be followed by a \\uDC00-\\uDFFF one)",
-                param=path or None, code="invalid_unicode",
-            )
-    return bad_request(f"the request body is not valid JSON: {why}".rstrip(": "))
+def invalid_unicode(exc: InvalidUnicode) -> APIError:
+    return bad_request(
+        f"{exc.path or 'the request body'} holds invalid Unicode: a lone surrogate (\\u{ord(exc.char):04x}) is not "
+        "a character; send UTF-8 text (a \\uD800-\\uDBFF escape must be followed by a \\uDC00-\\uDFFF one)",
+        param=exc.path or None, code="invalid_unicode",
+    )
 
 
-def find_surrogate(value: Any) -> tuple[str, str] | None:
-    """(path as the client wrote it, the surrogate) of the first string holding one, or None."""
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, str):
-            if (m := _SURROGATE.search(node)) is not None:
-                return path, m.group()
-        elif isinstance(node, dict):
-            children = []
-            for key, child in node.items():
-                where = f"{path}.{key}" if path else str(key)
-                if (m := _SURROGATE.search(key)) is not None:
-                    return where, m.group()
-                children.append((where, child))
-            stack.extend(reversed(children))
-        elif isinstance(node, list):
-            stack.extend(reversed([(f"{path}[{i}]", child) for i, child in enumerate(node)]))
+def _request_error(errors: list[Any], *prefix: str | int) -> RequestValidationError:
+    return RequestValidationError([{**e, "loc": ("body", *prefix, *e.get("loc", ()))} for e in errors])
+
+
+def _validate_long_lists(model: type[BaseModel], data: dict[str, Any]) -> None:
+    """Replace each long top-level list of models in `data` by the validated models."""
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        items = data.get(key)
+        item_model = _list_item_model(field.annotation)
+        if not isinstance(items, list) or len(items) < LONG_LIST or item_model is None:
+            continue
+        validated = []
+        for i, item in enumerate(items):
+            try:
+                validated.append(item_model.model_validate(item))
+            except ValidationError as exc:
+                raise _request_error(exc.errors(include_url=False), key, i) from None
+        data[key] = validated
+
+
+def _list_item_model(annotation: Any) -> type[BaseModel] | None:
+    """M for a field typed `list[M]` or `list[M] | None` with M a model, else None."""
+    for option in typing.get_args(annotation) if typing.get_origin(annotation) in _UNIONS else (annotation,):
+        if typing.get_origin(option) is list:
+            (item,) = typing.get_args(option) or (None,)
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                return item
     return None

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -213,7 +214,7 @@ class OutputBuilder:
 
 async def create_response(state: ServerState, req: ResponsesRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
     shell = ResponseShell(req, model.name)
     try:
         gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default)
