@@ -10,6 +10,7 @@ events. Engine failures surface as `APIError`s (503 engine gone, 400 refused, 50
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
 from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -270,11 +273,21 @@ class Generation:
                 self._first = None
                 if out.finish_reason == "error":
                     raise step_failure(out)
-                for event in self._by_id[out.request_id].on_output(out):
+                for event in self._on_output(out):
                     yield event
             yield Done(self._usage())
         finally:
             self.close()
+
+    def _on_output(self, out: RequestOutput) -> list[Event]:
+        try:
+            return self._by_id[out.request_id].on_output(out)
+        except Exception as exc:
+            # A bug on one output (a parser, say) must end this response in its protocol's
+            # error shape, mid-stream too, not drop the connection.
+            log.exception("processing an engine output failed")
+            raise APIError(500, "the server failed this request (an internal error; the server log has "
+                                "the details)") from exc
 
     async def collect(self) -> tuple[list[ChoiceResult], Usage]:
         """Run to the end: every choice folded, and the usage (the non-streamed view)."""
