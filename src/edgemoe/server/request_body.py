@@ -46,7 +46,9 @@ class ThreadedBodyRoute(APIRoute):
 
         async def parse_then_handle(request: Request) -> Response:
             body = await request.body()
-            if body and _is_json(request.headers.get("content-type")):
+            if body and not _is_json(request.headers.get("content-type")):
+                raise bad_request("the request body must be JSON, sent with Content-Type: application/json")
+            if body:
                 parsed = await anyio.to_thread.run_sync(parse_body, model, body)
                 # NOTE: Starlette caches a request's parsed JSON in `_json`, and FastAPI reads
                 # the body through `request.json()`: it receives the validated model.

@@ -29,6 +29,7 @@ _EXPECTED = {
     "none_required": "null",
 }
 # Pydantic's names for types, as they appear as union tags in error locations.
+_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "any", "dict", "list", "tuple", "set", "bytes"})
 
 
@@ -45,7 +46,8 @@ def is_branch_tag(part: str | int) -> bool:
 
 def param_of(loc: Sequence[str | int]) -> str | None:
     """("body", "messages", 0, "content", "str") → "messages[0].content"."""
-    parts = [p for p in (loc[1:] if loc and loc[0] == "body" else loc) if not is_branch_tag(p)]
+    # FastAPI's first part says where the value came from: the client knows the name alone.
+    parts = [p for p in (loc[1:] if loc and loc[0] in _SOURCES else loc) if not is_branch_tag(p)]
     out = ""
     for part in parts:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
