@@ -42,12 +42,14 @@ json_values = st.recursive(
 
 
 @FAST
-@given(value=json_values, indent=st.sampled_from([None, 0, 2]), ascii_only=st.booleans())
-def test_piecewise_json_equals_json_loads(monkeypatch: pytest.MonkeyPatch, value: Any, indent: int | None,
-                                          ascii_only: bool) -> None:
+@given(value=json_values, indent=st.sampled_from([None, 0, 2]), ascii_only=st.booleans(),
+       small=st.sampled_from([0, 6, 512]))
+def test_piecewise_json_equals_json_loads(value: Any, indent: int | None, ascii_only: bool, small: int) -> None:
     text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
-    monkeypatch.setattr(json_body, "YIELDING_BYTES", 0)  # every body piecewise
-    assert parse_json(text.encode()) == json.loads(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(json_body, "YIELDING_BYTES", 0)  # every body piecewise
+        patch.setattr(json_body, "SMALL_CHARS", small)  # 0: no container in one piece
+        assert parse_json(text.encode()) == json.loads(text)
 
 
 @pytest.mark.parametrize("piecewise", [False, True])

@@ -24,6 +24,7 @@ YIELDING_BYTES = 4 * 2**20
 # Containers this deep are parsed piece by piece (the body, `messages`, a message,
 # its `content`), deeper ones whole.
 PIECEWISE_DEPTH = 4
+SMALL_CHARS = 512  # a container that ends within this many characters is parsed in one piece
 _WS = re.compile(r"[ \t\n\r]*")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -93,6 +94,14 @@ def _value(text: str, i: int, depth: int) -> tuple[Any, int]:
     opener = text[i : i + 1]
     if depth >= PIECEWISE_DEPTH or opener not in ("[", "{"):
         return _decoder.raw_decode(text, i)
+    if depth > 0:
+        # Most containers are small: one C call on a bounded slice (it fails unless the
+        # container ends inside the slice, so its cost is bounded either way).
+        try:
+            value, end = _decoder.raw_decode(text[i : i + SMALL_CHARS])
+            return value, i + end
+        except ValueError:
+            pass
     closer = "]" if opener == "[" else "}"
     items: list[Any] = []
     members: dict[str, Any] = {}
