@@ -26,6 +26,8 @@ YIELDING_BYTES = 4 * 2**20
 PIECEWISE_DEPTH = 4
 SMALL_CHARS = 512  # a container that ends within this many characters is parsed in one piece
 _WS = re.compile(r"[ \t\n\r]*")
+# Up to 4096 JSON integers in a row, not followed by more of a number.
+_INT_RUN = re.compile(r"-?(?:0|[1-9]\d{0,30})(?:[ \t\n\r]*,[ \t\n\r]*-?(?:0|[1-9]\d{0,30})){0,4095}(?![\d.eE])")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _decoder = json.JSONDecoder()
@@ -115,6 +117,10 @@ def _value(text: str, i: int, depth: int) -> tuple[Any, int]:
             if not isinstance(key, str) or not text.startswith(":", i):
                 raise json.JSONDecodeError("Expecting a string key and ':'", text, i)
             members[key], i = _value(text, _skip(text, i + 1), depth + 1)
+        elif (run := _INT_RUN.match(text, i)) is not None:
+            # Token ids: integers in batches (an integer holds no comma, so the run is exact).
+            items.extend(json.loads("[" + run.group() + "]"))
+            i = run.end()
         else:
             item, i = _value(text, i, depth + 1)
             items.append(item)
