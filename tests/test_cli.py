@@ -12,7 +12,7 @@ from edgemoe.cli import build_parser, main
 
 @pytest.mark.parametrize(
     "argv",
-    [["generate", "--help"], ["serve", "--help"], ["bench", "decode", "--help"], ["bench", "agent", "--help"]],
+    [["generate", "--help"], ["serve", "--help"], ["bench", "decode", "--help"], ["bench", "agent", "--help"], ["bench", "bw", "--help"]],
 )
 def test_every_subcommand_has_help(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:

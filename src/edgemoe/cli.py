@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,17 @@ def _flag_type(annotation: Any) -> type:
     if "float" in text:
         return float
     return str
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag and exits 2 otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (no --model: the demo model)")
     add_server_flags(serve)
+    serve.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="read the API key from this file (the key alone; default: $EDGEMOE_API_KEY)")
     add_engine_flags(serve)
 
     from edgemoe.ctl import add_ctl_parser
@@ -100,9 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     dec = bench_sub.add_parser("decode", help="prefill and decode tok/s")
     add_engine_flags(dec)
-    dec.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 512])
-    dec.add_argument("--decode-tokens", type=int, default=64)
-    dec.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    dec.add_argument("--prompt-tokens", type=positive_int, nargs="+", default=[128, 512])
+    dec.add_argument("--decode-tokens", type=positive_int, default=64, help="tokens timed after the first")
+    dec.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 4])
+    dec.add_argument("--profile", action="store_true",
+                     help="also break decode steps down by region (CUDA events) and count launches/host syncs")
+    dec.add_argument("--profile-steps", type=positive_int, default=16, help="decode steps profiled per run")
     dec.add_argument("--out", default="bench/results", help="result folder")
     agent = bench_sub.add_parser("agent", help="replay a synthetic coding-agent session against a server")
     add_engine_flags(agent)
@@ -114,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
+    bw = bench_sub.add_parser("bw", help="host memory, CPU expert kernel and host-device copy bandwidth")
+    bw.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores)")
+    bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
+    bw.add_argument("--read-gib", type=float, default=1.0, help="buffer size for the host read bandwidth")
+    bw.add_argument("--pool-mib", type=int, default=1024, help="expert pool the calls rotate through (> caches)")
+    bw.add_argument("--hidden", type=int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
+    bw.add_argument("--intermediate", type=int, default=768, help="expert shape: intermediate size I")
+    bw.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
+    bw.add_argument("--out", default="bench/results", help="result folder")
     return parser
 
 
@@ -153,13 +179,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args, engine_settings(args))
         if args.command == "serve":
             from edgemoe.serve import run_serve
+            from edgemoe.server.api_key import resolve_api_key
             from edgemoe.server.config import ServerConfig
 
-            return run_serve(ServerConfig(**server_settings(args)), engine_settings(args))
+            settings = server_settings(args)
+            settings["api_key"] = resolve_api_key(settings.get("api_key"), args.api_key_file, os.environ)
+            return run_serve(ServerConfig(**settings), engine_settings(args))
         if args.command == "ctl":
             from edgemoe.ctl import run_ctl
 
             return run_ctl(args)
+        if args.command == "bench" and args.bench == "bw":
+            from edgemoe.bench.bandwidth import run_bw_bench
+
+            return run_bw_bench(args)
         if args.command == "bench" and args.bench == "agent":
             from edgemoe.bench.agent import run_agent_bench
 

@@ -25,8 +25,10 @@ from typing import Any
 
 import uvicorn
 
+from edgemoe.link_auth import hand_over
 from edgemoe.server.app import create_app
 from edgemoe.server.config import ServerConfig
+from edgemoe.server.connections import uvicorn_options
 from edgemoe.server.engine_client import EngineClient, EngineLink, State
 
 # How long open responses get to flush after the engine died, before the server exits.
@@ -39,14 +41,19 @@ class EngineProcess:
     """The engine as a child process (an `EngineHandle`)."""
 
     def __init__(self, link: EngineLink, settings: dict[str, Any]) -> None:
+        # The link keys travel through an inherited socket, never argv or the environment.
+        keys = hand_over(link.keys.engine_keys())
         command = [
             sys.executable, "-m", "edgemoe.engine.service",
             "--to-engine", link.to_engine, "--from-engine", link.from_engine,
             "--settings", json.dumps(settings), "--parent-pid", str(os.getpid()),
+            "--keys-fd", str(keys.fileno()),
         ]
         # NOTE: the engine writes to our stderr, so stdout carries only the ready line;
         # loading progress and tracebacks stay visible.
-        self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr)
+        with keys:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr,
+                                         pass_fds=(keys.fileno(),))
 
     @property
     def pid(self) -> int | None:
@@ -96,7 +103,7 @@ class _Serve:
         self.app = create_app(config, self.client)
         self.server = _Server(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_level="warning",
-            access_log=False, lifespan="on", timeout_graceful_shutdown=2, timeout_keep_alive=5,
+            access_log=False, lifespan="on", timeout_graceful_shutdown=2, **uvicorn_options(config),
         ))
 
     def _on_engine_dead(self, reason: str) -> None:

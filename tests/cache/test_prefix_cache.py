@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
+from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.cache.prefix_cache import (
     NoPrefixCache,
     PrefixCache,
-    make_prefix_cache,
 )
 from edgemoe.cache.radix import RadixPrefixCache
 

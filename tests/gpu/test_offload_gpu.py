@@ -3,14 +3,22 @@ logits for the CPU paths, agreement with the fp32 reference, and the memory cap.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from tolerances import bf16_logit_error
 
 from edgemoe import LLM, SamplingParams
 
 PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2040)), list(range(40000, 40300, 3))]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 EXPERTS = 16 * 4  # layers x experts of the small model
+
+
+def num_layers(path: Path) -> int:
+    return json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"]
 
 
 def greedy_tokens(path, **settings) -> list[list[int]]:  # noqa: ANN001, ANN003
@@ -40,10 +48,14 @@ def test_cpu_paths_agree_with_resident(small_ckpt, resident, backend: str) -> No
     seq = PROMPTS[1] + resident[1]
     ref = teacher_forced(small_ckpt, seq, moe_backend="resident")
     got = teacher_forced(small_ckpt, seq, moe_backend=backend, moe_slots=8)
+    # top-1 flips only where the top-2 gap is inside the error; the tiny models' median
+    # gap is > 0.3 logits (tests/testing), several times the typical error below
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree
-    err = (ref - got).abs()
-    assert err.mean().item() < 0.05 * ref.std().item() and err.max().item() < 0.25 * ref.std().item()
+    typical, worst = bf16_logit_error(num_layers(small_ckpt))
+    err, scale = (ref - got).abs(), ref.std().item()
+    # two bf16 computations: random walks add in quadrature, worst cases add
+    assert err.mean().item() < 2**0.5 * typical * scale and err.max().item() < 2 * worst * scale
 
 
 def test_bf16_gpu_agrees_with_fp32_reference(small_ckpt, resident) -> None:  # noqa: ANN001
@@ -54,8 +66,10 @@ def test_bf16_gpu_agrees_with_fp32_reference(small_ckpt, resident) -> None:  # n
         ref = ref_model(torch.tensor([seq])).logits[0]
     got = teacher_forced(small_ckpt, seq, moe_backend="offload", moe_slots=8)
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-    assert agree >= 0.9, agree
-    assert (ref - got).abs().mean().item() < 0.1 * ref.std().item()
+    assert agree >= 0.9, agree  # top-1 flips only inside the error, as above
+    typical, worst = bf16_logit_error(num_layers(small_ckpt))
+    err, scale = (ref - got).abs(), ref.std().item()  # the fp32 reference: exact to 2^-16 of this
+    assert err.mean().item() < typical * scale and err.max().item() < worst * scale
 
 
 MEDIUM = dict(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
 
@@ -81,7 +82,9 @@ def test_logits_match_transformers_at_every_position(pair) -> None:  # noqa: ANN
             with torch.no_grad():
                 theirs = ref(torch.tensor([seq])).logits[0].float()
             assert ours.shape == theirs.shape
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+            # longest reduction: hidden 64 (contexts reach 55 tokens; experts and heads are narrower)
+            atol = network_atol(torch.float32, max(64, len(seq)), theirs.abs().max().item())
+            torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -39,6 +39,7 @@ def test_experts_are_stacked_in_checkpoint_order(qwen3_ckpt: Path) -> None:
     with safe_open(str(qwen3_ckpt / fname), framework="pt") as f:
         up = f.get_tensor(name.format("up_proj")).float()
     inter = loaded.arch.moe_intermediate_size
+    # a bf16 tensor copied into a float32 bank: exact
     torch.testing.assert_close(loaded.experts.banks[1].gate_up[3, inter:], up, rtol=0, atol=0)
 
 
@@ -115,3 +116,59 @@ def test_dtype_choice(qwen3_ckpt: Path, dtype: str, expected: torch.dtype) -> No
     loaded = load_checkpoint(qwen3_ckpt, dtype=dtype, progress=False)
     assert loaded.params["embed"].dtype == expected
     assert loaded.experts.banks[0].down.dtype == expected
+
+
+# --------------------------------------------------------------------------- files outside the directory
+
+
+def _point_index(ckpt: Path, victim_file: str, new_name: str) -> None:
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {k: (new_name if v == victim_file else v) for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("kind", ["absolute", "dotdot"])
+def test_weight_map_cannot_leave_the_model_directory(ckpt: Path, tmp_path: Path, kind: str) -> None:
+    fname = sorted(set(_index(ckpt).values()))[0]
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(ckpt / fname, outside / fname)  # a valid shard: only its place is wrong
+    target = str(outside / fname) if kind == "absolute" else f"../elsewhere/{fname}"
+    _point_index(ckpt, fname, target)
+    with pytest.raises(CheckpointError, match=rf"names '{target}'.*outside the model directory"):
+        load_checkpoint(ckpt, progress=False)
+
+
+def test_symlinked_shard_escaping_the_directory_is_refused(ckpt: Path, tmp_path: Path) -> None:
+    fname = sorted(set(_index(ckpt).values()))[0]
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(ckpt / fname, outside / fname)
+    (ckpt / fname).symlink_to(outside / fname)
+    with pytest.raises(CheckpointError, match=rf"names '{fname}', a link to .*elsewhere.*outside"):
+        load_checkpoint(ckpt, progress=False)
+
+
+def test_non_string_weight_map_entry_is_named(ckpt: Path) -> None:
+    index_path = ckpt / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = {"path": "x"}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"names \{'path': 'x'\}, which is not a file name"):
+        load_checkpoint(ckpt, progress=False)
+
+
+def test_hub_cache_layout_with_blob_links_loads(qwen3_ckpt: Path, tmp_path: Path) -> None:
+    """The Hugging Face cache links snapshots/REV/* to ../../blobs/*: that is allowed."""
+    repo = tmp_path / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abcd", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, src in enumerate(sorted(qwen3_ckpt.iterdir())):
+        shutil.copy(src, blobs / f"blob{i}")
+        (snapshot / src.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    a = load_checkpoint(snapshot, dtype="float32", progress=False)
+    b = load_checkpoint(qwen3_ckpt, dtype="float32", progress=False)
+    assert all(torch.equal(a.params[k], b.params[k]) for k in b.params)

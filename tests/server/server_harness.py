@@ -26,6 +26,7 @@ from edgemoe.engine.service import EngineCrashed, EngineLike, run_loop
 from edgemoe.messages import EngineReady, RequestOutput, SamplingParams, TokenLogprob
 from edgemoe.server.app import create_app
 from edgemoe.server.config import ServerConfig
+from edgemoe.server.connections import uvicorn_options
 from edgemoe.server.engine_client import EngineClient, EngineLink
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -183,13 +184,13 @@ class ServerHarness:
         self.client = EngineClient(link, ThreadHandle(self.engine_thread), on_dead=self.dead.append)
         self.app = create_app(config, self.client)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
-                                                    timeout_graceful_shutdown=1))
+                                                    timeout_graceful_shutdown=1, **uvicorn_options(config)))
         self._server_thread = threading.Thread(target=self.server.run, daemon=True, name="uvicorn")
         self.base_url = ""
 
     def _run_engine(self, engine: EngineLike, ready: EngineReady, link: EngineLink) -> None:
         try:
-            run_loop(engine, ready, link.to_engine, link.from_engine, stop=self._stop)
+            run_loop(engine, ready, link.to_engine, link.from_engine, keys=link.keys.engine_keys(), stop=self._stop)
         except EngineCrashed:
             pass
 
@@ -202,10 +203,18 @@ class ServerHarness:
             time.sleep(0.01)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.base_url = f"http://127.0.0.1:{port}"
-        while httpx.get(f"{self.base_url}/health").status_code != 200:
+        while not self._healthy():
             assert time.monotonic() < deadline, "the server did not become healthy"
             time.sleep(0.02)
         return self
+
+    def _healthy(self) -> bool:
+        # NOTE: while the model loads in this process, its threads can starve ours past a
+        # short --keep-alive-timeout, and the server then closes our idle connection.
+        try:
+            return httpx.get(f"{self.base_url}/health").status_code == 200
+        except httpx.TransportError:
+            return False
 
     def openai(self, api_key: str = "unused", **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=60, **kwargs)

@@ -60,10 +60,11 @@ def test_per_expert_names_carry_gate_up_down(checkpoints: dict[str, Path], model
     gate, up, down = ("w1", "w3", "w2") if model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     e = 3
     inter = experts.down_proj.shape[-1]
-    torch.testing.assert_close(experts.gate_up_proj[e, :inter], saved[f"{prefix}.experts.{e}.{gate}.weight"])
-    torch.testing.assert_close(experts.gate_up_proj[e, inter:], saved[f"{prefix}.experts.{e}.{up}.weight"])
-    torch.testing.assert_close(experts.down_proj[e], saved[f"{prefix}.experts.{e}.{down}.weight"])
-    torch.testing.assert_close(model.model.layers[1].mlp.gate.weight, saved[f"{prefix}.gate.weight"])
+    # loading stacks copies of the saved tensors, in their dtype: bit for bit
+    assert torch.equal(experts.gate_up_proj[e, :inter], saved[f"{prefix}.experts.{e}.{gate}.weight"])
+    assert torch.equal(experts.gate_up_proj[e, inter:], saved[f"{prefix}.experts.{e}.{up}.weight"])
+    assert torch.equal(experts.down_proj[e], saved[f"{prefix}.experts.{e}.{down}.weight"])
+    assert torch.equal(model.model.layers[1].mlp.gate.weight, saved[f"{prefix}.gate.weight"])
 
 
 def test_qwen3_dense_layers_and_tied_embeddings(tmp_path: Path) -> None:

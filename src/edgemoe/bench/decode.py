@@ -1,64 +1,149 @@
 """`edgemoe bench decode`: prefill and decode throughput of the in-process engine.
 
-For each prompt length: prefill tok/s of one prompt (time to the first token), then
-decode tok/s at each batch size (ignore_eos, fixed output length, greedy).
+One run per (prompt length, batch size): `batch` random prompts are submitted at once
+(greedy, ignore_eos, `decode_tokens` tokens after the first). Two phases, timed apart:
+
+- prefill: from submission to the first token of every request;
+- decode: every engine step after that, each timestamped; decode tok/s = the tokens
+  those steps produced / their time.
+
+Every run draws its own random prompts, so no run is served from another's KV through
+the prefix cache (the result reports `cached_prompt_tokens`, which should be 0). Expert
+traffic is `llm.stats()["moe"]` snapshotted around each phase, reported per phase.
+`prefill_phase` and `decode_phase` are separate functions so a profiler can wrap them.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from edgemoe.bench.results import plot_lines, write_result
+from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
+from edgemoe.bench.results import plot_lines, plot_stacked, write_result
+
+# Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.
+TRAFFIC = ("hits", "misses", "experts_cpu", "bytes_copied", "copy_seconds", "cpu_seconds", "tokens")
 
 
-def _random_prompt(n: int, vocab: int, seed: int) -> list[int]:
-    import random
+@dataclass
+class Phase:
+    """What one phase took: wall time, tokens generated, step durations, expert traffic."""
 
+    seconds: float = 0.0
+    tokens: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    moe: dict[str, float] = field(default_factory=dict)
+    cached_prompt_tokens: int = 0  # prompt tokens the prefix cache served (prefill)
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [rng.randrange(1000, min(vocab, 150000)) for _ in range(n)]
+    return [[rng.randrange(1000, min(vocab, 150000)) for _ in range(length)] for _ in range(batch)]
 
 
-def measure(llm: Any, prompt_tokens: int, batch: int, decode_tokens: int) -> dict[str, float]:
+def moe_traffic(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Expert traffic between two `llm.stats()["moe"]` snapshots."""
+    d = {k: after[k] - before[k] for k in TRAFFIC}
+    uses = d["hits"] + d["misses"]
+    return {
+        "tokens": d["tokens"],
+        "hit_rate": d["hits"] / uses if uses else 0.0,
+        "misses_per_token": d["misses"] / d["tokens"] if d["tokens"] else 0.0,
+        "gb_copied": d["bytes_copied"] / 1e9,
+        "copy_gb_per_s": d["bytes_copied"] / d["copy_seconds"] / 1e9 if d["copy_seconds"] else 0.0,
+        "experts_cpu": d["experts_cpu"],
+    }
+
+
+def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phase, set[str]]:
+    """Submit every prompt, then step until each has its first token (requests that
+    get theirs early may decode meanwhile). Returns the phase and the request ids."""
+    engine, phase = llm.engine, Phase()
+    before, t0 = llm.stats()["moe"], time.perf_counter()
+    request_ids = {engine.add_request(p, params) for p in prompts}
+    waiting = set(request_ids)
+    while waiting:
+        for out in engine.step():
+            phase.tokens += len(out.token_ids)
+            if out.token_ids and out.request_id in waiting:
+                waiting.discard(out.request_id)
+                phase.cached_prompt_tokens += out.num_cached_tokens
+    phase.seconds = time.perf_counter() - t0
+    phase.moe = moe_traffic(before, llm.stats()["moe"])
+    return phase, request_ids
+
+
+def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
+    """Step until every request has `decode_tokens` tokens after its first (or
+    finished), timestamping each step."""
+    engine, phase, running = llm.engine, Phase(), set(request_ids)
+    before, t0 = llm.stats()["moe"], time.perf_counter()
+    last = t0
+    while running and len(phase.step_seconds) < decode_tokens:
+        outputs = engine.step()
+        now = time.perf_counter()
+        phase.step_seconds.append(now - last)
+        last = now
+        for out in outputs:
+            phase.tokens += len(out.token_ids)
+            if out.finished:
+                running.discard(out.request_id)
+    phase.seconds = last - t0
+    phase.moe = moe_traffic(before, llm.stats()["moe"])
+    return phase
+
+
+def measure(
+    llm: Any, prompt_tokens: int, batch: int, decode_tokens: int, seed: int, profile_steps: int = 0
+) -> dict[str, Any]:
+    """One run: `batch` prompts of `prompt_tokens` random tokens (drawn from `seed`),
+    `decode_tokens` tokens each after the first. With `profile_steps`, that many more
+    decode steps are profiled after the timed ones (`bench/profile.py`)."""
     from edgemoe import SamplingParams
 
-    engine = llm.engine
-    vocab = engine.vocab_size
-    prompts = [_random_prompt(prompt_tokens, vocab, seed=i) for i in range(batch)]
-    # Prefill: all prompts to their first token.
-    first = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    t0 = time.perf_counter()
-    llm.generate(prompts, first)
-    prefill_s = time.perf_counter() - t0
-    full = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1, ignore_eos=True)
-    t0 = time.perf_counter()
-    llm.generate(prompts, full)
-    total_s = time.perf_counter() - t0
-    decode_s = max(total_s - prefill_s, 1e-9)
+    if min(prompt_tokens, batch, decode_tokens) < 1:
+        raise ValueError("prompt_tokens, batch and decode_tokens must be positive")
+    extra = profile_steps + TRACED_STEPS if profile_steps else 0
+    params = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1 + extra, ignore_eos=True)
+    prompts = random_prompts(batch, prompt_tokens, llm.engine.vocab_size, seed)
+    prefill, request_ids = prefill_phase(llm, prompts, params)
+    decode = decode_phase(llm, request_ids, decode_tokens)
+    profile = profile_decode(llm, request_ids, profile_steps) if profile_steps else None
+    for rid in request_ids:
+        llm.engine.abort(rid)
+    steps = decode.step_seconds
     return {
+        **({"profile": profile} if profile else {}),
         "prompt_tokens": prompt_tokens,
         "batch": batch,
-        "prefill_tok_s": batch * prompt_tokens / prefill_s,
-        "ttft_s": prefill_s,
-        "decode_tok_s": batch * decode_tokens / decode_s,
-        "decode_step_ms": 1000 * decode_s / decode_tokens,
+        "decode_tokens": decode_tokens,
+        "cached_prompt_tokens": prefill.cached_prompt_tokens,
+        "prefill_s": prefill.seconds,
+        "prefill_tok_s": batch * prompt_tokens / prefill.seconds,
+        "prefill_moe": prefill.moe,
+        "decode_s": decode.seconds,
+        "decode_steps": len(steps),
+        "decode_tokens_timed": decode.tokens,
+        "decode_tok_s": decode.tokens / decode.seconds,
+        "decode_step_ms": 1000 * decode.seconds / len(steps),
+        "decode_step_ms_p50": 1000 * statistics.median(steps),
+        "decode_step_ms_max": 1000 * max(steps),
+        "decode_moe": decode.moe,
     }
 
 
-def moe_summary(stats: dict[str, Any]) -> dict[str, Any]:
-    """Expert traffic over the whole run, with the effective copy bandwidth."""
-    moe = stats["moe"]
-    copy_gbps = moe["bytes_copied"] / moe["copy_seconds"] / 1e9 if moe["copy_seconds"] else 0.0
-    return {
-        "backend": stats["moe_backend"],
-        "slots": stats["memory_plan"]["num_slots"],
-        "hit_rate": moe["hit_rate"],
-        "misses_per_token": moe["misses_per_token"],
-        "gb_copied": moe["bytes_copied"] / 1e9,
-        "copy_gb_per_s": copy_gbps,
-        "experts_cpu": moe["experts_cpu"],
-    }
+def _print_row(row: dict[str, Any]) -> None:
+    print(
+        f"prompt {row['prompt_tokens']:6d} batch {row['batch']:3d}: "
+        f"prefill {row['prefill_tok_s']:9.1f} tok/s ({row['prefill_s']:.3f} s)  "
+        f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
+        f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f} "
+        f"decode {row['decode_moe']['misses_per_token']:.2f}"
+    )
 
 
 def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
@@ -66,23 +151,32 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
 
     rows = []
     with LLM(progress=True, **settings) as llm:
-        measure(llm, 16, 1, 4)  # warm-up: first-call allocations and kernel selection
-        for n in args.prompt_tokens:
-            for b in args.batch_sizes:
-                row = measure(llm, n, b, args.decode_tokens)
-                rows.append(row)
-                print(
-                    f"prompt {n:6d} batch {b:3d}: prefill {row['prefill_tok_s']:9.1f} tok/s  "
-                    f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)"
-                )
-        model = str(llm.engine.runtime.model_dir)
-        device = str(llm.engine.runtime.device)
-        moe = moe_summary(llm.stats())
-    print("experts: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in moe.items()))
+        measure(llm, 16, 1, 4, seed=0)  # warm-up: first-call allocations and kernel selection
+        runs = [(n, b) for n in args.prompt_tokens for b in args.batch_sizes]
+        for seed, (n, b) in enumerate(runs, start=1):
+            rows.append(measure(llm, n, b, args.decode_tokens, seed=seed, profile_steps=args.profile_steps if args.profile else 0))
+            _print_row(rows[-1])
+            if "profile" in rows[-1]:
+                print(format_profile(rows[-1]["profile"]))
+        stats = llm.stats()
+        model, device = str(llm.engine.runtime.model_dir), str(llm.engine.runtime.device)
+    moe = {"backend": stats["moe_backend"], "slots": stats["memory_plan"]["num_slots"]}
     path = write_result(
         args.out, "decode", {"model": model, "device": device, "settings": settings, "rows": rows, "moe": moe}
     )
-    series = {f"decode b={b}": [(r["prompt_tokens"], r["decode_tok_s"]) for r in rows if r["batch"] == b] for b in args.batch_sizes}
+    series = {
+        f"decode b={b}": [(r["prompt_tokens"], r["decode_tok_s"]) for r in rows if r["batch"] == b]
+        for b in args.batch_sizes
+    }
     png = plot_lines(path, "edgemoe bench decode", "prompt tokens", "decode tok/s", series)
     print(f"wrote {path} and {png}")
+    if args.profile:
+        bars = {f"{r['prompt_tokens']}x{r['batch']}": _top_level(r["profile"]["regions_ms"]) for r in rows}
+        print(f"wrote {plot_stacked(path, 'decode step breakdown', 'ms per step', bars)}")
     return 0
+
+
+def _top_level(regions: dict[str, float]) -> dict[str, float]:
+    """The regions that add up to the device span (parts like "moe/copy" excluded)."""
+    skip = ("device_ms", "wall_ms")
+    return {k: v for k, v in regions.items() if "/" not in k and k not in skip}

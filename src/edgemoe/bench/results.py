@@ -50,3 +50,50 @@ def plot_lines(path: Path, title: str, xlabel: str, ylabel: str, series: dict[st
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def plot_stacked(path: Path, title: str, ylabel: str, bars: dict[str, dict[str, float]]) -> Path:
+    """One stacked bar per label (e.g. a setting), one colour per part; `<path>-breakdown.png`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = sorted({p for v in bars.values() for p in v})
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(bars) + 2), 4))
+    bottoms = [0.0] * len(bars)
+    for part in parts:
+        heights = [v.get(part, 0.0) for v in bars.values()]
+        ax.bar(list(bars), heights, bottom=bottoms, label=part)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set(title=title, ylabel=ylabel)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    png = path.with_name(path.stem + "-breakdown.png")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def plot_bars(path: Path, title: str, xlabel: str, bars: dict[str, float], marks: dict[str, float]) -> Path:
+    """Horizontal bars (label → value), top to bottom in order, with dashed vertical
+    lines at reference values (`marks`, e.g. the host's read bandwidth)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(bars) + 1.5))
+    labels = list(bars)[::-1]
+    ax.barh(labels, [bars[k] for k in labels], color="tab:blue")
+    for i, (label, x) in enumerate(marks.items()):
+        ax.axvline(x, linestyle="--", color=f"C{i + 1}", label=f"{label} {x:.1f}")
+    ax.set(title=title, xlabel=xlabel)
+    ax.grid(alpha=0.3, axis="x")
+    if marks:
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    png = path.with_suffix(".png")
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

@@ -228,17 +228,3 @@ class NoPrefixCache(PrefixCache):
 def _check_no_handle(handle: object) -> None:
     if handle is not NO_HANDLE:
         raise ValueError(f"not a NoPrefixCache handle: {handle!r}")
-
-
-CACHE_TYPES = ("radix", "none")
-
-
-def make_prefix_cache(cache_type: str, pool: PagePool) -> PrefixCache:
-    """The prefix cache named by `--cache-type`, over `pool`'s pages."""
-    if cache_type == "none":
-        return NoPrefixCache(pool.page_size)
-    if cache_type == "radix":
-        from edgemoe.cache.radix import RadixPrefixCache  # lazy: registry style
-
-        return RadixPrefixCache(pool.page_size, pool)
-    raise ValueError(f"unknown cache type {cache_type!r}; choose from {', '.join(CACHE_TYPES)}")

@@ -9,13 +9,20 @@ from pathlib import Path
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
+from edgemoe.cache.page_table import PageTable
 from edgemoe.config import EngineConfig, flag_name
+from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
-from edgemoe.layers.attention import AttentionBackend, TorchPagedAttention
+from edgemoe.engine.runner import ModelRunner
+from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
+from edgemoe.layers.mlp import activation
 from edgemoe.models.arch import DecoderArch
-from edgemoe.models.decoder import MoEDecoder, activation
 from edgemoe.models.loader import load_checkpoint, read_arch
-from edgemoe.moe.executor import MoEExecutor, make_executor
+from edgemoe.models.registry import model_module
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
+from edgemoe.moe.registry import make_executor
+from edgemoe.profiling import StepProfiler
 from edgemoe.tokenizer import TokenizerBundle
 
 log = logging.getLogger(__name__)
@@ -25,10 +32,13 @@ log = logging.getLogger(__name__)
 class Runtime:
     model_dir: Path
     tokenizer: TokenizerBundle
-    model: MoEDecoder
+    model: CausalLM
     executor: MoEExecutor
     pool: KVPool
+    page_table: PageTable
     attention: AttentionBackend
+    runner: ModelRunner
+    profiler: StepProfiler
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
@@ -115,17 +125,33 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     plan = make_plan(config, arch, device, max_len)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
+    if plan.kv_tokens < max_len:
+        log.warning(
+            "the KV cache holds %d tokens, less than the context length %d: a request that outgrows it "
+            "finishes with finish_reason 'length' (raise --kv-tokens or --gpu-memory, or lower --max-model-len)",
+            plan.kv_tokens, max_len,
+        )
     if plan.budget is not None:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
     loaded = load_checkpoint(model_dir, dtype, progress, host_store_kind(config.moe.expert_store, device))
+    sched = config.scheduler
+    max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
+    profiler = StepProfiler(device)
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
-        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction,
+        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens,
     )
-    model = MoEDecoder(arch, loaded.params, executor, device)
+    executor.profiler = profiler
+    model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
     del loaded
     page = config.cache.page_size
     pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
-    return Runtime(model_dir, tokenizer, model, executor, pool, TorchPagedAttention(pool, "sdpa" if device.type == "cuda" else "auto"), device, max_len, plan)
+    table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device)
+    attention = make_attention_backend("auto", pool, device)
+    buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
+    runner = ModelRunner(model, attention, buffers, profiler)
+    return Runtime(
+        model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device, max_len, plan
+    )

@@ -1,4 +1,10 @@
-"""Engine: step = schedule → forward → sample → update.
+"""Engine: step = schedule → launch → complete.
+
+`launch(plan)` builds the step's batch, runs the forward pass and the sampler on the
+device and starts the sampled ids on their way to the host, without waiting for any of
+it; `complete(handle)` waits for those ids (the step's one host synchronisation),
+appends them and applies the stop rules. Overlap scheduling is one switch on top: launch
+step N+1 before completing step N (stop checks one step behind).
 
 Owns every request's state. Not thread-safe: one loop (the engine process, or the
 in-process `LLM`) calls `add_request`, `abort` and `step`.
@@ -8,18 +14,31 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import dataclass
 
 import torch
 
-from edgemoe.cache.prefix_cache import make_prefix_cache
+from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
+from edgemoe.engine.batch_buffers import SeqChunk
 from edgemoe.engine.build import build_runtime
 from edgemoe.engine.request import Request
-from edgemoe.engine.runner import ModelRunner
-from edgemoe.engine.sampling import RequestSampler, SampledTokens
+from edgemoe.engine.runner import HostResult
+from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
+
+
+@dataclass
+class StepHandle:
+    """A launched step: what it computes, and its sampled ids on their way to the host
+    (`result` is None when the step failed before sampling)."""
+
+    plan: StepPlan
+    sampling: list[ScheduledSeq]
+    result: HostResult | None
+    error: str | None = None
 
 
 class Engine:
@@ -31,9 +50,10 @@ class Engine:
         self.max_model_len = rt.max_model_len
         self.vocab_size = rt.model.arch.vocab_size
         self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool)
-        self.scheduler = Scheduler(config.scheduler, rt.pool, self.prefix_cache)
-        self.runner = ModelRunner(rt.model, rt.attention, rt.pool, rt.device)
-        self.sampler = RequestSampler(self.vocab_size, rt.device, config.model.seed)
+        self.scheduler = Scheduler(config.scheduler, rt.pool, self.prefix_cache, rt.page_table)
+        self.runner = rt.runner
+        self.profiler = rt.profiler
+        self.sampling = SamplingRows(rt.page_table.max_rows + 1, self.vocab_size, rt.device, config.model.seed)
         self.eos_ids = frozenset(rt.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._streams: dict[str, TextStream] = {}
@@ -50,7 +70,6 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate(prompt_ids, params)
         req = Request(request_id, list(prompt_ids), params)
-        self.sampler.add(req, self.eos_ids)
         self.requests[request_id] = req
         self._streams[request_id] = TextStream.for_request(self.tokenizer.tokenizer, params)
         self.scheduler.add(req)
@@ -84,15 +103,55 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
-        if not plan.seqs:
-            return []
+        outputs = [self._finish(req, "length", None) for req in plan.out_of_kv]
+        if plan.seqs:
+            outputs += self.complete(self.launch(plan))
+        return outputs
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> StepHandle:
+        """Run the step on the device; nothing here waits for the device."""
         sampling = [s for s in plan.seqs if s.samples]
+        self.profiler.step_begin()
         try:
-            logits = self.runner.run(list(plan.seqs))
-            sampled = self.sampler.sample(logits, [s.request for s in sampling])
+            for s in plan.seqs:
+                if s.request.sampling_row != s.request.row:
+                    self.sampling.assign(s.request, self.eos_ids)
+            batch, logits = self.runner.forward([self._chunk(s) for s in plan.seqs])
+            with self.profiler.region("sampling"):
+                rows = tuple(s.request.row for s in sampling)  # type: ignore[misc]
+                generated = tuple(len(s.request.output_ids) for s in sampling)
+                sb = self.sampling.batch(rows, batch.sample_rows, generated)
+                result = HostResult.start(sample_step(self.sampling, logits, sb, batch.sample_rows))
         except torch.OutOfMemoryError:
-            return self._fail_step(plan, "the device ran out of memory in this step")
-        return self._update(plan, sampling, sampled)
+            return StepHandle(plan, sampling, None, "the device ran out of memory in this step")
+        finally:
+            self.profiler.step_end()
+        for s in plan.seqs:
+            s.request.num_computed = s.start + s.length
+        return StepHandle(plan, sampling, result)
+
+    def complete(self, handle: StepHandle) -> list[RequestOutput]:
+        """Wait for the step's sampled ids; append them and apply the stop rules."""
+        if handle.result is None:
+            return self._fail_step(handle.plan, handle.error or "the step failed")
+        sampled = SampledTokens(handle.result.wait().token_ids.tolist(), handle.result.output)
+        outputs = []
+        for row, s in enumerate(handle.sampling):
+            if s.request.request_id not in self.requests:
+                continue  # aborted while the step ran
+            token, n_top = sampled.token_ids[row], s.request.params.logprobs
+            logprob = sampled.logprob_entry(row, n_top) if n_top is not None else None
+            outputs.append(self._append_token(s.request, token, logprob))
+        return outputs
+
+    def _chunk(self, s: ScheduledSeq) -> SeqChunk:
+        req, end = s.request, s.start + s.length
+        assert req.row is not None
+        return SeqChunk(
+            row=req.row, start=s.start, token_ids=req.token_slice(s.start, end), pages=req.pages,
+            in_prompt=s.start < len(req.prompt_ids), wants_logits=s.samples,
+        )
 
     def _fail_step(self, plan: StepPlan, why: str) -> list[RequestOutput]:
         """Fail only this step's requests; free their pages and keep serving."""
@@ -109,19 +168,8 @@ class Engine:
                 outputs.append(out)
         return outputs
 
-    def _update(self, plan: StepPlan, sampling: list[ScheduledSeq], sampled: SampledTokens) -> list[RequestOutput]:
-        for s in plan.seqs:
-            s.request.num_computed = s.start + s.length
-        outputs = []
-        for row, s in enumerate(sampling):
-            token, n_top = sampled.token_ids[row], s.request.params.logprobs
-            logprob = sampled.logprob_entry(row, n_top) if n_top is not None else None
-            outputs.append(self._append_token(s.request, token, logprob))
-        return outputs
-
     def _append_token(self, req: Request, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         req.output_ids.append(token)
-        self.sampler.on_token(req, token)
         p, n_out = req.params, len(req.output_ids)
         can_stop = n_out >= p.min_tokens
         reason: tuple[str, str | int | None] | None = None
@@ -151,8 +199,9 @@ class Engine:
         tail = stream.finish()
         if tail.stopped and stop_reason is None and finish_reason != "abort":
             finish_reason, stop_reason = "stop", stream.stop_reason
+        if req.row is not None:
+            self.sampling.release(req.row)
         self.scheduler.finish(req)
-        self.sampler.remove(req)
         del self.requests[req.request_id]
         req.finish_reason, req.stop_reason = finish_reason, stop_reason
         out = self._output(req, [], tail.text, None)
@@ -177,17 +226,26 @@ class Engine:
         (paged KV, chunked by max_prefill_tokens)."""
         self.validate(prompt_ids, SamplingParams())
         req = Request("score", list(prompt_ids), SamplingParams())
-        pool, chunk = self.runtime.pool, self.config.scheduler.max_prefill_tokens
-        if not self.scheduler.reserve(req, len(prompt_ids)):
+        table, chunk = self.scheduler.page_table, self.config.scheduler.max_prefill_tokens
+        if table.num_free == 0 or not self._reserve_scoring(req, len(prompt_ids)):
             raise ValueError(f"the KV cache cannot hold {len(prompt_ids)} tokens while other requests run")
         try:
             rows = []
             for start in range(0, len(prompt_ids), chunk):
-                seq = ScheduledSeq(req, start, min(chunk, len(prompt_ids) - start))
-                rows.append(self.runner.run([seq], all_logits=True))
+                end = min(len(prompt_ids), start + chunk)
+                c = SeqChunk(req.row, start, prompt_ids[start:end], req.pages, True, False, all_logits=True)  # type: ignore[arg-type]
+                rows.append(self.runner.forward([c])[1])
             return torch.cat(rows)
         finally:
-            pool.free(req.pages)
+            self.runtime.pool.free(req.pages)
+            table.release(req.row)  # type: ignore[arg-type]
+
+    def _reserve_scoring(self, req: Request, num_tokens: int) -> bool:
+        req.row = self.scheduler.page_table.assign()
+        if self.scheduler.reserve(req, num_tokens):
+            return True
+        self.scheduler.page_table.release(req.row)
+        return False
 
     def stats(self) -> dict[str, object]:
         """Engine statistics: expert traffic, KV pool occupancy, the memory plan."""

@@ -31,6 +31,9 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
+    row: int | None = None  # page-table (and sampling-state) row while running
+    sampling_row: int | None = None  # the row whose sampling state was written for it
+    seed: int | None = None  # sampling seed (its own, or drawn by the engine)
     num_computed: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -1,53 +1,74 @@
-"""ModelRunner: turns a StepPlan into a ForwardBatch, runs the model, returns logits."""
+"""ModelRunner: scheduled chunks → a ForwardBatch in static buffers → model → logits;
+and `HostResult`, a step's sampled tensors on their way to the host."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
-from edgemoe.cache.kv_pool import KVPool
-from edgemoe.engine.scheduler import ScheduledSeq
-from edgemoe.layers.attention import AttentionBackend
-from edgemoe.layers.batch import ForwardBatch, SeqSlice
-from edgemoe.models.decoder import MoEDecoder
-
-
-def build_batch(
-    seqs: list[ScheduledSeq], pool: KVPool, device: torch.device, all_logits: bool = False
-) -> ForwardBatch:
-    """Flatten the scheduled chunks into one varlen batch.
-
-    Logits rows: the last token of every sequence that samples (or every row when
-    `all_logits`, for scoring prompts)."""
-    ids: list[int] = []
-    positions: list[torch.Tensor] = []
-    write, slices, logit_rows = [], [], []
-    for s in seqs:
-        req, end = s.request, s.start + s.length
-        q_start = len(ids)
-        ids.extend(req.token_slice(s.start, end))
-        positions.append(torch.arange(s.start, end))
-        ctx = pool.slots(req.pages, 0, end)
-        write.append(ctx[s.start :])
-        slices.append(SeqSlice(q_start, s.length, ctx))
-        if all_logits:
-            logit_rows.extend(range(q_start, q_start + s.length))
-        elif s.samples:
-            logit_rows.append(q_start + s.length - 1)
-    return ForwardBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.cat(positions).to(device),
-        write_slots=torch.cat(write),
-        seqs=tuple(slices),
-        logits_indices=torch.tensor(logit_rows, dtype=torch.long, device=device),
-    )
+from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
+from edgemoe.engine.sampler import SampleOutput
+from edgemoe.layers.attention_backend import AttentionBackend
+from edgemoe.layers.batch import ForwardBatch
+from edgemoe.layers.context import StepContext
+from edgemoe.models.transformer import CausalLM
+from edgemoe.profiling import DISABLED, StepProfiler
 
 
 class ModelRunner:
-    def __init__(self, model: MoEDecoder, attention: AttentionBackend, pool: KVPool, device: torch.device):
-        self.model, self.attention, self.pool, self.device = model, attention, pool, device
+    def __init__(
+        self,
+        model: CausalLM,
+        attention: AttentionBackend,
+        buffers: BatchBuffers,
+        profiler: StepProfiler = DISABLED,
+    ) -> None:
+        self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
 
-    def run(self, seqs: list[ScheduledSeq], all_logits: bool = False) -> torch.Tensor:
-        """Forward the chunks; return float32 logits [N, V] for the logits rows."""
-        batch = build_batch(seqs, self.pool, self.device, all_logits)
-        hidden = self.model.forward(batch, self.attention)
-        return self.model.logits(hidden)
+    def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
+        """Run one step's chunks; return the batch and float32 logits [N, V] for its
+        logits rows. Nothing here reads the device back."""
+        batch = self.buffers.build(chunks)
+        self.attention.prepare(batch)
+        hidden = self.model.forward(StepContext(batch, self.attention, self.profiler))
+        with self.profiler.region("lm_head"):
+            return batch, self.model.logits(hidden)
+
+
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or not t.is_cuda:
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+@dataclass
+class HostResult:
+    """A step's sampled ids and logprobs, copied to pinned host memory asynchronously;
+    `wait()` is the step's one host synchronisation."""
+
+    output: SampleOutput  # host tensors (once waited for)
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, out: SampleOutput) -> HostResult:
+        top = out.top_logprobs
+        host = SampleOutput(
+            _to_host(out.token_ids),  # type: ignore[arg-type]
+            _to_host(out.logprobs),
+            None if top is None else type(top)(_to_host(top.ids), _to_host(top.values)),  # type: ignore[arg-type]
+        )
+        event = None
+        if out.token_ids.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return cls(host, event)
+
+    def wait(self) -> SampleOutput:
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+        return self.output

@@ -5,14 +5,18 @@ frequency/presence penalties -> greedy rows take the argmax -> temperature -> to
 top-p -> min-p -> draw. Logprobs describe the raw model distribution (before all that).
 
 The draw is an exponential race, argmax(p / E) = argmax(logit - log E) with E ~ Exp(1)
-i.i.d., which picks token i with probability p_i and needs no softmax. A seeded
-request draws its E from its own generator, once per step, so its tokens depend only
-on its seed and its own logits, not on which other requests share the batch or where
-its row is.
+i.i.d., which picks token i with probability p_i and needs no softmax. Every request
+has a seed (its own, or one the engine draws for it from its seeded generator), and E
+for its n-th draw is a counter-based hash of (seed, n, token id) computed on the
+device: its tokens depend only on its seed and its own logits, not on which other
+requests share the batch, where its row is, or whether it was preempted — and no
+generator object has to be stepped from the host.
 """
 
 from __future__ import annotations
 
+import functools
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -25,18 +29,24 @@ from edgemoe.messages import SamplingParams
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing by them overflows.
 GREEDY_BELOW = 1e-5
 NEG_INF = float("-inf")
-_SEED_MASK = (1 << 64) - 1  # torch.Generator.manual_seed accepts 64-bit values
+SEED_MASK = (1 << 63) - 1  # seeds are kept as non-negative int64 on the device
+
+
+def request_seed(params: SamplingParams, rng: random.Random) -> int:
+    """The request's own seed, or a fresh one from the engine's seeded generator."""
+    return (params.seed if params.seed is not None else rng.getrandbits(63)) & SEED_MASK
 
 
 @dataclass(eq=False)
 class SamplingState:
-    """One request's sampling inputs; the engine keeps it for the request's lifetime.
+    """One request's sampling inputs (the host-side form; the engine keeps the same in
+    device rows, engine/sampling.py).
 
     `eos_ids` are masked, with `stop_token_ids`, while fewer than `min_tokens` were
     generated. The engine decides what goes in it (vLLM leaves EOS out for
     `ignore_eos` requests); the sampler never reads `ignore_eos`, nor stops anything.
-    NOTE: a seeded state's generator lives on `device`, which must be the device
-    of the logits it is sampled with.
+    `seed` drives the request's draws (`request_seed`); the n-th draw uses counter n =
+    the number of tokens generated so far.
     """
 
     params: SamplingParams
@@ -44,13 +54,12 @@ class SamplingState:
     eos_ids: frozenset[int] = frozenset()
     device: torch.device | str = "cpu"
     output_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = field(init=False, default=None)
+    seed: int = 0
     _prompt_tensor: Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
-            self.generator = torch.Generator(device=self.device)
-            self.generator.manual_seed(self.params.seed & _SEED_MASK)
+            self.seed = self.params.seed & SEED_MASK
 
     @property
     def num_generated(self) -> int:
@@ -111,7 +120,8 @@ class SamplingBatch:
     presence: Tensor | None  # [B] f32
     output_counts: Tensor | None  # [B, V] f32: occurrences in the output so far
     banned: Banned | None  # min_tokens mask
-    generators: tuple[torch.Generator | None, ...]  # per row; None: the shared one
+    seeds: Tensor  # [B] int64, every row's seed
+    counters: Tensor  # [B] int64, every row's draw number (tokens generated so far)
     num_logprobs: int | None  # the largest `logprobs` asked for; None: nobody asked
 
     @classmethod
@@ -158,7 +168,8 @@ class SamplingBatch:
             presence=presence if any(use_freq) else None,
             output_counts=_output_counts(states, use_freq, V, device) if any(use_freq) else None,
             banned=_banned(states, V, device),
-            generators=tuple(s.generator for s in states),
+            seeds=_as_ids([s.seed for s in states], device),
+            counters=_as_ids([s.num_generated for s in states], device),
             num_logprobs=max(logprobs) if logprobs else None,
         )
 
@@ -205,10 +216,8 @@ class SampleOutput(NamedTuple):
     # that asked for fewer use their first entries, rows that asked for none ignore it
 
 
-def sample(
-    logits: Tensor, batch: SamplingBatch, generator: torch.Generator | None = None
-) -> SampleOutput:
-    """Pick one token per row. `generator` serves the unseeded rows (None: torch's default).
+def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
+    """Pick one token per row.
 
     Never NaN: every filter keeps each row's best token, and a row left with no finite
     logit at all (which a sane model never produces) falls back to the argmax of its
@@ -218,7 +227,7 @@ def sample(
     x = apply_penalties(raw.clone(), batch)
     tokens = x.argmax(-1)
     if not batch.all_greedy:
-        sampled = _draw(apply_filters(x, batch), batch, generator)
+        sampled = _draw(apply_filters(x, batch), batch)
         tokens = torch.where(batch.greedy, tokens, sampled)
     dead = x.amax(-1) == NEG_INF
     tokens = torch.where(dead, raw.argmax(-1), tokens)
@@ -280,21 +289,48 @@ def _top_k_top_p(x: Tensor, top_k: Tensor | None, max_k: int, top_p: Tensor | No
     return torch.empty_like(x).scatter_(1, idx, srt)
 
 
-def _draw(x: Tensor, b: SamplingBatch, generator: torch.Generator | None) -> Tensor:
+def _draw(x: Tensor, b: SamplingBatch) -> Tensor:
     """Exponential race on logits [B, V] -> [B] long: argmax(p / E) = argmax(x - log E)."""
-    noise = torch.empty_like(x)
-    seeded = [i for i, g in enumerate(b.generators) if g is not None]
-    if len(seeded) < len(b.generators):
-        noise.exponential_(generator=generator)
-    for i in seeded:
-        # NOTE: greedy seeded rows draw nothing; harmless, since a request's
-        # temperature never changes between its steps.
-        if not b.greedy_rows[i]:
-            noise[i].exponential_(generator=b.generators[i])
-    # Exp(1) can return 0, whose log -inf would make -inf - log E NaN; clamping keeps
-    # log E finite, so filtered (-inf) tokens can never win.
-    noise.clamp_(min=torch.finfo(torch.float32).tiny)
+    noise = counter_exponential(b.seeds, b.counters, x.shape[1])
     return (x - noise.log()).argmax(-1)
+
+
+# splitmix64's constants, as signed int64 (torch has no uint64 arithmetic).
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_STEP = 0xD1B54A32D192ED03 - (1 << 64)
+
+
+def _shr(z: Tensor, n: int) -> Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> is arithmetic)."""
+    return (z >> n) & ((1 << (64 - n)) - 1)
+
+
+def _splitmix64(z: Tensor) -> Tensor:
+    z = z + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1  # int64 products wrap modulo 2^64, as uint64 would
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+@functools.lru_cache(maxsize=4)
+def _token_hashes(vocab_size: int, device: torch.device) -> Tensor:
+    """splitmix64 of every token id, computed once per vocabulary and device."""
+    return _splitmix64(torch.arange(vocab_size, dtype=torch.int64, device=device))
+
+
+def counter_exponential(seeds: Tensor, counters: Tensor, vocab_size: int) -> Tensor:
+    """E ~ Exp(1) [B, V] float32, a pure function of (seed, counter, token id).
+
+    Two splitmix64 rounds mix the row's key with the token id; the top 24 bits give
+    U in (0, 1) at float32 resolution (never 0, so log U is finite and filtered -inf
+    tokens can never win), and E = -log U.
+    """
+    key = _splitmix64(seeds.long() ^ (counters.long() * _STEP))[:, None]  # [B, 1]
+    z = _splitmix64(key ^ _token_hashes(vocab_size, seeds.device)[None, :])
+    u = (_shr(z, 40).float() + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(u)
 
 
 def _logprobs(

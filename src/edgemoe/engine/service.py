@@ -1,9 +1,10 @@
 """The engine process: one loop that feeds ZMQ commands to an `Engine` and sends its outputs back.
 
-    python -m edgemoe.engine.service --to-engine ADDR --from-engine ADDR [--settings JSON]
+    python -m edgemoe.engine.service --to-engine ADDR --from-engine ADDR --keys-fd FD [--settings JSON]
 
 The server binds both sockets; this side connects (PULL for `EngineRequest` commands,
-PUSH for `EngineEvent`s, msgpack-encoded). The loop blocks on the command socket only
+PUSH for `EngineEvent`s, msgpack-encoded) as a CURVE client with the keys read from
+the inherited descriptor FD (`edgemoe.link_auth`). The loop blocks on the command socket only
 while the engine is idle, so a busy engine steps back to back. A refused request gets
 an `EngineError` for that request alone; an exception inside `step()` is fatal (the
 engine's state can no longer be trusted): it is reported and the process exits 1.
@@ -31,6 +32,7 @@ import msgspec
 import zmq
 
 from edgemoe.engine.stats_report import StatsReporter
+from edgemoe.link_auth import EngineKeys, LinkUnavailable, receive_keys, secure_engine_socket
 from edgemoe.messages import (
     AbortRequest,
     AddRequest,
@@ -72,13 +74,14 @@ class EngineCrashed(RuntimeError):
 class _Sockets:
     """The engine's two ends of the link, with their codecs."""
 
-    def __init__(self, to_engine: str, from_engine: str, ctx: zmq.Context[Any] | None = None) -> None:
-        self.ctx = ctx or zmq.Context()
-        self._own_ctx = ctx is None
+    def __init__(self, to_engine: str, from_engine: str, keys: EngineKeys) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
         self.commands = self.ctx.socket(zmq.PULL)
+        secure_engine_socket(self.commands, keys)
         self.commands.connect(to_engine)
         self.events = self.ctx.socket(zmq.PUSH)
         self.events.setsockopt(zmq.SNDHWM, 0)  # never drop or block on outputs
+        secure_engine_socket(self.events, keys)
         self.events.connect(from_engine)
         self._decode = msgspec.msgpack.Decoder(EngineRequest).decode
         self._encode = msgspec.msgpack.Encoder().encode
@@ -100,8 +103,7 @@ class _Sockets:
     def close(self) -> None:
         self.commands.close(linger=0)
         self.events.close(linger=LINGER_MS)
-        if self._own_ctx:
-            self.ctx.term()
+        self.ctx.term()
 
 
 def run_loop(
@@ -110,14 +112,16 @@ def run_loop(
     to_engine: str,
     from_engine: str,
     *,
+    keys: EngineKeys,
     parent_pid: int | None = None,
     stop: threading.Event | None = None,
 ) -> None:
     """Announce `ready`, then serve commands until shutdown, `stop`, or the parent's death.
 
+    `keys`: this launch's link keys (the server admits no other peer).
     Raises EngineCrashed (after reporting it) when `engine.step()` fails.
     """
-    sockets = _Sockets(to_engine, from_engine)
+    sockets = _Sockets(to_engine, from_engine, keys)
     try:
         sockets.send(ready)
         _serve(engine, sockets, parent_pid, stop)
@@ -199,9 +203,9 @@ def build_engine(settings: dict[str, Any]) -> tuple[EngineLike, EngineReady]:
     return engine, ready
 
 
-def _report_fatal(to_engine: str, from_engine: str, message: str) -> None:
+def _report_fatal(to_engine: str, from_engine: str, keys: EngineKeys, message: str) -> None:
     """Tell the server why the engine could not start (it prints this and exits)."""
-    sockets = _Sockets(to_engine, from_engine)
+    sockets = _Sockets(to_engine, from_engine, keys)
     try:
         sockets.send(EngineError(message=message, fatal=True))
     finally:
@@ -214,6 +218,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--from-engine", required=True, help="ZMQ address of the event socket")
     parser.add_argument("--settings", default="{}", help="engine settings as a JSON object")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--keys-fd", type=int, required=True,
+                        help="inherited descriptor to read the link keys from (edgemoe.link_auth.hand_over)")
     return parser.parse_args(argv)
 
 
@@ -225,13 +231,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="edgemoe engine: %(message)s")
     try:
+        keys = receive_keys(args.keys_fd)  # first: the keys wait in a socket until read
+    except (LinkUnavailable, OSError) as exc:
+        print(f"edgemoe engine: {exc}", file=sys.stderr)  # no keys: the server cannot be told
+        return 1
+    try:
         engine, ready = build_engine(json.loads(args.settings))
     except Exception as exc:  # report every load failure (bad dir, bad flag, OOM) to the server
         traceback.print_exc(file=sys.stderr)
-        _report_fatal(args.to_engine, args.from_engine, f"{type(exc).__name__}: {exc}")
+        _report_fatal(args.to_engine, args.from_engine, keys, f"{type(exc).__name__}: {exc}")
         return 1
     try:
-        run_loop(engine, ready, args.to_engine, args.from_engine, parent_pid=args.parent_pid)
+        run_loop(engine, ready, args.to_engine, args.from_engine, keys=keys, parent_pid=args.parent_pid)
     except EngineCrashed:
         return 1
     return 0

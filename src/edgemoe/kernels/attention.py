@@ -18,6 +18,15 @@ def write_kv_ref(
     v_cache[slots] = v
 
 
+def context_slots(table_row: torch.Tensor, ctx_len: int, page_size: int) -> torch.Tensor:
+    """KV slots [ctx_len] of positions 0..ctx_len-1 for a page-table row [max_pages]
+    (device work only: the row stays where it is)."""
+    n_pages = -(-ctx_len // page_size)
+    pages = table_row[:n_pages].long()
+    offsets = torch.arange(page_size, device=table_row.device)
+    return (pages[:, None] * page_size + offsets[None, :]).flatten()[:ctx_len]
+
+
 def causal_mask(q_len: int, ctx_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """[q_len, ctx_len] bool: query i sits at position ctx_len - q_len + i."""
     q_pos = torch.arange(ctx_len - q_len, ctx_len, device=device)[:, None]

@@ -1,21 +1,36 @@
-"""Routed-expert compute: out[t] = sum_k w[t,k] * down(act(gate(x)) * up(x)) over the
-experts chosen for token t.
+"""Routed-expert compute addressed by slot: cells[t, k] = w[t, k] * down(act(gate(x[t])) *
+up(x[t])) with the expert's weights in bank row `slot_ids[t, k]`.
 
-The banks are addressed by *row*, so the same kernel runs on a full resident bank
-(row = expert id) and on a slot cache (row = the expert's slot). Work is split in two
-stages so that any partition of the experts (waves, CPU/GPU splits) gives
-bitwise-identical results: `moe_experts_partial` writes each (token, k) contribution
-into its own cell, and `moe_combine` sums the K cells in a fixed order.
+The banks are addressed by *slot*, so the same kernel runs on a full resident bank
+(slot = expert id) and on a slot cache. A slot of -1 means "not computed in this pass":
+its cell is left untouched, so waves, CPU splits and hit/miss passes are masks over one
+routing. Work is split in two stages so that any partition of the experts gives
+bitwise-identical results: `moe_slots` writes each (token, k) contribution into its own
+fp32 cell, and `moe_combine` sums the K cells in a fixed order.
+
+Two torch implementations with the same signature (fast Triton kernels join them
+later):
+- `moe_slots_grouped`: one GEMM per used slot over its tokens (reads each expert once);
+  it needs the per-slot counts on the host: one device→host read per call.
+- `moe_slots_gather`: every (token, k) pair at once through gathered weights and
+  batched GEMVs, no host read (so decode steps never wait for the device); its
+  workspace grows with T·K, so it serves small batches only (`GATHER_MAX_PAIRS`).
+A pair's result depends only on the number of pairs in the call, never on the slots'
+masks, so every residency gives the same numbers for the same batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
+
+# Pairs up to which the sync-free gather path runs on a GPU: 16 pairs gather
+# 16 experts' weights (~150 MB for Qwen3-30B-A3B in bf16) into a workspace.
+GATHER_MAX_PAIRS = 16
 
 
 def expert_mlp(
@@ -26,34 +41,74 @@ def expert_mlp(
     return F.linear(act(gate) * up, down)
 
 
-def moe_experts_partial_ref(
+def moe_slots_grouped(
+    x: torch.Tensor,  # [T, H]
+    slot_ids: torch.Tensor,  # [T, K] int, -1 = skip
+    weights: torch.Tensor,  # [T, K]
+    gate_up: torch.Tensor,  # [S, 2I, H]
+    down: torch.Tensor,  # [S, H, I]
+    act: Activation,
+    cells: torch.Tensor,  # [T, K, H] float32
+) -> None:
+    T, K = slot_ids.shape
+    flat = slot_ids.flatten().long()  # [T*K]
+    # Stable: within a slot, pairs stay in (t, k) order, so an expert's tokens are
+    # always batched in the same order whatever else is in the pass.
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat + 1, minlength=gate_up.shape[0] + 1).tolist()  # NOTE: host read
+    cells_flat, w_flat = cells.view(T * K, -1), weights.flatten()
+    pos = counts[0]  # the skipped pairs (-1) sort first
+    for slot, n in enumerate(counts[1:]):
+        if n == 0:
+            continue
+        pairs = order[pos : pos + n]
+        y = expert_mlp(x[pairs // K], gate_up[slot], down[slot], act)  # [n, H]
+        cells_flat[pairs] = y.float() * w_flat[pairs, None].float()
+        pos += n
+
+
+def moe_slots_gather(
     x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    experts: Iterable[int],
-    rows: Iterable[int],
+    slot_ids: torch.Tensor,
+    weights: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
     act: Activation,
-    contrib: torch.Tensor,
+    cells: torch.Tensor,
 ) -> None:
-    """Fill contrib[t, k] for every (t, k) routed to one of `experts`.
-
-    x [T, H]; topk_ids, topk_weights [T, K]; `rows[i]` is the bank row holding
-    `experts[i]`; gate_up [S, 2I, H]; down [S, H, I]; contrib [T, K, H] (float32).
-    """
-    for expert, row in zip(experts, rows, strict=True):
-        token_idx, k_idx = torch.where(topk_ids == expert)
-        if token_idx.numel() == 0:
-            continue
-        y = expert_mlp(x[token_idx], gate_up[row], down[row], act)  # [n, H]
-        contrib[token_idx, k_idx] = y.float() * topk_weights[token_idx, k_idx, None].float()
-
-
-def moe_combine_ref(contrib: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """contrib [T, K, H] → [T, H]: the K contributions summed in fp32, in a fixed order."""
-    return contrib.sum(dim=1).to(dtype)
+    T, K = slot_ids.shape
+    H = x.shape[1]
+    flat = slot_ids.flatten()
+    slots = flat.clamp(min=0).long()  # skipped pairs compute from slot 0, never written
+    xs = x.repeat_interleave(K, dim=0)[:, :, None]  # [T*K, H, 1]
+    gate, up = torch.bmm(gate_up[slots], xs).squeeze(-1).chunk(2, dim=-1)  # [T*K, I] each
+    y = torch.bmm(down[slots], (act(gate) * up)[:, :, None]).squeeze(-1)  # [T*K, H]
+    y = y.float() * weights.flatten()[:, None].float()
+    cells_flat = cells.view(T * K, H)
+    cells_flat.copy_(torch.where((flat >= 0)[:, None], y, cells_flat))
 
 
-moe_experts_partial = moe_experts_partial_ref
-moe_combine = moe_combine_ref
+def moe_slots(
+    x: torch.Tensor,
+    slot_ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    act: Activation,
+    cells: torch.Tensor,
+) -> None:
+    """Fill cells[t, k] for every pair with slot_ids[t, k] >= 0 (see the module doc).
+    On a GPU, small batches take the path that never reads back from the device."""
+    if x.is_cuda and slot_ids.numel() <= GATHER_MAX_PAIRS:
+        moe_slots_gather(x, slot_ids, weights, gate_up, down, act, cells)
+    else:
+        moe_slots_grouped(x, slot_ids, weights, gate_up, down, act, cells)
+
+
+def moe_combine(
+    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """cells [T, K, H] → [T, H]: the K contributions summed in fp32 in a fixed order,
+    rounded to `dtype`; plus `residual` (in `dtype`, as the unfused `residual + out`)."""
+    out = cells.sum(dim=1).to(dtype)
+    return out if residual is None else residual + out

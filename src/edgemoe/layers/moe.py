@@ -30,6 +30,7 @@ class SparseMoE:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights.to(x.dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given)."""
         ids, weights = self.route(x)
-        return self.executor.forward(self.layer, x, ids, weights)
+        return self.executor.forward(self.layer, x, ids, weights, residual)

@@ -1,5 +1,6 @@
 """DecoderArch: the shape of a pre-norm decoder-only MoE transformer, read from a
-Hugging Face `config.json` by each model file. Every supported model_type maps onto it."""
+Hugging Face `config.json` (through `HFConfig`, which knows its aliases) by each model
+file. Every supported model_type maps onto it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from typing import Any
 
 import torch
 
+from edgemoe.layers.rotary import RopeSpec
+from edgemoe.models.hf_config import (
+    ConfigError,
+    HFConfig,
+    checkpoint_dtype,
+    context_length,
+    rope_spec,
+)
 
-class ConfigError(ValueError):
-    """config.json is missing a field or asks for something unsupported."""
+__all__ = ["ConfigError", "DecoderArch", "HFConfig", "common_fields"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +31,8 @@ class DecoderArch:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
+    rope: RopeSpec  # theta, scaling, rotary_dim (partial rotary)
+    max_position_embeddings: int  # the context length: config.json's, stretched by RoPE scaling
     tie_word_embeddings: bool
     hidden_act: str
     qk_norm: str  # "none" | "head" | "full"
@@ -70,46 +78,26 @@ class DecoderArch:
         return shapes
 
 
-def require(config: dict[str, Any], key: str) -> Any:
-    if key not in config:
-        raise ConfigError(f"config.json has no {key!r} (needed by model_type {config.get('model_type')!r})")
-    return config[key]
-
-
-def rope_theta(config: dict[str, Any], default: float) -> float:
-    """RoPE base from either the v5 `rope_parameters` or the older `rope_theta`/`rope_scaling`."""
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ConfigError(f"rope_type {rope_type!r} is not supported yet (only 'default')")
-    return float(params.get("rope_theta", config.get("rope_theta", default)))
-
-
-def checkpoint_dtype(config: dict[str, Any]) -> torch.dtype:
-    name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
-    try:
-        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
-    except KeyError:
-        raise ConfigError(f"config.json dtype {name!r} is not supported") from None
-
-
-def common_fields(c: dict[str, Any], *, eps: float, theta: float, max_pos: int) -> dict[str, Any]:
-    """The DecoderArch fields every Llama-style MoE config spells the same way;
-    `eps`, `theta` and `max_pos` are the model family's defaults when a field is absent."""
-    heads, hidden = require(c, "num_attention_heads"), require(c, "hidden_size")
+def common_fields(c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None = None) -> dict[str, Any]:
+    """The DecoderArch fields every Llama-style MoE config spells the same way (through
+    its aliases); `eps` and `max_pos` are the family's defaults when a field is absent,
+    `head_dim` the family's own rule where it has one."""
+    heads, hidden = c.require("num_attention_heads"), c.require("hidden_size")
+    head_dim = head_dim or c.get("head_dim") or hidden // heads
+    native_len = c.get("max_position_embeddings", max_pos)
+    rope = rope_spec(c, head_dim, native_len)
     return dict(
-        vocab_size=require(c, "vocab_size"),
+        vocab_size=c.require("vocab_size"),
         hidden_size=hidden,
-        num_layers=require(c, "num_hidden_layers"),
+        num_layers=c.require("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=c.get("num_key_value_heads") or heads,
-        head_dim=c.get("head_dim") or hidden // heads,
+        head_dim=head_dim,
         rms_norm_eps=c.get("rms_norm_eps", eps),
-        rope_theta=rope_theta(c, theta),
-        max_position_embeddings=c.get("max_position_embeddings", max_pos),
+        rope=rope,
+        max_position_embeddings=context_length(rope),
         tie_word_embeddings=c.get("tie_word_embeddings", False),
         hidden_act=c.get("hidden_act", "silu"),
-        top_k=require(c, "num_experts_per_tok"),
+        top_k=c.require("num_experts_per_tok"),
         dtype=checkpoint_dtype(c),
     )

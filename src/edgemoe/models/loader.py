@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
@@ -60,7 +60,11 @@ def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[DecoderArch, dict[s
 
 
 def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
-    """File name → tensor names it should hold (from the index when sharded)."""
+    """File name → tensor names it should hold (from the index when sharded).
+
+    Every file must lie inside `model_dir` (see `confined`): a checkpoint's index is
+    data from whoever published it, and must not make the loader open other files.
+    """
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         weight_map = read_json(index).get("weight_map")
@@ -68,7 +72,7 @@ def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
             raise CheckpointError(f"{index}: no 'weight_map' object")
         files: dict[str, list[str]] = {}
         for name, fname in weight_map.items():
-            files.setdefault(fname, []).append(name)
+            files.setdefault(confined(model_dir, fname, index.name), []).append(name)
         for fname in files:
             if not (model_dir / fname).exists():
                 raise CheckpointError(f"{model_dir / fname}: listed in {index.name} but missing")
@@ -77,7 +81,33 @@ def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
     found = [single] if single.exists() else sorted(model_dir.glob("*.safetensors"))
     if not found:
         raise CheckpointError(f"{model_dir}: no model.safetensors, index or *.safetensors files")
-    return {p.name: [] for p in found}
+    return {confined(model_dir, p.name, "the directory"): [] for p in found}
+
+
+def confined(model_dir: Path, fname: object, listed_in: str) -> str:
+    """`fname` if it names a file inside `model_dir`, else CheckpointError naming it.
+
+    Refused: non-strings, absolute paths, `..` parts, and symlinks that resolve outside
+    the directory. One exception: the Hugging Face cache's layout, where
+    `models--X/snapshots/REV/f` links to `models--X/blobs/HASH`.
+    """
+    where = f"{model_dir}: {listed_in} names"
+    if not isinstance(fname, str) or not fname.strip():
+        raise CheckpointError(f"{where} {fname!r}, which is not a file name")
+    parts = PurePosixPath(fname.replace("\\", "/"))
+    if parts.is_absolute() or PureWindowsPath(fname).is_absolute() or ".." in parts.parts:
+        raise CheckpointError(f"{where} {fname!r}, outside the model directory")
+    root = model_dir.resolve()
+    target = (model_dir / fname).resolve()
+    if target.is_relative_to(root) or _hub_blob(root, target):
+        return fname
+    raise CheckpointError(f"{where} {fname!r}, a link to {target}, outside the model directory")
+
+
+def _hub_blob(root: Path, target: Path) -> bool:
+    """Whether `target` is a blob of the Hub cache repo whose snapshot `root` is."""
+    repo = root.parent.parent
+    return root.parent.name == "snapshots" and repo.name.startswith("models--") and target.parent == repo / "blobs"
 
 
 def load_checkpoint(

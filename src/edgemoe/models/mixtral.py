@@ -6,22 +6,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.models.arch import DecoderArch, common_fields, require
+import torch
+
+from edgemoe.layers.attention import Attention
+from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
+from edgemoe.models.llama_moe import assemble, attention_spec, to_device
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "mixtral"
 
 
-def arch(c: dict[str, Any]) -> DecoderArch:
-    fields = common_fields(c, eps=1e-5, theta=1e6, max_pos=32768)
+def arch(config: dict[str, Any]) -> DecoderArch:
+    c = HFConfig(config)
+    fields = common_fields(c, eps=1e-5, max_pos=131072)  # MixtralConfig: 4096 * 32
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="none",
         clip_qkv=None,
         sliding_window=c.get("sliding_window"),
-        num_experts=require(c, "num_local_experts"),
-        moe_intermediate_size=require(c, "intermediate_size"),
+        num_experts=c.require("num_local_experts"),
+        moe_intermediate_size=c.require("intermediate_size"),
         norm_topk_prob=True,
         moe_layers=tuple(range(fields["num_layers"])),
         intermediate_size=0,
@@ -35,3 +42,14 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         m[moe + "gate.weight"] = Placement(f"layers.{i}.router")
         m |= expert_names(a, i, moe + "experts.{e}.{w}.weight", "w1", "w3", "w2")
     return m
+
+
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+    """No q/k norm; sliding-window attention when the config sets a window."""
+    p = to_device(arch, params, device)
+
+    def attention(i: int) -> Attention:
+        pre = f"layers.{i}."
+        return Attention(attention_spec(arch, i, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"])
+
+    return assemble(arch, p, attention, executor, device)

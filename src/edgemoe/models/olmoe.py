@@ -5,24 +5,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.models.arch import DecoderArch, common_fields, require
+import torch
+
+from edgemoe.layers.attention import Attention
+from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
+from edgemoe.models.llama_moe import assemble, attention_spec, qk_norms, to_device
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "olmoe"
 
 
-def arch(c: dict[str, Any]) -> DecoderArch:
-    fields = common_fields(c, eps=1e-5, theta=10000.0, max_pos=4096)
+def arch(config: dict[str, Any]) -> DecoderArch:
+    c = HFConfig(config)
     # NOTE: OLMoE has no head_dim field; its norms assume hidden / heads.
-    fields["head_dim"] = fields["hidden_size"] // fields["num_heads"]
+    head_dim = c.require("hidden_size") // c.require("num_attention_heads")
+    fields = common_fields(c, eps=1e-5, max_pos=4096, head_dim=head_dim)
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="full",
         clip_qkv=c.get("clip_qkv"),
         sliding_window=None,
-        num_experts=require(c, "num_experts"),
-        moe_intermediate_size=require(c, "intermediate_size"),
+        num_experts=c.require("num_experts"),
+        moe_intermediate_size=c.require("intermediate_size"),
         norm_topk_prob=c.get("norm_topk_prob", False),
         moe_layers=tuple(range(fields["num_layers"])),
         intermediate_size=0,
@@ -36,3 +43,18 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         m[mlp + "gate.weight"] = Placement(f"layers.{i}.router")
         m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
     return m
+
+
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+    """q/k RMSNorm over the whole projection, then the optional clip."""
+    p = to_device(arch, params, device)
+
+    def attention(i: int) -> Attention:
+        q_norm, k_norm = qk_norms(arch, i, p)
+        pre = f"layers.{i}."
+        return Attention(
+            attention_spec(arch, i), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
+            qk_norm="full", clip_qkv=arch.clip_qkv,
+        )
+
+    return assemble(arch, p, attention, executor, device)

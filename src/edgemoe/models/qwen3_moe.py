@@ -8,28 +8,41 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.models.arch import ConfigError, DecoderArch, common_fields, require
-from edgemoe.models.names import NameMap, Placement, common_names, dense_mlp_names, expert_names
+import torch
+
+from edgemoe.layers.attention import Attention
+from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, common_fields
+from edgemoe.models.llama_moe import assemble, attention_spec, qk_norms, to_device
+from edgemoe.models.names import (
+    NameMap,
+    Placement,
+    common_names,
+    dense_mlp_names,
+    expert_names,
+)
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "qwen3_moe"
 
 
-def arch(c: dict[str, Any]) -> DecoderArch:
+def arch(config: dict[str, Any]) -> DecoderArch:
+    c = HFConfig(config)
     if c.get("use_sliding_window"):
         raise ConfigError("qwen3_moe with use_sliding_window=true is not supported yet")
     if c.get("attention_bias"):
         raise ConfigError("qwen3_moe with attention_bias=true is not supported yet")
-    layers, experts = require(c, "num_hidden_layers"), require(c, "num_experts")
+    layers, experts = c.require("num_hidden_layers"), c.require("num_experts")
     step, dense_only = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
     moe = tuple(i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
     return DecoderArch(
         model_type=MODEL_TYPE,
-        **common_fields(c, eps=1e-6, theta=10000.0, max_pos=32768),
+        **common_fields(c, eps=1e-6, max_pos=32768),
         qk_norm="head",
         clip_qkv=None,
         sliding_window=None,
         num_experts=experts,
-        moe_intermediate_size=require(c, "moe_intermediate_size"),
+        moe_intermediate_size=c.require("moe_intermediate_size"),
         norm_topk_prob=c.get("norm_topk_prob", False),
         moe_layers=moe,
         intermediate_size=c.get("intermediate_size", 0),
@@ -46,3 +59,15 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         else:
             m |= dense_mlp_names(a, i, mlp)
     return m
+
+
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+    """Per-head q/k RMSNorm before rotary."""
+    p = to_device(arch, params, device)
+
+    def attention(i: int) -> Attention:
+        q_norm, k_norm = qk_norms(arch, i, p)
+        pre = f"layers.{i}."
+        return Attention(attention_spec(arch, i), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm, qk_norm="head")
+
+    return assemble(arch, p, attention, executor, device)

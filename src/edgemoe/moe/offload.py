@@ -1,16 +1,23 @@
 """Offload: a global pool of device slots caches experts; misses are copied in.
 
-`SlotBanks` owns the device slot tensors and the host→device copies; `SlotCache`
-(slots.py) decides which expert sits in which slot. A layer whose routed set exceeds
-the pool runs in waves: copy a wave's misses, compute it, go on.
+Per MoE layer: (1) the routing starts its way to the host; (2) the experts already
+resident run at once, their slots read from the device mirror of the slot map, so the
+hit path never waits for the host; (3) the host reads the routing (the one device→host
+read of the layer), `SlotCache` plans the misses in waves (a layer whose routed set
+exceeds the pool runs wave by wave), each wave's misses are copied into their slots
+and computed. Passes are masks over one routing (`kernels/moe_experts.py`), so the
+result is bitwise the resident one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
-from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_experts_partial
-from edgemoe.moe.executor import MoEExecutor, new_contrib, routed_experts
+from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
+from edgemoe.moe.executor import CellWorkspace, MoEExecutor
 from edgemoe.moe.slots import LayerWave, SlotCache
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -50,6 +57,44 @@ class SlotBanks:
         return self.gate_up.nbytes + self.down.nbytes
 
 
+class RoutingReadback:
+    """Brings a layer's routing (and, for CPU experts, its activations) to the host
+    without stalling the stream: copies into pinned buffers and an event; `wait()`
+    blocks only until the routing exists, not until later work finishes."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._ids: torch.Tensor | None = None
+        self._x: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+
+    def start(self, topk_ids: torch.Tensor, x: torch.Tensor | None = None) -> None:
+        if not self.cuda:
+            self._ids, self._x = topk_ids, x
+            return
+        self._ids = _pinned_copy(self._ids, topk_ids)
+        self._x = _pinned_copy(self._x, x) if x is not None else None
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def wait(self) -> tuple[np.ndarray, torch.Tensor | None]:
+        """(routing [T, K] as numpy, x on the host or None)."""
+        if self._event is not None:
+            self._event.synchronize()  # NOTE: the layer's one host read
+        assert self._ids is not None
+        return self._ids.numpy(), self._x
+
+
+def _pinned_copy(buf: torch.Tensor | None, src: torch.Tensor) -> torch.Tensor:
+    """Copy `src` into a reused pinned buffer (grown when too small); returns the view."""
+    n = src.numel()
+    if buf is None or buf.dtype != src.dtype or buf.untyped_storage().nbytes() < n * src.element_size():
+        buf = torch.empty(max(n, 4096), dtype=src.dtype, pin_memory=True)
+    flat = torch.empty(0, dtype=src.dtype).set_(buf.untyped_storage(), 0, (n,))
+    flat.copy_(src.flatten(), non_blocking=True)
+    return flat.view(src.shape)
+
+
 class OffloadExecutor(MoEExecutor):
     def __init__(
         self,
@@ -59,37 +104,67 @@ class OffloadExecutor(MoEExecutor):
         num_layers: int,
         num_slots: int,
         policy: str = "lru",
+        max_tokens: int = 256,
     ) -> None:
-        self.act = act
+        self.act, self.device, self.num_experts = act, device, store.num_experts
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = SlotCache(num_slots, num_layers, store.num_experts, policy)
         self.slots = SlotBanks(store, num_slots, device, self.stats)
+        self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
+        self.readback = RoutingReadback(device)
+        # The device mirror of the slot map (on the CPU: the map itself).
+        self.slot_map = self.cache.slot_map.to(device)
+        self._mirrored = self.cache.map_version
 
-    def run_waves(
-        self, layer: int, experts: list[int], x: torch.Tensor, topk_ids: torch.Tensor,
-        topk_weights: torch.Tensor, contrib: torch.Tensor,
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
+        self.stats.count_tokens(layer, x.shape[0])
+        cells = self.workspace.cells(topk_ids)
+        self.readback.start(topk_ids)
+        self.compute_hits(layer, x, topk_ids, topk_weights, cells)
+        ids, _ = self.readback.wait()
+        self.run_misses(layer, np.unique(ids).tolist(), x, topk_ids, topk_weights, cells)
+        return moe_combine(cells, x.dtype, residual)
+
+    def compute_hits(self, layer: int, x, topk_ids, topk_weights, cells) -> None:  # noqa: ANN001
+        """The experts resident before this layer, from the device map (no host read)."""
+        slot_ids = self.slot_map[layer][topk_ids]  # [T, K], -1 = not resident
+        moe_slots(x, slot_ids, topk_weights, self.slots.gate_up, self.slots.down, self.act, cells)
+
+    def run_misses(
+        self, layer: int, experts: Sequence[int], x, topk_ids, topk_weights, cells  # noqa: ANN001
     ) -> None:
-        """Load and compute `experts` of `layer` through the slot cache, wave by wave."""
+        """Plan `experts` of `layer` in the slot cache; load and compute the misses wave
+        by wave (the hits ran in `compute_hits`)."""
         with self.cache.layer_waves(layer, experts) as waves:
             for wave in waves:
                 self.stats.hits[layer] += wave.num_hits
                 self.stats.misses[layer] += len(wave.misses)
-                self.slots.load(layer, wave)
-                moe_experts_partial(
-                    x, topk_ids, topk_weights, wave.experts, wave.slots,
-                    self.slots.gate_up, self.slots.down, self.act, contrib,
-                )
+                if not wave.misses:
+                    continue
+                with self.profiler.region("moe/copy"):
+                    self.slots.load(layer, wave)
+                lookup = self._lookup({m.expert: m.slot for m in wave.misses})
+                moe_slots(x, lookup[topk_ids], topk_weights, self.slots.gate_up, self.slots.down, self.act, cells)
+        self.mirror_map()
 
-    def forward(self, layer, x, topk_ids, topk_weights):  # type: ignore[override]
-        self.stats.count_tokens(layer, x.shape[0])
-        contrib = new_contrib(topk_ids, x)
-        self.run_waves(layer, routed_experts(topk_ids), x, topk_ids, topk_weights, contrib)
-        return moe_combine(contrib, x.dtype)
+    def _lookup(self, slot_of: dict[int, int]) -> torch.Tensor:
+        """Expert id → slot for this pass, -1 for every other expert ([E] int32)."""
+        host = np.full(self.num_experts, -1, dtype=np.int32)
+        host[list(slot_of)] = list(slot_of.values())
+        return torch.from_numpy(host).to(self.device, non_blocking=True)
+
+    def mirror_map(self) -> None:
+        """Refresh the device slot map after the host cache changed (stream-ordered:
+        the next layer's hit pass sees it)."""
+        if self.cache.map_version != self._mirrored and self.slot_map is not self.cache.slot_map:
+            self.slot_map.copy_(self.cache.slot_map, non_blocking=True)
+        self._mirrored = self.cache.map_version
 
     def recover(self) -> None:
         # A layer aborted between plan and release leaves its experts pinned; copies
         # that never landed would leave slots mapped to stale weights, so drop them all.
         self.cache.clear()
+        self.mirror_map()
 
     def close(self) -> None:
         del self.slots

@@ -2,7 +2,8 @@
 
 Per layer where it matters (misses/token per layer shows which layers thrash).
 Timing is wall-clock around host-side work; device copies are timed with CUDA events
-resolved lazily in `snapshot()`, so the hot path never synchronises for statistics.
+resolved lazily in `snapshot()`, and counters an executor keeps on the device
+(`device_hits`) are read there too, so the hot path never synchronises for statistics.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class MoEStats:
     copy_s: float = 0.0
     cpu_s: float = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
+    device_hits: torch.Tensor | None = field(default=None, repr=False)  # [L] int64, folded lazily
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -39,7 +41,20 @@ class MoEStats:
     def add_copy_interval(self, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         self._events.append((start, end))
 
+    def count_device_hits(self, layer: int, topk_ids: torch.Tensor, num_experts: int) -> None:
+        """Add the layer's distinct routed experts to a device counter (no host read)."""
+        if self.device_hits is None:
+            self.device_hits = torch.zeros(self.num_layers, dtype=torch.int64, device=topk_ids.device)
+        used = torch.zeros(num_experts, dtype=torch.int64, device=topk_ids.device)
+        used.index_fill_(0, topk_ids.flatten(), 1)
+        self.device_hits[layer] += used.sum()
+
     def resolve(self) -> None:
+        if self.device_hits is not None:
+            for layer, n in enumerate(self.device_hits.tolist()):
+                self.hits[layer] += n
+            with torch.inference_mode():  # created inside the forward: an inference tensor
+                self.device_hits.zero_()
         if self._events:
             self._events[-1][1].synchronize()
             self.copy_s += sum(s.elapsed_time(e) for s, e in self._events) / 1000

@@ -42,6 +42,7 @@ from edgemoe.server.generation import (
     start_generation,
 )
 from edgemoe.server.model import ServedModel
+from edgemoe.server.heartbeat import ANTHROPIC_PING, with_heartbeat
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -174,10 +175,13 @@ async def create_message(state: ServerState, req: CreateMessageRequest, request:
         to_generation_request, req, model, max_tokens=req.max_tokens, stop=req.stop_sequences,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
     ))
-    gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default)
+    beat = state.config.stream_heartbeat
+    gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default,
+                                 first_output_wait=beat if req.stream else None)
     message_id = f"msg_{uuid.uuid4().hex}"
     if req.stream:
-        return sse_response(_stream(gen, req, message_id))
+        frames = _stream(gen, req, message_id)
+        return sse_response(with_heartbeat(frames, ANTHROPIC_PING, beat, ping_first=gen.pending))
     builder = await unless_disconnected(request, _collect(gen))
     return JSONResponse(_message(message_id, req, builder, gen))
 
@@ -210,6 +214,7 @@ def _message(message_id: str, req: CreateMessageRequest, builder: BlockBuilder, 
 async def _stream(gen: Generation, req: CreateMessageRequest, message_id: str) -> AsyncIterator[bytes]:
     builder = BlockBuilder()
     try:
+        await gen.wait_first()  # message_start reports the cached prompt tokens
         start = {
             "id": message_id, "type": "message", "role": "assistant", "model": req.model, "content": [],
             "stop_reason": None, "stop_sequence": None,

@@ -28,6 +28,7 @@ from edgemoe.server.engine_client import EngineClient
 from edgemoe.server.engine_log import log_engine_lines
 from edgemoe.server.error_middleware import UnexpectedErrorMiddleware
 from edgemoe.server.errors import APIError, install_handlers, unavailable
+from edgemoe.server.host_check import HostCheckMiddleware, HostPolicy
 from edgemoe.server.middleware import GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
 from edgemoe.server.openai_completions import create_completion
@@ -74,6 +75,7 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     install_handlers(app)
     app.add_middleware(UnexpectedErrorMiddleware)  # innermost: a route's failure is a clean 500
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
+    app.add_middleware(HostCheckMiddleware, policy=HostPolicy.of(config.host, config.allowed_hosts))
     app.add_middleware(CancelOnDisconnectMiddleware)
     if not config.quiet:
         _enable_logs()

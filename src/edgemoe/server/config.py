@@ -57,7 +57,8 @@ class ServerConfig:
         None, "the model's name in the API; default: the checkpoint directory's name"
     )
     api_key: str | None = server_setting(
-        None, "require this key (Authorization: Bearer KEY, or x-api-key) on every route but /health"
+        None, "require this key (Authorization: Bearer KEY, or x-api-key) on every route but /health; "
+        "visible in the process list: prefer --api-key-file or $EDGEMOE_API_KEY"
     )
     strict_model_name: bool = server_setting(
         False, "answer 404 to requests naming another model (default: any name is served)"
@@ -87,6 +88,35 @@ class ServerConfig:
         False, "no access log line per request and no periodic engine line on stderr"
     )
 
+    # Connection limits and the stream heartbeat (`edgemoe.server.connections`, `heartbeat`)
+    # and where browsers may call from (`edgemoe.server.host_check`): docs/operations.md.
+    max_connections: int = server_setting(
+        512, "open connections at most (default 512); one more is answered 503 and closed"
+    )
+    header_timeout: float = server_setting(
+        10.0, "seconds a client has to send a request's headers (default 10); past it: 408, closed"
+    )
+    body_min_rate: int = server_setting(
+        1024, "slowest request-body upload accepted, bytes/s on average after the first --header-timeout "
+        "seconds, e.g. 1KiB (default); slower: 408, closed", parse=parse_size,
+    )
+    keep_alive_timeout: float = server_setting(
+        5.0, "seconds an idle connection stays open, before its first request or between requests (default 5)"
+    )
+    max_send_buffer: int = server_setting(
+        2**20, "bytes of response a client may leave unread, e.g. 1MiB (default); past it the client is "
+        "disconnected and its generation aborted", parse=parse_size,
+    )
+    stream_heartbeat: float = server_setting(
+        10.0, "seconds of silence after which a stream sends a heartbeat (SSE comment, Anthropic ping), "
+        "e.g. during a long prefill (default 10)"
+    )
+    allowed_hosts: str | None = server_setting(
+        None, "comma-separated host names the server answers to besides the --host address and the "
+        "localhost names (when bound to all interfaces: any IP address and this machine's name), and "
+        "whose web pages may call it; '*': any Host, any Origin"
+    )
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -104,6 +134,10 @@ class ServerConfig:
             raise ValueError(f"--template-timeout must be > 0 seconds (got {self.template_timeout})")
         if self.max_queued_requests < 1:
             raise ValueError(f"--max-queued-requests must be >= 1 (got {self.max_queued_requests})")
+        for name in ("max_connections", "header_timeout", "body_min_rate", "keep_alive_timeout",
+                     "max_send_buffer", "stream_heartbeat"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(self, name)})")
         if self.tool_call_parser is not None:
             from edgemoe.server.parsers import TOOL_PARSERS
 

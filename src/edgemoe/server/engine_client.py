@@ -21,7 +21,7 @@ import contextlib
 import enum
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from edgemoe.link_auth import LinkGuard, LinkKeys
 from edgemoe.messages import (
     AbortRequest,
     AddRequest,
@@ -50,10 +51,12 @@ WATCHDOG_INTERVAL_S = 0.1
 
 @dataclass(frozen=True)
 class EngineLink:
-    """The two ZMQ addresses shared by server and engine."""
+    """The two ZMQ addresses shared by server and engine, and this launch's keys
+    (`edgemoe.link_auth`: only the engine holding them can connect)."""
 
     to_engine: str
     from_engine: str
+    keys: LinkKeys = field(default_factory=LinkKeys.generate, repr=False)
 
     @classmethod
     def in_dir(cls, directory: Path) -> EngineLink:
@@ -166,13 +169,18 @@ class EngineClient:
             return
         self._started = True
         self._sync_ctx: zmq.Context[Any] = zmq.Context()
-        self._async_ctx = zmq.asyncio.Context()
+        # NOTE: one underlying context for both socket kinds: the ZAP handler serves one context.
+        self._async_ctx = zmq.asyncio.Context.shadow(self._sync_ctx.underlying)
+        self._guard = LinkGuard(self._sync_ctx, self.link.keys)
         self._send_sock = self._sync_ctx.socket(zmq.PUSH)
         self._send_sock.setsockopt(zmq.SNDHWM, 0)
+        self._guard.secure(self._send_sock)
         self._send_sock.bind(self.link.to_engine)
         self._recv_sock = self._async_ctx.socket(zmq.PULL)
+        self._guard.secure(self._recv_sock)
         self._recv_sock.bind(self.link.from_engine)
-        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+        refusals = self._guard.report_refusals(self._async_ctx, [self._send_sock, self._recv_sock])
+        self._tasks = [asyncio.create_task(c) for c in (self._receive(), self._watch(), refusals)]
 
     def watch(self, handle: EngineHandle) -> None:
         """Start watching the engine's liveness (the process is spawned after `start`)."""
@@ -209,8 +217,8 @@ class EngineClient:
         if self._started:
             self._send_sock.close(linger=500)  # lets a ShutdownEngine just sent go out
             self._recv_sock.close(linger=0)
+            self._guard.stop()
             self._sync_ctx.term()
-            self._async_ctx.term()
 
     # -- requests -----------------------------------------------------------------------
 

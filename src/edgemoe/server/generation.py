@@ -10,6 +10,7 @@ events. Engine failures surface as `APIError`s (503 engine gone, 400 refused, 50
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -202,7 +203,8 @@ def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPr
         raise context_exceeded(model, req, n_tokens)
     bad = [t for t in prompt.token_ids if not 0 <= t < model.vocab_size]
     if bad:
-        raise bad_request(f"token ids {describe_ids(bad)} are outside the vocabulary [0, {model.vocab_size})", param=req.prompt_param)
+        raise bad_request(f"token ids {describe_ids(bad)} are outside the vocabulary [0, {model.vocab_size})",
+                          param=req.prompt_param)
     try:
         req.params.validate(model.vocab_size)
     except ValueError as exc:
@@ -245,7 +247,7 @@ class Generation:
 
     def __init__(
         self, request_id: str, prompt: RenderedPrompt, stream: OutputStream,
-        choices: list[ChoiceState], first: RequestOutput,
+        choices: list[ChoiceState], first: RequestOutput | None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -253,6 +255,16 @@ class Generation:
         self._choices = choices
         self._by_id = {rid: c for rid, c in zip(stream.request_ids, choices, strict=True)}
         self._first: RequestOutput | None = first
+        # None: started before its first output (a long prefill, see `start_generation`).
+        self.pending = first is None
+
+    async def wait_first(self) -> None:
+        """Wait for the first output if it has not come yet (raises APIError if refused)."""
+        if self.pending:
+            self._first = await self._next()
+            self.pending = False
+            if self._first.finish_reason == "error":
+                raise step_failure(self._first)
 
     @property
     def prompt_tokens(self) -> int:
@@ -268,6 +280,7 @@ class Generation:
     async def events(self) -> AsyncIterator[Event]:
         """The event stream; raises APIError if the engine fails midway. Closes itself."""
         try:
+            await self.wait_first()
             while not all(c.done for c in self._choices):
                 out = self._first or await self._next()
                 self._first = None
@@ -320,9 +333,11 @@ class Generation:
 
 async def start_generation(
     client: EngineClient, model: ServedModel, req: GenerationRequest, *,
-    default_thinking: bool, request_id: str | None = None,
+    default_thinking: bool, request_id: str | None = None, first_output_wait: float | None = None,
 ) -> Generation:
-    """Render, check and submit `req`; returns once the engine accepted it (first output)."""
+    """Render, check and submit `req`; returns once the engine accepted it (first output),
+    or, given `first_output_wait`, after that many seconds without it (`Generation.pending`:
+    a stream starts and sends heartbeats while the prompt prefills)."""
     request_id = request_id or uuid.uuid4().hex
     thinking = req.thinking if req.thinking is not None else default_thinking
     prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
@@ -337,14 +352,14 @@ async def start_generation(
     except EngineRejected as exc:
         raise bad_request(str(exc), param=req.prompt_param) from exc
     try:
-        first = await stream.get()
+        first = await _first_output(stream, first_output_wait)
     except (EngineUnavailable, EngineRejected, EngineFailure) as exc:
         stream.abort()
         raise engine_error(exc) from exc
     except BaseException:
         stream.abort()
         raise
-    if first.finish_reason == "error":  # failed before any response byte: a plain 503
+    if first is not None and first.finish_reason == "error":  # failed before any response byte: a plain 503
         stream.abort()
         raise step_failure(first)
     reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
@@ -358,6 +373,20 @@ async def start_generation(
         for i in range(req.n)
     ]
     return Generation(request_id, prompt, stream, choices, first)
+
+
+async def _first_output(stream: OutputStream, wait: float | None) -> RequestOutput | None:
+    """The stream's first output; None if `wait` seconds pass first (it stays queued)."""
+    if wait is None:
+        return await stream.get()
+    getter = asyncio.ensure_future(stream.get())
+    try:
+        await asyncio.wait({getter}, timeout=wait)
+    finally:
+        # NOTE: a Queue.get cancelled before it returned leaves its item queued for
+        # `Generation`; one that already returned (cancel() is False) is used here.
+        cancelled = getter.cancel()
+    return None if cancelled else getter.result()
 
 
 def _seeded(params: SamplingParams, i: int) -> SamplingParams:

@@ -46,6 +46,7 @@ from edgemoe.server.generation import (
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
 from edgemoe.server.protocol import ChatCompletionRequest
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -99,13 +100,16 @@ class _Meta:
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
     gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
-    gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default)
+    beat = state.config.stream_heartbeat
+    gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default,
+                                 first_output_wait=beat if req.stream else None)
     meta = _Meta(
         f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or model.name,
         gen_req.params.logprobs, model.tokens,
     )
     if req.stream:
-        return sse_response(_stream(gen, meta, req.n, req.include_usage()))
+        frames = _stream(gen, meta, req.n, req.include_usage())
+        return sse_response(with_heartbeat(frames, COMMENT_PING, beat, ping_first=gen.pending))
     choices, usage = await unless_disconnected(request, gen.collect())
     return JSONResponse(_completion_body(meta, choices, usage))
 

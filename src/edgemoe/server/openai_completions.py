@@ -32,6 +32,7 @@ from edgemoe.server.generation import (
 from edgemoe.server.model import ServedModel
 from edgemoe.server.openai_chat import usage_body
 from edgemoe.server.protocol import CompletionRequest
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -94,12 +95,15 @@ class _Body:
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
-    gen = await start_generation(state.client, model, gen_req, default_thinking=False)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # a long prompt id list: a while
+    beat = state.config.stream_heartbeat
+    gen = await start_generation(state.client, model, gen_req, default_thinking=False,
+                                 first_output_wait=beat if req.stream else None)
     body = _Body(model, req.model or model.name, gen_req.params.logprobs)
     echo = _echo_text(model, gen) if req.echo else ""
     if req.stream:
-        return sse_response(_stream(gen, body, echo, req.n, req.include_usage()))
+        frames = _stream(gen, body, echo, req.n, req.include_usage())
+        return sse_response(with_heartbeat(frames, COMMENT_PING, beat, ping_first=gen.pending))
     choices, usage = await unless_disconnected(request, gen.collect())
     out = [
         {

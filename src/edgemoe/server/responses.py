@@ -46,6 +46,7 @@ from edgemoe.server.generation import (
 )
 from edgemoe.server.model import ServedModel
 from edgemoe.server.responses_protocol import ResponsesRequest
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -216,14 +217,16 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
     model = state.serving(req.model)
     gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
     shell = ResponseShell(req, model.name)
+    beat = state.config.stream_heartbeat
     try:
-        gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default)
+        gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default,
+                                     first_output_wait=beat if req.stream else None)
     except APIError as err:
         if req.stream and err.code == "context_length_exceeded":
             return sse_response(_failed_stream(shell, err))
         raise
     if req.stream:
-        return sse_response(_stream(gen, shell))
+        return sse_response(with_heartbeat(_stream(gen, shell), COMMENT_PING, beat, ping_first=gen.pending))
     builder = await unless_disconnected(request, _collect(gen))
     assert builder.usage is not None
     return JSONResponse(shell.body(builder.status, builder.items, builder.usage))

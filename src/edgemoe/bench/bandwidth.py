@@ -1,0 +1,199 @@
+"""`edgemoe bench bw`: the rates expert offload plans with, measured on this machine.
+
+- Host memory read bandwidth: every physical core reading a large buffer (the CPU
+  expert kernel's thread pool), and torch's `sum` for comparison.
+- The CPU expert path: GB/s of bf16 weights for one expert (default Qwen3-30B-A3B's:
+  H=2048, I=768, 9.44 MB; `--hidden`, `--intermediate`) at n = 1, 8, 32 tokens, and a layer's 8 experts at n = 1 in one call
+  (batch-1 decode), per kernel variant this CPU runs, beside torch's bf16 path; the
+  calls go through `moe_experts_partial_cpu`, the executors' entry point.
+- With CUDA: pinned and pageable host→device copies of one expert and of 256 MiB, and
+  a device-to-device copy.
+Experts rotate through a pool larger than the caches, so every call reads RAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from edgemoe.bench.results import plot_bars, write_result
+from edgemoe.kernels import cpu_isa
+from edgemoe.kernels.cpu_experts import moe_experts_partial_cpu
+from edgemoe.kernels.cpu_kernel import CpuExperts
+
+LAYER_EXPERTS = 8  # routed experts per token
+GEMM_CAPABLE = ("amx", "avx512")
+
+
+def timed(fn: Callable[[int], object], min_seconds: float, min_reps: int = 5) -> tuple[float, float]:
+    """(median, best) seconds of fn(i), i = 1, 2, … after one warm-up call. The median is
+    the figure; the best says what the hardware does when nothing preempts the call
+    (on a shared host, calls longer than a scheduler slice are often preempted)."""
+    fn(0)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_seconds:
+        t = time.perf_counter()
+        fn(len(times) + 1)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), min(times)
+
+
+def expert_bytes(hidden: int, inter: int) -> int:
+    return 3 * hidden * inter * 2  # gate, up, down in bf16
+
+
+def unique_pages(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """bf16 normal values (no denormals to slow FMAs, no NaNs) tiled from one random
+    block, then every 4 KiB page made unique.
+
+    NOTE: a host (hypervisor) may merge identical pages; on the dev VM reads of merged
+    pages ran at a third of the speed of distinct ones, and a kernel reading them
+    looked faster than memory. Drawing random data everywhere is too slow."""
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    flat = out.view(-1)
+    block = (torch.randn(1 << 20, generator=g) * 0.02).bfloat16()
+    for at in range(0, flat.numel(), block.numel()):
+        flat[at : at + block.numel()] = block[: flat.numel() - at]
+    pages = flat[: flat.numel() // 2048 * 2048].view(-1, 2048)  # 2048 bf16 = 4 KiB
+    pages[:, :16] = (torch.randn(pages.shape[0], 16, generator=g) * 0.02).bfloat16()
+    return out
+
+
+def expert_pool(pool_bytes: int, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Banks gate_up [E, 2I, H], down [E, H, I] of bf16 weights, pages unique."""
+    count = max(2 * LAYER_EXPERTS, -(-pool_bytes // expert_bytes(hidden, inter)))
+    g = torch.Generator().manual_seed(0)
+    return unique_pages((count, 2 * inter, hidden), g), unique_pages((count, hidden, inter), g)
+
+
+def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], tokens: int, per_call: int,
+                min_seconds: float) -> dict[str, float]:
+    """GB/s of weights when `per_call` experts, each on all `tokens` tokens, run in one call."""
+    gate_up, down = banks
+    count, hidden, nbytes = gate_up.shape[0], gate_up.shape[2], expert_bytes(gate_up.shape[2], down.shape[2])
+    x = torch.randn(tokens, hidden).bfloat16()
+    weights = torch.ones(tokens, per_call)
+    contrib = torch.zeros(tokens, per_call, hidden)
+    routes = [[(i * per_call + j) % count for j in range(per_call)] for i in range(count)]
+    ids = [torch.tensor(r).expand(tokens, per_call) for r in routes]
+
+    def call(i: int) -> None:
+        r = i % count
+        moe_experts_partial_cpu(x, ids[r], weights, routes[r], routes[r], gate_up, down, F.silu, contrib, kernel)
+
+    median, best = timed(call, min_seconds)
+    return {"us_per_call": median * 1e6, "gb_s": per_call * nbytes / median / 1e9,
+            "best_gb_s": per_call * nbytes / best / 1e9}
+
+
+def host_read(kernel: CpuExperts, gib: float, min_seconds: float) -> dict[str, float]:
+    """Read bandwidth over a `gib` GiB buffer (pages unique), timed per 32 MiB piece
+    taken in turn, so no piece is re-read from cache and each timing is short enough
+    to run unpreempted on a shared host; torch.sum on the same pieces."""
+    piece = 32 * 2**20 // 4  # float32 elements
+    buf = unique_pages((max(piece, int(gib * 2**30) // 4 // piece * piece), 2), torch.Generator().manual_seed(1))
+    pieces = buf.view(torch.float32).view(-1, piece)
+    nbytes = piece * 4
+    read, read_best = timed(lambda i: kernel.read(pieces[i % len(pieces)]), min_seconds)
+    total, total_best = timed(lambda i: pieces[i % len(pieces)].sum(), min_seconds)
+    return {"kernel_read_gb_s": nbytes / read / 1e9, "kernel_read_best_gb_s": nbytes / read_best / 1e9,
+            "torch_sum_gb_s": nbytes / total / 1e9, "torch_sum_best_gb_s": nbytes / total_best / 1e9}
+
+
+def available_kernels(threads: int | None, requested: list[str] | None) -> list[CpuExperts]:
+    names = requested or [v for v in ("amx", "avx512", "avx2") if cpu_isa.supported(v)] + ["torch"]
+    kernels = []
+    for name in names:
+        try:
+            kernels.append(CpuExperts(name, threads=threads))
+        except (ValueError, RuntimeError) as e:
+            print(f"  {name}: unavailable ({e})")
+    return kernels
+
+
+def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.Tensor], seconds: float) -> list[dict[str, Any]]:
+    rows = []
+    for kernel in kernels:
+        cases = [(1, 1, "default"), (8, 1, "default"), (32, 1, "default"), (1, LAYER_EXPERTS, "default")]
+        if kernel.name in GEMM_CAPABLE:
+            cases.append((8, 1, "blocked"))
+        for tokens, per_call, path in cases:
+            saved = kernel.gemm_min_tokens
+            kernel.gemm_min_tokens = 1 if path == "blocked" else saved
+            rate = expert_rate(kernel, banks, tokens, per_call, seconds)
+            kernel.gemm_min_tokens = saved
+            rows.append({"kernel": kernel.name, "tokens": tokens, "experts_per_call": per_call, "path": path, **rate})
+    return rows
+
+
+def _cuda_rate(dst: torch.Tensor, sources: list[torch.Tensor], reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dst.copy_(sources[0], non_blocking=True)
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(reps):
+        dst.copy_(sources[i % len(sources)], non_blocking=True)
+    end.record()
+    end.synchronize()
+    return reps * dst.numel() * dst.element_size() / (start.elapsed_time(end) / 1e3) / 1e9
+
+
+def copy_rates(pool_bytes: int, one_expert: int) -> dict[str, float]:
+    """Host→device (pinned, pageable; one expert, 256 MiB) and device→device GB/s."""
+    pageable = torch.empty(pool_bytes, dtype=torch.uint8).fill_(1)
+    pinned = torch.empty(pool_bytes, dtype=torch.uint8, pin_memory=True).fill_(1)
+    rates = {}
+    for size, label in ((one_expert, "expert"), (256 * 2**20, "256MiB")):
+        dst = torch.empty(size, dtype=torch.uint8, device="cuda")
+        for kind, host in (("pinned", pinned), ("pageable", pageable)):
+            chunks = [host[i : i + size] for i in range(0, host.numel() - size + 1, size)]  # rotate: no cache reuse
+            rates[f"h2d_{kind}_{label}_gb_s"] = _cuda_rate(dst, chunks, max(8, 4 * len(chunks)) if label == "expert" else 8)
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    rates["d2d_1GiB_gb_s"] = _cuda_rate(torch.empty_like(a), [a], 10)  # bytes copied (each read once, written once)
+    return rates
+
+
+def _label(row: dict[str, Any]) -> str:
+    what = f"{row['experts_per_call']}×n=1 layer" if row["experts_per_call"] > 1 else f"n={row['tokens']}"
+    return f"{row['kernel']} {what}" + (" blocked" if row["path"] == "blocked" else "")
+
+
+def run_bw_bench(args: argparse.Namespace) -> int:
+    kernels = available_kernels(args.threads, args.kernels)
+    native = next((k for k in kernels if k.native), kernels[0])
+    read = host_read(native, args.read_gib, args.seconds)
+    print(f"host read: {read['kernel_read_gb_s']:.1f} GB/s, best {read['kernel_read_best_gb_s']:.1f} ({native.name} "
+          f"pool, {native.threads} threads); torch.sum {read['torch_sum_gb_s']:.1f} GB/s ({torch.get_num_threads()} threads)")
+    banks = expert_pool(args.pool_mib * 2**20, args.hidden, args.intermediate)
+    nbytes = expert_bytes(args.hidden, args.intermediate)
+    rows = measure_experts(kernels, banks, args.seconds)
+    print(f"CPU experts, H={args.hidden} I={args.intermediate} ({nbytes / 1e6:.2f} MB bf16): GB/s of weights (median, "
+          f"% of host read; best, % of best read)")
+    for row in rows:
+        row["ratio_to_read"] = row["gb_s"] / read["kernel_read_gb_s"]
+        row["best_ratio_to_best_read"] = row["best_gb_s"] / read["kernel_read_best_gb_s"]
+        print(f"  {_label(row):26s} {row['gb_s']:7.1f} {row['ratio_to_read']:6.1%}   {row['best_gb_s']:7.1f} "
+              f"{row['best_ratio_to_best_read']:6.1%}   {row['us_per_call']:8.0f} µs/call")
+    copies = copy_rates(min(args.pool_mib * 2**20, 2**30), nbytes) if torch.cuda.is_available() else {}
+    for key, value in copies.items():
+        print(f"  {key}: {value:.1f}")
+    payload = {
+        "threads": native.threads, "torch_threads": torch.get_num_threads(), "physical_cores": cpu_isa.physical_cores(),
+        "auto_kernel": CpuExperts("auto", threads=1).name,
+        "hidden": args.hidden, "intermediate": args.intermediate, "expert_bytes": nbytes,
+        "host": read, "experts": rows, "copies": copies,
+    }
+    path = write_result(args.out, "bw", payload)
+    marks = {"host read": read["kernel_read_gb_s"]}
+    if copies:
+        marks["pinned H2D (expert)"] = copies["h2d_pinned_expert_gb_s"]
+    png = plot_bars(path, "edgemoe bench bw: CPU experts", "GB/s of bf16 weights", {_label(r): r["gb_s"] for r in rows}, marks)
+    print(f"wrote {path} and {png}")
+    return 0

@@ -1,0 +1,394 @@
+/* CPU routed experts: y = down @ (silu(gate @ x) * (up @ x)) for several experts of one
+ * layer in one call, weights bf16 (gate_up [2I, H], gate rows first; down [H, I]),
+ * activations fp32 or bf16, accumulation fp32. Built by edgemoe/kernels/cpu_build.py
+ * once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 | nothing = portable C) and loaded with
+ * ctypes: plain pointers, no Python or torch ABI.
+ *
+ * A call has three phases, each a list of tasks claimed from an atomic counter by the
+ * threads in the call; a phase starts when the previous one's tasks are all done:
+ *   0. pack each job's token rows (gathered from x) into the layout its path reads;
+ *   1. gate_up rows of all jobs → h = silu(gate) * up;
+ *   2. down rows of all jobs → out[out_rows[t]] = scale[t] * y.
+ * Splitting output rows of all experts over all threads lets every core stream
+ * weights at once. Jobs with n >= gemm_min_tokens take the blocked path (AMX tiles or
+ * AVX-512 BF16, activations rounded to bf16); others the fp32 GEMV path.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "em_gemm.h"
+#include "em_gemv.h"
+#include "em_pool.h"
+#include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
+
+#define EM_ABI_VERSION 1
+
+#if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
+#define EM_ISA_NAME "amx-emu"
+#elif defined(EM_ISA_AMX)
+#define EM_ISA_NAME "amx"
+#elif defined(EM_ISA_AVX512)
+#define EM_ISA_NAME "avx512"
+#elif defined(EM_ISA_AVX2)
+#define EM_ISA_NAME "avx2"
+#else
+#define EM_ISA_NAME "scalar"
+#endif
+
+/* Rows per task (phase 1 counts gate/up row pairs, phase 2 rows of down). */
+/* Small GEMV tasks: one expert at batch 1 must still split evenly over 16+ threads. */
+#define EM_P1_GEMV 8
+#define EM_P2_GEMV 16
+#if defined(EM_ISA_AMX)
+#define EM_P1_GEMM 16
+#define EM_P2_GEMM 32
+#else
+#define EM_P1_GEMM 12
+#define EM_P2_GEMM 24
+#endif
+
+/* One expert's work; every field 64-bit so Python fills a plain int64 table. */
+typedef struct {
+    int64_t gate_up;  /* address of bf16 [2I, H] */
+    int64_t down;     /* address of bf16 [H, I] */
+    int64_t tokens;   /* address of int32 [n]: rows of x */
+    int64_t out_rows; /* address of int32 [n]: rows of out (0: 0..n-1) */
+    int64_t scale;    /* address of fp32 [n] (0: 1.0) */
+    int64_t n;
+} em_job;
+
+typedef struct {
+    int gemm, n, np;
+    float *xs, *hs;     /* GEMV: [n][Hs], [n][Is] split layout */
+    uint32_t *xp, *hp;  /* GEMM: [Px][np], [Ph][np] pair layout */
+    int64_t start[4];   /* first task of this job in phase 0..2 ([3] unused) */
+} em_jobstate;
+
+typedef struct {
+    em_pool *pool;
+    const em_job *jobs;
+    em_jobstate *st;
+    int njobs, any_gemm;
+    const uint8_t *x;
+    int x_bf16;
+    int64_t x_stride; /* elements */
+    float *out;
+    int64_t out_stride;
+    int H, I;
+    int64_t Hs, Is, Px, Ph;
+    int64_t ntasks[3];
+    atomic_long next[3]; /* next task to claim, per phase */
+    atomic_long done[3]; /* tasks finished, per phase */
+} em_call;
+
+static inline int64_t em_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+static inline float em_silu(float g) { return g / (1.0f + expf(-g)); }
+
+static inline float em_x(const em_call *c, int64_t tok, int64_t k) {
+    if (c->x_bf16) return em_bf16_to_f32(((const uint16_t *)c->x)[tok * c->x_stride + k]);
+    return ((const float *)c->x)[tok * c->x_stride + k];
+}
+
+static inline uint32_t em_x_bf16(const em_call *c, int64_t tok, int64_t k) {
+    if (k >= c->H) return 0;
+    if (c->x_bf16) return ((const uint16_t *)c->x)[tok * c->x_stride + k];
+    return em_f32_to_bf16(((const float *)c->x)[tok * c->x_stride + k]);
+}
+
+static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t row, float v) {
+    int64_t orow = jb->out_rows ? ((const int32_t *)(intptr_t)jb->out_rows)[t] : t;
+    float sc = jb->scale ? ((const float *)(intptr_t)jb->scale)[t] : 1.0f;
+    c->out[orow * c->out_stride + row] = sc * v;
+}
+
+static inline int64_t em_token(const em_job *jb, int t) { return ((const int32_t *)(intptr_t)jb->tokens)[t]; }
+
+/* ---- phase 0: packing ---- */
+
+static void em_pack(const em_call *c, const em_job *jb, const em_jobstate *s, int t) {
+    if (!s->gemm) {
+        float *xs = s->xs + t * c->Hs, *hs = s->hs + t * c->Is;
+        int64_t tok = em_token(jb, t);
+        for (int64_t k = 0; k < c->Hs; k++) xs[em_split_pos(k)] = k < c->H ? em_x(c, tok, k) : 0.0f;
+        for (int64_t i = c->I; i < c->Is; i++) hs[em_split_pos(i)] = 0.0f;
+        return;
+    }
+    int64_t np = s->np;
+    if (t < s->n) {
+        int64_t tok = em_token(jb, t);
+        for (int64_t p = 0; p < c->Px; p++) s->xp[p * np + t] = em_x_bf16(c, tok, 2 * p) | em_x_bf16(c, tok, 2 * p + 1) << 16;
+    } else {
+        for (int64_t p = 0; p < c->Px; p++) s->xp[p * np + t] = 0;
+    }
+    /* NOTE: h pairs past I (and a half pair when I is odd) must read as zero. */
+    for (int64_t p = t < s->n ? c->I / 2 : 0; p < c->Ph; p++) s->hp[p * np + t] = 0;
+}
+
+/* ---- GEMV path ---- */
+
+static void em_gate_up_gemv(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
+    const int64_t H = c->H, I = c->I;
+    int64_t i1 = (q + 1) * EM_P1_GEMV < I ? (q + 1) * EM_P1_GEMV : I;
+    float dots[4 * EM_NT];
+    for (int64_t i = q * EM_P1_GEMV; i < i1; i += 2) {
+        int64_t i2 = i + 1 < i1 ? i + 1 : i;
+        const uint16_t *w[4] = {gu + i * H, gu + i2 * H, gu + (I + i) * H, gu + (I + i2) * H};
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4(w, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * H, dots); /* next group: 2 rows on */
+            for (int t = 0; t < nt; t++) {
+                float *hs = s->hs + (t0 + t) * c->Is;
+                hs[em_split_pos(i)] = em_silu(dots[t]) * dots[2 * nt + t];
+                if (i2 != i) hs[em_split_pos(i2)] = em_silu(dots[nt + t]) * dots[3 * nt + t];
+            }
+        }
+    }
+}
+
+static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
+    const int64_t I = c->I;
+    int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
+    float dots[4 * EM_NT];
+    for (int64_t r = q * EM_P2_GEMV; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const uint16_t *w[4];
+        for (int j = 0; j < 4; j++) w[j] = dn + (r + (j < nr ? j : 0)) * I;
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots); /* next group: 4 rows on */
+            for (int j = 0; j < nr; j++)
+                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, dots[j * nt + t]);
+        }
+    }
+}
+
+/* ---- GEMM path ---- */
+
+static inline void em_put_h(const em_jobstate *s, int64_t i, int t, float g, float u) {
+    ((uint16_t *)s->hp)[((i >> 1) * s->np + t) * 2 + (i & 1)] = em_f32_to_bf16(em_silu(g) * u);
+}
+
+#if defined(EM_ISA_AMX)
+static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
+    int64_t i0 = q * 16;
+    int nv = c->I - i0 < 16 ? (int)(c->I - i0) : 16;
+    float tmp[32 * 32];
+    for (int t0 = 0; t0 < s->np; t0 += 32) {
+        int two = s->np - t0 > 16;
+        em_amx_2x2(gu + i0 * c->H, nv, gu + (c->I + i0) * c->H, nv, c->H, s->xp, s->np, t0, two, c->H, tmp);
+        for (int r = 0; r < nv; r++)
+            for (int tt = 0; tt < (two ? 32 : 16) && t0 + tt < s->n; tt++)
+                em_put_h(s, i0 + r, t0 + tt, tmp[r * 32 + tt], tmp[(16 + r) * 32 + tt]);
+    }
+}
+
+static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
+    int64_t r0 = q * 32;
+    int n0 = c->H - r0 < 16 ? (int)(c->H - r0) : 16;
+    int n1 = c->H - r0 - 16 < 16 ? (int)(c->H - r0 - 16) : 16;
+    if (n1 < 0) n1 = 0;
+    const uint16_t *a1 = n1 > 0 ? dn + (r0 + 16) * c->I : dn + r0 * c->I;
+    float tmp[32 * 32];
+    for (int t0 = 0; t0 < s->np; t0 += 32) {
+        int two = s->np - t0 > 16;
+        em_amx_2x2(dn + r0 * c->I, n0, a1, n1, c->I, s->hp, s->np, t0, two, c->I, tmp);
+        for (int tt = 0; tt < (two ? 32 : 16) && t0 + tt < s->n; tt++) {
+            for (int r = 0; r < n0; r++) em_store(c, jb, t0 + tt, r0 + r, tmp[r * 32 + tt]);
+            for (int r = 0; r < n1; r++) em_store(c, jb, t0 + tt, r0 + 16 + r, tmp[(16 + r) * 32 + tt]);
+        }
+    }
+}
+#elif defined(EM_ISA_AVX512)
+static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, int t0, int K, float *out) {
+    if (np - t0 >= 32)
+        em_gemm12_2(w, xp, np, t0, K, out);
+    else
+        em_gemm12_1(w, xp, np, t0, K, out);
+}
+
+static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
+    const int64_t H = c->H, I = c->I;
+    int64_t i1 = (q + 1) * EM_P1_GEMM < I ? (q + 1) * EM_P1_GEMM : I;
+    float tmp[EM_GR * 32];
+    for (int64_t i = q * EM_P1_GEMM; i < i1; i += EM_GR / 2) {
+        int nv = i1 - i < EM_GR / 2 ? (int)(i1 - i) : EM_GR / 2;
+        const uint16_t *w[EM_GR];
+        for (int j = 0; j < EM_GR / 2; j++) {
+            int64_t row = i + (j < nv ? j : 0);
+            w[j] = gu + row * H;
+            w[EM_GR / 2 + j] = gu + (I + row) * H;
+        }
+        for (int t0 = 0; t0 < s->np; t0 += 32) {
+            em_gemm12(w, s->xp, s->np, t0, (int)H, tmp);
+            for (int j = 0; j < nv; j++)
+                for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
+                    em_put_h(s, i + j, t0 + tt, tmp[j * 32 + tt], tmp[(EM_GR / 2 + j) * 32 + tt]);
+        }
+    }
+}
+
+static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
+    int64_t r1 = (q + 1) * EM_P2_GEMM < c->H ? (q + 1) * EM_P2_GEMM : c->H;
+    float tmp[EM_GR * 32];
+    for (int64_t r = q * EM_P2_GEMM; r < r1; r += EM_GR) {
+        int nr = r1 - r < EM_GR ? (int)(r1 - r) : EM_GR;
+        const uint16_t *w[EM_GR];
+        for (int j = 0; j < EM_GR; j++) w[j] = dn + (r + (j < nr ? j : 0)) * c->I;
+        for (int t0 = 0; t0 < s->np; t0 += 32) {
+            em_gemm12(w, s->hp, s->np, t0, c->I, tmp);
+            for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
+                for (int j = 0; j < nr; j++) em_store(c, jb, t0 + tt, r + j, tmp[j * 32 + tt]);
+        }
+    }
+}
+#endif
+
+/* ---- scheduling ---- */
+
+static int em_find_job(const em_call *c, int ph, int64_t task) {
+    int lo = 0, hi = c->njobs - 1; /* last job whose start <= task */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (c->st[mid].start[ph] <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static void em_run_phase(em_call *c, int ph) {
+    for (;; atomic_fetch_add(&c->done[ph], 1)) {
+        int64_t task = atomic_fetch_add(&c->next[ph], 1);
+        if (task >= c->ntasks[ph]) return;
+        int j = em_find_job(c, ph, task);
+        const em_job *jb = &c->jobs[j];
+        const em_jobstate *s = &c->st[j];
+        int64_t q = task - s->start[ph];
+        if (ph == 0) {
+            em_pack(c, jb, s, (int)q);
+#if EM_HAS_GEMM
+        } else if (s->gemm) {
+            if (ph == 1)
+                em_gate_up_gemm(c, jb, s, q);
+            else
+                em_down_gemm(c, jb, s, q);
+#endif
+        } else if (ph == 1) {
+            em_gate_up_gemv(c, jb, s, q);
+        } else {
+            em_down_gemv(c, jb, s, q);
+        }
+    }
+}
+
+/* Every thread in the call: claim tasks of a phase; when none are left, wait until
+ * all of them are done (phase 1 reads what phase 0 wrote, and so on). */
+static void em_call_task(void *ctx) {
+    em_call *c = (em_call *)ctx;
+#if defined(EM_ISA_AMX)
+    if (c->any_gemm) em_amx_config();
+#endif
+    for (int ph = 0; ph < 3; ph++) {
+        em_run_phase(c, ph);
+        em_wait_count(&c->done[ph], c->ntasks[ph]);
+    }
+#if defined(EM_ISA_AMX)
+    if (c->any_gemm) em_amx_release();
+#endif
+}
+
+/* Lays out job states and buffers in the pool's workspace; returns 0 or -2 (memory). */
+static int em_plan(em_call *c, int gemm_min_tokens) {
+    size_t size = (size_t)em_round_up((int64_t)c->njobs * (int64_t)sizeof(em_jobstate), 64);
+    for (int pass = 0; pass < 2; pass++) {
+        uint8_t *base = pass ? (uint8_t *)em_pool_workspace(c->pool, size) : NULL;
+        if (pass && !base) return -2;
+        c->st = (em_jobstate *)base;
+        size_t off = (size_t)em_round_up((int64_t)c->njobs * (int64_t)sizeof(em_jobstate), 64);
+        int64_t tasks[3] = {0, 0, 0};
+        for (int j = 0; j < c->njobs; j++) {
+            em_jobstate s = {0};
+            s.n = (int)c->jobs[j].n;
+            s.gemm = EM_HAS_GEMM && s.n >= gemm_min_tokens;
+            s.np = (int)em_round_up(s.n, 16);
+            size_t a = s.gemm ? (size_t)(c->Px * s.np * 4) : (size_t)(s.n * c->Hs * 4);
+            size_t b = s.gemm ? (size_t)(c->Ph * s.np * 4) : (size_t)(s.n * c->Is * 4);
+            if (pass) {
+                s.xs = (float *)(base + off);
+                s.xp = (uint32_t *)(base + off);
+                s.hs = (float *)(base + off + em_round_up((int64_t)a, 64));
+                s.hp = (uint32_t *)(base + off + em_round_up((int64_t)a, 64));
+            }
+            off += (size_t)em_round_up((int64_t)a, 64) + (size_t)em_round_up((int64_t)b, 64);
+            int64_t p1 = s.gemm ? EM_P1_GEMM : EM_P1_GEMV, p2 = s.gemm ? EM_P2_GEMM : EM_P2_GEMV;
+            int64_t counts[3] = {s.gemm ? s.np : s.n, (c->I + p1 - 1) / p1, (c->H + p2 - 1) / p2};
+            for (int ph = 0; ph < 3; ph++) {
+                s.start[ph] = tasks[ph];
+                tasks[ph] += s.n > 0 ? counts[ph] : 0;
+            }
+            c->any_gemm |= s.gemm;
+            if (pass) c->st[j] = s;
+        }
+        size = off;
+        for (int ph = 0; ph < 3; ph++) c->ntasks[ph] = tasks[ph];
+    }
+    return 0;
+}
+
+/* ---- exported ---- */
+
+int em_abi_version(void) { return EM_ABI_VERSION; }
+const char *em_isa(void) { return EM_ISA_NAME; }
+
+/* Linux asks a process to request AMX tile state before its first tile instruction. */
+int em_amx_enable(void) {
+#if defined(EM_ISA_AMX) && !defined(EM_AMX_EMULATE) && defined(__linux__)
+    unsigned long bitmask = 0;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */)) return -1;
+    if (syscall(SYS_arch_prctl, 0x1022 /* ARCH_GET_XCOMP_PERM */, &bitmask)) return -2;
+    return (bitmask & (1ul << 18)) ? 0 : -3;
+#else
+    return 0;
+#endif
+}
+
+void *em_create(int nthreads, int spin_us) { return em_pool_new(nthreads, spin_us); }
+int em_threads(void *pool) { return ((em_pool *)pool)->nthreads; }
+void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
+
+/* Runs `njobs` experts; returns 0, -1 (bad arguments) or -2 (out of memory). */
+int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
+               const em_job *jobs, int njobs, int gemm_min_tokens) {
+    if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
+    if (njobs == 0) return 0;
+    em_call c;
+    memset(&c, 0, sizeof(c));
+    c.pool = (em_pool *)pool;
+    c.jobs = jobs;
+    c.njobs = njobs;
+    c.x = (const uint8_t *)x;
+    c.x_bf16 = x_bf16;
+    c.x_stride = x_stride;
+    c.out = out;
+    c.out_stride = out_stride;
+    c.H = H;
+    c.I = I;
+    c.Hs = em_round_up(H, 2 * EM_VW);
+    c.Is = em_round_up(I, 2 * EM_VW);
+    c.Px = em_round_up((H + 1) / 2, 16);
+    c.Ph = em_round_up((I + 1) / 2, 16);
+    pthread_mutex_lock(&c.pool->call_lock);
+    int rc = em_plan(&c, gemm_min_tokens);
+    if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
+    pthread_mutex_unlock(&c.pool->call_lock);
+    return rc;
+}

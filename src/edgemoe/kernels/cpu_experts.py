@@ -1,0 +1,253 @@
+"""Routed experts on the host CPU: y = down @ (silu(gate @ x) * (up @ x)) with bf16
+weights read in place from the expert store, fp32 accumulation, fp32 results.
+
+Entry points (the kernel object and its variants: `cpu_kernel.CpuExperts`):
+- `expert_mlp_cpu(x, gate_up, down)` → [n, H]: one expert on its tokens
+  (reference: `expert_mlp_ref`, everything fp32);
+- `experts_cpu(x, jobs, out)`: several experts of one layer in one call, each an
+  `ExpertJob` (weights, rows of x, rows of out, per-token scale) (`experts_ref`);
+- `moe_experts_partial_cpu(...)`: `kernels.moe_experts.moe_experts_partial`'s
+  signature — routing [T, K], banks [S, …] addressed by row, contrib [T, K, H] cells;
+- `moe_experts_cpu(...)`: the same with per-expert (gate_up, down) pairs, for stores
+  that hand out experts one by one (`ExpertStore.expert`).
+The routed forms build their job table in numpy in one pass (a few µs), since a
+decode step calls them once per MoE layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
+from edgemoe.kernels.moe_experts import Activation, expert_mlp
+
+ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, gate_up, down) → y fp32
+
+
+@dataclass(frozen=True)
+class ExpertJob:
+    """One expert's work: rows `tokens` of x through (gate_up [2I, H], down [H, I]);
+    result row t goes to out[out_rows[t]] (default t), times scale[t] (default 1)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    tokens: torch.Tensor
+    out_rows: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+
+
+# ---- references ----
+
+
+
+def moe_experts_partial_ref(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    experts: Iterable[int],
+    rows: Iterable[int],
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    act: Activation,
+    contrib: torch.Tensor,
+) -> None:
+    """The torch reference of the routed CPU op: fill contrib[t, k] for every (t, k)
+    routed to one of `experts`, whose weights are bank rows `rows` (gate_up [S, 2I, H],
+    down [S, H, I]); contrib [T, K, H] float32. Each expert's tokens in (t, k) order,
+    as the device kernel batches them."""
+    for expert, row in zip(experts, rows, strict=True):
+        token_idx, k_idx = torch.where(topk_ids == expert)
+        if token_idx.numel() == 0:
+            continue
+        y = expert_mlp(x[token_idx], gate_up[row], down[row], act)  # [n, H]
+        contrib[token_idx, k_idx] = y.float() * topk_weights[token_idx, k_idx, None].float()
+
+def expert_mlp_ref(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The oracle: everything in fp32 (weights upcast). x [n, H] → [n, H] fp32."""
+    gate, up = F.linear(x.float(), gate_up.float()).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down.float())
+
+
+def expert_mlp_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The fallback: torch in the weights' dtype (bf16 on CPU is slow: PERF-NOTES)."""
+    gate, up = F.linear(x.to(gate_up.dtype), gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down).float()
+
+
+def _run_jobs(mlp: ExpertMLP, x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor) -> None:
+    for job in jobs:
+        if job.tokens.numel() == 0:
+            continue
+        y = mlp(x[job.tokens.long()], job.gate_up, job.down)  # [n, H] fp32
+        if job.scale is not None:
+            y = y * job.scale.float()[:, None]
+        rows = job.out_rows.long() if job.out_rows is not None else torch.arange(y.shape[0])
+        out[rows.to(out.device)] = y.to(out.device)
+
+
+def experts_ref(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor) -> None:
+    """`experts_cpu` through `expert_mlp_ref`."""
+    _run_jobs(expert_mlp_ref, x, jobs, out)
+
+
+# ---- one expert, explicit jobs ----
+
+
+def expert_mlp_cpu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                   kernel: CpuExperts | None = None) -> torch.Tensor:
+    """One expert on its tokens: x [n, H], gate_up [2I, H], down [H, I] → [n, H] fp32."""
+    out = torch.empty(x.shape[0], x.shape[1], dtype=torch.float32)
+    experts_cpu(x, [ExpertJob(gate_up, down, torch.arange(x.shape[0], dtype=torch.int32))], out, kernel)
+    return out
+
+
+def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
+                kernel: CpuExperts | None = None) -> None:
+    """out[job.out_rows] = job.scale * expert(x[job.tokens]) for every job; other rows
+    of out are untouched. x [T, H] fp32/bf16; out [R, H] fp32; weights bf16 (others
+    run the torch path)."""
+    kernel = kernel or default_cpu_experts()
+    if not jobs:
+        return
+    if not kernel.native or x.device.type != "cpu" or not all(_weights_ok(j.gate_up, j.down) for j in jobs):
+        _run_jobs(expert_mlp_torch, x, jobs, out)
+        return
+    hidden, inter = _shape(jobs[0].gate_up, jobs[0].down)
+    keep: list[torch.Tensor] = []  # NOTE: converted index tensors must outlive the call
+    table = np.zeros((len(jobs), JOB_FIELDS), dtype=np.int64)
+    for j, job in enumerate(jobs):
+        if _shape(job.gate_up, job.down) != (hidden, inter):
+            raise ValueError("experts_cpu: every job of a call must have the same [H, I]")
+        tokens = _index(job.tokens, x.shape[0], "tokens", keep)
+        n = tokens.numel()
+        rows = _index(job.out_rows, out.shape[0], "out_rows", keep, n) if job.out_rows is not None else None
+        scale = _keep(job.scale.to("cpu", torch.float32).contiguous(), keep, n, "scale") if job.scale is not None else None
+        table[j] = (job.gate_up.data_ptr(), job.down.data_ptr(), tokens.data_ptr(),
+                    rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n)
+    kernel.call(x, table, out, hidden, inter)
+
+
+def _shape(gate_up: torch.Tensor, down: torch.Tensor) -> tuple[int, int]:
+    """(H, I), checking gate_up [2I, H] against down [H, I]."""
+    two_i, hidden = gate_up.shape[-2:]
+    if tuple(down.shape[-2:]) != (hidden, two_i // 2) or two_i % 2:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} and down {tuple(down.shape)} are not [2I, H], [H, I]")
+    return hidden, two_i // 2
+
+
+def _weights_ok(gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    """bf16 CPU tensors whose last two dims are dense (bank rows or single experts)."""
+    return all(
+        t.dtype == torch.bfloat16 and t.device.type == "cpu" and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
+        for t in (gate_up, down)
+    )
+
+
+def _keep(t: torch.Tensor, keep: list[torch.Tensor], n: int, name: str) -> torch.Tensor:
+    if t.numel() != n:
+        raise ValueError(f"ExpertJob.{name} has {t.numel()} entries for {n} tokens")
+    keep.append(t)
+    return t
+
+
+def _index(t: torch.Tensor, limit: int, name: str, keep: list[torch.Tensor], n: int | None = None) -> torch.Tensor:
+    t = t.to("cpu", torch.int32).contiguous()
+    # NOTE: the C kernel trusts every index; one bad row would read or write wild memory.
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= limit):
+        raise IndexError(f"ExpertJob.{name} outside [0, {limit})")
+    return _keep(t, keep, t.numel() if n is None else n, name)
+
+
+# ---- routed forms (the executors' entry points) ----
+
+
+@dataclass(frozen=True)
+class RoutedCells:
+    """A routing's (token, k) cells grouped by expert: expert i owns [lo[i], hi[i])."""
+
+    tokens: np.ndarray  # int32 [C]: token of each cell
+    cells: np.ndarray  # int32 [C]: t*K + k, a row of contrib viewed [T*K, H]
+    scale: np.ndarray  # float32 [C]: routing weight of the cell
+    lo: np.ndarray  # int64 [len(experts)]
+    hi: np.ndarray
+
+
+def route_cells(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int]) -> RoutedCells:
+    """Group the cells of a routing [T, K] by the given (distinct) experts."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).cpu().numpy()
+    order = np.argsort(flat, kind="stable")  # cells grouped by expert id, ascending within
+    if len(set(experts)) != len(experts):
+        raise ValueError("route_cells: experts must be distinct")
+    ids = np.asarray(experts, dtype=flat.dtype)
+    grouped = flat[order]
+    scale = topk_weights.reshape(-1).cpu().float().numpy()[order]
+    return RoutedCells((order // k).astype(np.int32), order.astype(np.int32), np.ascontiguousarray(scale),
+                       np.searchsorted(grouped, ids, "left"), np.searchsorted(grouped, ids, "right"))
+
+
+def _routed_table(cells: RoutedCells, gate_up_addr: np.ndarray, down_addr: np.ndarray) -> np.ndarray:
+    table = np.empty((len(cells.lo), JOB_FIELDS), dtype=np.int64)
+    table[:, 0], table[:, 1] = gate_up_addr, down_addr
+    for col, arr in ((2, cells.tokens), (3, cells.cells), (4, cells.scale)):
+        table[:, col] = _address(arr) + 4 * cells.lo  # 4 bytes: int32 / float32
+    table[:, 5] = cells.hi - cells.lo
+    return table
+
+
+def _address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]  # NOTE: 10× cheaper than arr.ctypes.data
+
+
+def _contrib_ok(x: torch.Tensor, topk_ids: torch.Tensor, contrib: torch.Tensor) -> bool:
+    return (x.device.type == contrib.device.type == "cpu" and contrib.dtype == torch.float32
+            and contrib.is_contiguous() and tuple(contrib.shape) == (*topk_ids.shape, x.shape[1]))
+
+
+def moe_experts_partial_cpu(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
+    rows: Sequence[int], gate_up: torch.Tensor, down: torch.Tensor, act: Activation, contrib: torch.Tensor,
+    kernel: CpuExperts | None = None,
+) -> None:
+    """`moe_experts_partial_ref`'s contract on the CPU kernel: fill contrib[t, k] for
+    every (t, k) routed to one of `experts`, whose weights are bank rows `rows` of
+    gate_up [S, 2I, H] / down [S, H, I]. Activations other than SiLU, weights other
+    than bf16, or device tensors run the reference instead."""
+    kernel = kernel or default_cpu_experts()
+    if not (kernel.native and act is F.silu and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
+        moe_experts_partial_ref(x, topk_ids, topk_weights, experts, rows, gate_up, down, act, contrib)
+        return
+    hidden, inter = _shape(gate_up, down)
+    r = np.asarray(rows, dtype=np.int64)
+    if r.size and (r.min() < 0 or r.max() >= gate_up.shape[0] or gate_up.shape[0] != down.shape[0]):
+        raise IndexError(f"bank rows outside [0, {gate_up.shape[0]})")
+    cells = route_cells(topk_ids, topk_weights, experts)
+    table = _routed_table(cells, gate_up.data_ptr() + r * gate_up.stride(0) * 2, down.data_ptr() + r * down.stride(0) * 2)
+    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+
+
+def moe_experts_cpu(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
+    weights: Sequence[tuple[torch.Tensor, torch.Tensor]], contrib: torch.Tensor, kernel: CpuExperts | None = None,
+) -> None:
+    """As `moe_experts_partial_cpu` with weights[i] = (gate_up [2I, H], down [H, I]) of
+    experts[i], e.g. `[store.expert(layer, e) for e in experts]`; SiLU experts only."""
+    kernel = kernel or default_cpu_experts()
+    cells = route_cells(topk_ids, topk_weights, experts)
+    if not (kernel.native and _contrib_ok(x, topk_ids, contrib) and all(_weights_ok(*w) for w in weights)):
+        jobs = [ExpertJob(gu, dn, torch.from_numpy(cells.tokens[lo:hi]), torch.from_numpy(cells.cells[lo:hi]),
+                          torch.from_numpy(cells.scale[lo:hi]))
+                for (gu, dn), lo, hi in zip(weights, cells.lo, cells.hi, strict=True)]
+        _run_jobs(expert_mlp_torch, x, jobs, contrib.view(-1, contrib.shape[-1]))
+        return
+    hidden, inter = _shape(*weights[0]) if weights else (x.shape[1], 1)
+    if any(_shape(*w) != (hidden, inter) for w in weights):
+        raise ValueError("moe_experts_cpu: every expert of a call must have the same [H, I]")
+    table = _routed_table(cells, np.array([w[0].data_ptr() for w in weights], dtype=np.int64),
+                          np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
+    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)

@@ -1,0 +1,141 @@
+"""The CPU expert kernel as an object: which variant runs, its thread pool, the call.
+
+Variant choice (`CpuExperts(kernel=…)`, else `$EDGEMOE_CPU_KERNEL`, else `auto`):
+`auto` takes the fastest of amx > avx512 > avx2 that this CPU has and the compiler
+builds (`cpu_build`), else `torch` (one warning when no compiler exists); an explicit
+variant (`amx`, `avx512`, `avx2`, `scalar`, test-only `amx-emu`) or `torch` is honoured
+or refused with a reason.
+
+Threads: the C kernel runs its own pool of `threads` workers (default: the physical
+cores this process may use). They spin `spin_us` after a call for the next one, then
+sleep, so they neither burn a core between layers for long nor wait on torch's
+OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import numpy as np
+import torch
+
+from edgemoe.kernels import cpu_build, cpu_isa
+
+log = logging.getLogger(__name__)
+
+KERNEL_ENV = "EDGEMOE_CPU_KERNEL"
+KERNELS = ("auto", "torch", "amx", "avx512", "avx2", "scalar", "amx-emu")
+GEMM_MIN_TOKENS = 16  # jobs with at least this many tokens take the blocked (GEMM) path
+SPIN_US = 200  # idle workers spin this long for the next call (a layer later), then sleep
+JOB_FIELDS = 6  # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n
+
+
+class CpuExperts:
+    """A kernel variant with its thread pool (`name == "torch"`: no C kernel).
+
+    Contract: calls on one instance are serialised (a lock in C; ctypes releases the
+    GIL, so other Python threads run meanwhile). Every address in a job table must
+    stay valid and unmodified for the call. `close()` joins the workers.
+    """
+
+    def __init__(self, kernel: str | None = None, threads: int | None = None,
+                 gemm_min_tokens: int = GEMM_MIN_TOKENS, spin_us: int = SPIN_US) -> None:
+        self._pool: int | None = None
+        self._pid = -1
+        self.requested = kernel or os.environ.get(KERNEL_ENV) or "auto"
+        if self.requested not in KERNELS:
+            raise ValueError(f"CPU expert kernel {self.requested!r}: choose one of {', '.join(KERNELS)}")
+        self.name = resolve_kernel(self.requested)
+        self.threads = threads or cpu_isa.physical_cores()
+        self.gemm_min_tokens, self.spin_us = gemm_min_tokens, spin_us
+        self._lib = None if self.name == "torch" else cpu_build.load(self.name)
+
+    def __repr__(self) -> str:
+        return f"CpuExperts({self.name!r}, threads={self.threads})"
+
+    @property
+    def native(self) -> bool:
+        """True when a C variant runs (False: the torch path)."""
+        return self._lib is not None
+
+    def _handle(self) -> int:
+        # NOTE: worker threads do not survive fork(): a child builds its own pool.
+        if self._pool is None or self._pid != os.getpid():
+            self._pool = self._lib.em_create(self.threads, self.spin_us)
+            if not self._pool:
+                raise MemoryError("CPU expert thread pool")
+            self._pid = os.getpid()
+        return self._pool
+
+    def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int) -> None:
+        """Run a job table (int64 [jobs, 6], see expert.c's em_job) on x [T, H]
+        (fp32/bf16, CPU) into out [R, H] fp32. The caller guarantees the addresses."""
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if out.dtype != torch.float32 or out.dim() != 2 or out.stride(-1) != 1 or out.device.type != "cpu":
+            raise ValueError("out must be a CPU fp32 [R, H] tensor with unit inner stride")
+        if x.shape[1] != hidden or out.shape[1] != hidden or x.device.type != "cpu":
+            raise ValueError(f"x [T, {x.shape[1]}] / out [R, {out.shape[1]}] must be CPU tensors with H={hidden}")
+        assert table.dtype == np.int64 and table.shape[1:] == (JOB_FIELDS,) and table.flags.c_contiguous
+        rc = self._lib.em_experts(
+            self._handle(), x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), out.data_ptr(),
+            out.stride(0), hidden, inter, table.__array_interface__["data"][0], table.shape[0], self.gemm_min_tokens,
+        )
+        if rc == -2:
+            raise MemoryError("CPU expert kernel: workspace allocation failed")
+        if rc != 0:
+            raise ValueError(f"CPU expert kernel rejected its arguments ({rc})")
+
+    def read(self, buf: torch.Tensor) -> int:
+        """Read `buf` once across the pool (memory bandwidth probe); returns a checksum."""
+        if self._lib is None:
+            return int(buf.view(torch.int64).sum())
+        return int(self._lib.em_read(self._handle(), buf.data_ptr(), buf.numel() * buf.element_size() // 8 * 8))
+
+    def close(self) -> None:
+        if self._pool is not None and self._pid == os.getpid() and self._lib is not None:
+            self._lib.em_destroy(self._pool)
+        self._pool = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@functools.cache
+def _warn_no_compiler() -> None:
+    log.warning("no C compiler found ($CC, cc, gcc or clang): CPU experts use torch's slower bf16 path")
+
+
+@functools.cache
+def _auto_kernel() -> str:
+    if cpu_build.find_compiler() is None:
+        _warn_no_compiler()
+        return "torch"
+    for variant in cpu_isa.AUTO_ORDER:
+        if not cpu_isa.supported(variant):
+            continue
+        try:
+            cpu_build.load(variant)
+            return variant
+        except (cpu_build.BuildError, RuntimeError, OSError) as e:
+            log.info("CPU expert kernel %s unavailable: %s", variant, e)
+    return "torch"
+
+
+def resolve_kernel(requested: str) -> str:
+    """`requested` → the variant to run ("auto" picks; an explicit one must be supported)."""
+    if requested == "auto":
+        return _auto_kernel()
+    if requested != "torch" and not cpu_isa.supported(requested):
+        raise ValueError(f"CPU expert kernel {requested!r} needs instructions this CPU lacks")
+    return requested
+
+
+@functools.cache
+def default_cpu_experts() -> CpuExperts:
+    """The process-wide kernel (`EDGEMOE_CPU_KERNEL`, physical cores)."""
+    return CpuExperts()

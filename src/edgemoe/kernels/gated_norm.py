@@ -1,0 +1,24 @@
+"""Gated RMSNorm of the GDN output (Qwen3-Next / Qwen3.5): y = norm(o) * w * silu(z), per head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def gated_rms_norm_ref(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x, gate [..., D] (D = the value head dim), weight [D]. Returns x's dtype.
+
+    NOTE: transformers' cast order exactly (`Qwen3NextRMSNormGated`): statistics in fp32, the
+    normalised x cast back to its dtype *before* the weight (a plain `w * x`, note: not 1 + w),
+    then the gate's SiLU in fp32, one final cast. fla's fused norm skips the middle cast.
+    """
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    y = weight * x32.to(dtype)
+    y = y * F.silu(gate.float())
+    return y.to(dtype)
+
+
+gated_rms_norm = gated_rms_norm_ref

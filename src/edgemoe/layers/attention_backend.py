@@ -1,0 +1,89 @@
+"""The attention backend interface and its registry.
+
+A backend owns how one layer's attention runs over the paged KV cache for a whole
+batch. The engine calls `prepare(batch)` once per step, before the forward; each
+attention layer then calls `write_kv` (this step's keys/values into the cache) and
+`attend`. Backends are chosen by name and imported lazily, so an optional accelerator
+library loads only when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from edgemoe.cache.kv_pool import KVPool
+from edgemoe.layers.batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One attention layer's constants."""
+
+    layer: int  # index into the KV pool's layers
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    window: int | None = None  # sliding window in tokens (None: full causal)
+
+
+class AttentionBackend(ABC):
+    """Contract:
+    - `prepare(batch)` is called once per step before any layer runs; it may build
+      per-step metadata from `batch` (device work only, no host synchronisation) and
+      keep it until the next `prepare`.
+    - `write_kv(spec, k, v, batch)` stores k/v [T, Hkv, D] at `batch.out_loc` in layer
+      `spec.layer` of the pool; `attend(spec, q, batch)` then returns [T, Hq, D]: each
+      sequence's new queries attend causally to its first `seq_lens[b]` positions
+      (the tokens just written included), through its page-table row.
+    - The pages the batch references stay allocated until the step's kernels finish
+      (the scheduler frees pages only between steps).
+    - Graph hooks: `capture_batch(batch)` / `replay_batch(batch)` let a backend keep
+      its per-step metadata at fixed addresses for a CUDA graph; the defaults do what
+      `prepare` does, which suits backends whose metadata lives in the batch buffers.
+    """
+
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+
+    def prepare(self, batch: ForwardBatch) -> None:  # noqa: B027 - optional hook
+        """Per-step metadata (default: none)."""
+
+    @abstractmethod
+    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def attend(self, spec: AttentionSpec, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor: ...
+
+    def forward(
+        self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self.write_kv(spec, k, v, batch)
+        return self.attend(spec, q, batch)
+
+    def capture_batch(self, batch: ForwardBatch) -> None:
+        self.prepare(batch)
+
+    def replay_batch(self, batch: ForwardBatch) -> None:
+        self.prepare(batch)
+
+
+# name -> (module, class); imported only when chosen.
+ATTENTION_BACKENDS: dict[str, tuple[str, str]] = {
+    "torch": ("edgemoe.layers.torch_attention", "TorchPagedAttention"),
+}
+
+
+def make_attention_backend(name: str, pool: KVPool, device: torch.device) -> AttentionBackend:
+    """The backend named by `--attention-backend` (auto: the best one this device has)."""
+    if name == "auto":
+        name = "torch"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend {name!r}: choose one of auto, {', '.join(ATTENTION_BACKENDS)}")
+    module, cls = ATTENTION_BACKENDS[name]
+    backend_cls = getattr(importlib.import_module(module), cls)
+    return backend_cls(pool, device)

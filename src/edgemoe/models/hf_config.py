@@ -1,0 +1,174 @@
+"""Reading a Hugging Face `config.json` the way transformers' config classes read it.
+
+One setting can be spelled several ways: each config class's `attribute_map` (Qwen3-MoE
+saves `num_local_experts` since transformers 5 and `num_experts` before), `dtype` /
+`torch_dtype`, and RoPE as `rope_parameters` or as `rope_theta` + `rope_scaling`.
+`HFConfig` answers for a setting under any of its names; `ConfigSchema` holds what a
+config class knows beyond the JSON (aliases, RoPE defaults), copied from transformers
+5.24 and checked against it in tests/models/test_hf_config.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from edgemoe.layers.rotary import ROPE_TYPES, RopeSpec
+
+
+class ConfigError(ValueError):
+    """config.json is missing a field or asks for something unsupported."""
+
+
+@dataclass(frozen=True)
+class ConfigSchema:
+    """A transformers config class's knowledge of its JSON."""
+
+    attribute_map: Mapping[str, str] = field(default_factory=dict)  # alias → the name it stands for
+    default_theta: float = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
+    partial_rotary_factor: float | None = None  # __post_init__'s default, where it sets one
+    default_rope: Mapping[str, Any] | None = None  # rope_parameters when config.json has none
+    partial_rotary: bool = True  # False: the modeling code rotates whole heads whatever the config says
+
+
+_FULL_HEAD = {"partial_rotary": False}  # Llama-style modeling: default rope ignores partial_rotary_factor
+SCHEMAS: dict[str, ConfigSchema] = {
+    "qwen3_moe": ConfigSchema({"num_experts": "num_local_experts"}, **_FULL_HEAD),
+    "olmoe": ConfigSchema({"num_local_experts": "num_experts"}, **_FULL_HEAD),
+    "mixtral": ConfigSchema({"num_experts": "num_local_experts"}, default_theta=1000000.0, **_FULL_HEAD),
+    "qwen3_next": ConfigSchema(partial_rotary_factor=0.25),
+    "qwen3_5_moe_text": ConfigSchema(partial_rotary_factor=0.25),
+    "gpt_oss": ConfigSchema(
+        {"num_experts": "num_local_experts"},
+        default_theta=150000.0,
+        default_rope={
+            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 4096,
+        },
+    ),
+    "deepseek_v3": ConfigSchema({"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"}),
+    "glm4_moe": ConfigSchema(
+        {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
+        partial_rotary_factor=0.5,
+    ),
+}
+
+_MISSING = object()
+
+
+class HFConfig:
+    """A config.json dict read through its model_type's aliases: `c.get("num_experts")`
+    finds `num_experts` or `num_local_experts` on Qwen3-MoE, as `config.num_experts` does."""
+
+    def __init__(self, raw: Mapping[str, Any], schema: ConfigSchema | None = None) -> None:
+        self.raw = raw
+        self.model_type = raw.get("model_type")
+        self.schema = schema if schema is not None else SCHEMAS.get(str(self.model_type), ConfigSchema())
+
+    def names(self, key: str) -> list[str]:
+        """Every spelling of the setting `key`, the one transformers saves first."""
+        amap = self.schema.attribute_map
+        canonical = amap.get(key, key)
+        return [canonical] + sorted(a for a, target in amap.items() if target == canonical)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        found = [(n, self.raw[n]) for n in self.names(key) if n in self.raw]
+        if not found:
+            return default
+        if any(v != found[0][1] for _, v in found):
+            given = " and ".join(f"{n}={v!r}" for n, v in found)
+            raise ConfigError(f"config.json gives {given}: two names of one setting that disagree")
+        return found[0][1]
+
+    def require(self, key: str) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            spelled = " nor ".join(repr(n) for n in self.names(key))
+            raise ConfigError(f"config.json has no {spelled} (needed by model_type {self.model_type!r})")
+        return value
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+
+def checkpoint_dtype(c: HFConfig) -> torch.dtype:
+    """`dtype` (transformers 5) wins over `torch_dtype` (4.x) when both are set."""
+    name = c.get("dtype") or c.get("torch_dtype") or "bfloat16"
+    try:
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+    except KeyError:
+        raise ConfigError(f"config.json dtype {name!r} is not supported") from None
+
+
+def rope_parameters(c: HFConfig, max_position_embeddings: int) -> dict[str, Any]:
+    """`rope_parameters` after transformers' standardisation: `rope_scaling` (4.x) wins
+    over `rope_parameters`, then the family default; `rope_theta`, `partial_rotary_factor`
+    and yarn's `original_max_position_embeddings` filled from the top level or defaults."""
+    params = dict(c.get("rope_scaling") or c.get("rope_parameters") or c.schema.default_rope or {})
+    if any(key in (c.get("layer_types") or ()) for key in params):
+        raise ConfigError("rope_parameters per layer type are not supported yet")
+    if params.get("rope_theta") is None:
+        theta = c.get("rope_theta")
+        params["rope_theta"] = c.schema.default_theta if theta is None else theta
+    partial = c.get("partial_rotary_factor", c.schema.partial_rotary_factor)
+    if params.get("partial_rotary_factor") is None and partial is not None:
+        params["partial_rotary_factor"] = partial
+    params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] in ("yarn", "llama3", "longrope"):
+        # NOTE: a top-level original_max_position_embeddings (Phi-3) takes priority.
+        top = c.get("original_max_position_embeddings")
+        params["original_max_position_embeddings"] = (
+            top if top is not None else params.get("original_max_position_embeddings", max_position_embeddings)
+        )
+    return params
+
+
+def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeSpec:
+    """The model's RoPE; `max_position_embeddings` is config.json's (or the family default)."""
+    p = rope_parameters(c, max_position_embeddings)
+    rope_type = p["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    if rope_type in ("linear", "dynamic") and p.get("factor") is None:
+        raise ConfigError(f"rope_type {rope_type!r} needs rope_parameters.factor")
+    partial = float(p.get("partial_rotary_factor") or 1.0) if c.schema.partial_rotary else 1.0
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ConfigError(f"partial_rotary_factor {partial} gives rotary dim {rotary_dim} of head_dim {head_dim}")
+    return RopeSpec(
+        head_dim=head_dim,
+        theta=float(p["rope_theta"]),
+        rotary_dim=rotary_dim,
+        rope_type=rope_type,
+        factor=p.get("factor"),
+        max_position_embeddings=max_position_embeddings,
+        original_max_position_embeddings=p.get("original_max_position_embeddings"),
+        attention_factor=p.get("attention_factor"),
+        beta_fast=p.get("beta_fast"),
+        beta_slow=p.get("beta_slow"),
+        mscale=p.get("mscale"),
+        mscale_all_dim=p.get("mscale_all_dim"),
+        truncate=bool(p.get("truncate", True)),
+    )
+
+
+def context_length(spec: RopeSpec) -> int:
+    """Positions the model serves: the native length (`spec.max_position_embeddings`),
+    stretched by linear and YaRN scaling.
+
+    YaRN: `original × factor` (Qwen3-30B-A3B: 32,768 × 4 = 131,072, as Qwen documents),
+    or `max_position_embeddings` where that is already the scaled length (DeepSeek-V3,
+    gpt-oss). Linear: positions are divided by `factor`, so `max × factor`. Dynamic NTK
+    stays at the native length (see layers/rotary.py)."""
+    max_position_embeddings = spec.max_position_embeddings
+    assert max_position_embeddings is not None
+    if spec.rope_type == "linear":
+        assert spec.factor is not None
+        return int(max_position_embeddings * spec.factor)
+    if spec.rope_type == "yarn" and spec.factor is not None:
+        assert spec.original_max_position_embeddings is not None
+        return max(max_position_embeddings, int(spec.original_max_position_embeddings * spec.factor))
+    return max_position_embeddings

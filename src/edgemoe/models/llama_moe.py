@@ -1,0 +1,66 @@
+"""Shared assembly for the Llama-style MoE families (qwen3_moe, olmoe, mixtral): each
+model file builds its own attention for layer i (its q/k norm, clipping, window) and
+hands it to `assemble`, which adds the norms, the MoE or dense MLP and the pre-norm
+block. A family that differs in structure has its own blocks, not options here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from edgemoe.layers.attention import Attention
+from edgemoe.layers.attention_backend import AttentionSpec
+from edgemoe.layers.block import PreNormBlock
+from edgemoe.layers.mlp import DenseMLP, activation
+from edgemoe.layers.moe import SparseMoE
+from edgemoe.layers.norm import RMSNorm
+from edgemoe.layers.rotary import Rotary
+from edgemoe.models.arch import DecoderArch
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
+
+Params = dict[str, torch.Tensor]
+
+
+def to_device(arch: DecoderArch, params: Params, device: torch.device) -> Params:
+    p = {k: v.to(device=device, dtype=arch.dtype) for k, v in params.items()}
+    if arch.tie_word_embeddings:
+        p["lm_head"] = p["embed"]
+    return p
+
+
+def attention_spec(arch: DecoderArch, i: int, window: int | None = None) -> AttentionSpec:
+    return AttentionSpec(
+        layer=i, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+        scale=arch.head_dim**-0.5, window=window,
+    )
+
+
+def qk_norms(arch: DecoderArch, i: int, p: Params) -> tuple[RMSNorm, RMSNorm]:
+    pre, eps = f"layers.{i}.", arch.rms_norm_eps
+    return RMSNorm(p[pre + "q_norm"], eps), RMSNorm(p[pre + "k_norm"], eps)
+
+
+def mlp(arch: DecoderArch, i: int, p: Params, executor: MoEExecutor) -> SparseMoE | DenseMLP:
+    pre = f"layers.{i}."
+    if i in arch.moe_layers:
+        return SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor)
+    return DenseMLP(p[pre + "gate_up"], p[pre + "down"], activation(arch.hidden_act))
+
+
+def assemble(
+    arch: DecoderArch, p: Params, attention: Callable[[int], Attention], executor: MoEExecutor,
+    device: torch.device,
+) -> CausalLM:
+    """A CausalLM of pre-norm blocks with the model file's `attention(i)` per layer."""
+    eps = arch.rms_norm_eps
+    blocks = [
+        PreNormBlock(
+            attention(i), RMSNorm(p[f"layers.{i}.attn_norm"], eps),
+            mlp(arch, i, p, executor), RMSNorm(p[f"layers.{i}.mlp_norm"], eps),
+        )
+        for i in range(arch.num_layers)
+    ]
+    return CausalLM(arch, p["embed"], blocks, RMSNorm(p["norm"], eps), p["lm_head"], Rotary(arch.rope, device))

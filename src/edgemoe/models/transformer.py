@@ -1,0 +1,50 @@
+"""CausalLM: token embedding → the model file's blocks → final norm → LM head.
+
+Model files build the blocks (one file per `model_type`, from the shared blocks in
+`layers/`); this class only runs them over a step and projects the wanted rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from edgemoe.layers.context import StepContext
+from edgemoe.layers.norm import RMSNorm
+from edgemoe.layers.rotary import Rotary
+
+
+class Block(Protocol):
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor: ...
+
+
+class CausalLM:
+    def __init__(
+        self,
+        arch: object,  # the model file's arch (DecoderArch or its own)
+        embed: torch.Tensor,  # [V, H]
+        blocks: Sequence[Block],
+        norm: RMSNorm,
+        lm_head: torch.Tensor,  # [V, H]
+        rotary: Rotary,
+    ) -> None:
+        self.arch, self.embed, self.blocks, self.norm, self.lm_head = arch, embed, list(blocks), norm, lm_head
+        self.rotary = rotary
+
+    @torch.inference_mode()
+    def forward(self, ctx: StepContext) -> torch.Tensor:
+        """Hidden states after the final norm for `batch.logits_indices` rows: [N, H]."""
+        batch = ctx.batch
+        h = self.embed[batch.input_ids]  # [T, H]
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
+        for block in self.blocks:
+            h = block(h, cos, sin, ctx)
+        return self.norm(h[batch.logits_indices])
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, H] → [N, V] float32."""
+        return F.linear(hidden, self.lm_head).float()

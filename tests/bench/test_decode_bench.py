@@ -1,0 +1,86 @@
+"""`edgemoe bench decode`: phases timed apart, no prefix-cache reuse between runs,
+expert traffic per phase adding up to the run's, and non-positive settings refused."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from edgemoe import LLM
+from edgemoe.bench.decode import TRAFFIC, measure
+from edgemoe.cli import main
+
+
+@pytest.mark.parametrize("flag", ["--prompt-tokens", "--decode-tokens", "--batch-sizes"])
+@pytest.mark.parametrize("value", ["0", "-3", "x"])
+def test_non_positive_settings_are_refused_by_flag(flag: str, value: str, capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "decode", flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert f"argument {flag}:" in err and "Traceback" not in err
+    assert ("positive integer" if value != "x" else "not an integer") in err
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_ckpt):  # noqa: ANN001, ANN201
+    # Offload with a pool of a third of the experts: misses in both phases.
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", moe_slots=8) as llm:
+        measure(llm, 4, 1, 2, seed=99)  # warm-up
+        yield llm
+
+
+def traffic(llm: LLM) -> dict[str, float]:
+    moe = llm.stats()["moe"]
+    return {k: moe[k] for k in TRAFFIC}
+
+
+@pytest.mark.parametrize("prompt_tokens,batch,decode_tokens", [(12, 1, 5), (20, 3, 4)])
+def test_phases_are_timed_apart(llm: LLM, prompt_tokens: int, batch: int, decode_tokens: int) -> None:
+    before, t0 = traffic(llm), time.perf_counter()
+    row = measure(llm, prompt_tokens, batch, decode_tokens, seed=prompt_tokens)
+    wall, after = time.perf_counter() - t0, traffic(llm)
+    # every prompt fits one prefill step: first tokens all come from it, then one token per request per step
+    assert row["decode_steps"] == decode_tokens
+    assert row["decode_tokens_timed"] == batch * decode_tokens
+    assert 0 < row["prefill_s"] and 0 < row["decode_s"] and row["prefill_s"] + row["decode_s"] <= wall
+    assert row["decode_tok_s"] >= batch * decode_tokens / wall  # never the old "second run minus first"
+    assert row["decode_step_ms_p50"] <= row["decode_step_ms_max"] <= 1000 * row["decode_s"]
+    assert row["cached_prompt_tokens"] == 0
+    # tokens through the MoE layers: the prompts in prefill, the fed-back tokens in decode
+    assert row["prefill_moe"]["tokens"] == batch * prompt_tokens
+    assert row["decode_moe"]["tokens"] == batch * decode_tokens
+    for key in ("misses", "tokens"):  # the phases account for the whole run
+        per_phase = [
+            row[p]["misses_per_token"] * row[p]["tokens"] if key == "misses" else row[p]["tokens"]
+            for p in ("prefill_moe", "decode_moe")
+        ]
+        assert sum(per_phase) == pytest.approx(after[key] - before[key])  # a float64 product/division
+    assert row["prefill_moe"]["misses_per_token"] > 0 and row["decode_moe"]["misses_per_token"] > 0
+
+
+def test_runs_do_not_reuse_each_others_prefix(llm: LLM) -> None:
+    assert measure(llm, 40, 2, 2, seed=1)["cached_prompt_tokens"] == 0
+    assert measure(llm, 40, 2, 2, seed=2)["cached_prompt_tokens"] == 0
+    # the control: the same prompts again are served from the prefix cache
+    assert measure(llm, 40, 2, 2, seed=2)["cached_prompt_tokens"] > 0
+
+
+def test_measure_refuses_non_positive_settings(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        measure(llm, 8, 1, 0, seed=0)
+
+
+def test_cli_writes_one_row_per_setting_on_the_demo_model(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    argv = ["bench", "decode", "--prompt-tokens", "8", "--batch-sizes", "1", "2", "--decode-tokens", "3",
+            "--max-model-len", "256", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (result,) = tmp_path.glob("decode-*.json")
+    assert result.with_suffix(".png").exists()
+    rows = json.loads(result.read_text())["rows"]
+    assert [(r["prompt_tokens"], r["batch"]) for r in rows] == [(8, 1), (8, 2)]
+    assert all(r["decode_tokens_timed"] == 3 * r["batch"] and r["cached_prompt_tokens"] == 0 for r in rows)
+    assert capsys.readouterr().out.count("decode ") >= 2

@@ -1,0 +1,81 @@
+"""Shared by the CPU expert kernel tests (CI) and the AMX test (GPU machine): test
+data, the kernel for a variant (or a skip saying why not), and the error bound.
+
+(Importable because tests/kernels/conftest.py puts this folder on sys.path.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgemoe.kernels import cpu_build, cpu_isa
+from edgemoe.kernels.cpu_kernel import CpuExperts
+
+U32 = 2.0**-24  # fp32 unit roundoff
+UBF = 2.0**-8  # bf16 unit roundoff (8 significant bits, round to nearest even)
+SILU_SLOPE = 1.1  # max |d silu(g)/dg| is 1.0998
+GEMM_VARIANTS = {"avx512", "amx", "amx-emu"}  # variants with a blocked bf16 path
+
+_kernels: dict[tuple[str, str, int], CpuExperts] = {}
+
+
+def kernel_for(variant: str, path: str = "gemv", threads: int = 2) -> CpuExperts:
+    """A kernel for `variant` forced onto `path` ("gemv": fp32 GEMV for every n;
+    "gemm": the blocked bf16 path for every n), or pytest.skip with the reason."""
+    if variant != "torch":
+        if not cpu_isa.supported(variant):
+            needs = sorted(cpu_isa.VARIANT_FLAGS[cpu_isa.EMULATED.get(variant, variant)] - cpu_isa.cpu_flags())
+            pytest.skip(f"this CPU lacks {', '.join(needs) or 'x86-64'} for the {variant} kernel")
+        if cpu_build.find_compiler() is None:
+            pytest.skip("no C compiler")
+    if path == "gemm" and variant not in GEMM_VARIANTS:
+        pytest.skip(f"{variant} has no blocked path")
+    key = (variant, path, threads)
+    if key not in _kernels:
+        try:
+            _kernels[key] = CpuExperts(variant, threads=threads, gemm_min_tokens=1 if path == "gemm" else 10**9)
+        except RuntimeError as e:  # e.g. the OS refuses AMX tile state
+            pytest.skip(f"{variant}: {e}")
+    return _kernels[key]
+
+
+def make_expert(hidden: int, inter: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 (gate_up [2I, H], down [H, I]) scaled like trained weights (unit outputs)."""
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(2 * inter, hidden, generator=g) / hidden**0.5).bfloat16()
+    down = (torch.randn(hidden, inter, generator=g) / inter**0.5).bfloat16()
+    return gate_up, down
+
+
+def rounds(variant: str, path: str, x_dtype: torch.dtype) -> tuple[bool, bool, bool]:
+    """(x rounded to bf16, h rounded to bf16, torch's all-bf16 path) for a kernel path."""
+    if variant == "torch":
+        return x_dtype != torch.bfloat16, True, True
+    blocked = path == "gemm"
+    return blocked and x_dtype != torch.bfloat16, blocked, False
+
+
+def error_bound(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                x_rounded: bool, h_rounded: bool, bf16_ops: bool = False) -> torch.Tensor:
+    """Per-element bound on |kernel − fp32 reference| for y = down @ (silu(g) * u),
+    to first order, from the exact (fp64) intermediates:
+    - sums of n terms in fp32, in any order, err by at most n·u32·Σ|terms|, once in the
+      kernel and once in the reference (hence 2n);
+    - x and h rounded to bf16 (blocked paths) add u_bf·|x| and u_bf·|h|;
+    - silu in fp32 (expf, a divide, a multiply; both sides): 16·u32·|h|;
+    - torch's bf16 path (`bf16_ops`) also rounds g, u, silu(g)·u and y to bf16."""
+    xd, w, d = x.double(), gate_up.double(), down.double()
+    hidden, inter = w.shape[1], d.shape[1]
+    g, u = (xd @ w.T).chunk(2, dim=-1)
+    ag, au = (xd.abs() @ w.abs().T).chunk(2, dim=-1)
+    coef = UBF * x_rounded + 2 * hidden * U32
+    eg, eu = coef * ag + UBF * bf16_ops * g.abs(), coef * au + UBF * bf16_ops * u.abs()
+    s = F.silu(g)
+    h = s * u
+    eh = SILU_SLOPE * eg * u.abs() + s.abs() * eu + SILU_SLOPE * eg * eu + 16 * U32 * h.abs()
+    eh = eh + UBF * (h_rounded + 2 * bf16_ops) * (h.abs() + eh)
+    y = h @ d.T
+    ey = eh @ d.abs().T + 2 * inter * U32 * (h.abs() @ d.abs().T)
+    return (ey + UBF * bf16_ops * (y.abs() + ey)).float()

@@ -1,0 +1,262 @@
+"""CPU expert kernels against the fp32 torch reference (weights upcast), every variant
+this CPU has (others skip, saying why), both paths (fp32 GEMV, blocked bf16), odd
+sizes; the batched and routed forms; dispatch, fallbacks and the compile cache."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds
+
+from edgemoe.kernels import cpu_build, cpu_isa, cpu_kernel
+from edgemoe.kernels.cpu_experts import (
+    ExpertJob,
+    expert_mlp_cpu,
+    expert_mlp_ref,
+    experts_cpu,
+    moe_experts_cpu,
+    moe_experts_partial_cpu,
+    moe_experts_partial_ref,
+)
+from edgemoe.kernels.cpu_kernel import CpuExperts
+
+VARIANTS = ["torch", "scalar", "avx2", "avx512", "amx-emu", "amx"]
+PATHS = ["gemv", "gemm"]
+# (H, I, n): multiples of the vector widths, then odd sizes that exercise every tail.
+CASES = [(32, 16, 1), (67, 45, 1), (67, 45, 3), (96, 40, 17), (130, 33, 64)]
+
+
+def assert_within(y: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> None:
+    excess = (y - ref).abs() - bound
+    assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g} (|ref| max {ref.abs().max():.3g})"
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden,inter,n", CASES)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_expert(variant: str, path: str, hidden: int, inter: int, n: int, x_dtype: torch.dtype) -> None:
+    kernel = kernel_for(variant, path)
+    gate_up, down = make_expert(hidden, inter, seed=hidden * 100 + n)
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(x_dtype)
+    y = expert_mlp_cpu(x, gate_up, down, kernel)
+    assert y.dtype == torch.float32 and y.shape == (n, hidden)
+    assert_within(y, expert_mlp_ref(x, gate_up, down), error_bound(x, gate_up, down, *rounds(variant, path, x_dtype)))
+
+
+def _uneven_jobs(hidden: int, inter: int, tokens: int, counts: list[int]) -> tuple[list[ExpertJob], int]:
+    g = torch.Generator().manual_seed(7)
+    rows = torch.randperm(sum(counts) + 4, generator=g).int()  # 4 rows nobody writes
+    jobs, at = [], 0
+    for e, c in enumerate(counts):
+        gate_up, down = make_expert(hidden, inter, seed=e)
+        jobs.append(ExpertJob(gate_up, down, torch.randint(0, tokens, (c,), generator=g),
+                              rows[at : at + c], torch.rand(c, generator=g) + 0.1))
+        at += c
+    return jobs, rows.numel()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_batched_uneven_token_lists(variant: str, path: str) -> None:
+    kernel = kernel_for(variant, path)
+    hidden, inter, tokens = 67, 45, 20
+    jobs, num_rows = _uneven_jobs(hidden, inter, tokens, counts=[0, 1, 3, 17, 6])
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).bfloat16()
+    out = torch.full((num_rows, hidden), float("nan"))
+    experts_cpu(x, jobs, out, kernel)
+    written = torch.cat([j.out_rows.long() for j in jobs])
+    assert out[[r for r in range(num_rows) if r not in set(written.tolist())]].isnan().all()
+    for job in jobs:
+        if job.tokens.numel() == 0:
+            continue
+        xt, scale = x[job.tokens], job.scale[:, None]
+        ref = expert_mlp_ref(xt, job.gate_up, job.down) * scale
+        # the scale multiply rounds once on each side: 2·u32·|ref|
+        bound = error_bound(xt, job.gate_up, job.down, *rounds(variant, path, x.dtype)) * scale + 2 * U32 * ref.abs()
+        assert_within(out[job.out_rows.long()], ref, bound)
+
+
+def _routing(tokens: int, k: int, num_experts: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(num_experts, generator=g)[:k] for _ in range(tokens)])
+    return ids, torch.rand(tokens, k, generator=g)
+
+
+def _routed_bound(x, topk_ids, topk_weights, experts, weights, rounding):  # noqa: ANN001, ANN202
+    """Per-cell bound [T, K, H] for the routed experts' cells (0 elsewhere)."""
+    bound = torch.zeros(*topk_ids.shape, x.shape[1])
+    for e, (gate_up, down) in zip(experts, weights, strict=True):
+        t, k = torch.where(topk_ids == e)
+        if t.numel():
+            w = topk_weights[t, k, None]
+            ref = expert_mlp_ref(x[t], gate_up, down) * w
+            bound[t, k] = error_bound(x[t], gate_up, down, *rounding) * w + 2 * U32 * ref.abs()
+    return bound
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_moe_experts_partial_matches_reference(variant: str, path: str) -> None:
+    kernel = kernel_for(variant, path)
+    tokens, k, num_experts, hidden, inter = 9, 3, 6, 40, 24
+    topk_ids, topk_weights = _routing(tokens, k, num_experts, seed=1)
+    bank_row = torch.randperm(num_experts, generator=torch.Generator().manual_seed(2)).tolist()  # expert e at row bank_row[e]
+    pairs = [make_expert(hidden, inter, seed=e) for e in range(num_experts)]
+    gate_up = torch.stack([pairs[bank_row.index(r)][0] for r in range(num_experts)])
+    down = torch.stack([pairs[bank_row.index(r)][1] for r in range(num_experts)])
+    experts = [5, 1, 2, 4]
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(4)).bfloat16()
+    contrib = torch.full((tokens, k, hidden), -7.0)  # cells of other experts must keep this
+    rows = [bank_row[e] for e in experts]
+    moe_experts_partial_cpu(x, topk_ids, topk_weights, experts, rows, gate_up, down, F.silu, contrib, kernel)
+    ref = torch.full_like(contrib, -7.0)
+    moe_experts_partial_ref(x.float(), topk_ids, topk_weights, experts, rows, gate_up.float(), down.float(), F.silu, ref)
+    assert torch.equal(contrib[~torch.isin(topk_ids, torch.tensor(experts))], ref[~torch.isin(topk_ids, torch.tensor(experts))])
+    bound = _routed_bound(x, topk_ids, topk_weights, experts, [pairs[e] for e in experts], rounds(variant, path, x.dtype))
+    assert_within(contrib, ref, bound)
+
+
+def _best_native() -> str:
+    for variant in ("avx512", "avx2", "scalar"):
+        if cpu_isa.supported(variant):
+            return variant
+    return "scalar"
+
+
+def test_moe_experts_with_per_expert_weights() -> None:
+    kernel = kernel_for(_best_native())
+    tokens, k, hidden, inter = 5, 2, 48, 20
+    topk_ids, topk_weights = _routing(tokens, k, 4, seed=5)
+    pairs = [make_expert(hidden, inter, seed=10 + e) for e in range(4)]
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(6))
+    contrib, ref = torch.zeros(tokens, k, hidden), torch.zeros(tokens, k, hidden)
+    moe_experts_cpu(x, topk_ids, topk_weights, [3, 0, 2, 1], [pairs[e] for e in (3, 0, 2, 1)], contrib, kernel)
+    moe_experts_partial_ref(x, topk_ids, topk_weights, range(4), range(4),
+                            torch.stack([p[0] for p in pairs]).float(), torch.stack([p[1] for p in pairs]).float(), F.silu, ref)
+    assert_within(contrib, ref, _routed_bound(x, topk_ids, topk_weights, range(4), pairs, (False, False, False)))
+
+
+def test_thread_count_does_not_change_results() -> None:
+    """NOTE: each output element is computed by one task in a fixed order, so results
+    are bitwise independent of the thread count (and of the scheduling)."""
+    variant = _best_native()
+    jobs, num_rows = _uneven_jobs(96, 40, 24, counts=[5, 20, 1])
+    x = torch.randn(24, 96, generator=torch.Generator().manual_seed(8))
+    outs = []
+    for threads in (1, 3):
+        out = torch.zeros(num_rows, 96)
+        experts_cpu(x, jobs, out, kernel_for(variant, "gemv", threads=threads))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_fp32_weights_and_other_activations_take_the_reference_path() -> None:
+    kernel = kernel_for(_best_native())
+    topk_ids, topk_weights = _routing(4, 2, 3, seed=9)
+    gate_up, down = torch.randn(3, 16, 8), torch.randn(3, 8, 8)
+    x = torch.randn(4, 8)
+    for act, (gu, dn) in ((F.silu, (gate_up, down)), (F.gelu, (gate_up.bfloat16(), down.bfloat16()))):
+        a, b = torch.zeros(4, 2, 8), torch.zeros(4, 2, 8)
+        moe_experts_partial_cpu(x.to(gu.dtype), topk_ids, topk_weights, [0, 2], [0, 2], gu, dn, act, a, kernel)
+        moe_experts_partial_ref(x.to(gu.dtype), topk_ids, topk_weights, [0, 2], [0, 2], gu, dn, act, b)
+        assert torch.equal(a, b)
+
+
+def test_bad_indices_are_refused() -> None:
+    kernel = kernel_for(_best_native())
+    gate_up, down = make_expert(16, 8, seed=0)
+    with pytest.raises(IndexError):
+        experts_cpu(torch.randn(2, 16), [ExpertJob(gate_up, down, torch.tensor([0, 2]))], torch.zeros(2, 16), kernel)
+    with pytest.raises(IndexError):
+        experts_cpu(torch.randn(2, 16), [ExpertJob(gate_up, down, torch.tensor([0]), torch.tensor([5]))],
+                    torch.zeros(2, 16), kernel)
+
+
+@pytest.fixture
+def fresh_dispatch():  # noqa: ANN201
+    """Forget the cached auto choice and warning before and after the test."""
+    for fn in (cpu_kernel._auto_kernel, cpu_kernel._warn_no_compiler):
+        fn.cache_clear()
+    yield
+    for fn in (cpu_kernel._auto_kernel, cpu_kernel._warn_no_compiler):
+        fn.cache_clear()
+
+
+def test_no_compiler_runs_torch_with_one_warning(monkeypatch, caplog, fresh_dispatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("CC", "/nonexistent/cc")  # $CC is honoured alone: no compiler
+    monkeypatch.delenv(cpu_kernel.KERNEL_ENV, raising=False)
+    with caplog.at_level(logging.WARNING, logger="edgemoe.kernels.cpu_kernel"):
+        kernels = [CpuExperts(), CpuExperts()]
+    assert [k.name for k in kernels] == ["torch", "torch"] and not kernels[0].native
+    assert len([r for r in caplog.records if "no C compiler" in r.getMessage()]) == 1
+    gate_up, down = make_expert(40, 24, seed=3)
+    x = torch.randn(3, 40).bfloat16()
+    assert_within(expert_mlp_cpu(x, gate_up, down, kernels[0]), expert_mlp_ref(x, gate_up, down),
+                  error_bound(x, gate_up, down, *rounds("torch", "gemv", x.dtype)))
+
+
+def test_auto_picks_the_fastest_supported_variant(monkeypatch, fresh_dispatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv(cpu_kernel.KERNEL_ENV, raising=False)
+    if cpu_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    expected = next((v for v in cpu_isa.AUTO_ORDER if cpu_isa.supported(v)), "torch")
+    name = CpuExperts().name
+    # amx may still be refused by the OS (arch_prctl): then the next variant runs
+    assert name == expected or (expected == "amx" and name == "avx512")
+
+
+def test_env_override_and_refusals(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv(cpu_kernel.KERNEL_ENV, "torch")
+    assert CpuExperts().name == "torch"
+    monkeypatch.setenv(cpu_kernel.KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match="choose one of"):
+        CpuExperts()
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: frozenset())
+    with pytest.raises(ValueError, match="lacks"):
+        CpuExperts("avx2")
+
+
+def test_compile_cache_is_keyed_and_reused(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    cc = cpu_build.find_compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv(cpu_build.CACHE_ENV, str(tmp_path))
+    lib = cpu_build.build("scalar", cc)
+    assert lib.parent == tmp_path / "kernels" and lib.exists()
+    stamp = lib.stat().st_mtime_ns
+    assert cpu_build.build("scalar", cc) == lib and lib.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert cpu_build.build_key(cc, "avx2") != cpu_build.build_key(cc, "scalar")
+    edited = tmp_path / "src"
+    edited.mkdir()
+    for src in cpu_build.SOURCE_DIR.iterdir():
+        (edited / src.name).write_bytes(src.read_bytes())
+    (edited / "expert.c").write_text((edited / "expert.c").read_text() + "\n/* edited */\n")
+    before = cpu_build.build_key(cc, "scalar")
+    monkeypatch.setattr(cpu_build, "SOURCE_DIR", edited)
+    assert cpu_build.build_key(cc, "scalar") != before
+
+
+def test_concurrent_callers_share_one_pool() -> None:
+    """Calls from several Python threads serialise on the pool (ctypes drops the GIL);
+    more workers than cores; every result as from a single-threaded call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    variant = _best_native()
+    jobs, num_rows = _uneven_jobs(67, 45, 20, counts=[3, 17, 1, 6])
+    xs = [torch.randn(20, 67, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+
+    def run(kernel: CpuExperts, x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(num_rows, 67)
+        for _ in range(5):
+            experts_cpu(x, jobs, out, kernel)
+        return out
+
+    expected = [run(kernel_for(variant, "gemv", threads=1), x) for x in xs]
+    shared = kernel_for(variant, "gemv", threads=5)
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda x: run(shared, x), xs))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

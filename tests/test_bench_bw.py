@@ -1,0 +1,23 @@
+"""`edgemoe bench bw` runs end to end on a small expert shape and writes its results."""
+
+from __future__ import annotations
+
+import json
+
+from edgemoe.cli import main
+from edgemoe.kernels import cpu_isa
+
+
+def test_bench_bw_writes_json_and_png(tmp_path, capsys) -> None:  # noqa: ANN001
+    kernels = ["avx2", "torch"] if cpu_isa.supported("avx2") else ["torch"]
+    argv = ["bench", "bw", "--hidden", "64", "--intermediate", "32", "--pool-mib", "1", "--read-gib", "0.01",
+            "--seconds", "0", "--threads", "2", "--out", str(tmp_path), "--kernels", *kernels]
+    assert main(argv) == 0
+    (result,) = tmp_path.glob("bw-*.json")
+    data = json.loads(result.read_text())
+    assert result.with_suffix(".png").exists()
+    assert data["expert_bytes"] == 3 * 64 * 32 * 2 and data["host"]["kernel_read_gb_s"] > 0
+    measured = {(r["kernel"], r["tokens"], r["experts_per_call"]) for r in data["experts"]}
+    assert measured == {(k, n, e) for k in kernels for n, e in ((1, 1), (8, 1), (32, 1), (1, 8))}
+    assert all(r["gb_s"] > 0 and r["best_gb_s"] >= r["gb_s"] for r in data["experts"])
+    assert "CPU experts" in capsys.readouterr().out
