@@ -9,8 +9,6 @@ replaced by a 400 in this shape: clients (the openai SDK) treat 422 differently.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger(__name__)
+from edgemoe.server.validation import describe, param_of  # noqa: F401 - param_of re-exported
 
 _TYPES = {
     400: "invalid_request_error",
@@ -89,30 +87,15 @@ def error_body_bytes(err: APIError) -> bytes:
     return json.dumps(err.body()).encode()
 
 
-def param_of(loc: Sequence[str | int]) -> str | None:
-    """("body", "messages", 0, "role") → "messages[0].role"."""
-    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or None
-
-
 def validation_error(exc: RequestValidationError) -> APIError:
+    """A request the models refused: 400 with one message written for the client."""
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
-    loc = first.get("loc") or ()
     if first.get("type") == "json_invalid":
         return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
-    param = param_of(loc)
-    if first.get("type") == "missing" and param:
-        message = f"{param}: field required"
-    else:
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    message, param = describe(errors)
     return bad_request(message, param=param)
 
 
@@ -133,8 +116,3 @@ def install_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         return error_response(APIError(exc.status_code, message), request.url.path)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"), request.url.path)

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -94,7 +95,7 @@ class _Body:
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # a long prompt id list: a while
     beat = state.config.stream_heartbeat
     gen = await start_generation(state.client, model, gen_req, default_thinking=False,
                                  first_output_wait=beat if req.stream else None)
