@@ -9,71 +9,24 @@ replaced by a 400 in this shape: clients (the openai SDK) treat 422 differently.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edgemoe.server.anthropic_errors import (
+    anthropic_error_response,
+    is_anthropic_path,
+    retry_after_header,
+)
+from edgemoe.server.api_error import APIError, Overloaded, bad_request, unavailable  # noqa: F401 - re-exported
 from edgemoe.server.validation import describe, param_of  # noqa: F401 - param_of re-exported
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "service_unavailable",
-    504: "timeout_error",
-}
-
-
-class APIError(Exception):
-    """An error answer: `status` with `message`, naming the request field `param`."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    @property
-    def type(self) -> str:
-        return _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-class Overloaded(APIError):
-    """The server is at capacity (its queue is full): try again after `retry_after` seconds.
-
-    OpenAI routes answer 429, the Anthropic routes 529 `overloaded_error`; both send
-    `Retry-After`.
-    """
-
-    def __init__(self, message: str = "the server is overloaded; retry later", *, retry_after: float = 1.0) -> None:
-        super().__init__(429, message, code="rate_limit_exceeded")
-        self.retry_after = retry_after
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def unavailable(message: str) -> APIError:
-    return APIError(503, message, code="engine_unavailable")
 
 
 def error_response(err: APIError, path: str = "") -> JSONResponse:
     """`err` in the shape the clients of `path` read: Anthropic's on /v1/messages, else OpenAI's."""
     # Imported here: anthropic_errors builds on this module.
-    from edgemoe.server.anthropic_errors import anthropic_error_response, is_anthropic_path, retry_after_header
 
     if is_anthropic_path(path):
         return anthropic_error_response(err)
