@@ -169,13 +169,16 @@ class SamplingRows:
         return Banned(self._ids(rows), self._ids(ids))
 
     def update(self, rows_dev: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> None:
-        """After a draw: advance the counters, record the tokens for penalties (device)."""
+        """After a draw: advance the counters, record the tokens for penalties (device).
+        NOTE: flat index_fill_/index_add_, never index_put_(accumulate=True), whose
+        range check reads the indices back to the host."""
         idx = rows_dev.long()
         self.counters.index_add_(0, idx, torch.ones_like(idx))
+        flat = idx * self.V + tokens
         if batch.seen is not None and self.seen is not None:
-            self.seen[idx, tokens] = True
+            self.seen.view(-1).index_fill_(0, flat, True)
         if batch.output_counts is not None and self.counts is not None:
-            self.counts.index_put_((idx, tokens), torch.ones(tokens.shape, device=self.device), accumulate=True)
+            self.counts.view(-1).index_add_(0, flat, torch.ones(flat.shape, device=self.device))
 
 
 def sample_step(rows: SamplingRows, logits: torch.Tensor, batch: SamplingBatch, rows_dev: torch.Tensor) -> SampleOutput:
