@@ -59,7 +59,11 @@ class _RowInfo:
 
 class SamplingRows:
     """Device rows [num_rows] of sampling parameters, seeds, draw counters, and (only
-    once some request uses penalties) the seen-token mask and output counts [R, V]."""
+    once some request uses penalties) the seen-token mask and output counts [R, V].
+
+    NOTE: a row's penalty state is exact only while its request uses that penalty (it is
+    reset at `assign` then); other rows may hold anything, which their neutral parameter
+    (repetition 1, frequency/presence 0) makes irrelevant."""
 
     def __init__(self, num_rows: int, vocab_size: int, device: torch.device, seed: int) -> None:
         self.V, self.device = vocab_size, device
