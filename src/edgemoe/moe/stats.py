@@ -19,6 +19,7 @@ import torch
 class MoEStats:
     num_layers: int
     first_layer: int = 0  # the MoE layer at which a forward's tokens are counted
+    count_in_forward: bool = True
     hits: list[int] = field(default_factory=list)
     misses: list[int] = field(default_factory=list)
     cpu_experts: list[int] = field(default_factory=list)
@@ -35,8 +36,14 @@ class MoEStats:
                 setattr(self, name, [0] * self.num_layers)
 
     def count_tokens(self, layer: int, n: int) -> None:
-        if layer == self.first_layer:
+        """Executors called directly (tests, tools) count their tokens at the first MoE
+        layer; the engine's runner counts a step's real tokens with `add_tokens` and
+        switches this off (padded CUDA-graph batches would inflate it)."""
+        if layer == self.first_layer and self.count_in_forward:
             self.tokens += n
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += n
 
     def add_copy_interval(self, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         self._events.append((start, end))
@@ -48,6 +55,12 @@ class MoEStats:
         used = torch.zeros(num_experts, dtype=torch.int64, device=topk_ids.device)
         used.index_fill_(0, topk_ids.flatten(), 1)
         self.device_hits[layer] += used.sum()
+
+    def reset(self) -> None:
+        """Forget every count (after warm-up and graph capture)."""
+        self.resolve()
+        self.hits, self.misses, self.cpu_experts = [0] * self.num_layers, [0] * self.num_layers, [0] * self.num_layers
+        self.bytes_copied, self.tokens, self.copy_s, self.cpu_s = 0, 0, 0.0, 0.0
 
     def resolve(self) -> None:
         if self.device_hits is not None:
