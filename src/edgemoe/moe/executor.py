@@ -97,7 +97,8 @@ class ResidentExecutor(MoEExecutor):
         # per-pair kernels make the real rows' results the same either way.
         gate_up, down = self.banks[layer]
         self.stats.count_tokens(layer, x.shape[0])
-        self.stats.count_device_hits(layer, topk_ids, self.num_experts)
+        if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
+            self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
         cells = self.workspace.cells(topk_ids)
         moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells, num_decode)
         return moe_combine(cells, x.dtype, residual)
