@@ -58,12 +58,12 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
     for d in (64, 128, 256):
         block_n, warps, stages = attn_decode.decode_config(d)
         yield Case(f"decode split D={d}", attn_decode._decode_split, dict(G=8, G_PAD=16, D=d, D_PAD=d,
-                   BLOCK_N=block_n, SPLIT=attn_decode.SPLIT_TOKENS, DTYPE=act, INTERP=False), warps, stages,
+                   BLOCK_N=block_n, SPLITS=attn_decode.NUM_SPLITS, DTYPE=act, INTERP=False), warps, stages,
                    ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
         block_m, block_n, warps, stages = attn_extend.extend_config(d)
         yield Case(f"extend D={d}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m, BLOCK_N=block_n,
                    DTYPE=act, INTERP=False), warps, stages, ptrs=ints)
-    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLIT=attn_decode.SPLIT_TOKENS,
+    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=attn_decode.NUM_SPLITS, BLOCK_N=64,
                DTYPE=act, INTERP=False), 1, ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     yield Case("rope + kv write", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32, HKV_PAD=4, D_PAD=256, DTYPE=act,

@@ -150,7 +150,10 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
 
     rows = []
+    t0 = time.perf_counter()
     with LLM(progress=True, **settings) as llm:
+        load_s = time.perf_counter() - t0
+        print(f"engine built in {load_s:.1f} s")
         measure(llm, 16, 1, 4, seed=0)  # warm-up: first-call allocations and kernel selection
         runs = [(n, b) for n in args.prompt_tokens for b in args.batch_sizes]
         for seed, (n, b) in enumerate(runs, start=1):
@@ -159,11 +162,10 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             if "profile" in rows[-1]:
                 print(format_profile(rows[-1]["profile"]))
         stats = llm.stats()
-        model, device = str(llm.engine.runtime.model_dir), str(llm.engine.runtime.device)
+        model, device = llm.engine.runtime.source.name, str(llm.engine.runtime.device)
     moe = {"backend": stats["moe_backend"], "slots": stats["memory_plan"]["num_slots"]}
-    path = write_result(
-        args.out, "decode", {"model": model, "device": device, "settings": settings, "rows": rows, "moe": moe}
-    )
+    payload = {"model": model, "device": device, "settings": settings, "load_s": load_s, "rows": rows, "moe": moe}
+    path = write_result(args.out, "decode", payload)
     series = {
         f"decode b={b}": [(r["prompt_tokens"], r["decode_tok_s"]) for r in rows if r["batch"] == b]
         for b in args.batch_sizes

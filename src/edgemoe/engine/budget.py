@@ -51,6 +51,7 @@ class MemoryPlan:
     kv_bytes: int
     workspace: int
     backend: str
+    graphs: int = 0  # the CUDA graphs' memory pool (decode activations at captured sizes)
     max_running: int = 0  # requests running at once (the setting, capped by the state rows)
     state_rows: int = 0  # GDN state rows on the device (hybrid models; 0 otherwise)
     state_row_bytes: int = 0  # one sequence's recurrent + conv state, all GDN layers
@@ -66,7 +67,7 @@ class MemoryPlan:
     def total(self) -> int:
         return (
             self.context + self.weights + self.experts_resident + self.num_slots * self.slot_bytes
-            + self.kv_bytes + self.state_bytes + self.workspace
+            + self.kv_bytes + self.state_bytes + self.workspace + self.graphs
         )
 
     def table(self) -> str:
@@ -78,6 +79,7 @@ class MemoryPlan:
             (f"KV cache ({self.kv_tokens} tokens)", self.kv_bytes),
             *self._state_rows(),
             ("workspace", self.workspace),
+            ("CUDA graphs", self.graphs),
             ("total", self.total),
         ]
         if self.budget is not None:
@@ -109,6 +111,15 @@ def expert_nbytes(arch: ModelArch) -> int:
 def dense_weight_bytes(arch: ModelArch) -> int:
     n = sum(_numel(s) for s in arch.param_shapes().values())
     return n * arch.dtype.itemsize
+
+
+def graph_pool_bytes(arch: ModelArch, max_bs: int) -> int:
+    """The decode graphs' shared pool: logits (bf16 and fp32) and one layer's
+    activations and kernel workspaces at the largest captured size, plus slack."""
+    if max_bs <= 0:
+        return 0
+    per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.moe_pairs + 16) + 4 * arch.projection_width
+    return max_bs * per_row + 64 * MiB
 
 
 def workspace_bytes(arch: ModelArch, max_prefill_tokens: int, max_running: int) -> int:
@@ -173,6 +184,7 @@ def plan_memory(
     max_running: int,
     budget: int | None,
     context: int = 0,
+    graph_max_bs: int = 0,
     state_slots: int | None = None,
     snapshots: bool = False,
 ) -> MemoryPlan:
@@ -182,7 +194,7 @@ def plan_memory(
     state = plan_state(arch, state_slots, max_running, budget, context + dense_weight_bytes(arch), snapshots)
     plan = _plan_weights_kv(
         arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
-        (state.rows + 1) * arch.state_bytes if state.rows else 0,
+        (state.rows + 1) * arch.state_bytes if state.rows else 0, graph_pool_bytes(arch, graph_max_bs),
     )
     return replace(
         plan, max_running=state.max_running, state_rows=state.rows, state_row_bytes=arch.state_bytes,
@@ -192,9 +204,10 @@ def plan_memory(
 
 def _plan_weights_kv(
     arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
-    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int,
+    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
 ) -> MemoryPlan:
-    """The backend, slots and KV in what is left after `reserved` bytes (the GDN state)."""
+    """The backend, slots and KV in what is left after `reserved` bytes (the GDN state)
+    and the graph pool."""
     weights, per_tok, e_bytes = dense_weight_bytes(arch), kv_bytes_per_token(arch), expert_nbytes(arch)
     total_experts = len(arch.moe_layers) * arch.store_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
@@ -203,13 +216,14 @@ def _plan_weights_kv(
         kv = kv_tokens or max(max_model_len, min(2 * max_model_len, 65536))
         slots = 0 if backend == "resident" else moe_slots or max(arch.top_k, total_experts // 4)
         resident = total_experts * e_bytes if backend == "resident" else 0
-        return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend)
-    free = budget - context - weights - ws - reserved
+        return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)
+    free = budget - context - weights - ws - graphs - reserved
     if free <= 0:
         state = f" + GDN state ({reserved / GiB:.2f})" if reserved else ""
         raise PlanError(
             f"gpu_memory (--gpu-memory) {budget / GiB:.2f} GiB is below the CUDA context "
-            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({ws / GiB:.2f}){state} GiB: "
+            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({(ws + graphs) / GiB:.2f})"
+            f"{state} GiB: "
             "raise --gpu-memory or lower --max-prefill-tokens / --max-running-requests"
             + (" / --state-slots" if reserved else "")
         )
@@ -223,7 +237,7 @@ def _plan_weights_kv(
                 f"resident experts ({all_experts / GiB:.2f} GiB) + KV do not fit in {free / GiB:.2f} GiB: "
                 "use --moe-backend offload|cpu|hybrid, lower --kv-tokens, or raise --gpu-memory"
             )
-        return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend)
+        return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend, graphs)
     min_slots = arch.top_k
     kv = kv_tokens or max(1, min(max_model_len, int(free * KV_SHARE_DEFAULT) // per_tok))
     room = free - kv * per_tok
@@ -234,4 +248,4 @@ def _plan_weights_kv(
             f"({kv * per_tok / GiB:.2f} GiB) do not fit in {free / GiB:.2f} GiB (at least {min_slots} slots "
             "needed): lower --kv-tokens / --max-model-len / --moe-slots, or raise --gpu-memory"
         )
-    return MemoryPlan(budget, context, weights, 0, slots, e_bytes, kv, kv * per_tok, ws, backend)
+    return MemoryPlan(budget, context, weights, 0, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)

@@ -22,6 +22,7 @@ class StateStep:
     has_initial_state: torch.Tensor  # [B] bool: the sequence has tokens before this step's
     cu_seqlens: torch.Tensor  # [B+1] int32
     decode: bool  # every sequence adds exactly one token: the one-token kernel forms
+    num_decode: int = 0  # leading sequences that decode one token (the rest: prompt chunks)
 
     @classmethod
     def prepare(cls, pool: StatePool, batch: ForwardBatch) -> StateStep:
@@ -30,7 +31,7 @@ class StateStep:
         q_lens = batch.cu_seqlens_q[1:] - batch.cu_seqlens_q[:-1]
         return cls(
             pool=pool, rows=batch.req_rows, has_initial_state=batch.seq_lens > q_lens,
-            cu_seqlens=batch.cu_seqlens_q, decode=batch.host.max_q_len == 1,
+            cu_seqlens=batch.cu_seqlens_q, decode=batch.host.max_q_len == 1, num_decode=batch.host.num_decode,
         )
 
 

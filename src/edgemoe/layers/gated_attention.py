@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.attention_backend import AttentionSpec
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.norm import OffsetRMSNorm
@@ -31,8 +30,11 @@ class GatedAttention:
         D = spec.head_dim
         self.split = [2 * spec.num_heads * D, spec.num_kv_heads * D, spec.num_kv_heads * D]
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """x [T, H]; cos/sin [T, R] (R ≤ D: partial rotary) → [T, H]."""
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> torch.Tensor:
+        """x [T, H]; cos/sin [T, R] (R ≤ D: partial rotary; None: the backend rotates by
+        position from `spec.rope`) → [T, H]."""
         s, T = self.spec, x.shape[0]
         q_gate, k, v = F.linear(x, self.qkv).split(self.split, -1)
         q_gate = q_gate.view(T, s.num_heads, 2 * s.head_dim)
@@ -40,7 +42,7 @@ class GatedAttention:
         q = self.q_norm(q)
         k = self.k_norm(k.reshape(T, s.num_kv_heads, s.head_dim))  # [T, Hkv, D]
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = ctx.attention.forward(s, q, k, v, ctx.batch)  # [T, Hq, D]
+        q = ctx.attention.rotate_and_write(s, q, k, v, cos, sin, ctx.batch)
+        out = ctx.attention.attend(s, q, ctx.batch)  # [T, Hq, D]
         out = out.reshape(T, s.num_heads * s.head_dim) * torch.sigmoid(gate.reshape(T, -1))
         return F.linear(out, self.o_proj)

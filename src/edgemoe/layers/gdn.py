@@ -8,9 +8,10 @@
 One GEMM computes every projection (`in_proj` rows: q | k | v | z | b | a; the model file
 lays them out so, whatever the checkpoint's layout). Each sequence's conv and recurrent
 states live in the step's `StateStep` rows; the kernels read them first and write them
-back (`kernels/gdn.py`). A step where every sequence adds one token runs the one-token
-forms (sync-free, graph-capturable); any other step the varlen prefill forms, which start
-a sequence from zeros where its chunk starts at position 0.
+back (`kernels/gdn.py`). Decode tokens (one per sequence, the batch's leading ones) run
+the one-token forms (sync-free, graph-capturable) whatever else is in the step, so their
+results do not depend on the step's company; prompt chunks run the varlen prefill forms,
+which start a sequence from zeros where its chunk starts at position 0.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from edgemoe.kernels.causal_conv import causal_conv1d_update, causal_conv1d_varl
 from edgemoe.kernels.gated_norm import gated_rms_norm
 from edgemoe.kernels.gdn import gdn_gates
 from edgemoe.kernels.gdn_backends import GdnKernels
-from edgemoe.layers.context import StepContext
+from edgemoe.layers.context import StateStep, StepContext
 
 
 @dataclass(frozen=True)
@@ -63,27 +64,44 @@ class GatedDeltaNet:
         self.spec, self.in_proj, self.conv, self.out_proj, self.kernels = spec, in_proj, conv, out_proj, kernels
         self.A_log, self.dt_bias, self.norm = A_log, dt_bias, norm
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> torch.Tensor:
         """x [T, H] → [T, H]; cos/sin unused (no positions in a recurrence)."""
         s, st, T = self.spec, ctx.state, x.shape[0]
         assert st is not None, "a GDN layer needs the step's state rows (StepContext.state)"
-        conv_pool, state_pool = st.pool.layer(s.layer)
         qkv, z, b, a = F.linear(x, self.in_proj).split(s.proj_split, -1)
-        if st.decode:
-            qkv = causal_conv1d_update(qkv, self.conv, None, conv_pool, st.rows, has_initial_state=st.has_initial_state)
-            rule = self.kernels.decode
+        nd = T if st.decode else st.num_decode  # decode sequences come first, one token each
+        if nd in (0, T):
+            o = self._mix(st, qkv, b, a, slice(None), st.cu_seqlens, decode=nd == T)
         else:
-            qkv = causal_conv1d_varlen(
-                qkv, self.conv, None, conv_pool, st.rows, st.cu_seqlens, has_initial_state=st.has_initial_state
-            )
-            rule = self.kernels.prefill
+            cu = st.cu_seqlens[nd:] - nd  # the prompt chunks' own offsets (a device op, no sync)
+            o = torch.cat([
+                self._mix(st, qkv[:nd], b[:nd], a[:nd], slice(0, nd), st.cu_seqlens[: nd + 1], decode=True),
+                self._mix(st, qkv[nd:], b[nd:], a[nd:], slice(nd, None), cu, decode=False),
+            ])
+        o = gated_rms_norm(o, z.view(T, s.num_v_heads, s.value_dim), self.norm, s.eps)
+        return F.linear(o.reshape(T, -1), self.out_proj)
+
+    def _mix(
+        self, st: StateStep, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, seqs: slice,
+        cu_seqlens: torch.Tensor, decode: bool,
+    ) -> torch.Tensor:
+        """Conv, gates and rule for the sequences `seqs` of the step (their tokens' qkv/b/a
+        [n, ...]) → o [n, Hv, Dv]."""
+        s, n = self.spec, qkv.shape[0]
+        conv_pool, state_pool = st.pool.layer(s.layer)
+        rows, has_state = st.rows[seqs], st.has_initial_state[seqs]
+        if decode:
+            qkv = causal_conv1d_update(qkv, self.conv, None, conv_pool, rows, has_initial_state=has_state)
+        else:
+            qkv = causal_conv1d_varlen(qkv, self.conv, None, conv_pool, rows, cu_seqlens, has_initial_state=has_state)
         key_width = s.num_k_heads * s.key_dim
         q, k, v = qkv.split([key_width, key_width, s.num_v_heads * s.value_dim], -1)
         g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
-        o = rule(
-            q.view(T, s.num_k_heads, s.key_dim), k.view(T, s.num_k_heads, s.key_dim),
-            v.view(T, s.num_v_heads, s.value_dim), g, beta, st.cu_seqlens, state_pool, st.rows,
-            has_initial_state=st.has_initial_state, use_qk_l2norm=True,
-        )  # [T, Hv, Dv]
-        o = gated_rms_norm(o, z.view(T, s.num_v_heads, s.value_dim), self.norm, s.eps)
-        return F.linear(o.reshape(T, -1), self.out_proj)
+        rule = self.kernels.decode if decode else self.kernels.prefill
+        return rule(
+            q.view(n, s.num_k_heads, s.key_dim), k.view(n, s.num_k_heads, s.key_dim),
+            v.view(n, s.num_v_heads, s.value_dim), g, beta, cu_seqlens, state_pool, rows,
+            has_initial_state=has_state, use_qk_l2norm=True,
+        )

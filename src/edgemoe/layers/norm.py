@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgemoe.kernels.rmsnorm import rms_norm, rms_norm_scaled
+from edgemoe.kernels.norm_fused import add_rms_norm, rms_norm
 
 
 class RMSNorm:
@@ -15,14 +15,17 @@ class RMSNorm:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the residual add fused with this norm."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
-class OffsetRMSNorm:
-    """The zero-centred RMSNorm of Qwen3-Next / Qwen3.5: x·(1 + w), the scale applied in fp32."""
 
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
-        # NOTE: 1 + w in fp32 once, the value transformers computes on every call.
-        self.scale = 1.0 + weight.float()
-        self.eps = eps
+class OffsetRMSNorm(RMSNorm):
+    """The zero-centred RMSNorm of Qwen3-Next / Qwen3.5: x·(1 + w), the scale computed and
+    applied in fp32 before the cast back (`kernels/norm_fused.py`, weight_offset 1)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_scaled(x, self.scale, self.eps)
+        return rms_norm(x, self.weight, self.eps, weight_offset=1.0)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, residual, self.weight, self.eps, weight_offset=1.0)

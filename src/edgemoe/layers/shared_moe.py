@@ -32,15 +32,19 @@ class SharedExpertMoE:
             raise ValueError("the shared expert is either in the bank (shared_id) or dense (shared_mlp)")
         self.routed, self.shared_gate, self.shared_id, self.shared_mlp = routed, shared_gate, shared_id, shared_mlp
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """[T, H] → [T, H] (plus `residual`, fused, when given)."""
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
+    ) -> torch.Tensor:
+        """[T, H] → [T, H] (plus `residual`, fused, when given); `num_decode` / `num_padding`
+        as for `SparseMoE`."""
         moe = self.routed
-        ids, weights = moe.route(x)  # [T, K]
+        ids, weights = moe.route(x)  # [T, K] int32, fp32 weights holding x-dtype values
         gate = torch.sigmoid(F.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
         if self.shared_id is not None:
             ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.shared_id)], dim=1)  # [T, K+1]
-            weights = torch.cat([weights, gate], dim=1)
-            return moe.executor.forward(moe.layer, x, ids, weights, residual)
+            weights = torch.cat([weights, gate.to(weights.dtype)], dim=1)
+            return moe.executor.forward(moe.layer, x, ids, weights, residual, num_decode, num_padding)
         assert self.shared_mlp is not None
-        out = moe.executor.forward(moe.layer, x, ids, weights) + gate * self.shared_mlp(x)
+        out = moe.executor.forward(moe.layer, x, ids, weights, None, num_decode, num_padding)
+        out = out + gate * self.shared_mlp(x)
         return out if residual is None else residual + out

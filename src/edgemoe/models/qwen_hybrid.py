@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.kernels.gdn_backends import GdnKernels, gdn_kernels
-from edgemoe.layers.attention_backend import AttentionSpec
+from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.gated_attention import GatedAttention
 from edgemoe.layers.gdn import GatedDeltaNet, GdnSpec
@@ -34,21 +34,29 @@ IGNORED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 
 
 class Mixer(Protocol):
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor: ...
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> torch.Tensor: ...
 
 
 class HybridBlock:
-    """h = h + mixer(norm(h)); h = h + mlp(norm(h))."""
+    """h = h + mixer(norm(h)); h = h + mlp(norm(h)) (the first add fused with the second norm)."""
 
     def __init__(self, mixer: Mixer, mixer_norm: OffsetRMSNorm, mlp: SharedExpertMoE | DenseMLP,
                  mlp_norm: OffsetRMSNorm, region: str) -> None:
         self.mixer, self.mixer_norm, self.mlp, self.mlp_norm, self.region = mixer, mixer_norm, mlp, mlp_norm, region
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def __call__(
+        self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> torch.Tensor:
         with ctx.profiler.region(self.region):
-            h = h + self.mixer(self.mixer_norm(h), cos, sin, ctx)
-        with ctx.profiler.region("moe" if isinstance(self.mlp, SharedExpertMoE) else "mlp"):
-            return self.mlp(self.mlp_norm(h), residual=h)
+            x, h = self.mlp_norm.add_and_norm(self.mixer(self.mixer_norm(h), cos, sin, ctx), h)
+        if isinstance(self.mlp, DenseMLP):
+            with ctx.profiler.region("mlp"):
+                return self.mlp(x, residual=h)
+        with ctx.profiler.region("moe"):
+            host = ctx.batch.host
+            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding)
 
 
 # -- checkpoint names ----------------------------------------------------------------------
@@ -138,6 +146,8 @@ def assemble(arch: HybridArch, p: Params, executor: MoEExecutor, device: torch.d
     """A CausalLM of hybrid blocks; `p` on the device, every GDN layer's `in_proj` in the
     q | k | v | z | b | a layout (the model file's build() makes it so)."""
     eps, kernels = arch.rms_norm_eps, gdn_kernels("auto", device)
+    rotary = Rotary(arch.rope, device)
+    rope = RopeTable(*rotary.cos_sin_table(arch.max_position_embeddings))  # for backends that rotate by position
     kv_index = {layer: j for j, layer in enumerate(arch.kv_layers)}
     gdn_index = {layer: j for j, layer in enumerate(arch.gdn_layers)}
     blocks = []
@@ -148,14 +158,14 @@ def assemble(arch: HybridArch, p: Params, executor: MoEExecutor, device: torch.d
             mixer = _gdn(arch, gdn_index[i], pre, p, kernels)
         else:
             spec = AttentionSpec(layer=kv_index[i], num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
-                                 head_dim=arch.head_dim, scale=arch.head_dim**-0.5)
+                                 head_dim=arch.head_dim, scale=arch.head_dim**-0.5, rope=rope)
             mixer = GatedAttention(spec, p[pre + "qkv"], p[pre + "o_proj"], OffsetRMSNorm(p[pre + "q_norm"], eps),
                                    OffsetRMSNorm(p[pre + "k_norm"], eps))
         blocks.append(HybridBlock(
             mixer, OffsetRMSNorm(p[pre + "attn_norm"], eps), _mlp(arch, i, p, executor),
             OffsetRMSNorm(p[pre + "mlp_norm"], eps), "gdn" if i in gdn_index else "attention",
         ))
-    return CausalLM(arch, p["embed"], blocks, OffsetRMSNorm(p["norm"], eps), p["lm_head"], Rotary(arch.rope, device))
+    return CausalLM(arch, p["embed"], blocks, OffsetRMSNorm(p["norm"], eps), p["lm_head"], rotary)
 
 
 def _gdn(arch: HybridArch, j: int, pre: str, p: Params, kernels: GdnKernels) -> GatedDeltaNet:
