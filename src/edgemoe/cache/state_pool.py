@@ -9,7 +9,10 @@ layers through `layers/context.StateStep`.
 
 Rows: row r < `live_rows` belongs to the running request whose page-table row is r
 (`Request.row`, assigned at admission); row `live_rows - 1` is the page table's scratch
-row (padded batch entries of a CUDA graph point there, never a request). Rows past
+row (padded batch entries of a CUDA graph point there, never a request). NOTE: several
+padded entries of one step name that row together; each starts from zeros (position 0)
+with the same token, so they all write the same values and the kernels' distinct-rows
+rule is only bent where nobody reads. Rows past
 `live_rows` hold prefix-cache snapshots: a copy of a sequence's state at a page boundary,
 handed out by `alloc_snapshot` / `free_snapshot` (the prefix cache and the running
 requests own them in turn, `cache/tiered_radix.py`).
