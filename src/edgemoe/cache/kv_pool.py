@@ -2,6 +2,9 @@
 
 A request owns a list of page ids (its page table). Token position p of a request
 lives in slot `pages[p // page_size] * page_size + p % page_size` in every layer.
+A model with a sparse-attention indexer (Qwen3.8-Flash-Next's QSA) keeps one more
+per-slot tensor, `index_k` [L, S, index_dim] (`layers/qsa_attention.py` says what it
+holds); every page operation carries it with K and V.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        index_dim: int = 0,
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
@@ -34,6 +38,9 @@ class KVPool:
         shape = (num_layers, (num_pages + 1) * page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.index_k = (
+            torch.zeros((num_layers, shape[1], index_dim), dtype=dtype, device=device) if index_dim else None
+        )
         # Pop from the end: low page ids are handed out first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
 
@@ -58,16 +65,21 @@ class KVPool:
         page_idx = torch.tensor(pages, dtype=torch.long)[pos // self.page_size]
         return (page_idx * self.page_size + pos % self.page_size).to(self.k.device)
 
-    def read_pages(self, pages: list[int]) -> torch.Tensor:
-        """K and V of `pages` in every layer: [2, L, len(pages) * page_size, Hkv, D] (a gathered copy)."""
-        slots = self._page_slots(pages)
-        return torch.stack([self.k.index_select(1, slots), self.v.index_select(1, slots)])
+    @property
+    def slot_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every per-slot tensor, each [L, S, ...]: K, V, and the index keys if any."""
+        return (self.k, self.v) if self.index_k is None else (self.k, self.v, self.index_k)
 
-    def write_pages(self, pages: list[int], data: torch.Tensor) -> None:
-        """The inverse of `read_pages`: `data` [2, L, len(pages) * page_size, Hkv, D] into `pages`."""
+    def read_pages(self, pages: list[int]) -> tuple[torch.Tensor, ...]:
+        """Each of `slot_tensors` at `pages`: [L, len(pages) * page_size, ...] (gathered copies)."""
         slots = self._page_slots(pages)
-        self.k.index_copy_(1, slots, data[0].to(self.k.device, non_blocking=True))
-        self.v.index_copy_(1, slots, data[1].to(self.v.device, non_blocking=True))
+        return tuple(t.index_select(1, slots) for t in self.slot_tensors)
+
+    def write_pages(self, pages: list[int], data: tuple[torch.Tensor, ...]) -> None:
+        """The inverse of `read_pages`: each of `data` into its tensor at `pages`."""
+        slots = self._page_slots(pages)
+        for t, d in zip(self.slot_tensors, data, strict=True):
+            t.index_copy_(1, slots, d.to(t.device, non_blocking=True))
 
     def _page_slots(self, pages: list[int]) -> torch.Tensor:
         ps = self.page_size
@@ -76,8 +88,8 @@ class KVPool:
 
     @property
     def page_nbytes(self) -> int:
-        """K and V of one page in every layer."""
-        return 2 * self.k[:, : self.page_size].numel() * self.k.element_size()
+        """K and V (and index keys) of one page in every layer."""
+        return sum(t[:, : self.page_size].nbytes for t in self.slot_tensors)
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        return sum(t.nbytes for t in self.slot_tensors)

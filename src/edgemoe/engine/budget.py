@@ -100,8 +100,10 @@ class MemoryPlan:
 
 
 def kv_bytes_per_token(arch: ModelArch) -> int:
-    """K and V of every layer that holds KV (a hybrid's GDN layers hold none)."""
-    return 2 * len(arch.kv_layers) * arch.num_kv_heads * arch.head_dim * arch.dtype.itemsize
+    """K and V of every layer that holds KV (a hybrid's GDN layers hold none), and its
+    sparse-attention index key (Qwen3.8-Flash-Next's QSA) where it has one."""
+    per_layer = 2 * arch.num_kv_heads * arch.head_dim + arch.index_key_dim
+    return len(arch.kv_layers) * per_layer * arch.dtype.itemsize
 
 
 def expert_nbytes(arch: ModelArch) -> int:

@@ -177,10 +177,12 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens,
     )
     executor.profiler = profiler
-    model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
+    ple = make_ple(arch, loaded.tables, device)
+    model = model_module(arch.model_type).build(arch, loaded.params, executor, device, **({"ple_store": ple} if ple else {}))
     del loaded
     page = config.cache.page_size
-    pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
+    pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
+                  device, index_dim=arch.index_key_dim)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
@@ -191,6 +193,15 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
         max_len, plan, sched, states, host_tier,
     )
+
+
+def make_ple(arch: ModelArch, tables: dict[str, torch.Tensor], device: torch.device):  # noqa: ANN201
+    geometry = getattr(arch, "ple", None)
+    if geometry is None:
+        return None
+    from edgemoe.ple.store import DeviceStore
+
+    return DeviceStore(geometry, [tables[f"ple.{j}"].to(device) for j in range(len(geometry.layers))])
 
 
 def host_cache_bytes(config: EngineConfig) -> int:
@@ -212,7 +223,7 @@ def make_host_tier(nbytes: int, pool: KVPool, states: StatePool | None) -> HostT
     used = snapshot_slots * states.shape.row_nbytes if states is not None else 0
     tier = HostTier(pool, (nbytes - used) // pool.page_nbytes, states, snapshot_slots)
     log.warning("host cache: %.2f GiB (%d KV pages, %d state snapshots)", tier.nbytes() / GiB,
-                tier.pages.shape[0], snapshot_slots)
+                tier.pages[0].shape[0], snapshot_slots)
     return tier
 
 

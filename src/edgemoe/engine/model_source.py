@@ -23,7 +23,7 @@ from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
 from edgemoe.engine.host_budget import HostRow, host_budget, plan_host
 from edgemoe.models.arch import ModelArch
-from edgemoe.models.loader import DTYPES, LoadedModel, load_checkpoint, read_json
+from edgemoe.models.loader import DTYPES, LoadedModel, TableAlloc, load_checkpoint, ram_tables, read_json
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
 from edgemoe.models.registry import model_module
 from edgemoe.moe.pinning import CudaRegistrar, Registrar
@@ -90,11 +90,13 @@ def load_model(
     device_plan: MemoryPlan,
     progress: bool = True,
     extra: tuple[HostRow, ...] = (),
+    table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """Check the host plan (PlanError before allocating), log it, then load `source`.
 
     `expert_store`: pinned | ram | mmap (resolved, see build.host_store_kind);
-    `device_plan` adds the KV cache and workspace rows when `device` is the CPU.
+    `device_plan` adds the KV cache and workspace rows when `device` is the CPU;
+    `table_alloc` places the arch's tables (PLE), `extra` rows count them.
     """
     if source.random is not None and expert_store == "mmap":
         raise ValueError(f"expert_store (--expert-store) mmap maps checkpoint files; {source.name} has none")
@@ -112,11 +114,12 @@ def load_model(
     if source.random_weights:
         log.warning("model %s has random weights: a benchmark and test model, its text means nothing", source.name)
     if source.random is None:
-        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, expert_store)
+        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, expert_store, table_alloc)
     from edgemoe.models.random_weights import materialise
 
     registrar = _registrar(expert_store, device)
-    return materialise(arch, source.config, source.random.seed, registrar=registrar, progress=progress)
+    return materialise(arch, source.config, source.random.seed, registrar=registrar, progress=progress,
+                       table_alloc=table_alloc)
 
 
 def _registrar(expert_store: str, device: torch.device) -> Registrar | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
@@ -40,6 +41,17 @@ class LoadedModel:
     params: dict[str, torch.Tensor]
     experts: ExpertStore
     config: dict[str, Any]
+    tables: dict[str, torch.Tensor] = field(default_factory=dict)  # tables a store holds (PLE), by our name
+
+
+# Where a table (`arch.table_shapes()`: too large to stage with the params, e.g. PLE) is
+# written while loading: (our name, shape, dtype) → a tensor to fill (RAM, pinned, a mapped
+# file), or None when the destination already holds it (its checkpoint tensors are skipped).
+TableAlloc = Callable[[str, tuple[int, ...], torch.dtype], "torch.Tensor | None"]
+
+
+def ram_tables(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -107,10 +119,12 @@ def confined(model_dir: Path, fname: object, listed_in: str) -> str:
 
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
+    table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked: written
     in place, never pinned by copying; pageable with a warning if the OS refuses), or
-    "mmap" (experts stay in the checkpoint files, mapped, never read at load time)."""
+    "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
+    `table_alloc`: where the arch's tables (if any) are written."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
@@ -118,16 +132,25 @@ def load_checkpoint(
     module = model_module(arch.model_type)
     names = module.checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
+    table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
+    tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
     shape = (list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
     experts: ExpertStore = (
         MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape, pin=expert_store == "pinned")
     )
     files = safetensors_files(model_dir)
     # A model file may name checkpoint parts it does not read (vision tower, MTP head).
-    ignored = IGNORED_SUFFIXES, tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    ignored = (
+        IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())), tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    )
+    # A table its destination already holds (a disk store's files) is not read again.
+    held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}
+    names = {n: p for n, p in names.items() if n not in held}
     # ... and another spelling of a layer's experts: stacked in one tensor.
     stacked: StackedMap = module.stacked_expert_names(arch) if hasattr(module, "stacked_expert_names") else {}
-    filled = _stream_files(model_dir, files, names, params, experts, progress, ignored, stacked)
+    dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
+    filled = _stream_files(model_dir, files, names, dests, experts, progress, (ignored[0] + tuple(held), ignored[1]),
+                           stacked)
     missing = sorted(set(names) - filled)
     if missing:
         where = {n: f for f, ns in files.items() for n in ns}
@@ -139,7 +162,7 @@ def load_checkpoint(
         )
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
-    return LoadedModel(arch, params, experts, config)
+    return LoadedModel(arch, params, experts, config, {k: t for k, t in tables.items() if t is not None})
 
 
 def _stream_files(
