@@ -9,7 +9,10 @@ computed by host threads straight from the expert store.
   in and runs on the device, overlapped with the CPU work when a GPU is present.
 
 The CPU's pairs are written into the same contribution cells as the device's (a mask
-of the routing), so the sum over k is the same fixed-order sum.
+of the routing), so the sum over k is the same fixed-order sum. SiLU experts in bf16
+run the C kernel (`kernels/cpu_experts.py`, its own thread pool, held by the executor);
+other dtypes run torch exactly as the device's reference kernel does, so fp32 CPU
+splits stay bitwise equal to resident.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from edgemoe.kernels import cpu_isa
+from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
+from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
 from edgemoe.moe.offload import OffloadExecutor
 from edgemoe.moe.stats import Stopwatch
@@ -45,8 +52,12 @@ class SplitExecutor(OffloadExecutor):
         if not 0.0 <= cpu_fraction <= 1.0:
             raise ValueError(f"moe_hybrid_fraction must be in [0, 1] (got {cpu_fraction})")
         self.store, self.cpu_fraction, self.admit = store, cpu_fraction, admit_cpu_misses
-        # One worker: torch's intra-op threads parallelise each expert already.
+        # One worker drives the CPU experts (the C kernel's pool or torch's intra-op
+        # threads parallelise each call) while the forward thread drives the device.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgemoe-cpu-experts") if device.type == "cuda" else None
+        self.kernel = cpu_kernel_for(store, act, device)
+        self.stats.info.update(cpu_kernel=self.kernel.name if self.kernel else "torch",
+                               cpu_threads=self.kernel.threads if self.kernel else torch.get_num_threads())
 
     def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
         self.stats.count_tokens(layer, x.shape[0])
@@ -83,20 +94,29 @@ class SplitExecutor(OffloadExecutor):
         return self._pool.submit(self._cpu_compute, *args) if self._pool else self._cpu_compute(*args)
 
     def _cpu_compute(self, layer, experts, x, ids, weights) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
-        """(flat pair indices [n], their cells [n, H]) for the CPU experts' pairs; each
-        expert's tokens in (t, k) order, as the device kernel batches them."""
-        K = ids.shape[1]
-        pair_parts, value_parts = [], []
+        """(flat pair indices [n], their cells [n, H]) for the CPU experts' pairs."""
         with Stopwatch() as w:
-            for e in experts:
-                t, k = np.nonzero(ids == e)
-                t_idx, k_idx = torch.from_numpy(t), torch.from_numpy(k)
-                gate_up, down = self.store.expert(layer, e)
-                y = expert_mlp(x[t_idx], gate_up, down, self.act)
-                value_parts.append(y.float() * weights[t_idx, k_idx, None].float())
-                pair_parts.append(t_idx * K + k_idx)
+            if self.kernel is not None:
+                pairs = [self.store.expert(layer, e) for e in experts]
+                out = moe_expert_cells_cpu(x, torch.from_numpy(ids), weights, experts, pairs, self.kernel)
+            else:
+                out = self._cpu_compute_torch(layer, experts, x, ids, weights)
         self.stats.cpu_s += w.seconds
         self.profiler.add_host_time("moe/cpu", w.seconds)
+        return out
+
+    def _cpu_compute_torch(self, layer, experts, x, ids, weights) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        """The torch path: each expert's tokens in (t, k) order, as the device's
+        reference kernel batches them, so the cells are bitwise the device's on the CPU."""
+        K = ids.shape[1]
+        pair_parts, value_parts = [], []
+        for e in experts:
+            t, k = np.nonzero(ids == e)
+            t_idx, k_idx = torch.from_numpy(t), torch.from_numpy(k)
+            gate_up, down = self.store.expert(layer, e)
+            y = expert_mlp(x[t_idx], gate_up, down, self.act)
+            value_parts.append(y.float() * weights[t_idx, k_idx, None].float())
+            pair_parts.append(t_idx * K + k_idx)
         return torch.cat(pair_parts), torch.cat(value_parts)
 
     def _write_cpu_cells(self, job, cells: torch.Tensor) -> None:  # noqa: ANN001
@@ -114,4 +134,24 @@ class SplitExecutor(OffloadExecutor):
     def close(self) -> None:
         if self._pool:
             self._pool.shutdown(wait=True)
+        if self.kernel is not None:
+            self.kernel.close()
         super().close()
+
+
+def cpu_threads(device: torch.device) -> int:
+    """Threads for the CPU experts: every physical core, less one for the thread that
+    drives the GPU when there is one (it must keep launching while the CPU computes)."""
+    cores = cpu_isa.physical_cores()
+    return max(1, cores - 1) if device.type == "cuda" else cores
+
+
+def cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
+    """The C kernel when it can run these experts (bf16 SiLU, a compiled variant);
+    None: the torch path (fp32 stays bitwise equal to the device's reference kernel)."""
+    if store.dtype != torch.bfloat16 or act is not F.silu:
+        return None
+    kernel = CpuExperts(threads=cpu_threads(device))
+    if not kernel.native:
+        return None
+    return kernel

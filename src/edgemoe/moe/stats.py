@@ -9,6 +9,7 @@ resolved lazily in `snapshot()`, and counters an executor keeps on the device
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,9 @@ class MoEStats:
     cpu_s: float = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
     device_hits: torch.Tensor | None = field(default=None, repr=False)  # [L] int64, folded lazily
+    # Labels and live figures executors add (CPU kernel, split controller): in every snapshot.
+    info: dict[str, Any] = field(default_factory=dict)
+    sources: list[Callable[[], dict[str, Any]]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -80,6 +84,8 @@ class MoEStats:
             "hit_rate_by_layer": [
                 h / (h + m) if h + m else 0.0 for h, m in zip(self.hits, self.misses, strict=True)
             ],
+            **self.info,
+            **{k: v for source in self.sources for k, v in source().items()},
         }
 
 
