@@ -134,7 +134,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     profiler = StepProfiler(device)
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
-        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens,
+        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
     )
     executor.profiler = profiler
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
