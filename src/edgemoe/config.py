@@ -69,6 +69,12 @@ class MoEConfig:
     moe_hybrid_fraction: float | None = setting(
         None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them)"
     )
+    routing: str = setting(
+        "router",
+        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F], a seeded process "
+        "with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
+        "labelled in every output; refused by serve)",
+    )
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
@@ -106,6 +112,9 @@ class EngineConfig:
                 value = getattr(part, f.name)
                 if choices and value not in choices:
                     raise ValueError(f"{flag_name(f.name)}={value!r}: choose one of {', '.join(choices)}")
+        from edgemoe.moe.routing_spec import parse_routing  # torch-free
+
+        parse_routing(self.moe.routing)
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         positive = {

@@ -22,6 +22,9 @@ from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.registry import make_executor
+from edgemoe.moe.routing_spec import ROUTER, parse_routing
+from edgemoe.moe.routing_trace import RoutingTrace
+from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import StepProfiler
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -43,6 +46,8 @@ class Runtime:
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
+    trace: RoutingTrace  # records the routing while a benchmark asks (bench decode)
+    routing: str = ROUTER  # "router", or the synthetic process's label: in every output
 
 
 def resolve_device(name: str) -> torch.device:
@@ -137,6 +142,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
     )
     executor.profiler = profiler
+    executor.trace = trace = RoutingTrace()
+    executor.routing = routing = make_routing(config.moe.routing, arch)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
     del loaded
     page = config.cache.page_size
@@ -144,8 +151,22 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device)
     attention = make_attention_backend("auto", pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
-    runner = ModelRunner(model, attention, buffers, profiler)
+    runner = ModelRunner(model, attention, buffers, profiler, routing)
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan,
+        max_len, plan, trace, routing.label if routing else ROUTER,
     )
+
+
+def make_routing(setting: str, arch: DecoderArch) -> SyntheticRouting | None:
+    """The router override `--routing` asks for (None: the model's router), logged."""
+    spec = parse_routing(setting)
+    if spec is None:
+        return None
+    routing = SyntheticRouting(spec, list(arch.moe_layers), arch.num_experts, arch.top_k)
+    # WARNING level on purpose: nothing this run measures about the cache is a real model's.
+    log.warning(
+        "routing %s: the router's expert choices are replaced by a seeded process (cache studies only; "
+        "hit rates, speeds and tokens are not a real model's)", routing.label,
+    )
+    return routing

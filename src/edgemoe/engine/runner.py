@@ -14,6 +14,7 @@ from edgemoe.layers.attention_backend import AttentionBackend
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.context import StepContext
 from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import DISABLED, StepProfiler
 
 
@@ -24,14 +25,19 @@ class ModelRunner:
         attention: AttentionBackend,
         buffers: BatchBuffers,
         profiler: StepProfiler = DISABLED,
+        routing: SyntheticRouting | None = None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
+        self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
 
     def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
         """Run one step's chunks; return the batch and float32 logits [N, V] for its
         logits rows. Nothing here reads the device back."""
         batch = self.buffers.build(chunks)
         self.attention.prepare(batch)
+        if self.routing is not None:
+            host = batch.host
+            self.routing.prepare(host.q_lens, host.seq_lens, host.req_rows)
         hidden = self.model.forward(StepContext(batch, self.attention, self.profiler))
         with self.profiler.region("lm_head"):
             return batch, self.model.logits(hidden)
