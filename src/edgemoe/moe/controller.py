@@ -177,7 +177,7 @@ class SplitController:
     def decide_initial(self, misses: int, expert_bytes: int) -> str:
         """auto's start-up choice for a decode layer of `misses` one-token misses (logged)."""
         if self.mode == "auto":
-            n, best, copies = self._best([1] * misses)
+            _, best, copies = self._best([1] * misses)
             self._choose((copies - best) / copies if copies else 0.0,
                          f"at start-up, {misses} misses per layer ({self.rates.describe(expert_bytes)})")
         return self.choice
