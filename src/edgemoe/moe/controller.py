@@ -12,7 +12,7 @@ controller picks the n that minimises it (the CPU takes the fewest-token misses,
 is least behind the device; ties go to the copies, which also fill the cache), and, when
 the device side then has slack, lets some CPU experts be admitted into slots too.
 
-Learning: each side is a `LinearCost`, recursive least squares with forgetting, started
+Learning: each side is a `LinearCost`, weighted least squares with forgetting, started
 from the start-up probe's rates (`moe/rate_probe.py`). A side that gets no work gets no
 observations, so the controller spends a small, accounted share of the predicted time
 (`explore_share`) on probes (one miss sent to the idle side) to keep it current: a wrong
@@ -24,7 +24,7 @@ best split over copies only; hybrid above `HYBRID_ON`, offload below `HYBRID_OFF
 (hysteresis), one log line when it switches.
 
 Contract: one controller per executor, used from the forward thread only, in layer
-order: `wants_cpu(layer)` before the routing read-back (may the CPU take a share?),
+order: `wants_cpu()` before the routing read-back (may the CPU take a share?),
 `split(...)` once the misses are known, then `observe_cpu` / `observe_device` with that
 layer's timings. Nothing here touches tensors or the device except `Timing.query()`.
 """
@@ -40,12 +40,12 @@ log = logging.getLogger(__name__)
 
 HYBRID_ON = 0.03  # auto → hybrid when the best split is predicted ≥ 3% faster than copies only
 HYBRID_OFF = 0.01  # auto → offload when it is predicted < 1% faster
-FORGET = 0.97  # RLS forgetting: ~30 observations of memory, so a change shows within a step or two
+FORGET = 0.97  # forgetting: ~30 observations of memory, so a change shows within a step or two
 EXPLORE_SHARE = 0.01  # at most 1% of the predicted time goes to probing an idle side
-PROBE_AFTER = 32
+PROBE_AFTER = 32  # splits without work for a side before it is probed
 FLOOR_S = 10e-6  # timings below this are noise-dominated (a kernel launch, a thread wake-up)
 SOLVE_EVERY = 8  # timings between re-solving a cost law (the solve is the costly part)
-NOISE = 0.2  # relative spread of one timing around the cost law (RLS measurement noise)  # splits without an observation of a side before it is probed
+NOISE = 0.2  # relative spread of one timing around the cost law (the fit's measurement noise)
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,11 @@ class Rates:
     device_fixed_s: float = 20e-6  # per layer on the device whatever the split
 
     def describe(self, expert_bytes: int) -> str:
-        return (f"copies {expert_bytes / self.copy_s / 1e9:.1f} GB/s, CPU experts "
-                f"{expert_bytes / self.cpu_s / 1e9:.1f} GB/s (+{self.cpu_call_s * 1e6:.0f} µs per call)")
+        def gbs(seconds: float) -> float:
+            return expert_bytes / max(seconds, 1e-12) / 1e9
+
+        return (f"copies {gbs(self.copy_s):.1f} GB/s, CPU experts {gbs(self.cpu_s):.1f} GB/s "
+                f"(+{self.cpu_call_s * 1e6:.0f} µs per call)")
 
 
 class LinearCost:
