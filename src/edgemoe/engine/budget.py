@@ -67,7 +67,8 @@ class MemoryPlan:
         if self.budget is not None:
             rows.append(("budget (--gpu-memory)", self.budget))
         width = max(len(r[0]) for r in rows)
-        lines = [f"memory plan (moe backend: {self.backend})"]
+        live = " = slot cache, misses copied or split with the CPU as measured" if self.backend == "auto" else ""
+        lines = [f"memory plan (moe backend: {self.backend}{live})"]
         lines += [f"  {name:<{width}}  {nbytes / GiB:8.2f} GiB" for name, nbytes in rows]
         return "\n".join(lines)
 
@@ -144,7 +145,8 @@ def plan_memory(
         )
     all_experts = total_experts * e_bytes
     if backend == "auto":
-        backend = "resident" if all_experts + max_model_len * per_tok <= free else "offload"
+        # Too big to hold: the slot cache, with the CPU used or not as the live rates say.
+        backend = "resident" if all_experts + max_model_len * per_tok <= free else "auto"
     if backend == "resident":
         kv = kv_tokens or min((free - all_experts) // per_tok, max_running * max_model_len)
         if kv < 1 or all_experts + kv * per_tok > free:

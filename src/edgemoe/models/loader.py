@@ -2,7 +2,10 @@
 
 Dense tensors land in a dict of our names; per-expert tensors are written straight into
 the host ExpertStore's stacked banks. Each checkpoint tensor is read, copied into its
-place and dropped, so the model is never held twice in memory.
+place and dropped, so the model is never held twice in memory. A pinned store's banks
+are allocated pageable (exactly their size) and page-locked in place on a background
+thread, each as soon as its last expert tensor is written (`moe/pinning.py`), so
+pinning overlaps reading instead of following it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from edgemoe.models.arch import DecoderArch
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
+from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
 from edgemoe.moe.store import BankStore, ExpertStore
 
 log = logging.getLogger(__name__)
@@ -107,10 +111,11 @@ def confined(model_dir: Path, fname: object, listed_in: str) -> str:
 
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
+    registrar: Registrar | None = None,
 ) -> LoadedModel:
-    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked: written
-    in place, never pinned by copying; pageable with a warning if the OS refuses), or
-    "mmap" (experts stay in the checkpoint files, mapped, never read at load time)."""
+    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked in place by
+    `registrar` as each fills; pageable with a warning without one, or if the OS refuses),
+    or "mmap" (experts stay in the checkpoint files, mapped, never read at load time)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
@@ -118,11 +123,39 @@ def load_checkpoint(
     names = model_module(arch.model_type).checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     shape = (list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
-    experts: ExpertStore = (
-        MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape, pin=expert_store == "pinned")
-    )
+    experts: ExpertStore = MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape)
+    pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
-    filled = _stream_files(model_dir, files, names, params, experts, progress)
+    try:
+        filled = _stream_files(model_dir, files, names, params, experts, progress, pins)
+        _check_complete(model_dir, files, names, filled)
+    except BaseException:
+        if pins is not None:  # give back what was locked; the store is dropped with the error
+            pins.pinner.finish()
+            pins.pinner.release()
+        raise
+    if pins is not None:
+        experts.own_pins(pins.pinner)  # type: ignore[union-attr]  # waits for the last layers
+    if arch.tie_word_embeddings:
+        params["lm_head"] = params["embed"]
+    return LoadedModel(arch, params, experts, config)
+
+
+def _pin_tracker(experts: ExpertStore, names: NameMap, registrar: Registrar | None) -> PinWhenFilled | None:
+    """Which checkpoint tensors fill each bank, so each bank is locked once complete."""
+    if registrar is None:
+        log.warning("expert_store (--expert-store) pinned needs a CUDA device; using pageable memory")
+        return None
+    assert isinstance(experts, BankStore)
+    expected: dict[str, tuple[torch.Tensor, set[str]]] = {}
+    for name, place in names.items():
+        if place.target.startswith("experts."):
+            _, layer, which = place.target.split(".")
+            expected.setdefault(place.target, (experts.tensor(int(layer), which), set()))[1].add(name)
+    return PinWhenFilled(InPlacePinner(registrar, "expert store"), expected)
+
+
+def _check_complete(model_dir: Path, files: dict[str, list[str]], names: NameMap, filled: set[str]) -> None:
     missing = sorted(set(names) - filled)
     if missing:
         where = {n: f for f, ns in files.items() for n in ns}
@@ -132,9 +165,6 @@ def load_checkpoint(
             + (f" (the index puts it in {where[first]})" if first in where else "")
             + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
         )
-    if arch.tie_word_embeddings:
-        params["lm_head"] = params["embed"]
-    return LoadedModel(arch, params, experts, config)
 
 
 def _stream_files(
@@ -144,6 +174,7 @@ def _stream_files(
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
     progress: bool,
+    pins: PinWhenFilled | None = None,
 ) -> set[str]:
     filled: set[str] = set()
     unexpected: list[str] = []
@@ -168,6 +199,8 @@ def _stream_files(
                     continue
                 _place(path, name, _read(handle, path, name), place, params, experts)
                 filled.add(name)
+                if pins is not None:
+                    pins.filled(place.target, name)
                 bar.update(1)
     bar.close()
     if unexpected:

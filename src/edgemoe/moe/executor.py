@@ -11,6 +11,7 @@ device. `moe/registry.py` builds one by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
 
@@ -18,6 +19,21 @@ from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
+
+
+class RoutingOverride(Protocol):
+    """Replaces the router's expert ids (cache studies: `moe/synthetic_routing.py`);
+    the runner prepares it once per step, before the forward pass."""
+
+    label: str
+
+    def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class RoutingObserver(Protocol):
+    """Sees every MoE layer's routed ids, in call order (`moe/routing_trace.py`)."""
+
+    def record(self, layer: int, ids: torch.Tensor) -> None: ...
 
 
 class MoEExecutor(ABC):
@@ -30,11 +46,17 @@ class MoEExecutor(ABC):
     state across calls (a cache, statistics) but the result never depends on it.
     Counters live where they are cheapest and are read lazily (`stats.snapshot()`).
     `close()` releases device memory and threads; the executor is unusable after.
+
+    The routing hooks travel with the executor to the MoE blocks that call it (the
+    runtime sets them, off by default): `routing` replaces the router's ids,
+    `trace` records them.
     """
 
     stats: MoEStats
     profiler: StepProfiler = DISABLED  # the runtime shares its own
     graph_safe = False  # whether a forward may be captured in a CUDA graph (no host reads)
+    routing: RoutingOverride | None = None
+    trace: RoutingObserver | None = None
 
     @abstractmethod
     def forward(

@@ -10,6 +10,7 @@ pair of each MoE layer is a hit, derived from the token count (`all_resident`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,9 @@ class MoEStats:
     cpu_s: float = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
     all_resident: tuple[tuple[int, ...], int] | None = None  # (MoE layers, top_k): hits = tokens × top_k
+    # Labels and live figures executors add (CPU kernel, split controller): in every snapshot.
+    info: dict[str, Any] = field(default_factory=dict)
+    sources: list[Callable[[], dict[str, Any]]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -86,6 +90,8 @@ class MoEStats:
             "hit_rate_by_layer": [
                 h / (h + m) if h + m else 0.0 for h, m in zip(layer_hits, self.misses, strict=True)
             ],
+            **self.info,
+            **{k: v for source in self.sources for k, v in source().items()},
         }
 
 
