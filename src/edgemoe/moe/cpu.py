@@ -36,7 +36,6 @@ from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
 from edgemoe.moe.controller import SplitController
 from edgemoe.moe.offload import OffloadExecutor, pad_rows, real_rows
 from edgemoe.moe.rate_probe import probe_rates
-from edgemoe.moe.stats import Stopwatch
 from edgemoe.moe.store import ExpertStore
 from edgemoe.moe.timing import DeviceTimer
 
