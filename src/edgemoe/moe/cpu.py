@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
+from edgemoe.moe.activity import CPU
 from edgemoe.moe.offload import OffloadExecutor
 from edgemoe.moe.stats import Stopwatch
 from edgemoe.moe.store import ExpertStore
@@ -64,6 +65,8 @@ class SplitExecutor(OffloadExecutor):
             self._write_cpu_cells(job, cells)
             self.stats.cpu_experts[layer] += len(cpu_experts)
             self.stats.misses[layer] += len(cpu_experts)
+            if self.stats.activity is not None:  # someone watches the live view
+                self.stats.activity.mark(layer, cpu_experts, CPU)
             if self.admit:
                 self._admit(layer, cpu_experts[: self.cache.num_slots])
         return moe_combine(cells, x.dtype, residual)

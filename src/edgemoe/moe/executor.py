@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import numpy as np
 import torch
 
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
@@ -44,6 +45,10 @@ class MoEExecutor(ABC):
         topk_weights: torch.Tensor,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
+
+    def resident_mask(self) -> np.ndarray | None:
+        """[layers, experts] bool: which experts sit on the device now; None: every one."""
+        return None
 
     def recover(self) -> None:
         """Forget per-step state after a forward aborted midway (device OOM)."""

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from edgemoe.moe.activity import HIT, ExpertActivity
+
 
 @dataclass
 class MoEStats:
@@ -27,7 +29,8 @@ class MoEStats:
     copy_s: float = 0.0
     cpu_s: float = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
-    device_hits: torch.Tensor | None = field(default=None, repr=False)  # [L] int64, folded lazily
+    device_hits: torch.Tensor | None = field(default=None, repr=False)  # [L, E] int64, folded lazily
+    activity: ExpertActivity | None = field(default=None, repr=False)  # per-expert marks while watched
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -38,21 +41,33 @@ class MoEStats:
         if layer == self.first_layer:
             self.tokens += n
 
+    def watch(self, num_experts: int | None) -> None:
+        """Start (`num_experts` given) or stop marking per-(layer, expert) activity."""
+        if num_experts is None:
+            self.activity = None
+        elif self.activity is None:
+            self.activity = ExpertActivity(self.num_layers, num_experts)
+
     def add_copy_interval(self, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         self._events.append((start, end))
 
     def count_device_hits(self, layer: int, topk_ids: torch.Tensor, num_experts: int) -> None:
-        """Add the layer's distinct routed experts to a device counter (no host read)."""
+        """Add the layer's distinct routed experts to a device counter (no host read).
+
+        Per expert, at the cost of the per-layer count it replaces (one fill, one add)."""
         if self.device_hits is None:
-            self.device_hits = torch.zeros(self.num_layers, dtype=torch.int64, device=topk_ids.device)
+            self.device_hits = torch.zeros(self.num_layers, num_experts, dtype=torch.int64, device=topk_ids.device)
         used = torch.zeros(num_experts, dtype=torch.int64, device=topk_ids.device)
         used.index_fill_(0, topk_ids.flatten(), 1)
-        self.device_hits[layer] += used.sum()
+        self.device_hits[layer] += used
 
     def resolve(self) -> None:
         if self.device_hits is not None:
-            for layer, n in enumerate(self.device_hits.tolist()):
+            counts = self.device_hits.cpu()
+            for layer, n in enumerate(counts.sum(dim=1).tolist()):
                 self.hits[layer] += n
+            if self.activity is not None:
+                self.activity.mark_counts(counts.numpy(), HIT)
             with torch.inference_mode():  # created inside the forward: an inference tensor
                 self.device_hits.zero_()
         if self._events:
