@@ -86,7 +86,8 @@ class _Totals:
 async def live_frames(state: ServerState, interval: float, experts: bool) -> AsyncIterator[str]:
     """Frames until the client goes away (the response is cancelled then)."""
     merger = ExpertMapMerger()
-    state.client.stats_listeners.add(merger.add)
+    if experts:
+        state.client.stats_listeners.add(merger.add)
     try:
         before = _Totals(state)
         while True:
