@@ -5,7 +5,8 @@
     edgemoe chat --url 127.0.0.1:1919  # a running server
 
 Answers stream as they are generated; thinking is shown dimmed. Line editing and
-history with the arrow keys come from readline (history kept in the cache directory).
+history with the arrow keys come from readline (kept in `chat_history` in the cache
+directory, or `$EDGEMOE_CHAT_HISTORY`).
 Ctrl-C stops the answer in progress (the request is aborted), not the program; Ctrl-D
 or /exit quits. Commands: /clear, /system [TEXT], /stats, /help, /exit.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -132,9 +134,10 @@ def _stop_on_interrupt(backend: ChatBackend) -> Iterator[None]:
 
 
 def _history_file() -> Path:
+    """`$EDGEMOE_CHAT_HISTORY`, else `chat_history` in the cache directory."""
     from edgemoe.assets.cache import cache_dir
 
-    return cache_dir() / "chat_history"
+    return Path(os.environ.get("EDGEMOE_CHAT_HISTORY") or cache_dir() / "chat_history")
 
 
 def _readline() -> Any:
@@ -189,6 +192,28 @@ def add_chat_parser(sub: Any, add_engine_flags: Any) -> None:
     add_engine_flags(chat)
 
 
+def _load(settings: dict[str, Any]) -> Any:
+    """The engine in-process, with a progress bar and one line about it instead of the
+    memory-plan tables `serve` prints (`edgemoe plan` shows those)."""
+    from edgemoe import LLM
+
+    print(f"loading {settings.get('model') or 'the demo model'} …", file=sys.stderr, flush=True)
+    quiet = [logging.getLogger(n) for n in ("edgemoe.engine.build", "edgemoe.engine.model_source")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        llm = LLM(progress=True, **settings)
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+    plan, engine = llm.engine.runtime.plan, llm.engine
+    slots = f", {plan.num_slots} expert slots" if plan.num_slots else ""
+    print(f"moe backend {plan.backend}{slots}, KV cache {plan.kv_tokens} tokens, context {engine.max_model_len}",
+          file=sys.stderr, flush=True)
+    return llm
+
+
 def run_chat(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     sampling = Sampling(args.max_tokens, args.temperature, None if args.thinking is None else args.thinking == "on")
     if args.max_tokens < 1:
@@ -202,9 +227,7 @@ def run_chat(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                              "belong to `edgemoe serve` there")
         backend = RemoteBackend(server_url(args.url), args.api_key, sampling)
     else:
-        from edgemoe import LLM
-
-        backend = LocalBackend(LLM(progress=True, **settings), sampling)
+        backend = LocalBackend(_load(settings), sampling)
     try:
         return repl(ChatSession(backend, args.system))
     finally:
