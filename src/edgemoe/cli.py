@@ -43,9 +43,10 @@ class Help(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if "default" in text or action.default in (argparse.SUPPRESS, None, False) or not action.option_strings:
-            return text
+        if "default" in text or action.default is argparse.SUPPRESS or action.nargs == 0 or not action.option_strings:
+            return text  # said already, kept elsewhere (`_with_default`), a switch, or a positional
         shown = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+        shown = "none" if shown is None else shown
         return f"{text} (default: {shown})".strip()
 
 
@@ -237,7 +238,14 @@ def _chat_prompt(tokenizer: Any, text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if argv[:1] == ["launch"] and "--" in argv:  # `launch AGENT [flags] -- ARGS`: ARGS are the agent's
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if args.command == "launch":
+        args.agent_args = passthrough
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="edgemoe: %(message)s")
     try:
         if args.command == "generate":

@@ -3,7 +3,7 @@
 1. Find the agent's command (`claude`, `codex`, `opencode` on PATH): a clear message and
    exit 127 when it is not installed, before anything starts.
 2. Use the server at `--url` or, without it, one already answering on 127.0.0.1:1919;
-   otherwise start `edgemoe serve` on a free port (every engine flag applies) with a
+   otherwise (or with `--new-server`) start `edgemoe serve` on a free port (every engine flag applies) with a
    fresh API key, in its own process group so the terminal's Ctrl-C reaches only the agent.
 3. Run the agent with the settings docs/agents.md documents, passed so that the user's
    own files are never written: environment variables for Claude Code, `-c` overrides for
@@ -158,12 +158,13 @@ class StartedServer:
 
 def add_launch_parser(sub: Any) -> None:
     launch = sub.add_parser("launch", help="run Claude Code, Codex or OpenCode against edgemoe (starting a server if needed)",
-                            description=__doc__.split("\n\n", 1)[1])
+                            description=__doc__.split("\n\n", 1)[1], usage="%(prog)s AGENT [flags] [-- ARGS for the agent]")
     launch.add_argument("agent", choices=tuple(AGENTS), help="the coding agent to run")
-    launch.add_argument("agent_args", nargs=argparse.REMAINDER, metavar="-- ARGS", help="arguments for the agent")
     launch.add_argument("--url", default=None,
                         help=f"use this server (URL or host:port) (default: {DEFAULT_URL} if one answers there, "
                              "else start one)")
+    launch.add_argument("--new-server", action="store_true",
+                        help=f"always start a server for this run, even when one answers at {DEFAULT_URL}")
     launch.add_argument("--api-key", default=os.environ.get("EDGEMOE_API_KEY"),
                         help="the key of the server at --url (default: $EDGEMOE_API_KEY)")
     from edgemoe.cli import add_engine_flags
@@ -172,12 +173,12 @@ def add_launch_parser(sub: Any) -> None:
 
 
 def run_launch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
-    agent_args = args.agent_args[1:] if args.agent_args[:1] == ["--"] else args.agent_args
+    agent_args = list(getattr(args, "agent_args", []))
     command = agent_command(args.agent)
     if command is None:
         print(not_installed(args.agent), file=sys.stderr)
         return NOT_INSTALLED
-    endpoint = describe(server_url(args.url or DEFAULT_URL), args.api_key)
+    endpoint = None if args.new_server else describe(server_url(args.url or DEFAULT_URL), args.api_key)
     if args.url and endpoint is None:
         raise ValueError(f"no edgemoe server answers at {server_url(args.url)}")
     started = None
