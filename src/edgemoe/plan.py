@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
