@@ -53,7 +53,8 @@ def test_plan_slots_are_the_engines_plan(capsys, tmp_path: Path) -> None:  # noq
     spec = parse_random(model)
     arch = model_module(spec.config["model_type"]).arch(spec.config)
     engine = plan_memory(arch, backend="auto", moe_slots=None, kv_tokens=None, max_model_len=arch.max_position_embeddings,
-                         max_prefill_tokens=2048, max_running=64, budget=parse_size("16GiB"), context=parse_size("0.5GiB"))
+                         max_prefill_tokens=2048, max_running=64, budget=parse_size("16GiB"), context=parse_size("0.5GiB"),
+                         graph_max_bs=32)
     bf16 = next(line for line in out.splitlines() if line.startswith("bf16"))
     assert f" {engine.num_slots} " in bf16 and engine.backend in bf16
     h = engine.num_slots / (48 * 128)

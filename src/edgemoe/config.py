@@ -74,11 +74,22 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class KernelConfig:
+    attention_backend: str = setting(
+        "auto", "attention kernels: triton (GPU) or torch (the reference); auto = triton on a GPU with Triton",
+        ("auto", "triton", "torch"),
+    )
+    cuda_graph_max_bs: int = setting(32, "largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
+    no_cuda_graph: bool = setting(False, "run every decode step eagerly (no CUDA graphs)")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -98,7 +109,7 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        for part in (self.model, self.cache, self.scheduler, self.moe):
+        for part in (self.model, self.cache, self.scheduler, self.moe, self.kernels):
             for f in fields(part):
                 choices = f.metadata.get("choices")
                 value = getattr(part, f.name)
@@ -113,6 +124,7 @@ class EngineConfig:
             "max_prefill_tokens": self.scheduler.max_prefill_tokens,
             "kv_tokens": self.cache.kv_tokens or 1,
             "max_model_len": self.model.max_model_len or 1,
+            "cuda_graph_max_bs": self.kernels.cuda_graph_max_bs,
         }
         for name, value in positive.items():
             if value < 1:

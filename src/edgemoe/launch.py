@@ -121,7 +121,8 @@ class StartedServer:
         self.api_key = secrets.token_urlsafe(24)
         argv = [sys.executable, "-m", "edgemoe.cli", "serve", "--port", "0", "--quiet"]
         for name, value in settings.items():
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            argv += [flag] if value is True else [] if value is False else [flag, str(value)]  # switches alone
         # NOTE: the key travels in the environment, never argv (visible in the process list).
         env = {**os.environ, "EDGEMOE_API_KEY": self.api_key}
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env=env,

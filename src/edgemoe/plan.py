@@ -131,6 +131,7 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
         arch, backend=args.moe_backend, moe_slots=args.moe_slots, kv_tokens=args.kv_tokens,
         max_model_len=args.max_model_len or arch.max_position_embeddings, max_prefill_tokens=args.max_prefill_tokens,
         max_running=args.max_running_requests, budget=budget, context=context, expert_bytes=e_bytes,
+        graph_max_bs=min(args.cuda_graph_max_bs, args.max_running_requests),  # as the engine plans on a GPU
     )
     moe_layers, K, E = len(arch.moe_layers), arch.top_k, arch.num_experts
     total = moe_layers * E
@@ -153,7 +154,8 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
 # --------------------------------------------------------------------------- command line
 
 # Engine settings the plan depends on, with the engine's own defaults and help.
-PLAN_SETTINGS = ("max_model_len", "kv_tokens", "max_running_requests", "max_prefill_tokens", "moe_backend", "moe_slots")
+PLAN_SETTINGS = ("max_model_len", "kv_tokens", "max_running_requests", "max_prefill_tokens", "moe_backend", "moe_slots",
+                 "cuda_graph_max_bs")
 
 
 def add_plan_parser(sub: Any) -> None:

@@ -73,11 +73,18 @@ def test_offload_and_cpu_marks_agree_with_the_slot_map(store: BankStore, backend
     assert ex.stats.activity is None
 
 
-def test_resident_hits_come_from_the_device_counters(store: BankStore) -> None:
+def test_resident_marks_come_from_device_marks_only_while_watched(store: BankStore) -> None:
     ex = make_executor("resident", store, torch.device("cpu"), F.silu, L, 0)
+    _step(ex, 0, torch.tensor([[1, 2]]))  # unwatched: nothing kept per expert
+    assert ex.stats.routed is None and ex.stats.activity is None
     ex.stats.watch(E)
     _step(ex, 1, torch.tensor([[0, 5], [5, 7]]))
     _step(ex, 2, torch.tensor([[3, 4]]))
     ex.stats.resolve()
-    assert ex.stats.hits == [0, 3, 2]  # distinct experts per layer call, as before per expert
     assert ex.stats.activity.take(list(range(L)), ex.resident_mask()) == ["11111111", "21111212", "11122111"]
+    x = torch.randn(3, H)  # a padded batch: the padding row's routing is not marked
+    ex.forward(0, x, torch.tensor([[6, 7], [6, 6], [0, 1]]), torch.full((3, K), 0.5), num_padding=1)
+    ex.stats.resolve()
+    assert ex.stats.activity.take([0], None) == ["11111122"]
+    ex.stats.watch(None)
+    assert ex.stats.routed is None and ex.stats.activity is None

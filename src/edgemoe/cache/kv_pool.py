@@ -28,7 +28,10 @@ class KVPool:
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
-        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        # NOTE: one page more than planned, never handed out: padded batch entries (CUDA
+        # graphs) write their K/V there, so they never touch a live request's cache.
+        self.scratch_page = num_pages
+        shape = (num_layers, (num_pages + 1) * page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         # Pop from the end: low page ids are handed out first, which keeps tests readable.

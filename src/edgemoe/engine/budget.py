@@ -44,12 +44,13 @@ class MemoryPlan:
     kv_bytes: int
     workspace: int
     backend: str
+    graphs: int = 0  # the CUDA graphs' memory pool (decode activations at captured sizes)
 
     @property
     def total(self) -> int:
         return (
             self.context + self.weights + self.experts_resident + self.num_slots * self.slot_bytes
-            + self.kv_bytes + self.workspace
+            + self.kv_bytes + self.workspace + self.graphs
         )
 
     def table(self) -> str:
@@ -60,6 +61,7 @@ class MemoryPlan:
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
             (f"KV cache ({self.kv_tokens} tokens)", self.kv_bytes),
             ("workspace", self.workspace),
+            ("CUDA graphs", self.graphs),
             ("total", self.total),
         ]
         if self.budget is not None:
@@ -81,6 +83,15 @@ def expert_nbytes(arch: DecoderArch) -> int:
 def dense_weight_bytes(arch: DecoderArch) -> int:
     n = sum(_numel(s) for s in arch.param_shapes().values())
     return n * arch.dtype.itemsize
+
+
+def graph_pool_bytes(arch: DecoderArch, max_bs: int) -> int:
+    """The decode graphs' shared pool: logits (bf16 and fp32) and one layer's
+    activations and kernel workspaces at the largest captured size, plus slack."""
+    if max_bs <= 0:
+        return 0
+    per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.top_k + 16) + 4 * sum(arch.qkv_rows)
+    return max_bs * per_row + 64 * MiB
 
 
 def workspace_bytes(arch: DecoderArch, max_prefill_tokens: int, max_running: int) -> int:
@@ -110,6 +121,7 @@ def plan_memory(
     max_running: int,
     budget: int | None,
     context: int = 0,
+    graph_max_bs: int = 0,
     expert_bytes: int | None = None,
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots and KV tokens; raise PlanError
@@ -119,17 +131,18 @@ def plan_memory(
     e_bytes = expert_bytes or expert_nbytes(arch)
     total_experts = len(arch.moe_layers) * arch.num_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
+    graphs = graph_pool_bytes(arch, graph_max_bs)
     if budget is None:  # CPU: no cap to plan against
         backend = "resident" if backend == "auto" else backend
         kv = kv_tokens or max(max_model_len, min(2 * max_model_len, 65536))
         slots = 0 if backend == "resident" else moe_slots or max(arch.top_k, total_experts // 4)
         resident = total_experts * e_bytes if backend == "resident" else 0
-        return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend)
-    free = budget - context - weights - ws
+        return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)
+    free = budget - context - weights - ws - graphs
     if free <= 0:
         raise PlanError(
             f"gpu_memory (--gpu-memory) {budget / GiB:.2f} GiB is below the CUDA context "
-            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({ws / GiB:.2f}) GiB: "
+            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({(ws + graphs) / GiB:.2f}) GiB: "
             "raise --gpu-memory or lower --max-prefill-tokens / --max-running-requests"
         )
     all_experts = total_experts * e_bytes
@@ -142,7 +155,7 @@ def plan_memory(
                 f"resident experts ({all_experts / GiB:.2f} GiB) + KV do not fit in {free / GiB:.2f} GiB: "
                 "use --moe-backend offload|cpu|hybrid, lower --kv-tokens, or raise --gpu-memory"
             )
-        return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend)
+        return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend, graphs)
     min_slots = arch.top_k
     kv = kv_tokens or max(1, min(max_model_len, int(free * KV_SHARE_DEFAULT) // per_tok))
     room = free - kv * per_tok
@@ -153,4 +166,4 @@ def plan_memory(
             f"({kv * per_tok / GiB:.2f} GiB) do not fit in {free / GiB:.2f} GiB (at least {min_slots} slots "
             "needed): lower --kv-tokens / --max-model-len / --moe-slots, or raise --gpu-memory"
         )
-    return MemoryPlan(budget, context, weights, 0, slots, e_bytes, kv, kv * per_tok, ws, backend)
+    return MemoryPlan(budget, context, weights, 0, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)

@@ -13,6 +13,7 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.config import EngineConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
@@ -102,7 +103,35 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
         max_running=sched.max_running_requests,
         budget=budget,
         context=context,
+        graph_max_bs=graph_max_bs(config, device),
     )
+
+
+def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
+    """The largest decode batch the plan reserves graph memory for (0: no graphs)."""
+    if device.type != "cuda" or config.kernels.no_cuda_graph:
+        return 0
+    return min(config.kernels.cuda_graph_max_bs, config.scheduler.max_running_requests)
+
+
+def make_runner(
+    config: EngineConfig, model: CausalLM, attention: AttentionBackend, executor: MoEExecutor,
+    buffers: BatchBuffers, profiler: StepProfiler, table: PageTable, pool: KVPool,
+) -> ModelRunner:
+    """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
+    to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
+    same shapes and compute the same bits — and captured when the executor allows
+    it (resident experts) unless `--no-cuda-graph`."""
+    executor.stats.count_in_forward = False
+    pads = attention.graph_safe and attention.pool.k.is_cuda
+    max_bs = min(config.kernels.cuda_graph_max_bs, config.scheduler.max_running_requests)
+    padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
+    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens)
+    if pads and executor.graph_safe and not config.kernels.no_cuda_graph:
+        seconds = runner.capture_graphs()
+        executor.stats.reset()  # warm-up and capture routed padding tokens
+        log.warning("captured CUDA graphs for decode batches of %s sequences in %.1f s", padding.sizes, seconds)  # type: ignore[union-attr]
+    return runner
 
 
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
@@ -141,10 +170,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     del loaded
     page = config.cache.page_size
     pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
-    table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device)
-    attention = make_attention_backend("auto", pool, device)
+    table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
+    attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
-    runner = ModelRunner(model, attention, buffers, profiler)
+    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool)
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
         max_len, plan,

@@ -14,7 +14,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgemoe.engine.budget import GiB, MemoryPlan, PlanError, dense_weight_bytes, parse_size
+from edgemoe.engine.budget import (
+    GiB,
+    MemoryPlan,
+    PlanError,
+    dense_weight_bytes,
+    parse_size,
+)
 from edgemoe.models.arch import DecoderArch
 
 HOST_FLAG = "host_memory (--host-memory)"

@@ -30,7 +30,11 @@ class SparseMoE:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, weights.to(x.dtype)
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given)."""
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
+    ) -> torch.Tensor:
+        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given);
+        `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
+        rows that only pad the batch (their output is never read)."""
         ids, weights = self.route(x)
-        return self.executor.forward(self.layer, x, ids, weights, residual)
+        return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)

@@ -22,7 +22,7 @@ import torch
 
 from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
 from edgemoe.moe.activity import CPU
-from edgemoe.moe.offload import OffloadExecutor
+from edgemoe.moe.offload import OffloadExecutor, pad_rows, real_rows
 from edgemoe.moe.stats import Stopwatch
 from edgemoe.moe.store import ExpertStore
 
@@ -49,8 +49,10 @@ class SplitExecutor(OffloadExecutor):
         # One worker: torch's intra-op threads parallelise each expert already.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgemoe-cpu-experts") if device.type == "cuda" else None
 
-    def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        x, topk_ids, topk_weights, residual = real_rows(x, topk_ids, topk_weights, residual, num_padding)
         self.stats.count_tokens(layer, x.shape[0])
+        self.num_decode = num_decode
         cells = self.workspace.cells(topk_ids)
         self.readback.start(topk_ids, x)
         self.compute_hits(layer, x, topk_ids, topk_weights, cells)
@@ -69,7 +71,7 @@ class SplitExecutor(OffloadExecutor):
                 self.stats.activity.mark(layer, cpu_experts, CPU)
             if self.admit:
                 self._admit(layer, cpu_experts[: self.cache.num_slots])
-        return moe_combine(cells, x.dtype, residual)
+        return pad_rows(moe_combine(cells, x.dtype, residual), num_padding)
 
     def _cpu_share(self, misses: tuple[int, ...], ids: np.ndarray) -> list[int]:
         n = math.ceil(self.cpu_fraction * len(misses) - 1e-9)

@@ -35,6 +35,7 @@ class MoEExecutor(ABC):
 
     stats: MoEStats
     profiler: StepProfiler = DISABLED  # the runtime shares its own
+    graph_safe = False  # whether a forward may be captured in a CUDA graph (no host reads)
 
     @abstractmethod
     def forward(
@@ -44,7 +45,13 @@ class MoEExecutor(ABC):
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         residual: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+        num_decode: int = 0,
+        num_padding: int = 0,
+    ) -> torch.Tensor:
+        """`num_decode`: the leading rows of `x` that are decode tokens (kernels treat
+        them apart so a decode token's result doesn't depend on its step's company).
+        `num_padding`: trailing rows that only pad the batch to a CUDA-graph size; an
+        executor may skip them (their output rows are then garbage, never read)."""
 
     def resident_mask(self) -> np.ndarray | None:
         """[layers, experts] bool: which experts sit on the device now; None: every one."""
@@ -79,6 +86,8 @@ class CellWorkspace:
 class ResidentExecutor(MoEExecutor):
     """Every expert of every layer on the compute device: slot = expert id."""
 
+    graph_safe = True
+
     def __init__(
         self, store: ExpertStore, device: torch.device, act: Activation, num_layers: int, max_tokens: int = 256
     ) -> None:
@@ -88,12 +97,17 @@ class ResidentExecutor(MoEExecutor):
         hidden = store.down_shape[0]
         self.workspace = CellWorkspace(max_tokens, hidden, device)
 
-    def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        # NOTE: padding rows are computed (a captured graph has fixed shapes); the
+        # per-pair kernels make the real rows' results the same either way.
         gate_up, down = self.banks[layer]
         self.stats.count_tokens(layer, x.shape[0])
-        self.stats.count_device_hits(layer, topk_ids, self.num_experts)
+        if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
+            self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
+        if self.stats.activity is not None:  # a live view watches: mark the real rows' experts
+            self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
-        moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells)
+        moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells, num_decode)
         return moe_combine(cells, x.dtype, residual)
 
     def close(self) -> None:

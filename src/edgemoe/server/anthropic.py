@@ -29,10 +29,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgemoe.server.anthropic_errors import anthropic_error_frame
-from edgemoe.server.anthropic_protocol import CountTokensRequest, CreateMessageRequest, tool_input
+from edgemoe.server.anthropic_protocol import (
+    CountTokensRequest,
+    CreateMessageRequest,
+    tool_input,
+)
 from edgemoe.server.disconnect import unless_disconnected
 from edgemoe.server.errors import APIError
-from edgemoe.server.events import ChoiceDone, Done, Event, ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
+from edgemoe.server.events import (
+    ChoiceDone,
+    Done,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
 from edgemoe.server.generation import (
     ChatPrompt,
     Generation,
@@ -41,8 +53,8 @@ from edgemoe.server.generation import (
     sampling_params,
     start_generation,
 )
-from edgemoe.server.model import ServedModel
 from edgemoe.server.heartbeat import ANTHROPIC_PING, with_heartbeat
+from edgemoe.server.model import ServedModel
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse, Response
 
 from edgemoe.server import access_log, engine_log
 from edgemoe.server.access_log import AccessLogMiddleware
+from edgemoe.server.admission import enforce_deadlines
 from edgemoe.server.anthropic import count_tokens, create_message
 from edgemoe.server.anthropic_protocol import CountTokensRequest, CreateMessageRequest
-from edgemoe.server.admission import enforce_deadlines
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.disconnect_watch import CancelOnDisconnectMiddleware
 from edgemoe.server.engine_client import EngineClient
@@ -35,11 +35,16 @@ from edgemoe.server.middleware import OPEN_PATHS, GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
 from edgemoe.server.openai_completions import create_completion
 from edgemoe.server.openapi import install_openapi
-from edgemoe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from edgemoe.server.responses import create_response
-from edgemoe.server.responses_protocol import ResponsesRequest
+from edgemoe.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from edgemoe.server.request_body import ThreadedBodyRoute
 from edgemoe.server.request_context import RequestContextMiddleware
+from edgemoe.server.responses import create_response
+from edgemoe.server.responses_protocol import ResponsesRequest
 from edgemoe.server.state import ServerState
 from edgemoe.server.stats_api import add_ops_routes, health_body
 from edgemoe.server.stats_models import Health

@@ -21,7 +21,14 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-from edgemoe.messages import MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TOKEN_COUNT, SEED_MAX, SEED_MIN
+from edgemoe.messages import (
+    MAX_STOP_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOKEN_COUNT,
+    SEED_MAX,
+    SEED_MIN,
+)
 
 __all__ = [
     "MAX_STOP_BYTES",

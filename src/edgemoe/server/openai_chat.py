@@ -43,10 +43,10 @@ from edgemoe.server.generation import (
     start_generation,
     thinking_from,
 )
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
 from edgemoe.server.protocol import ChatCompletionRequest
-from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 

@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgemoe.messages import TokenLogprob
-from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.disconnect import unless_disconnected
+from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.events import ChoiceDone, Done, TextDelta, TokensDelta, Usage
 from edgemoe.server.generation import (
     Generation,
@@ -29,10 +29,10 @@ from edgemoe.server.generation import (
     sampling_params,
     start_generation,
 )
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.openai_chat import usage_body
 from edgemoe.server.protocol import CompletionRequest
-from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 

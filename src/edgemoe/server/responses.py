@@ -44,9 +44,9 @@ from edgemoe.server.generation import (
     start_generation,
     thinking_from,
 )
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.responses_protocol import ResponsesRequest
-from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 

@@ -26,7 +26,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.errors import bad_request
-from edgemoe.server.protocol import Probability, RepetitionPenalty, Seed, Temperature, TokenCount, TopK, TopP
+from edgemoe.server.protocol import (
+    Probability,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TokenCount,
+    TopK,
+    TopP,
+)
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 _ROLES = frozenset({"user", "developer", "system", "assistant"})
