@@ -33,7 +33,8 @@ class ModelConfig:
     dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's on a GPU, float32 on the CPU", DTYPES)
     device: str = setting("auto", "cpu, cuda, cuda:N; auto = cuda when available")
     gpu_memory: str | None = setting(
-        None, "cap on everything the process holds on the GPU (e.g. 16GiB); default: 90%% of free memory"
+        None, "cap on everything the process holds on the GPU, CUDA context included (e.g. 16GiB); "
+        "default: 90%% of the GPU's memory"
     )
     host_memory: str | None = setting(
         None, "cap on what the engine plans to hold in host RAM (e.g. 64GiB); default: what the OS reports available"

@@ -123,10 +123,13 @@ def plan_memory(
     budget: int | None,
     context: int = 0,
     graph_max_bs: int = 0,
+    expert_bytes: int | None = None,
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots and KV tokens; raise PlanError
-    naming the setting to change when nothing fits."""
-    weights, per_tok, e_bytes = dense_weight_bytes(arch), kv_bytes_per_token(arch), expert_nbytes(arch)
+    naming the setting to change when nothing fits. `expert_bytes`: one expert's size in
+    another format than the arch's dtype (`edgemoe plan`'s what-ifs)."""
+    weights, per_tok = dense_weight_bytes(arch), kv_bytes_per_token(arch)
+    e_bytes = expert_bytes or expert_nbytes(arch)
     total_experts = len(arch.moe_layers) * arch.num_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
     graphs = graph_pool_bytes(arch, graph_max_bs)

@@ -33,6 +33,7 @@ from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
+from edgemoe.moe.activity import CPU
 from edgemoe.moe.controller import SplitController
 from edgemoe.moe.offload import OffloadExecutor, pad_rows, real_rows
 from edgemoe.moe.rate_probe import probe_rates
@@ -113,6 +114,8 @@ class SplitExecutor(OffloadExecutor):
                 ctl.observe_cpu(len(cpu_experts), int(counts[cpu_experts].sum()), seconds)
             self.stats.cpu_experts[layer] += len(cpu_experts)
             self.stats.misses[layer] += len(cpu_experts)
+            if self.stats.activity is not None:  # someone watches the live view
+                self.stats.activity.mark(layer, cpu_experts, CPU)
             if self.admit:
                 self._admit(layer, cpu_experts[: self.cache.num_slots])
         return pad_rows(moe_combine(cells, x.dtype, residual), num_padding)

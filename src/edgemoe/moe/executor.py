@@ -13,6 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
@@ -74,6 +75,10 @@ class MoEExecutor(ABC):
         `num_padding`: trailing rows that only pad the batch to a CUDA-graph size; an
         executor may skip them (their output rows are then garbage, never read)."""
 
+    def resident_mask(self) -> np.ndarray | None:
+        """[layers, experts] bool: which experts sit on the device now; None: every one."""
+        return None
+
     def recover(self) -> None:
         """Forget per-step state after a forward aborted midway (device OOM)."""
 
@@ -121,6 +126,8 @@ class ResidentExecutor(MoEExecutor):
         self.stats.count_tokens(layer, x.shape[0])
         if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
             self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
+        if self.stats.activity is not None:  # a live view watches: mark the real rows' experts
+            self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
         moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells, num_decode)
         return moe_combine(cells, x.dtype, residual)

@@ -21,6 +21,7 @@ import threading
 from typing import Protocol
 
 import torch
+from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class InPlacePinner:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._finished = False
+        self._submitted = 0  # bytes queued, for the progress bar
 
     @property
     def pinned_bytes(self) -> int:
@@ -94,19 +96,28 @@ class InPlacePinner:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="edgemoe-pin", daemon=True)
             self._thread.start()
+        self._submitted += tensor.numel() * tensor.element_size()
         self._queue.put(tensor)
 
-    def finish(self) -> bool:
-        """Wait for every registration; True if all of them succeeded."""
+    def finish(self, progress: bool = False) -> bool:
+        """Wait for every registration (`progress`: a bar while it takes); True if all succeeded."""
         if not self._finished:
             self._finished = True
             if self._thread is not None:
                 self._queue.put(None)
-                self._thread.join()
+                self._wait(self._thread, progress)
             if self._error is not None:
                 self.release()
                 log.warning("pinning the %s failed (%s); using pageable memory (slower copies)", self.what, self._error)
         return self._error is None
+
+    def _wait(self, thread: threading.Thread, progress: bool) -> None:
+        # Pinning tens of GB takes tens of seconds: show how far it got (GB registered).
+        with tqdm(total=round(self._submitted / 1e9, 2), desc="pinning experts", unit="GB", leave=False,
+                  disable=not progress, bar_format="{desc}: {n:.1f}/{total:.1f} GB {bar} {elapsed}") as bar:
+            while thread.is_alive():
+                thread.join(0.25)
+                bar.update(round(self.pinned_bytes / 1e9, 2) - bar.n)
 
     def release(self) -> None:
         """Unregister everything registered (idempotent); the tensors are dropped after."""
