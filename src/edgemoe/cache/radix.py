@@ -28,14 +28,16 @@ from edgemoe.cache.prefix_cache import (
     PagePool,
     PrefixCache,
     PrefixMatch,
+    Snapshot,
     StaleHandle,
+    _check_no_snapshots,
 )
 
 Tokens = tuple[int, ...]
 
 
 class _Node:
-    __slots__ = ("key", "pages", "parent", "children", "lock_ref", "last_access", "uid", "alive")
+    __slots__ = ("key", "pages", "parent", "children", "lock_ref", "last_access", "uid", "alive", "digest", "snapshot")
 
     def __init__(
         self, key: Tokens, pages: list[int], parent: _Node | None, last_access: int, uid: int
@@ -48,6 +50,8 @@ class _Node:
         self.last_access = last_access
         self.uid = uid  # creation order: a deterministic tie-break for the eviction heap
         self.alive = True
+        self.digest: bytes | None = None  # the prefix's digest at the node's end (tiered caches)
+        self.snapshot: int | None = None  # a GDN state row at the node's end (tiered caches)
 
     def __repr__(self) -> str:
         return f"_Node(uid={self.uid}, pages={self.pages}, lock_ref={self.lock_ref})"
@@ -106,7 +110,10 @@ class RadixPrefixCache(PrefixCache):
                 self._evictable += len(node.pages)
             node = node.parent
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], snapshots: Sequence[Snapshot] = ()
+    ) -> InsertResult:
+        _check_no_snapshots(snapshots)
         num_full = len(token_ids) // self.page_size
         if len(pages) < num_full:
             raise ValueError(f"{len(pages)} pages cannot hold {len(token_ids)} tokens")

@@ -1,22 +1,29 @@
-"""The device memory plan: weights + expert slots + KV pages + workspace, under a cap.
+"""The device memory plan: weights + expert slots + KV pages + GDN state + workspace, under a cap.
 
 `--gpu-memory` caps what the process holds on the device as the driver counts it
 (`torch.cuda.mem_get_info`), so the CUDA context and library workspaces, measured
 before planning, are inside the cap: a plan that fits here fits a real card that size.
 On a CPU-only machine there is no cap; the "device" is host memory and the defaults
 only keep the slot cache honest (a quarter of the experts) for offload tests.
+
+Hybrid models (GDN layers) hold a recurrent state per sequence (~61 MiB at the
+Qwen3.5-35B-A3B shape): `--state-slots` device rows of it. Each running request owns one,
+and with the prefix cache two more on average hold snapshots (its rolling one, one kept in
+the tree); the plan caps `max_running_requests` at what the rows allow and says so.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 
 MiB, GiB = 2**20, 2**30
 FIXED_WORKSPACE = 256 * MiB  # allocator slack, graph pools, small buffers
 KV_SHARE_DEFAULT = 0.25  # of what is left after weights, when --kv-tokens is unset
+STATE_SHARE_DEFAULT = 0.1  # of what is left after weights, for GDN state rows when --state-slots is unset
 
 
 class PlanError(ValueError):
@@ -45,12 +52,22 @@ class MemoryPlan:
     workspace: int
     backend: str
     graphs: int = 0  # the CUDA graphs' memory pool (decode activations at captured sizes)
+    max_running: int = 0  # requests running at once (the setting, capped by the state rows)
+    state_rows: int = 0  # GDN state rows on the device (hybrid models; 0 otherwise)
+    state_row_bytes: int = 0  # one sequence's recurrent + conv state, all GDN layers
+    snapshot_rows: int = 0  # of state_rows, those for prefix-cache snapshots (the rest are live)
+    running_note: str = ""  # why max_running is below the setting, if it is
+
+    @property
+    def state_bytes(self) -> int:
+        """The rows plus the scratch row padded batch entries use (engine/build.py)."""
+        return (self.state_rows + 1) * self.state_row_bytes if self.state_rows else 0
 
     @property
     def total(self) -> int:
         return (
             self.context + self.weights + self.experts_resident + self.num_slots * self.slot_bytes
-            + self.kv_bytes + self.workspace + self.graphs
+            + self.kv_bytes + self.state_bytes + self.workspace + self.graphs
         )
 
     def table(self) -> str:
@@ -60,6 +77,7 @@ class MemoryPlan:
             ("resident experts", self.experts_resident),
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
             (f"KV cache ({self.kv_tokens} tokens)", self.kv_bytes),
+            *self._state_rows(),
             ("workspace", self.workspace),
             ("CUDA graphs", self.graphs),
             ("total", self.total),
@@ -67,39 +85,49 @@ class MemoryPlan:
         if self.budget is not None:
             rows.append(("budget (--gpu-memory)", self.budget))
         width = max(len(r[0]) for r in rows)
-        live = " = slot cache, misses copied or split with the CPU as measured" if self.backend == "auto" else ""
-        lines = [f"memory plan (moe backend: {self.backend}{live})"]
+        lines = [f"memory plan (moe backend: {self.backend})"]
         lines += [f"  {name:<{width}}  {nbytes / GiB:8.2f} GiB" for name, nbytes in rows]
+        if self.running_note:
+            lines.append(f"  {self.running_note}")
         return "\n".join(lines)
 
+    def _state_rows(self) -> list[tuple[str, int]]:
+        if not self.state_rows:
+            return []
+        live = self.state_rows - self.snapshot_rows
+        rows = f"{live} live + {self.snapshot_rows} snapshot + 1 scratch rows x {self.state_row_bytes / MiB:.1f} MiB"
+        return [(f"GDN state ({rows})", self.state_bytes)]
 
-def kv_bytes_per_token(arch: DecoderArch) -> int:
-    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * arch.dtype.itemsize
+
+def kv_bytes_per_token(arch: ModelArch) -> int:
+    """K and V of every layer that holds KV (a hybrid's GDN layers hold none)."""
+    return 2 * len(arch.kv_layers) * arch.num_kv_heads * arch.head_dim * arch.dtype.itemsize
 
 
-def expert_nbytes(arch: DecoderArch) -> int:
+def expert_nbytes(arch: ModelArch) -> int:
     return 3 * arch.hidden_size * arch.moe_intermediate_size * arch.dtype.itemsize
 
 
-def dense_weight_bytes(arch: DecoderArch) -> int:
+def dense_weight_bytes(arch: ModelArch) -> int:
     n = sum(_numel(s) for s in arch.param_shapes().values())
     return n * arch.dtype.itemsize
 
 
-def graph_pool_bytes(arch: DecoderArch, max_bs: int) -> int:
+def graph_pool_bytes(arch: ModelArch, max_bs: int) -> int:
     """The decode graphs' shared pool: logits (bf16 and fp32) and one layer's
     activations and kernel workspaces at the largest captured size, plus slack."""
     if max_bs <= 0:
         return 0
-    per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.top_k + 16) + 4 * sum(arch.qkv_rows)
+    per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.moe_pairs + 16) + 4 * arch.projection_width
     return max_bs * per_row + 64 * MiB
 
 
-def workspace_bytes(arch: DecoderArch, max_prefill_tokens: int, max_running: int) -> int:
-    """Peak activations of one step (fp32 MoE cells dominate), plus logits and slack."""
+def workspace_bytes(arch: ModelArch, max_prefill_tokens: int, max_running: int) -> int:
+    """Peak activations of one step (fp32 MoE cells dominate; a hybrid's GDN prefill adds
+    its per-chunk states), plus logits and slack."""
     T, H = max_prefill_tokens + max_running, arch.hidden_size
     inter = max(arch.moe_intermediate_size, arch.intermediate_size)
-    per_token = 4 * (8 * H + arch.top_k * H + 4 * inter + sum(arch.qkv_rows))
+    per_token = 4 * (8 * H + arch.moe_pairs * H + 4 * inter + arch.projection_width) + arch.state_workspace_per_token
     logits = 3 * 4 * arch.vocab_size * max_running
     return int(1.5 * (T * per_token + logits)) + FIXED_WORKSPACE
 
@@ -111,8 +139,42 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+class StatePlan(NamedTuple):
+    rows: int  # GDN state rows on the device (live + snapshot)
+    max_running: int  # requests running at once: one live row each
+    snapshot_rows: int  # rows for prefix-cache snapshots
+    note: str  # why max_running is below the setting ("" if it is not)
+
+
+def plan_state(
+    arch: ModelArch, state_slots: int | None, max_running: int, budget: int | None, used: int, snapshots: bool = False,
+) -> StatePlan:
+    """GDN state rows (`--state-slots`, or a share of what `used` bytes leave of the budget;
+    on the CPU what the running requests use) and the running requests they allow. A running
+    request owns a live row (NOTE: live rows are the page-table rows, so running <= rows);
+    with `snapshots` (the prefix cache) a third of the rows are live, the rest snapshots."""
+    row = arch.state_bytes
+    if row == 0:
+        return StatePlan(0, max_running, 0, "")
+    per_request = 3 if snapshots else 1  # its live row, and its rolling snapshot + one in the tree
+    if state_slots is not None:
+        rows = state_slots
+    elif budget is None:
+        rows = per_request * max_running
+    else:
+        rows = max(1, min(per_request * max_running, int(STATE_SHARE_DEFAULT * max(0, budget - used)) // row - 1))
+    running = max(1, min(max_running, rows // per_request))
+    note = "" if running == max_running else (
+        f"max running requests: {running} (max_running_requests (--max-running-requests) {max_running} is capped "
+        f"by the {rows} GDN state rows of {row / MiB:.1f} MiB"
+        + (", a third of them live, the rest prefix-cache snapshots" if snapshots else "")
+        + ": raise --state-slots or --gpu-memory for more)"
+    )
+    return StatePlan(rows, running, rows - running, note)
+
+
 def plan_memory(
-    arch: DecoderArch,
+    arch: ModelArch,
     *,
     backend: str,
     moe_slots: int | None,
@@ -123,28 +185,52 @@ def plan_memory(
     budget: int | None,
     context: int = 0,
     graph_max_bs: int = 0,
+    state_slots: int | None = None,
+    snapshots: bool = False,
     expert_bytes: int | None = None,
 ) -> MemoryPlan:
-    """Decide the backend (when auto), expert slots and KV tokens; raise PlanError
-    naming the setting to change when nothing fits. `expert_bytes`: one expert's size in
-    another format than the arch's dtype (`edgemoe plan`'s what-ifs)."""
+    """Decide the backend (when auto), expert slots, KV tokens and GDN state rows (hybrid
+    models; they cap the running requests); raise PlanError naming the setting to change
+    when nothing fits. `expert_bytes`: one expert's size in another format than the
+    arch's dtype (`edgemoe plan`'s what-ifs)."""
+    state = plan_state(arch, state_slots, max_running, budget, context + dense_weight_bytes(arch), snapshots)
+    plan = _plan_weights_kv(
+        arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
+        (state.rows + 1) * arch.state_bytes if state.rows else 0, graph_pool_bytes(arch, graph_max_bs),
+        expert_bytes,
+    )
+    return replace(
+        plan, max_running=state.max_running, state_rows=state.rows, state_row_bytes=arch.state_bytes,
+        snapshot_rows=state.snapshot_rows, running_note=state.note,
+    )
+
+
+def _plan_weights_kv(
+    arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
+    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
+    expert_bytes: int | None = None,
+) -> MemoryPlan:
+    """The backend, slots and KV in what is left after `reserved` bytes (the GDN state)
+    and the graph pool."""
     weights, per_tok = dense_weight_bytes(arch), kv_bytes_per_token(arch)
     e_bytes = expert_bytes or expert_nbytes(arch)
-    total_experts = len(arch.moe_layers) * arch.num_experts
+    total_experts = len(arch.moe_layers) * arch.store_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
-    graphs = graph_pool_bytes(arch, graph_max_bs)
     if budget is None:  # CPU: no cap to plan against
         backend = "resident" if backend == "auto" else backend
         kv = kv_tokens or max(max_model_len, min(2 * max_model_len, 65536))
         slots = 0 if backend == "resident" else moe_slots or max(arch.top_k, total_experts // 4)
         resident = total_experts * e_bytes if backend == "resident" else 0
         return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)
-    free = budget - context - weights - ws - graphs
+    free = budget - context - weights - ws - graphs - reserved
     if free <= 0:
+        state = f" + GDN state ({reserved / GiB:.2f})" if reserved else ""
         raise PlanError(
             f"gpu_memory (--gpu-memory) {budget / GiB:.2f} GiB is below the CUDA context "
-            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({(ws + graphs) / GiB:.2f}) GiB: "
+            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({(ws + graphs) / GiB:.2f})"
+            f"{state} GiB: "
             "raise --gpu-memory or lower --max-prefill-tokens / --max-running-requests"
+            + (" / --state-slots" if reserved else "")
         )
     all_experts = total_experts * e_bytes
     if backend == "auto":

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from edgemoe.cache.host_tier import HostTier
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.cache.page_table import PageTable
-from edgemoe.config import EngineConfig, flag_name
+from edgemoe.cache.state_pool import StatePool
+from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
-from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
+from edgemoe.engine.host_budget import HostRow
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.mlp import activation
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
@@ -48,7 +51,10 @@ class Runtime:
     max_model_len: int
     plan: MemoryPlan
     trace: RoutingTrace  # records the routing while a benchmark asks (bench decode)
+    scheduler: SchedulerConfig  # the setting, max_running_requests as planned (hybrids: <= state rows)
     routing: str = ROUTER  # "router", or the synthetic process's label: in every output
+    states: StatePool | None = None  # hybrid models: GDN state rows
+    host_tier: HostTier | None = None  # --host-cache
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,7 +99,7 @@ def host_store_kind(setting: str, device: torch.device) -> str:
     return "ram" if setting == "pageable" else setting
 
 
-def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max_len: int) -> MemoryPlan:
+def make_plan(config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int) -> MemoryPlan:
     budget, context = device_budget(config, device)
     moe, sched = config.moe, config.scheduler
     if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
@@ -109,6 +115,8 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
         budget=budget,
         context=context,
         graph_max_bs=graph_max_bs(config, device),
+        state_slots=config.cache.state_slots,
+        snapshots=config.cache.cache_type == "radix",
     )
 
 
@@ -122,7 +130,7 @@ def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
 def make_runner(
     config: EngineConfig, model: CausalLM, attention: AttentionBackend, executor: MoEExecutor,
     buffers: BatchBuffers, profiler: StepProfiler, table: PageTable, pool: KVPool,
-    routing: SyntheticRouting | None = None,
+    routing: SyntheticRouting | None = None, states: StatePool | None = None,
 ) -> ModelRunner:
     """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
     to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
@@ -131,9 +139,9 @@ def make_runner(
     executor.stats.count_in_forward = False
     # Host-drawn routing (cache studies) runs eagerly, unpadded: a graph would replay stale ids.
     pads = attention.graph_safe and attention.pool.k.is_cuda and routing is None
-    max_bs = min(config.kernels.cuda_graph_max_bs, config.scheduler.max_running_requests)
+    max_bs = min(config.kernels.cuda_graph_max_bs, table.max_rows)
     padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
-    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing)
+    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states)
     if pads and executor.graph_safe and not config.kernels.no_cuda_graph:
         seconds = runner.capture_graphs()
         executor.stats.reset()  # warm-up and capture routed padding tokens
@@ -161,11 +169,14 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
+    host_cache = host_cache_bytes(config)
     loaded = load_model(
         source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
+        extra=(HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
+        if host_cache else (),
     )
-    sched = config.scheduler
+    sched = replace(config.scheduler, max_running_requests=plan.max_running)
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
     profiler = StepProfiler(device)
     executor = make_executor(
@@ -178,18 +189,20 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
     del loaded
     page = config.cache.page_size
-    pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
+    pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
-    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing)
+    states = make_state_pool(arch, plan, device)
+    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states)
+    host_tier = make_host_tier(host_cache, pool, states) if host_cache else None
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan, trace, routing.label if routing else ROUTER,
+        max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier,
     )
 
 
-def make_routing(setting: str, arch: DecoderArch) -> SyntheticRouting | None:
+def make_routing(setting: str, arch: ModelArch) -> SyntheticRouting | None:
     """The router override `--routing` asks for (None: the model's router), logged."""
     spec = parse_routing(setting)
     if spec is None:
@@ -201,3 +214,35 @@ def make_routing(setting: str, arch: DecoderArch) -> SyntheticRouting | None:
         "hit rates, speeds and tokens are not a real model's)", routing.label,
     )
     return routing
+
+
+def host_cache_bytes(config: EngineConfig) -> int:
+    """`--host-cache` in bytes (0: no host tier); refused without the prefix cache."""
+    setting = config.cache.host_cache
+    if setting is None:
+        return 0
+    if config.cache.cache_type == "none":
+        raise ValueError(f"{flag_name('host_cache')} needs the prefix cache (--cache-type radix)")
+    try:
+        return parse_size(setting)
+    except ValueError:
+        raise ValueError(f"{flag_name('host_cache')}: cannot parse size {setting!r} (e.g. 16GiB)") from None
+
+
+def make_host_tier(nbytes: int, pool: KVPool, states: StatePool | None) -> HostTier:
+    """Half of it for GDN state snapshots (hybrid models), the rest for KV pages."""
+    snapshot_slots = nbytes // 2 // states.shape.row_nbytes if states is not None else 0
+    used = snapshot_slots * states.shape.row_nbytes if states is not None else 0
+    tier = HostTier(pool, (nbytes - used) // pool.page_nbytes, states, snapshot_slots)
+    log.warning("host cache: %.2f GiB (%d KV pages, %d state snapshots)", tier.nbytes() / GiB,
+                tier.pages.shape[0], snapshot_slots)
+    return tier
+
+
+def make_state_pool(arch: ModelArch, plan: MemoryPlan, device: torch.device) -> StatePool | None:
+    """Hybrid models: a state row per page-table row, the scratch row included (so live
+    row r is request row r); the plan's other rows are for snapshots."""
+    shape = arch.state_shape()
+    if shape is None:
+        return None
+    return StatePool(shape, plan.max_running + 1, plan.snapshot_rows, device)

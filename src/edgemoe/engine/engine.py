@@ -22,7 +22,7 @@ from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import SeqChunk
-from edgemoe.engine.build import build_runtime
+from edgemoe.engine.build import Runtime, build_runtime
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
@@ -41,6 +41,16 @@ class StepHandle:
     error: str | None = None
 
 
+# Tokens after which a request keeps a GDN state snapshot until it ends: the assistant's
+# tool-call opener, so a client that re-renders the call resumes right after it.
+SNAPSHOT_TOKENS = ("<tool_call>",)
+
+
+def snapshot_token_ids(rt: Runtime) -> frozenset[int]:
+    ids = (rt.tokenizer.tokenizer.token_to_id(t) for t in SNAPSHOT_TOKENS)
+    return frozenset(i for i in ids if i is not None)
+
+
 class Engine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
@@ -49,8 +59,9 @@ class Engine:
         self.tokenizer = rt.tokenizer
         self.max_model_len = rt.max_model_len
         self.vocab_size = rt.model.arch.vocab_size
-        self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool)
-        self.scheduler = Scheduler(config.scheduler, rt.pool, self.prefix_cache, rt.page_table)
+        self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool, rt.states, rt.host_tier)
+        self.snapshot_ids = snapshot_token_ids(rt) if self.prefix_cache.stateful else frozenset()
+        self.scheduler = Scheduler(rt.scheduler, rt.pool, self.prefix_cache, rt.page_table)
         self.runner = rt.runner
         self.profiler = rt.profiler
         self.sampling = SamplingRows(rt.page_table.max_rows + 1, self.vocab_size, rt.device, config.model.seed)
@@ -129,7 +140,30 @@ class Engine:
             self.profiler.step_end()
         for s in plan.seqs:
             s.request.num_computed = s.start + s.length
+        if self.prefix_cache.stateful:
+            self._capture_states(plan)
         return StepHandle(plan, sampling, result)
+
+    def _capture_states(self, plan: StepPlan) -> None:
+        """After the step's kernels (stream order): keep each request's state at a page
+        boundary it reached; freeze it at the prompt's last boundary (a repeated or shared
+        prompt resumes there) and after a tool-call opener."""
+        ps = self.runtime.pool.page_size
+        for s in plan.seqs:
+            req = s.request
+            assert req.row is not None
+            self.prefix_cache.capture_state(req.snapshots, req.row, req.num_computed)
+            prompt_end = (len(req.prompt_ids) - 1) // ps * ps  # the scheduler ends a chunk there
+            if s.start < prompt_end == req.num_computed:
+                self.prefix_cache.freeze_state(req.snapshots, "prompt")
+            elif self._opens_tool_call(s):
+                self.prefix_cache.freeze_state(req.snapshots, "tool_call")
+
+    def _opens_tool_call(self, s: ScheduledSeq) -> bool:
+        """The step computed a generated tool-call opener token."""
+        req = s.request
+        generated = s.length == 1 and s.start >= len(req.prompt_ids)
+        return generated and req.token_slice(s.start, s.start + 1)[0] in self.snapshot_ids
 
     def complete(self, handle: StepHandle) -> list[RequestOutput]:
         """Wait for the step's sampled ids; append them and apply the stop rules."""
@@ -263,6 +297,7 @@ class Engine:
                 "query_tokens": self.prefix_cache.query_tokens,
                 "hit_tokens": self.prefix_cache.hit_tokens,
                 "hit_rate": self.prefix_cache.hit_rate,
+                **self.prefix_cache.tier_stats(),
             },
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),

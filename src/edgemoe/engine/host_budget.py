@@ -21,7 +21,7 @@ from edgemoe.engine.budget import (
     dense_weight_bytes,
     parse_size,
 )
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 
 HOST_FLAG = "host_memory (--host-memory)"
 
@@ -87,7 +87,7 @@ def host_budget(setting: str | None) -> tuple[int, str]:
 
 
 def plan_host(
-    arch: DecoderArch,
+    arch: ModelArch,
     *,
     expert_store: str,
     available: int,
@@ -99,7 +99,7 @@ def plan_host(
     """Rows for the expert store (`expert_store`: pinned | ram | mmap), the dense weights,
     and, with `device_plan` (the model runs on the host), its slots, KV cache and workspace;
     `extra` rows come from features with host tables of their own."""
-    experts = len(arch.moe_layers) * arch.num_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
+    experts = len(arch.moe_layers) * arch.store_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
     expert_bytes = experts * arch.dtype.itemsize
     store = {
         "pinned": HostRow("expert store", expert_bytes, "pinned"),
@@ -112,5 +112,7 @@ def plan_host(
         if d.num_slots:
             rows.append(HostRow("expert slots", d.num_slots * d.slot_bytes, f"{d.num_slots} slots, device cpu"))
         rows.append(HostRow("KV cache", d.kv_bytes, f"{d.kv_tokens} tokens, device cpu"))
+        if d.state_rows:
+            rows.append(HostRow("GDN state", d.state_bytes, f"{d.state_rows} rows + 1 scratch, device cpu"))
         rows.append(HostRow("workspace", d.workspace, "device cpu"))
     return HostPlan((*rows, *extra), available, source, hints)

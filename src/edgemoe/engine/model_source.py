@@ -21,8 +21,8 @@ import torch
 from edgemoe.assets.cache import atomic_dir, cache_dir
 from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
-from edgemoe.engine.host_budget import host_budget, plan_host
-from edgemoe.models.arch import DecoderArch
+from edgemoe.engine.host_budget import HostRow, host_budget, plan_host
+from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import DTYPES, LoadedModel, load_checkpoint, read_json
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
 from edgemoe.models.registry import model_module
@@ -49,7 +49,7 @@ class ModelSource:
         """Seeded random weights (a preset or the demo model): its text means nothing."""
         return self.random is not None or self.demo
 
-    def arch(self, dtype: str = "auto") -> DecoderArch:
+    def arch(self, dtype: str = "auto") -> ModelArch:
         arch = model_module(self.config.get("model_type")).arch(self.config)
         return arch if dtype == "auto" else replace(arch, dtype=DTYPES[dtype])
 
@@ -82,13 +82,14 @@ def preset_dir(spec: RandomSpec) -> Path:
 
 def load_model(
     source: ModelSource,
-    arch: DecoderArch,
+    arch: ModelArch,
     *,
     expert_store: str,
     device: torch.device,
     host_memory: str | None,
     device_plan: MemoryPlan,
     progress: bool = True,
+    extra: tuple[HostRow, ...] = (),
 ) -> LoadedModel:
     """Check the host plan (PlanError before allocating), log it, then load `source`.
 
@@ -103,7 +104,7 @@ def load_model(
     )
     plan = plan_host(
         arch, expert_store=expert_store, available=available, source=where,
-        device_plan=device_plan if device.type == "cpu" else None, hints=hints,
+        device_plan=device_plan if device.type == "cpu" else None, extra=extra, hints=hints,
     )
     # WARNING level on purpose, like the device plan: what a person starting a server wants to see.
     log.warning("%s", plan.table())
@@ -130,5 +131,5 @@ def _registrar(expert_store: str, device: torch.device) -> Registrar | None:
     return CudaRegistrar(device)
 
 
-def _dtype_name(arch: DecoderArch) -> str:
+def _dtype_name(arch: ModelArch) -> str:
     return next(name for name, dt in DTYPES.items() if dt == arch.dtype)

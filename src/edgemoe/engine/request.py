@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from edgemoe.cache.prefix_cache import Snapshot
 from edgemoe.messages import SamplingParams
 
 
@@ -40,6 +41,7 @@ class Request:
     stop_reason: str | int | None = None
     prefix_handle: object | None = None  # locked prefix-cache match while pages are held
     num_cached: int | None = None  # prompt tokens served by the prefix cache (first admission)
+    snapshots: list[Snapshot] = field(default_factory=list)  # hybrid models: its GDN state copies (rows it owns)
 
     @property
     def num_tokens(self) -> int:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
+from edgemoe.cache.state_pool import StatePool
 from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
 from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, trim
 from edgemoe.engine.sampler import SampleOutput
 from edgemoe.layers.attention_backend import AttentionBackend
 from edgemoe.layers.batch import ForwardBatch
-from edgemoe.layers.context import StepContext
+from edgemoe.layers.context import StateStep, StepContext
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import DISABLED, StepProfiler
@@ -25,7 +26,8 @@ class ModelRunner:
     logits rows, launching device work only. With `padding`, a batch of decode chunks
     is padded to a fixed size (and replayed from `graphs` when they were captured):
     the returned batch and logits cover the real chunks only. `count_tokens(n)` hears
-    each step's real token count (expert statistics)."""
+    each step's real token count (expert statistics). `states` (hybrid models): the GDN
+    state rows each step's `StateStep` names (padded entries: the scratch row, from zeros)."""
 
     def __init__(
         self,
@@ -36,9 +38,10 @@ class ModelRunner:
         padding: DecodePadding | None = None,
         count_tokens: Callable[[int], None] = lambda n: None,
         routing: SyntheticRouting | None = None,
+        states: StatePool | None = None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
-        self.padding, self.count_tokens = padding, count_tokens
+        self.padding, self.count_tokens, self.states = padding, count_tokens, states
         self.graphs: DecodeGraphs | None = None
         self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
 
@@ -67,7 +70,8 @@ class ModelRunner:
         if self.routing is not None:
             host = batch.host
             self.routing.prepare(host.q_lens, host.seq_lens, host.req_rows)
-        hidden = self.model.forward(StepContext(batch, self.attention, self.profiler))
+        state = StateStep.prepare(self.states, batch) if self.states is not None else None
+        hidden = self.model.forward(StepContext(batch, self.attention, self.profiler, state))
         with self.profiler.region("lm_head"):
             return self.model.logits(hidden)
 

@@ -7,7 +7,11 @@ prefilled over several steps.
 
 With a prefix cache, an admitted request starts from the longest cached prefix of its
 tokens (pages shared, locked while in use) and a released request offers its computed
-pages back to the cache. When the pool runs dry, unlocked cached pages are evicted
+pages back to the cache. A stateful cache (hybrid models) also restores the GDN state
+snapshot of the matched prefix into the request's state row, takes its snapshots back
+on release, and wants prompt chunks to end on page boundaries (where snapshots can be
+taken): a chunk short of the prompt's end stops at its last boundary, and a prompt's
+last boundary before its final token ends a chunk of its own. When the pool runs dry, unlocked cached pages are evicted
 first; then the most recently arrived running request is preempted (its computed pages
 go to the cache, so the recompute is mostly a prefix hit). A request that cannot
 grow even with every other page freed (the KV cache is smaller than its context) is
@@ -129,10 +133,19 @@ class Scheduler:
         return [s for s in seqs if s.request.status is Status.RUNNING]
 
     def _chunk(self, req: Request, budget: int) -> ScheduledSeq | None:
-        length = min(req.num_remaining, budget)
+        length = self._aligned(req, min(req.num_remaining, budget))
         if length <= 0 or not self.reserve(req, req.num_computed + length):
             return None
         return ScheduledSeq(req, req.num_computed, length)
+
+    def _aligned(self, req: Request, length: int) -> int:
+        """For a stateful cache, a prompt chunk ends on a page boundary when one lies inside
+        it: the last one before the prompt's final token, or before the chunk's end."""
+        if not self.prefix.stateful or req.num_remaining <= 1:
+            return length
+        ps, end = self.pool.page_size, req.num_computed + length
+        boundary = (end if end < req.num_tokens else req.num_tokens - 1) // ps * ps
+        return boundary - req.num_computed if boundary > req.num_computed else length
 
     def _admit(self, req: Request, budget: int) -> ScheduledSeq | None:
         """Start a waiting request from its longest cached prefix; None if no pages."""
@@ -154,6 +167,7 @@ class Scheduler:
         if req.num_cached is None:  # count each request's lookup once, not its retries
             req.num_cached = m.num_tokens
             self.prefix.record_query(len(query), m.num_tokens)
+        self.prefix.restore_state(m, req.row)
         return seq
 
     def _headroom_after_admission(self) -> bool:
@@ -204,9 +218,10 @@ class Scheduler:
         if req.prefix_handle is None:
             self.pool.free(req.pages)
         else:
-            result = self.prefix.insert(req.token_slice(0, req.num_computed), req.pages)
+            result = self.prefix.insert(req.token_slice(0, req.num_computed), req.pages, req.snapshots)
             self.pool.free(result.to_free)
             self.prefix.unlock(req.prefix_handle)
+        req.snapshots = []
         if req.row is not None:
             self.page_table.release(req.row)
         req.pages, req.prefix_handle, req.row = [], None, None

@@ -18,3 +18,14 @@ class RMSNorm:
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + x), residual + x): the residual add fused with this norm."""
         return add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """The zero-centred RMSNorm of Qwen3-Next / Qwen3.5: x·(1 + w), the scale computed and
+    applied in fp32 before the cast back (`kernels/norm_fused.py`, weight_offset 1)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps, weight_offset=1.0)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return add_rms_norm(x, residual, self.weight, self.eps, weight_offset=1.0)

@@ -1,14 +1,17 @@
 """DecoderArch: the shape of a pre-norm decoder-only MoE transformer, read from a
 Hugging Face `config.json` (through `HFConfig`, which knows its aliases) by each model
-file. Every supported model_type maps onto it."""
+file; the Llama-style families map onto it. `ModelArch` is what the loader, the memory
+plans and the runtime read of any model file's arch (a family of another structure,
+e.g. the GDN hybrids in `models/hybrid_arch.py`, has its own dataclass)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from edgemoe.cache.state_pool import StateShape
 from edgemoe.layers.rotary import RopeSpec
 from edgemoe.models.hf_config import (
     ConfigError,
@@ -18,7 +21,67 @@ from edgemoe.models.hf_config import (
     rope_spec,
 )
 
-__all__ = ["ConfigError", "DecoderArch", "HFConfig", "common_fields"]
+__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "common_fields"]
+
+
+class ModelArch(Protocol):
+    """What everything outside the model files reads of an arch: the loader (param
+    shapes, expert banks), the memory plans (KV, experts, state, workspace) and the
+    runtime. A model file's arch is a frozen dataclass (so `dataclasses.replace` sets
+    `dtype`)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hidden_act: str
+    num_experts: int  # routed experts per MoE layer
+    top_k: int
+    moe_intermediate_size: int
+    intermediate_size: int
+    moe_layers: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """Layer indices that hold KV, in order: KV pool layer j is layer kv_layers[j]."""
+        ...
+
+    @property
+    def store_experts(self) -> int:
+        """Experts per MoE layer in the expert store (routed ones, plus a shared one
+        that runs through the same slot-addressed call)."""
+        ...
+
+    @property
+    def moe_pairs(self) -> int:
+        """(token, expert) cells per token per MoE layer: top_k, plus a shared expert."""
+        ...
+
+    @property
+    def state_bytes(self) -> int:
+        """Recurrent state per sequence, all layers (0: attention only)."""
+        ...
+
+    @property
+    def projection_width(self) -> int:
+        """The widest per-token projection output of a layer (workspace planning)."""
+        ...
+
+    @property
+    def state_workspace_per_token(self) -> int:
+        """Bytes per prefill token the recurrent layers' prefill kernels allocate (0: none)."""
+        ...
+
+    def state_shape(self) -> StateShape | None:
+        """One sequence's recurrent state per layer (None: attention only)."""
+        ...
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]: ...
 
 
 @dataclass(frozen=True)
@@ -49,6 +112,33 @@ class DecoderArch:
     @property
     def dense_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.num_layers) if i not in self.moe_layers)
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        return tuple(range(self.num_layers))
+
+    @property
+    def store_experts(self) -> int:
+        return self.num_experts
+
+    @property
+    def moe_pairs(self) -> int:
+        return self.top_k
+
+    @property
+    def state_bytes(self) -> int:
+        return 0
+
+    @property
+    def projection_width(self) -> int:
+        return sum(self.qkv_rows)
+
+    @property
+    def state_workspace_per_token(self) -> int:
+        return 0
+
+    def state_shape(self) -> StateShape | None:
+        return None
 
     @property
     def qkv_rows(self) -> tuple[int, int, int]:

@@ -20,8 +20,8 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from edgemoe.models.arch import DecoderArch
-from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.arch import ModelArch
+from edgemoe.models.names import NameMap, Placement, StackedMap
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
 from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
@@ -40,7 +40,7 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadedModel:
-    arch: DecoderArch
+    arch: ModelArch
     params: dict[str, torch.Tensor]
     experts: ExpertStore
     config: dict[str, Any]
@@ -55,7 +55,7 @@ def read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
-def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[DecoderArch, dict[str, Any]]:
+def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[ModelArch, dict[str, Any]]:
     config = read_json(model_dir / "config.json")
     arch = model_module(config.get("model_type")).arch(config)
     if dtype != "auto":
@@ -120,14 +120,19 @@ def load_checkpoint(
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     arch, config = read_arch(model_dir, dtype)
-    names = model_module(arch.model_type).checkpoint_map(arch)
+    module = model_module(arch.model_type)
+    names = module.checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
-    shape = (list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
+    shape = (list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
     experts: ExpertStore = MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
+    # A model file may name checkpoint parts it does not read (vision tower, MTP head).
+    ignored = IGNORED_SUFFIXES, tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    # ... and another spelling of a layer's experts: stacked in one tensor.
+    stacked: StackedMap = module.stacked_expert_names(arch) if hasattr(module, "stacked_expert_names") else {}
     try:
-        filled = _stream_files(model_dir, files, names, params, experts, progress, pins)
+        filled = _stream_files(model_dir, files, names, params, experts, progress, pins, ignored, stacked)
         _check_complete(model_dir, files, names, filled)
     except BaseException:
         if pins is not None:  # give back what was locked; the store is dropped with the error
@@ -175,7 +180,12 @@ def _stream_files(
     experts: ExpertStore,
     progress: bool,
     pins: PinWhenFilled | None = None,
+    ignored: tuple[tuple[str, ...], tuple[str, ...]] = (IGNORED_SUFFIXES, ()),
+    stacked: StackedMap | None = None,
 ) -> set[str]:
+    """Place every tensor `names` (or `stacked`: filling the names it covers) knows;
+    `ignored` (suffixes, prefixes) are skipped silently, any other with one warning."""
+    stacked = stacked or {}
     filled: set[str] = set()
     unexpected: list[str] = []
     bar = tqdm(total=len(names), desc="loading", unit="tensor", disable=not progress, leave=False)
@@ -187,21 +197,23 @@ def _stream_files(
             raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
         with handle:
             for name in handle.keys():
-                place = names.get(name)
+                place, covers = names.get(name), ()
+                if place is None and name in stacked:
+                    place, covers = stacked[name].placement, stacked[name].covers
                 if place is None:
-                    if not name.endswith(IGNORED_SUFFIXES):
+                    if not (name.endswith(ignored[0]) or name.startswith(ignored[1])):
                         unexpected.append(name)
                     continue
                 if isinstance(experts, MmapStore) and place.target.startswith("experts."):
-                    _map_expert(path, name, place, experts)
-                    filled.add(name)
-                    bar.update(1)
-                    continue
-                _place(path, name, _read(handle, path, name), place, params, experts)
+                    (_map_stacked if covers else _map_expert)(path, name, place, experts)
+                else:
+                    _place(path, name, _read(handle, path, name), place, params, experts)
                 filled.add(name)
-                if pins is not None:
-                    pins.filled(place.target, name)
-                bar.update(1)
+                filled.update(covers)
+                if pins is not None and place.target.startswith("experts."):
+                    for done in covers or (name,):
+                        pins.filled(place.target, done)
+                bar.update(len(covers) or 1)
     bar.close()
     if unexpected:
         log.warning("ignored %d unexpected tensor(s), e.g. %s", len(unexpected), unexpected[:3])
@@ -228,6 +240,27 @@ def _map_expert(path: Path, name: str, place: Placement, store: MmapStore) -> No
     if tuple(view.shape) != want:
         raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, expected {want}")
     store.add(int(layer), int(expert), part, view)  # type: ignore[arg-type]
+
+
+def _map_stacked(path: Path, name: str, place: Placement, store: MmapStore) -> None:
+    """Register each expert of a stacked [E, 2I, H] / [E, H, I] tensor as a view (nothing is read)."""
+    _, layer, which = place.target.split(".")
+    experts = range(store.num_experts)[place.index[0]]  # type: ignore[index]
+    try:
+        view = store.file(path).view(name)
+    except (KeyError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot map tensor {name!r}: corrupt or truncated ({e})") from None
+    part_shape = store.down_shape if which == "down" else store.gate_up_shape
+    if tuple(view.shape) != (len(experts), *part_shape):
+        raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, "
+                              f"expected {(len(experts), *part_shape)}")
+    inter = store.gate_up_shape[0] // 2
+    for j, e in enumerate(experts):
+        if which == "down":
+            store.add(int(layer), e, "down", view[j])
+        else:
+            store.add(int(layer), e, "gate", view[j, :inter])
+            store.add(int(layer), e, "up", view[j, inter:])
 
 
 def _place(

@@ -23,6 +23,19 @@ class Placement:
 NameMap = dict[str, Placement]
 
 
+@dataclass(frozen=True)
+class Stacked:
+    """One checkpoint tensor holding a whole layer's experts, stacked ([E, 2I, H] gate
+    rows first, or [E, H, I]: transformers 5's layout, which some checkpoints ship): the
+    other spelling of the per-expert names in `covers`, which it fills."""
+
+    placement: Placement  # into the layer's bank, experts 0 .. E-1
+    covers: tuple[str, ...]
+
+
+StackedMap = dict[str, Stacked]
+
+
 def common_names(a: DecoderArch, prefix: str = "model.") -> NameMap:
     """Embedding, final norm, LM head, and per-layer norms + attention."""
     m: NameMap = {

@@ -89,17 +89,87 @@ TINY_QWEN3_MOE: dict[str, Any] = {
     "num_key_value_heads": 2,
 }
 
+# Qwen/Qwen3.5-35B-A3B's language model (its config.json's `text_config`, written as the
+# text-only `qwen3_5_moe_text` so overrides reach every field; Qwen3.6-35B-A3B has the
+# same shapes): 40 layers, three GDN to one gated attention (`full_attention_interval`
+# rather than the 40-entry `layer_types`, so `num_hidden_layers` overrides stay valid);
+# GDN 16 key / 32 value heads x 128, conv kernel 4; attention 16 q / 2 kv heads x 256,
+# rotary on the first 25% (64 dims), theta 1e7 (the interleaved multimodal sections are
+# plain rotary for text); 256 experts top-8 + one shared expert, all of width 512;
+# vocab 248,320 (the Qwen3.5 tokenizer's 248,077 ids, padded); 262,144-token context; bf16.
+# Values as published on the Hub (the model card and config.json), not checked here
+# against the file itself: no network.
+QWEN3_5_35B_A3B: dict[str, Any] = {
+    "architectures": ["Qwen3_5MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 248044,
+    "eos_token_id": 248046,
+    "full_attention_interval": 4,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "model_type": "qwen3_5_moe_text",
+    "moe_intermediate_size": 512,
+    "num_attention_heads": 16,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+        "rope_theta": 10000000.0, "rope_type": "default",
+    },
+    "router_aux_loss_coef": 0.001,
+    "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 248320,
+}
+
+# Its every code path at a few MB (the vocabulary stays real: the Qwen3.5 tokenizer and
+# chat template work). 4 layers: three GDN, one attention.
+TINY_QWEN3_5_MOE: dict[str, Any] = {
+    **QWEN3_5_35B_A3B,
+    "head_dim": 16,
+    "hidden_size": 64,
+    "linear_key_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_value_head_dim": 16,
+    "max_position_embeddings": 4096,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 4,
+    "shared_expert_intermediate_size": 32,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-coder-30b-a3b": QWEN3_CODER_30B_A3B,
+    "qwen3.5-35b-a3b": QWEN3_5_35B_A3B,
     "tiny-qwen3-moe": TINY_QWEN3_MOE,
+    "tiny-qwen3.5-moe": TINY_QWEN3_5_MOE,
 }
 
 # Integer fields that are sizes or counts: an override must be >= 1.
 POSITIVE_FIELDS = frozenset({
     "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "vocab_size",
-    "max_position_embeddings", "decoder_sparse_step",
+    "max_position_embeddings", "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "shared_expert_intermediate_size",
+    "full_attention_interval",
 })
 _SAFE_QUERY = re.compile(r"[A-Za-z0-9_.,=+\-\[\]]+")
 

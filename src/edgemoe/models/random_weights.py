@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import LoadedModel
 from edgemoe.moe.pinning import InPlacePinner, Registrar
 from edgemoe.moe.store import BankStore
@@ -61,7 +61,7 @@ class TiledInit:
 
 
 def materialise(
-    arch: DecoderArch,
+    arch: ModelArch,
     config: dict[str, Any],
     seed: int = 0,
     *,
@@ -74,7 +74,7 @@ def materialise(
     t0 = time.perf_counter()
     init = TiledInit(seed, arch.dtype, float(config.get("initializer_range", DEFAULT_STD)))
     store = BankStore.allocate(
-        list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype
+        list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype
     )
     pinner = InPlacePinner(registrar, "expert store") if registrar is not None else None
     for layer in tqdm(store.layers, desc="random experts", unit="layer", disable=not progress, leave=False):

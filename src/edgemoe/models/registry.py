@@ -11,6 +11,9 @@ MODEL_MODULES: dict[str, str] = {
     "qwen3_moe": "edgemoe.models.qwen3_moe",
     "olmoe": "edgemoe.models.olmoe",
     "mixtral": "edgemoe.models.mixtral",
+    "qwen3_next": "edgemoe.models.qwen3_next",
+    "qwen3_5_moe": "edgemoe.models.qwen3_5_moe",
+    "qwen3_5_moe_text": "edgemoe.models.qwen3_5_moe",
 }
 
 

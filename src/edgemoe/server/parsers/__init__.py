@@ -38,6 +38,7 @@ _MODEL_TYPE_PARSER: dict[str, str] = {
     "olmoe": "hermes",
     "mixtral": "hermes",
     "qwen3_5_moe": "qwen3_coder",
+    "qwen3_5_moe_text": "qwen3_coder",
     "qwen3_next": "qwen3_coder",
     "qwen4_exp": "qwen3_coder",
 }

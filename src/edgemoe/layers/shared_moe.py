@@ -1,0 +1,50 @@
+"""A sparse MoE block with a shared expert (Qwen3-Next, Qwen3.5):
+
+    y = sum_k w_k · expert_{id_k}(x) + sigmoid(x · g_shared) · shared(x)
+
+When the shared expert has the routed experts' shape, it is expert E of the layer's bank
+in the expert store (the loader puts it there): every token routes to it as one more
+(token, k) pair with weight sigmoid(x · g_shared), through the same slot-addressed
+executor call as the routed experts. So it is cached, offloaded and computed on the CPU
+like any expert (an LRU keeps it resident: every token uses it), and the fixed-order k-sum
+covers it. A shared expert of another width cannot share the banks: it runs as a dense
+MLP on the device and is added after the routed sum.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgemoe.layers.mlp import DenseMLP
+from edgemoe.layers.moe import SparseMoE
+
+
+class SharedExpertMoE:
+    def __init__(
+        self,
+        routed: SparseMoE,
+        shared_gate: torch.Tensor,  # [1, H]
+        shared_id: int | None,  # the shared expert's id in the bank (E), or None when dense
+        shared_mlp: DenseMLP | None = None,  # the shared expert when it is not in the bank
+    ) -> None:
+        if (shared_id is None) == (shared_mlp is None):
+            raise ValueError("the shared expert is either in the bank (shared_id) or dense (shared_mlp)")
+        self.routed, self.shared_gate, self.shared_id, self.shared_mlp = routed, shared_gate, shared_id, shared_mlp
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
+    ) -> torch.Tensor:
+        """[T, H] → [T, H] (plus `residual`, fused, when given); `num_decode` / `num_padding`
+        as for `SparseMoE`."""
+        moe = self.routed
+        ids, weights = moe.route(x)  # [T, K] int32, fp32 weights holding x-dtype values
+        gate = torch.sigmoid(F.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
+        if self.shared_id is not None:
+            ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.shared_id)], dim=1)  # [T, K+1]
+            weights = torch.cat([weights, gate.to(weights.dtype)], dim=1)
+            return moe.executor.forward(moe.layer, x, ids, weights, residual, num_decode, num_padding)
+        assert self.shared_mlp is not None
+        out = moe.executor.forward(moe.layer, x, ids, weights, None, num_decode, num_padding)
+        out = out + gate * self.shared_mlp(x)
+        return out if residual is None else residual + out
