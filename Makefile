@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 1919
 
-.PHONY: serve test install install-test gpu-wheels clean agents-smoke
+.PHONY: serve test test-tools install install-test gpu-wheels clean agents-smoke
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,7 +29,22 @@ install-test: $(VENV)/.installed-test
 serve: install
 	$(BIN)/edgemoe serve --host $(HOST) --port $(PORT)
 
-test: install-test
+# The browser and the terminal the web page and `edgemoe chat` tests drive (Debian's
+# packages, installed when missing and we are root). Without them those tests skip,
+# except with CI=true, where they fail.
+TEST_TOOLS := chromium chromedriver tmux
+test-tools:
+	@missing=""; for t in $(TEST_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium chromium-driver tmux (missing:$$missing)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver tmux >/dev/null; \
+	  else \
+	    echo "missing:$$missing; install chromium chromium-driver tmux, or the web page and chat tests skip"; \
+	  fi; \
+	fi
+
+test: install-test test-tools
 	$(BIN)/python -m pytest tests -m "not gpu" -p no:cacheprovider
 
 # Claude Code, Codex and OpenCode from the npm registry (into .agents/), one tool-call

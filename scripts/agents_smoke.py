@@ -7,8 +7,8 @@ For each of Claude Code (`claude -p`), Codex (`codex exec`) and OpenCode (`openc
    backend (`EDGEMOE_SCRIPTED_BACKEND`, see `edgemoe.testing.agent_backend`): it asks
    for a shell call that prints `edgemoe-smoke-42-MARKER`, and answers once a prompt
    carries that output back in a tool result;
-3. run the agent non-interactively in a scratch HOME and work folder, configured the
-   way docs/agents.md tells users to;
+3. run the agent non-interactively through `edgemoe launch AGENT --url URL -- ARGS` in a
+   scratch HOME and work folder: launch configures it the way docs/agents.md tells users to;
 4. pass when the recorded prompts show the tool result reaching the model and the
    agent printed the final answer.
 
@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,46 +136,21 @@ def _base_env(home: Path) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb", "LANG": "C.UTF-8", "NO_COLOR": "1"}
 
 
-def claude_command(server: Server, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
-    env = {
-        **_base_env(home),
-        "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_AUTH_TOKEN": API_KEY, "ANTHROPIC_MODEL": MODEL,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    return [_bin("claude"), "-p", PROMPT, "--allowedTools", "Bash"], env
-
-
-def codex_command(server: Server, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
-    codex_home = home / ".codex"
-    codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(
-        f'model = "{MODEL}"\nmodel_provider = "edgemoe"\nmodel_context_window = 32768\n\n'
-        '[model_providers.edgemoe]\nname = "edgemoe"\n'
-        f'base_url = "{server.url}/v1"\nwire_api = "responses"\nenv_key = "EDGEMOE_API_KEY"\n'
-    )
-    env = {**_base_env(home), "CODEX_HOME": str(codex_home), "EDGEMOE_API_KEY": API_KEY}
-    return [_bin("codex"), "exec", "--strict-config", "--skip-git-repo-check",
-            "--dangerously-bypass-approvals-and-sandbox", PROMPT], env
-
-
-def opencode_command(server: Server, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"edgemoe": {
-            "npm": "@ai-sdk/openai-compatible", "name": "edgemoe",
-            "options": {"baseURL": f"{server.url}/v1", "apiKey": "{env:EDGEMOE_API_KEY}"},
-            "models": {MODEL: {"name": "edgemoe", "limit": {"context": 32768, "output": 8192}}},
-        }},
-        "model": f"edgemoe/{MODEL}",
-    }
-    (work / "opencode.json").write_text(json.dumps(config, indent=2))
-    env = {**_base_env(home), "EDGEMOE_API_KEY": API_KEY}
-    return [_bin("opencode"), "run", "--auto", PROMPT], env
-
-
-COMMANDS: dict[str, Callable[[Server, Path, Path], tuple[list[str], dict[str, str]]]] = {
-    "claude": claude_command, "codex": codex_command, "opencode": opencode_command,
+# Each agent runs through `edgemoe launch AGENT --url URL -- ARGS`, which supplies the
+# settings docs/agents.md documents (environment, `-c` overrides, OPENCODE_CONFIG_CONTENT);
+# ARGS are what makes each one run a single turn without asking.
+AGENT_ARGS: dict[str, list[str]] = {
+    "claude": ["-p", PROMPT, "--allowedTools", "Bash"],
+    "codex": ["exec", "--strict-config", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", PROMPT],
+    "opencode": ["run", PROMPT],
 }
+
+
+def launch_command(agent: str, server: Server, home: Path) -> tuple[list[str], dict[str, str]]:
+    env = {**_base_env(home), "EDGEMOE_API_KEY": API_KEY,
+           "PATH": f"{AGENTS_DIR / 'node_modules' / '.bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    return [sys.executable, "-c", CLI, "launch", agent, "--url", server.url, "--", *AGENT_ARGS[agent]], env
 
 
 def _bin(agent: str) -> str:
@@ -196,7 +170,7 @@ def run_agent(agent: str) -> Result:
     started = time.monotonic()
     server = Server(run_dir, marker)
     try:
-        argv, env = COMMANDS[agent](server, home, work)
+        argv, env = launch_command(agent, server, home)
         with (run_dir / "agent.out").open("w") as out, (run_dir / "agent.err").open("w") as err:
             try:
                 code = subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,

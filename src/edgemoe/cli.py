@@ -1,7 +1,8 @@
 """Command line: argparse → config objects → the command. Nothing else lives here.
 
 Engine flags are generated from the config dataclasses (`edgemoe.config`), so the flag
-`--foo-bar`, the field and the `LLM(foo_bar=...)` keyword cannot drift apart.
+`--foo-bar`, the field and the `LLM(foo_bar=...)` keyword cannot drift apart. Every
+flag's help ends with its default (`Help`), taken from the same dataclasses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,48 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from edgemoe import __version__
 from edgemoe.config import setting_fields
+
+DESCRIPTION = """\
+edgemoe serves Mixture-of-Experts language models (Qwen3-MoE, OLMoE, Mixtral, ...) from one
+GPU plus host RAM: the experts live in host memory, the ones in use are cached in GPU
+slots, and misses are copied over PCIe or computed on the CPU. It speaks the OpenAI and
+Anthropic HTTP APIs (coding agents work against it unchanged), shows a web page with a
+chat and a live view of the expert cache, and chats in the terminal."""
+
+EPILOG = """\
+getting started:
+  edgemoe serve                          the demo model (random weights) on http://127.0.0.1:1919;
+                                         open that address for the web page
+  edgemoe serve --model ~/models/Qwen3-30B-A3B --gpu-memory 16GiB
+  edgemoe chat                           chat in the terminal (in-process; --url for a server)
+  edgemoe plan --model random:qwen3-30b-a3b --gpu-memory 16GiB
+                                         memory plan and predicted speed, before any download
+  edgemoe launch claude                  a server plus Claude Code pointed at it (or codex, opencode)
+
+'edgemoe COMMAND --help' describes each command; docs/ in the source tree has a page per command."""
+
+
+class Help(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks and ends every flag's help with its default
+    (unless the help already says what it is)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or action.nargs == 0 or not action.option_strings:
+            return text  # said already, kept elsewhere (`_with_default`), a switch, or a positional
+        shown = " ".join(map(str, action.default)) if isinstance(action.default, list) else action.default
+        shown = "none" if shown is None else shown
+        return f"{text} (default: {shown})".strip()
+
+
+def _with_default(help_text: str | None, default: Any) -> str:
+    """Help for a flag whose default argparse cannot see (SUPPRESS keeps the dataclass's)."""
+    text = help_text or ""
+    if "default" in text:
+        return text
+    return f"{text} (default: {'none' if default is None else default})".strip()
 
 
 def _flag_type(annotation: Any) -> type:
@@ -51,7 +93,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             type=_flag_type(f.type),
             default=argparse.SUPPRESS,  # unset flags keep the dataclass default
             choices=f.metadata.get("choices"),
-            help=f.metadata.get("help"),
+            help=_with_default(f.metadata.get("help"), f.default),
         )
 
 
@@ -66,7 +108,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         if "bool" in str(f.type):
             group.add_argument(flag, dest=f.name, action="store_true", default=argparse.SUPPRESS,
-                               help=f.metadata.get("help"))
+                               help=f.metadata.get("help"))  # a switch: off unless given
             continue
         group.add_argument(
             flag,
@@ -74,7 +116,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
             type=f.metadata.get("parse") or _flag_type(f.type),
             default=argparse.SUPPRESS,
             choices=f.metadata.get("choices"),
-            help=f.metadata.get("help"),
+            help=_with_default(f.metadata.get("help"), f.default),
         )
 
 
@@ -91,30 +133,39 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edgemoe", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="edgemoe", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"edgemoe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    gen = sub.add_parser("generate", help="generate from one or more prompts")
-    add_engine_flags(gen)
-    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
-    gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message with the chat template")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
-
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (no --model: the demo model)")
+    serve = sub.add_parser("serve", help="the HTTP server (OpenAI + Anthropic APIs) and the web page at /")
     add_server_flags(serve)
     serve.add_argument("--api-key-file", default=None, metavar="PATH",
                        help="read the API key from this file (the key alone; default: $EDGEMOE_API_KEY)")
     add_engine_flags(serve)
 
-    from edgemoe.ctl import add_ctl_parser
+    from edgemoe.chat import add_chat_parser
 
+    add_chat_parser(sub, add_engine_flags)
+
+    gen = sub.add_parser("generate", help="generate from one or more prompts, in-process")
+    add_engine_flags(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message with the chat template")
+    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens generated per prompt")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep this share of probability")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: off)")
+    gen.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed (default: none)")
+
+    from edgemoe.ctl import add_ctl_parser
+    from edgemoe.launch import add_launch_parser
+    from edgemoe.plan import add_plan_parser
+
+    add_plan_parser(sub)
+    add_launch_parser(sub)
     add_ctl_parser(sub)
 
-    bench = sub.add_parser("bench", help="benchmarks; results under bench/results/")
+    bench = sub.add_parser("bench", help="benchmarks (decode, agent, bw); results under bench/results/")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     dec = bench_sub.add_parser("decode", help="prefill and decode tok/s")
     add_engine_flags(dec)
@@ -144,16 +195,31 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--intermediate", type=int, default=768, help="expert shape: intermediate size I")
     bw.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
     bw.add_argument("--out", default="bench/results", help="result folder")
+    _format_all(parser)
     return parser
+
+
+def _format_all(parser: argparse.ArgumentParser) -> None:
+    """`Help` for the parser and every subcommand's, however deep."""
+    parser.formatter_class = Help
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _format_all(child)
 
 
 def run_generate(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM, SamplingParams
+    from edgemoe.config import EngineConfig
+    from edgemoe.engine.model_source import resolve_model
 
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         max_tokens=args.max_tokens, seed=args.sample_seed,
     )
+    # Everything a person typed is checked before the (slow) load: sampling, settings, --model.
+    params.validate()
+    resolve_model(EngineConfig.from_kwargs(**settings).model.model)
     with LLM(progress=True, **settings) as llm:
         for prompt in args.prompt:
             if args.chat:
@@ -176,7 +242,14 @@ def _chat_prompt(tokenizer: Any, text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if argv[:1] == ["launch"] and "--" in argv:  # `launch AGENT [flags] -- ARGS`: ARGS are the agent's
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if args.command == "launch":
+        args.agent_args = passthrough
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="edgemoe: %(message)s")
     try:
         if args.command == "generate":
@@ -189,6 +262,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = server_settings(args)
             settings["api_key"] = resolve_api_key(settings.get("api_key"), args.api_key_file, os.environ)
             return run_serve(ServerConfig(**settings), engine_settings(args))
+        if args.command == "chat":
+            from edgemoe.chat import run_chat
+
+            return run_chat(args, engine_settings(args))
+        if args.command == "plan":
+            from edgemoe.plan import run_plan
+
+            return run_plan(args)
+        if args.command == "launch":
+            from edgemoe.launch import run_launch
+
+            return run_launch(args, engine_settings(args))
         if args.command == "ctl":
             from edgemoe.ctl import run_ctl
 

@@ -33,7 +33,8 @@ class ModelConfig:
     dtype: str = setting("auto", "weight/activation dtype; auto = the checkpoint's on a GPU, float32 on the CPU", DTYPES)
     device: str = setting("auto", "cpu, cuda, cuda:N; auto = cuda when available")
     gpu_memory: str | None = setting(
-        None, "cap on everything the process holds on the GPU (e.g. 16GiB); default: 90%% of free memory"
+        None, "cap on everything the process holds on the GPU, CUDA context included (e.g. 16GiB); "
+        "default: 90%% of the GPU's memory"
     )
     host_memory: str | None = setting(
         None, "cap on what the engine plans to hold in host RAM (e.g. 64GiB); default: what the OS reports available"
@@ -70,12 +71,21 @@ class MoEConfig:
     moe_backend: str = setting(
         "auto",
         "where routed experts run: resident (all on the device), offload (slot cache, misses copied), "
-        "cpu (misses computed on the host), hybrid (misses split); auto = resident if they fit",
+        "cpu (misses computed on the host), hybrid (misses split live between copies and the CPU); "
+        "auto = resident if they fit, else offload or hybrid as measured rates say (logged)",
         ("auto", "resident", "offload", "cpu", "hybrid"),
     )
     moe_slots: int | None = setting(None, "device expert slots shared by all layers; default: planned")
     moe_policy: str = setting("lru", "slot eviction policy", ("lru", "lfu"))
-    moe_hybrid_fraction: float = setting(0.5, "hybrid: share of misses computed on the CPU")
+    moe_hybrid_fraction: float | None = setting(
+        None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them)"
+    )
+    routing: str = setting(
+        "router",
+        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F], a seeded process "
+        "with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
+        "labelled in every output; refused by serve)",
+    )
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
@@ -124,7 +134,10 @@ class EngineConfig:
                 value = getattr(part, f.name)
                 if choices and value not in choices:
                     raise ValueError(f"{flag_name(f.name)}={value!r}: choose one of {', '.join(choices)}")
-        if not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
+        from edgemoe.moe.routing_spec import parse_routing  # torch-free
+
+        parse_routing(self.moe.routing)
+        if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         positive = {
             "moe_slots": self.moe.moe_slots or 1,

@@ -25,16 +25,28 @@ def add_ctl_parser(sub: Any) -> None:
     ctl = sub.add_parser("ctl", help="a running server's health, stats and recent requests")
     ctl.add_argument("what", choices=("health", "stats", "requests"))
     ctl.add_argument("--url", default=os.environ.get("EDGEMOE_URL", DEFAULT_URL),
-                     help=f"the server (default: $EDGEMOE_URL or {DEFAULT_URL})")
+                     help=f"the server: a URL or host:port (default: $EDGEMOE_URL or {DEFAULT_URL})")
     ctl.add_argument("--api-key", default=os.environ.get("EDGEMOE_API_KEY"),
                      help="the server's --api-key (default: $EDGEMOE_API_KEY)")
     ctl.add_argument("--limit", type=int, default=20, help="requests: how many to list")
 
 
+def server_url(text: str) -> str:
+    """A server's base URL from what a person types: `http://host:port`, `host:port`, `:port`
+    or a bare port (`1919`); no trailing slash."""
+    text = text.strip().rstrip("/")
+    if text.isdigit() or text.startswith(":"):
+        text = "127.0.0.1:" + text.lstrip(":")
+    if "://" not in text:
+        text = "http://" + text
+    return text
+
+
 def run_ctl(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     paths = {"health": "/health", "stats": "/v1/stats", "requests": f"/v1/requests?limit={args.limit}"}
-    url = args.url.rstrip("/") + paths[args.what]
+    args.url = server_url(args.url)
+    url = args.url + paths[args.what]
     try:
         r = httpx.get(url, headers=headers, timeout=TIMEOUT_S)
     except httpx.HTTPError as exc:
@@ -148,6 +160,16 @@ def _engine_lines(e: dict[str, Any]) -> list[tuple[str, str]]:
     lines.append(("engine", f"{e['requests_running']} running, {e['requests_waiting']} waiting, "
                             f"moe backend {e['moe_backend'] or '-'} (snapshot {duration(e['age_s'])} old)"))
     return lines
+
+
+def format_engine_stats(stats: dict[str, Any]) -> str:
+    """`Engine.stats()` (in-process: `LLM.stats()`) in `ctl stats`'s engine lines."""
+    from edgemoe.engine.stats_report import to_engine_stats
+    from edgemoe.server.stats_api import engine_view
+
+    lines = _engine_lines(engine_view(to_engine_stats(stats)).model_dump())
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
 
 def format_requests(body: dict[str, Any]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from edgemoe.engine.engine import Engine
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
 
 Prompt = str | list[int]
+Message = Mapping[str, Any]  # {"role": ..., "content": ...}, as in Chat Completions
 
 
 @dataclass
@@ -98,6 +99,49 @@ class LLM:
                     if out.finished:
                         pending.discard(out.request_id)
         return list(results.values())
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[CompletionOutput]:
+        """Like vLLM's `LLM.chat`: one conversation (a list of messages) or several, each
+        rendered with the model's chat template, then generated as `generate` does. The
+        output text is raw: a thinking model's `<think>` block is in it."""
+        conversations = [messages] if not messages or isinstance(messages[0], Mapping) else messages
+        prompts: list[Prompt] = [
+            self.chat_prompt(c, tools=tools, enable_thinking=enable_thinking,  # type: ignore[arg-type]
+                             add_generation_prompt=add_generation_prompt, chat_template_kwargs=chat_template_kwargs)
+            for c in conversations
+        ]
+        return self.generate(prompts, sampling_params)
+
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text the chat template makes of `messages` (what the server sends too)."""
+        from edgemoe.server.templates import ChatTemplate
+
+        template = ChatTemplate.from_tokenizer(self.tokenizer)
+        if template is None:
+            raise ValueError("the model has no chat template (chat_template.jinja or tokenizer_config.json)")
+        return template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                               enable_thinking=enable_thinking, **dict(chat_template_kwargs or {}))
+
+    def chat_prompt(self, messages: Sequence[Message], **kwargs: Any) -> list[int]:
+        """Token ids of `render_chat(messages, **kwargs)`; the template writes any special tokens."""
+        return self._engine().tokenizer.encode(self.render_chat(messages, **kwargs), add_special_tokens=False)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield increments of one completion as they are generated."""

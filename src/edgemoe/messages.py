@@ -157,7 +157,10 @@ class ShutdownEngine(msgspec.Struct, tag="shutdown"):
 
 
 class StatsRequest(msgspec.Struct, tag="stats"):
-    """Send an `EngineStats` snapshot now (after the current step)."""
+    """Send an `EngineStats` snapshot now (after the current step). `experts`: include the
+    per-expert map, and keep marking expert activity for a few seconds (the live view)."""
+
+    experts: bool = False
 
 
 EngineRequest = AddRequest | AbortRequest | ShutdownEngine | StatsRequest
@@ -211,6 +214,16 @@ class ExpertCacheStats(msgspec.Struct, kw_only=True):
     misses_per_token: float = 0.0
 
 
+class ExpertMap(msgspec.Struct, kw_only=True):
+    """What each expert of each MoE layer did since the previous map: `cells[i][e]` for model
+    layer `layers[i]` is "0" not on the device, "1" in a device slot (resident), "2" hit
+    (served from a slot), "3" miss (copied in), "4" computed on the host CPU."""
+
+    layers: list[int]
+    num_experts: int
+    cells: list[str]
+
+
 class EngineStats(msgspec.Struct, tag="stats", kw_only=True):
     """A snapshot of the engine: scheduler queues, KV pool, prefix cache, experts, memory.
 
@@ -235,6 +248,7 @@ class EngineStats(msgspec.Struct, tag="stats", kw_only=True):
     device_memory_allocated: int | None = None
     device_memory_reserved: int | None = None
     host_memory_rss: int | None = None
+    experts: ExpertMap | None = None  # only while a live view watches
 
 
 EngineEvent = EngineReady | EngineOutputs | EngineError | EngineStats

@@ -18,9 +18,9 @@ PROMPTS = [
     [9707, 11, 1879, 0],
     list(range(2000, 2023)),
     [151644, 872, 198, 3838, 374, 264, 1632, 30, 151645, 198, 151644, 77091, 198],
-    [(7 * i * i + 3 * i) % 150000 + 100 for i in range(150)],  # two whole GDN chunks and a part
+    [(7 * i * i + 3 * i) % 150000 + 100 for i in range(100)],  # a whole GDN chunk (64) and a part
 ]
-NEW_TOKENS = 24
+NEW_TOKENS = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 F32 = dict(torch_dtype="float32")
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -82,10 +82,12 @@ def logits_atol(ref: Reference, seq: list[int]) -> tuple[torch.Tensor, float]:
     return exact, peer_atol(torch.float32, peer, max(64, len(seq)), exact.abs().max().item())
 
 
-def assert_greedy(ref: Reference, got: list[list[int]]) -> None:
-    """Tokens equal the reference's, or first differ where the reference's top two logits
-    are within the logits tolerance (a near-tie fp32 rounding may break either way)."""
-    for prompt, want, have in zip(PROMPTS, ref.expected, got, strict=True):
+def assert_greedy(ref: Reference, got: list[list[int]], which: tuple[int, ...] = tuple(range(len(PROMPTS)))) -> None:
+    """Tokens (of the prompts `which`) equal the reference's, or first differ where the
+    reference's top two logits are within the logits tolerance (a near-tie fp32 rounding
+    may break either way)."""
+    for i, have in zip(which, got, strict=True):
+        prompt, want = PROMPTS[i], ref.expected[i]
         if have == want:
             continue
         j = next(i for i, (a, b) in enumerate(zip(want, have, strict=True)) if a != b)
@@ -98,14 +100,13 @@ def assert_greedy(ref: Reference, got: list[list[int]]) -> None:
 def test_greedy_batch_and_alone_match_transformers(reference, variant: str) -> None:  # noqa: ANN001
     ref = reference(variant)
     with LLM(str(ref.path), dtype="float32") as llm:
-        batch = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-        alone = [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
-    assert_greedy(ref, batch)
-    assert_greedy(ref, alone)
+        assert_greedy(ref, [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
+        if variant == "qwen3_5_moe":  # alone too (the batch's company changes nothing)
+            assert_greedy(ref, [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS])
     assert all(len(set(t)) > 4 for t in ref.expected), "degenerate reference output: weak test"
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_next-dense", "qwen3_5_moe"])
 def test_logits_match_float64_reference_at_every_position(reference, variant: str) -> None:  # noqa: ANN001
     ref = reference(variant)
     seq = PROMPTS[3] + ref.expected[3]
@@ -127,8 +128,9 @@ SERVING = {
 @pytest.mark.parametrize("variant", ["qwen3_next", "qwen3_5_moe"])
 def test_chunking_paging_and_offload_keep_tokens(reference, variant: str, serving: str) -> None:  # noqa: ANN001
     ref = reference(variant)
+    which = (0, 3)  # a short prompt and one across the GDN chunk grid
     with LLM(str(ref.path), dtype="float32", **SERVING[serving]) as llm:
-        assert_greedy(ref, [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
+        assert_greedy(ref, [o.token_ids for o in llm.generate([PROMPTS[i] for i in which], GREEDY)], which)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

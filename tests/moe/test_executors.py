@@ -60,6 +60,8 @@ CONFIGS = [
     ("hybrid", dict(num_slots=K, hybrid_fraction=0.5)),
     ("hybrid", dict(num_slots=6, hybrid_fraction=0.3)),
     ("hybrid", dict(num_slots=6, hybrid_fraction=1.0)),
+    ("hybrid", dict(num_slots=6)),  # the live controller decides each layer's split
+    ("auto", dict(num_slots=K, top_k=K)),
 ]
 
 

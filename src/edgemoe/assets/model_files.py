@@ -11,7 +11,13 @@ from typing import Any
 
 from edgemoe.assets.cache import write_json
 from edgemoe.assets.chat_template import QWEN3_5_CHAT_TEMPLATE, QWEN3_CHAT_TEMPLATE
-from edgemoe.assets.qwen3_tokenizer import QWEN3, QWEN3_5, QwenVocab, qwen_tokenizer_json, tokenizer_config
+from edgemoe.assets.qwen3_tokenizer import (
+    QWEN3,
+    QWEN3_5,
+    QwenVocab,
+    qwen_tokenizer_json,
+    tokenizer_config,
+)
 
 ENDOFTEXT_ID = 151643  # <|endoftext|>: Qwen3's BOS, padding, and a second stop token
 TEMPLATES = {QWEN3.name: QWEN3_CHAT_TEMPLATE, QWEN3_5.name: QWEN3_5_CHAT_TEMPLATE}

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from edgemoe.bench.results import plot_bars, write_result
 from edgemoe.kernels import cpu_isa
@@ -119,17 +120,20 @@ def available_kernels(threads: int | None, requested: list[str] | None) -> list[
 
 
 def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.Tensor], seconds: float) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
+    runs = []
     for kernel in kernels:
         cases = [(1, 1, "default"), (8, 1, "default"), (32, 1, "default"), (1, LAYER_EXPERTS, "default")]
         if kernel.name in GEMM_CAPABLE:
             cases.append((8, 1, "blocked"))
-        for tokens, per_call, path in cases:
-            saved = kernel.gemm_min_tokens
-            kernel.gemm_min_tokens = 1 if path == "blocked" else saved
-            rate = expert_rate(kernel, banks, tokens, per_call, seconds)
-            kernel.gemm_min_tokens = saved
-            rows.append({"kernel": kernel.name, "tokens": tokens, "experts_per_call": per_call, "path": path, **rate})
+        runs += [(kernel, *case) for case in cases]
+    # Each case takes at least `seconds`: a bar, so the wait is visible.
+    for kernel, tokens, per_call, path in tqdm(runs, desc="CPU experts", unit="case", leave=False):
+        saved = kernel.gemm_min_tokens
+        kernel.gemm_min_tokens = 1 if path == "blocked" else saved
+        rate = expert_rate(kernel, banks, tokens, per_call, seconds)
+        kernel.gemm_min_tokens = saved
+        rows.append({"kernel": kernel.name, "tokens": tokens, "experts_per_call": per_call, "path": path, **rate})
     return rows
 
 

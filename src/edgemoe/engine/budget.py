@@ -189,14 +189,17 @@ def plan_memory(
     graph_max_bs: int = 0,
     state_slots: int | None = None,
     snapshots: bool = False,
+    expert_bytes: int | None = None,
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots, KV tokens and GDN state rows (hybrid
     models; they cap the running requests); raise PlanError naming the setting to change
-    when nothing fits."""
+    when nothing fits. `expert_bytes`: one expert's size in another format than the
+    arch's dtype (`edgemoe plan`'s what-ifs)."""
     state = plan_state(arch, state_slots, max_running, budget, context + dense_weight_bytes(arch), snapshots)
     plan = _plan_weights_kv(
         arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
         (state.rows + 1) * arch.state_bytes if state.rows else 0, graph_pool_bytes(arch, graph_max_bs),
+        expert_bytes,
     )
     return replace(
         plan, max_running=state.max_running, state_rows=state.rows, state_row_bytes=arch.state_bytes,
@@ -207,10 +210,12 @@ def plan_memory(
 def _plan_weights_kv(
     arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
     max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
+    expert_bytes: int | None = None,
 ) -> MemoryPlan:
     """The backend, slots and KV in what is left after `reserved` bytes (the GDN state)
     and the graph pool."""
-    weights, per_tok, e_bytes = dense_weight_bytes(arch), kv_bytes_per_token(arch), expert_nbytes(arch)
+    weights, per_tok = dense_weight_bytes(arch), kv_bytes_per_token(arch)
+    e_bytes = expert_bytes or expert_nbytes(arch)
     total_experts = len(arch.moe_layers) * arch.store_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
     if budget is None:  # CPU: no cap to plan against
@@ -231,7 +236,8 @@ def _plan_weights_kv(
         )
     all_experts = total_experts * e_bytes
     if backend == "auto":
-        backend = "resident" if all_experts + max_model_len * per_tok <= free else "offload"
+        # Too big to hold: the slot cache, with the CPU used or not as the live rates say.
+        backend = "resident" if all_experts + max_model_len * per_tok <= free else "auto"
     if backend == "resident":
         kv = kv_tokens or min((free - all_experts) // per_tok, max_running * max_model_len)
         if kv < 1 or all_experts + kv * per_tok > free:

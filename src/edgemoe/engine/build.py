@@ -26,6 +26,9 @@ from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.registry import make_executor
+from edgemoe.moe.routing_spec import ROUTER, parse_routing
+from edgemoe.moe.routing_trace import RoutingTrace
+from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import StepProfiler
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -47,7 +50,9 @@ class Runtime:
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
+    trace: RoutingTrace  # records the routing while a benchmark asks (bench decode)
     scheduler: SchedulerConfig  # the setting, max_running_requests as planned (hybrids: <= state rows)
+    routing: str = ROUTER  # "router", or the synthetic process's label: in every output
     states: StatePool | None = None  # hybrid models: GDN state rows
     host_tier: HostTier | None = None  # --host-cache
 
@@ -124,17 +129,19 @@ def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
 
 def make_runner(
     config: EngineConfig, model: CausalLM, attention: AttentionBackend, executor: MoEExecutor,
-    buffers: BatchBuffers, profiler: StepProfiler, table: PageTable, pool: KVPool, states: StatePool | None = None,
+    buffers: BatchBuffers, profiler: StepProfiler, table: PageTable, pool: KVPool,
+    routing: SyntheticRouting | None = None, states: StatePool | None = None,
 ) -> ModelRunner:
     """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
     to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
     same shapes and compute the same bits — and captured when the executor allows
     it (resident experts) unless `--no-cuda-graph`."""
     executor.stats.count_in_forward = False
-    pads = attention.graph_safe and attention.pool.k.is_cuda
+    # Host-drawn routing (cache studies) runs eagerly, unpadded: a graph would replay stale ids.
+    pads = attention.graph_safe and attention.pool.k.is_cuda and routing is None
     max_bs = min(config.kernels.cuda_graph_max_bs, table.max_rows)
     padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
-    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, states)
+    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states)
     if pads and executor.graph_safe and not config.kernels.no_cuda_graph:
         seconds = runner.capture_graphs()
         executor.stats.reset()  # warm-up and capture routed padding tokens
@@ -174,9 +181,11 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     profiler = StepProfiler(device)
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
-        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens,
+        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
     )
     executor.profiler = profiler
+    executor.trace = trace = RoutingTrace()
+    executor.routing = routing = make_routing(config.moe.routing, arch)
     ple = make_ple(arch, loaded.tables, device)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device, **({"ple_store": ple} if ple else {}))
     del loaded
@@ -187,11 +196,11 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
     states = make_state_pool(arch, plan, device)
-    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, states)
+    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states)
     host_tier = make_host_tier(host_cache, pool, states) if host_cache else None
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan, sched, states, host_tier,
+        max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier,
     )
 
 
@@ -202,6 +211,20 @@ def make_ple(arch: ModelArch, tables: dict[str, torch.Tensor], device: torch.dev
     from edgemoe.ple.store import DeviceStore
 
     return DeviceStore(geometry, [tables[f"ple.{j}"].to(device) for j in range(len(geometry.layers))])
+
+
+def make_routing(setting: str, arch: ModelArch) -> SyntheticRouting | None:
+    """The router override `--routing` asks for (None: the model's router), logged."""
+    spec = parse_routing(setting)
+    if spec is None:
+        return None
+    routing = SyntheticRouting(spec, list(arch.moe_layers), arch.num_experts, arch.top_k)
+    # WARNING level on purpose: nothing this run measures about the cache is a real model's.
+    log.warning(
+        "routing %s: the router's expert choices are replaced by a seeded process (cache studies only; "
+        "hit rates, speeds and tokens are not a real model's)", routing.label,
+    )
+    return routing
 
 
 def host_cache_bytes(config: EngineConfig) -> int:

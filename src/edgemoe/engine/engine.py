@@ -286,7 +286,8 @@ class Engine:
         pool, plan = self.runtime.pool, self.runtime.plan
         return {
             "moe_backend": plan.backend,
-            "moe": self.runtime.executor.stats.snapshot(),
+            "routing": self.runtime.routing,
+            "moe": {**self.runtime.executor.stats.snapshot(), "routing": self.runtime.routing},
             "kv_pages_total": pool.num_pages,
             "kv_pages_free": pool.num_free,
             "kv_pages_cached": self.prefix_cache.total_pages,
@@ -303,6 +304,19 @@ class Engine:
             "memory_plan": dataclasses.asdict(plan),
             **self._device_memory(),
         }
+
+    def watch_experts(self, on: bool) -> None:
+        """Mark per-(layer, expert) activity for `expert_map` (the live view); off, it costs nothing."""
+        self.runtime.executor.stats.watch(self.runtime.model.arch.num_experts if on else None)
+
+    def expert_map(self) -> dict[str, object] | None:
+        """Each MoE layer's experts since the last call, one code each (moe/activity.py); None unwatched."""
+        executor, arch = self.runtime.executor, self.runtime.model.arch
+        if executor.stats.activity is None:
+            return None
+        executor.stats.resolve()  # the resident executor's device counters mark their hits
+        cells = executor.stats.activity.take(arch.moe_layers, executor.resident_mask())
+        return {"layers": list(arch.moe_layers), "num_experts": arch.num_experts, "cells": cells}
 
     def _device_memory(self) -> dict[str, int]:
         """What the caching allocator holds on the device (nothing to report on CPU)."""

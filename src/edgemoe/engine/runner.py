@@ -17,6 +17,7 @@ from edgemoe.layers.attention_backend import AttentionBackend
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.context import StateStep, StepContext
 from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import DISABLED, StepProfiler
 
 
@@ -36,15 +37,17 @@ class ModelRunner:
         profiler: StepProfiler = DISABLED,
         padding: DecodePadding | None = None,
         count_tokens: Callable[[int], None] = lambda n: None,
+        routing: SyntheticRouting | None = None,
         states: StatePool | None = None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
         self.padding, self.count_tokens, self.states = padding, count_tokens, states
         self.graphs: DecodeGraphs | None = None
+        self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
 
     def capture_graphs(self) -> float:
         """Capture the decode sizes of `padding` (seconds taken)."""
-        assert self.padding is not None
+        assert self.padding is not None and self.routing is None  # host-drawn routing can't replay
         self.graphs = DecodeGraphs(self.run_batch, self.buffers, self.padding)
         return self.graphs.capture()
 
@@ -64,6 +67,9 @@ class ModelRunner:
     def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
         """The forward of a built batch: logits [N, V] fp32 for its logits rows."""
         self.attention.prepare(batch)
+        if self.routing is not None:
+            host = batch.host
+            self.routing.prepare(host.q_lens, host.seq_lens, host.req_rows)
         state = StateStep.prepare(self.states, batch) if self.states is not None else None
         hidden = self.model.forward(StepContext(batch, self.attention, self.profiler, state))
         with self.profiler.region("lm_head"):

@@ -139,7 +139,8 @@ def _serve(
     engine: EngineLike, sockets: _Sockets, parent_pid: int | None, stop: threading.Event | None
 ) -> None:
     # Engines without `stats()` (test doubles) simply send no snapshots.
-    reporter = StatsReporter(getattr(engine, "stats", None))
+    experts = engine if hasattr(engine, "expert_map") and hasattr(engine, "watch_experts") else None
+    reporter = StatsReporter(getattr(engine, "stats", None), experts)  # type: ignore[arg-type]
     while not (stop is not None and stop.is_set()):
         busy = engine.has_work()
         commands = sockets.poll(0 if busy else IDLE_POLL_MS)
@@ -148,7 +149,7 @@ def _serve(
             if isinstance(command, ShutdownEngine):
                 return
             if isinstance(command, StatsRequest):
-                reporter.ask()
+                reporter.ask(command.experts)
                 continue
             reporter.changed()
             outputs.extend(_apply(engine, command, sockets))

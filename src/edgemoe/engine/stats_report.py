@@ -3,6 +3,9 @@
 The engine loop sends a snapshot when the server asks (`StatsRequest`) and otherwise
 at most every `STATS_INTERVAL_S` while something changed, plus once more after the
 engine falls idle, so the server's view of the KV pool settles to the idle truth.
+A request with `experts` turns on per-expert marking (`Engine.watch_experts`) for
+`WATCH_LEASE_S`; every snapshot meanwhile carries the expert map, and when no such
+request renewed the lease the marking stops (a closed live view costs nothing).
 Torch-free: the loop also runs scripted stand-in engines in tests.
 """
 
@@ -12,13 +15,22 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from edgemoe.messages import EngineStats, ExpertCacheStats
+from edgemoe.messages import EngineStats, ExpertCacheStats, ExpertMap
 
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
+WATCH_LEASE_S = 5.0  # per-expert marking stays on this long after the last request for it
+
+
+class ExpertWatch(Protocol):
+    """An engine that can mark per-expert activity (`Engine`); test doubles need not."""
+
+    def watch_experts(self, on: bool) -> None: ...
+
+    def expert_map(self) -> Mapping[str, Any] | None: ...
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -57,8 +69,15 @@ def _plain(plan: object) -> dict[str, int | float | str | bool | None]:
     return {str(k): v for k, v in plan.items() if v is None or isinstance(v, (int, float, str, bool))}
 
 
-def to_engine_stats(stats: Mapping[str, Any]) -> EngineStats:
-    """The boundary struct for one `Engine.stats()` dict (missing keys read as 0/None)."""
+def _expert_map(m: Mapping[str, Any] | None) -> ExpertMap | None:
+    if not m:
+        return None
+    return ExpertMap(layers=list(m["layers"]), num_experts=int(m["num_experts"]), cells=list(m["cells"]))
+
+
+def to_engine_stats(stats: Mapping[str, Any], experts: Mapping[str, Any] | None = None) -> EngineStats:
+    """The boundary struct for one `Engine.stats()` dict (missing keys read as 0/None) and,
+    while watched, its `Engine.expert_map()`."""
     prefix = stats.get("prefix_cache") or {}
     return EngineStats(
         time=time.time(),
@@ -77,25 +96,38 @@ def to_engine_stats(stats: Mapping[str, Any]) -> EngineStats:
         device_memory_allocated=stats.get("device_memory_allocated"),
         device_memory_reserved=stats.get("device_memory_reserved"),
         host_memory_rss=host_rss(),
+        experts=_expert_map(experts),
     )
 
 
 class StatsReporter:
     """Decides when the loop sends a snapshot; `engine_stats` is the engine's `stats`
-    method, or None for an engine without one (then nothing is ever sent)."""
+    method, or None for an engine without one (then nothing is ever sent); `experts` the
+    engine again when it can mark per-expert activity."""
 
     def __init__(
-        self, engine_stats: Callable[[], Mapping[str, Any]] | None, interval_s: float = STATS_INTERVAL_S
+        self, engine_stats: Callable[[], Mapping[str, Any]] | None, experts: ExpertWatch | None = None,
+        interval_s: float = STATS_INTERVAL_S, lease_s: float = WATCH_LEASE_S,
     ) -> None:
         self._engine_stats = engine_stats
-        self.interval_s = interval_s
+        self._experts = experts
+        self.interval_s, self.lease_s = interval_s, lease_s
         self._last = float("-inf")
         self._changed = True  # the first snapshot goes out at once (memory plan, pool size)
         self._asked = False
+        self._watch_until: float | None = None  # marking is on until then
 
-    def ask(self) -> None:
-        """The server wants a snapshot now."""
+    def ask(self, experts: bool = False, now: float | None = None) -> None:
+        """The server wants a snapshot now (with the expert map: a live view watches)."""
         self._asked = True
+        if experts and self._experts is not None:
+            if self._watch_until is None:
+                self._experts.watch_experts(True)
+            self._watch_until = (time.monotonic() if now is None else now) + self.lease_s
+
+    @property
+    def watching(self) -> bool:
+        return self._watch_until is not None
 
     def changed(self) -> None:
         """The engine did something since the last snapshot."""
@@ -106,12 +138,16 @@ class StatsReporter:
         if self._engine_stats is None:
             return None
         now = time.monotonic() if now is None else now
+        if self._watch_until is not None and now > self._watch_until and self._experts is not None:
+            self._experts.watch_experts(False)  # nobody asked for a while: stop marking
+            self._watch_until = None
         if not (self._asked or (self._changed and now - self._last >= self.interval_s)):
             return None
         self._asked = self._changed = False
         self._last = now
         try:
-            return to_engine_stats(self._engine_stats())
+            experts = self._experts.expert_map() if self.watching and self._experts is not None else None
+            return to_engine_stats(self._engine_stats(), experts)
         except Exception:  # statistics must never take the engine down
             log.exception("engine statistics failed")
             return None

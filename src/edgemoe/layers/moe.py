@@ -24,9 +24,14 @@ class SparseMoE:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values
-        rounded to x's dtype, as transformers' router casts them)."""
+        rounded to x's dtype, as transformers' router casts them). With the executor's
+        routing override (cache studies) the ids are its, the weights the router's."""
         logits = F.linear(x, self.router)  # [T, E]
-        return route_topk(logits, self.top_k, self.norm_topk_prob, x.dtype)
+        ids, weights = route_topk(logits, self.top_k, self.norm_topk_prob, x.dtype)
+        override = self.executor.routing
+        if override is not None:
+            ids = override.ids(self.layer, ids).to(torch.int32)
+        return ids, weights
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
@@ -35,4 +40,6 @@ class SparseMoE:
         `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
         rows that only pad the batch (their output is never read)."""
         ids, weights = self.route(x)
+        if self.executor.trace is not None:
+            self.executor.trace.record(self.layer, ids)
         return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)

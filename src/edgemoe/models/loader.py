@@ -2,7 +2,10 @@
 
 Dense tensors land in a dict of our names; per-expert tensors are written straight into
 the host ExpertStore's stacked banks. Each checkpoint tensor is read, copied into its
-place and dropped, so the model is never held twice in memory.
+place and dropped, so the model is never held twice in memory. A pinned store's banks
+are allocated pageable (exactly their size) and page-locked in place on a background
+thread, each as soon as its last expert tensor is written (`moe/pinning.py`), so
+pinning overlaps reading instead of following it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from edgemoe.models.arch import ModelArch
 from edgemoe.models.names import NameMap, Placement, StackedMap
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
+from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
 from edgemoe.moe.store import BankStore, ExpertStore
 
 log = logging.getLogger(__name__)
@@ -119,11 +123,11 @@ def confined(model_dir: Path, fname: object, listed_in: str) -> str:
 
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
-    table_alloc: TableAlloc = ram_tables,
+    registrar: Registrar | None = None, table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
-    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked: written
-    in place, never pinned by copying; pageable with a warning if the OS refuses), or
-    "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
+    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked in place by
+    `registrar` as each fills; pageable with a warning without one, or if the OS refuses),
+    or "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
     `table_alloc`: where the arch's tables (if any) are written."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -135,9 +139,8 @@ def load_checkpoint(
     table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
     tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
     shape = (list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
-    experts: ExpertStore = (
-        MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape, pin=expert_store == "pinned")
-    )
+    experts: ExpertStore = MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape)
+    pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
     # A model file may name checkpoint parts it does not read (vision tower, MTP head).
     ignored = (
@@ -149,8 +152,37 @@ def load_checkpoint(
     # ... and another spelling of a layer's experts: stacked in one tensor.
     stacked: StackedMap = module.stacked_expert_names(arch) if hasattr(module, "stacked_expert_names") else {}
     dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
-    filled = _stream_files(model_dir, files, names, dests, experts, progress, (ignored[0] + tuple(held), ignored[1]),
-                           stacked)
+    try:
+        filled = _stream_files(model_dir, files, names, dests, experts, progress, pins,
+                               (ignored[0] + tuple(held), ignored[1]), stacked)
+        _check_complete(model_dir, files, names, filled)
+    except BaseException:
+        if pins is not None:  # give back what was locked; the store is dropped with the error
+            pins.pinner.finish()
+            pins.pinner.release()
+        raise
+    if pins is not None:
+        experts.own_pins(pins.pinner)  # type: ignore[union-attr]  # waits for the last layers
+    if arch.tie_word_embeddings:
+        params["lm_head"] = params["embed"]
+    return LoadedModel(arch, params, experts, config, {k: t for k, t in tables.items() if t is not None})
+
+
+def _pin_tracker(experts: ExpertStore, names: NameMap, registrar: Registrar | None) -> PinWhenFilled | None:
+    """Which checkpoint tensors fill each bank, so each bank is locked once complete."""
+    if registrar is None:
+        log.warning("expert_store (--expert-store) pinned needs a CUDA device; using pageable memory")
+        return None
+    assert isinstance(experts, BankStore)
+    expected: dict[str, tuple[torch.Tensor, set[str]]] = {}
+    for name, place in names.items():
+        if place.target.startswith("experts."):
+            _, layer, which = place.target.split(".")
+            expected.setdefault(place.target, (experts.tensor(int(layer), which), set()))[1].add(name)
+    return PinWhenFilled(InPlacePinner(registrar, "expert store"), expected)
+
+
+def _check_complete(model_dir: Path, files: dict[str, list[str]], names: NameMap, filled: set[str]) -> None:
     missing = sorted(set(names) - filled)
     if missing:
         where = {n: f for f, ns in files.items() for n in ns}
@@ -160,9 +192,6 @@ def load_checkpoint(
             + (f" (the index puts it in {where[first]})" if first in where else "")
             + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
         )
-    if arch.tie_word_embeddings:
-        params["lm_head"] = params["embed"]
-    return LoadedModel(arch, params, experts, config, {k: t for k, t in tables.items() if t is not None})
 
 
 def _stream_files(
@@ -172,6 +201,7 @@ def _stream_files(
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
     progress: bool,
+    pins: PinWhenFilled | None = None,
     ignored: tuple[tuple[str, ...], tuple[str, ...]] = (IGNORED_SUFFIXES, ()),
     stacked: StackedMap | None = None,
 ) -> set[str]:
@@ -202,6 +232,9 @@ def _stream_files(
                     _place(path, name, _read(handle, path, name), place, params, experts)
                 filled.add(name)
                 filled.update(covers)
+                if pins is not None and place.target.startswith("experts."):
+                    for done in covers or (name,):
+                        pins.filled(place.target, done)
                 bar.update(len(covers) or 1)
     bar.close()
     if unexpected:

@@ -24,7 +24,14 @@ from edgemoe.layers.norm import OffsetRMSNorm
 from edgemoe.layers.rotary import Rotary
 from edgemoe.layers.shared_moe import SharedExpertMoE
 from edgemoe.models.hybrid_arch import HybridArch
-from edgemoe.models.names import NameMap, Placement, Stacked, StackedMap, dense_mlp_names, expert_names
+from edgemoe.models.names import (
+    NameMap,
+    Placement,
+    Stacked,
+    StackedMap,
+    dense_mlp_names,
+    expert_names,
+)
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 

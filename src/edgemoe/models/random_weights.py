@@ -91,6 +91,7 @@ def materialise(
         params["lm_head"] = params["embed"]
     tables = fill_tables(init, arch, table_alloc, progress)
     if pinner is not None:
+        pinner.finish(progress=progress)  # a bar while the last layers' pinning completes
         store.own_pins(pinner)
     seconds = time.perf_counter() - t0
     dense = {t.data_ptr(): t.numel() * t.element_size() for t in params.values()}  # tied: counted once

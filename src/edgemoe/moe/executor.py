@@ -11,13 +11,30 @@ device. `moe/registry.py` builds one by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
+
+
+class RoutingOverride(Protocol):
+    """Replaces the router's expert ids (cache studies: `moe/synthetic_routing.py`);
+    the runner prepares it once per step, before the forward pass."""
+
+    label: str
+
+    def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class RoutingObserver(Protocol):
+    """Sees every MoE layer's routed ids, in call order (`moe/routing_trace.py`)."""
+
+    def record(self, layer: int, ids: torch.Tensor) -> None: ...
 
 
 class MoEExecutor(ABC):
@@ -30,11 +47,17 @@ class MoEExecutor(ABC):
     state across calls (a cache, statistics) but the result never depends on it.
     Counters live where they are cheapest and are read lazily (`stats.snapshot()`).
     `close()` releases device memory and threads; the executor is unusable after.
+
+    The routing hooks travel with the executor to the MoE blocks that call it (the
+    runtime sets them, off by default): `routing` replaces the router's ids,
+    `trace` records them.
     """
 
     stats: MoEStats
     profiler: StepProfiler = DISABLED  # the runtime shares its own
     graph_safe = False  # whether a forward may be captured in a CUDA graph (no host reads)
+    routing: RoutingOverride | None = None
+    trace: RoutingObserver | None = None
 
     @abstractmethod
     def forward(
@@ -51,6 +74,10 @@ class MoEExecutor(ABC):
         them apart so a decode token's result doesn't depend on its step's company).
         `num_padding`: trailing rows that only pad the batch to a CUDA-graph size; an
         executor may skip them (their output rows are then garbage, never read)."""
+
+    def resident_mask(self) -> np.ndarray | None:
+        """[layers, experts] bool: which experts sit on the device now; None: every one."""
+        return None
 
     def recover(self) -> None:
         """Forget per-step state after a forward aborted midway (device OOM)."""
@@ -99,6 +126,8 @@ class ResidentExecutor(MoEExecutor):
         self.stats.count_tokens(layer, x.shape[0])
         if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
             self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
+        if self.stats.activity is not None:  # a live view watches: mark the real rows' experts
+            self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
         moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells, num_decode)
         return moe_combine(cells, x.dtype, residual)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
+from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.executor import CellWorkspace, MoEExecutor
 from edgemoe.moe.slots import LayerWave, SlotCache
 from edgemoe.moe.stats import MoEStats
@@ -160,6 +161,9 @@ class OffloadExecutor(MoEExecutor):
             for wave in waves:
                 self.stats.hits[layer] += wave.num_hits
                 self.stats.misses[layer] += len(wave.misses)
+                if self.stats.activity is not None:  # someone watches the live view
+                    self.stats.activity.mark(layer, wave.hits, HIT)
+                    self.stats.activity.mark(layer, [m.expert for m in wave.misses], MISS)
                 if not wave.misses:
                     continue
                 with self.profiler.region("moe/copy"):
@@ -180,6 +184,9 @@ class OffloadExecutor(MoEExecutor):
         if self.cache.map_version != self._mirrored and self.slot_map is not self.cache.slot_map:
             self.slot_map.copy_(self.cache.slot_map, non_blocking=True)
         self._mirrored = self.cache.map_version
+
+    def resident_mask(self) -> np.ndarray:
+        return self.cache.slot_map.numpy() >= 0
 
     def recover(self) -> None:
         # A layer aborted between plan and release leaves its experts pinned; copies

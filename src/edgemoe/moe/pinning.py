@@ -6,6 +6,10 @@ the driver where it lies (`cudaHostRegister`). Registering is slow (~0.5 s per G
 the GPU machine), so `InPlacePinner` does it on a background thread while the caller
 fills the next tensor: submit tensor l once it is written, fill l+1, and so on.
 
+`PinWhenFilled` decides *when* a tensor is done for loaders whose pieces arrive in
+file order, not tensor order (a checkpoint's experts are separate tensors, possibly
+spread over shards): each tensor goes to the pinner once its last piece is written.
+
 The registrar is an interface so the overlap logic is tested on CPU with a fake one.
 """
 
@@ -17,6 +21,7 @@ import threading
 from typing import Protocol
 
 import torch
+from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,7 @@ class InPlacePinner:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._finished = False
+        self._submitted = 0  # bytes queued, for the progress bar
 
     @property
     def pinned_bytes(self) -> int:
@@ -90,19 +96,28 @@ class InPlacePinner:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="edgemoe-pin", daemon=True)
             self._thread.start()
+        self._submitted += tensor.numel() * tensor.element_size()
         self._queue.put(tensor)
 
-    def finish(self) -> bool:
-        """Wait for every registration; True if all of them succeeded."""
+    def finish(self, progress: bool = False) -> bool:
+        """Wait for every registration (`progress`: a bar while it takes); True if all succeeded."""
         if not self._finished:
             self._finished = True
             if self._thread is not None:
                 self._queue.put(None)
-                self._thread.join()
+                self._wait(self._thread, progress)
             if self._error is not None:
                 self.release()
                 log.warning("pinning the %s failed (%s); using pageable memory (slower copies)", self.what, self._error)
         return self._error is None
+
+    def _wait(self, thread: threading.Thread, progress: bool) -> None:
+        # Pinning tens of GB takes tens of seconds: show how far it got (GB registered).
+        with tqdm(total=round(self._submitted / 1e9, 2), desc="pinning experts", unit="GB", leave=False,
+                  disable=not progress, bar_format="{desc}: {n:.1f}/{total:.1f} GB {bar} {elapsed}") as bar:
+            while thread.is_alive():
+                thread.join(0.25)
+                bar.update(round(self.pinned_bytes / 1e9, 2) - bar.n)
 
     def release(self) -> None:
         """Unregister everything registered (idempotent); the tensors are dropped after."""
@@ -126,3 +141,32 @@ class InPlacePinner:
                 continue
             with self._lock:
                 self._held.append((tensor, ptr))
+
+
+class PinWhenFilled:
+    """Submits each tensor to `pinner` as soon as every piece expected in it is written.
+
+    `expected`: tensor name → (the tensor, names of the pieces that fill it). The loader
+    calls `filled(tensor name, piece name)` after writing a piece; a piece counted twice
+    (a duplicate in the checkpoint) counts once. Tensors still incomplete at the end are
+    left pageable by the caller's error path (a missing tensor is a load error anyway).
+    """
+
+    def __init__(self, pinner: InPlacePinner, expected: dict[str, tuple[torch.Tensor, set[str]]]) -> None:
+        self.pinner = pinner
+        self._tensors = {name: tensor for name, (tensor, _) in expected.items()}
+        self._missing = {name: set(pieces) for name, (_, pieces) in expected.items()}
+
+    def filled(self, name: str, piece: str) -> None:
+        missing = self._missing.get(name)
+        if missing is None or piece not in missing:
+            return
+        missing.discard(piece)
+        if not missing:  # the last piece: register it while the loader reads on
+            del self._missing[name]
+            self.pinner.submit(self._tensors.pop(name))
+
+    @property
+    def pending(self) -> list[str]:
+        """Tensors with pieces still to come."""
+        return sorted(self._missing)

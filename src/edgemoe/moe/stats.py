@@ -10,10 +10,13 @@ pair of each MoE layer is a hit, derived from the token count (`all_resident`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from edgemoe.moe.activity import HIT, ExpertActivity
 
 
 @dataclass
@@ -30,6 +33,11 @@ class MoEStats:
     cpu_s: float = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
     all_resident: tuple[tuple[int, ...], int] | None = None  # (MoE layers, top_k): hits = tokens × top_k
+    # Labels and live figures executors add (CPU kernel, split controller): in every snapshot.
+    info: dict[str, Any] = field(default_factory=dict)
+    sources: list[Callable[[], dict[str, Any]]] = field(default_factory=list, repr=False)
+    activity: ExpertActivity | None = field(default=None, repr=False)  # per-expert marks while watched
+    routed: torch.Tensor | None = field(default=None, repr=False)  # [L, E] device marks while watched (resident)
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -46,6 +54,21 @@ class MoEStats:
     def add_tokens(self, n: int) -> None:
         self.tokens += n
 
+    def watch(self, num_experts: int | None) -> None:
+        """Start (`num_experts` given) or stop marking per-(layer, expert) activity."""
+        if num_experts is None:
+            self.activity, self.routed = None, None
+        elif self.activity is None:
+            self.activity = ExpertActivity(self.num_layers, num_experts)
+
+    def mark_routed(self, layer: int, topk_ids: torch.Tensor, num_experts: int) -> None:
+        """While watched, mark the layer's routed experts on the device (one fill, no host
+        read); `resolve` turns them into hits. Only eager forwards get here: a captured
+        CUDA graph replays without it."""
+        if self.routed is None:
+            self.routed = torch.zeros(self.num_layers, num_experts, dtype=torch.uint8, device=topk_ids.device)
+        self.routed[layer].index_fill_(0, topk_ids.flatten(), 1)
+
     def add_copy_interval(self, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         self._events.append((start, end))
 
@@ -56,6 +79,10 @@ class MoEStats:
         self.bytes_copied, self.tokens, self.copy_s, self.cpu_s = 0, 0, 0.0, 0.0
 
     def resolve(self) -> None:
+        if self.routed is not None and self.activity is not None:
+            self.activity.mark_counts(self.routed.cpu().numpy(), HIT)
+            with torch.inference_mode():  # created inside the forward: an inference tensor
+                self.routed.zero_()
         if self._events:
             self._events[-1][1].synchronize()
             self.copy_s += sum(s.elapsed_time(e) for s, e in self._events) / 1000
@@ -86,6 +113,8 @@ class MoEStats:
             "hit_rate_by_layer": [
                 h / (h + m) if h + m else 0.0 for h, m in zip(layer_hits, self.misses, strict=True)
             ],
+            **self.info,
+            **{k: v for source in self.sources for k, v in source().items()},
         }
 
 

@@ -3,7 +3,8 @@
 `create_app(config, client)` wires the state; the app's lifespan starts the engine
 client and loads the model's tokenizer/template once the engine reports ready.
 Every `/v1/...` route also answers with a trailing slash. Operations routes
-(`/metrics`, `/v1/stats`, `/v1/requests`) live in `stats_api`.
+(`/metrics`, `/v1/stats`, `/v1/requests`) live in `stats_api`, the live view's stream
+(`/v1/stats/stream`) in `live`, the web page (`/`) in `web`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from edgemoe.server.engine_log import log_engine_lines
 from edgemoe.server.error_middleware import UnexpectedErrorMiddleware
 from edgemoe.server.errors import APIError, install_handlers, unavailable
 from edgemoe.server.host_check import HostCheckMiddleware, HostPolicy
-from edgemoe.server.middleware import GuardMiddleware
+from edgemoe.server.live import add_live_routes
+from edgemoe.server.middleware import OPEN_PATHS, GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
 from edgemoe.server.openai_completions import create_completion
 from edgemoe.server.openapi import install_openapi
@@ -47,6 +49,7 @@ from edgemoe.server.state import ServerState
 from edgemoe.server.stats_api import add_ops_routes, health_body
 from edgemoe.server.stats_models import Health
 from edgemoe.server.tokenize_api import detokenize, tokenize
+from edgemoe.server.web import PAGE_PATHS, add_page_routes
 
 
 def _state(request: Request) -> ServerState:
@@ -79,7 +82,9 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     app.state.edgemoe = state
     install_handlers(app)
     app.add_middleware(UnexpectedErrorMiddleware)  # innermost: a route's failure is a clean 500
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
+    # The page and its assets are public (no secret in them); the page asks for the key.
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size,
+                       open_paths=OPEN_PATHS | PAGE_PATHS)
     app.add_middleware(HostCheckMiddleware, policy=HostPolicy.of(config.host, config.allowed_hosts))
     app.add_middleware(CancelOnDisconnectMiddleware)
     if not config.quiet:
@@ -89,6 +94,8 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
     _add_info_routes(app)
     _add_api_routes(app)
     add_ops_routes(app)
+    add_live_routes(app)
+    add_page_routes(app)
     install_openapi(app)
     return app
 
@@ -131,6 +138,7 @@ def _add_info_routes(app: FastAPI) -> None:
             "max_model_len": info.max_model_len if info else None,
             "served_model_name": model.name if model else None,
             "tool_call_parser": model.tool_parser if model else None,
+            "random_weights": info.random_weights if info else None,
         }
 
     @_both(app, "GET", "/v1/models")

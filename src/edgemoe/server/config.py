@@ -71,7 +71,7 @@ class ServerConfig:
         None, "tool-call format; default: from the chat template, then the model family"
     )
     max_body_size: int = server_setting(
-        32 * 2**20, "largest request body accepted, e.g. 32MiB (larger: 413)", parse=parse_size
+        32 * 2**20, "largest request body accepted (default 32MiB); larger: 413", parse=parse_size
     )
     request_timeout: float | None = server_setting(
         None, "seconds a request may take from arrival to its last token; past it, it ends with a "

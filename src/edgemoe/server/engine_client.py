@@ -154,6 +154,8 @@ class EngineClient:
         self.observer: RequestObserver | None = None
         self.stats: EngineStats | None = None
         self._stats_waiters: list[asyncio.Future[EngineStats]] = []
+        # Called with every snapshot (live views merge each one's expert map); must not block.
+        self.stats_listeners: set[Callable[[EngineStats], None]] = set()
         self._settled = asyncio.Event()  # ready, dead or closed
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
@@ -284,15 +286,16 @@ class EngineClient:
         if streams and self.state is State.READY:
             self._send(AbortRequest(list(streams)))
 
-    async def fresh_stats(self, timeout: float) -> EngineStats | None:
-        """Ask the engine for a snapshot; the latest one if none comes within `timeout`."""
+    async def fresh_stats(self, timeout: float, experts: bool = False) -> EngineStats | None:
+        """Ask the engine for a snapshot; the latest one if none comes within `timeout`.
+        `experts`: with the per-expert map (and keep the engine marking for a while)."""
         if self.state is not State.READY:
             return self.stats
         waiter: asyncio.Future[EngineStats] = asyncio.get_running_loop().create_future()
         self._stats_waiters.append(waiter)
         try:
-            if len(self._stats_waiters) == 1:  # callers already waiting share one request
-                self._send(StatsRequest())
+            if experts or len(self._stats_waiters) == 1:  # callers already waiting share one request
+                self._send(StatsRequest(experts))
             return await asyncio.wait_for(waiter, timeout)
         except (asyncio.TimeoutError, EngineUnavailable):
             return self.stats
@@ -348,6 +351,8 @@ class EngineClient:
 
     def _on_stats(self, stats: EngineStats) -> None:
         self.stats = stats
+        for listener in list(self.stats_listeners):
+            listener(stats)
         waiters, self._stats_waiters = self._stats_waiters, []
         for waiter in waiters:
             if not waiter.done():

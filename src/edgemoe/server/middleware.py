@@ -43,7 +43,7 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
     def _check_key(self, scope: Scope, headers: dict[bytes, bytes]) -> APIError | None:
-        if self.api_key is None or scope.get("path", "").rstrip("/") in self.open_paths:
+        if self.api_key is None or (scope.get("path", "").rstrip("/") or "/") in self.open_paths:
             return None
         given = headers.get(b"x-api-key")
         auth = headers.get(b"authorization", b"")

@@ -123,3 +123,32 @@ class RequestList(BaseModel):
     object: Literal["list"] = "list"
     in_flight: int
     data: list[RequestEntry]  # in-flight requests first, then finished ones, newest first
+
+
+class ExpertMapView(BaseModel):
+    """`cells[i][e]`: MoE layer `layers[i]`, expert e, since the previous frame: "0" not on the
+    device, "1" resident (in a slot), "2" hit, "3" miss (copied in), "4" computed on the CPU."""
+
+    layers: list[int]
+    num_experts: int
+    cells: list[str]
+
+
+class LiveRates(BaseModel):
+    """Tokens per second over the last frame's interval (`seconds`)."""
+
+    prompt_tokens_per_s: float
+    generation_tokens_per_s: float
+    seconds: float
+
+
+class LiveFrame(BaseModel):
+    """One frame of `GET /v1/stats/stream`."""
+
+    object: Literal["stats.frame"] = "stats.frame"
+    time: float  # the server's wall clock
+    interval_s: float
+    stats: Stats  # as GET /v1/stats
+    rates: LiveRates
+    in_flight: list[RequestEntry]  # newest first, at most 50
+    experts: ExpertMapView | None  # None: not asked for, or no new map since the last frame

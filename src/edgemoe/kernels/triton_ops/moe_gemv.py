@@ -29,11 +29,12 @@ from edgemoe.kernels.triton_ops.common import (
     tl_dtype,
 )
 
-# Output rows per program and reduction width per step. 16 x 256 bf16 rows = 8 KiB per
-# matrix per step; I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
-# down: ~1.4K programs for batch 1 x top-8 (~10 per SM on an H200), enough loads in flight.
-GU_ROWS, GU_COLS, GU_WARPS = 16, 256, 4
-DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 256, 4
+# Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
+# matrix per step, I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
+# down. The fastest of 8 configurations swept on an H200 at T = 1 and 8
+# (bench/results/decode-tuning-20261201-140100.json: 30.1 µs vs 34.3 for 16 x 256).
+GU_ROWS, GU_COLS, GU_WARPS = 16, 128, 4
+DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
 
 
 def tiles() -> tuple[int, int, int, int, int, int]:
