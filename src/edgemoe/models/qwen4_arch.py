@@ -79,6 +79,26 @@ class Qwen4ExpArch(HybridArch):
         qsa = (self.qsa.num_heads + 1) * self.qsa.head_dim if self.qsa else 0
         return max(super().projection_width + qsa, 2 * self.hc_width + self.hc_lowrank)
 
+    @property
+    def host_embedding(self) -> bool:
+        """The model file takes a host-resident embedding (`--embed-weights host`)."""
+        return True
+
+    def workspace_rows(self, max_running: int, max_len: int) -> list[tuple[str, int]]:
+        """QSA selection, per attention layer call (freed between layers): decode scores every
+        block the page table can hold for each running sequence and gathers its selected
+        tokens' K/V; a prompt chunk runs in query tiles of at most `TILE_BYTES`."""
+        if self.qsa is None:
+            return []
+        q, size = self.qsa, self.dtype.itemsize
+        blocks = -(-max_len // q.ratio)
+        per_seq = blocks * (q.head_dim * size + 4 * (q.num_heads + 3)) + q.max_selected * (
+            2 * self.num_kv_heads * self.head_dim * size + 4 * self.num_heads)
+        from edgemoe.layers.qsa_attention import TILE_BYTES
+
+        prompt = TILE_BYTES + blocks * (q.head_dim * size + 4 * (q.num_heads + 3))
+        return [("QSA selection workspace", max(max_running * per_seq, prompt))]
+
     def state_shape(self) -> StateShape:
         extras: tuple[RowState, ...] = ()
         if self.ple is not None:

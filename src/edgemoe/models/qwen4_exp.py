@@ -19,6 +19,7 @@ a checkpoint may carry) are derived from config.json as transformers derives the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -154,8 +155,11 @@ class Qwen4Block:
 
 def build(
     arch: Qwen4ExpArch, params: Params, executor: MoEExecutor, device: torch.device, ple_store: PleStore | None = None,
+    embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> CausalLM:
-    """The model on `device`; `ple_store` holds the PLE tables (required when the arch has PLE layers)."""
+    """The model on `device`; `ple_store` holds the PLE tables (required when the arch has
+    PLE layers); `embed`: a host-resident embedding (`--embed-weights host`; `params` then
+    has no "embed")."""
     if arch.ple is not None and ple_store is None:
         raise ValueError("qwen4_exp with PLE layers needs a PLE store (--ple-store)")
     p = to_device(arch, params, device)
@@ -192,7 +196,7 @@ def build(
         def hook(ctx: StepContext) -> StepContext:
             return dataclasses.replace(ctx, ple=inputs.step(ctx))
 
-    return CausalLM(arch, p["embed"], blocks, lambda h: final.mix(h)[0], p["lm_head"], rotary, streams=hc,
+    return CausalLM(arch, embed or p["embed"], blocks, lambda h: final.mix(h)[0], p["lm_head"], rotary, streams=hc,
                     step_hook=hook)
 
 

@@ -19,10 +19,11 @@ class PleStep:
 
     store: PleStore
     ids: torch.Tensor | None  # [L, T, heads] table rows (None: the store brought the rows itself)
+    tokens: int  # T
 
     def rows(self, j: int) -> torch.Tensor:
-        got = self.store.gather(j, None if self.ids is None else self.ids[j])
-        return got.reshape(got.shape[0], -1)
+        got = self.store.gather(j, None if self.ids is None else self.ids[j], self.tokens)
+        return got.reshape(self.tokens, -1)
 
 
 class PleInputs:
@@ -42,7 +43,8 @@ class PleInputs:
         assert st is not None, "PLE needs the step's state rows (the n-gram contexts)"
         shifted = ngram_shifts(ctx.batch.input_ids, st.cu_seqlens, st.pool.extra(self.ctx_name), st.rows,
                                st.has_initial_state, g.ngram_size, g.eos)
+        T = ctx.batch.num_tokens
         if not self.store.hashes_on_device:
-            return PleStep(self.store, None)
+            return PleStep(self.store, None, T)
         return PleStep(self.store, ngram_ids(shifted, self.multipliers, self.vocab_sizes, self.offsets,
-                                             g.heads_per_ngram))
+                                             g.heads_per_ngram), T)

@@ -25,12 +25,16 @@ class StepChunk(Protocol):
     context: Sequence[int]  # the tokens before `start`, up to ngram_size - 1 of them
 
 
+class PleFillError(RuntimeError):
+    """A step's PLE rows could not be read (the disk store): the step fails, never with stale rows."""
+
+
 class PleStore(ABC):
     """Contract:
     - `begin_step(chunks)`: on the engine thread, before the step's forward, with the step's
       chunks in batch order (padding included). Stores whose rows are filled on the host
       start or collect those fills here; a fill that failed raises here (never stale rows).
-    - `gather(j, ids)`: device work only (capturable in a CUDA graph when `graph_safe`):
+    - `gather(j, ids, T)`: device work only (capturable in a CUDA graph when `graph_safe`):
       rows [T, heads, d] of PLE layer j's table for `ids` [T, heads] (table rows, int64, on
       the device; None when `hashes_on_device` is False: the rows `begin_step` brought).
     - `end_step()`: after the step's device work is enqueued (stream order): a store may
@@ -50,7 +54,10 @@ class PleStore(ABC):
         """The step's device work is enqueued (default: nothing)."""
 
     @abstractmethod
-    def gather(self, j: int, ids: torch.Tensor | None) -> torch.Tensor: ...
+    def gather(self, j: int, ids: torch.Tensor | None, num_tokens: int) -> torch.Tensor: ...
+
+    def prefetch(self, chunks: Sequence[StepChunk]) -> None:  # noqa: B027 - optional hook
+        """Chunks a coming step will compute: a store filling rows on the host may start now."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop background work (the disk store's filler)."""
@@ -63,6 +70,6 @@ class DeviceStore(PleStore):
         super().__init__(geometry)
         self.tables = list(tables)  # [rows_j, d] per PLE layer, on the device
 
-    def gather(self, j: int, ids: torch.Tensor | None) -> torch.Tensor:
+    def gather(self, j: int, ids: torch.Tensor | None, num_tokens: int) -> torch.Tensor:
         assert ids is not None
         return self.tables[j].index_select(0, ids.reshape(-1)).view(*ids.shape, -1)
