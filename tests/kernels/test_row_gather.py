@@ -1,6 +1,6 @@
 """The row gather (host-resident PLE tables and embeddings): the Triton kernel under the
-interpreter on CPU tensors against the reference, bit for bit (it copies rows), with row
-offsets past 2^31 elements checked on the index arithmetic alone (no 8 GiB table here)."""
+interpreter on CPU tensors against the reference, bit for bit (it copies rows). Offsets
+past 2^31 elements need a table of that size: tests/gpu/test_qwen4_gpu.py gathers from one."""
 
 from __future__ import annotations
 
