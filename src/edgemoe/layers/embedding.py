@@ -1,7 +1,7 @@
 """The token embedding kept in host memory (`--embed-weights host`): the table stays in
 pinned RAM, mapped into the device's address space, and each step gathers its tokens'
 rows over PCIe (a few KiB per token: H · dtype bytes each), so the table's device memory
-(1.2 GiB for a 248K × 2048 bf16 vocabulary) goes to expert slots instead. On a machine
+(0.95 GiB for a 248K × 2048 bf16 vocabulary) goes to expert slots instead. On a machine
 without a GPU the table is plain RAM and the gather an index_select.
 
 The gather (`kernels/row_gather.py`) computes 64-bit offsets, takes fixed shapes and reads
