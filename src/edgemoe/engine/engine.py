@@ -364,4 +364,9 @@ class Engine:
 
     def close(self) -> None:
         self.runtime.executor.close()
+        if self.runtime.ple is not None:  # its filler thread, and the tables it page-locked
+            self.runtime.ple.close()
+        embed_close = getattr(self.runtime.model.embed, "close", None)  # a host embedding's page-locking
+        if embed_close is not None:
+            embed_close()
         self.requests.clear()
