@@ -70,6 +70,13 @@ class MoEConfig:
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
     )
+    expert_dtype: str = setting(
+        "auto",
+        "how routed experts are stored (host store, device slots, copies): bf16 (unquantised, in --dtype), "
+        "fp8 (e4m3, 128x128 blocks), int8 (per channel), int4 (groups of 128), mxfp4 (OCP MX); "
+        "auto = as the checkpoint stores them (an FP8/AWQ/GPTQ checkpoint stays quantised)",
+        ("auto", "bf16", "fp8", "int8", "int4", "mxfp4"),
+    )
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ only keep the slot cache honest (a quarter of the experts) for offload tests.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgemoe.models.arch import DecoderArch
+from edgemoe.quant import Dense, ExpertFormat
+from edgemoe.quant import expert_nbytes as format_expert_nbytes
 
 MiB, GiB = 2**20, 2**30
 FIXED_WORKSPACE = 256 * MiB  # allocator slack, graph pools, small buffers
@@ -44,6 +46,8 @@ class MemoryPlan:
     kv_bytes: int
     workspace: int
     backend: str
+    expert_format: str = ""  # how experts are stored (slots and resident banks), e.g. "fp8 e4m3 (128x128 blocks)"
+    dense_note: str = ""  # e.g. "fp8 checkpoint, dequantised at load"
 
     @property
     def total(self) -> int:
@@ -55,7 +59,7 @@ class MemoryPlan:
     def table(self) -> str:
         rows = [
             ("CUDA context + libraries", self.context),
-            ("dense weights", self.weights),
+            ("dense weights" + (f" ({self.dense_note})" if self.dense_note else ""), self.weights),
             ("resident experts", self.experts_resident),
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
             (f"KV cache ({self.kv_tokens} tokens)", self.kv_bytes),
@@ -65,7 +69,8 @@ class MemoryPlan:
         if self.budget is not None:
             rows.append(("budget (--gpu-memory)", self.budget))
         width = max(len(r[0]) for r in rows)
-        lines = [f"memory plan (moe backend: {self.backend})"]
+        fmt = f", experts {self.expert_format}" if self.expert_format else ""
+        lines = [f"memory plan (moe backend: {self.backend}{fmt})"]
         lines += [f"  {name:<{width}}  {nbytes / GiB:8.2f} GiB" for name, nbytes in rows]
         return "\n".join(lines)
 
@@ -74,8 +79,9 @@ def kv_bytes_per_token(arch: DecoderArch) -> int:
     return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * arch.dtype.itemsize
 
 
-def expert_nbytes(arch: DecoderArch) -> int:
-    return 3 * arch.hidden_size * arch.moe_intermediate_size * arch.dtype.itemsize
+def expert_nbytes(arch: DecoderArch, fmt: ExpertFormat | None = None) -> int:
+    """One expert's bytes in `fmt` (default: unquantised in the model's dtype), scales included."""
+    return format_expert_nbytes(fmt or Dense(arch.dtype), arch.hidden_size, arch.moe_intermediate_size)
 
 
 def dense_weight_bytes(arch: DecoderArch) -> int:
@@ -110,10 +116,23 @@ def plan_memory(
     max_running: int,
     budget: int | None,
     context: int = 0,
+    expert_format: ExpertFormat | None = None,
+    dense_note: str = "",
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots and KV tokens; raise PlanError
-    naming the setting to change when nothing fits."""
-    weights, per_tok, e_bytes = dense_weight_bytes(arch), kv_bytes_per_token(arch), expert_nbytes(arch)
+    naming the setting to change when nothing fits. Experts count at their bytes in
+    `expert_format` (scales included), so a smaller format leaves more slots."""
+    plan = _plan(arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, max_running, budget,
+                 context, expert_nbytes(arch, expert_format))
+    label = expert_format.label if expert_format is not None else ""
+    return replace(plan, expert_format=label, dense_note=dense_note)
+
+
+def _plan(
+    arch: DecoderArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
+    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, e_bytes: int,
+) -> MemoryPlan:
+    weights, per_tok = dense_weight_bytes(arch), kv_bytes_per_token(arch)
     total_experts = len(arch.moe_layers) * arch.num_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
     if budget is None:  # CPU: no cap to plan against

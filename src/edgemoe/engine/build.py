@@ -87,8 +87,11 @@ def host_store_kind(setting: str, device: torch.device) -> str:
     return "ram" if setting == "pageable" else setting
 
 
-def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max_len: int) -> MemoryPlan:
+def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max_len: int,
+              source: ModelSource | None = None) -> MemoryPlan:
     budget, context = device_budget(config, device)
+    fmt = source.expert_format(config.moe.expert_dtype, arch) if source is not None else None
+    method = source.quant_method if source is not None else None
     moe, sched = config.moe, config.scheduler
     if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
         raise ValueError(f"{flag_name('moe_slots')} must be at least num_experts_per_tok = {arch.top_k}")
@@ -102,6 +105,9 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
         max_running=sched.max_running_requests,
         budget=budget,
         context=context,
+        expert_format=fmt,
+        # NOTE: an MXFP4 checkpoint quantises only its experts; the others' dense layers are dequantised.
+        dense_note=f"{method} checkpoint, dequantised at load" if method and method != "mxfp4" else "",
     )
 
 
@@ -112,7 +118,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     dtype = resolve_dtype(config.model.dtype, device)
     arch = source.arch(dtype)
     max_len = config.model.max_model_len or arch.max_position_embeddings
-    plan = make_plan(config, arch, device, max_len)
+    plan = make_plan(config, arch, device, max_len, source)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
     if plan.kv_tokens < max_len:
@@ -128,6 +134,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     loaded = load_model(
         source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
+        expert_dtype=config.moe.expert_dtype,
     )
     sched = config.scheduler
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step

@@ -3,6 +3,11 @@
 Dense tensors land in a dict of our names; per-expert tensors are written straight into
 the host ExpertStore's stacked banks. Each checkpoint tensor is read, copied into its
 place and dropped, so the model is never held twice in memory.
+
+Quantised checkpoints (`quantization_config`: fp8, awq, gptq, compressed-tensors, mxfp4)
+load as published: a linear's parts are gathered and decoded (`models/quant_load.py`);
+experts stay quantised in a `PartsStore`, other layers are dequantised to the model's
+dtype. `expert_dtype` quantises a bf16 checkpoint's experts as they stream in.
 """
 
 from __future__ import annotations
@@ -19,9 +24,21 @@ from tqdm import tqdm
 
 from edgemoe.models.arch import DecoderArch
 from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.quant_load import (
+    PartCollector,
+    Upcasts,
+    Value,
+    dense_value,
+    expert_parts,
+    expert_shape,
+    place_expert_parts,
+)
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
+from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import BankStore, ExpertStore
+from edgemoe.quant import ExpertFormat, resolve_expert_format
+from edgemoe.quant.published import QuantConfigError, Scheme, scheme_for
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +57,7 @@ class LoadedModel:
     params: dict[str, torch.Tensor]
     experts: ExpertStore
     config: dict[str, Any]
+    note: str = ""  # what loading changed: dequantised layers, experts quantised at load
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -105,24 +123,35 @@ def confined(model_dir: Path, fname: object, listed_in: str) -> str:
     return fname
 
 
+def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
+    """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported."""
+    try:
+        return scheme_for(config)
+    except QuantConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
+    expert_dtype: str = "auto",
 ) -> LoadedModel:
     """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked: written
     in place, never pinned by copying; pageable with a warning if the OS refuses), or
-    "mmap" (experts stay in the checkpoint files, mapped, never read at load time)."""
+    "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
+    `expert_dtype` (`--expert-dtype`): auto keeps the checkpoint's experts as stored."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     arch, config = read_arch(model_dir, dtype)
+    scheme = checkpoint_scheme(config, model_dir / "config.json")
+    fmt = resolve_expert_format(expert_dtype, scheme.format if scheme else None, arch.dtype)
     names = model_module(arch.model_type).checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
-    shape = (list(arch.moe_layers), arch.num_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
-    experts: ExpertStore = (
-        MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape, pin=expert_store == "pinned")
-    )
+    experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     files = safetensors_files(model_dir)
-    filled = _stream_files(model_dir, files, names, params, experts, progress)
+    collector = PartCollector(scheme, _all_names(model_dir, files)) if scheme else None
+    upcasts = Upcasts()
+    filled = _stream_files(model_dir, files, names, params, experts, progress, collector, upcasts)
     missing = sorted(set(names) - filled)
     if missing:
         where = {n: f for f, ns in files.items() for n in ns}
@@ -134,7 +163,37 @@ def load_checkpoint(
         )
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
-    return LoadedModel(arch, params, experts, config)
+    if upcasts.note():
+        log.info("%s: %s", model_dir, upcasts.note())
+    return LoadedModel(arch, params, experts, config, upcasts.note())
+
+
+def _allocate_store(model_dir: Path, arch: DecoderArch, fmt: ExpertFormat, scheme: Scheme | None,
+                    expert_store: str) -> ExpertStore:
+    layers, dims = list(arch.moe_layers), (arch.num_experts, arch.hidden_size, arch.moe_intermediate_size)
+    if expert_store == "mmap":
+        if scheme is not None or fmt.quantised:
+            raise CheckpointError(f"{model_dir}: expert_store (--expert-store) mmap serves unquantised checkpoints "
+                                  "only; use pinned or pageable with quantised experts")
+        return MmapStore(layers, *dims, arch.dtype)
+    if fmt.quantised:
+        return PartsStore.allocate_parts(layers, *dims, fmt, pin=expert_store == "pinned")
+    return BankStore.allocate(layers, *dims, arch.dtype, pin=expert_store == "pinned")
+
+
+def _all_names(model_dir: Path, files: dict[str, list[str]]) -> list[str]:
+    """Every tensor name of the checkpoint: the index's, or each file's header."""
+    listed = [n for ns in files.values() for n in ns]
+    if listed:
+        return listed
+    out: list[str] = []
+    for fname in files:
+        try:
+            with safe_open(str(model_dir / fname), framework="pt") as handle:
+                out.extend(handle.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
+    return out
 
 
 def _stream_files(
@@ -144,7 +203,10 @@ def _stream_files(
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
     progress: bool,
+    collector: PartCollector | None = None,
+    upcasts: Upcasts | None = None,
 ) -> set[str]:
+    upcasts = upcasts or Upcasts()
     filled: set[str] = set()
     unexpected: list[str] = []
     bar = tqdm(total=len(names), desc="loading", unit="tensor", disable=not progress, leave=False)
@@ -156,6 +218,16 @@ def _stream_files(
             raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
         with handle:
             for name in handle.keys():
+                if collector is not None and collector.base(name) is not None:
+                    done = collector.add(name, _read(handle, path, name))
+                    if done is None:
+                        continue
+                    new = _place_linear(path, *done, names, params, experts, upcasts)
+                    if not new:
+                        unexpected.append(done[0])
+                    filled.update(new)
+                    bar.update(len(new))
+                    continue
                 place = names.get(name)
                 if place is None:
                     if not name.endswith(IGNORED_SUFFIXES):
@@ -166,10 +238,14 @@ def _stream_files(
                     filled.add(name)
                     bar.update(1)
                     continue
-                _place(path, name, _read(handle, path, name), place, params, experts)
+                _place(path, name, _read(handle, path, name), place, params, experts, upcasts)
                 filled.add(name)
                 bar.update(1)
     bar.close()
+    if collector is not None and collector.pending:
+        base, got = next(iter(collector.pending.items()))
+        raise CheckpointError(f"{model_dir}: quantised tensor {base!r} is incomplete (found {sorted(got)}, "
+                              f"expected {sorted(collector.expected[base])})")
     if unexpected:
         log.warning("ignored %d unexpected tensor(s), e.g. %s", len(unexpected), unexpected[:3])
     return filled
@@ -197,6 +273,59 @@ def _map_expert(path: Path, name: str, place: Placement, store: MmapStore) -> No
     store.add(int(layer), int(expert), part, view)  # type: ignore[arg-type]
 
 
+def _place_linear(
+    path: Path, base: str, value: Value, names: NameMap, params: dict[str, torch.Tensor],
+    experts: ExpertStore, upcasts: Upcasts,
+) -> list[str]:
+    """Place one decoded linear; returns the name-map entries it filled ([] if unknown)."""
+    place = names.get(base)
+    if place is None:
+        return _place_fused(path, base, value, names, experts, upcasts)
+    if place.target.startswith("experts."):
+        shape = expert_shape(experts, place)
+        if isinstance(experts, PartsStore):
+            _put_parts(path, base, experts, place, expert_parts(value, experts.format, shape, upcasts))
+            return [base]
+    else:
+        dest = params[place.target]
+        shape = tuple((dest[place.index] if place.index else dest).shape)
+    _place(path, base, dense_value(value, shape, upcasts), place, params, experts, upcasts)
+    return [base]
+
+
+def _place_fused(
+    path: Path, base: str, value: Value, names: NameMap, experts: ExpertStore, upcasts: Upcasts,
+) -> list[str]:
+    """All experts of a layer in one tensor per part (gpt-oss MXFP4): "<p>.experts.gate_up_proj"
+    fills "<p>.experts.{e}.gate_proj/up_proj.weight", "down_proj" the down weights."""
+    prefix, _, proj = base.rpartition(".experts.")
+    if not prefix or proj not in ("gate_up_proj", "down_proj") or isinstance(value, torch.Tensor):
+        return []
+    fmt, fused = value
+    halves = ("gate_proj", "up_proj") if proj == "gate_up_proj" else ("down_proj",)
+    filled = []
+    for e in range(experts.num_experts):
+        per = {s: t[e] for s, t in fused.items()}
+        for i, half in enumerate(halves):
+            name = f"{prefix}.experts.{e}.{half}.weight"
+            if name not in names:
+                return []
+            place = names[name]
+            shape = expert_shape(experts, place)
+            rows = {s: t[i * t.shape[0] // len(halves) : (i + 1) * t.shape[0] // len(halves)] for s, t in per.items()}
+            # NOTE: fused layers come only as mxfp4, whose parts are all per row: half the rows is gate's.
+            _place_linear(path, name, (fmt, rows), names, {}, experts, upcasts)
+            filled.append(name)
+    return filled
+
+
+def _put_parts(path: Path, name: str, store: PartsStore, place: Placement, parts: dict[str, torch.Tensor]) -> None:
+    try:
+        place_expert_parts(store, place, parts)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: tensor {name!r}: {e}") from None
+
+
 def _place(
     path: Path,
     name: str,
@@ -204,7 +333,14 @@ def _place(
     place: Placement,
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
+    upcasts: Upcasts | None = None,
 ) -> None:
+    if place.target.startswith("experts.") and isinstance(experts, PartsStore):
+        shape = expert_shape(experts, place)
+        if tuple(tensor.shape) != shape:
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
+        _put_parts(path, name, experts, place, expert_parts(tensor, experts.format, shape, upcasts or Upcasts()))
+        return
     if place.target.startswith("experts."):
         _, layer, which = place.target.split(".")
         dest = experts.tensor(int(layer), which)

@@ -24,6 +24,7 @@ from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
 from edgemoe.moe.offload import OffloadExecutor
 from edgemoe.moe.stats import Stopwatch
 from edgemoe.moe.store import ExpertStore
+from edgemoe.quant import dequantise_expert
 
 
 class SplitExecutor(OffloadExecutor):
@@ -91,13 +92,22 @@ class SplitExecutor(OffloadExecutor):
             for e in experts:
                 t, k = np.nonzero(ids == e)
                 t_idx, k_idx = torch.from_numpy(t), torch.from_numpy(k)
-                gate_up, down = self.store.expert(layer, e)
-                y = expert_mlp(x[t_idx], gate_up, down, self.act)
+                y = expert_mlp(x[t_idx], *self._weights(layer, e, x.dtype), self.act)
                 value_parts.append(y.float() * weights[t_idx, k_idx, None].float())
                 pair_parts.append(t_idx * K + k_idx)
         self.stats.cpu_s += w.seconds
         self.profiler.add_host_time("moe/cpu", w.seconds)
         return torch.cat(pair_parts), torch.cat(value_parts)
+
+    def _weights(self, layer: int, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) of one expert to compute with: as stored, or dequantised to fp32
+        (the reference; the quantised C kernels replace it, kernels/cpu_experts.py)."""
+        fmt = self.store.format
+        if not fmt.quantised:
+            return self.store.expert(layer, e)
+        hidden, inter = self.store.down_shape
+        gate_up, down = dequantise_expert(fmt, self.store.expert_parts(layer, e), hidden, inter)
+        return gate_up.to(dtype), down.to(dtype)
 
     def _write_cpu_cells(self, job, cells: torch.Tensor) -> None:  # noqa: ANN001
         pairs, values = job.result() if isinstance(job, Future) else job

@@ -14,7 +14,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
+from edgemoe.kernels.moe_experts import Activation, moe_combine
+from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
@@ -77,18 +78,18 @@ class ResidentExecutor(MoEExecutor):
     def __init__(
         self, store: ExpertStore, device: torch.device, act: Activation, num_layers: int, max_tokens: int = 256
     ) -> None:
-        self.act, self.num_experts = act, store.num_experts
-        self.banks = {i: tuple(t.to(device) for t in store.layer_banks(i)) for i in store.layers}
+        self.act, self.num_experts, self.format = act, store.num_experts, store.format
+        # Banks in the store's format: quantised experts stay quantised on the device.
+        self.banks = {i: {n: t.to(device) for n, t in store.layer_parts(i).items()} for i in store.layers}
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         hidden = store.down_shape[0]
         self.workspace = CellWorkspace(max_tokens, hidden, device)
 
     def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
-        gate_up, down = self.banks[layer]
         self.stats.count_tokens(layer, x.shape[0])
         self.stats.count_device_hits(layer, topk_ids, self.num_experts)
         cells = self.workspace.cells(topk_ids)
-        moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells)
+        moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells)
         return moe_combine(cells, x.dtype, residual)
 
     def close(self) -> None:

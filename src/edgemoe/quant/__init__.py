@@ -37,7 +37,18 @@ def expert_format(name: str, dtype: torch.dtype = torch.bfloat16) -> ExpertForma
     return formats[name]
 
 
+def resolve_expert_format(setting: str, checkpoint: ExpertFormat | None, dtype: torch.dtype) -> ExpertFormat:
+    """The experts' format for `--expert-dtype` on a checkpoint whose experts are stored in
+    `checkpoint` (None: unquantised). auto keeps the checkpoint's; naming the checkpoint's
+    own kind keeps its group/block size (no re-quantisation)."""
+    if setting == "auto":
+        return checkpoint or Dense(dtype)
+    if checkpoint is not None and checkpoint.name == setting:
+        return checkpoint
+    return expert_format(setting, dtype)
+
+
 __all__ = [
     "EXPERT_DTYPES", "Dense", "ExpertFormat", "Fp8Block", "Int4Group", "Int8Channel", "Mxfp4", "Parts",
-    "dequantise_expert", "expert_format", "expert_nbytes", "expert_specs", "matrix_parts", "quantise_expert",
+    "dequantise_expert", "expert_format", "expert_nbytes", "resolve_expert_format", "expert_specs", "matrix_parts", "quantise_expert",
 ]
