@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="read the API key from this file (the key alone; default: $EDGEMOE_API_KEY)")
     add_engine_flags(serve)
 
+    conv = sub.add_parser("convert", help="quantise a checkpoint's experts once, written in a standard layout")
+    conv.add_argument("--model", required=True, help="model directory (Hugging Face layout; may be quantised)")
+    conv.add_argument("--expert-dtype", required=True, choices=("fp8", "int8", "int4", "mxfp4", "bf16"),
+                      help="fp8: Qwen FP8 blocks; int8/int4: compressed-tensors; mxfp4: gpt-oss; bf16: dequantised")
+    conv.add_argument("--out", required=True, help="output directory (new or empty)")
+
     from edgemoe.ctl import add_ctl_parser
 
     add_ctl_parser(sub)
@@ -185,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = server_settings(args)
             settings["api_key"] = resolve_api_key(settings.get("api_key"), args.api_key_file, os.environ)
             return run_serve(ServerConfig(**settings), engine_settings(args))
+        if args.command == "convert":
+            from edgemoe.convert import run_convert
+
+            return run_convert(args)
         if args.command == "ctl":
             from edgemoe.ctl import run_ctl
 
@@ -201,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.bench.decode import run_decode_bench
 
             return run_decode_bench(args, engine_settings(args))
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
         print(f"edgemoe {args.command}: error: {e}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -114,3 +115,18 @@ def write_int4(config: dict[str, Any], out: Path, dense_out: Path, method: str, 
     _save(dense_out, {n: (fp16[n].float() if n in fp16 else t) for n, t in dense.items()},
           config | {"torch_dtype": "float32"})
     return out, dense_out
+
+
+def hf_fp8_model(path):  # noqa: ANN001, ANN201
+    transformers = pytest.importorskip("transformers")
+    import transformers.quantizers.quantizer_finegrained_fp8 as fp8_quantizer
+
+    # transformers dequantises FP8 checkpoints on a machine without a GPU; its environment
+    # check asks for accelerate first, which that path does not use (absent in the test venv).
+    mp = pytest.MonkeyPatch()
+    mp.setattr(fp8_quantizer, "is_accelerate_available", lambda: True)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    finally:
+        mp.undo()
+    return model.eval()

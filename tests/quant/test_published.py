@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quant_ckpt_support import AWQ_ORDER, _pack_cols, _pack_rows, write_fp8, write_int4
+from quant_ckpt_support import AWQ_ORDER, _pack_cols, _pack_rows, hf_fp8_model, write_fp8, write_int4
 from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
@@ -68,21 +68,6 @@ def test_unsupported_configs_are_named() -> None:
 def fp8_ckpt(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     config = model_config("qwen3_moe", num_hidden_layers=2)
     return write_fp8(config, tmp_path_factory.mktemp("fp8") / "ckpt")
-
-
-def hf_fp8_model(path):  # noqa: ANN001, ANN201
-    transformers = pytest.importorskip("transformers")
-    import transformers.quantizers.quantizer_finegrained_fp8 as fp8_quantizer
-
-    # transformers dequantises FP8 checkpoints on a machine without a GPU; its environment
-    # check asks for accelerate first, which that path does not use (absent in the test venv).
-    mp = pytest.MonkeyPatch()
-    mp.setattr(fp8_quantizer, "is_accelerate_available", lambda: True)
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    finally:
-        mp.undo()
-    return model.eval()
 
 
 def test_fp8_checkpoint_matches_transformers(fp8_ckpt) -> None:  # noqa: ANN001
