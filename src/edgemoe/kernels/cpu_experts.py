@@ -106,7 +106,7 @@ def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
         rows = _index(job.out_rows, out.shape[0], "out_rows", keep, n) if job.out_rows is not None else None
         scale = _keep(job.scale.to("cpu", torch.float32).contiguous(), keep, n, "scale") if job.scale is not None else None
         table[j] = (job.gate_up.data_ptr(), job.down.data_ptr(), tokens.data_ptr(),
-                    rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n)
+                    rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n, 0, 0)
     kernel.call(x, table, out, hidden, inter)
 
 
@@ -170,7 +170,7 @@ def route_cells(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Seq
 
 
 def _routed_table(cells: RoutedCells, gate_up_addr: np.ndarray, down_addr: np.ndarray) -> np.ndarray:
-    table = np.empty((len(cells.lo), JOB_FIELDS), dtype=np.int64)
+    table = np.zeros((len(cells.lo), JOB_FIELDS), dtype=np.int64)
     table[:, 0], table[:, 1] = gate_up_addr, down_addr
     for col, arr in ((2, cells.tokens), (3, cells.cells), (4, cells.scale)):
         table[:, col] = _address(arr) + 4 * cells.lo  # 4 bytes: int32 / float32

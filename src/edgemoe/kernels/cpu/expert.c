@@ -1,6 +1,7 @@
 /* CPU routed experts: y = down @ (silu(gate @ x) * (up @ x)) for several experts of one
- * layer in one call, weights bf16 (gate_up [2I, H], gate rows first; down [H, I]),
- * activations fp32 or bf16, accumulation fp32. Built by edgemoe/kernels/cpu_build.py
+ * layer in one call, weights bf16, int8 or fp8 e4m3 (gate_up [2I, H], gate rows first;
+ * down [H, I]; quantised ones with fp32 scales, em_quant.h), activations fp32 or bf16,
+ * accumulation fp32. Built by edgemoe/kernels/cpu_build.py
  * once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 | nothing = portable C) and loaded with
  * ctypes: plain pointers, no Python or torch ABI.
  *
@@ -21,9 +22,10 @@
 #include "em_gemm.h"
 #include "em_gemv.h"
 #include "em_pool.h"
+#include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 1
+#define EM_ABI_VERSION 2
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -51,12 +53,14 @@
 
 /* One expert's work; every field 64-bit so Python fills a plain int64 table. */
 typedef struct {
-    int64_t gate_up;  /* address of bf16 [2I, H] */
-    int64_t down;     /* address of bf16 [H, I] */
+    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3 */
+    int64_t down;     /* address of [H, I] */
     int64_t tokens;   /* address of int32 [n]: rows of x */
     int64_t out_rows; /* address of int32 [n]: rows of out (0: 0..n-1) */
     int64_t scale;    /* address of fp32 [n] (0: 1.0) */
     int64_t n;
+    int64_t gate_up_scale; /* int8: fp32 [2I]; fp8: fp32 [2 * ceil(I/blk), ceil(H/blk)] (gate's blocks, then up's) */
+    int64_t down_scale;    /* int8: fp32 [H]; fp8: fp32 [ceil(H/blk), ceil(I/blk)] */
 } em_job;
 
 typedef struct {
@@ -77,10 +81,12 @@ typedef struct {
     float *out;
     int64_t out_stride;
     int H, I;
+    int wfmt, blk; /* EM_W_BF16 / INT8 / FP8; fp8 scale block */
     int64_t Hs, Is, Px, Ph;
     int64_t ntasks[3];
     atomic_long next[3]; /* next task to claim, per phase */
     atomic_long done[3]; /* tasks finished, per phase */
+    atomic_int failed;   /* a task could not allocate its scratch: the call returns -2 */
 } em_call;
 
 static inline int64_t em_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -105,14 +111,18 @@ static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t r
 
 static inline int64_t em_token(const em_job *jb, int t) { return ((const int32_t *)(intptr_t)jb->tokens)[t]; }
 
+/* Position of element i of a GEMV activation row: split layout for bf16 weights, plain
+ * for quantised ones (their bytes widen in order). */
+static inline int64_t em_xpos(const em_call *c, int64_t i) { return c->wfmt == EM_W_BF16 ? em_split_pos(i) : i; }
+
 /* ---- phase 0: packing ---- */
 
 static void em_pack(const em_call *c, const em_job *jb, const em_jobstate *s, int t) {
     if (!s->gemm) {
         float *xs = s->xs + t * c->Hs, *hs = s->hs + t * c->Is;
         int64_t tok = em_token(jb, t);
-        for (int64_t k = 0; k < c->Hs; k++) xs[em_split_pos(k)] = k < c->H ? em_x(c, tok, k) : 0.0f;
-        for (int64_t i = c->I; i < c->Is; i++) hs[em_split_pos(i)] = 0.0f;
+        for (int64_t k = 0; k < c->Hs; k++) xs[em_xpos(c, k)] = k < c->H ? em_x(c, tok, k) : 0.0f;
+        for (int64_t i = c->I; i < c->Is; i++) hs[em_xpos(c, i)] = 0.0f;
         return;
     }
     int64_t np = s->np;
@@ -162,6 +172,78 @@ static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *
             em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots); /* next group: 4 rows on */
             for (int j = 0; j < nr; j++)
                 for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, dots[j * nt + t]);
+        }
+    }
+}
+
+/* ---- GEMV path, quantised weights ---- */
+
+static inline int64_t em_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Scales of row r of a projection: fp8, the row of block scales of its row block (gate_up:
+ * gate and up blocked separately); int8, the row's own scale. */
+static inline const float *em_row_scales(const em_call *c, const em_job *jb, int down, int64_t r) {
+    const float *s = (const float *)(intptr_t)(down ? jb->down_scale : jb->gate_up_scale);
+    if (c->wfmt == EM_W_INT8) return s + r;
+    if (down) return s + (r / c->blk) * em_cdiv(c->I, c->blk);
+    int64_t rb = (r / c->I) * em_cdiv(c->I, c->blk) + (r % c->I) / c->blk;
+    return s + rb * em_cdiv(c->H, c->blk);
+}
+
+/* The factor a dot of row r is multiplied by: int8, its scale; fp8 rows are scaled inside. */
+static inline float em_row_factor(const em_call *c, const float *sc) { return c->wfmt == EM_W_INT8 ? sc[0] : 1.0f; }
+
+static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
+    const int64_t H = c->H, I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t i1 = (q + 1) * EM_P1_GEMV < I ? (q + 1) * EM_P1_GEMV : I;
+    float dots[4 * EM_NT];
+    for (int64_t i = q * EM_P1_GEMV; i < i1; i += 2) {
+        int64_t i2 = i + 1 < i1 ? i + 1 : i;
+        const int64_t rows[4] = {i, i2, I + i, I + i2};
+        const uint8_t *w[4];
+        const float *sc[4];
+        float f[4];
+        for (int j = 0; j < 4; j++) {
+            w[j] = gu + rows[j] * H;
+            sc[j] = em_row_scales(c, jb, 0, rows[j]);
+            f[j] = em_row_factor(c, sc[j]);
+        }
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * H, dots);
+            for (int t = 0; t < nt; t++) {
+                float *hs = s->hs + (t0 + t) * c->Is;
+                hs[i] = em_silu(f[0] * dots[t]) * (f[2] * dots[2 * nt + t]);
+                if (i2 != i) hs[i2] = em_silu(f[1] * dots[nt + t]) * (f[3] * dots[3 * nt + t]);
+            }
+        }
+    }
+}
+
+static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
+    const int64_t I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
+    float dots[4 * EM_NT];
+    for (int64_t r = q * EM_P2_GEMV; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const uint8_t *w[4];
+        const float *sc[4];
+        float f[4];
+        for (int j = 0; j < 4; j++) {
+            int64_t row = r + (j < nr ? j : 0);
+            w[j] = dn + row * I;
+            sc[j] = em_row_scales(c, jb, 1, row);
+            f[j] = em_row_factor(c, sc[j]);
+        }
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots);
+            for (int j = 0; j < nr; j++)
+                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, f[j] * dots[j * nt + t]);
         }
     }
 }
@@ -251,6 +333,103 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
 }
 #endif
 
+/* ---- GEMM path, quantised weights ---- */
+
+#if EM_HAS_GEMM
+#if defined(EM_ISA_AMX)
+#define EM_QHALF 16 /* rows per A tile: gate rows in tile 0, up rows in tile 1 */
+#else
+#define EM_QHALF (EM_GR / 2)
+#endif
+
+/* acc[r*32 + tt] for rows r in [0, n0) and [Q, Q + n1) of `rows` (dequantised bf16, row
+ * stride K): the sum over scale blocks of scale(r, block) times the bf16 kernel's dot over
+ * that block, for the token tile at t0. sc[r]: the row's scales (em_row_scales). */
+static void em_qtile(const em_call *c, const uint16_t *rows, int Q, int n0, int n1, const float *const *sc,
+                     const uint32_t *xp, int64_t np, int t0, int K, float *acc) {
+    float tmp[32 * 32];
+    const int fp8 = c->wfmt == EM_W_FP8;
+    const int blk = fp8 ? c->blk : K;
+    memset(acc, 0, sizeof(float) * 32 * 32);
+    for (int k0 = 0; k0 < K; k0 += blk) {
+        int kw = K - k0 < blk ? K - k0 : blk;
+        const uint32_t *xk = xp + (int64_t)(k0 / 2) * np; /* NOTE: blocks start at even k */
+#if defined(EM_ISA_AMX)
+        em_amx_2x2(rows + k0, n0, n1 ? rows + (int64_t)Q * K + k0 : rows + k0, n1, K, xk, np, t0, np - t0 > 16, kw, tmp);
+#else
+        const uint16_t *w[EM_GR];
+        for (int j = 0; j < EM_GR; j++) {
+            int valid = j < Q ? j < n0 : j - Q < n1;
+            w[j] = rows + (int64_t)(valid ? j : 0) * K + k0;
+        }
+        em_gemm12(w, xk, np, t0, kw, tmp);
+#endif
+        for (int r = 0; r < 2 * Q && r < 32; r++) {
+            if (r < Q ? r >= n0 : r - Q >= n1) continue;
+            float f = sc[r][fp8 ? k0 / blk : 0];
+            for (int tt = 0; tt < 32; tt++) acc[r * 32 + tt] += f * tmp[r * 32 + tt];
+        }
+    }
+}
+
+static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
+    const int64_t H = c->H, I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
+    uint16_t *rows = em_scratch((size_t)2 * EM_QHALF * H);
+    float acc[32 * 32];
+    const float *sc[2 * EM_QHALF];
+    if (!rows) {
+        atomic_store(&((em_call *)c)->failed, 1);
+        return;
+    }
+    for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
+        int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
+        for (int r = 0; r < nv; r++) {
+            em_q_to_bf16(gu + (i0 + r) * H, (int)H, fp8, rows + r * H);
+            em_q_to_bf16(gu + (I + i0 + r) * H, (int)H, fp8, rows + (EM_QHALF + r) * H);
+            sc[r] = em_row_scales(c, jb, 0, i0 + r);
+            sc[EM_QHALF + r] = em_row_scales(c, jb, 0, I + i0 + r);
+        }
+        for (int t0 = 0; t0 < s->np; t0 += 32) {
+            em_qtile(c, rows, EM_QHALF, nv, nv, sc, s->xp, s->np, t0, (int)H, acc);
+            for (int r = 0; r < nv; r++)
+                for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
+                    em_put_h(s, i0 + r, t0 + tt, acc[r * 32 + tt], acc[(EM_QHALF + r) * 32 + tt]);
+        }
+    }
+}
+
+static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
+    const int64_t I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
+    const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
+    uint16_t *rows = em_scratch((size_t)group * I);
+    float acc[32 * 32];
+    const float *sc[2 * EM_QHALF];
+    if (!rows) {
+        atomic_store(&((em_call *)c)->failed, 1);
+        return;
+    }
+    for (int64_t r0 = lo; r0 < hi; r0 += group) {
+        int nr = hi - r0 < group ? (int)(hi - r0) : group;
+        for (int r = 0; r < nr; r++) {
+            em_q_to_bf16(dn + (r0 + r) * I, (int)I, fp8, rows + r * I);
+            sc[r] = em_row_scales(c, jb, 1, r0 + r);
+        }
+        int n0 = nr < EM_QHALF ? nr : EM_QHALF, n1 = nr - n0;
+        for (int t0 = 0; t0 < s->np; t0 += 32) {
+            em_qtile(c, rows, EM_QHALF, n0, n1, sc, s->hp, s->np, t0, (int)I, acc);
+            for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
+                for (int r = 0; r < nr; r++) em_store(c, jb, t0 + tt, r0 + r, acc[r * 32 + tt]);
+        }
+    }
+}
+#endif
+
 /* ---- scheduling ---- */
 
 static int em_find_job(const em_call *c, int ph, int64_t task) {
@@ -276,12 +455,22 @@ static void em_run_phase(em_call *c, int ph) {
         if (ph == 0) {
             em_pack(c, jb, s, (int)q);
 #if EM_HAS_GEMM
+        } else if (s->gemm && c->wfmt != EM_W_BF16) {
+            if (ph == 1)
+                em_gate_up_gemm_q(c, jb, s, q);
+            else
+                em_down_gemm_q(c, jb, s, q);
         } else if (s->gemm) {
             if (ph == 1)
                 em_gate_up_gemm(c, jb, s, q);
             else
                 em_down_gemm(c, jb, s, q);
 #endif
+        } else if (c->wfmt != EM_W_BF16) {
+            if (ph == 1)
+                em_gate_up_gemv_q(c, jb, s, q);
+            else
+                em_down_gemv_q(c, jb, s, q);
         } else if (ph == 1) {
             em_gate_up_gemv(c, jb, s, q);
         } else {
@@ -365,10 +554,13 @@ void *em_create(int nthreads, int spin_us) { return em_pool_new(nthreads, spin_u
 int em_threads(void *pool) { return ((em_pool *)pool)->nthreads; }
 void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
 
-/* Runs `njobs` experts; returns 0, -1 (bad arguments) or -2 (out of memory). */
+/* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, blk a
+ * multiple of 32: AMX B tiles span 32 k, and a block's tiles must not read past the
+ * activations' padding); returns 0, -1 (bad arguments) or -2 (out of memory). */
 int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
-               const em_job *jobs, int njobs, int gemm_min_tokens) {
+               const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
     if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
+    if (wfmt < EM_W_BF16 || wfmt > EM_W_FP8 || (wfmt == EM_W_FP8 && (blk < 32 || blk % 32))) return -1;
     if (njobs == 0) return 0;
     em_call c;
     memset(&c, 0, sizeof(c));
@@ -382,6 +574,8 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     c.out_stride = out_stride;
     c.H = H;
     c.I = I;
+    c.wfmt = wfmt;
+    c.blk = blk;
     c.Hs = em_round_up(H, 2 * EM_VW);
     c.Is = em_round_up(I, 2 * EM_VW);
     c.Px = em_round_up((H + 1) / 2, 16);
@@ -389,6 +583,7 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     pthread_mutex_lock(&c.pool->call_lock);
     int rc = em_plan(&c, gemm_min_tokens);
     if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
+    if (rc == 0 && atomic_load(&c.failed)) rc = -2;
     pthread_mutex_unlock(&c.pool->call_lock);
     return rc;
 }
