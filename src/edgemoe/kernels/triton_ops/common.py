@@ -41,6 +41,22 @@ def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
+def to_e4m3(x, INTERP: tl.constexpr):
+    """fp32 (|x| <= 448) → float8e4nv, round to nearest even (what the GPU's cvt does).
+    The interpreter's cast neither rounds nor saturates: round the fp32 first, so its cast
+    of an exactly representable value is exact (normals: 3 mantissa bits; below 2^-6,
+    multiples of 2^-9, rounded with the 1.5·2^23 trick)."""
+    if INTERP:
+        a = tl.minimum(tl.abs(x), 448.0)
+        bits = a.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        sub = ((a * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)
+        r = tl.where(a >= 0.015625, normal, sub)
+        x = tl.where(x < 0, -r, r)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
 def round_trip(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 value rounded to DTYPE and back: a torch op's rounded output, kept in fp32."""
     return round_to(x, DTYPE, INTERP).to(tl.float32)
