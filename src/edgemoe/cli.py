@@ -137,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
+    mq = bench_sub.add_parser("moe-quant", help="fused MoE kernels over quantised slot banks (GPU)")
+    mq.add_argument("--formats", nargs="+", default=["bf16", "fp8", "int8", "int4", "mxfp4"],
+                    choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
+    mq.add_argument("--hidden", type=int, default=2048)
+    mq.add_argument("--intermediate", type=int, default=768)
+    mq.add_argument("--slots", type=int, default=64, help="experts in the slot banks the routing draws from")
+    mq.add_argument("--prefill-tokens", type=positive_int, default=4096)
+    mq.add_argument("--reps", type=positive_int, default=200)
+    mq.add_argument("--out", default="bench/results", help="result folder")
     bw = bench_sub.add_parser("bw", help="host memory, CPU expert kernel and host-device copy bandwidth")
     bw.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores)")
     bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
@@ -205,6 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.bench.bandwidth import run_bw_bench
 
             return run_bw_bench(args)
+        if args.command == "bench" and args.bench == "moe-quant":
+            from edgemoe.bench.moe_quant import run_moe_quant_bench
+
+            return run_moe_quant_bench(args)
         if args.command == "bench" and args.bench == "agent":
             from edgemoe.bench.agent import run_agent_bench
 
