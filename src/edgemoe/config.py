@@ -47,6 +47,10 @@ class CacheConfig:
     page_size: int = setting(16, "tokens per KV page")
     cache_type: str = setting("radix", "prefix cache over KV pages (radix) or none", ("radix", "none"))
     kv_tokens: int | None = setting(None, "KV cache capacity in tokens; default: planned")
+    kv_cache_dtype: str = setting(
+        "auto", "KV cache storage: auto (the model's dtype) or fp8 (e4m3, a scale per token and kv head: half "
+        "the memory, which goes to expert slots)", ("auto", "fp8"),
+    )
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,15 @@
 
 A request owns a list of page ids (its page table). Token position p of a request
 lives in slot `pages[p // page_size] * page_size + p % page_size` in every layer.
+With `kv_cache_dtype="fp8"` the keys/values are e4m3 with one fp32 scale per (slot, kv
+head) in `k_scale` / `v_scale` [L, slots, Hkv] (`edgemoe.quant.kv`); else they are None.
 """
 
 from __future__ import annotations
 
 import torch
+
+from edgemoe.quant.kv import KV_FP8
 
 
 class OutOfPages(RuntimeError):
@@ -25,12 +29,17 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        fp8 = kv_cache_dtype == "fp8"
+        self.k = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        self.v = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        # Scales of 1 for unwritten slots: a dequantised padding row reads as zeros.
+        self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
+        self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
         # Pop from the end: low page ids are handed out first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
 
@@ -55,5 +64,12 @@ class KVPool:
         page_idx = torch.tensor(pages, dtype=torch.long)[pos // self.page_size]
         return (page_idx * self.page_size + pos % self.page_size).to(self.k.device)
 
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(k_scale, v_scale) [slots, Hkv] of one layer; (None, None) unless fp8."""
+        if self.k_scale is None or self.v_scale is None:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
+
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        scales = 0 if self.k_scale is None else self.k_scale.nbytes * 2
+        return self.k.numel() * self.k.element_size() * 2 + scales

@@ -48,6 +48,7 @@ class MemoryPlan:
     backend: str
     expert_format: str = ""  # how experts are stored (slots and resident banks), e.g. "fp8 e4m3 (128x128 blocks)"
     dense_note: str = ""  # e.g. "fp8 checkpoint, dequantised at load"
+    kv_fp8: bool = False  # --kv-cache-dtype fp8
 
     @property
     def total(self) -> int:
@@ -62,7 +63,7 @@ class MemoryPlan:
             ("dense weights" + (f" ({self.dense_note})" if self.dense_note else ""), self.weights),
             ("resident experts", self.experts_resident),
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
-            (f"KV cache ({self.kv_tokens} tokens)", self.kv_bytes),
+            (f"KV cache ({self.kv_tokens} tokens{', fp8' if self.kv_fp8 else ''})", self.kv_bytes),
             ("workspace", self.workspace),
             ("total", self.total),
         ]
@@ -75,8 +76,11 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def kv_bytes_per_token(arch: DecoderArch) -> int:
-    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * arch.dtype.itemsize
+def kv_bytes_per_token(arch: DecoderArch, kv_cache_dtype: str = "auto") -> int:
+    """K and V of every layer for one token: the model dtype, or e4m3 plus a 4-byte
+    scale per kv head (`--kv-cache-dtype fp8`)."""
+    per_head = arch.head_dim + 4 if kv_cache_dtype == "fp8" else arch.head_dim * arch.dtype.itemsize
+    return 2 * arch.num_layers * arch.num_kv_heads * per_head
 
 
 def expert_nbytes(arch: DecoderArch, fmt: ExpertFormat | None = None) -> int:
@@ -118,21 +122,22 @@ def plan_memory(
     context: int = 0,
     expert_format: ExpertFormat | None = None,
     dense_note: str = "",
+    kv_cache_dtype: str = "auto",
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots and KV tokens; raise PlanError
     naming the setting to change when nothing fits. Experts count at their bytes in
     `expert_format` (scales included), so a smaller format leaves more slots."""
     plan = _plan(arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, max_running, budget,
-                 context, expert_nbytes(arch, expert_format))
+                 context, expert_nbytes(arch, expert_format), kv_bytes_per_token(arch, kv_cache_dtype))
     label = expert_format.label if expert_format is not None else ""
-    return replace(plan, expert_format=label, dense_note=dense_note)
+    return replace(plan, expert_format=label, dense_note=dense_note, kv_fp8=kv_cache_dtype == "fp8")
 
 
 def _plan(
     arch: DecoderArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
-    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, e_bytes: int,
+    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, e_bytes: int, per_tok: int,
 ) -> MemoryPlan:
-    weights, per_tok = dense_weight_bytes(arch), kv_bytes_per_token(arch)
+    weights = dense_weight_bytes(arch)
     total_experts = len(arch.moe_layers) * arch.num_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
     if budget is None:  # CPU: no cap to plan against

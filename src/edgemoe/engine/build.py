@@ -108,6 +108,7 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
         expert_format=fmt,
         # NOTE: an MXFP4 checkpoint quantises only its experts; the others' dense layers are dequantised.
         dense_note=f"{method} checkpoint, dequantised at load" if method and method != "mxfp4" else "",
+        kv_cache_dtype=config.cache.kv_cache_dtype,
     )
 
 
@@ -147,7 +148,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
     del loaded
     page = config.cache.page_size
-    pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device)
+    pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device,
+                  config.cache.kv_cache_dtype)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device)
     attention = make_attention_backend("auto", pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
