@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
+    qe = bench_sub.add_parser("quant-error", help="relative error of each MoE layer's output per expert format")
+    add_engine_flags(qe)
+    qe.add_argument("--formats", nargs="+", default=["fp8", "int8", "int4", "mxfp4"],
+                    choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
+    qe.add_argument("--prompts", type=positive_int, default=4)
+    qe.add_argument("--prompt-tokens", type=positive_int, default=64)
+    qe.add_argument("--out", default="bench/results", help="result folder")
     mq = bench_sub.add_parser("moe-quant", help="fused MoE kernels over quantised slot banks (GPU)")
     mq.add_argument("--formats", nargs="+", default=["bf16", "fp8", "int8", "int4", "mxfp4"],
                     choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
@@ -214,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.bench.bandwidth import run_bw_bench
 
             return run_bw_bench(args)
+        if args.command == "bench" and args.bench == "quant-error":
+            from edgemoe.bench.quant_error import run_quant_error
+
+            return run_quant_error(args, engine_settings(args))
         if args.command == "bench" and args.bench == "moe-quant":
             from edgemoe.bench.moe_quant import run_moe_quant_bench
 
