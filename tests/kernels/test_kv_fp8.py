@@ -21,6 +21,19 @@ from edgemoe.testing.kernel_inputs import PagedBatch, paged_batch
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 
+if INTERPRET:
+    import triton
+    import triton.language as tl
+
+    from edgemoe.kernels.triton_ops.common import e4m3_to_f32, f32_to_e4m3
+
+    @triton.jit
+    def _e4m3_roundtrip(b_ptr, x_ptr, f_ptr, e_ptr, N: tl.constexpr):
+        """The integer (no e4m3 type) conversions, both ways."""
+        i = tl.arange(0, N)
+        tl.store(f_ptr + i, e4m3_to_f32(tl.load(b_ptr + i), False))
+        tl.store(e_ptr + i, f32_to_e4m3(tl.load(x_ptr + i), False, True))
+
 
 def test_quantise_kv_round_trip_and_known_values() -> None:
     g = torch.Generator().manual_seed(0)
@@ -115,3 +128,52 @@ def test_triton_rope_write_quantises_as_reference() -> None:
         caches.append((q_out, kc.view(torch.uint8), vc.view(torch.uint8), ksc, vsc))
     for a, b in zip(*caches, strict=True):
         assert torch.equal(a, b)
+
+
+@needs_triton
+def test_e4m3_integer_conversions_match_torch() -> None:
+    # sm_80/86 have no e4m3 type: bytes are converted with integer arithmetic there. The
+    # GPU machine (sm_90) never runs those paths, so they are checked here, exhaustively.
+    import triton
+
+    codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)  # all but NaN
+    x = torch.cat([codes.view(KV_FP8).float(), torch.randn(2048) * torch.logspace(-4, 2.6, 2048),
+                   torch.tensor([-0.0, 447.9, -448.0, 2**-9 * 0.5, 2**-9 * 1.5, 2**-9 * 2.5])]).clamp(-448, 448)
+    n = triton.next_power_of_2(x.numel())
+    b = torch.zeros(n, dtype=torch.uint8)
+    b[: codes.numel()] = codes
+    xs = torch.zeros(n)
+    xs[: x.numel()] = x
+    f, e = torch.empty(n), torch.empty(n, dtype=torch.uint8)
+    _e4m3_roundtrip[(1,)](b, xs, f, e, N=n)
+    assert torch.equal(f[: codes.numel()], codes.view(KV_FP8).float())
+    assert torch.equal(e[: x.numel()], x.to(KV_FP8).view(torch.uint8))  # torch: round to nearest even, -0 kept
+
+
+@needs_triton
+def test_fp8_paths_without_the_e4m3_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sm_80/86 code paths end to end: fp8 KV attention and the rope write, fp8 weights.
+    from edgemoe.kernels.triton_ops import attn_decode, common, moe_gemv_q, rope
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    for module in (attn_decode, moe_gemv_q, rope):
+        monkeypatch.setattr(module, "fp8_hardware", lambda t: False)
+    assert common.fp8_hardware(torch.zeros(1))  # the interpreter itself has the type
+    d = paged_batch([70, 9], [1, 1], 4, 2, 32, 16, torch.float32, seed=7)
+    kq, vq, ks, vs = fp8_batch(d)
+    want = decode_attention_ref(d.q, kq, vq, d.page_table, d.req_rows, d.seq_lens, 16, 0.2, None,
+                                torch.empty_like(d.q), None, ks, vs)
+    out = torch.empty_like(d.q)
+    attn_decode.decode_attention_triton(d.q, kq, vq, d.page_table, d.req_rows, d.seq_lens, 16, 0.2, None, out, None, ks, vs)
+    attention_close(out, want, d.v_cache)
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(3, h, 32, generator=g).bfloat16() for h in (4, 2, 2))
+    cos, sin = torch.rand(8, 16, generator=g), torch.rand(8, 16, generator=g)
+    pos, loc = torch.tensor([1, 5, 7]), torch.tensor([4, 0, 2])
+    got = []
+    for fn in (rope_write_kv_ref, rope_write_kv_triton):
+        kc, vc = torch.zeros(6, 2, 32, dtype=KV_FP8), torch.zeros(6, 2, 32, dtype=KV_FP8)
+        ksc, vsc = torch.ones(6, 2), torch.ones(6, 2)
+        fn(q, k, v, pos, cos, sin, kc, vc, loc, ksc, vsc)
+        got.append((kc.view(torch.uint8), vc.view(torch.uint8), ksc, vsc))
+    assert all(torch.equal(a, b) for a, b in zip(*got, strict=True))

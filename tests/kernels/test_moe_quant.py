@@ -133,3 +133,20 @@ def test_triton_prefill_fp8_arithmetic(f8dot: bool) -> None:
     assert ((got - want).abs() <= bound).all()
     if f8dot:  # the fp8 path really ran: activations' rounding shows
         assert not torch.equal(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("path", ["decode", "prefill"])
+def test_fp8_weights_without_the_e4m3_type(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # sm_80/86 Triton has no e4m3 type: the kernels convert the bytes with integer
+    # arithmetic there (the GPU machine never runs that path).
+    from edgemoe.kernels.triton_ops import moe_gemm_q, moe_gemv_q
+
+    for module in (moe_gemv_q, moe_gemm_q):
+        monkeypatch.setattr(module, "fp8_hardware", lambda t: False)
+    fmt = FORMATS["fp8"]
+    b, parts, _, _ = quantised_banks(fmt, torch.float32, seed=9)
+    want, got = torch.zeros(T, K, H), torch.zeros(T, K, H)
+    moe_quant_ref(b.x, b.slot_ids, b.weights, parts, fmt, want, "silu")
+    triton_kernel(path)(b.x, b.slot_ids, b.weights, parts, fmt, got, "silu")
+    assert ((got - want).abs() <= tolerance(want, torch.float32)).all()

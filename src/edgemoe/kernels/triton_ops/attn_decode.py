@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.common import e4m3_to_f32, fp8_hardware, interpreting, mma, round_to, tl_dtype
 
 SPLIT_TOKENS = 512
 LOG2E = 1.4426950408889634
@@ -41,7 +41,7 @@ def _decode_split(
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ss,
     qk_scale, window, page_size,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -72,7 +72,7 @@ def _decode_split(
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
         if FP8KV:
             k_sc = tl.load(ks_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            s = mma(q, tl.trans(k.to(tl.float32).to(DTYPE)), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP)
+            s = mma(q, tl.trans(e4m3_to_f32(k, FP8HW).to(DTYPE)), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP)
             s = s * (k_sc[None, :] * qk_scale)
         else:
             s = mma(q, tl.trans(k), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP) * qk_scale
@@ -84,7 +84,7 @@ def _decode_split(
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
         if FP8KV:
             v_sc = tl.load(vs_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), v.to(tl.float32).to(DTYPE), acc * alpha[:, None], INTERP)
+            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), e4m3_to_f32(v, FP8HW).to(DTYPE), acc * alpha[:, None], INTERP)
         else:
             acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
         m = m_new
@@ -135,6 +135,11 @@ def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
     return k_scale, v_scale, k_scale.stride(0)
 
 
+def kv_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """An e4m3 cache as its bytes (sm_80/86 Triton has no e4m3 pointer type); others as is."""
+    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+
+
 def num_splits(page_table: torch.Tensor, page_size: int, max_seq_len: int | None) -> int:
     """Splits covering `max_seq_len`, else the page table's capacity: the grid's (and the
     partials') size. Its value never changes a result: programs past a sequence exit."""
@@ -160,13 +165,14 @@ def decode_attention_triton(
     block_n, warps, stages = decode_config(D)
     dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
+    k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     _decode_split[(B, Hkv, splits)](
         q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         stride_ss, scale * LOG2E, win, page_size,
         G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLIT=SPLIT_TOKENS,
-        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, num_warps=warps, num_stages=stages,
+        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps, num_stages=stages,
     )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out,

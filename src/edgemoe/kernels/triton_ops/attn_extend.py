@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.attn_decode import LOG2E, kv_scales
-from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.attn_decode import LOG2E, kv_bytes, kv_scales
+from edgemoe.kernels.triton_ops.common import e4m3_to_f32, fp8_hardware, interpreting, mma, round_to, tl_dtype
 
 
 def extend_config(head_dim: int) -> tuple[int, int, int, int]:
@@ -35,7 +35,7 @@ def _extend(
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_pr, stride_ss,
     qk_scale, window, page_size,
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr,
 ):
     qb = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query blocks start first
     b = tl.program_id(1)
@@ -69,7 +69,7 @@ def _extend(
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
         if FP8KV:
             k_sc = tl.load(ks_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            s = mma(q, tl.trans(k.to(tl.float32).to(DTYPE)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP)
+            s = mma(q, tl.trans(e4m3_to_f32(k, FP8HW).to(DTYPE)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP)
             s = s * (k_sc[None, :] * qk_scale)
         else:
             s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP) * qk_scale
@@ -84,7 +84,7 @@ def _extend(
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
         if FP8KV:
             v_sc = tl.load(vs_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), v.to(tl.float32).to(DTYPE), acc * alpha[:, None], INTERP)
+            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), e4m3_to_f32(v, FP8HW).to(DTYPE), acc * alpha[:, None], INTERP)
         else:
             acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
         m = m_new
@@ -109,12 +109,13 @@ def extend_attention_triton(
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     block_m, block_n, warps, stages = extend_config(D)
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
+    k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     _extend[(triton.cdiv(max_q_len, block_m), B, Hq)](
         q, k_cache, v_cache, out, page_table, req_rows, cu_seqlens_q, seq_lens, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), page_table.stride(0), stride_ss,
         scale * LOG2E, window or 0, page_size,
         G=Hq // Hkv, D=D, D_PAD=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
-        DTYPE=tl_dtype(q.dtype), INTERP=interpreting(q), FP8KV=k_scale is not None, num_warps=warps, num_stages=stages,
+        DTYPE=tl_dtype(q.dtype), INTERP=interpreting(q), FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps, num_stages=stages,
     )
     return out

@@ -1,10 +1,10 @@
 """Dequantisation inside Triton kernels: one weight tile of a quantised expert bank → fp32.
 
-`dequant(data, scale, zero, r, k, mask, n_half, stride_d, stride_s, FMT, GROUP)` reads
+`dequant(data, scale, zero, r, k, mask, n_half, stride_d, stride_s, FMT, GROUP, FP8HW)` reads
 W[r, k] for broadcastable index tensors r (weight rows = output features) and k (inputs)
 of one slot's bank, the layouts of `edgemoe.quant` (`FMT_CODES`):
 - int8: q [rows, K] int8, scale [rows, 1] fp32 → q·s;
-- fp8:  q [rows, K] e4m3, scale [row blocks, ceil(K/GROUP)] fp32, rows in halves of
+- fp8:  q [rows, K] e4m3 (passed as uint8: sm_80/86 have no e4m3 type), scale [row blocks, ceil(K/GROUP)] fp32, rows in halves of
   `n_half` blocked separately (gate_up: gate's blocks, then up's) → q·s;
 - int4: two nibbles per byte along K (even k low), scale fp16 / zero uint8 [rows, ceil(K/GROUP)]
   → (q - z)·s;
@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.triton_ops.common import e4m3_to_f32
 from edgemoe.quant import ExpertFormat, Fp8Block, Int4Group, Int8Channel, Mxfp4
 
 FMT_INT8, FMT_FP8, FMT_INT4, FMT_MXFP4 = 1, 2, 3, 4
@@ -43,13 +44,14 @@ def _nibble(data, r64, k, mask, stride_d):
 
 
 @triton.jit
-def dequant(data, scale, zero, r, k, mask, n_half, stride_d, stride_s, FMT: tl.constexpr, GROUP: tl.constexpr):
+def dequant(data, scale, zero, r, k, mask, n_half, stride_d, stride_s, FMT: tl.constexpr, GROUP: tl.constexpr,
+            FP8HW: tl.constexpr):
     r64 = r.to(tl.int64)
     if FMT == 1:
         q = tl.load(data + r64 * stride_d + k, mask=mask, other=0).to(tl.float32)
         w = q * tl.load(scale + r64 * stride_s, mask=mask, other=0.0)
     elif FMT == 2:
-        q = tl.load(data + r64 * stride_d + k, mask=mask, other=0.0).to(tl.float32)
+        q = e4m3_to_f32(tl.load(data + r64 * stride_d + k, mask=mask, other=0), FP8HW)
         rb = (r // n_half) * tl.cdiv(n_half, GROUP) + (r % n_half) // GROUP
         w = q * tl.load(scale + rb.to(tl.int64) * stride_s + k // GROUP, mask=mask, other=0.0)
     elif FMT == 3:

@@ -26,6 +26,7 @@ import triton.language as tl
 from edgemoe.kernels.triton_ops.common import (
     ACT_CODES,
     activate,
+    fp8_hardware,
     interpreting,
     mma,
     round_to,
@@ -42,7 +43,7 @@ from edgemoe.quant import ExpertFormat, Parts
 GU_N, GU_K, GU_WARPS, GU_STAGES = 64, 64, 4, 3
 DOWN_N, DOWN_K, DOWN_WARPS, DOWN_STAGES = 64, 64, 4, 3
 F8_K = 128  # NOTE: F8DOT tiles span exactly one weight scale block along K
-E4M3_MAX = 448.0
+E4M3_MAX = tl.constexpr(448.0)
 
 
 def fp8_dot(fmt_code: int, group: int, x: torch.Tensor) -> bool:
@@ -70,7 +71,7 @@ def _f8_tile(a, E4M3: tl.constexpr, INTERP: tl.constexpr):
 @triton.jit
 def _f8_mma(a_q, a_s, w_ptrs, w_ok, w_s, acc, INTERP: tl.constexpr):
     """acc + (a_q @ w_q) · a_s[:, None] · w_s[None, :] for an e4m3 weight tile."""
-    w_q = tl.load(w_ptrs, mask=w_ok, other=0.0)
+    w_q = tl.load(w_ptrs, mask=w_ok, other=0).to(tl.float8e4nv, bitcast=True)  # uint8 bytes → e4m3
     return acc + mma(a_q, w_q, tl.zeros(acc.shape, tl.float32), INTERP) * a_s[:, None] * w_s[None, :]
 
 
@@ -79,7 +80,7 @@ def _gate_up_gemm_q(
     x_ptr, sorted_ptr, block_slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr,
     H, I, K, num_pairs, stride_xt, stride_gs, stride_gr, stride_ss, stride_sr, stride_it,
     ACT: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr,
+    INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
 ):
     pid_m = tl.program_id(1)
     slot = tl.load(block_slot_ptr + pid_m)
@@ -110,8 +111,10 @@ def _gate_up_gemm_q(
             acc_g = _f8_mma(a_q, a_s, w_ptrs, ok, gs, acc_g, INTERP)
             acc_u = _f8_mma(a_q, a_s, w_ptrs + I * stride_gr, ok, us, acc_u, INTERP)
         else:
-            g = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, I, stride_gr, stride_sr, FMT, GROUP)
-            u = dequant(bank, sbank, zbank, (cols + I)[None, :], ks[:, None], ok, I, stride_gr, stride_sr, FMT, GROUP)
+            g = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, I, stride_gr, stride_sr, FMT, GROUP,
+                        FP8HW)
+            u = dequant(bank, sbank, zbank, (cols + I)[None, :], ks[:, None], ok, I, stride_gr, stride_sr, FMT,
+                        GROUP, FP8HW)
             acc_g = mma(a, round_to(g, DTYPE, INTERP), acc_g, INTERP)
             acc_u = mma(a, round_to(u, DTYPE, INTERP), acc_u, INTERP)
     gate = round_trip(acc_g, DTYPE, INTERP)
@@ -126,7 +129,7 @@ def _down_gemm_q(
     inter_ptr, sorted_ptr, block_slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr,
     H, I, K, num_pairs, stride_it, stride_ds, stride_dr, stride_ss, stride_sr, stride_ct, stride_ck,
     DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
 ):
     pid_m = tl.program_id(1)
     slot = tl.load(block_slot_ptr + pid_m)
@@ -152,7 +155,8 @@ def _down_gemm_q(
             ws = tl.load(sbank + (cols // GROUP).to(tl.int64) * stride_sr + k0 // GROUP, mask=col_ok, other=0.0)
             acc = _f8_mma(a_q, a_s, bank + cols.to(tl.int64)[None, :] * stride_dr + ks[:, None], ok, ws, acc, INTERP)
         else:
-            b = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, H, stride_dr, stride_sr, FMT, GROUP)
+            b = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, H, stride_dr, stride_sr, FMT, GROUP,
+                        FP8HW)
             acc = mma(a, round_to(b, DTYPE, INTERP), acc, INTERP)
     w = tl.load(w_ptr + safe, mask=valid, other=0.0)
     y = round_trip(acc, DTYPE, INTERP) * w[:, None]
@@ -188,12 +192,12 @@ def moe_prefill_q_triton(
         x, blocks.sorted_pairs, blocks.block_slot, gu, gus, guz, inter,
         H, I, K, pairs, x.stride(0), *gu_strides, inter.stride(0),
         ACT=ACT_CODES[act], DTYPE=dtype, BM=BLOCK_M, BN=GU_N, BK=gu_k, INTERP=interp, FMT=code, GROUP=group,
-        F8DOT=f8, num_warps=GU_WARPS, num_stages=GU_STAGES,
+        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=GU_WARPS, num_stages=GU_STAGES,
     )
     dn, dns, dnz, *dn_strides = bank_args(parts, "down")
     _down_gemm_q[(triton.cdiv(H, DOWN_N), num_blocks)](
         inter, blocks.sorted_pairs, blocks.block_slot, w, dn, dns, dnz, cells,
         H, I, K, pairs, inter.stride(0), *dn_strides, cells.stride(0), cells.stride(1),
         DTYPE=dtype, BM=BLOCK_M, BN=DOWN_N, BK=dn_k, INTERP=interp, FMT=code, GROUP=group,
-        F8DOT=f8, num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
+        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
     )

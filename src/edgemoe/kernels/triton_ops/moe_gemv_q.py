@@ -16,7 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import ACT_CODES, activate, interpreting, round_to, round_trip, tl_dtype
+from edgemoe.kernels.triton_ops.common import (
+    ACT_CODES,
+    activate,
+    fp8_hardware,
+    interpreting,
+    round_to,
+    round_trip,
+    tl_dtype,
+)
 from edgemoe.kernels.triton_ops.dequant import dequant, format_code
 from edgemoe.kernels.triton_ops.moe_gemv import workspace_view
 from edgemoe.quant import ExpertFormat, Parts
@@ -30,7 +38,7 @@ def _gate_up_gemv_q(
     x_ptr, slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr,
     H, I, K, stride_xt, stride_gs, stride_gr, stride_ss, stride_sr, stride_it,
     ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, INTERP: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr,
 ):
     pair = tl.program_id(0)
     slot = tl.load(slot_ptr + pair)
@@ -48,8 +56,10 @@ def _gate_up_gemv_q(
         col_ok = cols < H
         xv = tl.load(x_ptr + t.to(tl.int64) * stride_xt + cols, mask=col_ok, other=0.0).to(tl.float32)
         ok = row_ok[:, None] & col_ok[None, :]
-        g = dequant(bank, sbank, zbank, rows[:, None], cols[None, :], ok, I, stride_gr, stride_sr, FMT, GROUP)
-        u = dequant(bank, sbank, zbank, (rows + I)[:, None], cols[None, :], ok, I, stride_gr, stride_sr, FMT, GROUP)
+        g = dequant(bank, sbank, zbank, rows[:, None], cols[None, :], ok, I, stride_gr, stride_sr, FMT, GROUP,
+                    FP8HW)
+        u = dequant(bank, sbank, zbank, (rows + I)[:, None], cols[None, :], ok, I, stride_gr, stride_sr, FMT,
+                    GROUP, FP8HW)
         acc_g += g * xv[None, :]
         acc_u += u * xv[None, :]
     gate = round_trip(tl.sum(acc_g, axis=1), DTYPE, INTERP)
@@ -63,7 +73,7 @@ def _down_gemv_q(
     inter_ptr, slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr,
     H, I, K, stride_it, stride_ds, stride_dr, stride_ss, stride_sr, stride_ct, stride_ck,
     DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, INTERP: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr,
 ):
     pair = tl.program_id(0)
     slot = tl.load(slot_ptr + pair)
@@ -79,7 +89,8 @@ def _down_gemv_q(
         col_ok = cols < I
         a = tl.load(inter_ptr + pair.to(tl.int64) * stride_it + cols, mask=col_ok, other=0.0).to(tl.float32)
         ok = row_ok[:, None] & col_ok[None, :]
-        d = dequant(bank, sbank, zbank, rows[:, None], cols[None, :], ok, H, stride_dr, stride_sr, FMT, GROUP)
+        d = dequant(bank, sbank, zbank, rows[:, None], cols[None, :], ok, H, stride_dr, stride_sr, FMT, GROUP,
+                    FP8HW)
         acc += d * a[None, :]
     y = round_trip(tl.sum(acc, axis=1), DTYPE, INTERP) * tl.load(w_ptr + pair)
     t = pair // K
@@ -89,8 +100,11 @@ def _down_gemv_q(
 
 def bank_args(parts: Parts, proj: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:
     """(data, scale, zero, data slot stride, data row stride, scale slot stride, scale row
-    stride) of one projection's banks; formats without zero points pass the scale twice."""
+    stride) of one projection's banks; formats without zero points pass the scale twice.
+    NOTE: e4m3 data goes in as its bytes: sm_80/86 Triton has no e4m3 pointer type."""
     data, scale = parts[proj].contiguous(), parts[proj + "_scale"].contiguous()
+    if data.dtype == torch.float8_e4m3fn:
+        data = data.view(torch.uint8)
     zero = parts.get(proj + "_zero", scale).contiguous()
     if zero.stride() != scale.stride():
         raise ValueError(f"{proj}_zero must have the layout of {proj}_scale")
@@ -119,10 +133,11 @@ def moe_decode_q_triton(
     _gate_up_gemv_q[(pairs, triton.cdiv(I, GU_ROWS))](
         x, slots, gu, gus, guz, inter, H, I, K, x.stride(0), *gu_strides, inter.stride(0),
         ACT=ACT_CODES[act], DTYPE=dtype, ROWS=GU_ROWS, COLS=GU_COLS, INTERP=interp, FMT=code, GROUP=group,
-        num_warps=GU_WARPS,
+        FP8HW=fp8_hardware(x), num_warps=GU_WARPS,
     )
     dn, dns, dnz, *dn_strides = bank_args(parts, "down")
     _down_gemv_q[(pairs, triton.cdiv(H, DOWN_ROWS))](
         inter, slots, w, dn, dns, dnz, cells, H, I, K, inter.stride(0), *dn_strides, cells.stride(0), cells.stride(1),
-        DTYPE=dtype, ROWS=DOWN_ROWS, COLS=DOWN_COLS, INTERP=interp, FMT=code, GROUP=group, num_warps=DOWN_WARPS,
+        DTYPE=dtype, ROWS=DOWN_ROWS, COLS=DOWN_COLS, INTERP=interp, FMT=code, GROUP=group, FP8HW=fp8_hardware(x),
+        num_warps=DOWN_WARPS,
     )
