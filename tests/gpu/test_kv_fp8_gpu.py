@@ -10,8 +10,12 @@ import importlib.util
 import pytest
 import torch
 
-from edgemoe.kernels.paged_attention import decode_attention, decode_attention_ref, extend_attention
-from edgemoe.kernels.paged_attention import extend_attention_ref
+from edgemoe.kernels.paged_attention import (
+    decode_attention,
+    decode_attention_ref,
+    extend_attention,
+    extend_attention_ref,
+)
 from edgemoe.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
 from edgemoe.quant.kv import KV_FP8, dequantise_kv, quantise_kv
 from edgemoe.testing.kernel_inputs import paged_batch

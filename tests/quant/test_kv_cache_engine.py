@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import edgemoe.layers.torch_attention as torch_attention
 from edgemoe import LLM, SamplingParams
 from edgemoe.engine.budget import kv_bytes_per_token
+from edgemoe.layers import torch_attention
 from edgemoe.quant.kv import KV_FP8, dequantise_kv, quantise_kv
 
 SEQ = [9707, 11, 1879, 0, 64628, 109723, 113421, 147822, 2000, 2001, 2002]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from quant_ckpt_support import hf_fp8_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from quant_ckpt_support import hf_fp8_model
 from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from edgemoe.testing.kernel_inputs import moe_batch
 FORMATS = ("bf16", "fp8", "int8", "int4", "mxfp4")
 
 
-def _time(fn, reps: int) -> float:  # noqa: ANN001
+def _time(fn: Callable[[], None], reps: int) -> float:
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -48,19 +49,25 @@ def _banks(fmt_name: str, hidden: int, inter: int, slots: int) -> dict[str, torc
     return {n: torch.stack([e[n] for e in experts]) for n in experts[0]}
 
 
+def _decode_call(fmt: Any, b: Any, parts: dict[str, torch.Tensor], cells: torch.Tensor) -> Callable[[], None]:
+    if fmt.quantised:
+        return lambda: moe_decode_quant(b.x, b.slot_ids, b.weights, parts, fmt, cells, "silu")
+    return lambda: moe_decode(b.x, b.slot_ids, b.weights, parts["gate_up"], parts["down"], cells, "silu")
+
+
+def _prefill_call(fmt: Any, b: Any, parts: dict[str, torch.Tensor], cells: torch.Tensor) -> Callable[[], None]:
+    if fmt.quantised:
+        return lambda: moe_prefill_quant(b.x, b.slot_ids, b.weights, parts, fmt, cells, "silu")
+    return lambda: moe_prefill(b.x, b.slot_ids, b.weights, parts["gate_up"], parts["down"], cells, "silu")
+
+
 def measure(fmt_name: str, hidden: int, inter: int, slots: int, prefill_tokens: int, reps: int) -> list[dict[str, Any]]:
     fmt, parts = expert_format(fmt_name), _banks(fmt_name, hidden, inter, slots)
     rows = []
     for tokens in (1, 4):
         b = moe_batch(tokens, 8, hidden, inter, slots, torch.bfloat16, device="cuda", seed=tokens)
         cells = torch.zeros(tokens, 8, hidden, device="cuda")
-        if fmt.quantised:
-            def run() -> None:
-                moe_decode_quant(b.x, b.slot_ids, b.weights, parts, fmt, cells, "silu")
-        else:
-            def run() -> None:
-                moe_decode(b.x, b.slot_ids, b.weights, parts["gate_up"], parts["down"], cells, "silu")
-        seconds = _time(run, reps)
+        seconds = _time(_decode_call(fmt, b, parts, cells), reps)
         experts_read = len(set(b.slot_ids.flatten().tolist()))
         nbytes = experts_read * expert_nbytes(fmt, hidden, inter)
         rows.append({"format": fmt_name, "phase": "decode", "tokens": tokens, "us": seconds * 1e6,
@@ -71,13 +78,7 @@ def measure(fmt_name: str, hidden: int, inter: int, slots: int, prefill_tokens: 
     variants = [("weight-only", "0"), ("fp8 dot", "1")] if fmt_name == "fp8" else [("", "0")]
     for label, f8 in variants:
         os.environ["EDGEMOE_FP8_DOT"] = f8
-        if fmt.quantised:
-            def run() -> None:
-                moe_prefill_quant(b.x, b.slot_ids, b.weights, parts, fmt, cells, "silu")
-        else:
-            def run() -> None:
-                moe_prefill(b.x, b.slot_ids, b.weights, parts["gate_up"], parts["down"], cells, "silu")
-        seconds = _time(run, max(3, reps // 10))
+        seconds = _time(_prefill_call(fmt, b, parts, cells), max(3, reps // 10))
         rows.append({"format": fmt_name + (f" {label}" if label else ""), "phase": "prefill", "tokens": prefill_tokens,
                      "us": seconds * 1e6, "tflop_s": flops / seconds / 1e12})
     os.environ.pop("EDGEMOE_FP8_DOT", None)

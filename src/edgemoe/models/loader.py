@@ -310,10 +310,8 @@ def _place_fused(
             name = f"{prefix}.experts.{e}.{half}.weight"
             if name not in names:
                 return []
-            place = names[name]
-            shape = expert_shape(experts, place)
-            rows = {s: t[i * t.shape[0] // len(halves) : (i + 1) * t.shape[0] // len(halves)] for s, t in per.items()}
             # NOTE: fused layers come only as mxfp4, whose parts are all per row: half the rows is gate's.
+            rows = {s: t[i * t.shape[0] // len(halves) : (i + 1) * t.shape[0] // len(halves)] for s, t in per.items()}
             _place_linear(path, name, (fmt, rows), names, {}, experts, upcasts)
             filled.append(name)
     return filled

@@ -49,6 +49,19 @@ def resolve_expert_format(setting: str, checkpoint: ExpertFormat | None, dtype: 
 
 
 __all__ = [
-    "EXPERT_DTYPES", "Dense", "ExpertFormat", "Fp8Block", "Int4Group", "Int8Channel", "Mxfp4", "Parts",
-    "dequantise_expert", "expert_format", "expert_nbytes", "resolve_expert_format", "expert_specs", "matrix_parts", "quantise_expert",
+    "EXPERT_DTYPES",
+    "Dense",
+    "ExpertFormat",
+    "Fp8Block",
+    "Int4Group",
+    "Int8Channel",
+    "Mxfp4",
+    "Parts",
+    "dequantise_expert",
+    "expert_format",
+    "expert_nbytes",
+    "expert_specs",
+    "matrix_parts",
+    "quantise_expert",
+    "resolve_expert_format",
 ]

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from edgemoe.quant.formats import ExpertFormat, PartSpec, Parts, cdiv
+from edgemoe.quant.formats import ExpertFormat, Parts, PartSpec, cdiv
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from edgemoe.quant.formats import ExpertFormat, PartSpec, Parts, cdiv
+from edgemoe.quant.formats import ExpertFormat, Parts, PartSpec, cdiv
 
 SYM_ZERO = 8  # symmetric: q - 8 in [-8, 7]
 SYM_MAX = 7

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from edgemoe.quant.formats import ExpertFormat, PartSpec, Parts
+from edgemoe.quant.formats import ExpertFormat, Parts, PartSpec
 
 INT8_MAX = 127
 

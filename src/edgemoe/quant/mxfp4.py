@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from edgemoe.quant.formats import ExpertFormat, PartSpec, Parts, cdiv
+from edgemoe.quant.formats import ExpertFormat, Parts, PartSpec, cdiv
 from edgemoe.quant.int4 import pack_nibbles, unpack_nibbles
 
 BLOCK = 32  # fixed by the OCP MX spec
