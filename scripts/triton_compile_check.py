@@ -74,14 +74,14 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
             block_n, warps, stages = attn_decode.decode_config(d)
             for hw in (False, True) if fp8 else (False,):  # e4m3 type on sm_89+, integer decode before
                 yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}", attn_decode._decode_split,
-                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=block_n, SPLIT=attn_decode.SPLIT_TOKENS,
+                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=block_n, SPLITS=attn_decode.NUM_SPLITS,
                                 DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=hw), warps, stages,
                            ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32}, min_arch=89 if hw else 80)
             block_m, block_n, warps, stages = attn_extend.extend_config(d)
             yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
                        BLOCK_N=block_n, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=False), warps, stages,
                        ptrs={**ints, **kv})
-    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLIT=attn_decode.SPLIT_TOKENS,
+    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=attn_decode.NUM_SPLITS,
                DTYPE=act, INTERP=False), 1, ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}

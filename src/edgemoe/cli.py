@@ -41,6 +41,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     for f in setting_fields():
         flag = "--" + f.name.replace("_", "-")
+        if "bool" in str(f.type):
+            group.add_argument(flag, dest=f.name, action="store_true", default=argparse.SUPPRESS,
+                               help=f.metadata.get("help"))
+            continue
         group.add_argument(
             flag,
             dest=f.name,

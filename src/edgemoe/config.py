@@ -64,12 +64,21 @@ class MoEConfig:
     moe_backend: str = setting(
         "auto",
         "where routed experts run: resident (all on the device), offload (slot cache, misses copied), "
-        "cpu (misses computed on the host), hybrid (misses split); auto = resident if they fit",
+        "cpu (misses computed on the host), hybrid (misses split live between copies and the CPU); "
+        "auto = resident if they fit, else offload or hybrid as measured rates say (logged)",
         ("auto", "resident", "offload", "cpu", "hybrid"),
     )
     moe_slots: int | None = setting(None, "device expert slots shared by all layers; default: planned")
     moe_policy: str = setting("lru", "slot eviction policy", ("lru", "lfu"))
-    moe_hybrid_fraction: float = setting(0.5, "hybrid: share of misses computed on the CPU")
+    moe_hybrid_fraction: float | None = setting(
+        None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them)"
+    )
+    routing: str = setting(
+        "router",
+        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F], a seeded process "
+        "with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
+        "labelled in every output; refused by serve)",
+    )
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
@@ -84,11 +93,22 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class KernelConfig:
+    attention_backend: str = setting(
+        "auto", "attention kernels: triton (GPU) or torch (the reference); auto = triton on a GPU with Triton",
+        ("auto", "triton", "torch"),
+    )
+    cuda_graph_max_bs: int = setting(32, "largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
+    no_cuda_graph: bool = setting(False, "run every decode step eagerly (no CUDA graphs)")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -108,13 +128,16 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        for part in (self.model, self.cache, self.scheduler, self.moe):
+        for part in (self.model, self.cache, self.scheduler, self.moe, self.kernels):
             for f in fields(part):
                 choices = f.metadata.get("choices")
                 value = getattr(part, f.name)
                 if choices and value not in choices:
                     raise ValueError(f"{flag_name(f.name)}={value!r}: choose one of {', '.join(choices)}")
-        if not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
+        from edgemoe.moe.routing_spec import parse_routing  # torch-free
+
+        parse_routing(self.moe.routing)
+        if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         positive = {
             "moe_slots": self.moe.moe_slots or 1,
@@ -123,6 +146,7 @@ class EngineConfig:
             "max_prefill_tokens": self.scheduler.max_prefill_tokens,
             "kv_tokens": self.cache.kv_tokens or 1,
             "max_model_len": self.model.max_model_len or 1,
+            "cuda_graph_max_bs": self.kernels.cuda_graph_max_bs,
         }
         for name, value in positive.items():
             if value < 1:

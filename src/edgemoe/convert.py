@@ -73,7 +73,7 @@ def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progr
     src, out = Path(model_dir), Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"out (--out) {out}: exists and is not empty")
-    loaded = load_checkpoint(src, "auto", progress, "ram", expert_dtype)
+    loaded = load_checkpoint(src, "auto", progress, "ram", expert_dtype=expert_dtype)
     fmt = loaded.experts.format
     names = model_module(loaded.arch.model_type).checkpoint_map(loaded.arch)
     out.mkdir(parents=True, exist_ok=True)

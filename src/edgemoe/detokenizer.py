@@ -14,6 +14,8 @@ be dropped without changing what comes after it.
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from typing import Any, NamedTuple, Protocol, Sequence
 
 from edgemoe.messages import SamplingParams
@@ -132,6 +134,68 @@ class StopResult(NamedTuple):
     stopped: bool  # a stop string matched; `text` ends just before it
 
 
+class StopAutomaton:
+    """Aho–Corasick automaton over a set of stop strings (immutable; shared by requests).
+
+    `step(state, ch)` advances one character in O(1) amortised, however many stop strings
+    there are; a state is the longest suffix of the text so far that is a prefix of some
+    stop string (`depth[state]` characters), and `out[state]` the longest stop string
+    ending right there (-1: none).
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.goto: list[dict[str, int]] = [{}]  # per state: character → next state
+        self.depth = [0]
+        terminal = [-1]
+        for index, stop in enumerate(stops):
+            node = 0
+            for ch in stop:
+                nxt = self.goto[node].get(ch)
+                if nxt is None:
+                    nxt = len(self.depth)
+                    self.goto[node][ch] = nxt
+                    self.goto.append({})
+                    self.depth.append(self.depth[node] + 1)
+                    terminal.append(-1)
+                node = nxt
+            if terminal[node] < 0:
+                terminal[node] = index
+        self.fail, self.out = self._links(terminal)
+
+    def _links(self, terminal: list[int]) -> tuple[list[int], list[int]]:
+        """Failure links (breadth first) and each state's longest stop string ending there."""
+        goto = self.goto
+        fail, out = [0] * len(self.depth), list(terminal)
+        queue = deque(goto[0].values())  # depth 1: fail to the root
+        while queue:
+            node = queue.popleft()
+            for ch, nxt in goto[node].items():
+                f = fail[node]
+                while f and ch not in goto[f]:
+                    f = fail[f]
+                fail[nxt] = goto[f].get(ch, 0)
+                if out[nxt] < 0:
+                    out[nxt] = out[fail[nxt]]
+                queue.append(nxt)
+        return fail, out
+
+    def step(self, state: int, ch: str) -> int:
+        goto, fail = self.goto, self.fail
+        while state and ch not in goto[state]:
+            state = fail[state]
+        return goto[state].get(ch, 0)
+
+
+@functools.lru_cache(maxsize=8)
+def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
+    """One automaton per distinct stop set: an agent sends the same stops every turn.
+
+    NOTE: bounded memory: at most MAX_STOP_STRINGS × MAX_STOP_BYTES characters each.
+    """
+    return StopAutomaton(stops)
+
+
 class StopChecker:
     """Cuts streamed text at the first stop string to complete.
 
@@ -142,11 +206,16 @@ class StopChecker:
     With overlapping stop strings the one whose occurrence ends first wins (ties: the
     longer one), e.g. stops ["a", "baa"] cut "baa" to "b": generation would have
     stopped at the "a" before "baa" could complete.
+
+    Cost: O(1) amortised per character of new text (Aho–Corasick), independent of the
+    number and length of the stop strings; the held-back tail is at most the longest
+    stop string.
     """
 
     def __init__(self, stop: Sequence[str]) -> None:
-        self._stops = tuple(dict.fromkeys(s for s in stop if s))
-        self._longest = max((len(s) for s in self._stops), default=0)
+        stops = tuple(dict.fromkeys(s for s in stop if s))
+        self._automaton = stop_automaton(stops) if stops else None
+        self._state = 0
         self._held = ""
         self.matched: str | None = None  # the stop string that matched, for stop_reason
 
@@ -158,30 +227,23 @@ class StopChecker:
         """Add the next piece of text; return what may be emitted now."""
         if self.stopped:
             return StopResult("", True)
-        if not self._stops:
+        ac = self._automaton
+        if ac is None:
             return StopResult(text, False)
         buf = self._held + text
-        # NOTE: every match starts inside `buf`: a match starting earlier would have
-        # made that earlier tail a proper prefix of a stop string, which we held back.
-        # The match that completes first wins (generation would stop right there),
-        # then the one starting first; this makes the cut independent of how the
-        # text was split into pieces.
-        hits = [(i + len(s), i, s) for s in self._stops if (i := buf.find(s)) >= 0]
-        if hits:
-            _, cut, self.matched = min(hits)
-            self._held = ""
-            return StopResult(buf[:cut], True)
-        keep = self._partial_match_len(buf)
+        state, base = self._state, len(self._held)
+        for i, ch in enumerate(text):
+            state = ac.step(state, ch)
+            if ac.out[state] >= 0:
+                # NOTE: the first position where any stop string ends: generation stops
+                # there; of those ending here, `out` is the longest (the one starting first).
+                self.matched = ac.stops[ac.out[state]]
+                self._held = ""
+                return StopResult(buf[: base + i + 1 - len(self.matched)], True)
+        self._state = state
+        keep = ac.depth[state]
         self._held = buf[len(buf) - keep :]
         return StopResult(buf[: len(buf) - keep], False)
-
-    def _partial_match_len(self, buf: str) -> int:
-        """Length of the longest tail of `buf` that is a proper prefix of a stop string."""
-        for n in range(min(len(buf), self._longest - 1), 0, -1):
-            tail = buf[-n:]
-            if any(s.startswith(tail) for s in self._stops):
-                return n
-        return 0
 
     def flush(self) -> str:
         """At the end of the stream: release held text (no stop string can complete now)."""

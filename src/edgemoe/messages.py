@@ -6,7 +6,19 @@ msgspec structs: cheap to encode over ZMQ, and plain enough to use in-process
 
 from __future__ import annotations
 
+import math
+
 import msgspec
+
+# Request bounds the engine relies on (the HTTP layer checks them first, naming the
+# client's own field names; see edgemoe.server.limits).
+MAX_TOKEN_COUNT = 2**31 - 1  # max_tokens, min_tokens, top_k: int32 on the device
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 10.0
+MAX_STOP_STRINGS = 64
+MAX_STOP_BYTES = 256
+MAX_STOP_TOKEN_IDS = 64
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -37,32 +49,57 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     skip_special_tokens: bool = True
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the field for any out-of-range value."""
-        checks = [
-            (self.temperature >= 0.0, "temperature", "must be >= 0"),
-            (self.top_k >= -1, "top_k", "must be -1, 0 (off) or a positive integer"),
-            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
-            (self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1"),
-            (self.min_tokens >= 0, "min_tokens", "must be >= 0"),
-            (
-                self.max_tokens is None or self.min_tokens <= self.max_tokens,
-                "min_tokens",
-                "must be <= max_tokens",
-            ),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be in [0, 20]"),
-            (all(s for s in self.stop), "stop", "stop strings must be non-empty"),
-        ]
-        for ok, field, why in checks:
+        """Raise ValueError naming the field for any out-of-range value.
+
+        NOTE: every number is bounded, not just signed: values past 64 bits cannot be
+        encoded for the engine process, and stop strings cost every token a scan.
+        """
+        for ok, field, why in self._checks():
             if not ok:
-                raise ValueError(f"{field} {why} (got {getattr(self, field)!r})")
+                raise ValueError(f"{field} {why} (got {_shown(getattr(self, field))})")
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:
-                raise ValueError(f"stop_token_ids {bad} outside the vocabulary [0, {vocab_size})")
+                raise ValueError(f"stop_token_ids {_shown(bad[:5])} are outside the vocabulary [0, {vocab_size})")
+
+    def _checks(self) -> list[tuple[bool, str, str]]:
+        count = MAX_TOKEN_COUNT
+        return [
+            (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+             f"must be between 0 and {MAX_TEMPERATURE}"),
+            (-1 <= self.top_k <= MAX_TOKEN_COUNT, "top_k", f"must be -1 or 0 (off), or between 1 and {count}"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be greater than 0 and at most 1"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be between 0 and 1"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2"),
+            (0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+             f"must be greater than 0 and at most {MAX_REPETITION_PENALTY}"),
+            (self.seed is None or SEED_MIN <= self.seed <= SEED_MAX, "seed", "must be a 64-bit signed integer"),
+            (self.max_tokens is None or 1 <= self.max_tokens <= count, "max_tokens", f"must be between 1 and {count}"),
+            (0 <= self.min_tokens <= count, "min_tokens", f"must be between 0 and {count}"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", "must be <= max_tokens"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "must be between 0 and 20"),
+            (len(self.stop) <= MAX_STOP_STRINGS, "stop", f"may hold at most {MAX_STOP_STRINGS} stop strings"),
+            (all(self.stop), "stop", "may not contain an empty string"),
+            (all(len(s.encode("utf-8", "surrogatepass")) <= MAX_STOP_BYTES for s in self.stop), "stop",
+             f"may only hold strings of at most {MAX_STOP_BYTES} bytes of UTF-8"),
+            (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+             f"may hold at most {MAX_STOP_TOKEN_IDS} ids"),
+            (all(0 <= t <= MAX_TOKEN_COUNT for t in self.stop_token_ids), "stop_token_ids",
+             f"must be token ids between 0 and {count}"),
+        ]
+
+
+def _shown(value: object) -> str:
+    """A value for an error message, short whatever the client sent."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, list) and len(value) > 8:
+        return f"{len(value)} items"
+    if isinstance(value, (list, str)):
+        text = repr(value)
+        return text if len(text) <= 200 else text[:200] + "…"
+    return repr(value)
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):

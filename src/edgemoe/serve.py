@@ -175,6 +175,14 @@ class _Serve:
 
 def run_serve(config: ServerConfig, settings: dict[str, Any]) -> int:
     """Serve until a signal (exit 0) or the engine's death (exit 1)."""
+    from edgemoe.moe.routing_spec import ROUTER
+
+    if settings.get("routing", ROUTER) != ROUTER:
+        raise ValueError(
+            f"routing (--routing) {settings['routing']!r} replaces the model's expert choices with a synthetic "
+            "process for cache studies: its answers are meaningless, so serve refuses it "
+            "(use edgemoe bench decode or generate)"
+        )
     # NOTE: a short directory: ipc socket paths are limited to ~100 bytes.
     with tempfile.TemporaryDirectory(prefix="edgemoe-") as tmp:
         serve = _Serve(config, settings, EngineLink.in_dir(Path(tmp)))

@@ -33,7 +33,7 @@ def test_sizes_match_the_published_arithmetic(arch) -> None:  # noqa: ANN001
 
 def test_16gib_plan_offloads_and_fits(arch) -> None:  # noqa: ANN001
     p = plan(arch)
-    assert p.backend == "offload"
+    assert p.backend == "auto"  # the slot cache; the live controller picks offload or hybrid
     assert p.total <= 16 * GiB
     assert 0.10 < p.num_slots / (48 * 128) < 0.30  # PERF-NOTES: ~21% of experts at 16 GiB
     assert "expert slots" in p.table() and "budget (--gpu-memory)" in p.table()

@@ -27,6 +27,7 @@ def resident_tokens(qwen3_ckpt):  # noqa: ANN001, ANN201
         dict(moe_backend="offload", moe_slots=5, moe_policy="lfu"),
         dict(moe_backend="cpu", moe_slots=TOP_K),
         dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
+        dict(moe_backend="hybrid", moe_slots=4),  # the live controller
         dict(moe_backend="offload", moe_slots=4, expert_store="mmap"),
         dict(moe_backend="cpu", moe_slots=4, expert_store="mmap"),
     ],
@@ -43,8 +44,10 @@ def test_backend_gives_resident_tokens(qwen3_ckpt, resident_tokens, settings) ->
     assert len(moe["misses_per_token_by_layer"]) == MOE_LAYERS
     if settings.get("moe_slots", 0) < EXPERTS * MOE_LAYERS:
         assert moe["misses"] > 0
-    if settings["moe_backend"] in ("cpu", "hybrid"):
+    if settings["moe_backend"] == "cpu" or settings.get("moe_hybrid_fraction"):
         assert moe["experts_cpu"] > 0
+    elif settings["moe_backend"] == "hybrid":  # the controller's split: whatever it chose, accounted
+        assert moe["split"]["layers"] > 0 and moe["experts_cpu"] == round(moe["split"]["cpu_share"] * moe["split"]["misses"])
     else:
         assert moe["bytes_copied"] > 0
 

@@ -52,8 +52,9 @@ def test_quantise_kv_round_trip_and_known_values() -> None:
 def test_pool_holds_e4m3_and_scales() -> None:
     fp8 = KVPool(2, 4, 16, 2, 64, torch.bfloat16, torch.device("cpu"), "fp8")
     bf16 = KVPool(2, 4, 16, 2, 64, torch.bfloat16, torch.device("cpu"))
-    assert fp8.k.dtype == KV_FP8 and fp8.k_scale.shape == (2, 64, 2) and bf16.scales(0) == (None, None)
-    assert fp8.nbytes() == bf16.nbytes() // 2 + 2 * 2 * 64 * 2 * 4  # half, plus an fp32 scale per (slot, head)
+    slots = (4 + 1) * 16  # the pages plus the scratch page padded batch entries write into
+    assert fp8.k.dtype == KV_FP8 and fp8.k_scale.shape == (2, slots, 2) and bf16.scales(0) == (None, None)
+    assert fp8.nbytes() == bf16.nbytes() // 2 + 2 * 2 * slots * 2 * 4  # half, plus an fp32 scale per (slot, head)
 
 
 def fp8_batch(b: PagedBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,10 +93,10 @@ def attention_close(got: torch.Tensor, want: torch.Tensor, v: torch.Tensor) -> N
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 40])
 def test_triton_attention_reads_fp8(dtype: torch.dtype, window: int | None) -> None:
-    from edgemoe.kernels.triton_ops.attn_decode import SPLIT_TOKENS, decode_attention_triton
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
     from edgemoe.kernels.triton_ops.attn_extend import extend_attention_triton
 
-    d = paged_batch([SPLIT_TOKENS + 77, 30, 1], [1, 1, 1], 6, 2, 64, 16, torch.float32, seed=3)
+    d = paged_batch([600, 30, 1], [1, 1, 1], 6, 2, 64, 16, torch.float32, seed=3)
     kq, vq, ks, vs = fp8_batch(d)
     q = d.q.to(dtype)
     want = decode_attention_ref(q.float(), dequantise_kv(kq, ks, torch.float32), dequantise_kv(vq, vs, torch.float32),

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from edgemoe.kernels import moe_experts
-from edgemoe.kernels.moe_fused import ACTIVATIONS, moe_combine_ref, moe_slots_ref
+from edgemoe.kernels.activations import ACTIVATIONS
+from edgemoe.kernels.moe_fused import moe_combine_ref, moe_slots_ref
 from edgemoe.testing.kernel_inputs import moe_batch
 
 T, K, H, I, S = 6, 3, 48, 40, 5  # H, I not multiples of the tiles: masks are exercised

@@ -60,6 +60,8 @@ CONFIGS = [
     ("hybrid", dict(num_slots=K, hybrid_fraction=0.5)),
     ("hybrid", dict(num_slots=6, hybrid_fraction=0.3)),
     ("hybrid", dict(num_slots=6, hybrid_fraction=1.0)),
+    ("hybrid", dict(num_slots=6)),  # the live controller decides each layer's split
+    ("auto", dict(num_slots=K, top_k=K)),
 ]
 
 
@@ -68,15 +70,20 @@ def test_executor_matches_resident_bitwise(store: ExpertStore, backend: str, kw:
     dev = torch.device("cpu")
     resident = make_executor("resident", store, dev, F.silu, L, 0)
     other = make_executor(backend, store, dev, F.silu, L, **kw)
+    distinct = 0  # expert uses: each layer's distinct routed experts, per call
     for x, ids, w in routings(seed=1):
         for layer in range(L):
+            distinct += len(set(ids.flatten().tolist()))
             want = resident.forward(layer, x, ids, w)
             got = other.forward(layer, x, ids, w)
             assert torch.equal(got, want)
             ref = reference(store, layer, x, ids, w)
             torch.testing.assert_close(want, ref, rtol=0, atol=expert_atol(ref))
     snap = other.stats.snapshot()
-    assert snap["hits"] + snap["misses"] == resident.stats.snapshot()["hits"]
+    assert snap["hits"] + snap["misses"] == distinct
+    resident_snap = resident.stats.snapshot()  # every routed pair is a resident hit
+    assert resident_snap["hits"] == sum(ids.numel() for _, ids, _ in routings(seed=1)) * L
+    assert resident_snap["hit_rate"] == 1.0
     if backend == "offload" and kw["num_slots"] < L * E:
         assert snap["misses"] > 0 and snap["bytes_copied"] > 0
     if backend == "cpu":

@@ -79,7 +79,7 @@ def same_experts(a, b) -> bool:  # noqa: ANN001
 def test_convert_round_trip_is_lossless(fmt: str, bf16_ckpt: Path, tmp_path: Path) -> None:
     out = convert(bf16_ckpt, fmt, tmp_path / "out", progress=False)
     assert (out / "tokenizer.json").exists() and (out / "chat_template.jinja").exists()
-    direct = load_checkpoint(bf16_ckpt, "float32", False, "ram", fmt)
+    direct = load_checkpoint(bf16_ckpt, "float32", False, "ram", expert_dtype=fmt)
     again = load_checkpoint(out, "float32", False, "ram")  # auto: as the files store them
     assert again.experts.format == direct.experts.format == expert_format(fmt)
     assert same_experts(again.experts, direct.experts)
@@ -104,7 +104,7 @@ def test_convert_fp8_loads_in_transformers(bf16_ckpt: Path, tmp_path: Path) -> N
 def test_convert_mxfp4_blocks_match_transformers_dequantiser(bf16_ckpt: Path, tmp_path: Path) -> None:
     mx = pytest.importorskip("transformers.integrations.mxfp4")
     out = convert(bf16_ckpt, "mxfp4", tmp_path / "mx", progress=False)
-    loaded = load_checkpoint(bf16_ckpt, "float32", False, "ram", "mxfp4")
+    loaded = load_checkpoint(bf16_ckpt, "float32", False, "ram", expert_dtype="mxfp4")
     fmt = loaded.experts.format
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     name = "model.layers.1.mlp.experts.down_proj"

@@ -24,8 +24,7 @@ class ApiCounts(NamedTuple):
     by_name: dict[str, int]  # every runtime call seen, for the JSON
 
 
-def count_api_calls(fn: Callable[[], object]) -> ApiCounts:
-    """Run `fn` once under the profiler; count its CUDA runtime calls."""
+def _trace(fn: Callable[[], object]) -> Counter[str]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -33,9 +32,14 @@ def count_api_calls(fn: Callable[[], object]) -> ApiCounts:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    names = Counter(e.name for e in prof.events() if e.name.startswith(("cuda", "cu")))
-    # The trailing synchronize above is ours, not the step's.
-    names["cudaDeviceSynchronize"] -= 1
+    return Counter(e.name for e in prof.events() if e.name.startswith(("cuda", "cu")))
+
+
+def count_api_calls(fn: Callable[[], object]) -> ApiCounts:
+    """Run `fn` once under the profiler; count its CUDA runtime calls, less what tracing
+    an empty function records (our trailing synchronize, the profiler's own calls)."""
+    names = _trace(fn)
+    names.subtract(_trace(lambda: None))
     return ApiCounts(
         launches=sum(names[n] for n in LAUNCHES),
         syncs=sum(names[n] for n in SYNCS),

@@ -11,6 +11,10 @@ Every run draws its own random prompts, so no run is served from another's KV th
 the prefix cache (the result reports `cached_prompt_tokens`, which should be 0). Expert
 traffic is `llm.stats()["moe"]` snapshotted around each phase, reported per phase.
 `prefill_phase` and `decode_phase` are separate functions so a profiler can wrap them.
+
+With a slot cache, the decode phase's routing is recorded (`moe/routing_trace.py`) and
+replayed at the run's slot count through LRU, LFU and Belady's MIN (`moe/replay.py`):
+`cache_replay` in each row. Under `--routing synthetic:…` every row and the file say so.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
+from edgemoe.moe.replay import compare_policies
 
 # Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.
 TRAFFIC = ("hits", "misses", "experts_cpu", "bytes_copied", "copy_seconds", "cpu_seconds", "tokens")
@@ -111,13 +116,21 @@ def measure(
     params = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1 + extra, ignore_eos=True)
     prompts = random_prompts(batch, prompt_tokens, llm.engine.vocab_size, seed)
     prefill, request_ids = prefill_phase(llm, prompts, params)
-    decode = decode_phase(llm, request_ids, decode_tokens)
+    trace = llm.engine.runtime.trace
+    trace.start()
+    try:
+        decode = decode_phase(llm, request_ids, decode_tokens)
+    finally:
+        accesses = trace.stop()
+    replay = cache_replay(llm, accesses, decode.moe["hit_rate"])
     profile = profile_decode(llm, request_ids, profile_steps) if profile_steps else None
     for rid in request_ids:
         llm.engine.abort(rid)
     steps = decode.step_seconds
     return {
         **({"profile": profile} if profile else {}),
+        **({"cache_replay": replay} if replay else {}),
+        "routing": llm.engine.runtime.routing,
         "prompt_tokens": prompt_tokens,
         "batch": batch,
         "decode_tokens": decode_tokens,
@@ -136,9 +149,26 @@ def measure(
     }
 
 
+def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float) -> dict[str, Any] | None:
+    """LRU / LFU / Belady on the decode trace at the run's slot count (None: no slot cache)."""
+    rt = llm.engine.runtime
+    if not rt.plan.num_slots or not accesses:
+        return None
+    arch = rt.model.arch
+    out = compare_policies(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts)
+    # The engine's cache was warm from prefill; the replays start cold and skip the warm-up.
+    return {**out, "engine_decode_hit_rate": engine_hit_rate, "routing": rt.routing}
+
+
 def _print_row(row: dict[str, Any]) -> None:
+    label = "" if row.get("routing", "router") == "router" else f"[{row['routing']}] "
+    replay = row.get("cache_replay")
+    if replay:
+        rates = [f"{p} {replay[p]['hit_rate']:.3f}" for p in ("lru", "lfu", "belady")
+                 if p in replay and replay[p]["hit_rate"] is not None]
+        label += f"hit rates on the decode trace: {', '.join(rates) or 'pool never filled'}; "
     print(
-        f"prompt {row['prompt_tokens']:6d} batch {row['batch']:3d}: "
+        label + f"prompt {row['prompt_tokens']:6d} batch {row['batch']:3d}: "
         f"prefill {row['prefill_tok_s']:9.1f} tok/s ({row['prefill_s']:.3f} s)  "
         f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
         f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f} "
@@ -150,7 +180,10 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
 
     rows = []
+    t0 = time.perf_counter()
     with LLM(progress=True, **settings) as llm:
+        load_s = time.perf_counter() - t0
+        print(f"engine built in {load_s:.1f} s")
         measure(llm, 16, 1, 4, seed=0)  # warm-up: first-call allocations and kernel selection
         runs = [(n, b) for n in args.prompt_tokens for b in args.batch_sizes]
         for seed, (n, b) in enumerate(runs, start=1):
@@ -159,16 +192,19 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             if "profile" in rows[-1]:
                 print(format_profile(rows[-1]["profile"]))
         stats = llm.stats()
-        model, device = str(llm.engine.runtime.model_dir), str(llm.engine.runtime.device)
-    moe = {"backend": stats["moe_backend"], "slots": stats["memory_plan"]["num_slots"]}
-    path = write_result(
-        args.out, "decode", {"model": model, "device": device, "settings": settings, "rows": rows, "moe": moe}
-    )
+        model, device = llm.engine.runtime.source.name, str(llm.engine.runtime.device)
+    moe = {"backend": stats["moe_backend"], "slots": stats["memory_plan"]["num_slots"], "final": stats["moe"]}
+    payload = {
+        "model": model, "device": device, "routing": stats["routing"], "settings": settings, "load_s": load_s,
+        "rows": rows, "moe": moe,
+    }
+    path = write_result(args.out, "decode", payload)
     series = {
         f"decode b={b}": [(r["prompt_tokens"], r["decode_tok_s"]) for r in rows if r["batch"] == b]
         for b in args.batch_sizes
     }
-    png = plot_lines(path, "edgemoe bench decode", "prompt tokens", "decode tok/s", series)
+    title = "edgemoe bench decode" + ("" if stats["routing"] == "router" else f" ({stats['routing']})")
+    png = plot_lines(path, title, "prompt tokens", "decode tok/s", series)
     print(f"wrote {path} and {png}")
     if args.profile:
         bars = {f"{r['prompt_tokens']}x{r['batch']}": _top_level(r["profile"]["regions_ms"]) for r in rows}

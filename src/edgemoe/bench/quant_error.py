@@ -39,9 +39,9 @@ def capture_layers(llm: Any, prompts: list[list[int]]) -> dict[int, Capture]:
     captured: dict[int, Capture] = {}
     forward = executor.forward
 
-    def spy(layer, x, topk_ids, topk_weights, residual=None):  # noqa: ANN001, ANN202
+    def spy(layer, x, topk_ids, topk_weights, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         captured[layer] = Capture(x.detach().float().cpu(), topk_ids.cpu(), topk_weights.float().cpu())
-        return forward(layer, x, topk_ids, topk_weights, residual)
+        return forward(layer, x, topk_ids, topk_weights, *args, **kwargs)
 
     executor.forward = spy
     try:

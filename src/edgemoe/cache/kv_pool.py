@@ -33,7 +33,10 @@ class KVPool:
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
-        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        # NOTE: one page more than planned, never handed out: padded batch entries (CUDA
+        # graphs) write their K/V there, so they never touch a live request's cache.
+        self.scratch_page = num_pages
+        shape = (num_layers, (num_pages + 1) * page_size, num_kv_heads, head_dim)
         fp8 = kv_cache_dtype == "fp8"
         self.k = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
         self.v = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)

@@ -27,13 +27,16 @@ class PageTable:
     Not thread-safe: the engine loop owns it.
     """
 
-    def __init__(self, max_rows: int, max_pages: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, max_pages: int, device: torch.device, scratch_page: int = 0) -> None:
         if max_rows < 1 or max_pages < 1:
             raise ValueError(f"need positive sizes, got {max_rows=} {max_pages=}")
         self.max_rows, self.max_pages, self.device = max_rows, max_pages, device
         self.scratch_row = max_rows  # NOTE: never assigned; padded entries point here
         self.table = torch.zeros((max_rows + 1, max_pages), dtype=torch.int32, device=device)
         self.host = np.zeros((max_rows + 1, max_pages), dtype=np.int32)
+        self.table[self.scratch_row] = scratch_page  # the KV pool's page nobody owns
+        self.host[self.scratch_row] = scratch_page
+        self.scratch_page = scratch_page
         self._free = list(range(max_rows - 1, -1, -1))  # pop() hands out low rows first
         self._dirty: dict[int, tuple[int, int]] = {}  # row -> [lo, hi) columns written
 

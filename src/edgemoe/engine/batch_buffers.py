@@ -127,6 +127,8 @@ class BatchBuffers:
             q_lens=tuple(len(c.token_ids) for c in chunks),
             seq_lens=tuple(c.start + len(c.token_ids) for c in chunks),
             req_rows=tuple(c.row for c in chunks),
+            num_decode=_leading_decodes(chunks),
+            num_padding=sum(1 for c in chunks if c.row == self.page_table.scratch_row),
         )
         return host, n_logits, n_sample
 
@@ -145,6 +147,13 @@ class BatchBuffers:
         if self.cuda:
             stage.copied = torch.cuda.Event()
             stage.copied.record()
+
+
+def _leading_decodes(chunks: Sequence[SeqChunk]) -> int:
+    n = 0
+    while n < len(chunks) and len(chunks[n].token_ids) == 1 and not chunks[n].in_prompt:
+        n += 1
+    return n
 
 
 def _mode(chunks: Sequence[SeqChunk]) -> BatchMode:

@@ -46,6 +46,7 @@ class MemoryPlan:
     kv_bytes: int
     workspace: int
     backend: str
+    graphs: int = 0  # the CUDA graphs' memory pool (decode activations at captured sizes)
     expert_format: str = ""  # how experts are stored (slots and resident banks), e.g. "fp8 e4m3 (128x128 blocks)"
     dense_note: str = ""  # e.g. "fp8 checkpoint, dequantised at load"
     kv_fp8: bool = False  # --kv-cache-dtype fp8
@@ -54,7 +55,7 @@ class MemoryPlan:
     def total(self) -> int:
         return (
             self.context + self.weights + self.experts_resident + self.num_slots * self.slot_bytes
-            + self.kv_bytes + self.workspace
+            + self.kv_bytes + self.workspace + self.graphs
         )
 
     def table(self) -> str:
@@ -65,13 +66,15 @@ class MemoryPlan:
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
             (f"KV cache ({self.kv_tokens} tokens{', fp8' if self.kv_fp8 else ''})", self.kv_bytes),
             ("workspace", self.workspace),
+            ("CUDA graphs", self.graphs),
             ("total", self.total),
         ]
         if self.budget is not None:
             rows.append(("budget (--gpu-memory)", self.budget))
         width = max(len(r[0]) for r in rows)
         fmt = f", experts {self.expert_format}" if self.expert_format else ""
-        lines = [f"memory plan (moe backend: {self.backend}{fmt})"]
+        live = " = slot cache, misses copied or split with the CPU as measured" if self.backend == "auto" else ""
+        lines = [f"memory plan (moe backend: {self.backend}{live}{fmt})"]
         lines += [f"  {name:<{width}}  {nbytes / GiB:8.2f} GiB" for name, nbytes in rows]
         return "\n".join(lines)
 
@@ -91,6 +94,15 @@ def expert_nbytes(arch: DecoderArch, fmt: ExpertFormat | None = None) -> int:
 def dense_weight_bytes(arch: DecoderArch) -> int:
     n = sum(_numel(s) for s in arch.param_shapes().values())
     return n * arch.dtype.itemsize
+
+
+def graph_pool_bytes(arch: DecoderArch, max_bs: int) -> int:
+    """The decode graphs' shared pool: logits (bf16 and fp32) and one layer's
+    activations and kernel workspaces at the largest captured size, plus slack."""
+    if max_bs <= 0:
+        return 0
+    per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.top_k + 16) + 4 * sum(arch.qkv_rows)
+    return max_bs * per_row + 64 * MiB
 
 
 def workspace_bytes(arch: DecoderArch, max_prefill_tokens: int, max_running: int) -> int:
@@ -120,6 +132,7 @@ def plan_memory(
     max_running: int,
     budget: int | None,
     context: int = 0,
+    graph_max_bs: int = 0,
     expert_format: ExpertFormat | None = None,
     dense_note: str = "",
     kv_cache_dtype: str = "auto",
@@ -128,34 +141,37 @@ def plan_memory(
     naming the setting to change when nothing fits. Experts count at their bytes in
     `expert_format` (scales included), so a smaller format leaves more slots."""
     plan = _plan(arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, max_running, budget,
-                 context, expert_nbytes(arch, expert_format), kv_bytes_per_token(arch, kv_cache_dtype))
+                 context, graph_max_bs, expert_nbytes(arch, expert_format), kv_bytes_per_token(arch, kv_cache_dtype))
     label = expert_format.label if expert_format is not None else ""
     return replace(plan, expert_format=label, dense_note=dense_note, kv_fp8=kv_cache_dtype == "fp8")
 
 
 def _plan(
     arch: DecoderArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
-    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, e_bytes: int, per_tok: int,
+    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, graph_max_bs: int, e_bytes: int,
+    per_tok: int,
 ) -> MemoryPlan:
     weights = dense_weight_bytes(arch)
     total_experts = len(arch.moe_layers) * arch.num_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
+    graphs = graph_pool_bytes(arch, graph_max_bs)
     if budget is None:  # CPU: no cap to plan against
         backend = "resident" if backend == "auto" else backend
         kv = kv_tokens or max(max_model_len, min(2 * max_model_len, 65536))
         slots = 0 if backend == "resident" else moe_slots or max(arch.top_k, total_experts // 4)
         resident = total_experts * e_bytes if backend == "resident" else 0
-        return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend)
-    free = budget - context - weights - ws
+        return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)
+    free = budget - context - weights - ws - graphs
     if free <= 0:
         raise PlanError(
             f"gpu_memory (--gpu-memory) {budget / GiB:.2f} GiB is below the CUDA context "
-            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({ws / GiB:.2f}) GiB: "
+            f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({(ws + graphs) / GiB:.2f}) GiB: "
             "raise --gpu-memory or lower --max-prefill-tokens / --max-running-requests"
         )
     all_experts = total_experts * e_bytes
     if backend == "auto":
-        backend = "resident" if all_experts + max_model_len * per_tok <= free else "offload"
+        # Too big to hold: the slot cache, with the CPU used or not as the live rates say.
+        backend = "resident" if all_experts + max_model_len * per_tok <= free else "auto"
     if backend == "resident":
         kv = kv_tokens or min((free - all_experts) // per_tok, max_running * max_model_len)
         if kv < 1 or all_experts + kv * per_tok > free:
@@ -163,7 +179,7 @@ def _plan(
                 f"resident experts ({all_experts / GiB:.2f} GiB) + KV do not fit in {free / GiB:.2f} GiB: "
                 "use --moe-backend offload|cpu|hybrid, lower --kv-tokens, or raise --gpu-memory"
             )
-        return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend)
+        return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend, graphs)
     min_slots = arch.top_k
     kv = kv_tokens or max(1, min(max_model_len, int(free * KV_SHARE_DEFAULT) // per_tok))
     room = free - kv * per_tok
@@ -174,4 +190,4 @@ def _plan(
             f"({kv * per_tok / GiB:.2f} GiB) do not fit in {free / GiB:.2f} GiB (at least {min_slots} slots "
             "needed): lower --kv-tokens / --max-model-len / --moe-slots, or raise --gpu-memory"
         )
-    return MemoryPlan(budget, context, weights, 0, slots, e_bytes, kv, kv * per_tok, ws, backend)
+    return MemoryPlan(budget, context, weights, 0, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)

@@ -13,6 +13,7 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.config import EngineConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.budget import MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
@@ -22,6 +23,9 @@ from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.registry import make_executor
+from edgemoe.moe.routing_spec import ROUTER, parse_routing
+from edgemoe.moe.routing_trace import RoutingTrace
+from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import StepProfiler
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -43,6 +47,8 @@ class Runtime:
     device: torch.device
     max_model_len: int
     plan: MemoryPlan
+    trace: RoutingTrace  # records the routing while a benchmark asks (bench decode)
+    routing: str = ROUTER  # "router", or the synthetic process's label: in every output
 
 
 def resolve_device(name: str) -> torch.device:
@@ -109,7 +115,37 @@ def make_plan(config: EngineConfig, arch: DecoderArch, device: torch.device, max
         # NOTE: an MXFP4 checkpoint quantises only its experts; the others' dense layers are dequantised.
         dense_note=f"{method} checkpoint, dequantised at load" if method and method != "mxfp4" else "",
         kv_cache_dtype=config.cache.kv_cache_dtype,
+        graph_max_bs=graph_max_bs(config, device),
     )
+
+
+def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
+    """The largest decode batch the plan reserves graph memory for (0: no graphs)."""
+    if device.type != "cuda" or config.kernels.no_cuda_graph:
+        return 0
+    return min(config.kernels.cuda_graph_max_bs, config.scheduler.max_running_requests)
+
+
+def make_runner(
+    config: EngineConfig, model: CausalLM, attention: AttentionBackend, executor: MoEExecutor,
+    buffers: BatchBuffers, profiler: StepProfiler, table: PageTable, pool: KVPool,
+    routing: SyntheticRouting | None = None,
+) -> ModelRunner:
+    """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
+    to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
+    same shapes and compute the same bits — and captured when the executor allows
+    it (resident experts) unless `--no-cuda-graph`."""
+    executor.stats.count_in_forward = False
+    # Host-drawn routing (cache studies) runs eagerly, unpadded: a graph would replay stale ids.
+    pads = attention.graph_safe and attention.pool.k.is_cuda and routing is None
+    max_bs = min(config.kernels.cuda_graph_max_bs, config.scheduler.max_running_requests)
+    padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
+    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing)
+    if pads and executor.graph_safe and not config.kernels.no_cuda_graph:
+        seconds = runner.capture_graphs()
+        executor.stats.reset()  # warm-up and capture routed padding tokens
+        log.warning("captured CUDA graphs for decode batches of %s sequences in %.1f s", padding.sizes, seconds)  # type: ignore[union-attr]
+    return runner
 
 
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
@@ -142,19 +178,35 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     profiler = StepProfiler(device)
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
-        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens,
+        plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
     )
     executor.profiler = profiler
+    executor.trace = trace = RoutingTrace()
+    executor.routing = routing = make_routing(config.moe.routing, arch)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
     del loaded
     page = config.cache.page_size
     pool = KVPool(arch.num_layers, -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device,
                   config.cache.kv_cache_dtype)
-    table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device)
-    attention = make_attention_backend("auto", pool, device)
+    table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
+    attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
-    runner = ModelRunner(model, attention, buffers, profiler)
+    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing)
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan,
+        max_len, plan, trace, routing.label if routing else ROUTER,
     )
+
+
+def make_routing(setting: str, arch: DecoderArch) -> SyntheticRouting | None:
+    """The router override `--routing` asks for (None: the model's router), logged."""
+    spec = parse_routing(setting)
+    if spec is None:
+        return None
+    routing = SyntheticRouting(spec, list(arch.moe_layers), arch.num_experts, arch.top_k)
+    # WARNING level on purpose: nothing this run measures about the cache is a real model's.
+    log.warning(
+        "routing %s: the router's expert choices are replaced by a seeded process (cache studies only; "
+        "hit rates, speeds and tokens are not a real model's)", routing.label,
+    )
+    return routing

@@ -252,7 +252,8 @@ class Engine:
         pool, plan = self.runtime.pool, self.runtime.plan
         return {
             "moe_backend": plan.backend,
-            "moe": self.runtime.executor.stats.snapshot(),
+            "routing": self.runtime.routing,
+            "moe": {**self.runtime.executor.stats.snapshot(), "routing": self.runtime.routing},
             "kv_pages_total": pool.num_pages,
             "kv_pages_free": pool.num_free,
             "kv_pages_cached": self.prefix_cache.total_pages,

@@ -14,7 +14,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgemoe.engine.budget import GiB, MemoryPlan, PlanError, dense_weight_bytes, expert_nbytes, parse_size
+from edgemoe.engine.budget import (
+    GiB,
+    MemoryPlan,
+    PlanError,
+    dense_weight_bytes,
+    expert_nbytes,
+    parse_size,
+)
 from edgemoe.models.arch import DecoderArch
 from edgemoe.quant import ExpertFormat
 

@@ -125,17 +125,19 @@ def load_model(
     plan.check()
     if source.random_weights:
         log.warning("model %s has random weights: a benchmark and test model, its text means nothing", source.name)
+    registrar = _registrar(expert_store, device)
     if source.random is None:
-        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, expert_store, expert_dtype)
+        store = "ram" if expert_store == "pinned" and registrar is None else expert_store  # warned already
+        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, store, registrar, expert_dtype=expert_dtype)
     from edgemoe.models.random_weights import materialise
 
-    registrar = _registrar(expert_store, device)
     return materialise(arch, source.config, source.random.seed, registrar=registrar, progress=progress,
                        expert_format=fmt)
 
 
 def _registrar(expert_store: str, device: torch.device) -> Registrar | None:
-    """What page-locks a preset's banks in place: the device's driver, when pinned on CUDA."""
+    """What page-locks the expert banks in place as they fill (a checkpoint's or a
+    preset's): the device's driver, when pinned on CUDA."""
     if expert_store != "pinned":
         return None
     if device.type != "cuda":

@@ -1,40 +1,80 @@
-"""ModelRunner: scheduled chunks → a ForwardBatch in static buffers → model → logits;
-and `HostResult`, a step's sampled tensors on their way to the host."""
+"""ModelRunner: scheduled chunks → a ForwardBatch in static buffers → model → logits
+(decode batches padded and, when possible, replayed from CUDA graphs); and
+`HostResult`, a step's sampled tensors on their way to the host."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
+from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, trim
 from edgemoe.engine.sampler import SampleOutput
 from edgemoe.layers.attention_backend import AttentionBackend
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.context import StepContext
 from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.profiling import DISABLED, StepProfiler
 
 
 class ModelRunner:
+    """Contract: `forward(chunks)` returns (batch, logits [N, V] fp32) for the chunks'
+    logits rows, launching device work only. With `padding`, a batch of decode chunks
+    is padded to a fixed size (and replayed from `graphs` when they were captured):
+    the returned batch and logits cover the real chunks only. `count_tokens(n)` hears
+    each step's real token count (expert statistics)."""
+
     def __init__(
         self,
         model: CausalLM,
         attention: AttentionBackend,
         buffers: BatchBuffers,
         profiler: StepProfiler = DISABLED,
+        padding: DecodePadding | None = None,
+        count_tokens: Callable[[int], None] = lambda n: None,
+        routing: SyntheticRouting | None = None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
+        self.padding, self.count_tokens = padding, count_tokens
+        self.graphs: DecodeGraphs | None = None
+        self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
+
+    def capture_graphs(self) -> float:
+        """Capture the decode sizes of `padding` (seconds taken)."""
+        assert self.padding is not None and self.routing is None  # host-drawn routing can't replay
+        self.graphs = DecodeGraphs(self.run_batch, self.buffers, self.padding)
+        return self.graphs.capture()
 
     def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
-        """Run one step's chunks; return the batch and float32 logits [N, V] for its
-        logits rows. Nothing here reads the device back."""
-        batch = self.buffers.build(chunks)
+        """Run one step's chunks. Nothing here reads the device back."""
+        self.count_tokens(sum(len(c.token_ids) for c in chunks))
+        size = self._padded_size(chunks)
+        if size is None:
+            batch = self.buffers.build(chunks)
+            return batch, self.run_batch(batch)
+        if self.graphs is not None:
+            with self.profiler.region("graph"):
+                return self.graphs.replay(chunks, size)
+        batch = self.buffers.build(self.padding.pad(chunks, size))  # type: ignore[union-attr]
+        return trim(batch, len(chunks)), self.run_batch(batch)[: len(chunks)]
+
+    def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
+        """The forward of a built batch: logits [N, V] fp32 for its logits rows."""
         self.attention.prepare(batch)
+        if self.routing is not None:
+            host = batch.host
+            self.routing.prepare(host.q_lens, host.seq_lens, host.req_rows)
         hidden = self.model.forward(StepContext(batch, self.attention, self.profiler))
         with self.profiler.region("lm_head"):
-            return batch, self.model.logits(hidden)
+            return self.model.logits(hidden)
+
+    def _padded_size(self, chunks: Sequence[SeqChunk]) -> int | None:
+        if self.padding is None or not all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks):
+            return None
+        return self.padding.size_for(len(chunks))
 
 
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:

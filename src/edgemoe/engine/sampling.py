@@ -59,7 +59,11 @@ class _RowInfo:
 
 class SamplingRows:
     """Device rows [num_rows] of sampling parameters, seeds, draw counters, and (only
-    once some request uses penalties) the seen-token mask and output counts [R, V]."""
+    once some request uses penalties) the seen-token mask and output counts [R, V].
+
+    NOTE: a row's penalty state is exact only while its request uses that penalty (it is
+    reset at `assign` then); other rows may hold anything, which their neutral parameter
+    (repetition 1, frequency/presence 0) makes irrelevant."""
 
     def __init__(self, num_rows: int, vocab_size: int, device: torch.device, seed: int) -> None:
         self.V, self.device = vocab_size, device
@@ -169,13 +173,16 @@ class SamplingRows:
         return Banned(self._ids(rows), self._ids(ids))
 
     def update(self, rows_dev: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> None:
-        """After a draw: advance the counters, record the tokens for penalties (device)."""
+        """After a draw: advance the counters, record the tokens for penalties (device).
+        NOTE: flat index_fill_/index_add_, never index_put_(accumulate=True), whose
+        range check reads the indices back to the host."""
         idx = rows_dev.long()
         self.counters.index_add_(0, idx, torch.ones_like(idx))
+        flat = idx * self.V + tokens
         if batch.seen is not None and self.seen is not None:
-            self.seen[idx, tokens] = True
+            self.seen.view(-1).index_fill_(0, flat, True)
         if batch.output_counts is not None and self.counts is not None:
-            self.counts.index_put_((idx, tokens), torch.ones(tokens.shape, device=self.device), accumulate=True)
+            self.counts.view(-1).index_add_(0, flat, torch.ones(flat.shape, device=self.device))
 
 
 def sample_step(rows: SamplingRows, logits: torch.Tensor, batch: SamplingBatch, rows_dev: torch.Tensor) -> SampleOutput:

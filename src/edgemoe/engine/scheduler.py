@@ -66,7 +66,9 @@ class Scheduler:
         self.pool = pool
         self.prefix = prefix or NoPrefixCache(pool.page_size)
         # A table of its own when none is shared (tests of the scheduler alone).
-        self.page_table = page_table or PageTable(config.max_running_requests, pool.num_pages, pool.k.device)
+        self.page_table = page_table or PageTable(
+            config.max_running_requests, pool.num_pages, pool.k.device, pool.scratch_page
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 

@@ -33,7 +33,12 @@ import msgspec
 import zmq
 
 from edgemoe.engine.stats_report import StatsReporter
-from edgemoe.link_auth import EngineKeys, LinkUnavailable, receive_keys, secure_engine_socket
+from edgemoe.link_auth import (
+    EngineKeys,
+    LinkUnavailable,
+    receive_keys,
+    secure_engine_socket,
+)
 from edgemoe.messages import (
     AbortRequest,
     AddRequest,

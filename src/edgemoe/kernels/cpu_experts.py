@@ -9,7 +9,9 @@ Entry points (the kernel object and its variants: `cpu_kernel.CpuExperts`):
 - `moe_experts_partial_cpu(...)`: `kernels.moe_experts.moe_experts_partial`'s
   signature — routing [T, K], banks [S, …] addressed by row, contrib [T, K, H] cells;
 - `moe_experts_cpu(...)`: the same with per-expert (gate_up, down) pairs, for stores
-  that hand out experts one by one (`ExpertStore.expert`).
+  that hand out experts one by one (`ExpertStore.expert`);
+- `moe_expert_cells_cpu(...)`: per-expert pairs too, but the cells come back compact
+  (cell indices + values), for executors that scatter them into device cells.
 The routed forms build their job table in numpy in one pass (a few µs), since a
 decode step calls them once per MoE layer.
 """
@@ -25,7 +27,6 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
 from edgemoe.kernels.moe_experts import Activation, moe_experts_partial_ref
-
 
 ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, gate_up, down) → y fp32
 
@@ -229,3 +230,42 @@ def moe_experts_cpu(
     table = _routed_table(cells, np.array([w[0].data_ptr() for w in weights], dtype=np.int64),
                           np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
     kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+
+
+def _only(cells: RoutedCells) -> RoutedCells:
+    """`cells` cut down to the given experts' ranges, which become contiguous: cell
+    i of the result is row i of a compact output."""
+    n = cells.hi - cells.lo
+    keep = np.concatenate([np.arange(lo, hi) for lo, hi in zip(cells.lo, cells.hi, strict=True)]
+                          or [np.zeros(0, np.int64)])
+    hi = np.cumsum(n)
+    return RoutedCells(cells.tokens[keep], cells.cells[keep], np.ascontiguousarray(cells.scale[keep]), hi - n, hi)
+
+
+def moe_expert_cells_cpu(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
+    weights: Sequence[tuple[torch.Tensor, torch.Tensor]], kernel: CpuExperts | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cells of `experts` compactly, for executors that scatter them elsewhere (the
+    device's cells): (cells [C] int64, values [C, H] fp32), values[i] = the contribution
+    of cell `cells[i]` = t*K + k of the routing [T, K]; each expert's cells together, in
+    (t, k) order. weights[i] = (gate_up [2I, H], down [H, I]) of experts[i]; SiLU experts
+    only. Other weights, or no native kernel: torch in the weights' dtype."""
+    kernel = kernel or default_cpu_experts()
+    cells = _only(route_cells(topk_ids, topk_weights, experts))
+    rows = np.arange(len(cells.cells), dtype=np.int32)  # cell i → row i of values
+    values = torch.empty(len(rows), x.shape[1], dtype=torch.float32)
+    if kernel.native and x.device.type == "cpu" and weights and all(_weights_ok(*w) for w in weights):
+        hidden, inter = _shape(*weights[0])
+        if any(_shape(*w) != (hidden, inter) for w in weights):
+            raise ValueError("moe_expert_cells_cpu: every expert of a call must have the same [H, I]")
+        table = _routed_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi),
+                              np.array([w[0].data_ptr() for w in weights], dtype=np.int64),
+                              np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
+        kernel.call(x, table, values, hidden, inter)
+    else:
+        jobs = [ExpertJob(gu, dn, torch.from_numpy(cells.tokens[lo:hi]), torch.from_numpy(rows[lo:hi]),
+                          torch.from_numpy(cells.scale[lo:hi]))
+                for (gu, dn), lo, hi in zip(weights, cells.lo, cells.hi, strict=True)]
+        _run_jobs(expert_mlp_torch, x, jobs, values)
+    return torch.from_numpy(cells.cells.astype(np.int64)), values

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from edgemoe.kernels.cpu_experts import _contrib_ok, _routed_table, expert_mlp_ref, route_cells
+from edgemoe.kernels.cpu_experts import RoutedCells, _contrib_ok, _only, _routed_table, expert_mlp_ref, route_cells
 from edgemoe.kernels.cpu_kernel import CpuExperts, default_cpu_experts
 from edgemoe.quant import ExpertFormat, Fp8Block, Int8Channel, Parts, dequantise_expert
 
@@ -84,6 +84,31 @@ def moe_experts_q_cpu(
     table[:, 6], table[:, 7] = _addresses(weights, "gate_up_scale"), _addresses(weights, "down_scale")
     kind, block = native  # type: ignore[misc]
     kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, kind, block)
+
+
+def moe_expert_cells_q_cpu(
+    x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
+    weights: Sequence[Parts], fmt: ExpertFormat, kernel: CpuExperts | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cpu_experts.moe_expert_cells_cpu` for quantised experts: (cells [C] int64, values
+    [C, H] fp32), each expert's cells together in (t, k) order. `kernel` None (or no
+    native path for `fmt`): the dequantise-first reference, in fp32."""
+    cells = _only(route_cells(topk_ids, topk_weights, experts))
+    rows = np.arange(len(cells.cells), dtype=np.int32)  # cell i → row i of values
+    values = torch.empty(len(rows), x.shape[1], dtype=torch.float32)
+    native = native_weights(fmt)
+    if kernel is not None and kernel.native and native and weights and all(_parts_ok(p, fmt) for p in weights):
+        hidden, inter = x.shape[1], weights[0]["gate_up"].shape[0] // 2
+        table = _routed_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi),
+                              _addresses(weights, "gate_up"), _addresses(weights, "down"))
+        table[:, 6], table[:, 7] = _addresses(weights, "gate_up_scale"), _addresses(weights, "down_scale")
+        kernel.call(x, table, values, hidden, inter, *native)
+    else:
+        for parts, lo, hi in zip(weights, cells.lo, cells.hi, strict=True):
+            if hi > lo:
+                y = expert_mlp_q_ref(x[torch.from_numpy(cells.tokens[lo:hi]).long()], parts, fmt)
+                values[lo:hi] = y * torch.from_numpy(cells.scale[lo:hi])[:, None]
+    return torch.from_numpy(cells.cells.astype(np.int64)), values
 
 
 def _addresses(weights: Sequence[Parts], name: str) -> np.ndarray:

@@ -8,8 +8,10 @@ routing. Work is split in two stages so that any partition of the experts gives
 bitwise-identical results: `moe_slots` writes each (token, k) contribution into its own
 fp32 cell, and `moe_combine` sums the K cells in a fixed order.
 
-Two torch implementations with the same signature (fast Triton kernels join them
-later):
+`moe_slots` dispatches: on a GPU with Triton, the fused kernels of `moe_fused.py`
+(decode rows through the per-pair GEMV kernel, prompt rows through the grouped GEMM, so
+a decode token's result never depends on what else shares its step); otherwise one of
+two torch implementations with the same signature:
 - `moe_slots_grouped`: one GEMM per used slot over its tokens (reads each expert once);
   it needs the per-slot counts on the host: one device→host read per call.
 - `moe_slots_gather`: every (token, k) pair at once through gathered weights and
@@ -26,7 +28,10 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-Activation = Callable[[torch.Tensor], torch.Tensor]
+from edgemoe.kernels.activations import kernel_name
+from edgemoe.kernels.backend import use_triton
+
+Activation = Callable[[torch.Tensor], torch.Tensor]  # plain functions take the torch path
 
 # Pairs up to which the sync-free gather path runs on a GPU: 16 pairs gather
 # 16 experts' weights (~150 MB for Qwen3-30B-A3B in bf16) into a workspace.
@@ -118,13 +123,28 @@ def moe_slots(
     down: torch.Tensor,
     act: Activation,
     cells: torch.Tensor,
+    num_decode: int = 0,
 ) -> None:
     """Fill cells[t, k] for every pair with slot_ids[t, k] >= 0 (see the module doc).
-    On a GPU, small batches take the path that never reads back from the device."""
-    if x.is_cuda and slot_ids.numel() <= GATHER_MAX_PAIRS:
+    `num_decode`: the leading rows that are decode tokens (the scheduler puts them
+    first). On a GPU without Triton, small batches take the path that never reads back."""
+    name = kernel_name(act)
+    if name is not None and use_triton(x):
+        _moe_slots_triton(x, slot_ids, weights, gate_up, down, name, cells, min(num_decode, x.shape[0]))
+    elif x.is_cuda and slot_ids.numel() <= GATHER_MAX_PAIRS:
         moe_slots_gather(x, slot_ids, weights, gate_up, down, act, cells)
     else:
         moe_slots_grouped(x, slot_ids, weights, gate_up, down, act, cells)
+
+
+def _moe_slots_triton(x, slot_ids, weights, gate_up, down, act: str, cells, n: int) -> None:  # noqa: ANN001
+    from edgemoe.kernels.moe_fused import moe_decode, moe_prefill
+
+    ids, w = slot_ids.to(torch.int32), weights.float()
+    if n:
+        moe_decode(x[:n], ids[:n], w[:n], gate_up, down, cells[:n], act)
+    if n < x.shape[0]:
+        moe_prefill(x[n:], ids[n:], w[n:], gate_up, down, cells[n:], act)
 
 
 def moe_combine(
@@ -132,7 +152,12 @@ def moe_combine(
 ) -> torch.Tensor:
     """cells [T, K, H] → [T, H]: the K contributions summed in fp32 in the order
     k = 0..K-1 (the fast kernels' order too), rounded once to `dtype`; plus `residual`
-    (in `dtype`, as the unfused `residual + out`)."""
+    (in `dtype`, as the unfused `residual + out`). One fused kernel on a GPU (bitwise
+    equal)."""
+    if use_triton(cells, dtype):
+        from edgemoe.kernels.triton_ops.moe_combine import moe_combine_triton
+
+        return moe_combine_triton(cells, dtype, residual)
     acc = cells[:, 0].clone()
     for k in range(1, cells.shape[1]):
         acc += cells[:, k]

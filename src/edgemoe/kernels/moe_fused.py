@@ -26,12 +26,10 @@ import torch.nn.functional as F
 from edgemoe.kernels.backend import use_triton
 from edgemoe.kernels.moe_experts import moe_combine, moe_experts_partial_ref
 
-ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),  # HF's name for it
-}
+
+def _act_fn(act: str):  # noqa: ANN202 - a torch function
+    return {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+            "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}[act]
 
 
 def moe_slots_ref(
@@ -49,7 +47,7 @@ def moe_slots_ref(
     One host sync (the distinct slots); `workspace` is accepted for the shared
     signature and unused."""
     slots = torch.unique(slot_ids[slot_ids >= 0]).tolist()
-    moe_experts_partial_ref(x, slot_ids, weights, slots, slots, gate_up, down, ACTIVATIONS[act], cells)
+    moe_experts_partial_ref(x, slot_ids, weights, slots, slots, gate_up, down, _act_fn(act), cells)
 
 
 moe_decode_ref = moe_slots_ref

@@ -8,23 +8,23 @@ slot_ids[t, k] >= 0, others untouched):
 - `moe_decode_quant` / `moe_prefill_quant`: the fused Triton kernels on CUDA
   (`triton_ops/moe_gemv_q.py`, `moe_gemm_q.py`: dequantisation in registers), the
   reference elsewhere;
-- `moe_slots_parts(x, slot_ids, weights, parts, fmt, act, cells)`: the executors' entry
-  (activation as a callable): unquantised banks take `moe_experts.moe_slots` unchanged,
-  quantised ones the fused kernels on CUDA (decode below `DECODE_MAX_PAIRS` pairs, no
-  host sync either way) or the reference.
+- `moe_slots_parts(x, slot_ids, weights, parts, fmt, act, cells, num_decode)`: the
+  executors' entry (activation as a callable): unquantised banks take
+  `moe_experts.moe_slots` unchanged, quantised ones the fused kernels on CUDA (as
+  `moe_slots` splits them: the leading `num_decode` decode rows through the GEMV, the
+  rest through the grouped GEMM; no host sync) or the reference.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.activations import ACTIVATIONS
 from edgemoe.kernels.backend import use_triton
-from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_slots
-from edgemoe.kernels.moe_fused import ACTIVATIONS
+from edgemoe.kernels.moe_experts import Activation, expert_mlp, kernel_name, moe_slots
 from edgemoe.quant import ExpertFormat, Parts, dequantise_expert
 
-DECODE_MAX_PAIRS = 64  # pairs (T·K) up to which the per-pair GEMV kernel runs; the grouped GEMM above
+BY_KERNEL_NAME = {a.kernel_name: a for a in ACTIVATIONS.values()}  # "silu", "gelu", "gelu_tanh"
 
 
 def slot_expert(parts: Parts, slot: int) -> Parts:
@@ -53,7 +53,7 @@ def moe_quant_ref(
 ) -> None:
     """The dequantise-first reference; one host sync (the distinct slots). `workspace` is
     accepted for the shared signature and unused."""
-    _reference(x, slot_ids, weights, parts, fmt, ACTIVATIONS[act], cells)
+    _reference(x, slot_ids, weights, parts, fmt, BY_KERNEL_NAME[act], cells)
 
 
 def moe_decode_quant(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, parts: Parts,
@@ -76,21 +76,22 @@ def moe_prefill_quant(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Te
     return moe_prefill_q_triton(x, slot_ids, weights, parts, fmt, cells, act, workspace)
 
 
-def _act_name(act: Activation) -> str | None:
-    return next((name for name, fn in ACTIVATIONS.items() if fn is act), "silu" if act is F.silu else None)
-
-
 def moe_slots_parts(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, parts: Parts, fmt: ExpertFormat,
-    act: Activation, cells: torch.Tensor,
+    act: Activation, cells: torch.Tensor, num_decode: int = 0,
 ) -> None:
-    """Fill cells[t, k] for every pair with slot_ids[t, k] >= 0 from banks in `fmt`."""
+    """Fill cells[t, k] for every pair with slot_ids[t, k] >= 0 from banks in `fmt`;
+    `num_decode`: the leading rows that are decode tokens (as `moe_slots`)."""
     if not fmt.quantised:
-        moe_slots(x, slot_ids, weights, parts["gate_up"], parts["down"], act, cells)
+        moe_slots(x, slot_ids, weights, parts["gate_up"], parts["down"], act, cells, num_decode)
         return
-    name = _act_name(act)
-    if name is not None and use_triton(x):
-        kernel = moe_decode_quant if slot_ids.numel() <= DECODE_MAX_PAIRS else moe_prefill_quant
-        kernel(x, slot_ids, weights, parts, fmt, cells, name)
+    name = kernel_name(act)
+    if name is None or not use_triton(x):
+        _reference(x, slot_ids, weights, parts, fmt, act, cells)
         return
-    _reference(x, slot_ids, weights, parts, fmt, act, cells)
+    # NOTE: by row role, never by batch size: a token's result does not depend on the batch.
+    n, ids, w = min(num_decode, x.shape[0]), slot_ids.to(torch.int32), weights.float()
+    if n:
+        moe_decode_quant(x[:n], ids[:n], w[:n], parts, fmt, cells[:n], name)
+    if n < x.shape[0]:
+        moe_prefill_quant(x[n:], ids[n:], w[n:], parts, fmt, cells[n:], name)

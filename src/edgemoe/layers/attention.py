@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.norm import RMSNorm
@@ -37,8 +36,8 @@ class Attention:
     def __call__(
         self,
         x: torch.Tensor,  # [T, H]
-        cos: torch.Tensor,  # [T, D] this step's rotary tables
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,  # [T, D] this step's rotary tables (None: the backend rotates by position)
+        sin: torch.Tensor | None,
         batch: ForwardBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
@@ -53,6 +52,6 @@ class Attention:
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = backend.forward(s, q, k, v, batch)  # [T, Hq, D]
+        q = backend.rotate_and_write(s, q, k, v, cos, sin, batch)
+        out = backend.attend(s, q, batch)  # [T, Hq, D]
         return F.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)

@@ -12,11 +12,20 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
+from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.batch import ForwardBatch
+
+
+class RopeTable(NamedTuple):
+    """Rotary tables by position, fp32 [max_positions, rotary_dim / 2] (scaling included)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -29,6 +38,7 @@ class AttentionSpec:
     head_dim: int
     scale: float
     window: int | None = None  # sliding window in tokens (None: full causal)
+    rope: RopeTable | None = None  # for backends that rotate by position in a fused kernel
 
 
 class AttentionBackend(ABC):
@@ -42,10 +52,19 @@ class AttentionBackend(ABC):
       (the tokens just written included), through its page-table row.
     - The pages the batch references stay allocated until the step's kernels finish
       (the scheduler frees pages only between steps).
+    - `rotate_and_write(spec, q, k, v, cos, sin, batch)` applies rotary to q/k and
+      writes k/v, returning the rotated q. The default uses this step's tables (cos/sin
+      [T, D], in the activations' dtype); a backend with `needs_step_rope = False`
+      rotates from `spec.rope` by position in one fused kernel, and the model then
+      skips building the step tables (cos/sin are None).
     - Graph hooks: `capture_batch(batch)` / `replay_batch(batch)` let a backend keep
       its per-step metadata at fixed addresses for a CUDA graph; the defaults do what
       `prepare` does, which suits backends whose metadata lives in the batch buffers.
+      `graph_safe` says whether its kernels may be captured at all.
     """
+
+    needs_step_rope = True
+    graph_safe = False
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
@@ -65,6 +84,15 @@ class AttentionBackend(ABC):
         self.write_kv(spec, k, v, batch)
         return self.attend(spec, q, batch)
 
+    def rotate_and_write(
+        self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        cos: torch.Tensor | None, sin: torch.Tensor | None, batch: ForwardBatch,
+    ) -> torch.Tensor:
+        assert cos is not None and sin is not None, "this backend needs the step's rotary tables"
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        self.write_kv(spec, k, v, batch)
+        return q
+
     def capture_batch(self, batch: ForwardBatch) -> None:
         self.prepare(batch)
 
@@ -75,13 +103,18 @@ class AttentionBackend(ABC):
 # name -> (module, class); imported only when chosen.
 ATTENTION_BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("edgemoe.layers.torch_attention", "TorchPagedAttention"),
+    "triton": ("edgemoe.layers.triton_attention", "TritonPagedAttention"),
 }
 
 
 def make_attention_backend(name: str, pool: KVPool, device: torch.device) -> AttentionBackend:
-    """The backend named by `--attention-backend` (auto: the best one this device has)."""
+    """The backend named by `--attention-backend` (auto: Triton on a GPU with Triton and
+    a 2-byte KV dtype, the torch reference otherwise)."""
     if name == "auto":
-        name = "torch"
+        from edgemoe.kernels.backend import FAST_DTYPES, triton_importable
+
+        fast = device.type == "cuda" and pool.k.dtype in FAST_DTYPES and triton_importable()
+        name = "triton" if fast else "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend {name!r}: choose one of auto, {', '.join(ATTENTION_BACKENDS)}")
     module, cls = ATTENTION_BACKENDS[name]

@@ -28,6 +28,8 @@ class BatchHost:
     q_lens: tuple[int, ...]  # new tokens per sequence
     seq_lens: tuple[int, ...]  # context length per sequence, this step's tokens included
     req_rows: tuple[int, ...]  # page-table row per sequence
+    num_decode: int = 0  # leading sequences that decode one token (the scheduler puts them first)
+    num_padding: int = 0  # trailing sequences that only pad the batch to a captured size
 
     @property
     def q_starts(self) -> tuple[int, ...]:

@@ -20,8 +20,12 @@ class PreNormBlock:
     def __init__(self, attn: Attention, attn_norm: RMSNorm, mlp: SparseMoE | DenseMLP, mlp_norm: RMSNorm) -> None:
         self.attn, self.attn_norm, self.mlp, self.mlp_norm = attn, attn_norm, mlp, mlp_norm
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def __call__(
+        self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> torch.Tensor:
         with ctx.profiler.region("attention"):
-            h = h + self.attn(self.attn_norm(h), cos, sin, ctx.batch, ctx.attention)
+            a = self.attn(self.attn_norm(h), cos, sin, ctx.batch, ctx.attention)
+            x, h = self.mlp_norm.add_and_norm(a, h)  # h += attn; x = norm(h), one kernel
         with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
-            return self.mlp(self.mlp_norm(h), residual=h)
+            host = ctx.batch.host
+            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgemoe.kernels.router import route_topk
 from edgemoe.moe.executor import MoEExecutor
 
 
@@ -22,15 +23,23 @@ class SparseMoE:
         self.executor = executor
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] → (topk_ids [T, K], topk_weights [T, K] in x's dtype)."""
+        """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values
+        rounded to x's dtype, as transformers' router casts them). With the executor's
+        routing override (cache studies) the ids are its, the weights the router's."""
         logits = F.linear(x, self.router)  # [T, E]
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return ids, weights.to(x.dtype)
+        ids, weights = route_topk(logits, self.top_k, self.norm_topk_prob, x.dtype)
+        override = self.executor.routing
+        if override is not None:
+            ids = override.ids(self.layer, ids).to(torch.int32)
+        return ids, weights
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given)."""
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
+    ) -> torch.Tensor:
+        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given);
+        `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
+        rows that only pad the batch (their output is never read)."""
         ids, weights = self.route(x)
-        return self.executor.forward(self.layer, x, ids, weights, residual)
+        if self.executor.trace is not None:
+            self.executor.trace.record(self.layer, ids)
+        return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)

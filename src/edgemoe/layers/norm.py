@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgemoe.kernels.rmsnorm import rms_norm
+from edgemoe.kernels.norm_fused import add_rms_norm, rms_norm
 
 
 class RMSNorm:
@@ -14,3 +14,7 @@ class RMSNorm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the residual add fused with this norm."""
+        return add_rms_norm(x, residual, self.weight, self.eps)

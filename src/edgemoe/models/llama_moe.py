@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from edgemoe.layers.attention import Attention
-from edgemoe.layers.attention_backend import AttentionSpec
+from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.block import PreNormBlock
 from edgemoe.layers.mlp import DenseMLP, activation
 from edgemoe.layers.moe import SparseMoE
@@ -31,10 +31,16 @@ def to_device(arch: DecoderArch, params: Params, device: torch.device) -> Params
     return p
 
 
-def attention_spec(arch: DecoderArch, i: int, window: int | None = None) -> AttentionSpec:
+def rope_table(arch: DecoderArch, device: torch.device) -> RopeTable:
+    """The rotary tables by position for the whole context (shared by every layer)."""
+    cos, sin = Rotary(arch.rope, device).cos_sin_table(arch.max_position_embeddings)
+    return RopeTable(cos, sin)
+
+
+def attention_spec(arch: DecoderArch, i: int, rope: RopeTable, window: int | None = None) -> AttentionSpec:
     return AttentionSpec(
         layer=i, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-        scale=arch.head_dim**-0.5, window=window,
+        scale=arch.head_dim**-0.5, window=window, rope=rope,
     )
 
 

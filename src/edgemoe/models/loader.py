@@ -2,7 +2,10 @@
 
 Dense tensors land in a dict of our names; per-expert tensors are written straight into
 the host ExpertStore's stacked banks. Each checkpoint tensor is read, copied into its
-place and dropped, so the model is never held twice in memory.
+place and dropped, so the model is never held twice in memory. A pinned store's banks
+are allocated pageable (exactly their size) and page-locked in place on a background
+thread, each as soon as its last expert tensor is written (`moe/pinning.py`), so
+pinning overlaps reading instead of following it.
 
 Quantised checkpoints (`quantization_config`: fp8, awq, gptq, compressed-tensors, mxfp4)
 load as published: a linear's parts are gathered and decoded (`models/quant_load.py`);
@@ -31,11 +34,13 @@ from edgemoe.models.quant_load import (
     dense_value,
     expert_parts,
     expert_shape,
+    pin_keys,
     place_expert_parts,
 )
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
 from edgemoe.moe.parts_store import PartsStore
+from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
 from edgemoe.moe.store import BankStore, ExpertStore
 from edgemoe.quant import ExpertFormat, resolve_expert_format
 from edgemoe.quant.published import QuantConfigError, Scheme, scheme_for
@@ -133,11 +138,11 @@ def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json")
 
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
-    expert_dtype: str = "auto",
+    registrar: Registrar | None = None, expert_dtype: str = "auto",
 ) -> LoadedModel:
-    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked: written
-    in place, never pinned by copying; pageable with a warning if the OS refuses), or
-    "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
+    """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked in place by
+    `registrar` as each fills; pageable with a warning without one, or if the OS refuses),
+    or "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
     `expert_dtype` (`--expert-dtype`): auto keeps the checkpoint's experts as stored."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -148,19 +153,20 @@ def load_checkpoint(
     names = model_module(arch.model_type).checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
+    pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
     collector = PartCollector(scheme, _all_names(model_dir, files)) if scheme else None
     upcasts = Upcasts()
-    filled = _stream_files(model_dir, files, names, params, experts, progress, collector, upcasts)
-    missing = sorted(set(names) - filled)
-    if missing:
-        where = {n: f for f, ns in files.items() for n in ns}
-        first = missing[0]
-        raise CheckpointError(
-            f"{model_dir}: missing tensor {first!r}"
-            + (f" (the index puts it in {where[first]})" if first in where else "")
-            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-        )
+    try:
+        filled = _stream_files(model_dir, files, names, params, experts, progress, pins, collector, upcasts)
+        _check_complete(model_dir, files, names, filled)
+    except BaseException:
+        if pins is not None:  # give back what was locked; the store is dropped with the error
+            pins.pinner.finish()
+            pins.pinner.release()
+        raise
+    if pins is not None:
+        experts.own_pins(pins.pinner)  # type: ignore[union-attr]  # waits for the last layers
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
     if upcasts.note():
@@ -170,6 +176,7 @@ def load_checkpoint(
 
 def _allocate_store(model_dir: Path, arch: DecoderArch, fmt: ExpertFormat, scheme: Scheme | None,
                     expert_store: str) -> ExpertStore:
+    """Pageable banks (pinned in place as they fill), quantised banks, or an mmap store."""
     layers, dims = list(arch.moe_layers), (arch.num_experts, arch.hidden_size, arch.moe_intermediate_size)
     if expert_store == "mmap":
         if scheme is not None or fmt.quantised:
@@ -177,23 +184,36 @@ def _allocate_store(model_dir: Path, arch: DecoderArch, fmt: ExpertFormat, schem
                                   "only; use pinned or pageable with quantised experts")
         return MmapStore(layers, *dims, arch.dtype)
     if fmt.quantised:
-        return PartsStore.allocate_parts(layers, *dims, fmt, pin=expert_store == "pinned")
-    return BankStore.allocate(layers, *dims, arch.dtype, pin=expert_store == "pinned")
+        return PartsStore.allocate_parts(layers, *dims, fmt)
+    return BankStore.allocate(layers, *dims, arch.dtype)
 
 
-def _all_names(model_dir: Path, files: dict[str, list[str]]) -> list[str]:
-    """Every tensor name of the checkpoint: the index's, or each file's header."""
-    listed = [n for ns in files.values() for n in ns]
-    if listed:
-        return listed
-    out: list[str] = []
-    for fname in files:
-        try:
-            with safe_open(str(model_dir / fname), framework="pt") as handle:
-                out.extend(handle.keys())
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
-    return out
+def _pin_tracker(experts: ExpertStore, names: NameMap, registrar: Registrar | None) -> PinWhenFilled | None:
+    """Which checkpoint tensors fill each bank (each part's bank, quantised), so each bank
+    is locked once complete."""
+    if registrar is None:
+        log.warning("expert_store (--expert-store) pinned needs a CUDA device; using pageable memory")
+        return None
+    assert isinstance(experts, BankStore)
+    expected: dict[str, tuple[torch.Tensor, set[str]]] = {}
+    for name, place in names.items():
+        if place.target.startswith("experts."):
+            layer = int(place.target.split(".")[1])
+            for key, part in pin_keys(experts, place.target):
+                expected.setdefault(key, (experts.tensor(layer, part), set()))[1].add(name)
+    return PinWhenFilled(InPlacePinner(registrar, "expert store"), expected)
+
+
+def _check_complete(model_dir: Path, files: dict[str, list[str]], names: NameMap, filled: set[str]) -> None:
+    missing = sorted(set(names) - filled)
+    if missing:
+        where = {n: f for f, ns in files.items() for n in ns}
+        first = missing[0]
+        raise CheckpointError(
+            f"{model_dir}: missing tensor {first!r}"
+            + (f" (the index puts it in {where[first]})" if first in where else "")
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
 
 
 def _stream_files(
@@ -203,6 +223,7 @@ def _stream_files(
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
     progress: bool,
+    pins: PinWhenFilled | None = None,
     collector: PartCollector | None = None,
     upcasts: Upcasts | None = None,
 ) -> set[str]:
@@ -226,6 +247,7 @@ def _stream_files(
                     if not new:
                         unexpected.append(done[0])
                     filled.update(new)
+                    _mark_filled(pins, experts, names, new)
                     bar.update(len(new))
                     continue
                 place = names.get(name)
@@ -240,6 +262,7 @@ def _stream_files(
                     continue
                 _place(path, name, _read(handle, path, name), place, params, experts, upcasts)
                 filled.add(name)
+                _mark_filled(pins, experts, names, [name])
                 bar.update(1)
     bar.close()
     if collector is not None and collector.pending:
@@ -249,6 +272,31 @@ def _stream_files(
     if unexpected:
         log.warning("ignored %d unexpected tensor(s), e.g. %s", len(unexpected), unexpected[:3])
     return filled
+
+
+def _mark_filled(pins: PinWhenFilled | None, experts: ExpertStore, names: NameMap, filled: list[str]) -> None:
+    """Tell the pin tracker which expert tensors were just written (every part's bank)."""
+    if pins is None:
+        return
+    for name in filled:
+        if (target := names[name].target).startswith("experts."):
+            for key, _ in pin_keys(experts, target):
+                pins.filled(key, name)
+
+
+def _all_names(model_dir: Path, files: dict[str, list[str]]) -> list[str]:
+    """Every tensor name of the checkpoint: the index's, or each file's header."""
+    listed = [n for ns in files.values() for n in ns]
+    if listed:
+        return listed
+    out: list[str] = []
+    for fname in files:
+        try:
+            with safe_open(str(model_dir / fname), framework="pt") as handle:
+                out.extend(handle.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
+    return out
 
 
 def _read(handle: Any, path: Path, name: str) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch
 
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
-from edgemoe.models.llama_moe import assemble, attention_spec, to_device
+from edgemoe.models.llama_moe import assemble, attention_spec, rope_table, to_device
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
@@ -46,10 +46,10 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
     """No q/k norm; sliding-window attention when the config sets a window."""
-    p = to_device(arch, params, device)
+    p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
         pre = f"layers.{i}."
-        return Attention(attention_spec(arch, i, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"])
+        return Attention(attention_spec(arch, i, rope, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"])
 
     return assemble(arch, p, attention, executor, device)

@@ -9,7 +9,13 @@ import torch
 
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
-from edgemoe.models.llama_moe import assemble, attention_spec, qk_norms, to_device
+from edgemoe.models.llama_moe import (
+    assemble,
+    attention_spec,
+    qk_norms,
+    rope_table,
+    to_device,
+)
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
@@ -47,13 +53,13 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
     """q/k RMSNorm over the whole projection, then the optional clip."""
-    p = to_device(arch, params, device)
+    p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
         q_norm, k_norm = qk_norms(arch, i, p)
         pre = f"layers.{i}."
         return Attention(
-            attention_spec(arch, i), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
+            attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
             qk_norm="full", clip_qkv=arch.clip_qkv,
         )
 

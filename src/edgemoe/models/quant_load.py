@@ -112,3 +112,12 @@ def expert_shape(experts: ExpertStore, place: Placement) -> tuple[int, int]:
     """The dense shape of the matrix `place` names: gate/up [I, H], down [H, I]."""
     hidden, inter = experts.down_shape
     return (hidden, inter) if place.target.endswith(".down") else (inter, hidden)
+
+
+def pin_keys(experts: ExpertStore, target: str) -> list[tuple[str, str]]:
+    """(pin-tracker key, bank name) of every bank an expert target ("experts.L.gate_up")
+    fills: the one bank, or each part's bank of a quantised store."""
+    _, layer, which = target.split(".")
+    if not isinstance(experts, PartsStore):
+        return [(target, which)]
+    return [(target + name[len(which):], name) for name in experts.layer_parts(int(layer)) if name.startswith(which)]

@@ -12,7 +12,13 @@ import torch
 
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, common_fields
-from edgemoe.models.llama_moe import assemble, attention_spec, qk_norms, to_device
+from edgemoe.models.llama_moe import (
+    assemble,
+    attention_spec,
+    qk_norms,
+    rope_table,
+    to_device,
+)
 from edgemoe.models.names import (
     NameMap,
     Placement,
@@ -63,11 +69,11 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
     """Per-head q/k RMSNorm before rotary."""
-    p = to_device(arch, params, device)
+    p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
         q_norm, k_norm = qk_norms(arch, i, p)
         pre = f"layers.{i}."
-        return Attention(attention_spec(arch, i), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm, qk_norm="head")
+        return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm, qk_norm="head")
 
     return assemble(arch, p, attention, executor, device)

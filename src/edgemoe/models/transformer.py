@@ -18,7 +18,12 @@ from edgemoe.layers.rotary import Rotary
 
 
 class Block(Protocol):
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor: ...
+    """One layer: h [T, H] → h. cos/sin are this step's rotary tables [T, D], or None
+    when the attention backend rotates by position itself (`needs_step_rope`)."""
+
+    def __call__(
+        self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> torch.Tensor: ...
 
 
 class CausalLM:
@@ -39,7 +44,7 @@ class CausalLM:
         """Hidden states after the final norm for `batch.logits_indices` rows: [N, H]."""
         batch = ctx.batch
         h = self.embed[batch.input_ids]  # [T, H]
-        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)
+        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype) if ctx.attention.needs_step_rope else (None, None)
         for block in self.blocks:
             h = block(h, cos, sin, ctx)
         return self.norm(h[batch.logits_indices])

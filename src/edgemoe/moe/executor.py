@@ -11,6 +11,7 @@ device. `moe/registry.py` builds one by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
 
@@ -19,6 +20,21 @@ from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
+
+
+class RoutingOverride(Protocol):
+    """Replaces the router's expert ids (cache studies: `moe/synthetic_routing.py`);
+    the runner prepares it once per step, before the forward pass."""
+
+    label: str
+
+    def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class RoutingObserver(Protocol):
+    """Sees every MoE layer's routed ids, in call order (`moe/routing_trace.py`)."""
+
+    def record(self, layer: int, ids: torch.Tensor) -> None: ...
 
 
 class MoEExecutor(ABC):
@@ -31,10 +47,17 @@ class MoEExecutor(ABC):
     state across calls (a cache, statistics) but the result never depends on it.
     Counters live where they are cheapest and are read lazily (`stats.snapshot()`).
     `close()` releases device memory and threads; the executor is unusable after.
+
+    The routing hooks travel with the executor to the MoE blocks that call it (the
+    runtime sets them, off by default): `routing` replaces the router's ids,
+    `trace` records them.
     """
 
     stats: MoEStats
     profiler: StepProfiler = DISABLED  # the runtime shares its own
+    graph_safe = False  # whether a forward may be captured in a CUDA graph (no host reads)
+    routing: RoutingOverride | None = None
+    trace: RoutingObserver | None = None
 
     @abstractmethod
     def forward(
@@ -44,7 +67,13 @@ class MoEExecutor(ABC):
         topk_ids: torch.Tensor,
         topk_weights: torch.Tensor,
         residual: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+        num_decode: int = 0,
+        num_padding: int = 0,
+    ) -> torch.Tensor:
+        """`num_decode`: the leading rows of `x` that are decode tokens (kernels treat
+        them apart so a decode token's result doesn't depend on its step's company).
+        `num_padding`: trailing rows that only pad the batch to a CUDA-graph size; an
+        executor may skip them (their output rows are then garbage, never read)."""
 
     def recover(self) -> None:
         """Forget per-step state after a forward aborted midway (device OOM)."""
@@ -75,6 +104,8 @@ class CellWorkspace:
 class ResidentExecutor(MoEExecutor):
     """Every expert of every layer on the compute device: slot = expert id."""
 
+    graph_safe = True
+
     def __init__(
         self, store: ExpertStore, device: torch.device, act: Activation, num_layers: int, max_tokens: int = 256
     ) -> None:
@@ -85,11 +116,14 @@ class ResidentExecutor(MoEExecutor):
         hidden = store.down_shape[0]
         self.workspace = CellWorkspace(max_tokens, hidden, device)
 
-    def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        # NOTE: padding rows are computed (a captured graph has fixed shapes); the
+        # per-pair kernels make the real rows' results the same either way.
         self.stats.count_tokens(layer, x.shape[0])
-        self.stats.count_device_hits(layer, topk_ids, self.num_experts)
+        if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
+            self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
         cells = self.workspace.cells(topk_ids)
-        moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells)
+        moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells, num_decode)
         return moe_combine(cells, x.dtype, residual)
 
     def close(self) -> None:

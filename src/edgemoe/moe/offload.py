@@ -100,6 +100,22 @@ def _pinned_copy(buf: torch.Tensor | None, src: torch.Tensor) -> torch.Tensor:
     return flat.view(src.shape)
 
 
+def real_rows(x, topk_ids, topk_weights, residual, num_padding: int):  # noqa: ANN001, ANN201
+    """Drop the padding rows: they would route (and load) experts nobody needs. The
+    caller's output keeps its padded length (see `pad_rows`)."""
+    if not num_padding:
+        return x, topk_ids, topk_weights, residual
+    n = x.shape[0] - num_padding
+    return x[:n], topk_ids[:n], topk_weights[:n], None if residual is None else residual[:n]
+
+
+def pad_rows(out: torch.Tensor, num_padding: int) -> torch.Tensor:
+    """`out` [n, H] back to the padded batch's length (padding rows: zeros)."""
+    if not num_padding:
+        return out
+    return torch.cat([out, out.new_zeros(num_padding, out.shape[1])])
+
+
 class OffloadExecutor(MoEExecutor):
     def __init__(
         self,
@@ -117,23 +133,28 @@ class OffloadExecutor(MoEExecutor):
         self.slots = SlotBanks(store, num_slots, device, self.stats)
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
         self.readback = RoutingReadback(device)
+        self.num_decode = 0  # of the layer being computed
         # The device mirror of the slot map (on the CPU: the map itself).
         self.slot_map = self.cache.slot_map.to(device)
         self._mirrored = self.cache.map_version
 
-    def forward(self, layer, x, topk_ids, topk_weights, residual=None):  # type: ignore[override]
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        x, topk_ids, topk_weights, residual = real_rows(x, topk_ids, topk_weights, residual, num_padding)
         self.stats.count_tokens(layer, x.shape[0])
+        self.num_decode = num_decode
         cells = self.workspace.cells(topk_ids)
         self.readback.start(topk_ids)
         self.compute_hits(layer, x, topk_ids, topk_weights, cells)
         ids, _ = self.readback.wait()
         self.run_misses(layer, np.unique(ids).tolist(), x, topk_ids, topk_weights, cells)
-        return moe_combine(cells, x.dtype, residual)
+        return pad_rows(moe_combine(cells, x.dtype, residual), num_padding)
+
+    def _compute(self, x, slot_ids, topk_weights, cells) -> None:  # noqa: ANN001
+        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
 
     def compute_hits(self, layer: int, x, topk_ids, topk_weights, cells) -> None:  # noqa: ANN001
         """The experts resident before this layer, from the device map (no host read)."""
-        slot_ids = self.slot_map[layer][topk_ids]  # [T, K], -1 = not resident
-        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells)
+        self._compute(x, self.slot_map[layer][topk_ids], topk_weights, cells)  # -1 = not resident
 
     def run_misses(
         self, layer: int, experts: Sequence[int], x, topk_ids, topk_weights, cells  # noqa: ANN001
@@ -149,7 +170,7 @@ class OffloadExecutor(MoEExecutor):
                 with self.profiler.region("moe/copy"):
                     self.slots.load(layer, wave)
                 lookup = self._lookup({m.expert: m.slot for m in wave.misses})
-                moe_slots_parts(x, lookup[topk_ids], topk_weights, self.slots.parts, self.slots.format, self.act, cells)
+                self._compute(x, lookup[topk_ids], topk_weights, cells)
         self.mirror_map()
 
     def _lookup(self, slot_of: dict[int, int]) -> torch.Tensor:

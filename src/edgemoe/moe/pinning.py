@@ -6,6 +6,10 @@ the driver where it lies (`cudaHostRegister`). Registering is slow (~0.5 s per G
 the GPU machine), so `InPlacePinner` does it on a background thread while the caller
 fills the next tensor: submit tensor l once it is written, fill l+1, and so on.
 
+`PinWhenFilled` decides *when* a tensor is done for loaders whose pieces arrive in
+file order, not tensor order (a checkpoint's experts are separate tensors, possibly
+spread over shards): each tensor goes to the pinner once its last piece is written.
+
 The registrar is an interface so the overlap logic is tested on CPU with a fake one.
 """
 
@@ -126,3 +130,32 @@ class InPlacePinner:
                 continue
             with self._lock:
                 self._held.append((tensor, ptr))
+
+
+class PinWhenFilled:
+    """Submits each tensor to `pinner` as soon as every piece expected in it is written.
+
+    `expected`: tensor name → (the tensor, names of the pieces that fill it). The loader
+    calls `filled(tensor name, piece name)` after writing a piece; a piece counted twice
+    (a duplicate in the checkpoint) counts once. Tensors still incomplete at the end are
+    left pageable by the caller's error path (a missing tensor is a load error anyway).
+    """
+
+    def __init__(self, pinner: InPlacePinner, expected: dict[str, tuple[torch.Tensor, set[str]]]) -> None:
+        self.pinner = pinner
+        self._tensors = {name: tensor for name, (tensor, _) in expected.items()}
+        self._missing = {name: set(pieces) for name, (_, pieces) in expected.items()}
+
+    def filled(self, name: str, piece: str) -> None:
+        missing = self._missing.get(name)
+        if missing is None or piece not in missing:
+            return
+        missing.discard(piece)
+        if not missing:  # the last piece: register it while the loader reads on
+            del self._missing[name]
+            self.pinner.submit(self._tensors.pop(name))
+
+    @property
+    def pending(self) -> list[str]:
+        """Tensors with pieces still to come."""
+        return sorted(self._missing)

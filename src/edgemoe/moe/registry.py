@@ -8,7 +8,7 @@ from edgemoe.kernels.moe_experts import Activation
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.store import ExpertStore
 
-EXECUTORS = ("resident", "offload", "cpu", "hybrid")
+EXECUTORS = ("resident", "offload", "cpu", "hybrid", "auto")
 
 
 def make_executor(
@@ -19,11 +19,14 @@ def make_executor(
     num_layers: int,
     num_slots: int,
     policy: str = "lru",
-    hybrid_fraction: float = 0.5,
+    hybrid_fraction: float | None = None,
     max_tokens: int = 256,
+    top_k: int | None = None,
 ) -> MoEExecutor:
     """The executor named by `--moe-backend`; `max_tokens` (the largest step) sizes the
-    contribution-cell workspace."""
+    contribution-cell workspace. hybrid: `hybrid_fraction` fixes the CPU's share of the
+    misses, None lets the live controller split them; auto: the controller also chooses
+    between offload and hybrid (`top_k` sizes its start-up decision)."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
@@ -32,9 +35,12 @@ def make_executor(
         from edgemoe.moe.offload import OffloadExecutor
 
         return OffloadExecutor(store, device, act, num_layers, num_slots, policy, max_tokens)
-    if backend in ("cpu", "hybrid"):
+    if backend in ("cpu", "hybrid", "auto"):
         from edgemoe.moe.cpu import SplitExecutor
 
-        fraction = 1.0 if backend == "cpu" else hybrid_fraction
-        return SplitExecutor(store, device, act, num_layers, num_slots, fraction, backend == "cpu", policy, max_tokens)
+        fraction = 1.0 if backend == "cpu" else hybrid_fraction if backend == "hybrid" else None
+        mode = "auto" if backend == "auto" else "hybrid"
+        return SplitExecutor(
+            store, device, act, num_layers, num_slots, fraction, backend == "cpu", policy, max_tokens, mode, top_k
+        )
     raise ValueError(f"moe_backend {backend!r}: choose one of {', '.join(EXECUTORS)}")

@@ -2,13 +2,15 @@
 
 Per layer where it matters (misses/token per layer shows which layers thrash).
 Timing is wall-clock around host-side work; device copies are timed with CUDA events
-resolved lazily in `snapshot()`, and counters an executor keeps on the device
-(`device_hits`) are read there too, so the hot path never synchronises for statistics.
+resolved lazily in `snapshot()`, so the hot path never synchronises for statistics.
+With every expert resident nothing is counted per layer at all: each routed (token, k)
+pair of each MoE layer is a hit, derived from the token count (`all_resident`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 class MoEStats:
     num_layers: int
     first_layer: int = 0  # the MoE layer at which a forward's tokens are counted
+    count_in_forward: bool = True
     hits: list[int] = field(default_factory=list)
     misses: list[int] = field(default_factory=list)
     cpu_experts: list[int] = field(default_factory=list)
@@ -27,7 +30,10 @@ class MoEStats:
     copy_s: float = 0.0
     cpu_s: float = 0.0
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
-    device_hits: torch.Tensor | None = field(default=None, repr=False)  # [L] int64, folded lazily
+    all_resident: tuple[tuple[int, ...], int] | None = None  # (MoE layers, top_k): hits = tokens × top_k
+    # Labels and live figures executors add (CPU kernel, split controller): in every snapshot.
+    info: dict[str, Any] = field(default_factory=dict)
+    sources: list[Callable[[], dict[str, Any]]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -35,26 +41,25 @@ class MoEStats:
                 setattr(self, name, [0] * self.num_layers)
 
     def count_tokens(self, layer: int, n: int) -> None:
-        if layer == self.first_layer:
+        """Executors called directly (tests, tools) count their tokens at the first MoE
+        layer; the engine's runner counts a step's real tokens with `add_tokens` and
+        switches this off (padded CUDA-graph batches would inflate it)."""
+        if layer == self.first_layer and self.count_in_forward:
             self.tokens += n
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += n
 
     def add_copy_interval(self, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         self._events.append((start, end))
 
-    def count_device_hits(self, layer: int, topk_ids: torch.Tensor, num_experts: int) -> None:
-        """Add the layer's distinct routed experts to a device counter (no host read)."""
-        if self.device_hits is None:
-            self.device_hits = torch.zeros(self.num_layers, dtype=torch.int64, device=topk_ids.device)
-        used = torch.zeros(num_experts, dtype=torch.int64, device=topk_ids.device)
-        used.index_fill_(0, topk_ids.flatten(), 1)
-        self.device_hits[layer] += used.sum()
+    def reset(self) -> None:
+        """Forget every count (after warm-up and graph capture)."""
+        self.resolve()
+        self.hits, self.misses, self.cpu_experts = [0] * self.num_layers, [0] * self.num_layers, [0] * self.num_layers
+        self.bytes_copied, self.tokens, self.copy_s, self.cpu_s = 0, 0, 0.0, 0.0
 
     def resolve(self) -> None:
-        if self.device_hits is not None:
-            for layer, n in enumerate(self.device_hits.tolist()):
-                self.hits[layer] += n
-            with torch.inference_mode():  # created inside the forward: an inference tensor
-                self.device_hits.zero_()
         if self._events:
             self._events[-1][1].synchronize()
             self.copy_s += sum(s.elapsed_time(e) for s, e in self._events) / 1000
@@ -63,7 +68,12 @@ class MoEStats:
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able view: totals, hit rate, and per-layer misses per token."""
         self.resolve()
-        hits, misses, cpu = sum(self.hits), sum(self.misses), sum(self.cpu_experts)
+        layer_hits = list(self.hits)
+        if self.all_resident is not None:
+            layers, top_k = self.all_resident
+            for layer in layers:
+                layer_hits[layer] += self.tokens * top_k
+        hits, misses, cpu = sum(layer_hits), sum(self.misses), sum(self.cpu_experts)
         uses = hits + misses
         per_tok = [m / self.tokens if self.tokens else 0.0 for m in self.misses]
         return {
@@ -78,8 +88,10 @@ class MoEStats:
             "misses_per_token": sum(per_tok),
             "misses_per_token_by_layer": per_tok,
             "hit_rate_by_layer": [
-                h / (h + m) if h + m else 0.0 for h, m in zip(self.hits, self.misses, strict=True)
+                h / (h + m) if h + m else 0.0 for h, m in zip(layer_hits, self.misses, strict=True)
             ],
+            **self.info,
+            **{k: v for source in self.sources for k, v in source().items()},
         }
 
 

@@ -89,8 +89,8 @@ class ExpertBank:
 class BankStore(ExpertStore):
     """Stacked banks in host RAM, filled in place by the loader.
 
-    `pinned`: the banks are page-locked (allocated pinned, or registered in place by an
-    `InPlacePinner` this store then owns: unregistered by `close()` or when collected).
+    `pinned`: the banks are page-locked, registered in place by an `InPlacePinner` this
+    store then owns (unregistered by `close()` or when collected).
     """
 
     def __init__(self, banks: dict[int, ExpertBank], pinned: bool = False) -> None:
@@ -112,18 +112,11 @@ class BankStore(ExpertStore):
         hidden: int,
         intermediate: int,
         dtype: torch.dtype,
-        pin: bool = False,
     ) -> BankStore:
-        """Empty banks to be filled in place. `pin`: page-locked host memory, so copies
-        to the device run asynchronously on the copy engine; if the OS refuses (memlock
-        limits, low RAM), pageable memory with one warning."""
-        try:
-            return cls(_banks(moe_layers, num_experts, hidden, intermediate, dtype, pin), pinned=pin)
-        except RuntimeError as e:
-            if not pin:
-                raise
-            log.warning("pinning the expert store failed (%s); using pageable memory (slower copies)", e)
-            return cls(_banks(moe_layers, num_experts, hidden, intermediate, dtype, False))
+        """Empty pageable banks to be filled in place, exactly their size. Page-locking
+        is done in place once a bank is filled (`own_pins`): a pinned allocation would
+        round sizes up and cannot overlap the filling."""
+        return cls(_banks(moe_layers, num_experts, hidden, intermediate, dtype))
 
     def own_pins(self, pinner: InPlacePinner) -> None:
         """Take over `pinner`'s finished registrations of these banks."""
@@ -151,13 +144,11 @@ class BankStore(ExpertStore):
         return bank.gate_up, bank.down
 
 
-def _banks(
-    layers: list[int], num_experts: int, hidden: int, inter: int, dtype: torch.dtype, pin: bool
-) -> dict[int, ExpertBank]:
+def _banks(layers: list[int], num_experts: int, hidden: int, inter: int, dtype: torch.dtype) -> dict[int, ExpertBank]:
     return {
         i: ExpertBank(
-            gate_up=torch.empty(num_experts, 2 * inter, hidden, dtype=dtype, pin_memory=pin),
-            down=torch.empty(num_experts, hidden, inter, dtype=dtype, pin_memory=pin),
+            gate_up=torch.empty(num_experts, 2 * inter, hidden, dtype=dtype),
+            down=torch.empty(num_experts, hidden, inter, dtype=dtype),
         )
         for i in layers
     }

@@ -18,6 +18,7 @@ them up for its context gauge); `cache_creation_input_tokens` is always 0.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -28,20 +29,32 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgemoe.server.anthropic_errors import anthropic_error_frame
-from edgemoe.server.anthropic_protocol import CountTokensRequest, CreateMessageRequest, tool_input
+from edgemoe.server.anthropic_protocol import (
+    CountTokensRequest,
+    CreateMessageRequest,
+    tool_input,
+)
 from edgemoe.server.disconnect import unless_disconnected
 from edgemoe.server.errors import APIError
-from edgemoe.server.events import ChoiceDone, Done, Event, ReasoningDelta, TextDelta, ToolCallArgumentsDelta, ToolCallStart
+from edgemoe.server.events import (
+    ChoiceDone,
+    Done,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStart,
+)
 from edgemoe.server.generation import (
     ChatPrompt,
     Generation,
     GenerationRequest,
-    render_prompt,
+    count_prompt_tokens,
     sampling_params,
     start_generation,
 )
-from edgemoe.server.model import ServedModel
 from edgemoe.server.heartbeat import ANTHROPIC_PING, with_heartbeat
+from edgemoe.server.model import ServedModel
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -68,6 +81,7 @@ def to_generation_request(
         tool_choice=tool_choice,
         named_tool=named,
         parallel_tool_calls=parallel,
+        field_names={"stop": "stop_sequences"},
     )
 
 
@@ -168,10 +182,11 @@ def _interleaved(request: Request) -> bool:
 async def create_message(state: ServerState, req: CreateMessageRequest, request: Request) -> Response:
     model = state.serving(req.model)
     req.check_thinking_budget(_interleaved(request))
-    gen_req = to_generation_request(
-        req, model, max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k,
-    )
+    # In a worker: a conversation of many blocks takes a while to convert.
+    gen_req = await anyio.to_thread.run_sync(functools.partial(
+        to_generation_request, req, model, max_tokens=req.max_tokens, stop=req.stop_sequences,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+    ))
     beat = state.config.stream_heartbeat
     gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default,
                                  first_output_wait=beat if req.stream else None)
@@ -185,10 +200,9 @@ async def create_message(state: ServerState, req: CreateMessageRequest, request:
 
 async def count_tokens(state: ServerState, req: CountTokensRequest) -> dict[str, int]:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)
     thinking = gen_req.thinking if gen_req.thinking is not None else state.config.thinking_default
-    prompt = await anyio.to_thread.run_sync(render_prompt, model, gen_req, thinking)
-    return {"input_tokens": len(prompt.token_ids)}
+    return {"input_tokens": await anyio.to_thread.run_sync(count_prompt_tokens, model, gen_req, thinking)}
 
 
 async def _collect(gen: Generation) -> BlockBuilder:

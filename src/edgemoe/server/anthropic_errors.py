@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from edgemoe.server.errors import APIError, Overloaded
+from edgemoe.server.api_error import APIError, Overloaded
 from edgemoe.server.sse import event_frame
 
 ANTHROPIC_PATH = "/v1/messages"

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.errors import APIError, bad_request
+from edgemoe.server.limits import MAX_TOKEN_COUNT, Range, StopStrings
+from edgemoe.server.protocol import TokenCount
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _MIN_THINKING_BUDGET = 1024
@@ -41,7 +43,7 @@ class _Request(BaseModel):
 
 class ThinkingConfig(_Request):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    budget_tokens: Annotated[int, Range(0, MAX_TOKEN_COUNT)] | None = None
 
 
 class ToolChoice(_Request):
@@ -123,12 +125,12 @@ class CountTokensRequest(_Request):
 class CreateMessageRequest(CountTokensRequest):
     """`POST /v1/messages`."""
 
-    max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = None
+    max_tokens: TokenCount
+    stop_sequences: Annotated[list[str], StopStrings()] | None = None
     stream: bool = False
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    temperature: Annotated[float, Range(0, 1)] | None = None
+    top_p: Annotated[float, Range(0, 1, lo_open=True)] | None = None
+    top_k: Annotated[int, Range(0, MAX_TOKEN_COUNT)] | None = None
 
     def check_thinking_budget(self, interleaved: bool) -> None:
         thinking = self.thinking

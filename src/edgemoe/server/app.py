@@ -10,28 +10,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from edgemoe.server import access_log, engine_log
+from edgemoe.server.access_log import AccessLogMiddleware
+from edgemoe.server.admission import enforce_deadlines
 from edgemoe.server.anthropic import count_tokens, create_message
 from edgemoe.server.anthropic_protocol import CountTokensRequest, CreateMessageRequest
-from edgemoe.server.admission import enforce_deadlines
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.disconnect_watch import CancelOnDisconnectMiddleware
 from edgemoe.server.engine_client import EngineClient
+from edgemoe.server.engine_log import log_engine_lines
+from edgemoe.server.error_middleware import UnexpectedErrorMiddleware
 from edgemoe.server.errors import APIError, install_handlers, unavailable
 from edgemoe.server.host_check import HostCheckMiddleware, HostPolicy
 from edgemoe.server.middleware import GuardMiddleware
 from edgemoe.server.openai_chat import create_chat_completion
 from edgemoe.server.openai_completions import create_completion
 from edgemoe.server.openapi import install_openapi
-from edgemoe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from edgemoe.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from edgemoe.server.request_body import ThreadedBodyRoute
+from edgemoe.server.request_context import RequestContextMiddleware
 from edgemoe.server.responses import create_response
 from edgemoe.server.responses_protocol import ResponsesRequest
-from edgemoe.server.request_context import RequestContextMiddleware
 from edgemoe.server.state import ServerState
 from edgemoe.server.stats_api import add_ops_routes, health_body
 from edgemoe.server.stats_models import Health
@@ -54,6 +65,8 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
         if config.request_timeout is not None:
             tasks.append(asyncio.create_task(
                 enforce_deadlines(state.tracker.expired, client.fail, config.request_timeout)))
+        if not config.quiet:
+            tasks.append(asyncio.create_task(log_engine_lines(state)))
         try:
             yield
         finally:
@@ -62,17 +75,28 @@ def create_app(config: ServerConfig, client: EngineClient) -> FastAPI:
             await client.close(stop_engine=True)
 
     app = FastAPI(title="edgemoe", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.router.route_class = ThreadedBodyRoute  # bodies parsed off the event loop
     app.state.edgemoe = state
     install_handlers(app)
+    app.add_middleware(UnexpectedErrorMiddleware)  # innermost: a route's failure is a clean 500
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_size=config.max_body_size)
     app.add_middleware(HostCheckMiddleware, policy=HostPolicy.of(config.host, config.allowed_hosts))
     app.add_middleware(CancelOnDisconnectMiddleware)
+    if not config.quiet:
+        _enable_logs()
+        app.add_middleware(AccessLogMiddleware)  # inside the context: reads its token counts
     app.add_middleware(RequestContextMiddleware)  # outermost: arrival time before the body is read
     _add_info_routes(app)
     _add_api_routes(app)
     add_ops_routes(app)
     install_openapi(app)
     return app
+
+
+def _enable_logs() -> None:
+    # The CLI logs warnings only; the access and engine lines are INFO, on by default.
+    for name in (access_log.log.name, engine_log.log.name):
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def _both(app: FastAPI, method: str, path: str) -> Callable[[Any], Any]:
@@ -150,7 +174,7 @@ def _add_api_routes(app: FastAPI) -> None:
 
     @_both(app, "POST", "/v1/detokenize")
     async def detokenize_route(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
-        return detokenize(_state(request).serving(body.model), body)
+        return await detokenize(_state(request).serving(body.model), body)
 
 
 def _card(model_id: str, request: Request) -> dict[str, Any]:

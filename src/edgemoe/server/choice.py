@@ -21,7 +21,12 @@ from edgemoe.server.events import (
     ToolCallStart,
 )
 from edgemoe.server.model import ServedModel
-from edgemoe.server.parsers import ParsedDelta, ResponseParser, ThinkReasoningParser, get_tool_parser
+from edgemoe.server.parsers import (
+    ParsedDelta,
+    ResponseParser,
+    ThinkReasoningParser,
+    get_tool_parser,
+)
 
 
 def make_parser(

@@ -81,6 +81,12 @@ class ServerConfig:
         256, "requests that may wait for their first token (default 256); past it, new ones get "
         "429 (OpenAI) / 529 (Anthropic) with Retry-After"
     )
+    template_timeout: float = server_setting(
+        10.0, "seconds a chat template may take to render one request (default 10); past it: 400"
+    )
+    quiet: bool = server_setting(
+        False, "no access log line per request and no periodic engine line on stderr"
+    )
 
     # Connection limits and the stream heartbeat (`edgemoe.server.connections`, `heartbeat`)
     # and where browsers may call from (`edgemoe.server.host_check`): docs/operations.md.
@@ -124,6 +130,8 @@ class ServerConfig:
             raise ValueError(f"--max-body-size must be >= 1 byte (got {self.max_body_size})")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError(f"--request-timeout must be > 0 seconds (got {self.request_timeout})")
+        if not self.template_timeout > 0:
+            raise ValueError(f"--template-timeout must be > 0 seconds (got {self.template_timeout})")
         if self.max_queued_requests < 1:
             raise ValueError(f"--max-queued-requests must be >= 1 (got {self.max_queued_requests})")
         for name in ("max_connections", "header_timeout", "body_min_rate", "keep_alive_timeout",
@@ -141,6 +149,11 @@ class ServerConfig:
     @property
     def thinking_default(self) -> bool:
         return self.default_thinking_mode == "on"
+
+    @property
+    def template_output_limit(self) -> int:
+        """Characters one chat template render may produce: 4 × the largest body."""
+        return 4 * self.max_body_size
 
 
 def server_setting_names() -> list[str]:

@@ -223,15 +223,47 @@ class EngineClient:
     # -- requests -----------------------------------------------------------------------
 
     def submit(self, adds: list[AddRequest]) -> OutputStream:
-        """Send a group of requests; their outputs arrive on the returned stream."""
+        """Send a group of requests; their outputs arrive on the returned stream.
+
+        NOTE: all or nothing. Every request is encoded before anything is counted, and if
+        any send fails (for whatever reason) the whole group is taken back out of the
+        stream map and the observer's counts, and the ones already sent are aborted, so
+        a failed submission never leaves a request queued for good.
+        Raises EngineRejected (cannot be encoded), EngineUnavailable, or the observer's refusal.
+        """
         self._check_usable()
+        try:
+            frames = [self._encode(add) for add in adds]
+        except Exception as exc:  # e.g. an integer past 64 bits that validation missed
+            raise EngineRejected(f"the request cannot be sent to the engine: {exc}") from exc
         if self.observer is not None:
             self.observer.on_submit(adds)
         stream = OutputStream(self, [a.request_id for a in adds])
-        for add in adds:
-            self._streams[add.request_id] = stream
-            self._send(add)
+        sent: list[str] = []
+        try:
+            for add, frame in zip(adds, frames, strict=True):
+                self._streams[add.request_id] = stream
+                self._send_frame(frame)
+                sent.append(add.request_id)
+        except BaseException as exc:
+            self._take_back([a.request_id for a in adds], sent, exc)
+            if isinstance(exc, Exception) and not isinstance(exc, EngineUnavailable):
+                raise EngineUnavailable(f"cannot reach the engine: {exc!r}") from exc
+            raise
         return stream
+
+    def _take_back(self, request_ids: list[str], sent: list[str], exc: BaseException) -> None:
+        """Undo a partly sent group: out of the map and the counts; abort what went out."""
+        stream = None
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None) or stream
+        if stream is not None:
+            stream.open_ids.clear()
+        if self.observer is not None:
+            self.observer.on_end(request_ids, "error", f"the request did not reach the engine: {exc!r}")
+        if sent and self.state is State.READY:
+            with contextlib.suppress(Exception):
+                self._send(AbortRequest(sent))
 
     def abort(self, request_ids: Iterable[str]) -> None:
         ids = [rid for rid in request_ids if self._streams.pop(rid, None) is not None]
@@ -273,8 +305,11 @@ class EngineClient:
             raise EngineUnavailable(self.failure or "the model is still loading")
 
     def _send(self, command: EngineRequest) -> None:
+        self._send_frame(self._encode(command))
+
+    def _send_frame(self, frame: bytes) -> None:
         try:
-            self._send_sock.send(self._encode(command), zmq.NOBLOCK)
+            self._send_sock.send(frame, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             raise EngineUnavailable(f"cannot reach the engine: {exc}") from exc
 

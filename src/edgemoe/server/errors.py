@@ -9,73 +9,24 @@ replaced by a 400 in this shape: clients (the openai SDK) treat 422 differently.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Sequence
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-log = logging.getLogger(__name__)
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "service_unavailable",
-    504: "timeout_error",
-}
-
-
-class APIError(Exception):
-    """An error answer: `status` with `message`, naming the request field `param`."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    @property
-    def type(self) -> str:
-        return _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-class Overloaded(APIError):
-    """The server is at capacity (its queue is full): try again after `retry_after` seconds.
-
-    OpenAI routes answer 429, the Anthropic routes 529 `overloaded_error`; both send
-    `Retry-After`.
-    """
-
-    def __init__(self, message: str = "the server is overloaded; retry later", *, retry_after: float = 1.0) -> None:
-        super().__init__(429, message, code="rate_limit_exceeded")
-        self.retry_after = retry_after
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def unavailable(message: str) -> APIError:
-    return APIError(503, message, code="engine_unavailable")
+from edgemoe.server.anthropic_errors import (
+    anthropic_error_response,
+    is_anthropic_path,
+    retry_after_header,
+)
+from edgemoe.server.api_error import APIError, Overloaded, bad_request, unavailable  # noqa: F401 - re-exported
+from edgemoe.server.validation import describe, param_of  # noqa: F401 - param_of re-exported
 
 
 def error_response(err: APIError, path: str = "") -> JSONResponse:
     """`err` in the shape the clients of `path` read: Anthropic's on /v1/messages, else OpenAI's."""
     # Imported here: anthropic_errors builds on this module.
-    from edgemoe.server.anthropic_errors import anthropic_error_response, is_anthropic_path, retry_after_header
 
     if is_anthropic_path(path):
         return anthropic_error_response(err)
@@ -89,30 +40,15 @@ def error_body_bytes(err: APIError) -> bytes:
     return json.dumps(err.body()).encode()
 
 
-def param_of(loc: Sequence[str | int]) -> str | None:
-    """("body", "messages", 0, "role") → "messages[0].role"."""
-    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or None
-
-
 def validation_error(exc: RequestValidationError) -> APIError:
+    """A request the models refused: 400 with one message written for the client."""
     errors = exc.errors()
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
-    loc = first.get("loc") or ()
     if first.get("type") == "json_invalid":
         return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
-    param = param_of(loc)
-    if first.get("type") == "missing" and param:
-        message = f"{param}: field required"
-    else:
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    message, param = describe(errors)
     return bad_request(message, param=param)
 
 
@@ -133,8 +69,3 @@ def install_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         return error_response(APIError(exc.status_code, message), request.url.path)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"), request.url.path)

@@ -11,6 +11,7 @@ events. Engine failures surface as `APIError`s (503 engine gone, 400 refused, 50
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from edgemoe.messages import AddRequest, RequestOutput, SamplingParams
+from edgemoe.messages import SEED_MIN, AddRequest, RequestOutput, SamplingParams
 from edgemoe.server.choice import ChoiceState, make_parser
 from edgemoe.server.engine_client import (
     EngineClient,
@@ -30,12 +31,13 @@ from edgemoe.server.engine_client import (
 )
 from edgemoe.server.errors import APIError, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
+from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
-from edgemoe.server.templates import ChatInputError
+from edgemoe.server.prompt_tokens import TooManyTokens
+from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
 
-# Render arguments a client's chat_template_kwargs may not override.
-_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "documents", "enable_thinking"})
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     parse_output: bool = True
     prompt_param: str = "messages"  # the request field the prompt came from, for errors
+    # SamplingParams field → the client's name for it, where they differ (for errors).
+    field_names: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,17 +130,16 @@ def active_tools(req: GenerationRequest) -> list[dict[str, Any]] | None:
     return req.tools
 
 
-def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
-    """Token ids of the prompt (blocking: templates and tokenisers run here)."""
-    prompt, tok = req.prompt, model.tokenizer
-    if isinstance(prompt, TokensPrompt):
-        return RenderedPrompt(list(prompt.token_ids), None, False)
+def render_text(model: ServedModel, req: GenerationRequest, thinking: bool) -> str:
+    """The prompt text of a chat or text prompt (blocking: the chat template runs here)."""
+    prompt = req.prompt
     if isinstance(prompt, TextPrompt):
-        return RenderedPrompt(tok.encode(prompt.text, add_special_tokens=True), prompt.text, False)
+        return prompt.text
+    assert isinstance(prompt, ChatPrompt)
     if model.template is None:
         why = model.template_error or "the model ships no chat template"
         raise bad_request(f"chat is not available: {why}", param="messages")
-    kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in RESERVED_VARIABLES}
     try:
         text = model.template.render(
             prompt.messages,
@@ -147,28 +150,67 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
         )
     except ChatInputError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    text += prompt.continuation
-    # The template writes any BOS itself (transformers' apply_chat_template does the same).
-    return RenderedPrompt(tok.encode(text, add_special_tokens=False), text, prompt_opens_reasoning(text))
+    return text + prompt.continuation
+
+
+def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
+    """Token ids of the prompt (blocking: templates and tokenisers run here).
+
+    Tokenising stops once the prompt cannot fit the context (a 400 naming both numbers),
+    so an oversized prompt costs about a context's worth of work, not its whole size.
+    """
+    prompt = req.prompt
+    if isinstance(prompt, TokensPrompt):
+        return RenderedPrompt(list(prompt.token_ids), None, False)
+    text = render_text(model, req, thinking)
+    # A raw prompt gets the tokenizer's BOS; the template writes any BOS itself
+    # (transformers' apply_chat_template does the same).
+    raw = isinstance(prompt, TextPrompt)
+    try:
+        ids = model.prompt_tokens.encode(text, limit=model.max_model_len - 1, add_special_tokens=raw)
+    except TooManyTokens as exc:
+        raise context_exceeded(model, req, exc.count, exact=exc.exact) from exc
+    return RenderedPrompt(ids, text, False if raw else prompt_opens_reasoning(text))
+
+
+def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bool) -> int:
+    """How many tokens the prompt has, however many (blocking; memory of one piece)."""
+    if isinstance(req.prompt, TokensPrompt):
+        return len(req.prompt.token_ids)
+    return model.prompt_tokens.count(render_text(model, req, thinking))
+
+
+def context_exceeded(model: ServedModel, req: GenerationRequest, n_tokens: int, *, exact: bool = True) -> APIError:
+    return bad_request(
+        f"the prompt has {'' if exact else 'at least '}{n_tokens} tokens, the context length is {model.max_model_len}",
+        param=req.prompt_param, code="context_length_exceeded",
+    )
+
+
+def prepare_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
+    """Render and check the prompt: everything before the engine (blocking, for a worker)."""
+    prompt = render_prompt(model, req, thinking)
+    check_request(model, req, prompt)
+    return prompt
 
 
 def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPrompt) -> None:
     """Everything the server can refuse before the engine sees the request."""
-    n_tokens, limit = len(prompt.token_ids), model.max_model_len
+    n_tokens = len(prompt.token_ids)
     if n_tokens == 0:
         raise bad_request("the prompt is empty", param=req.prompt_param)
-    if n_tokens >= limit:
-        raise bad_request(
-            f"the prompt has {n_tokens} tokens, the context length is {limit}",
-            param=req.prompt_param, code="context_length_exceeded",
-        )
+    if n_tokens >= model.max_model_len:
+        raise context_exceeded(model, req, n_tokens)
     bad = [t for t in prompt.token_ids if not 0 <= t < model.vocab_size]
     if bad:
-        raise bad_request(f"token ids {bad[:5]} outside the vocabulary [0, {model.vocab_size})", param=req.prompt_param)
+        raise bad_request(f"token ids {describe_ids(bad)} are outside the vocabulary [0, {model.vocab_size})",
+                          param=req.prompt_param)
     try:
         req.params.validate(model.vocab_size)
     except ValueError as exc:
-        raise bad_request(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        name, _, why = str(exc).partition(" ")
+        name = req.field_names.get(name, name)
+        raise bad_request(f"{name} {why}", param=name) from exc
     if req.named_tool is not None and req.named_tool not in _tool_names(req.tools):
         raise bad_request(f"tool_choice names {req.named_tool!r}, which is not in tools", param="tool_choice")
 
@@ -244,11 +286,21 @@ class Generation:
                 self._first = None
                 if out.finish_reason == "error":
                     raise step_failure(out)
-                for event in self._by_id[out.request_id].on_output(out):
+                for event in self._on_output(out):
                     yield event
             yield Done(self._usage())
         finally:
             self.close()
+
+    def _on_output(self, out: RequestOutput) -> list[Event]:
+        try:
+            return self._by_id[out.request_id].on_output(out)
+        except Exception as exc:
+            # A bug on one output (a parser, say) must end this response in its protocol's
+            # error shape, mid-stream too, not drop the connection.
+            log.exception("processing an engine output failed")
+            raise APIError(500, "the server failed this request (an internal error; the server log has "
+                                "the details)") from exc
 
     async def collect(self) -> tuple[list[ChoiceResult], Usage]:
         """Run to the end: every choice folded, and the usage (the non-streamed view)."""
@@ -288,8 +340,7 @@ async def start_generation(
     a stream starts and sends heartbeats while the prompt prefills)."""
     request_id = request_id or uuid.uuid4().hex
     thinking = req.thinking if req.thinking is not None else default_thinking
-    prompt = await anyio.to_thread.run_sync(render_prompt, model, req, thinking)
-    check_request(model, req, prompt)
+    prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
     adds = [
         AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(req.params, i))
         for i in range(req.n)
@@ -298,6 +349,8 @@ async def start_generation(
         stream = client.submit(adds)
     except EngineUnavailable as exc:
         raise unavailable(str(exc)) from exc
+    except EngineRejected as exc:
+        raise bad_request(str(exc), param=req.prompt_param) from exc
     try:
         first = await _first_output(stream, first_output_wait)
     except (EngineUnavailable, EngineRejected, EngineFailure) as exc:
@@ -340,4 +393,6 @@ def _seeded(params: SamplingParams, i: int) -> SamplingParams:
     # n > 1 with a seed: each choice gets its own stream, reproducible as a whole.
     if i == 0 or params.seed is None:
         return params
-    return msgspec.structs.replace(params, seed=params.seed + i)
+    # Wraps within 64 signed bits, so every choice's seed stays a valid one.
+    seed = (params.seed + i - SEED_MIN) % 2**64 + SEED_MIN
+    return msgspec.structs.replace(params, seed=seed)

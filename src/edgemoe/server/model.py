@@ -17,6 +17,8 @@ from edgemoe.messages import EngineReady
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
+from edgemoe.server.prompt_tokens import PromptTokenizer
+from edgemoe.server.template_sandbox import RenderLimits
 from edgemoe.server.templates import ChatTemplate
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -38,12 +40,14 @@ class ServedModel:
     sampling_defaults: dict[str, float | int]
     created: int
     tokens: TokenTexts
+    prompt_tokens: PromptTokenizer  # bounded prompt tokenisation (pieces, stops at a limit)
 
     @classmethod
     def load(cls, info: EngineReady, config: ServerConfig) -> ServedModel:
         model_dir = Path(info.model_dir)
         tokenizer = TokenizerBundle.load(model_dir)
-        template, error = _load_template(tokenizer)
+        limits = RenderLimits(timeout_s=config.template_timeout, max_output_chars=config.template_output_limit)
+        template, error = _load_template(tokenizer, limits)
         source = template.source if template is not None else ""
         return cls(
             name=config.served_model_name or info.model_name or model_dir.name,
@@ -56,6 +60,7 @@ class ServedModel:
             sampling_defaults=_sampling_defaults(model_dir / "generation_config.json"),
             created=int(time.time()),
             tokens=TokenTexts(tokenizer.tokenizer),
+            prompt_tokens=PromptTokenizer(tokenizer),
         )
 
     @property
@@ -71,9 +76,9 @@ class ServedModel:
         return not strict or name is None or name == self.name
 
 
-def _load_template(tokenizer: TokenizerBundle) -> tuple[ChatTemplate | None, str | None]:
+def _load_template(tokenizer: TokenizerBundle, limits: RenderLimits) -> tuple[ChatTemplate | None, str | None]:
     try:
-        return ChatTemplate.from_tokenizer(tokenizer), None
+        return ChatTemplate.from_tokenizer(tokenizer, limits), None
     except ValueError as exc:
         # Serve anyway: /v1/completions and tokenize still work; chat answers 400 with this.
         log.warning("chat template unusable: %s", exc)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -42,10 +43,10 @@ from edgemoe.server.generation import (
     start_generation,
     thinking_from,
 )
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
 from edgemoe.server.protocol import ChatCompletionRequest
-from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -76,6 +77,7 @@ def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> Gen
         tool_choice=tool_choice,
         named_tool=named,
         parallel_tool_calls=req.parallel_tool_calls is not False,
+        field_names={"max_tokens": "max_completion_tokens"} if req.max_completion_tokens is not None else {},
     )
 
 
@@ -97,7 +99,7 @@ class _Meta:
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
     beat = state.config.stream_heartbeat
     gen = await start_generation(state.client, model, gen_req, default_thinking=state.config.thinking_default,
                                  first_output_wait=beat if req.stream else None)

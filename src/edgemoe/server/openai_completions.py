@@ -12,12 +12,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgemoe.messages import TokenLogprob
-from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.disconnect import unless_disconnected
+from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.events import ChoiceDone, Done, TextDelta, TokensDelta, Usage
 from edgemoe.server.generation import (
     Generation,
@@ -28,10 +29,10 @@ from edgemoe.server.generation import (
     sampling_params,
     start_generation,
 )
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.openai_chat import usage_body
 from edgemoe.server.protocol import CompletionRequest
-from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -94,7 +95,7 @@ class _Body:
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # a long prompt id list: a while
     beat = state.config.stream_heartbeat
     gen = await start_generation(state.client, model, gen_req, default_thinking=False,
                                  first_output_wait=beat if req.stream else None)

@@ -2,15 +2,44 @@
 
 Unknown fields are ignored (`extra="ignore"`): clients send `store`, `metadata`,
 `prompt_cache_key`, `user` … and must not be refused for it. Messages keep their
-extra keys (`extra="allow"`) because chat templates may read them. Range checks
-on sampling values are left to `SamplingParams.validate`, which names the field.
+extra keys (`extra="allow"`) because chat templates may read them. Every number is
+bounded here (`edgemoe.server.limits`), so a refusal names the client's own field;
+cross-field rules (`min_tokens` ≤ `max_tokens`) are `SamplingParams.validate`'s.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from edgemoe.messages import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
+from edgemoe.server.limits import (
+    MAX_CHOICES,
+    MAX_LOGPROBS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOKEN_COUNT,
+    MAX_TOKEN_ID,
+    SEED_MAX,
+    SEED_MIN,
+    Range,
+    StopStrings,
+)
+
+# The bounded number types every protocol's fields use (edgemoe.server.limits).
+Temperature = Annotated[float, Range(0, MAX_TEMPERATURE)]
+TopP = Annotated[float, Range(0, 1, lo_open=True)]
+Probability = Annotated[float, Range(0, 1)]
+Penalty = Annotated[float, Range(-2, 2)]
+RepetitionPenalty = Annotated[float, Range(0, MAX_REPETITION_PENALTY, lo_open=True)]
+TopK = Annotated[int, Range(-1, MAX_TOKEN_COUNT)]
+Seed = Annotated[int, Range(SEED_MIN, SEED_MAX, label="a 64-bit signed integer")]
+TokenCount = Annotated[int, Range(1, MAX_TOKEN_COUNT)]
+MinTokens = Annotated[int, Range(0, MAX_TOKEN_COUNT)]
+TokenId = Annotated[int, Range(0, MAX_TOKEN_ID)]
+Logprobs = Annotated[int, Range(0, MAX_LOGPROBS)]
+Choices = Annotated[int, Range(1, MAX_CHOICES)]
+Stop = Annotated[str | list[str], StopStrings()]
 
 
 class _Request(BaseModel):
@@ -71,22 +100,22 @@ class SamplingFields(_Request):
     """Sampling fields Chat Completions and Completions share (OpenAI's and local servers')."""
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=64)
+    n: Choices = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    stop: Stop | None = None
+    seed: Seed | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     # Extensions shared by local servers (vLLM, SGLang, llama.cpp).
-    top_k: int | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
+    min_tokens: MinTokens | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool | None = None
 
     def stop_list(self) -> list[str]:
@@ -104,9 +133,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    top_logprobs: Logprobs | None = None
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -118,10 +147,10 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
-    max_tokens: int | None = 16
+    logprobs: Logprobs | None = None
+    max_tokens: TokenCount | None = 16
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Choices | None = None
 
 
 class TokenizeRequest(_Request):

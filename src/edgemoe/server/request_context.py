@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import contextvars
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+@dataclass
+class Usage:
+    """Tokens of every engine request an HTTP request made (for its access-log line)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,7 @@ class Arrival:
     endpoint: str  # "POST /v1/chat/completions"
     wall: float  # time.time()
     monotonic: float  # time.monotonic(), for durations
+    usage: Usage = field(default_factory=Usage)  # filled in by the request tracker
 
 
 _current: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar("edgemoe_arrival", default=None)

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -43,9 +44,9 @@ from edgemoe.server.generation import (
     start_generation,
     thinking_from,
 )
+from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.responses_protocol import ResponsesRequest
-from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -67,6 +68,7 @@ def to_generation_request(req: ResponsesRequest, model: ServedModel) -> Generati
         named_tool=named,
         parallel_tool_calls=req.parallel_tool_calls is not False,
         prompt_param="input",
+        field_names={"max_tokens": "max_output_tokens"},
     )
 
 
@@ -213,7 +215,7 @@ class OutputBuilder:
 
 async def create_response(state: ServerState, req: ResponsesRequest, request: Request) -> Response:
     model = state.serving(req.model)
-    gen_req = to_generation_request(req, model)
+    gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)  # many messages: a while
     shell = ResponseShell(req, model.name)
     beat = state.config.stream_heartbeat
     try:

@@ -23,9 +23,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.errors import bad_request
+from edgemoe.server.protocol import (
+    Probability,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TokenCount,
+    TopK,
+    TopP,
+)
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 _ROLES = frozenset({"user", "developer", "system", "assistant"})
@@ -58,9 +67,9 @@ class ResponsesRequest(_Request):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning: ReasoningConfig | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    max_output_tokens: TokenCount | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stream: bool = False
     store: bool | None = None
     metadata: dict[str, str] | None = None
@@ -68,10 +77,10 @@ class ResponsesRequest(_Request):
     prompt_cache_key: str | None = None
     text: dict[str, Any] | None = None
     # Extensions shared by local servers (vLLM, SGLang).
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    seed: Seed | None = None
 
     def function_tools(self) -> list[dict[str, Any]]:
         """The flat function tools as given (echoed in the response)."""

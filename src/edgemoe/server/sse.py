@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from starlette.responses import StreamingResponse
 
-from edgemoe.server.errors import APIError
+from edgemoe.server.api_error import APIError
 
 DONE = b"data: [DONE]\n\n"
 

@@ -9,10 +9,10 @@ import time
 
 import anyio
 
+from edgemoe.server.admission import AdmissionGate
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.engine_client import EngineClient, EngineUnavailable, State
 from edgemoe.server.errors import APIError, unavailable
-from edgemoe.server.admission import AdmissionGate
 from edgemoe.server.metrics import ServerMetrics
 from edgemoe.server.model import ServedModel
 from edgemoe.server.tracker import RequestTracker

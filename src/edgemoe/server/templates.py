@@ -7,6 +7,9 @@ rendering, OpenAI-style messages are normalised to what templates expect (string
 content, dict tool arguments); anything a text-only model cannot take is refused.
 
 NOTE: no loader is configured, so `{% include %}`/`{% import %}` cannot read files.
+Renders are bounded in time and output size (`template_sandbox`), and a request's
+`chat_template_kwargs` cannot replace what the server passes or the template's globals
+(`RESERVED_VARIABLES`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from edgemoe.server.template_sandbox import BoundedSandbox, RenderBudget, RenderLimits
 
 if TYPE_CHECKING:
     from edgemoe.tokenizer import TokenizerBundle
@@ -208,8 +212,8 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _environment() -> BoundedSandbox:
+    env = BoundedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
@@ -226,8 +230,18 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 # Template mistakes and input the template cannot handle (e.g. `'a' + 1`) both mean
 # "this conversation cannot be rendered": the client's request, not a server fault.
-# TypeError also covers `{% include %}` with no loader.
-_RENDER_ERRORS = (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError)
+# TypeError also covers `{% include %}` with no loader; RecursionError a macro calling
+# itself without end, MemoryError an allocation the size checks did not foresee.
+_RENDER_ERRORS = (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError, RecursionError,
+                  MemoryError)
+
+# Names a request's template kwargs may not set: what `render` passes itself, the
+# special tokens, and the environment's globals (`raise_exception`, `namespace`, …).
+RESERVED_VARIABLES = frozenset({
+    "messages", "tools", "documents", "add_generation_prompt", "enable_thinking", "bos_token", "eos_token",
+    "pad_token", "unk_token", "raise_exception", "strftime_now", "range", "dict", "namespace", "cycler",
+    "joiner", "lipsum",
+})
 
 
 class ChatTemplate:
@@ -240,27 +254,29 @@ class ChatTemplate:
         eos_token: str | None = None,
         *,
         name: str = "<chat_template>",
+        limits: RenderLimits | None = None,
     ) -> None:
         """Compile `source`; `name` (the file it came from) labels compile errors."""
         self.source = source
         self.name = name
+        self.limits = limits or RenderLimits()
         # NOTE: tokens that are None stay undefined, as in transformers: passing None
         # would print "None" in templates that write `{{ bos_token }}`.
         self._special = {k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v is not None}
         # A template that never names "developer" would reject that role or drop it.
         self.keeps_developer_role = "developer" in source
         try:
-            self._template = _environment().from_string(source)
+            self._template = _environment().compile_bounded(source)
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"{name}: chat template does not compile (line {exc.lineno}): {exc.message}") from exc
 
     @classmethod
-    def from_tokenizer(cls, bundle: TokenizerBundle) -> ChatTemplate | None:
+    def from_tokenizer(cls, bundle: TokenizerBundle, limits: RenderLimits | None = None) -> ChatTemplate | None:
         """The checkpoint's chat template, or None when it ships none."""
         if bundle.chat_template is None:
             return None
         name = str(bundle.chat_template_path) if bundle.chat_template_path else "<chat_template>"
-        return cls(bundle.chat_template, bundle.bos_token, bundle.eos_token, name=name)
+        return cls(bundle.chat_template, bundle.bos_token, bundle.eos_token, name=name, limits=limits)
 
     def render(
         self,
@@ -273,12 +289,15 @@ class ChatTemplate:
         """The prompt text for `messages`, as transformers' apply_chat_template(tokenize=False).
 
         `enable_thinking` reaches the template only when set: templates test
-        `enable_thinking is defined`. Raises UnsupportedContentError or TemplateRenderError.
+        `enable_thinking is defined`. `template_kwargs` named in RESERVED_VARIABLES are
+        dropped. Raises UnsupportedContentError or TemplateRenderError (also when the
+        render goes past `self.limits`).
         """
         chat = normalize_messages(messages)
         if not self.keeps_developer_role:
             chat = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in chat]
-        kwargs = {**self._special, **template_kwargs}
+        extra = {k: v for k, v in template_kwargs.items() if k not in RESERVED_VARIABLES}
+        kwargs = {**extra, **self._special}
         if enable_thinking is not None:
             kwargs["enable_thinking"] = enable_thinking
         kwargs.update(
@@ -288,7 +307,8 @@ class ChatTemplate:
             add_generation_prompt=add_generation_prompt,
         )
         try:
-            return self._template.render(**kwargs)
+            with RenderBudget(self.limits):
+                return self._template.render(**kwargs)
         except _RENDER_ERRORS as exc:
             # The template's own words (e.g. raise_exception's) are the most useful to clients.
             message = exc.message if isinstance(exc, jinja2.TemplateError) and exc.message else str(exc)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from edgemoe.messages import AddRequest, RequestOutput
 from edgemoe.server.admission import AdmissionGate
 from edgemoe.server.metrics import ServerMetrics
-from edgemoe.server.request_context import Arrival, current_arrival
+from edgemoe.server.request_context import Arrival, Usage, current_arrival
 from edgemoe.server.request_log import RequestLog, RequestRecord
 from edgemoe.server.windows import RateWindow, SampleWindow
 
@@ -30,6 +30,7 @@ class _Live:
     start: float  # monotonic arrival
     prompt_tokens: int
     deadline: float | None
+    usage: Usage  # the HTTP request's, shared by its choices
     first: float | None = None
     last: float | None = None
     cached_tokens: int = 0
@@ -79,6 +80,9 @@ class RequestTracker:
         self.finish_counts: dict[str, int] = {}
         self._clock = clock
         self._live: dict[str, _Live] = {}
+        # Since the server started, for the periodic engine log line.
+        self.total_prompt_tokens = 0
+        self.total_generation_tokens = 0
 
     # -- counts ---------------------------------------------------------------------------
 
@@ -116,7 +120,10 @@ class RequestTracker:
         deadline = arrival.monotonic + self.timeout_s if self.timeout_s else None
         for add in adds:
             self._live[add.request_id] = _Live(
-                add.request_id, arrival.endpoint, arrival.wall, arrival.monotonic, len(add.prompt_ids), deadline)
+                add.request_id, arrival.endpoint, arrival.wall, arrival.monotonic, len(add.prompt_ids), deadline,
+                arrival.usage)
+            # Choices share their prompt: the HTTP request's prompt is counted once.
+            arrival.usage.prompt_tokens = max(arrival.usage.prompt_tokens, len(add.prompt_ids))
 
     def on_output(self, out: RequestOutput) -> None:
         live = self._live.get(out.request_id)
@@ -124,6 +131,7 @@ class RequestTracker:
             return
         now = self._clock()
         live.cached_tokens = max(live.cached_tokens, out.num_cached_tokens)
+        live.usage.cached_tokens = max(live.usage.cached_tokens, out.num_cached_tokens)
         if out.token_ids:
             self._on_tokens(live, len(out.token_ids), now)
         if out.finished:
@@ -146,12 +154,15 @@ class RequestTracker:
             self.metrics.first_token(ttft, live.prompt_tokens)
             w.ttft.add(ttft, now)
             w.prompt_tokens.add(live.prompt_tokens, now)
+            self.total_prompt_tokens += live.prompt_tokens
             interval = None
         else:
             interval = now - (live.last or now)
             w.itl.add(interval / n, now)
         live.last = now
         live.output_tokens += n
+        live.usage.completion_tokens += n
+        self.total_generation_tokens += n
         self.metrics.tokens(n, interval)
         w.generation_tokens.add(n, now)
 

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
-from edgemoe.assets.checkpoint import FAMILIES, init_tensor, make_checkpoint, model_config, tensor_specs
+from edgemoe.assets.checkpoint import (
+    FAMILIES,
+    init_tensor,
+    make_checkpoint,
+    model_config,
+    tensor_specs,
+)
 from edgemoe.assets.model_files import ENDOFTEXT_ID, write_tokenizer_files
 
 __all__ = [

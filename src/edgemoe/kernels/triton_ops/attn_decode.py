@@ -1,19 +1,20 @@
 """Paged decode attention (one query per sequence), split over the context.
 
-Launch 1: one program per (sequence, kv head, split of SPLIT_TOKENS positions) handles
-all Hq/Hkv query heads of its kv head (each K/V row is read once per group) and writes
-the split's normalised output and log-sum-exp (base 2) in fp32. Launch 2: one program
-per (sequence, query head) merges the splits in ascending order.
+Launch 1: one program per (sequence, kv head, split) handles all Hq/Hkv query heads of
+its kv head (each K/V row is read once per group) and writes the split's normalised
+output and log-sum-exp (base 2) in fp32. Launch 2: one program per (sequence, query
+head) merges the splits in ascending order.
 
 fp8 cache (`FP8KV`): keys/values are e4m3 with one fp32 scale per (slot, kv head); a key
 block is widened to the query dtype (exact) and its scales multiply the scores; the value
 scales multiply the probabilities before their rounding, so V is read as stored.
 
-NOTE: the split size is a constant in tokens, so batch 1 at 32K context gets 64 splits
-x Hkv programs (enough to fill the GPU) and a sequence's result depends only on its own
-context, never on the batch. The grid covers `max_seq_len` positions (default: the page
-table's capacity, max_pages * page_size): programs past a sequence's length exit at
-once. Workspace: B x Hq x splits x (D + 1) fp32.
+NOTE: a sequence's context is cut into NUM_SPLITS splits of ceil(len / NUM_SPLITS)
+positions rounded up to a key block, so the cut depends only on the sequence's own
+length (its result never depends on the batch), batch 1 gets NUM_SPLITS x Hkv programs
+at any context (1K: 16 one-block splits; 32K: 64 of 512 positions), and the grid and
+workspace (B x Hq x NUM_SPLITS x (D + 1) fp32) never depend on the context, so a CUDA
+graph holds the launch. Splits past a sequence's end exit at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import triton.language as tl
 
 from edgemoe.kernels.triton_ops.common import e4m3_to_f32, fp8_hardware, interpreting, mma, round_to, tl_dtype
 
-SPLIT_TOKENS = 512
+NUM_SPLITS = 64
 LOG2E = 1.4426950408889634
 
 
@@ -41,7 +42,8 @@ def _decode_split(
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ss,
     qk_scale, window, page_size,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
+    FP8HW: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -49,8 +51,9 @@ def _decode_split(
     seq_len = tl.load(lens_ptr + b)
     pos = seq_len - 1
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # first visible position
-    start = split * SPLIT
-    end = tl.minimum(start + SPLIT, seq_len)
+    split_len = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
     if (start >= end) | (end <= lo):
         return
     row = tl.load(rows_ptr + b).to(tl.int64)
@@ -98,12 +101,14 @@ def _decode_merge(
     o_ptr, lse_ptr, lens_ptr, out_ptr,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     window,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    split_len = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     o_row = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
@@ -111,7 +116,7 @@ def _decode_merge(
     e_max = float("-inf")
     e_sum = 0.0
     acc = tl.zeros([D_PAD], tl.float32)
-    for split in range(lo // SPLIT, tl.cdiv(seq_len, SPLIT)):  # ascending: a fixed order
+    for split in range(lo // split_len, tl.cdiv(seq_len, split_len)):  # ascending: a fixed order
         lse = tl.load(lse_row + split)
         o = tl.load(o_row + split * stride_os, mask=d_ok, other=0.0)
         new_max = tl.maximum(lse, e_max)
@@ -140,12 +145,6 @@ def kv_bytes(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
 
 
-def num_splits(page_table: torch.Tensor, page_size: int, max_seq_len: int | None) -> int:
-    """Splits covering `max_seq_len`, else the page table's capacity: the grid's (and the
-    partials') size. Its value never changes a result: programs past a sequence exit."""
-    return triton.cdiv(max_seq_len or page_table.shape[1] * page_size, SPLIT_TOKENS)
-
-
 def decode_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
@@ -159,7 +158,7 @@ def decode_attention_triton(
     if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     G, D_PAD = Hq // Hkv, triton.next_power_of_2(D)
-    splits = num_splits(page_table, page_size, max_seq_len)
+    splits = NUM_SPLITS  # NOTE: `max_seq_len` no longer sizes anything (kept for the signature)
     o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
     block_n, warps, stages = decode_config(D)
@@ -171,12 +170,13 @@ def decode_attention_triton(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         stride_ss, scale * LOG2E, win, page_size,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLIT=SPLIT_TOKENS,
-        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps, num_stages=stages,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=NUM_SPLITS,
+        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps,
+        num_stages=stages,
     )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1),
-        win, D=D, D_PAD=D_PAD, SPLIT=SPLIT_TOKENS, DTYPE=dtype, INTERP=interp, num_warps=1,
+        win, D=D, D_PAD=D_PAD, SPLITS=NUM_SPLITS, BLOCK_N=block_n, DTYPE=dtype, INTERP=interp, num_warps=1,
     )
     return out

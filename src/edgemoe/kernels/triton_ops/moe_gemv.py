@@ -14,6 +14,8 @@ its token's x, its slot and its weight (batch invariance).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -27,11 +29,21 @@ from edgemoe.kernels.triton_ops.common import (
     tl_dtype,
 )
 
-# Output rows per program and reduction width per step. 16 x 256 bf16 rows = 8 KiB per
-# matrix per step; I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
-# down: ~1.4K programs for batch 1 x top-8 (~10 per SM on an H200), enough loads in flight.
-GU_ROWS, GU_COLS, GU_WARPS = 16, 256, 4
-DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 256, 4
+# Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
+# matrix per step, I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
+# down. The fastest of 8 configurations swept on an H200 at T = 1 and 8
+# (bench/results/decode-tuning-20261201-140100.json: 30.1 µs vs 34.3 for 16 x 256).
+GU_ROWS, GU_COLS, GU_WARPS = 16, 128, 4
+DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
+
+
+def tiles() -> tuple[int, int, int, int, int, int]:
+    """The tile constants; `EDGEMOE_MOE_GEMV_TILES="gu_rows,gu_cols,gu_warps,down_rows,
+    down_cols,down_warps"` overrides them for tuning sweeps (scripts/gpu_decode_tuning.py)."""
+    override = os.environ.get("EDGEMOE_MOE_GEMV_TILES")
+    if override:
+        return tuple(int(v) for v in override.split(","))  # type: ignore[return-value]
+    return GU_ROWS, GU_COLS, GU_WARPS, DOWN_ROWS, DOWN_COLS, DOWN_WARPS
 
 
 @triton.jit
@@ -118,12 +130,13 @@ def moe_decode_triton(
     w = weights.to(torch.float32).contiguous().view(-1)
     inter = workspace_view(workspace, pairs, I, x)
     dtype, interp = tl_dtype(x.dtype), interpreting(x)
-    _gate_up_gemv[(pairs, triton.cdiv(I, GU_ROWS))](
+    gu_rows, gu_cols, gu_warps, down_rows, down_cols, down_warps = tiles()
+    _gate_up_gemv[(pairs, triton.cdiv(I, gu_rows))](
         x, slots, gate_up, inter, H, I, K, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=dtype, ROWS=GU_ROWS, COLS=GU_COLS, INTERP=interp, num_warps=GU_WARPS,
+        ACT=ACT_CODES[act], DTYPE=dtype, ROWS=gu_rows, COLS=gu_cols, INTERP=interp, num_warps=gu_warps,
     )
-    _down_gemv[(pairs, triton.cdiv(H, DOWN_ROWS))](
+    _down_gemv[(pairs, triton.cdiv(H, down_rows))](
         inter, slots, w, down, cells, H, I, K, inter.stride(0), down.stride(0), down.stride(1),
         cells.stride(0), cells.stride(1),
-        DTYPE=dtype, ROWS=DOWN_ROWS, COLS=DOWN_COLS, INTERP=interp, num_warps=DOWN_WARPS,
+        DTYPE=dtype, ROWS=down_rows, COLS=down_cols, INTERP=interp, num_warps=down_warps,
     )

@@ -18,7 +18,10 @@ from edgemoe.server.parsers.base import (
     ToolParser,
     accumulate,
 )
-from edgemoe.server.parsers.reasoning import ThinkReasoningParser, prompt_opens_reasoning
+from edgemoe.server.parsers.reasoning import (
+    ThinkReasoningParser,
+    prompt_opens_reasoning,
+)
 
 # name → "module:Class", imported on first use.
 TOOL_PARSERS: dict[str, str] = {

@@ -38,7 +38,7 @@ from edgemoe.server.parsers.base import (
     expect,
     skip_ws,
 )
-from edgemoe.server.parsers.schema import convert_value, property_schema, tool_schemas
+from edgemoe.server.parsers.schema import SchemaResolver, convert_typed, tool_schemas
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
@@ -99,6 +99,7 @@ class Qwen3CoderToolParser(TaggedToolParser):
     ) -> None:
         super().__init__(tools, id_factory)
         self._schemas = tool_schemas(self.tools)
+        self._resolvers: dict[str, SchemaResolver] = {}  # per called tool, made on first use
 
     def _begin_call(self) -> None:
         self._phase = _Phase.HEADER
@@ -170,8 +171,10 @@ class Qwen3CoderToolParser(TaggedToolParser):
             return True
         assert isinstance(end, int)
         raw = strip_value(self.buf[self._value_start : end])
-        root = self._schemas.get(self._name)
-        self._member(self._key, convert_value(raw, property_schema(root, self._key), root))
+        resolver = self._resolvers.get(self._name)
+        if resolver is None:
+            resolver = self._resolvers[self._name] = SchemaResolver(self._schemas.get(self._name))
+        self._member(self._key, convert_typed(raw, resolver.property_type(self._key)))
         self.pos, self._phase = end + len(PARAM_CLOSE), _Phase.BODY
         return True
 

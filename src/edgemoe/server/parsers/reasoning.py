@@ -24,7 +24,13 @@ from __future__ import annotations
 
 from enum import Enum
 
-from edgemoe.server.parsers.base import ReasoningDelta, ReasoningParser, Scan, expect, hold_start
+from edgemoe.server.parsers.base import (
+    ReasoningDelta,
+    ReasoningParser,
+    Scan,
+    expect,
+    hold_start,
+)
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

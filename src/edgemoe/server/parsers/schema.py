@@ -3,7 +3,7 @@
 The model writes every value as raw text; the schema says what it means. Rules:
 
 - the effective schema follows ``$ref`` (``#/$defs/…``, ``#/definitions/…``), merges
-  ``allOf``, and takes ``anyOf``/``oneOf`` as the union of its non-null branches
+  ``allOf`` (memoised and bounded in total work: ``SchemaResolver``), and takes ``anyOf``/``oneOf`` as the union of its non-null branches
   (a ``null`` branch, ``"type": [..., "null"]`` or ``nullable: true`` make it nullable);
 - ``string`` keeps the text as written; ``integer`` → int; ``number`` → int when
   whole, else float; ``boolean`` → true/false in any case; ``object``/``array`` →
@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_MAX_DEPTH = 32  # $ref cycles and absurd nesting end here
+# Work one tool's schema may cost (nodes visited + keys copied); past it, untyped text.
+MAX_SCHEMA_WORK = 20_000
 _INT = re.compile(r"[+-]?\d+")
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _FAIL = object()  # a converter's "not this type"
@@ -56,23 +57,129 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, A
     return out
 
 
-def resolve(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+class SchemaResolver:
+    """One tool's parameters schema, resolved on demand: memoised and bounded in total work.
+
+    NOTE: ``$ref``/``allOf`` graphs branch: ``allOf: [{$ref: a}] × 3`` with ``a`` the same
+    again, a few levels deep, is exponential to expand naively (a 200-byte schema ran
+    past 120 s). Each schema node is resolved once here (results keyed by the node,
+    which is kept alive so its id stays unique), a node met again while it is being
+    resolved is a cycle and contributes nothing, and after ``budget`` units of work
+    (nodes visited plus keys copied) everything left resolves to ``{}`` (untyped text).
+    """
+
+    def __init__(self, root: Mapping[str, Any] | None, budget: int = MAX_SCHEMA_WORK) -> None:
+        self.root: Mapping[str, Any] = root if isinstance(root, Mapping) else {}
+        self._budget = budget
+        self._resolved: dict[int, tuple[Mapping[str, Any], dict[str, Any]]] = {}
+        self._types: dict[int, tuple[Mapping[str, Any], ValueType]] = {}
+        self._active: set[int] = set()  # nodes being resolved (a cycle meets one again)
+        self._typing: set[int] = set()  # nodes being typed
+        self._properties: dict[str, ValueType] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        return self._budget <= 0
+
+    def _spend(self, units: int) -> bool:
+        self._budget -= units
+        return self._budget > 0
+
+    def resolve(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        """The schema with ``$ref`` followed and ``allOf`` merged in (later wins per key)."""
+        key = id(schema)
+        if key in self._resolved:
+            return self._resolved[key][1]
+        if key in self._active or not self._spend(1 + len(schema)):
+            return {}
+        self._active.add(key)
+        try:
+            out = self._merge(schema)
+        finally:
+            self._active.discard(key)
+        self._resolved[key] = (schema, out)
+        return out
+
+    def _merge(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            out.update(self.resolve(_lookup(ref, self.root)))
+        parts = schema.get("allOf")
+        for part in parts if isinstance(parts, list) else []:
+            if isinstance(part, Mapping):
+                merged = self.resolve(part)
+                props = {**_props(out), **_props(merged)}
+                if not self._spend(len(merged) + len(props)):
+                    break
+                out.update(merged)
+                if props:
+                    out["properties"] = props
+        out.update({k: v for k, v in schema.items() if k not in ("$ref", "allOf")})
+        return out
+
+    def property_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The schema of parameter ``name``, None if not declared."""
+        props = self.resolve(self.root).get("properties")
+        prop = props.get(name) if isinstance(props, Mapping) else None
+        return prop if isinstance(prop, Mapping) else None
+
+    def property_type(self, name: str) -> ValueType:
+        """What parameter ``name`` may hold (anything, if it is not declared)."""
+        if name not in self._properties:
+            prop = self.property_schema(name)
+            self._properties[name] = self.value_type(prop) if prop is not None else ValueType()
+        return self._properties[name]
+
+    def value_type(self, schema: Mapping[str, Any]) -> ValueType:
+        key = id(schema)
+        if key in self._types:
+            return self._types[key][1]
+        if key in self._typing:
+            return ValueType()  # a cycle through anyOf/oneOf: no constraint from it
+        self._typing.add(key)
+        try:
+            vt = self._value_type(schema)
+        finally:
+            self._typing.discard(key)
+        self._types[key] = (schema, vt)
+        return vt
+
+    def _value_type(self, schema: Mapping[str, Any]) -> ValueType:
+        s = self.resolve(schema)
+        declared = s.get("type")
+        names = [declared] if isinstance(declared, str) else list(declared) if isinstance(declared, list) else []
+        nullable = "null" in names or s.get("nullable") is True
+        types = [t for t in names if isinstance(t, str) and t != "null"]
+        enum: tuple[Any, ...] | None = None
+        if isinstance(s.get("enum"), list):
+            enum = tuple(s["enum"])
+        elif "const" in s:
+            enum = (s["const"],)
+        branches = [b for key in ("anyOf", "oneOf") if isinstance(s.get(key), list) for b in s[key]
+                    if isinstance(b, Mapping)]
+        if branches and self._spend(len(branches)):
+            kinds = [self.value_type(b) for b in branches]
+            nullable = nullable or any(k.nullable for k in kinds)
+            # A branch that only says "null" adds nullability, nothing else.
+            real = [k for k in kinds if k.types or k.enum is not None or not k.nullable]
+            if not types:
+                types = [t for k in real for t in k.types]
+                if real and all(k.enum is not None and not k.types for k in real):
+                    enum = tuple(m for k in real for m in k.enum or ())
+        if enum is not None and None in enum:
+            nullable = True
+        return ValueType(tuple(dict.fromkeys(types)), nullable, enum)
+
+
+def _props(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    props = schema.get("properties")
+    return props if isinstance(props, Mapping) else {}
+
+
+def resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
     """The schema with ``$ref`` followed and ``allOf`` merged in (later wins per key)."""
-    if depth > _MAX_DEPTH:
-        return {}
-    out: dict[str, Any] = {}
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        out.update(resolve(_lookup(ref, root), root, depth + 1))
-    for part in schema.get("allOf") or []:
-        if isinstance(part, Mapping):
-            merged = resolve(part, root, depth + 1)
-            props = {**out.get("properties", {}), **merged.get("properties", {})}
-            out.update(merged)
-            if props:
-                out["properties"] = props
-    out.update({k: v for k, v in schema.items() if k not in ("$ref", "allOf")})
-    return out
+    return SchemaResolver(root).resolve(schema)
 
 
 def _lookup(ref: str, root: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -91,35 +198,11 @@ def property_schema(root: Mapping[str, Any] | None, name: str) -> Mapping[str, A
     """The schema of parameter ``name`` in a parameters schema, None if not declared."""
     if root is None:
         return None
-    props = resolve(root, root).get("properties")
-    prop = props.get(name) if isinstance(props, Mapping) else None
-    return prop if isinstance(prop, Mapping) else None
+    return SchemaResolver(root).property_schema(name)
 
 
-def value_type(schema: Mapping[str, Any], root: Mapping[str, Any], depth: int = 0) -> ValueType:
-    s = resolve(schema, root, depth)
-    declared = s.get("type")
-    names = [declared] if isinstance(declared, str) else list(declared or [])
-    nullable = "null" in names or s.get("nullable") is True
-    types = [t for t in names if isinstance(t, str) and t != "null"]
-    enum: tuple[Any, ...] | None = None
-    if isinstance(s.get("enum"), list):
-        enum = tuple(s["enum"])
-    elif "const" in s:
-        enum = (s["const"],)
-    branches = [b for key in ("anyOf", "oneOf") for b in s.get(key) or [] if isinstance(b, Mapping)]
-    if branches and depth < _MAX_DEPTH:
-        kinds = [value_type(b, root, depth + 1) for b in branches]
-        nullable = nullable or any(k.nullable for k in kinds)
-        # A branch that only says "null" adds nullability, nothing else.
-        real = [k for k in kinds if k.types or k.enum is not None or not k.nullable]
-        if not types:
-            types = [t for k in real for t in k.types]
-            if real and all(k.enum is not None and not k.types for k in real):
-                enum = tuple(m for k in real for m in k.enum or ())
-    if enum is not None and None in enum:
-        nullable = True
-    return ValueType(tuple(dict.fromkeys(types)), nullable, enum)
+def value_type(schema: Mapping[str, Any], root: Mapping[str, Any]) -> ValueType:
+    return SchemaResolver(root).value_type(schema)
 
 
 def convert_value(
@@ -127,6 +210,11 @@ def convert_value(
 ) -> Any:
     """Raw parameter text → a JSON-serialisable value, typed by ``schema``."""
     vt = value_type(schema, root if root is not None else schema) if schema else ValueType()
+    return convert_typed(raw, vt)
+
+
+def convert_typed(raw: str, vt: ValueType) -> Any:
+    """Raw parameter text → a JSON-serialisable value of the type ``vt`` allows."""
     text = raw.strip()
     if vt.enum is not None and not vt.types:
         member = _enum_member(raw, vt.enum)

@@ -1,0 +1,94 @@
+"""Decode steps from CUDA graphs: one graph per padded batch size.
+
+A decode batch (every sequence adds one token) is padded up to the next captured size
+with entries that point at the page table's scratch row and the KV pool's scratch page
+(they compute garbage nobody reads), its metadata written into the static batch
+buffers, and the captured forward (embedding → layers → LM head) replayed: one launch
+for the whole step. Padding is the same whether or not graphs run (`--no-cuda-graph`
+pads and runs eagerly), so graphs on and off give bitwise the same tokens.
+
+Only what is capture-safe is captured: the attention backend must say `graph_safe`,
+and the MoE executor must never read back from the device (resident experts; offload
+II brings the expert cache inside). Sampling stays outside (its features change per
+step) and is a handful of kernels.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
+from edgemoe.layers.batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+ForwardFn = Callable[[ForwardBatch], torch.Tensor]  # batch → logits [N, V], device work only
+
+
+def graph_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to max_bs (and max_bs itself)."""
+    sizes = [s for s in (1, 2, 4) if s < max_bs] + list(range(8, max_bs, 8))
+    return sorted({*sizes, max_bs})
+
+
+class DecodePadding:
+    """Pads decode batches to fixed sizes with scratch entries."""
+
+    def __init__(self, sizes: Sequence[int], scratch_row: int, scratch_page: int) -> None:
+        self.sizes = sorted(sizes)
+        self.scratch_row, self.scratch_page = scratch_row, scratch_page
+
+    def size_for(self, n: int) -> int | None:
+        """The padded size of an n-sequence decode batch; None above the largest size."""
+        i = bisect.bisect_left(self.sizes, n)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def pad(self, chunks: Sequence[SeqChunk], size: int) -> list[SeqChunk]:
+        filler = SeqChunk(self.scratch_row, 0, (0,), (self.scratch_page,), in_prompt=False, wants_logits=True)
+        return list(chunks) + [filler] * (size - len(chunks))
+
+
+def trim(batch: ForwardBatch, n: int) -> ForwardBatch:
+    """The batch as the first n (real) sequences see it: sampling rows and logits rows."""
+    return dataclasses.replace(batch, sample_rows=batch.sample_rows[:n], logits_indices=batch.logits_indices[:n])
+
+
+class DecodeGraphs:
+    """Captured forwards by padded batch size, replayed on the static batch buffers."""
+
+    def __init__(self, forward: ForwardFn, buffers: BatchBuffers, padding: DecodePadding) -> None:
+        self.forward, self.buffers, self.padding = forward, buffers, padding
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def capture(self) -> float:
+        """Capture every size (largest first, so the shared memory pool is sized once);
+        returns the seconds it took."""
+        t0 = time.perf_counter()
+        self.pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.padding.sizes):
+            batch = self.buffers.build(self.padding.pad([], size))
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
+                for _ in range(2):
+                    self.forward(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.forward(batch)
+            self.graphs[size] = (graph, logits)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def replay(self, chunks: Sequence[SeqChunk], size: int) -> tuple[ForwardBatch, torch.Tensor]:
+        batch = self.buffers.build(self.padding.pad(chunks, size))
+        graph, logits = self.graphs[size]
+        graph.replay()
+        return trim(batch, len(chunks)), logits[: len(chunks)]

@@ -1,0 +1,47 @@
+"""What `--routing` names, parsed without torch (the config validates it; the server
+refuses synthetic routing before any engine starts). The process itself:
+`moe/synthetic_routing.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+WINDOW = 8  # tokens of history the `window` statistic looks back over
+PREFIX = "synthetic"
+ROUTER = "router"
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    """What `--routing synthetic:…` asks for: targets and the seed."""
+
+    seed: int = 0
+    repeat: float = 0.45
+    window: float = 0.80
+    top: float = 0.05
+
+    @property
+    def label(self) -> str:
+        return f"{PREFIX}:seed={self.seed},repeat={self.repeat:g},window={self.window:g},top={self.top:g}"
+
+
+def parse_routing(text: str) -> RoutingSpec | None:
+    """`router` → None (the model's own router); `synthetic[:seed=…,repeat=…,window=…,top=…]`
+    → its spec; anything else → ValueError naming the setting."""
+    if text == ROUTER:
+        return None
+    head, _, rest = text.partition(":")
+    if head != PREFIX:
+        raise ValueError(f"routing (--routing) {text!r}: router or synthetic[:seed=N,repeat=F,window=F,top=F]")
+    spec = RoutingSpec()
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in ("seed", "repeat", "window", "top"):
+            raise ValueError(f"routing (--routing): unknown key {key!r} (seed, repeat, window, top)")
+        try:
+            spec = replace(spec, **{key: int(value) if key == "seed" else float(value)})
+        except ValueError:
+            raise ValueError(f"routing (--routing): {key}={value!r} is not a number") from None
+    if not (0 < spec.top <= 1 and 0 <= spec.repeat <= spec.window <= 1):
+        raise ValueError(f"routing (--routing): need 0 < top <= 1 and 0 <= repeat <= window <= 1 ({text!r})")
+    return spec

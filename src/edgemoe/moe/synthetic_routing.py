@@ -1,0 +1,156 @@
+"""Synthetic routing for cache studies (`--routing synthetic[:key=value,…]`): the router's
+choices replaced by a seeded process with the temporal statistics published for
+Qwen3-30B-A3B, so slot policies and prefetchers can be compared on random weights.
+
+Targets (defaults; overridable): `repeat` — the share of a token's K experts that the
+previous token also used (~0.45); `window` — the share used by one of the previous 8
+tokens (~0.80); `top` — the most used expert's share of a layer's routes (~0.05).
+
+The process, per MoE layer and per sequence (all layers at once, vectorised):
+- popularity: Zipf over a seeded permutation of the experts, p_e ∝ rank^-s;
+- token t keeps each expert of token t-1 with probability `keep`, takes back each
+  expert of tokens t-2 … t-8 (not in t-1) with probability `back`, and fills the rest
+  of its K by popularity without replacement (Gumbel top-k);
+- (s, keep, back) are calibrated at construction (a few hundred simulated tokens,
+  common random numbers, damped fixed-point steps) so that the measured statistics
+  hit the targets for this model's E and K.
+Sequences keep their own history (keyed by page-table row, reset when a sequence
+starts at position 0); the router's top-k weights are kept, its ids replaced. Off by
+default; `serve` refuses it; every output that it affects says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edgemoe.moe.routing_spec import WINDOW, RoutingSpec
+
+
+@dataclass
+class Params:
+    zipf: float  # popularity exponent s
+    keep: float  # P(an expert of token t-1 is used again at t)
+    back: float  # P(an expert of tokens t-2..t-8, not t-1, is used again at t)
+
+
+class Stream:
+    """One sequence's history over all MoE layers: the last WINDOW tokens' sets."""
+
+    def __init__(self, layers: int, experts: int) -> None:
+        self.ring = np.zeros((WINDOW, layers, experts), dtype=bool)
+        self.count = np.zeros((layers, experts), dtype=np.int16)  # uses in the ring
+        self.pos = 0
+
+    def push(self, used: np.ndarray) -> None:
+        slot = self.pos % WINDOW
+        self.count -= self.ring[slot]
+        self.ring[slot] = used
+        self.count += used
+        self.pos += 1
+
+    @property
+    def prev(self) -> np.ndarray:
+        return self.ring[(self.pos - 1) % WINDOW] if self.pos else np.zeros_like(self.ring[0])
+
+
+class RoutingProcess:
+    """The process for `layers` MoE layers of `experts` experts, K per token."""
+
+    def __init__(self, layers: int, experts: int, top_k: int, params: Params, seed: int) -> None:
+        self.layers, self.experts, self.top_k, self.params = layers, experts, top_k, params
+        self.rng = np.random.default_rng(seed)
+        perm = np.argsort(np.random.default_rng([seed, 1]).random((layers, experts)), axis=1)
+        ranks = np.empty_like(perm)
+        np.put_along_axis(ranks, perm, np.arange(1, experts + 1)[None, :].repeat(layers, 0), axis=1)
+        self.logp = -params.zipf * np.log(ranks.astype(np.float64))  # unnormalised: Gumbel top-k needs no sum
+
+    def tokens(self, stream: Stream, n: int) -> np.ndarray:
+        """The next n tokens' experts: [n, layers, K] int64."""
+        out = np.empty((n, self.layers, self.top_k), dtype=np.int64)
+        p, k = self.params, self.top_k
+        rows = np.arange(self.layers)[:, None]
+        for i in range(n):
+            u = self.rng.random((3, self.layers, self.experts))
+            prev = stream.prev
+            older = (stream.count > prev) if stream.pos else prev  # used in t-2..t-8, not (only) t-1
+            keep = prev & (u[0] < p.keep)
+            back = older & ~prev & (u[1] < p.back)
+            fresh = -np.exp(-(self.logp - np.log(-np.log(u[2]))))  # Gumbel top-k order, mapped into (-inf, 0)
+            score = np.where(keep, 3.0 + u[0], np.where(back, 2.0 + u[1], fresh))
+            chosen = np.argpartition(-score, k - 1, axis=1)[:, :k]
+            out[i] = chosen
+            used = np.zeros((self.layers, self.experts), dtype=bool)
+            used[rows, chosen] = True
+            stream.push(used)
+        return out
+
+
+def measure(ids: np.ndarray, experts: int) -> tuple[float, float, float]:
+    """(repeat, window, top) of one sequence's routing [T, layers, K], averaged over layers."""
+    T, L, K = ids.shape
+    used = np.zeros((T, L, experts), dtype=bool)
+    np.put_along_axis(used, ids, True, axis=2)
+    repeat = (used[1:] & used[:-1]).sum() / ((T - 1) * L * K)
+    seen = np.zeros((T - WINDOW, L, experts), dtype=bool)
+    for lag in range(1, WINDOW + 1):
+        seen |= used[WINDOW - lag : T - lag]
+    window = (used[WINDOW:] & seen).sum() / ((T - WINDOW) * L * K)
+    top = (used.sum(0).max(1) / (T * K)).mean()
+    return float(repeat), float(window), float(top)
+
+
+def calibrate(spec: RoutingSpec, layers: int, experts: int, top_k: int, tokens: int = 384,
+              steps: int = 14) -> Params:
+    """(zipf, keep, back) whose measured statistics approach the targets; a few hundred
+    tokens over min(layers, 16) layers per evaluation, the same random numbers each time
+    so the steps see the parameters' effect, not noise."""
+    params = Params(zipf=0.6, keep=spec.repeat, back=0.1)
+    probe_layers = min(layers, 16)
+    for _ in range(steps):
+        proc = RoutingProcess(probe_layers, experts, top_k, params, seed=spec.seed + 7919)
+        repeat, window, top = measure(proc.tokens(Stream(probe_layers, experts), tokens), experts)
+        params = Params(
+            zipf=float(np.clip(params.zipf + 0.4 * (np.log(spec.top) - np.log(top)), 0.0, 4.0)),
+            keep=float(np.clip(params.keep + (spec.repeat - repeat), 0.0, 1.0)),
+            back=float(np.clip(params.back + 0.5 * ((spec.window - window) - (spec.repeat - repeat)), 0.0, 1.0)),
+        )
+    return params
+
+
+class SyntheticRouting:
+    """The router override an executor carries (`MoEExecutor.routing`): `prepare(batch
+    host metadata)` once per step draws every layer's experts for the step's tokens;
+    `ids(layer, router_ids)` hands layer `layer`'s [T, K] on the router's device."""
+
+    def __init__(self, spec: RoutingSpec, moe_layers: Sequence[int], experts: int, top_k: int) -> None:
+        self.spec, self.label = spec, spec.label
+        self.index = {layer: i for i, layer in enumerate(moe_layers)}
+        self.params = calibrate(spec, len(moe_layers), experts, top_k)
+        self.process = RoutingProcess(len(moe_layers), experts, top_k, self.params, spec.seed)
+        self.streams: dict[int, Stream] = {}
+        self._step: torch.Tensor | None = None  # [layers, T, K]
+        self._device: torch.Tensor | None = None
+
+    def prepare(self, q_lens: Sequence[int], seq_lens: Sequence[int], rows: Sequence[int]) -> None:
+        parts = []
+        for n, total, row in zip(q_lens, seq_lens, rows, strict=True):
+            if total == n or row not in self.streams:  # a sequence starting at position 0: fresh history
+                self.streams[row] = Stream(self.process.layers, self.process.experts)
+            parts.append(self.process.tokens(self.streams[row], n))
+        ids = np.concatenate(parts) if parts else np.zeros((0, self.process.layers, self.process.top_k), np.int64)
+        self._step = torch.from_numpy(np.ascontiguousarray(ids.transpose(1, 0, 2)))
+        self._device = None
+
+    def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor:
+        if self._step is None:
+            raise RuntimeError("SyntheticRouting.ids before prepare(): the runner prepares each step")
+        if self._device is None or self._device.device != router_ids.device:
+            self._device = self._step.to(router_ids.device, non_blocking=False)  # one copy per step
+        got = self._device[self.index[layer]]
+        if got.shape != router_ids.shape:
+            raise RuntimeError(f"synthetic routing prepared {tuple(got.shape)} ids, the router made {tuple(router_ids.shape)}")
+        return got

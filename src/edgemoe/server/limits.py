@@ -1,0 +1,141 @@
+"""Bounds on what a request may ask for, checked where the request is parsed.
+
+Every number a client sends is bounded here, so nothing out of range reaches the engine
+(a value past 2⁶⁴ cannot even be encoded for it) and every refusal is a 400 naming the
+field and the allowed range. `Range` and `StopStrings` are pydantic annotations:
+
+    temperature: Annotated[float, Range(0, 2)] | None = None
+
+They add the bounds to the OpenAPI document (`minimum`/`maximum`), so schemathesis and
+clients see them too. The same limits are enforced again by `SamplingParams.validate`
+for callers that skip the HTTP layer (`edgemoe.LLM`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+from edgemoe.messages import (
+    MAX_STOP_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOKEN_COUNT,
+    SEED_MAX,
+    SEED_MIN,
+)
+
+__all__ = [
+    "MAX_STOP_BYTES",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_TOKEN_IDS",
+    "MAX_TOKEN_COUNT",
+    "SEED_MAX",
+    "SEED_MIN",
+    "Range",
+    "StopStrings",
+    "describe_ids",
+    "describe_number",
+]
+
+# Largest n / best_of: each choice is a whole engine request.
+MAX_CHOICES = 64
+MAX_LOGPROBS = 20
+# Token ids travel as int32 on the device; larger values are never valid ids.
+MAX_TOKEN_ID = 2**31 - 1
+
+
+def describe_number(value: object) -> str:
+    """A value for an error message; huge integers are summarised (they may not even print)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def describe_ids(ids: list[int]) -> str:
+    """The first few of a list of ids, for an error message."""
+    shown = ", ".join(describe_number(i) for i in ids[:5])
+    return f"[{shown}{', …' if len(ids) > 5 else ''}]"
+
+
+@dataclass(frozen=True)
+class Range:
+    """Annotation: the number must lie in [lo, hi] (or (lo, hi] with `lo_open`) and be finite."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    label: str | None = None  # says the range in words (e.g. "a 64-bit signed integer")
+
+    def describe(self) -> str:
+        if self.label is not None:
+            return self.label
+        if self.lo_open:
+            return f"greater than {_num(self.lo)} and at most {_num(self.hi)}"
+        return f"between {_num(self.lo)} and {_num(self.hi)}"
+
+    def check(self, value: Any) -> Any:
+        finite = not isinstance(value, float) or math.isfinite(value)
+        above = value > self.lo if self.lo_open else value >= self.lo
+        if finite and above and value <= self.hi:
+            return value
+        raise PydanticCustomError(
+            "out_of_range", "must be {allowed} (got {got})",
+            {"allowed": self.describe(), "got": describe_number(value)},
+        )
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        out["exclusiveMinimum" if self.lo_open else "minimum"] = self.lo
+        out["maximum"] = self.hi
+        return out
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@dataclass(frozen=True)
+class StopStrings:
+    """Annotation for a `str | list[str]` of stop strings: at most MAX_STOP_STRINGS, each
+    non-empty and at most MAX_STOP_BYTES bytes of UTF-8 (the matcher's cost grows with them)."""
+
+    def check(self, value: Any) -> Any:
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > MAX_STOP_STRINGS:
+            raise PydanticCustomError(
+                "too_many_stops", "may hold at most {limit} stop strings (got {count})",
+                {"limit": MAX_STOP_STRINGS, "count": len(stops)},
+            )
+        for stop in stops:
+            if not stop:
+                raise PydanticCustomError("empty_stop", "may not contain an empty string", {})
+            size = len(stop.encode("utf-8", "surrogatepass"))
+            if size > MAX_STOP_BYTES:
+                raise PydanticCustomError(
+                    "stop_too_long", "may only hold strings of at most {limit} bytes of UTF-8 (got one of {size})",
+                    {"limit": MAX_STOP_BYTES, "size": size},
+                )
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        for branch in out.get("anyOf", [out]):
+            if branch.get("type") == "array":
+                branch["maxItems"] = MAX_STOP_STRINGS
+        return out

@@ -1,0 +1,61 @@
+"""Cache studies end to end: `--routing synthetic` replaces the router's ids in the
+engine (every routed set is the process's), is labelled in the stats and the bench row,
+`bench decode` replays its decode trace through LRU, LFU and Belady, and `serve`
+refuses it."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgemoe import LLM, SamplingParams
+from edgemoe.bench.decode import measure
+from edgemoe.cli import main
+
+SYNTHETIC = "synthetic:seed=4"
+
+
+def test_bench_row_is_labelled_and_replays_the_decode_trace(qwen3_ckpt) -> None:  # noqa: ANN001
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", moe_slots=3, routing=SYNTHETIC) as llm:
+        label = llm.engine.runtime.routing
+        assert label.startswith("synthetic:seed=4,")
+        row = measure(llm, 6, 1, 12, seed=1)
+        stats = llm.stats()
+    assert row["routing"] == stats["routing"] == stats["moe"]["routing"] == label
+    replay = row["cache_replay"]
+    assert replay["slots"] == 3 and replay["routing"] == label
+    assert replay["accesses"] == 12 * 3  # decode steps x MoE layers of the tiny model
+    for policy in ("lru", "lfu", "belady"):
+        r = replay[policy]
+        assert r["hits_all"] + r["misses_all"] == sum(2 for _ in range(replay["accesses"]))  # top-k 2, batch 1
+    assert replay["belady"]["hits_all"] >= max(replay["lru"]["hits_all"], replay["lfu"]["hits_all"])
+    assert 0 <= row["decode_moe"]["hit_rate"] <= 1 and replay["engine_decode_hit_rate"] == row["decode_moe"]["hit_rate"]
+
+
+def test_synthetic_ids_replace_the_routers(qwen3_ckpt) -> None:  # noqa: ANN001
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    traces = {}
+    for routing in ("router", SYNTHETIC, SYNTHETIC):
+        with LLM(str(qwen3_ckpt), dtype="float32", routing=routing) as llm:
+            trace = llm.engine.runtime.trace
+            trace.start()
+            llm.generate([[9707, 11, 1879]], greedy)
+            traces.setdefault(routing, []).append(trace.stop())
+    router, (first, second) = traces["router"][0], traces[SYNTHETIC]
+    assert first == second  # seeded: the same run routes the same way
+    assert len(first) == len(router) and first != router
+
+
+def test_router_is_the_default_and_labelled(qwen3_ckpt) -> None:  # noqa: ANN001
+    with LLM(str(qwen3_ckpt), dtype="float32") as llm:
+        assert llm.stats()["routing"] == "router" and llm.engine.runtime.runner.routing is None
+
+
+def test_serve_refuses_synthetic_routing(capsys) -> None:  # noqa: ANN001
+    assert main(["serve", "--routing", "synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert "serve refuses it" in err and "routing (--routing) 'synthetic'" in err
+
+
+def test_bad_routing_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match=r"routing \(--routing\) 'synth'"):
+        LLM(routing="synth")

@@ -1,0 +1,115 @@
+"""Trace replays: Belady's MIN equals the fewest misses any eviction sequence achieves
+(brute force over every choice, small traces); the LRU replay equals a plain LRU model;
+LRU ≤ Belady in hits; the warm-up excludes exactly the accesses before the first
+eviction."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections import OrderedDict
+
+import pytest
+
+from edgemoe.moe.replay import compare_policies, replay_belady, replay_policy, warmup_accesses
+from edgemoe.moe.routing_trace import Access
+
+
+def random_trace(rng: random.Random, length: int, layers: int, experts: int, max_set: int) -> list[Access]:
+    return [Access(i % layers, tuple(sorted(rng.sample(range(experts), rng.randint(1, max_set)))))
+            for i in range(length)]
+
+
+def brute_force_misses(trace: list[Access], slots: int) -> int:
+    """Fewest misses over every demand-paging schedule: at each miss with a full pool,
+    try evicting each resident key not routed by the current layer."""
+
+    @functools.cache
+    def best(i: int, resident: frozenset) -> int:
+        if i == len(trace):
+            return 0
+        keys = [(trace[i].layer, e) for e in trace[i].experts]
+        missing = [k for k in keys if k not in resident]
+        return len(missing) + min(
+            best(i + 1, after) for after in _loads(resident, missing, set(keys), slots)
+        )
+
+    return best(0, frozenset())
+
+
+def _loads(resident: frozenset, missing: list, protected: set, slots: int):  # noqa: ANN202
+    """Every pool reachable by loading `missing` one by one, evicting when full."""
+    states = {resident}
+    for k in missing:
+        nxt = set()
+        for s in states:
+            if len(s) < slots:
+                nxt.add(s | {k})
+            else:
+                nxt.update((s - {v}) | {k} for v in s if v not in protected)
+        states = nxt
+    return states
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_belady_is_optimal_on_small_traces(seed: int) -> None:
+    rng = random.Random(seed)
+    trace = random_trace(rng, length=9, layers=2, experts=3, max_set=2)
+    slots = rng.choice([2, 3])
+    got = replay_belady(trace, slots)
+    assert got.misses_all == brute_force_misses(trace, slots)
+
+
+def plain_lru_hits(trace: list[Access], slots: int) -> tuple[int, int]:
+    """An independent LRU: hits touch in routed order, misses evict the oldest key that
+    the current layer does not route."""
+    order: OrderedDict = OrderedDict()
+    hits = misses = 0
+    for layer, experts in trace:
+        keys = [(layer, e) for e in experts]
+        for k in keys:
+            if k in order:
+                hits += 1
+                order.move_to_end(k)
+        for k in keys:
+            if k in order:
+                continue
+            misses += 1
+            if len(order) >= slots:
+                victim = next(v for v in order if v not in keys)
+                del order[victim]
+            order[k] = None
+    return hits, misses
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lru_replay_matches_a_plain_lru_and_belady_bounds_it(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    trace = random_trace(rng, length=300, layers=4, experts=16, max_set=4)
+    lru = replay_policy(trace, 12, 4, 16, "lru")
+    assert (lru.hits_all, lru.misses_all) == plain_lru_hits(trace, 12)
+    best = replay_belady(trace, 12)
+    lfu = replay_policy(trace, 12, 4, 16, "lfu")
+    uses = sum(len(a.experts) for a in trace)
+    for r in (lru, lfu, best):
+        assert r.hits_all + r.misses_all == uses
+        assert best.hits_all >= r.hits_all and best.hits >= r.hits
+
+
+def test_warmup_ends_at_the_first_eviction() -> None:
+    trace = [Access(0, (0, 1)), Access(1, (0,)), Access(0, (0, 2)), Access(1, (1, 2))]
+    assert warmup_accesses(trace, 3) == 2  # keys so far: (0,0) (0,1) (1,0), then (0,2) needs a slot
+    assert warmup_accesses(trace, 10) == len(trace)
+    out = compare_policies(trace, 3, 2, 3)
+    for name in ("lru", "lfu", "belady"):
+        r = out[name]
+        assert r["hits"] + r["misses"] == 4  # the last two accesses: 2 + 2 routed experts
+        assert r["hits_all"] + r["misses_all"] == 7
+    assert out["warmup_accesses"] == 2 and out["slots"] == 3
+
+
+def test_belady_refuses_sets_larger_than_the_pool() -> None:
+    trace = [Access(0, (0, 1, 2))]
+    with pytest.raises(ValueError, match="waves"):
+        replay_belady(trace, 2)
+    assert "belady_skipped" in compare_policies(trace, 2, 1, 3)
