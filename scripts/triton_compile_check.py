@@ -81,7 +81,7 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
             yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
                        BLOCK_N=block_n, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=False), warps, stages,
                        ptrs={**ints, **kv})
-    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=attn_decode.NUM_SPLITS,
+    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=attn_decode.NUM_SPLITS, BLOCK_N=64,
                DTYPE=act, INTERP=False), 1, ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}
