@@ -11,7 +11,13 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from edgemoe.cache.host_tier import HostTier, TierError, chain_digest
 from edgemoe.cache.kv_pool import KVPool

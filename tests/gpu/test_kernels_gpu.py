@@ -10,10 +10,24 @@ import pytest
 import torch
 
 from edgemoe.kernels import moe_fused, norm_fused, paged_attention, rope_kv
-from edgemoe.kernels.moe_fused import moe_combine, moe_combine_ref, moe_decode, moe_prefill, moe_slots_ref
-from edgemoe.kernels.norm_fused import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref
+from edgemoe.kernels.moe_fused import (
+    moe_combine,
+    moe_combine_ref,
+    moe_decode,
+    moe_prefill,
+    moe_slots_ref,
+)
+from edgemoe.kernels.norm_fused import (
+    add_rms_norm,
+    add_rms_norm_ref,
+    rms_norm,
+    rms_norm_ref,
+)
 from edgemoe.kernels.paged_attention import (
-    decode_attention, decode_attention_ref, extend_attention, extend_attention_ref,
+    decode_attention,
+    decode_attention_ref,
+    extend_attention,
+    extend_attention_ref,
 )
 from edgemoe.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
 from edgemoe.testing.kernel_inputs import MoEBatch, PagedBatch, moe_batch, paged_batch

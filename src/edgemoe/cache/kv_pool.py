@@ -2,11 +2,15 @@
 
 A request owns a list of page ids (its page table). Token position p of a request
 lives in slot `pages[p // page_size] * page_size + p % page_size` in every layer.
+With `kv_cache_dtype="fp8"` the keys/values are e4m3 with one fp32 scale per (slot, kv
+head) in `k_scale` / `v_scale` [L, slots, Hkv] (`edgemoe.quant.kv`); else they are None.
 """
 
 from __future__ import annotations
 
 import torch
+
+from edgemoe.quant.kv import KV_FP8
 
 
 class OutOfPages(RuntimeError):
@@ -25,6 +29,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
@@ -32,8 +37,12 @@ class KVPool:
         # graphs) write their K/V there, so they never touch a live request's cache.
         self.scratch_page = num_pages
         shape = (num_layers, (num_pages + 1) * page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        fp8 = kv_cache_dtype == "fp8"
+        self.k = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        self.v = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        # Scales of 1 for unwritten slots: a dequantised padding row reads as zeros.
+        self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
+        self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
         # Pop from the end: low page ids are handed out first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
 
@@ -79,5 +88,12 @@ class KVPool:
         """K and V of one page in every layer."""
         return 2 * self.k[:, : self.page_size].numel() * self.k.element_size()
 
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(k_scale, v_scale) [slots, Hkv] of one layer; (None, None) unless fp8."""
+        if self.k_scale is None or self.v_scale is None:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
+
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        scales = 0 if self.k_scale is None else self.k_scale.nbytes * 2
+        return self.k.numel() * self.k.element_size() * 2 + scales
