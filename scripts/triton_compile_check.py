@@ -23,7 +23,17 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from edgemoe.kernels.triton_ops import attn_decode, attn_extend, moe_combine, moe_gemm, moe_gemv, norm, rope  # noqa: E402
+from edgemoe.kernels.triton_ops import (  # noqa: E402
+    attn_decode,
+    attn_extend,
+    moe_combine,
+    moe_gemm,
+    moe_gemm_q,
+    moe_gemv,
+    moe_gemv_q,
+    norm,
+    rope,
+)
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # bytes per block
 DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
@@ -38,6 +48,7 @@ class Case:
     warps: int
     stages: int = 2
     ptrs: dict[str, str] = field(default_factory=dict)  # pointer element types other than the activation's
+    min_arch: int = 80  # e.g. fp8 tensor cores: sm_89
 
 
 def cases(dtype: tl.dtype) -> Iterator[Case]:
@@ -54,20 +65,65 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                ptrs={**i32, "w_ptr": f32, "cells_ptr": f32})
     yield Case("moe combine", moe_combine._combine, dict(HAS_RES=True, DTYPE=act, BLOCK=moe_combine.COMBINE_BLOCK,
                INTERP=False), moe_combine.COMBINE_WARPS, ptrs={"cells_ptr": f32})
-    ints = {"pt_ptr": "i32", "rows_ptr": "i32", "lens_ptr": "i32", "cu_ptr": "i32"}
+    yield from quant_moe_cases(act)
+    ints = {"pt_ptr": "i32", "rows_ptr": "i32", "lens_ptr": "i32", "cu_ptr": "i32", "ks_ptr": f32, "vs_ptr": f32}
     for d in (64, 128, 256):
-        block_n, warps, stages = attn_decode.decode_config(d)
-        yield Case(f"decode split D={d}", attn_decode._decode_split, dict(G=8, G_PAD=16, D=d, D_PAD=d,
-                   BLOCK_N=block_n, SPLITS=attn_decode.NUM_SPLITS, DTYPE=act, INTERP=False), warps, stages,
-                   ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
-        block_m, block_n, warps, stages = attn_extend.extend_config(d)
-        yield Case(f"extend D={d}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m, BLOCK_N=block_n,
-                   DTYPE=act, INTERP=False), warps, stages, ptrs=ints)
+        for fp8 in (False, True):
+            kv = {"k_ptr": "u8", "v_ptr": "u8"} if fp8 else {}
+            tag = " fp8 kv" if fp8 else ""
+            block_n, warps, stages = attn_decode.decode_config(d)
+            for hw in (False, True) if fp8 else (False,):  # e4m3 type on sm_89+, integer decode before
+                yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}", attn_decode._decode_split,
+                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=block_n, SPLITS=attn_decode.NUM_SPLITS,
+                                DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=hw), warps, stages,
+                           ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32}, min_arch=89 if hw else 80)
+            block_m, block_n, warps, stages = attn_extend.extend_config(d)
+            yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
+                       BLOCK_N=block_n, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=False), warps, stages,
+                       ptrs={**ints, **kv})
     yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=attn_decode.NUM_SPLITS, BLOCK_N=64,
                DTYPE=act, INTERP=False), 1, ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
+    rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}
     yield Case("rope + kv write", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32, HKV_PAD=4, D_PAD=256, DTYPE=act,
-               CACHE_DTYPE=act, INTERP=False), 4, ptrs={"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32})
+               CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False), 4, ptrs=rope_ptrs)
+    for hw in (False, True):  # fp8 bytes by integer arithmetic (sm_80/86), or the e4m3 type (sm_89+)
+        yield Case(f"rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32,
+                   HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw), 4,
+                   ptrs={**rope_ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
+
+
+# Quantised expert banks: (FMT code, GROUP, data, scale, zero pointer types) per format.
+QUANT_FORMATS = {"int8": (1, 1, "i8", "fp32", "fp32"), "fp8": (2, 128, "u8", "fp32", "fp32"),
+                 "int4": (3, 128, "u8", "fp16", "u8"), "mxfp4": (4, 32, "u8", "u8", "u8")}
+
+
+def quant_moe_cases(act: tl.dtype) -> Iterator[Case]:
+    """The fused MoE kernels over quantised banks (moe_gemv_q, moe_gemm_q), every format;
+    fp8 also with fp8 tensor-core MMAs (sm_89+)."""
+    i32, f32 = {"slot_ptr": "i32", "sorted_ptr": "i32", "block_slot_ptr": "i32"}, "fp32"
+    for name, (code, group, data, scale, zero) in QUANT_FORMATS.items():
+        gu = {"gu_ptr": data, "gus_ptr": scale, "guz_ptr": zero}
+        dn = {"dn_ptr": data, "dns_ptr": scale, "dnz_ptr": zero}
+        q = dict(FMT=code, GROUP=group, INTERP=False, FP8HW=False)
+        yield Case(f"moe gate_up gemv {name}", moe_gemv_q._gate_up_gemv_q, dict(ACT=0, DTYPE=act,
+                   ROWS=moe_gemv_q.GU_ROWS, COLS=moe_gemv_q.GU_COLS, **q), moe_gemv_q.GU_WARPS, ptrs={**i32, **gu})
+        yield Case(f"moe down gemv {name}", moe_gemv_q._down_gemv_q, dict(DTYPE=act, ROWS=moe_gemv_q.DOWN_ROWS,
+                   COLS=moe_gemv_q.DOWN_COLS, **q), moe_gemv_q.DOWN_WARPS, ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32})
+        if name == "fp8":  # sm_89+ converts through the e4m3 type
+            yield Case("moe gate_up gemv fp8 e4m3 type", moe_gemv_q._gate_up_gemv_q, dict(ACT=0, DTYPE=act,
+                       ROWS=moe_gemv_q.GU_ROWS, COLS=moe_gemv_q.GU_COLS, **(q | {"FP8HW": True})), moe_gemv_q.GU_WARPS,
+                       ptrs={**i32, **gu}, min_arch=89)
+        for f8 in (False, True) if name == "fp8" and act != tl.float32 else (False,):
+            bk = moe_gemm_q.F8_K if f8 else moe_gemm_q.GU_K
+            tag = " fp8 mma" if f8 else ""
+            q8 = q | {"FP8HW": f8}  # the fp8 MMA path needs the e4m3 type: sm_89+
+            yield Case(f"moe gate_up gemm {name}{tag}", moe_gemm_q._gate_up_gemm_q, dict(ACT=0, DTYPE=act,
+                       BM=moe_gemm_q.BLOCK_M, BN=moe_gemm_q.GU_N, BK=bk, F8DOT=f8, **q8), moe_gemm_q.GU_WARPS,
+                       moe_gemm_q.GU_STAGES, ptrs={**i32, **gu}, min_arch=89 if f8 else 80)
+            yield Case(f"moe down gemm {name}{tag}", moe_gemm_q._down_gemm_q, dict(DTYPE=act, BM=moe_gemm_q.BLOCK_M,
+                       BN=moe_gemm_q.DOWN_N, BK=bk, F8DOT=f8, **q8), moe_gemm_q.DOWN_WARPS, moe_gemm_q.DOWN_STAGES,
+                       ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32}, min_arch=89 if f8 else 80)
 
 
 def compile_case(case: Case, arch: int, dtype_name: str) -> int:
@@ -95,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for dtype_name in args.dtype:
         for case in cases(DTYPES[dtype_name]):
-            for arch in args.arch:
+            for arch in (a for a in args.arch if a >= case.min_arch):
                 try:
                     shared = compile_case(case, arch, dtype_name)
                     ok = shared <= SHARED_LIMIT[arch]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import os
 import sys
 from pathlib import Path
@@ -40,6 +42,8 @@ def make_ckpt(checkpoint_root: Path):  # noqa: ANN201
         key = f"{model_type}-{seed}-" + "-".join(f"{k}={v}" for k, v in sorted(overrides.items()))
         if key not in built:
             safe = key.replace("[", "").replace("]", "").replace(", ", "_").replace(" ", "")
+            if len(safe) > 120:  # file names stop at 255 bytes: keep the type, hash the rest
+                safe = f"{model_type}-{seed}-{hashlib.sha1(safe.encode()).hexdigest()[:16]}"
             built[key] = make_checkpoint(model_type, checkpoint_root / safe, seed=seed, **overrides)
         return built[key]
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from edgemoe.cli import build_parser, main
-from edgemoe.plan import DECODE_EFFICIENCY, FORMATS, decode_bound, hit_rate, prefill_bound, rates_from
+from edgemoe.plan import (
+    DECODE_EFFICIENCY,
+    FORMATS,
+    decode_bound,
+    hit_rate,
+    prefill_bound,
+    rates_from,
+)
 
 EXPERT_BF16 = 3 * 2048 * 768 * 2  # one Qwen3-30B-A3B expert: 9.44 MB
 

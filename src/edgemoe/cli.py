@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: off)")
     gen.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed (default: none)")
 
+    conv = sub.add_parser("convert", help="quantise a checkpoint's experts once, written in a standard layout")
+    conv.add_argument("--model", required=True, help="model directory (Hugging Face layout; may be quantised)")
+    conv.add_argument("--expert-dtype", required=True, choices=("fp8", "int8", "int4", "mxfp4", "bf16"),
+                      help="fp8: Qwen FP8 blocks; int8/int4: compressed-tensors; mxfp4: gpt-oss; bf16: dequantised")
+    conv.add_argument("--out", required=True, help="output directory (new or empty)")
+
     from edgemoe.ctl import add_ctl_parser
     from edgemoe.launch import add_launch_parser
     from edgemoe.plan import add_plan_parser
@@ -186,9 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
     agent.add_argument("--out", default="bench/results", help="result folder")
+    qe = bench_sub.add_parser("quant-error", help="relative error of each MoE layer's output per expert format")
+    add_engine_flags(qe)
+    qe.add_argument("--formats", nargs="+", default=["fp8", "int8", "int4", "mxfp4"],
+                    choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
+    qe.add_argument("--prompts", type=positive_int, default=4)
+    qe.add_argument("--prompt-tokens", type=positive_int, default=64)
+    qe.add_argument("--out", default="bench/results", help="result folder")
+    mq = bench_sub.add_parser("moe-quant", help="fused MoE kernels over quantised slot banks (GPU)")
+    mq.add_argument("--formats", nargs="+", default=["bf16", "fp8", "int8", "int4", "mxfp4"],
+                    choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
+    mq.add_argument("--hidden", type=int, default=2048)
+    mq.add_argument("--intermediate", type=int, default=768)
+    mq.add_argument("--slots", type=int, default=64, help="experts in the slot banks the routing draws from")
+    mq.add_argument("--prefill-tokens", type=positive_int, default=4096)
+    mq.add_argument("--reps", type=positive_int, default=200)
+    mq.add_argument("--out", default="bench/results", help="result folder")
     bw = bench_sub.add_parser("bw", help="host memory, CPU expert kernel and host-device copy bandwidth")
     bw.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores)")
     bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
+    bw.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"], choices=("bf16", "int8", "fp8"),
+                    help="CPU expert weight formats measured (bf16 always runs)")
     bw.add_argument("--read-gib", type=float, default=1.0, help="buffer size for the host read bandwidth")
     bw.add_argument("--pool-mib", type=int, default=1024, help="expert pool the calls rotate through (> caches)")
     bw.add_argument("--hidden", type=int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
@@ -274,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.launch import run_launch
 
             return run_launch(args, engine_settings(args))
+        if args.command == "convert":
+            from edgemoe.convert import run_convert
+
+            return run_convert(args)
         if args.command == "ctl":
             from edgemoe.ctl import run_ctl
 
@@ -282,6 +310,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.bench.bandwidth import run_bw_bench
 
             return run_bw_bench(args)
+        if args.command == "bench" and args.bench == "quant-error":
+            from edgemoe.bench.quant_error import run_quant_error
+
+            return run_quant_error(args, engine_settings(args))
+        if args.command == "bench" and args.bench == "moe-quant":
+            from edgemoe.bench.moe_quant import run_moe_quant_bench
+
+            return run_moe_quant_bench(args)
         if args.command == "bench" and args.bench == "agent":
             from edgemoe.bench.agent import run_agent_bench
 
@@ -290,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from edgemoe.bench.decode import run_decode_bench
 
             return run_decode_bench(args, engine_settings(args))
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
         print(f"edgemoe {args.command}: error: {e}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")

@@ -73,6 +73,10 @@ class CacheConfig:
         "host RAM for KV pages (and GDN state snapshots) evicted from the prefix cache, copied back on a hit "
         "instead of recomputed (e.g. 16GiB); default: none",
     )
+    kv_cache_dtype: str = setting(
+        "auto", "KV cache storage: auto (the model's dtype) or fp8 (e4m3, a scale per token and kv head: half "
+        "the memory, which goes to expert slots)", ("auto", "fp8"),
+    )
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,13 @@ class MoEConfig:
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
+    )
+    expert_dtype: str = setting(
+        "auto",
+        "how routed experts are stored (host store, device slots, copies): bf16 (unquantised, in --dtype), "
+        "fp8 (e4m3, 128x128 blocks), int8 (per channel), int4 (groups of 128), mxfp4 (OCP MX); "
+        "auto = as the checkpoint stores them (an FP8/AWQ/GPTQ checkpoint stays quantised)",
+        ("auto", "bf16", "fp8", "int8", "int4", "mxfp4"),
     )
 
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from edgemoe.cache.kv_pool import KVPool
-from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.cache.prefix_cache import (
     NoPrefixCache,
     PrefixCache,
 )
 from edgemoe.cache.radix import RadixPrefixCache
+from edgemoe.cache.registry import make_prefix_cache
 
 
 def tiny_pool(page_size: int = 2) -> KVPool:

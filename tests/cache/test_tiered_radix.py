@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from edgemoe.cache.host_tier import HostTier
 from edgemoe.cache.kv_pool import KVPool

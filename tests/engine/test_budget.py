@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from edgemoe.engine.budget import GiB, PlanError, expert_nbytes, kv_bytes_per_token, parse_size, plan_memory
+from edgemoe.engine.budget import (
+    GiB,
+    PlanError,
+    expert_nbytes,
+    kv_bytes_per_token,
+    parse_size,
+    plan_memory,
+)
 from edgemoe.models import qwen3_moe
 
 QWEN3_30B = dict(
@@ -68,6 +75,27 @@ def test_parse_size(text: str, n: int) -> None:
 def test_parse_size_error_names_the_flag() -> None:
     with pytest.raises(ValueError, match="--gpu-memory"):
         parse_size("lots")
+
+
+def test_formats_and_fp8_kv_fill_the_freed_memory_with_slots(arch) -> None:  # noqa: ANN001
+    from edgemoe.quant import expert_format
+
+    kv = dict(kv_tokens=8192)  # the issue's scenario: --gpu-memory 16GiB --kv-tokens 8192
+    bf16 = plan(arch, **kv)
+    fp8 = plan(arch, **kv, expert_format=expert_format("fp8"))
+    int4 = plan(arch, **kv, expert_format=expert_format("int4"))
+    for p, fmt in ((fp8, "fp8"), (int4, "int4")):
+        assert p.slot_bytes == expert_nbytes(arch, expert_format(fmt)) and p.total <= 16 * GiB
+        assert p.expert_format.startswith(fmt)
+        # The same room for slots (each plan's floor leaves less than one of its slots unused).
+        assert abs(p.num_slots * p.slot_bytes - bf16.num_slots * bf16.slot_bytes) < p.slot_bytes + bf16.slot_bytes
+    assert 1.9 < fp8.num_slots / bf16.num_slots <= 2.0  # fp8: half the bytes, plus block scales
+    assert 0.38 < fp8.num_slots / (48 * 128) < 0.42  # the issue: "about 40% of experts fit instead of 20%"
+    assert int4.num_slots > 3.5 * bf16.num_slots
+    kv8 = plan(arch, **kv, expert_format=expert_format("fp8"), kv_cache_dtype="fp8")
+    assert kv8.kv_bytes == 8192 * 2 * 48 * 4 * (128 + 4) and kv8.num_slots > fp8.num_slots
+    assert abs((kv8.num_slots - fp8.num_slots) * kv8.slot_bytes - (fp8.kv_bytes - kv8.kv_bytes)) <= kv8.slot_bytes
+    assert "fp8" in kv8.table()
 
 
 def test_flash_next_plan_counts_its_tables_and_gives_a_host_embedding_to_slots(tmp_path) -> None:  # noqa: ANN001

@@ -14,7 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds  # noqa: E402
 
 from edgemoe.kernels import cpu_isa  # noqa: E402
-from edgemoe.kernels.cpu_experts import ExpertJob, expert_mlp_cpu, expert_mlp_ref, experts_cpu  # noqa: E402
+from edgemoe.kernels.cpu_experts import (  # noqa: E402
+    ExpertJob,
+    expert_mlp_cpu,
+    expert_mlp_ref,
+    experts_cpu,
+)
 from edgemoe.kernels.cpu_kernel import CpuExperts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_isa.supported("amx"), reason="host CPU has no AMX bf16")

@@ -19,7 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from gdn_support import GdnInputs, gdn_inputs, recurrence_atol  # noqa: E402
 
 from edgemoe.kernels.causal_conv import causal_conv1d_update_ref  # noqa: E402
-from edgemoe.kernels.gdn import chunk_gated_delta_rule_ref, recurrent_gated_delta_rule_ref  # noqa: E402
+from edgemoe.kernels.gdn import (  # noqa: E402
+    chunk_gated_delta_rule_ref,
+    recurrent_gated_delta_rule_ref,
+)
 
 HK, HV, DK, DV = 16, 32, 128, 128
 LENS = [3001, 64, 1, 2047, 3079]  # 8,192 tokens: multiples of 64 and not, a 1-token prompt
@@ -107,7 +110,10 @@ def test_fla_recurrent_matches_reference(lens: list[int], dtype: torch.dtype) ->
 @needs_fla
 def test_fla_chunk_and_recurrent_agree() -> None:
     # The probe that returned NaN on unvalidated inputs, on inputs as the model makes them.
-    from edgemoe.kernels.gdn_fla import chunk_gated_delta_rule_fla, recurrent_gated_delta_rule_fla
+    from edgemoe.kernels.gdn_fla import (
+        chunk_gated_delta_rule_fla,
+        recurrent_gated_delta_rule_fla,
+    )
 
     x = cuda_inputs([300, 77], torch.bfloat16, seed=2)
     got, want, pools = run_both(chunk_gated_delta_rule_fla, recurrent_gated_delta_rule_fla, x, [0, 1], [True, True])

@@ -9,7 +9,8 @@ import pytest
 import torch
 from tolerances import bf16_logit_error
 
-from edgemoe import LLM, SamplingParams
+from edgemoe import LLM
+from edgemoe.testing.isolation import SamplingParams, isolated
 
 SMALL_HYBRID = dict(
     hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -54,6 +55,7 @@ def test_bf16_gpu_agrees_with_fp32_reference(hybrid_ckpt) -> None:  # noqa: ANN0
     assert err.mean().item() < typical * scale and err.max().item() < worst * scale
 
 
+@isolated  # measures the driver-counted device memory of a fresh process
 def test_preset_slice_plans_state_rows_under_the_cap() -> None:
     cap = 6 * 2**30
     model = "random:qwen3.5-35b-a3b?num_hidden_layers=8"

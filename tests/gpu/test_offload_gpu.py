@@ -10,7 +10,8 @@ import pytest
 import torch
 from tolerances import bf16_logit_error
 
-from edgemoe import LLM, SamplingParams
+from edgemoe import LLM
+from edgemoe.testing.isolation import SamplingParams, isolated
 
 PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2040)), list(range(40000, 40300, 3))]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
@@ -79,6 +80,7 @@ MEDIUM = dict(
 )
 
 
+@isolated  # measures the driver-counted device memory of a fresh process
 def test_device_memory_stays_under_the_cap(make_ckpt) -> None:  # noqa: ANN001
     """A model whose experts exceed the cap: long prompt + decode, driver-counted usage."""
     path = make_ckpt("qwen3_moe", **MEDIUM)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from edgemoe import LLM, SamplingParams
+from edgemoe import LLM
+from edgemoe.testing.isolation import SamplingParams, isolated
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 # experts (1.6 GB) larger than a 2 GiB cap leaves: the plan takes the slot cache (auto)
@@ -25,6 +26,7 @@ def test_hybrid_controller_learns_from_events(small_ckpt) -> None:  # noqa: ANN0
     assert split["copy_us_per_expert"] > 0 and split["cpu_us_per_expert"] > 0
 
 
+@isolated  # measures the driver-counted device memory of a fresh process
 def test_auto_decides_at_start_up_and_says_why(make_ckpt, caplog) -> None:  # noqa: ANN001
     path = make_ckpt("qwen3_moe", **MEDIUM)
     with caplog.at_level(logging.WARNING, logger="edgemoe.moe.controller"), LLM(

@@ -8,7 +8,10 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
-from edgemoe.kernels.causal_conv import causal_conv1d_update_ref, causal_conv1d_varlen_ref
+from edgemoe.kernels.causal_conv import (
+    causal_conv1d_update_ref,
+    causal_conv1d_varlen_ref,
+)
 
 HF_CONV = hf.causal_conv1d_fn.__wrapped__
 HF_UPDATE = hf.causal_conv1d_update.__wrapped__

@@ -8,7 +8,11 @@ import torch
 from gdn_support import gdn_inputs, recurrence_atol
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
-from edgemoe.kernels.gdn import chunk_gated_delta_rule_ref, gdn_gates, recurrent_gated_delta_rule_ref
+from edgemoe.kernels.gdn import (
+    chunk_gated_delta_rule_ref,
+    gdn_gates,
+    recurrent_gated_delta_rule_ref,
+)
 
 # `__wrapped__`: the torch functions themselves, even where a kernel package would replace them.
 HF_CHUNK = hf.torch_chunk_gated_delta_rule.__wrapped__

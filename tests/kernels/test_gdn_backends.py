@@ -8,7 +8,10 @@ import sys
 import pytest
 import torch
 
-from edgemoe.kernels.gdn import chunk_gated_delta_rule_ref, recurrent_gated_delta_rule_ref
+from edgemoe.kernels.gdn import (
+    chunk_gated_delta_rule_ref,
+    recurrent_gated_delta_rule_ref,
+)
 from edgemoe.kernels.gdn_backends import gdn_kernels
 
 

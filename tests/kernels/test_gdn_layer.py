@@ -8,12 +8,21 @@ import torch
 import torch.nn.functional as F
 from gdn_support import EPS32
 from transformers import DynamicCache
-from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (
+    Qwen3_5MoeTextConfig,
+)
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeGatedDeltaNet
 
-from edgemoe.kernels.causal_conv import causal_conv1d_update_ref, causal_conv1d_varlen_ref
+from edgemoe.kernels.causal_conv import (
+    causal_conv1d_update_ref,
+    causal_conv1d_varlen_ref,
+)
 from edgemoe.kernels.gated_norm import gated_rms_norm_ref
-from edgemoe.kernels.gdn import chunk_gated_delta_rule_ref, gdn_gates, recurrent_gated_delta_rule_ref
+from edgemoe.kernels.gdn import (
+    chunk_gated_delta_rule_ref,
+    gdn_gates,
+    recurrent_gated_delta_rule_ref,
+)
 
 HIDDEN, HK, HV, DK, DV = 32, 2, 4, 16, 8
 

@@ -7,7 +7,14 @@ import importlib
 
 import pytest
 
-from edgemoe.models.hf_config import SCHEMAS, ConfigError, HFConfig, context_length, rope_parameters, rope_spec
+from edgemoe.models.hf_config import (
+    SCHEMAS,
+    ConfigError,
+    HFConfig,
+    context_length,
+    rope_parameters,
+    rope_spec,
+)
 from edgemoe.models.registry import model_module
 from edgemoe.testing.checkpoint import model_config
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgemoe.engine.budget import GiB, MiB, dense_weight_bytes, kv_bytes_per_token, plan_memory
+from edgemoe.engine.budget import (
+    GiB,
+    MiB,
+    dense_weight_bytes,
+    kv_bytes_per_token,
+    plan_memory,
+)
 from edgemoe.models import qwen3_5_moe, qwen3_next
 from edgemoe.models.presets import QWEN3_5_35B_A3B
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from cpu_expert_support import U32, UBF, error_bound
 
 from edgemoe.kernels import cpu_isa
+from edgemoe.kernels.activations import activation
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.cpu import cpu_kernel_for, cpu_threads
 from edgemoe.moe.registry import make_executor
@@ -88,12 +89,14 @@ def test_kernel_only_for_bf16_silu_and_threads_leave_a_core_to_the_gpu(store: Ba
     fp32 = BankStore.allocate([0], 2, 8, 4, torch.float32)
     assert cpu_kernel_for(fp32, F.silu, cpu) is None  # torch: bitwise with the device reference
     assert cpu_kernel_for(store, F.gelu, cpu) is None  # the kernel computes SiLU experts only
-    kernel = cpu_kernel_for(store, F.silu, cpu)
-    if native_kernel_available():
-        assert kernel is not None and kernel.threads == cores
-        kernel.close()
-    else:
-        assert kernel is None
+    for act in (F.silu, activation("silu")):  # a test's plain function and the engine's Activation
+        kernel = cpu_kernel_for(store, act, cpu)
+        if native_kernel_available():
+            assert kernel is not None and kernel.threads == cores
+            kernel.close()
+        else:
+            assert kernel is None
+    assert cpu_kernel_for(store, activation("gelu"), cpu) is None
 
 
 def test_close_joins_the_kernel_pool(store: BankStore) -> None:

@@ -11,7 +11,12 @@ from collections import OrderedDict
 
 import pytest
 
-from edgemoe.moe.replay import compare_policies, replay_belady, replay_policy, warmup_accesses
+from edgemoe.moe.replay import (
+    compare_policies,
+    replay_belady,
+    replay_policy,
+    warmup_accesses,
+)
 from edgemoe.moe.routing_trace import Access
 
 

@@ -9,7 +9,13 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from edgemoe.moe.policy import LFUPolicy, LRUPolicy, make_policy
 from edgemoe.moe.slots import LayerWave, SlotCache

@@ -6,7 +6,11 @@ from typing import Any
 
 import pytest
 
-from edgemoe.server.anthropic_protocol import CreateMessageRequest, strip_billing_header, system_text
+from edgemoe.server.anthropic_protocol import (
+    CreateMessageRequest,
+    strip_billing_header,
+    system_text,
+)
 from edgemoe.server.errors import APIError
 from edgemoe.server.responses_protocol import ResponsesRequest
 

@@ -14,7 +14,15 @@ import anthropic
 import httpx
 import openai
 import pytest
-from agents_support import ANSWER, FAIL_AFTER, WEATHER_SCHEMA, call, last_prompt, start_caching_server, strict
+from agents_support import (
+    ANSWER,
+    FAIL_AFTER,
+    WEATHER_SCHEMA,
+    call,
+    last_prompt,
+    start_caching_server,
+    strict,
+)
 from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
 from server_harness import ServerHarness
 from server_scripts import SCRIPTS

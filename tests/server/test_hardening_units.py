@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 from edgemoe.messages import AddRequest, EngineStats, ExpertCacheStats, SamplingParams
 from edgemoe.server import json_body
 from edgemoe.server.admission import AdmissionGate
-from edgemoe.server.engine_client import EngineClient, EngineLink, EngineRejected, EngineUnavailable, State
+from edgemoe.server.engine_client import (
+    EngineClient,
+    EngineLink,
+    EngineRejected,
+    EngineUnavailable,
+    State,
+)
 from edgemoe.server.engine_log import Sample, engine_line
 from edgemoe.server.json_body import InvalidJSON, InvalidUnicode, parse_json
 from edgemoe.server.metrics import ServerMetrics

@@ -25,7 +25,9 @@ from edgemoe.server.errors import APIError
 from edgemoe.server.generation import check_request, render_prompt
 from edgemoe.server.model import ServedModel
 from edgemoe.server.openai_chat import to_generation_request as chat_request
-from edgemoe.server.openai_completions import to_generation_request as completion_request
+from edgemoe.server.openai_completions import (
+    to_generation_request as completion_request,
+)
 from edgemoe.server.parsers import ResponseParser, ThinkReasoningParser, get_tool_parser
 from edgemoe.server.parsers.base import accumulate
 from edgemoe.server.protocol import ChatCompletionRequest, CompletionRequest

@@ -12,7 +12,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from agents_support import ANSWER, FAIL_AFTER, WEATHER_SCHEMA, call, last_prompt, start_caching_server, strict
+from agents_support import (
+    ANSWER,
+    FAIL_AFTER,
+    WEATHER_SCHEMA,
+    call,
+    last_prompt,
+    start_caching_server,
+    strict,
+)
 from openai.types.responses import Response, ResponseStreamEvent
 from server_harness import ServerHarness
 from server_scripts import SCRIPTS

@@ -6,7 +6,6 @@ import time
 
 import httpx
 import pytest
-
 from server_harness import MakeServer, ServerHarness
 
 HANG = {"model": "m", "messages": [{"role": "user", "content": "[[hang]]"}]}

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 
 from edgemoe.assets.chat_template import QWEN3_5_CHAT_TEMPLATE
 from edgemoe.assets.model_files import vocab_for, write_tokenizer_files
-from edgemoe.assets.qwen3_tokenizer import QWEN3, QWEN3_5, QWEN3_5_ADDED_TOKENS, qwen3_5_tokenizer_json
+from edgemoe.assets.qwen3_tokenizer import (
+    QWEN3,
+    QWEN3_5,
+    QWEN3_5_ADDED_TOKENS,
+    qwen3_5_tokenizer_json,
+)
 from edgemoe.models.presets import PRESETS
 from edgemoe.server.parsers import parser_for_chat_template
 

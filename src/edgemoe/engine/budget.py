@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from edgemoe.models.arch import ModelArch
+from edgemoe.quant import Dense, ExpertFormat
+from edgemoe.quant import expert_nbytes as format_expert_nbytes
 
 MiB, GiB = 2**20, 2**30
 FIXED_WORKSPACE = 256 * MiB  # allocator slack, graph pools, small buffers
@@ -52,6 +54,9 @@ class MemoryPlan:
     workspace: int
     backend: str
     graphs: int = 0  # the CUDA graphs' memory pool (decode activations at captured sizes)
+    expert_format: str = ""  # how experts are stored (slots and resident banks), e.g. "fp8 e4m3 (128x128 blocks)"
+    dense_note: str = ""  # e.g. "fp8 checkpoint, dequantised at load"
+    kv_fp8: bool = False  # --kv-cache-dtype fp8
     max_running: int = 0  # requests running at once (the setting, capped by the state rows)
     state_rows: int = 0  # GDN state rows on the device (hybrid models; 0 otherwise)
     state_row_bytes: int = 0  # one sequence's recurrent + conv state, all GDN layers
@@ -74,10 +79,10 @@ class MemoryPlan:
     def table(self) -> str:
         rows = [
             ("CUDA context + libraries", self.context),
-            ("dense weights", self.weights),
+            ("dense weights" + (f" ({self.dense_note})" if self.dense_note else ""), self.weights),
             ("resident experts", self.experts_resident),
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
-            (f"KV cache ({self.kv_tokens} tokens)", self.kv_bytes),
+            (f"KV cache ({self.kv_tokens} tokens{', fp8' if self.kv_fp8 else ''})", self.kv_bytes),
             *self._state_rows(),
             *self.extras,
             ("workspace", self.workspace),
@@ -87,7 +92,9 @@ class MemoryPlan:
         if self.budget is not None:
             rows.append(("budget (--gpu-memory)", self.budget))
         width = max(len(r[0]) for r in rows)
-        lines = [f"memory plan (moe backend: {self.backend})"]
+        fmt = f", experts {self.expert_format}" if self.expert_format else ""
+        live = " = slot cache, misses copied or split with the CPU as measured" if self.backend == "auto" else ""
+        lines = [f"memory plan (moe backend: {self.backend}{live}{fmt})"]
         lines += [f"  {name:<{width}}  {nbytes / GiB:8.2f} GiB" for name, nbytes in rows]
         if self.running_note:
             lines.append(f"  {self.running_note}")
@@ -101,15 +108,17 @@ class MemoryPlan:
         return [(f"GDN state ({rows})", self.state_bytes)]
 
 
-def kv_bytes_per_token(arch: ModelArch) -> int:
-    """K and V of every layer that holds KV (a hybrid's GDN layers hold none), and its
-    sparse-attention index key (Qwen3.8-Flash-Next's QSA) where it has one."""
-    per_layer = 2 * arch.num_kv_heads * arch.head_dim + arch.index_key_dim
-    return len(arch.kv_layers) * per_layer * arch.dtype.itemsize
+def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str = "auto") -> int:
+    """K and V of every layer that holds KV (a hybrid's GDN layers hold none) for one
+    token: the model dtype, or e4m3 plus a 4-byte scale per kv head (`--kv-cache-dtype fp8`);
+    and its sparse-attention index key (Qwen3.8-Flash-Next's QSA, model dtype) where it has one."""
+    per_head = arch.head_dim + 4 if kv_cache_dtype == "fp8" else arch.head_dim * arch.dtype.itemsize
+    return len(arch.kv_layers) * (2 * arch.num_kv_heads * per_head + arch.index_key_dim * arch.dtype.itemsize)
 
 
-def expert_nbytes(arch: ModelArch) -> int:
-    return 3 * arch.hidden_size * arch.moe_intermediate_size * arch.dtype.itemsize
+def expert_nbytes(arch: ModelArch, fmt: ExpertFormat | None = None) -> int:
+    """One expert's bytes in `fmt` (default: unquantised in the model's dtype), scales included."""
+    return format_expert_nbytes(fmt or Dense(arch.dtype), arch.hidden_size, arch.moe_intermediate_size)
 
 
 def dense_weight_bytes(arch: ModelArch) -> int:
@@ -192,15 +201,19 @@ def plan_memory(
     state_slots: int | None = None,
     snapshots: bool = False,
     expert_bytes: int | None = None,
+    expert_format: ExpertFormat | None = None,
+    dense_note: str = "",
+    kv_cache_dtype: str = "auto",
     extras: tuple[tuple[str, int], ...] = (),
     host_params: tuple[str, ...] = (),
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots, KV tokens and GDN state rows (hybrid
     models; they cap the running requests); raise PlanError naming the setting to change
-    when nothing fits. `expert_bytes`: one expert's size in another format than the
-    arch's dtype (`edgemoe plan`'s what-ifs); `extras`: (name, bytes) a model reserves
-    beside these (PLE tables or step rows); `host_params`: params kept in host memory
-    (`--embed-weights host`), so their device bytes go to the slots and KV."""
+    when nothing fits. Experts count at their bytes in `expert_format` (scales included),
+    so a smaller format leaves more slots; `expert_bytes` overrides that size (`edgemoe
+    plan`'s what-ifs). `extras`: (name, bytes) a model reserves beside these (PLE tables
+    or step rows); `host_params`: params kept in host memory (`--embed-weights host`), so
+    their device bytes go to the slots and KV."""
     shapes = arch.param_shapes()
     weights = dense_weight_bytes(arch) - sum(_numel(shapes[n]) for n in host_params) * arch.dtype.itemsize
     extras = (*extras, *model_workspace_rows(arch, max_running, max_model_len))
@@ -208,11 +221,14 @@ def plan_memory(
     plan = _plan_weights_kv(
         arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
         ((state.rows + 1) * arch.state_bytes if state.rows else 0) + sum(n for _, n in extras),
-        graph_pool_bytes(arch, graph_max_bs), expert_bytes, weights,
+        graph_pool_bytes(arch, graph_max_bs), expert_bytes or expert_nbytes(arch, expert_format),
+        kv_bytes_per_token(arch, kv_cache_dtype), weights,
     )
+    label = expert_format.label if expert_format is not None else ""
     return replace(
         plan, max_running=state.max_running, state_rows=state.rows, state_row_bytes=arch.state_bytes,
-        snapshot_rows=state.snapshot_rows, running_note=state.note, extras=extras,
+        snapshot_rows=state.snapshot_rows, running_note=state.note, expert_format=label, dense_note=dense_note,
+        kv_fp8=kv_cache_dtype == "fp8", extras=extras,
     )
 
 
@@ -225,13 +241,12 @@ def model_workspace_rows(arch: ModelArch, max_running: int, max_model_len: int) 
 def _plan_weights_kv(
     arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
     max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
-    expert_bytes: int | None = None, weights: int | None = None,
+    e_bytes: int, per_tok: int, weights: int | None = None,
 ) -> MemoryPlan:
     """The backend, slots and KV in what is left after `reserved` bytes (the GDN state, a
-    model's extras) and the graph pool; `weights`: the dense weights on the device."""
+    model's extras) and the graph pool, experts at `e_bytes` each, KV at `per_tok` bytes
+    per token; `weights`: the dense weights on the device."""
     weights = dense_weight_bytes(arch) if weights is None else weights
-    per_tok = kv_bytes_per_token(arch)
-    e_bytes = expert_bytes or expert_nbytes(arch)
     total_experts = len(arch.moe_layers) * arch.store_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
     if budget is None:  # CPU: no cap to plan against

@@ -106,12 +106,14 @@ def host_store_kind(setting: str, device: torch.device) -> str:
 
 
 def make_plan(
-    config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int, tables: TablePlan | None = None,
-    measured: tuple[int | None, int] | None = None,
+    config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int, source: ModelSource | None = None,
+    tables: TablePlan | None = None, measured: tuple[int | None, int] | None = None,
 ) -> MemoryPlan:
     """`tables`: what the model's big tables reserve (PLE, a host embedding); `measured`:
     `device_budget`'s answer when the caller already has it."""
     budget, context = measured or device_budget(config, device)
+    fmt = source.expert_format(config.moe.expert_dtype, arch) if source is not None else None
+    method = source.quant_method if source is not None else None
     moe, sched = config.moe, config.scheduler
     if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
         raise ValueError(f"{flag_name('moe_slots')} must be at least num_experts_per_tok = {arch.top_k}")
@@ -125,6 +127,10 @@ def make_plan(
         max_running=sched.max_running_requests,
         budget=budget,
         context=context,
+        expert_format=fmt,
+        # NOTE: an MXFP4 checkpoint quantises only its experts; the others' dense layers are dequantised.
+        dense_note=f"{method} checkpoint, dequantised at load" if method and method != "mxfp4" else "",
+        kv_cache_dtype=config.cache.kv_cache_dtype,
         graph_max_bs=graph_max_bs(config, device),
         state_slots=config.cache.state_slots,
         snapshots=config.cache.cache_type == "radix",
@@ -171,7 +177,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     max_len = config.model.max_model_len or arch.max_position_embeddings
     measured = device_budget(config, device)
     tables = plan_tables(config, source, arch, device, measured[0], host_budget(config.model.host_memory)[0])
-    plan = make_plan(config, arch, device, max_len, tables, measured)
+    plan = make_plan(config, arch, device, max_len, source, tables, measured)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
     if plan.kv_tokens < max_len:
@@ -191,6 +197,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
         extra=(*(cache_row if host_cache else ()), *tables.host_rows(arch, device.type == "cuda")),
         table_alloc=tables.ple.alloc if tables.ple else ram_tables,
+        expert_dtype=config.moe.expert_dtype,
     )
     sched = replace(config.scheduler, max_running_requests=plan.max_running)
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
@@ -211,7 +218,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
-                  device, index_dim=arch.index_key_dim)
+                  device, config.cache.kv_cache_dtype, index_dim=arch.index_key_dim)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)

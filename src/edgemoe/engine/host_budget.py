@@ -19,9 +19,11 @@ from edgemoe.engine.budget import (
     MemoryPlan,
     PlanError,
     dense_weight_bytes,
+    expert_nbytes,
     parse_size,
 )
 from edgemoe.models.arch import ModelArch
+from edgemoe.quant import ExpertFormat
 
 HOST_FLAG = "host_memory (--host-memory)"
 
@@ -95,15 +97,17 @@ def plan_host(
     device_plan: MemoryPlan | None = None,
     extra: tuple[HostRow, ...] = (),
     hints: tuple[str, ...] = (),
+    expert_format: ExpertFormat | None = None,
 ) -> HostPlan:
-    """Rows for the expert store (`expert_store`: pinned | ram | mmap), the dense weights,
-    and, with `device_plan` (the model runs on the host), its slots, KV cache and workspace;
-    `extra` rows come from features with host tables of their own."""
-    experts = len(arch.moe_layers) * arch.store_experts * 3 * arch.hidden_size * arch.moe_intermediate_size
-    expert_bytes = experts * arch.dtype.itemsize
+    """Rows for the expert store (`expert_store`: pinned | ram | mmap) in `expert_format`
+    (default: unquantised), the dense weights, and, with `device_plan` (the model runs on
+    the host), its slots, KV cache and workspace; `extra` rows come from features with host
+    tables of their own."""
+    expert_bytes = len(arch.moe_layers) * arch.store_experts * expert_nbytes(arch, expert_format)
+    fmt = f", {expert_format.label}" if expert_format is not None and expert_format.quantised else ""
     store = {
-        "pinned": HostRow("expert store", expert_bytes, "pinned"),
-        "ram": HostRow("expert store", expert_bytes, "pageable"),
+        "pinned": HostRow("expert store", expert_bytes, "pinned" + fmt),
+        "ram": HostRow("expert store", expert_bytes, "pageable" + fmt),
         "mmap": HostRow("expert store", 0, "mmap: page cache, not resident"),
     }[expert_store]
     rows = [store, HostRow("dense weights", dense_weight_bytes(arch), "staged while loading")]

@@ -23,10 +23,19 @@ from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
 from edgemoe.engine.host_budget import HostRow, host_budget, plan_host
 from edgemoe.models.arch import ModelArch
-from edgemoe.models.loader import DTYPES, LoadedModel, TableAlloc, load_checkpoint, ram_tables, read_json
+from edgemoe.models.loader import (
+    DTYPES,
+    LoadedModel,
+    TableAlloc,
+    checkpoint_scheme,
+    load_checkpoint,
+    ram_tables,
+    read_json,
+)
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
 from edgemoe.models.registry import model_module
 from edgemoe.moe.pinning import CudaRegistrar, Registrar
+from edgemoe.quant import ExpertFormat, resolve_expert_format
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,17 @@ class ModelSource:
     def arch(self, dtype: str = "auto") -> ModelArch:
         arch = model_module(self.config.get("model_type")).arch(self.config)
         return arch if dtype == "auto" else replace(arch, dtype=DTYPES[dtype])
+
+    @property
+    def quant_method(self) -> str | None:
+        """The checkpoint's `quant_method` (fp8, awq, …), None when unquantised."""
+        scheme = checkpoint_scheme(self.config, self.model_dir / "config.json")
+        return scheme.method if scheme else None
+
+    def expert_format(self, expert_dtype: str, arch: ModelArch) -> ExpertFormat:
+        """The experts' format for `--expert-dtype` (auto: as the checkpoint stores them)."""
+        scheme = checkpoint_scheme(self.config, self.model_dir / "config.json")
+        return resolve_expert_format(expert_dtype, scheme.format if scheme else None, arch.dtype)
 
 
 def resolve_model(model: str | None) -> ModelSource:
@@ -90,14 +110,17 @@ def load_model(
     device_plan: MemoryPlan,
     progress: bool = True,
     extra: tuple[HostRow, ...] = (),
+    expert_dtype: str = "auto",
     table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """Check the host plan (PlanError before allocating), log it, then load `source`.
 
     `expert_store`: pinned | ram | mmap (resolved, see build.host_store_kind);
     `device_plan` adds the KV cache and workspace rows when `device` is the CPU;
+    `expert_dtype`: `--expert-dtype` (experts quantised at load, or kept as published);
     `table_alloc` places the arch's tables (PLE), `extra` rows count them.
     """
+    fmt = source.expert_format(expert_dtype, arch)
     if source.random is not None and expert_store == "mmap":
         raise ValueError(f"expert_store (--expert-store) mmap maps checkpoint files; {source.name} has none")
     available, where = host_budget(host_memory)
@@ -106,7 +129,7 @@ def load_model(
     )
     plan = plan_host(
         arch, expert_store=expert_store, available=available, source=where,
-        device_plan=device_plan if device.type == "cpu" else None, extra=extra, hints=hints,
+        device_plan=device_plan if device.type == "cpu" else None, extra=extra, hints=hints, expert_format=fmt,
     )
     # WARNING level on purpose, like the device plan: what a person starting a server wants to see.
     log.warning("%s", plan.table())
@@ -116,11 +139,12 @@ def load_model(
     registrar = _registrar(expert_store, device)
     if source.random is None:
         store = "ram" if expert_store == "pinned" and registrar is None else expert_store  # warned already
-        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, store, registrar, table_alloc)
+        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, store, registrar, expert_dtype=expert_dtype,
+                               table_alloc=table_alloc)
     from edgemoe.models.random_weights import materialise
 
     return materialise(arch, source.config, source.random.seed, registrar=registrar, progress=progress,
-                       table_alloc=table_alloc)
+                       expert_format=fmt, table_alloc=table_alloc)
 
 
 def _registrar(expert_store: str, device: torch.device) -> Registrar | None:

@@ -2,6 +2,8 @@
 
 The KV pool stores keys/values by *slot* (page * page_size + offset). A sequence's
 context is gathered through its page table; its queries are the last `q_len` positions.
+An fp8 pool passes its scales (`k_scale`, `v_scale` [S, Hkv]): writes quantise, and the
+gathered context is dequantised to the queries' dtype (`edgemoe.quant.kv`).
 """
 
 from __future__ import annotations
@@ -9,13 +11,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgemoe.quant.kv import dequantise_kv, quantise_kv
+
 
 def write_kv_ref(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """k_cache/v_cache [S, Hkv, D]; k/v [T, Hkv, D]; slots [T]."""
-    k_cache[slots] = k
-    v_cache[slots] = v
+    """k_cache/v_cache [S, Hkv, D]; k/v [T, Hkv, D]; slots [T]; scales [S, Hkv] (fp8 pools)."""
+    if k_scale is None or v_scale is None:
+        k_cache[slots] = k
+        v_cache[slots] = v
+        return
+    k_cache[slots], k_scale[slots] = quantise_kv(k)
+    v_cache[slots], v_scale[slots] = quantise_kv(v)
 
 
 def context_slots(table_row: torch.Tensor, ctx_len: int, page_size: int) -> torch.Tensor:
@@ -38,11 +47,16 @@ def causal_mask(q_len: int, ctx_len: int, window: int | None, device: torch.devi
 
 
 def gather_heads(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: int, q_len: int, ctx_slots: torch.Tensor
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: int, q_len: int, ctx_slots: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One sequence's queries [Hq, q, D] and its context keys/values [Hkv, C, D]."""
+    """One sequence's queries [Hq, q, D] and its context keys/values [Hkv, C, D] (in q's
+    dtype: an fp8 cache is dequantised)."""
     qs = q[q_start : q_start + q_len].transpose(0, 1)
-    return qs, k_cache[ctx_slots].transpose(0, 1), v_cache[ctx_slots].transpose(0, 1)
+    ks, vs = k_cache[ctx_slots], v_cache[ctx_slots]
+    if k_scale is not None and v_scale is not None:
+        ks, vs = dequantise_kv(ks, k_scale[ctx_slots], q.dtype), dequantise_kv(vs, v_scale[ctx_slots], q.dtype)
+    return qs, ks.transpose(0, 1), vs.transpose(0, 1)
 
 
 def paged_attention_ref(
@@ -54,12 +68,14 @@ def paged_attention_ref(
     ctx_slots: torch.Tensor,
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence: q [T, Hq, D] (rows q_start:q_start+q_len are its), ctx_slots [C].
 
     Returns [q_len, Hq, D]. Softmax in float32, as transformers' eager path.
     """
-    qs, ks, vs = gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots)
+    qs, ks, vs = gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots, k_scale, v_scale)
     groups = qs.shape[0] // ks.shape[0]
     ks = ks.repeat_interleave(groups, dim=0)
     vs = vs.repeat_interleave(groups, dim=0)
@@ -79,11 +95,13 @@ def paged_attention_sdpa(
     ctx_slots: torch.Tensor,
     scale: float,
     window: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_ref`, through torch's fused SDPA kernels
     (flash / memory-efficient on CUDA): no [q, C] score matrix is materialised."""
     ctx_len = ctx_slots.numel()
-    qs, ks, vs = (t[None] for t in gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots))
+    qs, ks, vs = (t[None] for t in gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots, k_scale, v_scale))
     mask, causal = None, False
     if window is not None or (1 < q_len < ctx_len):
         mask = causal_mask(q_len, ctx_len, window, q.device)

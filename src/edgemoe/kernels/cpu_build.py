@@ -23,7 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 1  # NOTE: must equal EM_ABI_VERSION in expert.c
+ABI_VERSION = 2  # NOTE: must equal EM_ABI_VERSION in expert.c
 SOURCE_DIR = Path(__file__).parent / "cpu"
 CACHE_ENV = "EDGEMOE_CACHE_DIR"
 
@@ -32,7 +32,7 @@ VARIANT_CFLAGS: dict[str, list[str]] = {
     "amx": [*_AVX512, "-mamx-tile", "-mamx-bf16", "-DEM_ISA_AMX"],
     "amx-emu": [*_AVX512, "-DEM_ISA_AMX", "-DEM_AMX_EMULATE"],
     "avx512": [*_AVX512, "-DEM_ISA_AVX512"],
-    "avx2": ["-mavx2", "-mfma", "-DEM_ISA_AVX2"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DEM_ISA_AVX2"],
     "scalar": [],
 }
 # No -ffast-math: the fp32 accumulation must stay IEEE (tests bound its error).
@@ -110,7 +110,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_threads.restype, lib.em_threads.argtypes = i32, [p]
     lib.em_destroy.restype, lib.em_destroy.argtypes = None, [p]
     lib.em_experts.restype = i32
-    lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32]
+    lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32, i32, i32]
     lib.em_read.restype, lib.em_read.argtypes = ctypes.c_uint64, [p, p, i64]
     return lib
 

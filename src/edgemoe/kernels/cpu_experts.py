@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
 from edgemoe.kernels.moe_experts import Activation, moe_experts_partial_ref
 
@@ -107,7 +108,7 @@ def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
         rows = _index(job.out_rows, out.shape[0], "out_rows", keep, n) if job.out_rows is not None else None
         scale = _keep(job.scale.to("cpu", torch.float32).contiguous(), keep, n, "scale") if job.scale is not None else None
         table[j] = (job.gate_up.data_ptr(), job.down.data_ptr(), tokens.data_ptr(),
-                    rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n)
+                    rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n, 0, 0)
     kernel.call(x, table, out, hidden, inter)
 
 
@@ -171,7 +172,7 @@ def route_cells(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Seq
 
 
 def _routed_table(cells: RoutedCells, gate_up_addr: np.ndarray, down_addr: np.ndarray) -> np.ndarray:
-    table = np.empty((len(cells.lo), JOB_FIELDS), dtype=np.int64)
+    table = np.zeros((len(cells.lo), JOB_FIELDS), dtype=np.int64)
     table[:, 0], table[:, 1] = gate_up_addr, down_addr
     for col, arr in ((2, cells.tokens), (3, cells.cells), (4, cells.scale)):
         table[:, col] = _address(arr) + 4 * cells.lo  # 4 bytes: int32 / float32
@@ -198,7 +199,8 @@ def moe_experts_partial_cpu(
     gate_up [S, 2I, H] / down [S, H, I]. Activations other than SiLU, weights other
     than bf16, or device tensors run the reference instead."""
     kernel = kernel or default_cpu_experts()
-    if not (kernel.native and act is F.silu and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
+    silu = act is F.silu or kernel_name(act) == "silu"  # a plain function (tests) or the engine's Activation
+    if not (kernel.native and silu and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
         moe_experts_partial_ref(x, topk_ids, topk_weights, experts, rows, gate_up, down, act, contrib)
         return
     hidden, inter = _shape(gate_up, down)

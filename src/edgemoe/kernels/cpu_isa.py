@@ -17,7 +17,7 @@ from pathlib import Path
 VARIANT_FLAGS: dict[str, frozenset[str]] = {
     "amx": frozenset({"amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"}),
     "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "fma"}),
-    "avx2": frozenset({"avx2", "fma"}),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),  # f16c: fp8 weights convert through fp16
     "scalar": frozenset(),
 }
 # Test-only: AMX tiling logic with the tile instructions emulated in C (needs AVX-512 BF16).

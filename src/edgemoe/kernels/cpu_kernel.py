@@ -29,7 +29,9 @@ KERNEL_ENV = "EDGEMOE_CPU_KERNEL"
 KERNELS = ("auto", "torch", "amx", "avx512", "avx2", "scalar", "amx-emu")
 GEMM_MIN_TOKENS = 16  # jobs with at least this many tokens take the blocked (GEMM) path
 SPIN_US = 200  # idle workers spin this long for the next call (a layer later), then sleep
-JOB_FIELDS = 6  # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n
+JOB_FIELDS = 8  # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n; gate_up/down scales
+# Weight formats of a call (EM_W_* in em_quant.h).
+WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2}
 
 
 class CpuExperts:
@@ -69,9 +71,11 @@ class CpuExperts:
             self._pid = os.getpid()
         return self._pool
 
-    def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int) -> None:
-        """Run a job table (int64 [jobs, 6], see expert.c's em_job) on x [T, H]
-        (fp32/bf16, CPU) into out [R, H] fp32. The caller guarantees the addresses."""
+    def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int,
+             weights: str = "bf16", block: int = 0) -> None:
+        """Run a job table (int64 [jobs, 8], see expert.c's em_job) on x [T, H]
+        (fp32/bf16, CPU) into out [R, H] fp32, the weights in `weights` (bf16, int8, or
+        fp8 in `block` x `block` blocks). The caller guarantees the addresses."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         if x.stride(-1) != 1:
@@ -84,6 +88,7 @@ class CpuExperts:
         rc = self._lib.em_experts(
             self._handle(), x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), out.data_ptr(),
             out.stride(0), hidden, inter, table.__array_interface__["data"][0], table.shape[0], self.gemm_min_tokens,
+            WEIGHT_FORMATS[weights], block,
         )
         if rc == -2:
             raise MemoryError("CPU expert kernel: workspace allocation failed")

@@ -9,6 +9,9 @@ this step's tokens; cu_seqlens_q [B+1] int32 (extend: sequence b's new tokens ar
 cu[b]:cu[b+1] of q). Query i of sequence b sits at position seq_lens[b] - q_len_b + i
 and attends to positions <= its own, and > pos - window when `window` is given.
 Softmax in fp32. GQA: query head h reads kv head h // (Hq / Hkv).
+An fp8 cache (`--kv-cache-dtype fp8`) passes `k_scale`, `v_scale` [num_slots, Hkv] fp32:
+the references dequantise the gathered context; the Triton kernels read the e4m3 values
+directly and fold the scales into the scores and the probabilities.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ def decode_attention_ref(
     window: int | None,
     out: torch.Tensor,  # [B, Hq, D], written
     max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference: each sequence through `paged_attention_ref` (host syncs).
     `max_seq_len` (>= every seq_len, e.g. the engine's context limit) bounds the fast
     path's grid and workspace instead of the page table's capacity; unused here."""
     for b, (row, ctx) in enumerate(zip(req_rows.tolist(), seq_lens.tolist(), strict=True)):
         slots = context_slots(page_table, row, ctx, page_size)
-        out[b] = paged_attention_ref(q[b : b + 1], k_cache, v_cache, 0, 1, slots, scale, window)[0]
+        out[b] = paged_attention_ref(q[b : b + 1], k_cache, v_cache, 0, 1, slots, scale, window, k_scale, v_scale)[0]
     return out
 
 
@@ -59,6 +64,8 @@ def extend_attention_ref(
     scale: float,
     window: int | None,
     max_q_len: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Torch reference: each sequence through `paged_attention_ref` (host syncs).
     `max_q_len` (the longest q_len in the batch) sizes the fast path's grid; unused here."""
@@ -69,19 +76,23 @@ def extend_attention_ref(
         if q_len == 0:
             continue
         slots = context_slots(page_table, row, ctx, page_size)
-        out[start : start + q_len] = paged_attention_ref(q, k_cache, v_cache, start, q_len, slots, scale, window)
+        out[start : start + q_len] = paged_attention_ref(
+            q, k_cache, v_cache, start, q_len, slots, scale, window, k_scale, v_scale
+        )
     return out
 
 
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
-    out: torch.Tensor, max_seq_len: int | None = None,
+    out: torch.Tensor, max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `decode_attention_ref`. On CUDA: split-K over fixed-size token
     splits (one program per sequence x kv head x split, all query heads of the group at
     once), then a log-sum-exp merge; no host sync."""
-    args = (q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out, max_seq_len)
+    args = (q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out, max_seq_len,
+            k_scale, v_scale)
     if not use_triton(q):
         return decode_attention_ref(*args)
     from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
@@ -92,16 +103,15 @@ def decode_attention(
 def extend_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
-    scale: float, window: int | None, max_q_len: int,
+    scale: float, window: int | None, max_q_len: int, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `extend_attention_ref`. On CUDA: flash-attention tiles per
     (query block, sequence, query head), keys gathered through the page table."""
+    args = (q, k_cache, v_cache, page_table, req_rows, cu_seqlens_q, seq_lens, page_size, scale, window, max_q_len,
+            k_scale, v_scale)
     if not use_triton(q):
-        return extend_attention_ref(
-            q, k_cache, v_cache, page_table, req_rows, cu_seqlens_q, seq_lens, page_size, scale, window, max_q_len
-        )
+        return extend_attention_ref(*args)
     from edgemoe.kernels.triton_ops.attn_extend import extend_attention_triton
 
-    return extend_attention_triton(
-        q, k_cache, v_cache, page_table, req_rows, cu_seqlens_q, seq_lens, page_size, scale, window, max_q_len
-    )
+    return extend_attention_triton(*args)

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.kernels.rotary import apply_rope
+from edgemoe.quant.kv import dequantise_kv
 
 
 def position_slots(page_table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -100,6 +101,8 @@ def attend_selected(
     page_size: int,
     ratio: int,
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] an fp8 pool's scales (`--kv-cache-dtype fp8`)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each query attends to its selected blocks' tokens and its incomplete tail: [n, Hq, D].
     Softmax in fp32, as transformers' eager path; masked tokens get -inf (exp → exactly 0)."""
@@ -113,6 +116,8 @@ def attend_selected(
     slots = position_slots(page_table, rows, tok, page_size)
     Hkv = k_cache.shape[1]
     ks, vs = k_cache[slots], v_cache[slots]  # [n, N, Hkv, D]
+    if k_scale is not None and v_scale is not None:
+        ks, vs = dequantise_kv(ks, k_scale[slots], q.dtype), dequantise_kv(vs, v_scale[slots], q.dtype)
     qg = q.view(n, Hkv, Hq // Hkv, D)
     scores = torch.einsum("nhgd,nthd->nhgt", qg, ks) * scale
     scores = scores.masked_fill(~tok_ok[:, None, None, :], float("-inf"))

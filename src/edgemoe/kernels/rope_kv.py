@@ -6,7 +6,9 @@ rest pass through), writes rotated k and plain v into the caches at out_loc, and
 returns rotated q. cos/sin [P, R/2] are fp32 tables indexed by position, already
 scaled (e.g. YaRN's attention factor). Rounding as transformers: the tables are cast
 to the activation dtype, then x * cos + rotate_half(x) * sin in the dtype; the fast
-path rounds at the same points and is bitwise equal in bf16/fp16.
+path rounds at the same points and is bitwise equal in bf16/fp16. An fp8 cache passes
+its scales (`k_scale`, `v_scale` [num_slots, Hkv]): k and v are quantised as they are
+written, one scale per (token, kv head) (`edgemoe.quant.kv`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.backend import use_triton
+from edgemoe.quant.kv import quantise_kv
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -44,19 +47,28 @@ def rope_write_kv_ref(
     k_cache: torch.Tensor,  # [num_slots, Hkv, D]
     v_cache: torch.Tensor,
     out_loc: torch.Tensor,  # [T] int64
+    k_scale: torch.Tensor | None = None,  # [num_slots, Hkv] float32 (fp8 caches)
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # rotated q [T, Hq, D]
-    k_cache[out_loc] = apply_rope_partial_ref(k, positions, cos, sin).to(k_cache.dtype)
-    v_cache[out_loc] = v.to(v_cache.dtype)
+    k_rot = apply_rope_partial_ref(k, positions, cos, sin)
+    if k_scale is not None and v_scale is not None:
+        k_cache[out_loc], k_scale[out_loc] = quantise_kv(k_rot)
+        v_cache[out_loc], v_scale[out_loc] = quantise_kv(v)
+    else:
+        k_cache[out_loc] = k_rot.to(k_cache.dtype)
+        v_cache[out_loc] = v.to(v_cache.dtype)
     return apply_rope_partial_ref(q, positions, cos, sin)
 
 
 def rope_write_kv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `rope_write_kv_ref`; one program per token on CUDA."""
+    args = (q, k, v, positions, cos, sin, k_cache, v_cache, out_loc, k_scale, v_scale)
     if not use_triton(q):
-        return rope_write_kv_ref(q, k, v, positions, cos, sin, k_cache, v_cache, out_loc)
+        return rope_write_kv_ref(*args)
     from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
 
-    return rope_write_kv_triton(q, k, v, positions, cos, sin, k_cache, v_cache, out_loc)
+    return rope_write_kv_triton(*args)

@@ -115,7 +115,7 @@ class QsaAttention(GatedAttention):
         blocks, valid = select_blocks(qi, keys, (pos + 1) // a.ratio, a.block_topk)
         pool = ctx.attention.pool
         return attend_selected(q, pos, rows, blocks, valid, pool.k[s.layer], pool.v[s.layer], b.page_table,
-                               b.page_size, a.ratio, s.scale)
+                               b.page_size, a.ratio, s.scale, *pool.scales(s.layer))
 
     def _attend_chunk(self, q: torch.Tensor, qi: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         """Sequence i's prompt chunk, its blocks gathered once, queries in tiles."""
@@ -132,5 +132,6 @@ class QsaAttention(GatedAttention):
             sl = slice(t, min(n, t + tile))
             blocks, valid = select_blocks(qi[sl], keys, (pos[sl] + 1) // a.ratio, a.block_topk)
             out[sl] = attend_selected(q[sl], pos[sl], row.expand(blocks.shape[0]), blocks, valid, pool.k[s.layer],
-                                      pool.v[s.layer], b.page_table, b.page_size, a.ratio, s.scale)
+                                      pool.v[s.layer], b.page_table, b.page_size, a.ratio, s.scale,
+                                      *pool.scales(s.layer))
         return out

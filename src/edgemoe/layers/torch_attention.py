@@ -43,16 +43,17 @@ class TorchPagedAttention(AttentionBackend):
         ]
 
     def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
-        write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc)
+        write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc, *self.pool.scales(spec.layer))
 
     def attend(self, spec: AttentionSpec, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.pool.k[spec.layer], self.pool.v[spec.layer]
+        k_scale, v_scale = self.pool.scales(spec.layer)
         out = torch.empty_like(q)
         h = batch.host
         for q_start, q_len, ctx in zip(h.q_starts, h.q_lens, self._ctx, strict=True):
             kernel = self._kernel(q.shape[1] * q_len * ctx.numel())
             out[q_start : q_start + q_len] = kernel(
-                q, k_cache, v_cache, q_start, q_len, ctx, spec.scale, spec.window
+                q, k_cache, v_cache, q_start, q_len, ctx, spec.scale, spec.window, k_scale, v_scale
             )
         return out
 

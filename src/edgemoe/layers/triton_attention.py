@@ -1,7 +1,8 @@
 """The Triton attention backend: rotary + KV write in one kernel by position, paged
 decode attention (split over long contexts, every split of the table's capacity in the
 grid so the launch is the same every step and a CUDA graph can hold it), and
-flash-style extend attention for prompt chunks (kernels/paged_attention.py).
+flash-style extend attention for prompt chunks (kernels/paged_attention.py). An fp8 pool
+(`--kv-cache-dtype fp8`) hands every kernel its scales: writes quantise, reads fold them in.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ class TritonPagedAttention(AttentionBackend):
         self.device = device
 
     def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
-        write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc)
+        write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc, *self.pool.scales(spec.layer))
 
     def rotate_and_write(self, spec, q, k, v, cos, sin, batch):  # type: ignore[override]
         if spec.rope is None:
             raise ValueError(f"layer {spec.layer}: the triton attention backend needs the rotary table in its spec")
         return rope_write_kv(
             q, k, v, batch.positions, spec.rope.cos, spec.rope.sin,
-            self.pool.k[spec.layer], self.pool.v[spec.layer], batch.out_loc,
+            self.pool.k[spec.layer], self.pool.v[spec.layer], batch.out_loc, *self.pool.scales(spec.layer),
         )
 
     def attend(self, spec: AttentionSpec, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.pool.k[spec.layer], self.pool.v[spec.layer]
+        k_scale, v_scale = self.pool.scales(spec.layer)
         if batch.mode is BatchMode.DECODE:
             out = torch.empty_like(q)
             # NOTE: the grid covers the table's whole capacity (blocks past a sequence's
@@ -44,10 +46,10 @@ class TritonPagedAttention(AttentionBackend):
             capacity = batch.page_table.shape[1] * batch.page_size
             decode_attention(
                 q, k_cache, v_cache, batch.page_table, batch.req_rows, batch.seq_lens, batch.page_size,
-                spec.scale, spec.window, out, max_seq_len=capacity,
+                spec.scale, spec.window, out, max_seq_len=capacity, k_scale=k_scale, v_scale=v_scale,
             )
             return out
         return extend_attention(
             q, k_cache, v_cache, batch.page_table, batch.req_rows, batch.cu_seqlens_q, batch.seq_lens,
-            batch.page_size, spec.scale, spec.window, batch.host.max_q_len,
+            batch.page_size, spec.scale, spec.window, batch.host.max_q_len, k_scale, v_scale,
         )

@@ -6,6 +6,11 @@ place and dropped, so the model is never held twice in memory. A pinned store's 
 are allocated pageable (exactly their size) and page-locked in place on a background
 thread, each as soon as its last expert tensor is written (`moe/pinning.py`), so
 pinning overlaps reading instead of following it.
+
+Quantised checkpoints (`quantization_config`: fp8, awq, gptq, compressed-tensors, mxfp4)
+load as published: a linear's parts are gathered and decoded (`models/quant_load.py`);
+experts stay quantised in a `PartsStore`, other layers are dequantised to the model's
+dtype. `expert_dtype` quantises a bf16 checkpoint's experts as they stream in.
 """
 
 from __future__ import annotations
@@ -23,10 +28,23 @@ from tqdm import tqdm
 
 from edgemoe.models.arch import ModelArch
 from edgemoe.models.names import NameMap, Placement, StackedMap
+from edgemoe.models.quant_load import (
+    PartCollector,
+    Upcasts,
+    Value,
+    dense_value,
+    expert_parts,
+    expert_shape,
+    pin_keys,
+    place_expert_parts,
+)
 from edgemoe.models.registry import model_module
 from edgemoe.moe.mmap_store import MmapStore
+from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
 from edgemoe.moe.store import BankStore, ExpertStore
+from edgemoe.quant import ExpertFormat, resolve_expert_format
+from edgemoe.quant.published import QuantConfigError, Scheme, scheme_for
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +63,7 @@ class LoadedModel:
     params: dict[str, torch.Tensor]
     experts: ExpertStore
     config: dict[str, Any]
+    note: str = ""  # what loading changed: dequantised layers, experts quantised at load
     tables: dict[str, torch.Tensor] = field(default_factory=dict)  # tables a store holds (PLE), by our name
 
 
@@ -121,40 +140,54 @@ def confined(model_dir: Path, fname: object, listed_in: str) -> str:
     return fname
 
 
+def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
+    """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported."""
+    try:
+        return scheme_for(config)
+    except QuantConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
-    registrar: Registrar | None = None, table_alloc: TableAlloc = ram_tables,
+    registrar: Registrar | None = None, expert_dtype: str = "auto", table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked in place by
     `registrar` as each fills; pageable with a warning without one, or if the OS refuses),
     or "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
+    `expert_dtype` (`--expert-dtype`): auto keeps the checkpoint's experts as stored.
     `table_alloc`: where the arch's tables (if any) are written."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
     arch, config = read_arch(model_dir, dtype)
     module = model_module(arch.model_type)
+    scheme = checkpoint_scheme(config, model_dir / "config.json")
+    fmt = resolve_expert_format(expert_dtype, scheme.format if scheme else None, arch.dtype)
     names = module.checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
     tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
-    shape = (list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype)
-    experts: ExpertStore = MmapStore(*shape) if expert_store == "mmap" else BankStore.allocate(*shape)
+    experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
-    # A model file may name checkpoint parts it does not read (vision tower, MTP head).
+    collector = PartCollector(scheme, _all_names(model_dir, files)) if scheme else None
+    upcasts = Upcasts()
+    # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
     ignored = (
         IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())), tuple(getattr(module, "IGNORED_PREFIXES", ()))
     )
-    # A table its destination already holds (a disk store's files) is not read again.
+    # ... or a table its destination already holds (a disk store's files): not read again.
     held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}
     names = {n: p for n, p in names.items() if n not in held}
+    ignored = (ignored[0] + tuple(held), ignored[1])
     # ... and another spelling of a layer's experts: stacked in one tensor.
     stacked: StackedMap = module.stacked_expert_names(arch) if hasattr(module, "stacked_expert_names") else {}
     dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
     try:
-        filled = _stream_files(model_dir, files, names, dests, experts, progress, pins,
-                               (ignored[0] + tuple(held), ignored[1]), stacked)
+        filled = _stream_files(
+            model_dir, files, names, dests, experts, progress, pins, collector, upcasts, ignored, stacked
+        )
         _check_complete(model_dir, files, names, filled)
     except BaseException:
         if pins is not None:  # give back what was locked; the store is dropped with the error
@@ -165,11 +198,29 @@ def load_checkpoint(
         experts.own_pins(pins.pinner)  # type: ignore[union-attr]  # waits for the last layers
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
-    return LoadedModel(arch, params, experts, config, {k: t for k, t in tables.items() if t is not None})
+    if upcasts.note():
+        log.info("%s: %s", model_dir, upcasts.note())
+    return LoadedModel(arch, params, experts, config, upcasts.note(),
+                       {k: t for k, t in tables.items() if t is not None})
+
+
+def _allocate_store(model_dir: Path, arch: ModelArch, fmt: ExpertFormat, scheme: Scheme | None,
+                    expert_store: str) -> ExpertStore:
+    """Pageable banks (pinned in place as they fill), quantised banks, or an mmap store."""
+    layers, dims = list(arch.moe_layers), (arch.store_experts, arch.hidden_size, arch.moe_intermediate_size)
+    if expert_store == "mmap":
+        if scheme is not None or fmt.quantised:
+            raise CheckpointError(f"{model_dir}: expert_store (--expert-store) mmap serves unquantised checkpoints "
+                                  "only; use pinned or pageable with quantised experts")
+        return MmapStore(layers, *dims, arch.dtype)
+    if fmt.quantised:
+        return PartsStore.allocate_parts(layers, *dims, fmt)
+    return BankStore.allocate(layers, *dims, arch.dtype)
 
 
 def _pin_tracker(experts: ExpertStore, names: NameMap, registrar: Registrar | None) -> PinWhenFilled | None:
-    """Which checkpoint tensors fill each bank, so each bank is locked once complete."""
+    """Which checkpoint tensors fill each bank (each part's bank, quantised), so each bank
+    is locked once complete."""
     if registrar is None:
         log.warning("expert_store (--expert-store) pinned needs a CUDA device; using pageable memory")
         return None
@@ -177,8 +228,9 @@ def _pin_tracker(experts: ExpertStore, names: NameMap, registrar: Registrar | No
     expected: dict[str, tuple[torch.Tensor, set[str]]] = {}
     for name, place in names.items():
         if place.target.startswith("experts."):
-            _, layer, which = place.target.split(".")
-            expected.setdefault(place.target, (experts.tensor(int(layer), which), set()))[1].add(name)
+            layer = int(place.target.split(".")[1])
+            for key, part in pin_keys(experts, place.target):
+                expected.setdefault(key, (experts.tensor(layer, part), set()))[1].add(name)
     return PinWhenFilled(InPlacePinner(registrar, "expert store"), expected)
 
 
@@ -202,12 +254,15 @@ def _stream_files(
     experts: ExpertStore,
     progress: bool,
     pins: PinWhenFilled | None = None,
+    collector: PartCollector | None = None,
+    upcasts: Upcasts | None = None,
     ignored: tuple[tuple[str, ...], tuple[str, ...]] = (IGNORED_SUFFIXES, ()),
     stacked: StackedMap | None = None,
 ) -> set[str]:
-    """Place every tensor `names` (or `stacked`: filling the names it covers) knows;
-    `ignored` (suffixes, prefixes) are skipped silently, any other with one warning."""
-    stacked = stacked or {}
+    """Place every tensor `names` (or `stacked`: filling the names it covers) knows,
+    quantised linears through `collector`; `ignored` (suffixes, prefixes) are skipped
+    silently, any other with one warning."""
+    upcasts, stacked = upcasts or Upcasts(), stacked or {}
     filled: set[str] = set()
     unexpected: list[str] = []
     bar = tqdm(total=len(names), desc="loading", unit="tensor", disable=not progress, leave=False)
@@ -219,6 +274,17 @@ def _stream_files(
             raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
         with handle:
             for name in handle.keys():
+                if collector is not None and collector.base(name) is not None:
+                    done = collector.add(name, _read(handle, path, name))
+                    if done is None:
+                        continue
+                    new = _place_linear(path, *done, names, params, experts, upcasts)
+                    if not new:
+                        unexpected.append(done[0])
+                    filled.update(new)
+                    _mark_filled(pins, experts, names, new)
+                    bar.update(len(new))
+                    continue
                 place, covers = names.get(name), ()
                 if place is None and name in stacked:
                     place, covers = stacked[name].placement, stacked[name].covers
@@ -228,18 +294,48 @@ def _stream_files(
                     continue
                 if isinstance(experts, MmapStore) and place.target.startswith("experts."):
                     (_map_stacked if covers else _map_expert)(path, name, place, experts)
-                else:
-                    _place(path, name, _read(handle, path, name), place, params, experts)
+                    filled.add(name)
+                    filled.update(covers)
+                    bar.update(len(covers) or 1)
+                    continue
+                _place(path, name, _read(handle, path, name), place, params, experts, upcasts)
                 filled.add(name)
                 filled.update(covers)
-                if pins is not None and place.target.startswith("experts."):
-                    for done in covers or (name,):
-                        pins.filled(place.target, done)
+                _mark_filled(pins, experts, names, list(covers) or [name])
                 bar.update(len(covers) or 1)
     bar.close()
+    if collector is not None and collector.pending:
+        base, got = next(iter(collector.pending.items()))
+        raise CheckpointError(f"{model_dir}: quantised tensor {base!r} is incomplete (found {sorted(got)}, "
+                              f"expected {sorted(collector.expected[base])})")
     if unexpected:
         log.warning("ignored %d unexpected tensor(s), e.g. %s", len(unexpected), unexpected[:3])
     return filled
+
+
+def _mark_filled(pins: PinWhenFilled | None, experts: ExpertStore, names: NameMap, filled: list[str]) -> None:
+    """Tell the pin tracker which expert tensors were just written (every part's bank)."""
+    if pins is None:
+        return
+    for name in filled:
+        if (target := names[name].target).startswith("experts."):
+            for key, _ in pin_keys(experts, target):
+                pins.filled(key, name)
+
+
+def _all_names(model_dir: Path, files: dict[str, list[str]]) -> list[str]:
+    """Every tensor name of the checkpoint: the index's, or each file's header."""
+    listed = [n for ns in files.values() for n in ns]
+    if listed:
+        return listed
+    out: list[str] = []
+    for fname in files:
+        try:
+            with safe_open(str(model_dir / fname), framework="pt") as handle:
+                out.extend(handle.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
+    return out
 
 
 def _read(handle: Any, path: Path, name: str) -> torch.Tensor:
@@ -285,6 +381,57 @@ def _map_stacked(path: Path, name: str, place: Placement, store: MmapStore) -> N
             store.add(int(layer), e, "up", view[j, inter:])
 
 
+def _place_linear(
+    path: Path, base: str, value: Value, names: NameMap, params: dict[str, torch.Tensor],
+    experts: ExpertStore, upcasts: Upcasts,
+) -> list[str]:
+    """Place one decoded linear; returns the name-map entries it filled ([] if unknown)."""
+    place = names.get(base)
+    if place is None:
+        return _place_fused(path, base, value, names, experts, upcasts)
+    if place.target.startswith("experts."):
+        shape = expert_shape(experts, place)
+        if isinstance(experts, PartsStore):
+            _put_parts(path, base, experts, place, expert_parts(value, experts.format, shape, upcasts))
+            return [base]
+    else:
+        dest = params[place.target]
+        shape = tuple((dest[place.index] if place.index else dest).shape)
+    _place(path, base, dense_value(value, shape, upcasts), place, params, experts, upcasts)
+    return [base]
+
+
+def _place_fused(
+    path: Path, base: str, value: Value, names: NameMap, experts: ExpertStore, upcasts: Upcasts,
+) -> list[str]:
+    """All experts of a layer in one tensor per part (gpt-oss MXFP4): "<p>.experts.gate_up_proj"
+    fills "<p>.experts.{e}.gate_proj/up_proj.weight", "down_proj" the down weights."""
+    prefix, _, proj = base.rpartition(".experts.")
+    if not prefix or proj not in ("gate_up_proj", "down_proj") or isinstance(value, torch.Tensor):
+        return []
+    fmt, fused = value
+    halves = ("gate_proj", "up_proj") if proj == "gate_up_proj" else ("down_proj",)
+    filled = []
+    for e in range(experts.num_experts):
+        per = {s: t[e] for s, t in fused.items()}
+        for i, half in enumerate(halves):
+            name = f"{prefix}.experts.{e}.{half}.weight"
+            if name not in names:
+                return []
+            # NOTE: fused layers come only as mxfp4, whose parts are all per row: half the rows is gate's.
+            rows = {s: t[i * t.shape[0] // len(halves) : (i + 1) * t.shape[0] // len(halves)] for s, t in per.items()}
+            _place_linear(path, name, (fmt, rows), names, {}, experts, upcasts)
+            filled.append(name)
+    return filled
+
+
+def _put_parts(path: Path, name: str, store: PartsStore, place: Placement, parts: dict[str, torch.Tensor]) -> None:
+    try:
+        place_expert_parts(store, place, parts)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: tensor {name!r}: {e}") from None
+
+
 def _place(
     path: Path,
     name: str,
@@ -292,7 +439,14 @@ def _place(
     place: Placement,
     params: dict[str, torch.Tensor],
     experts: ExpertStore,
+    upcasts: Upcasts | None = None,
 ) -> None:
+    if place.target.startswith("experts.") and isinstance(experts, PartsStore):
+        shape = expert_shape(experts, place)
+        if tuple(tensor.shape) != shape:
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
+        _put_parts(path, name, experts, place, expert_parts(tensor, experts.format, shape, upcasts or Upcasts()))
+        return
     if place.target.startswith("experts."):
         _, layer, which = place.target.split(".")
         dest = experts.tensor(int(layer), which)

@@ -21,8 +21,10 @@ from tqdm import tqdm
 
 from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import LoadedModel, TableAlloc, ram_tables
+from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, Registrar
-from edgemoe.moe.store import BankStore
+from edgemoe.moe.store import BankStore, ExpertStore
+from edgemoe.quant import ExpertFormat, quantise_expert
 
 log = logging.getLogger(__name__)
 
@@ -67,32 +69,27 @@ def materialise(
     *,
     registrar: Registrar | None = None,
     progress: bool = False,
+    expert_format: ExpertFormat | None = None,
     table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """Random weights for `arch` in host memory: the LoadedModel the checkpoint loader
     returns. `registrar`: page-lock the expert banks in place (pageable, with one
-    warning, if it refuses). Experts first, so their pinning overlaps the dense fill."""
+    warning, if it refuses). Experts first, so their pinning overlaps the dense fill.
+    `expert_format` (quantised): experts are written in that format (`fill_quantised`)."""
     t0 = time.perf_counter()
     init = TiledInit(seed, arch.dtype, float(config.get("initializer_range", DEFAULT_STD)))
-    store = BankStore.allocate(
-        list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype
-    )
     pinner = InPlacePinner(registrar, "expert store") if registrar is not None else None
-    for layer in tqdm(store.layers, desc="random experts", unit="layer", disable=not progress, leave=False):
-        bank = store.banks[layer]
-        for e in range(store.num_experts):
-            init.fill(bank.gate_up[e], f"layers.{layer}.experts.gate_up", e)
-            init.fill(bank.down[e], f"layers.{layer}.experts.down", e)
-        if pinner is not None:  # registered on the pinner's thread while the next layer fills
-            pinner.submit(bank.gate_up)
-            pinner.submit(bank.down)
+    if expert_format is not None and expert_format.quantised:
+        store: ExpertStore = fill_quantised(arch, expert_format, init, pinner, progress)
+    else:
+        store = fill_dense(arch, init, pinner, progress)
     params = {name: dense_tensor(init, name, shape, arch.dtype) for name, shape in arch.param_shapes().items()}
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
     tables = fill_tables(init, arch, table_alloc, progress)
     if pinner is not None:
         pinner.finish(progress=progress)  # a bar while the last layers' pinning completes
-        store.own_pins(pinner)
+        store.own_pins(pinner)  # type: ignore[attr-defined]
     seconds = time.perf_counter() - t0
     dense = {t.data_ptr(): t.numel() * t.element_size() for t in params.values()}  # tied: counted once
     nbytes = store.nbytes() + sum(dense.values()) + sum(t.nbytes for t in tables.values())
@@ -101,7 +98,7 @@ def materialise(
         "random weights (seed %d): %.2f GB in %.2f s (%.2f GB/s)%s", seed, nbytes / 1e9, seconds,
         nbytes / 1e9 / seconds, "; experts pinned in place" if store.pinned else "",
     )
-    return LoadedModel(arch, params, store, config, tables)
+    return LoadedModel(arch, params, store, config, tables=tables)
 
 
 def fill_tables(init: TiledInit, arch: ModelArch, alloc: TableAlloc, progress: bool) -> dict[str, torch.Tensor]:
@@ -115,6 +112,53 @@ def fill_tables(init: TiledInit, arch: ModelArch, alloc: TableAlloc, progress: b
             init.fill(t, name)
             tables[name] = t
     return tables
+
+
+def fill_dense(arch: ModelArch, init: TiledInit, pinner: InPlacePinner | None, progress: bool) -> BankStore:
+    store = BankStore.allocate(
+        list(arch.moe_layers), arch.store_experts, arch.hidden_size, arch.moe_intermediate_size, arch.dtype
+    )
+    for layer in tqdm(store.layers, desc="random experts", unit="layer", disable=not progress, leave=False):
+        bank = store.banks[layer]
+        for e in range(store.num_experts):
+            init.fill(bank.gate_up[e], f"layers.{layer}.experts.gate_up", e)
+            init.fill(bank.down[e], f"layers.{layer}.experts.down", e)
+        if pinner is not None:  # registered on the pinner's thread while the next layer fills
+            pinner.submit(bank.gate_up)
+            pinner.submit(bank.down)
+    return store
+
+
+def fill_quantised(arch: ModelArch, fmt: ExpertFormat, init: TiledInit, pinner: InPlacePinner | None,
+                   progress: bool) -> PartsStore:
+    """Experts in a quantised format at the speed of copies: one random expert is
+    quantised as a template; every expert gets the template's scales and a window of its
+    data bytes at an offset of its own (values still drawn from the same distribution)."""
+    H, I = arch.hidden_size, arch.moe_intermediate_size
+    store = PartsStore.allocate_parts(list(arch.moe_layers), arch.store_experts, H, I, fmt)
+    g = torch.Generator().manual_seed(init.seed)
+    std = float(init.source[:4096].float().std())
+    gate, up, down = (torch.randn(shape, generator=g) * std for shape in ((I, H), (I, H), (H, I)))
+    template = quantise_expert(fmt, gate, up, down)
+    for layer in tqdm(store.layers, desc="random experts", unit="layer", disable=not progress, leave=False):
+        for name, bank in store.layer_parts(layer).items():
+            src = template[name]
+            for e in range(store.num_experts):
+                if name in ("gate_up", "down"):  # data: a window of the template's bytes
+                    fill_window(bank[e], src, init.offset(f"layers.{layer}.experts.{name}", e))
+                else:
+                    bank[e].copy_(src)
+            if pinner is not None:
+                pinner.submit(bank)
+    return store
+
+
+def fill_window(dest: torch.Tensor, src: torch.Tensor, offset: int) -> None:
+    """dest's bytes = src's bytes from `offset` on, wrapping around (same byte size)."""
+    d, s = dest.view(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8)
+    off = offset % s.numel()
+    d[: s.numel() - off].copy_(s[off:])
+    d[s.numel() - off :].copy_(s[:off])
 
 
 def dense_tensor(init: TiledInit, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -31,14 +31,16 @@ import torch.nn.functional as F
 
 from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
+from edgemoe.kernels.cpu_experts_quant import moe_expert_cells_q_cpu, native_weights
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
+from edgemoe.kernels.moe_experts import Activation, expert_mlp, kernel_name, moe_combine
 from edgemoe.moe.activity import CPU
 from edgemoe.moe.controller import SplitController
 from edgemoe.moe.offload import OffloadExecutor, pad_rows, real_rows
 from edgemoe.moe.rate_probe import probe_rates
 from edgemoe.moe.store import ExpertStore
 from edgemoe.moe.timing import DeviceTimer
+from edgemoe.quant import Parts
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,10 @@ class SplitExecutor(OffloadExecutor):
         # threads parallelise each call) while the forward thread drives the device.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgemoe-cpu-experts") if device.type == "cuda" else None
         self.kernel = cpu_kernel_for(store, act, device)
-        self.stats.info.update(cpu_kernel=self.kernel.name if self.kernel else "torch",
-                               cpu_threads=self.kernel.threads if self.kernel else torch.get_num_threads())
+        self.qkernel = quant_cpu_kernel_for(store, act, device)  # int8 / fp8 experts in the C kernel
+        native = self.kernel or self.qkernel
+        self.stats.info.update(cpu_kernel=native.name if native else "torch",
+                               cpu_threads=native.threads if native else torch.get_num_threads())
         self.controller = None if cpu_fraction is not None else self._make_controller(mode, top_k)
         self._timer = DeviceTimer(device)
         self._turn = 0  # rotates ties among equally loaded misses (no expert always on the CPU)
@@ -156,6 +160,11 @@ class SplitExecutor(OffloadExecutor):
 
     def _cpu_cells(self, layer, experts, x, ids, weights) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
         """(flat pair indices [n], their cells [n, H]) for the CPU experts' pairs."""
+        if self.store.format.quantised:
+            parts: list[Parts] = [self.store.expert_parts(layer, e) for e in experts]
+            # NOTE: fp32 activations take the reference (bitwise the device's on the CPU), as bf16 stores do.
+            kernel = self.qkernel if x.dtype == torch.bfloat16 else None
+            return moe_expert_cells_q_cpu(x, torch.from_numpy(ids), weights, experts, parts, self.store.format, kernel)
         if self.kernel is not None:
             pairs = [self.store.expert(layer, e) for e in experts]
             return moe_expert_cells_cpu(x, torch.from_numpy(ids), weights, experts, pairs, self.kernel)
@@ -192,8 +201,9 @@ class SplitExecutor(OffloadExecutor):
     def close(self) -> None:
         if self._pool:
             self._pool.shutdown(wait=True)
-        if self.kernel is not None:
-            self.kernel.close()
+        for kernel in (self.kernel, self.qkernel):
+            if kernel is not None:
+                kernel.close()
         super().close()
 
 
@@ -204,10 +214,23 @@ def cpu_threads(device: torch.device) -> int:
     return max(1, cores - 1) if device.type == "cuda" else cores
 
 
+def is_silu(act: Activation) -> bool:
+    """SiLU as the engine passes it (an `Activation`) or as a plain function (tests)."""
+    return act is F.silu or kernel_name(act) == "silu"
+
+
+def quant_cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
+    """The C kernel for int8 / fp8 experts (SiLU, a compiled variant); None: the reference."""
+    if native_weights(store.format) is None or not is_silu(act):
+        return None
+    kernel = CpuExperts(threads=cpu_threads(device))
+    return kernel if kernel.native else None
+
+
 def cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
     """The C kernel when it can run these experts (bf16 SiLU, a compiled variant);
     None: the torch path (fp32 stays bitwise equal to the device's reference kernel)."""
-    if store.dtype != torch.bfloat16 or act is not F.silu:
+    if store.format.quantised or store.dtype != torch.bfloat16 or not is_silu(act):
         return None
     kernel = CpuExperts(threads=cpu_threads(device))
     if not kernel.native:

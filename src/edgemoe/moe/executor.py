@@ -16,7 +16,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
+from edgemoe.kernels.moe_experts import Activation, moe_combine
+from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
@@ -113,8 +114,9 @@ class ResidentExecutor(MoEExecutor):
     def __init__(
         self, store: ExpertStore, device: torch.device, act: Activation, num_layers: int, max_tokens: int = 256
     ) -> None:
-        self.act, self.num_experts = act, store.num_experts
-        self.banks = {i: tuple(t.to(device) for t in store.layer_banks(i)) for i in store.layers}
+        self.act, self.num_experts, self.format = act, store.num_experts, store.format
+        # Banks in the store's format: quantised experts stay quantised on the device.
+        self.banks = {i: {n: t.to(device) for n, t in store.layer_parts(i).items()} for i in store.layers}
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         hidden = store.down_shape[0]
         self.workspace = CellWorkspace(max_tokens, hidden, device)
@@ -122,14 +124,13 @@ class ResidentExecutor(MoEExecutor):
     def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
         # NOTE: padding rows are computed (a captured graph has fixed shapes); the
         # per-pair kernels make the real rows' results the same either way.
-        gate_up, down = self.banks[layer]
         self.stats.count_tokens(layer, x.shape[0])
         if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
             self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
         if self.stats.activity is not None:  # a live view watches: mark the real rows' experts
             self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
-        moe_slots(x, topk_ids, topk_weights, gate_up, down, self.act, cells, num_decode)
+        moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells, num_decode)
         return moe_combine(cells, x.dtype, residual)
 
     def close(self) -> None:

@@ -16,16 +16,19 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_slots
+from edgemoe.kernels.moe_experts import Activation, moe_combine
+from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.executor import CellWorkspace, MoEExecutor
 from edgemoe.moe.slots import LayerWave, SlotCache
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
+from edgemoe.quant import expert_specs
 
 
 class SlotBanks:
-    """Device tensors gate_up [S, 2I, H] and down [S, H, I], filled from the store.
+    """Device banks [S, ...] of every part of the store's format (unquantised: gate_up
+    [S, 2I, H] and down [S, H, I]), filled from the store.
 
     Copies are issued on the current stream (so compute that follows sees them);
     from pinned host memory they run on the copy engine asynchronously.
@@ -33,8 +36,11 @@ class SlotBanks:
 
     def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, stats: MoEStats) -> None:
         self.store, self.device, self.stats = store, device, stats
-        self.gate_up = torch.empty((num_slots, *store.gate_up_shape), dtype=store.dtype, device=device)
-        self.down = torch.empty((num_slots, *store.down_shape), dtype=store.dtype, device=device)
+        self.format = store.format
+        hidden, inter = store.down_shape
+        self.parts = {name: torch.empty((num_slots, *shape), dtype=dt, device=device)
+                      for name, (shape, dt) in expert_specs(self.format, hidden, inter).items()}
+        self.gate_up, self.down = self.parts["gate_up"], self.parts["down"]  # the data parts
         self.expert_nbytes = store.expert_nbytes
         self._timed = device.type == "cuda"
 
@@ -45,9 +51,8 @@ class SlotBanks:
         if start is not None:
             start.record()
         for miss in wave.misses:
-            gate_up, down = self.store.expert(layer, miss.expert)
-            self.gate_up[miss.slot].copy_(gate_up, non_blocking=True)
-            self.down[miss.slot].copy_(down, non_blocking=True)
+            for name, t in self.store.expert_parts(layer, miss.expert).items():
+                self.parts[name][miss.slot].copy_(t, non_blocking=True)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -55,7 +60,7 @@ class SlotBanks:
         self.stats.bytes_copied += len(wave.misses) * self.expert_nbytes
 
     def nbytes(self) -> int:
-        return self.gate_up.nbytes + self.down.nbytes
+        return sum(t.nbytes for t in self.parts.values())
 
 
 class RoutingReadback:
@@ -146,7 +151,7 @@ class OffloadExecutor(MoEExecutor):
         return pad_rows(moe_combine(cells, x.dtype, residual), num_padding)
 
     def _compute(self, x, slot_ids, topk_weights, cells) -> None:  # noqa: ANN001
-        moe_slots(x, slot_ids, topk_weights, self.slots.gate_up, self.slots.down, self.act, cells, self.num_decode)
+        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
 
     def compute_hits(self, layer: int, x, topk_ids, topk_weights, cells) -> None:  # noqa: ANN001
         """The experts resident before this layer, from the device map (no host read)."""

@@ -54,7 +54,8 @@ def _expert_keys(store: ExpertStore, n: int) -> list[tuple[int, int]]:
 def _copy_seconds(store: ExpertStore, gate_up: torch.Tensor, down: torch.Tensor, keys: list[tuple[int, int]]) -> float:
     """Seconds per expert copied host → slot (the first copy is a warm-up)."""
     slots = min(len(keys), gate_up.shape[0])
-    pairs = [store.expert(layer, e) for layer, e in keys[:slots]]
+    # The data parts (any format; a quantised expert's scales are a rounding error of its bytes).
+    pairs = [(p["gate_up"], p["down"]) for p in (store.expert_parts(layer, e) for layer, e in keys[:slots])]
     if gate_up.is_cuda:
         gate_up[0].copy_(pairs[0][0], non_blocking=True)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -77,8 +78,9 @@ def _cpu_seconds(store: ExpertStore, job: CpuJob, experts: int, tokens: int) -> 
     each; each repetition takes other experts of another layer."""
     hidden, layers, count = store.down_shape[0], store.layers, store.num_experts
     experts = min(experts, count)
-    x = (torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(0)) * 0.1).to(store.dtype)
-    weights = torch.full((tokens, experts), 1.0 / experts, dtype=store.dtype)
+    act = torch.bfloat16 if store.format.quantised else store.dtype  # a quantised store's dtype is its data's
+    x = (torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(0)) * 0.1).to(act)
+    weights = torch.full((tokens, experts), 1.0 / experts, dtype=act)
     times = []
     for rep in range(REPS + 1):  # the first call is a warm-up (thread pool start, first touch)
         chosen = [(rep * experts + i) % count for i in range(experts)]

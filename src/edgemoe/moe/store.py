@@ -4,7 +4,12 @@
 - `BankStore`: stacked [E, 2I, H] / [E, H, I] banks per layer in RAM (page-locked when
   a GPU is used), written in place by the loader, so a bank row *is* the expert;
 - `MmapStore` (mmap_store.py): views straight into the checkpoint's safetensors files,
-  for hosts with less RAM than the model (the page cache holds what is hot).
+  for hosts with less RAM than the model (the page cache holds what is hot);
+- `PartsStore` (parts_store.py): quantised experts, one bank per part of the format
+  (data, scales, zero points), e.g. fp8 or int4 straight from the checkpoint.
+
+Every store has a `format` (`edgemoe.quant`): unquantised stores are `Dense(dtype)`,
+whose parts are just "gate_up" and "down".
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from edgemoe.moe.pinning import InPlacePinner
+from edgemoe.quant import Dense, ExpertFormat, Parts
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,11 @@ class ExpertStore(ABC):
     down_shape: tuple[int, int]  # [H, I]
 
     @property
+    def format(self) -> ExpertFormat:
+        """How the experts are stored (unquantised stores: `Dense` in their dtype)."""
+        return Dense(self.dtype)
+
+    @property
     def expert_nbytes(self) -> int:
         (a, b), (c, d) = self.gate_up_shape, self.down_shape
         return (a * b + c * d) * self.dtype.itemsize
@@ -51,6 +62,17 @@ class ExpertStore(ABC):
         """All experts of a layer stacked: ([E, 2I, H], [E, H, I]) (a copy by default)."""
         pairs = [self.expert(layer, e) for e in range(self.num_experts)]
         return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+    def expert_parts(self, layer: int, e: int) -> Parts:
+        """One expert in its format's parts (`edgemoe.quant.expert_specs`): every store
+        answers this; `expert()` only unquantised ones."""
+        gate_up, down = self.expert(layer, e)
+        return {"gate_up": gate_up, "down": down}
+
+    def layer_parts(self, layer: int) -> Parts:
+        """All experts of a layer, each part stacked [E, ...]."""
+        gate_up, down = self.layer_banks(layer)
+        return {"gate_up": gate_up, "down": down}
 
     def close(self) -> None:
         """Give back what the store holds beyond its memory (page-locking); idempotent."""

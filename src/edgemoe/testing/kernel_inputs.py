@@ -74,3 +74,14 @@ def moe_batch(
     ids = torch.where(drop, torch.full_like(ids, -1), ids)
     weights = torch.rand(tokens, top_k, generator=g, device=device)
     return MoEBatch(x, ids, weights / weights.sum(1, keepdim=True), gate_up, down)
+
+
+def rope_bound(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """2^-7 · (|x|·|cos| + |rotate_half(x)|·|sin|) on the rotated dims; 0 on the rest."""
+    half = cos.shape[1]
+    xr = x[..., : 2 * half].float()
+    c, s = cos[positions].abs().repeat(1, 2)[:, None, :], sin[positions].abs().repeat(1, 2)[:, None, :]
+    partner = torch.cat([xr[..., half:], xr[..., :half]], dim=-1)
+    bound = torch.zeros(x.shape, device=x.device)
+    bound[..., : 2 * half] = 2**-7 * (xr.abs() * c + partner.abs() * s)
+    return bound

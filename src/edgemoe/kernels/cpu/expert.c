@@ -1,6 +1,7 @@
 /* CPU routed experts: y = down @ (silu(gate @ x) * (up @ x)) for several experts of one
- * layer in one call, weights bf16 (gate_up [2I, H], gate rows first; down [H, I]),
- * activations fp32 or bf16, accumulation fp32. Built by edgemoe/kernels/cpu_build.py
+ * layer in one call, weights bf16, int8 or fp8 e4m3 (gate_up [2I, H], gate rows first;
+ * down [H, I]; quantised ones with fp32 scales, em_quant.h), activations fp32 or bf16,
+ * accumulation fp32. Built by edgemoe/kernels/cpu_build.py
  * once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 | nothing = portable C) and loaded with
  * ctypes: plain pointers, no Python or torch ABI.
  *
@@ -21,9 +22,10 @@
 #include "em_gemm.h"
 #include "em_gemv.h"
 #include "em_pool.h"
+#include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 1
+#define EM_ABI_VERSION 2
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -51,12 +53,14 @@
 
 /* One expert's work; every field 64-bit so Python fills a plain int64 table. */
 typedef struct {
-    int64_t gate_up;  /* address of bf16 [2I, H] */
-    int64_t down;     /* address of bf16 [H, I] */
+    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3 */
+    int64_t down;     /* address of [H, I] */
     int64_t tokens;   /* address of int32 [n]: rows of x */
     int64_t out_rows; /* address of int32 [n]: rows of out (0: 0..n-1) */
     int64_t scale;    /* address of fp32 [n] (0: 1.0) */
     int64_t n;
+    int64_t gate_up_scale; /* int8: fp32 [2I]; fp8: fp32 [2 * ceil(I/blk), ceil(H/blk)] (gate's blocks, then up's) */
+    int64_t down_scale;    /* int8: fp32 [H]; fp8: fp32 [ceil(H/blk), ceil(I/blk)] */
 } em_job;
 
 typedef struct {
@@ -77,10 +81,12 @@ typedef struct {
     float *out;
     int64_t out_stride;
     int H, I;
+    int wfmt, blk; /* EM_W_BF16 / INT8 / FP8; fp8 scale block */
     int64_t Hs, Is, Px, Ph;
     int64_t ntasks[3];
     atomic_long next[3]; /* next task to claim, per phase */
     atomic_long done[3]; /* tasks finished, per phase */
+    atomic_int failed;   /* a task could not allocate its scratch: the call returns -2 */
 } em_call;
 
 static inline int64_t em_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -105,14 +111,18 @@ static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t r
 
 static inline int64_t em_token(const em_job *jb, int t) { return ((const int32_t *)(intptr_t)jb->tokens)[t]; }
 
+/* Position of element i of a GEMV activation row: split layout for bf16 weights, plain
+ * for quantised ones (their bytes widen in order). */
+static inline int64_t em_xpos(const em_call *c, int64_t i) { return c->wfmt == EM_W_BF16 ? em_split_pos(i) : i; }
+
 /* ---- phase 0: packing ---- */
 
 static void em_pack(const em_call *c, const em_job *jb, const em_jobstate *s, int t) {
     if (!s->gemm) {
         float *xs = s->xs + t * c->Hs, *hs = s->hs + t * c->Is;
         int64_t tok = em_token(jb, t);
-        for (int64_t k = 0; k < c->Hs; k++) xs[em_split_pos(k)] = k < c->H ? em_x(c, tok, k) : 0.0f;
-        for (int64_t i = c->I; i < c->Is; i++) hs[em_split_pos(i)] = 0.0f;
+        for (int64_t k = 0; k < c->Hs; k++) xs[em_xpos(c, k)] = k < c->H ? em_x(c, tok, k) : 0.0f;
+        for (int64_t i = c->I; i < c->Is; i++) hs[em_xpos(c, i)] = 0.0f;
         return;
     }
     int64_t np = s->np;
@@ -251,6 +261,8 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
 }
 #endif
 
+#include "em_qtasks.h" /* the quantised-weight tasks (uses everything above) */
+
 /* ---- scheduling ---- */
 
 static int em_find_job(const em_call *c, int ph, int64_t task) {
@@ -276,12 +288,22 @@ static void em_run_phase(em_call *c, int ph) {
         if (ph == 0) {
             em_pack(c, jb, s, (int)q);
 #if EM_HAS_GEMM
+        } else if (s->gemm && c->wfmt != EM_W_BF16) {
+            if (ph == 1)
+                em_gate_up_gemm_q(c, jb, s, q);
+            else
+                em_down_gemm_q(c, jb, s, q);
         } else if (s->gemm) {
             if (ph == 1)
                 em_gate_up_gemm(c, jb, s, q);
             else
                 em_down_gemm(c, jb, s, q);
 #endif
+        } else if (c->wfmt != EM_W_BF16) {
+            if (ph == 1)
+                em_gate_up_gemv_q(c, jb, s, q);
+            else
+                em_down_gemv_q(c, jb, s, q);
         } else if (ph == 1) {
             em_gate_up_gemv(c, jb, s, q);
         } else {
@@ -365,10 +387,13 @@ void *em_create(int nthreads, int spin_us) { return em_pool_new(nthreads, spin_u
 int em_threads(void *pool) { return ((em_pool *)pool)->nthreads; }
 void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
 
-/* Runs `njobs` experts; returns 0, -1 (bad arguments) or -2 (out of memory). */
+/* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, blk a
+ * multiple of 32: AMX B tiles span 32 k, and a block's tiles must not read past the
+ * activations' padding); returns 0, -1 (bad arguments) or -2 (out of memory). */
 int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
-               const em_job *jobs, int njobs, int gemm_min_tokens) {
+               const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
     if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
+    if (wfmt < EM_W_BF16 || wfmt > EM_W_FP8 || (wfmt == EM_W_FP8 && (blk < 32 || blk % 32))) return -1;
     if (njobs == 0) return 0;
     em_call c;
     memset(&c, 0, sizeof(c));
@@ -382,6 +407,8 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     c.out_stride = out_stride;
     c.H = H;
     c.I = I;
+    c.wfmt = wfmt;
+    c.blk = blk;
     c.Hs = em_round_up(H, 2 * EM_VW);
     c.Is = em_round_up(I, 2 * EM_VW);
     c.Px = em_round_up((H + 1) / 2, 16);
@@ -389,6 +416,7 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     pthread_mutex_lock(&c.pool->call_lock);
     int rc = em_plan(&c, gemm_min_tokens);
     if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
+    if (rc == 0 && atomic_load(&c.failed)) rc = -2;
     pthread_mutex_unlock(&c.pool->call_lock);
     return rc;
 }

@@ -5,6 +5,10 @@ its kv head (each K/V row is read once per group) and writes the split's normali
 output and log-sum-exp (base 2) in fp32. Launch 2: one program per (sequence, query
 head) merges the splits in ascending order.
 
+fp8 cache (`FP8KV`): keys/values are e4m3 with one fp32 scale per (slot, kv head); a key
+block is widened to the query dtype (exact) and its scales multiply the scores; the value
+scales multiply the probabilities before their rounding, so V is read as stored.
+
 NOTE: a sequence's context is cut into NUM_SPLITS splits of ceil(len / NUM_SPLITS)
 positions rounded up to a key block, so the cut depends only on the sequence's own
 length (its result never depends on the batch), batch 1 gets NUM_SPLITS x Hkv programs
@@ -19,7 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.common import (
+    e4m3_to_f32,
+    fp8_hardware,
+    interpreting,
+    mma,
+    round_to,
+    tl_dtype,
+)
 
 NUM_SPLITS = 64
 LOG2E = 1.4426950408889634
@@ -33,12 +44,13 @@ def decode_config(head_dim: int) -> tuple[int, int, int]:
 
 @triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pr,
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ss,
     qk_scale, window, page_size,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
+    FP8HW: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -68,14 +80,23 @@ def _decode_split(
         slot = page.to(tl.int64) * page_size + n % page_size
         kv_ok = n_ok[:, None] & (d < D)[None, :]
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
-        s = mma(q, tl.trans(k), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP) * qk_scale
+        if FP8KV:
+            k_sc = tl.load(ks_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
+            s = mma(q, tl.trans(e4m3_to_f32(k, FP8HW).to(DTYPE)), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP)
+            s = s * (k_sc[None, :] * qk_scale)
+        else:
+            s = mma(q, tl.trans(k), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP) * qk_scale
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-        acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
+        if FP8KV:
+            v_sc = tl.load(vs_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
+            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), e4m3_to_f32(v, FP8HW).to(DTYPE), acc * alpha[:, None], INTERP)
+        else:
+            acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
         m = m_new
     base = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
     tl.store(o_ptr + base, acc / l[:, None], mask=hd_ok)
@@ -115,10 +136,27 @@ def _decode_merge(
     tl.store(out, round_to(acc / e_sum, DTYPE, INTERP), mask=d_ok)
 
 
+def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+              k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(k scales, v scales, their slot stride) for an fp8 cache; the cache itself as
+    never-read placeholders otherwise."""
+    if k_scale is None or v_scale is None:
+        return k_cache, k_cache, 0
+    if k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1:
+        raise ValueError("k_scale / v_scale must be [num_slots, Hkv] with the same layout")
+    return k_scale, v_scale, k_scale.stride(0)
+
+
+def kv_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """An e4m3 cache as its bytes (sm_80/86 Triton has no e4m3 pointer type); others as is."""
+    return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+
+
 def decode_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
-    out: torch.Tensor, max_seq_len: int | None = None,
+    out: torch.Tensor, max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
@@ -132,13 +170,16 @@ def decode_attention_triton(
     lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
     block_n, warps, stages = decode_config(D)
     dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
+    ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
+    k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     _decode_split[(B, Hkv, splits)](
-        q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse,
+        q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        scale * LOG2E, win, page_size,
+        stride_ss, scale * LOG2E, win, page_size,
         G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=NUM_SPLITS,
-        DTYPE=dtype, INTERP=interp, num_warps=warps, num_stages=stages,
+        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps,
+        num_stages=stages,
     )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out,

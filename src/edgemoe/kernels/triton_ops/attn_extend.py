@@ -8,6 +8,9 @@ NOTE: key blocks start at multiples of BLOCK_N in absolute positions, and a key 
 that is fully masked for a query row leaves its running max, sum and accumulator
 exactly unchanged (scale 1, weights 0), so a token's output does not depend on which
 query block it landed in: chunked prefill, batch composition and q_len leave it alone.
+
+fp8 cache (`FP8KV`): as the decode kernel (attn_decode.py), scales folded into the scores
+and the probabilities.
 """
 
 from __future__ import annotations
@@ -16,8 +19,15 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.attn_decode import LOG2E
-from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.attn_decode import LOG2E, kv_bytes, kv_scales
+from edgemoe.kernels.triton_ops.common import (
+    e4m3_to_f32,
+    fp8_hardware,
+    interpreting,
+    mma,
+    round_to,
+    tl_dtype,
+)
 
 
 def extend_config(head_dim: int) -> tuple[int, int, int, int]:
@@ -28,11 +38,11 @@ def extend_config(head_dim: int) -> tuple[int, int, int, int]:
 
 @triton.jit
 def _extend(
-    q_ptr, k_ptr, v_ptr, o_ptr, pt_ptr, rows_ptr, cu_ptr, lens_ptr,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_pr,
+    q_ptr, k_ptr, v_ptr, o_ptr, pt_ptr, rows_ptr, cu_ptr, lens_ptr, ks_ptr, vs_ptr,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_pr, stride_ss,
     qk_scale, window, page_size,
     G: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DTYPE: tl.constexpr, INTERP: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr,
 ):
     qb = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (last) query blocks start first
     b = tl.program_id(1)
@@ -64,7 +74,12 @@ def _extend(
         slot = page.to(tl.int64) * page_size + n % page_size
         kv_ok = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
-        s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP) * qk_scale
+        if FP8KV:
+            k_sc = tl.load(ks_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
+            s = mma(q, tl.trans(e4m3_to_f32(k, FP8HW).to(DTYPE)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP)
+            s = s * (k_sc[None, :] * qk_scale)
+        else:
+            s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP) * qk_scale
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         visible = visible & ((window <= 0) | (n[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
@@ -74,7 +89,11 @@ def _extend(
         p = tl.exp2(s - m_use[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-        acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
+        if FP8KV:
+            v_sc = tl.load(vs_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
+            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), e4m3_to_f32(v, FP8HW).to(DTYPE), acc * alpha[:, None], INTERP)
+        else:
+            acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     o = o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :]
@@ -84,7 +103,8 @@ def _extend(
 def extend_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
-    scale: float, window: int | None, max_q_len: int,
+    scale: float, window: int | None, max_q_len: int, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     T, Hq, D = q.shape
     Hkv = k_cache.shape[1]
@@ -95,12 +115,14 @@ def extend_attention_triton(
     if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     block_m, block_n, warps, stages = extend_config(D)
+    ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
+    k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     _extend[(triton.cdiv(max_q_len, block_m), B, Hq)](
-        q, k_cache, v_cache, out, page_table, req_rows, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, out, page_table, req_rows, cu_seqlens_q, seq_lens, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0), out.stride(1), page_table.stride(0),
+        out.stride(0), out.stride(1), page_table.stride(0), stride_ss,
         scale * LOG2E, window or 0, page_size,
         G=Hq // Hkv, D=D, D_PAD=triton.next_power_of_2(D), BLOCK_M=block_m, BLOCK_N=block_n,
-        DTYPE=tl_dtype(q.dtype), INTERP=interpreting(q), num_warps=warps, num_stages=stages,
+        DTYPE=tl_dtype(q.dtype), INTERP=interpreting(q), FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps, num_stages=stages,
     )
     return out

@@ -28,6 +28,12 @@ def interpreting(t: torch.Tensor) -> bool:
     return not t.is_cuda
 
 
+def fp8_hardware(t: torch.Tensor) -> bool:
+    """Whether Triton has the e4m3 type on `t`'s device: sm_89+ (and the interpreter).
+    Elsewhere (sm_80/86) fp8 bytes are converted with integer arithmetic (`e4m3_to_f32`)."""
+    return not t.is_cuda or torch.cuda.get_device_capability(t.device) >= (8, 9)
+
+
 @triton.jit
 def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 → DTYPE, round to nearest even (what torch's casts do)."""
@@ -38,6 +44,53 @@ def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = bits.to(tl.float32, bitcast=True)
     return x.to(DTYPE)
+
+
+@triton.jit
+def to_e4m3(x, INTERP: tl.constexpr):
+    """fp32 (|x| <= 448) → float8e4nv, round to nearest even (what the GPU's cvt does).
+    The interpreter's cast neither rounds nor saturates: round the fp32 first, so its cast
+    of an exactly representable value is exact (normals: 3 mantissa bits; below 2^-6,
+    multiples of 2^-9, rounded with the 1.5·2^23 trick)."""
+    if INTERP:
+        a = tl.minimum(tl.abs(x), 448.0)
+        bits = a.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        sub = ((a * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)
+        r = tl.where(a >= 0.015625, normal, sub)
+        x = tl.where(x < 0, -r, r)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def e4m3_to_f32(b, FP8HW: tl.constexpr):
+    """uint8 e4m3fn bytes → fp32, exact (NaN bytes aside). Without the hardware type: the
+    7 exponent/mantissa bits moved into an fp32 and rebiased (+120) for normals, m·2^-9 for
+    the subnormals."""
+    if FP8HW:
+        v = b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        m = (b & 0x7F).to(tl.int32)
+        normal = ((m << 20) + (120 << 23)).to(tl.float32, bitcast=True)
+        mag = tl.where(m < 8, m.to(tl.float32) * 0.001953125, normal)
+        v = tl.where((b & 0x80) != 0, -mag, mag)
+    return v
+
+
+@triton.jit
+def f32_to_e4m3(x, FP8HW: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 (|x| <= 448) → uint8 e4m3fn bytes, round to nearest even (the sign of -0 kept)."""
+    if FP8HW:
+        out = to_e4m3(x, INTERP).to(tl.uint8, bitcast=True)
+    else:
+        a = tl.minimum(tl.abs(x), 448.0)
+        bits = a.to(tl.uint32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+        sub = ((a * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)
+        r = tl.where(a >= 0.015625, normal, sub)
+        code = tl.where(r >= 0.015625, (r.to(tl.uint32, bitcast=True) >> 20) - 960, (r * 512.0).to(tl.uint32))
+        out = (code | ((x.to(tl.uint32, bitcast=True) >> 31) << 7)).to(tl.uint8)
+    return out
 
 
 @triton.jit

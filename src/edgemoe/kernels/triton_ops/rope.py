@@ -1,4 +1,7 @@
-"""Rotary embedding + KV-cache write, one program per token (see `kernels/rope_kv.py`)."""
+"""Rotary embedding + KV-cache write, one program per token (see `kernels/rope_kv.py`).
+
+fp8 caches (`FP8KV`): each kv head's rotated k (and v) is divided by its largest |x| / 448,
+rounded to e4m3, and the scale stored beside it, as `edgemoe.quant.kv.quantise_kv` does."""
 
 from __future__ import annotations
 
@@ -6,7 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.triton_ops.attn_decode import kv_bytes, kv_scales
 from edgemoe.kernels.triton_ops.common import (
+    f32_to_e4m3,
+    fp8_hardware,
     interpreting,
     round_to,
     round_trip,
@@ -29,13 +35,28 @@ def _rotate(x_ptr, stride_h, c, s, h, d, HEADS, D, HALF: tl.constexpr, DTYPE: tl
 
 
 @triton.jit
+def _store_kv(c_ptr, s_ptr, loc, x, ok, heads, stride_cs, stride_ch, stride_ss, d, HKV,
+              CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr):
+    """x [HKV_PAD, D_PAD] (fp32) into the cache row `loc`: as CACHE_DTYPE, or as e4m3 with a
+    scale per head (its largest |x| / 448)."""
+    dest = c_ptr + loc * stride_cs + heads[:, None] * stride_ch + d[None, :]
+    if FP8KV:
+        amax = tl.max(tl.where(ok, tl.abs(x), 0.0), axis=1)
+        sc = tl.where(amax > 0, amax / 448.0, 1.0)
+        tl.store(dest, f32_to_e4m3(x / sc[:, None], FP8HW, INTERP), mask=ok)  # the cache as bytes
+        tl.store(s_ptr + loc * stride_ss + heads, sc, mask=heads < HKV)
+    else:
+        tl.store(dest, round_to(x, CACHE_DTYPE, INTERP), mask=ok)
+
+
+@triton.jit
 def _rope_write_kv(
-    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, loc_ptr, qo_ptr,
+    q_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, loc_ptr, qo_ptr, ks_ptr, vs_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cp,
-    stride_kcs, stride_kch, stride_vcs, stride_vch, stride_qot, stride_qoh,
+    stride_kcs, stride_kch, stride_vcs, stride_vch, stride_qot, stride_qoh, stride_ss,
     HQ, HKV, D,
     HALF: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    DTYPE: tl.constexpr, CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr,
+    DTYPE: tl.constexpr, CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -51,16 +72,17 @@ def _rope_write_kv(
     hk = tl.arange(0, HKV_PAD)
     yk, ok_k = _rotate(k_ptr + t * stride_kt, stride_kh, c, s, hk, d, HKV, D, HALF, DTYPE, INTERP)
     yk = round_trip(yk, DTYPE, INTERP)
-    tl.store(kc_ptr + loc * stride_kcs + hk[:, None] * stride_kch + d[None, :], round_to(yk, CACHE_DTYPE, INTERP),
-             mask=ok_k)
+    _store_kv(kc_ptr, ks_ptr, loc, yk, ok_k, hk, stride_kcs, stride_kch, stride_ss, d, HKV, CACHE_DTYPE, INTERP, FP8KV,
+              FP8HW)
     vv = tl.load(v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :], mask=ok_k, other=0.0)
-    tl.store(vc_ptr + loc * stride_vcs + hk[:, None] * stride_vch + d[None, :],
-             round_to(vv.to(tl.float32), CACHE_DTYPE, INTERP), mask=ok_k)
+    _store_kv(vc_ptr, vs_ptr, loc, vv.to(tl.float32), ok_k, hk, stride_vcs, stride_vch, stride_ss, d, HKV,
+              CACHE_DTYPE, INTERP, FP8KV, FP8HW)
 
 
 def rope_write_kv_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     T, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -73,13 +95,17 @@ def rope_write_kv_triton(
     q_out = torch.empty_like(q)
     if T == 0:
         return q_out
+    fp8 = k_scale is not None
+    ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
+    kc, vc = kv_bytes(k_cache), kv_bytes(v_cache)
     _rope_write_kv[(T,)](
-        q, k, v, positions, cos, sin, k_cache, v_cache, out_loc, q_out,
+        q, k, v, positions, cos, sin, kc, vc, out_loc, q_out, ks, vs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), q_out.stride(0), q_out.stride(1),
-        Hq, Hkv, D,
+        stride_ss, Hq, Hkv, D,
         HALF=half, HQ_PAD=triton.next_power_of_2(Hq), HKV_PAD=triton.next_power_of_2(Hkv),
-        D_PAD=triton.next_power_of_2(D), DTYPE=tl_dtype(q.dtype), CACHE_DTYPE=tl_dtype(k_cache.dtype),
-        INTERP=interpreting(q), num_warps=4,
+        D_PAD=triton.next_power_of_2(D), DTYPE=tl_dtype(q.dtype),
+        CACHE_DTYPE=tl.uint8 if fp8 else tl_dtype(k_cache.dtype), INTERP=interpreting(q), FP8KV=fp8,
+        FP8HW=fp8_hardware(q), num_warps=4,
     )
     return q_out

@@ -1,0 +1,170 @@
+"""`edgemoe convert --model DIR --expert-dtype X --out DIR`: quantise a checkpoint's experts
+once and write the result in a standard layout (`quant/publish.py`), so `--model OUT`
+loads it later without the work and other tools can read it.
+
+The checkpoint is read through the loader (streamed tensor by tensor, experts quantised
+as they arrive, like `--expert-dtype` at serve time), then written layer by layer into
+safetensors shards with an index; the config gains the `quantization_config`, every
+other file of the model directory (tokenizer, chat template, generation config) is
+copied. Non-expert layers keep the checkpoint's dtype (a quantised source's are
+dequantised); peak memory is the converted model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from edgemoe.models.loader import LoadedModel, load_checkpoint
+from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.registry import model_module
+from edgemoe.quant import Mxfp4
+from edgemoe.quant.publish import (
+    encode_fused_mxfp4,
+    encode_linear,
+    quantization_config,
+    shard_bytes,
+)
+
+log = logging.getLogger(__name__)
+
+SHARD_BYTES = 4 * 2**30
+WEIGHT_FILES = ("model.safetensors.index.json", "config.json")
+
+
+class ShardWriter:
+    """Tensors → model-0000k-of-0000n.safetensors (~SHARD_BYTES each) + the index."""
+
+    def __init__(self, out: Path, shard_bytes: int = SHARD_BYTES) -> None:
+        self.out, self.limit = out, shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.written: list[tuple[str, list[str]]] = []  # (temporary file name, tensor names)
+        self.total = 0
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.pending |= {n: t.contiguous() for n, t in tensors.items()}
+        if shard_bytes(self.pending) >= self.limit:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        tmp = f"shard-{len(self.written):05d}.tmp"
+        save_file(self.pending, str(self.out / tmp), metadata={"format": "pt"})
+        self.total += shard_bytes(self.pending)
+        self.written.append((tmp, list(self.pending)))
+        self.pending = {}
+
+    def finish(self) -> None:
+        self.flush()
+        n, weight_map = len(self.written), {}
+        for k, (tmp, names) in enumerate(self.written, start=1):
+            fname = f"model-{k:05d}-of-{n:05d}.safetensors"
+            (self.out / tmp).rename(self.out / fname)
+            weight_map |= {name: fname for name in names}
+        index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progress: bool = True) -> Path:
+    """Write `model_dir` with its experts in `expert_dtype` to `out_dir` (must not exist or be empty)."""
+    src, out = Path(model_dir), Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"out (--out) {out}: exists and is not empty")
+    loaded = load_checkpoint(src, "auto", progress, "ram", expert_dtype=expert_dtype)
+    fmt = loaded.experts.format
+    names = model_module(loaded.arch.model_type).checkpoint_map(loaded.arch)
+    out.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(out)
+    unquantised = _write_dense(loaded, names, writer)
+    asymmetric = _write_experts(loaded, names, writer, progress)
+    writer.finish()
+    config = dict(loaded.config)
+    config.pop("quantization_config", None)
+    if (qc := quantization_config(fmt, unquantised, asymmetric)) is not None:
+        config["quantization_config"] = qc
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in WEIGHT_FILES:
+            shutil.copy2(f, out / f.name)
+    log.warning("converted %s → %s (experts %s)", src, out, fmt.label)
+    return out
+
+
+def _slice(t: torch.Tensor, place: Placement) -> torch.Tensor:
+    return t[place.index] if place.index else t
+
+
+def _write_dense(loaded: LoadedModel, names: NameMap, writer: ShardWriter) -> list[str]:
+    """Every non-expert tensor under its checkpoint name; returns the linears' module names."""
+    linears = []
+    for name, place in names.items():
+        if place.target.startswith("experts."):
+            continue
+        t = _slice(loaded.params[place.target], place)
+        writer.add({name: t.clone()})
+        if t.dim() == 2 and "embed" not in place.target:
+            linears.append(name.removesuffix(".weight"))
+    return linears
+
+
+def _write_experts(loaded: LoadedModel, names: NameMap, writer: ShardWriter, progress: bool) -> bool:
+    """Expert matrices in the store's format; True if any int4 zero point is not 8."""
+    store, fmt = loaded.experts, loaded.experts.format
+    by_layer: dict[int, list[tuple[str, Placement]]] = {}
+    for name, place in names.items():
+        if place.target.startswith("experts."):
+            by_layer.setdefault(int(place.target.split(".")[1]), []).append((name, place))
+    asymmetric = False
+    for layer in tqdm(sorted(by_layer), desc="writing experts", unit="layer", disable=not progress, leave=False):
+        banks = store.layer_parts(layer)
+        if isinstance(fmt, Mxfp4):
+            writer.add(_fused(by_layer[layer], banks))
+            continue
+        for name, place in by_layer[layer]:
+            parts, shape = _matrix(banks, place, store.down_shape)
+            if fmt.quantised:
+                asymmetric |= bool("_zero" in parts and (parts["_zero"] != 8).any())
+                writer.add(encode_linear(fmt, name, parts, shape))
+            else:
+                writer.add({name: parts[""].clone()})
+    return asymmetric
+
+
+def _matrix(banks: dict[str, torch.Tensor], place: Placement, down_shape: tuple[int, int]) -> tuple[dict[str, torch.Tensor], tuple[int, int]]:
+    """One expert matrix's parts (by suffix) from the layer's banks, and its dense shape."""
+    _, _, which = place.target.split(".")
+    e = int(place.index[0])  # type: ignore[arg-type]
+    hidden, inter = down_shape
+    parts = {n[len(which):]: t[e] for n, t in banks.items() if n.startswith(which)}
+    if which == "down":
+        return {s: t.clone() for s, t in parts.items()}, (hidden, inter)
+    rows = place.index[1]
+    half = 0 if isinstance(rows, slice) and (rows.start or 0) == 0 else 1
+    out = {}
+    for s, t in parts.items():
+        n = t.shape[0] // 2
+        out[s] = t[half * n : (half + 1) * n].clone()
+    return out, (inter, hidden)
+
+
+def _fused(entries: list[tuple[str, Placement]], banks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    first = next((name for name, _ in entries if ".experts.0.gate_proj." in name), None)
+    if first is None:
+        raise ValueError("mxfp4 output needs experts named <p>.experts.{e}.gate_proj/up_proj/down_proj (gpt-oss layout)")
+    prefix = first.split(".experts.")[0]
+    gate_up = {n[len("gate_up"):]: t for n, t in banks.items() if n.startswith("gate_up")}
+    down = {n[len("down"):]: t for n, t in banks.items() if n.startswith("down")}
+    return encode_fused_mxfp4(prefix, gate_up, down)
+
+
+def run_convert(args: Any) -> int:
+    convert(args.model, args.expert_dtype, args.out, progress=True)
+    return 0

@@ -1,0 +1,179 @@
+/* The quantised-weight tasks of expert.c (int8 / fp8 weights, em_quant.h): GEMV (phase 1
+ * gate_up, phase 2 down, few tokens) and blocked GEMM (many tokens) over scale blocks.
+ *
+ * NOTE: included by expert.c after its types (em_call, em_job, em_jobstate), helpers
+ * (em_store, em_silu, em_put_h) and the bf16 GEMM microkernels it reuses; not standalone.
+ */
+#ifndef EM_QTASKS_H
+#define EM_QTASKS_H
+
+/* ---- GEMV path, quantised weights ---- */
+
+static inline int64_t em_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Scales of row r of a projection: fp8, the row of block scales of its row block (gate_up:
+ * gate and up blocked separately); int8, the row's own scale. */
+static inline const float *em_row_scales(const em_call *c, const em_job *jb, int down, int64_t r) {
+    const float *s = (const float *)(intptr_t)(down ? jb->down_scale : jb->gate_up_scale);
+    if (c->wfmt == EM_W_INT8) return s + r;
+    if (down) return s + (r / c->blk) * em_cdiv(c->I, c->blk);
+    int64_t rb = (r / c->I) * em_cdiv(c->I, c->blk) + (r % c->I) / c->blk;
+    return s + rb * em_cdiv(c->H, c->blk);
+}
+
+/* The factor a dot of row r is multiplied by: int8, its scale; fp8 rows are scaled inside. */
+static inline float em_row_factor(const em_call *c, const float *sc) { return c->wfmt == EM_W_INT8 ? sc[0] : 1.0f; }
+
+static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
+    const int64_t H = c->H, I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t i1 = (q + 1) * EM_P1_GEMV < I ? (q + 1) * EM_P1_GEMV : I;
+    float dots[4 * EM_NT];
+    for (int64_t i = q * EM_P1_GEMV; i < i1; i += 2) {
+        int64_t i2 = i + 1 < i1 ? i + 1 : i;
+        const int64_t rows[4] = {i, i2, I + i, I + i2};
+        const uint8_t *w[4];
+        const float *sc[4];
+        float f[4];
+        for (int j = 0; j < 4; j++) {
+            w[j] = gu + rows[j] * H;
+            sc[j] = em_row_scales(c, jb, 0, rows[j]);
+            f[j] = em_row_factor(c, sc[j]);
+        }
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * H, dots);
+            for (int t = 0; t < nt; t++) {
+                float *hs = s->hs + (t0 + t) * c->Is;
+                hs[i] = em_silu(f[0] * dots[t]) * (f[2] * dots[2 * nt + t]);
+                if (i2 != i) hs[i2] = em_silu(f[1] * dots[nt + t]) * (f[3] * dots[3 * nt + t]);
+            }
+        }
+    }
+}
+
+static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
+    const int64_t I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
+    float dots[4 * EM_NT];
+    for (int64_t r = q * EM_P2_GEMV; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const uint8_t *w[4];
+        const float *sc[4];
+        float f[4];
+        for (int j = 0; j < 4; j++) {
+            int64_t row = r + (j < nr ? j : 0);
+            w[j] = dn + row * I;
+            sc[j] = em_row_scales(c, jb, 1, row);
+            f[j] = em_row_factor(c, sc[j]);
+        }
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots);
+            for (int j = 0; j < nr; j++)
+                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, f[j] * dots[j * nt + t]);
+        }
+    }
+}
+
+/* ---- GEMM path, quantised weights ---- */
+
+#if EM_HAS_GEMM
+#if defined(EM_ISA_AMX)
+#define EM_QHALF 16 /* rows per A tile: gate rows in tile 0, up rows in tile 1 */
+#else
+#define EM_QHALF (EM_GR / 2)
+#endif
+
+/* acc[r*32 + tt] for rows r in [0, n0) and [Q, Q + n1) of `rows` (dequantised bf16, row
+ * stride K): the sum over scale blocks of scale(r, block) times the bf16 kernel's dot over
+ * that block, for the token tile at t0. sc[r]: the row's scales (em_row_scales). */
+static void em_qtile(const em_call *c, const uint16_t *rows, int Q, int n0, int n1, const float *const *sc,
+                     const uint32_t *xp, int64_t np, int t0, int K, float *acc) {
+    float tmp[32 * 32];
+    const int fp8 = c->wfmt == EM_W_FP8;
+    const int blk = fp8 ? c->blk : K;
+    memset(acc, 0, sizeof(float) * 32 * 32);
+    for (int k0 = 0; k0 < K; k0 += blk) {
+        int kw = K - k0 < blk ? K - k0 : blk;
+        const uint32_t *xk = xp + (int64_t)(k0 / 2) * np; /* NOTE: blocks start at even k */
+#if defined(EM_ISA_AMX)
+        em_amx_2x2(rows + k0, n0, n1 ? rows + (int64_t)Q * K + k0 : rows + k0, n1, K, xk, np, t0, np - t0 > 16, kw, tmp);
+#else
+        const uint16_t *w[EM_GR];
+        for (int j = 0; j < EM_GR; j++) {
+            int valid = j < Q ? j < n0 : j - Q < n1;
+            w[j] = rows + (int64_t)(valid ? j : 0) * K + k0;
+        }
+        em_gemm12(w, xk, np, t0, kw, tmp);
+#endif
+        for (int r = 0; r < 2 * Q && r < 32; r++) {
+            if (r < Q ? r >= n0 : r - Q >= n1) continue;
+            float f = sc[r][fp8 ? k0 / blk : 0];
+            for (int tt = 0; tt < 32; tt++) acc[r * 32 + tt] += f * tmp[r * 32 + tt];
+        }
+    }
+}
+
+static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
+    const int64_t H = c->H, I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
+    uint16_t *rows = em_scratch((size_t)2 * EM_QHALF * H);
+    float acc[32 * 32];
+    const float *sc[2 * EM_QHALF];
+    if (!rows) {
+        atomic_store(&((em_call *)c)->failed, 1);
+        return;
+    }
+    for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
+        int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
+        for (int r = 0; r < nv; r++) {
+            em_q_to_bf16(gu + (i0 + r) * H, (int)H, fp8, rows + r * H);
+            em_q_to_bf16(gu + (I + i0 + r) * H, (int)H, fp8, rows + (EM_QHALF + r) * H);
+            sc[r] = em_row_scales(c, jb, 0, i0 + r);
+            sc[EM_QHALF + r] = em_row_scales(c, jb, 0, I + i0 + r);
+        }
+        for (int t0 = 0; t0 < s->np; t0 += 32) {
+            em_qtile(c, rows, EM_QHALF, nv, nv, sc, s->xp, s->np, t0, (int)H, acc);
+            for (int r = 0; r < nv; r++)
+                for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
+                    em_put_h(s, i0 + r, t0 + tt, acc[r * 32 + tt], acc[(EM_QHALF + r) * 32 + tt]);
+        }
+    }
+}
+
+static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
+    const int64_t I = c->I;
+    const int fp8 = c->wfmt == EM_W_FP8;
+    int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
+    const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
+    uint16_t *rows = em_scratch((size_t)group * I);
+    float acc[32 * 32];
+    const float *sc[2 * EM_QHALF];
+    if (!rows) {
+        atomic_store(&((em_call *)c)->failed, 1);
+        return;
+    }
+    for (int64_t r0 = lo; r0 < hi; r0 += group) {
+        int nr = hi - r0 < group ? (int)(hi - r0) : group;
+        for (int r = 0; r < nr; r++) {
+            em_q_to_bf16(dn + (r0 + r) * I, (int)I, fp8, rows + r * I);
+            sc[r] = em_row_scales(c, jb, 1, r0 + r);
+        }
+        int n0 = nr < EM_QHALF ? nr : EM_QHALF, n1 = nr - n0;
+        for (int t0 = 0; t0 < s->np; t0 += 32) {
+            em_qtile(c, rows, EM_QHALF, n0, n1, sc, s->hp, s->np, t0, (int)I, acc);
+            for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
+                for (int r = 0; r < nr; r++) em_store(c, jb, t0 + tt, r0 + r, acc[r * 32 + tt]);
+        }
+    }
+}
+#endif
+
+#endif

@@ -1,0 +1,203 @@
+"""Fused MoE prefill over quantised slot banks: `moe_gemm.py`'s grouped GEMMs with each
+weight tile dequantised in registers (`dequant.py`) before its MMA.
+
+Weight-only (every format): a tile is dequantised to fp32 and rounded to the
+activations' dtype (bf16 / fp16), then the tensor cores multiply as for bf16 weights.
+
+fp8 arithmetic (`F8DOT`, fp8 weights in 128 x 128 blocks on sm_89+, `fp8_dot()`): the
+weights stay e4m3 and each [BM, 128] activation tile is quantised on the fly, one scale
+per row (its largest |a| / 448), so a tile's MMA is e4m3 x e4m3 → fp32, scaled by the
+activation row's and the weight block's scales: twice the tensor-core rate and half the
+shared memory, at e4m3's rounding of the activations (2^-4 relative).
+
+The pair alignment (`align_pairs`), grid and rounding points are moe_gemm.py's.
+
+NOTE: tile sizes are constants (never derived from T): batch invariance, as moe_gemm.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from edgemoe.kernels.triton_ops.common import (
+    ACT_CODES,
+    activate,
+    fp8_hardware,
+    interpreting,
+    mma,
+    round_to,
+    round_trip,
+    tl_dtype,
+    to_e4m3,
+)
+from edgemoe.kernels.triton_ops.dequant import dequant, format_code
+from edgemoe.kernels.triton_ops.moe_gemm import BLOCK_M, align_pairs
+from edgemoe.kernels.triton_ops.moe_gemv import workspace_view
+from edgemoe.kernels.triton_ops.moe_gemv_q import bank_args
+from edgemoe.quant import ExpertFormat, Parts
+
+GU_N, GU_K, GU_WARPS, GU_STAGES = 64, 64, 4, 3
+DOWN_N, DOWN_K, DOWN_WARPS, DOWN_STAGES = 64, 64, 4, 3
+F8_K = 128  # NOTE: F8DOT tiles span exactly one weight scale block along K
+E4M3_MAX = tl.constexpr(448.0)
+
+
+def fp8_dot(fmt_code: int, group: int, x: torch.Tensor) -> bool:
+    """Whether the fp8 arithmetic path runs: 128-blocked fp8 weights, 16-bit activations, on
+    a GPU with fp8 tensor cores (sm_89+) or under the interpreter; `EDGEMOE_FP8_DOT=0`
+    forces weight-only dequantisation."""
+    from edgemoe.kernels.triton_ops.dequant import FMT_FP8
+
+    if os.environ.get("EDGEMOE_FP8_DOT", "1") == "0" or fmt_code != FMT_FP8 or group != F8_K:
+        return False
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return not x.is_cuda or torch.cuda.get_device_capability(x.device) >= (8, 9)
+
+
+@triton.jit
+def _f8_tile(a, E4M3: tl.constexpr, INTERP: tl.constexpr):
+    """[BM, BK] activations → (e4m3 tile, fp32 row scales): one scale per row."""
+    af = a.to(tl.float32)
+    s = tl.max(tl.abs(af), axis=1) / E4M3
+    s = tl.where(s > 0, s, 1.0)
+    return to_e4m3(af / s[:, None], INTERP), s
+
+
+@triton.jit
+def _f8_mma(a_q, a_s, w_ptrs, w_ok, w_s, acc, INTERP: tl.constexpr):
+    """acc + (a_q @ w_q) · a_s[:, None] · w_s[None, :] for an e4m3 weight tile."""
+    w_q = tl.load(w_ptrs, mask=w_ok, other=0).to(tl.float8e4nv, bitcast=True)  # uint8 bytes → e4m3
+    return acc + mma(a_q, w_q, tl.zeros(acc.shape, tl.float32), INTERP) * a_s[:, None] * w_s[None, :]
+
+
+@triton.jit
+def _gate_up_gemm_q(
+    x_ptr, sorted_ptr, block_slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr,
+    H, I, K, num_pairs, stride_xt, stride_gs, stride_gr, stride_ss, stride_sr, stride_it,
+    ACT: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
+):
+    pid_m = tl.program_id(1)
+    slot = tl.load(block_slot_ptr + pid_m)
+    if slot < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = pair < num_pairs
+    tok = tl.where(valid, pair // K, 0).to(tl.int64)
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    col_ok = cols < I
+    kk = tl.arange(0, BK)
+    s64 = slot.to(tl.int64)
+    bank, sbank, zbank = gu_ptr + s64 * stride_gs, gus_ptr + s64 * stride_ss, guz_ptr + s64 * stride_ss
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        ks = k0 + kk
+        k_ok = ks < H
+        a = tl.load(x_ptr + tok[:, None] * stride_xt + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        ok = k_ok[:, None] & col_ok[None, :]
+        if F8DOT:
+            a_q, a_s = _f8_tile(a, E4M3_MAX, INTERP)
+            kb = k0 // GROUP
+            w_ptrs = bank + cols.to(tl.int64)[None, :] * stride_gr + ks[:, None]
+            nrb = tl.cdiv(I, GROUP)
+            gs = tl.load(sbank + (cols // GROUP).to(tl.int64) * stride_sr + kb, mask=col_ok, other=0.0)
+            us = tl.load(sbank + (nrb + cols // GROUP).to(tl.int64) * stride_sr + kb, mask=col_ok, other=0.0)
+            acc_g = _f8_mma(a_q, a_s, w_ptrs, ok, gs, acc_g, INTERP)
+            acc_u = _f8_mma(a_q, a_s, w_ptrs + I * stride_gr, ok, us, acc_u, INTERP)
+        else:
+            g = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, I, stride_gr, stride_sr, FMT, GROUP,
+                        FP8HW)
+            u = dequant(bank, sbank, zbank, (cols + I)[None, :], ks[:, None], ok, I, stride_gr, stride_sr, FMT,
+                        GROUP, FP8HW)
+            acc_g = mma(a, round_to(g, DTYPE, INTERP), acc_g, INTERP)
+            acc_u = mma(a, round_to(u, DTYPE, INTERP), acc_u, INTERP)
+    gate = round_trip(acc_g, DTYPE, INTERP)
+    up = round_trip(acc_u, DTYPE, INTERP)
+    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    out = inter_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_it + cols[None, :]
+    tl.store(out, round_to(h, DTYPE, INTERP), mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _down_gemm_q(
+    inter_ptr, sorted_ptr, block_slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr,
+    H, I, K, num_pairs, stride_it, stride_ds, stride_dr, stride_ss, stride_sr, stride_ct, stride_ck,
+    DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
+):
+    pid_m = tl.program_id(1)
+    slot = tl.load(block_slot_ptr + pid_m)
+    if slot < 0:
+        return
+    pair = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = pair < num_pairs
+    safe = tl.where(valid, pair, 0)
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    col_ok = cols < H
+    kk = tl.arange(0, BK)
+    s64 = slot.to(tl.int64)
+    bank, sbank, zbank = dn_ptr + s64 * stride_ds, dns_ptr + s64 * stride_ss, dnz_ptr + s64 * stride_ss
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, I, BK):
+        ks = k0 + kk
+        k_ok = ks < I
+        a = tl.load(inter_ptr + safe.to(tl.int64)[:, None] * stride_it + ks[None, :],
+                    mask=valid[:, None] & k_ok[None, :], other=0.0)
+        ok = k_ok[:, None] & col_ok[None, :]
+        if F8DOT:
+            a_q, a_s = _f8_tile(a, E4M3_MAX, INTERP)
+            ws = tl.load(sbank + (cols // GROUP).to(tl.int64) * stride_sr + k0 // GROUP, mask=col_ok, other=0.0)
+            acc = _f8_mma(a_q, a_s, bank + cols.to(tl.int64)[None, :] * stride_dr + ks[:, None], ok, ws, acc, INTERP)
+        else:
+            b = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, H, stride_dr, stride_sr, FMT, GROUP,
+                        FP8HW)
+            acc = mma(a, round_to(b, DTYPE, INTERP), acc, INTERP)
+    w = tl.load(w_ptr + safe, mask=valid, other=0.0)
+    y = round_trip(acc, DTYPE, INTERP) * w[:, None]
+    t = (safe // K).to(tl.int64)
+    out = cells_ptr + t[:, None] * stride_ct + (safe % K)[:, None] * stride_ck + cols[None, :]
+    tl.store(out, y, mask=valid[:, None] & col_ok[None, :])
+
+
+def moe_prefill_q_triton(
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, parts: Parts, fmt: ExpertFormat,
+    cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None, f8dot: bool | None = None,
+) -> None:
+    """`f8dot`: force the fp8 arithmetic path on or off (default: `fp8_dot`)."""
+    T, H = x.shape
+    K = slot_ids.shape[1]
+    S, I = parts["gate_up"].shape[0], parts["gate_up"].shape[1] // 2
+    pairs = T * K
+    if pairs == 0:
+        return
+    if cells.stride(-1) != 1:
+        raise ValueError("cells need a unit stride on H (they are written in place)")
+    code, group = format_code(fmt)
+    x = x.contiguous()
+    f8 = fp8_dot(code, group, x) if f8dot is None else f8dot
+    gu_k, dn_k = (F8_K, F8_K) if f8 else (GU_K, DOWN_K)
+    w = weights.to(torch.float32).contiguous().view(-1)
+    blocks = align_pairs(slot_ids, S)
+    inter = workspace_view(workspace, pairs, I, x)
+    dtype, interp = tl_dtype(x.dtype), interpreting(x)
+    num_blocks = blocks.block_slot.numel()
+    gu, gus, guz, *gu_strides = bank_args(parts, "gate_up")
+    _gate_up_gemm_q[(triton.cdiv(I, GU_N), num_blocks)](
+        x, blocks.sorted_pairs, blocks.block_slot, gu, gus, guz, inter,
+        H, I, K, pairs, x.stride(0), *gu_strides, inter.stride(0),
+        ACT=ACT_CODES[act], DTYPE=dtype, BM=BLOCK_M, BN=GU_N, BK=gu_k, INTERP=interp, FMT=code, GROUP=group,
+        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=GU_WARPS, num_stages=GU_STAGES,
+    )
+    dn, dns, dnz, *dn_strides = bank_args(parts, "down")
+    _down_gemm_q[(triton.cdiv(H, DOWN_N), num_blocks)](
+        inter, blocks.sorted_pairs, blocks.block_slot, w, dn, dns, dnz, cells,
+        H, I, K, pairs, inter.stride(0), *dn_strides, cells.stride(0), cells.stride(1),
+        DTYPE=dtype, BM=BLOCK_M, BN=DOWN_N, BK=dn_k, INTERP=interp, FMT=code, GROUP=group,
+        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
+    )

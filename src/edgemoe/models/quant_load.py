@@ -1,0 +1,123 @@
+"""Loading into quantised experts: a published checkpoint's parts, or bf16 quantised as it streams.
+
+`PartCollector` gathers the tensors of one quantised linear (weight + scales, or
+qweight/qzeros/scales/g_idx) until all of them have been read — the checkpoint's full
+list of names says which exist — then the scheme decodes them into our format.
+`place` writes one decoded linear where the model's name map puts it:
+- an expert matrix into a `PartsStore`: as is when the formats agree (lossless), else
+  dequantised to fp32 and quantised into the store's format (load-time quantisation);
+- an expert matrix into an unquantised bank, or any other tensor (attention, dense MLP,
+  router): dequantised and cast to the model's dtype (counted in `Upcasts`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from edgemoe.models.names import Placement
+from edgemoe.moe.parts_store import PartsStore
+from edgemoe.moe.store import ExpertStore
+from edgemoe.quant import ExpertFormat, Parts
+from edgemoe.quant.published import Decoded, Scheme
+
+log = logging.getLogger(__name__)
+
+Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
+
+
+class PartCollector:
+    """Holds the parts of linears until each is complete (memory: a few linears at once)."""
+
+    def __init__(self, scheme: Scheme, all_names: Iterable[str]) -> None:
+        self.scheme = scheme
+        self.expected: dict[str, set[str]] = {}
+        for name in all_names:
+            if (split := scheme.split(name)) is not None:
+                self.expected.setdefault(split[0], set()).add(split[1])
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+
+    def base(self, name: str) -> str | None:
+        """The linear ("X.weight") `name` is a part of, or None."""
+        split = self.scheme.split(name)
+        return split[0] if split is not None else None
+
+    def add(self, name: str, tensor: torch.Tensor) -> tuple[str, Value] | None:
+        """Keep one part; when its linear is complete, (base name, decoded value)."""
+        base, part = self.scheme.split(name)  # type: ignore[misc]
+        got = self.pending.setdefault(base, {})
+        got[part] = tensor
+        if set(got) != self.expected.get(base, {part}):
+            return None
+        del self.pending[base]
+        return base, self.scheme.decode(got)
+
+
+@dataclass
+class Upcasts:
+    """Quantised checkpoint tensors that were dequantised at load (said in the plan)."""
+
+    formats: dict[str, int] = field(default_factory=dict)  # format label → tensors
+    requantised: int = 0  # expert matrices quantised from another format (or from bf16)
+
+    def note(self) -> str:
+        parts = [f"{n} {label} tensor(s) dequantised" for label, n in self.formats.items()]
+        if self.requantised:
+            parts.append(f"{self.requantised} expert matrices quantised at load")
+        return "; ".join(parts)
+
+
+def dense_value(value: Value, shape: tuple[int, ...], upcasts: Upcasts | None = None) -> torch.Tensor:
+    """A plain tensor for a value (dequantised to fp32 when quantised)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    fmt, parts = value
+    if upcasts is not None:
+        upcasts.formats[fmt.label] = upcasts.formats.get(fmt.label, 0) + 1
+    return fmt.dequantise(parts, *shape)
+
+
+def expert_parts(value: Value, fmt: ExpertFormat, shape: tuple[int, int], upcasts: Upcasts) -> Parts:
+    """A matrix in `fmt`'s parts (keyed by suffix): as is, or (re)quantised."""
+    if not isinstance(value, torch.Tensor) and value[0] == fmt:
+        return value[1]
+    upcasts.requantised += 1
+    src = value if isinstance(value, torch.Tensor) else value[0].dequantise(value[1], *shape)
+    return fmt.quantise(src)
+
+
+def place_expert_parts(store: PartsStore, place: Placement, parts: Parts) -> None:
+    """Write one matrix's parts into the bank rows `place` names: (e, gate rows) or
+    (e, up rows) of gate_up — the first or second half of every part — or (e,) of down."""
+    _, layer, which = place.target.split(".")
+    e = int(place.index[0])  # type: ignore[arg-type]
+    half = None
+    if which == "gate_up":
+        rows = place.index[1]
+        half = 0 if isinstance(rows, slice) and (rows.start or 0) == 0 else 1
+    for suffix, t in parts.items():
+        dest = store.tensor(int(layer), which + suffix)[e]
+        if half is not None:
+            n = dest.shape[0] // 2
+            dest = dest[half * n : (half + 1) * n]
+        if tuple(dest.shape) != tuple(t.shape):
+            raise ValueError(f"part {which + suffix} has shape {tuple(t.shape)}, expected {tuple(dest.shape)}")
+        dest.copy_(t)
+
+
+def expert_shape(experts: ExpertStore, place: Placement) -> tuple[int, int]:
+    """The dense shape of the matrix `place` names: gate/up [I, H], down [H, I]."""
+    hidden, inter = experts.down_shape
+    return (hidden, inter) if place.target.endswith(".down") else (inter, hidden)
+
+
+def pin_keys(experts: ExpertStore, target: str) -> list[tuple[str, str]]:
+    """(pin-tracker key, bank name) of every bank an expert target ("experts.L.gate_up")
+    fills: the one bank, or each part's bank of a quantised store."""
+    _, layer, which = target.split(".")
+    if not isinstance(experts, PartsStore):
+        return [(target, which)]
+    return [(target + name[len(which):], name) for name in experts.layer_parts(int(layer)) if name.startswith(which)]

@@ -1,0 +1,251 @@
+"""Quantised checkpoints as published: `quantization_config` → a scheme that turns one
+linear's checkpoint tensors into one of our formats, losslessly.
+
+- FP8 (`quant_method: fp8`, Qwen3/Qwen3.5 `*-FP8`, DeepSeek-V3): `weight` e4m3 [N, K] and
+  `weight_scale_inv` fp32 [ceil(N/B), ceil(K/B)], B = `weight_block_size` → `Fp8Block`.
+- AWQ (`awq`, AutoAWQ "gemm" layout): `qweight` int32 [K, N/8], `qzeros` int32 [K/G, N/8],
+  `scales` fp16 [K/G, N]; eight 4-bit values per int32 along N in the order
+  [0, 2, 4, 6, 1, 3, 5, 7] (nibble i holds column 8j + AWQ_ORDER[i]) → `Int4Group`.
+- GPTQ (`gptq`): `qweight` int32 [K/8, N] (nibble i of row j: input 8j + i), `qzeros` int32
+  [K/G, N/8] (sequential nibbles along N; `checkpoint_format` "gptq" stores zero - 1,
+  "gptq_v2" the zero itself), `scales` fp16 [K/G, N], `g_idx` int32 [K] → `Int4Group`.
+- compressed-tensors: "pack-quantized" int4 (`weight_packed` int32 [N, K/8], sequential
+  nibbles of q + 8; `weight_scale` [N, K/G]; `weight_zero_point` packed along N when
+  asymmetric) → `Int4Group`; "int-quantized" int8 (`weight` int8, `weight_scale` [N, 1])
+  → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`.
+
+A linear is recognised by its parts: the names a scheme knows, sharing a base name
+"X.weight". A floating-point "X.weight" with no other part is a linear the checkpoint
+left unquantised (router, LM head, `modules_to_not_convert`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from edgemoe.quant.formats import ExpertFormat, Parts
+from edgemoe.quant.fp8 import Fp8Block
+from edgemoe.quant.int4 import Int4Group, pack_nibbles
+from edgemoe.quant.int8 import Int8Channel
+
+log = logging.getLogger(__name__)
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a packed int32 holds column AWQ_ORDER[i]
+FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+Decoded = tuple[ExpertFormat, Parts]
+
+
+class QuantConfigError(ValueError):
+    """A `quantization_config` (or a tensor it governs) we cannot load; the message says why."""
+
+
+def unpack_int32(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """int32 holding eight 4-bit values → uint8 values, unpacked along `dim` (×8).
+    Nibble i (bits 4i..4i+3) of element j lands at position 8j + order[i]."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nib = ((packed.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8)  # [..., 8] in nibble order
+    inverse = [order.index(p) for p in range(8)]
+    nib = nib[..., inverse]  # position order
+    nib = nib.movedim(-1, dim + 1)  # the 8 values of element j follow it along `dim`
+    shape = list(packed.shape)
+    shape[dim] *= 8
+    return nib.reshape(shape)
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one family of checkpoints stores its quantised linears."""
+
+    method: str
+    parts: tuple[str, ...]  # suffixes after the module name, e.g. ("weight", "weight_scale_inv")
+    format: ExpertFormat
+
+    def split(self, name: str) -> tuple[str, str] | None:
+        """"X.<part>" → ("X.weight", part) for a part of this scheme, else None."""
+        module, _, part = name.rpartition(".")
+        return (f"{module}.weight", part) if module and part in self.parts else None
+
+    def decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor | Decoded:
+        """One linear's tensors (by part) → a plain weight (unquantised in the
+        checkpoint) or (format, our parts)."""
+        if set(parts) == {"weight"} and parts["weight"].dtype in FLOATS:
+            return parts["weight"]
+        try:
+            return self._decode(parts)
+        except KeyError as e:
+            raise QuantConfigError(f"{self.method} linear without its {e.args[0]!r} tensor") from None
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Fp8Scheme(Scheme):
+    scale_name: str = "weight_scale_inv"
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        w, s = parts["weight"], parts[self.scale_name].float()
+        fmt = self.format
+        assert isinstance(fmt, Fp8Block)
+        want = fmt.matrix_specs(*w.shape)["_scale"][0]
+        if w.dtype != torch.float8_e4m3fn or tuple(s.shape) != want:
+            raise QuantConfigError(f"fp8 weight {w.dtype} {tuple(w.shape)} with scales {tuple(s.shape)}: "
+                                   f"expected float8_e4m3fn and scales {want} ({fmt.block}x{fmt.block} blocks)")
+        return fmt, {"": w, "_scale": s.contiguous()}
+
+
+@dataclass(frozen=True)
+class Mxfp4Scheme(Scheme):
+    """gpt-oss: one tensor per part for all experts of a layer, named
+    "<layer>.mlp.experts.gate_up_proj_blocks" [E, N, K/32, 16] and "..._scales" [E, N, K/32]
+    (gate rows first in our checkpoints; gpt-oss itself interleaves them)."""
+
+    def split(self, name: str) -> tuple[str, str] | None:
+        for part in self.parts:
+            if name.endswith("_" + part):
+                return name[: -len(part) - 1], part
+        return None
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        blocks, scales = parts["blocks"], parts["scales"]
+        if blocks.dtype != torch.uint8 or blocks.dim() != 4 or tuple(blocks.shape[:3]) != tuple(scales.shape):
+            raise QuantConfigError(f"mxfp4 blocks {tuple(blocks.shape)} / scales {tuple(scales.shape)}: "
+                                   "expected uint8 [E, N, K/32, 16] and [E, N, K/32]")
+        e, n, g, _ = blocks.shape
+        return self.format, {"": blocks.reshape(e, n, g * 16), "_scale": scales}
+
+
+@dataclass(frozen=True)
+class AwqScheme(Scheme):
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        q = unpack_int32(parts["qweight"], 1, AWQ_ORDER)  # [K, N]
+        z = unpack_int32(parts["qzeros"], 1, AWQ_ORDER)  # [G, N]
+        return _int4(self.format, q.T, z.T, parts["scales"].T)
+
+
+@dataclass(frozen=True)
+class GptqScheme(Scheme):
+    zero_offset: int = 1  # checkpoint_format "gptq" stores zero - 1
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        q = unpack_int32(parts["qweight"], 0)  # [K, N]
+        z = unpack_int32(parts["qzeros"], 1).to(torch.int16) + self.zero_offset  # [G, N]
+        _check_g_idx(parts.get("g_idx"), self.format)
+        return _int4(self.format, q.T, z.T.clamp(0, 255), parts["scales"].T)
+
+
+@dataclass(frozen=True)
+class PackedScheme(Scheme):
+    """compressed-tensors "pack-quantized" (int4)."""
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        n, k = (int(v) for v in parts["weight_shape"].tolist())
+        q = unpack_int32(parts["weight_packed"], 1)[:, :k]  # [N, K], unsigned: q + 8
+        scale = parts["weight_scale"]
+        _check_g_idx(parts.get("weight_g_idx"), self.format)
+        if "weight_zero_point" in parts:
+            # Packed like the weights (zero + 8, unsigned), along N: that is our unsigned zero.
+            zero = unpack_int32(parts["weight_zero_point"], 0)[:n]
+        else:
+            zero = torch.full(scale.shape, 8, dtype=torch.int16)
+        return _int4(self.format, q, zero, scale)
+
+
+@dataclass(frozen=True)
+class IntScheme(Scheme):
+    """compressed-tensors "int-quantized" (int8, per channel)."""
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        w, s = parts["weight"], parts["weight_scale"]
+        if w.dtype != torch.int8 or tuple(s.shape) != (w.shape[0], 1):
+            raise QuantConfigError(f"int8 weight {w.dtype} with scales {tuple(s.shape)}: expected [N, 1] per channel")
+        return self.format, {"": w, "_scale": s.float()}
+
+
+def _check_g_idx(g_idx: torch.Tensor | None, fmt: ExpertFormat) -> None:
+    """g_idx [K] (input k's group) must be k // group: act-order checkpoints permute it."""
+    if g_idx is None:
+        return
+    trivial = torch.arange(g_idx.numel(), dtype=torch.int32) // fmt.group  # type: ignore[attr-defined]
+    if not torch.equal(g_idx.to(torch.int32), trivial):
+        raise QuantConfigError("act-order 4-bit weights (desc_act: a permuted g_idx) are not supported yet")
+
+
+def _int4(fmt: ExpertFormat, q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor) -> Decoded:
+    """Our int4 parts from q [N, K], zero [N, G], scale [N, G]."""
+    n, k = q.shape
+    specs = fmt.matrix_specs(n, k)
+    if tuple(scale.shape) != specs["_scale"][0] or tuple(zero.shape) != specs["_zero"][0]:
+        raise QuantConfigError(f"int4 [{n}, {k}]: scales {tuple(scale.shape)} / zeros {tuple(zero.shape)}, "
+                               f"expected {specs['_scale'][0]} ({fmt.label})")
+    scale16 = scale.to(torch.float16)
+    if not torch.equal(scale16.to(scale.dtype), scale):
+        log.warning("int4 scales in %s rounded to fp16 (ours)", scale.dtype)
+    return fmt, {"": pack_nibbles(q.contiguous()), "_scale": scale16.contiguous(), "_zero": zero.to(torch.uint8).contiguous()}
+
+
+# ---- quantization_config → scheme ----
+
+
+def scheme_for(config: dict[str, Any]) -> Scheme | None:
+    """The scheme of a checkpoint's config.json (None: not quantised)."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "fp8":
+        return _fp8(qc)
+    if method in ("awq", "gptq"):
+        return _four_bit(method, qc)
+    if method == "compressed-tensors":
+        return _compressed(qc)
+    if method == "mxfp4":
+        from edgemoe.quant.mxfp4 import Mxfp4
+
+        return Mxfp4Scheme("mxfp4", ("blocks", "scales"), Mxfp4())
+    raise QuantConfigError(f"quantization_config quant_method {method!r} is not supported "
+                           "(fp8, awq, gptq, compressed-tensors, mxfp4)")
+
+
+def _fp8(qc: dict[str, Any]) -> Scheme:
+    block = qc.get("weight_block_size") or [128, 128]
+    if qc.get("fmt", "e4m3") != "e4m3" or len(block) != 2 or block[0] != block[1]:
+        raise QuantConfigError(f"fp8 checkpoint with fmt {qc.get('fmt')!r} and blocks {block}: "
+                               "only e4m3 with square blocks is supported")
+    return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(int(block[0])))
+
+
+def _four_bit(method: str, qc: dict[str, Any]) -> Scheme:
+    bits, group = int(qc.get("bits", qc.get("w_bit", 4))), int(qc.get("group_size", qc.get("q_group_size", 128)))
+    if bits != 4:
+        raise QuantConfigError(f"{method} with {bits} bits: only 4-bit is supported")
+    fmt = Int4Group(group if group > 0 else 1 << 30)  # group -1: one group per row
+    if method == "awq":
+        if str(qc.get("version", "gemm")).lower() != "gemm" or not qc.get("zero_point", True):
+            raise QuantConfigError(f"AWQ version {qc.get('version')!r} / zero_point {qc.get('zero_point')}: "
+                                   "only the GEMM layout with zero points is supported")
+        return AwqScheme("awq", ("qweight", "qzeros", "scales"), fmt)
+    offset = 0 if str(qc.get("checkpoint_format", "gptq")).lower() == "gptq_v2" else 1
+    return GptqScheme("gptq", ("qweight", "qzeros", "scales", "g_idx"), fmt, offset)
+
+
+def _compressed(qc: dict[str, Any]) -> Scheme:
+    groups = [g for g in (qc.get("config_groups") or {}).values() if g.get("weights")]
+    if len(groups) != 1:
+        raise QuantConfigError(f"compressed-tensors with {len(groups)} weight groups: exactly one is supported")
+    w, fmt_name = groups[0]["weights"], qc.get("format")
+    bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
+    if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy == "group":
+        parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+        return PackedScheme("compressed-tensors", parts, Int4Group(int(w["group_size"])))
+    if fmt_name == "int-quantized" and bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True):
+        return IntScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
+    block = w.get("block_structure") or [0, 0]
+    if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
+        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
+    raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
+                           "is not supported (pack-quantized int4 group, int-quantized int8 channel, fp8 blocks)")

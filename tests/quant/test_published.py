@@ -1,0 +1,117 @@
+"""Quantised checkpoints as published: decoders against independent packers, and whole
+models against transformers (FP8) or the dense twin (AWQ, GPTQ: transformers needs
+gptqmodel/optimum to load them, absent here, so the oracle is the same model with
+W = (q - z)·s written in fp32, i.e. dequantise first)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from quant_ckpt_support import (
+    AWQ_ORDER,
+    _pack_cols,
+    _pack_rows,
+    hf_fp8_model,
+    write_fp8,
+    write_int4,
+)
+from tolerances import network_atol
+
+from edgemoe import LLM, SamplingParams
+from edgemoe.assets.checkpoint import model_config
+from edgemoe.quant import Fp8Block, Int4Group
+from edgemoe.quant.published import QuantConfigError, scheme_for, unpack_int32
+
+PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2023)), list(range(40000, 40061, 3))]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def test_unpack_int32_orders() -> None:
+    g = torch.Generator().manual_seed(0)
+    v = torch.randint(0, 16, (4, 16), generator=g)
+    assert torch.equal(unpack_int32(_pack_cols(v, AWQ_ORDER), 1, tuple(AWQ_ORDER)), v.to(torch.uint8))
+    assert torch.equal(unpack_int32(_pack_cols(v, list(range(8))), 1), v.to(torch.uint8))
+    assert torch.equal(unpack_int32(_pack_rows(v.T.contiguous()), 0), v.T.to(torch.uint8))
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_int4_decoders_dequantise_to_the_packed_values(method: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    K, N, G = 64, 24, 32
+    # GPTQ v1 stores zero - 1 in 4 bits, so its zeros are 1..15 (0 would read back as 16).
+    q, z = torch.randint(0, 16, (K, N), generator=g), torch.randint(int(method == "gptq"), 16, (K // G, N), generator=g)
+    s = torch.rand(K // G, N, generator=g).half()
+    want = ((q - z.repeat_interleave(G, 0)) * s.float().repeat_interleave(G, 0)).T
+    qc = {"quant_method": method, "bits": 4, "group_size": G}
+    scheme = scheme_for({"quantization_config": qc})
+    if method == "awq":
+        parts = {"qweight": _pack_cols(q, AWQ_ORDER), "qzeros": _pack_cols(z, AWQ_ORDER), "scales": s}
+    else:
+        parts = {"qweight": _pack_rows(q), "qzeros": _pack_cols(z - 1, list(range(8))), "scales": s,
+                 "g_idx": (torch.arange(K) // G).to(torch.int32)}
+    fmt, ours = scheme.decode(parts)
+    assert fmt == Int4Group(G)
+    assert torch.equal(fmt.dequantise(ours, N, K), want)
+
+
+def test_gptq_act_order_is_refused() -> None:
+    scheme = scheme_for({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32}})
+    q = torch.zeros(64, 8, dtype=torch.int64)
+    parts = {"qweight": _pack_rows(q), "qzeros": _pack_cols(torch.zeros(2, 8, dtype=torch.int64), list(range(8))),
+             "scales": torch.ones(2, 8).half(), "g_idx": torch.arange(64).flip(0).to(torch.int32) // 32}
+    with pytest.raises(QuantConfigError, match="act-order"):
+        scheme.decode(parts)
+
+
+def test_unsupported_configs_are_named() -> None:
+    with pytest.raises(QuantConfigError, match="bitsandbytes"):
+        scheme_for({"quantization_config": {"quant_method": "bitsandbytes"}})
+    with pytest.raises(QuantConfigError, match="3 bits"):
+        scheme_for({"quantization_config": {"quant_method": "gptq", "bits": 3}})
+    assert scheme_for({"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}).format == Fp8Block(64)
+
+
+@pytest.fixture(scope="module")
+def fp8_ckpt(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    config = model_config("qwen3_moe", num_hidden_layers=2)
+    return write_fp8(config, tmp_path_factory.mktemp("fp8") / "ckpt")
+
+
+def test_fp8_checkpoint_matches_transformers(fp8_ckpt) -> None:  # noqa: ANN001
+    ref = hf_fp8_model(fp8_ckpt)
+    with LLM(str(fp8_ckpt), dtype="float32", max_prefill_tokens=4096) as llm:
+        runtime = llm._engine().runtime
+        assert runtime.plan.expert_format.startswith("fp8")  # experts stay fp8 in the store
+        assert "fp8 checkpoint" in runtime.plan.dense_note
+        ours_tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        for prompt in PROMPTS:
+            ours = llm.prompt_logits(prompt)
+            with torch.no_grad():
+                theirs = ref(torch.tensor([prompt])).logits[0].float()
+            # Both dequantise to the same fp32 weights; the forward passes order sums differently.
+            atol = network_atol(torch.float32, 64, theirs.abs().max().item())
+            torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
+    with torch.no_grad():
+        for prompt, tokens in zip(PROMPTS, ours_tokens, strict=True):
+            out = ref.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None,
+                               pad_token_id=151643)
+            assert out[0, len(prompt):].tolist() == tokens
+
+
+@pytest.mark.parametrize(("method", "backend"), [("awq", "resident"), ("gptq", "cpu")])
+def test_int4_checkpoint_matches_its_dense_twin(method: str, backend: str, tmp_path_factory) -> None:  # noqa: ANN001
+    config = model_config("qwen3_moe", num_hidden_layers=2)
+    root = tmp_path_factory.mktemp(method)
+    ckpt, dense = write_int4(config, root / "q", root / "dense", method)
+    with LLM(str(dense), dtype="float32") as llm:
+        want_tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        want_logits = [llm.prompt_logits(p) for p in PROMPTS]
+    with LLM(str(ckpt), dtype="float32", moe_backend=backend, moe_slots=4) as llm:
+        assert llm._engine().runtime.plan.expert_format.startswith("int4")
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want_tokens
+        for prompt, want in zip(PROMPTS, want_logits, strict=True):
+            # Identical fp32 weights (q, z and fp16 s are exact in fp32); sums may be ordered differently.
+            atol = network_atol(torch.float32, 64, want.abs().max().item())
+            torch.testing.assert_close(llm.prompt_logits(prompt), want, atol=atol, rtol=0)
+    assert len(set(want_tokens[0])) > 4, "degenerate reference output: weak test"
