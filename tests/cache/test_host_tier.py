@@ -177,4 +177,5 @@ def test_pages_carry_fp8_scales_and_index_keys_through_the_tier() -> None:
     tier.load_pages(keys, [0, 5])
     for t, old in zip(kv.slot_tensors, before, strict=True):
         bits, old_bits = t.view(torch.uint8), old.view(torch.uint8)
-        assert torch.equal(bits[:, 0:PS], old_bits[:, PS : 2 * PS]) and torch.equal(bits[:, 5 * PS : 6 * PS], old_bits[:, 4 * PS : 5 * PS])
+        assert torch.equal(bits[:, 0:PS], old_bits[:, PS : 2 * PS])
+        assert torch.equal(bits[:, 5 * PS : 6 * PS], old_bits[:, 4 * PS : 5 * PS])

@@ -153,8 +153,8 @@ def test_prefix_hits_and_host_tier_revivals_keep_tokens(reference, page_size: in
 def test_hash_constants_equal_transformers_buffers(reference) -> None:  # noqa: ANN001
     """The PLE tables' primes, offsets and multipliers we derive from config.json are the
     ones transformers derives (and saves as buffers)."""
-    from edgemoe.models.registry import model_module
     from edgemoe.models.loader import read_json
+    from edgemoe.models.registry import model_module
 
     ref = reference("sparse-ple")
     arch = model_module("qwen4_exp_text").arch(read_json(ref.path / "config.json"))

@@ -89,7 +89,9 @@ class StatePool:
         self.recurrent = torch.zeros(
             (s.num_layers, rows, s.num_v_heads, s.key_dim, s.value_dim), dtype=torch.float32, device=device
         )
-        self.conv = torch.zeros((s.num_layers, rows, s.conv_channels, s.conv_history), dtype=s.conv_dtype, device=device)
+        self.conv = torch.zeros(
+            (s.num_layers, rows, s.conv_channels, s.conv_history), dtype=s.conv_dtype, device=device
+        )
         self.extras = {e.name: torch.zeros((rows, *e.shape), dtype=e.dtype, device=device) for e in s.extras}
         self._free = list(range(rows - 1, live_rows - 1, -1))  # pop() hands out low rows first
         self._is_free = set(self._free)

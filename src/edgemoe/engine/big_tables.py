@@ -36,7 +36,8 @@ class TablePlan:
         if p.kind == "device":
             return (("PLE tables", p.geometry.table_nbytes(size)),)
         if p.kind == "disk":
-            return (("PLE step rows (disk store)", self.max_tokens * len(p.geometry.layers) * p.geometry.embed_dim * size),)
+            rows = self.max_tokens * len(p.geometry.layers) * p.geometry.embed_dim * size
+            return (("PLE step rows (disk store)", rows),)
         return ()
 
     def host_rows(self, arch: ModelArch, on_cuda: bool) -> tuple[HostRow, ...]:

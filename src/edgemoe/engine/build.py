@@ -14,26 +14,26 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.state_pool import StatePool
 from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
+from edgemoe.engine.big_tables import TablePlan, plan_tables
 from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
-from edgemoe.engine.big_tables import TablePlan, plan_tables
 from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
+from edgemoe.layers.embedding import HostEmbedding
 from edgemoe.layers.mlp import activation
 from edgemoe.models.arch import ModelArch
-from edgemoe.layers.embedding import HostEmbedding
 from edgemoe.models.loader import ram_tables
 from edgemoe.models.registry import model_module
-from edgemoe.moe.pinning import CudaRegistrar
-from edgemoe.ple.store import PleStore
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
+from edgemoe.moe.pinning import CudaRegistrar
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.routing_spec import ROUTER, parse_routing
 from edgemoe.moe.routing_trace import RoutingTrace
 from edgemoe.moe.synthetic_routing import SyntheticRouting
+from edgemoe.ple.store import PleStore
 from edgemoe.profiling import StepProfiler
 from edgemoe.tokenizer import TokenizerBundle
 

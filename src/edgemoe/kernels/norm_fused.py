@@ -58,7 +58,9 @@ def add_rms_norm(
     return normed, new_residual
 
 
-def grouped_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int, weight_offset: float = 1.0) -> torch.Tensor:
+def grouped_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int, weight_offset: float = 1.0
+) -> torch.Tensor:
     """RMSNorm of each `group`-wide slice of x [..., G·group] on its own, with a weight [G·group]
     of its own per slice (Qwen3.8-Flash-Next's `Qwen4ExpTextRMSNorm(group_size=...)` over the
     hyper-connection streams: zero-centred, weight_offset 1). `rms_norm_ref`'s cast order."""

@@ -29,7 +29,9 @@ from edgemoe.kernels.rotary import apply_rope
 from edgemoe.quant.kv import dequantise_kv
 
 
-def position_slots(page_table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
+def position_slots(
+    page_table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, page_size: int
+) -> torch.Tensor:
     """KV slots of `positions` [n, m] (clamped to >= 0) of the requests in `rows` [n]."""
     pos = positions.clamp(min=0)
     pages = page_table[rows.long()[:, None], pos // page_size].long()

@@ -119,7 +119,8 @@ class Qwen4ExpArch(HybridArch):
             p = f"layers.{i}."
             for hc in ("hc_attn_", "hc_mlp_"):  # down rows then the hc inject rows: one GEMM
                 shapes |= {p + hc + "norm": (W,), p + hc + "down": (R + self.hc_count, W), p + hc + "up": (W, R)}
-            shapes |= {p + k: v for k, v in (self._gdn_shapes() if i in self.gdn_layers else self._attn_shapes()).items()}
+            mixer = self._gdn_shapes() if i in self.gdn_layers else self._attn_shapes()
+            shapes |= {p + k: v for k, v in mixer.items()}
             shapes |= {p + k: v for k, v in self._mlp_shapes(i).items()}
             if i in self.ple_layers:
                 shapes |= {p + k: v for k, v in self._ple_shapes().items()}
@@ -187,7 +188,8 @@ def _ple(c: HFConfig, base: HybridArch, ple_layers: tuple[int, ...], model_type:
         raise ConfigError(f"{model_type}: eos_token_id must be set when ple_layer_ids are")
     return ple_geometry(
         ple_layers=ple_layers, vocab_size=base.vocab_size, ngram_size=ngram, heads_per_ngram=per, embed_dim=dim,
-        vocab_base=c.get("ngram_vocab_size_base", 20_000_000), divisor=c.get("make_ngram_vocab_size_divisible_by", 128),
+        vocab_base=c.get("ngram_vocab_size_base", 20_000_000),
+        divisor=c.get("make_ngram_vocab_size_divisible_by", 128),
         seed=c.get("seed", 1234), split_parts=c.get("split_ngram_parts", 512), eos=eos,
     )
 

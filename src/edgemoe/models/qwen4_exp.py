@@ -36,8 +36,17 @@ from edgemoe.layers.rotary import Rotary
 from edgemoe.models.arch import ConfigError, HFConfig
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.qwen4_arch import PLE_CONV, Qwen4ExpArch, qwen4_arch
-from edgemoe.models.qwen_hybrid import IGNORED_PREFIXES, Mixer, Params, _mlp, stacked_expert_names, to_device
-from edgemoe.models.qwen_hybrid import _attention_names, _gdn_names, _mlp_names
+from edgemoe.models.qwen_hybrid import (
+    IGNORED_PREFIXES,
+    Mixer,
+    Params,
+    _attention_names,
+    _gdn_names,
+    _mlp,
+    _mlp_names,
+    stacked_expert_names,
+    to_device,
+)
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.ple.inputs import PleInputs
@@ -79,7 +88,10 @@ def checkpoint_map(a: Qwen4ExpArch) -> NameMap:
         lp, our = f"{pre}layers.{i}.", f"layers.{i}."
         m |= _hc_names(a, lp + "attn_hyper_connection.", our + "hc_attn_")
         m |= _hc_names(a, lp + "mlp_hyper_connection.", our + "hc_mlp_")
-        m |= _gdn_split_names(a, lp + "linear_attn.", our) if i in a.gdn_layers else _indexed_names(lp + "self_attn.", our, a)
+        if i in a.gdn_layers:
+            m |= _gdn_split_names(a, lp + "linear_attn.", our)
+        else:
+            m |= _indexed_names(lp + "self_attn.", our, a)
         m |= _mlp_names(a, i, lp + "mlp.", our)
         if i in a.ple_layers:
             m |= _ple_names(a, a.ple_layers.index(i), lp + "ple.", our)
@@ -134,7 +146,8 @@ class Qwen4Block:
 
     def __init__(self, mixer: Mixer, attn_hc: HyperConnection, mlp: Any, mlp_hc: HyperConnection,
                  ple: PleLayer | None, region: str) -> None:
-        self.mixer, self.attn_hc, self.mlp, self.mlp_hc, self.ple, self.region = mixer, attn_hc, mlp, mlp_hc, ple, region
+        self.mixer, self.attn_hc, self.mlp, self.mlp_hc = mixer, attn_hc, mlp, mlp_hc
+        self.ple, self.region = ple, region
 
     def __call__(
         self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
@@ -173,7 +186,7 @@ def build(
     for i in range(arch.num_layers):
         pre = f"layers.{i}."
 
-        def hyper(name: str) -> HyperConnection:
+        def hyper(name: str, pre: str = pre) -> HyperConnection:
             return HyperConnection(p[pre + name + "norm"], p[pre + name + "down"], p[pre + name + "up"], hc, eps)
 
         mixer: Mixer

@@ -29,7 +29,9 @@ class PleStep:
 class PleInputs:
     """The hash constants on the device and the state pool extra of the n-gram contexts."""
 
-    def __init__(self, geometry: PleGeometry, store: PleStore, device: torch.device, ctx_name: str = "ngram_ctx") -> None:
+    def __init__(
+        self, geometry: PleGeometry, store: PleStore, device: torch.device, ctx_name: str = "ngram_ctx"
+    ) -> None:
         g = geometry
         self.geometry, self.store, self.ctx_name = g, store, ctx_name
         self.multipliers = torch.tensor([x.multipliers for x in g.layers], dtype=torch.int64, device=device)
