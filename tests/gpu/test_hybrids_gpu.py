@@ -9,8 +9,8 @@ import pytest
 import torch
 from tolerances import bf16_logit_error
 
-from edgemoe import LLM
-from edgemoe.testing.isolation import SamplingParams, isolated
+from edgemoe import LLM, SamplingParams
+from edgemoe.testing.isolation import isolated
 
 SMALL_HYBRID = dict(
     hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
