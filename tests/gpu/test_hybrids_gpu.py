@@ -9,8 +9,8 @@ import pytest
 import torch
 from tolerances import bf16_logit_error
 
-from edgemoe import LLM
-from edgemoe.testing.isolation import SamplingParams, isolated
+from edgemoe import LLM, SamplingParams
+from edgemoe.testing.isolation import isolated
 
 SMALL_HYBRID = dict(
     hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -38,12 +38,27 @@ def test_offload_tokens_identical_to_resident(hybrid_ckpt) -> None:  # noqa: ANN
     assert greedy(hybrid_ckpt, moe_backend="offload", moe_slots=4) == resident
 
 
-def test_bf16_gpu_agrees_with_fp32_reference(hybrid_ckpt) -> None:  # noqa: ANN001
+def torch_gdn_reference(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fla-core importable (it is carried to the GPU machine), transformers swaps its
+    GDN and causal-conv functions for fla's Triton kernels, which refuse CPU tensors: put
+    the torch functions (`__wrapped__`) back in the model's modules for the reference."""
+    import importlib
+
+    for cls in {type(m) for m in model.modules()}:
+        mod = importlib.import_module(cls.__module__)
+        for name in dir(mod):
+            fn = getattr(mod, name)
+            if callable(fn) and hasattr(fn, "__wrapped__") and ("delta_rule" in name or "causal_conv1d" in name):
+                monkeypatch.setattr(mod, name, fn.__wrapped__)
+
+
+def test_bf16_gpu_agrees_with_fp32_reference(hybrid_ckpt, monkeypatch) -> None:  # noqa: ANN001
     transformers = pytest.importorskip("transformers")
     with LLM(str(hybrid_ckpt), dtype="bfloat16", device="cuda", max_prefill_tokens=4096) as llm:
         out = llm.generate([LONG], GREEDY)[0].token_ids
         got = llm.prompt_logits(LONG + out).cpu().float()
     model = transformers.AutoModelForCausalLM.from_pretrained(hybrid_ckpt, dtype=torch.float32).eval()
+    torch_gdn_reference(model, monkeypatch)
     with torch.no_grad():
         ref = model(torch.tensor([LONG + out])).logits[0]
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()

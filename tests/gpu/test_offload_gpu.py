@@ -10,8 +10,8 @@ import pytest
 import torch
 from tolerances import bf16_logit_error
 
-from edgemoe import LLM
-from edgemoe.testing.isolation import SamplingParams, isolated
+from edgemoe import LLM, SamplingParams
+from edgemoe.testing.isolation import isolated
 
 PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2040)), list(range(40000, 40300, 3))]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from edgemoe import LLM
-from edgemoe.testing.isolation import SamplingParams, isolated
+from edgemoe import LLM, SamplingParams
+from edgemoe.testing.isolation import isolated
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 # experts (1.6 GB) larger than a 2 GiB cap leaves: the plan takes the slot cache (auto)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -357,11 +358,22 @@ def test_error_messages_are_written_for_the_client(scripted: ServerHarness, body
 # --------------------------------------------------------------------------- logging
 
 
+def access_lines(caplog: pytest.LogCaptureFixture, count: int) -> list[str]:
+    """The access lines once `count` are there: a line is written when the server's side of
+    the response is over, which can be just after the client has read the last byte."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [r.getMessage() for r in caplog.records if r.name == "edgemoe.access"]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
+
+
 def test_access_log_line_per_request_without_text(scripted: ServerHarness, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="edgemoe.access"):
         post(scripted, "/v1/chat/completions", chat(n=2, messages=[{"role": "user", "content": "zebra-7781"}]))
         post(scripted, "/v1/chat/completions", chat(temperature=-1))
-    lines = [r.getMessage() for r in caplog.records if r.name == "edgemoe.access"]
+        lines = access_lines(caplog, count=2)
     ok = next(line for line in lines if '"POST /v1/chat/completions" 200' in line)
     assert " in=" in ok and " out=8 " in ok and ok.endswith("s")  # two choices of 4 tokens
     assert any('"POST /v1/chat/completions" 400' in line for line in lines)

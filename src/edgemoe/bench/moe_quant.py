@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
+from edgemoe.bench.inputs import moe_batch
 from edgemoe.bench.results import plot_bars, write_result
 from edgemoe.kernels.moe_fused import moe_decode, moe_prefill
 from edgemoe.kernels.moe_quant import moe_decode_quant, moe_prefill_quant
 from edgemoe.quant import expert_format, expert_nbytes, quantise_expert
-from edgemoe.testing.kernel_inputs import moe_batch
 
 FORMATS = ("bf16", "fp8", "int8", "int4", "mxfp4")
 

@@ -15,11 +15,10 @@ dtype. `expert_dtype` quantises a bf16 checkpoint's experts as they stream in.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +26,12 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from edgemoe.models.arch import ModelArch
+from edgemoe.models.checkpoint_files import (
+    CheckpointError,
+    all_names,
+    read_json,
+    safetensors_files,
+)
 from edgemoe.models.names import NameMap, Placement, StackedMap
 from edgemoe.models.quant_load import (
     PartCollector,
@@ -53,10 +58,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-class CheckpointError(ValueError):
-    """The checkpoint directory is incomplete or inconsistent; the message names the file."""
-
-
 @dataclass
 class LoadedModel:
     arch: ModelArch
@@ -77,67 +78,12 @@ def ram_tables(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.T
     return torch.empty(shape, dtype=dtype)
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-
-
 def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[ModelArch, dict[str, Any]]:
     config = read_json(model_dir / "config.json")
     arch = model_module(config.get("model_type")).arch(config)
     if dtype != "auto":
         arch = replace(arch, dtype=DTYPES[dtype])
     return arch, config
-
-
-def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
-    """File name → tensor names it should hold (from the index when sharded).
-
-    Every file must lie inside `model_dir` (see `confined`): a checkpoint's index is
-    data from whoever published it, and must not make the loader open other files.
-    """
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: no 'weight_map' object")
-        files: dict[str, list[str]] = {}
-        for name, fname in weight_map.items():
-            files.setdefault(confined(model_dir, fname, index.name), []).append(name)
-        for fname in files:
-            if not (model_dir / fname).exists():
-                raise CheckpointError(f"{model_dir / fname}: listed in {index.name} but missing")
-        return files
-    single = model_dir / "model.safetensors"
-    found = [single] if single.exists() else sorted(model_dir.glob("*.safetensors"))
-    if not found:
-        raise CheckpointError(f"{model_dir}: no model.safetensors, index or *.safetensors files")
-    return {confined(model_dir, p.name, "the directory"): [] for p in found}
-
-
-def confined(model_dir: Path, fname: object, listed_in: str) -> str:
-    """`fname` if it names a regular file inside `model_dir`, else CheckpointError naming it.
-
-    Refused: non-strings, absolute paths and `..` parts (an index could otherwise make us
-    read any file), and names resolving to something that is not a regular file (a
-    device or a FIFO could hang the loader). A symlink the user placed in their own
-    model directory (models kept on another disk, the Hub cache's snapshot → blob
-    links) is followed: the directory's owner chose it.
-    """
-    where = f"{model_dir}: {listed_in} names"
-    if not isinstance(fname, str) or not fname.strip():
-        raise CheckpointError(f"{where} {fname!r}, which is not a file name")
-    parts = PurePosixPath(fname.replace("\\", "/"))
-    if parts.is_absolute() or PureWindowsPath(fname).is_absolute() or ".." in parts.parts:
-        raise CheckpointError(f"{where} {fname!r}, outside the model directory")
-    target = (model_dir / fname).resolve()
-    if target.exists() and not target.is_file():
-        raise CheckpointError(f"{where} {fname!r}, which resolves to {target}, not a regular file")
-    return fname
 
 
 def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
@@ -171,7 +117,7 @@ def load_checkpoint(
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
-    collector = PartCollector(scheme, _all_names(model_dir, files)) if scheme else None
+    collector = PartCollector(scheme, all_names(model_dir, files)) if scheme else None
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
     ignored = (
@@ -321,21 +267,6 @@ def _mark_filled(pins: PinWhenFilled | None, experts: ExpertStore, names: NameMa
         if (target := names[name].target).startswith("experts."):
             for key, _ in pin_keys(experts, target):
                 pins.filled(key, name)
-
-
-def _all_names(model_dir: Path, files: dict[str, list[str]]) -> list[str]:
-    """Every tensor name of the checkpoint: the index's, or each file's header."""
-    listed = [n for ns in files.values() for n in ns]
-    if listed:
-        return listed
-    out: list[str] = []
-    for fname in files:
-        try:
-            with safe_open(str(model_dir / fname), framework="pt") as handle:
-                out.extend(handle.keys())
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
-    return out
 
 
 def _read(handle: Any, path: Path, name: str) -> torch.Tensor:

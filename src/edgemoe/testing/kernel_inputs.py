@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgemoe.bench.inputs import MoEBatch, moe_batch  # noqa: F401 - re-exported for tests
+
 
 @dataclass(frozen=True)
 class PagedBatch:
@@ -49,31 +51,6 @@ def paged_batch(
         move(q), move(k_cache), move(v_cache), move(table), move(rows),
         move(torch.tensor(seq_lens, dtype=torch.int32)), move(cu), page_size, max(q_lens),
     )
-
-
-@dataclass(frozen=True)
-class MoEBatch:
-    x: torch.Tensor  # [T, H]
-    slot_ids: torch.Tensor  # [T, K] int32, -1 = not in this pass
-    weights: torch.Tensor  # [T, K] float32
-    gate_up: torch.Tensor  # [S, 2I, H]
-    down: torch.Tensor  # [S, H, I]
-
-
-def moe_batch(
-    tokens: int, top_k: int, hidden: int, inter: int, slots: int, dtype: torch.dtype,
-    device: str | torch.device = "cpu", seed: int = 0, unrouted: float = 0.0,
-) -> MoEBatch:
-    """Each token routes to `top_k` distinct slots; a fraction `unrouted` of the cells is -1."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
-    gate_up = (torch.randn(slots, 2 * inter, hidden, generator=g, device=device) * hidden**-0.5).to(dtype)
-    down = (torch.randn(slots, hidden, inter, generator=g, device=device) * inter**-0.5).to(dtype)
-    ids = torch.rand(tokens, slots, generator=g, device=device).argsort(dim=1)[:, :top_k].to(torch.int32)
-    drop = torch.rand(tokens, top_k, generator=g, device=device) < unrouted
-    ids = torch.where(drop, torch.full_like(ids, -1), ids)
-    weights = torch.rand(tokens, top_k, generator=g, device=device)
-    return MoEBatch(x, ids, weights / weights.sum(1, keepdim=True), gate_up, down)
 
 
 def rope_bound(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
