@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.engine.budget import PlanError
@@ -17,19 +18,21 @@ PROMPTS = [[9707, 11, 1879, 0], [151644, 872, 198, 3838, 151645, 198, 151644, 77
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
-def tokens(path: Path, **settings: object) -> list[list[int]]:
+def tokens(path: Path, **settings: object) -> tuple[list[list[int]], torch.Tensor]:
+    """Greedy tokens of PROMPTS, and the scoring path's logits of the longest one (in chunks of 7)."""
     with LLM(str(path), dtype="float32", **settings) as llm:
-        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.prompt_logits(PROMPTS[2])
 
 
 def test_every_store_and_host_embedding_give_the_device_tokens(make_ckpt, tmp_path: Path) -> None:  # noqa: ANN001
     path = make_ckpt("qwen4_exp_text", torch_dtype="float32")
-    want = tokens(path, ple_store="device")
-    assert tokens(path, ple_store="host", embed_weights="host") == want
+    want, logits = tokens(path, ple_store="device", page_size=1, max_prefill_tokens=7)
+    assert tokens(path, ple_store="host", embed_weights="host")[0] == want
     ple_dir = tmp_path / "ple"
-    assert tokens(path, ple_store="disk", ple_dir=str(ple_dir), page_size=1, max_prefill_tokens=7) == want
+    got, got_logits = tokens(path, ple_store="disk", ple_dir=str(ple_dir), page_size=1, max_prefill_tokens=7)
+    assert got == want and torch.equal(got_logits, logits)  # the same rows: the same bits
     written = {p.name: p.stat().st_mtime_ns for p in ple_dir.iterdir()}
-    assert tokens(path, ple_store="disk", ple_dir=str(ple_dir), embed_weights="host") == want
+    assert tokens(path, ple_store="disk", ple_dir=str(ple_dir), embed_weights="host")[0] == want
     assert {p.name: p.stat().st_mtime_ns for p in ple_dir.iterdir()} == written  # reused, not rewritten
 
 

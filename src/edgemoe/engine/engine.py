@@ -214,11 +214,11 @@ class Engine:
 
     def _chunk_at(self, req: Request, start: int, end: int, samples: bool = True) -> SeqChunk:
         assert req.row is not None
-        C = self._ple_context
+        ctx = self._ple_context
         return SeqChunk(
             row=req.row, start=start, token_ids=req.token_slice(start, end), pages=req.pages,
             in_prompt=start < len(req.prompt_ids), wants_logits=samples,
-            context=req.token_slice(max(0, start - C), start) if C else (),
+            context=req.token_slice(max(0, start - ctx), start) if ctx else (),
         )
 
     def _fail_step(self, plan: StepPlan, why: str) -> list[RequestOutput]:
@@ -301,7 +301,9 @@ class Engine:
             rows = []
             for start in range(0, len(prompt_ids), chunk):
                 end = min(len(prompt_ids), start + chunk)
-                c = SeqChunk(req.row, start, prompt_ids[start:end], req.pages, True, False, all_logits=True)  # type: ignore[arg-type]
+                ctx = self._ple_context  # a host-hashing PLE store's n-gram context
+                c = SeqChunk(req.row, start, prompt_ids[start:end], req.pages, True, False, all_logits=True,  # type: ignore[arg-type]
+                             context=prompt_ids[max(0, start - ctx) : start] if ctx else ())
                 rows.append(self.runner.forward([c])[1])
             return torch.cat(rows)
         finally:
