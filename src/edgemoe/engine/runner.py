@@ -31,7 +31,8 @@ class ModelRunner:
     state rows each step's `StateStep` names (padded entries: the scratch row, from zeros).
     `ple` (Qwen3.8-Flash-Next): the PLE store hears each step's chunks, padding included,
     before the batch runs (a disk store copies the step's rows then; a failed read raises
-    `PleFillError` here, before any of the step's device work)."""
+    `PleFillError` here, before any of the step's device work). With overlap, a decode
+    chunk's PENDING id is read on the device from `buffers.last_token` (inside the graphs)."""
 
     def __init__(
         self,
@@ -81,6 +82,7 @@ class ModelRunner:
 
     def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
         """The forward of a built batch: logits [N, V] fp32 for its logits rows."""
+        self.buffers.fetch_pending(batch)  # overlap: decode ids the step in flight sampled
         self.attention.prepare(batch)
         if self.routing is not None:
             host = batch.host
