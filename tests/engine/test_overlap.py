@@ -252,9 +252,72 @@ def test_batch_buffers_fetch_pending_ids_from_the_last_sampled() -> None:
         table.assign()
         table.write(row, 0, [2 * row, 2 * row + 1])
     buffers.keep_sampled(torch.tensor([2, 0], dtype=torch.int32), torch.tensor([77, 55]))
-    chunks = [SeqChunk(0, 5, [PENDING], [0, 1], False, True), SeqChunk(1, 3, [42], [2, 3], False, True),
+    # a prompt's last token (one token, in the prompt) may lead: the scheduler puts every
+    # one-token step first
+    chunks = [SeqChunk(1, 3, [42], [2, 3], True, True), SeqChunk(0, 5, [PENDING], [0, 1], False, True),
               SeqChunk(2, 6, [PENDING], [4, 5], False, True), SeqChunk(1, 0, [1, 2, 3], [2], True, True)]
     batch = buffers.build(chunks)
-    assert batch.host.num_decode == 3
     buffers.fetch_pending(batch)
-    assert batch.input_ids.tolist() == [55, 42, 77, 1, 2, 3]  # rows 0 and 2's last draws; the rest as staged
+    assert batch.input_ids.tolist() == [42, 55, 77, 1, 2, 3]  # rows 0 and 2's last draws; the rest as staged
+    with pytest.raises(ValueError, match="PENDING"):
+        buffers.build([chunks[3], chunks[1]])
+
+
+def test_a_failed_launch_completes_the_step_in_flight_first(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    with LLM(str(qwen3_ckpt), dtype="float32", overlap=True) as llm:
+        engine = llm.engine
+        want = llm.generate([PROMPTS[1]], greedy(6))[0].token_ids
+        rid = engine.add_request(PROMPTS[1], greedy(6))
+        first = engine.step() + engine.step()  # the prefill, then its first token while the next step runs
+        assert [t for o in first for t in o.token_ids] == want[:1]
+        real = engine.runner.forward
+
+        def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+        monkeypatch.setattr(engine.runner, "forward", boom)
+        other = engine.add_request(PROMPTS[0], greedy(4))
+        outs = engine.step()  # this launch fails: the step in flight delivers its token, then both fail
+        assert [(o.request_id, o.token_ids, o.finish_reason) for o in outs] == [
+            (rid, want[1:2], None), (rid, [], "error"), (other, [], "error")]
+        assert "out of memory" in (outs[1].error or "")
+        assert_everything_returned(engine)
+        monkeypatch.setattr(engine.runner, "forward", real)
+        assert llm.generate([PROMPTS[1]], greedy(6))[0].token_ids == want
+
+
+def test_hybrid_prefix_hits_and_tool_call_snapshots_match_the_serial_loop(
+    make_ckpt, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """qwen3_next (GDN state rows, a stateful prefix cache): the next turn resumes from a
+    snapshot, and the snapshot frozen after a tool-call opener is the serial loop's, though
+    with overlap the opener is still on the device when the step computing it launches."""
+    path = make_ckpt("qwen3_next", torch_dtype="float32")
+    prompt = [(7 * i * i + 3 * i) % 150000 + 100 for i in range(30)]
+    opener: int | None = None
+    runs = {}
+    for overlap in (False, True):
+        with LLM(str(path), dtype="float32", page_size=4, overlap=overlap) as llm:
+            engine, cache = llm.engine, llm.engine.prefix_cache
+            assert cache.stateful
+            if opener is None:
+                opener = llm.generate([prompt], greedy(12))[0].token_ids[6]
+                cache.reset()
+            monkeypatch.setattr(engine, "snapshot_ids", frozenset({opener}))
+            frozen: list[list[tuple[str, int]]] = []
+            real = cache.freeze_state
+
+            def spy(held, kind: str, real=real, frozen=frozen) -> None:  # noqa: ANN001
+                real(held, kind)
+                frozen.append(sorted((s.kind, s.num_tokens) for s in held))
+
+            monkeypatch.setattr(cache, "freeze_state", spy)
+            out = llm.generate([prompt], greedy(12))[0]
+            turn2 = prompt + out.token_ids + [31, 32, 33]
+            nxt = llm.generate([turn2, prompt], greedy(8))
+            assert nxt[0].num_cached_tokens > len(prompt) and nxt[1].num_cached_tokens > 0
+            settle(engine)
+            assert_everything_returned(engine)
+            runs[overlap] = (out.token_ids, [o.token_ids for o in nxt], frozen)
+    assert any(kind == "tool_call" for f in runs[False][2] for kind, _ in f)  # the opener was computed
+    assert runs[True] == runs[False]

@@ -82,12 +82,15 @@ class BatchBuffers:
             self.last_token.scatter_(0, sample_rows.long(), token_ids)
 
     def fetch_pending(self, batch: ForwardBatch) -> None:
-        """Replace the PENDING ids of the batch's leading decodes with their rows' last
-        sampled ids, in place (device work only: capturable, no sync).
-        NOTE: only decodes stage PENDING (the engine's `_chunk_at` holds to it), and a
-        decode is one token, so token b of the leading decodes is sequence b."""
-        n = batch.host.num_decode
-        if self.last_token is None or n == 0:
+        """Replace the PENDING ids among the batch's leading one-token chunks with their
+        rows' last sampled ids, in place (device work only: capturable, no sync).
+        NOTE: only a decode stages PENDING (`_fill` checks it), and the scheduler puts every
+        one-token step (decodes, and a prompt's last token) first, so token b of that
+        leading run is sequence b."""
+        if self.last_token is None:
+            return
+        n = _leading_single_tokens(batch.host.q_lens)
+        if n == 0:
             return
         ids = batch.input_ids[:n]
         ids.copy_(torch.where(ids >= 0, ids, self.last_token.index_select(0, batch.req_rows[:n].long())))
@@ -137,8 +140,11 @@ class BatchBuffers:
         rows, lens, cu, sample_rows = (a32[self._region32(n)] for n in _I32)
         q, n_logits, n_sample = 0, 0, 0
         cu[0] = 0
+        single = _leading_single_tokens([len(c.token_ids) for c in chunks])
         for b, c in enumerate(chunks):
             n, end = len(c.token_ids), c.start + len(c.token_ids)
+            if b >= single and n == 1 and c.token_ids[0] == PENDING:
+                raise ValueError("a PENDING id outside the batch's leading one-token chunks")
             ids[q : q + n] = c.token_ids
             p = np.arange(c.start, end, dtype=np.int64)
             first_page = c.start // P
@@ -180,6 +186,13 @@ class BatchBuffers:
         if self.cuda:
             stage.copied = torch.cuda.Event()
             stage.copied.record()
+
+
+def _leading_single_tokens(q_lens: Sequence[int]) -> int:
+    n = 0
+    while n < len(q_lens) and q_lens[n] == 1:
+        n += 1
+    return n
 
 
 def _leading_decodes(chunks: Sequence[SeqChunk]) -> int:
