@@ -321,3 +321,21 @@ def test_hybrid_prefix_hits_and_tool_call_snapshots_match_the_serial_loop(
             runs[overlap] = (out.token_ids, [o.token_ids for o in nxt], frozen)
     assert any(kind == "tool_call" for f in runs[False][2] for kind, _ in f)  # the opener was computed
     assert runs[True] == runs[False]
+
+
+def test_overlap_is_on_by_default_with_a_gpu_and_off_where_the_host_needs_the_tokens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from types import SimpleNamespace
+
+    from edgemoe.engine.build import resolve_overlap
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_overlap(None, cuda, None, None) and not resolve_overlap(None, cpu, None, None)
+    assert resolve_overlap(True, cpu, None, None) and not resolve_overlap(False, cuda, None, None)
+    disk_ple, device_ple = SimpleNamespace(hashes_on_device=False), SimpleNamespace(hashes_on_device=True)
+    assert resolve_overlap(None, cuda, device_ple, None)  # type: ignore[arg-type]
+    assert not resolve_overlap(None, cuda, disk_ple, None)  # type: ignore[arg-type]
+    assert "hashes n-grams on the host" in caplog.text
+    assert not resolve_overlap(True, cpu, None, SimpleNamespace())  # type: ignore[arg-type]
+    assert "--routing synthetic" in caplog.text
