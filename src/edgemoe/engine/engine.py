@@ -42,8 +42,7 @@ class StepHandle:
     sampling: list[ScheduledSeq]
     result: HostResult | None
     error: str | None = None
-    # Decodes whose computed token was still on the device at launch: their tool-call
-    # opener check (`check_openers`) waits until it has reached the host.
+    # decodes whose token was on the device at launch: `check_openers` looks at them later
     unchecked: tuple[ScheduledSeq, ...] = ()
 
 
@@ -132,8 +131,7 @@ class Engine:
         return outputs
 
     def finish_out_of_kv(self, plan: StepPlan) -> list[RequestOutput]:
-        """Requests that cannot grow even alone end with `length` (those a stop rule ended
-        meanwhile excepted)."""
+        """Requests that cannot grow even alone end with `length` (unless a stop rule ended them)."""
         return [self._finish(r, "length", None) for r in plan.out_of_kv if self.requests.get(r.request_id) is r]
 
     @torch.inference_mode()
@@ -243,11 +241,10 @@ class Engine:
 
     def _chunk_at(self, req: Request, start: int, end: int, samples: bool = True) -> SeqChunk:
         assert req.row is not None
-        ctx, known = self._ple_context, req.num_known
-        ids = req.token_slice(start, end)
-        if end > known:  # overlap: the token the step in flight sampled, read on the device
-            assert end - start == 1 and start >= len(req.prompt_ids), "only a decode's token can be pending"
-            ids = [PENDING]
+        ctx = self._ple_context
+        # Overlap: a decode's token the step in flight sampled is read on the device.
+        ids = req.token_slice(start, end) if end <= req.num_known else [PENDING]
+        assert ids != [PENDING] or end - start == 1 == end - req.num_known, "only a decode's token can be pending"
         return SeqChunk(
             row=req.row, start=start, token_ids=ids, pages=req.pages,
             in_prompt=start < len(req.prompt_ids), wants_logits=samples,
