@@ -93,11 +93,12 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = self._try_schedule()
-        # Running prefills can hold every page while none can grow: free the newest.
-        while not plan.seqs and len(self.running) > 1:
+        # Running prefills can hold every page while none can grow: free the newest
+        # (unless a step is in flight: its completion may free pages, so wait for it).
+        while not plan.seqs and len(self.running) > 1 and not any(r.num_pending for r in self.running):
             victim = self._preempt_latest(exclude=self.running[0])
             if victim is None:
-                break  # only requests with tokens in flight: the engine completes that step first
+                break
             again = self._try_schedule()
             plan = StepPlan(
                 again.seqs, plan.preempted + again.preempted + (victim,), plan.out_of_kv + again.out_of_kv
