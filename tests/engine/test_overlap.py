@@ -239,6 +239,9 @@ def test_llm_stream_and_generate_with_overlap(pair: dict[bool, LLM]) -> None:
     assert deltas[-1].finished and sum(d.finished for d in deltas) == 1
     early = pair[True].stream(PROMPTS[0], greedy(20))
     next(early)
+    assert pair[True].engine.overlap.in_flight is not None  # type: ignore[union-attr]
+    # scoring between steps, a step in flight: the serving path's logits all the same
+    assert torch.equal(pair[True].prompt_logits(PROMPTS[3]), pair[False].prompt_logits(PROMPTS[3]))
     early.close()  # aborts the request while its next step is in flight
     assert pair[True].generate([PROMPTS[0]], greedy(5))[0].token_ids == pair[False].generate(
         [PROMPTS[0]], greedy(5))[0].token_ids
