@@ -41,6 +41,21 @@ class ModelConfig:
     )
     max_model_len: int | None = setting(None, "context length; default: the model's")
     seed: int = setting(0, "seed of the engine's shared sampling generator")
+    ple_store: str = setting(
+        "auto",
+        "Qwen3.8-Flash-Next's n-gram per-layer embedding tables: device, host (pinned RAM, gathered over PCIe), "
+        "or disk (files under --ple-dir, read ahead of each step); auto = device when they fit a quarter of the "
+        "GPU budget (always on the CPU), else host when they fit half the RAM, else disk",
+        ("auto", "device", "host", "disk"),
+    )
+    ple_dir: str | None = setting(
+        None, "--ple-store disk: directory of the table files (written from the model on first use); "
+        "default: under the cache directory",
+    )
+    embed_weights: str = setting(
+        "device", "token embedding: on the device, or in pinned host RAM gathered per step (host: frees its "
+        "device memory for expert slots; not for tied embeddings)", ("device", "host"),
+    )
 
 
 @dataclass(frozen=True)

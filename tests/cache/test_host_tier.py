@@ -160,3 +160,22 @@ def test_a_pool_without_page_io_is_refused() -> None:
 
     with pytest.raises(TierError, match="--host-cache.*cannot be restored"):
         HostTier(OpaquePool(), 2)  # type: ignore[arg-type]
+
+
+def test_pages_carry_fp8_scales_and_index_keys_through_the_tier() -> None:
+    """Every per-slot tensor of the pool goes to the host and back bit for bit: fp8 K/V
+    (`--kv-cache-dtype fp8`), their scales, and a QSA model's index keys."""
+    kv = KVPool(2, PAGES, PS, 1, 4, torch.float32, torch.device("cpu"), "fp8", index_dim=3)
+    assert len(kv.slot_tensors) == 5 and kv.index_k is not None and kv.k_scale is not None
+    g = torch.Generator().manual_seed(0)
+    for t in kv.slot_tensors:
+        t.view(torch.uint8).copy_(torch.randint(0, 120, t.view(torch.uint8).shape, generator=g, dtype=torch.uint8))
+    before = [t.clone() for t in kv.slot_tensors]
+    tier = HostTier(kv, 3)
+    keys = [chain_digest(bytes(16), [i]) for i in range(2)]
+    assert tier.store_pages(keys, [1, 4]) == 2
+    tier.load_pages(keys, [0, 5])
+    for t, old in zip(kv.slot_tensors, before, strict=True):
+        bits, old_bits = t.view(torch.uint8), old.view(torch.uint8)
+        assert torch.equal(bits[:, 0:PS], old_bits[:, PS : 2 * PS])
+        assert torch.equal(bits[:, 5 * PS : 6 * PS], old_bits[:, 4 * PS : 5 * PS])

@@ -96,3 +96,38 @@ def test_formats_and_fp8_kv_fill_the_freed_memory_with_slots(arch) -> None:  # n
     assert kv8.kv_bytes == 8192 * 2 * 48 * 4 * (128 + 4) and kv8.num_slots > fp8.num_slots
     assert abs((kv8.num_slots - fp8.num_slots) * kv8.slot_bytes - (fp8.kv_bytes - kv8.kv_bytes)) <= kv8.slot_bytes
     assert "fp8" in kv8.table()
+
+
+def test_flash_next_plan_counts_its_tables_and_gives_a_host_embedding_to_slots(tmp_path) -> None:  # noqa: ANN001
+    """At the random:qwen3.8-flash-next shape under 16 GiB: the device PLE tables and the QSA
+    selection workspace are rows of the plan; an embedding kept in host memory leaves the
+    dense weights and its bytes become expert slots; the host plan counts what is pinned."""
+    import torch
+
+    from edgemoe.engine.big_tables import TablePlan
+    from edgemoe.models.presets import parse_random
+    from edgemoe.models.registry import model_module
+    from edgemoe.ple.factory import plan_ple
+
+    config = parse_random("random:qwen3.8-flash-next").config
+    a = model_module(config["model_type"]).arch(config)
+    embed_bytes = 248320 * 2048 * 2  # 0.95 GiB
+    kw = dict(backend="offload", max_model_len=32768, kv_tokens=32768, max_running=4)
+
+    def tables(kind: str, embed: bool) -> TablePlan:
+        return TablePlan(plan_ple(kind, a.ple, torch.device("cuda"), a.dtype, tmp_path, "x", tmp_path), embed, 2052)
+
+    on_device = tables("device", False)
+    p_dev = plan(a, budget=32 * GiB, extras=on_device.device_rows(), **kw)
+    assert ("PLE tables", a.ple.table_nbytes(2)) in p_dev.extras and "QSA selection workspace" in p_dev.table()
+    host, host_embed = tables("host", False), tables("host", True)
+    p = plan(a, extras=host.device_rows(), **kw)
+    q = plan(a, extras=host_embed.device_rows(), host_params=host_embed.host_params, **kw)
+    assert p.total <= 16 * GiB and q.total <= 16 * GiB
+    assert p.weights - q.weights == embed_bytes
+    assert abs((q.num_slots - p.num_slots) - embed_bytes / expert_nbytes(a)) < 1  # 0.95 GiB / 6 MiB: ~162 slots
+    rows = {r.name: r.nbytes for r in host_embed.host_rows(a, on_cuda=True)}
+    assert rows == {"PLE tables": a.ple.table_nbytes(2), "token embedding": embed_bytes}
+    disk = tables("disk", False)
+    assert disk.device_rows()[0][0] == "PLE step rows (disk store)" and "PLE staging" in {
+        r.name for r in disk.host_rows(a, on_cuda=True)}

@@ -249,13 +249,18 @@ def write_weights(
     total = 0
     for k, shard in enumerate(shards, start=1):
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: init(name, shape, seed).to(dtype) for name, shape in shard}
+        # integer buffers (Qwen3.8-Flash-Next's PLE hash constants) keep their dtype
+        tensors = {name: _cast(init(name, shape, seed), dtype) for name, shape in shard}
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         for name, t in tensors.items():
             weight_map[name] = fname
             total += t.numel() * t.element_size()
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     write_json(out / "model.safetensors.index.json", index)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
 
 
 def make_checkpoint(
@@ -277,9 +282,12 @@ def make_checkpoint(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from edgemoe.assets import hybrid_checkpoint
+    from edgemoe.assets import hybrid_checkpoint, qwen4_checkpoint
 
-    if model_type in hybrid_checkpoint.HYBRID_TYPES:
+    if model_type in qwen4_checkpoint.QWEN4_TYPES:
+        config = qwen4_checkpoint.qwen4_config(model_type, **config_overrides)
+        specs, init = list(qwen4_checkpoint.qwen4_specs(config)), qwen4_checkpoint.qwen4_init(config)
+    elif model_type in hybrid_checkpoint.HYBRID_TYPES:
         config = hybrid_checkpoint.hybrid_config(model_type, **config_overrides)
         specs = list(hybrid_checkpoint.hybrid_specs(config, stacked_experts))
         init = hybrid_checkpoint.init_hybrid

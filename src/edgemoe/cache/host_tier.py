@@ -78,14 +78,17 @@ class HostTier:
             raise TierError("host_cache (--host-cache) is too small for one KV page (and one GDN state snapshot)")
         self.kv, self.states = kv, states
         pin = kv.k.device.type == "cuda"
-        L, _, H, D = kv.k.shape
-        self.pages = torch.empty((page_slots, 2, L, kv.page_size, H, D), dtype=kv.k.dtype, pin_memory=pin)
+        # One buffer per per-slot tensor of the pool (K, V, index keys): [slots, L, page_size, ...].
+        self.pages = [
+            torch.empty((page_slots, t.shape[0], kv.page_size, *t.shape[2:]), dtype=t.dtype, pin_memory=pin)
+            for t in kv.slot_tensors
+        ]
         self._pages = _Slots(page_slots)
         self._snaps = _Slots(snapshot_slots if states is not None else 0)
-        if states is not None:
-            rec, conv = states.read_row(0)
-            self.recurrent = torch.empty((snapshot_slots, *rec.shape), dtype=rec.dtype, pin_memory=pin)
-            self.conv = torch.empty((snapshot_slots, *conv.shape), dtype=conv.dtype, pin_memory=pin)
+        # One buffer per tensor of a state row (recurrent, conv, the model's extras).
+        self.snapshots = [] if states is None else [
+            torch.empty((snapshot_slots, *t.shape), dtype=t.dtype, pin_memory=pin) for t in states.read_row(0)
+        ]
 
     # -- queries -------------------------------------------------------------------------
 
@@ -104,8 +107,7 @@ class HostTier:
         return len(self._snaps.of)
 
     def nbytes(self) -> int:
-        extra = self.recurrent.nbytes + self.conv.nbytes if self.states is not None else 0
-        return self.pages.nbytes + extra
+        return sum(t.nbytes for t in self.pages) + sum(t.nbytes for t in self.snapshots)
 
     # -- locks ---------------------------------------------------------------------------
 
@@ -133,13 +135,14 @@ class HostTier:
         held = len(keys) - len(todo)
         if not todo:
             return held
-        data = self.kv.read_pages([page for _, page in todo])  # [2, L, n·ps, H, D] on the device
+        data = self.kv.read_pages([page for _, page in todo])  # each [L, n·ps, ...] on the device
         ps = self.kv.page_size
         for j, (key, _) in enumerate(todo):
             slot = self._pages.claim(key)
             if slot is None:
                 break
-            self.pages[slot].copy_(data[:, :, j * ps : (j + 1) * ps], non_blocking=True)
+            for buf, d in zip(self.pages, data, strict=True):
+                buf[slot].copy_(d[:, j * ps : (j + 1) * ps], non_blocking=True)
             held += 1
         return held
 
@@ -148,12 +151,14 @@ class HostTier:
         slots = [self._pages.touch(key) for key in keys]
         if any(slot is None for slot in slots):
             raise KeyError("load of a host-tier page that is not held")
-        device = self.kv.k.device
-        staged = torch.empty((len(slots), *self.pages.shape[1:]), dtype=self.pages.dtype, device=device)
-        for j, slot in enumerate(slots):
-            staged[j].copy_(self.pages[slot], non_blocking=True)  # NOTE: stream-ordered, no host read
-        L, H, D = staged.shape[2], staged.shape[4], staged.shape[5]
-        self.kv.write_pages(list(pages), staged.permute(1, 2, 0, 3, 4, 5).reshape(2, L, -1, H, D))
+        device, data = self.kv.k.device, []
+        for buf in self.pages:
+            staged = torch.empty((len(slots), *buf.shape[1:]), dtype=buf.dtype, device=device)
+            for j, slot in enumerate(slots):
+                staged[j].copy_(buf[slot], non_blocking=True)  # NOTE: stream-ordered, no host read
+            # [n, L, ps, ...] → [L, n·ps, ...]: pages in order, as read_pages gathers them
+            data.append(staged.transpose(0, 1).reshape(buf.shape[1], -1, *buf.shape[3:]))
+        self.kv.write_pages(list(pages), tuple(data))
 
     def store_snapshot(self, key: bytes, row: int) -> bool:
         """Copy state row `row` out under `key` (touched if held). False when no slot is free."""
@@ -163,9 +168,8 @@ class HostTier:
         slot = self._snaps.claim(key)
         if slot is None:
             return False
-        rec, conv = self.states.read_row(row)
-        self.recurrent[slot].copy_(rec, non_blocking=True)
-        self.conv[slot].copy_(conv, non_blocking=True)
+        for buf, t in zip(self.snapshots, self.states.read_row(row), strict=True):
+            buf[slot].copy_(t, non_blocking=True)
         return True
 
     def load_snapshot(self, key: bytes, row: int) -> None:
@@ -174,6 +178,5 @@ class HostTier:
         slot = self._snaps.touch(key)
         if slot is None:
             raise KeyError(f"load of a host-tier snapshot that is not held: {key.hex()}")
-        rec, conv = self.states.read_row(row)
-        rec.copy_(self.recurrent[slot], non_blocking=True)
-        conv.copy_(self.conv[slot], non_blocking=True)
+        for buf, t in zip(self.snapshots, self.states.read_row(row), strict=True):
+            t.copy_(buf[slot], non_blocking=True)

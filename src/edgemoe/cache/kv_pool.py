@@ -4,6 +4,9 @@ A request owns a list of page ids (its page table). Token position p of a reques
 lives in slot `pages[p // page_size] * page_size + p % page_size` in every layer.
 With `kv_cache_dtype="fp8"` the keys/values are e4m3 with one fp32 scale per (slot, kv
 head) in `k_scale` / `v_scale` [L, slots, Hkv] (`edgemoe.quant.kv`); else they are None.
+A model with a sparse-attention indexer (Qwen3.8-Flash-Next's QSA) keeps one more
+per-slot tensor, `index_k` [L, S, index_dim] in the model dtype (`layers/qsa_attention.py`
+says what it holds). Every page operation carries every per-slot tensor (`slot_tensors`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device,
         kv_cache_dtype: str = "auto",
+        index_dim: int = 0,
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
@@ -43,6 +47,9 @@ class KVPool:
         # Scales of 1 for unwritten slots: a dequantised padding row reads as zeros.
         self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
         self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
+        self.index_k = (
+            torch.zeros((num_layers, shape[1], index_dim), dtype=dtype, device=device) if index_dim else None
+        )
         # Pop from the end: low page ids are handed out first, which keeps tests readable.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
 
@@ -67,16 +74,22 @@ class KVPool:
         page_idx = torch.tensor(pages, dtype=torch.long)[pos // self.page_size]
         return (page_idx * self.page_size + pos % self.page_size).to(self.k.device)
 
-    def read_pages(self, pages: list[int]) -> torch.Tensor:
-        """K and V of `pages` in every layer: [2, L, len(pages) * page_size, Hkv, D] (a gathered copy)."""
-        slots = self._page_slots(pages)
-        return torch.stack([self.k.index_select(1, slots), self.v.index_select(1, slots)])
+    @property
+    def slot_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every per-slot tensor, each [L, S, ...]: K, V, their fp8 scales and the index keys, if any."""
+        extra = (self.k_scale, self.v_scale, self.index_k)
+        return (self.k, self.v, *(t for t in extra if t is not None))
 
-    def write_pages(self, pages: list[int], data: torch.Tensor) -> None:
-        """The inverse of `read_pages`: `data` [2, L, len(pages) * page_size, Hkv, D] into `pages`."""
+    def read_pages(self, pages: list[int]) -> tuple[torch.Tensor, ...]:
+        """Each of `slot_tensors` at `pages`: [L, len(pages) * page_size, ...] (gathered copies)."""
         slots = self._page_slots(pages)
-        self.k.index_copy_(1, slots, data[0].to(self.k.device, non_blocking=True))
-        self.v.index_copy_(1, slots, data[1].to(self.v.device, non_blocking=True))
+        return tuple(_bits(t).index_select(1, slots).view(t.dtype) for t in self.slot_tensors)
+
+    def write_pages(self, pages: list[int], data: tuple[torch.Tensor, ...]) -> None:
+        """The inverse of `read_pages`: each of `data` into its tensor at `pages`."""
+        slots = self._page_slots(pages)
+        for t, d in zip(self.slot_tensors, data, strict=True):
+            _bits(t).index_copy_(1, slots, _bits(d.to(t.device, non_blocking=True)))
 
     def _page_slots(self, pages: list[int]) -> torch.Tensor:
         ps = self.page_size
@@ -85,8 +98,8 @@ class KVPool:
 
     @property
     def page_nbytes(self) -> int:
-        """K and V of one page in every layer."""
-        return 2 * self.k[:, : self.page_size].numel() * self.k.element_size()
+        """K and V (and index keys) of one page in every layer."""
+        return sum(t[:, : self.page_size].nbytes for t in self.slot_tensors)
 
     def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(k_scale, v_scale) [slots, Hkv] of one layer; (None, None) unless fp8."""
@@ -95,5 +108,9 @@ class KVPool:
         return self.k_scale[layer], self.v_scale[layer]
 
     def nbytes(self) -> int:
-        scales = 0 if self.k_scale is None else self.k_scale.nbytes * 2
-        return self.k.numel() * self.k.element_size() * 2 + scales
+        return sum(t.nbytes for t in self.slot_tensors)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as their bytes: a page copy moves bits, and the CPU has no fp8 index kernels."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t

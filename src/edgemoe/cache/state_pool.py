@@ -1,7 +1,9 @@
 """Per-sequence recurrent state of the GDN layers (Qwen3-Next, Qwen3.5), in device rows.
 
 For each GDN layer: a recurrent state `[N, Hv, Dk, Dv]` fp32 and a conv state
-`[N, C, K-1]` (the last K-1 inputs of the short conv, in the model dtype). A sequence's
+`[N, C, K-1]` (the last K-1 inputs of the short conv, in the model dtype); a model may add
+per-sequence tensors of its own (`RowState`, e.g. Qwen3.8-Flash-Next's n-gram context and
+PLE conv state), which every row operation (copy, snapshot, host tier) carries along. A sequence's
 state is one row index into every layer's tensors, so the kernels take a batch's states
 as a row vector (`kernels/gdn.py`: `state_pool[state_idx]`, read first, written back in
 place) and one captured decode step serves any set of requests. A step's rows reach the
@@ -29,6 +31,21 @@ from typing import NamedTuple
 import torch
 
 
+class RowState(NamedTuple):
+    """A model's own per-sequence tensor beside the GDN states: `shape` per row."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
 class StateShape(NamedTuple):
     """One sequence's state, per GDN layer: what a model's arch reports."""
 
@@ -39,6 +56,7 @@ class StateShape(NamedTuple):
     conv_channels: int  # C = 2·Hk·Dk + Hv·Dv (q|k|v)
     conv_history: int  # K - 1
     conv_dtype: torch.dtype  # the model's dtype
+    extras: tuple[RowState, ...] = ()  # the model's own per-sequence tensors (all layers at once)
 
     @property
     def recurrent_bytes(self) -> int:
@@ -51,7 +69,7 @@ class StateShape(NamedTuple):
     @property
     def row_nbytes(self) -> int:
         """One sequence's state over all GDN layers (~61 MiB at the Qwen3.5-35B-A3B shape)."""
-        return self.num_layers * (self.recurrent_bytes + self.conv_bytes)
+        return self.num_layers * (self.recurrent_bytes + self.conv_bytes) + sum(e.nbytes for e in self.extras)
 
 
 class StatePool:
@@ -71,7 +89,10 @@ class StatePool:
         self.recurrent = torch.zeros(
             (s.num_layers, rows, s.num_v_heads, s.key_dim, s.value_dim), dtype=torch.float32, device=device
         )
-        self.conv = torch.zeros((s.num_layers, rows, s.conv_channels, s.conv_history), dtype=s.conv_dtype, device=device)
+        self.conv = torch.zeros(
+            (s.num_layers, rows, s.conv_channels, s.conv_history), dtype=s.conv_dtype, device=device
+        )
+        self.extras = {e.name: torch.zeros((rows, *e.shape), dtype=e.dtype, device=device) for e in s.extras}
         self._free = list(range(rows - 1, live_rows - 1, -1))  # pop() hands out low rows first
         self._is_free = set(self._free)
 
@@ -101,14 +122,21 @@ class StatePool:
         self._free.append(row)
         self._is_free.add(row)
 
-    def read_row(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(recurrent [Lg, Hv, Dk, Dv], conv [Lg, C, K-1]) views of one row, every GDN layer."""
-        return self.recurrent[:, row], self.conv[:, row]
+    def extra(self, name: str) -> torch.Tensor:
+        """The model's own per-sequence tensor `name`: [N, *shape], indexed by row."""
+        return self.extras[name]
+
+    def read_row(self, row: int) -> tuple[torch.Tensor, ...]:
+        """Views of one row: recurrent [Lg, Hv, Dk, Dv], conv [Lg, C, K-1] (every GDN layer),
+        then each extra's [*shape], in `StateShape.extras` order."""
+        return (self.recurrent[:, row], self.conv[:, row], *(t[row] for t in self.extras.values()))
 
     def copy_row(self, src: int, dst: int) -> None:
-        """Row `dst` := row `src` in every layer (a snapshot, or its restore): two device copies."""
+        """Row `dst` := row `src` in every tensor (a snapshot, or its restore): device copies."""
         self.recurrent[:, dst].copy_(self.recurrent[:, src])
         self.conv[:, dst].copy_(self.conv[:, src])
+        for t in self.extras.values():
+            t[dst].copy_(t[src])
 
     def nbytes(self) -> int:
-        return self.recurrent.nbytes + self.conv.nbytes
+        return self.recurrent.nbytes + self.conv.nbytes + sum(t.nbytes for t in self.extras.values())

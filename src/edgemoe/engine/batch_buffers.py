@@ -34,6 +34,7 @@ class SeqChunk:
     in_prompt: bool  # the chunk lies in the prompt (prefill), not a decode token
     wants_logits: bool  # sample after its last token
     all_logits: bool = False  # logits at every position (prompt scoring)
+    context: Sequence[int] = ()  # the tokens before `start` a model hashes with on the host (PLE n-grams)
 
 
 class _Staging:

@@ -62,6 +62,7 @@ class MemoryPlan:
     state_row_bytes: int = 0  # one sequence's recurrent + conv state, all GDN layers
     snapshot_rows: int = 0  # of state_rows, those for prefix-cache snapshots (the rest are live)
     running_note: str = ""  # why max_running is below the setting, if it is
+    extras: tuple[tuple[str, int], ...] = ()  # a model's own rows (PLE tables / step rows, QSA selection)
 
     @property
     def state_bytes(self) -> int:
@@ -72,7 +73,7 @@ class MemoryPlan:
     def total(self) -> int:
         return (
             self.context + self.weights + self.experts_resident + self.num_slots * self.slot_bytes
-            + self.kv_bytes + self.state_bytes + self.workspace + self.graphs
+            + self.kv_bytes + self.state_bytes + self.workspace + self.graphs + sum(n for _, n in self.extras)
         )
 
     def table(self) -> str:
@@ -83,6 +84,7 @@ class MemoryPlan:
             (f"expert slots ({self.num_slots} x {self.slot_bytes / MiB:.1f} MiB)", self.num_slots * self.slot_bytes),
             (f"KV cache ({self.kv_tokens} tokens{', fp8' if self.kv_fp8 else ''})", self.kv_bytes),
             *self._state_rows(),
+            *self.extras,
             ("workspace", self.workspace),
             ("CUDA graphs", self.graphs),
             ("total", self.total),
@@ -108,9 +110,10 @@ class MemoryPlan:
 
 def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str = "auto") -> int:
     """K and V of every layer that holds KV (a hybrid's GDN layers hold none) for one
-    token: the model dtype, or e4m3 plus a 4-byte scale per kv head (`--kv-cache-dtype fp8`)."""
+    token: the model dtype, or e4m3 plus a 4-byte scale per kv head (`--kv-cache-dtype fp8`);
+    and its sparse-attention index key (Qwen3.8-Flash-Next's QSA, model dtype) where it has one."""
     per_head = arch.head_dim + 4 if kv_cache_dtype == "fp8" else arch.head_dim * arch.dtype.itemsize
-    return 2 * len(arch.kv_layers) * arch.num_kv_heads * per_head
+    return len(arch.kv_layers) * (2 * arch.num_kv_heads * per_head + arch.index_key_dim * arch.dtype.itemsize)
 
 
 def expert_nbytes(arch: ModelArch, fmt: ExpertFormat | None = None) -> int:
@@ -201,34 +204,49 @@ def plan_memory(
     expert_format: ExpertFormat | None = None,
     dense_note: str = "",
     kv_cache_dtype: str = "auto",
+    extras: tuple[tuple[str, int], ...] = (),
+    host_params: tuple[str, ...] = (),
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots, KV tokens and GDN state rows (hybrid
     models; they cap the running requests); raise PlanError naming the setting to change
     when nothing fits. Experts count at their bytes in `expert_format` (scales included),
     so a smaller format leaves more slots; `expert_bytes` overrides that size (`edgemoe
-    plan`'s what-ifs)."""
-    state = plan_state(arch, state_slots, max_running, budget, context + dense_weight_bytes(arch), snapshots)
+    plan`'s what-ifs). `extras`: (name, bytes) a model reserves beside these (PLE tables
+    or step rows); `host_params`: params kept in host memory (`--embed-weights host`), so
+    their device bytes go to the slots and KV."""
+    shapes = arch.param_shapes()
+    weights = dense_weight_bytes(arch) - sum(_numel(shapes[n]) for n in host_params) * arch.dtype.itemsize
+    extras = (*extras, *model_workspace_rows(arch, max_running, max_model_len))
+    state = plan_state(arch, state_slots, max_running, budget, context + weights, snapshots)
     plan = _plan_weights_kv(
         arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
-        (state.rows + 1) * arch.state_bytes if state.rows else 0, graph_pool_bytes(arch, graph_max_bs),
-        expert_bytes or expert_nbytes(arch, expert_format), kv_bytes_per_token(arch, kv_cache_dtype),
+        ((state.rows + 1) * arch.state_bytes if state.rows else 0) + sum(n for _, n in extras),
+        graph_pool_bytes(arch, graph_max_bs), expert_bytes or expert_nbytes(arch, expert_format),
+        kv_bytes_per_token(arch, kv_cache_dtype), weights,
     )
     label = expert_format.label if expert_format is not None else ""
     return replace(
         plan, max_running=state.max_running, state_rows=state.rows, state_row_bytes=arch.state_bytes,
         snapshot_rows=state.snapshot_rows, running_note=state.note, expert_format=label, dense_note=dense_note,
-        kv_fp8=kv_cache_dtype == "fp8",
+        kv_fp8=kv_cache_dtype == "fp8", extras=extras,
     )
+
+
+def model_workspace_rows(arch: ModelArch, max_running: int, max_model_len: int) -> tuple[tuple[str, int], ...]:
+    """A model's own step workspaces beyond `workspace_bytes` (Qwen3.8-Flash-Next's QSA selection)."""
+    rows = getattr(arch, "workspace_rows", None)
+    return tuple(rows(max_running, max_model_len)) if rows is not None else ()
 
 
 def _plan_weights_kv(
     arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
     max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
-    e_bytes: int, per_tok: int,
+    e_bytes: int, per_tok: int, weights: int | None = None,
 ) -> MemoryPlan:
-    """The backend, slots and KV in what is left after `reserved` bytes (the GDN state)
-    and the graph pool, experts at `e_bytes` each, KV at `per_tok` bytes per token."""
-    weights = dense_weight_bytes(arch)
+    """The backend, slots and KV in what is left after `reserved` bytes (the GDN state, a
+    model's extras) and the graph pool, experts at `e_bytes` each, KV at `per_tok` bytes
+    per token; `weights`: the dense weights on the device."""
+    weights = dense_weight_bytes(arch) if weights is None else weights
     total_experts = len(arch.moe_layers) * arch.store_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)
     if budget is None:  # CPU: no cap to plan against
@@ -239,7 +257,7 @@ def _plan_weights_kv(
         return MemoryPlan(None, 0, weights, resident, slots, e_bytes, kv, kv * per_tok, ws, backend, graphs)
     free = budget - context - weights - ws - graphs - reserved
     if free <= 0:
-        state = f" + GDN state ({reserved / GiB:.2f})" if reserved else ""
+        state = f" + GDN state and model rows ({reserved / GiB:.2f})" if reserved else ""
         raise PlanError(
             f"gpu_memory (--gpu-memory) {budget / GiB:.2f} GiB is below the CUDA context "
             f"({context / GiB:.2f}) + dense weights ({weights / GiB:.2f}) + workspace ({(ws + graphs) / GiB:.2f})"

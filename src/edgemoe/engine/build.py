@@ -14,21 +14,26 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.state_pool import StatePool
 from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
+from edgemoe.engine.big_tables import TablePlan, plan_tables
 from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
-from edgemoe.engine.host_budget import HostRow
+from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
+from edgemoe.layers.embedding import HostEmbedding
 from edgemoe.layers.mlp import activation
 from edgemoe.models.arch import ModelArch
+from edgemoe.models.loader import ram_tables
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
+from edgemoe.moe.pinning import CudaRegistrar
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.routing_spec import ROUTER, parse_routing
 from edgemoe.moe.routing_trace import RoutingTrace
 from edgemoe.moe.synthetic_routing import SyntheticRouting
+from edgemoe.ple.store import PleStore
 from edgemoe.profiling import StepProfiler
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -55,6 +60,7 @@ class Runtime:
     routing: str = ROUTER  # "router", or the synthetic process's label: in every output
     states: StatePool | None = None  # hybrid models: GDN state rows
     host_tier: HostTier | None = None  # --host-cache
+    ple: PleStore | None = None  # Qwen3.8-Flash-Next: its PLE tables (--ple-store)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,9 +105,13 @@ def host_store_kind(setting: str, device: torch.device) -> str:
     return "ram" if setting == "pageable" else setting
 
 
-def make_plan(config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int,
-              source: ModelSource | None = None) -> MemoryPlan:
-    budget, context = device_budget(config, device)
+def make_plan(
+    config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int, source: ModelSource | None = None,
+    tables: TablePlan | None = None, measured: tuple[int | None, int] | None = None,
+) -> MemoryPlan:
+    """`tables`: what the model's big tables reserve (PLE, a host embedding); `measured`:
+    `device_budget`'s answer when the caller already has it."""
+    budget, context = measured or device_budget(config, device)
     fmt = source.expert_format(config.moe.expert_dtype, arch) if source is not None else None
     method = source.quant_method if source is not None else None
     moe, sched = config.moe, config.scheduler
@@ -124,6 +134,8 @@ def make_plan(config: EngineConfig, arch: ModelArch, device: torch.device, max_l
         graph_max_bs=graph_max_bs(config, device),
         state_slots=config.cache.state_slots,
         snapshots=config.cache.cache_type == "radix",
+        extras=tables.device_rows() if tables else (),
+        host_params=tables.host_params if tables else (),
     )
 
 
@@ -137,7 +149,7 @@ def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
 def make_runner(
     config: EngineConfig, model: CausalLM, attention: AttentionBackend, executor: MoEExecutor,
     buffers: BatchBuffers, profiler: StepProfiler, table: PageTable, pool: KVPool,
-    routing: SyntheticRouting | None = None, states: StatePool | None = None,
+    routing: SyntheticRouting | None = None, states: StatePool | None = None, ple: PleStore | None = None,
 ) -> ModelRunner:
     """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
     to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
@@ -148,8 +160,8 @@ def make_runner(
     pads = attention.graph_safe and attention.pool.k.is_cuda and routing is None
     max_bs = min(config.kernels.cuda_graph_max_bs, table.max_rows)
     padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
-    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states)
-    if pads and executor.graph_safe and not config.kernels.no_cuda_graph:
+    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states, ple)
+    if pads and executor.graph_safe and not config.kernels.no_cuda_graph and (ple is None or ple.graph_safe):
         seconds = runner.capture_graphs()
         executor.stats.reset()  # warm-up and capture routed padding tokens
         log.warning("captured CUDA graphs for decode batches of %s sequences in %.1f s", padding.sizes, seconds)  # type: ignore[union-attr]
@@ -163,7 +175,9 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     dtype = resolve_dtype(config.model.dtype, device)
     arch = source.arch(dtype)
     max_len = config.model.max_model_len or arch.max_position_embeddings
-    plan = make_plan(config, arch, device, max_len, source)
+    measured = device_budget(config, device)
+    tables = plan_tables(config, source, arch, device, measured[0], host_budget(config.model.host_memory)[0])
+    plan = make_plan(config, arch, device, max_len, source, tables, measured)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
     if plan.kv_tokens < max_len:
@@ -177,11 +191,12 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         total = torch.cuda.mem_get_info(device)[1]
         torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
     host_cache = host_cache_bytes(config)
+    cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
     loaded = load_model(
         source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
-        extra=(HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
-        if host_cache else (),
+        extra=(*(cache_row if host_cache else ()), *tables.host_rows(arch, device.type == "cuda")),
+        table_alloc=tables.ple.alloc if tables.ple else ram_tables,
         expert_dtype=config.moe.expert_dtype,
     )
     sched = replace(config.scheduler, max_running_requests=plan.max_running)
@@ -194,20 +209,25 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()
     executor.routing = routing = make_routing(config.moe.routing, arch)
-    model = model_module(arch.model_type).build(arch, loaded.params, executor, device)
+    registrar = CudaRegistrar(device) if device.type == "cuda" else None
+    ple = tables.ple.store(loaded.tables, max_tokens, registrar) if tables.ple else None
+    extras: dict[str, object] = {"ple_store": ple} if ple else {}
+    if tables.embed_on_host:
+        extras["embed"] = HostEmbedding(loaded.params.pop("embed"), device, registrar)
+    model = model_module(arch.model_type).build(arch, loaded.params, executor, device, **extras)
     del loaded
     page = config.cache.page_size
-    pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype, device,
-                  config.cache.kv_cache_dtype)
+    pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
+                  device, config.cache.kv_cache_dtype, index_dim=arch.index_key_dim)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
     states = make_state_pool(arch, plan, device)
-    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states)
+    runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states, ple)
     host_tier = make_host_tier(host_cache, pool, states) if host_cache else None
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier,
+        max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier, ple,
     )
 
 
@@ -244,7 +264,7 @@ def make_host_tier(nbytes: int, pool: KVPool, states: StatePool | None) -> HostT
     used = snapshot_slots * states.shape.row_nbytes if states is not None else 0
     tier = HostTier(pool, (nbytes - used) // pool.page_nbytes, states, snapshot_slots)
     log.warning("host cache: %.2f GiB (%d KV pages, %d state snapshots)", tier.nbytes() / GiB,
-                tier.pages.shape[0], snapshot_slots)
+                tier.pages[0].shape[0], snapshot_slots)
     return tier
 
 

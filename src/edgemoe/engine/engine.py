@@ -28,6 +28,7 @@ from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
+from edgemoe.ple.store import PleFillError
 
 
 @dataclass
@@ -69,6 +70,9 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._streams: dict[str, TextStream] = {}
         self._ids = itertools.count()
+        # A PLE store that hashes on the host (disk) needs each chunk's n-gram context.
+        ple = rt.ple
+        self._ple_context = ple.geometry.context if ple is not None and not ple.hashes_on_device else 0
 
     # -- requests ---------------------------------------------------------------------
 
@@ -136,13 +140,37 @@ class Engine:
                 result = HostResult.start(sample_step(self.sampling, logits, sb, batch.sample_rows))
         except torch.OutOfMemoryError:
             return StepHandle(plan, sampling, None, "the device ran out of memory in this step")
+        except PleFillError as e:  # raised before any of the step's device work
+            return StepHandle(plan, sampling, None, str(e))
         finally:
             self.profiler.step_end()
         for s in plan.seqs:
             s.request.num_computed = s.start + s.length
         if self.prefix_cache.stateful:
             self._capture_states(plan)
+        if self._ple_context:
+            self._prefetch_prompt_chunks(plan)
         return StepHandle(plan, sampling, result)
+
+    def _prefetch_prompt_chunks(self, plan: StepPlan) -> None:
+        """Prefill: the next chunk of each unfinished prompt, as long as this one, is
+        known now; a disk PLE store reads its rows while this step runs."""
+        nxt = []
+        for s in plan.seqs:
+            req, end = s.request, s.start + s.length
+            if end < len(req.prompt_ids):
+                nxt.append(self._chunk_at(req, end, min(len(req.prompt_ids), end + s.length)))
+        self.runner.prefetch(nxt)
+
+    def _prefetch_decodes(self, handle: StepHandle) -> None:
+        """Decode: a running request's next token is known the moment it reaches the host;
+        a disk PLE store starts reading its rows now, before the next step is scheduled."""
+        nxt = []
+        for s in handle.sampling:
+            req = s.request
+            if req.request_id in self.requests and req.row is not None and req.num_tokens > len(req.prompt_ids):
+                nxt.append(self._chunk_at(req, req.num_tokens - 1, req.num_tokens))
+        self.runner.prefetch(nxt)
 
     def _capture_states(self, plan: StepPlan) -> None:
         """After the step's kernels (stream order): keep each request's state at a page
@@ -177,14 +205,20 @@ class Engine:
             token, n_top = sampled.token_ids[row], s.request.params.logprobs
             logprob = sampled.logprob_entry(row, n_top) if n_top is not None else None
             outputs.append(self._append_token(s.request, token, logprob))
+        if self._ple_context:
+            self._prefetch_decodes(handle)
         return outputs
 
     def _chunk(self, s: ScheduledSeq) -> SeqChunk:
-        req, end = s.request, s.start + s.length
+        return self._chunk_at(s.request, s.start, s.start + s.length, s.samples)
+
+    def _chunk_at(self, req: Request, start: int, end: int, samples: bool = True) -> SeqChunk:
         assert req.row is not None
+        ctx = self._ple_context
         return SeqChunk(
-            row=req.row, start=s.start, token_ids=req.token_slice(s.start, end), pages=req.pages,
-            in_prompt=s.start < len(req.prompt_ids), wants_logits=s.samples,
+            row=req.row, start=start, token_ids=req.token_slice(start, end), pages=req.pages,
+            in_prompt=start < len(req.prompt_ids), wants_logits=samples,
+            context=req.token_slice(max(0, start - ctx), start) if ctx else (),
         )
 
     def _fail_step(self, plan: StepPlan, why: str) -> list[RequestOutput]:
@@ -267,7 +301,9 @@ class Engine:
             rows = []
             for start in range(0, len(prompt_ids), chunk):
                 end = min(len(prompt_ids), start + chunk)
-                c = SeqChunk(req.row, start, prompt_ids[start:end], req.pages, True, False, all_logits=True)  # type: ignore[arg-type]
+                ctx = self._ple_context  # a host-hashing PLE store's n-gram context
+                c = SeqChunk(req.row, start, prompt_ids[start:end], req.pages, True, False, all_logits=True,  # type: ignore[arg-type]
+                             context=prompt_ids[max(0, start - ctx) : start] if ctx else ())
                 rows.append(self.runner.forward([c])[1])
             return torch.cat(rows)
         finally:
@@ -330,4 +366,9 @@ class Engine:
 
     def close(self) -> None:
         self.runtime.executor.close()
+        if self.runtime.ple is not None:  # its filler thread, and the tables it page-locked
+            self.runtime.ple.close()
+        embed_close = getattr(self.runtime.model.embed, "close", None)  # a host embedding's page-locking
+        if embed_close is not None:
+            embed_close()
         self.requests.clear()

@@ -26,8 +26,10 @@ from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import (
     DTYPES,
     LoadedModel,
+    TableAlloc,
     checkpoint_scheme,
     load_checkpoint,
+    ram_tables,
     read_json,
 )
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
@@ -109,12 +111,14 @@ def load_model(
     progress: bool = True,
     extra: tuple[HostRow, ...] = (),
     expert_dtype: str = "auto",
+    table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """Check the host plan (PlanError before allocating), log it, then load `source`.
 
     `expert_store`: pinned | ram | mmap (resolved, see build.host_store_kind);
     `device_plan` adds the KV cache and workspace rows when `device` is the CPU;
-    `expert_dtype`: `--expert-dtype` (experts quantised at load, or kept as published).
+    `expert_dtype`: `--expert-dtype` (experts quantised at load, or kept as published);
+    `table_alloc` places the arch's tables (PLE), `extra` rows count them.
     """
     fmt = source.expert_format(expert_dtype, arch)
     if source.random is not None and expert_store == "mmap":
@@ -135,11 +139,12 @@ def load_model(
     registrar = _registrar(expert_store, device)
     if source.random is None:
         store = "ram" if expert_store == "pinned" and registrar is None else expert_store  # warned already
-        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, store, registrar, expert_dtype=expert_dtype)
+        return load_checkpoint(source.model_dir, _dtype_name(arch), progress, store, registrar, expert_dtype=expert_dtype,
+                               table_alloc=table_alloc)
     from edgemoe.models.random_weights import materialise
 
     return materialise(arch, source.config, source.random.seed, registrar=registrar, progress=progress,
-                       expert_format=fmt)
+                       expert_format=fmt, table_alloc=table_alloc)
 
 
 def _registrar(expert_store: str, device: torch.device) -> Registrar | None:

@@ -18,6 +18,7 @@ from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.context import StateStep, StepContext
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.synthetic_routing import SyntheticRouting
+from edgemoe.ple.store import PleStore
 from edgemoe.profiling import DISABLED, StepProfiler
 
 
@@ -27,7 +28,10 @@ class ModelRunner:
     is padded to a fixed size (and replayed from `graphs` when they were captured):
     the returned batch and logits cover the real chunks only. `count_tokens(n)` hears
     each step's real token count (expert statistics). `states` (hybrid models): the GDN
-    state rows each step's `StateStep` names (padded entries: the scratch row, from zeros)."""
+    state rows each step's `StateStep` names (padded entries: the scratch row, from zeros).
+    `ple` (Qwen3.8-Flash-Next): the PLE store hears each step's chunks, padding included,
+    before the batch runs (a disk store copies the step's rows then; a failed read raises
+    `PleFillError` here, before any of the step's device work)."""
 
     def __init__(
         self,
@@ -39,8 +43,10 @@ class ModelRunner:
         count_tokens: Callable[[int], None] = lambda n: None,
         routing: SyntheticRouting | None = None,
         states: StatePool | None = None,
+        ple: PleStore | None = None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
+        self.ple = ple
         self.padding, self.count_tokens, self.states = padding, count_tokens, states
         self.graphs: DecodeGraphs | None = None
         self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
@@ -53,16 +59,25 @@ class ModelRunner:
 
     def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
         """Run one step's chunks. Nothing here reads the device back."""
-        self.count_tokens(sum(len(c.token_ids) for c in chunks))
         size = self._padded_size(chunks)
+        padded = chunks if size is None else self.padding.pad(chunks, size)  # type: ignore[union-attr]
+        if self.ple is not None:
+            with self.profiler.region("ple_wait"):
+                self.ple.begin_step(padded)
+        self.count_tokens(sum(len(c.token_ids) for c in chunks))
         if size is None:
             batch = self.buffers.build(chunks)
             return batch, self.run_batch(batch)
         if self.graphs is not None:
             with self.profiler.region("graph"):
                 return self.graphs.replay(chunks, size)
-        batch = self.buffers.build(self.padding.pad(chunks, size))  # type: ignore[union-attr]
+        batch = self.buffers.build(padded)
         return trim(batch, len(chunks)), self.run_batch(batch)[: len(chunks)]
+
+    def prefetch(self, chunks: Sequence[SeqChunk]) -> None:
+        """Chunks a coming step will compute (a disk PLE store starts reading their rows)."""
+        if self.ple is not None:
+            self.ple.prefetch(chunks)
 
     def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
         """The forward of a built batch: logits [N, V] fp32 for its logits rows."""

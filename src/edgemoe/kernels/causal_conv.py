@@ -1,17 +1,19 @@
 """Depthwise causal conv1d with a per-sequence state pool (the GDN layers' short conv over q|k|v).
 
-y[t, c] = act(bias[c] + sum_j weight[c, j] * x[t - (K-1) + j, c]), where inputs before a
-sequence's first token come from its conv state: the last K-1 inputs it has seen (zeros for a
-fresh sequence). Kernel K = 4 and SiLU in Qwen3-Next / Qwen3.5.
+y[t, c] = act(bias[c] + sum_j weight[c, j] * x[t - (K-1-j)·d, c]), where inputs before a
+sequence's first token come from its conv state: the last (K-1)·d inputs it has seen (zeros
+for a fresh sequence). Kernel K = 4 and SiLU in Qwen3-Next / Qwen3.5 (dilation d = 1);
+Qwen3.8-Flash-Next's PLE conv is dilated (d = ngram_size = 3: a state of 9 inputs).
 
 Contract shared by both forms:
 
 - x is token-major [T, C] (the flat varlen batch); weight [C, K] (transformers' `conv1d.weight`
   [C, 1, K] squeezed); bias [C] or None.
-- `conv_pool` [N, C, K-1] holds the last K-1 inputs of each live sequence, oldest first (the
-  same as transformers' conv cache without its first, never-read column); sequence b reads row
-  `state_idx[b]` (zeros where `has_initial_state[b]` is False: the row is not read) and gets
-  its last K-1 inputs written back into the same row, in place, in the pool's dtype.
+- `conv_pool` [N, C, (K-1)·d] holds the last (K-1)·d inputs of each live sequence, oldest
+  first (for d = 1 the same as transformers' conv cache without its first, never-read
+  column); sequence b reads row `state_idx[b]` (zeros where `has_initial_state[b]` is False:
+  the row is not read) and gets its last (K-1)·d inputs written back into the same row, in
+  place, in the pool's dtype.
   NOTE: `state_idx` entries must be distinct.
 - Accumulation and the activation run in fp32, one rounding to x's dtype at the end (the
   causal-conv1d CUDA kernels do the same; transformers' bf16 path rounds after the conv and
@@ -35,15 +37,15 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
 def causal_conv1d_varlen_ref(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_pool: torch.Tensor,
     state_idx: torch.Tensor, cu_seqlens: torch.Tensor, *, has_initial_state: torch.Tensor | None = None,
-    activation: str | None = "silu",
+    activation: str | None = "silu", dilation: int = 1,
 ) -> torch.Tensor:
     """Prefill form: B sequences back to back in x [T, C], `cu_seqlens` [B+1]. Returns [T, C].
 
-    Each tap j reads, for token t at position p of sequence b, input p-(K-1)+j: from x when
-    ≥ 0, else from b's state column (K-1)+(p-(K-1)+j). Gathers only, no host sync.
+    Each tap j reads, for token t at position p of sequence b, input q = p-(K-1-j)·d: from x
+    when q ≥ 0, else from b's state column S+q (S = (K-1)·d). Gathers only, no host sync.
     """
     taps = weight.shape[1]
-    history = taps - 1
+    history = (taps - 1) * dilation
     device = x.device
     cu = cu_seqlens.to(device=device, dtype=torch.long)
     lens = cu[1:] - cu[:-1]
@@ -61,11 +63,11 @@ def causal_conv1d_varlen_ref(
 
     acc = torch.zeros(x.shape, dtype=torch.float32, device=device)
     for j in range(taps):
-        acc += weight[:, j].float() * ext(pos - history + j, batch_of).float()
+        acc += weight[:, j].float() * ext(pos - (taps - 1 - j) * dilation, batch_of).float()
     if bias is not None:
         acc += bias.float()
     out = _activate(acc, activation).to(x.dtype)
-    # New state: inputs at positions len-(K-1) .. len-1 of each sequence (some may still be state).
+    # New state: inputs at positions len-S .. len-1 of each sequence (some may still be state).
     last = lens[:, None] - history + torch.arange(history, device=device)  # [B, K-1]
     owners = torch.arange(idx.numel(), device=device)[:, None].expand_as(last)
     new_state = ext(last.reshape(-1), owners.reshape(-1)).view(idx.numel(), history, -1).transpose(1, 2)
@@ -76,17 +78,19 @@ def causal_conv1d_varlen_ref(
 def causal_conv1d_update_ref(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_pool: torch.Tensor,
     state_idx: torch.Tensor, *, has_initial_state: torch.Tensor | None = None, activation: str | None = "silu",
+    dilation: int = 1,
 ) -> torch.Tensor:
     """Decode form: one token per sequence, x [B, C] -> [B, C]. A gather, a weighted sum over
     K taps and a scatter: no host sync, capturable in a CUDA graph."""
     idx = state_idx.to(device=x.device, dtype=torch.long)
-    state = conv_pool.index_select(0, idx)  # [B, C, K-1]
+    state = conv_pool.index_select(0, idx)  # [B, C, S]
     if has_initial_state is not None:
         state = torch.where(has_initial_state.view(-1, 1, 1), state, 0)
-    window = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, K], oldest first
+    window = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, S + 1], oldest first
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for j in range(weight.shape[1]):  # NOTE: the prefill form's order: both forms agree bitwise
-        acc += weight[:, j].float() * window[:, :, j].float()
+    taps, newest = weight.shape[1], window.shape[-1] - 1
+    for j in range(taps):  # NOTE: the prefill form's order: both forms agree bitwise
+        acc += weight[:, j].float() * window[:, :, newest - (taps - 1 - j) * dilation].float()
     if bias is not None:
         acc += bias.float()
     conv_pool.index_copy_(0, idx, window[:, :, 1:].to(conv_pool.dtype))

@@ -1,4 +1,5 @@
-"""Gated RMSNorm of the GDN output (Qwen3-Next / Qwen3.5): y = norm(o) * w * silu(z), per head."""
+"""Gated RMSNorm of the GDN output (Qwen3-Next / Qwen3.5): y = norm(o) * w * silu(z), per head
+(Qwen3.8-Flash-Next may gate with sigmoid(z): its `output_gate_type`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 
-def gated_rms_norm_ref(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm_ref(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, activation: str = "silu"
+) -> torch.Tensor:
     """x, gate [..., D] (D = the value head dim), weight [D]. Returns x's dtype.
 
     NOTE: transformers' cast order exactly (`Qwen3NextRMSNormGated`): statistics in fp32, the
@@ -17,7 +20,7 @@ def gated_rms_norm_ref(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     y = weight * x32.to(dtype)
-    y = y * F.silu(gate.float())
+    y = y * (F.silu(gate.float()) if activation == "silu" else torch.sigmoid(gate.float()))
     return y.to(dtype)
 
 

@@ -56,3 +56,14 @@ def add_rms_norm(
     normed, new_residual = rms_norm_triton(x, residual, weight, eps, weight_offset)
     assert new_residual is not None
     return normed, new_residual
+
+
+def grouped_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int, weight_offset: float = 1.0
+) -> torch.Tensor:
+    """RMSNorm of each `group`-wide slice of x [..., G·group] on its own, with a weight [G·group]
+    of its own per slice (Qwen3.8-Flash-Next's `Qwen4ExpTextRMSNorm(group_size=...)` over the
+    hyper-connection streams: zero-centred, weight_offset 1). `rms_norm_ref`'s cast order."""
+    shape, groups = x.shape, x.shape[-1] // group
+    normed = rms_norm_ref(x.reshape(*shape[:-1], groups, group), weight.view(groups, group), eps, weight_offset)
+    return normed.reshape(shape)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,3 +42,4 @@ class StepContext:
     attention: AttentionBackend  # prepared for `batch`
     profiler: StepProfiler = DISABLED
     state: StateStep | None = None  # hybrid models: the GDN state rows of this step
+    ple: Any = None  # Qwen3.8-Flash-Next: the step's PLE rows (`layers/ple.PleRows`), set by the model's step hook

@@ -35,6 +35,13 @@ class GatedAttention:
     ) -> torch.Tensor:
         """x [T, H]; cos/sin [T, R] (R ≤ D: partial rotary; None: the backend rotates by
         position from `spec.rope`) → [T, H]."""
+        q, gate = self.project_and_write(x, cos, sin, ctx)
+        return self.output(ctx.attention.attend(self.spec, q, ctx.batch), gate)
+
+    def project_and_write(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rotated queries [T, Hq, D], output gates [T, Hq, D]); the step's K/V written."""
         s, T = self.spec, x.shape[0]
         q_gate, k, v = F.linear(x, self.qkv).split(self.split, -1)
         q_gate = q_gate.view(T, s.num_heads, 2 * s.head_dim)
@@ -42,7 +49,10 @@ class GatedAttention:
         q = self.q_norm(q)
         k = self.k_norm(k.reshape(T, s.num_kv_heads, s.head_dim))  # [T, Hkv, D]
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
-        q = ctx.attention.rotate_and_write(s, q, k, v, cos, sin, ctx.batch)
-        out = ctx.attention.attend(s, q, ctx.batch)  # [T, Hq, D]
+        return ctx.attention.rotate_and_write(s, q, k, v, cos, sin, ctx.batch), gate
+
+    def output(self, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Attention output [T, Hq, D] → gated, projected [T, H]."""
+        T, s = out.shape[0], self.spec
         out = out.reshape(T, s.num_heads * s.head_dim) * torch.sigmoid(gate.reshape(T, -1))
         return F.linear(out, self.o_proj)

@@ -38,6 +38,7 @@ class GdnSpec:
     key_dim: int  # Dk
     value_dim: int  # Dv
     eps: float  # the gated norm's
+    gate: str = "silu"  # the gated norm's activation of z: silu, or sigmoid (Qwen3.8-Flash-Next's option)
 
     @property
     def conv_channels(self) -> int:
@@ -80,7 +81,7 @@ class GatedDeltaNet:
                 self._mix(st, qkv[:nd], b[:nd], a[:nd], slice(0, nd), st.cu_seqlens[: nd + 1], decode=True),
                 self._mix(st, qkv[nd:], b[nd:], a[nd:], slice(nd, None), cu, decode=False),
             ])
-        o = gated_rms_norm(o, z.view(T, s.num_v_heads, s.value_dim), self.norm, s.eps)
+        o = gated_rms_norm(o, z.view(T, s.num_v_heads, s.value_dim), self.norm, s.eps, s.gate)
         return F.linear(o.reshape(T, -1), self.out_proj)
 
     def _mix(

@@ -68,6 +68,11 @@ class ModelArch(Protocol):
         ...
 
     @property
+    def index_key_dim(self) -> int:
+        """Per-token sparse-attention index keys per KV layer (0: none; QSA's head dim)."""
+        ...
+
+    @property
     def projection_width(self) -> int:
         """The widest per-token projection output of a layer (workspace planning)."""
         ...
@@ -127,6 +132,10 @@ class DecoderArch:
 
     @property
     def state_bytes(self) -> int:
+        return 0
+
+    @property
+    def index_key_dim(self) -> int:
         return 0
 
     @property

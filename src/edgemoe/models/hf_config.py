@@ -41,6 +41,8 @@ SCHEMAS: dict[str, ConfigSchema] = {
     "mixtral": ConfigSchema({"num_experts": "num_local_experts"}, default_theta=1000000.0, **_FULL_HEAD),
     "qwen3_next": ConfigSchema(partial_rotary_factor=0.25),
     "qwen3_5_moe_text": ConfigSchema(partial_rotary_factor=0.25),
+    # Its __post_init__ skips Qwen3.5's: partial_rotary_factor comes from config.json only (1.0 if absent).
+    "qwen4_exp_text": ConfigSchema(),
     "gpt_oss": ConfigSchema(
         {"num_experts": "num_local_experts"},
         default_theta=150000.0,

@@ -62,6 +62,10 @@ class HybridArch:
         return tuple(i for i, t in enumerate(self.layer_types) if t == GDN)
 
     @property
+    def index_key_dim(self) -> int:
+        return 0
+
+    @property
     def shared_in_store(self) -> bool:
         """The shared expert is expert `num_experts` of each bank (same shape as the routed ones)."""
         return self.shared_expert_intermediate_size == self.moe_intermediate_size

@@ -16,7 +16,8 @@ dtype. `expert_dtype` quantises a bf16 checkpoint's experts as they stream in.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,17 @@ class LoadedModel:
     experts: ExpertStore
     config: dict[str, Any]
     note: str = ""  # what loading changed: dequantised layers, experts quantised at load
+    tables: dict[str, torch.Tensor] = field(default_factory=dict)  # tables a store holds (PLE), by our name
+
+
+# Where a table (`arch.table_shapes()`: too large to stage with the params, e.g. PLE) is
+# written while loading: (our name, shape, dtype) → a tensor to fill (RAM, pinned, a mapped
+# file), or None when the destination already holds it (its checkpoint tensors are skipped).
+TableAlloc = Callable[[str, tuple[int, ...], torch.dtype], "torch.Tensor | None"]
+
+
+def ram_tables(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[ModelArch, dict[str, Any]]:
@@ -84,12 +96,13 @@ def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json")
 
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
-    registrar: Registrar | None = None, expert_dtype: str = "auto",
+    registrar: Registrar | None = None, expert_dtype: str = "auto", table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """`expert_store`: "ram" (stacked banks), "pinned" (the banks page-locked in place by
     `registrar` as each fills; pageable with a warning without one, or if the OS refuses),
     or "mmap" (experts stay in the checkpoint files, mapped, never read at load time).
-    `expert_dtype` (`--expert-dtype`): auto keeps the checkpoint's experts as stored."""
+    `expert_dtype` (`--expert-dtype`): auto keeps the checkpoint's experts as stored.
+    `table_alloc`: where the arch's tables (if any) are written."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise CheckpointError(f"{model_dir}: not a directory")
@@ -99,18 +112,27 @@ def load_checkpoint(
     fmt = resolve_expert_format(expert_dtype, scheme.format if scheme else None, arch.dtype)
     names = module.checkpoint_map(arch)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
+    table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
+    tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
     collector = PartCollector(scheme, all_names(model_dir, files)) if scheme else None
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
-    ignored = IGNORED_SUFFIXES, tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    ignored = (
+        IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())), tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    )
+    # ... or a table its destination already holds (a disk store's files): not read again.
+    held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}
+    names = {n: p for n, p in names.items() if n not in held}
+    ignored = (ignored[0] + tuple(held), ignored[1])
     # ... and another spelling of a layer's experts: stacked in one tensor.
     stacked: StackedMap = module.stacked_expert_names(arch) if hasattr(module, "stacked_expert_names") else {}
+    dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
     try:
         filled = _stream_files(
-            model_dir, files, names, params, experts, progress, pins, collector, upcasts, ignored, stacked
+            model_dir, files, names, dests, experts, progress, pins, collector, upcasts, ignored, stacked
         )
         _check_complete(model_dir, files, names, filled)
     except BaseException:
@@ -124,7 +146,8 @@ def load_checkpoint(
         params["lm_head"] = params["embed"]
     if upcasts.note():
         log.info("%s: %s", model_dir, upcasts.note())
-    return LoadedModel(arch, params, experts, config, upcasts.note())
+    return LoadedModel(arch, params, experts, config, upcasts.note(),
+                       {k: t for k, t in tables.items() if t is not None})
 
 
 def _allocate_store(model_dir: Path, arch: ModelArch, fmt: ExpertFormat, scheme: Scheme | None,

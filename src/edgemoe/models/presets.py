@@ -155,12 +155,76 @@ TINY_QWEN3_5_MOE: dict[str, Any] = {
     "shared_expert_intermediate_size": 32,
 }
 
+# Qwen3.8-Flash-Next (`qwen4_exp_text`) at its real widths, reduced in depth and n-gram
+# tables so it runs on the GPU machine (one H200, ~125 GiB of RAM, a bare disk each start):
+# - widths as Qwen3.5-35B-A3B's language model (hidden 2048; GDN 16 key / 32 value heads x 128;
+#   attention 16 q / 2 kv heads x 256, 25% rotary, theta 1e7; vocab 248,320) with 512 experts
+#   top-10 of width 512 plus a shared expert of width 512, 4 hyper-connection streams, rank 320;
+# - 24 layers instead of 40 (18 GDN + 6 indexed attention): bf16 experts 24 x 513 x 6 MiB = 72 GiB
+#   of host RAM (40 layers would need 120 GiB);
+# - PLE on 3 GDN layers (one-indexed 2, 10, 18) instead of 5, 16 hash heads x 32 dims each
+#   (ple_embed_dim 512), each head's table ~5M rows (ngram_vocab_size_base 5,000,000 instead of
+#   20,000,000): 3 x 16 x 5M x 64 B = 14.3 GiB of tables instead of ~95 GiB;
+# - QSA: 16 indexer heads x 128, budget 2048 tokens in blocks of 4 (our assumption: transformers
+#   has no defaults for them).
+# No published config.json was at hand: the widths and the PLE/QSA sizes are assumptions
+# documented in docs/benchmarks.md.
+QWEN38_FLASH_NEXT: dict[str, Any] = {
+    **{k: v for k, v in QWEN3_5_35B_A3B.items() if k != "full_attention_interval"},
+    "architectures": ["Qwen4ExpForCausalLM"],
+    "model_type": "qwen4_exp_text",
+    "num_hidden_layers": 24,
+    "full_attention_interval": 4,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "hc_count": 4,
+    "hc_lowrank": 320,
+    "ple_layer_ids": [2, 10, 18],
+    "ple_embed_dim": 512,
+    "ple_conv_kernel_size": 4,
+    "ngram_size": 3,
+    "heads_per_ngram": 8,
+    "ngram_vocab_size_base": 5_000_000,
+    "make_ngram_vocab_size_divisible_by": 128,
+    "seed": 1234,
+    "split_ngram_parts": 512,
+    "indexer_n_heads": 16,
+    "indexer_kv_heads": 1,
+    "indexer_head_dim": 128,
+    "indexer_budget": 2048,
+    "indexer_compress_ratio": 4,
+    "norm_topk_prob": True,
+    "output_gate_type": "silu",
+}
+
+# Its every code path at a few MB: two GDN layers with PLE (tiny tables), one indexed layer.
+TINY_QWEN38_FLASH_NEXT: dict[str, Any] = {
+    **QWEN38_FLASH_NEXT,
+    **{k: TINY_QWEN3_5_MOE[k] for k in (
+        "head_dim", "hidden_size", "linear_key_head_dim", "linear_num_key_heads", "linear_num_value_heads",
+        "linear_value_head_dim", "max_position_embeddings", "moe_intermediate_size", "num_attention_heads",
+        "shared_expert_intermediate_size")},
+    "num_hidden_layers": 4,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "hc_count": 2,
+    "hc_lowrank": 8,
+    "ple_layer_ids": [1, 3],
+    "ple_embed_dim": 32,
+    "ngram_vocab_size_base": 1000,
+    "indexer_n_heads": 4,
+    "indexer_head_dim": 16,
+    "indexer_budget": 16,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-coder-30b-a3b": QWEN3_CODER_30B_A3B,
     "qwen3.5-35b-a3b": QWEN3_5_35B_A3B,
+    "qwen3.8-flash-next": QWEN38_FLASH_NEXT,
     "tiny-qwen3-moe": TINY_QWEN3_MOE,
     "tiny-qwen3.5-moe": TINY_QWEN3_5_MOE,
+    "tiny-qwen3.8-flash-next": TINY_QWEN38_FLASH_NEXT,
 }
 
 # Integer fields that are sizes or counts: an override must be >= 1.

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from edgemoe.models.arch import ModelArch
-from edgemoe.models.loader import LoadedModel
+from edgemoe.models.loader import LoadedModel, TableAlloc, ram_tables
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, Registrar
 from edgemoe.moe.store import BankStore, ExpertStore
@@ -70,6 +70,7 @@ def materialise(
     registrar: Registrar | None = None,
     progress: bool = False,
     expert_format: ExpertFormat | None = None,
+    table_alloc: TableAlloc = ram_tables,
 ) -> LoadedModel:
     """Random weights for `arch` in host memory: the LoadedModel the checkpoint loader
     returns. `registrar`: page-lock the expert banks in place (pageable, with one
@@ -85,18 +86,32 @@ def materialise(
     params = {name: dense_tensor(init, name, shape, arch.dtype) for name, shape in arch.param_shapes().items()}
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
+    tables = fill_tables(init, arch, table_alloc, progress)
     if pinner is not None:
         pinner.finish(progress=progress)  # a bar while the last layers' pinning completes
         store.own_pins(pinner)  # type: ignore[attr-defined]
     seconds = time.perf_counter() - t0
     dense = {t.data_ptr(): t.numel() * t.element_size() for t in params.values()}  # tied: counted once
-    nbytes = store.nbytes() + sum(dense.values())
+    nbytes = store.nbytes() + sum(dense.values()) + sum(t.nbytes for t in tables.values())
     # WARNING level on purpose: the load time is what a benchmark run wants to see.
     log.warning(
         "random weights (seed %d): %.2f GB in %.2f s (%.2f GB/s)%s", seed, nbytes / 1e9, seconds,
         nbytes / 1e9 / seconds, "; experts pinned in place" if store.pinned else "",
     )
-    return LoadedModel(arch, params, store, config)
+    return LoadedModel(arch, params, store, config, tables=tables)
+
+
+def fill_tables(init: TiledInit, arch: ModelArch, alloc: TableAlloc, progress: bool) -> dict[str, torch.Tensor]:
+    """The arch's tables (PLE), tiled like every tensor, where `alloc` puts them (skipped
+    when it already holds them: a disk store's files written by an earlier start)."""
+    tables = {}
+    shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
+    for name, shape in tqdm(shapes.items(), desc="random tables", unit="table", disable=not progress, leave=False):
+        t = alloc(name, shape, arch.dtype)
+        if t is not None:
+            init.fill(t, name)
+            tables[name] = t
+    return tables
 
 
 def fill_dense(arch: ModelArch, init: TiledInit, pinner: InPlacePinner | None, progress: bool) -> BankStore:

@@ -14,6 +14,8 @@ MODEL_MODULES: dict[str, str] = {
     "qwen3_next": "edgemoe.models.qwen3_next",
     "qwen3_5_moe": "edgemoe.models.qwen3_5_moe",
     "qwen3_5_moe_text": "edgemoe.models.qwen3_5_moe",
+    "qwen4_exp": "edgemoe.models.qwen4_exp",
+    "qwen4_exp_text": "edgemoe.models.qwen4_exp",
 }
 
 

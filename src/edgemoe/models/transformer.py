@@ -1,12 +1,14 @@
 """CausalLM: token embedding → the model file's blocks → final norm → LM head.
 
 Model files build the blocks (one file per `model_type`, from the shared blocks in
-`layers/`); this class only runs them over a step and projects the wanted rows.
+`layers/`); this class only runs them over a step and projects the wanted rows. A model
+with hyper-connections widens the embedding to `streams` copies and its "norm" is the
+final stream mixer; one with per-step inputs of its own (PLE n-grams) adds a step hook.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -30,20 +32,26 @@ class CausalLM:
     def __init__(
         self,
         arch: object,  # the model file's arch (DecoderArch or its own)
-        embed: torch.Tensor,  # [V, H]
+        embed: torch.Tensor | Callable[[torch.Tensor], torch.Tensor],  # [V, H], or ids [T] → [T, H]
         blocks: Sequence[Block],
-        norm: RMSNorm,
+        norm: RMSNorm | Callable[[torch.Tensor], torch.Tensor],  # [N, streams·H] → [N, H]
         lm_head: torch.Tensor,  # [V, H]
         rotary: Rotary,
+        streams: int = 1,  # hyper-connection streams: the embedding repeated side by side
+        step_hook: Callable[[StepContext], StepContext] | None = None,  # per-step inputs of the model's own
     ) -> None:
         self.arch, self.embed, self.blocks, self.norm, self.lm_head = arch, embed, list(blocks), norm, lm_head
-        self.rotary = rotary
+        self.rotary, self.streams, self.step_hook = rotary, streams, step_hook
 
     @torch.inference_mode()
     def forward(self, ctx: StepContext) -> torch.Tensor:
         """Hidden states after the final norm for `batch.logits_indices` rows: [N, H]."""
         batch = ctx.batch
-        h = self.embed[batch.input_ids]  # [T, H]
+        if self.step_hook is not None:
+            ctx = self.step_hook(ctx)
+        h = self.embed[batch.input_ids] if isinstance(self.embed, torch.Tensor) else self.embed(batch.input_ids)
+        if self.streams > 1:
+            h = h.repeat(1, self.streams)  # [T, streams·H]
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype) if ctx.attention.needs_step_rope else (None, None)
         for block in self.blocks:
             h = block(h, cos, sin, ctx)

@@ -11,6 +11,14 @@ file order, not tensor order (a checkpoint's experts are separate tensors, possi
 spread over shards): each tensor goes to the pinner once its last piece is written.
 
 The registrar is an interface so the overlap logic is tested on CPU with a fake one.
+
+`uva_view` maps a page-locked host tensor into the device's address space: a CUDA tensor
+aliasing it, which device kernels read over PCIe (host-resident tables). NOTE: with unified
+virtual addressing (every 64-bit CUDA platform) memory registered with default flags is
+mapped and portable and the device may dereference the host pointer itself
+(`cudaDevAttrCanUseHostPointerForRegisteredMem`); torch builds the alias from the
+`__cuda_array_interface__` (checking the pointer is registered). The view holds no
+reference to the host tensor: its owner keeps both.
 """
 
 from __future__ import annotations
@@ -170,3 +178,24 @@ class PinWhenFilled:
     def pending(self) -> list[str]:
         """Tensors with pieces still to come."""
         return sorted(self._missing)
+
+
+_INT_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}  # by element size: viewed back to the dtype
+
+
+class _CudaArray:
+    """The CUDA array interface of a contiguous host tensor (as integers of its element size)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        assert t.is_contiguous()
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape), "typestr": _INT_TYPESTR[t.element_size()], "data": (t.data_ptr(), False),
+            "version": 3, "strides": None,
+        }
+
+
+def uva_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CUDA tensor over the registered (page-locked) contiguous host tensor `host`."""
+    with torch.cuda.device(device):
+        alias = torch.as_tensor(_CudaArray(host), device=device)
+    return alias.view(host.dtype)

@@ -1,0 +1,112 @@
+"""Issue 16's benchmark on the GPU machine: random:qwen3.8-flash-next under --gpu-memory 16GiB.
+
+For each configuration (one engine start each): decode tok/s at 32K and 128K context
+(batch 1, random prompts), misses per token, the copy bound and the copy + CPU bound from
+those misses (offload II's definition, docs/benchmarks.md: min(52.6 + B_cpu, 93.8) GB/s ÷
+(misses/token × bytes per expert), B_cpu = 60 GB/s) and the ratio to each, PLE bytes
+read per token and the milliseconds per token a disk store's fills held a step, the
+device memory peak (the driver's count: context included), and the plan's slots.
+
+    OUT=... PYTHONPATH=/tmp/site:src python3 scripts/gpu_qwen4_bench.py [--contexts 32768 131072]
+      [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32]
+
+Configurations: `<ple store>-embed-<device|host>`. Writes $OUT/qwen4_bench.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PCIE_GBPS, CPU_GBPS, CEILING_GBPS = 52.6, 60.0, 93.8  # PERF-NOTES / docs/benchmarks.md (issue 13)
+MODEL = "random:qwen3.8-flash-next"
+
+
+def bounds(misses: float, expert_bytes: int) -> tuple[float, float]:
+    """(copy bound, copy + CPU bound) in tok/s for `misses` per token."""
+    if misses <= 0:
+        return float("inf"), float("inf")
+    per_token = misses * expert_bytes
+    return PCIE_GBPS * 1e9 / per_token, min(PCIE_GBPS + CPU_GBPS, CEILING_GBPS) * 1e9 / per_token
+
+
+def ple_per_token(llm: Any, store_before: dict[str, float], tokens: int) -> dict[str, float]:
+    store = llm.engine.runtime.ple
+    if store is None:
+        return {}
+    g = store.geometry
+    gathered = len(g.layers) * g.heads * g.row_nbytes(llm.engine.runtime.model.arch.dtype.itemsize)
+    row: dict[str, float] = {"ple_bytes_per_token": gathered, "ple_store": type(store).__name__}
+    if hasattr(store, "bytes_read"):  # the disk store: what the filler read, and the steps' waits
+        row["ple_disk_bytes_per_token"] = (store.bytes_read - store_before["bytes"]) / max(tokens, 1)
+        row["ple_wait_ms_per_token"] = 1000 * (store.wait_seconds - store_before["wait"]) / max(tokens, 1)
+    return row
+
+
+def run_config(name: str, contexts: list[int], decode_tokens: int) -> list[dict[str, Any]]:
+    from edgemoe import LLM
+    from edgemoe.bench.decode import measure
+    from edgemoe.engine.budget import expert_nbytes
+
+    ple, embed = name.split("-embed-")
+    settings = dict(model=MODEL, gpu_memory="16GiB", ple_store=ple, embed_weights=embed,
+                    max_model_len=max(contexts) + 2 * decode_tokens + 64, max_running_requests=4,
+                    kv_tokens=max(contexts) + 2 * decode_tokens + 64, ple_dir="/tmp/edgemoe-ple")
+    rows = []
+    t0 = time.perf_counter()
+    with LLM(progress=False, **settings) as llm:
+        load_s = time.perf_counter() - t0
+        rt = llm.engine.runtime
+        e_bytes = expert_nbytes(rt.model.arch)
+        print(f"{name}: built in {load_s:.1f} s; {rt.plan.num_slots} slots; plan:\n{rt.plan.table()}", flush=True)
+        measure(llm, 64, 1, 4, seed=0)  # warm-up
+        for seed, ctx in enumerate(contexts, start=1):
+            torch.cuda.reset_peak_memory_stats()
+            store = rt.ple
+            before = {"bytes": getattr(store, "bytes_read", 0), "wait": getattr(store, "wait_seconds", 0.0)}
+            r = measure(llm, ctx, 1, decode_tokens, seed=seed)
+            misses = r["decode_moe"]["misses_per_token"]
+            copy_b, both_b = bounds(misses, e_bytes)
+            free, total = torch.cuda.mem_get_info()
+            rows.append({
+                "config": name, "context": ctx, "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"],
+                "misses_per_token": misses, "hit_rate": r["decode_moe"]["hit_rate"],
+                "copy_bound_tok_s": copy_b, "copy_cpu_bound_tok_s": both_b,
+                "ratio_to_copy_bound": r["decode_tok_s"] / copy_b, "ratio_to_copy_cpu_bound": r["decode_tok_s"] / both_b,
+                "device_peak_gib": (rt.plan.context + torch.cuda.max_memory_reserved()) / 2**30,
+                "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
+                **ple_per_token(llm, before, r["decode_tokens_timed"]), "raw": r,
+            })
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--configs", nargs="+", default=["host-embed-device", "host-embed-host", "disk-embed-device"])
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    args = ap.parse_args()
+    rows = []
+    for name in args.configs:
+        rows += run_config(name, args.contexts, args.decode_tokens)
+    out = Path(os.environ.get("OUT", "bench/results"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(f"\n{'config':<20} {'ctx':>7} {'tok/s':>7} {'miss/tok':>8} {'vs copy':>8} {'vs copy+cpu':>11} "
+          f"{'PLE B/tok':>9} {'wait ms':>7} {'peak GiB':>8} {'slots':>5}")
+    for r in rows:
+        print(f"{r['config']:<20} {r['context']:>7} {r['decode_tok_s']:7.1f} {r['misses_per_token']:8.1f} "
+              f"{r['ratio_to_copy_bound']:8.2f} {r['ratio_to_copy_cpu_bound']:11.2f} {r.get('ple_bytes_per_token', 0):9.0f} "
+              f"{r.get('ple_wait_ms_per_token', 0):7.2f} {r['device_peak_gib']:8.2f} {r['slots']:>5}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

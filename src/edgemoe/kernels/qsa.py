@@ -1,0 +1,127 @@
+"""QSA sparse attention (Qwen3.8-Flash-Next's indexed attention layers) over the paged KV
+cache: the indexer's compressed key blocks, the per-query block selection, and attention
+over the selected tokens (transformers' `Qwen4ExpTextQSAIndexer` + masked attention).
+
+A layer's index keys live in the KV pool's `index_k` [S, Di], one row per KV slot. Block j
+of a sequence is positions [j·r, (j+1)·r) (r = `indexer_compress_ratio`). The slot of a
+position that does not end a block holds that token's raw index key; the slot of a
+block's last position holds, once the block is complete, the block's key:
+`rope(k_norm(mean(raw keys of the block)), position j·r)`. NOTE: a block's raw keys are
+read only by `compress_blocks`, in the step its last token is computed, before that slot
+is overwritten; nothing reads the raw key of a block's last token after that step.
+
+A query at position p sees nb = (p + 1) // r complete blocks; it scores each by
+Σ_heads relu(q_h · key_j) / √Di, keeps the top min(budget / r, nb) blocks, and attends to
+their tokens plus the incomplete tail [nb·r, p] (up to r - 1 tokens): at most
+budget + r - 1 tokens, whatever the context length. Torch reference implementations; the
+decode forms (`select_blocks`, `attend_selected`) take fixed shapes and read nothing back
+to the host, so a CUDA graph can hold them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from edgemoe.kernels.rotary import apply_rope
+from edgemoe.quant.kv import dequantise_kv
+
+
+def position_slots(
+    page_table: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """KV slots of `positions` [n, m] (clamped to >= 0) of the requests in `rows` [n]."""
+    pos = positions.clamp(min=0)
+    pages = page_table[rows.long()[:, None], pos // page_size].long()
+    return pages * page_size + pos % page_size
+
+
+def compress_blocks(
+    index_k: torch.Tensor,  # [S, Di] one layer's index keys (raw keys of this step already written)
+    positions: torch.Tensor,  # [T] the step's token positions
+    out_loc: torch.Tensor,  # [T] their slots
+    token_rows: torch.Tensor,  # [T] each token's page-table row
+    page_table: torch.Tensor,
+    page_size: int,
+    ratio: int,
+    k_norm: torch.nn.Module | object,  # callable [n, 1, Di] → same: the indexer's k_layernorm
+    cos: torch.Tensor,  # [T, R] rotary of position - (ratio - 1), in the keys' dtype
+    sin: torch.Tensor,
+) -> None:
+    """Every token that completes a block (position % r == r - 1) replaces its raw key by the
+    block key. Fixed shapes: all tokens compute one, the others write their raw key back."""
+    back = torch.arange(ratio - 1, -1, -1, device=positions.device)  # r-1 .. 0 places back
+    slots = position_slots(page_table, token_rows, positions[:, None] - back[None, :], page_size)  # [T, r]
+    raw = index_k[slots]  # [T, r, Di]
+    pooled = raw.float().mean(dim=1).to(index_k.dtype)  # transformers: mean in fp32, cast back
+    key = apply_rope(k_norm(pooled[:, None, :]), cos, sin)[:, 0]  # type: ignore[operator]
+    completes = (positions % ratio == ratio - 1)[:, None]
+    index_k[out_loc] = torch.where(completes, key, index_k[out_loc])
+
+
+def block_keys(
+    index_k: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, num_blocks: int, page_size: int, ratio: int,
+) -> torch.Tensor:
+    """The keys of blocks 0 .. num_blocks-1 of the requests in `rows` [m]: [m, NB, Di]
+    (blocks a request has not completed hold whatever their slot holds: callers mask them)."""
+    ends = torch.arange(num_blocks, device=rows.device) * ratio + ratio - 1
+    return index_k[position_slots(page_table, rows, ends[None, :].expand(rows.numel(), -1), page_size)]
+
+
+def select_blocks(
+    qi: torch.Tensor,  # [n, Hi, Di] normed, rotated indexer queries
+    keys: torch.Tensor,  # [m, NB, Di] block keys, m = 1 (shared) or n
+    visible: torch.Tensor,  # [n] complete blocks each query sees (<= NB)
+    block_topk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block ids [n, k], valid [n, k]) with k = min(block_topk, NB): each query's top
+    min(block_topk, visible) blocks by Σ_h relu(q_h · key) / √Di, scored in fp32."""
+    NB = keys.shape[1]
+    k = min(block_topk, NB)
+    if k == 0:
+        empty = torch.zeros((qi.shape[0], 0), dtype=torch.long, device=qi.device)
+        return empty, empty.bool()
+    scores = torch.einsum("nhd,mbd->nhb" if keys.shape[0] == 1 else "nhd,nbd->nhb", qi.float(), keys.float())
+    scores = torch.relu(scores).sum(dim=1) / math.sqrt(qi.shape[-1])  # [n, NB], >= 0
+    seen = torch.arange(NB, device=qi.device)[None, :] < visible[:, None]
+    # -1 below every real score (>= 0): unseen blocks are picked only when the seen ones run out
+    top = torch.where(seen, scores, -1.0).topk(k, dim=-1).indices
+    return top, top < visible[:, None]
+
+
+def attend_selected(
+    q: torch.Tensor,  # [n, Hq, D]
+    positions: torch.Tensor,  # [n] query positions
+    rows: torch.Tensor,  # [n] page-table rows
+    blocks: torch.Tensor,  # [n, k] selected block ids
+    valid: torch.Tensor,  # [n, k]
+    k_cache: torch.Tensor,  # [S, Hkv, D]
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    ratio: int,
+    scale: float,
+    k_scale: torch.Tensor | None = None,  # [S, Hkv] an fp8 pool's scales (`--kv-cache-dtype fp8`)
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each query attends to its selected blocks' tokens and its incomplete tail: [n, Hq, D].
+    Softmax in fp32, as transformers' eager path; masked tokens get -inf (exp → exactly 0)."""
+    n, Hq, D = q.shape
+    offs = torch.arange(ratio, device=q.device)
+    tok = (blocks[:, :, None] * ratio + offs).reshape(n, -1)  # [n, k·r]
+    tok_ok = valid[:, :, None].expand(-1, -1, ratio).reshape(n, -1)
+    tail = ((positions + 1) // ratio * ratio)[:, None] + offs[None, : ratio - 1]  # [n, r-1]: nb·r ..
+    tok = torch.cat([tok, tail], dim=1)
+    tok_ok = torch.cat([tok_ok, tail <= positions[:, None]], dim=1)
+    slots = position_slots(page_table, rows, tok, page_size)
+    Hkv = k_cache.shape[1]
+    ks, vs = k_cache[slots], v_cache[slots]  # [n, N, Hkv, D]
+    if k_scale is not None and v_scale is not None:
+        ks, vs = dequantise_kv(ks, k_scale[slots], q.dtype), dequantise_kv(vs, v_scale[slots], q.dtype)
+    qg = q.view(n, Hkv, Hq // Hkv, D)
+    scores = torch.einsum("nhgd,nthd->nhgt", qg, ks) * scale
+    scores = scores.masked_fill(~tok_ok[:, None, None, :], float("-inf"))
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("nhgt,nthd->nhgd", probs, vs).reshape(n, Hq, D)

@@ -1,0 +1,31 @@
+"""Row gather from a table that may live in host memory: out[i] = table[ids[i]].
+
+Used where a table is too large for the device (Qwen3.8-Flash-Next's PLE tables, a
+host-resident token embedding): the table stays in pinned host RAM, mapped into the
+device's address space (`ple/host_store.uva_view`), and a device kernel reads the few
+rows a step needs over PCIe. Row offsets are 64-bit (a table of 2^31+ elements).
+
+`gather_rows_ref` is the reference (index_select: on the CPU the host path itself); the
+Triton kernel runs for CUDA tensors (a mapped host table is one) of any dtype: it copies
+bits, one program per (row tile, column block), no host sync, capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgemoe.kernels.backend import triton_importable
+
+
+def gather_rows_ref(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """table [R, D], ids [N] int64 (any shape: flattened) → [N, D] on ids' device."""
+    return table.index_select(0, ids.reshape(-1).to(table.device)).to(ids.device)
+
+
+def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Same contract as `gather_rows_ref`; the Triton kernel for CUDA tensors."""
+    if not (ids.is_cuda and table.is_cuda and triton_importable()):
+        return gather_rows_ref(table, ids)
+    from edgemoe.kernels.triton_ops.row_gather import gather_rows_triton
+
+    return gather_rows_triton(table, ids.reshape(-1))

@@ -1,0 +1,32 @@
+"""out[i] = table[ids[i]] with 64-bit offsets (see `kernels/row_gather.py`)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ROWS = 8  # rows per program
+
+
+@triton.jit
+def _gather_rows(table_ptr, ids_ptr, out_ptr, N, D, stride_t, stride_o, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    ok_r = r < N
+    row = tl.load(ids_ptr + r, mask=ok_r, other=0).to(tl.int64)  # NOTE: 64-bit: row · stride may pass 2^31
+    mask = ok_r[:, None] & (c < D)[None, :]
+    x = tl.load(table_ptr + row[:, None] * stride_t + c[None, :], mask=mask)
+    tl.store(out_ptr + r[:, None] * stride_o + c[None, :], x, mask=mask)
+
+
+def gather_rows_triton(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    N, D = ids.numel(), table.shape[1]
+    out = torch.empty((N, D), dtype=table.dtype, device=ids.device)
+    if N == 0:
+        return out
+    assert table.stride(1) == 1, "rows must be contiguous"
+    block_d = min(triton.next_power_of_2(D), 256)
+    grid = (triton.cdiv(N, ROWS), triton.cdiv(D, block_d))
+    _gather_rows[grid](table, ids, out, N, D, table.stride(0), out.stride(0), BLOCK_D=block_d, ROWS=ROWS)
+    return out

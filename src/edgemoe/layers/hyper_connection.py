@@ -1,0 +1,50 @@
+"""Hyper-connections (Qwen3.8-Flash-Next's `Qwen4ExpTextGatedResidual`): the residual stream
+is `hc` streams side by side, h [T, hc·H]. Before a sub-layer (mixer or MLP):
+
+    n = groupnorm(h)                               (zero-centred RMSNorm per stream)
+    w = sigmoid(up(silu(down(n) / hc)))            [T, hc·H]: a low-rank input mix
+    x = mean_s(w_s · n_s)                          [T, H]: the sub-layer's input
+    g = 2 · sigmoid(inject(n) / hc)                [T, hc]
+
+and after it h += y ⊗ g (the output y [T, H] added to stream s scaled by g_s). The final
+mixer (no inject weights) turns the streams into the LM head's input. `down` and `inject`
+read the same n: one GEMM over their stacked weights (`down` rows first). The ops and their
+dtypes are transformers', in order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgemoe.kernels.norm_fused import grouped_rms_norm
+
+
+class HyperConnection:
+    def __init__(
+        self,
+        norm: torch.Tensor,  # [hc·H] the zero-centred grouped norm's weight
+        down: torch.Tensor,  # [R (+ hc), hc·H]: the low-rank down projection, then the inject rows if any
+        up: torch.Tensor,  # [hc·H, R]
+        hc: int,
+        eps: float,
+    ) -> None:
+        self.norm, self.down, self.up, self.hc, self.eps = norm, down, up, hc, eps
+        self.hidden = norm.shape[0] // hc
+        self.rank = up.shape[1]
+        self.injects = down.shape[0] > self.rank
+
+    def mix(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h [T, hc·H] → (the sub-layer's input [T, H], the inject weights [T, hc] or None)."""
+        T = h.shape[0]
+        n = grouped_rms_norm(h, self.norm, self.eps, self.hidden)
+        z = F.linear(n, self.down)  # [T, R (+ hc)]
+        w = torch.sigmoid(F.linear(F.silu(z[:, : self.rank] / self.hc), self.up))
+        x = (w.view(T, self.hc, self.hidden) * n.view(T, self.hc, self.hidden)).mean(dim=-2)
+        g = 2 * torch.sigmoid(z[:, self.rank :] / self.hc) if self.injects else None
+        return x, g
+
+    @staticmethod
+    def inject(h: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """h [T, hc·H] + y [T, H] scaled per stream by g [T, hc]."""
+        return h + (y[:, None, :] * g[:, :, None]).flatten(1)

@@ -1,0 +1,166 @@
+"""Qwen3.8-Flash-Next (qwen4_exp) against transformers 5.24: greedy tokens and fp32 logits
+with QSA selecting sparsely (budget 8 of 150+ tokens) and PLE on two GDN layers; the same
+with a budget that keeps every token and no PLE; the multimodal layout; chunked prefill
+and page sizes; prefix-cache hits and host-tier revivals (the snapshot carries the GDN,
+n-gram and PLE conv states and the pages carry the index keys)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+from tolerances import peer_atol
+
+from edgemoe import LLM, SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = [
+    [9707, 11, 1879, 0],
+    list(range(2000, 2023)),
+    [151644, 872, 198, 3838, 374, 264, 1632, 30, 151645, 198, 151644, 77091, 198],  # an EOS mid-prompt: n-gram segments
+    [(7 * i * i + 3 * i) % 150000 + 100 for i in range(100)],  # a GDN chunk and a part; 25 QSA blocks, 2 kept
+]
+NEW_TOKENS = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+F32 = dict(torch_dtype="float32")
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sparse-ple": ("qwen4_exp_text", F32),
+    "multimodal": ("qwen4_exp", F32),  # text_config, model.language_model.*
+    # every token selected (budget >> context), no PLE, a sigmoid GDN gate, three streams
+    "dense-nople": ("qwen4_exp_text", {**F32, "indexer_budget": 4096, "ple_layer_ids": [], "hc_count": 3,
+                                       "output_gate_type": "sigmoid"}),
+}
+
+
+class Reference(NamedTuple):
+    path: Any
+    model: Any  # transformers, float32
+    model64: Any  # float64: the exact reference for logits
+    expected: list[list[int]]
+
+
+def hf_model(path, dtype: torch.dtype):  # noqa: ANN001, ANN201
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
+
+
+def hf_greedy(model, prompt: list[int]) -> list[int]:  # noqa: ANN001
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+            pad_token_id=151643,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def reference(make_ckpt):  # noqa: ANN001, ANN201
+    built: dict[str, Reference] = {}
+
+    def get(name: str) -> Reference:
+        if name not in built:
+            model_type, overrides = VARIANTS[name]
+            path = make_ckpt(model_type, **overrides)
+            model = hf_model(path, torch.float32)
+            # the multimodal layout is checked by its logits on the longest prompt: one generate
+            prompts = PROMPTS[3:] if model_type == "qwen4_exp" else PROMPTS
+            expected = [[] for _ in PROMPTS[: len(PROMPTS) - len(prompts)]] + [hf_greedy(model, p) for p in prompts]
+            built[name] = Reference(path, model, hf_model(path, torch.float64), expected)
+        return built[name]
+
+    return get
+
+
+def logits_atol(ref: Reference, seq: list[int]) -> tuple[torch.Tensor, float]:
+    """(float64 reference logits [T, V], the fp32 tolerance against them: see tolerances.peer_atol)."""
+    with torch.no_grad():
+        exact = ref.model64(torch.tensor([seq])).logits[0]
+        peer = (ref.model(torch.tensor([seq])).logits[0].double() - exact).abs().max().item()
+    return exact, peer_atol(torch.float32, peer, max(64, len(seq)), exact.abs().max().item())
+
+
+def assert_greedy(ref: Reference, got: list[list[int]]) -> None:
+    """Tokens equal the reference's, or first differ where its top two logits are within the
+    logits tolerance (a near-tie fp32 rounding may break either way)."""
+    for prompt, want, have in zip(PROMPTS, ref.expected, got, strict=True):
+        if have == want:
+            continue
+        j = next(i for i, (a, b) in enumerate(zip(want, have, strict=True)) if a != b)
+        exact, atol = logits_atol(ref, prompt + want[:j])
+        margin = (exact[-1, want[j]] - exact[-1, have[j]]).item()
+        assert margin <= 2 * atol, f"diverged at token {j} with a reference margin {margin:.3g} > {2 * atol:.3g}"
+
+
+SERVING = {
+    "one-shot": {},
+    "page1-chunk7": dict(page_size=1, max_prefill_tokens=7),  # chunks across QSA blocks, n-grams and GDN chunks
+    "offload-topk-slots": dict(moe_backend="offload", moe_slots=2),  # top_k = 2: every layer in waves
+}
+
+
+@pytest.mark.parametrize("serving", list(SERVING))
+def test_greedy_matches_transformers_chunked_paged_offloaded(reference, serving: str) -> None:  # noqa: ANN001
+    ref = reference("sparse-ple")
+    with LLM(str(ref.path), dtype="float32", **SERVING[serving]) as llm:
+        assert_greedy(ref, [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
+        if serving == "one-shot":  # alone: the batch's company changes nothing
+            assert llm.generate([PROMPTS[2]], GREEDY)[0].token_ids == ref.expected[2]
+    assert all(len(set(t)) > 4 for t in ref.expected), "degenerate reference output: weak test"
+
+
+def test_dense_selection_without_ple_matches_transformers(reference) -> None:  # noqa: ANN001
+    ref = reference("dense-nople")
+    with LLM(str(ref.path), dtype="float32") as llm:
+        assert_greedy(ref, [o.token_ids for o in llm.generate(PROMPTS, GREEDY)])
+
+
+@pytest.mark.parametrize("variant", ["sparse-ple", "multimodal"])
+def test_logits_match_float64_reference_at_every_position(reference, variant: str) -> None:  # noqa: ANN001
+    ref = reference(variant)
+    seq = PROMPTS[3] + ref.expected[3]
+    with LLM(str(ref.path), dtype="float32", max_prefill_tokens=4096) as llm:
+        ours = llm.prompt_logits(seq).double()
+    exact, atol = logits_atol(ref, seq)
+    torch.testing.assert_close(ours, exact, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("page_size", [8])  # a page boundary inside the decoded tokens
+def test_prefix_hits_and_host_tier_revivals_keep_tokens(reference, page_size: int) -> None:  # noqa: ANN001
+    """A hit resumes from a snapshot (GDN, n-gram context and PLE conv states) and cached
+    pages (K, V and index keys): the same prompt again, the next turn, and both after every
+    page and snapshot went to the host tier and came back."""
+    ref = reference("sparse-ple")
+    prompt, want = PROMPTS[3], ref.expected[3]
+    turn2 = prompt + want + [31, 32, 33]
+    want2 = hf_greedy(ref.model, turn2)
+    with LLM(str(ref.path), dtype="float32", page_size=page_size, host_cache="32MiB") as llm:
+        cache = llm.engine.prefix_cache
+        assert llm.generate([prompt], GREEDY)[0].token_ids == want
+        again = llm.generate([prompt], GREEDY)[0]
+        assert again.token_ids == want and again.num_cached_tokens == (len(prompt) - 1) // page_size * page_size
+        nxt = llm.generate([turn2], GREEDY)[0]
+        assert nxt.token_ids == want2 and nxt.num_cached_tokens > len(prompt)
+        cache.evict(cache.total_pages)
+        assert cache.total_pages == 0 and cache.host.num_snapshots >= 2
+        revived = llm.generate([prompt, turn2], GREEDY)
+    assert [o.token_ids for o in revived] == [want, want2]
+
+
+def test_hash_constants_equal_transformers_buffers(reference) -> None:  # noqa: ANN001
+    """The PLE tables' primes, offsets and multipliers we derive from config.json are the
+    ones transformers derives (and saves as buffers)."""
+    from edgemoe.models.loader import read_json
+    from edgemoe.models.registry import model_module
+
+    ref = reference("sparse-ple")
+    arch = model_module("qwen4_exp_text").arch(read_json(ref.path / "config.json"))
+    for g in arch.ple.layers:
+        emb = ref.model.model.layers[g.layer].ple.ple_embedding
+        assert list(g.multipliers) == emb.layer_multipliers.tolist()
+        assert list(g.vocab_sizes) == emb.ngram_heads_vocab_sizes.tolist()
+        assert list(g.offsets) == emb.ngram_heads_offsets.tolist()
+        assert g.rows == emb.ngram_embedding.weight.shape[0]
