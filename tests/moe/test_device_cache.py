@@ -63,7 +63,8 @@ def check_state(py: SlotCache, dev: DeviceSlotCache) -> None:
 def run_layer(py: SlotCache, dev: DeviceSlotCache, layer: int, ids: torch.Tensor, live: torch.Tensor) -> None:
     """Plan one layer in both; `live` [T] bool: the rows that are real (the rest padding)."""
     dev_ids = torch.where(live[:, None], ids, -1)
-    with py.layer_waves(layer, ids[live]) as waves:
+    # The host executors plan a layer's distinct experts ascending (`np.unique`).
+    with py.layer_waves(layer, torch.unique(ids[live])) as waves:
         plans = list(dev.layer_waves(layer, dev_ids))
         assert len(plans) >= len(waves)
         for i, plan in enumerate(plans):
@@ -119,13 +120,13 @@ def test_pins_of_another_layer_are_respected() -> None:
         for layer in range(L):
             run_layer(py, dev, layer, routing(rng, 3, E, K, 1.0), torch.ones(3, dtype=torch.bool))
     ids_a = routing(rng, 2, E, K, 1.0)
-    py.plan_layer(0, ids_a)
+    py.plan_layer(0, torch.unique(ids_a))
     list(dev.layer_waves(0, ids_a))
     pinned_slots = [s for pins in py._pinned.values() for s in pins.values()]
     pinned = torch.zeros(S, dtype=torch.bool)
     pinned[pinned_slots] = True
     ids_b = routing(rng, 4, E, K, 0.0)
-    waves = py.plan_layer(1, ids_b)
+    waves = py.plan_layer(1, torch.unique(ids_b))
     plans = list(dev.layer_waves(1, ids_b, pinned, len(pinned_slots)))
     assert len(pinned_slots) > 0 and len(waves) > 1  # the pins forced waves
     for i, plan in enumerate(plans):

@@ -12,8 +12,9 @@ It decides exactly what `SlotCache` (moe/slots.py) with the LRU policy decides o
 same trace; the Python cache stays the reference it is tested against
 (tests/moe/test_device_cache.py). The rules, restated for the device:
 
-- Routed order: a layer's distinct experts in order of first appearance in the
-  row-major `topk_ids`; -1 entries are not routed (padding rows, other waves).
+- Routed order: a layer's distinct experts by ascending id, as the host executors hand
+  them to `SlotCache` (`np.unique` of the routing); -1 entries are not routed (padding
+  rows, other waves).
 - A wave: its resident experts (hits) first, then its misses, each in routed order.
   Every expert used in a wave is stamped with the next recency value in that order
   (hits, then misses), so recency orders uses exactly as the LRU list does.
@@ -163,17 +164,15 @@ class DeviceSlotCache:
     def _order(self, layer: int, topk_ids: torch.Tensor) -> _Order:
         """Routed experts in (hits, misses) routed order, against the current map."""
         flat = topk_ids.reshape(-1).long()
-        N, E = flat.numel(), self.num_experts
-        pos = torch.arange(N, device=flat.device)
-        first = torch.full((E,), N, dtype=torch.int64, device=flat.device)
-        first.scatter_reduce_(0, flat.clamp(min=0), torch.where(flat >= 0, pos, N), "amin")
-        routed = first < N
+        E, e = self.num_experts, self._expert_idx
+        pairs = torch.zeros(E, dtype=torch.int64, device=flat.device)
+        routed = pairs.index_add_(0, flat.clamp(min=0), (flat >= 0).long()) > 0  # integer adds: exact
         slot_before = self.slot_map[layer].long()  # a copy: the map changes below
         hit, miss = routed & (slot_before >= 0), routed & (slot_before < 0)
-        # Distinct keys: hits by first appearance, then misses, then the rest by id.
-        key = torch.where(hit, first, torch.where(miss, first + N, 2 * N + self._expert_idx))
+        # Distinct keys: hits by id, then misses by id, then the rest.
+        key = torch.where(hit, e, torch.where(miss, e + E, e + 2 * E))
         order = torch.argsort(key)
-        rank = torch.empty_like(order).scatter_(0, order, self._expert_idx)
+        rank = torch.empty_like(order).scatter_(0, order, e)
         return _Order(flat, routed, hit, miss, slot_before, rank, order, hit.sum())
 
     def _candidates(self, layer: int, routed: torch.Tensor, pinned: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,11 +210,11 @@ class DeviceSlotCache:
 
     def read_counts(self) -> np.ndarray:
         """[L, 2] (hits, misses) since construction: one device read."""
-        return self.counts.cpu().numpy()
+        return self.counts.to("cpu", copy=True).numpy()  # a copy on a CPU device too
 
     def take_events(self) -> np.ndarray:
         """[L, E] uint8 activity codes since the last take (one read), then cleared."""
-        out = self.events.cpu().numpy()
+        out = self.events.to("cpu", copy=True).numpy()
         with torch.inference_mode():  # inside or outside a forward alike
             self.events.zero_()
         return out
