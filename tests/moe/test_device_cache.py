@@ -43,11 +43,11 @@ def check_wave(plan: WavePlan, wave: LayerWave | None, ids: torch.Tensor) -> Non
     misses = [(int(e), int(s)) for e, s in plan.misses.T.tolist() if e >= 0]
     assert not bool(plan.overflow)
     if wave is None:  # a static trailing wave the Python cache does not have: empty
-        assert misses == [] and bool((plan.slot_ids == -1).all()) and not bool(plan.hit_pairs.any())
+        assert misses == [] and bool((plan.slot_ids == -1).all()) and not bool(plan.hits.any())
         return
     assert misses == [(m.expert, m.slot) for m in wave.misses]
     assert torch.equal(plan.slot_ids, wave_slot_ids(wave, ids))
-    hit_experts = set(ids[plan.hit_pairs].tolist())
+    hit_experts = set(ids[plan.hit_pairs(ids)].tolist())
     assert hit_experts == set(wave.hits)
 
 

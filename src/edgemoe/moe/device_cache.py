@@ -49,15 +49,19 @@ class WavePlan(NamedTuple):
     """One wave of one layer, planned (state already updated).
 
     `slot_ids` [T, K] int32: each pair's slot after the wave, -1 = not in this wave;
-    `hit_pairs` [T, K] bool: the pairs whose expert was resident before the wave;
+    `hits` [E] bool: the wave's experts that were resident before it;
     `misses` [2, M] int32: row 0 the missed experts in routed order, row 1 their slots,
     -1 after the last (M = min(T·K, E, S)); `overflow` []: more misses than unprotected
     slots (never inside `layer_waves`: the misses past it got no slot, -1)."""
 
     slot_ids: torch.Tensor
-    hit_pairs: torch.Tensor
+    hits: torch.Tensor
     misses: torch.Tensor
     overflow: torch.Tensor
+
+    def hit_pairs(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        """[T, K] bool: the pairs of `topk_ids` (this wave's routing) served by a hit."""
+        return self.hits[topk_ids.clamp(min=0).long()] & (topk_ids >= 0)
 
 
 class _Order(NamedTuple):
@@ -80,7 +84,8 @@ class DeviceSlotCache:
     `slot_map` [L, E] int32 (-1 = not resident), `slot_owners` [S] int64 (layer·E + expert,
     -1 = free), `recency` [S] int64 (meaningful for owned slots), and counters read lazily:
     `counts` [L, 2] int64 (hits, misses: distinct experts per wave, cumulative) and
-    `events` [L, E] uint8 (the strongest of HIT / MISS since the last `take_events`).
+    `events` [L, E] uint8 (the strongest of HIT / MISS since the last `take_events`, while
+    `mark_events`).
     Locking: none; one thread issues the ops, the stream orders them.
     """
 
@@ -98,6 +103,7 @@ class DeviceSlotCache:
         self.clock = torch.zeros((), dtype=torch.int64, device=device)  # next recency value
         self.counts = torch.zeros(L, 2, dtype=torch.int64, device=device)
         self.events = torch.zeros(L, E, dtype=torch.uint8, device=device)
+        self.mark_events = True  # off: the plan skips the live view's marks (a few ops per wave)
         self._slot_idx = torch.arange(S, device=device)
         self._expert_idx = torch.arange(E, device=device)
 
@@ -150,11 +156,12 @@ class DeviceSlotCache:
         num_taken = take.sum()
         self.clock.add_(o.num_hits + num_taken)
         self.counts[layer].add_(torch.stack((o.num_hits, num_taken)))
-        code = torch.where(o.hit, HIT, torch.where(take, MISS, 0)).to(torch.uint8)
-        torch.maximum(self.events[layer], code, out=self.events[layer])
+        if self.mark_events:
+            code = torch.where(o.hit, HIT, torch.where(take, MISS, 0)).to(torch.uint8)
+            torch.maximum(self.events[layer], code, out=self.events[layer])
         return WavePlan(
             slot_ids=self._pair_slots(layer, o.experts).view(topk_ids.shape),
-            hit_pairs=(o.hit[o.experts.clamp(min=0)] & (o.experts >= 0)).view(topk_ids.shape),
+            hits=o.hit,
             misses=self._miss_list(o, cand, num_taken, topk_ids.numel()),
             overflow=(o.miss.sum() > num_taken),
         )

@@ -71,8 +71,10 @@ class DeviceOffloadExecutor(MoEExecutor):
         self.num_decode = num_decode
         ids, dead = self._live_ids(topk_ids, num_padding)
         cells = self.workspace.cells(ids)
+        # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
+        self.cache.mark_events = self.stats.activity is not None
         for plan in self.cache.layer_waves(layer, ids):
-            self._run_wave(layer, x, plan, topk_weights, cells)
+            self._run_wave(layer, x, ids, plan, topk_weights, cells)
         if dead is not None:  # their cells were never written: make their output zeros, not garbage
             cells.masked_fill_(dead[:, None, None], 0.0)
         return moe_combine(cells, x.dtype, residual)
@@ -88,13 +90,14 @@ class DeviceOffloadExecutor(MoEExecutor):
             return topk_ids, None
         return topk_ids.masked_fill(dead[:, None], -1), dead
 
-    def _run_wave(self, layer: int, x, plan: WavePlan, topk_weights, cells) -> None:  # noqa: ANN001
+    def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells) -> None:  # noqa: ANN001
         if self.mover.two_pass:  # the hits compute while the miss list travels to the host
             self.mover.begin(plan.misses)
-            self._compute(x, plan.slot_ids.masked_fill(~plan.hit_pairs, -1), topk_weights, cells)
+            hit_pairs = plan.hit_pairs(ids)
+            self._compute(x, plan.slot_ids.masked_fill(~hit_pairs, -1), topk_weights, cells)
             with self.profiler.region("moe/copy"):
                 self.mover.move(layer, plan.misses)
-            self._compute(x, plan.slot_ids.masked_fill(plan.hit_pairs, -1), topk_weights, cells)
+            self._compute(x, plan.slot_ids.masked_fill(hit_pairs, -1), topk_weights, cells)
             return
         self._timed_move(layer, plan.misses)
         self._compute(x, plan.slot_ids, topk_weights, cells)
