@@ -107,3 +107,27 @@ def test_device_cache_settings_are_checked() -> None:
         EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid")
     with pytest.raises(ValueError, match="expert-mover"):
         EngineConfig.from_kwargs(expert_cache="device", expert_mover="dma")
+
+
+def test_padded_decode_batches_give_the_host_cache_tokens_and_stats(qwen3_ckpt, resident_tokens) -> None:  # noqa: ANN001
+    """Decode batches padded as on a GPU (3 sequences → 4): the device cache learns the live
+    rows from the runner, inside the step, and routes nothing for the padding row."""
+    from edgemoe.engine.graphs import DecodePadding
+
+    def run(**settings):  # noqa: ANN003, ANN202
+        with LLM(str(qwen3_ckpt), dtype="float32", max_prefill_tokens=11, moe_backend="offload", moe_slots=6,
+                 **settings) as llm:
+            rt, masks = llm.engine.runtime, []
+            rt.runner.padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
+            hand_on = rt.runner.live_rows
+            rt.runner.live_rows = lambda live: (masks.append(live), hand_on(live))
+            tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+            return tokens, llm.stats()["moe"], masks
+
+    host_tokens, host, _ = run()
+    tokens, dev, masks = run(expert_cache="device")
+    assert tokens == host_tokens == resident_tokens
+    assert any(m is not None and not bool(m.all()) for m in masks)  # a padding row was masked
+    for key in ("hits", "misses", "bytes_copied"):
+        assert dev[key] == host[key], key
+    assert dev["hits"] > 0 and dev["misses"] > 0
