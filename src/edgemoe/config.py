@@ -111,6 +111,20 @@ class MoEConfig:
         "with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
         "labelled in every output; refused by serve)",
     )
+    expert_cache: str = setting(
+        "host",
+        "where the slot cache's bookkeeping runs: host (each MoE layer's routing read back, misses planned in "
+        "Python) or device (slot map, owners and LRU recency on the GPU, planned by device ops with no host read: "
+        "offload decode steps are captured in CUDA graphs; LRU and the offload backend only, auto resolving to it)",
+        ("host", "device"),
+    )
+    expert_mover: str = setting(
+        "gather",
+        "--expert-cache device: how misses reach their slots: gather (a device kernel reads the pinned host store "
+        "mapped into the GPU's address space; capturable) or copy (the copy engine, after reading each layer's "
+        "miss list back; eager)",
+        ("gather", "copy"),
+    )
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
@@ -171,6 +185,13 @@ class EngineConfig:
         parse_routing(self.moe.routing)
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
+        if self.moe.expert_cache == "device":
+            if self.moe.moe_backend in ("cpu", "hybrid"):
+                raise ValueError(f"{flag_name('expert_cache')} device runs the offload backend (or resident), not "
+                                 f"{self.moe.moe_backend}: cpu/hybrid read each layer's routing on the host")
+            if self.moe.moe_policy != "lru":
+                raise ValueError(f"{flag_name('expert_cache')} device evicts by LRU only (got --moe-policy "
+                                 f"{self.moe.moe_policy})")
         positive = {
             "moe_slots": self.moe.moe_slots or 1,
             "page_size": self.cache.page_size,

@@ -69,3 +69,64 @@ def test_mmap_store_maps_instead_of_reading(qwen3_ckpt) -> None:  # noqa: ANN001
         for e in (0, EXPERTS - 1):
             for a, b in zip(store.expert(layer, e), ram.expert(layer, e), strict=True):
                 assert torch.equal(a, b)
+
+
+def _run(path, **settings):  # noqa: ANN001, ANN003, ANN202
+    with LLM(str(path), dtype="float32", max_prefill_tokens=11, **settings) as llm:
+        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.stats()["moe"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # Few runs (two engines each): the executor tests cover more pool sizes and both movers.
+        dict(moe_slots=TOP_K),  # the minimum pool: prompt chunks run in waves
+        dict(moe_slots=4, expert_mover="copy"),
+        dict(moe_slots=4, expert_dtype="int8"),  # quantised banks: every part gathered
+    ],
+    ids=lambda s: "-".join(str(v) for v in s.values()),
+)
+def test_device_cache_gives_the_host_cache_tokens_and_stats(qwen3_ckpt, resident_tokens, settings) -> None:  # noqa: ANN001
+    host_tokens, host = _run(qwen3_ckpt, moe_backend="offload", **{k: v for k, v in settings.items() if k != "expert_mover"})
+    tokens, dev = _run(qwen3_ckpt, moe_backend="offload", expert_cache="device", **settings)
+    assert tokens == host_tokens
+    if "expert_dtype" not in settings:
+        assert tokens == resident_tokens
+    for key in ("hits", "misses", "bytes_copied", "tokens", "hit_rate_by_layer"):
+        assert dev[key] == host[key], key
+    assert dev["misses"] > 0 and dev["expert_cache"] == "device"
+
+
+def test_device_cache_settings_are_checked() -> None:
+    from edgemoe.config import EngineConfig
+
+    with pytest.raises(ValueError, match="LRU only"):
+        EngineConfig.from_kwargs(expert_cache="device", moe_policy="lfu")
+    with pytest.raises(ValueError, match="runs the offload backend"):
+        EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid")
+    with pytest.raises(ValueError, match="expert-mover"):
+        EngineConfig.from_kwargs(expert_cache="device", expert_mover="dma")
+
+
+def test_padded_decode_batches_give_the_host_cache_tokens_and_stats(qwen3_ckpt, resident_tokens) -> None:  # noqa: ANN001
+    """Decode batches padded as on a GPU (3 sequences → 4): the device cache learns the live
+    rows from the runner, inside the step, and routes nothing for the padding row."""
+    from edgemoe.engine.graphs import DecodePadding
+
+    def run(**settings):  # noqa: ANN003, ANN202
+        with LLM(str(qwen3_ckpt), dtype="float32", max_prefill_tokens=11, moe_backend="offload", moe_slots=6,
+                 **settings) as llm:
+            rt, masks = llm.engine.runtime, []
+            rt.runner.padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
+            hand_on = rt.runner.live_rows
+            rt.runner.live_rows = lambda live: (masks.append(live), hand_on(live))
+            tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+            return tokens, llm.stats()["moe"], masks
+
+    host_tokens, host, _ = run()
+    tokens, dev, masks = run(expert_cache="device")
+    assert tokens == host_tokens == resident_tokens
+    assert any(m is not None and not bool(m.all()) for m in masks)  # a padding row was masked
+    for key in ("hits", "misses", "bytes_copied"):
+        assert dev[key] == host[key], key
+    assert dev["hits"] > 0 and dev["misses"] > 0

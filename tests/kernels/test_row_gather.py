@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from edgemoe.kernels.row_gather import gather_rows, gather_rows_ref
+from edgemoe.kernels.row_gather import gather_rows, gather_rows_into, gather_rows_ref
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -31,3 +31,36 @@ def test_triton_kernel_copies_the_rows(dtype: torch.dtype, D: int) -> None:
     ids = torch.randint(0, 37, (19,), generator=g)  # 19: a ragged last row tile of 8
     got = gather_rows_triton(table, ids)
     assert torch.equal(got.view(torch.uint8), gather_rows_ref(table, ids).view(torch.uint8))
+
+
+def scatter_expected(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """The plain loop: each valid entry's table row lands in its destination row."""
+    want = out.clone()
+    for i, d in zip(ids.tolist(), dst.tolist(), strict=True):
+        if i >= 0:
+            want[d] = table[i]
+    return want
+
+
+def test_gather_into_reference_writes_only_the_valid_entries() -> None:
+    table, out = torch.randn(9, 5), torch.randn(4, 5)
+    ids, dst = torch.tensor([7, -1, 2, -1]), torch.tensor([3, -1, 0, -1])
+    want = scatter_expected(table, ids, out, dst)
+    gather_rows_into(table, ids, out, dst)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.uint8])  # the movers copy bits as ints
+@pytest.mark.parametrize("D", [1, 300, 2500])  # one column block; ragged; several blocks of 1024
+def test_triton_gather_into_copies_the_valid_rows(dtype: torch.dtype, D: int) -> None:
+    from edgemoe.kernels.triton_ops.row_gather import gather_rows_into_triton
+
+    g = torch.Generator().manual_seed(D)
+    table = torch.randint(0, 100, (11, D), generator=g).to(dtype)
+    out = torch.randint(0, 100, (6, D), generator=g).to(dtype)
+    ids = torch.tensor([4, 10, 0, -1, -1], dtype=torch.int32)  # a -1 padded miss list
+    dst = torch.tensor([5, 0, 2, -1, -1], dtype=torch.int32)
+    want = scatter_expected(table, ids, out, dst)
+    gather_rows_into_triton(table, ids, out, dst)
+    assert torch.equal(out, want)

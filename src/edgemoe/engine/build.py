@@ -155,13 +155,14 @@ def make_runner(
     """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
     to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
     same shapes and compute the same bits — and captured when the executor allows
-    it (resident experts) unless `--no-cuda-graph`."""
+    it (resident experts, the device expert cache's gather) unless `--no-cuda-graph`."""
     executor.stats.count_in_forward = False
     # Host-drawn routing (cache studies) runs eagerly, unpadded: a graph would replay stale ids.
     pads = attention.graph_safe and attention.pool.k.is_cuda and routing is None
     max_bs = min(config.kernels.cuda_graph_max_bs, table.max_rows)
     padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
-    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states, ple)
+    runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states, ple,
+                         executor.set_live_rows)
     if pads and executor.graph_safe and not config.kernels.no_cuda_graph and (ple is None or ple.graph_safe):
         seconds = runner.capture_graphs()
         executor.stats.reset()  # warm-up and capture routed padding tokens
@@ -206,6 +207,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
+        config.moe.expert_cache, config.moe.expert_mover,
     )
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()

@@ -14,7 +14,7 @@ from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
 from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, trim
 from edgemoe.engine.sampler import SampleOutput
 from edgemoe.layers.attention_backend import AttentionBackend
-from edgemoe.layers.batch import ForwardBatch
+from edgemoe.layers.batch import BatchMode, ForwardBatch
 from edgemoe.layers.context import StateStep, StepContext
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.synthetic_routing import SyntheticRouting
@@ -31,8 +31,10 @@ class ModelRunner:
     state rows each step's `StateStep` names (padded entries: the scratch row, from zeros).
     `ple` (Qwen3.8-Flash-Next): the PLE store hears each step's chunks, padding included,
     before the batch runs (a disk store copies the step's rows then; a failed read raises
-    `PleFillError` here, before any of the step's device work). With overlap, a decode
-    chunk's PENDING id is read on the device from `buffers.last_token` (inside the graphs)."""
+    `PleFillError` here, before any of the step's device work). `live_rows` hears, inside
+    each forward (so a captured graph replays it), which rows are real
+    (`MoEExecutor.set_live_rows`). With overlap, a decode chunk's PENDING id is read on the
+    device from `buffers.last_token` (inside the graphs too)."""
 
     def __init__(
         self,
@@ -45,9 +47,10 @@ class ModelRunner:
         routing: SyntheticRouting | None = None,
         states: StatePool | None = None,
         ple: PleStore | None = None,
+        live_rows: Callable[[torch.Tensor | None], None] = lambda live: None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
-        self.ple = ple
+        self.ple, self.live_rows = ple, live_rows
         self.padding, self.count_tokens, self.states = padding, count_tokens, states
         self.graphs: DecodeGraphs | None = None
         self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
@@ -84,6 +87,7 @@ class ModelRunner:
         """The forward of a built batch: logits [N, V] fp32 for its logits rows."""
         self.buffers.fetch_pending(batch)  # overlap: decode ids the step in flight sampled
         self.attention.prepare(batch)
+        self.live_rows(self._live_rows(batch))
         if self.routing is not None:
             host = batch.host
             self.routing.prepare(host.q_lens, host.seq_lens, host.req_rows)
@@ -91,6 +95,13 @@ class ModelRunner:
         hidden = self.model.forward(StepContext(batch, self.attention, self.profiler, state))
         with self.profiler.region("lm_head"):
             return self.model.logits(hidden)
+
+    def _live_rows(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """[T] bool on the device: the real rows of a padded decode batch (one token per
+        sequence; padding names the scratch row). Device work: captured with the step."""
+        if self.padding is None or batch.mode is not BatchMode.DECODE:
+            return None
+        return batch.req_rows != self.padding.scratch_row
 
     def _padded_size(self, chunks: Sequence[SeqChunk]) -> int | None:
         if self.padding is None or not all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks):

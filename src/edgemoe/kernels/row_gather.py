@@ -8,6 +8,10 @@ rows a step needs over PCIe. Row offsets are 64-bit (a table of 2^31+ elements).
 `gather_rows_ref` is the reference (index_select: on the CPU the host path itself); the
 Triton kernel runs for CUDA tensors (a mapped host table is one) of any dtype: it copies
 bits, one program per (row tile, column block), no host sync, capturable in a CUDA graph.
+
+`gather_rows_into` is the same gather written into chosen rows of an existing tensor,
+skipping ids of -1: the device expert cache's mover (`moe/movers.py`) copies missed
+experts (one row per expert and part) from the mapped host store into their slots with it.
 """
 
 from __future__ import annotations
@@ -29,3 +33,24 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     from edgemoe.kernels.triton_ops.row_gather import gather_rows_triton
 
     return gather_rows_triton(table, ids.reshape(-1))
+
+
+def gather_rows_into_ref(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor) -> None:
+    """out[out_rows[i]] = table[ids[i]] for every i with ids[i] >= 0 (-1: nothing).
+
+    table [R, D], out [S, D], ids / out_rows [N] int; the written out rows are distinct.
+    The reference keeps the valid entries first (a data-dependent shape: a host read on a GPU)."""
+    keep = ids >= 0
+    rows = table.index_select(0, ids[keep].to(table.device).long())
+    out.index_copy_(0, out_rows[keep].to(out.device).long(), rows.to(out.device))
+
+
+def gather_rows_into(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor) -> None:
+    """Same contract as `gather_rows_into_ref`; the Triton kernel for CUDA tensors (no host
+    read, fixed grid: capturable in a CUDA graph)."""
+    if not (ids.is_cuda and table.is_cuda and out.is_cuda and triton_importable()):
+        gather_rows_into_ref(table, ids, out, out_rows)
+        return
+    from edgemoe.kernels.triton_ops.row_gather import gather_rows_into_triton
+
+    gather_rows_into_triton(table, ids, out, out_rows)

@@ -76,6 +76,12 @@ class MoEExecutor(ABC):
         `num_padding`: trailing rows that only pad the batch to a CUDA-graph size; an
         executor may skip them (their output rows are then garbage, never read)."""
 
+    def set_live_rows(self, live: torch.Tensor | None) -> None:
+        """The runner names, once per step and inside what it may capture, which rows of
+        the coming forward are real: `live` [T] bool on the device (a decode batch padded
+        to a captured size), None when every row is. Executors that skip padding rows on
+        the device use it (`num_padding` is a Python int, frozen in a captured graph)."""
+
     def resident_mask(self) -> np.ndarray | None:
         """[layers, experts] bool: which experts sit on the device now; None: every one."""
         return None

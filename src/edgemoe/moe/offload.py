@@ -45,19 +45,23 @@ class SlotBanks:
         self._timed = device.type == "cuda"
 
     def load(self, layer: int, wave: LayerWave) -> None:
-        if not wave.misses:
+        self.copy_in(layer, [(miss.expert, miss.slot) for miss in wave.misses])
+        self.stats.bytes_copied += len(wave.misses) * self.expert_nbytes
+
+    def copy_in(self, layer: int, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy each (expert, slot) of `layer` from the store into its slot, timed (not counted)."""
+        if not pairs:
             return
         start = torch.cuda.Event(enable_timing=True) if self._timed else None
         if start is not None:
             start.record()
-        for miss in wave.misses:
-            for name, t in self.store.expert_parts(layer, miss.expert).items():
-                self.parts[name][miss.slot].copy_(t, non_blocking=True)
+        for expert, slot in pairs:
+            for name, t in self.store.expert_parts(layer, expert).items():
+                self.parts[name][slot].copy_(t, non_blocking=True)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.stats.add_copy_interval(start, end)
-        self.stats.bytes_copied += len(wave.misses) * self.expert_nbytes
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.parts.values())
@@ -66,7 +70,8 @@ class SlotBanks:
 class RoutingReadback:
     """Brings a layer's routing (and, for CPU experts, its activations) to the host
     without stalling the stream: copies into pinned buffers and an event; `wait()`
-    blocks only until the routing exists, not until later work finishes."""
+    blocks only until the routing exists, not until later work finishes. (The device
+    cache's copy-engine mover brings its miss lists over the same way.)"""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"

@@ -9,6 +9,7 @@ from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.store import ExpertStore
 
 EXECUTORS = ("resident", "offload", "cpu", "hybrid", "auto")
+EXPERT_CACHES = ("host", "device")
 
 
 def make_executor(
@@ -22,15 +23,28 @@ def make_executor(
     hybrid_fraction: float | None = None,
     max_tokens: int = 256,
     top_k: int | None = None,
+    expert_cache: str = "host",
+    expert_mover: str = "gather",
 ) -> MoEExecutor:
     """The executor named by `--moe-backend`; `max_tokens` (the largest step) sizes the
     contribution-cell workspace. hybrid: `hybrid_fraction` fixes the CPU's share of the
     misses, None lets the live controller split them; auto: the controller also chooses
-    between offload and hybrid (`top_k` sizes its start-up decision)."""
+    between offload and hybrid (`top_k` sizes its start-up decision).
+
+    `expert_cache` "device": the slot cache on the device (LRU only; offload, or auto when
+    the experts don't fit: the device cache does not split misses with the CPU), misses
+    moved by `expert_mover` ("gather" | "copy")."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
         return ResidentExecutor(store, device, act, num_layers, max_tokens)
+    if expert_cache == "device":
+        check_device_cache(backend, policy)
+        from edgemoe.moe.device_offload import DeviceOffloadExecutor
+
+        return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens)
+    if expert_cache != "host":
+        raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
     if backend == "offload":
         from edgemoe.moe.offload import OffloadExecutor
 
@@ -44,3 +58,12 @@ def make_executor(
             store, device, act, num_layers, num_slots, fraction, backend == "cpu", policy, max_tokens, mode, top_k
         )
     raise ValueError(f"moe_backend {backend!r}: choose one of {', '.join(EXECUTORS)}")
+
+
+def check_device_cache(backend: str, policy: str) -> None:
+    """Refuse what `--expert-cache device` can't run (torch-free, so the config checks it too)."""
+    if backend in ("cpu", "hybrid"):
+        raise ValueError(f"expert_cache (--expert-cache) device runs the offload backend, not {backend!r}: "
+                         "cpu/hybrid read each layer's routing on the host (use --expert-cache host)")
+    if policy != "lru":
+        raise ValueError(f"expert_cache (--expert-cache) device evicts by LRU only (got --moe-policy {policy})")

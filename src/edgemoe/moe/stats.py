@@ -38,6 +38,9 @@ class MoEStats:
     sources: list[Callable[[], dict[str, Any]]] = field(default_factory=list, repr=False)
     activity: ExpertActivity | None = field(default=None, repr=False)  # per-expert marks while watched
     routed: torch.Tensor | None = field(default=None, repr=False)  # [L, E] device marks while watched (resident)
+    # Counts kept on the device (the device expert cache): each drain moves them into the
+    # fields above with one read, at `resolve` time only (never per layer).
+    drains: list[Callable[[MoEStats], None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("hits", "misses", "cpu_experts"):
@@ -79,6 +82,8 @@ class MoEStats:
         self.bytes_copied, self.tokens, self.copy_s, self.cpu_s = 0, 0, 0.0, 0.0
 
     def resolve(self) -> None:
+        for drain in self.drains:
+            drain(self)
         if self.routed is not None and self.activity is not None:
             self.activity.mark_counts(self.routed.cpu().numpy(), HIT)
             with torch.inference_mode():  # created inside the forward: an inference tensor

@@ -1,4 +1,5 @@
-"""out[i] = table[ids[i]] with 64-bit offsets (see `kernels/row_gather.py`)."""
+"""out[i] = table[ids[i]], and out[dst[i]] = table[ids[i]] for ids[i] >= 0, with 64-bit
+offsets (see `kernels/row_gather.py`)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,29 @@ def gather_rows_triton(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(N, ROWS), triton.cdiv(D, block_d))
     _gather_rows[grid](table, ids, out, N, D, table.stride(0), out.stride(0), BLOCK_D=block_d, ROWS=ROWS)
     return out
+
+
+BLOCK_INTO = 1024  # columns per program of the scatter form (its rows are whole experts: wide)
+
+
+@triton.jit
+def _gather_rows_into(table_ptr, ids_ptr, dst_ptr, out_ptr, D, stride_t, stride_o, BLOCK_D: tl.constexpr):
+    # Columns on axis 0 (up to 2^31 blocks): one row is a whole expert part, millions wide.
+    c = tl.program_id(0).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D).to(tl.int64)
+    i = tl.program_id(1)
+    row = tl.load(ids_ptr + i).to(tl.int64)  # NOTE: 64-bit: row · stride may pass 2^31
+    dst = tl.load(dst_ptr + i).to(tl.int64)
+    mask = (c < D) & (row >= 0)  # -1: padding of a fixed-size list, nothing read or written
+    x = tl.load(table_ptr + row * stride_t + c, mask=mask)
+    tl.store(out_ptr + dst * stride_o + c, x, mask=mask)
+
+
+def gather_rows_into_triton(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dst: torch.Tensor) -> None:
+    N, D = ids.numel(), table.shape[1]
+    if N == 0:
+        return
+    assert table.stride(1) == 1 and out.stride(1) == 1 and out.shape[1] == D, "rows must be contiguous, same width"
+    assert N <= 65535, "one program row per entry: at most 65,535 entries"
+    block_d = min(triton.next_power_of_2(D), BLOCK_INTO)
+    grid = (triton.cdiv(D, block_d), N)
+    _gather_rows_into[grid](table, ids, dst, out, D, table.stride(0), out.stride(0), BLOCK_D=block_d)

@@ -1,0 +1,141 @@
+"""Offload with the expert cache on the device (`--expert-cache device`).
+
+Per MoE layer, everything is device work issued without waiting: the device slot cache
+(`moe/device_cache.py`) plans the layer's waves from its routing (slot ids, a fixed-size
+miss list, the map/owner/recency updates), a mover (`moe/movers.py`) fills the missed
+slots from the host store, and the slot-addressed MoE computes the wave. With the
+gather mover no step of it reads the device back, so a decode step is captured whole in
+a CUDA graph (`graph_safe`); the copy-engine mover reads each wave's miss list (the hit
+pass runs meanwhile) and runs eagerly.
+
+Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
+`SlotCache` with LRU, and every wave a mask over one routing written into per-pair
+cells, so results are bitwise the resident ones on one device. Hits, misses and bytes
+are counted on the device and read only when the statistics are asked for
+(`MoEStats.drains`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from edgemoe.kernels.moe_experts import Activation, moe_combine
+from edgemoe.kernels.moe_quant import moe_slots_parts
+from edgemoe.moe.activity import HIT, MISS
+from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
+from edgemoe.moe.executor import CellWorkspace, MoEExecutor
+from edgemoe.moe.movers import make_mover
+from edgemoe.moe.offload import SlotBanks
+from edgemoe.moe.stats import MoEStats
+from edgemoe.moe.store import ExpertStore
+
+
+class DeviceOffloadExecutor(MoEExecutor):
+    """The slot cache's state lives on the device (`cache`); `mover`: "gather" | "copy".
+
+    Padding rows (decode batches padded to a captured size) route nothing: the runner
+    names the live rows with `set_live_rows` inside the step it may capture (the
+    `num_padding` argument is a Python int, frozen when a graph is captured); direct
+    callers pass `num_padding`. Padding rows' outputs are zeros."""
+
+    def __init__(
+        self,
+        store: ExpertStore,
+        device: torch.device,
+        act: Activation,
+        num_layers: int,
+        num_slots: int,
+        mover: str = "gather",
+        max_tokens: int = 256,
+    ) -> None:
+        self.act, self.device, self.num_experts = act, device, store.num_experts
+        self.stats = MoEStats(num_layers, first_layer=store.layers[0])
+        self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device)
+        self.slots = SlotBanks(store, num_slots, device, self.stats)
+        self.mover = make_mover(mover, store, self.slots)
+        self.graph_safe = self.mover.graph_safe
+        self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
+        self.expert_nbytes = store.expert_nbytes
+        self.num_decode = 0  # of the layer being computed
+        self._live: torch.Tensor | None = None
+        self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
+        self.stats.info.update(expert_cache="device", expert_mover=self.mover.name)
+        self.stats.drains.append(self._drain)
+
+    def set_live_rows(self, live: torch.Tensor | None) -> None:
+        self._live = live
+
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        self.stats.count_tokens(layer, x.shape[0] - num_padding)
+        self.num_decode = num_decode
+        ids, dead = self._live_ids(topk_ids, num_padding)
+        cells = self.workspace.cells(ids)
+        # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
+        self.cache.mark_events = self.stats.activity is not None
+        for plan in self.cache.layer_waves(layer, ids):
+            self._run_wave(layer, x, ids, plan, topk_weights, cells)
+        if dead is not None:  # their cells were never written: make their output zeros, not garbage
+            cells.masked_fill_(dead[:, None, None], 0.0)
+        return moe_combine(cells, x.dtype, residual)
+
+    def _live_ids(self, topk_ids: torch.Tensor, num_padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(routing with padding rows' ids -1, the padding rows [T] bool or None)."""
+        T = topk_ids.shape[0]
+        if self._live is not None and self._live.shape[0] == T:
+            dead = ~self._live
+        elif num_padding:
+            dead = torch.arange(T, device=topk_ids.device) >= T - num_padding
+        else:
+            return topk_ids, None
+        return topk_ids.masked_fill(dead[:, None], -1), dead
+
+    def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells) -> None:  # noqa: ANN001
+        if self.mover.two_pass:  # the hits compute while the miss list travels to the host
+            self.mover.begin(plan.misses)
+            hit_pairs = plan.hit_pairs(ids)
+            self._compute(x, plan.slot_ids.masked_fill(~hit_pairs, -1), topk_weights, cells)
+            with self.profiler.region("moe/copy"):
+                self.mover.move(layer, plan.misses)
+            self._compute(x, plan.slot_ids.masked_fill(hit_pairs, -1), topk_weights, cells)
+            return
+        self._timed_move(layer, plan.misses)
+        self._compute(x, plan.slot_ids, topk_weights, cells)
+
+    def _timed_move(self, layer: int, misses: torch.Tensor) -> None:
+        """The gather, timed with CUDA events when eager (a graph replays it untimed)."""
+        timed = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+        start = torch.cuda.Event(enable_timing=True) if timed else None
+        if start is not None:
+            start.record()
+        self.mover.move(layer, misses)
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.stats.add_copy_interval(start, end)
+
+    def _compute(self, x, slot_ids, topk_weights, cells) -> None:  # noqa: ANN001
+        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
+
+    def _drain(self, stats: MoEStats) -> None:
+        """Move the device counts into `stats` (one read each; only when asked)."""
+        counts = self.cache.read_counts()
+        new, self._seen = counts - self._seen, counts
+        for layer in np.flatnonzero(new.any(axis=1)):
+            stats.hits[layer] += int(new[layer, 0])
+            stats.misses[layer] += int(new[layer, 1])
+        stats.bytes_copied += int(new[:, 1].sum()) * self.expert_nbytes
+        events = self.cache.take_events()
+        if stats.activity is not None:  # someone watches the live view
+            stats.activity.mark_counts(events == HIT, HIT)
+            stats.activity.mark_counts(events == MISS, MISS)
+
+    def resident_mask(self) -> np.ndarray:
+        return self.cache.slot_map.cpu().numpy() >= 0
+
+    def recover(self) -> None:
+        # Copies that never landed would leave slots mapped to stale weights: drop them all.
+        self.cache.clear()
+
+    def close(self) -> None:
+        del self.slots, self.mover
