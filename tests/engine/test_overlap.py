@@ -342,3 +342,15 @@ def test_overlap_is_on_by_default_with_a_gpu_and_off_where_the_host_needs_the_to
     assert "hashes n-grams on the host" in caplog.text
     assert not resolve_overlap(True, cpu, None, SimpleNamespace())  # type: ignore[arg-type]
     assert "--routing synthetic" in caplog.text
+
+
+def test_padded_decode_batches_read_pending_ids_too(qwen3_ckpt, pair: dict[bool, LLM]) -> None:  # noqa: ANN001
+    """Decode batches padded to fixed sizes as on a GPU (the shapes CUDA graphs replay):
+    the PENDING ids are gathered over the padded batch, padding rows untouched."""
+    from edgemoe.engine.graphs import DecodePadding
+
+    want = [o.token_ids for o in pair[False].generate(PROMPTS[:3], greedy(10))]
+    with LLM(str(qwen3_ckpt), dtype="float32", page_size=4, overlap=True) as llm:
+        rt = llm.engine.runtime
+        rt.runner.padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
+        assert [o.token_ids for o in llm.generate(PROMPTS[:3], greedy(10))] == want
