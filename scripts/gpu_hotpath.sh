@@ -3,7 +3,8 @@
 # `bench decode --profile`, resident at 1K/8K/32K prompts and batches 1/8/32, and the
 # 16 GiB offload scenario. Results in $OUT (JSON + PNG).
 # Through the device tool: run(command="scripts/gpu_hotpath.sh", carry=[".whl"]).
-# EXTRA="--no-cuda-graph" runs the same eagerly (per-region breakdown).
+# EXTRA="--no-cuda-graph" runs the same eagerly (per-region breakdown); EXTRA="--no-overlap"
+# runs the serial engine loop (overlap scheduling is on by default with a GPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

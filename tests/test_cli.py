@@ -25,6 +25,15 @@ def test_engine_flags_are_the_config_fields() -> None:
     assert args.page_size == 4 and args.moe_backend == "offload"
 
 
+def test_a_setting_decided_at_start_up_has_both_switches() -> None:
+    from edgemoe.cli import engine_settings
+
+    parse = build_parser().parse_args
+    assert engine_settings(parse(["generate", "--prompt", "x", "--overlap"]))["overlap"] is True
+    assert engine_settings(parse(["generate", "--prompt", "x", "--no-overlap"]))["overlap"] is False
+    assert "overlap" not in engine_settings(parse(["generate", "--prompt", "x"]))  # the config's default: auto
+
+
 def test_bad_model_dir_is_a_message(tmp_path, capsys) -> None:  # noqa: ANN001
     assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err

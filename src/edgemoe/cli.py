@@ -83,6 +83,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     for f in setting_fields():
         flag = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool | None":  # unset: decided at start-up; --foo / --no-foo say so
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                               help=f.metadata.get("help"))
+            continue
         if "bool" in str(f.type):
             group.add_argument(flag, dest=f.name, action="store_true", default=argparse.SUPPRESS,
                                help=f.metadata.get("help"))

@@ -83,6 +83,12 @@ class CacheConfig:
 class SchedulerConfig:
     max_running_requests: int = setting(64, "most requests decoding at once")
     max_prefill_tokens: int = setting(2048, "most prompt tokens prefilled in one step (longer prompts are chunked)")
+    overlap: bool | None = setting(
+        None,
+        "overlap scheduling: the host schedules and launches step N+1 while step N runs, then reads step N's "
+        "tokens (stop rules one step behind; outputs are exactly the serial loop's); default: on with a GPU, off "
+        "on the CPU (where launching a step runs it); off with a disk PLE store or --routing synthetic (logged)",
+    )
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,17 @@ def test_cli_writes_one_row_per_setting_on_the_demo_model(tmp_path: Path, capsys
     assert [(r["prompt_tokens"], r["batch"]) for r in rows] == [(8, 1), (8, 2)]
     assert all(r["decode_tokens_timed"] == 3 * r["batch"] and r["cached_prompt_tokens"] == 0 for r in rows)
     assert capsys.readouterr().out.count("decode ") >= 2
+
+
+def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt) -> None:  # noqa: ANN001
+    """Overlap launches decode step 1 before the prefill's first tokens are read: its expert
+    traffic counts in the prefill phase; the decode phase still times every token."""
+    batch, prompt_tokens, decode_tokens = 2, 12, 4
+    with LLM(str(qwen3_ckpt), dtype="float32", overlap=True) as llm:
+        before = traffic(llm)
+        row = measure(llm, prompt_tokens, batch, decode_tokens, seed=5)
+        after = traffic(llm)
+    assert row["decode_steps"] == decode_tokens and row["decode_tokens_timed"] == batch * decode_tokens
+    assert row["prefill_moe"]["tokens"] == batch * (prompt_tokens + 1)
+    assert row["decode_moe"]["tokens"] == batch * (decode_tokens - 1)  # the last step launched nothing more
+    assert after["tokens"] - before["tokens"] == batch * (prompt_tokens + decode_tokens)

@@ -69,3 +69,59 @@ def test_random_workload_respects_limits_and_returns_every_page() -> None:
                 sched.finish(r)
     assert not sched.has_work()
     assert kv.num_free == kv.num_pages
+
+
+def test_overlap_protocol_never_preempts_in_flight_tokens_nor_samples_past_limits() -> None:
+    """The engine's overlap loop against a plain model of it: step N+1 is scheduled before
+    step N's tokens are appended; a request's pending tokens count, it is never preempted
+    while it has any, never samples past max_tokens or the context, and every page returns."""
+    rng = random.Random(2)
+    kv = pool(8)
+    cfg = SchedulerConfig(max_running_requests=4, max_prefill_tokens=9)
+    sched = Scheduler(cfg, kv, max_model_len=36)
+    reqs = [Request(f"r{i}", [1] * rng.randrange(1, 30), SamplingParams(max_tokens=rng.randrange(1, 12)))
+            for i in range(16)]
+    for r in reqs:
+        sched.add(r)
+    in_flight: list[Request] = []
+    finished: set[str] = set()
+    preempted = out_of_kv = 0
+
+    def complete(sampled: list[Request]) -> None:  # the engine's `complete`: append, stop rules
+        for r in sampled:
+            r.num_pending -= 1
+            if r.request_id in finished:
+                continue  # the token drawn after a stop is dropped
+            r.output_ids.append(rng.randrange(100))
+            if len(r.output_ids) >= (r.params.max_tokens or 0) or r.num_known >= 36 or rng.random() < 0.1:
+                finished.add(r.request_id)
+                sched.finish(r)
+
+    for _ in range(3000):
+        if not (sched.has_work() or in_flight):
+            break
+        if in_flight and sched.needs_room():
+            complete(in_flight)
+            in_flight = []
+        before = {r.request_id: r.num_pending for r in sched.running}
+        plan = sched.schedule()
+        assert all(before.get(v.request_id, 0) == 0 for v in plan.preempted)
+        preempted, out_of_kv = preempted + len(plan.preempted), out_of_kv + len(plan.out_of_kv)
+        for s in plan.seqs:
+            s.request.num_computed = s.start + s.length
+        launched = [s.request for s in plan.seqs if s.samples]
+        for r in launched:
+            r.num_pending += 1
+            assert r.num_generated <= (r.params.max_tokens or 0) and r.num_tokens <= 36
+        complete(in_flight)
+        for r in plan.out_of_kv:
+            assert r.num_pending == 0
+            if r.request_id not in finished:
+                finished.add(r.request_id)
+                sched.finish(r)
+        in_flight = launched
+        held = sum(len(r.pages) for r in sched.running) + sum(len(r.pages) for r in sched.waiting)
+        assert held + kv.num_free == kv.num_pages
+    assert not sched.has_work() and len(finished) == len(reqs)
+    assert kv.num_free == kv.num_pages
+    assert preempted and out_of_kv  # 32 tokens of KV: both happened (else this proves less)

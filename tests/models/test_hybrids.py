@@ -121,6 +121,7 @@ SERVING = {
     "page16-chunk64": dict(page_size=16, max_prefill_tokens=64),  # chunks on the grid
     "page16-chunk100": dict(page_size=16, max_prefill_tokens=100),
     "offload-topk-slots": dict(moe_backend="offload", moe_slots=2),  # top_k = 2: every layer in waves
+    "overlap-page4": dict(page_size=4, overlap=True),  # decode ids read on the device, stop rules a step behind
 }
 
 

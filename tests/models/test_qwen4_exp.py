@@ -99,6 +99,8 @@ SERVING = {
     "one-shot": {},
     "page1-chunk7": dict(page_size=1, max_prefill_tokens=7),  # chunks across QSA blocks, n-grams and GDN chunks
     "offload-topk-slots": dict(moe_backend="offload", moe_slots=2),  # top_k = 2: every layer in waves
+    # step N+1 launched before step N's ids reach the host: n-gram contexts from device ids
+    "overlap-page4-chunk7": dict(page_size=4, max_prefill_tokens=7, overlap=True),
 }
 
 

@@ -70,3 +70,42 @@ def test_completions_with_token_prompt(real: ServerHarness) -> None:
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model="m", prompt=[1, 2, 3, 4], max_tokens=4, temperature=0, stream=True, extra_body={"ignore_eos": True}))
     assert streamed == full.choices[0].text
+
+
+@pytest.fixture(scope="module")
+def real_overlap(demo_dir: Path) -> Iterator[ServerHarness]:
+    from edgemoe.engine.service import build_engine
+
+    engine, ready = build_engine({"model": str(demo_dir), "max_model_len": 1024, "overlap": True})
+    assert engine.overlap is not None  # type: ignore[attr-defined]
+    harness = ServerHarness(engine, ready, ServerConfig()).start(timeout=120)
+    yield harness
+    harness.stop()
+
+
+def test_the_engine_process_loop_with_overlap_gives_the_serial_answers(
+    real: ServerHarness, real_overlap: ServerHarness
+) -> None:
+    """The service loop (`run_loop`) driving an overlapped engine: stop strings, n > 1 with
+    seeds and logprobs, streaming, all as the serial engine answers them."""
+    answers = []
+    for harness in (real, real_overlap):
+        client = harness.openai()
+        greedy = client.chat.completions.create(model="m", messages=USER, max_tokens=16, temperature=0,
+                                                reasoning_effort="none")
+        text = greedy.choices[0].message.content or ""
+        stop = text[len(text) // 2 : len(text) // 2 + 2] or "x"
+        stopped = client.chat.completions.create(model="m", messages=USER, max_tokens=16, temperature=0,
+                                                 reasoning_effort="none", stop=[stop])
+        many = client.chat.completions.create(model="m", messages=USER, max_tokens=6, n=2, seed=9, temperature=1.0,
+                                              logprobs=True, top_logprobs=1, extra_body={"ignore_eos": True})
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="m", messages=USER, max_tokens=12, temperature=0.9, seed=4, stream=True, reasoning_effort="none")
+            if c.choices)
+        answers.append((
+            text, stopped.choices[0].message.content, stopped.choices[0].finish_reason,
+            [(c.message.content, [e.token for e in (c.logprobs.content if c.logprobs else [])]) for c in many.choices],
+            streamed,
+        ))
+    assert answers[0][2] == "stop" and answers[0][3][0] != answers[0][3][1]  # the set-up does what it says
+    assert answers[1] == answers[0]

@@ -193,10 +193,11 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                 print(format_profile(rows[-1]["profile"]))
         stats = llm.stats()
         model, device = llm.engine.runtime.source.name, str(llm.engine.runtime.device)
+        overlap = llm.engine.overlap is not None  # --overlap as resolved (default: on with a GPU)
     moe = {"backend": stats["moe_backend"], "slots": stats["memory_plan"]["num_slots"], "final": stats["moe"]}
     payload = {
         "model": model, "device": device, "routing": stats["routing"], "settings": settings, "load_s": load_s,
-        "rows": rows, "moe": moe,
+        "overlap": overlap, "rows": rows, "moe": moe,
     }
     path = write_result(args.out, "decode", payload)
     series = {

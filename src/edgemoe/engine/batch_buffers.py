@@ -5,6 +5,11 @@ largest step (`max_tokens`, `max_seqs`), so kernels and CUDA graphs see the same
 addresses every step. The host fills a staging copy (pinned on CUDA, two of them used in
 turn so filling step N+1 never races step N's copy still in flight) and issues one copy
 per buffer.
+
+Overlap scheduling: a decode whose input token was sampled by the step still in flight
+stages `PENDING` for it; `last_token` [rows] holds each page-table row's latest sampled
+id on the device (`keep_sampled`, after every draw) and `fetch_pending` replaces the
+placeholders from it before the forward (device work only, inside the decode graphs).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from edgemoe.layers.batch import BatchHost, BatchMode, ForwardBatch
 _I64 = ("input_ids", "positions", "out_loc", "logits_indices")
 _I32 = ("req_rows", "seq_lens", "cu_seqlens_q", "sample_rows")
 
+# A decode's input id that is still on the device (the step in flight sampled it).
+PENDING = -1
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -29,7 +37,7 @@ class SeqChunk:
 
     row: int  # page-table row
     start: int  # first position computed in this step
-    token_ids: Sequence[int]  # the tokens at positions [start, start + len)
+    token_ids: Sequence[int]  # the tokens at positions [start, start + len); PENDING: a decode's id on the device
     pages: Sequence[int]  # the request's page ids (at least up to the chunk's end)
     in_prompt: bool  # the chunk lies in the prompt (prefill), not a decode token
     wants_logits: bool  # sample after its last token
@@ -49,7 +57,11 @@ class _Staging:
 
 
 class BatchBuffers:
-    def __init__(self, max_tokens: int, max_seqs: int, page_table: PageTable, page_size: int) -> None:
+    """`overlap`: keep `last_token` and resolve PENDING ids from it (see the module doc)."""
+
+    def __init__(
+        self, max_tokens: int, max_seqs: int, page_table: PageTable, page_size: int, overlap: bool = False
+    ) -> None:
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.page_table, self.page_size = page_table, page_size
         device = page_table.device
@@ -59,6 +71,29 @@ class BatchBuffers:
         self.dev32 = torch.zeros(self.n32, dtype=torch.int32, device=device)
         self._staging = [_Staging(self.dev64.numel(), self.n32, self.cuda) for _ in range(2 if self.cuda else 1)]
         self._turn = 0
+        # Indexed by page-table row, the scratch row included (padded entries read it).
+        rows = page_table.max_rows + 1
+        self.last_token = torch.zeros(rows, dtype=torch.int64, device=device) if overlap else None
+
+    def keep_sampled(self, sample_rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Record a step's sampled ids by row (stream-ordered, no sync); the next step's
+        PENDING ids of those rows read them."""
+        if self.last_token is not None and token_ids.numel():
+            self.last_token.scatter_(0, sample_rows.long(), token_ids)
+
+    def fetch_pending(self, batch: ForwardBatch) -> None:
+        """Replace the PENDING ids among the batch's leading one-token chunks with their
+        rows' last sampled ids, in place (device work only: capturable, no sync).
+        NOTE: only a decode stages PENDING (`_fill` checks it), and the scheduler puts every
+        one-token step (decodes, and a prompt's last token) first, so token b of that
+        leading run is sequence b."""
+        if self.last_token is None:
+            return
+        n = _leading_single_tokens(batch.host.q_lens)
+        if n == 0:
+            return
+        ids = batch.input_ids[:n]
+        ids.copy_(torch.where(ids >= 0, ids, self.last_token.index_select(0, batch.req_rows[:n].long())))
 
     def _region64(self, name: str) -> slice:
         i = _I64.index(name) * self.max_tokens
@@ -105,8 +140,11 @@ class BatchBuffers:
         rows, lens, cu, sample_rows = (a32[self._region32(n)] for n in _I32)
         q, n_logits, n_sample = 0, 0, 0
         cu[0] = 0
+        single = _leading_single_tokens([len(c.token_ids) for c in chunks])
         for b, c in enumerate(chunks):
             n, end = len(c.token_ids), c.start + len(c.token_ids)
+            if b >= single and n == 1 and c.token_ids[0] == PENDING:
+                raise ValueError("a PENDING id outside the batch's leading one-token chunks")
             ids[q : q + n] = c.token_ids
             p = np.arange(c.start, end, dtype=np.int64)
             first_page = c.start // P
@@ -148,6 +186,13 @@ class BatchBuffers:
         if self.cuda:
             stage.copied = torch.cuda.Event()
             stage.copied.record()
+
+
+def _leading_single_tokens(q_lens: Sequence[int]) -> int:
+    n = 0
+    while n < len(q_lens) and q_lens[n] == 1:
+        n += 1
+    return n
 
 
 def _leading_decodes(chunks: Sequence[SeqChunk]) -> int:

@@ -61,6 +61,7 @@ class Runtime:
     states: StatePool | None = None  # hybrid models: GDN state rows
     host_tier: HostTier | None = None  # --host-cache
     ple: PleStore | None = None  # Qwen3.8-Flash-Next: its PLE tables (--ple-store)
+    overlap: bool = False  # --overlap as resolved (engine/overlap.py)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -223,14 +224,34 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
                   device, config.cache.kv_cache_dtype, index_dim=arch.index_key_dim)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
-    buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page)
+    overlap = resolve_overlap(config.scheduler.overlap, device, ple, routing)
+    buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page, overlap)
     states = make_state_pool(arch, plan, device)
     runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states, ple)
     host_tier = make_host_tier(host_cache, pool, states) if host_cache else None
     return Runtime(
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
-        max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier, ple,
+        max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier, ple, overlap,
     )
+
+
+def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | None,
+                    routing: SyntheticRouting | None) -> bool:
+    """--overlap: on by default with a GPU (on the CPU, launching a step computes it: nothing
+    to overlap). Off, logged, where the host must see step N's tokens before step N+1: a
+    PLE store hashing n-grams on the host (disk) fills N+1's rows from them, and host-drawn
+    synthetic routing draws from one shared generator, so the extra step overlap computes
+    for a request that just finished would shift every later draw of a cache study."""
+    wanted = device.type == "cuda" if setting is None else setting
+    why = ""
+    if ple is not None and not ple.hashes_on_device:
+        why = "the PLE store hashes n-grams on the host and needs each step's tokens before the next"
+    elif routing is not None:
+        why = "--routing synthetic draws every step's experts from one generator (cache studies stay reproducible)"
+    if wanted and why:
+        log.warning("overlap scheduling is off: %s", why)
+        return False
+    return wanted
 
 
 def make_routing(setting: str, arch: ModelArch) -> SyntheticRouting | None:

@@ -3,8 +3,9 @@
 `launch(plan)` builds the step's batch, runs the forward pass and the sampler on the
 device and starts the sampled ids on their way to the host, without waiting for any of
 it; `complete(handle)` waits for those ids (the step's one host synchronisation),
-appends them and applies the stop rules. Overlap scheduling is one switch on top: launch
-step N+1 before completing step N (stop checks one step behind).
+appends them and applies the stop rules. Overlap scheduling is one switch on top
+(`--overlap`, engine/overlap.py): launch step N+1 before completing step N (stop checks
+one step behind).
 
 Owns every request's state. Not thread-safe: one loop (the engine process, or the
 in-process `LLM`) calls `add_request`, `abort` and `step`.
@@ -21,8 +22,9 @@ import torch
 from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
-from edgemoe.engine.batch_buffers import SeqChunk
+from edgemoe.engine.batch_buffers import PENDING, SeqChunk
 from edgemoe.engine.build import Runtime, build_runtime
+from edgemoe.engine.overlap import OverlapLoop
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
@@ -40,6 +42,8 @@ class StepHandle:
     sampling: list[ScheduledSeq]
     result: HostResult | None
     error: str | None = None
+    # decodes whose token was on the device at launch: `check_openers` looks at them later
+    unchecked: tuple[ScheduledSeq, ...] = ()
 
 
 # Tokens after which a request keeps a GDN state snapshot until it ends: the assistant's
@@ -62,7 +66,7 @@ class Engine:
         self.vocab_size = rt.model.arch.vocab_size
         self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool, rt.states, rt.host_tier)
         self.snapshot_ids = snapshot_token_ids(rt) if self.prefix_cache.stateful else frozenset()
-        self.scheduler = Scheduler(rt.scheduler, rt.pool, self.prefix_cache, rt.page_table)
+        self.scheduler = Scheduler(rt.scheduler, rt.pool, self.prefix_cache, rt.page_table, rt.max_model_len)
         self.runner = rt.runner
         self.profiler = rt.profiler
         self.sampling = SamplingRows(rt.page_table.max_rows + 1, self.vocab_size, rt.device, config.model.seed)
@@ -73,6 +77,7 @@ class Engine:
         # A PLE store that hashes on the host (disk) needs each chunk's n-gram context.
         ple = rt.ple
         self._ple_context = ple.geometry.context if ple is not None and not ple.hashes_on_device else 0
+        self.overlap = OverlapLoop(self) if rt.overlap else None
 
     # -- requests ---------------------------------------------------------------------
 
@@ -112,16 +117,22 @@ class Engine:
         return self._finish(req, "abort", None)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or (self.overlap is not None and self.overlap.in_flight is not None)
 
     # -- the step ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.overlap is not None:
+            return self.overlap.step()
         plan = self.scheduler.schedule()
-        outputs = [self._finish(req, "length", None) for req in plan.out_of_kv]
+        outputs = self.finish_out_of_kv(plan)
         if plan.seqs:
             outputs += self.complete(self.launch(plan))
         return outputs
+
+    def finish_out_of_kv(self, plan: StepPlan) -> list[RequestOutput]:
+        """Requests that cannot grow even alone end with `length` (unless a stop rule ended them)."""
+        return [self._finish(r, "length", None) for r in plan.out_of_kv if self.requests.get(r.request_id) is r]
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan) -> StepHandle:
@@ -135,9 +146,11 @@ class Engine:
             batch, logits = self.runner.forward([self._chunk(s) for s in plan.seqs])
             with self.profiler.region("sampling"):
                 rows = tuple(s.request.row for s in sampling)  # type: ignore[misc]
-                generated = tuple(len(s.request.output_ids) for s in sampling)
+                generated = tuple(s.request.num_generated for s in sampling)  # pending ones too: min_tokens
                 sb = self.sampling.batch(rows, batch.sample_rows, generated)
-                result = HostResult.start(sample_step(self.sampling, logits, sb, batch.sample_rows))
+                out = sample_step(self.sampling, logits, sb, batch.sample_rows)
+                self.runner.buffers.keep_sampled(batch.sample_rows, out.token_ids)  # overlap: next step's input
+                result = HostResult.start(out)
         except torch.OutOfMemoryError:
             return StepHandle(plan, sampling, None, "the device ran out of memory in this step")
         except PleFillError as e:  # raised before any of the step's device work
@@ -146,11 +159,12 @@ class Engine:
             self.profiler.step_end()
         for s in plan.seqs:
             s.request.num_computed = s.start + s.length
-        if self.prefix_cache.stateful:
-            self._capture_states(plan)
+        for s in sampling:
+            s.request.num_pending += 1  # until `complete` appends it
+        unchecked = self._capture_states(plan) if self.prefix_cache.stateful else ()
         if self._ple_context:
             self._prefetch_prompt_chunks(plan)
-        return StepHandle(plan, sampling, result)
+        return StepHandle(plan, sampling, result, unchecked=unchecked)
 
     def _prefetch_prompt_chunks(self, plan: StepPlan) -> None:
         """Prefill: the next chunk of each unfinished prompt, as long as this one, is
@@ -172,11 +186,12 @@ class Engine:
                 nxt.append(self._chunk_at(req, req.num_tokens - 1, req.num_tokens))
         self.runner.prefetch(nxt)
 
-    def _capture_states(self, plan: StepPlan) -> None:
+    def _capture_states(self, plan: StepPlan) -> tuple[ScheduledSeq, ...]:
         """After the step's kernels (stream order): keep each request's state at a page
         boundary it reached; freeze it at the prompt's last boundary (a repeated or shared
-        prompt resumes there) and after a tool-call opener."""
-        ps = self.runtime.pool.page_size
+        prompt resumes there) and after a tool-call opener. Returns the decodes whose
+        token is still on the device (overlap): `check_openers` looks at them later."""
+        ps, unchecked = self.runtime.pool.page_size, []
         for s in plan.seqs:
             req = s.request
             assert req.row is not None
@@ -184,8 +199,19 @@ class Engine:
             prompt_end = (len(req.prompt_ids) - 1) // ps * ps  # the scheduler ends a chunk there
             if s.start < prompt_end == req.num_computed:
                 self.prefix_cache.freeze_state(req.snapshots, "prompt")
+            elif s.start >= req.num_known:
+                unchecked.append(s)
             elif self._opens_tool_call(s):
                 self.prefix_cache.freeze_state(req.snapshots, "tool_call")
+        return tuple(unchecked)
+
+    def check_openers(self, handle: StepHandle) -> None:
+        """Overlap: the tool-call opener check of a launched step's decodes whose token
+        has reached the host since. NOTE: call it before the next launch, while the
+        rolling snapshot still holds the state this step captured."""
+        for s in handle.unchecked:
+            if self.requests.get(s.request.request_id) is s.request and self._opens_tool_call(s):
+                self.prefix_cache.freeze_state(s.request.snapshots, "tool_call")
 
     def _opens_tool_call(self, s: ScheduledSeq) -> bool:
         """The step computed a generated tool-call opener token."""
@@ -200,8 +226,9 @@ class Engine:
         sampled = SampledTokens(handle.result.wait().token_ids.tolist(), handle.result.output)
         outputs = []
         for row, s in enumerate(handle.sampling):
-            if s.request.request_id not in self.requests:
-                continue  # aborted while the step ran
+            s.request.num_pending -= 1
+            if self.requests.get(s.request.request_id) is not s.request:
+                continue  # finished or aborted while the step ran: its token is dropped, never streamed
             token, n_top = sampled.token_ids[row], s.request.params.logprobs
             logprob = sampled.logprob_entry(row, n_top) if n_top is not None else None
             outputs.append(self._append_token(s.request, token, logprob))
@@ -215,8 +242,11 @@ class Engine:
     def _chunk_at(self, req: Request, start: int, end: int, samples: bool = True) -> SeqChunk:
         assert req.row is not None
         ctx = self._ple_context
+        # Overlap: a decode's token the step in flight sampled is read on the device.
+        ids = req.token_slice(start, end) if end <= req.num_known else [PENDING]
+        assert ids != [PENDING] or end - start == 1 == end - req.num_known, "only a decode's token can be pending"
         return SeqChunk(
-            row=req.row, start=start, token_ids=req.token_slice(start, end), pages=req.pages,
+            row=req.row, start=start, token_ids=ids, pages=req.pages,
             in_prompt=start < len(req.prompt_ids), wants_logits=samples,
             context=req.token_slice(max(0, start - ctx), start) if ctx else (),
         )
@@ -253,7 +283,7 @@ class Engine:
                 reason = ("stop", self._streams[req.request_id].stop_reason)
         if reason is None and p.max_tokens is not None and n_out >= p.max_tokens:
             reason = ("length", None)
-        if reason is None and req.num_tokens >= self.max_model_len:
+        if reason is None and req.num_known >= self.max_model_len:
             reason = ("length", None)
         out = self._output(req, [token], text, [logprob] if logprob else None)
         if reason is not None:

@@ -33,7 +33,8 @@ class ModelRunner:
     before the batch runs (a disk store copies the step's rows then; a failed read raises
     `PleFillError` here, before any of the step's device work). `live_rows` hears, inside
     each forward (so a captured graph replays it), which rows are real
-    (`MoEExecutor.set_live_rows`)."""
+    (`MoEExecutor.set_live_rows`). With overlap, a decode chunk's PENDING id is read on the
+    device from `buffers.last_token` (inside the graphs too)."""
 
     def __init__(
         self,
@@ -84,6 +85,7 @@ class ModelRunner:
 
     def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
         """The forward of a built batch: logits [N, V] fp32 for its logits rows."""
+        self.buffers.fetch_pending(batch)  # overlap: decode ids the step in flight sampled
         self.attention.prepare(batch)
         self.live_rows(self._live_rows(batch))
         if self.routing is not None:

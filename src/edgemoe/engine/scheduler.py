@@ -20,6 +20,13 @@ preemption loop.
 
 Each running request owns a row of the device page table (cache/page_table.py) from
 admission to release; page ids are written into it when they are allocated.
+
+Overlap scheduling (engine/overlap.py) schedules step N+1 before step N's sampled ids
+reach the host: a request's pending tokens (`Request.num_pending`) count as positions,
+so its next decode computes the pending token. A pending request at its `max_tokens` or
+the context length is not scheduled again (step N's completion finishes it), and is
+never a preemption victim: `needs_room()` tells the engine to complete the step in
+flight first whenever the decodes need pages that only a preemption could give.
 """
 
 from __future__ import annotations
@@ -65,8 +72,10 @@ class Scheduler:
         pool: KVPool,
         prefix: PrefixCache | None = None,
         page_table: PageTable | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.config = config
+        self.max_model_len = max_model_len
         self.pool = pool
         self.prefix = prefix or NoPrefixCache(pool.page_size)
         # A table of its own when none is shared (tests of the scheduler alone).
@@ -84,15 +93,38 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = self._try_schedule()
-        # Running prefills can hold every page while none can grow: free the newest.
-        while not plan.seqs and len(self.running) > 1:
+        # Running prefills can hold every page while none can grow: free the newest
+        # (unless a step is in flight: its completion may free pages, so wait for it).
+        while not plan.seqs and len(self.running) > 1 and not any(r.num_pending for r in self.running):
             victim = self._preempt_latest(exclude=self.running[0])
+            if victim is None:
+                break
             again = self._try_schedule()
             plan = StepPlan(
-                again.seqs, plan.preempted + again.preempted + ((victim,) if victim else ()),
-                plan.out_of_kv + again.out_of_kv,
+                again.seqs, plan.preempted + again.preempted + (victim,), plan.out_of_kv + again.out_of_kv
             )
         return plan
+
+    def needs_room(self) -> bool:
+        """Whether this step's decodes need more pages than are free or evictable, i.e.
+        scheduling it would preempt a request or find one out of KV. With overlap, the
+        engine then completes the step in flight first, so no such decision is taken on a
+        request whose tokens are still on the device."""
+        need = sum(max(0, self.pool.pages_for(r.num_tokens) - len(r.pages)) for r in self._decoding())
+        return need > self.pool.num_free + self.prefix.evictable_pages
+
+    def _decoding(self) -> list[Request]:
+        """Running requests whose next step is a decode (one token left to compute)."""
+        return [r for r in self.running if r.num_remaining == 1 and not self._at_limit(r)]
+
+    def _at_limit(self, req: Request) -> bool:
+        """A request whose pending tokens reach its max_tokens or the context length: the
+        completion of the step in flight finishes it, so it samples nothing more."""
+        if not req.num_pending:
+            return False
+        p = req.params
+        full = self.max_model_len is not None and req.num_tokens >= self.max_model_len
+        return full or (p.max_tokens is not None and req.num_generated >= p.max_tokens)
 
     def _try_schedule(self) -> StepPlan:
         preempted: list[Request] = []
@@ -118,15 +150,16 @@ class Scheduler:
 
     def _schedule_decodes(self, preempted: list[Request], out_of_kv: list[Request]) -> list[ScheduledSeq]:
         seqs: list[ScheduledSeq] = []
-        for req in [r for r in self.running if r.num_remaining == 1]:
+        for req in self._decoding():
             if req.status is not Status.RUNNING:
                 continue  # preempted below while making room for an earlier one
             while not self.reserve(req, req.num_tokens):
                 victim = self._preempt_latest(exclude=req)
                 if victim is None:
-                    # Alone and still no page: the KV cache is smaller than this context.
-                    out_of_kv.append(req)
-                    break
+                    if not any(r.num_pending for r in self.running if r is not req):
+                        # Alone and still no page: the KV cache is smaller than this context.
+                        out_of_kv.append(req)
+                    break  # else: waits until the step in flight completes (`needs_room`)
                 preempted.append(victim)
             else:
                 seqs.append(ScheduledSeq(req, req.num_computed, 1))
@@ -173,8 +206,7 @@ class Scheduler:
     def _headroom_after_admission(self) -> bool:
         """Admit only while every running decode can still take its next page: an
         admission that would force a preemption on the next step is a loop, not progress."""
-        decoding = sum(1 for r in self.running if r.num_remaining == 1)
-        return self.pool.num_free + self.prefix.evictable_pages >= decoding
+        return self.pool.num_free + self.prefix.evictable_pages >= len(self._decoding())
 
     def reserve(self, req: Request, num_tokens: int) -> bool:
         """Grow the request's pages to hold `num_tokens` positions, if pages allow
@@ -193,7 +225,9 @@ class Scheduler:
         return True
 
     def _preempt_latest(self, exclude: Request) -> Request | None:
-        candidates = [r for r in self.running if r is not exclude]
+        """Preempt the most recently arrived running request but `exclude`; never one with
+        tokens still on the device (its recompute would need them). None: no candidate."""
+        candidates = [r for r in self.running if r is not exclude and not r.num_pending]
         if not candidates:
             return None
         victim = max(candidates, key=lambda r: r.arrival)

@@ -1,0 +1,70 @@
+"""Overlap scheduling (`--overlap`): the engine loop with one step in flight.
+
+`OverlapLoop.step()` schedules and launches step N+1, then completes step N: while the
+device computes N+1, the host waits for N's ids (copied while N+1 was being prepared),
+appends them and applies the stop rules, so neither side idles for the other.
+
+What keeps the outputs exactly the serial loop's (`Engine.step` without the switch):
+- A request sampled by N has a pending token (`Request.num_pending`) when N+1 is
+  scheduled: its decode in N+1 stages `PENDING` and reads the id on the device
+  (`BatchBuffers.last_token`, written after every draw); positions, pages, `min_tokens`
+  (the sampler's generated count) and the limits count pending tokens. The sampler's
+  per-row state (draw counters, penalty counts) is updated on the device at each draw,
+  as in the serial loop, so it sees every token once.
+- Stop rules run one step behind: when N's token finishes a request, the token N+1 drew
+  for it is dropped at N+1's completion (never appended, never streamed). A request at
+  its `max_tokens` or the context length counting pending tokens is not scheduled again.
+- A finished or aborted request's pages and rows are released at once, while N+1 may
+  still write its KV, sampling row and GDN state: NOTE: safe because every consumer of
+  them (the next steps' kernels, page-table flushes, state copies, the host tier's
+  copies) runs on the same stream after N+1's work; a second stream touching them must
+  wait for the step's event first. The prefix cache gets only known tokens' KV
+  (`num_computed` never counts the dropped token: nothing computes it).
+- Decisions that need every token on the host first: when the decodes need pages that
+  only a preemption could give (`Scheduler.needs_room`), the step in flight is completed
+  before scheduling (this step runs serially); requests found out of KV are finished
+  after the completion (a stop rule may have ended them); a failed launch is completed
+  (failed) at once.
+- The stateful prefix cache's tool-call opener check waits for the token
+  (`Engine.check_openers`), before the next launch moves the rolling snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgemoe.messages import RequestOutput
+
+if TYPE_CHECKING:
+    from edgemoe.engine.engine import Engine, StepHandle
+
+
+class OverlapLoop:
+    """Drives `Engine.launch`/`complete` one step apart. Not thread-safe (the engine's loop)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.in_flight: StepHandle | None = None
+
+    def step(self) -> list[RequestOutput]:
+        """Launch the next step, then complete the one in flight; returns its outputs."""
+        e = self.engine
+        outputs: list[RequestOutput] = []
+        if self.in_flight is not None and e.scheduler.needs_room():
+            outputs += self.drain()  # preemption / out-of-KV decisions see every token
+        plan = e.scheduler.schedule()
+        handle = e.launch(plan) if plan.seqs else None
+        outputs += self.drain()
+        outputs += e.finish_out_of_kv(plan)
+        if handle is not None and handle.result is None:
+            outputs += e.complete(handle)  # the launch failed: fail its requests now
+            handle = None
+        if handle is not None:
+            e.check_openers(handle)
+        self.in_flight = handle
+        return outputs
+
+    def drain(self) -> list[RequestOutput]:
+        """Complete the step in flight, if any (waits for its sampled ids)."""
+        handle, self.in_flight = self.in_flight, None
+        return self.engine.complete(handle) if handle is not None else []
