@@ -306,7 +306,7 @@ def test_hybrid_prefix_hits_and_tool_call_snapshots_match_the_serial_loop(
             if opener is None:
                 opener = llm.generate([prompt], greedy(12))[0].token_ids[6]
                 cache.reset()
-            monkeypatch.setattr(engine, "snapshot_ids", frozenset({opener}))
+            monkeypatch.setattr(engine.snapshots, "opener_ids", frozenset({opener}))
             frozen: list[list[tuple[str, int]]] = []
             real = cache.freeze_state
 

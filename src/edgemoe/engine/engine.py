@@ -23,12 +23,13 @@ from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import PENDING, SeqChunk
-from edgemoe.engine.build import Runtime, build_runtime
+from edgemoe.engine.build import build_runtime
 from edgemoe.engine.overlap import OverlapLoop
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
+from edgemoe.engine.state_snapshots import StateSnapshots, opener_token_ids
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
 from edgemoe.ple.store import PleFillError
 
@@ -46,16 +47,6 @@ class StepHandle:
     unchecked: tuple[ScheduledSeq, ...] = ()
 
 
-# Tokens after which a request keeps a GDN state snapshot until it ends: the assistant's
-# tool-call opener, so a client that re-renders the call resumes right after it.
-SNAPSHOT_TOKENS = ("<tool_call>",)
-
-
-def snapshot_token_ids(rt: Runtime) -> frozenset[int]:
-    ids = (rt.tokenizer.tokenizer.token_to_id(t) for t in SNAPSHOT_TOKENS)
-    return frozenset(i for i in ids if i is not None)
-
-
 class Engine:
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
         self.config = config
@@ -65,7 +56,9 @@ class Engine:
         self.max_model_len = rt.max_model_len
         self.vocab_size = rt.model.arch.vocab_size
         self.prefix_cache = make_prefix_cache(config.cache.cache_type, rt.pool, rt.states, rt.host_tier)
-        self.snapshot_ids = snapshot_token_ids(rt) if self.prefix_cache.stateful else frozenset()
+        self.snapshots = StateSnapshots(  # hybrids: the GDN state kept for the prefix cache
+            self.prefix_cache, rt.pool.page_size, opener_token_ids(rt.tokenizer.tokenizer.token_to_id)
+        ) if self.prefix_cache.stateful else None
         self.scheduler = Scheduler(rt.scheduler, rt.pool, self.prefix_cache, rt.page_table, rt.max_model_len)
         self.runner = rt.runner
         self.profiler = rt.profiler
@@ -161,7 +154,7 @@ class Engine:
             s.request.num_computed = s.start + s.length
         for s in sampling:
             s.request.num_pending += 1  # until `complete` appends it
-        unchecked = self._capture_states(plan) if self.prefix_cache.stateful else ()
+        unchecked = self.snapshots.capture(plan) if self.snapshots is not None else ()
         if self._ple_context:
             self._prefetch_prompt_chunks(plan)
         return StepHandle(plan, sampling, result, unchecked=unchecked)
@@ -186,38 +179,10 @@ class Engine:
                 nxt.append(self._chunk_at(req, req.num_tokens - 1, req.num_tokens))
         self.runner.prefetch(nxt)
 
-    def _capture_states(self, plan: StepPlan) -> tuple[ScheduledSeq, ...]:
-        """After the step's kernels (stream order): keep each request's state at a page
-        boundary it reached; freeze it at the prompt's last boundary (a repeated or shared
-        prompt resumes there) and after a tool-call opener. Returns the decodes whose
-        token is still on the device (overlap): `check_openers` looks at them later."""
-        ps, unchecked = self.runtime.pool.page_size, []
-        for s in plan.seqs:
-            req = s.request
-            assert req.row is not None
-            self.prefix_cache.capture_state(req.snapshots, req.row, req.num_computed)
-            prompt_end = (len(req.prompt_ids) - 1) // ps * ps  # the scheduler ends a chunk there
-            if s.start < prompt_end == req.num_computed:
-                self.prefix_cache.freeze_state(req.snapshots, "prompt")
-            elif s.start >= req.num_known:
-                unchecked.append(s)
-            elif self._opens_tool_call(s):
-                self.prefix_cache.freeze_state(req.snapshots, "tool_call")
-        return tuple(unchecked)
-
     def check_openers(self, handle: StepHandle) -> None:
-        """Overlap: the tool-call opener check of a launched step's decodes whose token
-        has reached the host since. NOTE: call it before the next launch, while the
-        rolling snapshot still holds the state this step captured."""
-        for s in handle.unchecked:
-            if self.requests.get(s.request.request_id) is s.request and self._opens_tool_call(s):
-                self.prefix_cache.freeze_state(s.request.snapshots, "tool_call")
-
-    def _opens_tool_call(self, s: ScheduledSeq) -> bool:
-        """The step computed a generated tool-call opener token."""
-        req = s.request
-        generated = s.length == 1 and s.start >= len(req.prompt_ids)
-        return generated and req.token_slice(s.start, s.start + 1)[0] in self.snapshot_ids
+        """Overlap: see `StateSnapshots.check_openers`."""
+        if self.snapshots is not None:
+            self.snapshots.check_openers(handle.unchecked, lambda r: self.requests.get(r.request_id) is r)
 
     def complete(self, handle: StepHandle) -> list[RequestOutput]:
         """Wait for the step's sampled ids; append them and apply the stop rules."""
