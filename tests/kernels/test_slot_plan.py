@@ -40,7 +40,7 @@ def check_same(ref: DeviceSlotCache, fused: DeviceSlotCache, plans_ref: list, pl
 
 
 def random_pins(rng: random.Random, cache: DeviceSlotCache, K: int) -> tuple[torch.Tensor | None, int]:
-    """Owned slots of other layers pinned (as an unreleased plan's), leaving at least K open."""
+    """Some owned slots pinned (as another layer's unreleased plan pins them), at least K left open."""
     if rng.random() < 0.5:
         return None, 0
     owned = [s for s, o in enumerate(cache.slot_owners.tolist()) if o >= 0]

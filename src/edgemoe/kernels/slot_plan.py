@@ -70,6 +70,7 @@ def plan_wave_fused(
     under Triton's interpreter (tests)."""
     from edgemoe.kernels.triton_ops.slot_plan import plan_wave_triton
 
-    ids = topk_ids.reshape(-1)
+    ids = topk_ids.reshape(-1).contiguous()  # the kernel indexes flat (a copy only for odd strides)
+    pinned = None if pinned is None else pinned.contiguous()
     out = plan_wave_triton(*state, layer, ids, pinned, mark_events, *codes)
     return FusedPlan(*out)
