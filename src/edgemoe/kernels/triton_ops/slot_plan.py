@@ -11,8 +11,9 @@ the same element (small blocks are replicated across threads):
 3. slots [S] in registers: protected (routed by this layer, or pinned), the free ones
    taken in index order (cumsum), then the least recent unprotected owned slots, one
    `argmin` over the S keys per victim; each candidate written into the miss list;
-4. loads of what the stores overwrite (owners of the victims), a barrier, then every
-   state update; a last barrier, then each pair's slot read back from the new map.
+4. loads of what the stores overwrite (owners of the victims, clock, counts, events), a
+   barrier, then every state update;
+5. after a last barrier, each pair's slot read back from the new map.
 
 NOTE (cost): owners and recency are read once (2·S int64 per wave), the pinned mask and
 a gather of `routed` once (≤ 2·S bytes); victims cost one block reduction over the S keys
@@ -138,7 +139,8 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
 
 
 def num_warps_for(block_s: int) -> int:
-    """Warps for a pool block: ~16 int64 keys per thread at most (registers, not spills)."""
+    """Warps for a pool block: 16 int64 keys per thread up to 8192 slots (ptxas: ≤ 48 bytes
+    spilled on sm_86), 32 at 16384 (some spills: still one pass)."""
     return max(4, min(16, block_s // 512))
 
 
