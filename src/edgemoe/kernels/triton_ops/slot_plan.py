@@ -11,7 +11,7 @@ the same element (small blocks are replicated across threads):
 3. slots [S] in registers: protected (routed by this layer, or pinned), the free ones
    taken in index order (cumsum), then the least recent unprotected owned slots, one
    `argmin` over the S keys per victim; each candidate written into the miss list;
-4. loads of what the stores overwrite (owners of the victims, clock, counts, events), a
+4. loads of what the stores overwrite (the victims' owners, events; clock and counts in 2), a
    barrier, then every state update;
 5. after a last barrier, each pair's slot read back from the new map.
 
