@@ -5,8 +5,8 @@
 - random traces in lockstep, eager: every wave's outputs and every state tensor identical,
   from pools of top-k slots to Qwen3.8-Flash-Next's 512 experts top-10 with 8192 slots;
 - a whole decode step's plans (48 layers) captured in a CUDA graph on both paths,
-  replayed with new routings: identical again, and the fused step is faster (printed:
-  µs per step, eager µs per wave).
+  replayed with new routings: identical again; µs per step and eager µs per wave are
+  printed (`-s`) for docs/benchmarks.md — speed is measured, never asserted.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def eager_wave_us(cache: DeviceSlotCache, routings: list[torch.Tensor]) -> float
 
 
 @pytest.mark.parametrize("T,S", [(1, 2048), (32, 2048), (32, 8192)])
-def test_captured_decode_step_matches_and_is_faster(T: int, S: int) -> None:
+def test_captured_decode_step_matches(T: int, S: int) -> None:
     L, E, K = 48, 512, 10  # Qwen3.8-Flash-Next
     ids = torch.full((L, T, K), -1, dtype=torch.int32, device=CUDA)
     ref, fused = DeviceSlotCache(S, L, E, CUDA, fused=False), DeviceSlotCache(S, L, E, CUDA, fused=True)
@@ -127,4 +127,3 @@ def test_captured_decode_step_matches_and_is_faster(T: int, S: int) -> None:
              "wave_us_torch_eager": eager_wave_us(ref, routings[:4]), "wave_us_fused_eager": eager_wave_us(fused, routings[:4])}
     print("\n" + json.dumps({k: round(v, 1) for k, v in times.items()}))
     check_same(ref, fused, [], [])  # the same routings on both: still the same state
-    assert times["step_us_fused_graph"] < times["step_us_torch_graph"], times
