@@ -33,6 +33,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     moe_gemv_q,
     norm,
     rope,
+    slot_plan,
 )
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # bytes per block
@@ -91,6 +92,20 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
         yield Case(f"rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32,
                    HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw), 4,
                    ptrs={**rope_ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
+    yield from slot_plan_cases()
+
+
+def slot_plan_cases() -> Iterator[Case]:
+    """The device expert cache's fused plan (dtype-free: int state), at the sizes the
+    dispatcher allows: Qwen3.8-Flash-Next's 512 experts and up to MAX_SLOTS slots."""
+    ptrs = {"ids_ptr": "i32", "pinned_ptr": "i1", "map_ptr": "i32", "owners_ptr": "i64", "recency_ptr": "i64",
+            "clock_ptr": "i64", "counts_ptr": "i64", "events_ptr": "u8", "slot_ids_ptr": "i32", "hits_ptr": "u8",
+            "misses_ptr": "i32", "overflow_ptr": "u8"}
+    for experts, slots in ((128, 64), (512, 8192), (4096, 16384)):
+        consts = dict(BLOCK_E=experts, BLOCK_S=slots, BLOCK_M=min(experts, slots), BLOCK_N=slot_plan.BLOCK_N,
+                      HAS_PINNED=True, MARK=True)
+        yield Case(f"slot plan E={experts} S={slots}", slot_plan._plan_wave, consts,
+                   slot_plan.num_warps_for(slots), ptrs=ptrs)
 
 
 # Quantised expert banks: (FMT code, GROUP, data, scale, zero pointer types) per format.

@@ -9,28 +9,13 @@ import random
 
 import pytest
 import torch
+from expert_traces import CONFIGS, routing
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.slots import LayerWave, SlotCache
 
 CPU = torch.device("cpu")
-
-
-def routing(rng: random.Random, T: int, E: int, K: int, skew: float) -> torch.Tensor:
-    """[T, K] distinct experts per row, popularity ∝ rank^-skew (hits need repeats)."""
-    weights = [1.0 / (i + 1) ** skew for i in range(E)]
-    perm = list(range(E))
-    rng.shuffle(perm)
-    rows = []
-    for _ in range(T):
-        row: list[int] = []
-        while len(row) < K:
-            e = perm[rng.choices(range(E), weights)[0]]
-            if e not in row:
-                row.append(e)
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.int32)
 
 
 def wave_slot_ids(wave: LayerWave, ids: torch.Tensor) -> torch.Tensor:
@@ -70,16 +55,6 @@ def run_layer(py: SlotCache, dev: DeviceSlotCache, layer: int, ids: torch.Tensor
         for i, plan in enumerate(plans):
             check_wave(plan, waves[i] if i < len(waves) else None, dev_ids)
     check_state(py, dev)
-
-
-CONFIGS = [  # (layers, experts, slots, top_k, token counts)
-    (1, 8, 2, 2, (1, 3, 8)),  # the pool is exactly top-k
-    (3, 8, 2, 2, (1, 2, 5)),
-    (2, 16, 4, 4, (1, 2, 6)),  # exactly top-k with wide batches: many waves
-    (3, 16, 11, 3, (1, 4, 16)),
-    (4, 32, 40, 4, (1, 1, 3, 12)),  # more slots than a layer's experts
-    (2, 64, 24, 8, (1, 2, 8)),
-]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "L{}-E{}-S{}-K{}".format(*c[:4]))

@@ -6,7 +6,9 @@ back: which routed experts are resident, which slots the misses take (free slots
 LRU victims), the map/owner/recency updates, the slot ids `[T, K]` for the
 slot-addressed MoE, and a fixed-size miss list `[2, M]` (expert ids, destination slots;
 -1 padded) for a mover (`moe/movers.py`). Every shape depends only on T, K, E and S, and
-no op reads a device value on the host, so it runs inside a CUDA graph.
+no op reads a device value on the host, so it runs inside a CUDA graph. On CUDA a wave
+is one fused Triton launch (`kernels/slot_plan.py`, the same decisions and updates); the
+torch ops below are its reference and the path on CPU.
 
 It decides exactly what `SlotCache` (moe/slots.py) with the LRU policy decides on the
 same trace; the Python cache stays the reference it is tested against
@@ -40,6 +42,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from edgemoe.kernels.slot_plan import SlotState, fused_plan_supported, plan_wave_fused
 from edgemoe.moe.activity import HIT, MISS
 
 NEVER = torch.iinfo(torch.int64).max  # the sort key of a slot that may not be evicted
@@ -86,10 +89,14 @@ class DeviceSlotCache:
     `counts` [L, 2] int64 (hits, misses: distinct experts per wave, cumulative) and
     `events` [L, E] uint8 (the strongest of HIT / MISS since the last `take_events`, while
     `mark_events`).
+    `fused`: plan each wave with the fused kernel (default: on CUDA when supported) or
+    the torch ops (False; True on CPU runs the kernel under Triton's interpreter: tests).
     Locking: none; one thread issues the ops, the stream orders them.
     """
 
-    def __init__(self, num_slots: int, num_layers: int, num_experts: int, device: torch.device) -> None:
+    def __init__(
+        self, num_slots: int, num_layers: int, num_experts: int, device: torch.device, fused: bool | None = None
+    ) -> None:
         if num_slots < 1 or num_layers < 1 or num_experts < 1:
             raise ValueError(f"need positive sizes, got {num_slots=} {num_layers=} {num_experts=}")
         S, L, E = num_slots, num_layers, num_experts
@@ -106,6 +113,8 @@ class DeviceSlotCache:
         self.mark_events = True  # off: the plan skips the live view's marks (a few ops per wave)
         self._slot_idx = torch.arange(S, device=device)
         self._expert_idx = torch.arange(E, device=device)
+        self.fused = fused_plan_supported(device, S, E) if fused is None else fused
+        self._state = SlotState(self.slot_map, self.slot_owners, self.recency, self.clock, self.counts, self.events)
 
     # ---- the per-layer plan ------------------------------------------------------
 
@@ -138,6 +147,9 @@ class DeviceSlotCache:
 
     def plan_wave(self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None) -> WavePlan:
         """One wave: every routed expert of `topk_ids` gets a slot if capacity allows."""
+        if self.fused:
+            out = plan_wave_fused(self._state, layer, topk_ids, pinned, self.mark_events, (HIT, MISS))
+            return WavePlan(out.slot_ids.view(topk_ids.shape), out.hits, out.misses, out.overflow)
         S, E = self.num_slots, self.num_experts
         o = self._order(layer, topk_ids)
         stamp = self.clock + o.rank  # [E] recency of each use, in (hits, misses) order

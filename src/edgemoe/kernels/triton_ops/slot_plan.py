@@ -1,0 +1,178 @@
+"""One wave of the device expert cache's plan in one program (see `kernels/slot_plan.py`
+for the contract; the torch plan in `moe/device_cache.py` is the reference).
+
+One CTA does the whole wave in phases separated by barriers, because later phases read
+what earlier ones wrote (the routed mask, the miss list) and several threads may hold
+the same element (small blocks are replicated across threads):
+
+1. `hits` is zeroed, then every routed pair stores 1 into it: `routed` [E] (a scatter, so
+   any number of pairs costs one pass over them); the miss list is filled with -1;
+2. experts [E] in registers: hit / miss against the map, their ranks (cumsum);
+3. slots [S] in registers: protected (routed by this layer, or pinned), the free ones
+   taken in index order (cumsum), then the least recent unprotected owned slots, one
+   `argmin` over the S keys per victim; each candidate written into the miss list;
+4. loads of what the stores overwrite (the victims' owners, events; clock and counts in 2), a
+   barrier, then every state update;
+5. after a last barrier, each pair's slot read back from the new map.
+
+NOTE (cost): owners and recency are read once (2·S int64 per wave), the pinned mask and
+a gather of `routed` once (≤ 2·S bytes); victims cost one block reduction over the S keys
+held in registers each — proportional to the misses, each of which is an expert copy
+that costs far more. Everything else is O(E + T·K).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+NEVER: tl.constexpr = tl.constexpr(2**63 - 1)  # the key of a slot that may not be evicted
+BLOCK_N = 256  # pairs per chunk of the routing scans
+
+
+@triton.jit
+def _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """Phase 1: hits_ptr[e] = 1 for routed experts, 0 for the rest; misses [2, M] = -1."""
+    e = tl.arange(0, BLOCK_E)
+    tl.store(hits_ptr + e, tl.zeros([BLOCK_E], tl.uint8), mask=e < E)
+    m = tl.arange(0, BLOCK_M)
+    tl.store(misses_ptr + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+    tl.store(misses_ptr + M + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+    tl.debug_barrier()  # the zeros land before any thread's ones
+    for start in range(0, N, BLOCK_N):
+        p = start + tl.arange(0, BLOCK_N)
+        x = tl.load(ids_ptr + p, mask=p < N, other=-1).to(tl.int32)
+        tl.store(hits_ptr + x, tl.full([BLOCK_N], 1, tl.uint8), mask=x >= 0)  # duplicates write the same 1
+    tl.debug_barrier()
+
+
+@triton.jit
+def _choose_slots(pinned_ptr, owners_ptr, recency_ptr, hits_ptr, misses_ptr, layer, num_misses, M, E, S,
+                  BLOCK_S: tl.constexpr, HAS_PINNED: tl.constexpr):
+    """Phase 3: candidate slots into the miss list's row 1; returns how many misses get one.
+
+    Candidate order: free slots by index, then unprotected owned slots by ascending recency."""
+    s = tl.arange(0, BLOCK_S)
+    in_pool = s < S
+    owner = tl.load(owners_ptr + s, mask=in_pool, other=-1)
+    owned = owner >= 0
+    key = tl.where(owned, owner, 0)
+    same_layer = owned & (key // E == layer)
+    routed = tl.load(hits_ptr + (key % E), mask=same_layer & in_pool, other=0, volatile=True)
+    protected = (same_layer & (routed != 0)) | ~in_pool
+    if HAS_PINNED:
+        protected = protected | (tl.load(pinned_ptr + s, mask=in_pool, other=0) != 0)
+    open_free = ~owned & ~protected
+    num_free = tl.sum(open_free.to(tl.int32), axis=0)
+    num_open = tl.sum((~protected).to(tl.int32), axis=0)
+    num_taken = tl.minimum(num_misses, num_open)
+    free_rank = tl.cumsum(open_free.to(tl.int32), axis=0) - open_free.to(tl.int32)
+    tl.store(misses_ptr + M + free_rank, s, mask=open_free & (free_rank < num_taken))
+    recency = tl.load(recency_ptr + s, mask=in_pool, other=0)
+    keys = tl.where(owned & ~protected, recency, NEVER)
+    # NOTE: recency values of owned slots are unique (the cache's clock), so each argmin is
+    # the one least recent slot left, and victims come out in ascending recency.
+    for i in range(tl.maximum(num_taken - num_free, 0)):
+        victim = tl.argmin(keys, axis=0)
+        tl.store(misses_ptr + M + num_free + i, victim)
+        keys = tl.where(s == victim, NEVER, keys)
+    return num_taken
+
+
+@triton.jit
+def _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N: tl.constexpr):
+    """Phase 5: each pair's slot in the updated map (-1 for pairs not routed)."""
+    for start in range(0, N, BLOCK_N):
+        p = start + tl.arange(0, BLOCK_N)
+        x = tl.load(ids_ptr + p, mask=p < N, other=-1).to(tl.int32)
+        slot = tl.load(map_ptr + layer * E + x, mask=x >= 0, other=-1, volatile=True)
+        tl.store(slot_ids_ptr + p, slot, mask=p < N)
+
+
+@triton.jit(do_not_specialize=["layer", "N", "M"])
+def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
+               slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
+               BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_PINNED: tl.constexpr, MARK: tl.constexpr):
+    _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E, BLOCK_M, BLOCK_N)
+    # Phase 2: the experts, and every scalar the last phase overwrites (loaded before a barrier).
+    e = tl.arange(0, BLOCK_E)
+    routed = tl.load(hits_ptr + e, mask=e < E, other=0, volatile=True) != 0
+    slot_before = tl.load(map_ptr + layer * E + e, mask=e < E, other=-1)
+    hit, miss = routed & (slot_before >= 0), routed & (slot_before < 0)
+    hit_rank = tl.cumsum(hit.to(tl.int32), axis=0) - hit.to(tl.int32)
+    miss_rank = tl.cumsum(miss.to(tl.int32), axis=0) - miss.to(tl.int32)
+    num_hits, num_misses = tl.sum(hit.to(tl.int32), axis=0), tl.sum(miss.to(tl.int32), axis=0)
+    clock = tl.load(clock_ptr)
+    counts = tl.load(counts_ptr + layer * 2 + tl.arange(0, 2))
+    num_taken = _choose_slots(pinned_ptr, owners_ptr, recency_ptr, hits_ptr, misses_ptr, layer, num_misses, M, E,
+                              S, BLOCK_S, HAS_PINNED)
+    take = miss & (miss_rank < num_taken)
+    tl.store(misses_ptr + miss_rank, e, mask=take)  # row 0: the misses given a slot, in routed order
+    tl.debug_barrier()
+    # Phase 4: loads of what the updates overwrite, a barrier, the updates.
+    j = tl.arange(0, BLOCK_M)
+    taken = j < num_taken
+    expert = tl.load(misses_ptr + j, mask=taken, other=0, volatile=True)
+    slot = tl.load(misses_ptr + M + j, mask=taken, other=0, volatile=True)
+    evicted = tl.load(owners_ptr + slot, mask=taken, other=-1)  # key losing its slot, -1: it was free
+    if MARK:
+        code = tl.where(hit, HIT, tl.where(take, MISS, 0)).to(tl.uint8)
+        events = tl.maximum(tl.load(events_ptr + layer * E + e, mask=e < E, other=0), code)
+    tl.debug_barrier()
+    tl.store(hits_ptr + e, hit.to(tl.uint8), mask=e < E)
+    tl.store(recency_ptr + slot_before, clock + hit_rank, mask=hit)
+    if MARK:
+        tl.store(events_ptr + layer * E + e, events, mask=e < E)
+    key = layer.to(tl.int64) * E + expert
+    tl.store(map_ptr + evicted, tl.full([BLOCK_M], -1, tl.int32), mask=taken & (evicted >= 0))
+    tl.store(map_ptr + key, slot, mask=taken)
+    tl.store(owners_ptr + slot, key, mask=taken)
+    tl.store(recency_ptr + slot, clock + num_hits + j, mask=taken)
+    tl.store(clock_ptr, clock + num_hits + num_taken)
+    tl.store(counts_ptr + layer * 2 + tl.arange(0, 2), counts + tl.where(tl.arange(0, 2) == 0, num_hits, num_taken))
+    tl.store(overflow_ptr, (num_misses > num_taken).to(tl.uint8))
+    tl.debug_barrier()
+    _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N)
+
+
+def num_warps_for(block_s: int) -> int:
+    """Warps for a pool block: 16 int64 keys per thread up to 8192 slots (ptxas: ≤ 48 bytes
+    spilled on sm_86), 32 at 16384 (some spills: still one pass)."""
+    return max(4, min(16, block_s // 512))
+
+
+def plan_wave_triton(
+    slot_map: torch.Tensor,
+    owners: torch.Tensor,
+    recency: torch.Tensor,
+    clock: torch.Tensor,
+    counts: torch.Tensor,
+    events: torch.Tensor,
+    layer: int,
+    ids: torch.Tensor,
+    pinned: torch.Tensor | None,
+    mark_events: bool,
+    hit_code: int,
+    miss_code: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(slot_ids [N] int32, hits [E] bool, misses [2, M] int32, overflow [] bool); state in place."""
+    S, E, N = owners.numel(), slot_map.shape[1], ids.numel()
+    M = min(N, E, S)
+    for t in (slot_map, owners, recency, counts, events, ids):
+        assert t.is_contiguous(), "the plan kernel indexes flat, contiguous tensors"
+    device = ids.device
+    slot_ids = torch.empty(N, dtype=torch.int32, device=device)
+    hits = torch.empty(E, dtype=torch.uint8, device=device)
+    misses = torch.empty((2, M), dtype=torch.int32, device=device)
+    overflow = torch.empty((), dtype=torch.uint8, device=device)
+    block_s = triton.next_power_of_2(S)
+    _plan_wave[(1,)](
+        ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events,
+        slot_ids, hits, misses, overflow, layer, N, M, E, S, hit_code, miss_code,
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_S=block_s, BLOCK_M=triton.next_power_of_2(min(E, S)),
+        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, num_warps=num_warps_for(block_s),
+    )
+    return slot_ids, hits.view(torch.bool), misses, overflow.view(torch.bool)

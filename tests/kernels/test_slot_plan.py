@@ -1,0 +1,110 @@
+"""The fused plan kernel of the device expert cache (Triton, under the interpreter on CPU
+tensors) against the torch plan it replaces (itself proven equal to `SlotCache` + LRU in
+tests/moe/test_device_cache.py): two caches run the same traces in lockstep, and every
+wave's outputs and every state tensor (map, owners, recency, clock, counts, events) must
+be identical. Traces: tests/moe's configurations (pools down to top-k slots, waves,
+padding rows), random pins, a wave past capacity, and Qwen3.8-Flash-Next's 512 experts
+top-10 at decode batch 32. The compiled path: tests/gpu/test_slot_plan_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+from expert_traces import CONFIGS, routing
+
+from edgemoe.kernels.slot_plan import MAX_EXPERTS, MAX_SLOTS, fused_plan_supported
+from edgemoe.moe.device_cache import DeviceSlotCache
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+CPU = torch.device("cpu")
+STATE = ("slot_map", "slot_owners", "recency", "clock", "counts", "events")
+
+
+def caches(S: int, L: int, E: int) -> tuple[DeviceSlotCache, DeviceSlotCache]:
+    """(the torch plan, the fused kernel) on the same empty pool."""
+    return DeviceSlotCache(S, L, E, CPU, fused=False), DeviceSlotCache(S, L, E, CPU, fused=True)
+
+
+def check_same(ref: DeviceSlotCache, fused: DeviceSlotCache, plans_ref: list, plans_fused: list) -> None:
+    assert len(plans_ref) == len(plans_fused)
+    for want, got in zip(plans_ref, plans_fused, strict=True):
+        for field in want._fields:
+            a, b = getattr(want, field), getattr(got, field)
+            assert a.dtype == b.dtype and torch.equal(a, b), (field, a, b)
+    for name in STATE:
+        assert torch.equal(getattr(ref, name), getattr(fused, name)), (name, getattr(ref, name), getattr(fused, name))
+
+
+def random_pins(rng: random.Random, cache: DeviceSlotCache, K: int) -> tuple[torch.Tensor | None, int]:
+    """Some owned slots pinned (as another layer's unreleased plan pins them), at least K left open."""
+    if rng.random() < 0.5:
+        return None, 0
+    owned = [s for s, o in enumerate(cache.slot_owners.tolist()) if o >= 0]
+    chosen = rng.sample(owned, min(len(owned), rng.randint(0, max(0, cache.num_slots - K))))
+    pinned = torch.zeros(cache.num_slots, dtype=torch.bool)
+    pinned[chosen] = True
+    return pinned, len(chosen)
+
+
+def run_trace(ref: DeviceSlotCache, fused: DeviceSlotCache, rng: random.Random, K: int, sizes: tuple, steps: int) -> None:
+    L, E = ref.num_layers, ref.num_experts
+    for step in range(steps):
+        T = rng.choice(sizes)
+        live = torch.tensor([True] * T + [False] * (step % 3))  # some steps padded: -1 rows
+        for cache in (ref, fused):
+            cache.mark_events = step % 4 != 3  # the live view unwatched now and then
+        for layer in range(L):
+            ids = torch.where(live[:, None], routing(rng, len(live), E, K, skew=rng.choice([0.0, 1.2])), -1)
+            pinned, num_pinned = random_pins(rng, ref, K)
+            plans_ref = list(ref.layer_waves(layer, ids, pinned, num_pinned))
+            plans_fused = list(fused.layer_waves(layer, ids, pinned, num_pinned))
+            check_same(ref, fused, plans_ref, plans_fused)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "L{}-E{}-S{}-K{}".format(*c[:4]))
+def test_random_traces_match_the_torch_plan(config: tuple) -> None:
+    L, E, S, K, sizes = config
+    ref, fused = caches(S, L, E)
+    run_trace(ref, fused, random.Random(S), K, sizes, steps=10)
+    assert ref.read_counts()[:, 1].sum() > 0 and ref.clock.item() > 0
+
+
+@needs_interpreter
+@pytest.mark.parametrize("S", [700, 320])  # the pool block ragged (1024); fewer slots than pairs: waves
+def test_qwen38_flash_next_decode_batch_matches(S: int) -> None:
+    """512 experts top-10 at decode batch 32 (320 pairs): several pair chunks, the 512-expert
+    block, hundreds of victims chosen one by one once the pool is full."""
+    ref, fused = caches(S, 2, 512)
+    run_trace(ref, fused, random.Random(S), 10, (32, 4, 1), steps=4)
+    assert ref.read_counts()[:, 0].sum() > 0  # some hits
+
+
+@needs_interpreter
+def test_a_wave_past_capacity_matches() -> None:
+    """`plan_wave` alone with more misses than open slots (some pinned): the same overflow,
+    the same -1 for the misses left without a slot, the same state."""
+    ref, fused = caches(4, 2, 8)
+    warm = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    check_same(ref, fused, [ref.plan_wave(1, warm)], [fused.plan_wave(1, warm)])
+    pinned = torch.tensor([False, True, False, False])
+    ids = torch.tensor([[4, 5], [6, 7], [0, -1]], dtype=torch.int32)
+    plans = [ref.plan_wave(0, ids, pinned)], [fused.plan_wave(0, ids, pinned)]
+    check_same(ref, fused, *plans)
+    assert bool(plans[1][0].overflow) and int((plans[1][0].misses[0] >= 0).sum()) == 3
+
+
+def test_the_fused_plan_is_chosen_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EDGEMOE_TRITON", raising=False)
+    assert not fused_plan_supported(CPU, 64, 512)
+    assert not DeviceSlotCache(4, 1, 8, CPU).fused  # the torch ops on CPU
+    cuda = torch.device("cuda")
+    assert not fused_plan_supported(cuda, MAX_SLOTS + 1, 512)  # past the kernel's registers
+    assert not fused_plan_supported(cuda, 64, MAX_EXPERTS + 1)
+    if fused_plan_supported(cuda, MAX_SLOTS, MAX_EXPERTS):  # Triton importable here
+        monkeypatch.setenv("EDGEMOE_TRITON", "0")
+        assert not fused_plan_supported(cuda, 64, 512)
