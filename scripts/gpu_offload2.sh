@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Offload II on the GPU machine: the issue-13 scenario (random:qwen3-30b-a3b, bf16, 48
+# layers, batch 1, --gpu-memory 16GiB --kv-tokens 8192) with the expert cache on the host
+# (the reference) and on the device (gather and copy-engine movers), under synthetic
+# routing (realistic misses; labelled in every output) and the model's own router.
+# Through the device tool: run(command="scripts/gpu_offload2.sh", carry=[".whl"]).
+# ROUTING="router" or CACHES="device-gather" narrows it; ~1 min per configuration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
+mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
+[ -f .whl/triton-cache.tgz ] && tar xzf .whl/triton-cache.tgz -C .triton-cache
+out="${OUT:-bench/results}"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+for routing in ${ROUTING:-synthetic router}; do
+  for cache in ${CACHES:-host device-gather device-copy}; do
+    case "$cache" in
+      host) flags="--expert-cache host" ;;
+      device-gather) flags="--expert-cache device --expert-mover gather" ;;
+      device-copy) flags="--expert-cache device --expert-mover copy" ;;
+    esac
+    echo "== routing=$routing cache=$cache"
+    python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b --gpu-memory 16GiB --kv-tokens 8192 \
+      --moe-backend offload --routing "$routing" $flags --prompt-tokens 1024 --batch-sizes 1 \
+      --decode-tokens 64 --profile --profile-steps 8 --out "$out"
+  done
+done
+[ -n "${OUT:-}" ] && tar czf "$OUT/triton-cache.tgz" -C .triton-cache . 2>/dev/null
+exit 0
