@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Issue 14 on the GPU machine: random:qwen3.5-35b-a3b (bf16) under --gpu-memory 16GiB —
+# decode at 1K and 32K context, then a 20-turn coding-agent session's TTFT with the prefix
+# cache (GDN state snapshots), without it, and with the host tier. Results in $OUT.
+# Through the device tool: run(command="scripts/gpu_hybrids_bench.sh", carry=[".whl"]).
+# PART=decode or PART=agent runs one half (each fits one 10-minute call).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
+mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
+[ -f .whl/triton-cache.tgz ] && tar xzf .whl/triton-cache.tgz -C .triton-cache
+out="${OUT:-bench/results}"
+model="random:qwen3.5-35b-a3b"
+common=(--model "$model" --gpu-memory 16GiB --out "$out")
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [ "${PART:-decode}" != agent ]; then
+  python3 -m edgemoe.cli bench decode "${common[@]}" --kv-tokens 40960 --max-prefill-tokens 8192 \
+    --prompt-tokens 1024 32768 --batch-sizes 1 --decode-tokens 64 --profile --profile-steps 8
+fi
+if [ "${PART:-decode}" != decode ]; then
+  python3 -m edgemoe.cli bench agent "${common[@]}" --turns 20 --cache-types radix none
+  python3 -m edgemoe.cli bench agent "${common[@]}" --turns 20 --cache-types radix --host-cache 8GiB
+fi
+[ -n "${OUT:-}" ] && tar czf "$OUT/triton-cache.tgz" -C .triton-cache . 2>/dev/null
+exit 0
