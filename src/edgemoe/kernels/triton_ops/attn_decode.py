@@ -5,9 +5,8 @@ its kv head (each K/V row is read once per group) and writes the split's normali
 output and log-sum-exp (base 2) in fp32. Launch 2: one program per (sequence, query
 head) merges the splits in ascending order.
 
-fp8 cache (`FP8KV`): keys/values are e4m3 with one fp32 scale per (slot, kv head); a key
-block is widened to the query dtype (exact) and its scales multiply the scores; the value
-scales multiply the probabilities before their rounding, so V is read as stored.
+The key-block step (page table, scores, online softmax, P·V) is attn_common.py's, shared
+with the extend kernel; so is the fp8 cache's (`FP8KV`) reading.
 
 NOTE: a sequence's context is cut into NUM_SPLITS splits of ceil(len / NUM_SPLITS)
 positions rounded up to a key block, so the cut depends only on the sequence's own

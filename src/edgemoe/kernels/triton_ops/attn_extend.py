@@ -9,8 +9,8 @@ that is fully masked for a query row leaves its running max, sum and accumulator
 exactly unchanged (scale 1, weights 0), so a token's output does not depend on which
 query block it landed in: chunked prefill, batch composition and q_len leave it alone.
 
-fp8 cache (`FP8KV`): as the decode kernel (attn_decode.py), scales folded into the scores
-and the probabilities.
+The key-block step and the fp8 cache's (`FP8KV`) reading are attn_common.py's, as in the
+decode kernel.
 """
 
 from __future__ import annotations
