@@ -37,6 +37,22 @@ static inline float em_fp8_to_f32(uint8_t b) {
     return b & 0x80 ? -f : f;
 }
 
+/* The GEMV's walk over K in em_gemv4q_impl (the SIMD ones): one scale block after the
+ * other (int8: a single block, the whole row), and within a block k steps of EM_QSTEP
+ * running the statements `...`, with s0..s3 the 4 rows' block scales times 2^8 (int8:
+ * 0, unused). A macro, not a function: the body's accumulators stay the caller's
+ * registers, the code as if written out. Needs sc, blk, fp8 and K in scope. */
+#define EM_QBLOCKS(...)                                                                                       \
+    const int step = fp8 ? blk : K; /* a scale block (int8: the whole row) */                                 \
+    for (int k0 = 0, kb = 0; k0 < K; k0 += step, kb++) {                                                      \
+        const float s0 = fp8 ? sc[0][kb] * EM_FP8_UNBIAS : 0.0f, s1 = fp8 ? sc[1][kb] * EM_FP8_UNBIAS : 0.0f; \
+        const float s2 = fp8 ? sc[2][kb] * EM_FP8_UNBIAS : 0.0f, s3 = fp8 ? sc[3][kb] * EM_FP8_UNBIAS : 0.0f; \
+        const int k1 = K - k0 < step ? K : k0 + step;                                                         \
+        for (int k = k0; k < k1; k += EM_QSTEP) {                                                             \
+            __VA_ARGS__                                                                                       \
+        }                                                                                                     \
+    }
+
 #if defined(EM_ISA_AVX512) || defined(EM_ISA_AMX)
 #include <immintrin.h>
 #define EM_QSTEP 16
@@ -68,20 +84,13 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
     const __m512 z = _mm512_setzero_ps();
     __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
     __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
-    const int step = fp8 ? blk : K; /* a scale block (int8: the whole row) */
-    for (int k0 = 0, kb = 0; k0 < K; k0 += step, kb++) {
-        const float s0 = fp8 ? sc[0][kb] * EM_FP8_UNBIAS : 0.0f, s1 = fp8 ? sc[1][kb] * EM_FP8_UNBIAS : 0.0f;
-        const float s2 = fp8 ? sc[2][kb] * EM_FP8_UNBIAS : 0.0f, s3 = fp8 ? sc[3][kb] * EM_FP8_UNBIAS : 0.0f;
-        const int k1 = K - k0 < step ? K : k0 + step;
-        for (int k = k0; k < k1; k += EM_QSTEP) {
-            /* NOTE: xs is zero-padded past K to a multiple of 32: whole loads stay in bounds. */
-            __m512 x0 = _mm512_loadu_ps(xs + k), x1 = z, x2 = z, x3 = z;
-            if (nt > 1) x1 = _mm512_loadu_ps(xs + xss + k);
-            if (nt > 2) x2 = _mm512_loadu_ps(xs + 2 * xss + k);
-            if (nt > 3) x3 = _mm512_loadu_ps(xs + 3 * xss + k);
-            EM_QROW512(0) EM_QROW512(1) EM_QROW512(2) EM_QROW512(3)
-        }
-    }
+    EM_QBLOCKS(
+        /* NOTE: xs is zero-padded past K to a multiple of 32: whole loads stay in bounds. */
+        __m512 x0 = _mm512_loadu_ps(xs + k), x1 = z, x2 = z, x3 = z;
+        if (nt > 1) x1 = _mm512_loadu_ps(xs + xss + k);
+        if (nt > 2) x2 = _mm512_loadu_ps(xs + 2 * xss + k);
+        if (nt > 3) x3 = _mm512_loadu_ps(xs + 3 * xss + k);
+        EM_QROW512(0) EM_QROW512(1) EM_QROW512(2) EM_QROW512(3))
     const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
@@ -127,17 +136,10 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
                                                                   int K, int64_t pf, float *dots) {
     const __m256 z = _mm256_setzero_ps();
     __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-    const int step = fp8 ? blk : K; /* a scale block (int8: the whole row) */
-    for (int k0 = 0, kb = 0; k0 < K; k0 += step, kb++) {
-        const float s0 = fp8 ? sc[0][kb] * EM_FP8_UNBIAS : 0.0f, s1 = fp8 ? sc[1][kb] * EM_FP8_UNBIAS : 0.0f;
-        const float s2 = fp8 ? sc[2][kb] * EM_FP8_UNBIAS : 0.0f, s3 = fp8 ? sc[3][kb] * EM_FP8_UNBIAS : 0.0f;
-        const int k1 = K - k0 < step ? K : k0 + step;
-        for (int k = k0; k < k1; k += EM_QSTEP) {
-            __m256 x0 = _mm256_loadu_ps(xs + k), x1 = z;
-            if (nt > 1) x1 = _mm256_loadu_ps(xs + xss + k);
-            EM_QROW256(0) EM_QROW256(1) EM_QROW256(2) EM_QROW256(3)
-        }
-    }
+    EM_QBLOCKS(
+        __m256 x0 = _mm256_loadu_ps(xs + k), x1 = z;
+        if (nt > 1) x1 = _mm256_loadu_ps(xs + xss + k);
+        EM_QROW256(0) EM_QROW256(1) EM_QROW256(2) EM_QROW256(3))
     const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
     for (int r = 0; r < 4; r++)
         for (int t = 0; t < nt; t++) dots[r * nt + t] = em_hsum256(acc[r][t]);

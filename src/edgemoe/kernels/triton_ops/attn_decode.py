@@ -5,9 +5,8 @@ its kv head (each K/V row is read once per group) and writes the split's normali
 output and log-sum-exp (base 2) in fp32. Launch 2: one program per (sequence, query
 head) merges the splits in ascending order.
 
-fp8 cache (`FP8KV`): keys/values are e4m3 with one fp32 scale per (slot, kv head); a key
-block is widened to the query dtype (exact) and its scales multiply the scores; the value
-scales multiply the probabilities before their rounding, so V is read as stored.
+The key-block step (page table, scores, online softmax, P·V) is attn_common.py's, shared
+with the extend kernel; so is the fp8 cache's (`FP8KV`) reading.
 
 NOTE: a sequence's context is cut into NUM_SPLITS splits of ceil(len / NUM_SPLITS)
 positions rounded up to a key block, so the cut depends only on the sequence's own
@@ -23,11 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.triton_ops.attn_common import (
+    kv_slots,
+    pv_accumulate,
+    qk_scores,
+    softmax_step,
+)
 from edgemoe.kernels.triton_ops.common import (
-    e4m3_to_f32,
     fp8_hardware,
     interpreting,
-    mma,
     round_to,
     tl_dtype,
 )
@@ -76,27 +79,14 @@ def _decode_split(
     for n0 in range(tl.maximum(start, lo // BLOCK_N * BLOCK_N), end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = (n < end) & (n >= lo)
-        page = tl.load(pt_ptr + row * stride_pr + n // page_size, mask=n < end, other=0)
-        slot = page.to(tl.int64) * page_size + n % page_size
+        slot = kv_slots(pt_ptr, row, stride_pr, n, n < end, page_size)
         kv_ok = n_ok[:, None] & (d < D)[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
-        if FP8KV:
-            k_sc = tl.load(ks_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            s = mma(q, tl.trans(e4m3_to_f32(k, FP8HW).to(DTYPE)), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP)
-            s = s * (k_sc[None, :] * qk_scale)
-        else:
-            s = mma(q, tl.trans(k), tl.zeros([G_PAD, BLOCK_N], tl.float32), INTERP) * qk_scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-        if FP8KV:
-            v_sc = tl.load(vs_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), e4m3_to_f32(v, FP8HW).to(DTYPE), acc * alpha[:, None], INTERP)
-        else:
-            acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
+        s = qk_scores(q, k_ptr, ks_ptr, slot, kvh, d, kv_ok, n_ok, stride_ks, stride_kh, stride_ss, qk_scale,
+                      DTYPE, INTERP, FP8KV, FP8HW)
+        # The first block holds a visible key (above): no row's max stays -inf.
+        m_new, l, alpha, p = softmax_step(m, l, s, n_ok[None, :], False)
+        acc = pv_accumulate(acc, alpha, p, v_ptr, vs_ptr, slot, kvh, d, kv_ok, n_ok, stride_vs, stride_vh, stride_ss,
+                            DTYPE, INTERP, FP8KV, FP8HW)
         m = m_new
     base = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
     tl.store(o_ptr + base, acc / l[:, None], mask=hd_ok)

@@ -9,8 +9,8 @@ that is fully masked for a query row leaves its running max, sum and accumulator
 exactly unchanged (scale 1, weights 0), so a token's output does not depend on which
 query block it landed in: chunked prefill, batch composition and q_len leave it alone.
 
-fp8 cache (`FP8KV`): as the decode kernel (attn_decode.py), scales folded into the scores
-and the probabilities.
+The key-block step and the fp8 cache's (`FP8KV`) reading are attn_common.py's, as in the
+decode kernel.
 """
 
 from __future__ import annotations
@@ -19,12 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.triton_ops.attn_common import (
+    kv_slots,
+    pv_accumulate,
+    qk_scores,
+    softmax_step,
+)
 from edgemoe.kernels.triton_ops.attn_decode import LOG2E, kv_bytes, kv_scales
 from edgemoe.kernels.triton_ops.common import (
-    e4m3_to_f32,
     fp8_hardware,
     interpreting,
-    mma,
     round_to,
     tl_dtype,
 )
@@ -70,30 +74,16 @@ def _extend(
     for n0 in range(lo // BLOCK_N * BLOCK_N, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
-        page = tl.load(pt_ptr + row * stride_pr + n // page_size, mask=n_ok, other=0)
-        slot = page.to(tl.int64) * page_size + n % page_size
+        slot = kv_slots(pt_ptr, row, stride_pr, n, n_ok, page_size)
         kv_ok = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
-        if FP8KV:
-            k_sc = tl.load(ks_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            s = mma(q, tl.trans(e4m3_to_f32(k, FP8HW).to(DTYPE)), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP)
-            s = s * (k_sc[None, :] * qk_scale)
-        else:
-            s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERP) * qk_scale
+        s = qk_scores(q, k_ptr, ks_ptr, slot, kvh, d, kv_ok, n_ok, stride_ks, stride_kh, stride_ss, qk_scale,
+                      DTYPE, INTERP, FP8KV, FP8HW)
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         visible = visible & ((window <= 0) | (n[None, :] > q_pos[:, None] - window))
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        alpha = tl.exp2(m - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-        if FP8KV:
-            v_sc = tl.load(vs_ptr + slot * stride_ss + kvh, mask=n_ok, other=0.0)
-            acc = mma(round_to(p * v_sc[None, :], DTYPE, INTERP), e4m3_to_f32(v, FP8HW).to(DTYPE), acc * alpha[:, None], INTERP)
-        else:
-            acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
+        # A row's first blocks can be all masked (window, causality): it keeps weights 0.
+        m_new, l, alpha, p = softmax_step(m, l, s, visible, True)
+        acc = pv_accumulate(acc, alpha, p, v_ptr, vs_ptr, slot, kvh, d, kv_ok, n_ok, stride_vs, stride_vh, stride_ss,
+                            DTYPE, INTERP, FP8KV, FP8HW)
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     o = o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :]

@@ -20,16 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import (
-    ACT_CODES,
-    activate,
-    interpreting,
-    mma,
-    round_to,
-    round_trip,
-    tl_dtype,
+from edgemoe.kernels.triton_ops.common import ACT_CODES, mma
+from edgemoe.kernels.triton_ops.moe_common import (
+    block_pairs,
+    moe_launch,
+    store_cells_block,
+    store_gated_block,
+    tile_range,
 )
-from edgemoe.kernels.triton_ops.moe_gemv import workspace_view
 
 # 64 x 64 x 64 tiles, 3 stages: 24 KiB (gate_up: A + two B tiles) of shared memory per
 # stage, which fits sm_86/sm_89 (~99 KiB per block) as well as sm_80/sm_90.
@@ -81,15 +79,12 @@ def _gate_up_gemm(
     ACT: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     INTERP: tl.constexpr,
 ):
-    pid_m = tl.program_id(1)
-    slot = tl.load(block_slot_ptr + pid_m)
+    slot = tl.load(block_slot_ptr + tl.program_id(1))
     if slot < 0:
         return
-    pair = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
-    valid = pair < num_pairs
+    pair, valid = block_pairs(sorted_ptr, num_pairs, BM)
     tok = tl.where(valid, pair // K, 0).to(tl.int64)
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    col_ok = cols < I
+    cols, col_ok = tile_range(0, BN, I)
     kk = tl.arange(0, BK)
     a_ptrs = x_ptr + tok[:, None] * stride_xt + kk[None, :]  # [BM, BK]
     bank = gu_ptr + slot.to(tl.int64) * stride_gs
@@ -107,11 +102,7 @@ def _gate_up_gemm(
         a_ptrs += BK
         g_ptrs += BK
         u_ptrs += BK
-    gate = round_trip(acc_g, DTYPE, INTERP)
-    up = round_trip(acc_u, DTYPE, INTERP)
-    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
-    out = inter_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_it + cols[None, :]
-    tl.store(out, round_to(h, DTYPE, INTERP), mask=valid[:, None] & col_ok[None, :])
+    store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
 
 
 @triton.jit
@@ -120,15 +111,12 @@ def _down_gemm(
     H, I, K, num_pairs, stride_it, stride_ds, stride_dr, stride_ct, stride_ck,
     DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
 ):
-    pid_m = tl.program_id(1)
-    slot = tl.load(block_slot_ptr + pid_m)
+    slot = tl.load(block_slot_ptr + tl.program_id(1))
     if slot < 0:
         return
-    pair = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
-    valid = pair < num_pairs
+    pair, valid = block_pairs(sorted_ptr, num_pairs, BM)
     safe = tl.where(valid, pair, 0)
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    col_ok = cols < H
+    cols, col_ok = tile_range(0, BN, H)
     kk = tl.arange(0, BK)
     a_ptrs = inter_ptr + safe.to(tl.int64)[:, None] * stride_it + kk[None, :]  # [BM, BK]
     b_ptrs = down_ptr + slot.to(tl.int64) * stride_ds + cols[None, :] * stride_dr + kk[:, None]  # [BK, BN]
@@ -140,40 +128,29 @@ def _down_gemm(
         acc = mma(a, b, acc, INTERP)
         a_ptrs += BK
         b_ptrs += BK
-    w = tl.load(w_ptr + safe, mask=valid, other=0.0)
-    y = round_trip(acc, DTYPE, INTERP) * w[:, None]
-    t = (safe // K).to(tl.int64)
-    out = cells_ptr + t[:, None] * stride_ct + (safe % K)[:, None] * stride_ck + cols[None, :]
-    tl.store(out, y, mask=valid[:, None] & col_ok[None, :])
+    store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
 
 
 def moe_prefill_triton(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
     down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
 ) -> None:
-    T, H = x.shape
-    K = slot_ids.shape[1]
-    S, I = gate_up.shape[0], gate_up.shape[1] // 2
-    pairs = T * K
-    if pairs == 0:
+    run = moe_launch(x, slot_ids, weights, cells, gate_up.shape[1] // 2, workspace)
+    if run is None:
         return
-    if cells.stride(-1) != 1:
-        raise ValueError("cells need a unit stride on H (they are written in place)")
-    x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
-    w = weights.to(torch.float32).contiguous().view(-1)
-    blocks = align_pairs(slot_ids, S)
-    inter = workspace_view(workspace, pairs, I, x)
-    dtype, interp = tl_dtype(x.dtype), interpreting(x)
+    x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
+    gate_up, down = gate_up.contiguous(), down.contiguous()
+    blocks = align_pairs(slot_ids, gate_up.shape[0])
     num_blocks = blocks.block_slot.numel()
     _gate_up_gemm[(triton.cdiv(I, GU_N), num_blocks)](
         x, blocks.sorted_pairs, blocks.block_slot, gate_up, inter,
         H, I, K, pairs, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=dtype, BM=BLOCK_M, BN=GU_N, BK=GU_K, INTERP=interp,
+        ACT=ACT_CODES[act], DTYPE=run.dtype, BM=BLOCK_M, BN=GU_N, BK=GU_K, INTERP=run.interp,
         num_warps=GU_WARPS, num_stages=GU_STAGES,
     )
     _down_gemm[(triton.cdiv(H, DOWN_N), num_blocks)](
-        inter, blocks.sorted_pairs, blocks.block_slot, w, down, cells,
+        inter, blocks.sorted_pairs, blocks.block_slot, run.weights, down, cells,
         H, I, K, pairs, inter.stride(0), down.stride(0), down.stride(1), cells.stride(0), cells.stride(1),
-        DTYPE=dtype, BM=BLOCK_M, BN=DOWN_N, BK=DOWN_K, INTERP=interp,
+        DTYPE=run.dtype, BM=BLOCK_M, BN=DOWN_N, BK=DOWN_K, INTERP=run.interp,
         num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
     )

@@ -25,19 +25,22 @@ import triton.language as tl
 
 from edgemoe.kernels.triton_ops.common import (
     ACT_CODES,
-    activate,
     fp8_hardware,
-    interpreting,
     mma,
     round_to,
-    round_trip,
-    tl_dtype,
     to_e4m3,
 )
 from edgemoe.kernels.triton_ops.dequant import dequant, format_code
+from edgemoe.kernels.triton_ops.moe_common import (
+    bank_args,
+    block_pairs,
+    moe_launch,
+    slot_banks,
+    store_cells_block,
+    store_gated_block,
+    tile_range,
+)
 from edgemoe.kernels.triton_ops.moe_gemm import BLOCK_M, align_pairs
-from edgemoe.kernels.triton_ops.moe_gemv import workspace_view
-from edgemoe.kernels.triton_ops.moe_gemv_q import bank_args
 from edgemoe.quant import ExpertFormat, Parts
 
 GU_N, GU_K, GU_WARPS, GU_STAGES = 64, 64, 4, 3
@@ -82,18 +85,14 @@ def _gate_up_gemm_q(
     ACT: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
 ):
-    pid_m = tl.program_id(1)
-    slot = tl.load(block_slot_ptr + pid_m)
+    slot = tl.load(block_slot_ptr + tl.program_id(1))
     if slot < 0:
         return
-    pair = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
-    valid = pair < num_pairs
+    pair, valid = block_pairs(sorted_ptr, num_pairs, BM)
     tok = tl.where(valid, pair // K, 0).to(tl.int64)
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    col_ok = cols < I
+    cols, col_ok = tile_range(0, BN, I)
     kk = tl.arange(0, BK)
-    s64 = slot.to(tl.int64)
-    bank, sbank, zbank = gu_ptr + s64 * stride_gs, gus_ptr + s64 * stride_ss, guz_ptr + s64 * stride_ss
+    bank, sbank, zbank = slot_banks(gu_ptr, gus_ptr, guz_ptr, slot, stride_gs, stride_ss)
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, H, BK):
@@ -117,11 +116,7 @@ def _gate_up_gemm_q(
                         GROUP, FP8HW)
             acc_g = mma(a, round_to(g, DTYPE, INTERP), acc_g, INTERP)
             acc_u = mma(a, round_to(u, DTYPE, INTERP), acc_u, INTERP)
-    gate = round_trip(acc_g, DTYPE, INTERP)
-    up = round_trip(acc_u, DTYPE, INTERP)
-    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
-    out = inter_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_it + cols[None, :]
-    tl.store(out, round_to(h, DTYPE, INTERP), mask=valid[:, None] & col_ok[None, :])
+    store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
 
 
 @triton.jit
@@ -131,18 +126,14 @@ def _down_gemm_q(
     DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
 ):
-    pid_m = tl.program_id(1)
-    slot = tl.load(block_slot_ptr + pid_m)
+    slot = tl.load(block_slot_ptr + tl.program_id(1))
     if slot < 0:
         return
-    pair = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
-    valid = pair < num_pairs
+    pair, valid = block_pairs(sorted_ptr, num_pairs, BM)
     safe = tl.where(valid, pair, 0)
-    cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    col_ok = cols < H
+    cols, col_ok = tile_range(0, BN, H)
     kk = tl.arange(0, BK)
-    s64 = slot.to(tl.int64)
-    bank, sbank, zbank = dn_ptr + s64 * stride_ds, dns_ptr + s64 * stride_ss, dnz_ptr + s64 * stride_ss
+    bank, sbank, zbank = slot_banks(dn_ptr, dns_ptr, dnz_ptr, slot, stride_ds, stride_ss)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, I, BK):
         ks = k0 + kk
@@ -158,11 +149,7 @@ def _down_gemm_q(
             b = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, H, stride_dr, stride_sr, FMT, GROUP,
                         FP8HW)
             acc = mma(a, round_to(b, DTYPE, INTERP), acc, INTERP)
-    w = tl.load(w_ptr + safe, mask=valid, other=0.0)
-    y = round_trip(acc, DTYPE, INTERP) * w[:, None]
-    t = (safe // K).to(tl.int64)
-    out = cells_ptr + t[:, None] * stride_ct + (safe % K)[:, None] * stride_ck + cols[None, :]
-    tl.store(out, y, mask=valid[:, None] & col_ok[None, :])
+    store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
 
 
 def moe_prefill_q_triton(
@@ -170,34 +157,26 @@ def moe_prefill_q_triton(
     cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None, f8dot: bool | None = None,
 ) -> None:
     """`f8dot`: force the fp8 arithmetic path on or off (default: `fp8_dot`)."""
-    T, H = x.shape
-    K = slot_ids.shape[1]
-    S, I = parts["gate_up"].shape[0], parts["gate_up"].shape[1] // 2
-    pairs = T * K
-    if pairs == 0:
+    run = moe_launch(x, slot_ids, weights, cells, parts["gate_up"].shape[1] // 2, workspace)
+    if run is None:
         return
-    if cells.stride(-1) != 1:
-        raise ValueError("cells need a unit stride on H (they are written in place)")
+    x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
     code, group = format_code(fmt)
-    x = x.contiguous()
     f8 = fp8_dot(code, group, x) if f8dot is None else f8dot
     gu_k, dn_k = (F8_K, F8_K) if f8 else (GU_K, DOWN_K)
-    w = weights.to(torch.float32).contiguous().view(-1)
-    blocks = align_pairs(slot_ids, S)
-    inter = workspace_view(workspace, pairs, I, x)
-    dtype, interp = tl_dtype(x.dtype), interpreting(x)
+    blocks = align_pairs(slot_ids, parts["gate_up"].shape[0])
     num_blocks = blocks.block_slot.numel()
     gu, gus, guz, *gu_strides = bank_args(parts, "gate_up")
     _gate_up_gemm_q[(triton.cdiv(I, GU_N), num_blocks)](
         x, blocks.sorted_pairs, blocks.block_slot, gu, gus, guz, inter,
         H, I, K, pairs, x.stride(0), *gu_strides, inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=dtype, BM=BLOCK_M, BN=GU_N, BK=gu_k, INTERP=interp, FMT=code, GROUP=group,
+        ACT=ACT_CODES[act], DTYPE=run.dtype, BM=BLOCK_M, BN=GU_N, BK=gu_k, INTERP=run.interp, FMT=code, GROUP=group,
         FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=GU_WARPS, num_stages=GU_STAGES,
     )
     dn, dns, dnz, *dn_strides = bank_args(parts, "down")
     _down_gemm_q[(triton.cdiv(H, DOWN_N), num_blocks)](
-        inter, blocks.sorted_pairs, blocks.block_slot, w, dn, dns, dnz, cells,
+        inter, blocks.sorted_pairs, blocks.block_slot, run.weights, dn, dns, dnz, cells,
         H, I, K, pairs, inter.stride(0), *dn_strides, cells.stride(0), cells.stride(1),
-        DTYPE=dtype, BM=BLOCK_M, BN=DOWN_N, BK=dn_k, INTERP=interp, FMT=code, GROUP=group,
+        DTYPE=run.dtype, BM=BLOCK_M, BN=DOWN_N, BK=dn_k, INTERP=run.interp, FMT=code, GROUP=group,
         FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
     )

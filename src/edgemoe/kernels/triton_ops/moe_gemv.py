@@ -20,13 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import (
-    ACT_CODES,
-    activate,
-    interpreting,
-    round_to,
-    round_trip,
-    tl_dtype,
+from edgemoe.kernels.triton_ops.common import ACT_CODES
+from edgemoe.kernels.triton_ops.moe_common import (
+    gemv_chunk,
+    moe_launch,
+    store_cell_rows,
+    store_gated_rows,
+    tile_range,
 )
 
 # Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
@@ -57,24 +57,17 @@ def _gate_up_gemv(
     if slot < 0:
         return
     t = pair // K
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < I
+    rows, row_ok = tile_range(1, ROWS, I)
     bank = gu_ptr + slot.to(tl.int64) * stride_gs
     acc_g = tl.zeros([ROWS, COLS], dtype=tl.float32)
     acc_u = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for h0 in range(0, H, COLS):
-        cols = h0 + tl.arange(0, COLS)
-        col_ok = cols < H
-        xv = tl.load(x_ptr + t.to(tl.int64) * stride_xt + cols, mask=col_ok, other=0.0).to(tl.float32)
-        ok = row_ok[:, None] & col_ok[None, :]
+        cols, xv, ok = gemv_chunk(x_ptr, t, stride_xt, h0, H, row_ok, COLS)
         g = tl.load(bank + rows[:, None] * stride_gr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         u = tl.load(bank + (rows + I)[:, None] * stride_gr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         acc_g += g * xv[None, :]
         acc_u += u * xv[None, :]
-    gate = round_trip(tl.sum(acc_g, axis=1), DTYPE, INTERP)
-    up = round_trip(tl.sum(acc_u, axis=1), DTYPE, INTERP)
-    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
-    tl.store(inter_ptr + pair.to(tl.int64) * stride_it + rows, round_to(h, DTYPE, INTERP), mask=row_ok)
+    store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
 
 
 @triton.jit
@@ -87,56 +80,33 @@ def _down_gemv(
     slot = tl.load(slot_ptr + pair)
     if slot < 0:
         return
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < H
+    rows, row_ok = tile_range(1, ROWS, H)
     bank = down_ptr + slot.to(tl.int64) * stride_ds
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for i0 in range(0, I, COLS):
-        cols = i0 + tl.arange(0, COLS)
-        col_ok = cols < I
-        a = tl.load(inter_ptr + pair.to(tl.int64) * stride_it + cols, mask=col_ok, other=0.0).to(tl.float32)
-        d = tl.load(bank + rows[:, None] * stride_dr + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                    other=0.0).to(tl.float32)
+        cols, a, ok = gemv_chunk(inter_ptr, pair, stride_it, i0, I, row_ok, COLS)
+        d = tl.load(bank + rows[:, None] * stride_dr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         acc += d * a[None, :]
-    y = round_trip(tl.sum(acc, axis=1), DTYPE, INTERP) * tl.load(w_ptr + pair)
-    t = pair // K
-    k = pair % K
-    tl.store(cells_ptr + t.to(tl.int64) * stride_ct + k * stride_ck + rows, y, mask=row_ok)
-
-
-def workspace_view(workspace: torch.Tensor | None, pairs: int, inter: int, like: torch.Tensor) -> torch.Tensor:
-    """The [pairs, I] intermediate: a view into `workspace` (CUDA graphs keep it static)."""
-    if workspace is None:
-        return torch.empty(pairs, inter, dtype=like.dtype, device=like.device)
-    if workspace.dtype != like.dtype or workspace.numel() < pairs * inter:
-        raise ValueError(f"workspace needs {pairs * inter} elements of {like.dtype}")
-    return workspace.reshape(-1)[: pairs * inter].view(pairs, inter)
+    store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
 
 
 def moe_decode_triton(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
     down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
 ) -> None:
-    T, H = x.shape
-    K = slot_ids.shape[1]
-    I = gate_up.shape[1] // 2
-    pairs = T * K
-    if pairs == 0:
+    run = moe_launch(x, slot_ids, weights, cells, gate_up.shape[1] // 2, workspace)
+    if run is None:
         return
-    if cells.stride(-1) != 1:
-        raise ValueError("cells need a unit stride on H (they are written in place)")
-    x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
+    x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
+    gate_up, down = gate_up.contiguous(), down.contiguous()
     slots = slot_ids.to(torch.int32).contiguous().view(-1)
-    w = weights.to(torch.float32).contiguous().view(-1)
-    inter = workspace_view(workspace, pairs, I, x)
-    dtype, interp = tl_dtype(x.dtype), interpreting(x)
     gu_rows, gu_cols, gu_warps, down_rows, down_cols, down_warps = tiles()
     _gate_up_gemv[(pairs, triton.cdiv(I, gu_rows))](
         x, slots, gate_up, inter, H, I, K, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=dtype, ROWS=gu_rows, COLS=gu_cols, INTERP=interp, num_warps=gu_warps,
+        ACT=ACT_CODES[act], DTYPE=run.dtype, ROWS=gu_rows, COLS=gu_cols, INTERP=run.interp, num_warps=gu_warps,
     )
     _down_gemv[(pairs, triton.cdiv(H, down_rows))](
-        inter, slots, w, down, cells, H, I, K, inter.stride(0), down.stride(0), down.stride(1),
+        inter, slots, run.weights, down, cells, H, I, K, inter.stride(0), down.stride(0), down.stride(1),
         cells.stride(0), cells.stride(1),
-        DTYPE=dtype, ROWS=down_rows, COLS=down_cols, INTERP=interp, num_warps=down_warps,
+        DTYPE=run.dtype, ROWS=down_rows, COLS=down_cols, INTERP=run.interp, num_warps=down_warps,
     )

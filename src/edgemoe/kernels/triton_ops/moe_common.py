@@ -1,0 +1,160 @@
+"""Pieces shared by the four fused-MoE kernels (moe_gemv, moe_gemv_q, moe_gemm, moe_gemm_q).
+
+Device side: `@triton.jit` helpers for the tile indices, the slot bank addressing and
+the two epilogues (act(gate)·up into the workspace; a pair's weighted output into its
+fp32 cell). Triton inlines them into each kernel, so a kernel compiles to the code it
+had with them written out. Host side: the launch preparation every entry point repeats
+and the bank arguments of the quantised kernels.
+
+NOTE: the rounding points are the torch reference's (`moe_experts_partial_ref`): each
+projection's output, the activation and the product are rounded to the activation
+dtype, the down projection's output before its routing weight multiplies it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from edgemoe.kernels.triton_ops.common import (
+    activate,
+    interpreting,
+    round_to,
+    round_trip,
+    tl_dtype,
+)
+from edgemoe.quant import Parts
+
+
+@triton.jit
+def tile_range(AXIS: tl.constexpr, SIZE: tl.constexpr, n):
+    """The SIZE indices of this program's tile along grid axis AXIS, and which are < n."""
+    idx = tl.program_id(AXIS) * SIZE + tl.arange(0, SIZE)
+    return idx, idx < n
+
+
+@triton.jit
+def block_pairs(sorted_ptr, num_pairs, BM: tl.constexpr):
+    """The BM pair ids of this program's block (grid axis 1) of the slot-sorted order
+    (`align_pairs`), and which are real pairs (the padding holds num_pairs)."""
+    pair = tl.load(sorted_ptr + tl.program_id(1) * BM + tl.arange(0, BM))
+    return pair, pair < num_pairs
+
+
+@triton.jit
+def slot_banks(data_ptr, scale_ptr, zero_ptr, slot, stride_ds, stride_ss):
+    """One slot's quantised bank: its data, scales and zero points (64-bit offsets)."""
+    s64 = slot.to(tl.int64)
+    return data_ptr + s64 * stride_ds, scale_ptr + s64 * stride_ss, zero_ptr + s64 * stride_ss
+
+
+@triton.jit
+def store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u,
+                      ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """GEMM epilogue of gate/up: a [BM, BN] block of act(gate)·up into the pairs'
+    workspace rows (padding rows skipped)."""
+    gate = round_trip(acc_g, DTYPE, INTERP)
+    up = round_trip(acc_u, DTYPE, INTERP)
+    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    out = inter_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_it + cols[None, :]
+    tl.store(out, round_to(h, DTYPE, INTERP), mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck,
+                      DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """GEMM epilogue of down: a [BM, BN] block, rounded and weighted, into the pairs'
+    cells [T, K, H] (fp32; `safe`: the pair ids with padding mapped to 0)."""
+    w = tl.load(w_ptr + safe, mask=valid, other=0.0)
+    y = round_trip(acc, DTYPE, INTERP) * w[:, None]
+    t = (safe // K).to(tl.int64)
+    out = cells_ptr + t[:, None] * stride_ct + (safe % K)[:, None] * stride_ck + cols[None, :]
+    tl.store(out, y, mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def gemv_chunk(ptr, row, stride, c0, n, row_ok, COLS: tl.constexpr):
+    """GEMV step: columns [c0, c0 + COLS) of activation row `row` in fp32 (0 past n), and
+    the [ROWS, COLS] mask of the weight tile they multiply."""
+    cols = c0 + tl.arange(0, COLS)
+    col_ok = cols < n
+    v = tl.load(ptr + row.to(tl.int64) * stride + cols, mask=col_ok, other=0.0).to(tl.float32)
+    return cols, v, row_ok[:, None] & col_ok[None, :]
+
+
+@triton.jit
+def store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u,
+                     ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """GEMV epilogue of gate/up: the [ROWS, COLS] partial products summed, act(gate)·up
+    into rows of the pair's workspace row. NOTE: each sum is rounded before the next one
+    is taken (the order the kernel had when it was tuned: the same instructions)."""
+    gate = round_trip(tl.sum(acc_g, axis=1), DTYPE, INTERP)
+    up = round_trip(tl.sum(acc_u, axis=1), DTYPE, INTERP)
+    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    tl.store(inter_ptr + pair.to(tl.int64) * stride_it + rows, round_to(h, DTYPE, INTERP), mask=row_ok)
+
+
+@triton.jit
+def store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck,
+                    DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """GEMV epilogue of down: the [ROWS, COLS] partial products summed, rounded and
+    weighted into rows of the pair's fp32 cell."""
+    y = round_trip(tl.sum(acc, axis=1), DTYPE, INTERP) * tl.load(w_ptr + pair)
+    t = pair // K
+    k = pair % K
+    tl.store(cells_ptr + t.to(tl.int64) * stride_ct + k * stride_ck + rows, y, mask=row_ok)
+
+
+class MoeLaunch(NamedTuple):
+    """What every fused-MoE entry point derives before its launches."""
+
+    x: torch.Tensor  # [T, H], contiguous
+    weights: torch.Tensor  # [T*K] fp32 routing weights
+    inter: torch.Tensor  # [T*K, I] workspace (activation dtype)
+    H: int
+    I: int
+    K: int
+    pairs: int
+    dtype: tl.dtype
+    interp: bool
+
+
+def moe_launch(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, cells: torch.Tensor, inter_dim: int,
+               workspace: torch.Tensor | None) -> MoeLaunch | None:
+    """The checked launch arguments; None when there is no (token, k) pair to compute."""
+    T, H = x.shape
+    K = slot_ids.shape[1]
+    pairs = T * K
+    if pairs == 0:
+        return None
+    if cells.stride(-1) != 1:
+        raise ValueError("cells need a unit stride on H (they are written in place)")
+    x = x.contiguous()
+    w = weights.to(torch.float32).contiguous().view(-1)
+    inter = workspace_view(workspace, pairs, inter_dim, x)
+    return MoeLaunch(x, w, inter, H, inter_dim, K, pairs, tl_dtype(x.dtype), interpreting(x))
+
+
+def workspace_view(workspace: torch.Tensor | None, pairs: int, inter: int, like: torch.Tensor) -> torch.Tensor:
+    """The [pairs, I] intermediate: a view into `workspace` (CUDA graphs keep it static)."""
+    if workspace is None:
+        return torch.empty(pairs, inter, dtype=like.dtype, device=like.device)
+    if workspace.dtype != like.dtype or workspace.numel() < pairs * inter:
+        raise ValueError(f"workspace needs {pairs * inter} elements of {like.dtype}")
+    return workspace.reshape(-1)[: pairs * inter].view(pairs, inter)
+
+
+def bank_args(parts: Parts, proj: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:
+    """(data, scale, zero, data slot stride, data row stride, scale slot stride, scale row
+    stride) of one projection's banks; formats without zero points pass the scale twice.
+    NOTE: e4m3 data goes in as its bytes: sm_80/86 Triton has no e4m3 pointer type."""
+    data, scale = parts[proj].contiguous(), parts[proj + "_scale"].contiguous()
+    if data.dtype == torch.float8_e4m3fn:
+        data = data.view(torch.uint8)
+    zero = parts.get(proj + "_zero", scale).contiguous()
+    if zero.stride() != scale.stride():
+        raise ValueError(f"{proj}_zero must have the layout of {proj}_scale")
+    return data, scale, zero, data.stride(0), data.stride(1), scale.stride(0), scale.stride(1)
