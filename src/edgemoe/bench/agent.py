@@ -132,7 +132,21 @@ def run_agent_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     ttft = {k: [(r["turn"], r["ttft_s"]) for r in v] for k, v in runs.items()}
     plot_lines(path.with_name(path.stem + "-ttft.json"), "time to first token", "turn", "seconds", ttft)
     for k, v in runs.items():
-        pre, prompt = sum(r["prefilled_tokens"] for r in v), sum(r["prompt_tokens"] for r in v)
-        print(f"{k}: prefilled {pre} of {prompt} prompt tokens; mean TTFT {sum(r['ttft_s'] for r in v) / len(v):.3f}s")
+        print(f"{k}: {session_summary(v)}")
     print(f"wrote {path} and {png}")
-    return 0
+    return 0 if all(runs.values()) else 1
+
+
+def session_summary(rows: list[dict[str, Any]]) -> str:
+    """Prefilled share over the session and over turns after the first (what a prefix
+    cache saves), and the mean TTFT."""
+    if not rows:
+        return "no turn completed (see the message above)"
+    pre, prompt = sum(r["prefilled_tokens"] for r in rows), sum(r["prompt_tokens"] for r in rows)
+    later = [r for r in rows if r["turn"] > 0]
+    tail = ""
+    if later:
+        pre_l, prompt_l = sum(r["prefilled_tokens"] for r in later), sum(r["prompt_tokens"] for r in later)
+        tail = f" ({pre_l / prompt_l:.1%} in turns after the first)"
+    return (f"prefilled {pre} of {prompt} prompt tokens{tail}; "
+            f"mean TTFT {sum(r['ttft_s'] for r in rows) / len(rows):.3f}s")
