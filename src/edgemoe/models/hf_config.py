@@ -174,3 +174,16 @@ def context_length(spec: RopeSpec) -> int:
         assert spec.original_max_position_embeddings is not None
         return max(max_position_embeddings, int(spec.original_max_position_embeddings * spec.factor))
     return max_position_embeddings
+
+
+def language_model_config(config: dict[str, Any], model_type: str, text_model_type: str) -> dict[str, Any]:
+    """A multimodal checkpoint's language-model settings: its `text_config` (the top level's
+    dtype and tie_word_embeddings filling in what it lacks) as `text_model_type`; any other
+    config as it is."""
+    if config.get("model_type") != model_type:
+        return config
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"{model_type} config.json has no text_config object")
+    inherited = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in config}
+    return {**inherited, **text, "model_type": text_model_type}
