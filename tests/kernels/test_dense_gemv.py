@@ -10,7 +10,12 @@ import torch.nn.functional as F
 from conftest import INTERPRET
 from tolerances import rounding_atol, sum_atol
 
-from edgemoe.kernels.dense_gemv import dense_gemv, dense_gemv_ref, make_dense_linear, resolve_dense_kernel
+from edgemoe.kernels.dense_gemv import (
+    dense_gemv,
+    dense_gemv_ref,
+    make_dense_linear,
+    resolve_dense_kernel,
+)
 
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 

@@ -16,7 +16,7 @@ between M = 1 and M = 7.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

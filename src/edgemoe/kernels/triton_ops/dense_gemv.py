@@ -110,7 +110,7 @@ def _sum_splits(
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(0, SPLIT):
+    for s in range(SPLIT):
         acc += tl.load(part_ptr + s * stride_ps + offs, mask=ok, other=0.0)
     tl.store(out_ptr + offs, round_to(acc, DTYPE, INTERP), mask=ok)
 
