@@ -21,12 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgemoe.kernels.qsa import (
-    attend_selected,
-    block_keys,
-    compress_blocks,
-    select_blocks,
-)
+from edgemoe.kernels.qsa import attend_selected, block_keys, compress_blocks, select_blocks
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.batch import BatchMode, ForwardBatch
