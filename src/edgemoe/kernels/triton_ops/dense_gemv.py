@@ -42,7 +42,8 @@ class GemvTiles:
     max_split: int = 16
 
     def label(self) -> str:
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}p{self.min_programs}"
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
+                f"p{self.min_programs}x{self.max_split}")
 
 
 # NOTE: a placeholder until the sweep has run on an H200 (the lead measures it): 16
