@@ -74,7 +74,9 @@ def _row_invariant_mma(a, b, acc, INTERP: tl.constexpr):
     return acc
 
 
-@triton.jit
+# NOTE: M is not specialised (Triton would compile M == 1 and M % 16 == 0 apart): one
+# compiled kernel serves every batch size, so no M can pick different code for a row.
+@triton.jit(do_not_specialize=["M"])
 def _gemv_tile(
     x_ptr, w_ptr, out_ptr, M, N, K, K_PER, stride_xm, stride_wn, stride_os, stride_om,
     DTYPE: tl.constexpr, PARTIAL: tl.constexpr, INTERP: tl.constexpr,
