@@ -26,6 +26,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from edgemoe.kernels.triton_ops import (  # noqa: E402
     attn_decode,
     attn_extend,
+    dense_gemv,
     moe_combine,
     moe_gemm,
     moe_gemm_q,
@@ -92,6 +93,13 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
         yield Case(f"rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32,
                    HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw), 4,
                    ptrs={**rope_ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
+    t = dense_gemv.DEFAULT_TILES
+    for partial in (False, True):  # the skinny dense GEMM, one K range or split-K partials (fp32)
+        yield Case(f"dense gemv{' split-k' if partial else ''}", dense_gemv._gemv_tile, dict(
+                   DTYPE=act, PARTIAL=partial, INTERP=False, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k),
+                   t.num_warps, t.num_stages, ptrs={"out_ptr": f32} if partial else {})
+    yield Case("dense gemv split-k sum", dense_gemv._sum_splits, dict(DTYPE=act, INTERP=False, BLOCK=1024), 4,
+               ptrs={"part_ptr": f32})
     yield from slot_plan_cases()
 
 

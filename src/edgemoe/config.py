@@ -144,6 +144,13 @@ class KernelConfig:
         "auto", "attention kernels: triton (GPU) or torch (the reference); auto = triton on a GPU with Triton",
         ("auto", "triton", "torch"),
     )
+    dense_kernel: str = setting(
+        "torch",
+        "dense projections of decode batches (<= 32 tokens: attention q/k/v/o, GDN in/out, routers, LM head): "
+        "torch (cuBLAS) or triton (a batch-invariant skinny GEMM); auto = triton on a GPU with Triton. Default "
+        "torch until the Triton kernel is measured on the GPU; prefill-sized batches always take torch",
+        ("torch", "triton", "auto"),
+    )
     cuda_graph_max_bs: int = setting(32, "largest decode batch replayed from a CUDA graph (larger ones run eagerly)")
     no_cuda_graph: bool = setting(False, "run every decode step eagerly (no CUDA graphs)")
 

@@ -20,6 +20,7 @@ from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
+from edgemoe.kernels.dense_gemv import make_dense_linear
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.embedding import HostEmbedding
 from edgemoe.layers.mlp import activation
@@ -217,7 +218,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     extras: dict[str, object] = {"ple_store": ple} if ple else {}
     if tables.embed_on_host:
         extras["embed"] = HostEmbedding(loaded.params.pop("embed"), device, registrar)
-    model = model_module(arch.model_type).build(arch, loaded.params, executor, device, **extras)
+    linear = make_dense_linear(config.kernels.dense_kernel, device)
+    model = model_module(arch.model_type).build(arch, loaded.params, executor, device, linear=linear, **extras)
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,

@@ -8,8 +8,8 @@ Model files choose the variant: `qk_norm="head"` normalises each head (Qwen3),
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.norm import RMSNorm
@@ -25,11 +25,13 @@ class Attention:
         k_norm: RMSNorm | None = None,
         qk_norm: str = "none",
         clip_qkv: float | None = None,
+        linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel)
     ) -> None:
         if qk_norm not in ("none", "head", "full") or (qk_norm != "none") != (q_norm is not None):
             raise ValueError(f"qk_norm {qk_norm!r} needs q/k norms exactly when not 'none'")
         self.spec, self.qkv, self.o_proj = spec, qkv, o_proj
         self.q_norm, self.k_norm, self.qk_norm, self.clip_qkv = q_norm, k_norm, qk_norm, clip_qkv
+        self.linear = linear
         D = spec.head_dim
         self.split = [spec.num_heads * D, spec.num_kv_heads * D, spec.num_kv_heads * D]
 
@@ -42,7 +44,7 @@ class Attention:
         backend: AttentionBackend,
     ) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
-        q, k, v = F.linear(x, self.qkv).split(self.split, -1)
+        q, k, v = self.linear(x, self.qkv).split(self.split, -1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
         if self.clip_qkv is not None:
@@ -54,4 +56,4 @@ class Attention:
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
         q = backend.rotate_and_write(s, q, k, v, cos, sin, batch)
         out = backend.attend(s, q, batch)  # [T, Hq, D]
-        return F.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)
+        return self.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)

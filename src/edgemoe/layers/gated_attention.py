@@ -10,8 +10,8 @@ is usually partial (the first 25% of each head rotates; the cos/sin tables are t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention_backend import AttentionSpec
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.norm import OffsetRMSNorm
@@ -25,8 +25,10 @@ class GatedAttention:
         o_proj: torch.Tensor,  # [H, Hq D]
         q_norm: OffsetRMSNorm,
         k_norm: OffsetRMSNorm,
+        linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel)
     ) -> None:
         self.spec, self.qkv, self.o_proj, self.q_norm, self.k_norm = spec, qkv, o_proj, q_norm, k_norm
+        self.linear = linear
         D = spec.head_dim
         self.split = [2 * spec.num_heads * D, spec.num_kv_heads * D, spec.num_kv_heads * D]
 
@@ -43,7 +45,7 @@ class GatedAttention:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rotated queries [T, Hq, D], output gates [T, Hq, D]); the step's K/V written."""
         s, T = self.spec, x.shape[0]
-        q_gate, k, v = F.linear(x, self.qkv).split(self.split, -1)
+        q_gate, k, v = self.linear(x, self.qkv).split(self.split, -1)
         q_gate = q_gate.view(T, s.num_heads, 2 * s.head_dim)
         q, gate = q_gate[..., : s.head_dim], q_gate[..., s.head_dim :]  # [T, Hq, D] each
         q = self.q_norm(q)
@@ -55,4 +57,4 @@ class GatedAttention:
         """Attention output [T, Hq, D] → gated, projected [T, H]."""
         T, s = out.shape[0], self.spec
         out = out.reshape(T, s.num_heads * s.head_dim) * torch.sigmoid(gate.reshape(T, -1))
-        return F.linear(out, self.o_proj)
+        return self.linear(out, self.o_proj)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from edgemoe.kernels.causal_conv import causal_conv1d_update, causal_conv1d_varlen
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.gated_norm import gated_rms_norm
 from edgemoe.kernels.gdn import gdn_gates
 from edgemoe.kernels.gdn_backends import GdnKernels
@@ -61,9 +61,11 @@ class GatedDeltaNet:
         norm: torch.Tensor,  # [Dv] the gated norm's weight (plain w, not 1 + w)
         out_proj: torch.Tensor,  # [H, Hv Dv]
         kernels: GdnKernels,
+        linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel)
     ) -> None:
         self.spec, self.in_proj, self.conv, self.out_proj, self.kernels = spec, in_proj, conv, out_proj, kernels
         self.A_log, self.dt_bias, self.norm = A_log, dt_bias, norm
+        self.linear = linear
 
     def __call__(
         self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
@@ -71,7 +73,7 @@ class GatedDeltaNet:
         """x [T, H] → [T, H]; cos/sin unused (no positions in a recurrence)."""
         s, st, T = self.spec, ctx.state, x.shape[0]
         assert st is not None, "a GDN layer needs the step's state rows (StepContext.state)"
-        qkv, z, b, a = F.linear(x, self.in_proj).split(s.proj_split, -1)
+        qkv, z, b, a = self.linear(x, self.in_proj).split(s.proj_split, -1)
         nd = T if st.decode else st.num_decode  # decode sequences come first, one token each
         if nd in (0, T):
             o = self._mix(st, qkv, b, a, slice(None), st.cu_seqlens, decode=nd == T)
@@ -82,7 +84,7 @@ class GatedDeltaNet:
                 self._mix(st, qkv[nd:], b[nd:], a[nd:], slice(nd, None), cu, decode=False),
             ])
         o = gated_rms_norm(o, z.view(T, s.num_v_heads, s.value_dim), self.norm, s.eps, s.gate)
-        return F.linear(o.reshape(T, -1), self.out_proj)
+        return self.linear(o.reshape(T, -1), self.out_proj)
 
     def _mix(
         self, st: StateStep, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, seqs: slice,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.norm_fused import grouped_rms_norm
 
 
@@ -28,8 +29,10 @@ class HyperConnection:
         up: torch.Tensor,  # [hc·H, R]
         hc: int,
         eps: float,
+        linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel)
     ) -> None:
         self.norm, self.down, self.up, self.hc, self.eps = norm, down, up, hc, eps
+        self.linear = linear
         self.hidden = norm.shape[0] // hc
         self.rank = up.shape[1]
         self.injects = down.shape[0] > self.rank
@@ -38,8 +41,8 @@ class HyperConnection:
         """h [T, hc·H] → (the sub-layer's input [T, H], the inject weights [T, hc] or None)."""
         T = h.shape[0]
         n = grouped_rms_norm(h, self.norm, self.eps, self.hidden)
-        z = F.linear(n, self.down)  # [T, R (+ hc)]
-        w = torch.sigmoid(F.linear(F.silu(z[:, : self.rank] / self.hc), self.up))
+        z = self.linear(n, self.down)  # [T, R (+ hc)]
+        w = torch.sigmoid(self.linear(F.silu(z[:, : self.rank] / self.hc), self.up))
         x = (w.view(T, self.hc, self.hidden) * n.view(T, self.hc, self.hidden)).mean(dim=-2)
         g = 2 * torch.sigmoid(z[:, self.rank :] / self.hc) if self.injects else None
         return x, g

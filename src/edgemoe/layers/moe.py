@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.router import route_topk
 from edgemoe.moe.executor import MoEExecutor
 
@@ -17,16 +17,17 @@ class SparseMoE:
         top_k: int,
         norm_topk_prob: bool,
         executor: MoEExecutor,
+        linear: Linear = dense_gemv_ref,  # the router's kernel (--dense-kernel)
     ) -> None:
         self.layer, self.router, self.top_k = layer, router, top_k
         self.norm_topk_prob = norm_topk_prob
-        self.executor = executor
+        self.executor, self.linear = executor, linear
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values
         rounded to x's dtype, as transformers' router casts them). With the executor's
         routing override (cache studies) the ids are its, the weights the router's."""
-        logits = F.linear(x, self.router)  # [T, E]
+        logits = self.linear(x, self.router)  # [T, E]
         ids, weights = route_topk(logits, self.top_k, self.norm_topk_prob, x.dtype)
         override = self.executor.routing
         if override is not None:

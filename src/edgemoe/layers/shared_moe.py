@@ -14,7 +14,6 @@ MLP on the device and is added after the routed sum.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from edgemoe.layers.mlp import DenseMLP
 from edgemoe.layers.moe import SparseMoE
@@ -31,6 +30,7 @@ class SharedExpertMoE:
         if (shared_id is None) == (shared_mlp is None):
             raise ValueError("the shared expert is either in the bank (shared_id) or dense (shared_mlp)")
         self.routed, self.shared_gate, self.shared_id, self.shared_mlp = routed, shared_gate, shared_id, shared_mlp
+        self.linear = routed.linear  # the routed block's kernel choice (--dense-kernel)
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
@@ -39,7 +39,7 @@ class SharedExpertMoE:
         as for `SparseMoE`."""
         moe = self.routed
         ids, weights = moe.route(x)  # [T, K] int32, fp32 weights holding x-dtype values
-        gate = torch.sigmoid(F.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
+        gate = torch.sigmoid(self.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
         if self.shared_id is not None:
             ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.shared_id)], dim=1)  # [T, K+1]
             weights = torch.cat([weights, gate.to(weights.dtype)], dim=1)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.block import PreNormBlock
@@ -49,24 +50,29 @@ def qk_norms(arch: DecoderArch, i: int, p: Params) -> tuple[RMSNorm, RMSNorm]:
     return RMSNorm(p[pre + "q_norm"], eps), RMSNorm(p[pre + "k_norm"], eps)
 
 
-def mlp(arch: DecoderArch, i: int, p: Params, executor: MoEExecutor) -> SparseMoE | DenseMLP:
+def mlp(
+    arch: DecoderArch, i: int, p: Params, executor: MoEExecutor, linear: Linear = dense_gemv_ref,
+) -> SparseMoE | DenseMLP:
     pre = f"layers.{i}."
     if i in arch.moe_layers:
-        return SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor)
+        return SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor, linear)
     return DenseMLP(p[pre + "gate_up"], p[pre + "down"], activation(arch.hidden_act))
 
 
 def assemble(
     arch: DecoderArch, p: Params, attention: Callable[[int], Attention], executor: MoEExecutor,
-    device: torch.device,
+    device: torch.device, linear: Linear = dense_gemv_ref,
 ) -> CausalLM:
-    """A CausalLM of pre-norm blocks with the model file's `attention(i)` per layer."""
+    """A CausalLM of pre-norm blocks with the model file's `attention(i)` per layer;
+    `linear`: the routers' and LM head's projection kernel (the model file hands the same
+    one to its attention layers)."""
     eps = arch.rms_norm_eps
     blocks = [
         PreNormBlock(
             attention(i), RMSNorm(p[f"layers.{i}.attn_norm"], eps),
-            mlp(arch, i, p, executor), RMSNorm(p[f"layers.{i}.mlp_norm"], eps),
+            mlp(arch, i, p, executor, linear), RMSNorm(p[f"layers.{i}.mlp_norm"], eps),
         )
         for i in range(arch.num_layers)
     ]
-    return CausalLM(arch, p["embed"], blocks, RMSNorm(p["norm"], eps), p["lm_head"], Rotary(arch.rope, device))
+    return CausalLM(arch, p["embed"], blocks, RMSNorm(p["norm"], eps), p["lm_head"], Rotary(arch.rope, device),
+                    linear=linear)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
 from edgemoe.models.llama_moe import assemble, attention_spec, rope_table, to_device
@@ -44,12 +45,14 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
     return m
 
 
-def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
+          linear: Linear = dense_gemv_ref) -> CausalLM:
     """No q/k norm; sliding-window attention when the config sets a window."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
         pre = f"layers.{i}."
-        return Attention(attention_spec(arch, i, rope, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"])
+        return Attention(attention_spec(arch, i, rope, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"],
+                         linear=linear)
 
-    return assemble(arch, p, attention, executor, device)
+    return assemble(arch, p, attention, executor, device, linear)

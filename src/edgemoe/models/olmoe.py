@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
 from edgemoe.models.llama_moe import (
@@ -51,7 +52,8 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
     return m
 
 
-def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
+          linear: Linear = dense_gemv_ref) -> CausalLM:
     """q/k RMSNorm over the whole projection, then the optional clip."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
@@ -60,7 +62,7 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
         pre = f"layers.{i}."
         return Attention(
             attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
-            qk_norm="full", clip_qkv=arch.clip_qkv,
+            qk_norm="full", clip_qkv=arch.clip_qkv, linear=linear,
         )
 
-    return assemble(arch, p, attention, executor, device)
+    return assemble(arch, p, attention, executor, device, linear)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.models.arch import HFConfig
 from edgemoe.models.hf_config import language_model_config
 from edgemoe.models.hybrid_arch import HybridArch, hybrid_arch
@@ -63,5 +64,6 @@ def checkpoint_map(a: HybridArch) -> NameMap:
     return m
 
 
-def build(arch: HybridArch, params: Params, executor: MoEExecutor, device: torch.device) -> CausalLM:
-    return assemble(arch, to_device(arch, params, device), executor, device)
+def build(arch: HybridArch, params: Params, executor: MoEExecutor, device: torch.device,
+          linear: Linear = dense_gemv_ref) -> CausalLM:
+    return assemble(arch, to_device(arch, params, device), executor, device, linear)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, common_fields
 from edgemoe.models.llama_moe import (
@@ -67,13 +68,15 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
     return m
 
 
-def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device) -> CausalLM:
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
+          linear: Linear = dense_gemv_ref) -> CausalLM:
     """Per-head q/k RMSNorm before rotary."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
         q_norm, k_norm = qk_norms(arch, i, p)
         pre = f"layers.{i}."
-        return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm, qk_norm="head")
+        return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
+                         qk_norm="head", linear=linear)
 
-    return assemble(arch, p, attention, executor, device)
+    return assemble(arch, p, attention, executor, device, linear)

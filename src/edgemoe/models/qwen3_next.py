@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.models.arch import HFConfig
 from edgemoe.models.hybrid_arch import HybridArch, hybrid_arch
 from edgemoe.models.names import NameMap, Placement
@@ -62,9 +63,10 @@ def deinterleave(a: HybridArch, qkvz: torch.Tensor, ba: torch.Tensor) -> torch.T
     return torch.cat([t.reshape(-1, H) for t in (q, k, v, z, b, a_)])
 
 
-def build(arch: HybridArch, params: Params, executor: MoEExecutor, device: torch.device) -> CausalLM:
+def build(arch: HybridArch, params: Params, executor: MoEExecutor, device: torch.device,
+          linear: Linear = dense_gemv_ref) -> CausalLM:
     p = to_device(arch, params, device)
     for i in arch.gdn_layers:
         pre = f"layers.{i}."
         p[pre + "in_proj"] = deinterleave(arch, p.pop(pre + "in_qkvz"), p.pop(pre + "in_ba"))
-    return assemble(arch, p, executor, device)
+    return assemble(arch, p, executor, device, linear)

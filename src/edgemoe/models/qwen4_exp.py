@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.gdn_backends import gdn_kernels
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.context import StepContext
@@ -162,11 +163,12 @@ class Qwen4Block:
 
 def build(
     arch: Qwen4ExpArch, params: Params, executor: MoEExecutor, device: torch.device, ple_store: PleStore | None = None,
-    embed: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    embed: Callable[[torch.Tensor], torch.Tensor] | None = None, linear: Linear = dense_gemv_ref,
 ) -> CausalLM:
     """The model on `device`; `ple_store` holds the PLE tables (required when the arch has
     PLE layers); `embed`: a host-resident embedding (`--embed-weights host`; `params` then
-    has no "embed")."""
+    has no "embed"); `linear`: the dense projections' kernel (--dense-kernel; not the QSA
+    attention's own projections)."""
     if arch.ple is not None and ple_store is None:
         raise ValueError("qwen4_exp with PLE layers needs a PLE store (--ple-store)")
     p = to_device(arch, params, device)
@@ -181,20 +183,21 @@ def build(
         pre = f"layers.{i}."
 
         def hyper(name: str, pre: str = pre) -> HyperConnection:
-            return HyperConnection(p[pre + name + "norm"], p[pre + name + "down"], p[pre + name + "up"], hc, eps)
+            return HyperConnection(p[pre + name + "norm"], p[pre + name + "down"], p[pre + name + "up"], hc, eps,
+                                   linear)
 
         mixer: Mixer
         if i in gdn_index:
             spec = GdnSpec(gdn_index[i], arch.linear_num_key_heads, arch.linear_num_value_heads,
                            arch.linear_key_head_dim, arch.linear_value_head_dim, eps, arch.output_gate)
             mixer = GatedDeltaNet(spec, p[pre + "in_proj"], p[pre + "conv"][:, 0], p[pre + "A_log"],
-                                  p[pre + "dt_bias"], p[pre + "gdn_norm"], p[pre + "out_proj"], kernels)
+                                  p[pre + "dt_bias"], p[pre + "gdn_norm"], p[pre + "out_proj"], kernels, linear)
         else:
             mixer = _indexed(arch, kv_index[i], pre, p, rope)
         ple = _ple(arch, i, pre, p) if i in arch.ple_layers else None
-        blocks.append(Qwen4Block(mixer, hyper("hc_attn_"), _mlp(arch, i, p, executor), hyper("hc_mlp_"), ple,
+        blocks.append(Qwen4Block(mixer, hyper("hc_attn_"), _mlp(arch, i, p, executor, linear), hyper("hc_mlp_"), ple,
                                  "gdn" if i in gdn_index else "attention"))
-    final = HyperConnection(p["mixer_norm"], p["mixer_down"], p["mixer_up"], hc, eps)
+    final = HyperConnection(p["mixer_norm"], p["mixer_down"], p["mixer_up"], hc, eps, linear)
     hook = None
     if arch.ple is not None:
         assert ple_store is not None
@@ -204,7 +207,7 @@ def build(
             return dataclasses.replace(ctx, ple=inputs.step(ctx))
 
     return CausalLM(arch, embed or p["embed"], blocks, lambda h: final.mix(h)[0], p["lm_head"], rotary, streams=hc,
-                    step_hook=hook)
+                    step_hook=hook, linear=linear)
 
 
 def _indexed(arch: Qwen4ExpArch, layer: int, pre: str, p: Params, rope: RopeTable) -> QsaAttention:

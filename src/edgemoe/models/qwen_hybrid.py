@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.gdn_backends import GdnKernels, gdn_kernels
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.context import StepContext
@@ -149,9 +150,12 @@ def to_device(arch: HybridArch, params: Params, device: torch.device) -> Params:
     return p
 
 
-def assemble(arch: HybridArch, p: Params, executor: MoEExecutor, device: torch.device) -> CausalLM:
+def assemble(
+    arch: HybridArch, p: Params, executor: MoEExecutor, device: torch.device, linear: Linear = dense_gemv_ref,
+) -> CausalLM:
     """A CausalLM of hybrid blocks; `p` on the device, every GDN layer's `in_proj` in the
-    q | k | v | z | b | a layout (the model file's build() makes it so)."""
+    q | k | v | z | b | a layout (the model file's build() makes it so); `linear`: the
+    dense projections' kernel (--dense-kernel)."""
     eps, kernels = arch.rms_norm_eps, gdn_kernels("auto", device)
     rotary = Rotary(arch.rope, device)
     rope = RopeTable(*rotary.cos_sin_table(arch.max_position_embeddings))  # for backends that rotate by position
@@ -162,31 +166,31 @@ def assemble(arch: HybridArch, p: Params, executor: MoEExecutor, device: torch.d
         pre = f"layers.{i}."
         mixer: Mixer
         if i in gdn_index:
-            mixer = _gdn(arch, gdn_index[i], pre, p, kernels)
+            mixer = _gdn(arch, gdn_index[i], pre, p, kernels, linear)
         else:
             spec = AttentionSpec(layer=kv_index[i], num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
                                  head_dim=arch.head_dim, scale=arch.head_dim**-0.5, rope=rope)
             mixer = GatedAttention(spec, p[pre + "qkv"], p[pre + "o_proj"], OffsetRMSNorm(p[pre + "q_norm"], eps),
-                                   OffsetRMSNorm(p[pre + "k_norm"], eps))
+                                   OffsetRMSNorm(p[pre + "k_norm"], eps), linear)
         blocks.append(HybridBlock(
-            mixer, OffsetRMSNorm(p[pre + "attn_norm"], eps), _mlp(arch, i, p, executor),
+            mixer, OffsetRMSNorm(p[pre + "attn_norm"], eps), _mlp(arch, i, p, executor, linear),
             OffsetRMSNorm(p[pre + "mlp_norm"], eps), "gdn" if i in gdn_index else "attention",
         ))
-    return CausalLM(arch, p["embed"], blocks, OffsetRMSNorm(p["norm"], eps), p["lm_head"], rotary)
+    return CausalLM(arch, p["embed"], blocks, OffsetRMSNorm(p["norm"], eps), p["lm_head"], rotary, linear=linear)
 
 
-def _gdn(arch: HybridArch, j: int, pre: str, p: Params, kernels: GdnKernels) -> GatedDeltaNet:
+def _gdn(arch: HybridArch, j: int, pre: str, p: Params, kernels: GdnKernels, linear: Linear) -> GatedDeltaNet:
     spec = GdnSpec(j, arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
                    arch.linear_value_head_dim, arch.rms_norm_eps)
     return GatedDeltaNet(spec, p[pre + "in_proj"], p[pre + "conv"][:, 0], p[pre + "A_log"], p[pre + "dt_bias"],
-                         p[pre + "gdn_norm"], p[pre + "out_proj"], kernels)
+                         p[pre + "gdn_norm"], p[pre + "out_proj"], kernels, linear)
 
 
-def _mlp(arch: HybridArch, i: int, p: Params, executor: MoEExecutor) -> SharedExpertMoE | DenseMLP:
+def _mlp(arch: HybridArch, i: int, p: Params, executor: MoEExecutor, linear: Linear) -> SharedExpertMoE | DenseMLP:
     pre, act = f"layers.{i}.", activation(arch.hidden_act)
     if i not in arch.moe_layers:
         return DenseMLP(p[pre + "gate_up"], p[pre + "down"], act)
-    routed = SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor)
+    routed = SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor, linear)
     if arch.shared_in_store:
         return SharedExpertMoE(routed, p[pre + "shared_gate"], arch.num_experts)
     return SharedExpertMoE(routed, p[pre + "shared_gate"], None, DenseMLP(p[pre + "shared_gate_up"], p[pre + "shared_down"], act))

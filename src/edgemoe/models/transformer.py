@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.norm import RMSNorm
 from edgemoe.layers.rotary import Rotary
@@ -39,9 +39,10 @@ class CausalLM:
         rotary: Rotary,
         streams: int = 1,  # hyper-connection streams: the embedding repeated side by side
         step_hook: Callable[[StepContext], StepContext] | None = None,  # per-step inputs of the model's own
+        linear: Linear = dense_gemv_ref,  # the LM head's kernel (--dense-kernel)
     ) -> None:
         self.arch, self.embed, self.blocks, self.norm, self.lm_head = arch, embed, list(blocks), norm, lm_head
-        self.rotary, self.streams, self.step_hook = rotary, streams, step_hook
+        self.rotary, self.streams, self.step_hook, self.linear = rotary, streams, step_hook, linear
 
     @torch.inference_mode()
     def forward(self, ctx: StepContext) -> torch.Tensor:
@@ -60,4 +61,4 @@ class CausalLM:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] → [N, V] float32."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.linear(hidden, self.lm_head).float()

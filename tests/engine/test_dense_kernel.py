@@ -1,0 +1,51 @@
+"""`--dense-kernel` reaches the model: every decode-path projection (attention q/k/v and
+o, GDN in/out, routers, shared-expert gates, the LM head) goes through the dispatcher
+the engine built, and the default keeps the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgemoe import LLM, SamplingParams
+from edgemoe.kernels import dense_gemv as dense
+
+PROJECTIONS = ("qkv", "o_proj", "in_proj", "out_proj", "router", "shared_gate")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+
+def projection_weights(model) -> set[int]:  # noqa: ANN001 - a CausalLM
+    """data_ptr of every projection weight the layers hold, and the LM head's."""
+    found = {model.lm_head.data_ptr()}
+    for block in model.blocks:
+        for part in vars(block).values():
+            for sub in (part, getattr(part, "routed", None)):
+                for name in PROJECTIONS:
+                    w = getattr(sub, name, None)
+                    if isinstance(w, torch.Tensor):
+                        found.add(w.data_ptr())
+    return found
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen3_next"])
+def test_every_projection_goes_through_the_dispatcher(make_ckpt, monkeypatch, model_type: str) -> None:  # noqa: ANN001
+    path = str(make_ckpt(model_type))
+    with LLM(path, dtype="float32") as plain:
+        assert plain.engine.runtime.model.linear is dense.dense_gemv_ref  # the default: torch
+        want = plain.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids
+    seen: set[int] = set()
+    reference = dense.dense_gemv_ref
+
+    def recording(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        seen.add(w.data_ptr())
+        return reference(x, w)
+
+    # `dense_gemv` looks the reference up at call time (CPU tensors take it): record it.
+    monkeypatch.setattr(dense, "dense_gemv_ref", recording)
+    with LLM(path, dtype="float32", dense_kernel="triton") as llm:
+        model = llm.engine.runtime.model
+        assert model.linear is dense.dense_gemv
+        got = llm.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids
+        expected = projection_weights(model)
+    assert len(expected) > 4 and seen == expected
+    assert got == want  # on the CPU the dispatcher runs the reference: the same tokens
