@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from edgemoe.models.arch import ConfigError, HFConfig
+from edgemoe.models.arch import HFConfig
+from edgemoe.models.hf_config import text_config as hf_text_config
 from edgemoe.models.hybrid_arch import HybridArch, hybrid_arch
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.qwen_hybrid import (
@@ -36,15 +37,9 @@ __all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map", "stacked_exper
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's settings: `text_config` of a multimodal config (the top level's
-    dtype and tie_word_embeddings filling in what it lacks), or the config itself."""
-    if config.get("model_type") != MODEL_TYPE:
-        return config
-    text = config.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError("qwen3_5_moe config.json has no text_config object")
-    inherited = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in config}
-    return {**inherited, **text, "model_type": TEXT_MODEL_TYPE}
+    """The language model's settings (`hf_config.text_config`: a multimodal config's
+    `text_config` under its top level's tie_word_embeddings and dtype), or the config itself."""
+    return hf_text_config(config, MODEL_TYPE, TEXT_MODEL_TYPE)
 
 
 def arch(config: dict[str, Any]) -> HybridArch:
@@ -53,7 +48,7 @@ def arch(config: dict[str, Any]) -> HybridArch:
     return hybrid_arch(
         c, model_type=MODEL_TYPE if multimodal else TEXT_MODEL_TYPE,
         checkpoint_prefix="model.language_model." if multimodal else "model.", gdn_layout="split",
-        moe_layers=tuple(range(c.require("num_hidden_layers"))), norm_topk_prob=True,
+        moe_layers=tuple(range(c.integer("num_hidden_layers"))), norm_topk_prob=True,
     )
 
 

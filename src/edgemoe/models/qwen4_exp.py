@@ -33,7 +33,8 @@ from edgemoe.layers.norm import OffsetRMSNorm
 from edgemoe.layers.ple import PleLayer
 from edgemoe.layers.qsa_attention import QsaAttention, QsaSpec
 from edgemoe.layers.rotary import Rotary
-from edgemoe.models.arch import ConfigError, HFConfig
+from edgemoe.models.arch import HFConfig
+from edgemoe.models.hf_config import text_config as hf_text_config
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.qwen4_arch import PLE_CONV, Qwen4ExpArch, qwen4_arch
 from edgemoe.models.qwen_hybrid import (
@@ -61,15 +62,9 @@ __all__ = ["IGNORED_PREFIXES", "IGNORED_SUFFIXES", "arch", "build", "checkpoint_
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's settings (`text_config` of the multimodal config, its top level's
-    dtype and tie_word_embeddings filling in what it lacks), or the config itself."""
-    if config.get("model_type") != MODEL_TYPE:
-        return config
-    text = config.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError("qwen4_exp config.json has no text_config object")
-    inherited = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in config}
-    return {**inherited, **text, "model_type": TEXT_MODEL_TYPE}
+    """The language model's settings (`hf_config.text_config`: a multimodal config's
+    `text_config` under its top level's tie_word_embeddings and dtype), or the config itself."""
+    return hf_text_config(config, MODEL_TYPE, TEXT_MODEL_TYPE)
 
 
 def arch(config: dict[str, Any]) -> Qwen4ExpArch:
