@@ -71,6 +71,8 @@ BAD_VALUES = [
     ("qwen3_moe", "decoder_sparse_step", 0),  # ZeroDivisionError
     ("qwen3_moe", "num_experts_per_tok", 5),  # more than the 4 experts: torch.topk failed at the first token
     ("qwen3_moe", "num_experts_per_tok", 0),
+    ("qwen3_moe", "mlp_only_layers", [0, 1]),  # every layer dense: the expert store failed on min([])
+    ("qwen3_moe", "num_local_experts", 0),
     ("qwen3_moe", "num_key_value_heads", 3),  # 4 heads
     ("qwen3_moe", "max_position_embeddings", 0),
     ("qwen3_moe", "mlp_only_layers", "0"),  # read as no dense layer

@@ -210,7 +210,11 @@ def common_fields(c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None
 
 
 def check_experts(c: HFConfig, num_experts: int, top_k: int, moe_layers: tuple[int, ...]) -> None:
-    """Routing picks top_k of num_experts (transformers' torch.topk would fail past it)."""
-    if moe_layers and top_k > num_experts:
+    """Some layer is a sparse MoE block (the expert store and executors assume one), whose
+    routing picks top_k of num_experts (transformers' torch.topk would fail past it)."""
+    if not moe_layers:
+        raise ConfigError(f"no layer has a sparse MoE block ({' / '.join(c.names('num_experts'))}, mlp_only_layers, "
+                          "decoder_sparse_step): a dense model, which edgemoe does not serve")
+    if top_k > num_experts:
         raise ConfigError(f"num_experts_per_tok={top_k} is more than the {num_experts} experts "
                           f"({' / '.join(c.names('num_experts'))})")
