@@ -12,7 +12,13 @@ from typing import Any
 import torch
 
 from edgemoe.layers.attention import Attention
-from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
+from edgemoe.models.arch import (
+    ConfigError,
+    DecoderArch,
+    HFConfig,
+    check_experts,
+    common_fields,
+)
 from edgemoe.models.llama_moe import (
     assemble,
     attention_spec,
