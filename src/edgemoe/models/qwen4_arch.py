@@ -164,7 +164,7 @@ def qwen4_arch(c: HFConfig, *, model_type: str, checkpoint_prefix: str) -> Qwen4
     return Qwen4ExpArch(
         **{f.name: getattr(base, f.name) for f in dataclasses.fields(HybridArch)},
         hc_count=hc, hc_lowrank=c.integer("hc_lowrank", 320), ple_layers=ple_layers,
-        ple=_ple(c, base, ple_layers, model_type), ple_conv_kernel=c.integer("ple_conv_kernel_size", 4),
+        ple=_ple(c, base, ple_layers, model_type), ple_conv_kernel=c.integer("ple_conv_kernel_size", 4, minimum=2),
         qsa=_qsa(c, base, model_type), output_gate=gate,
     )
 
