@@ -201,7 +201,9 @@ def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeS
     rope_type = p["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-    if rope_type in ("linear", "dynamic", "yarn") and p.get("factor") is None:  # transformers refuses it too
+    # NOTE: transformers refuses these without the key, but YaRN's "factor": null means
+    # max_position_embeddings / original_max_position_embeddings (layers/rotary.py).
+    if rope_type in ("linear", "dynamic") and p.get("factor") is None or rope_type == "yarn" and "factor" not in p:
         raise ConfigError(f"rope_type {rope_type!r} needs rope_parameters.factor")
     for key in ("rope_theta", "factor", "partial_rotary_factor", "original_max_position_embeddings"):
         if p.get(key) is not None:
