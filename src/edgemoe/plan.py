@@ -112,15 +112,13 @@ def _arch(model: str | None) -> tuple[str, Any]:
     """(name, DecoderArch) from the config alone: no weights, no tokenizer."""
     from edgemoe.engine.model_source import resolve_model
     from edgemoe.models.presets import is_random, parse_random
-    from edgemoe.models.registry import model_module
+    from edgemoe.models.registry import model_arch
 
     if is_random(model):
         spec = parse_random(model)  # type: ignore[arg-type]
-        config, name = spec.config, spec.name
-    else:
-        source = resolve_model(model)
-        config, name = source.config, source.name
-    return name, model_module(config.get("model_type")).arch(config)
+        return spec.name, model_arch(spec.config, model)  # type: ignore[arg-type]
+    source = resolve_model(model)
+    return source.name, model_arch(source.config, source.model_dir / "config.json")
 
 
 def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates) -> Prediction:

@@ -166,6 +166,21 @@ def test_bad_model_dir_fails_fast(served: Any, tmp_path: Path) -> None:
     assert "missing" in s.stderr()
 
 
+def test_a_refused_checkpoint_is_a_message_not_a_traceback(served: Any, tmp_path: Path) -> None:
+    """The engine refuses the config at load: its message names the file and the field."""
+    import json
+
+    from edgemoe.testing.checkpoint import model_config, write_tokenizer_files
+
+    (tmp_path / "config.json").write_text(json.dumps(model_config("olmoe", attention_bias=True)))
+    write_tokenizer_files(tmp_path)
+    s = served("--model", str(tmp_path))
+    code, _ = s.wait_exit(120)
+    err = s.stderr()
+    assert code != 0 and not s.stdout
+    assert f"{tmp_path / 'config.json'}: attention_bias=true" in err and "Traceback" not in err
+
+
 def test_random_preset_is_served_under_its_name_and_says_so(served: Any) -> None:
     spec = "random:tiny-qwen3-moe?num_hidden_layers=1"
     s = served("--model", spec)

@@ -23,6 +23,7 @@ from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
 from edgemoe.engine.host_budget import HostRow, host_budget, plan_host
 from edgemoe.models.arch import ModelArch
+from edgemoe.models.checkpoint_files import with_stored_lm_head
 from edgemoe.models.loader import (
     DTYPES,
     LoadedModel,
@@ -33,7 +34,7 @@ from edgemoe.models.loader import (
     read_json,
 )
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
-from edgemoe.models.registry import model_module
+from edgemoe.models.registry import model_arch
 from edgemoe.moe.pinning import CudaRegistrar, Registrar
 from edgemoe.quant import ExpertFormat, resolve_expert_format
 
@@ -59,7 +60,9 @@ class ModelSource:
         return self.random is not None or self.demo
 
     def arch(self, dtype: str = "auto") -> ModelArch:
-        arch = model_module(self.config.get("model_type")).arch(self.config)
+        arch = model_arch(self.config, self.model_dir / "config.json")
+        if self.random is None:
+            arch = with_stored_lm_head(arch, self.model_dir)
         return arch if dtype == "auto" else replace(arch, dtype=DTYPES[dtype])
 
     @property

@@ -259,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         engine, ready = build_engine(json.loads(args.settings))
     except Exception as exc:  # report every load failure (bad dir, bad flag, OOM) to the server
-        traceback.print_exc(file=sys.stderr)
+        if not isinstance(exc, ValueError | FileNotFoundError):  # those name the file or flag: no traceback
+            traceback.print_exc(file=sys.stderr)
         _report_fatal(args.to_engine, args.from_engine, keys, f"{type(exc).__name__}: {exc}")
         return 1
     try:

@@ -21,6 +21,7 @@ class Activation:
 
 ACTIVATIONS: dict[str, Activation] = {
     "silu": Activation("silu", F.silu),
+    "swish": Activation("silu", F.silu),  # transformers' ACT2FN: another name of SiLU
     "gelu": Activation("gelu", F.gelu),
     "gelu_pytorch_tanh": Activation("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")),
 }

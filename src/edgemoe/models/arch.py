@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from edgemoe.cache.state_pool import StateShape
+from edgemoe.kernels.activations import ACTIVATIONS
 from edgemoe.layers.rotary import RopeSpec
 from edgemoe.models.hf_config import (
     ConfigError,
@@ -21,7 +22,7 @@ from edgemoe.models.hf_config import (
     rope_spec,
 )
 
-__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "common_fields"]
+__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "check_experts", "common_fields"]
 
 
 class ModelArch(Protocol):
@@ -179,24 +180,41 @@ class DecoderArch:
 
 def common_fields(c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None = None) -> dict[str, Any]:
     """The DecoderArch fields every Llama-style MoE config spells the same way (through
-    its aliases); `eps` and `max_pos` are the family's defaults when a field is absent,
-    `head_dim` the family's own rule where it has one."""
-    heads, hidden = c.require("num_attention_heads"), c.require("hidden_size")
-    head_dim = head_dim or c.get("head_dim") or hidden // heads
-    native_len = c.get("max_position_embeddings", max_pos)
+    its aliases), each checked for its type and range; `eps` and `max_pos` are the family's
+    defaults when a field is absent, `head_dim` the family's own rule where it has one."""
+    heads, hidden = c.integer("num_attention_heads"), c.integer("hidden_size")
+    kv_heads = c.integer("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    head_dim = head_dim or c.integer("head_dim", hidden // heads)
+    native_len = c.integer("max_position_embeddings", max_pos)
     rope = rope_spec(c, head_dim, native_len)
+    act = c.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise ConfigError(f"hidden_act={act!r} is not supported ({', '.join(ACTIVATIONS)})")
     return dict(
-        vocab_size=c.require("vocab_size"),
+        vocab_size=c.integer("vocab_size"),
         hidden_size=hidden,
-        num_layers=c.require("num_hidden_layers"),
+        num_layers=c.integer("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=c.get("num_key_value_heads") or heads,
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=c.get("rms_norm_eps", eps),
+        rms_norm_eps=c.number("rms_norm_eps", eps),
         rope=rope,
         max_position_embeddings=context_length(rope),
-        tie_word_embeddings=c.get("tie_word_embeddings", False),
-        hidden_act=c.get("hidden_act", "silu"),
-        top_k=c.require("num_experts_per_tok"),
+        tie_word_embeddings=c.flag("tie_word_embeddings", False),
+        hidden_act=act,
+        top_k=c.integer("num_experts_per_tok"),
         dtype=checkpoint_dtype(c),
     )
+
+
+def check_experts(c: HFConfig, num_experts: int, top_k: int, moe_layers: tuple[int, ...]) -> None:
+    """Some layer is a sparse MoE block (the expert store and executors assume one), whose
+    routing picks top_k of num_experts (transformers' torch.topk would fail past it)."""
+    if not moe_layers:
+        raise ConfigError(f"no layer has a sparse MoE block ({' / '.join(c.names('num_experts'))}, mlp_only_layers, "
+                          "decoder_sparse_step): a dense model, which edgemoe does not serve")
+    if top_k > num_experts:
+        raise ConfigError(f"num_experts_per_tok={top_k} is more than the {num_experts} experts "
+                          f"({' / '.join(c.names('num_experts'))})")

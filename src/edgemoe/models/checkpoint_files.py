@@ -4,11 +4,17 @@ files read with errors that name the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import Any, TypeVar
 
 from safetensors import safe_open
+
+log = logging.getLogger(__name__)
+Arch = TypeVar("Arch")
+LM_HEAD = "lm_head.weight"  # every family's LM head name (multimodal ones too)
 
 
 class CheckpointError(ValueError):
@@ -16,12 +22,16 @@ class CheckpointError(ValueError):
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path` (config.json, the index), CheckpointError naming the file."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
@@ -83,3 +93,21 @@ def all_names(model_dir: Path, files: dict[str, list[str]]) -> list[str]:
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
     return out
+
+
+def with_stored_lm_head(arch: Arch, model_dir: Path) -> Arch:
+    """`arch` untied when its config ties the LM head to the embedding but the checkpoint
+    also stores `lm_head.weight`. NOTE: transformers then ties only if the two hold equal
+    values and otherwise warns and uses the stored head; reading it whenever it is stored
+    gives the same model either way (one more vocab x hidden tensor when equal)."""
+    if not getattr(arch, "tie_word_embeddings", False):
+        return arch
+    try:
+        stored = LM_HEAD in all_names(model_dir, safetensors_files(model_dir))
+    except CheckpointError:
+        return arch  # the loader reports a broken directory, naming the file
+    if not stored:
+        return arch
+    log.warning("%s: config.json ties the LM head to the embedding (tie_word_embeddings) but the checkpoint "
+                "stores %s: using the stored head, as transformers does", model_dir, LM_HEAD)
+    return dataclasses.replace(arch, tie_word_embeddings=False)  # type: ignore[type-var]

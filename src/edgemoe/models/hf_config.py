@@ -20,7 +20,8 @@ from edgemoe.layers.rotary import ROPE_TYPES, RopeSpec
 
 
 class ConfigError(ValueError):
-    """config.json is missing a field or asks for something unsupported."""
+    """config.json is missing a field or asks for something unsupported. The message names
+    the field; `models/registry.model_arch` prefixes the file."""
 
 
 @dataclass(frozen=True)
@@ -82,34 +83,100 @@ class HFConfig:
             return default
         if any(v != found[0][1] for _, v in found):
             given = " and ".join(f"{n}={v!r}" for n, v in found)
-            raise ConfigError(f"config.json gives {given}: two names of one setting that disagree")
+            raise ConfigError(f"{given}: two names of one setting that disagree")
         return found[0][1]
 
     def require(self, key: str) -> Any:
         value = self.get(key, _MISSING)
         if value is _MISSING:
             spelled = " nor ".join(repr(n) for n in self.names(key))
-            raise ConfigError(f"config.json has no {spelled} (needed by model_type {self.model_type!r})")
+            raise ConfigError(f"no {spelled} (needed by model_type {self.model_type!r})")
+        return value
+
+    # Typed reads: transformers' config classes are @strict dataclasses that refuse a value of
+    # the wrong type; so do these, naming the field, before a bad value reaches the model.
+    # A null counts as absent (the class default), as for the `X | None` fields.
+
+    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        """An integer >= `minimum` (a bool is not one); `default` when absent or null."""
+        value = self.get(key)
+        if value is None:
+            if default is _MISSING:
+                self.require(key)
+                raise ConfigError(f"{key}=null: expected an integer >= {minimum}")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{key}={value!r}: expected an integer >= {minimum}")
+        return value
+
+    def number(self, key: str, default: float | None) -> float | None:
+        """A finite number > 0; `default` when absent or null."""
+        value = self.get(key)
+        if value is None:
+            return default
+        return positive_number(key, value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected true or false")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        """A list of integers >= 0 ([] when absent or null)."""
+        value = self.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
+            raise ConfigError(f"{key}={value!r}: expected a list of integers >= 0")
         return value
 
     def __contains__(self, key: str) -> bool:
         return self.get(key, _MISSING) is not _MISSING
 
 
+def positive_number(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigError(f"{key}={value!r}: expected a number > 0")
+    return float(value)
+
+
+def text_config(config: Mapping[str, Any], multimodal_type: str, text_type: str) -> dict[str, Any]:
+    """The language model's settings: a multimodal config's `text_config`, or the config itself.
+
+    NOTE: the multimodal model (`...ForConditionalGeneration`) ties its LM head by the top
+    level's `tie_word_embeddings` (default false), whatever `text_config` says:
+    `save_pretrained` of a tied model writes true at the top and false in `text_config`,
+    and drops `lm_head.weight`. Its dtype is the top level's too, where it has one."""
+    if config.get("model_type") != multimodal_type:
+        return dict(config)
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"model_type {multimodal_type!r} needs a text_config object")
+    top = {k: config[k] for k in ("dtype", "torch_dtype") if config.get(k) is not None}
+    tie = config.get("tie_word_embeddings")
+    return {**text, **top, "tie_word_embeddings": False if tie is None else tie, "model_type": text_type}
+
+
 def checkpoint_dtype(c: HFConfig) -> torch.dtype:
     """`dtype` (transformers 5) wins over `torch_dtype` (4.x) when both are set."""
     name = c.get("dtype") or c.get("torch_dtype") or "bfloat16"
-    try:
-        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
-    except KeyError:
-        raise ConfigError(f"config.json dtype {name!r} is not supported") from None
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if not isinstance(name, str) or name not in dtypes:
+        raise ConfigError(f"dtype {name!r} is not supported ({', '.join(dtypes)})")
+    return dtypes[name]
 
 
 def rope_parameters(c: HFConfig, max_position_embeddings: int) -> dict[str, Any]:
     """`rope_parameters` after transformers' standardisation: `rope_scaling` (4.x) wins
     over `rope_parameters`, then the family default; `rope_theta`, `partial_rotary_factor`
     and yarn's `original_max_position_embeddings` filled from the top level or defaults."""
-    params = dict(c.get("rope_scaling") or c.get("rope_parameters") or c.schema.default_rope or {})
+    given = c.get("rope_scaling") or c.get("rope_parameters") or c.schema.default_rope or {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"rope_parameters={given!r}: expected an object")
+    params = dict(given)
     if any(key in (c.get("layer_types") or ()) for key in params):
         raise ConfigError("rope_parameters per layer type are not supported yet")
     if params.get("rope_theta") is None:
@@ -134,8 +201,13 @@ def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeS
     rope_type = p["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-    if rope_type in ("linear", "dynamic") and p.get("factor") is None:
+    # NOTE: transformers refuses these without the key, but YaRN's "factor": null means
+    # max_position_embeddings / original_max_position_embeddings (layers/rotary.py).
+    if rope_type in ("linear", "dynamic") and p.get("factor") is None or rope_type == "yarn" and "factor" not in p:
         raise ConfigError(f"rope_type {rope_type!r} needs rope_parameters.factor")
+    for key in ("rope_theta", "factor", "partial_rotary_factor", "original_max_position_embeddings"):
+        if p.get(key) is not None:
+            positive_number(f"rope_parameters.{key}", p[key])
     partial = float(p.get("partial_rotary_factor") or 1.0) if c.schema.partial_rotary else 1.0
     rotary_dim = int(head_dim * partial)
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
@@ -174,16 +246,3 @@ def context_length(spec: RopeSpec) -> int:
         assert spec.original_max_position_embeddings is not None
         return max(max_position_embeddings, int(spec.original_max_position_embeddings * spec.factor))
     return max_position_embeddings
-
-
-def language_model_config(config: dict[str, Any], model_type: str, text_model_type: str) -> dict[str, Any]:
-    """A multimodal checkpoint's language-model settings: its `text_config` (the top level's
-    dtype and tie_word_embeddings filling in what it lacks) as `text_model_type`; any other
-    config as it is."""
-    if config.get("model_type") != model_type:
-        return config
-    text = config.get("text_config")
-    if not isinstance(text, dict):
-        raise ConfigError(f"{model_type} config.json has no text_config object")
-    inherited = {k: config[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in config}
-    return {**inherited, **text, "model_type": text_model_type}

@@ -16,7 +16,7 @@ import torch
 
 from edgemoe.cache.state_pool import StateShape
 from edgemoe.layers.rotary import RopeSpec
-from edgemoe.models.arch import ConfigError, HFConfig, common_fields
+from edgemoe.models.arch import ConfigError, HFConfig, check_experts, common_fields
 
 GDN, ATTENTION = "linear_attention", "full_attention"
 GDN_CHUNK = 64  # the chunked rule's chunk (kernels/gdn.CHUNK): sizes the prefill workspace
@@ -162,10 +162,10 @@ def layer_types(c: HFConfig, num_layers: int) -> tuple[str, ...]:
     """`layer_types`, or transformers' default: every `full_attention_interval`-th layer (4) attends."""
     given = c.get("layer_types")
     if given is None:
-        interval = c.get("full_attention_interval", 4)
+        interval = c.integer("full_attention_interval", 4)
         return tuple(GDN if (i + 1) % interval else ATTENTION for i in range(num_layers))
-    if len(given) != num_layers or set(given) - {GDN, ATTENTION}:
-        raise ConfigError(f"layer_types must give {GDN!r} or {ATTENTION!r} for each of the {num_layers} layers")
+    if not isinstance(given, list) or len(given) != num_layers or not set(given) <= {GDN, ATTENTION}:
+        raise ConfigError(f"layer_types must list {GDN!r} or {ATTENTION!r} for each of the {num_layers} layers")
     return tuple(given)
 
 
@@ -174,24 +174,27 @@ def hybrid_arch(
     norm_topk_prob: bool,
 ) -> HybridArch:
     """The fields both families spell the same way, with transformers 5.24's defaults."""
-    if c.get("attention_bias"):
-        raise ConfigError(f"{model_type} with attention_bias=true is not supported")
+    if c.flag("attention_bias", False):
+        raise ConfigError(f"attention_bias=true (biased q/k/v/o projections) is not supported for {model_type}")
     if c.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ConfigError(f"{model_type}: the GDN short conv supports hidden_act silu only")
-    fields: dict[str, Any] = common_fields(c, eps=1e-6, max_pos=32768, head_dim=c.get("head_dim", 256))
+        raise ConfigError(f"hidden_act={c.get('hidden_act')!r}: the GDN short conv of {model_type} supports silu only")
+    fields: dict[str, Any] = common_fields(c, eps=1e-6, max_pos=32768, head_dim=c.integer("head_dim", 256))
     layers = fields["num_layers"]
     arch = HybridArch(
         model_type=model_type, checkpoint_prefix=checkpoint_prefix, gdn_layout=gdn_layout, **fields,
-        num_experts=c.get("num_experts", 512), moe_intermediate_size=c.get("moe_intermediate_size", 512),
-        shared_expert_intermediate_size=c.get("shared_expert_intermediate_size", 512),
-        norm_topk_prob=norm_topk_prob, moe_layers=moe_layers, intermediate_size=c.get("intermediate_size", 5632),
-        layer_types=layer_types(c, layers), linear_num_key_heads=c.get("linear_num_key_heads", 16),
-        linear_num_value_heads=c.get("linear_num_value_heads", 32),
-        linear_key_head_dim=c.get("linear_key_head_dim", 128), linear_value_head_dim=c.get("linear_value_head_dim", 128),
-        linear_conv_kernel_dim=c.get("linear_conv_kernel_dim", 4),
+        num_experts=c.integer("num_experts", 512), moe_intermediate_size=c.integer("moe_intermediate_size", 512),
+        shared_expert_intermediate_size=c.integer("shared_expert_intermediate_size", 512, minimum=0),
+        norm_topk_prob=norm_topk_prob, moe_layers=moe_layers, intermediate_size=c.integer("intermediate_size", 5632),
+        layer_types=layer_types(c, layers), linear_num_key_heads=c.integer("linear_num_key_heads", 16),
+        linear_num_value_heads=c.integer("linear_num_value_heads", 32),
+        linear_key_head_dim=c.integer("linear_key_head_dim", 128),
+        linear_value_head_dim=c.integer("linear_value_head_dim", 128),
+        linear_conv_kernel_dim=c.integer("linear_conv_kernel_dim", 4, minimum=2),
     )
+    check_experts(c, arch.num_experts, arch.top_k, moe_layers)
     if arch.linear_num_value_heads % arch.linear_num_key_heads:
-        raise ConfigError(f"{model_type}: linear_num_value_heads must be a multiple of linear_num_key_heads")
-    if arch.shared_expert_intermediate_size < 1:
-        raise ConfigError(f"{model_type}: shared_expert_intermediate_size must be >= 1")
+        raise ConfigError(f"linear_num_value_heads={arch.linear_num_value_heads} is not a multiple of "
+                          f"linear_num_key_heads={arch.linear_num_key_heads}")
+    if arch.shared_expert_intermediate_size < 1:  # transformers' empty shared expert adds zeros
+        raise ConfigError(f"shared_expert_intermediate_size=0 (no shared expert) is not supported for {model_type}")
     return arch

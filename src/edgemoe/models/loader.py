@@ -31,6 +31,7 @@ from edgemoe.models.checkpoint_files import (
     all_names,
     read_json,
     safetensors_files,
+    with_stored_lm_head,
 )
 from edgemoe.models.names import NameMap, Placement, StackedMap
 from edgemoe.models.quant_load import (
@@ -43,7 +44,7 @@ from edgemoe.models.quant_load import (
     pin_keys,
     place_expert_parts,
 )
-from edgemoe.models.registry import model_module
+from edgemoe.models.registry import model_arch, model_module
 from edgemoe.moe.mmap_store import MmapStore
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
@@ -80,7 +81,7 @@ def ram_tables(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.T
 
 def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[ModelArch, dict[str, Any]]:
     config = read_json(model_dir / "config.json")
-    arch = model_module(config.get("model_type")).arch(config)
+    arch = with_stored_lm_head(model_arch(config, model_dir / "config.json"), model_dir)
     if dtype != "auto":
         arch = replace(arch, dtype=DTYPES[dtype])
     return arch, config
@@ -92,6 +93,8 @@ def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json")
         return scheme_for(config)
     except QuantConfigError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a field of the wrong type
+        raise CheckpointError(f"{where}: quantization_config is malformed ({type(e).__name__}: {e})") from None
 
 
 def load_checkpoint(

@@ -10,7 +10,7 @@ import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
-from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
+from edgemoe.models.arch import DecoderArch, HFConfig, check_experts, common_fields
 from edgemoe.models.llama_moe import assemble, attention_spec, rope_table, to_device
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names
 from edgemoe.models.transformer import CausalLM
@@ -22,16 +22,18 @@ MODEL_TYPE = "mixtral"
 def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
     fields = common_fields(c, eps=1e-5, max_pos=131072)  # MixtralConfig: 4096 * 32
+    experts, moe = c.integer("num_local_experts"), tuple(range(fields["num_layers"]))
+    check_experts(c, experts, fields["top_k"], moe)
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="none",
         clip_qkv=None,
-        sliding_window=c.get("sliding_window"),
-        num_experts=c.require("num_local_experts"),
-        moe_intermediate_size=c.require("intermediate_size"),
+        sliding_window=c.integer("sliding_window", None),
+        num_experts=experts,
+        moe_intermediate_size=c.integer("intermediate_size"),
         norm_topk_prob=True,
-        moe_layers=tuple(range(fields["num_layers"])),
+        moe_layers=moe,
         intermediate_size=0,
     )
 

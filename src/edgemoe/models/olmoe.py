@@ -9,7 +9,13 @@ import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
-from edgemoe.models.arch import DecoderArch, HFConfig, common_fields
+from edgemoe.models.arch import (
+    ConfigError,
+    DecoderArch,
+    HFConfig,
+    check_experts,
+    common_fields,
+)
 from edgemoe.models.llama_moe import (
     assemble,
     attention_spec,
@@ -26,19 +32,23 @@ MODEL_TYPE = "olmoe"
 
 def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
+    if c.flag("attention_bias", False):
+        raise ConfigError("attention_bias=true (biased q/k/v/o projections) is not supported for olmoe")
     # NOTE: OLMoE has no head_dim field; its norms assume hidden / heads.
-    head_dim = c.require("hidden_size") // c.require("num_attention_heads")
+    head_dim = c.integer("hidden_size") // c.integer("num_attention_heads")
     fields = common_fields(c, eps=1e-5, max_pos=4096, head_dim=head_dim)
+    experts, moe = c.integer("num_experts"), tuple(range(fields["num_layers"]))
+    check_experts(c, experts, fields["top_k"], moe)
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="full",
-        clip_qkv=c.get("clip_qkv"),
+        clip_qkv=c.number("clip_qkv", None),
         sliding_window=None,
-        num_experts=c.require("num_experts"),
-        moe_intermediate_size=c.require("intermediate_size"),
-        norm_topk_prob=c.get("norm_topk_prob", False),
-        moe_layers=tuple(range(fields["num_layers"])),
+        num_experts=experts,
+        moe_intermediate_size=c.integer("intermediate_size"),
+        norm_topk_prob=c.flag("norm_topk_prob", False),
+        moe_layers=moe,
         intermediate_size=0,
     )
 

@@ -19,7 +19,7 @@ import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.models.arch import HFConfig
-from edgemoe.models.hf_config import language_model_config
+from edgemoe.models.hf_config import text_config as hf_text_config
 from edgemoe.models.hybrid_arch import HybridArch, hybrid_arch
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.qwen_hybrid import (
@@ -38,8 +38,9 @@ __all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map", "stacked_exper
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's settings (a multimodal config's `text_config`), or the config itself."""
-    return language_model_config(config, MODEL_TYPE, TEXT_MODEL_TYPE)
+    """The language model's settings (`hf_config.text_config`: a multimodal config's
+    `text_config` under its top level's tie_word_embeddings and dtype), or the config itself."""
+    return hf_text_config(config, MODEL_TYPE, TEXT_MODEL_TYPE)
 
 
 def arch(config: dict[str, Any]) -> HybridArch:
@@ -48,7 +49,7 @@ def arch(config: dict[str, Any]) -> HybridArch:
     return hybrid_arch(
         c, model_type=MODEL_TYPE if multimodal else TEXT_MODEL_TYPE,
         checkpoint_prefix="model.language_model." if multimodal else "model.", gdn_layout="split",
-        moe_layers=tuple(range(c.require("num_hidden_layers"))), norm_topk_prob=True,
+        moe_layers=tuple(range(c.integer("num_hidden_layers"))), norm_topk_prob=True,
     )
 
 

@@ -1,7 +1,8 @@
 """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B).
 
 Per-head q/k RMSNorm; softmax top-k routing, renormalised when `norm_topk_prob`;
-dense MLP on `mlp_only_layers` and on layers off the `decoder_sparse_step` grid.
+dense MLP on `mlp_only_layers` and on layers off the `decoder_sparse_step` grid;
+sliding-window attention on every layer when `use_sliding_window`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
-from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, common_fields
+from edgemoe.models.arch import (
+    ConfigError,
+    DecoderArch,
+    HFConfig,
+    check_experts,
+    common_fields,
+)
 from edgemoe.models.llama_moe import (
     assemble,
     attention_spec,
@@ -35,24 +42,25 @@ MODEL_TYPE = "qwen3_moe"
 
 def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
-    if c.get("use_sliding_window"):
-        raise ConfigError("qwen3_moe with use_sliding_window=true is not supported yet")
-    if c.get("attention_bias"):
-        raise ConfigError("qwen3_moe with attention_bias=true is not supported yet")
-    layers, experts = c.require("num_hidden_layers"), c.require("num_experts")
-    step, dense_only = c.get("decoder_sparse_step", 1), set(c.get("mlp_only_layers") or [])
+    if c.flag("attention_bias", False):
+        raise ConfigError("attention_bias=true (biased q/k/v/o projections) is not supported for qwen3_moe")
+    layers, experts = c.integer("num_hidden_layers"), c.integer("num_experts", minimum=0)
+    step, dense_only = c.integer("decoder_sparse_step", 1), set(c.int_list("mlp_only_layers"))
     moe = tuple(i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
+    fields = common_fields(c, eps=1e-6, max_pos=32768)
+    check_experts(c, experts, fields["top_k"], moe)
     return DecoderArch(
         model_type=MODEL_TYPE,
-        **common_fields(c, eps=1e-6, max_pos=32768),
+        **fields,
         qk_norm="head",
         clip_qkv=None,
-        sliding_window=None,
+        # NOTE: transformers 5.24 windows every layer when use_sliding_window (max_window_layers is not read).
+        sliding_window=c.integer("sliding_window", 4096) if c.flag("use_sliding_window", False) else None,
         num_experts=experts,
-        moe_intermediate_size=c.require("moe_intermediate_size"),
-        norm_topk_prob=c.get("norm_topk_prob", False),
+        moe_intermediate_size=c.integer("moe_intermediate_size", 768),  # Qwen3MoeConfig's defaults
+        norm_topk_prob=c.flag("norm_topk_prob", False),
         moe_layers=moe,
-        intermediate_size=c.get("intermediate_size", 0),
+        intermediate_size=c.integer("intermediate_size", 6144),
     )
 
 
@@ -70,13 +78,13 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
           linear: Linear = dense_gemv_ref) -> CausalLM:
-    """Per-head q/k RMSNorm before rotary."""
+    """Per-head q/k RMSNorm before rotary; every layer windowed when the config sets a window."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
         q_norm, k_norm = qk_norms(arch, i, p)
         pre = f"layers.{i}."
-        return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
-                         qk_norm="head", linear=linear)
+        spec = attention_spec(arch, i, rope, arch.sliding_window)
+        return Attention(spec, p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm, qk_norm="head", linear=linear)
 
     return assemble(arch, p, attention, executor, device, linear)

@@ -147,26 +147,24 @@ class Qwen4ExpArch(HybridArch):
 
 def qwen4_arch(c: HFConfig, *, model_type: str, checkpoint_prefix: str) -> Qwen4ExpArch:
     """The fields transformers 5.24's `Qwen4ExpTextConfig` reads, with its defaults."""
-    layers = c.require("num_hidden_layers")
+    layers = c.integer("num_hidden_layers")
     types = c.get("layer_types")
-    if types is not None:  # the real checkpoint says full_attention for the indexed layers
+    if isinstance(types, list):  # the real checkpoint says full_attention for the indexed layers
         types = [ATTENTION if t in (INDEXED, ATTENTION) else t for t in types]
     fields = {**c.raw, "layer_types": types} if types is not None else dict(c.raw)
     base = hybrid_arch(
         HFConfig(fields, c.schema), model_type=model_type, checkpoint_prefix=checkpoint_prefix, gdn_layout="split",
-        moe_layers=tuple(range(layers)), norm_topk_prob=c.get("norm_topk_prob", True),
+        moe_layers=tuple(range(layers)), norm_topk_prob=c.flag("norm_topk_prob", True),
     )
-    hc = c.get("hc_count", 4)
-    if hc <= 1:
-        raise ConfigError(f"{model_type}: hc_count must be > 1 (got {hc})")
+    hc = c.integer("hc_count", 4, minimum=2)
     gate = c.get("output_gate_type") or base.hidden_act
     if gate not in ("silu", "sigmoid"):
-        raise ConfigError(f"{model_type}: output_gate_type {gate!r} is not silu or sigmoid")
-    ple_layers = tuple(i - 1 for i in sorted(set(c.get("ple_layer_ids") or [])))
+        raise ConfigError(f"output_gate_type={gate!r} is not silu or sigmoid")
+    ple_layers = tuple(i - 1 for i in sorted(set(c.int_list("ple_layer_ids"))))
     return Qwen4ExpArch(
         **{f.name: getattr(base, f.name) for f in dataclasses.fields(HybridArch)},
-        hc_count=hc, hc_lowrank=c.get("hc_lowrank", 320), ple_layers=ple_layers,
-        ple=_ple(c, base, ple_layers, model_type), ple_conv_kernel=c.get("ple_conv_kernel_size", 4),
+        hc_count=hc, hc_lowrank=c.integer("hc_lowrank", 320), ple_layers=ple_layers,
+        ple=_ple(c, base, ple_layers, model_type), ple_conv_kernel=c.integer("ple_conv_kernel_size", 4, minimum=2),
         qsa=_qsa(c, base, model_type), output_gate=gate,
     )
 
@@ -176,21 +174,21 @@ def _ple(c: HFConfig, base: HybridArch, ple_layers: tuple[int, ...], model_type:
         return None
     bad = [i + 1 for i in ple_layers if not 0 <= i < base.num_layers or base.layer_types[i] != GDN]
     if bad:
-        raise ConfigError(f"{model_type}: ple_layer_ids {bad} are not linear_attention layers")
-    ngram, per = c.get("ngram_size", 3), c.get("heads_per_ngram", 8)
-    dim = c.get("ple_embed_dim") or base.hidden_size
+        raise ConfigError(f"ple_layer_ids {bad} are not linear_attention layers of {model_type}")
+    ngram, per = c.integer("ngram_size", 3, minimum=2), c.integer("heads_per_ngram", 8)
+    dim = c.integer("ple_embed_dim", base.hidden_size)
     heads = (ngram - 1) * per
-    if heads <= 0 or dim % heads:
-        raise ConfigError(f"{model_type}: ple_embed_dim {dim} is not a multiple of the {heads} n-gram heads")
+    if dim % heads:
+        raise ConfigError(f"ple_embed_dim={dim} is not a multiple of the {heads} n-gram heads")
     eos: Any = c.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) and eos else eos
     if not isinstance(eos, int):
-        raise ConfigError(f"{model_type}: eos_token_id must be set when ple_layer_ids are")
+        raise ConfigError(f"eos_token_id must be set when ple_layer_ids are ({model_type})")
     return ple_geometry(
         ple_layers=ple_layers, vocab_size=base.vocab_size, ngram_size=ngram, heads_per_ngram=per, embed_dim=dim,
-        vocab_base=c.get("ngram_vocab_size_base", 20_000_000),
-        divisor=c.get("make_ngram_vocab_size_divisible_by", 128),
-        seed=c.get("seed", 1234), split_parts=c.get("split_ngram_parts", 512), eos=eos,
+        vocab_base=c.integer("ngram_vocab_size_base", 20_000_000),
+        divisor=c.integer("make_ngram_vocab_size_divisible_by", 128),
+        seed=c.integer("seed", 1234, minimum=0), split_parts=c.integer("split_ngram_parts", 512), eos=eos,
     )
 
 
@@ -198,16 +196,16 @@ def _qsa(c: HFConfig, base: HybridArch, model_type: str) -> QsaConfig | None:
     if not base.kv_layers:
         return None
     names = ("indexer_n_heads", "indexer_kv_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio")
-    values = {n: c.get(n) for n in names}
-    missing = [n for n, v in values.items() if v is None]
+    missing = [n for n in names if c.get(n) is None]
     if missing:  # transformers always builds the indexer on the attention layers
-        raise ConfigError(f"{model_type}: the attention layers' QSA indexer needs {', '.join(missing)}")
-    if values["indexer_kv_heads"] != 1 or any(v <= 0 for v in values.values()):
-        raise ConfigError(f"{model_type}: QSA needs positive sizes and indexer_kv_heads=1, got {values}")
+        raise ConfigError(f"the attention layers' QSA indexer of {model_type} needs {', '.join(missing)}")
+    values = {n: c.integer(n) for n in names}
+    if values["indexer_kv_heads"] != 1:
+        raise ConfigError(f"indexer_kv_heads={values['indexer_kv_heads']}: QSA needs 1")
     qsa = QsaConfig(values["indexer_n_heads"], values["indexer_head_dim"], values["indexer_budget"],
                     values["indexer_compress_ratio"])
     if qsa.budget % qsa.ratio:
-        raise ConfigError(f"{model_type}: indexer_budget must be a multiple of indexer_compress_ratio")
+        raise ConfigError(f"indexer_budget={qsa.budget} is not a multiple of indexer_compress_ratio={qsa.ratio}")
     if base.rope.rotary_dim > qsa.head_dim:
-        raise ConfigError(f"{model_type}: the rotary dims ({base.rope.rotary_dim}) must fit the QSA head ({qsa.head_dim})")
+        raise ConfigError(f"the rotary dims ({base.rope.rotary_dim}) must fit the QSA head (indexer_head_dim={qsa.head_dim})")
     return qsa

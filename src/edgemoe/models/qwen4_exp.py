@@ -35,7 +35,7 @@ from edgemoe.layers.ple import PleLayer
 from edgemoe.layers.qsa_attention import QsaAttention, QsaSpec
 from edgemoe.layers.rotary import Rotary
 from edgemoe.models.arch import HFConfig
-from edgemoe.models.hf_config import language_model_config
+from edgemoe.models.hf_config import text_config as hf_text_config
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.qwen4_arch import PLE_CONV, Qwen4ExpArch, qwen4_arch
 from edgemoe.models.qwen_hybrid import (
@@ -63,8 +63,9 @@ __all__ = ["IGNORED_PREFIXES", "IGNORED_SUFFIXES", "arch", "build", "checkpoint_
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's settings (a multimodal config's `text_config`), or the config itself."""
-    return language_model_config(config, MODEL_TYPE, TEXT_MODEL_TYPE)
+    """The language model's settings (`hf_config.text_config`: a multimodal config's
+    `text_config` under its top level's tie_word_embeddings and dtype), or the config itself."""
+    return hf_text_config(config, MODEL_TYPE, TEXT_MODEL_TYPE)
 
 
 def arch(config: dict[str, Any]) -> Qwen4ExpArch:

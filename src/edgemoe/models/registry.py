@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from edgemoe.models.arch import ConfigError
+from edgemoe.models.arch import ConfigError, ModelArch
 
 MODEL_MODULES: dict[str, str] = {
     "qwen3_moe": "edgemoe.models.qwen3_moe",
@@ -30,3 +33,18 @@ def model_module(model_type: str | None) -> ModuleType:
             f"unknown model_type {model_type!r}; supported: {', '.join(supported_model_types())}"
         )
     return importlib.import_module(MODEL_MODULES[model_type])
+
+
+def model_arch(config: Mapping[str, Any], where: Path | str = "config.json") -> ModelArch:
+    """The arch `config` (read from `where`) describes; every refusal is a ConfigError naming
+    `where` and the field. NOTE: a config.json is data from whoever published it: a value
+    of a type the model file did not expect (a string for a count, an object for a list)
+    must give a clean error, not a traceback, so those are caught here too."""
+    try:
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"expected a JSON object, got {type(config).__name__}")
+        return model_module(config.get("model_type")).arch(dict(config))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as e:
+        raise ConfigError(f"{where}: a setting has a value of the wrong type or range ({type(e).__name__}: {e})") from None

@@ -196,6 +196,8 @@ def scheme_for(config: dict[str, Any]) -> Scheme | None:
     qc = config.get("quantization_config")
     if not qc:
         return None
+    if not isinstance(qc, dict):
+        raise QuantConfigError(f"quantization_config={qc!r}: expected an object")
     method = str(qc.get("quant_method", "")).lower()
     if method == "fp8":
         return _fp8(qc)

@@ -1,0 +1,114 @@
+"""Checkpoints written by transformers 5.24's own `save_pretrained` at settings the other
+model tests do not use, each once a bug: loaded with `edgemoe.LLM` and compared with
+transformers' logits (its own class for the checkpoint, float64 for the hybrids).
+
+- a multimodal Qwen3.5 checkpoint whose model ties its LM head: `save_pretrained` writes
+  `tie_word_embeddings` true at the top level, false in `text_config`, and no
+  `lm_head.weight` (we read the text_config's flag and refused the checkpoint);
+- a tied config whose checkpoint also stores `lm_head.weight` (transformers uses the stored
+  head; we used the embedding);
+- Qwen3-MoE with `use_sliding_window` (we refused it) on a prompt longer than the window.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tolerances import network_atol, peer_atol
+
+from edgemoe import LLM
+from edgemoe.testing.checkpoint import write_tokenizer_files
+
+transformers = pytest.importorskip("transformers")
+
+SEQ = [5, 90, 17, 150, 3, 3, 200, 42] + list(range(100, 160, 3))  # 28 tokens
+SMALL = dict(vocab_size=512, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+             max_position_embeddings=256, pad_token_id=None)
+
+
+def scale_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    """Unit-scale activations (transformers' init, std 0.02, makes near-uniform logits that
+    would not tell a wrong LM head from a right one): matrices N(0, 1/fan_in), the
+    embedding N(0, 1), 1-d weights (norms, zero-centred or not) shifted by N(0, 0.1²).
+    The GDN's A_log, dt_bias and conv keep transformers' init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")) or p.dim() == 3 and "conv" in name:
+                continue
+            noise = torch.randn(p.shape, generator=g)
+            if p.dim() == 1:
+                p.add_(0.1 * noise)
+            elif "embed_tokens" in name:
+                p.copy_(noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[-1]))
+
+
+def save(model: torch.nn.Module, out: Path) -> Path:
+    scale_weights(model)
+    model.tie_weights()  # re-tie after the rewrite, where the config ties
+    model.save_pretrained(out)
+    write_tokenizer_files(out)
+    return out
+
+
+def ours(path: Path) -> torch.Tensor:
+    with LLM(str(path), dtype="float32", max_prefill_tokens=4096) as llm:
+        return llm.prompt_logits(SEQ)
+
+
+def test_multimodal_qwen3_5_ties_its_head_by_the_top_level_flag(tmp_path: Path) -> None:
+    text = dict(SMALL, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=1, out_hidden_size=32, patch_size=4,
+                  num_position_embeddings=16)
+    config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=True)
+    path = save(transformers.Qwen3_5MoeForConditionalGeneration(config), tmp_path)
+    assert "lm_head.weight" not in load_file(path / "model.safetensors")  # tied: the head is the embedding
+
+    def reference(dtype: torch.dtype) -> torch.Tensor:
+        model = transformers.AutoModelForImageTextToText.from_pretrained(
+            path, dtype=dtype, attn_implementation="eager", experts_implementation="eager").eval()
+        with torch.no_grad():
+            return model(torch.tensor([SEQ])).logits[0].double()
+
+    exact = reference(torch.float64)
+    peer = (reference(torch.float32) - exact).abs().max().item()
+    # the GDN's chunked rule amplifies rounding by its inputs' conditioning (tolerances.peer_atol)
+    atol = peer_atol(torch.float32, peer, 64, exact.abs().max().item())
+    torch.testing.assert_close(ours(path).double(), exact, atol=atol, rtol=0)
+
+
+def qwen3_moe(**overrides: object) -> transformers.Qwen3MoeForCausalLM:
+    config = transformers.Qwen3MoeConfig(**SMALL, num_hidden_layers=2, intermediate_size=32, moe_intermediate_size=16,
+                                         num_experts=4, num_experts_per_tok=2, **overrides)
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def assert_matches_transformers(path: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        theirs = model.eval()(torch.tensor([SEQ])).logits[0]
+    # the longest reduction: the hidden size, 32, or the context, 28 (experts and heads are narrower)
+    atol = network_atol(torch.float32, 32, theirs.abs().max().item())
+    torch.testing.assert_close(ours(path), theirs, atol=atol, rtol=0)
+
+
+def test_a_stored_lm_head_wins_over_a_tied_config(tmp_path: Path) -> None:
+    path = save(qwen3_moe(tie_word_embeddings=True), tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    head = torch.randn(tensors["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(1))
+    save_file({**tensors, "lm_head.weight": head / math.sqrt(SMALL["hidden_size"])}, path / "model.safetensors",
+              metadata={"format": "pt"})
+    assert_matches_transformers(path)  # transformers warns that it does not tie, and uses the stored head
+
+
+def test_qwen3_moe_sliding_window_attends_within_the_window(tmp_path: Path) -> None:
+    path = save(qwen3_moe(use_sliding_window=True, sliding_window=8), tmp_path)  # SEQ: 28 tokens
+    assert_matches_transformers(path)
