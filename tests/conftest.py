@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -15,6 +15,18 @@ import pytest
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+# NOTE: Triton picks its interpreter when a kernel is decorated, at import, and any test
+# module may import a kernel module while it is collected (tests/gpu is collected before
+# tests/kernels, even when deselected): so the choice is made here, before collection.
+# Without CUDA, Triton kernels can only run interpreted; with CUDA, tests/gpu runs them
+# compiled and the interpreter is used only when TRITON_INTERPRET=1 is asked for.
+if importlib.util.find_spec("triton") is not None and not os.environ.get("TRITON_INTERPRET"):
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`slow` tests are opt-in: they run only when `-m` names them (`pytest -m slow`)."""
