@@ -5,9 +5,7 @@
 # the controller's choice and learnt rates, the CPU path's GB/s. See docs/benchmarks.md.
 #   LAYERS=12 scripts/gpu_backend_sweep.sh    # a 12-layer slice (quicker; same per-layer figures)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 out="${OUT:-bench/results}/backend-sweep"
 mkdir -p "$out"
 model="random:qwen3-30b-a3b${LAYERS:+?num_hidden_layers=$LAYERS}"

@@ -2,9 +2,7 @@
 # Decode/prefill benchmark on the GPU machine with a mid-size random Qwen3-MoE
 # (8 layers x 64 experts of 3 MiB): resident vs offload at a quarter of the experts.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 out="${OUT:-bench/results}"
 python3 - <<'PY'
 from edgemoe.testing import make_checkpoint

@@ -6,10 +6,7 @@
 # EXTRA="--no-cuda-graph" runs the same eagerly (per-region breakdown); EXTRA="--no-overlap"
 # runs the serial engine loop (overlap scheduling is on by default with a GPU).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
-mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
+source "$(dirname "$0")/gpu_env.sh"
 out="${OUT:-bench/results}"
 model="random:qwen3-30b-a3b"
 bench() { python3 -m edgemoe.cli bench decode --model "$model" --profile --profile-steps 8 --out "$out" ${EXTRA:-} "$@"; }

@@ -5,11 +5,7 @@
 # Through the device tool: run(command="scripts/gpu_hybrids_bench.sh", carry=[".whl"]).
 # PART=decode or PART=agent runs one half (each fits one 10-minute call).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
-mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
-[ -f .whl/triton-cache.tgz ] && tar xzf .whl/triton-cache.tgz -C .triton-cache
+source "$(dirname "$0")/gpu_env.sh"
 out="${OUT:-bench/results}"
 model="random:qwen3.5-35b-a3b"
 common=(--model "$model" --gpu-memory 16GiB --out "$out")
@@ -22,5 +18,5 @@ if [ "${PART:-decode}" != decode ]; then
   python3 -m edgemoe.cli bench agent "${common[@]}" --turns 20 --cache-types radix none
   python3 -m edgemoe.cli bench agent "${common[@]}" --turns 20 --cache-types radix --host-cache 8GiB
 fi
-[ -n "${OUT:-}" ] && tar czf "$OUT/triton-cache.tgz" -C .triton-cache . 2>/dev/null
+save_jit_cache
 exit 0

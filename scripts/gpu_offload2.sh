@@ -6,11 +6,7 @@
 # Through the device tool: run(command="scripts/gpu_offload2.sh", carry=[".whl"]).
 # ROUTING="router" or CACHES="device-gather" narrows it; ~1 min per configuration.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
-mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
-[ -f .whl/triton-cache.tgz ] && tar xzf .whl/triton-cache.tgz -C .triton-cache
+source "$(dirname "$0")/gpu_env.sh"
 out="${OUT:-bench/results}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 for routing in ${ROUTING:-synthetic router}; do
@@ -26,5 +22,5 @@ for routing in ${ROUTING:-synthetic router}; do
       --decode-tokens 64 --profile --profile-steps 8 --out "$out"
   done
 done
-[ -n "${OUT:-}" ] && tar czf "$OUT/triton-cache.tgz" -C .triton-cache . 2>/dev/null
+save_jit_cache
 exit 0

@@ -1,0 +1,13 @@
+# Sourced by the scripts/gpu_*.sh that run on the GPU machine (torch and Triton there; no
+# network): installs the wheels carried in .whl/ into /tmp/site, sets the environment, and
+# unpacks a previous call's Triton/fla JIT cache (.whl/triton-cache.tgz: 72 MB unpacked,
+# over the carry limit packed the other way round). `save_jit_cache` packs it into $OUT.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD/src:$PWD" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
+mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
+if [ -f .whl/triton-cache.tgz ]; then tar xzf .whl/triton-cache.tgz -C .triton-cache; fi
+
+save_jit_cache() {
+  if [ -n "${OUT:-}" ]; then tar czf "$OUT/triton-cache.tgz" -C .triton-cache . 2>/dev/null || true; fi
+}
