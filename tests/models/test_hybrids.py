@@ -4,11 +4,17 @@ chunk, 64), page sizes 1 and 16, experts offloaded to a pool of top-k slots."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 import torch
-from tolerances import peer_atol
+from hf_reference import (
+    Reference,
+    assert_same_or_near_tie,
+    hf_greedy,
+    hf_model,
+    logits_atol,
+)
 
 from edgemoe import LLM, SamplingParams
 
@@ -33,30 +39,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-class Reference(NamedTuple):
-    path: Any
-    model: Any  # transformers, float32
-    model64: Any  # transformers, float64: the exact reference for logits
-    expected: list[list[int]]  # its greedy tokens per prompt
-
-
-def hf_model(path, dtype: torch.dtype):  # noqa: ANN001, ANN201
-    # eager experts: the grouped-GEMM path has no float64 kernel
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation="eager", experts_implementation="eager"
-    ).eval()
-
-
-def hf_greedy(model, prompt: list[int]) -> list[int]:  # noqa: ANN001
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
-            pad_token_id=151643,
-        )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.fixture(scope="module")
 def reference(make_ckpt):  # noqa: ANN001, ANN201
     """reference(variant) -> Reference, built once per variant."""
@@ -67,33 +49,16 @@ def reference(make_ckpt):  # noqa: ANN001, ANN201
             model_type, overrides = VARIANTS[name]
             path = make_ckpt(model_type, **overrides)
             model = hf_model(path, torch.float32)
-            built[name] = Reference(path, model, hf_model(path, torch.float64), [hf_greedy(model, p) for p in PROMPTS])
+            built[name] = Reference(path, model, hf_model(path, torch.float64), [hf_greedy(model, p, NEW_TOKENS) for p in PROMPTS])
         return built[name]
 
     return get
 
 
-def logits_atol(ref: Reference, seq: list[int]) -> tuple[torch.Tensor, float]:
-    """(float64 reference logits [T, V], the fp32 tolerance against them)."""
-    with torch.no_grad():
-        exact = ref.model64(torch.tensor([seq])).logits[0]
-        peer = (ref.model(torch.tensor([seq])).logits[0].double() - exact).abs().max().item()
-    # longest plain reduction: the context (the hidden size 64 and expert widths are shorter)
-    return exact, peer_atol(torch.float32, peer, max(64, len(seq)), exact.abs().max().item())
-
-
 def assert_greedy(ref: Reference, got: list[list[int]], which: tuple[int, ...] = tuple(range(len(PROMPTS)))) -> None:
-    """Tokens (of the prompts `which`) equal the reference's, or first differ where the
-    reference's top two logits are within the logits tolerance (a near-tie fp32 rounding
-    may break either way)."""
+    """Tokens (of the prompts `which`) equal the reference's, or first differ at a near-tie."""
     for i, have in zip(which, got, strict=True):
-        prompt, want = PROMPTS[i], ref.expected[i]
-        if have == want:
-            continue
-        j = next(i for i, (a, b) in enumerate(zip(want, have, strict=True)) if a != b)
-        exact, atol = logits_atol(ref, prompt + want[:j])
-        margin = (exact[-1, want[j]] - exact[-1, have[j]]).item()
-        assert margin <= 2 * atol, f"diverged at token {j} with a reference margin {margin:.3g} > {2 * atol:.3g}"
+        assert_same_or_near_tie(ref, PROMPTS[i], ref.expected[i], have)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -142,7 +107,7 @@ def test_prefix_hits_and_host_tier_revivals_keep_tokens(reference, variant: str,
     ref = reference(variant)
     prompt, want = PROMPTS[3], ref.expected[3]
     turn2 = prompt + want + [31, 32, 33]
-    want2 = hf_greedy(ref.model, turn2)
+    want2 = hf_greedy(ref.model, turn2, NEW_TOKENS)
     with LLM(str(ref.path), dtype="float32", page_size=page_size, host_cache="32MiB") as llm:
         cache = llm.engine.prefix_cache
         assert llm.generate([prompt], GREEDY)[0].token_ids == want
