@@ -1,13 +1,17 @@
 # Sourced by the scripts/gpu_*.sh that run on the GPU machine (torch and Triton there; no
 # network): installs the wheels carried in .whl/ into /tmp/site, sets the environment, and
-# unpacks a previous call's Triton/fla JIT cache (.whl/triton-cache.tgz: 72 MB unpacked,
-# over the carry limit packed the other way round). `save_jit_cache` packs it into $OUT.
+# unpacks a previous call's Triton/fla JIT cache (.whl/triton-cache.tgz.part-*: ~100 MB
+# unpacked, ~22 MB packed, in parts under the 16 MB a file from $OUT may have).
+# `save_jit_cache` packs it into $OUT; copy those parts into .whl/ for the next call.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
 mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
-if [ -f .whl/triton-cache.tgz ]; then tar xzf .whl/triton-cache.tgz -C .triton-cache; fi
+if compgen -G ".whl/triton-cache.tgz.part-*" >/dev/null; then cat .whl/triton-cache.tgz.part-* | tar xz -C .triton-cache
+elif [ -f .whl/triton-cache.tgz ]; then tar xzf .whl/triton-cache.tgz -C .triton-cache; fi
 
 save_jit_cache() {
-  if [ -n "${OUT:-}" ]; then tar czf "$OUT/triton-cache.tgz" -C .triton-cache . 2>/dev/null || true; fi
+  if [ -n "${OUT:-}" ]; then
+    tar czf - -C .triton-cache . 2>/dev/null | split -b 15M - "$OUT/triton-cache.tgz.part-" || true
+  fi
 }

@@ -54,3 +54,17 @@ def assert_same_or_near_tie(ref: Reference, prompt: list[int], want: list[int], 
     exact, atol = logits_atol(ref, prompt + want[:j])
     margin = (exact[-1, want[j]] - exact[-1, have[j]]).item()
     assert margin <= 2 * atol, f"diverged at token {j} with a reference margin {margin:.3g} > {2 * atol:.3g}"
+
+
+def torch_gdn_reference(model: torch.nn.Module, monkeypatch) -> None:  # noqa: ANN001
+    """With fla-core importable (it is carried to the GPU machine), transformers swaps its
+    GDN and causal-conv functions for fla's Triton kernels, which refuse CPU tensors: put
+    the torch functions (`__wrapped__`) back in the model's modules for the reference."""
+    import importlib
+
+    for cls in {type(m) for m in model.modules()}:
+        mod = importlib.import_module(cls.__module__)
+        for name in dir(mod):
+            fn = getattr(mod, name)
+            if callable(fn) and hasattr(fn, "__wrapped__") and ("delta_rule" in name or "causal_conv1d" in name):
+                monkeypatch.setattr(mod, name, fn.__wrapped__)

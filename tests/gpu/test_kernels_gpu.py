@@ -196,8 +196,8 @@ def test_rope_write_kv_matches_reference(hq: int, hkv: int, d: int, rotary_dim: 
     want = rope_write_kv_ref(q, k, v, positions, cos, sin, caches[2], caches[3], out_loc)
     assert torch.equal(caches[1], caches[3])  # v: a copy
     # q and k: x·cos and rotate(x)·sin and their sum are each rounded to bf16 (as torch's
-    # ops do); a compiler that keeps a product in fp32 moves the result by at most those
-    # roundings: 2^-8 of each product and of the sum, i.e. <= 2^-7 · (|x·cos| + |x'·sin|).
+    # ops do); a compiler that keeps a product in fp32 (an FMA) parts from that by those
+    # roundings and its own of the sum: rope_bound, 3·2^-8 · (|x·cos| + |x'·sin|).
     for x, a, b in ((q, got, want), (k, caches[0][out_loc], caches[2][out_loc])):
         diff = (a.float() - b.float()).abs()
         assert (diff <= rope_bound(x, positions, cos, sin)).all(), diff.max()

@@ -110,14 +110,16 @@ def test_tokens_identical_for_every_ple_store_and_embedding(qwen4_ckpt, tmp_path
             assert got == want, (store, embed)
 
 
-def test_bf16_gpu_agrees_with_fp32_reference(qwen4_ckpt) -> None:  # noqa: ANN001
+def test_bf16_gpu_agrees_with_fp32_reference(qwen4_ckpt, monkeypatch) -> None:  # noqa: ANN001
     transformers = pytest.importorskip("transformers")
+    from hf_reference import torch_gdn_reference
     from tolerances import bf16_logit_error
 
     with LLM(str(qwen4_ckpt), dtype="bfloat16", device="cuda", max_prefill_tokens=4096) as llm:
         out = llm.generate([LONG], GREEDY)[0].token_ids
         got = llm.prompt_logits(LONG + out).cpu().float()
     model = transformers.AutoModelForCausalLM.from_pretrained(qwen4_ckpt, dtype=torch.float32).eval()
+    torch_gdn_reference(model, monkeypatch)  # the CPU reference off fla's Triton kernels
     with torch.no_grad():
         ref = model(torch.tensor([LONG + out])).logits[0]
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()

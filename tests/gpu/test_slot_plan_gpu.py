@@ -59,7 +59,9 @@ def test_random_traces_match_the_torch_plan(config: tuple) -> None:
                 num_pinned = len(owned)
             check_same(ref, fused, list(ref.layer_waves(layer, ids, pinned, num_pinned)),
                        list(fused.layer_waves(layer, ids, pinned, num_pinned)))
-    assert int(ref.counts[:, 0].sum()) > 0 and int(ref.counts[:, 1].sum()) > 0
+    hits, misses = int(ref.counts[:, 0].sum()), int(ref.counts[:, 1].sum())
+    # with no more slots than top-k every wave may evict the last one's experts: no hits
+    assert misses > 0 and (hits > 0 or S <= K)
 
 
 def capture(cache: DeviceSlotCache, ids: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, list[WavePlan]]:

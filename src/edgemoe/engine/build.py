@@ -16,6 +16,7 @@ from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.big_tables import TablePlan, plan_tables
 from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.device_memory import held_by_others, process_share
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
@@ -78,17 +79,25 @@ def resolve_device(name: str) -> torch.device:
 
 
 def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | None, int]:
-    """(cap in bytes, bytes the process already holds: CUDA context + cuBLAS)."""
+    """(cap in bytes, bytes the process already holds: CUDA context + cuBLAS). The cap
+    counts this process alone (engine/device_memory.py); it is never more than this
+    process holds plus what the device has free."""
     if device.type != "cuda":
         return None, 0
+    others = held_by_others(device.index)  # read before our context exists on the device
     torch.cuda.set_device(device)
     a = torch.ones(64, 64, device=device)
     (a @ a).sum().item()  # materialise the context and the cuBLAS workspace
     del a
     free, total = torch.cuda.mem_get_info(device)
-    # NOTE: assumes no other process uses this GPU; then total - free is our context.
-    context = total - free
-    cap = parse_size(config.model.gpu_memory) if config.model.gpu_memory else int(0.9 * total)
+    requested = parse_size(config.model.gpu_memory) if config.model.gpu_memory else None
+    cap, context = process_share(total, free, others, requested)
+    if others and others >= 256 << 20:
+        log.warning("other processes hold %.2f GiB of the device: --gpu-memory counts this process's share only",
+                    others / GiB)
+    if requested is not None and cap < requested:
+        log.warning("--gpu-memory %s is more than this process can have (%.2f GiB held + %.2f GiB free); "
+                    "planning for %.2f GiB", config.model.gpu_memory, context / GiB, free / GiB, cap / GiB)
     return cap, context
 
 

@@ -52,6 +52,8 @@ class CudaRegistrar:
     """`cudaHostRegister` with default flags, for `device`'s context (current in the calling thread)."""
 
     def __init__(self, device: torch.device) -> None:
+        if device.index is None:  # set_device needs an index: "cuda" means the current device
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
 
     def register(self, ptr: int, nbytes: int) -> None:

@@ -3,7 +3,9 @@
 For GPU tests that measure the process's device memory as the driver counts it: in the
 shared pytest process, earlier tests' cached allocations, loaded kernels and libraries
 count as this test's "CUDA context", and a cap planned on top of them is not the cap a
-fresh `edgemoe serve` would get.
+fresh `edgemoe serve` would get. The parent's own memory still counts on the device:
+`DeviceUse` reads it before the child's context exists and leaves it out, as the
+engine's plan does (engine/device_memory.py).
 """
 
 from __future__ import annotations
@@ -19,11 +21,30 @@ from typing import Any
 CHILD = "EDGEMOE_ISOLATED_TEST"
 
 
+class DeviceUse:
+    """This process's use of CUDA device `ordinal` as the driver counts it: the device's
+    total - free, less what other processes held before this one's context (created
+    before that context exists: in a fresh process, before any CUDA work)."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        from edgemoe.engine.device_memory import held_by_others
+
+        self.ordinal = ordinal
+        self.others = held_by_others(ordinal) or 0
+
+    def now(self) -> int:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(self.ordinal)
+        return total - free - self.others
+
+
 def isolated(test: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(test)
     def run(*args: Any, **kwargs: Any) -> Any:
         if os.environ.get(CHILD) == "1":
             return test(*args, **kwargs)
+        _release_cached_device_memory()
         node = f"{inspect.getsourcefile(test)}::{test.__name__}"
         cmd = [sys.executable, "-m", "pytest", node, "-q", "-p", "no:cacheprovider",
                "-o", "addopts=--import-mode=importlib"]
@@ -32,3 +53,11 @@ def isolated(test: Callable[..., Any]) -> Callable[..., Any]:
         return None
 
     return run
+
+
+def _release_cached_device_memory() -> None:
+    """The parent's cached blocks back to the driver, so the child has the device's room."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

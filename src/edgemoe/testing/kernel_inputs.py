@@ -54,11 +54,15 @@ def paged_batch(
 
 
 def rope_bound(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """2^-7 · (|x|·|cos| + |rotate_half(x)|·|sin|) on the rotated dims; 0 on the rest."""
-    half = cos.shape[1]
+    """How far two evaluations of x·cos + rotate_half(x)·sin in x's dtype may part, with
+    a = x·c, b = x'·s on the tables as rounded to that dtype (both round them alike): one
+    rounds each product and the sum (u = 2^-8 in bf16 each: <= 2u·(|a| + |b|) from exact),
+    one keeps the products in fp32 and rounds once (<= u·(|a| + |b|)): 3u·(|a| + |b|), and
+    (1 + 2^-7) for the products' own rounding inside that sum. 0 on the dims not rotated."""
+    half, u = cos.shape[1], torch.finfo(x.dtype).eps / 2
     xr = x[..., : 2 * half].float()
-    c, s = cos[positions].abs().repeat(1, 2)[:, None, :], sin[positions].abs().repeat(1, 2)[:, None, :]
+    c, s = (t[positions].to(x.dtype).float().abs().repeat(1, 2)[:, None, :] for t in (cos, sin))
     partner = torch.cat([xr[..., half:], xr[..., :half]], dim=-1)
     bound = torch.zeros(x.shape, device=x.device)
-    bound[..., : 2 * half] = 2**-7 * (xr.abs() * c + partner.abs() * s)
+    bound[..., : 2 * half] = 3 * u * (1 + 2 * u) * (xr.abs() * c + partner.abs() * s)
     return bound
