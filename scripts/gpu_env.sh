@@ -3,15 +3,19 @@
 # unpacks a previous call's Triton/fla JIT cache (.whl/triton-cache.tgz.part-*: ~100 MB
 # unpacked, ~22 MB packed, in parts under the 16 MB a file from $OUT may have).
 # `save_jit_cache` packs it into $OUT; copy those parts into .whl/ for the next call.
+# A script sourcing this from another that did (scripts/gpu_stages.sh) finds it done.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ -z "${EDGEMOE_GPU_ENV:-}" ]; then
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD/src:$PWD" EDGEMOE_CACHE_DIR=/tmp/edgemoe-cache PYTHONUNBUFFERED=1
 mkdir -p .triton-cache && export TRITON_CACHE_DIR="$PWD/.triton-cache"
 if compgen -G ".whl/triton-cache.tgz.part-*" >/dev/null; then cat .whl/triton-cache.tgz.part-* | tar xz -C .triton-cache
 elif [ -f .whl/triton-cache.tgz ]; then tar xzf .whl/triton-cache.tgz -C .triton-cache; fi
+export EDGEMOE_GPU_ENV=1 EDGEMOE_GPU_ENV_OWNER=$$
+fi
 
-save_jit_cache() {
-  if [ -n "${OUT:-}" ]; then
+save_jit_cache() {  # by the outermost script only
+  if [ -n "${OUT:-}" ] && [ "${EDGEMOE_GPU_ENV_OWNER:-}" = "$$" ]; then
     tar czf - -C .triton-cache . 2>/dev/null | split -b 15M - "$OUT/triton-cache.tgz.part-" || true
   fi
 }

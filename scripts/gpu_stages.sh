@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Several GPU jobs in one device call (a call costs a machine start), each under its own
+# time limit, so one that hangs or overruns leaves the rest their time. Everything they
+# write comes back as $OUT/results.tgz (a call returns at most 8 files) with the JIT cache
+# parts (scripts/gpu_env.sh). Stages, in the order named:
+#   tests-rerun  the GPU tests named in $TESTS (default: the whole suite)
+#   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
+#   hotpath32k   resident decode at a 32K prompt, batch 1
+#   offload16    the 16 GiB offload scenario (auto backend) at 1K
+#   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
+#   hybrids      scripts/gpu_hybrids_bench.sh PART=decode
+#   qwen4        scripts/gpu_qwen4_bench.py
+# Through the device tool:
+#   run(command="STAGES='hotpath offload2' LIMITS='240 300' scripts/gpu_stages.sh", carry=[".whl"])
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+res=/tmp/stage-results
+mkdir -p "$res"
+model="random:qwen3-30b-a3b"
+decode() { python3 -m edgemoe.cli bench decode --model "$model" --profile --profile-steps 8 "$@"; }
+
+run_stage() {
+  case "$1" in
+    tests-rerun) python3 -m pytest ${TESTS:-tests/gpu} -q -p no:cacheprovider -o addopts="--import-mode=importlib" -rfE --tb=short ;;
+    hotpath) decode --moe-backend resident --prompt-tokens 1024 8192 --batch-sizes 1 8 32 --decode-tokens 32 --out "$res/hotpath" ;;
+    hotpath32k) decode --moe-backend resident --prompt-tokens 32768 --batch-sizes 1 --decode-tokens 32 \
+                  --max-prefill-tokens 8192 --out "$res/hotpath32k" ;;
+    offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
+                 --out "$res/offload16" ;;
+    offload2) OUT="$res/offload2" bash scripts/gpu_offload2.sh ;;
+    hybrids) OUT="$res/hybrids" PART=decode bash scripts/gpu_hybrids_bench.sh ;;
+    qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ;;
+    *) echo "unknown stage $1"; return 2 ;;
+  esac
+}
+
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+read -r -a limits <<< "${LIMITS:-}"
+i=0
+for stage in ${STAGES:-tests-rerun}; do
+  limit="${limits[$i]:-300}"; i=$((i + 1))
+  mkdir -p "$res/$stage"
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" bash -c "$(declare -f run_stage decode); res=$res model=$model; run_stage $stage" \
+    > "$res/$stage.log" 2>&1
+  rc=$?
+  echo "== $stage rc=$rc $(( $(date +%s) - start )) s (limit $limit)"
+  grep -v "it/s\]\|s/it\]" "$res/$stage.log" | tail -n "${TAIL:-25}"
+done
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/results.tgz" -C "$res" .; fi
+save_jit_cache
+exit 0
