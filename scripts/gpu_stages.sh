@@ -4,6 +4,8 @@
 # write comes back as $OUT/results.tgz (a call returns at most 8 files) with the JIT cache
 # parts (scripts/gpu_env.sh). Stages, in the order named:
 #   tests-rerun  the GPU tests named in $TESTS (default: the whole suite)
+#   isolated     each test in $ISOLATED in a process of its own (what @isolated does), with
+#                every thread's stack dumped if one runs past 120 s (faulthandler)
 #   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
 #   hotpath32k   resident decode at a 32K prompt, batch 1
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
@@ -22,6 +24,10 @@ decode() { python3 -m edgemoe.cli bench decode --model "$model" --profile --prof
 run_stage() {
   case "$1" in
     tests-rerun) python3 -m pytest ${TESTS:-tests/gpu} -q -p no:cacheprovider -o addopts="--import-mode=importlib" -rfE --tb=short ;;
+    isolated) for t in $ISOLATED; do
+                EDGEMOE_ISOLATED_TEST=1 python3 -m pytest "$t" -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
+                  -o faulthandler_timeout=120 -rfE --tb=short
+              done ;;
     hotpath) decode --moe-backend resident --prompt-tokens 1024 8192 --batch-sizes 1 8 32 --decode-tokens 32 --out "$res/hotpath" ;;
     hotpath32k) decode --moe-backend resident --prompt-tokens 32768 --batch-sizes 1 --decode-tokens 32 \
                   --max-prefill-tokens 8192 --out "$res/hotpath32k" ;;

@@ -62,6 +62,14 @@ def test_phases_are_timed_apart(llm: LLM, prompt_tokens: int, batch: int, decode
     assert row["prefill_moe"]["misses_per_token"] > 0 and row["decode_moe"]["misses_per_token"] > 0
 
 
+def test_every_request_decodes_in_every_timed_step_after_a_chunked_prefill(qwen3_ckpt) -> None:  # noqa: ANN001
+    # 3 prompts of 40 tokens, 16 prefilled per step: the first request has its first token
+    # steps before the last and decodes meanwhile; the timed steps still carry all three.
+    with LLM(str(qwen3_ckpt), dtype="float32", max_prefill_tokens=16) as small:
+        row = measure(small, 40, 3, 4, seed=5)
+    assert row["decode_steps"] == 4 and row["decode_tokens_timed"] == 3 * 4
+
+
 def test_runs_do_not_reuse_each_others_prefix(llm: LLM) -> None:
     assert measure(llm, 40, 2, 2, seed=1)["cached_prompt_tokens"] == 0
     assert measure(llm, 40, 2, 2, seed=2)["cached_prompt_tokens"] == 0
@@ -88,7 +96,8 @@ def test_cli_writes_one_row_per_setting_on_the_demo_model(tmp_path: Path, capsys
 
 def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt) -> None:  # noqa: ANN001
     """Overlap launches decode step 1 before the prefill's first tokens are read: its expert
-    traffic counts in the prefill phase; the decode phase still times every token."""
+    traffic counts in the prefill phase; the decode phase still times every token, and its
+    last step launches the next (the requests run on past the timed steps)."""
     batch, prompt_tokens, decode_tokens = 2, 12, 4
     with LLM(str(qwen3_ckpt), dtype="float32", overlap=True) as llm:
         before = traffic(llm)
@@ -96,5 +105,5 @@ def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt
         after = traffic(llm)
     assert row["decode_steps"] == decode_tokens and row["decode_tokens_timed"] == batch * decode_tokens
     assert row["prefill_moe"]["tokens"] == batch * (prompt_tokens + 1)
-    assert row["decode_moe"]["tokens"] == batch * (decode_tokens - 1)  # the last step launched nothing more
-    assert after["tokens"] - before["tokens"] == batch * (prompt_tokens + decode_tokens)
+    assert row["decode_moe"]["tokens"] == batch * decode_tokens  # each timed step launched one
+    assert after["tokens"] - before["tokens"] == batch * (prompt_tokens + 1 + decode_tokens)

@@ -1,6 +1,7 @@
-"""engine/device_memory.py against fake driver libraries: the others' share is read only
-while this process has no context on the device, by the device's UUID, as total - free;
-anything missing answers None (the caller then counts the whole device as its own)."""
+"""engine/device_memory.py against fake driver libraries: the baseline is read only while
+this process has no context on the device, by the device's UUID, as NVML's total - free,
+and our share is a difference of two such counts; anything missing answers None (the
+caller then counts the whole device's use as its own)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ class FakeNvml:
         self.asked.append(uuid)
         return 0
 
+    free = 77 << 30
+
     def nvmlDeviceGetMemoryInfo(self, handle, mem) -> int:  # noqa: ANN001, N802
-        mem._obj.total, mem._obj.free, mem._obj.used = 80 << 30, 77 << 30, 2 << 30
+        mem._obj.total, mem._obj.free, mem._obj.used = 80 << 30, self.free, 2 << 30
         return 0
 
     def nvmlShutdown(self) -> int:  # noqa: N802
@@ -61,15 +64,18 @@ def fake_libraries(monkeypatch: pytest.MonkeyPatch, active: int) -> FakeNvml:
     return nvml
 
 
-def test_reads_the_device_by_uuid_as_total_minus_free(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reads_the_device_by_uuid_and_our_share_as_a_difference(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake_libraries(monkeypatch, active=0)
-    assert device_memory.held_by_others(0) == 3 << 30  # total - free, not NVML's `used`
+    before = device_memory.baseline(0)
+    assert before is not None and before.used == 3 << 30  # total - free, not NVML's `used`
     assert nvml.asked == [b"GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf"] and nvml.shut
+    nvml.free -= 1 << 29  # our context and allocations since
+    assert before.ours() == 1 << 29
 
 
 def test_a_context_already_here_means_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake_libraries(monkeypatch, active=1)
-    assert device_memory.held_by_others(0) is None and nvml.asked == []
+    assert device_memory.baseline(0) is None and nvml.asked == []
 
 
 def test_no_driver_library_means_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,20 +83,19 @@ def test_no_driver_library_means_unknown(monkeypatch: pytest.MonkeyPatch) -> Non
         raise OSError(f"{name}: cannot open shared object file")
 
     monkeypatch.setattr(device_memory.ctypes, "CDLL", missing)
-    assert device_memory.held_by_others(0) is None
+    assert device_memory.baseline(0) is None
 
 
 GiB = 1 << 30
 
 
 def test_the_cap_counts_this_process_and_never_exceeds_what_is_free() -> None:
-    # 80 GiB device, 3 GiB held by others before us, our context 0.5 GiB: 76.5 GiB free
-    total, others, free = 80 * GiB, 3 * GiB, int(76.5 * GiB)
-    assert device_memory.process_share(total, free, others, 16 * GiB) == (16 * GiB, GiB // 2)
-    assert device_memory.process_share(total, free, others, None) == (int(0.9 * total), GiB // 2)
+    # 80 GiB device, others hold 3 GiB, our context 0.5 GiB: 76.5 GiB free
+    total, ours, free = 80 * GiB, GiB // 2, int(76.5 * GiB)
+    assert device_memory.process_share(total, free, ours, 16 * GiB) == (16 * GiB, ours)
+    assert device_memory.process_share(total, free, ours, None) == (int(0.9 * total), ours)
+    assert device_memory.process_share(total, free, ours, 100 * GiB) == (77 * GiB, ours)
     # others holding 20 GiB: the default 90% of the device is more than is left
-    assert device_memory.process_share(total, int(59.5 * GiB), 20 * GiB, None) == (60 * GiB, GiB // 2)
-    assert device_memory.process_share(total, free, others, 100 * GiB) == (77 * GiB, GiB // 2)
-    # the others unknown: the whole device's use is ours (a smaller plan, never an overrun)
+    assert device_memory.process_share(total, int(59.5 * GiB), ours, None) == (60 * GiB, ours)
+    # our share unknown: the whole device's use is ours (a smaller plan, never an overrun)
     assert device_memory.process_share(total, free, None, 16 * GiB) == (16 * GiB, int(3.5 * GiB))
-    assert device_memory.process_share(total, 72 * GiB, 0, None) == (72 * GiB, 8 * GiB)

@@ -113,7 +113,11 @@ def measure(
     if min(prompt_tokens, batch, decode_tokens) < 1:
         raise ValueError("prompt_tokens, batch and decode_tokens must be positive")
     extra = profile_steps + TRACED_STEPS if profile_steps else 0
-    params = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1 + extra, ignore_eos=True)
+    # A request whose prefill ends early decodes while the others' prefill: room for those
+    # steps too, so every request is still decoding in each timed (and profiled) step.
+    chunk = llm.engine.runtime.scheduler.max_prefill_tokens
+    prefill_steps = -(-batch * prompt_tokens // chunk) + batch
+    params = SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1 + extra + prefill_steps, ignore_eos=True)
     prompts = random_prompts(batch, prompt_tokens, llm.engine.vocab_size, seed)
     prefill, request_ids = prefill_phase(llm, prompts, params)
     trace = llm.engine.runtime.trace

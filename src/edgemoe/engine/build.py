@@ -16,7 +16,7 @@ from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.big_tables import TablePlan, plan_tables
 from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
-from edgemoe.engine.device_memory import held_by_others, process_share
+from edgemoe.engine.device_memory import baseline, process_share
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
@@ -84,15 +84,16 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
     process holds plus what the device has free."""
     if device.type != "cuda":
         return None, 0
-    others = held_by_others(device.index)  # read before our context exists on the device
+    before = baseline(device.index)  # read before our context exists on the device
     torch.cuda.set_device(device)
     a = torch.ones(64, 64, device=device)
     (a @ a).sum().item()  # materialise the context and the cuBLAS workspace
     del a
     free, total = torch.cuda.mem_get_info(device)
     requested = parse_size(config.model.gpu_memory) if config.model.gpu_memory else None
-    cap, context = process_share(total, free, others, requested)
-    if others and others >= 256 << 20:
+    cap, context = process_share(total, free, before.ours() if before else None, requested)
+    others = total - free - context
+    if others >= 256 << 20:
         log.warning("other processes hold %.2f GiB of the device: --gpu-memory counts this process's share only",
                     others / GiB)
     if requested is not None and cap < requested:

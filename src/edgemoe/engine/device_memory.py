@@ -1,15 +1,17 @@
-"""What other processes hold on a GPU, so `--gpu-memory` caps this process alone.
+"""What this process holds on a GPU, so `--gpu-memory` caps this process alone.
 
 `torch.cuda.mem_get_info` counts the whole device: a desktop's compositor, a second
 engine, or the pytest process that spawned this one all look like our CUDA context, and
 a cap planned on top of them is smaller than it should be. The driver's count of the
-device's used memory taken *before* this process makes its context on the device is what
-the others hold; afterwards our usage is `total - free - others`.
+device's use taken *before* this process makes its context there (`baseline`) is what the
+others hold; afterwards our share is the count now less that. Both counts come from NVML:
+its total is not CUDA's (CUDA's leaves out memory the driver reserves, ~0.6 GiB on an
+H200), so only a difference of two NVML counts is ours.
 
 Read through NVML and the driver API with ctypes (both ship with the driver: no extra
 package). When they are missing, or this process already has a context on the device (its
-memory would count as the others'), the answer is None and the caller counts the whole
-device as ours: over-conservative, never over the cap.
+memory would count as the others'), `baseline` is None and the caller counts the whole
+device's use as ours: over-conservative, never over the cap.
 """
 
 from __future__ import annotations
@@ -63,21 +65,34 @@ def _nvml_used(uuid: str) -> int | None:
         nvml.nvmlShutdown()
 
 
-def held_by_others(ordinal: int) -> int | None:
-    """Bytes of CUDA device `ordinal` in use before this process's context exists there, as
-    the driver counts them; None when that can't be told (see the module doc)."""
+class Baseline:
+    """The device's use (NVML: total - free) before this process's context existed."""
+
+    def __init__(self, uuid: str, used: int) -> None:
+        self.uuid, self.used = uuid, used
+
+    def ours(self) -> int | None:
+        """What this process holds now (the count now less the baseline); None if NVML fails."""
+        now = _nvml_used(self.uuid)
+        return None if now is None else max(0, now - self.used)
+
+
+def baseline(ordinal: int) -> Baseline | None:
+    """CUDA device `ordinal`'s use before this process's context exists there; None when
+    that can't be told (see the module doc)."""
     try:
         uuid = _device_uuid_without_context(ordinal)
-        return None if uuid is None else _nvml_used(uuid)
+        used = None if uuid is None else _nvml_used(uuid)
+        return None if uuid is None or used is None else Baseline(uuid, used)
     except (OSError, AttributeError) as e:  # no driver library, or an older one without a symbol
         log.debug("cannot read the device's memory before our context: %s", e)
         return None
 
 
-def process_share(total: int, free: int, others: int | None, requested: int | None) -> tuple[int, int]:
-    """(cap, context): what this process holds now (the device's use less the others'; all
-    of it when `others` is unknown) and the cap it plans under: `requested` (--gpu-memory)
-    or 90% of the device, never more than it holds plus what is free."""
-    context = max(0, total - free - (others or 0))
+def process_share(total: int, free: int, ours: int | None, requested: int | None) -> tuple[int, int]:
+    """(cap, context): what this process holds now (`ours`; when unknown, the whole device's
+    use, total - free) and the cap it plans under: `requested` (--gpu-memory) or 90% of
+    the device, never more than it holds plus what is free."""
+    context = total - free if ours is None else ours
     cap = requested if requested is not None else int(0.9 * total)
     return min(cap, context + free), context

@@ -23,20 +23,24 @@ CHILD = "EDGEMOE_ISOLATED_TEST"
 
 class DeviceUse:
     """This process's use of CUDA device `ordinal` as the driver counts it: the device's
-    total - free, less what other processes held before this one's context (created
-    before that context exists: in a fresh process, before any CUDA work)."""
+    use now less its use before this process's context (create this before that context
+    exists: in a fresh process, before any CUDA work); the whole device's use when the
+    driver can't say (engine/device_memory.py)."""
 
     def __init__(self, ordinal: int = 0) -> None:
-        from edgemoe.engine.device_memory import held_by_others
+        from edgemoe.engine.device_memory import baseline
 
         self.ordinal = ordinal
-        self.others = held_by_others(ordinal) or 0
+        self.before = baseline(ordinal)
 
     def now(self) -> int:
         import torch
 
+        ours = self.before.ours() if self.before else None
+        if ours is not None:
+            return ours
         free, total = torch.cuda.mem_get_info(self.ordinal)
-        return total - free - self.others
+        return total - free
 
 
 def isolated(test: Callable[..., Any]) -> Callable[..., Any]:
