@@ -8,10 +8,11 @@
 #                every thread's stack dumped if one runs past 120 s (faulthandler)
 #   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
 #   hotpath32k   resident decode at a 32K prompt, batch 1
+#   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
 #   hybrids      scripts/gpu_hybrids_bench.sh PART=decode
-#   qwen4        scripts/gpu_qwen4_bench.py
+#   qwen4        scripts/gpu_qwen4_bench.py $QWEN4_ARGS
 # Through the device tool:
 #   run(command="STAGES='hotpath offload2' LIMITS='240 300' scripts/gpu_stages.sh", carry=[".whl"])
 set -uo pipefail
@@ -31,11 +32,12 @@ run_stage() {
     hotpath) decode --moe-backend resident --prompt-tokens 1024 8192 --batch-sizes 1 8 32 --decode-tokens 32 --out "$res/hotpath" ;;
     hotpath32k) decode --moe-backend resident --prompt-tokens 32768 --batch-sizes 1 --decode-tokens 32 \
                   --max-prefill-tokens 8192 --out "$res/hotpath32k" ;;
+    kprofile) OUT="$res/kprofile" python3 scripts/gpu_kernel_profile.py ${KPROFILE:-1 1024} ;;
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     offload2) OUT="$res/offload2" bash scripts/gpu_offload2.sh ;;
     hybrids) OUT="$res/hybrids" PART=decode bash scripts/gpu_hybrids_bench.sh ;;
-    qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ;;
+    qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ${QWEN4_ARGS:-} ;;
     *) echo "unknown stage $1"; return 2 ;;
   esac
 }

@@ -1,0 +1,58 @@
+"""Where a resident decode step's device time goes, kernel by kernel, on the GPU machine.
+
+random:qwen3-30b-a3b (bf16, 48 layers) resident, one request after a 1K prompt, decode
+steps replayed from CUDA graphs; the torch profiler (CUPTI sees the kernels inside a
+graph) over STEPS steps. Prints each kernel's µs per step, its share and calls per step,
+and writes $OUT/kernel_profile_b<batch>_p<prompt>.json. The bound to compare with:
+PERF-NOTES' 680 tok/s at batch 1, 1.47 ms a step (docs/benchmarks.md: per layer).
+
+    PYTHONPATH=/tmp/site:src python3 scripts/gpu_kernel_profile.py [batch] [prompt_tokens]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from edgemoe import LLM, SamplingParams
+
+STEPS = 16
+batch = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+
+with LLM("random:qwen3-30b-a3b", moe_backend="resident", kv_tokens=65536) as llm:
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request([1000 + i + 7 * j for j in range(prompt)], params)
+    for _ in range(batch * (prompt // 2048 + 1) + 8):  # prefill, then warm decode steps
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            engine.step()
+        torch.cuda.synchronize()
+
+per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+for e in prof.events():
+    if e.device_type == torch.autograd.DeviceType.CUDA:
+        per_kernel[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        per_kernel[e.name][1] += 1
+total = sum(t for t, _ in per_kernel.values())
+rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
+print(f"batch {batch}, prompt {prompt}: {total / STEPS:.0f} µs of kernels per step")
+print(f"{'µs/step':>9} {'share':>6} {'calls':>6}  kernel")
+table = []
+for name, (us, calls) in rows[:40]:
+    print(f"{us / STEPS:9.1f} {100 * us / total:5.1f}% {calls / STEPS:6.1f}  {name[:110]}")
+    table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
+out = Path(os.environ.get("OUT", "bench/results"))
+out.mkdir(parents=True, exist_ok=True)
+(out / f"kernel_profile_b{batch}_p{prompt}.json").write_text(json.dumps(
+    {"batch": batch, "prompt_tokens": prompt, "steps": STEPS, "us_per_step": total / STEPS, "kernels": table}, indent=1))
