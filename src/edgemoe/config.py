@@ -112,11 +112,13 @@ class MoEConfig:
         "labelled in every output; refused by serve)",
     )
     expert_cache: str = setting(
-        "host",
+        "auto",
         "where the slot cache's bookkeeping runs: host (each MoE layer's routing read back, misses planned in "
-        "Python) or device (slot map, owners and LRU recency on the GPU, planned by device ops with no host read: "
-        "offload decode steps are captured in CUDA graphs; LRU and the offload backend only, auto resolving to it)",
-        ("host", "device"),
+        "Python; the cpu/hybrid backends and auto's CPU split need it) or device (slot map, owners and LRU "
+        "recency on the GPU, planned by device ops with no host read: offload decode steps are captured in CUDA "
+        "graphs; LRU and the offload backend only, auto resolving to it); auto: device on a GPU with the "
+        "offload or auto backend and LRU, else host",
+        ("auto", "host", "device"),
     )
     expert_mover: str = setting(
         "gather",

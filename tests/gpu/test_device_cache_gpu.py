@@ -116,7 +116,7 @@ def run(path, **settings):  # noqa: ANN001, ANN003, ANN202
 
 @pytest.mark.parametrize("slots", [TOP_K, 16, ALL])
 def test_graph_captured_device_cache_gives_the_host_cache_tokens(small_ckpt, slots: int) -> None:  # noqa: ANN001
-    host_tokens, host, host_graphs = run(small_ckpt, moe_backend="offload", moe_slots=slots)
+    host_tokens, host, host_graphs = run(small_ckpt, moe_backend="offload", moe_slots=slots, expert_cache="host")
     tokens, dev, graphs = run(small_ckpt, moe_backend="offload", moe_slots=slots, expert_cache="device")
     assert graphs and not host_graphs
     assert tokens == host_tokens
@@ -126,7 +126,7 @@ def test_graph_captured_device_cache_gives_the_host_cache_tokens(small_ckpt, slo
 
 
 def test_copy_engine_mover_gives_the_same_tokens(small_ckpt) -> None:  # noqa: ANN001
-    want, _, _ = run(small_ckpt, moe_backend="offload", moe_slots=8)
+    want, _, _ = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="host")
     tokens, moe, graphs = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device",
                               expert_mover="copy")
     assert tokens == want and not graphs and moe["expert_mover"] == "copy"

@@ -37,10 +37,11 @@ def resident(small_ckpt):  # noqa: ANN001, ANN201
     return greedy_tokens(small_ckpt, moe_backend="resident")
 
 
+@pytest.mark.parametrize("cache", ["device", "host"])  # device: the GPU default (--expert-cache auto)
 @pytest.mark.parametrize("slots", [4, EXPERTS // 4, EXPERTS])
-def test_offload_tokens_identical_to_resident(small_ckpt, resident, slots: int) -> None:  # noqa: ANN001
+def test_offload_tokens_identical_to_resident(small_ckpt, resident, slots: int, cache: str) -> None:  # noqa: ANN001
     # Same kernels on the same device, only the residency differs: bitwise-equal logits.
-    assert greedy_tokens(small_ckpt, moe_backend="offload", moe_slots=slots) == resident
+    assert greedy_tokens(small_ckpt, moe_backend="offload", moe_slots=slots, expert_cache=cache) == resident
 
 
 @pytest.mark.parametrize("backend", ["cpu", "hybrid"])
@@ -89,7 +90,7 @@ def test_device_memory_stays_under_the_cap(make_ckpt) -> None:  # noqa: ANN001
     peak = 0
     with LLM(str(path), dtype="bfloat16", device="cuda", gpu_memory="2GiB", max_prefill_tokens=2048) as llm:
         engine = llm.engine
-        assert engine.runtime.plan.backend == "auto"  # slot cache; offload or hybrid chosen live
+        assert engine.runtime.plan.backend == "auto"  # a slot cache: on the device (--expert-cache auto)
         rid = engine.add_request(list(range(1000, 7000)), SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
         done = False
         while not done:

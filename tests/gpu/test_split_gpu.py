@@ -30,7 +30,7 @@ def test_hybrid_controller_learns_from_events(small_ckpt) -> None:  # noqa: ANN0
 def test_auto_decides_at_start_up_and_says_why(make_ckpt, caplog) -> None:  # noqa: ANN001
     path = make_ckpt("qwen3_moe", **MEDIUM)
     with caplog.at_level(logging.WARNING, logger="edgemoe.moe.controller"), LLM(
-        str(path), dtype="bfloat16", device="cuda", gpu_memory="2GiB"
+        str(path), dtype="bfloat16", device="cuda", gpu_memory="2GiB", expert_cache="host"  # the CPU split needs it
     ) as llm:
         assert llm.engine.runtime.plan.backend == "auto"
         llm.generate([list(range(2000, 2040))], GREEDY)

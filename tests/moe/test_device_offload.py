@@ -167,3 +167,16 @@ def test_counts_drain_once_per_read(store: BankStore) -> None:
     dev.stats.resolve()
     assert dev.stats.misses[0] == 3 and dev.stats.hits[0] == 1
     assert dev.stats.bytes_copied == 3 * store.expert_nbytes
+
+
+def test_expert_cache_auto_is_the_device_on_a_gpu_for_offload_and_auto() -> None:
+    from edgemoe.moe.registry import resolve_expert_cache
+
+    assert resolve_expert_cache("auto", "cuda", "offload", "lru") == "device"
+    assert resolve_expert_cache("auto", "cuda", "auto", "lru") == "device"
+    # the CPU split needs the host cache; LFU and the CPU have no device cache
+    for backend, policy, device in (("hybrid", "lru", "cuda"), ("cpu", "lru", "cuda"), ("auto", "lfu", "cuda"),
+                                    ("offload", "lru", "cpu"), ("auto", "lru", "cpu")):
+        assert resolve_expert_cache("auto", device, backend, policy) == "host"
+    assert resolve_expert_cache("host", "cuda", "offload", "lru") == "host"  # an explicit choice stands
+    assert resolve_expert_cache("device", "cpu", "offload", "lru") == "device"
