@@ -103,6 +103,8 @@ def test_staged_ids_live_in_one_buffer_and_padding_keeps_the_routers() -> None:
     padded, plain = (SyntheticRouting(RoutingSpec(seed=9), layers, E, K, max_tokens=8) for _ in range(2))
     storage = padded.staged.buffer.data_ptr()
     g = torch.Generator().manual_seed(0)
+    warm_up = torch.randint(0, E, (4, K), generator=g, dtype=torch.int32)
+    assert torch.equal(padded.ids(2, warm_up), warm_up)  # nothing staged yet (a graph's warm-up): all padding
     for step, (n, size) in enumerate([(3, 4), (1, 1), (2, 2), (5, 8)]):
         rows, lens = list(range(n)), [step + 2] * n  # n sequences decoding
         padded.prepare([1] * n, lens, rows, size)
