@@ -45,6 +45,35 @@ def test_synthetic_ids_replace_the_routers(qwen3_ckpt) -> None:  # noqa: ANN001
     assert len(first) == len(router) and first != router
 
 
+@pytest.mark.parametrize("expert_cache", ["host", "device"])
+def test_padded_decode_draws_the_unpadded_runs_ids(qwen3_ckpt, expert_cache: str) -> None:  # noqa: ANN001
+    """Decode batches padded as on a GPU (3 sequences → 4, the shapes CUDA graphs replay):
+    the padding row draws nothing and keeps the router's ids, which neither cache routes,
+    so tokens, the recorded trace and the cache's counts are the unpadded run's."""
+    from edgemoe.engine.graphs import DecodePadding
+
+    prompts = [[9707, 11, 1879], [1, 2, 3, 4, 5], [42, 43]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def run(padded: bool, **settings):  # noqa: ANN003, ANN202
+        with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", moe_slots=3, routing=SYNTHETIC,
+                 **settings) as llm:
+            rt = llm.engine.runtime
+            if padded:
+                rt.runner.padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
+            rt.trace.start()
+            tokens = [o.token_ids for o in llm.generate(prompts, greedy)]
+            return tokens, rt.trace.stop(), llm.stats()["moe"], rt.runner.routing.staged.rows
+
+    want, want_trace, want_moe, _ = run(False, expert_cache="host")
+    tokens, trace, moe, rows = run(True, expert_cache=expert_cache)
+    assert rows == 4  # the last step was padded
+    assert tokens == want and trace == want_trace
+    for key in ("hits", "misses", "bytes_copied", "hit_rate_by_layer"):
+        assert moe[key] == want_moe[key], key
+    assert moe["misses"] > 0
+
+
 def test_router_is_the_default_and_labelled(qwen3_ckpt) -> None:  # noqa: ANN001
     with LLM(str(qwen3_ckpt), dtype="float32") as llm:
         assert llm.stats()["routing"] == "router" and llm.engine.runtime.runner.routing is None

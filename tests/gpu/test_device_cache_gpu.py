@@ -7,6 +7,8 @@
   at pools down to top-k slots;
 - no host synchronisation per layer: a graph-replayed decode step is one graph launch
   and one wait, and an eager one waits once too (the host cache waits per MoE layer).
+- `--routing synthetic`: the host-drawn ids staged in a static device buffer replay from
+  graphs with the eager runs' tokens, draws and cache counts (padding rows included).
 """
 
 from __future__ import annotations
@@ -149,3 +151,36 @@ def test_decode_step_waits_once_with_the_device_cache(small_ckpt, cache: str, gr
         assert counts.syncs <= 1, json.dumps(counts.by_name)
         if graphs:
             assert counts.graph_launches == 1
+
+
+def run_synthetic(path, **settings):  # noqa: ANN001, ANN003, ANN202
+    """Greedy tokens, the recorded routing trace, the MoE statistics and whether graphs were
+    captured under `--routing synthetic`; then one more request's decode step profiled."""
+    with LLM(str(path), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8,
+             routing="synthetic:seed=4", **settings) as llm:
+        engine, trace = llm.engine, llm.engine.runtime.trace
+        trace.start()
+        tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        accesses, moe = trace.stop(), llm.stats()["moe"]
+        engine.add_request(PROMPTS[1], GREEDY)
+        for _ in range(3):
+            engine.step()
+        return tokens, accesses, moe, engine.runner.graphs is not None, count_api_calls(engine.step)
+
+
+def test_synthetic_routing_replays_from_graphs(small_ckpt) -> None:  # noqa: ANN001
+    """Synthetic ids staged in a static device buffer: decode steps (3 sequences padded to
+    4) replay from graphs with the eager runs' draws, tokens and cache decisions; a decode
+    step is one graph launch."""
+    tokens, trace, moe, graphs, counts = run_synthetic(small_ckpt, expert_cache="device")
+    eager_tokens, eager_trace, eager, eager_graphs, _ = run_synthetic(small_ckpt, expert_cache="device",
+                                                                      no_cuda_graph=True)
+    host_tokens, host_trace, host, _, _ = run_synthetic(small_ckpt, expert_cache="host")
+    assert graphs and not eager_graphs
+    assert tokens == eager_tokens == host_tokens
+    # every step's draws, graph-replayed ones too: one access per MoE layer (4) per step
+    assert trace == eager_trace == host_trace and len(trace) >= 4 * GREEDY.max_tokens
+    for key in ("hits", "misses", "bytes_copied", "hit_rate_by_layer"):
+        assert moe[key] == eager[key] == host[key], key
+    assert moe["misses"] > 0 and moe["routing"].startswith("synthetic:seed=4")
+    assert counts.graph_launches == 1 and counts.syncs <= 1, json.dumps(counts.by_name)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from edgemoe.moe.routing_spec import RoutingSpec, parse_routing
+from edgemoe.moe.routing_trace import Access, RoutingTrace
 from edgemoe.moe.synthetic_routing import SyntheticRouting
 
 LAYERS, EXPERTS, K = 48, 128, 8  # Qwen3-30B-A3B
@@ -46,7 +48,7 @@ def decode_sequence(routing: SyntheticRouting, tokens: int, rows: tuple[int, ...
     seqs: dict[int, list[list[set[int]]]] = {r: [] for r in rows}
     for step in range(tokens):
         routing.prepare([1] * len(rows), [step + 1] * len(rows), list(rows))
-        step_ids = routing._step.numpy()  # [layers, T, K]
+        step_ids = routing.last  # [layers, T, K]
         for i, r in enumerate(rows):
             seqs[r].append([set(step_ids[layer, i].tolist()) for layer in range(LAYERS)])
     return seqs
@@ -82,14 +84,51 @@ def test_each_sequence_keeps_its_own_history(qwen3_routing: SyntheticRouting) ->
 
 
 def test_seeded_and_prefill_sized() -> None:
-    a, b, c = (SyntheticRouting(RoutingSpec(seed=s), [1, 3], 16, 4) for s in (5, 5, 6))
+    a, b, c = (SyntheticRouting(RoutingSpec(seed=s), [1, 3], 16, 4, max_tokens=8) for s in (5, 5, 6))
     for r in (a, b, c):
         r.prepare([5, 1], [5, 9], [0, 1])  # a 5-token prompt and a decode token
-    assert a._step.shape == (2, 6, 4)
-    assert np.array_equal(a._step.numpy(), b._step.numpy()) and not np.array_equal(a._step.numpy(), c._step.numpy())
-    import torch
-
-    router_ids = torch.zeros(6, 4, dtype=torch.int64)
-    assert torch.equal(a.ids(3, router_ids), a._step[1])
+    assert a.last.shape == (2, 6, 4)
+    assert np.array_equal(a.last, b.last) and not np.array_equal(a.last, c.last)
+    router_ids = torch.zeros(6, 4, dtype=torch.int32)
+    assert np.array_equal(a.ids(3, router_ids).numpy(), a.last[1])
     with pytest.raises(RuntimeError, match="the router made"):
-        a.ids(1, torch.zeros(2, 4, dtype=torch.int64))
+        a.ids(1, torch.zeros(2, 4, dtype=torch.int32))
+
+
+def test_staged_ids_live_in_one_buffer_and_padding_keeps_the_routers() -> None:
+    """Every step's draws land in the same device storage (what a captured graph reads);
+    a padded step's padding rows keep the router's ids and draw nothing, so the process
+    runs the same padded or not."""
+    layers, E, K = [0, 2, 5], 16, 4
+    padded, plain = (SyntheticRouting(RoutingSpec(seed=9), layers, E, K, max_tokens=8) for _ in range(2))
+    storage = padded.staged.buffer.data_ptr()
+    g = torch.Generator().manual_seed(0)
+    warm_up = torch.randint(0, E, (4, K), generator=g, dtype=torch.int32)
+    assert torch.equal(padded.ids(2, warm_up), warm_up)  # nothing staged yet (a graph's warm-up): all padding
+    for step, (n, size) in enumerate([(3, 4), (1, 1), (2, 2), (5, 8)]):
+        rows, lens = list(range(n)), [step + 2] * n  # n sequences decoding
+        padded.prepare([1] * n, lens, rows, size)
+        plain.prepare([1] * n, lens, rows)
+        assert np.array_equal(padded.last, plain.last)  # the same draws with padding as without
+        router = torch.randint(0, E, (size, K), generator=g, dtype=torch.int32)
+        for i, layer in enumerate(layers):
+            got = padded.ids(layer, router)
+            assert np.array_equal(got[:n].numpy(), padded.last[i])  # the real rows: this step's draws
+            assert torch.equal(got[n:], router[n:])  # the padding rows: the router's own ids
+            assert np.array_equal(plain.ids(layer, router[:n]).numpy(), plain.last[i])
+        assert padded.staged.buffer.data_ptr() == storage  # one storage across steps
+    with pytest.raises(ValueError, match="for 9 rows"):
+        padded.prepare([1] * 2, [3, 3], [0, 1], 9)  # past the largest step
+
+
+def test_draws_are_recorded_for_the_trace() -> None:
+    """The trace hears each step's draws per MoE layer (real rows only) from `prepare`:
+    a graph-replayed step runs no MoE block in Python, yet its accesses are recorded."""
+    routing = SyntheticRouting(RoutingSpec(seed=3), [1, 3], 16, 4, max_tokens=8)
+    routing.trace = trace = RoutingTrace()
+    trace.start()
+    want = []
+    for q, total, size in ((2, 2, None), (1, 3, 4)):  # a 2-token prompt, then its decode padded to 4
+        routing.prepare([q], [total], [0], size)
+        want += [Access(layer, tuple(sorted(set(routing.last[i].flatten().tolist())))) for i, layer in enumerate([1, 3])]
+    assert trace.stop() == want

@@ -166,15 +166,17 @@ def make_runner(
     """The runner. With a graph-safe attention backend on a GPU, decode batches are padded
     to fixed sizes — always, so CUDA graphs on and off, and every MoE backend, run the
     same shapes and compute the same bits — and captured when the executor allows
-    it (resident experts, the device expert cache's gather) unless `--no-cuda-graph`."""
+    it (resident experts, the device expert cache's gather; synthetic routing too) unless
+    `--no-cuda-graph`."""
     executor.stats.count_in_forward = False
-    # Host-drawn routing (cache studies) runs eagerly, unpadded: a graph would replay stale ids.
-    pads = attention.graph_safe and attention.pool.k.is_cuda and routing is None
+    pads = attention.graph_safe and attention.pool.k.is_cuda
     max_bs = min(config.kernels.cuda_graph_max_bs, table.max_rows)
     padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
     runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states, ple,
                          executor.set_live_rows)
-    if pads and executor.graph_safe and not config.kernels.no_cuda_graph and (ple is None or ple.graph_safe):
+    # Synthetic routing (cache studies) stages each step's ids in a static device buffer: graph-safe.
+    if (pads and executor.graph_safe and not config.kernels.no_cuda_graph and (ple is None or ple.graph_safe)
+            and (routing is None or routing.graph_safe)):
         seconds = runner.capture_graphs()
         executor.stats.reset()  # warm-up and capture routed padding tokens
         log.warning("captured CUDA graphs for decode batches of %s sequences in %.1f s", padding.sizes, seconds)  # type: ignore[union-attr]
@@ -226,7 +228,9 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     )
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()
-    executor.routing = routing = make_routing(config.moe.routing, arch)
+    executor.routing = routing = make_routing(config.moe.routing, arch, max_tokens, device)
+    if routing is not None:
+        routing.trace = trace  # it records its draws: graph-replayed steps run no Python per layer
     registrar = CudaRegistrar(device) if device.type == "cuda" else None
     ple = tables.ple.store(loaded.tables, max_tokens, registrar) if tables.ple else None
     extras: dict[str, object] = {"ple_store": ple} if ple else {}
@@ -270,12 +274,13 @@ def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | 
     return wanted
 
 
-def make_routing(setting: str, arch: ModelArch) -> SyntheticRouting | None:
-    """The router override `--routing` asks for (None: the model's router), logged."""
+def make_routing(setting: str, arch: ModelArch, max_tokens: int, device: torch.device) -> SyntheticRouting | None:
+    """The router override `--routing` asks for (None: the model's router), logged; its
+    ids staged on `device` for steps of up to `max_tokens` tokens."""
     spec = parse_routing(setting)
     if spec is None:
         return None
-    routing = SyntheticRouting(spec, list(arch.moe_layers), arch.num_experts, arch.top_k)
+    routing = SyntheticRouting(spec, list(arch.moe_layers), arch.num_experts, arch.top_k, max_tokens, device)
     # WARNING level on purpose: nothing this run measures about the cache is a real model's.
     log.warning(
         "routing %s: the router's expert choices are replaced by a seeded process (cache studies only; "

@@ -31,7 +31,10 @@ class ModelRunner:
     state rows each step's `StateStep` names (padded entries: the scratch row, from zeros).
     `ple` (Qwen3.8-Flash-Next): the PLE store hears each step's chunks, padding included,
     before the batch runs (a disk store copies the step's rows then; a failed read raises
-    `PleFillError` here, before any of the step's device work). `live_rows` hears, inside
+    `PleFillError` here, before any of the step's device work). `routing` (cache studies)
+    draws the step's expert ids for its real chunks before the forward or the replay and
+    stages them in its static device buffer (padding draws nothing, so the draws are the
+    same padded or not, graphs or not). `live_rows` hears, inside
     each forward (so a captured graph replays it), which rows are real
     (`MoEExecutor.set_live_rows`). With overlap, a decode chunk's PENDING id is read on the
     device from `buffers.last_token` (inside the graphs too)."""
@@ -53,11 +56,11 @@ class ModelRunner:
         self.ple, self.live_rows = ple, live_rows
         self.padding, self.count_tokens, self.states = padding, count_tokens, states
         self.graphs: DecodeGraphs | None = None
-        self.routing = routing  # cache studies: the step's expert ids, drawn before the forward
+        self.routing = routing  # cache studies: the step's expert ids, staged before the forward
 
     def capture_graphs(self) -> float:
         """Capture the decode sizes of `padding` (seconds taken)."""
-        assert self.padding is not None and self.routing is None  # host-drawn routing can't replay
+        assert self.padding is not None and (self.routing is None or self.routing.graph_safe)
         self.graphs = DecodeGraphs(self.run_batch, self.buffers, self.padding)
         return self.graphs.capture()
 
@@ -69,6 +72,9 @@ class ModelRunner:
             with self.profiler.region("ple_wait"):
                 self.ple.begin_step(padded)
         self.count_tokens(sum(len(c.token_ids) for c in chunks))
+        if self.routing is not None:  # outside run_batch: a replay must find its ids staged
+            self.routing.prepare([len(c.token_ids) for c in chunks], [c.start + len(c.token_ids) for c in chunks],
+                                 [c.row for c in chunks], size)
         if size is None:
             batch = self.buffers.build(chunks)
             return batch, self.run_batch(batch)
@@ -88,9 +94,6 @@ class ModelRunner:
         self.buffers.fetch_pending(batch)  # overlap: decode ids the step in flight sampled
         self.attention.prepare(batch)
         self.live_rows(self._live_rows(batch))
-        if self.routing is not None:
-            host = batch.host
-            self.routing.prepare(host.q_lens, host.seq_lens, host.req_rows)
         state = StateStep.prepare(self.states, batch) if self.states is not None else None
         hidden = self.model.forward(StepContext(batch, self.attention, self.profiler, state))
         with self.profiler.region("lm_head"):

@@ -41,6 +41,6 @@ class SparseMoE:
         `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
         rows that only pad the batch (their output is never read)."""
         ids, weights = self.route(x)
-        if self.executor.trace is not None:
+        if self.executor.trace is not None and self.executor.routing is None:  # an override records its own draws
             self.executor.trace.record(self.layer, ids)
         return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)

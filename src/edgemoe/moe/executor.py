@@ -25,9 +25,11 @@ from edgemoe.profiling import DISABLED, StepProfiler
 
 class RoutingOverride(Protocol):
     """Replaces the router's expert ids (cache studies: `moe/synthetic_routing.py`);
-    the runner prepares it once per step, before the forward pass."""
+    the runner prepares it once per step, before the forward pass. `graph_safe`: its
+    ids come from a static device buffer, so a captured step replays fresh ones."""
 
     label: str
+    graph_safe: bool
 
     def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor: ...
 

@@ -15,19 +15,26 @@ The process, per MoE layer and per sequence (all layers at once, vectorised):
   common random numbers, damped fixed-point steps) so that the measured statistics
   hit the targets for this model's E and K.
 Sequences keep their own history (keyed by page-table row, reset when a sequence
-starts at position 0); the router's top-k weights are kept, its ids replaced. Off by
-default; `serve` refuses it; every output that it affects says so.
+starts at position 0); the router's top-k weights are kept, its ids replaced (on a
+padded decode batch's padding rows the router's ids stay: no draws for them). The ids are
+staged in one static device buffer, so decode steps replay from CUDA graphs as with the
+router. Off by default; `serve` refuses it; every output that it affects says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from edgemoe.moe.routing_spec import WINDOW, RoutingSpec
+from edgemoe.moe.staged_ids import StagedIds
+
+if TYPE_CHECKING:
+    from edgemoe.moe.executor import RoutingObserver
 
 
 @dataclass
@@ -122,35 +129,45 @@ def calibrate(spec: RoutingSpec, layers: int, experts: int, top_k: int, tokens: 
 
 
 class SyntheticRouting:
-    """The router override an executor carries (`MoEExecutor.routing`): `prepare(batch
-    host metadata)` once per step draws every layer's experts for the step's tokens;
-    `ids(layer, router_ids)` hands layer `layer`'s [T, K] on the router's device."""
+    """The router override an executor carries (`MoEExecutor.routing`): `prepare(the
+    step's real chunks' host metadata, rows)` once per step, before its forward, draws
+    every layer's experts for the step's real tokens and stages them on the device
+    (`moe/staged_ids.py`: one static buffer); `ids(layer, router_ids)` hands layer
+    `layer`'s [T, K] view of it: the drawn ids on the real rows, the router's on padding
+    rows. Graph-safe: a captured decode step reads whatever the latest `prepare` staged.
+    `trace` (the runtime's `RoutingTrace`) hears each step's draws per MoE layer from
+    here, so a recorded trace holds graph-replayed steps too."""
 
-    def __init__(self, spec: RoutingSpec, moe_layers: Sequence[int], experts: int, top_k: int) -> None:
+    graph_safe = True
+
+    def __init__(self, spec: RoutingSpec, moe_layers: Sequence[int], experts: int, top_k: int,
+                 max_tokens: int = 256, device: torch.device | str = "cpu") -> None:
         self.spec, self.label = spec, spec.label
+        self.moe_layers = list(moe_layers)
         self.index = {layer: i for i, layer in enumerate(moe_layers)}
         self.params = calibrate(spec, len(moe_layers), experts, top_k)
         self.process = RoutingProcess(len(moe_layers), experts, top_k, self.params, spec.seed)
         self.streams: dict[int, Stream] = {}
-        self._step: torch.Tensor | None = None  # [layers, T, K]
-        self._device: torch.Tensor | None = None
+        self.staged = StagedIds(len(moe_layers), top_k, max_tokens, device)
+        self.last = np.zeros((len(moe_layers), 0, top_k), np.int64)  # the latest draws [layers, n, K]
+        self.trace: RoutingObserver | None = None
 
-    def prepare(self, q_lens: Sequence[int], seq_lens: Sequence[int], rows: Sequence[int]) -> None:
+    def prepare(self, q_lens: Sequence[int], seq_lens: Sequence[int], rows: Sequence[int],
+                padded: int | None = None) -> None:
+        """Draw the step's ids for its real chunks (padding chunks draw nothing, so the
+        process is the same with and without padding); `padded`: the router's row count
+        when the batch is padded (default: the real tokens)."""
         parts = []
         for n, total, row in zip(q_lens, seq_lens, rows, strict=True):
             if total == n or row not in self.streams:  # a sequence starting at position 0: fresh history
                 self.streams[row] = Stream(self.process.layers, self.process.experts)
             parts.append(self.process.tokens(self.streams[row], n))
         ids = np.concatenate(parts) if parts else np.zeros((0, self.process.layers, self.process.top_k), np.int64)
-        self._step = torch.from_numpy(np.ascontiguousarray(ids.transpose(1, 0, 2)))
-        self._device = None
+        self.last = np.ascontiguousarray(ids.transpose(1, 0, 2))
+        self.staged.stage(self.last, ids.shape[0] if padded is None else padded)
+        if self.trace is not None:
+            for i, layer in enumerate(self.moe_layers):
+                self.trace.record(layer, torch.from_numpy(self.last[i]))
 
     def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor:
-        if self._step is None:
-            raise RuntimeError("SyntheticRouting.ids before prepare(): the runner prepares each step")
-        if self._device is None or self._device.device != router_ids.device:
-            self._device = self._step.to(router_ids.device, non_blocking=False)  # one copy per step
-        got = self._device[self.index[layer]]
-        if got.shape != router_ids.shape:
-            raise RuntimeError(f"synthetic routing prepared {tuple(got.shape)} ids, the router made {tuple(router_ids.shape)}")
-        return got
+        return self.staged.view(self.index[layer], router_ids)
