@@ -161,7 +161,7 @@ def _decode_merge(
     r = tl.arange(0, 1)  # merge_splits takes a tile of rows: here one
     h = tl.program_id(1) + r
     seq_len = tl.load(lens_ptr + b)
-    lo, split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N)
+    _lo, _split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N)
     d = tl.arange(0, D_PAD)
     ok = (r < 1)[:, None] & (d < D)[None, :]
     o_rows = o_ptr + b.to(tl.int64) * stride_ob + h[:, None] * stride_oh + d[None, :]
