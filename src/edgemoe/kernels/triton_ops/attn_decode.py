@@ -89,6 +89,30 @@ def merge_splits(o_rows, lse_rows, out_rows, ok, row_ok, stride_os, first, last,
 
 
 @triton.jit
+def merge_if_last(cnt_ptr, o_ptr, lse_ptr, out_ptr, b, kvh, first, last, stride_ob, stride_oh, stride_os,
+                  stride_lb, stride_lh, stride_outb, stride_outh, G: tl.constexpr, MG_PAD: tl.constexpr,
+                  D: tl.constexpr, D_PAD: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+                  UNROLL: tl.constexpr):
+    """Counts this split in at its (sequence, kv head)'s counter; the last of the
+    sequence's last - first splits to arrive merges them for the group's query heads and
+    sets the counter back to 0."""
+    # NOTE: the barrier orders every thread's partial stores before the arrival (one
+    # thread's atomic); acq_rel makes the earlier arrivals' stores visible to the last.
+    tl.debug_barrier()
+    counter = cnt_ptr + b * tl.num_programs(1) + kvh
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == last - first - 1:
+        g = tl.arange(0, MG_PAD)
+        d = tl.arange(0, D_PAD)
+        rows = kvh * G + g
+        ok = (g < G)[:, None] & (d < D)[None, :]
+        o_rows = o_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_oh + d[None, :]
+        out_rows = out_ptr + b.to(tl.int64) * stride_outb + rows[:, None] * stride_outh + d[None, :]
+        merge_splits(o_rows, lse_ptr + b * stride_lb + rows * stride_lh, out_rows, ok, g < G, stride_os, first, last,
+                     DTYPE, INTERP, UNROLL)
+        tl.store(counter, 0)  # every split has arrived: nothing else touches it in this launch
+
+
+@triton.jit
 def _decode_split(
     q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, ks_ptr, vs_ptr, cnt_ptr, out_ptr,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pr,
@@ -133,19 +157,8 @@ def _decode_split(
     tl.store(o_ptr + base, acc / l[:, None], mask=hd_ok)
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, m + tl.log2(l), mask=g < G)
     if FUSED:
-        # NOTE: the barrier orders every thread's stores above before the arrival (one
-        # thread's atomic); acq_rel makes the earlier arrivals' stores visible to the last.
-        tl.debug_barrier()
-        counter = cnt_ptr + b * tl.num_programs(1) + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == last - first - 1:
-            mg = tl.arange(0, MG_PAD)
-            rows = kvh * G + mg
-            ok = (mg < G)[:, None] & (d < D)[None, :]
-            o_rows = o_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_oh + d[None, :]
-            out_rows = out_ptr + b.to(tl.int64) * stride_outb + rows[:, None] * stride_outh + d[None, :]
-            merge_splits(o_rows, lse_ptr + b * stride_lb + rows * stride_lh, out_rows, ok, mg < G, stride_os,
-                         first, last, DTYPE, INTERP, UNROLL)
-            tl.store(counter, 0)  # every split has arrived: nothing else touches it in this launch
+        merge_if_last(cnt_ptr, o_ptr, lse_ptr, out_ptr, b, kvh, first, last, stride_ob, stride_oh, stride_os,
+                      stride_lb, stride_lh, stride_outb, stride_outh, G, MG_PAD, D, D_PAD, DTYPE, INTERP, UNROLL)
 
 
 @triton.jit
