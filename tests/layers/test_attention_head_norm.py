@@ -21,7 +21,7 @@ from edgemoe.layers.attention import Attention
 from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec, RopeTable
 from edgemoe.layers.batch import BatchHost, BatchMode, ForwardBatch
 from edgemoe.layers.norm import OffsetRMSNorm, RMSNorm
-from edgemoe.layers.rotary import Rotary, RopeSpec
+from edgemoe.layers.rotary import RopeSpec, Rotary
 from edgemoe.layers.torch_attention import TorchPagedAttention
 from edgemoe.layers.triton_attention import TritonPagedAttention
 from edgemoe.testing.kernel_inputs import head_norm_rope_bound
@@ -45,7 +45,7 @@ def paged(mode: BatchMode, q_lens: list[int], seq_lens: list[int]) -> ForwardBat
     row_of = torch.cat([torch.full((q,), r) for q, r in zip(q_lens, rows, strict=True)])
     out_loc = table[row_of, pos // PAGE].long() * PAGE + pos % PAGE
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)
     host = BatchHost(tuple(q_lens), tuple(seq_lens), tuple(rows), len(q_lens) if mode is BatchMode.DECODE else 0)
     return ForwardBatch(mode, torch.zeros(len(pos), dtype=torch.long), pos, out_loc, i32(rows), i32(seq_lens), cu,
                         torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.int32), table, PAGE, host)
@@ -80,7 +80,7 @@ def layer_inputs(norm: type[RMSNorm]) -> tuple[Attention, Rotary, list[torch.Ten
     return layer, rotary, xs
 
 
-def run(layer: Attention, rotary: Rotary, xs: list[torch.Tensor], fused: bool, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+def run(layer: Attention, rotary: Rotary, xs: list[torch.Tensor], fused: bool, monkeypatch: pytest.MonkeyPatch):
     """(outputs, queries attention saw, pool) over the two steps."""
     pool = KVPool(1, 6, PAGE, HKV, D, F32, CPU)
     if fused:
@@ -143,3 +143,6 @@ def test_offset_norms_are_applied_before_the_kernel(monkeypatch: pytest.MonkeyPa
     got, got_q, got_pool = run(layer, rotary, xs, fused=True, monkeypatch=monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(got_q, want_q, strict=True))
     assert torch.equal(got_pool.k, want_pool.k) and torch.equal(got_pool.v, want_pool.v)
+    for batch, out_w, out_g, q_w in zip(STEPS, want, got, want_q, strict=True):  # only the attentions' rounding
+        bound = output_bound(layer, q_w, 0.0, want_pool.k[0], 0.0, want_pool.v[0], max(batch.host.seq_lens))
+        assert ((out_g - out_w).abs() <= bound).all()

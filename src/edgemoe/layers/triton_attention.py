@@ -36,7 +36,7 @@ class TritonPagedAttention(AttentionBackend):
             raise ValueError(f"layer {spec.layer}: the triton attention backend needs the rotary table in its spec")
         fused: dict[str, object] = {}
         if norms is not None and norms.fusable:
-            fused = dict(q_norm_w=norms.q.weight, k_norm_w=norms.k.weight, norm_eps=norms.q.eps)
+            fused = {"q_norm_w": norms.q.weight, "k_norm_w": norms.k.weight, "norm_eps": norms.q.eps}
         elif norms is not None:
             q, k = norms.q(q), norms.k(k)
         return rope_write_kv(
