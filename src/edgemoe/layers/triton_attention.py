@@ -1,9 +1,9 @@
-"""The Triton attention backend: the per-head q/k norms (Qwen3), rotary and the KV write
-in one kernel by position, paged
-decode attention (split over long contexts, every split of the table's capacity in the
-grid so the launch is the same every step and a CUDA graph can hold it), and
-flash-style extend attention for prompt chunks (kernels/paged_attention.py). An fp8 pool
-(`--kv-cache-dtype fp8`) hands every kernel its scales: writes quantise, reads fold them in.
+"""The Triton attention backend: a layer's per-head q/k norms (Qwen3), rotary and the KV
+write in one kernel by position, paged decode attention (split over long contexts, every
+split of the table's capacity in the grid so the launch is the same every step and a
+CUDA graph can hold it), and flash-style extend attention for prompt chunks
+(kernels/paged_attention.py). An fp8 pool (`--kv-cache-dtype fp8`) hands every kernel
+its scales: writes quantise, reads fold them in.
 """
 
 from __future__ import annotations
