@@ -179,10 +179,15 @@ def bench_small_ops() -> None:
         pos = torch.randint(0, max_pos, (tokens,), generator=g, device=DEV)
         loc = torch.randperm(max_pos, generator=g, device=DEV)[:tokens]
         rope_calls = [lambda i=i: rope_write_kv(*qkv[i], pos, cos, sin, k_cache, v_cache, loc) for i in range(n)]
+        # Qwen3's q/k head norms fused in (replacing two rms_norm launches per layer)
+        normed_calls = [lambda i=i: rope_write_kv(*qkv[i], pos, cos, sin, k_cache, v_cache, loc, None, None,
+                                                  weight[:D], weight[D : 2 * D], 1e-6) for i in range(n)]
         mode = "eager" if prefill else "graph"
         timer = (lambda calls: eager_us(calls[0])) if prefill else graph_us
         record("add_rms_norm", f"T={tokens}", timer(norm_calls), 4 * tokens * H * 2, 0, mode)
         record("rope_write_kv", f"T={tokens}", timer(rope_calls), 2 * tokens * (HQ + 2 * HKV) * D * 2, 0, mode)
+        record("rope_write_kv+qk_norm", f"T={tokens}", timer(normed_calls), 2 * tokens * (HQ + 2 * HKV) * D * 2, 0,
+               mode)
 
 
 def main() -> None:

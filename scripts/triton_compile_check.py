@@ -90,11 +90,14 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                DTYPE=act, INTERP=False, UNROLL=attn_decode.MERGE_UNROLL), 1, ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}
-    yield Case("rope + kv write", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32, HKV_PAD=4, D_PAD=256, DTYPE=act,
-               CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False), 4, ptrs=rope_ptrs)
+    yield Case("rope + kv write", rope._rope_write_kv, dict(HALF=32, NORM=False, HQ_PAD=32, HKV_PAD=4, D_PAD=256,
+               DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False), 4, ptrs=rope_ptrs)
+    yield Case("q/k head norms + rope + kv write", rope._rope_write_kv, dict(HALF=64, NORM=True, HQ_PAD=32, HKV_PAD=4,
+               D_PAD=128, DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False), 4, ptrs=rope_ptrs)
     for hw in (False, True):  # fp8 bytes by integer arithmetic (sm_80/86), or the e4m3 type (sm_89+)
-        yield Case(f"rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(HALF=32, HQ_PAD=32,
-                   HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw), 4,
+        yield Case(f"head norms + rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(
+                   HALF=32, NORM=True, HQ_PAD=32, HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False,
+                   FP8KV=True, FP8HW=hw), 4,
                    ptrs={**rope_ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
     t = dense_gemv.DEFAULT_TILES
     for partial in (False, True):  # the skinny dense GEMM, one K range or split-K partials (fp32)

@@ -2,8 +2,8 @@
 
 - greedy tokens bitwise identical with CUDA graphs on and off (decode batches are
   padded to the captured sizes either way), and for offload vs resident;
-- the Triton path against the torch path: tie-aware top-1 agreement ≥ 99% over 512
-  teacher-forced positions;
+- the Triton path (q/k head norms fused into the rope + KV write) against the torch path
+  (separate norms): tie-aware top-1 agreement ≥ 99% over 512 teacher-forced positions;
 - a graph-replayed decode step is one graph launch and waits for the device once.
 """
 
@@ -47,12 +47,31 @@ def tie_aware_agreement(fast: torch.Tensor, ref: torch.Tensor, tol: float) -> fl
     return ((best - picked) <= tol).float().mean().item()
 
 
+def fused_head_norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spies on the Triton backend's rope + KV write: one entry per call, whether the
+    layer's q/k head norms were fused into it (qwen3_moe: qk_norm="head")."""
+    from edgemoe.kernels import rope_kv
+
+    calls: list[bool] = []
+    kernel = rope_kv.rope_write_kv
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(kwargs.get("q_norm_w") is not None)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr("edgemoe.layers.triton_attention.rope_write_kv", spy)
+    return calls
+
+
 def test_triton_path_agrees_with_torch_path(small_ckpt, graphed, monkeypatch) -> None:  # noqa: ANN001
     # 512 positions: prompt 2's prefill (extend attention, grouped MoE) and its decode
     # tokens teacher-forced through the torch path.
     seq = (PROMPTS[2] + graphed[2] + list(range(1000, 1400)))[:512]
+    fused = fused_head_norm_calls(monkeypatch)
     with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="resident") as llm:
         fast = llm.prompt_logits(seq).float().cpu()
+    assert fused and all(fused), fused  # every layer's q/k head norms ran inside the rope kernel
+    monkeypatch.undo()
     monkeypatch.setenv("EDGEMOE_TRITON", "0")
     with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="resident",
              attention_backend="torch") as llm:

@@ -30,9 +30,11 @@ from edgemoe.kernels.paged_attention import (
     extend_attention_ref,
 )
 from edgemoe.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
+from edgemoe.quant.kv import KV_FP8, dequantise_kv
 from edgemoe.testing.kernel_inputs import (
     MoEBatch,
     PagedBatch,
+    head_norm_rope_bound,
     moe_batch,
     paged_batch,
     rope_bound,
@@ -270,6 +272,55 @@ def test_rope_write_kv_matches_reference(hq: int, hkv: int, d: int, rotary_dim: 
     for x, a, b in ((q, got, want), (k, caches[0][out_loc], caches[2][out_loc])):
         diff = (a.float() - b.float()).abs()
         assert (diff <= rope_bound(x, positions, cos, sin)).all(), diff.max()
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_rope_write_kv_fuses_head_norms(cache: str) -> None:
+    """Qwen3-30B-A3B's heads (32 q / 4 kv x 128), 4096 tokens, the per-head q/k RMSNorms
+    fused into the rope + KV write, against the model's norms (`rms_norm_ref`) then the
+    reference; the first tokens alone give the same rows bitwise (one program per token)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    T, P, slots, hq, hkv, d, eps = 4096, 40960, 8192, 32, 4, 128, 1e-6
+    q, k, v = (torch.randn(T, h, d, generator=g, device="cuda").mul(3).add(0.5).to(BF16) for h in (hq, hkv, hkv))
+    qw, kw = (torch.randn(d, generator=g, device="cuda").mul(0.3).add(1).to(BF16) for _ in range(2))
+    positions = torch.randint(0, P, (T,), generator=g, device="cuda")
+    out_loc = torch.randperm(slots, generator=g, device="cuda")[:T]
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+    freqs = torch.arange(P, device="cuda").float()[:, None] * inv_freq
+    cos, sin = freqs.cos(), freqs.sin()
+
+    def caches() -> tuple[torch.Tensor, ...]:
+        if cache == "bf16":
+            return tuple(torch.full((slots, hkv, d), 3.0, dtype=BF16, device="cuda") for _ in range(2)) + (None, None)
+        kc, vc = (torch.zeros(slots, hkv, d, dtype=KV_FP8, device="cuda") for _ in range(2))
+        return kc, vc, torch.ones(slots, hkv, device="cuda"), torch.ones(slots, hkv, device="cuda")
+
+    got, want = caches(), caches()
+    got_q = rope_write_kv(q, k, v, positions, cos, sin, got[0], got[1], out_loc, got[2], got[3], qw, kw, eps)
+    qn, kn = rms_norm_ref(q, qw, eps), rms_norm_ref(k, kw, eps)
+    want_q = rope_write_kv_ref(qn, kn, v, positions, cos, sin, want[0], want[1], out_loc, want[2], want[3])
+    # The norm's fp32 sums of squares run in another order, then rotate: head_norm_rope_bound.
+    assert ((got_q.float() - want_q.float()).abs() <= head_norm_rope_bound(qn, positions, cos, sin)).all()
+    k_bound = head_norm_rope_bound(kn, positions, cos, sin)
+    if cache == "bf16":
+        assert torch.equal(got[1], want[1])  # v: a copy
+        assert ((got[0][out_loc].float() - want[0][out_loc].float()).abs() <= k_bound).all()
+    else:
+        assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) and torch.equal(got[3], want[3])
+        # k's e4m3 codes: one e4m3 rounding each side, <= 2^-4 of its (token, head) amax.
+        deq = [dequantise_kv(c[0][out_loc], c[2][out_loc], torch.float32) for c in (got, want)]
+        amax = sum(x.abs().amax(-1, keepdim=True) for x in deq)
+        assert ((deq[0] - deq[1]).abs() <= k_bound + 2**-4 * (1 + 2**-20) * amax).all()
+    alone = caches()
+    n = 7
+    first_q = rope_write_kv(q[:n], k[:n], v[:n], positions[:n], cos, sin, alone[0], alone[1], out_loc[:n],
+                            alone[2], alone[3], qw, kw, eps)
+    assert torch.equal(first_q, got_q[:n])
+    for a, b in zip(alone, got, strict=True):
+        if a is not None:
+            rows = out_loc[:n]
+            assert torch.equal(a[rows].view(torch.uint8) if a.dtype == KV_FP8 else a[rows],
+                               b[rows].view(torch.uint8) if b.dtype == KV_FP8 else b[rows])
 
 
 def test_decode_kernels_capture_in_a_graph_without_syncs() -> None:

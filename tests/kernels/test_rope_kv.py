@@ -1,5 +1,6 @@
 """RoPE + KV-cache write: the reference against the existing rotary kernel and
-transformers' partial rotary; the Triton kernel (interpreter on CPU) bitwise against it."""
+transformers' partial rotary; the Triton kernel (interpreter on CPU) bitwise against it,
+and with Qwen3's per-head q/k norms fused in, against the model's norms then the reference."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ import torch
 from edgemoe.kernels.attention import write_kv_ref
 from edgemoe.kernels.rope_kv import apply_rope_partial_ref, rope_write_kv_ref
 from edgemoe.kernels.rotary import apply_rope_ref, rope_cos_sin
+from edgemoe.layers.norm import RMSNorm
+from edgemoe.quant.kv import KV_FP8, dequantise_kv, quantise_kv
+from edgemoe.testing.kernel_inputs import head_norm_rope_bound
 
 # conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 T, P, SLOTS = 9, 64, 24
+EPS = 1e-6
 
 
 def tables(rotary_dim: int, scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,3 +77,95 @@ def test_triton_rope_write_kv_bitwise(dtype: torch.dtype, hq: int, hkv: int, d: 
     # Same roundings at the same points (each product, then the sum): bitwise equal.
     assert torch.equal(got_q, want_q)
     assert torch.equal(got_caches[0], want_caches[0]) and torch.equal(got_caches[1], want_caches[1])
+
+
+def head_norm_weights(d: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple((torch.randn(d, generator=g) * 0.3 + 1).to(dtype) for _ in range(2))  # type: ignore[return-value]
+
+
+def unfused(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own per-head norms (layers/norm.py), as the unfused path applies them."""
+    return RMSNorm(qw, EPS)(q), RMSNorm(kw, EPS)(k)
+
+
+def assert_within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> None:
+    diff = (got.float() - want.float()).abs()
+    assert (diff <= bound).all(), (diff - bound).max()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# odd head counts, partial rotary, a head dim that is not a power of two (padded lanes
+# must not count in the mean of squares)
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(4, 2, 64, 64), (5, 1, 64, 16), (3, 3, 48, 8)])
+def test_triton_head_norms_match_norm_then_rope(dtype: torch.dtype, hq: int, hkv: int, d: int, rotary_dim: int) -> None:
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    q, k, v, positions, out_loc = qkv(dtype, hq, hkv, d, seed=3)
+    q, k = q * 3 + 0.5, k * 2 - 0.25  # off unit scale and centre: the norm must do something
+    qw, kw = head_norm_weights(d, dtype, seed=4)
+    _, cos, sin = tables(rotary_dim, scaling=1.1)
+    want_caches = [torch.full((SLOTS, hkv, d), 7.0, dtype=dtype) for _ in range(2)]  # 7: never written
+    got_caches = [c.clone() for c in want_caches]
+    qn, kn = unfused(q, k, qw, kw)
+    want_q = rope_write_kv_ref(qn, kn, v, positions, cos, sin, *want_caches, out_loc)
+    ref_caches = [c.clone() for c in want_caches]
+    assert torch.equal(rope_write_kv_ref(q, k, v, positions, cos, sin, *ref_caches, out_loc, None, None, qw, kw, EPS),
+                       want_q)  # the reference with norms is exactly the unfused computation
+    got_q = rope_write_kv_triton(q, k, v, positions, cos, sin, *got_caches, out_loc, None, None, qw, kw, EPS)
+    # The kernel's fp32 sums of squares run in another order: the normalised heads may part
+    # by a rounding of the dtype, then rotate (head_norm_rope_bound).
+    assert_within(got_q, want_q, head_norm_rope_bound(qn, positions, cos, sin))
+    assert_within(got_caches[0][out_loc], want_caches[0][out_loc], head_norm_rope_bound(kn, positions, cos, sin))
+    assert torch.equal(got_caches[1], want_caches[1])  # v: copied, not normalised
+    unwritten = torch.ones(SLOTS, dtype=torch.bool)
+    unwritten[out_loc] = False
+    assert (got_caches[0][unwritten] == 7.0).all()
+
+
+@needs_triton
+def test_triton_head_norms_with_an_fp8_cache() -> None:
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    hq, hkv, d, rotary_dim = 5, 1, 64, 32
+    q, k, v, positions, out_loc = qkv(torch.bfloat16, hq, hkv, d, seed=5)
+    qw, kw = head_norm_weights(d, torch.bfloat16, seed=6)
+    _, cos, sin = tables(rotary_dim)
+
+    def fp8() -> list[torch.Tensor]:
+        return [torch.zeros(SLOTS, hkv, d, dtype=KV_FP8), torch.zeros(SLOTS, hkv, d, dtype=KV_FP8),
+                torch.ones(SLOTS, hkv), torch.ones(SLOTS, hkv)]
+
+    got, want = fp8(), fp8()
+    norms = (qw, kw, EPS)
+    got_q = rope_write_kv_triton(q, k, v, positions, cos, sin, got[0], got[1], out_loc, got[2], got[3], *norms)
+    qn, kn = unfused(q, k, qw, kw)
+    want_q = rope_write_kv_ref(qn, kn, v, positions, cos, sin, want[0], want[1], out_loc, want[2], want[3])
+    assert_within(got_q, want_q, head_norm_rope_bound(qn, positions, cos, sin))
+    assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) and torch.equal(got[3], want[3])  # v
+    # k: the kernel quantises its own normalised, rotated k as quantise_kv does (bitwise:
+    # the same kernel with a bf16 cache gives that k) ...
+    plain = [torch.zeros(SLOTS, hkv, d, dtype=torch.bfloat16) for _ in range(2)]
+    assert torch.equal(rope_write_kv_triton(q, k, v, positions, cos, sin, *plain, out_loc, None, None, *norms), got_q)
+    k_codes, k_scales = quantise_kv(plain[0][out_loc])
+    assert torch.equal(got[0][out_loc].view(torch.uint8), k_codes.view(torch.uint8))
+    assert torch.equal(got[2][out_loc], k_scales)
+    # ... and dequantised it is the reference's within the bf16 bound plus each side's e4m3
+    # rounding: 2^-4 relative (3 mantissa bits), 2^-10 x scale below 2^-6 (subnormals).
+    k_rot = apply_rope_partial_ref(kn, positions, cos, sin).float()
+    bound = head_norm_rope_bound(kn, positions, cos, sin)
+    scales = (got[2][out_loc] + want[2][out_loc])[..., None]
+    e4m3 = 2**-4 * (1 + 2**-20) * (2 * k_rot.abs() + bound) + 2**-10 * scales
+    deq = [dequantise_kv(c[0][out_loc], c[2][out_loc], torch.float32) for c in (got, want)]
+    assert_within(deq[0], deq[1], bound + e4m3)
+
+
+def test_head_norm_weights_come_together() -> None:
+    q, k, v, positions, out_loc = qkv(torch.float32, 2, 1, 16)
+    _, cos, sin = tables(16)
+    caches = [torch.zeros(SLOTS, 1, 16) for _ in range(2)]
+    with pytest.raises(ValueError, match="together"):
+        rope_write_kv_ref(q, k, v, positions, cos, sin, *caches, out_loc, q_norm_w=torch.ones(16))
+    with pytest.raises(ValueError, match=r"\[16\]"):
+        rope_write_kv_ref(q, k, v, positions, cos, sin, *caches, out_loc, q_norm_w=torch.ones(8), k_norm_w=torch.ones(8))

@@ -1,7 +1,8 @@
 """Grouped-query self-attention: fused q/k/v projection, optional q/k RMSNorm and
 clipping, rotary, attention through the backend, output projection.
 
-Model files choose the variant: `qk_norm="head"` normalises each head (Qwen3),
+Model files choose the variant: `qk_norm="head"` normalises each head (Qwen3: the
+backend applies those norms with rotary, fused into one kernel in the Triton backend),
 `"full"` the whole projection (OLMoE), `"none"` nothing (Mixtral).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
-from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec
+from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec, HeadNorms
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.norm import RMSNorm
 
@@ -32,6 +33,8 @@ class Attention:
         self.spec, self.qkv, self.o_proj = spec, qkv, o_proj
         self.q_norm, self.k_norm, self.qk_norm, self.clip_qkv = q_norm, k_norm, qk_norm, clip_qkv
         self.linear = linear
+        # "head": the backend applies them, fused into its rotary + KV write where it can.
+        self.head_norms = HeadNorms(q_norm, k_norm) if qk_norm == "head" else None  # type: ignore[arg-type]
         D = spec.head_dim
         self.split = [spec.num_heads * D, spec.num_kv_heads * D, spec.num_kv_heads * D]
 
@@ -52,8 +55,6 @@ class Attention:
         q = q.reshape(T, s.num_heads, s.head_dim)  # [T, Hq, D]
         k = k.reshape(T, s.num_kv_heads, s.head_dim)  # [T, Hkv, D]
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
-        q = backend.rotate_and_write(s, q, k, v, cos, sin, batch)
+        q = backend.rotate_and_write(s, q, k, v, cos, sin, batch, self.head_norms)  # head norms, rotary, KV write
         out = backend.attend(s, q, batch)  # [T, Hq, D]
         return self.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)

@@ -19,6 +19,7 @@ import torch
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.batch import ForwardBatch
+from edgemoe.layers.norm import RMSNorm
 
 
 class RopeTable(NamedTuple):
@@ -26,6 +27,19 @@ class RopeTable(NamedTuple):
 
     cos: torch.Tensor
     sin: torch.Tensor
+
+
+class HeadNorms(NamedTuple):
+    """A layer's per-head q/k RMSNorms (Qwen3's q_norm/k_norm, `qk_norm="head"`), handed to
+    `rotate_and_write` to apply to each head before rotary."""
+
+    q: RMSNorm
+    k: RMSNorm
+
+    @property
+    def fusable(self) -> bool:
+        """Plain RMSNorms (weight offset 0) sharing one eps: what `rope_write_kv` fuses."""
+        return self.q.weight_offset == 0.0 and self.k.weight_offset == 0.0 and self.q.eps == self.k.eps
 
 
 @dataclass(frozen=True)
@@ -52,11 +66,16 @@ class AttentionBackend(ABC):
       (the tokens just written included), through its page-table row.
     - The pages the batch references stay allocated until the step's kernels finish
       (the scheduler frees pages only between steps).
-    - `rotate_and_write(spec, q, k, v, cos, sin, batch)` applies rotary to q/k and
-      writes k/v, returning the rotated q. The default uses this step's tables (cos/sin
-      [T, D], in the activations' dtype); a backend with `needs_step_rope = False`
-      rotates from `spec.rope` by position in one fused kernel, and the model then
-      skips building the step tables (cos/sin are None).
+    - `rotate_and_write(spec, q, k, v, cos, sin, batch, norms=None)` applies the head
+      norms when given (`norms.q` to every q head, `norms.k` to every k head, as the
+      norms' own `__call__` computes them), then rotary to q/k, and writes k/v, returning
+      the rotated q. q/k/v may be strided views (heads of one fused projection). The
+      default uses this step's tables (cos/sin [T, D], in the activations' dtype) and
+      applies the norms as separate ops; a backend with `needs_step_rope = False` rotates
+      from `spec.rope` by position in one fused kernel (the model then skips building
+      the step tables: cos/sin are None), which may fuse `norms` too when
+      `norms.fusable` (the result then agrees with the separate ops to a rounding of the
+      dtype: the fused norm's fp32 sum of squares runs in another order).
     - Graph hooks: `capture_batch(batch)` / `replay_batch(batch)` let a backend keep
       its per-step metadata at fixed addresses for a CUDA graph; the defaults do what
       `prepare` does, which suits backends whose metadata lives in the batch buffers.
@@ -86,9 +105,11 @@ class AttentionBackend(ABC):
 
     def rotate_and_write(
         self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        cos: torch.Tensor | None, sin: torch.Tensor | None, batch: ForwardBatch,
+        cos: torch.Tensor | None, sin: torch.Tensor | None, batch: ForwardBatch, norms: HeadNorms | None = None,
     ) -> torch.Tensor:
         assert cos is not None and sin is not None, "this backend needs the step's rotary tables"
+        if norms is not None:
+            q, k = norms.q(q), norms.k(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.write_kv(spec, k, v, batch)
         return q

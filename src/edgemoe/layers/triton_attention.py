@@ -1,8 +1,9 @@
-"""The Triton attention backend: rotary + KV write in one kernel by position, paged
-decode attention (split over long contexts, every split of the table's capacity in the
-grid so the launch is the same every step and a CUDA graph can hold it), and
-flash-style extend attention for prompt chunks (kernels/paged_attention.py). An fp8 pool
-(`--kv-cache-dtype fp8`) hands every kernel its scales: writes quantise, reads fold them in.
+"""The Triton attention backend: a layer's per-head q/k norms (Qwen3), rotary and the KV
+write in one kernel by position, paged decode attention (split over long contexts, every
+split of the table's capacity in the grid so the launch is the same every step and a
+CUDA graph can hold it), and flash-style extend attention for prompt chunks
+(kernels/paged_attention.py). An fp8 pool (`--kv-cache-dtype fp8`) hands every kernel
+its scales: writes quantise, reads fold them in.
 """
 
 from __future__ import annotations
@@ -28,12 +29,20 @@ class TritonPagedAttention(AttentionBackend):
     def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
         write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc, *self.pool.scales(spec.layer))
 
-    def rotate_and_write(self, spec, q, k, v, cos, sin, batch):  # type: ignore[override]
+    def rotate_and_write(self, spec, q, k, v, cos, sin, batch, norms=None):  # type: ignore[override]
+        """Head norms, rotary by position and the KV write in one kernel (norms that are not
+        plain RMSNorms run first, as separate ops)."""
         if spec.rope is None:
             raise ValueError(f"layer {spec.layer}: the triton attention backend needs the rotary table in its spec")
+        fused: dict[str, object] = {}
+        if norms is not None and norms.fusable:
+            fused = {"q_norm_w": norms.q.weight, "k_norm_w": norms.k.weight, "norm_eps": norms.q.eps}
+        elif norms is not None:
+            q, k = norms.q(q), norms.k(k)
         return rope_write_kv(
             q, k, v, batch.positions, spec.rope.cos, spec.rope.sin,
             self.pool.k[spec.layer], self.pool.v[spec.layer], batch.out_loc, *self.pool.scales(spec.layer),
+            **fused,  # type: ignore[arg-type]
         )
 
     def attend(self, spec: AttentionSpec, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

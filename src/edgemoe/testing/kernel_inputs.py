@@ -66,3 +66,38 @@ def rope_bound(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     bound = torch.zeros(x.shape, device=x.device)
     bound[..., : 2 * half] = 3 * u * (1 + 2 * u) * (xr.abs() * c + partner.abs() * s)
     return bound
+
+
+def head_norm_rel(dtype: torch.dtype, head_dim: int) -> float:
+    """How far two evaluations of `rms_norm_ref` (weight offset 0) over `head_dim` dims may
+    part, relative to the result. Each is within e of exact: its fp32 sum of squares within
+    γ_D (any order; the rsqrt halves a relative error), the mean, + eps, the rsqrt and x·r
+    within 10 fp32 roundings (a GPU's approximate rsqrt and division err by 2-3 ulps), then
+    the cast to the dtype and the × weight in it, u each. Two: 2e, on |exact| <= |result| / (1 - e)."""
+    u32, u = 2.0**-24, torch.finfo(dtype).eps / 2
+    gamma = head_dim * u32 / (1 - head_dim * u32)
+    e = gamma / 2 + 10 * u32 + 2 * u * (1 + u)
+    return 2 * e / (1 - e)
+
+
+def head_norm_rope_bound(
+    normed: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """How far a fused per-head RMSNorm + rotary may part from the reference's, given the
+    reference's normalised heads `normed` [T, H, D] (rms_norm_ref's output): the two
+    normalised inputs part by rel·|n| (`head_norm_rel`); on the rotated dims the exact
+    rotations of the two inputs part by rel·(|a| + |b|) (a = n·c, b = n'·s on the tables as
+    rounded to the dtype), and each evaluation's rounded rotation (each product and the sum
+    rounded, or fewer roundings with an FMA) is within 2u(1 + u)·(|a| + |b|)·(1 + rel) of the
+    exact rotation of its own input. Dims not rotated: rel·|n|. Plus 8 subnormal spacings of
+    the dtype for values rounded near 0 (the relative bounds hold for normal numbers)."""
+    fi = torch.finfo(normed.dtype)
+    half, u = cos.shape[1], fi.eps / 2
+    rel = head_norm_rel(normed.dtype, normed.shape[-1])
+    n = normed.float().abs()
+    c, s = (t[positions].to(normed.dtype).float().abs().repeat(1, 2)[:, None, :] for t in (cos, sin))
+    nr = n[..., : 2 * half]
+    partner = torch.cat([nr[..., half:], nr[..., :half]], dim=-1)
+    bound = rel * n
+    bound[..., : 2 * half] = (4 * u * (1 + u) * (1 + rel) + rel) * (nr * c + partner * s)
+    return bound + 8 * fi.smallest_normal * fi.eps
