@@ -1,0 +1,252 @@
+"""The fused router (`route_logits_topk`: the router's projection and softmax/top-k in one
+Triton launch) under the interpreter against its reference, `F.linear` then
+`route_topk_ref`; the workspace's arrival counters across calls and layers; the dispatch
+in `route_logits_topk` and `SparseMoE.route` (`--dense-kernel`, the routing override)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import INTERPRET
+from tolerances import eps, rounding_atol, sum_atol
+
+from edgemoe.kernels import router as router_mod
+from edgemoe.kernels.dense_gemv import dense_gemv, dense_gemv_ref
+from edgemoe.kernels.router import (
+    RouterWorkspace,
+    fused_router_workspace,
+    route_logits_topk,
+    route_logits_topk_ref,
+    route_topk_ref,
+)
+from edgemoe.layers.moe import SparseMoE
+
+needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+CPU = torch.device("cpu")
+
+
+def inputs(T: int, E: int, H: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states ~ N(0, 1) and a router whose logits are ~ N(0, 1), as a trained one's."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, H, generator=g).to(dtype), (torch.randn(E, H, generator=g) / H**0.5).to(dtype)
+
+
+def fused(x: torch.Tensor, w: torch.Tensor, k: int, renorm: bool, ws: RouterWorkspace):  # noqa: ANN201
+    from edgemoe.kernels.triton_ops.router import route_logits_topk_triton
+
+    return route_logits_topk_triton(x, w, k, renorm, x.dtype, ws.logits, ws.arrivals)
+
+
+def logit_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """[T, E]: how far two evaluations of the logits may be apart. Both are H-term fp32
+    dots (any order: s = γ_H·Σ|x·w| apart) each rounded once to x's dtype (u·|value|
+    each, a value within s of the other and within u of its rounding): (1+u)·s + 2u·|ℓ|/(1-u)."""
+    u = eps(x.dtype) / 2
+    s = sum_atol(torch.float32, x.shape[1], 1.0) * (x.float().abs() @ w.float().abs().T)
+    return (1 + u) * s + rounding_atol(x.dtype, 1, 1.0) * ref.abs() * (1 + eps(x.dtype))
+
+
+def check_routing(x: torch.Tensor, w: torch.Tensor, k: int, renorm: bool, ids: torch.Tensor, wts: torch.Tensor) -> None:
+    """ids: the reference's, except where its j-th and the kernel's j-th expert have logits
+    within twice the bound (order statistics move at most as far as the values do); the
+    weights: the reference formula (fp64) at the kernel's ids, off by the logits' bound."""
+    ref = F.linear(x, w).double()  # [T, E], the reference's logits
+    want_ids, _ = route_logits_topk_ref(x, w, k, renorm, x.dtype)
+    delta = logit_bound(x, w, ref).amax(dim=1, keepdim=True).double()  # [T, 1]
+    assert ids.dtype == torch.int32 and ((ids >= 0) & (ids < w.shape[0])).all()
+    assert all(len(set(row.tolist())) == k for row in ids)  # K distinct experts per token
+    same = ids == want_ids
+    near = (ref.gather(1, ids.long()) - ref.gather(1, want_ids.long())).abs() <= 2 * delta
+    assert (same | near).all(), (ids[~(same | near)], want_ids[~(same | near)])
+    # A token whose top K+1 logits are further apart than 2·delta has exactly those ids.
+    top = ref.topk(k + 1, dim=1).values
+    clear = ((top[:, :-1] - top[:, 1:]) > 2 * delta).all(dim=1)
+    assert (ids[clear] == want_ids[clear]).all()
+    e = torch.exp(ref - ref.amax(dim=1, keepdim=True))
+    chosen = e.gather(1, ids.long())
+    want_w = chosen / (chosen.sum(1, keepdim=True) if renorm else e.sum(1, keepdim=True))
+    # Every logit off by <= delta moves a softmax ratio by a factor within e^(±2δ); the
+    # fp32 softmax sums <= E + K terms (γ); one rounding to x's dtype (2u covers it).
+    rel = torch.expm1(2 * delta) + sum_atol(torch.float32, w.shape[0] + k, 1.0) + eps(x.dtype)
+    assert ((wts.double() - want_w).abs() <= rel * want_w).all()
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "T,E,K,H,dtype,renorm",
+    [
+        (1, 128, 8, 2048, torch.bfloat16, True),  # Qwen3-30B-A3B, batch 1
+        (13, 128, 8, 2048, torch.bfloat16, True),
+        (2, 128, 8, 2048, torch.float32, False),
+        (32, 60, 4, 200, torch.bfloat16, False),  # E and H not powers of two
+        (9, 60, 4, 200, torch.float32, True),
+        (5, 7, 1, 33, torch.bfloat16, True),  # K = 1: the weight renormalises to 1
+        (7, 20, 2, 96, torch.float16, False),
+    ],
+)
+def test_fused_matches_reference(T: int, E: int, K: int, H: int, dtype: torch.dtype, renorm: bool) -> None:
+    x, w = inputs(T, E, H, dtype, seed=T + E + H)
+    ws = RouterWorkspace.allocate(E, CPU, max_tokens=32)
+    ids, wts = fused(x, w, K, renorm, ws)
+    # The workspace holds the logits: F.linear's within the bound (and exactly x's dtype's values).
+    ref = F.linear(x, w).float()
+    assert (ws.logits[:T] == ws.logits[:T].to(dtype).float()).all()
+    assert ((ws.logits[:T] - ref).abs() <= logit_bound(x, w, ref)).all()
+    check_routing(x, w, K, renorm, ids, wts)
+    assert not ws.arrivals.any()  # every token's counter reset by its last program
+
+
+def planted(T: int, E: int, H: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, w in bf16 whose H-term dot products are exact in any order, with distinct planted
+    logits L[t] (a permutation of -E/2..E/2-1, times 2^-4): token t's x is 2^-4 on its own
+    block of H / T hidden units and 0 elsewhere; in that block, w[e] holds small integers
+    summing to L[t, e] (L, then zero-sum noise ±3, shuffled). Every partial sum is an integer < 2^24."""
+    g = torch.Generator().manual_seed(seed)
+    block = H // T
+    x = torch.zeros(T, H)
+    w = torch.zeros(E, H)
+    L = torch.stack([torch.randperm(E, generator=g) - E // 2 for _ in range(T)])  # [T, E]
+    m = (block - 1) // 2
+    for t in range(T):
+        x[t, t * block:(t + 1) * block] = 2.0**-4
+        noise = torch.randint(-3, 4, (E, m), generator=g).float()
+        base = torch.cat([L[t, :, None].float(), noise, -noise, torch.zeros(E, block - 1 - 2 * m)], dim=1)
+        w[:, t * block:(t + 1) * block] = base[:, torch.randperm(block, generator=g)]
+    return x.bfloat16(), w.bfloat16(), L.float() * 2.0**-4
+
+
+@needs_triton
+def test_fused_planted_logits_exact() -> None:
+    """Exact logits at the real shape: the ids are the reference's exactly, the logits
+    bitwise, the weights within a rounding of bf16 (torch's exp is not Triton's)."""
+    T, E, K, H = 16, 128, 8, 2048
+    x, w, L = planted(T, E, H, seed=3)
+    assert torch.equal(F.linear(x, w).float(), L)  # the construction is exact
+    ws = RouterWorkspace.allocate(E, CPU)
+    ids, wts = fused(x, w, K, True, ws)
+    want_ids, want_w = route_topk_ref(L.bfloat16(), K, True, torch.bfloat16)
+    assert torch.equal(ws.logits[:T], L) and torch.equal(ids, want_ids)
+    # fp32 softmax with another exp: a rounding of bf16 apart at most (2^-8 relative).
+    assert ((wts - want_w).abs() <= eps(torch.bfloat16) / 2 * want_w).all()
+
+
+@needs_triton
+def test_same_logits_same_routing_as_route_topk() -> None:
+    """The fused kernel and `route_topk`'s kernel share the routing helper: fed the fused
+    launch's own logits, `_route_topk` returns its ids and weights bitwise."""
+    from edgemoe.kernels.triton_ops.router import route_topk_triton
+
+    x, w = inputs(6, 60, 200, torch.bfloat16, seed=5)
+    ws = RouterWorkspace.allocate(60, CPU)
+    for renorm in (True, False):
+        ids, wts = fused(x, w, 4, renorm, ws)
+        ids2, wts2 = route_topk_triton(ws.logits[:6].bfloat16(), 4, renorm, torch.bfloat16)
+        assert torch.equal(ids, ids2) and torch.equal(wts, wts2)
+
+
+@needs_triton
+def test_counters_reset_across_calls_and_layers() -> None:
+    """One workspace, layer A, layer B, A again, then B on fewer tokens: each call equals
+    a run on a fresh workspace (a counter left over would make the wrong program route)."""
+    T, E, K, H = 5, 60, 4, 96
+    x, wa = inputs(T, E, H, torch.bfloat16, seed=11)
+    _, wb = inputs(T, E, H, torch.bfloat16, seed=12)
+    ws = RouterWorkspace.allocate(E, CPU, max_tokens=8)
+    got = [fused(x, wa, K, True, ws), fused(x, wb, K, True, ws), fused(x, wa, K, True, ws), fused(x[:3], wb, K, True, ws)]
+    for (ids, wts), (xx, w) in zip(got, [(x, wa), (x, wb), (x, wa), (x[:3], wb)], strict=True):
+        want_ids, want_w = fused(xx, w, K, True, RouterWorkspace.allocate(E, CPU, max_tokens=8))
+        assert torch.equal(ids, want_ids) and torch.equal(wts, want_w)
+    assert not torch.equal(got[0][0], got[1][0])  # the two layers route differently
+    assert not ws.arrivals.any()
+
+
+@needs_triton
+def test_the_last_arrival_routes_whichever_program_it_is() -> None:
+    """The interpreter runs programs in grid order, so the last block always arrives last
+    there; on a GPU any may. Counters preset to 1 (as if one program per token had
+    arrived) make the next-to-last block complete the count: it must route from the
+    workspace, where the last block's logits are still the planted +50 (not yet written),
+    and reset the counter, which the last program's arrival then takes to 1."""
+    from edgemoe.kernels.triton_ops.router import BLOCK_E
+
+    T, E, K, H = 3, 60, 4, 96
+    last = range((E - 1) // BLOCK_E * BLOCK_E, E)
+    assert len(last) == K  # E = 60, BLOCK_E = 4: the last block is the top-K when planted
+    x, w = inputs(T, E, H, torch.bfloat16, seed=4)
+    ws = RouterWorkspace.allocate(E, CPU, max_tokens=4)
+    ws.logits[:, last.start:] = 50.0
+    ws.arrivals[:T] = 1
+    ids, wts = fused(x, w, K, True, ws)
+    assert torch.equal(ids, torch.tensor([list(last)] * T, dtype=torch.int32))
+    assert torch.equal(wts, torch.full((T, K), 0.25))  # four equal logits (the rest ~e^-50)
+    assert ws.arrivals.tolist() == [1] * T + [0]
+
+
+# --- dispatch ------------------------------------------------------------------------
+
+
+def test_no_workspace_without_triton_gpu() -> None:
+    """On the CPU (or with --dense-kernel torch) the router keeps the projection + top-k."""
+    _, w = inputs(1, 16, 32, torch.bfloat16, seed=0)
+    assert fused_router_workspace(w, 4, dense_gemv) is None  # CPU tensor: no Triton path
+    x, _ = inputs(3, 16, 32, torch.bfloat16, seed=1)
+    ids, wts = route_logits_topk(x, w, 4, True, torch.bfloat16)
+    want = route_logits_topk_ref(x, w, 4, True, torch.bfloat16)
+    assert torch.equal(ids, want[0]) and torch.equal(wts, want[1])
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let the router's dispatchers take the Triton paths on CPU tensors (interpreter)."""
+    monkeypatch.setattr(router_mod, "use_triton", lambda t, dtype=None: True)
+
+
+@needs_triton
+def test_workspace_follows_dense_kernel(triton_on_cpu: None) -> None:
+    _, w = inputs(1, 16, 32, torch.bfloat16, seed=0)
+    assert fused_router_workspace(w, 4, dense_gemv_ref) is None  # --dense-kernel torch
+    assert fused_router_workspace(w, 3, dense_gemv) is None  # the kernel's K: a power of two
+    ws = fused_router_workspace(w, 4, dense_gemv)
+    assert ws is not None and ws.logits.shape == (router_mod.FUSED_MAX_TOKENS, 16) and not ws.arrivals.any()
+
+
+@needs_triton
+def test_dispatch_by_token_count(triton_on_cpu: None) -> None:
+    """Up to the workspace's tokens: the fused launch (its logits land in the workspace, the
+    linear is not called); beyond: linear, then top-k."""
+    E, H, K = 16, 32, 4
+    ws = RouterWorkspace.allocate(E, CPU, max_tokens=4)
+    calls: list[int] = []
+
+    def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return F.linear(x, w)
+
+    for T in (4, 5):
+        x, w = inputs(T, E, H, torch.bfloat16, seed=T)
+        ws.logits.zero_()
+        ids, wts = route_logits_topk(x, w, K, True, torch.bfloat16, ws, linear)
+        check_routing(x, w, K, True, ids, wts)
+        assert ws.logits.any() == (T == 4)
+    assert calls == [5]
+
+
+@needs_triton
+def test_sparse_moe_route_fused_and_override(triton_on_cpu: None) -> None:
+    """SparseMoE under --dense-kernel triton routes through the fused launch; the routing
+    override (cache studies) still replaces the ids and keeps the router's weights."""
+    E, H, K, T = 16, 32, 4, 3
+    x, w = inputs(T, E, H, torch.bfloat16, seed=9)
+    executor = SimpleNamespace(routing=None)
+    moe = SparseMoE(0, w, K, True, executor, dense_gemv)  # type: ignore[arg-type]
+    assert moe.workspace is not None
+    ids, wts = moe.route(x)
+    assert moe.workspace.logits[:T].any()  # the fused path ran
+    check_routing(x, w, K, True, ids, wts)
+    forced = torch.arange(T * K, dtype=torch.int64).reshape(T, K) % E
+    executor.routing = SimpleNamespace(ids=lambda layer, router_ids: forced)
+    ids2, wts2 = moe.route(x)
+    assert ids2.dtype == torch.int32 and torch.equal(ids2, forced.int()) and torch.equal(wts2, wts)
