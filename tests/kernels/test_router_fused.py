@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import INTERPRET
-from tolerances import eps, rounding_atol, sum_atol
+from router_support import check_routing, logit_bound, planted
+from router_support import router_inputs as inputs
+from tolerances import eps
 
 from edgemoe.kernels import router as router_mod
 from edgemoe.kernels.dense_gemv import dense_gemv, dense_gemv_ref
@@ -28,50 +30,10 @@ needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpret
 CPU = torch.device("cpu")
 
 
-def inputs(T: int, E: int, H: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hidden states ~ N(0, 1) and a router whose logits are ~ N(0, 1), as a trained one's."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(T, H, generator=g).to(dtype), (torch.randn(E, H, generator=g) / H**0.5).to(dtype)
-
-
 def fused(x: torch.Tensor, w: torch.Tensor, k: int, renorm: bool, ws: RouterWorkspace):  # noqa: ANN201
     from edgemoe.kernels.triton_ops.router import route_logits_topk_triton
 
     return route_logits_topk_triton(x, w, k, renorm, x.dtype, ws.logits, ws.arrivals)
-
-
-def logit_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """[T, E]: how far two evaluations of the logits may be apart. Both are H-term fp32
-    dots (any order: s = γ_H·Σ|x·w| apart) each rounded once to x's dtype (u·|value|
-    each, a value within s of the other and within u of its rounding): (1+u)·s + 2u·|ℓ|/(1-u)."""
-    u = eps(x.dtype) / 2
-    s = sum_atol(torch.float32, x.shape[1], 1.0) * (x.float().abs() @ w.float().abs().T)
-    return (1 + u) * s + rounding_atol(x.dtype, 1, 1.0) * ref.abs() * (1 + eps(x.dtype))
-
-
-def check_routing(x: torch.Tensor, w: torch.Tensor, k: int, renorm: bool, ids: torch.Tensor, wts: torch.Tensor) -> None:
-    """ids: the reference's, except where its j-th and the kernel's j-th expert have logits
-    within twice the bound (order statistics move at most as far as the values do); the
-    weights: the reference formula (fp64) at the kernel's ids, off by the logits' bound."""
-    ref = F.linear(x, w).double()  # [T, E], the reference's logits
-    want_ids, _ = route_logits_topk_ref(x, w, k, renorm, x.dtype)
-    delta = logit_bound(x, w, ref).amax(dim=1, keepdim=True).double()  # [T, 1]
-    assert ids.dtype == torch.int32 and ((ids >= 0) & (ids < w.shape[0])).all()
-    assert all(len(set(row.tolist())) == k for row in ids)  # K distinct experts per token
-    same = ids == want_ids
-    near = (ref.gather(1, ids.long()) - ref.gather(1, want_ids.long())).abs() <= 2 * delta
-    assert (same | near).all(), (ids[~(same | near)], want_ids[~(same | near)])
-    # A token whose top K+1 logits are further apart than 2·delta has exactly those ids.
-    top = ref.topk(k + 1, dim=1).values
-    clear = ((top[:, :-1] - top[:, 1:]) > 2 * delta).all(dim=1)
-    assert (ids[clear] == want_ids[clear]).all()
-    e = torch.exp(ref - ref.amax(dim=1, keepdim=True))
-    chosen = e.gather(1, ids.long())
-    want_w = chosen / (chosen.sum(1, keepdim=True) if renorm else e.sum(1, keepdim=True))
-    # Every logit off by <= delta moves a softmax ratio by a factor within e^(±2δ); the
-    # fp32 softmax sums <= E + K terms (γ); one rounding to x's dtype (2u covers it).
-    rel = torch.expm1(2 * delta) + sum_atol(torch.float32, w.shape[0] + k, 1.0) + eps(x.dtype)
-    assert ((wts.double() - want_w).abs() <= rel * want_w).all()
 
 
 @needs_triton
@@ -97,25 +59,6 @@ def test_fused_matches_reference(T: int, E: int, K: int, H: int, dtype: torch.dt
     assert ((ws.logits[:T] - ref).abs() <= logit_bound(x, w, ref)).all()
     check_routing(x, w, K, renorm, ids, wts)
     assert not ws.arrivals.any()  # every token's counter reset by its last program
-
-
-def planted(T: int, E: int, H: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, w in bf16 whose H-term dot products are exact in any order, with distinct planted
-    logits L[t] (a permutation of -E/2..E/2-1, times 2^-4): token t's x is 2^-4 on its own
-    block of H / T hidden units and 0 elsewhere; in that block, w[e] holds small integers
-    summing to L[t, e] (L, then zero-sum noise ±3, shuffled). Every partial sum is an integer < 2^24."""
-    g = torch.Generator().manual_seed(seed)
-    block = H // T
-    x = torch.zeros(T, H)
-    w = torch.zeros(E, H)
-    L = torch.stack([torch.randperm(E, generator=g) - E // 2 for _ in range(T)])  # [T, E]
-    m = (block - 1) // 2
-    for t in range(T):
-        x[t, t * block:(t + 1) * block] = 2.0**-4
-        noise = torch.randint(-3, 4, (E, m), generator=g).float()
-        base = torch.cat([L[t, :, None].float(), noise, -noise, torch.zeros(E, block - 1 - 2 * m)], dim=1)
-        w[:, t * block:(t + 1) * block] = base[:, torch.randperm(block, generator=g)]
-    return x.bfloat16(), w.bfloat16(), L.float() * 2.0**-4
 
 
 @needs_triton
