@@ -30,7 +30,9 @@ needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpret
 CPU = torch.device("cpu")
 
 
-def fused(x: torch.Tensor, w: torch.Tensor, k: int, renorm: bool, ws: RouterWorkspace):  # noqa: ANN201
+def fused(
+    x: torch.Tensor, w: torch.Tensor, k: int, renorm: bool, ws: RouterWorkspace
+) -> tuple[torch.Tensor, torch.Tensor]:
     from edgemoe.kernels.triton_ops.router import route_logits_topk_triton
 
     return route_logits_topk_triton(x, w, k, renorm, x.dtype, ws.logits, ws.arrivals)
