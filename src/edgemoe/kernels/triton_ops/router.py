@@ -27,8 +27,12 @@ import triton.language as tl
 
 from edgemoe.kernels.triton_ops.common import interpreting, round_to, tl_dtype
 
-BLOCK_E = 4  # experts per program: E = 128 → 32 programs per token, 16 KiB of weight each
-MAX_BLOCK_H = 2048  # hidden elements per load: H = 2048 is one wide load per program (no loop)
+# NOTE: placeholders until measured on the GPU (a function of (E, H) at most, never of T).
+# E = 128, H = 2048: 64 programs per token, each one 8 KiB load of weight (no H loop, so one
+# memory round trip), 32 elements a thread: 96 registers, no spills (ptxas, sm_90a).
+BLOCK_E = 2  # experts per program
+MAX_BLOCK_H = 2048  # hidden elements per load
+NUM_WARPS = 4  # also the last program's: its top-k reductions cross 4 warps
 
 
 @triton.jit
@@ -144,6 +148,6 @@ def route_logits_topk_triton(
     _route_fused[(triton.cdiv(E, BLOCK_E), T)](
         x, w, logits, arrivals, ids, weights, E, H, x.stride(0), w.stride(0), logits.stride(0),
         K=top_k, E_PAD=triton.next_power_of_2(E), RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype),
-        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h, num_warps=4,
+        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h, num_warps=NUM_WARPS,
     )
     return ids, weights
