@@ -197,9 +197,9 @@ def bench_router() -> None:
     for tokens in DECODE_TOKENS:
         x = torch.randn(tokens, H, generator=g, device=DEV).to(BF16)
         nbytes = E * H * 2 + tokens * H * 2
-        unfused = [lambda w=w: route_topk(F.linear(x, w), K, True, BF16) for w in weights]
+        unfused = [lambda w=w, x=x: route_topk(F.linear(x, w), K, True, BF16) for w in weights]
         record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused), nbytes, 0, "graph")
-        fused = [lambda w=w: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
+        fused = [lambda w=w, x=x: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
         record("router fused", f"T={tokens} default", graph_us(fused), nbytes, 0, "graph")
         for block_e, warps in ((1, 4), (2, 2), (4, 4), (4, 8), (8, 8)):
             router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
