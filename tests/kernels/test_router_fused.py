@@ -50,6 +50,7 @@ def fused(
         (9, 60, 4, 200, torch.float32, True),
         (5, 7, 1, 33, torch.bfloat16, True),  # K = 1: the weight renormalises to 1
         (7, 20, 2, 96, torch.float16, False),
+        (2, 8, 2, 4100, torch.bfloat16, True),  # H > MAX_BLOCK_H: three loads along H, the last masked
     ],
 )
 def test_fused_matches_reference(T: int, E: int, K: int, H: int, dtype: torch.dtype, renorm: bool) -> None:

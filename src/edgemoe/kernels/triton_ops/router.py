@@ -134,7 +134,7 @@ def route_logits_topk_triton(
     E = w.shape[0]
     if top_k & (top_k - 1):
         raise ValueError(f"top_k {top_k}: the fused router needs a power of two")
-    if T > arrivals.shape[0] or logits.shape[1] != E or logits.stride(1) != 1:
+    if T > min(arrivals.shape[0], logits.shape[0]) or logits.shape[1] != E or logits.stride(1) != 1:
         raise ValueError(f"workspace {tuple(logits.shape)} does not fit {T} tokens x {E} experts")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
