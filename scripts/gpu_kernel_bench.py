@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.testing
 
@@ -25,6 +26,8 @@ from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_
 from edgemoe.kernels.norm_fused import add_rms_norm
 from edgemoe.kernels.paged_attention import decode_attention, extend_attention
 from edgemoe.kernels.rope_kv import rope_write_kv
+from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
+from edgemoe.kernels.triton_ops import router as router_kernels
 
 HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; dense bf16 peak
 H, I, E, K, HQ, HKV, D, PAGE = 2048, 768, 128, 8, 32, 4, 128, 16
@@ -190,6 +193,31 @@ def bench_small_ops() -> None:
                mode)
 
 
+def bench_router() -> None:
+    """The router at Qwen3-30B-A3B's shape (E = 128 x H = 2048, top-8): cuBLAS then the top-k
+    kernel (today's path), then the fused launch at its default tiles and a small sweep
+    (BLOCK_E experts per program, warps); one weight per call, rotated past L2 as a step's 48
+    layers are. NOTE: the sweep sets the kernel module's constants, restored afterwards."""
+    g = torch.Generator(device=DEV).manual_seed(4)
+    n = copies_for(E * H * 2, cap=128)
+    weights = [(torch.randn(E, H, generator=g, device=DEV) * H**-0.5).to(BF16) for _ in range(n)]
+    ws = RouterWorkspace.allocate(E, torch.device(DEV))
+    default = (router_kernels.BLOCK_E, router_kernels.NUM_WARPS)
+    for tokens in DECODE_TOKENS:
+        x = torch.randn(tokens, H, generator=g, device=DEV).to(BF16)
+        nbytes = E * H * 2 + tokens * H * 2
+        unfused = [lambda w=w, x=x: route_topk(F.linear(x, w), K, True, BF16) for w in weights]
+        record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused), nbytes, 0, "graph")
+        fused = [lambda w=w, x=x: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
+        record("router fused", f"T={tokens} default", graph_us(fused), nbytes, 0, "graph")
+        for block_e, warps in ((1, 4), (2, 2), (4, 4), (4, 8), (8, 8)):
+            router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
+            try:
+                record("router fused", f"T={tokens} e{block_e}w{warps}", graph_us(fused), nbytes, 0, "graph")
+            finally:
+                router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
+
+
 def main() -> None:
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
@@ -203,6 +231,7 @@ def main() -> None:
     bench_decode_attention()
     bench_extend_attention()
     bench_small_ops()
+    bench_router()
     out_dir = Path(os.environ.get("OUT") or "bench/results")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_kernel_bench.json"

@@ -34,6 +34,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     moe_gemv_q,
     norm,
     rope,
+    router,
     slot_plan,
 )
 
@@ -106,7 +107,20 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                    t.num_warps, t.num_stages, ptrs={"out_ptr": f32} if partial else {})
     yield Case("dense gemv split-k sum", dense_gemv._sum_splits, dict(DTYPE=act, INTERP=False, BLOCK=1024), 4,
                ptrs={"part_ptr": f32})
+    yield from router_cases(act)
     yield from slot_plan_cases()
+
+
+def router_cases(act: tl.dtype) -> Iterator[Case]:
+    """Softmax/top-k alone, and fused with the router's projection (Qwen3-30B-A3B: E = 128,
+    K = 8, H = 2048: one BLOCK_H load per program)."""
+    f32 = "fp32"
+    yield Case("route top-k", router._route_topk, dict(K=8, E_PAD=128, RENORM=True, DTYPE=act, INTERP=False), 2,
+               ptrs={"ids_ptr": "i32", "w_ptr": f32})
+    yield Case("router gemv + top-k", router._route_fused, dict(
+               K=8, E_PAD=128, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
+               BLOCK_H=router.MAX_BLOCK_H), router.NUM_WARPS,
+               ptrs={"logits_ptr": f32, "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": f32})
 
 
 def slot_plan_cases() -> Iterator[Case]:

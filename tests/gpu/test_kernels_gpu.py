@@ -1,37 +1,45 @@
 """Triton kernels against their torch references on the GPU, bf16, at model shapes
 (Qwen3-30B-A3B: H=2048, I=768, 128 experts, top-8, 32/4 heads x 128; Qwen3.5's 16/2 x 256),
-plus odd head counts, page sizes, windows; CUDA-graph capture without host syncs."""
+plus odd head counts, page sizes, windows; CUDA-graph capture without host syncs; the fused
+router (GEMV + softmax/top-k in one launch) against its reference, eager and captured."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from edgemoe.kernels import moe_fused, norm_fused, paged_attention, rope_kv
-from edgemoe.kernels.moe_fused import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+from router_support import check_routing, logit_bound, planted, router_inputs  # noqa: E402
+
+from edgemoe.kernels import moe_fused, norm_fused, paged_attention, rope_kv, router  # noqa: E402
+from edgemoe.kernels.moe_fused import (  # noqa: E402
     moe_combine,
     moe_combine_ref,
     moe_decode,
     moe_prefill,
     moe_slots_ref,
 )
-from edgemoe.kernels.norm_fused import (
+from edgemoe.kernels.norm_fused import (  # noqa: E402
     add_rms_norm,
     add_rms_norm_ref,
     rms_norm,
     rms_norm_ref,
 )
-from edgemoe.kernels.paged_attention import (
+from edgemoe.kernels.paged_attention import (  # noqa: E402
     decode_attention,
     decode_attention_ref,
     extend_attention,
     extend_attention_ref,
 )
-from edgemoe.kernels.rope_kv import rope_write_kv, rope_write_kv_ref
-from edgemoe.quant.kv import KV_FP8, dequantise_kv
-from edgemoe.testing.kernel_inputs import (
+from edgemoe.kernels.rope_kv import rope_write_kv, rope_write_kv_ref  # noqa: E402
+from edgemoe.quant.kv import KV_FP8, dequantise_kv  # noqa: E402
+from edgemoe.testing.kernel_inputs import (  # noqa: E402
     MoEBatch,
     PagedBatch,
     head_norm_rope_bound,
@@ -49,7 +57,7 @@ H, I, E, K = 2048, 768, 128, 8
 def dispatch_must_pick_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every dispatcher call here must take the Triton path (a silent fallback to the
     reference would compare the reference with itself)."""
-    for module in (moe_fused, paged_attention, norm_fused, rope_kv):
+    for module in (moe_fused, paged_attention, norm_fused, rope_kv, router):
         def strict(t: torch.Tensor, dtype: torch.dtype | None = None, _pick=module.use_triton) -> bool:  # noqa: ANN001
             assert _pick(t, dtype), "dispatcher fell back to the torch reference"
             return True
@@ -366,3 +374,91 @@ def test_moe_prefill_has_no_host_sync() -> None:
         moe_prefill(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, "silu")
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# --- the fused router: GEMV + softmax/top-k in one launch ---------------------------------
+
+
+@pytest.fixture
+def one_rounding_reference() -> Iterator[None]:
+    """torch lets cuBLAS reduce a bf16 GEMM's split-K partials in bf16; the reference's
+    logits must be one rounding of an fp32 sum, as `logit_bound` assumes."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    yield
+    matmul.allow_bf16_reduced_precision_reduction = before
+
+
+def fused_route(x: torch.Tensor, w: torch.Tensor, ws: router.RouterWorkspace) -> tuple[torch.Tensor, torch.Tensor]:
+    def no_projection(*_: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the router fell back to the projection + top-k")
+
+    return router.route_logits_topk(x, w, K, True, BF16, ws, no_projection)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 32])
+def test_fused_router_matches_reference(tokens: int, one_rounding_reference: None) -> None:
+    x, w = router_inputs(tokens, E, H, BF16, seed=tokens, device="cuda")
+    ws = router.RouterWorkspace.allocate(E, x.device)
+    ids, weights = fused_route(x, w, ws)
+    ref = F.linear(x, w).float()
+    assert ((ws.logits[:tokens] - ref).abs() <= logit_bound(x, w, ref)).all()
+    check_routing(x, w, K, True, ids, weights)
+    assert not ws.arrivals.any()
+
+
+def test_fused_router_exact_logits_many_launches() -> None:
+    """Planted exact logits at 32 tokens (2,048 programs racing to 32 counters), 50 launches
+    back to back on one workspace: the reference's ids every time (a program routing
+    before every block of its token landed would pick another expert)."""
+    x, w, L = planted(32, E, H, seed=3, device="cuda")
+    want_ids, want_w = router.route_topk_ref(L.to(BF16), K, True, BF16)
+    ws = router.RouterWorkspace.allocate(E, x.device)
+    runs = [fused_route(x, w, ws) for _ in range(50)]
+    for ids, weights in runs:
+        assert torch.equal(ids, want_ids)
+        assert ((weights - want_w).abs() <= 2**-8 * want_w).all()  # another exp: a bf16 rounding
+    assert torch.equal(ws.logits, L) and not ws.arrivals.any()
+
+
+def test_fused_router_batch_invariant() -> None:
+    """A token's ids and weights are the same bits alone or among 32 tokens."""
+    x, w = router_inputs(32, E, H, BF16, seed=5, device="cuda")
+    ws = router.RouterWorkspace.allocate(E, x.device)
+    ids, weights = fused_route(x, w, ws)
+    for i in (0, 13, 31):
+        one_ids, one_w = fused_route(x[i : i + 1], w, ws)
+        assert torch.equal(one_ids[0], ids[i]) and torch.equal(one_w[0], weights[i])
+
+
+def test_fused_router_graph_two_layers() -> None:
+    """Two layers' routers on one workspace, captured in a CUDA graph and replayed twice on
+    new hidden states written in place: equal to eager runs on those states."""
+    x, wa = router_inputs(8, E, H, BF16, seed=21, device="cuda")
+    _, wb = router_inputs(8, E, H, BF16, seed=22, device="cuda")
+    ws = router.RouterWorkspace.allocate(E, x.device)
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def step() -> None:
+        out["a"] = fused_route(x, wa, ws)
+        out["b"] = fused_route(x, wb, ws)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (23, 24):
+        x.copy_(router_inputs(8, E, H, BF16, seed=seed, device="cuda")[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = {k: (ids.clone(), w.clone()) for k, (ids, w) in out.items()}
+        want_a, want_b = fused_route(x, wa, ws), fused_route(x, wb, ws)
+        for got, want in ((replayed["a"], want_a), (replayed["b"], want_b)):
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert not torch.equal(want_a[0], want_b[0])
+    assert not ws.arrivals.any()

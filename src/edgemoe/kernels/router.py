@@ -1,4 +1,5 @@
-"""MoE routing: softmax over the experts, top-k, optional renormalisation, in one step.
+"""MoE routing: softmax over the experts, top-k, optional renormalisation, in one step;
+and the router's projection fused with it for decode batches.
 
 `route_topk(logits, top_k, renormalize, dtype)` → (ids [T, K] int32, weights [T, K]
 fp32 holding values rounded to `dtype`). The reference is transformers' Qwen3-MoE /
@@ -7,13 +8,31 @@ to the hidden dtype (the slot kernels multiply in fp32 by that rounded weight). 
 GPU one Triton program per token replaces the ~7 small kernels the reference launches;
 its fp32 exp may differ from torch's in the last bit, so a near-tie between the k-th and
 (k+1)-th expert may resolve differently (a token's choice never depends on its batch).
+
+`route_logits_topk(x, router, ...)`: the same from the hidden states, logits = x @ W.T
+rounded to x's dtype (`F.linear`). For batches of at most `FUSED_MAX_TOKENS` tokens on a
+GPU, with a `RouterWorkspace`, one Triton launch computes the logits and routes
+(`triton_ops/router.py`): it replaces the router GEMV (~5 µs of latency for a 0.5 MB
+weight) and `route_topk`'s launch. Larger batches (prefill) take the projection and
+`route_topk`: a fused program per token re-reads the whole weight, T times, where a GEMM
+reads it once. Both paths route equal logits identically (one shared Triton helper);
+their logits are the same sums in other orders, so they agree to one rounding of x's dtype.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from edgemoe.kernels.backend import use_triton
+from edgemoe.kernels.dense_gemv import MAX_TOKENS, Linear, dense_gemv, dense_gemv_ref
+
+# NOTE: the decode path's skinny-GEMM limit, so a batch's router and its other projections
+# switch to cuBLAS at the same size (and every captured decode size, up to the default
+# cuda_graph_max_bs = 32, routes in one launch). At 32 tokens the fused kernel reads
+# 32 x 0.5 MB of weight (from L2 after the first token); far beyond, one GEMM wins.
+FUSED_MAX_TOKENS = MAX_TOKENS
 
 
 def route_topk_ref(
@@ -35,3 +54,59 @@ def route_topk(
     from edgemoe.kernels.triton_ops.router import route_topk_triton
 
     return route_topk_triton(logits, top_k, renormalize, dtype)
+
+
+@dataclass(frozen=True)
+class RouterWorkspace:
+    """The fused router's static buffers on one device: `logits` [max_tokens, E] fp32
+    (each launch's logits, x's dtype's values) and `arrivals` [max_tokens] int32, the
+    per-token count of programs done.
+
+    NOTE: `arrivals` is zero between launches (zeroed here, reset by each launch), so a
+    CUDA graph can capture the launch; launches that share a workspace must be ordered
+    (one stream), as a model's layers are."""
+
+    logits: torch.Tensor
+    arrivals: torch.Tensor
+
+    @classmethod
+    def allocate(cls, experts: int, device: torch.device, max_tokens: int = FUSED_MAX_TOKENS) -> RouterWorkspace:
+        return cls(
+            torch.zeros(max_tokens, experts, dtype=torch.float32, device=device),
+            torch.zeros(max_tokens, dtype=torch.int32, device=device),
+        )
+
+    @property
+    def max_tokens(self) -> int:
+        return self.arrivals.shape[0]
+
+
+def fused_router_workspace(router: torch.Tensor, top_k: int, linear: Linear) -> RouterWorkspace | None:
+    """A workspace when the fused router will run for this router: `linear` is the Triton
+    skinny GEMM (`--dense-kernel triton`/auto on a GPU; `torch` keeps cuBLAS and the
+    separate top-k, the A/B reference) and the kernel can take the router's device,
+    dtype and top_k (a power of two)."""
+    if linear is not dense_gemv or top_k & (top_k - 1) or not use_triton(router):
+        return None
+    return RouterWorkspace.allocate(router.shape[0], router.device)
+
+
+def route_logits_topk_ref(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H], router [E, H] → `route_topk_ref` of the logits x @ W.T in x's dtype."""
+    return route_topk_ref(dense_gemv_ref(x, router), top_k, renormalize, dtype)
+
+
+def route_logits_topk(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
+    workspace: RouterWorkspace | None = None, linear: Linear = dense_gemv_ref,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contract of `route_logits_topk_ref`. One fused launch when `workspace` is given and
+    the batch fits it (CUDA, bf16/fp16); else `route_topk(linear(x, router), ...)`."""
+    T = x.shape[0]
+    if workspace is not None and x.dim() == 2 and 0 < T <= workspace.max_tokens and use_triton(x, dtype):
+        from edgemoe.kernels.triton_ops.router import route_logits_topk_triton
+
+        return route_logits_topk_triton(x, router, top_k, renormalize, dtype, workspace.logits, workspace.arrivals)
+    return route_topk(linear(x, router), top_k, renormalize, dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
-from edgemoe.kernels.router import route_topk
+from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
 from edgemoe.moe.executor import MoEExecutor
 
 
@@ -22,13 +22,17 @@ class SparseMoE:
         self.layer, self.router, self.top_k = layer, router, top_k
         self.norm_topk_prob = norm_topk_prob
         self.executor, self.linear = executor, linear
+        # Static buffers of the fused router GEMV + top-k (None: the projection, then
+        # `route_topk`); allocated here, before any CUDA graph captures the layer.
+        self.workspace = fused_router_workspace(router, top_k, linear)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values
         rounded to x's dtype, as transformers' router casts them). With the executor's
         routing override (cache studies) the ids are its, the weights the router's."""
-        logits = self.linear(x, self.router)  # [T, E]
-        ids, weights = route_topk(logits, self.top_k, self.norm_topk_prob, x.dtype)
+        ids, weights = route_logits_topk(  # [T, K] each
+            x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear,
+        )
         override = self.executor.routing
         if override is not None:
             ids = override.ids(self.layer, ids).to(torch.int32)
