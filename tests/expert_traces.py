@@ -33,3 +33,18 @@ CONFIGS = [  # (layers, experts, slots, top_k, token counts)
     (4, 32, 40, 4, (1, 1, 3, 12)),  # more slots than a layer's experts
     (2, 64, 24, 8, (1, 2, 8)),
 ]
+
+
+STATE = ("slot_map", "slot_owners", "recency", "clock", "counts", "events")  # DeviceSlotCache's state tensors
+
+
+def check_same_plans(ref, fused, plans_ref: list, plans_fused: list) -> None:  # noqa: ANN001
+    """Two DeviceSlotCaches (the torch plan, the fused kernel) made the same wave plans,
+    field by field and dtype by dtype, and hold the same state."""
+    assert len(plans_ref) == len(plans_fused)
+    for want, got in zip(plans_ref, plans_fused, strict=True):
+        for field in want._fields:
+            a, b = getattr(want, field), getattr(got, field)
+            assert a.dtype == b.dtype and torch.equal(a, b), (field, a, b)
+    for name in STATE:
+        assert torch.equal(getattr(ref, name), getattr(fused, name)), (name, getattr(ref, name), getattr(fused, name))

@@ -16,22 +16,11 @@ import random
 
 import pytest
 import torch
-from expert_traces import CONFIGS, routing
+from expert_traces import CONFIGS, check_same_plans, routing
 
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 
 CUDA = torch.device("cuda")
-STATE = ("slot_map", "slot_owners", "recency", "clock", "counts", "events")
-
-
-def check_same(ref: DeviceSlotCache, fused: DeviceSlotCache, plans_ref: list, plans_fused: list) -> None:
-    assert len(plans_ref) == len(plans_fused)
-    for want, got in zip(plans_ref, plans_fused, strict=True):
-        for field in want._fields:
-            a, b = getattr(want, field), getattr(got, field)
-            assert a.dtype == b.dtype and torch.equal(a, b), (field, a, b)
-    for name in STATE:
-        assert torch.equal(getattr(ref, name), getattr(fused, name)), name
 
 
 def test_the_fused_plan_is_the_default_on_cuda() -> None:
@@ -57,7 +46,7 @@ def test_random_traces_match_the_torch_plan(config: tuple) -> None:
                 pinned = torch.zeros(S, dtype=torch.bool, device=CUDA)
                 pinned[owned] = True
                 num_pinned = len(owned)
-            check_same(ref, fused, list(ref.layer_waves(layer, ids, pinned, num_pinned)),
+            check_same_plans(ref, fused, list(ref.layer_waves(layer, ids, pinned, num_pinned)),
                        list(fused.layer_waves(layer, ids, pinned, num_pinned)))
     hits, misses = int(ref.counts[:, 0].sum()), int(ref.counts[:, 1].sum())
     # with no more slots than top-k every wave may evict the last one's experts: no hits
@@ -122,10 +111,10 @@ def test_captured_decode_step_matches(T: int, S: int) -> None:
         graph_ref.replay()
         graph_fused.replay()
         torch.cuda.synchronize()
-        check_same(ref, fused, plans_ref, plans_fused)
+        check_same_plans(ref, fused, plans_ref, plans_fused)
     routings = [torch.stack([routing(rng, T, E, K, 1.0) for _ in range(L)]).to(CUDA) for _ in range(8)] * 4
     times = {"T": T, "S": S, "layers": L, "step_us_torch_graph": replay_us(graph_ref, ids, routings),
              "step_us_fused_graph": replay_us(graph_fused, ids, routings),
              "wave_us_torch_eager": eager_wave_us(ref, routings[:4]), "wave_us_fused_eager": eager_wave_us(fused, routings[:4])}
     print("\n" + json.dumps({k: round(v, 1) for k, v in times.items()}))
-    check_same(ref, fused, [], [])  # the same routings on both: still the same state
+    check_same_plans(ref, fused, [], [])  # the same routings on both: still the same state

@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from expert_traces import CONFIGS, routing
+from expert_traces import CONFIGS, check_same_plans, routing
 
 from edgemoe.kernels.slot_plan import MAX_EXPERTS, MAX_SLOTS, fused_plan_supported
 from edgemoe.moe.device_cache import DeviceSlotCache
@@ -21,22 +21,11 @@ from edgemoe.moe.device_cache import DeviceSlotCache
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 CPU = torch.device("cpu")
-STATE = ("slot_map", "slot_owners", "recency", "clock", "counts", "events")
 
 
 def caches(S: int, L: int, E: int) -> tuple[DeviceSlotCache, DeviceSlotCache]:
     """(the torch plan, the fused kernel) on the same empty pool."""
     return DeviceSlotCache(S, L, E, CPU, fused=False), DeviceSlotCache(S, L, E, CPU, fused=True)
-
-
-def check_same(ref: DeviceSlotCache, fused: DeviceSlotCache, plans_ref: list, plans_fused: list) -> None:
-    assert len(plans_ref) == len(plans_fused)
-    for want, got in zip(plans_ref, plans_fused, strict=True):
-        for field in want._fields:
-            a, b = getattr(want, field), getattr(got, field)
-            assert a.dtype == b.dtype and torch.equal(a, b), (field, a, b)
-    for name in STATE:
-        assert torch.equal(getattr(ref, name), getattr(fused, name)), (name, getattr(ref, name), getattr(fused, name))
 
 
 def random_pins(rng: random.Random, cache: DeviceSlotCache, K: int) -> tuple[torch.Tensor | None, int]:
@@ -62,7 +51,7 @@ def run_trace(ref: DeviceSlotCache, fused: DeviceSlotCache, rng: random.Random, 
             pinned, num_pinned = random_pins(rng, ref, K)
             plans_ref = list(ref.layer_waves(layer, ids, pinned, num_pinned))
             plans_fused = list(fused.layer_waves(layer, ids, pinned, num_pinned))
-            check_same(ref, fused, plans_ref, plans_fused)
+            check_same_plans(ref, fused, plans_ref, plans_fused)
 
 
 @needs_interpreter
@@ -90,11 +79,11 @@ def test_a_wave_past_capacity_matches() -> None:
     the same -1 for the misses left without a slot, the same state."""
     ref, fused = caches(4, 2, 8)
     warm = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
-    check_same(ref, fused, [ref.plan_wave(1, warm)], [fused.plan_wave(1, warm)])
+    check_same_plans(ref, fused, [ref.plan_wave(1, warm)], [fused.plan_wave(1, warm)])
     pinned = torch.tensor([False, True, False, False])
     ids = torch.tensor([[4, 5], [6, 7], [0, -1]], dtype=torch.int32)
     plans = [ref.plan_wave(0, ids, pinned)], [fused.plan_wave(0, ids, pinned)]
-    check_same(ref, fused, *plans)
+    check_same_plans(ref, fused, *plans)
     assert bool(plans[1][0].overflow) and int((plans[1][0].misses[0] >= 0).sum()) == 3
 
 
