@@ -8,6 +8,8 @@
 #                every thread's stack dumped if one runs past 120 s (faulthandler)
 #   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
 #   hotpath32k   resident decode at a 32K prompt, batch 1
+#   prefill-ab   8K prompt, batch 1, resident: prefill with overlap, then --no-overlap (one process each)
+#   kbench       scripts/gpu_kernel_bench.py: every Triton kernel at Qwen3-30B-A3B shapes (the router sweep too)
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
@@ -33,6 +35,11 @@ run_stage() {
     hotpath32k) decode --moe-backend resident --prompt-tokens 32768 --batch-sizes 1 --decode-tokens 32 \
                   --max-prefill-tokens 8192 --out "$res/hotpath32k" ;;
     kprofile) OUT="$res/kprofile" python3 scripts/gpu_kernel_profile.py ${KPROFILE:-1 1024} ;;
+    prefill-ab) for ov in --overlap --no-overlap; do
+                  decode --moe-backend resident --prompt-tokens 8192 --batch-sizes 1 --decode-tokens 8 $ov \
+                    --out "$res/prefill-ab"
+                done ;;
+    kbench) OUT="$res/kbench" python3 scripts/gpu_kernel_bench.py ;;
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     offload2) OUT="$res/offload2" bash scripts/gpu_offload2.sh ;;
