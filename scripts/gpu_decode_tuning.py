@@ -18,22 +18,7 @@ from pathlib import Path
 
 import torch
 
-
-def graph_time_us(fn, reps: int = 50) -> float:  # noqa: ANN001
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1000 * start.elapsed_time(end) / reps
+from edgemoe.bench.cuda_timing import graph_us
 
 
 def step_kernels(layers: int = 4) -> dict[str, float]:
@@ -74,7 +59,7 @@ def moe_configs() -> list[dict]:
         cells = torch.empty(T, K, H, device="cuda")
         for cfg in configs:
             os.environ["EDGEMOE_MOE_GEMV_TILES"] = cfg
-            us = graph_time_us(lambda: moe_decode(x, ids, w, gu, dn, cells, "silu"))  # noqa: B023
+            us = graph_us([lambda: moe_decode(x, ids, w, gu, dn, cells, "silu")], replays=50)  # noqa: B023
             gbs = T * K * 3 * H * I * 2 / us / 1e3 if T == 1 else len(set(ids.flatten().tolist())) * 3 * H * I * 2 / us / 1e3
             rows.append({"T": T, "tiles": cfg, "us": us, "GB/s": gbs})
     os.environ.pop("EDGEMOE_MOE_GEMV_TILES", None)
@@ -95,7 +80,7 @@ def attention_times() -> list[dict]:
         lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
         q = torch.randn(1, Hq, D, device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(q)
-        us = graph_time_us(lambda: decode_attention(q, k, v, table, rows_, lens, P, D**-0.5, None, out))  # noqa: B023
+        us = graph_us([lambda: decode_attention(q, k, v, table, rows_, lens, P, D**-0.5, None, out)], replays=50)  # noqa: B023
         rows.append({"ctx": ctx, "us": us, "GB/s": ctx * Hkv * D * 4 / us / 1e3})
     return rows
 

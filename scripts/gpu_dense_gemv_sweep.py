@@ -19,12 +19,12 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from edgemoe.bench.cuda_timing import graph_us
 from edgemoe.kernels.triton_ops.dense_gemv import (
     DEFAULT_TILES,
     GemvTiles,
@@ -50,29 +50,6 @@ def configs(quick: bool) -> list[GemvTiles]:
     return out
 
 
-def graph_us(calls: list[Callable[[], object]]) -> float:
-    """Mean µs per call, the calls captured once into a CUDA graph replayed REPLAYS times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:  # compile and warm up outside the capture
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (REPLAYS * len(calls))
-
-
 def weights(n: int, k: int) -> list[torch.Tensor]:
     """Enough copies of a [n, k] bf16 weight to exceed L2 (one when it alone does)."""
     copies = max(1, math.ceil(2 * L2_BYTES / (n * k * 2)))
@@ -84,7 +61,7 @@ def case(name: str, m: int, ws: list[torch.Tensor], tiles: list[GemvTiles]) -> d
     n, k = ws[0].shape
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     nbytes = n * k * 2 + m * (k + n) * 2
-    cublas = graph_us([lambda w=w: F.linear(x, w) for w in ws])
+    cublas = graph_us([lambda w=w: F.linear(x, w) for w in ws], replays=REPLAYS)
     row = {"shape": name, "n": n, "k": k, "m": m, "bytes": nbytes,
            "cublas_us": cublas, "cublas_gbs": nbytes / cublas / 1e3, "triton": {}}
     want = F.linear(x, ws[0]).float()
@@ -94,7 +71,7 @@ def case(name: str, m: int, ws: list[torch.Tensor], tiles: list[GemvTiles]) -> d
         if not torch.allclose(got, want, rtol=2**-6, atol=2**-6 * want.abs().max().item()):
             row["triton"][t.label()] = {"error": "mismatch against cuBLAS"}
             continue
-        us = graph_us([lambda w=w, t=t: dense_gemv_triton(x, w, t) for w in ws])
+        us = graph_us([lambda w=w, t=t: dense_gemv_triton(x, w, t) for w in ws], replays=REPLAYS)
         row["triton"][t.label()] = {"us": us, "gbs": nbytes / us / 1e3, "split": split_k(n, k, t)[0],
                                     "speedup": cublas / us}
     return row

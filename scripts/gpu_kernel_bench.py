@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 
+from edgemoe.bench.cuda_timing import graph_us
 from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_slots_ref
 from edgemoe.kernels.norm_fused import add_rms_norm
 from edgemoe.kernels.paged_attention import decode_attention, extend_attention
@@ -37,30 +38,6 @@ DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192
 DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
 EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
 RESULTS: list[dict] = []
-
-
-def graph_us(calls: list[Callable[[], object]], rounds: int = 4) -> float:
-    """Mean µs per call, all calls replayed from one CUDA graph (~1 µs launch each)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(rounds):
-            for call in calls:
-                call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * rounds * len(calls))
 
 
 def eager_us(call: Callable[[], object]) -> float:
@@ -103,9 +80,9 @@ def bench_moe(gate_up: torch.Tensor, down: torch.Tensor) -> None:
         for name, fn in (("moe_decode", moe_decode), ("moe_prefill", moe_prefill)):
             calls = [lambda i=i, fn=fn: fn(xs[i], routes[i][0], routes[i][1], gate_up, down, cells[i], "silu", ws)
                      for i in range(n)]
-            record(name, f"T={tokens}", graph_us(calls), nbytes, flops, "graph")
+            record(name, f"T={tokens}", graph_us(calls, rounds=4), nbytes, flops, "graph")
         record("moe_combine+res", f"T={tokens}", graph_us([lambda i=i: moe_combine(cells[i], BF16, xs[i])
-                                                          for i in range(n)]),
+                                                          for i in range(n)], rounds=4),
                tokens * K * H * 4 + 2 * tokens * H * 2, 0, "graph")
         if tokens == 1:
             record("moe torch ref", "T=1", eager_us(lambda: moe_slots_ref(xs[0], routes[0][0], routes[0][1], gate_up,
@@ -141,9 +118,9 @@ def bench_decode_attention() -> None:
         flops = 4 * batch * HQ * D * ctx
         # The engine's one launch, and the two-launch form it replaced (its bitwise reference).
         for name, fn in (("decode_attention", decode_attention), ("decode_attention two-launch", two_launch)):
-            calls = [lambda i=i, fn=fn: fn(qs[i], k_pool, v_pool, tables[i], rows, lens, PAGE, D**-0.5, None, outs[i])
+            calls = [lambda i=i, fn=fn, k=k_pool, v=v_pool: fn(qs[i], k, v, tables[i], rows, lens, PAGE, D**-0.5, None, outs[i])
                      for i in range(n)]
-            record(name, f"B={batch} ctx={ctx}", graph_us(calls), kv_bytes, flops, "graph")
+            record(name, f"B={batch} ctx={ctx}", graph_us(calls, rounds=4), kv_bytes, flops, "graph")
         del k_pool, v_pool
 
 
@@ -186,7 +163,7 @@ def bench_small_ops() -> None:
         normed_calls = [lambda i=i: rope_write_kv(*qkv[i], pos, cos, sin, k_cache, v_cache, loc, None, None,
                                                   weight[:D], weight[D : 2 * D], 1e-6) for i in range(n)]
         mode = "eager" if prefill else "graph"
-        timer = (lambda calls: eager_us(calls[0])) if prefill else graph_us
+        timer = (lambda calls: eager_us(calls[0])) if prefill else (lambda calls: graph_us(calls, rounds=4))
         record("add_rms_norm", f"T={tokens}", timer(norm_calls), 4 * tokens * H * 2, 0, mode)
         record("rope_write_kv", f"T={tokens}", timer(rope_calls), 2 * tokens * (HQ + 2 * HKV) * D * 2, 0, mode)
         record("rope_write_kv+qk_norm", f"T={tokens}", timer(normed_calls), 2 * tokens * (HQ + 2 * HKV) * D * 2, 0,
@@ -207,13 +184,13 @@ def bench_router() -> None:
         x = torch.randn(tokens, H, generator=g, device=DEV).to(BF16)
         nbytes = E * H * 2 + tokens * H * 2
         unfused = [lambda w=w, x=x: route_topk(F.linear(x, w), K, True, BF16) for w in weights]
-        record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused), nbytes, 0, "graph")
+        record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused, rounds=4), nbytes, 0, "graph")
         fused = [lambda w=w, x=x: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
-        record("router fused", f"T={tokens} default", graph_us(fused), nbytes, 0, "graph")
+        record("router fused", f"T={tokens} default", graph_us(fused, rounds=4), nbytes, 0, "graph")
         for block_e, warps in ((1, 4), (2, 2), (4, 4), (4, 8), (8, 8)):
             router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
             try:
-                record("router fused", f"T={tokens} e{block_e}w{warps}", graph_us(fused), nbytes, 0, "graph")
+                record("router fused", f"T={tokens} e{block_e}w{warps}", graph_us(fused, rounds=4), nbytes, 0, "graph")
             finally:
                 router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
 
