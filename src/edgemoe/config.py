@@ -195,12 +195,9 @@ class EngineConfig:
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         if self.moe.expert_cache == "device":
-            if self.moe.moe_backend in ("cpu", "hybrid"):
-                raise ValueError(f"{flag_name('expert_cache')} device runs the offload backend (or resident), not "
-                                 f"{self.moe.moe_backend}: cpu/hybrid read each layer's routing on the host")
-            if self.moe.moe_policy != "lru":
-                raise ValueError(f"{flag_name('expert_cache')} device evicts by LRU only (got --moe-policy "
-                                 f"{self.moe.moe_policy})")
+            from edgemoe.moe.cache_choice import check_device_cache  # torch-free
+
+            check_device_cache(self.moe.moe_backend, self.moe.moe_policy)
         positive = {
             "moe_slots": self.moe.moe_slots or 1,
             "page_size": self.cache.page_size,

@@ -170,7 +170,7 @@ def test_counts_drain_once_per_read(store: BankStore) -> None:
 
 
 def test_expert_cache_auto_is_the_device_on_a_gpu_for_offload_and_auto() -> None:
-    from edgemoe.moe.registry import resolve_expert_cache
+    from edgemoe.moe.cache_choice import resolve_expert_cache
 
     assert resolve_expert_cache("auto", "cuda", "offload", "lru") == "device"
     assert resolve_expert_cache("auto", "cuda", "auto", "lru") == "device"

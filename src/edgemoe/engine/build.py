@@ -29,9 +29,10 @@ from edgemoe.models.arch import ModelArch
 from edgemoe.models.loader import ram_tables
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.cache_choice import resolve_expert_cache
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.pinning import CudaRegistrar
-from edgemoe.moe.registry import make_executor, resolve_expert_cache
+from edgemoe.moe.registry import make_executor
 from edgemoe.moe.routing_spec import ROUTER, parse_routing
 from edgemoe.moe.routing_trace import RoutingTrace
 from edgemoe.moe.synthetic_routing import SyntheticRouting

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.moe_experts import Activation
+from edgemoe.moe.cache_choice import EXPERT_CACHES, check_device_cache
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.store import ExpertStore
 
 EXECUTORS = ("resident", "offload", "cpu", "hybrid", "auto")
-EXPERT_CACHES = ("host", "device")  # what `--expert-cache auto` resolves to: resolve_expert_cache
 
 
 def make_executor(
@@ -58,25 +58,3 @@ def make_executor(
             store, device, act, num_layers, num_slots, fraction, backend == "cpu", policy, max_tokens, mode, top_k
         )
     raise ValueError(f"moe_backend {backend!r}: choose one of {', '.join(EXECUTORS)}")
-
-
-def resolve_expert_cache(setting: str, device_type: str, backend: str, policy: str) -> str:
-    """`--expert-cache auto`: device on a GPU when the backend is offload or auto and the
-    policy LRU, else host. Measured at 16 GiB on the GPU machine (docs/benchmarks.md):
-    decode steps in CUDA graphs with no host read per layer ran 184 tok/s where the host
-    cache's per-layer reads held auto to 8.7; under heavy misses (synthetic routing, 113
-    misses a token) 15.4 against 13.2. What it gives up is auto's CPU split: `--expert-cache
-    host` (or --moe-backend hybrid) keeps it."""
-    if setting != "auto":
-        return setting
-    on_device = device_type == "cuda" and backend in ("offload", "auto") and policy == "lru"
-    return "device" if on_device else "host"
-
-
-def check_device_cache(backend: str, policy: str) -> None:
-    """Refuse what `--expert-cache device` can't run (torch-free, so the config checks it too)."""
-    if backend in ("cpu", "hybrid"):
-        raise ValueError(f"expert_cache (--expert-cache) device runs the offload backend, not {backend!r}: "
-                         "cpu/hybrid read each layer's routing on the host (use --expert-cache host)")
-    if policy != "lru":
-        raise ValueError(f"expert_cache (--expert-cache) device evicts by LRU only (got --moe-policy {policy})")
