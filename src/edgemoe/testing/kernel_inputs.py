@@ -59,13 +59,22 @@ def rope_bound(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin:
     rounds each product and the sum (u = 2^-8 in bf16 each: <= 2u·(|a| + |b|) from exact),
     one keeps the products in fp32 and rounds once (<= u·(|a| + |b|)): 3u·(|a| + |b|), and
     (1 + 2^-7) for the products' own rounding inside that sum. 0 on the dims not rotated."""
-    half, u = cos.shape[1], torch.finfo(x.dtype).eps / 2
-    xr = x[..., : 2 * half].float()
+    u = torch.finfo(x.dtype).eps / 2
+    size = rotation_size(x, positions, cos, sin)
+    bound = torch.zeros(x.shape, device=x.device)
+    bound[..., : size.shape[-1]] = 3 * u * (1 + 2 * u) * size
+    return bound
+
+
+def rotation_size(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """|x·c| + |x'·s| on the rotated dims [T, H, R] (x' = x's rotate-half partner, c and s the
+    tables at each token's position as rounded to x's dtype): the scale of the rotation's
+    roundings."""
+    half = cos.shape[1]
+    xr = x[..., : 2 * half].float().abs()
     c, s = (t[positions].to(x.dtype).float().abs().repeat(1, 2)[:, None, :] for t in (cos, sin))
     partner = torch.cat([xr[..., half:], xr[..., :half]], dim=-1)
-    bound = torch.zeros(x.shape, device=x.device)
-    bound[..., : 2 * half] = 3 * u * (1 + 2 * u) * (xr.abs() * c + partner.abs() * s)
-    return bound
+    return xr * c + partner * s
 
 
 def head_norm_rel(dtype: torch.dtype, head_dim: int) -> float:
@@ -92,12 +101,9 @@ def head_norm_rope_bound(
     exact rotation of its own input. Dims not rotated: rel·|n|. Plus 8 subnormal spacings of
     the dtype for values rounded near 0 (the relative bounds hold for normal numbers)."""
     fi = torch.finfo(normed.dtype)
-    half, u = cos.shape[1], fi.eps / 2
+    u = fi.eps / 2
     rel = head_norm_rel(normed.dtype, normed.shape[-1])
-    n = normed.float().abs()
-    c, s = (t[positions].to(normed.dtype).float().abs().repeat(1, 2)[:, None, :] for t in (cos, sin))
-    nr = n[..., : 2 * half]
-    partner = torch.cat([nr[..., half:], nr[..., :half]], dim=-1)
-    bound = rel * n
-    bound[..., : 2 * half] = (4 * u * (1 + u) * (1 + rel) + rel) * (nr * c + partner * s)
+    size = rotation_size(normed, positions, cos, sin)
+    bound = rel * normed.float().abs()
+    bound[..., : size.shape[-1]] = (4 * u * (1 + u) * (1 + rel) + rel) * size
     return bound + 8 * fi.smallest_normal * fi.eps
