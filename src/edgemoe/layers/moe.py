@@ -17,14 +17,14 @@ class SparseMoE:
         top_k: int,
         norm_topk_prob: bool,
         executor: MoEExecutor,
-        linear: Linear = dense_gemv_ref,  # the router's kernel (--dense-kernel)
+        linear: Linear = dense_gemv_ref,  # the router's projection past the fused router's batches (--dense-kernel)
     ) -> None:
         self.layer, self.router, self.top_k = layer, router, top_k
         self.norm_topk_prob = norm_topk_prob
         self.executor, self.linear = executor, linear
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
-        self.workspace = fused_router_workspace(router, top_k, linear)
+        self.workspace = fused_router_workspace(router, top_k)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values
