@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
 from edgemoe.moe.replay import compare_policies
@@ -43,6 +44,7 @@ class Phase:
     step_seconds: list[float] = field(default_factory=list)
     moe: dict[str, float] = field(default_factory=dict)
     cached_prompt_tokens: int = 0  # prompt tokens the prefix cache served (prefill)
+    allocator: dict[str, Any] = field(default_factory=dict)  # bench/allocator.py ({} on a CPU)
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -68,6 +70,8 @@ def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phas
     """Submit every prompt, then step until each has its first token (requests that
     get theirs early may decode meanwhile). Returns the phase and the request ids."""
     engine, phase = llm.engine, Phase()
+    device = engine.runtime.device
+    alloc = allocator_snapshot(device)
     before, t0 = llm.stats()["moe"], time.perf_counter()
     request_ids = {engine.add_request(p, params) for p in prompts}
     waiting = set(request_ids)
@@ -79,6 +83,7 @@ def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phas
                 phase.cached_prompt_tokens += out.num_cached_tokens
     phase.seconds = time.perf_counter() - t0
     phase.moe = moe_traffic(before, llm.stats()["moe"])
+    phase.allocator = allocator_traffic(device, alloc)
     return phase, request_ids
 
 
@@ -86,6 +91,8 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     """Step until every request has `decode_tokens` tokens after its first (or
     finished), timestamping each step."""
     engine, phase, running = llm.engine, Phase(), set(request_ids)
+    device = engine.runtime.device
+    alloc = allocator_snapshot(device)
     before, t0 = llm.stats()["moe"], time.perf_counter()
     last = t0
     while running and len(phase.step_seconds) < decode_tokens:
@@ -99,6 +106,7 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
                 running.discard(out.request_id)
     phase.seconds = last - t0
     phase.moe = moe_traffic(before, llm.stats()["moe"])
+    phase.allocator = allocator_traffic(device, alloc)
     return phase
 
 
@@ -142,6 +150,7 @@ def measure(
         "prefill_s": prefill.seconds,
         "prefill_tok_s": batch * prompt_tokens / prefill.seconds,
         "prefill_moe": prefill.moe,
+        **({"prefill_allocator": prefill.allocator} if prefill.allocator else {}),
         "decode_s": decode.seconds,
         "decode_steps": len(steps),
         "decode_tokens_timed": decode.tokens,
@@ -150,6 +159,7 @@ def measure(
         "decode_step_ms_p50": 1000 * statistics.median(steps),
         "decode_step_ms_max": 1000 * max(steps),
         "decode_moe": decode.moe,
+        **({"decode_allocator": decode.allocator} if decode.allocator else {}),
     }
 
 
@@ -176,8 +186,16 @@ def _print_row(row: dict[str, Any]) -> None:
         f"prefill {row['prefill_tok_s']:9.1f} tok/s ({row['prefill_s']:.3f} s)  "
         f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
         f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f} "
-        f"decode {row['decode_moe']['misses_per_token']:.2f}"
+        f"decode {row['decode_moe']['misses_per_token']:.2f}" + _allocator_note(row.get("prefill_allocator"))
     )
+
+
+def _allocator_note(alloc: dict[str, Any] | None) -> str:
+    """What the allocator did in the prefill, when it did more than hand out cached blocks."""
+    if not alloc or not (alloc["num_alloc_retries"] or alloc["num_device_alloc"] or alloc["num_device_free"]):
+        return ""
+    return (f"\n  prefill allocator: {alloc['num_alloc_retries']} retries, {alloc['num_device_alloc']} cudaMalloc, "
+            f"{alloc['num_device_free']} cudaFree, reserved peak {alloc['reserved_peak_gib']:.2f} GiB")
 
 
 def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
