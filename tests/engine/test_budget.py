@@ -131,3 +131,16 @@ def test_flash_next_plan_counts_its_tables_and_gives_a_host_embedding_to_slots(t
     disk = tables("disk", False)
     assert disk.device_rows()[0][0] == "PLE step rows (disk store)" and "PLE staging" in {
         r.name for r in disk.host_rows(a, on_cuda=True)}
+
+
+def test_slot_pool_warning_only_below_one_tokens_working_set() -> None:
+    """Qwen3-30B-A3B at 8 GiB in bf16 (276 slots, 48 MoE layers x 8) warns; the 16 GiB
+    pool (1,187) and no pool (resident) do not; a shared expert counts as a pair."""
+    from edgemoe.engine.budget import slot_pool_warning
+
+    text = slot_pool_warning(276, 48, 8)
+    assert text is not None and "276 slots" in text and "48 x 8 = 384" in text and "--expert-dtype" in text
+    assert slot_pool_warning(1187, 48, 8) is None
+    assert slot_pool_warning(384, 48, 8) is None  # exactly one token's set: LRU keeps it
+    assert slot_pool_warning(0, 48, 8) is None
+    assert slot_pool_warning(359, 40, 9) is not None  # 8 routed + 1 shared over 40 layers

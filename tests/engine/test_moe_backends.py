@@ -130,3 +130,13 @@ def test_padded_decode_batches_give_the_host_cache_tokens_and_stats(qwen3_ckpt, 
     for key in ("hits", "misses", "bytes_copied"):
         assert dev[key] == host[key], key
     assert dev["hits"] > 0 and dev["misses"] > 0
+
+
+def test_a_pool_below_one_tokens_experts_is_warned_about(qwen3_ckpt, caplog) -> None:  # noqa: ANN001
+    """3 MoE layers x top-2 = 6 experts a token: 4 slots warn at start-up, 6 do not."""
+    for slots, warned in ((4, True), (6, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="edgemoe.engine.build"), \
+                LLM(str(qwen3_ckpt), moe_backend="offload", moe_slots=slots):
+            pass
+        assert any("smaller than one token's experts" in r.getMessage() for r in caplog.records) == warned

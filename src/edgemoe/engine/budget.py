@@ -108,6 +108,23 @@ class MemoryPlan:
         return [(f"GDN state ({rows})", self.state_bytes)]
 
 
+def slot_pool_warning(num_slots: int, moe_layers: int, pairs_per_layer: int) -> str | None:
+    """A warning when the slot pool is smaller than one token's experts over all MoE layers.
+
+    NOTE: the pool is shared by the layers and evicts least recently used slots, so with
+    fewer slots than a token's working set every layer's experts are evicted before the
+    next token reaches that layer again: every expert misses, every step, even when the
+    routing repeats (measured on an H200: 276 slots for 48 x 8, 384 misses a token,
+    docs/benchmarks.md). None when the pool holds at least that set, or there is no pool."""
+    working_set = moe_layers * pairs_per_layer
+    if num_slots <= 0 or num_slots >= working_set:
+        return None
+    return (f"the expert slot pool ({num_slots} slots) is smaller than one token's experts over all MoE layers "
+            f"({moe_layers} x {pairs_per_layer} = {working_set}): least-recently-used eviction then misses every "
+            "expert, every step; raise --gpu-memory, store experts in fewer bytes (--expert-dtype fp8/int4), "
+            "or compute them on the CPU (--expert-cache host --moe-backend cpu)")
+
+
 def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str = "auto") -> int:
     """K and V of every layer that holds KV (a hybrid's GDN layers hold none) for one
     token: the model dtype, or e4m3 plus a 4-byte scale per kv head (`--kv-cache-dtype fp8`);

@@ -15,7 +15,7 @@ from edgemoe.cache.state_pool import StatePool
 from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.big_tables import TablePlan, plan_tables
-from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory
+from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory, slot_pool_warning
 from edgemoe.engine.device_memory import baseline, process_share
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
@@ -184,6 +184,19 @@ def make_runner(
     return runner
 
 
+def warn_about_plan(plan: MemoryPlan, arch: ModelArch, max_len: int) -> None:
+    """What a person starting the engine should know about the plan's limits."""
+    if plan.kv_tokens < max_len:
+        log.warning(
+            "the KV cache holds %d tokens, less than the context length %d: a request that outgrows it "
+            "finishes with finish_reason 'length' (raise --kv-tokens or --gpu-memory, or lower --max-model-len)",
+            plan.kv_tokens, max_len,
+        )
+    small_pool = slot_pool_warning(plan.num_slots, len(arch.moe_layers), arch.moe_pairs)
+    if small_pool:
+        log.warning("%s", small_pool)
+
+
 def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     source = resolve_model(config.model.model)
     tokenizer = TokenizerBundle.load(source.model_dir)
@@ -196,12 +209,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     plan = make_plan(config, arch, device, max_len, source, tables, measured)
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
-    if plan.kv_tokens < max_len:
-        log.warning(
-            "the KV cache holds %d tokens, less than the context length %d: a request that outgrows it "
-            "finishes with finish_reason 'length' (raise --kv-tokens or --gpu-memory, or lower --max-model-len)",
-            plan.kv_tokens, max_len,
-        )
+    warn_about_plan(plan, arch, max_len)
     if plan.budget is not None:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
         total = torch.cuda.mem_get_info(device)[1]
