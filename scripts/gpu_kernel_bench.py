@@ -100,8 +100,6 @@ def bench_moe(gate_up: torch.Tensor, down: torch.Tensor) -> None:
 
 
 def bench_decode_attention() -> None:
-    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_two_launch as two_launch
-
     g = torch.Generator(device=DEV).manual_seed(1)
     for batch, ctx in DECODE_ATTN:
         kv_bytes = batch * ctx * HKV * D * 2 * 2
@@ -116,11 +114,10 @@ def bench_decode_attention() -> None:
         qs = [torch.randn(batch, HQ, D, generator=g, device=DEV).to(BF16) for _ in range(n)]
         outs = [torch.empty_like(q) for q in qs]
         flops = 4 * batch * HQ * D * ctx
-        # The engine's one launch, and the two-launch form it replaced (its bitwise reference).
-        for name, fn in (("decode_attention", decode_attention), ("decode_attention two-launch", two_launch)):
-            calls = [lambda i=i, fn=fn, k=k_pool, v=v_pool: fn(qs[i], k, v, tables[i], rows, lens, PAGE, D**-0.5, None, outs[i])
-                     for i in range(n)]
-            record(name, f"B={batch} ctx={ctx}", graph_us(calls, rounds=4), kv_bytes, flops, "graph")
+        calls = [lambda i=i, k=k_pool, v=v_pool: decode_attention(qs[i], k, v, tables[i], rows, lens, PAGE, D**-0.5,
+                                                                  None, outs[i])
+                 for i in range(n)]
+        record("decode_attention", f"B={batch} ctx={ctx}", graph_us(calls, rounds=4), kv_bytes, flops, "graph")
         del k_pool, v_pool
 
 

@@ -76,13 +76,10 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
             tag = " fp8 kv" if fp8 else ""
             block_n, warps, stages = attn_decode.decode_config(d)
             for hw in (False, True) if fp8 else (False,):  # e4m3 type on sm_89+, integer decode before
-                for fused in (True, False):  # the merge by the last split, or the two-launch reference's split
-                    yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}{' + merge' if fused else ''}",
-                               attn_decode._decode_split, dict(G=8, G_PAD=16, MG_PAD=8, D=d, D_PAD=d, BLOCK_N=block_n,
-                               SPLITS=attn_decode.NUM_SPLITS, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=hw,
-                               FUSED=fused, UNROLL=attn_decode.MERGE_UNROLL), warps, stages,
-                               ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32, "cnt_ptr": "i32"},
-                               min_arch=89 if hw else 80)
+                yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}", attn_decode._decode_split,
+                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=block_n, SPLITS=attn_decode.NUM_SPLITS,
+                                DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=hw), warps, stages,
+                           ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32}, min_arch=89 if hw else 80)
             block_m, block_n, warps, stages = attn_extend.extend_config(d)
             yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
                        BLOCK_N=block_n, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=False), warps, stages,

@@ -169,48 +169,10 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
 
 
-def decode_kv(b: PagedBatch, fp8: bool) -> tuple[torch.Tensor, ...]:
-    """(k, v, k scales, v scales): the batch's caches, quantised to e4m3 when fp8."""
-    if not fp8:
-        return b.k_cache, b.v_cache, None, None
-    from edgemoe.quant.kv import quantise_kv
-
-    (k, ks), (v, vs) = quantise_kv(b.k_cache), quantise_kv(b.v_cache)
-    return k, v, ks, vs
-
-
-@pytest.mark.parametrize(("fp8", "window"), [(False, None), (True, None), (False, 128)])
-def test_decode_attention_one_launch_is_two_launch_bitwise(fp8: bool, window: int | None) -> None:
-    """The merge by the last split to arrive (programs running at once, atomics between
-    them) equals the two-launch path bit for bit, launch after launch: each leaves its
-    counters at 0, and a merge that read a split before it was written would differ."""
-    from edgemoe.kernels.triton_ops.attn_decode import (
-        arrival_counters,
-        decode_attention_two_launch,
-    )
-
-    lens = [1, 7, 65, 300, 2000, 4097, 20000, 32768]
-    b = paged_batch(lens, [1] * len(lens), 32, 4, 128, 16, BF16, "cuda", seed=12)
-    k, v, ks, vs = decode_kv(b, fp8)
-    args = (b.q, k, v, b.page_table, b.req_rows, b.seq_lens, 16, 128**-0.5, window)
-    want = decode_attention_two_launch(*args, torch.full_like(b.q, float("nan")), None, ks, vs)
-    assert not want.isnan().any()
-    for _ in range(50):
-        got = decode_attention(*args, torch.full_like(b.q, float("nan")), None, ks, vs)
-        assert torch.equal(bits(got), bits(want))
-    assert not arrival_counters(b.q.device, 0).any()
-    if not fp8:
-        check_attention(got, b, window, decode=True)
-
-
-def test_decode_attention_one_launch_replays_with_new_lengths() -> None:
-    """Captured once (after an eager warm-up), replayed with new context lengths and
-    queries written in place: each replay equals the two-launch path on the new inputs."""
-    from edgemoe.kernels.triton_ops.attn_decode import (
-        arrival_counters,
-        decode_attention_two_launch,
-    )
-
+def test_decode_attention_graph_replays_with_new_lengths() -> None:
+    """Captured once, replayed with new context lengths and queries written in place: the
+    grid and workspace do not depend on the context, so each replay equals an eager call
+    on the new inputs bit for bit."""
     lens = [32768, 2000, 1, 300, 65, 7, 4097, 513]
     b = paged_batch(lens, [1] * len(lens), 32, 4, 128, 16, BF16, "cuda", seed=13)
     out = torch.empty_like(b.q)
@@ -218,7 +180,7 @@ def test_decode_attention_one_launch_replays_with_new_lengths() -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        decode_attention(*args, out)  # compile, allocate the counters
+        decode_attention(*args, out)  # compile outside the capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -228,9 +190,9 @@ def test_decode_attention_one_launch_replays_with_new_lengths() -> None:
         b.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         b.q.copy_(torch.randn(b.q.shape, generator=g, device="cuda").to(BF16))
         graph.replay()
-        want = decode_attention_two_launch(*args, torch.empty_like(b.q))
+        want = decode_attention(*args, torch.empty_like(b.q))
         assert torch.equal(bits(out), bits(want)), new
-    assert not arrival_counters(b.q.device, 0).any()
+    check_attention(out, b, None, decode=True)
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), ATTN)

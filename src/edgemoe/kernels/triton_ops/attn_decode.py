@@ -1,13 +1,16 @@
-"""Paged decode attention (one query per sequence), split over the context, in one launch.
+"""Paged decode attention (one query per sequence), split over the context, in two launches.
 
-One program per (sequence, kv head, split) handles all Hq/Hkv query heads of its kv head
-(each K/V row is read once per group) and writes the split's normalised output and
-log-sum-exp (base 2) in fp32 to the workspace; then it counts itself in at its
-(sequence, kv head)'s arrival counter, and the program that arrives last merges that
-sequence's splits for the group's query heads, in ascending split order, into the output
-(`merge_splits`). The two-launch form (`decode_attention_two_launch`: the same split
-kernel, then `_decode_merge`, one program per (sequence, query head), the same helper)
-is kept as the one-launch path's bitwise reference for the tests and the benchmark.
+Launch 1 (`_decode_split`): one program per (sequence, kv head, split) handles all
+Hq/Hkv query heads of its kv head (each K/V row is read once per group) and writes the
+split's normalised output and log-sum-exp (base 2) in fp32 to the workspace. Launch 2
+(`_decode_merge`): one program per (sequence, query head) merges that sequence's splits
+in ascending split order (`merge_splits`).
+
+Why two launches: a one-launch form (the last split of each (sequence, kv head) to
+arrive merged, through atomic arrival counters) measured slower everywhere on an H200
+on 2026-12-01 (CUDA-graph replay, 32/4 heads x 128, bf16: 7.0 vs 6.8 us at B=1 1K,
+35.2 vs 33.2 at B=1 32K, 39.3 vs 35.5 at B=8 4K, 113.0 vs 102.1 at B=32 4K; a whole
+decode step, 395 vs 373 us over 48 layers), so it was removed.
 
 The key-block step (page table, scores, online softmax, P·V) is attn_common.py's, shared
 with the extend kernel; so is the fp8 cache's (`FP8KV`) reading.
@@ -17,10 +20,9 @@ positions rounded up to a key block, so the cut depends only on the sequence's o
 length (its result never depends on the batch), batch 1 gets NUM_SPLITS x Hkv programs
 at any context (1K: 16 one-block splits; 32K: 64 of 512 positions), and the grid and
 workspace (B x Hq x NUM_SPLITS x (D + 1) fp32) never depend on the context, so a CUDA
-graph holds the launch. Splits holding no visible key (past the sequence's end, or
-before its window) exit at once and are not counted: the last arriver is the one that
-sees `last - first - 1` arrivals before its own (`split_bounds`), and it resets the
-counter to 0, so every counter is 0 between launches (the next layer, the next replay).
+graph holds both launches. Splits holding no visible key (past the sequence's end, or
+before its window) exit at once, and the merge reads only splits `first..last-1`
+(`split_bounds`), so their unwritten workspace is never read.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from edgemoe.kernels.triton_ops.common import (
 NUM_SPLITS = 64
 LOG2E = 1.4426950408889634
 MERGE_UNROLL = 8  # splits merged per step of the merge loop (see merge_splits)
-MIN_COUNTERS = 4096  # arrival counters allocated at first (B x Hkv; 16 KiB)
 
 
 def decode_config(head_dim: int) -> tuple[int, int, int]:
@@ -89,39 +90,16 @@ def merge_splits(o_rows, lse_rows, out_rows, ok, row_ok, stride_os, first, last,
 
 
 @triton.jit
-def merge_if_last(cnt_ptr, o_ptr, lse_ptr, out_ptr, b, kvh, first, last, stride_ob, stride_oh, stride_os,
-                  stride_lb, stride_lh, stride_outb, stride_outh, G: tl.constexpr, MG_PAD: tl.constexpr,
-                  D: tl.constexpr, D_PAD: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
-                  UNROLL: tl.constexpr):
-    """Counts this split in at its (sequence, kv head)'s counter; the last of the
-    sequence's last - first splits to arrive merges them for the group's query heads and
-    sets the counter back to 0."""
-    # NOTE: the barrier orders every thread's partial stores before the arrival (one
-    # thread's atomic); acq_rel makes the earlier arrivals' stores visible to the last.
-    tl.debug_barrier()
-    counter = cnt_ptr + b * tl.num_programs(1) + kvh
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == last - first - 1:
-        g = tl.arange(0, MG_PAD)
-        d = tl.arange(0, D_PAD)
-        rows = kvh * G + g
-        ok = (g < G)[:, None] & (d < D)[None, :]
-        o_rows = o_ptr + b.to(tl.int64) * stride_ob + rows[:, None] * stride_oh + d[None, :]
-        out_rows = out_ptr + b.to(tl.int64) * stride_outb + rows[:, None] * stride_outh + d[None, :]
-        merge_splits(o_rows, lse_ptr + b * stride_lb + rows * stride_lh, out_rows, ok, g < G, stride_os, first, last,
-                     DTYPE, INTERP, UNROLL)
-        tl.store(counter, 0)  # every split has arrived: nothing else touches it in this launch
-
-
-@triton.jit
 def _decode_split(
-    q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, ks_ptr, vs_ptr, cnt_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pr,
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ss, stride_outb, stride_outh,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ss,
     qk_scale, window, page_size,
-    G: tl.constexpr, G_PAD: tl.constexpr, MG_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
-    FP8HW: tl.constexpr, FUSED: tl.constexpr, UNROLL: tl.constexpr,
+    FP8HW: tl.constexpr,
 ):
+    """Launch 1: one program per (sequence, kv head, split), all G query heads at once."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -156,9 +134,6 @@ def _decode_split(
     base = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
     tl.store(o_ptr + base, acc / l[:, None], mask=hd_ok)
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, m + tl.log2(l), mask=g < G)
-    if FUSED:
-        merge_if_last(cnt_ptr, o_ptr, lse_ptr, out_ptr, b, kvh, first, last, stride_ob, stride_oh, stride_os,
-                      stride_lb, stride_lh, stride_outb, stride_outh, G, MG_PAD, D, D_PAD, DTYPE, INTERP, UNROLL)
 
 
 @triton.jit
@@ -169,7 +144,7 @@ def _decode_merge(
     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    """The two-launch form's merge: one program per (sequence, query head)."""
+    """Launch 2: one program per (sequence, query head) merges its splits."""
     b = tl.program_id(0)
     r = tl.arange(0, 1)  # merge_splits takes a tile of rows: here one
     h = tl.program_id(1) + r
@@ -181,24 +156,6 @@ def _decode_merge(
     out_rows = out_ptr + b.to(tl.int64) * stride_outb + h[:, None] * stride_outh + d[None, :]
     merge_splits(o_rows, lse_ptr + b * stride_lb + h * stride_lh, out_rows, ok, r < 1, stride_os, first, last,
                  DTYPE, INTERP, UNROLL)
-
-
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least n zeroed int32 arrival counters on `device`, shared by every launch there.
-    NOTE: launches on one device must be stream-ordered (the engine runs its steps on one
-    stream): each leaves its counters at 0 for the next. A larger batch gets a new buffer,
-    outside a capture only; the old ones stay allocated, as captured graphs hold them."""
-    held = _COUNTERS.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"decode attention: {n} arrival counters needed inside a CUDA graph capture; "
-                               "run the launch once eagerly at this batch size (a warm-up) before capturing")
-        size = max(n, MIN_COUNTERS, 2 * held[-1].numel() if held else 0)
-        held.append(torch.zeros(size, dtype=torch.int32, device=device))
-    return held[-1]
 
 
 def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
@@ -223,28 +180,7 @@ def decode_attention_triton(
     out: torch.Tensor, max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One launch: the splits, merged by the last split of each (sequence, kv head) to finish."""
-    return _decode(q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out, k_scale,
-                   v_scale, fused=True)
-
-
-def decode_attention_two_launch(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
-    out: torch.Tensor, max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The split kernel, then `_decode_merge`: the one-launch path's bitwise reference
-    (tests, scripts/gpu_kernel_bench.py), not used by the engine."""
-    return _decode(q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out, k_scale,
-                   v_scale, fused=False)
-
-
-def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-    req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
-    out: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, fused: bool,
-) -> torch.Tensor:
+    """Two launches: the splits (`_decode_split`), then their merge (`_decode_merge`)."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     if B == 0:
@@ -255,25 +191,23 @@ def _decode(
     # NOTE: `max_seq_len` sizes nothing (kept in the signature): the grid is NUM_SPLITS wide.
     o_part = torch.empty(B, Hq, NUM_SPLITS, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, Hq, NUM_SPLITS, dtype=torch.float32, device=q.device)
-    counters = arrival_counters(q.device, B * Hkv) if fused else lse  # never read unfused
     block_n, warps, stages = decode_config(D)
     dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
     k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     _decode_split[(B, Hkv, NUM_SPLITS)](
-        q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs, counters, out,
+        q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        stride_ss, out.stride(0), out.stride(1), scale * LOG2E, win, page_size,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), MG_PAD=triton.next_power_of_2(G), D=D, D_PAD=D_PAD,
-        BLOCK_N=block_n, SPLITS=NUM_SPLITS, DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None,
-        FP8HW=fp8_hardware(q), FUSED=fused, UNROLL=MERGE_UNROLL, num_warps=warps, num_stages=stages,
+        stride_ss, scale * LOG2E, win, page_size,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=NUM_SPLITS,
+        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps,
+        num_stages=stages,
     )
-    if not fused:
-        _decode_merge[(B, Hq)](
-            o_part, lse, seq_lens, out,
-            o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
-            out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=NUM_SPLITS, BLOCK_N=block_n, DTYPE=dtype, INTERP=interp,
-            UNROLL=MERGE_UNROLL, num_warps=1,
-        )
+    _decode_merge[(B, Hq)](
+        o_part, lse, seq_lens, out,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
+        out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=NUM_SPLITS, BLOCK_N=block_n, DTYPE=dtype, INTERP=interp,
+        UNROLL=MERGE_UNROLL, num_warps=1,
+    )
     return out
