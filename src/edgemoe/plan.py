@@ -121,7 +121,10 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
     resident = plan.backend == "resident"
     slots = total if resident else plan.num_slots
     h = hit_rate(slots, total, moe_layers * K, args.routing_locality)
-    misses = 0.0 if resident else args.misses_per_token if args.misses_per_token is not None else (1 - h) * moe_layers * K
+    misses = (1 - h) * moe_layers * K
+    if args.misses_per_token is not None:  # given: and the hit rate it implies, for the table
+        misses, h = args.misses_per_token, max(0.0, 1.0 - args.misses_per_token / (moe_layers * K))
+    misses = 0.0 if resident else misses
     step = both = prefill = None
     if rates.pcie_gbps:
         prefill = speed.PREFILL_EFFICIENCY * speed.prefill_bound(
