@@ -3,15 +3,18 @@
 Reads only the model's `config.json` (or a random preset's), plans device memory exactly
 as the engine would (`engine/budget.py`), and predicts, per expert format:
 
-- decode tok/s from the copy (+ CPU) bound of docs/offload.md / PERF-NOTES:
-  tok/s ≤ (B_pcie [+ B_cpu]) / ((1 − h) · bytes per token), bytes per token = MoE layers ×
-  experts per token × bytes per expert, h the slot cache's hit rate;
+- misses per token from the hit-rate model (uniform routing, or `--routing-locality`), or
+  as given (`--misses-per-token`, e.g. a `bench decode` run's, to check the speed model);
+- decode tok/s at batch 1 from the speed model (`plan_speed.py`, docs/plan.md): a step is
+  the device's reads (dense weights, the token's experts, KV at `--context-tokens`) at the
+  device bandwidth × kernel efficiencies, plus the misses' copies at the PCIe rate × a copy
+  efficiency, constants fitted to `bench decode` runs on an H200;
 - prefill tok/s for one `--max-prefill-tokens` chunk: a chunk of N tokens touches a share
-  1 − (1 − k/E)^N of each layer's experts; those not resident are copied once per chunk.
+  1 − (1 − k/E)^N of each layer's experts; those not resident are copied once (a bound ×
+  an uncalibrated efficiency).
 
-A prediction is the bound × an efficiency constant (what the engine reaches of the bound,
-calibrated from `edgemoe bench decode` runs). Rates come from `--pcie-gbps`/`--cpu-gbps`,
-else from the newest `edgemoe bench bw` result under `--bench-dir`.
+Rates come from `--pcie-gbps`/`--cpu-gbps`/`--device-gbps`, else from the newest
+`edgemoe bench bw` result under `--bench-dir`.
 """
 
 from __future__ import annotations
@@ -23,24 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# NOTE: PLACEHOLDERS, not measurements. The share of the bound the engine reaches, to be
-# calibrated from `bench decode` runs on the GPU machine (bf16 / 16 GiB, fp8 / 16 GiB,
-# bf16 / 8 GiB; issue 17 asks for predictions within 15%). Until then the output says so.
-DECODE_EFFICIENCY = 0.5
-PREFILL_EFFICIENCY = 0.5
-EFFICIENCY_CALIBRATED = False
+from edgemoe import plan_speed as speed
 
-# Bytes per expert parameter, scales included: fp8 with one fp32 scale per 128 × 128 block,
-# int8 with one per row, int4 with a bf16 scale per group of 128, mxfp4 with an 8-bit
-# scale per 32 (OCP MX). bf16 is what checkpoints ship and the engine runs today.
-FORMATS: dict[str, float] = {
-    "bf16": 2.0,
-    "fp8": 1.0 + 4 / (128 * 128),
-    "int8": 1.0,  # + one scale per row of thousands: below a thousandth
-    "int4": 0.5 + 2 / 128,
-    "mxfp4": 0.5 + 1 / 32,
-}
-GB = 1e9
+FORMATS = ("bf16", "fp8", "int8", "int4", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -48,6 +36,8 @@ class Rates:
     pcie_gbps: float | None  # pinned host→device copies of one expert, GB/s
     cpu_gbps: float | None  # the CPU expert kernel at batch 1, GB/s of weights
     host_read_gbps: float | None  # host memory read: caps both paths together
+    device_gbps: float | None  # the device's memory bandwidth (read + write traffic), GB/s
+    gpu: str | None  # the GPU the `bench bw` result was measured on
     source: str
 
 
@@ -60,10 +50,14 @@ class Prediction:
     kv_tokens: int
     hit_rate: float
     misses_per_token: float
-    decode_copy: float | None  # predicted tok/s, copies only (offload)
-    decode_copy_cpu: float | None  # copies and CPU experts together (hybrid)
+    step: speed.StepTime | None  # the decode step, copies only (offload / device cache)
+    decode_copy_cpu: float | None  # predicted tok/s with the CPU's share (hybrid; uncalibrated)
     prefill: float | None
     backend: str
+
+    @property
+    def decode(self) -> float | None:
+        return self.step.tok_s if self.step is not None else None
 
 
 def hit_rate(slots: int, total_experts: int, active: int, locality: float) -> float:
@@ -75,37 +69,26 @@ def hit_rate(slots: int, total_experts: int, active: int, locality: float) -> fl
     return min(1.0, locality * recent + (1 - locality) * share)
 
 
-def decode_bound(rate_gbps: float, misses_per_token: float, expert_bytes: int) -> float:
-    """tok/s when each token's missed experts move at `rate_gbps`."""
-    if misses_per_token <= 0:
-        return math.inf
-    return rate_gbps * GB / (misses_per_token * expert_bytes)
-
-
-def prefill_bound(pcie_gbps: float, chunk: int, moe_layers: int, experts: int, top_k: int,
-                  resident_share: float, expert_bytes: int) -> float:
-    """tok/s for one chunk whose touched, non-resident experts are copied once."""
-    touched = 1 - (1 - top_k / experts) ** chunk
-    copied = moe_layers * experts * touched * (1 - resident_share) * expert_bytes
-    return math.inf if copied <= 0 else chunk * pcie_gbps * GB / copied
-
-
 def latest_bw(bench_dir: Path) -> Path | None:
     files = sorted(bench_dir.glob("bw-*.json"))  # named bw-YYYYMMDD-HHMMSS.json
     return files[-1] if files else None
 
 
 def rates_from(args: argparse.Namespace) -> Rates:
-    pcie, cpu, read, source = args.pcie_gbps, args.cpu_gbps, None, "given"
+    given = (args.pcie_gbps, args.cpu_gbps, args.device_gbps)
     path = Path(args.bw_json) if args.bw_json else latest_bw(Path(args.bench_dir))
-    if path is not None and (pcie is None or cpu is None):
-        data = json.loads(path.read_text())
-        decode_rows = [r["gb_s"] for r in data.get("experts", []) if r.get("tokens") == 1 and r.get("experts_per_call", 1) > 1]
-        pcie = pcie if pcie is not None else data.get("copies", {}).get("h2d_pinned_expert_gb_s")
-        cpu = cpu if cpu is not None else (max(decode_rows) if decode_rows else None)
-        read = data.get("host", {}).get("kernel_read_gb_s")
-        source = f"{path}" if args.pcie_gbps is None and args.cpu_gbps is None else f"given, else {path}"
-    return Rates(pcie, cpu, read, source)
+    if path is None or None not in given:
+        return Rates(*given[:2], None, given[2], None, "given")
+    data = json.loads(path.read_text())
+    decode_rows = [r["gb_s"] for r in data.get("experts", []) if r.get("tokens") == 1 and r.get("experts_per_call", 1) > 1]
+    copies = data.get("copies", {})
+    d2d = copies.get("d2d_1GiB_gb_s")
+    measured = (copies.get("h2d_pinned_expert_gb_s"), max(decode_rows) if decode_rows else None,
+                2 * d2d if d2d else None)  # a d2d copy reads and writes each byte: twice its rate in traffic
+    pcie, cpu, device = (g if g is not None else m for g, m in zip(given, measured))
+    source = f"{path}" if given == (None, None, None) else f"given, else {path}"
+    gpu = data.get("env", {}).get("gpu") if args.device_gbps is None else None
+    return Rates(pcie, cpu, data.get("host", {}).get("kernel_read_gb_s"), device, gpu, source)
 
 
 def _arch(model: str | None) -> tuple[str, Any]:
@@ -122,31 +105,42 @@ def _arch(model: str | None) -> tuple[str, Any]:
 
 
 def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates) -> Prediction:
-    from edgemoe.engine.budget import plan_memory
+    from edgemoe.engine.budget import expert_nbytes, plan_memory
+    from edgemoe.quant import expert_format
 
-    e_bytes = int(3 * arch.hidden_size * arch.moe_intermediate_size * FORMATS[fmt])
+    form = expert_format(fmt, arch.dtype)
+    e_bytes = expert_nbytes(arch, form)  # what a slot holds and a miss copies, scales included
     plan = plan_memory(
         arch, backend=args.moe_backend, moe_slots=args.moe_slots, kv_tokens=args.kv_tokens,
         max_model_len=args.max_model_len or arch.max_position_embeddings, max_prefill_tokens=args.max_prefill_tokens,
-        max_running=args.max_running_requests, budget=budget, context=context, expert_bytes=e_bytes,
+        max_running=args.max_running_requests, budget=budget, context=context, expert_format=form,
         graph_max_bs=min(args.cuda_graph_max_bs, args.max_running_requests),  # as the engine plans on a GPU
     )
     moe_layers, K, E = len(arch.moe_layers), arch.top_k, arch.num_experts
     total = moe_layers * E
-    slots = total if plan.backend == "resident" else plan.num_slots
+    resident = plan.backend == "resident"
+    slots = total if resident else plan.num_slots
     h = hit_rate(slots, total, moe_layers * K, args.routing_locality)
     misses = (1 - h) * moe_layers * K
-    copy = cpu = prefill = None
+    if args.misses_per_token is not None:  # given: and the hit rate it implies, for the table
+        misses, h = args.misses_per_token, max(0.0, 1.0 - args.misses_per_token / (moe_layers * K))
+    misses = 0.0 if resident else misses
+    step = both = prefill = None
     if rates.pcie_gbps:
-        copy = DECODE_EFFICIENCY * decode_bound(rates.pcie_gbps, misses, e_bytes)
-        prefill = PREFILL_EFFICIENCY * prefill_bound(rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, K,
-                                                     slots / total, e_bytes)
+        prefill = speed.PREFILL_EFFICIENCY * speed.prefill_bound(
+            rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, K, slots / total, e_bytes)
+    if rates.pcie_gbps and rates.device_gbps:
+        def at(miss_gbps: float) -> speed.StepTime:
+            return speed.decode_step(arch, fmt, e_bytes, args.context_tokens, misses, not resident,
+                                     rates.device_gbps, miss_gbps)  # type: ignore[arg-type]
+
+        step = at(rates.pcie_gbps)
         if rates.cpu_gbps:
-            both = rates.pcie_gbps + rates.cpu_gbps
+            rate = rates.pcie_gbps + rates.cpu_gbps
             if rates.host_read_gbps:  # both paths read host memory: its bandwidth caps the sum
-                both = min(both, rates.host_read_gbps)
-            cpu = DECODE_EFFICIENCY * decode_bound(both, misses, e_bytes)
-    return Prediction(fmt, e_bytes, slots, slots / total, plan.kv_tokens, h, misses, copy, cpu, prefill, plan.backend)
+                rate = min(rate, rates.host_read_gbps)
+            both = at(rate).tok_s
+    return Prediction(fmt, e_bytes, slots, slots / total, plan.kv_tokens, h, misses, step, both, prefill, plan.backend)
 
 
 # --------------------------------------------------------------------------- command line
@@ -157,8 +151,6 @@ PLAN_SETTINGS = ("max_model_len", "kv_tokens", "max_running_requests", "max_pref
 
 
 def add_plan_parser(sub: Any) -> None:
-    from edgemoe.config import setting_fields
-
     plan = sub.add_parser("plan", help="memory plan and predicted tok/s for a model and a GPU size, nothing loaded",
                           description=__doc__.split("\n\n", 1)[1])
     plan.add_argument("--model", default=None,
@@ -170,12 +162,26 @@ def add_plan_parser(sub: Any) -> None:
                       help="host→device copy rate, GB/s (default: from the newest `edgemoe bench bw` result)")
     plan.add_argument("--cpu-gbps", type=float, default=None,
                       help="CPU expert rate, GB/s of weights (default: from the newest `edgemoe bench bw` result)")
+    plan.add_argument("--device-gbps", type=float, default=None,
+                      help="the GPU's memory bandwidth, GB/s, e.g. 960 for a 16 GB RTX 5080 (default: twice the "
+                           "d2d copy rate of the newest `edgemoe bench bw` result)")
     plan.add_argument("--bw-json", default=None, help="a `bench bw` result to read rates from (default: the newest)")
     plan.add_argument("--bench-dir", default="bench/results", help="where `bench bw` wrote its results")
+    plan.add_argument("--context-tokens", type=int, default=4096,
+                      help="tokens in the sequence while decoding: the KV a step reads (default: 4096)")
     plan.add_argument("--routing-locality", type=float, default=0.0,
                       help="what-if: share of a token's experts the previous tokens routed too (0: uniform routing)")
+    plan.add_argument("--misses-per-token", type=float, default=None,
+                      help="expert misses per decode token, instead of the hit-rate model (e.g. a `bench decode` "
+                           "run's decode_moe.misses_per_token, to check the speed model; default: modelled)")
     plan.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS),
-                      help="expert formats to plan")
+                      help="expert formats to plan (default: all)")
+    _add_engine_settings(plan)
+
+
+def _add_engine_settings(plan: Any) -> None:
+    from edgemoe.config import setting_fields
+
     by_name = {f.name: f for f in setting_fields()}
     group = plan.add_argument_group("engine settings the plan depends on")
     for name in PLAN_SETTINGS:
@@ -185,16 +191,29 @@ def add_plan_parser(sub: Any) -> None:
                            help=f.metadata.get("help"))
 
 
-def run_plan(args: argparse.Namespace) -> int:
+def plan_rows(args: argparse.Namespace) -> tuple[str, Any, Rates, list[Prediction]]:
+    """What `edgemoe plan` prints: (model name, arch, rates, a prediction per format)."""
     from edgemoe.engine.budget import parse_size
 
     if not 0.0 <= args.routing_locality <= 1.0:
         raise ValueError(f"--routing-locality must be between 0 and 1 (got {args.routing_locality})")
-    budget, context = parse_size(args.gpu_memory), parse_size(args.cuda_context)
+    if args.context_tokens < 1:
+        raise ValueError(f"--context-tokens must be at least 1 (got {args.context_tokens})")
     name, arch = _arch(args.model)
+    cells = len(arch.moe_layers) * arch.moe_pairs
+    if args.misses_per_token is not None and not 0.0 <= args.misses_per_token <= cells:
+        raise ValueError(f"--misses-per-token must be between 0 and {cells} (MoE layers x experts a token) "
+                         f"for {name} (got {args.misses_per_token})")
+    budget, context = parse_size(args.gpu_memory), parse_size(args.cuda_context)
     rates = rates_from(args)
-    rows = [predict(arch, fmt, budget, context, args, rates) for fmt in args.formats]
-    print(report(name, arch, budget, context, rates, rows, args))
+    return name, arch, rates, [predict(arch, fmt, budget, context, args, rates) for fmt in args.formats]
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from edgemoe.engine.budget import parse_size
+
+    name, arch, rates, rows = plan_rows(args)
+    print(report(name, arch, parse_size(args.gpu_memory), parse_size(args.cuda_context), rates, rows, args))
     return 0
 
 
@@ -204,36 +223,79 @@ def _rate(x: float | None) -> str:
     return "resident" if math.isinf(x) else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def report(name: str, arch: Any, budget: int, context: int, rates: Rates, rows: list[Prediction],
            args: argparse.Namespace) -> str:
     from edgemoe.engine.budget import GiB, dense_weight_bytes
 
     moe_layers = len(arch.moe_layers)
     lines = [
-        f"model      {name} ({arch.model_type}): {moe_layers} MoE layers x {arch.num_experts} experts, "
-        f"{arch.top_k} per token; dense weights {dense_weight_bytes(arch) / GiB:.2f} GiB",
+        (f"model      {name} ({arch.model_type}): {moe_layers} MoE layers x {arch.num_experts} experts, "
+        f"{arch.top_k} per token; dense weights {dense_weight_bytes(arch) / GiB:.2f} GiB"),
         f"budget     {budget / GiB:.2f} GiB (--gpu-memory), CUDA context {context / GiB:.2f} GiB (--cuda-context)",
-        f"rates      PCIe {_gbps(rates.pcie_gbps)}, CPU experts {_gbps(rates.cpu_gbps)}"
+        f"rates      PCIe {_gbps(rates.pcie_gbps)}, device {_gbps(rates.device_gbps)}"
+        + (f" ({rates.gpu})" if rates.gpu else "") + f", CPU experts {_gbps(rates.cpu_gbps)}"
         + (f", host read {_gbps(rates.host_read_gbps)}" if rates.host_read_gbps else "") + f" ({rates.source or 'none'})",
-        f"hit rate   modelled: routing locality {args.routing_locality:.2f} "
-        + ("(uniform routing: hit rate = slot share)" if args.routing_locality == 0 else "(--routing-locality)"),
+        f"misses     {_misses_line(args)}",
+        f"decode     batch 1 at {args.context_tokens} tokens of context (--context-tokens)",
         "",
-        f"{'format':<6} {'expert':>9} {'backend':>8} {'slots':>6} {'share':>6} {'KV tok':>7} {'hit':>5} "
-        f"{'miss/tok':>8} {'decode copy':>11} {'copy+CPU':>9} {'prefill@' + str(args.max_prefill_tokens):>13}",
+        (f"{'format':<6} {'expert':>9} {'backend':>8} {'slots':>6} {'share':>6} {'KV tok':>7} {'hit':>5} "
+        f"{'miss/tok':>8} {'base ms':>7} {'copy ms':>7} {'decode tok/s':>12} {'copy+CPU':>8} "
+        f"{'prefill@' + str(args.max_prefill_tokens):>13}"),
     ]
     for r in rows:
         lines.append(
             f"{r.fmt:<6} {r.expert_bytes / 1e6:>7.2f}MB {r.backend:>8} {r.num_slots:>6} {r.slot_share:>6.1%} "
-            f"{r.kv_tokens:>7} {r.hit_rate:>5.2f} {r.misses_per_token:>8.1f} {_rate(r.decode_copy):>11} "
-            f"{_rate(r.decode_copy_cpu):>9} {_rate(r.prefill):>13}")
-    lines.append("")
-    lines.append("tok/s = bound x efficiency (decode %.2f, prefill %.2f)%s." % (
-        DECODE_EFFICIENCY, PREFILL_EFFICIENCY,
-        "" if EFFICIENCY_CALIBRATED else ": PLACEHOLDER constants, not yet calibrated against `bench decode`"))
-    if rates.pcie_gbps is None:
-        lines.append("no PCIe rate: run `edgemoe bench bw` on the GPU machine, or pass --pcie-gbps (and --cpu-gbps)")
-    return "\n".join(lines)
+            f"{r.kv_tokens:>7} {r.hit_rate:>5.2f} {r.misses_per_token:>8.1f} "
+            f"{_ms(r.step.base_ms if r.step else None):>7} {_ms(r.step.copy_ms if r.step else None):>7} "
+            f"{_rate(r.decode):>12} {_rate(r.decode_copy_cpu):>8} {_rate(r.prefill):>13}")
+    return "\n".join(lines + [""] + provenance(rates, args))
+
+
+def _misses_line(args: argparse.Namespace) -> str:
+    if args.misses_per_token is not None:
+        return f"{args.misses_per_token:g} per token as given (--misses-per-token): the hit-rate model is not used"
+    how = ("uniform routing: hit rate = slot share" if args.routing_locality == 0
+           else f"routing locality {args.routing_locality:.2f} (--routing-locality)")
+    return f"modelled, {how}"
+
+
+def provenance(rates: Rates, args: argparse.Namespace) -> list[str]:
+    """What in the table was measured and what is only modelled."""
+    cal = speed.CALIBRATION
+    measured_formats = ", ".join(speed.EXPERT_EFFICIENCY)
+    lines = [
+        (f"measured   the decode step given its misses: constants fitted to `bench decode` runs on one {cal.gpu} "
+        f"(device {cal.device_gbps:,.0f} GB/s, PCIe {cal.pcie_gbps:.1f} GB/s; batch 1, CUDA graphs, device expert "
+        f"cache), reproduced within 15% (docs/plan.md): expert kernels {measured_formats}, KV, slot cache, copies"),
+        "modelled   " + "; ".join(_modelled(rates, args)),
+    ]
+    if rates.pcie_gbps is None or rates.device_gbps is None:
+        lines.append("no PCIe or device rate: run `edgemoe bench bw` on the GPU machine, or pass --pcie-gbps and "
+                     "--device-gbps (and --cpu-gbps)")
+    return lines
+
+
+def _modelled(rates: Rates, args: argparse.Namespace) -> list[str]:
+    out = []
+    if args.misses_per_token is None and not speed.HIT_RATE_CALIBRATED:
+        out.append("misses per token (hit-rate model, not calibrated: that needs a trained checkpoint's routing; "
+                   "the random presets' router is not one)")
+    borrowed = [f"{f} (as {speed.BORROWED_EFFICIENCY[f]})" for f in args.formats if f in speed.BORROWED_EFFICIENCY]
+    if borrowed:
+        out.append("expert kernel efficiency of " + ", ".join(borrowed) + ", not measured")
+    if rates.gpu != speed.CALIBRATION.gpu:
+        out.append(f"other GPUs: the base step scaled by the device bandwidth (kernels assumed to reach the "
+                   f"{speed.CALIBRATION.gpu}'s share of it), the slot cache's {speed.SLOT_CACHE_US:.0f} µs a layer kept")
+    if not speed.CPU_SHARE_CALIBRATED:
+        out.append("copy+CPU (uncalibrated: no run measured the CPU's share beside the device cache)")
+    if not speed.PREFILL_CALIBRATED:
+        out.append(f"prefill (bound x {speed.PREFILL_EFFICIENCY:.2f}: a PLACEHOLDER efficiency, not calibrated)")
+    return out
 
 
 def _gbps(x: float | None) -> str:
-    return "unknown" if x is None else f"{x:.1f} GB/s"
+    return "unknown" if x is None else f"{x:,.1f} GB/s"
