@@ -62,6 +62,14 @@ class CpuExperts:
         """True when a C variant runs (False: the torch path)."""
         return self._lib is not None
 
+    @property
+    def lib(self):  # noqa: ANN201 - the ctypes library (cpu_build._declare), None for "torch"
+        return self._lib
+
+    def handle(self) -> int:
+        """The C thread pool (created on first use in this process): `em_*` calls' first argument."""
+        return self._handle()
+
     def _handle(self) -> int:
         # NOTE: worker threads do not survive fork(): a child builds its own pool.
         if self._pool is None or self._pid != os.getpid():
