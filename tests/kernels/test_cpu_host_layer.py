@@ -36,7 +36,7 @@ def bf16_banks(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([gu for gu, _ in experts]), torch.stack([d for _, d in experts])
 
 
-def run(mb: HostLayerMailboxes, x, ids, w, experts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def run(mb: HostLayerMailboxes, x, ids, w, experts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(pair indices, the host function's cells) for the pairs of `experts`."""
     tok, exp, pairs = cpu_pairs(ids, experts)
     mb.fill(x, tok, exp, pairs, w.reshape(-1)[pairs])
@@ -69,7 +69,7 @@ def test_bf16_cells_match_the_reference_and_the_host_path(variant: str, path: st
 
 
 @pytest.mark.parametrize("fmt", [Int8Channel(), Fp8Block(block=32)], ids=["int8", "fp8"])
-def test_quantised_cells_match_the_host_path_and_the_reference(fmt) -> None:  # noqa: ANN001
+def test_quantised_cells_match_the_host_path_and_the_reference(fmt) -> None:
     kernel = kernel_for("avx512", "gemv")
     experts = [quantise_expert(fmt, gu[:I], gu[I:], d) for gu, d in (make_expert(H, I, 10 + e) for e in range(E))]
     banks = {name: torch.stack([p[name] for p in experts]) for name in experts[0]}

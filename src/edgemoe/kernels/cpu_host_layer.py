@@ -10,7 +10,7 @@ layer's node has finished, and its cells been copied out, before the next layer 
 them (one stream orders the layers).
 
 Everything is allocated once, at fixed addresses (a captured graph holds them): pinned
-and mapped into the device's address space on a GPU (`device_views`), plain memory on a
+and mapped into the device's address space on a GPU (`moe/cpu_share.device_views`), plain memory on a
 CPU. `HostLayerMailboxes.fill` + `run` are the CPU-test path (the same mailbox and C
 function, called directly).
 """
@@ -65,7 +65,7 @@ class HostLayerMailboxes:
     kernel's kind and fp8 block, `WEIGHT_FORMATS`) over shared buffers sized for `rows`
     token rows of `top_k` pairs each, activations in `x_dtype` (bf16 or fp32). `kernel`:
     a native `CpuExperts` (its pool runs the experts); `pinned`: page-locked buffers (a GPU
-    writes them through `device_views`).
+    writes them through mapped views, `moe/cpu_share.device_views`).
 
     Contract: the banks, the kernel and this object outlive every call of the function
     on a mailbox (a captured graph included); calls on one object are serialised (one
@@ -92,12 +92,13 @@ class HostLayerMailboxes:
         self.layer_row = {layer: i for i, layer in enumerate(banks)}
         self.table = torch.zeros(len(banks), len(MAILBOX_FIELDS), dtype=torch.int64)
         b = self.buffers
-        common = dict(
-            pool=kernel.handle(), num_experts=E, H=hidden, I=inter, wfmt=WEIGHT_FORMATS[weights[0]], blk=weights[1],
-            gemm_min_tokens=kernel.gemm_min_tokens, x=b.x.data_ptr(), x_bf16=int(x_dtype == torch.bfloat16),
-            x_stride=hidden, x_rows=rows, count=b.count.data_ptr(), pairs=b.pairs.data_ptr(),
-            weights=b.weights.data_ptr(), cap=cap, out=b.out.data_ptr(), scratch=b.scratch.data_ptr(),
-        )
+        common = {
+            "pool": kernel.handle(), "num_experts": E, "H": hidden, "I": inter, "wfmt": WEIGHT_FORMATS[weights[0]],
+            "blk": weights[1], "gemm_min_tokens": kernel.gemm_min_tokens, "x": b.x.data_ptr(),
+            "x_bf16": int(x_dtype == torch.bfloat16), "x_stride": hidden, "x_rows": rows,
+            "count": b.count.data_ptr(), "pairs": b.pairs.data_ptr(), "weights": b.weights.data_ptr(), "cap": cap,
+            "out": b.out.data_ptr(), "scratch": b.scratch.data_ptr(),
+        }
         for layer, row in self.layer_row.items():
             for name, value in {**common, **self._bank_fields(layer)}.items():
                 self.table[row, F[name]] = value

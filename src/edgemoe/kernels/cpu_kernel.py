@@ -14,6 +14,7 @@ OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller)
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -63,7 +64,8 @@ class CpuExperts:
         return self._lib is not None
 
     @property
-    def lib(self):  # noqa: ANN201 - the ctypes library (cpu_build._declare), None for "torch"
+    def lib(self) -> ctypes.CDLL | None:
+        """The loaded C library (`cpu_build._declare`'s entry points); None for "torch"."""
         return self._lib
 
     def handle(self) -> int:
