@@ -123,7 +123,9 @@ class CpuShare:
         mb.pairs.index_copy_(1, at, torch.stack((pair // top_k, flat, pair)).to(torch.int32))
         mb.weights.index_copy_(0, at, weights.reshape(-1).float())
         mb.count.copy_(cpu_pair.sum().view(1))
-        mb.x[: x.shape[0]].copy_(x)
+        rows = self._slots[: x.shape[0]]
+        # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
+        gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
         self._dest.index_copy_(0, at, pair)  # the device's own copy of each column's pair
 
     def _launch(self, layer: int) -> None:
