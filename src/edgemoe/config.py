@@ -105,6 +105,12 @@ class MoEConfig:
     moe_hybrid_fraction: float | None = setting(
         None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them)"
     )
+    cpu_experts_per_layer: int | None = setting(
+        None,
+        "hybrid with --expert-cache device: the last N misses of each MoE layer (routed order) run on the CPU inside "
+        "the step (a C host function in the decode graph, no host read; steps of up to 64 tokens), the rest are "
+        "moved to the GPU; 0 = offload exactly",
+    )
     routing: str = setting(
         "router",
         "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F], a seeded process "
@@ -116,8 +122,8 @@ class MoEConfig:
         "where the slot cache's bookkeeping runs: host (each MoE layer's routing read back, misses planned in "
         "Python; the cpu/hybrid backends and auto's CPU split need it) or device (slot map, owners and LRU "
         "recency on the GPU, planned by device ops with no host read: offload decode steps are captured in CUDA "
-        "graphs; LRU and the offload backend only, auto resolving to it); auto: device on a GPU with the "
-        "offload or auto backend and LRU, else host",
+        "graphs; LRU, the offload backend (auto resolving to it) or hybrid with --cpu-experts-per-layer); auto: "
+        "device on a GPU with the offload or auto backend and LRU (and for hybrid with a CPU quota), else host",
         ("auto", "host", "device"),
     )
     expert_mover: str = setting(
@@ -195,10 +201,12 @@ class EngineConfig:
         parse_routing(self.moe.routing)
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
-        if self.moe.expert_cache == "device":
-            from edgemoe.moe.cache_choice import check_device_cache  # torch-free
+        # torch-free, so the config applies the executor registry's rules
+        from edgemoe.moe.cache_choice import check_cpu_quota, check_device_cache
 
-            check_device_cache(self.moe.moe_backend, self.moe.moe_policy)
+        check_cpu_quota(self.moe.moe_backend, self.moe.expert_cache, self.moe.cpu_experts_per_layer)
+        if self.moe.expert_cache == "device":
+            check_device_cache(self.moe.moe_backend, self.moe.moe_policy, self.moe.cpu_experts_per_layer)
         positive = {
             "moe_slots": self.moe.moe_slots or 1,
             "page_size": self.cache.page_size,

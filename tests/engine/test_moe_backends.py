@@ -102,8 +102,11 @@ def test_device_cache_settings_are_checked() -> None:
 
     with pytest.raises(ValueError, match="LRU only"):
         EngineConfig.from_kwargs(expert_cache="device", moe_policy="lfu")
-    with pytest.raises(ValueError, match="runs the offload backend"):
+    with pytest.raises(ValueError, match="needs a fixed CPU quota"):
         EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid")
+    with pytest.raises(ValueError, match="not 'cpu'"):
+        EngineConfig.from_kwargs(expert_cache="device", moe_backend="cpu")
+    EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid", cpu_experts_per_layer=2)
     with pytest.raises(ValueError, match="expert-mover"):
         EngineConfig.from_kwargs(expert_cache="device", expert_mover="dma")
 

@@ -149,8 +149,10 @@ def test_activity_marks_reach_the_live_view(store: BankStore) -> None:
 def test_what_the_device_cache_cannot_run_is_refused(store: BankStore) -> None:
     with pytest.raises(ValueError, match="LRU only"):
         make_executor("offload", store, CPU, F.silu, L, 4, policy="lfu", expert_cache="device")
-    with pytest.raises(ValueError, match="runs the offload backend"):
+    with pytest.raises(ValueError, match="needs a fixed CPU quota"):  # the live controller reads routing back
         make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device")
+    with pytest.raises(ValueError, match="not 'cpu'"):
+        make_executor("cpu", store, CPU, F.silu, L, 4, expert_cache="device")
     with pytest.raises(ValueError, match="expert_mover"):
         make_executor("offload", store, CPU, F.silu, L, 4, expert_cache="device", expert_mover="dma")
 

@@ -226,14 +226,15 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     sched = replace(config.scheduler, max_running_requests=plan.max_running)
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
     profiler = StepProfiler(device)
-    expert_cache = resolve_expert_cache(config.moe.expert_cache, device.type, plan.backend, config.moe.moe_policy)
+    expert_cache = resolve_expert_cache(config.moe.expert_cache, device.type, plan.backend, config.moe.moe_policy,
+                                        config.moe.cpu_experts_per_layer)
     if config.moe.expert_cache == "auto" and expert_cache == "device" and plan.backend != "resident":
         log.warning("expert cache on the device (--expert-cache auto): decode steps replay from CUDA graphs, "
                     "misses computed on the GPU only (--expert-cache host for auto's CPU split)")
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
-        expert_cache, config.moe.expert_mover,
+        expert_cache, config.moe.expert_mover, config.moe.cpu_experts_per_layer,
     )
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()

@@ -14,6 +14,7 @@ OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller)
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -61,6 +62,15 @@ class CpuExperts:
     def native(self) -> bool:
         """True when a C variant runs (False: the torch path)."""
         return self._lib is not None
+
+    @property
+    def lib(self) -> ctypes.CDLL | None:
+        """The loaded C library (`cpu_build._declare`'s entry points); None for "torch"."""
+        return self._lib
+
+    def handle(self) -> int:
+        """The C thread pool (created on first use in this process): `em_*` calls' first argument."""
+        return self._handle()
 
     def _handle(self) -> int:
         # NOTE: worker threads do not survive fork(): a child builds its own pool.

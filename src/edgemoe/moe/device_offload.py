@@ -8,6 +8,10 @@ gather mover no step of it reads the device back, so a decode step is captured w
 a CUDA graph (`graph_safe`); the copy-engine mover reads each wave's miss list (the hit
 pass runs meanwhile) and runs eagerly.
 
+With a CPU share (`cpu_experts_per_layer`: `--moe-backend hybrid`), the last misses of
+each layer run on the CPU inside the same step (`moe/cpu_share.py`: a host function on a
+side stream, no host read), and the cache plans the routing without them.
+
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
 `SlotCache` with LRU, and every wave a mask over one routing written into per-pair
 cells, so results are bitwise the resident ones on one device. Hits, misses and bytes
@@ -20,9 +24,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation, moe_combine
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.activity import HIT, MISS
+from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.executor import CellWorkspace, MoEExecutor
 from edgemoe.moe.movers import make_mover
@@ -37,7 +43,11 @@ class DeviceOffloadExecutor(MoEExecutor):
     Padding rows (decode batches padded to a captured size) route nothing: the runner
     names the live rows with `set_live_rows` inside the step it may capture (the
     `num_padding` argument is a Python int, frozen when a graph is captured); direct
-    callers pass `num_padding`. Padding rows' outputs are zeros."""
+    callers pass `num_padding`. Padding rows' outputs are zeros.
+
+    `cpu_experts_per_layer`: the CPU's quota of each layer's misses (None: no CPU share;
+    `cpu_share.quota` may be rewritten between steps), run by `cpu_kernel` (default: the
+    C kernel on every physical core but the one driving the GPU)."""
 
     def __init__(
         self,
@@ -48,8 +58,10 @@ class DeviceOffloadExecutor(MoEExecutor):
         num_slots: int,
         mover: str = "gather",
         max_tokens: int = 256,
+        cpu_experts_per_layer: int | None = None,
+        cpu_kernel: CpuExperts | None = None,
     ) -> None:
-        self.act, self.device, self.num_experts = act, device, store.num_experts
+        self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device)
         self.slots = SlotBanks(store, num_slots, device, self.stats)
@@ -62,6 +74,16 @@ class DeviceOffloadExecutor(MoEExecutor):
         self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name)
         self.stats.drains.append(self._drain)
+        self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
+        self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
+
+    def _make_share(self, quota: int, kernel: CpuExperts | None) -> CpuShare:
+        from edgemoe.moe.cpu import cpu_threads
+
+        kernel = kernel or CpuExperts(threads=cpu_threads(self.device))
+        share = CpuShare(self.store, kernel, len(self._seen), quota, self.device)
+        self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota)
+        return share
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         self._live = live
@@ -73,8 +95,13 @@ class DeviceOffloadExecutor(MoEExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
+        share = self.cpu_share if self.cpu_share is not None and self.cpu_share.takes(x) else None
+        if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
+            ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer])
         for plan in self.cache.layer_waves(layer, ids):
             self._run_wave(layer, x, ids, plan, topk_weights, cells)
+        if share is not None:
+            share.finish(cells)
         if dead is not None:  # their cells were never written: make their output zeros, not garbage
             cells.masked_fill_(dead[:, None, None], 0.0)
         return moe_combine(cells, x.dtype, residual)
@@ -90,7 +117,7 @@ class DeviceOffloadExecutor(MoEExecutor):
             return topk_ids, None
         return topk_ids.masked_fill(dead[:, None], -1), dead
 
-    def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells) -> None:  # noqa: ANN001
+    def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells) -> None:
         if self.mover.two_pass:  # the hits compute while the miss list travels to the host
             self.mover.begin(plan.misses)
             hit_pairs = plan.hit_pairs(ids)
@@ -114,7 +141,7 @@ class DeviceOffloadExecutor(MoEExecutor):
             end.record()
             self.stats.add_copy_interval(start, end)
 
-    def _compute(self, x, slot_ids, topk_weights, cells) -> None:  # noqa: ANN001
+    def _compute(self, x, slot_ids, topk_weights, cells) -> None:
         moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
 
     def _drain(self, stats: MoEStats) -> None:
@@ -125,6 +152,12 @@ class DeviceOffloadExecutor(MoEExecutor):
             stats.hits[layer] += int(new[layer, 0])
             stats.misses[layer] += int(new[layer, 1])
         stats.bytes_copied += int(new[:, 1].sum()) * self.expert_nbytes
+        if self.cpu_share is not None:  # CPU experts are misses too, computed where they are
+            cpu = self.cpu_share.read_counts().numpy()
+            new_cpu, self._seen_cpu = cpu - self._seen_cpu, cpu
+            for layer in np.flatnonzero(new_cpu):
+                stats.cpu_experts[layer] += int(new_cpu[layer])
+                stats.misses[layer] += int(new_cpu[layer])
         events = self.cache.take_events()
         if stats.activity is not None:  # someone watches the live view
             stats.activity.mark_counts(events == HIT, HIT)

@@ -25,6 +25,7 @@ def make_executor(
     top_k: int | None = None,
     expert_cache: str = "host",
     expert_mover: str = "gather",
+    cpu_experts_per_layer: int | None = None,
 ) -> MoEExecutor:
     """The executor named by `--moe-backend`; `max_tokens` (the largest step) sizes the
     contribution-cell workspace. hybrid: `hybrid_fraction` fixes the CPU's share of the
@@ -32,17 +33,18 @@ def make_executor(
     between offload and hybrid (`top_k` sizes its start-up decision).
 
     `expert_cache` "device": the slot cache on the device (LRU only; offload, or auto when
-    the experts don't fit: the device cache does not split misses with the CPU), misses
-    moved by `expert_mover` ("gather" | "copy")."""
+    the experts don't fit; hybrid with a fixed CPU quota `cpu_experts_per_layer`, planned
+    on the device), misses moved by `expert_mover` ("gather" | "copy")."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
         return ResidentExecutor(store, device, act, num_layers, max_tokens)
     if expert_cache == "device":
-        check_device_cache(backend, policy)
+        check_device_cache(backend, policy, cpu_experts_per_layer)
         from edgemoe.moe.device_offload import DeviceOffloadExecutor
 
-        return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens)
+        quota = cpu_experts_per_layer if backend == "hybrid" else None
+        return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota)
     if expert_cache != "host":
         raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
     if backend == "offload":

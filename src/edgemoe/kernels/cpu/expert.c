@@ -25,7 +25,7 @@
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 2
+#define EM_ABI_VERSION 3
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -420,3 +420,5 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     pthread_mutex_unlock(&c.pool->call_lock);
     return rc;
 }
+
+#include "em_host.h" /* em_host_layer: one layer's CPU share as a CUDA host function */

@@ -1,0 +1,113 @@
+/* The CPU's share of one MoE layer as a host function: `em_host_layer(mailbox)` has the
+ * signature of a CUDA host callback (`void fn(void *)`), so a CUDA graph can hold it as
+ * a host node (cudaLaunchHostFunc while capturing) and a decode step keeps the CPU's
+ * experts inside one graph replay, with no Python and no host sync. Included by
+ * expert.c (uses em_experts and em_job).
+ *
+ * The mailbox (`em_mailbox`, mirrored by kernels/cpu_host_layer.py's MAILBOX_FIELDS) is
+ * one per MoE layer: the layer's expert banks and the kernel's settings, written once by
+ * Python, and the addresses of the buffers the device writes before the node runs:
+ *   count            int32: the number n of CPU pairs (<= cap);
+ *   pairs            int32 [3][cap]: token row, expert id, pair index (t*K + k), in pair order;
+ *   weights          fp32 [cap]: each pair's routing weight;
+ *   x                [rows][x_stride] bf16 or fp32: the step's token rows.
+ * It writes out [cap][H] fp32: row i = weights[i] * expert(x[token i]), the cell of
+ * pair i weighted as the host path's CPU cells (em_store: scale * y, rounded once).
+ * `status`: 0, or the failure (-1 bad mailbox contents, -2 memory, ...): then rows
+ * 0..n-1 of out are NaN, so a failure inside a graph shows in the outputs.
+ */
+#ifndef EM_HOST_H
+#define EM_HOST_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* NOTE: every field 64-bit, in this order: Python fills a plain int64 row (MAILBOX_FIELDS). */
+typedef struct {
+    int64_t pool;                      /* em_create handle */
+    int64_t gate_up, down;             /* bank bases: [E][2I][H], [E][H][I] (bf16, int8 or e4m3) */
+    int64_t gate_up_stride, down_stride; /* bytes per expert */
+    int64_t gate_up_scale, down_scale; /* quantised: scale bank bases (0: none) */
+    int64_t gate_up_scale_stride, down_scale_stride; /* bytes per expert */
+    int64_t num_experts, H, I, wfmt, blk, gemm_min_tokens;
+    int64_t x, x_bf16, x_stride, x_rows; /* token rows: address, bf16?, elements per row, rows */
+    int64_t count, pairs, weights, cap;  /* device-written pair list (see above) */
+    int64_t out;                         /* fp32 [cap][H] */
+    int64_t scratch;                     /* int32 [3 * cap + 2 * (num_experts + 1)] + em_job [cap] */
+    int64_t status;                      /* written here: 0 or the failure */
+} em_mailbox;
+
+#define EM_PTR(T, a) ((T)(intptr_t)(a))
+
+static void em_host_fail(em_mailbox *m, int64_t n, int64_t rc) {
+    float *out = EM_PTR(float *, m->out);
+    for (int64_t i = 0; i < n * m->H; i++) out[i] = NAN;
+    m->status = rc;
+}
+
+/* Groups the n pairs by expert (stable: each expert's pairs in pair order, as the host
+ * path's route_cells) into a job table; returns the number of jobs, or -1 (bad ids). */
+static int em_host_jobs(em_mailbox *m, int64_t n, em_job *jobs) {
+    const int32_t *tok = EM_PTR(const int32_t *, m->pairs), *exp = tok + m->cap;
+    const float *w = EM_PTR(const float *, m->weights);
+    int64_t E = m->num_experts;
+    int32_t *s_tok = EM_PTR(int32_t *, m->scratch), *s_row = s_tok + m->cap;
+    float *s_w = (float *)(s_row + m->cap);
+    int32_t *start = (int32_t *)(s_w + m->cap), *fill = start + E + 1;
+    memset(start, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) {
+        /* NOTE: the kernel trusts every index; a bad one would read wild memory. */
+        if (exp[i] < 0 || exp[i] >= E || tok[i] < 0 || tok[i] >= m->x_rows) return -1;
+        start[exp[i] + 1]++;
+    }
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    memcpy(fill, start, (size_t)(E + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) {
+        int32_t at = fill[exp[i]]++;
+        s_tok[at] = tok[i];
+        s_row[at] = (int32_t)i;
+        s_w[at] = w[i];
+    }
+    int njobs = 0;
+    for (int64_t e = 0; e < E; e++) {
+        if (start[e + 1] == start[e]) continue;
+        em_job *jb = &jobs[njobs++];
+        jb->gate_up = m->gate_up + e * m->gate_up_stride;
+        jb->down = m->down + e * m->down_stride;
+        jb->tokens = (int64_t)(intptr_t)(s_tok + start[e]);
+        jb->out_rows = (int64_t)(intptr_t)(s_row + start[e]);
+        jb->scale = (int64_t)(intptr_t)(s_w + start[e]);
+        jb->n = start[e + 1] - start[e];
+        jb->gate_up_scale = m->gate_up_scale ? m->gate_up_scale + e * m->gate_up_scale_stride : 0;
+        jb->down_scale = m->down_scale ? m->down_scale + e * m->down_scale_stride : 0;
+    }
+    return njobs;
+}
+
+/* The host node: run the mailbox's CPU pairs. Never fails loudly (no caller to tell, in
+ * a graph): `status` and NaN rows say what went wrong. */
+void em_host_layer(void *mailbox) {
+    em_mailbox *m = (em_mailbox *)mailbox;
+    int64_t n = *EM_PTR(const volatile int32_t *, m->count);
+    if (n < 0 || n > m->cap) {
+        m->status = -1;
+        return;
+    }
+    m->status = 0;
+    if (n == 0) return;
+    /* Scratch after the int32 arrays, rounded up to the job table's alignment. */
+    int64_t ints = 3 * m->cap + 2 * (m->num_experts + 1);
+    em_job *jobs = EM_PTR(em_job *, m->scratch + ((ints * 4 + 63) / 64) * 64);
+    int njobs = em_host_jobs(m, n, jobs);
+    if (njobs < 0) {
+        em_host_fail(m, n, -1);
+        return;
+    }
+    int rc = em_experts(EM_PTR(void *, m->pool), EM_PTR(const void *, m->x), (int)m->x_bf16, m->x_stride,
+                        EM_PTR(float *, m->out), m->H, (int)m->H, (int)m->I, jobs, njobs, (int)m->gemm_min_tokens,
+                        (int)m->wfmt, (int)m->blk);
+    if (rc != 0) em_host_fail(m, n, rc);
+}
+
+#endif

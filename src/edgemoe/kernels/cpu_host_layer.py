@@ -1,0 +1,151 @@
+"""The CPU's share of a MoE layer as a C host function (`kernels/cpu/em_host.h`): the
+mailboxes it reads and writes, and the direct call.
+
+`em_host_layer(mailbox)` has a CUDA host callback's signature, so a captured decode step
+holds it as a host node (`kernels/host_func.py`) and no Python runs between the device's
+writes and the CPU experts. Per MoE layer one mailbox (an int64 row, `MAILBOX_FIELDS`):
+the layer's bank addresses and the kernel's settings, written once here; the buffers
+the device fills before the node runs are shared by every layer (`MailboxBuffers`): a
+layer's node has finished, and its cells been copied out, before the next layer writes
+them (one stream orders the layers).
+
+Everything is allocated once, at fixed addresses (a captured graph holds them): pinned
+and mapped into the device's address space on a GPU (`moe/cpu_share.device_views`), plain memory on a
+CPU. `HostLayerMailboxes.fill` + `run` are the CPU-test path (the same mailbox and C
+function, called directly).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple
+
+import torch
+
+from edgemoe.kernels.cpu_kernel import WEIGHT_FORMATS, CpuExperts
+
+Parts = dict[str, torch.Tensor]  # a layer's banks by part: gate_up [E, 2I, H], down [E, H, I], scales
+
+# NOTE: the order of em_mailbox's fields in em_host.h, every one int64.
+MAILBOX_FIELDS = (
+    "pool", "gate_up", "down", "gate_up_stride", "down_stride", "gate_up_scale", "down_scale",
+    "gate_up_scale_stride", "down_scale_stride", "num_experts", "H", "I", "wfmt", "blk", "gemm_min_tokens",
+    "x", "x_bf16", "x_stride", "x_rows", "count", "pairs", "weights", "cap", "out", "scratch", "status",
+)
+F = {name: i for i, name in enumerate(MAILBOX_FIELDS)}
+JOB_BYTES = 64  # sizeof(em_job): 8 int64
+
+
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype, pin_memory=pinned)
+
+
+class MailboxBuffers(NamedTuple):
+    """The device-written areas, shared by every layer's mailbox (host tensors).
+
+    `pairs` [3, cap] int32 (token row, expert id, pair index), `weights` [cap] fp32: the
+    CPU pairs in pair order; column cap - 1 is a trash entry for masked writes, so at most
+    cap - 1 pairs. `count` [1] int32. `x` [rows, H] in the activations' dtype. `out`
+    [cap, H] fp32: the C function's cells."""
+
+    count: torch.Tensor
+    pairs: torch.Tensor
+    weights: torch.Tensor
+    x: torch.Tensor
+    out: torch.Tensor
+    scratch: torch.Tensor
+
+    @property
+    def cap(self) -> int:
+        return self.pairs.shape[1]
+
+
+class HostLayerMailboxes:
+    """One mailbox per layer of `banks` (layer → its parts, weights in `weights`: the C
+    kernel's kind and fp8 block, `WEIGHT_FORMATS`) over shared buffers sized for `rows`
+    token rows of `top_k` pairs each, activations in `x_dtype` (bf16 or fp32). `kernel`:
+    a native `CpuExperts` (its pool runs the experts); `pinned`: page-locked buffers (a GPU
+    writes them through mapped views, `moe/cpu_share.device_views`).
+
+    Contract: the banks, the kernel and this object outlive every call of the function
+    on a mailbox (a captured graph included); calls on one object are serialised (one
+    stream orders them)."""
+
+    def __init__(self, banks: dict[int, Parts], weights: tuple[str, int], kernel: CpuExperts, rows: int,
+                 top_k: int, x_dtype: torch.dtype, pinned: bool = False) -> None:
+        if not kernel.native or weights[0] not in WEIGHT_FORMATS:
+            raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8 weights "
+                             f"(got {weights[0]}, kernel {kernel.name})")
+        if x_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"activations must be bf16 or fp32 (got {x_dtype})")
+        self.banks, self.kernel, self.rows, self.top_k = banks, kernel, rows, top_k
+        first = next(iter(banks.values()))
+        E, hidden, inter = first["down"].shape
+        cap = rows * top_k + 1  # + the trash column
+        ints = 3 * cap + 2 * (E + 1)
+        self.buffers = MailboxBuffers(
+            count=_alloc((1,), torch.int32, pinned), pairs=_alloc((3, cap), torch.int32, pinned),
+            weights=_alloc((cap,), torch.float32, pinned), x=_alloc((rows, hidden), x_dtype, pinned),
+            out=_alloc((cap, hidden), torch.float32, pinned),
+            scratch=_alloc(((ints * 4 + 63) // 64 * 64 + cap * JOB_BYTES,), torch.uint8, False),
+        )
+        self.layer_row = {layer: i for i, layer in enumerate(banks)}
+        self.table = torch.zeros(len(banks), len(MAILBOX_FIELDS), dtype=torch.int64)
+        b = self.buffers
+        common = {
+            "pool": kernel.handle(), "num_experts": E, "H": hidden, "I": inter, "wfmt": WEIGHT_FORMATS[weights[0]],
+            "blk": weights[1], "gemm_min_tokens": kernel.gemm_min_tokens, "x": b.x.data_ptr(),
+            "x_bf16": int(x_dtype == torch.bfloat16), "x_stride": hidden, "x_rows": rows,
+            "count": b.count.data_ptr(), "pairs": b.pairs.data_ptr(), "weights": b.weights.data_ptr(), "cap": cap,
+            "out": b.out.data_ptr(), "scratch": b.scratch.data_ptr(),
+        }
+        for layer, row in self.layer_row.items():
+            for name, value in {**common, **self._bank_fields(layer)}.items():
+                self.table[row, F[name]] = value
+
+    def _bank_fields(self, layer: int) -> dict[str, int]:
+        parts = self.banks[layer]
+        out: dict[str, int] = {}
+        for name in ("gate_up", "down", "gate_up_scale", "down_scale"):
+            t = parts.get(name)
+            if t is None:
+                continue
+            if not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"layer {layer}'s {name} bank must be a contiguous host tensor")
+            out[name], out[f"{name}_stride"] = t.data_ptr(), t.stride(0) * t.element_size()
+        return out
+
+    def address(self, layer: int) -> int:
+        """The mailbox of `layer` (the host function's argument)."""
+        return self.table.data_ptr() + self.layer_row[layer] * len(MAILBOX_FIELDS) * 8
+
+    def status(self, layer: int) -> int:
+        """The last call's result on `layer`'s mailbox (0: done)."""
+        return int(self.table[self.layer_row[layer], F["status"]])
+
+    def run(self, layer: int) -> None:
+        """Call the host function on `layer`'s mailbox now, on this thread (CPU tensors;
+        a GPU launches it on a stream: `kernels/host_func.py`)."""
+        self.kernel.lib.em_host_layer(self.address(layer))
+
+    @property
+    def function(self) -> int:
+        """The address of `em_host_layer` (a host node's function)."""
+        return ctypes.cast(self.kernel.lib.em_host_layer, ctypes.c_void_p).value or 0
+
+    def fill(self, x: torch.Tensor, tokens: torch.Tensor, experts: torch.Tensor, pairs: torch.Tensor,
+             weights: torch.Tensor) -> None:
+        """Write a step's CPU pairs from host tensors (tests; the executor writes the same
+        buffers with device ops): x [T, H], and per pair its token row, expert, pair index
+        and routing weight ([n] each)."""
+        b, n = self.buffers, tokens.numel()
+        if n > b.cap - 1 or x.shape[0] > self.rows:
+            raise ValueError(f"{n} pairs / {x.shape[0]} rows exceed the mailbox ({b.cap - 1} / {self.rows})")
+        b.x[: x.shape[0]].copy_(x)
+        b.pairs[:, :n].copy_(torch.stack((tokens, experts, pairs)).to(torch.int32))
+        b.weights[:n].copy_(weights)
+        b.count.fill_(n)
+
+    def cells(self, n: int) -> torch.Tensor:
+        """[n, H] fp32: the last call's cells (a view)."""
+        return self.buffers.out[:n]

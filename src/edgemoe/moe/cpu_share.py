@@ -1,0 +1,154 @@
+"""The CPU's share of the device expert cache's misses, inside the step (`--moe-backend
+hybrid --expert-cache device`): no host read, so a decode step with CPU experts still
+replays from one CUDA graph.
+
+Per MoE layer (`begin` before the layer's waves are planned, `finish` before the k-sum):
+1. On the device: the layer's misses against the slot map, and the last `quota[layer]`
+   of them in routed order (ascending id) go to the CPU. Their pairs become -1 in the
+   routing the cache plans, so they take no slot and change no cache state (the plan is
+   the cache's plan of the routing without them). Their pairs (token row, expert, pair
+   index, weight), their count and the step's token rows are written into the mailbox
+   (`kernels/cpu_host_layer.py`), pinned host memory the device writes through mapped
+   views.
+2. Fork: a side stream waits for those writes and runs `em_host_layer(mailbox)` as a host
+   function (`kernels/host_func.py`; a host node in a captured graph): the C kernel
+   computes the CPU pairs' weighted cells from the store's banks while the main stream
+   moves and computes the GPU's pairs.
+3. Join: the main stream waits for the side stream, then gathers the CPU cells from the
+   mailbox into the step's [T, K, H] cells; `moe_combine`'s fixed-order k-sum follows.
+On a CPU the host function is called directly at step 2 (the same mailbox and function).
+
+Steps of more than `rows` tokens (prompt chunks) run every miss on the device: the CPU
+share is sized for decode batches, where copying an expert costs far more than computing
+its few tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
+from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.kernels.row_gather import gather_rows_into
+from edgemoe.moe.pinning import uva_view
+from edgemoe.moe.store import ExpertStore
+
+ROWS = 64  # token rows of the largest step with a CPU share (the mailbox's x rows)
+
+
+def host_weights(store: ExpertStore) -> tuple[str, int] | None:
+    """(the C kernel's weight kind, fp8 block) for the store's experts; None: no native path."""
+    from edgemoe.kernels.cpu_experts_quant import native_weights
+
+    if store.format.quantised:
+        return native_weights(store.format)
+    return ("bf16", 0) if store.dtype == torch.bfloat16 else None
+
+
+def device_views(buffers: MailboxBuffers, device: torch.device) -> MailboxBuffers:
+    """The mailbox buffers as the device writes and reads them: mapped views on a GPU."""
+    if device.type != "cuda":
+        return buffers
+    return MailboxBuffers(*(uva_view(t, device) if t.is_pinned() else t for t in buffers))
+
+
+class CpuShare:
+    """A fixed per-layer quota of misses computed on the CPU, planned on the device.
+
+    `quota` [num_layers] int64 on the device: the host may rewrite it between steps (0:
+    the layer runs as without a share, bitwise). `cpu_counts` [num_layers] int64: CPU
+    experts per layer, cumulative, read lazily. Used by one thread (the executor's)."""
+
+    def __init__(self, store: ExpertStore, kernel: CpuExperts, num_layers: int, quota: int, device: torch.device,
+                 rows: int = ROWS) -> None:
+        weights = host_weights(store)
+        if weights is None or not kernel.native:
+            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8 or fp8 "
+                             f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name})")
+        if quota < 0:
+            raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
+        self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
+        self.num_experts = store.num_experts
+        self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
+        self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
+        self.mailboxes: HostLayerMailboxes | None = None
+        self._views: MailboxBuffers | None = None
+        if device.type == "cuda":
+            self._side = torch.cuda.Stream(device)
+            self._fork, self._join = torch.cuda.Event(), torch.cuda.Event()
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether this step gets a CPU share (its size alone decides: capture-safe)."""
+        return x.shape[0] <= self.rows
+
+    def _build(self, x: torch.Tensor, top_k: int) -> MailboxBuffers:
+        """The mailboxes, at the first step (K and the activations' dtype known)."""
+        if self.mailboxes is None:
+            banks = {layer: self.store.layer_parts(layer) for layer in self.store.layers}
+            self.mailboxes = HostLayerMailboxes(banks, self.weights, self.kernel, self.rows, top_k, x.dtype,
+                                                pinned=self.device.type == "cuda")
+            self._views = device_views(self.mailboxes.buffers, self.device)
+            cap = self.mailboxes.buffers.cap
+            self._slots = torch.arange(cap, device=self.device)
+            self._dest = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
+        if x.dtype != self.mailboxes.buffers.x.dtype or top_k != self.mailboxes.top_k:
+            raise ValueError("the CPU share's mailbox was built for other activations or another top-k")
+        assert self._views is not None
+        return self._views
+
+    def begin(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+              resident: torch.Tensor) -> torch.Tensor:
+        """Split `ids` [T, K] (-1 = not routed) against `resident` (the layer's slot map
+        row [E], -1 = not resident); write the mailbox and start the CPU's pairs. Returns
+        the device's routing (the CPU pairs -1)."""
+        mb = self._build(x, ids.shape[1])
+        flat = ids.reshape(-1).long()
+        E, live = self.num_experts, flat >= 0
+        routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), live.long()) > 0
+        miss = routed & (resident < 0)
+        rank = miss.long().cumsum(0)  # 1-based rank among the misses, ascending id
+        on_cpu = miss & (rank > miss.sum() - self.quota[layer])  # [E] the last quota misses
+        self.cpu_counts[layer].add_(on_cpu.sum())
+        cpu_pair = live & on_cpu[flat.clamp(min=0)]  # [N]
+        self._write(mb, x, flat, cpu_pair, weights, ids.shape[1])
+        self._launch(layer)
+        return ids.masked_fill(cpu_pair.view(ids.shape), -1)
+
+    def _write(self, mb: MailboxBuffers, x: torch.Tensor, flat: torch.Tensor, cpu_pair: torch.Tensor,
+               weights: torch.Tensor, top_k: int) -> None:
+        """The CPU pairs in pair order (others into the trash column), their count, x."""
+        N = flat.numel()
+        pair = self._slots[:N] if N <= self._slots.numel() else torch.arange(N, device=flat.device)
+        at = torch.where(cpu_pair, cpu_pair.long().cumsum(0) - 1, mb.cap - 1)  # [N] mailbox column
+        mb.pairs.index_copy_(1, at, torch.stack((pair // top_k, flat, pair)).to(torch.int32))
+        mb.weights.index_copy_(0, at, weights.reshape(-1).float())
+        mb.count.copy_(cpu_pair.sum().view(1))
+        rows = self._slots[: x.shape[0]]
+        # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
+        gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
+        self._dest.index_copy_(0, at, pair)  # the device's own copy of each column's pair
+
+    def _launch(self, layer: int) -> None:
+        assert self.mailboxes is not None
+        if self.device.type != "cuda":
+            self.mailboxes.run(layer)
+            return
+        from edgemoe.kernels.host_func import launch_host_func
+
+        self._fork.record()
+        self._side.wait_event(self._fork)
+        launch_host_func(self._side, self.mailboxes.function, self.mailboxes.address(layer))
+        self._join.record(self._side)
+
+    def finish(self, cells: torch.Tensor) -> None:
+        """Wait for the CPU's pairs (on the device) and put their cells into `cells` [T, K, H]."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().wait_event(self._join)
+        mb = self._views
+        assert mb is not None, "finish() without begin()"
+        valid = torch.where(self._slots < mb.count.to(self._slots.device), self._slots, -1)
+        gather_rows_into(mb.out, valid, cells.view(-1, cells.shape[-1]), self._dest)
+
+    def read_counts(self) -> torch.Tensor:
+        """[num_layers] CPU experts per layer since construction (one device read)."""
+        return self.cpu_counts.to("cpu", copy=True)

@@ -1,0 +1,131 @@
+"""The device cache's CPU share on the GPU (moe/cpu_share.py): the CPU's pairs run by
+`em_host_layer` as a host function on a side stream, eagerly and as a host node replayed
+from a CUDA graph:
+- one executor layer: bitwise what its pieces give computed apart (the device kernel's
+  cells for every pair, the CPU pairs' cells replaced by the host path's C kernel cells),
+  eager and replayed with fresh routings, and the cache state of a cache that never saw
+  the CPU's experts;
+- end to end: greedy tokens with a CPU quota equal offload's (quota 0), or part where
+  offload's top two logits are closer than two bf16 logit errors; graphs on and off."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgemoe import LLM, SamplingParams
+from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
+from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.kernels.moe_experts import moe_combine
+from edgemoe.kernels.moe_quant import moe_slots_parts
+from edgemoe.moe.device_offload import DeviceOffloadExecutor
+from edgemoe.moe.store import BankStore
+
+CUDA = torch.device("cuda")
+PROMPTS = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def pinned_bf16_store(layers: int, E: int, H: int, I: int) -> BankStore:
+    g = torch.Generator().manual_seed(0)
+    store = BankStore.allocate(list(range(layers)), E, H, I, torch.bfloat16)
+    for bank in store.banks.values():
+        bank.gate_up.copy_(torch.randn(bank.gate_up.shape, generator=g) / H**0.5)
+        bank.down.copy_(torch.randn(bank.down.shape, generator=g) / I**0.5)
+    pinned = {i: type(b)(b.gate_up.pin_memory(), b.down.pin_memory()) for i, b in store.banks.items()}
+    return BankStore(pinned, pinned=True)
+
+
+def test_one_layer_eager_and_replayed_from_a_graph() -> None:
+    layers, E, H, I, S, T, K, quota = 2, 16, 256, 128, 6, 3, 4, 2
+    store = pinned_bf16_store(layers, E, H, I)
+    kernel = CpuExperts(threads=4)
+    if not kernel.native:
+        pytest.skip("no compiled CPU expert kernel")
+    share = DeviceOffloadExecutor(store, CUDA, F.silu, layers, S, cpu_experts_per_layer=quota, cpu_kernel=kernel)
+    ref = DeviceOffloadExecutor(store, CUDA, F.silu, layers, S)
+    banks = {layer: {n: t.to(CUDA) for n, t in store.layer_parts(layer).items()} for layer in range(layers)}
+    g = torch.Generator().manual_seed(1)
+    x = torch.zeros(T, H, dtype=torch.bfloat16, device=CUDA)
+    ids = torch.zeros(T, K, dtype=torch.int32, device=CUDA)
+    w = torch.zeros(T, K, device=CUDA)
+    outs = [torch.zeros(T, H, dtype=torch.bfloat16, device=CUDA) for _ in range(layers)]
+
+    def step() -> None:
+        for layer in range(layers):
+            outs[layer].copy_(share.forward(layer, x, ids, w))
+
+    def fresh() -> None:
+        x.copy_(torch.randn(T, H, generator=g).bfloat16())
+        ids.copy_(torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int())
+        w.copy_(torch.softmax(torch.randn(T, K, generator=g), -1))
+
+    def check() -> None:
+        """The outputs against the pieces, then the reference cache advanced the same way."""
+        for layer in range(layers):
+            slot_row = ref.cache.slot_map[layer].cpu()
+            misses = [e for e in sorted(set(ids.cpu().flatten().tolist())) if slot_row[e] < 0]
+            on_cpu = misses[max(0, len(misses) - quota):]
+            cells = torch.empty(T, K, H, device=CUDA)
+            moe_slots_parts(x, ids, w, banks[layer], store.format, F.silu, cells, num_decode=T)
+            flat, values = moe_expert_cells_cpu(x.cpu(), ids.cpu(), w.cpu(), on_cpu,
+                                                [store.expert(layer, e) for e in on_cpu], kernel)
+            cells.view(-1, H)[flat.to(CUDA)] = values.to(CUDA)
+            assert torch.equal(outs[layer], moe_combine(cells, x.dtype)), (layer, on_cpu)
+            masked = torch.where(torch.isin(ids, torch.tensor(on_cpu, device=CUDA, dtype=ids.dtype)), -1, ids)
+            ref.forward(layer, x, masked, w)
+            assert torch.equal(ref.cache.slot_map, share.cache.slot_map)
+            assert torch.equal(ref.cache.recency, share.cache.recency)
+
+    for _ in range(3):  # eager: the host function launched on a side stream
+        fresh()
+        step()
+        torch.cuda.synchronize()
+        check()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the host function becomes a host node
+        step()
+    torch.cuda.synchronize()
+    for _ in range(4):  # capturing ran nothing: the reference cache is where the share's is
+        fresh()
+        graph.replay()
+        torch.cuda.synchronize()
+        check()
+    assert share.stats.snapshot()["experts_cpu"] > 0
+
+
+def greedy(path, **settings) -> tuple[list[list[int]], dict]:
+    with LLM(str(path), dtype="bfloat16", device="cuda", **settings) as llm:
+        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)], llm.stats()["moe"]
+
+
+@pytest.fixture(scope="module")
+def offload(small_ckpt):
+    return greedy(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device")[0]
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graphs: bool) -> None:
+    from tolerances import bf16_logit_error
+
+    settings = {} if graphs else {"no_cuda_graph": True}
+    got, moe = greedy(small_ckpt, moe_backend="hybrid", moe_slots=8, expert_cache="device", cpu_experts_per_layer=2,
+                      **settings)
+    assert moe["experts_cpu"] > 0 and moe["expert_cache"] == "device"
+    layers = json.loads((Path(small_ckpt) / "config.json").read_text())["num_hidden_layers"]
+    _, worst = bf16_logit_error(layers)
+    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8,
+             expert_cache="device") as llm:
+        for prompt, want, have in zip(PROMPTS, offload, got, strict=True):
+            if want == have:
+                continue
+            # The CPU's fp32 GEMV rounds apart from the GPU's kernel: the texts may part
+            # only at a near-tie of the offload run's logits (then follow other text).
+            j = next(i for i, (a, b) in enumerate(zip(want, have, strict=True)) if a != b)
+            logits = llm.prompt_logits(prompt + want[:j])[-1].float()
+            margin = (logits[want[j]] - logits[have[j]]).item()
+            assert margin <= 2 * worst * logits.std().item(), f"parted at token {j}, margin {margin:.3g}"

@@ -1,0 +1,167 @@
+"""The device cache's CPU share (moe/cpu_share.py) on CPU tensors, where the host function
+is called directly on the same mailbox: each layer's output is bitwise what its pieces
+give computed apart (the resident kernel's cells for the device's pairs, the host path's
+CPU cells for the last `quota` misses, the fixed-order k-sum); the cache state is the
+state of a cache that never saw those experts; quota 0 is offload bitwise; the counters;
+the settings' rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgemoe.config import EngineConfig, MoEConfig
+from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
+from edgemoe.kernels.cpu_experts_quant import moe_expert_cells_q_cpu
+from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.kernels.moe_experts import moe_combine
+from edgemoe.kernels.moe_quant import moe_slots_parts
+from edgemoe.moe.cache_choice import resolve_expert_cache
+from edgemoe.moe.device_offload import DeviceOffloadExecutor
+from edgemoe.moe.parts_store import PartsStore
+from edgemoe.moe.registry import make_executor
+from edgemoe.moe.store import BankStore
+from edgemoe.quant import Int8Channel, quantise_expert
+
+L, E, K, H, I = 3, 8, 2, 32, 24
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def kernel() -> CpuExperts:
+    k = CpuExperts(threads=2)
+    if not k.native:
+        pytest.skip("no compiled CPU expert kernel (no C compiler)")
+    return k
+
+
+def bf16_store() -> BankStore:
+    g = torch.Generator().manual_seed(0)
+    s = BankStore.allocate(list(range(L)), E, H, I, torch.bfloat16)
+    for b in s.banks.values():
+        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
+        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
+    return s
+
+
+def int8_store() -> PartsStore:
+    fmt, src = Int8Channel(), bf16_store()
+    parts = PartsStore.allocate_parts(list(range(L)), E, H, I, fmt)
+    for layer in range(L):
+        bank = src.banks[layer]
+        for e in range(E):
+            for name, t in quantise_expert(fmt, bank.gate_up[e, :I].float(), bank.gate_up[e, I:].float(),
+                                           bank.down[e].float()).items():
+                parts.banks[layer][name][e].copy_(t)
+    return parts
+
+
+def routings(seed: int, dtype: torch.dtype, steps: int = 10):
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.tensor([6.0, 4.0, 3.0] + [1.0] * (E - 3))  # skewed: small pools hit too
+    for step in range(steps):
+        T = [1, 3, 2, 7, 16][step % 5]
+        ids = torch.stack([torch.multinomial(probs, K, generator=g) for _ in range(T)]).int()
+        yield torch.randn(T, H, generator=g).to(dtype), ids, torch.softmax(torch.randn(T, K, generator=g), -1)
+
+
+def cpu_experts_of(slot_row: torch.Tensor, ids: torch.Tensor, quota: int) -> list[int]:
+    """The reference split: the last `quota` misses in routed order (ascending id)."""
+    misses = [e for e in sorted(set(ids[ids >= 0].tolist())) if slot_row[e] < 0]
+    return misses[max(0, len(misses) - quota):] if quota else []
+
+
+def expected(store, layer: int, x, ids, w, on_cpu: list[int], kernel: CpuExperts) -> torch.Tensor:
+    """Each piece apart: every pair by the resident kernel (slot = expert id), the CPU
+    experts' pairs replaced by the host path's cells, then the k-sum."""
+    cells = torch.empty(*ids.shape, H)
+    moe_slots_parts(x, ids, w, store.layer_parts(layer), store.format, F.silu, cells)
+    if on_cpu:
+        if store.format.quantised:
+            parts = [store.expert_parts(layer, e) for e in on_cpu]
+            flat, values = moe_expert_cells_q_cpu(x, ids, w, on_cpu, parts, store.format, kernel)
+        else:
+            flat, values = moe_expert_cells_cpu(x, ids, w, on_cpu, [store.expert(layer, e) for e in on_cpu], kernel)
+        cells.view(-1, H)[flat] = values
+    return moe_combine(cells, x.dtype)
+
+
+def same_state(a: DeviceOffloadExecutor, b: DeviceOffloadExecutor) -> bool:
+    ca, cb = a.cache, b.cache
+    return all(torch.equal(s, t) for s, t in ((ca.slot_map, cb.slot_map), (ca.slot_owners, cb.slot_owners),
+                                              (ca.recency, cb.recency), (ca.clock, cb.clock), (ca.counts, cb.counts)))
+
+
+@pytest.mark.parametrize("kind,slots,mover", [("bf16", 5, "gather"), ("bf16", K, "copy"), ("int8", 4, "gather")])
+def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: str, slots: int, mover: str) -> None:
+    store = bf16_store() if kind == "bf16" else int8_store()
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    quotas = [1, 2, 0]  # per layer; layer 2 runs as plain offload
+    share = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover, cpu_experts_per_layer=1, cpu_kernel=kernel)
+    share.cpu_share.quota.copy_(torch.tensor(quotas))
+    share.cpu_share.rows = 4  # steps of 7 and 16 tokens run every miss on the device
+    ref = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover)  # sees the routing without the CPU's experts
+    num_cpu = 0
+    for x, ids, w in routings(seed=slots, dtype=dtype):
+        for layer in range(L):
+            quota = quotas[layer] if x.shape[0] <= 4 else 0
+            on_cpu = cpu_experts_of(ref.cache.slot_map[layer], ids, quota)
+            num_cpu += len(on_cpu)
+            got = share.forward(layer, x, ids, w)
+            ref.forward(layer, x, torch.where(torch.isin(ids, torch.tensor(on_cpu, dtype=ids.dtype)), -1, ids), w)
+            assert torch.equal(got, expected(store, layer, x, ids, w, on_cpu, kernel)), (layer, on_cpu)
+            assert same_state(share, ref)
+    assert num_cpu > 0
+    got, want = share.stats.snapshot(), ref.stats.snapshot()
+    assert got["experts_cpu"] == num_cpu and got["misses"] == want["misses"] + num_cpu
+    assert got["hits"] == want["hits"] and got["bytes_copied"] == want["bytes_copied"]
+
+
+def test_quota_zero_is_offload_bitwise(kernel: CpuExperts) -> None:
+    store = bf16_store()
+    share = make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device", cpu_experts_per_layer=0)
+    plain = make_executor("offload", store, CPU, F.silu, L, 4, expert_cache="device")
+    assert isinstance(share, DeviceOffloadExecutor) and share.cpu_share is not None
+    for x, ids, w in routings(seed=1, dtype=torch.bfloat16, steps=5):
+        for layer in range(L):
+            assert torch.equal(share.forward(layer, x, ids, w), plain.forward(layer, x, ids, w))
+            assert same_state(share, plain)
+    assert share.stats.snapshot()["experts_cpu"] == 0
+    share.cpu_share.quota.fill_(E)  # the host raises the quota between steps: every miss on the CPU
+    x, ids, w = next(routings(seed=2, dtype=torch.bfloat16))
+    before = share.cache.slot_map.clone()
+    share.forward(0, x, ids, w)
+    assert torch.equal(share.cache.slot_map, before)  # nothing was inserted
+
+
+def test_padding_rows_give_the_cpu_nothing(kernel: CpuExperts) -> None:
+    store = bf16_store()
+    share = DeviceOffloadExecutor(store, CPU, F.silu, L, 4, cpu_experts_per_layer=E, cpu_kernel=kernel)
+    x, ids, w = next(routings(seed=3, dtype=torch.bfloat16))
+    pad = torch.tensor([[E - 1, E - 2]], dtype=torch.int32)  # experts the real row doesn't route
+    ids = ids[:1] if ids[0].max() < E - 2 else torch.tensor([[0, 1]], dtype=torch.int32)
+    out = share.forward(0, torch.cat([x[:1], x[:1]]), torch.cat([ids, pad]), torch.cat([w[:1], w[:1]]), num_padding=1)
+    assert (out[1] == 0).all()
+    assert torch.equal(out[:1], expected(store, 0, x[:1], ids, w[:1], sorted(set(ids[0].tolist())), kernel))
+    share.stats.resolve()
+    assert share.stats.cpu_experts[0] == len(set(ids[0].tolist()))
+
+
+def test_settings() -> None:
+    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru", cpu_experts_per_layer=2) == "device"
+    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru") == "host"
+    store = bf16_store()
+    with pytest.raises(ValueError, match="cpu-experts-per-layer"):
+        make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device")
+    with pytest.raises(ValueError, match="not 'cpu'"):
+        make_executor("cpu", store, CPU, F.silu, L, 4, expert_cache="device", cpu_experts_per_layer=1)
+    with pytest.raises(ValueError, match="C expert kernel"):  # fp32 experts: no native path
+        make_executor("hybrid", BankStore.allocate([0], E, H, I, torch.float32), CPU, F.silu, 1, 4,
+                      expert_cache="device", cpu_experts_per_layer=1)
+    for moe in (MoEConfig(moe_backend="offload", cpu_experts_per_layer=1),
+                MoEConfig(moe_backend="hybrid", expert_cache="host", cpu_experts_per_layer=1),
+                MoEConfig(moe_backend="hybrid", expert_cache="device", cpu_experts_per_layer=-1)):
+        with pytest.raises(ValueError, match="cpu-experts-per-layer"):
+            EngineConfig(moe=moe).validate()
+    EngineConfig(moe=MoEConfig(moe_backend="hybrid", cpu_experts_per_layer=2)).validate()  # auto: the device cache
