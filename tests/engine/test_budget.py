@@ -131,3 +131,15 @@ def test_flash_next_plan_counts_its_tables_and_gives_a_host_embedding_to_slots(t
     disk = tables("disk", False)
     assert disk.device_rows()[0][0] == "PLE step rows (disk store)" and "PLE staging" in {
         r.name for r in disk.host_rows(a, on_cuda=True)}
+
+
+def test_graph_pool_holds_the_decode_split_k_partials(arch, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    # moe_decode with gate/up split S ways allocates fp32 partials [T*K, S, 2, I] inside the
+    # graph capture: the pool must grow by at least that at the largest captured batch.
+    from edgemoe.engine.budget import graph_pool_bytes, workspace_bytes
+
+    base, base_ws = graph_pool_bytes(arch, 64), workspace_bytes(arch, 2048, 8)
+    monkeypatch.setenv("EDGEMOE_MOE_GEMV_TILES", "16,128,4,16,128,4,4")
+    partials = 64 * 8 * 4 * 2 * 768 * 4  # 64 tokens x K=8 pairs x S=4 x (gate, up) x I x fp32
+    assert graph_pool_bytes(arch, 64) - base >= partials
+    assert workspace_bytes(arch, 2048, 8) - base_ws >= partials // 8  # eager: the 8 running decode rows
