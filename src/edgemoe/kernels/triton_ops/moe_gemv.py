@@ -26,6 +26,8 @@ are fixed per pair and summed in a fixed order, so that holds with S > 1 too.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -38,11 +40,13 @@ from edgemoe.kernels.moe_gemv_tiles import (  # noqa: F401 - the constants, re-e
     GU_ROWS,
     GU_SPLITS,
     GU_WARPS,
+    MoeGemvTiles,
     split_cols,
     tiles,
 )
 from edgemoe.kernels.triton_ops.common import ACT_CODES, activate, round_trip
 from edgemoe.kernels.triton_ops.moe_common import (
+    MoeLaunch,
     gemv_chunk,
     moe_launch,
     store_cell_rows,
@@ -139,30 +143,62 @@ def _down_gemv(
     store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
 
 
-def moe_decode_triton(
+class DecodeLaunch(NamedTuple):
+    """One decode call's checked arguments and tiles, for its two launches (the GPU bench
+    times them apart)."""
+
+    run: MoeLaunch
+    slots: torch.Tensor  # [T*K] int32
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    cells: torch.Tensor
+    act: int
+    tiles: MoeGemvTiles
+
+
+def decode_launch(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
     down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
-) -> None:
-    """`moe_fused.moe_decode`'s contract. `workspace`: >= T*K*I elements of x's dtype, or
-    with split-K (S = tiles().gu_splits > 1) >= T*K*S*2*I fp32; else one is allocated
-    (under a CUDA graph capture: from its pool, sized by the captured T and S alone)."""
+) -> DecodeLaunch | None:
+    """The launches' arguments; None when there is no pair. `workspace`: >= T*K*I elements
+    of x's dtype, or with split-K (S = tiles().gu_splits > 1) >= T*K*S*2*I fp32; else one
+    is allocated (under a CUDA graph capture: from its pool, sized by the captured T and S)."""
     t = tiles()
     I = gate_up.shape[1] // 2
     run = moe_launch(x, slot_ids, weights, cells, I, workspace, t.gu_splits * 2 * I if t.gu_splits > 1 else 0)
     if run is None:
-        return
-    x, H, K, pairs, inter = run.x, run.H, run.K, run.pairs, run.inter
-    gate_up, down = gate_up.contiguous(), down.contiguous()
+        return None
     slots = slot_ids.to(torch.int32).contiguous().view(-1)
-    _gate_up_gemv[(pairs, triton.cdiv(I, t.gu_rows), t.gu_splits)](
-        x, slots, gate_up, inter, H, I, K, split_cols(H, t.gu_splits, t.gu_cols), x.stride(0), gate_up.stride(0),
-        gate_up.stride(1), inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SPLITS=t.gu_splits, INTERP=run.interp,
+    return DecodeLaunch(run, slots, gate_up.contiguous(), down.contiguous(), cells, ACT_CODES[act], t)
+
+
+def gate_up_launch(d: DecodeLaunch) -> None:
+    run, t, gu = d.run, d.tiles, d.gate_up
+    _gate_up_gemv[(run.pairs, triton.cdiv(run.I, t.gu_rows), t.gu_splits)](
+        run.x, d.slots, gu, run.inter, run.H, run.I, run.K, split_cols(run.H, t.gu_splits, t.gu_cols),
+        run.x.stride(0), gu.stride(0), gu.stride(1), run.inter.stride(0),
+        ACT=d.act, DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SPLITS=t.gu_splits, INTERP=run.interp,
         num_warps=t.gu_warps,
     )
-    _down_gemv[(pairs, triton.cdiv(H, t.down_rows))](
-        inter, slots, run.weights, down, cells, H, I, K, inter.stride(0), down.stride(0), down.stride(1),
-        cells.stride(0), cells.stride(1),  # ACT is read only with a split (S = 1 compiles one variant)
-        ACT=ACT_CODES[act] if t.gu_splits > 1 else 0, DTYPE=run.dtype, ROWS=t.down_rows, COLS=t.down_cols, SPLITS=t.gu_splits,
-        INTERP=run.interp, num_warps=t.down_warps,
+
+
+def down_launch(d: DecodeLaunch) -> None:
+    run, t, dn, cells = d.run, d.tiles, d.down, d.cells
+    _down_gemv[(run.pairs, triton.cdiv(run.H, t.down_rows))](
+        run.inter, d.slots, run.weights, dn, cells, run.H, run.I, run.K, run.inter.stride(0), dn.stride(0),
+        dn.stride(1), cells.stride(0), cells.stride(1),
+        ACT=d.act if t.gu_splits > 1 else 0,  # read only with a split: S = 1 compiles one variant
+        DTYPE=run.dtype, ROWS=t.down_rows, COLS=t.down_cols, SPLITS=t.gu_splits, INTERP=run.interp,
+        num_warps=t.down_warps,
     )
+
+
+def moe_decode_triton(
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+    down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+) -> None:
+    """`moe_fused.moe_decode`'s contract (`decode_launch` says what `workspace` must hold)."""
+    d = decode_launch(x, slot_ids, weights, gate_up, down, cells, act, workspace)
+    if d is not None:
+        gate_up_launch(d)
+        down_launch(d)
