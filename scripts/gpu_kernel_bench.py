@@ -6,11 +6,15 @@ from HBM, not from cache); prefill shapes (8K tokens) run eagerly through
 triton.testing.do_bench. Prints time, achieved GB/s (and its share of 4.2 TB/s) and
 TFLOP/s; writes JSON to $OUT/gpu_kernel_bench.json (else bench/results/).
 Run from the repository root: PYTHONPATH=/tmp/site:src python3 scripts/gpu_kernel_bench.py
-(/tmp/site: the carried wheels, msgspec among them; see docs/gpu.md).
+(/tmp/site: the carried wheels, msgspec among them; see docs/gpu.md). `--only SECTION ...`
+runs some sections: `--only moe_splits` is the split-K sweep of moe_decode alone (T = 1,
+8, 32 x gu_splits S = 1, 2, 4, 8 at the default row/col tiles; the whole call, then its
+gate/up and down launches apart; well under a minute).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -35,6 +39,7 @@ H, I, E, K, HQ, HKV, D, PAGE = 2048, 768, 128, 8, 32, 4, 128, 16
 BF16, DEV = torch.bfloat16, "cuda"
 L2_BYTES = 64 << 20
 DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192
+GU_SPLITS = (1, 2, 4, 8)  # moe_decode split-K sweep
 DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
 EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
 RESULTS: list[dict] = []
@@ -97,6 +102,45 @@ def bench_moe(gate_up: torch.Tensor, down: torch.Tensor) -> None:
            2 * tokens * K * 3 * H * I, "eager")
     record("moe_combine+res", f"T={tokens}", eager_us(lambda: moe_combine(cells8k, BF16, x)),
            tokens * K * H * 4 + 2 * tokens * H * 2, 0, "eager")
+
+
+def bench_moe_splits(gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    """moe_decode with its gate/up launch split S ways (the 7th EDGEMOE_MOE_GEMV_TILES
+    value), at the default row/col tiles: the whole call, then each launch alone (down
+    re-derives the activation from the fp32 partials, so its time moves with S too).
+    GB/s count the weights, x and cells only (the partials stay in L2)."""
+    from edgemoe.kernels.moe_gemv_tiles import ENV, tiles
+    from edgemoe.kernels.triton_ops.moe_gemv import decode_launch, down_launch, gate_up_launch
+
+    g = torch.Generator(device=DEV).manual_seed(5)
+    base, saved = ",".join(str(v) for v in tiles()[:6]), os.environ.get(ENV)
+    for tokens in DECODE_TOKENS:
+        n = 16
+        xs = [torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(n)]
+        routes = [routing(tokens, g) for _ in range(n)]
+        cells = [torch.zeros(tokens, K, H, device=DEV) for _ in range(n)]
+        distinct = sum(torch.unique(r[0]).numel() for r in routes) / n
+        gu_bytes, down_bytes = distinct * 2 * H * I * 2 + tokens * H * 2, distinct * H * I * 2 + tokens * K * H * 4
+        flops = 2 * tokens * K * 3 * H * I
+        for splits in GU_SPLITS:
+            os.environ[ENV] = f"{base},{splits}"
+            try:
+                ws = torch.empty(tokens * K * I * (2 * splits if splits > 1 else 1),
+                                 dtype=torch.float32 if splits > 1 else BF16, device=DEV)
+                launches = [decode_launch(xs[i], routes[i][0], routes[i][1], gate_up, down, cells[i], "silu", ws)
+                            for i in range(n)]
+                case = f"T={tokens} S={splits}"
+                both = [lambda d=d: (gate_up_launch(d), down_launch(d)) for d in launches]
+                record("moe_decode split", case, graph_us(both, rounds=4), gu_bytes + down_bytes, flops, "graph")
+                record("moe_decode gate_up", case, graph_us([lambda d=d: gate_up_launch(d) for d in launches], rounds=4),
+                       gu_bytes, 2 * flops / 3, "graph")
+                record("moe_decode down", case, graph_us([lambda d=d: down_launch(d) for d in launches], rounds=4),
+                       down_bytes, flops / 3, "graph")
+            finally:
+                if saved is None:
+                    os.environ.pop(ENV, None)
+                else:
+                    os.environ[ENV] = saved
 
 
 def bench_decode_attention() -> None:
@@ -192,25 +236,38 @@ def bench_router() -> None:
                 router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
 
 
+SECTIONS = ("moe", "moe_splits", "attention", "small", "router")
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    only = set(ap.parse_args().only)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     t0 = time.time()
-    g = torch.Generator(device=DEV).manual_seed(42)
-    gate_up = (torch.randn(E, 2 * I, H, generator=g, device=DEV) * H**-0.5).to(BF16)
-    down = (torch.randn(E, H, I, generator=g, device=DEV) * I**-0.5).to(BF16)
-    bench_moe(gate_up, down)
-    del gate_up, down
-    torch.cuda.empty_cache()
-    bench_decode_attention()
-    bench_extend_attention()
-    bench_small_ops()
-    bench_router()
+    if only & {"moe", "moe_splits"}:
+        g = torch.Generator(device=DEV).manual_seed(42)
+        gate_up = (torch.randn(E, 2 * I, H, generator=g, device=DEV) * H**-0.5).to(BF16)
+        down = (torch.randn(E, H, I, generator=g, device=DEV) * I**-0.5).to(BF16)
+        if "moe" in only:
+            bench_moe(gate_up, down)
+        if "moe_splits" in only:
+            bench_moe_splits(gate_up, down)
+        del gate_up, down
+        torch.cuda.empty_cache()
+    if "attention" in only:
+        bench_decode_attention()
+        bench_extend_attention()
+    if "small" in only:
+        bench_small_ops()
+    if "router" in only:
+        bench_router()
     out_dir = Path(os.environ.get("OUT") or "bench/results")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_kernel_bench.json"
     meta = dict(device=props.name, torch=torch.__version__, triton=triton.__version__, hbm_bytes_s=HBM_BYTES_S,
-                seconds=round(time.time() - t0, 1))
+                sections=sorted(only), seconds=round(time.time() - t0, 1))
     path.write_text(json.dumps(dict(meta=meta, results=RESULTS), indent=1))
     print(f"wrote {path}")
 

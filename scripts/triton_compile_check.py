@@ -57,10 +57,13 @@ class Case:
 def cases(dtype: tl.dtype) -> Iterator[Case]:
     act = dtype
     i32, f32 = {"slot_ptr": "i32", "sorted_ptr": "i32", "block_slot_ptr": "i32"}, "fp32"
-    yield Case("moe gate_up gemv", moe_gemv._gate_up_gemv, dict(ACT=0, DTYPE=act, ROWS=moe_gemv.GU_ROWS,
-               COLS=moe_gemv.GU_COLS, INTERP=False), moe_gemv.GU_WARPS, ptrs=i32)
-    yield Case("moe down gemv", moe_gemv._down_gemv, dict(DTYPE=act, ROWS=moe_gemv.DOWN_ROWS,
-               COLS=moe_gemv.DOWN_COLS, INTERP=False), moe_gemv.DOWN_WARPS, ptrs={**i32, "w_ptr": f32, "cells_ptr": f32})
+    for splits in (1, 4):  # split-K: fp32 partials written by gate_up, summed by down
+        part = {"inter_ptr": f32} if splits > 1 else {}
+        yield Case(f"moe gate_up gemv S={splits}", moe_gemv._gate_up_gemv, dict(ACT=0, DTYPE=act, ROWS=moe_gemv.GU_ROWS,
+                   COLS=moe_gemv.GU_COLS, SPLITS=splits, INTERP=False), moe_gemv.GU_WARPS, ptrs={**i32, **part})
+        yield Case(f"moe down gemv S={splits}", moe_gemv._down_gemv, dict(ACT=0, DTYPE=act, ROWS=moe_gemv.DOWN_ROWS,
+                   COLS=moe_gemv.DOWN_COLS, SPLITS=splits, INTERP=False), moe_gemv.DOWN_WARPS,
+                   ptrs={**i32, **part, "w_ptr": f32, "cells_ptr": f32})
     yield Case("moe gate_up gemm", moe_gemm._gate_up_gemm, dict(ACT=2, DTYPE=act, BM=moe_gemm.BLOCK_M,
                BN=moe_gemm.GU_N, BK=moe_gemm.GU_K, INTERP=False), moe_gemm.GU_WARPS, moe_gemm.GU_STAGES, ptrs=i32)
     yield Case("moe down gemm", moe_gemm._down_gemm, dict(DTYPE=act, BM=moe_gemm.BLOCK_M, BN=moe_gemm.DOWN_N,

@@ -144,3 +144,15 @@ def test_slot_pool_warning_only_below_one_tokens_working_set() -> None:
     assert slot_pool_warning(384, 48, 8) is None  # exactly one token's set: LRU keeps it
     assert slot_pool_warning(0, 48, 8) is None
     assert slot_pool_warning(359, 40, 9) is not None  # 8 routed + 1 shared over 40 layers
+
+
+def test_graph_pool_holds_the_decode_split_k_partials(arch, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    # moe_decode with gate/up split S ways allocates fp32 partials [T*K, S, 2, I] inside the
+    # graph capture: the pool must grow by at least that at the largest captured batch.
+    from edgemoe.engine.budget import graph_pool_bytes, workspace_bytes
+
+    base, base_ws = graph_pool_bytes(arch, 64), workspace_bytes(arch, 2048, 8)
+    monkeypatch.setenv("EDGEMOE_MOE_GEMV_TILES", "16,128,4,16,128,4,4")
+    partials = 64 * 8 * 4 * 2 * 768 * 4  # 64 tokens x K=8 pairs x S=4 x (gate, up) x I x fp32
+    assert graph_pool_bytes(arch, 64) - base >= partials
+    assert workspace_bytes(arch, 2048, 8) - base_ws >= partials // 8  # eager: the 8 running decode rows

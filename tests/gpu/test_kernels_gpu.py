@@ -86,11 +86,16 @@ def check_moe(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, slot_i
     assert err_kernel <= 1.5 * err_torch + 1e-6
 
 
+SPLIT4 = "16,128,4,16,128,4,4"  # EDGEMOE_MOE_GEMV_TILES: the default tiles, gate/up split 4 ways
+
+
 @pytest.mark.parametrize("tokens", [1, 8, 32, 300])
-@pytest.mark.parametrize("path", ["decode", "prefill"])
-def test_moe_matches_ref(path: str, tokens: int) -> None:
+@pytest.mark.parametrize("path", ["decode", "decode split-K 4", "prefill"])
+def test_moe_matches_ref(path: str, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "decode split-K 4":
+        monkeypatch.setenv("EDGEMOE_MOE_GEMV_TILES", SPLIT4)
     b = moe_batch(tokens, K, H, I, E, BF16, "cuda", seed=tokens, unrouted=0.1)
-    kernel = {"decode": moe_decode, "prefill": moe_prefill}[path]
+    kernel = moe_prefill if path == "prefill" else moe_decode
     want = moe_cells(moe_slots_ref, b)
     exact = moe_cells(moe_slots_ref, MoEBatch(b.x.float(), b.slot_ids, b.weights, b.gate_up.float(), b.down.float()))
     check_moe(moe_cells(kernel, b), want, exact, b.slot_ids)
@@ -104,6 +109,32 @@ def test_moe_other_activations(act: str) -> None:
                       act)
     for kernel in (moe_decode, moe_prefill):
         check_moe(moe_cells(kernel, b, act), want, exact, b.slot_ids)
+
+
+def test_moe_decode_split_k_graph_and_batch_invariance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split-K (S = 4) under a CUDA graph: the fp32 partials allocated inside the capture
+    (no workspace passed, as the engine calls it), a replay on new routing equals an
+    eager run, and a token's cells are bitwise the same alone as in the batch of 8."""
+    monkeypatch.setenv("EDGEMOE_MOE_GEMV_TILES", SPLIT4)
+    b = moe_batch(8, K, H, I, E, BF16, "cuda", seed=9)
+    cells = torch.zeros(8, K, H, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        moe_decode(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, "silu")  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_decode(b.x, b.slot_ids, b.weights, b.gate_up, b.down, cells, "silu")
+    b.slot_ids.copy_(torch.roll(b.slot_ids, 1, dims=0))  # new routing, same buffers
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = torch.zeros_like(cells)
+    moe_decode(b.x, b.slot_ids, b.weights, b.gate_up, b.down, eager, "silu")
+    assert torch.equal(cells, eager)
+    alone = torch.zeros(1, K, H, device="cuda")
+    moe_decode(b.x[5:6], b.slot_ids[5:6], b.weights[5:6], b.gate_up, b.down, alone, "silu")
+    assert torch.equal(alone[0], eager[5])
 
 
 def test_moe_prefill_8k_tokens() -> None:

@@ -140,6 +140,79 @@ def test_triton_moe_workspace() -> None:
     assert torch.equal(got, want)
 
 
+# Split-K of the decode gate/up launch: odd H and I (no multiple of COLS or of S), and
+# 16-column tiles so that H = 75 splits into 48 + 27 (S = 2), 32 + 32 + 11 (S = 3) and
+# 32 + 32 + 11 + 0 (S = 4: an empty split must contribute zeros); 3 row tiles each way,
+# the last partial. Few programs: the interpreter's cost is per program and op.
+SPLIT_H, SPLIT_I, SPLIT_K = 75, 37, 2
+
+
+def split_tiles(monkeypatch: pytest.MonkeyPatch, splits: int) -> None:
+    monkeypatch.setenv("EDGEMOE_MOE_GEMV_TILES", f"16,16,1,32,16,1,{splits}")
+
+
+@needs_triton
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("splits", [1, 2, 3, 4])
+def test_triton_decode_split_k_matches_ref(monkeypatch: pytest.MonkeyPatch, splits: int, tokens: int) -> None:
+    split_tiles(monkeypatch, splits)
+    b = moe_batch(tokens, SPLIT_K, SPLIT_H, SPLIT_I, 4, torch.bfloat16, seed=10 + tokens, unrouted=0.3)
+    b.slot_ids[0, 1] = -1  # a padding pair in every case (T = 1 too)
+    want = torch.full((tokens, SPLIT_K, SPLIT_H), float("nan"))
+    moe_slots_ref(b.x, b.slot_ids, b.weights, b.gate_up, b.down, want, "silu")
+    got = torch.full_like(want, float("nan"))  # poisoned: unwritten cells stay NaN
+    triton_moe("decode")(b.x, b.slot_ids, b.weights, b.gate_up, b.down, got, "silu")
+    skipped = (b.slot_ids < 0)[..., None].expand_as(got)
+    assert got[skipped].isnan().all() and not got[~skipped].isnan().any()
+    # S only reorders the fp32 sums of each projection: the 4-rounding bound of the S = 1 path.
+    assert ((got - want).abs()[~skipped] <= row_tolerance(want, torch.bfloat16).expand_as(got)[~skipped]).all()
+
+
+@needs_triton
+@pytest.mark.parametrize(("dtype", "act", "splits"), [(torch.float32, "gelu", 4), (torch.float16, "gelu_tanh", 3)])
+def test_triton_decode_split_k_dtypes(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, act: str,
+                                      splits: int) -> None:
+    # fp32: no rounding between the partial sums and the activation, so only the order of
+    # <= 75-term fp32 sums differs (~75 * 2^-24 relative, inside row_tolerance's 1e-5).
+    split_tiles(monkeypatch, splits)
+    b = moe_batch(3, SPLIT_K, SPLIT_H, SPLIT_I, 4, dtype, seed=12, unrouted=0.2)
+    want, got = torch.zeros(3, SPLIT_K, SPLIT_H), torch.zeros(3, SPLIT_K, SPLIT_H)
+    moe_slots_ref(b.x, b.slot_ids, b.weights, b.gate_up, b.down, want, act)
+    triton_moe("decode")(b.x, b.slot_ids, b.weights, b.gate_up, b.down, got, act)
+    assert ((got - want).abs() <= row_tolerance(want, dtype)).all()
+
+
+@needs_triton
+def test_triton_decode_split_k_batch_invariant(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pair's partials and their fixed-order sum depend on its token alone: bitwise the
+    # same cell whether the token runs alone or in a batch of 3.
+    split_tiles(monkeypatch, 4)
+    b = moe_batch(3, SPLIT_K, SPLIT_H, SPLIT_I, 4, torch.bfloat16, seed=13)
+    kernel = triton_moe("decode")
+    full, alone = torch.zeros(3, SPLIT_K, SPLIT_H), torch.zeros(1, SPLIT_K, SPLIT_H)
+    kernel(b.x, b.slot_ids, b.weights, b.gate_up, b.down, full, "silu")
+    kernel(b.x[1:2], b.slot_ids[1:2], b.weights[1:2], b.gate_up, b.down, alone, "silu")
+    assert torch.equal(alone[0], full[1])
+
+
+@needs_triton
+def test_triton_decode_split_k_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a split the workspace holds the fp32 partials: the memory plan's size for them
+    # (split_partials_bytes) must be enough, and an activation-dtype buffer is refused.
+    from edgemoe.kernels.moe_gemv_tiles import split_partials_bytes
+
+    split_tiles(monkeypatch, 3)
+    b = moe_batch(1, SPLIT_K, SPLIT_H, SPLIT_I, 4, torch.bfloat16, seed=14)
+    kernel = triton_moe("decode")
+    want, got = torch.zeros(1, SPLIT_K, SPLIT_H), torch.zeros(1, SPLIT_K, SPLIT_H)
+    kernel(b.x, b.slot_ids, b.weights, b.gate_up, b.down, want, "silu")
+    planned = split_partials_bytes(SPLIT_K, SPLIT_I) // 4
+    kernel(b.x, b.slot_ids, b.weights, b.gate_up, b.down, got, "silu", torch.empty(planned, dtype=torch.float32))
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="workspace needs"):
+        kernel(b.x, b.slot_ids, b.weights, b.gate_up, b.down, got, "silu", torch.empty(planned, dtype=torch.bfloat16))
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_triton_combine_bitwise(dtype: torch.dtype) -> None:

@@ -113,7 +113,7 @@ class MoeLaunch(NamedTuple):
 
     x: torch.Tensor  # [T, H], contiguous
     weights: torch.Tensor  # [T*K] fp32 routing weights
-    inter: torch.Tensor  # [T*K, I] workspace (activation dtype)
+    inter: torch.Tensor  # [T*K, I] workspace (activation dtype), or moe_gemv's fp32 split-K partials
     H: int
     I: int
     K: int
@@ -123,8 +123,10 @@ class MoeLaunch(NamedTuple):
 
 
 def moe_launch(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, cells: torch.Tensor, inter_dim: int,
-               workspace: torch.Tensor | None) -> MoeLaunch | None:
-    """The checked launch arguments; None when there is no (token, k) pair to compute."""
+               workspace: torch.Tensor | None, fp32_cols: int = 0) -> MoeLaunch | None:
+    """The checked launch arguments; None when there is no (token, k) pair to compute.
+    `fp32_cols` > 0: the workspace holds that many fp32 values per pair instead of
+    inter_dim in x's dtype (moe_gemv's split-K partials)."""
     T, H = x.shape
     K = slot_ids.shape[1]
     pairs = T * K
@@ -134,17 +136,22 @@ def moe_launch(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, c
         raise ValueError("cells need a unit stride on H (they are written in place)")
     x = x.contiguous()
     w = weights.to(torch.float32).contiguous().view(-1)
-    inter = workspace_view(workspace, pairs, inter_dim, x)
+    if fp32_cols:
+        inter = workspace_view(workspace, pairs, fp32_cols, torch.float32, x.device)
+    else:
+        inter = workspace_view(workspace, pairs, inter_dim, x.dtype, x.device)
     return MoeLaunch(x, w, inter, H, inter_dim, K, pairs, tl_dtype(x.dtype), interpreting(x))
 
 
-def workspace_view(workspace: torch.Tensor | None, pairs: int, inter: int, like: torch.Tensor) -> torch.Tensor:
-    """The [pairs, I] intermediate: a view into `workspace` (CUDA graphs keep it static)."""
+def workspace_view(workspace: torch.Tensor | None, pairs: int, cols: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """The [pairs, cols] intermediate: a view into `workspace` (CUDA graphs keep it static),
+    else a fresh buffer (under a capture: from the graph's pool, sized by the captured T)."""
     if workspace is None:
-        return torch.empty(pairs, inter, dtype=like.dtype, device=like.device)
-    if workspace.dtype != like.dtype or workspace.numel() < pairs * inter:
-        raise ValueError(f"workspace needs {pairs * inter} elements of {like.dtype}")
-    return workspace.reshape(-1)[: pairs * inter].view(pairs, inter)
+        return torch.empty(pairs, cols, dtype=dtype, device=device)
+    if workspace.dtype != dtype or workspace.numel() < pairs * cols:
+        raise ValueError(f"workspace needs {pairs * cols} elements of {dtype}")
+    return workspace.reshape(-1)[: pairs * cols].view(pairs, cols)
 
 
 def bank_args(parts: Parts, proj: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:

@@ -8,20 +8,45 @@ rows → the pair's fp32 cell. Rounding points follow the torch reference
 (`moe_experts_partial_ref`): each projection's output, the activation and the product
 are rounded to the activation dtype.
 
-NOTE: tile sizes are constants (never derived from T): a pair's cell depends only on
-its token's x, its slot and its weight (batch invariance).
+Split-K (`gu_splits` S > 1, `moe_gemv_tiles.py`): at T = 1 launch 1 has only 8 pairs x
+I/ROWS programs, too few loads in flight to saturate HBM, so its grid gains an axis of
+S: program s reduces H's columns [s*C, (s+1)*C) (C = H/S rounded up to whole COLS tiles)
+into fp32 sums of its gate and up rows, stored without atomics in a workspace [T*K, S,
+2, I]. Launch 2 then builds each chunk of the activation it multiplies from those
+partials: gate and up each summed over s in ascending order, then rounded where
+`store_gated_rows` rounds (projection, activation, product), so S = 1 and S > 1 differ
+only in the order of fp32 sums. Every down program re-derives its chunks (S x 2 fp32
+reads per element, from L2): the price of no third launch. S = 1 runs the original
+kernels' code (the constexpr branches fold away), bitwise as before.
+
+NOTE: tile sizes and S are constants (never derived from T): a pair's cell depends only
+on its token's x, its slot and its weight (batch invariance); the split-K partial sums
+are fixed per pair and summed in a fixed order, so that holds with S > 1 too.
 """
 
 from __future__ import annotations
 
-import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import ACT_CODES
+from edgemoe.kernels.moe_gemv_tiles import (  # noqa: F401 - the constants, re-exported for the compile check
+    DOWN_COLS,
+    DOWN_ROWS,
+    DOWN_WARPS,
+    GU_COLS,
+    GU_ROWS,
+    GU_SPLITS,
+    GU_WARPS,
+    MoeGemvTiles,
+    split_cols,
+    tiles,
+)
+from edgemoe.kernels.triton_ops.common import ACT_CODES, activate, round_trip
 from edgemoe.kernels.triton_ops.moe_common import (
+    MoeLaunch,
     gemv_chunk,
     moe_launch,
     store_cell_rows,
@@ -29,28 +54,43 @@ from edgemoe.kernels.triton_ops.moe_common import (
     tile_range,
 )
 
-# Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
-# matrix per step, I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
-# down. The fastest of 8 configurations swept on an H200 at T = 1 and 8
-# (bench/results/decode-tuning-20261201-140100.json: 30.1 µs vs 34.3 for 16 x 256).
-GU_ROWS, GU_COLS, GU_WARPS = 16, 128, 4
-DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
+
+@triton.jit
+def store_partial_rows(part_ptr, stride_pt, pair, rows, row_ok, acc_g, acc_u, I):
+    """Split-K epilogue of gate/up: this split's fp32 sums of its gate and up rows into
+    the pair's partials [S, 2, I] (split = grid axis 2), unrounded."""
+    out = part_ptr + pair.to(tl.int64) * stride_pt + tl.program_id(2) * 2 * I + rows
+    tl.store(out, tl.sum(acc_g, axis=1), mask=row_ok)
+    tl.store(out + I, tl.sum(acc_u, axis=1), mask=row_ok)
 
 
-def tiles() -> tuple[int, int, int, int, int, int]:
-    """The tile constants; `EDGEMOE_MOE_GEMV_TILES="gu_rows,gu_cols,gu_warps,down_rows,
-    down_cols,down_warps"` overrides them for tuning sweeps (scripts/gpu_decode_tuning.py)."""
-    override = os.environ.get("EDGEMOE_MOE_GEMV_TILES")
-    if override:
-        return tuple(int(v) for v in override.split(","))  # type: ignore[return-value]
-    return GU_ROWS, GU_COLS, GU_WARPS, DOWN_ROWS, DOWN_COLS, DOWN_WARPS
+@triton.jit
+def gated_chunk(part_ptr, pair, stride_pt, i0, I, row_ok, ACT: tl.constexpr, DTYPE: tl.constexpr,
+                COLS: tl.constexpr, SPLITS: tl.constexpr, INTERP: tl.constexpr):
+    """Split-K prologue of down, `gemv_chunk`'s twin: columns [i0, i0 + COLS) of the
+    pair's act(gate)·up built from its partials, in fp32 holding activation-dtype values
+    (0 past I). NOTE: the sums run over s in ascending order and the roundings are
+    `store_gated_rows`'s, so the value is the S = 1 workspace's but for fp32 sum order."""
+    cols = i0 + tl.arange(0, COLS)
+    col_ok = cols < I
+    base = part_ptr + pair.to(tl.int64) * stride_pt + cols
+    gate = tl.load(base, mask=col_ok, other=0.0)
+    up = tl.load(base + I, mask=col_ok, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        gate += tl.load(base + s * 2 * I, mask=col_ok, other=0.0)
+        up += tl.load(base + (s * 2 + 1) * I, mask=col_ok, other=0.0)
+    gate = round_trip(gate, DTYPE, INTERP)
+    up = round_trip(up, DTYPE, INTERP)
+    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    return cols, round_trip(h, DTYPE, INTERP), row_ok[:, None] & col_ok[None, :]
 
 
 @triton.jit
 def _gate_up_gemv(
     x_ptr, slot_ptr, gu_ptr, inter_ptr,
-    H, I, K, stride_xt, stride_gs, stride_gr, stride_it,
-    ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, INTERP: tl.constexpr,
+    H, I, K, SPLIT_H, stride_xt, stride_gs, stride_gr, stride_it,
+    ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SPLITS: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     pair = tl.program_id(0)
     slot = tl.load(slot_ptr + pair)
@@ -61,20 +101,30 @@ def _gate_up_gemv(
     bank = gu_ptr + slot.to(tl.int64) * stride_gs
     acc_g = tl.zeros([ROWS, COLS], dtype=tl.float32)
     acc_u = tl.zeros([ROWS, COLS], dtype=tl.float32)
-    for h0 in range(0, H, COLS):
-        cols, xv, ok = gemv_chunk(x_ptr, t, stride_xt, h0, H, row_ok, COLS)
+    if SPLITS == 1:
+        lo = 0
+        hi = H
+    else:  # SPLIT_H is a multiple of COLS: every split starts on a tile boundary
+        lo = tl.program_id(2) * SPLIT_H
+        hi = tl.minimum(lo + SPLIT_H, H)
+    for h0 in range(lo, hi, COLS):
+        cols, xv, ok = gemv_chunk(x_ptr, t, stride_xt, h0, hi, row_ok, COLS)
         g = tl.load(bank + rows[:, None] * stride_gr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         u = tl.load(bank + (rows + I)[:, None] * stride_gr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         acc_g += g * xv[None, :]
         acc_u += u * xv[None, :]
-    store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
+    if SPLITS == 1:
+        store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
+    else:
+        store_partial_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, I)
 
 
 @triton.jit
 def _down_gemv(
     inter_ptr, slot_ptr, w_ptr, down_ptr, cells_ptr,
     H, I, K, stride_it, stride_ds, stride_dr, stride_ct, stride_ck,
-    DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, INTERP: tl.constexpr,
+    ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SPLITS: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     pair = tl.program_id(0)
     slot = tl.load(slot_ptr + pair)
@@ -84,29 +134,71 @@ def _down_gemv(
     bank = down_ptr + slot.to(tl.int64) * stride_ds
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for i0 in range(0, I, COLS):
-        cols, a, ok = gemv_chunk(inter_ptr, pair, stride_it, i0, I, row_ok, COLS)
+        if SPLITS == 1:
+            cols, a, ok = gemv_chunk(inter_ptr, pair, stride_it, i0, I, row_ok, COLS)
+        else:
+            cols, a, ok = gated_chunk(inter_ptr, pair, stride_it, i0, I, row_ok, ACT, DTYPE, COLS, SPLITS, INTERP)
         d = tl.load(bank + rows[:, None] * stride_dr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         acc += d * a[None, :]
     store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
+
+
+class DecodeLaunch(NamedTuple):
+    """One decode call's checked arguments and tiles, for its two launches (the GPU bench
+    times them apart)."""
+
+    run: MoeLaunch
+    slots: torch.Tensor  # [T*K] int32
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    cells: torch.Tensor
+    act: int
+    tiles: MoeGemvTiles
+
+
+def decode_launch(
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+    down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+) -> DecodeLaunch | None:
+    """The launches' arguments; None when there is no pair. `workspace`: >= T*K*I elements
+    of x's dtype, or with split-K (S = tiles().gu_splits > 1) >= T*K*S*2*I fp32; else one
+    is allocated (under a CUDA graph capture: from its pool, sized by the captured T and S)."""
+    t = tiles()
+    I = gate_up.shape[1] // 2
+    run = moe_launch(x, slot_ids, weights, cells, I, workspace, t.gu_splits * 2 * I if t.gu_splits > 1 else 0)
+    if run is None:
+        return None
+    slots = slot_ids.to(torch.int32).contiguous().view(-1)
+    return DecodeLaunch(run, slots, gate_up.contiguous(), down.contiguous(), cells, ACT_CODES[act], t)
+
+
+def gate_up_launch(d: DecodeLaunch) -> None:
+    run, t, gu = d.run, d.tiles, d.gate_up
+    _gate_up_gemv[(run.pairs, triton.cdiv(run.I, t.gu_rows), t.gu_splits)](
+        run.x, d.slots, gu, run.inter, run.H, run.I, run.K, split_cols(run.H, t.gu_splits, t.gu_cols),
+        run.x.stride(0), gu.stride(0), gu.stride(1), run.inter.stride(0),
+        ACT=d.act, DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SPLITS=t.gu_splits, INTERP=run.interp,
+        num_warps=t.gu_warps,
+    )
+
+
+def down_launch(d: DecodeLaunch) -> None:
+    run, t, dn, cells = d.run, d.tiles, d.down, d.cells
+    _down_gemv[(run.pairs, triton.cdiv(run.H, t.down_rows))](
+        run.inter, d.slots, run.weights, dn, cells, run.H, run.I, run.K, run.inter.stride(0), dn.stride(0),
+        dn.stride(1), cells.stride(0), cells.stride(1),
+        ACT=d.act if t.gu_splits > 1 else 0,  # read only with a split: S = 1 compiles one variant
+        DTYPE=run.dtype, ROWS=t.down_rows, COLS=t.down_cols, SPLITS=t.gu_splits, INTERP=run.interp,
+        num_warps=t.down_warps,
+    )
 
 
 def moe_decode_triton(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
     down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
 ) -> None:
-    run = moe_launch(x, slot_ids, weights, cells, gate_up.shape[1] // 2, workspace)
-    if run is None:
-        return
-    x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
-    gate_up, down = gate_up.contiguous(), down.contiguous()
-    slots = slot_ids.to(torch.int32).contiguous().view(-1)
-    gu_rows, gu_cols, gu_warps, down_rows, down_cols, down_warps = tiles()
-    _gate_up_gemv[(pairs, triton.cdiv(I, gu_rows))](
-        x, slots, gate_up, inter, H, I, K, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=run.dtype, ROWS=gu_rows, COLS=gu_cols, INTERP=run.interp, num_warps=gu_warps,
-    )
-    _down_gemv[(pairs, triton.cdiv(H, down_rows))](
-        inter, slots, run.weights, down, cells, H, I, K, inter.stride(0), down.stride(0), down.stride(1),
-        cells.stride(0), cells.stride(1),
-        DTYPE=run.dtype, ROWS=down_rows, COLS=down_cols, INTERP=run.interp, num_warps=down_warps,
-    )
+    """`moe_fused.moe_decode`'s contract (`decode_launch` says what `workspace` must hold)."""
+    d = decode_launch(x, slot_ids, weights, gate_up, down, cells, act, workspace)
+    if d is not None:
+        gate_up_launch(d)
+        down_launch(d)

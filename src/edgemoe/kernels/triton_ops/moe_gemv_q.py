@@ -7,6 +7,9 @@ reads each weight byte once, so the step moves the format's bytes, not bf16's. W
 are dequantised to fp32 and multiplied in fp32 (weight-only: the arithmetic is free
 next to the memory reads at few tokens).
 
+No split-K here (moe_gemv.py's `gu_splits` is the bf16 kernel's alone): the quantised
+gate/up launch keeps one program per row tile, reducing all of H.
+
 NOTE: tile sizes are constants (never derived from T): batch invariance, as moe_gemv.py.
 """
 

@@ -1,0 +1,66 @@
+"""Tile constants of the fused MoE decode kernel (`triton_ops/moe_gemv.py`) and their
+override for tuning sweeps, kept free of Triton so the memory plan (`engine/budget.py`)
+can size the kernel's split-K partials without importing it.
+
+NOTE: every value is a constant, never derived from T: a pair's result depends only on
+its token, its slot and its weight (batch invariance).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+# Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
+# matrix per step, I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
+# down. The fastest of 8 configurations swept on an H200 at T = 1 and 8
+# (bench/results/decode-tuning-20261201-140100.json: 30.1 µs vs 34.3 for 16 x 256).
+GU_ROWS, GU_COLS, GU_WARPS = 16, 128, 4
+DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
+# Split-K of the gate/up launch: S programs per row tile, each reducing 1/S of H into fp32
+# partials that the down launch sums (more bytes in flight at T = 1). 1 = no split, the
+# original two kernels; scripts/gpu_kernel_bench.py times S = 1, 2, 4, 8 to pick it.
+GU_SPLITS = 1
+ENV = "EDGEMOE_MOE_GEMV_TILES"
+
+
+class MoeGemvTiles(NamedTuple):
+    gu_rows: int
+    gu_cols: int
+    gu_warps: int
+    down_rows: int
+    down_cols: int
+    down_warps: int
+    gu_splits: int
+
+
+def tiles() -> MoeGemvTiles:
+    """The tile constants; `EDGEMOE_MOE_GEMV_TILES="gu_rows,gu_cols,gu_warps,down_rows,
+    down_cols,down_warps[,gu_splits]"` overrides them for tuning sweeps (gu_splits
+    defaults to GU_SPLITS). Read per call, so a sweep can change it between launches."""
+    override = os.environ.get(ENV)
+    if not override:
+        return MoeGemvTiles(GU_ROWS, GU_COLS, GU_WARPS, DOWN_ROWS, DOWN_COLS, DOWN_WARPS, GU_SPLITS)
+    values = [int(v) for v in override.split(",")]
+    if len(values) == 6:
+        values.append(GU_SPLITS)
+    if len(values) != 7 or min(values) < 1:
+        raise ValueError(f"{ENV}={override!r}: 6 or 7 positive integers (rows, cols, warps of gate_up and down, "
+                         "then gate_up splits)")
+    return MoeGemvTiles(*values)
+
+
+def split_cols(H: int, splits: int, cols: int) -> int:
+    """Columns of H each gate/up split reduces: H / splits rounded up to whole COLS tiles,
+    so every split starts on a tile boundary (aligned, vectorised loads); the last splits
+    may get fewer columns, or none when H is small (their partials are zeros)."""
+    per_split = -(-H // splits)
+    return -(-per_split // cols) * cols
+
+
+def split_partials_bytes(pairs: int, inter: int) -> int:
+    """Device bytes of the fp32 split-K partials [pairs, S, 2, I] one decode launch
+    allocates (0 without a split: then the intermediate is [pairs, I] in the activation
+    dtype, as before)."""
+    splits = tiles().gu_splits
+    return 0 if splits == 1 else pairs * splits * 2 * inter * 4
