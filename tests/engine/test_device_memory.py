@@ -12,6 +12,7 @@ import pytest
 
 from edgemoe.engine import device_memory
 
+
 def uuid_bytes(ordinal: int) -> bytes:
     return bytes(range(0xA0 + 16 * ordinal, 0xB0 + 16 * ordinal))
 

@@ -216,8 +216,12 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         )
     if plan.budget is not None:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
+        # NOTE: the limit counts the allocator's own blocks, and those it holds now (cuBLAS's
+        # workspace, tensors a caller or an earlier engine kept) are in the measured context
+        # already: its limit is the budget less what the process holds outside it.
         total = torch.cuda.mem_get_info(device)[1]
-        torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
+        outside = max(0, plan.context - torch.cuda.memory_reserved(device))
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - outside) / total), device)
     host_cache = host_cache_bytes(config)
     cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
     loaded = load_model(
