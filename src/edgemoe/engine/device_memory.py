@@ -88,7 +88,7 @@ class Baseline:
 
 # NOTE: module state on purpose: a baseline is a fact about this process, not about one
 # engine. It is read once per device, before our first context there, and stays true for
-# the life of the process (a primary context, once made, lives until the process exits);
+# the life of the process (torch never releases the primary context it makes);
 # after that context exists it can never be read again. Keyed by UUID, which names the
 # device whatever CUDA_VISIBLE_DEVICES numbered it.
 _BASELINES: dict[str, Baseline] = {}
