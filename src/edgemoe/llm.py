@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,12 +166,11 @@ class LLM:
         return self._engine().stats()
 
     def close(self) -> None:
+        """Free the engine: its threads stop and its device memory goes back to the driver
+        (`Engine.close`), so another `LLM` in this process can plan for it."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
 
     def __enter__(self) -> LLM:
         return self

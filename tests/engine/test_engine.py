@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from tolerances import log_softmax_atol, network_atol
@@ -177,6 +179,24 @@ def test_close_frees_and_many_llms_in_turn(qwen3_ckpt) -> None:  # noqa: ANN001
             assert llm.generate([PROMPTS[0]], greedy(2))[0].token_ids
         with pytest.raises(RuntimeError, match="closed"):
             llm.generate([PROMPTS[0]], greedy(2))
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_close_drops_the_model_and_kv_cache(qwen3_ckpt, held: bool) -> None:  # noqa: ANN001
+    # What a closed LLM held must be garbage, so the next engine in the process gets its
+    # device memory — also while a caller still holds the closed Engine (a script's local).
+    llm = LLM(str(qwen3_ckpt), dtype="float32", overlap=True)  # overlap: the loop refers back to the engine
+    assert llm.generate([PROMPTS[0]], greedy(2))[0].token_ids
+    engine = llm.engine if held else None
+    rt = llm.engine.runtime
+    gone = [weakref.ref(x) for x in (llm.engine, rt.model, rt.pool.k, rt.executor, rt.runner)]
+    del rt
+    llm.close()
+    alive = [i for i, r in enumerate(gone) if r() is not None]
+    assert alive == ([0] if held else []), alive  # only the engine object the caller holds
+    if engine is not None:
+        engine.close()  # a second close does nothing
+        assert engine.requests == {}
 
 
 def test_device_oom_fails_only_that_step_and_keeps_serving(qwen3_ckpt, monkeypatch) -> None:  # noqa: ANN001

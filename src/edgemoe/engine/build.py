@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -85,14 +86,16 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
     process holds plus what the device has free."""
     if device.type != "cuda":
         return None, 0
-    before = baseline(device.index)  # read before our context exists on the device
+    before = baseline(device.index)  # read before our context exists on the device (or the first engine's)
+    release_device_memory(device)  # what an earlier engine here left unreferenced is not ours to count
     torch.cuda.set_device(device)
     a = torch.ones(64, 64, device=device)
     (a @ a).sum().item()  # materialise the context and the cuBLAS workspace
     del a
     free, total = torch.cuda.mem_get_info(device)
     requested = parse_size(config.model.gpu_memory) if config.model.gpu_memory else None
-    cap, context = process_share(total, free, before.ours() if before else None, requested)
+    ours = before.ours(floor=torch.cuda.memory_reserved(device)) if before else None
+    cap, context = process_share(total, free, ours, requested)
     others = total - free - context
     if others >= 256 << 20:
         log.warning("other processes hold %.2f GiB of the device: --gpu-memory counts this process's share only",
@@ -101,6 +104,15 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
         log.warning("--gpu-memory %s is more than this process can have (%.2f GiB held + %.2f GiB free); "
                     "planning for %.2f GiB", config.model.gpu_memory, context / GiB, free / GiB, cap / GiB)
     return cap, context
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Give the driver back what this process holds on `device` but no longer uses: collect
+    the reference cycles that keep a dropped engine's tensors alive, then return the caching
+    allocator's free blocks (the driver counts those as ours, and so would the next plan)."""
+    gc.collect()
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def resolve_dtype(setting: str, device: torch.device) -> str:
@@ -212,8 +224,12 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     warn_about_plan(plan, arch, max_len)
     if plan.budget is not None:
         # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
+        # NOTE: the limit counts the allocator's own blocks, and those it holds now (cuBLAS's
+        # workspace, tensors a caller or an earlier engine kept) are in the measured context
+        # already: its limit is the budget less what the process holds outside it.
         total = torch.cuda.mem_get_info(device)[1]
-        torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - plan.context) / total), device)
+        outside = max(0, plan.context - torch.cuda.memory_reserved(device))
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - outside) / total), device)
     host_cache = host_cache_bytes(config)
     cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
     loaded = load_model(

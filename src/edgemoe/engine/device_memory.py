@@ -8,10 +8,16 @@ others hold; afterwards our share is the count now less that. Both counts come f
 its total is not CUDA's (CUDA's leaves out memory the driver reserves, ~0.6 GiB on an
 H200), so only a difference of two NVML counts is ours.
 
+The first baseline read on a device is kept for the life of the process: a later engine
+in the same process (a notebook's second `LLM`, a benchmark's next configuration) finds our
+context already there and could not read one, yet our share is still the count now less
+that first one — whatever an earlier engine left counts as ours, as it should.
+
 Read through NVML and the driver API with ctypes (both ship with the driver: no extra
-package). When they are missing, or this process already has a context on the device (its
-memory would count as the others'), `baseline` is None and the caller counts the whole
-device's use as ours: over-conservative, never over the cap.
+package). When they are missing, or this process already had a context on the device
+before any baseline was read there (its memory would count as the others'), `baseline` is
+None and the caller counts the whole device's use as ours: over-conservative, never over
+the cap.
 """
 
 from __future__ import annotations
@@ -32,20 +38,20 @@ def _uuid_text(raw: bytes) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def _device_uuid_without_context(ordinal: int) -> str | None:
-    """The UUID of CUDA device `ordinal` (as CUDA_VISIBLE_DEVICES numbers it), or None when
-    this process already has its primary context there (or the driver API is unavailable)."""
+def _device_state(ordinal: int) -> tuple[str, bool] | None:
+    """(UUID, whether this process has its primary context there) of CUDA device `ordinal`
+    (as CUDA_VISIBLE_DEVICES numbers it); None when the driver API can't say."""
     cuda = ctypes.CDLL("libcuda.so.1")
     dev = ctypes.c_int()
     if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
         return None
     flags, active = ctypes.c_uint(), ctypes.c_int()
-    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0 or active.value:
+    if cuda.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
         return None
     raw = ctypes.create_string_buffer(16)
     if cuda.cuDeviceGetUuid(raw, dev) != 0:
         return None
-    return _uuid_text(raw.raw)
+    return _uuid_text(raw.raw), bool(active.value)
 
 
 def _nvml_used(uuid: str) -> int | None:
@@ -71,19 +77,39 @@ class Baseline:
     def __init__(self, uuid: str, used: int) -> None:
         self.uuid, self.used = uuid, used
 
-    def ours(self) -> int | None:
-        """What this process holds now (the count now less the baseline); None if NVML fails."""
+    def ours(self, floor: int = 0) -> int | None:
+        """What this process holds now (the count now less the baseline), never less than
+        `floor` (what we know we hold: torch's caching allocator); None if NVML fails.
+        NOTE: others' use can fall after the baseline (a process exits), and a difference
+        taken long after it (a later engine) would then count too little as ours."""
         now = _nvml_used(self.uuid)
-        return None if now is None else max(0, now - self.used)
+        return None if now is None else max(floor, now - self.used)
+
+
+# NOTE: module state on purpose: a baseline is a fact about this process, not about one
+# engine. It is read once per device, before our first context there, and stays true for
+# the life of the process (torch never releases the primary context it makes);
+# after that context exists it can never be read again. Keyed by UUID, which names the
+# device whatever CUDA_VISIBLE_DEVICES numbered it.
+_BASELINES: dict[str, Baseline] = {}
 
 
 def baseline(ordinal: int) -> Baseline | None:
-    """CUDA device `ordinal`'s use before this process's context exists there; None when
-    that can't be told (see the module doc)."""
+    """CUDA device `ordinal`'s use before this process's context existed there: read now if
+    there is no context yet, else the one read then; None when that can't be told (see the
+    module doc)."""
     try:
-        uuid = _device_uuid_without_context(ordinal)
-        used = None if uuid is None else _nvml_used(uuid)
-        return None if uuid is None or used is None else Baseline(uuid, used)
+        state = _device_state(ordinal)
+        if state is None:
+            return None
+        uuid, has_context = state
+        if uuid in _BASELINES:
+            return _BASELINES[uuid]
+        used = None if has_context else _nvml_used(uuid)
+        if used is None:
+            return None
+        _BASELINES[uuid] = Baseline(uuid, used)
+        return _BASELINES[uuid]
     except (OSError, AttributeError) as e:  # no driver library, or an older one without a symbol
         log.debug("cannot read the device's memory before our context: %s", e)
         return None

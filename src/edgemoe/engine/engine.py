@@ -23,7 +23,7 @@ from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import PENDING, SeqChunk
-from edgemoe.engine.build import build_runtime
+from edgemoe.engine.build import Runtime, build_runtime, release_device_memory
 from edgemoe.engine.overlap import OverlapLoop
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
@@ -360,10 +360,29 @@ class Engine:
         }
 
     def close(self) -> None:
-        self.runtime.executor.close()
-        if self.runtime.ple is not None:  # its filler thread, and the tables it page-locked
-            self.runtime.ple.close()
-        embed_close = getattr(self.runtime.model.embed, "close", None)  # a host embedding's page-locking
+        """Stop the engine's threads and give back its device memory, so the next engine in
+        this process has it (`edgemoe.LLM.close`; the engine process simply exits). The
+        engine is unusable afterwards; a second close does nothing."""
+        rt: Runtime | None = self.__dict__.get("runtime")
+        if rt is None:
+            return
+        rt.executor.close()
+        if rt.ple is not None:  # its filler thread, and the tables it page-locked
+            rt.ple.close()
+        embed_close = getattr(rt.model.embed, "close", None)  # a host embedding's page-locking
         if embed_close is not None:
             embed_close()
         self.requests.clear()
+        self._streams.clear()
+        device = rt.device
+        del rt
+        # NOTE: after this the engine refers to nothing on the device, so its memory is free
+        # even while a caller still holds the closed Engine (a script's local variable).
+        for name in _DEVICE_HOLDERS:
+            del self.__dict__[name]
+        release_device_memory(device)
+
+
+# Engine attributes that reach device memory (model, executor, KV pool, state rows, CUDA
+# graphs, workspaces, sampling rows); `close` drops them.
+_DEVICE_HOLDERS = ("runtime", "runner", "profiler", "scheduler", "prefix_cache", "snapshots", "sampling", "overlap")
