@@ -4,10 +4,12 @@ invariance (bitwise), and the `--dense-kernel` dispatch."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import INTERPRET
 from tolerances import rounding_atol, sum_atol
 
 from edgemoe.kernels.dense_gemv import (
@@ -17,12 +19,16 @@ from edgemoe.kernels.dense_gemv import (
     resolve_dense_kernel,
 )
 
+# tests/kernels/conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable. Not
+# `from conftest import INTERPRET`: which conftest that finds depends on the collection order.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 
 N, K = 40, 300  # neither a multiple of BLOCK_N = 16 nor of BLOCK_K = 64: masks are exercised
 
 
-def tiles(split: bool):  # noqa: ANN201 - GemvTiles, imported lazily (Triton)
+def tiles(split: bool):
     from edgemoe.kernels.triton_ops.dense_gemv import GemvTiles
 
     # min_programs 1: one K range; 64 over 3 column tiles: K split into 5 ranges of 64.

@@ -5,12 +5,13 @@ in `route_logits_topk` and `SparseMoE.route` (`--dense-kernel`, the routing over
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import INTERPRET
 from router_support import check_routing, logit_bound, planted
 from router_support import router_inputs as inputs
 from tolerances import eps
@@ -25,6 +26,10 @@ from edgemoe.kernels.router import (
     route_topk_ref,
 )
 from edgemoe.layers.moe import SparseMoE
+
+# tests/kernels/conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable. Not
+# `from conftest import INTERPRET`: which conftest that finds depends on the collection order.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 CPU = torch.device("cpu")

@@ -16,7 +16,13 @@ from edgemoe.cache.state_pool import StatePool
 from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.big_tables import TablePlan, plan_tables
-from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, plan_memory, slot_pool_warning
+from edgemoe.engine.budget import (
+    GiB,
+    MemoryPlan,
+    parse_size,
+    plan_memory,
+    slot_pool_warning,
+)
 from edgemoe.engine.device_memory import baseline, process_share
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
