@@ -19,7 +19,10 @@ GU_ROWS, GU_COLS, GU_WARPS = 16, 128, 4
 DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
 # Split-K of the gate/up launch: S programs per row tile, each reducing 1/S of H into fp32
 # partials that the down launch sums (more bytes in flight at T = 1). 1 = no split, the
-# original two kernels; scripts/gpu_kernel_bench.py times S = 1, 2, 4, 8 to pick it.
+# original two kernels. Swept on an H200 (2026-12-01, bench/results/kernels-splitk-20261201-215300.json,
+# µs per layer at T = 1 / 8 / 32): S=1 28.9 / 133.3 / 373.3, S=2 27.5 / 153.6 / 479.3, S=4 28.7 /
+# 159.8 / 520.4, S=8 33.1 / 183.7 / 633.0. S must not depend on T (batch invariance) and S=2's 5%
+# at T = 1 costs 15-28% at T = 8-32, so no split: the T = 1 grid's shortfall is not loads in flight.
 GU_SPLITS = 1
 ENV = "EDGEMOE_MOE_GEMV_TILES"
 
