@@ -42,7 +42,8 @@ def test_prefill_bound_counts_touched_experts() -> None:
 def test_hit_rate_model_limits() -> None:
     assert hit_rate(1000, 6144, 384, 0.0) == pytest.approx(1000 / 6144)  # uniform: the slot share
     assert hit_rate(1000, 6144, 384, 1.0) == 1.0  # all reuse, and a token's experts fit
-    assert hit_rate(192, 6144, 384, 1.0) == pytest.approx(0.5)  # half a token's experts fit
+    assert hit_rate(192, 6144, 384, 1.0) == 0.0  # half a token's experts fit: LRU evicts each before its reuse
+    assert hit_rate(192, 6144, 384, 0.5) == pytest.approx(0.5 * 192 / 6144)  # only the uniform share hits
     assert hit_rate(6144, 6144, 384, 0.3) == 1.0
 
 
