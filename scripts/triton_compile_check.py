@@ -3,7 +3,10 @@
 Triton's wheel ships ptxas, so the compiled path (not the interpreter's) is checked on
 any machine: a kernel that only the interpreter accepts fails here, and each kernel's
 shared memory must fit the target's per-block limit (sm_86/sm_89, the consumer cards,
-have ~99 KiB). Usage: python scripts/triton_compile_check.py [--arch 80 86 89 90] [--dtype bf16 fp16 fp32]
+have ~99 KiB). Kernels with a `USE_PDL` constexpr compile with it False (their PTX must hold
+no `griddepcontrol`), or with `--pdl` True, on sm_90+ only, and their PTX must hold both
+`griddepcontrol.wait` and `griddepcontrol.launch_dependents` (programmatic dependent launch).
+Usage: python scripts/triton_compile_check.py [--arch 80 86 89 90] [--dtype bf16 fp16 fp32] [--pdl]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     norm,
     rope,
     router,
+    row_gather,
     slot_plan,
 )
 
@@ -109,6 +113,10 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                ptrs={"part_ptr": f32})
     yield from router_cases(act)
     yield from slot_plan_cases()
+    yield Case("row gather", row_gather._gather_rows, dict(BLOCK_D=256, ROWS=row_gather.ROWS), 4,
+               ptrs={"ids_ptr": "i64"})
+    yield Case("row gather into", row_gather._gather_rows_into, dict(BLOCK_D=row_gather.BLOCK_INTO), 4,
+               ptrs={"ids_ptr": "i32", "dst_ptr": "i32"})
 
 
 def router_cases(act: tl.dtype) -> Iterator[Case]:
@@ -169,9 +177,19 @@ def quant_moe_cases(act: tl.dtype) -> Iterator[Case]:
                        ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32}, min_arch=89 if f8 else 80)
 
 
-def compile_case(case: Case, arch: int, dtype_name: str) -> int:
-    """Compiles one kernel; returns its shared memory in bytes."""
+PDL_MIN_ARCH = 90  # griddepcontrol: Hopper and later
+PDL_PTX = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+
+
+def has_pdl(case: Case) -> bool:
+    return any(p.name == "USE_PDL" for p in case.kernel.params)
+
+
+def compile_case(case: Case, arch: int, dtype_name: str, pdl: bool = False) -> tuple[int, str]:
+    """Compiles one kernel (USE_PDL = `pdl` where it has the switch); returns its shared
+    memory in bytes and its PTX."""
     params = {p.name: p for p in case.kernel.params}
+    consts = {**case.consts, "USE_PDL": pdl} if "USE_PDL" in params else case.consts
     sig: dict[str, str] = {}
     for name, p in params.items():
         if p.is_constexpr:
@@ -180,29 +198,70 @@ def compile_case(case: Case, arch: int, dtype_name: str) -> int:
             sig[name] = "*" + case.ptrs.get(name, dtype_name)
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
-    src = ASTSource(case.kernel, sig, case.consts)
+    src = ASTSource(case.kernel, sig, consts)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": case.warps, "num_stages": case.stages})
-    return int(compiled.metadata.shared)
+                              options={"num_warps": case.warps, "num_stages": case.stages, "launch_pdl": pdl})
+    return int(compiled.metadata.shared), compiled.asm["ptx"]
+
+
+MEMORY_OPS = ("ld.", "st.", "atom.", "red.", "cp.", "prefetch.", "multimem.")
+NOT_GLOBAL = (".param", ".shared", ".local", ".const")
+
+
+def first_global_access(lines: list[str]) -> int:
+    """Index of the PTX's first load, store, atomic or async copy that may touch global
+    memory (any state space but param, shared, local, const), or len(lines)."""
+    for i, line in enumerate(lines):
+        tokens = line.split()
+        if tokens and tokens[0].startswith("@"):  # a predicate guard
+            tokens = tokens[1:]
+        op = tokens[0] if tokens else ""
+        if op.startswith(MEMORY_OPS) and not any(space in op for space in NOT_GLOBAL):
+            return i
+    return len(lines)
+
+
+def pdl_ptx_ok(ptx: str, pdl: bool) -> bool:
+    """With the switch on: both griddepcontrol instructions, the wait before every global
+    memory access (in the PTX's text order: the wait sits in the entry block); off: none."""
+    if not pdl:
+        return "griddepcontrol" not in ptx
+    lines = ptx.splitlines()
+    waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    return all(op in ptx for op in PDL_PTX) and bool(waits) and waits[0] < first_global_access(lines)
+
+
+def check(case: Case, arch: int, dtype_name: str, pdl: bool) -> bool:
+    """Compiles and checks one kernel, printing one line."""
+    try:
+        shared, ptx = compile_case(case, arch, dtype_name, pdl)
+    except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+        print(f"FAIL sm_{arch} {dtype_name} {case.name}: {type(exc).__name__}: {exc}")
+        return False
+    ok_shared, ok_pdl = shared <= SHARED_LIMIT[arch], pdl_ptx_ok(ptx, pdl)
+    tag = f", USE_PDL={pdl}: {'ok' if ok_pdl else 'wrong griddepcontrol'}" if has_pdl(case) else ""
+    print(f"{'ok  ' if ok_shared and ok_pdl else 'FAIL'} sm_{arch} {dtype_name} {case.name}: {shared} B shared{tag}")
+    return ok_shared and ok_pdl
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, nargs="+", default=[80, 86, 89, 90], choices=sorted(SHARED_LIMIT))
     ap.add_argument("--dtype", nargs="+", default=["bf16"], choices=sorted(DTYPES))
+    ap.add_argument("--pdl", action="store_true", help="only the kernels with USE_PDL, compiled with it True (sm_90+)")
     args = ap.parse_args(argv)
-    failures = 0
+    failures = checked = 0
     for dtype_name in args.dtype:
         for case in cases(DTYPES[dtype_name]):
-            for arch in (a for a in args.arch if a >= case.min_arch):
-                try:
-                    shared = compile_case(case, arch, dtype_name)
-                    ok = shared <= SHARED_LIMIT[arch]
-                    print(f"{'ok  ' if ok else 'FAIL'} sm_{arch} {dtype_name} {case.name}: {shared} B shared")
-                except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
-                    ok = False
-                    print(f"FAIL sm_{arch} {dtype_name} {case.name}: {type(exc).__name__}: {exc}")
-                failures += not ok
+            if args.pdl and not has_pdl(case):
+                continue
+            low = max(case.min_arch, PDL_MIN_ARCH) if args.pdl else case.min_arch
+            for arch in (a for a in args.arch if a >= low):
+                failures += not check(case, arch, dtype_name, args.pdl)
+                checked += 1
+    if checked == 0:  # e.g. --pdl without an sm_90+ arch: a check that checked nothing must not pass
+        print("FAIL nothing compiled")
+        failures += 1
     print(f"{failures} failure(s); torch {torch.__version__}, triton {triton.__version__}")
     return 1 if failures else 0
 

@@ -1,5 +1,6 @@
 """Which implementation a kernel dispatcher runs: Triton on CUDA tensors when Triton is
-importable, the torch reference otherwise.
+importable, the torch reference otherwise; and whether the Triton kernels launch with
+programmatic dependent launch (`pdl_enabled`, docs/kernels.md).
 
 NOTE: nothing here imports Triton at module load; a CPU-only install without Triton
 imports every `edgemoe.kernels.*` module.
@@ -34,3 +35,28 @@ def use_triton(t: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     if os.environ.get("EDGEMOE_TRITON", "1") == "0":
         return False
     return t.is_cuda and (dtype or t.dtype) in FAST_DTYPES and triton_importable()
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter (any TRITON_INTERPRET but an explicit
+    off: when unsure, PDL stays off)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no")
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch (`USE_PDL` and
+    `launch_pdl` of the decode step's Triton kernels): `EDGEMOE_PDL=1` in the environment,
+    a CUDA device of compute capability 9 or above (Hopper's `griddepcontrol`), and Triton
+    not interpreting. Off by default until measured.
+
+    NOTE: the one place the switch is read. It is read at every launch, so a CUDA graph
+    records what was set when it was captured.
+    """
+    if os.environ.get("EDGEMOE_PDL", "0") != "1" or device.type != "cuda" or _interpreting():
+        return False
+    return _capability(torch.cuda.current_device() if device.index is None else device.index) >= (9, 0)

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.attn_common import (
     kv_slots,
     pv_accumulate,
@@ -40,6 +41,7 @@ from edgemoe.kernels.triton_ops.attn_common import (
 from edgemoe.kernels.triton_ops.common import (
     fp8_hardware,
     interpreting,
+    pdl_start,
     round_to,
     tl_dtype,
 )
@@ -97,12 +99,13 @@ def _decode_split(
     qk_scale, window, page_size,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
-    FP8HW: tl.constexpr,
+    FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Launch 1: one program per (sequence, kv head, split), all G query heads at once."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_start(USE_PDL)  # NOTE: before the early return below too (see pdl_start)
     seq_len = tl.load(lens_ptr + b)
     lo, split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N)
     if (split < first) | (split >= last):  # no visible key here
@@ -142,12 +145,13 @@ def _decode_merge(
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     window,
     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    DTYPE: tl.constexpr, INTERP: tl.constexpr, UNROLL: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Launch 2: one program per (sequence, query head) merges its splits."""
     b = tl.program_id(0)
     r = tl.arange(0, 1)  # merge_splits takes a tile of rows: here one
     h = tl.program_id(1) + r
+    pdl_start(USE_PDL)
     seq_len = tl.load(lens_ptr + b)
     _lo, _split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N)
     d = tl.arange(0, D_PAD)
@@ -195,19 +199,20 @@ def decode_attention_triton(
     dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
     k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
+    pdl = pdl_enabled(q.device)
     _decode_split[(B, Hkv, NUM_SPLITS)](
         q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         stride_ss, scale * LOG2E, win, page_size,
         G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=NUM_SPLITS,
-        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), num_warps=warps,
-        num_stages=stages,
+        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), USE_PDL=pdl,
+        launch_pdl=pdl, num_warps=warps, num_stages=stages,
     )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
         out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=NUM_SPLITS, BLOCK_N=block_n, DTYPE=dtype, INTERP=interp,
-        UNROLL=MERGE_UNROLL, num_warps=1,
+        UNROLL=MERGE_UNROLL, USE_PDL=pdl, launch_pdl=pdl, num_warps=1,
     )
     return out

@@ -5,6 +5,9 @@ two ways these helpers hide, so one kernel source serves both:
 - it truncates fp32 → bf16 casts (the GPU rounds to nearest even);
 - its `tl.dot` multiplies the raw uint16 storage of bf16 operands.
 Kernels take `INTERP: tl.constexpr` (True exactly when the tensors are on the CPU).
+
+The decode step's kernels also take `USE_PDL: tl.constexpr` (programmatic dependent
+launch, `backend.pdl_enabled`) and call `pdl_start` first (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -32,6 +35,24 @@ def fp8_hardware(t: torch.Tensor) -> bool:
     """Whether Triton has the e4m3 type on `t`'s device: sm_89+ (and the interpreter).
     Elsewhere (sm_80/86) fp8 bytes are converted with integer arithmetic (`e4m3_to_f32`)."""
     return not t.is_cuda or torch.cuda.get_device_capability(t.device) >= (8, 9)
+
+
+@triton.jit
+def pdl_start(USE_PDL: tl.constexpr):
+    """Programmatic dependent launch: wait until the previous kernel in the stream has
+    completed and its writes are visible (`griddepcontrol.wait`), then let the next
+    kernel's programs be scheduled while this one runs (they wait in their own
+    `pdl_start`). With USE_PDL False the branch folds away: the kernel compiles as before,
+    and the interpreter never traces the instructions.
+
+    NOTE: call it first, in every program, before any load or store of a tensor another
+    kernel reads or writes, and before any early return: a program that skipped the wait
+    could finish before the previous kernel does, and the next kernel (which waits for
+    this one only) would then read stale data.
+    """
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import interpreting, mma, round_to, tl_dtype
+from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.triton_ops.common import interpreting, mma, pdl_start, round_to, tl_dtype
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,12 @@ def _row_invariant_mma(a, b, acc, INTERP: tl.constexpr):
 def _gemv_tile(
     x_ptr, w_ptr, out_ptr, M, N, K, K_PER, stride_xm, stride_wn, stride_os, stride_om,
     DTYPE: tl.constexpr, PARTIAL: tl.constexpr, INTERP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_n, pid_s, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # NOTE: W is never written by a kernel and could stream before the wait; the loop
+    # loads x and W together, so the wait comes first.
+    pdl_start(USE_PDL)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < M, cols < N
@@ -107,10 +111,11 @@ def _gemv_tile(
 @triton.jit
 def _sum_splits(
     part_ptr, out_ptr, total, SPLIT, stride_ps,
-    DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """out[i] = sum over s = 0..SPLIT-1 of part[s, i], in that order (fp32), rounded once."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pdl_start(USE_PDL)
     ok = offs < total
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(SPLIT):
@@ -135,17 +140,19 @@ def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, tiles: GemvTiles = DEFAU
     split, per = split_k(N, K, tiles)
     interp, dtype = interpreting(x), tl_dtype(x.dtype)
     partial = split > 1
+    pdl = pdl_enabled(x.device)
     target = torch.empty(split, M, N, dtype=torch.float32, device=x.device) if partial else out
     grid = (triton.cdiv(N, tiles.block_n), split, triton.cdiv(M, tiles.block_m))
     _gemv_tile[grid](
         x, w, target, M, N, K, per, x.stride(0), w.stride(0), target.stride(0) if partial else 0, N,
         DTYPE=dtype, PARTIAL=partial, INTERP=interp,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if partial:
         block = 1024
         _sum_splits[(triton.cdiv(M * N, block),)](
-            target, out, M * N, split, target.stride(0), DTYPE=dtype, INTERP=interp, BLOCK=block, num_warps=4,
+            target, out, M * N, split, target.stride(0), DTYPE=dtype, INTERP=interp, BLOCK=block, USE_PDL=pdl,
+            launch_pdl=pdl, num_warps=4,
         )
     return out

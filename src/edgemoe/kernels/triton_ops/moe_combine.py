@@ -12,8 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.common import (
     interpreting,
+    pdl_start,
     round_to,
     round_trip,
     tl_dtype,
@@ -25,11 +27,12 @@ COMBINE_BLOCK, COMBINE_WARPS = 512, 4
 @triton.jit
 def _combine(
     cells_ptr, res_ptr, out_ptr, H, K, stride_ct, stride_ck, stride_rt, stride_ot,
-    HAS_RES: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+    HAS_RES: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
+    pdl_start(USE_PDL)
     row = cells_ptr + t * stride_ct + cols
     acc = tl.load(row, mask=ok, other=0.0)
     for k in range(1, K):
@@ -52,9 +55,10 @@ def moe_combine_triton(cells: torch.Tensor, dtype: torch.dtype, residual: torch.
             raise ValueError(f"residual must be [{T}, {H}] {dtype}")
         residual = residual.contiguous()
     res = residual if residual is not None else out  # unused when HAS_RES is False
+    pdl = pdl_enabled(cells.device)
     _combine[(T, triton.cdiv(H, COMBINE_BLOCK))](
         cells, res, out, H, K, cells.stride(0), cells.stride(1), res.stride(0), out.stride(0),
         HAS_RES=residual is not None, DTYPE=tl_dtype(dtype), BLOCK=COMBINE_BLOCK,
-        INTERP=interpreting(cells), num_warps=COMBINE_WARPS,
+        INTERP=interpreting(cells), USE_PDL=pdl, launch_pdl=pdl, num_warps=COMBINE_WARPS,
     )
     return out

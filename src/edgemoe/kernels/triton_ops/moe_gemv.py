@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.moe_gemv_tiles import (  # noqa: F401 - the constants, re-exported for the compile check
     DOWN_COLS,
     DOWN_ROWS,
@@ -44,7 +45,7 @@ from edgemoe.kernels.moe_gemv_tiles import (  # noqa: F401 - the constants, re-e
     split_cols,
     tiles,
 )
-from edgemoe.kernels.triton_ops.common import ACT_CODES, activate, round_trip
+from edgemoe.kernels.triton_ops.common import ACT_CODES, activate, pdl_start, round_trip
 from edgemoe.kernels.triton_ops.moe_common import (
     MoeLaunch,
     gemv_chunk,
@@ -90,9 +91,12 @@ def _gate_up_gemv(
     x_ptr, slot_ptr, gu_ptr, inter_ptr,
     H, I, K, SPLIT_H, stride_xt, stride_gs, stride_gr, stride_it,
     ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SPLITS: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pair = tl.program_id(0)
+    # NOTE: no weight load before the wait: the slot banks are written by the expert
+    # cache's gather within the step, and which slot to read is itself a kernel's output.
+    pdl_start(USE_PDL)
     slot = tl.load(slot_ptr + pair)
     if slot < 0:
         return
@@ -124,9 +128,10 @@ def _down_gemv(
     inter_ptr, slot_ptr, w_ptr, down_ptr, cells_ptr,
     H, I, K, stride_it, stride_ds, stride_dr, stride_ct, stride_ck,
     ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SPLITS: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pair = tl.program_id(0)
+    pdl_start(USE_PDL)  # NOTE: no weight load before it (the slot banks, as in _gate_up_gemv)
     slot = tl.load(slot_ptr + pair)
     if slot < 0:
         return
@@ -154,6 +159,7 @@ class DecodeLaunch(NamedTuple):
     cells: torch.Tensor
     act: int
     tiles: MoeGemvTiles
+    pdl: bool  # programmatic dependent launch (backend.pdl_enabled)
 
 
 def decode_launch(
@@ -169,7 +175,8 @@ def decode_launch(
     if run is None:
         return None
     slots = slot_ids.to(torch.int32).contiguous().view(-1)
-    return DecodeLaunch(run, slots, gate_up.contiguous(), down.contiguous(), cells, ACT_CODES[act], t)
+    return DecodeLaunch(run, slots, gate_up.contiguous(), down.contiguous(), cells, ACT_CODES[act], t,
+                        pdl_enabled(x.device))
 
 
 def gate_up_launch(d: DecodeLaunch) -> None:
@@ -178,7 +185,7 @@ def gate_up_launch(d: DecodeLaunch) -> None:
         run.x, d.slots, gu, run.inter, run.H, run.I, run.K, split_cols(run.H, t.gu_splits, t.gu_cols),
         run.x.stride(0), gu.stride(0), gu.stride(1), run.inter.stride(0),
         ACT=d.act, DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SPLITS=t.gu_splits, INTERP=run.interp,
-        num_warps=t.gu_warps,
+        USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.gu_warps,
     )
 
 
@@ -189,7 +196,7 @@ def down_launch(d: DecodeLaunch) -> None:
         dn.stride(1), cells.stride(0), cells.stride(1),
         ACT=d.act if t.gu_splits > 1 else 0,  # read only with a split: S = 1 compiles one variant
         DTYPE=run.dtype, ROWS=t.down_rows, COLS=t.down_cols, SPLITS=t.gu_splits, INTERP=run.interp,
-        num_warps=t.down_warps,
+        USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.down_warps,
     )
 
 

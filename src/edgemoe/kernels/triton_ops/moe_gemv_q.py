@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import ACT_CODES, fp8_hardware
+from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.triton_ops.common import ACT_CODES, fp8_hardware, pdl_start
 from edgemoe.kernels.triton_ops.dequant import dequant, format_code
 from edgemoe.kernels.triton_ops.moe_common import (
     bank_args,
@@ -41,9 +42,10 @@ def _gate_up_gemv_q(
     x_ptr, slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr,
     H, I, K, stride_xt, stride_gs, stride_gr, stride_ss, stride_sr, stride_it,
     ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, INTERP: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pair = tl.program_id(0)
+    pdl_start(USE_PDL)  # NOTE: no weight load before it: the slot banks are written in the step
     slot = tl.load(slot_ptr + pair)
     if slot < 0:
         return
@@ -68,9 +70,10 @@ def _down_gemv_q(
     inter_ptr, slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr,
     H, I, K, stride_it, stride_ds, stride_dr, stride_ss, stride_sr, stride_ct, stride_ck,
     DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, INTERP: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pair = tl.program_id(0)
+    pdl_start(USE_PDL)
     slot = tl.load(slot_ptr + pair)
     if slot < 0:
         return
@@ -95,15 +98,16 @@ def moe_decode_q_triton(
     x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
     code, group = format_code(fmt)
     slots = slot_ids.to(torch.int32).contiguous().view(-1)
+    pdl = pdl_enabled(x.device)
     gu, gus, guz, *gu_strides = bank_args(parts, "gate_up")
     _gate_up_gemv_q[(pairs, triton.cdiv(I, GU_ROWS))](
         x, slots, gu, gus, guz, inter, H, I, K, x.stride(0), *gu_strides, inter.stride(0),
         ACT=ACT_CODES[act], DTYPE=run.dtype, ROWS=GU_ROWS, COLS=GU_COLS, INTERP=run.interp, FMT=code, GROUP=group,
-        FP8HW=fp8_hardware(x), num_warps=GU_WARPS,
+        FP8HW=fp8_hardware(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=GU_WARPS,
     )
     dn, dns, dnz, *dn_strides = bank_args(parts, "down")
     _down_gemv_q[(pairs, triton.cdiv(H, DOWN_ROWS))](
         inter, slots, run.weights, dn, dns, dnz, cells, H, I, K, inter.stride(0), *dn_strides, cells.stride(0),
         cells.stride(1), DTYPE=run.dtype, ROWS=DOWN_ROWS, COLS=DOWN_COLS, INTERP=run.interp, FMT=code, GROUP=group,
-        FP8HW=fp8_hardware(x), num_warps=DOWN_WARPS,
+        FP8HW=fp8_hardware(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=DOWN_WARPS,
     )

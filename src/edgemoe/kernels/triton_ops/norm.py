@@ -6,8 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.common import (
     interpreting,
+    pdl_start,
     round_to,
     round_trip,
     tl_dtype,
@@ -19,11 +21,12 @@ def _rms_norm(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, N, eps, weight_offset,
     stride_x, stride_r, stride_o, stride_nr,
     HAS_RES: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
+    pdl_start(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
@@ -56,10 +59,11 @@ def rms_norm_triton(
     rows = x2.shape[0]
     if rows:
         block = triton.next_power_of_2(N)
+        pdl = pdl_enabled(x.device)
         _rms_norm[(rows,)](
             x2, res2, weight.contiguous(), out, new_res if new_res is not None else out, N, eps, weight_offset,
             x2.stride(0), res2.stride(0), out.stride(0), out.stride(0),
             HAS_RES=residual is not None, OFFSET=weight_offset != 0.0, DTYPE=tl_dtype(x.dtype), BLOCK=block,
-            INTERP=interpreting(x), num_warps=min(16, max(1, block // 256)),
+            INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=min(16, max(1, block // 256)),
         )
     return out.view(shape), None if new_res is None else new_res.view(shape)

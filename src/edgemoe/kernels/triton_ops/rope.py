@@ -11,12 +11,14 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.rope_kv import check_head_norms
 from edgemoe.kernels.triton_ops.attn_decode import kv_bytes, kv_scales
 from edgemoe.kernels.triton_ops.common import (
     f32_to_e4m3,
     fp8_hardware,
     interpreting,
+    pdl_start,
     round_to,
     round_trip,
     tl_dtype,
@@ -75,8 +77,10 @@ def _rope_write_kv(
     HQ, HKV, D,
     HALF: tl.constexpr, NORM: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
     DTYPE: tl.constexpr, CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    pdl_start(USE_PDL)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     loc = tl.load(loc_ptr + t).to(tl.int64)
     d = tl.arange(0, D_PAD)
@@ -123,6 +127,7 @@ def rope_write_kv_triton(
     fp8 = k_scale is not None
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
     kc, vc = kv_bytes(k_cache), kv_bytes(v_cache)
+    pdl = pdl_enabled(q.device)
     # NOTE: the launch depends on the heads and head dim only, never on T (one program per
     # token): batch invariant, and a CUDA graph holds it for any batch.
     _rope_write_kv[(T,)](
@@ -133,6 +138,6 @@ def rope_write_kv_triton(
         HALF=half, NORM=norm, HQ_PAD=triton.next_power_of_2(Hq), HKV_PAD=triton.next_power_of_2(Hkv),
         D_PAD=triton.next_power_of_2(D), DTYPE=tl_dtype(q.dtype),
         CACHE_DTYPE=tl.uint8 if fp8 else tl_dtype(k_cache.dtype), INTERP=interpreting(q), FP8KV=fp8,
-        FP8HW=fp8_hardware(q), num_warps=4,
+        FP8HW=fp8_hardware(q), USE_PDL=pdl, launch_pdl=pdl, num_warps=4,
     )
     return q_out

@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import interpreting, round_to, tl_dtype
+from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.triton_ops.common import interpreting, pdl_start, round_to, tl_dtype
 
 # NOTE: a function of (E, H) at most, never of T. Swept on an H200 (2026-12-01,
 # scripts/gpu_kernel_bench.py, E = 128, H = 2048, CUDA graphs): BLOCK_E 1/2/4/8 x 2/4/8
@@ -62,9 +63,11 @@ def _softmax_topk(x, e, E, K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.cons
 def _route_topk(
     logits_ptr, ids_ptr, w_ptr, E, stride_lt, stride_it, stride_wt,
     K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
+    pdl_start(USE_PDL)
     x = tl.load(logits_ptr + t * stride_lt + e, mask=e < E, other=float("-inf")).to(tl.float32)
     top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM)
     k = tl.arange(0, K)
@@ -83,10 +86,11 @@ def route_topk_triton(
     if T == 0:
         return ids, weights
     logits = logits.contiguous()
+    pdl = pdl_enabled(logits.device)
     _route_topk[(T,)](
         logits, ids, weights, E, logits.stride(0), ids.stride(0), weights.stride(0),
         K=top_k, E_PAD=triton.next_power_of_2(E), RENORM=renormalize, DTYPE=tl_dtype(dtype),
-        INTERP=interpreting(logits), num_warps=4 if E > 256 else 2,
+        INTERP=interpreting(logits), USE_PDL=pdl, launch_pdl=pdl, num_warps=4 if E > 256 else 2,
     )
     return ids, weights
 
@@ -96,10 +100,14 @@ def _route_fused(
     x_ptr, w_ptr, logits_ptr, arrivals_ptr, ids_ptr, wout_ptr, E, H, stride_xt, stride_we, stride_lt,
     K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, LOGIT_DTYPE: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid_e, t = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     row_ok = rows < E
+    # NOTE: the router weight is never written by a kernel, so its tile could be loaded
+    # before the wait; the wait comes first anyway (one loop loads x and w together).
+    pdl_start(USE_PDL)
     acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):  # products in fp32 (exact for bf16/fp16), summed in fp32
         hs = h0 + tl.arange(0, BLOCK_H)
@@ -147,9 +155,11 @@ def route_logits_topk_triton(
     if w.stride(-1) != 1:
         w = w.contiguous()
     block_h = min(triton.next_power_of_2(H), MAX_BLOCK_H)
+    pdl = pdl_enabled(x.device)
     _route_fused[(triton.cdiv(E, BLOCK_E), T)](
         x, w, logits, arrivals, ids, weights, E, H, x.stride(0), w.stride(0), logits.stride(0),
         K=top_k, E_PAD=triton.next_power_of_2(E), RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype),
-        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h, num_warps=NUM_WARPS,
+        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h, USE_PDL=pdl, launch_pdl=pdl,
+        num_warps=NUM_WARPS,
     )
     return ids, weights

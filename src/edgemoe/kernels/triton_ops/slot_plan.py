@@ -27,6 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.triton_ops.common import pdl_start
+
 NEVER: tl.constexpr = tl.constexpr(2**63 - 1)  # the key of a slot that may not be evicted
 BLOCK_N = 256  # pairs per chunk of the routing scans
 
@@ -95,7 +98,8 @@ def _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N: tl.constex
 def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
                slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
                BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_PINNED: tl.constexpr, MARK: tl.constexpr):
+               HAS_PINNED: tl.constexpr, MARK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E, BLOCK_M, BLOCK_N)
     # Phase 2: the experts, and every scalar the last phase overwrites (loaded before a barrier).
     e = tl.arange(0, BLOCK_E)
@@ -169,10 +173,12 @@ def plan_wave_triton(
     misses = torch.empty((2, M), dtype=torch.int32, device=device)
     overflow = torch.empty((), dtype=torch.uint8, device=device)
     block_s = triton.next_power_of_2(S)
+    pdl = pdl_enabled(device)
     _plan_wave[(1,)](
         ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events,
         slot_ids, hits, misses, overflow, layer, N, M, E, S, hit_code, miss_code,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_S=block_s, BLOCK_M=triton.next_power_of_2(min(E, S)),
-        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, num_warps=num_warps_for(block_s),
+        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, USE_PDL=pdl, launch_pdl=pdl,
+        num_warps=num_warps_for(block_s),
     )
     return slot_ids, hits.view(torch.bool), misses, overflow.view(torch.bool)
