@@ -9,6 +9,8 @@
 #   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
 #   hotpath32k   resident decode at a 32K prompt, batch 1
 #   prefill-ab   8K prompt, batch 1, resident: prefill with overlap, then --no-overlap (one process each)
+#   pdl          resident decode at 1K, batch 1 and 8, profiled: EDGEMOE_PDL=1, then 0 (one process each;
+#                programmatic dependent launch of the decode step's Triton kernels, docs/kernels.md)
 #   kbench       scripts/gpu_kernel_bench.py: every Triton kernel at Qwen3-30B-A3B shapes (the router sweep too)
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
@@ -39,6 +41,11 @@ run_stage() {
                   decode --moe-backend resident --prompt-tokens 8192 --batch-sizes 1 --decode-tokens 8 $ov \
                     --out "$res/prefill-ab"
                 done ;;
+    pdl) for flag in 1 0; do
+           echo "== EDGEMOE_PDL=$flag"
+           EDGEMOE_PDL=$flag decode --moe-backend resident --prompt-tokens 1024 --batch-sizes 1 8 --decode-tokens 32 \
+             --out "$res/pdl/pdl$flag"
+         done ;;
     kbench) OUT="$res/kbench" python3 scripts/gpu_kernel_bench.py ;;
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
