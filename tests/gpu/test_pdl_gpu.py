@@ -26,7 +26,6 @@ from edgemoe.kernels.row_gather import gather_rows, gather_rows_into
 from edgemoe.kernels.slot_plan import SlotState, plan_wave_fused
 from edgemoe.kernels.triton_ops import (
     attn_decode,
-    moe_combine as combine_ops,
     moe_gemv,
     moe_gemv_q,
     norm,
@@ -36,6 +35,9 @@ from edgemoe.kernels.triton_ops import (
     slot_plan,
 )
 from edgemoe.kernels.triton_ops import dense_gemv as dense_ops
+from edgemoe.kernels.triton_ops import (
+    moe_combine as combine_ops,
+)
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.quant import expert_format, quantise_expert
 from edgemoe.testing.kernel_inputs import paged_batch
@@ -184,7 +186,7 @@ def test_graph_replays_equal_with_pdl_on_and_off(monkeypatch: pytest.MonkeyPatch
     missed = [k.__name__ for k in PDL_KERNELS if not launched_with_pdl(k)]
     assert not missed, f"never launched with PDL (a dispatcher took another path?): {missed}"
     assert all(torch.equal(r[n], off[0][n]) for r in off for n in r)  # the reference itself is stable
-    assert int((off[0]["misses"][0] >= 0).sum()) > 0 and int((off[0]["slot_ids"] >= 0).sum()) > 0
+    assert int((off[0]["slot_ids"] >= 0).sum()) > 0  # the wave computed pairs (the GEMVs ran on slots)
     for i, run in enumerate(on):
         bad = [n for n in run if not torch.equal(run[n], off[0][n])]
         assert not bad, f"replay {i}: {bad} differ with EDGEMOE_PDL=1"

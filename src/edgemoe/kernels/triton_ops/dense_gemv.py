@@ -23,7 +23,13 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.triton_ops.common import interpreting, mma, pdl_start, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.common import (
+    interpreting,
+    mma,
+    pdl_start,
+    round_to,
+    tl_dtype,
+)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,12 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.triton_ops.common import interpreting, pdl_start, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.common import (
+    interpreting,
+    pdl_start,
+    round_to,
+    tl_dtype,
+)
 
 # NOTE: a function of (E, H) at most, never of T. Swept on an H200 (2026-12-01,
 # scripts/gpu_kernel_bench.py, E = 128, H = 2048, CUDA graphs): BLOCK_E 1/2/4/8 x 2/4/8
