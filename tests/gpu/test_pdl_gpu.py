@@ -25,18 +25,7 @@ from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_top
 from edgemoe.kernels.row_gather import gather_rows, gather_rows_into
 from edgemoe.kernels.slot_plan import SlotState, plan_wave_fused
 from edgemoe.kernels.triton_ops import (
-    attn_decode,
-    moe_gemv,
-    moe_gemv_q,
-    norm,
-    rope,
-    router,
-    row_gather,
-    slot_plan,
-)
-from edgemoe.kernels.triton_ops import dense_gemv as dense_ops
-from edgemoe.kernels.triton_ops import (
-    moe_combine as combine_ops,
+    decode_step_kernels,
 )
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.quant import expert_format, quantise_expert
@@ -166,12 +155,6 @@ def graph_replays(monkeypatch: pytest.MonkeyPatch, flag: str) -> list[dict[str, 
     return runs
 
 
-PDL_KERNELS = [
-    norm._rms_norm, rope._rope_write_kv, attn_decode._decode_split, attn_decode._decode_merge, router._route_fused,
-    router._route_topk, moe_gemv._gate_up_gemv, moe_gemv._down_gemv, moe_gemv_q._gate_up_gemv_q,
-    moe_gemv_q._down_gemv_q, combine_ops._combine, slot_plan._plan_wave, row_gather._gather_rows,
-    row_gather._gather_rows_into, dense_ops._gemv_tile, dense_ops._sum_splits,
-]
 
 
 def launched_with_pdl(kernel) -> bool:  # noqa: ANN001 - a Triton JITFunction
@@ -183,7 +166,7 @@ def launched_with_pdl(kernel) -> bool:  # noqa: ANN001 - a Triton JITFunction
 def test_graph_replays_equal_with_pdl_on_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     off = graph_replays(monkeypatch, "0")
     on = graph_replays(monkeypatch, "1")
-    missed = [k.__name__ for k in PDL_KERNELS if not launched_with_pdl(k)]
+    missed = [k.__name__ for k in decode_step_kernels() if not launched_with_pdl(k)]
     assert not missed, f"never launched with PDL (a dispatcher took another path?): {missed}"
     assert all(torch.equal(r[n], off[0][n]) for r in off for n in r)  # the reference itself is stable
     assert int((off[0]["slot_ids"] >= 0).sum()) > 0  # the wave computed pairs (the GEMVs ran on slots)

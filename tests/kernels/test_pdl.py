@@ -7,15 +7,20 @@ checked by tests/kernels/test_triton_compile.py (`--pdl`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 
 import pytest
 import torch
-from conftest import INTERPRET
 
 from edgemoe.kernels import backend
 from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.triton_ops import decode_step_kernels
+
+# tests/kernels/conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable. Not
+# `from conftest import INTERPRET`: which conftest that finds depends on the collection order.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 CUDA0 = torch.device("cuda", 0)  # a device object only: nothing touches a GPU here
 
@@ -52,33 +57,10 @@ def test_off_on_cpu_under_the_interpreter_and_before_hopper(hopper: pytest.Monke
     assert pdl_enabled(CUDA0)
 
 
-def decode_kernels() -> list:
-    """Every Triton kernel a decode step may launch (offload and --dense-kernel triton included)."""
-    from edgemoe.kernels.triton_ops import (
-        attn_decode,
-        dense_gemv,
-        moe_combine,
-        moe_gemv,
-        moe_gemv_q,
-        norm,
-        rope,
-        router,
-        row_gather,
-        slot_plan,
-    )
-
-    return [
-        norm._rms_norm, rope._rope_write_kv, attn_decode._decode_split, attn_decode._decode_merge,
-        router._route_fused, router._route_topk, moe_gemv._gate_up_gemv, moe_gemv._down_gemv,
-        moe_gemv_q._gate_up_gemv_q, moe_gemv_q._down_gemv_q, moe_combine._combine, slot_plan._plan_wave,
-        row_gather._gather_rows, row_gather._gather_rows_into, dense_gemv._gemv_tile, dense_gemv._sum_splits,
-    ]
-
-
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton's interpreter (CPU)")
 def test_every_decode_kernel_takes_use_pdl_without_a_default() -> None:
     # No default: a launch that forgets the switch fails (the interpreter tests run every launch).
-    for kernel in decode_kernels():
+    for kernel in decode_step_kernels():
         param = inspect.signature(kernel.fn).parameters.get("USE_PDL")
         assert param is not None and param.default is inspect.Parameter.empty, kernel.fn.__name__
 
