@@ -34,13 +34,14 @@ def cudart() -> ctypes.CDLL:
     torch.cuda.init()  # torch loads its runtime now, if it hasn't
     torch_lib = Path(torch.__file__).parent / "lib"
     site = Path(torch.__file__).parent.parent / "nvidia"
-    candidates = [*_loaded_cudart(), *sorted(glob.glob(str(torch_lib / "libcudart*.so*"))),
+    loaded = _loaded_cudart()  # /proc/self/maps, read once
+    candidates = [*loaded, *sorted(glob.glob(str(torch_lib / "libcudart*.so*"))),
                   *sorted(glob.glob(str(site / "*" / "lib" / "libcudart.so*"))), "libcudart.so.13", "libcudart.so.12",
                   "libcudart.so"]
     errors = []
     for path in candidates:
         try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL) if path in _loaded_cudart() \
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL) if path in loaded \
                 else ctypes.CDLL(path)
         except OSError as e:
             errors.append(f"{path}: {e}")
