@@ -101,7 +101,12 @@ class MoEConfig:
         ("auto", "resident", "offload", "cpu", "hybrid"),
     )
     moe_slots: int | None = setting(None, "device expert slots shared by all layers; default: planned")
-    moe_policy: str = setting("lru", "slot eviction policy", ("lru", "lfu"))
+    moe_policy: str = setting(
+        "lru",
+        "slot eviction policy: lru (scan-resistant: when a step's experts outnumber the slots it keeps most of them "
+        "and streams the rest through a few slots), lru-plain (pure LRU, A/B runs), lfu (host cache only)",
+        ("lru", "lru-plain", "lfu"),
+    )
     moe_hybrid_fraction: float | None = setting(
         None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them)"
     )

@@ -14,26 +14,32 @@ from edgemoe.moe.policy import (
     EvictionPolicy,
     LFUPolicy,
     LRUPolicy,
+    ScanLRUPolicy,
     available_policies,
     make_policy,
 )
 
 
 class RefPolicy:
-    """Both policies the slow, obvious way: every key carries (count, last use time);
+    """The policies the slow, obvious way: every key carries (count, last use time);
     a victim is found by sorting all unprotected keys.
 
-    LRU ranks by last use. LFU ranks by (count, last use), keeps a ghost count for
-    removed keys, and after any use halves every count (resident and ghost) when the
-    mean resident count reaches `max_average`.
+    "lru-plain" ranks by last use. "lru" (scan-resistant): a key is stale if its last use
+    came no later than the end of the previous wave of the layer now being planned (the
+    number of uses made by then; 0 if that layer never had a wave); stale keys rank first,
+    oldest first, then the others, newest first. LFU ranks by (count, last use), keeps a
+    ghost count for removed keys, and after any use halves every count (resident and
+    ghost) when the mean resident count reaches `max_average`.
     """
 
     def __init__(self, kind: str, max_average: int = 16) -> None:
         self.kind, self.max_average = kind, max_average
-        self.time = 0
+        self.time = 0  # uses so far; a use's time is its 1-based index
         self.last: dict[int, int] = {}
         self.count: dict[int, int] = {}
         self.ghost: dict[int, int] = {}
+        self.wave_end: dict[int, int] = {}  # layer -> uses made when its last wave ended
+        self.stale_until = 0  # uses at the end of the planned layer's previous wave
 
     def insert(self, key: int) -> None:
         if key in self.last:
@@ -58,8 +64,18 @@ class RefPolicy:
             raise LookupError(n)
         return candidates[:n]
 
+    def begin_wave(self, layer: int) -> None:
+        self.stale_until = self.wave_end.get(layer, 0)
+
+    def end_wave(self, layer: int) -> None:
+        self.wave_end[layer] = self.time
+
     def rank(self, key: int) -> tuple[int, int]:
-        return (self.count[key], self.last[key]) if self.kind == "lfu" else (0, self.last[key])
+        if self.kind == "lfu":
+            return (self.count[key], self.last[key])
+        if self.kind == "lru" and self.last[key] > self.stale_until:
+            return (1, -self.last[key])  # fresh: after every stale key, newest first
+        return (0, self.last[key])
 
     def _use(self, key: int) -> None:
         self.time += 1
@@ -89,9 +105,9 @@ KEYS = st.integers(0, 23)
 class PolicyMachine(RuleBasedStateMachine):
     """Random insert/touch/remove/victims sequences, real policy beside the reference."""
 
-    @initialize(kind=st.sampled_from(["lru", "lfu"]), max_average=st.integers(1, 6))
+    @initialize(kind=st.sampled_from(["lru", "lru-plain", "lfu"]), max_average=st.integers(1, 6))
     def setup(self, kind: str, max_average: int) -> None:
-        self.real: EvictionPolicy = LRUPolicy() if kind == "lru" else LFUPolicy(max_average)
+        self.real: EvictionPolicy = make_policy(kind, **({"max_average": max_average} if kind == "lfu" else {}))
         self.ref = RefPolicy(kind, max_average)
 
     @rule(key=KEYS)
@@ -112,6 +128,16 @@ class PolicyMachine(RuleBasedStateMachine):
         key = data.draw(self._some_key())
         _same_outcome(lambda: self.real.remove(key), lambda: self.ref.remove(key))
 
+    @rule(layer=st.integers(0, 3))
+    def begin_wave(self, layer: int) -> None:
+        self.real.begin_wave(layer)
+        self.ref.begin_wave(layer)
+
+    @rule(layer=st.integers(0, 3))
+    def end_wave(self, layer: int) -> None:
+        self.real.end_wave(layer)
+        self.ref.end_wave(layer)
+
     @rule(protected=st.frozensets(KEYS, max_size=8), n=st.integers(0, 6))
     def victims(self, protected: frozenset[int], n: int) -> None:
         _same_outcome(lambda: self.real.victims(protected, n), lambda: self.ref.victims(protected, n))
@@ -128,7 +154,7 @@ TestPolicyMachine = PolicyMachine.TestCase
 TestPolicyMachine.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
 
-@pytest.mark.parametrize("kind,max_average", [("lru", 16), ("lfu", 16), ("lfu", 2), ("lfu", 1)])
+@pytest.mark.parametrize("kind,max_average", [("lru", 16), ("lru-plain", 16), ("lfu", 16), ("lfu", 2), ("lfu", 1)])
 def test_long_random_sequence_matches_reference(kind: str, max_average: int) -> None:
     # Long runs reach what short hypothesis runs rarely do: many halvings, heap rebuilds.
     rng = random.Random(1234)
@@ -136,7 +162,11 @@ def test_long_random_sequence_matches_reference(kind: str, max_average: int) -> 
     ref = RefPolicy(kind, max_average)
     universe, capacity = range(60), 24
     weights = [1.0 / (1 + k) for k in universe]  # skewed, so LFU counts diverge from recency
-    for _ in range(20_000):
+    for i in range(20_000):
+        if i % 3 == 0:  # a wave of one of 4 layers every 3 uses: stale and fresh keys both occur
+            for p in (real, ref):
+                p.end_wave((i // 3 - 1) % 4)
+                p.begin_wave((i // 3) % 4)
         key = rng.choices(universe, weights)[0]
         if key in ref.last:
             real.touch(key)
@@ -160,6 +190,34 @@ def test_lru_evicts_least_recent_first() -> None:
     p.touch(1)
     assert p.victims((), 4) == [2, 3, 4, 1]
     assert p.victims({2, 3}, 2) == [4, 1]
+
+
+def test_scan_lru_evicts_stale_oldest_first_then_the_newest() -> None:
+    p = ScanLRUPolicy()
+    p.begin_wave(0)
+    for k in (1, 2):  # layer 0's wave: stamps 0, 1
+        p.insert(k)
+    p.end_wave(0)  # layer 0 ended at clock 2
+    p.begin_wave(1)
+    for k in (3, 4):  # layer 1's wave: stamps 2, 3
+        p.insert(k)
+    p.end_wave(1)
+    p.begin_wave(0)  # layer 0 again: keys used before clock 2 (its own last wave) are stale
+    p.touch(1)  # a hit, stamp 4 (and protected by the cache)
+    assert p.victims({1}, 3) == [2, 4, 3]  # stale 2; then the fresh ones, newest first
+    assert p.stamp(2) == 1 and p.stamp(1) == 4 and p.wave_end(0) == 2 and p.wave_end(5) == 0
+    p.end_wave(0)
+    p.begin_wave(1)  # layer 1 ended at clock 4: keys 3 and 4 (stamps 2, 3) are stale
+    assert p.victims((), 4) == [2, 3, 4, 1]  # every key stale but 1 (stamp 4): plain LRU order
+    assert p.clock == 5
+
+
+def test_scan_lru_without_waves_keeps_the_oldest() -> None:
+    """Before any wave every key is fresh (no layer has a previous wave): newest first."""
+    p = make_policy("lru")
+    for k in (1, 2, 3):
+        p.insert(k)
+    assert p.victims((), 3) == [3, 2, 1]
 
 
 def test_lfu_keeps_a_hot_key_through_a_scan() -> None:
@@ -209,7 +267,7 @@ def test_lfu_ageing_lets_a_cooled_key_go() -> None:
     assert p.count(0) <= 8 and p.count(1) <= 8  # counts stay bounded by the ageing
 
 
-@pytest.mark.parametrize("name", ["lru", "lfu"])
+@pytest.mark.parametrize("name", ["lru", "lru-plain", "lfu"])
 def test_misuse_raises(name: str) -> None:
     p = make_policy(name)
     p.insert(1)
@@ -227,8 +285,9 @@ def test_misuse_raises(name: str) -> None:
 
 
 def test_registry() -> None:
-    assert set(available_policies()) == {"lru", "lfu"}
-    assert isinstance(make_policy("lru"), LRUPolicy)
+    assert set(available_policies()) == {"lru", "lru-plain", "lfu"}
+    assert isinstance(make_policy("lru"), ScanLRUPolicy)
+    assert type(make_policy("lru-plain")) is LRUPolicy
     assert isinstance(make_policy("LFU"), LFUPolicy)
     assert make_policy("lfu", max_average=3).max_average == 3  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="unknown eviction policy"):

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from edgemoe.moe.policy import LFUPolicy, LRUPolicy, make_policy
+from edgemoe.moe.policy import LFUPolicy, LRUPolicy, ScanLRUPolicy, make_policy
 from edgemoe.moe.slots import LayerWave, SlotCache
 
 Pair = tuple[int, int]  # (layer, expert)
@@ -28,7 +28,11 @@ class RefCache:
     """The pool as a dict and a list, with the policy inlined as explicit per-key
     (count, last-use time) and a full sort to find victims. Written from the
     SlotCache contract, not its code: per wave, touch hits in order, pick all
-    victims, then give each miss the lowest free slot or the next victim's slot."""
+    victims, then give each miss the lowest free slot or the next victim's slot.
+
+    "lru" (scan-resistant), brute force: a key is stale if its last use came no later
+    than the end of the previous wave of the layer being planned (0 uses if none);
+    victims are the stale keys oldest first, then the rest newest first."""
 
     def __init__(self, num_slots: int, kind: str, max_average: int = 16) -> None:
         self.num_slots, self.kind, self.max_average = num_slots, kind, max_average
@@ -39,6 +43,7 @@ class RefCache:
         self.last: dict[Pair, int] = {}
         self.count: dict[Pair, int] = {}
         self.ghost: dict[Pair, int] = {}
+        self.wave_end: dict[int, int] = {}  # layer -> uses made when its last wave ended
         self.hits = self.misses = 0
 
     def plan(self, layer: int, experts: list[int]) -> list[PlainWave]:
@@ -63,10 +68,11 @@ class RefCache:
         protected = others | {(layer, e) for e in chunk}
         hits = [e for e in chunk if (layer, e) in self.slot_of]
         misses = [e for e in chunk if (layer, e) not in self.slot_of]
+        stale_until = self.wave_end.get(layer, 0)
         for e in hits:
             self._use((layer, e))
         free = sorted(s for s in range(self.num_slots) if self.owner[s] is None)[: len(misses)]
-        candidates = sorted((k for k in self.slot_of if k not in protected), key=self._rank)
+        candidates = sorted((k for k in self.slot_of if k not in protected), key=lambda k: self._rank(k, stale_until))
         victims = candidates[: len(misses) - len(free)]
         loads = []
         for i, e in enumerate(misses):
@@ -83,6 +89,7 @@ class RefCache:
             self.count[(layer, e)] = self.ghost.pop((layer, e), 0) if self.kind == "lfu" else 0
             self._use((layer, e))
             loads.append((e, slot, evicted))
+        self.wave_end[layer] = self.time
         self.hits += len(hits)
         self.misses += len(misses)
         slots = tuple(self.slot_of[(layer, e)] for e in hits) + tuple(s for _, s, _ in loads)
@@ -91,8 +98,12 @@ class RefCache:
     def release(self, layer: int) -> None:
         del self.pinned[layer]
 
-    def _rank(self, key: Pair) -> tuple[int, int]:
-        return (self.count[key], self.last[key]) if self.kind == "lfu" else (0, self.last[key])
+    def _rank(self, key: Pair, stale_until: int) -> tuple[int, int]:
+        if self.kind == "lfu":
+            return (self.count[key], self.last[key])
+        if self.kind == "lru" and self.last[key] > stale_until:
+            return (1, -self.last[key])  # used since the layer's previous wave: newest first
+        return (0, self.last[key])
 
     def _use(self, key: Pair) -> None:
         self.time += 1
@@ -111,7 +122,7 @@ def plain(wave: LayerWave) -> PlainWave:
 def make_pair(
     num_slots: int, layers: int, experts: int, kind: str, max_average: int = 16
 ) -> tuple[SlotCache, RefCache]:
-    policy = LRUPolicy() if kind == "lru" else LFUPolicy(max_average)
+    policy = {"lru": ScanLRUPolicy, "lru-plain": LRUPolicy}.get(kind, lambda: LFUPolicy(max_average))()
     return SlotCache(num_slots, layers, experts, policy), RefCache(num_slots, kind, max_average)
 
 
@@ -189,7 +200,7 @@ CONFIGS = [  # (slots, layers, experts, top_k, max tokens per step)
 ]
 
 
-@pytest.mark.parametrize("kind,max_average", [("lru", 16), ("lfu", 16), ("lfu", 3)])
+@pytest.mark.parametrize("kind,max_average", [("lru", 16), ("lru-plain", 16), ("lfu", 16), ("lfu", 3)])
 @pytest.mark.parametrize("config", CONFIGS)
 def test_random_routing_matches_reference(config: tuple[int, ...], kind: str, max_average: int) -> None:
     slots, layers, experts, top_k, max_tokens = config
@@ -210,7 +221,7 @@ class SlotMachine(RuleBasedStateMachine):
         slots=st.integers(1, 8),
         layers=st.integers(1, 4),
         experts=st.integers(1, 10),
-        kind=st.sampled_from(["lru", "lfu"]),
+        kind=st.sampled_from(["lru", "lru-plain", "lfu"]),
         max_average=st.integers(1, 5),
     )
     def setup(self, slots: int, layers: int, experts: int, kind: str, max_average: int) -> None:
@@ -253,20 +264,23 @@ TestSlotMachine.settings = settings(max_examples=150, stateful_step_count=40, de
 # ---- adversarial routing ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["lru", "lfu"])
+@pytest.mark.parametrize("kind", ["lru", "lru-plain", "lfu"])
 def test_cyclic_scan_one_larger_than_the_pool(kind: str) -> None:
-    # S+1 experts in a cycle: LRU's worst case, every use a miss once warm.
+    # S+1 experts of ONE layer in a cycle: LRU's worst case, every use a miss once warm.
+    # The scan-resistant LRU does not see it: a layer's step is one of its own plans, so
+    # every unprotected key is stale and its choice is plain LRU's (it resists cycles
+    # over the layers, below).
     cache, ref = make_pair(4, 2, 8, kind)
     for step in range(40):
         drive(cache, ref, 0, [step % 5])
-    if kind == "lru":
+    if kind != "lfu":
         assert cache.stats.total_hits == 0
     for step in range(10):  # the whole cycle in one step: two waves every time
         waves = drive(cache, ref, 0, list(range(5)))
         assert len(waves) == 2
 
 
-@pytest.mark.parametrize("kind", ["lru", "lfu"])
+@pytest.mark.parametrize("kind", ["lru", "lru-plain", "lfu"])
 def test_all_experts_of_a_layer_at_once(kind: str) -> None:
     cache, ref = make_pair(6, 3, 16, kind)
     rng = random.Random(7)
@@ -278,6 +292,47 @@ def test_all_experts_of_a_layer_at_once(kind: str) -> None:
         assert len(waves) == 3 and [len(w.experts) for w in waves] == [6, 6, 4]
 
 
+def layer_cycle_hits(kind: str, layers: int, top_k: int, slots: int, steps: int) -> list[int]:
+    """Hits per decode step when every step routes the same `top_k` experts in each of
+    `layers` layers (a repeating routing), cycled through `slots` slots."""
+    cache, ref = make_pair(slots, layers, 2 * top_k, kind)
+    out = []
+    for _ in range(steps):
+        before = cache.stats.total_hits
+        for layer in range(layers):
+            drive(cache, ref, layer, [2 * e + layer % 2 for e in range(top_k)])
+        out.append(cache.stats.total_hits - before)
+    return out
+
+
+def test_scan_resistant_lru_hits_where_plain_lru_never_does() -> None:
+    """6 layers x top-2 = 12 keys a step through 9 slots. Plain LRU evicts every key just
+    before its reuse: 0 hits, every step. The scan-resistant rule evicts the key used
+    last (the previous layer's, needed farthest ahead) once no key is stale, and keeps
+    most of the cycle (as many hits as Belady's MIN: tests/moe/test_replay.py)."""
+    plain = layer_cycle_hits("lru-plain", 6, 2, 9, 12)
+    scan = layer_cycle_hits("lru", 6, 2, 9, 12)
+    assert plain == [0] * 12
+    steady = scan[2:]  # after the warm-up steps (the pool fills in step 0)
+    assert min(steady) > 0, scan
+    assert sum(steady) / len(steady) >= 9 - 2, scan  # the plan model's floor: slots - one layer's experts
+
+
+def test_scan_resistant_lru_is_plain_lru_when_the_pool_holds_a_step() -> None:
+    """With room for a step's experts and one more layer's ((L + 1) x K slots), a stale
+    key is always there to evict at batch 1: the same waves as plain LRU, wave by wave."""
+    layers, experts, top_k = 4, 16, 2
+    scan, ref_scan = make_pair((layers + 1) * top_k, layers, experts, "lru")
+    lru, ref_lru = make_pair((layers + 1) * top_k, layers, experts, "lru-plain")
+    rng = random.Random(11)
+    for _ in range(80):
+        for layer in range(layers):
+            routed = routing(rng, 6, top_k, 1)  # 6 of 16 experts: repeats and new ones
+            assert [plain(w) for w in drive(scan, ref_scan, layer, routed)] == [
+                plain(w) for w in drive(lru, ref_lru, layer, routed)]
+    assert 0 < scan.stats.total_hits < scan.stats.total_hits + scan.stats.total_misses
+
+
 def test_pool_at_top_k_minimum_with_a_batch() -> None:
     cache, ref = make_pair(8, 4, 64, "lfu")
     rng = random.Random(3)
@@ -287,7 +342,7 @@ def test_pool_at_top_k_minimum_with_a_batch() -> None:
             assert all(len(w.experts) <= 8 for w in waves)
 
 
-@pytest.mark.parametrize("kind", ["lru", "lfu"])
+@pytest.mark.parametrize("kind", ["lru", "lru-plain", "lfu"])
 def test_repeated_same_expert(kind: str) -> None:
     cache, ref = make_pair(2, 2, 4, kind)
     waves = drive(cache, ref, 1, [3, 3, 3, 3])

@@ -1,13 +1,14 @@
 """The device expert cache's plan of one wave, fused: one Triton launch instead of ~75
 small torch ops (`moe/device_cache.py`'s `plan_wave`, which stays the reference and the
-path on CPU; its tests prove it equal to `SlotCache` + LRU, tests/kernels/test_slot_plan.py
-proves this kernel equal to it: outputs and every state tensor, wave by wave).
+path on CPU; its tests prove it equal to `SlotCache` + its policy;
+tests/kernels/test_slot_plan.py proves this kernel equal to it: outputs and every state
+tensor, wave by wave).
 
 Contract (`plan_wave_fused`): given the cache's state tensors (`SlotState`, updated in
 place), a layer, its routing `[T, K]` (-1 = not routed) and optional `pinned` [S] bool
-slots, it makes the decisions and updates of `DeviceSlotCache.plan_wave` and returns its
-outputs (`FusedPlan`). One program, fixed shapes, no host read: capturable in a CUDA
-graph. The cost per wave is in `triton_ops/slot_plan.py` (2·S int64 reads, one block
+slots, it makes the decisions and updates of `DeviceSlotCache.plan_wave` (`scan`: the
+scan-resistant "lru" order of victims, else "lru-plain"'s) and returns its outputs
+(`FusedPlan`). One program, fixed shapes, no host read: capturable in a CUDA graph. The cost per wave is in `triton_ops/slot_plan.py` (2·S int64 reads, one block
 reduction over the pool per victim).
 
 Chosen on CUDA tensors when Triton is importable and the pool fits the kernel's
@@ -37,6 +38,7 @@ class SlotState(NamedTuple):
     clock: torch.Tensor  # [] int64, the next recency value
     counts: torch.Tensor  # [L, 2] int64 (hits, misses)
     events: torch.Tensor  # [L, E] uint8
+    wave_end: torch.Tensor  # [L] int64, the clock after each layer's last non-empty wave
 
 
 class FusedPlan(NamedTuple):
@@ -64,13 +66,15 @@ def plan_wave_fused(
     pinned: torch.Tensor | None,
     mark_events: bool,
     codes: tuple[int, int],
+    scan: bool = True,
 ) -> FusedPlan:
     """One wave of `layer` for `topk_ids` [T, K]; `codes`: the (hit, miss) event codes
-    marked into `state.events` when `mark_events`. On CPU tensors the kernel runs only
-    under Triton's interpreter (tests)."""
+    marked into `state.events` when `mark_events`; `scan`: victims in the scan-resistant
+    order ("lru"), else by ascending recency ("lru-plain"). On CPU tensors the kernel runs
+    only under Triton's interpreter (tests)."""
     from edgemoe.kernels.triton_ops.slot_plan import plan_wave_triton
 
     ids = topk_ids.reshape(-1).contiguous()  # the kernel indexes flat (a copy only for odd strides)
     pinned = None if pinned is None else pinned.contiguous()
-    out = plan_wave_triton(*state, layer, ids, pinned, mark_events, *codes)
+    out = plan_wave_triton(*state, layer, ids, pinned, mark_events, *codes, scan)
     return FusedPlan(*out)

@@ -5,6 +5,7 @@ executor registry applies (moe/registry.py)."""
 from __future__ import annotations
 
 EXPERT_CACHES = ("host", "device")  # what `--expert-cache auto` resolves to
+DEVICE_POLICIES = ("lru", "lru-plain")  # the --moe-policy values the device cache restates
 
 
 def resolve_expert_cache(setting: str, device_type: str, backend: str, policy: str,
@@ -20,7 +21,7 @@ def resolve_expert_cache(setting: str, device_type: str, backend: str, policy: s
         return setting
     if backend == "hybrid" and cpu_experts_per_layer is not None:
         return "device"
-    on_device = device_type == "cuda" and backend in ("offload", "auto") and policy == "lru"
+    on_device = device_type == "cuda" and backend in ("offload", "auto") and policy in DEVICE_POLICIES
     return "device" if on_device else "host"
 
 
@@ -33,8 +34,9 @@ def check_device_cache(backend: str, policy: str, cpu_experts_per_layer: int | N
     if backend == "cpu":
         raise ValueError("expert_cache (--expert-cache) device runs offload, hybrid with --cpu-experts-per-layer, or "
                          "resident, not 'cpu': it reads each layer's routing on the host (use --expert-cache host)")
-    if policy != "lru":
-        raise ValueError(f"expert_cache (--expert-cache) device evicts by LRU only (got --moe-policy {policy})")
+    if policy not in DEVICE_POLICIES:
+        raise ValueError(f"expert_cache (--expert-cache) device evicts by {' or '.join(DEVICE_POLICIES)} only "
+                         f"(got --moe-policy {policy})")
 
 
 def check_cpu_quota(backend: str, expert_cache: str, cpu_experts_per_layer: int | None) -> None:

@@ -3,15 +3,16 @@ tensors and the truth; one layer's bookkeeping is a fixed sequence of device ops
 
 `DeviceSlotCache.layer_waves(layer, topk_ids)` plans a layer without reading anything
 back: which routed experts are resident, which slots the misses take (free slots, then
-LRU victims), the map/owner/recency updates, the slot ids `[T, K]` for the
+the policy's victims), the map/owner/recency updates, the slot ids `[T, K]` for the
 slot-addressed MoE, and a fixed-size miss list `[2, M]` (expert ids, destination slots;
 -1 padded) for a mover (`moe/movers.py`). Every shape depends only on T, K, E and S, and
 no op reads a device value on the host, so it runs inside a CUDA graph. On CUDA a wave
 is one fused Triton launch (`kernels/slot_plan.py`, the same decisions and updates); the
 torch ops below are its reference and the path on CPU.
 
-It decides exactly what `SlotCache` (moe/slots.py) with the LRU policy decides on the
-same trace; the Python cache stays the reference it is tested against
+It decides exactly what `SlotCache` (moe/slots.py) with the same policy decides on the
+same trace: "lru" (`ScanLRUPolicy`, scan-resistant, the default) or "lru-plain"
+(`LRUPolicy`); the Python cache stays the reference it is tested against
 (tests/moe/test_device_cache.py). The rules, restated for the device:
 
 - Routed order: a layer's distinct experts by ascending id, as the host executors hand
@@ -21,15 +22,19 @@ same trace; the Python cache stays the reference it is tested against
   Every expert used in a wave is stamped with the next recency value in that order
   (hits, then misses), so recency orders uses exactly as the LRU list does.
 - Victims: the i-th miss takes the i-th slot in the order "free slots by index, then
-  unprotected resident slots by ascending recency". Protected: slots holding an expert
+  unprotected resident slots in the policy's order". Protected: slots holding an expert
   routed in this wave, and `pinned` slots (held by another layer's unreleased plan).
+  "lru-plain": ascending recency. "lru": stale slots (recency below `wave_end[layer]`,
+  the clock when this layer's last wave ended) by ascending recency, then the fresh ones
+  by descending recency (`ScanLRUPolicy` says why).
+- `wave_end[layer]`: after a wave that routed anything, the clock (both policies keep it).
 - Waves: a layer whose routed set exceeds the pool's capacity (S minus pinned slots)
   runs as ceil(min(T·K, E) / capacity) waves; wave w is the slice [w·cap, (w+1)·cap) of
   the layer's order fixed before its first wave (hits, then misses). The count is
   static: trailing waves may be empty and then change nothing.
 
 NOTE (tie-breaking): recency values are unique (a global use counter advanced by each
-wave's number of uses), so LRU has no ties; free slots go lowest index first, as the
+wave's number of uses), so neither order has ties; free slots go lowest index first, as the
 Python cache's min-heap gives them out. That is what makes the two caches identical.
 """
 
@@ -44,8 +49,12 @@ import torch
 
 from edgemoe.kernels.slot_plan import SlotState, fused_plan_supported, plan_wave_fused
 from edgemoe.moe.activity import HIT, MISS
+from edgemoe.moe.cache_choice import DEVICE_POLICIES
 
 NEVER = torch.iinfo(torch.int64).max  # the sort key of a slot that may not be evicted
+# The sort key of a fresh slot is FRESH - recency: above every stale key (a recency), in
+# descending recency. NOTE: exact while recency < 2**61 (uses counted since start-up).
+FRESH = 2**62
 
 
 class WavePlan(NamedTuple):
@@ -85,20 +94,26 @@ class DeviceSlotCache:
 
     State (device tensors, updated in place, same objects for the cache's life):
     `slot_map` [L, E] int32 (-1 = not resident), `slot_owners` [S] int64 (layer·E + expert,
-    -1 = free), `recency` [S] int64 (meaningful for owned slots), and counters read lazily:
+    -1 = free), `recency` [S] int64 (meaningful for owned slots), `wave_end` [L] int64 (the
+    clock after each layer's last wave that routed anything), and counters read lazily:
     `counts` [L, 2] int64 (hits, misses: distinct experts per wave, cumulative) and
     `events` [L, E] uint8 (the strongest of HIT / MISS since the last `take_events`, while
     `mark_events`).
+    `policy`: "lru" (scan-resistant) or "lru-plain" (`DEVICE_POLICIES`).
     `fused`: plan each wave with the fused kernel (default: on CUDA when supported) or
     the torch ops (False; True on CPU runs the kernel under Triton's interpreter: tests).
     Locking: none; one thread issues the ops, the stream orders them.
     """
 
     def __init__(
-        self, num_slots: int, num_layers: int, num_experts: int, device: torch.device, fused: bool | None = None
+        self, num_slots: int, num_layers: int, num_experts: int, device: torch.device, fused: bool | None = None,
+        policy: str = "lru",
     ) -> None:
         if num_slots < 1 or num_layers < 1 or num_experts < 1:
             raise ValueError(f"need positive sizes, got {num_slots=} {num_layers=} {num_experts=}")
+        if policy not in DEVICE_POLICIES:
+            raise ValueError(f"the device cache evicts by {' or '.join(DEVICE_POLICIES)}, not {policy!r}")
+        self.policy, self.scan = policy, policy == "lru"
         S, L, E = num_slots, num_layers, num_experts
         self.num_slots, self.num_layers, self.num_experts, self.device = S, L, E, device
         # One trailing "trash" entry each: masked scatters write there (shape-static, no nonzero()).
@@ -108,13 +123,15 @@ class DeviceSlotCache:
         self.slot_map = self._map[: L * E].view(L, E)
         self.slot_owners, self.recency = self._owners[:S], self._recency[:S]
         self.clock = torch.zeros((), dtype=torch.int64, device=device)  # next recency value
+        self.wave_end = torch.zeros(L, dtype=torch.int64, device=device)
         self.counts = torch.zeros(L, 2, dtype=torch.int64, device=device)
         self.events = torch.zeros(L, E, dtype=torch.uint8, device=device)
         self.mark_events = True  # off: the plan skips the live view's marks (a few ops per wave)
         self._slot_idx = torch.arange(S, device=device)
         self._expert_idx = torch.arange(E, device=device)
         self.fused = fused_plan_supported(device, S, E) if fused is None else fused
-        self._state = SlotState(self.slot_map, self.slot_owners, self.recency, self.clock, self.counts, self.events)
+        self.state = SlotState(self.slot_map, self.slot_owners, self.recency, self.clock, self.counts, self.events,
+                               self.wave_end)
 
     # ---- the per-layer plan ------------------------------------------------------
 
@@ -148,7 +165,7 @@ class DeviceSlotCache:
     def plan_wave(self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None) -> WavePlan:
         """One wave: every routed expert of `topk_ids` gets a slot if capacity allows."""
         if self.fused:
-            out = plan_wave_fused(self._state, layer, topk_ids, pinned, self.mark_events, (HIT, MISS))
+            out = plan_wave_fused(self.state, layer, topk_ids, pinned, self.mark_events, (HIT, MISS), self.scan)
             return WavePlan(out.slot_ids.view(topk_ids.shape), out.hits, out.misses, out.overflow)
         S, E = self.num_slots, self.num_experts
         o = self._order(layer, topk_ids)
@@ -167,6 +184,8 @@ class DeviceSlotCache:
         self._recency.index_put_((torch.where(take, new_slot, trash_slot),), stamp)
         num_taken = take.sum()
         self.clock.add_(o.num_hits + num_taken)
+        # An empty wave (padding, a static trailing wave) is no wave of the layer's cycle.
+        self.wave_end[layer].copy_(torch.where(o.routed.any(), self.clock, self.wave_end[layer]))
         self.counts[layer].add_(torch.stack((o.num_hits, num_taken)))
         if self.mark_events:
             code = torch.where(o.hit, HIT, torch.where(take, MISS, 0)).to(torch.uint8)
@@ -202,7 +221,10 @@ class DeviceSlotCache:
         protected = ~free & (owner.div(E, rounding_mode="floor") == layer) & routed[owner.remainder(E)]
         if pinned is not None:
             protected = protected | pinned
-        key = torch.where(free, self._slot_idx - S, self.recency).masked_fill(protected, NEVER)
+        order = self.recency
+        if self.scan:  # read before this wave's update of wave_end
+            order = torch.where(order < self.wave_end[layer], order, FRESH - order)
+        key = torch.where(free, self._slot_idx - S, order).masked_fill(protected, NEVER)
         return torch.argsort(key), S - protected.sum()
 
     def _pair_slots(self, layer: int, experts: torch.Tensor) -> torch.Tensor:
@@ -239,7 +261,8 @@ class DeviceSlotCache:
         return out
 
     def lru_order(self) -> list[int]:
-        """Resident keys (layer·E + expert), least recently used first (tests, tools)."""
+        """Resident keys (layer·E + expert), least recently used first (tests, tools; the
+        "lru" policy's victims follow it only among stale keys)."""
         owners, recency = self.slot_owners.cpu(), self.recency.cpu()
         owned = owners >= 0
         return owners[owned][torch.argsort(recency[owned])].tolist()

@@ -13,8 +13,8 @@ each layer run on the CPU inside the same step (`moe/cpu_share.py`: a host funct
 side stream, no host read), and the cache plans the routing without them.
 
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
-`SlotCache` with LRU, and every wave a mask over one routing written into per-pair
-cells, so results are bitwise the resident ones on one device. Hits, misses and bytes
+`SlotCache` with the same policy ("lru" or "lru-plain"), and every wave a mask over one
+routing written into per-pair cells, so results are bitwise the resident ones on one device. Hits, misses and bytes
 are counted on the device and read only when the statistics are asked for
 (`MoEStats.drains`).
 """
@@ -38,7 +38,8 @@ from edgemoe.moe.store import ExpertStore
 
 
 class DeviceOffloadExecutor(MoEExecutor):
-    """The slot cache's state lives on the device (`cache`); `mover`: "gather" | "copy".
+    """The slot cache's state lives on the device (`cache`); `mover`: "gather" | "copy";
+    `policy`: "lru" (scan-resistant) | "lru-plain".
 
     Padding rows (decode batches padded to a captured size) route nothing: the runner
     names the live rows with `set_live_rows` inside the step it may capture (the
@@ -60,10 +61,11 @@ class DeviceOffloadExecutor(MoEExecutor):
         max_tokens: int = 256,
         cpu_experts_per_layer: int | None = None,
         cpu_kernel: CpuExperts | None = None,
+        policy: str = "lru",
     ) -> None:
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
-        self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device)
+        self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
         self.slots = SlotBanks(store, num_slots, device, self.stats)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
@@ -72,7 +74,7 @@ class DeviceOffloadExecutor(MoEExecutor):
         self.num_decode = 0  # of the layer being computed
         self._live: torch.Tensor | None = None
         self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
-        self.stats.info.update(expert_cache="device", expert_mover=self.mover.name)
+        self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
         self.stats.drains.append(self._drain)
         self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
         self._seen_cpu = np.zeros(num_layers, dtype=np.int64)

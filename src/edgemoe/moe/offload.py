@@ -136,6 +136,7 @@ class OffloadExecutor(MoEExecutor):
         self.act, self.device, self.num_experts = act, device, store.num_experts
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = SlotCache(num_slots, num_layers, store.num_experts, policy)
+        self.stats.info.update(expert_policy=self.cache.policy.name)
         self.slots = SlotBanks(store, num_slots, device, self.stats)
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
         self.readback = RoutingReadback(device)

@@ -1,7 +1,10 @@
 """Eviction policies for the expert slot cache: which resident expert gives up its slot.
 
 A policy only orders keys; it never sees slots or tensors. `SlotCache` (moe/slots.py)
-owns one policy and drives it. Policies are chosen by name through `make_policy`.
+owns one policy and drives it, and tells it where each wave of a layer begins and ends
+(`begin_wave` / `end_wave`: the scan-resistant LRU needs the layer's cycle). Policies
+are chosen by name through `make_policy`: "lru" (scan-resistant, the default),
+"lru-plain" (pure LRU, for A/B runs) and "lfu".
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class EvictionPolicy(ABC):
       compare against reference models; the engine's behaviour must be replayable).
     - Misuse raises: `insert` of a tracked key -> ValueError; `touch`/`remove` of an
       untracked key -> KeyError; fewer than `n` unprotected keys -> LookupError.
+
+    - Waves: the cache calls `begin_wave(layer)` before a wave's first `touch`/`insert`
+      and `end_wave(layer)` after its last; policies that ignore layers inherit no-ops.
 
     Lifetime: one policy per `SlotCache`, created empty, living as long as the cache.
     Locking: none. Policies are not thread-safe; the owning cache serialises all calls
@@ -68,6 +74,12 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def __contains__(self, key: object) -> bool: ...
 
+    def begin_wave(self, layer: int) -> None:
+        """A wave of `layer` begins: its hits are touched, victims chosen, misses inserted."""
+
+    def end_wave(self, layer: int) -> None:
+        """The wave of `layer` begun by `begin_wave` has made all its uses."""
+
     def victim(self, protected: Collection[Key]) -> Key:
         """The single key to evict next among unprotected resident keys."""
         return self.victims(protected, 1)[0]
@@ -78,13 +90,17 @@ def _not_enough(n: int, found: int) -> LookupError:
 
 
 class LRUPolicy(EvictionPolicy):
-    """Least recently used first. O(1) per use: an OrderedDict kept in use order.
+    """Least recently used first ("lru-plain"). O(1) per use: an OrderedDict in use order.
 
     `victims` walks from the oldest end and skips protected keys; those are the ones
     used in the current wave, so they sit at the young end and the walk is short.
+
+    NOTE: a scan of more keys than the pool (every layer's experts of a decode token,
+    repeating, through fewer slots) makes pure LRU miss every key every step;
+    `ScanLRUPolicy` ("lru", the default) is the fix, this stays for A/B runs.
     """
 
-    name: ClassVar[str] = "lru"
+    name: ClassVar[str] = "lru-plain"
 
     def __init__(self) -> None:
         self._order: OrderedDict[Key, None] = OrderedDict()  # oldest use first
@@ -119,6 +135,100 @@ class LRUPolicy(EvictionPolicy):
 
     def __contains__(self, key: object) -> bool:
         return key in self._order
+
+
+class ScanLRUPolicy(LRUPolicy):
+    """LRU that resists scans ("lru", the default): stale keys least recent first, then,
+    when none is left, the MOST recently used key.
+
+    Why: the pool is shared by all layers and a decode step visits them in a cycle. When
+    the keys one step uses outnumber the slots, pure LRU evicts each key just before its
+    next use and every key misses every step (48 layers x 8 experts through 276 slots: no
+    hit at all). In a cyclic scan the key used last is the one needed farthest ahead, so
+    evicting it (Belady's choice for a scan) keeps most of the cycle resident and streams
+    the rest through a few slots. With a pool larger than a step's keys, stale keys always
+    exist at eviction time and the choice is plain LRU's.
+
+    Rules (identical in `DeviceSlotCache` and its fused kernel; tests prove it wave by wave):
+    - A clock counts uses: every `insert`/`touch` stamps the key with the clock's value,
+      then advances it by 1 (the stamps are the device cache's recency values).
+    - `end_wave(layer)` records the clock then: the end of the layer's last wave.
+    - `begin_wave(layer)` sets the threshold: that recorded end (0 for a layer never
+      planned). A key is stale if its stamp is below the threshold: it was not used since
+      this layer's previous wave, one cycle ago (the layer's own keys of that wave are
+      stale: in a cycle they come back last). Everything else is fresh.
+    - Victims: unprotected stale keys by ascending stamp, then unprotected fresh keys by
+      descending stamp (one total order: choosing n at once = choosing one by one).
+    Prefill waves and multi-wave layers follow the same rules with their own notion of a
+    step (the layer's previous wave may be an earlier wave of the same layer).
+
+    Cost: O(1) per use; `victims` walks the stale prefix from the old end, then the fresh
+    keys from the young end past the current wave's protected keys.
+    """
+
+    name: ClassVar[str] = "lru"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stamp: dict[Key, int] = {}  # resident key -> clock value of its last use
+        self._clock = 0  # the next stamp
+        self._wave_end: dict[int, int] = {}  # layer -> clock at the end of its last wave
+        self._stale_before = 0  # the threshold of the wave being planned
+
+    def insert(self, key: Key) -> None:
+        super().insert(key)
+        self._use(key)
+
+    def touch(self, key: Key) -> None:
+        super().touch(key)  # KeyError for an untracked key, before stamping
+        self._use(key)
+
+    def remove(self, key: Key) -> None:
+        super().remove(key)
+        del self._stamp[key]
+
+    def begin_wave(self, layer: int) -> None:
+        self._stale_before = self._wave_end.get(layer, 0)
+
+    def end_wave(self, layer: int) -> None:
+        self._wave_end[layer] = self._clock
+
+    def victims(self, protected: Collection[Key], n: int) -> list[Key]:
+        out: list[Key] = []
+        if n <= 0:
+            return out
+        stamp, before = self._stamp, self._stale_before
+        for key in self._order:  # oldest first: the stale keys are a prefix
+            if stamp[key] >= before:
+                break
+            if key not in protected:
+                out.append(key)
+                if len(out) == n:
+                    return out
+        for key in reversed(self._order):  # then the fresh keys, newest first
+            if stamp[key] < before:
+                break
+            if key not in protected:
+                out.append(key)
+                if len(out) == n:
+                    return out
+        raise _not_enough(n, len(out))
+
+    def stamp(self, key: Key) -> int:
+        """The clock value of resident `key`'s last use (its device recency). KeyError if absent."""
+        return self._stamp[key]
+
+    @property
+    def clock(self) -> int:
+        return self._clock
+
+    def wave_end(self, layer: int) -> int:
+        """The clock at the end of `layer`'s last wave (0: never planned)."""
+        return self._wave_end.get(layer, 0)
+
+    def _use(self, key: Key) -> None:
+        self._stamp[key] = self._clock
+        self._clock += 1
 
 
 class LFUPolicy(EvictionPolicy):
@@ -235,7 +345,7 @@ class LFUPolicy(EvictionPolicy):
         heapq.heapify(self._heap)
 
 
-_POLICIES: dict[str, type[EvictionPolicy]] = {p.name: p for p in (LRUPolicy, LFUPolicy)}
+_POLICIES: dict[str, type[EvictionPolicy]] = {p.name: p for p in (ScanLRUPolicy, LRUPolicy, LFUPolicy)}
 
 
 def available_policies() -> tuple[str, ...]:
@@ -244,7 +354,7 @@ def available_policies() -> tuple[str, ...]:
 
 
 def make_policy(name: str, **options: int) -> EvictionPolicy:
-    """A fresh, empty policy by name: "lru" (default) or "lfu".
+    """A fresh, empty policy by name: "lru" (scan-resistant, default), "lru-plain" or "lfu".
 
     `options` go to the policy's constructor (e.g. `max_average` for "lfu").
     """

@@ -32,7 +32,7 @@ def make_executor(
     misses, None lets the live controller split them; auto: the controller also chooses
     between offload and hybrid (`top_k` sizes its start-up decision).
 
-    `expert_cache` "device": the slot cache on the device (LRU only; offload, or auto when
+    `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"; offload, or auto when
     the experts don't fit; hybrid with a fixed CPU quota `cpu_experts_per_layer`, planned
     on the device), misses moved by `expert_mover` ("gather" | "copy")."""
     if backend == "resident":
@@ -44,7 +44,8 @@ def make_executor(
         from edgemoe.moe.device_offload import DeviceOffloadExecutor
 
         quota = cpu_experts_per_layer if backend == "hybrid" else None
-        return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota)
+        return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
+                                     policy=policy)
     if expert_cache != "host":
         raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
     if backend == "offload":

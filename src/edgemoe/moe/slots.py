@@ -117,10 +117,11 @@ class SlotCache:
       unreleased layer are protected; nothing else is (not earlier waves of the same
       layer, not other released layers). When `plan_layer` returns, the layer's
       routed experts that are still resident are pinned until `release_layer`.
-    - Within a wave: hits are touched in order, then the victims for all of the
-      wave's misses are chosen at once (`policy.victims`), free slots are used first
-      (lowest slot first), and each miss in order takes the next free slot or evicts
-      the next victim and is inserted into the policy.
+    - Within a wave: `policy.begin_wave(layer)`, hits are touched in order, then the
+      victims for all of the wave's misses are chosen at once (`policy.victims`), free
+      slots are used first (lowest slot first), each miss in order takes the next free
+      slot or evicts the next victim and is inserted into the policy, then
+      `policy.end_wave(layer)`. Waves are never empty.
     - Layer ids are whatever the executor uses, 0 <= layer < num_layers (passing the
       model's total layer count is fine: dense layers just never appear).
 
@@ -269,6 +270,7 @@ class SlotCache:
         protected = others.union([base + e for e in experts])
         hits = [e for e in experts if base + e in resident]
         misses = [e for e in experts if base + e not in resident]
+        self.policy.begin_wave(layer)
         for e in hits:
             self.policy.touch(base + e)
         n_free = min(len(misses), len(self._free))
@@ -287,6 +289,7 @@ class SlotCache:
             self._assign(base + e, slot, layer, e)
             self.policy.insert(base + e)
             loads.append(MissLoad(e, slot, evicted))
+        self.policy.end_wave(layer)
         self.stats.hits[layer] += len(hits)
         self.stats.misses[layer] += len(misses)
         if misses:

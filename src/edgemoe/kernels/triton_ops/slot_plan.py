@@ -9,8 +9,9 @@ the same element (small blocks are replicated across threads):
    any number of pairs costs one pass over them); the miss list is filled with -1;
 2. experts [E] in registers: hit / miss against the map, their ranks (cumsum);
 3. slots [S] in registers: protected (routed by this layer, or pinned), the free ones
-   taken in index order (cumsum), then the least recent unprotected owned slots, one
-   `argmin` over the S keys per victim; each candidate written into the miss list;
+   taken in index order (cumsum), then the unprotected owned slots in the policy's order
+   (SCAN: stale by ascending recency, then fresh by descending; else ascending recency),
+   one `argmin` over the S keys per victim; each candidate written into the miss list;
 4. loads of what the stores overwrite (the victims' owners, events; clock and counts in 2), a
    barrier, then every state update;
 5. after a last barrier, each pair's slot read back from the new map.
@@ -31,6 +32,7 @@ from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.common import pdl_start
 
 NEVER: tl.constexpr = tl.constexpr(2**63 - 1)  # the key of a slot that may not be evicted
+FRESH: tl.constexpr = tl.constexpr(2**62)  # a fresh slot's key is FRESH - recency (moe/device_cache.py)
 BLOCK_N = 256  # pairs per chunk of the routing scans
 
 
@@ -52,11 +54,11 @@ def _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _choose_slots(pinned_ptr, owners_ptr, recency_ptr, hits_ptr, misses_ptr, layer, num_misses, M, E, S,
-                  BLOCK_S: tl.constexpr, HAS_PINNED: tl.constexpr):
+def _choose_slots(pinned_ptr, owners_ptr, recency_ptr, wave_end_ptr, hits_ptr, misses_ptr, layer, num_misses, M,
+                  E, S, BLOCK_S: tl.constexpr, HAS_PINNED: tl.constexpr, SCAN: tl.constexpr):
     """Phase 3: candidate slots into the miss list's row 1; returns how many misses get one.
 
-    Candidate order: free slots by index, then unprotected owned slots by ascending recency."""
+    Candidate order: free slots by index, then unprotected owned slots by the policy's key."""
     s = tl.arange(0, BLOCK_S)
     in_pool = s < S
     owner = tl.load(owners_ptr + s, mask=in_pool, other=-1)
@@ -74,9 +76,12 @@ def _choose_slots(pinned_ptr, owners_ptr, recency_ptr, hits_ptr, misses_ptr, lay
     free_rank = tl.cumsum(open_free.to(tl.int32), axis=0) - open_free.to(tl.int32)
     tl.store(misses_ptr + M + free_rank, s, mask=open_free & (free_rank < num_taken))
     recency = tl.load(recency_ptr + s, mask=in_pool, other=0)
+    if SCAN:  # stale (used before this layer's last wave ended) first, then fresh, newest first
+        stale_before = tl.load(wave_end_ptr + layer)  # the old value: stored in phase 4
+        recency = tl.where(recency < stale_before, recency, FRESH - recency)
     keys = tl.where(owned & ~protected, recency, NEVER)
-    # NOTE: recency values of owned slots are unique (the cache's clock), so each argmin is
-    # the one least recent slot left, and victims come out in ascending recency.
+    # NOTE: recency values of owned slots are unique (the cache's clock) and the key is
+    # injective in it, so each argmin is the one best victim left, victims come out in order.
     for i in range(tl.maximum(num_taken - num_free, 0)):
         victim = tl.argmin(keys, axis=0)
         tl.store(misses_ptr + M + num_free + i, victim)
@@ -96,9 +101,9 @@ def _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N: tl.constex
 
 @triton.jit(do_not_specialize=["layer", "N", "M"])
 def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
-               slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
+               wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
                BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_PINNED: tl.constexpr, MARK: tl.constexpr, USE_PDL: tl.constexpr):
+               HAS_PINNED: tl.constexpr, MARK: tl.constexpr, SCAN: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E, BLOCK_M, BLOCK_N)
     # Phase 2: the experts, and every scalar the last phase overwrites (loaded before a barrier).
@@ -111,8 +116,8 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
     num_hits, num_misses = tl.sum(hit.to(tl.int32), axis=0), tl.sum(miss.to(tl.int32), axis=0)
     clock = tl.load(clock_ptr)
     counts = tl.load(counts_ptr + layer * 2 + tl.arange(0, 2))
-    num_taken = _choose_slots(pinned_ptr, owners_ptr, recency_ptr, hits_ptr, misses_ptr, layer, num_misses, M, E,
-                              S, BLOCK_S, HAS_PINNED)
+    num_taken = _choose_slots(pinned_ptr, owners_ptr, recency_ptr, wave_end_ptr, hits_ptr, misses_ptr, layer,
+                              num_misses, M, E, S, BLOCK_S, HAS_PINNED, SCAN)
     take = miss & (miss_rank < num_taken)
     tl.store(misses_ptr + miss_rank, e, mask=take)  # row 0: the misses given a slot, in routed order
     tl.debug_barrier()
@@ -136,6 +141,8 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
     tl.store(owners_ptr + slot, key, mask=taken)
     tl.store(recency_ptr + slot, clock + num_hits + j, mask=taken)
     tl.store(clock_ptr, clock + num_hits + num_taken)
+    # A wave that routed nothing (padding, a static trailing wave) is no wave of the layer's cycle.
+    tl.store(wave_end_ptr + layer, clock + num_hits + num_taken, mask=num_hits + num_misses > 0)
     tl.store(counts_ptr + layer * 2 + tl.arange(0, 2), counts + tl.where(tl.arange(0, 2) == 0, num_hits, num_taken))
     tl.store(overflow_ptr, (num_misses > num_taken).to(tl.uint8))
     tl.debug_barrier()
@@ -155,17 +162,19 @@ def plan_wave_triton(
     clock: torch.Tensor,
     counts: torch.Tensor,
     events: torch.Tensor,
+    wave_end: torch.Tensor,
     layer: int,
     ids: torch.Tensor,
     pinned: torch.Tensor | None,
     mark_events: bool,
     hit_code: int,
     miss_code: int,
+    scan: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(slot_ids [N] int32, hits [E] bool, misses [2, M] int32, overflow [] bool); state in place."""
     S, E, N = owners.numel(), slot_map.shape[1], ids.numel()
     M = min(N, E, S)
-    for t in (slot_map, owners, recency, counts, events, ids):
+    for t in (slot_map, owners, recency, counts, events, wave_end, ids):
         assert t.is_contiguous(), "the plan kernel indexes flat, contiguous tensors"
     device = ids.device
     slot_ids = torch.empty(N, dtype=torch.int32, device=device)
@@ -175,10 +184,10 @@ def plan_wave_triton(
     block_s = triton.next_power_of_2(S)
     pdl = pdl_enabled(device)
     _plan_wave[(1,)](
-        ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events,
+        ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events, wave_end,
         slot_ids, hits, misses, overflow, layer, N, M, E, S, hit_code, miss_code,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_S=block_s, BLOCK_M=triton.next_power_of_2(min(E, S)),
-        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, USE_PDL=pdl, launch_pdl=pdl,
+        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, SCAN=scan, USE_PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps_for(block_s),
     )
     return slot_ids, hits.view(torch.bool), misses, overflow.view(torch.bool)
