@@ -35,7 +35,7 @@ CONFIGS = [  # (layers, experts, slots, top_k, token counts)
 ]
 
 
-STATE = ("slot_map", "slot_owners", "recency", "clock", "counts", "events")  # DeviceSlotCache's state tensors
+STATE = ("slot_map", "slot_owners", "recency", "clock", "counts", "events", "wave_end")  # DeviceSlotCache's state
 
 
 def check_same_plans(ref, fused, plans_ref: list, plans_fused: list) -> None:  # noqa: ANN001

@@ -1,10 +1,11 @@
 """The fused plan kernel of the device expert cache (Triton, under the interpreter on CPU
-tensors) against the torch plan it replaces (itself proven equal to `SlotCache` + LRU in
-tests/moe/test_device_cache.py): two caches run the same traces in lockstep, and every
-wave's outputs and every state tensor (map, owners, recency, clock, counts, events) must
-be identical. Traces: tests/moe's configurations (pools down to top-k slots, waves,
-padding rows), random pins, a wave past capacity, and Qwen3.8-Flash-Next's 512 experts
-top-10 at decode batch 32. The compiled path: tests/gpu/test_slot_plan_gpu.py."""
+tensors) against the torch plan it replaces (itself proven equal to `SlotCache` and its
+policy in tests/moe/test_device_cache.py): two caches run the same traces in lockstep, and
+every wave's outputs and every state tensor (map, owners, recency, clock, counts, events,
+wave ends) must be identical, for the scan-resistant "lru" and for "lru-plain". Traces:
+tests/moe's configurations (pools down to top-k slots, waves, padding rows), random pins,
+a wave past capacity, a layer cycle larger than the pool, and Qwen3.8-Flash-Next's 512
+experts top-10 at decode batch 32. The compiled path: tests/gpu/test_slot_plan_gpu.py."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="needs triton (inte
 CPU = torch.device("cpu")
 
 
-def caches(S: int, L: int, E: int) -> tuple[DeviceSlotCache, DeviceSlotCache]:
+def caches(S: int, L: int, E: int, policy: str = "lru") -> tuple[DeviceSlotCache, DeviceSlotCache]:
     """(the torch plan, the fused kernel) on the same empty pool."""
-    return DeviceSlotCache(S, L, E, CPU, fused=False), DeviceSlotCache(S, L, E, CPU, fused=True)
+    return (DeviceSlotCache(S, L, E, CPU, fused=False, policy=policy),
+            DeviceSlotCache(S, L, E, CPU, fused=True, policy=policy))
 
 
 def random_pins(rng: random.Random, cache: DeviceSlotCache, K: int) -> tuple[torch.Tensor | None, int]:
@@ -55,12 +57,30 @@ def run_trace(ref: DeviceSlotCache, fused: DeviceSlotCache, rng: random.Random, 
 
 
 @needs_interpreter
+@pytest.mark.parametrize("policy", ["lru", "lru-plain"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "L{}-E{}-S{}-K{}".format(*c[:4]))
-def test_random_traces_match_the_torch_plan(config: tuple) -> None:
+def test_random_traces_match_the_torch_plan(config: tuple, policy: str) -> None:
     L, E, S, K, sizes = config
-    ref, fused = caches(S, L, E)
+    ref, fused = caches(S, L, E, policy)
     run_trace(ref, fused, random.Random(S), K, sizes, steps=10)
     assert ref.read_counts()[:, 1].sum() > 0 and ref.clock.item() > 0
+
+
+@needs_interpreter
+def test_a_layer_cycle_larger_than_the_pool_matches() -> None:
+    """6 layers x top-2 through 9 slots, the same experts every step (a padding row, and
+    a layer now and then with nothing routed: no wave of its cycle): once warm no key is
+    stale at eviction, so the kernel takes the fresh branch (the newest key) every miss."""
+    L, E, S = 6, 8, 9
+    ref, fused = caches(S, L, E)
+    for step in range(5):
+        for layer in range(L):
+            ids = torch.tensor([[layer, layer + 2], [-1, -1]], dtype=torch.int32)
+            if step == 3 and layer == 4:
+                ids = torch.full_like(ids, -1)  # wave_end[4] must stay
+            check_same_plans(ref, fused, list(ref.layer_waves(layer, ids)), list(fused.layer_waves(layer, ids)))
+    hits = ref.read_counts()[:, 0]
+    assert int(hits.sum()) > 0 and int(ref.wave_end.min()) > 0
 
 
 @needs_interpreter

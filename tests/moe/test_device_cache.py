@@ -1,7 +1,8 @@
-"""The device slot cache decides exactly what the Python `SlotCache` with LRU decides:
-same waves, misses, slots, evictions, LRU order and counters, on randomized traces
-(pools down to exactly top-k slots, batches routing more experts than the pool, padding
-rows, other layers' pins); and its plan is shape-static and never reads the device."""
+"""The device slot cache decides exactly what the Python `SlotCache` with the same policy
+("lru", scan-resistant, and "lru-plain") decides: same waves, misses, slots, evictions,
+recency and counters, on randomized traces (pools down to exactly top-k slots, batches
+routing more experts than the pool, padding rows, other layers' pins, a layer cycle
+larger than the pool); and its plan is shape-static and never reads the device."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from expert_traces import CONFIGS, routing
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
+from edgemoe.moe.policy import ScanLRUPolicy
 from edgemoe.moe.slots import LayerWave, SlotCache
 
 CPU = torch.device("cpu")
@@ -41,8 +43,14 @@ def check_state(py: SlotCache, dev: DeviceSlotCache) -> None:
     assert torch.equal(dev.slot_map, py.slot_map)
     owners = py.slot_owners[:, 0].long() * E + py.slot_owners[:, 1].long()
     assert torch.equal(dev.slot_owners, torch.where(py.slot_owners[:, 0] >= 0, owners, -1))
-    # LRU order through the policy's contract: all victims, best first, none protected.
-    assert dev.lru_order() == py.policy.victims(set(), len(py.policy))
+    if isinstance(py.policy, ScanLRUPolicy):  # the same stamps, clock and per-layer wave ends
+        owned = dev.slot_owners >= 0
+        stamps = [py.policy.stamp(k) for k in dev.slot_owners[owned].tolist()]
+        assert dev.recency[owned].tolist() == stamps
+        assert int(dev.clock) == py.policy.clock
+        assert dev.wave_end.tolist() == [py.policy.wave_end(layer) for layer in range(py.num_layers)]
+    else:  # LRU order through the policy's contract: all victims, best first, none protected.
+        assert dev.lru_order() == py.policy.victims(set(), len(py.policy))
 
 
 def run_layer(py: SlotCache, dev: DeviceSlotCache, layer: int, ids: torch.Tensor, live: torch.Tensor) -> None:
@@ -57,12 +65,17 @@ def run_layer(py: SlotCache, dev: DeviceSlotCache, layer: int, ids: torch.Tensor
     check_state(py, dev)
 
 
+def pair(S: int, L: int, E: int, policy: str = "lru") -> tuple[SlotCache, DeviceSlotCache]:
+    """The Python reference and the device cache (torch plan), empty, on one policy."""
+    return SlotCache(S, L, E, policy), DeviceSlotCache(S, L, E, CPU, policy=policy)
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "L{}-E{}-S{}-K{}".format(*c[:4]))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_random_traces_match_the_python_cache(config: tuple, seed: int) -> None:
+@pytest.mark.parametrize("seed,policy", [(0, "lru"), (1, "lru"), (0, "lru-plain")])
+def test_random_traces_match_the_python_cache(config: tuple, seed: int, policy: str) -> None:
     L, E, S, K, sizes = config
     rng = random.Random(seed * 1000 + S)
-    py, dev = SlotCache(S, L, E, "lru"), DeviceSlotCache(S, L, E, CPU)
+    py, dev = pair(S, L, E, policy)
     for step in range(14):
         T = rng.choice(sizes)
         live = torch.tensor([True] * T + [False] * (step % 3))  # some steps padded
@@ -76,9 +89,10 @@ def test_random_traces_match_the_python_cache(config: tuple, seed: int) -> None:
         assert py.stats.total_hits > 0
 
 
-def test_every_expert_at_once_with_the_pool_at_top_k() -> None:
+@pytest.mark.parametrize("policy", ["lru", "lru-plain"])
+def test_every_expert_at_once_with_the_pool_at_top_k(policy: str) -> None:
     L, E, S, K = 2, 8, 2, 2
-    py, dev = SlotCache(S, L, E, "lru"), DeviceSlotCache(S, L, E, CPU)
+    py, dev = pair(S, L, E, policy)
     ids = torch.stack([torch.arange(E).roll(t)[:K] for t in range(E)]).int()  # every expert routed
     for layer in (0, 1, 0):
         run_layer(py, dev, layer, ids, torch.ones(E, dtype=torch.bool))
@@ -90,7 +104,7 @@ def test_pins_of_another_layer_are_respected() -> None:
     next layer's capacity and protects its slots: the device cache is given them as `pinned`."""
     L, E, S, K = 3, 8, 5, 2
     rng = random.Random(7)
-    py, dev = SlotCache(S, L, E, "lru"), DeviceSlotCache(S, L, E, CPU)
+    py, dev = pair(S, L, E)
     for _ in range(4):
         for layer in range(L):
             run_layer(py, dev, layer, routing(rng, 3, E, K, 1.0), torch.ones(3, dtype=torch.bool))
@@ -108,6 +122,29 @@ def test_pins_of_another_layer_are_respected() -> None:
         check_wave(plan, waves[i] if i < len(waves) else None, ids_b)
     check_state(py, dev)
     assert all(int(dev.slot_map.view(-1)[py.pack(0, e)]) >= 0 for e in set(ids_a.flatten().tolist()))
+
+
+@pytest.mark.parametrize("policy", ["lru", "lru-plain"])
+def test_a_layer_cycle_larger_than_the_pool(policy: str) -> None:
+    """6 layers x top-2 (12 keys a step) through 9 slots, the same experts every step, with
+    padding rows: plain LRU never hits, the scan-resistant rule does (Belady's choice once
+    no key is stale); both exactly as `SlotCache` decides."""
+    L, E, S, K = 6, 8, 9, 2
+    py, dev = pair(S, L, E, policy)
+    live, idle = torch.tensor([True, False]), torch.tensor([False, False])  # padding rows route nothing
+    hits = []
+    for step in range(8):
+        before = py.stats.total_hits
+        for layer in range(L):
+            ids = torch.tensor([[layer, layer + 2], [layer, layer + 2]], dtype=torch.int32)
+            # a layer with nothing routed has no wave: its cycle (wave_end) must not move
+            run_layer(py, dev, layer, ids, idle if (step, layer) == (4, 3) else live)
+        hits.append(py.stats.total_hits - before)
+    if policy == "lru-plain":  # the idle layer's step shortens the cycle (some hits), then it thrashes again
+        assert hits[2:4] == [0, 0] and hits[-1] == 0, hits
+    else:
+        assert min(hits[2:]) > 0, hits
+    assert dev.read_counts()[:, 0].tolist() == py.stats.hits
 
 
 def test_a_wave_past_capacity_is_flagged_not_corrupting() -> None:
