@@ -40,11 +40,28 @@ def test_prefill_bound_counts_touched_experts() -> None:
 
 
 def test_hit_rate_model_limits() -> None:
-    assert hit_rate(1000, 6144, 384, 0.0) == pytest.approx(1000 / 6144)  # uniform: the slot share
-    assert hit_rate(1000, 6144, 384, 1.0) == 1.0  # all reuse, and a token's experts fit
-    assert hit_rate(192, 6144, 384, 1.0) == 0.0  # half a token's experts fit: LRU evicts each before its reuse
-    assert hit_rate(192, 6144, 384, 0.5) == pytest.approx(0.5 * 192 / 6144)  # only the uniform share hits
-    assert hit_rate(6144, 6144, 384, 0.3) == 1.0
+    assert hit_rate(1000, 6144, 384, 0.0, 8) == pytest.approx(1000 / 6144)  # uniform: the slot share
+    assert hit_rate(1000, 6144, 384, 1.0, 8) == 1.0  # all reuse, and a token's experts fit
+    # half a token's experts fit: the scan-resistant LRU keeps all but one layer's 8 of the cycle
+    assert hit_rate(192, 6144, 384, 1.0, 8) == pytest.approx((192 - 8) / 384)
+    assert hit_rate(192, 6144, 384, 0.5, 8) == pytest.approx(0.5 * (192 - 8) / 384 + 0.5 * 192 / 6144)
+    assert hit_rate(8, 6144, 384, 1.0, 8) == 0.0  # a pool of one layer's experts: nothing kept
+    assert hit_rate(6144, 6144, 384, 0.3, 8) == 1.0
+
+
+def test_hit_rate_model_is_the_replays_floor_below_the_working_set() -> None:
+    """The model's reuse hits below a token's working set against the policy itself: a
+    repeating routing of 12 layers x top-4 replayed through the real `SlotCache`."""
+    from edgemoe.moe.replay import replay_policy
+    from edgemoe.moe.routing_trace import Access
+
+    layers, top_k = 12, 4
+    trace = [Access(layer, tuple(range(layer % 3, layer % 3 + top_k))) for _ in range(10) for layer in range(layers)]
+    for slots in (12, 30, 47):
+        replayed = replay_policy(trace, slots, layers, top_k + 3, "lru").hit_rate
+        model = hit_rate(slots, layers * 128, layers * top_k, 1.0, top_k)
+        # the model is the floor; Belady (which the replay equals here) keeps up to ~1 layer more
+        assert model <= replayed <= model + top_k / (layers * top_k), (slots, model, replayed)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.label for r in RUNS])

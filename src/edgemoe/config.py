@@ -127,8 +127,9 @@ class MoEConfig:
         "where the slot cache's bookkeeping runs: host (each MoE layer's routing read back, misses planned in "
         "Python; the cpu/hybrid backends and auto's CPU split need it) or device (slot map, owners and LRU "
         "recency on the GPU, planned by device ops with no host read: offload decode steps are captured in CUDA "
-        "graphs; LRU, the offload backend (auto resolving to it) or hybrid with --cpu-experts-per-layer); auto: "
-        "device on a GPU with the offload or auto backend and LRU (and for hybrid with a CPU quota), else host",
+        "graphs; --moe-policy lru or lru-plain, the offload backend (auto resolving to it) or hybrid with "
+        "--cpu-experts-per-layer); auto: device on a GPU with the offload or auto backend and an LRU policy (and "
+        "for hybrid with a CPU quota), else host",
         ("auto", "host", "device"),
     )
     expert_mover: str = setting(

@@ -134,12 +134,14 @@ def test_flash_next_plan_counts_its_tables_and_gives_a_host_embedding_to_slots(t
 
 
 def test_slot_pool_warning_only_below_one_tokens_working_set() -> None:
-    """Qwen3-30B-A3B at 8 GiB in bf16 (276 slots, 48 MoE layers x 8) warns; the 16 GiB
-    pool (1,187) and no pool (resident) do not; a shared expert counts as a pair."""
+    """Qwen3-30B-A3B at 8 GiB in bf16 (276 slots, 48 MoE layers x 8) warns, with what the
+    scan-resistant LRU keeps (276 - 8); the 16 GiB pool (1,187) and no pool (resident) do
+    not; a shared expert counts as a pair."""
     from edgemoe.engine.budget import slot_pool_warning
 
     text = slot_pool_warning(276, 48, 8)
     assert text is not None and "276 slots" in text and "48 x 8 = 384" in text and "--expert-dtype" in text
+    assert "keeps about 268 of them resident (70%)" in text and "other ~116" in text
     assert slot_pool_warning(1187, 48, 8) is None
     assert slot_pool_warning(384, 48, 8) is None  # exactly one token's set: LRU keeps it
     assert slot_pool_warning(0, 48, 8) is None

@@ -100,7 +100,7 @@ def test_device_cache_gives_the_host_cache_tokens_and_stats(qwen3_ckpt, resident
 def test_device_cache_settings_are_checked() -> None:
     from edgemoe.config import EngineConfig
 
-    with pytest.raises(ValueError, match="LRU only"):
+    with pytest.raises(ValueError, match="lru or lru-plain only"):
         EngineConfig.from_kwargs(expert_cache="device", moe_policy="lfu")
     with pytest.raises(ValueError, match="needs a fixed CPU quota"):
         EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid")

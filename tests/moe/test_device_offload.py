@@ -54,11 +54,15 @@ def routings(seed: int, steps: int = 10):  # noqa: ANN201
         yield x, ids, w
 
 
-@pytest.mark.parametrize("slots", [K, 5, L * E])  # top-k (waves), a small pool, everything
-@pytest.mark.parametrize("mover", ["gather", "copy"])
-def test_same_outputs_decisions_and_stats_as_the_host_cache(store: BankStore, slots: int, mover: str) -> None:
-    host = make_executor("offload", store, CPU, F.silu, L, slots)
-    dev = make_executor("offload", store, CPU, F.silu, L, slots, expert_cache="device", expert_mover=mover)
+@pytest.mark.parametrize(
+    "slots,mover,policy",
+    [(s, m, "lru") for s in (K, 5, L * E) for m in ("gather", "copy")]  # top-k (waves), a small pool, everything
+    + [(5, "gather", "lru-plain")],
+)
+def test_same_outputs_decisions_and_stats_as_the_host_cache(store: BankStore, slots: int, mover: str, policy: str) -> None:
+    host = make_executor("offload", store, CPU, F.silu, L, slots, policy=policy)
+    dev = make_executor("offload", store, CPU, F.silu, L, slots, policy=policy, expert_cache="device",
+                        expert_mover=mover)
     resident = make_executor("resident", store, CPU, F.silu, L, 0)
     assert isinstance(dev, DeviceOffloadExecutor)
     assert isinstance(dev.mover, GatherMover if mover == "gather" else CopyEngineMover)
@@ -73,6 +77,7 @@ def test_same_outputs_decisions_and_stats_as_the_host_cache(store: BankStore, sl
     for key in ("hits", "misses", "bytes_copied", "tokens", "hit_rate_by_layer", "misses_per_token_by_layer"):
         assert got[key] == want[key], key
     assert got["misses"] > 0 and got["expert_cache"] == "device" and got["expert_mover"] == mover
+    assert got["expert_policy"] == want["expert_policy"] == policy
     if slots > K:  # at top-k slots each layer evicts the one before: nothing ever hits
         assert got["hits"] > 0
 
@@ -147,7 +152,7 @@ def test_activity_marks_reach_the_live_view(store: BankStore) -> None:
 
 
 def test_what_the_device_cache_cannot_run_is_refused(store: BankStore) -> None:
-    with pytest.raises(ValueError, match="LRU only"):
+    with pytest.raises(ValueError, match="lru or lru-plain only"):
         make_executor("offload", store, CPU, F.silu, L, 4, policy="lfu", expert_cache="device")
     with pytest.raises(ValueError, match="needs a fixed CPU quota"):  # the live controller reads routing back
         make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device")
@@ -176,6 +181,7 @@ def test_expert_cache_auto_is_the_device_on_a_gpu_for_offload_and_auto() -> None
 
     assert resolve_expert_cache("auto", "cuda", "offload", "lru") == "device"
     assert resolve_expert_cache("auto", "cuda", "auto", "lru") == "device"
+    assert resolve_expert_cache("auto", "cuda", "offload", "lru-plain") == "device"  # A/B runs of the two LRUs
     # the CPU split needs the host cache; LFU and the CPU have no device cache
     for backend, policy, device in (("hybrid", "lru", "cuda"), ("cpu", "lru", "cuda"), ("auto", "lfu", "cuda"),
                                     ("offload", "lru", "cpu"), ("auto", "lru", "cpu")):

@@ -29,7 +29,7 @@ from typing import Any
 from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
-from edgemoe.moe.replay import compare_policies
+from edgemoe.moe.replay import REPLAYED, compare_policies
 
 # Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.
 TRAFFIC = ("hits", "misses", "experts_cpu", "bytes_copied", "copy_seconds", "cpu_seconds", "tokens")
@@ -164,7 +164,7 @@ def measure(
 
 
 def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float) -> dict[str, Any] | None:
-    """LRU / LFU / Belady on the decode trace at the run's slot count (None: no slot cache)."""
+    """The policies and Belady on the decode trace at the run's slot count (None: no slot cache)."""
     rt = llm.engine.runtime
     if not rt.plan.num_slots or not accesses:
         return None
@@ -178,7 +178,7 @@ def _print_row(row: dict[str, Any]) -> None:
     label = "" if row.get("routing", "router") == "router" else f"[{row['routing']}] "
     replay = row.get("cache_replay")
     if replay:
-        rates = [f"{p} {replay[p]['hit_rate']:.3f}" for p in ("lru", "lfu", "belady")
+        rates = [f"{p} {replay[p]['hit_rate']:.3f}" for p in (*REPLAYED, "belady")
                  if p in replay and replay[p]["hit_rate"] is not None]
         label += f"hit rates on the decode trace: {', '.join(rates) or 'pool never filled'}; "
     print(

@@ -112,18 +112,21 @@ class MemoryPlan:
 def slot_pool_warning(num_slots: int, moe_layers: int, pairs_per_layer: int) -> str | None:
     """A warning when the slot pool is smaller than one token's experts over all MoE layers.
 
-    NOTE: the pool is shared by the layers and evicts least recently used slots, so with
-    fewer slots than a token's working set every layer's experts are evicted before the
-    next token reaches that layer again: every expert misses, every step, even when the
-    routing repeats (measured on an H200: 276 slots for 48 x 8, 384 misses a token,
-    docs/benchmarks.md). None when the pool holds at least that set, or there is no pool."""
+    NOTE: the pool is shared by the layers, visited in a cycle each step. Below one token's
+    working set the default scan-resistant LRU (`--moe-policy lru`) keeps about
+    (slots - one layer's experts) of it resident and streams the rest through the other
+    slots, so even a repeating routing misses the remainder every step (plain LRU,
+    `lru-plain`, misses all of it: measured on an H200, 276 slots for 48 x 8, 384 misses a
+    token, docs/benchmarks.md). None when the pool holds that set, or there is no pool."""
     working_set = moe_layers * pairs_per_layer
     if num_slots <= 0 or num_slots >= working_set:
         return None
+    kept = max(0, num_slots - pairs_per_layer)
     return (f"the expert slot pool ({num_slots} slots) is smaller than one token's experts over all MoE layers "
-            f"({moe_layers} x {pairs_per_layer} = {working_set}): least-recently-used eviction then misses every "
-            "expert, every step; raise --gpu-memory, store experts in fewer bytes (--expert-dtype fp8/int4), "
-            "or compute them on the CPU (--expert-cache host --moe-backend cpu)")
+            f"({moe_layers} x {pairs_per_layer} = {working_set}): the scan-resistant eviction keeps about {kept} "
+            f"of them resident ({kept / working_set:.0%}) and copies the other ~{working_set - kept} in every "
+            "step even when the routing repeats; raise --gpu-memory, store experts in fewer bytes (--expert-dtype "
+            "fp8/int4), or compute them on the CPU (--expert-cache host --moe-backend cpu)")
 
 
 def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str = "auto") -> int:

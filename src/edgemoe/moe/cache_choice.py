@@ -11,7 +11,7 @@ DEVICE_POLICIES = ("lru", "lru-plain")  # the --moe-policy values the device cac
 def resolve_expert_cache(setting: str, device_type: str, backend: str, policy: str,
                          cpu_experts_per_layer: int | None = None) -> str:
     """`--expert-cache auto`: device on a GPU when the backend is offload or auto and the
-    policy LRU, else host. Measured at 16 GiB on the GPU machine (docs/benchmarks.md):
+    policy one of the LRUs, else host. Measured at 16 GiB on the GPU machine (docs/benchmarks.md):
     decode steps in CUDA graphs with no host read per layer ran 184 tok/s where the host
     cache's per-layer reads held auto to 8.7; under heavy misses (synthetic routing, 113
     misses a token) 15.4 against 13.2. What it gives up is auto's CPU split: `--expert-cache

@@ -1,5 +1,6 @@
-"""Replaying a routing trace through slot-cache policies: LRU and LFU (`moe/policy.py`,
-driven through the real `SlotCache`) and Belady's MIN (evict the resident expert whose
+"""Replaying a routing trace through slot-cache policies: the scan-resistant LRU ("lru"),
+plain LRU ("lru-plain") and LFU (`moe/policy.py`, driven through the real `SlotCache`)
+and Belady's MIN (evict the resident expert whose
 next use is farthest in the future), the bound no online policy can beat.
 
 Counting: a routed (layer, expert) is a hit if resident when its layer is planned, else
@@ -18,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 from edgemoe.moe.routing_trace import Access
 from edgemoe.moe.slots import SlotCache
+
+REPLAYED = ("lru", "lru-plain", "lfu")  # the online policies `compare_policies` replays
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ def warmup_accesses(trace: Sequence[Access], num_slots: int) -> int:
 
 def replay_policy(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int,
                   policy: str) -> ReplayResult:
-    """`policy` ("lru", "lfu") driving a fresh `SlotCache` over the trace."""
+    """`policy` ("lru", "lru-plain", "lfu") driving a fresh `SlotCache` over the trace."""
     cache = SlotCache(num_slots, num_layers, num_experts, policy)
     warm = warmup_accesses(trace, num_slots)
     counts = [0, 0, 0, 0]  # hits, misses after warm-up; hits, misses in all
@@ -125,8 +128,8 @@ def _count(counts: list[int], after_warmup: bool, hits: int, misses: int) -> Non
 
 
 def compare_policies(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int) -> dict[str, object]:
-    """LRU, LFU and Belady on one trace at `num_slots` (the JSON `bench decode` reports)."""
-    results = [replay_policy(trace, num_slots, num_layers, num_experts, p) for p in ("lru", "lfu")]
+    """Every policy and Belady on one trace at `num_slots` (the JSON `bench decode` reports)."""
+    results = [replay_policy(trace, num_slots, num_layers, num_experts, p) for p in REPLAYED]
     try:
         results.append(replay_belady(trace, num_slots))
     except ValueError as e:
