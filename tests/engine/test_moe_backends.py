@@ -25,6 +25,7 @@ def resident_tokens(qwen3_ckpt):  # noqa: ANN001, ANN201
         dict(moe_backend="offload", moe_slots=EXPERTS * MOE_LAYERS // 4),
         dict(moe_backend="offload", moe_slots=EXPERTS * MOE_LAYERS),
         dict(moe_backend="offload", moe_slots=5, moe_policy="lfu"),
+        dict(moe_backend="offload", moe_slots=5, moe_policy="lru-plain"),  # the A/B policy (lru: the default)
         dict(moe_backend="cpu", moe_slots=TOP_K),
         dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
         dict(moe_backend="hybrid", moe_slots=4),  # the live controller

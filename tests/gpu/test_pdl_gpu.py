@@ -23,7 +23,7 @@ from edgemoe.kernels.paged_attention import decode_attention
 from edgemoe.kernels.rope_kv import rope_write_kv
 from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
 from edgemoe.kernels.row_gather import gather_rows, gather_rows_into
-from edgemoe.kernels.slot_plan import SlotState, plan_wave_fused
+from edgemoe.kernels.slot_plan import plan_wave_fused
 from edgemoe.kernels.triton_ops import (
     decode_step_kernels,
 )
@@ -59,7 +59,7 @@ def build() -> SimpleNamespace:
     inv = 1.0 / 10000 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D)
     ang = torch.arange(max(SEQ_LENS), device=dev, dtype=torch.float32)[:, None] * inv[None, :]
     cache = DeviceSlotCache(S, 1, E, dev, fused=True)
-    state = SlotState(cache.slot_map, cache.slot_owners, cache.recency, cache.clock, cache.counts, cache.events)
+    state = cache.state
     gu_table, dn_table = rnd(E, 2 * I, H, scale=H**-0.5), rnd(E, H, I, scale=I**-0.5)
     fmt = expert_format("int8")
     experts = [quantise_expert(fmt, gu_table[e, :I].float(), gu_table[e, I:].float(), dn_table[e].float())

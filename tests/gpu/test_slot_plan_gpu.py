@@ -30,10 +30,12 @@ def test_the_fused_plan_is_the_default_on_cuda() -> None:
 BIG = [(2, 512, 8192, 10, (1, 8, 32)), (2, 512, 320, 10, (1, 32)), (3, 128, 1000, 8, (1, 16))]
 
 
+@pytest.mark.parametrize("policy", ["lru", "lru-plain"])
 @pytest.mark.parametrize("config", CONFIGS + BIG, ids=lambda c: "L{}-E{}-S{}-K{}".format(*c[:4]))
-def test_random_traces_match_the_torch_plan(config: tuple) -> None:
+def test_random_traces_match_the_torch_plan(config: tuple, policy: str) -> None:
     L, E, S, K, sizes = config
-    ref, fused = DeviceSlotCache(S, L, E, CUDA, fused=False), DeviceSlotCache(S, L, E, CUDA, fused=True)
+    ref, fused = (DeviceSlotCache(S, L, E, CUDA, fused=False, policy=policy),
+                  DeviceSlotCache(S, L, E, CUDA, fused=True, policy=policy))
     rng = random.Random(S)
     for step in range(12):
         T = rng.choice(sizes)

@@ -129,7 +129,7 @@ def test_a_layer_cycle_larger_than_the_pool(policy: str) -> None:
     """6 layers x top-2 (12 keys a step) through 9 slots, the same experts every step, with
     padding rows: plain LRU never hits, the scan-resistant rule does (Belady's choice once
     no key is stale); both exactly as `SlotCache` decides."""
-    L, E, S, K = 6, 8, 9, 2
+    L, E, S = 6, 8, 9  # top-2: each layer routes experts (layer, layer + 2)
     py, dev = pair(S, L, E, policy)
     live, idle = torch.tensor([True, False]), torch.tensor([False, False])  # padding rows route nothing
     hits = []
