@@ -8,8 +8,9 @@ Contract (`plan_wave_fused`): given the cache's state tensors (`SlotState`, upda
 place), a layer, its routing `[T, K]` (-1 = not routed) and optional `pinned` [S] bool
 slots, it makes the decisions and updates of `DeviceSlotCache.plan_wave` (`scan`: the
 scan-resistant "lru" order of victims, else "lru-plain"'s) and returns its outputs
-(`FusedPlan`). One program, fixed shapes, no host read: capturable in a CUDA graph. The cost per wave is in `triton_ops/slot_plan.py` (2·S int64 reads, one block
-reduction over the pool per victim).
+(`FusedPlan`). One program, fixed shapes, no host read: capturable in a CUDA graph. The
+cost per wave is in `triton_ops/slot_plan.py` (2·S int64 reads, one block reduction over
+the pool per victim).
 
 Chosen on CUDA tensors when Triton is importable and the pool fits the kernel's
 registers (`fused_plan_supported`); `EDGEMOE_TRITON=0` keeps the torch ops (A/B runs).
