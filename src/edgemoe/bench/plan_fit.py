@@ -52,6 +52,10 @@ RUNS = (
         ("--kv-tokens", "40960", "--max-prefill-tokens", "8192")),
     Run("8 qwen3.8 16 GiB 32K", "qwen4-20261201-204900-host-embed-device.jsonl", "random:qwen3.8-flash-next", "bf16",
         "16GiB", 32768, ("--kv-tokens", "131200", "--max-model-len", "131200", "--max-running-requests", "4")),
+    # Issue 17's checks: made after the constants were committed (23:53-23:55 UTC, PDL on by default).
+    Run("9 check bf16 16 GiB", "decode-20261201-235358.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
+    Run("10 check fp8 16 GiB", "decode-20261201-235424.json", QWEN3, "fp8", "16GiB", 1024, KV8K),
+    Run("11 check bf16 8 GiB", "decode-20261201-235501.json", QWEN3, "bf16", "8GiB", 1024, KV8K),
 )
 
 
