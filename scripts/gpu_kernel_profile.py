@@ -6,7 +6,12 @@ graph) over STEPS steps. Prints each kernel's µs per step, its share and calls 
 and writes $OUT/kernel_profile_b<batch>_p<prompt>.json. The bound to compare with:
 PERF-NOTES' 680 tok/s at batch 1, 1.47 ms a step (docs/benchmarks.md: per layer).
 
-    PYTHONPATH=/tmp/site:src python3 scripts/gpu_kernel_profile.py [batch] [prompt_tokens]
+    PYTHONPATH=/tmp/site:src python3 scripts/gpu_kernel_profile.py [batch] [prompt_tokens] [setting=value ...]
+
+Settings after the first two arguments replace the resident defaults, e.g. the offload
+scenario with the device expert cache: `1 1024 moe_backend=offload gpu_memory=16GiB
+kv_tokens=8192` (values that read as integers are passed as integers). The output file's
+name then carries them.
 """
 
 from __future__ import annotations
@@ -25,8 +30,12 @@ from edgemoe import LLM, SamplingParams
 STEPS = 16
 batch = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+given = dict(arg.split("=", 1) for arg in sys.argv[3:])
+settings: dict[str, object] = {"moe_backend": "resident", "kv_tokens": 65536}
+settings.update({k: int(v) if v.isdigit() else v for k, v in given.items()})
+tag = "".join(f"_{k}-{v}" for k, v in given.items())
 
-with LLM("random:qwen3-30b-a3b", moe_backend="resident", kv_tokens=65536) as llm:
+with LLM("random:qwen3-30b-a3b", **settings) as llm:
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
     for i in range(batch):
@@ -54,5 +63,6 @@ for name, (us, calls) in rows[:40]:
     table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
 out = Path(os.environ.get("OUT", "bench/results"))
 out.mkdir(parents=True, exist_ok=True)
-(out / f"kernel_profile_b{batch}_p{prompt}.json").write_text(json.dumps(
-    {"batch": batch, "prompt_tokens": prompt, "steps": STEPS, "us_per_step": total / STEPS, "kernels": table}, indent=1))
+(out / f"kernel_profile_b{batch}_p{prompt}{tag}.json").write_text(json.dumps(
+    {"batch": batch, "prompt_tokens": prompt, "settings": settings, "steps": STEPS, "us_per_step": total / STEPS,
+     "kernels": table}, indent=1))

@@ -14,6 +14,7 @@
 #   kbench       scripts/gpu_kernel_bench.py: every Triton kernel at Qwen3-30B-A3B shapes (the router sweep too)
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
+#   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
 #   hybrids      scripts/gpu_hybrids_bench.sh PART=decode
 #   qwen4        scripts/gpu_qwen4_bench.py $QWEN4_ARGS
@@ -49,6 +50,11 @@ run_stage() {
     kbench) OUT="$res/kbench" python3 scripts/gpu_kernel_bench.py ;;
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
+    plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
+                  set -- $setting
+                  decode --expert-dtype "$1" --gpu-memory "$2" --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 \
+                    --decode-tokens 64 --out "$res/plan-check"
+                done ;;
     offload2) OUT="$res/offload2" bash scripts/gpu_offload2.sh ;;
     hybrids) OUT="$res/hybrids" PART=decode bash scripts/gpu_hybrids_bench.sh ;;
     qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ${QWEN4_ARGS:-} ;;

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgemoe import plan_speed as speed
-from edgemoe.bench.plan_fit import RUNS, fit, measured, plan_args, predicted_ms
+from edgemoe.bench.plan_fit import PREFILL_RUNS, RUNS, fit, measured, plan_args, predicted_ms, predicted_prefill
 from edgemoe.cli import build_parser, main
 from edgemoe.plan import hit_rate, plan_rows, rates_from
 from edgemoe.plan_speed import decode_bound, prefill_bound
@@ -73,10 +73,17 @@ def test_speed_model_reproduces_each_gpu_run(run) -> None:
     assert predicted == pytest.approx(got.step_ms, rel=0.15)  # issue 17's bar
 
 
+@pytest.mark.parametrize("run", [r for r in RUNS if r.label.split()[0] in PREFILL_RUNS], ids=lambda r: r.label)
+def test_prefill_model_reproduces_each_realistic_routing_run(run) -> None:
+    # A 1K prompt in one chunk: the plan's prefill bound x its efficiency against the measured prefill.
+    assert predicted_prefill(run, RESULTS) == pytest.approx(measured(run, RESULTS).prefill_tok_s, rel=0.15)
+
+
 def test_committed_constants_are_the_fit_of_the_committed_runs() -> None:
     fitted = fit(RESULTS)
     committed = {**speed.EXPERT_EFFICIENCY, "KV_EFFICIENCY": speed.KV_EFFICIENCY,
-                 "SLOT_CACHE_US": speed.SLOT_CACHE_US, "COPY_EFFICIENCY": speed.COPY_EFFICIENCY}
+                 "SLOT_CACHE_US": speed.SLOT_CACHE_US, "COPY_EFFICIENCY": speed.COPY_EFFICIENCY,
+                 "PREFILL_EFFICIENCY": speed.PREFILL_EFFICIENCY}
     assert fitted.keys() == committed.keys()
     for name, value in committed.items():
         assert value == pytest.approx(fitted[name], rel=2e-3), name  # the code keeps 4 significant digits
@@ -114,7 +121,7 @@ def test_plan_prints_its_predictions_and_their_provenance(capsys, tmp_path: Path
         assert f" {r.num_slots} " in line and f" {r.step.tok_s:.1f} " in line  # type: ignore[union-attr]
     assert "measured   the decode step given its misses" in out
     assert "hit-rate model, not calibrated" in out and "int8 (as fp8)" in out
-    assert "PLACEHOLDER efficiency" in out and "copy+CPU (uncalibrated" in out  # prefill and the CPU share
+    assert "prefill (the copy bound x 0.56" in out and "copy+CPU (uncalibrated" in out  # prefill and the CPU share
 
 
 def test_misses_out_of_range_are_refused() -> None:

@@ -11,7 +11,7 @@ as the engine would (`engine/budget.py`), and predicts, per expert format:
   efficiency, constants fitted to `bench decode` runs on an H200;
 - prefill tok/s for one `--max-prefill-tokens` chunk: a chunk of N tokens touches a share
   1 − (1 − k/E)^N of each layer's experts; those not resident are copied once (a bound ×
-  an uncalibrated efficiency).
+  an efficiency fitted to a synthetic-routing run, docs/plan.md).
 
 Rates come from `--pcie-gbps`/`--cpu-gbps`/`--device-gbps`, else from the newest
 `edgemoe bench bw` result under `--bench-dir`.
@@ -314,6 +314,10 @@ def _modelled(rates: Rates, args: argparse.Namespace) -> list[str]:
         out.append("copy+CPU (uncalibrated: no run measured the CPU's share beside the device cache)")
     if not speed.PREFILL_CALIBRATED:
         out.append(f"prefill (bound x {speed.PREFILL_EFFICIENCY:.2f}: a PLACEHOLDER efficiency, not calibrated)")
+    else:
+        out.append(f"prefill (the copy bound x {speed.PREFILL_EFFICIENCY:.2f}, fitted to a realistic-routing run; "
+                   "it assumes the chunk routes like the hit-rate model: a model that concentrates a prompt on "
+                   "few experts prefills faster)")
     return out
 
 

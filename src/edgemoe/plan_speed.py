@@ -9,7 +9,8 @@ moves, with constants fitted to `edgemoe bench decode` runs on one GPU (docs/pla
 
 The efficiencies are shares of the device's bandwidth, so the base step scales with the
 bandwidth given (a 1 TB/s card: ~4× the H200's); SLOT_CACHE_US is a latency and does not.
-Prefill stays a bound × a placeholder efficiency: not calibrated.
+Prefill is the copy bound of one chunk (`prefill_bound`) × PREFILL_EFFICIENCY, fitted to a
+realistic-routing run.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ SLOT_CACHE_US = 29.34
 # (decode-20261201-204237.json, 112.6 misses, 27.72 ms p50).
 COPY_EFFICIENCY = 0.9053
 
-# NOTE: PLACEHOLDER, not calibrated (no prefill run was fitted): the share of the prefill bound.
-PREFILL_EFFICIENCY = 0.5
+# NOTE: the share of the prefill copy bound (`prefill_bound`) a chunk reaches: synthetic routing's
+# 1K prefill at bf16 / 16 GiB (decode-20261201-204237.json, 677.6 tok/s; every expert touched),
+# checked on a later run of the same setting (decode-20261201-234509.json: 729.6, predicted −7%).
+PREFILL_EFFICIENCY = 0.5591
 
 # What is calibrated and what is only modelled (the report says which).
 DECODE_CALIBRATED = True  # the step time given the misses, on the calibration GPU, batch 1
 HIT_RATE_CALIBRATED = False  # needs a trained checkpoint's routing; the random presets' router is not one
 CPU_SHARE_CALIBRATED = False  # no run measured the CPU's share beside the device cache
-PREFILL_CALIBRATED = False
+PREFILL_CALIBRATED = True  # for chunks that touch every expert (uniform or realistic routing)
 
 
 class StepBytes(NamedTuple):

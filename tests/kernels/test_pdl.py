@@ -1,5 +1,5 @@
 """The programmatic-dependent-launch switch (`backend.pdl_enabled`, docs/kernels.md): on
-only with EDGEMOE_PDL=1 on a CUDA device of compute capability 9+ outside Triton's
+unless EDGEMOE_PDL=0, on a CUDA device of compute capability 9+ outside Triton's
 interpreter; every decode-path kernel takes the `USE_PDL` constexpr (a launch that
 omitted it would fail the interpreter tests); under the interpreter the switch stays off
 even when asked for, so the kernels run there as before. The compiled instructions are
@@ -34,8 +34,8 @@ def hopper(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-def test_off_unless_asked(hopper: pytest.MonkeyPatch) -> None:
-    assert not pdl_enabled(CUDA0)
+def test_on_by_default_on_hopper_off_with_zero(hopper: pytest.MonkeyPatch) -> None:
+    assert pdl_enabled(CUDA0)
     hopper.setenv("EDGEMOE_PDL", "0")
     assert not pdl_enabled(CUDA0)
     hopper.setenv("EDGEMOE_PDL", "1")

@@ -36,6 +36,7 @@ class Measured(NamedTuple):
     step_ms: float  # p50 ms per decode step (a .jsonl row has only tok/s: its mean)
     misses: float  # decode misses per token
     slots: int  # the engine's slots (0: resident)
+    prefill_tok_s: float  # the prompt's prefill, one chunk of `context` tokens
 
 
 KV8K = ("--kv-tokens", "8192")
@@ -52,7 +53,16 @@ RUNS = (
         ("--kv-tokens", "40960", "--max-prefill-tokens", "8192")),
     Run("8 qwen3.8 16 GiB 32K", "qwen4-20261201-204900-host-embed-device.jsonl", "random:qwen3.8-flash-next", "bf16",
         "16GiB", 32768, ("--kv-tokens", "131200", "--max-model-len", "131200", "--max-running-requests", "4")),
+    # Issue 17's checks: made after the constants were committed (23:53-23:55 UTC, PDL on by default).
+    Run("9 check bf16 16 GiB", "decode-20261201-235358.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
+    Run("10 check fp8 16 GiB", "decode-20261201-235424.json", QWEN3, "fp8", "16GiB", 1024, KV8K),
+    Run("11 check bf16 8 GiB", "decode-20261201-235501.json", QWEN3, "bf16", "8GiB", 1024, KV8K),
+    Run("12 check bf16 16 GiB synthetic", "decode-20261201-234509.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
 )
+# The runs whose prefill the plan's prefill model describes: a chunk that touches every expert, as
+# uniform or realistic routing does (synthetic routing); the random presets' router concentrates a
+# chunk on a few experts (run 1's 1K prefill missed 1.3 experts a token, not 4.8), so its runs can't.
+PREFILL_RUNS = ("5", "12")
 
 
 def measured(run: Run, results: Path) -> Measured:
@@ -61,10 +71,11 @@ def measured(run: Run, results: Path) -> Measured:
     if path.suffix == ".jsonl":  # scripts/gpu_qwen4_bench.py: one row per context
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         row = next(r for r in rows if r["context"] == run.context)
-        return Measured(1000 / row["decode_tok_s"], row["misses_per_token"], row["slots"])
+        return Measured(1000 / row["decode_tok_s"], row["misses_per_token"], row["slots"], row["prefill_tok_s"])
     data = json.loads(path.read_text())
     row = next(r for r in data["rows"] if r["prompt_tokens"] == run.context and r["batch"] == 1)
-    return Measured(row["decode_step_ms_p50"], row["decode_moe"]["misses_per_token"], data["moe"].get("slots", 0))
+    return Measured(row["decode_step_ms_p50"], row["decode_moe"]["misses_per_token"], data["moe"].get("slots", 0),
+                    row["prefill_tok_s"])
 
 
 def plan_args(run: Run, results: Path, misses: float) -> list[str]:
@@ -78,7 +89,8 @@ def fit(results: Path) -> dict[str, float]:
     """Every constant of `plan_speed`, from the runs, in dependency order:
     KV_EFFICIENCY and bf16's from 6a/6b; SLOT_CACHE_US from 1 against 6a and COPY_EFFICIENCY
     pooled over 3 and 5 (solved together: run 1's copies need the copy efficiency, the
-    copy-bound runs' base the slot cost); fp8's and int4's from 2 and 4 given the rest."""
+    copy-bound runs' base the slot cost); fp8's and int4's from 2 and 4 given the rest;
+    PREFILL_EFFICIENCY from 5's prefill against the plan's prefill bound."""
     from edgemoe.engine.budget import expert_nbytes
     from edgemoe.plan import _arch
     from edgemoe.quant import expert_format
@@ -100,12 +112,14 @@ def fit(results: Path) -> dict[str, float]:
         moved = sum(m[k].misses * e["bf16"] for k in ("3", "5"))
         copy_eff = moved / (sum(m[k].step_ms - base for k in ("3", "5")) * cal.pcie_gbps * 1e6)
     dense_ms = b1k.dense / (rate * bf16_eff)
+    out_prefill = m["5"].prefill_tok_s / (predicted_prefill(by["5"], results) / speed.PREFILL_EFFICIENCY)
     out = {"bf16": bf16_eff, "KV_EFFICIENCY": kv_eff, "SLOT_CACHE_US": 1000 * slot_ms / layers,
            "COPY_EFFICIENCY": copy_eff}
     for k, fmt in (("2", "fp8"), ("4", "int4")):
         b = speed.step_bytes(arch, e[fmt], by[k].context)
         copies = m[k].misses * e[fmt] / (cal.pcie_gbps * copy_eff * 1e6)
         out[fmt] = b.experts / (rate * (m[k].step_ms - dense_ms - b.kv / (rate * kv_eff) - slot_ms - copies))
+    out["PREFILL_EFFICIENCY"] = out_prefill
     return out
 
 
@@ -118,6 +132,17 @@ def predicted_ms(run: Run, results: Path, misses: float) -> float:
     step = rows[0].step
     assert step is not None, "the bw result gives both rates"
     return step.total_ms
+
+
+def predicted_prefill(run: Run, results: Path) -> float:
+    """The run's prefill tok/s as `edgemoe plan` predicts it: one chunk of the run's prompt."""
+    from edgemoe.cli import build_parser
+    from edgemoe.plan import plan_rows
+
+    args = [*plan_args(run, results, 0.0), "--max-prefill-tokens", str(run.context)]
+    prefill = plan_rows(build_parser().parse_args(args))[3][0].prefill
+    assert prefill is not None, "the bw result gives the PCIe rate"
+    return prefill
 
 
 def table(results: Path) -> list[tuple[Run, Measured, float]]:
@@ -135,6 +160,10 @@ def main() -> int:
     for run, got, predicted in table(results):
         print(f"| {run.label} | `{run.file}` | {got.misses:.2f} | {got.step_ms:.2f} | {predicted:.2f} | "
               f"{predicted / got.step_ms - 1:+.1%} |")
+    print("\n| run | prefill tok/s measured | predicted | error |\n|---|---|---|---|")
+    for run in (r for r in RUNS if r.label.split()[0] in PREFILL_RUNS):
+        got, predicted = measured(run, results).prefill_tok_s, predicted_prefill(run, results)
+        print(f"| {run.label} | {got:,.1f} | {predicted:,.1f} | {predicted / got - 1:+.1%} |")
     return 0
 
 
