@@ -15,6 +15,7 @@
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
+#   scan-ab      bf16 at 8 GiB (276 slots < 48 x 8): --moe-policy lru (scan-resistant), then lru-plain (one process each)
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
 #   hybrids      scripts/gpu_hybrids_bench.sh PART=decode
 #   qwen4        scripts/gpu_qwen4_bench.py $QWEN4_ARGS
@@ -55,6 +56,11 @@ run_stage() {
                   decode --expert-dtype "$1" --gpu-memory "$2" --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 \
                     --decode-tokens 64 --out "$res/plan-check"
                 done ;;
+    scan-ab) for policy in lru lru-plain; do
+               echo "== --moe-policy $policy"
+               decode --moe-policy "$policy" --gpu-memory 8GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 \
+                 --decode-tokens 64 --out "$res/scan-ab/$policy"
+             done ;;
     offload2) OUT="$res/offload2" bash scripts/gpu_offload2.sh ;;
     hybrids) OUT="$res/hybrids" PART=decode bash scripts/gpu_hybrids_bench.sh ;;
     qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ${QWEN4_ARGS:-} ;;
