@@ -23,7 +23,7 @@ needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpret
 
 def test_override_takes_four_to_six_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(attn_decode_tiles.ENV, raising=False)
-    assert tiles() == attn_decode_tiles.DEFAULT == (64, 64, 4, 2, 8, 1)
+    assert tiles() == attn_decode_tiles.DEFAULT
     monkeypatch.setenv(attn_decode_tiles.ENV, "128,32,2,5")
     assert tiles() == (128, 32, 2, 5, attn_decode_tiles.MERGE_CHUNK, attn_decode_tiles.MIN_BLOCKS)
     monkeypatch.setenv(attn_decode_tiles.ENV, "256,16,8,7,64,3")
