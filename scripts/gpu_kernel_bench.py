@@ -9,17 +9,21 @@ Run from the repository root: PYTHONPATH=/tmp/site:src python3 scripts/gpu_kerne
 (/tmp/site: the carried wheels, msgspec among them; see docs/gpu.md). `--only SECTION ...`
 runs some sections: `--only moe_splits` is the split-K sweep of moe_decode alone (T = 1,
 8, 32 x gu_splits S = 1, 2, 4, 8 at the default row/col tiles; the whole call, then its
-gate/up and down launches apart; well under a minute).
+gate/up and down launches apart; well under a minute); `--only attention_sweep` times
+decode attention at each candidate tile set (ATTN_SWEEP x ATTN_SWEEP_CASES, each checked
+against the torch reference first; ~2 minutes, mostly compiling).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +33,7 @@ import triton.testing
 from edgemoe.bench.cuda_timing import graph_us
 from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_slots_ref
 from edgemoe.kernels.norm_fused import add_rms_norm
-from edgemoe.kernels.paged_attention import decode_attention, extend_attention
+from edgemoe.kernels.paged_attention import decode_attention, decode_attention_ref, extend_attention
 from edgemoe.kernels.rope_kv import rope_write_kv
 from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
 from edgemoe.kernels.triton_ops import router as router_kernels
@@ -42,6 +46,16 @@ DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192
 GU_SPLITS = (1, 2, 4, 8)  # moe_decode split-K sweep
 DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
 EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
+ATTN_SWEEP_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 4096))  # (batch, context)
+# EDGEMOE_ATTN_DECODE_TILES candidates: splits,block_n,warps,stages,merge_chunk,min_blocks
+# (today's first). Triton 3.6 pipelines the split loop from 3 stages (page ids two blocks
+# ahead, one K/V buffer) and double-buffers K/V from 5 (triple from 7); see attn_decode_tiles.
+ATTN_SWEEP = (
+    "64,64,4,2,8,1", "64,64,4,3,8,1", "64,64,4,5,8,1", "64,64,4,5,64,1", "64,32,4,5,8,1", "64,32,4,7,16,1",
+    "64,64,8,5,16,1", "128,64,4,5,32,1", "128,32,4,5,32,1", "128,32,4,7,32,1", "128,32,2,5,32,1",
+    "128,64,4,3,32,1", "128,32,4,5,128,1", "256,32,4,5,64,1", "256,16,2,5,64,1", "128,32,4,5,32,2", "128,32,4,5,32,4",
+    "64,64,4,5,16,2", "64,128,8,5,16,1",
+)
 RESULTS: list[dict] = []
 
 
@@ -143,26 +157,99 @@ def bench_moe_splits(gate_up: torch.Tensor, down: torch.Tensor) -> None:
                     os.environ[ENV] = saved
 
 
+class DecodeAttentionCase(NamedTuple):
+    calls: list[Callable[[], object]]  # one decode_attention per input copy
+    outs: list[torch.Tensor]
+    ref: Callable[[], torch.Tensor]  # copy 0 through the fp32 torch reference
+    kv_bytes: int
+    flops: int
+
+
+def decode_attention_case(batch: int, ctx: int, g: torch.Generator) -> DecodeAttentionCase:
+    """`batch` sequences of `ctx` keys, pages scattered at random, in enough copies that
+    one round of calls reads more than L2 holds."""
+    kv_bytes = batch * ctx * HKV * D * 2 * 2
+    n = copies_for(kv_bytes)
+    pages = ctx // PAGE
+    k_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
+    v_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
+    tables = [(torch.randperm(batch * pages, generator=g, device=DEV) + i * batch * pages).view(batch, pages)
+              .to(torch.int32) for i in range(n)]
+    rows = torch.arange(batch, dtype=torch.int32, device=DEV)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
+    qs = [torch.randn(batch, HQ, D, generator=g, device=DEV).to(BF16) for _ in range(n)]
+    outs = [torch.empty_like(q) for q in qs]
+    calls = [lambda i=i: decode_attention(qs[i], k_pool, v_pool, tables[i], rows, lens, PAGE, D**-0.5, None, outs[i])
+             for i in range(n)]
+    head = slice(0, batch * ctx)  # copy 0's slots: its table holds pages 0 .. batch * pages - 1
+    ref = lambda: decode_attention_ref(qs[0].float(), k_pool[head].float(), v_pool[head].float(),  # noqa: E731
+                                       tables[0], rows, lens, PAGE, D**-0.5, None, torch.empty(qs[0].shape, device=DEV))
+    return DecodeAttentionCase(calls, outs, ref, kv_bytes, 4 * batch * HQ * D * ctx)
+
+
 def bench_decode_attention() -> None:
     g = torch.Generator(device=DEV).manual_seed(1)
     for batch, ctx in DECODE_ATTN:
-        kv_bytes = batch * ctx * HKV * D * 2 * 2
-        n = copies_for(kv_bytes)
-        pages = ctx // PAGE
-        k_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
-        v_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
-        tables = [(torch.randperm(batch * pages, generator=g, device=DEV) + i * batch * pages).view(batch, pages)
-                  .to(torch.int32) for i in range(n)]
-        rows = torch.arange(batch, dtype=torch.int32, device=DEV)
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device=DEV)
-        qs = [torch.randn(batch, HQ, D, generator=g, device=DEV).to(BF16) for _ in range(n)]
-        outs = [torch.empty_like(q) for q in qs]
-        flops = 4 * batch * HQ * D * ctx
-        calls = [lambda i=i, k=k_pool, v=v_pool: decode_attention(qs[i], k, v, tables[i], rows, lens, PAGE, D**-0.5,
-                                                                  None, outs[i])
-                 for i in range(n)]
-        record("decode_attention", f"B={batch} ctx={ctx}", graph_us(calls, rounds=4), kv_bytes, flops, "graph")
-        del k_pool, v_pool
+        case = decode_attention_case(batch, ctx, g)
+        record("decode_attention", f"B={batch} ctx={ctx}", graph_us(case.calls, rounds=4), case.kv_bytes, case.flops,
+               "graph")
+        del case
+
+
+def bench_attention_sweep() -> None:
+    """decode_attention at each ATTN_SWEEP tile set (EDGEMOE_ATTN_DECODE_TILES), today's
+    first, at ATTN_SWEEP_CASES. Each set's output of copy 0 is checked against the fp32
+    torch reference first; a set outside the bound is reported (a row with mode "wrong"
+    and its error), not timed. Bound: 2^-7 of the reference's largest element. The output's
+    bf16 rounding (2^-9 relative) and the probabilities' (2^-9 each, random signs) keep a
+    correct set at ~0.3-0.4 of it on this random data (a torch emulation of the kernel's
+    roundings at 1K-128K); one lost split of 64-256 is 8-40x over it.
+    NOTE: the override is restored afterwards (read per call: nothing else sees it)."""
+    from edgemoe.kernels.attn_decode_tiles import ENV
+
+    g = torch.Generator(device=DEV).manual_seed(6)
+    saved = os.environ.get(ENV)
+    for batch, ctx in ATTN_SWEEP_CASES:
+        case = decode_attention_case(batch, ctx, g)
+        want = case.ref()
+        bound = 2**-7 * want.abs().max().item()
+        for tiles in ATTN_SWEEP:
+            os.environ[ENV] = tiles
+            try:
+                label = f"B={batch} ctx={ctx} {tiles}"
+                case.calls[0]()
+                err = (case.outs[0].float() - want).abs().max().item()
+                if not err <= bound:  # NaN too
+                    RESULTS.append(dict(kernel="decode_attention tiles", case=label, mode="wrong", err=err, bound=bound))
+                    print(f"decode_attention tiles {label}: WRONG, max err {err:.3g} > {bound:.3g}", flush=True)
+                    continue
+                record("decode_attention tiles", label, graph_us(case.calls, rounds=4), case.kv_bytes, case.flops,
+                       "graph")
+            finally:
+                if saved is None:
+                    os.environ.pop(ENV, None)
+                else:
+                    os.environ[ENV] = saved
+        del case, want
+    print_sweep_summary()
+
+
+def print_sweep_summary() -> None:
+    """Per case, today's tiles (ATTN_SWEEP[0]) and the fastest set; then the set with the
+    best geometric mean over the cases (each set timed at every case)."""
+    rows = [r for r in RESULTS if r["kernel"] == "decode_attention tiles" and r["mode"] == "graph"]
+    us = {(r["case"].rsplit(" ", 1)[0], r["case"].rsplit(" ", 1)[1]): r["us"] for r in rows}
+    cases = sorted({c for c, _ in us}, key=[f"B={b} ctx={n}" for b, n in ATTN_SWEEP_CASES].index)
+    for case in cases:
+        best = min((t for c, t in us if c == case), key=lambda t: us[case, t])
+        print(f"sweep {case}: today {us.get((case, ATTN_SWEEP[0]), float('nan')):.2f} µs, "
+              f"best {best} {us[case, best]:.2f} µs", flush=True)
+    whole = [t for t in ATTN_SWEEP if all((c, t) in us for c in cases)]
+    if cases and whole:
+        mean = {t: math.prod(us[c, t] for c in cases) ** (1 / len(cases)) for t in whole}
+        best = min(whole, key=mean.get)
+        print(f"sweep overall (geometric mean over {len(cases)} cases): best {best} {mean[best]:.2f} µs, "
+              f"today {mean.get(ATTN_SWEEP[0], float('nan')):.2f} µs", flush=True)
 
 
 def bench_extend_attention() -> None:
@@ -236,12 +323,14 @@ def bench_router() -> None:
                 router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
 
 
-SECTIONS = ("moe", "moe_splits", "attention", "small", "router")
+SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "attention_sweep")  # a tuning sweep: asked for by name
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
+                    help="sections to run (default: all but attention_sweep)")
     only = set(ap.parse_args().only)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
@@ -259,6 +348,8 @@ def main() -> None:
     if "attention" in only:
         bench_decode_attention()
         bench_extend_attention()
+    if "attention_sweep" in only:
+        bench_attention_sweep()
     if "small" in only:
         bench_small_ops()
     if "router" in only:

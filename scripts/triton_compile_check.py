@@ -26,6 +26,7 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from edgemoe.kernels import attn_decode_tiles  # noqa: E402
 from edgemoe.kernels.triton_ops import (  # noqa: E402
     attn_decode,
     attn_extend,
@@ -81,18 +82,21 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
         for fp8 in (False, True):
             kv = {"k_ptr": "u8", "v_ptr": "u8"} if fp8 else {}
             tag = " fp8 kv" if fp8 else ""
-            block_n, warps, stages = attn_decode.decode_config(d)
+            t = attn_decode_tiles.tiles()
             for hw in (False, True) if fp8 else (False,):  # e4m3 type on sm_89+, integer decode before
                 yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}", attn_decode._decode_split,
-                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=block_n, SPLITS=attn_decode.NUM_SPLITS,
-                                DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=hw), warps, stages,
+                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=attn_decode_tiles.block_n_for(t, d),
+                                SPLITS=t.splits, MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, FP8KV=fp8,
+                                FP8HW=hw), t.warps, t.stages,
                            ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32}, min_arch=89 if hw else 80)
             block_m, block_n, warps, stages = attn_extend.extend_config(d)
             yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
                        BLOCK_N=block_n, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=False), warps, stages,
                        ptrs={**ints, **kv})
-    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=attn_decode.NUM_SPLITS, BLOCK_N=64,
-               DTYPE=act, INTERP=False, UNROLL=attn_decode.MERGE_UNROLL), 1, ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
+    t = attn_decode_tiles.tiles()
+    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=t.splits, BLOCK_N=t.block_n,
+               MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, CHUNK=t.merge_chunk),
+               attn_decode_tiles.merge_warps(t, 128), ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}
     yield Case("rope + kv write", rope._rope_write_kv, dict(HALF=32, NORM=False, HQ_PAD=32, HKV_PAD=4, D_PAD=256,
@@ -198,7 +202,11 @@ def compile_case(case: Case, arch: int, dtype_name: str, pdl: bool = False) -> t
             sig[name] = "*" + case.ptrs.get(name, dtype_name)
         else:
             sig[name] = "fp32" if name in FLOATS else "i32"
-    src = ASTSource(case.kernel, sig, consts)
+    # A launch marks aligned pointers and ints divisible by 16 (`tt.divisibility`); with the
+    # marks, Triton's pipeliner turns loads into async copies through shared memory, so
+    # every argument gets one here: the shared memory of a real launch, at its largest.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(params) if sig[name] not in ("constexpr", "fp32")}
+    src = ASTSource(case.kernel, sig, consts, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": case.warps, "num_stages": case.stages, "launch_pdl": pdl})
     return int(compiled.metadata.shared), compiled.asm["ptx"]

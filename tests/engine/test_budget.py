@@ -158,3 +158,16 @@ def test_graph_pool_holds_the_decode_split_k_partials(arch, monkeypatch: pytest.
     partials = 64 * 8 * 4 * 2 * 768 * 4  # 64 tokens x K=8 pairs x S=4 x (gate, up) x I x fp32
     assert graph_pool_bytes(arch, 64) - base >= partials
     assert workspace_bytes(arch, 2048, 8) - base_ws >= partials // 8  # eager: the 8 running decode rows
+
+
+def test_graph_pool_holds_the_decode_attention_splits(arch, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    # Decode attention allocates its split outputs and LSEs [B, Hq, splits, D + 1] fp32 inside
+    # the capture; the splits come from attn_decode_tiles (EDGEMOE_ATTN_DECODE_TILES in a sweep).
+    from edgemoe.engine.budget import graph_pool_bytes, workspace_bytes
+
+    monkeypatch.setenv("EDGEMOE_ATTN_DECODE_TILES", "64,64,4,2")
+    base, base_ws = graph_pool_bytes(arch, 64), workspace_bytes(arch, 2048, 8)
+    monkeypatch.setenv("EDGEMOE_ATTN_DECODE_TILES", "256,64,4,2")
+    more = 64 * 32 * (256 - 64) * 129 * 4  # 64 rows x Hq=32 x 192 more splits x (D + LSE) x fp32
+    assert graph_pool_bytes(arch, 64) - base == more
+    assert workspace_bytes(arch, 2048, 8) - base_ws >= more // 8  # eager: the 8 running decode rows

@@ -75,12 +75,10 @@ CASES = [  # Hq, Hkv, D, page_size, window
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), CASES)
 def test_triton_decode(dtype: torch.dtype, hq: int, hkv: int, d: int, page_size: int, window: int | None) -> None:
-    from edgemoe.kernels.triton_ops.attn_decode import (
-        NUM_SPLITS,
-        decode_attention_triton,
-    )
+    from edgemoe.kernels.attn_decode_tiles import SPLITS
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
 
-    lens = [64 * NUM_SPLITS + 77, 130, 1]  # splits of two blocks (a partial one), one block, a lone token
+    lens = [64 * SPLITS + 77, 130, 1]  # splits of two blocks (a partial one), one block, a lone token
     b = paged_batch(lens, [1, 1, 1], hq, hkv, d, page_size, dtype, seed=d + hq)
     out = torch.full_like(b.q, float("nan"))  # poisoned: every row must be written
     decode_attention_triton(b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.seq_lens, page_size, d**-0.5,

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from edgemoe.kernels.attn_decode_tiles import split_workspace_bytes
 from edgemoe.kernels.moe_gemv_tiles import split_partials_bytes
 from edgemoe.models.arch import ModelArch
 from edgemoe.quant import Dense, ExpertFormat
@@ -154,6 +155,7 @@ def graph_pool_bytes(arch: ModelArch, max_bs: int) -> int:
         return 0
     per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.moe_pairs + 16) + 4 * arch.projection_width
     per_row += split_partials_bytes(arch.moe_pairs, arch.moe_intermediate_size)  # moe_decode's split-K workspace
+    per_row += split_workspace_bytes(1, arch.num_heads, arch.head_dim)  # decode attention's split outputs
     return max_bs * per_row + 64 * MiB
 
 
@@ -165,6 +167,7 @@ def workspace_bytes(arch: ModelArch, max_prefill_tokens: int, max_running: int) 
     per_token = 4 * (8 * H + arch.moe_pairs * H + 4 * inter + arch.projection_width) + arch.state_workspace_per_token
     logits = 3 * 4 * arch.vocab_size * max_running
     partials = max_running * split_partials_bytes(arch.moe_pairs, arch.moe_intermediate_size)  # decode rows only
+    partials += split_workspace_bytes(max_running, arch.num_heads, arch.head_dim)  # decode attention's splits
     return int(1.5 * (T * per_token + logits + partials)) + FIXED_WORKSPACE
 
 

@@ -89,7 +89,7 @@ def decode_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `decode_attention_ref`. On CUDA, two launches: split-K over
-    NUM_SPLITS splits of each sequence's own context (one program per sequence x kv head
+    `attn_decode_tiles.SPLITS` splits of each sequence's own context (one program per sequence x kv head
     x split, all query heads of the group at once), then one program per (sequence, query
     head) merges them by log-sum-exp in ascending order; no host sync."""
     args = (q, k_cache, v_cache, page_table, req_rows, seq_lens, page_size, scale, window, out, max_seq_len,

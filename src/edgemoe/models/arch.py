@@ -35,6 +35,7 @@ class ModelArch(Protocol):
     vocab_size: int
     hidden_size: int
     num_layers: int
+    num_heads: int  # query heads of the attention layers
     num_kv_heads: int
     head_dim: int
     max_position_embeddings: int

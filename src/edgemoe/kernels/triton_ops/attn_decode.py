@@ -3,8 +3,8 @@
 Launch 1 (`_decode_split`): one program per (sequence, kv head, split) handles all
 Hq/Hkv query heads of its kv head (each K/V row is read once per group) and writes the
 split's normalised output and log-sum-exp (base 2) in fp32 to the workspace. Launch 2
-(`_decode_merge`): one program per (sequence, query head) merges that sequence's splits
-in ascending split order (`merge_splits`).
+(`_decode_merge`): one program per (sequence, query head) merges that sequence's splits,
+a chunk of them per step in a fixed order (`merge_splits`).
 
 Why two launches: a one-launch form (the last split of each (sequence, kv head) to
 arrive merged, through atomic arrival counters) measured slower everywhere on an H200
@@ -15,14 +15,18 @@ decode step, 395 vs 373 us over 48 layers), so it was removed.
 The key-block step (page table, scores, online softmax, P·V) is attn_common.py's, shared
 with the extend kernel; so is the fp8 cache's (`FP8KV`) reading.
 
-NOTE: a sequence's context is cut into NUM_SPLITS splits of ceil(len / NUM_SPLITS)
-positions rounded up to a key block, so the cut depends only on the sequence's own
-length (its result never depends on the batch), batch 1 gets NUM_SPLITS x Hkv programs
-at any context (1K: 16 one-block splits; 32K: 64 of 512 positions), and the grid and
-workspace (B x Hq x NUM_SPLITS x (D + 1) fp32) never depend on the context, so a CUDA
-graph holds both launches. Splits holding no visible key (past the sequence's end, or
-before its window) exit at once, and the merge reads only splits `first..last-1`
-(`split_bounds`), so their unwritten workspace is never read.
+NOTE: a sequence's context is cut into SPLITS splits of ceil(len / SPLITS) positions
+rounded up to a key block (and to MIN_BLOCKS blocks at least), so the cut depends only on
+the sequence's own length (its result never depends on the batch), batch 1 gets SPLITS x
+Hkv programs at long contexts (1K: 16 one-block splits; 32K: 64 of 512 positions, at
+the defaults), and the grid and workspace (B x Hq x SPLITS x (D + 1) fp32) never depend
+on the context, so a CUDA graph holds both launches. Splits holding no visible key (past
+the sequence's end, or before its window) exit at once, and the merge reads only splits
+`first..last-1` (`split_bounds`), so their unwritten workspace is never read.
+
+The tile constants (splits, block, warps, stages, merge chunk, minimum split length) are
+`attn_decode_tiles.py`'s, read per call (`EDGEMOE_ATTN_DECODE_TILES` overrides them for
+tuning sweeps; the memory plan sizes the workspace from the same place).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.attn_decode_tiles import block_n_for, merge_warps, tiles
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.attn_common import (
     kv_slots,
@@ -46,49 +51,42 @@ from edgemoe.kernels.triton_ops.common import (
     tl_dtype,
 )
 
-NUM_SPLITS = 64
 LOG2E = 1.4426950408889634
-MERGE_UNROLL = 8  # splits merged per step of the merge loop (see merge_splits)
-
-
-def decode_config(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) by head dim: K and V tiles of 16 KiB at most per
-    stage, which fits the ~99 KiB of shared memory of sm_86/sm_89 blocks too."""
-    return (64, 4, 2) if head_dim <= 128 else (32, 4, 2)
 
 
 @triton.jit
-def split_bounds(seq_len, window, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def split_bounds(seq_len, window, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_BLOCKS: tl.constexpr):
     """(first visible position, split length, first split, end split) of a sequence:
-    splits first..end-1 hold its visible keys, every other split none."""
+    splits first..end-1 hold its visible keys (end <= SPLITS), every other split none."""
     lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
-    split_len = tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLITS), BLOCK_N), MIN_BLOCKS) * BLOCK_N
     return lo, split_len, lo // split_len, tl.cdiv(seq_len, split_len)
 
 
 @triton.jit
-def merge_splits(o_rows, lse_rows, out_rows, ok, row_ok, stride_os, first, last,
-                 DTYPE: tl.constexpr, INTERP: tl.constexpr, UNROLL: tl.constexpr):
-    """Merges splits first..last-1 of some query rows (o_rows [R, D_PAD] and lse_rows [R]:
-    split 0's partial outputs and LSEs; stride_os to the next split) in ascending order (a
-    fixed order: deterministic and batch-invariant) and stores them to out_rows in DTYPE.
-    UNROLL splits a step, so their loads need not wait for each other's arithmetic (the
-    merge is latency-bound); a split past `last` leaves the running values as they were."""
-    e_max = tl.full(lse_rows.shape, float("-inf"), tl.float32)
-    e_sum = tl.zeros(lse_rows.shape, tl.float32)
-    acc = tl.zeros(o_rows.shape, tl.float32)
-    for s0 in range(first, last, UNROLL):
-        for k in tl.static_range(UNROLL):
-            live = s0 + k < last
-            lse = tl.load(lse_rows + (s0 + k), mask=row_ok & live, other=0.0)
-            o = tl.load(o_rows + (s0 + k) * stride_os, mask=ok & live, other=0.0)
-            new_max = tl.maximum(lse, e_max)
-            old_scale = tl.exp2(e_max - new_max)
-            w = tl.exp2(lse - new_max)
-            acc = tl.where(live, acc * old_scale[:, None] + o * w[:, None], acc)
-            e_sum = tl.where(live, e_sum * old_scale + w, e_sum)
-            e_max = tl.where(live, new_max, e_max)
-    tl.store(out_rows, round_to(acc / e_sum[:, None], DTYPE, INTERP), mask=ok)
+def merge_splits(o_row, lse_row, out_row, d_ok, stride_os, first, last,
+                 DTYPE: tl.constexpr, INTERP: tl.constexpr, CHUNK: tl.constexpr):
+    """Merges splits first..last-1 of one query row (o_row [1, D_PAD] and lse_row: split
+    0's partial output and LSE; stride_os to the next split) and stores it to out_row in
+    DTYPE. CHUNK splits a step, read as one [CHUNK, D_PAD] tile: the merge is
+    latency-bound, one round trip a step. The order is fixed by the split count and CHUNK
+    alone: deterministic and batch-invariant. Splits past `last` weigh 0 (LSE -inf)."""
+    c = tl.arange(0, CHUNK)[:, None]
+    e_max = tl.full([1, 1], float("-inf"), tl.float32)
+    e_sum = tl.zeros([1, 1], tl.float32)
+    acc = tl.zeros(o_row.shape, tl.float32)
+    for s0 in range(first, last, CHUNK):
+        live = s0 + c < last
+        lse = tl.load(lse_row + (s0 + c), mask=live, other=float("-inf"))
+        o = tl.load(o_row + (s0 + c) * stride_os, mask=live & d_ok, other=0.0)
+        # split s0 is live, so new_max is finite: dead splits get weight exp2(-inf) = 0
+        new_max = tl.maximum(e_max, tl.max(lse, axis=0, keep_dims=True))
+        old_scale = tl.exp2(e_max - new_max)
+        w = tl.exp2(lse - new_max)
+        acc = acc * old_scale + tl.sum(o * w, axis=0, keep_dims=True)
+        e_sum = e_sum * old_scale + tl.sum(w, axis=0, keep_dims=True)
+        e_max = new_max
+    tl.store(out_row, round_to(acc / e_sum, DTYPE, INTERP), mask=d_ok)
 
 
 @triton.jit
@@ -98,8 +96,8 @@ def _decode_split(
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_ss,
     qk_scale, window, page_size,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
-    FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, MIN_BLOCKS: tl.constexpr, DTYPE: tl.constexpr,
+    INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Launch 1: one program per (sequence, kv head, split), all G query heads at once."""
     b = tl.program_id(0)
@@ -107,17 +105,19 @@ def _decode_split(
     split = tl.program_id(2)
     pdl_start(USE_PDL)  # NOTE: before the early return below too (see pdl_start)
     seq_len = tl.load(lens_ptr + b)
-    lo, split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N)
-    if (split < first) | (split >= last):  # no visible key here
-        return
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    # The page-table row and the queries do not depend on the length: loaded before the
+    # branch, their round trips overlap its (a short split is latency: lens, then pages, then K/V).
     row = tl.load(rows_ptr + b).to(tl.int64)
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
     heads = kvh * G + g
     hd_ok = (g < G)[:, None] & (d < D)[None, :]
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=hd_ok, other=0.0)
+    lo, split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N, MIN_BLOCKS)
+    if (split < first) | (split >= last):  # no visible key here
+        return
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
@@ -144,22 +144,20 @@ def _decode_merge(
     o_ptr, lse_ptr, lens_ptr, out_ptr,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     window,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    DTYPE: tl.constexpr, INTERP: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_BLOCKS: tl.constexpr,
+    DTYPE: tl.constexpr, INTERP: tl.constexpr, CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Launch 2: one program per (sequence, query head) merges its splits."""
     b = tl.program_id(0)
-    r = tl.arange(0, 1)  # merge_splits takes a tile of rows: here one
-    h = tl.program_id(1) + r
+    h = tl.program_id(1)
     pdl_start(USE_PDL)
     seq_len = tl.load(lens_ptr + b)
-    _lo, _split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N)
-    d = tl.arange(0, D_PAD)
-    ok = (r < 1)[:, None] & (d < D)[None, :]
-    o_rows = o_ptr + b.to(tl.int64) * stride_ob + h[:, None] * stride_oh + d[None, :]
-    out_rows = out_ptr + b.to(tl.int64) * stride_outb + h[:, None] * stride_outh + d[None, :]
-    merge_splits(o_rows, lse_ptr + b * stride_lb + h * stride_lh, out_rows, ok, r < 1, stride_os, first, last,
-                 DTYPE, INTERP, UNROLL)
+    _lo, _split_len, first, last = split_bounds(seq_len, window, SPLITS, BLOCK_N, MIN_BLOCKS)
+    d = tl.arange(0, D_PAD)[None, :]
+    o_row = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
+    out_row = out_ptr + b.to(tl.int64) * stride_outb + h * stride_outh + d
+    merge_splits(o_row, lse_ptr + b * stride_lb + h * stride_lh, out_row, d < D, stride_os, first, last,
+                 DTYPE, INTERP, CHUNK)
 
 
 def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
@@ -192,27 +190,29 @@ def decode_attention_triton(
     if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     G, D_PAD = Hq // Hkv, triton.next_power_of_2(D)
-    # NOTE: `max_seq_len` sizes nothing (kept in the signature): the grid is NUM_SPLITS wide.
-    o_part = torch.empty(B, Hq, NUM_SPLITS, D, dtype=torch.float32, device=q.device)
-    lse = torch.empty(B, Hq, NUM_SPLITS, dtype=torch.float32, device=q.device)
-    block_n, warps, stages = decode_config(D)
+    t = tiles()
+    # NOTE: `max_seq_len` sizes nothing (kept in the signature): the grid is t.splits wide.
+    # The workspace's bytes: attn_decode_tiles.split_workspace_bytes (the memory plan's).
+    o_part = torch.empty(B, Hq, t.splits, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, Hq, t.splits, dtype=torch.float32, device=q.device)
+    block_n = block_n_for(t, D)
     dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
     k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     pdl = pdl_enabled(q.device)
-    _decode_split[(B, Hkv, NUM_SPLITS)](
+    _decode_split[(B, Hkv, t.splits)](
         q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         stride_ss, scale * LOG2E, win, page_size,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=NUM_SPLITS,
-        DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q), USE_PDL=pdl,
-        launch_pdl=pdl, num_warps=warps, num_stages=stages,
+        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=t.splits,
+        MIN_BLOCKS=t.min_blocks, DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q),
+        USE_PDL=pdl, launch_pdl=pdl, num_warps=t.warps, num_stages=t.stages,
     )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
-        out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=NUM_SPLITS, BLOCK_N=block_n, DTYPE=dtype, INTERP=interp,
-        UNROLL=MERGE_UNROLL, USE_PDL=pdl, launch_pdl=pdl, num_warps=1,
+        out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=t.splits, BLOCK_N=block_n, MIN_BLOCKS=t.min_blocks, DTYPE=dtype,
+        INTERP=interp, CHUNK=t.merge_chunk, USE_PDL=pdl, launch_pdl=pdl, num_warps=merge_warps(t, D_PAD),
     )
     return out

@@ -1,0 +1,92 @@
+"""Decode attention compiled at other tile sets than the default (`EDGEMOE_ATTN_DECODE_TILES`,
+the candidates of `scripts/gpu_kernel_bench.py --only attention_sweep`): software-pipelined
+split loops (3, 5, 7 stages), more splits, a vectorised merge, a minimum split length,
+against the fp32 torch reference at Qwen3-30B-A3B's and Qwen3.5's shapes, with an fp8 cache
+and a window; batch invariance and CUDA-graph replay at new lengths at a pipelined set."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import pytest
+import torch
+
+from edgemoe.kernels.attn_decode_tiles import ENV
+from edgemoe.kernels.paged_attention import decode_attention_ref
+from edgemoe.quant.kv import dequantise_kv, quantise_kv
+from edgemoe.testing.kernel_inputs import paged_batch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+BF16 = torch.bfloat16
+TILES = ["64,64,4,3,8,1", "64,64,4,5,64,1", "128,32,4,7,32,1", "256,16,2,5,64,1", "128,32,4,5,32,4",
+         "64,128,8,5,16,1"]
+LENS = [1, 17, 513, 1000, 4097, 20000, 32768]
+
+
+def decode(b, window, k=None, v=None, ks=None, vs=None) -> torch.Tensor:  # noqa: ANN001
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+
+    out = torch.full_like(b.q, float("nan"))  # poisoned: every row must be written
+    return decode_attention_triton(b.q, b.k_cache if k is None else k, b.v_cache if v is None else v, b.page_table,
+                                   b.req_rows, b.seq_lens, b.page_size, b.q.shape[-1] ** -0.5, window, out, None, ks,
+                                   vs)
+
+
+def check(got: torch.Tensor, b, window, k: torch.Tensor, v: torch.Tensor) -> None:  # noqa: ANN001
+    # Against fp32 over the same (dequantised) cache: the kernel rounds the probabilities to
+    # bf16 (<= 2^-9 relative each, so <= 2^-9 max|v| on the weighted sum) and the output
+    # (<= 2^-9 |out|): 2^-7 max|v|.
+    want = decode_attention_ref(b.q.float(), k.float(), v.float(), b.page_table, b.req_rows, b.seq_lens, b.page_size,
+                                b.q.shape[-1] ** -0.5, window, torch.empty(b.q.shape, device=b.q.device))
+    assert not got.isnan().any()
+    assert (got.float() - want).abs().max() <= 2**-7 * v.float().abs().max()
+
+
+@pytest.mark.parametrize("tiles", TILES)
+@pytest.mark.parametrize(("hq", "hkv", "d", "page_size", "window"), [(32, 4, 128, 16, None), (16, 2, 256, 16, 3000)])
+def test_decode_at_sweep_tiles(tiles: str, hq: int, hkv: int, d: int, page_size: int, window: int | None,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, tiles)
+    b = paged_batch(LENS, [1] * len(LENS), hq, hkv, d, page_size, BF16, "cuda", seed=d + hq)
+    got = decode(b, window)
+    check(got, b, window, b.k_cache, b.v_cache)
+    one = slice(5, 6)  # the 20000-key sequence alone: the bits it had in the batch
+    alone = dataclasses.replace(b, q=b.q[one], req_rows=b.req_rows[one], seq_lens=b.seq_lens[one])
+    assert torch.equal(decode(alone, window)[0].view(torch.int16), got[5].view(torch.int16))
+
+
+@pytest.mark.parametrize("tiles", ["64,64,4,5,8,1", "128,32,4,7,32,2"])
+def test_decode_fp8_cache_at_pipelined_tiles(tiles: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, tiles)
+    b = paged_batch(LENS, [1] * len(LENS), 32, 4, 128, 16, BF16, "cuda", seed=3)
+    (kq, ks), (vq, vs) = quantise_kv(b.k_cache), quantise_kv(b.v_cache)
+    for window in (None, 700):
+        got = decode(b, window, kq, vq, ks, vs)
+        check(got, b, window, dequantise_kv(kq, ks, torch.float32), dequantise_kv(vq, vs, torch.float32))
+
+
+def test_graph_replays_new_lengths_at_pipelined_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captured once (grid and workspace fixed by the tiles, not the context), replayed with
+    new lengths: each replay equals an eager call bit for bit."""
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+
+    monkeypatch.setenv(ENV, "128,32,4,7,32,2")
+    lens = [32768, 2000, 1, 300, 65, 7, 4097, 513]
+    b = paged_batch(lens, [1] * len(lens), 32, 4, 128, 16, BF16, "cuda", seed=13)
+    out = torch.empty_like(b.q)
+    args = (b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.seq_lens, 16, 128**-0.5, None)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        decode_attention_triton(*args, out)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention_triton(*args, out)
+    for new in ([30001, 1999, 1, 299, 64, 1, 4096, 512], [1, 2000, 1, 17, 65, 7, 1, 100], lens):
+        b.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        want = decode_attention_triton(*args, torch.empty_like(b.q))
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16)), new
+    check(out, b, None, b.k_cache, b.v_cache)

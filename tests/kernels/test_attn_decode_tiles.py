@@ -1,0 +1,88 @@
+"""Decode attention's tile settings (`attn_decode_tiles`): the override's parsing, and the
+Triton kernels (interpreter on CPU) at other tile sets than the default against the torch
+reference: more splits than key blocks, several merge steps, blocks wider than the
+context, a minimum split length, odd head groups, page sizes 1 and 16, a window, fp8 KV."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from edgemoe.kernels import attn_decode_tiles
+from edgemoe.kernels.attn_decode_tiles import AttnDecodeTiles, block_n_for, merge_warps, tiles
+from edgemoe.kernels.paged_attention import decode_attention_ref
+from edgemoe.quant.kv import dequantise_kv, quantise_kv
+from edgemoe.testing.kernel_inputs import paged_batch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+
+
+def test_override_takes_four_to_six_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(attn_decode_tiles.ENV, raising=False)
+    assert tiles() == attn_decode_tiles.DEFAULT
+    monkeypatch.setenv(attn_decode_tiles.ENV, "128,32,2,5")
+    assert tiles() == (128, 32, 2, 5, attn_decode_tiles.MERGE_CHUNK, attn_decode_tiles.MIN_BLOCKS)
+    monkeypatch.setenv(attn_decode_tiles.ENV, "256,16,8,7,64,3")
+    assert tiles() == (256, 16, 8, 7, 64, 3)
+    for bad in ("64,64,4", "64,64,4,2,8,1,1", "64,64,4,0", "64,x,4,2"):
+        monkeypatch.setenv(attn_decode_tiles.ENV, bad)
+        with pytest.raises(ValueError, match="4 to 6 positive integers"):
+            tiles()
+    for bad in ("64,48,4,2", "64,8,4,2", "64,64,3,2", "64,64,4,2,12"):
+        monkeypatch.setenv(attn_decode_tiles.ENV, bad)
+        with pytest.raises(ValueError, match="powers of two"):
+            tiles()
+
+
+def test_block_and_merge_warps_by_head_dim() -> None:
+    t = AttnDecodeTiles(64, 64, 4, 2, 8, 1)
+    assert [block_n_for(t, d) for d in (64, 128, 256)] == [64, 64, 32]  # a D=256 tile: the bytes of D=128's
+    assert block_n_for(t._replace(block_n=16), 256) == 16  # tl.dot's least
+    # the merge tile [chunk, D] at <= 32 fp32 values a thread
+    assert [merge_warps(t._replace(merge_chunk=c), 128) for c in (1, 8, 16, 64, 256)] == [1, 1, 2, 8, 8]
+
+
+# (tiles, Hq, Hkv, D, page_size, window, dtype, fp8 cache): every tile set runs the same
+# lengths (a lone token, one partial block, 331 and 611: multiples of nothing used here).
+CASES = [
+    # 32 splits of one 16-key block each (most splits past the end), merged 4 at a step
+    ("32,16,2,5,4,1", 5, 1, 64, 16, None, torch.bfloat16, False),
+    # a 128-key block wider than most contexts, page size 1, one merge step of 16
+    ("16,128,8,5,16,1", 6, 3, 64, 1, None, torch.float32, False),
+    # splits of at least 3 blocks (few splits), a window that starts mid-split, chunk 2
+    ("8,32,4,7,2,3", 9, 3, 64, 16, 50, torch.bfloat16, False),
+    # fp8 cache, many splits, a window, a merge chunk of one split
+    ("64,16,4,3,1,1", 4, 1, 128, 16, 100, torch.bfloat16, True),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize(("tile_env", "hq", "hkv", "d", "page_size", "window", "dtype", "fp8"), CASES)
+def test_triton_decode_at_other_tiles(
+    monkeypatch: pytest.MonkeyPatch, tile_env: str, hq: int, hkv: int, d: int, page_size: int, window: int | None,
+    dtype: torch.dtype, fp8: bool,
+) -> None:
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+
+    monkeypatch.setenv(attn_decode_tiles.ENV, tile_env)
+    b = paged_batch([1, 13, 331, 611], [1] * 4, hq, hkv, d, page_size, dtype, seed=hq + d + page_size)
+    k, v, ks, vs = b.k_cache, b.v_cache, None, None
+    if fp8:
+        (k, ks), (v, vs) = quantise_kv(b.k_cache), quantise_kv(b.v_cache)
+    kd, vd = (dequantise_kv(k, ks, torch.float32), dequantise_kv(v, vs, torch.float32)) if fp8 else (k, v)
+    args = (b.page_table, b.req_rows, b.seq_lens, page_size, d**-0.5, window)
+    got = decode_attention_triton(b.q, k, v, *args, torch.full_like(b.q, float("nan")), None, ks, vs)  # poisoned
+    want = decode_attention_ref(b.q.float(), kd.float(), vd.float(), *args, torch.empty(b.q.shape))
+    # fp32: sums in another order (~1e-6 relative). bf16: the kernel rounds the probabilities
+    # (2^-9 relative each, so <= 2^-9 max|v| on the weighted sum) and the output (<= 2^-9 |out|): 2^-7 max|v|, x2.
+    rel = {torch.float32: 2e-6, torch.bfloat16: 2**-7}[dtype]
+    assert not got.isnan().any()
+    assert (got.float() - want).abs().max() <= rel * vd.float().abs().max()
+    # batch invariance at these tiles too: a sequence alone gives the bits it gives in the batch
+    alone = decode_attention_triton(b.q[3:], k, v, b.page_table, b.req_rows[3:], b.seq_lens[3:], page_size, d**-0.5,
+                                    window, torch.empty_like(b.q[3:]), None, ks, vs)
+    assert torch.equal(alone[0], got[3])
