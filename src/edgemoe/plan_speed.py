@@ -56,8 +56,8 @@ COPY_EFFICIENCY = 0.9053
 
 # NOTE: the share of the prefill copy bound (`prefill_bound`) a chunk reaches: synthetic routing's
 # 1K prefill at bf16 / 16 GiB (decode-20261201-204237.json, 677.6 tok/s; every expert touched),
-# checked on a later run of the same setting (decode-20261201-234509.json: 729.6, predicted −7%).
-PREFILL_EFFICIENCY = 0.5591
+# checked on a later run of the same setting (decode-20261201-234509.json: 729.6, predicted −7.4%).
+PREFILL_EFFICIENCY = 0.5607
 
 # What is calibrated and what is only modelled (the report says which).
 DECODE_CALIBRATED = True  # the step time given the misses, on the calibration GPU, batch 1
