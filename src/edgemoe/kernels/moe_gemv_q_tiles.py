@@ -33,16 +33,21 @@ class MoeGemvQTiles(NamedTuple):
 # Widest accumulator (columns): 16 x 128 fp32 is bf16's tuned tile (16 registers a thread
 # a matrix at 4 warps); wider steps become more sub-tiles in flight, not more registers.
 SUB_MAX = 128
-# Defaults: each step loads the bytes of bf16's swept 16 x 128 tile (4 KiB a matrix,
-# moe_gemv_tiles.py), so a program keeps what bf16 keeps in flight and takes 1/2 (one byte
-# a weight) or 1/4 (int4, mxfp4) of its steps; 4 warps, one 16-byte (fp8, int8) or
-# 8-byte (int4) load a thread a sub-tile. No pipelining until the sweep
-# (scripts/gpu_kernel_bench.py --only moe_q_sweep) shows it pays on the GPU.
+# Defaults (reasoned, not yet swept): a gate/up step loads the bytes of bf16's swept
+# 16 x 128 tile (4 KiB a matrix, moe_gemv_tiles.py), so a program keeps what bf16 keeps in
+# flight and takes 1/2 (one byte a weight) or 1/4 (nibbles) of its steps; 4 warps, one
+# 16-byte (fp8, int8) or 4-byte (nibbles, `sub_cols`) weight load a thread a sub-tile.
+# Nibble formats' down step is 256 wide: I = 768 is 3 such steps, where 512 would leave
+# half of the second step masked, its unpacking arithmetic spent on nothing (at T = 1 the
+# int4 kernel is bound by arithmetic about as much as by bytes). sm_90 SASS at Qwen3-30B-A3B's
+# shape: fp8 gate/up 87 registers, ~340 instructions a step (the previous kernel 219 and
+# ~600); int4 119 and ~1130 (was 255 with spills and ~1450 a half as wide step). No software
+# pipelining until the sweep (scripts/gpu_kernel_bench.py --only moe_q_sweep) shows it pays.
 DEFAULTS = {
     "int8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
     "fp8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
-    "int4": MoeGemvQTiles(16, 512, 4, 16, 512, 4, 1, 1),
-    "mxfp4": MoeGemvQTiles(16, 512, 4, 16, 512, 4, 1, 1),
+    "int4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
+    "mxfp4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
 }
 ENV = "EDGEMOE_MOE_GEMV_Q_TILES_"  # + the format's name in capitals: EDGEMOE_MOE_GEMV_Q_TILES_FP8
 
