@@ -178,6 +178,7 @@ def bench_moe_q_sweep() -> None:
     down = (torch.randn(E, H, I, generator=g, device=DEV) * I**-0.5).to(BF16)
     inputs = {tokens: ([torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(Q_INPUTS)],
                        [routing(tokens, g) for _ in range(Q_INPUTS)]) for tokens in DECODE_TOKENS}
+    times: dict[tuple[str, int, int], tuple[float, float, float]] = {}  # (format, config, T) → µs
     for fmt_name in ("bf16", *Q_SWEEP):
         fmt, parts, configs, nbytes = q_sweep_banks(fmt_name, gate_up, down)
         for tokens, (xs, routes) in inputs.items():
@@ -190,18 +191,49 @@ def bench_moe_q_sweep() -> None:
                 moe_slots_ref(xs[0], *routes[0], gate_up, down, want, "silu")
             distinct = sum(torch.unique(r[0]).numel() for r in routes) / len(routes)
             moved = (distinct * nbytes[0] + tokens * H * 2, distinct * nbytes[1] + tokens * K * H * 4)
-            for cfg, label in configs:
+            for n, (cfg, label) in enumerate(configs):
                 if cfg is not None:
                     os.environ[env_name(fmt_name)] = ",".join(str(v) for v in cfg)
                 make = functools.partial(q_launches, fmt, parts, xs, routes, cells, ws)
                 fns = ((moe_gemv_q.gate_up_q_launch, moe_gemv_q.down_q_launch) if fmt.quantised
                        else (moe_gemv.gate_up_launch, moe_gemv.down_launch))
                 try:
-                    time_q_config(f"moe_q {fmt_name}", f"T={tokens} {label}", make, *fns, want, moved, tokens)
+                    us = time_q_config(f"moe_q {fmt_name}", f"T={tokens} {label}", make, *fns, want, moved, tokens)
                 finally:
                     os.environ.pop(env_name(fmt_name), None)
+                if us is not None:
+                    times[fmt_name, n, tokens] = us
+        if fmt.quantised:
+            summarise_q_sweep(fmt_name, [c for c, _ in configs], times)
         del parts
         torch.cuda.empty_cache()
+
+
+def summarise_q_sweep(fmt_name: str, configs: list, times: dict) -> None:
+    """The configuration of each launch with the lowest geometric mean of µs over T = 1, 8,
+    32 (tiles may not depend on T: one must serve all), among those that ran at every T;
+    prints it against the default and bf16, and the override that adopts both winners
+    (a "moe_q best" row in the JSON)."""
+    from edgemoe.kernels.moe_gemv_q_tiles import env_name
+
+    def geomean(fmt: str, n: int, launch: int) -> float:
+        return math.prod(times[fmt, n, t][launch] for t in DECODE_TOKENS) ** (1 / len(DECODE_TOKENS))
+
+    complete = [n for n in range(len(configs)) if all((fmt_name, n, t) in times for t in DECODE_TOKENS)]
+    if not complete or not all(("bf16", 0, t) in times for t in DECODE_TOKENS):
+        print(f"moe_q {fmt_name}: no configuration ran at every T", flush=True)
+        return
+    gu, dn = (min(complete, key=lambda n, i=i: geomean(fmt_name, n, i)) for i in (1, 2))
+    # fields: rows, cols, warps of gate_up, then of down, then the stages of each
+    best = (*configs[gu][:3], *configs[dn][3:6], configs[gu].gu_stages, configs[dn].down_stages)
+    env = f'{env_name(fmt_name)}="{",".join(str(v) for v in best)}"'
+    for t in DECODE_TOKENS:
+        bf16, default = sum(times["bf16", 0, t][1:]), sum(times[fmt_name, 0, t][1:]) if 0 in complete else math.nan
+        won = times[fmt_name, gu, t][1] + times[fmt_name, dn, t][2]
+        print(f"moe_q {fmt_name} T={t}: bf16 {bf16:.1f} µs, default {default:.1f}, best gate_up + down {won:.1f} "
+              f"({won / bf16:.2f} of bf16)", flush=True)
+    print(f"moe_q {fmt_name} best (geometric mean over T): gate_up config {gu}, down config {dn}: {env}", flush=True)
+    RESULTS.append(dict(kernel="moe_q best", case=fmt_name, mode="summary", env=env, gate_up=gu, down=dn))
 
 
 def q_launches(fmt: ExpertFormat, parts: dict, xs: list, routes: list, cells: list, ws: torch.Tensor) -> list:
@@ -236,7 +268,7 @@ def q_sweep_banks(fmt_name: str, gate_up: torch.Tensor, down: torch.Tensor) -> t
 
 
 def time_q_config(kernel: str, case: str, make: Callable[[], list], gate_up_fn: Callable, down_fn: Callable,
-                  want: torch.Tensor, nbytes: tuple[float, float], tokens: int) -> None:
+                  want: torch.Tensor, nbytes: tuple[float, float], tokens: int) -> tuple[float, float, float] | None:
     """One configuration of moe_q_sweep: its launches built and checked on the first input
     against the reference (bf16's rounding chain: 6 ulps of the row's largest cell, as
     tests/gpu/test_moe_quant_gpu.py), then the call and each launch timed in CUDA graphs."""
@@ -254,14 +286,15 @@ def time_q_config(kernel: str, case: str, make: Callable[[], list], gate_up_fn: 
     if error is not None:
         RESULTS.append(dict(kernel=kernel, case=case, mode="check", error=error))
         print(f"{kernel:<18} {case:<26} BROKEN: {error}", flush=True)
-        return
+        return None
     flops = 2 * tokens * K * 3 * H * I
-    record(kernel, case, graph_us([lambda d=d: (gate_up_fn(d), down_fn(d)) for d in launches], rounds=4),
-           sum(nbytes), flops, "graph")
-    record(kernel + " gate_up", case, graph_us([lambda d=d: gate_up_fn(d) for d in launches], rounds=4), nbytes[0],
-           2 * flops / 3, "graph")
-    record(kernel + " down", case, graph_us([lambda d=d: down_fn(d) for d in launches], rounds=4), nbytes[1],
-           flops / 3, "graph")
+    us = (graph_us([lambda d=d: (gate_up_fn(d), down_fn(d)) for d in launches], rounds=4),
+          graph_us([lambda d=d: gate_up_fn(d) for d in launches], rounds=4),
+          graph_us([lambda d=d: down_fn(d) for d in launches], rounds=4))
+    record(kernel, case, us[0], sum(nbytes), flops, "graph")
+    record(kernel + " gate_up", case, us[1], nbytes[0], 2 * flops / 3, "graph")
+    record(kernel + " down", case, us[2], nbytes[1], flops / 3, "graph")
+    return us
 
 
 def bench_decode_attention() -> None:
