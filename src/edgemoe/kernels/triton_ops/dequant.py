@@ -14,9 +14,10 @@ tile equals the fp32 reference's dequantised weights bit for bit.
 
 `dequant` indexes every weight (and its scale) by its own (r, k): the prefill GEMM's tiles.
 `dequant_rows` is the decode GEMV's: a [ROWS, SUB] slab of whole rows loaded as vectors
-(nibbles as bytes, unpacked in registers) with one scale per row per GW-wide piece,
-broadcast — never a scale load per weight — and integers turned into floats by their
-bits (`_biased`), not by the int-to-float instruction (a quarter of the FMA rate).
+(nibbles as int32 words, or bytes, unpacked in registers) with one scale per row per
+GW-wide piece, broadcast — never a scale load per weight — and integers turned into
+floats by their bits (`_biased`, `_code`), not by the int-to-float conversion (a fraction
+of the FMA rate).
 """
 
 from __future__ import annotations
@@ -128,10 +129,9 @@ def _pieces(q, z, s, SUB: tl.constexpr, GW: tl.constexpr, HAS_Z: tl.constexpr):
 
 @triton.jit
 def _code(w, SHIFT: tl.constexpr):
-    """The 4 bits of w at SHIFT, OR'd into 2^23's bits (`_biased`'s form): one shift and one
-    three-input logic op (written as (v | 2^23) & (2^23 | 15): the plain (v & 15) | 2^23
-    compiles to a bit-field extract and an OR, one more)."""
-    return ((w >> SHIFT) | 0x4B000000) & 0x4B00000F
+    """The 4 bits of w (int32) at SHIFT in `_biased`'s form: 2^23's bits OR'd in (a shift,
+    a bit-field extract and an OR on sm_90)."""
+    return ((w >> SHIFT) & 0xF) | 0x4B000000
 
 
 @triton.jit
