@@ -11,12 +11,16 @@ runs some sections: `--only moe_splits` is the split-K sweep of moe_decode alone
 8, 32 x gu_splits S = 1, 2, 4, 8 at the default row/col tiles; the whole call, then its
 gate/up and down launches apart; well under a minute); `--only attention_sweep` times
 decode attention at each candidate tile set (ATTN_SWEEP x ATTN_SWEEP_CASES, each checked
-against the torch reference first; ~2 minutes, mostly compiling).
+against the torch reference first; ~2 minutes, mostly compiling); `--only moe_q_sweep` the tile
+sweep of the quantised decode GEMV (fp8, int4, int8 at T = 1, 8, 32 against bf16's
+default; each configuration checked against the reference first; ~2-3 minutes, most of
+it compiling).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -37,6 +41,7 @@ from edgemoe.kernels.paged_attention import decode_attention, decode_attention_r
 from edgemoe.kernels.rope_kv import rope_write_kv
 from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
 from edgemoe.kernels.triton_ops import router as router_kernels
+from edgemoe.quant import ExpertFormat
 
 HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; dense bf16 peak
 H, I, E, K, HQ, HKV, D, PAGE = 2048, 768, 128, 8, 32, 4, 128, 16
@@ -44,6 +49,18 @@ BF16, DEV = torch.bfloat16, "cuda"
 L2_BYTES = 64 << 20
 DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192
 GU_SPLITS = (1, 2, 4, 8)  # moe_decode split-K sweep
+# moe_q_sweep: (rows, cols, warps, stages) of both launches per format, after the format's
+# default tiles (moe_gemv_q_tiles.DEFAULTS); cols count weights (a step's bytes: cols x bits / 8).
+# Q_INPUTS routings rotate, so a round reads ~16 x 8 of the 128 experts: past L2, as a step.
+Q_INPUTS = 16
+Q_SWEEP = {
+    "fp8": ((16, 128, 4, 1), (16, 512, 4, 1), (8, 256, 4, 1), (32, 256, 4, 1), (16, 256, 2, 1), (16, 256, 8, 1),
+            (16, 256, 4, 2), (16, 256, 4, 3), (8, 512, 4, 2)),
+    "int4": ((16, 256, 4, 1), (16, 1024, 4, 1), (8, 512, 4, 1), (32, 512, 8, 1), (16, 512, 8, 1), (16, 512, 2, 1),
+             (16, 512, 4, 2), (16, 256, 4, 3), (8, 256, 4, 2)),
+    "int8": ((16, 128, 4, 1), (16, 512, 4, 1), (8, 256, 4, 1), (32, 256, 4, 1), (16, 256, 8, 1), (16, 256, 4, 2),
+             (16, 256, 4, 3)),
+}
 DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
 EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
 ATTN_SWEEP_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 4096))  # (batch, context)
@@ -187,6 +204,142 @@ def decode_attention_case(batch: int, ctx: int, g: torch.Generator) -> DecodeAtt
     return DecodeAttentionCase(calls, outs, ref, kv_bytes, 4 * batch * HQ * D * ctx)
 
 
+def bench_moe_q_sweep() -> None:
+    """The quantised decode GEMV (moe_gemv_q) over tile configurations (Q_SWEEP, the format's
+    default first; EDGEMOE_MOE_GEMV_Q_TILES_<FMT> set per configuration): fp8, int4 and int8
+    banks of E experts at T = 1, 8, 32, the call then each launch timed apart, so the best
+    gate/up and the best down configuration can be taken separately. bf16's default
+    (moe_gemv) first, on the same routes: the baseline. Each configuration's output is
+    checked against the reference before it is timed; a broken one is reported (a row with
+    "error"), not timed. GB/s count the format's bytes of the distinct experts, x and cells."""
+    from edgemoe.kernels.moe_gemv_q_tiles import env_name
+    from edgemoe.kernels.moe_quant import moe_quant_ref
+    from edgemoe.kernels.triton_ops import moe_gemv, moe_gemv_q
+
+    g = torch.Generator(device=DEV).manual_seed(6)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g, device=DEV) * H**-0.5).to(BF16)
+    down = (torch.randn(E, H, I, generator=g, device=DEV) * I**-0.5).to(BF16)
+    inputs = {tokens: ([torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(Q_INPUTS)],
+                       [routing(tokens, g) for _ in range(Q_INPUTS)]) for tokens in DECODE_TOKENS}
+    times: dict[tuple[str, int, int], tuple[float, float, float]] = {}  # (format, config, T) → µs
+    for fmt_name in ("bf16", *Q_SWEEP):
+        fmt, parts, configs, nbytes = q_sweep_banks(fmt_name, gate_up, down)
+        for tokens, (xs, routes) in inputs.items():
+            cells = [torch.zeros(tokens, K, H, device=DEV) for _ in xs]
+            ws = torch.empty(tokens * K * I, dtype=BF16, device=DEV)
+            want = torch.zeros(tokens, K, H, device=DEV)
+            if fmt.quantised:
+                moe_quant_ref(xs[0], *routes[0], parts, fmt, want, "silu")
+            else:
+                moe_slots_ref(xs[0], *routes[0], gate_up, down, want, "silu")
+            distinct = sum(torch.unique(r[0]).numel() for r in routes) / len(routes)
+            moved = (distinct * nbytes[0] + tokens * H * 2, distinct * nbytes[1] + tokens * K * H * 4)
+            for n, (cfg, label) in enumerate(configs):
+                if cfg is not None:
+                    os.environ[env_name(fmt_name)] = ",".join(str(v) for v in cfg)
+                make = functools.partial(q_launches, fmt, parts, xs, routes, cells, ws)
+                fns = ((moe_gemv_q.gate_up_q_launch, moe_gemv_q.down_q_launch) if fmt.quantised
+                       else (moe_gemv.gate_up_launch, moe_gemv.down_launch))
+                try:
+                    us = time_q_config(f"moe_q {fmt_name}", f"T={tokens} {label}", make, *fns, want, moved, tokens)
+                finally:
+                    os.environ.pop(env_name(fmt_name), None)
+                if us is not None:
+                    times[fmt_name, n, tokens] = us
+        if fmt.quantised:
+            summarise_q_sweep(fmt_name, [c for c, _ in configs], times)
+        del parts
+        torch.cuda.empty_cache()
+
+
+def summarise_q_sweep(fmt_name: str, configs: list, times: dict) -> None:
+    """The configuration of each launch with the lowest geometric mean of µs over T = 1, 8,
+    32 (tiles may not depend on T: one must serve all), among those that ran at every T;
+    prints it against the default and bf16, and the override that adopts both winners
+    (a "moe_q best" row in the JSON)."""
+    from edgemoe.kernels.moe_gemv_q_tiles import env_name
+
+    def geomean(fmt: str, n: int, launch: int) -> float:
+        return math.prod(times[fmt, n, t][launch] for t in DECODE_TOKENS) ** (1 / len(DECODE_TOKENS))
+
+    complete = [n for n in range(len(configs)) if all((fmt_name, n, t) in times for t in DECODE_TOKENS)]
+    if not complete or not all(("bf16", 0, t) in times for t in DECODE_TOKENS):
+        print(f"moe_q {fmt_name}: no configuration ran at every T", flush=True)
+        return
+    gu, dn = (min(complete, key=lambda n, i=i: geomean(fmt_name, n, i)) for i in (1, 2))
+    # fields: rows, cols, warps of gate_up, then of down, then the stages of each
+    best = (*configs[gu][:3], *configs[dn][3:6], configs[gu].gu_stages, configs[dn].down_stages)
+    env = f'{env_name(fmt_name)}="{",".join(str(v) for v in best)}"'
+    for t in DECODE_TOKENS:
+        bf16, default = sum(times["bf16", 0, t][1:]), sum(times[fmt_name, 0, t][1:]) if 0 in complete else math.nan
+        won = times[fmt_name, gu, t][1] + times[fmt_name, dn, t][2]
+        print(f"moe_q {fmt_name} T={t}: bf16 {bf16:.1f} µs, default {default:.1f}, best gate_up + down {won:.1f} "
+              f"({won / bf16:.2f} of bf16)", flush=True)
+    print(f"moe_q {fmt_name} best (geometric mean over T): gate_up config {gu}, down config {dn}: {env}", flush=True)
+    RESULTS.append(dict(kernel="moe_q best", case=fmt_name, mode="summary", env=env, gate_up=gu, down=dn))
+
+
+def q_launches(fmt: ExpertFormat, parts: dict, xs: list, routes: list, cells: list, ws: torch.Tensor) -> list:
+    """One decode launch per input, with the tiles the environment holds now."""
+    from edgemoe.kernels.triton_ops import moe_gemv, moe_gemv_q
+
+    if fmt.quantised:
+        return [moe_gemv_q.decode_q_launch(x, *r, parts, fmt, c, "silu", ws) for x, r, c in zip(xs, routes, cells,
+                                                                                                 strict=True)]
+    return [moe_gemv.decode_launch(x, *r, parts["gate_up"], parts["down"], c, "silu", ws)
+            for x, r, c in zip(xs, routes, cells, strict=True)]
+
+
+def q_sweep_banks(fmt_name: str, gate_up: torch.Tensor, down: torch.Tensor) -> tuple:
+    """(format, its banks of the bf16 experts, [(tiles, label)], (gate_up, down) bytes an expert)."""
+    from edgemoe.kernels.moe_gemv_q_tiles import DEFAULTS
+    from edgemoe.quant import expert_format, expert_specs, quantise_expert
+
+    fmt = expert_format(fmt_name)
+    specs = expert_specs(fmt, H, I)
+    nbytes = [sum(math.prod(shape) * dt.itemsize for name, (shape, dt) in specs.items() if name.startswith(proj))
+              for proj in ("gate_up", "down")]
+    if not fmt.quantised:
+        return fmt, {"gate_up": gate_up, "down": down}, [(None, "default")], nbytes
+    experts = [quantise_expert(fmt, gate_up[e, :I], gate_up[e, I:], down[e]) for e in range(E)]
+    parts = {name: torch.stack([x[name] for x in experts]) for name in experts[0]}
+    default = DEFAULTS[fmt_name]
+    tiles = [default, *(default._make((*c[:3], *c[:3], c[3], c[3])) for c in Q_SWEEP[fmt_name])]
+    labels = [f"{t.gu_rows}x{t.gu_cols} w{t.gu_warps} s{t.gu_stages} | {t.down_rows}x{t.down_cols} w{t.down_warps} "
+              f"s{t.down_stages}" + (" default" if t == default else "") for t in tiles]
+    return fmt, parts, list(zip(tiles, labels, strict=True)), nbytes
+
+
+def time_q_config(kernel: str, case: str, make: Callable[[], list], gate_up_fn: Callable, down_fn: Callable,
+                  want: torch.Tensor, nbytes: tuple[float, float], tokens: int) -> tuple[float, float, float] | None:
+    """One configuration of moe_q_sweep: its launches built and checked on the first input
+    against the reference (bf16's rounding chain: 6 ulps of the row's largest cell, as
+    tests/gpu/test_moe_quant_gpu.py), then the call and each launch timed in CUDA graphs."""
+    try:
+        launches = make()
+        d = launches[0]
+        d.cells.zero_()
+        gate_up_fn(d)
+        down_fn(d)
+        torch.cuda.synchronize()
+        err = ((d.cells - want).abs() - 6 * 2**-7 * want.abs().amax(dim=-1, keepdim=True)).amax().item()
+        error = None if err <= 0 else f"off the reference by {err:.3g} past the bound"
+    except Exception as exc:  # noqa: BLE001 - a configuration that fails to compile or run is reported
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+    if error is not None:
+        RESULTS.append(dict(kernel=kernel, case=case, mode="check", error=error))
+        print(f"{kernel:<18} {case:<26} BROKEN: {error}", flush=True)
+        return None
+    flops = 2 * tokens * K * 3 * H * I
+    us = (graph_us([lambda d=d: (gate_up_fn(d), down_fn(d)) for d in launches], rounds=4),
+          graph_us([lambda d=d: gate_up_fn(d) for d in launches], rounds=4),
+          graph_us([lambda d=d: down_fn(d) for d in launches], rounds=4))
+    record(kernel, case, us[0], sum(nbytes), flops, "graph")
+    record(kernel + " gate_up", case, us[1], nbytes[0], 2 * flops / 3, "graph")
+    record(kernel + " down", case, us[2], nbytes[1], flops / 3, "graph")
+    return us
+
+
 def bench_decode_attention() -> None:
     g = torch.Generator(device=DEV).manual_seed(1)
     for batch, ctx in DECODE_ATTN:
@@ -323,14 +476,14 @@ def bench_router() -> None:
                 router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
 
 
-SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router")
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "attention_sweep")  # a tuning sweep: asked for by name
+SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router", "moe_q_sweep")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if not s.endswith("_sweep"))  # tuning sweeps: asked for by name
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS),
-                    help="sections to run (default: all but attention_sweep)")
+                    help="sections to run (default: all but the *_sweep tunings)")
     only = set(ap.parse_args().only)
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
@@ -354,6 +507,8 @@ def main() -> None:
         bench_small_ops()
     if "router" in only:
         bench_router()
+    if "moe_q_sweep" in only:
+        bench_moe_q_sweep()
     out_dir = Path(os.environ.get("OUT") or "bench/results")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_kernel_bench.json"

@@ -27,6 +27,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from edgemoe.kernels import attn_decode_tiles  # noqa: E402
+from edgemoe.kernels import moe_gemv_q_tiles  # noqa: E402
 from edgemoe.kernels.triton_ops import (  # noqa: E402
     attn_decode,
     attn_extend,
@@ -153,22 +154,43 @@ QUANT_FORMATS = {"int8": (1, 1, "i8", "fp32", "fp32"), "fp8": (2, 128, "u8", "fp
                  "int4": (3, 128, "u8", "fp16", "u8"), "mxfp4": (4, 32, "u8", "u8", "u8")}
 
 
+def quant_gemv_cases(act: tl.dtype, name: str, tiles: moe_gemv_q_tiles.MoeGemvQTiles, tag: str = "") -> Iterator[Case]:
+    """The quantised decode GEMV's two kernels of one format at `tiles`; nibble formats
+    read their data as int32 words (the real shapes' rows are whole words)."""
+    code, group, data, scale, zero = QUANT_FORMATS[name]
+    nibbles = code in (3, 4)
+    data = "i32" if nibbles else data
+    i32, f32 = {"slot_ptr": "i32"}, "fp32"
+    gu = {"gu_ptr": data, "gus_ptr": scale, "guz_ptr": zero}
+    dn = {"dn_ptr": data, "dns_ptr": scale, "dnz_ptr": zero}
+    q = dict(FMT=code, GROUP=group, INTERP=False, FP8HW=False, WORDS=nibbles)
+    sub, gw = moe_gemv_q.step_widths(code, group, tiles.gu_rows, tiles.gu_cols, tiles.gu_warps)
+    yield Case(f"moe gate_up gemv {name}{tag}", moe_gemv_q._gate_up_gemv_q, dict(
+               ACT=0, DTYPE=act, ROWS=tiles.gu_rows, COLS=tiles.gu_cols, SUB=sub, GW=gw, STAGES=tiles.gu_stages, **q),
+               tiles.gu_warps, ptrs={**i32, **gu})
+    if name == "fp8" and not tag:  # sm_89+ converts through the e4m3 type
+        yield Case("moe gate_up gemv fp8 e4m3 type", moe_gemv_q._gate_up_gemv_q, dict(
+                   ACT=0, DTYPE=act, ROWS=tiles.gu_rows, COLS=tiles.gu_cols, SUB=sub, GW=gw, STAGES=tiles.gu_stages,
+                   **(q | {"FP8HW": True})), tiles.gu_warps, ptrs={**i32, **gu}, min_arch=89)
+    sub, gw = moe_gemv_q.step_widths(code, group, tiles.down_rows, tiles.down_cols, tiles.down_warps)
+    yield Case(f"moe down gemv {name}{tag}", moe_gemv_q._down_gemv_q, dict(
+               DTYPE=act, ROWS=tiles.down_rows, COLS=tiles.down_cols, SUB=sub, GW=gw, STAGES=tiles.down_stages, **q),
+               tiles.down_warps, ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32})
+
+
 def quant_moe_cases(act: tl.dtype) -> Iterator[Case]:
-    """The fused MoE kernels over quantised banks (moe_gemv_q, moe_gemm_q), every format;
-    fp8 also with fp8 tensor-core MMAs (sm_89+)."""
+    """The fused MoE kernels over quantised banks (moe_gemv_q at each format's default
+    tiles, and pipelined; moe_gemm_q), every format; fp8 also with fp8 tensor-core MMAs
+    (sm_89+)."""
     i32, f32 = {"slot_ptr": "i32", "sorted_ptr": "i32", "block_slot_ptr": "i32"}, "fp32"
     for name, (code, group, data, scale, zero) in QUANT_FORMATS.items():
+        default = moe_gemv_q_tiles.DEFAULTS[name]
+        yield from quant_gemv_cases(act, name, default)
+        # software-pipelined steps (shared memory: 3 stages of weights and activations)
+        yield from quant_gemv_cases(act, name, default._replace(gu_stages=3, down_stages=3), " 3 stages")
         gu = {"gu_ptr": data, "gus_ptr": scale, "guz_ptr": zero}
         dn = {"dn_ptr": data, "dns_ptr": scale, "dnz_ptr": zero}
         q = dict(FMT=code, GROUP=group, INTERP=False, FP8HW=False)
-        yield Case(f"moe gate_up gemv {name}", moe_gemv_q._gate_up_gemv_q, dict(ACT=0, DTYPE=act,
-                   ROWS=moe_gemv_q.GU_ROWS, COLS=moe_gemv_q.GU_COLS, **q), moe_gemv_q.GU_WARPS, ptrs={**i32, **gu})
-        yield Case(f"moe down gemv {name}", moe_gemv_q._down_gemv_q, dict(DTYPE=act, ROWS=moe_gemv_q.DOWN_ROWS,
-                   COLS=moe_gemv_q.DOWN_COLS, **q), moe_gemv_q.DOWN_WARPS, ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32})
-        if name == "fp8":  # sm_89+ converts through the e4m3 type
-            yield Case("moe gate_up gemv fp8 e4m3 type", moe_gemv_q._gate_up_gemv_q, dict(ACT=0, DTYPE=act,
-                       ROWS=moe_gemv_q.GU_ROWS, COLS=moe_gemv_q.GU_COLS, **(q | {"FP8HW": True})), moe_gemv_q.GU_WARPS,
-                       ptrs={**i32, **gu}, min_arch=89)
         for f8 in (False, True) if name == "fp8" and act != tl.float32 else (False,):
             bk = moe_gemm_q.F8_K if f8 else moe_gemm_q.GU_K
             tag = " fp8 mma" if f8 else ""

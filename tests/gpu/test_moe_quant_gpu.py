@@ -1,7 +1,9 @@
 """Quantised MoE kernels on the GPU (compiled Triton, bf16 activations) against the
 dequantise-first torch reference at the Qwen3-30B-A3B expert shape (H=2048, I=768,
-128 x 128 fp8 blocks, int4 groups of 128), every format, decode and prefill; the fp8
-tensor-core prefill (sm_89+) within its activation-rounding bound; a tiny model served
+128 x 128 fp8 blocks, int4 groups of 128), every format, decode and prefill; the decode
+GEMV at tiles of the sweep's families (scripts/gpu_kernel_bench.py moe_q_sweep: software
+pipelined, nibble sub-tiles at 2 and 8 warps, 8 and 32 rows), each batch-invariant; the
+fp8 tensor-core prefill (sm_89+) within its activation-rounding bound; a tiny model served
 with quantised experts on CUDA gives the CPU path's greedy tokens; a graph capture of
 the decode kernel needs no host sync."""
 
@@ -20,6 +22,7 @@ from test_moe_quant import f8_activation_bound  # noqa: E402
 
 from edgemoe import LLM, SamplingParams  # noqa: E402
 from edgemoe.kernels import moe_quant  # noqa: E402
+from edgemoe.kernels.moe_gemv_q_tiles import env_name  # noqa: E402
 from edgemoe.kernels.moe_quant import moe_decode_quant, moe_prefill_quant, moe_quant_ref  # noqa: E402
 from edgemoe.quant import dequantise_expert, expert_format, quantise_expert  # noqa: E402
 from edgemoe.testing.kernel_inputs import moe_batch  # noqa: E402
@@ -66,6 +69,32 @@ def test_quant_kernels_match_reference(fmt_name: str, path: str, tokens: int, mo
     # projection each (the reference's cast; the decode kernel keeps fp32 weights).
     scale = want.nan_to_num().abs().amax(dim=-1, keepdim=True)
     assert ((got - want).nan_to_num().abs() <= 6 * 2**-7 * scale).all()
+
+
+# Tile families of the decode sweep (EDGEMOE_MOE_GEMV_Q_TILES_<FMT>): rows, cols, warps of
+# gate_up and down, then their software-pipelining stages.
+SWEEP_TILES = [("fp8", "16,256,4,16,256,4,3,3"), ("fp8", "8,512,4,8,512,4,2,2"), ("int4", "16,512,8,16,512,8,1,1"),
+               ("int4", "16,256,4,16,256,4,3,3"), ("int4", "32,512,2,32,512,2,1,1"), ("int8", "32,256,4,32,256,4,2,2")]
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize(("fmt_name", "tiles"), SWEEP_TILES)
+def test_decode_sweep_tiles_match_reference(fmt_name: str, tiles: str, tokens: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env_name(fmt_name), tiles)
+    fmt, b, parts, _, _ = banks(fmt_name, tokens, seed=2)
+    x = b.x.bfloat16()
+    want = torch.full((tokens, K, H), float("nan"), device="cuda")
+    moe_quant_ref(x, b.slot_ids, b.weights, parts, fmt, want, "silu")
+    got = torch.full_like(want, float("nan"))
+    moe_decode_quant(x, b.slot_ids, b.weights, parts, fmt, got, "silu")
+    skipped = (b.slot_ids < 0)[..., None].expand_as(got)
+    assert got[skipped].isnan().all() and not got[~skipped].isnan().any()
+    scale = want.nan_to_num().abs().amax(dim=-1, keepdim=True)  # the bound of test_quant_kernels_match_reference
+    assert ((got - want).nan_to_num().abs() <= 6 * 2**-7 * scale).all()
+    alone = torch.full_like(want[:1], float("nan"))  # the last token by itself: the same bits
+    moe_decode_quant(x[-1:], b.slot_ids[-1:], b.weights[-1:], parts, fmt, alone, "silu")
+    assert torch.equal(alone[0].nan_to_num(), got[-1].nan_to_num())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),

@@ -86,6 +86,18 @@ def gemv_chunk(ptr, row, stride, c0, n, row_ok, COLS: tl.constexpr):
 
 
 @triton.jit
+def gemv_x_tile(ptr, row, stride, c0, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """GEMV step: columns [c0, c0 + COLS) of activation row `row` in fp32 (0 past n), loaded
+    as a [ROWS, COLS] tile (the same values in every row): each thread reads the columns of
+    its own weights straight into their registers (vector loads, L1 hits after the first
+    row), not a [COLS] vector that a layout change sends through shared memory and two
+    barriers every step (`gemv_chunk`)."""
+    cols = c0 + tl.arange(0, COLS)
+    at = ptr + row.to(tl.int64) * stride + tl.zeros([ROWS, 1], dtype=tl.int32) + cols[None, :]
+    return tl.load(at, mask=(cols < n)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u,
                      ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """GEMV epilogue of gate/up: the [ROWS, COLS] partial products summed, act(gate)·up

@@ -1,0 +1,110 @@
+"""Tile constants of the fused MoE decode kernel over quantised banks
+(`triton_ops/moe_gemv_q.py`), one set per format, and their override for tuning sweeps;
+Triton-free, like `moe_gemv_tiles.py`, so the override's parsing is tested without it.
+
+A launch's program owns ROWS output rows and reduces its whole input dimension in steps
+of COLS columns. A step is cut into sub-tiles of `sub_cols` columns (at most SUB_MAX),
+all loaded before any is used, that accumulate into one [ROWS, sub_cols] fp32 tile: the
+bytes a step keeps in flight grow with COLS, the accumulator's registers do not.
+STAGES > 1 software-pipelines the step loop (Triton's `tl.range(num_stages=)`: the next
+STAGES - 1 steps' loads are issued, through shared memory, while this one computes).
+
+NOTE: every value is a constant, never derived from T: a pair's result depends only on
+its token, its slot and its weight (batch invariance).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+
+class MoeGemvQTiles(NamedTuple):
+    gu_rows: int
+    gu_cols: int
+    gu_warps: int
+    down_rows: int
+    down_cols: int
+    down_warps: int
+    gu_stages: int
+    down_stages: int
+
+
+# Widest accumulator (columns): 16 x 128 fp32 is bf16's tuned tile (16 registers a thread
+# a matrix at 4 warps); wider steps become more sub-tiles in flight, not more registers.
+SUB_MAX = 128
+# Defaults (reasoned, not yet swept): a gate/up step loads the bytes of bf16's swept
+# 16 x 128 tile (4 KiB a matrix, moe_gemv_tiles.py), so a program keeps what bf16 keeps in
+# flight and takes 1/2 (one byte a weight) or 1/4 (nibbles) of its steps; 4 warps, one
+# 16-byte (fp8, int8) or 4-byte (nibbles, `sub_cols`) weight load a thread a sub-tile.
+# Nibble formats' down step is 256 wide: I = 768 is 3 such steps, where 512 would leave
+# half of the second step masked, its unpacking arithmetic spent on nothing (at T = 1 the
+# int4 kernel is bound by arithmetic about as much as by bytes). sm_90 SASS at Qwen3-30B-A3B's
+# shape: fp8 gate/up 87 registers, ~340 instructions a step (the previous kernel 219 and
+# ~600); int4 119 and ~1130 (was 255 with spills and ~1450 a half as wide step). No software
+# pipelining until the sweep (scripts/gpu_kernel_bench.py --only moe_q_sweep) shows it pays.
+DEFAULTS = {
+    "int8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
+    "fp8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
+    "int4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
+    "mxfp4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
+}
+ENV = "EDGEMOE_MOE_GEMV_Q_TILES_"  # + the format's name in capitals: EDGEMOE_MOE_GEMV_Q_TILES_FP8
+
+
+def env_name(fmt_name: str) -> str:
+    return ENV + fmt_name.upper()
+
+
+def _power_of_two(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def tiles(fmt_name: str) -> MoeGemvQTiles:
+    """The format's tiles; `EDGEMOE_MOE_GEMV_Q_TILES_<FORMAT>="gu_rows,gu_cols,gu_warps,
+    down_rows,down_cols,down_warps[,gu_stages,down_stages]"` overrides them for tuning
+    sweeps (stages keep the defaults when left out). Read per call, so a sweep can change
+    it between launches."""
+    default = DEFAULTS[fmt_name]
+    override = os.environ.get(env_name(fmt_name))
+    if not override:
+        return default
+    name = env_name(fmt_name)
+    try:
+        values = [int(v) for v in override.split(",")]
+    except ValueError:
+        raise ValueError(f"{name}={override!r}: integers separated by commas") from None
+    if len(values) == 6:
+        values += [default.gu_stages, default.down_stages]
+    if len(values) != 8 or min(values) < 1:
+        raise ValueError(f"{name}={override!r}: 6 or 8 positive integers (rows, cols, warps of gate_up and down, "
+                         "then the stages of each)")
+    t = MoeGemvQTiles(*values)
+    if not all(_power_of_two(v) for v in (t.gu_rows, t.gu_cols, t.gu_warps, t.down_rows, t.down_cols, t.down_warps)):
+        raise ValueError(f"{name}={override!r}: rows, cols and warps must be powers of two (Triton tiles)")
+    if min(t.gu_cols, t.down_cols) < 8:
+        raise ValueError(f"{name}={override!r}: at least 8 columns a step (nibble formats unpack 4-byte words)")
+    return t
+
+
+def sub_cols(cols: int, rows: int, warps: int, nibbles: bool) -> int:
+    """Columns of one sub-tile of a COLS-wide step (a power of two, like COLS). Nibble
+    formats: rows x sub = 8 codes a thread (one 4-byte word), so the unpacked codes land in
+    the layout of the activations' 16-byte loads (8 bf16 a thread); wider, Triton sends the
+    activations through shared memory and two barriers every sub-tile (sm_90 SASS). At least
+    8: one word."""
+    sub = min(cols, SUB_MAX)
+    if nibbles:
+        sub = min(sub, max(8, 8 * 32 * warps // rows))
+    return sub
+
+
+def scale_cols(sub: int, group: int | None) -> int:
+    """Columns of a sub-tile that share one scale (GW): the largest power of two dividing
+    both the sub-tile width and the format's group, so each GW-wide piece of a sub-tile
+    (which starts at a multiple of its width) lies in one group; the sub-tile's scales are
+    a [ROWS, sub / GW] tile, broadcast over the pieces. `group` None: one scale per row
+    (int8), every piece is the whole sub-tile."""
+    if group is None:
+        return sub
+    return min(sub, group & -group)
