@@ -11,7 +11,8 @@
 #   prefill-ab   8K prompt, batch 1, resident: prefill with overlap, then --no-overlap (one process each)
 #   pdl          resident decode at 1K, batch 1 and 8, profiled: EDGEMOE_PDL=1, then 0 (one process each;
 #                programmatic dependent launch of the decode step's Triton kernels, docs/kernels.md)
-#   kbench       scripts/gpu_kernel_bench.py: every Triton kernel at Qwen3-30B-A3B shapes (the router sweep too)
+#   kbench       scripts/gpu_kernel_bench.py $KBENCH (e.g. "--only attention_sweep moe_q_sweep"): every Triton kernel at
+#                Qwen3-30B-A3B shapes by default (the router sweep too)
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
@@ -48,7 +49,7 @@ run_stage() {
            EDGEMOE_PDL=$flag decode --moe-backend resident --prompt-tokens 1024 --batch-sizes 1 8 --decode-tokens 32 \
              --out "$res/pdl/pdl$flag"
          done ;;
-    kbench) OUT="$res/kbench" python3 scripts/gpu_kernel_bench.py ;;
+    kbench) OUT="$res/kbench" python3 scripts/gpu_kernel_bench.py ${KBENCH:-} ;;
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
