@@ -14,7 +14,7 @@ import torch
 
 from edgemoe.kernels.moe_fused import moe_slots_ref
 from edgemoe.kernels.moe_gemv_tiles import DEFAULT, ENV
-from edgemoe.testing.kernel_inputs import moe_batch
+from edgemoe.testing.kernel_inputs import MoEBatch, moe_batch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 H, I, S, K = 2048, 768, 16, 8
@@ -23,7 +23,11 @@ if importlib.util.find_spec("triton") is not None:
     import triton
     import triton.language as tl
 
-    from edgemoe.kernels.triton_ops.moe_common import store_cell_rows, store_gated_rows, tile_range
+    from edgemoe.kernels.triton_ops.moe_common import (
+        store_cell_rows,
+        store_gated_rows,
+        tile_range,
+    )
 
     @triton.jit
     def _prev_chunk(ptr, row, stride, c0, n, row_ok, COLS: tl.constexpr):
@@ -71,7 +75,7 @@ if importlib.util.find_spec("triton") is not None:
         store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
 
 
-def previous_kernel(b, cells: torch.Tensor) -> None:  # noqa: ANN001
+def previous_kernel(b: MoEBatch, cells: torch.Tensor) -> None:
     """The decode GEMV as it was, at the default tiles (silu; also runs interpreted)."""
     from edgemoe.kernels.triton_ops.common import interpreting
 
@@ -90,7 +94,7 @@ def previous_kernel(b, cells: torch.Tensor) -> None:  # noqa: ANN001
         num_warps=t.down_warps)
 
 
-def decode(b, tokens: slice | None = None) -> torch.Tensor:  # noqa: ANN001
+def decode(b: MoEBatch, tokens: slice | None = None) -> torch.Tensor:
     from edgemoe.kernels.triton_ops.moe_gemv import moe_decode_triton
 
     sl = tokens or slice(None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -223,8 +225,8 @@ def spy_stages(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         def __init__(self, name: str) -> None:
             self.name, self.kernel = name, getattr(moe_gemv, name)
 
-        def __getitem__(self, grid):  # noqa: ANN001, ANN204
-            def launch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]:
+            def launch(*args: Any, **kwargs: Any) -> object:
                 seen[self.name] = kwargs["STAGES"]
                 return self.kernel[grid](*args, **kwargs)
 
