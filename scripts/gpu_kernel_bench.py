@@ -14,7 +14,8 @@ decode attention at each candidate tile set (ATTN_SWEEP x ATTN_SWEEP_CASES, each
 against the torch reference first; ~2 minutes, mostly compiling); `--only moe_q_sweep` the tile
 sweep of the quantised decode GEMV (fp8, int4, int8 at T = 1, 8, 32 against bf16's
 default; each configuration checked against the reference first; ~2-3 minutes, most of
-it compiling).
+it compiling); `--only moe_sweep` the same for the bf16 decode GEMV (BF16_SWEEP: stages,
+wider steps, other row counts; ~1 minute).
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ Q_SWEEP = {
     "int8": ((16, 128, 4, 1), (16, 512, 4, 1), (8, 256, 4, 1), (32, 256, 4, 1), (16, 256, 8, 1), (16, 256, 4, 2),
              (16, 256, 4, 3)),
 }
+# moe_sweep: (rows, cols, warps, stages) of both launches of the bf16 decode GEMV
+# (EDGEMOE_MOE_GEMV_TILES, no split), after its default tiles (moe_gemv_tiles.DEFAULT):
+# software pipelining at the tuned 16 x 128 tile, wider steps (more bytes in flight a
+# program), fewer rows (more programs at T = 1: 8 pairs x I / 8 = 768 gate/up programs).
+BF16_SWEEP = ((16, 128, 4, 2), (16, 128, 4, 3), (16, 256, 4, 1), (16, 256, 4, 2), (8, 128, 4, 1), (8, 256, 4, 1),
+              (8, 256, 4, 3), (32, 128, 8, 1), (16, 128, 2, 1), (16, 128, 8, 2))
 DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
 EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
 ATTN_SWEEP_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 4096))  # (batch, context)
@@ -212,7 +219,28 @@ def bench_moe_q_sweep() -> None:
     (moe_gemv) first, on the same routes: the baseline. Each configuration's output is
     checked against the reference before it is timed; a broken one is reported (a row with
     "error"), not timed. GB/s count the format's bytes of the distinct experts, x and cells."""
+    gemv_sweep(("bf16", *Q_SWEEP), bf16_sweep=False)
+
+
+def bench_moe_sweep() -> None:
+    """moe_q_sweep's measurement for the bf16 decode GEMV (moe_gemv): its default tiles,
+    then BF16_SWEEP (EDGEMOE_MOE_GEMV_TILES set per configuration), T = 1, 8, 32, each
+    checked against the reference first; ends with the best gate/up and down configuration
+    (geometric mean over T) and the override that adopts both."""
+    gemv_sweep(("bf16",), bf16_sweep=True)
+
+
+def sweep_env(fmt_name: str) -> str:
+    """The tile override a sweep sets for a format (bf16: moe_gemv's)."""
+    from edgemoe.kernels import moe_gemv_tiles
     from edgemoe.kernels.moe_gemv_q_tiles import env_name
+
+    return moe_gemv_tiles.ENV if fmt_name == "bf16" else env_name(fmt_name)
+
+
+def gemv_sweep(formats: tuple[str, ...], bf16_sweep: bool) -> None:
+    """The decode GEMV sweeps' shared loop: each format's configurations (bf16: its default
+    alone, the quantised formats' baseline, unless `bf16_sweep`) x T, checked then timed."""
     from edgemoe.kernels.moe_quant import moe_quant_ref
     from edgemoe.kernels.triton_ops import moe_gemv, moe_gemv_q
 
@@ -222,8 +250,8 @@ def bench_moe_q_sweep() -> None:
     inputs = {tokens: ([torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(Q_INPUTS)],
                        [routing(tokens, g) for _ in range(Q_INPUTS)]) for tokens in DECODE_TOKENS}
     times: dict[tuple[str, int, int], tuple[float, float, float]] = {}  # (format, config, T) → µs
-    for fmt_name in ("bf16", *Q_SWEEP):
-        fmt, parts, configs, nbytes = q_sweep_banks(fmt_name, gate_up, down)
+    for fmt_name in formats:
+        fmt, parts, configs, nbytes = q_sweep_banks(fmt_name, gate_up, down, bf16_sweep)
         for tokens, (xs, routes) in inputs.items():
             cells = [torch.zeros(tokens, K, H, device=DEV) for _ in xs]
             ws = torch.empty(tokens * K * I, dtype=BF16, device=DEV)
@@ -236,17 +264,17 @@ def bench_moe_q_sweep() -> None:
             moved = (distinct * nbytes[0] + tokens * H * 2, distinct * nbytes[1] + tokens * K * H * 4)
             for n, (cfg, label) in enumerate(configs):
                 if cfg is not None:
-                    os.environ[env_name(fmt_name)] = ",".join(str(v) for v in cfg)
+                    os.environ[sweep_env(fmt_name)] = ",".join(str(v) for v in cfg)
                 make = functools.partial(q_launches, fmt, parts, xs, routes, cells, ws)
                 fns = ((moe_gemv_q.gate_up_q_launch, moe_gemv_q.down_q_launch) if fmt.quantised
                        else (moe_gemv.gate_up_launch, moe_gemv.down_launch))
                 try:
                     us = time_q_config(f"moe_q {fmt_name}", f"T={tokens} {label}", make, *fns, want, moved, tokens)
                 finally:
-                    os.environ.pop(env_name(fmt_name), None)
+                    os.environ.pop(sweep_env(fmt_name), None)
                 if us is not None:
                     times[fmt_name, n, tokens] = us
-        if fmt.quantised:
+        if len(configs) > 1:
             summarise_q_sweep(fmt_name, [c for c, _ in configs], times)
         del parts
         torch.cuda.empty_cache()
@@ -256,9 +284,7 @@ def summarise_q_sweep(fmt_name: str, configs: list, times: dict) -> None:
     """The configuration of each launch with the lowest geometric mean of µs over T = 1, 8,
     32 (tiles may not depend on T: one must serve all), among those that ran at every T;
     prints it against the default and bf16, and the override that adopts both winners
-    (a "moe_q best" row in the JSON)."""
-    from edgemoe.kernels.moe_gemv_q_tiles import env_name
-
+    (a "moe_q best" row in the JSON; for bf16 itself its default is the baseline)."""
     def geomean(fmt: str, n: int, launch: int) -> float:
         return math.prod(times[fmt, n, t][launch] for t in DECODE_TOKENS) ** (1 / len(DECODE_TOKENS))
 
@@ -267,9 +293,12 @@ def summarise_q_sweep(fmt_name: str, configs: list, times: dict) -> None:
         print(f"moe_q {fmt_name}: no configuration ran at every T", flush=True)
         return
     gu, dn = (min(complete, key=lambda n, i=i: geomean(fmt_name, n, i)) for i in (1, 2))
-    # fields: rows, cols, warps of gate_up, then of down, then the stages of each
-    best = (*configs[gu][:3], *configs[dn][3:6], configs[gu].gu_stages, configs[dn].down_stages)
-    env = f'{env_name(fmt_name)}="{",".join(str(v) for v in best)}"'
+    # gate_up's configuration with down's fields (rows, cols, warps, stages) from the other
+    # (MoeGemvQTiles and bf16's MoeGemvTiles name them alike)
+    d = configs[dn]
+    best = configs[gu]._replace(down_rows=d.down_rows, down_cols=d.down_cols, down_warps=d.down_warps,
+                                down_stages=d.down_stages)
+    env = f'{sweep_env(fmt_name)}="{",".join(str(v) for v in best)}"'
     for t in DECODE_TOKENS:
         bf16, default = sum(times["bf16", 0, t][1:]), sum(times[fmt_name, 0, t][1:]) if 0 in complete else math.nan
         won = times[fmt_name, gu, t][1] + times[fmt_name, dn, t][2]
@@ -290,8 +319,10 @@ def q_launches(fmt: ExpertFormat, parts: dict, xs: list, routes: list, cells: li
             for x, r, c in zip(xs, routes, cells, strict=True)]
 
 
-def q_sweep_banks(fmt_name: str, gate_up: torch.Tensor, down: torch.Tensor) -> tuple:
-    """(format, its banks of the bf16 experts, [(tiles, label)], (gate_up, down) bytes an expert)."""
+def q_sweep_banks(fmt_name: str, gate_up: torch.Tensor, down: torch.Tensor, bf16_sweep: bool = False) -> tuple:
+    """(format, its banks of the bf16 experts, [(tiles, label)], (gate_up, down) bytes an
+    expert); bf16: its default tiles alone, or with BF16_SWEEP's after them (`bf16_sweep`)."""
+    from edgemoe.kernels import moe_gemv_tiles
     from edgemoe.kernels.moe_gemv_q_tiles import DEFAULTS
     from edgemoe.quant import expert_format, expert_specs, quantise_expert
 
@@ -299,12 +330,16 @@ def q_sweep_banks(fmt_name: str, gate_up: torch.Tensor, down: torch.Tensor) -> t
     specs = expert_specs(fmt, H, I)
     nbytes = [sum(math.prod(shape) * dt.itemsize for name, (shape, dt) in specs.items() if name.startswith(proj))
               for proj in ("gate_up", "down")]
-    if not fmt.quantised:
+    if not fmt.quantised and not bf16_sweep:
         return fmt, {"gate_up": gate_up, "down": down}, [(None, "default")], nbytes
-    experts = [quantise_expert(fmt, gate_up[e, :I], gate_up[e, I:], down[e]) for e in range(E)]
-    parts = {name: torch.stack([x[name] for x in experts]) for name in experts[0]}
-    default = DEFAULTS[fmt_name]
-    tiles = [default, *(default._make((*c[:3], *c[:3], c[3], c[3])) for c in Q_SWEEP[fmt_name])]
+    if fmt.quantised:
+        experts = [quantise_expert(fmt, gate_up[e, :I], gate_up[e, I:], down[e]) for e in range(E)]
+        parts = {name: torch.stack([x[name] for x in experts]) for name in experts[0]}
+        default = DEFAULTS[fmt_name]
+        tiles = [default, *(default._make((*c[:3], *c[:3], c[3], c[3])) for c in Q_SWEEP[fmt_name])]
+    else:  # no split (S = 1): the sweep's swept S already (moe_splits)
+        parts, default = {"gate_up": gate_up, "down": down}, moe_gemv_tiles.DEFAULT
+        tiles = [default, *(default._make((*c[:3], *c[:3], 1, c[3], c[3])) for c in BF16_SWEEP)]
     labels = [f"{t.gu_rows}x{t.gu_cols} w{t.gu_warps} s{t.gu_stages} | {t.down_rows}x{t.down_cols} w{t.down_warps} "
               f"s{t.down_stages}" + (" default" if t == default else "") for t in tiles]
     return fmt, parts, list(zip(tiles, labels, strict=True)), nbytes
@@ -476,7 +511,7 @@ def bench_router() -> None:
                 router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
 
 
-SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router", "moe_q_sweep")
+SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router", "moe_q_sweep", "moe_sweep")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if not s.endswith("_sweep"))  # tuning sweeps: asked for by name
 
 
@@ -509,6 +544,8 @@ def main() -> None:
         bench_router()
     if "moe_q_sweep" in only:
         bench_moe_q_sweep()
+    if "moe_sweep" in only:
+        bench_moe_sweep()
     out_dir = Path(os.environ.get("OUT") or "bench/results")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gpu_kernel_bench.json"

@@ -63,13 +63,7 @@ class Case:
 def cases(dtype: tl.dtype) -> Iterator[Case]:
     act = dtype
     i32, f32 = {"slot_ptr": "i32", "sorted_ptr": "i32", "block_slot_ptr": "i32"}, "fp32"
-    for splits in (1, 4):  # split-K: fp32 partials written by gate_up, summed by down
-        part = {"inter_ptr": f32} if splits > 1 else {}
-        yield Case(f"moe gate_up gemv S={splits}", moe_gemv._gate_up_gemv, dict(ACT=0, DTYPE=act, ROWS=moe_gemv.GU_ROWS,
-                   COLS=moe_gemv.GU_COLS, SPLITS=splits, INTERP=False), moe_gemv.GU_WARPS, ptrs={**i32, **part})
-        yield Case(f"moe down gemv S={splits}", moe_gemv._down_gemv, dict(ACT=0, DTYPE=act, ROWS=moe_gemv.DOWN_ROWS,
-                   COLS=moe_gemv.DOWN_COLS, SPLITS=splits, INTERP=False), moe_gemv.DOWN_WARPS,
-                   ptrs={**i32, **part, "w_ptr": f32, "cells_ptr": f32})
+    yield from bf16_gemv_cases(act)
     yield Case("moe gate_up gemm", moe_gemm._gate_up_gemm, dict(ACT=2, DTYPE=act, BM=moe_gemm.BLOCK_M,
                BN=moe_gemm.GU_N, BK=moe_gemm.GU_K, INTERP=False), moe_gemm.GU_WARPS, moe_gemm.GU_STAGES, ptrs=i32)
     yield Case("moe down gemm", moe_gemm._down_gemm, dict(DTYPE=act, BM=moe_gemm.BLOCK_M, BN=moe_gemm.DOWN_N,
@@ -122,6 +116,22 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                ptrs={"ids_ptr": "i64"})
     yield Case("row gather into", row_gather._gather_rows_into, dict(BLOCK_D=row_gather.BLOCK_INTO), 4,
                ptrs={"ids_ptr": "i32", "dst_ptr": "i32"})
+
+
+def bf16_gemv_cases(act: tl.dtype) -> Iterator[Case]:
+    """The bf16 decode GEMV's two kernels at the default tiles, with split-K (fp32 partials
+    written by gate_up, summed by down), and software-pipelined (3 stages: async copies of
+    the weight and activation tiles through shared memory)."""
+    i32, f32 = {"slot_ptr": "i32"}, "fp32"
+    t = moe_gemv.tiles()
+    for splits, gu_stages, dn_stages in ((1, t.gu_stages, t.down_stages), (4, t.gu_stages, t.down_stages), (1, 3, 3)):
+        part = {"inter_ptr": f32} if splits > 1 else {}
+        tag = f"S={splits}" + (f" {gu_stages} stages" if gu_stages != t.gu_stages else "")
+        yield Case(f"moe gate_up gemv {tag}", moe_gemv._gate_up_gemv, dict(ACT=0, DTYPE=act, ROWS=t.gu_rows,
+                   COLS=t.gu_cols, SPLITS=splits, STAGES=gu_stages, INTERP=False), t.gu_warps, ptrs={**i32, **part})
+        yield Case(f"moe down gemv {tag}", moe_gemv._down_gemv, dict(ACT=0, DTYPE=act, ROWS=t.down_rows,
+                   COLS=t.down_cols, SPLITS=splits, STAGES=dn_stages, INTERP=False), t.down_warps,
+                   ptrs={**i32, **part, "w_ptr": f32, "cells_ptr": f32})
 
 
 def router_cases(act: tl.dtype) -> Iterator[Case]:

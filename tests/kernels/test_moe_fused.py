@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -211,6 +213,50 @@ def test_triton_decode_split_k_workspace(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="workspace needs"):
         kernel(b.x, b.slot_ids, b.weights, b.gate_up, b.down, got, "silu", torch.empty(planned, dtype=torch.bfloat16))
+
+
+def spy_stages(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Records the STAGES each decode kernel is launched with (then launches it)."""
+    from edgemoe.kernels.triton_ops import moe_gemv
+
+    seen: dict[str, int] = {}
+
+    class Spy:
+        def __init__(self, name: str) -> None:
+            self.name, self.kernel = name, getattr(moe_gemv, name)
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]:
+            def launch(*args: Any, **kwargs: Any) -> object:
+                seen[self.name] = kwargs["STAGES"]
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    for name in ("_gate_up_gemv", "_down_gemv"):
+        monkeypatch.setattr(moe_gemv, name, Spy(name))
+    return seen
+
+
+@needs_triton
+@pytest.mark.parametrize(("splits", "stages"), [(1, 2), (1, 3), (3, 2)])
+def test_triton_decode_stages(monkeypatch: pytest.MonkeyPatch, splits: int, stages: int) -> None:
+    # Software pipelining (the 8th and 9th override values, `num_stages` of the step loops)
+    # only moves when a step's loads are issued, never what is summed in which order: the
+    # cells must be the unpipelined kernel's bit for bit, and within the reference's bound.
+    # (The interpreter runs the loop as written; tests/gpu/test_moe_gemv_gpu.py checks the
+    # compiled pipelines.) Odd H and I: the last step is partial, the masks feed the stages.
+    b = moe_batch(2, SPLIT_K, SPLIT_H, SPLIT_I, 4, torch.bfloat16, seed=15, unrouted=0.25)
+    want = torch.zeros(2, SPLIT_K, SPLIT_H)
+    moe_slots_ref(b.x, b.slot_ids, b.weights, b.gate_up, b.down, want, "silu")
+    plain, piped = torch.zeros_like(want), torch.zeros_like(want)
+    split_tiles(monkeypatch, splits)
+    triton_moe("decode")(b.x, b.slot_ids, b.weights, b.gate_up, b.down, plain, "silu")
+    monkeypatch.setenv("EDGEMOE_MOE_GEMV_TILES", f"16,16,1,32,16,2,{splits},{stages},{stages + 1}")
+    launched = spy_stages(monkeypatch)
+    triton_moe("decode")(b.x, b.slot_ids, b.weights, b.gate_up, b.down, piped, "silu")
+    assert launched == {"_gate_up_gemv": stages, "_down_gemv": stages + 1}  # the override reached both launches
+    assert torch.equal(piped, plain)
+    assert ((piped - want).abs() <= row_tolerance(want, torch.bfloat16)).all()
 
 
 @needs_triton

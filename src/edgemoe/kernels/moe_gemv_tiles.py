@@ -24,6 +24,12 @@ DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
 # 159.8 / 520.4, S=8 33.1 / 183.7 / 633.0. S must not depend on T (batch invariance) and S=2's 5%
 # at T = 1 costs 15-28% at T = 8-32, so no split: the T = 1 grid's shortfall is not loads in flight.
 GU_SPLITS = 1
+# Software pipelining of each launch's step loop (`tl.range(num_stages=)`: the next
+# STAGES - 1 steps' weight and activation loads go out as async copies into shared memory
+# while this step computes). 1 = off: the kernel as it was (Triton pipelines no loop of
+# this kernel without it, whatever the launch's num_stages). Not yet swept
+# (scripts/gpu_kernel_bench.py --only moe_sweep); the fp32 sums are the same at any value.
+GU_STAGES, DOWN_STAGES = 1, 1
 ENV = "EDGEMOE_MOE_GEMV_TILES"
 
 
@@ -35,22 +41,36 @@ class MoeGemvTiles(NamedTuple):
     down_cols: int
     down_warps: int
     gu_splits: int
+    gu_stages: int = GU_STAGES
+    down_stages: int = DOWN_STAGES
+
+
+DEFAULT = MoeGemvTiles(GU_ROWS, GU_COLS, GU_WARPS, DOWN_ROWS, DOWN_COLS, DOWN_WARPS, GU_SPLITS, GU_STAGES, DOWN_STAGES)
+
+
+def _power_of_two(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
 
 
 def tiles() -> MoeGemvTiles:
     """The tile constants; `EDGEMOE_MOE_GEMV_TILES="gu_rows,gu_cols,gu_warps,down_rows,
-    down_cols,down_warps[,gu_splits]"` overrides them for tuning sweeps (gu_splits
-    defaults to GU_SPLITS). Read per call, so a sweep can change it between launches."""
+    down_cols,down_warps[,gu_splits[,gu_stages,down_stages]]"` overrides them for tuning
+    sweeps (values left out keep DEFAULT's). Read per call, so a sweep can change it
+    between launches."""
     override = os.environ.get(ENV)
     if not override:
-        return MoeGemvTiles(GU_ROWS, GU_COLS, GU_WARPS, DOWN_ROWS, DOWN_COLS, DOWN_WARPS, GU_SPLITS)
-    values = [int(v) for v in override.split(",")]
-    if len(values) == 6:
-        values.append(GU_SPLITS)
-    if len(values) != 7 or min(values) < 1:
-        raise ValueError(f"{ENV}={override!r}: 6 or 7 positive integers (rows, cols, warps of gate_up and down, "
-                         "then gate_up splits)")
-    return MoeGemvTiles(*values)
+        return DEFAULT
+    try:
+        values = [int(v) for v in override.split(",")]
+    except ValueError:
+        raise ValueError(f"{ENV}={override!r}: integers separated by commas") from None
+    if len(values) not in (6, 7, 9) or min(values) < 1:
+        raise ValueError(f"{ENV}={override!r}: 6, 7 or 9 positive integers (rows, cols, warps of gate_up and down, "
+                         "then gate_up splits, then the stages of gate_up and down)")
+    t = DEFAULT._make([*values, *DEFAULT[len(values):]])
+    if not all(_power_of_two(v) for v in (t.gu_rows, t.gu_cols, t.gu_warps, t.down_rows, t.down_cols, t.down_warps)):
+        raise ValueError(f"{ENV}={override!r}: rows, cols and warps must be powers of two (Triton tiles)")
+    return t
 
 
 def split_cols(H: int, splits: int, cols: int) -> int:

@@ -76,22 +76,13 @@ def store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, strid
 
 
 @triton.jit
-def gemv_chunk(ptr, row, stride, c0, n, row_ok, COLS: tl.constexpr):
-    """GEMV step: columns [c0, c0 + COLS) of activation row `row` in fp32 (0 past n), and
-    the [ROWS, COLS] mask of the weight tile they multiply."""
-    cols = c0 + tl.arange(0, COLS)
-    col_ok = cols < n
-    v = tl.load(ptr + row.to(tl.int64) * stride + cols, mask=col_ok, other=0.0).to(tl.float32)
-    return cols, v, row_ok[:, None] & col_ok[None, :]
-
-
-@triton.jit
 def gemv_x_tile(ptr, row, stride, c0, n, ROWS: tl.constexpr, COLS: tl.constexpr):
     """GEMV step: columns [c0, c0 + COLS) of activation row `row` in fp32 (0 past n), loaded
     as a [ROWS, COLS] tile (the same values in every row): each thread reads the columns of
     its own weights straight into their registers (vector loads, L1 hits after the first
     row), not a [COLS] vector that a layout change sends through shared memory and two
-    barriers every step (`gemv_chunk`)."""
+    barriers every step (sm_90 SASS of both decode GEMVs before they used it). NOTE: the
+    products are the broadcast vector's, value for value: the fp32 sums do not move."""
     cols = c0 + tl.arange(0, COLS)
     at = ptr + row.to(tl.int64) * stride + tl.zeros([ROWS, 1], dtype=tl.int32) + cols[None, :]
     return tl.load(at, mask=(cols < n)[None, :], other=0.0).to(tl.float32)

@@ -8,6 +8,13 @@ rows → the pair's fp32 cell. Rounding points follow the torch reference
 (`moe_experts_partial_ref`): each projection's output, the activation and the product
 are rounded to the activation dtype.
 
+A step multiplies a [ROWS, COLS] weight tile (`weight_tile`: one vector load a thread) by
+COLS activations loaded straight into the tile's layout (`moe_common.gemv_x_tile`): the
+[COLS] vector it replaced went through shared memory and two barriers every step (sm_90
+SASS: 130 instructions a gate/up step with 8 shared loads, now 134 with none); the products
+and the fp32 sums are the same, bit for bit. `gu_stages` / `down_stages` > 1 software-
+pipeline the step loops (`tl.range(num_stages=)`): loads issued ahead, sums unchanged.
+
 Split-K (`gu_splits` S > 1, `moe_gemv_tiles.py`): at T = 1 launch 1 has only 8 pairs x
 I/ROWS programs, too few loads in flight to saturate HBM, so its grid gains an axis of
 S: program s reduces H's columns [s*C, (s+1)*C) (C = H/S rounded up to whole COLS tiles)
@@ -33,22 +40,11 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.moe_gemv_tiles import (  # noqa: F401 - the constants, re-exported for the compile check
-    DOWN_COLS,
-    DOWN_ROWS,
-    DOWN_WARPS,
-    GU_COLS,
-    GU_ROWS,
-    GU_SPLITS,
-    GU_WARPS,
-    MoeGemvTiles,
-    split_cols,
-    tiles,
-)
+from edgemoe.kernels.moe_gemv_tiles import MoeGemvTiles, split_cols, tiles
 from edgemoe.kernels.triton_ops.common import ACT_CODES, activate, pdl_start, round_trip
 from edgemoe.kernels.triton_ops.moe_common import (
     MoeLaunch,
-    gemv_chunk,
+    gemv_x_tile,
     moe_launch,
     store_cell_rows,
     store_gated_rows,
@@ -66,12 +62,15 @@ def store_partial_rows(part_ptr, stride_pt, pair, rows, row_ok, acc_g, acc_u, I)
 
 
 @triton.jit
-def gated_chunk(part_ptr, pair, stride_pt, i0, I, row_ok, ACT: tl.constexpr, DTYPE: tl.constexpr,
-                COLS: tl.constexpr, SPLITS: tl.constexpr, INTERP: tl.constexpr):
-    """Split-K prologue of down, `gemv_chunk`'s twin: columns [i0, i0 + COLS) of the
-    pair's act(gate)·up built from its partials, in fp32 holding activation-dtype values
-    (0 past I). NOTE: the sums run over s in ascending order and the roundings are
-    `store_gated_rows`'s, so the value is the S = 1 workspace's but for fp32 sum order."""
+def gated_chunk(part_ptr, pair, stride_pt, i0, I, ACT: tl.constexpr, DTYPE: tl.constexpr, COLS: tl.constexpr,
+                SPLITS: tl.constexpr, INTERP: tl.constexpr):
+    """Split-K prologue of down: columns [i0, i0 + COLS) of the pair's act(gate)·up built
+    from its partials, in fp32 holding activation-dtype values (0 past I). NOTE: the sums
+    run over s in ascending order and the roundings are `store_gated_rows`'s, so the value
+    is the S = 1 workspace's but for fp32 sum order. A [COLS] vector, not `gemv_x_tile`'s
+    tile: built once a column and broadcast through shared memory, where the tile would
+    repeat the activation for every row a thread holds (572 SASS instructions a step at
+    S = 4 against 146)."""
     cols = i0 + tl.arange(0, COLS)
     col_ok = cols < I
     base = part_ptr + pair.to(tl.int64) * stride_pt + cols
@@ -83,7 +82,16 @@ def gated_chunk(part_ptr, pair, stride_pt, i0, I, row_ok, ACT: tl.constexpr, DTY
     gate = round_trip(gate, DTYPE, INTERP)
     up = round_trip(up, DTYPE, INTERP)
     h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
-    return cols, round_trip(h, DTYPE, INTERP), row_ok[:, None] & col_ok[None, :]
+    return round_trip(h, DTYPE, INTERP)
+
+
+@triton.jit
+def weight_tile(bank, rows, row_ok, c0, n, stride_r, COLS: tl.constexpr):
+    """GEMV step: columns [c0, c0 + COLS) of a slot bank's `rows` in fp32 (0 past n or for
+    rows past the matrix): one vector load a thread."""
+    cols = c0 + tl.arange(0, COLS)
+    ok = row_ok[:, None] & (cols < n)[None, :]
+    return tl.load(bank + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -91,7 +99,7 @@ def _gate_up_gemv(
     x_ptr, slot_ptr, gu_ptr, inter_ptr,
     H, I, K, SPLIT_H, stride_xt, stride_gs, stride_gr, stride_it,
     ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SPLITS: tl.constexpr,
-    INTERP: tl.constexpr, USE_PDL: tl.constexpr,
+    STAGES: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pair = tl.program_id(0)
     # NOTE: no weight load before the wait: the slot banks are written by the expert
@@ -111,12 +119,12 @@ def _gate_up_gemv(
     else:  # SPLIT_H is a multiple of COLS: every split starts on a tile boundary
         lo = tl.program_id(2) * SPLIT_H
         hi = tl.minimum(lo + SPLIT_H, H)
-    for h0 in range(lo, hi, COLS):
-        cols, xv, ok = gemv_chunk(x_ptr, t, stride_xt, h0, hi, row_ok, COLS)
-        g = tl.load(bank + rows[:, None] * stride_gr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(bank + (rows + I)[:, None] * stride_gr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        acc_g += g * xv[None, :]
-        acc_u += u * xv[None, :]
+    for h0 in tl.range(lo, hi, COLS, num_stages=STAGES):
+        xv = gemv_x_tile(x_ptr, t, stride_xt, h0, hi, ROWS, COLS)
+        g = weight_tile(bank, rows, row_ok, h0, hi, stride_gr, COLS)
+        u = weight_tile(bank, rows + I, row_ok, h0, hi, stride_gr, COLS)
+        acc_g += g * xv
+        acc_u += u * xv
     if SPLITS == 1:
         store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
     else:
@@ -128,7 +136,7 @@ def _down_gemv(
     inter_ptr, slot_ptr, w_ptr, down_ptr, cells_ptr,
     H, I, K, stride_it, stride_ds, stride_dr, stride_ct, stride_ck,
     ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SPLITS: tl.constexpr,
-    INTERP: tl.constexpr, USE_PDL: tl.constexpr,
+    STAGES: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pair = tl.program_id(0)
     pdl_start(USE_PDL)  # NOTE: no weight load before it (the slot banks, as in _gate_up_gemv)
@@ -138,13 +146,12 @@ def _down_gemv(
     rows, row_ok = tile_range(1, ROWS, H)
     bank = down_ptr + slot.to(tl.int64) * stride_ds
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
-    for i0 in range(0, I, COLS):
+    for i0 in tl.range(0, I, COLS, num_stages=STAGES):
         if SPLITS == 1:
-            cols, a, ok = gemv_chunk(inter_ptr, pair, stride_it, i0, I, row_ok, COLS)
+            a = gemv_x_tile(inter_ptr, pair, stride_it, i0, I, ROWS, COLS)
         else:
-            cols, a, ok = gated_chunk(inter_ptr, pair, stride_it, i0, I, row_ok, ACT, DTYPE, COLS, SPLITS, INTERP)
-        d = tl.load(bank + rows[:, None] * stride_dr + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        acc += d * a[None, :]
+            a = gated_chunk(inter_ptr, pair, stride_it, i0, I, ACT, DTYPE, COLS, SPLITS, INTERP)[None, :]
+        acc += weight_tile(bank, rows, row_ok, i0, I, stride_dr, COLS) * a
     store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
 
 
@@ -184,8 +191,8 @@ def gate_up_launch(d: DecodeLaunch) -> None:
     _gate_up_gemv[(run.pairs, triton.cdiv(run.I, t.gu_rows), t.gu_splits)](
         run.x, d.slots, gu, run.inter, run.H, run.I, run.K, split_cols(run.H, t.gu_splits, t.gu_cols),
         run.x.stride(0), gu.stride(0), gu.stride(1), run.inter.stride(0),
-        ACT=d.act, DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SPLITS=t.gu_splits, INTERP=run.interp,
-        USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.gu_warps,
+        ACT=d.act, DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SPLITS=t.gu_splits, STAGES=t.gu_stages,
+        INTERP=run.interp, USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.gu_warps,
     )
 
 
@@ -195,8 +202,8 @@ def down_launch(d: DecodeLaunch) -> None:
         run.inter, d.slots, run.weights, dn, cells, run.H, run.I, run.K, run.inter.stride(0), dn.stride(0),
         dn.stride(1), cells.stride(0), cells.stride(1),
         ACT=d.act if t.gu_splits > 1 else 0,  # read only with a split: S = 1 compiles one variant
-        DTYPE=run.dtype, ROWS=t.down_rows, COLS=t.down_cols, SPLITS=t.gu_splits, INTERP=run.interp,
-        USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.down_warps,
+        DTYPE=run.dtype, ROWS=t.down_rows, COLS=t.down_cols, SPLITS=t.gu_splits, STAGES=t.down_stages,
+        INTERP=run.interp, USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.down_warps,
     )
 
 
