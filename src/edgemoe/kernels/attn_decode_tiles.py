@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from edgemoe.kernels.tile_override import override
+
 # Measured on an H200 (2026-12-01, CUDA-graph replay, 32/4 heads x 128, bf16): 6.8 µs at
 # B=1 1K, 33.2 at B=1 32K (48% of HBM), 35.5 at B=8 4K. NOTE: with STAGES = 2 the split
 # kernel's loop is not software-pipelined in effect (one K/V buffer, the page ids loaded
@@ -45,19 +47,9 @@ def tiles() -> AttnDecodeTiles:
     """The tile constants; `EDGEMOE_ATTN_DECODE_TILES="splits,block_n,warps,stages[,merge_chunk
     [,min_blocks]]"` overrides them for tuning sweeps (the missing ones keep their defaults).
     Read per call, so a sweep can change it between launches (each value set compiles once)."""
-    override = os.environ.get(ENV)
-    if not override:
-        return DEFAULT
-    try:
-        values = [int(v) for v in override.split(",")]
-    except ValueError:
-        values = []
-    if not 4 <= len(values) <= 6 or min(values) < 1:
-        raise ValueError(f"{ENV}={override!r}: 4 to 6 positive integers ({FIELDS})")
-    t = AttnDecodeTiles(*values, *DEFAULT[len(values):])
-    # Triton's ranges are powers of two; tl.dot wants 16 keys at least.
-    if any(v & (v - 1) for v in (t.block_n, t.warps, t.merge_chunk)) or t.block_n < 16:
-        raise ValueError(f"{ENV}={override!r}: block_n (>= 16), warps and merge_chunk must be powers of two")
+    t = override(ENV, DEFAULT, (4, 5, 6), FIELDS, ("block_n", "warps", "merge_chunk"))
+    if t.block_n < 16:  # tl.dot wants 16 keys at least
+        raise ValueError(f"{ENV}={os.environ[ENV]!r}: block_n must be one of the powers of two >= 16")
     return t
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from edgemoe.kernels.tile_override import override
+
 
 class MoeGemvQTiles(NamedTuple):
     gu_rows: int
@@ -49,6 +51,7 @@ DEFAULTS = {
     "int4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
     "mxfp4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
 }
+POWERS_OF_TWO = ("gu_rows", "gu_cols", "gu_warps", "down_rows", "down_cols", "down_warps")  # Triton tiles
 ENV = "EDGEMOE_MOE_GEMV_Q_TILES_"  # + the format's name in capitals: EDGEMOE_MOE_GEMV_Q_TILES_FP8
 
 
@@ -56,34 +59,16 @@ def env_name(fmt_name: str) -> str:
     return ENV + fmt_name.upper()
 
 
-def _power_of_two(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
 def tiles(fmt_name: str) -> MoeGemvQTiles:
     """The format's tiles; `EDGEMOE_MOE_GEMV_Q_TILES_<FORMAT>="gu_rows,gu_cols,gu_warps,
     down_rows,down_cols,down_warps[,gu_stages,down_stages]"` overrides them for tuning
     sweeps (stages keep the defaults when left out). Read per call, so a sweep can change
     it between launches."""
-    default = DEFAULTS[fmt_name]
-    override = os.environ.get(env_name(fmt_name))
-    if not override:
-        return default
     name = env_name(fmt_name)
-    try:
-        values = [int(v) for v in override.split(",")]
-    except ValueError:
-        raise ValueError(f"{name}={override!r}: integers separated by commas") from None
-    if len(values) == 6:
-        values += [default.gu_stages, default.down_stages]
-    if len(values) != 8 or min(values) < 1:
-        raise ValueError(f"{name}={override!r}: 6 or 8 positive integers (rows, cols, warps of gate_up and down, "
-                         "then the stages of each)")
-    t = MoeGemvQTiles(*values)
-    if not all(_power_of_two(v) for v in (t.gu_rows, t.gu_cols, t.gu_warps, t.down_rows, t.down_cols, t.down_warps)):
-        raise ValueError(f"{name}={override!r}: rows, cols and warps must be powers of two (Triton tiles)")
+    t = override(name, DEFAULTS[fmt_name], (6, 8), "rows, cols, warps of gate_up and down, then the stages of each",
+                 POWERS_OF_TWO)
     if min(t.gu_cols, t.down_cols) < 8:
-        raise ValueError(f"{name}={override!r}: at least 8 columns a step (nibble formats unpack 4-byte words)")
+        raise ValueError(f"{name}={os.environ[name]!r}: at least 8 columns a step (nibble formats unpack 4-byte words)")
     return t
 
 

@@ -8,8 +8,9 @@ its token, its slot and its weight (batch invariance).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
+
+from edgemoe.kernels.tile_override import override
 
 # Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
 # matrix per step, I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
@@ -31,6 +32,7 @@ GU_SPLITS = 1
 # (scripts/gpu_kernel_bench.py --only moe_sweep); the fp32 sums are the same at any value.
 GU_STAGES, DOWN_STAGES = 1, 1
 ENV = "EDGEMOE_MOE_GEMV_TILES"
+POWERS_OF_TWO = ("gu_rows", "gu_cols", "gu_warps", "down_rows", "down_cols", "down_warps")  # Triton tiles
 
 
 class MoeGemvTiles(NamedTuple):
@@ -48,29 +50,13 @@ class MoeGemvTiles(NamedTuple):
 DEFAULT = MoeGemvTiles(GU_ROWS, GU_COLS, GU_WARPS, DOWN_ROWS, DOWN_COLS, DOWN_WARPS, GU_SPLITS, GU_STAGES, DOWN_STAGES)
 
 
-def _power_of_two(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
 def tiles() -> MoeGemvTiles:
     """The tile constants; `EDGEMOE_MOE_GEMV_TILES="gu_rows,gu_cols,gu_warps,down_rows,
     down_cols,down_warps[,gu_splits[,gu_stages,down_stages]]"` overrides them for tuning
     sweeps (values left out keep DEFAULT's). Read per call, so a sweep can change it
     between launches."""
-    override = os.environ.get(ENV)
-    if not override:
-        return DEFAULT
-    try:
-        values = [int(v) for v in override.split(",")]
-    except ValueError:
-        raise ValueError(f"{ENV}={override!r}: integers separated by commas") from None
-    if len(values) not in (6, 7, 9) or min(values) < 1:
-        raise ValueError(f"{ENV}={override!r}: 6, 7 or 9 positive integers (rows, cols, warps of gate_up and down, "
-                         "then gate_up splits, then the stages of gate_up and down)")
-    t = DEFAULT._make([*values, *DEFAULT[len(values):]])
-    if not all(_power_of_two(v) for v in (t.gu_rows, t.gu_cols, t.gu_warps, t.down_rows, t.down_cols, t.down_warps)):
-        raise ValueError(f"{ENV}={override!r}: rows, cols and warps must be powers of two (Triton tiles)")
-    return t
+    return override(ENV, DEFAULT, (6, 7, 9), "rows, cols, warps of gate_up and down, then gate_up splits, then "
+                    "the stages of gate_up and down", POWERS_OF_TWO)
 
 
 def split_cols(H: int, splits: int, cols: int) -> int:
