@@ -47,14 +47,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from edgemoe.kernels.slot_plan import SlotState, fused_plan_supported, plan_wave_fused
+from edgemoe.kernels.slot_plan import FRESH, NEVER, SlotState, fused_plan_supported, plan_wave_fused
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cache_choice import DEVICE_POLICIES
 
-NEVER = torch.iinfo(torch.int64).max  # the sort key of a slot that may not be evicted
-# The sort key of a fresh slot is FRESH - recency: above every stale key (a recency), in
-# descending recency. NOTE: exact while recency < 2**61 (uses counted since start-up).
-FRESH = 2**62
 
 
 class WavePlan(NamedTuple):

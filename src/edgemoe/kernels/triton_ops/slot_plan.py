@@ -28,11 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels import slot_plan
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.common import pdl_start
 
-NEVER: tl.constexpr = tl.constexpr(2**63 - 1)  # the key of a slot that may not be evicted
-FRESH: tl.constexpr = tl.constexpr(2**62)  # a fresh slot's key is FRESH - recency (moe/device_cache.py)
+NEVER: tl.constexpr = tl.constexpr(slot_plan.NEVER)  # the key of a slot that may not be evicted
+FRESH: tl.constexpr = tl.constexpr(slot_plan.FRESH)  # a fresh slot's key is FRESH - recency
 BLOCK_N = 256  # pairs per chunk of the routing scans
 
 
