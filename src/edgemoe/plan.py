@@ -312,12 +312,9 @@ def _modelled(rates: Rates, args: argparse.Namespace) -> list[str]:
                    f"{speed.CALIBRATION.gpu}'s share of it), the slot cache's {speed.SLOT_CACHE_US:.0f} µs a layer kept")
     if not speed.CPU_SHARE_CALIBRATED:
         out.append("copy+CPU (uncalibrated: no run measured the CPU's share beside the device cache)")
-    if not speed.PREFILL_CALIBRATED:
-        out.append(f"prefill (bound x {speed.PREFILL_EFFICIENCY:.2f}: a PLACEHOLDER efficiency, not calibrated)")
-    else:
-        out.append(f"prefill (the copy bound x {speed.PREFILL_EFFICIENCY:.2f}, fitted to a realistic-routing run; "
-                   "it assumes the chunk routes like the hit-rate model: a model that concentrates a prompt on "
-                   "few experts prefills faster)")
+    out.append(f"prefill (the copy bound x {speed.PREFILL_EFFICIENCY:.2f}, fitted to a realistic-routing run; "
+               "it assumes the chunk routes like the hit-rate model: a model that concentrates a prompt on "
+               "few experts prefills faster)")
     return out
 
 

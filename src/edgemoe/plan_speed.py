@@ -63,7 +63,6 @@ PREFILL_EFFICIENCY = 0.5607
 DECODE_CALIBRATED = True  # the step time given the misses, on the calibration GPU, batch 1
 HIT_RATE_CALIBRATED = False  # needs a trained checkpoint's routing; the random presets' router is not one
 CPU_SHARE_CALIBRATED = False  # no run measured the CPU's share beside the device cache
-PREFILL_CALIBRATED = True  # for chunks that touch every expert (uniform or realistic routing)
 
 
 class StepBytes(NamedTuple):
