@@ -2,7 +2,8 @@
 the candidates of `scripts/gpu_kernel_bench.py --only attention_sweep`): software-pipelined
 split loops (3, 5, 7 stages), more splits, a vectorised merge, a minimum split length,
 against the fp32 torch reference at Qwen3-30B-A3B's and Qwen3.5's shapes, with an fp8 cache
-and a window; batch invariance and CUDA-graph replay at new lengths at a pipelined set."""
+and a window; batch invariance. (CUDA-graph replay at new lengths at a pipelined set:
+tests/gpu/test_kernels_gpu.py's replay test, parametrised over tiles.)"""
 
 from __future__ import annotations
 
@@ -64,29 +65,3 @@ def test_decode_fp8_cache_at_pipelined_tiles(tiles: str, monkeypatch: pytest.Mon
     for window in (None, 700):
         got = decode(b, window, kq, vq, ks, vs)
         check(got, b, window, dequantise_kv(kq, ks, torch.float32), dequantise_kv(vq, vs, torch.float32))
-
-
-def test_graph_replays_new_lengths_at_pipelined_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Captured once (grid and workspace fixed by the tiles, not the context), replayed with
-    new lengths: each replay equals an eager call bit for bit."""
-    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
-
-    monkeypatch.setenv(ENV, "128,32,4,7,32,2")
-    lens = [32768, 2000, 1, 300, 65, 7, 4097, 513]
-    b = paged_batch(lens, [1] * len(lens), 32, 4, 128, 16, BF16, "cuda", seed=13)
-    out = torch.empty_like(b.q)
-    args = (b.q, b.k_cache, b.v_cache, b.page_table, b.req_rows, b.seq_lens, 16, 128**-0.5, None)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        decode_attention_triton(*args, out)  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        decode_attention_triton(*args, out)
-    for new in ([30001, 1999, 1, 299, 64, 1, 4096, 512], [1, 2000, 1, 17, 65, 7, 1, 100], lens):
-        b.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
-        graph.replay()
-        want = decode_attention_triton(*args, torch.empty_like(b.q))
-        assert torch.equal(out.view(torch.int16), want.view(torch.int16)), new
-    check(out, b, None, b.k_cache, b.v_cache)

@@ -200,10 +200,15 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16)
 
 
-def test_decode_attention_graph_replays_with_new_lengths() -> None:
+# The default tiles, and a software-pipelined set of the tile sweep's (kernels/attn_decode_tiles.py).
+@pytest.mark.parametrize("tiles", ["", "128,32,4,7,32,2"], ids=["default", "pipelined"])
+def test_decode_attention_graph_replays_with_new_lengths(tiles: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Captured once, replayed with new context lengths and queries written in place: the
     grid and workspace do not depend on the context, so each replay equals an eager call
     on the new inputs bit for bit."""
+    from edgemoe.kernels.attn_decode_tiles import ENV
+
+    monkeypatch.setenv(ENV, tiles)  # empty: the defaults
     lens = [32768, 2000, 1, 300, 65, 7, 4097, 513]
     b = paged_batch(lens, [1] * len(lens), 32, 4, 128, 16, BF16, "cuda", seed=13)
     out = torch.empty_like(b.q)
