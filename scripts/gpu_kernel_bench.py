@@ -12,7 +12,7 @@ runs some sections: `--only moe_splits` is the split-K sweep of moe_decode alone
 gate/up and down launches apart; well under a minute); `--only attention_sweep` times
 decode attention at each candidate tile set (ATTN_SWEEP x ATTN_SWEEP_CASES, each checked
 against the torch reference first; ~2 minutes, mostly compiling); `--only moe_q_sweep` the tile
-sweep of the quantised decode GEMV (fp8, int4, int8 at T = 1, 8, 32 against bf16's
+sweep of the quantised decode GEMV (fp8, int4, mxfp4, int8 at T = 1, 8, 32 against bf16's
 default; each configuration checked against the reference first; ~2-3 minutes, most of
 it compiling); `--only moe_sweep` the same for the bf16 decode GEMV (BF16_SWEEP: stages,
 wider steps, other row counts; ~1 minute).
@@ -59,6 +59,7 @@ Q_SWEEP = {
             (16, 256, 4, 2), (16, 256, 4, 3), (8, 512, 4, 2)),
     "int4": ((16, 256, 4, 1), (16, 1024, 4, 1), (8, 512, 4, 1), (32, 512, 8, 1), (16, 512, 8, 1), (16, 512, 2, 1),
              (16, 512, 4, 2), (16, 256, 4, 3), (8, 256, 4, 2)),
+    "mxfp4": ((16, 512, 4, 1), (16, 256, 4, 1), (8, 512, 4, 1), (8, 1024, 4, 1), (16, 1024, 8, 1)),
     "int8": ((16, 128, 4, 1), (16, 512, 4, 1), (8, 256, 4, 1), (32, 256, 4, 1), (16, 256, 8, 1), (16, 256, 4, 2),
              (16, 256, 4, 3)),
 }
@@ -81,6 +82,17 @@ ATTN_SWEEP = (
     "64,64,4,5,16,2", "64,128,8,5,16,1",
 )
 RESULTS: list[dict] = []
+
+
+def swept(name: str, default: tuple, ints: bool = True) -> tuple:
+    """A sweep's candidates: `SWEEP_<NAME>` (space-separated, each comma-separated) replaces
+    `default` for a follow-up round without an edit (e.g. SWEEP_ATTN="128,32,4,5,128,4",
+    SWEEP_BF16="16,512,4,1 8,64,4,1"; SWEEP_FORMATS="mxfp4 int4" picks moe_q_sweep's formats)."""
+    raw = os.environ.get(f"SWEEP_{name.upper()}")
+    if raw is None:
+        return default
+    items = raw.split()
+    return tuple(tuple(int(v) for v in i.split(",")) for i in items) if ints else tuple(items)
 
 
 def eager_us(call: Callable[[], object]) -> float:
@@ -219,7 +231,7 @@ def bench_moe_q_sweep() -> None:
     (moe_gemv) first, on the same routes: the baseline. Each configuration's output is
     checked against the reference before it is timed; a broken one is reported (a row with
     "error"), not timed. GB/s count the format's bytes of the distinct experts, x and cells."""
-    gemv_sweep(("bf16", *Q_SWEEP), bf16_sweep=False)
+    gemv_sweep(("bf16", *swept("formats", tuple(Q_SWEEP), ints=False)), bf16_sweep=False)
 
 
 def bench_moe_sweep() -> None:
@@ -336,10 +348,10 @@ def q_sweep_banks(fmt_name: str, gate_up: torch.Tensor, down: torch.Tensor, bf16
         experts = [quantise_expert(fmt, gate_up[e, :I], gate_up[e, I:], down[e]) for e in range(E)]
         parts = {name: torch.stack([x[name] for x in experts]) for name in experts[0]}
         default = DEFAULTS[fmt_name]
-        tiles = [default, *(default._make((*c[:3], *c[:3], c[3], c[3])) for c in Q_SWEEP[fmt_name])]
+        tiles = [default, *(default._make((*c[:3], *c[:3], c[3], c[3])) for c in swept(fmt_name, Q_SWEEP.get(fmt_name, ())))]
     else:  # no split (S = 1): the sweep's swept S already (moe_splits)
         parts, default = {"gate_up": gate_up, "down": down}, moe_gemv_tiles.DEFAULT
-        tiles = [default, *(default._make((*c[:3], *c[:3], 1, c[3], c[3])) for c in BF16_SWEEP)]
+        tiles = [default, *(default._make((*c[:3], *c[:3], 1, c[3], c[3])) for c in swept("bf16", BF16_SWEEP))]
     labels = [f"{t.gu_rows}x{t.gu_cols} w{t.gu_warps} s{t.gu_stages} | {t.down_rows}x{t.down_cols} w{t.down_warps} "
               f"s{t.down_stages}" + (" default" if t == default else "") for t in tiles]
     return fmt, parts, list(zip(tiles, labels, strict=True)), nbytes
@@ -401,7 +413,7 @@ def bench_attention_sweep() -> None:
         case = decode_attention_case(batch, ctx, g)
         want = case.ref()
         bound = 2**-7 * want.abs().max().item()
-        for tiles in ATTN_SWEEP:
+        for tiles in attn_sweep():
             os.environ[ENV] = tiles
             try:
                 label = f"B={batch} ctx={ctx} {tiles}"
@@ -422,22 +434,30 @@ def bench_attention_sweep() -> None:
     print_sweep_summary()
 
 
+def attn_sweep() -> tuple[str, ...]:
+    """Today's tiles first (the summary's baseline), then ATTN_SWEEP or SWEEP_ATTN's sets."""
+    from edgemoe.kernels.attn_decode_tiles import DEFAULT
+
+    today = ",".join(str(v) for v in DEFAULT)
+    return (today, *(t for t in swept("attn", ATTN_SWEEP, ints=False) if t != today))
+
+
 def print_sweep_summary() -> None:
-    """Per case, today's tiles (ATTN_SWEEP[0]) and the fastest set; then the set with the
+    """Per case, today's tiles (attn_sweep()[0]) and the fastest set; then the set with the
     best geometric mean over the cases (each set timed at every case)."""
     rows = [r for r in RESULTS if r["kernel"] == "decode_attention tiles" and r["mode"] == "graph"]
     us = {(r["case"].rsplit(" ", 1)[0], r["case"].rsplit(" ", 1)[1]): r["us"] for r in rows}
     cases = sorted({c for c, _ in us}, key=[f"B={b} ctx={n}" for b, n in ATTN_SWEEP_CASES].index)
     for case in cases:
         best = min((t for c, t in us if c == case), key=lambda t: us[case, t])
-        print(f"sweep {case}: today {us.get((case, ATTN_SWEEP[0]), float('nan')):.2f} µs, "
+        print(f"sweep {case}: today {us.get((case, attn_sweep()[0]), float('nan')):.2f} µs, "
               f"best {best} {us[case, best]:.2f} µs", flush=True)
-    whole = [t for t in ATTN_SWEEP if all((c, t) in us for c in cases)]
+    whole = [t for t in attn_sweep() if all((c, t) in us for c in cases)]
     if cases and whole:
         mean = {t: math.prod(us[c, t] for c in cases) ** (1 / len(cases)) for t in whole}
         best = min(whole, key=mean.get)
         print(f"sweep overall (geometric mean over {len(cases)} cases): best {best} {mean[best]:.2f} µs, "
-              f"today {mean.get(ATTN_SWEEP[0], float('nan')):.2f} µs", flush=True)
+              f"today {mean.get(attn_sweep()[0], float('nan')):.2f} µs", flush=True)
 
 
 def bench_extend_attention() -> None:

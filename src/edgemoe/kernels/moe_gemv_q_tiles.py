@@ -35,21 +35,24 @@ class MoeGemvQTiles(NamedTuple):
 # Widest accumulator (columns): 16 x 128 fp32 is bf16's tuned tile (16 registers a thread
 # a matrix at 4 warps); wider steps become more sub-tiles in flight, not more registers.
 SUB_MAX = 128
-# Defaults (reasoned, not yet swept): a gate/up step loads the bytes of bf16's swept
-# 16 x 128 tile (4 KiB a matrix, moe_gemv_tiles.py), so a program keeps what bf16 keeps in
-# flight and takes 1/2 (one byte a weight) or 1/4 (nibbles) of its steps; 4 warps, one
-# 16-byte (fp8, int8) or 4-byte (nibbles, `sub_cols`) weight load a thread a sub-tile.
-# Nibble formats' down step is 256 wide: I = 768 is 3 such steps, where 512 would leave
-# half of the second step masked, its unpacking arithmetic spent on nothing (at T = 1 the
-# int4 kernel is bound by arithmetic about as much as by bytes). sm_90 SASS at Qwen3-30B-A3B's
-# shape: fp8 gate/up 87 registers, ~340 instructions a step (the previous kernel 219 and
-# ~600); int4 119 and ~1130 (was 255 with spills and ~1450 a half as wide step). No software
-# pipelining until the sweep (scripts/gpu_kernel_bench.py --only moe_q_sweep) shows it pays.
+# A gate/up step of 16 x 256 loads the bytes of bf16's 16 x 128 step at one byte a weight,
+# 4 warps, one 16-byte (fp8, int8) or 4-byte (nibbles, `sub_cols`) weight load a thread a
+# sub-tile. Swept on an H200 (2026-12-02, `scripts/gpu_kernel_bench.py --only moe_q_sweep`,
+# bench/results/kernels-sweeps-20261202-020600.json, µs a layer at T = 1 / 8 / 32, bf16's
+# then-default 35.6 / 162.5 / 520.2): fp8 gate/up 16 x 512 11.6 / 61.8 / 203.5 (16 x 256:
+# 14.8 / 66.2 / 215.0), down 16 x 128 7.3 / 36.0 / 123.9 (16 x 256: 7.5 / 36.0 / 125.9); int4
+# gate/up 16 x 1024 13.0 / 81.8 / 304.7 (16 x 512: 16.1 / 80.9 / 303.5), down 16 x 256 (I = 768
+# is 3 such steps; 512 would leave half of the second step masked, its unpacking arithmetic
+# spent on nothing): at T = 1 int4 is bound by arithmetic (18% of HBM), not bytes; int8's
+# first guess stayed the best. Software pipelining (2-3 stages) lost everywhere, by 2-3x.
+# mxfp4 takes int4's tiles (the same nibble unpacking; not swept). sm_90 SASS at
+# Qwen3-30B-A3B's shape, 16 x 256 fp8 gate/up: 87 registers, ~340 instructions a step (the
+# previous kernel 219 and ~600); int4 16 x 512: 119 and ~1130 (was 255 with spills).
 DEFAULTS = {
     "int8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
-    "fp8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
-    "int4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
-    "mxfp4": MoeGemvQTiles(16, 512, 4, 16, 256, 4, 1, 1),
+    "fp8": MoeGemvQTiles(16, 512, 4, 16, 128, 4, 1, 1),
+    "int4": MoeGemvQTiles(16, 1024, 4, 16, 256, 4, 1, 1),
+    "mxfp4": MoeGemvQTiles(16, 1024, 4, 16, 256, 4, 1, 1),
 }
 POWERS_OF_TWO = ("gu_rows", "gu_cols", "gu_warps", "down_rows", "down_cols", "down_warps")  # Triton tiles
 ENV = "EDGEMOE_MOE_GEMV_Q_TILES_"  # + the format's name in capitals: EDGEMOE_MOE_GEMV_Q_TILES_FP8

@@ -12,12 +12,15 @@ from typing import NamedTuple
 
 from edgemoe.kernels.tile_override import override
 
-# Output rows per program and reduction width per step: 16 x 128 bf16 rows = 4 KiB per
-# matrix per step, I=768 / 16 = 48 programs per pair for gate_up, H=2048 / 16 = 128 for
-# down. The fastest of 8 configurations swept on an H200 at T = 1 and 8
-# (bench/results/decode-tuning-20261201-140100.json: 30.1 µs vs 34.3 for 16 x 256).
-GU_ROWS, GU_COLS, GU_WARPS = 16, 128, 4
-DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 16, 128, 4
+# Output rows per program and reduction width per step. Swept on an H200 with the
+# activations loaded in the weight tile's layout (2026-12-02, `scripts/gpu_kernel_bench.py
+# --only moe_sweep`, bench/results/kernels-sweeps-20261202-020600.json, µs a layer at T = 1 / 8 / 32,
+# weights rotated past L2): gate/up 16 x 256 at 4 warps 13.8 / 81.8 / 245.8 (87% / 95% / 68%
+# of HBM) against the previous 16 x 128's 26.1 / 109.3 / 355.8 (16 x 128 held the activations
+# in shared memory, where wider steps lost); down 8 x 128 at 4 warps 8.1 / 44.6 / 138.5
+# against 16 x 128's 9.5 / 53.3 / 164.4 (twice the programs: H = 2048 / 8 = 256 a pair).
+GU_ROWS, GU_COLS, GU_WARPS = 16, 256, 4
+DOWN_ROWS, DOWN_COLS, DOWN_WARPS = 8, 128, 4
 # Split-K of the gate/up launch: S programs per row tile, each reducing 1/S of H into fp32
 # partials that the down launch sums (more bytes in flight at T = 1). 1 = no split, the
 # original two kernels. Swept on an H200 (2026-12-01, bench/results/kernels-splitk-20261201-215300.json,
@@ -28,8 +31,9 @@ GU_SPLITS = 1
 # Software pipelining of each launch's step loop (`tl.range(num_stages=)`: the next
 # STAGES - 1 steps' weight and activation loads go out as async copies into shared memory
 # while this step computes). 1 = off: the kernel as it was (Triton pipelines no loop of
-# this kernel without it, whatever the launch's num_stages). Not yet swept
-# (scripts/gpu_kernel_bench.py --only moe_sweep); the fp32 sums are the same at any value.
+# this kernel without it, whatever the launch's num_stages). Swept with the rest: 2 and 3
+# stages lose at every T (16 x 128: 37.5 / 25.6 µs gate/up at T = 1 against 26.1 at 1 stage);
+# the fp32 sums are the same at any value.
 GU_STAGES, DOWN_STAGES = 1, 1
 ENV = "EDGEMOE_MOE_GEMV_TILES"
 POWERS_OF_TWO = ("gu_rows", "gu_cols", "gu_warps", "down_rows", "down_cols", "down_warps")  # Triton tiles
