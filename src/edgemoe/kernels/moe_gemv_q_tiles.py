@@ -45,14 +45,17 @@ SUB_MAX = 128
 # is 3 such steps; 512 would leave half of the second step masked, its unpacking arithmetic
 # spent on nothing): at T = 1 int4 is bound by arithmetic (18% of HBM), not bytes; int8's
 # first guess stayed the best. Software pipelining (2-3 stages) lost everywhere, by 2-3x.
-# mxfp4 takes int4's tiles (the same nibble unpacking; not swept). sm_90 SASS at
+# mxfp4 (second round, bench/results/kernels-sweeps2-20261202-021200.log): gate/up 8 x 512
+# 25.9 / 174.9 / 676.1 (16 x 1024: 35.0 / 227.1 / 880.5), down 16 x 256 18.2 / 94.6 / 363.1:
+# its e2m1 decoding makes it arithmetic-bound, slower than bf16 (22.1 / 127.5 / 385.7) at
+# a quarter of the bytes. sm_90 SASS at
 # Qwen3-30B-A3B's shape, 16 x 256 fp8 gate/up: 87 registers, ~340 instructions a step (the
 # previous kernel 219 and ~600); int4 16 x 512: 119 and ~1130 (was 255 with spills).
 DEFAULTS = {
     "int8": MoeGemvQTiles(16, 256, 4, 16, 256, 4, 1, 1),
     "fp8": MoeGemvQTiles(16, 512, 4, 16, 128, 4, 1, 1),
     "int4": MoeGemvQTiles(16, 1024, 4, 16, 256, 4, 1, 1),
-    "mxfp4": MoeGemvQTiles(16, 1024, 4, 16, 256, 4, 1, 1),
+    "mxfp4": MoeGemvQTiles(8, 512, 4, 16, 256, 4, 1, 1),
 }
 POWERS_OF_TWO = ("gu_rows", "gu_cols", "gu_warps", "down_rows", "down_cols", "down_warps")  # Triton tiles
 ENV = "EDGEMOE_MOE_GEMV_Q_TILES_"  # + the format's name in capitals: EDGEMOE_MOE_GEMV_Q_TILES_FP8
