@@ -10,6 +10,9 @@
 #   hotpath32k   resident decode at a 32K prompt, batch 1
 #   attn-ab      resident decode at 1K and 32K, batch 1, once per decode-attention tile set in
 #                $ATTN_CANDIDATES ("default" = the committed tiles; else EDGEMOE_ATTN_DECODE_TILES values)
+#   engine-ab    resident decode at 1K and 32K, batch 1, once per setting in $AB (settings split by
+#                ";", each "[VAR=value ...] [--flag value ...]": environment, then bench decode flags)
+#   dsweep       scripts/gpu_dense_gemv_sweep.py $DSWEEP (the decode-path dense projections vs cuBLAS)
 #   prefill-ab   8K prompt, batch 1, resident: prefill with overlap, then --no-overlap (one process each)
 #   pdl          resident decode at 1K, batch 1 and 8, profiled: EDGEMOE_PDL=1, then 0 (one process each;
 #                programmatic dependent launch of the decode step's Triton kernels, docs/kernels.md)
@@ -47,6 +50,18 @@ run_stage() {
                decode --moe-backend resident --prompt-tokens 1024 32768 --batch-sizes 1 --decode-tokens 32 \
                  --max-prefill-tokens 8192 --out "$res/attn-ab/${t//,/-}"
              done ;;
+    engine-ab) IFS=';' read -r -a settings <<< "${AB:-}"
+               for setting in "${settings[@]}"; do
+                 vars=(); flags=()
+                 for word in $setting; do
+                   if [[ $word == *=* && $word != --* ]]; then vars+=("$word"); else flags+=("$word"); fi
+                 done
+                 echo "== ${setting:-defaults}"
+                 env "${vars[@]}" python3 -m edgemoe.cli bench decode --model "$model" --profile --profile-steps 8 \
+                   --moe-backend resident --prompt-tokens 1024 32768 --batch-sizes 1 --decode-tokens 32 \
+                   --max-prefill-tokens 8192 "${flags[@]}" --out "$res/engine-ab"
+               done ;;
+    dsweep) OUT="$res/dsweep" python3 scripts/gpu_dense_gemv_sweep.py ${DSWEEP:-} ;;
     kprofile) OUT="$res/kprofile" python3 scripts/gpu_kernel_profile.py ${KPROFILE:-1 1024} ;;
     prefill-ab) for ov in --overlap --no-overlap; do
                   decode --moe-backend resident --prompt-tokens 8192 --batch-sizes 1 --decode-tokens 8 $ov \
