@@ -21,8 +21,8 @@ from edgemoe.testing.kernel_inputs import paged_batch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 BF16 = torch.bfloat16
-# The default, the old one-loop kernel, adaptive variants, and old 4-6 value forms (whose
-# adaptive fields keep the defaults).
+# The default, the old one-loop kernel, adaptive variants, and 4-6 value forms (one loop,
+# one merge chunk: the pre-adaptive kernel at those tiles).
 TILES = ["", "64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,16,32", "128,32,4,2,8,2,8,5,32,128", "128,32,4,7,32,1",
          "256,16,2,5,64,1", "128,32,4,5,32,4", "64,128,8,5,16,1"]
 # At the defaults (64 splits of 64-key blocks, pipelined from 4 blocks, wide from 32 live

@@ -24,11 +24,14 @@ needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpret
 def test_override_takes_four_to_six_or_ten_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(attn_decode_tiles.ENV, raising=False)
     assert tiles() == attn_decode_tiles.DEFAULT
-    rest = attn_decode_tiles.DEFAULT[6:]  # the adaptive fields keep their defaults in the old forms
+    # the old forms keep their meaning: one loop at `stages`, one merge chunk
+    long_blocks, wide_splits = attn_decode_tiles.LONG_BLOCKS, attn_decode_tiles.WIDE_SPLITS
     monkeypatch.setenv(attn_decode_tiles.ENV, "128,32,2,5")
-    assert tiles() == (128, 32, 2, 5, attn_decode_tiles.MERGE_CHUNK, attn_decode_tiles.MIN_BLOCKS, *rest)
+    chunk = attn_decode_tiles.MERGE_CHUNK
+    assert tiles() == (128, 32, 2, 5, chunk, attn_decode_tiles.MIN_BLOCKS, long_blocks, 5, wide_splits, chunk)
     monkeypatch.setenv(attn_decode_tiles.ENV, "256,16,8,7,64,3")
-    assert tiles() == (256, 16, 8, 7, 64, 3, *rest)
+    assert tiles() == (256, 16, 8, 7, 64, 3, long_blocks, 7, wide_splits, 64)
+    assert not tiles().pipelined() and not tiles().wide()
     monkeypatch.setenv(attn_decode_tiles.ENV, "64,64,4,2,8,1,6,5,20,32")
     t = tiles()
     assert (t.long_blocks, t.long_stages, t.wide_splits, t.wide_chunk) == (6, 5, 20, 32)

@@ -69,9 +69,12 @@ DEFAULT = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCK
 def tiles() -> AttnDecodeTiles:
     """The tile constants; `EDGEMOE_ATTN_DECODE_TILES="splits,block_n,warps,stages[,merge_chunk
     [,min_blocks[,long_blocks,long_stages,wide_splits,wide_chunk]]]"` overrides them for tuning
-    sweeps (the missing ones keep their defaults: the old 4-6 value forms still parse). Read
-    per call, so a sweep can change it between launches (each value set compiles once)."""
+    sweeps. The pre-adaptive 4-6 value forms keep their meaning, one loop at `stages` and one
+    merge chunk (long_stages = stages, wide_chunk = merge_chunk), their other fields the
+    defaults. Read per call, so a sweep can change it between launches (each set compiles once)."""
     t = override(ENV, DEFAULT, (4, 5, 6, 10), FIELDS, ("block_n", "warps", "merge_chunk", "wide_chunk"))
+    if len(os.environ.get(ENV, "").split(",")) in (4, 5, 6):
+        t = t._replace(long_stages=t.stages, wide_chunk=t.merge_chunk)
     if t.block_n < 16:  # tl.dot wants 16 keys at least
         raise ValueError(f"{ENV}={os.environ[ENV]!r}: block_n must be one of the powers of two >= 16")
     return t
