@@ -74,9 +74,10 @@ EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
 ATTN_SWEEP_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 4096))  # (batch, context)
 # EDGEMOE_ATTN_DECODE_TILES candidates after the default: splits,block_n,warps,stages,merge_chunk,
 # min_blocks,long_blocks,long_stages,wide_splits,wide_chunk. The old one-loop default; the
-# pipelined loop from 2 / 8 blocks a split; a 32-split wide chunk (4-warp merge); 128 splits
-# of 32 keys (its pipelined loop needs half the shared memory) with 1-block or 2-block splits.
-ATTN_SWEEP = ("64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,32,64", "64,64,4,2,8,1,8,5,32,64",
+# pipelined loop from 2 blocks a split (8K); a plain loop at 1 stage (K/V straight to
+# registers, no shared-memory hop); a 32-split wide chunk (4-warp merge); 128 splits of 32
+# keys (its pipelined loop needs half the shared memory) with 1-block or 2-block splits.
+ATTN_SWEEP = ("64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,32,64", "64,64,4,1,8,1,4,5,32,64",
               "64,64,4,2,8,1,4,5,32,32", "128,32,4,2,8,1,8,5,32,128", "128,32,4,2,8,2,8,5,32,128")
 RESULTS: list[dict] = []
 
