@@ -31,11 +31,9 @@ def test_override_takes_four_to_six_or_ten_values(monkeypatch: pytest.MonkeyPatc
     assert tiles() == (128, 32, 2, 5, chunk, attn_decode_tiles.MIN_BLOCKS, long_blocks, 5, wide_splits, chunk)
     monkeypatch.setenv(attn_decode_tiles.ENV, "256,16,8,7,64,3")
     assert tiles() == (256, 16, 8, 7, 64, 3, long_blocks, 7, wide_splits, 64)
-    assert not tiles().pipelined() and not tiles().wide()
     monkeypatch.setenv(attn_decode_tiles.ENV, "64,64,4,2,8,1,6,5,20,32")
     t = tiles()
     assert (t.long_blocks, t.long_stages, t.wide_splits, t.wide_chunk) == (6, 5, 20, 32)
-    assert t.pipelined() and t.wide() and not t._replace(long_stages=2, wide_chunk=8).pipelined()
     for bad in ("64,64,4", "64,64,4,2,8,1,1", "64,64,4,2,8,1,4,5,32", "64,64,4,0", "64,x,4,2"):
         monkeypatch.setenv(attn_decode_tiles.ENV, bad)
         with pytest.raises(ValueError, match="4, 5, 6 or 10 positive integers"):

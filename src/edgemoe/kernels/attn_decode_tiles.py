@@ -23,8 +23,10 @@ from edgemoe.kernels.tile_override import override
 # software-pipelined in effect (one K/V buffer, the page ids loaded synchronously before it:
 # two memory round trips per key block); Triton 3.6 moves the page ids two blocks ahead from
 # 3 stages and double-buffers K/V from 5. Pipelining wins 4-20 µs at 32K-128K (splits of 8-32
-# blocks) but its prologue is pure latency on a split of one block (+1.8 µs at B=1 1K, +10 at
-# B=8 4K): splits of >= LONG_BLOCKS blocks take the pipelined loop, the others the plain one.
+# blocks) but costs on splits of one block (+1.8 µs at B=1 1K: the prologue is pure latency;
+# +10 at B=8 4K, where its 72 KiB of shared memory also cuts the programs an SM holds):
+# splits of >= LONG_BLOCKS blocks take the pipelined loop, the others the plain one. NOTE:
+# the shared memory is the kernel's, so short splits keep that occupancy cost.
 # Likewise a merge of all 64 splits in one step wins 2-4 µs at 8K-32K (64 live splits) but
 # costs 0.9 at 1K (16): sequences with >= WIDE_SPLITS live splits merge WIDE_CHUNK at a step.
 SPLITS = 64  # splits of each sequence's context: the grid's third axis, the workspace's
@@ -52,14 +54,6 @@ class AttnDecodeTiles(NamedTuple):
     long_stages: int
     wide_splits: int
     wide_chunk: int
-
-    def pipelined(self) -> bool:
-        """Whether the split kernel has a second, software-pipelined loop (else one loop)."""
-        return self.long_stages != self.stages
-
-    def wide(self) -> bool:
-        """Whether the merge kernel has a second, wide-chunk loop (else one loop)."""
-        return self.wide_chunk != self.merge_chunk
 
 
 DEFAULT = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCKS, LONG_BLOCKS, LONG_STAGES,
