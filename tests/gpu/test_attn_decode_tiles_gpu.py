@@ -75,7 +75,7 @@ def test_pipelined_split_loop_is_the_plain_ones_arithmetic(monkeypatch: pytest.M
     assert torch.equal(decode(b, None).view(torch.int16), got.view(torch.int16))
 
 
-@pytest.mark.parametrize("tiles", ["64,64,4,5,8,1", "128,32,4,7,32,2"])
+@pytest.mark.parametrize("tiles", ["", "64,64,4,5,8,1", "128,32,4,7,32,2"])  # "": the adaptive default
 def test_decode_fp8_cache_at_pipelined_tiles(tiles: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, tiles)
     b = paged_batch(LENS, [1] * len(LENS), 32, 4, 128, 16, BF16, "cuda", seed=3)

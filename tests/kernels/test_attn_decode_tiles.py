@@ -105,24 +105,28 @@ ADAPTIVE_LENS = [40, 64, 200, 611, 5]
 
 
 @needs_triton
-@pytest.mark.parametrize("window", [None, 150])
-def test_triton_decode_adapts_per_sequence(monkeypatch: pytest.MonkeyPatch, window: int | None) -> None:
+@pytest.mark.parametrize(("window", "fp8"), [(None, False), (150, True)])
+def test_triton_decode_adapts_per_sequence(monkeypatch: pytest.MonkeyPatch, window: int | None, fp8: bool) -> None:
     from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
 
     b = paged_batch(ADAPTIVE_LENS, [1] * 5, 4, 2, 64, 16, torch.bfloat16, seed=21)
+    k, v, ks, vs = b.k_cache, b.v_cache, None, None
+    if fp8:
+        (k, ks), (v, vs) = quantise_kv(b.k_cache), quantise_kv(b.v_cache)
+    kd, vd = (dequantise_kv(k, ks, torch.float32), dequantise_kv(v, vs, torch.float32)) if fp8 else (k, v)
 
     def run(rows: slice) -> torch.Tensor:
         out = torch.full_like(b.q[rows], float("nan"))  # poisoned: every row must be written
-        return decode_attention_triton(b.q[rows], b.k_cache, b.v_cache, b.page_table, b.req_rows[rows],
-                                       b.seq_lens[rows], 16, 0.125, window, out)
+        return decode_attention_triton(b.q[rows], k, v, b.page_table, b.req_rows[rows], b.seq_lens[rows], 16, 0.125,
+                                       window, out, None, ks, vs)
 
     monkeypatch.setenv(attn_decode_tiles.ENV, ADAPTIVE)
     got = run(slice(0, 5))
-    want = decode_attention_ref(b.q.float(), b.k_cache.float(), b.v_cache.float(), b.page_table, b.req_rows,
-                                b.seq_lens, 16, 0.125, window, torch.empty(b.q.shape))
+    want = decode_attention_ref(b.q.float(), kd.float(), vd.float(), b.page_table, b.req_rows, b.seq_lens, 16, 0.125,
+                                window, torch.empty(b.q.shape))
     # bf16: the probabilities' rounding (2^-9 relative each: <= 2^-9 max|v| on the weighted
     # sum) and the output's (<= 2^-9 |out|): 2^-7 max|v| with room for the sum order.
-    assert (got.float() - want).abs().max() <= 2**-7 * b.v_cache.float().abs().max()
+    assert (got.float() - want).abs().max() <= 2**-7 * vd.float().abs().max()
     # batch invariance: a short row and a long one alone give the bits they give mixed
     for i in (0, 3):
         assert torch.equal(run(slice(i, i + 1))[0], got[i])
