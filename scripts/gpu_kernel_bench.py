@@ -72,15 +72,13 @@ BF16_SWEEP = ((16, 128, 4, 2), (16, 128, 4, 3), (16, 256, 4, 1), (16, 256, 4, 2)
 DECODE_ATTN = ((1, 1024), (1, 32768), (8, 4096), (32, 4096))  # (batch, context)
 EXTEND_ATTN = ((0, 8192), (6144, 2048))  # (cached prefix, new tokens)
 ATTN_SWEEP_CASES = ((1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 4096))  # (batch, context)
-# EDGEMOE_ATTN_DECODE_TILES candidates: splits,block_n,warps,stages,merge_chunk,min_blocks
-# (today's first). Triton 3.6 pipelines the split loop from 3 stages (page ids two blocks
-# ahead, one K/V buffer) and double-buffers K/V from 5 (triple from 7); see attn_decode_tiles.
-ATTN_SWEEP = (
-    "64,64,4,2,8,1", "64,64,4,3,8,1", "64,64,4,5,8,1", "64,64,4,5,64,1", "64,32,4,5,8,1", "64,32,4,7,16,1",
-    "64,64,8,5,16,1", "128,64,4,5,32,1", "128,32,4,5,32,1", "128,32,4,7,32,1", "128,32,2,5,32,1",
-    "128,64,4,3,32,1", "128,32,4,5,128,1", "256,32,4,5,64,1", "256,16,2,5,64,1", "128,32,4,5,32,2", "128,32,4,5,32,4",
-    "64,64,4,5,16,2", "64,128,8,5,16,1",
-)
+# EDGEMOE_ATTN_DECODE_TILES candidates after the default: splits,block_n,warps,stages,merge_chunk,
+# min_blocks,long_blocks,long_stages,wide_splits,wide_chunk. The old one-loop default; the
+# pipelined loop from 2 blocks a split (8K); a plain loop at 1 stage (K/V straight to
+# registers, no shared-memory hop); a 32-split wide chunk (4-warp merge); 128 splits of 32
+# keys (its pipelined loop needs half the shared memory) with 1-block or 2-block splits.
+ATTN_SWEEP = ("64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,32,64", "64,64,4,1,8,1,4,5,32,64",
+              "64,64,4,2,8,1,4,5,32,32", "128,32,4,2,8,1,8,5,32,128", "128,32,4,2,8,2,8,5,32,128")
 RESULTS: list[dict] = []
 
 
@@ -435,7 +433,7 @@ def bench_attention_sweep() -> None:
 
 
 def attn_sweep() -> tuple[str, ...]:
-    """Today's tiles first (the summary's baseline), then ATTN_SWEEP or SWEEP_ATTN's sets."""
+    """The default tiles first (the summary's baseline), then ATTN_SWEEP or SWEEP_ATTN's sets."""
     from edgemoe.kernels.attn_decode_tiles import DEFAULT
 
     today = ",".join(str(v) for v in DEFAULT)

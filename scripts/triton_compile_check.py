@@ -82,7 +82,8 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                 yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}", attn_decode._decode_split,
                            dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=attn_decode_tiles.block_n_for(t, d),
                                 SPLITS=t.splits, MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, FP8KV=fp8,
-                                FP8HW=hw), t.warps, t.stages,
+                                FP8HW=hw, STAGES=t.stages, LONG_BLOCKS=t.long_blocks, LONG_STAGES=t.long_stages),
+                           t.warps, t.stages,
                            ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32}, min_arch=89 if hw else 80)
             block_m, block_n, warps, stages = attn_extend.extend_config(d)
             yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
@@ -90,7 +91,8 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                        ptrs={**ints, **kv})
     t = attn_decode_tiles.tiles()
     yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=t.splits, BLOCK_N=t.block_n,
-               MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, CHUNK=t.merge_chunk),
+               MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, CHUNK=t.merge_chunk, WIDE_SPLITS=t.wide_splits,
+               WIDE_CHUNK=t.wide_chunk),
                attn_decode_tiles.merge_warps(t, 128), ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}

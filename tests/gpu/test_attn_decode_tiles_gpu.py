@@ -1,8 +1,9 @@
 """Decode attention compiled at other tile sets than the default (`EDGEMOE_ATTN_DECODE_TILES`,
 the candidates of `scripts/gpu_kernel_bench.py --only attention_sweep`): software-pipelined
-split loops (3, 5, 7 stages), more splits, a vectorised merge, a minimum split length,
-against the fp32 torch reference at Qwen3-30B-A3B's and Qwen3.5's shapes, with an fp8 cache
-and a window; batch invariance. (CUDA-graph replay at new lengths at a pipelined set:
+split loops (3, 5, 7 stages), more splits, a vectorised merge, a minimum split length, the
+per-sequence choice of loop and merge chunk (both sides of LONG_BLOCKS and WIDE_SPLITS in
+one batch), against the fp32 torch reference at Qwen3-30B-A3B's and Qwen3.5's shapes, with
+an fp8 cache and a window; batch invariance; the pipelined loop's bits equal the plain one's. (CUDA-graph replay at new lengths at a pipelined set:
 tests/gpu/test_kernels_gpu.py's replay test, parametrised over tiles.)"""
 
 from __future__ import annotations
@@ -13,15 +14,20 @@ import importlib.util
 import pytest
 import torch
 
-from edgemoe.kernels.attn_decode_tiles import ENV
+from edgemoe.kernels.attn_decode_tiles import DEFAULT, ENV
 from edgemoe.kernels.paged_attention import decode_attention_ref
 from edgemoe.quant.kv import dequantise_kv, quantise_kv
 from edgemoe.testing.kernel_inputs import paged_batch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 BF16 = torch.bfloat16
-TILES = ["64,64,4,3,8,1", "64,64,4,5,64,1", "128,32,4,7,32,1", "256,16,2,5,64,1", "128,32,4,5,32,4",
-         "64,128,8,5,16,1"]
+# The default, the old one-loop kernel, adaptive variants, and 4-6 value forms (one loop,
+# one merge chunk: the pre-adaptive kernel at those tiles).
+TILES = ["", "64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,16,32", "128,32,4,2,8,2,8,5,32,128", "128,32,4,7,32,1",
+         "256,16,2,5,64,1", "128,32,4,5,32,4", "64,128,8,5,16,1"]
+# At the defaults (64 splits of 64-key blocks, pipelined from 4 blocks, wide from 32 live
+# splits): 1000 (16 one-block splits: plain, small chunk), 4097 (33 two-block splits: plain,
+# wide), 20000 and 32768 (5 and 8 blocks a split: pipelined, wide).
 LENS = [1, 17, 513, 1000, 4097, 20000, 32768]
 
 
@@ -52,12 +58,24 @@ def test_decode_at_sweep_tiles(tiles: str, hq: int, hkv: int, d: int, page_size:
     b = paged_batch(LENS, [1] * len(LENS), hq, hkv, d, page_size, BF16, "cuda", seed=d + hq)
     got = decode(b, window)
     check(got, b, window, b.k_cache, b.v_cache)
-    one = slice(5, 6)  # the 20000-key sequence alone: the bits it had in the batch
-    alone = dataclasses.replace(b, q=b.q[one], req_rows=b.req_rows[one], seq_lens=b.seq_lens[one])
-    assert torch.equal(decode(alone, window)[0].view(torch.int16), got[5].view(torch.int16))
+    for i in (3, 5):  # the 1000- and 20000-key sequences alone: the bits they had in the batch
+        one = slice(i, i + 1)
+        alone = dataclasses.replace(b, q=b.q[one], req_rows=b.req_rows[one], seq_lens=b.seq_lens[one])
+        assert torch.equal(decode(alone, window)[0].view(torch.int16), got[i].view(torch.int16))
 
 
-@pytest.mark.parametrize("tiles", ["64,64,4,5,8,1", "128,32,4,7,32,2"])
+def test_pipelined_split_loop_is_the_plain_ones_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE: the two split loops differ only in num_stages (loads moved ahead): the default
+    (pipelined from LONG_BLOCKS) and one plain loop everywhere, at the same merge, agree bit for bit."""
+    b = paged_batch(LENS, [1] * len(LENS), 32, 4, 128, 16, BF16, "cuda", seed=5)
+    monkeypatch.delenv(ENV, raising=False)
+    got = decode(b, None)
+    plain = DEFAULT._replace(long_stages=DEFAULT.stages)
+    monkeypatch.setenv(ENV, ",".join(map(str, plain)))
+    assert torch.equal(decode(b, None).view(torch.int16), got.view(torch.int16))
+
+
+@pytest.mark.parametrize("tiles", ["", "64,64,4,5,8,1", "128,32,4,7,32,2"])  # "": the adaptive default
 def test_decode_fp8_cache_at_pipelined_tiles(tiles: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, tiles)
     b = paged_batch(LENS, [1] * len(LENS), 32, 4, 128, 16, BF16, "cuda", seed=3)

@@ -21,29 +21,36 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_sp
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 
 
-def test_override_takes_four_to_six_values(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_override_takes_four_to_six_or_ten_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(attn_decode_tiles.ENV, raising=False)
     assert tiles() == attn_decode_tiles.DEFAULT
+    # the old forms keep their meaning: one loop at `stages`, one merge chunk
+    long_blocks, wide_splits = attn_decode_tiles.LONG_BLOCKS, attn_decode_tiles.WIDE_SPLITS
     monkeypatch.setenv(attn_decode_tiles.ENV, "128,32,2,5")
-    assert tiles() == (128, 32, 2, 5, attn_decode_tiles.MERGE_CHUNK, attn_decode_tiles.MIN_BLOCKS)
+    chunk = attn_decode_tiles.MERGE_CHUNK
+    assert tiles() == (128, 32, 2, 5, chunk, attn_decode_tiles.MIN_BLOCKS, long_blocks, 5, wide_splits, chunk)
     monkeypatch.setenv(attn_decode_tiles.ENV, "256,16,8,7,64,3")
-    assert tiles() == (256, 16, 8, 7, 64, 3)
-    for bad in ("64,64,4", "64,64,4,2,8,1,1", "64,64,4,0", "64,x,4,2"):
+    assert tiles() == (256, 16, 8, 7, 64, 3, long_blocks, 7, wide_splits, 64)
+    monkeypatch.setenv(attn_decode_tiles.ENV, "64,64,4,2,8,1,6,5,20,32")
+    t = tiles()
+    assert (t.long_blocks, t.long_stages, t.wide_splits, t.wide_chunk) == (6, 5, 20, 32)
+    for bad in ("64,64,4", "64,64,4,2,8,1,1", "64,64,4,2,8,1,4,5,32", "64,64,4,0", "64,x,4,2"):
         monkeypatch.setenv(attn_decode_tiles.ENV, bad)
-        with pytest.raises(ValueError, match="4 to 6 positive integers"):
+        with pytest.raises(ValueError, match="4, 5, 6 or 10 positive integers"):
             tiles()
-    for bad in ("64,48,4,2", "64,8,4,2", "64,64,3,2", "64,64,4,2,12"):
+    for bad in ("64,48,4,2", "64,8,4,2", "64,64,3,2", "64,64,4,2,12", "64,64,4,2,8,1,4,5,32,48"):
         monkeypatch.setenv(attn_decode_tiles.ENV, bad)
         with pytest.raises(ValueError, match="powers of two"):
             tiles()
 
 
 def test_block_and_merge_warps_by_head_dim() -> None:
-    t = AttnDecodeTiles(64, 64, 4, 2, 8, 1)
+    t = AttnDecodeTiles(64, 64, 4, 2, 8, 1, 4, 2, 32, 8)
     assert [block_n_for(t, d) for d in (64, 128, 256)] == [64, 64, 32]  # a D=256 tile: the bytes of D=128's
     assert block_n_for(t._replace(block_n=16), 256) == 16  # tl.dot's least
-    # the merge tile [chunk, D] at <= 32 fp32 values a thread
-    assert [merge_warps(t._replace(merge_chunk=c), 128) for c in (1, 8, 16, 64, 256)] == [1, 1, 2, 8, 8]
+    # the widest merge tile [chunk, D] at <= 32 fp32 values a thread
+    assert [merge_warps(t._replace(merge_chunk=c, wide_chunk=c), 128) for c in (1, 8, 16, 64, 256)] == [1, 1, 2, 8, 8]
+    assert merge_warps(t._replace(wide_chunk=32), 128) == 4
 
 
 # (tiles, Hq, Hkv, D, page_size, window, dtype, fp8 cache): every tile set runs the same
@@ -86,3 +93,43 @@ def test_triton_decode_at_other_tiles(
     alone = decode_attention_triton(b.q[3:], k, v, b.page_table, b.req_rows[3:], b.seq_lens[3:], page_size, d**-0.5,
                                     window, torch.empty_like(b.q[3:]), None, ks, vs)
     assert torch.equal(alone[0], got[3])
+
+
+# Small tiles that put both loops and both merges in one batch: 8 splits of 16-key blocks,
+# the pipelined loop from 2 blocks a split, the wide merge (chunk 8) from 4 live splits.
+# Lengths (split length; live splits; blocks a split): 40 (16; 3; 1: plain, chunk 2),
+# 64 (16; 4; 1: plain, wide), 200 (32; 7; 2, the last 1: both loops, wide), 611 (80; 8; 5,
+# the last 4), 5 (one key).
+ADAPTIVE = "8,16,4,1,2,1,2,3,4,8"
+ADAPTIVE_LENS = [40, 64, 200, 611, 5]
+
+
+@needs_triton
+@pytest.mark.parametrize(("window", "fp8"), [(None, False), (150, True)])
+def test_triton_decode_adapts_per_sequence(monkeypatch: pytest.MonkeyPatch, window: int | None, fp8: bool) -> None:
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+
+    b = paged_batch(ADAPTIVE_LENS, [1] * 5, 4, 2, 64, 16, torch.bfloat16, seed=21)
+    k, v, ks, vs = b.k_cache, b.v_cache, None, None
+    if fp8:
+        (k, ks), (v, vs) = quantise_kv(b.k_cache), quantise_kv(b.v_cache)
+    kd, vd = (dequantise_kv(k, ks, torch.float32), dequantise_kv(v, vs, torch.float32)) if fp8 else (k, v)
+
+    def run(rows: slice) -> torch.Tensor:
+        out = torch.full_like(b.q[rows], float("nan"))  # poisoned: every row must be written
+        return decode_attention_triton(b.q[rows], k, v, b.page_table, b.req_rows[rows], b.seq_lens[rows], 16, 0.125,
+                                       window, out, None, ks, vs)
+
+    monkeypatch.setenv(attn_decode_tiles.ENV, ADAPTIVE)
+    got = run(slice(0, 5))
+    want = decode_attention_ref(b.q.float(), kd.float(), vd.float(), b.page_table, b.req_rows, b.seq_lens, 16, 0.125,
+                                window, torch.empty(b.q.shape))
+    # bf16: the probabilities' rounding (2^-9 relative each: <= 2^-9 max|v| on the weighted
+    # sum) and the output's (<= 2^-9 |out|): 2^-7 max|v| with room for the sum order.
+    assert (got.float() - want).abs().max() <= 2**-7 * vd.float().abs().max()
+    # batch invariance: a short row and a long one alone give the bits they give mixed
+    for i in (0, 3):
+        assert torch.equal(run(slice(i, i + 1))[0], got[i])
+    # the pipelined loop is the plain one's arithmetic: one loop everywhere, same merges, same bits
+    monkeypatch.setenv(attn_decode_tiles.ENV, "8,16,4,1,2,1,2,1,4,8")
+    assert torch.equal(run(slice(0, 5)), got)

@@ -5,7 +5,9 @@ kernel's split workspace without importing it.
 NOTE: every value is a constant, never derived from the batch or the context: a sequence's
 split cut depends only on its own length (batch invariance), and the grid and the workspace
 (B x Hq x SPLITS x (D + 1) fp32) only on the batch size, so one CUDA graph holds both
-launches at any context.
+launches at any context. Which split loop and which merge chunk a sequence takes is chosen
+inside the kernels from its own length (its split's key blocks, its live splits) against
+the LONG_BLOCKS / WIDE_SPLITS thresholds: deterministic, batch-invariant, graph-safe.
 """
 
 from __future__ import annotations
@@ -15,20 +17,30 @@ from typing import NamedTuple
 
 from edgemoe.kernels.tile_override import override
 
-# Measured on an H200 (2026-12-01, CUDA-graph replay, 32/4 heads x 128, bf16): 6.8 µs at
-# B=1 1K, 33.2 at B=1 32K (48% of HBM), 35.5 at B=8 4K. NOTE: with STAGES = 2 the split
-# kernel's loop is not software-pipelined in effect (one K/V buffer, the page ids loaded
-# synchronously before it: two memory round trips per key block); Triton 3.6 moves the
-# page ids two blocks ahead from 3 stages and double-buffers K/V from 5
-# (`scripts/gpu_kernel_bench.py --only attention_sweep` measures the candidates).
+# Measured on an H200 (2026-12-02, CUDA-graph replay, 32/4 heads x 128, bf16, µs a layer;
+# docs/benchmarks.md): one split geometry (64 splits of 64-key blocks) and, per sequence by
+# its own length, two loops and two merges. NOTE: a split loop at 2 stages is not
+# software-pipelined in effect (one K/V buffer, the page ids loaded synchronously before it:
+# two memory round trips per key block); Triton 3.6 moves the page ids two blocks ahead from
+# 3 stages and double-buffers K/V from 5. Pipelining wins 4-20 µs at 32K-128K (splits of 8-32
+# blocks) but costs on splits of one block (+1.8 µs at B=1 1K: the prologue is pure latency;
+# +10 at B=8 4K, where its 72 KiB of shared memory also cuts the programs an SM holds):
+# splits of >= LONG_BLOCKS blocks take the pipelined loop, the others the plain one. NOTE:
+# the shared memory is the kernel's, so short splits keep that occupancy cost.
+# Likewise a merge of all 64 splits in one step wins 2-4 µs at 8K-32K (64 live splits) but
+# costs 0.9 at 1K (16): sequences with >= WIDE_SPLITS live splits merge WIDE_CHUNK at a step.
 SPLITS = 64  # splits of each sequence's context: the grid's third axis, the workspace's
 BLOCK_N = 64  # keys per block at head_dim <= 128; halved above (the same bytes per K/V tile)
 WARPS = 4
-STAGES = 2
-MERGE_CHUNK = 8  # splits the merge reads per step, as one [chunk, D] tile
+STAGES = 2  # the plain split loop's (a split of fewer than LONG_BLOCKS key blocks)
+MERGE_CHUNK = 8  # splits the merge reads per step, as one [chunk, D] tile (fewer than WIDE_SPLITS live)
 MIN_BLOCKS = 1  # a split holds at least this many key blocks (fewer, longer splits at short contexts)
+LONG_BLOCKS = 4  # a split of this many key blocks or more takes the pipelined loop (8K: 2, 32K: 8)
+LONG_STAGES = 5  # the pipelined split loop's stages
+WIDE_SPLITS = 32  # a sequence of this many live splits or more merges WIDE_CHUNK a step (1K: 16, 8K: 64)
+WIDE_CHUNK = 64  # the wide merge's chunk: every split in one step at the default SPLITS
 ENV = "EDGEMOE_ATTN_DECODE_TILES"
-FIELDS = "splits,block_n,warps,stages[,merge_chunk[,min_blocks]]"
+FIELDS = "splits,block_n,warps,stages[,merge_chunk[,min_blocks[,long_blocks,long_stages,wide_splits,wide_chunk]]]"
 
 
 class AttnDecodeTiles(NamedTuple):
@@ -38,16 +50,25 @@ class AttnDecodeTiles(NamedTuple):
     stages: int
     merge_chunk: int
     min_blocks: int
+    long_blocks: int
+    long_stages: int
+    wide_splits: int
+    wide_chunk: int
 
 
-DEFAULT = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCKS)
+DEFAULT = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCKS, LONG_BLOCKS, LONG_STAGES,
+                          WIDE_SPLITS, WIDE_CHUNK)
 
 
 def tiles() -> AttnDecodeTiles:
     """The tile constants; `EDGEMOE_ATTN_DECODE_TILES="splits,block_n,warps,stages[,merge_chunk
-    [,min_blocks]]"` overrides them for tuning sweeps (the missing ones keep their defaults).
-    Read per call, so a sweep can change it between launches (each value set compiles once)."""
-    t = override(ENV, DEFAULT, (4, 5, 6), FIELDS, ("block_n", "warps", "merge_chunk"))
+    [,min_blocks[,long_blocks,long_stages,wide_splits,wide_chunk]]]"` overrides them for tuning
+    sweeps. The pre-adaptive 4-6 value forms keep their meaning, one loop at `stages` and one
+    merge chunk (long_stages = stages, wide_chunk = merge_chunk), their other fields the
+    defaults. Read per call, so a sweep can change it between launches (each set compiles once)."""
+    t = override(ENV, DEFAULT, (4, 5, 6, 10), FIELDS, ("block_n", "warps", "merge_chunk", "wide_chunk"))
+    if len(os.environ.get(ENV, "").split(",")) in (4, 5, 6):
+        t = t._replace(long_stages=t.stages, wide_chunk=t.merge_chunk)
     if t.block_n < 16:  # tl.dot wants 16 keys at least
         raise ValueError(f"{ENV}={os.environ[ENV]!r}: block_n must be one of the powers of two >= 16")
     return t
@@ -61,8 +82,9 @@ def block_n_for(t: AttnDecodeTiles, head_dim: int) -> int:
 
 
 def merge_warps(t: AttnDecodeTiles, d_pad: int) -> int:
-    """Warps of a merge program: its [merge_chunk, D] fp32 tile at <= 32 values a thread."""
-    return min(8, max(1, t.merge_chunk * d_pad // 1024))
+    """Warps of a merge program: its widest [chunk, D] fp32 tile at <= 32 values a thread
+    (one launch serves both chunks: the wide one sizes it)."""
+    return min(8, max(1, max(t.merge_chunk, t.wide_chunk) * d_pad // 1024))
 
 
 def split_workspace_bytes(rows: int, q_heads: int, head_dim: int) -> int:

@@ -24,7 +24,15 @@ on the context, so a CUDA graph holds both launches. Splits holding no visible k
 the sequence's end, or before its window) exit at once, and the merge reads only splits
 `first..last-1` (`split_bounds`), so their unwritten workspace is never read.
 
-The tile constants (splits, block, warps, stages, merge chunk, minimum split length) are
+Per sequence, by its own length only: a split of LONG_BLOCKS key blocks or more runs a
+software-pipelined copy of the key-block loop (LONG_STAGES: loads ahead, the same arithmetic
+in the same order), a shorter one the plain loop (STAGES: a pipeline's prologue is pure
+latency on one block); a sequence of WIDE_SPLITS live splits or more merges WIDE_CHUNK
+splits a step (all of them, one round trip), a shorter one MERGE_CHUNK (a wide tile of
+mostly masked rows costs at 1K). Equal stages (chunks) compile one loop.
+
+The tile constants (splits, block, warps, stages, merge chunk, minimum split length, the
+two thresholds and the long loop's stages and wide merge's chunk) are
 `attn_decode_tiles.py`'s, read per call (`EDGEMOE_ATTN_DECODE_TILES` overrides them for
 tuning sweeps; the memory plan sizes the workspace from the same place).
 """
@@ -90,6 +98,33 @@ def merge_splits(o_row, lse_row, out_row, d_ok, stride_os, first, last,
 
 
 @triton.jit
+def split_loop(q, k_ptr, v_ptr, pt_ptr, ks_ptr, vs_ptr, row, kvh, d, n_first, lo, end,
+               stride_ks, stride_kh, stride_vs, stride_vh, stride_pr, stride_ss, qk_scale, page_size,
+               G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+               NUM_STAGES: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, FP8KV: tl.constexpr,
+               FP8HW: tl.constexpr):
+    """(running max, running sum, unnormalised output) of one split's key blocks n_first..end-1
+    (n_first a multiple of BLOCK_N holding a visible key). NUM_STAGES software-pipelines the
+    loop: the loads move ahead, the arithmetic and its order stay the same."""
+    m = tl.full([G_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for n0 in tl.range(n_first, end, BLOCK_N, num_stages=NUM_STAGES):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = (n < end) & (n >= lo)
+        slot = kv_slots(pt_ptr, row, stride_pr, n, n < end, page_size)
+        kv_ok = n_ok[:, None] & (d < D)[None, :]
+        s = qk_scores(q, k_ptr, ks_ptr, slot, kvh, d, kv_ok, n_ok, stride_ks, stride_kh, stride_ss, qk_scale,
+                      DTYPE, INTERP, FP8KV, FP8HW)
+        # The first block holds a visible key (the caller's): no row's max stays -inf.
+        m_new, l, alpha, p = softmax_step(m, l, s, n_ok[None, :], False)
+        acc = pv_accumulate(acc, alpha, p, v_ptr, vs_ptr, slot, kvh, d, kv_ok, n_ok, stride_vs, stride_vh, stride_ss,
+                            DTYPE, INTERP, FP8KV, FP8HW)
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit
 def _decode_split(
     q_ptr, k_ptr, v_ptr, pt_ptr, rows_ptr, lens_ptr, o_ptr, lse_ptr, ks_ptr, vs_ptr,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_pr,
@@ -98,6 +133,7 @@ def _decode_split(
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, MIN_BLOCKS: tl.constexpr, DTYPE: tl.constexpr,
     INTERP: tl.constexpr, FP8KV: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
+    STAGES: tl.constexpr, LONG_BLOCKS: tl.constexpr, LONG_STAGES: tl.constexpr,
 ):
     """Launch 1: one program per (sequence, kv head, split), all G query heads at once."""
     b = tl.program_id(0)
@@ -118,22 +154,25 @@ def _decode_split(
         return
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     # Blocks start at multiples of BLOCK_N, so the first block holds a visible key.
-    for n0 in range(tl.maximum(start, lo // BLOCK_N * BLOCK_N), end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = (n < end) & (n >= lo)
-        slot = kv_slots(pt_ptr, row, stride_pr, n, n < end, page_size)
-        kv_ok = n_ok[:, None] & (d < D)[None, :]
-        s = qk_scores(q, k_ptr, ks_ptr, slot, kvh, d, kv_ok, n_ok, stride_ks, stride_kh, stride_ss, qk_scale,
-                      DTYPE, INTERP, FP8KV, FP8HW)
-        # The first block holds a visible key (above): no row's max stays -inf.
-        m_new, l, alpha, p = softmax_step(m, l, s, n_ok[None, :], False)
-        acc = pv_accumulate(acc, alpha, p, v_ptr, vs_ptr, slot, kvh, d, kv_ok, n_ok, stride_vs, stride_vh, stride_ss,
-                            DTYPE, INTERP, FP8KV, FP8HW)
-        m = m_new
+    n_first = tl.maximum(start, lo // BLOCK_N * BLOCK_N)
+    # NOTE: the loop is chosen by this split's block count, a function of the sequence's own
+    # length (and window) only: batch-invariant. Both loops do the same arithmetic in the same
+    # order (pipelining moves loads only); the pipelined one's prologue is latency a split of
+    # one or two blocks cannot hide, so short splits take the plain one.
+    if LONG_STAGES != STAGES:
+        if tl.cdiv(end - n_first, BLOCK_N) >= LONG_BLOCKS:
+            m, l, acc = split_loop(q, k_ptr, v_ptr, pt_ptr, ks_ptr, vs_ptr, row, kvh, d, n_first, lo, end,
+                                   stride_ks, stride_kh, stride_vs, stride_vh, stride_pr, stride_ss, qk_scale,
+                                   page_size, G_PAD, D, D_PAD, BLOCK_N, LONG_STAGES, DTYPE, INTERP, FP8KV, FP8HW)
+        else:
+            m, l, acc = split_loop(q, k_ptr, v_ptr, pt_ptr, ks_ptr, vs_ptr, row, kvh, d, n_first, lo, end,
+                                   stride_ks, stride_kh, stride_vs, stride_vh, stride_pr, stride_ss, qk_scale,
+                                   page_size, G_PAD, D, D_PAD, BLOCK_N, STAGES, DTYPE, INTERP, FP8KV, FP8HW)
+    else:
+        m, l, acc = split_loop(q, k_ptr, v_ptr, pt_ptr, ks_ptr, vs_ptr, row, kvh, d, n_first, lo, end,
+                               stride_ks, stride_kh, stride_vs, stride_vh, stride_pr, stride_ss, qk_scale,
+                               page_size, G_PAD, D, D_PAD, BLOCK_N, STAGES, DTYPE, INTERP, FP8KV, FP8HW)
     base = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
     tl.store(o_ptr + base, acc / l[:, None], mask=hd_ok)
     tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, m + tl.log2(l), mask=g < G)
@@ -146,6 +185,7 @@ def _decode_merge(
     window,
     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_BLOCKS: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    WIDE_SPLITS: tl.constexpr, WIDE_CHUNK: tl.constexpr,
 ):
     """Launch 2: one program per (sequence, query head) merges its splits."""
     b = tl.program_id(0)
@@ -156,8 +196,17 @@ def _decode_merge(
     d = tl.arange(0, D_PAD)[None, :]
     o_row = o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d
     out_row = out_ptr + b.to(tl.int64) * stride_outb + h * stride_outh + d
-    merge_splits(o_row, lse_ptr + b * stride_lb + h * stride_lh, out_row, d < D, stride_os, first, last,
-                 DTYPE, INTERP, CHUNK)
+    lse_row = lse_ptr + b * stride_lb + h * stride_lh
+    # NOTE: the chunk is chosen by the sequence's live splits (its own length only): the sum
+    # order differs between the two, deterministically per length. A wide chunk is one round
+    # trip for many splits; on few it reads mostly masked rows and reduces across warps.
+    if WIDE_CHUNK != CHUNK:
+        if last - first >= WIDE_SPLITS:
+            merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, DTYPE, INTERP, WIDE_CHUNK)
+        else:
+            merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, DTYPE, INTERP, CHUNK)
+    else:
+        merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, DTYPE, INTERP, CHUNK)
 
 
 def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
@@ -207,12 +256,14 @@ def decode_attention_triton(
         stride_ss, scale * LOG2E, win, page_size,
         G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=t.splits,
         MIN_BLOCKS=t.min_blocks, DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q),
-        USE_PDL=pdl, launch_pdl=pdl, num_warps=t.warps, num_stages=t.stages,
+        USE_PDL=pdl, STAGES=t.stages, LONG_BLOCKS=t.long_blocks, LONG_STAGES=t.long_stages, launch_pdl=pdl,
+        num_warps=t.warps, num_stages=t.stages,
     )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
         out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=t.splits, BLOCK_N=block_n, MIN_BLOCKS=t.min_blocks, DTYPE=dtype,
-        INTERP=interp, CHUNK=t.merge_chunk, USE_PDL=pdl, launch_pdl=pdl, num_warps=merge_warps(t, D_PAD),
+        INTERP=interp, CHUNK=t.merge_chunk, USE_PDL=pdl, WIDE_SPLITS=t.wide_splits, WIDE_CHUNK=t.wide_chunk,
+        launch_pdl=pdl, num_warps=merge_warps(t, D_PAD),
     )
     return out
