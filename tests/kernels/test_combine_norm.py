@@ -67,7 +67,10 @@ def test_dispatcher_falls_back_to_the_pair_on_the_torch_path(norm_cls: type[RMSN
 def interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """The combine and norm dispatchers take their Triton kernels on CPU tensors (the
     interpreter); everything else in the model stays on the torch path."""
-    monkeypatch.setattr(moe_experts, "use_triton", lambda t, dtype=None: t.dtype == torch.float32 and dtype in FAST_DTYPES)
+    def combine_cells(t: torch.Tensor, dtype: torch.dtype | None = None) -> bool:  # fp32 cells only
+        return t.dtype == torch.float32 and dtype in FAST_DTYPES
+
+    monkeypatch.setattr(moe_experts, "use_triton", combine_cells)
     monkeypatch.setattr(norm_fused, "use_triton", lambda t, dtype=None: (dtype or t.dtype) in FAST_DTYPES)
 
 
