@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 
@@ -73,5 +74,5 @@ def chain_norms(blocks: Sequence[PreNormBlock]) -> None:
     whose logits are wanted."""
     if os.environ.get("EDGEMOE_COMBINE_NORM", "1") == "0":
         return
-    for block, nxt in zip(blocks, blocks[1:]):
+    for block, nxt in pairwise(blocks):
         block.next_norm = nxt.attn_norm

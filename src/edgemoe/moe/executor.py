@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_combine_norm
-from edgemoe.kernels.norm_fused import RowNorm, rms_norm
 from edgemoe.kernels.moe_quant import moe_slots_parts
+from edgemoe.kernels.norm_fused import RowNorm, rms_norm
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
