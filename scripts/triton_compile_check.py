@@ -71,6 +71,10 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                ptrs={**i32, "w_ptr": f32, "cells_ptr": f32})
     yield Case("moe combine", moe_combine._combine, dict(HAS_RES=True, DTYPE=act, BLOCK=moe_combine.COMBINE_BLOCK,
                INTERP=False), moe_combine.COMBINE_WARPS, ptrs={"cells_ptr": f32})
+    yield Case("moe combine + rms norm", moe_combine._combine_norm, dict(K=8, OFFSET=False, DTYPE=act, BLOCK=2048,
+               INTERP=False), norm.norm_warps(2048), ptrs={"cells_ptr": f32})
+    yield Case("moe combine + offset rms norm", moe_combine._combine_norm, dict(K=10, OFFSET=True, DTYPE=act,
+               BLOCK=8192, INTERP=False), norm.norm_warps(8192), ptrs={"cells_ptr": f32})
     yield from quant_moe_cases(act)
     ints = {"pt_ptr": "i32", "rows_ptr": "i32", "lens_ptr": "i32", "cu_ptr": "i32", "ks_ptr": f32, "vs_ptr": f32}
     for d in (64, 128, 256):

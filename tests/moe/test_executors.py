@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from tolerances import network_atol
 
+from edgemoe.layers.norm import RMSNorm
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore as ExpertStore
 
@@ -122,3 +123,24 @@ def test_recover_empties_the_cache_and_stays_correct(store: ExpertStore) -> None
     ex.cache.check_invariants()
     assert ex.cache.num_resident == 0
     assert torch.equal(ex.forward(0, x, ids, w), resident.forward(0, x, ids, w))
+
+
+NORMED = [("resident", dict(num_slots=0)), ("offload", dict(num_slots=K)), ("cpu", dict(num_slots=K)),
+          ("hybrid", dict(num_slots=6, hybrid_fraction=0.5)), ("offload", dict(num_slots=5, expert_cache="device"))]
+
+
+@pytest.mark.parametrize("backend,kw", NORMED, ids=[f"{b}-{kw}" for b, kw in NORMED])
+def test_forward_normed_is_forward_then_the_next_norm(store: ExpertStore, backend: str, kw: dict) -> None:
+    # The next layer's input norm fused into the combine (or run after it, where the
+    # executor does not fuse): bitwise the forward's h and the plain norm of it, padding
+    # rows included (each executor's own forward: they treat padding rows differently).
+    executor = make_executor(backend, store, torch.device("cpu"), F.silu, L, **kw)
+    g = torch.Generator().manual_seed(2)
+    norm = RMSNorm(torch.randn(H, generator=g) * 0.3 + 1, 1e-6)
+    for x, ids, w in routings(seed=2, steps=5):
+        residual, pad = torch.randn(x.shape, generator=g), min(1, x.shape[0] - 1)
+        for layer in range(L):
+            want = executor.forward(layer, x, ids, w, residual, num_padding=pad)
+            h, normed = executor.forward_normed(layer, x, ids, w, residual, norm, num_padding=pad)
+            assert torch.equal(h, want) and torch.equal(normed, norm(want))
+    executor.close()

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.backend import use_triton
+from edgemoe.kernels.norm_fused import RowNorm, rms_norm
 
 Activation = Callable[[torch.Tensor], torch.Tensor]  # plain functions take the torch path
 
@@ -163,3 +164,20 @@ def moe_combine(
         acc += cells[:, k]
     out = acc.to(dtype)
     return out if residual is None else residual + out
+
+
+def moe_combine_norm(
+    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor, norm: RowNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, rms_norm(h)) with h = moe_combine(cells, dtype, residual): the next layer's
+    input norm fused into the combine, one kernel where the pair would both run Triton.
+    NOTE: bitwise the unfused pair everywhere: the fused kernel runs exactly when
+    `moe_combine` and `rms_norm` would each take their Triton kernel (same conditions),
+    and it computes the norm with that kernel's code and reduction layout; otherwise
+    this *is* the pair."""
+    if use_triton(cells, dtype) and norm.weight.dtype == dtype:
+        from edgemoe.kernels.triton_ops.moe_combine import moe_combine_norm_triton
+
+        return moe_combine_norm_triton(cells, dtype, residual, norm.weight, norm.eps, norm.weight_offset)
+    h = moe_combine(cells, dtype, residual)
+    return h, rms_norm(h, norm.weight, norm.eps, norm.weight_offset)

@@ -13,9 +13,20 @@ two agree to one rounding of the dtype, not bitwise; new_residual is bitwise equ
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from edgemoe.kernels.backend import use_triton
+
+
+class RowNorm(Protocol):
+    """An RMSNorm's parameters (`layers/norm.py`'s RMSNorm has them): what a kernel that
+    fuses the norm into its own output (`moe_experts.moe_combine_norm`) needs."""
+
+    weight: torch.Tensor
+    eps: float
+    weight_offset: float
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:

@@ -3,9 +3,18 @@
     h = h + attn(norm(h));  h = h + mlp(norm(h))
 
 Model files build one per layer from their own attention and MLP choices.
+
+Chained blocks (`chain_norms`) hand the next block's input norm forward: a block's MoE
+combine (residual add included) also writes the next block's `attn_norm` of its output,
+one kernel instead of two (`moe_experts.moe_combine_norm`), and the next block skips its
+own. The model's layer loop (`models/transformer.py`) carries the normed row along.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 
@@ -19,13 +28,51 @@ from edgemoe.layers.norm import RMSNorm
 class PreNormBlock:
     def __init__(self, attn: Attention, attn_norm: RMSNorm, mlp: SparseMoE | DenseMLP, mlp_norm: RMSNorm) -> None:
         self.attn, self.attn_norm, self.mlp, self.mlp_norm = attn, attn_norm, mlp, mlp_norm
+        # The next block's attn_norm, computed with this block's MoE combine (`chain_norms`);
+        # None: the next block norms its input itself.
+        self.next_norm: RMSNorm | None = None
 
     def __call__(
         self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
     ) -> torch.Tensor:
-        with ctx.profiler.region("attention"):
-            a = self.attn(self.attn_norm(h), cos, sin, ctx.batch, ctx.attention)
-            x, h = self.mlp_norm.add_and_norm(a, h)  # h += attn; x = norm(h), one kernel
+        """One layer on its own: h → h (its own input norm, none computed ahead)."""
+        x, h = self._attention(h, None, cos, sin, ctx)
         with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
             host = ctx.batch.host
             return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding)
+
+    def step(
+        self, h: torch.Tensor, normed: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
+        ctx: StepContext,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One layer in a chain: (h, next_norm(h)). `normed`: this block's attn_norm(h) when
+        the previous block computed it (NOTE: the caller hands it only to the block whose
+        attn_norm made it). The second result is None when there is no next norm or the
+        MLP cannot fuse it (a dense layer): the next block then norms h itself."""
+        x, h = self._attention(h, normed, cos, sin, ctx)
+        with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
+            host = ctx.batch.host
+            if self.next_norm is not None and isinstance(self.mlp, SparseMoE):
+                return self.mlp.call_normed(x, h, self.next_norm, host.num_decode, host.num_padding)
+            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding), None
+
+    def _attention(
+        self, h: torch.Tensor, normed: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
+        ctx: StepContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mlp_norm(h'), h') with h' = h + attn(attn_norm(h))."""
+        with ctx.profiler.region("attention"):
+            a = self.attn(self.attn_norm(h) if normed is None else normed, cos, sin, ctx.batch, ctx.attention)
+            x, h = self.mlp_norm.add_and_norm(a, h)  # h += attn; x = norm(h), one kernel
+        return x, h
+
+
+def chain_norms(blocks: Sequence[PreNormBlock]) -> None:
+    """Hand each block the next one's input norm to fuse into its MoE combine, unless
+    `EDGEMOE_COMBINE_NORM=0` (A/B runs; the results are bitwise the same either way).
+    The last block keeps its own output unnormed: the final norm sees only the rows
+    whose logits are wanted."""
+    if os.environ.get("EDGEMOE_COMBINE_NORM", "1") == "0":
+        return
+    for block, nxt in pairwise(blocks):
+        block.next_norm = nxt.attn_norm

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
+from edgemoe.kernels.norm_fused import RowNorm
 from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
 from edgemoe.moe.executor import MoEExecutor
 
@@ -44,7 +45,19 @@ class SparseMoE:
         """The routed experts' sum for x [T, H] (plus `residual`, fused, when given);
         `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
         rows that only pad the batch (their output is never read)."""
+        ids, weights = self._traced_route(x)
+        return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)
+
+    def call_normed(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RowNorm, num_decode: int = 0, num_padding: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, norm(h)) with h = self(x, residual, ...): the next layer's input norm
+        too, fused into the executor's combine where it can (`forward_normed`)."""
+        ids, weights = self._traced_route(x)
+        return self.executor.forward_normed(self.layer, x, ids, weights, residual, norm, num_decode, num_padding)
+
+    def _traced_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ids, weights = self.route(x)
         if self.executor.trace is not None and self.executor.routing is None:  # an override records its own draws
             self.executor.trace.record(self.layer, ids)
-        return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)
+        return ids, weights

@@ -13,7 +13,7 @@ import torch
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
-from edgemoe.layers.block import PreNormBlock
+from edgemoe.layers.block import PreNormBlock, chain_norms
 from edgemoe.layers.mlp import DenseMLP, activation
 from edgemoe.layers.moe import SparseMoE
 from edgemoe.layers.norm import RMSNorm
@@ -74,5 +74,6 @@ def assemble(
         )
         for i in range(arch.num_layers)
     ]
+    chain_norms(blocks)  # each MoE combine also writes the next block's input norm
     return CausalLM(arch, p["embed"], blocks, RMSNorm(p["norm"], eps), p["lm_head"], Rotary(arch.rope, device),
                     linear=linear)

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
+from edgemoe.layers.block import PreNormBlock
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.norm import RMSNorm
 from edgemoe.layers.rotary import Rotary
@@ -54,8 +55,16 @@ class CausalLM:
         if self.streams > 1:
             h = h.repeat(1, self.streams)  # [T, streams·H]
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype) if ctx.attention.needs_step_rope else (None, None)
+        # A PreNormBlock may hand on the next block's attn_norm of h, fused into its MoE
+        # combine (`layers/block.py`); `made_by`: the norm that made `normed`.
+        normed: torch.Tensor | None = None
+        made_by: object = None
         for block in self.blocks:
-            h = block(h, cos, sin, ctx)
+            if isinstance(block, PreNormBlock):
+                h, normed = block.step(h, normed if made_by is block.attn_norm else None, cos, sin, ctx)
+                made_by = block.next_norm
+            else:
+                h, normed, made_by = block(h, cos, sin, ctx), None, None
         return self.norm(h[batch.logits_indices])
 
     @torch.inference_mode()

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.moe_experts import Activation, moe_combine
+from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_combine_norm
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cpu_share import CpuShare
@@ -91,6 +91,14 @@ class DeviceOffloadExecutor(MoEExecutor):
         self._live = live
 
     def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        return moe_combine(self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding), x.dtype, residual)
+
+    def forward_normed(self, layer, x, topk_ids, topk_weights, residual, norm, num_decode=0, num_padding=0):  # type: ignore[override]
+        cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
+        return moe_combine_norm(cells, x.dtype, residual, norm)
+
+    def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
+        """The layer's contribution cells [T, K, H]: every live pair computed, padding rows zeros."""
         self.stats.count_tokens(layer, x.shape[0] - num_padding)
         self.num_decode = num_decode
         ids, dead = self._live_ids(topk_ids, num_padding)
@@ -106,7 +114,7 @@ class DeviceOffloadExecutor(MoEExecutor):
             share.finish(cells)
         if dead is not None:  # their cells were never written: make their output zeros, not garbage
             cells.masked_fill_(dead[:, None, None], 0.0)
-        return moe_combine(cells, x.dtype, residual)
+        return cells
 
     def _live_ids(self, topk_ids: torch.Tensor, num_padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(routing with padding rows' ids -1, the padding rows [T] bool or None)."""

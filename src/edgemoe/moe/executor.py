@@ -16,8 +16,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from edgemoe.kernels.moe_experts import Activation, moe_combine
+from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_combine_norm
 from edgemoe.kernels.moe_quant import moe_slots_parts
+from edgemoe.kernels.norm_fused import RowNorm, rms_norm
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 from edgemoe.profiling import DISABLED, StepProfiler
@@ -78,6 +79,23 @@ class MoEExecutor(ABC):
         `num_padding`: trailing rows that only pad the batch to a CUDA-graph size; an
         executor may skip them (their output rows are then garbage, never read)."""
 
+    def forward_normed(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor,
+        residual: torch.Tensor,
+        norm: RowNorm,
+        num_decode: int = 0,
+        num_padding: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, norm(h)) with h = `forward(...)` with `residual`: the next layer's input
+        norm too. This default runs the two apart; executors whose forward ends in the
+        device combine fuse them (`moe_combine_norm`), bitwise equal."""
+        h = self.forward(layer, x, topk_ids, topk_weights, residual, num_decode, num_padding)
+        return h, rms_norm(h, norm.weight, norm.eps, norm.weight_offset)
+
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         """The runner names, once per step and inside what it may capture, which rows of
         the coming forward are real: `live` [T] bool on the device (a decode batch padded
@@ -130,6 +148,14 @@ class ResidentExecutor(MoEExecutor):
         self.workspace = CellWorkspace(max_tokens, hidden, device)
 
     def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        return moe_combine(self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding), x.dtype, residual)
+
+    def forward_normed(self, layer, x, topk_ids, topk_weights, residual, norm, num_decode=0, num_padding=0):  # type: ignore[override]
+        cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
+        return moe_combine_norm(cells, x.dtype, residual, norm)
+
+    def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
+        """The layer's contribution cells [T, K, H], every routed pair written."""
         # NOTE: padding rows are computed (a captured graph has fixed shapes); the
         # per-pair kernels make the real rows' results the same either way.
         self.stats.count_tokens(layer, x.shape[0])
@@ -139,7 +165,7 @@ class ResidentExecutor(MoEExecutor):
             self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
         moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells, num_decode)
-        return moe_combine(cells, x.dtype, residual)
+        return cells
 
     def close(self) -> None:
         self.banks.clear()

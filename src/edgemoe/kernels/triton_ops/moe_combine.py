@@ -4,6 +4,11 @@ NOTE: the sum runs k = 0..K-1 in that order in fp32 and is rounded to the activa
 dtype once; the residual add is then fp32(residual) + fp32(rounded), rounded once,
 which is what torch's `residual + moe_out` does in bf16/fp16: bitwise equal to the
 unfused torch code.
+
+`moe_combine_norm_triton` also writes the next layer's input RMSNorm of that row (one
+program per token row, the whole row in registers): the norm is `triton_ops/norm.py`'s
+`norm_row` on the rounded row, launched with the norm kernel's BLOCK and warps, so it is
+bitwise what `rms_norm_triton` computes from the stored h.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from edgemoe.kernels.triton_ops.common import (
     round_trip,
     tl_dtype,
 )
+from edgemoe.kernels.triton_ops.norm import norm_row, norm_warps
 
 COMBINE_BLOCK, COMBINE_WARPS = 512, 4
 
@@ -62,3 +68,55 @@ def moe_combine_triton(cells: torch.Tensor, dtype: torch.dtype, residual: torch.
         INTERP=interpreting(cells), USE_PDL=pdl, launch_pdl=pdl, num_warps=COMBINE_WARPS,
     )
     return out
+
+
+@triton.jit
+def _combine_norm(
+    cells_ptr, res_ptr, w_ptr, out_ptr, normed_ptr, H, eps, weight_offset,
+    stride_ct, stride_ck, stride_rt, stride_ot, stride_nt,
+    K: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < H
+    pdl_start(USE_PDL)
+    row = cells_ptr + t * stride_ct + cols
+    # K constexpr: the K loads of a row are all in flight at once (one program per row
+    # would otherwise wait on them one by one); the sum still runs k = 0..K-1.
+    acc = tl.load(row, mask=ok, other=0.0)
+    for k in tl.static_range(1, K):
+        acc += tl.load(row + k * stride_ck, mask=ok, other=0.0)
+    res = tl.load(res_ptr + t * stride_rt + cols, mask=ok, other=0.0).to(tl.float32)
+    h = round_trip(res + round_trip(acc, DTYPE, INTERP), DTYPE, INTERP)  # the stored h, in fp32 (masked: 0)
+    tl.store(out_ptr + t * stride_ot + cols, round_to(h, DTYPE, INTERP), mask=ok)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    normed = norm_row(h, w, H, eps, weight_offset, OFFSET, DTYPE, INTERP)
+    tl.store(normed_ptr + t * stride_nt + cols, round_to(normed, DTYPE, INTERP), mask=ok)
+
+
+def moe_combine_norm_triton(
+    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+    weight_offset: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, rms_norm(h)) with h = residual + round(sum_k cells): cells [T, K, H] fp32,
+    residual [T, H] and weight [H] in `dtype`."""
+    T, K, H = cells.shape
+    if cells.stride(-1) != 1:
+        cells = cells.contiguous()
+    if residual.dtype != dtype or residual.shape != (T, H) or weight.dtype != dtype or weight.shape != (H,):
+        raise ValueError(f"residual must be [{T}, {H}] and weight [{H}], both {dtype}")
+    residual, weight = residual.contiguous(), weight.contiguous()
+    out = torch.empty(T, H, dtype=dtype, device=cells.device)
+    normed = torch.empty_like(out)
+    if T == 0:
+        return out, normed
+    block = triton.next_power_of_2(H)  # NOTE: rms_norm_triton's BLOCK and warps (`norm_warps`)
+    pdl = pdl_enabled(cells.device)
+    _combine_norm[(T,)](
+        cells, residual, weight, out, normed, H, eps, weight_offset,
+        cells.stride(0), cells.stride(1), residual.stride(0), out.stride(0), normed.stride(0),
+        K=K, OFFSET=weight_offset != 0.0, DTYPE=tl_dtype(dtype), BLOCK=block, INTERP=interpreting(cells),
+        USE_PDL=pdl, launch_pdl=pdl, num_warps=norm_warps(block),
+    )
+    return out, normed

@@ -16,6 +16,26 @@ from edgemoe.kernels.triton_ops.common import (
 )
 
 
+def norm_warps(block: int) -> int:
+    """Warps of a one-row-per-program norm of `block` (a power of 2) columns.
+    NOTE: the fp32 sum of squares' reduction tree follows the row's layout (BLOCK and
+    warps): a kernel that fuses this norm (`moe_combine.py`) launches with the same pair,
+    so its output is bitwise this kernel's."""
+    return min(16, max(1, block // 256))
+
+
+@triton.jit
+def norm_row(x, w, N, eps, weight_offset, OFFSET: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """The RMSNorm of one row x [BLOCK] fp32 (holding DTYPE values; masked columns 0) with
+    weight w [BLOCK] fp32, in fp32 before the output's final rounding to DTYPE."""
+    y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    if OFFSET:
+        out = y * (weight_offset + w)  # fp32 product, one rounding (Qwen3-Next order)
+    else:
+        out = round_trip(y, DTYPE, INTERP) * w  # round, then scale in the dtype (Llama order)
+    return out
+
+
 @triton.jit
 def _rms_norm(
     x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, N, eps, weight_offset,
@@ -32,12 +52,8 @@ def _rms_norm(
         r = tl.load(res_ptr + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
         x = round_trip(r + x, DTYPE, INTERP)  # torch's `residual + x` in the dtype
         tl.store(new_res_ptr + row * stride_nr + cols, round_to(x, DTYPE, INTERP), mask=ok)
-    y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    if OFFSET:
-        out = y * (weight_offset + w)  # fp32 product, one rounding (Qwen3-Next order)
-    else:
-        out = round_trip(y, DTYPE, INTERP) * w  # round, then scale in the dtype (Llama order)
+    out = norm_row(x, w, N, eps, weight_offset, OFFSET, DTYPE, INTERP)
     tl.store(out_ptr + row * stride_o + cols, round_to(out, DTYPE, INTERP), mask=ok)
 
 
@@ -64,6 +80,6 @@ def rms_norm_triton(
             x2, res2, weight.contiguous(), out, new_res if new_res is not None else out, N, eps, weight_offset,
             x2.stride(0), res2.stride(0), out.stride(0), out.stride(0),
             HAS_RES=residual is not None, OFFSET=weight_offset != 0.0, DTYPE=tl_dtype(x.dtype), BLOCK=block,
-            INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=min(16, max(1, block // 256)),
+            INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=norm_warps(block),
         )
     return out.view(shape), None if new_res is None else new_res.view(shape)
