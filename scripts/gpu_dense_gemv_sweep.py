@@ -36,13 +36,15 @@ SHAPES = {"qkv": (5120, 2048, 48), "o_proj": (2048, 4096, 48), "lm_head": (15193
 TOKENS = (1, 2, 4, 8, 16, 32)
 L2_BYTES = 64 << 20  # more than an H200's 50 MB L2: two L2s of weight copies per round
 REPLAYS = 10
-# rows, cols, warps, tokens a block (min_row_tiles 256, 1 stage). Registers a thread from
-# ptxas -v (sm_90, no spills) in brackets. The MoE GEMV's gate/up step [64]; the default, 2
-# tokens a block so M = 32 reads a tile 16 times, not 32 [141]; the same with 8 rows, twice
-# the programs [71]; 8 x 512 (two 16-byte loads a thread a row) [64]; 4 tokens a block at 8
-# rows [105] and at 16 rows over 8 warps [105]; 8 tokens a block, 4 rows (M = 32: 4 tile
-# reads) [88]; 8 x 512 over 8 warps, 2 tokens [72].
-CANDIDATES = "16,256,4,1;16,256,4,2;8,256,4,2;8,512,4,1;8,256,4,4;16,256,8,4;4,256,4,8;8,512,8,2"
+# rows, cols, warps, tokens a block (min_row_tiles 256, 1 stage); registers a thread from
+# ptxas -v at sm_90 in brackets (no spills unless said). Without pipelining a program has one
+# step's loads in flight, so the grid has N x COLS x 2 bytes in flight: o_proj at 256 columns
+# 1 MB, about a third of what an H200's ~4.8 TB/s x ~600 ns needs; wider steps, not more rows,
+# raise it (rows_for already gives o_proj 256+ programs). The MoE GEMV's gate/up step, 1 token
+# [64]; the default, 2 tokens so M = 32 reads a tile 16 times, not 32 [141]; 8 x 512 at 1 and
+# 2 tokens (o_proj 2 MB in flight) [64, 130]; 4 x 1024 at 1 and 2 tokens (4 MB) [64 with 4 B
+# spilled, 128]; 2 x 1024 at 4 tokens [94]; 4 x 256 at 8 tokens (M = 32: 4 tile reads) [88].
+CANDIDATES = "16,256,4,1;16,256,4,2;8,512,4,1;8,512,4,2;4,1024,4,1;4,1024,4,2;2,1024,4,4;4,256,4,8"
 
 
 def parse(text: str) -> list[DenseGemvTiles]:
