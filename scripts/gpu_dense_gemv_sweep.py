@@ -44,6 +44,10 @@ REPLAYS = 10
 # [64]; the default, 2 tokens so M = 32 reads a tile 16 times, not 32 [141]; 8 x 512 at 1 and
 # 2 tokens (o_proj 2 MB in flight) [64, 130]; 4 x 1024 at 1 and 2 tokens (4 MB) [64 with 4 B
 # spilled, 128]; 2 x 1024 at 4 tokens [94]; 4 x 256 at 8 tokens (M = 32: 4 tile reads) [88].
+# NOTE (sm_90 SASS, 16 x 256): at 1 token a block the token's branch is loop-invariant, LLVM
+# unswitches it and ptxas issues each W row's load after the previous row's FMAs (one 16-byte
+# load in flight a thread, 64 registers); at 2+ tokens the branches split the step and the
+# thread's 4 W loads go out together (141 registers): hence both, even for M = 1.
 CANDIDATES = "16,256,4,1;16,256,4,2;8,512,4,1;8,512,4,2;4,1024,4,1;4,1024,4,2;2,1024,4,4;4,256,4,8"
 
 
