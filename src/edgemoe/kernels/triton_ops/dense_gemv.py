@@ -81,7 +81,7 @@ def _dense_gemv(
     acc7 = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for c0 in tl.range(0, K, COLS, num_stages=STAGES):
         w = weight_tile(bank, rows, row_ok, c0, K, stride_wn, COLS)  # loaded once for the block
-        acc0 = _token_fma(acc0, w, x_ptr, t0, M, stride_xm, c0, K, ROWS, COLS)
+        acc0 += w * gemv_x_tile(x_ptr, t0, stride_xm, c0, K, ROWS, COLS)  # t0 < M: a block's first token is real
         if TOKENS > 1:
             acc1 = _token_fma(acc1, w, x_ptr, t0 + 1, M, stride_xm, c0, K, ROWS, COLS)
         if TOKENS > 2:
