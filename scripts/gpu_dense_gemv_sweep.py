@@ -41,13 +41,12 @@ REPLAYS = 10
 # step's loads in flight, so the grid has N x COLS x 2 bytes in flight: o_proj at 256 columns
 # 1 MB, about a third of what an H200's ~4.8 TB/s x ~600 ns needs; wider steps, not more rows,
 # raise it (rows_for already gives o_proj 256+ programs). The MoE GEMV's gate/up step, 1 token
-# [64]; the default, 2 tokens so M = 32 reads a tile 16 times, not 32 [141]; 8 x 512 at 1 and
-# 2 tokens (o_proj 2 MB in flight) [64, 130]; 4 x 1024 at 1 and 2 tokens (4 MB) [64 with 4 B
-# spilled, 128]; 2 x 1024 at 4 tokens [94]; 4 x 256 at 8 tokens (M = 32: 4 tile reads) [88].
-# NOTE (sm_90 SASS, 16 x 256): at 1 token a block the token's branch is loop-invariant, LLVM
-# unswitches it and ptxas issues each W row's load after the previous row's FMAs (one 16-byte
-# load in flight a thread, 64 registers); at 2+ tokens the branches split the step and the
-# thread's 4 W loads go out together (141 registers): hence both, even for M = 1.
+# [78]; the default, 2 tokens so M = 32 reads a tile 16 times, not 32 [147]; 8 x 512 at 1 and
+# 2 tokens (o_proj 2 MB in flight) [78, 147]; 4 x 1024 at 1 and 2 tokens (4 MB) [64, 138];
+# 2 x 1024 at 4 tokens [114]; 4 x 256 at 8 tokens (M = 32: 4 tile reads) [95].
+# NOTE (sm_90 SASS, 16 x 256): at 1 token a block ptxas issues 3 of a thread's 4 W loads up
+# front, the 4th after the first FMAs; at 2+ tokens the token branches split the step and all
+# 4 go out together, for twice the registers: hence both, even for M = 1.
 CANDIDATES = "16,256,4,1;16,256,4,2;8,512,4,1;8,512,4,2;4,1024,4,1;4,1024,4,2;2,1024,4,4;4,256,4,8"
 
 
