@@ -26,7 +26,7 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from edgemoe.kernels import attn_decode_tiles  # noqa: E402
+from edgemoe.kernels import attn_decode_tiles, dense_gemv_tiles  # noqa: E402
 from edgemoe.kernels import moe_gemv_q_tiles  # noqa: E402
 from edgemoe.kernels.triton_ops import (  # noqa: E402
     attn_decode,
@@ -109,19 +109,23 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                    HALF=32, NORM=True, HQ_PAD=32, HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False,
                    FP8KV=True, FP8HW=hw), 4,
                    ptrs={**rope_ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
-    t = dense_gemv.DEFAULT_TILES
-    for partial in (False, True):  # the skinny dense GEMM, one K range or split-K partials (fp32)
-        yield Case(f"dense gemv{' split-k' if partial else ''}", dense_gemv._gemv_tile, dict(
-                   DTYPE=act, PARTIAL=partial, INTERP=False, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k),
-                   t.num_warps, t.num_stages, ptrs={"out_ptr": f32} if partial else {})
-    yield Case("dense gemv split-k sum", dense_gemv._sum_splits, dict(DTYPE=act, INTERP=False, BLOCK=1024), 4,
-               ptrs={"part_ptr": f32})
+    yield from dense_gemv_cases(act)
     yield from router_cases(act)
     yield from slot_plan_cases()
     yield Case("row gather", row_gather._gather_rows, dict(BLOCK_D=256, ROWS=row_gather.ROWS), 4,
                ptrs={"ids_ptr": "i64"})
     yield Case("row gather into", row_gather._gather_rows_into, dict(BLOCK_D=row_gather.BLOCK_INTO), 4,
                ptrs={"ids_ptr": "i32", "dst_ptr": "i32"})
+
+
+def dense_gemv_cases(act: tl.dtype) -> Iterator[Case]:
+    """The dense decode GEMV at its tiles (env override included) and at 1, 4 and 8 tokens
+    a block (each TOKENS compiles a different number of accumulators)."""
+    t = dense_gemv_tiles.tiles()
+    for tokens in dict.fromkeys((t.tokens, 1, 4, 8)):
+        yield Case(f"dense gemv {tokens} token(s) a block", dense_gemv._dense_gemv, dict(
+                   DTYPE=act, ROWS=t.rows, COLS=t.cols, TOKENS=tokens, STAGES=t.stages, INTERP=False),
+                   t.warps)
 
 
 def bf16_gemv_cases(act: tl.dtype) -> Iterator[Case]:

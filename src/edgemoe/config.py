@@ -162,8 +162,9 @@ class KernelConfig:
         "torch",
         "dense projections of decode batches (<= 32 tokens: attention q/k/v/o, GDN in/out, LM head; a MoE router "
         "runs fused with its top-k on a GPU either way): "
-        "torch (cuBLAS) or triton (a batch-invariant skinny GEMM); auto = triton on a GPU with Triton. Default "
-        "torch: the Triton kernel measured 0.93x cuBLAS on an H200; prefill-sized batches always take torch",
+        "torch (cuBLAS) or triton (a batch-invariant weight-streaming GEMV); auto = triton on a GPU with Triton. "
+        "Default torch until the Triton GEMV is measured (the tensor-core kernel it replaced ran at 0.93x cuBLAS "
+        "on an H200); prefill-sized batches always take torch",
         ("torch", "triton", "auto"),
     )
     cuda_graph_max_bs: int = setting(32, "largest decode batch replayed from a CUDA graph (larger ones run eagerly)")

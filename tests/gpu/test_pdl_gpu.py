@@ -35,8 +35,8 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="PDL needs sm_90+"
 )
 
-# A decode batch of 4 at small shapes: H = Hq·D; the router's N = 16 with K = 512 takes the
-# dense GEMV's split-K path (its partial-sum kernel too); 12 slots for 16 experts: misses,
+# A decode batch of 4 at small shapes: H = Hq·D; the router's N = 16 with K = 512 runs the
+# dense GEMV with one-row programs (`dense_gemv_tiles.rows_for`); 12 slots for 16 experts: misses,
 # hits and evictions in the device plan.
 T, H, HQ, HKV, D, E, K, I, S, PAGE, VOCAB = 4, 512, 8, 2, 64, 16, 4, 128, 12, 16, 64
 SEQ_LENS = [5, 40, 17, 63]
@@ -100,7 +100,7 @@ def step(b: SimpleNamespace) -> dict[str, torch.Tensor]:
     x = out["embed"] = gather_rows(b.table, b.ids)  # row gather
     h, res = add_rms_norm(x, b.residual, b.norm_w, 1e-6)  # fused add + norm
     out["norm"], out["residual"] = h, res
-    qkv = out["qkv"] = dense_gemv(h, b.qkv_w)  # skinny GEMM, one K range
+    qkv = out["qkv"] = dense_gemv(h, b.qkv_w)  # dense decode GEMV
     q, k, v = qkv.view(T, HQ + 2 * HKV, D).split([HQ, HKV, HKV], dim=1)
     pb = b.pb
     q = out["q_rot"] = rope_write_kv(q, k, v, b.positions, b.cos, b.sin, pb.k_cache, pb.v_cache, b.out_loc,
@@ -110,7 +110,7 @@ def step(b: SimpleNamespace) -> dict[str, torch.Tensor]:
     o = out["o"] = dense_gemv(attn.view(T, HQ * D), b.o_w)
     h2, res2 = add_rms_norm(o, res, b.norm2_w, 1e-6)
     out["norm2"] = h2
-    out["logits"] = dense_gemv(h2, b.router)  # split-K + the partial sum
+    out["logits"] = dense_gemv(h2, b.router)  # one-row programs
     ids, w = route_logits_topk(h2, b.router, K, True, DT, b.ws)  # fused router
     out["ids"], out["weights"] = ids, w
     out["ids_topk"], out["weights_topk"] = route_topk(b.ws.logits[:T], K, True, DT)

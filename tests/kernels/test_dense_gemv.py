@@ -1,6 +1,7 @@
-"""The skinny dense GEMM (`kernels/dense_gemv.py`): the Triton kernel under the
-interpreter against `F.linear` (odd shapes, with and without split-K), its batch
-invariance (bitwise), and the `--dense-kernel` dispatch."""
+"""The dense decode GEMV (`kernels/dense_gemv.py`): the Triton kernel under the
+interpreter against `F.linear` (ragged N and K, M = 1..TOKENS + 1, token blocks of 2, 4
+and 8), its batch invariance (bitwise), its tiles' override, and the `--dense-kernel`
+dispatch."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from edgemoe.kernels.dense_gemv import (
     make_dense_linear,
     resolve_dense_kernel,
 )
+from edgemoe.kernels.dense_gemv_tiles import ENV, DenseGemvTiles, rows_for, tiles
 
 # tests/kernels/conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable. Not
 # `from conftest import INTERPRET`: which conftest that finds depends on the collection order.
@@ -25,15 +27,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_sp
 
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 
-N, K = 40, 300  # neither a multiple of BLOCK_N = 16 nor of BLOCK_K = 64: masks are exercised
-
-
-def tiles(split: bool):
-    from edgemoe.kernels.triton_ops.dense_gemv import GemvTiles
-
-    # min_programs 1: one K range; 64 over 3 column tiles: K split into 5 ranges of 64.
-    return GemvTiles(block_m=16, block_n=16, block_k=64, num_warps=4, num_stages=1,
-                     min_programs=64 if split else 1, max_split=8)
+N, K = 37, 300  # a multiple of neither the row tiles (8, 4) nor COLS (64, 128): every mask is exercised
+# (rows, cols, warps, tokens, min_row_tiles, stages): 2-token blocks; 4-token blocks whose 16 rows
+# halve to 4 (37 rows: 3 tiles of 16, 5 of 8, then 10 of 4 >= 8); 8-token blocks, 128 columns
+# (300 = 2 x 128 + 44), 2 stages.
+TILES = [DenseGemvTiles(8, 64, 4, 2, 1, 1), DenseGemvTiles(16, 64, 4, 4, 8, 1), DenseGemvTiles(8, 128, 2, 8, 1, 2)]
+IDS = ["tok2", "tok4-halved", "tok8"]
 
 
 def inputs(m: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,62 +40,74 @@ def inputs(m: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.T
     return torch.randn(m, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
 
 
+def test_rows_depend_on_the_weight_only() -> None:
+    assert rows_for(N, TILES[0]) == 8 and rows_for(N, TILES[1]) == 4
+    assert rows_for(5120, DenseGemvTiles(16, 256, 4, 2, 256)) == 16  # qkv: 320 tiles of 16
+    assert rows_for(2048, DenseGemvTiles(16, 256, 4, 2, 256)) == 8  # o_proj: 256 tiles of 8
+    assert rows_for(3, DenseGemvTiles(16, 256, 4, 2, 256)) == 1  # never below one row
+
+
+def test_tiles_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "8,512,8,4")
+    assert tiles() == DenseGemvTiles(8, 512, 8, 4)  # min_row_tiles and stages keep the defaults
+    chosen = DenseGemvTiles(8, 512, 8, 4, 64, 2)
+    monkeypatch.setenv(ENV, chosen.label())  # the string the sweep prints selects its tiles
+    assert tiles() == chosen
+    monkeypatch.setenv(ENV, "8,512,8,16")
+    with pytest.raises(ValueError, match="at most 8 tokens"):
+        tiles()
+    monkeypatch.setenv(ENV, "8,500,8,4")
+    with pytest.raises(ValueError, match="powers of two"):
+        tiles()
+
+
 @needs_triton
-def test_split_depends_on_the_weight_only() -> None:
-    from edgemoe.kernels.triton_ops.dense_gemv import split_k
-
-    assert split_k(N, K, tiles(False)) == (1, 320)
-    split, per = split_k(N, K, tiles(True))
-    assert split == 5 and per == 64 and (split - 1) * per < K <= split * per
-
-
-@needs_triton
-@pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("m", [1, 5, 19])  # 19: two token blocks
-def test_fp32_matches_linear(split: bool, m: int) -> None:
+@pytest.mark.parametrize("t", TILES, ids=IDS)
+def test_fp32_matches_linear(t: DenseGemvTiles) -> None:
     from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
 
-    x, w = inputs(m, torch.float32, seed=m)
-    got = dense_gemv_triton(x, w, tiles(split))
-    want = F.linear(x, w)
-    # Each is a K-term fp32 dot in some order (split-K is one more order): both within
-    # γ_K of the exact sum, scaled per element by sum |x_k w_k|.
-    magnitude = x.abs() @ w.abs().T
-    assert got.dtype == torch.float32 and got.shape == (m, N)
-    assert ((got - want).abs() <= sum_atol(torch.float32, K, 1.0) * magnitude).all()
+    for m in range(1, t.tokens + 2):  # one partial block .. one full block and one token more
+        x, w = inputs(m, torch.float32, seed=m)
+        got = dense_gemv_triton(x, w, t)
+        want = F.linear(x, w)
+        # Each is a K-term fp32 dot in some order: both within γ_K of the exact sum,
+        # scaled per element by sum |x_k w_k|.
+        magnitude = x.abs() @ w.abs().T
+        assert got.dtype == torch.float32 and got.shape == (m, N)
+        assert ((got - want).abs() <= sum_atol(torch.float32, K, 1.0) * magnitude).all(), m
 
 
 @needs_triton
-@pytest.mark.parametrize("split", [False, True])
-def test_bf16_matches_linear(split: bool) -> None:
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_matches_linear(dtype: torch.dtype) -> None:
     from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
 
-    x, w = inputs(3, torch.bfloat16, seed=7)
-    got = dense_gemv_triton(x, w, tiles(split))
+    x, w = inputs(3, dtype, seed=7)
+    got = dense_gemv_triton(x, w, TILES[0])
     want = F.linear(x, w)
-    magnitude = (x.float().abs() @ w.float().abs().T)
-    # fp32 sums in two orders (γ_K each), then one bf16 rounding each of the result.
-    bound = sum_atol(torch.float32, K, 1.0) * magnitude + rounding_atol(torch.bfloat16, 1, 1.0) * magnitude
-    assert got.dtype == torch.bfloat16
+    magnitude = x.float().abs() @ w.float().abs().T
+    # fp32 sums in two orders (γ_K each), then one rounding each to the output dtype.
+    bound = sum_atol(torch.float32, K, 1.0) * magnitude + rounding_atol(dtype, 1, 1.0) * magnitude
+    assert got.dtype == dtype
     assert ((got.float() - want.float()).abs() <= bound).all()
 
 
 @needs_triton
-@pytest.mark.parametrize("split", [False, True])
-def test_batch_invariant_bitwise(split: bool) -> None:
-    # A row's output must not depend on M or on the other rows: row i of an M = 7 call,
-    # of an M = 19 call (two token blocks, other rows different) and the M = 1 call on
-    # that row alone are bitwise equal.
+@pytest.mark.parametrize("t", TILES[:2], ids=IDS[:2])
+def test_batch_invariant_bitwise(t: DenseGemvTiles) -> None:
+    # A row's output must not depend on M, on its slot in a token block or on the other
+    # rows: rows 0, 3, 4 of an M = 5 call (first, last and first slot of a block at 2 and 4
+    # tokens a block) equal the M = 1 call on that row alone, and rows
+    # copied into other positions of an M = 7 call with different neighbours are equal too.
     from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
 
-    x7, w = inputs(7, torch.float32, seed=11)
-    x19 = torch.randn(19, K, generator=torch.Generator().manual_seed(12))
-    x19[[2, 17]] = x7[[2, 5]]
-    t = tiles(split)
-    y7, y19 = dense_gemv_triton(x7, w, t), dense_gemv_triton(x19, w, t)
-    for i in range(7):
-        assert torch.equal(y7[i], dense_gemv_triton(x7[i : i + 1], w, t)[0]), i
-    assert torch.equal(y19[2], y7[2]) and torch.equal(y19[17], y7[5])
+    x5, w = inputs(5, torch.bfloat16, seed=11)
+    x7 = torch.randn(7, K, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16)
+    x7[[1, 6]] = x5[[4, 0]]
+    y5, y7 = dense_gemv_triton(x5, w, t), dense_gemv_triton(x7, w, t)
+    for i in (0, 3, 4):
+        assert torch.equal(y5[i], dense_gemv_triton(x5[i : i + 1], w, t)[0]), i
+    assert torch.equal(y7[1], y5[4]) and torch.equal(y7[6], y5[0])
 
 
 def test_dispatch() -> None:

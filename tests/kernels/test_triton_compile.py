@@ -40,7 +40,7 @@ PDL_CASES = ("moe gate_up gemv S=1", "moe down gemv S=1", "moe gate_up gemv int8
              "moe combine", "moe combine + rms norm", "decode split D=128", "decode merge", "add rms norm",
              "q/k head norms + rope + kv write",
              "route top-k", "router gemv + top-k", "slot plan E=128 S=64", "row gather", "row gather into",
-             "dense gemv", "dense gemv split-k sum")
+             "dense gemv 1 token(s) a block", "dense gemv 8 token(s) a block")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")

@@ -1,13 +1,15 @@
 """Dense projections y = x @ W.T of the decode path (attention q/k/v and o, GDN in/out,
 routers, shared-expert gates, hyper-connections, the LM head): the torch reference
-(`F.linear`, cuBLAS on a GPU) or the Triton skinny GEMM of `triton_ops/dense_gemv.py`.
+(`F.linear`, cuBLAS on a GPU) or the Triton weight-streaming GEMV of
+`triton_ops/dense_gemv.py` (tiles: `dense_gemv_tiles.py`, `EDGEMOE_DENSE_GEMV_TILES`).
 
 `--dense-kernel` picks the implementation (`DenseLinear`, built once by the engine and
 handed to the model's layers): torch (the default until the Triton kernel is measured on
 the GPU), triton, or auto (triton on a GPU with Triton). The Triton path runs only where
 it is meant to: bf16/fp16 CUDA tensors (`backend.use_triton`) with at most
 `MAX_TOKENS` rows; prefill-sized batches always take cuBLAS, whose large-M GEMMs it
-does not try to beat.
+does not try to beat. NOTE: one kernel serves every M up to MAX_TOKENS (switching kernels
+by M would change a row's bits between batch sizes).
 
 NOTE: the Triton path is batch-invariant (a row's output does not depend on M or on the
 other rows); the torch path is whatever cuBLAS picks for the shape, which may differ
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.backend import triton_importable, use_triton
 
-MAX_TOKENS = 32  # the largest M the skinny kernel takes (decode batches up to cuda_graph_max_bs' default)
+MAX_TOKENS = 32  # the largest M the Triton GEMV takes (decode batches up to cuda_graph_max_bs' default)
 DENSE_KERNELS = ("torch", "triton", "auto")
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -35,7 +37,7 @@ def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def dense_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The Triton skinny GEMM where it applies (CUDA, bf16/fp16, M <= MAX_TOKENS, 2-D x),
+    """The Triton GEMV where it applies (CUDA, bf16/fp16, M <= MAX_TOKENS, 2-D x),
     else the reference. Same signature as `dense_gemv_ref`."""
     if x.dim() == 2 and 0 < x.shape[0] <= MAX_TOKENS and w.dtype == x.dtype and use_triton(x):
         from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
