@@ -14,18 +14,21 @@ import importlib.util
 import pytest
 import torch
 
-from edgemoe.kernels.attn_decode_tiles import DEFAULT, ENV
+from edgemoe.kernels import attn_decode_tiles
+from edgemoe.kernels.attn_decode_tiles import ENV
 from edgemoe.kernels.paged_attention import decode_attention_ref
 from edgemoe.quant.kv import dequantise_kv, quantise_kv
 from edgemoe.testing.kernel_inputs import paged_batch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 BF16 = torch.bfloat16
-# The default, the old one-loop kernel, adaptive variants, and 4-6 value forms (one loop,
-# one merge chunk: the pre-adaptive kernel at those tiles).
-TILES = ["", "64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,16,32", "128,32,4,2,8,2,8,5,32,128", "128,32,4,7,32,1",
+# The adaptive loops' opt-in set (pipelined from 4 blocks, wide merge from 32 live splits).
+ADAPTIVE = "64,64,4,2,8,1,4,5,32,64"
+# The default (one loop), the adaptive set and variants, and 4-6 value forms (one loop, one
+# merge chunk: the pre-adaptive kernel at those tiles).
+TILES = ["", ADAPTIVE, "64,64,4,2,8,1,4,2,32,8", "64,64,4,2,8,1,2,5,16,32", "128,32,4,2,8,2,8,5,32,128", "128,32,4,7,32,1",
          "256,16,2,5,64,1", "128,32,4,5,32,4", "64,128,8,5,16,1"]
-# At the defaults (64 splits of 64-key blocks, pipelined from 4 blocks, wide from 32 live
+# At ADAPTIVE (64 splits of 64-key blocks, pipelined from 4 blocks, wide from 32 live
 # splits): 1000 (16 one-block splits: plain, small chunk), 4097 (33 two-block splits: plain,
 # wide), 20000 and 32768 (5 and 8 blocks a split: pipelined, wide).
 LENS = [1, 17, 513, 1000, 4097, 20000, 32768]
@@ -65,17 +68,17 @@ def test_decode_at_sweep_tiles(tiles: str, hq: int, hkv: int, d: int, page_size:
 
 
 def test_pipelined_split_loop_is_the_plain_ones_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOTE: the two split loops differ only in num_stages (loads moved ahead): the default
-    (pipelined from LONG_BLOCKS) and one plain loop everywhere, at the same merge, agree bit for bit."""
+    """NOTE: the two split loops differ only in num_stages (loads moved ahead): ADAPTIVE
+    (pipelined from long_blocks) and one plain loop everywhere, at the same merge, agree bit for bit."""
     b = paged_batch(LENS, [1] * len(LENS), 32, 4, 128, 16, BF16, "cuda", seed=5)
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, ADAPTIVE)
     got = decode(b, None)
-    plain = DEFAULT._replace(long_stages=DEFAULT.stages)
-    monkeypatch.setenv(ENV, ",".join(map(str, plain)))
+    adaptive = attn_decode_tiles.tiles()
+    monkeypatch.setenv(ENV, ",".join(map(str, adaptive._replace(long_stages=adaptive.stages))))
     assert torch.equal(decode(b, None).view(torch.int16), got.view(torch.int16))
 
 
-@pytest.mark.parametrize("tiles", ["", "64,64,4,5,8,1", "128,32,4,7,32,2"])  # "": the adaptive default
+@pytest.mark.parametrize("tiles", ["", ADAPTIVE, "64,64,4,5,8,1", "128,32,4,7,32,2"])
 def test_decode_fp8_cache_at_pipelined_tiles(tiles: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, tiles)
     b = paged_batch(LENS, [1] * len(LENS), 32, 4, 128, 16, BF16, "cuda", seed=3)

@@ -29,6 +29,13 @@ from edgemoe.kernels.tile_override import override
 # the shared memory is the kernel's, so short splits keep that occupancy cost.
 # Likewise a merge of all 64 splits in one step wins 2-4 µs at 8K-32K (64 live splits) but
 # costs 0.9 at 1K (16): sequences with >= WIDE_SPLITS live splits merge WIDE_CHUNK at a step.
+# Default: the adaptive loops OFF (LONG_STAGES = STAGES and WIDE_CHUNK = MERGE_CHUNK compile
+# one loop and one merge, the pre-adaptive kernel). In the whole engine (resident
+# random:qwen3-30b-a3b, batch 1, bench/results/decode-20261202-0330*.json, -032909) the
+# adaptive set 64,64,4,2,8,1,4,5,32,64 decoded 1K at 301.6-306.1 tok/s against 319.1 with one
+# loop (the pipelined loop's 72 KiB of shared memory is reserved for every program, short
+# splits included), and 32K at 240.4 against 228.3. 1K is the target still missed (issue 12),
+# so long-context deployments opt in: EDGEMOE_ATTN_DECODE_TILES=64,64,4,2,8,1,4,5,32,64.
 SPLITS = 64  # splits of each sequence's context: the grid's third axis, the workspace's
 BLOCK_N = 64  # keys per block at head_dim <= 128; halved above (the same bytes per K/V tile)
 WARPS = 4
@@ -36,9 +43,9 @@ STAGES = 2  # the plain split loop's (a split of fewer than LONG_BLOCKS key bloc
 MERGE_CHUNK = 8  # splits the merge reads per step, as one [chunk, D] tile (fewer than WIDE_SPLITS live)
 MIN_BLOCKS = 1  # a split holds at least this many key blocks (fewer, longer splits at short contexts)
 LONG_BLOCKS = 4  # a split of this many key blocks or more takes the pipelined loop (8K: 2, 32K: 8)
-LONG_STAGES = 5  # the pipelined split loop's stages
+LONG_STAGES = STAGES  # the pipelined split loop's stages (5 when opted in; = STAGES: one loop)
 WIDE_SPLITS = 32  # a sequence of this many live splits or more merges WIDE_CHUNK a step (1K: 16, 8K: 64)
-WIDE_CHUNK = 64  # the wide merge's chunk: every split in one step at the default SPLITS
+WIDE_CHUNK = MERGE_CHUNK  # the wide merge's chunk (64 when opted in; = MERGE_CHUNK: one merge loop)
 ENV = "EDGEMOE_ATTN_DECODE_TILES"
 FIELDS = "splits,block_n,warps,stages[,merge_chunk[,min_blocks[,long_blocks,long_stages,wide_splits,wide_chunk]]]"
 

@@ -17,14 +17,17 @@ from typing import NamedTuple
 
 from edgemoe.kernels.tile_override import override
 
-# A placeholder until `scripts/gpu_dense_gemv_sweep.py` has run on an H200 (the lead
-# measures it): the bf16 MoE decode GEMV's gate/up step (16 rows x 256 columns, 4 warps:
-# 87% of HBM at T = 1, `moe_gemv_tiles.py`) with 2 tokens a block, so a 32-token batch
-# reads each weight tile 16 times (from L2 after the first) instead of 32.
-ROWS, COLS, WARPS, TOKENS = 16, 256, 4, 2
-# Halve the rows of a program (down to 1) while the weight has fewer row tiles than this:
-# o_proj (N = 2048) gets 8-row programs, 256 of them, rather than 128 16-row ones for an
-# H200's 132 SMs (more loads in flight without a split-K pass). A function of N only.
+# Swept on an H200 (2026-12-02, `scripts/gpu_dense_gemv_sweep.py`, 8 candidates,
+# bench/results/dense-gemv-sweep-20261202-032800.json, µs against cuBLAS): the best batch-1
+# step is 4 rows x 1024 columns, 4 warps, 1 token a block: qkv 8.40 vs 8.47, o_proj 7.08 vs
+# 9.67 (1.36x: cuBLAS splits K and adds a reduce), the LM head 170.6 vs 166.0; 914 µs of
+# dense projections a step against cuBLAS's 1,037. From M = 2 every candidate loses (0.85x
+# at best, 0.1-0.5x from M = 4: the per-token re-reads of each weight tile are not served
+# from L2), and one kernel must serve every M (batch invariance), so `--dense-kernel`
+# stays torch by default.
+ROWS, COLS, WARPS, TOKENS = 4, 1024, 4, 1
+# Halve the rows of a program (down to 1) while the weight has fewer row tiles than this
+# (a function of N only; at 4 rows every weight here has >= 512 row tiles).
 MIN_ROW_TILES = 256
 # Software pipelining of the K loop (`tl.range(num_stages=)`); 1 = off, which the MoE
 # decode GEMV's sweep found fastest at every T. The fp32 sums do not depend on it.
