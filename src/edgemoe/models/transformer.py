@@ -56,15 +56,15 @@ class CausalLM:
             h = h.repeat(1, self.streams)  # [T, streams·H]
         cos, sin = self.rotary.cos_sin(batch.positions, h.dtype) if ctx.attention.needs_step_rope else (None, None)
         # A PreNormBlock may hand on the next block's attn_norm of h, fused into its MoE
-        # combine (`layers/block.py`); `made_by`: the norm that made `normed`.
+        # combine (`layers/block.py`). NOTE: `chain_norms` ran over these blocks in this
+        # order, so a normed row always comes from the previous block's next_norm, which
+        # is this block's attn_norm; any other block drops it.
         normed: torch.Tensor | None = None
-        made_by: object = None
         for block in self.blocks:
             if isinstance(block, PreNormBlock):
-                h, normed = block.step(h, normed if made_by is block.attn_norm else None, cos, sin, ctx)
-                made_by = block.next_norm
+                h, normed = block.step(h, normed, cos, sin, ctx)
             else:
-                h, normed, made_by = block(h, cos, sin, ctx), None, None
+                h, normed = block(h, cos, sin, ctx), None
         return self.norm(h[batch.logits_indices])
 
     @torch.inference_mode()

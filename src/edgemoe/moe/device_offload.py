@@ -25,19 +25,19 @@ import numpy as np
 import torch
 
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_combine_norm
+from edgemoe.kernels.moe_experts import Activation
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
-from edgemoe.moe.executor import CellWorkspace, MoEExecutor
+from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 
 
-class DeviceOffloadExecutor(MoEExecutor):
+class DeviceOffloadExecutor(CellsExecutor):
     """The slot cache's state lives on the device (`cache`); `mover`: "gather" | "copy";
     `policy`: "lru" (scan-resistant) | "lru-plain".
 
@@ -89,13 +89,6 @@ class DeviceOffloadExecutor(MoEExecutor):
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         self._live = live
-
-    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
-        return moe_combine(self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding), x.dtype, residual)
-
-    def forward_normed(self, layer, x, topk_ids, topk_weights, residual, norm, num_decode=0, num_padding=0):  # type: ignore[override]
-        cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
-        return moe_combine_norm(cells, x.dtype, residual, norm)
 
     def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
         """The layer's contribution cells [T, K, H]: every live pair computed, padding rows zeros."""

@@ -132,7 +132,24 @@ class CellWorkspace:
         return b[:T]
 
 
-class ResidentExecutor(MoEExecutor):
+class CellsExecutor(MoEExecutor):
+    """An executor whose layer output is its routed pairs' cells [T, K, H] summed on the
+    device: `forward` combines them (residual add fused), `forward_normed` also writes the
+    next layer's input norm in the same kernel (`moe_combine_norm`, bitwise the pair)."""
+
+    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
+        return moe_combine(self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding), x.dtype, residual)
+
+    def forward_normed(self, layer, x, topk_ids, topk_weights, residual, norm, num_decode=0, num_padding=0):  # type: ignore[override]
+        cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
+        return moe_combine_norm(cells, x.dtype, residual, norm)
+
+    @abstractmethod
+    def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
+        """The layer's contribution cells [T, K, H] (fp32), every real row's pairs written."""
+
+
+class ResidentExecutor(CellsExecutor):
     """Every expert of every layer on the compute device: slot = expert id."""
 
     graph_safe = True
@@ -146,13 +163,6 @@ class ResidentExecutor(MoEExecutor):
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         hidden = store.down_shape[0]
         self.workspace = CellWorkspace(max_tokens, hidden, device)
-
-    def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
-        return moe_combine(self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding), x.dtype, residual)
-
-    def forward_normed(self, layer, x, topk_ids, topk_weights, residual, norm, num_decode=0, num_padding=0):  # type: ignore[override]
-        cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
-        return moe_combine_norm(cells, x.dtype, residual, norm)
 
     def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
         """The layer's contribution cells [T, K, H], every routed pair written."""
