@@ -8,10 +8,9 @@
 #                every thread's stack dumped if one runs past 120 s (faulthandler)
 #   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
 #   hotpath32k   resident decode at a 32K prompt, batch 1
-#   attn-ab      resident decode at 1K and 32K, batch 1, once per decode-attention tile set in
-#                $ATTN_CANDIDATES ("default" = the committed tiles; else EDGEMOE_ATTN_DECODE_TILES values)
 #   engine-ab    resident decode at 1K and 32K, batch 1, once per setting in $AB (settings split by
-#                ";", each "[VAR=value ...] [--flag value ...]": environment, then bench decode flags)
+#                ";", each "[VAR=value ...] [--flag value ...]": environment, then bench decode flags;
+#                e.g. decode attention tile sets: AB="EDGEMOE_ATTN_DECODE_TILES=64,64,4,2,8,1;EDGEMOE_ATTN_DECODE_TILES=...")
 #   dsweep       scripts/gpu_dense_gemv_sweep.py $DSWEEP (the decode-path dense projections vs cuBLAS)
 #   prefill-ab   8K prompt, batch 1, resident: prefill with overlap, then --no-overlap (one process each)
 #   pdl          resident decode at 1K, batch 1 and 8, profiled: EDGEMOE_PDL=1, then 0 (one process each;
@@ -44,12 +43,6 @@ run_stage() {
     hotpath) decode --moe-backend resident --prompt-tokens 1024 8192 --batch-sizes 1 8 32 --decode-tokens 32 --out "$res/hotpath" ;;
     hotpath32k) decode --moe-backend resident --prompt-tokens 32768 --batch-sizes 1 --decode-tokens 32 \
                   --max-prefill-tokens 8192 --out "$res/hotpath32k" ;;
-    attn-ab) for t in ${ATTN_CANDIDATES:-default}; do
-               echo "== decode attention tiles $t"
-               if [ "$t" = default ]; then unset EDGEMOE_ATTN_DECODE_TILES; else export EDGEMOE_ATTN_DECODE_TILES=$t; fi
-               decode --moe-backend resident --prompt-tokens 1024 32768 --batch-sizes 1 --decode-tokens 32 \
-                 --max-prefill-tokens 8192 --out "$res/attn-ab/${t//,/-}"
-             done ;;
     engine-ab) IFS=';' read -r -a settings <<< "${AB:-}"
                for setting in "${settings[@]}"; do
                  vars=(); flags=()
