@@ -159,12 +159,13 @@ class KernelConfig:
         ("auto", "triton", "torch"),
     )
     dense_kernel: str = setting(
-        "torch",
+        "auto",
         "dense projections of decode batches (<= 32 tokens: attention q/k/v/o, GDN in/out, LM head; a MoE router "
         "runs fused with its top-k on a GPU either way): "
-        "torch (cuBLAS) or triton (a batch-invariant weight-streaming GEMV); auto = triton on a GPU with Triton. "
-        "Default torch: on an H200 the Triton GEMV beats cuBLAS only at one token (o_proj 1.36x) and loses "
-        "from two; prefill-sized batches always take torch",
+        "torch (cuBLAS), triton (a batch-invariant weight-streaming GEMV for every batch size) or auto "
+        "(the Triton GEMV for one token, cuBLAS from two: on an H200 it beats cuBLAS at one token and loses "
+        "from two); on a machine without a GPU every setting runs the torch reference; prefill-sized batches "
+        "always take torch",
         ("torch", "triton", "auto"),
     )
     cuda_graph_max_bs: int = setting(32, "largest decode batch replayed from a CUDA graph (larger ones run eagerly)")

@@ -1,6 +1,6 @@
 """`--dense-kernel` reaches the model: every decode-path projection (attention q/k/v and
 o, GDN in/out, routers, shared-expert gates, the LM head) goes through the dispatcher
-the engine built, and the default keeps the torch reference."""
+the engine built, and the default (auto) keeps the torch reference on a CPU."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def projection_weights(model) -> set[int]:  # noqa: ANN001 - a CausalLM
 def test_every_projection_goes_through_the_dispatcher(make_ckpt, monkeypatch, model_type: str) -> None:  # noqa: ANN001
     path = str(make_ckpt(model_type))
     with LLM(path, dtype="float32") as plain:
-        assert plain.engine.runtime.model.linear is dense.dense_gemv_ref  # the default: torch
+        assert plain.engine.runtime.model.linear is dense.dense_gemv_ref  # the default (auto) on a CPU: torch
         want = plain.generate([[5, 6, 7, 8]], GREEDY)[0].token_ids
     seen: set[int] = set()
     reference = dense.dense_gemv_ref

@@ -9,8 +9,8 @@ import random
 import torch
 
 from edgemoe.engine.request import Request
-from edgemoe.engine.sampler import SamplingBatch, SamplingState
-from edgemoe.engine.sampling import SamplingRows
+from edgemoe.engine.sampler import SamplingBatch, SamplingState, sample
+from edgemoe.engine.sampling import SamplingRows, greedy_tokens
 from edgemoe.messages import SamplingParams
 
 V = 50
@@ -98,3 +98,43 @@ def test_an_unseeded_request_keeps_its_drawn_seed_across_readmission() -> None:
     req.row = 1  # preempted and re-admitted into another row
     rows.assign(req, EOS)
     assert req.seed == seed and int(rows.seeds[1]) == seed
+
+
+def test_plain_greedy_steps_take_the_argmax_sample_would() -> None:
+    """`plain_greedy` holds exactly when the reference batch has nothing but greedy rows
+    without penalties, bans or logprobs; then `greedy_tokens` is `sample`'s answer (ties,
+    rows of -inf and NaN included)."""
+    rng = random.Random(3)
+    rows = SamplingRows(num_rows=4, vocab_size=V, device=torch.device("cpu"), seed=2)
+    g = torch.Generator().manual_seed(4)
+    plain_seen = mixed_seen = 0
+    for step in range(80):
+        params = random_params(rng)
+        if rng.random() < 0.6:  # plain greedy more often than random_params would make it
+            params = SamplingParams(temperature=0.0, min_tokens=rng.choice([0, 3]), max_tokens=100,
+                                    stop_token_ids=rng.choice([[], [11], [V + 5]]), ignore_eos=rng.random() < 0.5)
+        req = Request(f"r{step}", [1, 2], params)
+        req.output_ids = [5] * rng.randrange(0, 5)
+        req.row = step % 4
+        rows.assign(req, EOS)
+        state = reference_state(req)
+        want_plain = (state.params.temperature < 1e-5 and not [t for t in state.banned_ids() if 0 <= t < V]
+                      and params.logprobs is None and params.repetition_penalty == 1.0
+                      and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0)
+        got_plain = rows.plain_greedy((req.row,), (len(req.output_ids),))
+        assert got_plain == want_plain, params
+        if got_plain:
+            logits = torch.randn(1, V, generator=g)
+            pick = rng.randrange(4)
+            if pick == 0:
+                logits[0, 7] = logits[0, 9] = logits.max() + 1  # a tie: the lower id
+            elif pick == 1:
+                logits.fill_(float("-inf"))
+            elif pick == 2:
+                logits[0, 13] = float("nan")
+            batch = SamplingBatch.build([state], V, "cpu")
+            assert torch.equal(greedy_tokens(logits).token_ids, sample(logits, batch).token_ids)
+            plain_seen += 1
+        else:
+            mixed_seen += 1
+    assert plain_seen > 10 and mixed_seen > 10  # both branches exercised

@@ -122,3 +122,20 @@ def test_dispatch() -> None:
     x, w = inputs(40, torch.float32, seed=3)
     assert torch.equal(dense_gemv(x, w), F.linear(x, w))
     assert torch.equal(dense_gemv(x[:2], w), F.linear(x[:2], w))
+
+
+def test_auto_takes_the_gemv_for_one_token_only(monkeypatch) -> None:  # noqa: ANN001
+    """auto on a GPU: one token goes to the Triton GEMV, two and more to cuBLAS."""
+    from edgemoe.kernels import dense_gemv as dense
+
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(dense, "triton_importable", lambda: True)
+    assert dense.resolve_dense_kernel("auto", gpu) == "auto"
+    assert dense.make_dense_linear("auto", gpu) is dense.dense_gemv_single
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(dense, "dense_gemv", lambda x, w: calls.append(("gemv", x.shape[0])) or F.linear(x, w))
+    monkeypatch.setattr(dense, "dense_gemv_ref", lambda x, w: calls.append(("ref", x.shape[0])) or F.linear(x, w))
+    x, w = inputs(3, torch.float32, seed=4)
+    for m in (1, 2, 3):
+        assert torch.equal(dense.dense_gemv_single(x[:m], w), F.linear(x[:m], w))
+    assert calls == [("gemv", 1), ("ref", 2), ("ref", 3)]

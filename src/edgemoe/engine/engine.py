@@ -27,7 +27,7 @@ from edgemoe.engine.build import Runtime, build_runtime, release_device_memory
 from edgemoe.engine.overlap import OverlapLoop
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
-from edgemoe.engine.sampling import SampledTokens, SamplingRows, sample_step
+from edgemoe.engine.sampling import SampledTokens, SamplingRows, greedy_tokens, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
 from edgemoe.engine.state_snapshots import StateSnapshots, opener_token_ids
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
@@ -140,8 +140,11 @@ class Engine:
             with self.profiler.region("sampling"):
                 rows = tuple(s.request.row for s in sampling)  # type: ignore[misc]
                 generated = tuple(s.request.num_generated for s in sampling)  # pending ones too: min_tokens
-                sb = self.sampling.batch(rows, batch.sample_rows, generated)
-                out = sample_step(self.sampling, logits, sb, batch.sample_rows)
+                if self.sampling.plain_greedy(rows, generated):
+                    out = greedy_tokens(logits)  # one kernel, no per-row gathers
+                else:
+                    sb = self.sampling.batch(rows, batch.sample_rows, generated)
+                    out = sample_step(self.sampling, logits, sb, batch.sample_rows)
                 self.runner.buffers.keep_sampled(batch.sample_rows, out.token_ids)  # overlap: next step's input
                 result = HostResult.start(out)
         except torch.OutOfMemoryError:

@@ -129,6 +129,23 @@ class SamplingRows:
 
     # -- one step -------------------------------------------------------------------------
 
+    def plain_greedy(self, rows: tuple[int, ...], generated: tuple[int, ...]) -> bool:
+        """Whether every row takes its raw argmax this step: greedy, no penalty, no logprobs,
+        and no min_tokens ban in force. Such a step needs no SamplingBatch (`greedy_tokens`).
+        NOTE: its rows' draw counters are not advanced: only a sampled (non-greedy) row reads
+        its counter, a request's parameters never change, and `assign` rewrites the counter
+        from the request's output whenever it is (re)admitted."""
+        for r, n in zip(rows, generated, strict=True):
+            info = self.info[r]
+            p = info.params
+            if not info.greedy or p.logprobs is not None or p.repetition_penalty != 1.0:
+                return False
+            if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+                return False
+            if n < p.min_tokens and any(0 <= t < self.V for t in info.banned_ids):
+                return False
+        return True
+
     def batch(self, rows: tuple[int, ...], rows_dev: torch.Tensor, generated: tuple[int, ...]) -> SamplingBatch:
         """The SamplingBatch for these rows (`rows_dev`: the same on the device);
         `generated[i]`: tokens row i's request generated so far (min_tokens bans)."""
@@ -183,6 +200,14 @@ class SamplingRows:
             self.seen.view(-1).index_fill_(0, flat, True)
         if batch.output_counts is not None and self.counts is not None:
             self.counts.view(-1).index_add_(0, flat, torch.ones(flat.shape, device=self.device))
+
+
+def greedy_tokens(logits: torch.Tensor) -> SampleOutput:
+    """A `plain_greedy` step: each row's argmax, one kernel. NOTE: exactly what `sample`
+    returns for such a batch (no penalty or ban changes the logits, so its argmax, its
+    dead-row fallback and the raw argmax are the same index; the argmax of bf16 logits is
+    that of their exact fp32 values)."""
+    return SampleOutput(logits.argmax(-1), None, None)
 
 
 def sample_step(rows: SamplingRows, logits: torch.Tensor, batch: SamplingBatch, rows_dev: torch.Tensor) -> SampleOutput:

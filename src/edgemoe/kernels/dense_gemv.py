@@ -3,17 +3,23 @@ routers, shared-expert gates, hyper-connections, the LM head): the torch referen
 (`F.linear`, cuBLAS on a GPU) or the Triton weight-streaming GEMV of
 `triton_ops/dense_gemv.py` (tiles: `dense_gemv_tiles.py`, `EDGEMOE_DENSE_GEMV_TILES`).
 
-`--dense-kernel` picks the implementation (`DenseLinear`, built once by the engine and
-handed to the model's layers): torch (the default until the Triton kernel is measured on
-the GPU), triton, or auto (triton on a GPU with Triton). The Triton path runs only where
-it is meant to: bf16/fp16 CUDA tensors (`backend.use_triton`) with at most
-`MAX_TOKENS` rows; prefill-sized batches always take cuBLAS, whose large-M GEMMs it
-does not try to beat. NOTE: one kernel serves every M up to MAX_TOKENS (switching kernels
-by M would change a row's bits between batch sizes).
+`--dense-kernel` picks the implementation (`make_dense_linear`, built once by the engine
+and handed to the model's layers):
+- torch: cuBLAS for every M;
+- triton: the Triton GEMV for every M up to `MAX_TOKENS` (one kernel for all of them, so
+  a row's bits do not depend on the batch size);
+- auto (the default): the Triton GEMV for a single token, cuBLAS from two. Measured on an
+  H200 (docs/benchmarks.md): the GEMV beats cuBLAS at one token (o_proj 1.36x: cuBLAS
+  splits K and adds a reduce; and it chains with the neighbouring Triton kernels through
+  programmatic dependent launch, which cuBLAS's kernels do not), batch-1 decode +4.8%
+  at 1K and +5.5% at 32K; from two tokens it loses (0.1-0.85x).
+The Triton path runs only where it is meant to: bf16/fp16 CUDA tensors
+(`backend.use_triton`); prefill-sized batches always take cuBLAS, whose large-M GEMMs it
+does not try to beat.
 
-NOTE: the Triton path is batch-invariant (a row's output does not depend on M or on the
-other rows); the torch path is whatever cuBLAS picks for the shape, which may differ
-between M = 1 and M = 7.
+NOTE: the triton setting is batch-invariant (a row's output does not depend on M or on
+the other rows); torch and auto are whatever cuBLAS picks for the shape, which may differ
+between M = 1 and M = 7 (auto: M = 1 takes the GEMV, M = 2 cuBLAS).
 """
 
 from __future__ import annotations
@@ -46,15 +52,25 @@ def dense_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return dense_gemv_ref(x, w)
 
 
+def dense_gemv_single(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`--dense-kernel auto`: the Triton GEMV for one token (where it beats cuBLAS), the
+    reference for more. Same signature as `dense_gemv_ref`."""
+    if x.dim() == 2 and x.shape[0] == 1:
+        return dense_gemv(x, w)
+    return dense_gemv_ref(x, w)
+
+
 def resolve_dense_kernel(setting: str, device: torch.device) -> str:
-    """torch or triton for `--dense-kernel`; auto = triton on a GPU with Triton."""
+    """torch, triton or auto for `--dense-kernel`: auto stays auto on a GPU with Triton
+    (the GEMV for one token) and is torch elsewhere."""
     if setting not in DENSE_KERNELS:
         raise ValueError(f"--dense-kernel {setting!r}: choose one of {', '.join(DENSE_KERNELS)}")
-    if setting == "auto":
-        return "triton" if device.type == "cuda" and triton_importable() else "torch"
+    if setting == "auto" and not (device.type == "cuda" and triton_importable()):
+        return "torch"
     return setting
 
 
 def make_dense_linear(setting: str, device: torch.device) -> Linear:
     """The projection function the model's layers call for `--dense-kernel setting`."""
-    return dense_gemv if resolve_dense_kernel(setting, device) == "triton" else dense_gemv_ref
+    return {"torch": dense_gemv_ref, "triton": dense_gemv, "auto": dense_gemv_single}[
+        resolve_dense_kernel(setting, device)]
