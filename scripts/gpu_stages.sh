@@ -8,7 +8,7 @@
 #                every thread's stack dumped if one runs past 120 s (faulthandler)
 #   hotpath      resident decode, random:qwen3-30b-a3b bf16: 1K/8K prompts x batch 1/8/32, profiled
 #   hotpath32k   resident decode at a 32K prompt, batch 1
-#   engine-ab    resident decode at 1K and 32K, batch 1, once per setting in $AB (settings split by
+#   engine-ab    resident decode at 1K and 32K, batch 1 ($AB_PROMPTS, $AB_BATCHES replace them), once per setting in $AB (settings split by
 #                ";", each "[VAR=value ...] [--flag value ...]": environment, then bench decode flags;
 #                e.g. decode attention tile sets: AB="EDGEMOE_ATTN_DECODE_TILES=64,64,4,2,8,1;EDGEMOE_ATTN_DECODE_TILES=...")
 #   dsweep       scripts/gpu_dense_gemv_sweep.py $DSWEEP (the decode-path dense projections vs cuBLAS)
@@ -51,7 +51,7 @@ run_stage() {
                  done
                  echo "== ${setting:-defaults}"
                  env "${vars[@]}" python3 -m edgemoe.cli bench decode --model "$model" --profile --profile-steps 8 \
-                   --moe-backend resident --prompt-tokens 1024 32768 --batch-sizes 1 --decode-tokens 32 \
+                   --moe-backend resident --prompt-tokens ${AB_PROMPTS:-1024 32768} --batch-sizes ${AB_BATCHES:-1} --decode-tokens 32 \
                    --max-prefill-tokens 8192 "${flags[@]}" --out "$res/engine-ab"
                done ;;
     dsweep) OUT="$res/dsweep" python3 scripts/gpu_dense_gemv_sweep.py ${DSWEEP:-} ;;
