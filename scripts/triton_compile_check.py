@@ -114,7 +114,8 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
     yield from slot_plan_cases()
     yield Case("row gather", row_gather._gather_rows, dict(BLOCK_D=256, ROWS=row_gather.ROWS), 4,
                ptrs={"ids_ptr": "i64"})
-    yield Case("row gather into", row_gather._gather_rows_into, dict(BLOCK_D=row_gather.BLOCK_INTO), 4,
+    yield Case("row gather into", row_gather._gather_rows_into,
+               dict(BLOCK_D=row_gather.BLOCK_INTO, CHUNK=row_gather.CHUNK_INTO), 4,
                ptrs={"ids_ptr": "i32", "dst_ptr": "i32"})
 
 

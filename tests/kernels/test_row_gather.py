@@ -64,3 +64,26 @@ def test_triton_gather_into_copies_the_valid_rows(dtype: torch.dtype, D: int) ->
     want = scatter_expected(table, ids, out, dst)
     gather_rows_into_triton(table, ids, out, dst)
     assert torch.equal(out, want)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("programs", [1, 4])
+def test_triton_gather_into_shares_a_long_sparse_list(programs: int) -> None:
+    """The persistent grid: -1 anywhere in the list, more entries than a chunk (128), rows
+    of several column blocks, any number of programs (the round-robin crosses chunks)."""
+    from edgemoe.kernels.triton_ops.row_gather import BLOCK_INTO, CHUNK_INTO, gather_rows_into_triton
+
+    g = torch.Generator().manual_seed(programs)
+    N, D = CHUNK_INTO + 70, 2 * BLOCK_INTO + 3
+    table = torch.randint(0, 1000, (N, D), generator=g, dtype=torch.int32)
+    out = torch.randint(0, 1000, (N, D), generator=g, dtype=torch.int32)
+    ids = torch.randperm(N, generator=g).to(torch.int32)
+    dst = torch.randperm(N, generator=g).to(torch.int32)
+    drop = torch.rand(N, generator=g) < 0.9  # a sparse list, a few valid entries in each chunk
+    ids[drop], dst[drop] = -1, -1
+    want = scatter_expected(table, ids, out, dst)
+    gather_rows_into_triton(table, ids, out, dst, programs=programs)
+    assert torch.equal(out, want)
+    empty = out.clone()
+    gather_rows_into_triton(table, torch.full_like(ids, -1), out, dst, programs=programs)
+    assert torch.equal(out, empty)  # nothing valid: nothing written

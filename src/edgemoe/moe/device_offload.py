@@ -73,6 +73,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.expert_nbytes = store.expert_nbytes
         self.num_decode = 0  # of the layer being computed
         self._live: torch.Tensor | None = None
+        self._dead: torch.Tensor | None = None  # ~_live, once a step rather than once a layer
         self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
         self.stats.drains.append(self._drain)
@@ -89,6 +90,7 @@ class DeviceOffloadExecutor(CellsExecutor):
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         self._live = live
+        self._dead = None if live is None else ~live
 
     def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
         """The layer's contribution cells [T, K, H]: every live pair computed, padding rows zeros."""
@@ -112,8 +114,8 @@ class DeviceOffloadExecutor(CellsExecutor):
     def _live_ids(self, topk_ids: torch.Tensor, num_padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(routing with padding rows' ids -1, the padding rows [T] bool or None)."""
         T = topk_ids.shape[0]
-        if self._live is not None and self._live.shape[0] == T:
-            dead = ~self._live
+        if self._dead is not None and self._dead.shape[0] == T:
+            dead = self._dead
         elif num_padding:
             dead = torch.arange(T, device=topk_ids.device) >= T - num_padding
         else:

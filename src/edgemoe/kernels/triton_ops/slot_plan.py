@@ -117,8 +117,12 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
     num_hits, num_misses = tl.sum(hit.to(tl.int32), axis=0), tl.sum(miss.to(tl.int32), axis=0)
     clock = tl.load(clock_ptr)
     counts = tl.load(counts_ptr + layer * 2 + tl.arange(0, 2))
-    num_taken = _choose_slots(pinned_ptr, owners_ptr, recency_ptr, wave_end_ptr, hits_ptr, misses_ptr, layer,
-                              num_misses, M, E, S, BLOCK_S, HAS_PINNED, SCAN)
+    # A wave without misses (most layers of a warm decode step) chooses no slot: skip the
+    # pool scan (two [S] loads, a gather and three block reductions) — it would take none.
+    num_taken = num_misses * 0
+    if num_misses > 0:
+        num_taken = _choose_slots(pinned_ptr, owners_ptr, recency_ptr, wave_end_ptr, hits_ptr, misses_ptr, layer,
+                                  num_misses, M, E, S, BLOCK_S, HAS_PINNED, SCAN)
     take = miss & (miss_rank < num_taken)
     tl.store(misses_ptr + miss_rank, e, mask=take)  # row 0: the misses given a slot, in routed order
     tl.debug_barrier()
