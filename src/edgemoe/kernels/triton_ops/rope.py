@@ -106,7 +106,7 @@ def _norm_rotate(x, xp, c, s, w, wp, d, eps, D, HALF: tl.constexpr, NORM: tl.con
         r = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # [H_PAD]
         x = _head_norm(x, r, w, DTYPE, INTERP)
         xp = _head_norm(xp, r, wp, DTYPE, INTERP)  # the partner dim of the same head
-    xp = tl.where((d < HALF)[None, :], -xp, xp)
+    xp = tl.where((d < HALF)[None, :], xp * -1.0, xp)  # not -xp: Triton negates as 0 - x, +0 for +0 (torch: -0)
     c = round_trip(c, DTYPE, INTERP)
     s = round_trip(s, DTYPE, INTERP)
     y = round_trip(x * c, DTYPE, INTERP) + round_trip(xp * s, DTYPE, INTERP)
