@@ -115,16 +115,18 @@ def rope_cases(act: tl.dtype) -> Iterator[Case]:
     group padded (GLM-4.5's 96 / 8: 12 -> 16) and one q head a kv head (OLMoE's 16 / 16)."""
     ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32", "ks_ptr": "fp32",
             "vs_ptr": "fp32"}
+    kernel, warps = rope._rope_write_kv, rope.NUM_WARPS
     plain = dict(DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False)
-    yield Case("rope + kv write", rope._rope_write_kv, dict(HKV=2, HKV_PAD=2, QG=8, QG_PAD=8, HALF=32, NORM=False, D_PAD=256,
-               **plain), rope.NUM_WARPS, ptrs=ptrs)
+    yield Case("rope + kv write", kernel, dict(HKV=2, HKV_PAD=2, QG=8, QG_PAD=8, HALF=32, NORM=False, D_PAD=256,
+               **plain), warps, ptrs=ptrs)
     for name, hkv, qg, qg_pad in (("", 4, 8, 8), (" 12 q a kv head", 8, 12, 16), (" 1 q a kv head", 16, 1, 1)):
-        yield Case(f"q/k head norms + rope + kv write{name}", rope._rope_write_kv, dict(
-                   HKV=hkv, HKV_PAD=hkv, QG=qg, QG_PAD=qg_pad, HALF=64, NORM=True, D_PAD=128, **plain), rope.NUM_WARPS, ptrs=ptrs)
+        yield Case(f"q/k head norms + rope + kv write{name}", kernel, dict(
+                   HKV=hkv, HKV_PAD=hkv, QG=qg, QG_PAD=qg_pad, HALF=64, NORM=True, D_PAD=128, **plain), warps,
+                   ptrs=ptrs)
     for hw in (False, True):  # fp8 bytes by integer arithmetic (sm_80/86), or the e4m3 type (sm_89+)
-        yield Case(f"head norms + rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(
-                   HKV=4, HKV_PAD=4, QG=8, QG_PAD=8, HALF=32, NORM=True, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False,
-                   FP8KV=True, FP8HW=hw), rope.NUM_WARPS,
+        fp8 = dict(DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw)
+        yield Case(f"head norms + rope + fp8 kv write{' e4m3 type' if hw else ''}", kernel, dict(
+                   HKV=4, HKV_PAD=4, QG=8, QG_PAD=8, HALF=32, NORM=True, D_PAD=256, **fp8), warps,
                    ptrs={**ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
 
 

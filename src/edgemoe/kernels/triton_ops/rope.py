@@ -10,13 +10,14 @@ is natural: a kv head and its group share the token's cos/sin, and the per-head 
 statistics stay a row sum of the tile the program loads anyway. Finer splits (a q head a
 program) would repeat pos/cos/sin/weight loads per head for little more overlap. The grid
 depends on the head counts only, never on T (batch invariance; one CUDA graph holds any
-batch); T = 8192 prefill gets HKV × T programs of a quarter the work each, the same HBM bytes.
+batch); T = 8192 prefill gets HKV × T programs of 1/HKV the work each, the same HBM bytes.
 
 NOTE: inside a program every load is issued before anything is computed or stored: the
 q/k/v tiles, their rotate_half partners and the norm weights first (independent of
 everything), then cos/sin (they need pos), then the stores. The compiler cannot move a
 load above a store it cannot prove does not alias, so the code's order is the order the
-round trips are in flight.
+round trips are in flight (ptxas may still put a few shuffles of the norm's sums between
+the two halves of the loads; docs/kernels.md).
 
 fp8 caches (`FP8KV`): each kv head's rotated k (and v) is divided by its largest |x| / 448,
 rounded to e4m3, and the scale stored beside it, as `edgemoe.quant.kv.quantise_kv` does."""
@@ -212,7 +213,8 @@ def rope_write_kv_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), q_out.stride(0), q_out.stride(1),
         stride_ss, Hq, D,
-        HKV=Hkv, HKV_PAD=triton.next_power_of_2(Hkv), QG=qg, QG_PAD=triton.next_power_of_2(qg), HALF=half, NORM=norm, D_PAD=triton.next_power_of_2(D),
+        HKV=Hkv, HKV_PAD=triton.next_power_of_2(Hkv), QG=qg, QG_PAD=triton.next_power_of_2(qg), HALF=half, NORM=norm,
+        D_PAD=triton.next_power_of_2(D),
         DTYPE=tl_dtype(q.dtype), CACHE_DTYPE=tl.uint8 if fp8 else tl_dtype(k_cache.dtype), INTERP=interpreting(q),
         FP8KV=fp8, FP8HW=fp8_hardware(q), USE_PDL=pdl, launch_pdl=pdl, num_warps=NUM_WARPS,
     )
