@@ -99,16 +99,7 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
                WIDE_CHUNK=t.wide_chunk),
                attn_decode_tiles.merge_warps(t, 128), ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
-    rope_ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": f32, "sin_ptr": f32, "ks_ptr": f32, "vs_ptr": f32}
-    yield Case("rope + kv write", rope._rope_write_kv, dict(HALF=32, NORM=False, HQ_PAD=32, HKV_PAD=4, D_PAD=256,
-               DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False), 4, ptrs=rope_ptrs)
-    yield Case("q/k head norms + rope + kv write", rope._rope_write_kv, dict(HALF=64, NORM=True, HQ_PAD=32, HKV_PAD=4,
-               D_PAD=128, DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False), 4, ptrs=rope_ptrs)
-    for hw in (False, True):  # fp8 bytes by integer arithmetic (sm_80/86), or the e4m3 type (sm_89+)
-        yield Case(f"head norms + rope + fp8 kv write{' e4m3 type' if hw else ''}", rope._rope_write_kv, dict(
-                   HALF=32, NORM=True, HQ_PAD=32, HKV_PAD=4, D_PAD=256, DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False,
-                   FP8KV=True, FP8HW=hw), 4,
-                   ptrs={**rope_ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
+    yield from rope_cases(act)
     yield from dense_gemv_cases(act)
     yield from router_cases(act)
     yield from slot_plan_cases()
@@ -117,6 +108,27 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
     yield Case("row gather into", row_gather._gather_rows_into,
                dict(BLOCK_D=row_gather.BLOCK_INTO, CHUNK=row_gather.CHUNK_INTO), 4,
                ptrs={"ids_ptr": "i32", "dst_ptr": "i32"})
+
+
+def rope_cases(act: tl.dtype) -> Iterator[Case]:
+    """The rope + KV write, a program per (token, kv head): Qwen3-30B-A3B's group (8 q heads
+    and 1 kv head of 128, HKV = 4), a partial rotary of D = 256 (Qwen3-Next's 16 / 2), an odd
+    group padded (GLM-4.5's 96 / 8: 12 -> 16) and one q head a kv head (OLMoE's 16 / 16)."""
+    ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32", "ks_ptr": "fp32",
+            "vs_ptr": "fp32"}
+    kernel, warps = rope._rope_write_kv, rope.NUM_WARPS
+    plain = dict(DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False)
+    yield Case("rope + kv write", kernel, dict(HKV=2, HKV_PAD=2, QG=8, QG_PAD=8, HALF=32, NORM=False, D_PAD=256,
+               **plain), warps, ptrs=ptrs)
+    for name, hkv, qg, qg_pad in (("", 4, 8, 8), (" 12 q a kv head", 8, 12, 16), (" 1 q a kv head", 16, 1, 1)):
+        yield Case(f"q/k head norms + rope + kv write{name}", kernel, dict(
+                   HKV=hkv, HKV_PAD=hkv, QG=qg, QG_PAD=qg_pad, HALF=64, NORM=True, D_PAD=128, **plain), warps,
+                   ptrs=ptrs)
+    for hw in (False, True):  # fp8 bytes by integer arithmetic (sm_80/86), or the e4m3 type (sm_89+)
+        fp8 = dict(DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw)
+        yield Case(f"head norms + rope + fp8 kv write{' e4m3 type' if hw else ''}", kernel, dict(
+                   HKV=4, HKV_PAD=4, QG=8, QG_PAD=8, HALF=32, NORM=True, D_PAD=256, **fp8), warps,
+                   ptrs={**ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
 
 
 def dense_gemv_cases(act: tl.dtype) -> Iterator[Case]:

@@ -258,7 +258,11 @@ def test_norms(offset: float, shape: tuple[int, ...]) -> None:
     assert ((plain.float() - want_plain.float()).abs() <= 2 * 2**-7 * want_plain.float().abs()).all()
 
 
-@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(32, 4, 128, 128), (16, 2, 256, 64), (5, 1, 64, 64)])
+# (token, kv head) programs: Qwen3-30B-A3B's 8 q heads a kv head, Qwen3-Next's 8 of D = 256
+# with partial rotary, 5 under one kv head (padded to 8), 5 a kv head over 8 kv heads, one a
+# kv head (16 kv-head tiles, one row live), and 7 q heads over 3 programs (3, 3, 1)
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(32, 4, 128, 128), (16, 2, 256, 64), (5, 1, 64, 64),
+                                                          (40, 8, 128, 128), (16, 16, 64, 64), (7, 3, 128, 32)])
 def test_rope_write_kv_matches_reference(hq: int, hkv: int, d: int, rotary_dim: int) -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     T, P, slots = 4096, 40960, 8192
@@ -284,7 +288,8 @@ def test_rope_write_kv_matches_reference(hq: int, hkv: int, d: int, rotary_dim: 
 def test_rope_write_kv_fuses_head_norms(cache: str) -> None:
     """Qwen3-30B-A3B's heads (32 q / 4 kv x 128), 4096 tokens, the per-head q/k RMSNorms
     fused into the rope + KV write, against the model's norms (`rms_norm_ref`) then the
-    reference; the first tokens alone give the same rows bitwise (one program per token)."""
+    reference; the first tokens alone give the same rows bitwise (the grid depends on the heads
+    only: a token's programs do not see T)."""
     g = torch.Generator(device="cuda").manual_seed(1)
     T, P, slots, hq, hkv, d, eps = 4096, 40960, 8192, 32, 4, 128, 1e-6
     q, k, v = (torch.randn(T, h, d, generator=g, device="cuda").mul(3).add(0.5).to(BF16) for h in (hq, hkv, hkv))

@@ -64,19 +64,29 @@ def test_partial_ref_matches_transformers(dtype: torch.dtype) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(4, 2, 64, 64), (6, 2, 32, 8), (5, 1, 64, 16)])
+# the grid is (token, kv head), each program a kv head and ceil(HQ / HKV) q heads: 2 a
+# group, 3 (padded to 4), 5 under one kv head, 1 a kv head, and 7 over 3 programs (3, 3, 1)
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"),
+                         [(4, 2, 64, 64), (6, 2, 32, 8), (5, 1, 64, 16), (4, 4, 32, 32), (7, 3, 48, 8)])
 def test_triton_rope_write_kv_bitwise(dtype: torch.dtype, hq: int, hkv: int, d: int, rotary_dim: int) -> None:
     from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
 
     q, k, v, positions, out_loc = qkv(dtype, hq, hkv, d, seed=2)
+    q[3, hq - 1], k[5, 0] = 0, 0  # zero heads: torch's rotation gives -0 where cos < 0 (x * -1, not 0 - x)
     _, cos, sin = tables(rotary_dim, scaling=1.1)
     want_caches = [torch.full((SLOTS, hkv, d), 7.0, dtype=dtype) for _ in range(2)]  # 7: never written
     got_caches = [c.clone() for c in want_caches]
     want_q = rope_write_kv_ref(q, k, v, positions, cos, sin, *want_caches, out_loc)
     got_q = rope_write_kv_triton(q, k, v, positions, cos, sin, *got_caches, out_loc)
-    # Same roundings at the same points (each product, then the sum): bitwise equal.
-    assert torch.equal(got_q, want_q)
-    assert torch.equal(got_caches[0], want_caches[0]) and torch.equal(got_caches[1], want_caches[1])
+    # Same roundings at the same points (each product, then the sum): bitwise equal, the
+    # sign of zero included (torch.equal takes -0 == 0: compare the bits).
+    for got, want in ((got_q, want_q), *zip(got_caches, want_caches, strict=True)):
+        assert torch.equal(bits(got), bits(want))
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bit patterns (as integers of its width): equal exactly when x is bitwise equal."""
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()])
 
 
 def head_norm_weights(d: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,8 +107,9 @@ def assert_within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) ->
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # odd head counts, partial rotary, a head dim that is not a power of two (padded lanes
-# must not count in the mean of squares)
-@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(4, 2, 64, 64), (5, 1, 64, 16), (3, 3, 48, 8)])
+# must not count in the mean of squares), 7 q heads over 3 programs (3, 3, 1)
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"),
+                         [(4, 2, 64, 64), (5, 1, 64, 16), (3, 3, 48, 8), (7, 3, 32, 16)])
 def test_triton_head_norms_match_norm_then_rope(dtype: torch.dtype, hq: int, hkv: int, d: int, rotary_dim: int) -> None:
     from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
 
@@ -169,3 +180,54 @@ def test_head_norm_weights_come_together() -> None:
         rope_write_kv_ref(q, k, v, positions, cos, sin, *caches, out_loc, q_norm_w=torch.ones(16))
     with pytest.raises(ValueError, match=r"\[16\]"):
         rope_write_kv_ref(q, k, v, positions, cos, sin, *caches, out_loc, q_norm_w=torch.ones(8), k_norm_w=torch.ones(8))
+
+
+def fp8_caches(hkv: int, d: int) -> list[torch.Tensor]:
+    """e4m3 k/v caches and their scales, every entry set to a value no write produces here."""
+    return [torch.full((SLOTS, hkv, d), 7.0).to(KV_FP8), torch.full((SLOTS, hkv, d), 7.0).to(KV_FP8),
+            torch.full((SLOTS, hkv), 3.0), torch.full((SLOTS, hkv), 3.0)]
+
+
+@needs_triton
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"), [(4, 4, 32, 32), (6, 2, 32, 16), (7, 3, 48, 8)])
+def test_triton_fp8_cache_each_kv_head_by_its_program(hq: int, hkv: int, d: int, rotary_dim: int) -> None:
+    """An fp8 cache: each (token, kv head) program writes its head's e4m3 k and v and their
+    scales, bitwise as the reference quantises them (quantise_kv), and nothing else."""
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    q, k, v, positions, out_loc = qkv(torch.bfloat16, hq, hkv, d, seed=7)
+    k[4, hkv - 1] = 0  # a zero head: scale 1, and -0 codes where cos < 0
+    _, cos, sin = tables(rotary_dim)
+    got, want = fp8_caches(hkv, d), fp8_caches(hkv, d)
+    got_q = rope_write_kv_triton(q, k, v, positions, cos, sin, got[0], got[1], out_loc, got[2], got[3])
+    want_q = rope_write_kv_ref(q, k, v, positions, cos, sin, want[0], want[1], out_loc, want[2], want[3])
+    assert torch.equal(bits(got_q), bits(want_q))
+    for a, b in zip(got, want, strict=True):  # whole caches (unwritten rows kept), the sign of zero included
+        assert torch.equal(bits(a), bits(b))
+
+
+@needs_triton
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim", "fp8"), [(6, 2, 32, 16, True), (7, 3, 48, 8, False)])
+def test_triton_rows_do_not_depend_on_the_batch(hq: int, hkv: int, d: int, rotary_dim: int, fp8: bool) -> None:
+    """Batch invariance (the launch depends on the heads only): with head norms (the path
+    with a reduction), token 4 alone (T = 1) and tokens 2-4 (T = 3) give bitwise the rows
+    the whole batch (T = 9) gives them."""
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    q, k, v, positions, out_loc = qkv(torch.bfloat16, hq, hkv, d, seed=8)
+    qw, kw = head_norm_weights(d, torch.bfloat16, seed=9)
+    _, cos, sin = tables(rotary_dim, scaling=1.1)
+
+    def run(rows: slice) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        caches = fp8_caches(hkv, d) if fp8 else [torch.zeros(SLOTS, hkv, d, dtype=torch.bfloat16) for _ in range(2)]
+        scales = caches[2:] if fp8 else [None, None]
+        out = rope_write_kv_triton(q[rows], k[rows], v[rows], positions[rows], cos, sin, caches[0], caches[1],
+                                   out_loc[rows], *scales, qw, kw, EPS)
+        return out, caches
+
+    all_q, all_caches = run(slice(0, T))
+    for rows in (slice(4, 5), slice(2, 5)):
+        part_q, part_caches = run(rows)
+        assert torch.equal(bits(part_q), bits(all_q[rows]))
+        for a, b in zip(part_caches, all_caches, strict=True):
+            assert torch.equal(bits(a[out_loc[rows]]), bits(b[out_loc[rows]]))

@@ -91,7 +91,7 @@ def rope_write_kv(
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     q_norm_w: torch.Tensor | None = None, k_norm_w: torch.Tensor | None = None, norm_eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Same contract as `rope_write_kv_ref`; one program per token on CUDA."""
+    """Same contract as `rope_write_kv_ref`; on CUDA one program per (token, kv head)."""
     args = (q, k, v, positions, cos, sin, k_cache, v_cache, out_loc, k_scale, v_scale, q_norm_w, k_norm_w, norm_eps)
     # Norm weights in another dtype than q: torch's `weight * x` promotes; the reference does that.
     odd_weights = any(w is not None and w.dtype != q.dtype for w in (q_norm_w, k_norm_w))

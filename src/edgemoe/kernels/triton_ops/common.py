@@ -72,15 +72,19 @@ def to_e4m3(x, INTERP: tl.constexpr):
     """fp32 (|x| <= 448) → float8e4nv, round to nearest even (what the GPU's cvt does).
     The interpreter's cast neither rounds nor saturates: round the fp32 first, so its cast
     of an exactly representable value is exact (normals: 3 mantissa bits; below 2^-6,
-    multiples of 2^-9, rounded with the 1.5·2^23 trick)."""
+    multiples of 2^-9, rounded with the 1.5·2^23 trick). Its cast also drops the sign of
+    -0 (and of values rounded to 0): the sign bit is set on the byte, as cvt keeps it."""
     if INTERP:
         a = tl.minimum(tl.abs(x), 448.0)
         bits = a.to(tl.uint32, bitcast=True)
         normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
         sub = ((a * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)
         r = tl.where(a >= 0.015625, normal, sub)
-        x = tl.where(x < 0, -r, r)
-    return x.to(tl.float8e4nv)
+        sign = ((x.to(tl.uint32, bitcast=True) >> 31) << 7).to(tl.uint8)
+        y = (r.to(tl.float8e4nv).to(tl.uint8, bitcast=True) | sign).to(tl.float8e4nv, bitcast=True)
+    else:
+        y = x.to(tl.float8e4nv)
+    return y
 
 
 @triton.jit
