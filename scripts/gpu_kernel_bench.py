@@ -507,13 +507,14 @@ def bench_small_ops() -> None:
 def bench_router() -> None:
     """The router at Qwen3-30B-A3B's shape (E = 128 x H = 2048, top-8): cuBLAS then the top-k
     kernel (today's path), then the fused launch at its default tiles and a small sweep
-    (BLOCK_E experts per program, warps); one weight per call, rotated past L2 as a step's 48
-    layers are. NOTE: the sweep sets the kernel module's constants, restored afterwards."""
+    (BLOCK_E experts per program, warps; the top-k by ranks, and by the K rounds of search
+    it replaced: `-search`); one weight per call, rotated past L2 as a step's 48 layers are.
+    NOTE: the sweep sets the kernel module's constants, restored afterwards."""
     g = torch.Generator(device=DEV).manual_seed(4)
     n = copies_for(E * H * 2, cap=128)
     weights = [(torch.randn(E, H, generator=g, device=DEV) * H**-0.5).to(BF16) for _ in range(n)]
     ws = RouterWorkspace.allocate(E, torch.device(DEV))
-    default = (router_kernels.BLOCK_E, router_kernels.NUM_WARPS)
+    default = (router_kernels.BLOCK_E, router_kernels.NUM_WARPS, router_kernels.RANK_MAX_E_PAD)
     for tokens in DECODE_TOKENS:
         x = torch.randn(tokens, H, generator=g, device=DEV).to(BF16)
         nbytes = E * H * 2 + tokens * H * 2
@@ -521,12 +522,15 @@ def bench_router() -> None:
         record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused, rounds=4), nbytes, 0, "graph")
         fused = [lambda w=w, x=x: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
         record("router fused", f"T={tokens} default", graph_us(fused, rounds=4), nbytes, 0, "graph")
-        for block_e, warps in ((1, 4), (2, 2), (4, 4), (4, 8), (8, 8)):
-            router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
-            try:
-                record("router fused", f"T={tokens} e{block_e}w{warps}", graph_us(fused, rounds=4), nbytes, 0, "graph")
-            finally:
-                router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
+        for block_e, warps in ((2, 2), (2, 4), (2, 8), (4, 8), (8, 8)):
+            for ranks in (True, False):
+                router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
+                router_kernels.RANK_MAX_E_PAD = default[2] if ranks else 0
+                try:
+                    case = f"T={tokens} e{block_e}w{warps}{'' if ranks else '-search'}"
+                    record("router fused", case, graph_us(fused, rounds=4), nbytes, 0, "graph")
+                finally:
+                    router_kernels.BLOCK_E, router_kernels.NUM_WARPS, router_kernels.RANK_MAX_E_PAD = default
 
 
 SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router", "moe_q_sweep", "moe_sweep")

@@ -146,14 +146,19 @@ def bf16_gemv_cases(act: tl.dtype) -> Iterator[Case]:
 
 def router_cases(act: tl.dtype) -> Iterator[Case]:
     """Softmax/top-k alone, and fused with the router's projection (Qwen3-30B-A3B: E = 128,
-    K = 8, H = 2048: one BLOCK_H load per program)."""
+    K = 8, H = 2048: one BLOCK_H load per program); the top-k by ranks at 128 and 256
+    experts (unchunked, chunked), by search at 512 (Qwen3.8-Flash-Next)."""
     f32 = "fp32"
-    yield Case("route top-k", router._route_topk, dict(K=8, E_PAD=128, RENORM=True, DTYPE=act, INTERP=False), 2,
-               ptrs={"ids_ptr": "i32", "w_ptr": f32})
-    yield Case("router gemv + top-k", router._route_fused, dict(
-               K=8, E_PAD=128, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
-               BLOCK_H=router.MAX_BLOCK_H), router.NUM_WARPS,
-               ptrs={"logits_ptr": f32, "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": f32})
+    for e_pad in (128, 256, 512):
+        tag = "" if e_pad == 128 else f" E={e_pad}"
+        warps = router.TOPK_WARPS if e_pad <= router.RANK_MAX_E_PAD else 4
+        yield Case(f"route top-k{tag}", router._route_topk, dict(
+                   K=8, E_PAD=e_pad, RENORM=True, DTYPE=act, INTERP=False, RANK_CHUNK=router.rank_chunk(e_pad, warps)),
+                   warps, ptrs={"ids_ptr": "i32", "w_ptr": f32})
+        yield Case(f"router gemv + top-k{tag}", router._route_fused, dict(
+                   K=8, E_PAD=e_pad, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
+                   BLOCK_H=router.MAX_BLOCK_H, RANK_CHUNK=router.rank_chunk(e_pad, router.NUM_WARPS)), router.NUM_WARPS,
+                   ptrs={"logits_ptr": f32, "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": f32})
 
 
 def slot_plan_cases() -> Iterator[Case]:

@@ -9,7 +9,9 @@
   the token from the workspace and resets the counter.
 
 Both share `_softmax_topk` (Triton inlines it), so equal logits give equal ids and
-weights on either path.
+weights on either path. Its top-k is by ranks (`_topk_by_rank`: every expert's rank from
+all pairwise comparisons at once) up to 256 experts, by K rounds of search beyond; the two
+give the same ids and weights, bit for bit (tests/kernels/test_router_rank.py).
 
 NOTE (no waiting): a program never waits for another; the last to arrive does the extra
 work, whichever it is, so the grid completes in any schedule and any residency.
@@ -35,32 +37,97 @@ from edgemoe.kernels.triton_ops.common import (
 
 # NOTE: a function of (E, H) at most, never of T. Swept on an H200 (2026-12-01,
 # scripts/gpu_kernel_bench.py, E = 128, H = 2048, CUDA graphs): BLOCK_E 1/2/4/8 x 2/4/8
-# warps; 2 experts and 2 warps was the fastest at T = 1, 8 and 32 (5.3, 5.7, 8.8 µs; the
-# former 4 warps 5.9, 6.2, 9.6). 64 programs per token, each one 8 KiB load of weight (no
-# H loop, so one memory round trip).
+# warps, the top-k then K rounds of search; 2 experts and 2 warps was the fastest at
+# T = 1, 8 and 32 (5.3, 5.7, 8.8 µs; the former 4 warps 5.9, 6.2, 9.6). 64 programs per
+# token, each one 8 KiB load of weight (no H loop, so one memory round trip).
 BLOCK_E = 2  # experts per program
 MAX_BLOCK_H = 2048  # hidden elements per load
-NUM_WARPS = 2  # also the last program's: its top-k reductions cross 2 warps
+# 8 warps since the top-k is by ranks: its E_PAD^2 comparisons spread over 256 threads
+# (64 each at E = 128), where the search's 16 dependent reductions took no help from more
+# warps. Not yet swept on the GPU (scripts/gpu_kernel_bench.py --only router).
+NUM_WARPS = 8
+# Top-k by ranks up to RANK_MAX_E_PAD experts and RANK_MAX_PAIRS comparisons per thread;
+# beyond (Qwen3.8-Flash-Next's 512 experts) K rounds of search. The comparisons run in
+# chunks of at most RANK_CHUNK_PAIRS per thread (bounded registers: a chunk's keys are
+# broadcast to every thread).
+RANK_MAX_E_PAD = 256
+RANK_MAX_PAIRS = 256
+RANK_CHUNK_PAIRS = 64
+TOPK_WARPS = 8  # `_route_topk`'s warps where it ranks (4 for the search, as before)
+_LOWEST = tl.constexpr(-(2**62))  # below every int64 rank key (the padding's is about -2^38)
+
+
+def rank_chunk(e_pad: int, warps: int) -> int:
+    """The kernels' RANK_CHUNK for E_PAD experts on `warps` warps: 0 = the search; else how
+    many experts' keys each chunk of the rank comparisons takes (a power of two)."""
+    threads = 32 * warps
+    if e_pad > RANK_MAX_E_PAD or e_pad * e_pad > RANK_MAX_PAIRS * threads:
+        return 0
+    chunk = e_pad
+    while chunk > 1 and chunk * e_pad > RANK_CHUNK_PAIRS * threads:
+        chunk //= 2
+    return chunk
 
 
 @triton.jit
-def _softmax_topk(x, e, E, K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr):
+def _softmax_topk(x, e, E, K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, CHUNK: tl.constexpr):
     """(ids [K] int32, weights [K] fp32) of one token from its fp32 logits x [E_PAD]
-    (-inf beyond E): softmax in fp32, the K largest in order, ties to the lower id."""
+    (-inf beyond E): softmax in fp32, the K largest in order, ties to the lower id.
+    CHUNK > 0: by ranks, CHUNK experts' keys at a time (`_topk_by_rank`); 0: K rounds of
+    search (`_topk_by_search`). Both give the same ids and weights, bit for bit."""
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)  # softmax in fp32, as torch.softmax(dtype=float32)
+    q = tl.where(e < E, p, -1.0)  # padding below every probability
+    if CHUNK > 0:
+        top_i, top_w = _topk_by_rank(q, e, K, E_PAD, CHUNK)
+    else:
+        top_i, top_w = _topk_by_search(q, e, K, E_PAD)
+    if RENORM:
+        top_w = top_w / tl.sum(top_w, axis=0)
+    return top_i, top_w
+
+
+@triton.jit
+def _topk_by_search(q, e, K: tl.constexpr, E_PAD: tl.constexpr):
+    """The K largest of q [E_PAD] one at a time: K rounds of two dependent reductions
+    across the program's warps (the max, then the lowest id holding it)."""
     k = tl.arange(0, K)
     top_w = tl.zeros([K], tl.float32)
     top_i = tl.zeros([K], tl.int32)
-    remaining = tl.where(e < E, p, -1.0)
+    remaining = q
     for j in tl.static_range(K):  # the j-th largest; ties go to the lower expert id
         best = tl.max(remaining, axis=0)
         idx = tl.min(tl.where(remaining == best, e, E_PAD), axis=0)
         top_w = tl.where(k == j, best, top_w)
         top_i = tl.where(k == j, idx, top_i)
         remaining = tl.where(e == idx, -1.0, remaining)
-    if RENORM:
-        top_w = top_w / tl.sum(top_w, axis=0)
+    return top_i, top_w
+
+
+@triton.jit
+def _topk_by_rank(q, e, K: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """The K largest of q [E_PAD] at once, by rank. key_i = (q_i's bits, E_PAD-1-i) as one
+    int64 (q >= 0, or the padding's -1: for these the bits' order is the values' order),
+    so rank_i = #{j: key_j > key_i} = #{j: q_j > q_i} + #{j < i: q_j == q_i}: the search's
+    order, ties to the lower id, a permutation of 0..E_PAD-1. The k-th largest is the key
+    of rank k: one reduction gives its id and its weight (q's bits). No reduction waits on
+    another's result (the search: 2K in a chain)."""
+    key = q.to(tl.int32, bitcast=True).to(tl.int64) * E_PAD + (E_PAD - 1 - e)  # [E_PAD]
+    key2 = tl.reshape(key, [E_PAD // CHUNK, CHUNK])
+    c2 = tl.arange(0, E_PAD // CHUNK)[:, None]
+    rank = tl.zeros([E_PAD], tl.int32)
+    for c in tl.static_range(E_PAD // CHUNK):
+        # The chunk's keys (j = c·CHUNK + 0..CHUNK-1), exactly: a max over one key and
+        # _LOWEST. NOTE: a reduction's result, so the compiler moves the keys to the
+        # comparisons' layout through shared memory instead of recomputing the softmax
+        # there (CHUNK exp and div per thread).
+        kc = tl.max(tl.where(c2 == c, key2, _LOWEST), axis=0)  # [CHUNK]
+        rank += tl.sum((kc[:, None] > key[None, :]).to(tl.int32), axis=0)  # [CHUNK, E_PAD] -> [E_PAD]
+    sel = rank[None, :] == tl.arange(0, K)[:, None]  # [K, E_PAD]: one entry a row
+    top = tl.max(tl.where(sel, key[None, :], _LOWEST), axis=1)  # [K], exact
+    low = top % E_PAD  # the keys of real experts are >= 0 (K <= E)
+    top_i = (E_PAD - 1 - low).to(tl.int32)
+    top_w = ((top - low) // E_PAD).to(tl.int32).to(tl.float32, bitcast=True)
     return top_i, top_w
 
 
@@ -68,13 +135,13 @@ def _softmax_topk(x, e, E, K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.cons
 def _route_topk(
     logits_ptr, ids_ptr, w_ptr, E, stride_lt, stride_it, stride_wt,
     K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    RANK_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
     pdl_start(USE_PDL)
     x = tl.load(logits_ptr + t * stride_lt + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM)
+    top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM, RANK_CHUNK)
     k = tl.arange(0, K)
     tl.store(ids_ptr + t * stride_it + k, top_i)
     tl.store(w_ptr + t * stride_wt + k, round_to(top_w, DTYPE, INTERP).to(tl.float32))
@@ -84,18 +151,20 @@ def route_topk_triton(
     logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     T, E = logits.shape
-    if top_k & (top_k - 1):
-        raise ValueError(f"top_k {top_k}: the fused router needs a power of two")
+    if top_k & (top_k - 1) or top_k > E:
+        raise ValueError(f"top_k {top_k} of {E} experts: the kernel needs a power of two, at most E")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     if T == 0:
         return ids, weights
     logits = logits.contiguous()
     pdl = pdl_enabled(logits.device)
+    e_pad = triton.next_power_of_2(E)
+    warps = TOPK_WARPS if e_pad <= RANK_MAX_E_PAD else 4
     _route_topk[(T,)](
         logits, ids, weights, E, logits.stride(0), ids.stride(0), weights.stride(0),
-        K=top_k, E_PAD=triton.next_power_of_2(E), RENORM=renormalize, DTYPE=tl_dtype(dtype),
-        INTERP=interpreting(logits), USE_PDL=pdl, launch_pdl=pdl, num_warps=4 if E > 256 else 2,
+        K=top_k, E_PAD=e_pad, RENORM=renormalize, DTYPE=tl_dtype(dtype),
+        INTERP=interpreting(logits), RANK_CHUNK=rank_chunk(e_pad, warps), USE_PDL=pdl, launch_pdl=pdl, num_warps=warps,
     )
     return ids, weights
 
@@ -105,7 +174,7 @@ def _route_fused(
     x_ptr, w_ptr, logits_ptr, arrivals_ptr, ids_ptr, wout_ptr, E, H, stride_xt, stride_we, stride_lt,
     K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, LOGIT_DTYPE: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    RANK_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_e, t = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -131,7 +200,7 @@ def _route_fused(
         e = tl.arange(0, E_PAD)
         # .cg: from L2, where the other programs' stores are (never a stale L1 line).
         x = tl.load(logits_ptr + t * stride_lt + e, mask=e < E, other=float("-inf"), cache_modifier=".cg")
-        top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM)
+        top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM, RANK_CHUNK)
         k = tl.arange(0, K)
         tl.store(ids_ptr + t * K + k, top_i)
         tl.store(wout_ptr + t * K + k, round_to(top_w, DTYPE, INTERP).to(tl.float32))
@@ -147,8 +216,8 @@ def route_logits_topk_triton(
     workspace; after the call `logits[:T]` holds the token's logits (x's dtype's values)."""
     T, H = x.shape
     E = w.shape[0]
-    if top_k & (top_k - 1):
-        raise ValueError(f"top_k {top_k}: the fused router needs a power of two")
+    if top_k & (top_k - 1) or top_k > E:
+        raise ValueError(f"top_k {top_k} of {E} experts: the kernel needs a power of two, at most E")
     if T > min(arrivals.shape[0], logits.shape[0]) or logits.shape[1] != E or logits.stride(1) != 1:
         raise ValueError(f"workspace {tuple(logits.shape)} does not fit {T} tokens x {E} experts")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
@@ -161,10 +230,12 @@ def route_logits_topk_triton(
         w = w.contiguous()
     block_h = min(triton.next_power_of_2(H), MAX_BLOCK_H)
     pdl = pdl_enabled(x.device)
+    e_pad = triton.next_power_of_2(E)
     _route_fused[(triton.cdiv(E, BLOCK_E), T)](
         x, w, logits, arrivals, ids, weights, E, H, x.stride(0), w.stride(0), logits.stride(0),
-        K=top_k, E_PAD=triton.next_power_of_2(E), RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype),
-        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h, USE_PDL=pdl, launch_pdl=pdl,
+        K=top_k, E_PAD=e_pad, RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype),
+        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h,
+        RANK_CHUNK=rank_chunk(e_pad, NUM_WARPS), USE_PDL=pdl, launch_pdl=pdl,
         num_warps=NUM_WARPS,
     )
     return ids, weights
