@@ -40,8 +40,9 @@ from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_
 from edgemoe.kernels.norm_fused import add_rms_norm
 from edgemoe.kernels.paged_attention import decode_attention, decode_attention_ref, extend_attention
 from edgemoe.kernels.rope_kv import rope_write_kv
-from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
+from edgemoe.kernels.router import RouterWorkspace, add_norm_route, route_logits_topk, route_topk
 from edgemoe.kernels.triton_ops import router as router_kernels
+from edgemoe.layers.norm import RMSNorm
 from edgemoe.quant import ExpertFormat
 
 HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; dense bf16 peak
@@ -522,6 +523,7 @@ def bench_router() -> None:
         record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused, rounds=4), nbytes, 0, "graph")
         fused = [lambda w=w, x=x: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
         record("router fused", f"T={tokens} default", graph_us(fused, rounds=4), nbytes, 0, "graph")
+        bench_router_norm(tokens, weights, ws, g)
         for block_e, warps in ((2, 2), (2, 4), (2, 8), (4, 8), (8, 8)):
             for ranks in (True, False):
                 router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
@@ -531,6 +533,18 @@ def bench_router() -> None:
                     record("router fused", case, graph_us(fused, rounds=4), nbytes, 0, "graph")
                 finally:
                     router_kernels.BLOCK_E, router_kernels.NUM_WARPS, router_kernels.RANK_MAX_E_PAD = default
+
+
+def bench_router_norm(tokens: int, weights: list[torch.Tensor], ws: RouterWorkspace, g: torch.Generator) -> None:
+    """The layer's residual add + RMSNorm and its router: `add_rms_norm` then the fused
+    router (two launches, EDGEMOE_ROUTER_NORM=0) against `add_norm_route`'s one launch."""
+    a, residual = (torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(2))
+    norm = RMSNorm((torch.randn(H, generator=g, device=DEV) * 0.3 + 1).to(BF16), 1e-6)
+    nbytes = E * H * 2 + 4 * tokens * H * 2 + H * 2  # the weight; a and residual in, x and h out; the norm's
+    pair = [lambda w=w: route_logits_topk(norm.add_and_norm(a, residual)[0], w, K, True, BF16, ws) for w in weights]
+    record("add_rms_norm + router fused", f"T={tokens}", graph_us(pair, rounds=4), nbytes, 0, "graph")
+    one = [lambda w=w: add_norm_route(a, residual, norm, w, K, True, BF16, ws) for w in weights]
+    record("router fused + add_rms_norm", f"T={tokens}", graph_us(one, rounds=4), nbytes, 0, "graph")
 
 
 SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router", "moe_q_sweep", "moe_sweep")

@@ -6,7 +6,11 @@
   token (the 0.5 MB Qwen3-30B weight is read by E / BLOCK_E programs in parallel), round
   them to the activation dtype as `F.linear` does, store them in a static workspace and
   count themselves in the token's arrival counter; the program that arrives last routes
-  the token from the workspace and resets the counter.
+  the token from the workspace and resets the counter. With NORM, the layer's residual
+  add and RMSNorm in front of the router too (`add_norm_route_triton`): every program
+  norms its token's row itself (h = residual + attention output, 4 KiB each from L2 at
+  Qwen3-30B's H = 2048), takes x = norm(h) as its input, and the token's program 0
+  writes h and x for the MoE kernels that read them next: one launch fewer a layer.
 
 Both share `_softmax_topk` (Triton inlines it), so equal logits give equal ids and
 weights on either path. Its top-k is by ranks (`_topk_by_rank`: every expert's rank from
@@ -32,8 +36,10 @@ from edgemoe.kernels.triton_ops.common import (
     interpreting,
     pdl_start,
     round_to,
+    round_trip,
     tl_dtype,
 )
+from edgemoe.kernels.triton_ops.norm import norm_rstd, norm_scale, norm_warps
 
 # NOTE: a function of (E, H) at most, never of T. Swept on an H200 (2026-12-01,
 # scripts/gpu_kernel_bench.py, E = 128, H = 2048, CUDA graphs): BLOCK_E 1/2/4/8 x 2/4/8
@@ -42,10 +48,13 @@ from edgemoe.kernels.triton_ops.common import (
 # token, each one 8 KiB load of weight (no H loop, so one memory round trip).
 BLOCK_E = 2  # experts per program
 MAX_BLOCK_H = 2048  # hidden elements per load
-# 8 warps since the top-k is by ranks: its E_PAD^2 comparisons spread over 256 threads
-# (64 each at E = 128), where the search's 16 dependent reductions took no help from more
-# warps. Not yet swept on the GPU (scripts/gpu_kernel_bench.py --only router).
-NUM_WARPS = 8
+# The fused launch's warps: None = `router_warps(H)`, the norm kernel's for the row
+# (`norm_warps`: 8 at H = 2048). NOTE: the router fused with the add + RMSNorm must take
+# those (its sum of squares is then `_rms_norm`'s, bit for bit), and the plain launch the
+# same (its logits' sums then match the fused one's: the two are bitwise interchangeable).
+# More warps than the 2 that were fastest with the search: the rank top-k's E_PAD^2
+# comparisons spread over 256 threads (64 each at E = 128). A sweep sets an int here.
+NUM_WARPS: int | None = None
 # Top-k by ranks up to RANK_MAX_E_PAD experts and RANK_MAX_PAIRS comparisons per thread;
 # beyond (Qwen3.8-Flash-Next's 512 experts) K rounds of search. The comparisons run in
 # chunks of at most RANK_CHUNK_PAIRS per thread (bounded registers: a chunk's keys are
@@ -55,6 +64,11 @@ RANK_MAX_PAIRS = 256
 RANK_CHUNK_PAIRS = 64
 TOPK_WARPS = 8  # `_route_topk`'s warps where it ranks (4 for the search, as before)
 _LOWEST = tl.constexpr(-(2**62))  # below every int64 rank key (the padding's is about -2^38)
+
+
+def router_warps(H: int) -> int:
+    """The fused router's warps for hidden size H (a function of H only: batch-invariant)."""
+    return NUM_WARPS or norm_warps(triton.next_power_of_2(H))
 
 
 def rank_chunk(e_pad: int, warps: int) -> int:
@@ -172,21 +186,34 @@ def route_topk_triton(
 @triton.jit
 def _route_fused(
     x_ptr, w_ptr, logits_ptr, arrivals_ptr, ids_ptr, wout_ptr, E, H, stride_xt, stride_we, stride_lt,
+    res_ptr, nw_ptr, h_ptr, xo_ptr, stride_rt, stride_ht, stride_ot, eps, weight_offset,
     K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, LOGIT_DTYPE: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-    RANK_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    RANK_CHUNK: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    """NORM: x_ptr holds the attention's output a, and the router's input is x = norm(h),
+    h = residual + a: every program computes the row's statistic itself (BLOCK_N columns),
+    then x's columns where it needs them; the token's program 0 writes h and x."""
     pid_e, t = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     row_ok = rows < E
     # NOTE: the router weight is never written by a kernel, so its tile could be loaded
     # before the wait; the wait comes first anyway (one loop loads x and w together).
     pdl_start(USE_PDL)
+    rstd = 0.0
+    if NORM:
+        rstd = _add_norm_row(x_ptr, res_ptr, nw_ptr, h_ptr, xo_ptr, t, H, eps, weight_offset, stride_xt, stride_rt,
+                             stride_ht, stride_ot, pid_e == 0, OFFSET, LOGIT_DTYPE, INTERP, BLOCK_N)
     acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):  # products in fp32 (exact for bf16/fp16), summed in fp32
         hs = h0 + tl.arange(0, BLOCK_H)
         h_ok = hs < H
-        xv = tl.load(x_ptr + t * stride_xt + hs, mask=h_ok, other=0.0).to(tl.float32)
+        if NORM:
+            xv = _normed_cols(x_ptr, res_ptr, nw_ptr, t, hs, h_ok, rstd, weight_offset, stride_xt, stride_rt,
+                              OFFSET, LOGIT_DTYPE, INTERP)
+        else:
+            xv = tl.load(x_ptr + t * stride_xt + hs, mask=h_ok, other=0.0).to(tl.float32)
         wv = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + hs[None, :],
                      mask=row_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
         acc += wv * xv[None, :]
@@ -207,6 +234,43 @@ def _route_fused(
         tl.store(arrivals_ptr + t, 0)  # clean for the next layer / graph replay
 
 
+@triton.jit
+def _add_norm_row(
+    a_ptr, res_ptr, nw_ptr, h_ptr, xo_ptr, t, N, eps, weight_offset, stride_at, stride_rt, stride_ht, stride_ot,
+    WRITE, OFFSET: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """The RMSNorm statistic of h = residual + a (token t's row): `_rms_norm`'s loads, sum
+    and rounding points. NOTE: bitwise that kernel's only at its BLOCK and warps
+    (`norm_warps`: the sum's order follows the layout), which the launch uses. WRITE
+    (one program a token): also store h and x = norm(h)."""
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    a = tl.load(a_ptr + t * stride_at + cols, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(res_ptr + t * stride_rt + cols, mask=ok, other=0.0).to(tl.float32)
+    h = round_trip(r + a, DTYPE, INTERP)  # torch's `residual + a` in the dtype
+    rstd = norm_rstd(h, N, eps)
+    if WRITE:
+        w = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(h_ptr + t * stride_ht + cols, round_to(h, DTYPE, INTERP), mask=ok)
+        x = norm_scale(h, rstd, w, weight_offset, OFFSET, DTYPE, INTERP)
+        tl.store(xo_ptr + t * stride_ot + cols, round_to(x, DTYPE, INTERP), mask=ok)
+    return rstd
+
+
+@triton.jit
+def _normed_cols(
+    a_ptr, res_ptr, nw_ptr, t, hs, ok, rstd, weight_offset, stride_at, stride_rt,
+    OFFSET: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Columns hs of x = norm(residual + a) (0 where masked), in fp32 holding DTYPE values:
+    the same elementwise ops as `_add_norm_row`'s x, so the same bits (the row's rstd)."""
+    a = tl.load(a_ptr + t * stride_at + hs, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(res_ptr + t * stride_rt + hs, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(nw_ptr + hs, mask=ok, other=0.0).to(tl.float32)
+    x = norm_scale(round_trip(r + a, DTYPE, INTERP), rstd, w, weight_offset, OFFSET, DTYPE, INTERP)
+    return round_trip(x, DTYPE, INTERP)
+
+
 def route_logits_topk_triton(
     x: torch.Tensor, w: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
     logits: torch.Tensor, arrivals: torch.Tensor,
@@ -214,6 +278,31 @@ def route_logits_topk_triton(
     """x [T, H], w [E, H] (x's dtype) → (ids [T, K] int32, weights [T, K] fp32) in one
     launch. `logits` [>= T, E] fp32 and `arrivals` [>= T] int32 (all zero) are the static
     workspace; after the call `logits[:T]` holds the token's logits (x's dtype's values)."""
+    return _launch(x, None, w, top_k, renormalize, dtype, logits, arrivals)[2:]
+
+
+def add_norm_route_triton(
+    a: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight_offset: float,
+    w: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype, logits: torch.Tensor, arrivals: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, h, ids, weights): h = residual + a, x = rms_norm(h) (`add_rms_norm`'s Triton
+    kernel's bits), routed as `route_logits_topk_triton(x, ...)` routes, in one launch.
+    a, residual [T, H] and norm_weight [H] in one dtype; h and x are new tensors."""
+    same_dtype = residual.dtype == norm_weight.dtype == a.dtype
+    if residual.shape != a.shape or norm_weight.shape != a.shape[1:] or not same_dtype:
+        raise ValueError(f"residual must be {tuple(a.shape)} and the norm's weight [{a.shape[1]}], both {a.dtype}")
+    x, h, ids, weights = _launch(a, (residual, norm_weight.contiguous(), eps, weight_offset), w, top_k, renormalize,
+                                 dtype, logits, arrivals)
+    assert x is not None and h is not None
+    return x, h, ids, weights
+
+
+def _launch(
+    x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float, float] | None, w: torch.Tensor, top_k: int,
+    renormalize: bool, dtype: torch.dtype, logits: torch.Tensor, arrivals: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """One `_route_fused` launch; with `norm` (residual, weight, eps, offset) x is the
+    attention's output and the launch returns the normed rows and the new residual first."""
     T, H = x.shape
     E = w.shape[0]
     if top_k & (top_k - 1) or top_k > E:
@@ -222,20 +311,24 @@ def route_logits_topk_triton(
         raise ValueError(f"workspace {tuple(logits.shape)} does not fit {T} tokens x {E} experts")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    normed = new_res = None
+    res, nw, eps, offset = x, x, 0.0, 0.0  # unused without the norm
+    if norm is not None:
+        res, nw, eps, offset = norm
+        res = res if res.stride(-1) == 1 else res.contiguous()
+        normed, new_res = (torch.empty(T, H, dtype=x.dtype, device=x.device) for _ in range(2))  # NOTE: new storage
     if T == 0:
-        return ids, weights
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if w.stride(-1) != 1:
-        w = w.contiguous()
-    block_h = min(triton.next_power_of_2(H), MAX_BLOCK_H)
-    pdl = pdl_enabled(x.device)
-    e_pad = triton.next_power_of_2(E)
+        return normed, new_res, ids, weights
+    out = (normed, new_res) if norm is not None else (x, x)
+    pdl, e_pad, warps = pdl_enabled(x.device), triton.next_power_of_2(E), router_warps(H)
     _route_fused[(triton.cdiv(E, BLOCK_E), T)](
         x, w, logits, arrivals, ids, weights, E, H, x.stride(0), w.stride(0), logits.stride(0),
-        K=top_k, E_PAD=e_pad, RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype),
-        DTYPE=tl_dtype(dtype), INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=block_h,
-        RANK_CHUNK=rank_chunk(e_pad, NUM_WARPS), USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=NUM_WARPS,
+        res, nw, out[1], out[0], res.stride(0), out[1].stride(0), out[0].stride(0), eps, offset,
+        K=top_k, E_PAD=e_pad, RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype), DTYPE=tl_dtype(dtype),
+        INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=min(triton.next_power_of_2(H), MAX_BLOCK_H),
+        RANK_CHUNK=rank_chunk(e_pad, warps), NORM=norm is not None, OFFSET=offset != 0.0,
+        BLOCK_N=triton.next_power_of_2(H), USE_PDL=pdl, launch_pdl=pdl, num_warps=warps,
     )
-    return ids, weights
+    return normed, new_res, ids, weights
