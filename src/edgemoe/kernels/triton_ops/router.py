@@ -198,25 +198,28 @@ def _route_fused(
     pid_e, t = tl.program_id(0), tl.program_id(1).to(tl.int64)
     rows = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     row_ok = rows < E
+    cols = tl.arange(0, BLOCK_H)
     # NOTE: the router weight is never written by a kernel, so its tile could be loaded
-    # before the wait; the wait comes first anyway (one loop loads x and w together).
+    # before the wait; the wait comes first anyway (every kernel's rule, compile-checked).
     pdl_start(USE_PDL)
+    # The first weight tile first: with NORM its load is in flight while the row is normed.
+    wv = _weight_tile(w_ptr, rows, row_ok, cols, H, stride_we)
     rstd = 0.0
     if NORM:
+        # NOTE: a barrier keeps the compiler from sinking the tile's loads below the norm's
+        # (it did, after the sum's shuffles: their latencies then added up).
+        tl.debug_barrier()
         rstd = _add_norm_row(x_ptr, res_ptr, nw_ptr, h_ptr, xo_ptr, t, H, eps, weight_offset, stride_xt, stride_rt,
                              stride_ht, stride_ot, pid_e == 0, OFFSET, LOGIT_DTYPE, INTERP, BLOCK_N)
+    # Products in fp32 (exact for bf16/fp16), summed in fp32, tile after tile along H.
     acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):  # products in fp32 (exact for bf16/fp16), summed in fp32
-        hs = h0 + tl.arange(0, BLOCK_H)
-        h_ok = hs < H
-        if NORM:
-            xv = _normed_cols(x_ptr, res_ptr, nw_ptr, t, hs, h_ok, rstd, weight_offset, stride_xt, stride_rt,
-                              OFFSET, LOGIT_DTYPE, INTERP)
-        else:
-            xv = tl.load(x_ptr + t * stride_xt + hs, mask=h_ok, other=0.0).to(tl.float32)
-        wv = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + hs[None, :],
-                     mask=row_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
-        acc += wv * xv[None, :]
+    acc += wv * _router_input(x_ptr, res_ptr, nw_ptr, t, cols, H, rstd, weight_offset, stride_xt, stride_rt,
+                              NORM, OFFSET, LOGIT_DTYPE, INTERP)[None, :]
+    for h0 in range(BLOCK_H, H, BLOCK_H):
+        hs = h0 + cols
+        xv = _router_input(x_ptr, res_ptr, nw_ptr, t, hs, H, rstd, weight_offset, stride_xt, stride_rt,
+                           NORM, OFFSET, LOGIT_DTYPE, INTERP)
+        acc += _weight_tile(w_ptr, rows, row_ok, hs, H, stride_we) * xv[None, :]
     # One rounding to the activation dtype, where F.linear rounds its output.
     logit = round_to(tl.sum(acc, axis=1), LOGIT_DTYPE, INTERP).to(tl.float32)
     tl.store(logits_ptr + t * stride_lt + rows, logit, mask=row_ok)
@@ -232,6 +235,27 @@ def _route_fused(
         tl.store(ids_ptr + t * K + k, top_i)
         tl.store(wout_ptr + t * K + k, round_to(top_w, DTYPE, INTERP).to(tl.float32))
         tl.store(arrivals_ptr + t, 0)  # clean for the next layer / graph replay
+
+
+@triton.jit
+def _weight_tile(w_ptr, rows, row_ok, hs, H, stride_we):
+    """The router weight's [BLOCK_E, BLOCK_H] tile at rows x columns hs, in fp32 (0 outside)."""
+    return tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_we + hs[None, :],
+                   mask=row_ok[:, None] & (hs < H)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _router_input(
+    x_ptr, res_ptr, nw_ptr, t, hs, H, rstd, weight_offset, stride_xt, stride_rt,
+    NORM: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Columns hs of token t's router input in fp32 (0 past H): x's, or with NORM x = norm(h)'s."""
+    if NORM:
+        xv = _normed_cols(x_ptr, res_ptr, nw_ptr, t, hs, hs < H, rstd, weight_offset, stride_xt, stride_rt,
+                          OFFSET, DTYPE, INTERP)
+    else:
+        xv = tl.load(x_ptr + t * stride_xt + hs, mask=hs < H, other=0.0).to(tl.float32)
+    return xv
 
 
 @triton.jit
