@@ -85,16 +85,16 @@ def test_fused_router_by_rank_is_the_search_bitwise(
 
     monkeypatch.setattr(router, "NUM_WARPS", warps)
     assert router.rank_chunk(triton_pad(E), warps) > 0
-    x, w = router_inputs(5, E, H, torch.bfloat16, seed=E + H)
+    x, w = router_inputs(3, E, H, torch.bfloat16, seed=E + H)
     w[E // 2 : E // 2 + 8] = w[3]  # ties with expert 3 (the same fp32 sum, row for row)
     w[-4:] = 0.0  # logit 0, tied
     ws = RouterWorkspace.allocate(E, torch.device("cpu"), max_tokens=8)
     for renorm in (True, False):
         ids, wts = router.route_logits_topk_triton(x, w, K, renorm, torch.bfloat16, ws.logits, ws.arrivals)
-        logits = ws.logits[:5].clone()
+        logits = ws.logits[:3].clone()
         want = by_search(monkeypatch, router.route_logits_topk_triton, x, w, K, renorm, torch.bfloat16,
                          ws.logits, ws.arrivals)
-        assert torch.equal(ws.logits[:5], logits)
+        assert torch.equal(ws.logits[:3], logits)
         assert torch.equal(ids, want[0]) and torch.equal(wts, want[1])
         assert torch.equal(ids, sorted_ids(logits, K))
     assert (logits[:, E // 2] == logits[:, 3]).all()  # the ties are real
