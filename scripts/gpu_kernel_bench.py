@@ -40,8 +40,9 @@ from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_
 from edgemoe.kernels.norm_fused import add_rms_norm
 from edgemoe.kernels.paged_attention import decode_attention, decode_attention_ref, extend_attention
 from edgemoe.kernels.rope_kv import rope_write_kv
-from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
+from edgemoe.kernels.router import RouterWorkspace, add_norm_route, route_logits_topk, route_topk
 from edgemoe.kernels.triton_ops import router as router_kernels
+from edgemoe.layers.norm import RMSNorm
 from edgemoe.quant import ExpertFormat
 
 HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; dense bf16 peak
@@ -507,13 +508,14 @@ def bench_small_ops() -> None:
 def bench_router() -> None:
     """The router at Qwen3-30B-A3B's shape (E = 128 x H = 2048, top-8): cuBLAS then the top-k
     kernel (today's path), then the fused launch at its default tiles and a small sweep
-    (BLOCK_E experts per program, warps); one weight per call, rotated past L2 as a step's 48
-    layers are. NOTE: the sweep sets the kernel module's constants, restored afterwards."""
+    (BLOCK_E experts per program, warps; the top-k by ranks, and by the K rounds of search
+    it replaced: `-search`); one weight per call, rotated past L2 as a step's 48 layers are.
+    NOTE: the sweep sets the kernel module's constants, restored afterwards."""
     g = torch.Generator(device=DEV).manual_seed(4)
     n = copies_for(E * H * 2, cap=128)
     weights = [(torch.randn(E, H, generator=g, device=DEV) * H**-0.5).to(BF16) for _ in range(n)]
     ws = RouterWorkspace.allocate(E, torch.device(DEV))
-    default = (router_kernels.BLOCK_E, router_kernels.NUM_WARPS)
+    default = (router_kernels.BLOCK_E, router_kernels.NUM_WARPS, router_kernels.RANK_MAX_E_PAD)
     for tokens in DECODE_TOKENS:
         x = torch.randn(tokens, H, generator=g, device=DEV).to(BF16)
         nbytes = E * H * 2 + tokens * H * 2
@@ -521,12 +523,28 @@ def bench_router() -> None:
         record("router cuBLAS+topk", f"T={tokens}", graph_us(unfused, rounds=4), nbytes, 0, "graph")
         fused = [lambda w=w, x=x: route_logits_topk(x, w, K, True, BF16, ws) for w in weights]
         record("router fused", f"T={tokens} default", graph_us(fused, rounds=4), nbytes, 0, "graph")
-        for block_e, warps in ((1, 4), (2, 2), (4, 4), (4, 8), (8, 8)):
-            router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
-            try:
-                record("router fused", f"T={tokens} e{block_e}w{warps}", graph_us(fused, rounds=4), nbytes, 0, "graph")
-            finally:
-                router_kernels.BLOCK_E, router_kernels.NUM_WARPS = default
+        bench_router_norm(tokens, weights, ws, g)
+        for block_e, warps in ((2, 2), (2, 4), (2, 8), (4, 8), (8, 8)):
+            for ranks in (True, False):
+                router_kernels.BLOCK_E, router_kernels.NUM_WARPS = block_e, warps
+                router_kernels.RANK_MAX_E_PAD = default[2] if ranks else 0
+                try:
+                    case = f"T={tokens} e{block_e}w{warps}{'' if ranks else '-search'}"
+                    record("router fused", case, graph_us(fused, rounds=4), nbytes, 0, "graph")
+                finally:
+                    router_kernels.BLOCK_E, router_kernels.NUM_WARPS, router_kernels.RANK_MAX_E_PAD = default
+
+
+def bench_router_norm(tokens: int, weights: list[torch.Tensor], ws: RouterWorkspace, g: torch.Generator) -> None:
+    """The layer's residual add + RMSNorm and its router: `add_rms_norm` then the fused
+    router (two launches, EDGEMOE_ROUTER_NORM=0) against `add_norm_route`'s one launch."""
+    a, residual = (torch.randn(tokens, H, generator=g, device=DEV).to(BF16) for _ in range(2))
+    norm = RMSNorm((torch.randn(H, generator=g, device=DEV) * 0.3 + 1).to(BF16), 1e-6)
+    nbytes = E * H * 2 + 4 * tokens * H * 2 + H * 2  # the weight; a and residual in, x and h out; the norm's
+    pair = [lambda w=w: route_logits_topk(norm.add_and_norm(a, residual)[0], w, K, True, BF16, ws) for w in weights]
+    record("add_rms_norm + router fused", f"T={tokens}", graph_us(pair, rounds=4), nbytes, 0, "graph")
+    one = [lambda w=w: add_norm_route(a, residual, norm, w, K, True, BF16, ws) for w in weights]
+    record("router fused + add_rms_norm", f"T={tokens}", graph_us(one, rounds=4), nbytes, 0, "graph")
 
 
 SECTIONS = ("moe", "moe_splits", "attention", "attention_sweep", "small", "router", "moe_q_sweep", "moe_sweep")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -159,14 +160,30 @@ def bf16_gemv_cases(act: tl.dtype) -> Iterator[Case]:
 
 def router_cases(act: tl.dtype) -> Iterator[Case]:
     """Softmax/top-k alone, and fused with the router's projection (Qwen3-30B-A3B: E = 128,
-    K = 8, H = 2048: one BLOCK_H load per program)."""
+    K = 8, H = 2048: one BLOCK_H load per program); the top-k by ranks at 128 and 256
+    experts (unchunked, chunked), by search at 512 (Qwen3.8-Flash-Next); the projection
+    fused with the residual add + RMSNorm in front of it too."""
     f32 = "fp32"
-    yield Case("route top-k", router._route_topk, dict(K=8, E_PAD=128, RENORM=True, DTYPE=act, INTERP=False), 2,
-               ptrs={"ids_ptr": "i32", "w_ptr": f32})
-    yield Case("router gemv + top-k", router._route_fused, dict(
-               K=8, E_PAD=128, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
-               BLOCK_H=router.MAX_BLOCK_H), router.NUM_WARPS,
-               ptrs={"logits_ptr": f32, "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": f32})
+    for e_pad in (128, 256, 512):
+        tag = "" if e_pad == 128 else f" E={e_pad}"
+        warps = router.TOPK_WARPS if e_pad <= router.RANK_MAX_E_PAD else 4
+        yield Case(f"route top-k{tag}", router._route_topk, dict(
+                   K=8, E_PAD=e_pad, RENORM=True, DTYPE=act, INTERP=False, RANK_CHUNK=router.rank_chunk(e_pad, warps)),
+                   warps, ptrs={"ids_ptr": "i32", "w_ptr": f32})
+        yield fused_router_case(act, e_pad, 2048, None, f"router gemv + top-k{tag}")
+    for offset in (False, True):
+        name = f"add {'offset ' if offset else ''}rms norm + router gemv + top-k"
+        yield fused_router_case(act, 128, 2048, offset, name)
+
+
+def fused_router_case(act: tl.dtype, e_pad: int, H: int, offset: bool | None, name: str) -> Case:
+    """`_route_fused` at hidden size H, its warps and tiles; `offset` None: no norm."""
+    warps = router.router_warps(H)
+    return Case(name, router._route_fused, dict(
+                K=8, E_PAD=e_pad, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
+                BLOCK_H=min(H, router.MAX_BLOCK_H), RANK_CHUNK=router.rank_chunk(e_pad, warps), NORM=offset is not None,
+                OFFSET=bool(offset), BLOCK_N=triton.next_power_of_2(H)), warps,
+                ptrs={"logits_ptr": "fp32", "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": "fp32"})
 
 
 def slot_plan_cases() -> Iterator[Case]:
@@ -244,9 +261,9 @@ def has_pdl(case: Case) -> bool:
     return any(p.name == "USE_PDL" for p in case.kernel.params)
 
 
-def compile_case(case: Case, arch: int, dtype_name: str, pdl: bool = False) -> tuple[int, str]:
+def compile_case(case: Case, arch: int, dtype_name: str, pdl: bool = False) -> tuple[int, str, str]:
     """Compiles one kernel (USE_PDL = `pdl` where it has the switch); returns its shared
-    memory in bytes and its PTX."""
+    memory in bytes, its PTX and its TTGIR."""
     params = {p.name: p for p in case.kernel.params}
     consts = {**case.consts, "USE_PDL": pdl} if "USE_PDL" in params else case.consts
     sig: dict[str, str] = {}
@@ -264,7 +281,7 @@ def compile_case(case: Case, arch: int, dtype_name: str, pdl: bool = False) -> t
     src = ASTSource(case.kernel, sig, consts, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": case.warps, "num_stages": case.stages, "launch_pdl": pdl})
-    return int(compiled.metadata.shared), compiled.asm["ptx"]
+    return int(compiled.metadata.shared), compiled.asm["ptx"], compiled.asm["ttgir"]
 
 
 MEMORY_OPS = ("ld.", "st.", "atom.", "red.", "cp.", "prefetch.", "multimem.")
@@ -297,7 +314,7 @@ def pdl_ptx_ok(ptx: str, pdl: bool) -> bool:
 def check(case: Case, arch: int, dtype_name: str, pdl: bool) -> bool:
     """Compiles and checks one kernel, printing one line."""
     try:
-        shared, ptx = compile_case(case, arch, dtype_name, pdl)
+        shared, ptx, _ = compile_case(case, arch, dtype_name, pdl)
     except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
         print(f"FAIL sm_{arch} {dtype_name} {case.name}: {type(exc).__name__}: {exc}")
         return False
@@ -305,6 +322,41 @@ def check(case: Case, arch: int, dtype_name: str, pdl: bool) -> bool:
     tag = f", USE_PDL={pdl}: {'ok' if ok_pdl else 'wrong griddepcontrol'}" if has_pdl(case) else ""
     print(f"{'ok  ' if ok_shared and ok_pdl else 'FAIL'} sm_{arch} {dtype_name} {case.name}: {shared} B shared{tag}")
     return ok_shared and ok_pdl
+
+
+def reductions(ttgir: str) -> list[str]:
+    """Each `tt.reduce`'s axis and operand type, layouts spelled out, in program order: a
+    compiled reduction's fp32 order is a function of exactly these (and of its combiner)."""
+    aliases = dict(re.findall(r"^(#[\w.]+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+    found = re.findall(r'"tt\.reduce"\(%[\w.]+\) <\{axis = (\d+)[^\n]*\n(?:.*\n)*?\s*\}\) : \((tensor<.*?>)\)', ttgir)
+    spelled = []
+    for axis, operand in found:
+        for alias in sorted(aliases, key=len, reverse=True):  # #blocked10 before #blocked1
+            operand = operand.replace(alias, aliases[alias])
+        spelled.append(f"axis {axis}: {operand}")
+    return spelled
+
+
+def check_router_norm(act: tl.dtype, dtype_name: str, arch: int) -> bool:
+    """The router fused with the add + RMSNorm (Qwen3-30B-A3B's H = 2048, and 4096) reduces
+    as the two launches it replaces: first the sum of squares with `_rms_norm`'s operand
+    layout, then every reduction of the plain fused router's, in its layouts. Same
+    orders, so the same bits: h and x are `add_rms_norm`'s, the logits and routing the
+    plain router's from that x."""
+    ok = True
+    for H in (2048, 4096):
+        for offset in (False, True):
+            block = triton.next_power_of_2(H)
+            norm_case = Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=offset, DTYPE=act, BLOCK=block,
+                             INTERP=False), norm.norm_warps(block))
+            want = [reductions(compile_case(c, arch, dtype_name)[2])
+                    for c in (norm_case, fused_router_case(act, 128, H, None, "plain"))]
+            got = reductions(compile_case(fused_router_case(act, 128, H, offset, "fused"), arch, dtype_name)[2])
+            same = len(want[0]) == 1 and got == want[0] + want[1]
+            print(f"{'ok  ' if same else 'FAIL'} sm_{arch} {dtype_name} add {'offset ' if offset else ''}rms norm + "
+                  f"router H={H}: {len(got)} reductions {'as' if same else 'NOT as'} _rms_norm's + the plain router's")
+            ok &= same
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             for arch in (a for a in args.arch if a >= low):
                 failures += not check(case, arch, dtype_name, args.pdl)
                 checked += 1
+        if not args.pdl:
+            for arch in args.arch:
+                failures += not check_router_norm(DTYPES[dtype_name], dtype_name, arch)
     if checked == 0:  # e.g. --pdl without an sm_90+ arch: a check that checked nothing must not pass
         print("FAIL nothing compiled")
         failures += 1

@@ -21,12 +21,18 @@ from edgemoe.kernels.moe_quant import moe_decode_quant
 from edgemoe.kernels.norm_fused import add_rms_norm, rms_norm
 from edgemoe.kernels.paged_attention import decode_attention
 from edgemoe.kernels.rope_kv import rope_write_kv
-from edgemoe.kernels.router import RouterWorkspace, route_logits_topk, route_topk
+from edgemoe.kernels.router import (
+    RouterWorkspace,
+    add_norm_route,
+    route_logits_topk,
+    route_topk,
+)
 from edgemoe.kernels.row_gather import gather_rows, gather_rows_into
 from edgemoe.kernels.slot_plan import plan_wave_fused
 from edgemoe.kernels.triton_ops import (
     decode_step_kernels,
 )
+from edgemoe.layers.norm import RMSNorm
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.quant import expert_format, quantise_expert
 from edgemoe.testing.kernel_inputs import paged_batch
@@ -114,6 +120,9 @@ def step(b: SimpleNamespace) -> dict[str, torch.Tensor]:
     ids, w = route_logits_topk(h2, b.router, K, True, DT, b.ws)  # fused router
     out["ids"], out["weights"] = ids, w
     out["ids_topk"], out["weights_topk"] = route_topk(b.ws.logits[:T], K, True, DT)
+    # the add + norm + router in one launch (`_route_fused` with NORM)
+    out["nr_x"], out["nr_h"], out["nr_ids"], out["nr_w"] = add_norm_route(o, res, RMSNorm(b.norm2_w, 1e-6), b.router,
+                                                                          K, True, DT, b.ws)
     plan = plan_wave_fused(b.state, 0, ids, None, True, (1, 2))  # the device cache's plan
     out["slot_ids"], out["misses"] = plan.slot_ids, plan.misses
     move_experts(b, plan.misses)  # writes the slot banks the GEMVs read next

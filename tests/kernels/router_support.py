@@ -71,3 +71,25 @@ def check_routing(
     # fp32 softmax sums <= E + K terms (γ); one rounding to x's dtype (2u covers it).
     rel = torch.expm1(2 * delta) + sum_atol(torch.float32, w.shape[0] + k, 1.0) + eps(x.dtype)
     assert ((weights.double() - want_w).abs() <= rel * want_w).all()
+
+
+def tied_logits(T: int, E: int, seed: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """[T, E] fp32 logits from a few levels 0.5 apart (many exact ties, no near ones: p
+    differs by a factor e^0.5 between levels), with -inf and -150 (p underflows to 0, a
+    tie with -inf) sprinkled in; the last row keeps only 2 finite levels, so a top-8
+    takes 6 of the zero-probability experts (by lowest id)."""
+    g = torch.Generator().manual_seed(seed)
+    x = -0.5 * torch.randint(0, 6, (T, E), generator=g).float()
+    u = torch.rand(T, E, generator=g)
+    x[u < 0.1] = float("-inf")
+    x[(u >= 0.1) & (u < 0.2)] = -150.0
+    x[-1] = float("-inf")
+    x[-1, torch.randperm(E, generator=g)[:2]] = torch.tensor([0.0, -1.0])
+    x[-1, torch.randperm(E, generator=g)[:3]] = -150.0
+    return x.to(device)
+
+
+def sorted_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The K experts of highest probability, ties to the lower id: a stable sort."""
+    p = torch.softmax(logits.float(), dim=-1)
+    return torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :k].int()

@@ -38,6 +38,7 @@ def test_kernels_compile_for_sm86(tmp_path: Path) -> None:
 # The decode step's kernels (docs/kernels.md), each named by at least one compile-check case.
 PDL_CASES = ("moe gate_up gemv S=1", "moe down gemv S=1", "moe gate_up gemv int8", "moe down gemv int8",
              "moe combine", "moe combine + rms norm", "decode split D=128", "decode merge", "add rms norm",
+             "add rms norm + router gemv + top-k",
              "q/k head norms + rope + kv write",
              "route top-k", "router gemv + top-k", "slot plan E=128 S=64", "row gather", "row gather into",
              "dense gemv 1 token(s) a block", "dense gemv 8 token(s) a block")

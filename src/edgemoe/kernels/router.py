@@ -17,16 +17,25 @@ weight) and `route_topk`'s launch. Larger batches (prefill) take the projection 
 `route_topk`: a fused program per token re-reads the whole weight, T times, where a GEMM
 reads it once. Both paths route equal logits identically (one shared Triton helper);
 their logits are the same sums in other orders, so they agree to one rounding of x's dtype.
+
+`add_norm_route(a, residual, norm, router, ...)` → `NormedRoute(x, h, ids, weights)`: the
+layer's residual add and RMSNorm in front of its router (h = residual + a, x = norm(h),
+`norm_fused.add_rms_norm`), then `route_logits_topk(x, ...)`. Where the fused router runs
+(a workspace, the batch fits it, CUDA, one activation dtype) the norm runs inside that
+same launch: x and h are bitwise `add_rms_norm`'s Triton kernel's, the logits, ids and
+weights bitwise `route_logits_topk`'s from that x. Elsewhere: the two calls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from edgemoe.kernels.backend import use_triton
 from edgemoe.kernels.dense_gemv import MAX_TOKENS, Linear, dense_gemv_ref
+from edgemoe.kernels.norm_fused import RowNorm, add_rms_norm, add_rms_norm_ref
 
 # NOTE: the decode path's skinny-GEMM limit, so a batch's router and its other projections
 # switch to cuBLAS at the same size (and every captured decode size, up to the default
@@ -111,3 +120,44 @@ def route_logits_topk(
 
         return route_logits_topk_triton(x, router, top_k, renormalize, dtype, workspace.logits, workspace.arrivals)
     return route_topk(linear(x, router), top_k, renormalize, dtype)
+
+
+class NormedRoute(NamedTuple):
+    """A layer's MoE input and routing: x = norm(h) [T, H], h = residual + a [T, H] (the
+    new residual), ids [T, K] int32, weights [T, K] fp32 (`route_topk`'s contract)."""
+
+    x: torch.Tensor
+    h: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+
+
+def add_norm_route_ref(
+    a: torch.Tensor, residual: torch.Tensor, norm: RowNorm, router: torch.Tensor, top_k: int, renormalize: bool,
+    dtype: torch.dtype,
+) -> NormedRoute:
+    """`add_rms_norm_ref` of (a, residual), then `route_logits_topk_ref` of the normed rows."""
+    x, h = add_rms_norm_ref(a, residual, norm.weight, norm.eps, norm.weight_offset)
+    return NormedRoute(x, h, *route_logits_topk_ref(x, router, top_k, renormalize, dtype))
+
+
+def add_norm_route(
+    a: torch.Tensor, residual: torch.Tensor, norm: RowNorm, router: torch.Tensor, top_k: int, renormalize: bool,
+    dtype: torch.dtype, workspace: RouterWorkspace | None = None, linear: Linear = dense_gemv_ref,
+) -> NormedRoute:
+    """Contract of `add_norm_route_ref`. One fused launch where `route_logits_topk` would
+    take its fused launch and a, residual and the norm's weight share x's dtype; else
+    `add_rms_norm` then `route_logits_topk` (bitwise the launch's results either way)."""
+    T = a.shape[0]
+    if (
+        workspace is not None and a.dim() == 2 and 0 < T <= workspace.max_tokens and use_triton(a, dtype)
+        and residual.dtype == a.dtype and norm.weight.dtype == a.dtype
+    ):
+        from edgemoe.kernels.triton_ops.router import add_norm_route_triton
+
+        return NormedRoute(*add_norm_route_triton(
+            a, residual, norm.weight, norm.eps, norm.weight_offset, router, top_k, renormalize, dtype,
+            workspace.logits, workspace.arrivals,
+        ))
+    x, h = add_rms_norm(a, residual, norm.weight, norm.eps, norm.weight_offset)
+    return NormedRoute(x, h, *route_logits_topk(x, router, top_k, renormalize, dtype, workspace, linear))

@@ -8,6 +8,9 @@ Chained blocks (`chain_norms`) hand the next block's input norm forward: a block
 combine (residual add included) also writes the next block's `attn_norm` of its output,
 one kernel instead of two (`moe_experts.moe_combine_norm`), and the next block skips its
 own. The model's layer loop (`models/transformer.py`) carries the normed row along.
+
+A MoE block's residual add after the attention and its `mlp_norm` run inside the router's
+launch (`SparseMoE.add_norm_route`, on a GPU for decode batches): one kernel fewer a layer.
 """
 
 from __future__ import annotations
@@ -31,14 +34,19 @@ class PreNormBlock:
         # The next block's attn_norm, computed with this block's MoE combine (`chain_norms`);
         # None: the next block norms its input itself.
         self.next_norm: RMSNorm | None = None
+        # The residual add + mlp_norm inside the MoE router's launch (`SparseMoE.add_norm_route`),
+        # unless EDGEMOE_ROUTER_NORM=0 (A/B runs; the results are bitwise the same either way).
+        self.route_norm = isinstance(mlp, SparseMoE) and os.environ.get("EDGEMOE_ROUTER_NORM", "1") != "0"
 
     def __call__(
         self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
     ) -> torch.Tensor:
         """One layer on its own: h → h (its own input norm, none computed ahead)."""
-        x, h = self._attention(h, None, cos, sin, ctx)
+        x, h, routing = self._attention(h, None, cos, sin, ctx)
         with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
             host = ctx.batch.host
+            if isinstance(self.mlp, SparseMoE):
+                return self.mlp(x, h, host.num_decode, host.num_padding, routing)
             return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding)
 
     def step(
@@ -49,22 +57,31 @@ class PreNormBlock:
         the previous block computed it (NOTE: the caller hands it only to the block whose
         attn_norm made it). The second result is None when there is no next norm or the
         MLP cannot fuse it (a dense layer): the next block then norms h itself."""
-        x, h = self._attention(h, normed, cos, sin, ctx)
+        x, h, routing = self._attention(h, normed, cos, sin, ctx)
         with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
             host = ctx.batch.host
-            if self.next_norm is not None and isinstance(self.mlp, SparseMoE):
-                return self.mlp.call_normed(x, h, self.next_norm, host.num_decode, host.num_padding)
+            if isinstance(self.mlp, SparseMoE):
+                if self.next_norm is not None:
+                    return self.mlp.call_normed(x, h, self.next_norm, host.num_decode, host.num_padding, routing)
+                return self.mlp(x, h, host.num_decode, host.num_padding, routing), None
             return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding), None
 
     def _attention(
         self, h: torch.Tensor, normed: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
         ctx: StepContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp_norm(h'), h') with h' = h + attn(attn_norm(h))."""
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(mlp_norm(h'), h', routing) with h' = h + attn(attn_norm(h)): the add and norm in
+        one kernel (routing None), or in the MoE router's launch (`route_norm`) with the
+        router's (ids, weights) of mlp_norm(h')."""
         with ctx.profiler.region("attention"):
             a = self.attn(self.attn_norm(h) if normed is None else normed, cos, sin, ctx.batch, ctx.attention)
-            x, h = self.mlp_norm.add_and_norm(a, h)  # h += attn; x = norm(h), one kernel
-        return x, h
+            if not self.route_norm:
+                x, h = self.mlp_norm.add_and_norm(a, h)  # h += attn; x = norm(h), one kernel
+                return x, h, None
+        assert isinstance(self.mlp, SparseMoE)
+        with ctx.profiler.region("moe"):  # the router's launch
+            x, h, ids, weights = self.mlp.add_norm_route(a, h, self.mlp_norm)
+        return x, h, (ids, weights)
 
 
 def chain_norms(blocks: Sequence[PreNormBlock]) -> None:

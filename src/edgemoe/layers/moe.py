@@ -6,7 +6,12 @@ import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.norm_fused import RowNorm
-from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
+from edgemoe.kernels.router import (
+    NormedRoute,
+    add_norm_route,
+    fused_router_workspace,
+    route_logits_topk,
+)
 from edgemoe.moe.executor import MoEExecutor
 
 
@@ -34,30 +39,48 @@ class SparseMoE:
         ids, weights = route_logits_topk(  # [T, K] each
             x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear,
         )
+        return self._overridden(ids, weights)
+
+    def add_norm_route(self, a: torch.Tensor, residual: torch.Tensor, norm: RowNorm) -> NormedRoute:
+        """The block's residual add and `norm` in front of this router, routed as `route`
+        routes: x = norm(residual + a), h = residual + a; on a GPU one launch does all
+        (`kernels/router.py` `add_norm_route`). Pass (ids, weights) on as `routing`."""
+        out = add_norm_route(
+            a, residual, norm, self.router, self.top_k, self.norm_topk_prob, a.dtype, self.workspace, self.linear,
+        )
+        ids, weights = self._overridden(out.ids, out.weights)
+        return out._replace(ids=ids, weights=weights)
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0,
+        routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given);
+        `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
+        rows that only pad the batch (their output is never read); `routing`: x's
+        (ids, weights) when `add_norm_route` made them (else routed here)."""
+        ids, weights = self._traced_route(x, routing)
+        return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)
+
+    def call_normed(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RowNorm, num_decode: int = 0, num_padding: int = 0,
+        routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, norm(h)) with h = self(x, residual, ...): the next layer's input norm
+        too, fused into the executor's combine where it can (`forward_normed`)."""
+        ids, weights = self._traced_route(x, routing)
+        return self.executor.forward_normed(self.layer, x, ids, weights, residual, norm, num_decode, num_padding)
+
+    def _overridden(self, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         override = self.executor.routing
         if override is not None:
             ids = override.ids(self.layer, ids).to(torch.int32)
         return ids, weights
 
-    def __call__(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
-    ) -> torch.Tensor:
-        """The routed experts' sum for x [T, H] (plus `residual`, fused, when given);
-        `num_decode`: the leading rows that are decode tokens; `num_padding`: trailing
-        rows that only pad the batch (their output is never read)."""
-        ids, weights = self._traced_route(x)
-        return self.executor.forward(self.layer, x, ids, weights, residual, num_decode, num_padding)
-
-    def call_normed(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: RowNorm, num_decode: int = 0, num_padding: int = 0
+    def _traced_route(
+        self, x: torch.Tensor, routing: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, norm(h)) with h = self(x, residual, ...): the next layer's input norm
-        too, fused into the executor's combine where it can (`forward_normed`)."""
-        ids, weights = self._traced_route(x)
-        return self.executor.forward_normed(self.layer, x, ids, weights, residual, norm, num_decode, num_padding)
-
-    def _traced_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, weights = self.route(x)
+        ids, weights = self.route(x) if routing is None else routing
         if self.executor.trace is not None and self.executor.routing is None:  # an override records its own draws
             self.executor.trace.record(self.layer, ids)
         return ids, weights

@@ -19,8 +19,8 @@ from edgemoe.kernels.triton_ops.common import (
 def norm_warps(block: int) -> int:
     """Warps of a one-row-per-program norm of `block` (a power of 2) columns.
     NOTE: the fp32 sum of squares' reduction tree follows the row's layout (BLOCK and
-    warps): a kernel that fuses this norm (`moe_combine.py`) launches with the same pair,
-    so its output is bitwise this kernel's."""
+    warps): a kernel that fuses this norm (`moe_combine.py`, `router.py`) launches with the
+    same pair, so its output is bitwise this kernel's."""
     return min(16, max(1, block // 256))
 
 
@@ -28,7 +28,20 @@ def norm_warps(block: int) -> int:
 def norm_row(x, w, N, eps, weight_offset, OFFSET: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """The RMSNorm of one row x [BLOCK] fp32 (holding DTYPE values; masked columns 0) with
     weight w [BLOCK] fp32, in fp32 before the output's final rounding to DTYPE."""
-    y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    return norm_scale(x, norm_rstd(x, N, eps), w, weight_offset, OFFSET, DTYPE, INTERP)
+
+
+@triton.jit
+def norm_rstd(x, N, eps):
+    """rsqrt(mean(x^2) + eps) of one row x [BLOCK] fp32 (masked columns 0): the fp32 sum's
+    order follows x's layout (see `norm_warps`)."""
+    return tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+
+
+@triton.jit
+def norm_scale(x, rstd, w, weight_offset, OFFSET: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """x · rstd scaled by the weight w (elementwise: any columns of the row, any layout)."""
+    y = x * rstd
     if OFFSET:
         out = y * (weight_offset + w)  # fp32 product, one rounding (Qwen3-Next order)
     else:
