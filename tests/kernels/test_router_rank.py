@@ -74,7 +74,8 @@ def test_rank_rule() -> None:
             assert chunk == 0 or (e_pad % chunk == 0 and chunk & (chunk - 1) == 0)
 
 
-@pytest.mark.parametrize(("E", "H", "K", "warps"), [(128, 64, 8, 8), (128, 64, 8, 2), (256, 48, 8, 8), (60, 40, 4, 8)])
+# E = 256 and 2 warps: the unfused test above covers their chunking (the fused launch shares `_softmax_topk`).
+@pytest.mark.parametrize(("E", "H", "K", "warps"), [(128, 64, 8, 8), (60, 40, 4, 8)])
 def test_fused_router_by_rank_is_the_search_bitwise(
     monkeypatch: pytest.MonkeyPatch, E: int, H: int, K: int, warps: int
 ) -> None:
