@@ -202,3 +202,26 @@ def test_tiny_model_bitwise_with_router_norm_on_and_off(
         assert "fused" in on[3] and "fused" not in off[3] and "plain" in off[3]
     assert on[1] == off[1]
     assert torch.equal(on[0], off[0])
+
+
+@needs_triton
+def test_hybrid_model_bitwise_with_router_norm_on_and_off(
+    make_ckpt: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen3.5's hybrid blocks (zero-centred norms, a shared expert beside the routed ones)
+    take the fused launch too, with the same tokens and logits as the pair."""
+    path = str(make_ckpt("qwen3_5_moe"))
+    calls = triton_everywhere(monkeypatch)
+    prompt, results = [5, 6, 7, 8, 9], {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("EDGEMOE_ROUTER_NORM", switch)
+        calls.clear()
+        with LLM(path, dtype="bfloat16") as llm:
+            fused = [b.route_norm for b in llm.engine.runtime.model.blocks]
+            out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))[0]
+            results[switch] = (llm.prompt_logits(prompt + out.token_ids), out.token_ids, fused, list(calls))
+    on, off = results["1"], results["0"]
+    assert all(on[2]) and not any(off[2])
+    assert "fused" in on[3] and "fused" not in off[3]
+    assert on[1] == off[1]
+    assert torch.equal(on[0], off[0])

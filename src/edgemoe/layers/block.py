@@ -24,7 +24,7 @@ import torch
 from edgemoe.layers.attention import Attention
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.mlp import DenseMLP
-from edgemoe.layers.moe import SparseMoE
+from edgemoe.layers.moe import SparseMoE, router_norm_enabled
 from edgemoe.layers.norm import RMSNorm
 
 
@@ -36,7 +36,7 @@ class PreNormBlock:
         self.next_norm: RMSNorm | None = None
         # The residual add + mlp_norm inside the MoE router's launch (`SparseMoE.add_norm_route`),
         # unless EDGEMOE_ROUTER_NORM=0 (A/B runs; the results are bitwise the same either way).
-        self.route_norm = isinstance(mlp, SparseMoE) and os.environ.get("EDGEMOE_ROUTER_NORM", "1") != "0"
+        self.route_norm = isinstance(mlp, SparseMoE) and router_norm_enabled()
 
     def __call__(
         self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
@@ -14,6 +16,12 @@ from edgemoe.kernels.router import (
 )
 from edgemoe.moe.executor import MoEExecutor
 
+
+def router_norm_enabled() -> bool:
+    """Whether MoE blocks run their residual add + norm inside the router's launch
+    (`SparseMoE.add_norm_route`); `EDGEMOE_ROUTER_NORM=0` turns it off (A/B runs: the
+    results are bitwise the same either way)."""
+    return os.environ.get("EDGEMOE_ROUTER_NORM", "1") != "0"
 
 class SparseMoE:
     def __init__(

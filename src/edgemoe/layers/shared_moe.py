@@ -33,12 +33,14 @@ class SharedExpertMoE:
         self.linear = routed.linear  # the routed block's kernel choice (--dense-kernel)
 
     def __call__(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, num_decode: int = 0, num_padding: int = 0,
+        routing: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """[T, H] → [T, H] (plus `residual`, fused, when given); `num_decode` / `num_padding`
-        as for `SparseMoE`."""
+        as for `SparseMoE`; `routing`: the routed (ids, weights) of x when the block already
+        has them (`SparseMoE.add_norm_route`)."""
         moe = self.routed
-        ids, weights = moe.route(x)  # [T, K] int32, fp32 weights holding x-dtype values
+        ids, weights = moe.route(x) if routing is None else routing  # [T, K] int32, fp32 weights of x-dtype values
         gate = torch.sigmoid(self.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
         if self.shared_id is not None:
             ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.shared_id)], dim=1)  # [T, K+1]

@@ -20,7 +20,7 @@ from edgemoe.layers.context import StepContext
 from edgemoe.layers.gated_attention import GatedAttention
 from edgemoe.layers.gdn import GatedDeltaNet, GdnSpec
 from edgemoe.layers.mlp import DenseMLP, activation
-from edgemoe.layers.moe import SparseMoE
+from edgemoe.layers.moe import SparseMoE, router_norm_enabled
 from edgemoe.layers.norm import OffsetRMSNorm
 from edgemoe.layers.rotary import Rotary
 from edgemoe.layers.shared_moe import SharedExpertMoE
@@ -53,18 +53,26 @@ class HybridBlock:
     def __init__(self, mixer: Mixer, mixer_norm: OffsetRMSNorm, mlp: SharedExpertMoE | DenseMLP,
                  mlp_norm: OffsetRMSNorm, region: str) -> None:
         self.mixer, self.mixer_norm, self.mlp, self.mlp_norm, self.region = mixer, mixer_norm, mlp, mlp_norm, region
+        # The first add and the second norm inside the MoE router's launch (as `PreNormBlock`).
+        self.route_norm = isinstance(mlp, SharedExpertMoE) and router_norm_enabled()
 
     def __call__(
         self, h: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, ctx: StepContext
     ) -> torch.Tensor:
         with ctx.profiler.region(self.region):
-            x, h = self.mlp_norm.add_and_norm(self.mixer(self.mixer_norm(h), cos, sin, ctx), h)
+            a = self.mixer(self.mixer_norm(h), cos, sin, ctx)
+            if not self.route_norm:
+                x, h = self.mlp_norm.add_and_norm(a, h)
         if isinstance(self.mlp, DenseMLP):
             with ctx.profiler.region("mlp"):
                 return self.mlp(x, residual=h)
         with ctx.profiler.region("moe"):
+            routing = None
+            if self.route_norm:
+                x, h, ids, weights = self.mlp.routed.add_norm_route(a, h, self.mlp_norm)
+                routing = (ids, weights)
             host = ctx.batch.host
-            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding)
+            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding, routing=routing)
 
 
 # -- checkpoint names ----------------------------------------------------------------------
