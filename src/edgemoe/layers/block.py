@@ -43,11 +43,7 @@ class PreNormBlock:
     ) -> torch.Tensor:
         """One layer on its own: h → h (its own input norm, none computed ahead)."""
         x, h, routing = self._attention(h, None, cos, sin, ctx)
-        with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
-            host = ctx.batch.host
-            if isinstance(self.mlp, SparseMoE):
-                return self.mlp(x, h, host.num_decode, host.num_padding, routing)
-            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding)
+        return self._mlp(x, h, routing, None, ctx)[0]
 
     def step(
         self, h: torch.Tensor, normed: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,
@@ -58,13 +54,20 @@ class PreNormBlock:
         attn_norm made it). The second result is None when there is no next norm or the
         MLP cannot fuse it (a dense layer): the next block then norms h itself."""
         x, h, routing = self._attention(h, normed, cos, sin, ctx)
+        return self._mlp(x, h, routing, self.next_norm, ctx)
+
+    def _mlp(
+        self, x: torch.Tensor, h: torch.Tensor, routing: tuple[torch.Tensor, torch.Tensor] | None,
+        next_norm: RMSNorm | None, ctx: StepContext,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(h + mlp(x), next_norm of it when a MoE combine can fuse it, else None)."""
         with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
             host = ctx.batch.host
-            if isinstance(self.mlp, SparseMoE):
-                if self.next_norm is not None:
-                    return self.mlp.call_normed(x, h, self.next_norm, host.num_decode, host.num_padding, routing)
-                return self.mlp(x, h, host.num_decode, host.num_padding, routing), None
-            return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding), None
+            if not isinstance(self.mlp, SparseMoE):
+                return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding), None
+            if next_norm is not None:
+                return self.mlp.call_normed(x, h, next_norm, host.num_decode, host.num_padding, routing)
+            return self.mlp(x, h, host.num_decode, host.num_padding, routing), None
 
     def _attention(
         self, h: torch.Tensor, normed: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None,

@@ -23,6 +23,7 @@ def router_norm_enabled() -> bool:
     results are bitwise the same either way)."""
     return os.environ.get("EDGEMOE_ROUTER_NORM", "1") != "0"
 
+
 class SparseMoE:
     def __init__(
         self,

@@ -72,8 +72,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
         self.expert_nbytes = store.expert_nbytes
         self.num_decode = 0  # of the layer being computed
-        self._live: torch.Tensor | None = None
-        self._dead: torch.Tensor | None = None  # ~_live, once a step rather than once a layer
+        self._dead: torch.Tensor | None = None  # the step's padding rows: ~live, once a step, not a layer
         self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
         self.stats.drains.append(self._drain)
@@ -89,7 +88,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         return share
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
-        self._live = live
         self._dead = None if live is None else ~live
 
     def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
