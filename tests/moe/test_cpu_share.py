@@ -66,10 +66,23 @@ def routings(seed: int, dtype: torch.dtype, steps: int = 10):
         yield torch.randn(T, H, generator=g).to(dtype), ids, torch.softmax(torch.randn(T, K, generator=g), -1)
 
 
-def cpu_experts_of(slot_row: torch.Tensor, ids: torch.Tensor, quota: int) -> list[int]:
-    """The reference split: the last `quota` misses in routed order (ascending id)."""
+class Heat:
+    """The reference selection's memory: per (layer, expert) a decayed routing count,
+    integers (a routing adds 1024, each decode step keeps 7/8, rounded up)."""
+
+    def __init__(self) -> None:
+        self.heat = [[0] * E for _ in range(L)]
+
+    def update(self, layer: int, ids: torch.Tensor) -> None:
+        row = self.heat[layer]
+        counts = [int((ids == e).sum()) for e in range(E)]
+        self.heat[layer] = [h - (h >> 3) + 1024 * c for h, c in zip(row, counts, strict=True)]
+
+
+def cpu_experts_of(slot_row: torch.Tensor, ids: torch.Tensor, quota: int, heat: list[int]) -> list[int]:
+    """The reference split: the `quota` coldest misses (lowest heat, ties to the higher id)."""
     misses = [e for e in sorted(set(ids[ids >= 0].tolist())) if slot_row[e] < 0]
-    return misses[max(0, len(misses) - quota):] if quota else []
+    return sorted(sorted(misses, key=lambda e: (heat[e], -e))[:quota])
 
 
 def expected(store, layer: int, x, ids, w, on_cpu: list[int], kernel: CpuExperts) -> torch.Tensor:
@@ -102,11 +115,14 @@ def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: 
     share.cpu_share.quota.copy_(torch.tensor(quotas))
     share.cpu_share.rows = 4  # steps of 7 and 16 tokens run every miss on the device
     ref = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover)  # sees the routing without the CPU's experts
-    num_cpu = 0
-    for x, ids, w in routings(seed=slots, dtype=dtype):
+    num_cpu, heat = 0, Heat()
+    for x, ids, w in routings(seed=slots, dtype=dtype, steps=20):
         for layer in range(L):
-            quota = quotas[layer] if x.shape[0] <= 4 else 0
-            on_cpu = cpu_experts_of(ref.cache.slot_map[layer], ids, quota)
+            shared = x.shape[0] <= 4  # steps the share takes (heat counts them alone)
+            quota = quotas[layer] if shared else 0
+            on_cpu = cpu_experts_of(ref.cache.slot_map[layer], ids, quota, heat.heat[layer])
+            if shared:
+                heat.update(layer, ids)
             num_cpu += len(on_cpu)
             got = share.forward(layer, x, ids, w)
             ref.forward(layer, x, torch.where(torch.isin(ids, torch.tensor(on_cpu, dtype=ids.dtype)), -1, ids), w)
@@ -116,6 +132,9 @@ def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: 
     got, want = share.stats.snapshot(), ref.stats.snapshot()
     assert got["experts_cpu"] == num_cpu and got["misses"] == want["misses"] + num_cpu
     assert got["hits"] == want["hits"] and got["bytes_copied"] == want["bytes_copied"]
+    # The host function timed its calls that had pairs (a call per layer step with CPU experts).
+    assert 0 < got["cpu_calls"] <= num_cpu and got["cpu_seconds"] > 0 and got["cpu_us_per_call"] > 0
+    assert torch.equal(share.cpu_share.heat, torch.tensor(heat.heat))
 
 
 def test_quota_zero_is_offload_bitwise(kernel: CpuExperts) -> None:

@@ -31,6 +31,7 @@ MAILBOX_FIELDS = (
     "pool", "gate_up", "down", "gate_up_stride", "down_stride", "gate_up_scale", "down_scale",
     "gate_up_scale_stride", "down_scale_stride", "num_experts", "H", "I", "wfmt", "blk", "gemm_min_tokens",
     "x", "x_bf16", "x_stride", "x_rows", "count", "pairs", "weights", "cap", "out", "scratch", "status",
+    "calls", "busy_ns",
 )
 F = {name: i for i, name in enumerate(MAILBOX_FIELDS)}
 JOB_BYTES = 64  # sizeof(em_job): 8 int64
@@ -118,6 +119,11 @@ class HostLayerMailboxes:
     def address(self, layer: int) -> int:
         """The mailbox of `layer` (the host function's argument)."""
         return self.table.data_ptr() + self.layer_row[layer] * len(MAILBOX_FIELDS) * 8
+
+    def busy(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([layers] calls that had pairs, [layers] their wall time in ns), cumulative, in
+        the order of `banks` (a racy read while a graph runs: a layer may be one call ahead)."""
+        return self.table[:, F["calls"]].clone(), self.table[:, F["busy_ns"]].clone()
 
     def status(self, layer: int) -> int:
         """The last call's result on `layer`'s mailbox (0: done)."""

@@ -3,8 +3,11 @@ hybrid --expert-cache device`): no host read, so a decode step with CPU experts 
 replays from one CUDA graph.
 
 Per MoE layer (`begin` before the layer's waves are planned, `finish` before the k-sum):
-1. On the device: the layer's misses against the slot map, and the last `quota[layer]`
-   of them in routed order (ascending id) go to the CPU. Their pairs become -1 in the
+1. On the device: the layer's misses against the slot map, and the `quota[layer]`
+   coldest of them go to the CPU: lowest heat first (a decayed count of the layer's
+   routings of each expert over earlier decode steps), ties to the higher id. A hot
+   miss (routed often lately: likely routed again soon) is worth its slot; a cold one is
+   computed where it lies and evicts nothing (an admission filter, as TinyLFU's). Their pairs become -1 in the
    routing the cache plans, so they take no slot and change no cache state (the plan is
    the cache's plan of the routing without them). Their pairs (token row, expert, pair
    index, weight), their count and the step's token rows are written into the mailbox
@@ -34,6 +37,9 @@ from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import ExpertStore
 
 ROWS = 64  # token rows of the largest step with a CPU share (the mailbox's x rows)
+HEAT_UNIT = 1 << 10  # one routing's heat (integers: the same bits on every device)
+HEAT_SHIFT = 3  # heat loses 1/8 a decode step: a routing's weight halves in ~5 steps
+NOT_MISSED = torch.iinfo(torch.int64).max  # the selection key of experts the CPU can't take
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
@@ -57,7 +63,9 @@ class CpuShare:
 
     `quota` [num_layers] int64 on the device: the host may rewrite it between steps (0:
     the layer runs as without a share, bitwise). `cpu_counts` [num_layers] int64: CPU
-    experts per layer, cumulative, read lazily. Used by one thread (the executor's)."""
+    experts per layer, cumulative, read lazily. `heat` [num_layers, E] int64: each
+    expert's decayed routing count, updated by every step with a share (decode steps).
+    Used by one thread (the executor's)."""
 
     def __init__(self, store: ExpertStore, kernel: CpuExperts, num_layers: int, quota: int, device: torch.device,
                  rows: int = ROWS) -> None:
@@ -71,6 +79,8 @@ class CpuShare:
         self.num_experts = store.num_experts
         self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
+        self.heat = torch.zeros(num_layers, store.num_experts, dtype=torch.int64, device=device)
+        self._tiebreak = torch.arange(store.num_experts - 1, -1, -1, device=device)  # higher id: lower key
         self.mailboxes: HostLayerMailboxes | None = None
         self._views: MailboxBuffers | None = None
         if device.type == "cuda":
@@ -103,16 +113,27 @@ class CpuShare:
         the device's routing (the CPU pairs -1)."""
         mb = self._build(x, ids.shape[1])
         flat = ids.reshape(-1).long()
-        E, live = self.num_experts, flat >= 0
-        routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), live.long()) > 0
-        miss = routed & (resident < 0)
-        rank = miss.long().cumsum(0)  # 1-based rank among the misses, ascending id
-        on_cpu = miss & (rank > miss.sum() - self.quota[layer])  # [E] the last quota misses
+        live = flat >= 0
+        on_cpu = self._coldest_misses(layer, flat, live, resident)
         self.cpu_counts[layer].add_(on_cpu.sum())
         cpu_pair = live & on_cpu[flat.clamp(min=0)]  # [N]
         self._write(mb, x, flat, cpu_pair, weights, ids.shape[1])
         self._launch(layer)
         return ids.masked_fill(cpu_pair.view(ids.shape), -1)
+
+    def _coldest_misses(self, layer: int, flat: torch.Tensor, live: torch.Tensor,
+                        resident: torch.Tensor) -> torch.Tensor:
+        """[E] bool: the layer's `quota` coldest misses (see the module's step 1); then the
+        routing heats the layer's experts."""
+        E = self.num_experts
+        routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), live.long())
+        miss = (routed > 0) & (resident < 0)
+        heat = self.heat[layer]
+        key = torch.where(miss, heat * E + self._tiebreak, NOT_MISSED)  # distinct for misses
+        rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
+        on_cpu = miss & (rank < self.quota[layer])
+        heat.sub_(heat >> HEAT_SHIFT).add_(routed * HEAT_UNIT)
+        return on_cpu
 
     def _write(self, mb: MailboxBuffers, x: torch.Tensor, flat: torch.Tensor, cpu_pair: torch.Tensor,
                weights: torch.Tensor, top_k: int) -> None:
@@ -148,6 +169,13 @@ class CpuShare:
         assert mb is not None, "finish() without begin()"
         valid = torch.where(self._slots < mb.count.to(self._slots.device), self._slots, -1)
         gather_rows_into(mb.out, valid, cells.view(-1, cells.shape[-1]), self._dest)
+
+    def read_busy(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """([num_layers] CPU calls with pairs, [num_layers] their wall ns), cumulative; None
+        before the first step with a share."""
+        if self.mailboxes is None:
+            return None
+        return self.mailboxes.busy()
 
     def read_counts(self) -> torch.Tensor:
         """[num_layers] CPU experts per layer since construction (one device read)."""

@@ -78,6 +78,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.stats.drains.append(self._drain)
         self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
         self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
+        self._seen_busy = (0, 0)  # the host function's calls and ns already drained
 
     def _make_share(self, quota: int, kernel: CpuExperts | None) -> CpuShare:
         from edgemoe.moe.cpu import cpu_threads
@@ -161,10 +162,23 @@ class DeviceOffloadExecutor(CellsExecutor):
             for layer in np.flatnonzero(new_cpu):
                 stats.cpu_experts[layer] += int(new_cpu[layer])
                 stats.misses[layer] += int(new_cpu[layer])
+            self._drain_cpu_time(stats)
         events = self.cache.take_events()
         if stats.activity is not None:  # someone watches the live view
             stats.activity.mark_counts(events == HIT, HIT)
             stats.activity.mark_counts(events == MISS, MISS)
+
+    def _drain_cpu_time(self, stats: MoEStats) -> None:
+        """The host function's own timings into `cpu_s` / `cpu_calls` (the CPU side of the
+        split; the device side is the step's remainder)."""
+        busy = self.cpu_share.read_busy() if self.cpu_share is not None else None
+        if busy is None:
+            return
+        calls, ns = int(busy[0].sum()), int(busy[1].sum())
+        seen_calls, seen_ns = self._seen_busy
+        self._seen_busy = (calls, ns)
+        stats.cpu_calls += calls - seen_calls
+        stats.cpu_s += (ns - seen_ns) / 1e9
 
     def resident_mask(self) -> np.ndarray:
         return self.cache.slot_map.cpu().numpy() >= 0

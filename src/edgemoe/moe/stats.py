@@ -31,6 +31,7 @@ class MoEStats:
     tokens: int = 0  # token-layer passes / num MoE layers ≈ tokens forwarded
     copy_s: float = 0.0
     cpu_s: float = 0.0
+    cpu_calls: int = 0  # CPU jobs timed into cpu_s where an executor counts them (the device cache's share)
     _events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list, repr=False)
     all_resident: tuple[tuple[int, ...], int] | None = None  # (MoE layers, top_k): hits = tokens × top_k
     # Labels and live figures executors add (CPU kernel, split controller): in every snapshot.
@@ -79,7 +80,7 @@ class MoEStats:
         """Forget every count (after warm-up and graph capture)."""
         self.resolve()
         self.hits, self.misses, self.cpu_experts = [0] * self.num_layers, [0] * self.num_layers, [0] * self.num_layers
-        self.bytes_copied, self.tokens, self.copy_s, self.cpu_s = 0, 0, 0.0, 0.0
+        self.bytes_copied, self.tokens, self.copy_s, self.cpu_s, self.cpu_calls = 0, 0, 0.0, 0.0, 0
 
     def resolve(self) -> None:
         for drain in self.drains:
@@ -112,6 +113,8 @@ class MoEStats:
             "bytes_copied": self.bytes_copied,
             "copy_seconds": self.copy_s,
             "cpu_seconds": self.cpu_s,
+            **({"cpu_calls": self.cpu_calls, "cpu_us_per_call": round(self.cpu_s / self.cpu_calls * 1e6, 1)}
+               if self.cpu_calls else {}),
             "tokens": self.tokens,
             "misses_per_token": sum(per_tok),
             "misses_per_token_by_layer": per_tok,

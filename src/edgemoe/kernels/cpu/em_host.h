@@ -15,6 +15,9 @@
  * pair i weighted as the host path's CPU cells (em_store: scale * y, rounded once).
  * `status`: 0, or the failure (-1 bad mailbox contents, -2 memory, ...): then rows
  * 0..n-1 of out are NaN, so a failure inside a graph shows in the outputs.
+ * `calls`, `busy_ns`: cumulative counts of calls that had pairs and the wall time they
+ * took here (the CPU side of the split, read by the statistics; nothing else times a
+ * host node inside a graph).
  */
 #ifndef EM_HOST_H
 #define EM_HOST_H
@@ -36,6 +39,7 @@ typedef struct {
     int64_t out;                         /* fp32 [cap][H] */
     int64_t scratch;                     /* int32 [3 * cap + 2 * (num_experts + 1)] + em_job [cap] */
     int64_t status;                      /* written here: 0 or the failure */
+    int64_t calls, busy_ns;              /* written here: calls with pairs, their wall time */
 } em_mailbox;
 
 #define EM_PTR(T, a) ((T)(intptr_t)(a))
@@ -96,6 +100,7 @@ void em_host_layer(void *mailbox) {
     }
     m->status = 0;
     if (n == 0) return;
+    long start = em_now_ns();
     /* Scratch after the int32 arrays, rounded up to the job table's alignment. */
     int64_t ints = 3 * m->cap + 2 * (m->num_experts + 1);
     em_job *jobs = EM_PTR(em_job *, m->scratch + ((ints * 4 + 63) / 64) * 64);
@@ -108,6 +113,8 @@ void em_host_layer(void *mailbox) {
                         EM_PTR(float *, m->out), m->H, (int)m->H, (int)m->I, jobs, njobs, (int)m->gemm_min_tokens,
                         (int)m->wfmt, (int)m->blk);
     if (rc != 0) em_host_fail(m, n, rc);
+    m->calls += 1;
+    m->busy_ns += em_now_ns() - start;
 }
 
 #endif

@@ -87,13 +87,15 @@ def _persistent_programs(device: torch.device) -> int:
 
 
 def gather_rows_into_triton(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dst: torch.Tensor,
-                            programs: int | None = None) -> None:
+                            programs: int | None = None, block: int = BLOCK_INTO, num_warps: int = 4) -> None:
+    """`programs`, `block`, `num_warps`: the grid and tiles (defaults: the persistent grid,
+    BLOCK_INTO; `scripts/gpu_gather_sweep.py` sweeps them)."""
     N, D = ids.numel(), table.shape[1]
     if N == 0:
         return
     assert table.stride(1) == 1 and out.stride(1) == 1 and out.shape[1] == D, "rows must be contiguous, same width"
-    block_d = min(triton.next_power_of_2(D), BLOCK_INTO)
+    block_d = min(triton.next_power_of_2(D), block)
     grid = (programs or _persistent_programs(ids.device),)
     pdl = pdl_enabled(ids.device)
     _gather_rows_into[grid](table, ids, dst, out, N, D, table.stride(0), out.stride(0), BLOCK_D=block_d,
-                            CHUNK=CHUNK_INTO, USE_PDL=pdl, launch_pdl=pdl)
+                            CHUNK=CHUNK_INTO, USE_PDL=pdl, launch_pdl=pdl, num_warps=num_warps)
