@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -209,7 +210,13 @@ class SplitExecutor(OffloadExecutor):
 
 def cpu_threads(device: torch.device) -> int:
     """Threads for the CPU experts: every physical core, less one for the thread that
-    drives the GPU when there is one (it must keep launching while the CPU computes)."""
+    drives the GPU when there is one (it must keep launching while the CPU computes);
+    `EDGEMOE_CPU_THREADS` overrides (a host shared with other work)."""
+    override = os.environ.get("EDGEMOE_CPU_THREADS", "")
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ValueError(f"EDGEMOE_CPU_THREADS must be a positive integer (got {override!r})")
+        return int(override)
     cores = cpu_isa.physical_cores()
     return max(1, cores - 1) if device.type == "cuda" else cores
 

@@ -81,6 +81,9 @@ class CpuShare:
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.heat = torch.zeros(num_layers, store.num_experts, dtype=torch.int64, device=device)
         self._tiebreak = torch.arange(store.num_experts - 1, -1, -1, device=device)  # higher id: lower key
+        # A device scalar, so an A/B can zero it (with `heat`) between steps: the pick is then
+        # the last `quota` misses by id, with no re-capture.
+        self.heat_unit = torch.tensor(HEAT_UNIT, dtype=torch.int64, device=device)
         self.mailboxes: HostLayerMailboxes | None = None
         self._views: MailboxBuffers | None = None
         if device.type == "cuda":
@@ -132,7 +135,7 @@ class CpuShare:
         key = torch.where(miss, heat * E + self._tiebreak, NOT_MISSED)  # distinct for misses
         rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
         on_cpu = miss & (rank < self.quota[layer])
-        heat.sub_(heat >> HEAT_SHIFT).add_(routed * HEAT_UNIT)
+        heat.sub_(heat >> HEAT_SHIFT).add_(routed * self.heat_unit)
         return on_cpu
 
     def _write(self, mb: MailboxBuffers, x: torch.Tensor, flat: torch.Tensor, cpu_pair: torch.Tensor,

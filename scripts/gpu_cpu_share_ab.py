@@ -1,0 +1,69 @@
+"""The device cache's CPU share in issue 13's scenario, one engine, settings changed between runs.
+
+`random:qwen3-30b-a3b` bf16, `--gpu-memory 16GiB --kv-tokens 8192`, `--moe-backend hybrid
+--expert-cache device`, synthetic routing, batch 1, a 1K prompt: decode tok/s, misses a
+token (CPU experts included), the CPU's experts a token and its µs a call, for each quota
+(the CPU's experts a layer, rewritten on the device between runs: no re-capture) with the
+pick by heat (the coldest misses, the default) and by id (heat off: the last misses by
+id, as before). Quota 0 is offload, bitwise. Writes $OUT/cpu-share-ab.json.
+
+    OUT=... PYTHONPATH=/tmp/site:src python3 scripts/gpu_cpu_share_ab.py [--quotas 0 1 2 3] [--picks heat id]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from edgemoe import LLM
+from edgemoe.bench.decode import measure
+from edgemoe.moe.cpu_share import HEAT_UNIT
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quotas", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--picks", nargs="+", default=["heat", "id"], choices=["heat", "id"])
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--gpu-memory", default="16GiB")
+    ap.add_argument("--expert-dtype", default="bf16")
+    ap.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores - 1)")
+    args = ap.parse_args()
+    settings = dict(model="random:qwen3-30b-a3b", dtype="bfloat16", gpu_memory=args.gpu_memory, kv_tokens=8192,
+                    moe_backend="hybrid", expert_cache="device", cpu_experts_per_layer=1, routing="synthetic",
+                    expert_dtype=args.expert_dtype)
+    if args.threads:
+        os.environ["EDGEMOE_CPU_THREADS"] = str(args.threads)
+    rows = []
+    t0 = time.perf_counter()
+    with LLM(progress=False, **settings) as llm:
+        print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
+        share = llm.engine.runtime.executor.cpu_share
+        measure(llm, 16, 1, 4, seed=0)  # warm-up, graphs
+        seed = 1
+        for pick in args.picks:
+            for quota in args.quotas:
+                share.quota.fill_(quota)
+                share.heat.zero_()
+                share.heat_unit.fill_(HEAT_UNIT if pick == "heat" else 0)
+                row = measure(llm, 1024, 1, args.decode_tokens, seed=seed)
+                seed += 1
+                moe = llm.stats()["moe"]
+                out = {"pick": pick, "quota": quota, "decode_tok_s": round(row["decode_tok_s"], 2),
+                       "step_ms_p50": round(row["decode_step_ms_p50"], 2),
+                       "misses_per_token": round(row["decode_moe"]["misses_per_token"], 1),
+                       "cpu_experts_per_token": round(row["decode_moe"]["experts_cpu"] / max(1, row["decode_moe"]["tokens"]), 1),
+                       "hit_rate": round(row["decode_moe"]["hit_rate"], 3),
+                       "cpu_us_per_call": moe.get("cpu_us_per_call"), "slots": llm.stats()["memory_plan"]["num_slots"]}
+                rows.append(out)
+                print(out, flush=True)
+    path = os.path.join(os.environ.get("OUT", "bench/results"), "cpu-share-ab.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"settings": settings, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
