@@ -2,7 +2,8 @@
 `em_host_layer` as a host function on a side stream, eagerly and as a host node replayed
 from a CUDA graph:
 - one executor layer: bitwise what its pieces give computed apart (the device kernel's
-  cells for every pair, the CPU pairs' cells replaced by the host path's C kernel cells),
+  cells for every pair, the CPU pairs' cells — the coldest misses by the reference's heat —
+  replaced by the host path's C kernel cells; the fused Triton split on the device),
   eager and replayed with fresh routings, and the cache state of a cache that never saw
   the CPU's experts;
 - end to end: greedy tokens with a CPU quota equal offload's (quota 0), or part where
@@ -64,12 +65,16 @@ def test_one_layer_eager_and_replayed_from_a_graph() -> None:
         ids.copy_(torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int())
         w.copy_(torch.softmax(torch.randn(T, K, generator=g), -1))
 
+    heat = [[0] * E for _ in range(layers)]  # the reference pick's memory (moe/cpu_share.py)
+
     def check() -> None:
         """The outputs against the pieces, then the reference cache advanced the same way."""
         for layer in range(layers):
             slot_row = ref.cache.slot_map[layer].cpu()
-            misses = [e for e in sorted(set(ids.cpu().flatten().tolist())) if slot_row[e] < 0]
-            on_cpu = misses[max(0, len(misses) - quota):]
+            routed = ids.cpu().flatten().tolist()
+            misses = [e for e in sorted(set(routed)) if slot_row[e] < 0]
+            on_cpu = sorted(sorted(misses, key=lambda e: (heat[layer][e], -e))[:quota])  # noqa: B023
+            heat[layer] = [h - (h >> 3) + 1024 * routed.count(e) for e, h in enumerate(heat[layer])]
             cells = torch.empty(T, K, H, device=CUDA)
             moe_slots_parts(x, ids, w, banks[layer], store.format, F.silu, cells, num_decode=T)
             flat, values = moe_expert_cells_cpu(x.cpu(), ids.cpu(), w.cpu(), on_cpu,

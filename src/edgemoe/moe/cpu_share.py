@@ -32,14 +32,12 @@ import torch
 
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.row_gather import gather_rows_into
+from edgemoe.kernels.share_split import ShareState, share_begin, share_finish
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import ExpertStore
 
 ROWS = 64  # token rows of the largest step with a CPU share (the mailbox's x rows)
 HEAT_UNIT = 1 << 10  # one routing's heat (integers: the same bits on every device)
-HEAT_SHIFT = 3  # heat loses 1/8 a decode step: a routing's weight halves in ~5 steps
-NOT_MISSED = torch.iinfo(torch.int64).max  # the selection key of experts the CPU can't take
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
@@ -80,7 +78,6 @@ class CpuShare:
         self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.heat = torch.zeros(num_layers, store.num_experts, dtype=torch.int64, device=device)
-        self._tiebreak = torch.arange(store.num_experts - 1, -1, -1, device=device)  # higher id: lower key
         # A device scalar, so an A/B can zero it (with `heat`) between steps: the pick is then
         # the last `quota` misses by id, with no re-capture.
         self.heat_unit = torch.tensor(HEAT_UNIT, dtype=torch.int64, device=device)
@@ -102,8 +99,8 @@ class CpuShare:
                                                 pinned=self.device.type == "cuda")
             self._views = device_views(self.mailboxes.buffers, self.device)
             cap = self.mailboxes.buffers.cap
-            self._slots = torch.arange(cap, device=self.device)
             self._dest = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
+            self._scratch = torch.zeros(self.num_experts, dtype=torch.int32, device=self.device)
         if x.dtype != self.mailboxes.buffers.x.dtype or top_k != self.mailboxes.top_k:
             raise ValueError("the CPU share's mailbox was built for other activations or another top-k")
         assert self._views is not None
@@ -115,42 +112,12 @@ class CpuShare:
         row [E], -1 = not resident); write the mailbox and start the CPU's pairs. Returns
         the device's routing (the CPU pairs -1)."""
         mb = self._build(x, ids.shape[1])
-        flat = ids.reshape(-1).long()
-        live = flat >= 0
-        on_cpu = self._coldest_misses(layer, flat, live, resident)
-        self.cpu_counts[layer].add_(on_cpu.sum())
-        cpu_pair = live & on_cpu[flat.clamp(min=0)]  # [N]
-        self._write(mb, x, flat, cpu_pair, weights, ids.shape[1])
+        state = ShareState(resident, self.heat[layer], self.quota[layer], self.heat_unit, self.cpu_counts[layer],
+                           self._dest, self._scratch)
+        device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
+                                 weights if weights.is_contiguous() else weights.contiguous(), x, state, mb)
         self._launch(layer)
-        return ids.masked_fill(cpu_pair.view(ids.shape), -1)
-
-    def _coldest_misses(self, layer: int, flat: torch.Tensor, live: torch.Tensor,
-                        resident: torch.Tensor) -> torch.Tensor:
-        """[E] bool: the layer's `quota` coldest misses (see the module's step 1); then the
-        routing heats the layer's experts."""
-        E = self.num_experts
-        routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), live.long())
-        miss = (routed > 0) & (resident < 0)
-        heat = self.heat[layer]
-        key = torch.where(miss, heat * E + self._tiebreak, NOT_MISSED)  # distinct for misses
-        rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
-        on_cpu = miss & (rank < self.quota[layer])
-        heat.sub_(heat >> HEAT_SHIFT).add_(routed * self.heat_unit)
-        return on_cpu
-
-    def _write(self, mb: MailboxBuffers, x: torch.Tensor, flat: torch.Tensor, cpu_pair: torch.Tensor,
-               weights: torch.Tensor, top_k: int) -> None:
-        """The CPU pairs in pair order (others into the trash column), their count, x."""
-        N = flat.numel()
-        pair = self._slots[:N] if N <= self._slots.numel() else torch.arange(N, device=flat.device)
-        at = torch.where(cpu_pair, cpu_pair.long().cumsum(0) - 1, mb.cap - 1)  # [N] mailbox column
-        mb.pairs.index_copy_(1, at, torch.stack((pair // top_k, flat, pair)).to(torch.int32))
-        mb.weights.index_copy_(0, at, weights.reshape(-1).float())
-        mb.count.copy_(cpu_pair.sum().view(1))
-        rows = self._slots[: x.shape[0]]
-        # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
-        gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
-        self._dest.index_copy_(0, at, pair)  # the device's own copy of each column's pair
+        return device_ids
 
     def _launch(self, layer: int) -> None:
         assert self.mailboxes is not None
@@ -168,10 +135,8 @@ class CpuShare:
         """Wait for the CPU's pairs (on the device) and put their cells into `cells` [T, K, H]."""
         if self.device.type == "cuda":
             torch.cuda.current_stream().wait_event(self._join)
-        mb = self._views
-        assert mb is not None, "finish() without begin()"
-        valid = torch.where(self._slots < mb.count.to(self._slots.device), self._slots, -1)
-        gather_rows_into(mb.out, valid, cells.view(-1, cells.shape[-1]), self._dest)
+        assert self._views is not None, "finish() without begin()"
+        share_finish(self._views, self._dest, cells)
 
     def read_busy(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """([num_layers] CPU calls with pairs, [num_layers] their wall ns), cumulative; None

@@ -1,0 +1,109 @@
+"""The device cache's CPU share, its device side per MoE layer (`moe/cpu_share.py` says what
+and why): `share_begin` picks the CPU's experts and writes the mailbox, `share_finish`
+puts the CPU's cells into the step's cells once the host function is done.
+
+The torch functions are the reference and the CPU path (~30 small ops a layer: 60–90 µs
+of a replayed decode graph on an H200, measured as quota 0's cost against plain offload);
+on CUDA each is one Triton launch (`triton_ops/share_split.py`), the same values.
+Capturable either way: fixed shapes, no host read.
+
+`ShareState`: what persists across steps (`heat`, `cpu_count` are one layer's rows);
+`MailboxBuffers` (`kernels/cpu_host_layer.py`) the host function's inputs and outputs,
+device-visible (mapped views on a GPU).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from edgemoe.kernels.backend import triton_importable
+from edgemoe.kernels.cpu_host_layer import MailboxBuffers
+from edgemoe.kernels.row_gather import gather_rows_into
+
+HEAT_SHIFT = 3  # heat loses 1/8 a decode step: a routing's weight halves in ~5 steps
+NOT_MISSED = torch.iinfo(torch.int64).max  # the selection key of experts the CPU can't take
+
+
+class ShareState(NamedTuple):
+    """One layer's view: `resident` [E] int32 (the slot map row, -1: not resident),
+    `heat` [E] int64 (updated in place), `quota` and `heat_unit` 0-d int64, `cpu_count`
+    0-d int64 (CPU experts, cumulative), `dest` [cap] int64 (each mailbox column's pair
+    index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's)."""
+
+    resident: torch.Tensor
+    heat: torch.Tensor
+    quota: torch.Tensor
+    heat_unit: torch.Tensor
+    cpu_count: torch.Tensor
+    dest: torch.Tensor
+    scratch: torch.Tensor
+
+
+def _fused(t: torch.Tensor) -> bool:
+    return t.is_cuda and triton_importable()
+
+
+def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
+                mb: MailboxBuffers) -> torch.Tensor:
+    """Pick the CPU's experts of a layer (the `quota` coldest misses: lowest heat, ties to
+    the higher id), heat the layer's routed experts, write the mailbox (the CPU pairs in
+    pair order: token row, expert, pair index, weight; their count; x's rows when any)
+    and `dest`. ids [T, K] (-1: not routed), weights [T, K], x [T, H]. Returns the
+    device's routing: ids with the CPU's pairs -1."""
+    if _fused(ids):
+        from edgemoe.kernels.triton_ops.share_split import share_begin_triton
+
+        return share_begin_triton(ids, weights, x, st, mb)
+    return share_begin_ref(ids, weights, x, st, mb)
+
+
+def share_finish(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
+    """cells.view(-1, H)[dest[i]] = mb.out[i] for the mailbox's count of pairs."""
+    if _fused(cells):
+        from edgemoe.kernels.triton_ops.share_split import share_finish_triton
+
+        share_finish_triton(mb, dest, cells)
+        return
+    share_finish_ref(mb, dest, cells)
+
+
+def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
+    """[E] bool: the CPU's experts; heats the routed experts (the reference)."""
+    flat = ids.reshape(-1).long()
+    E = st.heat.numel()
+    routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), (flat >= 0).long())
+    miss = (routed > 0) & (st.resident < 0)
+    tiebreak = torch.arange(E - 1, -1, -1, device=flat.device)  # higher id: lower key
+    key = torch.where(miss, st.heat * E + tiebreak, NOT_MISSED)  # distinct for misses
+    rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
+    on_cpu = miss & (rank < st.quota)
+    st.heat.sub_(st.heat >> HEAT_SHIFT).add_(routed * st.heat_unit)
+    return on_cpu
+
+
+def share_begin_ref(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
+                    mb: MailboxBuffers) -> torch.Tensor:
+    on_cpu = coldest_misses_ref(ids, st)
+    st.cpu_count.add_(on_cpu.sum())
+    flat = ids.reshape(-1).long()
+    live = flat >= 0
+    cpu_pair = live & on_cpu[flat.clamp(min=0)]  # [N]
+    top_k, N, cap = ids.shape[1], flat.numel(), mb.cap
+    pair = torch.arange(N, device=flat.device)
+    at = torch.where(cpu_pair, cpu_pair.long().cumsum(0) - 1, cap - 1)  # [N] mailbox column (cap - 1: trash)
+    mb.pairs.index_copy_(1, at, torch.stack((pair // top_k, flat, pair)).to(torch.int32))
+    mb.weights.index_copy_(0, at, weights.reshape(-1).float())
+    mb.count.copy_(cpu_pair.sum().view(1))
+    rows = torch.arange(x.shape[0], device=x.device)
+    # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
+    gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
+    st.dest.index_copy_(0, at, pair)
+    return ids.masked_fill(cpu_pair.view(ids.shape), -1)
+
+
+def share_finish_ref(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
+    cols = torch.arange(mb.cap, device=dest.device)
+    valid = torch.where(cols < mb.count.to(dest.device), cols, -1)
+    gather_rows_into(mb.out, valid, cells.view(-1, cells.shape[-1]), dest)

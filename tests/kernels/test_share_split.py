@@ -1,0 +1,69 @@
+"""The CPU share's device side (kernels/share_split.py): the fused Triton launches under
+the interpreter on CPU tensors against the torch reference, bit for bit — the device's
+routing, the heat, the CPU expert count, the mailbox's used columns and count, x's rows,
+`dest`, and the cells the finish writes. Quotas from 0 to every miss, padding rows (-1),
+ties in heat (the higher id first), several steps so heat builds up, E past one chunk."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from edgemoe.kernels.cpu_host_layer import MailboxBuffers
+from edgemoe.kernels.share_split import ShareState, share_begin_ref, share_finish_ref
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+H = 40  # not a power of two: ragged row copies
+
+
+def mailbox(rows: int, K: int) -> MailboxBuffers:
+    cap = rows * K + 1
+    return MailboxBuffers(
+        count=torch.zeros(1, dtype=torch.int32), pairs=torch.full((3, cap), -7, dtype=torch.int32),
+        weights=torch.zeros(cap), x=torch.zeros(rows, H, dtype=torch.bfloat16), out=torch.randn(cap, H),
+        scratch=torch.zeros(8, dtype=torch.uint8),
+    )
+
+
+def state(E: int, cap: int, resident: torch.Tensor, quota: int) -> ShareState:
+    return ShareState(resident, torch.zeros(E, dtype=torch.int64), torch.tensor(quota), torch.tensor(1024),
+                      torch.zeros((), dtype=torch.int64), torch.full((cap,), -1, dtype=torch.int64),
+                      torch.zeros(E, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("E,T,K,quota", [(8, 1, 2, 1), (40, 5, 4, 3), (40, 3, 4, 40), (16, 2, 3, 0)])
+def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int) -> None:
+    from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
+
+    g = torch.Generator().manual_seed(E * 100 + quota)
+    rows = 6
+    mb_ref, mb_tri = mailbox(rows, K), mailbox(rows, K)
+    resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 9, (E,), generator=g), -1).int()
+    ref, tri = state(E, mb_ref.cap, resident, quota), state(E, mb_tri.cap, resident, quota)
+    for step in range(4):
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+        if step == 1 and T > 1:
+            ids[-1] = -1  # a padding row routes nothing
+        w = torch.softmax(torch.randn(T, K, generator=g), -1)
+        x = torch.randn(T, H, generator=g).bfloat16()
+        want = share_begin_ref(ids, w, x, ref, mb_ref)
+        got = share_begin_triton(ids, w, x, tri, mb_tri)
+        assert torch.equal(got, want)
+        assert torch.equal(tri.heat, ref.heat) and torch.equal(tri.cpu_count, ref.cpu_count)
+        n = int(mb_ref.count)
+        assert int(mb_tri.count) == n
+        assert torch.equal(mb_tri.pairs[:, :n], mb_ref.pairs[:, :n])
+        assert torch.equal(mb_tri.weights[:n], mb_ref.weights[:n])
+        assert torch.equal(tri.dest[:n], ref.dest[:n])
+        if n:
+            assert torch.equal(mb_tri.x[:T], mb_ref.x[:T])
+        cells_ref, cells_tri = torch.zeros(T, K, H), torch.zeros(T, K, H)
+        share_finish_ref(mb_ref, ref.dest, cells_ref)
+        mb_tri.out.copy_(mb_ref.out)
+        share_finish_triton(mb_tri, tri.dest, cells_tri)
+        assert torch.equal(cells_tri, cells_ref)
+    if quota:
+        assert int(ref.cpu_count) > 0
