@@ -1,0 +1,143 @@
+"""The live quota of the device cache's CPU share: how many of each MoE layer's misses the
+CPU computes, found by timing decode steps (`--moe-backend hybrid|auto` on the device
+cache without a fixed `--cpu-experts-per-layer`).
+
+Inside a captured decode step nothing runs on the host, so the split can't be set per
+layer from that layer's timings as the host cache's controller does (`moe/controller.py`).
+What the host sees is whole steps: it times the period between the starts of consecutive
+decode steps of the same batch size (with the overlap scheduler, the device's step time
+once the queue is full) and rewrites the per-layer quota between steps (a device copy,
+stream-ordered: no re-capture, no sync).
+
+The search variable is a level: a quarter of an expert a layer, `quota[l] = (level + l
+mod 4) // 4`, so levels between whole experts mix two quotas across the layers. Level 0
+is offload exactly (the executor then replays graphs captured without the share). The
+controller hill-climbs on the median period of a window of steps:
+- a window measures one level (`window` periods, after `settle` steps that may still
+  overlap the previous level's work);
+- from the current level it measures the neighbours `level ± stride` that have no fresh
+  figure, then moves to the best of the three when it beats the current by `margin`;
+- when the current level is best it holds for `hold` windows, then forgets its figures
+  and searches again, so a change (another process on the cores, a new routing mix,
+  longer contexts) is found, not locked in. Exploring costs a window at a neighbour per
+  `hold` windows: with the defaults ~1–2% of decode time at worst.
+Figures older than the last move are stale: a level's time depends on the cache, which
+the split itself shapes, so only figures measured around the current level are compared.
+
+Torch-free: the executor turns levels into its quota tensor (`quota_rows`).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+QUARTERS = 4  # levels per expert
+HISTORY = 64  # windows kept for inspection: (level, median period)
+
+
+def quota_rows(level: int, num_layers: int) -> list[int]:
+    """The per-layer quota of a level: `level` quarters of an expert a layer on average."""
+    return [(level + layer % QUARTERS) // QUARTERS for layer in range(num_layers)]
+
+
+@dataclass
+class QuotaController:
+    """`max_level`: the highest level (QUARTERS x top-k: every miss on the CPU); `start`:
+    the first level; `label`: the backend, for the log line."""
+
+    max_level: int
+    start: int = 0
+    window: int = 8
+    settle: int = 1
+    stride: int = 2
+    margin: float = 0.02
+    hold: int = 16
+    label: str = "hybrid"
+    level: int = field(init=False)
+    figures: dict[int, float] = field(init=False, default_factory=dict)  # level -> median period (s), fresh
+    history: deque[tuple[int, float]] = field(init=False, default_factory=lambda: deque(maxlen=HISTORY))
+    windows: int = field(init=False, default=0)
+    _home: int = field(init=False)  # the level the search is centred on
+    _periods: list[float] = field(init=False, default_factory=list)
+    _skip: int = field(init=False, default=0)
+    _last: tuple[float, int] | None = field(init=False, default=None)  # (start time, batch size) of the last step
+    _held: int = field(init=False, default=0)
+    _chosen: int | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.max_level < 0 or not 0 <= self.start <= self.max_level:
+            raise ValueError(f"quota levels 0..{self.max_level}, start {self.start}")
+        self.level = self._home = self.start
+        self._skip = self.settle
+
+    def step(self, now: float, batch: int | None) -> int:
+        """A step starts at `now` (seconds); `batch`: its decode batch size, or None for a
+        step the share doesn't take (prompt chunks). Returns the level for this step."""
+        last, self._last = self._last, (now, batch) if batch is not None else None
+        if batch is None or last is None or last[1] != batch:
+            return self.level  # no period to attribute (a prompt chunk, or a new batch size)
+        if self._skip:
+            self._skip -= 1
+            return self.level
+        self._periods.append(now - last[0])
+        if len(self._periods) >= self.window:
+            self._window_done(statistics.median(self._periods))
+        return self.level
+
+    def _window_done(self, period: float) -> None:
+        self._periods.clear()
+        self.windows += 1
+        self.history.append((self.level, period))
+        self.figures[self.level] = period
+        if self._held:  # holding at home: one window less, then search afresh around it
+            self._held -= 1
+            if self._held:
+                return
+            self.figures = {self._home: period}
+        self._go(self._next())
+
+    def _next(self) -> int:
+        """The next level to measure, or the home level to hold."""
+        home = self._home
+        for nb in (home + self.stride, home - self.stride):
+            if 0 <= nb <= self.max_level and nb not in self.figures:
+                return nb
+        best = min(self.figures, key=lambda lv: self.figures[lv])
+        if best != home and self.figures[best] < self.figures[home] * (1 - self.margin):
+            self._home = best
+            self.figures = {best: self.figures[best]}  # figures around the old home are stale
+            return self._next()
+        self._held = self.hold
+        self._decided(home)
+        return home
+
+    def _go(self, level: int) -> None:
+        if level != self.level:
+            self._skip = self.settle
+        self.level = level
+
+    def _decided(self, level: int) -> None:
+        """One log line when the settled choice changes (offload vs the CPU's share)."""
+        if level == self._chosen:
+            return
+        self._chosen = level
+        table = ", ".join(f"{lv / QUARTERS:g}: {t * 1e3:.2f} ms" for lv, t in sorted(self.figures.items()))
+        if level == 0:
+            log.warning("moe %s: offload (no CPU share): a decode step was fastest without one (%s)", self.label, table)
+        else:
+            log.warning("moe %s: the CPU computes %g misses a layer (a decode step's time by CPU experts a layer: %s)",
+                        self.label, level / QUARTERS, table)
+
+    def snapshot(self) -> dict[str, object]:
+        """For the statistics: the level in use, the settled one, the latest figures."""
+        return {
+            "cpu_quota_per_layer": self.level / QUARTERS,
+            "cpu_quota_settled": None if self._chosen is None else self._chosen / QUARTERS,
+            "cpu_quota_step_ms": {f"{lv / QUARTERS:g}": round(t * 1e3, 3) for lv, t in sorted(self.figures.items())},
+            "cpu_quota_windows": self.windows,
+        }
