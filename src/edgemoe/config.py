@@ -214,7 +214,8 @@ class EngineConfig:
 
         check_cpu_quota(self.moe.moe_backend, self.moe.expert_cache, self.moe.cpu_experts_per_layer)
         if self.moe.expert_cache == "device":
-            check_device_cache(self.moe.moe_backend, self.moe.moe_policy, self.moe.cpu_experts_per_layer)
+            check_device_cache(self.moe.moe_backend, self.moe.moe_policy, self.moe.cpu_experts_per_layer,
+                               self.moe.moe_hybrid_fraction)
         positive = {
             "moe_slots": self.moe.moe_slots or 1,
             "page_size": self.cache.page_size,

@@ -103,8 +103,9 @@ def test_device_cache_settings_are_checked() -> None:
 
     with pytest.raises(ValueError, match="lru or lru-plain only"):
         EngineConfig.from_kwargs(expert_cache="device", moe_policy="lfu")
-    with pytest.raises(ValueError, match="needs a fixed CPU quota"):
-        EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid")
+    with pytest.raises(ValueError, match="moe-hybrid-fraction"):  # the host cache's controller
+        EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid", moe_hybrid_fraction=0.5)
+    EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid")  # a live CPU quota
     with pytest.raises(ValueError, match="not 'cpu'"):
         EngineConfig.from_kwargs(expert_cache="device", moe_backend="cpu")
     EngineConfig.from_kwargs(expert_cache="device", moe_backend="hybrid", cpu_experts_per_layer=2)
@@ -144,3 +145,15 @@ def test_a_pool_below_one_tokens_experts_is_warned_about(qwen3_ckpt, caplog) -> 
                 LLM(str(qwen3_ckpt), moe_backend="offload", moe_slots=slots):
             pass
         assert any("smaller than one token's experts" in r.getMessage() for r in caplog.records) == warned
+
+
+def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt) -> None:  # noqa: ANN001
+    """Through the engine: the runner tells the executor each step's start (its controller
+    times decode steps); hybrid starts with one CPU expert a layer, counted as misses."""
+    with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=4) as llm:
+        llm.generate(PROMPTS, GREEDY)
+        moe = llm.stats()["moe"]
+        ctl = llm.engine.runtime.executor.controller
+    assert ctl is not None and moe["expert_cache"] == "device"
+    assert moe["experts_cpu"] > 0 and moe["cpu_calls"] > 0
+    assert moe["cpu_quota_per_layer"] == ctl.level / 4 and moe["cpu_quota_windows"] == ctl.windows

@@ -115,14 +115,19 @@ def offload(small_ckpt):
     return greedy(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device")[0]
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graphs: bool) -> None:
+@pytest.mark.parametrize("graphs,quota", [(True, 2), (False, 2), (True, None)], ids=["graphs", "eager", "live-graphs"])
+def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graphs: bool, quota: int | None) -> None:
+    """A fixed quota, and the live one (None: hybrid starts at one CPU expert a layer and
+    its controller moves between levels, the runner between the two captured variants)."""
     from tolerances import bf16_logit_error
 
     settings = {} if graphs else {"no_cuda_graph": True}
-    got, moe = greedy(small_ckpt, moe_backend="hybrid", moe_slots=8, expert_cache="device", cpu_experts_per_layer=2,
-                      **settings)
+    if quota is not None:
+        settings["cpu_experts_per_layer"] = quota
+    got, moe = greedy(small_ckpt, moe_backend="hybrid", moe_slots=8, expert_cache="device", **settings)
     assert moe["experts_cpu"] > 0 and moe["expert_cache"] == "device"
+    if quota is None:
+        assert "cpu_quota_per_layer" in moe
     layers = json.loads((Path(small_ckpt) / "config.json").read_text())["num_hidden_layers"]
     _, worst = bf16_logit_error(layers)
     with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8,

@@ -20,6 +20,7 @@ from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.cache_choice import resolve_expert_cache
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.parts_store import PartsStore
+from edgemoe.moe.quota_controller import QUARTERS, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
 from edgemoe.quant import Int8Channel, quantise_expert
@@ -169,10 +170,14 @@ def test_padding_rows_give_the_cpu_nothing(kernel: CpuExperts) -> None:
 
 def test_settings() -> None:
     assert resolve_expert_cache("auto", "cuda", "hybrid", "lru", cpu_experts_per_layer=2) == "device"
-    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru") == "host"
+    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru") == "device"  # the live quota
+    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru", hybrid_fraction=0.5) == "host"
+    assert resolve_expert_cache("auto", "cpu", "hybrid", "lru") == "host"
     store = bf16_store()
-    with pytest.raises(ValueError, match="cpu-experts-per-layer"):
-        make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device")
+    with pytest.raises(ValueError, match="moe-hybrid-fraction"):
+        make_executor("hybrid", store, CPU, F.silu, L, 4, hybrid_fraction=0.5, expert_cache="device")
+    with pytest.raises(ValueError, match="moe-hybrid-fraction"):
+        EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="device", moe_hybrid_fraction=0.5)).validate()
     with pytest.raises(ValueError, match="not 'cpu'"):
         make_executor("cpu", store, CPU, F.silu, L, 4, expert_cache="device", cpu_experts_per_layer=1)
     with pytest.raises(ValueError, match="C expert kernel"):  # fp32 experts: no native path
@@ -184,3 +189,43 @@ def test_settings() -> None:
         with pytest.raises(ValueError, match="cpu-experts-per-layer"):
             EngineConfig(moe=moe).validate()
     EngineConfig(moe=MoEConfig(moe_backend="hybrid", cpu_experts_per_layer=2)).validate()  # auto: the device cache
+
+
+def test_a_live_quota_is_offload_bitwise_at_level_zero_and_follows_its_controller(kernel: CpuExperts) -> None:
+    store = bf16_store()
+    live = make_executor("hybrid", store, CPU, F.silu, L, 4, top_k=K, expert_cache="device")
+    plain = make_executor("offload", store, CPU, F.silu, L, 4, expert_cache="device")
+    assert isinstance(live, DeviceOffloadExecutor) and live.controller is not None
+    assert live.graph_variants == ("plain", "share") and live.graph_variant == "share"  # hybrid starts at 1 a layer
+    assert live.cpu_share.quota.tolist() == quota_rows(QUARTERS, L)
+    live._apply_level(0)  # offload: the runner replays the graphs without the share
+    assert live.graph_variant == "plain"
+    for x, ids, w in routings(seed=4, dtype=torch.bfloat16, steps=5):
+        for layer in range(L):
+            assert torch.equal(live.forward(layer, x, ids, w), plain.forward(layer, x, ids, w))
+            assert same_state(live, plain)
+    assert live.stats.snapshot()["experts_cpu"] == 0
+    # Driven by step times: every level it picks lands in the quota tensor and the variant.
+    ctl, now = live.controller, 0.0
+    for step in range(200):
+        live.before_step(now, None if step % 25 == 0 else 1)  # a prompt step now and then: no period
+        assert live.cpu_share.quota.tolist() == quota_rows(ctl.level, L)
+        assert live.graph_variant == ("share" if ctl.level else "plain")
+        now += 0.01 * (1 + abs(ctl.level - 6))  # level 6 (1.5 a layer) is fastest
+    assert ctl.snapshot()["cpu_quota_settled"] == 1.5
+    x, ids, w = next(routings(seed=5, dtype=torch.bfloat16))
+    live._apply_level(ctl.max_level)  # every miss on the CPU
+    live.forward(0, x[:2], ids[:2], w[:2])
+    assert live.stats.snapshot()["experts_cpu"] > 0 and "cpu_quota_per_layer" in live.stats.snapshot()
+
+
+def test_auto_gets_a_live_share_on_a_gpu_only() -> None:
+    auto = make_executor("auto", bf16_store(), CPU, F.silu, L, 4, top_k=K, expert_cache="device")
+    assert isinstance(auto, DeviceOffloadExecutor) and auto.cpu_share is None and auto.controller is None
+    assert auto.graph_variants == (None,)
+
+
+def test_hybrid_without_a_readable_format_falls_back_to_offload(caplog: pytest.LogCaptureFixture) -> None:
+    fp32 = BankStore.allocate([0], E, H, I, torch.float32)  # the C kernel reads bf16, int8, fp8
+    ex = make_executor("hybrid", fp32, CPU, F.silu, 1, 4, top_k=K, expert_cache="device")
+    assert ex.cpu_share is None and ex.controller is None and "no CPU share" in caplog.text

@@ -154,8 +154,8 @@ def test_activity_marks_reach_the_live_view(store: BankStore) -> None:
 def test_what_the_device_cache_cannot_run_is_refused(store: BankStore) -> None:
     with pytest.raises(ValueError, match="lru or lru-plain only"):
         make_executor("offload", store, CPU, F.silu, L, 4, policy="lfu", expert_cache="device")
-    with pytest.raises(ValueError, match="needs a fixed CPU quota"):  # the live controller reads routing back
-        make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device")
+    with pytest.raises(ValueError, match="moe-hybrid-fraction"):  # the host controller's fixed split
+        make_executor("hybrid", store, CPU, F.silu, L, 4, hybrid_fraction=0.3, expert_cache="device")
     with pytest.raises(ValueError, match="not 'cpu'"):
         make_executor("cpu", store, CPU, F.silu, L, 4, expert_cache="device")
     with pytest.raises(ValueError, match="expert_mover"):
@@ -176,14 +176,15 @@ def test_counts_drain_once_per_read(store: BankStore) -> None:
     assert dev.stats.bytes_copied == 3 * store.expert_nbytes
 
 
-def test_expert_cache_auto_is_the_device_on_a_gpu_for_offload_and_auto() -> None:
+def test_expert_cache_auto_is_the_device_on_a_gpu_for_offload_hybrid_and_auto() -> None:
     from edgemoe.moe.cache_choice import resolve_expert_cache
 
     assert resolve_expert_cache("auto", "cuda", "offload", "lru") == "device"
     assert resolve_expert_cache("auto", "cuda", "auto", "lru") == "device"
     assert resolve_expert_cache("auto", "cuda", "offload", "lru-plain") == "device"  # A/B runs of the two LRUs
-    # the CPU split needs the host cache; LFU and the CPU have no device cache
-    for backend, policy, device in (("hybrid", "lru", "cuda"), ("cpu", "lru", "cuda"), ("auto", "lfu", "cuda"),
+    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru") == "device"  # with a live CPU quota
+    # the cpu backend needs the host cache; LFU and the CPU have no device cache
+    for backend, policy, device in (("cpu", "lru", "cuda"), ("auto", "lfu", "cuda"),
                                     ("offload", "lru", "cpu"), ("auto", "lru", "cpu")):
         assert resolve_expert_cache("auto", device, backend, policy) == "host"
     assert resolve_expert_cache("host", "cuda", "offload", "lru") == "host"  # an explicit choice stands

@@ -192,7 +192,7 @@ def make_runner(
     max_bs = min(config.kernels.cuda_graph_max_bs, table.max_rows)
     padding = DecodePadding(graph_sizes(max_bs), table.scratch_row, pool.scratch_page) if pads else None
     runner = ModelRunner(model, attention, buffers, profiler, padding, executor.stats.add_tokens, routing, states, ple,
-                         executor.set_live_rows)
+                         executor.set_live_rows, executor)
     # Synthetic routing (cache studies) stages each step's ids in a static device buffer: graph-safe.
     if (pads and executor.graph_safe and not config.kernels.no_cuda_graph and (ple is None or ple.graph_safe)
             and (routing is None or routing.graph_safe)):
@@ -249,10 +249,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
     profiler = StepProfiler(device)
     expert_cache = resolve_expert_cache(config.moe.expert_cache, device.type, plan.backend, config.moe.moe_policy,
-                                        config.moe.cpu_experts_per_layer)
+                                        config.moe.cpu_experts_per_layer, config.moe.moe_hybrid_fraction)
     if config.moe.expert_cache == "auto" and expert_cache == "device" and plan.backend != "resident":
-        log.warning("expert cache on the device (--expert-cache auto): decode steps replay from CUDA graphs, "
-                    "misses computed on the GPU only (--expert-cache host for auto's CPU split)")
+        log.warning("expert cache on the device (--expert-cache auto): decode steps replay from CUDA graphs; "
+                    "a CPU share of the misses where the backend has one (its quota by timing steps)")
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,

@@ -11,6 +11,10 @@ Only what is capture-safe is captured: the attention backend must say `graph_saf
 and the MoE executor must never read back from the device (resident experts; offload
 II brings the expert cache inside). Sampling stays outside (its features change per
 step) and is a handful of kernels.
+
+An executor with graph variants (`MoEExecutor.graph_variants`: the device cache's CPU
+share on and off) has every size captured once per variant; a replay takes the variant
+the executor names at that step.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -29,6 +34,25 @@ from edgemoe.layers.batch import ForwardBatch
 log = logging.getLogger(__name__)
 
 ForwardFn = Callable[[ForwardBatch], torch.Tensor]  # batch → logits [N, V], device work only
+
+
+class GraphVariants(Protocol):
+    """What switches a forward between captured variants (`MoEExecutor` has these)."""
+
+    graph_variants: tuple[str | None, ...]
+    graph_variant: str | None
+
+    def use_graph_variant(self, variant: str | None) -> None: ...
+
+
+class OneVariant:
+    """No variants: one capture a size."""
+
+    graph_variants: tuple[str | None, ...] = (None,)
+    graph_variant: str | None = None
+
+    def use_graph_variant(self, variant: str | None) -> None:
+        assert variant is None
 
 
 def graph_sizes(max_bs: int) -> list[int]:
@@ -60,35 +84,46 @@ def trim(batch: ForwardBatch, n: int) -> ForwardBatch:
 
 
 class DecodeGraphs:
-    """Captured forwards by padded batch size, replayed on the static batch buffers."""
+    """Captured forwards by (padded batch size, variant), replayed on the static batch buffers."""
 
-    def __init__(self, forward: ForwardFn, buffers: BatchBuffers, padding: DecodePadding) -> None:
+    def __init__(self, forward: ForwardFn, buffers: BatchBuffers, padding: DecodePadding,
+                 variants: GraphVariants | None = None) -> None:
         self.forward, self.buffers, self.padding = forward, buffers, padding
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.variants = variants or OneVariant()
+        self.graphs: dict[tuple[int, str | None], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     def capture(self) -> float:
-        """Capture every size (largest first, so the shared memory pool is sized once);
-        returns the seconds it took."""
+        """Capture every size of every variant (largest first, so the shared memory pool is
+        sized once); returns the seconds it took. The executor's variant is restored."""
         t0 = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.padding.sizes):
-            batch = self.buffers.build(self.padding.pad([], size))
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
-                for _ in range(2):
-                    self.forward(batch)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                logits = self.forward(batch)
-            self.graphs[size] = (graph, logits)
+        current = self.variants.graph_variant
+        try:
+            for variant in self.variants.graph_variants:
+                self.variants.use_graph_variant(variant)
+                for size in reversed(self.padding.sizes):
+                    self.graphs[(size, variant)] = self._capture(size)
+        finally:
+            self.variants.use_graph_variant(current)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
+    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        batch = self.buffers.build(self.padding.pad([], size))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
+            for _ in range(2):
+                self.forward(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.forward(batch)
+        return graph, logits
+
     def replay(self, chunks: Sequence[SeqChunk], size: int) -> tuple[ForwardBatch, torch.Tensor]:
         batch = self.buffers.build(self.padding.pad(chunks, size))
-        graph, logits = self.graphs[size]
+        graph, logits = self.graphs[(size, self.variants.graph_variant)]
         graph.replay()
         return trim(batch, len(chunks)), logits[: len(chunks)]

@@ -4,14 +4,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from edgemoe.cache.state_pool import StatePool
 from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
-from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, trim
+from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, GraphVariants, trim
 from edgemoe.engine.sampler import SampleOutput
 from edgemoe.layers.attention_backend import AttentionBackend
 from edgemoe.layers.batch import BatchMode, ForwardBatch
@@ -20,6 +22,12 @@ from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.ple.store import PleStore
 from edgemoe.profiling import DISABLED, StepProfiler
+
+
+class MoEStepHooks(GraphVariants, Protocol):
+    """The MoE executor as the runner drives it between steps (`MoEExecutor`)."""
+
+    def before_step(self, now: float, decode_batch: int | None) -> None: ...
 
 
 class ModelRunner:
@@ -36,8 +44,11 @@ class ModelRunner:
     stages them in its static device buffer (padding draws nothing, so the draws are the
     same padded or not, graphs or not). `live_rows` hears, inside
     each forward (so a captured graph replays it), which rows are real
-    (`MoEExecutor.set_live_rows`). With overlap, a decode chunk's PENDING id is read on the
-    device from `buffers.last_token` (inside the graphs too)."""
+    (`MoEExecutor.set_live_rows`). `moe` (the executor) hears each step's start on the
+    host, before the forward or replay (`before_step`: it may tune itself and switch its
+    graph variant), and has each variant captured (`engine/graphs.py`). With overlap, a
+    decode chunk's PENDING id is read on the device from `buffers.last_token` (inside the
+    graphs too)."""
 
     def __init__(
         self,
@@ -51,9 +62,10 @@ class ModelRunner:
         states: StatePool | None = None,
         ple: PleStore | None = None,
         live_rows: Callable[[torch.Tensor | None], None] = lambda live: None,
+        moe: MoEStepHooks | None = None,
     ) -> None:
         self.model, self.attention, self.buffers, self.profiler = model, attention, buffers, profiler
-        self.ple, self.live_rows = ple, live_rows
+        self.ple, self.live_rows, self.moe = ple, live_rows, moe
         self.padding, self.count_tokens, self.states = padding, count_tokens, states
         self.graphs: DecodeGraphs | None = None
         self.routing = routing  # cache studies: the step's expert ids, staged before the forward
@@ -61,7 +73,7 @@ class ModelRunner:
     def capture_graphs(self) -> float:
         """Capture the decode sizes of `padding` (seconds taken)."""
         assert self.padding is not None and (self.routing is None or self.routing.graph_safe)
-        self.graphs = DecodeGraphs(self.run_batch, self.buffers, self.padding)
+        self.graphs = DecodeGraphs(self.run_batch, self.buffers, self.padding, self.moe)
         return self.graphs.capture()
 
     def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
@@ -72,6 +84,9 @@ class ModelRunner:
             with self.profiler.region("ple_wait"):
                 self.ple.begin_step(padded)
         self.count_tokens(sum(len(c.token_ids) for c in chunks))
+        if self.moe is not None:  # before the replay: it may switch the variant to replay
+            decode = all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks)
+            self.moe.before_step(time.perf_counter(), len(chunks) if decode else None)
         if self.routing is not None:  # outside run_batch: a replay must find its ids staged
             self.routing.prepare([len(c.token_ids) for c in chunks], [c.start + len(c.token_ids) for c in chunks],
                                  [c.row for c in chunks], size)

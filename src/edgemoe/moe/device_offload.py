@@ -8,9 +8,11 @@ gather mover no step of it reads the device back, so a decode step is captured w
 a CUDA graph (`graph_safe`); the copy-engine mover reads each wave's miss list (the hit
 pass runs meanwhile) and runs eagerly.
 
-With a CPU share (`cpu_experts_per_layer`: `--moe-backend hybrid`), the last misses of
-each layer run on the CPU inside the same step (`moe/cpu_share.py`: a host function on a
-side stream, no host read), and the cache plans the routing without them.
+With a CPU share (`--moe-backend hybrid` or `auto`), the coldest misses of each layer run
+on the CPU inside the same step (`moe/cpu_share.py`: a host function on a side stream, no
+host read), and the cache plans the routing without them. Their number a layer is fixed
+(`--cpu-experts-per-layer`) or live: chosen between steps by timing decode steps
+(`moe/quota_controller.py`), with graphs captured with and without the share.
 
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
 `SlotCache` with the same policy ("lru" or "lru-plain"), and every wave a mask over one
@@ -20,6 +22,8 @@ are counted on the device and read only when the statistics are asked for
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
@@ -33,8 +37,24 @@ from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
+from edgemoe.moe.quota_controller import QUARTERS, QuotaController, quota_rows
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
+
+
+log = logging.getLogger(__name__)
+
+PLAIN, SHARE = "plain", "share"  # graph variants with a live quota: without / with the CPU share
+DEFAULT_TOP_K = 8  # the live quota's ceiling (experts a layer) when the caller doesn't say top-k
+
+
+def live_share(backend: str, store: ExpertStore, device: torch.device) -> str | None:
+    """Whether a device-cache executor without a fixed quota gets a live CPU share: hybrid
+    always (it asked for the CPU), auto on a GPU (on a CPU-only machine the experts are
+    host memory either way)."""
+    if backend == "hybrid" or (backend == "auto" and device.type == "cuda"):
+        return backend
+    return None
 
 
 class DeviceOffloadExecutor(CellsExecutor):
@@ -46,9 +66,15 @@ class DeviceOffloadExecutor(CellsExecutor):
     `num_padding` argument is a Python int, frozen when a graph is captured); direct
     callers pass `num_padding`. Padding rows' outputs are zeros.
 
-    `cpu_experts_per_layer`: the CPU's quota of each layer's misses (None: no CPU share;
+    `cpu_experts_per_layer`: the CPU's quota of each layer's misses (None: no fixed share;
     `cpu_share.quota` may be rewritten between steps), run by `cpu_kernel` (default: the
-    C kernel on every physical core but the one driving the GPU)."""
+    C kernel on every physical core but the one driving the GPU). `live_quota` ("hybrid"
+    | "auto", without a fixed quota): the quota is chosen by timing decode steps
+    (`moe/quota_controller.py`, levels up to `top_k` experts a layer; hybrid starts at one
+    expert a layer, auto at none); at level 0 the runner replays graphs captured without
+    the share (`graph_variants`), so auto costs nothing where the CPU doesn't help. Where
+    the share can't run (no C kernel, a format it doesn't read) live_quota falls back to
+    offload, said in the log for hybrid."""
 
     def __init__(
         self,
@@ -62,7 +88,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         cpu_experts_per_layer: int | None = None,
         cpu_kernel: CpuExperts | None = None,
         policy: str = "lru",
+        live_quota: str | None = None,
+        top_k: int | None = None,
     ) -> None:
+
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
@@ -77,6 +106,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
         self.stats.drains.append(self._drain)
         self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
+        self.controller: QuotaController | None = None
+        if live_quota is not None and cpu_experts_per_layer is None:
+            self._make_live_share(live_quota, cpu_kernel, top_k or DEFAULT_TOP_K, num_layers)
         self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
         self._seen_busy = (0, 0)  # the host function's calls and ns already drained
 
@@ -87,6 +119,38 @@ class DeviceOffloadExecutor(CellsExecutor):
         share = CpuShare(self.store, kernel, len(self._seen), quota, self.device)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota)
         return share
+
+    def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
+        """The share with a live quota and its two graph variants; offload where it can't run."""
+        try:
+            self.cpu_share = self._make_share(0, kernel)
+        except ValueError as e:
+            (log.warning if label == "hybrid" else log.info)("moe %s: no CPU share (%s): offload", label, e)
+            return
+        start = QUARTERS if label == "hybrid" else 0
+        self.controller = QuotaController(max_level=QUARTERS * top_k, start=start, label=label)
+        levels = [quota_rows(level, num_layers) for level in range(self.controller.max_level + 1)]
+        self._quota_levels = torch.tensor(levels, dtype=torch.int64, device=self.device)
+        self._level = -1
+        self.graph_variants = (PLAIN, SHARE)
+        self._apply_level(start)
+        self.stats.sources.append(self.controller.snapshot)
+
+    def _apply_level(self, level: int) -> None:
+        """The quota rows of `level` (a device copy, ordered before the next step's work)
+        and the variant that runs it (level 0: the graphs without the share)."""
+        if level != self._level:
+            self.cpu_share.quota.copy_(self._quota_levels[level])  # type: ignore[union-attr]
+            self._level = level
+        self.graph_variant = SHARE if level > 0 else PLAIN
+
+    def before_step(self, now: float, decode_batch: int | None) -> None:
+        if self.controller is None:
+            return
+        share = self.cpu_share
+        assert share is not None
+        taken = decode_batch if decode_batch is not None and decode_batch <= share.rows else None
+        self._apply_level(self.controller.step(now, taken))
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         self._dead = None if live is None else ~live
@@ -99,7 +163,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
-        share = self.cpu_share if self.cpu_share is not None and self.cpu_share.takes(x) else None
+        share = self.cpu_share if self.cpu_share is not None and self.graph_variant != PLAIN and self.cpu_share.takes(x) else None
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer])
         for plan in self.cache.layer_waves(layer, ids):

@@ -96,6 +96,24 @@ class MoEExecutor(ABC):
         h = self.forward(layer, x, topk_ids, topk_weights, residual, num_decode, num_padding)
         return h, rms_norm(h, norm.weight, norm.eps, norm.weight_offset)
 
+    # Captured forwards may differ by a mode the executor switches between steps (the
+    # device cache's CPU share on or off): the runner captures each variant and replays
+    # the one `graph_variant` names. One variant (None) for most executors.
+    graph_variants: tuple[str | None, ...] = (None,)
+    graph_variant: str | None = None
+
+    def use_graph_variant(self, variant: str | None) -> None:
+        """Run the following forwards as `variant` (one of `graph_variants`): the runner
+        sets each in turn to capture it; `before_step` may switch between steps."""
+        if variant not in self.graph_variants:
+            raise ValueError(f"graph variant {variant!r}: this executor has {self.graph_variants}")
+        self.graph_variant = variant
+
+    def before_step(self, now: float, decode_batch: int | None) -> None:
+        """The runner calls this on the host before each step's forward or graph replay:
+        `now` (perf_counter seconds) and the step's decode batch size (None: the step has
+        prompt tokens). Executors that tune themselves between steps listen."""
+
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         """The runner names, once per step and inside what it may capture, which rows of
         the coming forward are real: `live` [T] bool on the device (a decode batch padded

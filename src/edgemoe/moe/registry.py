@@ -32,20 +32,21 @@ def make_executor(
     misses, None lets the live controller split them; auto: the controller also chooses
     between offload and hybrid (`top_k` sizes its start-up decision).
 
-    `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"; offload, or auto when
-    the experts don't fit; hybrid with a fixed CPU quota `cpu_experts_per_layer`, planned
-    on the device), misses moved by `expert_mover` ("gather" | "copy")."""
+    `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"), misses moved
+    by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (a fixed quota
+    `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when)."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
         return ResidentExecutor(store, device, act, num_layers, max_tokens)
     if expert_cache == "device":
-        check_device_cache(backend, policy, cpu_experts_per_layer)
-        from edgemoe.moe.device_offload import DeviceOffloadExecutor
+        check_device_cache(backend, policy, cpu_experts_per_layer, hybrid_fraction if backend == "hybrid" else None)
+        from edgemoe.moe.device_offload import DeviceOffloadExecutor, live_share
 
         quota = cpu_experts_per_layer if backend == "hybrid" else None
+        live = live_share(backend, store, device) if quota is None else None
         return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
-                                     policy=policy)
+                                     policy=policy, live_quota=live, top_k=top_k)
     if expert_cache != "host":
         raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
     if backend == "offload":
