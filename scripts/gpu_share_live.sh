@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 13's scenario with the CPU share: the GPU tests of the share, the quota A/B in one
+# process (scripts/gpu_cpu_share_ab.py), then offload / hybrid (live quota) / auto, one process
+# each, $DECODE decode tokens (the live quota needs ~10 windows of 8 steps to settle).
+# Through the device tool: run(command="scripts/gpu_share_live.sh", carry=[".whl"])
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+res=$OUT/r; mkdir -p "$res"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout 240 python3 -m pytest tests/gpu/test_cpu_share_gpu.py -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
+    -rfE --tb=short 2>&1 | tail -6
+fi
+if [ -z "${SKIP_AB:-}" ]; then
+  OUT=$res timeout 200 python3 scripts/gpu_cpu_share_ab.py --picks heat --quotas ${QUOTAS:-0 1 2 3} 2>&1 | grep "^{\|Error"
+fi
+for backend in ${BACKENDS:-offload hybrid auto}; do
+  echo "== $backend"
+  timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b --gpu-memory 16GiB --kv-tokens 8192 \
+    --routing synthetic --moe-backend "$backend" --expert-dtype "${DTYPE:-bf16}" --prompt-tokens 1024 --batch-sizes 1 \
+    --decode-tokens "${DECODE:-320}" --out "$res" 2>&1 | grep -i "moe \(hybrid\|auto\)\|decode\|captured\|Error" | tail -6
+  python3 - "$res" <<'PY'
+import glob, json, os, sys
+path = max(glob.glob(os.path.join(sys.argv[1], "decode-*.json")), key=os.path.getmtime)
+d = json.load(open(path)); r = d["rows"][-1]; m = d["moe"]["final"]
+print({k: m.get(k) for k in ("cpu_quota_per_layer", "cpu_quota_settled", "cpu_quota_step_ms", "cpu_us_per_call")},
+      "decode", round(r["decode_tok_s"], 2), "tok/s p50", round(r["decode_step_ms_p50"], 2), "ms misses/tok",
+      round(r["decode_moe"]["misses_per_token"], 1), "cpu", r["decode_moe"]["experts_cpu"], os.path.basename(path))
+PY
+done
+save_jit_cache
