@@ -112,9 +112,9 @@ class MoEConfig:
     )
     cpu_experts_per_layer: int | None = setting(
         None,
-        "hybrid with --expert-cache device: the last N misses of each MoE layer (routed order) run on the CPU inside "
-        "the step (a C host function in the decode graph, no host read; steps of up to 64 tokens), the rest are "
-        "moved to the GPU; 0 = offload exactly",
+        "hybrid with --expert-cache device: fix the CPU's quota — the N coldest misses of each MoE layer run on the "
+        "CPU inside the step (a C host function in the decode graph, no host read; steps of up to 64 tokens), the "
+        "rest are moved to the GPU; 0 = offload exactly (default: a live quota chosen by timing decode steps)",
     )
     routing: str = setting(
         "router",
