@@ -10,6 +10,8 @@ Threads: the C kernel runs its own pool of `threads` workers (default: the physi
 cores this process may use). They spin `spin_us` after a call for the next one, then
 sleep, so they neither burn a core between layers for long nor wait on torch's
 OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller).
+`EDGEMOE_CPU_SPIN_US` sets the default spin (a decode step's layers come every few
+hundred µs: a longer spin trades an idle core's time for the wake-up's latency).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ JOB_FIELDS = 8  # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, sca
 WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2}
 
 
+def _spin_us() -> int:
+    """`EDGEMOE_CPU_SPIN_US` (µs idle workers spin before sleeping), else SPIN_US."""
+    value = os.environ.get("EDGEMOE_CPU_SPIN_US", "")
+    if not value:
+        return SPIN_US
+    if not value.isdigit():
+        raise ValueError(f"EDGEMOE_CPU_SPIN_US must be a whole number of microseconds (got {value!r})")
+    return int(value)
+
+
 class CpuExperts:
     """A kernel variant with its thread pool (`name == "torch"`: no C kernel).
 
@@ -44,7 +56,7 @@ class CpuExperts:
     """
 
     def __init__(self, kernel: str | None = None, threads: int | None = None,
-                 gemm_min_tokens: int = GEMM_MIN_TOKENS, spin_us: int = SPIN_US) -> None:
+                 gemm_min_tokens: int = GEMM_MIN_TOKENS, spin_us: int | None = None) -> None:
         self._pool: int | None = None
         self._pid = -1
         self.requested = kernel or os.environ.get(KERNEL_ENV) or "auto"
@@ -52,7 +64,7 @@ class CpuExperts:
             raise ValueError(f"CPU expert kernel {self.requested!r}: choose one of {', '.join(KERNELS)}")
         self.name = resolve_kernel(self.requested)
         self.threads = threads or cpu_isa.physical_cores()
-        self.gemm_min_tokens, self.spin_us = gemm_min_tokens, spin_us
+        self.gemm_min_tokens, self.spin_us = gemm_min_tokens, spin_us if spin_us is not None else _spin_us()
         self._lib = None if self.name == "torch" else cpu_build.load(self.name)
 
     def __repr__(self) -> str:
