@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13's scenario with the CPU share: the GPU tests of the share, the quota A/B in one
 # process (scripts/gpu_cpu_share_ab.py), then offload / hybrid (live quota) / auto, one process
-# each, $DECODE decode tokens (the live quota needs ~10 windows of 8 steps to settle).
+# each ($RUNS: dtype:backend pairs), $DECODE decode tokens (the live quota needs ~10 windows of 8 steps to settle).
 # Through the device tool: run(command="scripts/gpu_share_live.sh", carry=[".whl"])
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -18,10 +18,11 @@ if [ -z "${SKIP_AB:-}" ]; then
       --quotas ${SPIN_QUOTAS:-0 2} 2>&1 | grep "^{\|Error"
   done
 fi
-for backend in ${BACKENDS:-offload hybrid auto}; do
-  echo "== $backend"
+for run in ${RUNS:-bf16:offload bf16:hybrid bf16:auto}; do  # expert dtype:backend
+  dtype=${run%%:*} backend=${run#*:}
+  echo "== $dtype $backend"
   timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b --gpu-memory 16GiB --kv-tokens 8192 \
-    --routing synthetic --moe-backend "$backend" --expert-dtype "${DTYPE:-bf16}" --prompt-tokens 1024 --batch-sizes 1 \
+    --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" --prompt-tokens 1024 --batch-sizes 1 \
     --decode-tokens "${DECODE:-320}" --out "$res" 2>&1 | grep -i "moe \(hybrid\|auto\)\|decode\|captured\|Error" | tail -6
   python3 - "$res" <<'PY'
 import glob, json, os, sys
