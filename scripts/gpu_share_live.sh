@@ -12,10 +12,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_AB:-}" ]; then
   OUT=$res timeout 200 python3 scripts/gpu_cpu_share_ab.py --picks heat --quotas ${QUOTAS:-0 1 2 3} 2>&1 | grep "^{\|Error"
-  for spin in ${SPINS:-}; do  # the C pool's idle spin (µs) between layers' calls
-    echo "== EDGEMOE_CPU_SPIN_US=$spin"
-    EDGEMOE_CPU_SPIN_US=$spin OUT=$res/spin$spin timeout 150 python3 scripts/gpu_cpu_share_ab.py --picks heat \
-      --quotas ${SPIN_QUOTAS:-0 2} 2>&1 | grep "^{\|Error"
+  for setting in ${ENVS:-}; do  # one process each, e.g. EDGEMOE_CPU_BELL=0 (the host node) EDGEMOE_CPU_SPIN_US=2000
+    echo "== $setting"
+    env "$setting" OUT=$res/${setting//[^A-Za-z0-9]/_} timeout 150 python3 scripts/gpu_cpu_share_ab.py --picks heat \
+      --quotas ${ENV_QUOTAS:-0 2} 2>&1 | grep "^{\|Error"
   done
 fi
 for run in ${RUNS:-bf16:offload bf16:hybrid bf16:auto}; do  # expert dtype:backend

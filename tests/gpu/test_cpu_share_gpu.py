@@ -41,7 +41,14 @@ def pinned_bf16_store(layers: int, E: int, H: int, I: int) -> BankStore:
     return BankStore(pinned, pinned=True)
 
 
-def test_one_layer_eager_and_replayed_from_a_graph() -> None:
+@pytest.mark.parametrize("bell", ["1", "0"], ids=["bell", "host-node"])
+def test_one_layer_eager_and_replayed_from_a_graph(bell: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-off both ways: the bell thread (stream memory operations) and the host node."""
+    from edgemoe.kernels.cpu_bell import bell_supported
+
+    monkeypatch.setenv("EDGEMOE_CPU_BELL", bell)
+    if bell == "1" and not bell_supported(0):
+        pytest.skip("this driver has no stream memory operations on host words in graphs")
     layers, E, H, I, S, T, K, quota = 2, 16, 256, 128, 6, 3, 4, 2
     store = pinned_bf16_store(layers, E, H, I)
     kernel = CpuExperts(threads=4)
@@ -103,6 +110,8 @@ def test_one_layer_eager_and_replayed_from_a_graph() -> None:
         torch.cuda.synchronize()
         check()
     assert share.stats.snapshot()["experts_cpu"] > 0
+    assert (share.cpu_share._bell is not None) == (bell == "1")
+    share.close()
 
 
 def greedy(path, **settings) -> tuple[list[list[int]], dict]:

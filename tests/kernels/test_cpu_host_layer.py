@@ -5,6 +5,8 @@ same kernel on the same jobs), in bf16, int8 and fp8; what a bad mailbox does.""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds
@@ -120,3 +122,43 @@ def test_mailboxes_are_per_layer_over_shared_buffers() -> None:
         mb.run(layer)
         want = moe_expert_cells_cpu(x, ids, w, [2], [(banks["gate_up"][2], banks["down"][2])], kernel)[1]
         assert torch.equal(mb.cells(pairs.numel()), want)
+
+
+def test_the_bell_thread_runs_each_rung_layer_and_publishes_done() -> None:
+    """The bell (kernels/cpu_bell.py) with the host playing the device: each ring runs that
+    layer's mailbox on the C thread — the same cells as a direct call — and publishes the
+    layer's done value; several layers in turn, and ring values of rows that don't exist
+    are answered without running anything."""
+    from edgemoe.kernels.cpu_bell import LINE, CpuBell
+
+    kernel = kernel_for("avx512" if cpu_isa_has("avx512") else "scalar", "gemv")
+    banks = {layer: dict(zip(("gate_up", "down"), bf16_banks(seed=10 + layer), strict=True)) for layer in (3, 5)}
+    mb = HostLayerMailboxes(banks, ("bf16", 0), kernel, T, K, torch.float32)
+    bell = CpuBell(mb, None)
+    try:
+        for step, layer in enumerate((3, 5, 3)):
+            x, ids, w = routing(seed=20 + step)
+            tok, exp, pairs = cpu_pairs(ids, [1, 4])
+            mb.fill(x, tok, exp, pairs, w.reshape(-1)[pairs])
+            mb.cells(pairs.numel()).zero_()
+            bell.ring_host(layer)
+            bell.wait_host(layer)
+            got = mb.cells(pairs.numel()).clone()
+            mb.run(layer)  # the same mailbox called directly
+            assert torch.equal(got, mb.cells(pairs.numel())) and got.abs().sum() > 0
+            assert mb.status(layer) == 0
+        calls, ns = mb.busy()
+        assert calls.tolist() == [4, 2] and (ns > 0).all()  # rows of layers 3 and 5: bell + direct calls
+        bell.words[0] = 99  # no such row: answered, nothing run
+        deadline = time.monotonic() + 10
+        while int(bell.words[LINE]) != 99:
+            assert time.monotonic() < deadline, "the bell did not answer a ring of no row"
+        assert mb.busy()[0].tolist() == [4, 2]
+    finally:
+        bell.close()
+
+
+def cpu_isa_has(variant: str) -> bool:
+    from edgemoe.kernels import cpu_isa
+
+    return cpu_isa.supported(variant)

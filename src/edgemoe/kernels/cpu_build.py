@@ -23,7 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 3  # NOTE: must equal EM_ABI_VERSION in expert.c
+ABI_VERSION = 4  # NOTE: must equal EM_ABI_VERSION in expert.c
 SOURCE_DIR = Path(__file__).parent / "cpu"
 CACHE_ENV = "EDGEMOE_CACHE_DIR"
 
@@ -113,6 +113,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32, i32, i32]
     lib.em_read.restype, lib.em_read.argtypes = ctypes.c_uint64, [p, p, i64]
     lib.em_host_layer.restype, lib.em_host_layer.argtypes = None, [p]
+    lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
+    lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
     return lib
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.share_split import ShareState, share_begin, share_finish
@@ -83,6 +84,7 @@ class CpuShare:
         self.heat_unit = torch.tensor(HEAT_UNIT, dtype=torch.int64, device=device)
         self.mailboxes: HostLayerMailboxes | None = None
         self._views: MailboxBuffers | None = None
+        self._bell: CpuBell | None = None  # the hand-off on a GPU where the driver allows (kernels/cpu_bell.py)
         if device.type == "cuda":
             self._side = torch.cuda.Stream(device)
             self._fork, self._join = torch.cuda.Event(), torch.cuda.Event()
@@ -101,6 +103,8 @@ class CpuShare:
             cap = self.mailboxes.buffers.cap
             self._dest = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
             self._scratch = torch.zeros(self.num_experts, dtype=torch.int32, device=self.device)
+            if self.device.type == "cuda" and bell_wanted() and bell_supported(self.device.index or 0):
+                self._bell = CpuBell(self.mailboxes, self.device)
         if x.dtype != self.mailboxes.buffers.x.dtype or top_k != self.mailboxes.top_k:
             raise ValueError("the CPU share's mailbox was built for other activations or another top-k")
         assert self._views is not None
@@ -124,6 +128,9 @@ class CpuShare:
         if self.device.type != "cuda":
             self.mailboxes.run(layer)
             return
+        if self._bell is not None:
+            self._bell.ring(torch.cuda.current_stream(), layer)
+            return
         from edgemoe.kernels.host_func import launch_host_func
 
         self._fork.record()
@@ -131,12 +138,20 @@ class CpuShare:
         launch_host_func(self._side, self.mailboxes.function, self.mailboxes.address(layer))
         self._join.record(self._side)
 
-    def finish(self, cells: torch.Tensor) -> None:
+    def finish(self, layer: int, cells: torch.Tensor) -> None:
         """Wait for the CPU's pairs (on the device) and put their cells into `cells` [T, K, H]."""
-        if self.device.type == "cuda":
+        if self._bell is not None:
+            self._bell.wait(torch.cuda.current_stream(), layer)
+        elif self.device.type == "cuda":
             torch.cuda.current_stream().wait_event(self._join)
         assert self._views is not None, "finish() without begin()"
         share_finish(self._views, self._dest, cells)
+
+    def close(self) -> None:
+        """Stop the bell's thread (the executor's close; a graph must not replay after)."""
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
 
     def read_busy(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """([num_layers] CPU calls with pairs, [num_layers] their wall ns), cumulative; None

@@ -169,7 +169,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         for plan in self.cache.layer_waves(layer, ids):
             self._run_wave(layer, x, ids, plan, topk_weights, cells)
         if share is not None:
-            share.finish(cells)
+            share.finish(layer, cells)
         if dead is not None:  # their cells were never written: make their output zeros, not garbage
             cells.masked_fill_(dead[:, None, None], 0.0)
         return cells
@@ -252,4 +252,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.cache.clear()
 
     def close(self) -> None:
+        if self.cpu_share is not None:
+            self.cpu_share.close()
         del self.slots, self.mover

@@ -1,0 +1,145 @@
+"""The CPU share's bell: a C thread that runs a layer's mailbox when the device rings, in
+place of a host node (`kernels/cpu/em_host.h` says the protocol).
+
+On the device the ring and the wait are stream memory operations (`cuStreamWriteValue32`
+after the mailbox writes, `cuStreamWaitValue32` before the CPU's cells are read back),
+which a CUDA graph captures as memory-operation nodes: no driver callback thread, no
+events, no side stream. The two words live in page-locked host memory the device reaches
+through its mapping. `bell_supported` probes the driver once (the operations, and their
+capture in a graph); `EDGEMOE_CPU_BELL=0` keeps the host node.
+
+`CpuBell.ring_host` / `wait_host` do the device's part from the host: the CPU tests drive
+the thread with them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import time
+
+import torch
+
+from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
+
+log = logging.getLogger(__name__)
+
+WAIT_EQ = 0x1  # CU_STREAM_WAIT_VALUE_EQ
+LINE = 16  # int32 words between ring and done: separate 64-byte cache lines
+
+
+@functools.cache
+def _libcuda() -> ctypes.CDLL | None:
+    """The driver API's stream memory operations, or None (no libcuda, or too old)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    for name in ("cuStreamWriteValue32", "cuStreamWaitValue32"):
+        fn = getattr(lib, f"{name}_v2", None) or getattr(lib, name, None)
+        if fn is None:
+            return None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        setattr(lib, f"em_{name}", fn)
+    return lib
+
+
+def _write(stream: torch.cuda.Stream, addr: int, value: int) -> None:
+    rc = _libcuda().em_cuStreamWriteValue32(ctypes.c_void_p(stream.cuda_stream), addr, value, 0)  # type: ignore[union-attr]
+    if rc != 0:
+        raise RuntimeError(f"cuStreamWriteValue32 failed (CUresult {rc})")
+
+
+def _wait(stream: torch.cuda.Stream, addr: int, value: int) -> None:
+    rc = _libcuda().em_cuStreamWaitValue32(ctypes.c_void_p(stream.cuda_stream), addr, value, WAIT_EQ)  # type: ignore[union-attr]
+    if rc != 0:
+        raise RuntimeError(f"cuStreamWaitValue32 failed (CUresult {rc})")
+
+
+def _words(device: torch.device | None) -> tuple[torch.Tensor, int]:
+    """Two int32 words a cache line apart (page-locked when a GPU uses them), and their
+    device address (the host's without a GPU)."""
+    words = torch.zeros(2 * LINE, dtype=torch.int32, pin_memory=device is not None and device.type == "cuda")
+    if device is None or device.type != "cuda":
+        return words, words.data_ptr()
+    from edgemoe.moe.pinning import uva_view
+
+    return words, uva_view(words, device).data_ptr()
+
+
+def bell_wanted() -> bool:
+    return os.environ.get("EDGEMOE_CPU_BELL", "1") != "0"
+
+
+@functools.cache
+def bell_supported(device_index: int) -> bool:
+    """Whether the driver runs stream memory operations on host words, captured in a graph
+    (one probe a process and device; logged when not)."""
+    if _libcuda() is None:
+        log.warning("CPU share: no stream memory operations in the driver: the host node hands off")
+        return False
+    device = torch.device("cuda", device_index)
+    words, dev = _words(device)
+    stream = torch.cuda.Stream(device)
+    try:
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                _write(stream, dev, 7)
+                _wait(stream, dev, 7)
+            graph.replay()
+        stream.synchronize()
+        ok = int(words[0]) == 7
+    except RuntimeError as e:
+        log.warning("CPU share: stream memory operations unusable here (%s): the host node hands off", e)
+        return False
+    return ok
+
+
+class CpuBell:
+    """The thread over `mailboxes` (its rows), and the two words. `device` None: the host
+    plays the device (tests)."""
+
+    def __init__(self, mailboxes: HostLayerMailboxes, device: torch.device | None) -> None:
+        self.mailboxes = mailboxes
+        self.words, dev = _words(device)
+        self._ring_dev, self._done_dev = dev, dev + LINE * 4
+        host = self.words.data_ptr()
+        lib = mailboxes.kernel.lib
+        assert lib is not None
+        table = mailboxes.table
+        self._lib = lib
+        self._handle = lib.em_bell_start(host, host + LINE * 4, table.data_ptr(), table.stride(0) * 8, table.shape[0])
+        if not self._handle:
+            raise RuntimeError("CPU share: the bell thread did not start")
+
+    def row(self, layer: int) -> int:
+        return self.mailboxes.layer_row[layer]
+
+    def ring(self, stream: torch.cuda.Stream, layer: int) -> None:
+        """On `stream`, after its earlier work: run `layer`'s mailbox on the CPU."""
+        _write(stream, self._ring_dev, self.row(layer) + 1)
+
+    def wait(self, stream: torch.cuda.Stream, layer: int) -> None:
+        """On `stream`: later work waits until `layer`'s mailbox has run."""
+        _wait(stream, self._done_dev, self.row(layer) + 1)
+
+    def ring_host(self, layer: int) -> None:
+        self.words[0] = self.row(layer) + 1
+
+    def wait_host(self, layer: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while int(self.words[LINE]) != self.row(layer) + 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the CPU share's bell: layer {layer} not done in {timeout_s} s")
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.em_bell_stop(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
