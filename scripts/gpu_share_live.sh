@@ -8,7 +8,10 @@ source "$(dirname "$0")/gpu_env.sh"
 res=$OUT/r; mkdir -p "$res"
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 240 python3 -m pytest tests/gpu/test_cpu_share_gpu.py -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
-    -rfE --tb=short 2>&1 | tail -6
+    -rfE --tb=short > "$res/tests.log" 2>&1
+  rc=$?
+  tail -12 "$res/tests.log"
+  if [ $rc -ne 0 ]; then echo "== share tests failed (rc $rc): the rest without the bell"; export EDGEMOE_CPU_BELL=0; fi
 fi
 if [ -z "${SKIP_AB:-}" ]; then
   OUT=$res timeout 200 python3 scripts/gpu_cpu_share_ab.py --picks heat --quotas ${QUOTAS:-0 1 2 3} 2>&1 | grep "^{\|Error"
