@@ -19,7 +19,8 @@ MEDIUM = dict(
 
 
 def test_hybrid_controller_learns_from_events(small_ckpt) -> None:  # noqa: ANN001
-    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="hybrid", moe_slots=8) as llm:
+    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="hybrid", moe_slots=8,
+             expert_cache="host") as llm:  # the host cache's controller (on the device cache: a live quota)
         llm.generate([list(range(2000, 2040))], GREEDY)
         split = llm.stats()["moe"]["split"]
     assert split["layers"] > 0 and split["observations"]["device"] > 0
