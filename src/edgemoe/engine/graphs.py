@@ -98,20 +98,23 @@ class DecodeGraphs:
         sized once); returns the seconds it took. The executor's variant is restored."""
         t0 = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
+        # NOTE: one warm-up stream for every capture: the caching allocator keeps freed blocks
+        # per stream, so a stream per capture strands each one's warm-up blocks (a 2 GiB cap
+        # ran out of memory capturing a second variant that way).
+        side = torch.cuda.Stream()
         current = self.variants.graph_variant
         try:
             for variant in self.variants.graph_variants:
                 self.variants.use_graph_variant(variant)
                 for size in reversed(self.padding.sizes):
-                    self.graphs[(size, variant)] = self._capture(size)
+                    self.graphs[(size, variant)] = self._capture(size, side)
         finally:
             self.variants.use_graph_variant(current)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, size: int, side: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         batch = self.buffers.build(self.padding.pad([], size))
-        side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
             for _ in range(2):
