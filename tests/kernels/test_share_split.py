@@ -34,7 +34,8 @@ def state(E: int, cap: int, resident: torch.Tensor, quota: int) -> ShareState:
                       torch.zeros(E, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("E,T,K,quota", [(8, 1, 2, 1), (40, 5, 4, 3), (40, 3, 4, 40), (16, 2, 3, 0)])
+@pytest.mark.parametrize("E,T,K,quota", [(8, 1, 2, 1), (40, 5, 4, 3), (40, 3, 4, 40), (16, 2, 3, 0),
+                                         (512, 2, 10, 7)])  # Qwen3.8-Flash-Next's 512 experts, top-10
 def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int) -> None:
     from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
 
