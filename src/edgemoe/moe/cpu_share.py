@@ -148,8 +148,10 @@ class CpuShare:
         share_finish(self._views, self._dest, cells)
 
     def close(self) -> None:
-        """Stop the bell's thread (the executor's close; a graph must not replay after)."""
+        """Stop the bell's thread (the executor's close; a graph must not replay after).
+        Work already queued may still ring it: that finishes first."""
         if self._bell is not None:
+            torch.cuda.synchronize(self.device)
             self._bell.close()
             self._bell = None
 
