@@ -1,24 +1,28 @@
 """The CPU's share of the device expert cache's misses, inside the step (`--moe-backend
-hybrid --expert-cache device`): no host read, so a decode step with CPU experts still
+hybrid|auto --expert-cache device`): no host read, so a decode step with CPU experts still
 replays from one CUDA graph.
 
 Per MoE layer (`begin` before the layer's waves are planned, `finish` before the k-sum):
-1. On the device: the layer's misses against the slot map, and the `quota[layer]`
-   coldest of them go to the CPU: lowest heat first (a decayed count of the layer's
-   routings of each expert over earlier decode steps), ties to the higher id. A hot
-   miss (routed often lately: likely routed again soon) is worth its slot; a cold one is
-   computed where it lies and evicts nothing (an admission filter, as TinyLFU's). Their pairs become -1 in the
-   routing the cache plans, so they take no slot and change no cache state (the plan is
-   the cache's plan of the routing without them). Their pairs (token row, expert, pair
-   index, weight), their count and the step's token rows are written into the mailbox
-   (`kernels/cpu_host_layer.py`), pinned host memory the device writes through mapped
-   views.
-2. Fork: a side stream waits for those writes and runs `em_host_layer(mailbox)` as a host
-   function (`kernels/host_func.py`; a host node in a captured graph): the C kernel
-   computes the CPU pairs' weighted cells from the store's banks while the main stream
-   moves and computes the GPU's pairs.
-3. Join: the main stream waits for the side stream, then gathers the CPU cells from the
-   mailbox into the step's [T, K, H] cells; `moe_combine`'s fixed-order k-sum follows.
+1. On the device (`kernels/share_split.py`, one launch): the layer's misses against the
+   slot map, and the `quota[layer]` coldest of them go to the CPU: lowest heat first (a
+   decayed count of the layer's routings of each expert over earlier decode steps), ties
+   to the higher id. A hot miss (routed often lately: likely routed again soon) is worth
+   its slot; a cold one is computed where it lies and evicts nothing (an admission
+   filter, as TinyLFU's). Their pairs become -1 in the routing the cache plans, so they
+   take no slot and change no cache state (the plan is the cache's plan of the routing
+   without them). Their pairs (token row, expert, pair index, weight), their count and
+   the step's token rows are written into the mailbox (`kernels/cpu_host_layer.py`),
+   pinned host memory the device writes through mapped views.
+2. Hand-off: the stream rings the bell (`kernels/cpu_bell.py`: a stream memory write the
+   C thread polls for) and the thread runs `em_host_layer(mailbox)`: the C kernel computes
+   the CPU pairs' weighted cells from the store's banks while the stream moves and
+   computes the GPU's pairs. Where the driver can't (no stream memory operations in
+   graphs) or `EDGEMOE_CPU_BELL=0`: a side stream runs the same function as a host
+   function (`kernels/host_func.py`; a host node in a captured graph), ~20% slower at
+   16 GiB (docs/benchmarks.md).
+3. Join: the stream waits for the bell's answer (or the side stream), then one launch
+   copies the CPU cells from the mailbox into the step's [T, K, H] cells; `moe_combine`'s
+   fixed-order k-sum follows.
 On a CPU the host function is called directly at step 2 (the same mailbox and function).
 
 Steps of more than `rows` tokens (prompt chunks) run every miss on the device: the CPU

@@ -9,8 +9,8 @@ a CUDA graph (`graph_safe`); the copy-engine mover reads each wave's miss list (
 pass runs meanwhile) and runs eagerly.
 
 With a CPU share (`--moe-backend hybrid` or `auto`), the coldest misses of each layer run
-on the CPU inside the same step (`moe/cpu_share.py`: a host function on a side stream, no
-host read), and the cache plans the routing without them. Their number a layer is fixed
+on the CPU inside the same step (`moe/cpu_share.py`: the C kernel on a thread the device
+rings, no host read), and the cache plans the routing without them. Their number a layer is fixed
 (`--cpu-experts-per-layer`) or live: chosen between steps by timing decode steps
 (`moe/quota_controller.py`), with graphs captured with and without the share.
 
@@ -48,7 +48,7 @@ PLAIN, SHARE = "plain", "share"  # graph variants with a live quota: without / w
 DEFAULT_TOP_K = 8  # the live quota's ceiling (experts a layer) when the caller doesn't say top-k
 
 
-def live_share(backend: str, store: ExpertStore, device: torch.device) -> str | None:
+def live_share(backend: str, device: torch.device) -> str | None:
     """Whether a device-cache executor without a fixed quota gets a live CPU share: hybrid
     always (it asked for the CPU), auto on a GPU (on a CPU-only machine the experts are
     host memory either way)."""
@@ -91,7 +91,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         live_quota: str | None = None,
         top_k: int | None = None,
     ) -> None:
-
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
@@ -152,6 +151,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         taken = decode_batch if decode_batch is not None and decode_batch <= share.rows else None
         self._apply_level(self.controller.step(now, taken))
 
+    def _share_on(self) -> bool:
+        """A share that this step's variant runs (a live quota at level 0 runs without it)."""
+        return self.cpu_share is not None and self.graph_variant != PLAIN
+
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         self._dead = None if live is None else ~live
 
@@ -163,7 +166,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
-        share = self.cpu_share if self.cpu_share is not None and self.graph_variant != PLAIN and self.cpu_share.takes(x) else None
+        share = self.cpu_share if self._share_on() and self.cpu_share.takes(x) else None  # type: ignore[union-attr]
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer])
         for plan in self.cache.layer_waves(layer, ids):

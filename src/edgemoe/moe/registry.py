@@ -44,7 +44,7 @@ def make_executor(
         from edgemoe.moe.device_offload import DeviceOffloadExecutor, live_share
 
         quota = cpu_experts_per_layer if backend == "hybrid" else None
-        live = live_share(backend, store, device) if quota is None else None
+        live = live_share(backend, device) if quota is None else None
         return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
                                      policy=policy, live_quota=live, top_k=top_k)
     if expert_cache != "host":
