@@ -186,8 +186,16 @@ def _print_row(row: dict[str, Any]) -> None:
         f"prefill {row['prefill_tok_s']:9.1f} tok/s ({row['prefill_s']:.3f} s)  "
         f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
         f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f} "
-        f"decode {row['decode_moe']['misses_per_token']:.2f}" + _allocator_note(row.get("prefill_allocator"))
+        f"decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
+        + _allocator_note(row.get("prefill_allocator"))
     )
+
+
+def _cpu_note(moe: dict[str, Any]) -> str:
+    """The CPU's experts a token in decode, when it computed any."""
+    if not moe.get("experts_cpu") or not moe.get("tokens"):
+        return ""
+    return f" (CPU {moe['experts_cpu'] / moe['tokens']:.2f})"
 
 
 def _allocator_note(alloc: dict[str, Any] | None) -> str:
