@@ -15,12 +15,12 @@ from edgemoe.kernels.cpu_host_layer import MailboxBuffers
 from edgemoe.kernels.share_split import ShareState, share_begin_ref, share_finish_ref
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+
 H = 40  # not a power of two: ragged row copies
 
 
-def mailbox(rows: int, K: int) -> MailboxBuffers:
-    cap = rows * K + 1
+def mailbox(rows: int, K: int, pairs: int | None = None) -> MailboxBuffers:
+    cap = (pairs if pairs is not None else rows * K) + 1
     return MailboxBuffers(
         count=torch.zeros(1, dtype=torch.int32), pairs=torch.full((3, cap), -7, dtype=torch.int32),
         weights=torch.zeros(cap), x=torch.zeros(rows, H, dtype=torch.bfloat16), out=torch.randn(cap, H),
@@ -28,12 +28,13 @@ def mailbox(rows: int, K: int) -> MailboxBuffers:
     )
 
 
-def state(E: int, cap: int, resident: torch.Tensor, quota: int) -> ShareState:
+def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int] = (0, 0, 0)) -> ShareState:
     return ShareState(resident, torch.zeros(E, dtype=torch.int64), torch.tensor(quota), torch.tensor(1024),
                       torch.zeros((), dtype=torch.int64), torch.full((cap,), -1, dtype=torch.int64),
-                      torch.zeros(E, dtype=torch.int32))
+                      torch.zeros(E, dtype=torch.int32), torch.tensor(rates))
 
 
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 @pytest.mark.parametrize("E,T,K,quota", [(8, 1, 2, 1), (40, 5, 4, 3), (40, 3, 4, 40), (16, 2, 3, 0),
                                          (512, 2, 10, 7)])  # Qwen3.8-Flash-Next's 512 experts, top-10
 def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int) -> None:
@@ -68,3 +69,60 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int
         assert torch.equal(cells_tri, cells_ref)
     if quota:
         assert int(ref.cpu_count) > 0
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("E,T,K,rates,pairs", [
+    (40, 80, 4, (100, 30, 400), None),  # a split: the fewest-token misses to the CPU
+    (40, 70, 4, (100, 30, 400), 24),  # the mailbox's pairs bind first
+    (16, 100, 3, (10**6, 10**6, 1), None),  # the CPU too slow: nothing
+    (512, 66, 10, (50, 5, 600), None),  # 512 experts, top-10
+])
+def test_the_prompt_rule_matches_the_reference(E: int, T: int, K: int, rates: tuple, pairs: int | None) -> None:
+    from edgemoe.kernels.share_split import PROMPT
+    from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
+
+    g = torch.Generator().manual_seed(E + T)
+    mb_ref, mb_tri = mailbox(T, K, pairs), mailbox(T, K, pairs)
+    resident = torch.where(torch.rand(E, generator=g) < 0.3, 0, -1).int()
+    ref, tri = state(E, mb_ref.cap, resident, 0, rates), state(E, mb_tri.cap, resident, 0, rates)
+    probs = torch.linspace(3.0, 0.2, E)  # skewed: experts with many tokens and with few
+    ids = torch.stack([torch.multinomial(probs, K, generator=g) for _ in range(T)]).int()
+    ids[-2:] = -1  # padding rows
+    w = torch.softmax(torch.randn(T, K, generator=g), -1)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    want = share_begin_ref(ids, w, x, ref, mb_ref, PROMPT)
+    got = share_begin_triton(ids, w, x, tri, mb_tri, PROMPT)
+    assert torch.equal(got, want) and torch.equal(tri.cpu_count, ref.cpu_count)
+    assert torch.equal(tri.heat, ref.heat) and not tri.heat.any()  # the prompt rule heats nothing
+    n = int(mb_ref.count)
+    assert int(mb_tri.count) == n and n <= mb_ref.cap - 1
+    assert torch.equal(mb_tri.pairs[:, :n], mb_ref.pairs[:, :n]) and torch.equal(tri.dest[:n], ref.dest[:n])
+    assert torch.equal(mb_tri.weights[:n], mb_ref.weights[:n]) and torch.equal(mb_tri.x[:T], mb_ref.x[:T])
+    cpu = int(ref.cpu_count)
+    misses = int(((torch.bincount(ids[ids >= 0].long(), minlength=E) > 0) & (resident < 0)).sum())
+    if rates[0] < 10**6:
+        assert 0 < cpu < misses  # a split, not all or nothing
+    else:
+        assert cpu == 0
+    cells_ref, cells_tri = torch.zeros(T, K, H), torch.zeros(T, K, H)
+    share_finish_ref(mb_ref, ref.dest, cells_ref)
+    mb_tri.out.copy_(mb_ref.out)
+    share_finish_triton(mb_tri, tri.dest, cells_tri)
+    assert torch.equal(cells_tri, cells_ref)
+
+
+def test_the_prompt_rule_balances_the_predicted_times() -> None:
+    """The reference's pick, by hand: misses by tokens ascending; take while the CPU's
+    sum stays within the device's time for the misses left."""
+    from edgemoe.kernels.share_split import balanced_misses_ref
+
+    E = 6
+    ids = torch.tensor([[0, 1], [0, 2], [0, 3], [4, 3], [5, 0]])  # tokens: e0 4, e1 1, e2 1, e3 2, e4 1, e5 1
+    resident = torch.tensor([-1, -1, -1, -1, -1, 0], dtype=torch.int32)  # e5 resident
+    st = state(E, 11, resident, 0, (10, 5, 30))  # CPU: 10 + 5 a token; the device: 30 an expert
+    on_cpu = balanced_misses_ref(ids, st, max_pairs=10)
+    # Order (fewest tokens, ties to the higher id): e4, e2, e1 (1 token each), e3 (2), e0 (4).
+    # k = 1: 15 <= 4 x 30; k = 2: 30 <= 90; k = 3: 45 <= 60; k = 4: 65 > 30 -> stop.
+    assert on_cpu.tolist() == [False, True, True, False, True, False]
+    assert balanced_misses_ref(ids, st, max_pairs=2).tolist() == [False, False, True, False, True, False]

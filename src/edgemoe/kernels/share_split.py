@@ -30,7 +30,9 @@ class ShareState(NamedTuple):
     """One layer's view: `resident` [E] int32 (the slot map row, -1: not resident),
     `heat` [E] int64 (updated in place), `quota` and `heat_unit` 0-d int64, `cpu_count`
     0-d int64 (CPU experts, cumulative), `dest` [cap] int64 (each mailbox column's pair
-    index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's)."""
+    index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's),
+    `rates` [3] int64 ns (a CPU expert's fixed cost, each of its tokens, one expert's copy
+    and compute on the device: the prompt rule's balance)."""
 
     resident: torch.Tensor
     heat: torch.Tensor
@@ -39,6 +41,10 @@ class ShareState(NamedTuple):
     cpu_count: torch.Tensor
     dest: torch.Tensor
     scratch: torch.Tensor
+    rates: torch.Tensor
+
+
+DECODE, PROMPT = 0, 1  # the pick: the quota's coldest misses (decode steps), or the balance (prompt chunks)
 
 
 def _fused(t: torch.Tensor) -> bool:
@@ -46,17 +52,21 @@ def _fused(t: torch.Tensor) -> bool:
 
 
 def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                mb: MailboxBuffers) -> torch.Tensor:
-    """Pick the CPU's experts of a layer (the `quota` coldest misses: lowest heat, ties to
-    the higher id), heat the layer's routed experts, write the mailbox (the CPU pairs in
-    pair order: token row, expert, pair index, weight; their count; x's rows when any)
-    and `dest`. ids [T, K] (-1: not routed), weights [T, K], x [T, H]. Returns the
-    device's routing: ids with the CPU's pairs -1."""
+                mb: MailboxBuffers, rule: int = DECODE) -> torch.Tensor:
+    """Pick the CPU's experts of a layer, write the mailbox (the CPU pairs in pair order:
+    token row, expert, pair index, weight; their count; x's rows when any) and `dest`.
+    ids [T, K] (-1: not routed), weights [T, K], x [T, H]. Returns the device's routing:
+    ids with the CPU's pairs -1. The pick (`rule`):
+    - DECODE: the `quota` coldest misses (lowest heat, ties to the higher id); then the
+      layer's routed experts are heated;
+    - PROMPT: the misses with the fewest tokens (ties to the higher id), as many as keep
+      the CPU's predicted time (`rates`: fixed + per token, each) within the device's
+      for the rest (copies), and their pairs within the mailbox; heat untouched."""
     if _fused(ids):
         from edgemoe.kernels.triton_ops.share_split import share_begin_triton
 
-        return share_begin_triton(ids, weights, x, st, mb)
-    return share_begin_ref(ids, weights, x, st, mb)
+        return share_begin_triton(ids, weights, x, st, mb, rule)
+    return share_begin_ref(ids, weights, x, st, mb, rule)
 
 
 def share_finish(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
@@ -83,9 +93,28 @@ def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
     return on_cpu
 
 
+def balanced_misses_ref(ids: torch.Tensor, st: ShareState, max_pairs: int) -> torch.Tensor:
+    """[E] bool: the prompt rule's CPU experts (the reference). Integer ns: the same sums
+    in any order of addition."""
+    flat = ids.reshape(-1).long()
+    E = st.heat.numel()
+    routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), (flat >= 0).long())
+    miss = (routed > 0) & (st.resident < 0)
+    tiebreak = torch.arange(E - 1, -1, -1, device=flat.device)
+    key = torch.where(miss, routed * E + tiebreak, NOT_MISSED)
+    order = torch.argsort(key)  # keys are distinct where it matters (misses first)
+    tokens = routed[order]
+    fixed, per_token, device_ns = st.rates[0], st.rates[1], st.rates[2]
+    cpu_ns = torch.cumsum(fixed + per_token * tokens, 0)  # the first k misses' CPU time, k = 1..E
+    k = torch.arange(1, E + 1, device=flat.device)
+    fits = miss[order] & (cpu_ns <= (miss.sum() - k) * device_ns) & (torch.cumsum(tokens, 0) <= max_pairs)
+    taken = torch.cumprod(fits.long(), 0).bool()  # the leading run: both sums only grow
+    return torch.zeros(E, dtype=torch.bool, device=flat.device).scatter_(0, order, taken)
+
+
 def share_begin_ref(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                    mb: MailboxBuffers) -> torch.Tensor:
-    on_cpu = coldest_misses_ref(ids, st)
+                    mb: MailboxBuffers, rule: int = DECODE) -> torch.Tensor:
+    on_cpu = coldest_misses_ref(ids, st) if rule == DECODE else balanced_misses_ref(ids, st, mb.cap - 1)
     st.cpu_count.add_(on_cpu.sum())
     flat = ids.reshape(-1).long()
     live = flat >= 0

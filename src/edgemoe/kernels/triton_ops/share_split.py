@@ -9,19 +9,23 @@ import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
-from edgemoe.kernels.share_split import HEAT_SHIFT, NOT_MISSED, ShareState
+from edgemoe.kernels.row_gather import gather_rows_into
+from edgemoe.kernels.share_split import DECODE, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
 from edgemoe.kernels.triton_ops.common import pdl_start
 
 CHUNK = 16  # pairs compared against every expert at once (registers: CHUNK x BLOCK_E)
+CHUNK_N = 1024  # pairs written to the mailbox at once (a prompt chunk's in several)
+X_IN_KERNEL = 64  # token rows the launch copies itself (one program: a decode batch's)
 BLOCK_H = 1024  # columns a row copy moves at once
 FINISH_PROGRAMS = 8  # the finish's grid: a program per CPU cell row, strided
 
 
 @triton.jit
-def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_ptr, count_ptr, out_ids_ptr,
+def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_ptr, count_ptr, rates_ptr, out_ids_ptr,
                  pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, N, K, T, H, E, cap, stride_x,
-                 stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
+                 stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr,
+                 BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
@@ -32,40 +36,60 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_
         routed += tl.sum((idc[:, None] == e[None, :]).to(tl.int64), axis=0)
     resident = tl.load(resident_ptr + e, mask=ok_e, other=0)
     miss = (routed > 0) & (resident < 0) & ok_e
-    heat = tl.load(heat_ptr + e, mask=ok_e, other=0)
-    key = tl.where(miss, heat * E + (E - 1 - e), BIG)  # distinct for misses
     on_cpu = tl.zeros([BLOCK_E], tl.int32)
-    for _ in range(0, tl.load(quota_ptr)):  # the quota smallest keys, one at a time
-        m = tl.min(key, axis=0)
-        pick = (key == m) & (m != BIG)
-        on_cpu = tl.where(pick, 1, on_cpu)
-        key = tl.where(pick, BIG, key)
-    unit = tl.load(unit_ptr)
-    tl.store(heat_ptr + e, heat - (heat >> SHIFT) + routed * unit, mask=ok_e)
+    if RULE == 0:  # decode: the quota coldest misses, one at a time; then heat the routed experts
+        heat = tl.load(heat_ptr + e, mask=ok_e, other=0)
+        key = tl.where(miss, heat * E + (E - 1 - e), BIG)  # distinct for misses
+        for _ in range(0, tl.load(quota_ptr)):
+            m = tl.min(key, axis=0)
+            pick = (key == m) & (m != BIG)
+            on_cpu = tl.where(pick, 1, on_cpu)
+            key = tl.where(pick, BIG, key)
+        tl.store(heat_ptr + e, heat - (heat >> SHIFT) + routed * tl.load(unit_ptr), mask=ok_e)
+    else:  # prompt: fewest tokens first while the CPU's time stays within the device's for the rest
+        key = tl.where(miss, routed * E + (E - 1 - e), BIG)
+        misses = tl.sum(miss.to(tl.int64), axis=0)
+        fixed, per_token, device_ns = tl.load(rates_ptr), tl.load(rates_ptr + 1), tl.load(rates_ptr + 2)
+        cpu_ns, pairs, taken, going = misses * 0, misses * 0, misses * 0, misses * 0 + 1
+        for _ in range(0, E):
+            m = tl.min(key, axis=0)
+            pick = key == m
+            n = tl.sum(tl.where(pick, routed, 0), axis=0)
+            fits = (going > 0) & (m != BIG) & (cpu_ns + fixed + per_token * n <= (misses - taken - 1) * device_ns) \
+                & (pairs + n <= cap - 1)
+            on_cpu = tl.where(pick & fits, 1, on_cpu)
+            cpu_ns = tl.where(fits, cpu_ns + fixed + per_token * n, cpu_ns)
+            pairs = tl.where(fits, pairs + n, pairs)
+            taken = tl.where(fits, taken + 1, taken)
+            going = tl.where(fits, going, 0)
+            key = tl.where(pick, BIG, key)
     ncpu = tl.sum(on_cpu, axis=0)
     tl.store(count_ptr, tl.load(count_ptr) + ncpu.to(tl.int64))
     tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
     tl.debug_barrier()  # every thread's scratch stores before any reads them back by expert
-    n = tl.arange(0, BLOCK_N)
-    ok_n = n < N
-    idn = tl.load(ids_ptr + n, mask=ok_n, other=-1)
-    live = ok_n & (idn >= 0)
-    cpu_pair = live & (tl.load(scratch_ptr + tl.where(live, idn, 0), mask=live, other=0) != 0)
-    at = tl.cumsum(cpu_pair.to(tl.int32), axis=0) - 1
-    tl.store(out_ids_ptr + n, tl.where(cpu_pair, -1, idn), mask=ok_n)
-    tl.store(pairs_ptr + at, n // K, mask=cpu_pair)
-    tl.store(pairs_ptr + cap + at, idn, mask=cpu_pair)
-    tl.store(pairs_ptr + 2 * cap + at, n, mask=cpu_pair)
-    tl.store(mb_w_ptr + at, tl.load(w_ptr + n, mask=ok_n, other=0.0).to(tl.float32), mask=cpu_pair)
-    tl.store(dest_ptr + at, n.to(tl.int64), mask=cpu_pair)
-    count = tl.sum(cpu_pair.to(tl.int32), axis=0)
+    count = ncpu * 0  # CPU pairs written so far (the next mailbox column)
+    for n0 in range(0, N, CHUNK_N):
+        n = n0 + tl.arange(0, CHUNK_N)
+        ok_n = n < N
+        idn = tl.load(ids_ptr + n, mask=ok_n, other=-1)
+        live = ok_n & (idn >= 0)
+        cpu_pair = live & (tl.load(scratch_ptr + tl.where(live, idn, 0), mask=live, other=0) != 0)
+        at = count + tl.cumsum(cpu_pair.to(tl.int32), axis=0) - 1
+        tl.store(out_ids_ptr + n, tl.where(cpu_pair, -1, idn), mask=ok_n)
+        tl.store(pairs_ptr + at, n // K, mask=cpu_pair)
+        tl.store(pairs_ptr + cap + at, idn, mask=cpu_pair)
+        tl.store(pairs_ptr + 2 * cap + at, n, mask=cpu_pair)
+        tl.store(mb_w_ptr + at, tl.load(w_ptr + n, mask=ok_n, other=0.0).to(tl.float32), mask=cpu_pair)
+        tl.store(dest_ptr + at, n.to(tl.int64), mask=cpu_pair)
+        count += tl.sum(cpu_pair.to(tl.int32), axis=0)
     tl.store(mb_count_ptr, count)
-    if count > 0:  # the host function reads x only for its pairs
-        for t in range(0, T):
-            for h0 in range(0, H, BLOCK_H):
-                h = h0 + tl.arange(0, BLOCK_H)
-                v = tl.load(x_ptr + t * stride_x + h, mask=h < H)
-                tl.store(mb_x_ptr + t * stride_mbx + h, v, mask=h < H)
+    if COPY_X:
+        if count > 0:  # the host function reads x only for its pairs
+            for t in range(0, T):
+                for h0 in range(0, H, BLOCK_H):
+                    h = h0 + tl.arange(0, BLOCK_H)
+                    v = tl.load(x_ptr + t * stride_x + h, mask=h < H)
+                    tl.store(mb_x_ptr + t * stride_mbx + h, v, mask=h < H)
 
 
 @triton.jit
@@ -82,19 +106,25 @@ def _share_finish(out_ptr, mb_count_ptr, dest_ptr, cells_ptr, H, BLOCK_H: tl.con
 
 
 def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                       mb: MailboxBuffers) -> torch.Tensor:
+                       mb: MailboxBuffers, rule: int = DECODE) -> torch.Tensor:
     T, K = ids.shape
     E, N, H = st.heat.numel(), ids.numel(), x.shape[1]
     assert ids.is_contiguous() and weights.is_contiguous() and x.stride(1) == 1 and mb.x.stride(1) == 1
-    assert N < mb.cap and T <= mb.x.shape[0], "the step exceeds the mailbox"
+    assert T <= mb.x.shape[0] and (rule == PROMPT or N < mb.cap), "the step exceeds the mailbox"
     out = torch.empty_like(ids)
+    copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
-        ids, weights, x, st.resident, st.heat, st.quota, st.heat_unit, st.cpu_count, out, mb.pairs, mb.weights,
-        mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0), BIG=NOT_MISSED,
-        SHIFT=HEAT_SHIFT, BLOCK_N=triton.next_power_of_2(N), BLOCK_E=triton.next_power_of_2(E), CHUNK=CHUNK,
-        BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)), USE_PDL=pdl, launch_pdl=pdl,
+        ids, weights, x, st.resident, st.heat, st.quota, st.heat_unit, st.cpu_count, st.rates, out, mb.pairs,
+        mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
+        BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, RULE=rule, CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
+        BLOCK_E=triton.next_power_of_2(E), CHUNK=CHUNK, BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
+        COPY_X=copy_x, USE_PDL=pdl, launch_pdl=pdl,
     )
+    if not copy_x:
+        rows = torch.arange(T, device=x.device)
+        # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
+        gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
     return out
 
 
