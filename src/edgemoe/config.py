@@ -116,6 +116,12 @@ class MoEConfig:
         "CPU inside the step (a C host function in the decode graph, no host read; steps of up to 64 tokens), the "
         "rest are moved to the GPU; 0 = offload exactly (default: a live quota chosen by timing decode steps)",
     )
+    prompt_cpu: bool = setting(
+        False,
+        "hybrid/auto with --expert-cache device: prompt chunks give the CPU the missed experts with the fewest "
+        "tokens, as many as it computes in the time the GPU copies the rest (estimated rates; a short agent turn "
+        "after a cached prefix routes a few tokens to almost every expert)",
+    )
     routing: str = setting(
         "router",
         "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F], a seeded process "
@@ -210,9 +216,10 @@ class EngineConfig:
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         # torch-free, so the config applies the executor registry's rules
-        from edgemoe.moe.cache_choice import check_cpu_quota, check_device_cache
+        from edgemoe.moe.cache_choice import check_cpu_quota, check_device_cache, check_prompt_cpu
 
         check_cpu_quota(self.moe.moe_backend, self.moe.expert_cache, self.moe.cpu_experts_per_layer)
+        check_prompt_cpu(self.moe.moe_backend, self.moe.expert_cache, self.moe.prompt_cpu)
         if self.moe.expert_cache == "device":
             check_device_cache(self.moe.moe_backend, self.moe.moe_policy, self.moe.cpu_experts_per_layer,
                                self.moe.moe_hybrid_fraction)

@@ -124,15 +124,21 @@ def offload(small_ckpt):
     return greedy(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device")[0]
 
 
-@pytest.mark.parametrize("graphs,quota", [(True, 2), (False, 2), (True, None)], ids=["graphs", "eager", "live-graphs"])
-def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graphs: bool, quota: int | None) -> None:
+@pytest.mark.parametrize("graphs,quota,prompt", [(True, 2, False), (False, 2, False), (True, None, False),
+                                                 (True, None, True)],
+                         ids=["graphs", "eager", "live-graphs", "live-prompt-cpu"])
+def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graphs: bool, quota: int | None,
+                                                      prompt: bool) -> None:
     """A fixed quota, and the live one (None: hybrid starts at one CPU expert a layer and
-    its controller moves between levels, the runner between the two captured variants)."""
+    its controller moves between levels, the runner between the two captured variants);
+    with `prompt_cpu` the 100-token prompt's chunk takes the prompt rule too."""
     from tolerances import bf16_logit_error
 
     settings = {} if graphs else {"no_cuda_graph": True}
     if quota is not None:
         settings["cpu_experts_per_layer"] = quota
+    if prompt:
+        settings["prompt_cpu"] = True
     got, moe = greedy(small_ckpt, moe_backend="hybrid", moe_slots=8, expert_cache="device", **settings)
     assert moe["experts_cpu"] > 0 and moe["expert_cache"] == "device"
     if quota is None:

@@ -229,3 +229,49 @@ def test_hybrid_without_a_readable_format_falls_back_to_offload(caplog: pytest.L
     fp32 = BankStore.allocate([0], E, H, I, torch.float32)  # the C kernel reads bf16, int8, fp8
     ex = make_executor("hybrid", fp32, CPU, F.silu, 1, 4, top_k=K, expert_cache="device")
     assert ex.cpu_share is None and ex.controller is None and "no CPU share" in caplog.text
+
+
+@pytest.mark.parametrize("kind,slots", [("bf16", 5), ("int8", 4)])
+def test_prompt_chunks_give_the_cpu_their_sparse_misses(kernel: CpuExperts, kind: str, slots: int) -> None:
+    """`prompt_cpu`: chunks over the decode rows take the prompt rule (the fewest-token
+    misses while the CPU's predicted time fits the device's for the rest): each layer's
+    output bitwise its pieces, the cache a cache that never saw the CPU's experts; decode
+    steps keep the quota's rule (0 here: nothing)."""
+    from edgemoe.kernels.share_split import ShareState, balanced_misses_ref
+
+    store = bf16_store() if kind == "bf16" else int8_store()
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    share = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, max_tokens=32, cpu_experts_per_layer=0,
+                                  cpu_kernel=kernel, prompt_cpu=True)
+    cs = share.cpu_share
+    assert cs.prompt_rows == 0  # max_tokens 32 is within the decode rows: no prompt chunk to cover
+    cs.rows, cs.prompt_rows = 2, 32  # here steps of 3 to 32 tokens are prompt chunks
+    cs.rates.copy_(torch.tensor([100, 40, 400]))  # a split that depends on each expert's tokens
+    ref = DeviceOffloadExecutor(store, CPU, F.silu, L, slots)
+    num_cpu = 0
+    for x, ids, w in routings(seed=slots + 7, dtype=dtype, steps=15):
+        for layer in range(L):
+            on_cpu: list[int] = []
+            if x.shape[0] > cs.rows:
+                probe = ShareState(ref.cache.slot_map[layer].clone(), torch.zeros(E, dtype=torch.int64),
+                                   torch.tensor(0), torch.tensor(0), torch.zeros((), dtype=torch.int64),
+                                   torch.zeros(1, dtype=torch.int64), torch.zeros(E, dtype=torch.int32), cs.rates)
+                cap = cs.mailboxes.buffers.cap if cs.mailboxes is not None else None
+                on_cpu = balanced_misses_ref(ids, probe, (cap or 4097) - 1).nonzero().flatten().tolist()
+            num_cpu += len(on_cpu)
+            got = share.forward(layer, x, ids, w)
+            ref.forward(layer, x, torch.where(torch.isin(ids, torch.tensor(on_cpu, dtype=ids.dtype)), -1, ids), w)
+            assert torch.equal(got, expected(store, layer, x, ids, w, on_cpu, kernel)), (layer, on_cpu)
+            assert same_state(share, ref)
+    assert num_cpu > 0 and share.stats.snapshot()["experts_cpu"] == num_cpu
+    wide = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, max_tokens=256, cpu_experts_per_layer=0,
+                                 cpu_kernel=kernel, prompt_cpu=True)
+    assert wide.cpu_share.prompt_rows == 256 and wide.stats.snapshot()["prompt_cpu"] is True
+
+
+def test_prompt_cpu_settings() -> None:
+    with pytest.raises(ValueError, match="prompt-cpu"):
+        EngineConfig(moe=MoEConfig(moe_backend="offload", prompt_cpu=True)).validate()
+    with pytest.raises(ValueError, match="prompt-cpu"):
+        EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="host", prompt_cpu=True)).validate()
+    EngineConfig(moe=MoEConfig(moe_backend="auto", prompt_cpu=True)).validate()

@@ -256,7 +256,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
-        expert_cache, config.moe.expert_mover, config.moe.cpu_experts_per_layer,
+        expert_cache, config.moe.expert_mover, config.moe.cpu_experts_per_layer, config.moe.prompt_cpu,
     )
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()

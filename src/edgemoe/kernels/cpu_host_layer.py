@@ -64,7 +64,8 @@ class MailboxBuffers(NamedTuple):
 class HostLayerMailboxes:
     """One mailbox per layer of `banks` (layer → its parts, weights in `weights`: the C
     kernel's kind and fp8 block, `WEIGHT_FORMATS`) over shared buffers sized for `rows`
-    token rows of `top_k` pairs each, activations in `x_dtype` (bf16 or fp32). `kernel`:
+    token rows of `top_k` pairs each (or `pairs` CPU pairs a call, when fewer than the rows
+    could route), activations in `x_dtype` (bf16 or fp32). `kernel`:
     a native `CpuExperts` (its pool runs the experts); `pinned`: page-locked buffers (a GPU
     writes them through mapped views, `moe/cpu_share.device_views`).
 
@@ -73,7 +74,7 @@ class HostLayerMailboxes:
     stream orders them)."""
 
     def __init__(self, banks: dict[int, Parts], weights: tuple[str, int], kernel: CpuExperts, rows: int,
-                 top_k: int, x_dtype: torch.dtype, pinned: bool = False) -> None:
+                 top_k: int, x_dtype: torch.dtype, pinned: bool = False, pairs: int | None = None) -> None:
         if not kernel.native or weights[0] not in WEIGHT_FORMATS:
             raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8 weights "
                              f"(got {weights[0]}, kernel {kernel.name})")
@@ -82,7 +83,7 @@ class HostLayerMailboxes:
         self.banks, self.kernel, self.rows, self.top_k = banks, kernel, rows, top_k
         first = next(iter(banks.values()))
         E, hidden, inter = first["down"].shape
-        cap = rows * top_k + 1  # + the trash column
+        cap = (rows * top_k if pairs is None else pairs) + 1  # + the trash column
         ints = 3 * cap + 2 * (E + 1)
         self.buffers = MailboxBuffers(
             count=_alloc((1,), torch.int32, pinned), pairs=_alloc((3, cap), torch.int32, pinned),

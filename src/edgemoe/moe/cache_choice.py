@@ -51,3 +51,13 @@ def check_cpu_quota(backend: str, expert_cache: str, cpu_experts_per_layer: int 
     if backend != "hybrid" or expert_cache == "host":
         raise ValueError("cpu_experts_per_layer (--cpu-experts-per-layer) sets the CPU's quota of --moe-backend hybrid "
                          f"with --expert-cache device (got --moe-backend {backend}, --expert-cache {expert_cache})")
+
+
+def check_prompt_cpu(backend: str, expert_cache: str, prompt_cpu: bool) -> None:
+    """`--prompt-cpu` is the device cache's CPU share's: hybrid or auto, not the host cache."""
+    if not prompt_cpu:
+        return
+    if backend not in ("hybrid", "auto") or expert_cache == "host":
+        raise ValueError("prompt_cpu (--prompt-cpu) gives prompt chunks' sparse experts to the device cache's CPU "
+                         f"share: --moe-backend hybrid or auto, --expert-cache auto or device (got --moe-backend "
+                         f"{backend}, --expert-cache {expert_cache})")

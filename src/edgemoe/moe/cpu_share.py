@@ -25,9 +25,12 @@ Per MoE layer (`begin` before the layer's waves are planned, `finish` before the
    fixed-order k-sum follows.
 On a CPU the host function is called directly at step 2 (the same mailbox and function).
 
-Steps of more than `rows` tokens (prompt chunks) run every miss on the device: the CPU
-share is sized for decode batches, where copying an expert costs far more than computing
-its few tokens.
+Steps of more than `rows` tokens (prompt chunks) run every miss on the device, unless the
+prompt rule is on (`prompt_rows`, `--prompt-cpu`): then chunks of up to `prompt_rows`
+tokens give the CPU the misses with the fewest tokens, as many as its predicted time
+(`rates`, `share_rates`) stays within the device's for the rest — a short agent turn
+routes a few tokens to almost every expert, and copying an expert for them costs more
+than computing them where they lie.
 """
 
 from __future__ import annotations
@@ -37,12 +40,27 @@ import torch
 from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.share_split import ShareState, share_begin, share_finish
+from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin, share_finish
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import ExpertStore
 
-ROWS = 64  # token rows of the largest step with a CPU share (the mailbox's x rows)
+ROWS = 64  # token rows of the largest decode step with a CPU share
 HEAT_UNIT = 1 << 10  # one routing's heat (integers: the same bits on every device)
+PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's cells: 4096 x H fp32)
+# Start-up estimates for the prompt rule (GB/s of expert bytes; flop/s of an expert's
+# tokens on the CPU): the device cache's gather in the engine, the C kernel's layer calls
+# (`edgemoe bench bw` on the GPU machine), and a conservative AMX/AVX-512 GEMM rate.
+DEVICE_GBPS = 45.0
+CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0}
+CPU_FLOPS = 1.5e12
+
+
+def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
+    """[fixed, per token, device] ns: the prompt rule's cost of an expert on the CPU (its
+    bytes read, then each token's 6·H·I flops) and on the device (its copy)."""
+    nbytes, (hidden, inter) = store.expert_nbytes, (store.down_shape[0], store.down_shape[1])
+    return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / CPU_FLOPS * 1e9),
+            round(nbytes / DEVICE_GBPS)]
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
@@ -71,7 +89,7 @@ class CpuShare:
     Used by one thread (the executor's)."""
 
     def __init__(self, store: ExpertStore, kernel: CpuExperts, num_layers: int, quota: int, device: torch.device,
-                 rows: int = ROWS) -> None:
+                 rows: int = ROWS, prompt_rows: int = 0) -> None:
         weights = host_weights(store)
         if weights is None or not kernel.native:
             raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8 or fp8 "
@@ -79,6 +97,8 @@ class CpuShare:
         if quota < 0:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
         self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
+        self.prompt_rows = prompt_rows if prompt_rows > rows else 0  # 0: prompt chunks run every miss on the device
+        self.rates = torch.tensor(share_rates(store, weights), dtype=torch.int64, device=device)
         self.num_experts = store.num_experts
         self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
@@ -93,16 +113,21 @@ class CpuShare:
             self._side = torch.cuda.Stream(device)
             self._fork, self._join = torch.cuda.Event(), torch.cuda.Event()
 
-    def takes(self, x: torch.Tensor) -> bool:
-        """Whether this step gets a CPU share (its size alone decides: capture-safe)."""
-        return x.shape[0] <= self.rows
+    def rule_for(self, x: torch.Tensor) -> int | None:
+        """The pick for this step (`kernels/share_split`: DECODE, PROMPT), or None: no
+        share. Its size alone decides (capture-safe)."""
+        if x.shape[0] <= self.rows:
+            return DECODE
+        return PROMPT if x.shape[0] <= self.prompt_rows else None
 
     def _build(self, x: torch.Tensor, top_k: int) -> MailboxBuffers:
         """The mailboxes, at the first step (K and the activations' dtype known)."""
         if self.mailboxes is None:
             banks = {layer: self.store.layer_parts(layer) for layer in self.store.layers}
-            self.mailboxes = HostLayerMailboxes(banks, self.weights, self.kernel, self.rows, top_k, x.dtype,
-                                                pinned=self.device.type == "cuda")
+            rows = max(self.rows, self.prompt_rows)
+            pairs = max(self.rows * top_k, PROMPT_PAIRS if self.prompt_rows else 0)
+            self.mailboxes = HostLayerMailboxes(banks, self.weights, self.kernel, rows, top_k, x.dtype,
+                                                pinned=self.device.type == "cuda", pairs=pairs)
             self._views = device_views(self.mailboxes.buffers, self.device)
             cap = self.mailboxes.buffers.cap
             self._dest = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
@@ -115,15 +140,15 @@ class CpuShare:
         return self._views
 
     def begin(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-              resident: torch.Tensor) -> torch.Tensor:
+              resident: torch.Tensor, rule: int = DECODE) -> torch.Tensor:
         """Split `ids` [T, K] (-1 = not routed) against `resident` (the layer's slot map
-        row [E], -1 = not resident); write the mailbox and start the CPU's pairs. Returns
-        the device's routing (the CPU pairs -1)."""
+        row [E], -1 = not resident) by `rule` (`rule_for`); write the mailbox and start the
+        CPU's pairs. Returns the device's routing (the CPU pairs -1)."""
         mb = self._build(x, ids.shape[1])
         state = ShareState(resident, self.heat[layer], self.quota[layer], self.heat_unit, self.cpu_counts[layer],
-                           self._dest, self._scratch)
+                           self._dest, self._scratch, self.rates)
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
-                                 weights if weights.is_contiguous() else weights.contiguous(), x, state, mb)
+                                 weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule)
         self._launch(layer)
         return device_ids
 

@@ -31,6 +31,7 @@ import torch
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation
 from edgemoe.kernels.moe_quant import moe_slots_parts
+from edgemoe.kernels.share_split import DECODE
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
@@ -68,7 +69,8 @@ class DeviceOffloadExecutor(CellsExecutor):
 
     `cpu_experts_per_layer`: the CPU's quota of each layer's misses (None: no fixed share;
     `cpu_share.quota` may be rewritten between steps), run by `cpu_kernel` (default: the
-    C kernel on every physical core but the one driving the GPU). `live_quota` ("hybrid"
+    C kernel on every physical core but the one driving the GPU); `prompt_cpu`: the share's
+    prompt rule for chunks of up to `max_tokens` (`moe/cpu_share.py`). `live_quota` ("hybrid"
     | "auto", without a fixed quota): the quota is chosen by timing decode steps
     (`moe/quota_controller.py`, levels up to `top_k` experts a layer; hybrid starts at one
     expert a layer, auto at none); at level 0 the runner replays graphs captured without
@@ -90,8 +92,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         policy: str = "lru",
         live_quota: str | None = None,
         top_k: int | None = None,
+        prompt_cpu: bool = False,
     ) -> None:
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
+        self._prompt_rows = max_tokens if prompt_cpu else 0  # the share's prompt rule covers every chunk
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
         self.slots = SlotBanks(store, num_slots, device, self.stats)
@@ -108,6 +112,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.controller: QuotaController | None = None
         if live_quota is not None and cpu_experts_per_layer is None:
             self._make_live_share(live_quota, cpu_kernel, top_k or DEFAULT_TOP_K, num_layers)
+        if prompt_cpu and self.cpu_share is None:
+            log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
+                        "their misses")
         self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
         self._seen_busy = (0, 0)  # the host function's calls and ns already drained
 
@@ -115,8 +122,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         from edgemoe.moe.cpu import cpu_threads
 
         kernel = kernel or CpuExperts(threads=cpu_threads(self.device))
-        share = CpuShare(self.store, kernel, len(self._seen), quota, self.device)
-        self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota)
+        share = CpuShare(self.store, kernel, len(self._seen), quota, self.device, prompt_rows=self._prompt_rows)
+        self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
+                               prompt_cpu=bool(share.prompt_rows))
         return share
 
     def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
@@ -151,9 +159,14 @@ class DeviceOffloadExecutor(CellsExecutor):
         taken = decode_batch if decode_batch is not None and decode_batch <= share.rows else None
         self._apply_level(self.controller.step(now, taken))
 
-    def _share_on(self) -> bool:
-        """A share that this step's variant runs (a live quota at level 0 runs without it)."""
-        return self.cpu_share is not None and self.graph_variant != PLAIN
+    def _share_rule(self, x: torch.Tensor) -> tuple[CpuShare | None, int]:
+        """The share and its pick for this step, or (None, 0): a decode step of a live quota
+        at level 0 (its variant runs without the share), or a step the share doesn't take."""
+        share = self.cpu_share
+        rule = share.rule_for(x) if share is not None else None
+        if rule is None or (rule == DECODE and self.graph_variant == PLAIN):
+            return None, 0
+        return share, rule
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         self._dead = None if live is None else ~live
@@ -166,9 +179,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
-        share = self.cpu_share if self._share_on() and self.cpu_share.takes(x) else None  # type: ignore[union-attr]
+        share, rule = self._share_rule(x)
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
-            ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer])
+            ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
         for plan in self.cache.layer_waves(layer, ids):
             self._run_wave(layer, x, ids, plan, topk_weights, cells)
         if share is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from edgemoe.kernels.moe_experts import Activation
@@ -10,6 +12,8 @@ from edgemoe.moe.executor import MoEExecutor
 from edgemoe.moe.store import ExpertStore
 
 EXECUTORS = ("resident", "offload", "cpu", "hybrid", "auto")
+
+log = logging.getLogger(__name__)
 
 
 def make_executor(
@@ -26,6 +30,7 @@ def make_executor(
     expert_cache: str = "host",
     expert_mover: str = "gather",
     cpu_experts_per_layer: int | None = None,
+    prompt_cpu: bool = False,
 ) -> MoEExecutor:
     """The executor named by `--moe-backend`; `max_tokens` (the largest step) sizes the
     contribution-cell workspace. hybrid: `hybrid_fraction` fixes the CPU's share of the
@@ -34,7 +39,8 @@ def make_executor(
 
     `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"), misses moved
     by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (a fixed quota
-    `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when)."""
+    `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when), and
+    `prompt_cpu` its prompt rule."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
@@ -46,9 +52,12 @@ def make_executor(
         quota = cpu_experts_per_layer if backend == "hybrid" else None
         live = live_share(backend, device) if quota is None else None
         return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
-                                     policy=policy, live_quota=live, top_k=top_k)
+                                     policy=policy, live_quota=live, top_k=top_k, prompt_cpu=prompt_cpu)
     if expert_cache != "host":
         raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
+    if prompt_cpu:
+        log.warning("--prompt-cpu: the host expert cache has no CPU share inside the step; prompt chunks copy "
+                    "their misses (the device cache, on a GPU, has it)")
     if backend == "offload":
         from edgemoe.moe.offload import OffloadExecutor
 
