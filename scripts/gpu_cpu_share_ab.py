@@ -22,6 +22,24 @@ from edgemoe.bench.decode import measure
 from edgemoe.moe.cpu_share import HEAT_UNIT
 
 
+def prompt_ab(llm, share, lengths: list[int]) -> list[dict]:  # noqa: ANN001
+    """Prefill tok/s of each length with the prompt rule on, then off (the share's
+    prompt_rows zeroed: every miss copied), twice in turn; the CPU's experts a token."""
+    out, covered = [], share.prompt_rows
+    for rep in range(2):
+        for n in lengths:
+            for on in (True, False):
+                share.prompt_rows = covered if on else 0
+                row = measure(llm, n, 1, 2, seed=100 + rep * 10 + n)
+                pm = row["prefill_moe"]
+                out.append({"prompt": n, "prompt_cpu": on, "prefill_tok_s": round(row["prefill_tok_s"], 1),
+                            "prefill_s": round(row["prefill_s"], 3), "misses_per_token": round(pm["misses_per_token"], 2),
+                            "cpu_experts_per_token": round(pm["experts_cpu"] / max(1, pm["tokens"]), 2)})
+                print(out[-1], flush=True)
+    share.prompt_rows = covered
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quotas", type=int, nargs="+", default=[0, 1, 2, 3])
@@ -30,6 +48,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory", default="16GiB")
     ap.add_argument("--expert-dtype", default="bf16")
     ap.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores - 1)")
+    ap.add_argument("--prompt-ab", type=int, nargs="*", default=None,
+                    help="instead: prefill of prompts of these lengths with the prompt rule on / off (--prompt-cpu)")
     args = ap.parse_args()
     settings = dict(model="random:qwen3-30b-a3b", dtype="bfloat16", gpu_memory=args.gpu_memory, kv_tokens=8192,
                     moe_backend="hybrid", expert_cache="device", cpu_experts_per_layer=1, routing="synthetic",
@@ -38,11 +58,16 @@ def main() -> None:
         os.environ["EDGEMOE_CPU_THREADS"] = str(args.threads)
     rows = []
     t0 = time.perf_counter()
+    if args.prompt_ab is not None:
+        settings["prompt_cpu"] = True
     with LLM(progress=False, **settings) as llm:
         print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
         share = llm.engine.runtime.executor.cpu_share
         measure(llm, 16, 1, 4, seed=0)  # warm-up, graphs
         seed = 1
+        if args.prompt_ab is not None:
+            rows.extend(prompt_ab(llm, share, args.prompt_ab or [300, 1024, 2048]))
+            args.picks = []
         for pick in args.picks:
             for quota in args.quotas:
                 share.quota.fill_(quota)
