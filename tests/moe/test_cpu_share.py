@@ -275,3 +275,51 @@ def test_prompt_cpu_settings() -> None:
     with pytest.raises(ValueError, match="prompt-cpu"):
         EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="host", prompt_cpu=True)).validate()
     EngineConfig(moe=MoEConfig(moe_backend="auto", prompt_cpu=True)).validate()
+
+
+def test_the_cpu_rates_fit_recovers_a_cost_law() -> None:
+    """`fit_cpu_rates` on sums of calls t = c + a·jobs + b·pairs: prompt-like calls (jobs and
+    pairs vary apart) recover a and b; decode-like calls (a pair an expert) keep the total
+    per expert and lean on the prior for the split; nothing yet: the prior."""
+    from edgemoe.moe.cpu_share import fit_cpu_rates
+
+    def sums(calls: list[tuple[int, int]], c: float, a: float, b: float) -> dict[str, float]:
+        out = dict.fromkeys(("fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt"), 0.0)
+        for j, p in calls:
+            t = c + a * j + b * p
+            for key, v in (("n", 1), ("j", j), ("p", p), ("t", t), ("jj", j * j), ("jp", j * p), ("pp", p * p),
+                           ("jt", j * t), ("pt", p * t)):
+                out[f"fit_{key}"] += v
+        return out
+
+    prompt = [(j, j * tokens) for j in range(1, 40, 3) for tokens in (2, 9, 30)] * 20
+    a, b = fit_cpu_rates(sums(prompt, 3_000.0, 120_000.0, 7_000.0), prior=(50_000.0, 1_000.0))
+    assert abs(a - 120_000) / 120_000 < 0.05 and abs(b - 7_000) / 7_000 < 0.05
+    decode = [(j, j) for j in (1, 2, 3)] * 100
+    a, b = fit_cpu_rates(sums(decode, 3_000.0, 120_000.0, 7_000.0), prior=(100_000.0, 5_000.0))
+    assert a >= 0 and b >= 0 and abs((a + b) - 127_000) / 127_000 < 0.1
+    assert fit_cpu_rates(sums([], 0, 0, 0), prior=(1.0, 2.0)) == (1.0, 2.0)
+
+
+def test_the_host_function_feeds_the_fit_and_the_share_refits(kernel: CpuExperts) -> None:
+    """Each call adds its sample under the sequence number; `refit_rates` moves the prompt
+    rule's rates from the start-up estimates to what the calls took."""
+    store = bf16_store()
+    share = DeviceOffloadExecutor(store, CPU, F.silu, L, 2, max_tokens=32, cpu_experts_per_layer=0,
+                                  cpu_kernel=kernel, prompt_cpu=True)
+    cs = share.cpu_share
+    cs.rows, cs.prompt_rows = 2, 32
+    cs.rates.copy_(torch.tensor([1, 1, 10**9]))  # the device "slow": the CPU takes every miss it can
+    before = list(cs.rate_ns)
+    steps = 0
+    for x, ids, w in routings(seed=11, dtype=torch.bfloat16, steps=10):
+        for layer in range(L):
+            share.forward(layer, x, ids, w)
+        steps += 1
+    sums = cs.mailboxes.fit_sums()
+    calls = int(cs.mailboxes.busy()[0].sum())
+    assert calls > 0 and 0.9 * calls <= sums["fit_n"] <= calls  # decayed a little
+    assert sums["fit_p"] >= sums["fit_j"] > 0 and sums["fit_t"] > 0
+    share.before_step(0.0, None)  # a prompt step comes: the share refits
+    assert cs.rate_ns != before and cs.rate_ns[0] >= 0 and cs.rate_ns[1] >= 0
+    assert cs.rates.tolist() == cs.rate_ns and share.stats.snapshot()["cpu_ns_per_expert"] == cs.rate_ns[0]

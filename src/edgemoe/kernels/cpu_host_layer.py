@@ -32,7 +32,9 @@ MAILBOX_FIELDS = (
     "gate_up_scale_stride", "down_scale_stride", "num_experts", "H", "I", "wfmt", "blk", "gemm_min_tokens",
     "x", "x_bf16", "x_stride", "x_rows", "count", "pairs", "weights", "cap", "out", "scratch", "status",
     "calls", "busy_ns",
+    "fit_seq", "fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt",
 )
+FIT_SUMS = ("fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt")
 F = {name: i for i, name in enumerate(MAILBOX_FIELDS)}
 JOB_BYTES = 64  # sizeof(em_job): 8 int64
 
@@ -125,6 +127,21 @@ class HostLayerMailboxes:
         """([layers] calls that had pairs, [layers] their wall time in ns), cumulative, in
         the order of `banks` (a racy read while a graph runs: a layer may be one call ahead)."""
         return self.table[:, F["calls"]].clone(), self.table[:, F["busy_ns"]].clone()
+
+    def fit_sums(self) -> dict[str, float]:
+        """The decayed sums of every layer's calls, added over the layers (`em_host_fit`:
+        n, j = jobs, p = pairs, t = ns, and their products), each row read consistently
+        (retried while its writer is inside)."""
+        first, cols = F["fit_n"], len(FIT_SUMS)
+        total = torch.zeros(cols, dtype=torch.float64)
+        for row in range(self.table.shape[0]):
+            for _ in range(1000):
+                seq = int(self.table[row, F["fit_seq"]])
+                values = self.table[row, first : first + cols].clone()
+                if seq % 2 == 0 and int(self.table[row, F["fit_seq"]]) == seq:
+                    total += values.view(torch.float64)
+                    break
+        return dict(zip(FIT_SUMS, total.tolist(), strict=True))
 
     def status(self, layer: int) -> int:
         """The last call's result on `layer`'s mailbox (0: done)."""

@@ -55,6 +55,27 @@ CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0}
 CPU_FLOPS = 1.5e12
 
 
+def fit_cpu_rates(sums: dict[str, float], prior: tuple[float, float]) -> tuple[float, float]:
+    """(ns an expert, ns a pair) of the C kernel's calls, from `HostLayerMailboxes.fit_sums`:
+    least squares of t = c + a·jobs + b·pairs, pulled toward `prior` (a, b) with the weight
+    of as many calls as the sums hold, so calls that can't separate a from b (decode steps:
+    a pair or two an expert) leave the prior's split, and prompt chunks' calls correct it."""
+    n = sums["fit_n"]
+    if n < 1.0:
+        return prior
+    lam = n
+    A = torch.tensor([[n, sums["fit_j"], sums["fit_p"]],
+                      [sums["fit_j"], sums["fit_jj"] + lam, sums["fit_jp"]],
+                      [sums["fit_p"], sums["fit_jp"], sums["fit_pp"] + lam]], dtype=torch.float64)
+    y = torch.tensor([sums["fit_t"], sums["fit_jt"] + lam * prior[0], sums["fit_pt"] + lam * prior[1]],
+                     dtype=torch.float64)
+    try:
+        _, a, b = torch.linalg.solve(A, y).tolist()
+    except RuntimeError:  # singular: nothing to learn yet
+        return prior
+    return max(a, 0.0), max(b, 0.0)
+
+
 def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
     """[fixed, per token, device] ns: the prompt rule's cost of an expert on the CPU (its
     bytes read, then each token's 6·H·I flops) and on the device (its copy)."""
@@ -98,7 +119,9 @@ class CpuShare:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
         self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
         self.prompt_rows = prompt_rows if prompt_rows > rows else 0  # 0: prompt chunks run every miss on the device
-        self.rates = torch.tensor(share_rates(store, weights), dtype=torch.int64, device=device)
+        self.rate_ns = share_rates(store, weights)  # [fixed, per pair, device] ns: refined by `refit_rates`
+        self._prior = (float(self.rate_ns[0]), float(self.rate_ns[1]))
+        self.rates = torch.tensor(self.rate_ns, dtype=torch.int64, device=device)
         self.num_experts = store.num_experts
         self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
@@ -175,6 +198,17 @@ class CpuShare:
             torch.cuda.current_stream().wait_event(self._join)
         assert self._views is not None, "finish() without begin()"
         share_finish(self._views, self._dest, cells)
+
+    def refit_rates(self) -> None:
+        """The prompt rule's CPU rates from the calls so far (`fit_cpu_rates`, the start-up
+        estimates as the prior), written to the device for the coming step (a pinned copy,
+        stream-ordered: no wait)."""
+        if self.mailboxes is None:
+            return
+        fixed, per_pair = fit_cpu_rates(self.mailboxes.fit_sums(), self._prior)
+        self.rate_ns = [round(fixed), round(per_pair), self.rate_ns[2]]
+        host = torch.tensor(self.rate_ns, dtype=torch.int64)
+        self.rates.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
 
     def close(self) -> None:
         """Stop the bell's thread (the executor's close; a graph must not replay after).

@@ -125,6 +125,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         share = CpuShare(self.store, kernel, len(self._seen), quota, self.device, prompt_rows=self._prompt_rows)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
+        self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1]})
         return share
 
     def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
@@ -152,9 +153,11 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.graph_variant = SHARE if level > 0 else PLAIN
 
     def before_step(self, now: float, decode_batch: int | None) -> None:
+        share = self.cpu_share
+        if share is not None and share.prompt_rows and decode_batch is None:
+            share.refit_rates()  # a prompt chunk comes: its rule balances by the CPU's latest rates
         if self.controller is None:
             return
-        share = self.cpu_share
         assert share is not None
         taken = decode_batch if decode_batch is not None and decode_batch <= share.rows else None
         self._apply_level(self.controller.step(now, taken))

@@ -17,7 +17,7 @@
  * 0..n-1 of out are NaN, so a failure inside a graph shows in the outputs.
  * `calls`, `busy_ns`: cumulative counts of calls that had pairs and the wall time they
  * took here (the CPU side of the split, read by the statistics; nothing else times a
- * host node inside a graph).
+ * host node inside a graph); `fit_*`: decayed sums for the CPU's cost law (em_host_fit).
  */
 #ifndef EM_HOST_H
 #define EM_HOST_H
@@ -40,7 +40,36 @@ typedef struct {
     int64_t scratch;                     /* int32 [3 * cap + 2 * (num_experts + 1)] + em_job [cap] */
     int64_t status;                      /* written here: 0 or the failure */
     int64_t calls, busy_ns;              /* written here: calls with pairs, their wall time */
+    /* written here, under the sequence number `fit_seq` (odd while writing): decayed sums of
+     * the calls' (jobs j, pairs p, ns t) for a fit t = c + a j + b p (doubles in int64 slots) */
+    int64_t fit_seq, fit_n, fit_j, fit_p, fit_t, fit_jj, fit_jp, fit_pp, fit_jt, fit_pt;
 } em_mailbox;
+
+#define EM_FIT_DECAY 0.995 /* ~200 calls of memory: a few prompt chunks of a 48-layer model */
+
+static inline void em_fit_add(int64_t *slot, double decay, double v) {
+    double d;
+    memcpy(&d, slot, sizeof d);
+    d = d * decay + v;
+    memcpy(slot, &d, sizeof d);
+}
+
+/* One call's sample into the mailbox's sums; readers retry while fit_seq is odd or moves. */
+static void em_host_fit(em_mailbox *m, double j, double p, double t) {
+    __atomic_store_n(&m->fit_seq, m->fit_seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    const double k = EM_FIT_DECAY;
+    em_fit_add(&m->fit_n, k, 1.0);
+    em_fit_add(&m->fit_j, k, j);
+    em_fit_add(&m->fit_p, k, p);
+    em_fit_add(&m->fit_t, k, t);
+    em_fit_add(&m->fit_jj, k, j * j);
+    em_fit_add(&m->fit_jp, k, j * p);
+    em_fit_add(&m->fit_pp, k, p * p);
+    em_fit_add(&m->fit_jt, k, j * t);
+    em_fit_add(&m->fit_pt, k, p * t);
+    __atomic_store_n(&m->fit_seq, m->fit_seq + 1, __ATOMIC_RELEASE);
+}
 
 #define EM_PTR(T, a) ((T)(intptr_t)(a))
 
@@ -113,8 +142,10 @@ void em_host_layer(void *mailbox) {
                         EM_PTR(float *, m->out), m->H, (int)m->H, (int)m->I, jobs, njobs, (int)m->gemm_min_tokens,
                         (int)m->wfmt, (int)m->blk);
     if (rc != 0) em_host_fail(m, n, rc);
+    long took = em_now_ns() - start;
     m->calls += 1;
-    m->busy_ns += em_now_ns() - start;
+    m->busy_ns += took;
+    if (rc == 0) em_host_fit(m, (double)njobs, (double)n, (double)took);
 }
 
 /* The bell: a host thread that runs a layer's mailbox as soon as the device asks, in

@@ -25,7 +25,7 @@
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 4
+#define EM_ABI_VERSION 5
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
