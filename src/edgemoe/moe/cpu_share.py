@@ -101,13 +101,17 @@ def device_views(buffers: MailboxBuffers, device: torch.device) -> MailboxBuffer
 
 
 class CpuShare:
-    """A fixed per-layer quota of misses computed on the CPU, planned on the device.
+    """Misses computed on the CPU, picked on the device: decode steps (up to `rows` tokens)
+    by a per-layer quota of the coldest, prompt chunks (up to `prompt_rows`; 0: none) by
+    the balance of `rates` (`rule_for`).
 
     `quota` [num_layers] int64 on the device: the host may rewrite it between steps (0:
     the layer runs as without a share, bitwise). `cpu_counts` [num_layers] int64: CPU
     experts per layer, cumulative, read lazily. `heat` [num_layers, E] int64: each
-    expert's decayed routing count, updated by every step with a share (decode steps).
-    Used by one thread (the executor's)."""
+    expert's decayed routing count, updated by every decode step with a share. `rates`
+    [3] int64 ns on the device (`rate_ns` on the host): a CPU expert's fixed cost and its
+    cost a pair (learnt: `refit_rates`), a device expert's. Used by one thread (the
+    executor's)."""
 
     def __init__(self, store: ExpertStore, kernel: CpuExperts, num_layers: int, quota: int, device: torch.device,
                  rows: int = ROWS, prompt_rows: int = 0) -> None:
