@@ -157,3 +157,17 @@ def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt) -> None:  
     assert ctl is not None and moe["expert_cache"] == "device"
     assert moe["experts_cpu"] > 0 and moe["cpu_calls"] > 0
     assert moe["cpu_quota_per_layer"] == ctl.level / 4 and moe["cpu_quota_windows"] == ctl.windows
+
+
+def test_prompt_cpu_runs_prompt_chunks_through_the_share(qwen3_ckpt) -> None:  # noqa: ANN001
+    """`--prompt-cpu` through the engine: a prompt chunk over the decode rows takes the
+    prompt rule (its CPU experts counted in the prefill), then decode continues."""
+    long_prompt = list(range(3000, 3100))  # 100 tokens: one chunk past the 64 decode rows
+    with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=4,
+             prompt_cpu=True, max_prefill_tokens=128) as llm:
+        llm.engine.runtime.executor.controller.level = 0  # decode without a share: only the prompt rule counts
+        out = llm.generate([long_prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        moe = llm.stats()["moe"]
+        share = llm.engine.runtime.executor.cpu_share
+    assert len(out[0].token_ids) == 1 and moe["prompt_cpu"] is True and share.prompt_rows >= 100
+    assert moe["experts_cpu"] > 0 and moe["cpu_ns_per_expert"] >= 0
