@@ -2,7 +2,9 @@
 # Issue 13's decode scenario on the GPU machine: random:qwen3-30b-a3b (bf16, 48 layers),
 # batch 1, --gpu-memory 16GiB --kv-tokens 8192, once per MoE backend (offload, cpu,
 # hybrid, auto), then a summary: auto's decode tok/s against the best manual backend,
-# the controller's choice and learnt rates, the CPU path's GB/s. See docs/benchmarks.md.
+# the controller's choice and learnt rates (the host cache's split for cpu; hybrid and auto
+# run on the device cache with the live CPU quota: its settled level and step times), the
+# CPU path's GB/s. See docs/benchmarks.md.
 #   LAYERS=12 scripts/gpu_backend_sweep.sh    # a 12-layer slice (quicker; same per-layer figures)
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -33,6 +35,8 @@ for name, d in sorted(runs.items()):
                      "cpu_gb_s_wall_incl_handoff": live_cpu or None,
                      "split": {k: split.get(k) for k in ("choice", "reason", "cpu_share", "copy_us_per_expert",
                                                          "cpu_us_per_expert", "cpu_call_us", "probes")} if split else None,
+                     "cpu_quota_settled": final.get("cpu_quota_settled"),
+                     "cpu_quota_step_ms": final.get("cpu_quota_step_ms"),
                      "lru_replay_hit_rate": row.get("cache_replay", {}).get("lru", {}).get("hit_rate")}
 manual = {k: v["decode_tok_s"] for k, v in summary.items() if k != "auto"}
 if "auto" in summary and manual:
