@@ -103,6 +103,16 @@ class LinearCost:
     def predict(self, phi: Sequence[float]) -> float:
         return sum(t * f for t, f in zip(self.theta, phi, strict=True))
 
+    @classmethod
+    def from_sums(cls, prior: Sequence[float], a: Sequence[Sequence[float]], b: Sequence[float]) -> LinearCost:
+        """A law whose timings another producer summed (the CPU share's host function keeps
+        Σφφᵀ and Σφy in C, `moe/cpu_share.fit_cpu_rates`): `a`, `b` already weighted."""
+        cost = cls(prior)
+        cost._a = [[float(v) for v in row] for row in a]
+        cost._b = [float(v) for v in b]
+        cost._theta = None
+        return cost
+
     def update(self, phi: Sequence[float], seconds: float) -> None:
         scale = max(self.predict(phi), FLOOR_S)  # a near-zero prediction must not make one timing all-powerful
         y = min(max(seconds, scale / 4), scale * 4)

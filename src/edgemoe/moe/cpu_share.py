@@ -41,6 +41,7 @@ from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin, share_finish
+from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import ExpertStore
 
@@ -53,27 +54,27 @@ PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's 
 DEVICE_GBPS = 45.0
 CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0}
 CPU_FLOPS = 1.5e12
+CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
 
 def fit_cpu_rates(sums: dict[str, float], prior: tuple[float, float]) -> tuple[float, float]:
     """(ns an expert, ns a pair) of the C kernel's calls, from `HostLayerMailboxes.fit_sums`:
-    least squares of t = c + a·jobs + b·pairs, pulled toward `prior` (a, b) with the weight
-    of as many calls as the sums hold, so calls that can't separate a from b (decode steps:
-    a pair or two an expert) leave the prior's split, and prompt chunks' calls correct it."""
+    the host controller's cost law (`moe/controller.LinearCost`: least squares toward a
+    prior known to ±100%) over t = c + a·jobs + b·pairs, every call weighted as within
+    ±NOISE of the calls' mean time. Calls that can't separate a from b (decode steps: a
+    pair or two an expert) leave the prior's split; prompt chunks' calls correct it."""
     n = sums["fit_n"]
     if n < 1.0:
         return prior
-    lam = n
-    A = torch.tensor([[n, sums["fit_j"], sums["fit_p"]],
-                      [sums["fit_j"], sums["fit_jj"] + lam, sums["fit_jp"]],
-                      [sums["fit_p"], sums["fit_jp"], sums["fit_pp"] + lam]], dtype=torch.float64)
-    y = torch.tensor([sums["fit_t"], sums["fit_jt"] + lam * prior[0], sums["fit_pt"] + lam * prior[1]],
-                     dtype=torch.float64)
-    try:
-        _, a, b = torch.linalg.solve(A, y).tolist()
-    except RuntimeError:  # singular: nothing to learn yet
-        return prior
-    return max(a, 0.0), max(b, 0.0)
+    ns = 1e-9
+    w = 1.0 / (NOISE * max(sums["fit_t"] / n * ns, FLOOR_S)) ** 2
+    a = [[n, sums["fit_j"], sums["fit_p"]], [sums["fit_j"], sums["fit_jj"], sums["fit_jp"]],
+         [sums["fit_p"], sums["fit_jp"], sums["fit_pp"]]]
+    b = [sums["fit_t"], sums["fit_jt"], sums["fit_pt"]]
+    cost = LinearCost.from_sums([CALL_S, prior[0] * ns, prior[1] * ns], [[w * v for v in row] for row in a],
+                                [w * ns * v for v in b])
+    _, per_expert, per_pair = cost.theta
+    return per_expert / ns, per_pair / ns
 
 
 def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
