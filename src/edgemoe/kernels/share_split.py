@@ -79,13 +79,19 @@ def share_finish(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) ->
     share_finish_ref(mb, dest, cells)
 
 
-def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
-    """[E] bool: the CPU's experts; heats the routed experts (the reference)."""
+def _routed_misses(ids: torch.Tensor, st: ShareState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([E] pairs routing each expert, [E] bool routed and not resident, [E] the tie-break
+    key part: a higher id sorts first)."""
     flat = ids.reshape(-1).long()
     E = st.heat.numel()
     routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), (flat >= 0).long())
-    miss = (routed > 0) & (st.resident < 0)
-    tiebreak = torch.arange(E - 1, -1, -1, device=flat.device)  # higher id: lower key
+    return routed, (routed > 0) & (st.resident < 0), torch.arange(E - 1, -1, -1, device=flat.device)
+
+
+def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
+    """[E] bool: the CPU's experts; heats the routed experts (the reference)."""
+    routed, miss, tiebreak = _routed_misses(ids, st)
+    E = miss.numel()
     key = torch.where(miss, st.heat * E + tiebreak, NOT_MISSED)  # distinct for misses
     rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
     on_cpu = miss & (rank < st.quota)
@@ -96,20 +102,17 @@ def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
 def balanced_misses_ref(ids: torch.Tensor, st: ShareState, max_pairs: int) -> torch.Tensor:
     """[E] bool: the prompt rule's CPU experts (the reference). Integer ns: the same sums
     in any order of addition."""
-    flat = ids.reshape(-1).long()
-    E = st.heat.numel()
-    routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), (flat >= 0).long())
-    miss = (routed > 0) & (st.resident < 0)
-    tiebreak = torch.arange(E - 1, -1, -1, device=flat.device)
+    routed, miss, tiebreak = _routed_misses(ids, st)
+    E = miss.numel()
     key = torch.where(miss, routed * E + tiebreak, NOT_MISSED)
     order = torch.argsort(key)  # keys are distinct where it matters (misses first)
     tokens = routed[order]
     fixed, per_token, device_ns = st.rates[0], st.rates[1], st.rates[2]
     cpu_ns = torch.cumsum(fixed + per_token * tokens, 0)  # the first k misses' CPU time, k = 1..E
-    k = torch.arange(1, E + 1, device=flat.device)
+    k = torch.arange(1, E + 1, device=ids.device)
     fits = miss[order] & (cpu_ns <= (miss.sum() - k) * device_ns) & (torch.cumsum(tokens, 0) <= max_pairs)
     taken = torch.cumprod(fits.long(), 0).bool()  # the leading run: both sums only grow
-    return torch.zeros(E, dtype=torch.bool, device=flat.device).scatter_(0, order, taken)
+    return torch.zeros(E, dtype=torch.bool, device=ids.device).scatter_(0, order, taken)
 
 
 def share_begin_ref(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
