@@ -136,3 +136,18 @@ def test_stacked_expert_checkpoints_load_the_same_model(reference, make_ckpt) ->
     for store in ("pageable", "mmap"):
         with LLM(str(stacked), dtype="float32", expert_store=store) as llm:
             assert torch.equal(llm.prompt_logits(PROMPTS[3]), want), store
+
+
+@pytest.mark.parametrize("variant", ["qwen3_5_moe", "qwen3_next-dense"])
+def test_the_device_cache_cpu_share_runs_them(reference, variant: str) -> None:  # noqa: ANN001
+    """hybrid on the device cache with bf16 experts, both of the share's rules (the
+    100-token prompt by the prompt rule, decode by the live quota), beside the shared
+    expert (and a dense layer): the CPU's experts are counted and the texts are the
+    model's tokens (exactness of the share: tests/moe/test_cpu_share.py)."""
+    ref = reference(variant)
+    with LLM(str(ref.path), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=4,
+             prompt_cpu=True) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        moe, vocab = llm.stats()["moe"], llm.engine.vocab_size
+    assert all(len(t) == NEW_TOKENS and all(0 <= i < vocab for i in t) for t in got)
+    assert moe["experts_cpu"] > 0 and moe["prompt_cpu"] is True

@@ -135,3 +135,17 @@ def test_hash_constants_equal_transformers_buffers(reference) -> None:  # noqa: 
         assert list(g.vocab_sizes) == emb.ngram_heads_vocab_sizes.tolist()
         assert list(g.offsets) == emb.ngram_heads_offsets.tolist()
         assert g.rows == emb.ngram_embedding.weight.shape[0]
+
+
+def test_the_device_cache_cpu_share_runs_it(reference) -> None:  # noqa: ANN001
+    """hybrid on the device cache with bf16 experts (what the C kernel reads), both of the
+    share's rules: the 100-token prompt's chunk by the prompt rule (`prompt_cpu`), decode
+    steps by the live quota (hybrid starts at one CPU expert a layer); the CPU's experts are
+    counted and the texts are the model's tokens (exactness: tests/moe/test_cpu_share.py)."""
+    ref = reference("sparse-ple")
+    with LLM(str(ref.path), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=4,
+             prompt_cpu=True) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        moe, vocab = llm.stats()["moe"], llm.engine.vocab_size
+    assert all(len(t) == NEW_TOKENS and all(0 <= i < vocab for i in t) for t in got)
+    assert moe["experts_cpu"] > 0 and moe["prompt_cpu"] is True and "cpu_quota_per_layer" in moe
