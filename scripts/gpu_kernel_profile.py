@@ -18,6 +18,10 @@ each kernel starts early and waits inside for its predecessor, so CUPTI's per-ke
 overlap and no longer add up to the step (2026-12-02: 4,649 µs of kernels in a 3.14 ms
 step, `_down_gemv` at 21.8 µs a layer against 8.1 in the kernel bench). The step without
 PDL is ~8% longer; the shares are what this script is for.
+
+It also sums the device's idle gaps between kernels by the kernel that came next: with the
+CPU share (`moe_backend=hybrid cpu_experts_per_layer=2 routing=synthetic gpu_memory=16GiB
+kv_tokens=8192`) the gap before `_share_finish` is the wait for the CPU's experts.
 """
 
 from __future__ import annotations
@@ -36,6 +40,21 @@ os.environ.setdefault("EDGEMOE_PDL", "0")  # before edgemoe reads it: see the NO
 from edgemoe import LLM, SamplingParams  # noqa: E402
 
 STEPS = 16
+IDLE_MAX_US = 5_000  # a gap longer than this is between steps (the host's sampling and scheduling)
+
+
+def idle_before(events) -> dict[str, list[float]]:  # noqa: ANN001
+    """Gaps between consecutive kernels (one stream's order, by start time) summed by the
+    name of the kernel that ended each: where the device waited (a memory-operation wait,
+    a host node, the host launching), not counting gaps between steps."""
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for (_, end, _), (start, _, name) in zip(kernels, kernels[1:]):
+        if 0 < start - end < IDLE_MAX_US:
+            gaps[name][0] += start - end
+            gaps[name][1] += 1
+    return gaps
 batch = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
 given = dict(arg.split("=", 1) for arg in sys.argv[3:])
@@ -63,14 +82,22 @@ for e in prof.events():
         per_kernel[e.name][1] += 1
 total = sum(t for t, _ in per_kernel.values())
 rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
+gaps = idle_before(prof.events())
 print(f"batch {batch}, prompt {prompt}: {total / STEPS:.0f} µs of kernels per step")
 print(f"{'µs/step':>9} {'share':>6} {'calls':>6}  kernel")
 table = []
 for name, (us, calls) in rows[:40]:
     print(f"{us / STEPS:9.1f} {100 * us / total:5.1f}% {calls / STEPS:6.1f}  {name[:110]}")
     table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
+span = sum(g for g, _ in gaps.values())
+print(f"{span / STEPS:.0f} µs a step with no kernel running, by the kernel that ran next "
+      "(the CPU share's wait shows before `_share_finish`):")
+for name, (us, calls) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:12]:
+    print(f"{us / STEPS:9.1f} {calls / STEPS:6.1f}  {name[:110]}")
 out = Path(os.environ.get("OUT", "bench/results"))
 out.mkdir(parents=True, exist_ok=True)
 (out / f"kernel_profile_b{batch}_p{prompt}{tag}.json").write_text(json.dumps(
     {"batch": batch, "prompt_tokens": prompt, "settings": settings, "steps": STEPS, "us_per_step": total / STEPS,
-     "kernels": table}, indent=1))
+     "kernels": table, "idle_us_per_step": span / STEPS,
+     "idle_before": {name: {"us_per_step": us / STEPS, "calls_per_step": calls / STEPS} for name, (us, calls) in
+                     sorted(gaps.items(), key=lambda kv: -kv[1][0])[:40]}}, indent=1))
