@@ -59,8 +59,10 @@ static inline float em_fp8_to_f32(uint8_t b) {
 
 /* 16 weights of row w from k (masked tail) → fp32; fp8 ones times `sc` (scale·2^120). */
 static inline __attribute__((always_inline)) __m512 em_q16(const uint8_t *w, int k, int K, const int fp8, float sc) {
-    __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1u);
-    __m128i b = _mm_maskz_loadu_epi8(m, w + k);
+    /* NOTE: a plain load for whole steps (it folds into the widening instruction); the
+     * masked load only for the tail */
+    __m128i b = K - k >= 16 ? _mm_loadu_si128((const __m128i *)(w + k))
+                            : _mm_maskz_loadu_epi8((__mmask16)((1u << (K - k)) - 1u), w + k);
     if (!fp8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
     /* sign-extended byte << 7: the sign lands in bits 14 and 15; clear 14 */
     __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xBFFF));
@@ -69,7 +71,7 @@ static inline __attribute__((always_inline)) __m512 em_q16(const uint8_t *w, int
 
 #define EM_QROW512(r)                                                              \
     {                                                                              \
-        EM_PREFETCH(w[r] + k, pf);                                                 \
+        if ((k & 63) == 0) EM_PREFETCH(w[r] + k, pf); /* a line a prefetch */     \
         __m512 wv = em_q16(w[r], k, K, fp8, s##r);                                 \
         a##r##0 = _mm512_fmadd_ps(wv, x0, a##r##0);                                \
         if (nt > 1) a##r##1 = _mm512_fmadd_ps(wv, x1, a##r##1);                    \
