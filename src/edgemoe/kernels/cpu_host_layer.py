@@ -132,16 +132,17 @@ class HostLayerMailboxes:
         """The decayed sums of every layer's calls, added over the layers (`em_host_fit`:
         n, j = jobs, p = pairs, t = ns, and their products), each row read consistently
         (retried while its writer is inside)."""
-        first, cols = F["fit_n"], len(FIT_SUMS)
-        total = torch.zeros(cols, dtype=torch.float64)
-        for row in range(self.table.shape[0]):
+        first, cols, seq_at = F["fit_n"], len(FIT_SUMS), F["fit_seq"]
+        table = self.table.numpy()  # the same memory: the C thread's writes show
+        total = [0.0] * cols
+        for row in range(table.shape[0]):
             for _ in range(1000):
-                seq = int(self.table[row, F["fit_seq"]])
-                values = self.table[row, first : first + cols].clone()
-                if seq % 2 == 0 and int(self.table[row, F["fit_seq"]]) == seq:
-                    total += values.view(torch.float64)
+                seq = int(table[row, seq_at])
+                values = table[row, first : first + cols].copy()
+                if seq % 2 == 0 and int(table[row, seq_at]) == seq:
+                    total = [t + v for t, v in zip(total, values.view("float64").tolist(), strict=True)]
                     break
-        return dict(zip(FIT_SUMS, total.tolist(), strict=True))
+        return dict(zip(FIT_SUMS, total, strict=True))
 
     def status(self, layer: int) -> int:
         """The last call's result on `layer`'s mailbox (0: done)."""

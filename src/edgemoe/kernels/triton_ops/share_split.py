@@ -17,7 +17,8 @@ CHUNK = 16  # pairs compared against every expert at once (registers: CHUNK x BL
 CHUNK_N = 1024  # pairs written to the mailbox at once (a prompt chunk's in several)
 X_IN_KERNEL = 64  # token rows the launch copies itself (one program: a decode batch's)
 BLOCK_H = 1024  # columns a row copy moves at once
-FINISH_PROGRAMS = 8  # the finish's grid: a program per CPU cell row, strided
+FINISH_PROGRAMS = 8  # the finish's grid for a decode step's few CPU cells (a program a row, strided)
+FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe reads in flight)
 
 
 @triton.jit
@@ -132,5 +133,6 @@ def share_finish_triton(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Ten
     H = cells.shape[-1]
     assert cells.is_contiguous() and cells.dtype == mb.out.dtype
     pdl = pdl_enabled(cells.device)
-    _share_finish[(FINISH_PROGRAMS,)](mb.out, mb.count, dest, cells, H, BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-                                      USE_PDL=pdl, launch_pdl=pdl)
+    programs = FINISH_PROGRAMS if cells.shape[0] <= X_IN_KERNEL else FINISH_PROGRAMS_PROMPT  # by shape: capture-safe
+    _share_finish[(programs,)](mb.out, mb.count, dest, cells, H, BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
+                               USE_PDL=pdl, launch_pdl=pdl)
