@@ -202,8 +202,13 @@ def _leading_decodes(chunks: Sequence[SeqChunk]) -> int:
     return n
 
 
+def all_decode(chunks: Sequence[SeqChunk]) -> bool:
+    """Every chunk adds one generated token (a decode batch)."""
+    return all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks)
+
+
 def _mode(chunks: Sequence[SeqChunk]) -> BatchMode:
-    if all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks):
+    if all_decode(chunks):
         return BatchMode.DECODE
     if all(c.in_prompt for c in chunks):
         return BatchMode.PREFILL

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.cache.state_pool import StatePool
-from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk
+from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk, all_decode
 from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, GraphVariants, trim
 from edgemoe.engine.sampler import SampleOutput
 from edgemoe.layers.attention_backend import AttentionBackend
@@ -78,14 +78,14 @@ class ModelRunner:
 
     def forward(self, chunks: Sequence[SeqChunk]) -> tuple[ForwardBatch, torch.Tensor]:
         """Run one step's chunks. Nothing here reads the device back."""
-        size = self._padded_size(chunks)
+        decode = all_decode(chunks)
+        size = self.padding.size_for(len(chunks)) if decode and self.padding is not None else None
         padded = chunks if size is None else self.padding.pad(chunks, size)  # type: ignore[union-attr]
         if self.ple is not None:
             with self.profiler.region("ple_wait"):
                 self.ple.begin_step(padded)
         self.count_tokens(sum(len(c.token_ids) for c in chunks))
         if self.moe is not None:  # before the replay: it may switch the variant to replay
-            decode = all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks)
             self.moe.before_step(time.perf_counter(), len(chunks) if decode else None)
         if self.routing is not None:  # outside run_batch: a replay must find its ids staged
             self.routing.prepare([len(c.token_ids) for c in chunks], [c.start + len(c.token_ids) for c in chunks],
@@ -120,11 +120,6 @@ class ModelRunner:
         if self.padding is None or batch.mode is not BatchMode.DECODE:
             return None
         return batch.req_rows != self.padding.scratch_row
-
-    def _padded_size(self, chunks: Sequence[SeqChunk]) -> int | None:
-        if self.padding is None or not all(len(c.token_ids) == 1 and not c.in_prompt for c in chunks):
-            return None
-        return self.padding.size_for(len(chunks))
 
 
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:

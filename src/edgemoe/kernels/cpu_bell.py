@@ -47,16 +47,19 @@ def _libcuda() -> ctypes.CDLL | None:
     return lib
 
 
-def _write(stream: torch.cuda.Stream, addr: int, value: int) -> None:
-    rc = _libcuda().em_cuStreamWriteValue32(ctypes.c_void_p(stream.cuda_stream), addr, value, 0)  # type: ignore[union-attr]
+def _memop(name: str, stream: torch.cuda.Stream, addr: int, value: int, flags: int) -> None:
+    """`cuStreamWriteValue32` / `cuStreamWaitValue32` (`name`) on `stream`."""
+    rc = getattr(_libcuda(), f"em_{name}")(ctypes.c_void_p(stream.cuda_stream), addr, value, flags)
     if rc != 0:
-        raise RuntimeError(f"cuStreamWriteValue32 failed (CUresult {rc})")
+        raise RuntimeError(f"{name} failed (CUresult {rc})")
+
+
+def _write(stream: torch.cuda.Stream, addr: int, value: int) -> None:
+    _memop("cuStreamWriteValue32", stream, addr, value, 0)
 
 
 def _wait(stream: torch.cuda.Stream, addr: int, value: int) -> None:
-    rc = _libcuda().em_cuStreamWaitValue32(ctypes.c_void_p(stream.cuda_stream), addr, value, WAIT_EQ)  # type: ignore[union-attr]
-    if rc != 0:
-        raise RuntimeError(f"cuStreamWaitValue32 failed (CUresult {rc})")
+    _memop("cuStreamWaitValue32", stream, addr, value, WAIT_EQ)
 
 
 def _words(device: torch.device | None) -> tuple[torch.Tensor, int]:
