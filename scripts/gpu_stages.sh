@@ -19,6 +19,8 @@
 #                Qwen3-30B-A3B shapes by default (the router sweep too)
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
+#   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
+#                routing, $PREFILL16 backends (default offload hybrid), chunks of $PREFILL_CHUNK (8192)
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
 #   scan-ab      bf16 at 8 GiB (276 slots < 48 x 8): --moe-policy lru (scan-resistant), then lru-plain (one process each)
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
@@ -68,6 +70,12 @@ run_stage() {
     kbench) OUT="$res/kbench" python3 scripts/gpu_kernel_bench.py ${KBENCH:-} ;;
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
+    prefill16) for backend in ${PREFILL16:-offload hybrid}; do
+                 echo "== $backend"
+                 decode --gpu-memory 16GiB --kv-tokens 40960 --routing synthetic --moe-backend "$backend" \
+                   --prompt-tokens 8192 32768 --batch-sizes 1 --decode-tokens 8 --max-prefill-tokens ${PREFILL_CHUNK:-8192} \
+                   --out "$res/prefill16"
+               done ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
                   set -- $setting
                   decode --expert-dtype "$1" --gpu-memory "$2" --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 \
