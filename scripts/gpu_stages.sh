@@ -20,7 +20,8 @@
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
-#                routing, $PREFILL16 backends (default offload hybrid), chunks of $PREFILL_CHUNK (8192)
+#                routing, $PREFILL16 backends (default offload hybrid) x chunks of $PREFILL_CHUNKS (8192)
+#   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
 #   scan-ab      bf16 at 8 GiB (276 slots < 48 x 8): --moe-policy lru (scan-resistant), then lru-plain (one process each)
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
@@ -71,11 +72,14 @@ run_stage() {
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     prefill16) for backend in ${PREFILL16:-offload hybrid}; do
-                 echo "== $backend"
-                 decode --gpu-memory 16GiB --kv-tokens 40960 --routing synthetic --moe-backend "$backend" \
-                   --prompt-tokens 8192 32768 --batch-sizes 1 --decode-tokens 8 --max-prefill-tokens ${PREFILL_CHUNK:-8192} \
-                   --out "$res/prefill16"
+                 for chunk in ${PREFILL_CHUNKS:-8192}; do
+                   echo "== $backend, chunks of $chunk"
+                   decode --gpu-memory 16GiB --kv-tokens 40960 --routing synthetic --moe-backend "$backend" \
+                     --prompt-tokens 8192 32768 --batch-sizes 1 --decode-tokens 8 --max-prefill-tokens "$chunk" \
+                     --out "$res/prefill16"
+                 done
                done ;;
+    share-ab) OUT="$res/share-ab" python3 scripts/gpu_cpu_share_ab.py ${SHARE_AB:-} ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
                   set -- $setting
                   decode --expert-dtype "$1" --gpu-memory "$2" --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 \

@@ -171,3 +171,15 @@ def test_prompt_cpu_runs_prompt_chunks_through_the_share(qwen3_ckpt) -> None:  #
         share = llm.engine.runtime.executor.cpu_share
     assert len(out[0].token_ids) == 1 and moe["prompt_cpu"] is True and share.prompt_rows >= 100
     assert moe["experts_cpu"] > 0 and moe["cpu_ns_per_expert"] >= 0
+
+
+def test_streamed_prefill_gives_resident_tokens(qwen3_ckpt, resident_tokens, monkeypatch) -> None:  # noqa: ANN001
+    # Chunks of 8+ prompt tokens stream their layers' experts through 2·E lent slots.
+    monkeypatch.setenv("EDGEMOE_PREFILL_STREAM_TOKENS", "8")
+    with LLM(str(qwen3_ckpt), dtype="float32", max_prefill_tokens=11, moe_backend="offload", expert_cache="device",
+             moe_slots=2 * EXPERTS + 1) as llm:
+        assert llm.engine.runtime.executor.streaming.min_tokens == 8
+        got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        moe = llm.stats()["moe"]
+    assert got == resident_tokens
+    assert moe["streamed_chunks"] >= 2 and moe["misses"] > 0

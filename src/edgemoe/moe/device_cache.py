@@ -250,6 +250,20 @@ class DeviceSlotCache:
         self._map.fill_(-1)
         self._owners.fill_(-1)
 
+    def lend(self, n: int) -> torch.Tensor:
+        """Empty `n` slots for a streamed prefill's buffers (`moe/prefill_stream.py`): free
+        slots first (by index), then the least recent; their experts leave the map. Returns
+        their ids [n] int64 on the device. They stay free: the next misses take them."""
+        S = self.num_slots
+        if not 0 < n <= S:
+            raise ValueError(f"cannot lend {n} of {S} slots")
+        key = torch.where(self.slot_owners < 0, self._slot_idx - S, self.recency)
+        lent = torch.argsort(key)[:n]
+        owners = self._owners[lent]
+        self._map.index_fill_(0, torch.where(owners >= 0, owners, self._map.numel() - 1), -1)
+        self._owners.index_fill_(0, lent, -1)
+        return lent
+
     def read_counts(self) -> np.ndarray:
         """[L, 2] (hits, misses) since construction: one device read."""
         return self.counts.to("cpu", copy=True).numpy()  # a copy on a CPU device too

@@ -38,6 +38,7 @@ from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
+from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QUARTERS, QuotaController, quota_rows
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -76,7 +77,9 @@ class DeviceOffloadExecutor(CellsExecutor):
     expert a layer, auto at none); at level 0 the runner replays graphs captured without
     the share (`graph_variants`), so auto costs nothing where the CPU doesn't help. Where
     the share can't run (no C kernel, a format it doesn't read) live_quota falls back to
-    offload, said in the log for hybrid."""
+    offload, said in the log for hybrid. `stream_tokens`: prompt chunks of this many
+    tokens or more stream every layer's experts through lent slots (`moe/prefill_stream.py`;
+    default `EDGEMOE_PREFILL_STREAM_TOKENS` or 1,024; 0: never)."""
 
     def __init__(
         self,
@@ -93,6 +96,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         live_quota: str | None = None,
         top_k: int | None = None,
         prompt_cpu: bool = False,
+        stream_tokens: int | None = None,
     ) -> None:
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self._prompt_rows = max_tokens if prompt_cpu else 0  # the share's prompt rule covers every chunk
@@ -101,6 +105,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.slots = SlotBanks(store, num_slots, device, self.stats)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
+        min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
+        self.streaming = PrefillStream(self.cache, self.slots, store, min_tokens)
+        self.stats.sources.append(lambda: {"streamed_chunks": self.streaming.chunks})
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
         self.expert_nbytes = store.expert_nbytes
         self.num_decode = 0  # of the layer being computed
@@ -182,6 +189,17 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
+        if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
+            self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
+            self.streaming.computed(layer)
+        else:
+            self._planned(layer, x, ids, topk_weights, cells)
+        if dead is not None:  # their cells were never written: make their output zeros, not garbage
+            cells.masked_fill_(dead[:, None, None], 0.0)
+        return cells
+
+    def _planned(self, layer: int, x, ids, topk_weights, cells) -> None:  # noqa: ANN001
+        """The cache plans the layer's waves; the CPU share (if any) takes its pairs first."""
         share, rule = self._share_rule(x)
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
@@ -189,9 +207,6 @@ class DeviceOffloadExecutor(CellsExecutor):
             self._run_wave(layer, x, ids, plan, topk_weights, cells)
         if share is not None:
             share.finish(layer, cells)
-        if dead is not None:  # their cells were never written: make their output zeros, not garbage
-            cells.masked_fill_(dead[:, None, None], 0.0)
-        return cells
 
     def _live_ids(self, topk_ids: torch.Tensor, num_padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(routing with padding rows' ids -1, the padding rows [T] bool or None)."""
@@ -268,6 +283,7 @@ class DeviceOffloadExecutor(CellsExecutor):
 
     def recover(self) -> None:
         # Copies that never landed would leave slots mapped to stale weights: drop them all.
+        self.streaming.reset()
         self.cache.clear()
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ def make_executor(
     expert_mover: str = "gather",
     cpu_experts_per_layer: int | None = None,
     prompt_cpu: bool = False,
+    stream_tokens: int | None = None,
 ) -> MoEExecutor:
     """The executor named by `--moe-backend`; `max_tokens` (the largest step) sizes the
     contribution-cell workspace. hybrid: `hybrid_fraction` fixes the CPU's share of the
@@ -40,7 +41,8 @@ def make_executor(
     `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"), misses moved
     by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (a fixed quota
     `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when), and
-    `prompt_cpu` its prompt rule."""
+    `prompt_cpu` its prompt rule; prompt chunks of `stream_tokens` or more (default
+    `moe/prefill_stream.py`'s) stream their experts."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
@@ -52,7 +54,8 @@ def make_executor(
         quota = cpu_experts_per_layer if backend == "hybrid" else None
         live = live_share(backend, device) if quota is None else None
         return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
-                                     policy=policy, live_quota=live, top_k=top_k, prompt_cpu=prompt_cpu)
+                                     policy=policy, live_quota=live, top_k=top_k, prompt_cpu=prompt_cpu,
+                                     stream_tokens=stream_tokens)
     if expert_cache != "host":
         raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
     if prompt_cpu:

@@ -23,6 +23,7 @@ router. Off by default; `serve` refuses it; every output that it affects says so
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -151,17 +152,19 @@ class SyntheticRouting:
         self.staged = StagedIds(len(moe_layers), top_k, max_tokens, device)
         self.last = np.zeros((len(moe_layers), 0, top_k), np.int64)  # the latest draws [layers, n, K]
         self.trace: RoutingObserver | None = None
+        self.draw_seconds = 0.0  # host time in the draws (benchmarks subtract it from prefill)
 
     def prepare(self, q_lens: Sequence[int], seq_lens: Sequence[int], rows: Sequence[int],
                 padded: int | None = None) -> None:
         """Draw the step's ids for its real chunks (padding chunks draw nothing, so the
         process is the same with and without padding); `padded`: the router's row count
         when the batch is padded (default: the real tokens)."""
-        parts = []
+        parts, t0 = [], time.perf_counter()
         for n, total, row in zip(q_lens, seq_lens, rows, strict=True):
             if total == n or row not in self.streams:  # a sequence starting at position 0: fresh history
                 self.streams[row] = Stream(self.process.layers, self.process.experts)
             parts.append(self.process.tokens(self.streams[row], n))
+        self.draw_seconds += time.perf_counter() - t0
         ids = np.concatenate(parts) if parts else np.zeros((0, self.process.layers, self.process.top_k), np.int64)
         self.last = np.ascontiguousarray(ids.transpose(1, 0, 2))
         self.staged.stage(self.last, ids.shape[0] if padded is None else padded)
