@@ -20,7 +20,10 @@
 #   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
-#                routing, $PREFILL16 backends (default offload hybrid) x chunks of $PREFILL_CHUNKS (8192)
+#                routing, $PREFILL16 backends (default offload hybrid) x $PREFILL_RUNS ("prompts:kv tokens:chunk"
+#                each, default "8192,32768:40960:8192")
+#   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
+#                cached 30K prefix, $TURN_ARGS
 #   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
 #   scan-ab      bf16 at 8 GiB (276 slots < 48 x 8): --moe-policy lru (scan-resistant), then lru-plain (one process each)
@@ -72,13 +75,17 @@ run_stage() {
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     prefill16) for backend in ${PREFILL16:-offload hybrid}; do
-                 for chunk in ${PREFILL_CHUNKS:-8192}; do
-                   echo "== $backend, chunks of $chunk"
-                   decode --gpu-memory 16GiB --kv-tokens 40960 --routing synthetic --moe-backend "$backend" \
-                     --prompt-tokens 8192 32768 --batch-sizes 1 --decode-tokens 8 --max-prefill-tokens "$chunk" \
+                 for spec in ${PREFILL_RUNS:-8192,32768:40960:8192}; do  # prompts:kv tokens:chunk
+                   IFS=: read -r prompts kv chunk <<< "$spec"
+                   echo "== $backend, prompts $prompts, kv $kv, chunks of $chunk"
+                   decode --gpu-memory 16GiB --kv-tokens "$kv" --routing synthetic --moe-backend "$backend" \
+                     --prompt-tokens ${prompts//,/ } --batch-sizes 1 --decode-tokens 8 --max-prefill-tokens "$chunk" \
                      --out "$res/prefill16"
                  done
                done ;;
+    turn) for backend in ${TURN_BACKENDS:-offload hybrid}; do
+            OUT="$res/turn" python3 scripts/gpu_turn_ttft.py --backend "$backend" ${TURN_ARGS:-}
+          done ;;
     share-ab) OUT="$res/share-ab" python3 scripts/gpu_cpu_share_ab.py ${SHARE_AB:-} ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
                   set -- $setting
