@@ -21,7 +21,9 @@
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
 #                routing, $PREFILL16 backends (default offload hybrid) x $PREFILL_RUNS ("prompts:kv tokens:chunk"
-#                each, default "8192,32768:40960:8192")
+#                [:expert dtype] each, default "8192,32768:40960:8192")
+#   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
+#   bw           edgemoe bench bw (host read, CPU experts per format, copies)
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
 #   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
@@ -75,14 +77,21 @@ run_stage() {
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     prefill16) for backend in ${PREFILL16:-offload hybrid}; do
-                 for spec in ${PREFILL_RUNS:-8192,32768:40960:8192}; do  # prompts:kv tokens:chunk
-                   IFS=: read -r prompts kv chunk <<< "$spec"
-                   echo "== $backend, prompts $prompts, kv $kv, chunks of $chunk"
+                 for spec in ${PREFILL_RUNS:-8192,32768:40960:8192}; do  # prompts:kv tokens:chunk[:expert dtype]
+                   IFS=: read -r prompts kv chunk dtype <<< "$spec"
+                   echo "== $backend, prompts $prompts, kv $kv, chunks of $chunk, experts ${dtype:-bf16}"
                    decode --gpu-memory 16GiB --kv-tokens "$kv" --routing synthetic --moe-backend "$backend" \
-                     --prompt-tokens ${prompts//,/ } --batch-sizes 1 --decode-tokens 8 --max-prefill-tokens "$chunk" \
-                     --out "$res/prefill16"
+                     --expert-dtype "${dtype:-bf16}" --prompt-tokens ${prompts//,/ } --batch-sizes 1 --decode-tokens 8 \
+                     --max-prefill-tokens "$chunk" --out "$res/prefill16"
                  done
                done ;;
+    stream-ab) for threshold in ${STREAM_AB:-256 1024}; do  # EDGEMOE_PREFILL_STREAM_TOKENS for short prompts
+                 echo "== EDGEMOE_PREFILL_STREAM_TOKENS=$threshold"
+                 EDGEMOE_PREFILL_STREAM_TOKENS=$threshold decode --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic \
+                   --moe-backend offload --prompt-tokens ${STREAM_AB_PROMPTS:-512 700} --batch-sizes 1 --decode-tokens 8 \
+                   --out "$res/stream-ab/t$threshold"
+               done ;;
+    bw) python3 -m edgemoe.cli bench bw --out "$res/bw" ;;
     turn) for backend in ${TURN_BACKENDS:-offload hybrid}; do
             OUT="$res/turn" python3 scripts/gpu_turn_ttft.py --backend "$backend" ${TURN_ARGS:-}
           done ;;
