@@ -83,7 +83,7 @@ def test_committed_constants_are_the_fit_of_the_committed_runs() -> None:
     fitted = fit(RESULTS)
     committed = {**speed.EXPERT_EFFICIENCY, "KV_EFFICIENCY": speed.KV_EFFICIENCY,
                  "SLOT_CACHE_US": speed.SLOT_CACHE_US, "COPY_EFFICIENCY": speed.COPY_EFFICIENCY,
-                 "PREFILL_EFFICIENCY": speed.PREFILL_EFFICIENCY}
+                 "PREFILL_EFFICIENCY": speed.PREFILL_EFFICIENCY, "STREAM_EFFICIENCY": speed.STREAM_EFFICIENCY}
     assert fitted.keys() == committed.keys()
     for name, value in committed.items():
         assert value == pytest.approx(fitted[name], rel=2e-3), name  # the code keeps 4 significant digits
@@ -121,7 +121,8 @@ def test_plan_prints_its_predictions_and_their_provenance(capsys, tmp_path: Path
         assert f" {r.num_slots} " in line and f" {r.step.tok_s:.1f} " in line  # type: ignore[union-attr]
     assert "measured   the decode step given its misses" in out
     assert "hit-rate model, not calibrated" in out and "int8 (as fp8)" in out
-    assert "prefill (the copy bound x 0.56" in out and "copy+CPU (uncalibrated" in out  # prefill and the CPU share
+    assert "streamed when >= 1,024 tokens" in out and "else the copy bound x 0.56" in out  # both prefill models
+    assert "copy+CPU (uncalibrated" in out  # the CPU share
 
 
 def test_misses_out_of_range_are_refused() -> None:

@@ -112,6 +112,15 @@ def _arch(model: str | None) -> tuple[str, Any]:
     return source.name, model_arch(source.config, source.model_dir / "config.json")
 
 
+def streams(chunk: int, slots: int, experts: int) -> bool:
+    """Whether a full chunk streams through the device cache's lent slots (moe/prefill_stream.py,
+    with the engine's threshold: EDGEMOE_PREFILL_STREAM_TOKENS read the same way)."""
+    from edgemoe.moe.prefill_stream import stream_min_tokens
+
+    threshold = stream_min_tokens()
+    return 0 < threshold <= chunk and slots >= 2 * experts
+
+
 def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates) -> Prediction:
     from edgemoe.engine.budget import expert_nbytes, plan_memory
     from edgemoe.quant import expert_format
@@ -135,8 +144,12 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
     misses = 0.0 if resident else misses
     step = both = prefill = None
     if rates.pcie_gbps:
-        prefill = speed.PREFILL_EFFICIENCY * speed.prefill_bound(
-            rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, K, slots / total, e_bytes)
+        if not resident and streams(args.max_prefill_tokens, slots, E):
+            prefill = speed.STREAM_EFFICIENCY * speed.prefill_streamed(
+                rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, slots, e_bytes)
+        else:
+            prefill = speed.PREFILL_EFFICIENCY * speed.prefill_bound(
+                rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, K, slots / total, e_bytes)
     if rates.pcie_gbps and rates.device_gbps:
         def at(miss_gbps: float) -> speed.StepTime:
             return speed.decode_step(arch, fmt, e_bytes, args.context_tokens, misses, not resident,
@@ -312,7 +325,9 @@ def _modelled(rates: Rates, args: argparse.Namespace) -> list[str]:
                    f"{speed.CALIBRATION.gpu}'s share of it), the slot cache's {speed.SLOT_CACHE_US:.0f} µs a layer kept")
     if not speed.CPU_SHARE_CALIBRATED:
         out.append("copy+CPU (uncalibrated: no run measured the CPU's share beside the device cache)")
-    out.append(f"prefill (the copy bound x {speed.PREFILL_EFFICIENCY:.2f}, fitted to a realistic-routing run; "
+    out.append(f"prefill (chunks of {args.max_prefill_tokens}: streamed when >= 1,024 tokens, the copies of every "
+               f"expert not held x {speed.STREAM_EFFICIENCY:.2f}, else the copy bound x {speed.PREFILL_EFFICIENCY:.2f}; "
+               "fitted to synthetic-routing runs; "
                "it assumes the chunk routes like the hit-rate model: a model that concentrates a prompt on "
                "few experts prefills faster)")
     return out

@@ -10,7 +10,9 @@ moves, with constants fitted to `edgemoe bench decode` runs on one GPU (docs/pla
 The efficiencies are shares of the device's bandwidth, so the base step scales with the
 bandwidth given (a 1 TB/s card: ~4× the H200's); SLOT_CACHE_US is a latency and does not.
 Prefill is the copy bound of one chunk (`prefill_bound`) × PREFILL_EFFICIENCY, fitted to a
-realistic-routing run.
+realistic-routing run; a chunk the device cache streams (`moe/prefill_stream.py`: ≥ 1,024
+tokens, a pool of ≥ 2·E slots) copies every expert it doesn't hold, the lent slots' experts
+included, at STREAM_EFFICIENCY of the link (`prefill_streamed`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ COPY_EFFICIENCY = 0.9053
 # 1K prefill at bf16 / 16 GiB (decode-20261201-204237.json, 677.6 tok/s; every expert touched),
 # checked on a later run of the same setting (decode-20261201-234509.json: 729.6, predicted −7.4%).
 PREFILL_EFFICIENCY = 0.5607
+
+# NOTE: the share of the streamed chunk's copy bound (`prefill_streamed`) it reaches: the 8K prompt
+# in one 8K chunk at bf16 / 16 GiB, kv 40,960 (decode-20261202-103747.json, 7,298 tok/s without
+# synthetic routing's host draws, which a real router doesn't make).
+STREAM_EFFICIENCY = 0.8906
 
 # What is calibrated and what is only modelled (the report says which).
 DECODE_CALIBRATED = True  # the step time given the misses, on the calibration GPU, batch 1
@@ -142,6 +149,15 @@ def decode_bound(rate_gbps: float, misses_per_token: float, expert_bytes: int) -
     if misses_per_token <= 0:
         return math.inf
     return rate_gbps * GB / (misses_per_token * expert_bytes)
+
+
+def prefill_streamed(pcie_gbps: float, chunk: int, moe_layers: int, experts: int, slots: int,
+                     expert_bytes: int) -> float:
+    """tok/s for one streamed chunk: every expert the cache doesn't hold once the 2·E
+    slots are lent is copied (routed or not)."""
+    held = max(0, slots - 2 * experts)
+    copied = max(0, moe_layers * experts - held) * expert_bytes
+    return math.inf if copied <= 0 else chunk * pcie_gbps * GB / copied
 
 
 def prefill_bound(pcie_gbps: float, chunk: int, moe_layers: int, experts: int, top_k: int,

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,23 +33,27 @@ class Run(NamedTuple):
     gpu_memory: str
     context: int  # prompt tokens: the KV a decode step reads
     plan_flags: tuple[str, ...]  # the run's engine settings, as `edgemoe plan` flags
+    env: tuple[tuple[str, str], ...] = ()  # the engine's environment that the plan reads too
 
 
 class Measured(NamedTuple):
     step_ms: float  # p50 ms per decode step (a .jsonl row has only tok/s: its mean)
     misses: float  # decode misses per token
     slots: int  # the engine's slots (0: resident)
-    prefill_tok_s: float  # the prompt's prefill, one chunk of `context` tokens
+    prefill_tok_s: float  # the prompt's prefill, one chunk of `context` tokens (synthetic routing's host draws excluded)
 
 
 KV8K = ("--kv-tokens", "8192")
+# Runs from before streamed prefill (2026-12-02) planned every prompt chunk's misses: the
+# plan predicts them with streaming off, as the engine now runs with this setting.
+PLANNED = (("EDGEMOE_PREFILL_STREAM_TOKENS", "0"),)
 RESIDENT = ("--moe-backend", "resident")
 RUNS = (
     Run("1 bf16 16 GiB", "decode-20261201-204535.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
     Run("2 fp8 16 GiB", "decode-20261201-204603.json", QWEN3, "fp8", "16GiB", 1024, KV8K),
     Run("3 bf16 8 GiB", "decode-20261201-204633.json", QWEN3, "bf16", "8GiB", 1024, KV8K),
     Run("4 int4 8 GiB", "decode-20261201-204659.json", QWEN3, "int4", "8GiB", 1024, KV8K),
-    Run("5 bf16 16 GiB synthetic", "decode-20261201-204237.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
+    Run("5 bf16 16 GiB synthetic", "decode-20261201-204237.json", QWEN3, "bf16", "16GiB", 1024, KV8K, PLANNED),
     Run("6a resident 1K", "decode-20261201-204102.json", QWEN3, "bf16", "140GiB", 1024, RESIDENT),
     Run("6b resident 32K", "decode-20261201-204346.json", QWEN3, "bf16", "140GiB", 32768, RESIDENT),
     Run("7 qwen3.5 16 GiB", "decode-20261201-204835.json", "random:qwen3.5-35b-a3b", "bf16", "16GiB", 1024,
@@ -57,12 +64,16 @@ RUNS = (
     Run("9 check bf16 16 GiB", "decode-20261201-235358.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
     Run("10 check fp8 16 GiB", "decode-20261201-235424.json", QWEN3, "fp8", "16GiB", 1024, KV8K),
     Run("11 check bf16 8 GiB", "decode-20261201-235501.json", QWEN3, "bf16", "8GiB", 1024, KV8K),
-    Run("12 check bf16 16 GiB synthetic", "decode-20261201-234509.json", QWEN3, "bf16", "16GiB", 1024, KV8K),
+    Run("12 check bf16 16 GiB synthetic", "decode-20261201-234509.json", QWEN3, "bf16", "16GiB", 1024, KV8K, PLANNED),
+    # Streamed prefill (2026-12-02): the 8K prompt in one chunk; its decode is 8 tokens, not fitted.
+    Run("13 streamed 8K", "decode-20261202-103747.json", QWEN3, "bf16", "16GiB", 8192,
+        ("--kv-tokens", "40960", "--max-prefill-tokens", "8192")),
 )
 # The runs whose prefill the plan's prefill model describes: a chunk that touches every expert, as
 # uniform or realistic routing does (synthetic routing); the random presets' router concentrates a
 # chunk on a few experts (run 1's 1K prefill missed 1.3 experts a token, not 4.8), so its runs can't.
-PREFILL_RUNS = ("5", "12")
+PREFILL_RUNS = ("5", "12", "13")
+DECODE_RUNS = tuple(r for r in RUNS if not r.label.startswith("13 "))  # the step model's runs
 
 
 def measured(run: Run, results: Path) -> Measured:
@@ -74,8 +85,9 @@ def measured(run: Run, results: Path) -> Measured:
         return Measured(1000 / row["decode_tok_s"], row["misses_per_token"], row["slots"], row["prefill_tok_s"])
     data = json.loads(path.read_text())
     row = next(r for r in data["rows"] if r["prompt_tokens"] == run.context and r["batch"] == 1)
+    prefill = row.get("prefill_tok_s_without_draws", row["prefill_tok_s"])  # runs before 2026-12-02 counted them
     return Measured(row["decode_step_ms_p50"], row["decode_moe"]["misses_per_token"], data["moe"].get("slots", 0),
-                    row["prefill_tok_s"])
+                    prefill)
 
 
 def plan_args(run: Run, results: Path, misses: float) -> list[str]:
@@ -90,7 +102,8 @@ def fit(results: Path) -> dict[str, float]:
     KV_EFFICIENCY and bf16's from 6a/6b; SLOT_CACHE_US from 1 against 6a and COPY_EFFICIENCY
     pooled over 3 and 5 (solved together: run 1's copies need the copy efficiency, the
     copy-bound runs' base the slot cost); fp8's and int4's from 2 and 4 given the rest;
-    PREFILL_EFFICIENCY from 5's prefill against the plan's prefill bound."""
+    PREFILL_EFFICIENCY from 5's prefill against the plan's prefill bound, STREAM_EFFICIENCY
+    from 13's streamed chunk against `prefill_streamed`."""
     from edgemoe.engine.budget import expert_nbytes
     from edgemoe.plan import _arch
     from edgemoe.quant import expert_format
@@ -120,7 +133,23 @@ def fit(results: Path) -> dict[str, float]:
         copies = m[k].misses * e[fmt] / (cal.pcie_gbps * copy_eff * 1e6)
         out[fmt] = b.experts / (rate * (m[k].step_ms - dense_ms - b.kv / (rate * kv_eff) - slot_ms - copies))
     out["PREFILL_EFFICIENCY"] = out_prefill
+    out["STREAM_EFFICIENCY"] = m["13"].prefill_tok_s / (predicted_prefill(by["13"], results) / speed.STREAM_EFFICIENCY)
     return out
+
+
+@contextmanager
+def run_env(run: Run) -> Iterator[None]:
+    """The run's engine environment while the plan predicts it."""
+    saved = {k: os.environ.get(k) for k, _ in run.env}
+    os.environ.update(dict(run.env))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def predicted_ms(run: Run, results: Path, misses: float) -> float:
@@ -140,14 +169,16 @@ def predicted_prefill(run: Run, results: Path) -> float:
     from edgemoe.plan import plan_rows
 
     args = [*plan_args(run, results, 0.0), "--max-prefill-tokens", str(run.context)]
-    prefill = plan_rows(build_parser().parse_args(args))[3][0].prefill
+    with run_env(run):
+        prefill = plan_rows(build_parser().parse_args(args))[3][0].prefill
     assert prefill is not None, "the bw result gives the PCIe rate"
     return prefill
 
 
 def table(results: Path) -> list[tuple[Run, Measured, float]]:
     """(run, measured, predicted ms per step from its measured misses) per run."""
-    return [(run, got, predicted_ms(run, results, got.misses)) for run in RUNS for got in [measured(run, results)]]
+    return [(run, got, predicted_ms(run, results, got.misses)) for run in DECODE_RUNS
+            for got in [measured(run, results)]]
 
 
 def main() -> int:
