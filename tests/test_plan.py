@@ -13,7 +13,7 @@ from edgemoe import plan_speed as speed
 from edgemoe.bench.plan_fit import PREFILL_RUNS, RUNS, fit, measured, plan_args, predicted_ms, predicted_prefill
 from edgemoe.cli import build_parser, main
 from edgemoe.plan import hit_rate, plan_rows, rates_from
-from edgemoe.plan_speed import decode_bound, prefill_bound
+from edgemoe.plan_speed import decode_bound, prefill_bound, prefill_streamed
 
 EXPERT_BF16 = 3 * 2048 * 768 * 2  # one Qwen3-30B-A3B expert: 9.44 MB
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -37,6 +37,24 @@ def test_prefill_bound_counts_touched_experts() -> None:
     touched = 10 * 52.6e9 / (48 * 128 * EXPERT_BF16) / short
     assert touched == pytest.approx(1 - (1 - 8 / 128) ** 10)
     assert prefill_bound(52.6, 8192, 48, 128, 8, 1.0, EXPERT_BF16) == float("inf")  # all resident
+
+
+def test_streamed_prefill_copies_every_expert_not_held_after_the_loan() -> None:
+    # 1,172 slots lend 2 x 128 and keep 916 experts: the chunk copies the other 6,144 - 916.
+    got = prefill_streamed(52.6, 8192, 48, 128, 1172, EXPERT_BF16)
+    assert got == pytest.approx(8192 * 52.6e9 / ((48 * 128 - 916) * EXPERT_BF16), rel=1e-9)
+    assert prefill_streamed(52.6, 8192, 48, 128, 256, EXPERT_BF16) == pytest.approx(
+        8192 * 52.6e9 / (48 * 128 * EXPERT_BF16), rel=1e-9)  # every slot lent: nothing held
+    assert prefill_streamed(52.6, 8192, 1, 128, 10_000, EXPERT_BF16) == float("inf")  # all held
+
+
+def test_plan_streams_where_the_engine_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemoe.plan import streams
+
+    monkeypatch.delenv("EDGEMOE_PREFILL_STREAM_TOKENS", raising=False)
+    assert streams(1024, 256, 128) and not streams(1023, 256, 128) and not streams(8192, 255, 128)
+    monkeypatch.setenv("EDGEMOE_PREFILL_STREAM_TOKENS", "0")
+    assert not streams(8192, 1172, 128)
 
 
 def test_hit_rate_model_limits() -> None:
