@@ -145,6 +145,13 @@ class MoEConfig:
         "miss list back; eager)",
         ("gather", "copy"),
     )
+    moe_prefetch: str = setting(
+        "off",
+        "decode prefetch with the device expert cache: during each MoE layer, predict the next layer's experts "
+        "(its router on this layer's input; under --routing synthetic the drawn ids, an oracle) and copy the "
+        "predicted misses on a side stream while this layer computes (docs/offload.md)",
+        ("on", "off"),
+    )
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",
         ("auto", "pinned", "pageable", "mmap"),
@@ -216,10 +223,11 @@ class EngineConfig:
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         # torch-free, so the config applies the executor registry's rules
-        from edgemoe.moe.cache_choice import check_cpu_quota, check_device_cache, check_prompt_cpu
+        from edgemoe.moe.cache_choice import check_cpu_quota, check_device_cache, check_prefetch, check_prompt_cpu
 
         check_cpu_quota(self.moe.moe_backend, self.moe.expert_cache, self.moe.cpu_experts_per_layer)
         check_prompt_cpu(self.moe.moe_backend, self.moe.expert_cache, self.moe.prompt_cpu)
+        check_prefetch(self.moe.moe_backend, self.moe.expert_cache, self.moe.expert_mover, self.moe.moe_prefetch)
         if self.moe.expert_cache == "device":
             check_device_cache(self.moe.moe_backend, self.moe.moe_policy, self.moe.cpu_experts_per_layer,
                                self.moe.moe_hybrid_fraction)

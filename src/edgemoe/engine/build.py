@@ -270,6 +270,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         extras["embed"] = HostEmbedding(loaded.params.pop("embed"), device, registrar)
     linear = make_dense_linear(config.kernels.dense_kernel, device)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device, linear=linear, **extras)
+    if config.moe.moe_prefetch == "on":
+        enable_prefetch(executor, routing, arch)
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
@@ -285,6 +287,20 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
         max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier, ple, overlap,
     )
+
+
+def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch) -> None:
+    """--moe-prefetch on: the device cache predicts with the next layer's router (the drawn ids
+    under synthetic routing: an oracle, said so); nothing to prefetch where everything is resident."""
+    from edgemoe.moe.device_offload import DeviceOffloadExecutor
+    from edgemoe.moe.prefetch import RouterPredictor, StagedPredictor
+
+    if not isinstance(executor, DeviceOffloadExecutor):
+        log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
+        return
+    predictor = StagedPredictor(routing) if routing is not None else RouterPredictor(executor.routers, arch.top_k)
+    executor.enable_prefetch(predictor, arch.dtype, arch.top_k)
+    log.warning("decode prefetch on: predicted by %s", predictor.label)
 
 
 def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | None,

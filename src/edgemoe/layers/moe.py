@@ -40,6 +40,7 @@ class SparseMoE:
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
         self.workspace = fused_router_workspace(router, top_k)
+        executor.register_router(layer, router)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values

@@ -61,3 +61,14 @@ def check_prompt_cpu(backend: str, expert_cache: str, prompt_cpu: bool) -> None:
         raise ValueError("prompt_cpu (--prompt-cpu) gives prompt chunks' sparse experts to the device cache's CPU "
                          f"share: --moe-backend hybrid or auto, --expert-cache auto or device (got --moe-backend "
                          f"{backend}, --expert-cache {expert_cache})")
+
+
+def check_prefetch(backend: str, expert_cache: str, mover: str, prefetch: str) -> None:
+    """`--moe-prefetch on` is the device cache's, moving by the gather (never ignored)."""
+    if prefetch != "on":
+        return
+    if backend in ("resident", "cpu") or expert_cache == "host" or mover != "gather":
+        raise ValueError("moe_prefetch (--moe-prefetch on) prefetches into the device expert cache with the gather "
+                         "mover: --moe-backend offload, hybrid or auto, --expert-cache auto or device, "
+                         f"--expert-mover gather (got --moe-backend {backend}, --expert-cache {expert_cache}, "
+                         f"--expert-mover {mover})")

@@ -38,6 +38,7 @@ from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
+from edgemoe.moe.prefetch import DecodePrefetch, Predictor
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QUARTERS, QuotaController, quota_rows
 from edgemoe.moe.stats import MoEStats
@@ -108,6 +109,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
         self.streaming = PrefillStream(self.cache, self.slots, store, min_tokens)
         self.stats.sources.append(lambda: {"streamed_chunks": self.streaming.chunks})
+        self.routers: dict[int, torch.Tensor] = {}
+        self.prefetch: DecodePrefetch | None = None
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
         self.expert_nbytes = store.expert_nbytes
         self.num_decode = 0  # of the layer being computed
@@ -124,6 +127,18 @@ class DeviceOffloadExecutor(CellsExecutor):
                         "their misses")
         self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
         self._seen_busy = (0, 0)  # the host function's calls and ns already drained
+
+    def register_router(self, layer: int, router: torch.Tensor) -> None:
+        self.routers[layer] = router
+
+    def enable_prefetch(self, predictor: Predictor, dtype: torch.dtype, top_k: int) -> None:
+        """Decode prefetch (`moe/prefetch.py`) with `predictor`; x arrives in `dtype`."""
+        if not self.mover.graph_safe:
+            raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
+                             f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
+        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor,
+                                       self.store.down_shape[0], top_k, dtype, self.cpu_share)
+        self.stats.sources.append(self.prefetch.snapshot)
 
     def _make_share(self, quota: int, kernel: CpuExperts | None) -> CpuShare:
         from edgemoe.moe.cpu import cpu_threads
@@ -189,6 +204,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
+        if self.prefetch is not None:  # the layer's prefetch has landed before anything reads the cache
+            self.prefetch.join()
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
             self.streaming.computed(layer)
@@ -201,10 +218,16 @@ class DeviceOffloadExecutor(CellsExecutor):
     def _planned(self, layer: int, x, ids, topk_weights, cells) -> None:  # noqa: ANN001
         """The cache plans the layer's waves; the CPU share (if any) takes its pairs first."""
         share, rule = self._share_rule(x)
+        routed = ids
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
+        prefetch = self.prefetch
+        if prefetch is not None and not prefetch.covers(x.shape[0], self.cache.num_waves(ids.numel())):
+            prefetch = None
         for plan in self.cache.layer_waves(layer, ids):
-            self._run_wave(layer, x, ids, plan, topk_weights, cells)
+            # The next layer's prefetch starts after this layer's copies, before its compute.
+            after_move = None if prefetch is None else (lambda p=plan: prefetch.launch(layer, x, routed, p.slot_ids))
+            self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
         if share is not None:
             share.finish(layer, cells)
 
@@ -219,7 +242,7 @@ class DeviceOffloadExecutor(CellsExecutor):
             return topk_ids, None
         return topk_ids.masked_fill(dead[:, None], -1), dead
 
-    def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells) -> None:
+    def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells, after_move=None) -> None:  # noqa: ANN001
         if self.mover.two_pass:  # the hits compute while the miss list travels to the host
             self.mover.begin(plan.misses)
             hit_pairs = plan.hit_pairs(ids)
@@ -229,6 +252,8 @@ class DeviceOffloadExecutor(CellsExecutor):
             self._compute(x, plan.slot_ids.masked_fill(hit_pairs, -1), topk_weights, cells)
             return
         self._timed_move(layer, plan.misses)
+        if after_move is not None:
+            after_move()
         self._compute(x, plan.slot_ids, topk_weights, cells)
 
     def _timed_move(self, layer: int, misses: torch.Tensor) -> None:
@@ -284,6 +309,8 @@ class DeviceOffloadExecutor(CellsExecutor):
     def recover(self) -> None:
         # Copies that never landed would leave slots mapped to stale weights: drop them all.
         self.streaming.reset()
+        if self.prefetch is not None:
+            self.prefetch.reset()
         self.cache.clear()
 
     def close(self) -> None:

@@ -102,6 +102,10 @@ class MoEExecutor(ABC):
     graph_variants: tuple[str | None, ...] = (None,)
     graph_variant: str | None = None
 
+    def register_router(self, layer: int, router: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """A MoE block hands over its router [E, H] (decode prefetch predicts with the next
+        layer's); executors that predict keep it."""
+
     def use_graph_variant(self, variant: str | None) -> None:
         """Run the following forwards as `variant` (one of `graph_variants`): the runner
         sets each in turn to capture it; `before_step` may switch between steps."""

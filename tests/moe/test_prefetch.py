@@ -1,0 +1,162 @@
+"""Decode prefetch (moe/prefetch.py) on CPU: outputs bitwise the resident executor's with
+any predictor (a wrong prediction costs copies, never results); every mapped slot holds its
+expert's weights; an oracle's prefetches are all used and leave the next layers no misses;
+the CPU share's coldest misses are left to it (`drop_cpu_picks` against a plain loop); the
+engine's greedy tokens with `--moe-prefetch on`; the flag's refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edgemoe import LLM, SamplingParams
+from edgemoe.config import EngineConfig
+from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.moe.device_offload import DeviceOffloadExecutor
+from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor, drop_cpu_picks
+from edgemoe.moe.registry import make_executor
+from edgemoe.moe.store import BankStore
+
+L, E, K, H, I = 4, 8, 2, 16, 12
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def store() -> BankStore:
+    g = torch.Generator().manual_seed(0)
+    s = BankStore.allocate(list(range(L)), E, H, I, torch.float32)
+    for b in s.banks.values():
+        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
+        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
+    return s
+
+
+class Oracle:
+    """Knows each layer's routing of the step (set by the test before the step)."""
+
+    label = "test oracle"
+
+    def __init__(self) -> None:
+        self.step: dict[int, torch.Tensor] = {}
+
+    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return self.step[layer]
+
+
+def steps(seed: int, n: int = 12):  # noqa: ANN201
+    g = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        T = [1, 2, 1, 3][i % 4]
+        x = torch.randn(T, H, generator=g)
+        ids = {layer: torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int() for layer in range(L)}
+        yield x, ids, torch.softmax(torch.randn(T, K, generator=g), -1)
+
+
+def slots_hold_their_experts(ex: DeviceOffloadExecutor, store: BankStore) -> None:
+    for layer in range(L):
+        for e in range(E):
+            slot = int(ex.cache.slot_map[layer, e])
+            if slot >= 0:
+                assert torch.equal(ex.slots.gate_up[slot], store.banks[layer].gate_up[e]), (layer, e)
+                assert torch.equal(ex.slots.down[slot], store.banks[layer].down[e]), (layer, e)
+
+
+@pytest.mark.parametrize("predictor", ["oracle", "router"])
+@pytest.mark.parametrize("slots", [K + 1, 12])  # a pool barely above one layer's pairs, and a roomier one
+def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predictor: str, slots: int) -> None:
+    ex = make_executor("offload", store, CPU, F.silu, L, slots, expert_cache="device")
+    resident = make_executor("resident", store, CPU, F.silu, L, 0)
+    assert isinstance(ex, DeviceOffloadExecutor)
+    oracle = Oracle()
+    routers = {layer: torch.randn(E, H, generator=torch.Generator().manual_seed(layer)) for layer in range(L)}
+    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), torch.float32, K)
+    for x, ids, w in steps(seed=slots):
+        oracle.step = ids
+        for layer in range(L):
+            assert torch.equal(ex.forward(layer, x, ids[layer], w), resident.forward(layer, x, ids[layer], w))
+        slots_hold_their_experts(ex, store)
+    snap = ex.stats.snapshot()
+    assert snap["prefetched"] > 0 and 0 <= snap["prefetch_used"] <= snap["prefetched"]
+    if predictor == "oracle":
+        assert snap["prefetch_used"] == snap["prefetched"]  # nothing predicted that wasn't routed
+
+
+def test_an_oracle_leaves_later_layers_no_misses(store: BankStore) -> None:
+    ex = make_executor("offload", store, CPU, F.silu, L, L * E, expert_cache="device")
+    oracle = Oracle()
+    ex.enable_prefetch(oracle, torch.float32, K)
+    for x, ids, w in steps(seed=3, n=6):
+        oracle.step = ids
+        for layer in range(L):
+            ex.forward(layer, x, ids[layer], w)
+    counts = ex.cache.read_counts()
+    pf = ex.prefetch.counts.numpy()  # type: ignore[union-attr]
+    # Layers after the first: every miss was a prefetch's copy, and every prefetched expert was used.
+    assert (counts[1:, 1] == pf[1:, 0]).all() and (pf[1:, 0] == pf[1:, 1]).all()
+    assert pf[0].sum() == 0 and counts[0, 1] > 0  # the first layer has no layer before it
+
+
+def test_drop_cpu_picks_leaves_the_quota_coldest_misses() -> None:
+    g = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        T = int(torch.randint(1, 5, (1,), generator=g))
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+        ids[0, 0] = -1 if T > 1 else ids[0, 0]
+        resident = torch.where(torch.rand(E, generator=g) < 0.4, torch.arange(E), -1).int()
+        heat = torch.randint(0, 4, (E,), generator=g) * 1024
+        quota = torch.tensor(int(torch.randint(0, 4, (1,), generator=g)))
+        misses = sorted({int(e) for e in ids.reshape(-1) if e >= 0 and resident[e] < 0},
+                        key=lambda e: (int(heat[e]), -e))  # coldest first, ties to the higher id
+        cpu = set(misses[: int(quota)])
+        want = torch.tensor([[-1 if int(e) in cpu else int(e) for e in row] for row in ids], dtype=torch.int32)
+        assert torch.equal(drop_cpu_picks(ids, resident, heat, quota), want)
+
+
+def test_prefetch_leaves_the_share_its_quota() -> None:
+    kernel = CpuExperts(threads=2)
+    if not kernel.native:
+        pytest.skip("no compiled CPU expert kernel (no C compiler)")
+    g = torch.Generator().manual_seed(0)
+    bf16 = BankStore.allocate(list(range(L)), E, H, I, torch.bfloat16)
+    for b in bf16.banks.values():
+        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
+        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
+    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_experts_per_layer=1, cpu_kernel=kernel)
+    resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
+    oracle = Oracle()
+    ex.enable_prefetch(oracle, torch.bfloat16, K)
+    assert isinstance(ex.prefetch, DecodePrefetch) and ex.prefetch.share is ex.cpu_share
+    for x, ids, w in steps(seed=7, n=8):
+        oracle.step = ids
+        x = x.bfloat16()
+        for layer in range(L):
+            got, want = ex.forward(layer, x, ids[layer], w).float(), resident.forward(layer, x, ids[layer], w).float()
+            # The CPU's cells sum in the C kernel's order: the bf16 outputs may differ by one rounding step.
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
+    snap = ex.stats.snapshot()
+    # With an oracle every GPU miss after the first layer was prefetched; the CPU kept its quota.
+    assert snap["experts_cpu"] > 0 and snap["prefetch_used"] == snap["prefetched"] > 0
+
+
+def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001
+    prompts = [[9707, 11, 1879], list(range(3000, 3020))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
+        want = [o.token_ids for o in llm.generate(prompts, greedy)]
+    for routing in ("router", "synthetic:seed=1"):
+        with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=6,
+                 moe_prefetch="on", routing=routing) as llm:
+            got = [o.token_ids for o in llm.generate(prompts, greedy)]
+            moe = llm.stats()["moe"]
+        if routing == "router":
+            assert got == want
+        assert moe["prefetch"] == ("router" if routing == "router" else "synthetic oracle")
+        assert moe["prefetched"] > 0
+
+
+def test_the_flag_is_refused_where_nothing_prefetches() -> None:
+    for settings in (dict(expert_cache="host"), dict(moe_backend="cpu"), dict(expert_mover="copy")):
+        with pytest.raises(ValueError, match="moe-prefetch on"):
+            EngineConfig.from_kwargs(moe_prefetch="on", **settings)
+    EngineConfig.from_kwargs(moe_prefetch="on", moe_backend="hybrid")
