@@ -102,7 +102,11 @@ run_stage() {
                      --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} --out "$res/prefetch-ab"
                  done ;;
     turn) for backend in ${TURN_BACKENDS:-offload hybrid}; do
-            OUT="$res/turn" python3 scripts/gpu_turn_ttft.py --backend "$backend" ${TURN_ARGS:-}
+            for setting in ${TURN_ENVS:-EDGEMOE_PREFILL_STREAM_TOKENS=1024}; do  # one process each
+              echo "== $backend $setting"
+              env "$setting" OUT="$res/turn/${setting//[^A-Za-z0-9]/_}" python3 scripts/gpu_turn_ttft.py \
+                --backend "$backend" ${TURN_ARGS:-}
+            done
           done ;;
     share-ab) OUT="$res/share-ab" python3 scripts/gpu_cpu_share_ab.py ${SHARE_AB:-} ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
