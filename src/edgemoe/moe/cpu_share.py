@@ -86,7 +86,8 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
-    """(the C kernel's weight kind, fp8 block) for the store's experts; None: no native path."""
+    """(the C kernel's weight kind, fp8 block or int4 group) for the store's experts; None: no
+    native path (mxfp4; fp8 blocks or int4 groups not a multiple of 32)."""
     from edgemoe.kernels.cpu_experts_quant import native_weights
 
     if store.format.quantised:
@@ -118,7 +119,7 @@ class CpuShare:
                  rows: int = ROWS, prompt_rows: int = 0) -> None:
         weights = host_weights(store)
         if weights is None or not kernel.native:
-            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8 or fp8 "
+            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8 or int4 "
                              f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name})")
         if quota < 0:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
