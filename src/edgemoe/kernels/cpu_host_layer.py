@@ -85,7 +85,8 @@ class HostLayerMailboxes:
             raise ValueError(f"activations must be bf16 or fp32 (got {x_dtype})")
         self.banks, self.kernel, self.rows, self.top_k = banks, kernel, rows, top_k
         first = next(iter(banks.values()))
-        E, hidden, inter = first["down"].shape
+        # NOTE: from gate_up's rows and down's rows: int4's packed columns are not I
+        E, hidden, inter = first["down"].shape[0], first["down"].shape[1], first["gate_up"].shape[1] // 2
         cap = (rows * top_k if pairs is None else pairs) + 1  # + the trash column
         ints = 3 * cap + 2 * (E + 1)
         self.buffers = MailboxBuffers(
