@@ -48,25 +48,26 @@ typedef struct {
 #if defined(EM_ISA_AVX512) || defined(EM_ISA_AMX)
 #define EM_I4STEP 32 /* k per step: 16 bytes */
 
-/* 16 bytes of row w holding k .. k+31 (masked past the row's ceil(K/2) bytes), widened. */
-static inline __attribute__((always_inline)) __m512i em_i4_load(const uint8_t *w, int k, int K) {
-    int nb = (K - k + 1) / 2;
-    __m128i b = nb >= 16 ? _mm_loadu_si128((const __m128i *)(w + k / 2))
-                         : _mm_maskz_loadu_epi8((__mmask16)((1u << nb) - 1u), w + k / 2);
-    return _mm512_cvtepu8_epi32(b);
+/* 16 bytes of row w holding k .. k+31, widened; `whole` (a constant at each use): all 16
+ * in the row, else masked past the row's ceil(K/2) bytes. */
+static inline __attribute__((always_inline)) __m512i em_i4_load(const uint8_t *w, int k, int K, const int whole) {
+    if (whole) return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w + (unsigned)k / 2)));
+    unsigned nb = (unsigned)(K - k + 1) / 2;
+    return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << nb) - 1u), w + (unsigned)k / 2));
 }
 
-/* The group's 16 possible weights: T[i] = (i - zero) * scale, as the reference rounds them. */
-static inline __m512 em_i4_table(const em_i4rows *m, int r, int g) {
+/* The group's 16 possible weights: T[i] = (i - zero) * scale, as the reference rounds them
+ * (the fp16 scale converted exactly by the hardware, in every lane). */
+static inline __attribute__((always_inline)) __m512 em_i4_table(const em_i4rows *m, int r, int g) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 q = _mm512_sub_ps(iota, _mm512_set1_ps((float)m->z[r][g]));
-    return _mm512_mul_ps(q, _mm512_set1_ps(em_f16_to_f32(m->s[r][g])));
+    return _mm512_mul_ps(q, _mm512_cvtph_ps(_mm256_set1_epi16((short)m->s[r][g])));
 }
 
-#define EM_I4ROW512(r)                                                          \
+#define EM_I4ROW512(r, whole)                                                   \
     {                                                                           \
-        if ((k & 127) == 0) EM_PREFETCH(m->w[r] + k / 2, pf); /* a line */      \
-        __m512i d = em_i4_load(m->w[r], k, K);                                  \
+        if ((k & 127) == 0) EM_PREFETCH(m->w[r] + (unsigned)k / 2, pf);         \
+        __m512i d = em_i4_load(m->w[r], k, K, whole);                           \
         __m512 we = _mm512_permutexvar_ps(d, t##r);                             \
         __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t##r);       \
         EM_FMA2(a##r##0, xe0, xo0);                                             \
@@ -74,6 +75,15 @@ static inline __m512 em_i4_table(const em_i4rows *m, int r, int g) {
         if (nt > 2) EM_FMA2(a##r##2, xe2, xo2);                                 \
         if (nt > 3) EM_FMA2(a##r##3, xe3, xo3);                                 \
     }
+
+/* The step's activations: even k, then odd k, of each token (NOTE: xs is zero-padded
+ * past K to a multiple of 32: whole loads stay in bounds). */
+#define EM_I4X512                                                                                             \
+    __m512 xe0 = _mm512_loadu_ps(xs + k), xo0 = _mm512_loadu_ps(xs + k + 16);                                 \
+    __m512 xe1 = z, xo1 = z, xe2 = z, xo2 = z, xe3 = z, xo3 = z;                                              \
+    if (nt > 1) xe1 = _mm512_loadu_ps(xs + xss + k), xo1 = _mm512_loadu_ps(xs + xss + k + 16);                \
+    if (nt > 2) xe2 = _mm512_loadu_ps(xs + 2 * xss + k), xo2 = _mm512_loadu_ps(xs + 2 * xss + k + 16);        \
+    if (nt > 3) xe3 = _mm512_loadu_ps(xs + 3 * xss + k), xo3 = _mm512_loadu_ps(xs + 3 * xss + k + 16);
 
 /* dots[r*nt + t] = sum_k W[r][k] * x_t[k]; xs in split layout, zero-padded to 32. */
 static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4rows *m, int grp, const float *xs,
@@ -86,13 +96,12 @@ static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4ro
         const __m512 t0 = em_i4_table(m, 0, g), t1 = em_i4_table(m, 1, g);
         const __m512 t2 = em_i4_table(m, 2, g), t3 = em_i4_table(m, 3, g);
         const int k1 = K - k0 < grp ? K : k0 + grp;
-        for (int k = k0; k < k1; k += EM_I4STEP) {
-            __m512 xe0 = _mm512_loadu_ps(xs + k), xo0 = _mm512_loadu_ps(xs + k + 16);
-            __m512 xe1 = z, xo1 = z, xe2 = z, xo2 = z, xe3 = z, xo3 = z;
-            if (nt > 1) xe1 = _mm512_loadu_ps(xs + xss + k), xo1 = _mm512_loadu_ps(xs + xss + k + 16);
-            if (nt > 2) xe2 = _mm512_loadu_ps(xs + 2 * xss + k), xo2 = _mm512_loadu_ps(xs + 2 * xss + k + 16);
-            if (nt > 3) xe3 = _mm512_loadu_ps(xs + 3 * xss + k), xo3 = _mm512_loadu_ps(xs + 3 * xss + k + 16);
-            EM_I4ROW512(0) EM_I4ROW512(1) EM_I4ROW512(2) EM_I4ROW512(3)
+        int k = k0;
+        for (; k + EM_I4STEP <= k1; k += EM_I4STEP) {
+            EM_I4X512 EM_I4ROW512(0, 1) EM_I4ROW512(1, 1) EM_I4ROW512(2, 1) EM_I4ROW512(3, 1)
+        }
+        if (k < k1) { /* the row's last step, partial (the last group only) */
+            EM_I4X512 EM_I4ROW512(0, 0) EM_I4ROW512(1, 0) EM_I4ROW512(2, 0) EM_I4ROW512(3, 0)
         }
     }
     const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
@@ -108,7 +117,7 @@ static inline void em_i4_to_bf16(const uint8_t *w, const uint8_t *zero, int grp,
     __m512 t = iota;
     for (int k = 0; k < n; k += EM_I4STEP) {
         if (k % grp == 0) t = _mm512_sub_ps(iota, _mm512_set1_ps((float)zero[k / grp]));
-        __m512i d = em_i4_load(w, k, n);
+        __m512i d = n - k >= EM_I4STEP ? em_i4_load(w, k, n, 1) : em_i4_load(w, k, n, 0);
         __m512i e = _mm512_castps_si512(_mm512_permutexvar_ps(d, t));
         __m512i o = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t));
         __m512i pair = _mm512_or_si512(_mm512_and_si512(o, hi), _mm512_srli_epi32(e, 16)); /* (odd, even) */
@@ -120,18 +129,19 @@ static inline void em_i4_to_bf16(const uint8_t *w, const uint8_t *zero, int grp,
 #elif defined(EM_ISA_AVX2)
 #define EM_I4STEP 16 /* k per step: 8 bytes */
 
-#define EM_I4ROW256(r)                                                                       \
+/* 8 bytes of row w holding k .. k+15, widened; `whole` (a constant at each use): all 8 in
+ * the row, else the row's last bytes (no masked byte loads in AVX2). */
+static inline __attribute__((always_inline)) __m256i em_i4_load8(const uint8_t *w, int k, int K, const int whole) {
+    if (whole) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + (unsigned)k / 2)));
+    uint8_t buf[16] = {0};
+    memcpy(buf, w + (unsigned)k / 2, (size_t)(K - k + 1) / 2);
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)buf));
+}
+
+#define EM_I4ROW256(r, whole)                                                                \
     {                                                                                        \
-        __m128i b;                                                                           \
-        if (K - k >= 16) {                                                                   \
-            EM_PREFETCH(m->w[r] + k / 2, pf);                                                \
-            b = _mm_loadl_epi64((const __m128i *)(m->w[r] + k / 2));                         \
-        } else { /* tail: no masked byte loads in AVX2 */                                    \
-            uint8_t buf[16] = {0};                                                           \
-            memcpy(buf, m->w[r] + k / 2, (size_t)(K - k + 1) / 2);                           \
-            b = _mm_loadl_epi64((const __m128i *)buf);                                       \
-        }                                                                                    \
-        __m256i d = _mm256_cvtepu8_epi32(b);                                                 \
+        if (whole) EM_PREFETCH(m->w[r] + (unsigned)k / 2, pf);                               \
+        __m256i d = em_i4_load8(m->w[r], k, K, whole);                                       \
         __m256 qe = _mm256_cvtepi32_ps(_mm256_and_si256(d, lo4));                            \
         __m256 qo = _mm256_cvtepi32_ps(_mm256_srli_epi32(d, 4));                             \
         __m256 we = _mm256_fmadd_ps(qe, s##r, nzs##r), wo = _mm256_fmadd_ps(qo, s##r, nzs##r); \
@@ -141,8 +151,12 @@ static inline void em_i4_to_bf16(const uint8_t *w, const uint8_t *zero, int grp,
 
 /* A row's group constants: scale and −zero·scale (exact), broadcast. */
 #define EM_I4GROUP256(r)                                                          \
-    const float f##r = em_f16_to_f32(m->s[r][g]);                                 \
+    const float f##r = _cvtsh_ss(m->s[r][g]); /* F16C: exact */                  \
     const __m256 s##r = _mm256_set1_ps(f##r), nzs##r = _mm256_set1_ps(-(float)m->z[r][g] * f##r);
+
+#define EM_I4X256                                                                              \
+    __m256 xe0 = _mm256_loadu_ps(xs + k), xo0 = _mm256_loadu_ps(xs + k + 8), xe1 = z, xo1 = z; \
+    if (nt > 1) xe1 = _mm256_loadu_ps(xs + xss + k), xo1 = _mm256_loadu_ps(xs + xss + k + 8);
 
 static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4rows *m, int grp, const float *xs,
                                                                     int64_t xss, const int nt, int K, int64_t pf,
@@ -153,10 +167,12 @@ static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4ro
     for (int k0 = 0, g = 0; k0 < K; k0 += grp, g++) {
         EM_I4GROUP256(0) EM_I4GROUP256(1) EM_I4GROUP256(2) EM_I4GROUP256(3)
         const int k1 = K - k0 < grp ? K : k0 + grp;
-        for (int k = k0; k < k1; k += EM_I4STEP) {
-            __m256 xe0 = _mm256_loadu_ps(xs + k), xo0 = _mm256_loadu_ps(xs + k + 8), xe1 = z, xo1 = z;
-            if (nt > 1) xe1 = _mm256_loadu_ps(xs + xss + k), xo1 = _mm256_loadu_ps(xs + xss + k + 8);
-            EM_I4ROW256(0) EM_I4ROW256(1) EM_I4ROW256(2) EM_I4ROW256(3)
+        int k = k0;
+        for (; k + EM_I4STEP <= k1; k += EM_I4STEP) {
+            EM_I4X256 EM_I4ROW256(0, 1) EM_I4ROW256(1, 1) EM_I4ROW256(2, 1) EM_I4ROW256(3, 1)
+        }
+        if (k < k1) { /* the row's last step, partial */
+            EM_I4X256 EM_I4ROW256(0, 0) EM_I4ROW256(1, 0) EM_I4ROW256(2, 0) EM_I4ROW256(3, 0)
         }
     }
     const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
