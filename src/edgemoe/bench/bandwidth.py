@@ -129,7 +129,8 @@ def quant_expert_rate(kernel: CpuExperts, fmt_name: str, experts: list[Parts], t
                       min_seconds: float) -> dict[str, float]:
     """`expert_rate` for quantised weights: GB/s of the format's bytes."""
     fmt, count = expert_format(fmt_name), len(experts)
-    hidden, inter = experts[0]["down"].shape[0], experts[0]["down"].shape[1]
+    # NOTE: I from gate_up's rows: int4's down holds ceil(I/2) bytes a row
+    hidden, inter = experts[0]["down"].shape[0], experts[0]["gate_up"].shape[0] // 2
     nbytes = expert_nbytes(fmt, hidden, inter)
     x = torch.randn(tokens, hidden).bfloat16()
     weights, contrib = torch.ones(tokens, per_call), torch.zeros(tokens, per_call, hidden)
