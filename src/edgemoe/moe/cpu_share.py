@@ -52,9 +52,9 @@ PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's 
 # tokens on the CPU): the device cache's gather in the engine, the C kernel's layer calls
 # (`edgemoe bench bw` on the GPU machine), and a conservative AMX/AVX-512 GEMM rate.
 DEVICE_GBPS = 45.0
-# int4: its GEMV is bound by in-register unpacking, not memory (about 0.35x int8's GB/s at
-# one token on the dev VM's AVX-512; unmeasured on the GPU machine): a prior the fit corrects.
-CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0, "int4": 20.0}
+# int4: its GEMV is bound by in-register unpacking, not memory (about 0.55x int8's GB/s at
+# one token on the dev VM, AVX-512 and AVX2; unmeasured on the GPU machine): a prior the fit corrects.
+CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0, "int4": 33.0}
 CPU_FLOPS = 1.5e12
 CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
