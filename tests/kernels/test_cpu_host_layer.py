@@ -1,7 +1,7 @@
 """The CPU share's host function (`em_host_layer`, kernels/cpu/em_host.h) called directly
 on a mailbox: each CPU pair's weighted cell against the fp32 torch reference within the
 kernel's rounding bound, and bitwise the host path's cells (`moe_expert_cells_cpu`, the
-same kernel on the same jobs), in bf16, int8 and fp8; what a bad mailbox does."""
+same kernel on the same jobs), in bf16, int8, fp8 and int4; what a bad mailbox does."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds
 from edgemoe.kernels.cpu_experts import expert_mlp_ref, moe_expert_cells_cpu
 from edgemoe.kernels.cpu_experts_quant import moe_expert_cells_q_cpu, native_weights
 from edgemoe.kernels.cpu_host_layer import F, HostLayerMailboxes
-from edgemoe.quant import Fp8Block, Int8Channel, dequantise_expert, quantise_expert
+from edgemoe.quant import Fp8Block, Int4Group, Int8Channel, dequantise_expert, quantise_expert
 
 E, H, I, T, K = 6, 67, 45, 5, 3  # odd H and I: every vector tail
 
@@ -70,7 +70,8 @@ def test_bf16_cells_match_the_reference_and_the_host_path(variant: str, path: st
     assert torch.equal(values[torch.argsort(cells)], got)  # the same jobs on the same kernel: the same bits
 
 
-@pytest.mark.parametrize("fmt", [Int8Channel(), Fp8Block(block=32)], ids=["int8", "fp8"])
+# int4 in groups of 32: H = 67 and I = 45 end in partial groups (zero points: the mailbox's own banks)
+@pytest.mark.parametrize("fmt", [Int8Channel(), Fp8Block(block=32), Int4Group(group=32)], ids=["int8", "fp8", "int4"])
 def test_quantised_cells_match_the_host_path_and_the_reference(fmt) -> None:
     kernel = kernel_for("avx512", "gemv")
     experts = [quantise_expert(fmt, gu[:I], gu[I:], d) for gu, d in (make_expert(H, I, 10 + e) for e in range(E))]

@@ -23,7 +23,7 @@ from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.quota_controller import QUARTERS, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
-from edgemoe.quant import Int8Channel, quantise_expert
+from edgemoe.quant import ExpertFormat, Int4Group, Int8Channel, quantise_expert
 
 L, E, K, H, I = 3, 8, 2, 32, 24
 CPU = torch.device("cpu")
@@ -46,8 +46,8 @@ def bf16_store() -> BankStore:
     return s
 
 
-def int8_store() -> PartsStore:
-    fmt, src = Int8Channel(), bf16_store()
+def quant_store(fmt: ExpertFormat) -> PartsStore:
+    src = bf16_store()
     parts = PartsStore.allocate_parts(list(range(L)), E, H, I, fmt)
     for layer in range(L):
         bank = src.banks[layer]
@@ -56,6 +56,12 @@ def int8_store() -> PartsStore:
                                            bank.down[e].float()).items():
                 parts.banks[layer][name][e].copy_(t)
     return parts
+
+
+def store_of(kind: str) -> BankStore | PartsStore:
+    """bf16 banks, or their int8 / int4 (groups of 32: H = 32 one group, I = 24 a partial one) parts."""
+    return {"bf16": bf16_store, "int8": lambda: quant_store(Int8Channel()),
+            "int4": lambda: quant_store(Int4Group(32))}[kind]()
 
 
 def routings(seed: int, dtype: torch.dtype, steps: int = 10):
@@ -107,9 +113,10 @@ def same_state(a: DeviceOffloadExecutor, b: DeviceOffloadExecutor) -> bool:
                                               (ca.recency, cb.recency), (ca.clock, cb.clock), (ca.counts, cb.counts)))
 
 
-@pytest.mark.parametrize("kind,slots,mover", [("bf16", 5, "gather"), ("bf16", K, "copy"), ("int8", 4, "gather")])
+@pytest.mark.parametrize("kind,slots,mover", [("bf16", 5, "gather"), ("bf16", K, "copy"), ("int8", 4, "gather"),
+                                              ("int4", 4, "gather")])
 def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: str, slots: int, mover: str) -> None:
-    store = bf16_store() if kind == "bf16" else int8_store()
+    store = store_of(kind)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
     quotas = [1, 2, 0]  # per layer; layer 2 runs as plain offload
     share = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover, cpu_experts_per_layer=1, cpu_kernel=kernel)
@@ -226,7 +233,7 @@ def test_auto_gets_a_live_share_on_a_gpu_only() -> None:
 
 
 def test_hybrid_without_a_readable_format_falls_back_to_offload(caplog: pytest.LogCaptureFixture) -> None:
-    fp32 = BankStore.allocate([0], E, H, I, torch.float32)  # the C kernel reads bf16, int8, fp8
+    fp32 = BankStore.allocate([0], E, H, I, torch.float32)  # the C kernel reads bf16, int8, fp8, int4
     ex = make_executor("hybrid", fp32, CPU, F.silu, 1, 4, top_k=K, expert_cache="device")
     assert ex.cpu_share is None and ex.controller is None and "no CPU share" in caplog.text
 
@@ -239,7 +246,7 @@ def test_prompt_chunks_give_the_cpu_their_sparse_misses(kernel: CpuExperts, kind
     steps keep the quota's rule (0 here: nothing)."""
     from edgemoe.kernels.share_split import ShareState, balanced_misses_ref
 
-    store = bf16_store() if kind == "bf16" else int8_store()
+    store = store_of(kind)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
     share = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, max_tokens=32, cpu_experts_per_layer=0,
                                   cpu_kernel=kernel, prompt_cpu=True)

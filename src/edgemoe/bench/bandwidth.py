@@ -6,8 +6,9 @@
   H=2048, I=768, 9.44 MB; `--hidden`, `--intermediate`) at n = 1, 8, 32 tokens, and a layer's 8 experts at n = 1 in one call
   (batch-1 decode), per kernel variant this CPU runs, beside torch's bf16 path; the
   calls go through `moe_experts_partial_cpu`, the executors' entry point.
-- Quantised experts (`--weights int8 fp8`): the same cases with int8 (per-row scales)
-  and fp8 e4m3 (128x128 block scales) weights, GB/s of the format's bytes (scales included).
+- Quantised experts (`--weights int8 fp8 int4`): the same cases with int8 (per-row
+  scales), fp8 e4m3 (128x128 block scales) and int4 (groups of 128: fp16 scales, zero
+  points) weights, GB/s of the format's bytes (scales and zero points included).
 - With CUDA: pinned and pageable host→device copies of one expert and of 256 MiB, and
   a device-to-device copy.
 Experts rotate through a pool larger than the caches, so every call reads RAM.
@@ -100,7 +101,8 @@ def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], to
 
 def quant_pool(fmt_name: str, pool_bytes: int, hidden: int, inter: int) -> list[Parts]:
     """Experts in `fmt_name` with random bytes (unique pages): int8 in [-64, 64], e4m3
-    bytes of finite magnitude (no NaN), scales near 1e-3."""
+    bytes of finite magnitude (no NaN), int4 any nibbles with zero points in [0, 15],
+    scales near 1e-3."""
     fmt = expert_format(fmt_name)
     count = max(2 * LAYER_EXPERTS, -(-pool_bytes // expert_nbytes(fmt, hidden, inter)))
     g = torch.Generator().manual_seed(2)
@@ -108,8 +110,12 @@ def quant_pool(fmt_name: str, pool_bytes: int, hidden: int, inter: int) -> list[
     for _ in range(count):
         parts: Parts = {}
         for name, (shape, dt) in expert_specs(fmt, hidden, inter).items():
-            if dt == torch.float32:
-                parts[name] = torch.rand(shape, generator=g) * 1e-3 + 1e-3
+            if dt in (torch.float32, torch.float16):
+                parts[name] = (torch.rand(shape, generator=g) * 1e-3 + 1e-3).to(dt)
+            elif name.endswith("_zero"):
+                parts[name] = torch.randint(0, 16, shape, generator=g, dtype=dt)
+            elif dt == torch.uint8:  # int4: two nibbles a byte
+                parts[name] = torch.randint(0, 256, shape, generator=g, dtype=dt)
             elif dt == torch.int8:
                 parts[name] = torch.randint(-64, 65, shape, generator=g, dtype=torch.int8)
             else:  # e4m3: any byte but 0x7F / 0xFF (NaN), magnitudes below 2^6
@@ -123,7 +129,8 @@ def quant_expert_rate(kernel: CpuExperts, fmt_name: str, experts: list[Parts], t
                       min_seconds: float) -> dict[str, float]:
     """`expert_rate` for quantised weights: GB/s of the format's bytes."""
     fmt, count = expert_format(fmt_name), len(experts)
-    hidden, inter = experts[0]["down"].shape[0], experts[0]["down"].shape[1]
+    # NOTE: I from gate_up's rows: int4's down holds ceil(I/2) bytes a row
+    hidden, inter = experts[0]["down"].shape[0], experts[0]["gate_up"].shape[0] // 2
     nbytes = expert_nbytes(fmt, hidden, inter)
     x = torch.randn(tokens, hidden).bfloat16()
     weights, contrib = torch.ones(tokens, per_call), torch.zeros(tokens, per_call, hidden)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 5  # NOTE: must equal EM_ABI_VERSION in expert.c
+ABI_VERSION = 6  # NOTE: must equal EM_ABI_VERSION in expert.c
 SOURCE_DIR = Path(__file__).parent / "cpu"
 CACHE_ENV = "EDGEMOE_CACHE_DIR"
 

@@ -107,8 +107,9 @@ def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
         n = tokens.numel()
         rows = _index(job.out_rows, out.shape[0], "out_rows", keep, n) if job.out_rows is not None else None
         scale = _keep(job.scale.to("cpu", torch.float32).contiguous(), keep, n, "scale") if job.scale is not None else None
-        table[j] = (job.gate_up.data_ptr(), job.down.data_ptr(), tokens.data_ptr(),
-                    rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n, 0, 0)
+        # bf16: no scale or zero-point addresses (the table's later fields stay 0)
+        table[j, :6] = (job.gate_up.data_ptr(), job.down.data_ptr(), tokens.data_ptr(),
+                        rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n)
     kernel.call(x, table, out, hidden, inter)
 
 

@@ -1,10 +1,11 @@
-"""Routed experts on the host CPU with quantised weights: int8 (per-row scales) and fp8
-e4m3 (block scales) read in place from the expert store and converted in registers
-(`kernels/cpu/em_quant.h`); other formats (int4, mxfp4) run the dequantise-first
-reference in torch.
+"""Routed experts on the host CPU with quantised weights: int8 (per-row scales), fp8
+e4m3 (block scales) and int4 (fp16 scales and zero points per group of a multiple of 32)
+read in place from the expert store and converted in registers (`kernels/cpu/em_quant.h`,
+`em_int4.h`); other formats (mxfp4, fp8 blocks or int4 groups not a multiple of 32) run
+the dequantise-first reference in torch.
 
 Weights come as a format's parts (`edgemoe.quant`): "gate_up", "gate_up_scale", "down",
-"down_scale". Entry points mirror `cpu_experts.py`:
+"down_scale" (int4: also "gate_up_zero", "down_zero"). Entry points mirror `cpu_experts.py`:
 - `expert_mlp_q_cpu(x, parts, fmt)` → [n, H] fp32 (reference: `expert_mlp_q_ref`);
 - `moe_experts_q_cpu(x, topk_ids, topk_weights, experts, weights, fmt, contrib)`: the
   routed form, weights[i] = the parts of experts[i] (e.g. `store.expert_parts(layer, e)`).
@@ -26,17 +27,29 @@ from edgemoe.kernels.cpu_experts import (
     route_cells,
 )
 from edgemoe.kernels.cpu_kernel import CpuExperts, default_cpu_experts
-from edgemoe.quant import ExpertFormat, Fp8Block, Int8Channel, Parts, dequantise_expert
+from edgemoe.quant import ExpertFormat, Fp8Block, Int4Group, Int8Channel, Parts, dequantise_expert, expert_specs
 
-QSTEP = 32  # NOTE: fp8 blocks must be a multiple of 32 (AMX B tiles span 32 k; em_experts checks)
+# NOTE: fp8 blocks and int4 groups must be a multiple of 32 (em_experts checks): AMX B
+# tiles span 32 k, and an int4 group starts at a whole GEMV step (32 k with AVX-512) and a
+# whole byte. Int4Group's default 128 and "one group per row" (2^30) qualify.
+QSTEP = 32
+# The parts the C kernel reads per format, and their dtypes (data, scales, zero points).
+_PART_DTYPES = {
+    "int8": (torch.int8, torch.float32, None),
+    "fp8": (torch.float8_e4m3fn, torch.float32, None),
+    "int4": (torch.uint8, torch.float16, torch.uint8),
+}
 
 
 def native_weights(fmt: ExpertFormat) -> tuple[str, int] | None:
-    """(the C kernel's weight kind, fp8 block) for `fmt`, or None when it has no native path."""
+    """(the C kernel's weight kind, fp8 block or int4 group) for `fmt`, or None when it has
+    no native path."""
     if isinstance(fmt, Int8Channel):
         return "int8", 0
     if isinstance(fmt, Fp8Block) and fmt.block % QSTEP == 0:
         return "fp8", fmt.block
+    if isinstance(fmt, Int4Group) and fmt.group % QSTEP == 0 and fmt.group < 2**31:
+        return "int4", fmt.group
     return None
 
 
@@ -48,12 +61,38 @@ def expert_mlp_q_ref(x: torch.Tensor, parts: Parts, fmt: ExpertFormat) -> torch.
 
 def _parts_ok(parts: Parts, fmt: ExpertFormat) -> bool:
     """CPU tensors in the format's dtypes with dense rows (bank rows or single experts)."""
-    for name in ("gate_up", "down", "gate_up_scale", "down_scale"):
-        t = parts.get(name)
-        if t is None or t.device.type != "cpu" or not t.is_contiguous():
-            return False
-    data = torch.int8 if isinstance(fmt, Int8Channel) else torch.float8_e4m3fn
-    return parts["gate_up"].dtype == parts["down"].dtype == data and parts["gate_up_scale"].dtype == torch.float32
+    native = native_weights(fmt)
+    if native is None:
+        return False
+    dtypes = _PART_DTYPES[native[0]]
+    for proj in ("gate_up", "down"):
+        for suffix, dt in zip(("", "_scale", "_zero"), dtypes, strict=True):
+            t = parts.get(proj + suffix)
+            if dt is None:
+                continue
+            if t is None or t.dtype != dt or t.device.type != "cpu" or not t.is_contiguous():
+                return False
+    return True
+
+
+def _inter(weights: Sequence[Parts], fmt: ExpertFormat, hidden: int) -> int:
+    """I of a call's experts, every part checked against the format's shapes for (H, I):
+    the kernel reads them by these shapes alone."""
+    inter = weights[0]["gate_up"].shape[0] // 2 if weights else 1
+    specs = expert_specs(fmt, hidden, inter)
+    for p in weights:
+        if any(tuple(p[name].shape) != shape for name, (shape, _) in specs.items()):
+            raise ValueError(f"every expert of a call must have {fmt.name} parts of H={hidden}, I={inter}")
+    return inter
+
+
+def _quant_table(cells: RoutedCells, weights: Sequence[Parts]) -> np.ndarray:
+    """The job table of `cells` over quantised experts: data, scale and zero-point addresses
+    (zero points: int4 only; 0 otherwise)."""
+    table = _routed_table(cells, _addresses(weights, "gate_up"), _addresses(weights, "down"))
+    for col, name in ((6, "gate_up_scale"), (7, "down_scale"), (8, "gate_up_zero"), (9, "down_zero")):
+        table[:, col] = _addresses(weights, name)
+    return table
 
 
 def expert_mlp_q_cpu(x: torch.Tensor, parts: Parts, fmt: ExpertFormat, kernel: CpuExperts | None = None) -> torch.Tensor:
@@ -83,12 +122,8 @@ def moe_experts_q_cpu(
                 flat[torch.from_numpy(cells.cells[lo:hi]).long()] = y * torch.from_numpy(cells.scale[lo:hi])[:, None]
         return
     hidden = x.shape[1]
-    inter = weights[0]["gate_up"].shape[0] // 2 if weights else 1
-    for p in weights:
-        if tuple(p["gate_up"].shape) != (2 * inter, hidden) or tuple(p["down"].shape) != (hidden, inter):
-            raise ValueError("moe_experts_q_cpu: every expert of a call must be [2I, H] / [H, I] with the same H, I")
-    table = _routed_table(cells, _addresses(weights, "gate_up"), _addresses(weights, "down"))
-    table[:, 6], table[:, 7] = _addresses(weights, "gate_up_scale"), _addresses(weights, "down_scale")
+    inter = _inter(weights, fmt, hidden)
+    table = _quant_table(cells, weights)
     kind, block = native  # type: ignore[misc]
     kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, kind, block)
 
@@ -105,10 +140,9 @@ def moe_expert_cells_q_cpu(
     values = torch.empty(len(rows), x.shape[1], dtype=torch.float32)
     native = native_weights(fmt)
     if kernel is not None and kernel.native and native and weights and all(_parts_ok(p, fmt) for p in weights):
-        hidden, inter = x.shape[1], weights[0]["gate_up"].shape[0] // 2
-        table = _routed_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi),
-                              _addresses(weights, "gate_up"), _addresses(weights, "down"))
-        table[:, 6], table[:, 7] = _addresses(weights, "gate_up_scale"), _addresses(weights, "down_scale")
+        hidden = x.shape[1]
+        inter = _inter(weights, fmt, hidden)
+        table = _quant_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi), weights)
         kernel.call(x, table, values, hidden, inter, *native)
     else:
         for parts, lo, hi in zip(weights, cells.lo, cells.hi, strict=True):
@@ -119,4 +153,5 @@ def moe_expert_cells_q_cpu(
 
 
 def _addresses(weights: Sequence[Parts], name: str) -> np.ndarray:
-    return np.array([p[name].data_ptr() for p in weights], dtype=np.int64)
+    """Each expert's `name` part's address (0 where the format has no such part)."""
+    return np.array([p[name].data_ptr() if name in p else 0 for p in weights], dtype=np.int64)

@@ -29,14 +29,15 @@ Parts = dict[str, torch.Tensor]  # a layer's banks by part: gate_up [E, 2I, H], 
 # NOTE: the order of em_mailbox's fields in em_host.h, every one int64.
 MAILBOX_FIELDS = (
     "pool", "gate_up", "down", "gate_up_stride", "down_stride", "gate_up_scale", "down_scale",
-    "gate_up_scale_stride", "down_scale_stride", "num_experts", "H", "I", "wfmt", "blk", "gemm_min_tokens",
+    "gate_up_scale_stride", "down_scale_stride", "gate_up_zero", "down_zero", "gate_up_zero_stride",
+    "down_zero_stride", "num_experts", "H", "I", "wfmt", "blk", "gemm_min_tokens",
     "x", "x_bf16", "x_stride", "x_rows", "count", "pairs", "weights", "cap", "out", "scratch", "status",
     "calls", "busy_ns",
     "fit_seq", "fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt",
 )
 FIT_SUMS = ("fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt")
 F = {name: i for i, name in enumerate(MAILBOX_FIELDS)}
-JOB_BYTES = 64  # sizeof(em_job): 8 int64
+JOB_BYTES = 80  # sizeof(em_job): 10 int64 (cpu_kernel.JOB_FIELDS)
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
@@ -65,7 +66,7 @@ class MailboxBuffers(NamedTuple):
 
 class HostLayerMailboxes:
     """One mailbox per layer of `banks` (layer → its parts, weights in `weights`: the C
-    kernel's kind and fp8 block, `WEIGHT_FORMATS`) over shared buffers sized for `rows`
+    kernel's kind and fp8 block or int4 group, `WEIGHT_FORMATS`) over shared buffers sized for `rows`
     token rows of `top_k` pairs each (or `pairs` CPU pairs a call, when fewer than the rows
     could route), activations in `x_dtype` (bf16 or fp32). `kernel`:
     a native `CpuExperts` (its pool runs the experts); `pinned`: page-locked buffers (a GPU
@@ -78,13 +79,14 @@ class HostLayerMailboxes:
     def __init__(self, banks: dict[int, Parts], weights: tuple[str, int], kernel: CpuExperts, rows: int,
                  top_k: int, x_dtype: torch.dtype, pinned: bool = False, pairs: int | None = None) -> None:
         if not kernel.native or weights[0] not in WEIGHT_FORMATS:
-            raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8 weights "
+            raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8/int4 weights "
                              f"(got {weights[0]}, kernel {kernel.name})")
         if x_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"activations must be bf16 or fp32 (got {x_dtype})")
         self.banks, self.kernel, self.rows, self.top_k = banks, kernel, rows, top_k
         first = next(iter(banks.values()))
-        E, hidden, inter = first["down"].shape
+        # NOTE: from gate_up's rows and down's rows: int4's packed columns are not I
+        E, hidden, inter = first["down"].shape[0], first["down"].shape[1], first["gate_up"].shape[1] // 2
         cap = (rows * top_k if pairs is None else pairs) + 1  # + the trash column
         ints = 3 * cap + 2 * (E + 1)
         self.buffers = MailboxBuffers(
@@ -110,7 +112,7 @@ class HostLayerMailboxes:
     def _bank_fields(self, layer: int) -> dict[str, int]:
         parts = self.banks[layer]
         out: dict[str, int] = {}
-        for name in ("gate_up", "down", "gate_up_scale", "down_scale"):
+        for name in ("gate_up", "down", "gate_up_scale", "down_scale", "gate_up_zero", "down_zero"):
             t = parts.get(name)
             if t is None:
                 continue

@@ -32,9 +32,11 @@ KERNEL_ENV = "EDGEMOE_CPU_KERNEL"
 KERNELS = ("auto", "torch", "amx", "avx512", "avx2", "scalar", "amx-emu")
 GEMM_MIN_TOKENS = 16  # jobs with at least this many tokens take the blocked (GEMM) path
 SPIN_US = 200  # idle workers spin this long for the next call (a layer later), then sleep
-JOB_FIELDS = 8  # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n; gate_up/down scales
+# NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n; gate_up/down
+# scales; gate_up/down zero points (int4)
+JOB_FIELDS = 10
 # Weight formats of a call (EM_W_* in em_quant.h).
-WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2}
+WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2, "int4": 3}
 
 
 def _spin_us() -> int:
@@ -95,9 +97,10 @@ class CpuExperts:
 
     def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int,
              weights: str = "bf16", block: int = 0) -> None:
-        """Run a job table (int64 [jobs, 8], see expert.c's em_job) on x [T, H]
-        (fp32/bf16, CPU) into out [R, H] fp32, the weights in `weights` (bf16, int8, or
-        fp8 in `block` x `block` blocks). The caller guarantees the addresses."""
+        """Run a job table (int64 [jobs, JOB_FIELDS], see expert.c's em_job) on x [T, H]
+        (fp32/bf16, CPU) into out [R, H] fp32, the weights in `weights` (bf16, int8, fp8
+        in `block` x `block` blocks, or int4 in groups of `block` along K). The caller
+        guarantees the addresses."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         if x.stride(-1) != 1:

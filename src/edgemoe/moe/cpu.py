@@ -75,7 +75,7 @@ class SplitExecutor(OffloadExecutor):
         # threads parallelise each call) while the forward thread drives the device.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgemoe-cpu-experts") if device.type == "cuda" else None
         self.kernel = cpu_kernel_for(store, act, device)
-        self.qkernel = quant_cpu_kernel_for(store, act, device)  # int8 / fp8 experts in the C kernel
+        self.qkernel = quant_cpu_kernel_for(store, act, device)  # int8 / fp8 / int4 experts in the C kernel
         native = self.kernel or self.qkernel
         self.stats.info.update(cpu_kernel=native.name if native else "torch",
                                cpu_threads=native.threads if native else torch.get_num_threads())
@@ -227,7 +227,7 @@ def is_silu(act: Activation) -> bool:
 
 
 def quant_cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
-    """The C kernel for int8 / fp8 experts (SiLU, a compiled variant); None: the reference."""
+    """The C kernel for int8 / fp8 / int4 experts (SiLU, a compiled variant); None: the reference."""
     if native_weights(store.format) is None or not is_silu(act):
         return None
     kernel = CpuExperts(threads=cpu_threads(device))

@@ -52,7 +52,9 @@ PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's 
 # tokens on the CPU): the device cache's gather in the engine, the C kernel's layer calls
 # (`edgemoe bench bw` on the GPU machine), and a conservative AMX/AVX-512 GEMM rate.
 DEVICE_GBPS = 45.0
-CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0}
+# int4: its GEMV is bound by in-register unpacking, not memory (about 0.55x int8's GB/s at
+# one token on the dev VM, AVX-512 and AVX2; unmeasured on the GPU machine): a prior the fit corrects.
+CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0, "int4": 33.0}
 CPU_FLOPS = 1.5e12
 CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
@@ -86,7 +88,8 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
-    """(the C kernel's weight kind, fp8 block) for the store's experts; None: no native path."""
+    """(the C kernel's weight kind, fp8 block or int4 group) for the store's experts; None: no
+    native path (mxfp4; fp8 blocks or int4 groups not a multiple of 32)."""
     from edgemoe.kernels.cpu_experts_quant import native_weights
 
     if store.format.quantised:
@@ -118,7 +121,7 @@ class CpuShare:
                  rows: int = ROWS, prompt_rows: int = 0) -> None:
         weights = host_weights(store)
         if weights is None or not kernel.native:
-            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8 or fp8 "
+            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8 or int4 "
                              f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name})")
         if quota < 0:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")

@@ -29,10 +29,12 @@
 /* NOTE: every field 64-bit, in this order: Python fills a plain int64 row (MAILBOX_FIELDS). */
 typedef struct {
     int64_t pool;                      /* em_create handle */
-    int64_t gate_up, down;             /* bank bases: [E][2I][H], [E][H][I] (bf16, int8 or e4m3) */
+    int64_t gate_up, down;             /* bank bases: [E][2I][H], [E][H][I] (bf16, int8, e4m3 or int4) */
     int64_t gate_up_stride, down_stride; /* bytes per expert */
     int64_t gate_up_scale, down_scale; /* quantised: scale bank bases (0: none) */
     int64_t gate_up_scale_stride, down_scale_stride; /* bytes per expert */
+    int64_t gate_up_zero, down_zero;   /* int4: zero-point bank bases (0: none) */
+    int64_t gate_up_zero_stride, down_zero_stride; /* bytes per expert */
     int64_t num_experts, H, I, wfmt, blk, gemm_min_tokens;
     int64_t x, x_bf16, x_stride, x_rows; /* token rows: address, bf16?, elements per row, rows */
     int64_t count, pairs, weights, cap;  /* device-written pair list (see above) */
@@ -114,6 +116,8 @@ static int em_host_jobs(em_mailbox *m, int64_t n, em_job *jobs) {
         jb->n = start[e + 1] - start[e];
         jb->gate_up_scale = m->gate_up_scale ? m->gate_up_scale + e * m->gate_up_scale_stride : 0;
         jb->down_scale = m->down_scale ? m->down_scale + e * m->down_scale_stride : 0;
+        jb->gate_up_zero = m->gate_up_zero ? m->gate_up_zero + e * m->gate_up_zero_stride : 0;
+        jb->down_zero = m->down_zero ? m->down_zero + e * m->down_zero_stride : 0;
     }
     return njobs;
 }

@@ -1,5 +1,6 @@
-/* The quantised-weight tasks of expert.c (int8 / fp8 weights, em_quant.h): GEMV (phase 1
- * gate_up, phase 2 down, few tokens) and blocked GEMM (many tokens) over scale blocks.
+/* The quantised-weight tasks of expert.c (int8 / fp8 weights, em_quant.h; int4,
+ * em_int4.h): GEMV (phase 1 gate_up, phase 2 down, few tokens) and blocked GEMM (many
+ * tokens) over scale blocks (int4: groups).
  *
  * NOTE: included by expert.c after its types (em_call, em_job, em_jobstate), helpers
  * (em_store, em_silu, em_put_h) and the bf16 GEMM microkernels it reuses; not standalone.
@@ -79,6 +80,62 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
     }
 }
 
+/* ---- GEMV path, int4 weights ---- */
+
+/* Rows `rows` of a projection (K inputs): data, fp16 scales and zero points of each. */
+static void em_i4_rows(const em_call *c, const em_job *jb, int down, const int64_t *rows, em_i4rows *m) {
+    const int64_t K = down ? c->I : c->H, nb = em_cdiv(K, 2), G = em_cdiv(K, c->blk);
+    const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
+    const uint16_t *s = (const uint16_t *)(intptr_t)(down ? jb->down_scale : jb->gate_up_scale);
+    const uint8_t *z = (const uint8_t *)(intptr_t)(down ? jb->down_zero : jb->gate_up_zero);
+    for (int j = 0; j < 4; j++) {
+        m->w[j] = w + rows[j] * nb;
+        m->s[j] = s + rows[j] * G;
+        m->z[j] = z + rows[j] * G;
+    }
+}
+
+static void em_gate_up_gemv_i4(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const int64_t H = c->H, I = c->I;
+    int64_t i1 = (q + 1) * EM_P1_GEMV < I ? (q + 1) * EM_P1_GEMV : I;
+    float dots[4 * EM_NT];
+    em_i4rows m;
+    for (int64_t i = q * EM_P1_GEMV; i < i1; i += 2) {
+        int64_t i2 = i + 1 < i1 ? i + 1 : i;
+        const int64_t rows[4] = {i, i2, I + i, I + i2};
+        em_i4_rows(c, jb, 0, rows, &m);
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            /* next group: 2 rows on */
+            em_gemv4_i4(&m, c->blk, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * em_cdiv(H, 2), dots);
+            for (int t = 0; t < nt; t++) {
+                float *hs = s->hs + (t0 + t) * c->Is;
+                hs[em_split_pos(i)] = em_silu(dots[t]) * dots[2 * nt + t];
+                if (i2 != i) hs[em_split_pos(i2)] = em_silu(dots[nt + t]) * dots[3 * nt + t];
+            }
+        }
+    }
+}
+
+static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const int64_t I = c->I;
+    int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
+    float dots[4 * EM_NT];
+    em_i4rows m;
+    for (int64_t r = q * EM_P2_GEMV; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        int64_t rows[4];
+        for (int j = 0; j < 4; j++) rows[j] = r + (j < nr ? j : 0);
+        em_i4_rows(c, jb, 1, rows, &m);
+        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+            em_gemv4_i4(&m, c->blk, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * em_cdiv(I, 2), dots); /* 4 rows on */
+            for (int j = 0; j < nr; j++)
+                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, dots[j * nt + t]);
+        }
+    }
+}
+
 /* ---- GEMM path, quantised weights ---- */
 
 #if EM_HAS_GEMM
@@ -88,14 +145,38 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
 #define EM_QHALF (EM_GR / 2)
 #endif
 
+/* Scales of row r of a projection in any quantised format (int4: fp16 [rows, groups]). */
+static inline const void *em_qrow_scales(const em_call *c, const em_job *jb, int down, int64_t r) {
+    if (c->wfmt != EM_W_INT4) return em_row_scales(c, jb, down, r);
+    const uint16_t *s = (const uint16_t *)(intptr_t)(down ? jb->down_scale : jb->gate_up_scale);
+    return s + r * em_cdiv(down ? c->I : c->H, c->blk);
+}
+
+/* Block kb's scale of a row's scales `sc` (em_qrow_scales); int8's one block is the row. */
+static inline float em_qscale(const em_call *c, const void *sc, int kb) {
+    if (c->wfmt == EM_W_INT4) return em_f16_to_f32(((const uint16_t *)sc)[kb]);
+    return ((const float *)sc)[c->wfmt == EM_W_FP8 ? kb : 0];
+}
+
+/* Row r of a projection → bf16 values without their scales (exact), K of them. */
+static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out) {
+    const int64_t K = down ? c->I : c->H;
+    const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
+    if (c->wfmt == EM_W_INT4) {
+        const uint8_t *z = (const uint8_t *)(intptr_t)(down ? jb->down_zero : jb->gate_up_zero);
+        em_i4_to_bf16(w + r * em_cdiv(K, 2), z + r * em_cdiv(K, c->blk), c->blk, (int)K, out);
+    } else {
+        em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, out);
+    }
+}
+
 /* acc[r*32 + tt] for rows r in [0, n0) and [Q, Q + n1) of `rows` (dequantised bf16, row
  * stride K): the sum over scale blocks of scale(r, block) times the bf16 kernel's dot over
- * that block, for the token tile at t0. sc[r]: the row's scales (em_row_scales). */
-static void em_qtile(const em_call *c, const uint16_t *rows, int Q, int n0, int n1, const float *const *sc,
+ * that block, for the token tile at t0. sc[r]: the row's scales (em_qrow_scales). */
+static void em_qtile(const em_call *c, const uint16_t *rows, int Q, int n0, int n1, const void *const *sc,
                      const uint32_t *xp, int64_t np, int t0, int K, float *acc) {
     float tmp[32 * 32];
-    const int fp8 = c->wfmt == EM_W_FP8;
-    const int blk = fp8 ? c->blk : K;
+    const int blk = c->wfmt == EM_W_INT8 ? K : c->blk;
     memset(acc, 0, sizeof(float) * 32 * 32);
     for (int k0 = 0; k0 < K; k0 += blk) {
         int kw = K - k0 < blk ? K - k0 : blk;
@@ -112,20 +193,18 @@ static void em_qtile(const em_call *c, const uint16_t *rows, int Q, int n0, int 
 #endif
         for (int r = 0; r < 2 * Q && r < 32; r++) {
             if (r < Q ? r >= n0 : r - Q >= n1) continue;
-            float f = sc[r][fp8 ? k0 / blk : 0];
+            float f = em_qscale(c, sc[r], k0 / blk);
             for (int tt = 0; tt < 32; tt++) acc[r * 32 + tt] += f * tmp[r * 32 + tt];
         }
     }
 }
 
 static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
     const int64_t H = c->H, I = c->I;
-    const int fp8 = c->wfmt == EM_W_FP8;
     int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
     uint16_t *rows = em_scratch((size_t)2 * EM_QHALF * H);
     float acc[32 * 32];
-    const float *sc[2 * EM_QHALF];
+    const void *sc[2 * EM_QHALF];
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
@@ -133,10 +212,10 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
     for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
         int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
         for (int r = 0; r < nv; r++) {
-            em_q_to_bf16(gu + (i0 + r) * H, (int)H, fp8, rows + r * H);
-            em_q_to_bf16(gu + (I + i0 + r) * H, (int)H, fp8, rows + (EM_QHALF + r) * H);
-            sc[r] = em_row_scales(c, jb, 0, i0 + r);
-            sc[EM_QHALF + r] = em_row_scales(c, jb, 0, I + i0 + r);
+            em_qrow_bf16(c, jb, 0, i0 + r, rows + r * H);
+            em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * H);
+            sc[r] = em_qrow_scales(c, jb, 0, i0 + r);
+            sc[EM_QHALF + r] = em_qrow_scales(c, jb, 0, I + i0 + r);
         }
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_qtile(c, rows, EM_QHALF, nv, nv, sc, s->xp, s->np, t0, (int)H, acc);
@@ -148,14 +227,12 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
 }
 
 static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
     const int64_t I = c->I;
-    const int fp8 = c->wfmt == EM_W_FP8;
     int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
     const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
     uint16_t *rows = em_scratch((size_t)group * I);
     float acc[32 * 32];
-    const float *sc[2 * EM_QHALF];
+    const void *sc[2 * EM_QHALF];
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
@@ -163,8 +240,8 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
         for (int r = 0; r < nr; r++) {
-            em_q_to_bf16(dn + (r0 + r) * I, (int)I, fp8, rows + r * I);
-            sc[r] = em_row_scales(c, jb, 1, r0 + r);
+            em_qrow_bf16(c, jb, 1, r0 + r, rows + r * I);
+            sc[r] = em_qrow_scales(c, jb, 1, r0 + r);
         }
         int n0 = nr < EM_QHALF ? nr : EM_QHALF, n1 = nr - n0;
         for (int t0 = 0; t0 < s->np; t0 += 32) {

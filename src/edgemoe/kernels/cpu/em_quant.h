@@ -1,5 +1,6 @@
 /* Quantised expert weights: int8 (one fp32 scale per row) and fp8 e4m3 (one fp32 scale
- * per blk x blk block), converted in registers.
+ * per blk x blk block), converted in registers; int4 (fp16 scales and zero points per
+ * row and group) in em_int4.h, included at the end.
  *
  * GEMV (few tokens): weight bytes are widened and converted to fp32 next to the FMA, so
  * the weights stream from memory at one byte each. Activations use the plain layout
@@ -29,6 +30,7 @@
 #define EM_W_BF16 0
 #define EM_W_INT8 1
 #define EM_W_FP8 2
+#define EM_W_INT4 3 /* group size in blk (em_int4.h) */
 #define EM_FP8_UNBIAS 256.0f /* the fp16 reading is 2^-8 times the value */
 
 static inline float em_fp8_to_f32(uint8_t b) {
@@ -210,5 +212,7 @@ static inline uint16_t *em_scratch(size_t n) {
     }
     return em_scratch_buf;
 }
+
+#include "em_int4.h"
 
 #endif

@@ -1,6 +1,7 @@
 /* CPU routed experts: y = down @ (silu(gate @ x) * (up @ x)) for several experts of one
- * layer in one call, weights bf16, int8 or fp8 e4m3 (gate_up [2I, H], gate rows first;
- * down [H, I]; quantised ones with fp32 scales, em_quant.h), activations fp32 or bf16,
+ * layer in one call, weights bf16, int8, fp8 e4m3 or int4 (gate_up [2I, H], gate rows
+ * first; down [H, I]; quantised ones with their scales, em_quant.h / em_int4.h),
+ * activations fp32 or bf16,
  * accumulation fp32. Built by edgemoe/kernels/cpu_build.py
  * once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 | nothing = portable C) and loaded with
  * ctypes: plain pointers, no Python or torch ABI.
@@ -25,7 +26,7 @@
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 5
+#define EM_ABI_VERSION 6
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -53,14 +54,17 @@
 
 /* One expert's work; every field 64-bit so Python fills a plain int64 table. */
 typedef struct {
-    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3 */
+    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3; int4: uint8 [2I, ceil(H/2)] */
     int64_t down;     /* address of [H, I] */
     int64_t tokens;   /* address of int32 [n]: rows of x */
     int64_t out_rows; /* address of int32 [n]: rows of out (0: 0..n-1) */
     int64_t scale;    /* address of fp32 [n] (0: 1.0) */
     int64_t n;
-    int64_t gate_up_scale; /* int8: fp32 [2I]; fp8: fp32 [2 * ceil(I/blk), ceil(H/blk)] (gate's blocks, then up's) */
-    int64_t down_scale;    /* int8: fp32 [H]; fp8: fp32 [ceil(H/blk), ceil(I/blk)] */
+    int64_t gate_up_scale; /* int8: fp32 [2I]; fp8: fp32 [2 * ceil(I/blk), ceil(H/blk)] (gate's blocks, then up's);
+                              int4: fp16 [2I, ceil(H/blk)] */
+    int64_t down_scale;    /* int8: fp32 [H]; fp8: fp32 [ceil(H/blk), ceil(I/blk)]; int4: fp16 [H, ceil(I/blk)] */
+    int64_t gate_up_zero;  /* int4: uint8 [2I, ceil(H/blk)] zero points; else unused */
+    int64_t down_zero;     /* int4: uint8 [H, ceil(I/blk)] */
 } em_job;
 
 typedef struct {
@@ -81,7 +85,7 @@ typedef struct {
     float *out;
     int64_t out_stride;
     int H, I;
-    int wfmt, blk; /* EM_W_BF16 / INT8 / FP8; fp8 scale block */
+    int wfmt, blk; /* EM_W_BF16 / INT8 / FP8 / INT4; fp8 scale block, int4 group */
     int64_t Hs, Is, Px, Ph;
     int64_t ntasks[3];
     atomic_long next[3]; /* next task to claim, per phase */
@@ -111,9 +115,11 @@ static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t r
 
 static inline int64_t em_token(const em_job *jb, int t) { return ((const int32_t *)(intptr_t)jb->tokens)[t]; }
 
-/* Position of element i of a GEMV activation row: split layout for bf16 weights, plain
- * for quantised ones (their bytes widen in order). */
-static inline int64_t em_xpos(const em_call *c, int64_t i) { return c->wfmt == EM_W_BF16 ? em_split_pos(i) : i; }
+/* Position of element i of a GEMV activation row: split layout for bf16 and int4 weights
+ * (a lane or byte holds an even and an odd k), plain for int8 / fp8 (bytes widen in order). */
+static inline int64_t em_xpos(const em_call *c, int64_t i) {
+    return c->wfmt == EM_W_BF16 || c->wfmt == EM_W_INT4 ? em_split_pos(i) : i;
+}
 
 /* ---- phase 0: packing ---- */
 
@@ -299,6 +305,11 @@ static void em_run_phase(em_call *c, int ph) {
             else
                 em_down_gemm(c, jb, s, q);
 #endif
+        } else if (c->wfmt == EM_W_INT4) {
+            if (ph == 1)
+                em_gate_up_gemv_i4(c, jb, s, q);
+            else
+                em_down_gemv_i4(c, jb, s, q);
         } else if (c->wfmt != EM_W_BF16) {
             if (ph == 1)
                 em_gate_up_gemv_q(c, jb, s, q);
@@ -387,13 +398,15 @@ void *em_create(int nthreads, int spin_us) { return em_pool_new(nthreads, spin_u
 int em_threads(void *pool) { return ((em_pool *)pool)->nthreads; }
 void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
 
-/* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, blk a
- * multiple of 32: AMX B tiles span 32 k, and a block's tiles must not read past the
- * activations' padding); returns 0, -1 (bad arguments) or -2 (out of memory). */
+/* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, int4 in
+ * groups of blk along K; blk a multiple of 32: AMX B tiles span 32 k, a block's tiles
+ * must not read past the activations' padding, and an int4 group starts at a whole GEMV
+ * step); returns 0, -1 (bad arguments) or -2 (out of memory). */
 int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
                const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
     if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
-    if (wfmt < EM_W_BF16 || wfmt > EM_W_FP8 || (wfmt == EM_W_FP8 && (blk < 32 || blk % 32))) return -1;
+    if (wfmt < EM_W_BF16 || wfmt > EM_W_INT4) return -1;
+    if ((wfmt == EM_W_FP8 || wfmt == EM_W_INT4) && (blk < 32 || blk % 32)) return -1;
     if (njobs == 0) return 0;
     em_call c;
     memset(&c, 0, sizeof(c));
