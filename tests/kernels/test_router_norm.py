@@ -161,7 +161,8 @@ def test_sparse_moe_add_norm_route_keeps_the_override_and_trace(monkeypatch: pyt
     a, residual, weight, w = inputs(T, E, H, torch.bfloat16, seed=9)
     recorded: list[torch.Tensor] = []
     executor = SimpleNamespace(routing=None, trace=SimpleNamespace(record=lambda layer, ids: recorded.append(ids)),
-                               forward=lambda layer, x, ids, weights, *rest: (ids, weights))
+                               forward=lambda layer, x, ids, weights, *rest: (ids, weights),
+                               register_router=lambda layer, router: None)
     moe = SparseMoE(0, w, K, True, executor, dense_gemv_ref)  # type: ignore[arg-type]
     out = moe.add_norm_route(a, residual, RMSNorm(weight, EPS))
     assert moe.workspace is not None and moe.workspace.logits[:T].any()  # the fused launch ran
