@@ -25,6 +25,7 @@ from edgemoe.kernels.moe_experts import moe_combine
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.store import BankStore
+from edgemoe.testing.moe_material import random_bank_store
 
 CUDA = torch.device("cuda")
 PROMPTS = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]
@@ -32,13 +33,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
 
 def pinned_bf16_store(layers: int, E: int, H: int, I: int) -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    store = BankStore.allocate(list(range(layers)), E, H, I, torch.bfloat16)
-    for bank in store.banks.values():
-        bank.gate_up.copy_(torch.randn(bank.gate_up.shape, generator=g) / H**0.5)
-        bank.down.copy_(torch.randn(bank.down.shape, generator=g) / I**0.5)
-    pinned = {i: type(b)(b.gate_up.pin_memory(), b.down.pin_memory()) for i, b in store.banks.items()}
-    return BankStore(pinned, pinned=True)
+    return random_bank_store(layers, E, H, I, torch.bfloat16, pinned=True)
 
 
 @pytest.mark.parametrize("bell", ["1", "0"], ids=["bell", "host-node"])

@@ -31,6 +31,7 @@ from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.slots import SlotCache
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import BankStore
+from edgemoe.testing.moe_material import random_bank_store
 from edgemoe.quant import Fp8Block, quantise_expert
 
 PROMPTS = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]  # decode batch 3: padded to 4
@@ -40,13 +41,7 @@ CUDA = torch.device("cuda")
 
 
 def pinned_bf16_store(layers: int, E: int, H: int, I: int) -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    store = BankStore.allocate(list(range(layers)), E, H, I, torch.bfloat16)
-    for bank in store.banks.values():
-        bank.gate_up.copy_(torch.randn(bank.gate_up.shape, generator=g))
-        bank.down.copy_(torch.randn(bank.down.shape, generator=g))
-    pinned = {i: type(b)(b.gate_up.pin_memory(), b.down.pin_memory()) for i, b in store.banks.items()}
-    return BankStore(pinned, pinned=True)
+    return random_bank_store(layers, E, H, I, torch.bfloat16, pinned=True, scaled=False)
 
 
 def pinned_fp8_store(layers: int, E: int, H: int, I: int) -> PartsStore:

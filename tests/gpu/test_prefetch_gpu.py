@@ -19,39 +19,19 @@ from edgemoe import LLM, SamplingParams
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.prefetch import RouterPredictor
 from edgemoe.moe.registry import make_executor
-from edgemoe.moe.store import BankStore
+from edgemoe.testing.moe_material import KnownRouting, random_bank_store
 
 CUDA = torch.device("cuda")
 L, E, K, H, I = 6, 16, 4, 1024, 512
 
 
-def pinned_store() -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    store = BankStore.allocate(list(range(L)), E, H, I, torch.bfloat16)
-    for bank in store.banks.values():
-        bank.gate_up.copy_(torch.randn(bank.gate_up.shape, generator=g) / H**0.5)
-        bank.down.copy_(torch.randn(bank.down.shape, generator=g) / I**0.5)
-    pinned = {i: type(b)(b.gate_up.pin_memory(), b.down.pin_memory()) for i, b in store.banks.items()}
-    return BankStore(pinned, pinned=True)
-
-
-class Oracle:
-    label = "test oracle"
-
-    def __init__(self) -> None:
-        self.step: dict[int, torch.Tensor] = {}
-
-    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return self.step[layer]
-
-
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
 def test_prefetched_steps_match_resident(predictor: str) -> None:
-    store = pinned_store()
+    store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
     ex = make_executor("offload", store, CUDA, F.silu, L, 3 * K + 2, expert_cache="device")
     resident = make_executor("resident", store, CUDA, F.silu, L, 0)
     assert isinstance(ex, DeviceOffloadExecutor)
-    oracle = Oracle()
+    oracle = KnownRouting()
     routers = {layer: torch.randn(E, H, device=CUDA, dtype=torch.bfloat16) for layer in range(L)}
     ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), torch.bfloat16, K)
     g = torch.Generator(device=CUDA).manual_seed(1)

@@ -18,24 +18,14 @@ import torch.nn.functional as F
 from edgemoe import LLM, SamplingParams
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.registry import make_executor
-from edgemoe.moe.store import BankStore
+from edgemoe.testing.moe_material import random_bank_store
 
 CUDA = torch.device("cuda")
 L, E, K, H, I = 6, 16, 4, 1024, 512
 
 
-def pinned_store() -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    store = BankStore.allocate(list(range(L)), E, H, I, torch.bfloat16)
-    for bank in store.banks.values():
-        bank.gate_up.copy_(torch.randn(bank.gate_up.shape, generator=g) / H**0.5)
-        bank.down.copy_(torch.randn(bank.down.shape, generator=g) / I**0.5)
-    pinned = {i: type(b)(b.gate_up.pin_memory(), b.down.pin_memory()) for i, b in store.banks.items()}
-    return BankStore(pinned, pinned=True)
-
-
 def test_streamed_chunks_back_to_back_match_resident() -> None:
-    store = pinned_store()
+    store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
     dev = make_executor("offload", store, CUDA, F.silu, L, 2 * E + 6, max_tokens=2048, expert_cache="device",
                         stream_tokens=256)
     resident = make_executor("resident", store, CUDA, F.silu, L, 0, max_tokens=2048)

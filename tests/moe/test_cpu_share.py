@@ -23,7 +23,8 @@ from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.quota_controller import QUARTERS, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
-from edgemoe.quant import ExpertFormat, Int4Group, Int8Channel, quantise_expert
+from edgemoe.quant import ExpertFormat, Int4Group, Int8Channel
+from edgemoe.testing.moe_material import quantised_store, random_bank_store
 
 L, E, K, H, I = 3, 8, 2, 32, 24
 CPU = torch.device("cpu")
@@ -38,24 +39,11 @@ def kernel() -> CpuExperts:
 
 
 def bf16_store() -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    s = BankStore.allocate(list(range(L)), E, H, I, torch.bfloat16)
-    for b in s.banks.values():
-        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
-        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
-    return s
+    return random_bank_store(L, E, H, I, torch.bfloat16)
 
 
 def quant_store(fmt: ExpertFormat) -> PartsStore:
-    src = bf16_store()
-    parts = PartsStore.allocate_parts(list(range(L)), E, H, I, fmt)
-    for layer in range(L):
-        bank = src.banks[layer]
-        for e in range(E):
-            for name, t in quantise_expert(fmt, bank.gate_up[e, :I].float(), bank.gate_up[e, I:].float(),
-                                           bank.down[e].float()).items():
-                parts.banks[layer][name][e].copy_(t)
-    return parts
+    return quantised_store(bf16_store(), fmt)
 
 
 def store_of(kind: str) -> BankStore | PartsStore:

@@ -14,7 +14,7 @@ from edgemoe.moe.movers import CopyEngineMover, GatherMover
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
-from edgemoe.quant import Int8Channel, quantise_expert
+from edgemoe.testing.moe_material import quantised_store, random_bank_store
 
 L, E, K, H, I = 3, 8, 2, 16, 12
 CPU = torch.device("cpu")
@@ -22,24 +22,12 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def store() -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    s = BankStore.allocate(list(range(L)), E, H, I, torch.float32)
-    for b in s.banks.values():
-        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
-        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
-    return s
+    return random_bank_store(L, E, H, I)
 
 
 @pytest.fixture(scope="module")
 def int8_store(store: BankStore) -> PartsStore:
-    fmt = Int8Channel()
-    parts = PartsStore.allocate_parts(list(range(L)), E, H, I, fmt)
-    for layer in range(L):
-        bank = store.banks[layer]
-        for e in range(E):
-            for name, t in quantise_expert(fmt, bank.gate_up[e, :I], bank.gate_up[e, I:], bank.down[e]).items():
-                parts.banks[layer][name][e].copy_(t)
-    return parts
+    return quantised_store(store)
 
 
 def routings(seed: int, steps: int = 10):  # noqa: ANN201

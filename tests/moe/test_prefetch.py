@@ -17,6 +17,7 @@ from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor, drop_cpu_picks
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
+from edgemoe.testing.moe_material import KnownRouting, random_bank_store
 
 L, E, K, H, I = 4, 8, 2, 16, 12
 CPU = torch.device("cpu")
@@ -24,24 +25,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def store() -> BankStore:
-    g = torch.Generator().manual_seed(0)
-    s = BankStore.allocate(list(range(L)), E, H, I, torch.float32)
-    for b in s.banks.values():
-        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
-        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
-    return s
-
-
-class Oracle:
-    """Knows each layer's routing of the step (set by the test before the step)."""
-
-    label = "test oracle"
-
-    def __init__(self) -> None:
-        self.step: dict[int, torch.Tensor] = {}
-
-    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return self.step[layer]
+    return random_bank_store(L, E, H, I)
 
 
 def steps(seed: int, n: int = 12):  # noqa: ANN201
@@ -68,7 +52,7 @@ def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predicto
     ex = make_executor("offload", store, CPU, F.silu, L, slots, expert_cache="device")
     resident = make_executor("resident", store, CPU, F.silu, L, 0)
     assert isinstance(ex, DeviceOffloadExecutor)
-    oracle = Oracle()
+    oracle = KnownRouting()
     routers = {layer: torch.randn(E, H, generator=torch.Generator().manual_seed(layer)) for layer in range(L)}
     ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), torch.float32, K)
     for x, ids, w in steps(seed=slots):
@@ -84,7 +68,7 @@ def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predicto
 
 def test_an_oracle_leaves_later_layers_no_misses(store: BankStore) -> None:
     ex = make_executor("offload", store, CPU, F.silu, L, L * E, expert_cache="device")
-    oracle = Oracle()
+    oracle = KnownRouting()
     ex.enable_prefetch(oracle, torch.float32, K)
     for x, ids, w in steps(seed=3, n=6):
         oracle.step = ids
@@ -117,14 +101,10 @@ def test_prefetch_leaves_the_share_its_quota() -> None:
     kernel = CpuExperts(threads=2)
     if not kernel.native:
         pytest.skip("no compiled CPU expert kernel (no C compiler)")
-    g = torch.Generator().manual_seed(0)
-    bf16 = BankStore.allocate(list(range(L)), E, H, I, torch.bfloat16)
-    for b in bf16.banks.values():
-        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
-        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
+    bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
     ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_experts_per_layer=1, cpu_kernel=kernel)
     resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
-    oracle = Oracle()
+    oracle = KnownRouting()
     ex.enable_prefetch(oracle, torch.bfloat16, K)
     assert isinstance(ex.prefetch, DecodePrefetch) and ex.prefetch.share is ex.cpu_share
     for x, ids, w in steps(seed=7, n=8):

@@ -11,11 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.prefill_stream import stream_min_tokens
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
-from edgemoe.quant import Int8Channel, quantise_expert
+from edgemoe.testing.moe_material import quantised_store, random_bank_store
 
 L, E, K, H, I = 3, 8, 2, 16, 12
 CPU = torch.device("cpu")
@@ -24,23 +23,7 @@ STREAM = 6  # chunks of 6 prompt rows or more stream here
 
 @pytest.fixture(scope="module")
 def store() -> BankStore:
-    g = torch.Generator().manual_seed(1)
-    s = BankStore.allocate(list(range(L)), E, H, I, torch.float32)
-    for b in s.banks.values():
-        b.gate_up.copy_(torch.randn(b.gate_up.shape, generator=g) / H**0.5)
-        b.down.copy_(torch.randn(b.down.shape, generator=g) / I**0.5)
-    return s
-
-
-def _int8(store: BankStore) -> PartsStore:
-    fmt = Int8Channel()
-    parts = PartsStore.allocate_parts(list(range(L)), E, H, I, fmt)
-    for layer in range(L):
-        bank = store.banks[layer]
-        for e in range(E):
-            for name, t in quantise_expert(fmt, bank.gate_up[e, :I], bank.gate_up[e, I:], bank.down[e]).items():
-                parts.banks[layer][name][e].copy_(t)
-    return parts
+    return random_bank_store(L, E, H, I, seed=1)
 
 
 def _step(g: torch.Generator, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -58,7 +41,7 @@ def _device(store, slots: int) -> DeviceOffloadExecutor:  # noqa: ANN001
 
 @pytest.mark.parametrize("quantised", [False, True])
 def test_streamed_chunks_match_resident_and_leave_the_cache_as_it_was(store: BankStore, quantised: bool) -> None:
-    src = _int8(store) if quantised else store
+    src = quantised_store(store) if quantised else store
     dev, resident = _device(src, 2 * E + 4), make_executor("resident", src, CPU, F.silu, L, 0)
     g = torch.Generator().manual_seed(2)
     for T, num_decode in [(3, 0), (1, 0), (9, 0), (2, 0), (11, 3), (1, 0)]:  # planned, streamed (9, 11-3) between
