@@ -62,7 +62,8 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     out = {}
     for prefetch in ("off", "on"):
-        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=12,
+        # 24 slots: a padded batch of 4 pins up to 16 of them for its layer; the rest take the prefetch.
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=24,
                  expert_cache="device", moe_prefetch=prefetch, routing=routing) as llm:
             assert llm.engine.runner.graphs is not None
             out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
