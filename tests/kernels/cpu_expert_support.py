@@ -79,3 +79,28 @@ def error_bound(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     y = h @ d.T
     ey = eh @ d.abs().T + 2 * inter * U32 * (h.abs() @ d.abs().T)
     return (ey + UBF * bf16_ops * (y.abs() + ey)).float()
+
+
+def routed_q_cells(experts: list, fmt, kernel: CpuExperts, H: int, weight_floor: float = 0.0):  # noqa: ANN001, ANN201
+    """The routed quantised form against the partial reference, shared by the format tests:
+    7 tokens x top-2 of len(experts) experts (each (parts, (gate_up, down) dequantised)),
+    experts 1, 3 and 4 computed, the others' cells left NaN. Returns (got, want, x, ids, w,
+    gate_up, down) after checking both left the same cells alone."""
+    from edgemoe.kernels.cpu_experts import moe_experts_partial_ref
+    from edgemoe.kernels.cpu_experts_quant import moe_experts_q_cpu
+
+    E = len(experts)
+    g = torch.Generator().manual_seed(3)
+    T, K = 7, 2
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g) + weight_floor
+    x = torch.randn(T, H, generator=g)
+    chosen = [1, 3, 4]  # experts 0 and 2: another pass's cells, left alone
+    got = torch.full((T, K, H), float("nan"))
+    moe_experts_q_cpu(x, ids, w, chosen, [experts[e][0] for e in chosen], fmt, got, kernel)
+    want = torch.full((T, K, H), float("nan"))
+    gate_up = torch.stack([experts[e][1][0] for e in range(E)])
+    down = torch.stack([experts[e][1][1] for e in range(E)])
+    moe_experts_partial_ref(x, ids, w, chosen, chosen, gate_up, down, F.silu, want)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    return got, want, x, ids, w, gate_up, down

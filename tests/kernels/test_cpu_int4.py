@@ -10,14 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds
+from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds, routed_q_cells
 
 from edgemoe.kernels import cpu_isa
-from edgemoe.kernels.cpu_experts import expert_mlp_ref, moe_experts_partial_ref
+from edgemoe.kernels.cpu_experts import expert_mlp_ref
 from edgemoe.kernels.cpu_experts_quant import (
     expert_mlp_q_cpu,
     expert_mlp_q_ref,
-    moe_experts_q_cpu,
     native_weights,
 )
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS
@@ -75,19 +74,7 @@ def test_routed_int4_matches_reference(variant: str, path: str) -> None:
     H, I, E, group = 64, 40, 5, 32
     fmt = Int4Group(group)
     experts = [int4_expert(H, I, group, seed=e) for e in range(E)]
-    g = torch.Generator().manual_seed(3)
-    T, K = 7, 2
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
-    w = torch.rand(T, K, generator=g) + 0.1
-    x = torch.randn(T, H, generator=g)
-    chosen = [1, 3, 4]  # experts 0 and 2: another pass's cells, left alone
-    got = torch.full((T, K, H), float("nan"))
-    moe_experts_q_cpu(x, ids, w, chosen, [experts[e][0] for e in chosen], fmt, got, kernel)
-    want = torch.full((T, K, H), float("nan"))
-    gate_up = torch.stack([experts[e][1][0] for e in range(E)])
-    down = torch.stack([experts[e][1][1] for e in range(E)])
-    moe_experts_partial_ref(x, ids, w, chosen, chosen, gate_up, down, torch.nn.functional.silu, want)
-    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    got, want, x, ids, w, gate_up, down = routed_q_cells(experts, fmt, kernel, H, weight_floor=0.1)
     x_r, h_r = rounds(variant, path, torch.float32)[:2]
     for t, k in zip(*torch.nonzero(~want[..., 0].isnan(), as_tuple=True), strict=True):
         e, wt = int(ids[t, k]), float(w[t, k])
