@@ -14,6 +14,10 @@ rings, no host read), and the cache plans the routing without them. Their number
 (`--cpu-experts-per-layer`) or live: chosen between steps by timing decode steps
 (`moe/quota_controller.py`), with graphs captured with and without the share.
 
+Prompt chunks of ≥ 1,024 tokens stream every layer's experts through slots the cache lends
+(`moe/prefill_stream.py`) instead of planning; decode steps may prefetch the next layer's
+predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`).
+
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
 `SlotCache` with the same policy ("lru" or "lru-plain"), and every wave a mask over one
 routing written into per-pair cells, so results are bitwise the resident ones on one device. Hits, misses and bytes

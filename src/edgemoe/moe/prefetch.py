@@ -38,10 +38,9 @@ from typing import Protocol
 
 import torch
 
+from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
-
-ROWS = 64  # the largest decode step that prefetches (the CPU share's decode rows too)
 
 
 class Predictor(Protocol):
