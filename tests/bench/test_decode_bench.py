@@ -107,3 +107,17 @@ def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt
     assert row["prefill_moe"]["tokens"] == batch * (prompt_tokens + 1)
     assert row["decode_moe"]["tokens"] == batch * decode_tokens  # each timed step launched one
     assert after["tokens"] - before["tokens"] == batch * (prompt_tokens + 1 + decode_tokens)
+
+
+def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:
+    from edgemoe.bench.decode import prefetch_traffic
+
+    before = {"prefetched": 10, "prefetch_used": 6}
+    after = {"prefetch": "router", "prefetched": 30, "prefetch_used": 21}
+    # 20 prefetched (15 used) among 50 misses, 5 of them the CPU's: 45 copies of 2 bytes each.
+    d = {"misses": 50, "experts_cpu": 5, "bytes_copied": 90}
+    got = prefetch_traffic(before, after, d)
+    assert got["prefetched"] == 20 and got["prefetch_used"] == 15
+    assert got["prefetch_precision"] == 15 / 20
+    assert got["prefetch_recall"] == 15 / (15 + 30)  # the 30 misses prefetch didn't cover, CPU's included
+    assert got["gb_prefetched_unused"] == 5 * 2 / 1e9

@@ -70,7 +70,23 @@ def moe_traffic(before: dict[str, Any], after: dict[str, Any]) -> dict[str, floa
         "copy_gb_per_s": d["bytes_copied"] / d["copy_seconds"] / 1e9 if d["copy_seconds"] else 0.0,
         "experts_cpu": d["experts_cpu"],
         **({"streamed_chunks": after["streamed_chunks"] - before["streamed_chunks"]} if "streamed_chunks" in after else {}),
+        **(prefetch_traffic(before, after, d) if after.get("prefetch") else {}),
     }
+
+
+def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """Decode prefetch between two snapshots: experts prefetched and used, precision (used /
+    prefetched), recall (used / every expert the step missed had prefetch not existed: the
+    used ones plus the misses left to the step, the CPU's included) and the bytes copied
+    for nothing. Prefetched experts count among `misses` (they were copied)."""
+    pf = after["prefetched"] - before.get("prefetched", 0)
+    used = after["prefetch_used"] - before.get("prefetch_used", 0)
+    left = d["misses"] - pf
+    nbytes = d["bytes_copied"] / max(1, d["misses"] - d["experts_cpu"])  # a copied expert's (the CPU's copy nothing)
+    return {"prefetch": after["prefetch"], "prefetched": pf, "prefetch_used": used,
+            "prefetch_precision": used / pf if pf else None,
+            "prefetch_recall": used / (used + left) if used + left else None,
+            "gb_prefetched_unused": (pf - used) * nbytes / 1e9}
 
 
 def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phase, set[str]]:
@@ -200,6 +216,7 @@ def _print_row(row: dict[str, Any]) -> None:
         f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
         f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f} "
         f"decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
+        + _prefetch_note(row["decode_moe"])
         + _allocator_note(row.get("prefill_allocator"))
     )
 
@@ -208,6 +225,14 @@ def _draw_note(row: dict[str, Any]) -> str:
     if "prefill_draw_s" not in row:
         return ""
     return f"; {row['prefill_tok_s_without_draws']:.1f} tok/s without {row['prefill_draw_s']:.3f} s of routing draws"
+
+
+def _prefetch_note(moe: dict[str, Any]) -> str:
+    """Decode prefetch's recall and precision, when it ran."""
+    if not moe.get("prefetched"):
+        return ""
+    return (f" prefetch ({moe['prefetch']}) recall {moe['prefetch_recall']:.2f} precision "
+            f"{moe['prefetch_precision']:.2f}, {moe['gb_prefetched_unused']:.2f} GB unused")
 
 
 def _cpu_note(moe: dict[str, Any]) -> str:
