@@ -39,7 +39,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
-from edgemoe.moe.device_cache import DeviceSlotCache
+from edgemoe.moe.device_cache import DeviceSlotCache, present
 from edgemoe.moe.movers import ExpertMover
 
 
@@ -84,9 +84,7 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
     E = heat.numel()
     flat = ids.reshape(-1).long()
     expert = torch.arange(E, device=ids.device)
-    routed = torch.zeros(E + 1, dtype=torch.bool, device=ids.device)
-    routed.index_fill_(0, torch.where(flat >= 0, flat, E), True)
-    miss = routed[:E] & (resident < 0)
+    miss = present(ids, E) & (resident < 0)
     key = torch.where(miss, heat * E + (E - 1 - expert), torch.iinfo(torch.int64).max)
     rank = torch.empty_like(expert).scatter_(0, torch.argsort(key), expert)
     cpu = torch.cat((miss & (rank < quota), torch.zeros(1, dtype=torch.bool, device=ids.device)))
@@ -109,7 +107,7 @@ class DecodePrefetch:
         self._ids = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)
         self._slots = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)
         E = cache.num_experts
-        self._loaded = torch.zeros(E + 1, dtype=torch.bool, device=device)  # the latest prefetch's experts
+        self._loaded = torch.zeros(E, dtype=torch.bool, device=device)  # the latest prefetch's experts
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
         self._pending: int | None = None  # the layer whose prefetch is in flight (not yet joined)
         self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
@@ -161,15 +159,8 @@ class DecodePrefetch:
 
     # ---- internals -------------------------------------------------------------------
 
-    def _pinned(self, slot_ids: torch.Tensor) -> torch.Tensor:
-        S = self.cache.num_slots
-        flat = slot_ids.reshape(-1).long()
-        pinned = torch.zeros(S + 1, dtype=torch.bool, device=slot_ids.device)
-        pinned.index_fill_(0, torch.where(flat >= 0, flat, S), True)
-        return pinned[:S]
-
     def _side_work(self, counted: int | None, nxt: int, T: int) -> None:
-        pinned = self._pinned(self._slots[:T])  # this layer's slots: it still reads them
+        pinned = present(self._slots[:T], self.cache.num_slots)  # this layer's slots: it still reads them
         if counted is not None:
             self._count_used(counted, self._ids[:T])
         like = torch.full((T, self._ids.shape[1]), -1, dtype=torch.int32, device=self._ids.device)
@@ -187,15 +178,10 @@ class DecodePrefetch:
         cache.counts[nxt].copy_(torch.stack((counts[0], counts[1] + copied)))  # its hits are no use yet
         cache.wave_end[nxt].copy_(wave_end)  # the scan-resistant policy dates cycles by real waves
         self.counts[nxt, 0] += copied
-        experts = plan.misses[0].long()
-        self._loaded.zero_()
-        self._loaded.index_fill_(0, torch.where(experts >= 0, experts, E), True)
+        self._loaded.copy_(present(plan.misses[0], E))
         self.mover.move(nxt, plan.misses)
 
     def _count_used(self, layer: int, routed: torch.Tensor) -> None:
         """Of the experts prefetched for `layer`, those it routed."""
         E = self.cache.num_experts
-        flat = routed.reshape(-1).long()
-        hit = torch.zeros(E + 1, dtype=torch.bool, device=flat.device)
-        hit.index_fill_(0, torch.where(flat >= 0, flat, E), True)
-        self.counts[layer, 1] += (hit[:E] & self._loaded[:E]).sum()
+        self.counts[layer, 1] += (present(routed, E) & self._loaded).sum()

@@ -34,7 +34,7 @@ import os
 import numpy as np
 import torch
 
-from edgemoe.moe.device_cache import DeviceSlotCache
+from edgemoe.moe.device_cache import DeviceSlotCache, present
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.store import ExpertStore
 
@@ -146,11 +146,8 @@ class PrefillStream:
     def _count(self, layer: int, i: int, flat: torch.Tensor) -> None:
         """Hits: routed experts the cache holds; misses: the experts copied (on the device,
         read lazily with the cache's own counts)."""
-        E = self.store.num_experts
-        routed = torch.zeros(E, dtype=torch.int64, device=flat.device)
-        routed.index_add_(0, flat.reshape(-1).clamp(min=0), (flat.reshape(-1) >= 0).long())
         held = self.cache.slot_map[layer] >= 0
-        hits = ((routed > 0) & held).sum()
+        hits = (present(flat, self.store.num_experts) & held).sum()
         misses = torch.full_like(hits, len(self._missing[i]))
         self.cache.counts[layer].add_(torch.stack((hits, misses)))
 
