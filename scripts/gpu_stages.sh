@@ -17,7 +17,8 @@
 #                programmatic dependent launch of the decode step's Triton kernels, docs/kernels.md)
 #   kbench       scripts/gpu_kernel_bench.py $KBENCH (e.g. "--only attention_sweep moe_q_sweep"): every Triton kernel at
 #                Qwen3-30B-A3B shapes by default (the router sweep too)
-#   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: batch prompt)
+#   kprofile     scripts/gpu_kernel_profile.py: a resident decode step's kernels ($KPROFILE: "batch prompt [k=v ...]",
+#                several runs split by ";", one process each)
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
 #                routing, $PREFILL16 backends (default offload hybrid) x $PREFILL_RUNS ("prompts:kv tokens:chunk"
@@ -29,6 +30,7 @@
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
 #   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
+#   share-live   scripts/gpu_share_live.sh's engine runs only ($RUNS dtype:backend pairs, $DECODE tokens)
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
 #   scan-ab      bf16 at 8 GiB (276 slots < 48 x 8): --moe-policy lru (scan-resistant), then lru-plain (one process each)
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
@@ -65,7 +67,8 @@ run_stage() {
                    --max-prefill-tokens 8192 "${flags[@]}" --out "$res/engine-ab"
                done ;;
     dsweep) OUT="$res/dsweep" python3 scripts/gpu_dense_gemv_sweep.py ${DSWEEP:-} ;;
-    kprofile) OUT="$res/kprofile" python3 scripts/gpu_kernel_profile.py ${KPROFILE:-1 1024} ;;
+    kprofile) IFS=';' read -r -a runs <<< "${KPROFILE:-1 1024}"  # runs split by ";", one process each
+              for run in "${runs[@]}"; do echo "== $run"; OUT="$res/kprofile" python3 scripts/gpu_kernel_profile.py $run; done ;;
     prefill-ab) for ov in --overlap --no-overlap; do
                   decode --moe-backend resident --prompt-tokens 8192 --batch-sizes 1 --decode-tokens 8 $ov \
                     --out "$res/prefill-ab"
@@ -109,6 +112,7 @@ run_stage() {
             done
           done ;;
     share-ab) OUT="$res/share-ab" python3 scripts/gpu_cpu_share_ab.py ${SHARE_AB:-} ;;
+    share-live) SKIP_TESTS=1 SKIP_AB=1 OUT="$res/share-live" bash scripts/gpu_share_live.sh ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
                   set -- $setting
                   decode --expert-dtype "$1" --gpu-memory "$2" --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 \
