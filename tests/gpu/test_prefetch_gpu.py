@@ -1,5 +1,6 @@
-"""Decode prefetch (moe/prefetch.py) on the GPU: the next layer's copies on a side stream,
-joined by an event before that layer plans.
+"""Decode prefetch (moe/prefetch.py) on the GPU: the next layer's plan on the stream, its
+copies on a side stream, joined by an event just before that layer computes (its own plan
+pins the slots still being filled).
 
 - executor level (eager): decode-sized steps give bitwise the resident executor's outputs
   with an oracle predictor and with a wrong one (a random router), and every mapped slot
@@ -26,14 +27,15 @@ L, E, K, H, I = 6, 16, 4, 1024, 512
 
 
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
-def test_prefetched_steps_match_resident(predictor: str) -> None:
+@pytest.mark.parametrize("slots", [3 * K + 2, 8 * K + 2])  # one-token steps prefetch; every step does
+def test_prefetched_steps_match_resident(predictor: str, slots: int) -> None:
     store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
-    ex = make_executor("offload", store, CUDA, F.silu, L, 3 * K + 2, expert_cache="device")
+    ex = make_executor("offload", store, CUDA, F.silu, L, slots, expert_cache="device")
     resident = make_executor("resident", store, CUDA, F.silu, L, 0)
     assert isinstance(ex, DeviceOffloadExecutor)
     oracle = KnownRouting()
     routers = {layer: torch.randn(E, H, device=CUDA, dtype=torch.bfloat16) for layer in range(L)}
-    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), torch.bfloat16, K)
+    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), K)
     g = torch.Generator(device=CUDA).manual_seed(1)
     for step in range(12):
         T = 1 + step % 4
@@ -62,8 +64,9 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     out = {}
     for prefetch in ("off", "on"):
-        # 24 slots: a padded batch of 4 pins up to 16 of them for its layer; the rest take the prefetch.
-        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=24,
+        # 40 slots: a padded batch of 4 routes up to 16 experts a layer; a step prefetches when
+        # the pool holds two layers' worth (its own, and the next one's in flight).
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=40,
                  expert_cache="device", moe_prefetch=prefetch, routing=routing) as llm:
             assert llm.engine.runner.graphs is not None
             out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]

@@ -54,6 +54,12 @@ def run_trace(ref: DeviceSlotCache, fused: DeviceSlotCache, rng: random.Random, 
             plans_ref = list(ref.layer_waves(layer, ids, pinned, num_pinned))
             plans_fused = list(fused.layer_waves(layer, ids, pinned, num_pinned))
             check_same_plans(ref, fused, plans_ref, plans_fused)
+            if layer + 1 < L and len(plans_ref) == 1 and rng.random() < 0.4:  # a prefetch's plan of the next layer
+                guess = routing(rng, len(live), E, K, skew=0.0)
+                held = torch.zeros(ref.num_slots, dtype=torch.bool)
+                held[plans_ref[0].slot_ids[plans_ref[0].slot_ids >= 0].long()] = True
+                check_same_plans(ref, fused, [ref.plan_wave(layer + 1, guess, held, ahead=True)],
+                                 [fused.plan_wave(layer + 1, guess, held, ahead=True)])
 
 
 @needs_interpreter
@@ -105,6 +111,22 @@ def test_a_wave_past_capacity_matches() -> None:
     plans = [ref.plan_wave(0, ids, pinned)], [fused.plan_wave(0, ids, pinned)]
     check_same_plans(ref, fused, *plans)
     assert bool(plans[1][0].overflow) and int((plans[1][0].misses[0] >= 0).sum()) == 3
+
+
+def test_a_plan_ahead_counts_only_its_copies_and_keeps_the_cycle() -> None:
+    """A prefetch's plan (`ahead`) decides and updates as a wave does, but its hits are not
+    counted and the layer's `wave_end` stays (the torch plan; the kernel is held to it above)."""
+    ahead, plain = DeviceSlotCache(6, 2, 8, CPU, fused=False), DeviceSlotCache(6, 2, 8, CPU, fused=False)
+    warm, guess = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([[1, 2], [3, -1]], dtype=torch.int32)
+    for cache in (ahead, plain):
+        cache.plan_wave(1, warm)
+    a, p = ahead.plan_wave(1, guess, ahead=True), plain.plan_wave(1, guess)
+    for got, want in zip(a, p, strict=True):
+        assert torch.equal(got, want)
+    for name in ("slot_map", "slot_owners", "recency", "clock"):
+        assert torch.equal(getattr(ahead, name), getattr(plain, name)), name
+    assert ahead.counts[1].tolist() == [0, 2 + 2] and plain.counts[1].tolist() == [1, 2 + 2]
+    assert int(ahead.wave_end[1]) == 2 and int(plain.wave_end[1]) == int(plain.clock)
 
 
 def test_the_fused_plan_is_chosen_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,14 +47,14 @@ def slots_hold_their_experts(ex: DeviceOffloadExecutor, store: BankStore) -> Non
 
 
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
-@pytest.mark.parametrize("slots", [K + 1, 12])  # a pool barely above one layer's pairs, and a roomier one
+@pytest.mark.parametrize("slots", [2 * K + 1, 12])  # prefetching one-token steps only, and every step
 def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predictor: str, slots: int) -> None:
     ex = make_executor("offload", store, CPU, F.silu, L, slots, expert_cache="device")
     resident = make_executor("resident", store, CPU, F.silu, L, 0)
     assert isinstance(ex, DeviceOffloadExecutor)
     oracle = KnownRouting()
     routers = {layer: torch.randn(E, H, generator=torch.Generator().manual_seed(layer)) for layer in range(L)}
-    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), torch.float32, K)
+    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), K)
     for x, ids, w in steps(seed=slots):
         oracle.step = ids
         for layer in range(L):
@@ -69,7 +69,7 @@ def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predicto
 def test_an_oracle_leaves_later_layers_no_misses(store: BankStore) -> None:
     ex = make_executor("offload", store, CPU, F.silu, L, L * E, expert_cache="device")
     oracle = KnownRouting()
-    ex.enable_prefetch(oracle, torch.float32, K)
+    ex.enable_prefetch(oracle, K)
     for x, ids, w in steps(seed=3, n=6):
         oracle.step = ids
         for layer in range(L):
@@ -105,7 +105,7 @@ def test_prefetch_leaves_the_share_its_quota() -> None:
     ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_experts_per_layer=1, cpu_kernel=kernel)
     resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
     oracle = KnownRouting()
-    ex.enable_prefetch(oracle, torch.bfloat16, K)
+    ex.enable_prefetch(oracle, K)
     assert isinstance(ex.prefetch, DecodePrefetch) and ex.prefetch.share is ex.cpu_share
     for x, ids, w in steps(seed=7, n=8):
         oracle.step = ids
@@ -125,7 +125,7 @@ def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001
     with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
         want = [o.token_ids for o in llm.generate(prompts, greedy)]
     for routing in ("router", "synthetic:seed=1"):
-        with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=6,
+        with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=8,
                  moe_prefetch="on", routing=routing) as llm:
             got = [o.token_ids for o in llm.generate(prompts, greedy)]
             moe = llm.stats()["moe"]

@@ -299,7 +299,7 @@ def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arc
         log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
         return
     predictor = StagedPredictor(routing) if routing is not None else RouterPredictor(executor.routers, arch.top_k)
-    executor.enable_prefetch(predictor, arch.dtype, arch.top_k)
+    executor.enable_prefetch(predictor, arch.top_k)
     log.warning("decode prefetch on: predicted by %s", predictor.label)
 
 

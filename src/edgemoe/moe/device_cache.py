@@ -172,10 +172,18 @@ class DeviceSlotCache:
         for w in range(waves):
             yield self.plan_wave(layer, torch.where(wave_of.view(ids.shape) == w, ids, -1), pinned)
 
-    def plan_wave(self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None) -> WavePlan:
-        """One wave: every routed expert of `topk_ids` gets a slot if capacity allows."""
+    def plan_wave(
+        self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None, ahead: bool = False
+    ) -> WavePlan:
+        """One wave: every routed expert of `topk_ids` gets a slot if capacity allows.
+
+        `ahead`: a plan made ahead of the layer's own (decode prefetch, `moe/prefetch.py`):
+        the same decisions and updates, but its hits are not counted (no use yet) and the
+        layer's cycle (`wave_end`, which the scan-resistant policy dates by real waves)
+        doesn't advance; its misses count (they are copied)."""
         if self.fused:
-            out = plan_wave_fused(self.state, layer, topk_ids, pinned, self.mark_events, (HIT, MISS), self.scan)
+            out = plan_wave_fused(self.state, layer, topk_ids, pinned, self.mark_events, (HIT, MISS), self.scan,
+                                  ahead)
             return WavePlan(out.slot_ids.view(topk_ids.shape), out.hits, out.misses, out.overflow)
         S, E = self.num_slots, self.num_experts
         o = self._order(layer, topk_ids)
@@ -194,9 +202,11 @@ class DeviceSlotCache:
         self._recency.index_put_((torch.where(take, new_slot, trash_slot),), stamp)
         num_taken = take.sum()
         self.clock.add_(o.num_hits + num_taken)
-        # An empty wave (padding, a static trailing wave) is no wave of the layer's cycle.
-        self.wave_end[layer].copy_(torch.where(o.routed.any(), self.clock, self.wave_end[layer]))
-        self.counts[layer].add_(torch.stack((o.num_hits, num_taken)))
+        if ahead:
+            self.counts[layer, 1].add_(num_taken)
+        else:  # an empty wave (padding, a static trailing wave) is no wave of the layer's cycle
+            self.wave_end[layer].copy_(torch.where(o.routed.any(), self.clock, self.wave_end[layer]))
+            self.counts[layer].add_(torch.stack((o.num_hits, num_taken)))
         if self.mark_events:
             code = torch.where(o.hit, HIT, torch.where(take, MISS, 0)).to(torch.uint8)
             torch.maximum(self.events[layer], code, out=self.events[layer])

@@ -135,13 +135,13 @@ class DeviceOffloadExecutor(CellsExecutor):
     def register_router(self, layer: int, router: torch.Tensor) -> None:
         self.routers[layer] = router
 
-    def enable_prefetch(self, predictor: Predictor, dtype: torch.dtype, top_k: int) -> None:
-        """Decode prefetch (`moe/prefetch.py`) with `predictor`; x arrives in `dtype`."""
+    def enable_prefetch(self, predictor: Predictor, top_k: int) -> None:
+        """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token."""
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
                              f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
-        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor,
-                                       self.store.down_shape[0], top_k, dtype, self.cpu_share)
+        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
+                                       self.cpu_share)
         self.stats.sources.append(self.prefetch.snapshot)
 
     def _make_share(self, quota: int, kernel: CpuExperts | None) -> CpuShare:
@@ -208,8 +208,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
-        if self.prefetch is not None:  # the layer's prefetch has landed before anything reads the cache
-            self.prefetch.join()
+        if self.prefetch is not None and not self.prefetch.covers(x.shape[0]):
+            self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
             self.streaming.computed(layer)
@@ -225,12 +225,14 @@ class DeviceOffloadExecutor(CellsExecutor):
         routed = ids
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
-        prefetch = self.prefetch
-        if prefetch is not None and not prefetch.covers(x.shape[0], self.cache.num_waves(ids.numel())):
-            prefetch = None
-        for plan in self.cache.layer_waves(layer, ids):
-            # The next layer's prefetch starts after this layer's copies, before its compute.
-            after_move = None if prefetch is None else (lambda p=plan: prefetch.launch(layer, x, routed, p.slot_ids))
+        prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
+        pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
+        for plan in self.cache.layer_waves(layer, ids, pins, num_pinned):  # one wave when it prefetches
+            after_move = None
+            if prefetch is not None:  # the next layer's copies start before this layer waits for its own
+                def after_move(p: WavePlan = plan) -> None:
+                    prefetch.launch(layer, x, routed, p.slot_ids)
+                    prefetch.join(layer)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
         if share is not None:
             share.finish(layer, cells)

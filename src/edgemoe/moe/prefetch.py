@@ -1,25 +1,26 @@
 """Decode prefetch (`--moe-prefetch on`, the device expert cache): during MoE layer l of a
-decode step, predict layer l+1's experts and copy the predicted misses on a side stream,
-so the copies run while layer l computes and while layer l+1's attention and router run
-(issue 13, item 2). Without it a layer's copies wait for its own router: the chain
-attention → router → plan → copy → compute is serial, and at 16 GiB the copies are most
-of a decode step.
+decode step, predict layer l+1's experts, plan them into the cache and start their copies
+on a side stream, so the copies run while layer l waits for its own, computes, and while
+layer l+1's attention and router run (issue 13, item 2). Without it a layer's copies wait
+for its own router: the chain attention → router → plan → copy → compute is serial, and at
+16 GiB the copies are most of a decode step. With an exact prediction the link never
+waits for the chain: layer l+1's copies queue right behind layer l's.
 
-Per decode layer (`DeviceOffloadExecutor`, steps of at most `ROWS` tokens in one wave):
-- `join(layer)` — before the layer plans (and before the CPU share reads the slot map):
-  the stream waits for the prefetch launched at the layer before. NOTE: between a launch
-  and its join only the side stream touches the cache's state (map, owners, recency,
-  counts of the next layer); the main stream's work in between reads none of it.
-- `launch(layer, ...)` — after the layer's own copies are issued, before its compute: the
-  layer's input x and routed ids go to static buffers, then on the side stream: the
-  predictor's ids for the next MoE layer; minus the misses the CPU share will take there
-  (its quota's coldest by heat, the share's own rule), so the prefetch moves only what
-  the GPU would have moved; the cache's plan of them for the next layer with this layer's
-  slots pinned (nothing it still reads is evicted); the mover's gather of the plan's
-  misses. The plan's hits are not counted (they are no use yet) and the layer's
-  `wave_end` is kept (the scan-resistant policy dates the layer's cycle by real waves);
-  its misses count as misses (they were copied).
-The next layer then finds the predicted experts resident: its plan counts them as hits.
+Per decode layer l (`DeviceOffloadExecutor`, steps of at most `ROWS` token rows whose
+layer plans in one wave with the in-flight slots pinned: `covers`):
+- l's own plan pins the slots l's prefetch is still filling (`pins`): a mispredicted
+  expert's slot is being written and may not be handed to a miss;
+- after l's own misses are issued, `launch(l, ...)` on the stream: the predictor's ids for
+  the next MoE layer, minus the misses the CPU share will take there (its quota's coldest
+  by heat, the share's own rule), planned `ahead` (`DeviceSlotCache.plan_wave`: the same
+  decisions and updates, hits not counted, the layer's cycle not advanced) with l's slots
+  pinned; the miss list goes to a static buffer, and the side stream, forked there, gathers it;
+- `join(l)`: the stream waits for the copies of l's own prefetch (launched one layer
+  earlier) — just before l computes, not before it plans.
+Everything that touches the cache's state runs on the stream, in order; the side stream
+only copies into slots no plan hands out while it writes (pinned by both plans), and two
+prefetches are in flight at most (buffers and events by layer parity). A step that doesn't
+prefetch joins everything in flight first (`join_all`).
 
 Predictors: `RouterPredictor` — the next layer's router on this layer's MoE input (the
 input norms differ between layers: an approximation, the common one); `StagedPredictor`
@@ -92,94 +93,95 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
 
 
 class DecodePrefetch:
-    """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; x arrives in
-    `dtype`; `share` (or None): the CPU share whose quota's picks are left to it. One thread;
-    `reset()` after a failed step."""
+    """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
+    experts a token; `share` (or None): the CPU share whose quota's picks are left to it.
+    One thread; `reset()` after a failed step."""
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
-                 hidden: int, top_k: int, dtype: torch.dtype, share=None) -> None:  # noqa: ANN001 - CpuShare
-        self.cache, self.mover, self.predictor, self.share = cache, mover, predictor, share
+                 top_k: int, share=None) -> None:  # noqa: ANN001 - CpuShare
+        self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
         self.next_layer = dict(zip(layers, layers[1:], strict=False))
+        self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
         device = cache.device
-        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._landed = torch.cuda.Event() if device.type == "cuda" else None
-        self._x = torch.zeros(ROWS, hidden, dtype=dtype, device=device)
-        self._ids = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)
-        self._slots = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)
-        E = cache.num_experts
+        cuda = device.type == "cuda"
+        self._side = torch.cuda.Stream(device) if cuda else None
+        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        S, E = cache.num_slots, cache.num_experts
+        width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
+        self._misses = torch.full((2, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
+        self._in_flight = torch.zeros(2, S, dtype=torch.bool, device=device)  # each prefetch's slots
         self._loaded = torch.zeros(E, dtype=torch.bool, device=device)  # the latest prefetch's experts
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
-        self._pending: int | None = None  # the layer whose prefetch is in flight (not yet joined)
+        self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
         self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
 
-    def covers(self, rows: int, waves: int) -> bool:
-        return 0 < rows <= ROWS and waves == 1
+    def covers(self, rows: int) -> bool:
+        """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
+        plans in one wave with the next layer's in-flight slots pinned."""
+        pairs = min(rows * self.top_k, self.cache.num_experts)
+        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * pairs
 
-    def join(self) -> None:
-        """The stream waits for the prefetch in flight, if any."""
-        if self._pending is not None and self._side is not None:
-            torch.cuda.current_stream(self.cache.device).wait_event(self._landed)
-        self._pending = None
+    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
+        """The slots `layer`'s own plan may not evict: those its prefetch is still filling
+        (a mispredicted expert's slot is being written), and a bound on their number."""
+        if layer not in self._pending:
+            return None, 0
+        return self._in_flight[self.parity[layer]], min(rows * self.top_k, self.cache.num_experts)
 
     def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
-        """Count what the last prefetch gave `layer`, then predict and copy the next MoE
-        layer's experts (after the last layer: only the count, on this stream)."""
-        nxt, counted = self.next_layer.get(layer), self._loaded_for == layer
-        self._loaded_for = nxt
+        """After `layer`'s own copies are issued: count what its prefetch gave it, predict
+        the next MoE layer's experts from x, plan them ahead with `layer`'s slots pinned,
+        and copy the misses on the side stream (nothing after the last layer)."""
+        if self._loaded_for == layer:
+            self._count_used(layer, routed)
+        nxt = self._loaded_for = self.next_layer.get(layer)
         if nxt is None:
-            if counted:
-                self._count_used(layer, routed)
             return
-        # NOTE: the side stream reads only static buffers (and the cache's own tensors): what
-        # this stream allocates may be reused as soon as it is freed here.
         T = x.shape[0]
-        self._x[:T].copy_(x)
-        self._ids[:T].copy_(routed)
-        self._slots[:T].copy_(slot_ids)
+        like = torch.full((T, self.top_k), -1, dtype=torch.int32, device=x.device)
+        ids = self.predictor(nxt, x, like)
+        if self.share is not None:
+            ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt])
+        plan = self.cache.plan_wave(nxt, ids, present(slot_ids, self.cache.num_slots), ahead=True)
+        p, M = self.parity[nxt], plan.misses.shape[1]
+        misses = self._misses[p, :, :M]
+        misses.copy_(plan.misses)  # NOTE: a static buffer: the side stream reads it after this frees
+        self._in_flight[p].copy_(present(misses[1], self.cache.num_slots))
+        self._loaded.copy_(present(misses[0], self.cache.num_experts))
+        self.counts[nxt, 0] += (misses[0] >= 0).sum()
+        self._pending.add(nxt)
         if self._side is None:
-            self._side_work(layer if counted else None, nxt, T)
-        else:
-            self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
-            with torch.cuda.stream(self._side):
-                self._side_work(layer if counted else None, nxt, T)
-                self._landed.record(self._side)
-        self._pending = nxt
+            self.mover.move(nxt, misses)
+            return
+        self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
+        with torch.cuda.stream(self._side):
+            self.mover.move(nxt, misses)
+            self._landed[p].record(self._side)
+
+    def join(self, layer: int) -> None:
+        """Before `layer` computes: the stream waits for the copies its prefetch started."""
+        if layer in self._pending:
+            self._pending.discard(layer)
+            if self._side is not None:
+                torch.cuda.current_stream(self.cache.device).wait_event(self._landed[self.parity[layer]])
+
+    def join_all(self) -> None:
+        """Before a step that doesn't prefetch touches the cache: nothing stays in flight."""
+        for layer in list(self._pending):
+            self.join(layer)
 
     def reset(self) -> None:
         """After a failed step: nothing in flight, nothing to count."""
         if self._side is not None:
             self._side.synchronize()
-        self._pending = self._loaded_for = None
+        self._pending.clear()
+        self._loaded_for = None
 
     def snapshot(self) -> dict[str, object]:
         """The counters (one device read) and the predictor's label."""
         prefetched, used = (int(v) for v in self.counts.sum(0).tolist())
         return {"prefetch": self.predictor.label, "prefetched": prefetched, "prefetch_used": used,
                 "prefetch_precision": used / prefetched if prefetched else None}
-
-    # ---- internals -------------------------------------------------------------------
-
-    def _side_work(self, counted: int | None, nxt: int, T: int) -> None:
-        pinned = present(self._slots[:T], self.cache.num_slots)  # this layer's slots: it still reads them
-        if counted is not None:
-            self._count_used(counted, self._ids[:T])
-        like = torch.full((T, self._ids.shape[1]), -1, dtype=torch.int32, device=self._ids.device)
-        ids = self.predictor(nxt, self._x[:T], like)
-        if self.share is not None:
-            ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt])
-        self._plan_and_move(nxt, ids, pinned)
-
-    def _plan_and_move(self, nxt: int, ids: torch.Tensor, pinned: torch.Tensor) -> None:
-        """The cache's plan of `ids` for layer `nxt`, counted as copies only, and its gather."""
-        cache, E = self.cache, self.cache.num_experts
-        counts, wave_end = cache.counts[nxt].clone(), cache.wave_end[nxt].clone()
-        plan = cache.plan_wave(nxt, ids, pinned)
-        copied = cache.counts[nxt, 1] - counts[1]
-        cache.counts[nxt].copy_(torch.stack((counts[0], counts[1] + copied)))  # its hits are no use yet
-        cache.wave_end[nxt].copy_(wave_end)  # the scan-resistant policy dates cycles by real waves
-        self.counts[nxt, 0] += copied
-        self._loaded.copy_(present(plan.misses[0], E))
-        self.mover.move(nxt, plan.misses)
 
     def _count_used(self, layer: int, routed: torch.Tensor) -> None:
         """Of the experts prefetched for `layer`, those it routed."""

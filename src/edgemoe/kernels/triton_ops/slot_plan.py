@@ -104,7 +104,8 @@ def _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N: tl.constex
 def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
                wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
                BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_PINNED: tl.constexpr, MARK: tl.constexpr, SCAN: tl.constexpr, USE_PDL: tl.constexpr):
+               HAS_PINNED: tl.constexpr, MARK: tl.constexpr, SCAN: tl.constexpr, AHEAD: tl.constexpr,
+               USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E, BLOCK_M, BLOCK_N)
     # Phase 2: the experts, and every scalar the last phase overwrites (loaded before a barrier).
@@ -146,9 +147,12 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
     tl.store(owners_ptr + slot, key, mask=taken)
     tl.store(recency_ptr + slot, clock + num_hits + j, mask=taken)
     tl.store(clock_ptr, clock + num_hits + num_taken)
-    # A wave that routed nothing (padding, a static trailing wave) is no wave of the layer's cycle.
-    tl.store(wave_end_ptr + layer, clock + num_hits + num_taken, mask=num_hits + num_misses > 0)
-    tl.store(counts_ptr + layer * 2 + tl.arange(0, 2), counts + tl.where(tl.arange(0, 2) == 0, num_hits, num_taken))
+    counted = tl.where(tl.arange(0, 2) == 0, num_hits, num_taken)
+    if AHEAD:  # a prefetch's plan: its hits are no use yet, and the layer's cycle stays
+        counted = tl.where(tl.arange(0, 2) == 0, 0, num_taken)
+    else:  # a wave that routed nothing (padding, a static trailing wave) is no wave of the layer's cycle
+        tl.store(wave_end_ptr + layer, clock + num_hits + num_taken, mask=num_hits + num_misses > 0)
+    tl.store(counts_ptr + layer * 2 + tl.arange(0, 2), counts + counted)
     tl.store(overflow_ptr, (num_misses > num_taken).to(tl.uint8))
     tl.debug_barrier()
     _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N)
@@ -175,6 +179,7 @@ def plan_wave_triton(
     hit_code: int,
     miss_code: int,
     scan: bool,
+    ahead: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(slot_ids [N] int32, hits [E] bool, misses [2, M] int32, overflow [] bool); state in place."""
     S, E, N = owners.numel(), slot_map.shape[1], ids.numel()
@@ -192,7 +197,7 @@ def plan_wave_triton(
         ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events, wave_end,
         slot_ids, hits, misses, overflow, layer, N, M, E, S, hit_code, miss_code,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_S=block_s, BLOCK_M=triton.next_power_of_2(min(E, S)),
-        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, SCAN=scan, USE_PDL=pdl, launch_pdl=pdl,
+        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, SCAN=scan, AHEAD=ahead, USE_PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps_for(block_s),
     )
     return slot_ids, hits.view(torch.bool), misses, overflow.view(torch.bool)
