@@ -39,6 +39,7 @@ from typing import Protocol
 
 import torch
 
+from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache, present
 from edgemoe.moe.movers import ExpertMover
@@ -111,6 +112,8 @@ class DecodePrefetch:
         self._misses = torch.full((2, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
         self._in_flight = torch.zeros(2, S, dtype=torch.bool, device=device)  # each prefetch's slots
         self._loaded = torch.zeros(E, dtype=torch.bool, device=device)  # the latest prefetch's experts
+        self._pins = torch.zeros(S, dtype=torch.bool, device=device)  # the planned layer's slots
+        self._like = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)  # the predictors' shape
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
         self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
         self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
@@ -131,24 +134,20 @@ class DecodePrefetch:
     def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """After `layer`'s own copies are issued: count what its prefetch gave it, predict
         the next MoE layer's experts from x, plan them ahead with `layer`'s slots pinned,
-        and copy the misses on the side stream (nothing after the last layer)."""
-        if self._loaded_for == layer:
-            self._count_used(layer, routed)
+        and copy the misses on the side stream (after the last layer: only the count)."""
+        counted = self._loaded_for == layer
         nxt = self._loaded_for = self.next_layer.get(layer)
+        used = (routed, self._loaded, self.counts[layer, 1]) if counted else (None, None, None)
+        prefetch_pins(slot_ids, self._pins, *used)
         if nxt is None:
             return
-        T = x.shape[0]
-        like = torch.full((T, self.top_k), -1, dtype=torch.int32, device=x.device)
-        ids = self.predictor(nxt, x, like)
+        ids = self.predictor(nxt, x, self._like[: x.shape[0]])
         if self.share is not None:
             ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt])
-        plan = self.cache.plan_wave(nxt, ids, present(slot_ids, self.cache.num_slots), ahead=True)
-        p, M = self.parity[nxt], plan.misses.shape[1]
-        misses = self._misses[p, :, :M]
-        misses.copy_(plan.misses)  # NOTE: a static buffer: the side stream reads it after this frees
-        self._in_flight[p].copy_(present(misses[1], self.cache.num_slots))
-        self._loaded.copy_(present(misses[0], self.cache.num_experts))
-        self.counts[nxt, 0] += (misses[0] >= 0).sum()
+        plan = self.cache.plan_wave(nxt, ids, self._pins, ahead=True)
+        p = self.parity[nxt]
+        misses = self._misses[p, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
+        prefetch_marks(plan.misses, misses, self._in_flight[p], self._loaded, self.counts[nxt, 0])
         self._pending.add(nxt)
         if self._side is None:
             self.mover.move(nxt, misses)
@@ -182,8 +181,3 @@ class DecodePrefetch:
         prefetched, used = (int(v) for v in self.counts.sum(0).tolist())
         return {"prefetch": self.predictor.label, "prefetched": prefetched, "prefetch_used": used,
                 "prefetch_precision": used / prefetched if prefetched else None}
-
-    def _count_used(self, layer: int, routed: torch.Tensor) -> None:
-        """Of the experts prefetched for `layer`, those it routed."""
-        E = self.cache.num_experts
-        self.counts[layer, 1] += (present(routed, E) & self._loaded).sum()
