@@ -25,7 +25,7 @@
 #                [:expert dtype] each, default "8192,32768:40960:8192")
 #   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
 #   prefetch-ab  issue 13's decode scenario (16 GiB, synthetic routing, 1K prompt) per $PREFETCH_RUNS
-#                ("dtype:backend:on|off" each), $PREFETCH_DECODE tokens (240)
+#                ("dtype:backend:on|off[:VAR=value]" each), $PREFETCH_DECODE tokens (240)
 #   bw           edgemoe bench bw (host read, CPU experts per format, copies)
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
@@ -97,10 +97,10 @@ run_stage() {
                    --out "$res/stream-ab/t$threshold"
                done ;;
     bw) python3 -m edgemoe.cli bench bw --out "$res/bw" ;;
-    prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch
-                   IFS=: read -r dtype backend pf <<< "$run"
-                   echo "== $dtype $backend --moe-prefetch $pf"
-                   python3 -m edgemoe.cli bench decode --model "$model" --gpu-memory 16GiB --kv-tokens 8192 \
+    prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch[:VAR=value]
+                   IFS=: read -r dtype backend pf setting <<< "$run"
+                   echo "== $dtype $backend --moe-prefetch $pf $setting"
+                   env ${setting:-} python3 -m edgemoe.cli bench decode --model "$model" --gpu-memory 16GiB --kv-tokens 8192 \
                      --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" --moe-prefetch "$pf" \
                      --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} --out "$res/prefetch-ab"
                  done ;;

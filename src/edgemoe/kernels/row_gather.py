@@ -45,12 +45,14 @@ def gather_rows_into_ref(table: torch.Tensor, ids: torch.Tensor, out: torch.Tens
     out.index_copy_(0, out_rows[keep].to(out.device).long(), rows.to(out.device))
 
 
-def gather_rows_into(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor) -> None:
+def gather_rows_into(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor,
+                     programs: int | None = None) -> None:
     """Same contract as `gather_rows_into_ref`; the Triton kernel for CUDA tensors (no host
-    read, fixed grid: capturable in a CUDA graph)."""
+    read, fixed grid: capturable in a CUDA graph). `programs`: its grid (default: a few a
+    multiprocessor); a gather beside other kernels takes fewer (`moe/prefetch.py`)."""
     if not (ids.is_cuda and table.is_cuda and out.is_cuda and triton_importable()):
         gather_rows_into_ref(table, ids, out, out_rows)
         return
     from edgemoe.kernels.triton_ops.row_gather import gather_rows_into_triton
 
-    gather_rows_into_triton(table, ids, out, out_rows)
+    gather_rows_into_triton(table, ids, out, out_rows, programs=programs)

@@ -35,6 +35,7 @@ misses left to the step) and precision = used / prefetched.
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import torch
@@ -43,6 +44,22 @@ from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache, present
 from edgemoe.moe.movers import ExpertMover
+
+
+# The side stream's gather grid. The decode step's default (4 programs a multiprocessor,
+# ~4 MB of host reads in flight) slowed the expert GEMVs running beside it ~20x on an H200
+# (2026-12-02 profile: 316 µs a call against 15); the link needs ~100 KB in flight
+# (52 GB/s x ~2 µs), so a few dozen programs keep it busy. EDGEMOE_PREFETCH_PROGRAMS: A/B.
+DEFAULT_PROGRAMS = 32
+
+
+def prefetch_programs() -> int:
+    raw = os.environ.get("EDGEMOE_PREFETCH_PROGRAMS", "")
+    if not raw:
+        return DEFAULT_PROGRAMS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"EDGEMOE_PREFETCH_PROGRAMS={raw!r}: a positive number of programs")
+    return int(raw)
 
 
 class Predictor(Protocol):
@@ -102,6 +119,7 @@ class DecodePrefetch:
                  top_k: int, share=None) -> None:  # noqa: ANN001 - CpuShare
         self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
         self.next_layer = dict(zip(layers, layers[1:], strict=False))
+        self.programs = prefetch_programs()
         self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
         device = cache.device
         cuda = device.type == "cuda"
@@ -154,7 +172,7 @@ class DecodePrefetch:
             return
         self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(self._side):
-            self.mover.move(nxt, misses)
+            self.mover.move(nxt, misses, self.programs)
             self._landed[p].record(self._side)
 
     def join(self, layer: int) -> None:
