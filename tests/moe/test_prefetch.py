@@ -140,3 +140,16 @@ def test_the_flag_is_refused_where_nothing_prefetches() -> None:
         with pytest.raises(ValueError, match="moe-prefetch on"):
             EngineConfig.from_kwargs(moe_prefetch="on", **settings)
     EngineConfig.from_kwargs(moe_prefetch="on", moe_backend="hybrid")
+
+
+def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemoe.moe.prefetch import DEFAULT_PROGRAMS, prefetch_programs
+
+    monkeypatch.delenv("EDGEMOE_PREFETCH_PROGRAMS", raising=False)
+    assert prefetch_programs() == DEFAULT_PROGRAMS
+    monkeypatch.setenv("EDGEMOE_PREFETCH_PROGRAMS", "64")
+    assert prefetch_programs() == 64
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv("EDGEMOE_PREFETCH_PROGRAMS", bad)
+        with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_PROGRAMS"):
+            prefetch_programs()
