@@ -105,7 +105,9 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
     expert = torch.arange(E, device=ids.device)
     miss = present(ids, E) & (resident < 0)
     key = torch.where(miss, heat * E + (E - 1 - expert), torch.iinfo(torch.int64).max)
-    rank = torch.empty_like(expert).scatter_(0, torch.argsort(key), expert)
+    # A miss's rank: the keys below its own (distinct among misses; the rest sort last). One
+    # [E, E] comparison instead of a sort and a scatter on the decode step's chain.
+    rank = (key[None, :] < key[:, None]).sum(1)
     cpu = torch.cat((miss & (rank < quota), torch.zeros(1, dtype=torch.bool, device=ids.device)))
     return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
