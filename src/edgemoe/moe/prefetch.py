@@ -200,4 +200,5 @@ class DecodePrefetch:
         """The counters (one device read) and the predictor's label."""
         prefetched, used = (int(v) for v in self.counts.sum(0).tolist())
         return {"prefetch": self.predictor.label, "prefetched": prefetched, "prefetch_used": used,
-                "prefetch_precision": used / prefetched if prefetched else None}
+                "prefetch_precision": used / prefetched if prefetched else None,
+                "prefetch_programs": self.programs}
