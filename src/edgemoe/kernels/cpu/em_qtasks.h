@@ -29,9 +29,9 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
     const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
     const int64_t H = c->H, I = c->I;
     const int fp8 = c->wfmt == EM_W_FP8;
-    int64_t i1 = (q + 1) * EM_P1_GEMV < I ? (q + 1) * EM_P1_GEMV : I;
+    int64_t i1 = (q + 1) * EM_P1_GEMV_Q < I ? (q + 1) * EM_P1_GEMV_Q : I;
     float dots[4 * EM_NT];
-    for (int64_t i = q * EM_P1_GEMV; i < i1; i += 2) {
+    for (int64_t i = q * EM_P1_GEMV_Q; i < i1; i += 2) {
         int64_t i2 = i + 1 < i1 ? i + 1 : i;
         const int64_t rows[4] = {i, i2, I + i, I + i2};
         const uint8_t *w[4];
@@ -44,7 +44,10 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
         }
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * H, dots);
+            /* next group: 2 rows on; NOTE: none past the task's last group (pf 0 re-touches
+             * this one): those rows are another thread's, and reading them here too cost
+             * int8 5% (8 experts at batch 1, 2 threads) */
+            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, i + 2 < i1 ? 2 * H : 0, dots);
             for (int t = 0; t < nt; t++) {
                 float *hs = s->hs + (t0 + t) * c->Is;
                 hs[i] = em_silu(f[0] * dots[t]) * (f[2] * dots[2 * nt + t]);
@@ -58,9 +61,9 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
     const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
     const int64_t I = c->I;
     const int fp8 = c->wfmt == EM_W_FP8;
-    int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
+    int64_t r1 = (q + 1) * EM_P2_GEMV_Q < c->H ? (q + 1) * EM_P2_GEMV_Q : c->H;
     float dots[4 * EM_NT];
-    for (int64_t r = q * EM_P2_GEMV; r < r1; r += 4) {
+    for (int64_t r = q * EM_P2_GEMV_Q; r < r1; r += 4) {
         int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
         const uint8_t *w[4];
         const float *sc[4];
@@ -73,7 +76,8 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
         }
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots);
+            /* next group: 4 rows on, within the task (as in em_gate_up_gemv_q) */
+            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I, r + 4 < r1 ? 4 * I : 0, dots);
             for (int j = 0; j < nr; j++)
                 for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, f[j] * dots[j * nt + t]);
         }
