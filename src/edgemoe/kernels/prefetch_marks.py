@@ -19,15 +19,12 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.backend import triton_importable
+from edgemoe.kernels.slot_plan import present
 
 
 def _mark(out: torch.Tensor, ids: torch.Tensor) -> None:
     """out [n] bool = which of 0..n-1 occur in ids."""
-    n = out.numel()
-    flat = ids.reshape(-1).long()
-    hits = torch.zeros(n + 1, dtype=torch.bool, device=out.device)
-    hits.index_fill_(0, torch.where(flat >= 0, flat, n), True)
-    out.copy_(hits[:n])
+    out.copy_(present(ids, out.numel()))
 
 
 def prefetch_pins_ref(slot_ids: torch.Tensor, pins: torch.Tensor, routed: torch.Tensor | None = None,

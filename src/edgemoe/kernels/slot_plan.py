@@ -58,6 +58,16 @@ class FusedPlan(NamedTuple):
     overflow: torch.Tensor
 
 
+def present(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] bool: which of 0..n-1 occur in `ids` (any shape; -1 entries ignored). Shape-static:
+    a masked fill through a trailing trash entry, no host read (the device cache's "which
+    experts / slots does this list name", used by its plan's users)."""
+    flat = ids.reshape(-1).long()
+    out = torch.zeros(n + 1, dtype=torch.bool, device=ids.device)
+    out.index_fill_(0, torch.where(flat >= 0, flat, n), True)
+    return out[:n]
+
+
 def fused_plan_supported(device: torch.device, num_slots: int, num_experts: int) -> bool:
     """Whether the cache on `device` should plan with the fused kernel by default."""
     if os.environ.get("EDGEMOE_TRITON", "1") == "0":

@@ -58,15 +58,6 @@ from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cache_choice import DEVICE_POLICIES
 
 
-def present(ids: torch.Tensor, n: int) -> torch.Tensor:
-    """[n] bool: which of 0..n-1 occur in `ids` (any shape; -1 entries ignored). Shape-static:
-    a masked fill through a trailing trash entry, no host read."""
-    flat = ids.reshape(-1).long()
-    out = torch.zeros(n + 1, dtype=torch.bool, device=ids.device)
-    out.index_fill_(0, torch.where(flat >= 0, flat, n), True)
-    return out[:n]
-
-
 class WavePlan(NamedTuple):
     """One wave of one layer, planned (state already updated).
 

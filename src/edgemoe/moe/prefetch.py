@@ -41,8 +41,9 @@ from typing import Protocol
 import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
+from edgemoe.kernels.slot_plan import present
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
-from edgemoe.moe.device_cache import DeviceSlotCache, present
+from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
 
 

@@ -34,7 +34,8 @@ import os
 import numpy as np
 import torch
 
-from edgemoe.moe.device_cache import DeviceSlotCache, present
+from edgemoe.kernels.slot_plan import present
+from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.store import ExpertStore
 

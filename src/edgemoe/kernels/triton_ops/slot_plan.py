@@ -197,7 +197,7 @@ def plan_wave_triton(
         ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events, wave_end,
         slot_ids, hits, misses, overflow, layer, N, M, E, S, hit_code, miss_code,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_S=block_s, BLOCK_M=triton.next_power_of_2(min(E, S)),
-        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, SCAN=scan, AHEAD=ahead, USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=num_warps_for(block_s),
+        BLOCK_N=BLOCK_N, HAS_PINNED=pinned is not None, MARK=mark_events, SCAN=scan, AHEAD=ahead, USE_PDL=pdl,
+        launch_pdl=pdl, num_warps=num_warps_for(block_s),
     )
     return slot_ids, hits.view(torch.bool), misses, overflow.view(torch.bool)
