@@ -50,12 +50,12 @@ HEAT_UNIT = 1 << 10  # one routing's heat (integers: the same bits on every devi
 PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's cells: 4096 x H fp32)
 # Start-up estimates for the prompt rule (GB/s of expert bytes; flop/s of an expert's
 # tokens on the CPU): the device cache's gather in the engine, the C kernel's layer calls
-# (`edgemoe bench bw` on the GPU machine), and a conservative AMX/AVX-512 GEMM rate.
+# and its multi-token rate, as `edgemoe bench bw` measured them on the GPU machine's 16
+# cores (bench/results/bw-20261202-144806.json: 8 experts a call at one token; one expert
+# at 32 tokens, 463 µs: ~11 µs a token past its bytes). Priors the fit corrects.
 DEVICE_GBPS = 45.0
-# int4: its GEMV is bound by in-register unpacking, not memory (about 0.55x int8's GB/s at
-# one token on the dev VM, AVX-512 and AVX2; unmeasured on the GPU machine): a prior the fit corrects.
-CPU_GBPS = {"bf16": 90.0, "int8": 60.0, "fp8": 45.0, "int4": 33.0}
-CPU_FLOPS = 1.5e12
+CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0}
+CPU_FLOPS = 0.85e12
 CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
 
