@@ -18,8 +18,9 @@ layer plans in one wave with the in-flight slots pinned: `covers`):
 - `join(l)`: the stream waits for the copies of l's own prefetch (launched one layer
   earlier) — just before l computes, not before it plans.
 Everything that touches the cache's state runs on the stream, in order; the side stream
-only copies into slots no plan hands out while it writes (pinned by both plans), and two
-prefetches are in flight at most (buffers and events by layer parity). A step that doesn't
+only copies. A slot it is still writing is pinned by its layer's own plan; the next
+prefetch may reuse a misprediction's slot, but its copy queues behind on the same stream.
+Two prefetches are in flight at most (buffers and events by layer parity). A step that doesn't
 prefetch joins everything in flight first (`join_all`).
 
 Predictors: `RouterPredictor` — the next layer's router on this layer's MoE input (the
