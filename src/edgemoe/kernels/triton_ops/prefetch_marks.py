@@ -66,6 +66,7 @@ def prefetch_pins_triton(slot_ids: torch.Tensor, pins: torch.Tensor, routed: tor
     assert pins.is_contiguous() and (not count or (routed.numel() == slots.numel() and loaded.is_contiguous()))
     ids = routed.reshape(-1).contiguous() if count else slots
     pdl = pdl_enabled(slots.device)
+    # NOTE: without COUNT the kernel reads none of routed / loaded / used: pins stand in for them.
     _prefetch_pins[(1,)](slots, ids, loaded.view(torch.uint8) if count else pins.view(torch.uint8),
                          used if count else pins, pins.view(torch.uint8), slots.numel(), E, pins.numel(),
                          COUNT=count, BLOCK_E=triton.next_power_of_2(E), BLOCK_S=triton.next_power_of_2(pins.numel()),
