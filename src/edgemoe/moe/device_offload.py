@@ -208,24 +208,26 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
-        if self.prefetch is not None and not self.prefetch.covers(x.shape[0]):
+        prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
+        if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
             self.streaming.computed(layer)
         else:
-            self._planned(layer, x, ids, topk_weights, cells)
+            self._planned(layer, x, ids, topk_weights, cells, prefetch)
         if dead is not None:  # their cells were never written: make their output zeros, not garbage
             cells.masked_fill_(dead[:, None, None], 0.0)
         return cells
 
-    def _planned(self, layer: int, x, ids, topk_weights, cells) -> None:  # noqa: ANN001
-        """The cache plans the layer's waves; the CPU share (if any) takes its pairs first."""
+    def _planned(self, layer: int, x, ids, topk_weights, cells,  # noqa: ANN001
+                 prefetch: DecodePrefetch | None) -> None:
+        """The cache plans the layer's waves; the CPU share (if any) takes its pairs first;
+        `prefetch`: the decode prefetch when this step prefetches."""
         share, rule = self._share_rule(x)
         routed = ids
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
-        prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned):  # one wave when it prefetches
             after_move = None

@@ -143,15 +143,18 @@ class DecodePrefetch:
     def covers(self, rows: int) -> bool:
         """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
         plans in one wave with the next layer's in-flight slots pinned."""
-        pairs = min(rows * self.top_k, self.cache.num_experts)
-        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * pairs
+        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * self._experts(rows)
 
     def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
         """The slots `layer`'s own plan may not evict: those its prefetch is still filling
         (a mispredicted expert's slot is being written), and a bound on their number."""
         if layer not in self._pending:
             return None, 0
-        return self._in_flight[self.parity[layer]], min(rows * self.top_k, self.cache.num_experts)
+        return self._in_flight[self.parity[layer]], self._experts(rows)
+
+    def _experts(self, rows: int) -> int:
+        """The most distinct experts a layer of `rows` token rows routes (or a prefetch copies)."""
+        return min(rows * self.top_k, self.cache.num_experts)
 
     def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """After `layer`'s own copies are issued: count what its prefetch gave it, predict
@@ -159,8 +162,10 @@ class DecodePrefetch:
         and copy the misses on the side stream (after the last layer: only the count)."""
         counted = self._loaded_for == layer
         nxt = self._loaded_for = self.next_layer.get(layer)
+        if nxt is None and not counted:
+            return
         used = (routed, self._loaded, self.counts[layer, 1]) if counted else (None, None, None)
-        prefetch_pins(slot_ids, self._pins, *used)
+        prefetch_pins(slot_ids, self._pins, *used)  # after the last layer: the count alone
         if nxt is None:
             return
         ids = self.predictor(nxt, x, self._like[: x.shape[0]])
