@@ -25,7 +25,9 @@
 #                [:expert dtype] each, default "8192,32768:40960:8192")
 #   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
 #   prefetch-ab  issue 13's decode scenario (16 GiB, synthetic routing, 1K prompt) per $PREFETCH_RUNS
-#                ("dtype:backend:on|off[:VAR=value]" each), $PREFETCH_DECODE tokens (240)
+#                ("dtype:backend:on|off[:VAR=value[+VAR=value...]]" each), $PREFETCH_DECODE tokens (240)
+#   prefetch-sweep  scripts/gpu_prefetch_sweep.py per $SWEEP_BACKENDS (hybrid): the side gather's grids in one
+#                engine ($PREFETCH_SWEEP: its flags, e.g. "--grids 32,2048,4 64,8192,8")
 #   bw           edgemoe bench bw (host read, CPU experts per format, copies)
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
@@ -100,10 +102,13 @@ run_stage() {
     prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch[:VAR=value]
                    IFS=: read -r dtype backend pf setting <<< "$run"
                    echo "== $dtype $backend --moe-prefetch $pf $setting"
-                   env ${setting:-} python3 -m edgemoe.cli bench decode --model "$model" --gpu-memory 16GiB --kv-tokens 8192 \
+                   env ${setting//+/ } python3 -m edgemoe.cli bench decode --model "$model" --gpu-memory 16GiB --kv-tokens 8192 \
                      --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" --moe-prefetch "$pf" \
                      --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} --out "$res/prefetch-ab"
                  done ;;
+    prefetch-sweep) for backend in ${SWEEP_BACKENDS:-hybrid}; do
+                      OUT="$res/prefetch-sweep" python3 scripts/gpu_prefetch_sweep.py --backend "$backend" ${PREFETCH_SWEEP:-}
+                    done ;;
     turn) for backend in ${TURN_BACKENDS:-offload hybrid}; do
             for setting in ${TURN_ENVS:-EDGEMOE_PREFILL_STREAM_TOKENS=1024}; do  # one process each
               echo "== $backend $setting"

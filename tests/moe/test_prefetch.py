@@ -143,13 +143,21 @@ def test_the_flag_is_refused_where_nothing_prefetches() -> None:
 
 
 def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgemoe.moe.prefetch import DEFAULT_PROGRAMS, prefetch_programs
+    from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
+    from edgemoe.moe.prefetch import DEFAULT_PROGRAMS, prefetch_grid
 
     monkeypatch.delenv("EDGEMOE_PREFETCH_PROGRAMS", raising=False)
-    assert prefetch_programs() == DEFAULT_PROGRAMS
+    monkeypatch.delenv("EDGEMOE_PREFETCH_TILE", raising=False)
+    assert prefetch_grid() == GatherGrid(DEFAULT_PROGRAMS, BLOCK_INTO, 4)
     monkeypatch.setenv("EDGEMOE_PREFETCH_PROGRAMS", "64")
-    assert prefetch_programs() == 64
+    monkeypatch.setenv("EDGEMOE_PREFETCH_TILE", "8192,8")
+    assert prefetch_grid() == GatherGrid(64, 8192, 8)
     for bad in ("0", "-3", "many"):
         monkeypatch.setenv("EDGEMOE_PREFETCH_PROGRAMS", bad)
         with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_PROGRAMS"):
-            prefetch_programs()
+            prefetch_grid()
+    monkeypatch.setenv("EDGEMOE_PREFETCH_PROGRAMS", "32")
+    for bad in ("8192", "3000,4", "8192,3", "8192,64", "a,b", "8192,8,1"):
+        monkeypatch.setenv("EDGEMOE_PREFETCH_TILE", bad)
+        with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_TILE"):
+            prefetch_grid()

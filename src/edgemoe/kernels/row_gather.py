@@ -16,9 +16,25 @@ experts (one row per expert and part) from the mapped host store into their slot
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from edgemoe.kernels.backend import triton_importable
+
+BLOCK_INTO = 2048  # columns a work item of the scatter form copies (its rows are whole experts: wide)
+
+
+@dataclass(frozen=True)
+class GatherGrid:
+    """The scatter form's launch: `programs` (None: a few a multiprocessor), the columns a
+    work item copies (`block`, a power of two) and the warps a program runs. A gather
+    beside other kernels takes fewer programs (`moe/prefetch.py`); each program's bytes in
+    flight are block x the row's element size."""
+
+    programs: int | None = None
+    block: int = BLOCK_INTO
+    warps: int = 4
 
 
 def gather_rows_ref(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -46,13 +62,14 @@ def gather_rows_into_ref(table: torch.Tensor, ids: torch.Tensor, out: torch.Tens
 
 
 def gather_rows_into(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, out_rows: torch.Tensor,
-                     programs: int | None = None) -> None:
+                     grid: GatherGrid | None = None) -> None:
     """Same contract as `gather_rows_into_ref`; the Triton kernel for CUDA tensors (no host
-    read, fixed grid: capturable in a CUDA graph). `programs`: its grid (default: a few a
-    multiprocessor); a gather beside other kernels takes fewer (`moe/prefetch.py`)."""
+    read, fixed grid: capturable in a CUDA graph), launched as `grid` says (default:
+    `GatherGrid()`)."""
     if not (ids.is_cuda and table.is_cuda and out.is_cuda and triton_importable()):
         gather_rows_into_ref(table, ids, out, out_rows)
         return
     from edgemoe.kernels.triton_ops.row_gather import gather_rows_into_triton
 
-    gather_rows_into_triton(table, ids, out, out_rows, programs=programs)
+    g = grid or GatherGrid()
+    gather_rows_into_triton(table, ids, out, out_rows, programs=g.programs, block=g.block, num_warps=g.warps)

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from edgemoe.kernels.backend import triton_importable
-from edgemoe.kernels.row_gather import gather_rows_into
+from edgemoe.kernels.row_gather import GatherGrid, gather_rows_into
 from edgemoe.moe.offload import RoutingReadback, SlotBanks
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import BankStore, ExpertStore
@@ -51,8 +51,8 @@ class ExpertMover(ABC):
         """Start bringing the miss list where `move` needs it."""
 
     @abstractmethod
-    def move(self, layer: int, misses: torch.Tensor, programs: int | None = None) -> None:
-        """`programs`: the gather's grid where the mover is a kernel (None: its default)."""
+    def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
+        """`grid`: the gather's launch where the mover is a kernel (None: its default)."""
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -81,9 +81,9 @@ class GatherMover(ExpertMover):
             self.tables[layer] = {n: uva_view(t, device) for n, t in host.items()} if mapped else host
         self.graph_safe = not mapped or triton_importable()  # the reference reads the list back
 
-    def move(self, layer: int, misses: torch.Tensor, programs: int | None = None) -> None:
+    def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
         for name, table in self.tables[layer].items():
-            gather_rows_into(table, misses[0], self.dest[name], misses[1], programs)
+            gather_rows_into(table, misses[0], self.dest[name], misses[1], grid)
 
 
 class CopyEngineMover(ExpertMover):
@@ -99,7 +99,7 @@ class CopyEngineMover(ExpertMover):
     def begin(self, misses: torch.Tensor) -> None:
         self.readback.start(misses)
 
-    def move(self, layer: int, misses: torch.Tensor, programs: int | None = None) -> None:
+    def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
         host, _ = self.readback.wait()  # NOTE: the wave's one host read
         self.slots.copy_in(layer, [(int(e), int(s)) for e, s in zip(host[0], host[1], strict=True) if e >= 0])
 

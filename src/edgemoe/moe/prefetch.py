@@ -42,6 +42,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
+from edgemoe.kernels.row_gather import GatherGrid
 from edgemoe.kernels.slot_plan import present
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
@@ -51,17 +52,27 @@ from edgemoe.moe.movers import ExpertMover
 # The side stream's gather grid. The decode step's default (4 programs a multiprocessor,
 # ~4 MB of host reads in flight) slowed the expert GEMVs running beside it ~20x on an H200
 # (2026-12-02 profile: 316 µs a call against 15); the link needs ~100 KB in flight
-# (52 GB/s x ~2 µs), so a few dozen programs keep it busy. EDGEMOE_PREFETCH_PROGRAMS: A/B.
+# (52 GB/s x ~2 µs), so a few dozen programs keep it busy. EDGEMOE_PREFETCH_PROGRAMS and
+# EDGEMOE_PREFETCH_TILE ("block,warps": a work item's columns, a program's warps): A/B.
 DEFAULT_PROGRAMS = 32
 
 
-def prefetch_programs() -> int:
-    raw = os.environ.get("EDGEMOE_PREFETCH_PROGRAMS", "")
-    if not raw:
-        return DEFAULT_PROGRAMS
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"EDGEMOE_PREFETCH_PROGRAMS={raw!r}: a positive number of programs")
-    return int(raw)
+def prefetch_grid() -> GatherGrid:
+    """The side gather's launch: the defaults, or the environment's A/B settings."""
+    programs = os.environ.get("EDGEMOE_PREFETCH_PROGRAMS", "") or str(DEFAULT_PROGRAMS)
+    if not programs.isdigit() or int(programs) < 1:
+        raise ValueError(f"EDGEMOE_PREFETCH_PROGRAMS={programs!r}: a positive number of programs")
+    tile = os.environ.get("EDGEMOE_PREFETCH_TILE", "")
+    if not tile:
+        return GatherGrid(int(programs))
+    parts = tile.split(",")
+    if len(parts) != 2 or not all(p.isdigit() and _power_of_two(int(p)) for p in parts) or int(parts[1]) > 32:
+        raise ValueError(f"EDGEMOE_PREFETCH_TILE={tile!r}: 'block,warps', powers of two (e.g. 8192,8; warps <= 32)")
+    return GatherGrid(int(programs), block=int(parts[0]), warps=int(parts[1]))
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 class Predictor(Protocol):
@@ -123,7 +134,7 @@ class DecodePrefetch:
                  top_k: int, share=None) -> None:  # noqa: ANN001 - CpuShare
         self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
         self.next_layer = dict(zip(layers, layers[1:], strict=False))
-        self.programs = prefetch_programs()
+        self.grid = prefetch_grid()
         self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
         device = cache.device
         cuda = device.type == "cuda"
@@ -181,7 +192,7 @@ class DecodePrefetch:
             return
         self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(self._side):
-            self.mover.move(nxt, misses, self.programs)
+            self.mover.move(nxt, misses, self.grid)
             self._landed[p].record(self._side)
 
     def join(self, layer: int) -> None:
@@ -208,4 +219,4 @@ class DecodePrefetch:
         prefetched, used = (int(v) for v in self.counts.sum(0).tolist())
         return {"prefetch": self.predictor.label, "prefetched": prefetched, "prefetch_used": used,
                 "prefetch_precision": used / prefetched if prefetched else None,
-                "prefetch_programs": self.programs}
+                "prefetch_programs": self.grid.programs, "prefetch_tile": [self.grid.block, self.grid.warps]}

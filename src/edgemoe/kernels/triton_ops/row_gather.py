@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.row_gather import BLOCK_INTO
 from edgemoe.kernels.triton_ops.common import pdl_start
 
 ROWS = 8  # rows per program
@@ -40,7 +41,6 @@ def gather_rows_triton(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-BLOCK_INTO = 2048  # columns a work item of the scatter form copies (its rows are whole experts: wide)
 CHUNK_INTO = 128  # list entries a program scans at once (registers stay bounded for any N)
 PROGRAMS_PER_SM = 4  # the scatter form's persistent grid
 
