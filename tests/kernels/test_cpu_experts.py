@@ -240,6 +240,21 @@ def test_compile_cache_is_keyed_and_reused(tmp_path, monkeypatch) -> None:  # no
     assert cpu_build.build_key(cc, "scalar") != before
 
 
+def test_tuning_defines_key_the_build_and_only_em_integers_pass(monkeypatch) -> None:  # noqa: ANN001
+    cc = cpu_build.find_compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    monkeypatch.delenv(cpu_build.DEFINES_ENV, raising=False)
+    plain = cpu_build.build_key(cc, "scalar")
+    monkeypatch.setenv(cpu_build.DEFINES_ENV, "EM_CLAIM_AHEAD=0  EM_WARM_LOCALITY=3")
+    assert cpu_build.tuning_defines() == ["-DEM_CLAIM_AHEAD=0", "-DEM_WARM_LOCALITY=3"]
+    assert cpu_build.build_key(cc, "scalar") != plain
+    for bad in ("CLAIM=0", "EM_X=y", "EM_X=1;rm", "-O0", "EM_X"):
+        monkeypatch.setenv(cpu_build.DEFINES_ENV, bad)
+        with pytest.raises(ValueError, match=cpu_build.DEFINES_ENV):
+            cpu_build.tuning_defines()
+
+
 def test_concurrent_callers_share_one_pool() -> None:
     """Calls from several Python threads serialise on the pool (ctypes drops the GIL);
     more workers than cores; every result as from a single-threaded call."""

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +38,8 @@ VARIANT_CFLAGS: dict[str, list[str]] = {
 }
 # No -ffast-math: the fp32 accumulation must stay IEEE (tests bound its error).
 COMMON_CFLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread"]
+DEFINES_ENV = "EDGEMOE_CPU_DEFINES"  # A/B of the kernel's tuning macros: "EM_CLAIM_AHEAD=0 EM_WARM_LOCALITY=3"
+_DEFINE = re.compile(r"EM_[A-Z0-9_]+=-?[0-9]+")
 
 
 class BuildError(RuntimeError):
@@ -74,11 +77,23 @@ def _sources() -> list[Path]:
     return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".c", ".h"))
 
 
+def tuning_defines() -> list[str]:
+    """-D flags from $EDGEMOE_CPU_DEFINES: the kernel's own integer tuning macros only."""
+    words = os.environ.get(DEFINES_ENV, "").split()
+    if bad := [w for w in words if not _DEFINE.fullmatch(w)]:
+        raise ValueError(f"{DEFINES_ENV}: {' '.join(bad)!r} is not NAME=integer with an EM_ name")
+    return [f"-D{w}" for w in words]
+
+
+def _cflags(variant: str) -> list[str]:
+    return [*COMMON_CFLAGS, *VARIANT_CFLAGS[variant], *tuning_defines()]
+
+
 def build_key(cc: str, variant: str) -> str:
     h = hashlib.sha256()
     for path in _sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(" ".join([*COMMON_CFLAGS, *VARIANT_CFLAGS[variant]]).encode())
+    h.update(" ".join(_cflags(variant)).encode())
     h.update(_compiler_version(cc).encode())
     return h.hexdigest()[:16]
 
@@ -91,7 +106,7 @@ def build(variant: str, cc: str) -> Path:
     # NOTE: compile to a private name, then rename: concurrent processes never load a
     # half-written file, and the last rename wins with identical content.
     tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp.so")
-    cmd = [cc, *COMMON_CFLAGS, *VARIANT_CFLAGS[variant], f"-I{SOURCE_DIR}", "-o", str(tmp), str(SOURCE_DIR / "expert.c"), "-lm"]
+    cmd = [cc, *_cflags(variant), f"-I{SOURCE_DIR}", "-o", str(tmp), str(SOURCE_DIR / "expert.c"), "-lm"]
     log.info("compiling the %s CPU expert kernel: %s", variant, " ".join(cmd))
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
