@@ -105,7 +105,7 @@ run_stage() {
                  for d in "${builds[@]}"; do
                    echo "== EDGEMOE_CPU_DEFINES=$d"
                    EDGEMOE_CPU_DEFINES="$d" python3 -m edgemoe.cli bench bw --kernels amx --weights int8 fp8 \
-                     --seconds 0.3 --out "$res/cpu-defines/${d//[^A-Za-z0-9]/_}" | grep "n=1\|layer\|host read"
+                     --seconds "${CPU_SECONDS:-0.5}" --out "$res/cpu-defines/${d//[^A-Za-z0-9]/_}" | grep "n=1\|layer\|host read"
                  done ;;
     prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch[:VAR=value]
                    IFS=: read -r dtype backend pf setting <<< "$run"

@@ -12,6 +12,10 @@
 
 static inline int64_t em_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+#ifndef EM_QPF_GROUPS
+#define EM_QPF_GROUPS 1 /* how many row groups ahead an int8 / fp8 GEMV prefetches */
+#endif
+
 /* Scales of row r of a projection: fp8, the row of block scales of its row block (gate_up:
  * gate and up blocked separately); int8, the row's own scale. */
 static inline const float *em_row_scales(const em_call *c, const em_job *jb, int down, int64_t r) {
@@ -47,7 +51,8 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
             /* next group: 2 rows on; NOTE: none past the task's last group (pf 0 re-touches
              * this one): those rows are another thread's, and reading them here too cost
              * int8 5% (8 experts at batch 1, 2 threads) */
-            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, i + 2 < i1 ? 2 * H : 0, dots);
+            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H,
+                      i + 2 * EM_QPF_GROUPS < i1 ? 2 * EM_QPF_GROUPS * H : 0, dots);
             for (int t = 0; t < nt; t++) {
                 float *hs = s->hs + (t0 + t) * c->Is;
                 hs[i] = em_silu(f[0] * dots[t]) * (f[2] * dots[2 * nt + t]);
@@ -77,7 +82,8 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
             /* next group: 4 rows on, within the task (as in em_gate_up_gemv_q) */
-            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I, r + 4 < r1 ? 4 * I : 0, dots);
+            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I,
+                      r + 4 * EM_QPF_GROUPS < r1 ? 4 * EM_QPF_GROUPS * I : 0, dots);
             for (int j = 0; j < nr; j++)
                 for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, f[j] * dots[j * nt + t]);
         }

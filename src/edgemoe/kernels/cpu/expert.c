@@ -335,7 +335,13 @@ static void em_run_task(em_call *c, int ph, int64_t task) {
  * one and warms that task's first group meanwhile (EM_WARM_LOCALITY: into L2 by
  * default, where it waits out the current task). GEMM tasks load tiles: not warmed. */
 #ifndef EM_WARM_LOCALITY
-#define EM_WARM_LOCALITY 2
+#define EM_WARM_LOCALITY 2 /* bf16 and int4 rows */
+#endif
+#ifndef EM_WARM_LOCALITY_Q
+#define EM_WARM_LOCALITY_Q 3 /* int8 / fp8 rows */
+#endif
+#ifndef EM_WARM_GROUPS
+#define EM_WARM_GROUPS 1
 #endif
 static void em_warm_task(const em_call *c, int ph, int64_t task) {
     if (ph == 0 || task >= c->ntasks[ph]) return;
@@ -346,16 +352,16 @@ static void em_warm_task(const em_call *c, int ph, int64_t task) {
     const int q8 = c->wfmt == EM_W_INT8 || c->wfmt == EM_W_FP8;
     const int64_t bytes = c->wfmt == EM_W_BF16 ? 2 * K : c->wfmt == EM_W_INT4 ? em_cdiv(K, 2) : K;
     const char *w = (const char *)(intptr_t)(ph == 1 ? jb->gate_up : jb->down);
-    int64_t rows[4];
-    if (ph == 1) { /* a gate/up row pair and its up rows */
-        int64_t i = q * (q8 ? EM_P1_GEMV_Q : EM_P1_GEMV), i2 = i + 1 < I ? i + 1 : i;
-        rows[0] = i, rows[1] = i2, rows[2] = I + i, rows[3] = I + i2;
-    } else {
-        int64_t r = q * (q8 ? EM_P2_GEMV_Q : EM_P2_GEMV);
-        for (int k = 0; k < 4; k++) rows[k] = r + k < H ? r + k : r;
+    const int64_t first = q * (ph == 1 ? (q8 ? EM_P1_GEMV_Q : EM_P1_GEMV) : (q8 ? EM_P2_GEMV_Q : EM_P2_GEMV));
+    for (int64_t k = 0; k < 4 * EM_WARM_GROUPS; k++) { /* a group: 2 gate/up row pairs' rows, or 4 down rows */
+        int64_t row = ph == 1 ? (first + k / 2 < I ? first + k / 2 : I - 1) + (k & 1) * I : (first + k < H ? first + k : H - 1);
+        for (int64_t off = 0; off < bytes; off += 64) {
+            if (q8)
+                __builtin_prefetch(w + row * bytes + off, 0, EM_WARM_LOCALITY_Q);
+            else
+                __builtin_prefetch(w + row * bytes + off, 0, EM_WARM_LOCALITY);
+        }
     }
-    for (int k = 0; k < 4; k++)
-        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(w + rows[k] * bytes + off, 0, EM_WARM_LOCALITY);
 }
 
 #ifndef EM_CLAIM_AHEAD
