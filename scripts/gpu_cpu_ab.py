@@ -1,0 +1,79 @@
+"""CPU expert kernel builds A/B'd in one process, interleaved (a shared host's bandwidth
+drifts by ±20% within minutes: builds measured one after the other can't be compared).
+
+Each build is the `amx` variant (else the best this CPU runs) compiled with one set of the
+kernel's tuning macros (`EDGEMOE_CPU_DEFINES`, e.g. "EM_CLAIM_AHEAD=0"; "" is the default).
+Each round times every build on the same cases — a layer's 8 experts at one token and one
+expert at one token, per weight format — in turn; the figure is each build's median over
+rounds of its rate relative to the round's first build. Writes $OUT/cpu-ab.json.
+
+    OUT=... PYTHONPATH=src python3 scripts/gpu_cpu_ab.py --builds "EM_CLAIM_AHEAD=0" "" --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import time
+
+from edgemoe.bench.bandwidth import LAYER_EXPERTS, expert_pool, expert_rate, quant_expert_rate, quant_pool
+from edgemoe.kernels import cpu_build, cpu_isa
+from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
+
+
+def kernel_for(variant: str, defines: str) -> CpuExperts:
+    """A CpuExperts running `variant` built with `defines` (its own library and pool)."""
+    os.environ[cpu_build.DEFINES_ENV] = defines
+    lib = cpu_build._declare(ctypes.CDLL(str(cpu_build.build(variant, cpu_build.find_compiler()))))
+    if lib.em_amx_enable() != 0:
+        raise RuntimeError("AMX refused")
+    kernel = CpuExperts(variant)
+    kernel._lib = lib  # NOTE: a script's A/B: the instance's library replaced before its pool exists
+    return kernel
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--builds", nargs="+", default=["EM_CLAIM_AHEAD=0", ""])
+    ap.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=0.15, help="per case, build and round")
+    args = ap.parse_args()
+    variant = resolve_kernel("auto")
+    kernels = [kernel_for(variant, d) for d in args.builds]
+    os.environ.pop(cpu_build.DEFINES_ENV, None)
+    print(f"{variant}, {cpu_isa.physical_cores()} threads, builds {args.builds}", flush=True)
+    pools = {w: expert_pool(1 << 30, 2048, 768) if w == "bf16" else quant_pool(w, 1 << 30, 2048, 768) for w in args.weights}
+    cases = [(w, n) for w in args.weights for n in (LAYER_EXPERTS, 1)]
+    rates: dict[tuple[str, int], list[list[float]]] = {c: [[] for _ in kernels] for c in cases}
+    for r in range(args.rounds):
+        for case in cases:
+            w, n = case
+            for b, kernel in enumerate(kernels):
+                time.sleep(0.005)  # the other pools' workers stop spinning
+                if w == "bf16":
+                    rate = expert_rate(kernel, pools[w], 1, n, args.seconds)
+                else:
+                    rate = quant_expert_rate(kernel, w, pools[w], 1, n, args.seconds)
+                rates[case][b].append(rate["gb_s"])
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+    rows = []
+    for (w, n), per_build in rates.items():
+        for b, vals in enumerate(per_build):
+            rel = [v / base for v, base in zip(vals, per_build[0], strict=True)]
+            rows.append({"weights": w, "experts_per_call": n, "build": args.builds[b],
+                         "gb_s_median": round(statistics.median(vals), 1), "vs_first_median": round(statistics.median(rel), 3),
+                         "vs_first_quartiles": [round(q, 3) for q in statistics.quantiles(rel, n=4)]})
+            print(f"  {w:5s} {n}×n=1  {args.builds[b]!r:45s} {rows[-1]['gb_s_median']:6.1f} GB/s  "
+                  f"×{rows[-1]['vs_first_median']:.3f} {rows[-1]['vs_first_quartiles']}", flush=True)
+    path = os.path.join(os.environ.get("OUT", "bench/results"), "cpu-ab.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"variant": variant, "builds": args.builds, "rounds": args.rounds, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
