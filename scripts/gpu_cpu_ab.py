@@ -24,13 +24,13 @@ from edgemoe.kernels import cpu_build, cpu_isa
 from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
 
 
-def kernel_for(variant: str, defines: str) -> CpuExperts:
-    """A CpuExperts running `variant` built with `defines` (its own library and pool)."""
+def kernel_for(variant: str, defines: str, threads: int | None) -> CpuExperts:
+    """A CpuExperts running `variant` built with `defines` on `threads` (its own library and pool)."""
     os.environ[cpu_build.DEFINES_ENV] = defines
     lib = cpu_build._declare(ctypes.CDLL(str(cpu_build.build(variant, cpu_build.find_compiler()))))
     if lib.em_amx_enable() != 0:
         raise RuntimeError("AMX refused")
-    kernel = CpuExperts(variant)
+    kernel = CpuExperts(variant, threads=threads)
     kernel._lib = lib  # NOTE: a script's A/B: the instance's library replaced before its pool exists
     return kernel
 
@@ -39,13 +39,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--builds", nargs="+", default=["EM_CLAIM_AHEAD=0", ""])
     ap.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[0], help="each build on each count (0: physical cores)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=0.15, help="per case, build and round")
     args = ap.parse_args()
     variant = resolve_kernel("auto")
-    kernels = [kernel_for(variant, d) for d in args.builds]
+    setups = [(d, t) for d in args.builds for t in args.threads]
+    kernels = [kernel_for(variant, d, t or None) for d, t in setups]
+    labels = [f"{d} x{k.threads}" for (d, _), k in zip(setups, kernels, strict=True)]
     os.environ.pop(cpu_build.DEFINES_ENV, None)
-    print(f"{variant}, {cpu_isa.physical_cores()} threads, builds {args.builds}", flush=True)
+    print(f"{variant}, {cpu_isa.physical_cores()} physical cores, os.cpu_count() {os.cpu_count()}, setups {labels}", flush=True)
     pools = {w: expert_pool(1 << 30, 2048, 768) if w == "bf16" else quant_pool(w, 1 << 30, 2048, 768) for w in args.weights}
     cases = [(w, n) for w in args.weights for n in (LAYER_EXPERTS, 1)]
     rates: dict[tuple[str, int], list[list[float]]] = {c: [[] for _ in kernels] for c in cases}
@@ -64,15 +67,15 @@ def main() -> None:
     for (w, n), per_build in rates.items():
         for b, vals in enumerate(per_build):
             rel = [v / base for v, base in zip(vals, per_build[0], strict=True)]
-            rows.append({"weights": w, "experts_per_call": n, "build": args.builds[b],
+            rows.append({"weights": w, "experts_per_call": n, "build": labels[b],
                          "gb_s_median": round(statistics.median(vals), 1), "vs_first_median": round(statistics.median(rel), 3),
                          "vs_first_quartiles": [round(q, 3) for q in statistics.quantiles(rel, n=4)]})
-            print(f"  {w:5s} {n}×n=1  {args.builds[b]!r:45s} {rows[-1]['gb_s_median']:6.1f} GB/s  "
+            print(f"  {w:5s} {n}×n=1  {labels[b]!r:45s} {rows[-1]['gb_s_median']:6.1f} GB/s  "
                   f"×{rows[-1]['vs_first_median']:.3f} {rows[-1]['vs_first_quartiles']}", flush=True)
     path = os.path.join(os.environ.get("OUT", "bench/results"), "cpu-ab.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"variant": variant, "builds": args.builds, "rounds": args.rounds, "rows": rows}, f, indent=1)
+        json.dump({"variant": variant, "setups": labels, "rounds": args.rounds, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -48,9 +48,12 @@
  * group starts cold (no group before it prefetched it: the thread's previous task was
  * elsewhere), and at a byte a weight that cost is paid on half the bytes. Measured, 8
  * experts at batch 1 on 2 threads (int8 GB/s): 15.2 → 17.0; 4x the rows, 18.5, but too
- * few tasks to split one expert evenly over 16 threads. */
+ * few tasks to split one expert evenly over 16 threads. On the GPU machine's 16 threads
+ * (2026-12-02, scripts/gpu_cpu_ab.py, builds interleaved) 4x was int8 x1.06 / fp8 x1.02
+ * for 8 experts but x0.94 / x0.91 for one; and a thread claiming its next task ahead to
+ * warm its first group (into L1 or L2) moved nothing beyond ±3%: not kept. */
 #ifndef EM_QTASK_MUL
-#define EM_QTASK_MUL 2
+#define EM_QTASK_MUL 2 /* a tuning macro (kernels/cpu_build.py's EDGEMOE_CPU_DEFINES) */
 #endif
 #define EM_P1_GEMV_Q (EM_QTASK_MUL * EM_P1_GEMV)
 #define EM_P2_GEMV_Q (EM_QTASK_MUL * EM_P2_GEMV)
@@ -293,88 +296,43 @@ static int em_find_job(const em_call *c, int ph, int64_t task) {
     return lo;
 }
 
-static void em_run_task(em_call *c, int ph, int64_t task) {
-    int j = em_find_job(c, ph, task);
-    const em_job *jb = &c->jobs[j];
-    const em_jobstate *s = &c->st[j];
-    int64_t q = task - s->start[ph];
-    if (ph == 0) {
-        em_pack(c, jb, s, (int)q);
-#if EM_HAS_GEMM
-    } else if (s->gemm && c->wfmt != EM_W_BF16) {
-        if (ph == 1)
-            em_gate_up_gemm_q(c, jb, s, q);
-        else
-            em_down_gemm_q(c, jb, s, q);
-    } else if (s->gemm) {
-        if (ph == 1)
-            em_gate_up_gemm(c, jb, s, q);
-        else
-            em_down_gemm(c, jb, s, q);
-#endif
-    } else if (c->wfmt == EM_W_INT4) {
-        if (ph == 1)
-            em_gate_up_gemv_i4(c, jb, s, q);
-        else
-            em_down_gemv_i4(c, jb, s, q);
-    } else if (c->wfmt != EM_W_BF16) {
-        if (ph == 1)
-            em_gate_up_gemv_q(c, jb, s, q);
-        else
-            em_down_gemv_q(c, jb, s, q);
-    } else if (ph == 1) {
-        em_gate_up_gemv(c, jb, s, q);
-    } else {
-        em_down_gemv(c, jb, s, q);
-    }
-}
-
-/* A task's first row group has no group before it to prefetch it (a thread's tasks are
- * not adjacent), and a GEMV task lasts a few µs at 16 threads: its cold start cost
- * ~20% of it, most at a byte a weight. So a thread claims its next task as it starts
- * one and warms that task's first group meanwhile (EM_WARM_LOCALITY: into L2 by
- * default, where it waits out the current task). GEMM tasks load tiles: not warmed. */
-#ifndef EM_WARM_LOCALITY
-#define EM_WARM_LOCALITY 2 /* bf16 and int4 rows */
-#endif
-#ifndef EM_WARM_LOCALITY_Q
-#define EM_WARM_LOCALITY_Q 3 /* int8 / fp8 rows */
-#endif
-#ifndef EM_WARM_GROUPS
-#define EM_WARM_GROUPS 1
-#endif
-static void em_warm_task(const em_call *c, int ph, int64_t task) {
-    if (ph == 0 || task >= c->ntasks[ph]) return;
-    int j = em_find_job(c, ph, task);
-    const em_job *jb = &c->jobs[j];
-    if (c->st[j].gemm) return;
-    const int64_t q = task - c->st[j].start[ph], H = c->H, I = c->I, K = ph == 1 ? H : I;
-    const int q8 = c->wfmt == EM_W_INT8 || c->wfmt == EM_W_FP8;
-    const int64_t bytes = c->wfmt == EM_W_BF16 ? 2 * K : c->wfmt == EM_W_INT4 ? em_cdiv(K, 2) : K;
-    const char *w = (const char *)(intptr_t)(ph == 1 ? jb->gate_up : jb->down);
-    const int64_t first = q * (ph == 1 ? (q8 ? EM_P1_GEMV_Q : EM_P1_GEMV) : (q8 ? EM_P2_GEMV_Q : EM_P2_GEMV));
-    for (int64_t k = 0; k < 4 * EM_WARM_GROUPS; k++) { /* a group: 2 gate/up row pairs' rows, or 4 down rows */
-        int64_t row = ph == 1 ? (first + k / 2 < I ? first + k / 2 : I - 1) + (k & 1) * I : (first + k < H ? first + k : H - 1);
-        for (int64_t off = 0; off < bytes; off += 64) {
-            if (q8)
-                __builtin_prefetch(w + row * bytes + off, 0, EM_WARM_LOCALITY_Q);
-            else
-                __builtin_prefetch(w + row * bytes + off, 0, EM_WARM_LOCALITY);
-        }
-    }
-}
-
-#ifndef EM_CLAIM_AHEAD
-#define EM_CLAIM_AHEAD 1
-#endif
 static void em_run_phase(em_call *c, int ph) {
-    int64_t task = atomic_fetch_add(&c->next[ph], 1);
-    while (task < c->ntasks[ph]) {
-        int64_t next = EM_CLAIM_AHEAD ? atomic_fetch_add(&c->next[ph], 1) : -1;
-        if (EM_CLAIM_AHEAD) em_warm_task(c, ph, next);
-        em_run_task(c, ph, task);
-        atomic_fetch_add(&c->done[ph], 1);
-        task = EM_CLAIM_AHEAD ? next : atomic_fetch_add(&c->next[ph], 1);
+    for (;; atomic_fetch_add(&c->done[ph], 1)) {
+        int64_t task = atomic_fetch_add(&c->next[ph], 1);
+        if (task >= c->ntasks[ph]) return;
+        int j = em_find_job(c, ph, task);
+        const em_job *jb = &c->jobs[j];
+        const em_jobstate *s = &c->st[j];
+        int64_t q = task - s->start[ph];
+        if (ph == 0) {
+            em_pack(c, jb, s, (int)q);
+#if EM_HAS_GEMM
+        } else if (s->gemm && c->wfmt != EM_W_BF16) {
+            if (ph == 1)
+                em_gate_up_gemm_q(c, jb, s, q);
+            else
+                em_down_gemm_q(c, jb, s, q);
+        } else if (s->gemm) {
+            if (ph == 1)
+                em_gate_up_gemm(c, jb, s, q);
+            else
+                em_down_gemm(c, jb, s, q);
+#endif
+        } else if (c->wfmt == EM_W_INT4) {
+            if (ph == 1)
+                em_gate_up_gemv_i4(c, jb, s, q);
+            else
+                em_down_gemv_i4(c, jb, s, q);
+        } else if (c->wfmt != EM_W_BF16) {
+            if (ph == 1)
+                em_gate_up_gemv_q(c, jb, s, q);
+            else
+                em_down_gemv_q(c, jb, s, q);
+        } else if (ph == 1) {
+            em_gate_up_gemv(c, jb, s, q);
+        } else {
+            em_down_gemv(c, jb, s, q);
+        }
     }
 }
 
