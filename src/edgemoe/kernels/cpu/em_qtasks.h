@@ -29,63 +29,106 @@ static inline const float *em_row_scales(const em_call *c, const em_job *jb, int
 /* The factor a dot of row r is multiplied by: int8, its scale; fp8 rows are scaled inside. */
 static inline float em_row_factor(const em_call *c, const float *sc) { return c->wfmt == EM_W_INT8 ? sc[0] : 1.0f; }
 
-static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+/* Row pointers, scales and dot factors of 4 gate_up rows. */
+static inline void em_q_rows4(const em_call *c, const em_job *jb, const int64_t *rows, const uint8_t **w,
+                              const float **sc, float *f) {
     const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
+    for (int j = 0; j < 4; j++) {
+        w[j] = gu + rows[j] * c->H;
+        sc[j] = em_row_scales(c, jb, 0, rows[j]);
+        f[j] = em_row_factor(c, sc[j]);
+    }
+}
+
+/* hs[i] = silu(gate) * up for the gate/up rows whose dots are at (g, u) of `dots`. */
+static inline void em_q_put(const em_call *c, const em_jobstate *s, int64_t i, const float *f, const float *dots, int g,
+                            int u, int t0, int nt) {
+    for (int t = 0; t < nt; t++) s->hs[(t0 + t) * c->Is + i] = em_silu(f[g] * dots[g * nt + t]) * (f[u] * dots[u * nt + t]);
+}
+
+#ifndef EM_QPAGES
+#define EM_QPAGES 1
+#endif
+/* NOTE (the order of rows): at a byte a weight, gate rows i and i+1 share a 4 KiB page (H =
+ * 2048), and reading both at once puts two streams in one page. With EM_QPAGES, 4 row
+ * pairs (gate i..i+1, up i..i+1, gate i+2..i+3, up i+2..i+3) are read in two passes, the
+ * pairs' first rows then their second rows (prefetched by the first pass): each page is
+ * one stream read in order, as a bf16 row is. */
+static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const int64_t H = c->H, I = c->I;
     const int fp8 = c->wfmt == EM_W_FP8;
     int64_t i1 = (q + 1) * EM_P1_GEMV_Q < I ? (q + 1) * EM_P1_GEMV_Q : I;
-    float dots[4 * EM_NT];
-    for (int64_t i = q * EM_P1_GEMV_Q; i < i1; i += 2) {
-        int64_t i2 = i + 1 < i1 ? i + 1 : i;
-        const int64_t rows[4] = {i, i2, I + i, I + i2};
-        const uint8_t *w[4];
-        const float *sc[4];
-        float f[4];
-        for (int j = 0; j < 4; j++) {
-            w[j] = gu + rows[j] * H;
-            sc[j] = em_row_scales(c, jb, 0, rows[j]);
-            f[j] = em_row_factor(c, sc[j]);
+    float da[4 * EM_NT], db[4 * EM_NT], fa[4], fb[4];
+    const uint8_t *wa[4], *wb[4];
+    const float *sa[4], *sb[4];
+    for (int64_t i = q * EM_P1_GEMV_Q; i < i1;) {
+        if (EM_QPAGES && i + 3 < i1) {
+            const int64_t ra[4] = {i, I + i, i + 2, I + i + 2}, rb[4] = {i + 1, I + i + 1, i + 3, I + i + 3};
+            em_q_rows4(c, jb, ra, wa, sa, fa);
+            em_q_rows4(c, jb, rb, wb, sb, fb);
+            for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
+                int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
+                const float *xs = s->xs + t0 * c->Hs;
+                /* first pass prefetches the second rows; the second, the next group's first */
+                em_gemv4q(wa, sa, c->blk, fp8, xs, c->Hs, nt, (int)H, H, da);
+                em_gemv4q(wb, sb, c->blk, fp8, xs, c->Hs, nt, (int)H, i + 4 < i1 ? 3 * H : 0, db);
+                em_q_put(c, s, i, fa, da, 0, 1, t0, nt);
+                em_q_put(c, s, i + 2, fa, da, 2, 3, t0, nt);
+                em_q_put(c, s, i + 1, fb, db, 0, 1, t0, nt);
+                em_q_put(c, s, i + 3, fb, db, 2, 3, t0, nt);
+            }
+            i += 4;
+            continue;
         }
+        int64_t i2 = i + 1 < i1 ? i + 1 : i;
+        const int64_t rows[4] = {i, I + i, i2, I + i2};
+        em_q_rows4(c, jb, rows, wa, sa, fa);
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
             /* next group: 2 rows on; NOTE: none past the task's last group (pf 0 re-touches
              * this one): those rows are another thread's, and reading them here too cost
              * int8 5% (8 experts at batch 1, 2 threads) */
-            em_gemv4q(w, sc, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H,
-                      i + 2 * EM_QPF_GROUPS < i1 ? 2 * EM_QPF_GROUPS * H : 0, dots);
-            for (int t = 0; t < nt; t++) {
-                float *hs = s->hs + (t0 + t) * c->Is;
-                hs[i] = em_silu(f[0] * dots[t]) * (f[2] * dots[2 * nt + t]);
-                if (i2 != i) hs[i2] = em_silu(f[1] * dots[nt + t]) * (f[3] * dots[3 * nt + t]);
-            }
+            em_gemv4q(wa, sa, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H,
+                      i + 2 * EM_QPF_GROUPS < i1 ? 2 * EM_QPF_GROUPS * H : 0, da);
+            em_q_put(c, s, i, fa, da, 0, 1, t0, nt);
+            if (i2 != i) em_q_put(c, s, i2, fa, da, 2, 3, t0, nt);
         }
+        i += 2;
     }
 }
 
+#ifndef EM_QDN_STREAMS
+#define EM_QDN_STREAMS 1
+#endif
+/* down: a whole task's rows as 4 streams (its quarters), each read in order, a row of each
+ * a pass (EM_QDN_STREAMS; a partial task: 4 adjacent rows a pass). */
 static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
-    const int64_t I = c->I;
+    const int64_t I = c->I, r0 = q * EM_P2_GEMV_Q;
     const int fp8 = c->wfmt == EM_W_FP8;
     int64_t r1 = (q + 1) * EM_P2_GEMV_Q < c->H ? (q + 1) * EM_P2_GEMV_Q : c->H;
+    const int streams = EM_QDN_STREAMS && r1 - r0 == EM_P2_GEMV_Q, quarter = EM_P2_GEMV_Q / 4;
     float dots[4 * EM_NT];
-    for (int64_t r = q * EM_P2_GEMV_Q; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+    for (int64_t p = 0; p < (streams ? quarter : r1 - r0); p += streams ? 1 : 4) {
+        int nr = streams ? 4 : (r1 - r0 - p < 4 ? (int)(r1 - r0 - p) : 4);
+        int64_t rows[4];
         const uint8_t *w[4];
         const float *sc[4];
         float f[4];
         for (int j = 0; j < 4; j++) {
-            int64_t row = r + (j < nr ? j : 0);
-            w[j] = dn + row * I;
-            sc[j] = em_row_scales(c, jb, 1, row);
+            rows[j] = streams ? r0 + j * quarter + p : r0 + p + (j < nr ? j : 0);
+            w[j] = dn + rows[j] * I;
+            sc[j] = em_row_scales(c, jb, 1, rows[j]);
             f[j] = em_row_factor(c, sc[j]);
         }
+        /* prefetch: streams, EM_QPF_GROUPS rows on in each; else the next 4 rows. Within the task. */
+        int64_t pf = streams ? (p + EM_QPF_GROUPS < quarter ? EM_QPF_GROUPS * I : 0)
+                             : (r0 + p + 4 * EM_QPF_GROUPS < r1 ? 4 * EM_QPF_GROUPS * I : 0);
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            /* next group: 4 rows on, within the task (as in em_gate_up_gemv_q) */
-            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I,
-                      r + 4 * EM_QPF_GROUPS < r1 ? 4 * EM_QPF_GROUPS * I : 0, dots);
+            em_gemv4q(w, sc, c->blk, fp8, s->hs + t0 * c->Is, c->Is, nt, (int)I, pf, dots);
             for (int j = 0; j < nr; j++)
-                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, f[j] * dots[j * nt + t]);
+                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, rows[j], f[j] * dots[j * nt + t]);
         }
     }
 }

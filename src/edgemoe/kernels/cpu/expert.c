@@ -177,20 +177,31 @@ static void em_gate_up_gemv(const em_call *c, const em_job *jb, const em_jobstat
     }
 }
 
+#ifndef EM_DN_STREAMS
+#define EM_DN_STREAMS 1
+#endif
+/* down: a whole task's rows as 4 streams (its quarters), each read in order, a row of each
+ * a pass (EM_DN_STREAMS; a partial task: 4 adjacent rows a pass), as em_down_gemv_q. */
 static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
-    const int64_t I = c->I;
+    const int64_t I = c->I, r0 = q * EM_P2_GEMV;
     int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
+    const int streams = EM_DN_STREAMS && r1 - r0 == EM_P2_GEMV, quarter = EM_P2_GEMV / 4;
     float dots[4 * EM_NT];
-    for (int64_t r = q * EM_P2_GEMV; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+    for (int64_t p = 0; p < (streams ? quarter : r1 - r0); p += streams ? 1 : 4) {
+        int nr = streams ? 4 : (r1 - r0 - p < 4 ? (int)(r1 - r0 - p) : 4);
+        int64_t rows[4];
         const uint16_t *w[4];
-        for (int j = 0; j < 4; j++) w[j] = dn + (r + (j < nr ? j : 0)) * I;
+        for (int j = 0; j < 4; j++) {
+            rows[j] = streams ? r0 + j * quarter + p : r0 + p + (j < nr ? j : 0);
+            w[j] = dn + rows[j] * I;
+        }
+        int64_t pf = streams ? I : 4 * I; /* the next row of each stream, or the next 4 rows */
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * I, dots); /* next group: 4 rows on */
+            em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, pf, dots);
             for (int j = 0; j < nr; j++)
-                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, dots[j * nt + t]);
+                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, rows[j], dots[j * nt + t]);
         }
     }
 }
