@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--builds", nargs="+", default=["EM_CLAIM_AHEAD=0", ""])
     ap.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"])
     ap.add_argument("--threads", type=int, nargs="+", default=[0], help="each build on each count (0: physical cores)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="tokens a call (16 or more: the blocked path)")
+    ap.add_argument("--experts", type=int, nargs="+", default=[LAYER_EXPERTS, 1], help="experts a call")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=0.15, help="per case, build and round")
     args = ap.parse_args()
@@ -50,27 +52,27 @@ def main() -> None:
     os.environ.pop(cpu_build.DEFINES_ENV, None)
     print(f"{variant}, {cpu_isa.physical_cores()} physical cores, os.cpu_count() {os.cpu_count()}, setups {labels}", flush=True)
     pools = {w: expert_pool(1 << 30, 2048, 768) if w == "bf16" else quant_pool(w, 1 << 30, 2048, 768) for w in args.weights}
-    cases = [(w, n) for w in args.weights for n in (LAYER_EXPERTS, 1)]
-    rates: dict[tuple[str, int], list[list[float]]] = {c: [[] for _ in kernels] for c in cases}
+    cases = [(w, n, t) for w in args.weights for t in args.tokens for n in args.experts]
+    rates: dict[tuple[str, int, int], list[list[float]]] = {c: [[] for _ in kernels] for c in cases}
     for r in range(args.rounds):
         for case in cases:
-            w, n = case
+            w, n, t = case
             for b, kernel in enumerate(kernels):
                 time.sleep(0.005)  # the other pools' workers stop spinning
                 if w == "bf16":
-                    rate = expert_rate(kernel, pools[w], 1, n, args.seconds)
+                    rate = expert_rate(kernel, pools[w], t, n, args.seconds)
                 else:
-                    rate = quant_expert_rate(kernel, w, pools[w], 1, n, args.seconds)
+                    rate = quant_expert_rate(kernel, w, pools[w], t, n, args.seconds)
                 rates[case][b].append(rate["gb_s"])
         print(f"round {r + 1}/{args.rounds}", flush=True)
     rows = []
-    for (w, n), per_build in rates.items():
+    for (w, n, t), per_build in rates.items():
         for b, vals in enumerate(per_build):
             rel = [v / base for v, base in zip(vals, per_build[0], strict=True)]
-            rows.append({"weights": w, "experts_per_call": n, "build": labels[b],
+            rows.append({"weights": w, "experts_per_call": n, "tokens": t, "build": labels[b],
                          "gb_s_median": round(statistics.median(vals), 1), "vs_first_median": round(statistics.median(rel), 3),
                          "vs_first_quartiles": [round(q, 3) for q in statistics.quantiles(rel, n=4)]})
-            print(f"  {w:5s} {n}×n=1  {labels[b]!r:45s} {rows[-1]['gb_s_median']:6.1f} GB/s  "
+            print(f"  {w:5s} {n}×n={t:<3d} {labels[b]!r:45s} {rows[-1]['gb_s_median']:6.1f} GB/s  "
                   f"×{rows[-1]['vs_first_median']:.3f} {rows[-1]['vs_first_quartiles']}", flush=True)
     path = os.path.join(os.environ.get("OUT", "bench/results"), "cpu-ab.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)

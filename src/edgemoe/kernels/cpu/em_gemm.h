@@ -151,6 +151,12 @@ static inline const void *em_a_src(const uint16_t *w, int64_t ld, int nvalid, in
     return buf;
 }
 
+#ifndef EM_AMX_PF
+#define EM_AMX_PF 256 /* weights ahead a row's prefetch reads (8 k-steps) */
+#endif
+#ifndef EM_AMX_PF_LOCALITY
+#define EM_AMX_PF_LOCALITY 3
+#endif
 /* C tiles 0..3 = rows (a0: 16 rows, a1: 16 rows) × tokens (t0, t0+16 if two).
  * out[(blk*16 + r)*32 + v*16 + lane], blk 0 = a0 rows, 1 = a1 rows. */
 static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, int64_t ld, const uint32_t *xp,
@@ -167,10 +173,10 @@ static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, i
         const uint32_t *b = xp + (int64_t)(k0 / 2) * np + t0;
 #if !defined(EM_AMX_EMULATE)
         /* 32 weight rows stream at once: more than the hardware prefetcher follows. */
-        if (k0 + 256 < K)
+        if (k0 + EM_AMX_PF < K)
             for (int r = 0; r < 16; r++) {
-                _mm_prefetch((const char *)(a0 + r * ld + k0 + 256), _MM_HINT_T0);
-                _mm_prefetch((const char *)(a1 + r * ld + k0 + 256), _MM_HINT_T0);
+                __builtin_prefetch((const char *)(a0 + r * ld + k0 + EM_AMX_PF), 0, EM_AMX_PF_LOCALITY);
+                __builtin_prefetch((const char *)(a1 + r * ld + k0 + EM_AMX_PF), 0, EM_AMX_PF_LOCALITY);
             }
 #endif
         EM_TLOAD(4, p0, s0);
