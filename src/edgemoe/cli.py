@@ -215,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     bw = bench_sub.add_parser("bw", help="host memory, CPU expert kernel and host-device copy bandwidth")
     bw.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores)")
     bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
-    bw.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8", "int4"],
-                    choices=("bf16", "int8", "fp8", "int4"),
+    bw.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8", "int4", "mxfp4"],
+                    choices=("bf16", "int8", "fp8", "int4", "mxfp4"),
                     help="CPU expert weight formats measured (bf16 always runs)")
     bw.add_argument("--read-gib", type=float, default=1.0, help="buffer size for the host read bandwidth")
     bw.add_argument("--pool-mib", type=int, default=1024, help="expert pool the calls rotate through (> caches)")

@@ -120,4 +120,5 @@ def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:
     assert got["prefetched"] == 20 and got["prefetch_used"] == 15
     assert got["prefetch_precision"] == 15 / 20
     assert got["prefetch_recall"] == 15 / (15 + 30)  # the 30 misses prefetch didn't cover, CPU's included
+    assert got["prefetch_recall_copies"] == 15 / (15 + 25)  # the copied misses alone
     assert got["gb_prefetched_unused"] == 5 * 2 / 1e9

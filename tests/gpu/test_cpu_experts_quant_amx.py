@@ -20,12 +20,13 @@ from edgemoe.kernels import cpu_isa  # noqa: E402
 from edgemoe.kernels.cpu_experts_quant import expert_mlp_q_cpu, expert_mlp_q_ref  # noqa: E402
 from edgemoe.kernels.cpu_kernel import CpuExperts  # noqa: E402
 from edgemoe.quant import Fp8Block, Int4Group, Int8Channel, dequantise_expert, quantise_expert  # noqa: E402
+from edgemoe.quant.mxfp4 import Mxfp4  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_isa.supported("amx"), reason="host CPU has no AMX bf16")
 
 
-@pytest.mark.parametrize("fmt", [Int8Channel(), Fp8Block(32), Fp8Block(128), Int4Group(32), Int4Group(128)],
-                         ids=["int8", "fp8-32", "fp8-128", "int4-32", "int4-128"])
+@pytest.mark.parametrize("fmt", [Int8Channel(), Fp8Block(32), Fp8Block(128), Int4Group(32), Int4Group(128), Mxfp4()],
+                         ids=["int8", "fp8-32", "fp8-128", "int4-32", "int4-128", "mxfp4"])
 @pytest.mark.parametrize("hidden,inter,n", [(67, 45, 3), (130, 33, 40), (2048, 768, 1), (2048, 768, 33)])
 @pytest.mark.parametrize("path", ["gemv", "gemm"])
 def test_amx_quantised_expert(fmt, path: str, hidden: int, inter: int, n: int) -> None:  # noqa: ANN001
@@ -39,7 +40,7 @@ def test_amx_quantised_expert(fmt, path: str, hidden: int, inter: int, n: int) -
     assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g}"
 
 
-@pytest.mark.parametrize(("weights", "target"), [("int8", 80.0), ("fp8", 45.0), ("int4", None)])
+@pytest.mark.parametrize(("weights", "target"), [("int8", 80.0), ("fp8", 45.0), ("int4", None), ("mxfp4", None)])
 def test_quantised_bandwidth_is_measured(weights: str, target: float | None) -> None:
     """Speed is a benchmark's to report (`edgemoe bench bw --weights int8 fp8`), never a
     timed assertion: this prints the rate against issue 15's target and checks it is a

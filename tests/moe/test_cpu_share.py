@@ -24,6 +24,7 @@ from edgemoe.moe.quota_controller import QUARTERS, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
 from edgemoe.quant import ExpertFormat, Int4Group, Int8Channel
+from edgemoe.quant.mxfp4 import Mxfp4
 from edgemoe.testing.moe_material import quantised_store, random_bank_store
 
 L, E, K, H, I = 3, 8, 2, 32, 24
@@ -47,9 +48,10 @@ def quant_store(fmt: ExpertFormat) -> PartsStore:
 
 
 def store_of(kind: str) -> BankStore | PartsStore:
-    """bf16 banks, or their int8 / int4 (groups of 32: H = 32 one group, I = 24 a partial one) parts."""
+    """bf16 banks, or their int8 / int4 / mxfp4 (groups of 32: H = 32 one group, I = 24 a
+    partial one) parts."""
     return {"bf16": bf16_store, "int8": lambda: quant_store(Int8Channel()),
-            "int4": lambda: quant_store(Int4Group(32))}[kind]()
+            "int4": lambda: quant_store(Int4Group(32)), "mxfp4": lambda: quant_store(Mxfp4())}[kind]()
 
 
 def routings(seed: int, dtype: torch.dtype, steps: int = 10):
@@ -102,7 +104,7 @@ def same_state(a: DeviceOffloadExecutor, b: DeviceOffloadExecutor) -> bool:
 
 
 @pytest.mark.parametrize("kind,slots,mover", [("bf16", 5, "gather"), ("bf16", K, "copy"), ("int8", 4, "gather"),
-                                              ("int4", 4, "gather")])
+                                              ("int4", 4, "gather"), ("mxfp4", 4, "gather")])
 def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: str, slots: int, mover: str) -> None:
     store = store_of(kind)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32

@@ -101,8 +101,8 @@ def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], to
 
 def quant_pool(fmt_name: str, pool_bytes: int, hidden: int, inter: int) -> list[Parts]:
     """Experts in `fmt_name` with random bytes (unique pages): int8 in [-64, 64], e4m3
-    bytes of finite magnitude (no NaN), int4 any nibbles with zero points in [0, 15],
-    scales near 1e-3."""
+    bytes of finite magnitude (no NaN), int4 / mxfp4 any nibbles with zero points in
+    [0, 15], scales near 1e-3 (mxfp4: exponents near 2^-3)."""
     fmt = expert_format(fmt_name)
     count = max(2 * LAYER_EXPERTS, -(-pool_bytes // expert_nbytes(fmt, hidden, inter)))
     g = torch.Generator().manual_seed(2)
@@ -112,6 +112,8 @@ def quant_pool(fmt_name: str, pool_bytes: int, hidden: int, inter: int) -> list[
         for name, (shape, dt) in expert_specs(fmt, hidden, inter).items():
             if dt in (torch.float32, torch.float16):
                 parts[name] = (torch.rand(shape, generator=g) * 1e-3 + 1e-3).to(dt)
+            elif name.endswith("_scale"):  # mxfp4: E8M0 exponents near 2^-3
+                parts[name] = torch.randint(120, 128, shape, generator=g, dtype=dt)
             elif name.endswith("_zero"):
                 parts[name] = torch.randint(0, 16, shape, generator=g, dtype=dt)
             elif dt == torch.uint8:  # int4: two nibbles a byte

@@ -78,7 +78,9 @@ def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str,
     """Decode prefetch between two snapshots: experts prefetched and used, precision (used /
     prefetched), recall (used / every expert the step missed had prefetch not existed: the
     used ones plus the misses left to the step, the CPU's included) and the bytes copied
-    for nothing. Prefetched experts count among `misses` (they were copied)."""
+    for nothing; recall among the copied misses alone too (`prefetch_recall_copies`: the
+    prefetch leaves the CPU share's picks to it by design). Prefetched experts count among
+    `misses` (they were copied)."""
     pf = after["prefetched"] - before.get("prefetched", 0)
     used = after["prefetch_used"] - before.get("prefetch_used", 0)
     left = d["misses"] - pf
@@ -86,6 +88,7 @@ def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str,
     return {"prefetch": after["prefetch"], "prefetched": pf, "prefetch_used": used,
             "prefetch_precision": used / pf if pf else None,
             "prefetch_recall": used / (used + left) if used + left else None,
+            "prefetch_recall_copies": used / copies if (copies := used + left - d["experts_cpu"]) > 0 else None,
             "gb_prefetched_unused": (pf - used) * nbytes / 1e9}
 
 
@@ -231,7 +234,9 @@ def _prefetch_note(moe: dict[str, Any]) -> str:
     """Decode prefetch's recall and precision, when it ran."""
     if not moe.get("prefetched"):
         return ""
-    return (f" prefetch ({moe['prefetch']}) recall {moe['prefetch_recall']:.2f} precision "
+    copies = moe.get("prefetch_recall_copies")
+    among = f" ({copies:.2f} of the copies)" if copies is not None and moe.get("experts_cpu") else ""
+    return (f" prefetch ({moe['prefetch']}) recall {moe['prefetch_recall']:.2f}{among} precision "
             f"{moe['prefetch_precision']:.2f}, {moe['gb_prefetched_unused']:.2f} GB unused")
 
 

@@ -1,11 +1,11 @@
 """Routed experts on the host CPU with quantised weights: int8 (per-row scales), fp8
-e4m3 (block scales) and int4 (fp16 scales and zero points per group of a multiple of 32)
-read in place from the expert store and converted in registers (`kernels/cpu/em_quant.h`,
-`em_int4.h`); other formats (mxfp4, fp8 blocks or int4 groups not a multiple of 32) run
-the dequantise-first reference in torch.
+e4m3 (block scales), int4 (fp16 scales and zero points per group of a multiple of 32) and
+mxfp4 (E2M1 nibbles, an E8M0 exponent per 32) read in place from the expert store and
+converted in registers (`kernels/cpu/em_quant.h`, `em_int4.h`); other formats (fp8 blocks
+or int4 groups not a multiple of 32) run the dequantise-first reference in torch.
 
 Weights come as a format's parts (`edgemoe.quant`): "gate_up", "gate_up_scale", "down",
-"down_scale" (int4: also "gate_up_zero", "down_zero"). Entry points mirror `cpu_experts.py`:
+"down_scale" (int4: also "gate_up_zero", "down_zero"; mxfp4: the scales are E8M0 bytes). Entry points mirror `cpu_experts.py`:
 - `expert_mlp_q_cpu(x, parts, fmt)` → [n, H] fp32 (reference: `expert_mlp_q_ref`);
 - `moe_experts_q_cpu(x, topk_ids, topk_weights, experts, weights, fmt, contrib)`: the
   routed form, weights[i] = the parts of experts[i] (e.g. `store.expert_parts(layer, e)`).
@@ -28,6 +28,8 @@ from edgemoe.kernels.cpu_experts import (
 )
 from edgemoe.kernels.cpu_kernel import CpuExperts, default_cpu_experts
 from edgemoe.quant import ExpertFormat, Fp8Block, Int4Group, Int8Channel, Parts, dequantise_expert, expert_specs
+from edgemoe.quant.mxfp4 import BLOCK as MX_BLOCK
+from edgemoe.quant.mxfp4 import Mxfp4
 
 # NOTE: fp8 blocks and int4 groups must be a multiple of 32 (em_experts checks): AMX B
 # tiles span 32 k, and an int4 group starts at a whole GEMV step (32 k with AVX-512) and a
@@ -38,18 +40,21 @@ _PART_DTYPES = {
     "int8": (torch.int8, torch.float32, None),
     "fp8": (torch.float8_e4m3fn, torch.float32, None),
     "int4": (torch.uint8, torch.float16, torch.uint8),
+    "mxfp4": (torch.uint8, torch.uint8, None),
 }
 
 
 def native_weights(fmt: ExpertFormat) -> tuple[str, int] | None:
-    """(the C kernel's weight kind, fp8 block or int4 group) for `fmt`, or None when it has
-    no native path."""
+    """(the C kernel's weight kind, fp8 block, int4 group or mxfp4's 32) for `fmt`, or None
+    when it has no native path."""
     if isinstance(fmt, Int8Channel):
         return "int8", 0
     if isinstance(fmt, Fp8Block) and fmt.block % QSTEP == 0:
         return "fp8", fmt.block
     if isinstance(fmt, Int4Group) and fmt.group % QSTEP == 0 and fmt.group < 2**31:
         return "int4", fmt.group
+    if isinstance(fmt, Mxfp4):
+        return "mxfp4", MX_BLOCK
     return None
 
 

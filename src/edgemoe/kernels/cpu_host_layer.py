@@ -79,7 +79,7 @@ class HostLayerMailboxes:
     def __init__(self, banks: dict[int, Parts], weights: tuple[str, int], kernel: CpuExperts, rows: int,
                  top_k: int, x_dtype: torch.dtype, pinned: bool = False, pairs: int | None = None) -> None:
         if not kernel.native or weights[0] not in WEIGHT_FORMATS:
-            raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8/int4 weights "
+            raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8/int4/mxfp4 weights "
                              f"(got {weights[0]}, kernel {kernel.name})")
         if x_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"activations must be bf16 or fp32 (got {x_dtype})")

@@ -36,7 +36,7 @@ SPIN_US = 200  # idle workers spin this long for the next call (a layer later), 
 # scales; gate_up/down zero points (int4)
 JOB_FIELDS = 10
 # Weight formats of a call (EM_W_* in em_quant.h).
-WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2, "int4": 3}
+WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2, "int4": 3, "mxfp4": 4}
 
 
 def _spin_us() -> int:

@@ -227,7 +227,8 @@ def is_silu(act: Activation) -> bool:
 
 
 def quant_cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
-    """The C kernel for int8 / fp8 / int4 experts (SiLU, a compiled variant); None: the reference."""
+    """The C kernel for int8 / fp8 / int4 / mxfp4 experts (SiLU, a compiled variant); None: the
+    reference."""
     if native_weights(store.format) is None or not is_silu(act):
         return None
     kernel = CpuExperts(threads=cpu_threads(device))

@@ -54,7 +54,8 @@ PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's 
 # cores (bench/results/bw-20261202-144806.json: 8 experts a call at one token; one expert
 # at 32 tokens, 463 µs: ~11 µs a token past its bytes). Priors the fit corrects.
 DEVICE_GBPS = 45.0
-CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0}
+# mxfp4: int4's nibble path with a fixed table (unmeasured on the GPU machine: int4's rate).
+CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0}
 CPU_FLOPS = 0.85e12
 CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
@@ -88,8 +89,8 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
-    """(the C kernel's weight kind, fp8 block or int4 group) for the store's experts; None: no
-    native path (mxfp4; fp8 blocks or int4 groups not a multiple of 32)."""
+    """(the C kernel's weight kind, fp8 block, int4 group or mxfp4's 32) for the store's
+    experts; None: no native path (fp8 blocks or int4 groups not a multiple of 32)."""
     from edgemoe.kernels.cpu_experts_quant import native_weights
 
     if store.format.quantised:
@@ -121,7 +122,7 @@ class CpuShare:
                  rows: int = ROWS, prompt_rows: int = 0) -> None:
         weights = host_weights(store)
         if weights is None or not kernel.native:
-            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8 or int4 "
+            raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8, int4 or mxfp4 "
                              f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name})")
         if quota < 0:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")

@@ -18,6 +18,12 @@
  * (at most 8 significant bits), and em_qtile's blocks are the groups, each partial sum
  * times the group's scale in fp32, as for fp8 blocks.
  *
+ * MXFP4 (edgemoe/quant/mxfp4.py: gpt-oss's layout) is the same nibbles with a 16-entry
+ * table that is the E2M1 values times the group's 2^(e-127) (e an E8M0 byte a group of
+ * 32): exact products, as the reference's ldexp. AVX2 reads E2M1 magnitudes from an
+ * 8-entry vpermps table with the sign bit moved in; the GEMM path's bf16 rows are the E2M1
+ * values (exact) and the group's power of two scales the partial sum.
+ *
  * NOTE: grp is a multiple of 32 (em_experts checks): a group starts at a whole step and
  * at an even k (whole bytes), and the blocked path's tiles span 32 k. Included by
  * em_quant.h after its ISA section.
@@ -38,12 +44,27 @@ static inline float em_f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* Four rows of an int4 matrix: data, fp16 scales and zero points, each from the row's start. */
+/* Four rows of an int4 matrix: data, fp16 scales and zero points, each from the row's start;
+ * mxfp4 (mx): data and E8M0 exponents (e). */
 typedef struct {
     const uint8_t *w[4];
     const uint16_t *s[4];
     const uint8_t *z[4];
+    const uint8_t *e[4];
+    int mx;
 } em_i4rows;
+
+/* E2M1 code → value (bit 3: the sign; code 8 is -0, as the reference's table). */
+static const float em_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* E8M0 byte → 2^(e - 127) in fp32, exact (0: the subnormal 2^-127; 255, NaN in E8M0: inf). */
+static inline float em_e8m0(uint8_t e) {
+    uint32_t u = e ? (uint32_t)e << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 #if defined(EM_ISA_AVX512) || defined(EM_ISA_AMX)
 #define EM_I4STEP 32 /* k per step: 16 bytes */
@@ -59,6 +80,7 @@ static inline __attribute__((always_inline)) __m512i em_i4_load(const uint8_t *w
 /* The group's 16 possible weights: T[i] = (i - zero) * scale, as the reference rounds them
  * (the fp16 scale converted exactly by the hardware, in every lane). */
 static inline __attribute__((always_inline)) __m512 em_i4_table(const em_i4rows *m, int r, int g) {
+    if (m->mx) return _mm512_mul_ps(_mm512_loadu_ps(em_e2m1), _mm512_set1_ps(em_e8m0(m->e[r][g])));
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 q = _mm512_sub_ps(iota, _mm512_set1_ps((float)m->z[r][g]));
     return _mm512_mul_ps(q, _mm512_cvtph_ps(_mm256_set1_epi16((short)m->s[r][g])));
@@ -109,14 +131,15 @@ static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4ro
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* n values of a row → bf16 (q - zero), exact; zero per group of grp (GEMM path). The
- * table holds (i - zero) in fp32, whose bf16 is its top half (exact: <= 8 bits). */
+/* n values of a row → bf16 (q - zero), exact; zero per group of grp (GEMM path); zero
+ * NULL: mxfp4, the E2M1 values. The table holds them in fp32, whose bf16 is its top half
+ * (exact: <= 8 bits). */
 static inline void em_i4_to_bf16(const uint8_t *w, const uint8_t *zero, int grp, int n, uint16_t *out) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-    __m512 t = iota;
+    __m512 t = zero ? iota : _mm512_loadu_ps(em_e2m1);
     for (int k = 0; k < n; k += EM_I4STEP) {
-        if (k % grp == 0) t = _mm512_sub_ps(iota, _mm512_set1_ps((float)zero[k / grp]));
+        if (zero && k % grp == 0) t = _mm512_sub_ps(iota, _mm512_set1_ps((float)zero[k / grp]));
         __m512i d = n - k >= EM_I4STEP ? em_i4_load(w, k, n, 1) : em_i4_load(w, k, n, 0);
         __m512i e = _mm512_castps_si512(_mm512_permutexvar_ps(d, t));
         __m512i o = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t));
@@ -149,6 +172,26 @@ static inline __attribute__((always_inline)) __m256i em_i4_load8(const uint8_t *
         if (nt > 1) EM_FMA2_256(a##r##1, xe1, xo1);                                          \
     }
 
+/* mxfp4: the E2M1 values of 8 codes q (low 4 bits; the rest zero), times the group's
+ * power of two: the magnitude from an 8-entry table, the sign bit moved in. */
+#define EM_MXW256(q, r)                                                                                \
+    _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(                                                 \
+                      _mm256_castps_si256(_mm256_permutevar8x32_ps(mag, q)),                          \
+                      _mm256_slli_epi32(_mm256_and_si256(q, b8), 28))),                               \
+                  s##r)
+
+#define EM_MXROW256(r, whole)                                                                    \
+    {                                                                                            \
+        if (whole) EM_PREFETCH(m->w[r] + (unsigned)k / 2, pf);                                   \
+        __m256i d = em_i4_load8(m->w[r], k, K, whole);                                           \
+        __m256i qe = _mm256_and_si256(d, lo4), qo = _mm256_srli_epi32(d, 4);                     \
+        __m256 we = EM_MXW256(qe, r), wo = EM_MXW256(qo, r);                                      \
+        EM_FMA2_256(a##r##0, xe0, xo0);                                                          \
+        if (nt > 1) EM_FMA2_256(a##r##1, xe1, xo1);                                              \
+    }
+
+#define EM_MXGROUP256(r) const __m256 s##r = _mm256_set1_ps(em_e8m0(m->e[r][g]));
+
 /* A row's group constants: scale and −zero·scale (exact), broadcast. */
 #define EM_I4GROUP256(r)                                                          \
     const float f##r = _cvtsh_ss(m->s[r][g]); /* F16C: exact */                  \
@@ -162,12 +205,23 @@ static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4ro
                                                                     int64_t xss, const int nt, int K, int64_t pf,
                                                                     float *dots) {
     const __m256 z = _mm256_setzero_ps();
-    const __m256i lo4 = _mm256_set1_epi32(15);
+    const __m256i lo4 = _mm256_set1_epi32(15), b8 = _mm256_set1_epi32(8);
+    const __m256 mag = _mm256_loadu_ps(em_e2m1);
     __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
     for (int k0 = 0, g = 0; k0 < K; k0 += grp, g++) {
-        EM_I4GROUP256(0) EM_I4GROUP256(1) EM_I4GROUP256(2) EM_I4GROUP256(3)
         const int k1 = K - k0 < grp ? K : k0 + grp;
         int k = k0;
+        if (m->mx) { /* a group of 32: whole steps but the row's last */
+            EM_MXGROUP256(0) EM_MXGROUP256(1) EM_MXGROUP256(2) EM_MXGROUP256(3)
+            for (; k + EM_I4STEP <= k1; k += EM_I4STEP) {
+                EM_I4X256 EM_MXROW256(0, 1) EM_MXROW256(1, 1) EM_MXROW256(2, 1) EM_MXROW256(3, 1)
+            }
+            if (k < k1) {
+                EM_I4X256 EM_MXROW256(0, 0) EM_MXROW256(1, 0) EM_MXROW256(2, 0) EM_MXROW256(3, 0)
+            }
+            continue;
+        }
+        EM_I4GROUP256(0) EM_I4GROUP256(1) EM_I4GROUP256(2) EM_I4GROUP256(3)
         for (; k + EM_I4STEP <= k1; k += EM_I4STEP) {
             EM_I4X256 EM_I4ROW256(0, 1) EM_I4ROW256(1, 1) EM_I4ROW256(2, 1) EM_I4ROW256(3, 1)
         }
@@ -190,9 +244,10 @@ static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4ro
     for (int k0 = 0, g = 0; k0 < K; k0 += grp, g++) {
         const int k1 = K - k0 < grp ? K : k0 + grp;
         for (int r = 0; r < 4; r++) {
-            const float s = em_f16_to_f32(m->s[r][g]), zr = (float)m->z[r][g];
+            const float s = m->mx ? em_e8m0(m->e[r][g]) : em_f16_to_f32(m->s[r][g]), zr = m->mx ? 0.0f : (float)m->z[r][g];
             for (int k = k0; k < k1; k++) {
-                float wk = ((float)((m->w[r][k / 2] >> (4 * (k & 1))) & 15) - zr) * s; /* the reference's rounding */
+                int q = (m->w[r][k / 2] >> (4 * (k & 1))) & 15;
+                float wk = m->mx ? em_e2m1[q] * s : ((float)q - zr) * s; /* the reference's rounding */
                 for (int t = 0; t < nt; t++) acc[r][t] += wk * xs[t * xss + k];
             }
         }

@@ -133,18 +133,25 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
     }
 }
 
-/* ---- GEMV path, int4 weights ---- */
+/* ---- GEMV path, int4 and mxfp4 weights ---- */
+
+/* Bytes a row of K nibbles takes: int4, ceil(K/2); mxfp4, whole blocks of 32 (16 bytes). */
+static inline int64_t em_nib_row(const em_call *c, int64_t K) {
+    return c->wfmt == EM_W_MXFP4 ? em_cdiv(K, 32) * 16 : em_cdiv(K, 2);
+}
 
 /* Rows `rows` of a projection (K inputs): data, fp16 scales and zero points of each. */
 static void em_i4_rows(const em_call *c, const em_job *jb, int down, const int64_t *rows, em_i4rows *m) {
-    const int64_t K = down ? c->I : c->H, nb = em_cdiv(K, 2), G = em_cdiv(K, c->blk);
+    const int64_t K = down ? c->I : c->H, nb = em_nib_row(c, K), G = em_cdiv(K, c->blk);
     const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
-    const uint16_t *s = (const uint16_t *)(intptr_t)(down ? jb->down_scale : jb->gate_up_scale);
+    const int64_t scales = down ? jb->down_scale : jb->gate_up_scale;
     const uint8_t *z = (const uint8_t *)(intptr_t)(down ? jb->down_zero : jb->gate_up_zero);
+    m->mx = c->wfmt == EM_W_MXFP4;
     for (int j = 0; j < 4; j++) {
         m->w[j] = w + rows[j] * nb;
-        m->s[j] = s + rows[j] * G;
-        m->z[j] = z + rows[j] * G;
+        m->s[j] = m->mx ? NULL : (const uint16_t *)(intptr_t)scales + rows[j] * G;
+        m->e[j] = m->mx ? (const uint8_t *)(intptr_t)scales + rows[j] * G : NULL;
+        m->z[j] = m->mx ? NULL : z + rows[j] * G;
     }
 }
 
@@ -160,7 +167,7 @@ static void em_gate_up_gemv_i4(const em_call *c, const em_job *jb, const em_jobs
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
             /* next group: 2 rows on */
-            em_gemv4_i4(&m, c->blk, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * em_cdiv(H, 2), dots);
+            em_gemv4_i4(&m, c->blk, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * em_nib_row(c, H), dots);
             for (int t = 0; t < nt; t++) {
                 float *hs = s->hs + (t0 + t) * c->Is;
                 hs[em_split_pos(i)] = em_silu(dots[t]) * dots[2 * nt + t];
@@ -182,7 +189,7 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
         em_i4_rows(c, jb, 1, rows, &m);
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4_i4(&m, c->blk, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * em_cdiv(I, 2), dots); /* 4 rows on */
+            em_gemv4_i4(&m, c->blk, s->hs + t0 * c->Is, c->Is, nt, (int)I, 4 * em_nib_row(c, I), dots); /* 4 rows on */
             for (int j = 0; j < nr; j++)
                 for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r + j, dots[j * nt + t]);
         }
@@ -198,15 +205,18 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
 #define EM_QHALF (EM_GR / 2)
 #endif
 
-/* Scales of row r of a projection in any quantised format (int4: fp16 [rows, groups]). */
+/* Scales of row r of a projection in any quantised format (int4: fp16 [rows, groups];
+ * mxfp4: E8M0 bytes [rows, groups]). */
 static inline const void *em_qrow_scales(const em_call *c, const em_job *jb, int down, int64_t r) {
-    if (c->wfmt != EM_W_INT4) return em_row_scales(c, jb, down, r);
-    const uint16_t *s = (const uint16_t *)(intptr_t)(down ? jb->down_scale : jb->gate_up_scale);
-    return s + r * em_cdiv(down ? c->I : c->H, c->blk);
+    if (!em_nibbles(c->wfmt)) return em_row_scales(c, jb, down, r);
+    const int64_t base = down ? jb->down_scale : jb->gate_up_scale, at = r * em_cdiv(down ? c->I : c->H, c->blk);
+    if (c->wfmt == EM_W_MXFP4) return (const uint8_t *)(intptr_t)base + at;
+    return (const uint16_t *)(intptr_t)base + at;
 }
 
 /* Block kb's scale of a row's scales `sc` (em_qrow_scales); int8's one block is the row. */
 static inline float em_qscale(const em_call *c, const void *sc, int kb) {
+    if (c->wfmt == EM_W_MXFP4) return em_e8m0(((const uint8_t *)sc)[kb]);
     if (c->wfmt == EM_W_INT4) return em_f16_to_f32(((const uint16_t *)sc)[kb]);
     return ((const float *)sc)[c->wfmt == EM_W_FP8 ? kb : 0];
 }
@@ -215,9 +225,10 @@ static inline float em_qscale(const em_call *c, const void *sc, int kb) {
 static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out) {
     const int64_t K = down ? c->I : c->H;
     const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
-    if (c->wfmt == EM_W_INT4) {
+    if (em_nibbles(c->wfmt)) { /* mxfp4: no zero points */
         const uint8_t *z = (const uint8_t *)(intptr_t)(down ? jb->down_zero : jb->gate_up_zero);
-        em_i4_to_bf16(w + r * em_cdiv(K, 2), z + r * em_cdiv(K, c->blk), c->blk, (int)K, out);
+        em_i4_to_bf16(w + r * em_nib_row(c, K), c->wfmt == EM_W_MXFP4 ? NULL : z + r * em_cdiv(K, c->blk), c->blk, (int)K,
+                      out);
     } else {
         em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, out);
     }

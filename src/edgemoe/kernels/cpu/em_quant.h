@@ -31,6 +31,10 @@
 #define EM_W_INT8 1
 #define EM_W_FP8 2
 #define EM_W_INT4 3 /* group size in blk (em_int4.h) */
+#define EM_W_MXFP4 4 /* e2m1 nibbles as int4's, an e8m0 exponent byte per 32 k (em_int4.h) */
+
+/* Weights two to a byte (int4, mxfp4): em_int4.h's paths. */
+static inline int em_nibbles(int wfmt) { return wfmt == EM_W_INT4 || wfmt == EM_W_MXFP4; }
 #define EM_FP8_UNBIAS 256.0f /* the fp16 reading is 2^-8 times the value */
 
 static inline float em_fp8_to_f32(uint8_t b) {

@@ -67,15 +67,16 @@
 
 /* One expert's work; every field 64-bit so Python fills a plain int64 table. */
 typedef struct {
-    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3; int4: uint8 [2I, ceil(H/2)] */
+    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3; int4 / mxfp4: uint8 [2I, ceil(H/2)] */
     int64_t down;     /* address of [H, I] */
     int64_t tokens;   /* address of int32 [n]: rows of x */
     int64_t out_rows; /* address of int32 [n]: rows of out (0: 0..n-1) */
     int64_t scale;    /* address of fp32 [n] (0: 1.0) */
     int64_t n;
     int64_t gate_up_scale; /* int8: fp32 [2I]; fp8: fp32 [2 * ceil(I/blk), ceil(H/blk)] (gate's blocks, then up's);
-                              int4: fp16 [2I, ceil(H/blk)] */
-    int64_t down_scale;    /* int8: fp32 [H]; fp8: fp32 [ceil(H/blk), ceil(I/blk)]; int4: fp16 [H, ceil(I/blk)] */
+                              int4: fp16 [2I, ceil(H/blk)]; mxfp4: e8m0 uint8 [2I, ceil(H/32)] */
+    int64_t down_scale;    /* int8: fp32 [H]; fp8: fp32 [ceil(H/blk), ceil(I/blk)]; int4: fp16 [H, ceil(I/blk)];
+                              mxfp4: e8m0 uint8 [H, ceil(I/32)] */
     int64_t gate_up_zero;  /* int4: uint8 [2I, ceil(H/blk)] zero points; else unused */
     int64_t down_zero;     /* int4: uint8 [H, ceil(I/blk)] */
 } em_job;
@@ -128,10 +129,10 @@ static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t r
 
 static inline int64_t em_token(const em_job *jb, int t) { return ((const int32_t *)(intptr_t)jb->tokens)[t]; }
 
-/* Position of element i of a GEMV activation row: split layout for bf16 and int4 weights
+/* Position of element i of a GEMV activation row: split layout for bf16, int4 and mxfp4 weights
  * (a lane or byte holds an even and an odd k), plain for int8 / fp8 (bytes widen in order). */
 static inline int64_t em_xpos(const em_call *c, int64_t i) {
-    return c->wfmt == EM_W_BF16 || c->wfmt == EM_W_INT4 ? em_split_pos(i) : i;
+    return c->wfmt == EM_W_BF16 || em_nibbles(c->wfmt) ? em_split_pos(i) : i;
 }
 
 /* ---- phase 0: packing ---- */
@@ -329,7 +330,7 @@ static void em_run_phase(em_call *c, int ph) {
             else
                 em_down_gemm(c, jb, s, q);
 #endif
-        } else if (c->wfmt == EM_W_INT4) {
+        } else if (em_nibbles(c->wfmt)) {
             if (ph == 1)
                 em_gate_up_gemv_i4(c, jb, s, q);
             else
@@ -427,12 +428,13 @@ void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
 /* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, int4 in
  * groups of blk along K; blk a multiple of 32: AMX B tiles span 32 k, a block's tiles
  * must not read past the activations' padding, and an int4 group starts at a whole GEMV
- * step); returns 0, -1 (bad arguments) or -2 (out of memory). */
+ * step; mxfp4: blk 32); returns 0, -1 (bad arguments) or -2 (out of memory). */
 int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
                const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
     if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
-    if (wfmt < EM_W_BF16 || wfmt > EM_W_INT4) return -1;
+    if (wfmt < EM_W_BF16 || wfmt > EM_W_MXFP4) return -1;
     if ((wfmt == EM_W_FP8 || wfmt == EM_W_INT4) && (blk < 32 || blk % 32)) return -1;
+    if (wfmt == EM_W_MXFP4 && blk != 32) return -1;
     if (njobs == 0) return 0;
     em_call c;
     memset(&c, 0, sizeof(c));
