@@ -104,3 +104,30 @@ def routed_q_cells(experts: list, fmt, kernel: CpuExperts, H: int, weight_floor:
     moe_experts_partial_ref(x, ids, w, chosen, chosen, gate_up, down, F.silu, want)
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
     return got, want, x, ids, w, gate_up, down
+
+
+def assert_q_expert_within_bound(kernel: CpuExperts, variant: str, path: str, x: torch.Tensor, parts, fmt,  # noqa: ANN001
+                                 gate_up: torch.Tensor, down: torch.Tensor) -> None:
+    """One quantised expert on x against the dequantise-first fp32 reference, within the
+    float kernel's bound for the dequantised (gate_up, down): the formats whose weights the
+    kernel rebuilds exactly (and, blocked, exactly in bf16 with the scale on the sum)."""
+    from edgemoe.kernels.cpu_experts_quant import expert_mlp_q_cpu, expert_mlp_q_ref
+
+    y, ref = expert_mlp_q_cpu(x, parts, fmt, kernel), expert_mlp_q_ref(x, parts, fmt)
+    excess = (y - ref).abs() - error_bound(x, gate_up, down, *rounds(variant, path, x.dtype)[:2])
+    assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g}"
+
+
+def assert_routed_q_within_bound(experts: list, fmt, kernel: CpuExperts, variant: str, path: str,  # noqa: ANN001
+                                 H: int) -> None:
+    """`routed_q_cells`' computed cells against each expert's fp32 reference, within the
+    kernel's bound scaled by the routing weight, plus w·y's rounding in fp32."""
+    from edgemoe.kernels.cpu_experts import expert_mlp_ref
+
+    got, want, x, ids, w, gate_up, down = routed_q_cells(experts, fmt, kernel, H, weight_floor=0.1)
+    x_r, h_r = rounds(variant, path, torch.float32)[:2]
+    for t, k in zip(*torch.nonzero(~want[..., 0].isnan(), as_tuple=True), strict=True):
+        e, wt = int(ids[t, k]), float(w[t, k])
+        ref = wt * expert_mlp_ref(x[t : t + 1], gate_up[e], down[e])[0]
+        bound = wt * error_bound(x[t : t + 1], gate_up[e], down[e], x_r, h_r)[0] + U32 * ref.abs()
+        assert ((got[t, k] - ref).abs() <= bound).all(), (int(t), int(k))

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds, routed_q_cells
+from cpu_expert_support import assert_q_expert_within_bound, assert_routed_q_within_bound, kernel_for, make_expert
 
 from edgemoe.kernels import cpu_isa
-from edgemoe.kernels.cpu_experts import expert_mlp_ref
 from edgemoe.kernels.cpu_experts_quant import (
     expert_mlp_q_cpu,
     expert_mlp_q_ref,
@@ -52,36 +51,19 @@ def int4_expert(hidden: int, inter: int, group: int, seed: int) -> tuple[Parts, 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_int4_expert(variant: str, path: str, hidden: int, inter: int, n: int, group: int,
                          x_dtype: torch.dtype) -> None:
-    kernel = kernel_for(variant, path)
-    fmt = Int4Group(group)
     parts, (gate_up, down) = int4_expert(hidden, inter, group, seed=hidden + n)
     x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(x_dtype)
-    y = expert_mlp_q_cpu(x, parts, fmt, kernel)
-    ref = expert_mlp_q_ref(x, parts, fmt)
     # The GEMV's weights are the reference's fp32 values exactly ((q - zero) exact, times
     # the scale rounded once), and the blocked path's unscaled (q - zero) are exact in bf16
-    # (its group scale applied to the sum, as int8/fp8's): only the fp32 sums' order over
-    # K (and, blocked, x and h rounded to bf16) differ, which the float kernel's bound covers.
-    bound = error_bound(x, gate_up, down, *rounds(variant, path, x_dtype)[:2])
-    excess = (y - ref).abs() - bound
-    assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g}"
+    # (its group scale applied to the sum, as int8/fp8's).
+    assert_q_expert_within_bound(kernel_for(variant, path), variant, path, x, parts, Int4Group(group), gate_up, down)
 
 
 @pytest.mark.parametrize("variant,path", [("scalar", "gemv"), ("avx2", "gemv"), ("avx512", "gemv"),
                                           ("avx512", "gemm")])
 def test_routed_int4_matches_reference(variant: str, path: str) -> None:
-    kernel = kernel_for(variant, path)
-    H, I, E, group = 64, 40, 5, 32
-    fmt = Int4Group(group)
-    experts = [int4_expert(H, I, group, seed=e) for e in range(E)]
-    got, want, x, ids, w, gate_up, down = routed_q_cells(experts, fmt, kernel, H, weight_floor=0.1)
-    x_r, h_r = rounds(variant, path, torch.float32)[:2]
-    for t, k in zip(*torch.nonzero(~want[..., 0].isnan(), as_tuple=True), strict=True):
-        e, wt = int(ids[t, k]), float(w[t, k])
-        ref = wt * expert_mlp_ref(x[t : t + 1], gate_up[e], down[e])[0]
-        # The kernel's bound on y scaled by the routing weight, plus w·y's rounding in fp32.
-        bound = wt * error_bound(x[t : t + 1], gate_up[e], down[e], x_r, h_r)[0] + U32 * ref.abs()
-        assert ((got[t, k] - ref).abs() <= bound).all(), (int(t), int(k))
+    experts = [int4_expert(64, 40, 32, seed=e) for e in range(5)]
+    assert_routed_q_within_bound(experts, Int4Group(32), kernel_for(variant, path), variant, path, 64)
 
 
 def test_int4_dispatch_and_the_kernels_group_rule() -> None:

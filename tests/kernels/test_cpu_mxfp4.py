@@ -10,11 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cpu_expert_support import U32, error_bound, kernel_for, make_expert, rounds, routed_q_cells
+from cpu_expert_support import assert_q_expert_within_bound, assert_routed_q_within_bound, kernel_for, make_expert
 
 from edgemoe.kernels import cpu_isa
-from edgemoe.kernels.cpu_experts import expert_mlp_ref
-from edgemoe.kernels.cpu_experts_quant import expert_mlp_q_cpu, expert_mlp_q_ref, native_weights
+from edgemoe.kernels.cpu_experts_quant import native_weights
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS
 from edgemoe.quant import Parts, dequantise_expert, quantise_expert
 from edgemoe.quant.mxfp4 import Mxfp4
@@ -50,35 +49,19 @@ def mxfp4_expert(hidden: int, inter: int, seed: int) -> tuple[Parts, tuple[torch
 @pytest.mark.parametrize("path", ["gemv", "gemm"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_mxfp4_expert(variant: str, path: str, hidden: int, inter: int, n: int, x_dtype: torch.dtype) -> None:
-    kernel = kernel_for(variant, path)
-    fmt = Mxfp4()
     parts, (gate_up, down) = mxfp4_expert(hidden, inter, seed=hidden + n)
     x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(x_dtype)
-    y = expert_mlp_q_cpu(x, parts, fmt, kernel)
-    ref = expert_mlp_q_ref(x, parts, fmt)
     # The GEMV's weights are the reference's fp32 values exactly (an E2M1 value times a
     # power of two), and the blocked path's unscaled E2M1 values are exact in bf16 (the
-    # block's power of two applied to its partial sum): only the fp32 sums' order (and,
-    # blocked, x and h rounded to bf16) differ, which the float kernel's bound covers.
-    bound = error_bound(x, gate_up, down, *rounds(variant, path, x_dtype)[:2])
-    excess = (y - ref).abs() - bound
-    assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g}"
+    # block's power of two applied to its partial sum).
+    assert_q_expert_within_bound(kernel_for(variant, path), variant, path, x, parts, Mxfp4(), gate_up, down)
 
 
 @pytest.mark.parametrize("variant,path", [("scalar", "gemv"), ("avx2", "gemv"), ("avx512", "gemv"),
                                           ("avx512", "gemm")])
 def test_routed_mxfp4_matches_reference(variant: str, path: str) -> None:
-    kernel = kernel_for(variant, path)
-    H, I, E = 64, 40, 5
-    fmt = Mxfp4()
-    experts = [mxfp4_expert(H, I, seed=e) for e in range(E)]
-    got, want, x, ids, w, gate_up, down = routed_q_cells(experts, fmt, kernel, H, weight_floor=0.1)
-    x_r, h_r = rounds(variant, path, torch.float32)[:2]
-    for t, k in zip(*torch.nonzero(~want[..., 0].isnan(), as_tuple=True), strict=True):
-        e, wt = int(ids[t, k]), float(w[t, k])
-        ref = wt * expert_mlp_ref(x[t : t + 1], gate_up[e], down[e])[0]
-        bound = wt * error_bound(x[t : t + 1], gate_up[e], down[e], x_r, h_r)[0] + U32 * ref.abs()
-        assert ((got[t, k] - ref).abs() <= bound).all(), (int(t), int(k))
+    experts = [mxfp4_expert(64, 40, seed=e) for e in range(5)]
+    assert_routed_q_within_bound(experts, Mxfp4(), kernel_for(variant, path), variant, path, 64)
 
 
 def test_mxfp4_dispatch_and_the_kernels_block_rule() -> None:
