@@ -2,12 +2,13 @@
 drifts by ±20% within minutes: builds measured one after the other can't be compared).
 
 Each build is the `amx` variant (else the best this CPU runs) compiled with one set of the
-kernel's tuning macros (`EDGEMOE_CPU_DEFINES`, e.g. "EM_CLAIM_AHEAD=0"; "" is the default).
-Each round times every build on the same cases — a layer's 8 experts at one token and one
-expert at one token, per weight format — in turn; the figure is each build's median over
-rounds of its rate relative to the round's first build. Writes $OUT/cpu-ab.json.
+kernel's tuning macros (`EDGEMOE_CPU_DEFINES`, e.g. "EM_QPAGES=0"; "" is the default).
+Each round times every build (× `--threads` counts) on the same cases — `--experts` a call
+(a layer's 8 and one by default) at each of `--tokens` (one by default; 16 or more: the
+blocked path), per weight format — in turn; the figure is each build's median over rounds
+of its rate relative to the round's first build. Writes $OUT/cpu-ab.json.
 
-    OUT=... PYTHONPATH=src python3 scripts/gpu_cpu_ab.py --builds "EM_CLAIM_AHEAD=0" "" --rounds 12
+    OUT=... PYTHONPATH=src python3 scripts/gpu_cpu_ab.py --builds "EM_QPAGES=0" "" --rounds 12 [--tokens 1 32]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def kernel_for(variant: str, defines: str, threads: int | None) -> CpuExperts:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--builds", nargs="+", default=["EM_CLAIM_AHEAD=0", ""])
+    ap.add_argument("--builds", nargs="+", default=["EM_QPAGES=0", ""])
     ap.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"])
     ap.add_argument("--threads", type=int, nargs="+", default=[0], help="each build on each count (0: physical cores)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="tokens a call (16 or more: the blocked path)")

@@ -30,9 +30,9 @@
 #                engine ($PREFETCH_SWEEP: its flags, e.g. "--grids 32,2048,4 64,8192,8")
 #   bw           edgemoe bench bw (host read, CPU experts per format, copies)
 #   cpu-ab       scripts/gpu_cpu_ab.py $CPU_AB: kernel builds interleaved in one process (e.g.
-#                CPU_AB='--builds "EM_CLAIM_AHEAD=0" "" --rounds 12')
+#                CPU_AB='--builds "EM_QPAGES=0" "" --rounds 12')
 #   cpu-defines  edgemoe bench bw's CPU experts (amx; int8, fp8, bf16) once per kernel build in $CPU_DEFINES
-#                (builds split by ";", each EDGEMOE_CPU_DEFINES's macros, e.g. "EM_CLAIM_AHEAD=0;EM_QTASK_MUL=4")
+#                (builds split by ";", each EDGEMOE_CPU_DEFINES's macros, e.g. "EM_QPAGES=0;EM_QTASK_MUL=4")
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
 #   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
@@ -104,7 +104,7 @@ run_stage() {
                done ;;
     bw) python3 -m edgemoe.cli bench bw --out "$res/bw" ;;
     cpu-ab) eval "OUT=$res/cpu-ab python3 scripts/gpu_cpu_ab.py ${CPU_AB:-}" ;;
-    cpu-defines) IFS=';' read -r -a builds <<< "${CPU_DEFINES:-EM_CLAIM_AHEAD=0;EM_CLAIM_AHEAD=1}"
+    cpu-defines) IFS=';' read -r -a builds <<< "${CPU_DEFINES:-EM_QPAGES=0;EM_QPAGES=1}"
                  for d in "${builds[@]}"; do
                    echo "== EDGEMOE_CPU_DEFINES=$d"
                    EDGEMOE_CPU_DEFINES="$d" python3 -m edgemoe.cli bench bw --kernels amx --weights int8 fp8 \

@@ -246,8 +246,8 @@ def test_tuning_defines_key_the_build_and_only_em_integers_pass(monkeypatch) -> 
         pytest.skip("no C compiler")
     monkeypatch.delenv(cpu_build.DEFINES_ENV, raising=False)
     plain = cpu_build.build_key(cc, "scalar")
-    monkeypatch.setenv(cpu_build.DEFINES_ENV, "EM_CLAIM_AHEAD=0  EM_WARM_LOCALITY=3")
-    assert cpu_build.tuning_defines() == ["-DEM_CLAIM_AHEAD=0", "-DEM_WARM_LOCALITY=3"]
+    monkeypatch.setenv(cpu_build.DEFINES_ENV, "EM_QPAGES=0  EM_PF_LOCALITY=2")
+    assert cpu_build.tuning_defines() == ["-DEM_QPAGES=0", "-DEM_PF_LOCALITY=2"]
     assert cpu_build.build_key(cc, "scalar") != plain
     for bad in ("CLAIM=0", "EM_X=y", "EM_X=1;rm", "-O0", "EM_X"):
         monkeypatch.setenv(cpu_build.DEFINES_ENV, bad)

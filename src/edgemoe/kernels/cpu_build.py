@@ -38,7 +38,7 @@ VARIANT_CFLAGS: dict[str, list[str]] = {
 }
 # No -ffast-math: the fp32 accumulation must stay IEEE (tests bound its error).
 COMMON_CFLAGS = ["-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread"]
-DEFINES_ENV = "EDGEMOE_CPU_DEFINES"  # A/B of the kernel's tuning macros: "EM_CLAIM_AHEAD=0 EM_WARM_LOCALITY=3"
+DEFINES_ENV = "EDGEMOE_CPU_DEFINES"  # A/B of the kernel's tuning macros: "EM_QPAGES=0 EM_PF_LOCALITY=2"
 _DEFINE = re.compile(r"EM_[A-Z0-9_]+=-?[0-9]+")
 
 

@@ -67,7 +67,8 @@
 
 /* One expert's work; every field 64-bit so Python fills a plain int64 table. */
 typedef struct {
-    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3; int4 / mxfp4: uint8 [2I, ceil(H/2)] */
+    int64_t gate_up;  /* address of [2I, H]: bf16, int8 or e4m3; int4: uint8 [2I, ceil(H/2)];
+                         mxfp4: uint8 [2I, 16 ceil(H/32)] (whole blocks) */
     int64_t down;     /* address of [H, I] */
     int64_t tokens;   /* address of int32 [n]: rows of x */
     int64_t out_rows; /* address of int32 [n]: rows of out (0: 0..n-1) */
