@@ -31,8 +31,6 @@
 #   bw           edgemoe bench bw (host read, CPU experts per format, copies)
 #   cpu-ab       scripts/gpu_cpu_ab.py $CPU_AB: kernel builds interleaved in one process (e.g.
 #                CPU_AB='--builds "EM_QPAGES=0" "" --rounds 12')
-#   cpu-defines  edgemoe bench bw's CPU experts (amx; int8, fp8, bf16) once per kernel build in $CPU_DEFINES
-#                (builds split by ";", each EDGEMOE_CPU_DEFINES's macros, e.g. "EM_QPAGES=0;EM_QTASK_MUL=4")
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
 #   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
@@ -104,12 +102,6 @@ run_stage() {
                done ;;
     bw) python3 -m edgemoe.cli bench bw --out "$res/bw" ;;
     cpu-ab) eval "OUT=$res/cpu-ab python3 scripts/gpu_cpu_ab.py ${CPU_AB:-}" ;;
-    cpu-defines) IFS=';' read -r -a builds <<< "${CPU_DEFINES:-EM_QPAGES=0;EM_QPAGES=1}"
-                 for d in "${builds[@]}"; do
-                   echo "== EDGEMOE_CPU_DEFINES=$d"
-                   EDGEMOE_CPU_DEFINES="$d" python3 -m edgemoe.cli bench bw --kernels amx --weights int8 fp8 \
-                     --seconds "${CPU_SECONDS:-0.5}" --out "$res/cpu-defines/${d//[^A-Za-z0-9]/_}" | grep "n=1\|layer\|host read"
-                 done ;;
     prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch[:VAR=value]
                    IFS=: read -r dtype backend pf setting <<< "$run"
                    echo "== $dtype $backend --moe-prefetch $pf $setting"

@@ -37,13 +37,14 @@ misses left to the step) and precision = used / prefetched.
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
-from edgemoe.kernels.row_gather import GatherGrid
+from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
 from edgemoe.kernels.slot_plan import present
+from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
@@ -57,22 +58,20 @@ from edgemoe.moe.movers import ExpertMover
 DEFAULT_PROGRAMS = 32
 
 
+class GatherTile(NamedTuple):
+    block: int = BLOCK_INTO  # a work item's columns
+    warps: int = 4  # a program's warps
+
+
 def prefetch_grid() -> GatherGrid:
     """The side gather's launch: the defaults, or the environment's A/B settings."""
     programs = os.environ.get("EDGEMOE_PREFETCH_PROGRAMS", "") or str(DEFAULT_PROGRAMS)
     if not programs.isdigit() or int(programs) < 1:
         raise ValueError(f"EDGEMOE_PREFETCH_PROGRAMS={programs!r}: a positive number of programs")
-    tile = os.environ.get("EDGEMOE_PREFETCH_TILE", "")
-    if not tile:
-        return GatherGrid(int(programs))
-    parts = tile.split(",")
-    if len(parts) != 2 or not all(p.isdigit() and _power_of_two(int(p)) for p in parts) or int(parts[1]) > 32:
-        raise ValueError(f"EDGEMOE_PREFETCH_TILE={tile!r}: 'block,warps', powers of two (e.g. 8192,8; warps <= 32)")
-    return GatherGrid(int(programs), block=int(parts[0]), warps=int(parts[1]))
-
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+    tile = override("EDGEMOE_PREFETCH_TILE", GatherTile(), {2}, "block,warps, e.g. 8192,8", ("block", "warps"))
+    if tile.warps > 32:
+        raise ValueError(f"EDGEMOE_PREFETCH_TILE: {tile.warps} warps (a program has at most 32)")
+    return GatherGrid(int(programs), block=tile.block, warps=tile.warps)
 
 
 class Predictor(Protocol):

@@ -29,13 +29,13 @@ static inline const float *em_row_scales(const em_call *c, const em_job *jb, int
 /* The factor a dot of row r is multiplied by: int8, its scale; fp8 rows are scaled inside. */
 static inline float em_row_factor(const em_call *c, const float *sc) { return c->wfmt == EM_W_INT8 ? sc[0] : 1.0f; }
 
-/* Row pointers, scales and dot factors of 4 gate_up rows. */
-static inline void em_q_rows4(const em_call *c, const em_job *jb, const int64_t *rows, const uint8_t **w,
+/* Row pointers, scales and dot factors of 4 rows of gate_up (down 0) or down (1). */
+static inline void em_q_rows4(const em_call *c, const em_job *jb, int down, const int64_t *rows, const uint8_t **w,
                               const float **sc, float *f) {
-    const uint8_t *gu = (const uint8_t *)(intptr_t)jb->gate_up;
+    const uint8_t *base = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
     for (int j = 0; j < 4; j++) {
-        w[j] = gu + rows[j] * c->H;
-        sc[j] = em_row_scales(c, jb, 0, rows[j]);
+        w[j] = base + rows[j] * (down ? c->I : c->H);
+        sc[j] = em_row_scales(c, jb, down, rows[j]);
         f[j] = em_row_factor(c, sc[j]);
     }
 }
@@ -64,8 +64,8 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
     for (int64_t i = q * EM_P1_GEMV_Q; i < i1;) {
         if (EM_QPAGES && i + 3 < i1) {
             const int64_t ra[4] = {i, I + i, i + 2, I + i + 2}, rb[4] = {i + 1, I + i + 1, i + 3, I + i + 3};
-            em_q_rows4(c, jb, ra, wa, sa, fa);
-            em_q_rows4(c, jb, rb, wb, sb, fb);
+            em_q_rows4(c, jb, 0, ra, wa, sa, fa);
+            em_q_rows4(c, jb, 0, rb, wb, sb, fb);
             for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
                 int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
                 const float *xs = s->xs + t0 * c->Hs;
@@ -82,7 +82,7 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
         }
         int64_t i2 = i + 1 < i1 ? i + 1 : i;
         const int64_t rows[4] = {i, I + i, i2, I + i2};
-        em_q_rows4(c, jb, rows, wa, sa, fa);
+        em_q_rows4(c, jb, 0, rows, wa, sa, fa);
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
             /* next group: 2 rows on; NOTE: none past the task's last group (pf 0 re-touches
@@ -103,7 +103,6 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
 /* down: a whole task's rows as 4 streams (its quarters), each read in order, a row of each
  * a pass (EM_QDN_STREAMS; a partial task: 4 adjacent rows a pass). */
 static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint8_t *dn = (const uint8_t *)(intptr_t)jb->down;
     const int64_t I = c->I, r0 = q * EM_P2_GEMV_Q;
     const int fp8 = c->wfmt == EM_W_FP8;
     int64_t r1 = (q + 1) * EM_P2_GEMV_Q < c->H ? (q + 1) * EM_P2_GEMV_Q : c->H;
@@ -115,12 +114,8 @@ static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate
         const uint8_t *w[4];
         const float *sc[4];
         float f[4];
-        for (int j = 0; j < 4; j++) {
-            rows[j] = streams ? r0 + j * quarter + p : r0 + p + (j < nr ? j : 0);
-            w[j] = dn + rows[j] * I;
-            sc[j] = em_row_scales(c, jb, 1, rows[j]);
-            f[j] = em_row_factor(c, sc[j]);
-        }
+        for (int j = 0; j < 4; j++) rows[j] = streams ? r0 + j * quarter + p : r0 + p + (j < nr ? j : 0);
+        em_q_rows4(c, jb, 1, rows, w, sc, f);
         /* prefetch: streams, EM_QPF_GROUPS rows on in each; else the next 4 rows. Within the task. */
         int64_t pf = streams ? (p + EM_QPF_GROUPS < quarter ? EM_QPF_GROUPS * I : 0)
                              : (r0 + p + 4 * EM_QPF_GROUPS < r1 ? 4 * EM_QPF_GROUPS * I : 0);
