@@ -10,8 +10,9 @@ device memory peak (the driver's count: context included), and the plan's slots.
     OUT=... PYTHONPATH=/tmp/site:src python3 scripts/gpu_qwen4_bench.py [--contexts 32768 131072]
       [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32]
 
-Configurations: `<ple store>-embed-<device|host>[-cpuN]`; `-cpuN` runs the last N misses of each
-MoE layer on the CPU inside the step (`--moe-backend hybrid --cpu-experts-per-layer N`). Writes $OUT/qwen4_bench.json and prints a table.
+Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf]`; `-cpuN` runs the last N misses of
+each MoE layer on the CPU inside the step (`--moe-backend hybrid --cpu-experts-per-layer N`), `-hybrid`
+a live quota of them (`--moe-backend hybrid` on the device cache), `-pf` adds `--moe-prefetch on`. Writes $OUT/qwen4_bench.json and prints a table.
 """
 
 from __future__ import annotations
@@ -56,8 +57,17 @@ def run_config(name: str, contexts: list[int], decode_tokens: int) -> list[dict[
     from edgemoe.engine.budget import expert_nbytes
 
     ple, embed = name.split("-embed-")
-    embed, _, cpu = embed.partition("-cpu")
-    share = dict(moe_backend="hybrid", expert_cache="device", cpu_experts_per_layer=int(cpu)) if cpu else {}
+    embed, *extras = embed.split("-")
+    share: dict[str, Any] = {}
+    for extra in extras:
+        if extra.startswith("cpu"):  # a fixed count of each layer's misses on the CPU
+            share |= dict(moe_backend="hybrid", expert_cache="device", cpu_experts_per_layer=int(extra[3:]))
+        elif extra == "hybrid":  # the live quota (moe/quota_controller.py)
+            share |= dict(moe_backend="hybrid", expert_cache="device")
+        elif extra == "pf":
+            share |= dict(moe_prefetch="on")
+        else:
+            raise SystemExit(f"{name}: unknown configuration part {extra!r} (cpuN, hybrid, pf)")
     settings = dict(model=MODEL, gpu_memory="16GiB", ple_store=ple, embed_weights=embed, **share,
                     max_model_len=max(contexts) + 2 * decode_tokens + 64, max_running_requests=4,
                     kv_tokens=max(contexts) + 2 * decode_tokens + 64, ple_dir="/tmp/edgemoe-ple")

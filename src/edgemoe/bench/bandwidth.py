@@ -148,11 +148,50 @@ def quant_expert_rate(kernel: CpuExperts, fmt_name: str, experts: list[Parts], t
             "best_gb_s": per_call * nbytes / best / 1e9}
 
 
+def torch_int8_rate(experts: list[Parts], per_call: int, hot: bool, min_seconds: float) -> dict[str, float]:
+    """GB/s of int8 weights through torch's `_weight_int8pack_mm` (int8 weights × bf16
+    activations, per-row scales), `per_call` experts at one token each: gate_up, SiLU·up,
+    down. The yardstick PERF-NOTES quotes for the int8 target. `hot`: the same experts
+    every call (they stay in the CPU's caches: an expert is 4.7 MB, the GPU machine's L3
+    300 MiB), else rotating through the pool as every other row of `bench bw`."""
+    count = len(experts)
+    hidden, inter = experts[0]["down"].shape[0], experts[0]["gate_up"].shape[0] // 2
+    nbytes = expert_nbytes(expert_format("int8"), hidden, inter)
+    mats = [(e["gate_up"], e["gate_up_scale"].flatten().bfloat16(), e["down"], e["down_scale"].flatten().bfloat16())
+            for e in experts]
+    x = torch.randn(1, hidden).bfloat16()
+    mm = torch.ops.aten._weight_int8pack_mm
+
+    def call(i: int) -> None:
+        for j in range(per_call):
+            gu, gs, dn, ds = mats[j if hot else (i * per_call + j) % count]
+            g, u = mm(x, gu, gs).chunk(2, dim=-1)
+            mm(F.silu(g) * u, dn, ds)
+
+    median, best = timed(call, min_seconds)
+    return {"us_per_call": median * 1e6, "gb_s": per_call * nbytes / median / 1e9,
+            "best_gb_s": per_call * nbytes / best / 1e9}
+
+
+def measure_torch_int8(experts: list[Parts], seconds: float) -> list[dict[str, Any]]:
+    """`torch_int8_rate` rows (torch's threads), one and a layer's experts a call, from the
+    pool and cache-resident."""
+    rows = []
+    for per_call in (1, LAYER_EXPERTS):
+        for hot in (False, True):
+            rate = torch_int8_rate(experts, per_call, hot, seconds)
+            rows.append({"kernel": "torch-int8pack" + (" hot" if hot else ""), "weights": "int8", "tokens": 1,
+                         "experts_per_call": per_call, "path": "default", **rate})
+    return rows
+
+
 def measure_quant_experts(kernels: list[CpuExperts], weights: list[str], pool_bytes: int, hidden: int, inter: int,
                           seconds: float) -> list[dict[str, Any]]:
     rows = []
     for fmt_name in weights:
         experts = quant_pool(fmt_name, pool_bytes, hidden, inter)
+        if fmt_name == "int8" and hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+            rows += measure_torch_int8(experts, seconds)
         for kernel in (k for k in kernels if k.native):
             cases = [(1, 1, "default"), (8, 1, "default"), (1, LAYER_EXPERTS, "default")]
             if kernel.name in GEMM_CAPABLE:
