@@ -8,7 +8,8 @@
  * over a Qwen3-30B-A3B layer's gate_up rows (8 experts x 1536 rows x 2048), rotating through
  * 1 GiB so every layer comes from RAM; threads split each layer's rows, 4 rows a pass.
  * `pages`: a group of 8 int8 rows is read as its even rows (one a 4 KiB page), then its odd
- * ones, so each page is one in-order stream; `pf`: software prefetch this many rows ahead.
+ * ones, so each page is one in-order stream; `pages` 2: rows one after the other (one stream; int8
+ * cvt only); `pf`: software prefetch this many rows ahead.
  *
  *   cc -O3 -march=native -o /tmp/harness scripts/cpu_gemv_harness.c -lpthread
  *   /tmp/harness THREADS REPS PF PAGES     (e.g. 16 3 8 1)
@@ -86,7 +87,26 @@ static float rows_bf16(const uint16_t *const *w) {
     return _mm512_reduce_add_ps(a[0]) + _mm512_reduce_add_ps(a[1]) + _mm512_reduce_add_ps(a[2]) + _mm512_reduce_add_ps(a[3]);
 }
 
+/* One row after the other (a single in-order stream), 4 accumulators over k. */
+static float rows_seq(const int8_t *b) {
+    float s = 0;
+    for (int r = 0; r < 4; r++) {
+        const int8_t *w = b + (size_t)r * K;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int k = 0; k < K; k += 64) {
+            _mm_prefetch((const char *)(w + k) + (size_t)pf * K, _MM_HINT_T0);
+            for (int j = 0; j < 4; j++) {
+                __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j))));
+                a[j] = _mm512_fmadd_ps(v, _mm512_loadu_ps(X + k + 16 * j), a[j]);
+            }
+        }
+        s += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+    }
+    return s;
+}
+
 static float int8_pass(const int8_t *b, int stride) {
+    if (pages == 2 && mode == 0) return rows_seq(b);
     const int8_t *w[4] = {b, b + stride * K, b + 2 * stride * K, b + 3 * stride * K};
     switch (mode) {
     case 0: return rows_cvt(w);
@@ -100,8 +120,12 @@ typedef struct {
     int id, layer;
 } arg_t;
 
-static void *work(void *p) {
-    arg_t *a = p;
+static pthread_barrier_t layer_done;
+static int layers_now;
+
+/* One layer's share of rows: thread `id` of `nthreads`. */
+static float layer_rows(int id, int layer) {
+    arg_t one = {id, layer}, *a = &one;
     int per = ROWS / nthreads / 8 * 8;
     float s = 0;
     for (int r = a->id * per; r < (a->id + 1) * per; r += 8) {
@@ -117,10 +141,22 @@ static void *work(void *p) {
         if (pages) { /* even rows (a page each), then the odd ones */
             s += int8_pass(b, 2);
             s += int8_pass(b + K, 2);
-        } else { /* 4 adjacent rows, then the next 4 */
+        } else { /* 4 adjacent rows, then the next 4 (pages 2: one at a time) */
             s += int8_pass(b, 1);
             s += int8_pass(b + 4 * K, 1);
         }
+    }
+    return s;
+}
+
+/* The threads live through a whole measurement; a barrier after each layer (as the
+ * kernel's phases end): no thread creation inside the timing. */
+static void *work(void *p) {
+    arg_t *a = p;
+    float s = 0;
+    for (int l = 0; l < layers_now; l++) {
+        s += layer_rows(a->id, l);
+        pthread_barrier_wait(&layer_done);
     }
     sink[a->id] = s;
     return 0;
@@ -144,14 +180,14 @@ int main(int argc, char **argv) {
     const char *names[] = {"int8 cvt", "int8 i16", "int8 vnni", "read", "bf16"};
     for (int rep = 0; rep < reps; rep++)
         for (mode = 0; mode < 5; mode++) {
-            int layers = mode == 4 ? POOL / 2 : POOL; /* bf16 rows: 2 bytes a weight */
+            int layers = layers_now = mode == 4 ? POOL / 2 : POOL; /* bf16 rows: 2 bytes a weight */
+            pthread_t th[256];
+            arg_t ar[256];
+            pthread_barrier_init(&layer_done, 0, (unsigned)nthreads);
             double t0 = now();
-            for (int l = 0; l < layers; l++) {
-                pthread_t th[256];
-                arg_t ar[256];
-                for (int i = 0; i < nthreads; i++) ar[i] = (arg_t){i, l}, pthread_create(&th[i], 0, work, &ar[i]);
-                for (int i = 0; i < nthreads; i++) pthread_join(th[i], 0);
-            }
+            for (int i = 0; i < nthreads; i++) ar[i] = (arg_t){i, 0}, pthread_create(&th[i], 0, work, &ar[i]);
+            for (int i = 0; i < nthreads; i++) pthread_join(th[i], 0);
+            pthread_barrier_destroy(&layer_done);
             double bytes = (double)layers * (ROWS / nthreads / 8 * 8) * nthreads * K * (mode == 4 ? 2 : 1);
             printf("{\"kernel\": \"%s\", \"threads\": %d, \"pf\": %d, \"pages\": %d, \"gb_s\": %.1f}\n", names[mode], nthreads,
                    pf, pages, bytes / (now() - t0) / 1e9);

@@ -171,3 +171,27 @@ def test_graph_pool_holds_the_decode_attention_splits(arch, monkeypatch: pytest.
     more = 64 * 32 * (256 - 64) * 129 * 4  # 64 rows x Hq=32 x 192 more splits x (D + LSE) x fp32
     assert graph_pool_bytes(arch, 64) - base == more
     assert workspace_bytes(arch, 2048, 8) - base_ws >= more // 8  # eager: the 8 running decode rows
+
+
+@pytest.mark.parametrize("chunk", [8192, 16384])
+def test_long_chunks_borrow_their_workspace_from_the_slots(arch, chunk: int) -> None:  # noqa: ANN001
+    """Issue 13: with streamed chunks lending the slots' tail, the plan reserves a short
+    step's workspace; the tail covers the rest of the long chunk's, and the pool keeps the
+    stream's double buffer below it."""
+    fixed = plan(arch, max_prefill_tokens=chunk, kv_tokens=8192)
+    lent = plan(arch, max_prefill_tokens=chunk, kv_tokens=8192, lend_tokens=1024)
+    short = plan(arch, max_prefill_tokens=1023, kv_tokens=8192)
+    assert fixed.lend_slots == 0 and lent.lend_slots > 0 and lent.lend_tokens == 1024
+    assert lent.workspace == short.workspace < fixed.workspace
+    assert lent.num_slots == short.num_slots > fixed.num_slots  # a long chunk costs decode no slots
+    assert lent.lend_slots * lent.slot_bytes >= fixed.workspace - lent.workspace  # the loan covers the chunk
+    assert lent.num_slots - lent.lend_slots >= 2 * 128  # the double buffer stays below the tail
+    assert lent.total <= 16 * GiB and "borrows the last" in lent.table()
+
+
+def test_no_loan_where_chunks_dont_stream_or_the_pool_is_too_small(arch) -> None:  # noqa: ANN001
+    assert plan(arch, max_prefill_tokens=1000, lend_tokens=1024).lend_slots == 0  # no chunk streams
+    assert plan(arch, budget=120 * GiB, lend_tokens=1024).lend_slots == 0  # resident
+    small = dict(budget=8 * GiB, kv_tokens=2048, max_prefill_tokens=8192)
+    tight = plan(arch, **small, lend_tokens=1024)  # ~280 slots: a 2-GiB loan would leave < 2·E
+    assert tight.lend_slots == 0 and tight == plan(arch, **small)

@@ -65,6 +65,8 @@ class MemoryPlan:
     snapshot_rows: int = 0  # of state_rows, those for prefix-cache snapshots (the rest are live)
     running_note: str = ""  # why max_running is below the setting, if it is
     extras: tuple[tuple[str, int], ...] = ()  # a model's own rows (PLE tables / step rows, QSA selection)
+    lend_slots: int = 0  # the last slots, lent to a streamed chunk's activations (moe/slot_lending.py)
+    lend_tokens: int = 0  # prompt chunks of this many tokens or more stream and borrow them
 
     @property
     def state_bytes(self) -> int:
@@ -98,6 +100,10 @@ class MemoryPlan:
         live = " = slot cache, misses copied or split with the CPU as measured" if self.backend == "auto" else ""
         lines = [f"memory plan (moe backend: {self.backend}{live}{fmt})"]
         lines += [f"  {name:<{width}}  {nbytes / GiB:8.2f} GiB" for name, nbytes in rows]
+        if self.lend_slots:
+            lines.append(f"  prompt chunks of {self.lend_tokens}+ tokens: their workspace beyond this one borrows the "
+                         f"last {self.lend_slots} expert slots ({self.lend_slots * self.slot_bytes / GiB:.2f} GiB) "
+                         "while they stream")
         if self.running_note:
             lines.append(f"  {self.running_note}")
         return "\n".join(lines)
@@ -232,6 +238,7 @@ def plan_memory(
     kv_cache_dtype: str = "auto",
     extras: tuple[tuple[str, int], ...] = (),
     host_params: tuple[str, ...] = (),
+    lend_tokens: int = 0,
 ) -> MemoryPlan:
     """Decide the backend (when auto), expert slots, KV tokens and GDN state rows (hybrid
     models; they cap the running requests); raise PlanError naming the setting to change
@@ -239,7 +246,10 @@ def plan_memory(
     so a smaller format leaves more slots; `expert_bytes` overrides that size (`edgemoe
     plan`'s what-ifs). `extras`: (name, bytes) a model reserves beside these (PLE tables
     or step rows); `host_params`: params kept in host memory (`--embed-weights host`), so
-    their device bytes go to the slots and KV."""
+    their device bytes go to the slots and KV. `lend_tokens` (the device cache's streamed
+    chunks, where the slot banks' memory can be lent; 0: none): chunks of that many tokens
+    or more borrow their workspace beyond a shorter step's from the last slots
+    (`moe/slot_lending.py`), so the plan reserves only the shorter step's."""
     shapes = arch.param_shapes()
     weights = dense_weight_bytes(arch) - sum(_numel(shapes[n]) for n in host_params) * arch.dtype.itemsize
     extras = (*extras, *model_workspace_rows(arch, max_running, max_model_len))
@@ -248,7 +258,7 @@ def plan_memory(
         arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, state.max_running, budget, context,
         ((state.rows + 1) * arch.state_bytes if state.rows else 0) + sum(n for _, n in extras),
         graph_pool_bytes(arch, graph_max_bs), expert_bytes or expert_nbytes(arch, expert_format),
-        kv_bytes_per_token(arch, kv_cache_dtype), weights,
+        kv_bytes_per_token(arch, kv_cache_dtype), weights, lend_tokens,
     )
     label = expert_format.label if expert_format is not None else ""
     return replace(
@@ -264,14 +274,48 @@ def model_workspace_rows(arch: ModelArch, max_running: int, max_model_len: int) 
     return tuple(rows(max_running, max_model_len)) if rows is not None else ()
 
 
+LEND_SLACK = 12 * MiB  # each bank's lent tail starts at a mapping boundary (2 MiB; up to 6 banks)
+
+
+def _lend(
+    arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
+    max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
+    e_bytes: int, per_tok: int, weights: int | None, lend_tokens: int,
+) -> MemoryPlan | None:
+    """The plan whose workspace is a step's of `lend_tokens` - 1 prompt tokens, the largest
+    chunk's extra activations lent by the last slots; None where that can't be (no budget,
+    chunks too short to stream, resident experts, or too few slots left below the tail for
+    the stream's double buffer of 2·E)."""
+    if budget is None or lend_tokens <= 0 or max_prefill_tokens < lend_tokens or backend == "resident":
+        return None
+    extra = workspace_bytes(arch, max_prefill_tokens, max_running) - workspace_bytes(arch, lend_tokens - 1, max_running)
+    if extra <= 0:
+        return None
+    try:
+        plan = _plan_weights_kv(arch, backend, moe_slots, kv_tokens, max_model_len, lend_tokens - 1, max_running,
+                                budget, context, reserved, graphs, e_bytes, per_tok, weights)
+    except PlanError:
+        return None
+    lend_slots = -(-(extra + LEND_SLACK) // e_bytes)
+    if plan.backend == "resident" or plan.num_slots - lend_slots < 2 * arch.store_experts:
+        return None
+    return replace(plan, lend_slots=lend_slots, lend_tokens=lend_tokens)
+
+
 def _plan_weights_kv(
     arch: ModelArch, backend: str, moe_slots: int | None, kv_tokens: int | None, max_model_len: int,
     max_prefill_tokens: int, max_running: int, budget: int | None, context: int, reserved: int, graphs: int,
-    e_bytes: int, per_tok: int, weights: int | None = None,
+    e_bytes: int, per_tok: int, weights: int | None = None, lend_tokens: int = 0,
 ) -> MemoryPlan:
     """The backend, slots and KV in what is left after `reserved` bytes (the GDN state, a
     model's extras) and the graph pool, experts at `e_bytes` each, KV at `per_tok` bytes
-    per token; `weights`: the dense weights on the device."""
+    per token; `weights`: the dense weights on the device. With `lend_tokens`, the
+    workspace of a step short of them, and the rest lent from the slots where the pool
+    allows (`_lend`); else the largest step's."""
+    lent = _lend(arch, backend, moe_slots, kv_tokens, max_model_len, max_prefill_tokens, max_running, budget, context,
+                 reserved, graphs, e_bytes, per_tok, weights, lend_tokens)
+    if lent is not None:
+        return lent
     weights = dense_weight_bytes(arch) if weights is None else weights
     total_experts = len(arch.moe_layers) * arch.store_experts
     ws = workspace_bytes(arch, max_prefill_tokens, max_running)

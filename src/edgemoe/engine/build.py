@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -167,7 +169,43 @@ def make_plan(
         snapshots=config.cache.cache_type == "radix",
         extras=tables.device_rows() if tables else (),
         host_params=tables.host_params if tables else (),
+        lend_tokens=lend_tokens(config, device),
     )
+
+
+def lend_tokens(config: EngineConfig, device: torch.device) -> int:
+    """The prompt chunks that stream through the device cache and may borrow the slot
+    banks' tail for their workspace (`moe/slot_lending.py`): the streaming threshold, or 0
+    where none can (a CPU, the host cache, a driver without virtual memory management,
+    `EDGEMOE_LEND_SLOTS=0`)."""
+    from edgemoe.moe.lendable_memory import vmm_granularity
+    from edgemoe.moe.prefill_stream import stream_min_tokens
+
+    if device.type != "cuda" or os.environ.get("EDGEMOE_LEND_SLOTS", "") == "0":
+        return 0
+    moe = config.moe
+    backend = "offload" if moe.moe_backend == "auto" else moe.moe_backend
+    cache = resolve_expert_cache(moe.expert_cache, device.type, backend, moe.moe_policy, moe.cpu_experts_per_layer,
+                                 moe.moe_hybrid_fraction)
+    if cache != "device" or vmm_granularity(device) is None:
+        return 0
+    return stream_min_tokens()
+
+
+def allocator_limit(plan: MemoryPlan, device: torch.device) -> Callable[[int], None]:
+    """Sets torch's caching allocator limit to the budget less what the process holds
+    outside it: what it held before planning (cuBLAS's workspace, tensors a caller or an
+    earlier engine kept: in the measured context already) and `held` bytes more (slot
+    banks mapped outside the allocator, `moe/lendable_memory.py`). An overrun is then an
+    OOM, not a surprise."""
+    assert plan.budget is not None
+    total = torch.cuda.mem_get_info(device)[1]
+    outside = max(0, plan.context - torch.cuda.memory_reserved(device))
+
+    def set_limit(held: int) -> None:
+        torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, (plan.budget - outside - held) / total)), device)
+
+    return set_limit
 
 
 def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
@@ -228,14 +266,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
     warn_about_plan(plan, arch, max_len)
-    if plan.budget is not None:
-        # Enforce the cap on the caching allocator too: an overrun is an OOM, not a surprise.
-        # NOTE: the limit counts the allocator's own blocks, and those it holds now (cuBLAS's
-        # workspace, tensors a caller or an earlier engine kept) are in the measured context
-        # already: its limit is the budget less what the process holds outside it.
-        total = torch.cuda.mem_get_info(device)[1]
-        outside = max(0, plan.context - torch.cuda.memory_reserved(device))
-        torch.cuda.set_per_process_memory_fraction(min(1.0, (plan.budget - outside) / total), device)
+    torch_limit = None
+    if plan.budget is not None:  # the cap on the caching allocator too
+        torch_limit = allocator_limit(plan, device)
+        torch_limit(0)
     host_cache = host_cache_bytes(config)
     cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
     loaded = load_model(
@@ -257,7 +291,11 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
         expert_cache, config.moe.expert_mover, config.moe.cpu_experts_per_layer, config.moe.prompt_cpu,
+        lend_slots=plan.lend_slots,
     )
+    lending = getattr(executor, "lending", None)
+    if lending is not None and torch_limit is not None:
+        lending.attach_limit(torch_limit)  # the slot banks' memory is outside torch's allocator
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()
     executor.routing = routing = make_routing(config.moe.routing, arch, max_tokens, device)

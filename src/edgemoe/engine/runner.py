@@ -27,7 +27,7 @@ from edgemoe.profiling import DISABLED, StepProfiler
 class MoEStepHooks(GraphVariants, Protocol):
     """The MoE executor as the runner drives it between steps (`MoEExecutor`)."""
 
-    def before_step(self, now: float, decode_batch: int | None) -> None: ...
+    def before_step(self, now: float, decode_batch: int | None, prompt_rows: int = 0) -> None: ...
 
 
 class ModelRunner:
@@ -86,7 +86,8 @@ class ModelRunner:
                 self.ple.begin_step(padded)
         self.count_tokens(sum(len(c.token_ids) for c in chunks))
         if self.moe is not None:  # before the replay: it may switch the variant to replay
-            self.moe.before_step(time.perf_counter(), len(chunks) if decode else None)
+            prompt_rows = sum(len(c.token_ids) for c in chunks if c.in_prompt)
+            self.moe.before_step(time.perf_counter(), len(chunks) if decode else None, prompt_rows)
         if self.routing is not None:  # outside run_batch: a replay must find its ids staged
             self.routing.prepare([len(c.token_ids) for c in chunks], [c.start + len(c.token_ids) for c in chunks],
                                  [c.row for c in chunks], size)

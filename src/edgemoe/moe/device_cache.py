@@ -260,19 +260,31 @@ class DeviceSlotCache:
         self._map.fill_(-1)
         self._owners.fill_(-1)
 
-    def lend(self, n: int) -> torch.Tensor:
+    def lend(self, n: int, below: int | None = None) -> torch.Tensor:
         """Empty `n` slots for a streamed prefill's buffers (`moe/prefill_stream.py`): free
-        slots first (by index), then the least recent; their experts leave the map. Returns
+        slots first (by index), then the least recent, among the slots below `below` (all
+        by default: the rest may be lent elsewhere); their experts leave the map. Returns
         their ids [n] int64 on the device. They stay free: the next misses take them."""
-        S = self.num_slots
-        if not 0 < n <= S:
+        S = self.num_slots if below is None else below
+        if not 0 < n <= S <= self.num_slots:
             raise ValueError(f"cannot lend {n} of {S} slots")
-        key = torch.where(self.slot_owners < 0, self._slot_idx - S, self.recency)
+        key = torch.where(self.slot_owners[:S] < 0, self._slot_idx[:S] - S, self.recency[:S])
         lent = torch.argsort(key)[:n]
-        owners = self._owners[lent]
-        self._map.index_fill_(0, torch.where(owners >= 0, owners, self._map.numel() - 1), -1)
-        self._owners.index_fill_(0, lent, -1)
+        self._evict(lent)
         return lent
+
+    def evict_from(self, first: int) -> None:
+        """Empty the slots from `first` on (their memory lent: `moe/slot_lending.py`); they
+        are free afterwards, and nothing may plan before they are given back."""
+        if not 0 <= first <= self.num_slots:
+            raise ValueError(f"no slot {first} in a pool of {self.num_slots}")
+        self._evict(self._slot_idx[first:])
+
+    def _evict(self, slots: torch.Tensor) -> None:
+        """`slots` [n] int64 free, their experts out of the map."""
+        owners = self._owners[slots]
+        self._map.index_fill_(0, torch.where(owners >= 0, owners, self._map.numel() - 1), -1)
+        self._owners.index_fill_(0, slots, -1)
 
     def read_counts(self) -> np.ndarray:
         """[L, 2] (hits, misses) since construction: one device read."""

@@ -45,6 +45,7 @@ from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QUARTERS, QuotaController, quota_rows
+from edgemoe.moe.slot_lending import SlotLending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 
@@ -102,17 +103,21 @@ class DeviceOffloadExecutor(CellsExecutor):
         top_k: int | None = None,
         prompt_cpu: bool = False,
         stream_tokens: int | None = None,
+        lend_slots: int = 0,
     ) -> None:
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self._prompt_rows = max_tokens if prompt_cpu else 0  # the share's prompt rule covers every chunk
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
-        self.slots = SlotBanks(store, num_slots, device, self.stats)
+        self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
         min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
-        self.streaming = PrefillStream(self.cache, self.slots, store, min_tokens)
-        self.stats.sources.append(lambda: {"streamed_chunks": self.streaming.chunks})
+        self.lending = self._make_lending(lend_slots, min_tokens)
+        below = self.lending.first if self.lending is not None else num_slots
+        self.streaming = PrefillStream(self.cache, self.slots, store, min_tokens, below)
+        self.stats.sources.append(lambda: {"streamed_chunks": self.streaming.chunks,
+                                           "slot_loans": self.lending.loans if self.lending else 0})
         self.routers: dict[int, torch.Tensor] = {}
         self.prefetch: DecodePrefetch | None = None
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
@@ -131,6 +136,18 @@ class DeviceOffloadExecutor(CellsExecutor):
                         "their misses")
         self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
         self._seen_busy = (0, 0)  # the host function's calls and ns already drained
+
+    def _make_lending(self, lend_slots: int, min_tokens: int) -> SlotLending | None:
+        """The tail of `lend_slots` slots lent to streamed chunks, if it can be (the plan
+        asked, the banks' memory can be lent, the chunks stream)."""
+        if not lend_slots:
+            return None
+        if not self.slots.tail_bytes or not min_tokens or self.cache.num_slots - lend_slots < 2 * self.num_experts:
+            log.warning("the memory plan lends %d slots to long prompt chunks, but they can't be lent here "
+                        "(no virtual memory management, or no streamed chunks): such a chunk may exceed "
+                        "--gpu-memory", lend_slots)
+            return None
+        return SlotLending(self.cache, self.slots, lend_slots, min_tokens)
 
     def register_router(self, layer: int, router: torch.Tensor) -> None:
         self.routers[layer] = router
@@ -178,7 +195,9 @@ class DeviceOffloadExecutor(CellsExecutor):
             self._level = level
         self.graph_variant = SHARE if level > 0 else PLAIN
 
-    def before_step(self, now: float, decode_batch: int | None) -> None:
+    def before_step(self, now: float, decode_batch: int | None, prompt_rows: int = 0) -> None:
+        if self.lending is not None:
+            self.lending.before_step(prompt_rows)
         share = self.cpu_share
         if share is not None and share.prompt_rows and decode_batch is None:
             share.refit_rates()  # a prompt chunk comes: its rule balances by the CPU's latest rates
@@ -212,6 +231,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
+            if self.lending is not None and not self.lending.lent:  # a caller that skipped before_step
+                self.lending.lend()
             self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
             self.streaming.computed(layer)
         else:
@@ -319,6 +340,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.streaming.reset()
         if self.prefetch is not None:
             self.prefetch.reset()
+        if self.lending is not None and self.lending.lent:  # the next step may plan into the tail
+            self.lending.take_back()
         self.cache.clear()
 
     def close(self) -> None:

@@ -113,10 +113,11 @@ class MoEExecutor(ABC):
             raise ValueError(f"graph variant {variant!r}: this executor has {self.graph_variants}")
         self.graph_variant = variant
 
-    def before_step(self, now: float, decode_batch: int | None) -> None:
+    def before_step(self, now: float, decode_batch: int | None, prompt_rows: int = 0) -> None:
         """The runner calls this on the host before each step's forward or graph replay:
-        `now` (perf_counter seconds) and the step's decode batch size (None: the step has
-        prompt tokens). Executors that tune themselves between steps listen."""
+        `now` (perf_counter seconds), the step's decode batch size (None: the step has
+        prompt tokens) and its prompt rows. Executors that tune themselves between steps,
+        or lend memory to long prompt chunks, listen."""
 
     def set_live_rows(self, live: torch.Tensor | None) -> None:
         """The runner names, once per step and inside what it may capture, which rows of

@@ -11,6 +11,7 @@ result is bitwise the resident one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +23,7 @@ from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.executor import CellWorkspace, MoEExecutor
 from edgemoe.moe.slots import LayerWave, SlotCache
 from edgemoe.moe.stats import MoEStats
+from edgemoe.moe.lendable_memory import LendableBuffer
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import expert_specs
 
@@ -32,13 +34,19 @@ class SlotBanks:
 
     Copies are issued on the current stream (so compute that follows sees them);
     from pinned host memory they run on the copy engine asynchronously.
+
+    `lend_slots`: the last slots' memory can be lent (`moe/lendable_memory.py`, each bank's
+    tail; `release_tail` / `map_tail`, `tail_bytes` freed by a loan) — the caller empties
+    those slots first (`moe/slot_lending.py`).
     """
 
-    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, stats: MoEStats) -> None:
+    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, stats: MoEStats,
+                 lend_slots: int = 0) -> None:
         self.store, self.device, self.stats = store, device, stats
         self.format = store.format
         hidden, inter = store.down_shape
-        self.parts = {name: torch.empty((num_slots, *shape), dtype=dt, device=device)
+        self._lendable: list[LendableBuffer] = []
+        self.parts = {name: self._bank(num_slots, shape, dt, lend_slots)
                       for name, (shape, dt) in expert_specs(self.format, hidden, inter).items()}
         self.gate_up, self.down = self.parts["gate_up"], self.parts["down"]  # the data parts
         self.expert_nbytes = store.expert_nbytes
@@ -65,6 +73,27 @@ class SlotBanks:
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.parts.values())
+
+    def _bank(self, num_slots: int, shape: tuple[int, ...], dt: torch.dtype, lend_slots: int) -> torch.Tensor:
+        if not lend_slots:
+            return torch.empty((num_slots, *shape), dtype=dt, device=self.device)
+        slot = math.prod(shape) * dt.itemsize
+        buf = LendableBuffer(num_slots * slot, (num_slots - lend_slots) * slot, self.device)
+        self._lendable.append(buf)
+        return buf.tensor.view(dt).view(num_slots, *shape)
+
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes a loan of the last slots gives back (0: nothing can be lent)."""
+        return sum(b.tail_bytes for b in self._lendable)
+
+    def release_tail(self) -> None:
+        for b in self._lendable:
+            b.release_tail()
+
+    def map_tail(self) -> None:
+        for b in self._lendable:
+            b.map_tail()
 
 
 class RoutingReadback:

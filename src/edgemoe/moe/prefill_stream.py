@@ -55,15 +55,18 @@ def stream_min_tokens() -> int:
 
 class PrefillStream:
     """Streams the chunks of `min_tokens` prompt rows or more (0: never) through 2·E
-    slots lent by `cache` (never when the pool has fewer than 2·E slots). Used by the
+    slots lent by `cache` from those below `below` (default all: the rest may be lent to
+    the chunk's activations, `moe/slot_lending.py`; never when fewer than 2·E). Used by the
     executor's one thread; `reset()` after a failed step."""
 
-    def __init__(self, cache: DeviceSlotCache, slots: SlotBanks, store: ExpertStore, min_tokens: int) -> None:
+    def __init__(self, cache: DeviceSlotCache, slots: SlotBanks, store: ExpertStore, min_tokens: int,
+                 below: int | None = None) -> None:
         self.cache, self.slots, self.store = cache, slots, store
         self.layers = list(store.layers)
         self.position = {layer: i for i, layer in enumerate(self.layers)}
         E = store.num_experts
-        self.min_tokens = min_tokens if cache.num_slots >= 2 * E else 0
+        self.below = cache.num_slots if below is None else below
+        self.min_tokens = min_tokens if self.below >= 2 * E else 0
         self.device = cache.device
         cuda = self.device.type == "cuda"
         self._copies = torch.cuda.Stream(self.device) if cuda else None
@@ -118,7 +121,7 @@ class PrefillStream:
     def _begin(self) -> None:
         self.chunks += 1
         E = self.store.num_experts
-        lent = self.cache.lend(2 * E)
+        lent = self.cache.lend(2 * E, self.below)
         # NOTE: the chunk's one host wait: which experts the cache holds, after the loan.
         resident = self.cache.slot_map[self.layers].cpu().numpy()
         buffers = lent.cpu().numpy().reshape(2, E)

@@ -1,0 +1,84 @@
+"""The slot pool's tail lent to a streamed prompt chunk's activations (issue 13: one memory
+plan serves decode and prefill).
+
+A chunk of `stream_min_tokens` prompt tokens or more streams every MoE layer's experts
+through a double buffer (`moe/prefill_stream.py`) and plans no waves: while it runs, the
+cache needs only the slots it holds below the tail and the double buffer. So the memory
+plan (engine/budget.py) reserves the workspace of the largest step that doesn't stream and
+sizes a tail of the pool to cover the rest of the largest chunk's. Before a streamed
+step the tail's slots are emptied (`DeviceSlotCache.evict_from`) and their memory handed
+to the driver (`SlotBanks.release_tail`), where torch's allocator finds it for the chunk's
+activations (its limit raised by as much); before the next step that doesn't stream,
+torch's cached blocks are released, its limit lowered, and the tail mapped again at the
+same addresses, so the decode graphs captured over the banks stay valid. The chunks of one
+long prompt keep the loan from the first to the last.
+
+Each switch waits for the device (the tail's last readers before the loan; the chunk's
+activations before the return): twice per long prompt, not per step. The tail's experts
+are gone after a loan: the decode steps that follow copy them again as misses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from edgemoe.moe.device_cache import DeviceSlotCache
+from edgemoe.moe.offload import SlotBanks
+
+log = logging.getLogger(__name__)
+
+
+class SlotLending:
+    """Lends the last `tail_slots` of `cache`'s pool (their memory in `banks`) while steps of
+    `min_tokens` prompt rows or more run. `set_limit(held)`: sets torch's allocator limit
+    given the bytes the banks hold outside it (None: no limit to keep)."""
+
+    def __init__(self, cache: DeviceSlotCache, banks: SlotBanks, tail_slots: int, min_tokens: int) -> None:
+        if not 0 < tail_slots < cache.num_slots:
+            raise ValueError(f"cannot lend {tail_slots} of {cache.num_slots} slots")
+        self.cache, self.banks, self.tail_slots, self.min_tokens = cache, banks, tail_slots, min_tokens
+        self.first = cache.num_slots - tail_slots  # the first lent slot
+        self.lent = False
+        self.loans = 0  # loans made (the executor's statistics)
+        self.set_limit: Callable[[int], None] | None = None
+        self._mapped = banks.nbytes()  # the banks' bytes while the tail is mapped
+
+    def attach_limit(self, set_limit: Callable[[int], None]) -> None:
+        """Keep torch's allocator limit with the banks' memory (it doesn't count them)."""
+        self.set_limit = set_limit
+        set_limit(self._held())
+
+    def before_step(self, prompt_rows: int) -> None:
+        """Lend the tail before a step that streams, take it back before one that doesn't."""
+        streams = 0 < self.min_tokens <= prompt_rows
+        if streams and not self.lent:
+            self.lend()
+        elif not streams and self.lent:
+            self.take_back()
+
+    def lend(self) -> None:
+        device = self.cache.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the tail's last readers (the step before, overlapped)
+        self.cache.evict_from(self.first)
+        self.banks.release_tail()
+        self.lent, self.loans = True, self.loans + 1
+        if self.set_limit is not None:
+            self.set_limit(self._held())
+
+    def take_back(self) -> None:
+        device, cuda = self.cache.device, self.cache.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)  # the chunk's activations are dead once its work is done
+        if self.set_limit is not None:
+            self.set_limit(self._mapped)
+        if cuda:
+            torch.cuda.empty_cache()  # the blocks torch cached in the tail's memory
+        self.banks.map_tail()
+        self.lent = False
+
+    def _held(self) -> int:
+        return self._mapped - (self.banks.tail_bytes if self.lent else 0)
