@@ -23,6 +23,8 @@
 #   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
 #                routing, $PREFILL16 backends (default offload hybrid) x $PREFILL_RUNS ("prompts:kv tokens:chunk"
 #                [:expert dtype] each, default "8192,32768:40960:8192")
+#   lend-ab      the 8K prompt in one 8K chunk and the decode after it, with the slot pool's tail lent to
+#                the chunk (EDGEMOE_LEND_SLOTS=1: more slots) and without, per $LEND_AB ($LEND_BACKEND, $LEND_DECODE)
 #   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
 #   prefetch-ab  issue 13's decode scenario (16 GiB, synthetic routing, 1K prompt) per $PREFETCH_RUNS
 #                ("dtype:backend:on|off[:VAR=value[+VAR=value...]]" each), $PREFETCH_DECODE tokens (240)
@@ -96,6 +98,12 @@ run_stage() {
                      --max-prefill-tokens "$chunk" --out "$res/prefill16"
                  done
                done ;;
+    lend-ab) for lend in ${LEND_AB:-0 1}; do  # EDGEMOE_LEND_SLOTS: the slot pool's tail lent to long chunks, or not
+               echo "== EDGEMOE_LEND_SLOTS=$lend"
+               EDGEMOE_LEND_SLOTS=$lend decode --gpu-memory 16GiB --kv-tokens 8448 --routing synthetic \
+                 --moe-backend ${LEND_BACKEND:-offload} --prompt-tokens 8192 --batch-sizes 1 \
+                 --decode-tokens ${LEND_DECODE:-160} --max-prefill-tokens 8192 --out "$res/lend-ab"
+             done ;;
     stream-ab) for threshold in ${STREAM_AB:-256 1024}; do  # EDGEMOE_PREFILL_STREAM_TOKENS for short prompts
                  echo "== EDGEMOE_PREFILL_STREAM_TOKENS=$threshold"
                  EDGEMOE_PREFILL_STREAM_TOKENS=$threshold decode --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic \

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from edgemoe import LLM, SamplingParams
+from edgemoe.engine.budget import workspace_bytes
 from edgemoe.moe.lendable_memory import LendableBuffer, vmm_granularity
 from edgemoe.testing.isolation import DeviceUse, isolated
 
@@ -83,19 +84,24 @@ def _engine(path, **settings) -> LLM:  # noqa: ANN001, ANN003
                gpu_memory="2560MiB", max_prefill_tokens=2048, **settings)
 
 
-def test_lending_keeps_the_greedy_tokens_and_gives_decode_more_slots(make_ckpt, monkeypatch) -> None:  # noqa: ANN001
+def test_lending_keeps_the_greedy_tokens(make_ckpt, monkeypatch) -> None:  # noqa: ANN001
+    """The same tokens with and without the loan; the loan's plan reserves only a short
+    step's workspace (its slot count can't be compared across two engines of one process:
+    the second measures the first's leftovers in its context)."""
     path = make_ckpt("qwen3_moe", **MEDIUM)
-    tokens, slots = {}, {}
+    tokens = {}
     for lend in ("0", "1"):
         monkeypatch.setenv("EDGEMOE_LEND_SLOTS", lend)
         with _engine(path) as llm:
-            plan = llm.engine.runtime.plan
-            assert (plan.lend_slots > 0) == (lend == "1")
+            rt = llm.engine.runtime
+            assert (rt.plan.lend_slots > 0) == (lend == "1")
+            if lend == "1":
+                assert rt.plan.workspace == workspace_bytes(rt.model.arch, 1023, rt.plan.max_running)
             tokens[lend] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-            slots[lend] = plan.num_slots
             moe = llm.stats()["moe"]
-            assert moe["streamed_chunks"] >= 1 and moe["slot_loans"] == (moe["streamed_chunks"] if lend == "1" else 0)
-    assert tokens["1"] == tokens["0"] and slots["1"] > slots["0"]
+            assert moe["streamed_chunks"] >= 1 and (moe["slot_loans"] >= 1) == (lend == "1")
+            assert rt.executor.workspace.loaned_buffer is None  # the chunk's cells went with the loan
+    assert tokens["1"] == tokens["0"]
 
 
 @isolated  # measures the driver-counted device memory of a fresh process

@@ -123,3 +123,15 @@ def test_torch_limit_follows_the_lent_bytes() -> None:
     assert limits == [1000, 700, 1000] and banks.mapped and lending.loans == 1
     with pytest.raises(ValueError, match="cannot lend"):
         SlotLending(cache, banks, 10, 100)  # type: ignore[arg-type]
+
+
+def test_loaned_cells_are_a_buffer_of_their_own() -> None:
+    from edgemoe.moe.executor import CellWorkspace
+
+    ws = CellWorkspace(4, H, CPU, loaned=True)
+    short = ws.cells(torch.zeros(3, K, dtype=torch.int32))
+    long = ws.cells(torch.zeros(9, K, dtype=torch.int32))
+    assert short.shape == (3, K, H) and long.shape == (9, K, H) and ws.buffer.shape[0] == 4
+    assert long.data_ptr() != short.data_ptr() and ws.loaned_buffer is not None
+    ws.drop_loaned()
+    assert ws.loaned_buffer is None and ws.cells(torch.zeros(2, K, dtype=torch.int32)).data_ptr() == short.data_ptr()

@@ -292,6 +292,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
         expert_cache, config.moe.expert_mover, config.moe.cpu_experts_per_layer, config.moe.prompt_cpu,
         lend_slots=plan.lend_slots,
+        planned_tokens=plan.lend_tokens - 1 + sched.max_running_requests if plan.lend_slots else None,
     )
     lending = getattr(executor, "lending", None)
     if lending is not None and torch_limit is not None:

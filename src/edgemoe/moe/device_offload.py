@@ -85,7 +85,10 @@ class DeviceOffloadExecutor(CellsExecutor):
     the share can't run (no C kernel, a format it doesn't read) live_quota falls back to
     offload, said in the log for hybrid. `stream_tokens`: prompt chunks of this many
     tokens or more stream every layer's experts through lent slots (`moe/prefill_stream.py`;
-    default `EDGEMOE_PREFILL_STREAM_TOKENS` or 1,024; 0: never)."""
+    default `EDGEMOE_PREFILL_STREAM_TOKENS` or 1,024; 0: never). `lend_slots` (the memory
+    plan's): the last slots' memory is lent to those chunks' activations
+    (`moe/slot_lending.py`), and `planned_tokens`, the largest step that doesn't borrow,
+    sizes the persistent cell buffer (longer chunks get theirs from the loan)."""
 
     def __init__(
         self,
@@ -104,6 +107,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         prompt_cpu: bool = False,
         stream_tokens: int | None = None,
         lend_slots: int = 0,
+        planned_tokens: int | None = None,
     ) -> None:
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         self._prompt_rows = max_tokens if prompt_cpu else 0  # the share's prompt rule covers every chunk
@@ -120,7 +124,9 @@ class DeviceOffloadExecutor(CellsExecutor):
                                            "slot_loans": self.lending.loans if self.lending else 0})
         self.routers: dict[int, torch.Tensor] = {}
         self.prefetch: DecodePrefetch | None = None
-        self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
+        loaned = self.lending is not None and planned_tokens is not None
+        self.workspace = CellWorkspace(planned_tokens if loaned else max_tokens, store.down_shape[0], device,  # type: ignore[arg-type]
+                                       loaned=loaned)
         self.expert_nbytes = store.expert_nbytes
         self.num_decode = 0  # of the layer being computed
         self._dead: torch.Tensor | None = None  # the step's padding rows: ~live, once a step, not a layer
@@ -147,7 +153,7 @@ class DeviceOffloadExecutor(CellsExecutor):
                         "(no virtual memory management, or no streamed chunks): such a chunk may exceed "
                         "--gpu-memory", lend_slots)
             return None
-        return SlotLending(self.cache, self.slots, lend_slots, min_tokens)
+        return SlotLending(self.cache, self.slots, lend_slots, min_tokens, lambda: self.workspace.drop_loaned())
 
     def register_router(self, layer: int, router: torch.Tensor) -> None:
         self.routers[layer] = router

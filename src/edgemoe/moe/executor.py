@@ -139,15 +139,28 @@ class MoEExecutor(ABC):
 class CellWorkspace:
     """The fp32 contribution cells [T, K, H], allocated once for the largest step
     (`max_tokens`; the memory plan counts it) at the first call, when K is known.
+    `loaned`: steps of more tokens are chunks whose workspace the slot pool lends
+    (`moe/slot_lending.py`; the plan counts only `max_tokens`): their cells are a buffer of
+    their own, dropped with `drop_loaned` before the loan ends (the other may be captured
+    in a graph: it never moves).
     NOTE: cells are not cleared between layers: every routed pair's cell is written
     exactly once per layer (the passes of one layer partition the pairs)."""
 
-    def __init__(self, max_tokens: int, hidden: int, device: torch.device) -> None:
-        self.max_tokens, self.hidden, self.device = max_tokens, hidden, device
+    def __init__(self, max_tokens: int, hidden: int, device: torch.device, loaned: bool = False) -> None:
+        self.max_tokens, self.hidden, self.device, self.loaned = max_tokens, hidden, device, loaned
         self.buffer: torch.Tensor | None = None
+        self.loaned_buffer: torch.Tensor | None = None
+
+    def drop_loaned(self) -> None:
+        self.loaned_buffer = None
 
     def cells(self, topk_ids: torch.Tensor) -> torch.Tensor:
         T, K = topk_ids.shape
+        if self.loaned and T > self.max_tokens:
+            b = self.loaned_buffer
+            if b is None or T > b.shape[0] or K != b.shape[1]:
+                b = self.loaned_buffer = torch.empty((T, K, self.hidden), dtype=torch.float32, device=self.device)
+            return b[:T]
         b = self.buffer
         if b is None or T > b.shape[0] or K != b.shape[1]:
             rows = max(T, self.max_tokens)

@@ -197,7 +197,7 @@ class LendableBuffer:
         ordinal = device.index if device.index is not None else torch.cuda.current_device()
         size = _round_up(nbytes, gran)
         with torch.cuda.device(ordinal):
-            torch.cuda.init()
+            torch.cuda.synchronize()  # the device's primary context made and current on this thread
             self._mapping = _Mapping(ordinal, size, head)
             self.tail_bytes = size - head
             interface = _ArrayInterface(self._mapping.base.value, nbytes)

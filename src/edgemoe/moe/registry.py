@@ -33,6 +33,7 @@ def make_executor(
     prompt_cpu: bool = False,
     stream_tokens: int | None = None,
     lend_slots: int = 0,
+    planned_tokens: int | None = None,
 ) -> MoEExecutor:
     """The executor named by `--moe-backend`; `max_tokens` (the largest step) sizes the
     contribution-cell workspace. hybrid: `hybrid_fraction` fixes the CPU's share of the
@@ -44,7 +45,8 @@ def make_executor(
     `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when), and
     `prompt_cpu` its prompt rule; prompt chunks of `stream_tokens` or more (default
     `moe/prefill_stream.py`'s) stream their experts, with the last `lend_slots` slots'
-    memory lent to them (`moe/slot_lending.py`; the memory plan's `lend_slots`)."""
+    memory lent to them (`moe/slot_lending.py`; the memory plan's `lend_slots`; the
+    persistent cells sized for `planned_tokens`, the largest step that doesn't borrow)."""
     if backend == "resident":
         from edgemoe.moe.executor import ResidentExecutor
 
@@ -57,7 +59,8 @@ def make_executor(
         live = live_share(backend, device) if quota is None else None
         return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
                                      policy=policy, live_quota=live, top_k=top_k, prompt_cpu=prompt_cpu,
-                                     stream_tokens=stream_tokens, lend_slots=lend_slots)
+                                     stream_tokens=stream_tokens, lend_slots=lend_slots,
+                                     planned_tokens=planned_tokens)
     if expert_cache != "host":
         raise ValueError(f"expert_cache {expert_cache!r}: choose one of {', '.join(EXPERT_CACHES)}")
     if prompt_cpu:

@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 class SlotLending:
     """Lends the last `tail_slots` of `cache`'s pool (their memory in `banks`) while steps of
     `min_tokens` prompt rows or more run. `set_limit(held)`: sets torch's allocator limit
-    given the bytes the banks hold outside it (None: no limit to keep)."""
+    given the bytes the banks hold outside it (None: no limit to keep); `before_return`
+    drops the tensors the loan's steps kept (the chunks' own cell buffer)."""
 
-    def __init__(self, cache: DeviceSlotCache, banks: SlotBanks, tail_slots: int, min_tokens: int) -> None:
+    def __init__(self, cache: DeviceSlotCache, banks: SlotBanks, tail_slots: int, min_tokens: int,
+                 before_return: Callable[[], None] = lambda: None) -> None:
         if not 0 < tail_slots < cache.num_slots:
             raise ValueError(f"cannot lend {tail_slots} of {cache.num_slots} slots")
         self.cache, self.banks, self.tail_slots, self.min_tokens = cache, banks, tail_slots, min_tokens
@@ -44,6 +46,7 @@ class SlotLending:
         self.lent = False
         self.loans = 0  # loans made (the executor's statistics)
         self.set_limit: Callable[[int], None] | None = None
+        self.before_return = before_return  # drops what the loan's steps kept in the lent memory
         self._mapped = banks.nbytes()  # the banks' bytes while the tail is mapped
 
     def attach_limit(self, set_limit: Callable[[int], None]) -> None:
@@ -71,6 +74,7 @@ class SlotLending:
 
     def take_back(self) -> None:
         device, cuda = self.cache.device, self.cache.device.type == "cuda"
+        self.before_return()
         if cuda:
             torch.cuda.synchronize(device)  # the chunk's activations are dead once its work is done
         if self.set_limit is not None:
