@@ -12,6 +12,8 @@ moe/slot_lending.py):
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -54,6 +56,11 @@ def test_a_loan_frees_the_tail_and_it_returns_at_the_same_address() -> None:
     assert buf.tensor.data_ptr() == ptr and bool((head == 7).all())
     buf.tensor[100 * MiB :].fill_(3)
     assert int(buf.tensor[-1]) == 3 and int(buf.tensor[100 * MiB]) == 3 and int(head[-1]) == 7
+    torch.cuda.synchronize()
+    free_mapped = torch.cuda.mem_get_info()[0]
+    del buf, head
+    gc.collect()
+    assert torch.cuda.mem_get_info()[0] - free_mapped >= 500 * MiB  # the last tensor gone: the memory too
 
 
 def test_a_graph_over_the_buffer_replays_after_a_loan() -> None:
@@ -64,11 +71,11 @@ def test_a_graph_over_the_buffer_replays_after_a_loan() -> None:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        torch.sum(view, out=out)  # warm-up outside the capture
+        out.copy_(view.sum())  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        torch.sum(view, out=out)
+        out.copy_(view.sum())
     graph.replay()
     assert float(out) == view.numel()
     torch.cuda.synchronize()
@@ -84,6 +91,7 @@ def _engine(path, **settings) -> LLM:  # noqa: ANN001, ANN003
                gpu_memory="2560MiB", max_prefill_tokens=2048, **settings)
 
 
+@isolated  # plans from a fresh process's context (the tests above leave the allocator's cache)
 def test_lending_keeps_the_greedy_tokens(make_ckpt, monkeypatch) -> None:  # noqa: ANN001
     """The same tokens with and without the loan; the loan's plan reserves only a short
     step's workspace (its slot count can't be compared across two engines of one process:

@@ -46,58 +46,6 @@ static inline void em_q_put(const em_call *c, const em_jobstate *s, int64_t i, c
     for (int t = 0; t < nt; t++) s->hs[(t0 + t) * c->Is + i] = em_silu(f[g] * dots[g * nt + t]) * (f[u] * dots[u * nt + t]);
 }
 
-#ifndef EM_QSEQ
-#define EM_QSEQ 0
-#endif
-#ifndef EM_QSEQ_PF
-#define EM_QSEQ_PF 4 /* rows ahead an EM_QSEQ row prefetches, within its task */
-#endif
-
-#if defined(EM_HAS_GEMV1Q)
-/* EM_QSEQ (int8 on AVX-512): a task's rows one after the other — gate_up its gate rows,
- * then its up rows; down its rows — so a thread reads one in-order stream, where 4 rows at
- * once are 4 streams 2 KiB long (scripts/cpu_gemv_harness.c measured the orders apart). */
-static void em_gate_up_gemv_seq(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const int64_t H = c->H, I = c->I, i0 = q * EM_P1_GEMV_Q;
-    const int n = (int)((i0 + EM_P1_GEMV_Q < I ? i0 + EM_P1_GEMV_Q : I) - i0);
-    const int8_t *w = (const int8_t *)(intptr_t)jb->gate_up;
-    const float *scale = (const float *)(intptr_t)jb->gate_up_scale;
-    float dots[2 * EM_P1_GEMV_Q][EM_NT];
-    for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
-        const int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-        for (int j = 0; j < 2 * n; j++) { /* row j of the task's order: gate i0 + j, then up i0 + j - n */
-            const int64_t r = j < n ? i0 + j : I + i0 + j - n, ja = j + EM_QSEQ_PF;
-            const int64_t ahead = ja < 2 * n ? (ja < n ? i0 + ja : I + i0 + ja - n) : r;
-            em_gemv1q(w + r * H, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, (ahead - r) * H, dots[j]);
-        }
-        for (int j = 0; j < n; j++)
-            for (int t = 0; t < nt; t++)
-                s->hs[(t0 + t) * c->Is + i0 + j] =
-                    em_silu(scale[i0 + j] * dots[j][t]) * (scale[I + i0 + j] * dots[n + j][t]);
-    }
-}
-
-static void em_down_gemv_seq(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const int64_t I = c->I, r0 = q * EM_P2_GEMV_Q;
-    const int64_t r1 = r0 + EM_P2_GEMV_Q < c->H ? r0 + EM_P2_GEMV_Q : c->H;
-    const int8_t *w = (const int8_t *)(intptr_t)jb->down;
-    const float *scale = (const float *)(intptr_t)jb->down_scale;
-    float dots[EM_NT];
-    for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
-        const int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-        for (int64_t r = r0; r < r1; r++) {
-            em_gemv1q(w + r * I, s->hs + t0 * c->Is, c->Is, nt, (int)I, r + EM_QSEQ_PF < r1 ? EM_QSEQ_PF * I : 0, dots);
-            for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, r, scale[r] * dots[t]);
-        }
-    }
-}
-#define EM_SEQ_INT8(c) (EM_QSEQ && (c)->wfmt == EM_W_INT8)
-#else
-#define EM_SEQ_INT8(c) 0
-#define em_gate_up_gemv_seq(c, jb, s, q) ((void)0)
-#define em_down_gemv_seq(c, jb, s, q) ((void)0)
-#endif
-
 #ifndef EM_QPAGES
 #define EM_QPAGES 1
 #endif
@@ -107,10 +55,6 @@ static void em_down_gemv_seq(const em_call *c, const em_job *jb, const em_jobsta
  * pairs' first rows then their second rows (prefetched by the first pass): each page is
  * one stream read in order, as a bf16 row is. */
 static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    if (EM_SEQ_INT8(c)) {
-        em_gate_up_gemv_seq(c, jb, s, q);
-        return;
-    }
     const int64_t H = c->H, I = c->I;
     const int fp8 = c->wfmt == EM_W_FP8;
     int64_t i1 = (q + 1) * EM_P1_GEMV_Q < I ? (q + 1) * EM_P1_GEMV_Q : I;
@@ -159,10 +103,6 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
 /* down: a whole task's rows as 4 streams (its quarters), each read in order, a row of each
  * a pass (EM_QDN_STREAMS; a partial task: 4 adjacent rows a pass). */
 static void em_down_gemv_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    if (EM_SEQ_INT8(c)) {
-        em_down_gemv_seq(c, jb, s, q);
-        return;
-    }
     const int64_t I = c->I, r0 = q * EM_P2_GEMV_Q;
     const int fp8 = c->wfmt == EM_W_FP8;
     int64_t r1 = (q + 1) * EM_P2_GEMV_Q < c->H ? (q + 1) * EM_P2_GEMV_Q : c->H;

@@ -104,56 +104,6 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* One int8 row against nt tokens: dots[t] = sum_k w[k] * x_t[k], 64 weights a step in
- * four accumulators a token (the FMA chain's latency), the row read as one in-order
- * stream; `pf`: the byte offset of the line to prefetch ahead of each line read (0:
- * none past the row). The rows-one-after-another order of EM_QSEQ (em_qtasks.h). */
-#define EM_Q1STEP(j)                                                                                          \
-    {                                                                                                         \
-        __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + k + 16 * j)))); \
-        a[0][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs + k + 16 * j), a[0][j]);                             \
-        if (nt > 1) a[1][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs + xss + k + 16 * j), a[1][j]);           \
-        if (nt > 2) a[2][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs + 2 * xss + k + 16 * j), a[2][j]);       \
-        if (nt > 3) a[3][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs + 3 * xss + k + 16 * j), a[3][j]);       \
-    }
-
-static inline __attribute__((always_inline)) void em_gemv1q_impl(const int8_t *w, const float *xs, int64_t xss,
-                                                                  const int nt, int K, int64_t pf, float *dots) {
-    __m512 a[4][4];
-    for (int t = 0; t < 4; t++)
-        for (int j = 0; j < 4; j++) a[t][j] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 64 <= K; k += 64) {
-        EM_PREFETCH(w + k, pf);
-        EM_Q1STEP(0) EM_Q1STEP(1) EM_Q1STEP(2) EM_Q1STEP(3)
-    }
-    for (; k < K; k += 16) { /* the tail, 16 at a time (masked); xs is zero-padded past K */
-        __m512 wv = em_q16((const uint8_t *)w, k, K, 0, 0.0f);
-        for (int t = 0; t < nt; t++) a[t][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xs + t * xss + k), a[t][0]);
-    }
-    for (int t = 0; t < nt; t++)
-        dots[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
-}
-
-#define EM_GEMV1Q(name, nt)                                                                                \
-    static void name(const int8_t *w, const float *xs, int64_t xss, int K, int64_t pf, float *dots) {     \
-        em_gemv1q_impl(w, xs, xss, nt, K, pf, dots);                                                      \
-    }
-EM_GEMV1Q(em_gemv1q_1, 1)
-EM_GEMV1Q(em_gemv1q_2, 2)
-EM_GEMV1Q(em_gemv1q_3, 3)
-EM_GEMV1Q(em_gemv1q_4, 4)
-
-static void em_gemv1q(const int8_t *w, const float *xs, int64_t xss, int nt, int K, int64_t pf, float *dots) {
-    switch (nt) {
-    case 1: em_gemv1q_1(w, xs, xss, K, pf, dots); break;
-    case 2: em_gemv1q_2(w, xs, xss, K, pf, dots); break;
-    case 3: em_gemv1q_3(w, xs, xss, K, pf, dots); break;
-    default: em_gemv1q_4(w, xs, xss, K, pf, dots); break;
-    }
-}
-#define EM_HAS_GEMV1Q 1
-
 /* n values of a row → bf16 (exact), 16 at a time. */
 static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, uint16_t *out) {
     for (int k = 0; k < n; k += 16) {
