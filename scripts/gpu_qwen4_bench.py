@@ -38,6 +38,12 @@ def bounds(misses: float, expert_bytes: int) -> tuple[float, float]:
     return PCIE_GBPS * 1e9 / per_token, min(PCIE_GBPS + CPU_GBPS, CEILING_GBPS) * 1e9 / per_token
 
 
+def outside_allocator(rt: Any) -> int:
+    """Slot banks mapped outside torch's allocator (lendable: moe/lendable_memory.py)."""
+    slots = getattr(rt.executor, "slots", None)
+    return getattr(slots, "outside_allocator", 0)
+
+
 def ple_per_token(llm: Any, store_before: dict[str, float], tokens: int) -> dict[str, float]:
     store = llm.engine.runtime.ple
     if store is None:
@@ -92,7 +98,7 @@ def run_config(name: str, contexts: list[int], decode_tokens: int) -> list[dict[
                 "misses_per_token": misses, "hit_rate": r["decode_moe"]["hit_rate"],
                 "copy_bound_tok_s": copy_b, "copy_cpu_bound_tok_s": both_b,
                 "ratio_to_copy_bound": r["decode_tok_s"] / copy_b, "ratio_to_copy_cpu_bound": r["decode_tok_s"] / both_b,
-                "device_peak_gib": (rt.plan.context + torch.cuda.max_memory_reserved()) / 2**30,
+                "device_peak_gib": (rt.plan.context + torch.cuda.max_memory_reserved() + outside_allocator(rt)) / 2**30,
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
                 **ple_per_token(llm, before, r["decode_tokens_timed"]), "raw": r,
             })

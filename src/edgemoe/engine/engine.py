@@ -353,13 +353,15 @@ class Engine:
         return {"layers": list(arch.moe_layers), "num_experts": arch.num_experts, "cells": cells}
 
     def _device_memory(self) -> dict[str, int]:
-        """What the caching allocator holds on the device (nothing to report on CPU)."""
+        """What the engine holds on the device (nothing to report on CPU): the caching
+        allocator's blocks and the slot banks mapped beside it (moe/lendable_memory.py)."""
         device = self.runtime.device
         if device.type != "cuda":
             return {}
+        banks = getattr(getattr(self.runtime.executor, "slots", None), "outside_allocator", 0)
         return {
-            "device_memory_allocated": torch.cuda.memory_allocated(device),
-            "device_memory_reserved": torch.cuda.memory_reserved(device),
+            "device_memory_allocated": torch.cuda.memory_allocated(device) + banks,
+            "device_memory_reserved": torch.cuda.memory_reserved(device) + banks,
         }
 
     def close(self) -> None:

@@ -83,6 +83,12 @@ class SlotBanks:
         return buf.tensor.view(dt).view(num_slots, *shape)
 
     @property
+    def outside_allocator(self) -> int:
+        """Bytes the banks hold mapped outside torch's caching allocator (its statistics
+        leave them out), a lent tail not counted."""
+        return sum(b.nbytes - (b.tail_bytes if b.lent else 0) for b in self._lendable)
+
+    @property
     def tail_bytes(self) -> int:
         """Bytes a loan of the last slots gives back (0: nothing can be lent)."""
         return sum(b.tail_bytes for b in self._lendable)
