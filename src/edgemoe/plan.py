@@ -88,7 +88,8 @@ def rates_from(args: argparse.Namespace) -> Rates:
     if path is None or None not in given:
         return Rates(*given[:2], None, given[2], None, "given")
     data = json.loads(path.read_text())
-    decode_rows = [r["gb_s"] for r in data.get("experts", []) if r.get("tokens") == 1 and r.get("experts_per_call", 1) > 1]
+    decode_rows = [r["gb_s"] for r in data.get("experts", [])  # cache-resident rows are no CPU path's rate
+                   if r.get("tokens") == 1 and r.get("experts_per_call", 1) > 1 and not r.get("cache_resident")]
     copies = data.get("copies", {})
     d2d = copies.get("d2d_1GiB_gb_s")
     measured = (copies.get("h2d_pinned_expert_gb_s"), max(decode_rows) if decode_rows else None,

@@ -181,7 +181,7 @@ def measure_torch_int8(experts: list[Parts], seconds: float) -> list[dict[str, A
         for hot in (False, True):
             rate = torch_int8_rate(experts, per_call, hot, seconds)
             rows.append({"kernel": "torch-int8pack" + (" hot" if hot else ""), "weights": "int8", "tokens": 1,
-                         "experts_per_call": per_call, "path": "default", **rate})
+                         "experts_per_call": per_call, "path": "default", "cache_resident": hot, **rate})
     return rows
 
 
