@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgemoe import plan_speed as speed
-from edgemoe.bench.plan_fit import PREFILL_RUNS, RUNS, fit, measured, plan_args, predicted_ms, predicted_prefill
+from edgemoe.bench.plan_fit import PREFILL_RUNS, RUNS, fit, measured, plan_args, predicted_ms, predicted_prefill, run_env
 from edgemoe.cli import build_parser, main
 from edgemoe.plan import hit_rate, plan_rows, rates_from
 from edgemoe.plan_speed import decode_bound, prefill_bound, prefill_streamed
@@ -111,7 +111,8 @@ def test_plan_slots_track_the_engines_measured_slots() -> None:
     # The plan estimates the CUDA context (0.5 GiB) where the engine measured it: the slots left
     # differ by what the two contexts differ, under a tenth on these runs.
     for run in RUNS[:5]:
-        _, _, _, rows = plan_rows(build_parser().parse_args(plan_args(run, RESULTS, 0.0)))
+        with run_env(run):  # as it ran: before long chunks borrowed from the slots
+            _, _, _, rows = plan_rows(build_parser().parse_args(plan_args(run, RESULTS, 0.0)))
         assert rows[0].num_slots == pytest.approx(measured(run, RESULTS).slots, rel=0.1), run.label
 
 

@@ -124,6 +124,7 @@ def streams(chunk: int, slots: int, experts: int) -> bool:
 
 def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates) -> Prediction:
     from edgemoe.engine.budget import expert_nbytes, plan_memory
+    from edgemoe.moe.slot_lending import lend_tokens
     from edgemoe.quant import expert_format
 
     form = expert_format(fmt, arch.dtype)
@@ -133,6 +134,8 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
         max_model_len=args.max_model_len or arch.max_position_embeddings, max_prefill_tokens=args.max_prefill_tokens,
         max_running=args.max_running_requests, budget=budget, context=context, expert_format=form,
         graph_max_bs=min(args.cuda_graph_max_bs, args.max_running_requests),  # as the engine plans on a GPU
+        # the device cache's streamed chunks borrow from the slots, as on a GPU (docs/offload.md)
+        lend_tokens=lend_tokens() if args.moe_backend in ("offload", "hybrid", "auto") else 0,
     )
     moe_layers, K, E = len(arch.moe_layers), arch.top_k, arch.num_experts
     total = moe_layers * E
@@ -145,9 +148,9 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
     misses = 0.0 if resident else misses
     step = both = prefill = None
     if rates.pcie_gbps:
-        if not resident and streams(args.max_prefill_tokens, slots, E):
-            prefill = speed.STREAM_EFFICIENCY * speed.prefill_streamed(
-                rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, slots, e_bytes)
+        if not resident and streams(args.max_prefill_tokens, slots - plan.lend_slots, E):
+            prefill = speed.STREAM_EFFICIENCY * speed.prefill_streamed(  # the lent slots hold nothing meanwhile
+                rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, slots - plan.lend_slots, e_bytes)
         else:
             prefill = speed.PREFILL_EFFICIENCY * speed.prefill_bound(
                 rates.pcie_gbps, args.max_prefill_tokens, moe_layers, E, K, slots / total, e_bytes)

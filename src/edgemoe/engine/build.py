@@ -179,9 +179,9 @@ def lend_tokens(config: EngineConfig, device: torch.device) -> int:
     where none can (a CPU, the host cache, a driver without virtual memory management,
     `EDGEMOE_LEND_SLOTS=0`)."""
     from edgemoe.moe.lendable_memory import vmm_granularity
-    from edgemoe.moe.prefill_stream import stream_min_tokens
+    from edgemoe.moe.slot_lending import lend_tokens as lend_setting
 
-    if device.type != "cuda" or os.environ.get("EDGEMOE_LEND_SLOTS", "") == "0":
+    if device.type != "cuda":
         return 0
     moe = config.moe
     backend = "offload" if moe.moe_backend == "auto" else moe.moe_backend
@@ -189,7 +189,7 @@ def lend_tokens(config: EngineConfig, device: torch.device) -> int:
                                  moe.moe_hybrid_fraction)
     if cache != "device" or vmm_granularity(device) is None:
         return 0
-    return stream_min_tokens()
+    return lend_setting()
 
 
 def allocator_limit(plan: MemoryPlan, device: torch.device) -> Callable[[int], None]:

@@ -30,6 +30,18 @@ from edgemoe.moe.offload import SlotBanks
 
 log = logging.getLogger(__name__)
 
+LEND_ENV = "EDGEMOE_LEND_SLOTS"  # "0": chunks never borrow (the A/B, and runs measured before lending)
+
+
+def lend_tokens() -> int:
+    """The prompt chunks that borrow the pool's tail where the device cache streams them: the
+    streaming threshold (`EDGEMOE_PREFILL_STREAM_TOKENS`), 0 with `EDGEMOE_LEND_SLOTS=0`."""
+    import os
+
+    from edgemoe.moe.prefill_stream import stream_min_tokens
+
+    return 0 if os.environ.get(LEND_ENV, "") == "0" else stream_min_tokens()
+
 
 class SlotLending:
     """Lends the last `tail_slots` of `cache`'s pool (their memory in `banks`) while steps of
