@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path

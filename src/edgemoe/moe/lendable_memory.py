@@ -123,7 +123,7 @@ class _Mapping:
         self.base = ctypes.c_uint64()
         _check(lib.cuMemAddressReserve(ctypes.byref(self.base), ctypes.c_size_t(size), ctypes.c_size_t(0),
                                        ctypes.c_uint64(0), ctypes.c_uint64(0)), "cuMemAddressReserve")
-        self.handles: dict[int, ctypes.c_uint64] = {}  # offset -> allocation mapped there
+        self.handles: dict[int, tuple[ctypes.c_uint64, int]] = {}  # offset -> (allocation mapped there, bytes)
         try:
             if head:
                 self.map(0, head)
@@ -142,16 +142,14 @@ class _Mapping:
         if rc != 0:
             lib.cuMemRelease(handle)
             _check(rc, "cuMemMap")
-        self.handles[offset] = handle
+        self.handles[offset] = (handle, nbytes)
         access = _AccessDesc(_Location(LOCATION_DEVICE, self.ordinal), PROT_READWRITE)
         _check(lib.cuMemSetAccess(addr, ctypes.c_size_t(nbytes), ctypes.byref(access), ctypes.c_size_t(1)),
                "cuMemSetAccess")
 
     def unmap(self, offset: int) -> None:
-        handle = self.handles.pop(offset)
-        end = min((o for o in self.handles if o > offset), default=self.size)
-        _check(self.lib.cuMemUnmap(ctypes.c_uint64(self.base.value + offset), ctypes.c_size_t(end - offset)),
-               "cuMemUnmap")
+        handle, nbytes = self.handles.pop(offset)
+        _check(self.lib.cuMemUnmap(ctypes.c_uint64(self.base.value + offset), ctypes.c_size_t(nbytes)), "cuMemUnmap")
         _check(self.lib.cuMemRelease(handle), "cuMemRelease")
 
     def free(self) -> None:
