@@ -87,16 +87,11 @@ def test_device_memory_stays_under_the_cap(make_ckpt) -> None:  # noqa: ANN001
     path = make_ckpt("qwen3_moe", **MEDIUM)
     cap = 2 * 2**30
     use = DeviceUse()  # before this process's CUDA context: the parent pytest's share left out
-    peak = 0
     with LLM(str(path), dtype="bfloat16", device="cuda", gpu_memory="2GiB", max_prefill_tokens=2048) as llm:
         engine = llm.engine
         assert engine.runtime.plan.backend == "auto"  # a slot cache: on the device (--expert-cache auto)
         rid = engine.add_request(list(range(1000, 7000)), SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
-        done = False
-        while not done:
-            for out in engine.step():
-                done |= out.request_id == rid and out.finished
-            peak = max(peak, use.now())
+        peak = use.peak_until_finished(engine, rid)
         moe = llm.stats()["moe"]
         assert moe["misses"] > 0 and moe["bytes_copied"] > 0
     assert peak <= cap, f"driver-counted peak {peak / 2**30:.2f} GiB > cap 2 GiB"

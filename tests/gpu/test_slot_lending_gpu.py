@@ -118,15 +118,10 @@ def test_device_memory_stays_under_the_cap_through_loans(make_ckpt) -> None:  # 
     path = make_ckpt("qwen3_moe", **MEDIUM)
     cap = 2560 * MiB
     use = DeviceUse()  # before this process's CUDA context: the parent pytest's share left out
-    peak = 0
     with _engine(path) as llm:
         engine = llm.engine
         assert engine.runtime.plan.lend_slots > 0
         rid = engine.add_request(list(range(1000, 7000)), SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
-        done = False
-        while not done:
-            for out in engine.step():
-                done |= out.request_id == rid and out.finished
-            peak = max(peak, use.now())
+        peak = use.peak_until_finished(engine, rid)
         assert llm.stats()["moe"]["slot_loans"] >= 1
     assert peak <= cap, f"driver-counted peak {peak / 2**30:.2f} GiB > cap 2.5 GiB"

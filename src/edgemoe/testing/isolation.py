@@ -42,6 +42,15 @@ class DeviceUse:
         free, total = torch.cuda.mem_get_info(self.ordinal)
         return total - free
 
+    def peak_until_finished(self, engine: Any, request_id: str) -> int:
+        """Step `engine` until `request_id` finishes; the highest use read between steps."""
+        peak, done = 0, False
+        while not done:
+            for out in engine.step():
+                done |= out.request_id == request_id and out.finished
+            peak = max(peak, self.now())
+        return peak
+
 
 def isolated(test: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(test)
