@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from edgemoe.engine.budget import (
     plan_memory,
     slot_pool_warning,
 )
-from edgemoe.engine.device_memory import baseline, process_share
+from edgemoe.engine.device_memory import allocator_limit, baseline, process_share
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
@@ -189,22 +188,6 @@ def lend_tokens(config: EngineConfig, device: torch.device) -> int:
     if cache != "device" or vmm_granularity(device) is None:
         return 0
     return lend_setting()
-
-
-def allocator_limit(plan: MemoryPlan, device: torch.device) -> Callable[[int], None]:
-    """Sets torch's caching allocator limit to the budget less what the process holds
-    outside it: what it held before planning (cuBLAS's workspace, tensors a caller or an
-    earlier engine kept: in the measured context already) and `held` bytes more (slot
-    banks mapped outside the allocator, `moe/lendable_memory.py`). An overrun is then an
-    OOM, not a surprise."""
-    assert plan.budget is not None
-    total = torch.cuda.mem_get_info(device)[1]
-    outside = max(0, plan.context - torch.cuda.memory_reserved(device))
-
-    def set_limit(held: int) -> None:
-        torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, (plan.budget - outside - held) / total)), device)
-
-    return set_limit
 
 
 def graph_max_bs(config: EngineConfig, device: torch.device) -> int:

@@ -24,6 +24,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from edgemoe.engine.budget import MemoryPlan
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +129,21 @@ def process_share(total: int, free: int, ours: int | None, requested: int | None
     context = total - free if ours is None else ours
     cap = requested if requested is not None else int(0.9 * total)
     return min(cap, context + free), context
+
+
+def allocator_limit(plan: MemoryPlan, device: torch.device) -> Callable[[int], None]:
+    """Sets torch's caching allocator limit to the budget less what the process holds
+    outside it: what it held before planning (cuBLAS's workspace, tensors a caller or an
+    earlier engine kept: in the measured context already) and `held` bytes more (slot
+    banks mapped outside the allocator, `moe/lendable_memory.py`). An overrun is then an
+    OOM, not a surprise."""
+    import torch
+
+    assert plan.budget is not None
+    total = torch.cuda.mem_get_info(device)[1]
+    outside = max(0, plan.context - torch.cuda.memory_reserved(device))
+
+    def set_limit(held: int) -> None:
+        torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, (plan.budget - outside - held) / total)), device)
+
+    return set_limit
