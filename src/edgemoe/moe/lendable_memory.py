@@ -202,6 +202,11 @@ class LendableBuffer:
             weakref.finalize(interface, self._mapping.free)
             self.tensor = torch.as_tensor(interface, device=device)
 
+    @property
+    def outside_allocator(self) -> int:
+        """Bytes mapped outside torch's caching allocator now (0 for a plain tensor)."""
+        return 0 if self._mapping is None else self.nbytes - (self.tail_bytes if self.lent else 0)
+
     def release_tail(self) -> None:
         """Unmap the tail and free its memory. The caller has waited for every reader."""
         if self.lent:

@@ -86,7 +86,7 @@ class SlotBanks:
     def outside_allocator(self) -> int:
         """Bytes the banks hold mapped outside torch's caching allocator (its statistics
         leave them out), a lent tail not counted."""
-        return sum(b.nbytes - (b.tail_bytes if b.lent else 0) for b in self._lendable)
+        return sum(b.outside_allocator for b in self._lendable)
 
     @property
     def tail_bytes(self) -> int:

@@ -59,12 +59,11 @@ class SlotLending:
         self.loans = 0  # loans made (the executor's statistics)
         self.set_limit: Callable[[int], None] | None = None
         self.before_return = before_return  # drops what the loan's steps kept in the lent memory
-        self._mapped = banks.nbytes()  # the banks' bytes while the tail is mapped
 
     def attach_limit(self, set_limit: Callable[[int], None]) -> None:
         """Keep torch's allocator limit with the banks' memory (it doesn't count them)."""
         self.set_limit = set_limit
-        set_limit(self._held())
+        set_limit(self.banks.outside_allocator)
 
     def before_step(self, prompt_rows: int) -> None:
         """Lend the tail before a step that streams, take it back before one that doesn't."""
@@ -82,19 +81,16 @@ class SlotLending:
         self.banks.release_tail()
         self.lent, self.loans = True, self.loans + 1
         if self.set_limit is not None:
-            self.set_limit(self._held())
+            self.set_limit(self.banks.outside_allocator)
 
     def take_back(self) -> None:
         device, cuda = self.cache.device, self.cache.device.type == "cuda"
         self.before_return()
         if cuda:
             torch.cuda.synchronize(device)  # the chunk's activations are dead once its work is done
-        if self.set_limit is not None:
-            self.set_limit(self._mapped)
+        if self.set_limit is not None:  # what the banks will hold again, before torch's cache shrinks
+            self.set_limit(self.banks.outside_allocator + self.banks.tail_bytes)
         if cuda:
             torch.cuda.empty_cache()  # the blocks torch cached in the tail's memory
         self.banks.map_tail()
         self.lent = False
-
-    def _held(self) -> int:
-        return self._mapped - (self.banks.tail_bytes if self.lent else 0)
