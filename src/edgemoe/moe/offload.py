@@ -21,9 +21,9 @@ from edgemoe.kernels.moe_experts import Activation, moe_combine
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.executor import CellWorkspace, MoEExecutor
+from edgemoe.moe.lendable_memory import LendableBuffer
 from edgemoe.moe.slots import LayerWave, SlotCache
 from edgemoe.moe.stats import MoEStats
-from edgemoe.moe.lendable_memory import LendableBuffer
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import expert_specs
 
