@@ -86,7 +86,7 @@ class ModelRunner:
                 self.ple.begin_step(padded)
         self.count_tokens(sum(len(c.token_ids) for c in chunks))
         if self.moe is not None:  # before the replay: it may switch the variant to replay
-            prompt_rows = sum(len(c.token_ids) for c in chunks if c.in_prompt)
+            prompt_rows = 0 if decode else sum(len(c.token_ids) for c in chunks if c.in_prompt)
             self.moe.before_step(time.perf_counter(), len(chunks) if decode else None, prompt_rows)
         if self.routing is not None:  # outside run_batch: a replay must find its ids staged
             self.routing.prepare([len(c.token_ids) for c in chunks], [c.start + len(c.token_ids) for c in chunks],

@@ -28,6 +28,8 @@ import weakref
 
 import torch
 
+from edgemoe.moe.pinning import CudaArray
+
 log = logging.getLogger(__name__)
 
 ALLOCATION_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
@@ -169,15 +171,6 @@ class _Mapping:
                 lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 
 
-class _ArrayInterface:
-    """The CUDA array interface of a mapped range. Torch keeps it alive as long as a tensor
-    over the range lives: the memory is freed when it goes (a finaliser on it)."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
-                                         "strides": None}
-
-
 class LendableBuffer:
     """`nbytes` of device memory as a uint8 tensor (`tensor`) whose bytes past `keep`
     (rounded up to the mapping granularity) can be lent: `release_tail()` gives them to
@@ -198,7 +191,7 @@ class LendableBuffer:
             torch.cuda.synchronize()  # the device's primary context made and current on this thread
             self._mapping = _Mapping(ordinal, size, head)
             self.tail_bytes = size - head
-            interface = _ArrayInterface(self._mapping.base.value, nbytes)
+            interface = CudaArray(self._mapping.base.value, (nbytes,))  # torch keeps it while a tensor lives
             weakref.finalize(interface, self._mapping.free)
             self.tensor = torch.as_tensor(interface, device=device)
 

@@ -185,19 +185,20 @@ class PinWhenFilled:
 _INT_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}  # by element size: viewed back to the dtype
 
 
-class _CudaArray:
-    """The CUDA array interface of a contiguous host tensor (as integers of its element size)."""
+class CudaArray:
+    """The CUDA array interface of contiguous memory at device-visible address `ptr`: a
+    `shape` of integers of `itemsize` bytes (view the tensor back to its dtype). Torch keeps
+    the object alive as long as a tensor made from it (`torch.as_tensor`) lives."""
 
-    def __init__(self, t: torch.Tensor) -> None:
-        assert t.is_contiguous()
+    def __init__(self, ptr: int, shape: tuple[int, ...], itemsize: int = 1) -> None:
         self.__cuda_array_interface__ = {
-            "shape": tuple(t.shape), "typestr": _INT_TYPESTR[t.element_size()], "data": (t.data_ptr(), False),
-            "version": 3, "strides": None,
+            "shape": shape, "typestr": _INT_TYPESTR[itemsize], "data": (ptr, False), "version": 3, "strides": None,
         }
 
 
 def uva_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CUDA tensor over the registered (page-locked) contiguous host tensor `host`."""
+    assert host.is_contiguous()
     with torch.cuda.device(device):
-        alias = torch.as_tensor(_CudaArray(host), device=device)
+        alias = torch.as_tensor(CudaArray(host.data_ptr(), tuple(host.shape), host.element_size()), device=device)
     return alias.view(host.dtype)
