@@ -49,6 +49,11 @@ static inline void em_q_put(const em_call *c, const em_jobstate *s, int64_t i, c
 #ifndef EM_QPAGES
 #define EM_QPAGES 1
 #endif
+#ifndef EM_QPF_PAST
+/* Whether a gate_up task's last group prefetches past the task: with lanes the next
+ * task is the same thread's (its rows follow on), without them another thread's. */
+#define EM_QPF_PAST EM_LANES
+#endif
 /* NOTE (the order of rows): at a byte a weight, gate rows i and i+1 share a 4 KiB page (H =
  * 2048), and reading both at once puts two streams in one page. With EM_QPAGES, 4 row
  * pairs (gate i..i+1, up i..i+1, gate i+2..i+3, up i+2..i+3) are read in two passes, the
@@ -71,7 +76,7 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
                 const float *xs = s->xs + t0 * c->Hs;
                 /* first pass prefetches the second rows; the second, the next group's first */
                 em_gemv4q(wa, sa, c->blk, fp8, xs, c->Hs, nt, (int)H, H, da);
-                em_gemv4q(wb, sb, c->blk, fp8, xs, c->Hs, nt, (int)H, i + 4 < i1 ? 3 * H : 0, db);
+                em_gemv4q(wb, sb, c->blk, fp8, xs, c->Hs, nt, (int)H, EM_QPF_PAST || i + 4 < i1 ? 3 * H : 0, db);
                 em_q_put(c, s, i, fa, da, 0, 1, t0, nt);
                 em_q_put(c, s, i + 2, fa, da, 2, 3, t0, nt);
                 em_q_put(c, s, i + 1, fb, db, 0, 1, t0, nt);
@@ -85,11 +90,11 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
         em_q_rows4(c, jb, 0, rows, wa, sa, fa);
         for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
             int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            /* next group: 2 rows on; NOTE: none past the task's last group (pf 0 re-touches
-             * this one): those rows are another thread's, and reading them here too cost
-             * int8 5% (8 experts at batch 1, 2 threads) */
+            /* next group: 2 rows on; NOTE: past the task's last group only with lanes (pf 0
+             * re-touches this one): without, those rows are another thread's, and reading
+             * them here too cost int8 5% (8 experts at batch 1, 2 threads) */
             em_gemv4q(wa, sa, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H,
-                      i + 2 * EM_QPF_GROUPS < i1 ? 2 * EM_QPF_GROUPS * H : 0, da);
+                      EM_QPF_PAST || i + 2 * EM_QPF_GROUPS < i1 ? 2 * EM_QPF_GROUPS * H : 0, da);
             em_q_put(c, s, i, fa, da, 0, 1, t0, nt);
             if (i2 != i) em_q_put(c, s, i2, fa, da, 2, 3, t0, nt);
         }

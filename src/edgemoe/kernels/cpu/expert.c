@@ -12,7 +12,11 @@
  *   1. gate_up rows of all jobs → h = silu(gate) * up;
  *   2. down rows of all jobs → out[out_rows[t]] = scale[t] * y.
  * Splitting output rows of all experts over all threads lets every core stream
- * weights at once. Jobs with n >= gemm_min_tokens take the blocked path (AMX tiles or
+ * weights at once. A phase's tasks are cut into one contiguous lane per pool thread
+ * (EM_LANES): a thread takes a lane as it arrives and claims the lane's tasks in order,
+ * so it reads one run of rows front to back (what the hardware prefetcher streams
+ * best) instead of every nth task; a thread whose lane is done takes an untaken lane,
+ * then claims from the others', so a late or descheduled thread delays nobody. Jobs with n >= gemm_min_tokens take the blocked path (AMX tiles or
  * AVX-512 BF16, activations rounded to bf16); others the fp32 GEMV path.
  */
 #include <math.h>
@@ -89,6 +93,19 @@ typedef struct {
     int64_t start[4];   /* first task of this job in phase 0..2 ([3] unused) */
 } em_jobstate;
 
+#ifndef EM_LANES
+#define EM_LANES 1 /* 0: every thread claims the phase's next task (one shared counter) */
+#endif
+#define EM_MAX_LANES 64
+
+/* A contiguous run of a phase's tasks: `next` is claimed up to `end` (own cache line:
+ * the owner claims from it every task). */
+typedef struct {
+    atomic_long next;
+    int64_t end;
+    char pad[64 - sizeof(atomic_long) - sizeof(int64_t)];
+} em_lane;
+
 typedef struct {
     em_pool *pool;
     const em_job *jobs;
@@ -103,7 +120,10 @@ typedef struct {
     int wfmt, blk; /* EM_W_BF16 / INT8 / FP8 / INT4; fp8 scale block, int4 group */
     int64_t Hs, Is, Px, Ph;
     int64_t ntasks[3];
-    atomic_long next[3]; /* next task to claim, per phase */
+    atomic_long next[3]; /* next task to claim, per phase (EM_LANES 0) */
+    int nlanes;
+    atomic_int lanes_taken[3]; /* lanes handed to arriving threads, per phase */
+    em_lane lanes[3][EM_MAX_LANES];
     atomic_long done[3]; /* tasks finished, per phase */
     atomic_int failed;   /* a task could not allocate its scratch: the call returns -2 */
 } em_call;
@@ -309,10 +329,51 @@ static int em_find_job(const em_call *c, int ph, int64_t task) {
     return lo;
 }
 
-static void em_run_phase(em_call *c, int ph) {
-    for (;; atomic_fetch_add(&c->done[ph], 1)) {
+/* Cuts each phase's tasks into `nlanes` contiguous lanes. */
+static void em_plan_lanes(em_call *c) {
+    c->nlanes = c->pool->nthreads < EM_MAX_LANES ? c->pool->nthreads : EM_MAX_LANES;
+    for (int ph = 0; ph < 3; ph++)
+        for (int k = 0; k < c->nlanes; k++) {
+            atomic_init(&c->lanes[ph][k].next, c->ntasks[ph] * k / c->nlanes);
+            c->lanes[ph][k].end = c->ntasks[ph] * (k + 1) / c->nlanes;
+        }
+}
+
+static int64_t em_claim_in(em_lane *l) {
+    if (atomic_load_explicit(&l->next, memory_order_relaxed) >= l->end) return -1;
+    int64_t task = atomic_fetch_add(&l->next, 1);
+    return task < l->end ? task : -1;
+}
+
+/* The next task of phase `ph` for a thread holding lane *lane (-1: none yet), or -1 when
+ * every task of the phase is claimed. */
+static int64_t em_claim(em_call *c, int ph, int *lane) {
+    if (!EM_LANES) {
         int64_t task = atomic_fetch_add(&c->next[ph], 1);
-        if (task >= c->ntasks[ph]) return;
+        return task < c->ntasks[ph] ? task : -1;
+    }
+    for (;;) {
+        if (*lane >= 0 && *lane < c->nlanes) {
+            int64_t task = em_claim_in(&c->lanes[ph][*lane]);
+            if (task >= 0) return task;
+        }
+        if (*lane >= c->nlanes) break; /* already stealing: this lane's tail is done */
+        int k = atomic_fetch_add(&c->lanes_taken[ph], 1);
+        *lane = k < c->nlanes ? k : c->nlanes;
+        if (k >= c->nlanes) break;
+    }
+    for (int k = 0; k < c->nlanes; k++) { /* every lane is taken: help with what is left */
+        int64_t task = em_claim_in(&c->lanes[ph][k]);
+        if (task >= 0) return task;
+    }
+    return -1;
+}
+
+static void em_run_phase(em_call *c, int ph) {
+    int lane = -1;
+    for (;; atomic_fetch_add(&c->done[ph], 1)) {
+        int64_t task = em_claim(c, ph, &lane);
+        if (task < 0) return;
         int j = em_find_job(c, ph, task);
         const em_job *jb = &c->jobs[j];
         const em_jobstate *s = &c->st[j];
@@ -457,6 +518,7 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     c.Ph = em_round_up((I + 1) / 2, 16);
     pthread_mutex_lock(&c.pool->call_lock);
     int rc = em_plan(&c, gemm_min_tokens);
+    if (rc == 0) em_plan_lanes(&c);
     if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
     if (rc == 0 && atomic_load(&c.failed)) rc = -2;
     pthread_mutex_unlock(&c.pool->call_lock);
