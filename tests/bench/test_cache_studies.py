@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from edgemoe import LLM, SamplingParams
-from edgemoe.bench.decode import measure
+from edgemoe.bench.decode import _print_row, measure
 from edgemoe.cli import main
 
 SYNTHETIC = "synthetic:seed=4"
@@ -88,3 +88,18 @@ def test_serve_refuses_synthetic_routing(capsys) -> None:  # noqa: ANN001
 def test_bad_routing_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"routing \(--routing\) 'synth'"):
         LLM(routing="synth")
+
+
+def test_a_cpu_share_is_replayed_with_its_admission_rule(qwen3_ckpt, capsys) -> None:  # noqa: ANN001
+    """The device cache with a fixed CPU quota: the row replays the run's policy with the
+    share at the quota the CPU took (its misses never loaded), beside plain LRU."""
+    with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=3,
+             cpu_experts_per_layer=1, routing=SYNTHETIC) as llm:
+        row = measure(llm, 6, 1, 12, seed=1)
+    replay, moe = row["cache_replay"], row["decode_moe"]
+    assert moe["experts_cpu"] > 0
+    share = replay["share"]
+    assert share["policy"] == "lru+share" and share["quota_per_layer"] == 1.0
+    assert share["hits_all"] + share["misses_all"] == replay["lru"]["hits_all"] + replay["lru"]["misses_all"]
+    _print_row(row)
+    assert f"lru+share@1 {share['hit_rate']:.3f}" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 (brute force over every choice, small traces); the plain LRU replay equals a plain LRU
 model; every policy ≤ Belady in hits; on a repeating layer cycle larger than the pool the
 scan-resistant LRU hits as often as Belady (plain LRU never); the warm-up excludes
-exactly the accesses before the first eviction."""
+exactly the accesses before the first eviction; the CPU share's replay equals a plain LRU
+whose coldest misses (a plain decayed-heat model) are never loaded."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from edgemoe.moe.replay import (
     compare_policies,
     replay_belady,
     replay_policy,
+    replay_share,
     warmup_accesses,
 )
 from edgemoe.moe.routing_trace import Access
@@ -133,3 +135,57 @@ def test_belady_refuses_sets_larger_than_the_pool() -> None:
     with pytest.raises(ValueError, match="waves"):
         replay_belady(trace, 2)
     assert "belady_skipped" in compare_policies(trace, 2, 1, 3)
+
+
+def plain_lru_with_share(trace: list[Access], slots: int, experts: int, quota: list[int]) -> tuple[int, int, int]:
+    """(hits, misses, misses skipped) over the whole trace of a plain LRU (OrderedDict) where, at each
+    access, the quota[layer] misses of lowest heat (ties: the higher id first) are not
+    loaded; heat: each access keeps 7/8 of it (integer shift) and adds 1024 per routed expert."""
+    lru: OrderedDict = OrderedDict()
+    heat = {layer: [0] * experts for layer in {a.layer for a in trace}}
+    hits = misses = cpu = 0
+    for layer, routed in trace:
+        missing = [e for e in routed if (layer, e) not in lru]
+        skipped = sorted(missing, key=lambda e: (heat[layer][e], -e))[:quota[layer]]
+        for e in routed:
+            if (layer, e) in lru:
+                hits += 1
+                lru.move_to_end((layer, e))
+        for e in missing:
+            misses += 1
+            if e in skipped:
+                cpu += 1
+                continue
+            if len(lru) >= slots:
+                victim = next(k for k in lru if not (k[0] == layer and k[1] in routed))
+                del lru[victim]
+            lru[(layer, e)] = True
+        heat[layer] = [h - (h >> 3) + (1024 if e in routed else 0) for e, h in enumerate(heat[layer])]
+    return hits, misses, cpu
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_share_replay_matches_a_plain_lru_that_skips_the_coldest_misses(seed: int) -> None:
+    rng = random.Random(seed)
+    layers, experts = 3, 10
+    trace = random_trace(rng, 300, layers, experts, 4)
+    quota = [rng.randint(0, 2) for _ in range(layers)]
+    slots = rng.randint(4, 9)
+    got = replay_share(trace, slots, layers, experts, quota, "lru-plain")
+    hits, misses, cpu = plain_lru_with_share(trace, slots, experts, quota)
+    assert (got.hits_all, got.misses_all) == (hits, misses)
+    # the CPU's count is after the warm-up; before the pool first fills, the share skips the same
+    assert got.cpu <= cpu and (got.cpu == cpu or warmup_accesses(trace, slots) > 0)
+    assert got.policy == "lru-plain+share"
+
+
+def test_share_replay_without_a_quota_is_the_policy_and_with_every_miss_loads_nothing() -> None:
+    rng = random.Random(5)
+    trace = random_trace(rng, 200, 2, 12, 5)
+    for policy in ("lru", "lru-plain"):
+        plain = replay_policy(trace, 6, 2, 12, policy)
+        none = replay_share(trace, 6, 2, 12, [0, 0], policy)
+        assert (none.hits, none.misses, none.hits_all, none.misses_all) == (
+            plain.hits, plain.misses, plain.hits_all, plain.misses_all)
+    every = replay_share(trace, 6, 2, 12, [5, 5])  # a quota as large as any set: nothing is ever loaded
+    assert every.hits_all == 0 and every.misses_all == sum(len(a.experts) for a in trace)

@@ -13,8 +13,9 @@ traffic is `llm.stats()["moe"]` snapshotted around each phase, reported per phas
 `prefill_phase` and `decode_phase` are separate functions so a profiler can wrap them.
 
 With a slot cache, the decode phase's routing is recorded (`moe/routing_trace.py`) and
-replayed at the run's slot count through LRU, LFU and Belady's MIN (`moe/replay.py`):
-`cache_replay` in each row. Under `--routing synthetic:…` every row and the file say so.
+replayed at the run's slot count through LRU, LFU and Belady's MIN (`moe/replay.py`), and,
+when the CPU computed misses, through the run's policy with the CPU share's rule (its misses
+never enter the cache): `cache_replay` in each row. Under `--routing synthetic:…` every row and the file say so.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from typing import Any
 from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
-from edgemoe.moe.replay import REPLAYED, compare_policies
+from edgemoe.moe.quota_controller import QUARTERS, quota_rows
+from edgemoe.moe.replay import REPLAYED, compare_policies, replay_share
 
 # Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.
 TRAFFIC = ("hits", "misses", "experts_cpu", "bytes_copied", "copy_seconds", "cpu_seconds", "tokens")
@@ -161,7 +163,7 @@ def measure(
         decode = decode_phase(llm, request_ids, decode_tokens)
     finally:
         accesses = trace.stop()
-    replay = cache_replay(llm, accesses, decode.moe["hit_rate"])
+    replay = cache_replay(llm, accesses, decode.moe["hit_rate"], decode.moe["experts_cpu"])
     profile = profile_decode(llm, request_ids, profile_steps) if profile_steps else None
     for rid in request_ids:
         llm.engine.abort(rid)
@@ -195,13 +197,22 @@ def measure(
     }
 
 
-def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float) -> dict[str, Any] | None:
-    """The policies and Belady on the decode trace at the run's slot count (None: no slot cache)."""
+def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float, experts_cpu: int = 0) -> dict[str, Any] | None:
+    """The policies and Belady on the decode trace at the run's slot count (None: no slot
+    cache); when the CPU computed misses (`experts_cpu` over the trace), also the run's
+    policy with that share (`replay_share`, at the quota level nearest the CPU's experts a
+    layer): what the share's misses that never enter the cache cost in hit rate."""
     rt = llm.engine.runtime
     if not rt.plan.num_slots or not accesses:
         return None
     arch = rt.model.arch
     out = compare_policies(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts)
+    info = llm.stats()["moe"]
+    if experts_cpu and info.get("expert_cache") == "device":  # the device cache's share (moe/cpu_share.py)
+        level = round(QUARTERS * experts_cpu / len(accesses))
+        share = replay_share(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts,
+                             quota_rows(level, arch.num_layers), info["expert_policy"])
+        out["share"] = {**share.as_dict(), "quota_per_layer": level / QUARTERS}
     # The engine's cache was warm from prefill; the replays start cold and skip the warm-up.
     return {**out, "engine_decode_hit_rate": engine_hit_rate, "routing": rt.routing}
 
@@ -212,6 +223,8 @@ def _print_row(row: dict[str, Any]) -> None:
     if replay:
         rates = [f"{p} {replay[p]['hit_rate']:.3f}" for p in (*REPLAYED, "belady")
                  if p in replay and replay[p]["hit_rate"] is not None]
+        if replay.get("share", {}).get("hit_rate") is not None:
+            rates.append(f"{replay['share']['policy']}@{replay['share']['quota_per_layer']:g} {replay['share']['hit_rate']:.3f}")
         label += f"hit rates on the decode trace: {', '.join(rates) or 'pool never filled'}; "
     print(
         label + f"prompt {row['prompt_tokens']:6d} batch {row['batch']:3d}: "

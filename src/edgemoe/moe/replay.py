@@ -30,6 +30,7 @@ class ReplayResult:
     misses: int
     hits_all: int  # over the whole trace
     misses_all: int
+    cpu: int = 0  # of the misses after the warm-up, those computed on the CPU (`replay_share`)
 
     @property
     def hit_rate(self) -> float | None:
@@ -65,6 +66,41 @@ def replay_policy(trace: Sequence[Access], num_slots: int, num_layers: int, num_
             hits, misses = sum(w.num_hits for w in waves), sum(len(w.misses) for w in waves)
         _count(counts, i >= warm, hits, misses)
     return ReplayResult(policy, *counts)
+
+
+def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int,
+                 quota: Sequence[int], policy: str = "lru") -> ReplayResult:
+    """`policy` with the hybrid backend's CPU share (`moe/cpu_share.py`): at each access
+    the layer's `quota[layer]` coldest misses — lowest heat, ties to the higher id, heat
+    decaying by 1/2**HEAT_SHIFT an access and rising by one per routing, as
+    `kernels/share_split.py` keeps it — are computed where they lie and never loaded, so
+    they miss again at their next use; the rest plan as in `replay_policy`. Its misses
+    count the CPU's. What the share's admission rule costs in misses against plain
+    `policy` on the same trace (a batch's routings of an expert count once)."""
+    from edgemoe.kernels.share_split import HEAT_SHIFT
+    from edgemoe.moe.cpu_share import HEAT_UNIT
+
+    cache = SlotCache(num_slots, num_layers, num_experts, policy)
+    heat = [[0] * num_experts for _ in range(num_layers)]
+    warm = warmup_accesses(trace, num_slots)
+    counts, cpu = [0, 0, 0, 0], 0
+    for i, (layer, experts) in enumerate(trace):
+        cold = _coldest_misses(cache, heat[layer], layer, experts, quota[layer])
+        with cache.layer_waves(layer, [e for e in experts if e not in cold]) as waves:
+            hits, misses = sum(w.num_hits for w in waves), sum(len(w.misses) for w in waves)
+        _count(counts, i >= warm, hits, misses + len(cold))
+        cpu += len(cold) if i >= warm else 0
+        row = heat[layer]
+        for e in range(num_experts):
+            row[e] -= row[e] >> HEAT_SHIFT
+        for e in set(experts):
+            row[e] += HEAT_UNIT
+    return ReplayResult(f"{policy}+share", *counts, cpu=cpu)
+
+
+def _coldest_misses(cache: SlotCache, heat: list[int], layer: int, experts: Sequence[int], quota: int) -> set[int]:
+    misses = {e for e in experts if cache.lookup(layer, e) is None}
+    return set(sorted(misses, key=lambda e: (heat[e], -e))[:quota])
 
 
 def replay_belady(trace: Sequence[Access], num_slots: int) -> ReplayResult:
