@@ -8,7 +8,7 @@ read per token and the milliseconds per token a disk store's fills held a step, 
 device memory peak (the driver's count: context included), and the plan's slots.
 
     OUT=... PYTHONPATH=/tmp/site:src python3 scripts/gpu_qwen4_bench.py [--contexts 32768 131072]
-      [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32]
+      [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32] [--warmup-tokens 192]
 
 Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf]`; `-cpuN` runs the last N misses of
 each MoE layer on the CPU inside the step (`--moe-backend hybrid --cpu-experts-per-layer N`), `-hybrid`
@@ -57,7 +57,13 @@ def ple_per_token(llm: Any, store_before: dict[str, float], tokens: int) -> dict
     return row
 
 
-def run_config(name: str, contexts: list[int], decode_tokens: int) -> list[dict[str, Any]]:
+def quota(llm: Any) -> dict[str, Any]:
+    """The live CPU quota now and as settled (experts a layer), when the run has one."""
+    moe = llm.stats()["moe"]
+    return {k: moe[k] for k in ("cpu_quota_per_layer", "cpu_quota_settled") if k in moe}
+
+
+def run_config(name: str, contexts: list[int], decode_tokens: int, warmup_tokens: int) -> list[dict[str, Any]]:
     from edgemoe import LLM
     from edgemoe.bench.decode import measure
     from edgemoe.engine.budget import expert_nbytes
@@ -84,7 +90,10 @@ def run_config(name: str, contexts: list[int], decode_tokens: int) -> list[dict[
         rt = llm.engine.runtime
         e_bytes = expert_nbytes(rt.model.arch)
         print(f"{name}: built in {load_s:.1f} s; {rt.plan.num_slots} slots; plan:\n{rt.plan.table()}", flush=True)
-        measure(llm, 64, 1, 4, seed=0)  # warm-up
+        # Warm-up: a live quota (`-hybrid`) starts at one expert a layer and climbs a window
+        # of steps at a time; from a start far from its best (~5 of this model's ~9 misses a
+        # layer) it needs ~100+ steps, so short timed runs would measure its search.
+        measure(llm, 64, 1, warmup_tokens, seed=0)
         for seed, ctx in enumerate(contexts, start=1):
             torch.cuda.reset_peak_memory_stats()
             store = rt.ple
@@ -100,7 +109,7 @@ def run_config(name: str, contexts: list[int], decode_tokens: int) -> list[dict[
                 "ratio_to_copy_bound": r["decode_tok_s"] / copy_b, "ratio_to_copy_cpu_bound": r["decode_tok_s"] / both_b,
                 "device_peak_gib": (rt.plan.context + torch.cuda.max_memory_reserved() + outside_allocator(rt)) / 2**30,
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
-                **ple_per_token(llm, before, r["decode_tokens_timed"]), "raw": r,
+                **ple_per_token(llm, before, r["decode_tokens_timed"]), **quota(llm), "raw": r,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)
     return rows
@@ -111,10 +120,11 @@ def main() -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072])
     ap.add_argument("--configs", nargs="+", default=["host-embed-device", "host-embed-host", "disk-embed-device"])
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--warmup-tokens", type=int, default=192, help="decode tokens of the untimed first request")
     args = ap.parse_args()
     rows = []
     for name in args.configs:
-        rows += run_config(name, args.contexts, args.decode_tokens)
+        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens)
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))
