@@ -45,7 +45,7 @@ test-tools:
 	fi
 
 test: install-test test-tools
-	$(BIN)/python -m pytest tests -m "not gpu" -p no:cacheprovider
+	$(BIN)/python -m pytest tests -m "not gpu" -p no:cacheprovider --durations=25
 
 # Claude Code, Codex and OpenCode from the npm registry (into .agents/), one tool-call
 # turn each against `edgemoe serve` with a scripted backend. Not part of `test`.
