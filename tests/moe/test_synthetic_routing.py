@@ -1,6 +1,7 @@
 """Synthetic routing for cache studies: the setting's grammar; the process's measured
 statistics (computed here by plain set arithmetic) hit the published Qwen3-30B-A3B
-targets, or other requested ones; each sequence keeps its own history; seeded."""
+targets, or other requested ones; the process draws as a plain token-by-token
+implementation of its definition does; each sequence keeps its own history; seeded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from edgemoe.moe.routing_spec import RoutingSpec, parse_routing
 from edgemoe.moe.routing_trace import Access, RoutingTrace
-from edgemoe.moe.synthetic_routing import SyntheticRouting
+from edgemoe.moe.synthetic_routing import Params, RoutingProcess, Stream, SyntheticRouting, measure
 
 LAYERS, EXPERTS, K = 48, 128, 8  # Qwen3-30B-A3B
 
@@ -73,6 +74,87 @@ def test_other_targets_are_met_too() -> None:
     seq = decode_sequence(SyntheticRouting(spec, list(range(LAYERS)), EXPERTS, K), 300)[0]
     repeat, window, top = plain_statistics(seq)
     assert abs(repeat - 0.25) < 0.03 and abs(window - 0.6) < 0.03 and 0.024 < top < 0.036
+
+
+@pytest.mark.parametrize(("layers", "experts", "k", "params"), [
+    (LAYERS, EXPERTS, K, Params(zipf=0.72, keep=0.42, back=0.11)),  # Qwen3-30B-A3B, calibrated
+    (3, 60, 4, Params(zipf=0.7, keep=0.4, back=0.1)),  # E not a power of two
+    (2, 8, 8, Params(zipf=0.7, keep=0.4, back=0.1)),  # K = E: every expert, every token
+    (4, 64, 6, Params(zipf=4.0, keep=0.4, back=0.1)),  # popularity so steep that draws repeat
+    (4, 64, 6, Params(zipf=0.7, keep=1.0, back=1.0)),
+    (4, 64, 6, Params(zipf=0.0, keep=0.0, back=0.0)),
+])
+def test_k_distinct_experts_seeded_however_the_tokens_are_split(layers: int, experts: int, k: int,
+                                                                 params: Params) -> None:
+    n = 150  # more than a block of drawn-ahead random numbers
+    ids = RoutingProcess(layers, experts, k, params, seed=1).tokens(Stream(layers, experts), n)
+    assert ids.dtype == np.int64 and ids.shape == (n, layers, k)
+    assert ids.min() >= 0 and ids.max() < experts
+    assert (np.diff(np.sort(ids, axis=2), axis=2) > 0).all()  # K distinct per token and layer
+    same, stream = RoutingProcess(layers, experts, k, params, seed=1), Stream(layers, experts)
+    assert np.array_equal(np.concatenate([same.tokens(stream, m) for m in (1, 6, 70, 73)]), ids)
+    if k < experts:
+        assert not np.array_equal(RoutingProcess(layers, experts, k, params, seed=2).tokens(Stream(layers, experts), n), ids)
+
+
+def plain_process(experts: int, k: int, params: Params, seed: int, tokens: int) -> np.ndarray:
+    """The process's definition token by token for one layer, by set arithmetic [T, 1, K]:
+    keep each of t-1's experts with probability keep; take back each of t-2 … t-8's (not
+    t-1's) with probability back, as many as fit, in a random order; fill the rest by
+    popularity without replacement (Gumbel top-k; expert e has popularity rank e+1)."""
+    rng = np.random.default_rng(seed)
+    log_p = -params.zipf * np.log(np.arange(1, experts + 1))
+    history: list[set[int]] = []
+    out = []
+    for _ in range(tokens):
+        prev = history[-1] if history else set()
+        chosen = [e for e in sorted(prev) if rng.random() < params.keep]
+        back = [e for e in sorted(set().union(*history[-8:-1]) - prev) if rng.random() < params.back]
+        rng.shuffle(back)
+        chosen += back[: k - len(chosen)]
+        for e in np.argsort(log_p - np.log(-np.log(rng.random(experts))))[::-1]:
+            if len(chosen) == k:
+                break
+            if e not in chosen:
+                chosen.append(int(e))
+        history.append(set(chosen))
+        out.append(chosen)
+    return np.array(out)[:, None, :]
+
+
+def overlap_profile(ids: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distribution of |token ∩ t-1| over tokens and layers; for lags 2 … 8, the mean
+    number of experts a token shares with t-lag and not with a later token)."""
+    T, L, K = ids.shape
+    used = np.zeros((T, L, experts), dtype=bool)
+    np.put_along_axis(used, ids, True, axis=2)
+    repeat = (used[1:] & used[:-1]).sum(axis=2).ravel()
+    by_lag = []
+    for lag in range(2, 9):
+        newer = np.zeros((T - 8, L, experts), dtype=bool)
+        for j in range(1, lag):
+            newer |= used[8 - j : T - j]
+        by_lag.append((used[8:] & used[8 - lag : T - lag] & ~newer).sum(axis=2).mean())
+    return np.bincount(repeat, minlength=K + 1) / repeat.size, np.array(by_lag)
+
+
+@pytest.mark.parametrize("params", [
+    Params(zipf=0.7, keep=0.4, back=0.1),
+    Params(zipf=1.2, keep=0.6, back=0.5),  # back's takes often outnumber the room left:
+    Params(zipf=0.4, keep=0.3, back=0.8),  # which ones fit must be a uniform choice
+])
+def test_the_process_draws_as_its_plain_definition(params: Params) -> None:
+    """Against `plain_process`: the same distribution of each token's overlap with t-1,
+    of what it takes back from each earlier token, and of the most used expert's share
+    (sampling noise here ~0.03; taking back the most recent first instead would be off
+    by 0.3 and more)."""
+    experts, k = (24 if params.back > 0.5 else 64), 6
+    plain = np.concatenate([plain_process(experts, k, params, seed, 1500) for seed in range(4)], axis=1)
+    ids = RoutingProcess(8, experts, k, params, seed=0).tokens(Stream(8, experts), 1500)
+    (plain_repeat, plain_lags), (repeat, lags) = overlap_profile(plain, experts), overlap_profile(ids, experts)
+    assert 0.5 * np.abs(plain_repeat - repeat).sum() < 0.05
+    assert np.abs(plain_lags - lags).max() < 0.08
+    assert abs(measure(plain, experts)[2] - measure(ids, experts)[2]) < 0.015
 
 
 def test_each_sequence_keeps_its_own_history(qwen3_routing: SyntheticRouting) -> None:
