@@ -6,7 +6,7 @@ and through LRU with the share's rule at each quota level (`moe/replay.py`,
 step time no overlap can beat — the longest of the link's copies, the CPU's reads and the
 host's reads — as a ratio to the bound (93.8 GB/s over the LRU replay's missed bytes).
 
-    PYTHONPATH=src python3 scripts/share_ceiling.py [--slots 1213 --tokens 1200 --cpu-gbps 80]
+    PYTHONPATH=src python3 scripts/share_ceiling.py [--slots 1213 --tokens 1200 --cpu-gbps 80 --link-gbps 52.6]
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=1213, help="the plan's slots (16 GiB, 8K KV, with the loan)")
     ap.add_argument("--tokens", type=int, default=1200)
     ap.add_argument("--cpu-gbps", type=float, default=80.0, help="the CPU share's rate (bench bw: bf16, 8 experts a call)")
+    ap.add_argument("--link-gbps", type=float, default=LINK_GBPS,
+                    help="the copies' rate (52.6 alone; ~35 measured beside the step's compute, 2026-12-02)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     accesses = trace(args.tokens, args.seed)
@@ -55,7 +57,7 @@ def main() -> None:
         share = replay_share(accesses, args.slots, LAYERS, EXPERTS, quota)
         misses = per_token(share.misses, after)
         cpu = per_token(share.cpu, after)
-        link_ms = (misses - cpu) * EXPERT_MB / LINK_GBPS
+        link_ms = (misses - cpu) * EXPERT_MB / args.link_gbps
         cpu_ms = cpu * EXPERT_MB / args.cpu_gbps
         host_ms = misses * EXPERT_MB / HOST_GBPS
         ceiling = 1e3 / max(link_ms, cpu_ms, host_ms)
