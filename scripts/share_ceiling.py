@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from edgemoe.moe.quota_controller import QUARTERS, quota_rows
-from edgemoe.moe.replay import replay_policy, replay_share, warmup_accesses
+from edgemoe.moe.replay import replay_share, warmup_accesses
 from edgemoe.moe.routing_spec import RoutingSpec
 from edgemoe.moe.routing_trace import Access
 from edgemoe.moe.synthetic_routing import RoutingProcess, Stream, calibrate
@@ -44,7 +44,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     accesses = trace(args.tokens, args.seed)
-    lru = replay_policy(accesses, args.slots, LAYERS, EXPERTS, "lru")
+    shares = {level: replay_share(accesses, args.slots, LAYERS, EXPERTS, quota_rows(level, LAYERS))
+              for level in range(0, 3 * QUARTERS + 1, 2)}
+    lru = shares[0]  # quota 0: the policy itself (tests/moe/test_replay.py)
     after = len(accesses) - warmup_accesses(accesses, args.slots)  # the layer accesses the replays count
     bound_misses = per_token(lru.misses, after)
     bound = HOST_GBPS / (bound_misses * EXPERT_MB / 1e3)
@@ -52,9 +54,7 @@ def main() -> None:
           f"bound {bound:.1f} tok/s")
     print(f"{'quota':>5} {'misses':>7} {'CPU':>6} {'copies':>7} {'link ms':>7} {'CPU ms':>7} {'host ms':>7} "
           f"{'ceiling tok/s':>13} {'of bound':>8}")
-    for level in range(0, 3 * QUARTERS + 1, 2):
-        quota = quota_rows(level, LAYERS)
-        share = replay_share(accesses, args.slots, LAYERS, EXPERTS, quota)
+    for level, share in shares.items():
         misses = per_token(share.misses, after)
         cpu = per_token(share.cpu, after)
         link_ms = (misses - cpu) * EXPERT_MB / args.link_gbps

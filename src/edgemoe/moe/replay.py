@@ -62,17 +62,21 @@ def replay_policy(trace: Sequence[Access], num_slots: int, num_layers: int, num_
     warm = warmup_accesses(trace, num_slots)
     counts = [0, 0, 0, 0]  # hits, misses after warm-up; hits, misses in all
     for i, (layer, experts) in enumerate(trace):
-        with cache.layer_waves(layer, experts) as waves:
-            hits, misses = sum(w.num_hits for w in waves), sum(len(w.misses) for w in waves)
-        _count(counts, i >= warm, hits, misses)
+        _count(counts, i >= warm, *_plan(cache, layer, experts))
     return ReplayResult(policy, *counts)
+
+
+def _plan(cache: SlotCache, layer: int, experts: Sequence[int]) -> tuple[int, int]:
+    """(hits, misses) of the cache planning one layer access (its misses loaded)."""
+    with cache.layer_waves(layer, experts) as waves:
+        return sum(w.num_hits for w in waves), sum(len(w.misses) for w in waves)
 
 
 def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int,
                  quota: Sequence[int], policy: str = "lru") -> ReplayResult:
     """`policy` with the hybrid backend's CPU share (`moe/cpu_share.py`): at each access
     the layer's `quota[layer]` coldest misses — lowest heat, ties to the higher id, heat
-    decaying by 1/2**HEAT_SHIFT an access and rising by one per routing, as
+    decaying by 1/2**HEAT_SHIFT an access and rising by HEAT_UNIT per routed expert, as
     `kernels/share_split.py` keeps it — are computed where they lie and never loaded, so
     they miss again at their next use; the rest plan as in `replay_policy`. Its misses
     count the CPU's. What the share's admission rule costs in misses against plain
@@ -86,8 +90,7 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     counts, cpu = [0, 0, 0, 0], 0
     for i, (layer, experts) in enumerate(trace):
         cold = _coldest_misses(cache, heat[layer], layer, experts, quota[layer])
-        with cache.layer_waves(layer, [e for e in experts if e not in cold]) as waves:
-            hits, misses = sum(w.num_hits for w in waves), sum(len(w.misses) for w in waves)
+        hits, misses = _plan(cache, layer, [e for e in experts if e not in cold])
         _count(counts, i >= warm, hits, misses + len(cold))
         cpu += len(cold) if i >= warm else 0
         row = heat[layer]

@@ -56,7 +56,6 @@ class Stream:
     the age-1 experts, back's the age 2 … 8 ones) and t-1's experts."""
 
     def __init__(self, layers: int, experts: int) -> None:
-        self.shape = (layers, experts)
         # never used: older than the window; one slot more, for padding candidates to point at
         self.used = np.full(layers * experts + 1, -_AGES, dtype=np.int32)
         self.pos = 0  # tokens so far
@@ -68,10 +67,6 @@ class Stream:
         self.used[ids.reshape(-1)] = at
         self.pos += 1
         self.last = ids
-
-    @property
-    def prev(self) -> np.ndarray:
-        return (self.used[:-1] == self.pos - 1).reshape(self.shape)  # [layers, E]: t-1's set
 
 
 class _Alias:

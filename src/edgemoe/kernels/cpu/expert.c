@@ -16,8 +16,9 @@
  * (EM_LANES): a thread takes a lane as it arrives and claims the lane's tasks in order,
  * so it reads one run of rows front to back (what the hardware prefetcher streams
  * best) instead of every nth task; a thread whose lane is done takes an untaken lane,
- * then claims from the others', so a late or descheduled thread delays nobody. Jobs with n >= gemm_min_tokens take the blocked path (AMX tiles or
- * AVX-512 BF16, activations rounded to bf16); others the fp32 GEMV path.
+ * then claims from the others', so a late or descheduled thread delays nobody.
+ * Jobs with n >= gemm_min_tokens take the blocked path (AMX tiles or AVX-512 BF16,
+ * activations rounded to bf16); others the fp32 GEMV path.
  */
 #include <math.h>
 #include <stdint.h>
@@ -345,22 +346,19 @@ static int64_t em_claim_in(em_lane *l) {
     return task < l->end ? task : -1;
 }
 
-/* The next task of phase `ph` for a thread holding lane *lane (-1: none yet), or -1 when
- * every task of the phase is claimed. */
+/* The next task of phase `ph` for a thread holding lane *lane (-1: none yet; nlanes or
+ * more: every lane was taken), or -1 when every task of the phase is claimed. */
 static int64_t em_claim(em_call *c, int ph, int *lane) {
     if (!EM_LANES) {
         int64_t task = atomic_fetch_add(&c->next[ph], 1);
         return task < c->ntasks[ph] ? task : -1;
     }
-    for (;;) {
-        if (*lane >= 0 && *lane < c->nlanes) {
+    while (*lane < c->nlanes) { /* its own lane, then the next untaken one */
+        if (*lane >= 0) {
             int64_t task = em_claim_in(&c->lanes[ph][*lane]);
             if (task >= 0) return task;
         }
-        if (*lane >= c->nlanes) break; /* already stealing: this lane's tail is done */
-        int k = atomic_fetch_add(&c->lanes_taken[ph], 1);
-        *lane = k < c->nlanes ? k : c->nlanes;
-        if (k >= c->nlanes) break;
+        *lane = atomic_fetch_add(&c->lanes_taken[ph], 1);
     }
     for (int k = 0; k < c->nlanes; k++) { /* every lane is taken: help with what is left */
         int64_t task = em_claim_in(&c->lanes[ph][k]);
