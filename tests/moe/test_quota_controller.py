@@ -89,3 +89,22 @@ def test_quota_rows_average_the_level() -> None:
 def test_rejects_bad_levels() -> None:
     with pytest.raises(ValueError):
         QuotaController(max_level=4, start=5)
+
+
+def windows_to_settle(ctl: QuotaController, cost: Callable[[int], float]) -> int:
+    """Windows until the first settled choice (a hold)."""
+    now = 0.0
+    while ctl.snapshot()["cpu_quota_settled"] is None:
+        now += cost(ctl.step(now, 1))
+        assert ctl.windows < 200, "never settled"
+    return ctl.windows
+
+
+@pytest.mark.parametrize("best,start", [(20, 4), (4, 24)])
+def test_a_far_optimum_costs_a_window_a_stride(best: int, start: int) -> None:
+    """Going on in the direction of the last move measures one level a stride: from a
+    start 8 strides away it settles in 12 windows (19 before)."""
+    ctl = QuotaController(max_level=40, start=start, stride=2)
+    strides = abs(best - start) // ctl.stride
+    assert windows_to_settle(ctl, bowl(best)) <= strides + 4  # the start, its far side, the last two
+    assert ctl.level == best and ctl.snapshot()["cpu_quota_settled"] == best / QUARTERS
