@@ -21,6 +21,10 @@ controller hill-climbs on the median period of a window of steps:
   that beats the current by `margin` (the level behind it just lost): a far optimum costs
   a window a stride, not two (Qwen3.8's ~5 of ~9 misses a layer from the start of one
   expert: ~16 windows → ~9);
+- where a neighbour is faster but by less than `margin` (a shallow slope: Qwen3.8's
+  ~1.6% a half expert between 3 and 6.5 experts a layer), it measures twice as far that
+  way before holding, so gains too small to tell from noise a stride apart are still
+  found two strides apart;
 - when the current level is best it holds for `hold` windows, then forgets its figures
   and searches again, so a change (another process on the cores, a new routing mix,
   longer contexts) is found, not locked in. Exploring costs a window at a neighbour per
@@ -119,6 +123,10 @@ class QuotaController:
         best = min(self.figures, key=lambda lv: self.figures[lv])
         if best != home and self._beats(best, home):
             return self._move(best)
+        stretch = home + 2 * (best - home)  # a shallow slope: look twice as far down it
+        if best != home and abs(best - home) == self.stride and 0 <= stretch <= self.max_level \
+                and stretch not in self.figures:
+            return stretch
         self._heading = 0
         self._held = self.hold
         self._decided(home)
