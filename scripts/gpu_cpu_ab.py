@@ -14,7 +14,6 @@ of its rate relative to the round's first build. Writes $OUT/cpu-ab.json.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -27,13 +26,7 @@ from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
 
 def kernel_for(variant: str, defines: str, threads: int | None) -> CpuExperts:
     """A CpuExperts running `variant` built with `defines` on `threads` (its own library and pool)."""
-    os.environ[cpu_build.DEFINES_ENV] = defines
-    lib = cpu_build._declare(ctypes.CDLL(str(cpu_build.build(variant, cpu_build.find_compiler()))))
-    if lib.em_amx_enable() != 0:
-        raise RuntimeError("AMX refused")
-    kernel = CpuExperts(variant, threads=threads)
-    kernel._lib = lib  # NOTE: a script's A/B: the instance's library replaced before its pool exists
-    return kernel
+    return CpuExperts(variant, threads=threads, lib=cpu_build.load_tuned(variant, defines))
 
 
 def main() -> None:
@@ -50,7 +43,6 @@ def main() -> None:
     setups = [(d, t) for d in args.builds for t in args.threads]
     kernels = [kernel_for(variant, d, t or None) for d, t in setups]
     labels = [f"{d} x{k.threads}" for (d, _), k in zip(setups, kernels, strict=True)]
-    os.environ.pop(cpu_build.DEFINES_ENV, None)
     print(f"{variant}, {cpu_isa.physical_cores()} physical cores, os.cpu_count() {os.cpu_count()}, setups {labels}", flush=True)
     pools = {w: expert_pool(1 << 30, 2048, 768) if w == "bf16" else quant_pool(w, 1 << 30, 2048, 768) for w in args.weights}
     cases = [(w, n, t) for w in args.weights for t in args.tokens for n in args.experts]

@@ -79,11 +79,12 @@ def expert_pool(pool_bytes: int, hidden: int, inter: int) -> tuple[torch.Tensor,
     return unique_pages((count, 2 * inter, hidden), g), unique_pages((count, hidden, inter), g)
 
 
-def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], tokens: int, per_call: int,
-                min_seconds: float) -> dict[str, float]:
-    """GB/s of weights when `per_call` experts, each on all `tokens` tokens, run in one call."""
+def expert_call(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], tokens: int,
+                per_call: int) -> Callable[[int], None]:
+    """call(i): `per_call` experts of the pool `banks`, each on all `tokens` tokens, in one
+    kernel call; consecutive i rotate through the pool."""
     gate_up, down = banks
-    count, hidden, nbytes = gate_up.shape[0], gate_up.shape[2], expert_bytes(gate_up.shape[2], down.shape[2])
+    count, hidden = gate_up.shape[0], gate_up.shape[2]
     x = torch.randn(tokens, hidden).bfloat16()
     weights = torch.ones(tokens, per_call)
     contrib = torch.zeros(tokens, per_call, hidden)
@@ -94,7 +95,14 @@ def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], to
         r = i % count
         moe_experts_partial_cpu(x, ids[r], weights, routes[r], routes[r], gate_up, down, F.silu, contrib, kernel)
 
-    median, best = timed(call, min_seconds)
+    return call
+
+
+def expert_rate(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], tokens: int, per_call: int,
+                min_seconds: float) -> dict[str, float]:
+    """GB/s of weights when `per_call` experts, each on all `tokens` tokens, run in one call."""
+    nbytes = expert_bytes(banks[0].shape[2], banks[1].shape[2])
+    median, best = timed(expert_call(kernel, banks, tokens, per_call), min_seconds)
     return {"us_per_call": median * 1e6, "gb_s": per_call * nbytes / median / 1e9,
             "best_gb_s": per_call * nbytes / best / 1e9}
 
@@ -127,23 +135,34 @@ def quant_pool(fmt_name: str, pool_bytes: int, hidden: int, inter: int) -> list[
     return experts
 
 
-def quant_expert_rate(kernel: CpuExperts, fmt_name: str, experts: list[Parts], tokens: int, per_call: int,
-                      min_seconds: float) -> dict[str, float]:
-    """`expert_rate` for quantised weights: GB/s of the format's bytes."""
+def quant_shape(experts: list[Parts]) -> tuple[int, int]:
+    """(H, I) of a quant pool's experts. NOTE: I from gate_up's rows: int4's down holds
+    ceil(I/2) bytes a row."""
+    return experts[0]["down"].shape[0], experts[0]["gate_up"].shape[0] // 2
+
+
+def quant_expert_call(kernel: CpuExperts, fmt_name: str, experts: list[Parts], tokens: int,
+                      per_call: int) -> Callable[[int], None]:
+    """`expert_call` for a pool of quantised experts in `fmt_name`."""
     fmt, count = expert_format(fmt_name), len(experts)
-    # NOTE: I from gate_up's rows: int4's down holds ceil(I/2) bytes a row
-    hidden, inter = experts[0]["down"].shape[0], experts[0]["gate_up"].shape[0] // 2
-    nbytes = expert_nbytes(fmt, hidden, inter)
+    hidden, _ = quant_shape(experts)
     x = torch.randn(tokens, hidden).bfloat16()
     weights, contrib = torch.ones(tokens, per_call), torch.zeros(tokens, per_call, hidden)
     routes = [[(i * per_call + j) % count for j in range(per_call)] for i in range(count)]
-    ids = [torch.arange(per_call).expand(tokens, per_call) for _ in routes]
+    ids = torch.arange(per_call).expand(tokens, per_call)
 
     def call(i: int) -> None:
         r = routes[i % count]
-        moe_experts_q_cpu(x, ids[0], weights, list(range(per_call)), [experts[e] for e in r], fmt, contrib, kernel)
+        moe_experts_q_cpu(x, ids, weights, list(range(per_call)), [experts[e] for e in r], fmt, contrib, kernel)
 
-    median, best = timed(call, min_seconds)
+    return call
+
+
+def quant_expert_rate(kernel: CpuExperts, fmt_name: str, experts: list[Parts], tokens: int, per_call: int,
+                      min_seconds: float) -> dict[str, float]:
+    """`expert_rate` for quantised weights: GB/s of the format's bytes."""
+    nbytes = expert_nbytes(expert_format(fmt_name), *quant_shape(experts))
+    median, best = timed(quant_expert_call(kernel, fmt_name, experts, tokens, per_call), min_seconds)
     return {"us_per_call": median * 1e6, "gb_s": per_call * nbytes / median / 1e9,
             "best_gb_s": per_call * nbytes / best / 1e9}
 
@@ -154,8 +173,7 @@ def torch_int8_rate(experts: list[Parts], per_call: int, hot: bool, min_seconds:
     down. The yardstick PERF-NOTES quotes for the int8 target. `hot`: the same experts
     every call (they stay in the CPU's caches: an expert is 4.7 MB, the GPU machine's L3
     300 MiB), else rotating through the pool as every other row of `bench bw`."""
-    count = len(experts)
-    hidden, inter = experts[0]["down"].shape[0], experts[0]["gate_up"].shape[0] // 2
+    count, (hidden, inter) = len(experts), quant_shape(experts)
     nbytes = expert_nbytes(expert_format("int8"), hidden, inter)
     mats = [(e["gate_up"], e["gate_up_scale"].flatten().bfloat16(), e["down"], e["down_scale"].flatten().bfloat16())
             for e in experts]

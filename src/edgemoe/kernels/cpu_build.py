@@ -137,6 +137,25 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 def load(variant: str) -> ctypes.CDLL:
     """Build (if needed) and load `variant`. Raises BuildError, or RuntimeError when no
     compiler exists or the OS refuses AMX tile state."""
+    return _load(variant)
+
+
+def load_tuned(variant: str, defines: str) -> ctypes.CDLL:
+    """`load` of `variant` built with `defines` ($EDGEMOE_CPU_DEFINES' syntax, e.g.
+    "EM_PHASE_TIMES=1"), not cached: builds side by side in one process (the A/B and
+    phase-time scripts)."""
+    saved = os.environ.get(DEFINES_ENV)
+    os.environ[DEFINES_ENV] = defines
+    try:
+        return _load(variant)
+    finally:
+        if saved is None:
+            os.environ.pop(DEFINES_ENV)
+        else:
+            os.environ[DEFINES_ENV] = saved
+
+
+def _load(variant: str) -> ctypes.CDLL:
     cc = find_compiler()
     if cc is None:
         raise RuntimeError("no C compiler ($CC, cc, gcc or clang)")

@@ -58,7 +58,10 @@ class CpuExperts:
     """
 
     def __init__(self, kernel: str | None = None, threads: int | None = None,
-                 gemm_min_tokens: int = GEMM_MIN_TOKENS, spin_us: int | None = None) -> None:
+                 gemm_min_tokens: int = GEMM_MIN_TOKENS, spin_us: int | None = None,
+                 lib: ctypes.CDLL | None = None) -> None:
+        """`lib`: the variant's library built otherwise (`cpu_build.load_tuned`: an A/B
+        script's builds), instead of its default build."""
         self._pool: int | None = None
         self._pid = -1
         self.requested = kernel or os.environ.get(KERNEL_ENV) or "auto"
@@ -67,7 +70,7 @@ class CpuExperts:
         self.name = resolve_kernel(self.requested)
         self.threads = threads or cpu_isa.physical_cores()
         self.gemm_min_tokens, self.spin_us = gemm_min_tokens, spin_us if spin_us is not None else _spin_us()
-        self._lib = None if self.name == "torch" else cpu_build.load(self.name)
+        self._lib = lib or (None if self.name == "torch" else cpu_build.load(self.name))
 
     def __repr__(self) -> str:
         return f"CpuExperts({self.name!r}, threads={self.threads})"

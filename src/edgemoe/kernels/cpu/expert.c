@@ -28,6 +28,7 @@
 #include "em_gemm.h"
 #include "em_gemv.h"
 #include "em_pool.h"
+#include "em_ptimes.h" /* EM_PHASE_TIMES builds: each thread's phase marks */
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
@@ -415,9 +416,12 @@ static void em_call_task(void *ctx) {
 #if defined(EM_ISA_AMX)
     if (c->any_gemm) em_amx_config();
 #endif
+    EM_PT_ENTER(me);
     for (int ph = 0; ph < 3; ph++) {
         em_run_phase(c, ph);
+        EM_PT_MARK(me, 1 + 2 * ph);
         em_wait_count(&c->done[ph], c->ntasks[ph]);
+        EM_PT_MARK(me, 2 + 2 * ph);
     }
 #if defined(EM_ISA_AMX)
     if (c->any_gemm) em_amx_release();
@@ -517,7 +521,9 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     pthread_mutex_lock(&c.pool->call_lock);
     int rc = em_plan(&c, gemm_min_tokens);
     if (rc == 0) em_plan_lanes(&c);
+    EM_PT_CALL_START();
     if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
+    EM_PT_CALL_END();
     if (rc == 0 && atomic_load(&c.failed)) rc = -2;
     pthread_mutex_unlock(&c.pool->call_lock);
     return rc;
