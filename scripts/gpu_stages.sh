@@ -33,7 +33,7 @@
 #   bw           edgemoe bench bw (host read, CPU experts per format, copies)
 #   harness      scripts/cpu_gemv_harness.c per "threads,reps,pf,pages" in $HARNESS: the GEMV inner loops'
 #                streaming rates per core (int8 cvt / int16 madd / vnni, read-only, bf16)
-#   phases       scripts/cpu_phase_times.py $PHASES: a CPU expert call's phases and threads (late entry,
+#   phases       scripts/cpu_phase_times.py per run in $PHASES (split by ";"): a CPU expert call's phases and threads (late entry,
 #                each phase's span and rate, its slowest task's tail), per weight format
 #   cpu-ab       scripts/gpu_cpu_ab.py $CPU_AB: kernel builds interleaved in one process (e.g.
 #                CPU_AB='--builds "EM_QPAGES=0" "" --rounds 12')
@@ -116,7 +116,8 @@ run_stage() {
     harness) cc -O3 -march=native -o /tmp/harness scripts/cpu_gemv_harness.c -lpthread && mkdir -p "$res/harness" &&
              for args in ${HARNESS:-4,3,8,1 8,3,8,1 16,3,8,1 16,3,8,0 16,3,0,1}; do /tmp/harness ${args//,/ }; done \
                | tee "$res/harness/harness.jsonl" ;;
-    phases) eval "OUT=$res/phases python3 scripts/cpu_phase_times.py ${PHASES:-}" ;;
+    phases) IFS=';' read -r -a runs <<< "${PHASES:-}"  # runs split by ";", one process each
+            for run in "${runs[@]:-}"; do OUT="$res/phases" python3 scripts/cpu_phase_times.py $run; done ;;
     cpu-ab) eval "OUT=$res/cpu-ab python3 scripts/gpu_cpu_ab.py ${CPU_AB:-}" ;;
     prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch[:VAR=value]
                    IFS=: read -r dtype backend pf setting <<< "$run"
