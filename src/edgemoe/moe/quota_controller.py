@@ -19,8 +19,8 @@ controller hill-climbs on the median period of a window of steps:
   figure, then moves to the best of the three when it beats the current by `margin`;
 - after a move it measures the next level the same way first and moves on at once when
   that beats the current by `margin` (the level behind it just lost): a far optimum costs
-  a window a stride, not two (Qwen3.8's ~5 of ~9 misses a layer from the start of one
-  expert: ~16 windows → ~9);
+  a window a stride, not two (Qwen3.8 settled at 6.5 of its ~9 misses a layer, 11
+  strides from the start at one: ~25 windows before, ~15 now);
 - where a neighbour is faster but by less than `margin` (a shallow slope: Qwen3.8's
   ~1.6% a half expert between 3 and 6.5 experts a layer), it measures twice as far that
   way before holding, so gains too small to tell from noise a stride apart are still
