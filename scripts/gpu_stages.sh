@@ -30,7 +30,7 @@
 #                ("dtype:backend:on|off[:VAR=value[+VAR=value...]]" each), $PREFETCH_DECODE tokens (240)
 #   prefetch-sweep  scripts/gpu_prefetch_sweep.py per $SWEEP_BACKENDS (hybrid): the side gather's grids in one
 #                engine ($PREFETCH_SWEEP: its flags, e.g. "--grids 32,2048,4 64,8192,8")
-#   bw           edgemoe bench bw (host read, CPU experts per format, copies)
+#   bw           edgemoe bench bw $BW (host read, CPU experts per format through the entry point and as C calls alone, copies)
 #   harness      scripts/cpu_gemv_harness.c per "threads,reps,pf,pages" in $HARNESS: the GEMV inner loops'
 #                streaming rates per core (int8 cvt / int16 madd / vnni, read-only, bf16)
 #   phases       scripts/cpu_phase_times.py per run in $PHASES (split by ";"): a CPU expert call's phases and threads (late entry,
@@ -112,7 +112,7 @@ run_stage() {
                    --moe-backend offload --prompt-tokens ${STREAM_AB_PROMPTS:-512 700} --batch-sizes 1 --decode-tokens 8 \
                    --out "$res/stream-ab/t$threshold"
                done ;;
-    bw) python3 -m edgemoe.cli bench bw --out "$res/bw" ;;
+    bw) python3 -m edgemoe.cli bench bw --out "$res/bw" ${BW:-} ;;
     harness) cc -O3 -march=native -o /tmp/harness scripts/cpu_gemv_harness.c -lpthread && mkdir -p "$res/harness" &&
              for args in ${HARNESS:-4,3,8,1 8,3,8,1 16,3,8,1 16,3,8,0 16,3,0,1}; do /tmp/harness ${args//,/ }; done \
                | tee "$res/harness/harness.jsonl" ;;

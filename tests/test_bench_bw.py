@@ -21,4 +21,8 @@ def test_bench_bw_writes_json_and_png(tmp_path, capsys) -> None:  # noqa: ANN001
     torch_int8 = {(k, 1, e) for k in ("torch-int8pack", "torch-int8pack hot") for e in (1, 8)}  # the int8 yardstick
     assert measured == {(k, n, e) for k in kernels for n, e in ((1, 1), (8, 1), (32, 1), (1, 8))} | torch_int8
     assert all(r["gb_s"] > 0 and r["best_gb_s"] >= r["gb_s"] for r in data["experts"])
+    # The C kernel's rows also time its calls alone, from job tables built beforehand.
+    native = [r for r in data["experts"] if r["kernel"] == "avx2"]
+    assert all(r["kernel_gb_s"] > 0 and r["kernel_best_gb_s"] >= r["kernel_gb_s"] for r in native)
+    assert not any("kernel_gb_s" in r for r in data["experts"] if r["kernel"].startswith("torch"))
     assert "CPU experts" in capsys.readouterr().out

@@ -205,12 +205,20 @@ def moe_experts_partial_cpu(
         moe_experts_partial_ref(x, topk_ids, topk_weights, experts, rows, gate_up, down, act, contrib)
         return
     hidden, inter = _shape(gate_up, down)
+    table, _cells = bank_job_table(topk_ids, topk_weights, experts, rows, gate_up, down)
+    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+
+
+def bank_job_table(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int], rows: Sequence[int],
+                   gate_up: torch.Tensor, down: torch.Tensor) -> tuple[np.ndarray, RoutedCells]:
+    """`moe_experts_partial_cpu`'s job table (bf16 bank rows `rows` of `experts`) and the
+    cells its addresses point into: keep both alive until the call returns."""
     r = np.asarray(rows, dtype=np.int64)
     if r.size and (r.min() < 0 or r.max() >= gate_up.shape[0] or gate_up.shape[0] != down.shape[0]):
         raise IndexError(f"bank rows outside [0, {gate_up.shape[0]})")
     cells = route_cells(topk_ids, topk_weights, experts)
     table = _routed_table(cells, gate_up.data_ptr() + r * gate_up.stride(0) * 2, down.data_ptr() + r * down.stride(0) * 2)
-    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+    return table, cells
 
 
 def moe_experts_cpu(

@@ -133,6 +133,14 @@ def moe_experts_q_cpu(
     kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, kind, block)
 
 
+def quant_job_table(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
+                    weights: Sequence[Parts]) -> tuple[np.ndarray, RoutedCells]:
+    """`moe_experts_q_cpu`'s job table and the cells its addresses point into (keep both
+    alive until the call returns); the caller has checked the parts (`moe_experts_q_cpu`)."""
+    cells = route_cells(topk_ids, topk_weights, experts)
+    return _quant_table(cells, weights), cells
+
+
 def moe_expert_cells_q_cpu(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
     weights: Sequence[Parts], fmt: ExpertFormat, kernel: CpuExperts | None = None,
