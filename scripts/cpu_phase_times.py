@@ -25,13 +25,14 @@ import os
 import statistics
 import time
 
-from edgemoe.bench.bandwidth import (expert_call, expert_pool, quant_expert_call, quant_pool, quant_shape)
+from edgemoe.bench.bandwidth import expert_call, expert_pool, quant_expert_call, quant_pool
 from edgemoe.kernels import cpu_build
 from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
 from edgemoe.quant import expert_format, expert_specs
 
 MARKS = 7  # entry; per phase: own tasks done, phase done
 MAX_THREADS = 128
+H, I = 2048, 768  # Qwen3-30B-A3B's expert
 
 
 def projection_bytes(weights: str, hidden: int, inter: int) -> tuple[int, int]:
@@ -73,16 +74,14 @@ def main() -> None:
     variant = resolve_kernel("auto")
     lib = cpu_build.load_tuned(variant, f"EM_PHASE_TIMES=1 {args.defines}".strip())
     kernel = CpuExperts(variant, threads=args.threads or None, spin_us=args.spin_us, lib=lib)
-    lib.em_phase_times.argtypes, lib.em_phase_times.restype = [ctypes.POINTER(ctypes.c_long), ctypes.c_int], ctypes.c_int
     buf = (ctypes.c_long * (MARKS * MAX_THREADS))()
     rows = []
     for w in args.weights:
-        pool = expert_pool(1 << 30, 2048, 768) if w == "bf16" else quant_pool(w, 1 << 30, 2048, 768)
-        hidden, inter = (2048, 768) if w == "bf16" else quant_shape(pool)
+        pool = expert_pool(1 << 30, H, I) if w == "bf16" else quant_pool(w, 1 << 30, H, I)
         for n in args.experts:
             call = expert_call(kernel, pool, args.tokens, n) if w == "bf16" else \
                 quant_expert_call(kernel, w, pool, args.tokens, n)
-            per_expert = projection_bytes(w, hidden, inter)
+            per_expert = projection_bytes(w, H, I)
             nbytes = (n * per_expert[0], n * per_expert[1])
             call(0)
             stats = []

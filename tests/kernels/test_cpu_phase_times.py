@@ -23,8 +23,6 @@ def test_marks_are_in_order_and_results_unchanged() -> None:
     lib = cpu_build.load_tuned(variant, "EM_PHASE_TIMES=1")
     timed = CpuExperts(variant, threads=3, gemm_min_tokens=10**9, lib=lib)
     assert not hasattr(plain.lib, "em_phase_times")  # the default build has no marks
-    lib.em_phase_times.argtypes = [ctypes.POINTER(ctypes.c_long), ctypes.c_int]
-    lib.em_phase_times.restype = ctypes.c_int
     g = torch.Generator().manual_seed(1)
     jobs = [ExpertJob(*make_expert(64, 96, seed=e), torch.tensor([0, 2]), torch.tensor([2 * e, 2 * e + 1]),
                       torch.rand(2, generator=g)) for e in range(4)]

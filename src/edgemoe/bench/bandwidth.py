@@ -83,7 +83,7 @@ def expert_call(kernel: CpuExperts, banks: tuple[torch.Tensor, torch.Tensor], to
                 per_call: int, tables_ahead: bool = False) -> Callable[[int], None]:
     """call(i): `per_call` experts of the pool `banks`, each on all `tokens` tokens, in one
     kernel call; consecutive i rotate through the pool. Through the executors' Python
-    entry point, or with `tables_ahead` the C calls alone (`KERNEL_ONLY`)."""
+    entry point, or with `tables_ahead` the C calls alone (see `call_rates`' note)."""
     gate_up, down = banks
     count, hidden, inter = gate_up.shape[0], gate_up.shape[2], down.shape[2]
     x = torch.randn(tokens, hidden).bfloat16()

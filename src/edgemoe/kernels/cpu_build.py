@@ -77,36 +77,38 @@ def _sources() -> list[Path]:
     return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".c", ".h"))
 
 
-def tuning_defines() -> list[str]:
-    """-D flags from $EDGEMOE_CPU_DEFINES: the kernel's own integer tuning macros only."""
-    words = os.environ.get(DEFINES_ENV, "").split()
+def tuning_defines(defines: str | None = None) -> list[str]:
+    """-D flags from `defines` (None: $EDGEMOE_CPU_DEFINES): the kernel's own integer
+    tuning macros only."""
+    words = (os.environ.get(DEFINES_ENV, "") if defines is None else defines).split()
     if bad := [w for w in words if not _DEFINE.fullmatch(w)]:
         raise ValueError(f"{DEFINES_ENV}: {' '.join(bad)!r} is not NAME=integer with an EM_ name")
     return [f"-D{w}" for w in words]
 
 
-def _cflags(variant: str) -> list[str]:
-    return [*COMMON_CFLAGS, *VARIANT_CFLAGS[variant], *tuning_defines()]
+def _cflags(variant: str, defines: str | None = None) -> list[str]:
+    return [*COMMON_CFLAGS, *VARIANT_CFLAGS[variant], *tuning_defines(defines)]
 
 
-def build_key(cc: str, variant: str) -> str:
+def build_key(cc: str, variant: str, defines: str | None = None) -> str:
     h = hashlib.sha256()
     for path in _sources():
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(" ".join(_cflags(variant)).encode())
+    h.update(" ".join(_cflags(variant, defines)).encode())
     h.update(_compiler_version(cc).encode())
     return h.hexdigest()[:16]
 
 
-def build(variant: str, cc: str) -> Path:
-    """The shared library for `variant`, compiled now unless a matching build exists."""
-    out = cache_dir() / f"edgemoe_experts-{variant}-{build_key(cc, variant)}.so"
+def build(variant: str, cc: str, defines: str | None = None) -> Path:
+    """The shared library for `variant` (tuning macros `defines`, None: the environment's),
+    compiled now unless a matching build exists."""
+    out = cache_dir() / f"edgemoe_experts-{variant}-{build_key(cc, variant, defines)}.so"
     if out.exists():
         return out
     # NOTE: compile to a private name, then rename: concurrent processes never load a
     # half-written file, and the last rename wins with identical content.
     tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp.so")
-    cmd = [cc, *_cflags(variant), f"-I{SOURCE_DIR}", "-o", str(tmp), str(SOURCE_DIR / "expert.c"), "-lm"]
+    cmd = [cc, *_cflags(variant, defines), f"-I{SOURCE_DIR}", "-o", str(tmp), str(SOURCE_DIR / "expert.c"), "-lm"]
     log.info("compiling the %s CPU expert kernel: %s", variant, " ".join(cmd))
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
@@ -130,6 +132,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_host_layer.restype, lib.em_host_layer.argtypes = None, [p]
     lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
     lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
+    if hasattr(lib, "em_phase_times"):  # EM_PHASE_TIMES=1 builds only (em_ptimes.h)
+        lib.em_phase_times.restype, lib.em_phase_times.argtypes = i32, [ctypes.POINTER(ctypes.c_long), i32]
     return lib
 
 
@@ -144,22 +148,14 @@ def load_tuned(variant: str, defines: str) -> ctypes.CDLL:
     """`load` of `variant` built with `defines` ($EDGEMOE_CPU_DEFINES' syntax, e.g.
     "EM_PHASE_TIMES=1"), not cached: builds side by side in one process (the A/B and
     phase-time scripts)."""
-    saved = os.environ.get(DEFINES_ENV)
-    os.environ[DEFINES_ENV] = defines
-    try:
-        return _load(variant)
-    finally:
-        if saved is None:
-            os.environ.pop(DEFINES_ENV)
-        else:
-            os.environ[DEFINES_ENV] = saved
+    return _load(variant, defines)
 
 
-def _load(variant: str) -> ctypes.CDLL:
+def _load(variant: str, defines: str | None = None) -> ctypes.CDLL:
     cc = find_compiler()
     if cc is None:
         raise RuntimeError("no C compiler ($CC, cc, gcc or clang)")
-    lib = _declare(ctypes.CDLL(str(build(variant, cc))))
+    lib = _declare(ctypes.CDLL(str(build(variant, cc, defines))))
     if lib.em_abi_version() != ABI_VERSION or lib.em_isa().decode() != variant:
         raise BuildError(f"{variant} kernel: ABI {lib.em_abi_version()} / ISA {lib.em_isa().decode()} mismatch")
     # NOTE: Linux gives a process AMX tile state only on request (arch_prctl), and it
