@@ -22,6 +22,13 @@ PDL is ~8% longer; the shares are what this script is for.
 It also sums the device's idle gaps between kernels by the kernel that came next: with the
 CPU share (`moe_backend=hybrid cpu_experts_per_layer=2 routing=synthetic gpu_memory=16GiB
 kv_tokens=8192`) the gap before `_share_finish` is the wait for the CPU's experts.
+
+Two settings are the script's own: `model=` (default random:qwen3-30b-a3b) and
+`quotas=6.5,5,8` (with a fixed share, `cpu_experts_per_layer=N`: one profile per quota, set
+between steps in the same process, quarters of an expert allowed), e.g. Qwen3.8 at 32K:
+`1 32768 model=random:qwen3.8-flash-next moe_backend=hybrid expert_cache=device
+cpu_experts_per_layer=6 quotas=6.5,4,9 gpu_memory=16GiB kv_tokens=33000 max_model_len=33000`.
+`KPROFILE_STEPS` sets the profiled steps (16).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ os.environ.setdefault("EDGEMOE_PDL", "0")  # before edgemoe reads it: see the NO
 
 from edgemoe import LLM, SamplingParams  # noqa: E402
 
-STEPS = 16
+STEPS = int(os.environ.get("KPROFILE_STEPS", 16))
 IDLE_MAX_US = 5_000  # a gap longer than this is between steps (the host's sampling and scheduling)
 
 
@@ -69,54 +76,108 @@ def busy_us(events) -> float:  # noqa: ANN001
             total += end - max(start, reach)
             reach = end
     return total
-batch = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-prompt = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
-given = dict(arg.split("=", 1) for arg in sys.argv[3:])
-settings: dict[str, object] = {"moe_backend": "resident", "kv_tokens": 65536}
-settings.update({k: int(v) if v.isdigit() else v for k, v in given.items()})
-tag = "".join(f"_{k}-{v}" for k, v in given.items())
+def parse_args(argv: list[str]) -> tuple[int, int, str, list[float], dict[str, object], str]:
+    """(batch, prompt, model, quotas, engine settings, file tag) from the command line;
+    `model=` and `quotas=` are the script's own (not engine settings)."""
+    batch = int(argv[1]) if len(argv) > 1 else 1
+    prompt = int(argv[2]) if len(argv) > 2 else 1024
+    given = dict(arg.split("=", 1) for arg in argv[3:])
+    tag = "".join(f"_{k}-{v}" for k, v in given.items()).replace(":", "-").replace("/", "-")
+    model = given.pop("model", "random:qwen3-30b-a3b")
+    quotas = [float(q) for q in given.pop("quotas").split(",")] if "quotas" in given else []
+    settings: dict[str, object] = {"moe_backend": "resident", "kv_tokens": 65536}
+    settings.update({k: int(v) if v.isdigit() else v for k, v in given.items()})
+    return batch, prompt, model, quotas, settings, tag
 
-with LLM("random:qwen3-30b-a3b", **settings) as llm:
-    engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request([1000 + i + 7 * j for j in range(prompt)], params)
-    for _ in range(batch * (prompt // 2048 + 1) + 8):  # prefill, then warm decode steps
+
+def set_quota(engine, quota: float) -> None:  # noqa: ANN001
+    """A fixed CPU share's quota (experts a layer, quarters allowed) for the coming steps."""
+    from edgemoe.moe.quota_controller import QUARTERS, quota_rows
+
+    share = engine.runtime.executor.cpu_share
+    if share is None:
+        raise SystemExit("quotas= needs a fixed CPU share (moe_backend=hybrid cpu_experts_per_layer=N)")
+    rows = quota_rows(round(quota * QUARTERS), share.quota.shape[0])
+    share.quota.copy_(torch.tensor(rows, dtype=torch.int64))
+
+
+def cpu_busy(engine) -> tuple[float, int]:  # noqa: ANN001
+    """(seconds the CPU share's calls ran, calls) so far."""
+    moe = engine.stats()["moe"] if hasattr(engine, "stats") else {}
+    return float(moe.get("cpu_seconds", 0.0)), int(moe.get("cpu_calls", 0))
+
+
+def profile_steps(engine) -> tuple[object, float, dict[str, float]]:  # noqa: ANN001
+    """STEPS profiled steps: (the profiler, wall µs a step, the CPU share's busy time)."""
+    for _ in range(8):  # warm: graphs of a new quota's shape replayed, caches settled
         engine.step()
     torch.cuda.synchronize()
+    cpu0, calls0 = cpu_busy(engine)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         began = time.perf_counter()
         for _ in range(STEPS):
             engine.step()
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - began) * 1e6 / STEPS
+    cpu1, calls1 = cpu_busy(engine)
+    cpu = {"cpu_busy_us_per_step": (cpu1 - cpu0) * 1e6 / STEPS, "cpu_calls_per_step": (calls1 - calls0) / STEPS}
+    return prof, wall_us, cpu
 
-per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-for e in prof.events():
-    if e.device_type == torch.autograd.DeviceType.CUDA:
-        per_kernel[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        per_kernel[e.name][1] += 1
-total = sum(t for t, _ in per_kernel.values())
-rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
-gaps = idle_before(prof.events())
-busy = busy_us(prof.events()) / STEPS
-print(f"batch {batch}, prompt {prompt}: {total / STEPS:.0f} µs of kernels per step, {busy:.0f} µs with a kernel "
-      f"running (streams overlapped: {total / STEPS - busy:.0f}), {wall_us:.0f} µs a step by the clock (profiled)")
-print(f"{'µs/step':>9} {'share':>6} {'calls':>6}  kernel")
-table = []
-for name, (us, calls) in rows[:40]:
-    print(f"{us / STEPS:9.1f} {100 * us / total:5.1f}% {calls / STEPS:6.1f}  {name[:110]}")
-    table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
-span = sum(g for g, _ in gaps.values())
-print(f"{span / STEPS:.0f} µs a step with no kernel running, by the kernel that ran next "
-      "(the CPU share's wait shows before `_share_finish`):")
-for name, (us, calls) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:12]:
-    print(f"{us / STEPS:9.1f} {calls / STEPS:6.1f}  {name[:110]}")
-out = Path(os.environ.get("OUT", "bench/results"))
-out.mkdir(parents=True, exist_ok=True)
-(out / f"kernel_profile_b{batch}_p{prompt}{tag}.json").write_text(json.dumps(
-    {"batch": batch, "prompt_tokens": prompt, "settings": settings, "steps": STEPS, "us_per_step": total / STEPS,
-     "busy_us_per_step": busy, "wall_us_per_step": wall_us,
-     "kernels": table, "idle_us_per_step": span / STEPS,
-     "idle_before": {name: {"us_per_step": us / STEPS, "calls_per_step": calls / STEPS} for name, (us, calls) in
-                     sorted(gaps.items(), key=lambda kv: -kv[1][0])[:40]}}, indent=1))
+
+def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str, object]:  # noqa: ANN001
+    """Print the kernel table and the idle gaps; the JSON record of one profile."""
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            per_kernel[e.name][1] += 1
+    total = sum(t for t, _ in per_kernel.values())
+    rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
+    gaps = idle_before(prof.events())
+    busy = busy_us(prof.events()) / STEPS
+    print(f"{label}: {total / STEPS:.0f} µs of kernels per step, {busy:.0f} µs with a kernel "
+          f"running (streams overlapped: {total / STEPS - busy:.0f}), {wall_us:.0f} µs a step by the clock (profiled); "
+          f"CPU share {cpu['cpu_busy_us_per_step']:.0f} µs busy in {cpu['cpu_calls_per_step']:.1f} calls a step")
+    print(f"{'µs/step':>9} {'share':>6} {'calls':>6}  kernel")
+    table = []
+    for name, (us, calls) in rows[:40]:
+        print(f"{us / STEPS:9.1f} {100 * us / total:5.1f}% {calls / STEPS:6.1f}  {name[:110]}")
+        table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
+    span = sum(g for g, _ in gaps.values())
+    print(f"{span / STEPS:.0f} µs a step with no kernel running, by the kernel that ran next "
+          "(the CPU share's wait shows before `_share_finish`):")
+    for name, (us, calls) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:12]:
+        print(f"{us / STEPS:9.1f} {calls / STEPS:6.1f}  {name[:110]}")
+    return {"label": label, "steps": STEPS, "us_per_step": total / STEPS, "busy_us_per_step": busy,
+            "wall_us_per_step": wall_us, **cpu, "kernels": table, "idle_us_per_step": span / STEPS,
+            "idle_before": {name: {"us_per_step": us / STEPS, "calls_per_step": calls / STEPS} for name, (us, calls) in
+                            sorted(gaps.items(), key=lambda kv: -kv[1][0])[:40]}}
+
+
+def main() -> int:
+    batch, prompt, model, quotas, settings, tag = parse_args(sys.argv)
+    records = []
+    with LLM(model, **settings) as llm:
+        engine = llm.engine
+        params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+        ids = [engine.add_request([1000 + i + 7 * j for j in range(prompt)], params) for i in range(batch)]
+        while not all(engine.requests[i].output_ids for i in ids):  # prefill; profile_steps warms the decode steps
+            engine.step()
+        for quota in quotas or [None]:
+            if quota is not None:
+                set_quota(engine, quota)
+            label = f"batch {batch}, prompt {prompt}" + (f", CPU quota {quota}" if quota is not None else "")
+            records.append({"quota": quota, **report(*profile_steps(engine), label)})
+    out = Path(os.environ.get("OUT", "bench/results"))
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"batch": batch, "prompt_tokens": prompt, "model": model, "settings": settings}
+    if len(records) == 1:
+        record |= records[0]
+    else:
+        record["profiles"] = records
+    (out / f"kernel_profile_b{batch}_p{prompt}{tag}.json").write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
