@@ -37,7 +37,7 @@ def test_reference_is_transformers_routing(renormalize: bool) -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
-@pytest.mark.parametrize("E,K", [(128, 8), (60, 4), (512, 8), (8, 2)])
+@pytest.mark.parametrize("E,K", [(128, 8), (60, 4), (512, 8), (8, 2), (512, 10), (60, 5), (128, 3)])  # K padded: 10, 5, 3
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_triton_matches_reference(E: int, K: int, renormalize: bool) -> None:
     from edgemoe.kernels.triton_ops.router import route_topk_triton

@@ -56,6 +56,8 @@ def fused(
         (5, 7, 1, 33, torch.bfloat16, True),  # K = 1: the weight renormalises to 1
         (7, 20, 2, 96, torch.float16, False),
         (2, 8, 2, 4100, torch.bfloat16, True),  # H > MAX_BLOCK_H: three loads along H, the last masked
+        (2, 512, 10, 256, torch.bfloat16, True),  # Qwen3.8's top-10 of 512: K padded to 16, the search
+        (3, 60, 6, 40, torch.bfloat16, False),  # K padded to 8, by ranks
     ],
 )
 def test_fused_matches_reference(T: int, E: int, K: int, H: int, dtype: torch.dtype, renorm: bool) -> None:
@@ -158,12 +160,12 @@ def triton_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @needs_triton
 def test_workspace_wherever_triton_runs(triton_on_cpu: None) -> None:
-    """Whatever --dense-kernel says (the layer's linear is not consulted); only the
-    kernel's k-range refuses."""
+    """Whatever --dense-kernel says (the layer's linear is not consulted), whatever top-k
+    (a K that is not a power of two is padded inside the kernel: Qwen3.8's 10)."""
     _, w = inputs(1, 16, 32, torch.bfloat16, seed=0)
-    assert fused_router_workspace(w, 3) is None  # the kernel's K: a power of two
-    ws = fused_router_workspace(w, 4)
-    assert ws is not None and ws.logits.shape == (router_mod.FUSED_MAX_TOKENS, 16) and not ws.arrivals.any()
+    for k in (3, 4):
+        ws = fused_router_workspace(w, k)
+        assert ws is not None and ws.logits.shape == (router_mod.FUSED_MAX_TOKENS, 16) and not ws.arrivals.any()
 
 
 @needs_triton

@@ -40,7 +40,7 @@ CASES = [(128, 8, 128), (128, 2, 32), (256, 8, 64), (60, 8, 64), (200, 8, 64), (
 
 
 @pytest.mark.parametrize(("E", "warps", "chunk"), CASES)
-@pytest.mark.parametrize("K", [1, 2, 4, 8])
+@pytest.mark.parametrize("K", [1, 2, 3, 4, 8, 10])  # 3, 10: padded to a power of two
 def test_route_topk_by_rank_is_the_search_bitwise(
     monkeypatch: pytest.MonkeyPatch, E: int, warps: int, chunk: int, K: int
 ) -> None:

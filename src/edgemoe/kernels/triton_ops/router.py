@@ -84,30 +84,33 @@ def rank_chunk(e_pad: int, warps: int) -> int:
 
 
 @triton.jit
-def _softmax_topk(x, e, E, K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, CHUNK: tl.constexpr):
-    """(ids [K] int32, weights [K] fp32) of one token from its fp32 logits x [E_PAD]
-    (-inf beyond E): softmax in fp32, the K largest in order, ties to the lower id.
+def _softmax_topk(x, e, E, K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    """(ids [K_PAD] int32, weights [K_PAD] fp32) of one token from its fp32 logits x [E_PAD]
+    (-inf beyond E): softmax in fp32, the K largest in order, ties to the lower id; entries
+    K..K_PAD-1 (K_PAD: K's power of two, Qwen3.8's top-10 in 16) are weight 0, not stored.
     CHUNK > 0: by ranks, CHUNK experts' keys at a time (`_topk_by_rank`); 0: K rounds of
     search (`_topk_by_search`). Both give the same ids and weights, bit for bit."""
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)  # softmax in fp32, as torch.softmax(dtype=float32)
     q = tl.where(e < E, p, -1.0)  # padding below every probability
     if CHUNK > 0:
-        top_i, top_w = _topk_by_rank(q, e, K, E_PAD, CHUNK)
+        top_i, top_w = _topk_by_rank(q, e, K, K_PAD, E_PAD, CHUNK)
     else:
-        top_i, top_w = _topk_by_search(q, e, K, E_PAD)
+        top_i, top_w = _topk_by_search(q, e, K, K_PAD, E_PAD)
     if RENORM:
         top_w = top_w / tl.sum(top_w, axis=0)
     return top_i, top_w
 
 
 @triton.jit
-def _topk_by_search(q, e, K: tl.constexpr, E_PAD: tl.constexpr):
-    """The K largest of q [E_PAD] one at a time: K rounds of two dependent reductions
-    across the program's warps (the max, then the lowest id holding it)."""
-    k = tl.arange(0, K)
-    top_w = tl.zeros([K], tl.float32)
-    top_i = tl.zeros([K], tl.int32)
+def _topk_by_search(q, e, K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr):
+    """The K largest of q [E_PAD] one at a time (in [K_PAD], zeros after K): K rounds of
+    two dependent reductions across the program's warps (the max, then the lowest id
+    holding it)."""
+    k = tl.arange(0, K_PAD)
+    top_w = tl.zeros([K_PAD], tl.float32)
+    top_i = tl.zeros([K_PAD], tl.int32)
     remaining = q
     for j in tl.static_range(K):  # the j-th largest; ties go to the lower expert id
         best = tl.max(remaining, axis=0)
@@ -119,8 +122,8 @@ def _topk_by_search(q, e, K: tl.constexpr, E_PAD: tl.constexpr):
 
 
 @triton.jit
-def _topk_by_rank(q, e, K: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
-    """The K largest of q [E_PAD] at once, by rank. key_i = (q_i's bits, E_PAD-1-i) as one
+def _topk_by_rank(q, e, K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """The K largest of q [E_PAD] at once (in [K_PAD], zeros after K), by rank. key_i = (q_i's bits, E_PAD-1-i) as one
     int64 (q >= 0, or the padding's -1: for these the bits' order is the values' order),
     so rank_i = #{j: key_j > key_i} = #{j: q_j > q_i} + #{j < i: q_j == q_i}: the search's
     order, ties to the lower id, a permutation of 0..E_PAD-1. The k-th largest is the key
@@ -137,36 +140,37 @@ def _topk_by_rank(q, e, K: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexp
         # there (CHUNK exp and div per thread).
         kc = tl.max(tl.where(c2 == c, key2, _LOWEST), axis=0)  # [CHUNK]
         rank += tl.sum((kc[:, None] > key[None, :]).to(tl.int32), axis=0)  # [CHUNK, E_PAD] -> [E_PAD]
-    sel = rank[None, :] == tl.arange(0, K)[:, None]  # [K, E_PAD]: one entry a row
-    top = tl.max(tl.where(sel, key[None, :], _LOWEST), axis=1)  # [K], exact
+    k = tl.arange(0, K_PAD)
+    sel = rank[None, :] == k[:, None]  # [K_PAD, E_PAD]: one entry a row
+    top = tl.max(tl.where(sel, key[None, :], _LOWEST), axis=1)  # [K_PAD], exact
     low = top % E_PAD  # the keys of real experts are >= 0 (K <= E)
-    top_i = (E_PAD - 1 - low).to(tl.int32)
-    top_w = ((top - low) // E_PAD).to(tl.int32).to(tl.float32, bitcast=True)
+    top_i = tl.where(k < K, (E_PAD - 1 - low).to(tl.int32), 0)
+    top_w = tl.where(k < K, ((top - low) // E_PAD).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
     return top_i, top_w
 
 
 @triton.jit
 def _route_topk(
     logits_ptr, ids_ptr, w_ptr, E, stride_lt, stride_it, stride_wt,
-    K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr,
-    RANK_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, DTYPE: tl.constexpr,
+    INTERP: tl.constexpr, RANK_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
     pdl_start(USE_PDL)
     x = tl.load(logits_ptr + t * stride_lt + e, mask=e < E, other=float("-inf")).to(tl.float32)
-    top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM, RANK_CHUNK)
-    k = tl.arange(0, K)
-    tl.store(ids_ptr + t * stride_it + k, top_i)
-    tl.store(w_ptr + t * stride_wt + k, round_to(top_w, DTYPE, INTERP).to(tl.float32))
+    top_i, top_w = _softmax_topk(x, e, E, K, K_PAD, E_PAD, RENORM, RANK_CHUNK)
+    k = tl.arange(0, K_PAD)
+    tl.store(ids_ptr + t * stride_it + k, top_i, mask=k < K)
+    tl.store(w_ptr + t * stride_wt + k, round_to(top_w, DTYPE, INTERP).to(tl.float32), mask=k < K)
 
 
 def route_topk_triton(
     logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     T, E = logits.shape
-    if top_k & (top_k - 1) or top_k > E:
-        raise ValueError(f"top_k {top_k} of {E} experts: the kernel needs a power of two, at most E")
+    if not 0 < top_k <= E:
+        raise ValueError(f"top_k {top_k} of {E} experts: top_k must be at least 1 and at most E")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=logits.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     if T == 0:
@@ -177,7 +181,7 @@ def route_topk_triton(
     warps = TOPK_WARPS if e_pad <= RANK_MAX_E_PAD else 4
     _route_topk[(T,)](
         logits, ids, weights, E, logits.stride(0), ids.stride(0), weights.stride(0),
-        K=top_k, E_PAD=e_pad, RENORM=renormalize, DTYPE=tl_dtype(dtype),
+        K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, RENORM=renormalize, DTYPE=tl_dtype(dtype),
         INTERP=interpreting(logits), RANK_CHUNK=rank_chunk(e_pad, warps), USE_PDL=pdl, launch_pdl=pdl, num_warps=warps,
     )
     return ids, weights
@@ -187,7 +191,7 @@ def route_topk_triton(
 def _route_fused(
     x_ptr, w_ptr, logits_ptr, arrivals_ptr, ids_ptr, wout_ptr, E, H, stride_xt, stride_we, stride_lt,
     res_ptr, nw_ptr, h_ptr, xo_ptr, stride_rt, stride_ht, stride_ot, eps, weight_offset,
-    K: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, LOGIT_DTYPE: tl.constexpr,
+    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, LOGIT_DTYPE: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     RANK_CHUNK: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -230,10 +234,10 @@ def _route_fused(
         e = tl.arange(0, E_PAD)
         # .cg: from L2, where the other programs' stores are (never a stale L1 line).
         x = tl.load(logits_ptr + t * stride_lt + e, mask=e < E, other=float("-inf"), cache_modifier=".cg")
-        top_i, top_w = _softmax_topk(x, e, E, K, E_PAD, RENORM, RANK_CHUNK)
-        k = tl.arange(0, K)
-        tl.store(ids_ptr + t * K + k, top_i)
-        tl.store(wout_ptr + t * K + k, round_to(top_w, DTYPE, INTERP).to(tl.float32))
+        top_i, top_w = _softmax_topk(x, e, E, K, K_PAD, E_PAD, RENORM, RANK_CHUNK)
+        k = tl.arange(0, K_PAD)
+        tl.store(ids_ptr + t * K + k, top_i, mask=k < K)
+        tl.store(wout_ptr + t * K + k, round_to(top_w, DTYPE, INTERP).to(tl.float32), mask=k < K)
         tl.store(arrivals_ptr + t, 0)  # clean for the next layer / graph replay
 
 
@@ -329,8 +333,8 @@ def _launch(
     attention's output and the launch returns the normed rows and the new residual first."""
     T, H = x.shape
     E = w.shape[0]
-    if top_k & (top_k - 1) or top_k > E:
-        raise ValueError(f"top_k {top_k} of {E} experts: the kernel needs a power of two, at most E")
+    if not 0 < top_k <= E:
+        raise ValueError(f"top_k {top_k} of {E} experts: top_k must be at least 1 and at most E")
     if T > min(arrivals.shape[0], logits.shape[0]) or logits.shape[1] != E or logits.stride(1) != 1:
         raise ValueError(f"workspace {tuple(logits.shape)} does not fit {T} tokens x {E} experts")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
@@ -350,7 +354,7 @@ def _launch(
     _route_fused[(triton.cdiv(E, BLOCK_E), T)](
         x, w, logits, arrivals, ids, weights, E, H, x.stride(0), w.stride(0), logits.stride(0),
         res, nw, out[1], out[0], res.stride(0), out[1].stride(0), out[0].stride(0), eps, offset,
-        K=top_k, E_PAD=e_pad, RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype), DTYPE=tl_dtype(dtype),
+        K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype), DTYPE=tl_dtype(dtype),
         INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=min(triton.next_power_of_2(H), MAX_BLOCK_H),
         RANK_CHUNK=rank_chunk(e_pad, warps), NORM=norm is not None, OFFSET=offset != 0.0,
         BLOCK_N=triton.next_power_of_2(H), USE_PDL=pdl, launch_pdl=pdl, num_warps=warps,
