@@ -152,11 +152,11 @@ class Qwen4Block:
             with ctx.profiler.region("ple"):
                 h = self.ple(h, ctx)
         with ctx.profiler.region(self.region):
-            x, g = self.attn_hc.mix(h)
+            x, g, h = self.attn_hc.mix(h)
             assert g is not None
-            h = HyperConnection.inject(h, self.mixer(x, cos, sin, ctx), g)
+            y = self.mixer(x, cos, sin, ctx)
         with ctx.profiler.region("moe"):
-            x, g = self.mlp_hc.mix(h)
+            x, g, h = self.mlp_hc.mix(h, inject=(y, g))  # h + y ⊗ g, added in the mix's first launch
             assert g is not None
             host = ctx.batch.host
             return HyperConnection.inject(h, self.mlp(x, num_decode=host.num_decode, num_padding=host.num_padding), g)
