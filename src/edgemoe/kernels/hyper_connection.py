@@ -57,10 +57,9 @@ def hc_mix_ref(w: torch.Tensor, n: torch.Tensor, hc: int) -> torch.Tensor:
 
 
 def _fast(*tensors: torch.Tensor) -> bool:
-    """The kernels' case: a GPU with Triton, 2-D rows in one float dtype."""
+    """The kernels' case: `use_triton` (a GPU, bf16/fp16), 2-D rows in one dtype."""
     first = tensors[0]
-    return (use_triton(first) and first.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and all(t.dtype == first.dtype and t.dim() == 2 for t in tensors))
+    return use_triton(first) and all(t.dtype == first.dtype and t.dim() == 2 for t in tensors)
 
 
 def hc_inject(h: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
