@@ -3,6 +3,8 @@ functions (which take one padded batch and return the final state), and chunked 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from gdn_support import gdn_inputs, recurrence_atol
@@ -141,3 +143,25 @@ def test_gates_match_transformers_layer(dtype: torch.dtype, monkeypatch: pytest.
     # The same torch ops in the same order: bitwise equal.
     assert torch.equal(gates.g, seen["g"][0]) and torch.equal(gates.beta, seen["beta"][0])
     assert gates.g.dtype == torch.float32 and gates.beta.dtype == dtype
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gates_kernel_matches_reference(dtype: torch.dtype) -> None:
+    """The one-launch gates on row-strided views of a projection: g within a few fp32 ulps
+    (Triton's exp, log and division; softplus's linear branch above 20 and its tiny values
+    far below 0 included), beta within one rounding of b's dtype."""
+    from edgemoe.kernels.gdn import gdn_gates_ref
+    from edgemoe.kernels.triton_ops.gdn_gates import gdn_gates_triton
+
+    gen = torch.Generator().manual_seed(3)
+    proj = (torch.randn(5, 3 * 24, generator=gen) * 8).to(dtype)
+    proj[0, :24] = torch.linspace(-40, 40, 24)  # softplus's ends: e^x below fp32's eps, and x > 20
+    a, b = proj[:, :24], proj[:, 24:48]  # views with the projection's row stride
+    A_log = torch.randn(24, generator=gen)
+    dt_bias = torch.randn(24, generator=gen).to(dtype)
+    g, beta = gdn_gates_triton(a, b, A_log, dt_bias)
+    want = gdn_gates_ref(a, b, A_log, dt_bias)
+    assert ((g - want.g).abs() <= 4 * torch.finfo(torch.float32).eps * want.g.abs() + 1e-30).all()
+    assert beta.dtype == dtype
+    assert ((beta.float() - want.beta.float()).abs() <= torch.finfo(dtype).eps * want.beta.float().abs()).all()

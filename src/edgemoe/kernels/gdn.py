@@ -37,6 +37,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from edgemoe.kernels.backend import use_triton
+
 CHUNK = 64  # the chunk of the chunked rule (transformers' and fla's default)
 L2NORM_EPS = 1e-6  # transformers' l2norm and fla's l2norm_fwd both use 1e-6 inside the sqrt
 
@@ -46,7 +48,7 @@ class GdnGates(NamedTuple):
     beta: torch.Tensor  # [T, Hv] in b's dtype, in (0, 1)
 
 
-def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> GdnGates:
+def gdn_gates_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> GdnGates:
     """g = -exp(A_log) * softplus(a + dt_bias) in fp32, beta = sigmoid(b); a, b [T, Hv].
 
     NOTE: transformers' order: A_log and a go to fp32 first (in fp16 exp(A_log) could overflow),
@@ -54,6 +56,17 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     """
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
     return GdnGates(g=g, beta=b.sigmoid())
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> GdnGates:
+    """`gdn_gates_ref`'s contract; one launch on a GPU (`triton_ops/gdn_gates.py`; its exp,
+    log and division are Triton's: g within a few fp32 ulps, beta within a rounding of b's
+    dtype) where torch launches ~7 small kernels."""
+    if not (use_triton(a) and b.dtype == a.dtype and a.dim() == 2):
+        return gdn_gates_ref(a, b, A_log, dt_bias)
+    from edgemoe.kernels.triton_ops.gdn_gates import gdn_gates_triton
+
+    return GdnGates(*gdn_gates_triton(a, b, A_log, dt_bias))
 
 
 def l2norm(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
