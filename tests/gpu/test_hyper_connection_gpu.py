@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from edgemoe.kernels import hyper_connection as hck
+from edgemoe.kernels.norm_fused import grouped_rms_norm, grouped_rms_norm_ref
 from edgemoe.layers.hyper_connection import HyperConnection
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -42,6 +43,7 @@ def test_kernels_match_references(tokens: int) -> None:
     want_n, want_h = hck.hc_norm_ref(h, w, EPS, H, (y, g))
     assert torch.equal(h2, want_h) and within_rounding(n, want_n)
     assert torch.equal(hck.hc_inject(h, y, g), hck.hc_inject_ref(h, y, g))
+    assert within_rounding(grouped_rms_norm(h, w, EPS, H), grouped_rms_norm_ref(h, w, EPS, H))  # the PLE's norms
     z = randn(tokens, R + HC, seed=5, scale=4.0)
     (a, gg), (want_a, want_g) = hck.hc_gates(z, R, HC), hck.hc_gates_ref(z, R, HC)
     assert within_rounding(a, want_a) and within_rounding(gg, want_g)

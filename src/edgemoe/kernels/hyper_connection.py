@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.kernels.backend import use_triton
-from edgemoe.kernels.norm_fused import grouped_rms_norm
+from edgemoe.kernels.norm_fused import grouped_rms_norm_ref
 
 Inject = tuple[torch.Tensor, torch.Tensor]  # (y [T, H], g [T, hc]): a pending h + y ⊗ g
 
@@ -39,7 +39,7 @@ def hc_norm_ref(
     """(the grouped norm of h' [T, hc·H], h') with h' = h, or `hc_inject_ref(h, *inject)`."""
     if inject is not None:
         h = hc_inject_ref(h, *inject)
-    return grouped_rms_norm(h, weight, eps, hidden), h
+    return grouped_rms_norm_ref(h, weight, eps, hidden), h
 
 
 def hc_gates_ref(z: torch.Tensor, rank: int, hc: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -69,7 +69,7 @@ def add_rms_norm(
     return normed, new_residual
 
 
-def grouped_rms_norm(
+def grouped_rms_norm_ref(
     x: torch.Tensor, weight: torch.Tensor, eps: float, group: int, weight_offset: float = 1.0
 ) -> torch.Tensor:
     """RMSNorm of each `group`-wide slice of x [..., G·group] on its own, with a weight [G·group]
@@ -78,3 +78,16 @@ def grouped_rms_norm(
     shape, groups = x.shape, x.shape[-1] // group
     normed = rms_norm_ref(x.reshape(*shape[:-1], groups, group), weight.view(groups, group), eps, weight_offset)
     return normed.reshape(shape)
+
+
+def grouped_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int, weight_offset: float = 1.0
+) -> torch.Tensor:
+    """Same contract as `grouped_rms_norm_ref`; one launch on CUDA for 2-D zero-centred rows
+    (the hyper-connections' norm kernel, `triton_ops/hyper_connection.py`): to one rounding
+    of the dtype, as `rms_norm`."""
+    if not (use_triton(x) and x.dim() == 2 and weight.dtype == x.dtype and weight_offset == 1.0):
+        return grouped_rms_norm_ref(x, weight, eps, group, weight_offset)
+    from edgemoe.kernels.triton_ops.hyper_connection import hc_norm_triton
+
+    return hc_norm_triton(x, weight, eps, group, None)[0]
