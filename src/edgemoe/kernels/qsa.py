@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from edgemoe.kernels.backend import use_triton
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.quant.kv import dequantise_kv
 
@@ -89,6 +90,41 @@ def select_blocks(
     # -1 below every real score (>= 0): unseen blocks are picked only when the seen ones run out
     top = torch.where(seen, scores, -1.0).topk(k, dim=-1).indices
     return top, top < visible[:, None]
+
+
+def top_blocks(scores: torch.Tensor, visible: torch.Tensor, block_topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block ids [n, k], valid [n, k]) from scores [n, NB] (-1 where unseen), k = min(block_topk, NB)."""
+    top = scores.topk(min(block_topk, scores.shape[1]), dim=-1).indices
+    return top, top < visible[:, None]
+
+
+def decode_block_scores_ref(
+    qi: torch.Tensor, index_k: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor,
+    num_blocks: int, page_size: int, ratio: int,
+) -> torch.Tensor:
+    """[n, NB] fp32: query i's score of each of blocks 0 .. NB-1 of its request (rows[i]),
+    Σ_h relu(q_h · key) / √Di, -1 for blocks past visible[i] (`select_blocks`' scores): the
+    Triton scorer's reference."""
+    keys = block_keys(index_k, page_table, rows, num_blocks, page_size, ratio)
+    scores = torch.relu(torch.einsum("nhd,nbd->nhb", qi.float(), keys.float())).sum(dim=1) / math.sqrt(qi.shape[-1])
+    seen = torch.arange(num_blocks, device=qi.device)[None, :] < visible[:, None]
+    return torch.where(seen, scores, -1.0)
+
+
+def select_decode_blocks(
+    qi: torch.Tensor, index_k: torch.Tensor, page_table: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor,
+    num_blocks: int, page_size: int, ratio: int, block_topk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode queries' blocks (`select_blocks`' contract, each query over its own request's
+    first `num_blocks` blocks). On a GPU the scores are one launch that reads the keys
+    through the page table (`triton_ops/qsa.py`; the fp32 sums in another order, so scores
+    agree to fp32 rounding and a near-tie may pick the other block); the top-k is torch's."""
+    if num_blocks and use_triton(qi) and index_k.dtype == qi.dtype:
+        from edgemoe.kernels.triton_ops.qsa import block_scores_triton
+
+        scores = block_scores_triton(qi, index_k, page_table, rows, visible, num_blocks, page_size, ratio)
+        return top_blocks(scores, visible, block_topk)
+    return select_blocks(qi, block_keys(index_k, page_table, rows, num_blocks, page_size, ratio), visible, block_topk)
 
 
 def attend_selected(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgemoe.kernels.qsa import attend_selected, block_keys, compress_blocks, select_blocks
+from edgemoe.kernels.qsa import attend_selected, block_keys, compress_blocks, select_blocks, select_decode_blocks
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.batch import BatchMode, ForwardBatch
@@ -111,8 +111,8 @@ class QsaAttention(GatedAttention):
         b, a, s = ctx.batch, self.qsa, self.spec
         rows, pos = b.req_rows[:nd], b.positions[:nd]
         capacity = b.page_table.shape[1] * b.page_size
-        keys = block_keys(self._index_keys(ctx), b.page_table, rows, capacity // a.ratio, b.page_size, a.ratio)
-        blocks, valid = select_blocks(qi, keys, (pos + 1) // a.ratio, a.block_topk)
+        blocks, valid = select_decode_blocks(qi, self._index_keys(ctx), b.page_table, rows, (pos + 1) // a.ratio,
+                                             capacity // a.ratio, b.page_size, a.ratio, a.block_topk)
         pool = ctx.attention.pool
         return attend_selected(q, pos, rows, blocks, valid, pool.k[s.layer], pool.v[s.layer], b.page_table,
                                b.page_size, a.ratio, s.scale, *pool.scales(s.layer))

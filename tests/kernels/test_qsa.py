@@ -1,0 +1,56 @@
+"""QSA's decode block selection: the scores' reference against `select_blocks` over the
+gathered keys, and the Triton scorer (interpreter on CPU) against that reference, with
+keys scattered over pages, several requests and unseen blocks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from edgemoe.kernels.qsa import block_keys, decode_block_scores_ref, select_blocks, select_decode_blocks, top_blocks
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+PAGE, RATIO = 8, 4
+
+
+def paged(n: int, blocks: int, di: int, dtype: torch.dtype, seed: int):  # noqa: ANN201
+    """(qi [n, Hi, Di], index_k [S, Di], page_table, rows, visible): request i's pages a
+    shuffled subset of the pool; visible blocks from 0 to all."""
+    g = torch.Generator().manual_seed(seed)
+    pages_per_req = blocks * RATIO // PAGE
+    perm = torch.randperm(n * pages_per_req + 3, generator=g)[: n * pages_per_req]
+    page_table = perm.view(n, pages_per_req).to(torch.int32)
+    index_k = torch.randn((n * pages_per_req + 3) * PAGE, di, generator=g).to(dtype)
+    qi = torch.randn(n, 6, di, generator=g).to(dtype)
+    rows = torch.arange(n - 1, -1, -1)
+    visible = torch.linspace(0, blocks, n).long()
+    return qi, index_k, page_table, rows, visible
+
+
+def test_reference_scores_select_as_select_blocks() -> None:
+    qi, index_k, pt, rows, visible = paged(3, 40, 32, torch.float32, 0)
+    scores = decode_block_scores_ref(qi, index_k, pt, rows, visible, 40, PAGE, RATIO)
+    want = select_blocks(qi, block_keys(index_k, pt, rows, 40, PAGE, RATIO), visible, 16)
+    got = top_blocks(scores, visible, 16)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # on a CPU the dispatcher is select_blocks itself
+    got = select_decode_blocks(qi, index_k, pt, rows, visible, 40, PAGE, RATIO, 16)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("blocks", [40, 130])  # 130: a partial last program
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_scores_match_reference(blocks: int, dtype: torch.dtype) -> None:
+    from edgemoe.kernels.triton_ops.qsa import block_scores_triton
+
+    qi, index_k, pt, rows, visible = paged(3, blocks, 64, dtype, blocks)
+    got = block_scores_triton(qi, index_k, pt, rows, visible, blocks, PAGE, RATIO)
+    want = decode_block_scores_ref(qi, index_k, pt, rows, visible, blocks, PAGE, RATIO)
+    assert torch.equal(got < 0, want < 0) and (got[want < 0] == -1).all()
+    # fp32 sums of exact products in another order: within Di ulps of the sum of |products|
+    keys = block_keys(index_k, pt, rows, blocks, PAGE, RATIO).float()
+    mag = torch.einsum("nhd,nbd->nb", qi.float().abs(), keys.abs()) / 8.0
+    assert ((got - want).abs() <= 64 * torch.finfo(torch.float32).eps * mag + 1e-30).all()
