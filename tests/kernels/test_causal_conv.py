@@ -3,6 +3,9 @@ whole sequence (the one-shot oracle) and `torch_causal_conv1d_update` for a deco
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,3 +106,81 @@ def test_decode_form_equals_prefill_form_bitwise() -> None:
     a = causal_conv1d_varlen_ref(x, weight, None, pools[0], rows, cu)
     b = causal_conv1d_update_ref(x, weight, None, pools[1], rows)
     assert torch.equal(a, b) and torch.equal(pools[0], pools[1])
+
+
+# conftest.py sets TRITON_INTERPRET on a CPU-only machine when triton is importable.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+
+
+def silu_tolerance(want: torch.Tensor) -> torch.Tensor:
+    """The interpreter's exp is not torch's CPU exp (on CUDA both are CUDA's expf, bitwise):
+    torch's vectorised CPU SiLU has an exp of its own, not correctly rounded (≤ 2 ulps), and
+    the difference is rounded again in 1 + e and in the division: the fp32 SiLU differs by
+    up to 4 ulps (4·eps relative; 2.3 seen), which moves a narrower dtype by at most one
+    rounding (one ulp, eps relative)."""
+    eps = max(torch.finfo(want.dtype).eps, 4 * torch.finfo(torch.float32).eps)
+    return eps * want.float().abs()
+
+
+def decode_inputs(
+    B: int, C: int, dilation: int, dtype: torch.dtype, pool_dtype: torch.dtype, fresh: list[bool]
+) -> tuple[torch.Tensor, ...]:
+    """x [B, C] (strided rows: a slice of a projection, as in the layer), weight [C, K], bias
+    [C], a pool of B + 2 rows (rows of fresh sequences NaN: they must not be read) and the
+    distinct rows of the B sequences."""
+    gen = torch.Generator().manual_seed(B * 1000 + C + dilation)
+    x = torch.randn(B, 2 * C, generator=gen).to(dtype)[:, C:]
+    weight = (torch.randn(C, K, generator=gen) * 0.5).to(dtype)
+    bias = (torch.randn(C, generator=gen) * 0.1).to(dtype)
+    pool = torch.randn(B + 2, C, (K - 1) * dilation, generator=gen).to(pool_dtype)
+    rows = torch.randperm(B + 2, generator=gen)[:B]
+    pool[rows[torch.tensor(fresh)]] = float("nan")
+    return x, weight, bias, pool, rows
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("init", ["none", "mixed"])
+@pytest.mark.parametrize("dilation", [1, 3])
+@pytest.mark.parametrize("B,C", [(1, 100), (3, 100), (1, 300), (3, 300)])  # C not a multiple of the 256-channel block
+def test_triton_conv_update_matches_reference(
+    dtype: torch.dtype, activation: str | None, with_bias: bool, init: str, dilation: int, B: int, C: int,
+) -> None:
+    from edgemoe.kernels.triton_ops.causal_conv import causal_conv1d_update_triton
+
+    fresh = [init == "mixed" and b % 2 == 0 for b in range(B)]  # B = 3: fresh, continued, fresh
+    has_init = None if init == "none" else ~torch.tensor(fresh)
+    x, weight, bias, pool, rows = decode_inputs(B, C, dilation, dtype, dtype, fresh)
+    bias = bias if with_bias else None
+    want_pool, got_pool = pool.clone(), pool.clone()
+    kw = dict(has_initial_state=has_init, activation=activation, dilation=dilation)
+    want = causal_conv1d_update_ref(x, weight, bias, want_pool, rows, **kw)
+    got = causal_conv1d_update_triton(x, weight, bias, got_pool, rows, **kw)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if activation is None:  # the fp32 accumulation in the reference's order: identical bits
+        assert torch.equal(got, want)
+    else:
+        assert ((got.float() - want.float()).abs() <= silu_tolerance(want)).all()
+    assert not got_pool[rows].isnan().any(), "a fresh sequence's row is overwritten whole"
+    assert torch.equal(got_pool, want_pool), "the shifted windows, in place, bitwise"
+    others = torch.ones(B + 2, dtype=torch.bool)
+    others[rows] = False
+    assert torch.equal(got_pool[others], pool[others]), "rows outside state_idx must not be written"
+
+
+@needs_triton
+def test_triton_conv_update_rounds_a_wider_pool_to_the_activations() -> None:
+    # An fp32 pool under bf16 activations: the state is rounded to bf16 before the taps, and
+    # the written-back window holds those rounded values (the reference's `state.to(x.dtype)`).
+    from edgemoe.kernels.triton_ops.causal_conv import causal_conv1d_update_triton
+
+    x, weight, bias, pool, rows = decode_inputs(3, 100, 1, torch.bfloat16, torch.float32, [False, True, False])
+    assert not torch.equal(pool[rows[0]], pool[rows[0]].to(torch.bfloat16).float()), "the rounding must show"
+    want_pool, got_pool = pool.clone(), pool.clone()
+    kw = dict(has_initial_state=torch.tensor([True, False, True]), activation=None)
+    want = causal_conv1d_update_ref(x, weight, bias, want_pool, rows, **kw)
+    got = causal_conv1d_update_triton(x, weight, bias, got_pool, rows, **kw)
+    assert torch.equal(got, want) and torch.equal(got_pool, want_pool)

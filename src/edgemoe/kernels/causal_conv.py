@@ -18,12 +18,19 @@ Contract shared by both forms:
 - Accumulation and the activation run in fp32, one rounding to x's dtype at the end (the
   causal-conv1d CUDA kernels do the same; transformers' bf16 path rounds after the conv and
   again after SiLU, so bf16 results agree to bf16 rounding, fp32 results to fp32 rounding).
+
+On CUDA (`use_triton`) the decode form is one Triton kernel (`triton_ops/causal_conv.py`),
+bitwise equal to `causal_conv1d_update_ref`; the prefill form is the reference.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from edgemoe.kernels.backend import use_triton
+
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the Triton kernel loads and stores
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -97,5 +104,21 @@ def causal_conv1d_update_ref(
     return _activate(acc, activation).to(x.dtype)
 
 
+def causal_conv1d_update(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_pool: torch.Tensor,
+    state_idx: torch.Tensor, *, has_initial_state: torch.Tensor | None = None, activation: str | None = "silu",
+    dilation: int = 1,
+) -> torch.Tensor:
+    """Same contract as `causal_conv1d_update_ref`, bitwise; one launch on CUDA (the reference
+    launches ~30 small kernels)."""
+    params = [weight, conv_pool] + ([] if bias is None else [bias])
+    if not use_triton(x) or any(t.dtype not in KERNEL_DTYPES for t in params):
+        return causal_conv1d_update_ref(x, weight, bias, conv_pool, state_idx, has_initial_state=has_initial_state,
+                                        activation=activation, dilation=dilation)
+    from edgemoe.kernels.triton_ops.causal_conv import causal_conv1d_update_triton
+
+    return causal_conv1d_update_triton(x, weight, bias, conv_pool, state_idx, has_initial_state=has_initial_state,
+                                       activation=activation, dilation=dilation)
+
+
 causal_conv1d_varlen = causal_conv1d_varlen_ref
-causal_conv1d_update = causal_conv1d_update_ref

@@ -59,9 +59,9 @@ def gdn_gates_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> GdnGates:
-    """`gdn_gates_ref`'s contract; one launch on a GPU (`triton_ops/gdn_gates.py`; its exp,
-    log and division are Triton's: g within a few fp32 ulps, beta within a rounding of b's
-    dtype) where torch launches ~7 small kernels."""
+    """`gdn_gates_ref`'s contract; one launch on a GPU (`triton_ops/gdn_gates.py`: torch's
+    exp and sigmoid, but softplus's log1p from Triton's log: g within a few fp32 ulps, beta
+    within a rounding of b's dtype) where torch launches ~7 small kernels."""
     if not (use_triton(a) and b.dtype == a.dtype and a.dim() == 2):
         return gdn_gates_ref(a, b, A_log, dt_bias)
     from edgemoe.kernels.triton_ops.gdn_gates import gdn_gates_triton

@@ -11,10 +11,11 @@ each one launch on a GPU where transformers' ops launch ~20 small kernels a mix:
 - `hc_inject(h, y, g)`: h + y ⊗ g alone.
 
 The references are transformers' ops in its order and dtypes (bitwise what the model did
-before these kernels). The kernels round where torch's ops round, so they agree with the
-references bitwise except where an fp32 sum's order or an exp differs: the norm's sum of
-squares (Triton's tree, not torch's) and the exp of silu/sigmoid (Triton's, not CUDA's
-expf), which move a result by at most one rounding of the dtype.
+before these kernels). The kernels round where torch's ops round and compute silu/sigmoid
+as torch's CUDA kernels do (`expf`, an IEEE division: `triton_ops/common.py`), so on a GPU
+they agree with the references bitwise except where an fp32 sum runs in another order —
+the norm's sum of squares (Triton's tree, not torch's), the mean over the streams — which
+moves a result by at most one rounding of the dtype.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 ACT_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_pytorch_tanh": 2}
@@ -148,3 +149,29 @@ def activate(x, ACT: tl.constexpr):
         tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # tanh via exp: no libdevice needed
         y = 0.5 * x * (1.0 + tanh)
     return y
+
+
+@triton.jit
+def exp_torch(x, INTERP: tl.constexpr):
+    """fp32 exp as torch's CUDA kernels compute it: CUDA's `expf` (libdevice's `__nv_expf`).
+    NOTE: not `tl.exp`, which lowers to ex2.approx of x·log2(e), a few ulps off `expf`.
+    The interpreter has no libdevice: there exp runs in fp64 and rounds once (a correctly
+    rounded fp32 exp, within an ulp of torch's CPU exp; numpy's fp32 exp is further off)."""
+    if INTERP:
+        y = tl.exp(x.to(tl.float64)).to(tl.float32)
+    else:
+        y = libdevice.exp(x)
+    return y
+
+
+@triton.jit
+def silu_torch(x, INTERP: tl.constexpr):
+    """torch's fp32 SiLU, x / (1 + exp(-x)), with an IEEE division (`/` in Triton is
+    div.full.f32, not correctly rounded; torch's CUDA division is)."""
+    return tl.div_rn(x, 1.0 + exp_torch(-x, INTERP))
+
+
+@triton.jit
+def sigmoid_torch(x, INTERP: tl.constexpr):
+    """torch's fp32 sigmoid, 1 / (1 + exp(-x)), IEEE division (see `silu_torch`)."""
+    return tl.div_rn(tl.zeros_like(x) + 1.0, 1.0 + exp_torch(-x, INTERP))

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.triton_ops.common import interpreting, pdl_start, round_to, tl_dtype
+from edgemoe.kernels.triton_ops.common import exp_torch, interpreting, pdl_start, round_to, sigmoid_torch, tl_dtype
 
 SOFTPLUS_THRESHOLD = 20.0  # torch's: above it softplus(x) is x
 
@@ -34,11 +34,11 @@ def _gdn_gates(
     pdl_start(USE_PDL)
     x = tl.load(a_ptr + t * stride_a + h, mask=ok, other=0.0).to(tl.float32) + \
         tl.load(dt_ptr + h, mask=ok, other=0.0).to(tl.float32)
-    softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, _log1p(tl.exp(x)))
-    decay = tl.exp(tl.load(alog_ptr + h, mask=ok, other=0.0).to(tl.float32))
+    softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, _log1p(exp_torch(x, INTERP)))
+    decay = exp_torch(tl.load(alog_ptr + h, mask=ok, other=0.0).to(tl.float32), INTERP)
     tl.store(g_ptr + t * stride_g + h, -decay * softplus, mask=ok)
     b = tl.load(b_ptr + t * stride_b + h, mask=ok, other=0.0).to(tl.float32)
-    tl.store(beta_ptr + t * stride_beta + h, round_to(1.0 / (1.0 + tl.exp(-b)), B_DTYPE, INTERP), mask=ok)
+    tl.store(beta_ptr + t * stride_beta + h, round_to(sigmoid_torch(b, INTERP), B_DTYPE, INTERP), mask=ok)
 
 
 def gdn_gates_triton(

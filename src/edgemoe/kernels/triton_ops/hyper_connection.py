@@ -9,16 +9,18 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.triton_ops.common import interpreting, pdl_start, round_to, round_trip, tl_dtype
+from edgemoe.kernels.triton_ops.common import (
+    interpreting,
+    pdl_start,
+    round_to,
+    round_trip,
+    sigmoid_torch,
+    silu_torch,
+    tl_dtype,
+)
 from edgemoe.kernels.triton_ops.norm import norm_row, norm_warps
 
 MIX_BLOCK = 1024  # hc_mix's columns a program
-
-
-@triton.jit
-def _sigmoid(x):
-    """torch's sigmoid on fp32 x."""
-    return 1.0 / (1.0 + tl.exp(-x))
 
 
 @triton.jit
@@ -83,9 +85,8 @@ def _hc_gates(
     z = tl.load(z_ptr + t * stride_z + cols, mask=cols < C, other=0.0).to(tl.float32)
     # NOTE: z / hc as torch divides (hc a power of two here, so the product is the quotient).
     u = round_trip(z * inv_hc, DTYPE, INTERP)
-    a = u / (1.0 + tl.exp(-u))  # torch's silu
-    tl.store(a_ptr + t * stride_a + cols, round_to(a, DTYPE, INTERP), mask=cols < R)
-    g = 2.0 * round_trip(_sigmoid(u), DTYPE, INTERP)
+    tl.store(a_ptr + t * stride_a + cols, round_to(silu_torch(u, INTERP), DTYPE, INTERP), mask=cols < R)
+    g = 2.0 * round_trip(sigmoid_torch(u, INTERP), DTYPE, INTERP)
     tl.store(g_ptr + t * stride_g + (cols - R), round_to(g, DTYPE, INTERP), mask=(cols >= R) & (cols < C))
 
 
@@ -122,7 +123,7 @@ def _hc_mix(
     for s in tl.static_range(HC):
         w = tl.load(w_ptr + t * stride_w + s * N + cols, mask=ok, other=0.0).to(tl.float32)
         n = tl.load(n_ptr + t * stride_n + s * N + cols, mask=ok, other=0.0).to(tl.float32)
-        acc += round_trip(round_trip(_sigmoid(w), DTYPE, INTERP) * n, DTYPE, INTERP)
+        acc += round_trip(round_trip(sigmoid_torch(w, INTERP), DTYPE, INTERP) * n, DTYPE, INTERP)
     tl.store(x_ptr + t * stride_x + cols, round_to(acc * inv_hc, DTYPE, INTERP), mask=ok)
 
 
