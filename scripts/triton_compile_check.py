@@ -32,13 +32,18 @@ from edgemoe.kernels import moe_gemv_q_tiles  # noqa: E402
 from edgemoe.kernels.triton_ops import (  # noqa: E402
     attn_decode,
     attn_extend,
+    causal_conv,
     dense_gemv,
+    gated_norm,
+    gdn_gates,
+    hyper_connection,
     moe_combine,
     moe_gemm,
     moe_gemm_q,
     moe_gemv,
     moe_gemv_q,
     norm,
+    qsa,
     rope,
     router,
     row_gather,
@@ -47,7 +52,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # bytes per block
 DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
-FLOATS = {"eps", "qk_scale", "weight_offset"}
+FLOATS = {"eps", "qk_scale", "weight_offset", "inv_hc", "sqrt_d"}
 
 
 @dataclass
@@ -103,6 +108,7 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
     yield from rope_cases(act)
     yield from dense_gemv_cases(act)
     yield from router_cases(act)
+    yield from hybrid_decode_cases(act)
     yield from slot_plan_cases()
     yield Case("row gather", row_gather._gather_rows, dict(BLOCK_D=256, ROWS=row_gather.ROWS), 4,
                ptrs={"ids_ptr": "i64"})
@@ -168,22 +174,47 @@ def router_cases(act: tl.dtype) -> Iterator[Case]:
         tag = "" if e_pad == 128 else f" E={e_pad}"
         warps = router.TOPK_WARPS if e_pad <= router.RANK_MAX_E_PAD else 4
         yield Case(f"route top-k{tag}", router._route_topk, dict(
-                   K=8, E_PAD=e_pad, RENORM=True, DTYPE=act, INTERP=False, RANK_CHUNK=router.rank_chunk(e_pad, warps)),
-                   warps, ptrs={"ids_ptr": "i32", "w_ptr": f32})
+                   K=8, K_PAD=8, E_PAD=e_pad, RENORM=True, DTYPE=act, INTERP=False,
+                   RANK_CHUNK=router.rank_chunk(e_pad, warps)), warps, ptrs={"ids_ptr": "i32", "w_ptr": f32})
         yield fused_router_case(act, e_pad, 2048, None, f"router gemv + top-k{tag}")
+    yield fused_router_case(act, 512, 2048, None, "router gemv + top-10 E=512", k=10)  # Qwen3.8: K padded to 16
     for offset in (False, True):
         name = f"add {'offset ' if offset else ''}rms norm + router gemv + top-k"
         yield fused_router_case(act, 128, 2048, offset, name)
 
 
-def fused_router_case(act: tl.dtype, e_pad: int, H: int, offset: bool | None, name: str) -> Case:
+def fused_router_case(act: tl.dtype, e_pad: int, H: int, offset: bool | None, name: str, k: int = 8) -> Case:
     """`_route_fused` at hidden size H, its warps and tiles; `offset` None: no norm."""
     warps = router.router_warps(H)
     return Case(name, router._route_fused, dict(
-                K=8, E_PAD=e_pad, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
+                K=k, K_PAD=triton.next_power_of_2(k), E_PAD=e_pad, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
                 BLOCK_H=min(H, router.MAX_BLOCK_H), RANK_CHUNK=router.rank_chunk(e_pad, warps), NORM=offset is not None,
                 OFFSET=bool(offset), BLOCK_N=triton.next_power_of_2(H)), warps,
                 ptrs={"logits_ptr": "fp32", "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": "fp32"})
+
+
+def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
+    """The GDN / QSA / hyper-connection models' decode kernels at Qwen3.8-Flash-Next's shape
+    (H = 2048 in 4 streams, rank 320; 32 value heads of 128; 8,192 conv channels, the PLE's
+    dilated conv; 16 indexer heads of 128)."""
+    f32, i64, i32 = "fp32", "i64", "i32"
+    hc = hyper_connection
+    for inject in (True, False):
+        yield Case(f"hc norm{' + inject' if inject else ''}", hc._hc_norm, dict(
+                   INJECT=inject, NORM=True, DTYPE=act, BLOCK=2048, INTERP=False), norm.norm_warps(2048))
+    yield Case("hc gates", hc._hc_gates, dict(DTYPE=act, BLOCK=512, INTERP=False), 4)
+    yield Case("hc mix", hc._hc_mix, dict(HC=4, DTYPE=act, BLOCK=hc.MIX_BLOCK, INTERP=False), 4)
+    yield Case("gdn gates", gdn_gates._gdn_gates, dict(B_DTYPE=act, BLOCK=32, INTERP=False), 1,
+               ptrs={"alog_ptr": f32, "g_ptr": f32})
+    for dil, hist in ((1, 3), (3, 9)):
+        yield Case(f"conv update dilation {dil}", causal_conv._conv_update, dict(
+                   TAPS=4, DIL=dil, S=hist, SP=triton.next_power_of_2(hist + 1), HAS_BIAS=False, HAS_INIT=True,
+                   SILU=True, X_DTYPE=act, POOL_DTYPE=act, BLOCK=causal_conv.CONV_BLOCK, INTERP=False), 4,
+                   ptrs={"idx_ptr": i64, "init_ptr": "u8"})
+    yield Case("gated norm", gated_norm._gated_rms_norm, dict(SIGMOID=False, DTYPE=act, BLOCK=128, INTERP=False),
+               norm.norm_warps(128))
+    yield Case("qsa block scores", qsa._block_scores, dict(HI_PAD=16, DI_PAD=128, BLOCK=qsa.BLOCK_B, INTERP=False), 4,
+               ptrs={"pt_ptr": i32, "rows_ptr": i64, "vis_ptr": i64, "out_ptr": f32})
 
 
 def slot_plan_cases() -> Iterator[Case]:

@@ -43,7 +43,7 @@ def _conv_update(
     x = tl.load(x_ptr + seq * stride_x + chans, mask=ok, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for j in tl.static_range(TAPS):  # the reference's order: products rounded, then added
-        col: tl.constexpr = S - (TAPS - 1 - j) * DIL
+        col = S - (TAPS - 1 - j) * DIL  # a constexpr: static_range and constexpr arithmetic
         if col == S:
             v = x
         else:

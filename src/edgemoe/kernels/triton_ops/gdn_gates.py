@@ -11,7 +11,7 @@ import triton.language as tl
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.common import exp_torch, interpreting, pdl_start, round_to, sigmoid_torch, tl_dtype
 
-SOFTPLUS_THRESHOLD = 20.0  # torch's: above it softplus(x) is x
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's: above it softplus(x) is x
 
 
 @triton.jit
