@@ -47,6 +47,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     rope,
     router,
     row_gather,
+    shared_gate,
     slot_plan,
 )
 
@@ -213,6 +214,8 @@ def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
                    ptrs={"idx_ptr": i64, "init_ptr": "u8"})
     yield Case("gated norm", gated_norm._gated_rms_norm, dict(SIGMOID=False, DTYPE=act, BLOCK=128, INTERP=False),
                norm.norm_warps(128))
+    yield Case("shared gate", shared_gate._append_shared, dict(K=10, K_PAD=16, DTYPE=act, BLOCK_H=2048, INTERP=False),
+               4, ptrs={"ids_ptr": i32, "w_ptr": f32, "ids_out_ptr": i32, "w_out_ptr": f32})
     yield Case("qsa block scores", qsa._block_scores, dict(HI_PAD=16, DI_PAD=128, BLOCK=qsa.BLOCK_B, INTERP=False), 4,
                ptrs={"pt_ptr": i32, "rows_ptr": i64, "vis_ptr": i64, "out_ptr": f32})
 

@@ -43,7 +43,7 @@ PDL_CASES = ("moe gate_up gemv S=1", "moe down gemv S=1", "moe gate_up gemv int8
              "route top-k", "router gemv + top-k", "slot plan E=128 S=64", "row gather", "row gather into",
              "dense gemv 1 token(s) a block", "dense gemv 8 token(s) a block",
              "hc norm + inject", "hc gates", "hc mix", "gdn gates", "conv update dilation 1", "gated norm",
-             "qsa block scores", "router gemv + top-10 E=512")
+             "qsa block scores", "shared gate", "router gemv + top-10 E=512")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")

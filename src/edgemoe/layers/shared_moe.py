@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from edgemoe.kernels.shared_gate import append_shared
 from edgemoe.layers.mlp import DenseMLP
 from edgemoe.layers.moe import SparseMoE
 
@@ -41,12 +42,11 @@ class SharedExpertMoE:
         has them (`SparseMoE.add_norm_route`)."""
         moe = self.routed
         ids, weights = moe.route(x) if routing is None else routing  # [T, K] int32, fp32 weights of x-dtype values
-        gate = torch.sigmoid(self.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
-        if self.shared_id is not None:
-            ids = torch.cat([ids, ids.new_full((x.shape[0], 1), self.shared_id)], dim=1)  # [T, K+1]
-            weights = torch.cat([weights, gate.to(weights.dtype)], dim=1)
+        if self.shared_id is not None:  # [T, K+1]: the shared pair last (one launch on a GPU)
+            ids, weights = append_shared(x, self.shared_gate, ids, weights, self.shared_id, self.linear)
             return moe.executor.forward(moe.layer, x, ids, weights, residual, num_decode, num_padding)
         assert self.shared_mlp is not None
+        gate = torch.sigmoid(self.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
         out = moe.executor.forward(moe.layer, x, ids, weights, None, num_decode, num_padding)
         out = out + gate * self.shared_mlp(x)
         return out if residual is None else residual + out
