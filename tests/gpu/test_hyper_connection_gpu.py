@@ -30,6 +30,13 @@ def within_rounding(got: torch.Tensor, want: torch.Tensor, magnitude: torch.Tens
     return bool(((got.float() - want.float()).abs() <= torch.finfo(BF16).eps * mag + 1e-30).all())
 
 
+def max_diff(got: torch.Tensor, want: torch.Tensor) -> str:
+    """The largest difference and where, for an assertion's message."""
+    d = (got.float() - want.float()).abs()
+    i = int(d.argmax())
+    return f"max |diff| {float(d.flatten()[i]):.3g} at {i} (got {float(got.flatten()[i]):.6g}, want {float(want.flatten()[i]):.6g})"
+
+
 def layer(seed: int = 0) -> HyperConnection:
     return HyperConnection(randn(HC * H, seed=seed, scale=0.1), randn(R + HC, HC * H, seed=seed + 1, scale=0.02),
                            randn(HC * H, R, seed=seed + 2, scale=0.05), HC, EPS)
@@ -41,15 +48,20 @@ def test_kernels_match_references(tokens: int) -> None:
     w = randn(HC * H, seed=4, scale=0.3)
     n, h2 = hck.hc_norm(h, w, EPS, H, (y, g))
     want_n, want_h = hck.hc_norm_ref(h, w, EPS, H, (y, g))
-    assert torch.equal(h2, want_h) and within_rounding(n, want_n)
-    assert torch.equal(hck.hc_inject(h, y, g), hck.hc_inject_ref(h, y, g))
+    # One assertion a quantity, each saying by how much (2026-12-03: this test failed on the
+    # H200 with the reasons cut from the log; the interpreter's versions pass).
+    assert torch.equal(h2, want_h), f"injection: {(h2 != want_h).sum()} elements differ, {max_diff(h2, want_h)}"
+    assert within_rounding(n, want_n), f"norm: {max_diff(n, want_n)}"
+    assert torch.equal(hck.hc_inject(h, y, g), hck.hc_inject_ref(h, y, g)), "inject alone"
     assert within_rounding(grouped_rms_norm(h, w, EPS, H), grouped_rms_norm_ref(h, w, EPS, H))  # the PLE's norms
     z = randn(tokens, R + HC, seed=5, scale=4.0)
     (a, gg), (want_a, want_g) = hck.hc_gates(z, R, HC), hck.hc_gates_ref(z, R, HC)
-    assert within_rounding(a, want_a) and within_rounding(gg, want_g)
+    assert within_rounding(a, want_a), f"silu gate: {max_diff(a, want_a)}"
+    assert within_rounding(gg, want_g), f"inject weights: {max_diff(gg, want_g)}"
     wp, nn = randn(tokens, HC * H, seed=6, scale=3.0), randn(tokens, HC * H, seed=7)
     mag = (torch.sigmoid(wp.float()) * nn.float()).abs().view(tokens, HC, H).mean(1)
-    assert within_rounding(hck.hc_mix(wp, nn, HC), hck.hc_mix_ref(wp, nn, HC), 2 * mag)
+    got, want = hck.hc_mix(wp, nn, HC), hck.hc_mix_ref(wp, nn, HC)
+    assert within_rounding(got, want, 2 * mag), f"mix: {max_diff(got, want)}"
 
 
 def test_layer_mix_against_its_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,9 +74,10 @@ def test_layer_mix_against_its_reference_path(monkeypatch: pytest.MonkeyPatch) -
     with monkeypatch.context() as m:
         m.setattr(hck, "use_triton", lambda *a, **k: False)
         want_x, want_g, want_h = hcl.mix(h, inject=(y, g))
-    assert torch.equal(hk, want_h)
-    assert ((x.float() - want_x.float()).abs() <= 8 * torch.finfo(BF16).eps * want_x.float().abs().amax()).all()
-    assert ((gk.float() - want_g.float()).abs() <= 2 * torch.finfo(BF16).eps * 2).all()
+    assert torch.equal(hk, want_h), f"streams: {max_diff(hk, want_h)}"
+    assert ((x.float() - want_x.float()).abs() <= 8 * torch.finfo(BF16).eps * want_x.float().abs().amax()).all(), \
+        f"x: {max_diff(x, want_x)}"
+    assert ((gk.float() - want_g.float()).abs() <= 2 * torch.finfo(BF16).eps * 2).all(), f"g: {max_diff(gk, want_g)}"
 
 
 def test_mix_replays_from_a_cuda_graph() -> None:
