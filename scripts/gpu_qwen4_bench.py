@@ -63,7 +63,9 @@ def quota(llm: Any) -> dict[str, Any]:
     return {k: moe[k] for k in ("cpu_quota_per_layer", "cpu_quota_settled") if k in moe}
 
 
-def run_config(name: str, contexts: list[int], decode_tokens: int, warmup_tokens: int) -> list[dict[str, Any]]:
+def run_config(
+    name: str, contexts: list[int], decode_tokens: int, warmup_tokens: int, profile_steps: int = 0
+) -> list[dict[str, Any]]:
     from edgemoe import LLM
     from edgemoe.bench.decode import measure
     from edgemoe.engine.budget import expert_nbytes
@@ -98,7 +100,7 @@ def run_config(name: str, contexts: list[int], decode_tokens: int, warmup_tokens
             torch.cuda.reset_peak_memory_stats()
             store = rt.ple
             before = {"bytes": getattr(store, "bytes_read", 0), "wait": getattr(store, "wait_seconds", 0.0)}
-            r = measure(llm, ctx, 1, decode_tokens, seed=seed)
+            r = measure(llm, ctx, 1, decode_tokens, seed=seed, profile_steps=profile_steps)
             misses = r["decode_moe"]["misses_per_token"]
             copy_b, both_b = bounds(misses, e_bytes)
             free, total = torch.cuda.mem_get_info()
@@ -121,10 +123,12 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", default=["host-embed-device", "host-embed-host", "disk-embed-device"])
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--warmup-tokens", type=int, default=192, help="decode tokens of the untimed first request")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="decode steps profiled after each context's timed ones (the step's host regions)")
     args = ap.parse_args()
     rows = []
     for name in args.configs:
-        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens)
+        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens, args.profile_steps)
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))

@@ -192,6 +192,7 @@ def measure(
         "decode_step_ms": 1000 * decode.seconds / len(steps),
         "decode_step_ms_p50": 1000 * statistics.median(steps),
         "decode_step_ms_max": 1000 * max(steps),
+        "decode_step_ms_each": [round(1000 * t, 2) for t in steps],  # a trend (warming, settling) shows here
         "decode_moe": decode.moe,
         **({"decode_allocator": decode.allocator} if decode.allocator else {}),
     }
