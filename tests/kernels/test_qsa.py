@@ -9,7 +9,15 @@ import os
 import pytest
 import torch
 
-from edgemoe.kernels.qsa import block_keys, decode_block_scores_ref, select_blocks, select_decode_blocks, top_blocks
+from edgemoe.kernels.qsa import (
+    attend_selected,
+    attend_selected_decode,
+    block_keys,
+    decode_block_scores_ref,
+    select_blocks,
+    select_decode_blocks,
+    top_blocks,
+)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 PAGE, RATIO = 8, 4
@@ -54,3 +62,42 @@ def test_triton_scores_match_reference(blocks: int, dtype: torch.dtype) -> None:
     keys = block_keys(index_k, pt, rows, blocks, PAGE, RATIO).float()
     mag = torch.einsum("nhd,nbd->nb", qi.float().abs(), keys.abs()) / 8.0
     assert ((got - want).abs() <= 64 * torch.finfo(torch.float32).eps * mag + 1e-30).all()
+
+
+def kv_pool(slots: int, hkv: int, d: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(slots, hkv, d, generator=g).to(dtype), torch.randn(slots, hkv, d, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("page", [4, 8, 16])
+def test_selected_page_table_attends_to_attend_selected_tokens(page: int) -> None:
+    """The paged decode reference over `selected_page_table` (what the GPU path hands the
+    split-K kernel) against `attend_selected`, in fp32: queries with 0-3 tail tokens, fewer
+    visible blocks than k and more, one at the page table's last position."""
+    from edgemoe.kernels.paged_attention import decode_attention_ref
+    from edgemoe.kernels.qsa import selected_page_table
+
+    blocks_cap, topk, n = 48, 6, 7
+    capacity = blocks_cap * RATIO
+    g = torch.Generator().manual_seed(page)
+    pages = n * capacity // page
+    pt = torch.randperm(pages + 5, generator=g)[:pages].view(n, -1).to(torch.int32)
+    slots = (pages + 5) * page
+    rows = torch.arange(n - 1, -1, -1)
+    positions = torch.tensor([0, 2, 3, 13, 30, 101, capacity - 1])  # tails 1, 3, 0, 2, 3, 2, 0
+    visible = (positions + 1) // RATIO
+    qi, keys = torch.randn(n, 3, 32, generator=g), torch.randn(slots, 32, generator=g)
+    blocks, valid = select_blocks(qi, block_keys(keys, pt, rows, blocks_cap, page, RATIO), visible, topk)
+    k_cache, v_cache = kv_pool(slots, 2, 16, torch.float32, 4)
+    q = torch.randn(n, 4, 16, generator=torch.Generator().manual_seed(5))
+    want = attend_selected(q, positions, rows, blocks, valid, k_cache, v_cache, pt, page, RATIO, 0.25)
+    table, lengths = selected_page_table(positions, rows, blocks, pt, page, RATIO)
+    assert lengths.tolist() == [min(int(v), topk) * RATIO + int(p) + 1 - int(v) * RATIO
+                                for p, v in zip(positions, visible, strict=True)]
+    got = decode_attention_ref(q, k_cache, v_cache, table, torch.arange(n, dtype=torch.int32), lengths, RATIO, 0.25,
+                               None, torch.empty_like(q))
+    # The same tokens in another order: fp32 sums over <= 27 terms, each |p·v| <= max |v|.
+    assert ((got - want).abs() <= 64 * torch.finfo(torch.float32).eps * v_cache.abs().amax()).all()
+    # On a CPU the dispatcher is the reference itself.
+    same = attend_selected_decode(q, positions, rows, blocks, valid, k_cache, v_cache, pt, page, RATIO, 0.25)
+    assert torch.equal(same, want)

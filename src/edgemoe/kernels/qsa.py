@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.kernels.backend import use_triton
+from edgemoe.kernels.paged_attention import decode_attention
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.quant.kv import dequantise_kv
 
@@ -151,7 +152,9 @@ def attend_selected(
     tail = ((positions + 1) // ratio * ratio)[:, None] + offs[None, : ratio - 1]  # [n, r-1]: nb·r ..
     tok = torch.cat([tok, tail], dim=1)
     tok_ok = torch.cat([tok_ok, tail <= positions[:, None]], dim=1)
-    slots = position_slots(page_table, rows, tok, page_size)
+    # Masked tokens read the query's own slot: an empty tail of a query at the page table's
+    # last position would index past it (a device-side assert on a GPU).
+    slots = position_slots(page_table, rows, torch.minimum(tok, positions[:, None]), page_size)
     Hkv = k_cache.shape[1]
     ks, vs = k_cache[slots], v_cache[slots]  # [n, N, Hkv, D]
     if k_scale is not None and v_scale is not None:
@@ -161,3 +164,45 @@ def attend_selected(
     scores = scores.masked_fill(~tok_ok[:, None, None, :], float("-inf"))
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.einsum("nhgt,nthd->nhgd", probs, vs).reshape(n, Hq, D)
+
+
+def selected_page_table(
+    positions: torch.Tensor, rows: torch.Tensor, blocks: torch.Tensor, page_table: torch.Tensor, page_size: int,
+    ratio: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode queries' selected tokens as a page table of `ratio`-token pages: (table [n, k+1]
+    int32, lengths [n] int32). Row i lists its valid blocks, then its incomplete tail, as
+    pages (a block's first slot / ratio; the pool's pages hold whole blocks when page_size %
+    ratio == 0), and its length is ratio · valid blocks + tail tokens: any paged decode
+    attention kernel then attends to exactly `attend_selected`'s tokens.
+    NOTE: `blocks` from `top_blocks` / `select_blocks`: sorted by score, every seen block
+    (score >= 0) before any unseen one (-1), so the valid blocks are each row's first
+    min(k, visible) columns, and the tail goes to the column after them."""
+    n, k = blocks.shape
+    visible = (positions + 1) // ratio
+    used = visible.clamp(max=k)
+    # The tail's block starts at pos // r · r (in the page table even when the tail is empty).
+    starts = torch.cat([blocks * ratio, (positions // ratio * ratio)[:, None]], dim=1)
+    table = (position_slots(page_table, rows, starts, page_size) // ratio).to(torch.int32)
+    table.scatter_(1, used[:, None], table[:, k:].clone())
+    lengths = used * ratio + (positions + 1 - visible * ratio)
+    return table, lengths.to(torch.int32)
+
+
+def attend_selected_decode(
+    q: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, blocks: torch.Tensor, valid: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, page_size: int, ratio: int,
+    scale: float, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`attend_selected` for decode queries (`blocks` sorted as `top_blocks` returns them). On
+    a GPU, where the pool's pages hold whole blocks, the split-K paged decode kernel over
+    `selected_page_table` (two launches, fp32 scores and an online softmax; the reference
+    rounds the scores and probabilities to the dtype, so they agree to a few roundings);
+    elsewhere the reference."""
+    if not (use_triton(q) and page_size % ratio == 0):
+        return attend_selected(q, positions, rows, blocks, valid, k_cache, v_cache, page_table, page_size, ratio,
+                               scale, k_scale, v_scale)
+    table, lengths = selected_page_table(positions, rows, blocks, page_table, page_size, ratio)
+    own_rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
+    return decode_attention(q, k_cache, v_cache, table, own_rows, lengths, ratio, scale, None, torch.empty_like(q),
+                            k_scale=k_scale, v_scale=v_scale)

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from edgemoe.kernels.qsa import attend_selected, block_keys, compress_blocks, select_blocks, select_decode_blocks
+from edgemoe.kernels.qsa import (
+    attend_selected,
+    attend_selected_decode,
+    block_keys,
+    compress_blocks,
+    select_blocks,
+    select_decode_blocks,
+)
 from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.batch import BatchMode, ForwardBatch
@@ -114,8 +121,8 @@ class QsaAttention(GatedAttention):
         blocks, valid = select_decode_blocks(qi, self._index_keys(ctx), b.page_table, rows, (pos + 1) // a.ratio,
                                              capacity // a.ratio, b.page_size, a.ratio, a.block_topk)
         pool = ctx.attention.pool
-        return attend_selected(q, pos, rows, blocks, valid, pool.k[s.layer], pool.v[s.layer], b.page_table,
-                               b.page_size, a.ratio, s.scale, *pool.scales(s.layer))
+        return attend_selected_decode(q, pos, rows, blocks, valid, pool.k[s.layer], pool.v[s.layer], b.page_table,
+                                      b.page_size, a.ratio, s.scale, *pool.scales(s.layer))
 
     def _attend_chunk(self, q: torch.Tensor, qi: torch.Tensor, ctx: StepContext, i: int) -> torch.Tensor:
         """Sequence i's prompt chunk, its blocks gathered once, queries in tiles."""
