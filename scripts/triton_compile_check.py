@@ -219,6 +219,9 @@ def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
                4, ptrs={"ids_ptr": i32, "w_ptr": f32, "ids_out_ptr": i32, "w_out_ptr": f32})
     yield Case("qsa block scores", qsa._block_scores, dict(HI_PAD=16, DI_PAD=128, BLOCK=qsa.BLOCK_B, INTERP=False), 4,
                ptrs={"pt_ptr": i32, "rows_ptr": i64, "vis_ptr": i64, "out_ptr": f32})
+    yield Case("qsa selected page table", qsa._selected_table, dict(BLOCK_K=512), 4,
+               ptrs={"blocks_ptr": i64, "pos_ptr": i64, "rows_ptr": i64, "pt_ptr": i32, "table_ptr": i32,
+                     "len_ptr": i32})
 
 
 def slot_plan_cases() -> Iterator[Case]:

@@ -71,11 +71,11 @@ def kv_pool(slots: int, hkv: int, d: int, dtype: torch.dtype, seed: int) -> tupl
 
 @pytest.mark.parametrize("page", [4, 8, 16])
 def test_selected_page_table_attends_to_attend_selected_tokens(page: int) -> None:
-    """The paged decode reference over `selected_page_table` (what the GPU path hands the
-    split-K kernel) against `attend_selected`, in fp32: queries with 0-3 tail tokens, fewer
-    visible blocks than k and more, one at the page table's last position."""
+    """The paged decode reference over `selected_page_table_ref` (what the GPU path hands the
+    split-K kernel) against `attend_selected`, in fp32: blocks in any order, queries with 0-3
+    tail tokens, fewer visible blocks than k and more, one at the page table's last position."""
     from edgemoe.kernels.paged_attention import decode_attention_ref
-    from edgemoe.kernels.qsa import selected_page_table
+    from edgemoe.kernels.qsa import selected_page_table_ref
 
     blocks_cap, topk, n = 48, 6, 7
     capacity = blocks_cap * RATIO
@@ -91,7 +91,8 @@ def test_selected_page_table_attends_to_attend_selected_tokens(page: int) -> Non
     k_cache, v_cache = kv_pool(slots, 2, 16, torch.float32, 4)
     q = torch.randn(n, 4, 16, generator=torch.Generator().manual_seed(5))
     want = attend_selected(q, positions, rows, blocks, valid, k_cache, v_cache, pt, page, RATIO, 0.25)
-    table, lengths = selected_page_table(positions, rows, blocks, pt, page, RATIO)
+    shuffled = blocks.gather(1, torch.randperm(topk, generator=g).expand(n, -1))  # the fast path's top-k is unsorted
+    table, lengths = selected_page_table_ref(positions, rows, shuffled, pt, page, RATIO)
     assert lengths.tolist() == [min(int(v), topk) * RATIO + int(p) + 1 - int(v) * RATIO
                                 for p, v in zip(positions, visible, strict=True)]
     got = decode_attention_ref(q, k_cache, v_cache, table, torch.arange(n, dtype=torch.int32), lengths, RATIO, 0.25,
@@ -101,3 +102,27 @@ def test_selected_page_table_attends_to_attend_selected_tokens(page: int) -> Non
     # On a CPU the dispatcher is the reference itself.
     same = attend_selected_decode(q, positions, rows, blocks, valid, k_cache, v_cache, pt, page, RATIO, 0.25)
     assert torch.equal(same, want)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("topk", [6, 48])  # 48: every block of the table, a partial power-of-two block
+def test_triton_selected_page_table_matches_reference(topk: int) -> None:
+    from edgemoe.kernels.qsa import selected_page_table_ref
+    from edgemoe.kernels.triton_ops.qsa import selected_page_table_triton
+
+    n, blocks_cap, page = 5, 48, 16
+    g = torch.Generator().manual_seed(topk)
+    pt = torch.randperm(n * blocks_cap * RATIO // page + 3, generator=g)[: n * blocks_cap * RATIO // page]
+    pt = pt.view(n, -1).to(torch.int32)
+    positions = torch.tensor([1, 4, 27, 150, blocks_cap * RATIO - 1])
+    scores = torch.rand(n, blocks_cap, generator=g)
+    visible = (positions + 1) // RATIO
+    scores = torch.where(torch.arange(blocks_cap)[None, :] < visible[:, None], scores, -1.0)
+    blocks, _ = top_blocks(scores, visible, topk, ordered=False)
+    rows = torch.tensor([4, 2, 0, 1, 3])
+    got, got_len = selected_page_table_triton(positions, rows, blocks, pt, page, RATIO)
+    want, want_len = selected_page_table_ref(positions, rows, blocks, pt, page, RATIO)
+    assert torch.equal(got_len, want_len)
+    for i in range(n):  # the written columns: the valid blocks, then the tail's page
+        used = int(min(int(visible[i]), topk)) + 1
+        assert torch.equal(got[i, :used], want[i, :used])

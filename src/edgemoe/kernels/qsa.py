@@ -93,9 +93,12 @@ def select_blocks(
     return top, top < visible[:, None]
 
 
-def top_blocks(scores: torch.Tensor, visible: torch.Tensor, block_topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block ids [n, k], valid [n, k]) from scores [n, NB] (-1 where unseen), k = min(block_topk, NB)."""
-    top = scores.topk(min(block_topk, scores.shape[1]), dim=-1).indices
+def top_blocks(
+    scores: torch.Tensor, visible: torch.Tensor, block_topk: int, ordered: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block ids [n, k], valid [n, k]) from scores [n, NB] (-1 where unseen), k = min(block_topk, NB);
+    ordered=False: the same set in any order (no sort: ~20 µs of a 32K-block top-k on an H200)."""
+    top = scores.topk(min(block_topk, scores.shape[1]), dim=-1, sorted=ordered).indices
     return top, top < visible[:, None]
 
 
@@ -119,12 +122,13 @@ def select_decode_blocks(
     """Decode queries' blocks (`select_blocks`' contract, each query over its own request's
     first `num_blocks` blocks). On a GPU the scores are one launch that reads the keys
     through the page table (`triton_ops/qsa.py`; the fp32 sums in another order, so scores
-    agree to fp32 rounding and a near-tie may pick the other block); the top-k is torch's."""
+    agree to fp32 rounding and a near-tie may pick the other block); the top-k is torch's,
+    unsorted there (its consumers take the blocks in any order)."""
     if num_blocks and use_triton(qi) and index_k.dtype == qi.dtype:
         from edgemoe.kernels.triton_ops.qsa import block_scores_triton
 
         scores = block_scores_triton(qi, index_k, page_table, rows, visible, num_blocks, page_size, ratio)
-        return top_blocks(scores, visible, block_topk)
+        return top_blocks(scores, visible, block_topk, ordered=False)
     return select_blocks(qi, block_keys(index_k, page_table, rows, num_blocks, page_size, ratio), visible, block_topk)
 
 
@@ -166,21 +170,22 @@ def attend_selected(
     return torch.einsum("nhgt,nthd->nhgd", probs, vs).reshape(n, Hq, D)
 
 
-def selected_page_table(
+def selected_page_table_ref(
     positions: torch.Tensor, rows: torch.Tensor, blocks: torch.Tensor, page_table: torch.Tensor, page_size: int,
     ratio: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode queries' selected tokens as a page table of `ratio`-token pages: (table [n, k+1]
-    int32, lengths [n] int32). Row i lists its valid blocks, then its incomplete tail, as
-    pages (a block's first slot / ratio; the pool's pages hold whole blocks when page_size %
-    ratio == 0), and its length is ratio · valid blocks + tail tokens: any paged decode
-    attention kernel then attends to exactly `attend_selected`'s tokens.
-    NOTE: `blocks` from `top_blocks` / `select_blocks`: sorted by score, every seen block
-    (score >= 0) before any unseen one (-1), so the valid blocks are each row's first
-    min(k, visible) columns, and the tail goes to the column after them."""
+    int32, lengths [n] int32). Row i lists its valid blocks (id < visible, in column order),
+    then its incomplete tail, as pages (a block's first slot / ratio: the pool's pages hold
+    whole blocks when page_size % ratio == 0), and its length is ratio · valid blocks + tail
+    tokens: a paged decode attention kernel then attends to exactly `attend_selected`'s
+    tokens. Columns past length / ratio hold whatever they hold (the fast path doesn't write
+    them). `blocks` in any order (`top_blocks(sorted=False)`)."""
     n, k = blocks.shape
     visible = (positions + 1) // ratio
-    used = visible.clamp(max=k)
+    valid = blocks < visible[:, None]
+    blocks = blocks.gather(1, torch.argsort((~valid).to(torch.uint8), dim=1, stable=True))  # valid first
+    used = valid.sum(dim=1)
     # The tail's block starts at pos // r · r (in the page table even when the tail is empty).
     starts = torch.cat([blocks * ratio, (positions // ratio * ratio)[:, None]], dim=1)
     table = (position_slots(page_table, rows, starts, page_size) // ratio).to(torch.int32)
@@ -194,15 +199,17 @@ def attend_selected_decode(
     k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor, page_size: int, ratio: int,
     scale: float, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`attend_selected` for decode queries (`blocks` sorted as `top_blocks` returns them). On
-    a GPU, where the pool's pages hold whole blocks, the split-K paged decode kernel over
-    `selected_page_table` (two launches, fp32 scores and an online softmax; the reference
-    rounds the scores and probabilities to the dtype, so they agree to a few roundings);
-    elsewhere the reference."""
+    """`attend_selected` for decode queries (`blocks` in any order). On a GPU, where the pool's
+    pages hold whole blocks: the selection's page table in one launch
+    (`selected_page_table_ref`'s contract), then the split-K paged decode kernel over it (two
+    launches, fp32 scores and an online softmax; the reference rounds the scores and the
+    probabilities to the dtype, so they agree to a few roundings). Elsewhere the reference."""
     if not (use_triton(q) and page_size % ratio == 0):
         return attend_selected(q, positions, rows, blocks, valid, k_cache, v_cache, page_table, page_size, ratio,
                                scale, k_scale, v_scale)
-    table, lengths = selected_page_table(positions, rows, blocks, page_table, page_size, ratio)
+    from edgemoe.kernels.triton_ops.qsa import selected_page_table_triton
+
+    table, lengths = selected_page_table_triton(positions, rows, blocks, page_table, page_size, ratio)
     own_rows = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
     return decode_attention(q, k_cache, v_cache, table, own_rows, lengths, ratio, scale, None, torch.empty_like(q),
                             k_scale=k_scale, v_scale=v_scale)

@@ -1,7 +1,10 @@
-"""QSA's decode block scores in one launch (contract: `kernels/qsa.decode_block_scores`):
-each program scores BLOCK_B of a query's blocks straight from the index keys through the
-page table (no gathered copy of the keys, no fp32 copy of them): Σ_h relu(q_h · key) / √Di,
--1 for blocks the query doesn't see yet."""
+"""QSA's decode kernels (contracts in `kernels/qsa.py`):
+
+- the block scores in one launch: each program scores BLOCK_B of a query's blocks straight
+  from the index keys through the page table (no gathered copy of the keys, no fp32 copy of
+  them): Σ_h relu(q_h · key) / √Di, -1 for blocks the query doesn't see yet;
+- the selection as a page table of `ratio`-token pages in one launch (the paged decode
+  attention kernel then reads exactly the selected tokens)."""
 
 from __future__ import annotations
 
@@ -59,3 +62,49 @@ def block_scores_triton(
             INTERP=interpreting(qi), USE_PDL=pdl, launch_pdl=pdl, num_warps=4,
         )
     return out
+
+
+@triton.jit
+def _selected_table(
+    blocks_ptr, pos_ptr, rows_ptr, pt_ptr, table_ptr, len_ptr, K, page_size, ratio, stride_b, stride_pt, stride_t,
+    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """One query a program: its valid blocks (id < visible) as pages in column order, then its
+    tail's page, and its length (contract: `kernels/qsa.selected_page_table_ref`)."""
+    n = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK_K)
+    pdl_start(USE_PDL)
+    pos = tl.load(pos_ptr + n).to(tl.int64)
+    row = tl.load(rows_ptr + n).to(tl.int64)
+    visible = (pos + 1) // ratio
+    block = tl.load(blocks_ptr + n * stride_b + j, mask=j < K, other=0).to(tl.int64)
+    valid = (j < K) & (block < visible)
+    rank = tl.cumsum(valid.to(tl.int32), axis=0) - valid.to(tl.int32)
+    start = block * ratio
+    page = tl.load(pt_ptr + row * stride_pt + start // page_size, mask=valid, other=0).to(tl.int64)
+    tl.store(table_ptr + n * stride_t + rank, ((page * page_size + start % page_size) // ratio).to(tl.int32), mask=valid)
+    used = tl.sum(valid.to(tl.int32), axis=0)
+    tail = pos // ratio * ratio  # the tail's block (in the page table even when the tail is empty)
+    tail_page = tl.load(pt_ptr + row * stride_pt + tail // page_size).to(tl.int64)
+    tl.store(table_ptr + n * stride_t + used, ((tail_page * page_size + tail % page_size) // ratio).to(tl.int32))
+    tl.store(len_ptr + n, (used * ratio + pos + 1 - visible * ratio).to(tl.int32))
+
+
+def selected_page_table_triton(
+    positions: torch.Tensor, rows: torch.Tensor, blocks: torch.Tensor, page_table: torch.Tensor, page_size: int,
+    ratio: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table [n, k+1] int32, lengths [n] int32); a table's columns past length / ratio are
+    not written."""
+    n, k = blocks.shape
+    table = torch.empty(n, k + 1, dtype=torch.int32, device=blocks.device)
+    lengths = torch.empty(n, dtype=torch.int32, device=blocks.device)
+    if n:
+        blocks = blocks if blocks.stride(-1) == 1 else blocks.contiguous()
+        pdl = pdl_enabled(blocks.device)
+        _selected_table[(n,)](
+            blocks, positions.contiguous(), rows.contiguous(), page_table, table, lengths, k, page_size, ratio,
+            blocks.stride(0), page_table.stride(0), table.stride(0),
+            BLOCK_K=triton.next_power_of_2(max(k, 1)), USE_PDL=pdl, launch_pdl=pdl, num_warps=4,
+        )
+    return table, lengths
