@@ -203,7 +203,8 @@ def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
     hc = hyper_connection
     for inject in (True, False):
         yield Case(f"hc norm{' + inject' if inject else ''}", hc._hc_norm, dict(
-                   INJECT=inject, NORM=True, DTYPE=act, BLOCK=2048, INTERP=False), norm.norm_warps(2048), fp_fusion=False)
+                   INJECT=inject, NORM=True, DTYPE=act, BLOCK=2048, INTERP=False), norm.norm_warps(2048),
+                   fp_fusion=False)
     yield Case("hc gates", hc._hc_gates, dict(DTYPE=act, BLOCK=512, INTERP=False), 4)
     yield Case("hc mix", hc._hc_mix, dict(HC=4, DTYPE=act, BLOCK=hc.MIX_BLOCK, INTERP=False), 4)
     yield Case("gdn gates", gdn_gates._gdn_gates, dict(B_DTYPE=act, BLOCK=32, INTERP=False), 1,

@@ -20,8 +20,8 @@ import math
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.causal_conv import causal_conv1d_update, causal_conv1d_varlen
 from edgemoe.kernels.norm_fused import grouped_rms_norm
 from edgemoe.layers.context import StateStep, StepContext
@@ -46,7 +46,9 @@ class PleLayer:
         dilation: int,
         eps: float,
         state_name: str = "ple_conv",  # the state pool extra [N, L_ple, hc·H, (K-1)·dilation]
+        linear: Linear = dense_gemv_ref,  # the key / value projections' kernel (--dense-kernel)
     ) -> None:
+        self.linear = linear
         self.j, self.key, self.value, self.conv, self.dilation = j, key, value, conv, dilation
         self.norm_key, self.norm_query, self.norm_conv, self.eps = norm_key, norm_query, norm_conv, eps
         self.state_name = state_name
@@ -58,8 +60,8 @@ class PleLayer:
         T, H, hc = h.shape[0], self.hidden, self.hc
         ple: PleRows = ctx.ple
         e = ple.rows(self.j)  # [T, P]
-        key = grouped_rms_norm(F.linear(e, self.key), self.norm_key, self.eps, H).view(T, hc, H)
-        value = F.linear(e, self.value)  # [T, H]
+        key = grouped_rms_norm(self.linear(e, self.key), self.norm_key, self.eps, H).view(T, hc, H)
+        value = self.linear(e, self.value)  # [T, H]
         query = grouped_rms_norm(h, self.norm_query, self.eps, H).view(T, hc, H)
         gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(H)
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.qsa import (
     attend_selected,
     attend_selected_decode,
@@ -71,8 +71,9 @@ class QsaAttention(GatedAttention):
         idx_qk: torch.Tensor,  # [(Hi + 1) Di, H]: query heads, then the key head
         idx_q_norm: OffsetRMSNorm,
         idx_k_norm: OffsetRMSNorm,
+        linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel): q/k/v, o and the indexer's
     ) -> None:
-        super().__init__(spec, qkv, o_proj, q_norm, k_norm)
+        super().__init__(spec, qkv, o_proj, q_norm, k_norm, linear)
         assert spec.rope is not None, "QSA rotates its queries and block keys from the spec's rotary table"
         self.qsa, self.idx_qk, self.idx_q_norm, self.idx_k_norm = qsa, idx_qk, idx_q_norm, idx_k_norm
 
@@ -88,7 +89,7 @@ class QsaAttention(GatedAttention):
         b, a, T = ctx.batch, self.qsa, x.shape[0]
         rope = self.spec.rope
         assert rope is not None
-        qi, ki = F.linear(x, self.idx_qk).split([a.num_heads * a.head_dim, a.head_dim], -1)
+        qi, ki = self.linear(x, self.idx_qk).split([a.num_heads * a.head_dim, a.head_dim], -1)
         qi = apply_rope(self.idx_q_norm(qi.reshape(T, a.num_heads, a.head_dim)), *rope_at(rope, b.positions, x.dtype))
         index_k = self._index_keys(ctx)
         index_k[b.out_loc] = ki

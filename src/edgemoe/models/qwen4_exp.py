@@ -194,8 +194,8 @@ def build(
             mixer = GatedDeltaNet(spec, p[pre + "in_proj"], p[pre + "conv"][:, 0], p[pre + "A_log"],
                                   p[pre + "dt_bias"], p[pre + "gdn_norm"], p[pre + "out_proj"], kernels, linear)
         else:
-            mixer = _indexed(arch, kv_index[i], pre, p, rope)
-        ple = _ple(arch, i, pre, p) if i in arch.ple_layers else None
+            mixer = _indexed(arch, kv_index[i], pre, p, rope, linear)
+        ple = _ple(arch, i, pre, p, linear) if i in arch.ple_layers else None
         blocks.append(Qwen4Block(mixer, hyper("hc_attn_"), _mlp(arch, i, p, executor, linear), hyper("hc_mlp_"), ple,
                                  "gdn" if i in gdn_index else "attention"))
     final = HyperConnection(p["mixer_norm"], p["mixer_down"], p["mixer_up"], hc, eps, linear)
@@ -211,7 +211,7 @@ def build(
                     step_hook=hook, linear=linear)
 
 
-def _indexed(arch: Qwen4ExpArch, layer: int, pre: str, p: Params, rope: RopeTable) -> QsaAttention:
+def _indexed(arch: Qwen4ExpArch, layer: int, pre: str, p: Params, rope: RopeTable, linear: Linear) -> QsaAttention:
     assert arch.qsa is not None
     eps, q = arch.rms_norm_eps, arch.qsa
     spec = AttentionSpec(layer=layer, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads,
@@ -220,12 +220,13 @@ def _indexed(arch: Qwen4ExpArch, layer: int, pre: str, p: Params, rope: RopeTabl
         spec, p[pre + "qkv"], p[pre + "o_proj"], OffsetRMSNorm(p[pre + "q_norm"], eps),
         OffsetRMSNorm(p[pre + "k_norm"], eps), QsaSpec(q.num_heads, q.head_dim, q.ratio, q.block_topk),
         p[pre + "idx_qk"], OffsetRMSNorm(p[pre + "idx_q_norm"], eps), OffsetRMSNorm(p[pre + "idx_k_norm"], eps),
+        linear,
     )
 
 
-def _ple(arch: Qwen4ExpArch, i: int, pre: str, p: Params) -> PleLayer:
+def _ple(arch: Qwen4ExpArch, i: int, pre: str, p: Params, linear: Linear) -> PleLayer:
     assert arch.ple is not None
     eps = arch.rms_norm_eps
     return PleLayer(arch.ple_layers.index(i), p[pre + "ple_key"], p[pre + "ple_value"], p[pre + "ple_norm_key"],
                     p[pre + "ple_norm_query"], p[pre + "ple_norm_conv"], p[pre + "ple_conv"][:, 0],
-                    arch.ple.ngram_size, eps, PLE_CONV)
+                    arch.ple.ngram_size, eps, PLE_CONV, linear=linear)

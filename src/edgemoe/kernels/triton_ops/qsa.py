@@ -82,7 +82,8 @@ def _selected_table(
     rank = tl.cumsum(valid.to(tl.int32), axis=0) - valid.to(tl.int32)
     start = block * ratio
     page = tl.load(pt_ptr + row * stride_pt + start // page_size, mask=valid, other=0).to(tl.int64)
-    tl.store(table_ptr + n * stride_t + rank, ((page * page_size + start % page_size) // ratio).to(tl.int32), mask=valid)
+    first_slot = page * page_size + start % page_size
+    tl.store(table_ptr + n * stride_t + rank, (first_slot // ratio).to(tl.int32), mask=valid)
     used = tl.sum(valid.to(tl.int32), axis=0)
     tail = pos // ratio * ratio  # the tail's block (in the page table even when the tail is empty)
     tail_page = tl.load(pt_ptr + row * stride_pt + tail // page_size).to(tl.int64)
