@@ -71,6 +71,8 @@ def moe_traffic(before: dict[str, Any], after: dict[str, Any]) -> dict[str, floa
         "gb_copied": d["bytes_copied"] / 1e9,
         "copy_gb_per_s": d["bytes_copied"] / d["copy_seconds"] / 1e9 if d["copy_seconds"] else 0.0,
         "experts_cpu": d["experts_cpu"],
+        # The CPU experts' busy time: a request whose steps run slow shows here whether its CPU share did.
+        "cpu_ms_per_token": 1000 * d["cpu_seconds"] / d["tokens"] if d["tokens"] else 0.0,
         **({"streamed_chunks": after["streamed_chunks"] - before["streamed_chunks"]} if "streamed_chunks" in after else {}),
         **(prefetch_traffic(before, after, d) if after.get("prefetch") else {}),
     }
