@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from edgemoe import LLM, SamplingParams
+from edgemoe.layers.batch import BatchMode
 
 PROMPTS = [[9707, 11, 1879], list(range(3000, 3030)), [151644, 872, 198, 3838, 374]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -123,15 +124,20 @@ def test_padded_decode_batches_give_the_host_cache_tokens_and_stats(qwen3_ckpt, 
                  **settings) as llm:
             rt, masks = llm.engine.runtime, []
             rt.runner.padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
-            hand_on = rt.runner.live_rows
+            hand_on, rows_of = rt.runner.live_rows, rt.runner._live_rows
             rt.runner.live_rows = lambda live: (masks.append(live), hand_on(live))
+            rt.runner._live_rows = lambda batch: (sizes.append((batch.mode, batch.num_tokens)), rows_of(batch))[1]
             tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
             return tokens, llm.stats()["moe"], masks
 
+    sizes: list[tuple[object, int]] = []
     host_tokens, host, _ = run()
+    sizes.clear()
     tokens, dev, masks = run(expert_cache="device")
     assert tokens == host_tokens == resident_tokens
     assert any(m is not None and not bool(m.all()) for m in masks)  # a padding row was masked
+    one_row = [i for i, (mode, n) in enumerate(sizes) if mode is BatchMode.DECODE and n == 1]
+    assert one_row and all(masks[i] is None for i in one_row)  # a decode batch of one is never padding
     for key in ("hits", "misses", "bytes_copied"):
         assert dev[key] == host[key], key
     assert dev["hits"] > 0 and dev["misses"] > 0

@@ -117,8 +117,10 @@ class ModelRunner:
 
     def _live_rows(self, batch: ForwardBatch) -> torch.Tensor | None:
         """[T] bool on the device: the real rows of a padded decode batch (one token per
-        sequence; padding names the scratch row). Device work: captured with the step."""
-        if self.padding is None or batch.mode is not BatchMode.DECODE:
+        sequence; padding names the scratch row). Device work: captured with the step.
+        None for one row: a batch of one is never padding (its graph is replayed for one
+        sequence), and the mask would cost each MoE layer two launches."""
+        if self.padding is None or batch.mode is not BatchMode.DECODE or batch.num_tokens == 1:
             return None
         return batch.req_rows != self.padding.scratch_row
 
