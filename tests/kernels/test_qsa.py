@@ -126,3 +126,32 @@ def test_triton_selected_page_table_matches_reference(topk: int) -> None:
     for i in range(n):  # the written columns: the valid blocks, then the tail's page
         used = int(min(int(visible[i]), topk)) + 1
         assert torch.equal(got[i, :used], want[i, :used])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+def test_fast_decode_path_attends_as_attend_selected() -> None:
+    """The GPU path end to end under the interpreter (the table kernel, then the split-K
+    paged decode kernel with 4-token pages) against `attend_selected` in fp32: bf16 rounds
+    each probability (<= 2^-9 relative: <= 2^-9 max|v| on the sum) and the output (<= 2^-9
+    |out|); bound 2^-7 max|v|."""
+    from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+    from edgemoe.kernels.triton_ops.qsa import selected_page_table_triton
+
+    n, blocks_cap, page, topk = 4, 40, 16, 8
+    g = torch.Generator().manual_seed(7)
+    pages = n * blocks_cap * RATIO // page
+    pt = torch.randperm(pages + 2, generator=g)[:pages].view(n, -1).to(torch.int32)
+    slots = (pages + 2) * page
+    rows, positions = torch.tensor([1, 3, 0, 2]), torch.tensor([2, 17, 90, blocks_cap * RATIO - 1])
+    visible = (positions + 1) // RATIO
+    scores = torch.where(torch.arange(blocks_cap)[None, :] < visible[:, None], torch.rand(n, blocks_cap, generator=g),
+                         -1.0)
+    blocks, valid = top_blocks(scores, visible, topk, ordered=False)
+    k_cache, v_cache = kv_pool(slots, 2, 32, torch.bfloat16, 8)
+    q = torch.randn(n, 4, 32, generator=g).to(torch.bfloat16)
+    table, lengths = selected_page_table_triton(positions, rows, blocks, pt, page, RATIO)
+    got = decode_attention_triton(q, k_cache, v_cache, table, torch.arange(n, dtype=torch.int32), lengths, RATIO,
+                                  32**-0.5, None, torch.empty_like(q))
+    want = attend_selected(q.float(), positions, rows, blocks, valid, k_cache.float(), v_cache.float(), pt, page,
+                           RATIO, 32**-0.5)
+    assert ((got.float() - want).abs() <= 2**-7 * v_cache.float().abs().amax()).all()
