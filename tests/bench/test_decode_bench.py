@@ -47,7 +47,11 @@ def test_phases_are_timed_apart(llm: LLM, prompt_tokens: int, batch: int, decode
     assert row["decode_steps"] == decode_tokens
     assert row["decode_tokens_timed"] == batch * decode_tokens
     assert 0 < row["prefill_s"] and 0 < row["decode_s"] and row["prefill_s"] + row["decode_s"] <= wall
-    assert row["decode_tok_s"] >= batch * decode_tokens / wall  # never the old "second run minus first"
+    # The rate leaves out the first step (with overlap, one launched in the prefill phase):
+    # the other steps' tokens over their time, a step's tokens the batch.
+    assert row["decode_tok_s"] >= batch * (decode_tokens - 1) / wall  # never the old "second run minus first"
+    assert row["decode_tok_s"] * row["decode_step_ms"] / 1000 == pytest.approx(batch)
+    assert row["decode_step_ms"] == pytest.approx(sum(row["decode_step_ms_each"][1:]) / (decode_tokens - 1), abs=0.01)
     assert row["decode_step_ms_p50"] <= row["decode_step_ms_max"] <= 1000 * row["decode_s"]
     assert row["cached_prompt_tokens"] == 0
     # tokens through the MoE layers: the prompts in prefill, the fed-back tokens in decode
@@ -122,3 +126,15 @@ def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:
     assert got["prefetch_recall"] == 15 / (15 + 30)  # the 30 misses prefetch didn't cover, CPU's included
     assert got["prefetch_recall_copies"] == 15 / (15 + 25)  # the copied misses alone
     assert got["gb_prefetched_unused"] == 5 * 2 / 1e9
+
+
+def test_the_rate_leaves_out_the_first_step() -> None:
+    """A first step of 2 ms (with overlap: a step launched during the prefill phase) and three
+    of 16 ms, two tokens each: 6 tokens in 48 ms, not 8 in 50."""
+    from edgemoe.bench.decode import Phase, steady_rate
+
+    phase = Phase(seconds=0.050, tokens=8, step_seconds=[0.002, 0.016, 0.016, 0.016], step_tokens=[2, 2, 2, 2])
+    rate = steady_rate(phase)
+    assert (rate.tokens, rate.steps) == (6, 3) and rate.seconds == pytest.approx(0.048)
+    one = Phase(seconds=0.016, tokens=2, step_seconds=[0.016], step_tokens=[2])
+    assert steady_rate(one) == steady_rate(one).__class__(2, 0.016, 1)  # one step: nothing to leave out
