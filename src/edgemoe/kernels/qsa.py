@@ -180,7 +180,7 @@ def selected_page_table_ref(
     whole blocks when page_size % ratio == 0), and its length is ratio · valid blocks + tail
     tokens: a paged decode attention kernel then attends to exactly `attend_selected`'s
     tokens. Columns past length / ratio hold whatever they hold (the fast path doesn't write
-    them). `blocks` in any order (`top_blocks(sorted=False)`)."""
+    them). `blocks` in any order (`top_blocks(ordered=False)`)."""
     n, k = blocks.shape
     visible = (positions + 1) // ratio
     valid = blocks < visible[:, None]

@@ -21,8 +21,8 @@ from typing import Protocol
 
 import torch
 
-from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.causal_conv import causal_conv1d_update, causal_conv1d_varlen
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.norm_fused import grouped_rms_norm
 from edgemoe.layers.context import StateStep, StepContext
 
