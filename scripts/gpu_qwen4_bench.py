@@ -133,11 +133,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))
     print(f"\n{'config':<20} {'ctx':>7} {'tok/s':>7} {'miss/tok':>8} {'vs copy':>8} {'vs copy+cpu':>11} "
-          f"{'PLE B/tok':>9} {'wait ms':>7} {'peak GiB':>8} {'slots':>5}")
+          f"{'PLE B/tok':>9} {'wait ms':>7} {'CPU ms/tok':>10} {'peak GiB':>8} {'slots':>5}")
     for r in rows:
         print(f"{r['config']:<20} {r['context']:>7} {r['decode_tok_s']:7.1f} {r['misses_per_token']:8.1f} "
               f"{r['ratio_to_copy_bound']:8.2f} {r['ratio_to_copy_cpu_bound']:11.2f} {r.get('ple_bytes_per_token', 0):9.0f} "
-              f"{r.get('ple_wait_ms_per_token', 0):7.2f} {r['device_peak_gib']:8.2f} {r['slots']:>5}")
+              f"{r.get('ple_wait_ms_per_token', 0):7.2f} {r['raw']['decode_moe'].get('cpu_ms_per_token', 0):10.2f} "
+              f"{r['device_peak_gib']:8.2f} {r['slots']:>5}")
     return 0
 
 
