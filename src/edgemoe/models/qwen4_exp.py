@@ -168,8 +168,8 @@ def build(
 ) -> CausalLM:
     """The model on `device`; `ple_store` holds the PLE tables (required when the arch has
     PLE layers); `embed`: a host-resident embedding (`--embed-weights host`; `params` then
-    has no "embed"); `linear`: the dense projections' kernel (--dense-kernel; not the QSA
-    attention's own projections)."""
+    has no "embed"); `linear`: the dense projections' kernel (--dense-kernel), every one's:
+    GDN, QSA attention and its indexer, PLE, hyper-connections, routers, the LM head."""
     if arch.ple is not None and ple_store is None:
         raise ValueError("qwen4_exp with PLE layers needs a PLE store (--ple-store)")
     p = to_device(arch, params, device)
