@@ -65,7 +65,7 @@ class Case:
     stages: int = 2
     ptrs: dict[str, str] = field(default_factory=dict)  # pointer element types other than the activation's
     min_arch: int = 80  # e.g. fp8 tensor cores: sm_89
-    fp_fusion: bool = True  # False where the launch passes enable_fp_fusion=False (rounding as torch's ops)
+    fp_fusion: bool = True  # the launch's enable_fp_fusion (a kernel's *_FP_FUSION constant where it sets one)
 
 
 def cases(dtype: tl.dtype) -> Iterator[Case]:
@@ -204,7 +204,7 @@ def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
     for inject in (True, False):
         yield Case(f"hc norm{' + inject' if inject else ''}", hc._hc_norm, dict(
                    INJECT=inject, NORM=True, DTYPE=act, BLOCK=2048, INTERP=False), norm.norm_warps(2048),
-                   fp_fusion=False)
+                   fp_fusion=hc.NORM_FP_FUSION)
     yield Case("hc gates", hc._hc_gates, dict(DTYPE=act, BLOCK=512, INTERP=False), 4)
     yield Case("hc mix", hc._hc_mix, dict(HC=4, DTYPE=act, BLOCK=hc.MIX_BLOCK, INTERP=False), 4)
     yield Case("gdn gates", gdn_gates._gdn_gates, dict(B_DTYPE=act, BLOCK=32, INTERP=False), 1,
@@ -213,7 +213,7 @@ def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
         yield Case(f"conv update dilation {dil}", causal_conv._conv_update, dict(
                    TAPS=4, DIL=dil, S=hist, SP=triton.next_power_of_2(hist + 1), HAS_BIAS=False, HAS_INIT=True,
                    SILU=True, X_DTYPE=act, POOL_DTYPE=act, BLOCK=causal_conv.CONV_BLOCK, INTERP=False), 4,
-                   ptrs={"idx_ptr": i64, "init_ptr": "u8"}, fp_fusion=False)
+                   ptrs={"idx_ptr": i64, "init_ptr": "u8"}, fp_fusion=causal_conv.CONV_FP_FUSION)
     yield Case("gated norm", gated_norm._gated_rms_norm, dict(SIGMOID=False, DTYPE=act, BLOCK=128, INTERP=False),
                norm.norm_warps(128))
     yield Case("shared gate", shared_gate._append_shared, dict(K=10, K_PAD=16, DTYPE=act, BLOCK_H=2048, INTERP=False),

@@ -19,6 +19,7 @@ from edgemoe.kernels.triton_ops.common import (
 )
 
 CONV_BLOCK = 256  # channels per program: Qwen3-Next's 8192 q|k|v channels make 32 programs a sequence
+CONV_FP_FUSION = False  # `_conv_update`'s launch option (its NOTE); the compile check compiles with it
 
 
 @triton.jit
@@ -105,6 +106,6 @@ def causal_conv1d_update_triton(
         TAPS=taps, DIL=dilation, S=history, SP=triton.next_power_of_2(history + 1),
         HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=silu,
         X_DTYPE=tl_dtype(x.dtype), POOL_DTYPE=tl_dtype(conv_pool.dtype), BLOCK=CONV_BLOCK,
-        INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False,
+        INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=CONV_FP_FUSION,
     )
     return out
