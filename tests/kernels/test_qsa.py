@@ -69,6 +69,24 @@ def kv_pool(slots: int, hkv: int, d: int, dtype: torch.dtype, seed: int) -> tupl
     return torch.randn(slots, hkv, d, generator=g).to(dtype), torch.randn(slots, hkv, d, generator=g).to(dtype)
 
 
+def shuffled_pages(n: int, blocks_cap: int, page: int, spare: int, g: torch.Generator) -> tuple[torch.Tensor, int]:
+    """(page table [n, blocks_cap·RATIO / page] int32 of shuffled pages, the pool's slots with
+    `spare` pages nobody holds)."""
+    pages = n * blocks_cap * RATIO // page
+    return torch.randperm(pages + spare, generator=g)[:pages].view(n, -1).to(torch.int32), (pages + spare) * page
+
+
+def random_selection(positions: torch.Tensor, blocks_cap: int, topk: int,
+                     g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(blocks, valid, visible): each query's top-k of random scores over the blocks it sees,
+    unsorted as the fast path's top-k."""
+    visible = (positions + 1) // RATIO
+    scores = torch.rand(len(positions), blocks_cap, generator=g)
+    scores = torch.where(torch.arange(blocks_cap)[None, :] < visible[:, None], scores, -1.0)
+    blocks, valid = top_blocks(scores, visible, topk, ordered=False)
+    return blocks, valid, visible
+
+
 @pytest.mark.parametrize("page", [4, 8, 16])
 def test_selected_page_table_attends_to_attend_selected_tokens(page: int) -> None:
     """The paged decode reference over `selected_page_table_ref` (what the GPU path hands the
@@ -80,9 +98,7 @@ def test_selected_page_table_attends_to_attend_selected_tokens(page: int) -> Non
     blocks_cap, topk, n = 48, 6, 7
     capacity = blocks_cap * RATIO
     g = torch.Generator().manual_seed(page)
-    pages = n * capacity // page
-    pt = torch.randperm(pages + 5, generator=g)[:pages].view(n, -1).to(torch.int32)
-    slots = (pages + 5) * page
+    pt, slots = shuffled_pages(n, blocks_cap, page, 5, g)
     rows = torch.arange(n - 1, -1, -1)
     positions = torch.tensor([0, 2, 3, 13, 30, 101, capacity - 1])  # tails 1, 3, 0, 2, 3, 2, 0
     visible = (positions + 1) // RATIO
@@ -112,13 +128,9 @@ def test_triton_selected_page_table_matches_reference(topk: int) -> None:
 
     n, blocks_cap, page = 5, 48, 16
     g = torch.Generator().manual_seed(topk)
-    pt = torch.randperm(n * blocks_cap * RATIO // page + 3, generator=g)[: n * blocks_cap * RATIO // page]
-    pt = pt.view(n, -1).to(torch.int32)
+    pt, _ = shuffled_pages(n, blocks_cap, page, 3, g)
     positions = torch.tensor([1, 4, 27, 150, blocks_cap * RATIO - 1])
-    scores = torch.rand(n, blocks_cap, generator=g)
-    visible = (positions + 1) // RATIO
-    scores = torch.where(torch.arange(blocks_cap)[None, :] < visible[:, None], scores, -1.0)
-    blocks, _ = top_blocks(scores, visible, topk, ordered=False)
+    blocks, _, visible = random_selection(positions, blocks_cap, topk, g)
     rows = torch.tensor([4, 2, 0, 1, 3])
     got, got_len = selected_page_table_triton(positions, rows, blocks, pt, page, RATIO)
     want, want_len = selected_page_table_ref(positions, rows, blocks, pt, page, RATIO)
@@ -139,14 +151,9 @@ def test_fast_decode_path_attends_as_attend_selected() -> None:
 
     n, blocks_cap, page, topk = 4, 40, 16, 8
     g = torch.Generator().manual_seed(7)
-    pages = n * blocks_cap * RATIO // page
-    pt = torch.randperm(pages + 2, generator=g)[:pages].view(n, -1).to(torch.int32)
-    slots = (pages + 2) * page
+    pt, slots = shuffled_pages(n, blocks_cap, page, 2, g)
     rows, positions = torch.tensor([1, 3, 0, 2]), torch.tensor([2, 17, 90, blocks_cap * RATIO - 1])
-    visible = (positions + 1) // RATIO
-    scores = torch.where(torch.arange(blocks_cap)[None, :] < visible[:, None], torch.rand(n, blocks_cap, generator=g),
-                         -1.0)
-    blocks, valid = top_blocks(scores, visible, topk, ordered=False)
+    blocks, valid, _ = random_selection(positions, blocks_cap, topk, g)
     k_cache, v_cache = kv_pool(slots, 2, 32, torch.bfloat16, 8)
     q = torch.randn(n, 4, 32, generator=g).to(torch.bfloat16)
     table, lengths = selected_page_table_triton(positions, rows, blocks, pt, page, RATIO)
