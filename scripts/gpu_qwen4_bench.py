@@ -57,6 +57,14 @@ def ple_per_token(llm: Any, store_before: dict[str, float], tokens: int) -> dict
     return row
 
 
+def step_spread(r: dict[str, Any]) -> dict[str, float]:
+    """The timed steps' fastest, median and slowest milliseconds (a slow request shows in all three)."""
+    each = sorted(r.get("decode_step_ms_each") or [])
+    if not each:
+        return {}
+    return {"step_ms_min": each[0], "step_ms_p50": each[len(each) // 2], "step_ms_max": each[-1]}
+
+
 def quota(llm: Any) -> dict[str, Any]:
     """The live CPU quota now and as settled (experts a layer), when the run has one."""
     moe = llm.stats()["moe"]
@@ -111,6 +119,7 @@ def run_config(
                 "ratio_to_copy_bound": r["decode_tok_s"] / copy_b, "ratio_to_copy_cpu_bound": r["decode_tok_s"] / both_b,
                 "device_peak_gib": (rt.plan.context + torch.cuda.max_memory_reserved() + outside_allocator(rt)) / 2**30,
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
+                "cpu_ms_per_token": r["decode_moe"].get("cpu_ms_per_token"), **step_spread(r),
                 **ple_per_token(llm, before, r["decode_tokens_timed"]), **quota(llm), "raw": r,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)
@@ -127,11 +136,12 @@ def main() -> int:
                     help="decode steps profiled after each context's timed ones (the step's host regions)")
     args = ap.parse_args()
     rows = []
-    for name in args.configs:
-        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens, args.profile_steps)
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))
+    for name in args.configs:
+        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens, args.profile_steps)
+        # after each configuration: a stage cut by its time limit keeps what it measured
+        (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))
     print(f"\n{'config':<20} {'ctx':>7} {'tok/s':>7} {'miss/tok':>8} {'vs copy':>8} {'vs copy+cpu':>11} "
           f"{'PLE B/tok':>9} {'wait ms':>7} {'CPU ms/tok':>10} {'peak GiB':>8} {'slots':>5}")
     for r in rows:
