@@ -143,6 +143,26 @@ def test_padded_decode_batches_give_the_host_cache_tokens_and_stats(qwen3_ckpt, 
     assert dev["hits"] > 0 and dev["misses"] > 0
 
 
+def test_a_captured_graphs_forward_computes_its_rows_experts(qwen3_ckpt) -> None:  # noqa: ANN001
+    """The forward a decode graph records (on filler rows) routes every row it holds: the
+    one-row graph has no live-row mask, so a padding count frozen from the capture batch
+    made every replay skip the real token's experts (H200, 2026-12-03: 0 misses a token)."""
+    from edgemoe.engine.graphs import DecodePadding, capture_batch
+
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", moe_slots=6, expert_cache="device") as llm:
+        rt = llm.engine.runtime
+        padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
+        rt.runner.padding = padding
+        for size in padding.sizes:
+            before = llm.stats()["moe"]
+            rt.runner.run_batch(capture_batch(rt.runner.buffers, padding, size))
+            after = llm.stats()["moe"]
+            routed = after["hits"] + after["misses"] - before["hits"] - before["misses"]
+            # 3 MoE layers x top-2; a mask (sizes > 1) names every filler row padding at run
+            # time, but a replay's rows are live: the one-row forward must route its row.
+            assert routed == (3 * 2 if size == 1 else 0), (size, routed)
+
+
 def test_a_pool_below_one_tokens_experts_is_warned_about(qwen3_ckpt, caplog) -> None:  # noqa: ANN001
     """3 MoE layers x top-2 = 6 experts a token: 4 slots warn at start-up, 6 do not."""
     for slots, warned in ((4, True), (6, False)):
