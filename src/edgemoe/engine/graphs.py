@@ -78,16 +78,6 @@ class DecodePadding:
         return list(chunks) + [filler] * (size - len(chunks))
 
 
-def capture_batch(buffers: BatchBuffers, padding: DecodePadding, size: int) -> ForwardBatch:
-    """The batch a graph of `size` rows is captured on: filler rows only, said to hold no
-    padding. A replay's padding is named on the device (the runner's live-row mask, built
-    inside the graph from the static buffers); the host count is a Python int that the
-    capture would freeze, and a one-row graph (no mask: never padding) would then skip its
-    real row's experts at every replay."""
-    batch = buffers.build(padding.pad([], size))
-    return dataclasses.replace(batch, host=dataclasses.replace(batch.host, num_padding=0))
-
-
 def trim(batch: ForwardBatch, n: int) -> ForwardBatch:
     """The batch as the first n (real) sequences see it: sampling rows and logits rows."""
     return dataclasses.replace(batch, sample_rows=batch.sample_rows[:n], logits_indices=batch.logits_indices[:n])
@@ -124,7 +114,7 @@ class DecodeGraphs:
         return time.perf_counter() - t0
 
     def _capture(self, size: int, side: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        batch = capture_batch(self.buffers, self.padding, size)
+        batch = self.buffers.build(self.padding.pad([], size))
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
             for _ in range(2):

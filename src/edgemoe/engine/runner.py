@@ -118,9 +118,11 @@ class ModelRunner:
     def _live_rows(self, batch: ForwardBatch) -> torch.Tensor | None:
         """[T] bool on the device: the real rows of a padded decode batch (one token per
         sequence; padding names the scratch row). Device work: captured with the step.
-        None for one row: a batch of one is never padding (its graph is replayed for one
-        sequence), and the mask would cost each MoE layer two launches."""
-        if self.padding is None or batch.mode is not BatchMode.DECODE or batch.num_tokens == 1:
+        NOTE: a batch of one keeps its mask although a replay's one row is always real: the
+        graph is captured on a filler row, whose routing must not touch the expert cache,
+        and the host's padding count is frozen at capture, so only the mask, read from the
+        static buffers, can tell the capture (padding) from the replays (live)."""
+        if self.padding is None or batch.mode is not BatchMode.DECODE:
             return None
         return batch.req_rows != self.padding.scratch_row
 

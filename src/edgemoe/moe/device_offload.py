@@ -71,8 +71,8 @@ class DeviceOffloadExecutor(CellsExecutor):
 
     Padding rows (decode batches padded to a captured size) route nothing: the runner
     names the live rows with `set_live_rows` inside the step it may capture (the
-    `num_padding` argument is a Python int, 0 in a captured graph); direct callers pass
-    `num_padding`. Padding rows' outputs are zeros.
+    `num_padding` argument is a Python int, frozen when a graph is captured); direct
+    callers pass `num_padding`. Padding rows' outputs are zeros.
 
     `cpu_experts_per_layer`: the CPU's quota of each layer's misses (None: no fixed share;
     `cpu_share.quota` may be rewritten between steps), run by `cpu_kernel` (default: the

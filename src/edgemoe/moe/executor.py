@@ -123,8 +123,7 @@ class MoEExecutor(ABC):
         """The runner names, once per step and inside what it may capture, which rows of
         the coming forward are real: `live` [T] bool on the device (a decode batch padded
         to a captured size), None when every row is. Executors that skip padding rows on
-        the device use it (`num_padding` is a Python int: 0 in a captured graph, whose replays
-        pad by varying amounts, `engine/graphs.capture_batch`)."""
+        the device use it (`num_padding` is a Python int, frozen in a captured graph)."""
 
     def resident_mask(self) -> np.ndarray | None:
         """[layers, experts] bool: which experts sit on the device now; None: every one."""
@@ -209,7 +208,6 @@ class ResidentExecutor(CellsExecutor):
         if self.stats.all_resident is None:  # every routed pair is a hit: nothing to count per layer
             self.stats.all_resident = (tuple(self.banks), topk_ids.shape[1])
         if self.stats.activity is not None:  # a live view watches: mark the real rows' experts
-            # (a captured graph's every row: num_padding is 0 there, its replays' padding varies)
             self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
         moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells, num_decode)
