@@ -41,3 +41,7 @@ def test_a_second_engine_plans_the_first_ones_context(small_ckpt) -> None:  # no
     assert contexts[1] <= held[0] + GROWTH, gib  # the second plan counts what the process holds, once
     assert budgets == [2 << 30, 2 << 30]
     assert len(tokens[1]) == GREEDY.max_tokens and tokens[1] == tokens[0]  # same model, same kernels
+    # The closed engine's 2 GiB allocator limit went with it (it made a later test's 2.3 GiB
+    # tensor an out-of-memory error on a device with 135 GiB free).
+    big = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+    del big

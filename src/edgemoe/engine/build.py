@@ -115,10 +115,14 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
 def release_device_memory(device: torch.device) -> None:
     """Give the driver back what this process holds on `device` but no longer uses: collect
     the reference cycles that keep a dropped engine's tensors alive, then return the caching
-    allocator's free blocks (the driver counts those as ours, and so would the next plan)."""
+    allocator's free blocks (the driver counts those as ours, and so would the next plan),
+    and lift the allocator limit the engine's plan set (`device_memory.allocator_limit`):
+    a closed engine's budget no longer binds the process (a 2 GiB engine left every later
+    allocation in the process under ~2 GiB)."""
     gc.collect()
     if device.type == "cuda" and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
 def resolve_dtype(setting: str, device: torch.device) -> str:
