@@ -65,6 +65,17 @@ def step_spread(r: dict[str, Any]) -> dict[str, float]:
     return {"step_ms_min": each[0], "step_ms_p50": each[len(each) // 2], "step_ms_max": each[-1]}
 
 
+def host_summary(host: dict[str, float], tokens: int) -> dict[str, float]:
+    """A slow request's suspects in three numbers (bench/host_counters.py): this process's
+    involuntary context switches a token, the machine's steal share, the kernel's page scans."""
+    if not host:
+        return {}
+    scans = sum(v for k, v in host.items() if k.startswith(("vm_pgscan_", "vm_compact_migrate")))
+    return {"involuntary_switches_per_token": host.get("ctx_switches_involuntary", 0) / max(tokens, 1),
+            "steal_share": host.get("cpu_steal_share", 0.0), "idle_share": host.get("cpu_idle_share", 0.0),
+            "vm_scanned_pages": scans}
+
+
 def quota(llm: Any) -> dict[str, Any]:
     """The live CPU quota now and as settled (experts a layer), when the run has one."""
     moe = llm.stats()["moe"]
@@ -120,6 +131,7 @@ def run_config(
                 "device_peak_gib": (rt.plan.context + torch.cuda.max_memory_reserved() + outside_allocator(rt)) / 2**30,
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
                 "cpu_ms_per_token": r["decode_moe"].get("cpu_ms_per_token"), **step_spread(r),
+                **host_summary(r.get("decode_host", {}), r["decode_tokens_timed"]),
                 **ple_per_token(llm, before, r["decode_tokens_timed"]), **quota(llm), "raw": r,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)

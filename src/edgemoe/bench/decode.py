@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
+from edgemoe.bench.host_counters import counters_delta, host_counters
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
 from edgemoe.moe.quota_controller import QUARTERS, quota_rows
@@ -49,6 +50,7 @@ class Phase:
     cached_prompt_tokens: int = 0  # prompt tokens the prefix cache served (prefill)
     allocator: dict[str, Any] = field(default_factory=dict)  # bench/allocator.py ({} on a CPU)
     draw_seconds: float = 0.0  # host time drawing synthetic routing (no real router's cost)
+    host: dict[str, float] = field(default_factory=dict)  # the machine's counters (bench/host_counters.py)
 
 
 def draw_seconds(llm: Any) -> float:
@@ -102,7 +104,7 @@ def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phas
     get theirs early may decode meanwhile). Returns the phase and the request ids."""
     engine, phase = llm.engine, Phase()
     device = engine.runtime.device
-    alloc = allocator_snapshot(device)
+    alloc, host = allocator_snapshot(device), host_counters()
     before, draws, t0 = llm.stats()["moe"], draw_seconds(llm), time.perf_counter()
     request_ids = {engine.add_request(p, params) for p in prompts}
     waiting = set(request_ids)
@@ -116,6 +118,7 @@ def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phas
     phase.draw_seconds = draw_seconds(llm) - draws
     phase.moe = moe_traffic(before, llm.stats()["moe"])
     phase.allocator = allocator_traffic(device, alloc)
+    phase.host = counters_delta(host, host_counters())
     return phase, request_ids
 
 
@@ -124,7 +127,7 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     finished), timestamping each step."""
     engine, phase, running = llm.engine, Phase(), set(request_ids)
     device = engine.runtime.device
-    alloc = allocator_snapshot(device)
+    alloc, host = allocator_snapshot(device), host_counters()
     before, t0 = llm.stats()["moe"], time.perf_counter()
     last = t0
     while running and len(phase.step_seconds) < decode_tokens:
@@ -140,6 +143,7 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     phase.seconds = last - t0
     phase.moe = moe_traffic(before, llm.stats()["moe"])
     phase.allocator = allocator_traffic(device, alloc)
+    phase.host = counters_delta(host, host_counters())
     return phase
 
 
@@ -189,6 +193,7 @@ def measure(
             "prefill_tok_s_without_draws": batch * prompt_tokens / (prefill.seconds - prefill.draw_seconds)}
            if prefill.draw_seconds else {}),
         **({"prefill_allocator": prefill.allocator} if prefill.allocator else {}),
+        **({"prefill_host": prefill.host} if prefill.host else {}),
         "decode_s": decode.seconds,
         "decode_steps": len(steps),
         "decode_tokens_timed": decode.tokens,
@@ -198,6 +203,8 @@ def measure(
         "decode_step_ms_max": 1000 * max(steps[-rate.steps:]),
         "decode_step_ms_each": [round(1000 * t, 2) for t in steps],  # a trend (warming, settling) shows here
         "decode_moe": decode.moe,
+        # a slow request's cause: cores shared (involuntary switches), steal, memory scans
+        **({"decode_host": decode.host} if decode.host else {}),
         **({"decode_allocator": decode.allocator} if decode.allocator else {}),
     }
 

@@ -1,0 +1,68 @@
+"""What the host did around a timed phase, from Linux's counters (empty elsewhere).
+
+Why: a decode whose CPU experts slow by ~40% for a whole request, with the same work,
+is either this process's threads sharing cores (involuntary context switches of the C
+pool's workers), the machine giving CPU time away (a VM's steal time), or the kernel
+busy with memory (reclaim and compaction scans): these counters tell them apart.
+
+    before = host_counters()
+    ...  # the phase
+    delta = counters_delta(before, host_counters())
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# /proc/stat's "cpu" line, in order (USER_HZ ticks since boot).
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+# /proc/vmstat counters of the kernel working on memory: page reclaim and compaction.
+_VM_PREFIXES = ("pgscan_", "pgsteal_", "compact_stall", "compact_migrate_scanned", "thp_collapse_alloc")
+
+
+def _cpu_ticks() -> dict[str, int]:
+    line = Path("/proc/stat").read_text().splitlines()[0].split()
+    return {f"cpu_{name}_ticks": int(v) for name, v in zip(_CPU_FIELDS, line[1:], strict=False)}
+
+
+def _vm_events() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith(_VM_PREFIXES):
+            out[f"vm_{name}"] = int(value)
+    return out
+
+
+def _context_switches() -> dict[str, int]:
+    """This process's threads' context switches, summed: involuntary ones mean a runnable
+    thread was taken off its core (more runnable threads than cores)."""
+    voluntary = involuntary = 0
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    involuntary += int(line.split()[1])
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return {"ctx_switches_voluntary": voluntary, "ctx_switches_involuntary": involuntary}
+
+
+def host_counters() -> dict[str, int]:
+    """A snapshot of the counters; {} where /proc doesn't have them (not Linux)."""
+    try:
+        return {**_cpu_ticks(), **_vm_events(), **_context_switches()}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """after - before per counter both have, and the machine's CPU time split as shares of
+    its ticks (steal: time the hypervisor gave to others)."""
+    delta = {k: after[k] - before[k] for k in before.keys() & after.keys()}
+    ticks = sum(delta.get(f"cpu_{name}_ticks", 0) for name in _CPU_FIELDS)
+    shares = {f"cpu_{name}_share": delta.get(f"cpu_{name}_ticks", 0) / ticks for name in _CPU_FIELDS} if ticks else {}
+    return {**dict(sorted(delta.items())), **shares}

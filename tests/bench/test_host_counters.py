@@ -1,0 +1,36 @@
+"""The host counters a decode phase records (bench/host_counters.py)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from edgemoe.bench.host_counters import counters_delta, host_counters
+
+
+def test_delta_and_cpu_shares() -> None:
+    before = {"cpu_user_ticks": 100, "cpu_idle_ticks": 50, "cpu_steal_ticks": 0, "ctx_switches_involuntary": 3}
+    after = {"cpu_user_ticks": 160, "cpu_idle_ticks": 80, "cpu_steal_ticks": 10, "ctx_switches_involuntary": 7,
+             "vm_pgscan_kswapd": 5}  # a counter only one snapshot has is left out
+    d = counters_delta(before, after)
+    assert d["cpu_user_ticks"] == 60 and d["ctx_switches_involuntary"] == 4 and "vm_pgscan_kswapd" not in d
+    assert d["cpu_user_share"] == 0.6 and d["cpu_idle_share"] == 0.3 and d["cpu_steal_share"] == 0.1
+    assert counters_delta({}, after) == {}  # no /proc: nothing, not an error
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc counters")
+def test_linux_counters_count_this_processs_threads() -> None:
+    before = host_counters()
+    assert {"cpu_user_ticks", "cpu_steal_ticks", "ctx_switches_voluntary"} <= before.keys()
+    waits = [threading.Event() for _ in range(4)]
+    threads = [threading.Thread(target=w.wait, args=(0.01,)) for w in waits]  # each sleeps: voluntary switches
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = host_counters()
+    d = counters_delta(before, after)
+    assert all(v >= 0 for k, v in d.items() if k.endswith("_ticks"))
+    assert abs(sum(v for k, v in d.items() if k.endswith("_share")) - 1.0) < 1e-9 or not any(k.endswith("_share") for k in d)
