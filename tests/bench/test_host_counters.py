@@ -34,3 +34,29 @@ def test_linux_counters_count_this_processs_threads() -> None:
     d = counters_delta(before, after)
     assert all(v >= 0 for k, v in d.items() if k.endswith("_ticks"))
     assert abs(sum(v for k, v in d.items() if k.endswith("_share")) - 1.0) < 1e-9 or not any(k.endswith("_share") for k in d)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc counters")
+def test_a_spinning_thread_is_named_busy() -> None:
+    import time
+
+    from edgemoe.bench.host_counters import busy_threads, thread_ticks
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=spin)
+    before, t0 = thread_ticks(), time.perf_counter()
+    t.start()
+    time.sleep(0.6)
+    after, seconds = thread_ticks(), time.perf_counter() - t0
+    stop.set()
+    t.join()
+    busy = busy_threads(before, after, seconds)
+    spinner = [share for name, share in busy if name.startswith(f"{t.native_id} ")]
+    # the GIL shares one core between the spinner and this thread's sleep (which holds none):
+    # the spinner has most of a core, whatever the machine's load (>= 0.2 leaves room)
+    assert spinner and spinner[0] >= 0.2, busy

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
-from edgemoe.bench.host_counters import counters_delta, host_counters
+from edgemoe.bench.host_counters import busy_threads, counters_delta, host_counters, thread_ticks
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
 from edgemoe.moe.quota_controller import QUARTERS, quota_rows
@@ -51,6 +51,7 @@ class Phase:
     allocator: dict[str, Any] = field(default_factory=dict)  # bench/allocator.py ({} on a CPU)
     draw_seconds: float = 0.0  # host time drawing synthetic routing (no real router's cost)
     host: dict[str, float] = field(default_factory=dict)  # the machine's counters (bench/host_counters.py)
+    host_threads: list[list] = field(default_factory=list)  # [thread, share of the phase on a core], busiest first
 
 
 def draw_seconds(llm: Any) -> float:
@@ -127,7 +128,7 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     finished), timestamping each step."""
     engine, phase, running = llm.engine, Phase(), set(request_ids)
     device = engine.runtime.device
-    alloc, host = allocator_snapshot(device), host_counters()
+    alloc, host, threads = allocator_snapshot(device), host_counters(), thread_ticks()
     before, t0 = llm.stats()["moe"], time.perf_counter()
     last = t0
     while running and len(phase.step_seconds) < decode_tokens:
@@ -144,6 +145,7 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     phase.moe = moe_traffic(before, llm.stats()["moe"])
     phase.allocator = allocator_traffic(device, alloc)
     phase.host = counters_delta(host, host_counters())
+    phase.host_threads = busy_threads(threads, thread_ticks(), phase.seconds)
     return phase
 
 
@@ -204,7 +206,7 @@ def measure(
         "decode_step_ms_each": [round(1000 * t, 2) for t in steps],  # a trend (warming, settling) shows here
         "decode_moe": decode.moe,
         # a slow request's cause: cores shared (involuntary switches), steal, memory scans
-        **({"decode_host": decode.host} if decode.host else {}),
+        **({"decode_host": decode.host, "decode_busy_threads": decode.host_threads} if decode.host else {}),
         **({"decode_allocator": decode.allocator} if decode.allocator else {}),
     }
 

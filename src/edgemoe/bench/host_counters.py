@@ -51,6 +51,28 @@ def _context_switches() -> dict[str, int]:
     return {"ctx_switches_voluntary": voluntary, "ctx_switches_involuntary": involuntary}
 
 
+def thread_ticks() -> dict[str, int]:
+    """Each of this process's threads' CPU time (user + system ticks), by "tid name"."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
+        out[f"{task.name} {name}"] = int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
+    return out
+
+
+def busy_threads(before: dict[str, int], after: dict[str, int], seconds: float, least: float = 0.05) -> list[list]:
+    """[thread, share of the phase's wall time on a core] for the threads busy at least
+    `least` of it, busiest first: more busy threads than cores means workers were queued."""
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    shares = [[t, round((after[t] - before.get(t, 0)) / hz / seconds, 3)] for t in after] if seconds > 0 else []
+    return sorted((s for s in shares if s[1] >= least), key=lambda s: -s[1])
+
+
 def host_counters() -> dict[str, int]:
     """A snapshot of the counters; {} where /proc doesn't have them (not Linux)."""
     try:
