@@ -110,6 +110,22 @@ def test_tokens_identical_for_every_ple_store_and_embedding(qwen4_ckpt, tmp_path
             assert got == want, (store, embed)
 
 
+def test_decode_graphs_give_the_eager_tokens_and_traffic_on_the_device_cache(qwen4_ckpt) -> None:  # noqa: ANN001
+    """Decode replayed from graphs routes what eager decode routes (a one-row graph once
+    skipped its row's experts at every replay: the prompt-logit test can't see a decode
+    bug, it feeds the decode's tokens back as a prompt)."""
+    runs = []
+    for eager in (False, True):
+        with LLM(str(qwen4_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8,
+                 expert_cache="device", no_cuda_graph=eager) as llm:
+            assert (llm.engine.runner.graphs is None) == eager
+            tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+            runs.append((tokens, {k: llm.stats()["moe"][k] for k in ("hits", "misses")}))
+    (graphed, traffic), (eager_tokens, eager_traffic) = runs
+    assert graphed == eager_tokens and traffic == eager_traffic, (traffic, eager_traffic)
+    assert traffic["misses"] > 0
+
+
 def test_bf16_gpu_agrees_with_fp32_reference(qwen4_ckpt, monkeypatch) -> None:  # noqa: ANN001
     transformers = pytest.importorskip("transformers")
     from hf_reference import torch_gdn_reference
