@@ -5,6 +5,9 @@ sizes; the batched and routed forms; dispatch, fallbacks and the compile cache."
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import time
 
 import pytest
 import torch
@@ -275,3 +278,25 @@ def test_concurrent_callers_share_one_pool() -> None:
     with ThreadPoolExecutor(3) as pool:
         got = list(pool.map(lambda x: run(shared, x), xs))
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names from /proc")
+def test_pool_workers_carry_their_name() -> None:
+    """The C pool's workers are named (top, /proc, the benchmarks' busy-thread lists tell
+    them from Python's threads): a kernel of 4 threads adds 3 "em-pool" threads."""
+    from pathlib import Path
+
+    def named() -> int:
+        tasks = Path(f"/proc/{os.getpid()}/task").iterdir()
+        return sum(1 for t in tasks if (t / "comm").exists() and (t / "comm").read_text().strip() == "em-pool")
+
+    variant = _best_native()
+    before = named()
+    kernel = kernel_for(variant, "gemv", threads=4)
+    jobs, num_rows = _uneven_jobs(67, 45, 4, counts=[3, 1])
+    experts_cpu(torch.randn(4, 67), jobs, torch.zeros(num_rows, 67), kernel)  # the pool exists by now
+    deadline = time.monotonic() + 5  # a worker names itself when it first runs
+    while named() - before < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert named() - before == 3
+    del kernel

@@ -171,6 +171,7 @@ typedef struct {
 static void *em_bell_main(void *arg) {
     em_bell *b = (em_bell *)arg;
     long idle_since = em_now_ns();
+    em_name_thread("em-bell");
     for (;;) {
         int32_t r = __atomic_load_n(b->ring, __ATOMIC_ACQUIRE);
         if (r == 0) {
