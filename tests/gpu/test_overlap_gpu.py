@@ -58,3 +58,15 @@ def test_an_overlapped_decode_step_launches_before_it_waits(small_ckpt) -> None:
         summary = json.dumps([name for _, name in calls])
         assert len(launches) == 1 and len(waits) <= 1, summary
         assert all(t > launches[0] for t in waits), summary
+
+
+def test_a_sleeping_wait_gives_the_same_tokens(small_ckpt, monkeypatch) -> None:  # noqa: ANN001
+    """EDGEMOE_BLOCKING_WAIT=1 (the engine thread sleeps on each step's result event
+    instead of spinning): the spinning wait's tokens, with and without overlap."""
+    from edgemoe.engine.runner import blocking_wait
+
+    want = {overlap: outputs(small_ckpt, overlap, GREEDY) for overlap in (True, False)}
+    monkeypatch.setenv("EDGEMOE_BLOCKING_WAIT", "1")
+    assert blocking_wait()
+    for overlap in (True, False):
+        assert outputs(small_ckpt, overlap, GREEDY) == want[overlap]

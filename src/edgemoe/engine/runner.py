@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,17 @@ class ModelRunner:
         return batch.req_rows != self.padding.scratch_row
 
 
+def blocking_wait() -> bool:
+    """`EDGEMOE_BLOCKING_WAIT=1`: the engine thread sleeps on a step's result instead of
+    spinning (CUDA's default for a process with fewer contexts than cores), freeing its
+    core. Why it may matter: with the hybrid CPU share every core is busy — this thread's
+    spin, the bell thread and the C pool's workers (Qwen3.8 on 16 cores:
+    docs/benchmarks.md) — so any other thread takes a core from a worker. With overlap the
+    wake-up's latency (tens of µs) is hidden behind the next step; without it, it adds to
+    every step. Off by default until measured on the GPU machine."""
+    return os.environ.get("EDGEMOE_BLOCKING_WAIT", "0") == "1"
+
+
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None or not t.is_cuda:
         return t
@@ -153,7 +165,7 @@ class HostResult:
         )
         event = None
         if out.token_ids.is_cuda:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=blocking_wait())
             event.record()
         return cls(host, event)
 
