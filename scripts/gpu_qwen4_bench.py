@@ -9,6 +9,7 @@ device memory peak (the driver's count: context included), and the plan's slots.
 
     OUT=... PYTHONPATH=/tmp/site:src python3 scripts/gpu_qwen4_bench.py [--contexts 32768 131072]
       [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32] [--warmup-tokens 192]
+      [--alternate-env EDGEMOE_BLOCKING_WAIT=1]
 
 Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf]`; `-cpuN` runs the last N misses of
 each MoE layer on the CPU inside the step (`--moe-backend hybrid --cpu-experts-per-layer N`), `-hybrid`
@@ -57,6 +58,21 @@ def ple_per_token(llm: Any, store_before: dict[str, float], tokens: int) -> dict
     return row
 
 
+def alternate(setting: str | None, request: int) -> str:
+    """Sets `setting` ("VAR=value") in the environment for even-numbered requests (1-based)
+    and removes it for the others; returns what the request runs with ("" for nothing)."""
+    if not setting:
+        return ""
+    var, sep, value = setting.partition("=")
+    if not sep or not var:
+        raise SystemExit(f"--alternate-env {setting!r}: expected VAR=value")
+    if request % 2 == 0:
+        os.environ[var] = value
+        return setting
+    os.environ.pop(var, None)
+    return ""
+
+
 def step_spread(r: dict[str, Any]) -> dict[str, float]:
     """The timed steps' fastest, median and slowest milliseconds (a slow request shows in all three)."""
     each = sorted(r.get("decode_step_ms_each") or [])
@@ -83,7 +99,8 @@ def quota(llm: Any) -> dict[str, Any]:
 
 
 def run_config(
-    name: str, contexts: list[int], decode_tokens: int, warmup_tokens: int, profile_steps: int = 0
+    name: str, contexts: list[int], decode_tokens: int, warmup_tokens: int, profile_steps: int = 0,
+    alternate_env: str | None = None,
 ) -> list[dict[str, Any]]:
     from edgemoe import LLM
     from edgemoe.bench.decode import measure
@@ -116,6 +133,7 @@ def run_config(
         # layer) it needs ~100+ steps, so short timed runs would measure its search.
         measure(llm, 64, 1, warmup_tokens, seed=0)
         for seed, ctx in enumerate(contexts, start=1):
+            env = alternate(alternate_env, seed)
             torch.cuda.reset_peak_memory_stats()
             store = rt.ple
             before = {"bytes": getattr(store, "bytes_read", 0), "wait": getattr(store, "wait_seconds", 0.0)}
@@ -124,7 +142,7 @@ def run_config(
             copy_b, both_b = bounds(misses, e_bytes)
             free, total = torch.cuda.mem_get_info()
             rows.append({
-                "config": name, "context": ctx, "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"],
+                "config": name, "context": ctx, "env": env, "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"],
                 "misses_per_token": misses, "hit_rate": r["decode_moe"]["hit_rate"],
                 "copy_bound_tok_s": copy_b, "copy_cpu_bound_tok_s": both_b,
                 "ratio_to_copy_bound": r["decode_tok_s"] / copy_b, "ratio_to_copy_cpu_bound": r["decode_tok_s"] / both_b,
@@ -145,6 +163,9 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", default=["host-embed-device", "host-embed-host", "disk-embed-device"])
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--warmup-tokens", type=int, default=192, help="decode tokens of the untimed first request")
+    ap.add_argument("--alternate-env", metavar="VAR=value",
+                    help="set for the 2nd, 4th, ... context's request and unset for the others: an A/B of a "
+                         "setting read at each step (EDGEMOE_BLOCKING_WAIT) inside one engine")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="decode steps profiled after each context's timed ones (the step's host regions)")
     args = ap.parse_args()
@@ -152,16 +173,17 @@ def main() -> int:
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
     for name in args.configs:
-        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens, args.profile_steps)
+        rows += run_config(name, args.contexts, args.decode_tokens, args.warmup_tokens, args.profile_steps,
+                           args.alternate_env)
         # after each configuration: a stage cut by its time limit keeps what it measured
         (out / "qwen4_bench.json").write_text(json.dumps(rows, indent=1, default=str))
     print(f"\n{'config':<20} {'ctx':>7} {'tok/s':>7} {'miss/tok':>8} {'vs copy':>8} {'vs copy+cpu':>11} "
-          f"{'PLE B/tok':>9} {'wait ms':>7} {'CPU ms/tok':>10} {'peak GiB':>8} {'slots':>5}")
+          f"{'PLE B/tok':>9} {'wait ms':>7} {'CPU ms/tok':>10} {'invol/tok':>9} {'peak GiB':>8} {'slots':>5}  env")
     for r in rows:
         print(f"{r['config']:<20} {r['context']:>7} {r['decode_tok_s']:7.1f} {r['misses_per_token']:8.1f} "
               f"{r['ratio_to_copy_bound']:8.2f} {r['ratio_to_copy_cpu_bound']:11.2f} {r.get('ple_bytes_per_token', 0):9.0f} "
               f"{r.get('ple_wait_ms_per_token', 0):7.2f} {r['raw']['decode_moe'].get('cpu_ms_per_token', 0):10.2f} "
-              f"{r['device_peak_gib']:8.2f} {r['slots']:>5}")
+              f"{r.get('involuntary_switches_per_token', 0):9.2f} {r['device_peak_gib']:8.2f} {r['slots']:>5}  {r['env']}")
     return 0
 
 
