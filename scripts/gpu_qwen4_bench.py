@@ -11,9 +11,10 @@ device memory peak (the driver's count: context included), and the plan's slots.
       [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32] [--warmup-tokens 192]
       [--alternate-env EDGEMOE_BLOCKING_WAIT=1]
 
-Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf]`; `-cpuN` runs the last N misses of
+Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf][-pin]`; `-cpuN` runs the last N misses of
 each MoE layer on the CPU inside the step (`--moe-backend hybrid --cpu-experts-per-layer N`), `-hybrid`
-a live quota of them (`--moe-backend hybrid` on the device cache), `-pf` adds `--moe-prefetch on`. Writes $OUT/qwen4_bench.json and prints a table.
+a live quota of them (`--moe-backend hybrid` on the device cache), `-pf` adds `--moe-prefetch on`, `-pin`
+pins the CPU pool's workers one to a core (`EDGEMOE_CPU_PIN=1`). Writes $OUT/qwen4_bench.json and prints a table.
 """
 
 from __future__ import annotations
@@ -116,8 +117,14 @@ def run_config(
             share |= dict(moe_backend="hybrid", expert_cache="device")
         elif extra == "pf":
             share |= dict(moe_prefetch="on")
+        elif extra == "pin":  # the C pool's workers one to a core (kernels/cpu_pinning.py)
+            pass
         else:
-            raise SystemExit(f"{name}: unknown configuration part {extra!r} (cpuN, hybrid, pf)")
+            raise SystemExit(f"{name}: unknown configuration part {extra!r} (cpuN, hybrid, pf, pin)")
+    if "pin" in extras:
+        os.environ["EDGEMOE_CPU_PIN"] = "1"
+    else:
+        os.environ.pop("EDGEMOE_CPU_PIN", None)
     settings = dict(model=MODEL, gpu_memory="16GiB", ple_store=ple, embed_weights=embed, **share,
                     max_model_len=max(contexts) + 2 * decode_tokens + 64, max_running_requests=4,
                     kv_tokens=max(contexts) + 2 * decode_tokens + 64, ple_dir="/tmp/edgemoe-ple")

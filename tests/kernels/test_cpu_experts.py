@@ -300,3 +300,31 @@ def test_pool_workers_carry_their_name() -> None:
         time.sleep(0.01)
     assert named() - before == 3
     del kernel
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread affinity")
+def test_pinned_workers_own_the_last_cores(monkeypatch) -> None:  # noqa: ANN001
+    """EDGEMOE_CPU_PIN=1: each worker on a core of its own, the last cores first; the
+    results are the unpinned pool's (each output element is one task's)."""
+    from edgemoe.kernels import cpu_pinning
+
+    cores = cpu_pinning.core_cpus(os.sched_getaffinity(0))
+    workers = min(3, len(cores))
+    variant = _best_native()
+    jobs, num_rows = _uneven_jobs(67, 45, 20, counts=[3, 17, 1, 6])
+    x = torch.randn(20, 67, generator=torch.Generator().manual_seed(4))
+    outs = []
+    for pin in ("0", "1"):
+        monkeypatch.setenv("EDGEMOE_CPU_PIN", pin)
+        kernel = kernel_for(variant, "gemv", threads=workers + 1)
+        out = torch.zeros(num_rows, 67)
+        experts_cpu(x, jobs, out, kernel)
+        outs.append(out)
+        if pin == "1":
+            assert sorted(kernel.pinned.values()) == sorted(cores[-workers:])
+            for tid, cpu in kernel.pinned.items():
+                assert os.sched_getaffinity(tid) == {cpu}
+        else:
+            assert kernel.pinned == {}
+        kernel.close()
+    assert torch.equal(outs[0], outs[1])

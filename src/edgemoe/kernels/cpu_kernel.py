@@ -11,7 +11,8 @@ cores this process may use). They spin `spin_us` after a call for the next one, 
 sleep, so they neither burn a core between layers for long nor wait on torch's
 OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller).
 `EDGEMOE_CPU_SPIN_US` sets the default spin (a decode step's layers come every few
-hundred µs: a longer spin trades an idle core's time for the wake-up's latency).
+hundred µs: a longer spin trades an idle core's time for the wake-up's latency);
+`EDGEMOE_CPU_PIN=1` pins the workers one to a core (`cpu_pinning.py`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import numpy as np
 import torch
 
-from edgemoe.kernels import cpu_build, cpu_isa
+from edgemoe.kernels import cpu_build, cpu_isa, cpu_pinning
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class CpuExperts:
         script's builds), instead of its default build."""
         self._pool: int | None = None
         self._pid = -1
+        self.pinned: dict[int, int] = {}  # worker thread id -> CPU ($EDGEMOE_CPU_PIN=1, cpu_pinning.py)
         self.requested = kernel or os.environ.get(KERNEL_ENV) or "auto"
         if self.requested not in KERNELS:
             raise ValueError(f"CPU expert kernel {self.requested!r}: choose one of {', '.join(KERNELS)}")
@@ -92,10 +94,16 @@ class CpuExperts:
     def _handle(self) -> int:
         # NOTE: worker threads do not survive fork(): a child builds its own pool.
         if self._pool is None or self._pid != os.getpid():
+            pin = cpu_pinning.pin_requested() and os.path.isdir("/proc/self/task")
+            before = cpu_pinning.thread_ids() if pin else set()
             self._pool = self._lib.em_create(self.threads, self.spin_us)
             if not self._pool:
                 raise MemoryError("CPU expert thread pool")
             self._pid = os.getpid()
+            if pin:
+                self.pinned = cpu_pinning.pin_workers(cpu_pinning.new_workers(before, self.threads - 1))
+                log.info("CPU expert pool: %d workers pinned to CPUs %s", len(self.pinned),
+                         sorted(self.pinned.values()))
         return self._pool
 
     def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int,
