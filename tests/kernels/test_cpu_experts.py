@@ -308,7 +308,7 @@ def test_pinned_workers_own_the_last_cores(monkeypatch) -> None:  # noqa: ANN001
     results are the unpinned pool's (each output element is one task's)."""
     from edgemoe.kernels import cpu_pinning
 
-    cores = cpu_pinning.core_cpus(os.sched_getaffinity(0))
+    cores = cpu_isa.core_cpus(os.sched_getaffinity(0))
     workers = min(3, len(cores))
     variant = _best_native()
     jobs, num_rows = _uneven_jobs(67, 45, 20, counts=[3, 17, 1, 6])
@@ -328,3 +328,18 @@ def test_pinned_workers_own_the_last_cores(monkeypatch) -> None:  # noqa: ANN001
             assert kernel.pinned == {}
         kernel.close()
     assert torch.equal(outs[0], outs[1])
+
+
+def test_core_cpus_skips_smt_siblings(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """One CPU per (package, core) pair, in CPU order; a CPU without topology counts as a
+    core (a sysfs tree written under tmp_path: CPUs 0/2 and 1/3 are siblings, 5 has none)."""
+    from pathlib import Path
+
+    for cpu, core in ((0, 0), (1, 1), (2, 0), (3, 1), (4, 2)):
+        topo = tmp_path / f"sys/devices/system/cpu/cpu{cpu}/topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text("0\n")
+        (topo / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(cpu_isa, "Path", lambda p: Path(str(tmp_path) + str(p)))
+    assert cpu_isa.core_cpus({0, 1, 2, 3, 4, 5}) == [0, 1, 4, 5]
+    assert cpu_isa.core_cpus({2, 3}) == [2, 3]

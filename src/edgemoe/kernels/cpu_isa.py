@@ -57,21 +57,25 @@ def physical_cores() -> int:
     """Physical cores this process may run on: SMT siblings count once; a cgroup CPU
     quota caps the count (containers often see every host CPU)."""
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cores = _cores_of(allowed) or len(allowed)
+    cores = len(core_cpus(allowed))
     quota = _cgroup_cpu_quota()
     return max(1, min(cores, quota) if quota else cores)
 
 
-def _cores_of(cpus: set[int]) -> int:
-    """Distinct (package, core) pairs among `cpus`; 0 if topology is unreadable."""
-    seen = set()
-    for cpu in cpus:
+def core_cpus(allowed: set[int]) -> list[int]:
+    """One logical CPU per physical core among `allowed` (distinct (package, core) pairs),
+    in CPU order: SMT siblings skipped; a CPU whose topology is unreadable counts as a core."""
+    seen, cpus = set(), []
+    for cpu in sorted(allowed):
         topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            seen.add((topo.joinpath("physical_package_id").read_text(), topo.joinpath("core_id").read_text()))
+            core = (topo.joinpath("physical_package_id").read_text(), topo.joinpath("core_id").read_text())
         except OSError:
-            return 0
-    return len(seen)
+            core = ("cpu", str(cpu))
+        if core not in seen:
+            seen.add(core)
+            cpus.append(cpu)
+    return cpus
 
 
 def _cgroup_cpu_quota() -> int | None:

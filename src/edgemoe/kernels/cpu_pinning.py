@@ -17,6 +17,8 @@ import os
 import time
 from pathlib import Path
 
+from edgemoe.kernels import cpu_isa
+
 PIN_ENV = "EDGEMOE_CPU_PIN"
 WORKER_NAME = "em-pool"
 
@@ -42,22 +44,6 @@ def named_threads(name: str, among: set[int] | None = None) -> set[int]:
     return found
 
 
-def core_cpus(allowed: set[int]) -> list[int]:
-    """One logical CPU per physical core among `allowed`, in CPU order (SMT siblings
-    skipped; without topology every CPU counts as a core)."""
-    seen, cpus = set(), []
-    for cpu in sorted(allowed):
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            core = (topo.joinpath("physical_package_id").read_text(), topo.joinpath("core_id").read_text())
-        except OSError:
-            core = ("cpu", str(cpu))
-        if core not in seen:
-            seen.add(core)
-            cpus.append(cpu)
-    return cpus
-
-
 def new_workers(before: set[int], count: int, timeout: float = 2.0) -> set[int]:
     """The `count` pool workers started since `before` was taken (a worker names itself
     when it first runs: wait for them, up to `timeout` seconds)."""
@@ -72,7 +58,7 @@ def new_workers(before: set[int], count: int, timeout: float = 2.0) -> set[int]:
 def pin_workers(workers: set[int]) -> dict[int, int]:
     """Pins each worker to its own core, the last cores of the allowed set first; returns
     {thread id: cpu}. More workers than cores: the rest stay unpinned."""
-    cpus = core_cpus(os.sched_getaffinity(0))
+    cpus = cpu_isa.core_cpus(os.sched_getaffinity(0))
     placed = {}
     for tid, cpu in zip(sorted(workers), reversed(cpus), strict=False):
         try:
