@@ -117,14 +117,11 @@ def run_config(
             share |= dict(moe_backend="hybrid", expert_cache="device")
         elif extra == "pf":
             share |= dict(moe_prefetch="on")
-        elif extra == "pin":  # the C pool's workers one to a core (kernels/cpu_pinning.py)
-            pass
-        else:
+        elif extra != "pin":  # pin: the C pool's workers one to a core (kernels/cpu_pinning.py)
             raise SystemExit(f"{name}: unknown configuration part {extra!r} (cpuN, hybrid, pf, pin)")
+    os.environ.pop("EDGEMOE_CPU_PIN", None)  # read when the engine's pool starts
     if "pin" in extras:
         os.environ["EDGEMOE_CPU_PIN"] = "1"
-    else:
-        os.environ.pop("EDGEMOE_CPU_PIN", None)
     settings = dict(model=MODEL, gpu_memory="16GiB", ple_store=ple, embed_weights=embed, **share,
                     max_model_len=max(contexts) + 2 * decode_tokens + 64, max_running_requests=4,
                     kv_tokens=max(contexts) + 2 * decode_tokens + 64, ple_dir="/tmp/edgemoe-ple")
