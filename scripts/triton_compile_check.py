@@ -6,16 +6,22 @@ shared memory must fit the target's per-block limit (sm_86/sm_89, the consumer c
 have ~99 KiB). Kernels with a `USE_PDL` constexpr compile with it False (their PTX must hold
 no `griddepcontrol`), or with `--pdl` True, on sm_90+ only, and their PTX must hold both
 `griddepcontrol.wait` and `griddepcontrol.launch_dependents` (programmatic dependent launch).
-Usage: python scripts/triton_compile_check.py [--arch 80 86 89 90] [--dtype bf16 fp16 fp32] [--pdl]
+Usage: python scripts/triton_compile_check.py [--arch 80 86 89 90] [--dtype bf16 fp16 fp32] [--pdl] [--jobs N]
+(`--jobs`: forked processes, each compiling every N-th kernel; default every CPU this process
+may use; the lines print in the same order either way.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import io
+import multiprocessing
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -399,25 +405,60 @@ def check_router_norm(act: tl.dtype, dtype_name: str, arch: int) -> bool:
     return ok
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, nargs="+", default=[80, 86, 89, 90], choices=sorted(SHARED_LIMIT))
-    ap.add_argument("--dtype", nargs="+", default=["bf16"], choices=sorted(DTYPES))
-    ap.add_argument("--pdl", action="store_true", help="only the kernels with USE_PDL, compiled with it True (sm_90+)")
-    args = ap.parse_args(argv)
-    failures = checked = 0
+def work_items(args: argparse.Namespace) -> list[Callable[[], bool]]:
+    """Every check the arguments ask for, in the order its lines are printed."""
+    items: list[Callable[[], bool]] = []
     for dtype_name in args.dtype:
         for case in cases(DTYPES[dtype_name]):
             if args.pdl and not has_pdl(case):
                 continue
             low = max(case.min_arch, PDL_MIN_ARCH) if args.pdl else case.min_arch
             for arch in (a for a in args.arch if a >= low):
-                failures += not check(case, arch, dtype_name, args.pdl)
-                checked += 1
+                items.append(functools.partial(check, case, arch, dtype_name, args.pdl))
         if not args.pdl:
             for arch in args.arch:
-                failures += not check_router_norm(DTYPES[dtype_name], dtype_name, arch)
-    if checked == 0:  # e.g. --pdl without an sm_90+ arch: a check that checked nothing must not pass
+                items.append(functools.partial(check_router_norm, DTYPES[dtype_name], dtype_name, arch))
+    return items
+
+
+def run_share(argv: list[str] | None, worker: int, jobs: int) -> list[tuple[int, str, bool]]:
+    """Runs every `jobs`-th item from `worker` on (the list rebuilt here: in a forked
+    process nothing is pickled but the arguments); (index, printed lines, passed) each."""
+    args = parse(argv)
+    done = []
+    for i, item in enumerate(work_items(args)):
+        if i % jobs == worker:
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                ok = item()
+            done.append((i, text.getvalue(), ok))
+    return done
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, nargs="+", default=[80, 86, 89, 90], choices=sorted(SHARED_LIMIT))
+    ap.add_argument("--dtype", nargs="+", default=["bf16"], choices=sorted(DTYPES))
+    ap.add_argument("--pdl", action="store_true", help="only the kernels with USE_PDL, compiled with it True (sm_90+)")
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count() or 1,
+                    help="processes compiling at once (each kernel compiles on one core; default: every CPU)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    jobs = max(1, min(args.jobs, len(work_items(args)) or 1))
+    if jobs == 1:
+        results = run_share(argv, 0, 1)
+    else:  # forked: the cases' kernels are built in each process, never pickled
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            shares = pool.starmap(run_share, [(argv, w, jobs) for w in range(jobs)])
+        results = sorted(r for share in shares for r in share)
+    for _, text, _ in results:
+        print(text, end="")
+    failures = sum(not ok for _, _, ok in results)
+    if not results:  # e.g. --pdl without an sm_90+ arch: a check that checked nothing must not pass
         print("FAIL nothing compiled")
         failures += 1
     print(f"{failures} failure(s); torch {torch.__version__}, triton {triton.__version__}")
