@@ -75,11 +75,10 @@ def alternate(setting: str | None, request: int) -> str:
 
 
 def step_spread(r: dict[str, Any]) -> dict[str, float]:
-    """The timed steps' fastest, median and slowest milliseconds (a slow request shows in all three)."""
-    each = sorted(r.get("decode_step_ms_each") or [])
-    if not each:
-        return {}
-    return {"step_ms_min": each[0], "step_ms_p50": each[len(each) // 2], "step_ms_max": each[-1]}
+    """The steady steps' fastest, median and slowest milliseconds (the rate's steps: the
+    first left out, `bench.decode.steady_rate`; a slow request shows in all three)."""
+    steady = r["decode_step_ms_each"][-r["decode_steps"] + 1:] or r["decode_step_ms_each"]
+    return {"step_ms_min": min(steady), "step_ms_p50": r["decode_step_ms_p50"], "step_ms_max": r["decode_step_ms_max"]}
 
 
 def host_summary(host: dict[str, float], tokens: int) -> dict[str, float]:
@@ -186,7 +185,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['config']:<20} {r['context']:>7} {r['decode_tok_s']:7.1f} {r['misses_per_token']:8.1f} "
               f"{r['ratio_to_copy_bound']:8.2f} {r['ratio_to_copy_cpu_bound']:11.2f} {r.get('ple_bytes_per_token', 0):9.0f} "
-              f"{r.get('ple_wait_ms_per_token', 0):7.2f} {r['raw']['decode_moe'].get('cpu_ms_per_token', 0):10.2f} "
+              f"{r.get('ple_wait_ms_per_token', 0):7.2f} {r['cpu_ms_per_token'] or 0:10.2f} "
               f"{r.get('involuntary_switches_per_token', 0):9.2f} {r['device_peak_gib']:8.2f} {r['slots']:>5}  {r['env']}")
     return 0
 
