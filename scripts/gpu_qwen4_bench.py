@@ -11,10 +11,10 @@ device memory peak (the driver's count: context included), and the plan's slots.
       [--configs host-embed-device host-embed-host disk-embed-device] [--decode-tokens 32] [--warmup-tokens 192]
       [--alternate-env EDGEMOE_BLOCKING_WAIT=1]
 
-Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf][-pin]`; `-cpuN` runs the last N misses of
+Configurations: `<ple store>-embed-<device|host>[-cpuN|-hybrid][-pf][-float]`; `-cpuN` runs the last N misses of
 each MoE layer on the CPU inside the step (`--moe-backend hybrid --cpu-experts-per-layer N`), `-hybrid`
-a live quota of them (`--moe-backend hybrid` on the device cache), `-pf` adds `--moe-prefetch on`, `-pin`
-pins the CPU pool's workers one to a core (`EDGEMOE_CPU_PIN=1`). Writes $OUT/qwen4_bench.json and prints a table.
+a live quota of them (`--moe-backend hybrid` on the device cache), `-pf` adds `--moe-prefetch on`, `-float`
+leaves the CPU pool's workers unpinned (`EDGEMOE_CPU_PIN=0`; pinned one to a core by default). Writes $OUT/qwen4_bench.json and prints a table.
 """
 
 from __future__ import annotations
@@ -92,6 +92,12 @@ def host_summary(host: dict[str, float], tokens: int) -> dict[str, float]:
             "vm_scanned_pages": scans}
 
 
+def pinned_workers(rt: Any) -> int:
+    """The CPU share's pool workers pinned to a core (kernels/cpu_pinning.py; 0: floating)."""
+    share = getattr(rt.executor, "cpu_share", None)
+    return len(share.kernel.pinned) if share is not None else 0
+
+
 def quota(llm: Any) -> dict[str, Any]:
     """The live CPU quota now and as settled (experts a layer), when the run has one."""
     moe = llm.stats()["moe"]
@@ -116,11 +122,11 @@ def run_config(
             share |= dict(moe_backend="hybrid", expert_cache="device")
         elif extra == "pf":
             share |= dict(moe_prefetch="on")
-        elif extra != "pin":  # pin: the C pool's workers one to a core (kernels/cpu_pinning.py)
-            raise SystemExit(f"{name}: unknown configuration part {extra!r} (cpuN, hybrid, pf, pin)")
+        elif extra != "float":  # float: the C pool's workers unpinned (kernels/cpu_pinning.py)
+            raise SystemExit(f"{name}: unknown configuration part {extra!r} (cpuN, hybrid, pf, float)")
     os.environ.pop("EDGEMOE_CPU_PIN", None)  # read when the engine's pool starts
-    if "pin" in extras:
-        os.environ["EDGEMOE_CPU_PIN"] = "1"
+    if "float" in extras:
+        os.environ["EDGEMOE_CPU_PIN"] = "0"
     settings = dict(model=MODEL, gpu_memory="16GiB", ple_store=ple, embed_weights=embed, **share,
                     max_model_len=max(contexts) + 2 * decode_tokens + 64, max_running_requests=4,
                     kv_tokens=max(contexts) + 2 * decode_tokens + 64, ple_dir="/tmp/edgemoe-ple")
@@ -153,7 +159,7 @@ def run_config(
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
                 "cpu_ms_per_token": r["decode_moe"].get("cpu_ms_per_token"), **step_spread(r),
                 **host_summary(r.get("decode_host", {}), r["decode_tokens_timed"]),
-                "busy_threads": r.get("decode_busy_threads", []),
+                "busy_threads": r.get("decode_busy_threads", []), "cpu_pinned_workers": pinned_workers(rt),
                 **ple_per_token(llm, before, r["decode_tokens_timed"]), **quota(llm), "raw": r,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)

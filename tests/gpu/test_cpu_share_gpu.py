@@ -12,6 +12,7 @@ from a CUDA graph:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,27 @@ def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graph
             logits = llm.prompt_logits(prompt + want[:j])[-1].float()
             margin = (logits[want[j]] - logits[have[j]]).item()
             assert margin <= 2 * worst * logits.std().item(), f"parted at token {j}, margin {margin:.3g}"
+
+
+def test_engines_in_turn_each_pin_their_share_workers(small_ckpt, monkeypatch) -> None:
+    """By default (EDGEMOE_CPU_PIN unset) the share's pool pins every worker to a core of its
+    own; closing the engine gives the cores back, so the next engine in the process pins too
+    (before the executor closed its kernel, the second engine's workers floated)."""
+    import gc
+
+    from edgemoe.kernels import cpu_isa, cpu_pinning
+
+    monkeypatch.delenv("EDGEMOE_CPU_PIN", raising=False)
+    monkeypatch.delenv("EDGEMOE_CPU_THREADS", raising=False)
+    gc.collect()  # earlier tests' dropped kernels give their cores back now
+    if len(cpu_pinning.free_cores()) < len(cpu_isa.core_cpus(os.sched_getaffinity(0))):
+        pytest.skip("a live pool of this process holds cores")
+    for _ in range(2):
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="hybrid", moe_slots=8,
+                 expert_cache="device") as llm:
+            llm.generate(PROMPTS[:1], GREEDY)
+            kernel = llm.engine.runtime.executor.cpu_share.kernel
+            assert llm.stats()["moe"]["experts_cpu"] > 0
+            assert len(kernel.pinned) == kernel.threads - 1, kernel.pinned
+        assert kernel.pinned == {}
+        assert cpu_pinning.free_cores() == cpu_isa.core_cpus(os.sched_getaffinity(0))

@@ -4,6 +4,7 @@ sizes; the batched and routed forms; dispatch, fallbacks and the compile cache."
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -304,11 +305,14 @@ def test_pool_workers_carry_their_name() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread affinity")
 def test_pinned_workers_own_the_last_cores(monkeypatch) -> None:  # noqa: ANN001
-    """EDGEMOE_CPU_PIN=1: each worker on a core of its own, the last cores first; the
-    results are the unpinned pool's (each output element is one task's)."""
+    """EDGEMOE_CPU_PIN=1: each worker on a free core of its own, the last cores first; =0:
+    none pinned; the results are the same either way (each output element is one task's)."""
     from edgemoe.kernels import cpu_pinning
 
-    cores = cpu_isa.core_cpus(os.sched_getaffinity(0))
+    gc.collect()  # pools of earlier tests' dropped kernels give their cores back now, not mid-test
+    cores = cpu_pinning.free_cores()
+    if not cores:
+        pytest.skip("every core is held by a live pool of this process")
     workers = min(3, len(cores))
     variant = _best_native()
     jobs, num_rows = _uneven_jobs(67, 45, 20, counts=[3, 17, 1, 6])
@@ -316,7 +320,7 @@ def test_pinned_workers_own_the_last_cores(monkeypatch) -> None:  # noqa: ANN001
     outs = []
     for pin in ("0", "1"):
         monkeypatch.setenv("EDGEMOE_CPU_PIN", pin)
-        kernel = kernel_for(variant, "gemv", threads=workers + 1)
+        kernel = CpuExperts(variant, threads=workers + 1, gemm_min_tokens=10**9)
         out = torch.zeros(num_rows, 67)
         experts_cpu(x, jobs, out, kernel)
         outs.append(out)
@@ -328,6 +332,51 @@ def test_pinned_workers_own_the_last_cores(monkeypatch) -> None:  # noqa: ANN001
             assert kernel.pinned == {}
         kernel.close()
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread affinity")
+def test_pinning_by_default_takes_free_cores_all_or_none(monkeypatch) -> None:  # noqa: ANN001
+    """Unset EDGEMOE_CPU_PIN (auto): a pool pins every worker to a core no live pool holds,
+    or none (it floats); a closed pool gives its cores back; EDGEMOE_CPU_THREADS (a host
+    shared with other work) turns auto off; a bad value fails when the kernel is made."""
+    from edgemoe.kernels import cpu_pinning
+
+    monkeypatch.delenv("EDGEMOE_CPU_PIN", raising=False)
+    monkeypatch.delenv("EDGEMOE_CPU_THREADS", raising=False)
+    gc.collect()
+    free = cpu_pinning.free_cores()
+    if not free:
+        pytest.skip("every core is held by a live pool of this process")
+    variant = _best_native()
+    jobs, num_rows = _uneven_jobs(67, 45, 2, counts=[1, 1])
+
+    def started(workers: int) -> CpuExperts:
+        kernel = CpuExperts(variant, threads=workers + 1, gemm_min_tokens=10**9)
+        experts_cpu(torch.randn(2, 67), jobs, torch.zeros(num_rows, 67), kernel)
+        return kernel
+
+    first_n = max(1, len(free) // 2)
+    first = started(first_n)
+    assert sorted(first.pinned.values()) == free[-first_n:]
+    too_many = started(len(free) - first_n + 1)  # one worker more than the cores left
+    assert too_many.pinned == {}
+    rest = started(len(free) - first_n) if len(free) > first_n else None
+    if rest is not None:
+        assert sorted(rest.pinned.values()) == free[:len(free) - first_n]
+        rest.close()
+    first.close()
+    again = started(first_n)
+    assert sorted(again.pinned.values()) == free[-first_n:]  # the closed pool's cores, held again
+    again.close()
+    too_many.close()
+
+    monkeypatch.setenv("EDGEMOE_CPU_THREADS", "2")
+    shared_host = started(1)
+    assert shared_host.pinned == {}
+    shared_host.close()
+    monkeypatch.setenv("EDGEMOE_CPU_PIN", "yes")
+    with pytest.raises(ValueError, match="EDGEMOE_CPU_PIN"):
+        CpuExperts(variant, threads=2)
 
 
 def test_core_cpus_skips_smt_siblings(tmp_path, monkeypatch) -> None:  # noqa: ANN001

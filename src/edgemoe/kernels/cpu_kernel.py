@@ -12,7 +12,7 @@ sleep, so they neither burn a core between layers for long nor wait on torch's
 OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller).
 `EDGEMOE_CPU_SPIN_US` sets the default spin (a decode step's layers come every few
 hundred µs: a longer spin trades an idle core's time for the wake-up's latency);
-`EDGEMOE_CPU_PIN=1` pins the workers one to a core (`cpu_pinning.py`).
+The workers are pinned one to a core unless `EDGEMOE_CPU_PIN=0` (`cpu_pinning.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import ctypes
 import functools
 import logging
 import os
+import threading
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 KERNEL_ENV = "EDGEMOE_CPU_KERNEL"
 KERNELS = ("auto", "torch", "amx", "avx512", "avx2", "scalar", "amx-emu")
 GEMM_MIN_TOKENS = 16  # jobs with at least this many tokens take the blocked (GEMM) path
+_creating = threading.Lock()  # one pool starting at a time: its workers are found as the new threads
 SPIN_US = 200  # idle workers spin this long for the next call (a layer later), then sleep
 # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n; gate_up/down
 # scales; gate_up/down zero points (int4)
@@ -65,7 +67,8 @@ class CpuExperts:
         script's builds), instead of its default build."""
         self._pool: int | None = None
         self._pid = -1
-        self.pinned: dict[int, int] = {}  # worker thread id -> CPU ($EDGEMOE_CPU_PIN=1, cpu_pinning.py)
+        self.pinned: dict[int, int] = {}  # worker thread id -> CPU (cpu_pinning.py)
+        cpu_pinning.pin_mode()  # a bad $EDGEMOE_CPU_PIN fails here, at start-up, not at the first call
         self.requested = kernel or os.environ.get(KERNEL_ENV) or "auto"
         if self.requested not in KERNELS:
             raise ValueError(f"CPU expert kernel {self.requested!r}: choose one of {', '.join(KERNELS)}")
@@ -94,17 +97,25 @@ class CpuExperts:
     def _handle(self) -> int:
         # NOTE: worker threads do not survive fork(): a child builds its own pool.
         if self._pool is None or self._pid != os.getpid():
-            pin = cpu_pinning.pin_requested() and os.path.isdir("/proc/self/task")
-            before = cpu_pinning.thread_ids() if pin else set()
-            self._pool = self._lib.em_create(self.threads, self.spin_us)
-            if not self._pool:
-                raise MemoryError("CPU expert thread pool")
-            self._pid = os.getpid()
-            if pin:
-                self.pinned = cpu_pinning.pin_workers(cpu_pinning.new_workers(before, self.threads - 1))
-                log.info("CPU expert pool: %d workers pinned to CPUs %s", len(self.pinned),
-                         sorted(self.pinned.values()))
+            self.pinned = {}  # a forked child's copy names its parent's threads
+            pin = cpu_pinning.pin_wanted() and os.path.isdir("/proc/self/task")
+            with _creating:  # the new threads are told apart by who started since `before`
+                before = cpu_pinning.thread_ids() if pin else set()
+                self._pool = self._lib.em_create(self.threads, self.spin_us)
+                if not self._pool:
+                    raise MemoryError("CPU expert thread pool")
+                self._pid = os.getpid()
+                if pin:
+                    self._pin(cpu_pinning.new_workers(before, self.threads - 1))
         return self._pool
+
+    def _pin(self, workers: set[int]) -> None:
+        forced = cpu_pinning.pin_mode() == "on"
+        self.pinned = cpu_pinning.pin_workers(workers, all_or_none=not forced)
+        if self.pinned:
+            log.info("CPU expert pool: %d workers pinned to CPUs %s", len(self.pinned), sorted(self.pinned.values()))
+        elif workers:
+            log.info("CPU expert pool: %d workers float (fewer free cores than workers)", len(workers))
 
     def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int,
              weights: str = "bf16", block: int = 0) -> None:
@@ -140,7 +151,8 @@ class CpuExperts:
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid() and self._lib is not None:
             self._lib.em_destroy(self._pool)
-        self._pool = None
+            cpu_pinning.release(self.pinned)
+        self._pool, self.pinned = None, {}
 
     def __del__(self) -> None:
         self.close()

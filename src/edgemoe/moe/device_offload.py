@@ -133,6 +133,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
         self.stats.drains.append(self._drain)
+        self._own_kernel: CpuExperts | None = None  # the share's kernel when made here (`cpu_kernel` None)
         self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
         self.controller: QuotaController | None = None
         if live_quota is not None and cpu_experts_per_layer is None:
@@ -170,7 +171,8 @@ class DeviceOffloadExecutor(CellsExecutor):
     def _make_share(self, quota: int, kernel: CpuExperts | None) -> CpuShare:
         from edgemoe.moe.cpu import cpu_threads
 
-        kernel = kernel or CpuExperts(threads=cpu_threads(self.device))
+        if kernel is None:  # ours: closed with the executor (its pool's pinned cores back for the next engine)
+            kernel = self._own_kernel = CpuExperts(threads=cpu_threads(self.device))
         share = CpuShare(self.store, kernel, len(self._seen), quota, self.device, prompt_rows=self._prompt_rows)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
@@ -353,4 +355,6 @@ class DeviceOffloadExecutor(CellsExecutor):
     def close(self) -> None:
         if self.cpu_share is not None:
             self.cpu_share.close()
+        if self._own_kernel is not None:
+            self._own_kernel.close()
         del self.slots, self.mover
