@@ -26,6 +26,10 @@ if importlib.util.find_spec("triton") is not None and not os.environ.get("TRITON
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from triton_interpreter_memo import install
+
+    install()  # device calls stop re-patching triton.language (tests/triton_interpreter_memo.py)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
