@@ -31,9 +31,10 @@ needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpret
 FORMATS = {"int8": Int8Channel(), "fp8": Fp8Block(block=16), "int4": Int4Group(group=16), "mxfp4": Mxfp4()}
 
 
-def quantised_banks(fmt, dtype: torch.dtype, seed: int, unrouted: float = 0.25):  # noqa: ANN001, ANN201
+def quantised_banks(fmt, dtype: torch.dtype, seed: int, unrouted: float = 0.25,  # noqa: ANN001, ANN201
+                    tokens: int = T, top_k: int = K):
     """A routed batch with its banks quantised: (batch, parts [S, ...], dequantised banks in fp32)."""
-    b = moe_batch(T, K, H, I, S, torch.float32, seed=seed, unrouted=unrouted)
+    b = moe_batch(tokens, top_k, H, I, S, torch.float32, seed=seed, unrouted=unrouted)
     experts = [quantise_expert(fmt, b.gate_up[s, :I], b.gate_up[s, I:], b.down[s]) for s in range(S)]
     parts = {name: torch.stack([e[name] for e in experts]) for name in experts[0]}
     deq = [dequantise_expert(fmt, e, H, I) for e in experts]
@@ -90,10 +91,12 @@ def test_triton_quant_matches_reference(fmt_name: str, dtype: torch.dtype, path:
 
 @needs_triton
 def test_triton_quant_at_default_groups() -> None:
-    # The production group/block sizes (128; mxfp4 32) on one tiny bank: one partial group per row.
+    # The production group/block sizes (128; mxfp4 32) on one tiny bank: one partial group per
+    # row. Two tokens of two experts: the routing cases are the test above's (the interpreter
+    # runs the int4 / mxfp4 unpacking op by op, ~1 s a routed pair).
     for fmt in (Fp8Block(), Int4Group(), Mxfp4()):
-        b, parts, _, _ = quantised_banks(fmt, torch.float32, seed=5)
-        want, got = torch.zeros(T, K, H), torch.zeros(T, K, H)
+        b, parts, _, _ = quantised_banks(fmt, torch.float32, seed=5, unrouted=0.0, tokens=2, top_k=2)
+        want, got = torch.zeros(2, 2, H), torch.zeros(2, 2, H)
         moe_quant_ref(b.x, b.slot_ids, b.weights, parts, fmt, want, "silu")
         triton_kernel("decode")(b.x, b.slot_ids, b.weights, parts, fmt, got, "silu")
         assert ((got - want).abs() <= tolerance(want, torch.float32)).all(), fmt.label
