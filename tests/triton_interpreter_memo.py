@@ -10,8 +10,9 @@ quantised-MoE kernels, whose helpers run in every loop iteration.
 `install()` wraps `_patch_lang` to skip a call whose language modules the current launch
 has already patched, and the launch to forget them when it ends (its patch is undone
 then). A helper that sees a language module the launch did not patch is patched as
-before. Nothing changes unless the installed Triton has exactly the functions this
-expects: on another version the wrapper is simply not installed.
+before. A Triton without `_patch_lang` and `GridExecutor` gets no wrapper; another
+version that kept the names but changed what they do would need this file read again
+(written against Triton 3.6.0, the CPU test venv's).
 """
 
 from __future__ import annotations
