@@ -48,9 +48,13 @@ def install() -> bool:
     patched: set[int] = set()  # language modules the launch in progress has patched
     launch = executor.__call__
 
+    langs_of: dict[Callable, frozenset[int]] = {}  # a function's globals name the same modules every call
+
     @functools.wraps(original)
     def patch_lang(fn: Callable) -> Any:
-        langs = _language_modules(fn, tl)
+        langs = langs_of.get(fn)
+        if langs is None:
+            langs = langs_of[fn] = _language_modules(fn, tl)
         if langs and langs <= patched:
             return _Nothing()
         scope = original(fn)
