@@ -92,12 +92,6 @@ def host_summary(host: dict[str, float], tokens: int) -> dict[str, float]:
             "vm_scanned_pages": scans}
 
 
-def pinned_workers(rt: Any) -> int:
-    """The CPU share's pool workers pinned to a core (kernels/cpu_pinning.py; 0: floating)."""
-    share = getattr(rt.executor, "cpu_share", None)
-    return len(share.kernel.pinned) if share is not None else 0
-
-
 def quota(llm: Any) -> dict[str, Any]:
     """The live CPU quota now and as settled (experts a layer), when the run has one."""
     moe = llm.stats()["moe"]
@@ -159,7 +153,7 @@ def run_config(
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
                 "cpu_ms_per_token": r["decode_moe"].get("cpu_ms_per_token"), **step_spread(r),
                 **host_summary(r.get("decode_host", {}), r["decode_tokens_timed"]),
-                "busy_threads": r.get("decode_busy_threads", []), "cpu_pinned_workers": pinned_workers(rt),
+                "busy_threads": r.get("decode_busy_threads", []), "cpu_pinned_workers": llm.stats()["moe"].get("cpu_pinned_workers", 0),
                 **ple_per_token(llm, before, r["decode_tokens_timed"]), **quota(llm), "raw": r,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)

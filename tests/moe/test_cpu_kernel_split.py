@@ -5,6 +5,8 @@ bypass it (bitwise: tests/moe/test_executors.py)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -99,12 +101,22 @@ def test_kernel_only_for_bf16_silu_and_threads_leave_a_core_to_the_gpu(store: Ba
     assert cpu_kernel_for(store, activation("gelu"), cpu) is None
 
 
-def test_close_joins_the_kernel_pool(store: BankStore) -> None:
+def test_close_joins_the_kernel_pool(store: BankStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stats name the kernel and its pinned workers (every one of them: pinning by default,
+    no other pool alive); close joins the pool and gives its cores back."""
+    from edgemoe.kernels import cpu_pinning
+
+    monkeypatch.delenv("EDGEMOE_CPU_PIN", raising=False)
+    monkeypatch.delenv("EDGEMOE_CPU_THREADS", raising=False)
+    monkeypatch.setattr(cpu_pinning, "_held", {})  # earlier tests' live pools aside
     ex = make_executor("cpu", store, torch.device("cpu"), F.silu, L, num_slots=K)
     x, ids, w = next(routings(seed=2))
     ex.forward(0, x, ids, w)
     snap = ex.stats.snapshot()
     assert snap["cpu_kernel"] == (ex.kernel.name if ex.kernel else "torch")
+    if ex.kernel is not None and sys.platform.startswith("linux"):
+        assert snap["cpu_pinned_workers"] == ex.kernel.threads - 1
     ex.close()
     if ex.kernel is not None:
         assert ex.kernel._pool is None  # em_destroy ran: no worker threads left
+        assert cpu_pinning._held == {}

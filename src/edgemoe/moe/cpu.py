@@ -79,6 +79,8 @@ class SplitExecutor(OffloadExecutor):
         native = self.kernel or self.qkernel
         self.stats.info.update(cpu_kernel=native.name if native else "torch",
                                cpu_threads=native.threads if native else torch.get_num_threads())
+        if native is not None:  # its pool pins at its first call (kernels/cpu_pinning.py)
+            self.stats.sources.append(lambda: {"cpu_pinned_workers": len(native.pinned)})
         self.controller = None if cpu_fraction is not None else self._make_controller(mode, top_k)
         self._timer = DeviceTimer(device)
         self._turn = 0  # rotates ties among equally loaded misses (no expert always on the CPU)

@@ -176,7 +176,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         share = CpuShare(self.store, kernel, len(self._seen), quota, self.device, prompt_rows=self._prompt_rows)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
-        self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1]})
+        self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1],
+                                           "cpu_pinned_workers": len(kernel.pinned)})
         return share
 
     def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
