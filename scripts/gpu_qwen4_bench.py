@@ -153,7 +153,8 @@ def run_config(
                 "device_in_use_gib": (total - free) / 2**30, "slots": rt.plan.num_slots, "load_s": load_s,
                 "cpu_ms_per_token": r["decode_moe"].get("cpu_ms_per_token"), **step_spread(r),
                 **host_summary(r.get("decode_host", {}), r["decode_tokens_timed"]),
-                "busy_threads": r.get("decode_busy_threads", []), "cpu_pinned_workers": llm.stats()["moe"].get("cpu_pinned_workers", 0),
+                "busy_threads": r.get("decode_busy_threads", []),
+                "cpu_pinned_workers": llm.stats()["moe"].get("cpu_pinned_workers", 0),
                 **ple_per_token(llm, before, r["decode_tokens_timed"]), **quota(llm), "raw": r,
             })
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "raw"}), flush=True)
