@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from edgemoe.kernels.cpu_pinning import task_texts
+
 # /proc/stat's "cpu" line, in order (USER_HZ ticks since boot).
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 # /proc/vmstat counters of the kernel working on memory: page reclaim and compaction.
@@ -39,29 +41,22 @@ def _context_switches() -> dict[str, int]:
     """This process's threads' context switches, summed: involuntary ones mean a runnable
     thread was taken off its core (more runnable threads than cores)."""
     voluntary = involuntary = 0
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith("voluntary_ctxt_switches"):
-                    voluntary += int(line.split()[1])
-                elif line.startswith("nonvoluntary_ctxt_switches"):
-                    involuntary += int(line.split()[1])
-        except OSError:  # a thread that ended meanwhile
-            continue
+    for status in task_texts("status").values():
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches"):
+                voluntary += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches"):
+                involuntary += int(line.split()[1])
     return {"ctx_switches_voluntary": voluntary, "ctx_switches_involuntary": involuntary}
 
 
 def thread_ticks() -> dict[str, int]:
     """Each of this process's threads' CPU time (user + system ticks), by "tid name"."""
     out: dict[str, int] = {}
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:  # a thread that ended meanwhile
-            continue
+    for tid, stat in task_texts("stat").items():
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
-        out[f"{task.name} {name}"] = int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
+        out[f"{tid} {name}"] = int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
     return out
 
 

@@ -135,7 +135,9 @@ def blocking_wait() -> bool:
     spin, the bell thread and the C pool's workers (Qwen3.8 on 16 cores:
     docs/benchmarks.md) — so any other thread takes a core from a worker. With overlap the
     wake-up's latency (tens of µs) is hidden behind the next step; without it, it adds to
-    every step. Off by default until measured on the GPU machine."""
+    every step. Off: measured on the GPU machine (docs/benchmarks.md "Pinned CPU workers")
+    it gained nothing once the C pool's workers were pinned. Read at each step, so one
+    engine can A/B it (`gpu_qwen4_bench.py --alternate-env`)."""
     return os.environ.get("EDGEMOE_BLOCKING_WAIT", "0") == "1"
 
 

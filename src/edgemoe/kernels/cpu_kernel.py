@@ -11,7 +11,7 @@ cores this process may use). They spin `spin_us` after a call for the next one, 
 sleep, so they neither burn a core between layers for long nor wait on torch's
 OpenMP pool; torch's pool is idle while a call runs (the call blocks its caller).
 `EDGEMOE_CPU_SPIN_US` sets the default spin (a decode step's layers come every few
-hundred µs: a longer spin trades an idle core's time for the wake-up's latency);
+hundred µs: a longer spin trades an idle core's time for the wake-up's latency).
 The workers are pinned one to a core unless `EDGEMOE_CPU_PIN=0` (`cpu_pinning.py`).
 """
 
@@ -98,7 +98,8 @@ class CpuExperts:
         # NOTE: worker threads do not survive fork(): a child builds its own pool.
         if self._pool is None or self._pid != os.getpid():
             self.pinned = {}  # a forked child's copy names its parent's threads
-            pin = cpu_pinning.pin_wanted() and os.path.isdir("/proc/self/task")
+            mode = cpu_pinning.pin_mode()
+            pin = cpu_pinning.pin_wanted(mode) and os.path.isdir("/proc/self/task")
             with _creating:  # the new threads are told apart by who started since `before`
                 before = cpu_pinning.thread_ids() if pin else set()
                 self._pool = self._lib.em_create(self.threads, self.spin_us)
@@ -106,12 +107,11 @@ class CpuExperts:
                     raise MemoryError("CPU expert thread pool")
                 self._pid = os.getpid()
                 if pin:
-                    self._pin(cpu_pinning.new_workers(before, self.threads - 1))
+                    self._pin(cpu_pinning.new_workers(before, self.threads - 1), all_or_none=mode == "auto")
         return self._pool
 
-    def _pin(self, workers: set[int]) -> None:
-        forced = cpu_pinning.pin_mode() == "on"
-        self.pinned = cpu_pinning.pin_workers(workers, all_or_none=not forced)
+    def _pin(self, workers: set[int], all_or_none: bool) -> None:
+        self.pinned = cpu_pinning.pin_workers(workers, all_or_none)
         if self.pinned:
             log.info("CPU expert pool: %d workers pinned to CPUs %s", len(self.pinned), sorted(self.pinned.values()))
         elif workers:

@@ -44,9 +44,9 @@ def pin_mode() -> str:
     return modes[value]
 
 
-def pin_wanted() -> bool:
-    """Whether a new pool should try to pin: forced on, or auto with the pool sized by the engine."""
-    mode = pin_mode()
+def pin_wanted(mode: str) -> bool:
+    """Whether a new pool should try to pin in `mode` (`pin_mode()`): forced on, or auto
+    with the pool sized by the engine."""
     return mode == "on" or (mode == "auto" and not os.environ.get(THREADS_ENV))
 
 
@@ -55,16 +55,21 @@ def thread_ids() -> set[int]:
     return {int(t.name) for t in Path(f"/proc/{os.getpid()}/task").iterdir()}
 
 
-def named_threads(name: str, among: set[int] | None = None) -> set[int]:
-    """Thread ids whose name is `name` (optionally only those in `among`)."""
-    found = set()
+def task_texts(filename: str, among: set[int] | None = None) -> dict[int, str]:
+    """{thread id: its /proc/<pid>/task/<tid>/<filename>} for this process's threads (or
+    those in `among`); a thread that ended meanwhile is left out."""
+    texts = {}
     for tid in thread_ids() if among is None else among:
         try:
-            if Path(f"/proc/{os.getpid()}/task/{tid}/comm").read_text().strip() == name:
-                found.add(tid)
-        except OSError:  # a thread that ended meanwhile
+            texts[tid] = Path(f"/proc/{os.getpid()}/task/{tid}/{filename}").read_text()
+        except OSError:
             continue
-    return found
+    return texts
+
+
+def named_threads(name: str, among: set[int] | None = None) -> set[int]:
+    """Thread ids whose name is `name` (optionally only those in `among`)."""
+    return {tid for tid, comm in task_texts("comm", among).items() if comm.strip() == name}
 
 
 def new_workers(before: set[int], count: int, timeout: float = 2.0) -> set[int]:
