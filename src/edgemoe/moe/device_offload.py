@@ -192,6 +192,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         levels = [quota_rows(level, num_layers) for level in range(self.controller.max_level + 1)]
         self._quota_levels = torch.tensor(levels, dtype=torch.int64, device=self.device)
         self._level = -1
+        self._sample: tuple[torch.Tensor, int] | None = None  # the informed start's: (misses then, decode steps since)
         self.graph_variants = (PLAIN, SHARE)
         self._apply_level(start)
         self.stats.sources.append(self.controller.snapshot)
@@ -214,7 +215,42 @@ class DeviceOffloadExecutor(CellsExecutor):
             return
         assert share is not None
         taken = decode_batch if decode_batch is not None and decode_batch <= share.rows else None
-        self._apply_level(self.controller.step(now, taken))
+        self.controller.step(now, taken)
+        if self.controller.predicted is None:
+            self._sample_start(taken is not None)
+        self._apply_level(self.controller.level)
+
+    def _sample_start(self, decode: bool) -> None:
+        """The informed start's sample (`QuotaController.inform`): the misses of consecutive
+        decode steps the share takes, from a device snapshot at the first (stream-ordered,
+        no read) to one read once the controller has a window and the sample as many steps.
+        Any other step restarts it: a prompt chunk's misses are not a decode step's."""
+        if not decode:
+            self._sample = None
+        elif self._sample is None:
+            self._sample = (self._misses_so_far(), 0)
+        else:
+            base, steps = self._sample[0], self._sample[1] + 1  # the steps queued since the snapshot
+            self._sample = (base, steps)
+            if self.controller.windows and steps >= self.controller.window:  # type: ignore[union-attr]
+                self._inform(base, steps)
+
+    def _misses_so_far(self) -> torch.Tensor:
+        """Every miss so far, the CPU's included: a device scalar (no read)."""
+        return self.cache.counts[:, 1].sum() + self.cpu_share.cpu_counts.sum()  # type: ignore[union-attr]
+
+    def _inform(self, base: torch.Tensor, steps: int) -> None:
+        """The controller's informed start from the sample: m (misses a layer a decode step),
+        a copy's seconds (the share's device rate: the expert's bytes at `DEVICE_GBPS`; no
+        measured link rate here, since replayed steps time no copies) and a CPU expert's at
+        one token (the share's fit of its calls so far: fixed + one pair)."""
+        share = self.cpu_share
+        assert share is not None and self.controller is not None
+        misses = int((self._misses_so_far() - base).item())  # NOTE: the one device read: waits for the queued steps
+        share.refit_rates()
+        fixed, per_pair, device = share.rate_ns
+        self._sample = None
+        self.controller.inform(misses / (steps * self.cache.counts.shape[0]), device * 1e-9, (fixed + per_pair) * 1e-9)
 
     def _share_rule(self, x: torch.Tensor) -> tuple[CpuShare | None, int]:
         """The share and its pick for this step, or (None, 0): a decode step of a live quota

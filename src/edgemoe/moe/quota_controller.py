@@ -32,7 +32,21 @@ controller hill-climbs on the median period of a window of steps:
 Figures older than the last move are stale: a level's time depends on the cache, which
 the split itself shapes, so only figures measured around the current level are compared.
 
-Torch-free: the executor turns levels into its quota tensor (`quota_rows`).
+The informed start (`inform`, once): climbing from the start alone took Qwen3.8 ~100–200
+decode steps, and a fresh engine's first request ran slow meanwhile. After the first
+window the executor measures what the balance needs: m, the misses a layer a decode step
+(the CPU's included), a copy's seconds (t_link: an expert's bytes over the link) and a
+CPU expert's at one token (t_cpu, the share's fitted rate). The CPU and the link finish
+together at q* = m·t_link / (t_link + t_cpu) experts a layer; the controller measures
+that level next, as a candidate against the current centre (the start), and centres the
+search there when it beats the centre by `margin` — else it goes back and climbs as
+before. A candidate rather than a plain jump so that auto (start 0: offload) can never
+settle slower than offload on a wrong prediction: the predicted level must win a window
+against level 0 first. For hybrid (start one expert a layer) it is the jump whenever the
+prediction is any good. Either way the hill-climb refines from where it lands.
+
+Torch-free: the executor turns levels into its quota tensor (`quota_rows`) and gathers
+the informed start's numbers.
 """
 
 from __future__ import annotations
@@ -53,10 +67,21 @@ def quota_rows(level: int, num_layers: int) -> list[int]:
     return [(level + layer % QUARTERS) // QUARTERS for layer in range(num_layers)]
 
 
+def balance_level(misses: float, link_s: float, cpu_s: float, max_level: int) -> int:
+    """The level where a layer's CPU experts take as long as its copies of the rest:
+    q·t_cpu = (m − q)·t_link, so q* = m·t_link / (t_link + t_cpu), in quarters, within
+    0..max_level. `misses`: m, a layer's misses a decode step; `link_s`, `cpu_s`: one
+    expert's copy and one CPU expert at one token, seconds."""
+    if link_s + cpu_s <= 0.0:
+        return 0
+    return min(max(round(QUARTERS * misses * link_s / (link_s + cpu_s)), 0), max_level)
+
+
 @dataclass
 class QuotaController:
     """`max_level`: the highest level (QUARTERS x top-k: every miss on the CPU); `start`:
-    the first level; `label`: the backend, for the log line."""
+    the first level; `label`: the backend, for the log line. `step` each step; `inform`
+    once, with the rates (the informed start, above)."""
 
     max_level: int
     start: int = 0
@@ -77,6 +102,8 @@ class QuotaController:
     _held: int = field(init=False, default=0)
     _chosen: int | None = field(init=False, default=None)
     _heading: int = field(init=False, default=0)  # +1 / -1: the direction of the last move; 0: none
+    predicted: int | None = field(init=False, default=None)  # the informed start's level (`inform`)
+    _candidate: int | None = field(init=False, default=None)  # the predicted level, until its window is judged
 
     def __post_init__(self) -> None:
         if self.max_level < 0 or not 0 <= self.start <= self.max_level:
@@ -110,8 +137,42 @@ class QuotaController:
             self.figures = {self._home: period}
         self._go(self._next())
 
+    def inform(self, misses: float, link_s: float, cpu_s: float) -> int:
+        """The informed start (once; later calls change nothing): measure the balance level
+        (`balance_level`) next, as a candidate against the current centre. Returns the
+        level for the coming step."""
+        if self.predicted is not None:
+            return self.level
+        self.predicted = balance_level(misses, link_s, cpu_s, self.max_level)
+        log.info("moe %s: rates put the CPU's balance at %g experts a layer (level %d): %.2f misses a layer a "
+                 "decode step, %.3f ms a copy, %.3f ms a CPU expert (the search's centre: %g)", self.label,
+                 self.predicted / QUARTERS, self.predicted, misses, link_s * 1e3, cpu_s * 1e3, self._home / QUARTERS)
+        if self.predicted != self._home:
+            self._candidate = self.predicted
+            self.figures.pop(self.predicted, None)  # measured fresh, after the settle
+            self._held = 0  # a hold already begun gives way to the candidate
+            self._periods.clear()
+            self._go(self.predicted)
+        return self.level
+
+    def _judge_candidate(self) -> int | None:
+        """Once the predicted level has its window: the search's next level from it when it
+        beats the centre (or the centre has no figure yet), else None (its figure dropped:
+        the search goes on around the centre as if it had never been measured)."""
+        cand = self._candidate
+        if cand is None or cand not in self.figures:
+            return None
+        self._candidate = None
+        if self._home not in self.figures or self._beats(cand, self._home):
+            return self._move(cand)
+        del self.figures[cand]
+        return None
+
     def _next(self) -> int:
         """The next level to measure, or the home level to hold."""
+        judged = self._judge_candidate()
+        if judged is not None:
+            return judged
         home = self._home
         ahead = home + self._heading * self.stride
         if self._heading and ahead in self.figures and self._beats(ahead, home):
@@ -166,4 +227,5 @@ class QuotaController:
             "cpu_quota_settled": None if self._chosen is None else self._chosen / QUARTERS,
             "cpu_quota_step_ms": {f"{lv / QUARTERS:g}": round(t * 1e3, 3) for lv, t in sorted(self.figures.items())},
             "cpu_quota_windows": self.windows,
+            "cpu_quota_start_per_layer": None if self.predicted is None else self.predicted / QUARTERS,
         }
