@@ -22,7 +22,7 @@
 #   offload16    the 16 GiB offload scenario (auto backend) at 1K
 #   prefill16    issue 13's prefill targets: 8K and 32K prompts under the 16 GiB scenario, synthetic
 #                routing, $PREFILL16 backends (default offload hybrid) x $PREFILL_RUNS ("prompts:kv tokens:chunk"
-#                [:expert dtype] each, default "8192,32768:40960:8192")
+#                [:expert dtype[:flags, "+"-joined]] each, default "8192,32768:40960:8192")
 #   lend-ab      the 8K prompt in one 8K chunk and the decode after it, with the slot pool's tail lent to
 #                the chunk (EDGEMOE_LEND_SLOTS=1: more slots) and without, per $LEND_AB ($LEND_BACKEND, $LEND_DECODE)
 #   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
@@ -92,12 +92,12 @@ run_stage() {
     offload16) decode --gpu-memory 16GiB --kv-tokens 8192 --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 32 \
                  --out "$res/offload16" ;;
     prefill16) for backend in ${PREFILL16:-offload hybrid}; do
-                 for spec in ${PREFILL_RUNS:-8192,32768:40960:8192}; do  # prompts:kv tokens:chunk[:expert dtype]
-                   IFS=: read -r prompts kv chunk dtype <<< "$spec"
-                   echo "== $backend, prompts $prompts, kv $kv, chunks of $chunk, experts ${dtype:-bf16}"
+                 for spec in ${PREFILL_RUNS:-8192,32768:40960:8192}; do  # prompts:kv tokens:chunk[:expert dtype[:flags]]
+                   IFS=: read -r prompts kv chunk dtype flags <<< "$spec"  # flags: "+"-joined, e.g. --expert-preload+off
+                   echo "== $backend, prompts $prompts, kv $kv, chunks of $chunk, experts ${dtype:-bf16} ${flags:-}"
                    decode --gpu-memory 16GiB --kv-tokens "$kv" --routing synthetic --moe-backend "$backend" \
                      --expert-dtype "${dtype:-bf16}" --prompt-tokens ${prompts//,/ } --batch-sizes 1 --decode-tokens 8 \
-                     --max-prefill-tokens "$chunk" --out "$res/prefill16"
+                     --max-prefill-tokens "$chunk" ${flags//+/ } --out "$res/prefill16"
                  done
                done ;;
     lend-ab) for lend in ${LEND_AB:-0 1}; do  # EDGEMOE_LEND_SLOTS: the slot pool's tail lent to long chunks, or not

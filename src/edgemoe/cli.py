@@ -67,6 +67,14 @@ def _flag_type(annotation: Any) -> type:
     return str
 
 
+def prompt_shape(text: str) -> tuple[int, int]:
+    """argparse type: "TOKENSxEXPERTS" (e.g. 32x16) → (tokens, experts a call)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"a prompt shape is TOKENSxEXPERTS, e.g. 32x16 (got {text!r})")
+    return int(parts[0]), int(parts[1])
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (argparse names the flag and exits 2 otherwise)."""
     try:
@@ -223,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--hidden", type=int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
     bw.add_argument("--intermediate", type=int, default=768, help="expert shape: intermediate size I")
     bw.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
+    bw.add_argument("--prompt-shapes", nargs="*", type=prompt_shape, default=[(32, 16), (16, 32)],
+                    metavar="TOKENSxEXPERTS",
+                    help="prompt-shaped calls on the blocked kernels: tokens each x experts a call (a prompt chunk's "
+                         "CPU share of a layer; default: %(default)s); none: skip")
     bw.add_argument("--out", default="bench/results", help="result folder")
     _format_all(parser)
     return parser

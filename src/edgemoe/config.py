@@ -145,6 +145,13 @@ class MoEConfig:
         "miss list back; eager)",
         ("gather", "copy"),
     )
+    expert_preload: str = setting(
+        "auto",
+        "offload/hybrid/cpu: fill the expert slots at start-up, each MoE layer an equal share, so the first "
+        "prompt finds that share resident instead of copying every expert it routes to: on, off, or auto = on "
+        "unless --expert-store mmap (the preload would read GBs from disk at start-up)",
+        ("auto", "on", "off"),
+    )
     moe_prefetch: str = setting(
         "off",
         "decode prefetch with the device expert cache: during each MoE layer, predict the next layer's experts "

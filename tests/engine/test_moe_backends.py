@@ -49,8 +49,10 @@ def test_backend_gives_resident_tokens(qwen3_ckpt, resident_tokens, settings) ->
         assert moe["experts_cpu"] > 0
     elif settings["moe_backend"] == "hybrid":  # the controller's split: whatever it chose, accounted
         assert moe["split"]["layers"] > 0 and moe["experts_cpu"] == round(moe["split"]["cpu_share"] * moe["split"]["misses"])
-    else:
+    elif settings["moe_slots"] < EXPERTS * MOE_LAYERS:
         assert moe["bytes_copied"] > 0
+    else:  # a pool for every expert: the start-up preload (--expert-preload auto) holds them all
+        assert moe["bytes_copied"] == 0 and moe["preloaded_experts"] == EXPERTS * MOE_LAYERS
 
 
 def test_slots_below_top_k_are_refused(qwen3_ckpt) -> None:  # noqa: ANN001
@@ -212,3 +214,18 @@ def test_streamed_prefill_gives_resident_tokens(qwen3_ckpt, resident_tokens, mon
         moe = llm.stats()["moe"]
     assert got == resident_tokens
     assert moe["streamed_chunks"] >= 2 and moe["misses"] > 0
+
+
+@pytest.mark.parametrize("cache", ["host", "device"])
+def test_preloaded_slots_keep_the_tokens_and_save_misses(qwen3_ckpt, resident_tokens, cache: str) -> None:  # noqa: ANN001
+    slots = EXPERTS * MOE_LAYERS // 2
+    cold_tokens, cold = _run(qwen3_ckpt, moe_backend="offload", moe_slots=slots, expert_cache=cache,
+                             expert_preload="off")
+    tokens, warm = _run(qwen3_ckpt, moe_backend="offload", moe_slots=slots, expert_cache=cache)  # auto: on
+    assert tokens == cold_tokens == resident_tokens
+    assert warm["preloaded_experts"] == slots and "preloaded_experts" not in cold
+    assert warm["misses"] < cold["misses"]
+    _, mapped = _run(qwen3_ckpt, moe_backend="offload", moe_slots=slots, expert_store="mmap")
+    assert "preloaded_experts" not in mapped  # auto: an mmap store would read from disk at start-up
+    with pytest.raises(ValueError, match="expert-preload|expert_preload"):
+        _run(qwen3_ckpt, moe_backend="offload", moe_slots=slots, expert_preload="yes")

@@ -9,6 +9,8 @@
   and one wait, and an eager one waits once too (the host cache waits per MoE layer).
 - `--routing synthetic`: the host-drawn ids staged in a static device buffer replay from
   graphs with the eager runs' tokens, draws and cache counts (padding rows included).
+- slots preloaded at start-up (`--expert-preload`): the same tokens, fewer misses, the
+  host cache's decisions;
 - a pool smaller than a token's working set (the scan-resistant `lru` against `lru-plain`):
   the fused plan decides as `SlotCache` does, wave by wave, at Qwen3-30B-A3B's 8 GiB shape
   (48 x 8 through 276 slots), and the engine's greedy tokens do not depend on the policy.
@@ -125,6 +127,21 @@ def test_graph_captured_device_cache_gives_the_host_cache_tokens(small_ckpt, slo
     # Padding rows route nothing on either path, so the decisions and counts are the same.
     for key in ("hits", "misses", "bytes_copied", "hit_rate_by_layer"):
         assert dev[key] == host[key], key
+
+
+@pytest.mark.parametrize("slots", [16, ALL])
+def test_preloaded_slots_give_the_same_tokens_with_fewer_misses(small_ckpt, slots: int) -> None:  # noqa: ANN001
+    cold_tokens, cold, _ = run(small_ckpt, moe_backend="offload", moe_slots=slots, expert_cache="device",
+                               expert_preload="off")
+    tokens, warm, graphs = run(small_ckpt, moe_backend="offload", moe_slots=slots, expert_cache="device",
+                               expert_preload="on")
+    host_tokens, host, _ = run(small_ckpt, moe_backend="offload", moe_slots=slots, expert_cache="host",
+                               expert_preload="on")
+    assert graphs and tokens == cold_tokens == host_tokens
+    assert warm["preloaded_experts"] == host["preloaded_experts"] == slots and "preloaded_experts" not in cold
+    assert warm["misses"] < cold["misses"] and (warm["misses"] == 0) == (slots == ALL)
+    for key in ("hits", "misses", "bytes_copied", "hit_rate_by_layer"):
+        assert warm[key] == host[key], key
 
 
 def test_copy_engine_mover_gives_the_same_tokens(small_ckpt) -> None:  # noqa: ANN001

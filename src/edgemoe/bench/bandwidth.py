@@ -6,6 +6,9 @@
   H=2048, I=768, 9.44 MB; `--hidden`, `--intermediate`) at n = 1, 8, 32 tokens, and a layer's 8 experts at n = 1 in one call
   (batch-1 decode), per kernel variant this CPU runs, beside torch's bf16 path; the
   calls go through `moe_experts_partial_cpu`, the executors' entry point.
+- Prompt-shaped calls (`--prompt-shapes TOKENSxEXPERTS ...`, default 32x16 and 16x32):
+  many experts a call, each on many tokens — a prompt chunk's CPU share of a layer —
+  reported as GB/s of weights and TFLOP/s (6·H·I flops a token an expert).
 - Quantised experts (`--weights int8 fp8 int4`): the same cases with int8 (per-row
   scales), fp8 e4m3 (128x128 block scales) and int4 (groups of 128: fp16 scales, zero
   points) weights, GB/s of the format's bytes (scales and zero points included).
@@ -35,6 +38,20 @@ from edgemoe.quant import Parts, expert_format, expert_nbytes, expert_specs
 
 LAYER_EXPERTS = 8  # routed experts per token
 GEMM_CAPABLE = ("amx", "avx512")
+
+
+def prompt_cases(kernel: CpuExperts, shapes: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """(tokens, experts a call, path) of the prompt shapes, on kernels with a blocked path."""
+    return [(t, e, "default") for t, e in shapes] if kernel.name in GEMM_CAPABLE else []
+
+
+def add_tflops(row: dict[str, Any], hidden: int, inter: int) -> dict[str, Any]:
+    """The call's arithmetic rate beside its bytes: 6·H·I flops a token an expert."""
+    flops = 6 * hidden * inter * row["tokens"] * row["experts_per_call"]
+    for prefix in ("", "kernel_"):
+        if f"{prefix}us_per_call" in row:
+            row[f"{prefix}tflops"] = flops / (row[f"{prefix}us_per_call"] * 1e-6) / 1e12
+    return row
 
 
 def timed(fn: Callable[[int], object], min_seconds: float, min_reps: int = 5) -> tuple[float, float]:
@@ -225,7 +242,7 @@ def measure_torch_int8(experts: list[Parts], seconds: float) -> list[dict[str, A
 
 
 def measure_quant_experts(kernels: list[CpuExperts], weights: list[str], pool_bytes: int, hidden: int, inter: int,
-                          seconds: float) -> list[dict[str, Any]]:
+                          seconds: float, shapes: list[tuple[int, int]] = ()) -> list[dict[str, Any]]:
     rows = []
     for fmt_name in weights:
         experts = quant_pool(fmt_name, pool_bytes, hidden, inter)
@@ -235,13 +252,13 @@ def measure_quant_experts(kernels: list[CpuExperts], weights: list[str], pool_by
             cases = [(1, 1, "default"), (8, 1, "default"), (1, LAYER_EXPERTS, "default")]
             if kernel.name in GEMM_CAPABLE:
                 cases.append((32, 1, "blocked"))
-            for tokens, per_call, path in cases:
+            for tokens, per_call, path in cases + prompt_cases(kernel, list(shapes)):
                 saved = kernel.gemm_min_tokens
                 kernel.gemm_min_tokens = 1 if path == "blocked" else saved
                 rate = quant_expert_rate(kernel, fmt_name, experts, tokens, per_call, seconds)
                 kernel.gemm_min_tokens = saved
-                rows.append({"kernel": kernel.name, "weights": fmt_name, "tokens": tokens,
-                             "experts_per_call": per_call, "path": path, **rate})
+                rows.append(add_tflops({"kernel": kernel.name, "weights": fmt_name, "tokens": tokens,
+                                        "experts_per_call": per_call, "path": path, **rate}, hidden, inter))
     return rows
 
 
@@ -270,21 +287,23 @@ def available_kernels(threads: int | None, requested: list[str] | None) -> list[
     return kernels
 
 
-def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.Tensor], seconds: float) -> list[dict[str, Any]]:
+def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.Tensor], seconds: float,
+                    shapes: list[tuple[int, int]] = ()) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     runs = []
     for kernel in kernels:
         cases = [(1, 1, "default"), (8, 1, "default"), (32, 1, "default"), (1, LAYER_EXPERTS, "default")]
         if kernel.name in GEMM_CAPABLE:
             cases.append((8, 1, "blocked"))
-        runs += [(kernel, *case) for case in cases]
+        runs += [(kernel, *case) for case in cases + prompt_cases(kernel, list(shapes))]
     # Each case takes at least `seconds`: a bar, so the wait is visible.
     for kernel, tokens, per_call, path in tqdm(runs, desc="CPU experts", unit="case", leave=False):
         saved = kernel.gemm_min_tokens
         kernel.gemm_min_tokens = 1 if path == "blocked" else saved
         rate = expert_rate(kernel, banks, tokens, per_call, seconds)
         kernel.gemm_min_tokens = saved
-        rows.append({"kernel": kernel.name, "tokens": tokens, "experts_per_call": per_call, "path": path, **rate})
+        rows.append(add_tflops({"kernel": kernel.name, "tokens": tokens, "experts_per_call": per_call, "path": path,
+                                **rate}, banks[0].shape[2], banks[1].shape[2]))
     return rows
 
 
@@ -317,6 +336,8 @@ def copy_rates(pool_bytes: int, one_expert: int) -> dict[str, float]:
 
 def _label(row: dict[str, Any]) -> str:
     what = f"{row['experts_per_call']}×n=1 layer" if row["experts_per_call"] > 1 else f"n={row['tokens']}"
+    if row["experts_per_call"] > 1 and row["tokens"] > 1:
+        what = f"{row['experts_per_call']}×n={row['tokens']} prompt"
     weights = f" {row['weights']}" if row.get("weights", "bf16") != "bf16" else ""
     return f"{row['kernel']}{weights} {what}" + (" blocked" if row["path"] == "blocked" else "")
 
@@ -329,9 +350,11 @@ def run_bw_bench(args: argparse.Namespace) -> int:
           f"pool, {native.threads} threads); torch.sum {read['torch_sum_gb_s']:.1f} GB/s ({torch.get_num_threads()} threads)")
     banks = expert_pool(args.pool_mib * 2**20, args.hidden, args.intermediate)
     nbytes = expert_bytes(args.hidden, args.intermediate)
-    rows = measure_experts(kernels, banks, args.seconds)
+    shapes = args.prompt_shapes
+    rows = measure_experts(kernels, banks, args.seconds, shapes)
     quant = [w for w in (args.weights or []) if w != "bf16"]
-    rows += measure_quant_experts(kernels, quant, args.pool_mib * 2**20, args.hidden, args.intermediate, args.seconds)
+    rows += measure_quant_experts(kernels, quant, args.pool_mib * 2**20, args.hidden, args.intermediate, args.seconds,
+                                  shapes)
     print(f"CPU experts, H={args.hidden} I={args.intermediate} ({nbytes / 1e6:.2f} MB bf16): GB/s of weights in their "
           f"format through the executors' entry point (median, % of host read; best, % of best read), then the C "
           f"calls alone (kernel: what the device cache's CPU share gets)")
@@ -339,6 +362,8 @@ def run_bw_bench(args: argparse.Namespace) -> int:
         row["ratio_to_read"] = row["gb_s"] / read["kernel_read_gb_s"]
         row["best_ratio_to_best_read"] = row["best_gb_s"] / read["kernel_read_best_gb_s"]
         kernel = f"   kernel {row['kernel_gb_s']:7.1f} ({row['kernel_us_per_call']:.0f} µs)" if "kernel_gb_s" in row else ""
+        if row["tokens"] > 1:
+            kernel += f"   {row.get('kernel_tflops', row['tflops']):.2f} TFLOP/s"
         print(f"  {_label(row):26s} {row['gb_s']:7.1f} {row['ratio_to_read']:6.1%}   {row['best_gb_s']:7.1f} "
               f"{row['best_ratio_to_best_read']:6.1%}   {row['us_per_call']:8.0f} µs/call{kernel}")
     copies = copy_rates(min(args.pool_mib * 2**20, 2**30), nbytes) if torch.cuda.is_available() else {}

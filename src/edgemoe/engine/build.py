@@ -258,8 +258,9 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         torch_limit(0)
     host_cache = host_cache_bytes(config)
     cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
+    store_kind = host_store_kind(config.moe.expert_store, device)
     loaded = load_model(
-        source, arch, expert_store=host_store_kind(config.moe.expert_store, device), device=device,
+        source, arch, expert_store=store_kind, device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
         extra=(*(cache_row if host_cache else ()), *tables.host_rows(arch, device.type == "cuda")),
         table_alloc=tables.ple.alloc if tables.ple else ram_tables,
@@ -283,6 +284,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     lending = getattr(executor, "lending", None)
     if lending is not None and torch_limit is not None:
         lending.attach_limit(torch_limit)  # the slot banks' memory is outside torch's allocator
+    preload_slots(executor, config.moe.expert_preload, store_kind)
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()
     executor.routing = routing = make_routing(config.moe.routing, arch, max_tokens, device)
@@ -312,6 +314,20 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
         max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier, ple, overlap,
     )
+
+
+def preload_slots(executor: MoEExecutor, setting: str, store_kind: str) -> None:
+    """--expert-preload: fill the slot pool before the first request (moe/slot_preload.py)."""
+    from edgemoe.moe.device_offload import DeviceOffloadExecutor
+    from edgemoe.moe.offload import OffloadExecutor
+    from edgemoe.moe.slot_preload import preload_executor, preload_wanted
+
+    if not preload_wanted(setting, store_kind):
+        return
+    if isinstance(executor, DeviceOffloadExecutor | OffloadExecutor):
+        preload_executor(executor)
+    elif setting == "on":
+        log.warning("--expert-preload on: no slot pool to fill (every expert is resident)")
 
 
 def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch) -> None:
