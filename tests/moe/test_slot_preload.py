@@ -11,7 +11,14 @@ import torch.nn.functional as F
 
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.registry import make_executor
-from edgemoe.moe.slot_preload import layer_shares, preload_executor, preload_pool, preload_wanted, spread_experts
+from edgemoe.moe.slot_preload import (
+    layer_shares,
+    preload_executor,
+    preload_pool,
+    preload_wanted,
+    restart_pool,
+    spread_experts,
+)
 from edgemoe.moe.offload import OffloadExecutor
 from edgemoe.moe.store import BankStore
 from edgemoe.testing.moe_material import random_bank_store
@@ -97,3 +104,21 @@ def test_a_lendable_tail_stays_empty(store: BankStore) -> None:
     assert (dev.cache.slot_owners[:12] >= 0).all() and (dev.cache.slot_owners[12:] < 0).all()
     with pytest.raises(ValueError, match="cannot preload"):
         preload_pool(dev.cache, dev.slots, list(store.layers), 21)
+
+
+@pytest.mark.parametrize("cache", ["host", "device"])
+def test_restart_puts_the_start_up_pool_back(store: BankStore, cache: str) -> None:
+    fresh, used = preloaded(store, 12, cache), preloaded(store, 12, cache)
+    x, w = torch.randn(4, H), torch.full((4, K), 0.5)
+    ids = torch.tensor([[1, 3], [5, 7], [1, 5], [3, 7]], dtype=torch.int32)
+    for layer in range(L):
+        used.forward(layer, x, ids, w)
+    assert not torch.equal(used.cache.slot_map, fresh.cache.slot_map)
+    restart_pool(used)
+    assert torch.equal(used.cache.slot_map, fresh.cache.slot_map)
+    restart_pool(make_executor("resident", store, CPU, F.silu, L, 0))  # no pool: nothing to do
+    cold = make_executor("offload", store, CPU, F.silu, L, 12, expert_cache=cache)
+    for layer in range(L):
+        cold.forward(layer, x, ids, w)
+    restart_pool(cold)  # never preloaded: emptied
+    assert (cold.cache.slot_map < 0).all()

@@ -119,3 +119,17 @@ def preload_executor(executor: OffloadExecutor | DeviceOffloadExecutor) -> int:
     log.warning("expert slots preloaded: %d experts (%.1f GB, ~%d a layer) in %.2f s (--expert-preload off: "
                 "start empty)", copied, copied * executor.slots.expert_nbytes / 1e9, copied // len(layers), seconds)
     return copied
+
+
+def restart_pool(executor: object) -> None:
+    """Put an offload executor's pool back as start-up left it — emptied, and preloaded again
+    if it was — so a benchmark's warm-up request doesn't warm the cache its first measured
+    prompt meets (a fresh server's first request sees the start-up pool). No-op without a pool."""
+    from edgemoe.moe.device_offload import DeviceOffloadExecutor
+    from edgemoe.moe.offload import OffloadExecutor
+
+    if not isinstance(executor, DeviceOffloadExecutor | OffloadExecutor):
+        return
+    executor.recover()
+    if "preloaded_experts" in executor.stats.info:
+        preload_executor(executor)

@@ -3,7 +3,7 @@
  * tokens) over scale blocks (int4: groups).
  *
  * NOTE: included by expert.c after its types (em_call, em_job, em_jobstate), helpers
- * (em_store, em_silu, em_put_h) and the bf16 GEMM microkernels it reuses; not standalone.
+ * (em_store, em_silu, em_put_h_rows, em_store_rows) and the bf16 GEMM microkernels it reuses; not standalone.
  */
 #ifndef EM_QTASKS_H
 #define EM_QTASKS_H
@@ -283,9 +283,7 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
         }
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_qtile(c, rows, EM_QHALF, nv, nv, sc, s->xp, s->np, t0, (int)H, acc);
-            for (int r = 0; r < nv; r++)
-                for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
-                    em_put_h(s, i0 + r, t0 + tt, acc[r * 32 + tt], acc[(EM_QHALF + r) * 32 + tt]);
+            em_put_h_rows(s, i0, nv, t0, s->np - t0 >= 32 ? 32 : 16, acc, EM_QHALF);
         }
     }
 }
@@ -310,8 +308,7 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
         int n0 = nr < EM_QHALF ? nr : EM_QHALF, n1 = nr - n0;
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_qtile(c, rows, EM_QHALF, n0, n1, sc, s->hp, s->np, t0, (int)I, acc);
-            for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
-                for (int r = 0; r < nr; r++) em_store(c, jb, t0 + tt, r0 + r, acc[r * 32 + tt]);
+            em_store_rows(c, jb, s, acc, t0, 32, r0, nr);
         }
     }
 }

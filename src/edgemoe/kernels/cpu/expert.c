@@ -232,9 +232,9 @@ static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *
 
 /* ---- GEMM path ---- */
 
-static inline void em_put_h(const em_jobstate *s, int64_t i, int t, float g, float u) {
-    ((uint16_t *)s->hp)[((i >> 1) * s->np + t) * 2 + (i & 1)] = em_f32_to_bf16(em_silu(g) * u);
-}
+#if EM_HAS_GEMM
+#include "em_epilogue.h" /* the vector epilogues (uses the types above) */
+#endif
 
 #if defined(EM_ISA_AMX)
 static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
@@ -245,9 +245,7 @@ static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstat
     for (int t0 = 0; t0 < s->np; t0 += 32) {
         int two = s->np - t0 > 16;
         em_amx_2x2(gu + i0 * c->H, nv, gu + (c->I + i0) * c->H, nv, c->H, s->xp, s->np, t0, two, c->H, tmp);
-        for (int r = 0; r < nv; r++)
-            for (int tt = 0; tt < (two ? 32 : 16) && t0 + tt < s->n; tt++)
-                em_put_h(s, i0 + r, t0 + tt, tmp[r * 32 + tt], tmp[(16 + r) * 32 + tt]);
+        em_put_h_rows(s, i0, nv, t0, two ? 32 : 16, tmp, 16);
     }
 }
 
@@ -262,10 +260,7 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
     for (int t0 = 0; t0 < s->np; t0 += 32) {
         int two = s->np - t0 > 16;
         em_amx_2x2(dn + r0 * c->I, n0, a1, n1, c->I, s->hp, s->np, t0, two, c->I, tmp);
-        for (int tt = 0; tt < (two ? 32 : 16) && t0 + tt < s->n; tt++) {
-            for (int r = 0; r < n0; r++) em_store(c, jb, t0 + tt, r0 + r, tmp[r * 32 + tt]);
-            for (int r = 0; r < n1; r++) em_store(c, jb, t0 + tt, r0 + 16 + r, tmp[(16 + r) * 32 + tt]);
-        }
+        em_store_rows(c, jb, s, tmp, t0, two ? 32 : 16, r0, n0 + n1); /* n1 > 0 only when n0 is 16 */
     }
 }
 #elif defined(EM_ISA_AVX512)
@@ -291,9 +286,7 @@ static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstat
         }
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_gemm12(w, s->xp, s->np, t0, (int)H, tmp);
-            for (int j = 0; j < nv; j++)
-                for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
-                    em_put_h(s, i + j, t0 + tt, tmp[j * 32 + tt], tmp[(EM_GR / 2 + j) * 32 + tt]);
+            em_put_h_rows(s, i, nv, t0, s->np - t0 >= 32 ? 32 : 16, tmp, EM_GR / 2);
         }
     }
 }
@@ -308,8 +301,7 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
         for (int j = 0; j < EM_GR; j++) w[j] = dn + (r + (j < nr ? j : 0)) * c->I;
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_gemm12(w, s->hp, s->np, t0, c->I, tmp);
-            for (int tt = 0; tt < 32 && t0 + tt < s->n; tt++)
-                for (int j = 0; j < nr; j++) em_store(c, jb, t0 + tt, r + j, tmp[j * 32 + tt]);
+            em_store_rows(c, jb, s, tmp, t0, 32, r, nr);
         }
     }
 }
