@@ -17,6 +17,10 @@
 
 #include <immintrin.h>
 
+#ifndef EM_VEC_EPILOGUE
+#define EM_VEC_EPILOGUE 1 /* 0: one value at a time (libm expf, em_store): the A/B's other arm */
+#endif
+
 /* e^x for 16 lanes: 2^n · e^(f·ln2), f = x·log2(e) − n in [−0.5, 0.5], a degree-6 Taylor
  * polynomial (relative error < 2e-7 there; x·log2(e)'s own rounding adds < 1e-5 at
  * |x| = 88) — far below the bf16 rounding every h takes next. Overflow → inf, underflow
@@ -45,6 +49,13 @@ static inline __m512 em_swiglu16(__m512 g, __m512 u) {
  * columns): gate row r at tile[r * 32 + tt], up row r at tile[(up + r) * 32 + tt]. A row
  * without a partner (nv odd: the last row of an odd I) pairs with zeros, as the pack left. */
 static inline void em_put_h_rows(const em_jobstate *s, int64_t i0, int nv, int t0, int nt, const float *tile, int up) {
+    if (!EM_VEC_EPILOGUE) {
+        for (int r = 0; r < nv; r++)
+            for (int tt = 0; tt < nt; tt++)
+                ((uint16_t *)s->hp)[(((i0 + r) >> 1) * s->np + t0 + tt) * 2 + ((i0 + r) & 1)] =
+                    em_f32_to_bf16(em_silu(tile[r * 32 + tt]) * tile[(up + r) * 32 + tt]);
+        return;
+    }
     for (int r = 0; r < nv; r += 2) {
         uint32_t *dst = s->hp + ((i0 + r) >> 1) * s->np + t0;
         for (int tt = 0; tt < nt; tt += 16) {
@@ -65,6 +76,10 @@ static inline void em_store_rows(const em_call *c, const em_job *jb, const em_jo
     const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32(32));
     for (int tt = 0; tt < nt && t0 + tt < s->n; tt++) {
+        if (!EM_VEC_EPILOGUE) {
+            for (int r = 0; r < nr; r++) em_store(c, jb, t0 + tt, r0 + r, tile[r * 32 + tt]);
+            continue;
+        }
         const int t = t0 + tt;
         const int64_t orow = jb->out_rows ? ((const int32_t *)(intptr_t)jb->out_rows)[t] : t;
         const __m512 sc = _mm512_set1_ps(jb->scale ? ((const float *)(intptr_t)jb->scale)[t] : 1.0f);
