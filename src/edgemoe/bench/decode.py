@@ -300,6 +300,9 @@ def _allocator_note(alloc: dict[str, Any] | None) -> str:
             f"{alloc['num_device_free']} cudaFree, reserved peak {alloc['reserved_peak_gib']:.2f} GiB")
 
 
+WARMUP_CHUNK = 600  # tokens of the warm-up's prompt-sized request
+
+
 def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
     from edgemoe.moe.slot_preload import restart_pool
@@ -309,8 +312,13 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     with LLM(progress=True, **settings) as llm:
         load_s = time.perf_counter() - t0
         print(f"engine built in {load_s:.1f} s")
-        measure(llm, 16, 1, 4, seed=0)  # warm-up: first-call allocations and kernel selection
-        restart_pool(llm.engine.runtime.executor)  # the first measured prompt meets the start-up pool
+        # Warm-up: first-call allocations and kernel selection, for decode steps and for a prompt
+        # chunk (past a decode step's rows, below a streamed chunk: the CPU share's prompt rule).
+        measure(llm, 16, 1, 4, seed=0)
+        runtime = llm.engine.runtime
+        if (chunk := min(WARMUP_CHUNK, runtime.max_model_len, runtime.plan.kv_tokens) - 8) > 16:
+            measure(llm, chunk, 1, 2, seed=0)
+        restart_pool(runtime.executor)  # the first measured prompt meets the start-up pool
         runs = [(n, b) for n in args.prompt_tokens for b in args.batch_sizes]
         for seed, (n, b) in enumerate(runs, start=1):
             rows.append(measure(llm, n, b, args.decode_tokens, seed=seed, profile_steps=args.profile_steps if args.profile else 0))
