@@ -42,6 +42,7 @@ from edgemoe.moe.pinning import CudaRegistrar
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.routing_spec import ROUTER, parse_routing
 from edgemoe.moe.routing_trace import RoutingTrace
+from edgemoe.moe.slot_preload import preload_at_start
 from edgemoe.moe.synthetic_routing import SyntheticRouting
 from edgemoe.ple.store import PleStore
 from edgemoe.profiling import StepProfiler
@@ -284,7 +285,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     lending = getattr(executor, "lending", None)
     if lending is not None and torch_limit is not None:
         lending.attach_limit(torch_limit)  # the slot banks' memory is outside torch's allocator
-    preload_slots(executor, config.moe.expert_preload, store_kind)
+    preload_at_start(executor, config.moe.expert_preload, store_kind)
     executor.profiler = profiler
     executor.trace = trace = RoutingTrace()
     executor.routing = routing = make_routing(config.moe.routing, arch, max_tokens, device)
@@ -314,20 +315,6 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         source, source.model_dir, tokenizer, model, executor, pool, table, attention, runner, profiler, device,
         max_len, plan, trace, sched, routing.label if routing else ROUTER, states, host_tier, ple, overlap,
     )
-
-
-def preload_slots(executor: MoEExecutor, setting: str, store_kind: str) -> None:
-    """--expert-preload: fill the slot pool before the first request (moe/slot_preload.py)."""
-    from edgemoe.moe.device_offload import DeviceOffloadExecutor
-    from edgemoe.moe.offload import OffloadExecutor
-    from edgemoe.moe.slot_preload import preload_executor, preload_wanted
-
-    if not preload_wanted(setting, store_kind):
-        return
-    if isinstance(executor, DeviceOffloadExecutor | OffloadExecutor):
-        preload_executor(executor)
-    elif setting == "on":
-        log.warning("--expert-preload on: no slot pool to fill (every expert is resident)")
 
 
 def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch) -> None:

@@ -121,15 +121,30 @@ def preload_executor(executor: OffloadExecutor | DeviceOffloadExecutor) -> int:
     return copied
 
 
+def has_pool(executor: object) -> bool:
+    """Whether `executor` caches experts in a slot pool (offload, hybrid, cpu; either cache)."""
+    from edgemoe.moe.device_offload import DeviceOffloadExecutor
+    from edgemoe.moe.offload import OffloadExecutor
+
+    return isinstance(executor, DeviceOffloadExecutor | OffloadExecutor)
+
+
 def restart_pool(executor: object) -> None:
     """Put an offload executor's pool back as start-up left it — emptied, and preloaded again
     if it was — so a benchmark's warm-up request doesn't warm the cache its first measured
     prompt meets (a fresh server's first request sees the start-up pool). No-op without a pool."""
-    from edgemoe.moe.device_offload import DeviceOffloadExecutor
-    from edgemoe.moe.offload import OffloadExecutor
-
-    if not isinstance(executor, DeviceOffloadExecutor | OffloadExecutor):
+    if not has_pool(executor):
         return
-    executor.recover()
-    if "preloaded_experts" in executor.stats.info:
-        preload_executor(executor)
+    executor.recover()  # type: ignore[attr-defined]
+    if "preloaded_experts" in executor.stats.info:  # type: ignore[attr-defined]
+        preload_executor(executor)  # type: ignore[arg-type]
+
+
+def preload_at_start(executor: object, setting: str, store_kind: str) -> None:
+    """--expert-preload at engine build: fill the pool of an executor that has one."""
+    if not preload_wanted(setting, store_kind):
+        return
+    if has_pool(executor):
+        preload_executor(executor)  # type: ignore[arg-type]
+    elif setting == "on":
+        log.warning("--expert-preload on: no slot pool to fill (every expert is resident)")
