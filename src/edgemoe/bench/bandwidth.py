@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ LAYER_EXPERTS = 8  # routed experts per token
 GEMM_CAPABLE = ("amx", "avx512")
 
 
-def prompt_cases(kernel: CpuExperts, shapes: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
+def prompt_cases(kernel: CpuExperts, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, str]]:
     """(tokens, experts a call, path) of the prompt shapes, on kernels with a blocked path."""
     return [(t, e, "default") for t, e in shapes] if kernel.name in GEMM_CAPABLE else []
 
@@ -242,7 +242,7 @@ def measure_torch_int8(experts: list[Parts], seconds: float) -> list[dict[str, A
 
 
 def measure_quant_experts(kernels: list[CpuExperts], weights: list[str], pool_bytes: int, hidden: int, inter: int,
-                          seconds: float, shapes: list[tuple[int, int]] = ()) -> list[dict[str, Any]]:
+                          seconds: float, shapes: Sequence[tuple[int, int]] = ()) -> list[dict[str, Any]]:
     rows = []
     for fmt_name in weights:
         experts = quant_pool(fmt_name, pool_bytes, hidden, inter)
@@ -252,7 +252,7 @@ def measure_quant_experts(kernels: list[CpuExperts], weights: list[str], pool_by
             cases = [(1, 1, "default"), (8, 1, "default"), (1, LAYER_EXPERTS, "default")]
             if kernel.name in GEMM_CAPABLE:
                 cases.append((32, 1, "blocked"))
-            for tokens, per_call, path in cases + prompt_cases(kernel, list(shapes)):
+            for tokens, per_call, path in cases + prompt_cases(kernel, shapes):
                 saved = kernel.gemm_min_tokens
                 kernel.gemm_min_tokens = 1 if path == "blocked" else saved
                 rate = quant_expert_rate(kernel, fmt_name, experts, tokens, per_call, seconds)
@@ -288,14 +288,14 @@ def available_kernels(threads: int | None, requested: list[str] | None) -> list[
 
 
 def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.Tensor], seconds: float,
-                    shapes: list[tuple[int, int]] = ()) -> list[dict[str, Any]]:
+                    shapes: Sequence[tuple[int, int]] = ()) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     runs = []
     for kernel in kernels:
         cases = [(1, 1, "default"), (8, 1, "default"), (32, 1, "default"), (1, LAYER_EXPERTS, "default")]
         if kernel.name in GEMM_CAPABLE:
             cases.append((8, 1, "blocked"))
-        runs += [(kernel, *case) for case in cases + prompt_cases(kernel, list(shapes))]
+        runs += [(kernel, *case) for case in cases + prompt_cases(kernel, shapes)]
     # Each case takes at least `seconds`: a bar, so the wait is visible.
     for kernel, tokens, per_call, path in tqdm(runs, desc="CPU experts", unit="case", leave=False):
         saved = kernel.gemm_min_tokens
@@ -350,11 +350,10 @@ def run_bw_bench(args: argparse.Namespace) -> int:
           f"pool, {native.threads} threads); torch.sum {read['torch_sum_gb_s']:.1f} GB/s ({torch.get_num_threads()} threads)")
     banks = expert_pool(args.pool_mib * 2**20, args.hidden, args.intermediate)
     nbytes = expert_bytes(args.hidden, args.intermediate)
-    shapes = args.prompt_shapes
-    rows = measure_experts(kernels, banks, args.seconds, shapes)
+    rows = measure_experts(kernels, banks, args.seconds, args.prompt_shapes)
     quant = [w for w in (args.weights or []) if w != "bf16"]
     rows += measure_quant_experts(kernels, quant, args.pool_mib * 2**20, args.hidden, args.intermediate, args.seconds,
-                                  shapes)
+                                  args.prompt_shapes)
     print(f"CPU experts, H={args.hidden} I={args.intermediate} ({nbytes / 1e6:.2f} MB bf16): GB/s of weights in their "
           f"format through the executors' entry point (median, % of host read; best, % of best read), then the C "
           f"calls alone (kernel: what the device cache's CPU share gets)")

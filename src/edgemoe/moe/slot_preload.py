@@ -59,6 +59,12 @@ def spread_experts(count: int, num_experts: int) -> list[int]:
     return [i * num_experts // count for i in range(count)]
 
 
+def layer_picks(layers: list[int], fill: int, num_experts: int) -> list[tuple[int, list[int]]]:
+    """(layer, the experts it preloads) for each of `layers` with a share of `fill` slots."""
+    shares = layer_shares(fill, len(layers), num_experts)
+    return [(layer, spread_experts(n, num_experts)) for layer, n in zip(layers, shares, strict=True) if n]
+
+
 def preload_pool(cache: DeviceSlotCache, slots: SlotBanks, layers: list[int], fill: int) -> int:
     """Plan and copy each of `layers`' share of the first `fill` slots (into an empty pool;
     a layer index is the cache's and the store's, as in the executor); returns the experts
@@ -70,11 +76,9 @@ def preload_pool(cache: DeviceSlotCache, slots: SlotBanks, layers: list[int], fi
     cache.mark_events = False
     copied = 0
     try:
-        for layer, share in zip(layers, layer_shares(fill, len(layers), cache.num_experts), strict=True):
-            if not share:
-                continue
-            experts = torch.tensor(spread_experts(share, cache.num_experts), dtype=torch.int32, device=cache.device)
-            misses = cache.plan_wave(layer, experts.view(-1, 1)).misses.cpu()
+        for layer, experts in layer_picks(layers, fill, cache.num_experts):
+            ids = torch.tensor(experts, dtype=torch.int32, device=cache.device)
+            misses = cache.plan_wave(layer, ids.view(-1, 1)).misses.cpu()
             pairs = [(e, s) for e, s in zip(misses[0].tolist(), misses[1].tolist(), strict=True) if e >= 0]
             slots.copy_in(layer, pairs)
             copied += len(pairs)
@@ -89,10 +93,8 @@ def preload_host_pool(cache: SlotCache, slots: SlotBanks, layers: list[int], fil
     """The same for the host cache (`--expert-cache host`): each layer's share planned by
     its `SlotCache` as routed experts, copied, released; its counters reset."""
     copied = 0
-    for layer, share in zip(layers, layer_shares(fill, len(layers), cache.num_experts), strict=True):
-        if not share:
-            continue
-        for wave in cache.plan_layer(layer, spread_experts(share, cache.num_experts)):
+    for layer, experts in layer_picks(layers, fill, cache.num_experts):
+        for wave in cache.plan_layer(layer, experts):
             slots.copy_in(layer, [(miss.expert, miss.slot) for miss in wave.misses])
             copied += len(wave.misses)
         cache.release_layer(layer)

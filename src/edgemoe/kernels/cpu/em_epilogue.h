@@ -45,6 +45,9 @@ static inline __m512 em_swiglu16(__m512 g, __m512 u) {
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
+/* The valid token columns of the tile at t0: 32, or 16 at the end (np is a multiple of 16). */
+static inline int em_tile_tokens(const em_jobstate *s, int t0) { return s->np - t0 >= 32 ? 32 : 16; }
+
 /* h rows i0 .. i0+nv (i0 even) for the tokens [t0, t0 + nt) (nt 16 or 32: the tile's valid
  * columns): gate row r at tile[r * 32 + tt], up row r at tile[(up + r) * 32 + tt]. A row
  * without a partner (nv odd: the last row of an odd I) pairs with zeros, as the pack left. */
@@ -73,17 +76,16 @@ static inline void em_put_h_rows(const em_jobstate *s, int64_t i0, int nv, int t
  * scale · tile[r * 32 + tt] (em_store's arithmetic: one product, the same bits). */
 static inline void em_store_rows(const em_call *c, const em_job *jb, const em_jobstate *s, const float *tile, int t0,
                                  int nt, int64_t r0, int nr) {
+    if (!EM_VEC_EPILOGUE) {
+        for (int tt = 0; tt < nt && t0 + tt < s->n; tt++)
+            for (int r = 0; r < nr; r++) em_store(c, jb, t0 + tt, r0 + r, tile[r * 32 + tt]);
+        return;
+    }
     const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32(32));
     for (int tt = 0; tt < nt && t0 + tt < s->n; tt++) {
-        if (!EM_VEC_EPILOGUE) {
-            for (int r = 0; r < nr; r++) em_store(c, jb, t0 + tt, r0 + r, tile[r * 32 + tt]);
-            continue;
-        }
-        const int t = t0 + tt;
-        const int64_t orow = jb->out_rows ? ((const int32_t *)(intptr_t)jb->out_rows)[t] : t;
-        const __m512 sc = _mm512_set1_ps(jb->scale ? ((const float *)(intptr_t)jb->scale)[t] : 1.0f);
-        float *o = c->out + orow * c->out_stride + r0;
+        const __m512 sc = _mm512_set1_ps(em_scale(jb, t0 + tt));
+        float *o = em_out_row(c, jb, t0 + tt) + r0;
         for (int r = 0; r < nr; r += 16) {
             const __mmask16 m = nr - r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nr - r)) - 1u);
             __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, column, tile + r * 32 + tt, 4);

@@ -283,7 +283,7 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
         }
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_qtile(c, rows, EM_QHALF, nv, nv, sc, s->xp, s->np, t0, (int)H, acc);
-            em_put_h_rows(s, i0, nv, t0, s->np - t0 >= 32 ? 32 : 16, acc, EM_QHALF);
+            em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), acc, EM_QHALF);
         }
     }
 }

@@ -144,10 +144,15 @@ static inline uint32_t em_x_bf16(const em_call *c, int64_t tok, int64_t k) {
     return em_f32_to_bf16(((const float *)c->x)[tok * c->x_stride + k]);
 }
 
-static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t row, float v) {
+/* Token t's output row and its routing scale. */
+static inline float *em_out_row(const em_call *c, const em_job *jb, int t) {
     int64_t orow = jb->out_rows ? ((const int32_t *)(intptr_t)jb->out_rows)[t] : t;
-    float sc = jb->scale ? ((const float *)(intptr_t)jb->scale)[t] : 1.0f;
-    c->out[orow * c->out_stride + row] = sc * v;
+    return c->out + orow * c->out_stride;
+}
+static inline float em_scale(const em_job *jb, int t) { return jb->scale ? ((const float *)(intptr_t)jb->scale)[t] : 1.0f; }
+
+static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t row, float v) {
+    em_out_row(c, jb, t)[row] = em_scale(jb, t) * v;
 }
 
 static inline int64_t em_token(const em_job *jb, int t) { return ((const int32_t *)(intptr_t)jb->tokens)[t]; }
@@ -245,7 +250,7 @@ static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstat
     for (int t0 = 0; t0 < s->np; t0 += 32) {
         int two = s->np - t0 > 16;
         em_amx_2x2(gu + i0 * c->H, nv, gu + (c->I + i0) * c->H, nv, c->H, s->xp, s->np, t0, two, c->H, tmp);
-        em_put_h_rows(s, i0, nv, t0, two ? 32 : 16, tmp, 16);
+        em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), tmp, 16);
     }
 }
 
@@ -260,7 +265,7 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
     for (int t0 = 0; t0 < s->np; t0 += 32) {
         int two = s->np - t0 > 16;
         em_amx_2x2(dn + r0 * c->I, n0, a1, n1, c->I, s->hp, s->np, t0, two, c->I, tmp);
-        em_store_rows(c, jb, s, tmp, t0, two ? 32 : 16, r0, n0 + n1); /* n1 > 0 only when n0 is 16 */
+        em_store_rows(c, jb, s, tmp, t0, em_tile_tokens(s, t0), r0, n0 + n1); /* n1 > 0 only when n0 is 16 */
     }
 }
 #elif defined(EM_ISA_AVX512)
@@ -286,7 +291,7 @@ static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstat
         }
         for (int t0 = 0; t0 < s->np; t0 += 32) {
             em_gemm12(w, s->xp, s->np, t0, (int)H, tmp);
-            em_put_h_rows(s, i, nv, t0, s->np - t0 >= 32 ? 32 : 16, tmp, EM_GR / 2);
+            em_put_h_rows(s, i, nv, t0, em_tile_tokens(s, t0), tmp, EM_GR / 2);
         }
     }
 }
