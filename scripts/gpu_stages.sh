@@ -27,7 +27,8 @@
 #                the chunk (EDGEMOE_LEND_SLOTS=1: more slots) and without, per $LEND_AB ($LEND_BACKEND, $LEND_DECODE)
 #   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
 #   prefetch-ab  issue 13's decode scenario (16 GiB, synthetic routing, 1K prompt) per $PREFETCH_RUNS
-#                ("dtype:backend:on|off[:VAR=value[+VAR=value...]]" each), $PREFETCH_DECODE tokens (240)
+#                ("dtype:backend:on|off[:VAR=value[+VAR=value...][:flags, "+"-joined]]" each; an empty VAR
+#                field is "::"), $PREFETCH_DECODE tokens (240)
 #   prefetch-sweep  scripts/gpu_prefetch_sweep.py per $SWEEP_BACKENDS (hybrid): the side gather's grids in one
 #                engine ($PREFETCH_SWEEP: its flags, e.g. "--grids 32,2048,4 64,8192,8")
 #   bw           edgemoe bench bw $BW (host read, CPU experts per format through the entry point and as C calls alone, copies)
@@ -119,12 +120,13 @@ run_stage() {
     phases) IFS=';' read -r -a runs <<< "${PHASES:-}"  # runs split by ";", one process each
             for run in "${runs[@]:-}"; do OUT="$res/phases" python3 scripts/cpu_phase_times.py $run; done ;;
     cpu-ab) eval "OUT=$res/cpu-ab python3 scripts/gpu_cpu_ab.py ${CPU_AB:-}" ;;
-    prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # expert dtype:backend:prefetch[:VAR=value]
-                   IFS=: read -r dtype backend pf setting <<< "$run"
-                   echo "== $dtype $backend --moe-prefetch $pf $setting"
+    prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # dtype:backend:prefetch[:VAR=value[:flags]]
+                   IFS=: read -r dtype backend pf setting flags <<< "$run"  # flags "+"-joined, e.g. --expert-preload+off
+                   echo "== $dtype $backend --moe-prefetch $pf $setting ${flags:-}"
                    env ${setting//+/ } python3 -m edgemoe.cli bench decode --model "$model" --gpu-memory 16GiB --kv-tokens 8192 \
                      --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" --moe-prefetch "$pf" \
-                     --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} --out "$res/prefetch-ab"
+                     --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} ${flags//+/ } \
+                     --out "$res/prefetch-ab"
                  done ;;
     prefetch-sweep) for backend in ${SWEEP_BACKENDS:-hybrid}; do
                       OUT="$res/prefetch-sweep" python3 scripts/gpu_prefetch_sweep.py --backend "$backend" ${PREFETCH_SWEEP:-}
