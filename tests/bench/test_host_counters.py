@@ -60,3 +60,15 @@ def test_a_spinning_thread_is_named_busy() -> None:
     # the GIL shares one core between the spinner and this thread's sleep (which holds none):
     # the spinner has most of a core, whatever the machine's load (>= 0.2 leaves room)
     assert spinner and spinner[0] >= 0.2, busy
+
+
+def test_a_disturbed_phase_is_named_and_a_quiet_one_is_not() -> None:
+    from edgemoe.bench.host_counters import disturbance
+
+    # The GPU machine's fresh-VM run (8.4% stolen, 10,615 switches in 240 steps) and the
+    # same build a minute later (0.07%, 110).
+    slow = disturbance({"cpu_steal_share": 0.0837, "ctx_switches_involuntary": 10615}, 240)
+    assert slow is not None and "8.4% of the CPU time stolen" in slow and "44.2 involuntary" in slow
+    assert disturbance({"cpu_steal_share": 0.0007, "ctx_switches_involuntary": 110}, 240) is None
+    assert disturbance({"cpu_steal_share": 0.0, "ctx_switches_involuntary": 2400}, 240) is not None  # switches alone
+    assert disturbance({}, 0) is None  # no counters (not Linux): no note

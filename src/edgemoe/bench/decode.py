@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
-from edgemoe.bench.host_counters import busy_threads, counters_delta, host_counters, thread_ticks
+from edgemoe.bench.host_counters import busy_threads, counters_delta, disturbance, host_counters, thread_ticks
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
 from edgemoe.moe.quota_controller import QUARTERS, quota_rows
@@ -207,6 +207,7 @@ def measure(
         "decode_moe": decode.moe,
         # a slow request's cause: cores shared (involuntary switches), steal, memory scans
         **({"decode_host": decode.host, "decode_busy_threads": decode.host_threads} if decode.host else {}),
+        **({"decode_host_note": note} if decode.host and (note := disturbance(decode.host, len(steps))) else {}),
         **({"decode_allocator": decode.allocator} if decode.allocator else {}),
     }
 
@@ -266,6 +267,7 @@ def _print_row(row: dict[str, Any]) -> None:
         f"decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
         + _prefetch_note(row["decode_moe"])
         + _allocator_note(row.get("prefill_allocator"))
+        + (f"\n  {row['decode_host_note']}" if "decode_host_note" in row else "")
     )
 
 
