@@ -13,7 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
-from cpu_expert_support import error_bound, kernel_for, make_expert, rounds  # noqa: E402
+from cpu_expert_support import error_bound, kernel_for, make_expert, q_weights_rounded, rounds  # noqa: E402
 
 from edgemoe.bench.bandwidth import quant_expert_rate, quant_pool  # noqa: E402
 from edgemoe.kernels import cpu_isa  # noqa: E402
@@ -36,7 +36,8 @@ def test_amx_quantised_expert(fmt, path: str, hidden: int, inter: int, n: int) -
     gu, dn = dequantise_expert(fmt, parts, hidden, inter)
     x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).bfloat16()
     y, ref = expert_mlp_q_cpu(x, parts, fmt, kernel), expert_mlp_q_ref(x, parts, fmt)
-    excess = (y - ref).abs() - error_bound(x, gu, dn, *rounds("amx", path, torch.bfloat16)[:2])
+    excess = (y - ref).abs() - error_bound(x, gu, dn, *rounds("amx", path, torch.bfloat16)[:2],
+                                           w_rounded=q_weights_rounded("amx", path))
     assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g}"
 
 

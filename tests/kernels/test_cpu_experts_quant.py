@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_expert_support import error_bound, kernel_for, make_expert, rounds, routed_q_cells
+from cpu_expert_support import error_bound, kernel_for, make_expert, q_weights_rounded, rounds, routed_q_cells
 
 from edgemoe.kernels.cpu_experts_quant import (
     expert_mlp_q_cpu,
@@ -51,10 +51,11 @@ def test_one_quantised_expert(variant: str, fmt_name: str, path: str, hidden: in
     x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(x_dtype)
     y = expert_mlp_q_cpu(x, parts, fmt, kernel)
     ref = expert_mlp_q_ref(x, parts, fmt)
-    # The dequantised weights are exact in fp32 (and, unscaled, in bf16 on the blocked
-    # path), so the float kernel's bound applies to them unchanged.
+    # The dequantised weights are exact in fp32, so the float kernel's bound applies to
+    # them, with the blocked path's rounding of each weight to bf16.
     x_r, h_r, _ = rounds(variant, path, x_dtype)
-    bound = error_bound(x, gate_up, down, x_r and variant != "torch", h_r and variant != "torch")
+    bound = error_bound(x, gate_up, down, x_r and variant != "torch", h_r and variant != "torch",
+                        w_rounded=q_weights_rounded(variant, path))
     excess = (y - ref).abs() - bound
     assert (excess <= 0).all(), f"error exceeds its bound by {excess.max().item():.3g}"
 

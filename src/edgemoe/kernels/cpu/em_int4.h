@@ -14,18 +14,17 @@
  *   scale and zero, q·s − z·s: both products are exact in fp32 (4 and 8 bits times
  *   fp16's 11), so the FMA's one rounding is the reference's.
  * - portable C: the reference's expression.
- * GEMM (many tokens, AVX-512 / AMX): rows dequantise to bf16 (q - zero), exact in bf16
- * (at most 8 significant bits), and em_qtile's blocks are the groups, each partial sum
- * times the group's scale in fp32, as for fp8 blocks.
+ * GEMM (many tokens, AVX-512 / AMX): rows dequantise to bf16 with the group's scale folded
+ * in (the table's fp32 weights rounded to bf16 once a group), as fp8 rows do (em_quant.h).
  *
  * MXFP4 (edgemoe/quant/mxfp4.py: gpt-oss's layout) is the same nibbles with a 16-entry
  * table that is the E2M1 values times the group's 2^(e-127) (e an E8M0 byte a group of
  * 32): exact products, as the reference's ldexp. AVX2 reads E2M1 magnitudes from an
- * 8-entry vpermps table with the sign bit moved in; the GEMM path's bf16 rows are the E2M1
- * values (exact) and the group's power of two scales the partial sum.
+ * 8-entry vpermps table with the sign bit moved in; the GEMM path's bf16 rows are the
+ * table's values (E2M1 times a power of two: exact in bf16 unless past its range).
  *
  * NOTE: grp is a multiple of 32 (em_experts checks): a group starts at a whole step and
- * at an even k (whole bytes), and the blocked path's tiles span 32 k. Included by
+ * at an even k (whole bytes), and a group's table serves whole steps. Included by
  * em_quant.h after its ISA section.
  */
 #ifndef EM_INT4_H
@@ -131,16 +130,20 @@ static inline __attribute__((always_inline)) void em_gemv4_i4_impl(const em_i4ro
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* n values of a row → bf16 (q - zero), exact; zero per group of grp (GEMM path); zero
- * NULL: mxfp4, the E2M1 values. The table holds them in fp32, whose bf16 is its top half
- * (exact: <= 8 bits). */
-static inline void em_i4_to_bf16(const uint8_t *w, const uint8_t *zero, int grp, int n, uint16_t *out) {
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+/* v rounded to bf16 (nearest even), as fp32: its low half zero. */
+static inline __m512 em_round_bf16_ps(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+/* n values of m's row 0 → bf16 with the group's scale folded in (GEMM path): each group's
+ * table (em_i4_table: the reference's fp32 weights) rounded to bf16 once, then each
+ * value's top half. */
+static inline void em_i4_to_bf16(const em_i4rows *m, int grp, int n, uint16_t *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
-    __m512 t = zero ? iota : _mm512_loadu_ps(em_e2m1);
+    __m512 t = _mm512_setzero_ps();
     for (int k = 0; k < n; k += EM_I4STEP) {
-        if (zero && k % grp == 0) t = _mm512_sub_ps(iota, _mm512_set1_ps((float)zero[k / grp]));
-        __m512i d = n - k >= EM_I4STEP ? em_i4_load(w, k, n, 1) : em_i4_load(w, k, n, 0);
+        if (k % grp == 0) t = em_round_bf16_ps(em_i4_table(m, 0, k / grp));
+        __m512i d = n - k >= EM_I4STEP ? em_i4_load(m->w[0], k, n, 1) : em_i4_load(m->w[0], k, n, 0);
         __m512i e = _mm512_castps_si512(_mm512_permutexvar_ps(d, t));
         __m512i o = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t));
         __m512i pair = _mm512_or_si512(_mm512_and_si512(o, hi), _mm512_srli_epi32(e, 16)); /* (odd, even) */

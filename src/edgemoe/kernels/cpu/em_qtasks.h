@@ -205,70 +205,26 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
 #define EM_QHALF (EM_GR / 2)
 #endif
 
-/* Scales of row r of a projection in any quantised format (int4: fp16 [rows, groups];
- * mxfp4: E8M0 bytes [rows, groups]). */
-static inline const void *em_qrow_scales(const em_call *c, const em_job *jb, int down, int64_t r) {
-    if (!em_nibbles(c->wfmt)) return em_row_scales(c, jb, down, r);
-    const int64_t base = down ? jb->down_scale : jb->gate_up_scale, at = r * em_cdiv(down ? c->I : c->H, c->blk);
-    if (c->wfmt == EM_W_MXFP4) return (const uint8_t *)(intptr_t)base + at;
-    return (const uint16_t *)(intptr_t)base + at;
-}
-
-/* Block kb's scale of a row's scales `sc` (em_qrow_scales); int8's one block is the row. */
-static inline float em_qscale(const em_call *c, const void *sc, int kb) {
-    if (c->wfmt == EM_W_MXFP4) return em_e8m0(((const uint8_t *)sc)[kb]);
-    if (c->wfmt == EM_W_INT4) return em_f16_to_f32(((const uint16_t *)sc)[kb]);
-    return ((const float *)sc)[c->wfmt == EM_W_FP8 ? kb : 0];
-}
-
-/* Row r of a projection → bf16 values without their scales (exact), K of them. */
+/* Row r of a projection → its K weights in bf16 with their scales folded in, each the
+ * reference's fp32 value rounded once to nearest even. The task's tiles then run the bf16
+ * kernels over the whole row (em_gate_up_tiles, em_down_tiles), as for bf16 weights. */
 static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out) {
     const int64_t K = down ? c->I : c->H;
-    const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
-    if (em_nibbles(c->wfmt)) { /* mxfp4: no zero points */
-        const uint8_t *z = (const uint8_t *)(intptr_t)(down ? jb->down_zero : jb->gate_up_zero);
-        em_i4_to_bf16(w + r * em_nib_row(c, K), c->wfmt == EM_W_MXFP4 ? NULL : z + r * em_cdiv(K, c->blk), c->blk, (int)K,
-                      out);
+    if (em_nibbles(c->wfmt)) {
+        const int64_t rows[4] = {r, r, r, r};
+        em_i4rows m;
+        em_i4_rows(c, jb, down, rows, &m);
+        em_i4_to_bf16(&m, c->blk, (int)K, out);
     } else {
-        em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, out);
-    }
-}
-
-/* acc[r*32 + tt] for rows r in [0, n0) and [Q, Q + n1) of `rows` (dequantised bf16, row
- * stride K): the sum over scale blocks of scale(r, block) times the bf16 kernel's dot over
- * that block, for the token tile at t0. sc[r]: the row's scales (em_qrow_scales). */
-static void em_qtile(const em_call *c, const uint16_t *rows, int Q, int n0, int n1, const void *const *sc,
-                     const uint32_t *xp, int64_t np, int t0, int K, float *acc) {
-    float tmp[32 * 32];
-    const int blk = c->wfmt == EM_W_INT8 ? K : c->blk;
-    memset(acc, 0, sizeof(float) * 32 * 32);
-    for (int k0 = 0; k0 < K; k0 += blk) {
-        int kw = K - k0 < blk ? K - k0 : blk;
-        const uint32_t *xk = xp + (int64_t)(k0 / 2) * np; /* NOTE: blocks start at even k */
-#if defined(EM_ISA_AMX)
-        em_amx_2x2(rows + k0, n0, n1 ? rows + (int64_t)Q * K + k0 : rows + k0, n1, K, xk, np, t0, np - t0 > 16, kw, tmp);
-#else
-        const uint16_t *w[EM_GR];
-        for (int j = 0; j < EM_GR; j++) {
-            int valid = j < Q ? j < n0 : j - Q < n1;
-            w[j] = rows + (int64_t)(valid ? j : 0) * K + k0;
-        }
-        em_gemm12(w, xk, np, t0, kw, tmp);
-#endif
-        for (int r = 0; r < 2 * Q && r < 32; r++) {
-            if (r < Q ? r >= n0 : r - Q >= n1) continue;
-            float f = em_qscale(c, sc[r], k0 / blk);
-            for (int tt = 0; tt < 32; tt++) acc[r * 32 + tt] += f * tmp[r * 32 + tt];
-        }
+        const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
+        em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, em_row_scales(c, jb, down, r), c->blk, out);
     }
 }
 
 static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const int64_t H = c->H, I = c->I;
     int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
-    uint16_t *rows = em_scratch((size_t)2 * EM_QHALF * H);
-    float acc[32 * 32];
-    const void *sc[2 * EM_QHALF];
+    uint16_t *rows = em_scratch((size_t)2 * EM_QHALF * H); /* gate rows, then up rows from EM_QHALF */
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
@@ -278,13 +234,8 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
         for (int r = 0; r < nv; r++) {
             em_qrow_bf16(c, jb, 0, i0 + r, rows + r * H);
             em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * H);
-            sc[r] = em_qrow_scales(c, jb, 0, i0 + r);
-            sc[EM_QHALF + r] = em_qrow_scales(c, jb, 0, I + i0 + r);
         }
-        for (int t0 = 0; t0 < s->np; t0 += 32) {
-            em_qtile(c, rows, EM_QHALF, nv, nv, sc, s->xp, s->np, t0, (int)H, acc);
-            em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), acc, EM_QHALF);
-        }
+        em_gate_up_tiles(s, rows, rows + EM_QHALF * H, H, i0, nv, (int)H);
     }
 }
 
@@ -293,23 +244,14 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
     int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
     const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
     uint16_t *rows = em_scratch((size_t)group * I);
-    float acc[32 * 32];
-    const void *sc[2 * EM_QHALF];
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
     }
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
-        for (int r = 0; r < nr; r++) {
-            em_qrow_bf16(c, jb, 1, r0 + r, rows + r * I);
-            sc[r] = em_qrow_scales(c, jb, 1, r0 + r);
-        }
-        int n0 = nr < EM_QHALF ? nr : EM_QHALF, n1 = nr - n0;
-        for (int t0 = 0; t0 < s->np; t0 += 32) {
-            em_qtile(c, rows, EM_QHALF, n0, n1, sc, s->hp, s->np, t0, (int)I, acc);
-            em_store_rows(c, jb, s, acc, t0, 32, r0, nr);
-        }
+        for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + r * I);
+        em_down_tiles(c, jb, s, rows, I, r0, nr);
     }
 }
 #endif

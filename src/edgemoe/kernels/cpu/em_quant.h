@@ -16,9 +16,12 @@
  * once, as the dequantise-first reference computes it.
  * NOTE: e4m3fn's NaN bytes (0x7F, 0xFF) read as ±480; checkpoints hold none.
  *
- * GEMM (many tokens): the tile's rows are dequantised into a per-thread scratch as bf16
- * (int8 and e4m3 values are exact in bf16; scales are left out) and the bf16 blocked
- * kernels run over one scale block of K at a time; partial sums are scaled in fp32.
+ * GEMM (many tokens): the task's rows are dequantised into a per-thread scratch as bf16
+ * with their scales folded in (the reference's fp32 weight rounded once more, to bf16:
+ * the blocked path already rounds x and h so) and the bf16 blocked kernels run over whole
+ * rows. Why not the exact alternative (unscaled values, exact in bf16, one tile pass a
+ * scale block, each partial sum scaled in fp32): a pass a block of 128 k (int4 and mxfp4:
+ * a group of 32, one tile step) stores and rescales its tiles for every few tile products.
  */
 #ifndef EM_QUANT_H
 #define EM_QUANT_H
@@ -104,10 +107,13 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* n values of a row → bf16 (exact), 16 at a time. */
-static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, uint16_t *out) {
+/* n values of a row → bf16 with the scales folded in (the blocked path's rows): fp8, block
+ * kb's sc[kb] (blk a multiple of 16); int8, the row's sc[0]. Each value is the reference's
+ * fp32 dequantisation (one rounding) rounded once more, to bf16's nearest even. */
+static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, const float *sc, int blk, uint16_t *out) {
+    const __m512 row_scale = _mm512_set1_ps(fp8 ? 0.0f : sc[0]);
     for (int k = 0; k < n; k += 16) {
-        __m512 v = em_q16(w, k, n, fp8, EM_FP8_UNBIAS);
+        __m512 v = fp8 ? em_q16(w, k, n, 1, sc[k / blk] * EM_FP8_UNBIAS) : _mm512_mul_ps(em_q16(w, k, n, 0, 0.0f), row_scale);
         __mmask16 m = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1u);
         _mm256_mask_storeu_epi16(out + k, m, (__m256i)_mm512_cvtneps_pbh(v));
     }

@@ -241,32 +241,41 @@ static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *
 #include "em_epilogue.h" /* the vector epilogues (uses the types above) */
 #endif
 
+/* The tiles of a gate_up task and of a down task over bf16 rows read in place (row stride
+ * ld): the bf16 weights' own rows, or a quantised task's rows dequantised into its scratch
+ * (em_qtasks.h). Gate rows g and up rows u (nv each) → h rows i0.. for every token tile;
+ * down rows w (nr) → output rows r0.. */
 #if defined(EM_ISA_AMX)
-static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
-    int64_t i0 = q * 16;
-    int nv = c->I - i0 < 16 ? (int)(c->I - i0) : 16;
+static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t i0,
+                             int nv, int K) {
     float tmp[32 * 32];
     for (int t0 = 0; t0 < s->np; t0 += 32) {
-        int two = s->np - t0 > 16;
-        em_amx_2x2(gu + i0 * c->H, nv, gu + (c->I + i0) * c->H, nv, c->H, s->xp, s->np, t0, two, c->H, tmp);
+        em_amx_2x2(g, nv, u, nv, ld, s->xp, s->np, t0, s->np - t0 > 16, K, tmp);
         em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), tmp, 16);
     }
 }
 
-static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
-    int64_t r0 = q * 32;
-    int n0 = c->H - r0 < 16 ? (int)(c->H - r0) : 16;
-    int n1 = c->H - r0 - 16 < 16 ? (int)(c->H - r0 - 16) : 16;
-    if (n1 < 0) n1 = 0;
-    const uint16_t *a1 = n1 > 0 ? dn + (r0 + 16) * c->I : dn + r0 * c->I;
+static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *w, int64_t ld,
+                          int64_t r0, int nr) {
+    int n0 = nr < 16 ? nr : 16, n1 = nr - n0; /* n1 > 0 only when n0 is 16 */
     float tmp[32 * 32];
     for (int t0 = 0; t0 < s->np; t0 += 32) {
-        int two = s->np - t0 > 16;
-        em_amx_2x2(dn + r0 * c->I, n0, a1, n1, c->I, s->hp, s->np, t0, two, c->I, tmp);
-        em_store_rows(c, jb, s, tmp, t0, em_tile_tokens(s, t0), r0, n0 + n1); /* n1 > 0 only when n0 is 16 */
+        em_amx_2x2(w, n0, n1 ? w + 16 * ld : w, n1, ld, s->hp, s->np, t0, s->np - t0 > 16, (int)c->I, tmp);
+        em_store_rows(c, jb, s, tmp, t0, em_tile_tokens(s, t0), r0, nr);
     }
+}
+
+static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
+    int64_t i0 = q * 16;
+    int nv = c->I - i0 < 16 ? (int)(c->I - i0) : 16;
+    em_gate_up_tiles(s, gu + i0 * c->H, gu + (c->I + i0) * c->H, c->H, i0, nv, (int)c->H);
+}
+
+static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
+    int64_t r0 = q * 32;
+    em_down_tiles(c, jb, s, (const uint16_t *)(intptr_t)jb->down + r0 * c->I, c->I, r0,
+                  c->H - r0 < 32 ? (int)(c->H - r0) : 32);
 }
 #elif defined(EM_ISA_AVX512)
 static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, int t0, int K, float *out) {
@@ -276,39 +285,44 @@ static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, 
         em_gemm12_1(w, xp, np, t0, K, out);
 }
 
+static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t i0,
+                             int nv, int K) {
+    const uint16_t *w[EM_GR];
+    float tmp[EM_GR * 32];
+    for (int j = 0; j < EM_GR / 2; j++) { /* rows past nv repeat the first: computed, never stored */
+        w[j] = g + (j < nv ? j : 0) * ld;
+        w[EM_GR / 2 + j] = u + (j < nv ? j : 0) * ld;
+    }
+    for (int t0 = 0; t0 < s->np; t0 += 32) {
+        em_gemm12(w, s->xp, s->np, t0, K, tmp);
+        em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), tmp, EM_GR / 2);
+    }
+}
+
+static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *rows, int64_t ld,
+                          int64_t r0, int nr) {
+    const uint16_t *w[EM_GR];
+    float tmp[EM_GR * 32];
+    for (int j = 0; j < EM_GR; j++) w[j] = rows + (j < nr ? j : 0) * ld;
+    for (int t0 = 0; t0 < s->np; t0 += 32) {
+        em_gemm12(w, s->hp, s->np, t0, (int)c->I, tmp);
+        em_store_rows(c, jb, s, tmp, t0, 32, r0, nr);
+    }
+}
+
 static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
     const int64_t H = c->H, I = c->I;
     int64_t i1 = (q + 1) * EM_P1_GEMM < I ? (q + 1) * EM_P1_GEMM : I;
-    float tmp[EM_GR * 32];
-    for (int64_t i = q * EM_P1_GEMM; i < i1; i += EM_GR / 2) {
-        int nv = i1 - i < EM_GR / 2 ? (int)(i1 - i) : EM_GR / 2;
-        const uint16_t *w[EM_GR];
-        for (int j = 0; j < EM_GR / 2; j++) {
-            int64_t row = i + (j < nv ? j : 0);
-            w[j] = gu + row * H;
-            w[EM_GR / 2 + j] = gu + (I + row) * H;
-        }
-        for (int t0 = 0; t0 < s->np; t0 += 32) {
-            em_gemm12(w, s->xp, s->np, t0, (int)H, tmp);
-            em_put_h_rows(s, i, nv, t0, em_tile_tokens(s, t0), tmp, EM_GR / 2);
-        }
-    }
+    for (int64_t i = q * EM_P1_GEMM; i < i1; i += EM_GR / 2)
+        em_gate_up_tiles(s, gu + i * H, gu + (I + i) * H, H, i, i1 - i < EM_GR / 2 ? (int)(i1 - i) : EM_GR / 2, (int)H);
 }
 
 static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
     int64_t r1 = (q + 1) * EM_P2_GEMM < c->H ? (q + 1) * EM_P2_GEMM : c->H;
-    float tmp[EM_GR * 32];
-    for (int64_t r = q * EM_P2_GEMM; r < r1; r += EM_GR) {
-        int nr = r1 - r < EM_GR ? (int)(r1 - r) : EM_GR;
-        const uint16_t *w[EM_GR];
-        for (int j = 0; j < EM_GR; j++) w[j] = dn + (r + (j < nr ? j : 0)) * c->I;
-        for (int t0 = 0; t0 < s->np; t0 += 32) {
-            em_gemm12(w, s->hp, s->np, t0, c->I, tmp);
-            em_store_rows(c, jb, s, tmp, t0, 32, r, nr);
-        }
-    }
+    for (int64_t r = q * EM_P2_GEMM; r < r1; r += EM_GR)
+        em_down_tiles(c, jb, s, dn + r * c->I, c->I, r, r1 - r < EM_GR ? (int)(r1 - r) : EM_GR);
 }
 #endif
 
