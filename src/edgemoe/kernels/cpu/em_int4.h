@@ -137,14 +137,12 @@ static inline __m512 em_round_bf16_ps(__m512 v) {
 
 /* n values of m's row 0 → bf16 with the group's scale folded in (GEMM path; the 32 values
  * from k at out + (k/32)·kstep): each group's table (em_i4_table: the reference's fp32
- * weights) rounded to bf16 once, then each value's top half. pf: a row to prefetch a line of
- * each 128 values (NULL: none). */
-static inline void em_i4_to_bf16(const em_i4rows *m, int grp, int n, uint16_t *out, int64_t kstep, const uint8_t *pf) {
+ * weights) rounded to bf16 once, then each value's top half. */
+static inline void em_i4_to_bf16(const em_i4rows *m, int grp, int n, uint16_t *out, int64_t kstep) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 t = _mm512_setzero_ps();
     for (int k = 0; k < n; k += EM_I4STEP) {
         if (k % grp == 0) t = em_round_bf16_ps(em_i4_table(m, 0, k / grp));
-        if (pf && (k & 127) == 0) __builtin_prefetch(pf + k / 2, 0, 2);
         __m512i d = n - k >= EM_I4STEP ? em_i4_load(m->w[0], k, n, 1) : em_i4_load(m->w[0], k, n, 0);
         __m512i e = _mm512_castps_si512(_mm512_permutexvar_ps(d, t));
         __m512i o = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t));

@@ -205,34 +205,20 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
 #define EM_QHALF (EM_GR / 2)
 #endif
 
-#ifndef EM_QROW_PF
-#define EM_QROW_PF 1 /* a tuning macro: 0 leaves the next row's bytes to the hardware prefetcher */
-#endif
-
-/* Row r's quantised bytes in a projection (K inputs; int4 and mxfp4: two a byte). */
-static inline const uint8_t *em_qrow_data(const em_call *c, const em_job *jb, int down, int64_t r) {
-    const int64_t K = down ? c->I : c->H;
-    return (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up) + r * (em_nibbles(c->wfmt) ? em_nib_row(c, K) : K);
-}
-
 /* Row r of a projection → its K weights in bf16 with their scales folded in, each the
  * reference's fp32 value rounded once to nearest even, its 32-k chunks kstep apart
- * (em_scratch_layout); row `next`'s bytes prefetched meanwhile (-1: none), a line for each
- * line converted: a task's rows are short (2 KB in fp8) and one after the other, each a
- * new stream the hardware prefetcher would meet cold. The task's tiles then run the bf16
- * kernels over the whole row (em_gate_up_tiles, em_down_tiles), as for bf16 weights. */
-static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, int64_t next, uint16_t *out,
-                         int64_t kstep) {
+ * (em_scratch_layout). The task's tiles then run the bf16 kernels over the whole row
+ * (em_gate_up_tiles, em_down_tiles), as for bf16 weights. */
+static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out, int64_t kstep) {
     const int64_t K = down ? c->I : c->H;
-    const uint8_t *pf = EM_QROW_PF && next >= 0 ? em_qrow_data(c, jb, down, next) : NULL;
     if (em_nibbles(c->wfmt)) {
         const int64_t rows[4] = {r, r, r, r};
         em_i4rows m;
         em_i4_rows(c, jb, down, rows, &m);
-        em_i4_to_bf16(&m, c->blk, (int)K, out, kstep, pf);
+        em_i4_to_bf16(&m, c->blk, (int)K, out, kstep);
     } else {
-        em_q_to_bf16(em_qrow_data(c, jb, down, r), (int)K, c->wfmt == EM_W_FP8, em_row_scales(c, jb, down, r), c->blk,
-                     out, kstep, pf);
+        const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
+        em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, em_row_scales(c, jb, down, r), c->blk, out, kstep);
     }
 }
 
@@ -247,10 +233,9 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
     }
     for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
         int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
-        for (int r = 0; r < nv; r++) { /* gate row, up row, next gate row (past the task: the next task's) */
-            int64_t next_gate = i0 + r + 1 < I ? i0 + r + 1 : -1;
-            em_qrow_bf16(c, jb, 0, i0 + r, I + i0 + r, rows + em_row_at(L, r), L.kstep);
-            em_qrow_bf16(c, jb, 0, I + i0 + r, next_gate, rows + em_row_at(L, EM_QHALF + r), L.kstep);
+        for (int r = 0; r < nv; r++) {
+            em_qrow_bf16(c, jb, 0, i0 + r, rows + em_row_at(L, r), L.kstep);
+            em_qrow_bf16(c, jb, 0, I + i0 + r, rows + em_row_at(L, EM_QHALF + r), L.kstep);
         }
         em_gate_up_tiles(s, rows, rows + em_row_at(L, EM_QHALF), L.ld, L.kstep, i0, nv, (int)H);
     }
@@ -268,8 +253,7 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
     }
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
-        for (int r = 0; r < nr; r++)
-            em_qrow_bf16(c, jb, 1, r0 + r, r0 + r + 1 < c->H ? r0 + r + 1 : -1, rows + em_row_at(L, r), L.kstep);
+        for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + em_row_at(L, r), L.kstep);
         em_down_tiles(c, jb, s, rows, rows + em_row_at(L, 16), L.ld, L.kstep, r0, nr);
     }
 }

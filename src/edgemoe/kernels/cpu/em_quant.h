@@ -110,12 +110,11 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
 /* n values of a row → bf16 with the scales folded in (the blocked path's rows; value k at
  * out + (k/32)·kstep + k%32): fp8, block kb's sc[kb] (blk a multiple of 16); int8, the
  * row's sc[0]. Each value is the reference's fp32 dequantisation (one rounding) rounded
- * once more, to bf16's nearest even. pf: a row to prefetch a line of each 64 values (NULL: none). */
+ * once more, to bf16's nearest even. */
 static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, const float *sc, int blk, uint16_t *out,
-                                int64_t kstep, const uint8_t *pf) {
+                                int64_t kstep) {
     const __m512 row_scale = _mm512_set1_ps(fp8 ? 0.0f : sc[0]);
     for (int k = 0; k < n; k += 16) {
-        if (pf && (k & 63) == 0) __builtin_prefetch(pf + k, 0, 2);
         __m512 v = fp8 ? em_q16(w, k, n, 1, sc[k / blk] * EM_FP8_UNBIAS) : _mm512_mul_ps(em_q16(w, k, n, 0, 0.0f), row_scale);
         __mmask16 m = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1u);
         _mm256_mask_storeu_epi16(out + k / 32 * kstep + k % 32, m, (__m256i)_mm512_cvtneps_pbh(v));
