@@ -136,20 +136,17 @@ static void em_amx_config(void) {
 static void em_amx_release(void) { _tile_release(); }
 #endif
 
-/* Source of an A tile: 16 rows of w from column k0 (a multiple of 32): row r's 32 values
- * from k0 at w + r*ld + (k0/32)*kstep — row-major rows (ld = the row stride, kstep = 32)
- * or tile-major ones (ld = 32, kstep = 16*32: each tile one contiguous KiB). Direct when
- * whole; else copied, zero-padded, into buf (rows past nvalid, columns past K). */
-static inline const void *em_a_src(const uint16_t *w, int64_t ld, int64_t kstep, int nvalid, int k0, int K, uint16_t *buf,
+/* Source of an A tile: 16 rows of w (row stride ld elements) from column k0. Direct
+ * when whole; else copied, zero-padded, into buf (rows past nvalid, columns past K). */
+static inline const void *em_a_src(const uint16_t *w, int64_t ld, int nvalid, int k0, int K, uint16_t *buf,
                                    int64_t *stride) {
-    const uint16_t *at = w + (int64_t)(k0 / 32) * kstep;
     if (nvalid == 16 && k0 + 32 <= K) {
         *stride = ld * 2;
-        return at;
+        return w + k0;
     }
     int kw = K - k0 < 32 ? K - k0 : 32;
     memset(buf, 0, 16 * 64);
-    for (int r = 0; r < nvalid; r++) memcpy(buf + r * 32, at + r * ld, (size_t)kw * 2);
+    for (int r = 0; r < nvalid; r++) memcpy(buf + r * 32, w + r * ld + k0, (size_t)kw * 2);
     *stride = 64;
     return buf;
 }
@@ -160,10 +157,10 @@ static inline const void *em_a_src(const uint16_t *w, int64_t ld, int64_t kstep,
 #ifndef EM_AMX_PF_LOCALITY
 #define EM_AMX_PF_LOCALITY 3
 #endif
-/* C tiles 0..3 = rows (a0: 16 rows, a1: 16 rows; laid out as em_a_src says) × tokens (t0,
- * t0+16 if two). out[(blk*16 + r)*32 + v*16 + lane], blk 0 = a0 rows, 1 = a1 rows. */
-static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, int64_t ld, int64_t kstep,
-                       const uint32_t *xp, int64_t np, int t0, int two, int K, float *out) {
+/* C tiles 0..3 = rows (a0: 16 rows, a1: 16 rows) × tokens (t0, t0+16 if two).
+ * out[(blk*16 + r)*32 + v*16 + lane], blk 0 = a0 rows, 1 = a1 rows. */
+static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, int64_t ld, const uint32_t *xp,
+                       int64_t np, int t0, int two, int K, float *out) {
     uint16_t buf0[16 * 32], buf1[16 * 32];
     EM_TZERO(0);
     EM_TZERO(1);
@@ -171,18 +168,16 @@ static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, i
     EM_TZERO(3);
     for (int k0 = 0; k0 < K; k0 += 32) {
         int64_t s0, s1;
-        const void *p0 = em_a_src(a0, ld, kstep, n0, k0, K, buf0, &s0);
-        const void *p1 = em_a_src(a1, ld, kstep, n1, k0, K, buf1, &s1);
+        const void *p0 = em_a_src(a0, ld, n0, k0, K, buf0, &s0);
+        const void *p1 = em_a_src(a1, ld, n1, k0, K, buf1, &s1);
         const uint32_t *b = xp + (int64_t)(k0 / 2) * np + t0;
 #if !defined(EM_AMX_EMULATE)
         /* 32 weight rows stream at once: more than the hardware prefetcher follows. */
-        if (k0 + EM_AMX_PF < K) {
-            const int64_t ahead = (int64_t)((k0 + EM_AMX_PF) / 32) * kstep + (k0 + EM_AMX_PF) % 32;
+        if (k0 + EM_AMX_PF < K)
             for (int r = 0; r < 16; r++) {
-                __builtin_prefetch((const char *)(a0 + r * ld + ahead), 0, EM_AMX_PF_LOCALITY);
-                __builtin_prefetch((const char *)(a1 + r * ld + ahead), 0, EM_AMX_PF_LOCALITY);
+                __builtin_prefetch((const char *)(a0 + r * ld + k0 + EM_AMX_PF), 0, EM_AMX_PF_LOCALITY);
+                __builtin_prefetch((const char *)(a1 + r * ld + k0 + EM_AMX_PF), 0, EM_AMX_PF_LOCALITY);
             }
-        }
 #endif
         EM_TLOAD(4, p0, s0);
         EM_TLOAD(5, p1, s1);

@@ -135,10 +135,10 @@ static inline __m512 em_round_bf16_ps(__m512 v) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
 }
 
-/* n values of m's row 0 → bf16 with the group's scale folded in (GEMM path; the 32 values
- * from k at out + (k/32)·kstep): each group's table (em_i4_table: the reference's fp32
- * weights) rounded to bf16 once, then each value's top half. */
-static inline void em_i4_to_bf16(const em_i4rows *m, int grp, int n, uint16_t *out, int64_t kstep) {
+/* n values of m's row 0 → bf16 with the group's scale folded in (GEMM path): each group's
+ * table (em_i4_table: the reference's fp32 weights) rounded to bf16 once, then each
+ * value's top half. */
+static inline void em_i4_to_bf16(const em_i4rows *m, int grp, int n, uint16_t *out) {
     const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 t = _mm512_setzero_ps();
     for (int k = 0; k < n; k += EM_I4STEP) {
@@ -148,7 +148,7 @@ static inline void em_i4_to_bf16(const em_i4rows *m, int grp, int n, uint16_t *o
         __m512i o = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t));
         __m512i pair = _mm512_or_si512(_mm512_and_si512(o, hi), _mm512_srli_epi32(e, 16)); /* (odd, even) */
         __mmask32 mk = n - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (n - k)) - 1u);
-        _mm512_mask_storeu_epi16(out + k / 32 * kstep, mk, pair); /* NOTE: never past n: the next row may follow */
+        _mm512_mask_storeu_epi16(out + k, mk, pair); /* NOTE: never past n: the next row follows */
     }
 }
 

@@ -205,28 +205,33 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
 #define EM_QHALF (EM_GR / 2)
 #endif
 
+#ifndef EM_QPAD
+/* bf16 values of padding after each scratch row (a tuning macro): rows 4 KiB apart (H =
+ * 2048) fall in one L1 set, and an A tile's 16 rows (two tiles: 32) outnumber its 12 ways. */
+#define EM_QPAD 32
+#endif
+
 /* Row r of a projection → its K weights in bf16 with their scales folded in, each the
- * reference's fp32 value rounded once to nearest even, its 32-k chunks kstep apart
- * (em_scratch_layout). The task's tiles then run the bf16 kernels over the whole row
- * (em_gate_up_tiles, em_down_tiles), as for bf16 weights. */
-static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out, int64_t kstep) {
+ * reference's fp32 value rounded once to nearest even. The task's tiles then run the bf16
+ * kernels over the whole row (em_gate_up_tiles, em_down_tiles), as for bf16 weights. */
+static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out) {
     const int64_t K = down ? c->I : c->H;
     if (em_nibbles(c->wfmt)) {
         const int64_t rows[4] = {r, r, r, r};
         em_i4rows m;
         em_i4_rows(c, jb, down, rows, &m);
-        em_i4_to_bf16(&m, c->blk, (int)K, out, kstep);
+        em_i4_to_bf16(&m, c->blk, (int)K, out);
     } else {
         const uint8_t *w = (const uint8_t *)(intptr_t)(down ? jb->down : jb->gate_up);
-        em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, em_row_scales(c, jb, down, r), c->blk, out, kstep);
+        em_q_to_bf16(w + r * K, (int)K, c->wfmt == EM_W_FP8, em_row_scales(c, jb, down, r), c->blk, out);
     }
 }
 
 static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const int64_t H = c->H, I = c->I;
     int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
-    const em_layout L = em_scratch_layout(H);
-    uint16_t *rows = em_scratch((size_t)em_row_at(L, 2 * EM_QHALF)); /* gate rows, then up rows from EM_QHALF */
+    const int64_t ld = H + EM_QPAD;
+    uint16_t *rows = em_scratch((size_t)(2 * EM_QHALF * ld)); /* gate rows, then up rows from EM_QHALF */
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
@@ -234,10 +239,10 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
     for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
         int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
         for (int r = 0; r < nv; r++) {
-            em_qrow_bf16(c, jb, 0, i0 + r, rows + em_row_at(L, r), L.kstep);
-            em_qrow_bf16(c, jb, 0, I + i0 + r, rows + em_row_at(L, EM_QHALF + r), L.kstep);
+            em_qrow_bf16(c, jb, 0, i0 + r, rows + r * ld);
+            em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * ld);
         }
-        em_gate_up_tiles(s, rows, rows + em_row_at(L, EM_QHALF), L.ld, L.kstep, i0, nv, (int)H);
+        em_gate_up_tiles(s, rows, rows + EM_QHALF * ld, ld, i0, nv, (int)H);
     }
 }
 
@@ -245,16 +250,16 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
     const int64_t I = c->I;
     int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
     const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
-    const em_layout L = em_scratch_layout(I);
-    uint16_t *rows = em_scratch((size_t)em_row_at(L, group));
+    const int64_t ld = I + EM_QPAD;
+    uint16_t *rows = em_scratch((size_t)(group * ld));
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
     }
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
-        for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + em_row_at(L, r), L.kstep);
-        em_down_tiles(c, jb, s, rows, rows + em_row_at(L, 16), L.ld, L.kstep, r0, nr);
+        for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + r * ld);
+        em_down_tiles(c, jb, s, rows, ld, r0, nr);
     }
 }
 #endif

@@ -107,17 +107,15 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* n values of a row → bf16 with the scales folded in (the blocked path's rows; value k at
- * out + (k/32)·kstep + k%32): fp8, block kb's sc[kb] (blk a multiple of 16); int8, the
- * row's sc[0]. Each value is the reference's fp32 dequantisation (one rounding) rounded
- * once more, to bf16's nearest even. */
-static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, const float *sc, int blk, uint16_t *out,
-                                int64_t kstep) {
+/* n values of a row → bf16 with the scales folded in (the blocked path's rows): fp8, block
+ * kb's sc[kb] (blk a multiple of 16); int8, the row's sc[0]. Each value is the reference's
+ * fp32 dequantisation (one rounding) rounded once more, to bf16's nearest even. */
+static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, const float *sc, int blk, uint16_t *out) {
     const __m512 row_scale = _mm512_set1_ps(fp8 ? 0.0f : sc[0]);
     for (int k = 0; k < n; k += 16) {
         __m512 v = fp8 ? em_q16(w, k, n, 1, sc[k / blk] * EM_FP8_UNBIAS) : _mm512_mul_ps(em_q16(w, k, n, 0, 0.0f), row_scale);
         __mmask16 m = n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - k)) - 1u);
-        _mm256_mask_storeu_epi16(out + k / 32 * kstep + k % 32, m, (__m256i)_mm512_cvtneps_pbh(v));
+        _mm256_mask_storeu_epi16(out + k, m, (__m256i)_mm512_cvtneps_pbh(v));
     }
 }
 

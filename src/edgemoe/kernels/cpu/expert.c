@@ -241,110 +241,72 @@ static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *
 #include "em_epilogue.h" /* the vector epilogues (uses the types above) */
 #endif
 
-#ifndef EM_QTILES
-/* A task's scratch rows (quantised weights dequantised; bf16 rows with EM_AMX_REPACK) tile-
- * major for AMX (a tuning macro; 0: row-major): each A tile's 16 rows × 32 k one contiguous
- * KiB, read by one tile load from 16 consecutive lines. */
-#define EM_QTILES 1
-#endif
-#ifndef EM_QPAD
-/* Row-major scratch: bf16 values of padding after each row (a tuning macro): rows 4 KiB
- * apart (H = 2048) fall in one L1 set, and an A tile's 16 rows (two tiles: 32) outnumber
- * its 12 ways. */
-#define EM_QPAD 32
-#endif
-
-/* Where a task's scratch puts row r (K values; em_a_src's ld and kstep): at
- * (r/16)·block + (r%16)·ld, its 32-k chunks kstep apart. */
-typedef struct {
-    int64_t ld, kstep, block;
-} em_layout;
-
-static inline em_layout em_scratch_layout(int64_t K) {
-#if defined(EM_ISA_AMX) && EM_QTILES
-    em_layout L = {32, 16 * 32, (K + 31) / 32 * 16 * 32};
-#else
-    em_layout L = {K + EM_QPAD, 32, 16 * (K + EM_QPAD)};
-#endif
-    return L;
-}
-static inline int64_t em_row_at(em_layout L, int r) { return (r / 16) * L.block + (r % 16) * L.ld; }
-
-/* A bf16 row's K values into a scratch row whose 32-k chunks are kstep apart. */
-static inline void em_put_row(const uint16_t *w, int64_t K, uint16_t *to, int64_t kstep) {
-    if (kstep == 32) {
-        memcpy(to, w, (size_t)K * 2);
-        return;
-    }
-    for (int64_t k = 0; k < K; k += 32) memcpy(to + k / 32 * kstep, w + k, (size_t)(K - k < 32 ? K - k : 32) * 2);
-}
-
-/* The tiles of a gate_up task and of a down task over bf16 rows read in place: the bf16
- * weights' own rows, or a quantised task's rows dequantised into its scratch (em_qtasks.h).
- * Rows are laid out as em_a_src says (ld, kstep; AVX-512: row-major only, kstep 32). Gate
- * rows g and up rows u (nv each) → h rows i0.. for every token tile; down rows w0 and,
- * past 16, w1 (nr in all) → output rows r0.. */
+/* The tiles of a gate_up task and of a down task over bf16 rows read in place (row stride
+ * ld): the bf16 weights' own rows, or a quantised task's rows dequantised into its scratch
+ * (em_qtasks.h). Gate rows g and up rows u (nv each) → h rows i0.. for every token tile;
+ * down rows w (nr) → output rows r0.. */
 #if defined(EM_ISA_AMX)
-static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t kstep,
-                             int64_t i0, int nv, int K) {
+static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t i0,
+                             int nv, int K) {
     float tmp[32 * 32];
     for (int t0 = 0; t0 < s->np; t0 += 32) {
-        em_amx_2x2(g, nv, u, nv, ld, kstep, s->xp, s->np, t0, s->np - t0 > 16, K, tmp);
+        em_amx_2x2(g, nv, u, nv, ld, s->xp, s->np, t0, s->np - t0 > 16, K, tmp);
         em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), tmp, 16);
     }
 }
 
-static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *w0,
-                          const uint16_t *w1, int64_t ld, int64_t kstep, int64_t r0, int nr) {
+static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *w, int64_t ld,
+                          int64_t r0, int nr) {
     int n0 = nr < 16 ? nr : 16, n1 = nr - n0; /* n1 > 0 only when n0 is 16 */
     float tmp[32 * 32];
     for (int t0 = 0; t0 < s->np; t0 += 32) {
-        em_amx_2x2(w0, n0, n1 ? w1 : w0, n1, ld, kstep, s->hp, s->np, t0, s->np - t0 > 16, (int)c->I, tmp);
+        em_amx_2x2(w, n0, n1 ? w + 16 * ld : w, n1, ld, s->hp, s->np, t0, s->np - t0 > 16, (int)c->I, tmp);
         em_store_rows(c, jb, s, tmp, t0, em_tile_tokens(s, t0), r0, nr);
     }
 }
 
 #ifndef EM_AMX_REPACK
-#define EM_AMX_REPACK 0 /* a tuning macro: 1 copies a task's bf16 rows into its scratch (em_scratch_layout) first */
+#define EM_AMX_REPACK 0 /* a tuning macro: 1 copies a task's bf16 rows into a padded scratch first (em_qtasks.h's EM_QPAD) */
 #endif
+
+/* Row r's K values copied to `to` (EM_AMX_REPACK). */
+static inline void em_copy_row(uint16_t *to, const uint16_t *w, int64_t r, int64_t K) { memcpy(to, w + r * K, (size_t)K * 2); }
 
 static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
-    const int64_t H = c->H, I = c->I, i0 = q * 16;
+    const int64_t H = c->H, I = c->I, i0 = q * 16, ld = H + 32;
     int nv = I - i0 < 16 ? (int)(I - i0) : 16;
     if (!EM_AMX_REPACK) {
-        em_gate_up_tiles(s, gu + i0 * H, gu + (I + i0) * H, H, 32, i0, nv, (int)H);
+        em_gate_up_tiles(s, gu + i0 * H, gu + (I + i0) * H, H, i0, nv, (int)H);
         return;
     }
-    const em_layout L = em_scratch_layout(H);
-    uint16_t *rows = em_scratch((size_t)em_row_at(L, 32)); /* gate rows, then up rows from 16 */
+    uint16_t *rows = em_scratch((size_t)(32 * ld)); /* gate rows, then up rows from 16 */
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
     }
     for (int r = 0; r < nv; r++) {
-        em_put_row(gu + (i0 + r) * H, H, rows + em_row_at(L, r), L.kstep);
-        em_put_row(gu + (I + i0 + r) * H, H, rows + em_row_at(L, 16 + r), L.kstep);
+        em_copy_row(rows + r * ld, gu, i0 + r, H);
+        em_copy_row(rows + (16 + r) * ld, gu, I + i0 + r, H);
     }
-    em_gate_up_tiles(s, rows, rows + em_row_at(L, 16), L.ld, L.kstep, i0, nv, (int)H);
+    em_gate_up_tiles(s, rows, rows + 16 * ld, ld, i0, nv, (int)H);
 }
 
 static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
-    const int64_t I = c->I, r0 = q * 32;
+    const int64_t I = c->I, r0 = q * 32, ld = I + 32;
     int nr = c->H - r0 < 32 ? (int)(c->H - r0) : 32;
     if (!EM_AMX_REPACK) {
-        em_down_tiles(c, jb, s, dn + r0 * I, dn + (r0 + 16) * I, I, 32, r0, nr);
+        em_down_tiles(c, jb, s, dn + r0 * I, I, r0, nr);
         return;
     }
-    const em_layout L = em_scratch_layout(I);
-    uint16_t *rows = em_scratch((size_t)em_row_at(L, 32));
+    uint16_t *rows = em_scratch((size_t)(32 * ld));
     if (!rows) {
         atomic_store(&((em_call *)c)->failed, 1);
         return;
     }
-    for (int r = 0; r < nr; r++) em_put_row(dn + (r0 + r) * I, I, rows + em_row_at(L, r), L.kstep);
-    em_down_tiles(c, jb, s, rows, rows + em_row_at(L, 16), L.ld, L.kstep, r0, nr);
+    for (int r = 0; r < nr; r++) em_copy_row(rows + r * ld, dn, r0 + r, I);
+    em_down_tiles(c, jb, s, rows, ld, r0, nr);
 }
 #elif defined(EM_ISA_AVX512)
 static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, int t0, int K, float *out) {
@@ -354,9 +316,8 @@ static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, 
         em_gemm12_1(w, xp, np, t0, K, out);
 }
 
-static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t kstep,
-                             int64_t i0, int nv, int K) {
-    (void)kstep; /* row-major: 32 */
+static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t i0,
+                             int nv, int K) {
     const uint16_t *w[EM_GR];
     float tmp[EM_GR * 32];
     for (int j = 0; j < EM_GR / 2; j++) { /* rows past nv repeat the first: computed, never stored */
@@ -369,9 +330,8 @@ static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint
     }
 }
 
-static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *rows,
-                          const uint16_t *unused, int64_t ld, int64_t kstep, int64_t r0, int nr) {
-    (void)unused, (void)kstep; /* row-major, EM_GR <= 16 rows: w0 alone */
+static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *rows, int64_t ld,
+                          int64_t r0, int nr) {
     const uint16_t *w[EM_GR];
     float tmp[EM_GR * 32];
     for (int j = 0; j < EM_GR; j++) w[j] = rows + (j < nr ? j : 0) * ld;
@@ -386,14 +346,14 @@ static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstat
     const int64_t H = c->H, I = c->I;
     int64_t i1 = (q + 1) * EM_P1_GEMM < I ? (q + 1) * EM_P1_GEMM : I;
     for (int64_t i = q * EM_P1_GEMM; i < i1; i += EM_GR / 2)
-        em_gate_up_tiles(s, gu + i * H, gu + (I + i) * H, H, 32, i, i1 - i < EM_GR / 2 ? (int)(i1 - i) : EM_GR / 2, (int)H);
+        em_gate_up_tiles(s, gu + i * H, gu + (I + i) * H, H, i, i1 - i < EM_GR / 2 ? (int)(i1 - i) : EM_GR / 2, (int)H);
 }
 
 static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
     int64_t r1 = (q + 1) * EM_P2_GEMM < c->H ? (q + 1) * EM_P2_GEMM : c->H;
     for (int64_t r = q * EM_P2_GEMM; r < r1; r += EM_GR)
-        em_down_tiles(c, jb, s, dn + r * c->I, NULL, c->I, 32, r, r1 - r < EM_GR ? (int)(r1 - r) : EM_GR);
+        em_down_tiles(c, jb, s, dn + r * c->I, c->I, r, r1 - r < EM_GR ? (int)(r1 - r) : EM_GR);
 }
 #endif
 
