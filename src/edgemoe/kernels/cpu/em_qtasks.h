@@ -207,7 +207,8 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
 
 #ifndef EM_QPAD
 /* bf16 values of padding after each scratch row (a tuning macro): rows 4 KiB apart (H =
- * 2048) fall in one L1 set, and an A tile's 16 rows (two tiles: 32) outnumber its 12 ways. */
+ * 2048) fall in one L1 set, and an A tile's 16 rows (two tiles: 32) outnumber its 12 ways.
+ * fp8 at 16 experts × 16 / 32 tokens: ×1.045 / ×1.06 against 0 (cpu-ab, 2026-12-04). */
 #define EM_QPAD 32
 #endif
 

@@ -265,48 +265,16 @@ static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate 
     }
 }
 
-#ifndef EM_AMX_REPACK
-#define EM_AMX_REPACK 0 /* a tuning macro: 1 copies a task's bf16 rows into a padded scratch first (em_qtasks.h's EM_QPAD) */
-#endif
-
-/* Row r's K values copied to `to` (EM_AMX_REPACK). */
-static inline void em_copy_row(uint16_t *to, const uint16_t *w, int64_t r, int64_t K) { memcpy(to, w + r * K, (size_t)K * 2); }
-
 static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
-    const int64_t H = c->H, I = c->I, i0 = q * 16, ld = H + 32;
-    int nv = I - i0 < 16 ? (int)(I - i0) : 16;
-    if (!EM_AMX_REPACK) {
-        em_gate_up_tiles(s, gu + i0 * H, gu + (I + i0) * H, H, i0, nv, (int)H);
-        return;
-    }
-    uint16_t *rows = em_scratch((size_t)(32 * ld)); /* gate rows, then up rows from 16 */
-    if (!rows) {
-        atomic_store(&((em_call *)c)->failed, 1);
-        return;
-    }
-    for (int r = 0; r < nv; r++) {
-        em_copy_row(rows + r * ld, gu, i0 + r, H);
-        em_copy_row(rows + (16 + r) * ld, gu, I + i0 + r, H);
-    }
-    em_gate_up_tiles(s, rows, rows + 16 * ld, ld, i0, nv, (int)H);
+    const int64_t H = c->H, I = c->I, i0 = q * 16;
+    em_gate_up_tiles(s, gu + i0 * H, gu + (I + i0) * H, H, i0, I - i0 < 16 ? (int)(I - i0) : 16, (int)H);
 }
 
 static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
-    const int64_t I = c->I, r0 = q * 32, ld = I + 32;
-    int nr = c->H - r0 < 32 ? (int)(c->H - r0) : 32;
-    if (!EM_AMX_REPACK) {
-        em_down_tiles(c, jb, s, dn + r0 * I, I, r0, nr);
-        return;
-    }
-    uint16_t *rows = em_scratch((size_t)(32 * ld));
-    if (!rows) {
-        atomic_store(&((em_call *)c)->failed, 1);
-        return;
-    }
-    for (int r = 0; r < nr; r++) em_copy_row(rows + r * ld, dn, r0 + r, I);
-    em_down_tiles(c, jb, s, rows, ld, r0, nr);
+    const int64_t r0 = q * 32;
+    em_down_tiles(c, jb, s, (const uint16_t *)(intptr_t)jb->down + r0 * c->I, c->I, r0,
+                  c->H - r0 < 32 ? (int)(c->H - r0) : 32);
 }
 #elif defined(EM_ISA_AVX512)
 static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, int t0, int K, float *out) {
