@@ -88,7 +88,7 @@ def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, f
 
 # Past these a phase's figures measure the host more than the engine. On the GPU machine
 # a fresh VM's first minutes decoded issue 13's scenario at 33 tok/s with 8% of the CPU
-# time stolen and ~50 involuntary switches a step, 51 tok/s a minute later at 0.03% and
+# time stolen and ~50 involuntary switches a step, 51 tok/s a minute later at 0.08% and
 # ~0.5 (bench/results/decode-20261203-235*.json): the same build.
 STEAL_SHARE_NOTED = 0.01
 SWITCHES_PER_STEP_NOTED = 5.0
