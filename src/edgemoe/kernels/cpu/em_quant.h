@@ -107,6 +107,10 @@ static inline __attribute__((always_inline)) void em_gemv4q_impl(const uint8_t *
         for (int t = 0; t < nt; t++) dots[r * nt + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+#ifndef EM_Q32
+#define EM_Q32 1 /* A/B arm: 0 converts the blocked path's rows 16 values a step (the same bits) */
+#endif
+
 /* 32 whole weights from w → fp32, times s: lo the first 16, hi the next (em_q16's values). */
 static inline __attribute__((always_inline)) void em_q32(const uint8_t *w, const int fp8, __m512 s, __m512 *lo,
                                                          __m512 *hi) {
@@ -133,7 +137,7 @@ static inline void em_q_to_bf16(const uint8_t *w, int n, const int fp8, const fl
         const __m512 s = _mm512_set1_ps(f);
         const int k1 = n - k0 < step ? n : k0 + step;
         int k = k0;
-        for (; k + 32 <= k1; k += 32) {
+        for (; EM_Q32 && k + 32 <= k1; k += 32) {
             __m512 lo, hi;
             em_q32(w + k, fp8, s, &lo, &hi);
             _mm512_storeu_si512(out + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
