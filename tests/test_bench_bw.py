@@ -26,6 +26,10 @@ def test_bench_bw_writes_json_and_png(tmp_path, capsys) -> None:  # noqa: ANN001
     assert all(r["kernel_gb_s"] > 0 and r["kernel_best_gb_s"] >= r["kernel_gb_s"] for r in native)
     assert not any("kernel_gb_s" in r for r in data["experts"] if r["kernel"].startswith("torch"))
     assert "CPU experts" in capsys.readouterr().out
+    # The host's counters over the run (Linux), with a note when the hypervisor took CPU time.
+    if data["host_counters"]:
+        assert data["host_counters"]["cpu_user_ticks"] >= 0 and "cpu_steal_share" in data["host_counters"]
+        assert ("host_note" in data) == (data["host_counters"]["cpu_steal_share"] >= 0.01)
 
 
 def test_prompt_shapes_time_many_tokens_of_many_experts_on_a_blocked_kernel(tmp_path) -> None:  # noqa: ANN001

@@ -72,3 +72,7 @@ def test_a_disturbed_phase_is_named_and_a_quiet_one_is_not() -> None:
     assert disturbance({"cpu_steal_share": 0.0007, "ctx_switches_involuntary": 110}, 240) is None
     assert disturbance({"cpu_steal_share": 0.0, "ctx_switches_involuntary": 2400}, 240) is not None  # switches alone
     assert disturbance({}, 0) is None  # no counters (not Linux): no note
+    # Without steps (a phase whose threads outnumber the cores by design): steal alone.
+    assert disturbance({"cpu_steal_share": 0.0, "ctx_switches_involuntary": 2400}) is None
+    steal = disturbance({"cpu_steal_share": 0.02, "ctx_switches_involuntary": 2400})
+    assert steal is not None and "2.0% of the CPU time stolen" in steal and "switches" not in steal

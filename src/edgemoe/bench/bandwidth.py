@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from edgemoe.bench.host_counters import counters_delta, disturbance, host_counters
 from edgemoe.bench.results import plot_bars, write_result
 from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import bank_job_table, moe_experts_partial_cpu
@@ -345,6 +346,7 @@ def _label(row: dict[str, Any]) -> str:
 def run_bw_bench(args: argparse.Namespace) -> int:
     kernels = available_kernels(args.threads, args.kernels)
     native = next((k for k in kernels if k.native), kernels[0])
+    counters = host_counters()
     read = host_read(native, args.read_gib, args.seconds)
     print(f"host read: {read['kernel_read_gb_s']:.1f} GB/s, best {read['kernel_read_best_gb_s']:.1f} ({native.name} "
           f"pool, {native.threads} threads); torch.sum {read['torch_sum_gb_s']:.1f} GB/s ({torch.get_num_threads()} threads)")
@@ -368,11 +370,14 @@ def run_bw_bench(args: argparse.Namespace) -> int:
     copies = copy_rates(min(args.pool_mib * 2**20, 2**30), nbytes) if torch.cuda.is_available() else {}
     for key, value in copies.items():
         print(f"  {key}: {value:.1f}")
+    host = counters_delta(counters, host_counters())
+    if note := disturbance(host):  # steal alone: torch's threads beside the pool's outnumber the cores by design
+        print(note)
     payload = {
         "threads": native.threads, "torch_threads": torch.get_num_threads(), "physical_cores": cpu_isa.physical_cores(),
         "auto_kernel": CpuExperts("auto", threads=1).name,
         "hidden": args.hidden, "intermediate": args.intermediate, "expert_bytes": nbytes,
-        "host": read, "experts": rows, "copies": copies,
+        "host": read, "experts": rows, "copies": copies, "host_counters": host, **({"host_note": note} if note else {}),
     }
     path = write_result(args.out, "bw", payload)
     marks = {"host read": read["kernel_read_gb_s"]}

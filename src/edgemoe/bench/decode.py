@@ -196,6 +196,7 @@ def measure(
            if prefill.draw_seconds else {}),
         **({"prefill_allocator": prefill.allocator} if prefill.allocator else {}),
         **({"prefill_host": prefill.host} if prefill.host else {}),
+        **({"prefill_host_note": note} if prefill.host and (note := disturbance(prefill.host)) else {}),
         "decode_s": decode.seconds,
         "decode_steps": len(steps),
         "decode_tokens_timed": decode.tokens,
@@ -267,7 +268,8 @@ def _print_row(row: dict[str, Any]) -> None:
         f"decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
         + _prefetch_note(row["decode_moe"])
         + _allocator_note(row.get("prefill_allocator"))
-        + (f"\n  {row['decode_host_note']}" if "decode_host_note" in row else "")
+        + "".join(f"\n  {phase}: {row[f'{phase}_host_note']}" for phase in ("prefill", "decode")
+                  if f"{phase}_host_note" in row)
     )
 
 

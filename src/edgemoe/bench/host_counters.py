@@ -94,13 +94,16 @@ STEAL_SHARE_NOTED = 0.01
 SWITCHES_PER_STEP_NOTED = 5.0
 
 
-def disturbance(delta: dict[str, float], steps: int) -> str | None:
-    """A warning when the host disturbed a phase of `steps` steps: the hypervisor took CPU
-    time (steal) or this process's threads were taken off their cores (involuntary context
-    switches); None when neither passed its threshold or nothing was counted."""
+def disturbance(delta: dict[str, float], steps: int | None = None) -> str | None:
+    """A warning when the host disturbed a phase: the hypervisor took CPU time (steal) or,
+    given the phase's `steps`, this process's threads were taken off their cores
+    (involuntary context switches a step; None: steal alone, for a phase whose threads
+    outnumber the cores by design). None when nothing passed its threshold or nothing was
+    counted."""
     steal = delta.get("cpu_steal_share", 0.0)
-    switches = delta.get("ctx_switches_involuntary", 0) / max(steps, 1)
+    switches = delta.get("ctx_switches_involuntary", 0) / max(steps, 1) if steps is not None else 0.0
     if steal < STEAL_SHARE_NOTED and switches < SWITCHES_PER_STEP_NOTED:
         return None
-    return (f"host disturbed: {100 * steal:.1f}% of the CPU time stolen by the hypervisor, {switches:.1f} "
-            "involuntary context switches a step: these figures measure the host; run again")
+    counted = f", {switches:.1f} involuntary context switches a step" if steps is not None else ""
+    return (f"host disturbed: {100 * steal:.1f}% of the CPU time stolen by the hypervisor{counted}: these figures "
+            "measure the host; run again")
