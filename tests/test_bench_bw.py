@@ -27,8 +27,8 @@ def test_bench_bw_writes_json_and_png(tmp_path, capsys) -> None:  # noqa: ANN001
     assert not any("kernel_gb_s" in r for r in data["experts"] if r["kernel"].startswith("torch"))
     assert "CPU experts" in capsys.readouterr().out
     # The host's counters over the run (Linux), with a note when the hypervisor took CPU time.
-    if data["host_counters"]:
-        assert data["host_counters"]["cpu_user_ticks"] >= 0 and "cpu_steal_share" in data["host_counters"]
+    if "cpu_steal_share" in data["host_counters"]:  # absent off Linux, or if no tick elapsed
+        assert data["host_counters"]["cpu_user_ticks"] >= 0
         assert ("host_note" in data) == (data["host_counters"]["cpu_steal_share"] >= 0.01)
 
 
