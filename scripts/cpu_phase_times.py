@@ -10,7 +10,7 @@ was done. Per weight format, the medians over calls of:
 - `call_us`: the kernel's whole call, `wall_us`: the Python call around it.
 Tells a slow inner loop (a phase's rate) from hand-off and imbalance (entry, tails) — an
 A/B of whole calls (`scripts/gpu_cpu_ab.py`) can't. Writes
-$OUT/cpu-phase-times-spin<µs>.json.
+$OUT/cpu-phase-times-spin<µs>-<time>.json (a file a run: several runs in one call keep theirs).
 
     OUT=/tmp PYTHONPATH=src python3 scripts/cpu_phase_times.py [--weights bf16 int8 fp8] [--experts 8 1] [--spin-us N]
 """
@@ -96,7 +96,8 @@ def main() -> None:
             row["call_gb_s"] = round(sum(nbytes) / (row["call_us"] * 1e3), 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    path = os.path.join(os.environ.get("OUT", "bench/results"), f"cpu-phase-times-spin{kernel.spin_us}.json")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(os.environ.get("OUT", "bench/results"), f"cpu-phase-times-spin{kernel.spin_us}-{stamp}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"rows": rows}, f, indent=1)
