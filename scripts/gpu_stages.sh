@@ -29,6 +29,10 @@
 #   prefetch-ab  issue 13's decode scenario (16 GiB, synthetic routing, 1K prompt) per $PREFETCH_RUNS
 #                ("dtype:backend:on|off[:VAR=value[+VAR=value...][:flags, "+"-joined]]" each; an empty VAR
 #                field is "::"), $PREFETCH_DECODE tokens (240)
+#   tree-ab      a build against another, interleaved, one process each: issue 13's decode scenario
+#                (or `bench decode` flags in $TREE_ARGS) per tree in $TREES (default "ab-tree ."), $TREE_ROUNDS
+#                rounds (2); a tree is a directory holding src/ (scripts/ab_tree.sh REV extracts REV's to ab-tree/,
+#                ignored by git: carry=[".whl", "ab-tree"])
 #   prefetch-sweep  scripts/gpu_prefetch_sweep.py per $SWEEP_BACKENDS (hybrid): the side gather's grids in one
 #                engine ($PREFETCH_SWEEP: its flags, e.g. "--grids 32,2048,4 64,8192,8")
 #   bw           edgemoe bench bw $BW (host read, CPU experts per format through the entry point and as C calls alone, copies)
@@ -128,6 +132,14 @@ run_stage() {
                      --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} ${flags//+/ } \
                      --out "$res/prefetch-ab"
                  done ;;
+    tree-ab) for round in $(seq "${TREE_ROUNDS:-2}"); do
+               for tree in ${TREES:-ab-tree .}; do  # the wheels first, then the tree's sources
+                 echo "== round $round, tree $tree"
+                 PYTHONPATH="/tmp/site:$PWD/$tree/src:$PWD" python3 -m edgemoe.cli bench decode --model "$model" \
+                   ${TREE_ARGS:---gpu-memory 16GiB --kv-tokens 8192 --routing synthetic --moe-backend hybrid
+                     --prompt-tokens 1024 --batch-sizes 1 --decode-tokens 240} --out "$res/tree-ab/${tree//[^A-Za-z0-9]/_}"
+               done
+             done ;;
     prefetch-sweep) for backend in ${SWEEP_BACKENDS:-hybrid}; do
                       OUT="$res/prefetch-sweep" python3 scripts/gpu_prefetch_sweep.py --backend "$backend" ${PREFETCH_SWEEP:-}
                     done ;;
