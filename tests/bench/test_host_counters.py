@@ -67,12 +67,16 @@ def test_a_disturbed_phase_is_named_and_a_quiet_one_is_not() -> None:
 
     # The GPU machine's fresh-VM run (8.4% stolen, 10,615 switches in 240 steps) and the
     # same build a minute later (0.07%, 110).
-    slow = disturbance({"cpu_steal_share": 0.0837, "ctx_switches_involuntary": 10615}, 240)
+    slow = disturbance({"cpu_steal_share": 0.0837, "cpu_steal_ticks": 1020, "cpu_user_ticks": 11160,
+                        "ctx_switches_involuntary": 10615}, 240)
     assert slow is not None and "8.4% of the CPU time stolen" in slow and "44.2 involuntary" in slow
     assert disturbance({"cpu_steal_share": 0.0007, "ctx_switches_involuntary": 110}, 240) is None
     assert disturbance({"cpu_steal_share": 0.0, "ctx_switches_involuntary": 2400}, 240) is not None  # switches alone
     assert disturbance({}, 0) is None  # no counters (not Linux): no note
     # Without steps (a phase whose threads outnumber the cores by design): steal alone.
     assert disturbance({"cpu_steal_share": 0.0, "ctx_switches_involuntary": 2400}) is None
-    steal = disturbance({"cpu_steal_share": 0.02, "ctx_switches_involuntary": 2400})
+    steal = disturbance({"cpu_steal_share": 0.02, "cpu_steal_ticks": 20, "cpu_idle_ticks": 980,
+                         "ctx_switches_involuntary": 2400})
     assert steal is not None and "2.0% of the CPU time stolen" in steal and "switches" not in steal
+    # A phase of a few ticks: its share is the accounting's granularity, not judged.
+    assert disturbance({"cpu_steal_share": 0.25, "cpu_steal_ticks": 1, "cpu_user_ticks": 3}) is None

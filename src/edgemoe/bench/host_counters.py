@@ -92,6 +92,9 @@ def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, f
 # ~0.5 (bench/results/decode-20261203-235*.json): the same build.
 STEAL_SHARE_NOTED = 0.01
 SWITCHES_PER_STEP_NOTED = 5.0
+# Ticks (1/100 s of one CPU) a phase must span before its steal share is judged: a share
+# of a few ticks is the accounting's granularity, not the host.
+STEAL_TICKS_JUDGED = 200
 
 
 def disturbance(delta: dict[str, float], steps: int | None = None) -> str | None:
@@ -100,7 +103,8 @@ def disturbance(delta: dict[str, float], steps: int | None = None) -> str | None
     (involuntary context switches a step; None: steal alone, for a phase whose threads
     outnumber the cores by design). None when nothing passed its threshold or nothing was
     counted."""
-    steal = delta.get("cpu_steal_share", 0.0)
+    ticks = sum(delta.get(f"cpu_{name}_ticks", 0) for name in _CPU_FIELDS)
+    steal = delta.get("cpu_steal_share", 0.0) if ticks >= STEAL_TICKS_JUDGED else 0.0
     switches = delta.get("ctx_switches_involuntary", 0) / max(steps, 1) if steps is not None else 0.0
     if steal < STEAL_SHARE_NOTED and switches < SWITCHES_PER_STEP_NOTED:
         return None
