@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from edgemoe.bench.host_counters import disturbance
 from edgemoe.cli import main
 from edgemoe.kernels import cpu_isa
 
@@ -26,10 +27,10 @@ def test_bench_bw_writes_json_and_png(tmp_path, capsys) -> None:  # noqa: ANN001
     assert all(r["kernel_gb_s"] > 0 and r["kernel_best_gb_s"] >= r["kernel_gb_s"] for r in native)
     assert not any("kernel_gb_s" in r for r in data["experts"] if r["kernel"].startswith("torch"))
     assert "CPU experts" in capsys.readouterr().out
-    # The host's counters over the run (Linux), with a note when the hypervisor took CPU time.
-    if "cpu_steal_share" in data["host_counters"]:  # absent off Linux, or if no tick elapsed
-        assert data["host_counters"]["cpu_user_ticks"] >= 0
-        assert ("host_note" in data) == (data["host_counters"]["cpu_steal_share"] >= 0.01)
+    # The host's counters over the run (Linux; {} elsewhere), with disturbance()'s note when
+    # the hypervisor took CPU time (tests/bench/test_host_counters.py: its thresholds).
+    assert all(v >= 0 for k, v in data["host_counters"].items() if k.endswith("_ticks"))
+    assert data.get("host_note") == disturbance(data["host_counters"])
 
 
 def test_prompt_shapes_time_many_tokens_of_many_experts_on_a_blocked_kernel(tmp_path) -> None:  # noqa: ANN001
