@@ -19,9 +19,10 @@
  * GEMM (many tokens): the task's rows are dequantised into a per-thread scratch as bf16
  * with their scales folded in (the reference's fp32 weight rounded once more, to bf16:
  * the blocked path already rounds x and h so) and the bf16 blocked kernels run over whole
- * rows. Why not the exact alternative (unscaled values, exact in bf16, one tile pass a
- * scale block, each partial sum scaled in fp32): a pass a block of 128 k (int4 and mxfp4:
- * a group of 32, one tile step) stores and rescales its tiles for every few tile products.
+ * rows, the same tiles as bf16 weights (expert.c's em_gate_up_tiles / em_down_tiles). The
+ * exact alternative (unscaled values, exact in bf16, a tile pass a scale block, each
+ * partial sum scaled in fp32) was no faster on AMX (docs/benchmarks.md, 2026-12-04) and
+ * took a path of its own; the extra rounding is 1/32 of e4m3's own.
  */
 #ifndef EM_QUANT_H
 #define EM_QUANT_H
