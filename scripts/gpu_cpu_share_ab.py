@@ -22,19 +22,31 @@ from edgemoe.bench.decode import measure
 from edgemoe.moe.cpu_share import HEAT_UNIT
 
 
-def prompt_ab(llm, share, lengths: list[int]) -> list[dict]:  # noqa: ANN001
-    """Prefill tok/s of each length with the prompt rule on, then off (the share's
-    prompt_rows zeroed: every miss copied), twice in turn; the CPU's experts a token."""
-    out, covered = [], share.prompt_rows
-    for rep in range(2):
+def prompt_ab(llm, share, lengths: list[int], reps: int = 2) -> list[dict]:  # noqa: ANN001
+    """Prefill tok/s of each length with the prompt rule on and off (the share's
+    prompt_rows zeroed: every miss copied), in turn, the order swapped each round: every
+    run a prompt of its own (a repeated one would be the prefix cache's hit) meeting the
+    start-up pool (`restart_pool`: emptied and preloaded again). The CPU's experts a token,
+    its busy ms, the bytes copied and the rule's rates after the run."""
+    from edgemoe.moe.slot_preload import restart_pool
+
+    out, covered, seed = [], share.prompt_rows, 1000
+    for rep in range(reps):
         for n in lengths:
-            for on in (True, False):
+            for on in ((True, False) if rep % 2 == 0 else (False, True)):
                 share.prompt_rows = covered if on else 0
-                row = measure(llm, n, 1, 2, seed=100 + rep * 10 + n)
+                restart_pool(llm.engine.runtime.executor)
+                seed += 1
+                row = measure(llm, n, 1, 2, seed=seed)
                 pm = row["prefill_moe"]
-                out.append({"prompt": n, "prompt_cpu": on, "prefill_tok_s": round(row["prefill_tok_s"], 1),
+                if row["cached_prompt_tokens"]:
+                    raise RuntimeError(f"prompt {seed} met the prefix cache ({row['cached_prompt_tokens']} tokens)")
+                out.append({"round": rep, "prompt": n, "prompt_cpu": on, "prefill_tok_s": round(row["prefill_tok_s"], 1),
+                            "prefill_tok_s_without_draws": round(row.get("prefill_tok_s_without_draws", 0.0), 1),
                             "prefill_s": round(row["prefill_s"], 3), "misses_per_token": round(pm["misses_per_token"], 2),
-                            "cpu_experts_per_token": round(pm["experts_cpu"] / max(1, pm["tokens"]), 2)})
+                            "cpu_experts_per_token": round(pm["experts_cpu"] / max(1, pm["tokens"]), 2),
+                            "cpu_ms": round(pm["cpu_ms_per_token"] * pm["tokens"], 1), "gb_copied": round(pm["gb_copied"], 2),
+                            "copy_gb_per_s": round(pm["copy_gb_per_s"], 1), "rate_ns": list(share.rate_ns)})
                 print(out[-1], flush=True)
     share.prompt_rows = covered
     return out
@@ -64,6 +76,8 @@ def main() -> None:
         print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
         share = llm.engine.runtime.executor.cpu_share
         measure(llm, 16, 1, 4, seed=0)  # warm-up, graphs
+        if args.prompt_ab is not None:
+            measure(llm, 600, 1, 2, seed=1)  # the prompt rule's first use (its kernels' shapes)
         seed = 1
         if args.prompt_ab is not None:
             rows.extend(prompt_ab(llm, share, args.prompt_ab or [300, 1024, 2048]))
@@ -84,7 +98,7 @@ def main() -> None:
                        "cpu_us_per_call": moe.get("cpu_us_per_call"), "slots": llm.stats()["memory_plan"]["num_slots"]}
                 rows.append(out)
                 print(out, flush=True)
-    path = os.path.join(os.environ.get("OUT", "bench/results"), "cpu-share-ab.json")
+    path = os.path.join(os.environ.get("OUT", "bench/results"), f"cpu-share-ab-{args.expert_dtype}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"settings": settings, "rows": rows}, f, indent=1)

@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--turn", type=int, default=300)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-prefill-tokens", type=int, default=8192)
-    ap.add_argument("--prompt-cpu", action="store_true", help="hybrid: the CPU takes the turn's sparse experts")
+    ap.add_argument("--prompt-cpu", action=argparse.BooleanOptionalAction, default=None,
+                    help="hybrid: the CPU takes the turn's sparse experts (default: the engine's, on)")
     args = ap.parse_args()
     settings = dict(model=args.model, dtype="bfloat16", gpu_memory=args.gpu_memory,
                     kv_tokens=args.prefix + args.turns * (args.turn + 8) + 256, routing="synthetic",
@@ -67,7 +68,7 @@ def main() -> None:
             rows.append(turn)
             print("turn", i, turn, flush=True)
         plan = llm.stats()["memory_plan"]
-    path = os.path.join(os.environ.get("OUT", "bench/results"), f"turn-ttft-{args.backend}{'-prompt-cpu' if args.prompt_cpu else ''}.json")
+    path = os.path.join(os.environ.get("OUT", "bench/results"), f"turn-ttft-{args.backend}{'-no-prompt-cpu' if args.prompt_cpu is False else ''}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes, "prefix": first,

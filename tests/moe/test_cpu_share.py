@@ -272,6 +272,23 @@ def test_prompt_cpu_settings() -> None:
     with pytest.raises(ValueError, match="prompt-cpu"):
         EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="host", prompt_cpu=True)).validate()
     EngineConfig(moe=MoEConfig(moe_backend="auto", prompt_cpu=True)).validate()
+    for backend in ("offload", "hybrid", "cpu"):  # unset: on only where the share runs, refused nowhere
+        EngineConfig(moe=MoEConfig(moe_backend=backend, expert_cache="host")).validate()
+
+
+def test_prompt_cpu_unset_is_on_where_the_share_runs(kernel: CpuExperts, caplog) -> None:  # noqa: ANN001
+    """The default (None) gives a share its prompt rule, quietly; False takes it away; an
+    executor without a share (offload) says nothing about a rule it didn't ask for."""
+    store = store_of("bf16")
+    made = {p: DeviceOffloadExecutor(store, CPU, F.silu, L, 5, max_tokens=256, cpu_experts_per_layer=0,
+                                     cpu_kernel=kernel, prompt_cpu=p) for p in (None, False)}
+    assert made[None].cpu_share.prompt_rows == 256 and made[None].stats.snapshot()["prompt_cpu"] is True
+    assert made[False].cpu_share.prompt_rows == 0 and made[False].stats.snapshot()["prompt_cpu"] is False
+    with caplog.at_level("WARNING"):
+        quiet = DeviceOffloadExecutor(store, CPU, F.silu, L, 5, max_tokens=256, prompt_cpu=None)
+        assert quiet.cpu_share is None and "--prompt-cpu" not in caplog.text
+        DeviceOffloadExecutor(store, CPU, F.silu, L, 5, max_tokens=256, prompt_cpu=True)
+    assert "--prompt-cpu: no CPU share here" in caplog.text
 
 
 def test_the_cpu_rates_fit_recovers_a_cost_law() -> None:

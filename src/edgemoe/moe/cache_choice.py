@@ -53,8 +53,9 @@ def check_cpu_quota(backend: str, expert_cache: str, cpu_experts_per_layer: int 
                          f"with --expert-cache device (got --moe-backend {backend}, --expert-cache {expert_cache})")
 
 
-def check_prompt_cpu(backend: str, expert_cache: str, prompt_cpu: bool) -> None:
-    """`--prompt-cpu` is the device cache's CPU share's: hybrid or auto, not the host cache."""
+def check_prompt_cpu(backend: str, expert_cache: str, prompt_cpu: bool | None) -> None:
+    """`--prompt-cpu` is the device cache's CPU share's: hybrid or auto, not the host cache
+    (asked for; unset, it is on only where that share runs)."""
     if not prompt_cpu:
         return
     if backend not in ("hybrid", "auto") or expert_cache == "host":

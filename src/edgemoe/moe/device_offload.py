@@ -77,7 +77,8 @@ class DeviceOffloadExecutor(CellsExecutor):
     `cpu_experts_per_layer`: the CPU's quota of each layer's misses (None: no fixed share;
     `cpu_share.quota` may be rewritten between steps), run by `cpu_kernel` (default: the
     C kernel on every physical core but the one driving the GPU); `prompt_cpu`: the share's
-    prompt rule for chunks of up to `max_tokens` (`moe/cpu_share.py`). `live_quota` ("hybrid"
+    prompt rule for chunks of up to `max_tokens` (`moe/cpu_share.py`; None: on where the share
+    runs, True: also a warning where it can't). `live_quota` ("hybrid"
     | "auto", without a fixed quota): the quota is chosen by timing decode steps
     (`moe/quota_controller.py`, levels up to `top_k` experts a layer; hybrid starts at one
     expert a layer, auto at none); at level 0 the runner replays graphs captured without
@@ -104,13 +105,14 @@ class DeviceOffloadExecutor(CellsExecutor):
         policy: str = "lru",
         live_quota: str | None = None,
         top_k: int | None = None,
-        prompt_cpu: bool = False,
+        prompt_cpu: bool | None = False,
         stream_tokens: int | None = None,
         lend_slots: int = 0,
         planned_tokens: int | None = None,
     ) -> None:
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
-        self._prompt_rows = max_tokens if prompt_cpu else 0  # the share's prompt rule covers every chunk
+        # The share's prompt rule covers every chunk (None: on where the share runs, said nowhere else).
+        self._prompt_rows = max_tokens if prompt_cpu is not False else 0
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
         self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)

@@ -30,7 +30,7 @@ def make_executor(
     expert_cache: str = "host",
     expert_mover: str = "gather",
     cpu_experts_per_layer: int | None = None,
-    prompt_cpu: bool = False,
+    prompt_cpu: bool | None = False,
     stream_tokens: int | None = None,
     lend_slots: int = 0,
     planned_tokens: int | None = None,
@@ -43,7 +43,7 @@ def make_executor(
     `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"), misses moved
     by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (a fixed quota
     `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when), and
-    `prompt_cpu` its prompt rule; prompt chunks of `stream_tokens` or more (default
+    `prompt_cpu` its prompt rule (None: wherever the share runs); prompt chunks of `stream_tokens` or more (default
     `moe/prefill_stream.py`'s) stream their experts, with the last `lend_slots` slots'
     memory lent to them (`moe/slot_lending.py`; the memory plan's `lend_slots`; the
     persistent cells sized for `planned_tokens`, the largest step that doesn't borrow)."""
