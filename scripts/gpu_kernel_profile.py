@@ -29,6 +29,13 @@ between steps in the same process, quarters of an expert allowed), e.g. Qwen3.8 
 `1 32768 model=random:qwen3.8-flash-next moe_backend=hybrid expert_cache=device
 cpu_experts_per_layer=6 quotas=6.5,4,9 gpu_memory=16GiB kv_tokens=33000 max_model_len=33000`.
 `KPROFILE_STEPS` sets the profiled steps (16).
+
+`prefill=1` (the script's own) profiles prompts instead of decode steps: each "step" is a
+fresh prompt of `prompt_tokens` (its own tokens: no prefix-cache hit) prefilled to its first
+token, the slot pool put back as start-up left it before each (`restart_pool`), e.g. issue
+15's first 512-token fp8 prompt with the CPU's prompt rule: `1 512 prefill=1
+moe_backend=hybrid expert_dtype=fp8 routing=synthetic gpu_memory=16GiB kv_tokens=8448`
+(KPROFILE_STEPS=4 is plenty: ~50K kernels a prompt).
 """
 
 from __future__ import annotations
@@ -48,7 +55,9 @@ os.environ.setdefault("EDGEMOE_PDL", "0")  # before edgemoe reads it: see the NO
 from edgemoe import LLM, SamplingParams  # noqa: E402
 
 STEPS = int(os.environ.get("KPROFILE_STEPS", 16))
-IDLE_MAX_US = 5_000  # a gap longer than this is between steps (the host's sampling and scheduling)
+# A gap longer than this is between steps (the host's sampling and scheduling); prompts'
+# profiles raise it (a layer's wait for the CPU's experts can be several ms).
+IDLE_MAX_US = int(os.environ.get("KPROFILE_IDLE_MAX_US", 5_000))
 
 
 def idle_before(events) -> dict[str, list[float]]:  # noqa: ANN001
@@ -76,18 +85,19 @@ def busy_us(events) -> float:  # noqa: ANN001
             total += end - max(start, reach)
             reach = end
     return total
-def parse_args(argv: list[str]) -> tuple[int, int, str, list[float], dict[str, object], str]:
-    """(batch, prompt, model, quotas, engine settings, file tag) from the command line;
-    `model=` and `quotas=` are the script's own (not engine settings)."""
+def parse_args(argv: list[str]) -> tuple[int, int, str, list[float], dict[str, object], str, bool]:
+    """(batch, prompt, model, quotas, engine settings, file tag, prefill) from the command
+    line; `model=`, `quotas=` and `prefill=` are the script's own (not engine settings)."""
     batch = int(argv[1]) if len(argv) > 1 else 1
     prompt = int(argv[2]) if len(argv) > 2 else 1024
     given = dict(arg.split("=", 1) for arg in argv[3:])
     tag = "".join(f"_{k}-{v}" for k, v in given.items()).replace(":", "-").replace("/", "-")
     model = given.pop("model", "random:qwen3-30b-a3b")
     quotas = [float(q) for q in given.pop("quotas").split(",")] if "quotas" in given else []
+    prefill = given.pop("prefill", "0") != "0"
     settings: dict[str, object] = {"moe_backend": "resident", "kv_tokens": 65536}
     settings.update({k: int(v) if v.isdigit() else v for k, v in given.items()})
-    return batch, prompt, model, quotas, settings, tag
+    return batch, prompt, model, quotas, settings, tag, prefill
 
 
 def set_quota(engine, quota: float) -> None:  # noqa: ANN001
@@ -124,6 +134,60 @@ def profile_steps(engine) -> tuple[object, float, dict[str, float]]:  # noqa: AN
     return prof, wall_us, cpu
 
 
+class Recorded:
+    """The events of a scheduled profile's active steps, collected as each cycle ends (the
+    profiler clears them then), behind the `events()` that `report` reads."""
+
+    def __init__(self) -> None:
+        self.list: list[object] = []
+
+    def collect(self, prof) -> None:  # noqa: ANN001
+        self.list.extend(prof.events())
+
+    def events(self) -> list[object]:
+        return self.list
+
+
+def profile_prompts(engine, prompt: int) -> tuple[object, float, dict[str, float]]:  # noqa: ANN001
+    """Like `profile_steps`, a step being a fresh prompt prefilled to its first token, each
+    meeting the start-up pool (2 warm prompts first). The pool's restart (its preload's
+    copies) runs in the profiler's warm-up steps: recorded, then dropped."""
+    from torch.profiler import schedule
+
+    from edgemoe.moe.slot_preload import restart_pool
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def restart() -> None:
+        restart_pool(engine.runtime.executor)
+        torch.cuda.synchronize()
+
+    def prefill(i: int) -> float:
+        """Seconds to prompt i's first token."""
+        began = time.perf_counter()
+        rid = engine.add_request([(5000 + 7919 * i + 31 * j) % 100_000 for j in range(prompt)], params)
+        while rid in engine.requests:  # one token: finished (and dropped) at its first
+            engine.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - began
+
+    for i in range(2):
+        restart()
+        prefill(i)
+    cpu0, calls0 = cpu_busy(engine)
+    recorded, wall = Recorded(), 0.0
+    with profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=0, warmup=1, active=1, repeat=STEPS),
+                 on_trace_ready=recorded.collect) as prof:
+        for i in range(STEPS):
+            restart()
+            prof.step()
+            wall += prefill(2 + i)
+            prof.step()
+    cpu1, calls1 = cpu_busy(engine)
+    cpu = {"cpu_busy_us_per_step": (cpu1 - cpu0) * 1e6 / STEPS, "cpu_calls_per_step": (calls1 - calls0) / STEPS}
+    return recorded, wall * 1e6 / STEPS, cpu
+
+
 def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str, object]:  # noqa: ANN001
     """Print the kernel table and the idle gaps; the JSON record of one profile."""
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -155,19 +219,14 @@ def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str,
 
 
 def main() -> int:
-    batch, prompt, model, quotas, settings, tag = parse_args(sys.argv)
+    batch, prompt, model, quotas, settings, tag, prefill = parse_args(sys.argv)
     records = []
     with LLM(model, **settings) as llm:
         engine = llm.engine
-        params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
-        ids = [engine.add_request([1000 + i + 7 * j for j in range(prompt)], params) for i in range(batch)]
-        while not all(engine.requests[i].output_ids for i in ids):  # prefill; profile_steps warms the decode steps
-            engine.step()
-        for quota in quotas or [None]:
-            if quota is not None:
-                set_quota(engine, quota)
-            label = f"batch {batch}, prompt {prompt}" + (f", CPU quota {quota}" if quota is not None else "")
-            records.append({"quota": quota, **report(*profile_steps(engine), label)})
+        if prefill:
+            records.append({"prefill": True, **report(*profile_prompts(engine, prompt), f"prompts of {prompt} tokens")})
+        else:
+            records.extend(decode_profiles(engine, batch, prompt, quotas))
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)
     record = {"batch": batch, "prompt_tokens": prompt, "model": model, "settings": settings}
@@ -177,6 +236,21 @@ def main() -> int:
         record["profiles"] = records
     (out / f"kernel_profile_b{batch}_p{prompt}{tag}.json").write_text(json.dumps(record, indent=1))
     return 0
+
+
+def decode_profiles(engine, batch: int, prompt: int, quotas: list[float]) -> list[dict[str, object]]:  # noqa: ANN001
+    """`batch` requests prefilled, then a decode profile per quota (one without quotas)."""
+    records = []
+    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+    ids = [engine.add_request([1000 + i + 7 * j for j in range(prompt)], params) for i in range(batch)]
+    while not all(engine.requests[i].output_ids for i in ids):  # prefill; profile_steps warms the decode steps
+        engine.step()
+    for quota in quotas or [None]:
+        if quota is not None:
+            set_quota(engine, quota)
+        label = f"batch {batch}, prompt {prompt}" + (f", CPU quota {quota}" if quota is not None else "")
+        records.append({"quota": quota, **report(*profile_steps(engine), label)})
+    return records
 
 
 if __name__ == "__main__":
