@@ -85,6 +85,8 @@ def busy_us(events) -> float:  # noqa: ANN001
             total += end - max(start, reach)
             reach = end
     return total
+
+
 def parse_args(argv: list[str]) -> tuple[int, int, str, list[float], dict[str, object], str, bool]:
     """(batch, prompt, model, quotas, engine settings, file tag, prefill) from the command
     line; `model=`, `quotas=` and `prefill=` are the script's own (not engine settings)."""
@@ -136,16 +138,20 @@ def profile_steps(engine) -> tuple[object, float, dict[str, float]]:  # noqa: AN
 
 class Recorded:
     """The events of a scheduled profile's active steps, collected as each cycle ends (the
-    profiler clears them then), behind the `events()` that `report` reads."""
+    profiler clears them then): `events()` all of them (the kernel table), `cycles()` one
+    list a cycle (each cycle's clock starts anew: spans and gaps are a cycle's own)."""
 
     def __init__(self) -> None:
-        self.list: list[object] = []
+        self.by_cycle: list[list[object]] = []
 
     def collect(self, prof) -> None:  # noqa: ANN001
-        self.list.extend(prof.events())
+        self.by_cycle.append(list(prof.events()))
 
     def events(self) -> list[object]:
-        return self.list
+        return [e for cycle in self.by_cycle for e in cycle]
+
+    def cycles(self) -> list[list[object]]:
+        return self.by_cycle
 
 
 def profile_prompts(engine, prompt: int) -> tuple[object, float, dict[str, float]]:  # noqa: ANN001
@@ -197,8 +203,13 @@ def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str,
             per_kernel[e.name][1] += 1
     total = sum(t for t, _ in per_kernel.values())
     rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
-    gaps = idle_before(prof.events())
-    busy = busy_us(prof.events()) / STEPS
+    cycles = prof.cycles() if hasattr(prof, "cycles") else [prof.events()]
+    gaps: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for cycle in cycles:
+        for name, (us, calls) in idle_before(cycle).items():
+            gaps[name][0] += us
+            gaps[name][1] += calls
+    busy = sum(busy_us(cycle) for cycle in cycles) / STEPS
     print(f"{label}: {total / STEPS:.0f} µs of kernels per step, {busy:.0f} µs with a kernel "
           f"running (streams overlapped: {total / STEPS - busy:.0f}), {wall_us:.0f} µs a step by the clock (profiled); "
           f"CPU share {cpu['cpu_busy_us_per_step']:.0f} µs busy in {cpu['cpu_calls_per_step']:.1f} calls a step")
