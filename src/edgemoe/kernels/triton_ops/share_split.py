@@ -13,7 +13,7 @@ from edgemoe.kernels.row_gather import gather_rows_into
 from edgemoe.kernels.share_split import DECODE, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
 from edgemoe.kernels.triton_ops.common import pdl_start
 
-CHUNK = 16  # pairs compared against every expert at once (registers: CHUNK x BLOCK_E)
+HIST = 1024  # pairs counted into the experts' histogram at once
 CHUNK_N = 1024  # pairs written to the mailbox at once (a prompt chunk's in several)
 X_IN_KERNEL = 64  # token rows the launch copies itself (one program: a decode batch's)
 BLOCK_H = 1024  # columns a row copy moves at once
@@ -25,16 +25,16 @@ FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe read
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_ptr, count_ptr, rates_ptr, out_ids_ptr,
                  pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, N, K, T, H, E, cap, stride_x,
                  stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr,
-                 BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr,
+                 BLOCK_E: tl.constexpr, HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr,
                  USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
     routed = tl.zeros([BLOCK_E], tl.int64)  # pairs routing each expert
-    for n0 in range(0, N, CHUNK):
-        nc = n0 + tl.arange(0, CHUNK)
+    for n0 in range(0, N, HIST):
+        nc = n0 + tl.arange(0, HIST)
         idc = tl.load(ids_ptr + nc, mask=nc < N, other=-1).to(tl.int32)
-        routed += tl.sum((idc[:, None] == e[None, :]).to(tl.int64), axis=0)
+        routed += tl.histogram(idc, BLOCK_E, mask=idc >= 0).to(tl.int64)
     resident = tl.load(resident_ptr + e, mask=ok_e, other=0)
     miss = (routed > 0) & (resident < 0) & ok_e
     on_cpu = tl.zeros([BLOCK_E], tl.int32)
@@ -47,26 +47,25 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_
             on_cpu = tl.where(pick, 1, on_cpu)
             key = tl.where(pick, BIG, key)
         tl.store(heat_ptr + e, heat - (heat >> SHIFT) + routed * tl.load(unit_ptr), mask=ok_e)
+        ncpu = tl.sum(on_cpu, axis=0)
+        tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
     else:  # prompt: fewest tokens first while the CPU's time stays within the device's for the rest
-        key = tl.where(miss, routed * E + (E - 1 - e), BIG)
-        misses = tl.sum(miss.to(tl.int64), axis=0)
+        # One sort and prefix sums (the reference's form), not a pick a miss: a chunk's layer
+        # has ~100 misses, and a reduction a pick cost 120-170 µs a layer (2026-12-04).
+        key = tl.sort(tl.where(miss, routed * E + (E - 1 - e), BIG))  # the misses first, by tokens, ties to the higher id
+        missed = key != BIG
+        n = tl.where(missed, key // E, 0)  # each sorted miss's tokens
+        misses = tl.sum(missed.to(tl.int64), axis=0)
         fixed, per_token, device_ns = tl.load(rates_ptr), tl.load(rates_ptr + 1), tl.load(rates_ptr + 2)
-        cpu_ns, pairs, taken, going = misses * 0, misses * 0, misses * 0, misses * 0 + 1
-        for _ in range(0, E):
-            m = tl.min(key, axis=0)
-            pick = key == m
-            n = tl.sum(tl.where(pick, routed, 0), axis=0)
-            fits = (going > 0) & (m != BIG) & (cpu_ns + fixed + per_token * n <= (misses - taken - 1) * device_ns) \
-                & (pairs + n <= cap - 1)
-            on_cpu = tl.where(pick & fits, 1, on_cpu)
-            cpu_ns = tl.where(fits, cpu_ns + fixed + per_token * n, cpu_ns)
-            pairs = tl.where(fits, pairs + n, pairs)
-            taken = tl.where(fits, taken + 1, taken)
-            going = tl.where(fits, going, 0)
-            key = tl.where(pick, BIG, key)
-    ncpu = tl.sum(on_cpu, axis=0)
+        cpu_ns = tl.cumsum(tl.where(missed, fixed + per_token * n, 0), axis=0)  # the first k misses' CPU time
+        k = e.to(tl.int64) + 1
+        fits = missed & (cpu_ns <= (misses - k) * device_ns) & (tl.cumsum(n, axis=0) <= cap - 1)
+        taken = tl.cumsum((~fits).to(tl.int32), axis=0) == 0  # the leading run: both sums only grow
+        ncpu = tl.sum(taken.to(tl.int32), axis=0)
+        tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
+        tl.debug_barrier()  # the zeros before the picks' ones (other threads may hold them)
+        tl.store(scratch_ptr + tl.where(taken, E - 1 - key % E, 0), tl.full([BLOCK_E], 1, tl.int32), mask=taken)
     tl.store(count_ptr, tl.load(count_ptr) + ncpu.to(tl.int64))
-    tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
     tl.debug_barrier()  # every thread's scratch stores before any reads them back by expert
     count = ncpu * 0  # CPU pairs written so far (the next mailbox column)
     for n0 in range(0, N, CHUNK_N):
@@ -119,7 +118,7 @@ def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor
         ids, weights, x, st.resident, st.heat, st.quota, st.heat_unit, st.cpu_count, st.rates, out, mb.pairs,
         mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, RULE=rule, CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
-        BLOCK_E=triton.next_power_of_2(E), CHUNK=CHUNK, BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
+        BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)), BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
         COPY_X=copy_x, USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:

@@ -1,0 +1,78 @@
+"""The CPU share's device side compiled for the GPU (`kernels/triton_ops/share_split.py`)
+against the torch reference on the CPU, bit for bit, at real shapes: a decode step's quota
+pick (which heats the routed experts) and a prompt chunk's balance (one sort and prefix
+sums), Qwen3-30B-A3B's 128 experts and Qwen3.8's 512, the mailbox's pairs binding or not.
+The interpreter runs the same comparisons on CPU tensors (tests/kernels/test_share_split.py);
+this is the compiled kernel's (its barriers and scattered stores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgemoe.kernels.cpu_host_layer import MailboxBuffers
+from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin_ref, share_finish_ref
+
+H = 2048
+
+
+def mailbox(rows: int, cap: int, device: str) -> MailboxBuffers:
+    return MailboxBuffers(
+        count=torch.zeros(1, dtype=torch.int32, device=device),
+        pairs=torch.full((3, cap), -7, dtype=torch.int32, device=device),
+        weights=torch.zeros(cap, device=device), x=torch.zeros(rows, H, dtype=torch.bfloat16, device=device),
+        out=torch.randn(cap, H, generator=torch.Generator().manual_seed(cap)).to(device),
+        scratch=torch.zeros(8, dtype=torch.uint8, device=device),
+    )
+
+
+def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int], device: str) -> ShareState:
+    return ShareState(resident.to(device), torch.zeros(E, dtype=torch.int64, device=device),
+                      torch.tensor(quota, device=device), torch.tensor(1024, device=device),
+                      torch.zeros((), dtype=torch.int64, device=device),
+                      torch.full((cap,), -1, dtype=torch.int64, device=device),
+                      torch.zeros(E, dtype=torch.int32, device=device), torch.tensor(rates, device=device))
+
+
+def skewed_ids(E: int, T: int, K: int, g: torch.Generator) -> torch.Tensor:
+    probs = torch.linspace(3.0, 0.2, E)  # experts with many tokens and with few
+    ids = torch.stack([torch.multinomial(probs, K, generator=g) for _ in range(T)]).int()
+    if T > 1:
+        ids[-1] = -1  # a padding row
+    return ids
+
+
+@pytest.mark.parametrize("E,T,K,rule,quota,rates,pairs", [
+    (128, 1, 8, DECODE, 2, (0, 0, 0), 64 * 8),
+    (128, 32, 8, DECODE, 3, (0, 0, 0), 64 * 8),
+    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000), 4096),  # issue 15's 512-token fp8 prompt
+    (128, 300, 8, PROMPT, 0, (90_000, 2_000, 210_000), 4096),  # the agent turn, bf16
+    (128, 700, 8, PROMPT, 0, (10_000, 200, 210_000), 1000),  # the mailbox's pairs bind first
+    (512, 300, 10, PROMPT, 0, (50_000, 1_500, 140_000), 4096),  # Qwen3.8's 512 experts, top-10
+])
+def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int, quota: int, rates: tuple,
+                                              pairs: int) -> None:
+    from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
+
+    g = torch.Generator().manual_seed(E * 1000 + T)
+    cap = pairs + 1
+    resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 99, (E,), generator=g), -1).int()
+    ref, tri = state(E, cap, resident, quota, rates, "cpu"), state(E, cap, resident, quota, rates, "cuda")
+    mb_ref, mb_tri = mailbox(T, cap, "cpu"), mailbox(T, cap, "cuda")
+    for _ in range(3):  # decode: heat builds up over steps
+        ids = skewed_ids(E, T, K, g)
+        w = torch.softmax(torch.randn(T, K, generator=g), -1)
+        x = torch.randn(T, H, generator=g).bfloat16()
+        want = share_begin_ref(ids, w, x, ref, mb_ref, rule)
+        got = share_begin_triton(ids.cuda(), w.cuda(), x.cuda(), tri, mb_tri, rule)
+        assert torch.equal(got.cpu(), want)
+        assert torch.equal(tri.heat.cpu(), ref.heat) and torch.equal(tri.cpu_count.cpu(), ref.cpu_count)
+        n = int(mb_ref.count)
+        assert int(mb_tri.count) == n and n > 0
+        assert torch.equal(mb_tri.pairs[:, :n].cpu(), mb_ref.pairs[:, :n])
+        assert torch.equal(mb_tri.weights[:n].cpu(), mb_ref.weights[:n]) and torch.equal(tri.dest[:n].cpu(), ref.dest[:n])
+        assert n == 0 or torch.equal(mb_tri.x[:T].cpu(), mb_ref.x[:T])  # x is written for CPU pairs only
+        cells_ref, cells_tri = torch.zeros(T, K, H), torch.zeros(T, K, H, device="cuda")
+        share_finish_ref(mb_ref, ref.dest, cells_ref)
+        share_finish_triton(mb_tri, tri.dest, cells_tri)
+        assert torch.equal(cells_tri.cpu(), cells_ref)
