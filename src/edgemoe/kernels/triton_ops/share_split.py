@@ -54,12 +54,12 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_
         # has ~100 misses, and a reduction a pick cost 120-170 µs a layer (2026-12-04).
         key = tl.sort(tl.where(miss, routed * E + (E - 1 - e), BIG))  # the misses first, by tokens, ties to the higher id
         missed = key != BIG
-        n = tl.where(missed, key // E, 0)  # each sorted miss's tokens
+        tokens = tl.where(missed, key // E, 0)  # each sorted miss's tokens
         misses = tl.sum(missed.to(tl.int64), axis=0)
         fixed, per_token, device_ns = tl.load(rates_ptr), tl.load(rates_ptr + 1), tl.load(rates_ptr + 2)
-        cpu_ns = tl.cumsum(tl.where(missed, fixed + per_token * n, 0), axis=0)  # the first k misses' CPU time
+        cpu_ns = tl.cumsum(tl.where(missed, fixed + per_token * tokens, 0), axis=0)  # the first k misses' CPU time
         k = e.to(tl.int64) + 1
-        fits = missed & (cpu_ns <= (misses - k) * device_ns) & (tl.cumsum(n, axis=0) <= cap - 1)
+        fits = missed & (cpu_ns <= (misses - k) * device_ns) & (tl.cumsum(tokens, axis=0) <= cap - 1)
         taken = tl.cumsum((~fits).to(tl.int32), axis=0) == 0  # the leading run: both sums only grow
         ncpu = tl.sum(taken.to(tl.int32), axis=0)
         tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
