@@ -274,7 +274,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
                                         config.moe.cpu_experts_per_layer, config.moe.moe_hybrid_fraction)
     if config.moe.expert_cache == "auto" and expert_cache == "device" and plan.backend != "resident":
         log.warning("expert cache on the device (--expert-cache auto): decode steps replay from CUDA graphs; "
-                    "a CPU share of the misses where the backend has one (its quota by timing steps)")
+                    "a CPU share of the misses where the backend has one (its quota by timing steps; prompt "
+                    "chunks' fewest-token misses too unless --no-prompt-cpu)")
     executor = make_executor(
         plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
