@@ -35,6 +35,8 @@ than computing them where they lie.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
@@ -42,17 +44,22 @@ from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin, share_finish
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
+from edgemoe.moe import share_prior
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import ExpertStore
+
+log = logging.getLogger(__name__)
 
 ROWS = 64  # token rows of the largest decode step with a CPU share
 HEAT_UNIT = 1 << 10  # one routing's heat (integers: the same bits on every device)
 PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's cells: 4096 x H fp32)
-# Start-up estimates for the prompt rule (GB/s of expert bytes; flop/s of an expert's
+# Fixed estimates for the prompt rule (GB/s of expert bytes; flop/s of an expert's
 # tokens on the CPU): the device cache's gather in the engine, the C kernel's layer calls
 # and its multi-token rate, as `edgemoe bench bw` measured them on the GPU machine's 16
 # cores (bench/results/bw-20261202-144806.json: 8 experts a call at one token; one expert
-# at 32 tokens, 463 µs: ~11 µs a token past its bytes). Priors the fit corrects.
+# at 32 tokens, 463 µs: ~11 µs a token past its bytes). The CPU's two are replaced at
+# start-up by this machine's own calls (`moe/share_prior.py`) unless EDGEMOE_SHARE_PRIOR=0;
+# the device's stays. Priors the fit corrects.
 DEVICE_GBPS = 45.0
 # mxfp4: int4's nibble path with a fixed table (unmeasured on the GPU machine: int4's rate).
 CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0}
@@ -129,6 +136,16 @@ class CpuShare:
         self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
         self.prompt_rows = prompt_rows if prompt_rows > rows else 0  # 0: prompt chunks run every miss on the device
         self.rate_ns = share_rates(store, weights)  # [fixed, per pair, device] ns: refined by `refit_rates`
+        if share_prior.wanted():  # the CPU's two from this machine's own calls (moe/share_prior.py)
+            measured = share_prior.measure_prior(store, weights, kernel)
+            if measured is None:
+                log.info("CPU share: the start-up calls could not be read (a small model or a busy machine): "
+                         "the rates' constants stand until prompt chunks correct them")
+            else:
+                log.info("CPU share: an expert costs %.0f µs + %.1f µs a token on the CPU (measured at start-up; "
+                         "the constants said %.0f + %.1f)", measured[0] / 1e3, measured[1] / 1e3,
+                         self.rate_ns[0] / 1e3, self.rate_ns[1] / 1e3)
+                self.rate_ns[0], self.rate_ns[1] = round(measured[0]), round(measured[1])
         self._prior = (float(self.rate_ns[0]), float(self.rate_ns[1]))
         self.rates = torch.tensor(self.rate_ns, dtype=torch.int64, device=device)
         self.num_experts = store.num_experts

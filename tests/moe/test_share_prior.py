@@ -1,0 +1,58 @@
+"""The CPU share's start-up rates (`moe/share_prior.py`): the cost law's solve from the four
+shapes' times, the calls themselves on every weight format the share reads (they must run:
+a bad mailbox raises), and the share taking what they measured as its prior (or keeping
+its constants when they can't be read or are turned off)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.moe import share_prior
+from edgemoe.moe.cpu_share import CpuShare, host_weights, share_rates
+from edgemoe.quant import Int4Group, Int8Channel, Mxfp4
+from edgemoe.testing.moe_material import quantised_store, random_bank_store
+
+
+@pytest.fixture(scope="module")
+def kernel():  # noqa: ANN201
+    k = CpuExperts(threads=2)
+    if not k.native:
+        pytest.skip("no C compiler: the share needs the C kernel")
+    yield k
+    k.close()
+
+
+def test_the_solve_recovers_a_cost_law_and_refuses_a_contradiction() -> None:
+    c, a, b = 20_000.0, 300_000.0, 4_000.0
+    times = [c + a * j + b * j * t for j, t in share_prior.SHAPES]
+    got = share_prior.solve(times)
+    assert got is not None and math.isclose(got[0], a, rel_tol=1e-9) and math.isclose(got[1], b, rel_tol=1e-9)
+    assert share_prior.solve([5.0, 4.0, 6.0, 5.0]) is None  # more experts took less time: a busy machine
+    assert share_prior.solve([5.0, 9.0, 4.0, 8.0]) is None  # more tokens took less time
+
+
+@pytest.mark.parametrize("fmt", [None, Int8Channel(), Int4Group(32), Mxfp4()], ids=["bf16", "int8", "int4", "mxfp4"])
+def test_the_calls_run_on_every_format(kernel: CpuExperts, fmt) -> None:  # noqa: ANN001
+    store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
+    if fmt is not None:
+        store = quantised_store(store, fmt)
+    got = share_prior.measure_prior(store, host_weights(store), kernel)  # raises if a call fails
+    assert got is None or (got[0] > 0 and got[1] > 0 and all(math.isfinite(v) for v in got))
+
+
+def test_the_share_takes_the_measured_prior(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
+    constants = share_rates(store, host_weights(store))
+    monkeypatch.setattr(share_prior, "measure_prior", lambda *_: (123_456.0, 789.0))
+    share = CpuShare(store, kernel, 2, 0, torch.device("cpu"))
+    assert share.rate_ns == [123_456, 789, constants[2]] and share.rates.tolist() == share.rate_ns
+    assert share._prior == (123_456.0, 789.0)  # what the fit leans on until prompt chunks correct it
+    monkeypatch.setattr(share_prior, "measure_prior", lambda *_: None)  # unreadable: the constants
+    assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
+    monkeypatch.setattr(share_prior, "measure_prior", lambda *_: pytest.fail("measured with EDGEMOE_SHARE_PRIOR=0"))
+    monkeypatch.setenv("EDGEMOE_SHARE_PRIOR", "0")
+    assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
