@@ -43,8 +43,8 @@ from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin, share_finish
-from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe import share_prior
+from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import ExpertStore
 

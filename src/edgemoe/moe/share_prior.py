@@ -19,13 +19,14 @@ import os
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.store import ExpertStore
 
-SHAPES = ((4, 1), (8, 1), (4, 16), (8, 16))  # (experts, tokens each): t = c + a·J + b·P, both differences twice
+SHAPES = ((4, 1), (8, 1), (4, 16), (8, 16))  # (experts, tokens each): t = c + a·J + b·J·T, over-determined
 REPS = 5
 
 
@@ -49,15 +50,13 @@ def measure_prior(store: ExpertStore, weights: tuple[str, int], kernel: CpuExper
 
 
 def solve(ns: list[float]) -> tuple[float, float] | None:
-    """(a, b) of t = c + a·experts + b·pairs from the SHAPES' times, or None where a rate
-    comes out <= 0. 16 tokens against 1: 60 more pairs at 4 experts, 120 at 8; 8 experts
-    against 4: 4 more experts with 4 more pairs at 1 token, 64 more at 16."""
-    t41, t81, t416, t816 = ns
-    per_pair = ((t416 - t41) + (t816 - t81)) / 180
-    per_expert = ((t81 - t41) + (t816 - t416) - 68 * per_pair) / 8
+    """(a, b) of t = c + a·experts + b·pairs, least squares over the SHAPES' times, or None
+    where a rate comes out <= 0."""
+    design = np.array([[1.0, j, j * t] for j, t in SHAPES])
+    _, per_expert, per_pair = np.linalg.lstsq(design, np.asarray(ns, dtype=float), rcond=None)[0]
     if per_pair <= 0 or per_expert <= 0:
         return None
-    return per_expert, per_pair
+    return float(per_expert), float(per_pair)
 
 
 def _median_ns(mailboxes: HostLayerMailboxes, layers: list[int], num_experts: int, x: torch.Tensor, experts: int,

@@ -52,7 +52,8 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_
     else:  # prompt: fewest tokens first while the CPU's time stays within the device's for the rest
         # One sort and prefix sums (the reference's form), not a pick a miss: a chunk's layer
         # has ~100 misses, and a reduction a pick cost 120-170 µs a layer (2026-12-04).
-        key = tl.sort(tl.where(miss, routed * E + (E - 1 - e), BIG))  # the misses first, by tokens, ties to the higher id
+        # the misses first, by their tokens, ties to the higher id
+        key = tl.sort(tl.where(miss, routed * E + (E - 1 - e), BIG))
         missed = key != BIG
         tokens = tl.where(missed, key // E, 0)  # each sorted miss's tokens
         misses = tl.sum(missed.to(tl.int64), axis=0)
@@ -118,7 +119,8 @@ def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor
         ids, weights, x, st.resident, st.heat, st.quota, st.heat_unit, st.cpu_count, st.rates, out, mb.pairs,
         mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, RULE=rule, CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
-        BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)), BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
+        BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
+        BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
         COPY_X=copy_x, USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:
