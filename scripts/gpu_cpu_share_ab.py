@@ -76,10 +76,9 @@ def main() -> None:
         print(f"engine built in {time.perf_counter() - t0:.1f} s", flush=True)
         share = llm.engine.runtime.executor.cpu_share
         measure(llm, 16, 1, 4, seed=0)  # warm-up, graphs
-        if args.prompt_ab is not None:
-            measure(llm, 600, 1, 2, seed=1)  # the prompt rule's first use (its kernels' shapes)
         seed = 1
         if args.prompt_ab is not None:
+            measure(llm, 600, 1, 2, seed=1)  # the prompt rule's first use (its kernels' shapes)
             rows.extend(prompt_ab(llm, share, args.prompt_ab or [300, 1024, 2048]))
             args.picks = []
         for pick in args.picks:
