@@ -138,3 +138,16 @@ def test_the_rate_leaves_out_the_first_step() -> None:
     assert (rate.tokens, rate.steps) == (6, 3) and rate.seconds == pytest.approx(0.048)
     one = Phase(seconds=0.016, tokens=2, step_seconds=[0.016], step_tokens=[2])
     assert steady_rate(one) == steady_rate(one).__class__(2, 0.016, 1)  # one step: nothing to leave out
+
+
+def test_the_printed_row_says_each_phases_cpu_experts(capsys) -> None:  # noqa: ANN001
+    """The CPU's experts a token beside each phase's misses (the prompt rule's in prefill,
+    the quota's in decode), and nothing where the CPU took none."""
+    from edgemoe.bench.decode import _print_row
+
+    row = {"prompt_tokens": 512, "batch": 1, "prefill_tok_s": 1500.0, "prefill_s": 0.34, "decode_tok_s": 50.0,
+           "decode_step_ms": 20.0, "prefill_moe": {"misses_per_token": 8.34, "experts_cpu": 1408, "tokens": 512},
+           "decode_moe": {"misses_per_token": 132.0, "experts_cpu": 0, "tokens": 64}}
+    _print_row(row)
+    out = capsys.readouterr().out
+    assert "misses/token prefill 8.34 (CPU 2.75) decode 132.00" in out and out.count("(CPU") == 1

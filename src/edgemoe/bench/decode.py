@@ -264,8 +264,8 @@ def _print_row(row: dict[str, Any]) -> None:
         label + f"prompt {row['prompt_tokens']:6d} batch {row['batch']:3d}: "
         f"prefill {row['prefill_tok_s']:9.1f} tok/s ({row['prefill_s']:.3f} s{_draw_note(row)})  "
         f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
-        f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f} "
-        f"decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
+        f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f}" + _cpu_note(row["prefill_moe"])
+        + f" decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
         + _prefetch_note(row["decode_moe"])
         + _allocator_note(row.get("prefill_allocator"))
         + "".join(f"\n  {phase}: {row[f'{phase}_host_note']}" for phase in ("prefill", "decode")
@@ -290,7 +290,7 @@ def _prefetch_note(moe: dict[str, Any]) -> str:
 
 
 def _cpu_note(moe: dict[str, Any]) -> str:
-    """The CPU's experts a token in decode, when it computed any."""
+    """The CPU's experts a token in a phase, when it computed any."""
     if not moe.get("experts_cpu") or not moe.get("tokens"):
         return ""
     return f" (CPU {moe['experts_cpu'] / moe['tokens']:.2f})"
