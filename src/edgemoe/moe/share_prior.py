@@ -3,8 +3,8 @@
 The prompt rule (`kernels/share_split.py`) splits a chunk's misses by a CPU expert's cost,
 ns = a·experts + b·pairs, fitted from the host function's calls (`cpu_share.fit_cpu_rates`)
 toward a prior. Fixed priors are one machine's: the GPU machine's 16 AMX cores fit ~2 µs a
-pair for bf16 where the constants say 11 (2026-12-04), and the dev VM's 2 cores (busy with a
-test run) measured 3–9× them. Until prompt chunks have corrected the fit, the first chunks after start-up
+pair for bf16 where the constants say 11 (2026-12-04), and the dev VM's 2 cores measured
+1.4–4.6× them an expert and 1.7–3.5× a token. Until prompt chunks have corrected the fit, the first chunks after start-up
 split by that prior, so it is measured here: a few calls of the real kernel on this store's
 experts through a mailbox of their own (the share's fit sums and busy counters stay clean),
 at four shapes, 4 or 8 experts at 1 or 16 tokens each, the median of five, each on other
