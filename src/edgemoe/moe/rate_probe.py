@@ -34,9 +34,9 @@ def probe_rates(store: ExpertStore, gate_up: torch.Tensor, down: torch.Tensor, c
     """Rates for `store`'s experts: copies into the free slot banks `gate_up`/`down`
     (device tensors [S, …]), CPU work through `cpu_job`."""
     copy_s = _copy_seconds(store, gate_up, down, _expert_keys(store, 8))
-    one = _cpu_seconds(store, cpu_job, experts=1, tokens=1)
-    four = _cpu_seconds(store, cpu_job, experts=4, tokens=1)
-    eight_tokens = _cpu_seconds(store, cpu_job, experts=1, tokens=8)
+    one = cpu_seconds(store, cpu_job, experts=1, tokens=1)
+    four = cpu_seconds(store, cpu_job, experts=4, tokens=1)
+    eight_tokens = cpu_seconds(store, cpu_job, experts=1, tokens=8)
     spread = min(4, store.num_experts) - 1
     per_expert = max((four - one) / spread, 1e-7) if spread else max(one, 1e-7)  # at one token each
     per_token = min(max((eight_tokens - one) / 7, 0.0), per_expert)
@@ -73,9 +73,10 @@ def _copy_seconds(store: ExpertStore, gate_up: torch.Tensor, down: torch.Tensor,
     return (time.perf_counter() - t0) / len(pairs)
 
 
-def _cpu_seconds(store: ExpertStore, job: CpuJob, experts: int, tokens: int) -> float:
+def cpu_seconds(store: ExpertStore, job: CpuJob, experts: int, tokens: int) -> float:
     """Median wall-clock seconds of a CPU job of `experts` experts on `tokens` tokens
-    each; each repetition takes other experts of another layer."""
+    each; each repetition takes other experts of another layer (also the CPU share's
+    start-up rates, `moe/share_prior.py`)."""
     hidden, layers, count = store.down_shape[0], store.layers, store.num_experts
     experts = min(experts, count)
     act = torch.bfloat16 if store.format.quantised else store.dtype  # a quantised store's dtype is its data's

@@ -4,30 +4,29 @@ The prompt rule (`kernels/share_split.py`) splits a chunk's misses by a CPU expe
 ns = a·experts + b·pairs, fitted from the host function's calls (`cpu_share.fit_cpu_rates`)
 toward a prior. Fixed priors are one machine's: the GPU machine's 16 AMX cores fit ~2 µs a
 pair for bf16 where the constants say 11 (2026-12-04), and the dev VM's 2 cores measured
-1.4–4.6× them an expert and 1.7–3.5× a token. Until prompt chunks have corrected the fit, the first chunks after start-up
-split by that prior, so it is measured here: a few calls of the real kernel on this store's
-experts through a mailbox of their own (the share's fit sums and busy counters stay clean),
-at four shapes, 4 or 8 experts at 1 or 16 tokens each, the median of five, each on other
-experts of another layer (so caches do not flatter it). About 20 ms on the GPU machine's
-16 cores. Timings that contradict the cost law (a machine busy with something else) keep
-the constants, as does `EDGEMOE_SHARE_PRIOR=0` (an A/B).
+1.4–4.6× them an expert and 1.7–3.5× a token. Until prompt chunks have corrected the fit,
+the first chunks after start-up split by that prior, so it is measured here: a few calls of
+the real kernel on this store's experts through a mailbox of their own (the share's fit
+sums and busy counters stay clean), at four shapes, 4 or 8 experts at 1 or 16 tokens each,
+timed as the host cache's start-up probe times its calls (`rate_probe.cpu_seconds`: the
+median of five, each on other experts of another layer, so caches do not flatter it).
+About 20 ms on the GPU machine's 16 cores. Timings that contradict the cost law (a machine
+busy with something else) keep the constants, as does `EDGEMOE_SHARE_PRIOR=0` (an A/B).
 """
 
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
 from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.moe.rate_probe import cpu_seconds
 from edgemoe.moe.store import ExpertStore
 
 SHAPES = ((4, 1), (8, 1), (4, 16), (8, 16))  # (experts, tokens each): t = c + a·J + b·J·T, over-determined
-REPS = 5
 
 
 def wanted() -> bool:
@@ -40,13 +39,20 @@ def measure_prior(store: ExpertStore, weights: tuple[str, int], kernel: CpuExper
     timings that contradict the cost law (a busy machine: a rate <= 0)."""
     if store.num_experts < 16:
         return None
-    x_dtype = torch.float32 if store.dtype == torch.float32 and not store.format.quantised else torch.bfloat16
-    layers = list(store.layers)
-    mailboxes = HostLayerMailboxes({layer: store.layer_parts(layer) for layer in layers}, weights, kernel,
+    x_dtype = torch.bfloat16 if store.format.quantised else store.dtype  # as `cpu_seconds` draws x
+    mailboxes = HostLayerMailboxes({layer: store.layer_parts(layer) for layer in store.layers}, weights, kernel,
                                    rows=max(t for _, t in SHAPES), top_k=max(j for j, _ in SHAPES), x_dtype=x_dtype)
-    x = (torch.randn(mailboxes.rows, store.down_shape[0], generator=torch.Generator().manual_seed(0)) * 0.1)
-    return solve([_median_ns(mailboxes, layers, store.num_experts, x.to(x_dtype), j, t, i)
-                  for i, (j, t) in enumerate(SHAPES)])
+
+    def call(layer: int, _experts: list[int], x: torch.Tensor, ids: np.ndarray, w: torch.Tensor) -> None:
+        """One host-function call: every token of x to each of its row's experts in `ids`."""
+        tokens, k = ids.shape
+        rows = torch.arange(tokens).repeat_interleave(k)
+        mailboxes.fill(x, rows, torch.from_numpy(ids).reshape(-1), torch.arange(tokens * k), w.reshape(-1).float())
+        mailboxes.run(layer)
+        if mailboxes.status(layer) != 0:
+            raise RuntimeError(f"the CPU share's start-up call failed (status {mailboxes.status(layer)})")
+
+    return solve([1e9 * cpu_seconds(store, call, j, t) for j, t in SHAPES])
 
 
 def solve(ns: list[float]) -> tuple[float, float] | None:
@@ -57,22 +63,3 @@ def solve(ns: list[float]) -> tuple[float, float] | None:
     if per_pair <= 0 or per_expert <= 0:
         return None
     return float(per_expert), float(per_pair)
-
-
-def _median_ns(mailboxes: HostLayerMailboxes, layers: list[int], num_experts: int, x: torch.Tensor, experts: int,
-               tokens: int, shape: int) -> float:
-    """Median ns of a call: `tokens` tokens each routed to the same `experts` experts; the
-    first call a warm-up (the pool's threads, first touch)."""
-    times = []
-    for rep in range(REPS + 1):
-        layer = layers[(shape * (REPS + 1) + rep) * 7 % len(layers)]
-        chosen = torch.tensor([(rep * experts + i) % num_experts for i in range(experts)])
-        rows = torch.arange(tokens).repeat_interleave(experts)
-        ids = chosen.repeat(tokens)
-        mailboxes.fill(x[:tokens], rows, ids, torch.arange(rows.numel()), torch.full((rows.numel(),), 1.0 / experts))
-        t0 = time.perf_counter_ns()
-        mailboxes.run(layer)
-        times.append(time.perf_counter_ns() - t0)
-        if mailboxes.status(layer) != 0:
-            raise RuntimeError(f"the CPU share's calibration call failed (status {mailboxes.status(layer)})")
-    return float(statistics.median(times[1:]))
