@@ -7,31 +7,18 @@ this is the compiled kernel's (its barriers and scattered stores)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from edgemoe.kernels.cpu_host_layer import MailboxBuffers
-from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin_ref, share_finish_ref
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+from share_split_support import mailbox, state  # noqa: E402
+
+from edgemoe.kernels.share_split import DECODE, PROMPT, share_begin_ref, share_finish_ref  # noqa: E402
 
 H = 2048
-
-
-def mailbox(rows: int, cap: int, device: str) -> MailboxBuffers:
-    return MailboxBuffers(
-        count=torch.zeros(1, dtype=torch.int32, device=device),
-        pairs=torch.full((3, cap), -7, dtype=torch.int32, device=device),
-        weights=torch.zeros(cap, device=device), x=torch.zeros(rows, H, dtype=torch.bfloat16, device=device),
-        out=torch.randn(cap, H, generator=torch.Generator().manual_seed(cap)).to(device),
-        scratch=torch.zeros(8, dtype=torch.uint8, device=device),
-    )
-
-
-def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int], device: str) -> ShareState:
-    return ShareState(resident.to(device), torch.zeros(E, dtype=torch.int64, device=device),
-                      torch.tensor(quota, device=device), torch.tensor(1024, device=device),
-                      torch.zeros((), dtype=torch.int64, device=device),
-                      torch.full((cap,), -1, dtype=torch.int64, device=device),
-                      torch.zeros(E, dtype=torch.int32, device=device), torch.tensor(rates, device=device))
 
 
 def skewed_ids(E: int, T: int, K: int, g: torch.Generator) -> torch.Tensor:
@@ -57,8 +44,8 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int,
     g = torch.Generator().manual_seed(E * 1000 + T)
     cap = pairs + 1
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 99, (E,), generator=g), -1).int()
-    ref, tri = state(E, cap, resident, quota, rates, "cpu"), state(E, cap, resident, quota, rates, "cuda")
-    mb_ref, mb_tri = mailbox(T, cap, "cpu"), mailbox(T, cap, "cuda")
+    ref, tri = state(E, cap, resident, quota, rates), state(E, cap, resident, quota, rates, "cuda")
+    mb_ref, mb_tri = mailbox(T, cap, H), mailbox(T, cap, H, "cuda")
     for _ in range(3):  # decode: heat builds up over steps
         ids = skewed_ids(E, T, K, g)
         w = torch.softmax(torch.randn(T, K, generator=g), -1)

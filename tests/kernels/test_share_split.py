@@ -11,27 +11,13 @@ import os
 import pytest
 import torch
 
-from edgemoe.kernels.cpu_host_layer import MailboxBuffers
-from edgemoe.kernels.share_split import ShareState, share_begin_ref, share_finish_ref
+from share_split_support import mailbox, state
+
+from edgemoe.kernels.share_split import share_begin_ref, share_finish_ref
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 H = 40  # not a power of two: ragged row copies
-
-
-def mailbox(rows: int, K: int, pairs: int | None = None) -> MailboxBuffers:
-    cap = (pairs if pairs is not None else rows * K) + 1
-    return MailboxBuffers(
-        count=torch.zeros(1, dtype=torch.int32), pairs=torch.full((3, cap), -7, dtype=torch.int32),
-        weights=torch.zeros(cap), x=torch.zeros(rows, H, dtype=torch.bfloat16), out=torch.randn(cap, H),
-        scratch=torch.zeros(8, dtype=torch.uint8),
-    )
-
-
-def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int] = (0, 0, 0)) -> ShareState:
-    return ShareState(resident, torch.zeros(E, dtype=torch.int64), torch.tensor(quota), torch.tensor(1024),
-                      torch.zeros((), dtype=torch.int64), torch.full((cap,), -1, dtype=torch.int64),
-                      torch.zeros(E, dtype=torch.int32), torch.tensor(rates))
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
@@ -42,7 +28,7 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int
 
     g = torch.Generator().manual_seed(E * 100 + quota)
     rows = 6
-    mb_ref, mb_tri = mailbox(rows, K), mailbox(rows, K)
+    mb_ref, mb_tri = mailbox(rows, rows * K + 1, H), mailbox(rows, rows * K + 1, H)
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 9, (E,), generator=g), -1).int()
     ref, tri = state(E, mb_ref.cap, resident, quota), state(E, mb_tri.cap, resident, quota)
     for step in range(4):
@@ -83,7 +69,8 @@ def test_the_prompt_rule_matches_the_reference(E: int, T: int, K: int, rates: tu
     from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
 
     g = torch.Generator().manual_seed(E + T)
-    mb_ref, mb_tri = mailbox(T, K, pairs), mailbox(T, K, pairs)
+    cap = (pairs if pairs is not None else T * K) + 1
+    mb_ref, mb_tri = mailbox(T, cap, H), mailbox(T, cap, H)
     resident = torch.where(torch.rand(E, generator=g) < 0.3, 0, -1).int()
     ref, tri = state(E, mb_ref.cap, resident, 0, rates), state(E, mb_tri.cap, resident, 0, rates)
     probs = torch.linspace(3.0, 0.2, E)  # skewed: experts with many tokens and with few
