@@ -34,7 +34,13 @@ def timed(llm, prompt: list[int]) -> dict:  # noqa: ANN001
     misses, cpu = after["misses"] - before["misses"], after["experts_cpu"] - before["experts_cpu"]
     return {"tokens": len(prompt), "seconds": round(seconds, 4), "cached": out.num_cached_tokens,
             "draw_s": round(draw_seconds(llm) - draws, 4), "misses": misses, "experts_cpu": cpu,
-            "copied_gb": round((after["bytes_copied"] - before["bytes_copied"]) / 1e9, 3)}
+            "copied_gb": round((after["bytes_copied"] - before["bytes_copied"]) / 1e9, 3), "cpu_rates_ns": cpu_rates(after)}
+
+
+def cpu_rates(moe: dict) -> list[int] | None:
+    """The CPU share's cost law after a request (ns an expert, ns a pair): its start-up prior
+    before the first prompt chunk refits it (`moe/share_prior.py`); None without a share."""
+    return [moe["cpu_ns_per_expert"], moe["cpu_ns_per_pair"]] if "cpu_ns_per_expert" in moe else None
 
 
 def main() -> None:
@@ -57,6 +63,8 @@ def main() -> None:
     rows = []
     with LLM(progress=False, **settings) as llm:
         nbytes = llm.engine.runtime.executor.slots.expert_nbytes  # the slot banks of either expert cache
+        prior = cpu_rates(llm.stats()["moe"])
+        print("the CPU share's start-up rates (ns an expert, a pair):", prior, flush=True)
         first = timed(llm, prefix)
         first["prefill_tok_s_without_draws"] = round(args.prefix / (first["seconds"] - first["draw_s"]), 1)
         print("prefix", first, flush=True)
@@ -71,7 +79,7 @@ def main() -> None:
     path = os.path.join(os.environ.get("OUT", "bench/results"), f"turn-ttft-{args.backend}{'-no-prompt-cpu' if args.prompt_cpu is False else ''}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes, "prefix": first,
+        json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes, "cpu_rates_prior_ns": prior, "prefix": first,
                    "turns": rows}, f, indent=1)
 
 
