@@ -44,7 +44,8 @@
 #                CPU_AB='--builds "EM_QPAGES=0" "" --rounds 12')
 #   turn         scripts/gpu_turn_ttft.py per $TURN_BACKENDS (offload hybrid): a 300-token turn's TTFT after a
 #                cached 30K prefix, $TURN_ARGS
-#   share-ab     scripts/gpu_cpu_share_ab.py $SHARE_AB (e.g. "--prompt-ab 300 700")
+#   share-ab     scripts/gpu_cpu_share_ab.py per run in $SHARE_AB (split by ";", one process each; e.g.
+#                "--prompt-ab 300 700;--expert-dtype fp8 --prompt-ab 512 --gemm-ns 0 6000")
 #   share-live   scripts/gpu_share_live.sh's engine runs only ($RUNS dtype:backend pairs, $DECODE tokens)
 #   plan-check   `edgemoe plan`'s checks (issue 17, docs/plan.md): bf16 16 GiB, fp8 16 GiB, bf16 8 GiB at 1K, the model's router
 #   scan-ab      bf16 at 8 GiB (276 slots < 48 x 8): --moe-policy lru (scan-resistant), then lru-plain (one process each)
@@ -150,7 +151,11 @@ run_stage() {
                 --backend "$backend" ${TURN_ARGS:-}
             done
           done ;;
-    share-ab) OUT="$res/share-ab" python3 scripts/gpu_cpu_share_ab.py ${SHARE_AB:-} ;;
+    share-ab) IFS=';' read -r -a runs <<< "${SHARE_AB:-}"
+              for args in "${runs[@]:-}"; do  # one process each
+                echo "== $args"
+                OUT="$res/share-ab" python3 scripts/gpu_cpu_share_ab.py $args
+              done ;;
     share-live) SKIP_TESTS=1 SKIP_AB=1 OUT="$res/share-live" bash scripts/gpu_share_live.sh ;;
     plan-check) for setting in "bf16 16GiB" "fp8 16GiB" "bf16 8GiB"; do
                   set -- $setting

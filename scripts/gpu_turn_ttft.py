@@ -63,8 +63,8 @@ def main() -> None:
     rows = []
     with LLM(progress=False, **settings) as llm:
         nbytes = llm.engine.runtime.executor.slots.expert_nbytes  # the slot banks of either expert cache
-        prior = cpu_rates(llm.stats()["moe"])
-        print("the CPU share's start-up rates (ns an expert, a pair):", prior, flush=True)
+        prior, probe = cpu_rates(llm.stats()["moe"]), llm.stats()["moe"].get("cpu_prior_times_ns")
+        print("the CPU share's start-up rates (ns an expert, a pair):", prior, "read off", probe, flush=True)
         first = timed(llm, prefix)
         first["prefill_tok_s_without_draws"] = round(args.prefix / (first["seconds"] - first["draw_s"]), 1)
         print("prefix", first, flush=True)
@@ -79,7 +79,7 @@ def main() -> None:
     path = os.path.join(os.environ.get("OUT", "bench/results"), f"turn-ttft-{args.backend}{'-no-prompt-cpu' if args.prompt_cpu is False else ''}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes, "cpu_rates_prior_ns": prior, "prefix": first,
+        json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes, "cpu_rates_prior_ns": prior, "cpu_prior_times_ns": probe, "prefix": first,
                    "turns": rows}, f, indent=1)
 
 

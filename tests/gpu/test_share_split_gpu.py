@@ -30,12 +30,13 @@ def skewed_ids(E: int, T: int, K: int, g: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("E,T,K,rule,quota,rates,pairs", [
-    (128, 1, 8, DECODE, 2, (0, 0, 0), 64 * 8),
-    (128, 32, 8, DECODE, 3, (0, 0, 0), 64 * 8),
-    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000), 4096),  # issue 15's 512-token fp8 prompt
-    (128, 300, 8, PROMPT, 0, (90_000, 2_000, 210_000), 4096),  # the agent turn, bf16
-    (128, 700, 8, PROMPT, 0, (10_000, 200, 210_000), 1000),  # the mailbox's pairs bind first
-    (512, 300, 10, PROMPT, 0, (50_000, 1_500, 140_000), 4096),  # Qwen3.8's 512 experts, top-10
+    (128, 1, 8, DECODE, 2, (0, 0, 0, 0), 64 * 8),
+    (128, 32, 8, DECODE, 3, (0, 0, 0, 0), 64 * 8),
+    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000, 6_000), 4096),  # issue 15's 512-token fp8 prompt
+    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000, 0), 4096),  # ... the copies alone
+    (128, 300, 8, PROMPT, 0, (90_000, 2_000, 210_000, 6_000), 4096),  # the agent turn, bf16
+    (128, 700, 8, PROMPT, 0, (10_000, 200, 210_000, 6_000), 1000),  # the mailbox's pairs bind first
+    (512, 300, 10, PROMPT, 0, (50_000, 1_500, 140_000, 6_000), 4096),  # Qwen3.8's 512 experts, top-10
 ])
 def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int, quota: int, rates: tuple,
                                               pairs: int) -> None:

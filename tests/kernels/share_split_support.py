@@ -21,7 +21,7 @@ def mailbox(rows: int, cap: int, hidden: int, device: str = "cpu") -> MailboxBuf
     )
 
 
-def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int] = (0, 0, 0),
+def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int, int] = (0, 0, 0, 0),
           device: str = "cpu") -> ShareState:
     """One layer's share state: no heat yet, `quota` coldest misses (decode), `rates` (prompt)."""
     return ShareState(resident.to(device), torch.zeros(E, dtype=torch.int64, device=device),

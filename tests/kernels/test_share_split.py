@@ -59,10 +59,11 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int
 
 @pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
 @pytest.mark.parametrize("E,T,K,rates,pairs", [
-    (40, 80, 4, (100, 30, 400), None),  # a split: the fewest-token misses to the CPU
-    (40, 70, 4, (100, 30, 400), 24),  # the mailbox's pairs bind first
-    (16, 100, 3, (10**6, 10**6, 1), None),  # the CPU too slow: nothing
-    (512, 66, 10, (50, 5, 600), None),  # 512 experts, top-10
+    (40, 80, 4, (100, 30, 400, 0), None),  # a split: the fewest-token misses to the CPU
+    (40, 80, 4, (100, 30, 250, 150), None),  # ... the device's GEMMs counted: the hits' too
+    (40, 70, 4, (100, 30, 400, 0), 24),  # the mailbox's pairs bind first
+    (16, 100, 3, (10**6, 10**6, 1, 1), None),  # the CPU too slow: nothing
+    (512, 66, 10, (50, 5, 600, 40), None),  # 512 experts, top-10
 ])
 def test_the_prompt_rule_matches_the_reference(E: int, T: int, K: int, rates: tuple, pairs: int | None) -> None:
     from edgemoe.kernels.share_split import PROMPT
@@ -107,9 +108,24 @@ def test_the_prompt_rule_balances_the_predicted_times() -> None:
     E = 6
     ids = torch.tensor([[0, 1], [0, 2], [0, 3], [4, 3], [5, 0]])  # tokens: e0 4, e1 1, e2 1, e3 2, e4 1, e5 1
     resident = torch.tensor([-1, -1, -1, -1, -1, 0], dtype=torch.int32)  # e5 resident
-    st = state(E, 11, resident, 0, (10, 5, 30))  # CPU: 10 + 5 a token; the device: 30 an expert
+    st = state(E, 11, resident, 0, (10, 5, 30, 0))  # CPU: 10 + 5 a token; the device: 30 a copy
     on_cpu = balanced_misses_ref(ids, st, max_pairs=10)
     # Order (fewest tokens, ties to the higher id): e4, e2, e1 (1 token each), e3 (2), e0 (4).
     # k = 1: 15 <= 4 x 30; k = 2: 30 <= 90; k = 3: 45 <= 60; k = 4: 65 > 30 -> stop.
     assert on_cpu.tolist() == [False, True, True, False, True, False]
     assert balanced_misses_ref(ids, st, max_pairs=2).tolist() == [False, False, True, False, True, False]
+
+
+def test_the_prompt_rule_counts_the_devices_gemms_the_hits_too() -> None:
+    """The device's time left after k CPU experts: the other misses' copies and the GEMMs
+    of every routed expert the CPU didn't take, the resident ones included."""
+    from edgemoe.kernels.share_split import balanced_misses_ref
+
+    ids = torch.tensor([[0, 1], [0, 2], [0, 3], [4, 3], [5, 0]])  # as above: 6 routed, 5 missed (e5 resident)
+    resident = torch.tensor([-1, -1, -1, -1, -1, 0], dtype=torch.int32)
+    copies_only = state(6, 11, resident, 0, (10, 5, 20, 0))
+    # k = 3: 45 > (5 - 3) x 20 -> two experts
+    assert balanced_misses_ref(ids, copies_only, 10).tolist() == [False, False, True, False, True, False]
+    with_gemms = state(6, 11, resident, 0, (10, 5, 20, 25))
+    # k = 3: 45 <= 2 x 20 + 3 x 25; k = 4 (e3, 2 tokens): 65 <= 1 x 20 + 2 x 25; k = 5: 95 > 0 + 25
+    assert balanced_misses_ref(ids, with_gemms, 10).tolist() == [False, True, True, True, True, False]

@@ -243,7 +243,7 @@ def test_prompt_chunks_give_the_cpu_their_sparse_misses(kernel: CpuExperts, kind
     cs = share.cpu_share
     assert cs.prompt_rows == 0  # max_tokens 32 is within the decode rows: no prompt chunk to cover
     cs.rows, cs.prompt_rows = 2, 32  # here steps of 3 to 32 tokens are prompt chunks
-    cs.rates.copy_(torch.tensor([100, 40, 400]))  # a split that depends on each expert's tokens
+    cs.rates.copy_(torch.tensor([100, 40, 400, 30]))  # a split that depends on each expert's tokens
     ref = DeviceOffloadExecutor(store, CPU, F.silu, L, slots)
     num_cpu = 0
     for x, ids, w in routings(seed=slots + 7, dtype=dtype, steps=15):
@@ -323,7 +323,7 @@ def test_the_host_function_feeds_the_fit_and_the_share_refits(kernel: CpuExperts
                                   cpu_kernel=kernel, prompt_cpu=True)
     cs = share.cpu_share
     cs.rows, cs.prompt_rows = 2, 32
-    cs.rates.copy_(torch.tensor([1, 1, 10**9]))  # the device "slow": the CPU takes every miss it can
+    cs.rates.copy_(torch.tensor([1, 1, 10**9, 0]))  # the device "slow": the CPU takes every miss it can
     before = list(cs.rate_ns)
     steps = 0
     for x, ids, w in routings(seed=11, dtype=torch.bfloat16, steps=10):

@@ -134,7 +134,7 @@ def test_the_executor_gathers_a_decode_sample_and_informs_once() -> None:
     at, (m, link_s, cpu_s) = told[0]
     steps = at - 4  # decode steps 4 .. at-1
     assert steps >= ex.controller.window and m == pytest.approx((totals[at - 1] - totals[3]) / (L * steps))
-    fixed, per_pair, device = ex.cpu_share.rate_ns
+    fixed, per_pair, device = ex.cpu_share.rate_ns[:3]
     assert link_s == pytest.approx(device * 1e-9) and cpu_s == pytest.approx((fixed + per_pair) * 1e-9)
     assert ex.cpu_share.quota.tolist() == quota_rows(ex.controller.level, L)
     assert ex.stats.snapshot()["cpu_quota_start_per_layer"] == ex.controller.predicted / QUARTERS

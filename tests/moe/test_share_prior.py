@@ -42,19 +42,25 @@ def test_the_calls_run_on_every_format(kernel: CpuExperts, fmt) -> None:  # noqa
     store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
     if fmt is not None:
         store = quantised_store(store, fmt)
-    got = share_prior.measure_prior(store, host_weights(store), kernel)  # raises if a call fails
+    times = share_prior.measure_times(store, host_weights(store), kernel)  # raises if a call fails
+    assert times is not None and len(times) == len(share_prior.SHAPES) and all(t > 0 for t in times)
+    got = share_prior.solve(times)
     assert got is None or (got[0] > 0 and got[1] > 0 and all(math.isfinite(v) for v in got))
 
 
 def test_the_share_takes_the_measured_prior(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch) -> None:
     store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
     constants = share_rates(store, host_weights(store))
-    monkeypatch.setattr(share_prior, "measure_prior", lambda *_: (123_456.0, 789.0))
+    law = [20_000.0 + 123_456.0 * j + 789.0 * j * t for j, t in share_prior.SHAPES]
+    monkeypatch.setattr(share_prior, "measure_times", lambda *_: law)
     share = CpuShare(store, kernel, 2, 0, torch.device("cpu"))
-    assert share.rate_ns == [123_456, 789, constants[2]] and share.rates.tolist() == share.rate_ns
+    assert share.rate_ns == [123_456, 789, *constants[2:]] and share.rates.tolist() == share.rate_ns
+    assert share.prior_times_ns == law  # in the stats: what the prior was read off
     assert share._prior == (123_456.0, 789.0)  # what the fit leans on until prompt chunks correct it
-    monkeypatch.setattr(share_prior, "measure_prior", lambda *_: None)  # unreadable: the constants
+    monkeypatch.setattr(share_prior, "measure_times", lambda *_: None)  # too small a store: the constants
     assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
-    monkeypatch.setattr(share_prior, "measure_prior", lambda *_: pytest.fail("measured with EDGEMOE_SHARE_PRIOR=0"))
+    monkeypatch.setattr(share_prior, "measure_times", lambda *_: [5.0, 4.0, 6.0, 5.0])  # contradicting: the constants
+    assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
+    monkeypatch.setattr(share_prior, "measure_times", lambda *_: pytest.fail("measured with EDGEMOE_SHARE_PRIOR=0"))
     monkeypatch.setenv("EDGEMOE_SHARE_PRIOR", "0")
     assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants

@@ -31,8 +31,8 @@ class ShareState(NamedTuple):
     `heat` [E] int64 (updated in place), `quota` and `heat_unit` 0-d int64, `cpu_count`
     0-d int64 (CPU experts, cumulative), `dest` [cap] int64 (each mailbox column's pair
     index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's),
-    `rates` [3] int64 ns (a CPU expert's fixed cost, each of its tokens, one expert's copy
-    and compute on the device: the prompt rule's balance)."""
+    `rates` [4] int64 ns (a CPU expert's fixed cost, each of its tokens; a device expert's
+    copy, and its share of the chunk's grouped GEMMs: the prompt rule's balance)."""
 
     resident: torch.Tensor
     heat: torch.Tensor
@@ -61,7 +61,8 @@ def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: S
       layer's routed experts are heated;
     - PROMPT: the misses with the fewest tokens (ties to the higher id), as many as keep
       the CPU's predicted time (`rates`: fixed + per token, each) within the device's
-      for the rest (copies), and their pairs within the mailbox; heat untouched."""
+      for the rest (the other misses' copies, and every routed expert's GEMMs but the
+      CPU's), and their pairs within the mailbox; heat untouched."""
     if _fused(ids):
         from edgemoe.kernels.triton_ops.share_split import share_begin_triton
 
@@ -107,10 +108,11 @@ def balanced_misses_ref(ids: torch.Tensor, st: ShareState, max_pairs: int) -> to
     key = torch.where(miss, routed * E + tiebreak, NOT_MISSED)
     order = torch.argsort(key)  # keys are distinct where it matters (misses first)
     tokens = routed[order]
-    fixed, per_token, device_ns = st.rates[0], st.rates[1], st.rates[2]
+    fixed, per_token, copy_ns, gemm_ns = st.rates[0], st.rates[1], st.rates[2], st.rates[3]
     cpu_ns = torch.cumsum(fixed + per_token * tokens, 0)  # the first k misses' CPU time, k = 1..E
     k = torch.arange(1, E + 1, device=ids.device)
-    fits = miss[order] & (cpu_ns <= (miss.sum() - k) * device_ns) & (torch.cumsum(tokens, 0) <= max_pairs)
+    device_ns = (miss.sum() - k) * copy_ns + ((routed > 0).sum() - k) * gemm_ns  # what the device has left
+    fits = miss[order] & (cpu_ns <= device_ns) & (torch.cumsum(tokens, 0) <= max_pairs)
     taken = torch.cumprod(fits.long(), 0).bool()  # the leading run: both sums only grow
     return torch.zeros(E, dtype=torch.bool, device=ids.device).scatter_(0, order, taken)
 

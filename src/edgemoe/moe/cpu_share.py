@@ -28,7 +28,8 @@ On a CPU the host function is called directly at step 2 (the same mailbox and fu
 Steps of more than `rows` tokens (prompt chunks) run every miss on the device, unless the
 prompt rule is on (`prompt_rows`, `--prompt-cpu`): then chunks of up to `prompt_rows`
 tokens give the CPU the misses with the fewest tokens, as many as its predicted time
-(`rates`, `share_rates`) stays within the device's for the rest — a short agent turn
+(`rates`, `share_rates`) stays within the device's for the rest (their copies and every
+routed expert's GEMMs but the CPU's) — a short agent turn
 routes a few tokens to almost every expert, and copying an expert for them costs more
 than computing them where they lie.
 """
@@ -61,6 +62,13 @@ PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's 
 # start-up by this machine's own calls (`moe/share_prior.py`) unless EDGEMOE_SHARE_PRIOR=0;
 # the device's stays. Priors the fit corrects.
 DEVICE_GBPS = 45.0
+# A routed expert's device time in a prompt chunk beyond its copy: its grouped GEMMs (a
+# 512-token fp8 prompt's profile: 25.6 ms a step over 48 layers of ~90 device experts,
+# ~6 µs each: ~35 tokens in 64-row tiles, the tiles' count rather than the bytes) and its
+# share of the layer's other launches. 12 µs was the best of 0 / 6 / 12 / 24 in the
+# GPU machine's A/B (scripts/gpu_cpu_share_ab.py --gemm-ns; fp8 512 tokens x1.02-1.05
+# against 0, bf16 300 x1.02-1.07, bf16 700 x0.99-1.04; 24 lost x0.95; 2026-12-04).
+DEVICE_GEMM_NS = 12_000
 # mxfp4: int4's nibble path with a fixed table (unmeasured on the GPU machine: int4's rate).
 CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0}
 CPU_FLOPS = 0.85e12
@@ -88,11 +96,12 @@ def fit_cpu_rates(sums: dict[str, float], prior: tuple[float, float]) -> tuple[f
 
 
 def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
-    """[fixed, per token, device] ns: the prompt rule's cost of an expert on the CPU (its
-    bytes read, then each token's 6·H·I flops) and on the device (its copy)."""
+    """[fixed, per token, copy, GEMM] ns: the prompt rule's cost of an expert on the CPU
+    (its bytes read, then each token's 6·H·I flops) and on the device (its copy if missed,
+    its GEMMs)."""
     nbytes, (hidden, inter) = store.expert_nbytes, (store.down_shape[0], store.down_shape[1])
     return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / CPU_FLOPS * 1e9),
-            round(nbytes / DEVICE_GBPS)]
+            round(nbytes / DEVICE_GBPS), DEVICE_GEMM_NS]
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
@@ -121,8 +130,8 @@ class CpuShare:
     the layer runs as without a share, bitwise). `cpu_counts` [num_layers] int64: CPU
     experts per layer, cumulative, read lazily. `heat` [num_layers, E] int64: each
     expert's decayed routing count, updated by every decode step with a share. `rates`
-    [3] int64 ns on the device (`rate_ns` on the host): a CPU expert's fixed cost and its
-    cost a pair (learnt: `refit_rates`), a device expert's. Used by one thread (the
+    [4] int64 ns on the device (`rate_ns` on the host): a CPU expert's fixed cost and its
+    cost a pair (learnt: `refit_rates`), a device expert's copy and GEMMs. Used by one thread (the
     executor's)."""
 
     def __init__(self, store: ExpertStore, kernel: CpuExperts, num_layers: int, quota: int, device: torch.device,
@@ -135,12 +144,15 @@ class CpuShare:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
         self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
         self.prompt_rows = prompt_rows if prompt_rows > rows else 0  # 0: prompt chunks run every miss on the device
-        self.rate_ns = share_rates(store, weights)  # [fixed, per pair, device] ns: refined by `refit_rates`
+        self.rate_ns = share_rates(store, weights)  # [fixed, per pair, copy, GEMM] ns: refined by `refit_rates`
+        self.prior_times_ns: list[float] | None = None  # the start-up calls' times (stats: what the prior read)
         if share_prior.wanted():  # the CPU's two from this machine's own calls (moe/share_prior.py)
-            measured = share_prior.measure_prior(store, weights, kernel)
+            self.prior_times_ns = share_prior.measure_times(store, weights, kernel)
+            measured = share_prior.solve(self.prior_times_ns) if self.prior_times_ns is not None else None
             if measured is None:
-                log.info("CPU share: the start-up calls could not be read (a small model or a busy machine): "
-                         "the rates' constants stand until prompt chunks correct them")
+                log.info("CPU share: the start-up calls could not be read (a small model or a busy machine: %s ns "
+                         "at %s experts x tokens): the rates' constants stand until prompt chunks correct them",
+                         self.prior_times_ns, share_prior.SHAPES)
             else:
                 log.info("CPU share: an expert costs %.0f µs + %.1f µs a token on the CPU (measured at start-up; "
                          "the constants said %.0f + %.1f)", measured[0] / 1e3, measured[1] / 1e3,
@@ -232,7 +244,7 @@ class CpuShare:
         if self.mailboxes is None:
             return
         fixed, per_pair = fit_cpu_rates(self.mailboxes.fit_sums(), self._prior)
-        self.rate_ns = [round(fixed), round(per_pair), self.rate_ns[2]]
+        self.rate_ns = [round(fixed), round(per_pair), *self.rate_ns[2:]]
         host = torch.tensor(self.rate_ns, dtype=torch.int64)
         self.rates.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
 

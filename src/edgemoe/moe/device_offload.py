@@ -179,7 +179,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
         self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1],
-                                           "cpu_pinned_workers": len(kernel.pinned)})
+                                           "cpu_pinned_workers": len(kernel.pinned),
+                                           "cpu_prior_times_ns": share.prior_times_ns})
         return share
 
     def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
@@ -250,7 +251,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         assert share is not None and self.controller is not None
         misses = int((self._misses_so_far() - base).item())  # NOTE: the one device read: waits for the queued steps
         share.refit_rates()
-        fixed, per_pair, device = share.rate_ns
+        fixed, per_pair, device = share.rate_ns[:3]
         self._sample = None
         self.controller.inform(misses / (steps * self.cache.counts.shape[0]), device * 1e-9, (fixed + per_pair) * 1e-9)
 

@@ -34,10 +34,10 @@ def wanted() -> bool:
     return os.environ.get("EDGEMOE_SHARE_PRIOR", "1") != "0"
 
 
-def measure_prior(store: ExpertStore, weights: tuple[str, int], kernel: CpuExperts) -> tuple[float, float] | None:
-    """(ns an expert, ns a pair) of this machine's C kernel on `store`'s experts (`weights`:
-    the kernel's kind and block), or None: the store too small to spread the calls, or
-    timings that contradict the cost law (a busy machine: a rate <= 0)."""
+def measure_times(store: ExpertStore, weights: tuple[str, int], kernel: CpuExperts) -> list[float] | None:
+    """The ns of this machine's C kernel at each of SHAPES on `store`'s experts (`weights`:
+    the kernel's kind and block; `solve` reads the rates off them), or None: the store too
+    small to spread the calls."""
     if store.num_experts < 16:
         return None
     x_dtype = torch.bfloat16 if store.format.quantised else store.dtype  # as `cpu_seconds` draws x
@@ -53,7 +53,7 @@ def measure_prior(store: ExpertStore, weights: tuple[str, int], kernel: CpuExper
         if mailboxes.status(layer) != 0:
             raise RuntimeError(f"the CPU share's start-up call failed (status {mailboxes.status(layer)})")
 
-    return solve([1e9 * cpu_seconds(store, call, j, t) for j, t in SHAPES])
+    return [1e9 * cpu_seconds(store, call, j, t) for j, t in SHAPES]
 
 
 def solve(ns: list[float]) -> tuple[float, float] | None:

@@ -57,10 +57,13 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_
         missed = key != BIG
         tokens = tl.where(missed, key // E, 0)  # each sorted miss's tokens
         misses = tl.sum(missed.to(tl.int64), axis=0)
-        fixed, per_token, device_ns = tl.load(rates_ptr), tl.load(rates_ptr + 1), tl.load(rates_ptr + 2)
+        experts = tl.sum(((routed > 0) & ok_e).to(tl.int64), axis=0)  # the chunk's routed experts
+        fixed, per_token = tl.load(rates_ptr), tl.load(rates_ptr + 1)
+        copy_ns, gemm_ns = tl.load(rates_ptr + 2), tl.load(rates_ptr + 3)
         cpu_ns = tl.cumsum(tl.where(missed, fixed + per_token * tokens, 0), axis=0)  # the first k misses' CPU time
         k = e.to(tl.int64) + 1
-        fits = missed & (cpu_ns <= (misses - k) * device_ns) & (tl.cumsum(tokens, axis=0) <= cap - 1)
+        device_ns = (misses - k) * copy_ns + (experts - k) * gemm_ns  # what the device has left
+        fits = missed & (cpu_ns <= device_ns) & (tl.cumsum(tokens, axis=0) <= cap - 1)
         taken = tl.cumsum((~fits).to(tl.int32), axis=0) == 0  # the leading run: both sums only grow
         ncpu = tl.sum(taken.to(tl.int32), axis=0)
         tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
