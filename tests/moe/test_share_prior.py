@@ -48,19 +48,42 @@ def test_the_calls_run_on_every_format(kernel: CpuExperts, fmt) -> None:  # noqa
     assert got is None or (got[0] > 0 and got[1] > 0 and all(math.isfinite(v) for v in got))
 
 
+def test_the_solve_refuses_a_shape_off_the_law() -> None:
+    c, a, b = 20_000.0, 300_000.0, 4_000.0
+    times = [c + a * j + b * j * t for j, t in share_prior.SHAPES]
+    times[-1] *= 4  # one shape disturbed (seen on the GPU machine: 5.3 ms where the law says 1.3)
+    assert share_prior.solve(times) is None
+
+
+def share_with_prompt_rule(store, kernel: CpuExperts) -> CpuShare:  # noqa: ANN001
+    return CpuShare(store, kernel, 2, 0, torch.device("cpu"), rows=2, prompt_rows=32)
+
+
 def test_the_share_takes_the_measured_prior(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch) -> None:
     store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
     constants = share_rates(store, host_weights(store))
     law = [20_000.0 + 123_456.0 * j + 789.0 * j * t for j, t in share_prior.SHAPES]
     monkeypatch.setattr(share_prior, "measure_times", lambda *_: law)
-    share = CpuShare(store, kernel, 2, 0, torch.device("cpu"))
+    share = share_with_prompt_rule(store, kernel)
+    assert share.rate_ns == constants  # built: not measured yet (the engine measures once it is built)
+    share.measure_prior()
     assert share.rate_ns == [123_456, 789, *constants[2:]] and share.rates.tolist() == share.rate_ns
     assert share.prior_times_ns == law  # in the stats: what the prior was read off
     assert share._prior == (123_456.0, 789.0)  # what the fit leans on until prompt chunks correct it
-    monkeypatch.setattr(share_prior, "measure_times", lambda *_: None)  # too small a store: the constants
-    assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
-    monkeypatch.setattr(share_prior, "measure_times", lambda *_: [5.0, 4.0, 6.0, 5.0])  # contradicting: the constants
-    assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
-    monkeypatch.setattr(share_prior, "measure_times", lambda *_: pytest.fail("measured with EDGEMOE_SHARE_PRIOR=0"))
+    for unreadable in (None, [5.0, 4.0, 6.0, 5.0]):  # too small a store; contradicting times: the constants
+        monkeypatch.setattr(share_prior, "measure_times", lambda *_, t=unreadable: t)
+        share = share_with_prompt_rule(store, kernel)
+        share.measure_prior()
+        assert share.rate_ns == constants and share.rates.tolist() == constants
+    monkeypatch.setattr(share_prior, "measure_times", lambda *_: pytest.fail("measured without a prompt rule"))
+    CpuShare(store, kernel, 2, 0, torch.device("cpu")).measure_prior()  # decode steps only: no rates to measure
     monkeypatch.setenv("EDGEMOE_SHARE_PRIOR", "0")
-    assert CpuShare(store, kernel, 2, 0, torch.device("cpu")).rate_ns == constants
+    share = share_with_prompt_rule(store, kernel)
+    share.measure_prior()
+    assert share.rate_ns == constants
+
+
+def test_the_gemm_cost_can_be_replaced_for_an_ab(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
+    monkeypatch.setenv("EDGEMOE_SHARE_GEMM_NS", "0")
+    assert share_rates(store, host_weights(store))[3] == 0

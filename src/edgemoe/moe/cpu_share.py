@@ -37,6 +37,7 @@ than computing them where they lie.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -60,7 +61,7 @@ PROMPT_PAIRS = 4096  # CPU pairs a prompt chunk's layer may take (the mailbox's 
 # cores (bench/results/bw-20261202-144806.json: 8 experts a call at one token; one expert
 # at 32 tokens, 463 µs: ~11 µs a token past its bytes). The CPU's two are replaced at
 # start-up by this machine's own calls (`moe/share_prior.py`) unless EDGEMOE_SHARE_PRIOR=0;
-# the device's stays. Priors the fit corrects.
+# the device's stay (EDGEMOE_SHARE_GEMM_NS replaces the GEMMs' for an A/B). Priors the fit corrects.
 DEVICE_GBPS = 45.0
 # A routed expert's device time in a prompt chunk beyond its copy: its grouped GEMMs (a
 # 512-token fp8 prompt's profile: 25.6 ms a step over 48 layers of ~90 device experts,
@@ -101,7 +102,7 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
     its GEMMs)."""
     nbytes, (hidden, inter) = store.expert_nbytes, (store.down_shape[0], store.down_shape[1])
     return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / CPU_FLOPS * 1e9),
-            round(nbytes / DEVICE_GBPS), DEVICE_GEMM_NS]
+            round(nbytes / DEVICE_GBPS), int(os.environ.get("EDGEMOE_SHARE_GEMM_NS", DEVICE_GEMM_NS))]
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
@@ -146,18 +147,6 @@ class CpuShare:
         self.prompt_rows = prompt_rows if prompt_rows > rows else 0  # 0: prompt chunks run every miss on the device
         self.rate_ns = share_rates(store, weights)  # [fixed, per pair, copy, GEMM] ns: refined by `refit_rates`
         self.prior_times_ns: list[float] | None = None  # the start-up calls' times (stats: what the prior read)
-        if share_prior.wanted():  # the CPU's two from this machine's own calls (moe/share_prior.py)
-            self.prior_times_ns = share_prior.measure_times(store, weights, kernel)
-            measured = share_prior.solve(self.prior_times_ns) if self.prior_times_ns is not None else None
-            if measured is None:
-                log.info("CPU share: the start-up calls could not be read (a small model or a busy machine: %s ns "
-                         "at %s experts x tokens): the rates' constants stand until prompt chunks correct them",
-                         self.prior_times_ns, share_prior.SHAPES)
-            else:
-                log.info("CPU share: an expert costs %.0f µs + %.1f µs a token on the CPU (measured at start-up; "
-                         "the constants said %.0f + %.1f)", measured[0] / 1e3, measured[1] / 1e3,
-                         self.rate_ns[0] / 1e3, self.rate_ns[1] / 1e3)
-                self.rate_ns[0], self.rate_ns[1] = round(measured[0]), round(measured[1])
         self._prior = (float(self.rate_ns[0]), float(self.rate_ns[1]))
         self.rates = torch.tensor(self.rate_ns, dtype=torch.int64, device=device)
         self.num_experts = store.num_experts
@@ -173,6 +162,25 @@ class CpuShare:
         if device.type == "cuda":
             self._side = torch.cuda.Stream(device)
             self._fork, self._join = torch.cuda.Event(), torch.cuda.Event()
+
+    def measure_prior(self) -> None:
+        """The prompt rule's CPU prior from this machine's own calls (`moe/share_prior.py`),
+        where the rule runs; once the engine is built (the host quiet). Between steps."""
+        if not self.prompt_rows or not share_prior.wanted():
+            return
+        self.prior_times_ns = share_prior.measure_times(self.store, self.weights, self.kernel)
+        measured = share_prior.solve(self.prior_times_ns) if self.prior_times_ns is not None else None
+        if measured is None:
+            log.info("CPU share: the start-up calls could not be read (a small model or a busy machine: %s ns "
+                     "at %s experts x tokens): the rates' constants stand until prompt chunks correct them",
+                     self.prior_times_ns, share_prior.SHAPES)
+            return
+        log.info("CPU share: an expert costs %.0f µs + %.1f µs a token on the CPU (measured at start-up; "
+                 "the constants said %.0f + %.1f)", measured[0] / 1e3, measured[1] / 1e3,
+                 self.rate_ns[0] / 1e3, self.rate_ns[1] / 1e3)
+        self.rate_ns[0], self.rate_ns[1] = round(measured[0]), round(measured[1])
+        self._prior = (float(self.rate_ns[0]), float(self.rate_ns[1]))
+        self.rates.copy_(torch.tensor(self.rate_ns, dtype=torch.int64))
 
     def rule_for(self, x: torch.Tensor) -> int | None:
         """The pick for this step (`kernels/share_split`: DECODE, PROMPT), or None: no
