@@ -67,8 +67,9 @@ DEVICE_GBPS = 45.0
 # 512-token fp8 prompt's profile: 25.6 ms a step over 48 layers of ~90 device experts,
 # ~6 µs each: ~35 tokens in 64-row tiles, the tiles' count rather than the bytes) and its
 # share of the layer's other launches. 12 µs was the best of 0 / 6 / 12 / 24 in the
-# GPU machine's A/B (scripts/gpu_cpu_share_ab.py --gemm-ns; fp8 512 tokens x1.02-1.05
-# against 0, bf16 300 x1.02-1.07, bf16 700 x0.99-1.04; 24 lost x0.95; 2026-12-04).
+# GPU machine's A/B (scripts/gpu_cpu_share_ab.py --gemm-ns, medians against 0: fp8 512
+# tokens x1.02-1.10, fp8 300 x1.05, bf16 300 x1.04-1.15, bf16 700 x0.99-1.02; 24 against
+# 12: x0.88-1.01; 2026-12-04).
 DEVICE_GEMM_NS = 12_000
 # mxfp4: int4's nibble path with a fixed table (unmeasured on the GPU machine: int4's rate).
 CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0}
