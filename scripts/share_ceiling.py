@@ -5,8 +5,12 @@ and through LRU with the share's rule at each quota level (`moe/replay.py`,
 `replay_share`: the coldest misses computed on the CPU and never loaded), and for each the
 step time no overlap can beat — the longest of the link's copies, the CPU's reads and the
 host's reads — as a ratio to the bound (93.8 GB/s over the LRU replay's missed bytes).
+`--pick farthest`: the CPU takes the misses whose next use is farthest (future knowledge)
+instead of the coldest: what any prediction of reuse could reach with this admission rule;
+`--heat-shift N`: the coldest by a heat that decays 1/2**N an access (30: popularity).
 
     PYTHONPATH=src python3 scripts/share_ceiling.py [--slots 1213 --tokens 1200 --cpu-gbps 80 --link-gbps 52.6]
+        [--pick heat|farthest] [--heat-shift 3]
 """
 
 from __future__ import annotations
@@ -42,16 +46,21 @@ def main() -> None:
     ap.add_argument("--link-gbps", type=float, default=LINK_GBPS,
                     help="the copies' rate (52.6 alone; ~35 measured beside the step's compute, 2026-12-02)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pick", choices=["heat", "farthest"], default="heat",
+                    help="the CPU's misses: the coldest (the engine's rule) or the farthest next use (an oracle)")
+    ap.add_argument("--heat-shift", type=int, default=None,
+                    help="the heat's decay, 1/2**shift an access (the engine's 3 by default; 30: popularity)")
     args = ap.parse_args()
     accesses = trace(args.tokens, args.seed)
-    shares = {level: replay_share(accesses, args.slots, LAYERS, EXPERTS, quota_rows(level, LAYERS))
+    shares = {level: replay_share(accesses, args.slots, LAYERS, EXPERTS, quota_rows(level, LAYERS), pick=args.pick,
+                                  heat_shift=args.heat_shift)
               for level in range(0, 3 * QUARTERS + 1, 2)}
     lru = shares[0]  # quota 0: the policy itself (tests/moe/test_replay.py)
     after = len(accesses) - warmup_accesses(accesses, args.slots)  # the layer accesses the replays count
     bound_misses = per_token(lru.misses, after)
     bound = HOST_GBPS / (bound_misses * EXPERT_MB / 1e3)
     print(f"{args.slots} slots, {args.tokens} tokens: LRU {bound_misses:.1f} misses a token (hit {lru.hit_rate:.3f}); "
-          f"bound {bound:.1f} tok/s")
+          f"bound {bound:.1f} tok/s; the CPU's pick: {args.pick}")
     print(f"{'quota':>5} {'misses':>7} {'CPU':>6} {'copies':>7} {'link ms':>7} {'CPU ms':>7} {'host ms':>7} "
           f"{'ceiling tok/s':>13} {'of bound':>8}")
     for level, share in shares.items():

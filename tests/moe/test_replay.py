@@ -137,16 +137,27 @@ def test_belady_refuses_sets_larger_than_the_pool() -> None:
     assert "belady_skipped" in compare_policies(trace, 2, 1, 3)
 
 
-def plain_lru_with_share(trace: list[Access], slots: int, experts: int, quota: list[int]) -> tuple[int, int, int]:
+def next_use_scan(trace: list[Access], i: int, layer: int, e: int) -> int:
+    """The index of (layer, e)'s next access after i, by a forward scan (len + 1: none)."""
+    return next((j for j in range(i + 1, len(trace)) if trace[j].layer == layer and e in trace[j].experts),
+                len(trace) + 1)
+
+
+def plain_lru_with_share(trace: list[Access], slots: int, experts: int, quota: list[int],
+                         farthest: bool = False, shift: int = 3) -> tuple[int, int, int]:
     """(hits, misses, misses skipped) over the whole trace of a plain LRU (OrderedDict) where, at each
     access, the quota[layer] misses of lowest heat (ties: the higher id first) are not
-    loaded; heat: each access keeps 7/8 of it (integer shift) and adds 1024 per routed expert."""
+    loaded; heat: each access keeps 1 - 1/2**shift of it (integer shift) and adds 1024 per routed expert.
+    `farthest`: the misses whose next access is farthest are skipped instead (ties: the higher id)."""
     lru: OrderedDict = OrderedDict()
     heat = {layer: [0] * experts for layer in {a.layer for a in trace}}
     hits = misses = cpu = 0
-    for layer, routed in trace:
+    for i, (layer, routed) in enumerate(trace):
         missing = [e for e in routed if (layer, e) not in lru]
-        skipped = sorted(missing, key=lambda e: (heat[layer][e], -e))[:quota[layer]]
+        if farthest:
+            skipped = sorted(missing, key=lambda e: (-next_use_scan(trace, i, layer, e), -e))[:quota[layer]]
+        else:
+            skipped = sorted(missing, key=lambda e: (heat[layer][e], -e))[:quota[layer]]
         for e in routed:
             if (layer, e) in lru:
                 hits += 1
@@ -160,19 +171,21 @@ def plain_lru_with_share(trace: list[Access], slots: int, experts: int, quota: l
                 victim = next(k for k in lru if not (k[0] == layer and k[1] in routed))
                 del lru[victim]
             lru[(layer, e)] = True
-        heat[layer] = [h - (h >> 3) + (1024 if e in routed else 0) for e, h in enumerate(heat[layer])]
+        heat[layer] = [h - (h >> shift) + (1024 if e in routed else 0) for e, h in enumerate(heat[layer])]
     return hits, misses, cpu
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_share_replay_matches_a_plain_lru_that_skips_the_coldest_misses(seed: int) -> None:
+@pytest.mark.parametrize("pick,shift", [("heat", None), ("heat", 6), ("farthest", None)])
+def test_share_replay_matches_a_plain_lru_that_skips_the_picked_misses(seed: int, pick: str, shift: int | None) -> None:
     rng = random.Random(seed)
     layers, experts = 3, 10
     trace = random_trace(rng, 300, layers, experts, 4)
     quota = [rng.randint(0, 2) for _ in range(layers)]
     slots = rng.randint(4, 9)
-    got = replay_share(trace, slots, layers, experts, quota, "lru-plain")
-    hits, misses, cpu = plain_lru_with_share(trace, slots, experts, quota)
+    got = replay_share(trace, slots, layers, experts, quota, "lru-plain", pick, heat_shift=shift)
+    hits, misses, cpu = plain_lru_with_share(trace, slots, experts, quota, farthest=pick == "farthest",
+                                             shift=3 if shift is None else shift)
     assert (got.hits_all, got.misses_all) == (hits, misses)
     # the CPU's count is after the warm-up; before the pool first fills, the share skips the same
     assert got.cpu <= cpu and (got.cpu == cpu or warmup_accesses(trace, slots) > 0)
@@ -189,3 +202,5 @@ def test_share_replay_without_a_quota_is_the_policy_and_with_every_miss_loads_no
             plain.hits, plain.misses, plain.hits_all, plain.misses_all)
     every = replay_share(trace, 6, 2, 12, [5, 5])  # a quota as large as any set: nothing is ever loaded
     assert every.hits_all == 0 and every.misses_all == sum(len(a.experts) for a in trace)
+    with pytest.raises(ValueError, match="pick"):
+        replay_share(trace, 6, 2, 12, [1, 1], pick="coldest")

@@ -73,29 +73,40 @@ def _plan(cache: SlotCache, layer: int, experts: Sequence[int]) -> tuple[int, in
 
 
 def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int,
-                 quota: Sequence[int], policy: str = "lru") -> ReplayResult:
+                 quota: Sequence[int], policy: str = "lru", pick: str = "heat",
+                 heat_shift: int | None = None) -> ReplayResult:
     """`policy` with the hybrid backend's CPU share (`moe/cpu_share.py`): at each access
     the layer's `quota[layer]` coldest misses — lowest heat, ties to the higher id, heat
     decaying by 1/2**HEAT_SHIFT an access and rising by HEAT_UNIT per routed expert, as
     `kernels/share_split.py` keeps it — are computed where they lie and never loaded, so
     they miss again at their next use; the rest plan as in `replay_policy`. Its misses
     count the CPU's. What the share's admission rule costs in misses against plain
-    `policy` on the same trace (a batch's routings of an expert count once)."""
+    `policy` on the same trace (a batch's routings of an expert count once).
+    `pick="farthest"`: the misses whose next use is farthest instead (future knowledge,
+    ties to the higher id) — what a perfect prediction of reuse could pick. `heat_shift`:
+    another decay of the heat (1/2**shift an access; the engine's HEAT_SHIFT by default)."""
     from edgemoe.kernels.share_split import HEAT_SHIFT
     from edgemoe.moe.cpu_share import HEAT_UNIT
 
+    shift = HEAT_SHIFT if heat_shift is None else heat_shift
+    if pick not in ("heat", "farthest"):
+        raise ValueError(f"pick must be 'heat' or 'farthest' (got {pick!r})")
     cache = SlotCache(num_slots, num_layers, num_experts, policy)
     heat = [[0] * num_experts for _ in range(num_layers)]
     warm = warmup_accesses(trace, num_slots)
+    later = _next_uses([[(a.layer, e) for e in a.experts] for a in trace]) if pick == "farthest" else None
     counts, cpu = [0, 0, 0, 0], 0
     for i, (layer, experts) in enumerate(trace):
-        cold = _coldest_misses(cache, heat[layer], layer, experts, quota[layer])
+        if later is None:
+            cold = _coldest_misses(cache, heat[layer], layer, experts, quota[layer])
+        else:
+            cold = _farthest_misses(cache, dict(zip(experts, later[i])), layer, quota[layer])
         hits, misses = _plan(cache, layer, [e for e in experts if e not in cold])
         _count(counts, i >= warm, hits, misses + len(cold))
         cpu += len(cold) if i >= warm else 0
         row = heat[layer]
         for e in range(num_experts):
-            row[e] -= row[e] >> HEAT_SHIFT
+            row[e] -= row[e] >> shift
         for e in set(experts):
             row[e] += HEAT_UNIT
     return ReplayResult(f"{policy}+share", *counts, cpu=cpu)
@@ -104,6 +115,11 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
 def _coldest_misses(cache: SlotCache, heat: list[int], layer: int, experts: Sequence[int], quota: int) -> set[int]:
     misses = {e for e in experts if cache.lookup(layer, e) is None}
     return set(sorted(misses, key=lambda e: (heat[e], -e))[:quota])
+
+
+def _farthest_misses(cache: SlotCache, next_use: dict[int, int], layer: int, quota: int) -> set[int]:
+    misses = [e for e in next_use if cache.lookup(layer, e) is None]
+    return set(sorted(misses, key=lambda e: (-next_use[e], -e))[:quota])
 
 
 def replay_belady(trace: Sequence[Access], num_slots: int) -> ReplayResult:
