@@ -73,7 +73,12 @@ DEVICE_GBPS = 45.0
 DEVICE_GEMM_NS = 12_000
 # mxfp4: int4's nibble path with a fixed table (unmeasured on the GPU machine: int4's rate).
 CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0}
-CPU_FLOPS = 0.85e12
+# An expert's tokens past its bytes, flop/s (6·H·I a token): bf16 and fp8 from the GPU
+# machine's fits of prompt chunks' calls and start-up readings (2026-12-04: ~2.7 µs a token
+# bf16, ~9 fp8, at Qwen3-30B-A3B's 2048 x 768), the others the 32-token call's 0.85 (above).
+# The turn after start-up split by bf16's old 11 µs took 0.62 s, by a measured 2.7 0.53.
+CPU_FLOPS = {"bf16": 3.5e12, "fp8": 1.05e12}
+CPU_FLOPS_OTHER = 0.85e12
 CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
 
@@ -102,7 +107,8 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
     (its bytes read, then each token's 6·H·I flops) and on the device (its copy if missed,
     its GEMMs)."""
     nbytes, (hidden, inter) = store.expert_nbytes, (store.down_shape[0], store.down_shape[1])
-    return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / CPU_FLOPS * 1e9),
+    flops = CPU_FLOPS.get(weights[0], CPU_FLOPS_OTHER)
+    return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / flops * 1e9),
             round(nbytes / DEVICE_GBPS), int(os.environ.get("EDGEMOE_SHARE_GEMM_NS", DEVICE_GEMM_NS))]
 
 
