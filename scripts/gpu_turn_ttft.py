@@ -34,7 +34,8 @@ def timed(llm, prompt: list[int]) -> dict:  # noqa: ANN001
     misses, cpu = after["misses"] - before["misses"], after["experts_cpu"] - before["experts_cpu"]
     return {"tokens": len(prompt), "seconds": round(seconds, 4), "cached": out.num_cached_tokens,
             "draw_s": round(draw_seconds(llm) - draws, 4), "misses": misses, "experts_cpu": cpu,
-            "copied_gb": round((after["bytes_copied"] - before["bytes_copied"]) / 1e9, 3), "cpu_rates_ns": cpu_rates(after)}
+            "copied_gb": round((after["bytes_copied"] - before["bytes_copied"]) / 1e9, 3),
+            "cpu_rates_ns": cpu_rates(after)}
 
 
 def cpu_rates(moe: dict) -> list[int] | None:
@@ -79,8 +80,8 @@ def main() -> None:
     path = os.path.join(os.environ.get("OUT", "bench/results"), f"turn-ttft-{args.backend}{'-no-prompt-cpu' if args.prompt_cpu is False else ''}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes, "cpu_rates_prior_ns": prior, "cpu_prior_times_ns": probe, "prefix": first,
-                   "turns": rows}, f, indent=1)
+        json.dump({"settings": settings, "slots": plan.get("num_slots"), "expert_bytes": nbytes,
+                   "cpu_rates_prior_ns": prior, "cpu_prior_times_ns": probe, "prefix": first, "turns": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -311,8 +311,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page, overlap)
     states = make_state_pool(arch, plan, device)
     runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states, ple)
-    share = getattr(executor, "cpu_share", None)
-    if share is not None:  # once loading, preloading and capture are done: the host quiet
+    if (share := getattr(executor, "cpu_share", None)) is not None:  # loaded, preloaded, captured: the host quiet
         share.measure_prior()
     host_tier = make_host_tier(host_cache, pool, states) if host_cache else None
     return Runtime(
