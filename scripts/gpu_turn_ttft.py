@@ -6,6 +6,7 @@ a long prefix the prefix cache holds, and its ratio to the copy + CPU bound.
 prompts of the same prefix plus `--turn` new tokens each (the agent's next message) are
 timed to their first token. For each turn: TTFT, the cached tokens, the experts moved
 (misses) and the CPU's, the host's synthetic draws (a real router costs nothing there),
+the CPU time the hypervisor stole meanwhile (a note when it set the pace, as `bench decode`'s),
 and the bound: the missed experts' bytes at min(52.6 + 60, 93.8) GB/s (docs/benchmarks.md)
 — the time the turn's expert traffic needs at best. Writes $OUT/turn-ttft-<backend>.json.
 
@@ -22,20 +23,23 @@ import time
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.bench.decode import draw_seconds
+from edgemoe.bench.host_counters import counters_delta, disturbance, host_counters
 
 LINK_GBPS = min(52.6 + 60.0, 93.8)  # the copy + CPU bound's bandwidth (PERF-NOTES, issue 13)
 
 
 def timed(llm, prompt: list[int]) -> dict:  # noqa: ANN001
-    before, draws, t0 = llm.stats()["moe"], draw_seconds(llm), time.perf_counter()
+    before, draws, host, t0 = llm.stats()["moe"], draw_seconds(llm), host_counters(), time.perf_counter()
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))[0]
     seconds = time.perf_counter() - t0
+    host = counters_delta(host, host_counters())
     after = llm.stats()["moe"]
     misses, cpu = after["misses"] - before["misses"], after["experts_cpu"] - before["experts_cpu"]
     return {"tokens": len(prompt), "seconds": round(seconds, 4), "cached": out.num_cached_tokens,
             "draw_s": round(draw_seconds(llm) - draws, 4), "misses": misses, "experts_cpu": cpu,
             "copied_gb": round((after["bytes_copied"] - before["bytes_copied"]) / 1e9, 3),
-            "cpu_rates_ns": cpu_rates(after)}
+            "cpu_rates_ns": cpu_rates(after), "host_steal_share": round(host.get("cpu_steal_share", 0.0), 4),
+            **({"host_note": note} if (note := disturbance(host)) else {})}
 
 
 def cpu_rates(moe: dict) -> list[int] | None:
