@@ -68,7 +68,8 @@ def main() -> None:
     rows = []
     with LLM(progress=False, **settings) as llm:
         nbytes = llm.engine.runtime.executor.slots.expert_nbytes  # the slot banks of either expert cache
-        prior, probe = cpu_rates(llm.stats()["moe"]), llm.stats()["moe"].get("cpu_prior_times_ns")
+        moe = llm.stats()["moe"]
+        prior, probe = cpu_rates(moe), moe.get("cpu_prior_times_ns")
         print("the CPU share's start-up rates (ns an expert, a pair):", prior, "read off", probe, flush=True)
         first = timed(llm, prefix)
         first["prefill_tok_s_without_draws"] = round(args.prefix / (first["seconds"] - first["draw_s"]), 1)

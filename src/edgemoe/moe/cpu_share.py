@@ -77,8 +77,7 @@ CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0
 # machine's fits of prompt chunks' calls and start-up readings (2026-12-04: ~2.7 µs a token
 # bf16, ~9 fp8, at Qwen3-30B-A3B's 2048 x 768), the others the 32-token call's 0.85 (above).
 # The turn after start-up split by bf16's old 11 µs took 0.62 s, by a measured 2.7 0.53.
-CPU_FLOPS = {"bf16": 3.5e12, "fp8": 1.05e12}
-CPU_FLOPS_OTHER = 0.85e12
+CPU_FLOPS = {"bf16": 3.5e12, "int8": 0.85e12, "fp8": 1.05e12, "int4": 0.85e12, "mxfp4": 0.85e12}
 CALL_S = 20e-6  # the fit's prior for a call's own cost (hand-off, job table)
 
 
@@ -107,8 +106,7 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
     (its bytes read, then each token's 6·H·I flops) and on the device (its copy if missed,
     its GEMMs)."""
     nbytes, (hidden, inter) = store.expert_nbytes, (store.down_shape[0], store.down_shape[1])
-    flops = CPU_FLOPS.get(weights[0], CPU_FLOPS_OTHER)
-    return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / flops * 1e9),
+    return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / CPU_FLOPS[weights[0]] * 1e9),
             round(nbytes / DEVICE_GBPS), int(os.environ.get("EDGEMOE_SHARE_GEMM_NS", DEVICE_GEMM_NS))]
 
 
@@ -185,9 +183,8 @@ class CpuShare:
         log.info("CPU share: an expert costs %.0f µs + %.1f µs a token on the CPU (measured at start-up; "
                  "the constants said %.0f + %.1f)", measured[0] / 1e3, measured[1] / 1e3,
                  self.rate_ns[0] / 1e3, self.rate_ns[1] / 1e3)
-        self.rate_ns[0], self.rate_ns[1] = round(measured[0]), round(measured[1])
+        self._set_cpu_rates(*measured)
         self._prior = (float(self.rate_ns[0]), float(self.rate_ns[1]))
-        self.rates.copy_(torch.tensor(self.rate_ns, dtype=torch.int64))
 
     def rule_for(self, x: torch.Tensor) -> int | None:
         """The pick for this step (`kernels/share_split`: DECODE, PROMPT), or None: no
@@ -258,7 +255,11 @@ class CpuShare:
         stream-ordered: no wait)."""
         if self.mailboxes is None:
             return
-        fixed, per_pair = fit_cpu_rates(self.mailboxes.fit_sums(), self._prior)
+        self._set_cpu_rates(*fit_cpu_rates(self.mailboxes.fit_sums(), self._prior))
+
+    def _set_cpu_rates(self, fixed: float, per_pair: float) -> None:
+        """The CPU's two rates, on the host and (a pinned copy, stream-ordered: no wait) on
+        the device; the device's two stay."""
         self.rate_ns = [round(fixed), round(per_pair), *self.rate_ns[2:]]
         host = torch.tensor(self.rate_ns, dtype=torch.int64)
         self.rates.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
