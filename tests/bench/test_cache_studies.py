@@ -103,3 +103,19 @@ def test_a_cpu_share_is_replayed_with_its_admission_rule(qwen3_ckpt, capsys) -> 
     assert share["hits_all"] + share["misses_all"] == replay["lru"]["hits_all"] + replay["lru"]["misses_all"]
     _print_row(row)
     assert f"lru+share@1 {share['hit_rate']:.3f}" in capsys.readouterr().out
+
+
+def test_a_live_share_is_replayed_at_its_fraction_of_the_misses(qwen3_ckpt, capsys) -> None:  # noqa: ANN001
+    """The live share (no fixed quota) splits each layer's own misses: the row replays the
+    policy with the share at the part of the misses the CPU took."""
+    with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=3,
+             routing=SYNTHETIC) as llm:
+        row = measure(llm, 6, 1, 12, seed=1)
+    replay, moe = row["cache_replay"], row["decode_moe"]
+    assert moe["experts_cpu"] > 0
+    share = replay["share"]
+    part = round(16 * moe["experts_cpu"] / moe["misses"]) / 16  # the CPU's part of the misses, in sixteenths
+    assert share["policy"] == "lru+share" and share["fraction_of_misses"] == part > 0
+    assert share["hits_all"] + share["misses_all"] == replay["lru"]["hits_all"] + replay["lru"]["misses_all"]
+    _print_row(row)
+    assert f"lru+share@{part:g} of the misses {share['hit_rate']:.3f}" in capsys.readouterr().out

@@ -29,23 +29,26 @@ def skewed_ids(E: int, T: int, K: int, g: torch.Generator) -> torch.Tensor:
     return ids
 
 
-@pytest.mark.parametrize("E,T,K,rule,quota,rates,pairs", [
-    (128, 1, 8, DECODE, 2, (0, 0, 0, 0), 64 * 8),
-    (128, 32, 8, DECODE, 3, (0, 0, 0, 0), 64 * 8),
-    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000, 6_000), 4096),  # issue 15's 512-token fp8 prompt
-    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000, 0), 4096),  # ... the copies alone
-    (128, 300, 8, PROMPT, 0, (90_000, 2_000, 210_000, 6_000), 4096),  # the agent turn, bf16
-    (128, 700, 8, PROMPT, 0, (10_000, 200, 210_000, 6_000), 1000),  # the mailbox's pairs bind first
-    (512, 300, 10, PROMPT, 0, (50_000, 1_500, 140_000, 6_000), 4096),  # Qwen3.8's 512 experts, top-10
+@pytest.mark.parametrize("E,T,K,rule,quota,rates,pairs,fraction", [
+    (128, 1, 8, DECODE, 2, (0, 0, 0, 0), 64 * 8, 16),
+    (128, 32, 8, DECODE, 3, (0, 0, 0, 0), 64 * 8, 16),
+    (128, 1, 8, DECODE, 128, (0, 0, 0, 0), 64 * 8, 10),  # 10/16 of each layer's misses (the live share)
+    (128, 32, 8, DECODE, 128, (0, 0, 0, 0), 64 * 8, 7),
+    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000, 6_000), 4096, 16),  # issue 15's 512-token fp8 prompt
+    (128, 512, 8, PROMPT, 0, (60_000, 2_000, 105_000, 0), 4096, 16),  # ... the copies alone
+    (128, 300, 8, PROMPT, 0, (90_000, 2_000, 210_000, 6_000), 4096, 16),  # the agent turn, bf16
+    (128, 700, 8, PROMPT, 0, (10_000, 200, 210_000, 6_000), 1000, 16),  # the mailbox's pairs bind first
+    (512, 300, 10, PROMPT, 0, (50_000, 1_500, 140_000, 6_000), 4096, 16),  # Qwen3.8's 512 experts, top-10
 ])
 def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int, quota: int, rates: tuple,
-                                              pairs: int) -> None:
+                                              pairs: int, fraction: int) -> None:
     from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
 
     g = torch.Generator().manual_seed(E * 1000 + T)
     cap = pairs + 1
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 99, (E,), generator=g), -1).int()
-    ref, tri = state(E, cap, resident, quota, rates), state(E, cap, resident, quota, rates, "cuda")
+    ref = state(E, cap, resident, quota, rates, fraction=fraction)
+    tri = state(E, cap, resident, quota, rates, "cuda", fraction=fraction)
     mb_ref, mb_tri = mailbox(T, cap, H), mailbox(T, cap, H, "cuda")
     for _ in range(3):  # decode: heat builds up over steps
         ids = skewed_ids(E, T, K, g)

@@ -21,16 +21,20 @@ H = 40  # not a power of two: ragged row copies
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
-@pytest.mark.parametrize("E,T,K,quota", [(8, 1, 2, 1), (40, 5, 4, 3), (40, 3, 4, 40), (16, 2, 3, 0),
-                                         (512, 2, 10, 7)])  # Qwen3.8-Flash-Next's 512 experts, top-10
-def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int) -> None:
+@pytest.mark.parametrize("E,T,K,quota,fraction", [
+    (8, 1, 2, 1, 16), (40, 5, 4, 3, 16), (40, 3, 4, 40, 16), (16, 2, 3, 0, 16),
+    (512, 2, 10, 7, 16),  # Qwen3.8-Flash-Next's 512 experts, top-10
+    (40, 5, 4, 40, 10), (40, 1, 8, 2, 6), (512, 2, 10, 8, 11),  # a fraction of each layer's misses
+])
+def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int, fraction: int) -> None:
     from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
 
-    g = torch.Generator().manual_seed(E * 100 + quota)
+    g = torch.Generator().manual_seed(E * 100 + quota + fraction)
     rows = 6
     mb_ref, mb_tri = mailbox(rows, rows * K + 1, H), mailbox(rows, rows * K + 1, H)
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 9, (E,), generator=g), -1).int()
-    ref, tri = state(E, mb_ref.cap, resident, quota), state(E, mb_tri.cap, resident, quota)
+    ref = state(E, mb_ref.cap, resident, quota, fraction=fraction)
+    tri = state(E, mb_tri.cap, resident, quota, fraction=fraction)
     for step in range(4):
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
         if step == 1 and T > 1:
@@ -55,6 +59,32 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int
         assert torch.equal(cells_tri, cells_ref)
     if quota:
         assert int(ref.cpu_count) > 0
+
+
+@pytest.mark.parametrize("quota,fraction", [(3, 16), (40, 16), (40, 10), (2, 10), (40, 6), (40, 1), (40, 0)])
+def test_the_decode_pick_takes_the_quota_and_the_fraction_of_each_layers_misses(quota: int, fraction: int) -> None:
+    """The reference's count of CPU experts a layer = decode_take(misses, quota, fraction):
+    at most the quota, the fraction of this layer's misses rounded half up (10/16 of 2
+    misses is 1, of 3 is 2, of 4 is 3), and they are the coldest (the higher id on a tie)."""
+    from edgemoe.kernels.share_split import FRACTION_ONE, decode_take
+
+    E, K = 32, 8
+    assert decode_take(2, 40, 10) == 1 and decode_take(3, 40, 10) == 2 and decode_take(4, 40, 10) == 3
+    assert decode_take(1, 40, 1) == 0 and decode_take(5, 2, FRACTION_ONE) == 2
+    g = torch.Generator().manual_seed(quota * 17 + fraction)
+    for misses in range(K + 1):
+        resident = torch.arange(E, dtype=torch.int32)  # every expert resident ...
+        ids = torch.randperm(E, generator=g)[:K].int().view(1, K)
+        resident[ids[0, :misses].long()] = -1  # ... but `misses` of the routed ones
+        st = state(E, K + 1, resident, quota, fraction=fraction)
+        st.heat.copy_(torch.randint(0, 4, (E,), generator=g) * 1024)
+        heat = st.heat.clone()
+        out = share_begin_ref(ids, torch.ones(1, K), torch.zeros(1, H).bfloat16(), st, mailbox(1, K + 1, H))
+        on_cpu = ids[out == -1].tolist()
+        assert len(on_cpu) == decode_take(misses, quota, fraction), (misses, on_cpu)
+        missed = ids[0, :misses].tolist()
+        coldest = sorted(missed, key=lambda e: (int(heat[e]), -e))[:len(on_cpu)]
+        assert sorted(on_cpu) == sorted(coldest)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")

@@ -20,7 +20,8 @@ from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.cache_choice import resolve_expert_cache
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.parts_store import PartsStore
-from edgemoe.moe.quota_controller import QUARTERS, quota_rows
+from edgemoe.kernels.share_split import FRACTION_ONE
+from edgemoe.moe.quota_controller import COUNT, FRACTION, QUARTERS, LevelScale, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
 from edgemoe.quant import ExpertFormat, Int4Group, Int8Channel
@@ -76,10 +77,13 @@ class Heat:
         self.heat[layer] = [h - (h >> 3) + 1024 * c for h, c in zip(row, counts, strict=True)]
 
 
-def cpu_experts_of(slot_row: torch.Tensor, ids: torch.Tensor, quota: int, heat: list[int]) -> list[int]:
-    """The reference split: the `quota` coldest misses (lowest heat, ties to the higher id)."""
+def cpu_experts_of(slot_row: torch.Tensor, ids: torch.Tensor, quota: int, heat: list[int],
+                   fraction: int = FRACTION_ONE) -> list[int]:
+    """The reference split: the coldest misses (lowest heat, ties to the higher id), at
+    most `quota` and `fraction` sixteenths of them, rounded half up."""
     misses = [e for e in sorted(set(ids[ids >= 0].tolist())) if slot_row[e] < 0]
-    return sorted(sorted(misses, key=lambda e: (heat[e], -e))[:quota])
+    take = min(quota, (fraction * len(misses) + 8) // 16)
+    return sorted(sorted(misses, key=lambda e: (heat[e], -e))[:take])
 
 
 def expected(store, layer: int, x, ids, w, on_cpu: list[int], kernel: CpuExperts) -> torch.Tensor:
@@ -103,14 +107,19 @@ def same_state(a: DeviceOffloadExecutor, b: DeviceOffloadExecutor) -> bool:
                                               (ca.recency, cb.recency), (ca.clock, cb.clock), (ca.counts, cb.counts)))
 
 
-@pytest.mark.parametrize("kind,slots,mover", [("bf16", 5, "gather"), ("bf16", K, "copy"), ("int8", 4, "gather"),
-                                              ("int4", 4, "gather"), ("mxfp4", 4, "gather")])
-def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: str, slots: int, mover: str) -> None:
+@pytest.mark.parametrize("kind,slots,mover,fraction", [
+    ("bf16", 5, "gather", FRACTION_ONE), ("bf16", K, "copy", FRACTION_ONE), ("int8", 4, "gather", FRACTION_ONE),
+    ("int4", 4, "gather", FRACTION_ONE), ("mxfp4", 4, "gather", FRACTION_ONE),
+    ("bf16", 5, "gather", 10), ("int8", 4, "gather", 6),  # a share of each layer's own misses
+])
+def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: str, slots: int, mover: str,
+                                                      fraction: int) -> None:
     store = store_of(kind)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
-    quotas = [1, 2, 0]  # per layer; layer 2 runs as plain offload
+    quotas = [1, 2, 0] if fraction == FRACTION_ONE else [E, 1, 0]  # per layer; layer 2 runs as plain offload
     share = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover, cpu_experts_per_layer=1, cpu_kernel=kernel)
     share.cpu_share.quota.copy_(torch.tensor(quotas))
+    share.cpu_share.fraction.fill_(fraction)
     share.cpu_share.rows = 4  # steps of 7 and 16 tokens run every miss on the device
     ref = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover)  # sees the routing without the CPU's experts
     num_cpu, heat = 0, Heat()
@@ -118,7 +127,7 @@ def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: 
         for layer in range(L):
             shared = x.shape[0] <= 4  # steps the share takes (heat counts them alone)
             quota = quotas[layer] if shared else 0
-            on_cpu = cpu_experts_of(ref.cache.slot_map[layer], ids, quota, heat.heat[layer])
+            on_cpu = cpu_experts_of(ref.cache.slot_map[layer], ids, quota, heat.heat[layer], fraction)
             if shared:
                 heat.update(layer, ids)
             num_cpu += len(on_cpu)
@@ -188,13 +197,24 @@ def test_settings() -> None:
     EngineConfig(moe=MoEConfig(moe_backend="hybrid", cpu_experts_per_layer=2)).validate()  # auto: the device cache
 
 
-def test_a_live_quota_is_offload_bitwise_at_level_zero_and_follows_its_controller(kernel: CpuExperts) -> None:
+def levels_in_place(live: DeviceOffloadExecutor, scale: LevelScale, level: int) -> bool:
+    """The level's quota rows and fraction in the share's tensors."""
+    return (live.cpu_share.quota.tolist() == scale.rows(level, L, E)
+            and int(live.cpu_share.fraction) == scale.fraction(level))
+
+
+@pytest.mark.parametrize("scale,best", [(COUNT, 6), (FRACTION, 10)])  # 1.5 experts a layer; 10/16 of the misses
+def test_a_live_quota_is_offload_bitwise_at_level_zero_and_follows_its_controller(
+        kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch, scale: LevelScale, best: int) -> None:
+    monkeypatch.setenv("EDGEMOE_SHARE_SPLIT", scale.name)
     store = bf16_store()
     live = make_executor("hybrid", store, CPU, F.silu, L, 4, top_k=K, expert_cache="device")
     plain = make_executor("offload", store, CPU, F.silu, L, 4, expert_cache="device")
     assert isinstance(live, DeviceOffloadExecutor) and live.controller is not None
-    assert live.graph_variants == ("plain", "share") and live.graph_variant == "share"  # hybrid starts at 1 a layer
-    assert live.cpu_share.quota.tolist() == quota_rows(QUARTERS, L)
+    assert live.graph_variants == ("plain", "share") and live.graph_variant == "share"  # hybrid starts with a share
+    assert live.controller.scale is scale and levels_in_place(live, scale, scale.hybrid_start())
+    assert scale.hybrid_start() == (QUARTERS if scale is COUNT else 8)  # one expert a layer; half of the misses
+    assert quota_rows(QUARTERS, L) == [1] * L
     live._apply_level(0)  # offload: the runner replays the graphs without the share
     assert live.graph_variant == "plain"
     for x, ids, w in routings(seed=4, dtype=torch.bfloat16, steps=5):
@@ -206,10 +226,11 @@ def test_a_live_quota_is_offload_bitwise_at_level_zero_and_follows_its_controlle
     ctl, now = live.controller, 0.0
     for step in range(200):
         live.before_step(now, None if step % 25 == 0 else 1)  # a prompt step now and then: no period
-        assert live.cpu_share.quota.tolist() == quota_rows(ctl.level, L)
+        assert levels_in_place(live, scale, ctl.level)
         assert live.graph_variant == ("share" if ctl.level else "plain")
-        now += 0.01 * (1 + abs(ctl.level - 6))  # level 6 (1.5 a layer) is fastest
-    assert ctl.snapshot()["cpu_quota_settled"] == 1.5
+        now += 0.01 * (1 + abs(ctl.level - best))
+    assert ctl.snapshot()["cpu_quota_settled"] == scale.value(best)
+    assert ctl.snapshot()["cpu_quota_unit"] == scale.unit
     x, ids, w = next(routings(seed=5, dtype=torch.bfloat16))
     live._apply_level(ctl.max_level)  # every miss on the CPU
     live.forward(0, x[:2], ids[:2], w[:2])
@@ -251,7 +272,7 @@ def test_prompt_chunks_give_the_cpu_their_sparse_misses(kernel: CpuExperts, kind
             on_cpu: list[int] = []
             if x.shape[0] > cs.rows:
                 probe = ShareState(ref.cache.slot_map[layer].clone(), torch.zeros(E, dtype=torch.int64),
-                                   torch.tensor(0), torch.tensor(0), torch.zeros((), dtype=torch.int64),
+                                   torch.tensor(0), torch.tensor(16), torch.tensor(0), torch.zeros((), dtype=torch.int64),
                                    torch.zeros(1, dtype=torch.int64), torch.zeros(E, dtype=torch.int32), cs.rates)
                 cap = cs.mailboxes.buffers.cap if cs.mailboxes is not None else None
                 on_cpu = balanced_misses_ref(ids, probe, (cap or 4097) - 1).nonzero().flatten().tolist()

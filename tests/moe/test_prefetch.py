@@ -14,6 +14,7 @@ from edgemoe import LLM, SamplingParams
 from edgemoe.config import EngineConfig
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
+from edgemoe.kernels.share_split import FRACTION_ONE, decode_take
 from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor, drop_cpu_picks
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
@@ -83,18 +84,21 @@ def test_an_oracle_leaves_later_layers_no_misses(store: BankStore) -> None:
 
 def test_drop_cpu_picks_leaves_the_quota_coldest_misses() -> None:
     g = torch.Generator().manual_seed(5)
-    for _ in range(20):
+    for _ in range(60):
         T = int(torch.randint(1, 5, (1,), generator=g))
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
         ids[0, 0] = -1 if T > 1 else ids[0, 0]
         resident = torch.where(torch.rand(E, generator=g) < 0.4, torch.arange(E), -1).int()
         heat = torch.randint(0, 4, (E,), generator=g) * 1024
         quota = torch.tensor(int(torch.randint(0, 4, (1,), generator=g)))
+        fraction = int(torch.randint(0, 17, (1,), generator=g))  # sixteenths of the misses
         misses = sorted({int(e) for e in ids.reshape(-1) if e >= 0 and resident[e] < 0},
                         key=lambda e: (int(heat[e]), -e))  # coldest first, ties to the higher id
-        cpu = set(misses[: int(quota)])
+        cpu = set(misses[: decode_take(len(misses), int(quota), fraction)])
         want = torch.tensor([[-1 if int(e) in cpu else int(e) for e in row] for row in ids], dtype=torch.int32)
-        assert torch.equal(drop_cpu_picks(ids, resident, heat, quota), want)
+        assert torch.equal(drop_cpu_picks(ids, resident, heat, quota, torch.tensor(fraction)), want)
+        if fraction == FRACTION_ONE:
+            assert torch.equal(drop_cpu_picks(ids, resident, heat, quota), want)  # the default: the quota alone
 
 
 def test_prefetch_leaves_the_share_its_quota() -> None:

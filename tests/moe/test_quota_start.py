@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.moe.quota_controller import QUARTERS, QuotaController, balance_level, quota_rows
+from edgemoe.kernels.share_split import FRACTION_ONE
+from edgemoe.moe.quota_controller import COUNT, FRACTION, QUARTERS, QuotaController, balance_level, share_scale
 from edgemoe.moe.registry import make_executor
 from edgemoe.testing.moe_material import random_bank_store
 
@@ -54,6 +55,28 @@ def test_the_balance_level(misses: float, link_ms: float, cpu_ms: float, level: 
     assert balance_level(misses, link_ms * MS, cpu_ms * MS, max_level=32) == level
 
 
+@pytest.mark.parametrize("misses,link_ms,cpu_ms,level", [
+    (9.0, 0.3, 0.2, 10),  # 0.6 of each layer's misses: 9.6 sixteenths
+    (2.0, 0.3, 0.3, 8),  # equal rates: half, whatever m
+    (0.0, 0.3, 0.2, 0),  # nothing missed: nothing to share
+    (9.0, 0.3, 0.0, 16),  # a free CPU takes every miss
+    (9.0, 0.0, 0.2, 0),  # a free link: offload
+])
+def test_the_balance_level_as_a_fraction_of_each_layers_misses(misses: float, link_ms: float, cpu_ms: float,
+                                                               level: int) -> None:
+    assert balance_level(misses, link_ms * MS, cpu_ms * MS, max_level=16, scale=FRACTION) == level
+    assert FRACTION.per_unit == FRACTION_ONE  # the kernels' sixteenths
+
+
+def test_the_share_split_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert share_scale() is FRACTION  # the default
+    monkeypatch.setenv("EDGEMOE_SHARE_SPLIT", "count")
+    assert share_scale() is COUNT
+    monkeypatch.setenv("EDGEMOE_SHARE_SPLIT", "half")
+    with pytest.raises(ValueError, match="EDGEMOE_SHARE_SPLIT must be one of count, fraction"):
+        share_scale()
+
+
 def test_it_lands_on_the_prediction_once_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     ctl = QuotaController(max_level=32, start=QUARTERS)
     drive(ctl, bowl(20), lambda: ctl.windows >= 1)
@@ -63,7 +86,7 @@ def test_it_lands_on_the_prediction_once_and_says_so(caplog: pytest.LogCaptureFi
         assert ctl.inform(2.0, 0.3 * MS, 0.2 * MS) == 22  # once: a second call changes nothing
     assert ctl.level == ctl.predicted == 22 and ctl.snapshot()["cpu_quota_start_per_layer"] == 5.5
     lines = [r.getMessage() for r in caplog.records if "balance" in r.getMessage()]
-    assert len(lines) == 1 and "5.5 experts a layer (level 22)" in lines[0]
+    assert len(lines) == 1 and "5.5 misses a layer (level 22)" in lines[0]
     assert all(s in lines[0] for s in ("9.00 misses", "0.300 ms a copy", "0.200 ms a CPU expert"))
 
 
@@ -136,6 +159,7 @@ def test_the_executor_gathers_a_decode_sample_and_informs_once() -> None:
     assert steps >= ex.controller.window and m == pytest.approx((totals[at - 1] - totals[3]) / (L * steps))
     fixed, per_pair, device = ex.cpu_share.rate_ns[:3]
     assert link_s == pytest.approx(device * 1e-9) and cpu_s == pytest.approx((fixed + per_pair) * 1e-9)
-    assert ex.cpu_share.quota.tolist() == quota_rows(ex.controller.level, L)
-    assert ex.stats.snapshot()["cpu_quota_start_per_layer"] == ex.controller.predicted / QUARTERS
+    scale, level = ex.controller.scale, ex.controller.level
+    assert ex.cpu_share.quota.tolist() == scale.rows(level, L, E) and int(ex.cpu_share.fraction) == scale.fraction(level)
+    assert ex.stats.snapshot()["cpu_quota_start_per_layer"] == scale.value(ex.controller.predicted)
     ex.close()

@@ -31,7 +31,7 @@ from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.host_counters import busy_threads, counters_delta, disturbance, host_counters, thread_ticks
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
-from edgemoe.moe.quota_controller import QUARTERS, quota_rows
+from edgemoe.moe.quota_controller import FRACTION, QUARTERS, quota_rows
 from edgemoe.moe.replay import REPLAYED, compare_policies, replay_share
 
 # Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.
@@ -74,6 +74,7 @@ def moe_traffic(before: dict[str, Any], after: dict[str, Any]) -> dict[str, floa
         "misses_per_token": d["misses"] / d["tokens"] if d["tokens"] else 0.0,
         "gb_copied": d["bytes_copied"] / 1e9,
         "copy_gb_per_s": d["bytes_copied"] / d["copy_seconds"] / 1e9 if d["copy_seconds"] else 0.0,
+        "misses": d["misses"],
         "experts_cpu": d["experts_cpu"],
         # The CPU experts' busy time: a request whose steps run slow shows here whether its CPU share did.
         "cpu_ms_per_token": 1000 * d["cpu_seconds"] / d["tokens"] if d["tokens"] else 0.0,
@@ -173,7 +174,7 @@ def measure(
         decode = decode_phase(llm, request_ids, decode_tokens)
     finally:
         accesses = trace.stop()
-    replay = cache_replay(llm, accesses, decode.moe["hit_rate"], decode.moe["experts_cpu"])
+    replay = cache_replay(llm, accesses, decode.moe["hit_rate"], decode.moe["experts_cpu"], decode.moe["misses"])
     profile = profile_decode(llm, request_ids, profile_steps) if profile_steps else None
     for rid in request_ids:
         llm.engine.abort(rid)
@@ -231,11 +232,13 @@ def steady_rate(decode: Phase) -> SteadyRate:
     return SteadyRate(sum(decode.step_tokens[1:]), sum(decode.step_seconds[1:]), len(decode.step_seconds) - 1)
 
 
-def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float, experts_cpu: int = 0) -> dict[str, Any] | None:
+def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float, experts_cpu: int = 0,
+                 misses: int = 0) -> dict[str, Any] | None:
     """The policies and Belady on the decode trace at the run's slot count (None: no slot
-    cache); when the CPU computed misses (`experts_cpu` over the trace), also the run's
-    policy with that share (`replay_share`, at the quota level nearest the CPU's experts a
-    layer): what the share's misses that never enter the cache cost in hit rate."""
+    cache); when the CPU computed misses (`experts_cpu` of the trace's `misses`), also the
+    run's policy with that share (`replay_share`, at the quota level nearest the CPU's
+    experts a layer, or for a live share by each layer's misses the sixteenths nearest the
+    CPU's part of them): what the share's misses that never enter the cache cost in hit rate."""
     rt = llm.engine.runtime
     if not rt.plan.num_slots or not accesses:
         return None
@@ -243,10 +246,16 @@ def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float, experts_
     out = compare_policies(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts)
     info = llm.stats()["moe"]
     if experts_cpu and info.get("expert_cache") == "device":  # the device cache's share (moe/cpu_share.py)
-        level = round(QUARTERS * experts_cpu / len(accesses))
-        share = replay_share(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts,
-                             quota_rows(level, arch.num_layers), info["expert_policy"])
-        out["share"] = {**share.as_dict(), "quota_per_layer": level / QUARTERS}
+        if info.get("cpu_quota_unit") == FRACTION.unit:  # a live share by each layer's misses
+            part = round(FRACTION.per_unit * experts_cpu / max(misses, experts_cpu))
+            share = replay_share(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts,
+                                 [arch.num_experts] * arch.num_layers, info["expert_policy"], fraction=part)
+            out["share"] = {**share.as_dict(), "fraction_of_misses": part / FRACTION.per_unit}
+        else:
+            level = round(QUARTERS * experts_cpu / len(accesses))
+            share = replay_share(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts,
+                                 quota_rows(level, arch.num_layers), info["expert_policy"])
+            out["share"] = {**share.as_dict(), "quota_per_layer": level / QUARTERS}
     # The engine's cache was warm from prefill; the replays start cold and skip the warm-up.
     return {**out, "engine_decode_hit_rate": engine_hit_rate, "routing": rt.routing}
 
@@ -257,8 +266,11 @@ def _print_row(row: dict[str, Any]) -> None:
     if replay:
         rates = [f"{p} {replay[p]['hit_rate']:.3f}" for p in (*REPLAYED, "belady")
                  if p in replay and replay[p]["hit_rate"] is not None]
-        if replay.get("share", {}).get("hit_rate") is not None:
-            rates.append(f"{replay['share']['policy']}@{replay['share']['quota_per_layer']:g} {replay['share']['hit_rate']:.3f}")
+        share = replay.get("share", {})
+        if share.get("hit_rate") is not None:
+            at = (f"{share['quota_per_layer']:g}" if "quota_per_layer" in share
+                  else f"{share['fraction_of_misses']:g} of the misses")
+            rates.append(f"{share['policy']}@{at} {share['hit_rate']:.3f}")
         label += f"hit rates on the decode trace: {', '.join(rates) or 'pool never filled'}; "
     print(
         label + f"prompt {row['prompt_tokens']:6d} batch {row['batch']:3d}: "

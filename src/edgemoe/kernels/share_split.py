@@ -28,7 +28,9 @@ NOT_MISSED = torch.iinfo(torch.int64).max  # the selection key of experts the CP
 
 class ShareState(NamedTuple):
     """One layer's view: `resident` [E] int32 (the slot map row, -1: not resident),
-    `heat` [E] int64 (updated in place), `quota` and `heat_unit` 0-d int64, `cpu_count`
+    `heat` [E] int64 (updated in place), `quota`, `fraction` and `heat_unit` 0-d int64
+    (the decode pick takes at most `quota` misses and `fraction` sixteenths of the layer's
+    misses, rounded half up: `FRACTION_ONE` leaves the quota alone), `cpu_count`
     0-d int64 (CPU experts, cumulative), `dest` [cap] int64 (each mailbox column's pair
     index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's),
     `rates` [4] int64 ns (a CPU expert's fixed cost, each of its tokens; a device expert's
@@ -37,6 +39,7 @@ class ShareState(NamedTuple):
     resident: torch.Tensor
     heat: torch.Tensor
     quota: torch.Tensor
+    fraction: torch.Tensor
     heat_unit: torch.Tensor
     cpu_count: torch.Tensor
     dest: torch.Tensor
@@ -45,6 +48,14 @@ class ShareState(NamedTuple):
 
 
 DECODE, PROMPT = 0, 1  # the pick: the quota's coldest misses (decode steps), or the balance (prompt chunks)
+FRACTION_SHIFT = 4
+FRACTION_ONE = 1 << FRACTION_SHIFT  # `fraction` in sixteenths of a layer's misses: 16, all of them
+
+
+def decode_take(misses: int, quota: int, fraction: int) -> int:
+    """How many of a layer's `misses` the decode pick gives the CPU: at most `quota`, and
+    `fraction` sixteenths of them rounded half up (integers: the kernels' arithmetic)."""
+    return min(misses, quota, (fraction * misses + FRACTION_ONE // 2) >> FRACTION_SHIFT)
 
 
 def _fused(t: torch.Tensor) -> bool:
@@ -57,7 +68,8 @@ def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: S
     token row, expert, pair index, weight; their count; x's rows when any) and `dest`.
     ids [T, K] (-1: not routed), weights [T, K], x [T, H]. Returns the device's routing:
     ids with the CPU's pairs -1. The pick (`rule`):
-    - DECODE: the `quota` coldest misses (lowest heat, ties to the higher id); then the
+    - DECODE: the coldest misses (lowest heat, ties to the higher id), as many as
+      `decode_take` allows (the quota, the fraction of the layer's misses); then the
       layer's routed experts are heated;
     - PROMPT: the misses with the fewest tokens (ties to the higher id), as many as keep
       the CPU's predicted time (`rates`: fixed + per token, each) within the device's
@@ -95,7 +107,9 @@ def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
     E = miss.numel()
     key = torch.where(miss, st.heat * E + tiebreak, NOT_MISSED)  # distinct for misses
     rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
-    on_cpu = miss & (rank < st.quota)
+    misses = miss.sum()
+    take = torch.minimum(st.quota, (st.fraction * misses + FRACTION_ONE // 2) >> FRACTION_SHIFT)
+    on_cpu = miss & (rank < take)
     st.heat.sub_(st.heat >> HEAT_SHIFT).add_(routed * st.heat_unit)
     return on_cpu
 

@@ -44,7 +44,7 @@ import torch
 from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.share_split import DECODE, PROMPT, ShareState, share_begin, share_finish
+from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, share_begin, share_finish
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
@@ -132,8 +132,10 @@ class CpuShare:
     by a per-layer quota of the coldest, prompt chunks (up to `prompt_rows`; 0: none) by
     the balance of `rates` (`rule_for`).
 
-    `quota` [num_layers] int64 on the device: the host may rewrite it between steps (0:
-    the layer runs as without a share, bitwise). `cpu_counts` [num_layers] int64: CPU
+    `quota` [num_layers] int64 and `fraction` 0-d int64 on the device: a decode step's
+    layer gives the CPU at most `quota[layer]` of its misses and `fraction` sixteenths of
+    them (`kernels/share_split.decode_take`; `FRACTION_ONE`: the quota alone); the host may
+    rewrite both between steps (0: the layer runs as without a share, bitwise). `cpu_counts` [num_layers] int64: CPU
     experts per layer, cumulative, read lazily. `heat` [num_layers, E] int64: each
     expert's decayed routing count, updated by every decode step with a share. `rates`
     [4] int64 ns on the device (`rate_ns` on the host): a CPU expert's fixed cost and its
@@ -156,6 +158,7 @@ class CpuShare:
         self.rates = torch.tensor(self.rate_ns, dtype=torch.int64, device=device)
         self.num_experts = store.num_experts
         self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
+        self.fraction = torch.tensor(FRACTION_ONE, dtype=torch.int64, device=device)
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.heat = torch.zeros(num_layers, store.num_experts, dtype=torch.int64, device=device)
         # A device scalar, so an A/B can zero it (with `heat`) between steps: the pick is then
@@ -218,8 +221,8 @@ class CpuShare:
         row [E], -1 = not resident) by `rule` (`rule_for`); write the mailbox and start the
         CPU's pairs. Returns the device's routing (the CPU pairs -1)."""
         mb = self._build(x, ids.shape[1])
-        state = ShareState(resident, self.heat[layer], self.quota[layer], self.heat_unit, self.cpu_counts[layer],
-                           self._dest, self._scratch, self.rates)
+        state = ShareState(resident, self.heat[layer], self.quota[layer], self.fraction, self.heat_unit,
+                           self.cpu_counts[layer], self._dest, self._scratch, self.rates)
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
                                  weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule)
         self._launch(layer)

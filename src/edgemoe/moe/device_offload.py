@@ -44,7 +44,7 @@ from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
-from edgemoe.moe.quota_controller import QUARTERS, QuotaController, quota_rows
+from edgemoe.moe.quota_controller import QuotaController, share_scale
 from edgemoe.moe.slot_lending import SlotLending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -190,10 +190,14 @@ class DeviceOffloadExecutor(CellsExecutor):
         except ValueError as e:
             (log.warning if label == "hybrid" else log.info)("moe %s: no CPU share (%s): offload", label, e)
             return
-        start = QUARTERS if label == "hybrid" else 0
-        self.controller = QuotaController(max_level=QUARTERS * top_k, start=start, label=label)
-        levels = [quota_rows(level, num_layers) for level in range(self.controller.max_level + 1)]
-        self._quota_levels = torch.tensor(levels, dtype=torch.int64, device=self.device)
+        scale = share_scale()
+        start = scale.hybrid_start() if label == "hybrid" else 0
+        self.controller = QuotaController(max_level=scale.max_level(top_k), start=start, label=label, scale=scale)
+        levels = range(self.controller.max_level + 1)
+        rows = [scale.rows(level, num_layers, self.store.num_experts) for level in levels]
+        self._quota_levels = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        self._fraction_levels = torch.tensor([scale.fraction(level) for level in levels], dtype=torch.int64,
+                                             device=self.device)
         self._level = -1
         self._sample: tuple[torch.Tensor, int] | None = None  # the informed start's: (misses then, decode steps since)
         self.graph_variants = (PLAIN, SHARE)
@@ -205,6 +209,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         and the variant that runs it (level 0: the graphs without the share)."""
         if level != self._level:
             self.cpu_share.quota.copy_(self._quota_levels[level])  # type: ignore[union-attr]
+            self.cpu_share.fraction.copy_(self._fraction_levels[level])  # type: ignore[union-attr]
             self._level = level
         self.graph_variant = SHARE if level > 0 else PLAIN
 

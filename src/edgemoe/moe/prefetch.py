@@ -43,6 +43,7 @@ import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
+from edgemoe.kernels.share_split import FRACTION_ONE, FRACTION_SHIFT
 from edgemoe.kernels.slot_plan import present
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
@@ -109,9 +110,11 @@ class StagedPredictor:
         return self.routing.ids(layer, like).to(torch.int32)
 
 
-def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:
-    """ids [T, K] without the pairs of the `quota` coldest misses (lowest heat, ties to the
-    higher id: `kernels/share_split.py`'s decode pick) against `resident` [E] (-1: not)."""
+def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,
+                   fraction: torch.Tensor | int = FRACTION_ONE) -> torch.Tensor:
+    """ids [T, K] without the pairs of the coldest misses (lowest heat, ties to the higher
+    id), as many as `kernels/share_split.decode_take` gives the CPU (at most `quota`, and
+    `fraction` sixteenths of the misses): the decode pick's, against `resident` [E] (-1: not)."""
     E = heat.numel()
     flat = ids.reshape(-1).long()
     expert = torch.arange(E, device=ids.device)
@@ -120,7 +123,8 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
     # A miss's rank: the keys below its own (distinct among misses; the rest sort last). One
     # [E, E] comparison instead of a sort and a scatter on the decode step's chain.
     rank = (key[None, :] < key[:, None]).sum(1)
-    cpu = torch.cat((miss & (rank < quota), torch.zeros(1, dtype=torch.bool, device=ids.device)))
+    take = torch.minimum(torch.as_tensor(quota), (fraction * miss.sum() + FRACTION_ONE // 2) >> FRACTION_SHIFT)
+    cpu = torch.cat((miss & (rank < take), torch.zeros(1, dtype=torch.bool, device=ids.device)))
     return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
 
@@ -180,7 +184,8 @@ class DecodePrefetch:
             return
         ids = self.predictor(nxt, x, self._like[: x.shape[0]])
         if self.share is not None:
-            ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt])
+            ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt],
+                                 self.share.fraction)
         plan = self.cache.plan_wave(nxt, ids, self._pins, ahead=True)
         p = self.parity[nxt]
         misses = self._misses[p, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later

@@ -52,39 +52,98 @@ the informed start's numbers.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-QUARTERS = 4  # levels per expert
+QUARTERS = 4  # levels per expert (the count scale)
+SIXTEENTHS = 16  # levels of the whole of a layer's misses (the fraction scale; kernels/share_split.FRACTION_ONE)
 HISTORY = 64  # windows kept for inspection: (level, median period)
 
 
+@dataclass(frozen=True)
+class LevelScale:
+    """What a level means. `count`: `level` quarters of an expert a layer on average, the
+    same count whatever a layer missed (`quota_rows`). `fraction`: `level` sixteenths of
+    each layer's own misses (`kernels/share_split.decode_take`): a layer that missed 4
+    gives the CPU more than one that missed 2, so each layer's CPU call and copies end
+    closer together — a layer's time is the later of the two, and a fixed count leaves the
+    CPU the longer side where a layer missed few and the link where it missed many
+    (docs/offload.md, "The split by each layer's misses")."""
+
+    name: str
+    per_unit: int  # levels a unit
+    unit: str  # what a unit is, for the log and the statistics
+
+    def value(self, level: int) -> float:
+        return level / self.per_unit
+
+    def describe(self, level: int) -> str:
+        if self is FRACTION:
+            return f"{level}/{SIXTEENTHS} of each layer's misses"
+        return f"{self.value(level):g} misses a layer"
+
+    def max_level(self, top_k: int) -> int:
+        """Every miss on the CPU (a decode token misses at most top-k a layer)."""
+        return QUARTERS * top_k if self is COUNT else SIXTEENTHS
+
+    def hybrid_start(self) -> int:
+        """hybrid's first level: one expert a layer, or half of each layer's misses (auto: 0)."""
+        return QUARTERS if self is COUNT else SIXTEENTHS // 2
+
+    def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
+        """Each layer's quota at `level`: a count's `quota_rows`; a fraction's, every miss (`experts`)."""
+        return quota_rows(level, num_layers) if self is COUNT else [experts if level else 0] * num_layers
+
+    def fraction(self, level: int) -> int:
+        """The share of each layer's misses at `level`, in sixteenths: a count's, all of them."""
+        return SIXTEENTHS if self is COUNT else level
+
+
+COUNT = LevelScale("count", QUARTERS, "CPU experts a layer")
+FRACTION = LevelScale("fraction", SIXTEENTHS, "the share of each layer's misses on the CPU")
+SCALES = {s.name: s for s in (COUNT, FRACTION)}
+
+
+def share_scale() -> LevelScale:
+    """The live share's scale: `EDGEMOE_SHARE_SPLIT` (fraction, the default; count: the
+    same number of CPU experts in every layer, as before 2026-12-04) — for an A/B."""
+    name = os.environ.get("EDGEMOE_SHARE_SPLIT", FRACTION.name)
+    if name not in SCALES:
+        raise ValueError(f"EDGEMOE_SHARE_SPLIT must be one of {', '.join(SCALES)} (got {name!r})")
+    return SCALES[name]
+
+
 def quota_rows(level: int, num_layers: int) -> list[int]:
-    """The per-layer quota of a level: `level` quarters of an expert a layer on average."""
+    """The per-layer quota of a count level: `level` quarters of an expert a layer on average."""
     return [(level + layer % QUARTERS) // QUARTERS for layer in range(num_layers)]
 
 
-def balance_level(misses: float, link_s: float, cpu_s: float, max_level: int) -> int:
+def balance_level(misses: float, link_s: float, cpu_s: float, max_level: int, scale: LevelScale = COUNT) -> int:
     """The level where a layer's CPU experts take as long as its copies of the rest:
-    q·t_cpu = (m − q)·t_link, so q* = m·t_link / (t_link + t_cpu), in quarters, within
-    0..max_level. `misses`: m, a layer's misses a decode step; `link_s`, `cpu_s`: one
-    expert's copy and one CPU expert at one token, seconds."""
-    if link_s + cpu_s <= 0.0:
+    q·t_cpu = (m − q)·t_link, so q* = m·t_link / (t_link + t_cpu) — in quarters of an
+    expert (count), or the part t_link / (t_link + t_cpu) of the misses in sixteenths
+    (fraction; 0 where nothing is missed) — within 0..max_level. `misses`: m, a layer's
+    misses a decode step; `link_s`, `cpu_s`: one expert's copy and one CPU expert at one
+    token, seconds."""
+    if link_s + cpu_s <= 0.0 or misses <= 0.0:
         return 0
-    return min(max(round(QUARTERS * misses * link_s / (link_s + cpu_s)), 0), max_level)
+    part = link_s / (link_s + cpu_s)
+    return min(max(round(scale.per_unit * (misses * part if scale is COUNT else part)), 0), max_level)
 
 
 @dataclass
 class QuotaController:
-    """`max_level`: the highest level (QUARTERS x top-k: every miss on the CPU); `start`:
-    the first level; `label`: the backend, for the log line. `step` each step; `inform`
-    once, with the rates (the informed start, above)."""
+    """`max_level`: the highest level (`scale.max_level`: every miss on the CPU); `start`:
+    the first level; `label`: the backend, for the log line; `scale`: what a level means.
+    `step` each step; `inform` once, with the rates (the informed start, above)."""
 
     max_level: int
     start: int = 0
+    scale: LevelScale = COUNT
     window: int = 8
     settle: int = 1
     stride: int = 2
@@ -143,10 +202,11 @@ class QuotaController:
         level for the coming step."""
         if self.predicted is not None:
             return self.level
-        self.predicted = balance_level(misses, link_s, cpu_s, self.max_level)
-        log.info("moe %s: rates put the CPU's balance at %g experts a layer (level %d): %.2f misses a layer a "
-                 "decode step, %.3f ms a copy, %.3f ms a CPU expert (the search's centre: %g)", self.label,
-                 self.predicted / QUARTERS, self.predicted, misses, link_s * 1e3, cpu_s * 1e3, self._home / QUARTERS)
+        self.predicted = balance_level(misses, link_s, cpu_s, self.max_level, self.scale)
+        log.info("moe %s: rates put the CPU's balance at %s (level %d): %.2f misses a layer a "
+                 "decode step, %.3f ms a copy, %.3f ms a CPU expert (the search's centre: %s)", self.label,
+                 self.scale.describe(self.predicted), self.predicted, misses, link_s * 1e3, cpu_s * 1e3,
+                 self.scale.describe(self._home))
         if self.predicted != self._home:
             self._candidate = self.predicted
             self.figures.pop(self.predicted, None)  # measured fresh, after the settle
@@ -213,19 +273,21 @@ class QuotaController:
         if level == self._chosen:
             return
         self._chosen = level
-        table = ", ".join(f"{lv / QUARTERS:g}: {t * 1e3:.2f} ms" for lv, t in sorted(self.figures.items()))
+        table = ", ".join(f"{self.scale.value(lv):g}: {t * 1e3:.2f} ms" for lv, t in sorted(self.figures.items()))
         if level == 0:
             log.warning("moe %s: offload (no CPU share): a decode step was fastest without one (%s)", self.label, table)
         else:
-            log.warning("moe %s: the CPU computes %g misses a layer (a decode step's time by CPU experts a layer: %s)",
-                        self.label, level / QUARTERS, table)
+            log.warning("moe %s: the CPU computes %s (a decode step's time by %s: %s)",
+                        self.label, self.scale.describe(level), self.scale.unit, table)
 
     def snapshot(self) -> dict[str, object]:
         """For the statistics: the level in use, the settled one, the latest figures."""
         return {
-            "cpu_quota_per_layer": self.level / QUARTERS,
-            "cpu_quota_settled": None if self._chosen is None else self._chosen / QUARTERS,
-            "cpu_quota_step_ms": {f"{lv / QUARTERS:g}": round(t * 1e3, 3) for lv, t in sorted(self.figures.items())},
+            "cpu_quota_unit": self.scale.unit,
+            "cpu_quota_per_layer": self.scale.value(self.level),
+            "cpu_quota_settled": None if self._chosen is None else self.scale.value(self._chosen),
+            "cpu_quota_step_ms": {f"{self.scale.value(lv):g}": round(t * 1e3, 3)
+                                  for lv, t in sorted(self.figures.items())},
             "cpu_quota_windows": self.windows,
-            "cpu_quota_start_per_layer": None if self.predicted is None else self.predicted / QUARTERS,
+            "cpu_quota_start_per_layer": None if self.predicted is None else self.scale.value(self.predicted),
         }

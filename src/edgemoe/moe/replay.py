@@ -74,7 +74,7 @@ def _plan(cache: SlotCache, layer: int, experts: Sequence[int]) -> tuple[int, in
 
 def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int,
                  quota: Sequence[int], policy: str = "lru", pick: str = "heat",
-                 heat_shift: int | None = None) -> ReplayResult:
+                 heat_shift: int | None = None, fraction: int | None = None) -> ReplayResult:
     """`policy` with the hybrid backend's CPU share (`moe/cpu_share.py`): at each access
     the layer's `quota[layer]` coldest misses — lowest heat, ties to the higher id, heat
     decaying by 1/2**HEAT_SHIFT an access and rising by HEAT_UNIT per routed expert, as
@@ -84,11 +84,14 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     `policy` on the same trace (a batch's routings of an expert count once).
     `pick="farthest"`: the misses whose next use is farthest instead (future knowledge,
     ties to the higher id) — what a perfect prediction of reuse could pick. `heat_shift`:
-    another decay of the heat (1/2**shift an access; the engine's HEAT_SHIFT by default)."""
-    from edgemoe.kernels.share_split import HEAT_SHIFT
+    another decay of the heat (1/2**shift an access; the engine's HEAT_SHIFT by default).
+    `fraction`: the pick takes at most that many sixteenths of each access's misses too
+    (`kernels/share_split.decode_take`; None: the quota alone)."""
+    from edgemoe.kernels.share_split import FRACTION_ONE, HEAT_SHIFT, decode_take
     from edgemoe.moe.cpu_share import HEAT_UNIT
 
     shift = HEAT_SHIFT if heat_shift is None else heat_shift
+    part = FRACTION_ONE if fraction is None else fraction
     if pick not in ("heat", "farthest"):
         raise ValueError(f"pick must be 'heat' or 'farthest' (got {pick!r})")
     cache = SlotCache(num_slots, num_layers, num_experts, policy)
@@ -97,10 +100,12 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     later = _next_uses([[(a.layer, e) for e in a.experts] for a in trace]) if pick == "farthest" else None
     counts, cpu = [0, 0, 0, 0], 0
     for i, (layer, experts) in enumerate(trace):
+        missed = sum(1 for e in set(experts) if cache.lookup(layer, e) is None)
+        take = decode_take(missed, quota[layer], part)
         if later is None:
-            cold = _coldest_misses(cache, heat[layer], layer, experts, quota[layer])
+            cold = _coldest_misses(cache, heat[layer], layer, experts, take)
         else:
-            cold = _farthest_misses(cache, dict(zip(experts, later[i])), layer, quota[layer])
+            cold = _farthest_misses(cache, dict(zip(experts, later[i])), layer, take)
         hits, misses = _plan(cache, layer, [e for e in experts if e not in cold])
         _count(counts, i >= warm, hits, misses + len(cold))
         cpu += len(cold) if i >= warm else 0

@@ -10,7 +10,7 @@ import triton.language as tl
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
 from edgemoe.kernels.row_gather import gather_rows_into
-from edgemoe.kernels.share_split import DECODE, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
+from edgemoe.kernels.share_split import DECODE, FRACTION_SHIFT, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
 from edgemoe.kernels.triton_ops.common import pdl_start
 
 HIST = 1024  # pairs counted into the experts' histogram at once
@@ -22,9 +22,9 @@ FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe read
 
 
 @triton.jit
-def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_ptr, count_ptr, rates_ptr, out_ids_ptr,
+def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr, rates_ptr, out_ids_ptr,
                  pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, N, K, T, H, E, cap, stride_x,
-                 stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr,
+                 stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, FSHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr,
                  BLOCK_E: tl.constexpr, HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr,
                  USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
@@ -38,10 +38,12 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, unit_
     resident = tl.load(resident_ptr + e, mask=ok_e, other=0)
     miss = (routed > 0) & (resident < 0) & ok_e
     on_cpu = tl.zeros([BLOCK_E], tl.int32)
-    if RULE == 0:  # decode: the quota coldest misses, one at a time; then heat the routed experts
+    if RULE == 0:  # decode: the coldest misses, one at a time (share_split.decode_take's count); then heat
         heat = tl.load(heat_ptr + e, mask=ok_e, other=0)
         key = tl.where(miss, heat * E + (E - 1 - e), BIG)  # distinct for misses
-        for _ in range(0, tl.load(quota_ptr)):
+        misses = tl.sum(miss.to(tl.int64), axis=0)
+        take = tl.minimum(tl.load(quota_ptr), (tl.load(fraction_ptr) * misses + (1 << (FSHIFT - 1))) >> FSHIFT)
+        for _ in range(0, take):
             m = tl.min(key, axis=0)
             pick = (key == m) & (m != BIG)
             on_cpu = tl.where(pick, 1, on_cpu)
@@ -119,9 +121,9 @@ def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor
     copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
-        ids, weights, x, st.resident, st.heat, st.quota, st.heat_unit, st.cpu_count, st.rates, out, mb.pairs,
+        ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out, mb.pairs,
         mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
-        BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, RULE=rule, CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
+        BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule, CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
         COPY_X=copy_x, USE_PDL=pdl, launch_pdl=pdl,
