@@ -85,5 +85,6 @@ def test_the_share_takes_the_measured_prior(kernel: CpuExperts, monkeypatch: pyt
 
 def test_the_gemm_cost_can_be_replaced_for_an_ab(monkeypatch: pytest.MonkeyPatch) -> None:
     store = random_bank_store(2, 16, 64, 32, torch.bfloat16)
-    monkeypatch.setenv("EDGEMOE_SHARE_GEMM_NS", "0")
-    assert share_rates(store, host_weights(store))[3] == 0
+    assert share_rates(store, host_weights(store))[3] == 0  # the default: not counted (docs/offload.md)
+    monkeypatch.setenv("EDGEMOE_SHARE_GEMM_NS", "12000")
+    assert share_rates(store, host_weights(store))[3] == 12000

@@ -66,11 +66,14 @@ DEVICE_GBPS = 45.0
 # A routed expert's device time in a prompt chunk beyond its copy: its grouped GEMMs (a
 # 512-token fp8 prompt's profile: 25.6 ms a step over 48 layers of ~90 device experts,
 # ~6 µs each: ~35 tokens in 64-row tiles, the tiles' count rather than the bytes) and its
-# share of the layer's other launches. 12 µs was the best of 0 / 6 / 12 / 24 in the
-# GPU machine's A/B (scripts/gpu_cpu_share_ab.py --gemm-ns, medians against 0: fp8 512
-# tokens x1.02-1.10, fp8 300 x1.05, bf16 300 x1.04-1.15, bf16 700 x0.99-1.02; 24 against
-# 12: x0.88-1.01; 2026-12-04).
-DEVICE_GEMM_NS = 12_000
+# share of the layer's other launches. Counted as 0: in a warmed engine 12 µs was the best
+# of 0 / 6 / 12 / 24 (scripts/gpu_cpu_share_ab.py --gemm-ns, medians against 0: fp8 512
+# tokens x1.02-1.10, fp8 300 x1.05, bf16 300 x1.04-1.15, bf16 700 x0.99-1.02), but the
+# first prompt after start-up, split by the CPU's prior before any prompt chunk has fitted
+# it, lost with it (fp8 512 tokens through bench decode: 1,379-1,426 tok/s against
+# 1,410-1,588 with 0, interleaved; 1,368-1,409 against 1,521-1,536 the day before;
+# 2026-12-04): more experts on the CPU than a guessed rate can afford. A/B: EDGEMOE_SHARE_GEMM_NS.
+DEVICE_GEMM_NS = 0
 # mxfp4: int4's nibble path with a fixed table (unmeasured on the GPU machine: int4's rate).
 CPU_GBPS = {"bf16": 86.0, "int8": 49.0, "fp8": 41.0, "int4": 30.0, "mxfp4": 30.0}
 # An expert's tokens past its bytes, flop/s (6·H·I a token): bf16 and fp8 from the GPU
