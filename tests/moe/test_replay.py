@@ -144,20 +144,22 @@ def next_use_scan(trace: list[Access], i: int, layer: int, e: int) -> int:
 
 
 def plain_lru_with_share(trace: list[Access], slots: int, experts: int, quota: list[int],
-                         farthest: bool = False, shift: int = 3) -> tuple[int, int, int]:
+                         farthest: bool = False, shift: int = 3, fraction: int = 16) -> tuple[int, int, int]:
     """(hits, misses, misses skipped) over the whole trace of a plain LRU (OrderedDict) where, at each
     access, the quota[layer] misses of lowest heat (ties: the higher id first) are not
     loaded; heat: each access keeps 1 - 1/2**shift of it (integer shift) and adds 1024 per routed expert.
-    `farthest`: the misses whose next access is farthest are skipped instead (ties: the higher id)."""
+    `farthest`: the misses whose next access is farthest are skipped instead (ties: the higher id).
+    `fraction`: at most that many sixteenths of the access's misses (rounded half up) are skipped."""
     lru: OrderedDict = OrderedDict()
     heat = {layer: [0] * experts for layer in {a.layer for a in trace}}
     hits = misses = cpu = 0
     for i, (layer, routed) in enumerate(trace):
         missing = [e for e in routed if (layer, e) not in lru]
+        take = min(quota[layer], (fraction * len(missing) + 8) // 16)
         if farthest:
-            skipped = sorted(missing, key=lambda e: (-next_use_scan(trace, i, layer, e), -e))[:quota[layer]]
+            skipped = sorted(missing, key=lambda e: (-next_use_scan(trace, i, layer, e), -e))[:take]
         else:
-            skipped = sorted(missing, key=lambda e: (heat[layer][e], -e))[:quota[layer]]
+            skipped = sorted(missing, key=lambda e: (heat[layer][e], -e))[:take]
         for e in routed:
             if (layer, e) in lru:
                 hits += 1
@@ -176,17 +178,25 @@ def plain_lru_with_share(trace: list[Access], slots: int, experts: int, quota: l
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("pick,shift", [("heat", None), ("heat", 6), ("farthest", None)])
-def test_share_replay_matches_a_plain_lru_that_skips_the_picked_misses(seed: int, pick: str, shift: int | None) -> None:
+@pytest.mark.parametrize("pick,shift,fraction", [("heat", None, None), ("heat", 6, None), ("farthest", None, None),
+                                                 ("heat", None, 10), ("farthest", None, 5)])
+def test_share_replay_matches_a_plain_lru_that_skips_the_picked_misses(seed: int, pick: str, shift: int | None,
+                                                                       fraction: int | None) -> None:
     rng = random.Random(seed)
     layers, experts = 3, 10
     trace = random_trace(rng, 300, layers, experts, 4)
-    quota = [rng.randint(0, 2) for _ in range(layers)]
+    quota = [rng.randint(0, 2) if fraction is None else experts for _ in range(layers)]
     slots = rng.randint(4, 9)
-    got = replay_share(trace, slots, layers, experts, quota, "lru-plain", pick, heat_shift=shift)
+    seen: list[tuple[int, int, int]] = []
+    got = replay_share(trace, slots, layers, experts, quota, "lru-plain", pick, heat_shift=shift, fraction=fraction,
+                       observe=lambda *access: seen.append(access))
     hits, misses, cpu = plain_lru_with_share(trace, slots, experts, quota, farthest=pick == "farthest",
-                                             shift=3 if shift is None else shift)
+                                             shift=3 if shift is None else shift,
+                                             fraction=16 if fraction is None else fraction)
     assert (got.hits_all, got.misses_all) == (hits, misses)
+    # what `observe` heard: every access after the warm-up, its misses and the CPU's part
+    assert sum(m for _, m, _ in seen) == got.misses and sum(c for _, _, c in seen) == got.cpu
+    assert len(seen) == len(trace) - warmup_accesses(trace, slots)
     # the CPU's count is after the warm-up; before the pool first fills, the share skips the same
     assert got.cpu <= cpu and (got.cpu == cpu or warmup_accesses(trace, slots) > 0)
     assert got.policy == "lru-plain+share"

@@ -14,7 +14,7 @@ controls) are excluded from `hit_rate` and reported apart (`warmup_accesses`;
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from edgemoe.moe.routing_trace import Access
@@ -74,7 +74,8 @@ def _plan(cache: SlotCache, layer: int, experts: Sequence[int]) -> tuple[int, in
 
 def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_experts: int,
                  quota: Sequence[int], policy: str = "lru", pick: str = "heat",
-                 heat_shift: int | None = None, fraction: int | None = None) -> ReplayResult:
+                 heat_shift: int | None = None, fraction: int | None = None,
+                 observe: Callable[[int, int, int], None] | None = None) -> ReplayResult:
     """`policy` with the hybrid backend's CPU share (`moe/cpu_share.py`): at each access
     the layer's `quota[layer]` coldest misses — lowest heat, ties to the higher id, heat
     decaying by 1/2**HEAT_SHIFT an access and rising by HEAT_UNIT per routed expert, as
@@ -86,7 +87,9 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     ties to the higher id) — what a perfect prediction of reuse could pick. `heat_shift`:
     another decay of the heat (1/2**shift an access; the engine's HEAT_SHIFT by default).
     `fraction`: the pick takes at most that many sixteenths of each access's misses too
-    (`kernels/share_split.decode_take`; None: the quota alone)."""
+    (`kernels/share_split.decode_take`; None: the quota alone). `observe(layer, misses,
+    cpu)`: called for every access after the warm-up with its misses and the CPU's part of
+    them (a per-layer time model's input: scripts/share_layer_model.py)."""
     from edgemoe.kernels.share_split import FRACTION_ONE, HEAT_SHIFT, decode_take
     from edgemoe.moe.cpu_share import HEAT_UNIT
 
@@ -109,6 +112,8 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
         hits, misses = _plan(cache, layer, [e for e in experts if e not in cold])
         _count(counts, i >= warm, hits, misses + len(cold))
         cpu += len(cold) if i >= warm else 0
+        if observe is not None and i >= warm:
+            observe(layer, misses + len(cold), len(cold))
         row = heat[layer]
         for e in range(num_experts):
             row[e] -= row[e] >> shift
