@@ -67,7 +67,7 @@ def main() -> None:
     accesses = trace(args.tokens, args.seed)
     print(f"{args.slots} slots, {args.tokens} tokens: a copy {args.copy_us:g} µs, a CPU expert {args.cpu_us:g} µs "
           f"+ {args.fixed_us:g} a call, {args.chain_us:g} µs a layer besides")
-    print(f"{'rule':>8} {"level":>36} {'step ms':>8} {'tok/s':>6} {'misses':>7} {'CPU':>6}")
+    print(f"{'rule':>8} {'level':>36} {'step ms':>8} {'tok/s':>6} {'misses':>7} {'CPU':>6}")
     best = {}
     for scale, levels in ((COUNT, range(0, 4 * 4 + 1, 2)), (FRACTION, range(0, 17, 2))):
         for level in levels:
