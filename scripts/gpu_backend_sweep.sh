@@ -35,6 +35,7 @@ for name, d in sorted(runs.items()):
                      "cpu_gb_s_wall_incl_handoff": live_cpu or None,
                      "split": {k: split.get(k) for k in ("choice", "reason", "cpu_share", "copy_us_per_expert",
                                                          "cpu_us_per_expert", "cpu_call_us", "probes")} if split else None,
+                     "cpu_quota_unit": final.get("cpu_quota_unit"),
                      "cpu_quota_settled": final.get("cpu_quota_settled"),
                      "cpu_quota_step_ms": final.get("cpu_quota_step_ms"),
                      "lru_replay_hit_rate": row.get("cache_replay", {}).get("lru", {}).get("hit_rate")}

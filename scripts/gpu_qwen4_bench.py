@@ -93,9 +93,10 @@ def host_summary(host: dict[str, float], tokens: int) -> dict[str, float]:
 
 
 def quota(llm: Any) -> dict[str, Any]:
-    """The live CPU quota now and as settled (experts a layer), when the run has one."""
+    """The live CPU quota now and as settled (in `cpu_quota_unit`: the share of each layer's
+    misses, or CPU experts a layer), when the run has one."""
     moe = llm.stats()["moe"]
-    return {k: moe[k] for k in ("cpu_quota_per_layer", "cpu_quota_settled") if k in moe}
+    return {k: moe[k] for k in ("cpu_quota_unit", "cpu_quota_per_layer", "cpu_quota_settled") if k in moe}
 
 
 def run_config(

@@ -31,7 +31,7 @@ for run in ${RUNS:-bf16:offload bf16:hybrid bf16:auto}; do  # expert dtype:backe
 import glob, json, os, sys
 path = max(glob.glob(os.path.join(sys.argv[1], "decode-*.json")), key=os.path.getmtime)
 d = json.load(open(path)); r = d["rows"][-1]; m = d["moe"]["final"]
-print({k: m.get(k) for k in ("cpu_quota_per_layer", "cpu_quota_settled", "cpu_quota_step_ms", "cpu_us_per_call")},
+print({k: m.get(k) for k in ("cpu_quota_unit", "cpu_quota_per_layer", "cpu_quota_settled", "cpu_quota_step_ms", "cpu_us_per_call")},
       "decode", round(r["decode_tok_s"], 2), "tok/s p50", round(r["decode_step_ms_p50"], 2), "ms misses/tok",
       round(r["decode_moe"]["misses_per_token"], 1), "cpu", r["decode_moe"]["experts_cpu"], os.path.basename(path))
 PY
