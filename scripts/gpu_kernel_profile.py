@@ -25,7 +25,8 @@ kv_tokens=8192`) the gap before `_share_finish` is the wait for the CPU's expert
 
 Two settings are the script's own: `model=` (default random:qwen3-30b-a3b) and
 `quotas=6.5,5,8` (with a fixed share, `cpu_experts_per_layer=N`: one profile per quota, set
-between steps in the same process, quarters of an expert allowed), e.g. Qwen3.8 at 32K:
+between steps in the same process, quarters of an expert allowed; `13/16`: that share of
+each layer's own misses, the live share's rule), e.g. Qwen3.8 at 32K:
 `1 32768 model=random:qwen3.8-flash-next moe_backend=hybrid expert_cache=device
 cpu_experts_per_layer=6 quotas=6.5,4,9 gpu_memory=16GiB kv_tokens=33000 max_model_len=33000`.
 `KPROFILE_STEPS` sets the profiled steps (16).
@@ -87,7 +88,7 @@ def busy_us(events) -> float:  # noqa: ANN001
     return total
 
 
-def parse_args(argv: list[str]) -> tuple[int, int, str, list[float], dict[str, object], str, bool]:
+def parse_args(argv: list[str]) -> tuple[int, int, str, list[str], dict[str, object], str, bool]:
     """(batch, prompt, model, quotas, engine settings, file tag, prefill) from the command
     line; `model=`, `quotas=` and `prefill=` are the script's own (not engine settings)."""
     batch = int(argv[1]) if len(argv) > 1 else 1
@@ -95,22 +96,30 @@ def parse_args(argv: list[str]) -> tuple[int, int, str, list[float], dict[str, o
     given = dict(arg.split("=", 1) for arg in argv[3:])
     tag = "".join(f"_{k}-{v}" for k, v in given.items()).replace(":", "-").replace("/", "-")
     model = given.pop("model", "random:qwen3-30b-a3b")
-    quotas = [float(q) for q in given.pop("quotas").split(",")] if "quotas" in given else []
+    quotas = given.pop("quotas").split(",") if "quotas" in given else []
     prefill = given.pop("prefill", "0") != "0"
     settings: dict[str, object] = {"moe_backend": "resident", "kv_tokens": 65536}
     settings.update({k: int(v) if v.isdigit() else v for k, v in given.items()})
     return batch, prompt, model, quotas, settings, tag, prefill
 
 
-def set_quota(engine, quota: float) -> None:  # noqa: ANN001
-    """A fixed CPU share's quota (experts a layer, quarters allowed) for the coming steps."""
+def set_quota(engine, quota: str) -> None:  # noqa: ANN001
+    """A fixed CPU share's pick for the coming steps: experts a layer, quarters allowed
+    ("1.5"), or a share of each layer's own misses ("13/16": the live share's rule)."""
+    from edgemoe.kernels.share_split import FRACTION_ONE
     from edgemoe.moe.quota_controller import QUARTERS, quota_rows
 
     share = engine.runtime.executor.cpu_share
     if share is None:
         raise SystemExit("quotas= needs a fixed CPU share (moe_backend=hybrid cpu_experts_per_layer=N)")
-    rows = quota_rows(round(quota * QUARTERS), share.quota.shape[0])
+    if "/" in quota:
+        num, den = (int(v) for v in quota.split("/"))
+        share.quota.fill_(share.num_experts)
+        share.fraction.fill_(round(FRACTION_ONE * num / den))
+        return
+    rows = quota_rows(round(float(quota) * QUARTERS), share.quota.shape[0])
     share.quota.copy_(torch.tensor(rows, dtype=torch.int64))
+    share.fraction.fill_(FRACTION_ONE)
 
 
 def cpu_busy(engine) -> tuple[float, int]:  # noqa: ANN001
@@ -249,7 +258,7 @@ def main() -> int:
     return 0
 
 
-def decode_profiles(engine, batch: int, prompt: int, quotas: list[float]) -> list[dict[str, object]]:  # noqa: ANN001
+def decode_profiles(engine, batch: int, prompt: int, quotas: list[str]) -> list[dict[str, object]]:  # noqa: ANN001
     """`batch` requests prefilled, then a decode profile per quota (one without quotas)."""
     records = []
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)

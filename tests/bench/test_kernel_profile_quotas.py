@@ -1,0 +1,48 @@
+"""scripts/gpu_kernel_profile.py's `quotas=`: a fixed CPU share's pick set between profiles,
+either experts a layer (quarters allowed) or a share of each layer's own misses ("13/16",
+the live share's rule) — written into the share's quota rows and fraction as the executor
+would (CPU: no profile is taken here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from edgemoe.kernels.share_split import FRACTION_ONE
+from edgemoe.moe.quota_controller import quota_rows
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_kernel_profile.py"
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    monkeypatch.setenv("EDGEMOE_PDL", os.environ.get("EDGEMOE_PDL", "0"))  # the import's setdefault, undone after
+    spec = importlib.util.spec_from_file_location("gpu_kernel_profile", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def engine_with_share(layers: int = 6, experts: int = 16) -> SimpleNamespace:
+    share = SimpleNamespace(quota=torch.zeros(layers, dtype=torch.int64), fraction=torch.tensor(FRACTION_ONE),
+                            num_experts=experts)
+    return SimpleNamespace(runtime=SimpleNamespace(executor=SimpleNamespace(cpu_share=share)))
+
+
+def test_quotas_by_count_and_by_fraction(script) -> None:  # noqa: ANN001
+    batch, prompt, _, quotas, settings, _, _ = script.parse_args(
+        ["x", "1", "1024", "moe_backend=hybrid", "cpu_experts_per_layer=2", "quotas=1.5,13/16,2"])
+    assert (batch, prompt, quotas) == (1, 1024, ["1.5", "13/16", "2"]) and settings["cpu_experts_per_layer"] == 2
+    engine = engine_with_share()
+    share = engine.runtime.executor.cpu_share
+    script.set_quota(engine, "13/16")
+    assert share.quota.tolist() == [16] * 6 and int(share.fraction) == 13
+    script.set_quota(engine, "1.5")  # back to a count: the whole of each layer's misses may go
+    assert share.quota.tolist() == quota_rows(6, 6) and int(share.fraction) == FRACTION_ONE
+    script.set_quota(engine, "1/2")
+    assert int(share.fraction) == 8
