@@ -37,7 +37,8 @@ from edgemoe.moe.quota_controller import COUNT, FRACTION, LevelScale
 from edgemoe.moe.replay import replay_share
 
 
-def step_ms(accesses, slots: int, scale: LevelScale, level: int, args: argparse.Namespace) -> tuple[float, float, float]:  # noqa: ANN001
+def step_ms(accesses, slots: int, scale: LevelScale, level: int,  # noqa: ANN001
+            args: argparse.Namespace) -> tuple[float, float, float]:
     """(ms a token, misses a token, CPU experts a token) at `level` of `scale`."""
     layer_us, counted = [0.0, 0.0, 0.0], [0]
 

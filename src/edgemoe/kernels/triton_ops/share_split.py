@@ -22,11 +22,11 @@ FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe read
 
 
 @triton.jit
-def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr, rates_ptr, out_ids_ptr,
-                 pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, N, K, T, H, E, cap, stride_x,
-                 stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, FSHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr,
-                 BLOCK_E: tl.constexpr, HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
+                 rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, N, K, T,
+                 H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, FSHIFT: tl.constexpr,
+                 RULE: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr, HIST: tl.constexpr,
+                 BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
@@ -121,9 +121,10 @@ def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor
     copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
-        ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out, mb.pairs,
-        mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
-        BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule, CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
+        ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out,
+        mb.pairs, mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
+        BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule,
+        CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
         COPY_X=copy_x, USE_PDL=pdl, launch_pdl=pdl,
