@@ -114,7 +114,8 @@ class MoEConfig:
         None,
         "hybrid with --expert-cache device: fix the CPU's quota — the N coldest misses of each MoE layer run on the "
         "CPU inside the step (a C host function in the decode graph, no host read; steps of up to 64 tokens), the "
-        "rest are moved to the GPU; 0 = offload exactly (default: a live quota chosen by timing decode steps)",
+        "rest are moved to the GPU; 0 = offload exactly (default: a live share of each layer's own misses, chosen "
+        "by timing decode steps)",
     )
     prompt_cpu: bool | None = setting(
         None,
