@@ -48,6 +48,7 @@ from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
+from edgemoe.moe.quota_controller import LevelScale
 from edgemoe.moe.store import ExpertStore
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class CpuShare:
         self.num_experts = store.num_experts
         self.quota = torch.full((num_layers,), quota, dtype=torch.int64, device=device)
         self.fraction = torch.tensor(FRACTION_ONE, dtype=torch.int64, device=device)
+        self._levels = torch.zeros(0, num_layers + 1, dtype=torch.int64, device=device)  # a live share's (`set_levels`)
         self.cpu_counts = torch.zeros(num_layers, dtype=torch.int64, device=device)
         self.heat = torch.zeros(num_layers, store.num_experts, dtype=torch.int64, device=device)
         # A device scalar, so an A/B can zero it (with `heat`) between steps: the pick is then
@@ -191,6 +193,19 @@ class CpuShare:
                  self.rate_ns[0] / 1e3, self.rate_ns[1] / 1e3)
         self._set_cpu_rates(*measured)
         self._prior = (float(self.rate_ns[0]), float(self.rate_ns[1]))
+
+    def set_levels(self, scale: LevelScale, max_level: int) -> None:
+        """A live share's levels 0..max_level as device rows (`apply_level`): each level's
+        per-layer quota and its fraction, by `scale` (moe/quota_controller.py)."""
+        layers = self.quota.shape[0]
+        rows = [[*scale.rows(level, layers, self.num_experts), scale.fraction(level)] for level in range(max_level + 1)]
+        self._levels = torch.tensor(rows, dtype=torch.int64, device=self.device)
+
+    def apply_level(self, level: int) -> None:
+        """The decode pick of `level` (`set_levels`) for the coming steps: device copies,
+        stream-ordered, no wait."""
+        self.quota.copy_(self._levels[level, :-1])
+        self.fraction.copy_(self._levels[level, -1])
 
     def rule_for(self, x: torch.Tensor) -> int | None:
         """The pick for this step (`kernels/share_split`: DECODE, PROMPT), or None: no

@@ -193,11 +193,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         scale = share_scale()
         start = scale.hybrid_start() if label == "hybrid" else 0
         self.controller = QuotaController(max_level=scale.max_level(top_k), start=start, label=label, scale=scale)
-        levels = range(self.controller.max_level + 1)
-        rows = [scale.rows(level, num_layers, self.store.num_experts) for level in levels]
-        self._quota_levels = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        self._fraction_levels = torch.tensor([scale.fraction(level) for level in levels], dtype=torch.int64,
-                                             device=self.device)
+        self.cpu_share.set_levels(scale, self.controller.max_level)
         self._level = -1
         self._sample: tuple[torch.Tensor, int] | None = None  # the informed start's: (misses then, decode steps since)
         self.graph_variants = (PLAIN, SHARE)
@@ -205,11 +201,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.stats.sources.append(self.controller.snapshot)
 
     def _apply_level(self, level: int) -> None:
-        """The quota rows of `level` (a device copy, ordered before the next step's work)
+        """The share's pick at `level` (device copies, ordered before the next step's work)
         and the variant that runs it (level 0: the graphs without the share)."""
         if level != self._level:
-            self.cpu_share.quota.copy_(self._quota_levels[level])  # type: ignore[union-attr]
-            self.cpu_share.fraction.copy_(self._fraction_levels[level])  # type: ignore[union-attr]
+            self.cpu_share.apply_level(level)  # type: ignore[union-attr]
             self._level = level
         self.graph_variant = SHARE if level > 0 else PLAIN
 
