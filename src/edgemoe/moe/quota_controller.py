@@ -66,13 +66,9 @@ HISTORY = 64  # windows kept for inspection: (level, median period)
 
 @dataclass(frozen=True)
 class LevelScale:
-    """What a level means. `count`: `level` quarters of an expert a layer on average, the
-    same count whatever a layer missed (`quota_rows`). `fraction`: `level` sixteenths of
-    each layer's own misses (`kernels/share_split.decode_take`): a layer that missed 4
-    gives the CPU more than one that missed 2, so each layer's CPU call and copies end
-    closer together — a layer's time is the later of the two, and a fixed count leaves the
-    CPU the longer side where a layer missed few and the link where it missed many
-    (docs/offload.md, "The split by each layer's misses")."""
+    """What a level means (`CountScale`, `FractionScale`): `per_unit` levels a unit of
+    `unit`; each level's per-layer quota and fraction for the share's tensors (`rows`,
+    `fraction`), and the levels' range and hybrid's start."""
 
     name: str
     per_unit: int  # levels a unit
@@ -82,29 +78,80 @@ class LevelScale:
         return level / self.per_unit
 
     def describe(self, level: int) -> str:
-        if self is FRACTION:
-            return f"{level}/{SIXTEENTHS} of each layer's misses"
-        return f"{self.value(level):g} misses a layer"
+        raise NotImplementedError
 
     def max_level(self, top_k: int) -> int:
         """Every miss on the CPU (a decode token misses at most top-k a layer)."""
-        return QUARTERS * top_k if self is COUNT else SIXTEENTHS
+        raise NotImplementedError
 
     def hybrid_start(self) -> int:
-        """hybrid's first level: one expert a layer, or half of each layer's misses (auto: 0)."""
-        return QUARTERS if self is COUNT else SIXTEENTHS // 2
+        """hybrid's first level (auto starts at 0: offload)."""
+        raise NotImplementedError
 
     def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
-        """Each layer's quota at `level`: a count's `quota_rows`; a fraction's, every miss (`experts`)."""
-        return quota_rows(level, num_layers) if self is COUNT else [experts if level else 0] * num_layers
+        """Each layer's quota (a cap on its CPU experts) at `level`."""
+        raise NotImplementedError
 
     def fraction(self, level: int) -> int:
-        """The share of each layer's misses at `level`, in sixteenths: a count's, all of them."""
-        return SIXTEENTHS if self is COUNT else level
+        """The share of each layer's misses the CPU may take at `level`, in sixteenths."""
+        raise NotImplementedError
+
+    def taken(self, misses: float, part: float) -> float:
+        """The level's units where a layer that misses `misses` gives the CPU `part` of them."""
+        raise NotImplementedError
 
 
-COUNT = LevelScale("count", QUARTERS, "CPU experts a layer")
-FRACTION = LevelScale("fraction", SIXTEENTHS, "the share of each layer's misses on the CPU")
+class CountScale(LevelScale):
+    """`level` quarters of an expert a layer on average, the same count whatever a layer
+    missed (`quota_rows`); the fraction is the whole."""
+
+    def describe(self, level: int) -> str:
+        return f"{self.value(level):g} misses a layer"
+
+    def max_level(self, top_k: int) -> int:
+        return self.per_unit * top_k
+
+    def hybrid_start(self) -> int:
+        return self.per_unit  # one expert a layer
+
+    def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
+        return quota_rows(level, num_layers)
+
+    def fraction(self, level: int) -> int:
+        return SIXTEENTHS
+
+    def taken(self, misses: float, part: float) -> float:
+        return misses * part
+
+
+class FractionScale(LevelScale):
+    """`level` sixteenths of each layer's own misses (`kernels/share_split.decode_take`): a
+    layer that missed 4 gives the CPU more than one that missed 2, so each layer's CPU call
+    and copies end closer together — a layer's time is the later of the two, and a fixed
+    count leaves the CPU the longer side where a layer missed few and the link where it
+    missed many (docs/offload.md, "The split by each layer's misses"). No count cap."""
+
+    def describe(self, level: int) -> str:
+        return f"{level}/{self.per_unit} of each layer's misses"
+
+    def max_level(self, top_k: int) -> int:
+        return self.per_unit
+
+    def hybrid_start(self) -> int:
+        return self.per_unit // 2  # half of each layer's misses
+
+    def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
+        return [experts if level else 0] * num_layers
+
+    def fraction(self, level: int) -> int:
+        return level
+
+    def taken(self, misses: float, part: float) -> float:
+        return part
+
+
+COUNT = CountScale("count", QUARTERS, "CPU experts a layer")
+FRACTION = FractionScale("fraction", SIXTEENTHS, "the share of each layer's misses on the CPU")
 SCALES = {s.name: s for s in (COUNT, FRACTION)}
 
 
@@ -131,8 +178,7 @@ def balance_level(misses: float, link_s: float, cpu_s: float, max_level: int, sc
     token, seconds."""
     if link_s + cpu_s <= 0.0 or misses <= 0.0:
         return 0
-    part = link_s / (link_s + cpu_s)
-    return min(max(round(scale.per_unit * (misses * part if scale is COUNT else part)), 0), max_level)
+    return min(max(round(scale.per_unit * scale.taken(misses, link_s / (link_s + cpu_s))), 0), max_level)
 
 
 @dataclass
