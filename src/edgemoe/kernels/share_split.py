@@ -54,8 +54,22 @@ FRACTION_ONE = 1 << FRACTION_SHIFT  # `fraction` in sixteenths of a layer's miss
 
 def decode_take(misses: int, quota: int, fraction: int) -> int:
     """How many of a layer's `misses` the decode pick gives the CPU: at most `quota`, and
-    `fraction` sixteenths of them rounded half up (integers: the kernels' arithmetic)."""
-    return min(misses, quota, (fraction * misses + FRACTION_ONE // 2) >> FRACTION_SHIFT)
+    `fraction` (≤ FRACTION_ONE) sixteenths of them rounded half up (integers: the kernels'
+    arithmetic; `coldest_of` is its device form)."""
+    return min(quota, (fraction * misses + FRACTION_ONE // 2) >> FRACTION_SHIFT)
+
+
+def coldest_of(miss: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor | int,
+               fraction: torch.Tensor | int) -> torch.Tensor:
+    """[E] bool: the decode pick among `miss` [E] bool — the coldest by `heat` [E] (ties to
+    the higher id), as many as `decode_take` allows. Device work only (capturable)."""
+    E = miss.numel()
+    key = torch.where(miss, heat * E + torch.arange(E - 1, -1, -1, device=miss.device), NOT_MISSED)
+    # A miss's rank: the keys below its own (distinct among misses; the rest sort last). One
+    # [E, E] comparison instead of a sort and a scatter on the decode step's chain.
+    rank = (key[None, :] < key[:, None]).sum(1)
+    take = torch.minimum(torch.as_tensor(quota), (fraction * miss.sum() + FRACTION_ONE // 2) >> FRACTION_SHIFT)
+    return miss & (rank < take)
 
 
 def _fused(t: torch.Tensor) -> bool:
@@ -103,13 +117,8 @@ def _routed_misses(ids: torch.Tensor, st: ShareState) -> tuple[torch.Tensor, tor
 
 def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
     """[E] bool: the CPU's experts; heats the routed experts (the reference)."""
-    routed, miss, tiebreak = _routed_misses(ids, st)
-    E = miss.numel()
-    key = torch.where(miss, st.heat * E + tiebreak, NOT_MISSED)  # distinct for misses
-    rank = (key[None, :] < key[:, None]).sum(1)  # [E] each expert's place in ascending key
-    misses = miss.sum()
-    take = torch.minimum(st.quota, (st.fraction * misses + FRACTION_ONE // 2) >> FRACTION_SHIFT)
-    on_cpu = miss & (rank < take)
+    routed, miss, _ = _routed_misses(ids, st)
+    on_cpu = coldest_of(miss, st.heat, st.quota, st.fraction)
     st.heat.sub_(st.heat >> HEAT_SHIFT).add_(routed * st.heat_unit)
     return on_cpu
 

@@ -43,7 +43,7 @@ import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
-from edgemoe.kernels.share_split import FRACTION_ONE, FRACTION_SHIFT
+from edgemoe.kernels.share_split import FRACTION_ONE, coldest_of
 from edgemoe.kernels.slot_plan import present
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
@@ -112,19 +112,12 @@ class StagedPredictor:
 
 def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,
                    fraction: torch.Tensor | int = FRACTION_ONE) -> torch.Tensor:
-    """ids [T, K] without the pairs of the coldest misses (lowest heat, ties to the higher
-    id), as many as `kernels/share_split.decode_take` gives the CPU (at most `quota`, and
-    `fraction` sixteenths of the misses): the decode pick's, against `resident` [E] (-1: not)."""
+    """ids [T, K] without the pairs of the decode pick's misses against `resident` [E]
+    (-1: not): `kernels/share_split.coldest_of`, the heat left as it is."""
     E = heat.numel()
     flat = ids.reshape(-1).long()
-    expert = torch.arange(E, device=ids.device)
-    miss = present(ids, E) & (resident < 0)
-    key = torch.where(miss, heat * E + (E - 1 - expert), torch.iinfo(torch.int64).max)
-    # A miss's rank: the keys below its own (distinct among misses; the rest sort last). One
-    # [E, E] comparison instead of a sort and a scatter on the decode step's chain.
-    rank = (key[None, :] < key[:, None]).sum(1)
-    take = torch.minimum(torch.as_tensor(quota), (fraction * miss.sum() + FRACTION_ONE // 2) >> FRACTION_SHIFT)
-    cpu = torch.cat((miss & (rank < take), torch.zeros(1, dtype=torch.bool, device=ids.device)))
+    cpu = coldest_of(present(ids, E) & (resident < 0), heat, quota, fraction)
+    cpu = torch.cat((cpu, torch.zeros(1, dtype=torch.bool, device=ids.device)))
     return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
 
