@@ -103,12 +103,12 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     later = _next_uses([[(a.layer, e) for e in a.experts] for a in trace]) if pick == "farthest" else None
     counts, cpu = [0, 0, 0, 0], 0
     for i, (layer, experts) in enumerate(trace):
-        missed = sum(1 for e in set(experts) if cache.lookup(layer, e) is None)
-        take = decode_take(missed, quota[layer], part)
+        missed = {e for e in experts if cache.lookup(layer, e) is None}
+        take = decode_take(len(missed), quota[layer], part)
         if later is None:
-            cold = _coldest_misses(cache, heat[layer], layer, experts, take)
+            cold = _coldest(missed, heat[layer], take)
         else:
-            cold = _farthest_misses(cache, dict(zip(experts, later[i])), layer, take)
+            cold = _farthest(missed, dict(zip(experts, later[i])), take)
         hits, misses = _plan(cache, layer, [e for e in experts if e not in cold])
         _count(counts, i >= warm, hits, misses + len(cold))
         cpu += len(cold) if i >= warm else 0
@@ -122,14 +122,12 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     return ReplayResult(f"{policy}+share", *counts, cpu=cpu)
 
 
-def _coldest_misses(cache: SlotCache, heat: list[int], layer: int, experts: Sequence[int], quota: int) -> set[int]:
-    misses = {e for e in experts if cache.lookup(layer, e) is None}
-    return set(sorted(misses, key=lambda e: (heat[e], -e))[:quota])
+def _coldest(misses: set[int], heat: list[int], take: int) -> set[int]:
+    return set(sorted(misses, key=lambda e: (heat[e], -e))[:take])
 
 
-def _farthest_misses(cache: SlotCache, next_use: dict[int, int], layer: int, quota: int) -> set[int]:
-    misses = [e for e in next_use if cache.lookup(layer, e) is None]
-    return set(sorted(misses, key=lambda e: (-next_use[e], -e))[:quota])
+def _farthest(misses: set[int], next_use: dict[int, int], take: int) -> set[int]:
+    return set(sorted(misses, key=lambda e: (-next_use[e], -e))[:take])
 
 
 def replay_belady(trace: Sequence[Access], num_slots: int) -> ReplayResult:
