@@ -106,20 +106,16 @@ def parse_args(argv: list[str]) -> tuple[int, int, str, list[str], dict[str, obj
 def set_quota(engine, quota: str) -> None:  # noqa: ANN001
     """A fixed CPU share's pick for the coming steps: experts a layer, quarters allowed
     ("1.5"), or a share of each layer's own misses ("13/16": the live share's rule)."""
-    from edgemoe.kernels.share_split import FRACTION_ONE
-    from edgemoe.moe.quota_controller import QUARTERS, quota_rows
+    from edgemoe.moe.quota_controller import COUNT, FRACTION
 
     share = engine.runtime.executor.cpu_share
     if share is None:
         raise SystemExit("quotas= needs a fixed CPU share (moe_backend=hybrid cpu_experts_per_layer=N)")
-    if "/" in quota:
-        num, den = (int(v) for v in quota.split("/"))
-        share.quota.fill_(share.num_experts)
-        share.fraction.fill_(round(FRACTION_ONE * num / den))
-        return
-    rows = quota_rows(round(float(quota) * QUARTERS), share.quota.shape[0])
-    share.quota.copy_(torch.tensor(rows, dtype=torch.int64))
-    share.fraction.fill_(FRACTION_ONE)
+    num, _, den = quota.partition("/")
+    scale = FRACTION if den else COUNT
+    level = round(scale.per_unit * float(num) / (int(den) if den else 1))
+    share.quota.copy_(torch.tensor(scale.rows(level, share.quota.shape[0], share.num_experts), dtype=torch.int64))
+    share.fraction.fill_(scale.fraction(level))
 
 
 def cpu_busy(engine) -> tuple[float, int]:  # noqa: ANN001

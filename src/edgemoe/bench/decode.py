@@ -31,7 +31,7 @@ from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.host_counters import busy_threads, counters_delta, disturbance, host_counters, thread_ticks
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
-from edgemoe.moe.quota_controller import FRACTION, QUARTERS, quota_rows
+from edgemoe.moe.quota_controller import COUNT, FRACTION
 from edgemoe.moe.replay import REPLAYED, compare_policies, replay_share
 
 # Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.
@@ -246,16 +246,14 @@ def cache_replay(llm: Any, accesses: list[Any], engine_hit_rate: float, experts_
     out = compare_policies(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts)
     info = llm.stats()["moe"]
     if experts_cpu and info.get("expert_cache") == "device":  # the device cache's share (moe/cpu_share.py)
-        if info.get("cpu_quota_unit") == FRACTION.unit:  # a live share by each layer's misses
-            part = round(FRACTION.per_unit * experts_cpu / max(misses, experts_cpu))
-            share = replay_share(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts,
-                                 [arch.num_experts] * arch.num_layers, info["expert_policy"], fraction=part)
-            out["share"] = {**share.as_dict(), "fraction_of_misses": part / FRACTION.per_unit}
-        else:
-            level = round(QUARTERS * experts_cpu / len(accesses))
-            share = replay_share(accesses, rt.plan.num_slots, arch.num_layers, arch.num_experts,
-                                 quota_rows(level, arch.num_layers), info["expert_policy"])
-            out["share"] = {**share.as_dict(), "quota_per_layer": level / QUARTERS}
+        by_misses = info.get("cpu_quota_unit") == FRACTION.unit  # a live share of each layer's misses
+        scale = FRACTION if by_misses else COUNT
+        level = round(scale.per_unit * experts_cpu / (max(misses, experts_cpu) if by_misses else len(accesses)))
+        L, E = arch.num_layers, arch.num_experts
+        share = replay_share(accesses, rt.plan.num_slots, L, E, scale.rows(level, L, E), info["expert_policy"],
+                             fraction=scale.fraction(level))
+        key = "fraction_of_misses" if by_misses else "quota_per_layer"
+        out["share"] = {**share.as_dict(), key: scale.value(level)}
     # The engine's cache was warm from prefill; the replays start cold and skip the warm-up.
     return {**out, "engine_decode_hit_rate": engine_hit_rate, "routing": rt.routing}
 
