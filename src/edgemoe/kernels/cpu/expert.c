@@ -48,8 +48,12 @@
 
 /* Rows per task (phase 1 counts gate/up row pairs, phase 2 rows of down). */
 /* Small GEMV tasks: one expert at batch 1 must still split evenly over 16+ threads. */
-#define EM_P1_GEMV 8
+#ifndef EM_P1_GEMV
+#define EM_P1_GEMV 8 /* a tuning macro: the phase tail is one task's time (~9 µs at 8) */
+#endif
+#ifndef EM_P2_GEMV
 #define EM_P2_GEMV 16
+#endif
 /* int8 / fp8 GEMV tasks: twice the rows, a bf16 task's bytes. NOTE: a task's first row
  * group starts cold (no group before it prefetched it: the thread's previous task was
  * elsewhere), and at a byte a weight that cost is paid on half the bytes. Measured, 8
