@@ -177,10 +177,10 @@ def test_seeded_and_prefill_sized() -> None:
         a.ids(1, torch.zeros(2, 4, dtype=torch.int32))
 
 
-def test_staged_ids_live_in_one_buffer_and_padding_keeps_the_routers() -> None:
+def test_staged_ids_live_in_one_buffer_and_padding_rows_hold_the_filler() -> None:
     """Every step's draws land in the same device storage (what a captured graph reads);
-    a padded step's padding rows keep the router's ids and draw nothing, so the process
-    runs the same padded or not."""
+    a padded step's padding rows hold the fixed filler ids (experts 0..K-1, whatever the
+    router made) and draw nothing, so the process runs the same padded or not."""
     layers, E, K = [0, 2, 5], 16, 4
     padded, plain = (SyntheticRouting(RoutingSpec(seed=9), layers, E, K, max_tokens=8) for _ in range(2))
     storage = padded.staged.buffer.data_ptr()
@@ -196,7 +196,9 @@ def test_staged_ids_live_in_one_buffer_and_padding_keeps_the_routers() -> None:
         for i, layer in enumerate(layers):
             got = padded.ids(layer, router)
             assert np.array_equal(got[:n].numpy(), padded.last[i])  # the real rows: this step's draws
-            assert torch.equal(got[n:], router[n:])  # the padding rows: the router's own ids
+            assert got[n:].tolist() == [list(range(K))] * (size - n)  # the padding rows: the filler
+            real = padded.real_ids(layer, torch.full((size, K), -1, dtype=torch.int32))  # the prefetch oracle's view
+            assert torch.equal(real[:n], got[:n]) and bool((real[n:] == -1).all())
             assert np.array_equal(plain.ids(layer, router[:n]).numpy(), plain.last[i])
         assert padded.staged.buffer.data_ptr() == storage  # one storage across steps
     with pytest.raises(ValueError, match="for 9 rows"):

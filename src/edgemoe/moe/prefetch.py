@@ -107,7 +107,7 @@ class StagedPredictor:
         self.routing = routing
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return self.routing.ids(layer, like).to(torch.int32)
+        return self.routing.real_ids(layer, like).to(torch.int32)  # padding rows: like's -1
 
 
 def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,

@@ -5,10 +5,12 @@ into a pinned staging copy and issues one non-blocking copy into a buffer alloca
 for the largest step, so every step's ids sit at the same device addresses. `view`
 hands a MoE layer its [T, K] rows of that buffer for the router's row count T: a decode
 step captured in a CUDA graph reads whatever the latest `stage` wrote, and its padding
-rows (a batch padded to a captured size, T above the real count) take the router's own
-ids through a `torch.where` on the staged count — ids every executor handles (the device
-cache masks padding rows itself, the host cache drops them), so a padded step routes
-its real tokens exactly as the unpadded one.
+rows (a batch padded to a captured size, T above the real count) hold fixed filler ids,
+experts 0..K-1 — ids every executor handles (the device cache masks padding rows itself,
+the host cache and the CPU drop them, the resident experts compute them like any row),
+so a padded step routes its real tokens exactly as the unpadded one, and a layer's view
+is the buffer itself: no op on the decode step's chain (a `torch.where` on the staged
+count, the router's ids on the padding rows, cost two launches a layer, ~3 µs on an H200).
 
 Layout: int32, [0] the real row count, then [layers, T, K] for the step's T rows
 (T = the router's rows: the padded size of a padded batch), so one copy of
@@ -35,7 +37,7 @@ class StagedIds:
     """Contract: `stage(ids [layers, n, K], rows)` once per step, before the step's
     forward (n real rows of `rows` router rows, n ≤ rows ≤ max_tokens); `view(index,
     router_ids [T, K])` inside the forward: layer `index`'s ids, the staged ones on the
-    first n rows and the router's on the rest. `buffer` is one storage for the runtime's
+    first n rows and the filler (experts 0..K-1) on the rest. `buffer` is one storage for the runtime's
     life. NOTE: outside a capture, a view for T ≠ the staged rows is an error unless
     nothing was staged (a graph's warm-up: every row is padding)."""
 
@@ -45,6 +47,7 @@ class StagedIds:
         self.cuda = device.type == "cuda"
         size = 1 + layers * max_tokens * top_k
         self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        self._filler = np.arange(top_k, dtype=np.int32)  # a padding row's ids: valid, fixed
         self.row_index = torch.arange(max_tokens, dtype=torch.int32, device=device)
         # Two copies used in turn on CUDA: filling step N+1 never races step N's copy.
         self._staging = [_Staging(size, self.cuda) for _ in range(2 if self.cuda else 1)]
@@ -61,7 +64,7 @@ class StagedIds:
         stage.array[0] = n
         step = stage.array[1:end].reshape(L, rows, K)
         step[:, :n] = ids
-        step[:, n:] = 0  # padding rows: never read (the router's ids replace them)
+        step[:, n:] = self._filler  # padding rows: computed or masked by the executor, never counted
         self.buffer[:end].copy_(stage.tensor[:end], non_blocking=self.cuda)
         if self.cuda:
             stage.copied = torch.cuda.Event()
@@ -74,18 +77,21 @@ class StagedIds:
             raise RuntimeError(f"the router made {(T, K)} ids; the staged buffer holds ≤{self.max_tokens} x {self.top_k}")
         ids = self.buffer[1 : 1 + self.layers * T * K].view(self.layers, T, K)[index]
         if router_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return self._masked(ids, router_ids)  # a replay reads the latest stage's ids and count
+            return ids  # a replay reads the latest stage's ids, the filler on its padding rows
         if T != self.rows:
             if self.live:
                 raise RuntimeError(f"synthetic routing prepared {self.rows} rows of ids, the router made {T}")
             return router_ids  # nothing staged for this shape: a graph's warm-up, all padding
-        return ids if self.live == T else self._masked(ids, router_ids)
+        return ids
 
-    def _masked(self, ids: torch.Tensor, router_ids: torch.Tensor) -> torch.Tensor:
-        """The staged ids on the real rows (row < the staged count, on the device), the
-        router's on the padding rows."""
-        real = self.row_index[: ids.shape[0]] < self.buffer[:1]
-        return torch.where(real[:, None], ids, router_ids)
+    def view_real(self, index: int, fill: torch.Tensor) -> torch.Tensor:
+        """Layer `index`'s staged ids on the real rows (row < the staged count, read on the
+        device) and `fill`'s [T, K] on the padding rows: for a reader that must not see the
+        filler as routed (the prefetch's oracle)."""
+        T, K = fill.shape
+        ids = self.buffer[1 : 1 + self.layers * T * K].view(self.layers, T, K)[index]
+        real = self.row_index[:T] < self.buffer[:1]
+        return torch.where(real[:, None], ids, fill)
 
     def _next_staging(self) -> _Staging:
         stage = self._staging[self._turn]

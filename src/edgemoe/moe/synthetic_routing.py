@@ -121,3 +121,7 @@ class SyntheticRouting:
 
     def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor:
         return self.staged.view(self.index[layer], router_ids)
+
+    def real_ids(self, layer: int, fill: torch.Tensor) -> torch.Tensor:
+        """The step's draws for `layer` on its real rows, `fill`'s on the padding rows."""
+        return self.staged.view_real(self.index[layer], fill)
