@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.backend import use_triton
+from edgemoe.kernels.cell_sources import CellSources, apply_sources
 from edgemoe.kernels.norm_fused import RowNorm, rms_norm
 
 Activation = Callable[[torch.Tensor], torch.Tensor]  # plain functions take the torch path
@@ -149,16 +150,19 @@ def _moe_slots_triton(x, slot_ids, weights, gate_up, down, act: str, cells, n: i
 
 
 def moe_combine(
-    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None
+    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None,
+    sources: CellSources | None = None,
 ) -> torch.Tensor:
     """cells [T, K, H] → [T, H]: the K contributions summed in fp32 in the order
     k = 0..K-1 (the fast kernels' order too), rounded once to `dtype`; plus `residual`
-    (in `dtype`, as the unfused `residual + out`). One fused kernel on a GPU (bitwise
-    equal)."""
+    (in `dtype`, as the unfused `residual + out`). `sources`: cells read elsewhere
+    (`kernels/cell_sources.py`; the torch path writes them into `cells` first). One fused
+    kernel on a GPU (bitwise equal)."""
     if use_triton(cells, dtype):
         from edgemoe.kernels.triton_ops.moe_combine import moe_combine_triton
 
-        return moe_combine_triton(cells, dtype, residual)
+        return moe_combine_triton(cells, dtype, residual, sources)
+    cells = apply_sources(cells, sources)
     acc = cells[:, 0].clone()
     for k in range(1, cells.shape[1]):
         acc += cells[:, k]
@@ -167,7 +171,8 @@ def moe_combine(
 
 
 def moe_combine_norm(
-    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor, norm: RowNorm
+    cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor, norm: RowNorm,
+    sources: CellSources | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, rms_norm(h)) with h = moe_combine(cells, dtype, residual): the next layer's
     input norm fused into the combine, one kernel where the pair would both run Triton.
@@ -178,6 +183,6 @@ def moe_combine_norm(
     if use_triton(cells, dtype) and norm.weight.dtype == dtype:
         from edgemoe.kernels.triton_ops.moe_combine import moe_combine_norm_triton
 
-        return moe_combine_norm_triton(cells, dtype, residual, norm.weight, norm.eps, norm.weight_offset)
-    h = moe_combine(cells, dtype, residual)
+        return moe_combine_norm_triton(cells, dtype, residual, norm.weight, norm.eps, norm.weight_offset, sources)
+    h = moe_combine(cells, dtype, residual, sources)
     return h, rms_norm(h, norm.weight, norm.eps, norm.weight_offset)

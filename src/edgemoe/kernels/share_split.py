@@ -34,7 +34,10 @@ class ShareState(NamedTuple):
     0-d int64 (CPU experts, cumulative), `dest` [cap] int64 (each mailbox column's pair
     index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's),
     `rates` [4] int64 ns (a CPU expert's fixed cost, each of its tokens; a device expert's
-    copy, and its share of the chunk's grouped GEMMs: the prompt rule's balance)."""
+    copy, and its share of the chunk's grouped GEMMs: the prompt rule's balance);
+    `cpu_col` [≥ T·K] int32 or None: each pair's mailbox column, -1 for the device's
+    (written here when given: a combine reads the CPU's cells from the mailbox by it,
+    `kernels/cell_sources.py`, instead of `share_finish` copying them into the cells)."""
 
     resident: torch.Tensor
     heat: torch.Tensor
@@ -45,6 +48,7 @@ class ShareState(NamedTuple):
     dest: torch.Tensor
     scratch: torch.Tensor
     rates: torch.Tensor
+    cpu_col: torch.Tensor | None = None
 
 
 DECODE, PROMPT = 0, 1  # the pick: the quota's coldest misses (decode steps), or the balance (prompt chunks)
@@ -157,6 +161,8 @@ def share_begin_ref(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, s
     # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
     gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
     st.dest.index_copy_(0, at, pair)
+    if st.cpu_col is not None:
+        st.cpu_col[:N].copy_(torch.where(cpu_pair, at, -1))
     return ids.masked_fill(cpu_pair.view(ids.shape), -1)
 
 

@@ -41,6 +41,7 @@ import os
 
 import torch
 
+from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
@@ -225,6 +226,7 @@ class CpuShare:
             self._views = device_views(self.mailboxes.buffers, self.device)
             cap = self.mailboxes.buffers.cap
             self._dest = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
+            self._cpu_col = torch.full((rows * top_k,), -1, dtype=torch.int32, device=self.device)
             self._scratch = torch.zeros(self.num_experts, dtype=torch.int32, device=self.device)
             if self.device.type == "cuda" and bell_wanted() and bell_supported(self.device.index or 0):
                 self._bell = CpuBell(self.mailboxes, self.device)
@@ -240,7 +242,7 @@ class CpuShare:
         CPU's pairs. Returns the device's routing (the CPU pairs -1)."""
         mb = self._build(x, ids.shape[1])
         state = ShareState(resident, self.heat[layer], self.quota[layer], self.fraction, self.heat_unit,
-                           self.cpu_counts[layer], self._dest, self._scratch, self.rates)
+                           self.cpu_counts[layer], self._dest, self._scratch, self.rates, self._cpu_col)
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
                                  weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule)
         self._launch(layer)
@@ -263,12 +265,18 @@ class CpuShare:
 
     def finish(self, layer: int, cells: torch.Tensor) -> None:
         """Wait for the CPU's pairs (on the device) and put their cells into `cells` [T, K, H]."""
+        share_finish(*self.join(layer)[1:], cells)  # type: ignore[arg-type]
+
+    def join(self, layer: int) -> tuple[CellSources, MailboxBuffers, torch.Tensor]:
+        """Wait for the CPU's pairs (on the device); (the combine's sources for their cells:
+        the mailbox rows by `begin`'s column map, read where they lie — `kernels/cell_sources.py`;
+        the mailbox and `dest`, for `share_finish`)."""
         if self._bell is not None:
             self._bell.wait(torch.cuda.current_stream(), layer)
         elif self.device.type == "cuda":
             torch.cuda.current_stream().wait_event(self._join)
-        assert self._views is not None, "finish() without begin()"
-        share_finish(self._views, self._dest, cells)
+        assert self._views is not None, "join() without begin()"
+        return CellSources(cpu_col=self._cpu_col, cpu_out=self._views.out), self._views, self._dest
 
     def refit_rates(self) -> None:
         """The prompt rule's CPU rates from the calls so far (`fit_cpu_rates`, the start-up

@@ -32,13 +32,14 @@ import logging
 import numpy as np
 import torch
 
+from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.kernels.share_split import DECODE
-from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
+from edgemoe.moe.device_counts import DeviceCounts
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
@@ -132,9 +133,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.expert_nbytes = store.expert_nbytes
         self.num_decode = 0  # of the layer being computed
         self._dead: torch.Tensor | None = None  # the step's padding rows: ~live, once a step, not a layer
-        self._seen = np.zeros((num_layers, 2), dtype=np.int64)  # device counts already drained
+        self._sources: CellSources | None = None  # the last layer's cells left to the combine
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
-        self.stats.drains.append(self._drain)
+        self.stats.drains.append(DeviceCounts(self.cache, store.expert_nbytes, lambda: self.cpu_share))
         self._own_kernel: CpuExperts | None = None  # the share's kernel when made here (`cpu_kernel` None)
         self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
         self.controller: QuotaController | None = None
@@ -143,8 +144,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         if prompt_cpu and self.cpu_share is None:
             log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
                         "their misses")
-        self._seen_cpu = np.zeros(num_layers, dtype=np.int64)
-        self._seen_busy = (0, 0)  # the host function's calls and ns already drained
 
     def _make_lending(self, lend_slots: int, min_tokens: int) -> SlotLending | None:
         """The tail of `lend_slots` slots lent to streamed chunks, if it can be (the plan
@@ -175,7 +174,7 @@ class DeviceOffloadExecutor(CellsExecutor):
 
         if kernel is None:  # ours: closed with the executor (its pool's pinned cores back for the next engine)
             kernel = self._own_kernel = CpuExperts(threads=cpu_threads(self.device))
-        share = CpuShare(self.store, kernel, len(self._seen), quota, self.device, prompt_rows=self._prompt_rows)
+        share = CpuShare(self.store, kernel, self.cache.num_layers, quota, self.device, prompt_rows=self._prompt_rows)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
         self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1],
@@ -278,21 +277,29 @@ class DeviceOffloadExecutor(CellsExecutor):
         prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
         if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
+        cpu: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             if self.lending is not None and not self.lending.lent:  # a caller that skipped before_step
                 self.lending.lend()
             self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
             self.streaming.computed(layer)
         else:
-            self._planned(layer, x, ids, topk_weights, cells, prefetch)
-        if dead is not None:  # their cells were never written: make their output zeros, not garbage
-            cells.masked_fill_(dead[:, None, None], 0.0)
+            cpu = self._planned(layer, x, ids, topk_weights, cells, prefetch)
+        # Padding rows' cells were never written, the CPU's lie in its mailbox: the combine
+        # reads 0 and the mailbox rows for them (no launch of their own on the chain).
+        routed = ids if dead is not None else None
+        self._sources = CellSources(routed, *cpu) if routed is not None or cpu[0] is not None else None
         return cells
 
+    def _take_sources(self) -> CellSources | None:
+        sources, self._sources = self._sources, None
+        return sources
+
     def _planned(self, layer: int, x, ids, topk_weights, cells,  # noqa: ANN001
-                 prefetch: DecodePrefetch | None) -> None:
+                 prefetch: DecodePrefetch | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The cache plans the layer's waves; the CPU share (if any) takes its pairs first;
-        `prefetch`: the decode prefetch when this step prefetches."""
+        `prefetch`: the decode prefetch when this step prefetches. Returns where the CPU's
+        cells lie (`CellSources`' cpu_col, cpu_out; (None, None): no share ran)."""
         share, rule = self._share_rule(x)
         routed = ids
         if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
@@ -305,8 +312,10 @@ class DeviceOffloadExecutor(CellsExecutor):
                     prefetch.launch(layer, x, routed, p.slot_ids)
                     prefetch.join(layer)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
-        if share is not None:
-            share.finish(layer, cells)
+        if share is None:
+            return None, None
+        sources = share.join(layer)[0]
+        return sources.cpu_col, sources.cpu_out
 
     def _live_ids(self, topk_ids: torch.Tensor, num_padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(routing with padding rows' ids -1, the padding rows [T] bool or None)."""
@@ -347,38 +356,6 @@ class DeviceOffloadExecutor(CellsExecutor):
 
     def _compute(self, x, slot_ids, topk_weights, cells) -> None:
         moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
-
-    def _drain(self, stats: MoEStats) -> None:
-        """Move the device counts into `stats` (one read each; only when asked)."""
-        counts = self.cache.read_counts()
-        new, self._seen = counts - self._seen, counts
-        for layer in np.flatnonzero(new.any(axis=1)):
-            stats.hits[layer] += int(new[layer, 0])
-            stats.misses[layer] += int(new[layer, 1])
-        stats.bytes_copied += int(new[:, 1].sum()) * self.expert_nbytes
-        if self.cpu_share is not None:  # CPU experts are misses too, computed where they are
-            cpu = self.cpu_share.read_counts().numpy()
-            new_cpu, self._seen_cpu = cpu - self._seen_cpu, cpu
-            for layer in np.flatnonzero(new_cpu):
-                stats.cpu_experts[layer] += int(new_cpu[layer])
-                stats.misses[layer] += int(new_cpu[layer])
-            self._drain_cpu_time(stats)
-        events = self.cache.take_events()
-        if stats.activity is not None:  # someone watches the live view
-            stats.activity.mark_counts(events == HIT, HIT)
-            stats.activity.mark_counts(events == MISS, MISS)
-
-    def _drain_cpu_time(self, stats: MoEStats) -> None:
-        """The host function's own timings into `cpu_s` / `cpu_calls` (the CPU side of the
-        split; the device side is the step's remainder)."""
-        busy = self.cpu_share.read_busy() if self.cpu_share is not None else None
-        if busy is None:
-            return
-        calls, ns = int(busy[0].sum()), int(busy[1].sum())
-        seen_calls, seen_ns = self._seen_busy
-        self._seen_busy = (calls, ns)
-        stats.cpu_calls += calls - seen_calls
-        stats.cpu_s += (ns - seen_ns) / 1e9
 
     def resident_mask(self) -> np.ndarray:
         return self.cache.slot_map.cpu().numpy() >= 0

@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_combine_norm
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.kernels.norm_fused import RowNorm, rms_norm
@@ -174,15 +175,22 @@ class CellsExecutor(MoEExecutor):
     next layer's input norm in the same kernel (`moe_combine_norm`, bitwise the pair)."""
 
     def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
-        return moe_combine(self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding), x.dtype, residual)
+        cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
+        return moe_combine(cells, x.dtype, residual, self._take_sources())
 
     def forward_normed(self, layer, x, topk_ids, topk_weights, residual, norm, num_decode=0, num_padding=0):  # type: ignore[override]
         cells = self._cells(layer, x, topk_ids, topk_weights, num_decode, num_padding)
-        return moe_combine_norm(cells, x.dtype, residual, norm)
+        return moe_combine_norm(cells, x.dtype, residual, norm, self._take_sources())
 
     @abstractmethod
     def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
-        """The layer's contribution cells [T, K, H] (fp32), every real row's pairs written."""
+        """The layer's contribution cells [T, K, H] (fp32), every real row's pairs written
+        or named by `_take_sources`."""
+
+    def _take_sources(self) -> CellSources | None:
+        """The cells the last `_cells` left to be read elsewhere (`kernels/cell_sources.py`),
+        once; None: its buffer holds them all."""
+        return None
 
 
 class ResidentExecutor(CellsExecutor):

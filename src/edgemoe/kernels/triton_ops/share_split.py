@@ -23,10 +23,11 @@ FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe read
 
 @triton.jit
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
-                 rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, N, K, T,
-                 H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr, FSHIFT: tl.constexpr,
-                 RULE: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr, HIST: tl.constexpr,
-                 BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, USE_PDL: tl.constexpr):
+                 rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, col_ptr,
+                 N, K, T, H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr,
+                 FSHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                 HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, WRITE_COL: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
@@ -87,6 +88,8 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
         tl.store(pairs_ptr + 2 * cap + at, n, mask=cpu_pair)
         tl.store(mb_w_ptr + at, tl.load(w_ptr + n, mask=ok_n, other=0.0).to(tl.float32), mask=cpu_pair)
         tl.store(dest_ptr + at, n.to(tl.int64), mask=cpu_pair)
+        if WRITE_COL:
+            tl.store(col_ptr + n, tl.where(cpu_pair, at, -1), mask=ok_n)
         count += tl.sum(cpu_pair.to(tl.int32), axis=0)
     tl.store(mb_count_ptr, count)
     if COPY_X:
@@ -117,17 +120,19 @@ def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor
     E, N, H = st.heat.numel(), ids.numel(), x.shape[1]
     assert ids.is_contiguous() and weights.is_contiguous() and x.stride(1) == 1 and mb.x.stride(1) == 1
     assert T <= mb.x.shape[0] and (rule == PROMPT or N < mb.cap), "the step exceeds the mailbox"
+    assert st.cpu_col is None or st.cpu_col.numel() >= N, "the step exceeds the pairs' column map"
     out = torch.empty_like(ids)
     copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
         ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out,
-        mb.pairs, mb.weights, mb.count, mb.x, st.dest, st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
+        mb.pairs, mb.weights, mb.count, mb.x, st.dest, st.scratch,
+        st.cpu_col if st.cpu_col is not None else st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule,
         CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-        COPY_X=copy_x, USE_PDL=pdl, launch_pdl=pdl,
+        COPY_X=copy_x, WRITE_COL=st.cpu_col is not None, USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:
         rows = torch.arange(T, device=x.device)
