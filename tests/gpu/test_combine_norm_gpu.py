@@ -83,3 +83,27 @@ def test_model_bitwise_with_fusion_on_and_off(small_ckpt, monkeypatch, settings:
     assert on[0] > 0 and off[0] == 0
     assert on[1] == off[1]
     assert torch.equal(on[2], off[2])
+
+
+@pytest.mark.parametrize("T", [1, 3, 40])
+def test_combine_reads_sources_in_place_bitwise(T: int) -> None:
+    """The combine reading padding rows' pairs as 0 and the CPU's from a mapped pinned
+    mailbox (`kernels/cell_sources.py`), compiled: bitwise the buffer written first."""
+    from edgemoe.kernels.cell_sources import CellSources, apply_sources
+    from edgemoe.kernels.triton_ops.moe_combine import moe_combine_norm_triton, moe_combine_triton
+    from edgemoe.moe.pinning import uva_view
+
+    K, H, dtype = 8, 2048, torch.bfloat16
+    cells, residual, weight = inputs(T, K, H, dtype, seed=T)
+    routed = torch.randint(0, 128, (T, K), dtype=torch.int32, device=CUDA)
+    routed[-1] = -1 if T > 1 else routed[-1]
+    cpu_out = uva_view(torch.randn(2 * K, H).pin_memory(), CUDA)
+    cpu_col = torch.full((64 * K,), -1, dtype=torch.int32, device=CUDA)
+    cpu_col[torch.arange(0, min(T * K, 2 * K * 3), 3, device=CUDA)] = torch.arange(
+        len(range(0, min(T * K, 2 * K * 3), 3)), dtype=torch.int32, device=CUDA)
+    sources = CellSources(routed, cpu_col, cpu_out)
+    want = apply_sources(cells.clone(), sources)
+    assert torch.equal(moe_combine_triton(cells, dtype, residual, sources), moe_combine_triton(want, dtype, residual))
+    h, normed = moe_combine_norm_triton(cells, dtype, residual, weight, 1e-6, 0.0, sources)
+    want_h, want_normed = moe_combine_norm_triton(want, dtype, residual, weight, 1e-6, 0.0)
+    assert torch.equal(h, want_h) and torch.equal(normed, want_normed)

@@ -45,7 +45,7 @@ def _cell(cells_row, k, stride_ck, cols, ok, routed_ptr, col_ptr, cpu_ptr, pair,
     if HAS_CPU:
         c = tl.load(col_ptr + pair).to(tl.int64)
         v = tl.load(cells_row + k * stride_ck, mask=keep & (c < 0), other=0.0)
-        cpu = tl.load(cpu_ptr + c * H + cols, mask=ok & (c >= 0), other=0.0)
+        cpu = tl.load(cpu_ptr + c * H + cols, mask=keep & (c >= 0), other=0.0)  # a padding row's: 0 all the same
         return tl.where(c >= 0, cpu, v)
     return tl.load(cells_row + k * stride_ck, mask=keep, other=0.0)
 
