@@ -95,13 +95,13 @@ def test_combine_reads_sources_in_place_bitwise(T: int) -> None:
 
     K, H, dtype = 8, 2048, torch.bfloat16
     cells, residual, weight = inputs(T, K, H, dtype, seed=T)
-    routed = torch.randint(0, 128, (T, K), dtype=torch.int32, device=CUDA)
-    routed[-1] = -1 if T > 1 else routed[-1]
+    dead = torch.zeros(T, dtype=torch.bool, device=CUDA)
+    dead[-1] = T > 1  # a padding row (and a CPU column on it: read as 0 all the same)
     cpu_out = uva_view(torch.randn(2 * K, H).pin_memory(), CUDA)
     cpu_col = torch.full((64 * K,), -1, dtype=torch.int32, device=CUDA)
     cpu_col[torch.arange(0, min(T * K, 2 * K * 3), 3, device=CUDA)] = torch.arange(
         len(range(0, min(T * K, 2 * K * 3), 3)), dtype=torch.int32, device=CUDA)
-    sources = CellSources(routed, cpu_col, cpu_out)
+    sources = CellSources(dead, cpu_col, cpu_out)
     want = apply_sources(cells.clone(), sources)
     assert torch.equal(moe_combine_triton(cells, dtype, residual, sources), moe_combine_triton(want, dtype, residual))
     h, normed = moe_combine_norm_triton(cells, dtype, residual, weight, 1e-6, 0.0, sources)

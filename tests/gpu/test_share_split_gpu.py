@@ -47,16 +47,23 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int,
     g = torch.Generator().manual_seed(E * 1000 + T)
     cap = pairs + 1
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 99, (E,), generator=g), -1).int()
-    ref = state(E, cap, resident, quota, rates, fraction=fraction)
-    tri = state(E, cap, resident, quota, rates, "cuda", fraction=fraction)
+    ref = state(E, cap, resident, quota, rates, fraction=fraction)._replace(cpu_col=torch.zeros(T * K, dtype=torch.int32))
+    tri = state(E, cap, resident, quota, rates, "cuda", fraction=fraction)._replace(
+        cpu_col=torch.zeros(T * K, dtype=torch.int32, device="cuda"))
     mb_ref, mb_tri = mailbox(T, cap, H), mailbox(T, cap, H, "cuda")
-    for _ in range(3):  # decode: heat builds up over steps
+    for step in range(3):  # decode: heat builds up over steps
         ids = skewed_ids(E, T, K, g)
+        dead = None
+        if step == 1 and T > 1:  # the first row named dead instead of routed -1: the launch drops its pairs
+            dead = torch.zeros(T, dtype=torch.bool)
+            dead[0] = True
         w = torch.softmax(torch.randn(T, K, generator=g), -1)
         x = torch.randn(T, H, generator=g).bfloat16()
-        want = share_begin_ref(ids, w, x, ref, mb_ref, rule)
-        got = share_begin_triton(ids.cuda(), w.cuda(), x.cuda(), tri, mb_tri, rule)
+        want = share_begin_ref(ids, w, x, ref, mb_ref, rule, dead)
+        got = share_begin_triton(ids.cuda(), w.cuda(), x.cuda(), tri, mb_tri, rule,
+                                 None if dead is None else dead.cuda())
         assert torch.equal(got.cpu(), want)
+        assert torch.equal(tri.cpu_col.cpu(), ref.cpu_col)  # each pair's mailbox column
         assert torch.equal(tri.heat.cpu(), ref.heat) and torch.equal(tri.cpu_count.cpu(), ref.cpu_count)
         n = int(mb_ref.count)
         assert int(mb_tri.count) == n and n > 0

@@ -23,8 +23,8 @@ def case(T: int, K: int, H: int, seed: int) -> tuple[torch.Tensor, CellSources, 
     """(cells with garbage in the pairs the sources name, the sources, the cells they mean)."""
     g = torch.Generator().manual_seed(seed)
     want = torch.randn(T, K, H, generator=g)
-    routed = torch.randint(0, 16, (T, K), generator=g, dtype=torch.int32)
-    routed[-1] = -1  # a padding row
+    dead = torch.zeros(T, dtype=torch.bool)
+    dead[-1] = True  # a padding row
     want[-1] = 0.0
     cap = 2 * K
     cpu_out = torch.randn(cap, H, generator=g)
@@ -37,37 +37,37 @@ def case(T: int, K: int, H: int, seed: int) -> tuple[torch.Tensor, CellSources, 
     cells[-1] = float("nan")  # never written: garbage
     for p in pairs:
         cells.view(T * K, H)[p] = float("inf")  # the device's stale cell, not read
-    return cells, CellSources(routed, cpu_col, cpu_out), want
+    return cells, CellSources(dead, cpu_col, cpu_out), want
 
 
 def test_reference_writes_the_sources_cells() -> None:
     cells, sources, want = case(4, 3, 40, seed=1)
     assert torch.equal(apply_sources(cells, sources), want)
-    only_routed, _, _ = case(4, 3, 40, seed=1)
-    apply_sources(only_routed, CellSources(routed=sources.routed))
-    assert bool((only_routed[-1] == 0).all()) and bool(torch.isinf(only_routed).any())  # the CPU's left alone
+    only_dead, _, _ = case(4, 3, 40, seed=1)
+    apply_sources(only_dead, CellSources(dead=sources.dead))
+    assert bool((only_dead[-1] == 0).all()) and bool(torch.isinf(only_dead).any())  # the CPU's left alone
     assert apply_sources(cells, None) is cells
 
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(("T", "K", "H"), [(3, 4, 96), (2, 8, 64)])
-@pytest.mark.parametrize("which", ["both", "routed", "cpu"])
+@pytest.mark.parametrize("which", ["both", "dead", "cpu"])
 def test_kernels_read_the_sources_bitwise(dtype: torch.dtype, T: int, K: int, H: int, which: str) -> None:
     from edgemoe.kernels.triton_ops.moe_combine import moe_combine_norm_triton, moe_combine_triton
 
     cells, full, want = case(T, K, H, seed=T + K + H)
-    sources = {"both": full, "routed": CellSources(routed=full.routed),
+    sources = {"both": full, "dead": CellSources(dead=full.dead),
                "cpu": CellSources(cpu_col=full.cpu_col, cpu_out=full.cpu_out)}[which]
     if which == "cpu":
         cells[-1] = want[-1]  # no padding rows named: their cells written
-    if which == "routed":
+    if which == "dead":
         cells = torch.where(torch.isinf(cells), want, cells)  # no CPU pairs named: their cells written
     g = torch.Generator().manual_seed(7)
     residual = (torch.randn(T, H, generator=g) * 2).to(dtype)
     weight = (torch.randn(H, generator=g) * 0.3 + 1).to(dtype)
     expect = apply_sources(cells.clone(), sources)
-    if which != "routed":
+    if which != "dead":
         assert torch.equal(expect, want)
     got = moe_combine_triton(cells, dtype, residual, sources)
     assert torch.equal(got, moe_combine_triton(expect, dtype, residual))

@@ -33,17 +33,30 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, quota: int
     rows = 6
     mb_ref, mb_tri = mailbox(rows, rows * K + 1, H), mailbox(rows, rows * K + 1, H)
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 9, (E,), generator=g), -1).int()
-    ref = state(E, mb_ref.cap, resident, quota, fraction=fraction)
-    tri = state(E, mb_tri.cap, resident, quota, fraction=fraction)
+    cols = rows * K + 3  # the pairs' column map: longer than a step's pairs
+    ref = state(E, mb_ref.cap, resident, quota, fraction=fraction)._replace(cpu_col=torch.zeros(cols, dtype=torch.int32))
+    tri = state(E, mb_tri.cap, resident, quota, fraction=fraction)._replace(cpu_col=torch.zeros(cols, dtype=torch.int32))
     for step in range(4):
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+        dead = None
         if step == 1 and T > 1:
             ids[-1] = -1  # a padding row routes nothing
+        if step == 2 and T > 1:  # a padding row named by the dead rows instead: routes nothing all the same
+            dead = torch.zeros(T, dtype=torch.bool)
+            dead[0] = True
         w = torch.softmax(torch.randn(T, K, generator=g), -1)
         x = torch.randn(T, H, generator=g).bfloat16()
-        want = share_begin_ref(ids, w, x, ref, mb_ref)
-        got = share_begin_triton(ids, w, x, tri, mb_tri)
+        want = share_begin_ref(ids, w, x, ref, mb_ref, dead=dead)
+        got = share_begin_triton(ids, w, x, tri, mb_tri, dead=dead)
         assert torch.equal(got, want)
+        if dead is not None:
+            assert bool((got[0] == -1).all()) and not bool((ids[0] == -1).any())
+            assert not bool((mb_ref.pairs[0, : int(mb_ref.count)] == 0).any())  # no CPU pair on the dead row
+        assert torch.equal(tri.cpu_col[: T * K], ref.cpu_col[: T * K])
+        col = ref.cpu_col[: T * K]
+        assert int((col >= 0).sum()) == int(mb_ref.count)  # each CPU pair's column: dest's inverse
+        for c in range(int(mb_ref.count)):
+            assert int(col[ref.dest[c]]) == c
         assert torch.equal(tri.heat, ref.heat) and torch.equal(tri.cpu_count, ref.cpu_count)
         n = int(mb_ref.count)
         assert int(mb_tri.count) == n

@@ -20,11 +20,11 @@ import torch
 
 
 class CellSources(NamedTuple):
-    """`routed` [T, K] int (or None): a pair < 0 routes nothing, its cell is 0 (padding
-    rows); `cpu_col` [≥ T·K] int32 (or None): pair p = t·K + k whose `cpu_col[p]` ≥ 0 has
+    """`dead` [T] bool (or None): a padding row, whose pairs route nothing: its cells
+    are 0; `cpu_col` [≥ T·K] int32 (or None): pair p = t·K + k whose `cpu_col[p]` ≥ 0 has
     its cell in row `cpu_col[p]` of `cpu_out` [cap, H] fp32 (the CPU share's mailbox)."""
 
-    routed: torch.Tensor | None = None
+    dead: torch.Tensor | None = None
     cpu_col: torch.Tensor | None = None
     cpu_out: torch.Tensor | None = None
 
@@ -40,6 +40,6 @@ def apply_sources(cells: torch.Tensor, sources: CellSources | None) -> torch.Ten
         col = sources.cpu_col[: T * K].long()
         cpu = sources.cpu_out.index_select(0, col.clamp(min=0).to(sources.cpu_out.device)).to(cells.device)
         flat.copy_(torch.where((col >= 0)[:, None], cpu, flat))
-    if sources.routed is not None:
-        flat.masked_fill_(sources.routed.reshape(T * K, 1) < 0, 0.0)
+    if sources.dead is not None:
+        cells.masked_fill_(sources.dead[:, None, None], 0.0)
     return cells

@@ -81,11 +81,13 @@ def _fused(t: torch.Tensor) -> bool:
 
 
 def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                mb: MailboxBuffers, rule: int = DECODE) -> torch.Tensor:
+                mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
     """Pick the CPU's experts of a layer, write the mailbox (the CPU pairs in pair order:
     token row, expert, pair index, weight; their count; x's rows when any) and `dest`.
-    ids [T, K] (-1: not routed), weights [T, K], x [T, H]. Returns the device's routing:
-    ids with the CPU's pairs -1. The pick (`rule`):
+    ids [T, K] (-1: not routed), weights [T, K], x [T, H]; `dead` [T] bool or None: rows
+    whose pairs count as not routed (a padded batch's padding, masked here rather than by
+    a launch of its own). Returns the device's routing: ids with the CPU's pairs and the
+    dead rows' -1. The pick (`rule`):
     - DECODE: the coldest misses (lowest heat, ties to the higher id), as many as
       `decode_take` allows (the quota, the fraction of the layer's misses); then the
       layer's routed experts are heated;
@@ -96,8 +98,8 @@ def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: S
     if _fused(ids):
         from edgemoe.kernels.triton_ops.share_split import share_begin_triton
 
-        return share_begin_triton(ids, weights, x, st, mb, rule)
-    return share_begin_ref(ids, weights, x, st, mb, rule)
+        return share_begin_triton(ids, weights, x, st, mb, rule, dead)
+    return share_begin_ref(ids, weights, x, st, mb, rule, dead)
 
 
 def share_finish(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
@@ -145,7 +147,9 @@ def balanced_misses_ref(ids: torch.Tensor, st: ShareState, max_pairs: int) -> to
 
 
 def share_begin_ref(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                    mb: MailboxBuffers, rule: int = DECODE) -> torch.Tensor:
+                    mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
+    if dead is not None:
+        ids = ids.masked_fill(dead[:, None], -1)
     on_cpu = coldest_misses_ref(ids, st) if rule == DECODE else balanced_misses_ref(ids, st, mb.cap - 1)
     st.cpu_count.add_(on_cpu.sum())
     flat = ids.reshape(-1).long()

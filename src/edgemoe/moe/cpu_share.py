@@ -236,15 +236,17 @@ class CpuShare:
         return self._views
 
     def begin(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-              resident: torch.Tensor, rule: int = DECODE) -> torch.Tensor:
-        """Split `ids` [T, K] (-1 = not routed) against `resident` (the layer's slot map
-        row [E], -1 = not resident) by `rule` (`rule_for`); write the mailbox and start the
-        CPU's pairs. Returns the device's routing (the CPU pairs -1)."""
+              resident: torch.Tensor, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
+        """Split `ids` [T, K] (-1 = not routed; the `dead` rows', [T] bool, too) against
+        `resident` (the layer's slot map row [E], -1 = not resident) by `rule`
+        (`rule_for`); write the mailbox and start the CPU's pairs. Returns the device's
+        routing (the CPU pairs and dead rows -1)."""
         mb = self._build(x, ids.shape[1])
         state = ShareState(resident, self.heat[layer], self.quota[layer], self.fraction, self.heat_unit,
                            self.cpu_counts[layer], self._dest, self._scratch, self.rates, self._cpu_col)
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
-                                 weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule)
+                                 weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule,
+                                 dead)
         self._launch(layer)
         return device_ids
 

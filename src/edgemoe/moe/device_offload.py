@@ -66,6 +66,11 @@ def live_share(backend: str, device: torch.device) -> str | None:
     return None
 
 
+def _masked(ids: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
+    """The routing with the padding rows' ids -1."""
+    return ids if dead is None else ids.masked_fill(dead[:, None], -1)
+
+
 class DeviceOffloadExecutor(CellsExecutor):
     """The slot cache's state lives on the device (`cache`); `mover`: "gather" | "copy";
     `policy`: "lru" (scan-resistant) | "lru-plain".
@@ -270,8 +275,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         """The layer's contribution cells [T, K, H]: every live pair computed, padding rows zeros."""
         self.stats.count_tokens(layer, x.shape[0] - num_padding)
         self.num_decode = num_decode
-        ids, dead = self._live_ids(topk_ids, num_padding)
-        cells = self.workspace.cells(ids)
+        dead = self._dead_rows(topk_ids, num_padding)
+        cells = self.workspace.cells(topk_ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
         prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
@@ -281,29 +286,32 @@ class DeviceOffloadExecutor(CellsExecutor):
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             if self.lending is not None and not self.lending.lent:  # a caller that skipped before_step
                 self.lending.lend()
-            self._compute(x, self.streaming.slot_ids(layer, ids), topk_weights, cells)
+            self._compute(x, self.streaming.slot_ids(layer, _masked(topk_ids, dead)), topk_weights, cells)
             self.streaming.computed(layer)
         else:
-            cpu = self._planned(layer, x, ids, topk_weights, cells, prefetch)
+            cpu = self._planned(layer, x, topk_ids, dead, topk_weights, cells, prefetch)
         # Padding rows' cells were never written, the CPU's lie in its mailbox: the combine
         # reads 0 and the mailbox rows for them (no launch of their own on the chain).
-        routed = ids if dead is not None else None
-        self._sources = CellSources(routed, *cpu) if routed is not None or cpu[0] is not None else None
+        self._sources = CellSources(dead, *cpu) if dead is not None or cpu[0] is not None else None
         return cells
 
     def _take_sources(self) -> CellSources | None:
         sources, self._sources = self._sources, None
         return sources
 
-    def _planned(self, layer: int, x, ids, topk_weights, cells,  # noqa: ANN001
+    def _planned(self, layer: int, x, ids, dead, topk_weights, cells,  # noqa: ANN001
                  prefetch: DecodePrefetch | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The cache plans the layer's waves; the CPU share (if any) takes its pairs first;
-        `prefetch`: the decode prefetch when this step prefetches. Returns where the CPU's
-        cells lie (`CellSources`' cpu_col, cpu_out; (None, None): no share ran)."""
+        """The cache plans the layer's waves of `ids` without the `dead` rows' ([T] bool or
+        None); the CPU share (if any) takes its pairs first; `prefetch`: the decode prefetch
+        when this step prefetches. Returns where the CPU's cells lie (`CellSources`'
+        cpu_col, cpu_out; (None, None): no share ran)."""
         share, rule = self._share_rule(x)
-        routed = ids
-        if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
-            ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
+        if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
+            routed = ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
+        else:
+            routed = ids = _masked(ids, dead)
+            if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
+                ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned):  # one wave when it prefetches
             after_move = None
@@ -317,16 +325,14 @@ class DeviceOffloadExecutor(CellsExecutor):
         sources = share.join(layer)[0]
         return sources.cpu_col, sources.cpu_out
 
-    def _live_ids(self, topk_ids: torch.Tensor, num_padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(routing with padding rows' ids -1, the padding rows [T] bool or None)."""
+    def _dead_rows(self, topk_ids: torch.Tensor, num_padding: int) -> torch.Tensor | None:
+        """The padding rows [T] bool (the runner's live rows, else the last `num_padding`), or None."""
         T = topk_ids.shape[0]
         if self._dead is not None and self._dead.shape[0] == T:
-            dead = self._dead
-        elif num_padding:
-            dead = torch.arange(T, device=topk_ids.device) >= T - num_padding
-        else:
-            return topk_ids, None
-        return topk_ids.masked_fill(dead[:, None], -1), dead
+            return self._dead
+        if num_padding:
+            return torch.arange(T, device=topk_ids.device) >= T - num_padding
+        return None
 
     def _run_wave(self, layer: int, x, ids, plan: WavePlan, topk_weights, cells, after_move=None) -> None:  # noqa: ANN001
         if self.mover.two_pass:  # the hits compute while the miss list travels to the host

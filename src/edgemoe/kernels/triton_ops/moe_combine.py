@@ -35,48 +35,55 @@ COMBINE_BLOCK, COMBINE_WARPS = 512, 4
 
 
 @triton.jit
-def _cell(cells_row, k, stride_ck, cols, ok, routed_ptr, col_ptr, cpu_ptr, pair, H,
-          HAS_ROUTED: tl.constexpr, HAS_CPU: tl.constexpr):
-    """Pair `pair` (= t·K + k)'s cell: the buffer's, 0 where it routes nothing, the CPU
-    mailbox's row where the CPU computed it (`kernels/cell_sources.py`)."""
-    keep = ok
-    if HAS_ROUTED:
-        keep = keep & (tl.load(routed_ptr + pair) >= 0)
+def _cell(cells_row, k, stride_ck, cols, keep, col_ptr, cpu_ptr, pair, H, HAS_CPU: tl.constexpr):
+    """Pair `pair` (= t·K + k)'s cell where `keep` (its row is live, the column in range;
+    else 0): the buffer's, or the CPU mailbox's row where the CPU computed it
+    (`kernels/cell_sources.py`)."""
     if HAS_CPU:
         c = tl.load(col_ptr + pair).to(tl.int64)
         v = tl.load(cells_row + k * stride_ck, mask=keep & (c < 0), other=0.0)
-        cpu = tl.load(cpu_ptr + c * H + cols, mask=keep & (c >= 0), other=0.0)  # a padding row's: 0 all the same
+        cpu = tl.load(cpu_ptr + c * H + cols, mask=keep & (c >= 0), other=0.0)
         return tl.where(c >= 0, cpu, v)
     return tl.load(cells_row + k * stride_ck, mask=keep, other=0.0)
 
 
-def _source_args(sources: CellSources | None, cells: torch.Tensor, T: int, K: int) -> tuple:
-    """(routed, cpu_col, cpu_out, HAS_ROUTED, HAS_CPU) launch arguments (cells as the
-    unused pointers' stand-in)."""
-    routed = sources.routed if sources is not None else None
+@triton.jit
+def _live(ok, dead_ptr, t, HAS_DEAD: tl.constexpr):
+    """`ok` where row t is live (a padding row's cells read as 0)."""
+    if HAS_DEAD:
+        return ok & (tl.load(dead_ptr + t) == 0)
+    return ok
+
+
+def _source_args(sources: CellSources | None, cells: torch.Tensor, T: int) -> tuple:
+    """(dead, cpu_col, cpu_out, HAS_DEAD, HAS_CPU) launch arguments (cells as the unused
+    pointers' stand-in)."""
+    dead = sources.dead if sources is not None else None
     col = sources.cpu_col if sources is not None else None
-    if routed is not None:
-        assert routed.shape == (T, K) and routed.is_contiguous()
+    if dead is not None:
+        assert dead.shape == (T,) and dead.dtype == torch.bool
     if col is not None:
-        assert sources.cpu_out is not None and col.numel() >= T * K and sources.cpu_out.dtype == torch.float32
-    return (routed if routed is not None else cells, col if col is not None else cells,
-            sources.cpu_out if col is not None else cells, routed is not None, col is not None)
+        assert sources.cpu_out is not None and col.numel() >= T * cells.shape[1]
+        assert sources.cpu_out.dtype == torch.float32
+    return (dead if dead is not None else cells, col if col is not None else cells,
+            sources.cpu_out if col is not None else cells, dead is not None, col is not None)
 
 
 @triton.jit
 def _combine(
-    cells_ptr, res_ptr, out_ptr, routed_ptr, col_ptr, cpu_ptr, H, K, stride_ct, stride_ck, stride_rt, stride_ot,
+    cells_ptr, res_ptr, out_ptr, dead_ptr, col_ptr, cpu_ptr, H, K, stride_ct, stride_ck, stride_rt, stride_ot,
     HAS_RES: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_ROUTED: tl.constexpr, HAS_CPU: tl.constexpr,
+    HAS_DEAD: tl.constexpr, HAS_CPU: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
     pdl_start(USE_PDL)
     row = cells_ptr + t * stride_ct + cols
-    acc = _cell(row, 0, stride_ck, cols, ok, routed_ptr, col_ptr, cpu_ptr, t * K, H, HAS_ROUTED, HAS_CPU)
+    keep = _live(ok, dead_ptr, t, HAS_DEAD)
+    acc = _cell(row, 0, stride_ck, cols, keep, col_ptr, cpu_ptr, t * K, H, HAS_CPU)
     for k in range(1, K):
-        acc += _cell(row, k, stride_ck, cols, ok, routed_ptr, col_ptr, cpu_ptr, t * K + k, H, HAS_ROUTED, HAS_CPU)
+        acc += _cell(row, k, stride_ck, cols, keep, col_ptr, cpu_ptr, t * K + k, H, HAS_CPU)
     if HAS_RES:
         res = tl.load(res_ptr + t * stride_rt + cols, mask=ok, other=0.0).to(tl.float32)
         acc = res + round_trip(acc, DTYPE, INTERP)
@@ -97,11 +104,11 @@ def moe_combine_triton(cells: torch.Tensor, dtype: torch.dtype, residual: torch.
         residual = residual.contiguous()
     res = residual if residual is not None else out  # unused when HAS_RES is False
     pdl = pdl_enabled(cells.device)
-    routed, col, cpu, has_routed, has_cpu = _source_args(sources, cells, T, K)
+    dead, col, cpu, has_dead, has_cpu = _source_args(sources, cells, T)
     _combine[(T, triton.cdiv(H, COMBINE_BLOCK))](
-        cells, res, out, routed, col, cpu, H, K, cells.stride(0), cells.stride(1), res.stride(0), out.stride(0),
+        cells, res, out, dead, col, cpu, H, K, cells.stride(0), cells.stride(1), res.stride(0), out.stride(0),
         HAS_RES=residual is not None, DTYPE=tl_dtype(dtype), BLOCK=COMBINE_BLOCK,
-        INTERP=interpreting(cells), USE_PDL=pdl, HAS_ROUTED=has_routed, HAS_CPU=has_cpu, launch_pdl=pdl,
+        INTERP=interpreting(cells), USE_PDL=pdl, HAS_DEAD=has_dead, HAS_CPU=has_cpu, launch_pdl=pdl,
         num_warps=COMBINE_WARPS,
     )
     return out
@@ -109,10 +116,10 @@ def moe_combine_triton(cells: torch.Tensor, dtype: torch.dtype, residual: torch.
 
 @triton.jit
 def _combine_norm(
-    cells_ptr, res_ptr, w_ptr, out_ptr, normed_ptr, routed_ptr, col_ptr, cpu_ptr, H, eps, weight_offset,
+    cells_ptr, res_ptr, w_ptr, out_ptr, normed_ptr, dead_ptr, col_ptr, cpu_ptr, H, eps, weight_offset,
     stride_ct, stride_ck, stride_rt, stride_ot, stride_nt,
     K: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
-    USE_PDL: tl.constexpr, HAS_ROUTED: tl.constexpr, HAS_CPU: tl.constexpr,
+    USE_PDL: tl.constexpr, HAS_DEAD: tl.constexpr, HAS_CPU: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -121,9 +128,10 @@ def _combine_norm(
     row = cells_ptr + t * stride_ct + cols
     # K constexpr: the K loads of a row are all in flight at once (one program per row
     # would otherwise wait on them one by one); the sum still runs k = 0..K-1.
-    acc = _cell(row, 0, stride_ck, cols, ok, routed_ptr, col_ptr, cpu_ptr, t * K, H, HAS_ROUTED, HAS_CPU)
+    keep = _live(ok, dead_ptr, t, HAS_DEAD)
+    acc = _cell(row, 0, stride_ck, cols, keep, col_ptr, cpu_ptr, t * K, H, HAS_CPU)
     for k in tl.static_range(1, K):
-        acc += _cell(row, k, stride_ck, cols, ok, routed_ptr, col_ptr, cpu_ptr, t * K + k, H, HAS_ROUTED, HAS_CPU)
+        acc += _cell(row, k, stride_ck, cols, keep, col_ptr, cpu_ptr, t * K + k, H, HAS_CPU)
     res = tl.load(res_ptr + t * stride_rt + cols, mask=ok, other=0.0).to(tl.float32)
     h = round_trip(res + round_trip(acc, DTYPE, INTERP), DTYPE, INTERP)  # the stored h, in fp32 (masked: 0)
     tl.store(out_ptr + t * stride_ot + cols, round_to(h, DTYPE, INTERP), mask=ok)
@@ -150,11 +158,11 @@ def moe_combine_norm_triton(
         return out, normed
     block = triton.next_power_of_2(H)  # NOTE: rms_norm_triton's BLOCK and warps (`norm_warps`)
     pdl = pdl_enabled(cells.device)
-    routed, col, cpu, has_routed, has_cpu = _source_args(sources, cells, T, K)
+    dead, col, cpu, has_dead, has_cpu = _source_args(sources, cells, T)
     _combine_norm[(T,)](
-        cells, residual, weight, out, normed, routed, col, cpu, H, eps, weight_offset,
+        cells, residual, weight, out, normed, dead, col, cpu, H, eps, weight_offset,
         cells.stride(0), cells.stride(1), residual.stride(0), out.stride(0), normed.stride(0),
         K=K, OFFSET=weight_offset != 0.0, DTYPE=tl_dtype(dtype), BLOCK=block, INTERP=interpreting(cells),
-        USE_PDL=pdl, HAS_ROUTED=has_routed, HAS_CPU=has_cpu, launch_pdl=pdl, num_warps=norm_warps(block),
+        USE_PDL=pdl, HAS_DEAD=has_dead, HAS_CPU=has_cpu, launch_pdl=pdl, num_warps=norm_warps(block),
     )
     return out, normed

@@ -22,19 +22,28 @@ FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe read
 
 
 @triton.jit
+def _routed_ids(ids_ptr, dead_ptr, n, N, K, HAS_DEAD: tl.constexpr):
+    """Pairs n's expert ids, -1 past N and on the dead rows (padding)."""
+    idn = tl.load(ids_ptr + n, mask=n < N, other=-1)
+    if HAS_DEAD:
+        idn = tl.where(tl.load(dead_ptr + n // K, mask=n < N, other=0) != 0, -1, idn)
+    return idn
+
+
+@triton.jit
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
                  rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, col_ptr,
-                 N, K, T, H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr,
+                 dead_ptr, N, K, T, H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr,
                  FSHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                  HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, WRITE_COL: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+                 HAS_DEAD: tl.constexpr, USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
     routed = tl.zeros([BLOCK_E], tl.int64)  # pairs routing each expert
     for n0 in range(0, N, HIST):
         nc = n0 + tl.arange(0, HIST)
-        idc = tl.load(ids_ptr + nc, mask=nc < N, other=-1).to(tl.int32)
+        idc = _routed_ids(ids_ptr, dead_ptr, nc, N, K, HAS_DEAD).to(tl.int32)
         routed += tl.histogram(idc, BLOCK_E, mask=idc >= 0).to(tl.int64)
     resident = tl.load(resident_ptr + e, mask=ok_e, other=0)
     miss = (routed > 0) & (resident < 0) & ok_e
@@ -78,7 +87,7 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
     for n0 in range(0, N, CHUNK_N):
         n = n0 + tl.arange(0, CHUNK_N)
         ok_n = n < N
-        idn = tl.load(ids_ptr + n, mask=ok_n, other=-1)
+        idn = _routed_ids(ids_ptr, dead_ptr, n, N, K, HAS_DEAD)
         live = ok_n & (idn >= 0)
         cpu_pair = live & (tl.load(scratch_ptr + tl.where(live, idn, 0), mask=live, other=0) != 0)
         at = count + tl.cumsum(cpu_pair.to(tl.int32), axis=0) - 1
@@ -115,24 +124,26 @@ def _share_finish(out_ptr, mb_count_ptr, dest_ptr, cells_ptr, H, BLOCK_H: tl.con
 
 
 def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                       mb: MailboxBuffers, rule: int = DECODE) -> torch.Tensor:
+                       mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
     T, K = ids.shape
     E, N, H = st.heat.numel(), ids.numel(), x.shape[1]
     assert ids.is_contiguous() and weights.is_contiguous() and x.stride(1) == 1 and mb.x.stride(1) == 1
     assert T <= mb.x.shape[0] and (rule == PROMPT or N < mb.cap), "the step exceeds the mailbox"
     assert st.cpu_col is None or st.cpu_col.numel() >= N, "the step exceeds the pairs' column map"
+    assert dead is None or (dead.shape == (T,) and dead.dtype == torch.bool)
     out = torch.empty_like(ids)
     copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
         ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out,
         mb.pairs, mb.weights, mb.count, mb.x, st.dest, st.scratch,
-        st.cpu_col if st.cpu_col is not None else st.scratch, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
+        st.cpu_col if st.cpu_col is not None else st.scratch, dead if dead is not None else st.scratch,
+        N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule,
         CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-        COPY_X=copy_x, WRITE_COL=st.cpu_col is not None, USE_PDL=pdl, launch_pdl=pdl,
+        COPY_X=copy_x, WRITE_COL=st.cpu_col is not None, HAS_DEAD=dead is not None, USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:
         rows = torch.arange(T, device=x.device)
