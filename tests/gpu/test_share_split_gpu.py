@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from share_split_support import mailbox, state  # noqa: E402
 
-from edgemoe.kernels.share_split import DECODE, PROMPT, share_begin_ref, share_finish_ref  # noqa: E402
+from edgemoe.kernels.share_split import DECODE, PROMPT, share_begin_ref  # noqa: E402
 
 H = 2048
 
@@ -40,16 +40,15 @@ def skewed_ids(E: int, T: int, K: int, g: torch.Generator) -> torch.Tensor:
     (128, 700, 8, PROMPT, 0, (10_000, 200, 210_000, 6_000), 1000, 16),  # the mailbox's pairs bind first
     (512, 300, 10, PROMPT, 0, (50_000, 1_500, 140_000, 6_000), 4096, 16),  # Qwen3.8's 512 experts, top-10
 ])
-def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int, quota: int, rates: tuple,
+def test_begin_matches_the_reference(E: int, T: int, K: int, rule: int, quota: int, rates: tuple,
                                               pairs: int, fraction: int) -> None:
-    from edgemoe.kernels.triton_ops.share_split import share_begin_triton, share_finish_triton
+    from edgemoe.kernels.triton_ops.share_split import share_begin_triton
 
     g = torch.Generator().manual_seed(E * 1000 + T)
     cap = pairs + 1
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.randint(0, 99, (E,), generator=g), -1).int()
-    ref = state(E, cap, resident, quota, rates, fraction=fraction)._replace(cpu_col=torch.zeros(T * K, dtype=torch.int32))
-    tri = state(E, cap, resident, quota, rates, "cuda", fraction=fraction)._replace(
-        cpu_col=torch.zeros(T * K, dtype=torch.int32, device="cuda"))
+    ref = state(E, T * K, resident, quota, rates, fraction=fraction)
+    tri = state(E, T * K, resident, quota, rates, "cuda", fraction=fraction)
     mb_ref, mb_tri = mailbox(T, cap, H), mailbox(T, cap, H, "cuda")
     for step in range(3):  # decode: heat builds up over steps
         ids = skewed_ids(E, T, K, g)
@@ -68,9 +67,6 @@ def test_begin_and_finish_match_the_reference(E: int, T: int, K: int, rule: int,
         n = int(mb_ref.count)
         assert int(mb_tri.count) == n and n > 0
         assert torch.equal(mb_tri.pairs[:, :n].cpu(), mb_ref.pairs[:, :n])
-        assert torch.equal(mb_tri.weights[:n].cpu(), mb_ref.weights[:n]) and torch.equal(tri.dest[:n].cpu(), ref.dest[:n])
+        assert torch.equal(mb_tri.weights[:n].cpu(), mb_ref.weights[:n])
         assert n == 0 or torch.equal(mb_tri.x[:T].cpu(), mb_ref.x[:T])  # x is written for CPU pairs only
-        cells_ref, cells_tri = torch.zeros(T, K, H), torch.zeros(T, K, H, device="cuda")
-        share_finish_ref(mb_ref, ref.dest, cells_ref)
-        share_finish_triton(mb_tri, tri.dest, cells_tri)
-        assert torch.equal(cells_tri.cpu(), cells_ref)
+        assert [int(ref.cpu_col[mb_ref.pairs[2, c]]) for c in range(n)] == list(range(n))  # the mailbox's pairs

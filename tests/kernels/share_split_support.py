@@ -21,13 +21,13 @@ def mailbox(rows: int, cap: int, hidden: int, device: str = "cpu") -> MailboxBuf
     )
 
 
-def state(E: int, cap: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int, int] = (0, 0, 0, 0),
+def state(E: int, pairs: int, resident: torch.Tensor, quota: int, rates: tuple[int, int, int, int] = (0, 0, 0, 0),
           device: str = "cpu", fraction: int = FRACTION_ONE) -> ShareState:
-    """One layer's share state: no heat yet, `quota` coldest misses and `fraction`
-    sixteenths of them (decode), `rates` (prompt)."""
+    """One layer's share state for steps of up to `pairs` pairs: no heat yet, `quota`
+    coldest misses and `fraction` sixteenths of them (decode), `rates` (prompt)."""
     return ShareState(resident.to(device), torch.zeros(E, dtype=torch.int64, device=device),
                       torch.tensor(quota, device=device), torch.tensor(fraction, device=device),
                       torch.tensor(1024, device=device),
                       torch.zeros((), dtype=torch.int64, device=device),
-                      torch.full((cap,), -1, dtype=torch.int64, device=device),
+                      torch.full((pairs,), -7, dtype=torch.int32, device=device),
                       torch.zeros(E, dtype=torch.int32, device=device), torch.tensor(rates, device=device))

@@ -1,6 +1,7 @@
 """The device cache's CPU share, its device side per MoE layer (`moe/cpu_share.py` says what
-and why): `share_begin` picks the CPU's experts and writes the mailbox, `share_finish`
-puts the CPU's cells into the step's cells once the host function is done.
+and why): `share_begin` picks the CPU's experts, writes the mailbox and each pair's
+mailbox column, by which the layer's combine reads the CPU's cells once the host function
+is done (`kernels/cell_sources.py`).
 
 The torch functions are the reference and the CPU path (~30 small ops a layer: 60–90 µs
 of a replayed decode graph on an H200, measured as quota 0's cost against plain offload);
@@ -31,13 +32,12 @@ class ShareState(NamedTuple):
     `heat` [E] int64 (updated in place), `quota`, `fraction` and `heat_unit` 0-d int64
     (the decode pick takes at most `quota` misses and `fraction` sixteenths of the layer's
     misses, rounded half up: `FRACTION_ONE` leaves the quota alone), `cpu_count`
-    0-d int64 (CPU experts, cumulative), `dest` [cap] int64 (each mailbox column's pair
-    index, written here, read by `share_finish`), `scratch` [E] int32 (the fused kernel's),
-    `rates` [4] int64 ns (a CPU expert's fixed cost, each of its tokens; a device expert's
-    copy, and its share of the chunk's grouped GEMMs: the prompt rule's balance);
-    `cpu_col` [≥ T·K] int32 or None: each pair's mailbox column, -1 for the device's
-    (written here when given: a combine reads the CPU's cells from the mailbox by it,
-    `kernels/cell_sources.py`, instead of `share_finish` copying them into the cells)."""
+    0-d int64 (CPU experts, cumulative), `cpu_col` [≥ T·K] int32 (each pair's mailbox
+    column, -1 for the device's: written here, read by the combine, which takes the CPU's
+    cells from the mailbox by it — `kernels/cell_sources.py`), `scratch` [E] int32 (the
+    fused kernel's), `rates` [4] int64 ns (a CPU expert's fixed cost, each of its tokens; a
+    device expert's copy, and its share of the chunk's grouped GEMMs: the prompt rule's
+    balance)."""
 
     resident: torch.Tensor
     heat: torch.Tensor
@@ -45,10 +45,9 @@ class ShareState(NamedTuple):
     fraction: torch.Tensor
     heat_unit: torch.Tensor
     cpu_count: torch.Tensor
-    dest: torch.Tensor
+    cpu_col: torch.Tensor
     scratch: torch.Tensor
     rates: torch.Tensor
-    cpu_col: torch.Tensor | None = None
 
 
 DECODE, PROMPT = 0, 1  # the pick: the quota's coldest misses (decode steps), or the balance (prompt chunks)
@@ -83,7 +82,7 @@ def _fused(t: torch.Tensor) -> bool:
 def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
                 mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
     """Pick the CPU's experts of a layer, write the mailbox (the CPU pairs in pair order:
-    token row, expert, pair index, weight; their count; x's rows when any) and `dest`.
+    token row, expert, pair index, weight; their count; x's rows when any) and `cpu_col`.
     ids [T, K] (-1: not routed), weights [T, K], x [T, H]; `dead` [T] bool or None: rows
     whose pairs count as not routed (a padded batch's padding, masked here rather than by
     a launch of its own). Returns the device's routing: ids with the CPU's pairs and the
@@ -100,16 +99,6 @@ def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: S
 
         return share_begin_triton(ids, weights, x, st, mb, rule, dead)
     return share_begin_ref(ids, weights, x, st, mb, rule, dead)
-
-
-def share_finish(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
-    """cells.view(-1, H)[dest[i]] = mb.out[i] for the mailbox's count of pairs."""
-    if _fused(cells):
-        from edgemoe.kernels.triton_ops.share_split import share_finish_triton
-
-        share_finish_triton(mb, dest, cells)
-        return
-    share_finish_ref(mb, dest, cells)
 
 
 def _routed_misses(ids: torch.Tensor, st: ShareState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -164,13 +153,5 @@ def share_begin_ref(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, s
     rows = torch.arange(x.shape[0], device=x.device)
     # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
     gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
-    st.dest.index_copy_(0, at, pair)
-    if st.cpu_col is not None:
-        st.cpu_col[:N].copy_(torch.where(cpu_pair, at, -1))
+    st.cpu_col[:N].copy_(torch.where(cpu_pair, at, -1))
     return ids.masked_fill(cpu_pair.view(ids.shape), -1)
-
-
-def share_finish_ref(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
-    cols = torch.arange(mb.cap, device=dest.device)
-    valid = torch.where(cols < mb.count.to(dest.device), cols, -1)
-    gather_rows_into(mb.out, valid, cells.view(-1, cells.shape[-1]), dest)

@@ -2,7 +2,7 @@
 hybrid|auto --expert-cache device`): no host read, so a decode step with CPU experts still
 replays from one CUDA graph.
 
-Per MoE layer (`begin` before the layer's waves are planned, `finish` before the k-sum):
+Per MoE layer (`begin` before the layer's waves are planned, `join` before the k-sum):
 1. On the device (`kernels/share_split.py`, one launch): the layer's misses against the
    slot map, and the `quota[layer]` coldest of them go to the CPU: lowest heat first (a
    decayed count of the layer's routings of each expert over earlier decode steps), ties
@@ -20,9 +20,10 @@ Per MoE layer (`begin` before the layer's waves are planned, `finish` before the
    graphs) or `EDGEMOE_CPU_BELL=0`: a side stream runs the same function as a host
    function (`kernels/host_func.py`; a host node in a captured graph), ~20% slower at
    16 GiB (docs/benchmarks.md).
-3. Join: the stream waits for the bell's answer (or the side stream), then one launch
-   copies the CPU cells from the mailbox into the step's [T, K, H] cells; `moe_combine`'s
-   fixed-order k-sum follows.
+3. Join: the stream waits for the bell's answer (or the side stream); `moe_combine`'s
+   fixed-order k-sum follows, reading the CPU's cells from the mailbox where they lie
+   (`join` hands it their columns: `kernels/cell_sources.py`; until 2026-12-04 a launch of
+   its own copied them into the step's [T, K, H] cells first).
 On a CPU the host function is called directly at step 2 (the same mailbox and function).
 
 Steps of more than `rows` tokens (prompt chunks) run every miss on the device, unless the
@@ -45,7 +46,7 @@ from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, share_begin, share_finish
+from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, share_begin
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
@@ -224,8 +225,6 @@ class CpuShare:
             self.mailboxes = HostLayerMailboxes(banks, self.weights, self.kernel, rows, top_k, x.dtype,
                                                 pinned=self.device.type == "cuda", pairs=pairs)
             self._views = device_views(self.mailboxes.buffers, self.device)
-            cap = self.mailboxes.buffers.cap
-            self._dest = torch.full((cap,), -1, dtype=torch.int64, device=self.device)
             self._cpu_col = torch.full((rows * top_k,), -1, dtype=torch.int32, device=self.device)
             self._scratch = torch.zeros(self.num_experts, dtype=torch.int32, device=self.device)
             if self.device.type == "cuda" and bell_wanted() and bell_supported(self.device.index or 0):
@@ -243,7 +242,7 @@ class CpuShare:
         routing (the CPU pairs and dead rows -1)."""
         mb = self._build(x, ids.shape[1])
         state = ShareState(resident, self.heat[layer], self.quota[layer], self.fraction, self.heat_unit,
-                           self.cpu_counts[layer], self._dest, self._scratch, self.rates, self._cpu_col)
+                           self.cpu_counts[layer], self._cpu_col, self._scratch, self.rates)
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
                                  weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule,
                                  dead)
@@ -265,20 +264,15 @@ class CpuShare:
         launch_host_func(self._side, self.mailboxes.function, self.mailboxes.address(layer))
         self._join.record(self._side)
 
-    def finish(self, layer: int, cells: torch.Tensor) -> None:
-        """Wait for the CPU's pairs (on the device) and put their cells into `cells` [T, K, H]."""
-        share_finish(*self.join(layer)[1:], cells)  # type: ignore[arg-type]
-
-    def join(self, layer: int) -> tuple[CellSources, MailboxBuffers, torch.Tensor]:
-        """Wait for the CPU's pairs (on the device); (the combine's sources for their cells:
-        the mailbox rows by `begin`'s column map, read where they lie — `kernels/cell_sources.py`;
-        the mailbox and `dest`, for `share_finish`)."""
+    def join(self, layer: int) -> CellSources:
+        """Wait for the CPU's pairs (on the device); the combine's sources for their cells:
+        the mailbox rows by `begin`'s column map, read where they lie (`kernels/cell_sources.py`)."""
         if self._bell is not None:
             self._bell.wait(torch.cuda.current_stream(), layer)
         elif self.device.type == "cuda":
             torch.cuda.current_stream().wait_event(self._join)
         assert self._views is not None, "join() without begin()"
-        return CellSources(cpu_col=self._cpu_col, cpu_out=self._views.out), self._views, self._dest
+        return CellSources(cpu_col=self._cpu_col, cpu_out=self._views.out)
 
     def refit_rates(self) -> None:
         """The prompt rule's CPU rates from the calls so far (`fit_cpu_rates`, the start-up

@@ -322,7 +322,7 @@ class DeviceOffloadExecutor(CellsExecutor):
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
         if share is None:
             return None, None
-        sources = share.join(layer)[0]
+        sources = share.join(layer)
         return sources.cpu_col, sources.cpu_out
 
     def _dead_rows(self, topk_ids: torch.Tensor, num_padding: int) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""The CPU share's device side as two launches (see `kernels/share_split.py`): the same
+"""The CPU share's device side as one launch (see `kernels/share_split.py`): the same
 values as the torch reference, the mailbox's used columns included."""
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ HIST = 1024  # pairs counted into the experts' histogram at once
 CHUNK_N = 1024  # pairs written to the mailbox at once (a prompt chunk's in several)
 X_IN_KERNEL = 64  # token rows the launch copies itself (one program: a decode batch's)
 BLOCK_H = 1024  # columns a row copy moves at once
-FINISH_PROGRAMS = 8  # the finish's grid for a decode step's few CPU cells (a program a row, strided)
-FINISH_PROGRAMS_PROMPT = 256  # ... and for a prompt chunk's hundreds (PCIe reads in flight)
 
 
 @triton.jit
@@ -32,11 +30,11 @@ def _routed_ids(ids_ptr, dead_ptr, n, N, K, HAS_DEAD: tl.constexpr):
 
 @triton.jit
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
-                 rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, dest_ptr, scratch_ptr, col_ptr,
+                 rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, col_ptr, scratch_ptr,
                  dead_ptr, N, K, T, H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr,
                  FSHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                 HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, WRITE_COL: tl.constexpr,
-                 HAS_DEAD: tl.constexpr, USE_PDL: tl.constexpr):
+                 HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, HAS_DEAD: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
@@ -96,9 +94,7 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
         tl.store(pairs_ptr + cap + at, idn, mask=cpu_pair)
         tl.store(pairs_ptr + 2 * cap + at, n, mask=cpu_pair)
         tl.store(mb_w_ptr + at, tl.load(w_ptr + n, mask=ok_n, other=0.0).to(tl.float32), mask=cpu_pair)
-        tl.store(dest_ptr + at, n.to(tl.int64), mask=cpu_pair)
-        if WRITE_COL:
-            tl.store(col_ptr + n, tl.where(cpu_pair, at, -1), mask=ok_n)
+        tl.store(col_ptr + n, tl.where(cpu_pair, at, -1), mask=ok_n)
         count += tl.sum(cpu_pair.to(tl.int32), axis=0)
     tl.store(mb_count_ptr, count)
     if COPY_X:
@@ -110,52 +106,29 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
                     tl.store(mb_x_ptr + t * stride_mbx + h, v, mask=h < H)
 
 
-@triton.jit
-def _share_finish(out_ptr, mb_count_ptr, dest_ptr, cells_ptr, H, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
-    pid, P = tl.program_id(0), tl.num_programs(0)
-    pdl_start(USE_PDL)
-    count = tl.load(mb_count_ptr)
-    for r in range(pid, count, P):
-        d = tl.load(dest_ptr + r)
-        for h0 in range(0, H, BLOCK_H):
-            h = h0 + tl.arange(0, BLOCK_H)
-            v = tl.load(out_ptr + r * H + h, mask=h < H)  # cap x H: far below 2^31
-            tl.store(cells_ptr + d * H + h, v, mask=h < H)
-
-
 def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
                        mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
     T, K = ids.shape
     E, N, H = st.heat.numel(), ids.numel(), x.shape[1]
     assert ids.is_contiguous() and weights.is_contiguous() and x.stride(1) == 1 and mb.x.stride(1) == 1
     assert T <= mb.x.shape[0] and (rule == PROMPT or N < mb.cap), "the step exceeds the mailbox"
-    assert st.cpu_col is None or st.cpu_col.numel() >= N, "the step exceeds the pairs' column map"
+    assert st.cpu_col.numel() >= N, "the step exceeds the pairs' column map"
     assert dead is None or (dead.shape == (T,) and dead.dtype == torch.bool)
     out = torch.empty_like(ids)
     copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
         ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out,
-        mb.pairs, mb.weights, mb.count, mb.x, st.dest, st.scratch,
-        st.cpu_col if st.cpu_col is not None else st.scratch, dead if dead is not None else st.scratch,
+        mb.pairs, mb.weights, mb.count, mb.x, st.cpu_col, st.scratch, dead if dead is not None else st.scratch,
         N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule,
         CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-        COPY_X=copy_x, WRITE_COL=st.cpu_col is not None, HAS_DEAD=dead is not None, USE_PDL=pdl, launch_pdl=pdl,
+        COPY_X=copy_x, HAS_DEAD=dead is not None, USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:
         rows = torch.arange(T, device=x.device)
         # NOTE: a kernel's stores, not copy_: a device-to-device memcpy may not take a mapped host address.
         gather_rows_into(x if x.is_contiguous() else x.contiguous(), rows, mb.x, rows)
     return out
-
-
-def share_finish_triton(mb: MailboxBuffers, dest: torch.Tensor, cells: torch.Tensor) -> None:
-    H = cells.shape[-1]
-    assert cells.is_contiguous() and cells.dtype == mb.out.dtype
-    pdl = pdl_enabled(cells.device)
-    programs = FINISH_PROGRAMS if cells.shape[0] <= X_IN_KERNEL else FINISH_PROGRAMS_PROMPT  # by shape: capture-safe
-    _share_finish[(programs,)](mb.out, mb.count, dest, cells, H, BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-                               USE_PDL=pdl, launch_pdl=pdl)
