@@ -103,6 +103,14 @@ typedef struct {
 #define EM_LANES 1 /* 0: every thread claims the phase's next task (one shared counter) */
 #endif
 #define EM_MAX_LANES 64
+/* 1: in a call of several experts, a down task waits for its own expert's gate_up tasks
+ * instead of the whole phase's: threads whose lanes are done start the ready experts' down
+ * rows while the phase's last tasks finish (its tail is one task's time, ~10 µs a call at
+ * batch 1 on the GPU machine: scripts/cpu_phase_times.py). A tuning macro for an A/B. */
+#ifndef EM_PHASE_JOIN
+#define EM_PHASE_JOIN 0
+#endif
+#define EM_JOIN_MAX_JOBS 256 /* calls of more experts keep the phase's barrier */
 
 /* A contiguous run of a phase's tasks: `next` is claimed up to `end` (own cache line:
  * the owner claims from it every task). */
@@ -132,6 +140,10 @@ typedef struct {
     em_lane lanes[3][EM_MAX_LANES];
     atomic_long done[3]; /* tasks finished, per phase */
     atomic_int failed;   /* a task could not allocate its scratch: the call returns -2 */
+    int join;            /* EM_PHASE_JOIN in this call: down waits by expert (`up_done`) */
+#if EM_PHASE_JOIN
+    atomic_int up_done[EM_JOIN_MAX_JOBS]; /* gate_up tasks finished, per job */
+#endif
 } em_call;
 
 static inline int64_t em_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -382,6 +394,29 @@ static int64_t em_claim(em_call *c, int ph, int *lane) {
     return -1;
 }
 
+/* Tasks of job j in phase ph. */
+static int64_t em_job_tasks(const em_call *c, int ph, int j) {
+    int64_t end = j + 1 < c->njobs ? c->st[j + 1].start[ph] : c->ntasks[ph];
+    return end - c->st[j].start[ph];
+}
+
+/* With `join`: a down task of job j waits until j's gate_up tasks are done (they are all
+ * claimed: a thread leaves phase 1 only then, so the wait ends). */
+static void em_join_job(em_call *c, int j) {
+#if EM_PHASE_JOIN
+    int64_t want = em_job_tasks(c, 1, j);
+    for (long spins = 0; atomic_load(&c->up_done[j]) < want; spins++) {
+        if (spins < EM_SPIN_WAIT)
+            em_relax();
+        else
+            sched_yield();
+    }
+#else
+    (void)c;
+    (void)j;
+#endif
+}
+
 static void em_run_phase(em_call *c, int ph) {
     int lane = -1;
     for (;; atomic_fetch_add(&c->done[ph], 1)) {
@@ -391,6 +426,7 @@ static void em_run_phase(em_call *c, int ph) {
         const em_job *jb = &c->jobs[j];
         const em_jobstate *s = &c->st[j];
         int64_t q = task - s->start[ph];
+        if (ph == 2 && c->join) em_join_job(c, j);
         if (ph == 0) {
             em_pack(c, jb, s, (int)q);
 #if EM_HAS_GEMM
@@ -420,6 +456,9 @@ static void em_run_phase(em_call *c, int ph) {
         } else {
             em_down_gemv(c, jb, s, q);
         }
+#if EM_PHASE_JOIN
+        if (ph == 1 && c->join) atomic_fetch_add(&c->up_done[j], 1); /* seq_cst: publishes its h rows */
+#endif
     }
 }
 
@@ -434,7 +473,7 @@ static void em_call_task(void *ctx) {
     for (int ph = 0; ph < 3; ph++) {
         em_run_phase(c, ph);
         EM_PT_MARK(me, 1 + 2 * ph);
-        em_wait_count(&c->done[ph], c->ntasks[ph]);
+        if (ph != 1 || !c->join) em_wait_count(&c->done[ph], c->ntasks[ph]); /* join: down waits by expert */
         EM_PT_MARK(me, 2 + 2 * ph);
     }
 #if defined(EM_ISA_AMX)
@@ -535,6 +574,7 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
     pthread_mutex_lock(&c.pool->call_lock);
     int rc = em_plan(&c, gemm_min_tokens);
     if (rc == 0) em_plan_lanes(&c);
+    c.join = EM_PHASE_JOIN && njobs > 1 && njobs <= EM_JOIN_MAX_JOBS;
     EM_PT_CALL_START();
     if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
     EM_PT_CALL_END();
