@@ -282,7 +282,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
         if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
-        cpu: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        cpu: CellSources | None = None
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             if self.lending is not None and not self.lending.lent:  # a caller that skipped before_step
                 self.lending.lend()
@@ -292,7 +292,7 @@ class DeviceOffloadExecutor(CellsExecutor):
             cpu = self._planned(layer, x, topk_ids, dead, topk_weights, cells, prefetch)
         # Padding rows' cells were never written, the CPU's lie in its mailbox: the combine
         # reads 0 and the mailbox rows for them (no launch of their own on the chain).
-        self._sources = CellSources(dead, *cpu) if dead is not None or cpu[0] is not None else None
+        self._sources = (cpu or CellSources())._replace(dead=dead) if dead is not None or cpu is not None else None
         return cells
 
     def _take_sources(self) -> CellSources | None:
@@ -300,11 +300,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         return sources
 
     def _planned(self, layer: int, x, ids, dead, topk_weights, cells,  # noqa: ANN001
-                 prefetch: DecodePrefetch | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                 prefetch: DecodePrefetch | None) -> CellSources | None:
         """The cache plans the layer's waves of `ids` without the `dead` rows' ([T] bool or
         None); the CPU share (if any) takes its pairs first; `prefetch`: the decode prefetch
-        when this step prefetches. Returns where the CPU's cells lie (`CellSources`'
-        cpu_col, cpu_out; (None, None): no share ran)."""
+        when this step prefetches. Returns where the CPU's cells lie (None: no share ran)."""
         share, rule = self._share_rule(x)
         if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
             routed = ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
@@ -320,10 +319,7 @@ class DeviceOffloadExecutor(CellsExecutor):
                     prefetch.launch(layer, x, routed, p.slot_ids)
                     prefetch.join(layer)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
-        if share is None:
-            return None, None
-        sources = share.join(layer)
-        return sources.cpu_col, sources.cpu_out
+        return None if share is None else share.join(layer)
 
     def _dead_rows(self, topk_ids: torch.Tensor, num_padding: int) -> torch.Tensor | None:
         """The padding rows [T] bool (the runner's live rows, else the last `num_padding`), or None."""
