@@ -187,7 +187,10 @@ def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt) -> None:  
         ctl = llm.engine.runtime.executor.controller
     assert ctl is not None and moe["expert_cache"] == "device"
     assert moe["experts_cpu"] > 0 and moe["cpu_calls"] > 0
-    assert moe["cpu_quota_per_layer"] == ctl.level / 4 and moe["cpu_quota_windows"] == ctl.windows
+    # In the live scale's unit (the fraction of each layer's misses by default, sixteenths):
+    # level / 4 held only while the controller sat at level 0.
+    assert moe["cpu_quota_unit"] == ctl.scale.unit
+    assert moe["cpu_quota_per_layer"] == ctl.level / ctl.scale.per_unit and moe["cpu_quota_windows"] == ctl.windows
 
 
 def test_prompt_cpu_runs_prompt_chunks_through_the_share(qwen3_ckpt) -> None:  # noqa: ANN001
