@@ -306,9 +306,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         when this step prefetches. Returns where the CPU's cells lie (None: no share ran)."""
         share, rule = self._share_rule(x)
         if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
-            routed = ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
+            ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
         else:
-            routed = ids = _masked(ids, dead)
+            routed = ids = _masked(ids, dead)  # the prefetch counts its hits against the whole routing
             if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
                 ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
