@@ -8,7 +8,8 @@ running on the link while the chain runs and spilling into the next layer — fe
 later for more copies now?
 
 Each layer of synthetic routing's trace (`moe/synthetic_routing.py`, at the scenario's
-slots, plain LRU) is charged the latest of its CPU call (`fixed + k·cpu`), its link (its
+slots, plain LRU in a pool of its own: `replay_share`'s `SlotCache` can neither admit an
+expert outside an access nor evict by heat) is charged the latest of its CPU call (`fixed + k·cpu`), its link (its
 own copies and the admission's spill) and the host's memory (every expert read by either,
 at `--host-gbps`: the copies and the CPU draw on one memory, 122 GB/s together on the GPU
 machine, 2026-12-02), plus `--chain-us`; the fraction of each layer's misses on the CPU is
