@@ -21,8 +21,9 @@ PDL is ~8% longer; the shares are what this script is for.
 
 It also sums the device's idle gaps between kernels by the kernel that came next: with the
 CPU share (`moe_backend=hybrid cpu_experts_per_layer=2 routing=synthetic gpu_memory=16GiB
-kv_tokens=8192`) the gap before `_combine_norm` is the wait for the CPU's experts (before
-`_share_finish` until 2026-12-04).
+kv_tokens=8192`) the wait for the CPU's experts is inside `_combine_norm` in a decode step
+(its launch spins on the bell's answer; the gap before it while the stream waited, until
+2026-12-04 16:00 UTC, and before `_share_finish` until 14:00).
 
 Two settings are the script's own: `model=` (default random:qwen3-30b-a3b) and
 `quotas=6.5,5,8` (with a fixed share, `cpu_experts_per_layer=N`: one profile per quota, set
@@ -226,7 +227,7 @@ def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str,
         table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
     span = sum(g for g, _ in gaps.values())
     print(f"{span / STEPS:.0f} µs a step with no kernel running, by the kernel that ran next "
-          "(the CPU share's wait shows before `_combine_norm`):")
+          "(the CPU share's decode wait is inside `_combine_norm`):")
     for name, (us, calls) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:12]:
         print(f"{us / STEPS:9.1f} {calls / STEPS:6.1f}  {name[:110]}")
     return {"label": label, "steps": STEPS, "us_per_step": total / STEPS, "busy_us_per_step": busy,

@@ -9,24 +9,34 @@ the share's finish copy, ~7 µs with their gaps on an H200); the combine reads t
 they are instead (`triton_ops/moe_combine.py`), the same values: the k-sum is bitwise
 what the buffer written first would give.
 
-`apply_sources` is the reference and the torch path: it writes them into the buffer.
+The CPU's cells are read only once the CPU is done: `ready` names the bell's turn the
+combine awaits from inside its launch (`kernels/cpu_bell.py`); without it the stream
+already waited.
+
+`apply_sources` is the reference and the torch path: it writes them into the buffer
+(after awaiting `ready` on the stream).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from edgemoe.kernels.cpu_bell import BellTurn
 
 
 class CellSources(NamedTuple):
     """`dead` [T] bool (or None): a padding row, whose pairs route nothing: its cells
     are 0; `cpu_col` [≥ T·K] int32 (or None): pair p = t·K + k whose `cpu_col[p]` ≥ 0 has
-    its cell in row `cpu_col[p]` of `cpu_out` [cap, H] fp32 (the CPU share's mailbox)."""
+    its cell in row `cpu_col[p]` of `cpu_out` [cap, H] fp32 (the CPU share's mailbox);
+    `ready` (or None): the bell's turn to await before reading `cpu_out`."""
 
     dead: torch.Tensor | None = None
     cpu_col: torch.Tensor | None = None
     cpu_out: torch.Tensor | None = None
+    ready: BellTurn | None = None
 
 
 def apply_sources(cells: torch.Tensor, sources: CellSources | None) -> torch.Tensor:
@@ -35,6 +45,10 @@ def apply_sources(cells: torch.Tensor, sources: CellSources | None) -> torch.Ten
         return cells
     T, K, H = cells.shape
     flat = cells.view(T * K, H)
+    if sources.ready is not None:
+        from edgemoe.kernels.cpu_bell import await_turn
+
+        await_turn(sources.ready)
     if sources.cpu_col is not None:
         assert sources.cpu_out is not None
         col = sources.cpu_col[: T * K].long()

@@ -1,12 +1,19 @@
 """The CPU share's bell: a C thread that runs a layer's mailbox when the device rings, in
 place of a host node (`kernels/cpu/em_host.h` says the protocol).
 
-On the device the ring and the wait are stream memory operations (`cuStreamWriteValue32`
-after the mailbox writes, `cuStreamWaitValue32` before the CPU's cells are read back),
-which a CUDA graph captures as memory-operation nodes: no driver callback thread, no
-events, no side stream. The two words live in page-locked host memory the device reaches
-through its mapping. `bell_supported` probes the driver once (the operations, and their
-capture in a graph); `EDGEMOE_CPU_BELL=0` keeps the host node.
+A decode step's layer rings and awaits it from inside its launches (`BellTurn`: the share's
+launch publishes the ring once the mailbox is written, the combine spins until the layer is
+done, `triton_ops/host_words.py`): no node between two launches, so programmatic
+dependent launch runs through the hand-off. Elsewhere (prompt chunks, the torch path) the
+ring and the wait are stream memory operations (`cuStreamWriteValue32` after the mailbox
+writes, `cuStreamWaitValue32` before the CPU's cells are read back), which a CUDA graph
+captures as memory-operation nodes: no driver callback thread, no events, no side stream.
+The two words live in page-locked host memory the device reaches through its mapping.
+`bell_supported` probes the driver once (the operations, and their capture in a graph);
+`EDGEMOE_CPU_BELL=0` keeps the host node.
+
+Each ring first clears `done`, so a layer never reads its own previous step's answer (a
+model with one MoE layer rings the same value every step).
 
 `CpuBell.ring_host` / `wait_host` do the device's part from the host: the CPU tests drive
 the thread with them.
@@ -19,6 +26,7 @@ import functools
 import logging
 import os
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -62,15 +70,38 @@ def _wait(stream: torch.cuda.Stream, addr: int, value: int) -> None:
     _memop("cuStreamWaitValue32", stream, addr, value, WAIT_EQ)
 
 
-def _words(device: torch.device | None) -> tuple[torch.Tensor, int]:
+def _words(device: torch.device | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two int32 words a cache line apart (page-locked when a GPU uses them), and their
-    device address (the host's without a GPU)."""
+    device-visible view (the words themselves without a GPU)."""
     words = torch.zeros(2 * LINE, dtype=torch.int32, pin_memory=device is not None and device.type == "cuda")
     if device is None or device.type != "cuda":
-        return words, words.data_ptr()
+        return words, words
     from edgemoe.moe.pinning import uva_view
 
-    return words, uva_view(words, device).data_ptr()
+    return words, uva_view(words, device)
+
+
+class BellTurn(NamedTuple):
+    """One layer's turn at the bell, as kernels ring and await it: `ring` and `done` [1]
+    int32 (device-visible views of the words), `value` the layer's (its mailbox row + 1).
+    A launch clears `done`, writes the mailbox and publishes `value` in `ring`; a later
+    launch spins until `done` holds `value` (`triton_ops/host_words.py`)."""
+
+    ring: torch.Tensor
+    done: torch.Tensor
+    value: int
+
+
+def await_turn(turn: BellTurn) -> None:
+    """Wait for `turn`'s answer outside a kernel: on a GPU the current stream waits (a
+    stream memory operation), on the host this thread spins."""
+    if turn.done.is_cuda:
+        _wait(torch.cuda.current_stream(turn.done.device), turn.done.data_ptr(), turn.value)
+        return
+    deadline = time.monotonic() + 10.0
+    while int(turn.done[0]) != turn.value:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the CPU share's bell: value {turn.value} not done in 10 s")
 
 
 def bell_wanted() -> bool:
@@ -108,8 +139,7 @@ class CpuBell:
 
     def __init__(self, mailboxes: HostLayerMailboxes, device: torch.device | None) -> None:
         self.mailboxes = mailboxes
-        self.words, dev = _words(device)
-        self._ring_dev, self._done_dev = dev, dev + LINE * 4
+        self.words, self._view = _words(device)
         host = self.words.data_ptr()
         lib = mailboxes.kernel.lib
         assert lib is not None
@@ -122,13 +152,21 @@ class CpuBell:
     def row(self, layer: int) -> int:
         return self.mailboxes.layer_row[layer]
 
+    def turn(self, layer: int) -> BellTurn:
+        """`layer`'s turn, for kernels that ring and await it themselves."""
+        return BellTurn(self._view[0:1], self._view[LINE:LINE + 1], self.row(layer) + 1)
+
     def ring(self, stream: torch.cuda.Stream, layer: int) -> None:
-        """On `stream`, after its earlier work: run `layer`'s mailbox on the CPU."""
-        _write(stream, self._ring_dev, self.row(layer) + 1)
+        """On `stream`, after its earlier work: run `layer`'s mailbox on the CPU (`done`
+        cleared first: see the module)."""
+        turn = self.turn(layer)
+        _write(stream, turn.done.data_ptr(), 0)
+        _write(stream, turn.ring.data_ptr(), turn.value)
 
     def wait(self, stream: torch.cuda.Stream, layer: int) -> None:
         """On `stream`: later work waits until `layer`'s mailbox has run."""
-        _wait(stream, self._done_dev, self.row(layer) + 1)
+        turn = self.turn(layer)
+        _wait(stream, turn.done.data_ptr(), turn.value)
 
     def ring_host(self, layer: int) -> None:
         self.words[0] = self.row(layer) + 1

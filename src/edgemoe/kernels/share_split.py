@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from edgemoe.kernels.backend import triton_importable
+from edgemoe.kernels.cpu_bell import BellTurn
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
 from edgemoe.kernels.row_gather import gather_rows_into
 
@@ -79,8 +80,19 @@ def _fused(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_importable()
 
 
+def rings_itself(ids: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether `share_begin` can ring the CPU share's bell from its own launch (a `turn`):
+    the Triton launch of a decode batch, which writes the whole mailbox itself."""
+    if not _fused(ids):
+        return False
+    from edgemoe.kernels.triton_ops.share_split import copies_x_itself
+
+    return copies_x_itself(x)
+
+
 def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
+                mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None,
+                turn: BellTurn | None = None) -> torch.Tensor:
     """Pick the CPU's experts of a layer, write the mailbox (the CPU pairs in pair order:
     token row, expert, pair index, weight; their count; x's rows when any) and `cpu_col`.
     ids [T, K] (-1: not routed), weights [T, K], x [T, H]; `dead` [T] bool or None: rows
@@ -93,11 +105,13 @@ def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: S
     - PROMPT: the misses with the fewest tokens (ties to the higher id), as many as keep
       the CPU's predicted time (`rates`: fixed + per token, each) within the device's
       for the rest (the other misses' copies, and every routed expert's GEMMs but the
-      CPU's), and their pairs within the mailbox; heat untouched."""
+      CPU's), and their pairs within the mailbox; heat untouched.
+    `turn` (only where `rings_itself`): the bell's, rung once the mailbox is written."""
     if _fused(ids):
         from edgemoe.kernels.triton_ops.share_split import share_begin_triton
 
-        return share_begin_triton(ids, weights, x, st, mb, rule, dead)
+        return share_begin_triton(ids, weights, x, st, mb, rule, dead, turn)
+    assert turn is None, "the torch path rings the bell on the stream"
     return share_begin_ref(ids, weights, x, st, mb, rule, dead)
 
 

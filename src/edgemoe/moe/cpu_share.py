@@ -13,17 +13,20 @@ Per MoE layer (`begin` before the layer's waves are planned, `join` before the k
    without them). Their pairs (token row, expert, pair index, weight), their count and
    the step's token rows are written into the mailbox (`kernels/cpu_host_layer.py`),
    pinned host memory the device writes through mapped views.
-2. Hand-off: the stream rings the bell (`kernels/cpu_bell.py`: a stream memory write the
-   C thread polls for) and the thread runs `em_host_layer(mailbox)`: the C kernel computes
+2. Hand-off: the bell rings (`kernels/cpu_bell.py`: a word the C thread polls for, written
+   by step 1's launch itself in a decode step, else by a stream memory write after it)
+   and the thread runs `em_host_layer(mailbox)`: the C kernel computes
    the CPU pairs' weighted cells from the store's banks while the stream moves and
    computes the GPU's pairs. Where the driver can't (no stream memory operations in
    graphs) or `EDGEMOE_CPU_BELL=0`: a side stream runs the same function as a host
    function (`kernels/host_func.py`; a host node in a captured graph), ~20% slower at
    16 GiB (docs/benchmarks.md).
-3. Join: the stream waits for the bell's answer (or the side stream); `moe_combine`'s
-   fixed-order k-sum follows, reading the CPU's cells from the mailbox where they lie
-   (`join` hands it their columns: `kernels/cell_sources.py`; until 2026-12-04 a launch of
-   its own copied them into the step's [T, K, H] cells first).
+3. Join: the bell's answer is awaited — by the combine's launch itself where step 1's
+   launch rang (it spins on the answer word), else by the stream (or it waits for the
+   side stream); `moe_combine`'s fixed-order k-sum follows, reading the CPU's cells from
+   the mailbox where they lie (`join` hands it their columns and the turn to await:
+   `kernels/cell_sources.py`; until 2026-12-04 a launch of its own copied them into the
+   step's [T, K, H] cells first).
 On a CPU the host function is called directly at step 2 (the same mailbox and function).
 
 Steps of more than `rows` tokens (prompt chunks) run every miss on the device, unless the
@@ -43,10 +46,10 @@ import os
 import torch
 
 from edgemoe.kernels.cell_sources import CellSources
-from edgemoe.kernels.cpu_bell import CpuBell, bell_supported, bell_wanted
+from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, share_begin
+from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, rings_itself, share_begin
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
@@ -174,6 +177,7 @@ class CpuShare:
         self.mailboxes: HostLayerMailboxes | None = None
         self._views: MailboxBuffers | None = None
         self._bell: CpuBell | None = None  # the hand-off on a GPU where the driver allows (kernels/cpu_bell.py)
+        self._turn: BellTurn | None = None  # the turn the last `begin` rang from its launch (its join's combine awaits it)
         if device.type == "cuda":
             self._side = torch.cuda.Stream(device)
             self._fork, self._join = torch.cuda.Event(), torch.cuda.Event()
@@ -243,10 +247,13 @@ class CpuShare:
         mb = self._build(x, ids.shape[1])
         state = ShareState(resident, self.heat[layer], self.quota[layer], self.fraction, self.heat_unit,
                            self.cpu_counts[layer], self._cpu_col, self._scratch, self.rates)
+        in_launch = self._bell is not None and rings_itself(ids, x)
+        self._turn = self._bell.turn(layer) if in_launch else None
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),
                                  weights if weights.is_contiguous() else weights.contiguous(), x, state, mb, rule,
-                                 dead)
-        self._launch(layer)
+                                 dead, self._turn)
+        if self._turn is None:
+            self._launch(layer)
         return device_ids
 
     def _launch(self, layer: int) -> None:
@@ -265,14 +272,17 @@ class CpuShare:
         self._join.record(self._side)
 
     def join(self, layer: int) -> CellSources:
-        """Wait for the CPU's pairs (on the device); the combine's sources for their cells:
-        the mailbox rows by `begin`'s column map, read where they lie (`kernels/cell_sources.py`)."""
-        if self._bell is not None:
+        """The combine's sources for the CPU's cells: the mailbox rows by `begin`'s column
+        map, read where they lie (`kernels/cell_sources.py`), once the CPU is done — the
+        combine awaits the bell's turn itself where `begin`'s launch rang, else the stream
+        waits here."""
+        turn, self._turn = self._turn, None
+        if turn is None and self._bell is not None:
             self._bell.wait(torch.cuda.current_stream(), layer)
-        elif self.device.type == "cuda":
+        elif turn is None and self.device.type == "cuda":
             torch.cuda.current_stream().wait_event(self._join)
         assert self._views is not None, "join() without begin()"
-        return CellSources(cpu_col=self._cpu_col, cpu_out=self._views.out)
+        return CellSources(cpu_col=self._cpu_col, cpu_out=self._views.out, ready=turn)
 
     def refit_rates(self) -> None:
         """The prompt rule's CPU rates from the calls so far (`fit_cpu_rates`, the start-up

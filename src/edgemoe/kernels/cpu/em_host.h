@@ -154,11 +154,12 @@ void em_host_layer(void *mailbox) {
 
 /* The bell: a host thread that runs a layer's mailbox as soon as the device asks, in
  * place of a host node (whose round trip through the driver's callback thread costs tens
- * of µs a layer). The device writes `ring` = row + 1 (a stream memory operation, after
- * the mailbox writes) and later waits on the stream for `done` == row + 1; the thread
- * resets ring, runs em_host_layer on mailbox `row` of the table, then publishes done.
- * Each layer of a step has its own value, so neither word needs resetting by the device
- * and a graph replays the same constants every step. The thread spins while rings come
+ * of µs a layer). The device clears `done`, then writes `ring` = row + 1 after the mailbox
+ * writes (a release store from the launch that wrote them, or a stream memory operation
+ * after it) and later waits for `done` == row + 1 (an acquire spin in the combine's
+ * launch, or on the stream); the thread resets ring, runs em_host_layer on mailbox `row`
+ * of the table, then publishes done. Each layer of a step has its own value, so a graph
+ * replays the same constants every step. The thread spins while rings come
  * (a decode step's layers are a few hundred µs apart), then polls every 20 µs, and
  * after a second idle every 500 µs. */
 typedef struct {

@@ -6,7 +6,8 @@ which is what torch's `residual + moe_out` does in bf16/fp16: bitwise equal to t
 unfused torch code.
 
 Both read a pair's cell where `kernels/cell_sources.py` says when given sources: 0 for a
-pair that routes nothing, the CPU share's mailbox row for a CPU pair.
+pair that routes nothing, the CPU share's mailbox row for a CPU pair — after spinning
+until the CPU is done where the sources name the bell's turn (`triton_ops/host_words.py`).
 
 `moe_combine_norm_triton` also writes the next layer's input RMSNorm of that row (one
 program per token row, the whole row in registers): the norm is `triton_ops/norm.py`'s
@@ -29,6 +30,7 @@ from edgemoe.kernels.triton_ops.common import (
     round_trip,
     tl_dtype,
 )
+from edgemoe.kernels.triton_ops.host_words import await_value
 from edgemoe.kernels.triton_ops.norm import norm_row, norm_warps
 
 COMBINE_BLOCK, COMBINE_WARPS = 512, 4
@@ -55,30 +57,40 @@ def _live(ok, dead_ptr, t, HAS_DEAD: tl.constexpr):
     return ok
 
 
+@triton.jit
+def _await_cpu(ready_ptr, ready_value, INTERP: tl.constexpr, WAIT: tl.constexpr):
+    """Where the sources name the bell's turn: spin until the CPU's cells are written."""
+    if WAIT:
+        await_value(ready_ptr, ready_value, INTERP)
+
+
 def _source_args(sources: CellSources | None, cells: torch.Tensor, T: int) -> tuple:
-    """(dead, cpu_col, cpu_out, HAS_DEAD, HAS_CPU) launch arguments (cells as the unused
-    pointers' stand-in)."""
+    """(dead, cpu_col, cpu_out, ready word, ready value, HAS_DEAD, HAS_CPU, WAIT) launch
+    arguments (cells as the unused pointers' stand-in)."""
     dead = sources.dead if sources is not None else None
     col = sources.cpu_col if sources is not None else None
+    ready = sources.ready if sources is not None else None
     if dead is not None:
         assert dead.shape == (T,) and dead.dtype == torch.bool
     if col is not None:
         assert sources.cpu_out is not None and col.numel() >= T * cells.shape[1]
         assert sources.cpu_out.dtype == torch.float32
     return (dead if dead is not None else cells, col if col is not None else cells,
-            sources.cpu_out if col is not None else cells, dead is not None, col is not None)
+            sources.cpu_out if col is not None else cells, ready.done if ready is not None else cells,
+            ready.value if ready is not None else 0, dead is not None, col is not None, ready is not None)
 
 
 @triton.jit
 def _combine(
-    cells_ptr, res_ptr, out_ptr, dead_ptr, col_ptr, cpu_ptr, H, K, stride_ct, stride_ck, stride_rt, stride_ot,
-    HAS_RES: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_DEAD: tl.constexpr, HAS_CPU: tl.constexpr,
+    cells_ptr, res_ptr, out_ptr, dead_ptr, col_ptr, cpu_ptr, ready_ptr, ready_value, H, K, stride_ct, stride_ck,
+    stride_rt, stride_ot, HAS_RES: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+    USE_PDL: tl.constexpr, HAS_DEAD: tl.constexpr, HAS_CPU: tl.constexpr, WAIT: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H
     pdl_start(USE_PDL)
+    _await_cpu(ready_ptr, ready_value, INTERP, WAIT)
     row = cells_ptr + t * stride_ct + cols
     keep = _live(ok, dead_ptr, t, HAS_DEAD)
     acc = _cell(row, 0, stride_ck, cols, keep, col_ptr, cpu_ptr, t * K, H, HAS_CPU)
@@ -104,11 +116,11 @@ def moe_combine_triton(cells: torch.Tensor, dtype: torch.dtype, residual: torch.
         residual = residual.contiguous()
     res = residual if residual is not None else out  # unused when HAS_RES is False
     pdl = pdl_enabled(cells.device)
-    dead, col, cpu, has_dead, has_cpu = _source_args(sources, cells, T)
+    dead, col, cpu, ready, value, has_dead, has_cpu, wait = _source_args(sources, cells, T)
     _combine[(T, triton.cdiv(H, COMBINE_BLOCK))](
-        cells, res, out, dead, col, cpu, H, K, cells.stride(0), cells.stride(1), res.stride(0), out.stride(0),
-        HAS_RES=residual is not None, DTYPE=tl_dtype(dtype), BLOCK=COMBINE_BLOCK,
-        INTERP=interpreting(cells), USE_PDL=pdl, HAS_DEAD=has_dead, HAS_CPU=has_cpu, launch_pdl=pdl,
+        cells, res, out, dead, col, cpu, ready, value, H, K, cells.stride(0), cells.stride(1), res.stride(0),
+        out.stride(0), HAS_RES=residual is not None, DTYPE=tl_dtype(dtype), BLOCK=COMBINE_BLOCK,
+        INTERP=interpreting(cells), USE_PDL=pdl, HAS_DEAD=has_dead, HAS_CPU=has_cpu, WAIT=wait, launch_pdl=pdl,
         num_warps=COMBINE_WARPS,
     )
     return out
@@ -116,15 +128,16 @@ def moe_combine_triton(cells: torch.Tensor, dtype: torch.dtype, residual: torch.
 
 @triton.jit
 def _combine_norm(
-    cells_ptr, res_ptr, w_ptr, out_ptr, normed_ptr, dead_ptr, col_ptr, cpu_ptr, H, eps, weight_offset,
-    stride_ct, stride_ck, stride_rt, stride_ot, stride_nt,
+    cells_ptr, res_ptr, w_ptr, out_ptr, normed_ptr, dead_ptr, col_ptr, cpu_ptr, ready_ptr, ready_value, H, eps,
+    weight_offset, stride_ct, stride_ck, stride_rt, stride_ot, stride_nt,
     K: tl.constexpr, OFFSET: tl.constexpr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
-    USE_PDL: tl.constexpr, HAS_DEAD: tl.constexpr, HAS_CPU: tl.constexpr,
+    USE_PDL: tl.constexpr, HAS_DEAD: tl.constexpr, HAS_CPU: tl.constexpr, WAIT: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < H
     pdl_start(USE_PDL)
+    _await_cpu(ready_ptr, ready_value, INTERP, WAIT)
     row = cells_ptr + t * stride_ct + cols
     # K constexpr: the K loads of a row are all in flight at once (one program per row
     # would otherwise wait on them one by one); the sum still runs k = 0..K-1.
@@ -158,11 +171,11 @@ def moe_combine_norm_triton(
         return out, normed
     block = triton.next_power_of_2(H)  # NOTE: rms_norm_triton's BLOCK and warps (`norm_warps`)
     pdl = pdl_enabled(cells.device)
-    dead, col, cpu, has_dead, has_cpu = _source_args(sources, cells, T)
+    dead, col, cpu, ready, value, has_dead, has_cpu, wait = _source_args(sources, cells, T)
     _combine_norm[(T,)](
-        cells, residual, weight, out, normed, dead, col, cpu, H, eps, weight_offset,
+        cells, residual, weight, out, normed, dead, col, cpu, ready, value, H, eps, weight_offset,
         cells.stride(0), cells.stride(1), residual.stride(0), out.stride(0), normed.stride(0),
         K=K, OFFSET=weight_offset != 0.0, DTYPE=tl_dtype(dtype), BLOCK=block, INTERP=interpreting(cells),
-        USE_PDL=pdl, HAS_DEAD=has_dead, HAS_CPU=has_cpu, launch_pdl=pdl, num_warps=norm_warps(block),
+        USE_PDL=pdl, HAS_DEAD=has_dead, HAS_CPU=has_cpu, WAIT=wait, launch_pdl=pdl, num_warps=norm_warps(block),
     )
     return out, normed

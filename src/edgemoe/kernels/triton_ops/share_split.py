@@ -1,5 +1,7 @@
 """The CPU share's device side as one launch (see `kernels/share_split.py`): the same
-values as the torch reference, the mailbox's used columns included."""
+values as the torch reference, the mailbox's used columns included. Given the bell's turn
+(a decode batch, whose x rows it copies itself) it rings the bell too, once the mailbox is
+written (`triton_ops/host_words.py`)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.cpu_bell import BellTurn
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
 from edgemoe.kernels.row_gather import gather_rows_into
 from edgemoe.kernels.share_split import DECODE, FRACTION_SHIFT, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
-from edgemoe.kernels.triton_ops.common import pdl_start
+from edgemoe.kernels.triton_ops.common import interpreting, pdl_start
+from edgemoe.kernels.triton_ops.host_words import publish
 
 HIST = 1024  # pairs counted into the experts' histogram at once
 CHUNK_N = 1024  # pairs written to the mailbox at once (a prompt chunk's in several)
@@ -31,13 +35,16 @@ def _routed_ids(ids_ptr, dead_ptr, n, N, K, HAS_DEAD: tl.constexpr):
 @triton.jit
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
                  rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, col_ptr, scratch_ptr,
-                 dead_ptr, N, K, T, H, E, cap, stride_x, stride_mbx, BIG: tl.constexpr, SHIFT: tl.constexpr,
-                 FSHIFT: tl.constexpr, RULE: tl.constexpr, CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-                 HIST: tl.constexpr, BLOCK_H: tl.constexpr, COPY_X: tl.constexpr, HAS_DEAD: tl.constexpr,
+                 dead_ptr, ring_ptr, done_ptr, ring_value, N, K, T, H, E, cap, stride_x, stride_mbx,
+                 BIG: tl.constexpr, SHIFT: tl.constexpr, FSHIFT: tl.constexpr, RULE: tl.constexpr,
+                 CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr, HIST: tl.constexpr, BLOCK_H: tl.constexpr,
+                 COPY_X: tl.constexpr, HAS_DEAD: tl.constexpr, RING: tl.constexpr, INTERP: tl.constexpr,
                  USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
+    if RING:  # the layer's last answer cleared before its ring (published after this store)
+        tl.store(done_ptr, 0)
     routed = tl.zeros([BLOCK_E], tl.int64)  # pairs routing each expert
     for n0 in range(0, N, HIST):
         nc = n0 + tl.arange(0, HIST)
@@ -104,28 +111,40 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
                     h = h0 + tl.arange(0, BLOCK_H)
                     v = tl.load(x_ptr + t * stride_x + h, mask=h < H)
                     tl.store(mb_x_ptr + t * stride_mbx + h, v, mask=h < H)
+    if RING:  # the mailbox is written: the CPU may run it
+        publish(ring_ptr, ring_value, INTERP)
+
+
+def copies_x_itself(x: torch.Tensor) -> bool:
+    """Whether the launch copies x's rows into the mailbox itself (a decode batch's; a
+    prompt chunk's take a wide gather after it): then it can ring the bell too."""
+    return x.shape[0] <= X_IN_KERNEL
 
 
 def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: ShareState,
-                       mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
+                       mb: MailboxBuffers, rule: int = DECODE, dead: torch.Tensor | None = None,
+                       turn: BellTurn | None = None) -> torch.Tensor:
     T, K = ids.shape
     E, N, H = st.heat.numel(), ids.numel(), x.shape[1]
     assert ids.is_contiguous() and weights.is_contiguous() and x.stride(1) == 1 and mb.x.stride(1) == 1
     assert T <= mb.x.shape[0] and (rule == PROMPT or N < mb.cap), "the step exceeds the mailbox"
     assert st.cpu_col.numel() >= N, "the step exceeds the pairs' column map"
     assert dead is None or (dead.shape == (T,) and dead.dtype == torch.bool)
+    copy_x = copies_x_itself(x)
+    assert turn is None or copy_x, "the bell rings from the launch only when it writes the whole mailbox"
     out = torch.empty_like(ids)
-    copy_x = T <= X_IN_KERNEL  # a decode batch's rows: in the launch; a prompt chunk's: a wide gather after
     pdl = pdl_enabled(ids.device)
     _share_begin[(1,)](
         ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out,
         mb.pairs, mb.weights, mb.count, mb.x, st.cpu_col, st.scratch, dead if dead is not None else st.scratch,
-        N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
+        turn.ring if turn is not None else st.scratch, turn.done if turn is not None else st.scratch,
+        turn.value if turn is not None else 0, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule,
         CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-        COPY_X=copy_x, HAS_DEAD=dead is not None, USE_PDL=pdl, launch_pdl=pdl,
+        COPY_X=copy_x, HAS_DEAD=dead is not None, RING=turn is not None, INTERP=interpreting(ids),
+        USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:
         rows = torch.arange(T, device=x.device)
