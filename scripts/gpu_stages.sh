@@ -52,6 +52,8 @@
 #   offload2     scripts/gpu_offload2.sh (expert cache host / device-gather / device-copy)
 #   hybrids      scripts/gpu_hybrids_bench.sh PART=decode
 #   qwen4        scripts/gpu_qwen4_bench.py $QWEN4_ARGS
+#   shared-read  scripts/gpu_shared_read.py $SHARED_READ: do the CPU's expert reads and the device's copies of the
+#                same experts share the host's memory reads?
 # Through the device tool:
 #   run(command="STAGES='hotpath offload2' LIMITS='240 300' scripts/gpu_stages.sh", carry=[".whl"])
 set -uo pipefail
@@ -170,6 +172,7 @@ run_stage() {
     offload2) OUT="$res/offload2" bash scripts/gpu_offload2.sh ;;
     hybrids) OUT="$res/hybrids" PART=decode bash scripts/gpu_hybrids_bench.sh ;;
     qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ${QWEN4_ARGS:-} ;;
+    shared-read) mkdir -p "$res/shared-read" && OUT="$res/shared-read" python3 scripts/gpu_shared_read.py ${SHARED_READ:-} ;;
     *) echo "unknown stage $1"; return 2 ;;
   esac
 }

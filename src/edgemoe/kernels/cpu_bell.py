@@ -116,14 +116,14 @@ def bell_supported(device_index: int) -> bool:
         log.warning("CPU share: no stream memory operations in the driver: the host node hands off")
         return False
     device = torch.device("cuda", device_index)
-    words, dev = _words(device)
+    words, view = _words(device)
     stream = torch.cuda.Stream(device)
     try:
         with torch.cuda.stream(stream):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
-                _write(stream, dev, 7)
-                _wait(stream, dev, 7)
+                _write(stream, view.data_ptr(), 7)
+                _wait(stream, view.data_ptr(), 7)
             graph.replay()
         stream.synchronize()
         ok = int(words[0]) == 7
@@ -139,7 +139,8 @@ class CpuBell:
 
     def __init__(self, mailboxes: HostLayerMailboxes, device: torch.device | None) -> None:
         self.mailboxes = mailboxes
-        self.words, self._view = _words(device)
+        self.words, view = _words(device)
+        self._ring, self._done = view[0:1], view[LINE:LINE + 1]  # what the kernels write and read
         host = self.words.data_ptr()
         lib = mailboxes.kernel.lib
         assert lib is not None
@@ -154,7 +155,7 @@ class CpuBell:
 
     def turn(self, layer: int) -> BellTurn:
         """`layer`'s turn, for kernels that ring and await it themselves."""
-        return BellTurn(self._view[0:1], self._view[LINE:LINE + 1], self.row(layer) + 1)
+        return BellTurn(self._ring, self._done, self.row(layer) + 1)
 
     def ring(self, stream: torch.cuda.Stream, layer: int) -> None:
         """On `stream`, after its earlier work: run `layer`'s mailbox on the CPU (`done`
