@@ -108,7 +108,8 @@ class MoEConfig:
         ("lru", "lru-plain", "lfu"),
     )
     moe_hybrid_fraction: float | None = setting(
-        None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them)"
+        None, "hybrid: fix the share of misses computed on the CPU (default: the live controller splits them; with "
+        "--expert-cache device, each decode layer's misses in sixteenths, within --cpu-experts-per-layer if given)"
     )
     cpu_experts_per_layer: int | None = setting(
         None,
@@ -240,8 +241,7 @@ class EngineConfig:
         check_prompt_cpu(self.moe.moe_backend, self.moe.expert_cache, self.moe.prompt_cpu)
         check_prefetch(self.moe.moe_backend, self.moe.expert_cache, self.moe.expert_mover, self.moe.moe_prefetch)
         if self.moe.expert_cache == "device":
-            check_device_cache(self.moe.moe_backend, self.moe.moe_policy, self.moe.cpu_experts_per_layer,
-                               self.moe.moe_hybrid_fraction)
+            check_device_cache(self.moe.moe_backend, self.moe.moe_policy)
         positive = {
             "moe_slots": self.moe.moe_slots or 1,
             "page_size": self.cache.page_size,

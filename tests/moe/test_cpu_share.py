@@ -144,6 +144,39 @@ def test_cpu_pairs_and_the_cache_as_if_computed_apart(kernel: CpuExperts, kind: 
     assert torch.equal(share.cpu_share.heat, torch.tensor(heat.heat))
 
 
+@pytest.mark.parametrize("fraction,quota,sixteenths", [(0.4, None, 6), (0.75, 1, 12), (1 / 32, None, 1), (0.0, None, 0)])
+def test_a_fixed_fraction_of_each_layers_misses(kernel: CpuExperts, fraction: float, quota: int | None,
+                                                sixteenths: int) -> None:
+    """`--moe-hybrid-fraction` on the device cache: the decode pick at that share of each
+    layer's misses (sixteenths, half up), within `--cpu-experts-per-layer` if given, and no
+    live controller; the same cells and CPU experts as the reference pick."""
+    store = bf16_store()
+    share = make_executor("hybrid", store, CPU, F.silu, L, 4, hybrid_fraction=fraction, expert_cache="device",
+                          cpu_experts_per_layer=quota)
+    assert isinstance(share, DeviceOffloadExecutor) and share.controller is None
+    assert int(share.cpu_share.fraction) == sixteenths
+    assert share.cpu_share.quota.tolist() == [E if quota is None else quota] * L
+    info = share.stats.snapshot()
+    assert info["cpu_fraction_of_misses"] == sixteenths / 16
+    assert (info.get("cpu_quota_unit") == FRACTION.unit) == (quota is None)
+    heat, num_cpu = Heat(), 0
+    ref = DeviceOffloadExecutor(store, CPU, F.silu, L, 4)
+    for x, ids, w in routings(seed=4, dtype=torch.bfloat16, steps=5):
+        if x.shape[0] > share.cpu_share.rows:
+            continue
+        for layer in range(L):
+            on_cpu = cpu_experts_of(ref.cache.slot_map[layer], ids, E if quota is None else quota, heat.heat[layer],
+                                    sixteenths)
+            heat.update(layer, ids)
+            num_cpu += len(on_cpu)
+            got = share.forward(layer, x, ids, w)
+            ref.forward(layer, x, torch.where(torch.isin(ids, torch.tensor(on_cpu, dtype=ids.dtype)), -1, ids), w)
+            assert torch.equal(got, expected(store, layer, x, ids, w, on_cpu, share.cpu_share.kernel)), (layer, on_cpu)
+    assert share.stats.snapshot()["experts_cpu"] == num_cpu
+    assert num_cpu > 0 if sixteenths >= 6 else num_cpu == 0  # 1/16 takes one of 8 misses, never seen here
+    share.close()
+
+
 def test_quota_zero_is_offload_bitwise(kernel: CpuExperts) -> None:
     store = bf16_store()
     share = make_executor("hybrid", store, CPU, F.silu, L, 4, expert_cache="device", cpu_experts_per_layer=0)
@@ -177,13 +210,12 @@ def test_padding_rows_give_the_cpu_nothing(kernel: CpuExperts) -> None:
 def test_settings() -> None:
     assert resolve_expert_cache("auto", "cuda", "hybrid", "lru", cpu_experts_per_layer=2) == "device"
     assert resolve_expert_cache("auto", "cuda", "hybrid", "lru") == "device"  # the live quota
-    assert resolve_expert_cache("auto", "cuda", "hybrid", "lru", hybrid_fraction=0.5) == "host"
     assert resolve_expert_cache("auto", "cpu", "hybrid", "lru") == "host"
     store = bf16_store()
+    # A fixed fraction runs on either cache (the device cache's since 2026-12-04).
+    EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="device", moe_hybrid_fraction=0.5)).validate()
     with pytest.raises(ValueError, match="moe-hybrid-fraction"):
-        make_executor("hybrid", store, CPU, F.silu, L, 4, hybrid_fraction=0.5, expert_cache="device")
-    with pytest.raises(ValueError, match="moe-hybrid-fraction"):
-        EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="device", moe_hybrid_fraction=0.5)).validate()
+        EngineConfig(moe=MoEConfig(moe_backend="hybrid", expert_cache="device", moe_hybrid_fraction=1.5)).validate()
     with pytest.raises(ValueError, match="not 'cpu'"):
         make_executor("cpu", store, CPU, F.silu, L, 4, expert_cache="device", cpu_experts_per_layer=1)
     with pytest.raises(ValueError, match="C expert kernel"):  # fp32 experts: no native path

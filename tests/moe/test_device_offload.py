@@ -142,8 +142,6 @@ def test_activity_marks_reach_the_live_view(store: BankStore) -> None:
 def test_what_the_device_cache_cannot_run_is_refused(store: BankStore) -> None:
     with pytest.raises(ValueError, match="lru or lru-plain only"):
         make_executor("offload", store, CPU, F.silu, L, 4, policy="lfu", expert_cache="device")
-    with pytest.raises(ValueError, match="moe-hybrid-fraction"):  # the host controller's fixed split
-        make_executor("hybrid", store, CPU, F.silu, L, 4, hybrid_fraction=0.3, expert_cache="device")
     with pytest.raises(ValueError, match="not 'cpu'"):
         make_executor("cpu", store, CPU, F.silu, L, 4, expert_cache="device")
     with pytest.raises(ValueError, match="expert_mover"):

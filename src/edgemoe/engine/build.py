@@ -188,8 +188,7 @@ def lend_tokens(config: EngineConfig, device: torch.device) -> int:
         return 0
     moe = config.moe
     backend = "offload" if moe.moe_backend == "auto" else moe.moe_backend
-    cache = resolve_expert_cache(moe.expert_cache, device.type, backend, moe.moe_policy, moe.cpu_experts_per_layer,
-                                 moe.moe_hybrid_fraction)
+    cache = resolve_expert_cache(moe.expert_cache, device.type, backend, moe.moe_policy, moe.cpu_experts_per_layer)
     if cache != "device" or vmm_granularity(device) is None:
         return 0
     return lend_setting()
@@ -271,7 +270,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     max_tokens = sched.max_prefill_tokens + sched.max_running_requests  # the largest step
     profiler = StepProfiler(device)
     expert_cache = resolve_expert_cache(config.moe.expert_cache, device.type, plan.backend, config.moe.moe_policy,
-                                        config.moe.cpu_experts_per_layer, config.moe.moe_hybrid_fraction)
+                                        config.moe.cpu_experts_per_layer)
     if config.moe.expert_cache == "auto" and expert_cache == "device" and plan.backend != "resident":
         log.warning("expert cache on the device (--expert-cache auto): decode steps replay from CUDA graphs; "
                     "a CPU share of the misses where the backend has one (its quota by timing steps; prompt "

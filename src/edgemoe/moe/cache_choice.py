@@ -9,31 +9,26 @@ DEVICE_POLICIES = ("lru", "lru-plain")  # the --moe-policy values the device cac
 
 
 def resolve_expert_cache(setting: str, device_type: str, backend: str, policy: str,
-                         cpu_experts_per_layer: int | None = None, hybrid_fraction: float | None = None) -> str:
+                         cpu_experts_per_layer: int | None = None) -> str:
     """`--expert-cache auto`: device on a GPU when the backend is offload, hybrid or auto and
     the policy one of the LRUs, else host. Measured at 16 GiB on the GPU machine
     (docs/benchmarks.md): decode steps in CUDA graphs with no host read per layer ran 184
     tok/s where the host cache's per-layer reads held auto to 8.7; under heavy misses
     (synthetic routing, 113 misses a token) 15.4 against 13.2. hybrid and auto keep a CPU
     share there (`moe/cpu_share.py`, its quota live: `moe/quota_controller.py`, or fixed:
-    `--cpu-experts-per-layer`, which resolves to device on any device). `--moe-hybrid-fraction`
-    fixes the host controller's split: host."""
+    `--cpu-experts-per-layer`, which resolves to device on any device, or
+    `--moe-hybrid-fraction`: a fixed share of each layer's misses, as the host cache's
+    controller's fixed split was; until 2026-12-04 the fraction resolved to host)."""
     if setting != "auto":
         return setting
     if backend == "hybrid" and cpu_experts_per_layer is not None:
         return "device"
-    if backend == "hybrid" and hybrid_fraction is not None:
-        return "host"
     on_device = device_type == "cuda" and backend in ("offload", "hybrid", "auto") and policy in DEVICE_POLICIES
     return "device" if on_device else "host"
 
 
-def check_device_cache(backend: str, policy: str, cpu_experts_per_layer: int | None = None,
-                       hybrid_fraction: float | None = None) -> None:
+def check_device_cache(backend: str, policy: str) -> None:
     """Refuse what `--expert-cache device` can't run."""
-    if backend == "hybrid" and hybrid_fraction is not None:
-        raise ValueError("expert_cache (--expert-cache) device splits by a CPU quota a layer (--cpu-experts-per-layer, "
-                         "or live), not --moe-hybrid-fraction (the host cache's controller: --expert-cache host)")
     if backend == "cpu":
         raise ValueError("expert_cache (--expert-cache) device runs offload, hybrid, auto or resident, not 'cpu': "
                          "it reads each layer's routing on the host (use --expert-cache host)")

@@ -11,8 +11,9 @@ pass runs meanwhile) and runs eagerly.
 With a CPU share (`--moe-backend hybrid` or `auto`), the coldest misses of each layer run
 on the CPU inside the same step (`moe/cpu_share.py`: the C kernel on a thread the device
 rings, no host read), and the cache plans the routing without them. Their number a layer is fixed
-(`--cpu-experts-per-layer`) or live: chosen between steps by timing decode steps
-(`moe/quota_controller.py`), with graphs captured with and without the share.
+(`--cpu-experts-per-layer`, and/or `--moe-hybrid-fraction`'s share of the layer's misses) or
+live: chosen between steps by timing decode steps (`moe/quota_controller.py`), with graphs
+captured with and without the share.
 
 Prompt chunks of ≥ 1,024 tokens stream every layer's experts through slots the cache lends
 (`moe/prefill_stream.py`) instead of planning; decode steps may prefetch the next layer's
@@ -45,7 +46,7 @@ from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
-from edgemoe.moe.quota_controller import QuotaController, share_scale
+from edgemoe.moe.quota_controller import FRACTION, QuotaController, share_scale
 from edgemoe.moe.slot_lending import SlotLending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -108,6 +109,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         max_tokens: int = 256,
         cpu_experts_per_layer: int | None = None,
         cpu_kernel: CpuExperts | None = None,
+        cpu_fraction: float | None = None,
         policy: str = "lru",
         live_quota: str | None = None,
         top_k: int | None = None,
@@ -142,9 +144,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
         self.stats.drains.append(DeviceCounts(self.cache, store.expert_nbytes, lambda: self.cpu_share))
         self._own_kernel: CpuExperts | None = None  # the share's kernel when made here (`cpu_kernel` None)
-        self.cpu_share = None if cpu_experts_per_layer is None else self._make_share(cpu_experts_per_layer, cpu_kernel)
+        fixed = cpu_experts_per_layer is not None or cpu_fraction is not None
+        self.cpu_share = self._make_share(cpu_experts_per_layer, cpu_kernel, cpu_fraction) if fixed else None
         self.controller: QuotaController | None = None
-        if live_quota is not None and cpu_experts_per_layer is None:
+        if live_quota is not None and not fixed:
             self._make_live_share(live_quota, cpu_kernel, top_k or DEFAULT_TOP_K, num_layers)
         if prompt_cpu and self.cpu_share is None:
             log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
@@ -174,14 +177,22 @@ class DeviceOffloadExecutor(CellsExecutor):
                                        self.cpu_share)
         self.stats.sources.append(self.prefetch.snapshot)
 
-    def _make_share(self, quota: int, kernel: CpuExperts | None) -> CpuShare:
+    def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
+        """The share at a fixed `quota` a layer (None: no cap) and `fraction` of each layer's
+        misses (None: all of them, the quota alone)."""
         from edgemoe.moe.cpu import cpu_threads
 
         if kernel is None:  # ours: closed with the executor (its pool's pinned cores back for the next engine)
             kernel = self._own_kernel = CpuExperts(threads=cpu_threads(self.device))
-        share = CpuShare(self.store, kernel, self.cache.num_layers, quota, self.device, prompt_rows=self._prompt_rows)
+        cap = self.num_experts if quota is None else quota
+        share = CpuShare(self.store, kernel, self.cache.num_layers, cap, self.device, prompt_rows=self._prompt_rows)
+        if fraction is not None:
+            share.set_fraction(fraction)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
+        if fraction is not None:  # a fixed share of each layer's misses (the cache replay's unit too, when uncapped)
+            self.stats.info.update(cpu_fraction_of_misses=share.fraction_of_misses,
+                                   **({"cpu_quota_unit": FRACTION.unit} if quota is None else {}))
         self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1],
                                            "cpu_pinned_workers": len(kernel.pinned),
                                            "cpu_prior_times_ns": share.prior_times_ns})

@@ -41,8 +41,9 @@ def make_executor(
     between offload and hybrid (`top_k` sizes its start-up decision).
 
     `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"), misses moved
-    by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (a fixed quota
-    `cpu_experts_per_layer`, or a live one: `device_offload.live_share` says when), and
+    by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (fixed by a quota
+    `cpu_experts_per_layer` and/or hybrid's `hybrid_fraction` of each layer's misses, or a
+    live one: `device_offload.live_share` says when), and
     `prompt_cpu` its prompt rule (None: wherever the share runs); prompt chunks of `stream_tokens` or more (default
     `moe/prefill_stream.py`'s) stream their experts, with the last `lend_slots` slots'
     memory lent to them (`moe/slot_lending.py`; the memory plan's `lend_slots`; the
@@ -52,13 +53,15 @@ def make_executor(
 
         return ResidentExecutor(store, device, act, num_layers, max_tokens)
     if expert_cache == "device":
-        check_device_cache(backend, policy, cpu_experts_per_layer, hybrid_fraction if backend == "hybrid" else None)
+        check_device_cache(backend, policy)
         from edgemoe.moe.device_offload import DeviceOffloadExecutor, live_share
 
         quota = cpu_experts_per_layer if backend == "hybrid" else None
-        live = live_share(backend, device) if quota is None else None
+        fraction = hybrid_fraction if backend == "hybrid" else None
+        live = live_share(backend, device) if quota is None and fraction is None else None
         return DeviceOffloadExecutor(store, device, act, num_layers, num_slots, expert_mover, max_tokens, quota,
-                                     policy=policy, live_quota=live, top_k=top_k, prompt_cpu=prompt_cpu,
+                                     cpu_fraction=fraction, policy=policy, live_quota=live, top_k=top_k,
+                                     prompt_cpu=prompt_cpu,
                                      stream_tokens=stream_tokens, lend_slots=lend_slots,
                                      planned_tokens=planned_tokens)
     if expert_cache != "host":
