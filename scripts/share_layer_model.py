@@ -2,7 +2,9 @@
 of a layer's misses the CPU computes — on the CPU alone, before any GPU time.
 
 A decode layer waits for the later of its CPU call and its copies: `max(fixed + k·cpu,
-(m − k)·copy)` for a layer that missed m experts and gave the CPU k of them, plus the
+(m − k)·copy)` for a layer that missed m experts and gave the CPU k of them, and for the
+host memory that both read from: `m · bytes / host` with `--host-gbps` (default 0: the two
+sides independent, the rule the figures quoted in docs/benchmarks.md used), plus the
 layer's other work (`chain`: attention, dense GEMVs, the router, the plan, the share's
 launches and the gaps between them). `scripts/share_ceiling.py` sums each side over the
 whole step (a bound no overlap beats); here each layer pays its own maximum, which is what
@@ -24,7 +26,7 @@ count-2 step, 18.4 ms, is the live run's 18.4–19.0. fp8 at its 2,426 slots:
 `--slots 2426 --copy-us 92 --cpu-us 55`.
 
     PYTHONPATH=src python3 scripts/share_layer_model.py [--slots 1213 --tokens 600 --copy-us 184 --cpu-us 92
-        --fixed-us 25 --chain-us 108]
+        --fixed-us 25 --chain-us 108 --host-gbps 0]
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def step_ms(accesses, slots: int, scale: LevelScale, level: int,  # noqa: ANN001
 
     def observe(layer: int, misses: int, cpu: int) -> None:  # noqa: ARG001 - every layer alike
         cpu_us = args.fixed_us + cpu * args.cpu_us if cpu else 0.0
-        layer_us[0] += max(cpu_us, (misses - cpu) * args.copy_us) + args.chain_us
+        host_us = misses * args.expert_mb / args.host_gbps * 1e3 if args.host_gbps else 0.0
+        layer_us[0] += max(cpu_us, (misses - cpu) * args.copy_us, host_us) + args.chain_us
         layer_us[1] += misses
         layer_us[2] += cpu
         counted[0] += 1
@@ -64,10 +67,14 @@ def main() -> None:
     ap.add_argument("--cpu-us", type=float, default=92.0, help="a CPU expert's time in its layer's call (µs)")
     ap.add_argument("--fixed-us", type=float, default=25.0, help="a CPU call's own time: the bell, the wake-up (µs)")
     ap.add_argument("--chain-us", type=float, default=108.0, help="a layer's other kernels and gaps (µs)")
+    ap.add_argument("--host-gbps", type=float, default=0.0,
+                    help="the host memory's read rate, the copies and the CPU together (2026-12-02: 122; 0: no limit)")
+    ap.add_argument("--expert-mb", type=float, default=9.437, help="an expert's bytes (MB; bf16 Qwen3-30B-A3B)")
     args = ap.parse_args()
     accesses = trace(args.tokens, args.seed)
     print(f"{args.slots} slots, {args.tokens} tokens: a copy {args.copy_us:g} µs, a CPU expert {args.cpu_us:g} µs "
-          f"+ {args.fixed_us:g} a call, {args.chain_us:g} µs a layer besides")
+          f"+ {args.fixed_us:g} a call, {args.chain_us:g} µs a layer besides, host memory "
+          f"{args.host_gbps or 'unlimited'} GB/s")
     print(f"{'rule':>8} {'level':>36} {'step ms':>8} {'tok/s':>6} {'misses':>7} {'CPU':>6}")
     best = {}
     for scale, levels in ((COUNT, range(0, 4 * 4 + 1, 2)), (FRACTION, range(0, 17, 2))):
