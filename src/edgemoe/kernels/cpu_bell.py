@@ -98,10 +98,15 @@ def await_turn(turn: BellTurn) -> None:
     if turn.done.is_cuda:
         _wait(torch.cuda.current_stream(turn.done.device), turn.done.data_ptr(), turn.value)
         return
-    deadline = time.monotonic() + 10.0
-    while int(turn.done[0]) != turn.value:
+    _spin(turn.done, turn.value, 10.0)
+
+
+def _spin(word: torch.Tensor, value: int, timeout_s: float) -> None:
+    """On the host: until the int32 `word` (a host tensor) holds `value`."""
+    deadline = time.monotonic() + timeout_s
+    while int(word.view(-1)[0]) != value:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the CPU share's bell: value {turn.value} not done in 10 s")
+            raise TimeoutError(f"the CPU share's bell: value {value} not done in {timeout_s} s")
 
 
 def bell_wanted() -> bool:
@@ -173,10 +178,7 @@ class CpuBell:
         self.words[0] = self.row(layer) + 1
 
     def wait_host(self, layer: int, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while int(self.words[LINE]) != self.row(layer) + 1:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the CPU share's bell: layer {layer} not done in {timeout_s} s")
+        _spin(self.words[LINE:LINE + 1], self.row(layer) + 1, timeout_s)
 
     def close(self) -> None:
         if self._handle:
