@@ -207,17 +207,15 @@ class CpuShare:
         rows = [[*scale.rows(level, layers, self.num_experts), scale.fraction(level)] for level in range(max_level + 1)]
         self._levels = torch.tensor(rows, dtype=torch.int64, device=self.device)
 
-    def set_fraction(self, fraction: float) -> None:
+    def set_fraction(self, fraction: float) -> float:
         """A fixed share of each layer's misses for decode steps (`--moe-hybrid-fraction`):
-        sixteenths, rounded half up (`kernels/share_split.decode_take`), within the quota."""
+        sixteenths, rounded half up (`kernels/share_split.decode_take`), within the quota.
+        Returns the share it takes."""
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"the CPU's fraction of the misses must be in [0, 1] (got {fraction})")
-        self.fraction.fill_(int(fraction * FRACTION_ONE + 0.5))
-
-    @property
-    def fraction_of_misses(self) -> float:
-        """The decode pick's share of each layer's misses (one device read: at set-up only)."""
-        return int(self.fraction) / FRACTION_ONE
+        sixteenths = int(fraction * FRACTION_ONE + 0.5)
+        self.fraction.fill_(sixteenths)
+        return sixteenths / FRACTION_ONE
 
     def apply_level(self, level: int) -> None:
         """The decode pick of `level` (`set_levels`) for the coming steps: device copies,

@@ -186,12 +186,10 @@ class DeviceOffloadExecutor(CellsExecutor):
             kernel = self._own_kernel = CpuExperts(threads=cpu_threads(self.device))
         cap = self.num_experts if quota is None else quota
         share = CpuShare(self.store, kernel, self.cache.num_layers, cap, self.device, prompt_rows=self._prompt_rows)
-        if fraction is not None:
-            share.set_fraction(fraction)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
         if fraction is not None:  # a fixed share of each layer's misses (the cache replay's unit too, when uncapped)
-            self.stats.info.update(cpu_fraction_of_misses=share.fraction_of_misses,
+            self.stats.info.update(cpu_fraction_of_misses=share.set_fraction(fraction),
                                    **({"cpu_quota_unit": FRACTION.unit} if quota is None else {}))
         self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1],
                                            "cpu_pinned_workers": len(kernel.pinned),
