@@ -64,6 +64,9 @@ def test_phases_are_timed_apart(llm: LLM, prompt_tokens: int, batch: int, decode
         ]
         assert sum(per_phase) == pytest.approx(after[key] - before[key])  # a float64 product/division
     assert row["prefill_moe"]["misses_per_token"] > 0 and row["decode_moe"]["misses_per_token"] > 0
+    # offload: every expert read from host memory is a copy
+    assert row["decode_expert_read_gb_s"] == pytest.approx(row["decode_moe"]["gb_copied"] / row["decode_s"])
+    assert row["decode_expert_read_gb_s"] > 0
 
 
 def test_every_request_decodes_in_every_timed_step_after_a_chunked_prefill(qwen3_ckpt) -> None:  # noqa: ANN001
@@ -140,6 +143,14 @@ def test_the_rate_leaves_out_the_first_step() -> None:
     assert steady_rate(one) == steady_rate(one).__class__(2, 0.016, 1)  # one step: nothing to leave out
 
 
+def test_expert_reads_count_the_copies_and_the_cpus_experts() -> None:
+    from edgemoe.bench.decode import expert_read_gb_s
+
+    moe = {"gb_copied": 0.5, "experts_cpu": 100}
+    assert expert_read_gb_s(moe, 10_000_000, 0.5) == pytest.approx((0.5 + 1.0) / 0.5)
+    assert expert_read_gb_s(moe, 10_000_000, 0.0) == 0.0
+
+
 def test_the_printed_row_says_each_phases_cpu_experts(capsys) -> None:  # noqa: ANN001
     """The CPU's experts a token beside each phase's misses (the prompt rule's in prefill,
     the quota's in decode), and nothing where the CPU took none."""
@@ -151,3 +162,6 @@ def test_the_printed_row_says_each_phases_cpu_experts(capsys) -> None:  # noqa: 
     _print_row(row)
     out = capsys.readouterr().out
     assert "misses/token prefill 8.34 (CPU 2.75) decode 132.00" in out and out.count("(CPU") == 1
+    assert "read from host memory" not in out  # rows without the figure
+    _print_row({**row, "decode_expert_read_gb_s": 110.44})
+    assert ", 110.4 GB/s of experts read from host memory" in capsys.readouterr().out

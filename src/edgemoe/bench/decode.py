@@ -83,6 +83,18 @@ def moe_traffic(before: dict[str, Any], after: dict[str, Any]) -> dict[str, floa
     }
 
 
+def expert_read_gb_s(moe: dict[str, Any], expert_nbytes: int, seconds: float) -> float:
+    """GB/s of expert weights read from host memory over a phase (`moe_traffic`'s): the
+    link's copies and the CPU's experts together. Issue 13's decode at 16 GiB is bound by
+    this rate (docs/benchmarks.md, "The bell inside the launches")."""
+    return (moe["gb_copied"] * 1e9 + moe["experts_cpu"] * expert_nbytes) / seconds / 1e9 if seconds else 0.0
+
+
+def _expert_nbytes(llm: Any) -> int:
+    store = getattr(llm.engine.runtime.executor, "store", None)
+    return int(store.expert_nbytes) if store is not None else 0
+
+
 def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     """Decode prefetch between two snapshots: experts prefetched and used, precision (used /
     prefetched), recall (used / every expert the step missed had prefetch not existed: the
@@ -207,6 +219,7 @@ def measure(
         "decode_step_ms_max": 1000 * max(steps[-rate.steps:]),
         "decode_step_ms_each": [round(1000 * t, 2) for t in steps],  # a trend (warming, settling) shows here
         "decode_moe": decode.moe,
+        "decode_expert_read_gb_s": expert_read_gb_s(decode.moe, _expert_nbytes(llm), decode.seconds),
         # a slow request's cause: cores shared (involuntary switches), steal, memory scans
         **({"decode_host": decode.host, "decode_busy_threads": decode.host_threads} if decode.host else {}),
         **({"decode_host_note": note} if decode.host and (note := disturbance(decode.host, len(steps))) else {}),
@@ -277,6 +290,8 @@ def _print_row(row: dict[str, Any]) -> None:
         f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f}" + _cpu_note(row["prefill_moe"])
         + f" decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
         + _prefetch_note(row["decode_moe"])
+        + (f", {row['decode_expert_read_gb_s']:.1f} GB/s of experts read from host memory"
+           if row.get("decode_expert_read_gb_s") else "")
         + _allocator_note(row.get("prefill_allocator"))
         + "".join(f"\n  {phase}: {row[f'{phase}_host_note']}" for phase in ("prefill", "decode")
                   if f"{phase}_host_note" in row)
