@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 
-from share_ceiling import EXPERTS, LAYERS, trace
+from share_ceiling import EXPERT_MB, EXPERTS, LAYERS, trace
 
 from edgemoe.moe.quota_controller import COUNT, FRACTION, LevelScale
 from edgemoe.moe.replay import replay_share
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--chain-us", type=float, default=108.0, help="a layer's other kernels and gaps (µs)")
     ap.add_argument("--host-gbps", type=float, default=0.0,
                     help="the host memory's read rate, the copies and the CPU together (2026-12-02: 122; 0: no limit)")
-    ap.add_argument("--expert-mb", type=float, default=9.437, help="an expert's bytes (MB; bf16 Qwen3-30B-A3B)")
+    ap.add_argument("--expert-mb", type=float, default=EXPERT_MB, help="an expert's bytes (MB; bf16 Qwen3-30B-A3B)")
     args = ap.parse_args()
     accesses = trace(args.tokens, args.seed)
     print(f"{args.slots} slots, {args.tokens} tokens: a copy {args.copy_us:g} µs, a CPU expert {args.cpu_us:g} µs "

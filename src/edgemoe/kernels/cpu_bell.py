@@ -169,11 +169,6 @@ class CpuBell:
         _write(stream, turn.done.data_ptr(), 0)
         _write(stream, turn.ring.data_ptr(), turn.value)
 
-    def wait(self, stream: torch.cuda.Stream, layer: int) -> None:
-        """On `stream`: later work waits until `layer`'s mailbox has run."""
-        turn = self.turn(layer)
-        _wait(stream, turn.done.data_ptr(), turn.value)
-
     def ring_host(self, layer: int) -> None:
         self.words[0] = self.row(layer) + 1
 

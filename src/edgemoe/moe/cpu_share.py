@@ -46,7 +46,7 @@ import os
 import torch
 
 from edgemoe.kernels.cell_sources import CellSources
-from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, bell_supported, bell_wanted
+from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, await_turn, bell_supported, bell_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, rings_itself, share_begin
@@ -288,7 +288,7 @@ class CpuShare:
         waits here."""
         turn, self._turn = self._turn, None
         if turn is None and self._bell is not None:
-            self._bell.wait(torch.cuda.current_stream(), layer)
+            await_turn(self._bell.turn(layer))
         elif turn is None and self.device.type == "cuda":
             torch.cuda.current_stream().wait_event(self._join)
         assert self._views is not None, "join() without begin()"
