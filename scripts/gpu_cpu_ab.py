@@ -3,12 +3,14 @@ drifts by ±20% within minutes: builds measured one after the other can't be com
 
 Each build is the `amx` variant (else the best this CPU runs) compiled with one set of the
 kernel's tuning macros (`EDGEMOE_CPU_DEFINES`, e.g. "EM_QPAGES=0"; "" is the default).
-Each round times every build (× `--threads` counts) on the same cases — `--experts` a call
+Each round times every build (× `--threads` counts × `--gemm-min-tokens` thresholds: the
+fewest tokens a job takes the blocked path with) on the same cases — `--experts` a call
 (a layer's 8 and one by default) at each of `--tokens` (one by default; 16 or more: the
 blocked path), per weight format — in turn; the figure is each build's median over rounds
 of its rate relative to the round's first build. Writes $OUT/cpu-ab.json.
 
     OUT=... PYTHONPATH=src python3 scripts/gpu_cpu_ab.py --builds "EM_QPAGES=0" "" --rounds 12 [--tokens 1 32]
+    OUT=... PYTHONPATH=src python3 scripts/gpu_cpu_ab.py --builds "" --gemm-min-tokens 16 2 --tokens 4 8 12
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import time
 
 from edgemoe.bench.bandwidth import LAYER_EXPERTS, expert_pool, expert_rate, quant_expert_rate, quant_pool
 from edgemoe.kernels import cpu_build, cpu_isa
-from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
+from edgemoe.kernels.cpu_kernel import GEMM_MIN_TOKENS, CpuExperts, resolve_kernel
 
 
-def kernel_for(variant: str, defines: str, threads: int | None) -> CpuExperts:
-    """A CpuExperts running `variant` built with `defines` on `threads` (its own library and pool)."""
-    return CpuExperts(variant, threads=threads, lib=cpu_build.load_tuned(variant, defines))
+def kernel_for(variant: str, defines: str, threads: int | None, gemm_min_tokens: int) -> CpuExperts:
+    """A CpuExperts running `variant` built with `defines` on `threads` (its own library and
+    pool), jobs of `gemm_min_tokens` tokens or more on the blocked path."""
+    return CpuExperts(variant, threads=threads, lib=cpu_build.load_tuned(variant, defines),
+                      gemm_min_tokens=gemm_min_tokens)
 
 
 def main() -> None:
@@ -36,13 +40,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[0], help="each build on each count (0: physical cores)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="tokens a call (16 or more: the blocked path)")
     ap.add_argument("--experts", type=int, nargs="+", default=[LAYER_EXPERTS, 1], help="experts a call")
+    ap.add_argument("--gemm-min-tokens", type=int, nargs="+", default=[GEMM_MIN_TOKENS],
+                    help="each build at each threshold: jobs of this many tokens or more take the blocked path")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=0.15, help="per case, build and round")
     args = ap.parse_args()
     variant = resolve_kernel("auto")
-    setups = [(d, t) for d in args.builds for t in args.threads]
-    kernels = [kernel_for(variant, d, t or None) for d, t in setups]
-    labels = [f"{d} x{k.threads}" for (d, _), k in zip(setups, kernels, strict=True)]
+    setups = [(d, t, g) for d in args.builds for t in args.threads for g in args.gemm_min_tokens]
+    kernels = [kernel_for(variant, d, t or None, g) for d, t, g in setups]
+    labels = [f"{d} x{k.threads}" + (f" gemm>={g}" if len(args.gemm_min_tokens) > 1 else "")
+              for (d, _, g), k in zip(setups, kernels, strict=True)]
     print(f"{variant}, {cpu_isa.physical_cores()} physical cores, os.cpu_count() {os.cpu_count()}, setups {labels}", flush=True)
     pools = {w: expert_pool(1 << 30, 2048, 768) if w == "bf16" else quant_pool(w, 1 << 30, 2048, 768) for w in args.weights}
     cases = [(w, n, t) for w in args.weights for t in args.tokens for n in args.experts]

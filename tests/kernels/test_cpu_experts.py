@@ -212,6 +212,33 @@ def test_auto_picks_the_fastest_supported_variant(monkeypatch, fresh_dispatch) -
     assert name == expected or (expected == "amx" and name == "avx512")
 
 
+def test_the_blocked_path_threshold_is_per_format_on_amx_and_overridable(monkeypatch) -> None:  # noqa: ANN001
+    """AMX's blocked path wins from 8 tokens (int8 12); other variants keep 16; a caller's
+    threshold (or the environment's) applies to every format, and the host function's
+    mailbox carries the call's."""
+    assert [cpu_kernel.default_gemm_min_tokens("amx", w) for w in cpu_kernel.WEIGHT_FORMATS] == [8, 12, 8, 8, 8]
+    for variant in ("avx512", "amx-emu", "avx2", "scalar"):
+        assert {cpu_kernel.default_gemm_min_tokens(variant, w) for w in cpu_kernel.WEIGHT_FORMATS} == {16}
+    if cpu_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    from edgemoe.kernels.cpu_host_layer import F as FIELDS
+    from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
+
+    gate_up, down = (torch.stack(t) for t in zip(*[make_expert(32, 16, e) for e in range(4)], strict=True))
+    for given, want in ((None, 16), (5, 5)):
+        kernel = CpuExperts("scalar", threads=1, gemm_min_tokens=given)
+        assert kernel.gemm_threshold("fp8") == kernel.gemm_threshold("bf16") == want
+        mb = HostLayerMailboxes({0: {"gate_up": gate_up, "down": down}}, ("bf16", 0), kernel, 4, 2, torch.float32)
+        assert int(mb.table[0, FIELDS["gemm_min_tokens"]]) == want
+        kernel.close()
+    monkeypatch.setenv("EDGEMOE_CPU_GEMM_MIN_TOKENS", "3")
+    assert CpuExperts("scalar", threads=1).gemm_threshold("int8") == 3
+    for bad in ("0", "x"):
+        monkeypatch.setenv("EDGEMOE_CPU_GEMM_MIN_TOKENS", bad)
+        with pytest.raises(ValueError, match="EDGEMOE_CPU_GEMM_MIN_TOKENS"):
+            CpuExperts("scalar", threads=1)
+
+
 def test_env_override_and_refusals(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv(cpu_kernel.KERNEL_ENV, "torch")
     assert CpuExperts().name == "torch"

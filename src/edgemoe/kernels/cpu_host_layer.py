@@ -100,7 +100,7 @@ class HostLayerMailboxes:
         b = self.buffers
         common = {
             "pool": kernel.handle(), "num_experts": E, "H": hidden, "I": inter, "wfmt": WEIGHT_FORMATS[weights[0]],
-            "blk": weights[1], "gemm_min_tokens": kernel.gemm_min_tokens, "x": b.x.data_ptr(),
+            "blk": weights[1], "gemm_min_tokens": kernel.gemm_threshold(weights[0]), "x": b.x.data_ptr(),
             "x_bf16": int(x_dtype == torch.bfloat16), "x_stride": hidden, "x_rows": rows,
             "count": b.count.data_ptr(), "pairs": b.pairs.data_ptr(), "weights": b.weights.data_ptr(), "cap": cap,
             "out": b.out.data_ptr(), "scratch": b.scratch.data_ptr(),

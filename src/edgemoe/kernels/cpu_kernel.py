@@ -33,6 +33,15 @@ log = logging.getLogger(__name__)
 KERNEL_ENV = "EDGEMOE_CPU_KERNEL"
 KERNELS = ("auto", "torch", "amx", "avx512", "avx2", "scalar", "amx-emu")
 GEMM_MIN_TOKENS = 16  # jobs with at least this many tokens take the blocked (GEMM) path
+# On AMX the blocked path wins from fewer tokens. A layer's 8 experts a call on the GPU
+# machine's 16 cores (`scripts/gpu_cpu_ab.py --gemm-min-tokens 16 2`, 2026-12-04 18:45 UTC,
+# the blocked path against the GEMV): bf16 ×0.98 / ×1.06 / ×1.36 at 6 / 8 / 12 tokens, fp8
+# ×1.02 / ×1.08 / ×1.34, int4 ×0.89 / ×1.02 / ×1.35, int8 ×0.83 / ×0.96 / ×1.25. The GEMV
+# converts and multiplies every weight again for each 4 tokens; the blocked path converts
+# once and runs the tiles. AVX-512 without AMX keeps 16: its GEMV was ×2.3 the blocked bf16
+# path at 8 tokens on the dev VM's AMD EPYC (AVX-512 BF16).
+AMX_GEMM_MIN_TOKENS = {"bf16": 8, "fp8": 8, "int8": 12, "int4": 8, "mxfp4": 8}
+
 _creating = threading.Lock()  # one pool starting at a time: its workers are found as the new threads
 SPIN_US = 200  # idle workers spin this long for the next call (a layer later), then sleep
 # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n; gate_up/down
@@ -52,6 +61,21 @@ def _spin_us() -> int:
     return int(value)
 
 
+def default_gemm_min_tokens(variant: str, weights: str) -> int:
+    """The fewest tokens a job in `weights` takes `variant`'s blocked path with."""
+    return AMX_GEMM_MIN_TOKENS[weights] if variant == "amx" else GEMM_MIN_TOKENS
+
+
+def _gemm_min_tokens_env() -> int | None:
+    """`EDGEMOE_CPU_GEMM_MIN_TOKENS` (one threshold for every format: an A/B), else None."""
+    value = os.environ.get("EDGEMOE_CPU_GEMM_MIN_TOKENS", "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"EDGEMOE_CPU_GEMM_MIN_TOKENS must be a positive whole number of tokens (got {value!r})")
+    return int(value)
+
+
 class CpuExperts:
     """A kernel variant with its thread pool (`name == "torch"`: no C kernel).
 
@@ -61,10 +85,13 @@ class CpuExperts:
     """
 
     def __init__(self, kernel: str | None = None, threads: int | None = None,
-                 gemm_min_tokens: int = GEMM_MIN_TOKENS, spin_us: int | None = None,
+                 gemm_min_tokens: int | None = None, spin_us: int | None = None,
                  lib: ctypes.CDLL | None = None) -> None:
-        """`lib`: the variant's library built otherwise (`cpu_build.load_tuned`: an A/B
-        script's builds), instead of its default build."""
+        """`gemm_min_tokens`: jobs of this many tokens or more take the blocked path, in
+        every weight format (None: `EDGEMOE_CPU_GEMM_MIN_TOKENS`, else `gemm_threshold`'s
+        per-format default). `lib`: the
+        variant's library built otherwise (`cpu_build.load_tuned`: an A/B script's builds),
+        instead of its default build."""
         self._pool: int | None = None
         self._pid = -1
         self.pinned: dict[int, int] = {}  # worker thread id -> CPU (cpu_pinning.py)
@@ -74,11 +101,19 @@ class CpuExperts:
             raise ValueError(f"CPU expert kernel {self.requested!r}: choose one of {', '.join(KERNELS)}")
         self.name = resolve_kernel(self.requested)
         self.threads = threads or cpu_isa.physical_cores()
-        self.gemm_min_tokens, self.spin_us = gemm_min_tokens, spin_us if spin_us is not None else _spin_us()
+        self.gemm_min_tokens = gemm_min_tokens if gemm_min_tokens is not None else _gemm_min_tokens_env()
+        self.spin_us = spin_us if spin_us is not None else _spin_us()
         self._lib = lib or (None if self.name == "torch" else cpu_build.load(self.name))
 
     def __repr__(self) -> str:
         return f"CpuExperts({self.name!r}, threads={self.threads})"
+
+    def gemm_threshold(self, weights: str) -> int:
+        """The fewest tokens a job in `weights` takes the blocked path with: the caller's
+        `gemm_min_tokens`, else AMX's per-format crossover, else GEMM_MIN_TOKENS."""
+        if self.gemm_min_tokens is not None:
+            return self.gemm_min_tokens
+        return default_gemm_min_tokens(self.name, weights)
 
     @property
     def native(self) -> bool:
@@ -134,7 +169,7 @@ class CpuExperts:
         assert table.dtype == np.int64 and table.shape[1:] == (JOB_FIELDS,) and table.flags.c_contiguous
         rc = self._lib.em_experts(
             self._handle(), x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), out.data_ptr(),
-            out.stride(0), hidden, inter, table.__array_interface__["data"][0], table.shape[0], self.gemm_min_tokens,
+            out.stride(0), hidden, inter, table.__array_interface__["data"][0], table.shape[0], self.gemm_threshold(weights),
             WEIGHT_FORMATS[weights], block,
         )
         if rc == -2:

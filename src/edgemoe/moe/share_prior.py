@@ -7,7 +7,7 @@ pair for bf16 where the constants say 11 (2026-12-04), and the dev VM's 2 cores 
 1.4–4.6× them an expert and 1.7–3.5× a token. Until prompt chunks have corrected the fit,
 the first chunks after start-up split by that prior, so it is measured here: a few calls of
 the real kernel on this store's experts through a mailbox of their own (the share's fit
-sums and busy counters stay clean), at four shapes, 4 or 8 experts at 1 or 8 tokens each,
+sums and busy counters stay clean), at four shapes, 4 or 8 experts at 1 or 6 tokens each,
 timed as the host cache's start-up probe times its calls (`rate_probe.cpu_seconds`: the
 median of five, each on other experts of another layer, so caches do not flatter it).
 Twice over, each shape's least time kept: about 40 ms on the GPU machine's 16 cores, once
@@ -29,10 +29,11 @@ from edgemoe.moe.rate_probe import cpu_seconds
 from edgemoe.moe.store import ExpertStore
 
 # (experts, tokens each): t = c + a·J + b·J·T, over-determined. Tokens below the kernel's
-# GEMM_MIN_TOKENS (16): one path, as for the few-token misses the prompt rule gives the CPU.
-# At 16 tokens fp8 takes the blocked path (experts dequantised first: another a), and on the
-# GPU machine's AMX cores the four fp8 readings fell 19-48% off one law (2026-12-04).
-SHAPES = ((4, 1), (8, 1), (4, 8), (8, 8))
+# blocked-path threshold (`CpuExperts.gemm_threshold`: 8 on AMX, 16 elsewhere): one path,
+# as for the few-token misses the prompt rule gives the CPU. At 16 tokens fp8 took the
+# blocked path (experts dequantised first: another a), and on the GPU machine's AMX cores
+# the four fp8 readings fell 19-48% off one law (2026-12-04).
+SHAPES = ((4, 1), (8, 1), (4, 6), (8, 6))
 PASSES = 2  # over the shapes; each shape's least time (a disturbance only adds)
 FIXED_SHARE_MAX = 0.5  # of the smallest call: a call's hand-off is ~20 µs where 4 experts take ~400
 RESIDUAL_MAX = 0.1  # a shape's time off the fitted law, of that time (quiet runs: <= 0.035)
