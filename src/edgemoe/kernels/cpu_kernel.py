@@ -34,7 +34,7 @@ KERNEL_ENV = "EDGEMOE_CPU_KERNEL"
 KERNELS = ("auto", "torch", "amx", "avx512", "avx2", "scalar", "amx-emu")
 GEMM_MIN_TOKENS = 16  # jobs with at least this many tokens take the blocked (GEMM) path
 # On AMX the blocked path wins from fewer tokens. A layer's 8 experts a call on the GPU
-# machine's 16 cores (`scripts/gpu_cpu_ab.py --gemm-min-tokens 16 2`, 2026-12-04 18:45 UTC,
+# machine's 16 cores (`scripts/gpu_cpu_ab.py --gemm-min-tokens 16 2`, 2026-12-04 18:18 UTC,
 # the blocked path against the GEMV): bf16 ×0.98 / ×1.06 / ×1.36 at 6 / 8 / 12 tokens, fp8
 # ×1.02 / ×1.08 / ×1.34, int4 ×0.89 / ×1.02 / ×1.35, int8 ×0.83 / ×0.96 / ×1.25. The GEMV
 # converts and multiplies every weight again for each 4 tokens; the blocked path converts
