@@ -215,33 +215,6 @@ static void em_down_gemv_i4(const em_call *c, const em_job *jb, const em_jobstat
 /* Row r of a projection → its K weights in bf16 with their scales folded in, each the
  * reference's fp32 value rounded once to nearest even. The task's tiles then run the bf16
  * kernels over the whole row (em_gate_up_tiles, em_down_tiles), as for bf16 weights. */
-#ifndef EM_QCONV_PF
-/* Rows ahead the blocked path's conversion prefetches (a tuning macro; 0: none). A task
- * converts its rows one after the other, each a short stream (2 KiB of fp8 gate_up, 768 B
- * of down) that the hardware prefetcher meets cold: without help each row starts with a
- * memory latency. */
-#define EM_QCONV_PF 2
-#endif
-
-/* Prefetches the weight bytes of row r of a projection (quantised formats; scales and
- * zero points are small and stay cached). */
-static inline void em_qrow_prefetch(const em_call *c, const em_job *jb, int down, int64_t r) {
-    const int64_t K = down ? c->I : c->H, bytes = em_nibbles(c->wfmt) ? em_nib_row(c, K) : K;
-    const char *row = (const char *)(intptr_t)(down ? jb->down : jb->gate_up) + r * bytes;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
-}
-
-/* The rows lo..hi-1 of a task, converted in order: row j's conversion prefetches row j +
- * EM_QCONV_PF, so the task's first rows are prefetched up front. `second`: the rows of the
- * same numbers offset by `second` (gate_up's up rows beside its gate rows), or 0. */
-static inline void em_qrows_prefetch_first(const em_call *c, const em_job *jb, int down, int64_t lo, int64_t hi,
-                                           int64_t second) {
-    for (int64_t r = lo; EM_QCONV_PF && r < lo + EM_QCONV_PF && r < hi; r++) {
-        em_qrow_prefetch(c, jb, down, r);
-        if (second) em_qrow_prefetch(c, jb, down, second + r);
-    }
-}
-
 static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r, uint16_t *out) {
     const int64_t K = down ? c->I : c->H;
     if (em_nibbles(c->wfmt)) {
@@ -264,14 +237,9 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
         atomic_store(&((em_call *)c)->failed, 1);
         return;
     }
-    em_qrows_prefetch_first(c, jb, 0, lo, hi, I);
     for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
         int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
         for (int r = 0; r < nv; r++) {
-            if (EM_QCONV_PF && i0 + r + EM_QCONV_PF < hi) {
-                em_qrow_prefetch(c, jb, 0, i0 + r + EM_QCONV_PF);
-                em_qrow_prefetch(c, jb, 0, I + i0 + r + EM_QCONV_PF);
-            }
             em_qrow_bf16(c, jb, 0, i0 + r, rows + r * ld);
             em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * ld);
         }
@@ -289,13 +257,9 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
         atomic_store(&((em_call *)c)->failed, 1);
         return;
     }
-    em_qrows_prefetch_first(c, jb, 1, lo, hi, 0);
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
-        for (int r = 0; r < nr; r++) {
-            if (EM_QCONV_PF && r0 + r + EM_QCONV_PF < hi) em_qrow_prefetch(c, jb, 1, r0 + r + EM_QCONV_PF);
-            em_qrow_bf16(c, jb, 1, r0 + r, rows + r * ld);
-        }
+        for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + r * ld);
         em_down_tiles(c, jb, s, rows, ld, r0, nr);
     }
 }
