@@ -15,7 +15,6 @@ from edgemoe.config import EngineConfig
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.kernels.share_split import FRACTION_ONE, decode_take
-from edgemoe.moe.cpu_share import ROWS
 from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor, drop_cpu_picks
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
@@ -121,81 +120,6 @@ def test_prefetch_leaves_the_share_its_quota() -> None:
             torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
     snap = ex.stats.snapshot()
     # With an oracle every GPU miss after the first layer was prefetched; the CPU kept its quota.
-    assert snap["experts_cpu"] > 0 and snap["prefetch_used"] == snap["prefetched"] > 0
-
-
-def prompt_steps(seed: int, n: int = 6):  # noqa: ANN201
-    """Prompt chunks (more rows than a decode step: the lookahead's) and decode steps between."""
-    g = torch.Generator().manual_seed(seed)
-    for i in range(n):
-        T = [ROWS + 9, 1, 2 * ROWS + 3][i % 3]
-        x = torch.randn(T, H, generator=g)
-        ids = {layer: torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int() for layer in range(L)}
-        yield x, ids, torch.softmax(torch.randn(T, K, generator=g), -1)
-
-
-@pytest.mark.parametrize("predictor", ["oracle", "router"])
-def test_the_prompt_lookahead_prefetches_prompt_chunks_only(store: BankStore, predictor: str) -> None:
-    """With the lookahead alone, prompt chunks prefetch (outputs bitwise the resident
-    executor's whatever the prediction) and decode steps don't."""
-    ex = make_executor("offload", store, CPU, F.silu, L, 2 * E + 3, expert_cache="device", max_tokens=2 * ROWS + 3)
-    resident = make_executor("resident", store, CPU, F.silu, L, 0)
-    assert isinstance(ex, DeviceOffloadExecutor)
-    oracle = KnownRouting()
-    routers = {layer: torch.randn(E, H, generator=torch.Generator().manual_seed(layer)) for layer in range(L)}
-    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), K, decode=False, prompt=True)
-    assert ex.prefetch is not None and not ex.prefetch.covers(1) and ex.prefetch.covers(ROWS + 1)
-    assert ex.prefetch.covers(1023) and not ex.prefetch.covers(1024)  # chunks of 1,024 rows stream
-    for x, ids, w in prompt_steps(seed=4):
-        oracle.step = ids
-        before = int(ex.prefetch.counts[:, 0].sum())
-        for layer in range(L):
-            assert torch.equal(ex.forward(layer, x, ids[layer], w), resident.forward(layer, x, ids[layer], w))
-        slots_hold_their_experts(ex, store)
-        if x.shape[0] <= ROWS:
-            assert int(ex.prefetch.counts[:, 0].sum()) == before  # a decode step prefetches nothing
-    snap = ex.stats.snapshot()
-    assert snap["prefetched"] > 0 and 0 <= snap["prefetch_used"] <= snap["prefetched"]
-    if predictor == "oracle":
-        assert snap["prefetch_used"] == snap["prefetched"]
-
-
-def test_drop_prompt_picks_leaves_the_prompt_rule_its_experts() -> None:
-    from edgemoe.kernels.share_split import prompt_picks
-    from edgemoe.moe.prefetch import drop_prompt_picks
-
-    g = torch.Generator().manual_seed(6)
-    for _ in range(40):
-        T = int(torch.randint(1, 40, (1,), generator=g))
-        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
-        ids[0, 0] = -1
-        resident = torch.where(torch.rand(E, generator=g) < 0.4, torch.arange(E), -1).int()
-        rates = torch.randint(1, 4000, (4,), generator=g)
-        cpu = prompt_picks(ids, resident, rates, ids.numel())
-        want = torch.tensor([[-1 if e >= 0 and bool(cpu[e]) else int(e) for e in row] for row in ids], dtype=torch.int32)
-        assert torch.equal(drop_prompt_picks(ids, resident, rates), want)
-        assert not (cpu & (resident >= 0)).any()  # the rule takes misses only
-
-
-def test_the_prompt_lookahead_leaves_the_share_its_prompt_picks() -> None:
-    kernel = CpuExperts(threads=2)
-    if not kernel.native:
-        pytest.skip("no compiled CPU expert kernel (no C compiler)")
-    bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
-    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 2 * E + 3, cpu_experts_per_layer=1, cpu_kernel=kernel,
-                               prompt_cpu=True, max_tokens=2 * ROWS + 3)
-    resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
-    oracle = KnownRouting()
-    ex.enable_prefetch(oracle, K, decode=False, prompt=True)
-    assert ex.cpu_share is not None and ex.cpu_share.prompt_rows > ROWS
-    for x, ids, w in prompt_steps(seed=8):
-        oracle.step = ids
-        x = x.bfloat16()
-        for layer in range(L):
-            got, want = ex.forward(layer, x, ids[layer], w).float(), resident.forward(layer, x, ids[layer], w).float()
-            torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
-    snap = ex.stats.snapshot()
-    # An oracle's prefetches are all used; what it left to the share's prompt rule, the CPU took.
     assert snap["experts_cpu"] > 0 and snap["prefetch_used"] == snap["prefetched"] > 0
 
 

@@ -298,7 +298,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         extras["embed"] = HostEmbedding(loaded.params.pop("embed"), device, registrar)
     linear = make_dense_linear(config.kernels.dense_kernel, device)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device, linear=linear, **extras)
-    enable_prefetch(executor, routing, arch, decode=config.moe.moe_prefetch == "on")
+    if config.moe.moe_prefetch == "on":
+        enable_prefetch(executor, routing, arch)
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
@@ -318,29 +319,18 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     )
 
 
-def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch,
-                    decode: bool = True) -> None:
-    """--moe-prefetch on (`decode`): the device cache predicts with the next layer's router
-    (the drawn ids under synthetic routing: an oracle, said so); the prompt lookahead
-    (`EDGEMOE_PROMPT_LOOKAHEAD=1`) beside it or alone, with the router alone (synthetic
-    routing's draws then go unpredicted: the lookahead's figures are no oracle's); nothing
-    to prefetch where everything is resident."""
+def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch) -> None:
+    """--moe-prefetch on: the device cache predicts with the next layer's router (the drawn ids
+    under synthetic routing: an oracle, said so); nothing to prefetch where everything is resident."""
     from edgemoe.moe.device_offload import DeviceOffloadExecutor
-    from edgemoe.moe.prefetch import RouterPredictor, StagedPredictor, prompt_lookahead_wanted
+    from edgemoe.moe.prefetch import RouterPredictor, StagedPredictor
 
-    prompt = prompt_lookahead_wanted()
-    if not isinstance(executor, DeviceOffloadExecutor) or not (decode or prompt):
-        if decode:
-            log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
+    if not isinstance(executor, DeviceOffloadExecutor):
+        log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
         return
-    if not decode and not executor.mover.graph_safe:
-        log.warning("the prompt lookahead copies with the gather mover (this run moves by %s): off", executor.mover.name)
-        return
-    oracle = routing is not None and decode
-    predictor = StagedPredictor(routing) if oracle else RouterPredictor(executor.routers, arch.top_k)
-    executor.enable_prefetch(predictor, arch.top_k, decode=decode, prompt=prompt)
-    log.warning("%s on: predicted by %s", " and ".join(["decode prefetch"] * decode + ["the prompt lookahead"] * prompt),
-                predictor.label)
+    predictor = StagedPredictor(routing) if routing is not None else RouterPredictor(executor.routers, arch.top_k)
+    executor.enable_prefetch(predictor, arch.top_k)
+    log.warning("decode prefetch on: predicted by %s", predictor.label)
 
 
 def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | None,

@@ -115,40 +115,32 @@ def share_begin(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor, st: S
     return share_begin_ref(ids, weights, x, st, mb, rule, dead)
 
 
-def _routed_misses(ids: torch.Tensor, resident: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """([E] pairs routing each expert, [E] bool routed and not `resident`, [E] the tie-break
+def _routed_misses(ids: torch.Tensor, st: ShareState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([E] pairs routing each expert, [E] bool routed and not resident, [E] the tie-break
     key part: a higher id sorts first)."""
     flat = ids.reshape(-1).long()
-    E = resident.numel()
+    E = st.heat.numel()
     routed = torch.zeros(E, dtype=torch.int64, device=flat.device).index_add_(0, flat.clamp(min=0), (flat >= 0).long())
-    return routed, (routed > 0) & (resident < 0), torch.arange(E - 1, -1, -1, device=flat.device)
+    return routed, (routed > 0) & (st.resident < 0), torch.arange(E - 1, -1, -1, device=flat.device)
 
 
 def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
     """[E] bool: the CPU's experts; heats the routed experts (the reference)."""
-    routed, miss, _ = _routed_misses(ids, st.resident)
+    routed, miss, _ = _routed_misses(ids, st)
     on_cpu = coldest_of(miss, st.heat, st.quota, st.fraction)
     st.heat.sub_(st.heat >> HEAT_SHIFT).add_(routed * st.heat_unit)
     return on_cpu
 
 
 def balanced_misses_ref(ids: torch.Tensor, st: ShareState, max_pairs: int) -> torch.Tensor:
-    """[E] bool: the prompt rule's CPU experts (the reference)."""
-    return prompt_picks(ids, st.resident, st.rates, max_pairs)
-
-
-def prompt_picks(ids: torch.Tensor, resident: torch.Tensor, rates: torch.Tensor, max_pairs: int) -> torch.Tensor:
-    """[E] bool: the prompt rule's CPU experts for routing `ids` against `resident` [E] at
-    `rates` ([fixed, per token, copy, GEMM] ns; `ShareState`): the misses routed to the
-    fewest pairs, while their CPU time stays within what the device has left, at most
-    `max_pairs` pairs. Integer ns: the same sums in any order of addition. Also the prompt
-    lookahead's prediction of the next layer's CPU picks (`moe/prefetch.py`)."""
-    routed, miss, tiebreak = _routed_misses(ids, resident)
+    """[E] bool: the prompt rule's CPU experts (the reference). Integer ns: the same sums
+    in any order of addition."""
+    routed, miss, tiebreak = _routed_misses(ids, st)
     E = miss.numel()
     key = torch.where(miss, routed * E + tiebreak, NOT_MISSED)
     order = torch.argsort(key)  # keys are distinct where it matters (misses first)
     tokens = routed[order]
-    fixed, per_token, copy_ns, gemm_ns = rates[0], rates[1], rates[2], rates[3]
+    fixed, per_token, copy_ns, gemm_ns = st.rates[0], st.rates[1], st.rates[2], st.rates[3]
     cpu_ns = torch.cumsum(fixed + per_token * tokens, 0)  # the first k misses' CPU time, k = 1..E
     k = torch.arange(1, E + 1, device=ids.device)
     device_ns = (miss.sum() - k) * copy_ns + ((routed > 0).sum() - k) * gemm_ns  # what the device has left

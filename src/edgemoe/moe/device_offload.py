@@ -121,7 +121,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.act, self.device, self.num_experts, self.store = act, device, store.num_experts, store
         # The share's prompt rule covers every chunk (None: on where the share runs, said nowhere else).
         self._prompt_rows = max_tokens if prompt_cpu is not False else 0
-        self._max_tokens = max_tokens
         self.stats = MoEStats(num_layers, first_layer=store.layers[0])
         self.cache = DeviceSlotCache(num_slots, num_layers, store.num_experts, device, policy=policy)
         self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)
@@ -169,16 +168,13 @@ class DeviceOffloadExecutor(CellsExecutor):
     def register_router(self, layer: int, router: torch.Tensor) -> None:
         self.routers[layer] = router
 
-    def enable_prefetch(self, predictor: Predictor, top_k: int, decode: bool = True, prompt: bool = False) -> None:
-        """Prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token: of decode
-        steps, and (`prompt`) of the prompt chunks that plan (below the streamed ones)."""
+    def enable_prefetch(self, predictor: Predictor, top_k: int) -> None:
+        """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token."""
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
                              f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
-        streamed = self.streaming.min_tokens
-        prompt_rows = (streamed - 1 if streamed else self._max_tokens) if prompt else 0
         self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
-                                       self.cpu_share, decode=decode, prompt_rows=prompt_rows)
+                                       self.cpu_share)
         self.stats.sources.append(self.prefetch.snapshot)
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:

@@ -32,15 +32,6 @@ trained model's recall on random weights.
 Statistics (device counters, read when asked): `prefetched` (experts copied by prefetch),
 `prefetch_used` (of them, routed by their layer), with recall = used / (used + the
 misses left to the step) and precision = used / prefetched.
-
-The prompt lookahead (`EDGEMOE_PROMPT_LOOKAHEAD=1`; `prompt_rows`): the same for prompt
-chunks that plan (more rows than a decode step, fewer than a streamed chunk). A planned
-chunk's layer is a chain too — route, split, copy beside the CPU, compute — and the link
-idles while the GEMMs, attention and the router run; a chunk of a few hundred tokens
-routes to most experts, so the next layer's misses are largely known. The predicted
-misses the share's prompt rule would give the CPU (`drop_prompt_picks`, the rule at its
-current rates) are left to it; the rest are copied during this layer. Always the router
-predictor, never synthetic routing's oracle, unless decode prefetch is on too.
 """
 
 from __future__ import annotations
@@ -52,7 +43,7 @@ import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
-from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, coldest_of, prompt_picks
+from edgemoe.kernels.share_split import FRACTION_ONE, coldest_of
 from edgemoe.kernels.slot_plan import present
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
@@ -66,15 +57,6 @@ from edgemoe.moe.movers import ExpertMover
 # (52 GB/s x ~2 µs), so a few dozen programs keep it busy. EDGEMOE_PREFETCH_PROGRAMS and
 # EDGEMOE_PREFETCH_TILE ("block,warps": a work item's columns, a program's warps): A/B.
 DEFAULT_PROGRAMS = 32
-
-
-def prompt_lookahead_wanted() -> bool:
-    """`EDGEMOE_PROMPT_LOOKAHEAD=1`: prompt chunks that plan prefetch too (off by default
-    until measured; docs/offload.md)."""
-    value = os.environ.get("EDGEMOE_PROMPT_LOOKAHEAD", "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"EDGEMOE_PROMPT_LOOKAHEAD={value!r}: 1 (on) or 0 (off)")
-    return value == "1"
 
 
 class GatherTile(NamedTuple):
@@ -133,33 +115,20 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
     """ids [T, K] without the pairs of the decode pick's misses against `resident` [E]
     (-1: not): `kernels/share_split.coldest_of`, the heat left as it is."""
     E = heat.numel()
-    return _without(ids, coldest_of(present(ids, E) & (resident < 0), heat, quota, fraction))
-
-
-def drop_prompt_picks(ids: torch.Tensor, resident: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
-    """ids [T, K] without the pairs of the prompt rule's misses against `resident` [E]
-    (`kernels/share_split.prompt_picks` at the share's `rates`)."""
-    return _without(ids, prompt_picks(ids, resident, rates, ids.numel()))
-
-
-def _without(ids: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-    """ids [T, K] with the pairs routed to `experts` ([E] bool) set to -1."""
-    E, flat = experts.numel(), ids.reshape(-1).long()
-    experts = torch.cat((experts, torch.zeros(1, dtype=torch.bool, device=ids.device)))
-    return torch.where(experts[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
+    flat = ids.reshape(-1).long()
+    cpu = coldest_of(present(ids, E) & (resident < 0), heat, quota, fraction)
+    cpu = torch.cat((cpu, torch.zeros(1, dtype=torch.bool, device=ids.device)))
+    return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
 
 class DecodePrefetch:
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
-    experts a token; `share` (or None): the CPU share whose picks are left to it. Steps of
-    up to ROWS rows when `decode`; prompt chunks of more, up to `prompt_rows` (0: none:
-    the prompt lookahead, `moe/prefetch.py`'s last section). One thread; `reset()` after a
-    failed step."""
+    experts a token; `share` (or None): the CPU share whose quota's picks are left to it.
+    One thread; `reset()` after a failed step."""
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
-                 top_k: int, share=None, decode: bool = True, prompt_rows: int = 0) -> None:  # noqa: ANN001 - CpuShare
+                 top_k: int, share=None) -> None:  # noqa: ANN001 - CpuShare
         self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
-        self.decode, self.prompt_rows = decode, prompt_rows if prompt_rows > ROWS else 0
         self.next_layer = dict(zip(layers, layers[1:], strict=False))
         self.grid = prefetch_grid()
         self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
@@ -168,7 +137,7 @@ class DecodePrefetch:
         self._side = torch.cuda.Stream(device) if cuda else None
         self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
         S, E = cache.num_slots, cache.num_experts
-        width = min(max(ROWS, self.prompt_rows) * top_k, E, S)  # the longest miss list a covered step plans
+        width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
         self._misses = torch.full((2, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
         self._in_flight = torch.zeros(2, S, dtype=torch.bool, device=device)  # each prefetch's slots
         self._loaded = torch.zeros(E, dtype=torch.bool, device=device)  # the latest prefetch's experts
@@ -179,11 +148,9 @@ class DecodePrefetch:
         self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
 
     def covers(self, rows: int) -> bool:
-        """Whether a step of `rows` token rows prefetches: a decode-sized step (or a prompt
-        chunk the lookahead takes) whose layer plans in one wave with the next layer's
-        in-flight slots pinned."""
-        sized = (self.decode and 0 < rows <= ROWS) or ROWS < rows <= self.prompt_rows
-        return sized and self.cache.num_slots >= 2 * self._experts(rows)
+        """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
+        plans in one wave with the next layer's in-flight slots pinned."""
+        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * self._experts(rows)
 
     def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
         """The slots `layer`'s own plan may not evict: those its prefetch is still filling
@@ -208,7 +175,10 @@ class DecodePrefetch:
         prefetch_pins(slot_ids, self._pins, *used)  # after the last layer: the count alone
         if nxt is None:
             return
-        ids = self._left_to_the_link(nxt, self.predictor(nxt, x, self._shaped(x.shape[0])), x)
+        ids = self.predictor(nxt, x, self._like[: x.shape[0]])
+        if self.share is not None:
+            ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt],
+                                 self.share.fraction)
         plan = self.cache.plan_wave(nxt, ids, self._pins, ahead=True)
         p = self.parity[nxt]
         misses = self._misses[p, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
@@ -221,22 +191,6 @@ class DecodePrefetch:
         with torch.cuda.stream(self._side):
             self.mover.move(nxt, misses, self.grid)
             self._landed[p].record(self._side)
-
-    def _shaped(self, rows: int) -> torch.Tensor:
-        """A [rows, K] int32 tensor of -1: the predictors' shape (a prompt chunk's, made)."""
-        if rows <= ROWS:
-            return self._like[:rows]
-        return torch.full((rows, self.top_k), -1, dtype=torch.int32, device=self.cache.device)
-
-    def _left_to_the_link(self, layer: int, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The predicted ids without the pairs the share's pick for this step would take."""
-        rule = None if self.share is None else self.share.rule_for(x)
-        resident = self.cache.slot_map[layer]
-        if rule == DECODE:
-            return drop_cpu_picks(ids, resident, self.share.heat[layer], self.share.quota[layer], self.share.fraction)
-        if rule == PROMPT:
-            return drop_prompt_picks(ids, resident, self.share.rates)
-        return ids
 
     def join(self, layer: int) -> None:
         """Before `layer` computes: the stream waits for the copies its prefetch started."""
