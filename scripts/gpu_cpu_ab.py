@@ -5,8 +5,8 @@ Each build is the `amx` variant (else the best this CPU runs) compiled with one 
 kernel's tuning macros (`EDGEMOE_CPU_DEFINES`, e.g. "EM_QPAGES=0"; "" is the default).
 Each round times every build (× `--threads` counts × `--gemm-min-tokens` thresholds: the
 fewest tokens a job takes the blocked path with) on the same cases — `--experts` a call
-(a layer's 8 and one by default) at each of `--tokens` (one by default; 16 or more: the
-blocked path), per weight format — in turn; the figure is each build's median over rounds
+(a layer's 8 and one by default) at each of `--tokens` (one by default; from the kernel's
+threshold on the blocked path: 8 on AMX, int8 12, else 16), per weight format — in turn; the figure is each build's median over rounds
 of its rate relative to the round's first build: the C calls' rate (what the engine's CPU
 share runs), the entry point's beside it. Writes $OUT/cpu-ab.json.
 
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--builds", nargs="+", default=["EM_QPAGES=0", ""])
     ap.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"])
     ap.add_argument("--threads", type=int, nargs="+", default=[0], help="each build on each count (0: physical cores)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="tokens a call (16 or more: the blocked path)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1], help="tokens a call (from the threshold on: the blocked path)")
     ap.add_argument("--experts", type=int, nargs="+", default=[LAYER_EXPERTS, 1], help="experts a call")
     ap.add_argument("--gemm-min-tokens", type=int, nargs="+", default=[GEMM_MIN_TOKENS],
                     help="each build at each threshold: jobs of this many tokens or more take the blocked path")

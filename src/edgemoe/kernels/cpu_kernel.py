@@ -89,9 +89,8 @@ class CpuExperts:
                  lib: ctypes.CDLL | None = None) -> None:
         """`gemm_min_tokens`: jobs of this many tokens or more take the blocked path, in
         every weight format (None: `EDGEMOE_CPU_GEMM_MIN_TOKENS`, else `gemm_threshold`'s
-        per-format default). `lib`: the
-        variant's library built otherwise (`cpu_build.load_tuned`: an A/B script's builds),
-        instead of its default build."""
+        per-format default). `lib`: the variant's library built otherwise
+        (`cpu_build.load_tuned`: an A/B script's builds), instead of its default build."""
         self._pool: int | None = None
         self._pid = -1
         self.pinned: dict[int, int] = {}  # worker thread id -> CPU (cpu_pinning.py)
@@ -109,8 +108,9 @@ class CpuExperts:
         return f"CpuExperts({self.name!r}, threads={self.threads})"
 
     def gemm_threshold(self, weights: str) -> int:
-        """The fewest tokens a job in `weights` takes the blocked path with: the caller's
-        `gemm_min_tokens`, else AMX's per-format crossover, else GEMM_MIN_TOKENS."""
+        """The fewest tokens a job in `weights` takes the blocked path with: the one this
+        kernel was given (its argument or the environment's), else AMX's per-format
+        crossover, else GEMM_MIN_TOKENS."""
         if self.gemm_min_tokens is not None:
             return self.gemm_min_tokens
         return default_gemm_min_tokens(self.name, weights)
