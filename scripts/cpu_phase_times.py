@@ -7,7 +7,10 @@ was done. Per weight format, the medians over calls of:
   done) and `gate_up_gb_s`, `down_gb_s`: the projection's bytes over it;
 - `gate_up_tail_us`, `down_tail_us`: the first thread out of tasks → the phase done (the
   slowest task's lag: lanes' imbalance, a descheduled thread);
-- `call_us`: the kernel's whole call, `wall_us`: the Python call around it.
+- `call_us`: the kernel's whole call, `wall_us`: the Python call around it;
+- `qconv_us`, `qtiles_us`: summed over the threads, the time the quantised blocked
+  tasks spent converting their rows to bf16 and in their tiles (0 on the GEMV path and
+  for bf16 weights); `qconv_share` of the two.
 Tells a slow inner loop (a phase's rate) from hand-off and imbalance (entry, tails) — an
 A/B of whole calls (`scripts/gpu_cpu_ab.py`) can't. Writes
 $OUT/cpu-phase-times-spin<µs>-<time>.json (a file a run: several runs in one call keep theirs).
@@ -30,7 +33,7 @@ from edgemoe.kernels import cpu_build
 from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
 from edgemoe.quant import expert_format, expert_specs
 
-MARKS = 7  # entry; per phase: own tasks done, phase done
+MARKS = 9  # entry; per phase: own tasks done, phase done; the blocked tasks' conversion, tiles ns
 MAX_THREADS = 128
 H, I = 2048, 768  # Qwen3-30B-A3B's expert
 
@@ -54,7 +57,9 @@ def summarise(marks: list[list[int]], wall_ns: float, nbytes: tuple[int, int]) -
     col = lambda k: [m[k] for m in marks]  # noqa: E731
     done = [max(col(2)), max(col(4)), max(col(6))]
     span = [done[0], done[1] - done[0], done[2] - done[1]]
-    return {"threads": len(marks), "entry_last_us": max(col(0)) / 1e3, "pack_us": span[0] / 1e3,
+    conv, tiles = sum(col(7)), sum(col(8))
+    return {"qconv_us": conv / 1e3, "qtiles_us": tiles / 1e3, "qconv_share": conv / max(conv + tiles, 1),
+            "threads": len(marks), "entry_last_us": max(col(0)) / 1e3, "pack_us": span[0] / 1e3,
             "gate_up_us": span[1] / 1e3, "down_us": span[2] / 1e3,
             "gate_up_gb_s": nbytes[0] / max(span[1], 1), "down_gb_s": nbytes[1] / max(span[2], 1),
             "gate_up_tail_us": (done[1] - min(col(3))) / 1e3, "down_tail_us": (done[2] - min(col(5))) / 1e3,
@@ -66,6 +71,8 @@ def main() -> None:
     ap.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8"])
     ap.add_argument("--experts", type=int, nargs="+", default=[8, 1], help="experts a call")
     ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--gemm-min-tokens", type=int, default=None,
+                    help="the blocked path's threshold (default: the kernel's; 1: every call blocked)")
     ap.add_argument("--threads", type=int, default=0, help="0: physical cores")
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--defines", default="", help="more tuning macros for the build, e.g. EM_LANES=0")
@@ -73,7 +80,8 @@ def main() -> None:
     args = ap.parse_args()
     variant = resolve_kernel("auto")
     lib = cpu_build.load_tuned(variant, f"EM_PHASE_TIMES=1 {args.defines}".strip())
-    kernel = CpuExperts(variant, threads=args.threads or None, spin_us=args.spin_us, lib=lib)
+    kernel = CpuExperts(variant, threads=args.threads or None, spin_us=args.spin_us, lib=lib,
+                        gemm_min_tokens=args.gemm_min_tokens)
     buf = (ctypes.c_long * (MARKS * MAX_THREADS))()
     rows = []
     for w in args.weights:

@@ -239,11 +239,15 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
     }
     for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
         int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
+        long t0 = EM_PT_NOW();
         for (int r = 0; r < nv; r++) {
             em_qrow_bf16(c, jb, 0, i0 + r, rows + r * ld);
             em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * ld);
         }
+        long t1 = EM_PT_NOW();
         em_gate_up_tiles(s, rows, rows + EM_QHALF * ld, ld, i0, nv, (int)H);
+        EM_PT_ADD(0, t1 - t0);
+        EM_PT_ADD(1, EM_PT_NOW() - t1);
     }
 }
 
@@ -259,8 +263,12 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
     }
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
+        long t0 = EM_PT_NOW();
         for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + r * ld);
+        long t1 = EM_PT_NOW();
         em_down_tiles(c, jb, s, rows, ld, r0, nr);
+        EM_PT_ADD(0, t1 - t0);
+        EM_PT_ADD(1, EM_PT_NOW() - t1);
     }
 }
 #endif

@@ -476,6 +476,7 @@ static void em_call_task(void *ctx) {
         if (ph != 1 || !c->join) em_wait_count(&c->done[ph], c->ntasks[ph]); /* join: down waits by expert */
         EM_PT_MARK(me, 2 + 2 * ph);
     }
+    EM_PT_SUMS(me);
 #if defined(EM_ISA_AMX)
     if (c->any_gemm) em_amx_release();
 #endif
