@@ -216,6 +216,7 @@ def test_the_blocked_path_threshold_is_per_format_on_amx_and_overridable(monkeyp
     """AMX's blocked path wins from 8 tokens (int8 12); other variants keep 16; a caller's
     threshold (or the environment's) applies to every format, and the host function's
     mailbox carries the call's."""
+    monkeypatch.delenv("EDGEMOE_CPU_GEMM_MIN_TOKENS", raising=False)
     assert [cpu_kernel.default_gemm_min_tokens("amx", w) for w in cpu_kernel.WEIGHT_FORMATS] == [8, 12, 8, 8, 8]
     for variant in ("avx512", "amx-emu", "avx2", "scalar"):
         assert {cpu_kernel.default_gemm_min_tokens(variant, w) for w in cpu_kernel.WEIGHT_FORMATS} == {16}
