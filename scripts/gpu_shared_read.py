@@ -29,16 +29,17 @@ import time
 
 import torch
 
-from edgemoe.bench.bandwidth import expert_call, unique_pages
+from edgemoe.bench.bandwidth import expert_bytes, expert_call, expert_pool
 from edgemoe.kernels.cpu_kernel import default_cpu_experts
 
 H, I = 2048, 768
-EXPERT_BYTES = 3 * H * I * 2
+EXPERT_BYTES = expert_bytes(H, I)
 
 
 def pinned_pool(count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return unique_pages((count, 2 * I, H), g).pin_memory(), unique_pages((count, H, I), g).pin_memory()
+    """`count` experts of `bench bw`'s pool (pages unique), page-locked for the copies."""
+    gate_up, down = expert_pool(count * EXPERT_BYTES, H, I)
+    return gate_up.pin_memory(), down.pin_memory()
 
 
 class Copier:

@@ -19,12 +19,11 @@ already waited.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from edgemoe.kernels.cpu_bell import BellTurn
+from edgemoe.kernels.cpu_bell import BellTurn, await_turn
 
 
 class CellSources(NamedTuple):
@@ -46,8 +45,6 @@ def apply_sources(cells: torch.Tensor, sources: CellSources | None) -> torch.Ten
     T, K, H = cells.shape
     flat = cells.view(T * K, H)
     if sources.ready is not None:
-        from edgemoe.kernels.cpu_bell import await_turn
-
         await_turn(sources.ready)
     if sources.cpu_col is not None:
         assert sources.cpu_out is not None

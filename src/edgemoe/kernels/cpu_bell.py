@@ -170,6 +170,8 @@ class CpuBell:
         _write(stream, turn.ring.data_ptr(), turn.value)
 
     def ring_host(self, layer: int) -> None:
+        """`ring` from the host: `done` cleared first, as the device does."""
+        self.words[LINE] = 0
         self.words[0] = self.row(layer) + 1
 
     def wait_host(self, layer: int, timeout_s: float = 10.0) -> None:
