@@ -1,18 +1,22 @@
 /* The quantised blocked path's tiles converting as they go (AMX, int8 / fp8 weights, a
  * job of at most EM_QJIT_NP padded tokens): each k-step converts the 32 rows' next 32
- * weights into a tile-sized bf16 buffer in L1 and multiplies it at once, while the rows'
- * bytes further on are prefetched.
+ * weights, unscaled, into a tile-sized bf16 buffer in L1 and multiplies it at once; the
+ * scales multiply the fp32 partial sums instead — fp8's per scale block (the rows of a
+ * 16-row tile share their row block, so it is one scalar a tile and block), int8's per
+ * row at the end.
  *
- * Why: the row-at-a-time path (em_qtasks.h) converts a task's 32 whole rows into a
- * 133 KB scratch, then runs the tiles over it. Its memory reads stop while the tiles run,
- * and its conversion waits on them: on the GPU machine's AMX (fp8, 8 experts × 16
- * tokens) conversion was 75% of the tasks' time and the call read 39 GB/s
- * (docs/benchmarks.md, "The blocked path converting as it goes"). Here the reads stream
- * as the bf16 tiles' do. A job of more token tiles would convert each k-step once per
- * pair of them; those keep the scratch path, which converts a row once for all.
+ * Why: the scaled conversion (em_q_to_bf16: fp16 trick, fp32 product, bf16 rounding,
+ * ~14 vector uops per 32 weights) held the row-at-a-time path (em_qtasks.h), which
+ * converts a task's 32 whole rows into a 133 KB scratch before its tiles: on the GPU
+ * machine's AMX (fp8, 8 experts × 16 tokens) conversion was 75% of the tasks' time and
+ * the call read 39 GB/s, flat in tokens — compute, not memory (docs/benchmarks.md, "The
+ * blocked path's conversion"). An e4m3 value is exact in bf16 (4 significant bits,
+ * exponents 2^-9..2^8), built from the byte with integer operations (~7 uops per 32;
+ * e4m3's subnormals from an 8-entry table); an int8 value is too (7 bits).
  *
- * The values are the scratch path's, bit for bit: each weight the reference's fp32
- * dequantisation (one rounding) rounded once more to bf16's nearest even, zeros past K.
+ * The numbers: each weight exact (the scaled path rounds w · scale to bf16), x and h in
+ * bf16 as everywhere on the blocked path, fp32 sums scaled in fp32. A job of more token
+ * tiles would convert each k-step once per pair of them; those keep the scratch path.
  *
  * NOTE: included by em_qtasks.h inside its blocked-path section; not standalone.
  */
@@ -24,7 +28,7 @@
 #define EM_QJIT_NP 32 /* the most padded tokens a job converts as it goes (0: never) */
 #endif
 #ifndef EM_QJIT_PF
-#define EM_QJIT_PF 512 /* bytes ahead a raw row's prefetch reads (16 k-steps) */
+#define EM_QJIT_PF 256 /* bytes ahead a raw row's prefetch reads (8 k-steps) */
 #endif
 
 /* The 32 raw rows of a k-step's two A tiles (tile 0's n0, then tile 1's n1 from 16). */
@@ -34,62 +38,120 @@ typedef struct {
     int n0, n1;
 } em_qrows32;
 
-/* 32 weights of row w from k0 → bf16 at out, scaled by f (fp8: the block's scale·2^8). */
-static inline __attribute__((always_inline)) void em_q32_bf16(const uint8_t *w, int k0, int K, const int fp8, float f,
-                                                              uint16_t *out) {
-    __m512 lo = em_q16_scaled(w, k0, K, fp8, f);
-    __m512 hi = k0 + 16 < K ? em_q16_scaled(w, k0 + 16, K, fp8, f) : _mm512_setzero_ps();
-    _mm512_store_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+/* e4m3 subnormals m · 2^-9 (m = 1..7) as bf16, indexed by the byte's low bits. */
+static inline __m512i em_e4m3_sub_lut(void) {
+    static const uint16_t lut[32] __attribute__((aligned(64))) = {0,      0x3B00, 0x3B80, 0x3BC0,
+                                                                  0x3C00, 0x3C20, 0x3C40, 0x3C60};
+    return _mm512_load_si512(lut);
 }
 
-/* Rows [r0, r1) of m from k0 into the tile buffer a (row r at a + (r - r0) * 32). */
-static inline __attribute__((always_inline)) void em_q_tile_rows(const em_qrows32 *m, int r0, int r1, int k0, int kb,
-                                                                 int K, const int fp8, uint16_t *a) {
-    for (int r = r0; r < r1; r++)
-        em_q32_bf16(m->w[r], k0, K, fp8, fp8 ? m->sc[r][kb] * EM_FP8_UNBIAS : m->sc[r][0], a + (r - r0) * 32);
+/* 32 e4m3 bytes (sign-extended to 16 bits) → their exact bf16 values: a normal's exponent
+ * rebiased by 127 − 7 and its mantissa moved up 4; a subnormal's (exponent 0) from the
+ * table; the sign kept. */
+static inline __m512i em_e4m3_bf16(__m512i x, __m512i sub) {
+    __m512i n = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(x, 4), _mm512_set1_epi16(0x07F0)),
+                                 _mm512_set1_epi16(0x3C00));
+    n = _mm512_mask_permutexvar_epi16(n, _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78)), x, sub);
+    return _mm512_ternarylogic_epi32(n, x, _mm512_set1_epi16((short)0x8000), 0xF8); /* n | (x & sign) */
 }
 
-/* em_amx_2x2 over the rows of m (blk: fp8's block, a multiple of 32): C tiles 0..3 =
- * rows (tile 0's, tile 1's) × tokens (t0, t0 + 16 if two), out as em_amx_2x2's. */
+/* 32 weights of row w from k0 (zeros past K) → their exact bf16 values at out. */
+static inline __attribute__((always_inline)) void em_q32_exact(const uint8_t *w, int k0, int K, const int fp8,
+                                                               __m512i sub, uint16_t *out) {
+    __m256i b = K - k0 >= 32 ? _mm256_loadu_si256((const __m256i *)(w + k0))
+                             : _mm256_maskz_loadu_epi8((__mmask32)((1ull << (K - k0)) - 1u), w + k0);
+    if (fp8) {
+        _mm512_store_si512(out, em_e4m3_bf16(_mm512_cvtepi8_epi16(b), sub));
+    } else {
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+        _mm512_store_si512(out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+/* out (em_amx_2x2's layout, rows 0..31 × tv token tiles) = f · part + (first ? 0 : out),
+ * f per row (int8) or per 16-row tile (fp8, f[0] and f[16]). */
+static inline void em_q_scale_rows(float *out, const float *part, const float *f, int per_row, int tv, int first) {
+    for (int r = 0; r < 32; r++) {
+        const __m512 s = _mm512_set1_ps(f[per_row ? r : r & 16]);
+        for (int v = 0; v < tv; v++) {
+            __m512 p = _mm512_mul_ps(s, _mm512_load_ps(part + r * 32 + v * 16));
+            _mm512_store_ps(out + r * 32 + v * 16, first ? p : _mm512_add_ps(p, _mm512_load_ps(out + r * 32 + v * 16)));
+        }
+    }
+}
+
+/* C tiles 0..3 → part (em_amx_2x2's layout), then zeroed. */
+static inline void em_q_take_c(float *part, int two) {
+    EM_TSTORE(0, part, 32 * 4);
+    EM_TSTORE(2, part + 16 * 32, 32 * 4);
+    EM_TZERO(0);
+    EM_TZERO(2);
+    if (two) {
+        EM_TSTORE(1, part + 16, 32 * 4);
+        EM_TSTORE(3, part + 16 * 32 + 16, 32 * 4);
+        EM_TZERO(1);
+        EM_TZERO(3);
+    }
+}
+
+/* em_amx_2x2 over the rows of m, weights exact and scaled after (blk: fp8's block, a
+ * multiple of 32): out[(tile*16 + r)*32 + v*16 + lane], tokens t0.. (t0 + 16.. if two). */
 static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, const uint32_t *xp, int64_t np, int t0,
                          int two, float *out) {
     /* two buffers a tile, used in turn: a k-step's conversion need not wait on the loads
      * of the one before */
     uint16_t a[2][2][16 * 32] __attribute__((aligned(64)));
+    float part[32 * 32] __attribute__((aligned(64))), f[32];
     if (m->n0 < 16 || m->n1 < 16) memset(a, 0, sizeof(a)); /* rows past n: zeros, never stored */
-    EM_TZERO(0);
-    EM_TZERO(1);
-    EM_TZERO(2);
-    EM_TZERO(3);
-    for (int k0 = 0, kb = 0, kend = blk, turn = 0; k0 < K; k0 += 32, turn ^= 1) {
-        if (fp8 && k0 == kend) kb++, kend += blk;
+    const __m512i sub = em_e4m3_sub_lut();
+    for (int t = 0; t < 4; t++) EM_TZERO(t);
+    const int step = fp8 ? blk : K; /* a scale block; int8: the whole row */
+    for (int kb0 = 0, kb = 0, turn = 0; kb0 < K; kb0 += step, kb++) {
+        for (int k0 = kb0; k0 < K && k0 < kb0 + step; k0 += 32, turn ^= 1) {
 #if !defined(EM_AMX_EMULATE)
-        if ((k0 & 63) == 0 && k0 + EM_QJIT_PF < K) { /* a line a row every other k-step */
-            for (int r = 0; r < m->n0; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
-            for (int r = 16; r < 16 + m->n1; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
-        }
+            if ((k0 & 63) == 0 && k0 + EM_QJIT_PF < K) { /* a line a row every other k-step */
+                for (int r = 0; r < m->n0; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
+                for (int r = 16; r < 16 + m->n1; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
+            }
 #endif
-        em_q_tile_rows(m, 0, m->n0, k0, kb, K, fp8, a[turn][0]);
-        em_q_tile_rows(m, 16, 16 + m->n1, k0, kb, K, fp8, a[turn][1]);
-        const uint32_t *b = xp + (int64_t)(k0 / 2) * np + t0;
-        EM_TLOAD(4, a[turn][0], 64);
-        EM_TLOAD(5, a[turn][1], 64);
-        EM_TLOAD(6, b, np * 4);
-        EM_TDP(0, 4, 6);
-        EM_TDP(2, 5, 6);
-        if (two) {
-            EM_TLOAD(7, b + 16, np * 4);
-            EM_TDP(1, 4, 7);
-            EM_TDP(3, 5, 7);
+            for (int r = 0; r < m->n0; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a[turn][0] + r * 32);
+            for (int r = 16; r < 16 + m->n1; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a[turn][1] + (r - 16) * 32);
+            const uint32_t *b = xp + (int64_t)(k0 / 2) * np + t0;
+            EM_TLOAD(4, a[turn][0], 64);
+            EM_TLOAD(5, a[turn][1], 64);
+            EM_TLOAD(6, b, np * 4);
+            EM_TDP(0, 4, 6);
+            EM_TDP(2, 5, 6);
+            if (two) {
+                EM_TLOAD(7, b + 16, np * 4);
+                EM_TDP(1, 4, 7);
+                EM_TDP(3, 5, 7);
+            }
+        }
+        if (fp8) { /* the block's partial sums, times each tile's scale for it */
+            em_q_take_c(part, two);
+            f[0] = m->sc[0][kb], f[16] = m->n1 ? m->sc[16][kb] : 0.0f;
+            em_q_scale_rows(out, part, f, 0, two ? 2 : 1, kb == 0);
         }
     }
-    EM_TSTORE(0, out, 32 * 4);
-    EM_TSTORE(2, out + 16 * 32, 32 * 4);
-    if (two) {
-        EM_TSTORE(1, out + 16, 32 * 4);
-        EM_TSTORE(3, out + 16 * 32 + 16, 32 * 4);
+    if (!fp8) {
+        em_q_take_c(part, two);
+        for (int r = 0; r < 32; r++) f[r] = r < m->n0 || (r >= 16 && r < 16 + m->n1) ? m->sc[r][0] : 0.0f;
+        em_q_scale_rows(out, part, f, 1, two ? 2 : 1, 1);
     }
 }
+
+#if defined(EM_TEST_HOOKS) && EM_TEST_HOOKS
+/* For tests: a row of K weights → the bf16 values the tiles read (em_q32_exact). */
+void em_test_q_exact(const uint8_t *w, int K, int fp8, uint16_t *out) {
+    uint16_t tmp[32] __attribute__((aligned(64)));
+    for (int k0 = 0; k0 < K; k0 += 32) {
+        em_q32_exact(w, k0, K, fp8, em_e4m3_sub_lut(), tmp);
+        memcpy(out + k0, tmp, (size_t)(K - k0 < 32 ? K - k0 : 32) * 2);
+    }
+}
+#endif
 
 /* Whether a job's blocked tasks convert as they go: int8 / fp8, one pair of token tiles. */
 static inline int em_qjit(const em_call *c, const em_jobstate *s) {
