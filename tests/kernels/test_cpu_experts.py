@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 
@@ -415,3 +416,20 @@ def test_core_cpus_skips_smt_siblings(tmp_path, monkeypatch) -> None:  # noqa: A
     monkeypatch.setattr(cpu_isa, "Path", lambda p: Path(str(tmp_path) + str(p)))
     assert cpu_isa.core_cpus({0, 1, 2, 3, 4, 5}) == [0, 1, 4, 5]
     assert cpu_isa.core_cpus({2, 3}) == [2, 3]
+
+
+@pytest.mark.parametrize("variant", sorted(cpu_build.VARIANT_CFLAGS))
+@pytest.mark.parametrize("defines", ["", "EM_PHASE_TIMES=1 EM_TEST_HOOKS=1"])
+def test_every_variant_compiles_here_whether_or_not_this_cpu_runs_it(variant: str, defines: str) -> None:
+    """A variant this CPU can't run (AMX on the CI's machines) must still compile: an error
+    in it would otherwise surface only on the GPU machine, where the kernel falls back to
+    the next variant quietly. Only a compiler that doesn't know the variant's flags skips."""
+    cc = cpu_build.find_compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    try:
+        assert cpu_build.build(variant, cc, defines).exists()
+    except cpu_build.BuildError as e:
+        if re.search(r"unrecognized (command[- ]line )?option|unknown argument|unsupported option", str(e)):
+            pytest.skip(f"{cc} lacks {variant}'s flags")
+        raise

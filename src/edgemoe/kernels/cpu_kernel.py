@@ -210,7 +210,9 @@ def _auto_kernel() -> str:
             cpu_build.load(variant)
             return variant
         except (cpu_build.BuildError, RuntimeError, OSError) as e:
-            log.info("CPU expert kernel %s unavailable: %s", variant, e)
+            # NOTE: a warning: this CPU runs the variant, so its loss costs speed the user
+            # should hear about (a build error showed only as a slower fallback, 2026-12-04)
+            log.warning("CPU expert kernel %s unavailable, trying the next: %s", variant, e)
     return "torch"
 
 

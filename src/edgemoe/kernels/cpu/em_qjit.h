@@ -105,7 +105,10 @@ static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, con
     float part[32 * 32] __attribute__((aligned(64))), f[32];
     if (m->n0 < 16 || m->n1 < 16) memset(a, 0, sizeof(a)); /* rows past n: zeros, never stored */
     const __m512i sub = em_e4m3_sub_lut();
-    for (int t = 0; t < 4; t++) EM_TZERO(t);
+    EM_TZERO(0);
+    EM_TZERO(1);
+    EM_TZERO(2);
+    EM_TZERO(3);
     const int step = fp8 ? blk : K; /* a scale block; int8: the whole row */
     for (int kb0 = 0, kb = 0, turn = 0; kb0 < K; kb0 += step, kb++) {
         for (int k0 = kb0; k0 < K && k0 < kb0 + step; k0 += 32, turn ^= 1) {
