@@ -75,8 +75,10 @@ static inline void em_q_scale_rows(float *out, const float *part, const float *f
     for (int r = 0; r < 32; r++) {
         const __m512 s = _mm512_set1_ps(f[per_row ? r : r & 16]);
         for (int v = 0; v < tv; v++) {
+            /* NOTE: out is the caller's, unaligned accesses: with aligned ones here and the
+             * callers' arrays unaligned, the amx build segfaulted on the GPU machine */
             __m512 p = _mm512_mul_ps(s, _mm512_load_ps(part + r * 32 + v * 16));
-            _mm512_store_ps(out + r * 32 + v * 16, first ? p : _mm512_add_ps(p, _mm512_load_ps(out + r * 32 + v * 16)));
+            _mm512_storeu_ps(out + r * 32 + v * 16, first ? p : _mm512_add_ps(p, _mm512_loadu_ps(out + r * 32 + v * 16)));
         }
     }
 }
@@ -165,7 +167,7 @@ static inline int em_qjit(const em_call *c, const em_jobstate *s) {
 static void em_gate_up_qjit(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t lo, int64_t hi) {
     const int64_t H = c->H, I = c->I;
     const uint8_t *base = (const uint8_t *)(intptr_t)jb->gate_up;
-    float tmp[32 * 32];
+    float tmp[32 * 32] __attribute__((aligned(64)));
     em_qrows32 m;
     for (int64_t i0 = lo; i0 < hi; i0 += 16) {
         int nv = hi - i0 < 16 ? (int)(hi - i0) : 16;
@@ -182,7 +184,7 @@ static void em_gate_up_qjit(const em_call *c, const em_job *jb, const em_jobstat
 /* down rows [lo, hi) of a job, 32 a k-step (16 a tile). */
 static void em_down_qjit(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t lo, int64_t hi) {
     const uint8_t *base = (const uint8_t *)(intptr_t)jb->down;
-    float tmp[32 * 32];
+    float tmp[32 * 32] __attribute__((aligned(64)));
     em_qrows32 m;
     for (int64_t r0 = lo; r0 < hi; r0 += 32) {
         int nr = hi - r0 < 32 ? (int)(hi - r0) : 32;
