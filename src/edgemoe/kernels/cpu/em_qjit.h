@@ -97,13 +97,36 @@ static inline void em_q_take_c(float *part, int two) {
     }
 }
 
+#ifndef EM_QJIT_AHEAD
+/* k-steps a conversion runs ahead of the tiles that read it (0..3). NOTE: a tile load
+ * can't take its data from stores still in flight: it waits until they reach L1, and the
+ * tile product after it holds retirement meanwhile. Converted a k-step or more ahead,
+ * the buffer's stores have drained when its tiles load it. */
+#define EM_QJIT_AHEAD 1
+#endif
+#define EM_QJIT_RING (EM_QJIT_AHEAD + 1)
+
+/* k-step j's 32 rows × 32 weights of m → the ring's buffers for j (tile 0's, tile 1's),
+ * prefetching the rows' bytes EM_QJIT_PF on. */
+static inline __attribute__((always_inline)) void em_q_convert_step(const em_qrows32 *m, int j, int K, const int fp8,
+                                                                    __m512i sub, uint16_t (*a)[2][16 * 32]) {
+    const int k0 = 32 * j;
+    uint16_t *a0 = a[j % EM_QJIT_RING][0], *a1 = a[j % EM_QJIT_RING][1];
+#if !defined(EM_AMX_EMULATE)
+    if ((k0 & 63) == 0 && k0 + EM_QJIT_PF < K) { /* a line a row every other k-step */
+        for (int r = 0; r < m->n0; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
+        for (int r = 16; r < 16 + m->n1; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
+    }
+#endif
+    for (int r = 0; r < m->n0; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a0 + r * 32);
+    for (int r = 16; r < 16 + m->n1; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a1 + (r - 16) * 32);
+}
+
 /* em_amx_2x2 over the rows of m, weights exact and scaled after (blk: fp8's block, a
  * multiple of 32): out[(tile*16 + r)*32 + v*16 + lane], tokens t0.. (t0 + 16.. if two). */
 static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, const uint32_t *xp, int64_t np, int t0,
                          int two, float *out) {
-    /* two buffers a tile, used in turn: a k-step's conversion need not wait on the loads
-     * of the one before */
-    uint16_t a[2][2][16 * 32] __attribute__((aligned(64)));
+    uint16_t a[EM_QJIT_RING][2][16 * 32] __attribute__((aligned(64)));
     float part[32 * 32] __attribute__((aligned(64))), f[32];
     if (m->n0 < 16 || m->n1 < 16) memset(a, 0, sizeof(a)); /* rows past n: zeros, never stored */
     const __m512i sub = em_e4m3_sub_lut();
@@ -111,30 +134,23 @@ static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, con
     EM_TZERO(1);
     EM_TZERO(2);
     EM_TZERO(3);
-    const int step = fp8 ? blk : K; /* a scale block; int8: the whole row */
-    for (int kb0 = 0, kb = 0, turn = 0; kb0 < K; kb0 += step, kb++) {
-        for (int k0 = kb0; k0 < K && k0 < kb0 + step; k0 += 32, turn ^= 1) {
-#if !defined(EM_AMX_EMULATE)
-            if ((k0 & 63) == 0 && k0 + EM_QJIT_PF < K) { /* a line a row every other k-step */
-                for (int r = 0; r < m->n0; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
-                for (int r = 16; r < 16 + m->n1; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
-            }
-#endif
-            for (int r = 0; r < m->n0; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a[turn][0] + r * 32);
-            for (int r = 16; r < 16 + m->n1; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a[turn][1] + (r - 16) * 32);
-            const uint32_t *b = xp + (int64_t)(k0 / 2) * np + t0;
-            EM_TLOAD(4, a[turn][0], 64);
-            EM_TLOAD(5, a[turn][1], 64);
-            EM_TLOAD(6, b, np * 4);
-            EM_TDP(0, 4, 6);
-            EM_TDP(2, 5, 6);
-            if (two) {
-                EM_TLOAD(7, b + 16, np * 4);
-                EM_TDP(1, 4, 7);
-                EM_TDP(3, 5, 7);
-            }
+    const int steps = (K + 31) / 32, per_block = fp8 ? blk / 32 : steps; /* k-steps a scale block (int8: all) */
+    for (int j = 0; j < EM_QJIT_AHEAD && j < steps; j++) em_q_convert_step(m, j, K, fp8, sub, a);
+    for (int j = 0; j < steps; j++) {
+        if (j + EM_QJIT_AHEAD < steps) em_q_convert_step(m, j + EM_QJIT_AHEAD, K, fp8, sub, a);
+        const uint32_t *b = xp + (int64_t)(16 * j) * np + t0;
+        EM_TLOAD(4, a[j % EM_QJIT_RING][0], 64);
+        EM_TLOAD(5, a[j % EM_QJIT_RING][1], 64);
+        EM_TLOAD(6, b, np * 4);
+        EM_TDP(0, 4, 6);
+        EM_TDP(2, 5, 6);
+        if (two) {
+            EM_TLOAD(7, b + 16, np * 4);
+            EM_TDP(1, 4, 7);
+            EM_TDP(3, 5, 7);
         }
-        if (fp8) { /* the block's partial sums, times each tile's scale for it */
+        if (fp8 && ((j + 1) % per_block == 0 || j + 1 == steps)) { /* a block's sums, times each tile's scale */
+            const int kb = j / per_block;
             em_q_take_c(part, two);
             f[0] = m->sc[0][kb], f[16] = m->n1 ? m->sc[16][kb] : 0.0f;
             em_q_scale_rows(out, part, f, 0, two ? 2 : 1, kb == 0);
