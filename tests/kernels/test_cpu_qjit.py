@@ -72,3 +72,21 @@ def test_the_hooks_stay_out_of_the_default_build() -> None:
     if variant is None or cpu_build.find_compiler() is None:
         pytest.skip("no AMX or emulated-AMX build here")
     assert not hasattr(kernel_for(variant, "gemm").lib, "em_test_q_exact")
+
+
+def test_the_amx_probe_compiles_against_the_kernels_conversion(tmp_path) -> None:  # noqa: ANN001
+    """scripts/amx_tile_probe.c (the GPU machine's `amx-probe` stage) includes the kernel's
+    em_qexact.h: a change there must not break it unseen."""
+    import subprocess
+    from pathlib import Path
+
+    cc = cpu_build.find_compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    root = Path(__file__).resolve().parents[2]
+    flags = [*cpu_build.VARIANT_CFLAGS["amx"], "-O1", f"-I{cpu_build.SOURCE_DIR}"]
+    res = subprocess.run([cc, *flags, "-o", str(tmp_path / "probe"), str(root / "scripts" / "amx_tile_probe.c"),
+                          "-lpthread"], capture_output=True, text=True, timeout=120)
+    if res.returncode and "unrecognized" in res.stderr:
+        pytest.skip(f"{cc} lacks the amx flags")
+    assert res.returncode == 0, res.stderr[-2000:]
