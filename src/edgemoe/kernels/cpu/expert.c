@@ -203,8 +203,12 @@ static void em_pack_token_pairs(const em_call *c, const em_job *jb, const em_job
                                 int64_t p1) {
     const int64_t np = s->np, px = p1 < c->Px ? p1 : c->Px, ph = p1 < c->Ph ? p1 : c->Ph;
     if (t < s->n) {
-        int64_t tok = em_token(jb, t);
-        for (int64_t p = p0; p < px; p++) s->xp[p * np + t] = em_x_bf16(c, tok, 2 * p) | em_x_bf16(c, tok, 2 * p + 1) << 16;
+        int64_t tok = em_token(jb, t), p = p0;
+        if (c->x_bf16) { /* a pair of bf16 x is the 32 bits the tile reads: copied whole */
+            const uint16_t *row = (const uint16_t *)c->x + tok * c->x_stride;
+            for (; p < px && 2 * p + 1 < c->H; p++) memcpy(&s->xp[p * np + t], row + 2 * p, 4);
+        }
+        for (; p < px; p++) s->xp[p * np + t] = em_x_bf16(c, tok, 2 * p) | em_x_bf16(c, tok, 2 * p + 1) << 16;
     } else {
         for (int64_t p = p0; p < px; p++) s->xp[p * np + t] = 0;
     }
