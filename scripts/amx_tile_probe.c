@@ -32,7 +32,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "em_qexact.h"
+#ifndef EM_ISA_AMX
+#define EM_ISA_AMX 1
+#endif
+#include "em_gemm.h"   /* the kernel's tile configuration and k-step (em_amx_config, em_amx_step) */
+#include "em_qexact.h" /* and its conversion */
 
 #define K 2048               /* a gate_up row (Qwen3-30B-A3B's hidden size) */
 #define GROUP (32 * K)       /* a k-step's 32 rows, fp8: 64 KB */
@@ -50,20 +54,6 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed, aligned(64))) tilecfg;
-
-static void tiles_on(void) {
-    tilecfg c;
-    memset(&c, 0, sizeof(c));
-    c.palette_id = 1;
-    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
-    _tile_loadconfig(&c);
 }
 
 typedef struct {
@@ -91,11 +81,10 @@ static inline void tdp_all(int two) {
     }
 }
 
-/* B's tiles loaded from the packed activations at b, then the products. */
-static inline void products(const uint32_t *b, int np, int two) {
-    _tile_loadd(6, b, np * 4);
-    if (two) _tile_loadd(7, b + 16, np * 4);
-    tdp_all(two);
+/* A's tiles from the conversion's buffers, B's from the packed activations at b, the
+ * products: the kernel's own k-step. */
+static inline void products(state *st, const uint32_t *b, int np, int two) {
+    em_amx_step(st->a[0], 64, st->a[1], 64, b, np, two);
 }
 
 /* k-steps of `mode` until `seconds` pass; returns ns a k-step. */
@@ -137,9 +126,7 @@ static double run_mode(state *st, int mode) {
                 tdp_all(two);
                 break;
             case LOAD_AB:
-                _tile_loadd(4, st->a[0], 64);
-                _tile_loadd(5, st->a[1], 64);
-                products(b, np, two);
+                products(st, b, np, two);
                 break;
             case CONV:
                 convert(st, w, k0, sub);
@@ -149,17 +136,13 @@ static double run_mode(state *st, int mode) {
                 if (mode == CONV_DRAM && (k0 & 63) == 0 && k0 + 256 < K)
                     for (int r = 0; r < 32; r++) __builtin_prefetch(w + r * K + k0 + 256, 0, 3);
                 convert(st, w, k0, sub);
-                _tile_loadd(4, st->a[0], 64);
-                _tile_loadd(5, st->a[1], 64);
-                products(b, np, two);
+                products(st, b, np, two);
                 break;
             case BF16_DRAM: {
                 const uint16_t *w16 = st->pool16 + g * 32 * K;
                 if (k0 + 256 < K)
                     for (int r = 0; r < 32; r++) __builtin_prefetch(w16 + r * K + k0 + 256, 0, 3);
-                _tile_loadd(4, w16 + k0, K * 2);
-                _tile_loadd(5, w16 + 16 * K + k0, K * 2);
-                products(b, np, two);
+                em_amx_step(w16 + k0, K * 2, w16 + 16 * K + k0, K * 2, b, np, two);
                 break;
             }
             }
@@ -182,16 +165,17 @@ static void *worker(void *arg) {
     for (size_t i = 0; i < GROUP; i++) st->group[i] = (uint8_t)(i * 11);
     for (size_t i = 0; i < (size_t)K / 2 * 32; i++) st->xp[i] = 0x3F803F80u;
     memset(st->a, 0, sizeof(st->a));
-    tiles_on();
+    em_amx_config();
     for (int m = 0; m < MODES; m++) {
         pthread_barrier_wait(&barrier); /* every thread runs a mode at once */
         ns_per_step[me][m] = run_mode(st, m);
     }
-    _tile_release();
+    em_amx_release();
     return NULL;
 }
 
 int main(int argc, char **argv) {
+    (void)em_amx_2x2; /* em_gemm.h's whole-row kernel: not probed here */
     nthreads = argc > 1 ? atoi(argv[1]) : 1;
     tokens = argc > 2 ? atoi(argv[2]) : 16;
     seconds = argc > 3 ? atof(argv[3]) : 0.3;

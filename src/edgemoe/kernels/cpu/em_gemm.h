@@ -151,6 +151,23 @@ static inline const void *em_a_src(const uint16_t *w, int64_t ld, int nvalid, in
     return buf;
 }
 
+/* A k-step's tile products: A tiles 4, 5 (16 rows each, from a0 / a1 at byte strides s0 /
+ * s1) × B tile 6 (pairs of x at b, 16 tokens; and tile 7, the next 16, when `two`) into C
+ * tiles 0..3 (C = 2·row tile + token tile). */
+static inline __attribute__((always_inline)) void em_amx_step(const void *a0, int64_t s0, const void *a1, int64_t s1,
+                                                              const uint32_t *b, int64_t np, int two) {
+    EM_TLOAD(4, a0, s0);
+    EM_TLOAD(5, a1, s1);
+    EM_TLOAD(6, b, np * 4);
+    EM_TDP(0, 4, 6);
+    EM_TDP(2, 5, 6);
+    if (two) {
+        EM_TLOAD(7, b + 16, np * 4);
+        EM_TDP(1, 4, 7);
+        EM_TDP(3, 5, 7);
+    }
+}
+
 #ifndef EM_AMX_PF
 #define EM_AMX_PF 256 /* weights ahead a row's prefetch reads (8 k-steps) */
 #endif
@@ -179,16 +196,7 @@ static void em_amx_2x2(const uint16_t *a0, int n0, const uint16_t *a1, int n1, i
                 __builtin_prefetch((const char *)(a1 + r * ld + k0 + EM_AMX_PF), 0, EM_AMX_PF_LOCALITY);
             }
 #endif
-        EM_TLOAD(4, p0, s0);
-        EM_TLOAD(5, p1, s1);
-        EM_TLOAD(6, b, np * 4);
-        EM_TDP(0, 4, 6);
-        EM_TDP(2, 5, 6);
-        if (two) {
-            EM_TLOAD(7, b + 16, np * 4);
-            EM_TDP(1, 4, 7);
-            EM_TDP(3, 5, 7);
-        }
+        em_amx_step(p0, s0, p1, s1, b, np, two);
     }
     EM_TSTORE(0, out, 32 * 4);
     EM_TSTORE(2, out + 16 * 32, 32 * 4);

@@ -109,17 +109,7 @@ static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, con
     for (int j = 0; j < EM_QJIT_AHEAD && j < steps; j++) em_q_convert_step(m, j, K, fp8, sub, a);
     for (int j = 0; j < steps; j++) {
         if (j + EM_QJIT_AHEAD < steps) em_q_convert_step(m, j + EM_QJIT_AHEAD, K, fp8, sub, a);
-        const uint32_t *b = xp + (int64_t)(16 * j) * np + t0;
-        EM_TLOAD(4, a[j % EM_QJIT_RING][0], 64);
-        EM_TLOAD(5, a[j % EM_QJIT_RING][1], 64);
-        EM_TLOAD(6, b, np * 4);
-        EM_TDP(0, 4, 6);
-        EM_TDP(2, 5, 6);
-        if (two) {
-            EM_TLOAD(7, b + 16, np * 4);
-            EM_TDP(1, 4, 7);
-            EM_TDP(3, 5, 7);
-        }
+        em_amx_step(a[j % EM_QJIT_RING][0], 64, a[j % EM_QJIT_RING][1], 64, xp + (int64_t)(16 * j) * np + t0, np, two);
         if (fp8 && ((j + 1) % per_block == 0 || j + 1 == steps)) { /* a block's sums, times each tile's scale */
             const int kb = j / per_block;
             em_q_take_c(part, two);
