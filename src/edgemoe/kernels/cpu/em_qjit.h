@@ -8,11 +8,13 @@
  * Why: the scaled conversion (em_q_to_bf16: fp16 trick, fp32 product, bf16 rounding,
  * ~14 vector uops per 32 weights) held the row-at-a-time path (em_qtasks.h), which
  * converts a task's 32 whole rows into a 133 KB scratch before its tiles: on the GPU
- * machine's AMX (fp8, 8 experts × 16 tokens) conversion was 75% of the tasks' time and
- * the call read 39 GB/s, flat in tokens — compute, not memory (docs/benchmarks.md, "The
- * blocked path's conversion"). An e4m3 value is exact in bf16 (4 significant bits,
- * exponents 2^-9..2^8), built from the byte with integer operations (~7 uops per 32;
- * e4m3's subnormals from an 8-entry table); an int8 value is too (7 bits).
+ * machine's AMX (fp8, 8 experts × 16 tokens) conversion was 75% of the tasks' time, and
+ * the call's rate was flat in tokens. An e4m3 value is exact in bf16 (4 significant
+ * bits, exponents 2^-9..2^8), built from the byte with integer operations (~7 uops per
+ * 32; em_qexact.h); an int8 value is too (7 bits). Measured: ×1.09–1.16 the scratch
+ * path's rate for fp8, ×1.04–1.11 for int8, at 6–32 tokens (docs/benchmarks.md, "The
+ * quantised blocked path converting as it goes"); the same loop with the scaled
+ * conversion was slower than the scratch path.
  *
  * The numbers: each weight exact (the scaled path rounds w · scale to bf16), x and h in
  * bf16 as everywhere on the blocked path, fp32 sums scaled in fp32. A job of more token
