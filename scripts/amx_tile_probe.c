@@ -17,6 +17,8 @@
  *   bf16_dram   the bf16 path's k-step: A's tiles straight from bf16 rows in RAM
  *               (prefetched 256 weights on), B as load_ab
  * One JSON line a mode: ns a k-step, G weights a second a thread and for all threads.
+ * Compare thread counts too: a compute-bound mode (tdp, conv) slower a thread at 16 threads
+ * than at 8 means two of the VM's "cores" share one physical core.
  *
  *   cc -O3 -march=native -Isrc/edgemoe/kernels/cpu -o /tmp/amx_probe scripts/amx_tile_probe.c -lpthread
  *   /tmp/amx_probe THREADS TOKENS SECONDS      (e.g. 1 16 0.3, then 16 16 0.3)

@@ -38,8 +38,8 @@
 #   bw           edgemoe bench bw $BW (host read, CPU experts per format through the entry point and as C calls alone, copies)
 #   harness      scripts/cpu_gemv_harness.c per "threads,reps,pf,pages" in $HARNESS: the GEMV inner loops'
 #                streaming rates per core (int8 cvt / int16 madd / vnni, read-only, bf16)
-#   amx-probe    scripts/amx_tile_probe.c per "threads,tokens" in $AMX_PROBE (1,16 1,32 16,16 16,32): the
-#                AMX blocked path's k-step built up a piece at a time (products, tile loads, conversion, RAM)
+#   amx-probe    scripts/amx_tile_probe.c per "threads,tokens" in $AMX_PROBE (1,16 8,16 16,16 1,32 16,32): the
+#                AMX blocked path's k-step built up a piece at a time (products, tile loads, conversion, RAM); 8 threads beside 16 tell a core shared by two of its threads
 #   phases       scripts/cpu_phase_times.py per run in $PHASES (split by ";"): a CPU expert call's phases and threads (late entry,
 #                each phase's span and rate, its slowest task's tail), per weight format
 #   cpu-ab       scripts/gpu_cpu_ab.py $CPU_AB: kernel builds interleaved in one process (e.g.
@@ -128,7 +128,7 @@ run_stage() {
                | tee "$res/harness/harness.jsonl" ;;
     amx-probe) cc -O3 -march=native -Isrc/edgemoe/kernels/cpu -o /tmp/amx_probe scripts/amx_tile_probe.c -lpthread &&
                mkdir -p "$res/amx-probe" &&  # THREADS,TOKENS runs (scripts/amx_tile_probe.c), 0.3 s a mode
-               for args in ${AMX_PROBE:-1,16 1,32 16,16 16,32}; do /tmp/amx_probe ${args//,/ } 0.3; done \
+               for args in ${AMX_PROBE:-1,16 8,16 16,16 1,32 16,32}; do /tmp/amx_probe ${args//,/ } 0.3; done \
                  | tee "$res/amx-probe/amx-probe.jsonl" ;;
     phases) IFS=';' read -r -a runs <<< "${PHASES:-}"  # runs split by ";", one process each
             for run in "${runs[@]:-}"; do OUT="$res/phases" python3 scripts/cpu_phase_times.py $run; done ;;
