@@ -139,7 +139,7 @@ void em_test_q_exact(const uint8_t *w, int K, int fp8, uint16_t *out) {
 
 /* Whether a job's blocked tasks convert as they go: int8 / fp8, one pair of token tiles. */
 static inline int em_qjit(const em_call *c, const em_jobstate *s) {
-    return s->np <= EM_QJIT_NP && !em_nibbles(c->wfmt);
+    return EM_QJIT_NP && s->np <= EM_QJIT_NP && !em_nibbles(c->wfmt);
 }
 
 /* gate_up rows [lo, hi) of a job: 16 gate rows in tile 0, their up rows in tile 1. */
@@ -173,6 +173,17 @@ static void em_down_qjit(const em_call *c, const em_job *jb, const em_jobstate *
         em_amx_2x2_q(&m, c->wfmt == EM_W_FP8, c->blk, (int)c->I, s->hp, s->np, 0, s->np > 16, tmp);
         em_store_rows(c, jb, s, tmp, 0, em_tile_tokens(s, 0), r0, nr);
     }
+}
+
+/* A gate_up (down 0) or down task's rows [lo, hi), converting as it goes; its time counts
+ * as the tiles' in EM_PHASE_TIMES builds (the conversion is inside the k-loop). */
+static void em_qjit_task(const em_call *c, const em_job *jb, const em_jobstate *s, int down, int64_t lo, int64_t hi) {
+    long t0 = EM_PT_NOW();
+    if (down)
+        em_down_qjit(c, jb, s, lo, hi);
+    else
+        em_gate_up_qjit(c, jb, s, lo, hi);
+    EM_PT_ADD(1, EM_PT_NOW() - t0);
 }
 #endif
 

@@ -230,23 +230,15 @@ static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r
 
 #include "em_qjit.h" /* AMX, int8 / fp8, one pair of token tiles: converting as the tiles go */
 
-/* A task converting as it goes (em_qjit.h): its time counts as the tiles'. */
-#if defined(EM_ISA_AMX)
-#define EM_QJIT_TASK(call)                 \
-    if (EM_QJIT_NP && em_qjit(c, s)) {     \
-        long tj = EM_PT_NOW();             \
-        call;                              \
-        EM_PT_ADD(1, EM_PT_NOW() - tj);    \
-        return;                            \
-    }
-#else
-#define EM_QJIT_TASK(call)
-#endif
-
 static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const int64_t H = c->H, I = c->I;
     int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
-    EM_QJIT_TASK(em_gate_up_qjit(c, jb, s, lo, hi))
+#if defined(EM_ISA_AMX)
+    if (em_qjit(c, s)) {
+        em_qjit_task(c, jb, s, 0, lo, hi);
+        return;
+    }
+#endif
     const int64_t ld = H + EM_QPAD;
     uint16_t *rows = em_scratch((size_t)(2 * EM_QHALF * ld)); /* gate rows, then up rows from EM_QHALF */
     if (!rows) {
@@ -270,7 +262,12 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
 static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const int64_t I = c->I;
     int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
-    EM_QJIT_TASK(em_down_qjit(c, jb, s, lo, hi))
+#if defined(EM_ISA_AMX)
+    if (em_qjit(c, s)) {
+        em_qjit_task(c, jb, s, 1, lo, hi);
+        return;
+    }
+#endif
     const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
     const int64_t ld = I + EM_QPAD;
     uint16_t *rows = em_scratch((size_t)(group * ld));
