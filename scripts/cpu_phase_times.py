@@ -30,7 +30,7 @@ import time
 
 from edgemoe.bench.bandwidth import expert_call, expert_pool, quant_expert_call, quant_pool
 from edgemoe.kernels import cpu_build
-from edgemoe.kernels.cpu_kernel import CpuExperts, resolve_kernel
+from edgemoe.kernels.cpu_kernel import CpuExperts, best_variant_strictly
 from edgemoe.quant import expert_format, expert_specs
 
 MARKS = 9  # entry; per phase: own tasks done, phase done; the blocked tasks' conversion, tiles ns
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--defines", default="", help="more tuning macros for the build, e.g. EM_LANES=0")
     ap.add_argument("--spin-us", type=int, default=None, help="the pool's idle spin (default: the engine's)")
     args = ap.parse_args()
-    variant = resolve_kernel("auto")
+    variant = best_variant_strictly()
     lib = cpu_build.load_tuned(variant, f"EM_PHASE_TIMES=1 {args.defines}".strip())
     kernel = CpuExperts(variant, threads=args.threads or None, spin_us=args.spin_us, lib=lib,
                         gemm_min_tokens=args.gemm_min_tokens)

@@ -1,7 +1,8 @@
 """CPU expert kernel builds A/B'd in one process, interleaved (a shared host's bandwidth
 drifts by ±20% within minutes: builds measured one after the other can't be compared).
 
-Each build is the `amx` variant (else the best this CPU runs) compiled with one set of the
+Each build is the best variant this CPU runs (`amx` on the GPU machine; if its build fails
+the script stops rather than time a fallback) compiled with one set of the
 kernel's tuning macros (`EDGEMOE_CPU_DEFINES`, e.g. "EM_QPAGES=0"; "" is the default).
 Each round times every build (× `--threads` counts × `--gemm-min-tokens` thresholds: the
 fewest tokens a job takes the blocked path with) on the same cases — `--experts` a call
@@ -24,7 +25,7 @@ import time
 
 from edgemoe.bench.bandwidth import LAYER_EXPERTS, expert_pool, expert_rate, quant_expert_rate, quant_pool
 from edgemoe.kernels import cpu_build, cpu_isa
-from edgemoe.kernels.cpu_kernel import GEMM_MIN_TOKENS, CpuExperts, resolve_kernel
+from edgemoe.kernels.cpu_kernel import GEMM_MIN_TOKENS, CpuExperts, best_variant_strictly
 
 
 def kernel_for(variant: str, defines: str, threads: int | None, gemm_min_tokens: int) -> CpuExperts:
@@ -46,7 +47,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=0.15, help="per case, build and round")
     args = ap.parse_args()
-    variant = resolve_kernel("auto")
+    variant = best_variant_strictly()
     setups = [(d, t, g) for d in args.builds for t in args.threads for g in args.gemm_min_tokens]
     kernels = [kernel_for(variant, d, t or None, g) for d, t, g in setups]
     labels = [f"{d} x{k.threads}" + (f" gemm>={g}" if len(args.gemm_min_tokens) > 1 else "")

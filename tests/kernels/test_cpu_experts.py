@@ -433,3 +433,30 @@ def test_every_variant_compiles_here_whether_or_not_this_cpu_runs_it(variant: st
         if re.search(r"unrecognized (command[- ]line )?option|unknown argument|unsupported option", str(e)):
             pytest.skip(f"{cc} lacks {variant}'s flags")
         raise
+
+
+def test_measurements_refuse_a_fallback_variant(monkeypatch, caplog) -> None:  # noqa: ANN001
+    """`auto` falls back to the next variant when the best one this CPU runs fails to build
+    (a warning says why); `best_variant_strictly`, which the measurement scripts use, refuses."""
+    from edgemoe.kernels import cpu_kernel
+
+    def load(variant: str):  # noqa: ANN202
+        if variant == "amx":
+            raise cpu_build.BuildError("cc failed on the amx kernel: a tile number must be constant")
+        return object()
+
+    monkeypatch.setattr(cpu_isa, "supported", lambda v, flags=None: v in ("amx", "avx512", "avx2"))
+    monkeypatch.setattr(cpu_build, "find_compiler", lambda: "cc")
+    monkeypatch.setattr(cpu_build, "load", load)
+    cpu_kernel._auto_kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=cpu_kernel.log.name):
+            assert cpu_kernel.resolve_kernel("auto") == "avx512"
+        assert any("amx unavailable" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+        with pytest.raises(RuntimeError, match="amx kernel but it did not load"):
+            cpu_kernel.best_variant_strictly()
+        monkeypatch.setattr(cpu_build, "load", lambda variant: object())
+        cpu_kernel._auto_kernel.cache_clear()
+        assert cpu_kernel.best_variant_strictly() == "amx"
+    finally:
+        cpu_kernel._auto_kernel.cache_clear()

@@ -216,6 +216,18 @@ def _auto_kernel() -> str:
     return "torch"
 
 
+def best_variant_strictly() -> str:
+    """The variant `auto` picks, refusing a fallback from a better one this CPU runs: for
+    measurements, where an avx512 figure taken on an AMX machine (its amx build failed)
+    would be a wrong answer, not a slower one (two GPU calls lost so on 2026-12-04)."""
+    variant = _auto_kernel()
+    best = next((v for v in cpu_isa.AUTO_ORDER if cpu_isa.supported(v)), "torch")
+    if variant != best:
+        raise RuntimeError(f"this CPU runs the {best} kernel but it did not load (the log says why); "
+                           f"{variant} would be measured in its place")
+    return variant
+
+
 def resolve_kernel(requested: str) -> str:
     """`requested` → the variant to run ("auto" picks; an explicit one must be supported)."""
     if requested == "auto":
