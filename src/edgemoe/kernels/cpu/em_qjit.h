@@ -70,36 +70,28 @@ static inline void em_q_take_c(float *part, int two) {
     }
 }
 
-#ifndef EM_QJIT_AHEAD
-/* k-steps a conversion runs ahead of the tiles that read it (a tuning macro, 0..3): a
- * tile load waits for the stores it reads to reach L1, so converting ahead might have
- * hidden that wait. Measured neutral on the GPU machine (fp8 and int8, 6–32 tokens, 0..3
- * within ±3% of each other, 2026-12-04): 0, the plain order. */
-#define EM_QJIT_AHEAD 0
-#endif
-#define EM_QJIT_RING (EM_QJIT_AHEAD + 1)
-
-/* k-step j's 32 rows × 32 weights of m → the ring's buffers for j (tile 0's, tile 1's),
- * prefetching the rows' bytes EM_QJIT_PF on. */
+/* k-step j's 32 rows × 32 weights of m → a[0] (tile 0's rows), a[1] (tile 1's),
+ * prefetching the rows' bytes EM_QJIT_PF on. NOTE: converting a k-step or more ahead of
+ * the tiles that load it (a ring of buffers) was measured neutral on the GPU machine
+ * (0..3 ahead within ±3%, 2026-12-04): the plain order. */
 static inline __attribute__((always_inline)) void em_q_convert_step(const em_qrows32 *m, int j, int K, const int fp8,
-                                                                    __m512i sub, uint16_t (*a)[2][16 * 32]) {
+                                                                    __m512i sub, uint16_t (*a)[16 * 32]) {
     const int k0 = 32 * j;
-    uint16_t *a0 = a[j % EM_QJIT_RING][0], *a1 = a[j % EM_QJIT_RING][1];
 #if !defined(EM_AMX_EMULATE)
     if ((k0 & 63) == 0 && k0 + EM_QJIT_PF < K) { /* a line a row every other k-step */
         for (int r = 0; r < m->n0; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
         for (int r = 16; r < 16 + m->n1; r++) __builtin_prefetch(m->w[r] + k0 + EM_QJIT_PF, 0, 3);
     }
 #endif
-    for (int r = 0; r < m->n0; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a0 + r * 32);
-    for (int r = 16; r < 16 + m->n1; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a1 + (r - 16) * 32);
+    for (int r = 0; r < m->n0; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a[0] + r * 32);
+    for (int r = 16; r < 16 + m->n1; r++) em_q32_exact(m->w[r], k0, K, fp8, sub, a[1] + (r - 16) * 32);
 }
 
 /* em_amx_2x2 over the rows of m, weights exact and scaled after (blk: fp8's block, a
  * multiple of 32): out[(tile*16 + r)*32 + v*16 + lane], tokens t0.. (t0 + 16.. if two). */
 static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, const uint32_t *xp, int64_t np, int t0,
                          int two, float *out) {
-    uint16_t a[EM_QJIT_RING][2][16 * 32] __attribute__((aligned(64)));
+    uint16_t a[2][16 * 32] __attribute__((aligned(64)));
     float part[32 * 32] __attribute__((aligned(64))), f[32];
     if (m->n0 < 16 || m->n1 < 16) memset(a, 0, sizeof(a)); /* rows past n: zeros, never stored */
     const __m512i sub = em_e4m3_sub_lut();
@@ -108,10 +100,9 @@ static void em_amx_2x2_q(const em_qrows32 *m, const int fp8, int blk, int K, con
     EM_TZERO(2);
     EM_TZERO(3);
     const int steps = (K + 31) / 32, per_block = fp8 ? blk / 32 : steps; /* k-steps a scale block (int8: all) */
-    for (int j = 0; j < EM_QJIT_AHEAD && j < steps; j++) em_q_convert_step(m, j, K, fp8, sub, a);
     for (int j = 0; j < steps; j++) {
-        if (j + EM_QJIT_AHEAD < steps) em_q_convert_step(m, j + EM_QJIT_AHEAD, K, fp8, sub, a);
-        em_amx_step(a[j % EM_QJIT_RING][0], 64, a[j % EM_QJIT_RING][1], 64, xp + (int64_t)(16 * j) * np + t0, np, two);
+        em_q_convert_step(m, j, K, fp8, sub, a);
+        em_amx_step(a[0], 64, a[1], 64, xp + (int64_t)(16 * j) * np + t0, np, two);
         if (fp8 && ((j + 1) % per_block == 0 || j + 1 == steps)) { /* a block's sums, times each tile's scale */
             const int kb = j / per_block;
             em_q_take_c(part, two);
