@@ -67,10 +67,10 @@ typedef struct {
     volatile float sink;
 } state;
 
-/* A k-step's conversion of the 32 rows at w (row stride K) from k0 into st->a. */
+/* A k-step's conversion of the 32 rows at w (row stride K) from k0 into st->a: the
+ * kernel's own per-row conversion (em_q32_exact). */
 static inline void convert(state *st, const uint8_t *w, int k0, __m512i sub) {
-    for (int r = 0; r < 16; r++) _mm512_store_si512(st->a[0] + r * 32, em_e4m3_bf16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + r * K + k0))), sub));
-    for (int r = 0; r < 16; r++) _mm512_store_si512(st->a[1] + r * 32, em_e4m3_bf16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + (16 + r) * K + k0))), sub));
+    for (int r = 0; r < 32; r++) em_q32_exact(w + r * K, k0, K, 1, sub, st->a[r / 16] + (r % 16) * 32);
 }
 
 /* The k-step's products: A tiles 4, 5 × B tile 6 (and 7: 32 tokens) into C tiles 0..3. */
