@@ -120,7 +120,7 @@ def load_checkpoint(
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
-    collector = PartCollector(scheme, all_names(model_dir, files)) if scheme else None
+    collector = PartCollector(scheme, all_names(model_dir, files), arch.moe_intermediate_size) if scheme else None
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
     ignored = (
@@ -224,15 +224,13 @@ def _stream_files(
         with handle:
             for name in handle.keys():
                 if collector is not None and collector.base(name) is not None:
-                    done = collector.add(name, _read(handle, path, name))
-                    if done is None:
-                        continue
-                    new = _place_linear(path, *done, names, params, experts, upcasts)
-                    if not new:
-                        unexpected.append(done[0])
-                    filled.update(new)
-                    _mark_filled(pins, experts, names, new)
-                    bar.update(len(new))
+                    for done in collector.add(name, _read(handle, path, name)):
+                        new = _place_linear(path, *done, names, params, experts, upcasts)
+                        if not new:
+                            unexpected.append(done[0])
+                        filled.update(new)
+                        _mark_filled(pins, experts, names, new)
+                        bar.update(len(new))
                     continue
                 place, covers = names.get(name), ()
                 if place is None and name in stacked:

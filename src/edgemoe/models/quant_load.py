@@ -22,7 +22,8 @@ from edgemoe.models.names import Placement
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
-from edgemoe.quant.published import Decoded, Scheme
+from edgemoe.quant.fused_scales import expert_bases, experts_by_prefix, fused_scale, split_fused_scale
+from edgemoe.quant.published import Decoded, Fp8Scheme, Scheme
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +33,45 @@ Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
 class PartCollector:
     """Holds the parts of linears until each is complete (memory: a few linears at once)."""
 
-    def __init__(self, scheme: Scheme, all_names: Iterable[str]) -> None:
-        self.scheme = scheme
+    def __init__(self, scheme: Scheme, all_names: Iterable[str], inter: int = 0) -> None:
+        self.scheme, self.inter = scheme, inter  # inter: the experts' intermediate size
         self.expected: dict[str, set[str]] = {}
-        for name in all_names:
+        names = list(all_names)
+        experts = experts_by_prefix(names)
+        for name in names:
             if (split := scheme.split(name)) is not None:
                 self.expected.setdefault(split[0], set()).add(split[1])
+            elif (fused := self._fused(name)) is not None:  # one scale tensor for a layer's experts
+                for base in expert_bases(*fused, experts.get(fused[0], [])):
+                    self.expected.setdefault(base, set()).add(self._scale_part)
         self.pending: dict[str, dict[str, torch.Tensor]] = {}
 
+    @property
+    def _scale_part(self) -> str:
+        return getattr(self.scheme, "scale_name", "")
+
+    def _fused(self, name: str) -> tuple[str, str] | None:
+        return fused_scale(name, self._scale_part) if isinstance(self.scheme, Fp8Scheme) else None
+
     def base(self, name: str) -> str | None:
-        """The linear ("X.weight") `name` is a part of, or None."""
+        """The linear ("X.weight") `name` is a part of (or the first of those a layer's
+        fused scales cover), or None."""
         split = self.scheme.split(name)
+        if split is None and (fused := self._fused(name)) is not None:
+            return expert_bases(*fused, [0])[0]
         return split[0] if split is not None else None
 
-    def add(self, name: str, tensor: torch.Tensor) -> tuple[str, Value] | None:
-        """Keep one part; when its linear is complete, (base name, decoded value)."""
+    def add(self, name: str, tensor: torch.Tensor) -> list[tuple[str, Value]]:
+        """Keep one part (or a layer's fused scales: a part of each expert matrix); every
+        linear this completes, as (base name, decoded value)."""
+        if (fused := self._fused(name)) is not None:
+            block = self.scheme.format.block  # type: ignore[attr-defined]
+            parts = split_fused_scale(*fused, tensor, self.inter, block)
+            return [done for base, t in parts.items() if (done := self._keep(base, self._scale_part, t))]
         base, part = self.scheme.split(name)  # type: ignore[misc]
+        return [done] if (done := self._keep(base, part, tensor)) else []
+
+    def _keep(self, base: str, part: str, tensor: torch.Tensor) -> tuple[str, Value] | None:
         got = self.pending.setdefault(base, {})
         got[part] = tensor
         if set(got) != self.expected.get(base, {part}):

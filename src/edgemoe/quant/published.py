@@ -72,7 +72,10 @@ class Scheme:
     def decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor | Decoded:
         """One linear's tensors (by part) → a plain weight (unquantised in the
         checkpoint) or (format, our parts)."""
-        if set(parts) == {"weight"} and parts["weight"].dtype in FLOATS:
+        if "weight" in parts and parts["weight"].dtype in FLOATS:
+            if len(parts) > 1:  # transformers' FP8 save leaves a matrix its blocks don't divide as it was
+                log.warning("%s: a %s weight stored with %s: loaded as stored, the rest ignored",
+                            self.method, parts["weight"].dtype, sorted(set(parts) - {"weight"}))
             return parts["weight"]
         try:
             return self._decode(parts)

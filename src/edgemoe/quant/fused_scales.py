@@ -1,0 +1,80 @@
+"""transformers 5's own FP8 MoE checkpoints: per-expert weights, one scale tensor per layer.
+
+`save_pretrained` of a model quantised by transformers' FineGrainedFP8 writes each
+expert's `gate_proj` / `up_proj` / `down_proj` weight under its own name (the per-expert
+layout, reversed from its fused experts module) but the block scales as that module
+holds them, one tensor per layer and projection:
+
+- "<P>.experts.gate_up_proj_scale_inv" [E, ceil(2I/B), ceil(H/B)]: the gate rows first,
+  blocked over the fused 2I rows;
+- "<P>.experts.down_proj_scale_inv" [E, ceil(H/B), ceil(I/B)]: each expert's own scales.
+
+`split_fused_scale` hands each expert matrix the scales of its own layout (`Fp8Block`:
+gate and up blocked apart), losslessly: a gate or up block row of ours lies inside one
+fused block row whenever I is a multiple of B (every published shape) or 2I <= B (one
+fused block row). Anything else is refused by name, never approximated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+
+from edgemoe.quant.published import QuantConfigError
+
+PROJECTIONS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+_FUSED = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<proj>gate_up_proj|down_proj)_(?P<part>[a-z_]+)$")
+_PER_EXPERT = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fused_scale(name: str, scale_part: str) -> tuple[str, str] | None:
+    """(prefix, projection) when `name` is a layer's fused scale for `scale_part`
+    ("weight_scale_inv" → "<P>.experts.gate_up_proj_scale_inv"), else None."""
+    m = _FUSED.match(name)
+    if m is None or "weight_" + m["part"] != scale_part:
+        return None
+    return m["prefix"], m["proj"]
+
+
+def experts_by_prefix(names: Iterable[str]) -> dict[str, list[int]]:
+    """The expert ids each "<P>.experts" holds per-expert weights for."""
+    found: dict[str, set[int]] = {}
+    for name in names:
+        if (m := _PER_EXPERT.match(name)) is not None:
+            found.setdefault(m["prefix"], set()).add(int(m["e"]))
+    return {p: sorted(ids) for p, ids in found.items()}
+
+
+def expert_bases(prefix: str, proj: str, experts: Iterable[int]) -> list[str]:
+    """The per-expert linears ("X.weight") a fused scale tensor covers."""
+    return [f"{prefix}.experts.{e}.{half}.weight" for e in experts for half in PROJECTIONS[proj]]
+
+
+def split_fused_scale(prefix: str, proj: str, scale: torch.Tensor, inter: int, block: int) -> dict[str, torch.Tensor]:
+    """A layer's fused scales [E, R, C] → each expert matrix's own, by its linear's name."""
+    if scale.dim() != 3:
+        raise QuantConfigError(f"{prefix}.experts.{proj} scales {tuple(scale.shape)}: expected [experts, rows, cols]")
+    if proj == "down_proj":
+        return {f"{prefix}.experts.{e}.down_proj.weight": scale[e] for e in range(scale.shape[0])}
+    gate_rows, up_rows = (_block_rows(offset, inter, block, scale.shape[1], prefix) for offset in (0, inter))
+    out = {}
+    for e in range(scale.shape[0]):
+        out[f"{prefix}.experts.{e}.gate_proj.weight"] = scale[e, gate_rows]
+        out[f"{prefix}.experts.{e}.up_proj.weight"] = scale[e, up_rows]
+    return out
+
+
+def _block_rows(offset: int, inter: int, block: int, fused_rows: int, prefix: str) -> torch.Tensor:
+    """For each block row of a half (its rows at `offset` in the fused 2I), the fused block
+    row holding all of its rows."""
+    rows = []
+    for start in range(0, inter, block):
+        first, last = (offset + start) // block, (offset + min(start + block, inter) - 1) // block
+        if first != last or last >= fused_rows:
+            raise QuantConfigError(
+                f"{prefix}.experts.gate_up_proj scales: the FP8 blocks of {block} rows straddle the gate and up "
+                f"halves (moe intermediate size {inter} is not a multiple of the block size)")
+        rows.append(first)
+    return torch.tensor(rows, dtype=torch.long)

@@ -1,0 +1,134 @@
+"""FP8 checkpoints written by transformers' own `save_pretrained` after its FineGrainedFP8
+quantisation: per-expert fp8 weights with one fused block-scale tensor per layer and
+projection ("<P>.experts.gate_up_proj_scale_inv", "down_proj_scale_inv").
+
+transformers cannot run that checkpoint on a machine without a GPU (its CPU path drops the
+fused scales), so the reference is the checkpoint dequantised here, independently of our
+loader: each expert's gate and up weights are stacked as the fused module held them, scaled
+block by block with the fused scales, and split again; transformers runs that twin.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tolerances import network_atol
+
+from edgemoe import LLM
+from edgemoe.quant.fused_scales import split_fused_scale
+from edgemoe.quant.published import QuantConfigError, scheme_for
+
+transformers = pytest.importorskip("transformers")
+fp8_quantizer = pytest.importorskip("transformers.quantizers.quantizer_finegrained_fp8")
+
+PROMPTS = [[9707, 11, 1879, 0], list(range(40000, 40061, 3))]
+MODELS = {
+    "qwen3_moe": ("Qwen3MoeConfig", {"intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
+                                     "num_experts_per_tok": 2, "norm_topk_prob": True}),
+    "olmoe": ("OlmoeConfig", {"intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2}),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def hf_fp8_save(model_type: str, block: int, out: Path, tokenizer_from: Path) -> Path:
+    """A tiny random model quantised by transformers' FineGrainedFP8 and saved by it."""
+    cls, extra = MODELS[model_type]
+    config = getattr(transformers, cls)(vocab_size=151936, hidden_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, **extra)
+    torch.manual_seed(0)
+    bf16 = out.parent / f"{out.name}-bf16"
+    transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(bf16)
+    mp = pytest.MonkeyPatch()
+    # Its quantiser asks for a GPU (for its kernels), not for quantising: it quantises on the CPU.
+    mp.setattr(fp8_quantizer.FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *a, **k: None)
+    try:
+        qc = transformers.FineGrainedFP8Config(weight_block_size=(block, block))
+        model = transformers.AutoModelForCausalLM.from_pretrained(bf16, quantization_config=qc, dtype=torch.bfloat16)
+        model.save_pretrained(out)
+    finally:
+        mp.undo()
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_from / name, out / name)
+    return out
+
+
+def _expand(scale: torch.Tensor, rows: int, cols: int, block: int) -> torch.Tensor:
+    return scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+
+
+def dequantised_twin(src: Path, out: Path, block: int) -> Path:
+    """`src` with every fp8 weight dequantised to fp32 by the fused module's own blocking."""
+    tensors: dict[str, torch.Tensor] = {}
+    for f in src.glob("*.safetensors"):
+        tensors |= load_file(f)
+    dense = {}
+    for name, t in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if t.dtype != torch.float8_e4m3fn:
+            dense[name] = t.float()
+        elif ".experts." not in name or "shared" in name:
+            s = tensors[name.removesuffix("weight") + "weight_scale_inv"]
+            dense[name] = t.float() * _expand(s, *t.shape, block)
+    prefixes = {n.split(".experts.")[0] for n in tensors if ".experts." in n and "shared" not in n}
+    for p in prefixes:
+        gate_up, down = tensors[f"{p}.experts.gate_up_proj_scale_inv"], tensors[f"{p}.experts.down_proj_scale_inv"]
+        for e in range(gate_up.shape[0]):
+            g, u, d = (tensors[f"{p}.experts.{e}.{w}_proj.weight"].float() for w in ("gate", "up", "down"))
+            fused = torch.cat([g, u]) * _expand(gate_up[e], 2 * g.shape[0], g.shape[1], block)
+            dense[f"{p}.experts.{e}.gate_proj.weight"], dense[f"{p}.experts.{e}.up_proj.weight"] = fused.split(g.shape[0])
+            dense[f"{p}.experts.{e}.down_proj.weight"] = d * _expand(down[e], *d.shape, block)
+    out.mkdir()
+    save_file(dense, str(out / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization_config")
+    (out / "config.json").write_text(json.dumps(config | {"torch_dtype": "float32", "dtype": "float32"}))
+    return out
+
+
+@pytest.mark.parametrize("block", [16, 32])  # blocks that divide every matrix: transformers quantises all
+@pytest.mark.parametrize("model_type", sorted(MODELS))
+def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type: str, block: int, make_ckpt,
+                                                                       tmp_path: Path) -> None:  # noqa: ANN001
+    ckpt = hf_fp8_save(model_type, block, tmp_path / "fp8", make_ckpt("qwen3_moe"))
+    assert (ckpt / "model.safetensors").exists()
+    names = load_file(ckpt / "model.safetensors")
+    assert "model.layers.0.mlp.experts.gate_up_proj_scale_inv" in names, "not the layout under test"
+    assert names["model.layers.0.mlp.experts.0.gate_proj.weight"].dtype == torch.float8_e4m3fn
+    twin = dequantised_twin(ckpt, tmp_path / "twin", block)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(twin, dtype=torch.float32, attn_implementation="eager")
+    with LLM(str(ckpt), dtype="float32") as llm:
+        assert llm._engine().runtime.plan.expert_format == f"fp8 e4m3 ({block}x{block} blocks)"  # stayed fp8
+        for prompt in PROMPTS:
+            ours = llm.prompt_logits(prompt)
+            with torch.no_grad():
+                theirs = ref.eval()(torch.tensor([prompt])).logits[0].float()
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=network_atol(torch.float32, 64, theirs.abs().max().item()))
+
+
+def test_fused_scales_split_by_half() -> None:
+    inter, block = 64, 32  # gate: fused block rows 0-1, up: 2-3
+    scale = torch.arange(2 * 4 * 3, dtype=torch.float32).view(2, 4, 3)
+    parts = split_fused_scale("m", "gate_up_proj", scale, inter, block)
+    assert torch.equal(parts["m.experts.1.gate_proj.weight"], scale[1, :2])
+    assert torch.equal(parts["m.experts.1.up_proj.weight"], scale[1, 2:])
+    one_row = split_fused_scale("m", "gate_up_proj", scale[:, :1], 16, 32)  # 2I <= B: both halves in row 0
+    assert torch.equal(one_row["m.experts.0.up_proj.weight"], scale[0, :1])
+
+
+def test_fused_scales_straddling_the_halves_are_refused() -> None:
+    with pytest.raises(QuantConfigError, match="straddle"):
+        split_fused_scale("m", "gate_up_proj", torch.ones(1, 3, 2), 48, 32)  # up rows 48..95: blocks 1 and 2
+
+
+def test_a_float_weight_beside_scales_loads_as_stored() -> None:
+    """transformers' FP8 save leaves a matrix its blocks don't divide in bf16, with
+    uninitialised scales beside it: the weight is what the model holds."""
+    scheme = scheme_for({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    w = torch.randn(64, 32, dtype=torch.bfloat16)
+    assert scheme.decode({"weight": w, "weight_scale_inv": torch.full((1, 1), 7e25)}) is w
