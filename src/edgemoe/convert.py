@@ -25,12 +25,13 @@ from tqdm import tqdm
 from edgemoe.models.loader import LoadedModel, load_checkpoint
 from edgemoe.models.names import NameMap, Placement
 from edgemoe.models.registry import model_module
-from edgemoe.quant import Mxfp4
+from edgemoe.quant import Int4Group, Mxfp4
 from edgemoe.quant.publish import (
     encode_fused_mxfp4,
     encode_linear,
     quantization_config,
     shard_bytes,
+    shared_group,
 )
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,12 @@ def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progr
     out.mkdir(parents=True, exist_ok=True)
     writer = ShardWriter(out)
     unquantised = _write_dense(loaded, names, writer)
-    asymmetric = _write_experts(loaded, names, writer, progress)
+    group = shared_group(fmt, loaded.experts.down_shape) if isinstance(fmt, Int4Group) else 0
+    asymmetric = _write_experts(loaded, names, writer, progress, group)
     writer.finish()
     config = dict(loaded.config)
     config.pop("quantization_config", None)
-    if (qc := quantization_config(fmt, unquantised, asymmetric)) is not None:
+    if (qc := quantization_config(fmt, unquantised, asymmetric, group)) is not None:
         config["quantization_config"] = qc
     (out / "config.json").write_text(json.dumps(config, indent=2))
     for f in src.iterdir():
@@ -115,8 +117,9 @@ def _write_dense(loaded: LoadedModel, names: NameMap, writer: ShardWriter) -> li
     return linears
 
 
-def _write_experts(loaded: LoadedModel, names: NameMap, writer: ShardWriter, progress: bool) -> bool:
-    """Expert matrices in the store's format; True if any int4 zero point is not 8."""
+def _write_experts(loaded: LoadedModel, names: NameMap, writer: ShardWriter, progress: bool, group: int) -> bool:
+    """Expert matrices in the store's format (int4 in published groups of `group`); True
+    if any int4 zero point is not 8."""
     store, fmt = loaded.experts, loaded.experts.format
     by_layer: dict[int, list[tuple[str, Placement]]] = {}
     for name, place in names.items():
@@ -132,7 +135,7 @@ def _write_experts(loaded: LoadedModel, names: NameMap, writer: ShardWriter, pro
             parts, shape = _matrix(banks, place, store.down_shape)
             if fmt.quantised:
                 asymmetric |= bool("_zero" in parts and (parts["_zero"] != 8).any())
-                writer.add(encode_linear(fmt, name, parts, shape))
+                writer.add(encode_linear(fmt, name, parts, shape, group))
             else:
                 writer.add({name: parts[""].clone()})
     return asymmetric

@@ -11,8 +11,9 @@ linear's checkpoint tensors into one of our formats, losslessly.
   "gptq_v2" the zero itself), `scales` fp16 [K/G, N], `g_idx` int32 [K] → `Int4Group`.
 - compressed-tensors: "pack-quantized" int4 (`weight_packed` int32 [N, K/8], sequential
   nibbles of q + 8; `weight_scale` [N, K/G]; `weight_zero_point` packed along N when
-  asymmetric) → `Int4Group`; "int-quantized" int8 (`weight` int8, `weight_scale` [N, 1])
-  → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`.
+  asymmetric) → `Int4Group`; "pack-quantized" int8 per channel (`weight_packed` int32
+  [N, K/4], sequential bytes of q + 128) and "int-quantized" int8 (`weight` int8,
+  `weight_scale` [N, 1]) → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`.
 
 A linear is recognised by its parts: the names a scheme knows, sharing a base name
 "X.weight". A floating-point "X.weight" with no other part is a linear the checkpoint
@@ -43,16 +44,18 @@ class QuantConfigError(ValueError):
     """A `quantization_config` (or a tensor it governs) we cannot load; the message says why."""
 
 
-def unpack_int32(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
-    """int32 holding eight 4-bit values → uint8 values, unpacked along `dim` (×8).
-    Nibble i (bits 4i..4i+3) of element j lands at position 8j + order[i]."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    nib = ((packed.unsqueeze(-1) >> shifts) & 0xF).to(torch.uint8)  # [..., 8] in nibble order
-    inverse = [order.index(p) for p in range(8)]
+def unpack_int32(packed: torch.Tensor, dim: int, order: tuple[int, ...] | None = None, bits: int = 4) -> torch.Tensor:
+    """int32 holding 32/bits values (4 or 8 bits) → uint8 values, unpacked along `dim`.
+    Field i (bits i·b .. i·b + b-1) of element j lands at position (32/b)·j + order[i]."""
+    per = 32 // bits
+    order = order or tuple(range(per))
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    nib = ((packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8)  # [..., per] in field order
+    inverse = [order.index(p) for p in range(per)]
     nib = nib[..., inverse]  # position order
-    nib = nib.movedim(-1, dim + 1)  # the 8 values of element j follow it along `dim`
+    nib = nib.movedim(-1, dim + 1)  # the values of element j follow it along `dim`
     shape = list(packed.shape)
-    shape[dim] *= 8
+    shape[dim] *= per
     return nib.reshape(shape)
 
 
@@ -159,6 +162,21 @@ class PackedScheme(Scheme):
 
 
 @dataclass(frozen=True)
+class Packed8Scheme(Scheme):
+    """compressed-tensors "pack-quantized" int8 per channel (W8A16 as llm-compressor
+    writes it): four q + 128 bytes per int32 along K."""
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+        n, k = (int(v) for v in parts["weight_shape"].tolist())
+        q = unpack_int32(parts["weight_packed"], 1, bits=8)[:, :k]
+        s = parts["weight_scale"]
+        if tuple(q.shape) != (n, k) or tuple(s.shape) != (n, 1):
+            raise QuantConfigError(f"packed int8 [{n}, {k}] with {tuple(parts['weight_packed'].shape)} words and "
+                                   f"scales {tuple(s.shape)}: expected [N, K/4] words and [N, 1] scales")
+        return self.format, {"": (q.to(torch.int16) - 128).to(torch.int8), "_scale": s.float()}
+
+
+@dataclass(frozen=True)
 class IntScheme(Scheme):
     """compressed-tensors "int-quantized" (int8, per channel)."""
 
@@ -247,10 +265,13 @@ def _compressed(qc: dict[str, Any]) -> Scheme:
     if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy == "group":
         parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
         return PackedScheme("compressed-tensors", parts, Int4Group(int(w["group_size"])))
-    if fmt_name == "int-quantized" and bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True):
+    symmetric_channel8 = bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True)
+    if fmt_name == "pack-quantized" and symmetric_channel8:
+        return Packed8Scheme("compressed-tensors", ("weight_packed", "weight_scale", "weight_shape"), Int8Channel())
+    if fmt_name == "int-quantized" and symmetric_channel8:
         return IntScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
     block = w.get("block_structure") or [0, 0]
     if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
     raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
-                           "is not supported (pack-quantized int4 group, int-quantized int8 channel, fp8 blocks)")
+                           "is not supported (pack-quantized int4 group or int8 channel, int-quantized int8 channel, fp8 blocks)")
