@@ -130,3 +130,36 @@ def hf_fp8_model(path):  # noqa: ANN001, ANN201
     finally:
         mp.undo()
     return model.eval()
+
+
+def write_fp8_rows(config: dict[str, Any], out: Path, dense_out: Path, seed: int = 0,
+                   dynamic_activations: bool = True) -> tuple[Path, Path]:
+    """compressed-tensors FP8_DYNAMIC as llm-compressor writes it: every `*_proj.weight` as
+    e4m3 with one fp32 scale per output row (`weight_scale` [N, 1]), and the dense twin
+    (W = q·s in fp32). Without `dynamic_activations`: weight-only (FP8 W8A16), which
+    transformers runs without quantising its activations."""
+    tensors: dict[str, torch.Tensor] = {}
+    dense: dict[str, torch.Tensor] = {}
+    for name, shape in tensor_specs(config):
+        w = init_tensor(name, shape, seed).float()
+        if not quantised_linear(name):
+            dense[name] = tensors[name] = w.to(torch.bfloat16)
+            continue
+        s = w.abs().amax(dim=1, keepdim=True) / 448.0
+        q = (w / s).to(torch.float8_e4m3fn)
+        tensors[name], tensors[name.replace(".weight", ".weight_scale")] = q, s
+        dense[name] = q.float() * s
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "group_size": None,
+               "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax"}
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True,
+            "group_size": None, "actorder": None, "block_structure": None, "observer": None}
+    ignore = [n.removesuffix(".weight") for n, _ in tensor_specs(config)
+              if n.endswith(".weight") and not quantised_linear(n) and "gate.weight" in n] + ["lm_head"]
+    qc = {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+          "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                        "input_activations": acts if dynamic_activations else None,
+                                        "output_activations": None}},
+          "ignore": ignore, "kv_cache_scheme": None}
+    _save(out, tensors, config | {"quantization_config": qc})
+    _save(dense_out, {n: t.float() for n, t in dense.items()}, config | {"torch_dtype": "float32"})
+    return out, dense_out

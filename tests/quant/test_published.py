@@ -5,6 +5,8 @@ W = (q - z)·s written in fp32, i.e. dequantise first)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from quant_ckpt_support import (
@@ -13,14 +15,18 @@ from quant_ckpt_support import (
     _pack_rows,
     hf_fp8_model,
     write_fp8,
+    write_fp8_rows,
     write_int4,
 )
+from safetensors.torch import load_file, save_file
 from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.assets.checkpoint import model_config
 from edgemoe.quant import Fp8Block, Int4Group
 from edgemoe.quant.published import QuantConfigError, scheme_for, unpack_int32
+
+transformers = pytest.importorskip("transformers")
 
 PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2023)), list(range(40000, 40061, 3))]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -115,3 +121,37 @@ def test_int4_checkpoint_matches_its_dense_twin(method: str, backend: str, tmp_p
             atol = network_atol(torch.float32, 64, want.abs().max().item())
             torch.testing.assert_close(llm.prompt_logits(prompt), want, atol=atol, rtol=0)
     assert len(set(want_tokens[0])) > 4, "degenerate reference output: weak test"
+
+
+def test_fp8_row_scaled_checkpoint_loads_with_its_experts_re_blocked(tmp_path_factory) -> None:  # noqa: ANN001
+    """compressed-tensors FP8 with per-channel scales (FP8_DYNAMIC): the layout checked by
+    transformers (weight-only, so it doesn't quantise activations), then our load: dense
+    layers as W = q·s, experts quantised into 128-blocks at load — the dequantise-first
+    reference of that format."""
+    config = model_config("qwen3_moe", num_hidden_layers=2)
+    root = tmp_path_factory.mktemp("fp8rows")
+    weight_only, dense = write_fp8_rows(config, root / "w8a16", root / "dense", dynamic_activations=False)
+    if importlib.util.find_spec("compressed_tensors") is not None:
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(weight_only, dtype=torch.float32).eval()
+        twin = transformers.AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32).eval()
+        with torch.no_grad():
+            assert torch.equal(theirs(torch.tensor([PROMPTS[0]])).logits, twin(torch.tensor([PROMPTS[0]])).logits)
+    ckpt, _ = write_fp8_rows(config, root / "dynamic", root / "dense2")
+    fmt = Fp8Block()
+    reblocked = root / "reblocked"
+    reblocked.mkdir()
+    for f in dense.iterdir():
+        if f.suffix == ".safetensors":
+            t = load_file(f)
+            save_file({n: (fmt.dequantise(fmt.quantise(w), *w.shape) if ".experts." in n else w) for n, w in t.items()},
+                      str(reblocked / f.name))
+        else:
+            (reblocked / f.name).write_bytes(f.read_bytes())
+    with LLM(str(reblocked), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    with LLM(str(ckpt), dtype="float32") as llm:
+        plan = llm._engine().runtime.plan
+        assert plan.expert_format == fmt.label and "quantised at load" in plan.dense_note
+        for prompt, w in zip(PROMPTS, want, strict=True):
+            atol = network_atol(torch.float32, 64, w.abs().max().item())
+            torch.testing.assert_close(llm.prompt_logits(prompt), w, atol=atol, rtol=0)

@@ -13,7 +13,8 @@ linear's checkpoint tensors into one of our formats, losslessly.
   nibbles of q + 8; `weight_scale` [N, K/G]; `weight_zero_point` packed along N when
   asymmetric) → `Int4Group`; "pack-quantized" int8 per channel (`weight_packed` int32
   [N, K/4], sequential bytes of q + 128) and "int-quantized" int8 (`weight` int8,
-  `weight_scale` [N, 1]) → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`.
+  `weight_scale` [N, 1]) → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`,
+  with channel or tensor scales (FP8_DYNAMIC) → dequantised, experts re-blocked at load.
 
 A linear is recognised by its parts: the names a scheme knows, sharing a base name
 "X.weight". A floating-point "X.weight" with no other part is a linear the checkpoint
@@ -102,6 +103,21 @@ class Fp8Scheme(Scheme):
             raise QuantConfigError(f"fp8 weight {w.dtype} {tuple(w.shape)} with scales {tuple(s.shape)}: "
                                    f"expected float8_e4m3fn and scales {want} ({fmt.block}x{fmt.block} blocks)")
         return fmt, {"": w, "_scale": s.contiguous()}
+
+
+@dataclass(frozen=True)
+class Fp8RowScheme(Scheme):
+    """compressed-tensors "float-quantized" fp8 with one scale per output channel or per
+    tensor (llm-compressor's FP8 / FP8_DYNAMIC): no block layout of ours holds those scales,
+    so each linear is dequantised (w = q·s, exact in fp32) and experts are quantised into
+    `format`'s blocks at load, as `--expert-dtype` would (the plan says so)."""
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        w, s = parts["weight"], parts["weight_scale"].float()
+        if w.dtype != torch.float8_e4m3fn or w.dim() != 2 or s.numel() not in (1, w.shape[0]):
+            raise QuantConfigError(f"fp8 weight {w.dtype} {tuple(w.shape)} with scales {tuple(s.shape)}: "
+                                   "expected float8_e4m3fn and one scale per row or per tensor")
+        return w.float() * s.reshape(-1, 1)
 
 
 @dataclass(frozen=True)
@@ -273,5 +289,8 @@ def _compressed(qc: dict[str, Any]) -> Scheme:
     block = w.get("block_structure") or [0, 0]
     if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
+    if fmt_name == "float-quantized" and bits == 8 and strategy in ("channel", "tensor"):
+        return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block())
     raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
-                           "is not supported (pack-quantized int4 group or int8 channel, int-quantized int8 channel, fp8 blocks)")
+                           "is not supported (pack-quantized int4 group or int8 channel, int-quantized int8 channel, "
+                           "float-quantized fp8 by block, channel or tensor)")
