@@ -31,6 +31,7 @@ MODELS = {
     "qwen3_moe": ("Qwen3MoeConfig", {"intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 8,
                                      "num_experts_per_tok": 2, "norm_topk_prob": True}),
     "olmoe": ("OlmoeConfig", {"intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2}),
+    "mixtral": ("MixtralConfig", {"intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -78,11 +79,12 @@ def dequantised_twin(src: Path, out: Path, block: int) -> Path:
     prefixes = {n.split(".experts.")[0] for n in tensors if ".experts." in n and "shared" not in n}
     for p in prefixes:
         gate_up, down = tensors[f"{p}.experts.gate_up_proj_scale_inv"], tensors[f"{p}.experts.down_proj_scale_inv"]
+        names = ("w1", "w3", "w2") if f"{p}.experts.0.w1.weight" in tensors else ("gate_proj", "up_proj", "down_proj")
         for e in range(gate_up.shape[0]):
-            g, u, d = (tensors[f"{p}.experts.{e}.{w}_proj.weight"].float() for w in ("gate", "up", "down"))
+            g, u, d = (tensors[f"{p}.experts.{e}.{w}.weight"].float() for w in names)
             fused = torch.cat([g, u]) * _expand(gate_up[e], 2 * g.shape[0], g.shape[1], block)
-            dense[f"{p}.experts.{e}.gate_proj.weight"], dense[f"{p}.experts.{e}.up_proj.weight"] = fused.split(g.shape[0])
-            dense[f"{p}.experts.{e}.down_proj.weight"] = d * _expand(down[e], *d.shape, block)
+            dense[f"{p}.experts.{e}.{names[0]}.weight"], dense[f"{p}.experts.{e}.{names[1]}.weight"] = fused.split(g.shape[0])
+            dense[f"{p}.experts.{e}.{names[2]}.weight"] = d * _expand(down[e], *d.shape, block)
     out.mkdir()
     save_file(dense, str(out / "model.safetensors"))
     config = json.loads((src / "config.json").read_text())
@@ -98,8 +100,9 @@ def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type
     ckpt = hf_fp8_save(model_type, block, tmp_path / "fp8", make_ckpt("qwen3_moe"))
     assert (ckpt / "model.safetensors").exists()
     names = load_file(ckpt / "model.safetensors")
-    assert "model.layers.0.mlp.experts.gate_up_proj_scale_inv" in names, "not the layout under test"
-    assert names["model.layers.0.mlp.experts.0.gate_proj.weight"].dtype == torch.float8_e4m3fn
+    assert any(n.endswith("layers.0.mlp.experts.gate_up_proj_scale_inv") or
+               n.endswith("layers.0.block_sparse_moe.experts.gate_up_proj_scale_inv") for n in names), "not the layout"
+    assert all(t.dtype == torch.float8_e4m3fn for n, t in names.items() if n.endswith("proj.weight") or ".w1." in n)
     twin = dequantised_twin(ckpt, tmp_path / "twin", block)
     ref = transformers.AutoModelForCausalLM.from_pretrained(twin, dtype=torch.float32, attn_implementation="eager")
     with LLM(str(ckpt), dtype="float32") as llm:
@@ -119,6 +122,8 @@ def test_fused_scales_split_by_half() -> None:
     assert torch.equal(parts["m.experts.1.up_proj.weight"], scale[1, 2:])
     one_row = split_fused_scale("m", "gate_up_proj", scale[:, :1], 16, 32)  # 2I <= B: both halves in row 0
     assert torch.equal(one_row["m.experts.0.up_proj.weight"], scale[0, :1])
+    mixtral = split_fused_scale("m", "gate_up_proj", scale, inter, block, ("w1", "w3", "w2"))
+    assert torch.equal(mixtral["m.experts.1.w3.weight"], scale[1, 2:])
 
 
 def test_fused_scales_straddling_the_halves_are_refused() -> None:

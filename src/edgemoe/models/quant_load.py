@@ -22,7 +22,7 @@ from edgemoe.models.names import Placement
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
-from edgemoe.quant.fused_scales import expert_bases, experts_by_prefix, fused_scale, split_fused_scale
+from edgemoe.quant.fused_scales import NAMINGS, expert_bases, fused_scale, naming_by_prefix, split_fused_scale
 from edgemoe.quant.published import Decoded, Fp8Scheme, Scheme
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,12 @@ class PartCollector:
         self.scheme, self.inter = scheme, inter  # inter: the experts' intermediate size
         self.expected: dict[str, set[str]] = {}
         names = list(all_names)
-        experts = experts_by_prefix(names)
+        self.naming = naming_by_prefix(names)  # per "<P>.experts": expert ids, (gate, up, down) names
         for name in names:
             if (split := scheme.split(name)) is not None:
                 self.expected.setdefault(split[0], set()).add(split[1])
             elif (fused := self._fused(name)) is not None:  # one scale tensor for a layer's experts
-                for base in expert_bases(*fused, experts.get(fused[0], [])):
+                for base in expert_bases(*fused, *self.naming.get(fused[0], ([], NAMINGS["gate_proj"]))):
                     self.expected.setdefault(base, set()).add(self._scale_part)
         self.pending: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -58,7 +58,7 @@ class PartCollector:
         fused scales cover), or None."""
         split = self.scheme.split(name)
         if split is None and (fused := self._fused(name)) is not None:
-            return expert_bases(*fused, [0])[0]
+            return expert_bases(*fused, [0], NAMINGS["gate_proj"])[0]
         return split[0] if split is not None else None
 
     def add(self, name: str, tensor: torch.Tensor) -> list[tuple[str, Value]]:
@@ -66,7 +66,8 @@ class PartCollector:
         linear this completes, as (base name, decoded value)."""
         if (fused := self._fused(name)) is not None:
             block = self.scheme.format.block  # type: ignore[attr-defined]
-            parts = split_fused_scale(*fused, tensor, self.inter, block)
+            naming = self.naming.get(fused[0], ([], NAMINGS["gate_proj"]))[1]
+            parts = split_fused_scale(*fused, tensor, self.inter, block, naming)
             return [done for base, t in parts.items() if (done := self._keep(base, self._scale_part, t))]
         base, part = self.scheme.split(name)  # type: ignore[misc]
         return [done] if (done := self._keep(base, part, tensor)) else []

@@ -9,7 +9,9 @@ holds them, one tensor per layer and projection:
   blocked over the fused 2I rows;
 - "<P>.experts.down_proj_scale_inv" [E, ceil(H/B), ceil(I/B)]: each expert's own scales.
 
-`split_fused_scale` hands each expert matrix the scales of its own layout (`Fp8Block`:
+The per-expert names are the model's own: `gate_proj` / `up_proj` / `down_proj`, or
+Mixtral's `w1` / `w3` / `w2`. `split_fused_scale` hands each expert matrix the scales of
+its own layout (`Fp8Block`:
 gate and up blocked apart), losslessly: a gate or up block row of ours lies inside one
 fused block row whenever I is a multiple of B (every published shape) or 2I <= B (one
 fused block row). Anything else is refused by name, never approximated.
@@ -24,9 +26,9 @@ import torch
 
 from edgemoe.quant.published import QuantConfigError
 
-PROJECTIONS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+NAMINGS = {"gate_proj": ("gate_proj", "up_proj", "down_proj"), "w1": ("w1", "w3", "w2")}  # gate, up, down
 _FUSED = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<proj>gate_up_proj|down_proj)_(?P<part>[a-z_]+)$")
-_PER_EXPERT = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_PER_EXPERT = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(?P<gate>gate_proj|w1)\.weight$")
 
 
 def fused_scale(name: str, scale_part: str) -> tuple[str, str] | None:
@@ -38,31 +40,35 @@ def fused_scale(name: str, scale_part: str) -> tuple[str, str] | None:
     return m["prefix"], m["proj"]
 
 
-def experts_by_prefix(names: Iterable[str]) -> dict[str, list[int]]:
-    """The expert ids each "<P>.experts" holds per-expert weights for."""
-    found: dict[str, set[int]] = {}
+def naming_by_prefix(names: Iterable[str]) -> dict[str, tuple[list[int], tuple[str, ...]]]:
+    """Per "<P>.experts" holding per-expert weights: its expert ids and its (gate, up,
+    down) names."""
+    found: dict[str, tuple[set[int], str]] = {}
     for name in names:
         if (m := _PER_EXPERT.match(name)) is not None:
-            found.setdefault(m["prefix"], set()).add(int(m["e"]))
-    return {p: sorted(ids) for p, ids in found.items()}
+            found.setdefault(m["prefix"], (set(), m["gate"]))[0].add(int(m["e"]))
+    return {p: (sorted(ids), NAMINGS[gate]) for p, (ids, gate) in found.items()}
 
 
-def expert_bases(prefix: str, proj: str, experts: Iterable[int]) -> list[str]:
+def expert_bases(prefix: str, proj: str, experts: Iterable[int], naming: tuple[str, ...]) -> list[str]:
     """The per-expert linears ("X.weight") a fused scale tensor covers."""
-    return [f"{prefix}.experts.{e}.{half}.weight" for e in experts for half in PROJECTIONS[proj]]
+    halves = naming[:2] if proj == "gate_up_proj" else naming[2:]
+    return [f"{prefix}.experts.{e}.{half}.weight" for e in experts for half in halves]
 
 
-def split_fused_scale(prefix: str, proj: str, scale: torch.Tensor, inter: int, block: int) -> dict[str, torch.Tensor]:
+def split_fused_scale(prefix: str, proj: str, scale: torch.Tensor, inter: int, block: int,
+                      naming: tuple[str, ...] = NAMINGS["gate_proj"]) -> dict[str, torch.Tensor]:
     """A layer's fused scales [E, R, C] → each expert matrix's own, by its linear's name."""
     if scale.dim() != 3:
         raise QuantConfigError(f"{prefix}.experts.{proj} scales {tuple(scale.shape)}: expected [experts, rows, cols]")
+    gate, up, down = naming
     if proj == "down_proj":
-        return {f"{prefix}.experts.{e}.down_proj.weight": scale[e] for e in range(scale.shape[0])}
+        return {f"{prefix}.experts.{e}.{down}.weight": scale[e] for e in range(scale.shape[0])}
     gate_rows, up_rows = (_block_rows(offset, inter, block, scale.shape[1], prefix) for offset in (0, inter))
     out = {}
     for e in range(scale.shape[0]):
-        out[f"{prefix}.experts.{e}.gate_proj.weight"] = scale[e, gate_rows]
-        out[f"{prefix}.experts.{e}.up_proj.weight"] = scale[e, up_rows]
+        out[f"{prefix}.experts.{e}.{gate}.weight"] = scale[e, gate_rows]
+        out[f"{prefix}.experts.{e}.{up}.weight"] = scale[e, up_rows]
     return out
 
 
