@@ -36,7 +36,7 @@ MODELS = {
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def hf_fp8_save(model_type: str, block: int, out: Path, tokenizer_from: Path) -> Path:
+def hf_fp8_save(model_type: str, block: int | None, out: Path, tokenizer_from: Path) -> Path:
     """A tiny random model quantised by transformers' FineGrainedFP8 and saved by it."""
     cls, extra = MODELS[model_type]
     config = getattr(transformers, cls)(vocab_size=151936, hidden_size=64, num_hidden_layers=2,
@@ -48,7 +48,7 @@ def hf_fp8_save(model_type: str, block: int, out: Path, tokenizer_from: Path) ->
     # Its quantiser asks for a GPU (for its kernels), not for quantising: it quantises on the CPU.
     mp.setattr(fp8_quantizer.FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *a, **k: None)
     try:
-        qc = transformers.FineGrainedFP8Config(weight_block_size=(block, block))
+        qc = transformers.FineGrainedFP8Config(weight_block_size=(block, block) if block else None)
         model = transformers.AutoModelForCausalLM.from_pretrained(bf16, quantization_config=qc, dtype=torch.bfloat16)
         model.save_pretrained(out)
     finally:
@@ -58,11 +58,13 @@ def hf_fp8_save(model_type: str, block: int, out: Path, tokenizer_from: Path) ->
     return out
 
 
-def _expand(scale: torch.Tensor, rows: int, cols: int, block: int) -> torch.Tensor:
-    return scale.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+def _expand(scale: torch.Tensor, rows: int, cols: int, block: int | None) -> torch.Tensor:
+    """Block scales → one per weight; `block` None: one scale for the tensor."""
+    rb, cb = (block, block) if block else (rows, cols)
+    return scale.repeat_interleave(rb, 0)[:rows].repeat_interleave(cb, 1)[:, :cols]
 
 
-def dequantised_twin(src: Path, out: Path, block: int) -> Path:
+def dequantised_twin(src: Path, out: Path, block: int | None) -> Path:
     """`src` with every fp8 weight dequantised to fp32 by the fused module's own blocking."""
     tensors: dict[str, torch.Tensor] = {}
     for f in src.glob("*.safetensors"):
@@ -82,7 +84,7 @@ def dequantised_twin(src: Path, out: Path, block: int) -> Path:
         names = ("w1", "w3", "w2") if f"{p}.experts.0.w1.weight" in tensors else ("gate_proj", "up_proj", "down_proj")
         for e in range(gate_up.shape[0]):
             g, u, d = (tensors[f"{p}.experts.{e}.{w}.weight"].float() for w in names)
-            fused = torch.cat([g, u]) * _expand(gate_up[e], 2 * g.shape[0], g.shape[1], block)
+            fused = torch.cat([g, u]) * _expand(gate_up[e], 2 * g.shape[0], g.shape[1], block)  # one scale: both
             dense[f"{p}.experts.{e}.{names[0]}.weight"], dense[f"{p}.experts.{e}.{names[1]}.weight"] = fused.split(g.shape[0])
             dense[f"{p}.experts.{e}.{names[2]}.weight"] = d * _expand(down[e], *d.shape, block)
     out.mkdir()
@@ -93,9 +95,10 @@ def dequantised_twin(src: Path, out: Path, block: int) -> Path:
     return out
 
 
-@pytest.mark.parametrize("block", [16, 32])  # blocks that divide every matrix: transformers quantises all
+# Blocks that divide every matrix (transformers quantises all), and none (one scale a tensor).
+@pytest.mark.parametrize("block", [16, 32, None])
 @pytest.mark.parametrize("model_type", sorted(MODELS))
-def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type: str, block: int, make_ckpt,
+def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type: str, block: int | None, make_ckpt,
                                                                        tmp_path: Path) -> None:  # noqa: ANN001
     ckpt = hf_fp8_save(model_type, block, tmp_path / "fp8", make_ckpt("qwen3_moe"))
     assert (ckpt / "model.safetensors").exists()
@@ -106,7 +109,8 @@ def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type
     twin = dequantised_twin(ckpt, tmp_path / "twin", block)
     ref = transformers.AutoModelForCausalLM.from_pretrained(twin, dtype=torch.float32, attn_implementation="eager")
     with LLM(str(ckpt), dtype="float32") as llm:
-        assert llm._engine().runtime.plan.expert_format == f"fp8 e4m3 ({block}x{block} blocks)"  # stayed fp8
+        b = block or 128  # a tensor's one scale in every 128-block: as lossless
+        assert llm._engine().runtime.plan.expert_format == f"fp8 e4m3 ({b}x{b} blocks)"  # stayed fp8
         for prompt in PROMPTS:
             ours = llm.prompt_logits(prompt)
             with torch.no_grad():
@@ -137,3 +141,12 @@ def test_a_float_weight_beside_scales_loads_as_stored() -> None:
     scheme = scheme_for({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
     w = torch.randn(64, 32, dtype=torch.bfloat16)
     assert scheme.decode({"weight": w, "weight_scale_inv": torch.full((1, 1), 7e25)}) is w
+
+
+def test_a_tensor_scale_fills_every_block() -> None:
+    scheme = scheme_for({"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                                 "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float",
+                                                                                     "strategy": "tensor"}}}}})
+    w = torch.randn(200, 300).to(torch.float8_e4m3fn)
+    fmt, parts = scheme.decode({"weight": w, "weight_scale": torch.tensor([0.25])})
+    assert torch.equal(fmt.dequantise(parts, 200, 300), w.float() * 0.25)

@@ -14,7 +14,8 @@ Mixtral's `w1` / `w3` / `w2`. `split_fused_scale` hands each expert matrix the s
 its own layout (`Fp8Block`:
 gate and up blocked apart), losslessly: a gate or up block row of ours lies inside one
 fused block row whenever I is a multiple of B (every published shape) or 2I <= B (one
-fused block row). Anything else is refused by name, never approximated.
+fused block row), or when each expert has one scale (`weight_block_size` null: the
+experts' gate and up share it). Anything else is refused by name, never approximated.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def split_fused_scale(prefix: str, proj: str, scale: torch.Tensor, inter: int, b
     if scale.dim() != 3:
         raise QuantConfigError(f"{prefix}.experts.{proj} scales {tuple(scale.shape)}: expected [experts, rows, cols]")
     gate, up, down = naming
+    if tuple(scale.shape[1:]) == (1, 1):  # one scale per expert and projection (no blocks): each matrix's
+        halves = (down,) if proj == "down_proj" else (gate, up)
+        return {f"{prefix}.experts.{e}.{h}.weight": scale[e] for e in range(scale.shape[0]) for h in halves}
     if proj == "down_proj":
         return {f"{prefix}.experts.{e}.{down}.weight": scale[e] for e in range(scale.shape[0])}
     gate_rows, up_rows = (_block_rows(offset, inter, block, scale.shape[1], prefix) for offset in (0, inter))

@@ -14,7 +14,9 @@ linear's checkpoint tensors into one of our formats, losslessly.
   asymmetric) → `Int4Group`; "pack-quantized" int8 per channel (`weight_packed` int32
   [N, K/4], sequential bytes of q + 128) and "int-quantized" int8 (`weight` int8,
   `weight_scale` [N, 1]) → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`,
-  with channel or tensor scales (FP8_DYNAMIC) → dequantised, experts re-blocked at load.
+  with one scale a tensor → `Fp8Block` (that scale in every block), with channel scales
+  (FP8_DYNAMIC) → dequantised, experts re-blocked at load.
+- FP8 with `weight_block_size` null (per-tensor) → `Fp8Block(128)`, every block the tensor's scale.
 
 A linear is recognised by its parts: the names a scheme knows, sharing a base name
 "X.weight". A floating-point "X.weight" with no other part is a linear the checkpoint
@@ -99,6 +101,8 @@ class Fp8Scheme(Scheme):
         fmt = self.format
         assert isinstance(fmt, Fp8Block)
         want = fmt.matrix_specs(*w.shape)["_scale"][0]
+        if s.numel() == 1 and w.dim() == 2:  # one scale for the tensor: every block's, exactly
+            s = s.reshape(1, 1).expand(want)
         if w.dtype != torch.float8_e4m3fn or tuple(s.shape) != want:
             raise QuantConfigError(f"fp8 weight {w.dtype} {tuple(w.shape)} with scales {tuple(s.shape)}: "
                                    f"expected float8_e4m3fn and scales {want} ({fmt.block}x{fmt.block} blocks)")
@@ -107,16 +111,17 @@ class Fp8Scheme(Scheme):
 
 @dataclass(frozen=True)
 class Fp8RowScheme(Scheme):
-    """compressed-tensors "float-quantized" fp8 with one scale per output channel or per
-    tensor (llm-compressor's FP8 / FP8_DYNAMIC): no block layout of ours holds those scales,
-    so each linear is dequantised (w = q·s, exact in fp32) and experts are quantised into
-    `format`'s blocks at load, as `--expert-dtype` would (the plan says so)."""
+    """compressed-tensors "float-quantized" fp8 with one scale per output channel
+    (llm-compressor's FP8 / FP8_DYNAMIC): no block layout of ours holds row scales, so each
+    linear is dequantised (w = q·s, exact in fp32) and experts are quantised into
+    `format`'s blocks at load, as `--expert-dtype` would (the plan says so). A tensor's
+    one scale is every block's: `Fp8Scheme` takes those as they are."""
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
         w, s = parts["weight"], parts["weight_scale"].float()
         if w.dtype != torch.float8_e4m3fn or w.dim() != 2 or s.numel() not in (1, w.shape[0]):
             raise QuantConfigError(f"fp8 weight {w.dtype} {tuple(w.shape)} with scales {tuple(s.shape)}: "
-                                   "expected float8_e4m3fn and one scale per row or per tensor")
+                                   "expected float8_e4m3fn and one scale per row")
         return w.float() * s.reshape(-1, 1)
 
 
@@ -289,7 +294,9 @@ def _compressed(qc: dict[str, Any]) -> Scheme:
     block = w.get("block_structure") or [0, 0]
     if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
-    if fmt_name == "float-quantized" and bits == 8 and strategy in ("channel", "tensor"):
+    if fmt_name == "float-quantized" and bits == 8 and strategy == "tensor":
+        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(), "weight_scale")
+    if fmt_name == "float-quantized" and bits == 8 and strategy == "channel":
         return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block())
     raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
                            "is not supported (pack-quantized int4 group or int8 channel, int-quantized int8 channel, "
