@@ -118,6 +118,37 @@ def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type
             torch.testing.assert_close(ours, theirs, rtol=0, atol=network_atol(torch.float32, 64, theirs.abs().max().item()))
 
 
+def stacked(src: Path, out: Path) -> Path:
+    """`src` (per-expert fp8 weights, fused scales) with each layer's expert weights stacked
+    as Qwen3.5's checkpoints store experts: "<P>.experts.gate_up_proj" [E, 2I, H] (gate rows
+    first) and "<P>.experts.down_proj" [E, H, I]."""
+    tensors: dict[str, torch.Tensor] = {}
+    for f in src.glob("*.safetensors"):
+        tensors |= load_file(f)
+    prefixes = {n.split(".experts.")[0] for n in tensors if n.endswith("experts.gate_up_proj_scale_inv")}
+    for p in prefixes:
+        ids = range(tensors[f"{p}.experts.gate_up_proj_scale_inv"].shape[0])
+        take = {w: [tensors.pop(f"{p}.experts.{e}.{w}.weight") for e in ids] for w in ("gate_proj", "up_proj", "down_proj")}
+        tensors[f"{p}.experts.gate_up_proj"] = torch.stack([torch.cat(gu) for gu in zip(take["gate_proj"],
+                                                                                       take["up_proj"], strict=True)])
+        tensors[f"{p}.experts.down_proj"] = torch.stack(take["down_proj"])
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors*"))
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
+
+
+def test_stacked_fp8_experts_load_as_their_per_expert_twin(make_ckpt, tmp_path: Path) -> None:  # noqa: ANN001
+    ckpt = hf_fp8_save("qwen3_moe", 32, tmp_path / "fp8", make_ckpt("qwen3_moe"))
+    restacked = stacked(ckpt, tmp_path / "stacked")
+    assert "model.layers.1.mlp.experts.gate_up_proj" in load_file(restacked / "model.safetensors")
+    with LLM(str(ckpt), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    with LLM(str(restacked), dtype="float32") as llm:
+        assert llm._engine().runtime.plan.expert_format == "fp8 e4m3 (32x32 blocks)"
+        for prompt, w in zip(PROMPTS, want, strict=True):
+            assert torch.equal(llm.prompt_logits(prompt), w)  # the same fp8 weights and scales
+
+
 def test_fused_scales_split_by_half() -> None:
     inter, block = 64, 32  # gate: fused block rows 0-1, up: 2-3
     scale = torch.arange(2 * 4 * 3, dtype=torch.float32).view(2, 4, 3)

@@ -120,7 +120,8 @@ def load_checkpoint(
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
     files = safetensors_files(model_dir)
-    collector = PartCollector(scheme, all_names(model_dir, files), arch.moe_intermediate_size) if scheme else None
+    collector = (PartCollector(scheme, all_names(model_dir, files), arch.moe_intermediate_size, arch.store_experts)
+                 if scheme else None)
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
     ignored = (

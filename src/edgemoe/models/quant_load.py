@@ -22,7 +22,7 @@ from edgemoe.models.names import Placement
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
-from edgemoe.quant.fused_scales import NAMINGS, expert_bases, fused_scale, naming_by_prefix, split_fused_scale
+from edgemoe.quant.fused_scales import FusedExperts
 from edgemoe.quant.published import Decoded, Fp8Scheme, Scheme
 
 log = logging.getLogger(__name__)
@@ -33,42 +33,36 @@ Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
 class PartCollector:
     """Holds the parts of linears until each is complete (memory: a few linears at once)."""
 
-    def __init__(self, scheme: Scheme, all_names: Iterable[str], inter: int = 0) -> None:
-        self.scheme, self.inter = scheme, inter  # inter: the experts' intermediate size
+    def __init__(self, scheme: Scheme, all_names: Iterable[str], inter: int = 0, experts: int = 0) -> None:
+        self.scheme = scheme
         self.expected: dict[str, set[str]] = {}
         names = list(all_names)
-        self.naming = naming_by_prefix(names)  # per "<P>.experts": expert ids, (gate, up, down) names
+        # A layer's experts in one tensor (fp8: transformers' fused scales, stacked weights):
+        # `inter` / `experts`, the experts' intermediate size and count, split them.
+        block = getattr(scheme.format, "block", 0)
+        self.fused = FusedExperts(names, scheme.scale_name, inter, block, experts) if isinstance(scheme, Fp8Scheme) else None
         for name in names:
             if (split := scheme.split(name)) is not None:
                 self.expected.setdefault(split[0], set()).add(split[1])
-            elif (fused := self._fused(name)) is not None:  # one scale tensor for a layer's experts
-                for base in expert_bases(*fused, *self.naming.get(fused[0], ([], NAMINGS["gate_proj"]))):
-                    self.expected.setdefault(base, set()).add(self._scale_part)
+            elif self.fused is not None and name in self.fused.fused:
+                for base in self.fused.bases(name):
+                    self.expected.setdefault(base, set()).add(self.fused.part(name))
         self.pending: dict[str, dict[str, torch.Tensor]] = {}
 
-    @property
-    def _scale_part(self) -> str:
-        return getattr(self.scheme, "scale_name", "")
-
-    def _fused(self, name: str) -> tuple[str, str] | None:
-        return fused_scale(name, self._scale_part) if isinstance(self.scheme, Fp8Scheme) else None
-
     def base(self, name: str) -> str | None:
-        """The linear ("X.weight") `name` is a part of (or the first of those a layer's
-        fused scales cover), or None."""
+        """The linear ("X.weight") `name` is a part of (a fused tensor: the first of those it
+        covers), or None."""
+        if self.fused is not None and name in self.fused.fused:
+            return self.fused.bases(name)[0]
         split = self.scheme.split(name)
-        if split is None and (fused := self._fused(name)) is not None:
-            return expert_bases(*fused, [0], NAMINGS["gate_proj"])[0]
         return split[0] if split is not None else None
 
     def add(self, name: str, tensor: torch.Tensor) -> list[tuple[str, Value]]:
-        """Keep one part (or a layer's fused scales: a part of each expert matrix); every
-        linear this completes, as (base name, decoded value)."""
-        if (fused := self._fused(name)) is not None:
-            block = self.scheme.format.block  # type: ignore[attr-defined]
-            naming = self.naming.get(fused[0], ([], NAMINGS["gate_proj"]))[1]
-            parts = split_fused_scale(*fused, tensor, self.inter, block, naming)
-            return [done for base, t in parts.items() if (done := self._keep(base, self._scale_part, t))]
+        """Keep one part (or a fused tensor: a part of each expert matrix); every linear this
+        completes, as (base name, decoded value)."""
+        if self.fused is not None and name in self.fused.fused:
+            part = self.fused.part(name)
+            return [done for base, t in self.fused.split(name, tensor).items() if (done := self._keep(base, part, t))]
         base, part = self.scheme.split(name)  # type: ignore[misc]
         return [done] if (done := self._keep(base, part, tensor)) else []
 

@@ -1,9 +1,11 @@
-"""transformers 5's own FP8 MoE checkpoints: per-expert weights, one scale tensor per layer.
+"""FP8 MoE checkpoints holding a layer's experts in one tensor per projection.
 
 `save_pretrained` of a model quantised by transformers' FineGrainedFP8 writes each
 expert's `gate_proj` / `up_proj` / `down_proj` weight under its own name (the per-expert
 layout, reversed from its fused experts module) but the block scales as that module
-holds them, one tensor per layer and projection:
+holds them, one tensor per layer and projection; checkpoints that stack their experts
+(Qwen3.5's layout) hold the fp8 weights that way too ("<P>.experts.gate_up_proj"
+[E, 2I, H], gate rows first, and "<P>.experts.down_proj" [E, H, I]) beside those scales:
 
 - "<P>.experts.gate_up_proj_scale_inv" [E, ceil(2I/B), ceil(H/B)]: the gate rows first,
   blocked over the fused 2I rows;
@@ -28,17 +30,8 @@ import torch
 from edgemoe.quant.published import QuantConfigError
 
 NAMINGS = {"gate_proj": ("gate_proj", "up_proj", "down_proj"), "w1": ("w1", "w3", "w2")}  # gate, up, down
-_FUSED = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<proj>gate_up_proj|down_proj)_(?P<part>[a-z_]+)$")
+_FUSED = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<proj>gate_up_proj|down_proj)(_(?P<part>[a-z_]+))?$")
 _PER_EXPERT = re.compile(r"^(?P<prefix>.+)\.experts\.(?P<e>\d+)\.(?P<gate>gate_proj|w1)\.weight$")
-
-
-def fused_scale(name: str, scale_part: str) -> tuple[str, str] | None:
-    """(prefix, projection) when `name` is a layer's fused scale for `scale_part`
-    ("weight_scale_inv" → "<P>.experts.gate_up_proj_scale_inv"), else None."""
-    m = _FUSED.match(name)
-    if m is None or "weight_" + m["part"] != scale_part:
-        return None
-    return m["prefix"], m["proj"]
 
 
 def naming_by_prefix(names: Iterable[str]) -> dict[str, tuple[list[int], tuple[str, ...]]]:
@@ -51,10 +44,53 @@ def naming_by_prefix(names: Iterable[str]) -> dict[str, tuple[list[int], tuple[s
     return {p: (sorted(ids), NAMINGS[gate]) for p, (ids, gate) in found.items()}
 
 
-def expert_bases(prefix: str, proj: str, experts: Iterable[int], naming: tuple[str, ...]) -> list[str]:
-    """The per-expert linears ("X.weight") a fused scale tensor covers."""
-    halves = naming[:2] if proj == "gate_up_proj" else naming[2:]
-    return [f"{prefix}.experts.{e}.{half}.weight" for e in experts for half in halves]
+class FusedExperts:
+    """Which of a checkpoint's tensors (`names`) hold a layer's experts in one tensor — the
+    scales of `scale_part` ("weight_scale_inv"), and stacked weights beside such scales —
+    and each one's per-expert parts, named by the per-expert linears ("X.weight") they belong
+    to. `inter`: the experts' intermediate size; `block`: the fp8 block; `experts`: the
+    count, for layers whose names list no expert."""
+
+    def __init__(self, names: list[str], scale_part: str, inter: int, block: int, experts: int) -> None:
+        self.scale_part, self.inter, self.block, self.experts = scale_part, inter, block, experts
+        self.naming = naming_by_prefix(names)
+        listed, scale_suffix = set(names), scale_part.removeprefix("weight")
+        self.fused: dict[str, tuple[str, str, str]] = {}  # tensor name → (prefix, projection, part)
+        for name in names:
+            if (m := _FUSED.match(name)) is None:
+                continue
+            if m["part"] is None and name + scale_suffix in listed:
+                self.fused[name] = (m["prefix"], m["proj"], "weight")
+            elif m["part"] is not None and "weight_" + m["part"] == scale_part:
+                self.fused[name] = (m["prefix"], m["proj"], scale_part)
+
+    def part(self, name: str) -> str:
+        return self.fused[name][2]
+
+    def bases(self, name: str) -> list[str]:
+        """The per-expert linears a fused tensor covers."""
+        prefix, proj, _ = self.fused[name]
+        ids, naming = self.naming.get(prefix, (list(range(self.experts)), NAMINGS["gate_proj"]))
+        halves = naming[:2] if proj == "gate_up_proj" else naming[2:]
+        return [f"{prefix}.experts.{e}.{half}.weight" for e in ids for half in halves]
+
+    def split(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A fused tensor → each expert matrix's part, by its linear's name."""
+        prefix, proj, part = self.fused[name]
+        naming = self.naming.get(prefix, ([], NAMINGS["gate_proj"]))[1]
+        if part != "weight":
+            return split_fused_scale(prefix, proj, tensor, self.inter, self.block, naming)
+        if tensor.dim() != 3 or (proj == "gate_up_proj" and tensor.shape[1] != 2 * self.inter):
+            raise QuantConfigError(f"{name} {tuple(tensor.shape)}: expected [experts, rows, cols]"
+                                   + (f" with 2 x {self.inter} rows" if proj == "gate_up_proj" else ""))
+        gate, up, down = naming
+        if proj == "down_proj":
+            return {f"{prefix}.experts.{e}.{down}.weight": tensor[e] for e in range(tensor.shape[0])}
+        out = {}
+        for e in range(tensor.shape[0]):
+            out[f"{prefix}.experts.{e}.{gate}.weight"] = tensor[e, : self.inter]
+            out[f"{prefix}.experts.{e}.{up}.weight"] = tensor[e, self.inter :]
+        return out
 
 
 def split_fused_scale(prefix: str, proj: str, scale: torch.Tensor, inter: int, block: int,
