@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from tolerances import network_atol
 
 from edgemoe import LLM
-from edgemoe.quant.fused_scales import split_fused_scale
+from edgemoe.quant.fused_experts import split_fused_scale
 from edgemoe.quant.published import QuantConfigError, scheme_for
 
 transformers = pytest.importorskip("transformers")

@@ -22,7 +22,7 @@ from edgemoe.models.names import Placement
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
-from edgemoe.quant.fused_scales import FusedExperts
+from edgemoe.quant.fused_experts import FusedExperts
 from edgemoe.quant.published import Decoded, Fp8Scheme, Scheme
 
 log = logging.getLogger(__name__)

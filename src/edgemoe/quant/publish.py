@@ -105,9 +105,9 @@ def quantization_config(fmt: ExpertFormat, unquantised: list[str], asymmetric: b
                    "strategy": "group" if int4 else "channel",
                    "group_size": (group or fmt.group) if int4 else None,  # type: ignore[union-attr]
                    "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax"}
-        group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
+        scheme = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
         return {"quant_method": "compressed-tensors", "format": "pack-quantized",
-                "quantization_status": "compressed", "config_groups": {"group_0": group},
+                "quantization_status": "compressed", "config_groups": {"group_0": scheme},
                 "ignore": unquantised, "kv_cache_scheme": None}
     return None
 
