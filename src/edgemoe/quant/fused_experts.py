@@ -14,9 +14,10 @@ holds them, one tensor per layer and projection; checkpoints that stack their ex
 The per-expert names are the model's own: `gate_proj` / `up_proj` / `down_proj`, or
 Mixtral's `w1` / `w3` / `w2`. `split_fused_scale` hands each expert matrix the scales of
 its own layout (`Fp8Block`: gate and up blocked apart), losslessly: a gate or up block
-row of ours lies inside one fused block row whenever I is a multiple of B (every published shape) or 2I <= B (one
-fused block row), or when each expert has one scale (`weight_block_size` null: the
-experts' gate and up share it). Anything else is refused by name, never approximated.
+row of ours lies inside one fused block row whenever I is a multiple of B (every
+published shape) or 2I <= B (one fused block row), or when each expert has one scale
+(`weight_block_size` null: the experts' gate and up share it). Anything else is refused
+by name, never approximated.
 """
 
 from __future__ import annotations
