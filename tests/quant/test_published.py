@@ -23,7 +23,7 @@ from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.assets.checkpoint import model_config
-from edgemoe.quant import Fp8Block, Int4Group
+from edgemoe.quant import Fp8Block, Int4Group, Int8Channel
 from edgemoe.quant.published import QuantConfigError, scheme_for, unpack_int32
 
 transformers = pytest.importorskip("transformers")
@@ -75,6 +75,14 @@ def test_unsupported_configs_are_named() -> None:
     with pytest.raises(QuantConfigError, match="3 bits"):
         scheme_for({"quantization_config": {"quant_method": "gptq", "bits": 3}})
     assert scheme_for({"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}).format == Fp8Block(64)
+    int8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
+    for where in ({"format": "naive-quantized"}, {"format": "mixed-precision", "g": {"format": "int-quantized"}}):
+        group = {"weights": int8} | where.get("g", {})
+        qc = {"quant_method": "compressed-tensors", "format": where["format"], "config_groups": {"g": group}}
+        assert scheme_for({"quantization_config": qc}).format == Int8Channel()
+    for other in ({"checkpoint_format": "marlin"}, {"is_marlin_format": True}):  # another packing: never misread
+        with pytest.raises(QuantConfigError, match="gptq and gptq_v2"):
+            scheme_for({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128} | other})
 
 
 @pytest.fixture(scope="module")

@@ -273,16 +273,22 @@ def _four_bit(method: str, qc: dict[str, Any]) -> Scheme:
             raise QuantConfigError(f"AWQ version {qc.get('version')!r} / zero_point {qc.get('zero_point')}: "
                                    "only the GEMM layout with zero points is supported")
         return AwqScheme("awq", ("qweight", "qzeros", "scales"), fmt)
-    offset = 0 if str(qc.get("checkpoint_format", "gptq")).lower() == "gptq_v2" else 1
-    return GptqScheme("gptq", ("qweight", "qzeros", "scales", "g_idx"), fmt, offset)
+    layout = str(qc.get("checkpoint_format", "gptq")).lower()
+    if layout not in ("gptq", "gptq_v2") or qc.get("is_marlin_format"):
+        raise QuantConfigError(f"GPTQ checkpoint_format {qc.get('checkpoint_format')!r}"
+                               + (" (is_marlin_format)" if qc.get("is_marlin_format") else "")
+                               + ": only the gptq and gptq_v2 layouts are supported")
+    return GptqScheme("gptq", ("qweight", "qzeros", "scales", "g_idx"), fmt, 0 if layout == "gptq_v2" else 1)
 
 
 def _compressed(qc: dict[str, Any]) -> Scheme:
     groups = [g for g in (qc.get("config_groups") or {}).values() if g.get("weights")]
     if len(groups) != 1:
         raise QuantConfigError(f"compressed-tensors with {len(groups)} weight groups: exactly one is supported")
-    w, fmt_name = groups[0]["weights"], qc.get("format")
+    w, fmt_name = groups[0]["weights"], groups[0].get("format") or qc.get("format")  # a group's own wins
     bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
+    if fmt_name == "naive-quantized":  # the weight in the bit width's torch dtype: int8 / e4m3, as these
+        fmt_name = "float-quantized" if kind == "float" else "int-quantized"
     if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy == "group":
         parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
         return PackedScheme("compressed-tensors", parts, Int4Group(int(w["group_size"])))
