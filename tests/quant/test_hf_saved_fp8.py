@@ -181,3 +181,15 @@ def test_a_tensor_scale_fills_every_block() -> None:
     w = torch.randn(200, 300).to(torch.float8_e4m3fn)
     fmt, parts = scheme.decode({"weight": w, "weight_scale": torch.tensor([0.25])})
     assert torch.equal(fmt.dequantise(parts, 200, 300), w.float() * 0.25)
+
+
+def test_ue8m0_scales_are_powers_of_two() -> None:
+    """`scale_fmt: ue8m0` scales, as exponent bytes (uint8) or as float8_e8m0fnu: 2^(e - 127)."""
+    scheme = scheme_for({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128],
+                                                 "scale_fmt": "ue8m0"}})
+    w = torch.randn(128, 256).to(torch.float8_e4m3fn)
+    e = torch.tensor([[127, 124]], dtype=torch.uint8)
+    for s in (e, e.view(torch.float8_e8m0fnu)):
+        fmt, parts = scheme.decode({"weight": w, "weight_scale_inv": s})
+        want = w.float() * torch.tensor([1.0, 0.125]).repeat_interleave(128)[None, :]
+        assert torch.equal(fmt.dequantise(parts, 128, 256), want)

@@ -97,7 +97,10 @@ class Fp8Scheme(Scheme):
     scale_name: str = "weight_scale_inv"
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
-        w, s = parts["weight"], parts[self.scale_name].float()
+        w, s = parts["weight"], parts[self.scale_name]
+        if s.dtype == torch.uint8:  # `scale_fmt: ue8m0` stored as raw exponent bytes: 2^(e - 127)
+            s = s.view(torch.float8_e8m0fnu)
+        s = s.float()
         fmt = self.format
         assert isinstance(fmt, Fp8Block)
         want = fmt.matrix_specs(*w.shape)["_scale"][0]
