@@ -193,3 +193,21 @@ def test_ue8m0_scales_are_powers_of_two() -> None:
         fmt, parts = scheme.decode({"weight": w, "weight_scale_inv": s})
         want = w.float() * torch.tensor([1.0, 0.125]).repeat_interleave(128)[None, :]
         assert torch.equal(fmt.dequantise(parts, 128, 256), want)
+
+
+def test_a_model_transformers_left_unquantised_keeps_its_weights(make_ckpt, tmp_path: Path) -> None:  # noqa: ANN001
+    """The default 128-blocks divide none of a tiny model's matrices: transformers writes
+    every weight in bf16 with uninitialised scales beside it and an fp8 config. The
+    experts stay unquantised and the model is its bf16 source."""
+    ckpt = hf_fp8_save("qwen3_moe", 128, tmp_path / "fp8", make_ckpt("qwen3_moe"))
+    names = {n: t for f in ckpt.glob("*.safetensors") for n, t in load_file(f).items()}
+    assert not any(t.dtype == torch.float8_e4m3fn for t in names.values()), "not the layout under test"
+    source = tmp_path / "fp8-bf16"
+    for name in TOKENIZER_FILES:
+        shutil.copy(ckpt / name, source / name)
+    with LLM(str(source), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    with LLM(str(ckpt), dtype="float32") as llm:
+        assert llm._engine().runtime.plan.expert_format == "unquantised (float32)"
+        for prompt, w in zip(PROMPTS, want, strict=True):
+            assert torch.equal(llm.prompt_logits(prompt), w)

@@ -32,6 +32,7 @@ from edgemoe.models.loader import (
     load_checkpoint,
     ram_tables,
     read_json,
+    stored_expert_format,
 )
 from edgemoe.models.presets import RandomSpec, is_random, parse_random
 from edgemoe.models.registry import model_arch
@@ -74,7 +75,8 @@ class ModelSource:
     def expert_format(self, expert_dtype: str, arch: ModelArch) -> ExpertFormat:
         """The experts' format for `--expert-dtype` (auto: as the checkpoint stores them)."""
         scheme = checkpoint_scheme(self.config, self.model_dir / "config.json")
-        return resolve_expert_format(expert_dtype, scheme.format if scheme else None, arch.dtype)
+        stored = stored_expert_format(self.model_dir, arch, scheme) if self.random is None else None
+        return resolve_expert_format(expert_dtype, stored, arch.dtype)
 
 
 def resolve_model(model: str | None) -> ModelSource:

@@ -111,3 +111,22 @@ def with_stored_lm_head(arch: Arch, model_dir: Path) -> Arch:
     log.warning("%s: config.json ties the LM head to the embedding (tie_word_embeddings) but the checkpoint "
                 "stores %s: using the stored head, as transformers does", model_dir, LM_HEAD)
     return dataclasses.replace(arch, tie_word_embeddings=False)  # type: ignore[type-var]
+
+
+FLOAT_DTYPES = ("BF16", "F16", "F32")  # safetensors' names
+
+
+def all_float(model_dir: Path, files: dict[str, list[str]], names: set[str]) -> bool:
+    """Whether every tensor of `names` the checkpoint holds is stored in a float dtype (and
+    it holds some), from the files' headers alone: nothing is read."""
+    seen = False
+    for fname in files:
+        try:
+            with safe_open(str(model_dir / fname), framework="pt") as handle:
+                for name in names.intersection(handle.keys()):
+                    if handle.get_slice(name).get_dtype() not in FLOAT_DTYPES:
+                        return False
+                    seen = True
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
+    return seen

@@ -34,10 +34,12 @@ from edgemoe.models.checkpoint_files import (
     with_stored_lm_head,
 )
 from edgemoe.models.names import NameMap, Placement, StackedMap
-from edgemoe.models.quant_load import (
+from edgemoe.models.quant_load import (  # noqa: F401 - checkpoint_scheme: the loader's API too
     PartCollector,
     Upcasts,
     Value,
+    checkpoint_scheme,
+    stored_expert_format,
     dense_value,
     expert_parts,
     expert_shape,
@@ -50,7 +52,7 @@ from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
 from edgemoe.moe.store import BankStore, ExpertStore
 from edgemoe.quant import ExpertFormat, resolve_expert_format
-from edgemoe.quant.published import QuantConfigError, Scheme, scheme_for
+from edgemoe.quant.published import Scheme
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +89,6 @@ def read_arch(model_dir: Path, dtype: str = "auto") -> tuple[ModelArch, dict[str
     return arch, config
 
 
-def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
-    """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported."""
-    try:
-        return scheme_for(config)
-    except QuantConfigError as e:
-        raise CheckpointError(f"{where}: {e}") from None
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a field of the wrong type
-        raise CheckpointError(f"{where}: quantization_config is malformed ({type(e).__name__}: {e})") from None
-
-
 def load_checkpoint(
     model_dir: str | Path, dtype: str = "auto", progress: bool = True, expert_store: str = "ram",
     registrar: Registrar | None = None, expert_dtype: str = "auto", table_alloc: TableAlloc = ram_tables,
@@ -112,14 +104,14 @@ def load_checkpoint(
     arch, config = read_arch(model_dir, dtype)
     module = model_module(arch.model_type)
     scheme = checkpoint_scheme(config, model_dir / "config.json")
-    fmt = resolve_expert_format(expert_dtype, scheme.format if scheme else None, arch.dtype)
     names = module.checkpoint_map(arch)
+    files = safetensors_files(model_dir)
+    fmt = resolve_expert_format(expert_dtype, stored_expert_format(model_dir, arch, scheme), arch.dtype)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
     tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
-    files = safetensors_files(model_dir)
     collector = (PartCollector(scheme, all_names(model_dir, files), arch.moe_intermediate_size, arch.store_experts)
                  if scheme else None)
     upcasts = Upcasts()

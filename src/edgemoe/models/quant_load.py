@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,12 +24,35 @@ from edgemoe.models.names import Placement
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
+from edgemoe.models.checkpoint_files import CheckpointError, all_float, safetensors_files
+from edgemoe.models.registry import model_module
 from edgemoe.quant.fused_experts import FusedExperts
-from edgemoe.quant.published import Decoded, Fp8Scheme, Scheme
+from edgemoe.quant.published import Decoded, Fp8Scheme, QuantConfigError, Scheme, scheme_for
 
 log = logging.getLogger(__name__)
 
 Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
+
+
+def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
+    """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported."""
+    try:
+        return scheme_for(config)
+    except QuantConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a field of the wrong type
+        raise CheckpointError(f"{where}: quantization_config is malformed ({type(e).__name__}: {e})") from None
+
+
+def stored_expert_format(model_dir: Path, arch: Any, scheme: Scheme | None) -> ExpertFormat | None:
+    """The format the checkpoint stores its experts in (None: unquantised): the scheme's,
+    unless every expert matrix is stored unquantised beside it (transformers' FP8 save
+    leaves a matrix its blocks don't divide as it was: a tiny model's, all of them)."""
+    if scheme is None:
+        return None
+    names = model_module(arch.model_type).checkpoint_map(arch)
+    experts = {n for n, p in names.items() if p.target.startswith("experts.")}
+    return None if all_float(model_dir, safetensors_files(model_dir), experts) else scheme.format
 
 
 class PartCollector:

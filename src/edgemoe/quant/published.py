@@ -62,6 +62,16 @@ def unpack_int32(packed: torch.Tensor, dim: int, order: tuple[int, ...] | None =
     return nib.reshape(shape)
 
 
+_SAID: set[str] = set()
+
+
+def _said_once(what: str) -> bool:
+    """Whether `what` was logged before (a load's thousands of tensors warn once)."""
+    seen = what in _SAID
+    _SAID.add(what)
+    return seen
+
+
 @dataclass(frozen=True)
 class Scheme:
     """How one family of checkpoints stores its quantised linears."""
@@ -79,9 +89,10 @@ class Scheme:
         """One linear's tensors (by part) → a plain weight (unquantised in the
         checkpoint) or (format, our parts)."""
         if "weight" in parts and parts["weight"].dtype in FLOATS:
-            if len(parts) > 1:  # transformers' FP8 save leaves a matrix its blocks don't divide as it was
-                log.warning("%s: a %s weight stored with %s: loaded as stored, the rest ignored",
-                            self.method, parts["weight"].dtype, sorted(set(parts) - {"weight"}))
+            if len(parts) > 1 and not _said_once("float beside scales"):
+                # transformers' FP8 save leaves a matrix its blocks don't divide as it was
+                log.warning("%s: %s weights stored with %s (e.g. %s): loaded as stored, the rest ignored",
+                            self.method, parts["weight"].dtype, sorted(set(parts) - {"weight"}), tuple(parts["weight"].shape))
             return parts["weight"]
         try:
             return self._decode(parts)
