@@ -178,3 +178,17 @@ def test_convert_refuses_a_non_empty_out(bf16_ckpt: Path, tmp_path: Path) -> Non
     (tmp_path / "x" / "f").write_text("")
     with pytest.raises(FileExistsError):
         convert(bf16_ckpt, "int8", tmp_path / "x", progress=False)
+
+
+def test_int4_published_groups_index_ours() -> None:
+    """Each published group takes the scale of the group of ours it lies in: a row-wide
+    group of ours (GPTQ's group_size -1) written in groups of 256 as well."""
+    from edgemoe.quant.publish import encode_linear, shared_group
+
+    n, k = 4, 768
+    for fmt in (Int4Group(128), Int4Group(1 << 30)):
+        parts = fmt.quantise(torch.randn(n, k))
+        g = shared_group(fmt, (2048, k))
+        out = encode_linear(fmt, "x.weight", parts, (n, k), g)
+        assert out["x.weight_scale"].shape == (n, k // g)
+        assert torch.equal(out["x.weight_scale"], parts["_scale"][:, torch.arange(k // g) * g // fmt.group])

@@ -63,10 +63,11 @@ def encode_linear(fmt: ExpertFormat, base: str, parts: Parts, shape: tuple[int, 
         return {f"{stem}.weight_packed": pack_int32(q, 1, bits=8), f"{stem}.weight_scale": parts["_scale"],
                 f"{stem}.weight_shape": torch.tensor([n, k])}
     if isinstance(fmt, Int4Group):
-        split = fmt.group // (group or fmt.group)  # published groups per group of ours
+        g = group or fmt.group
+        ours = torch.arange(math.ceil(k / g)) * g // fmt.group  # each published group's group of ours
 
         def regroup(t: torch.Tensor) -> torch.Tensor:
-            return t.repeat_interleave(split, dim=1)[:, : math.ceil(k / (group or fmt.group))].contiguous()
+            return t[:, ours].contiguous()
 
         out = {f"{stem}.weight_packed": pack_int32(unpack_nibbles(parts[""], k), 1),
                f"{stem}.weight_scale": regroup(parts["_scale"]), f"{stem}.weight_shape": torch.tensor([n, k])}
