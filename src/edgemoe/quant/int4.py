@@ -53,10 +53,12 @@ class Int4Group(ExpertFormat):
                 "_zero": ((rows, g), torch.uint8)}
 
     def _groups(self, w: torch.Tensor) -> torch.Tensor:
-        """[N, K] → [N, G, group] zero-padded."""
+        """[N, K] → [N, G, width] zero-padded: width the group, or K when one group holds
+        the row (a row-wide group, GPTQ's group_size -1, is never padded to its nominal size)."""
         n, k = w.shape
         g = cdiv(k, self.group)
-        return F.pad(w.float(), (0, g * self.group - k)).view(n, g, self.group)
+        width = self.group if g > 1 else k
+        return F.pad(w.float(), (0, g * width - k)).view(n, g, width)
 
     def scales(self, w: torch.Tensor) -> torch.Tensor:
         amax = self._groups(w).abs().amax(dim=2)
