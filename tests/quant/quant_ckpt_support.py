@@ -163,3 +163,14 @@ def write_fp8_rows(config: dict[str, Any], out: Path, dense_out: Path, seed: int
     _save(out, tensors, config | {"quantization_config": qc})
     _save(dense_out, {n: t.float() for n, t in dense.items()}, config | {"torch_dtype": "float32"})
     return out, dense_out
+
+
+def assert_logits_match(llm, ref, prompts: list[list[int]]) -> None:  # noqa: ANN001
+    """Our fp32 prompt logits against a transformers model's, within the network tolerance."""
+    from tolerances import network_atol
+
+    for prompt in prompts:
+        ours = llm.prompt_logits(prompt)
+        with torch.no_grad():
+            theirs = ref.eval()(torch.tensor([prompt])).logits[0].float()
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=network_atol(torch.float32, 64, theirs.abs().max().item()))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tolerances import network_atol
+from quant_ckpt_support import assert_logits_match
 
 from edgemoe import LLM
 from edgemoe.quant.fused_experts import split_fused_scale
@@ -111,11 +111,7 @@ def test_transformers_fp8_save_loads_and_matches_its_dequantised_twin(model_type
     with LLM(str(ckpt), dtype="float32") as llm:
         b = block or 128  # a tensor's one scale in every 128-block: as lossless
         assert llm._engine().runtime.plan.expert_format == f"fp8 e4m3 ({b}x{b} blocks)"  # stayed fp8
-        for prompt in PROMPTS:
-            ours = llm.prompt_logits(prompt)
-            with torch.no_grad():
-                theirs = ref.eval()(torch.tensor([prompt])).logits[0].float()
-            torch.testing.assert_close(ours, theirs, rtol=0, atol=network_atol(torch.float32, 64, theirs.abs().max().item()))
+        assert_logits_match(llm, ref, PROMPTS)
 
 
 def stacked(src: Path, out: Path) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from quant_ckpt_support import hf_fp8_model
+from quant_ckpt_support import assert_logits_match, hf_fp8_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tolerances import network_atol
@@ -135,11 +135,7 @@ def test_convert_int_output_loads_in_transformers_through_compressed_tensors(fmt
     if fmt == "int4":
         return  # logits: fp16-rounded experts move random routers' near ties; the weights are the check
     with LLM(str(out), dtype="float32") as llm:
-        for prompt in PROMPTS:
-            ours = llm.prompt_logits(prompt)
-            with torch.no_grad():
-                theirs = ref.eval()(torch.tensor([prompt])).logits[0].float()
-            torch.testing.assert_close(ours, theirs, rtol=0, atol=network_atol(torch.float32, 64, theirs.abs().max().item()))
+        assert_logits_match(llm, ref, PROMPTS)
 
 
 def test_convert_fp8_loads_in_transformers(bf16_ckpt: Path, tmp_path: Path) -> None:
@@ -147,11 +143,7 @@ def test_convert_fp8_loads_in_transformers(bf16_ckpt: Path, tmp_path: Path) -> N
     assert main(["convert", "--model", str(bf16_ckpt), "--expert-dtype", "fp8", "--out", str(out)]) == 0
     ref = hf_fp8_model(out)
     with LLM(str(out), dtype="float32") as llm:
-        for prompt in PROMPTS:
-            ours = llm.prompt_logits(prompt)
-            with torch.no_grad():
-                theirs = ref(torch.tensor([prompt])).logits[0].float()
-            torch.testing.assert_close(ours, theirs, rtol=0, atol=network_atol(torch.float32, 64, theirs.abs().max().item()))
+        assert_logits_match(llm, ref, PROMPTS)
 
 
 def test_convert_mxfp4_blocks_match_transformers_dequantiser(bf16_ckpt: Path, tmp_path: Path) -> None:
