@@ -163,3 +163,17 @@ def test_fp8_row_scaled_checkpoint_loads_with_its_experts_re_blocked(tmp_path_fa
         for prompt, w in zip(PROMPTS, want, strict=True):
             atol = network_atol(torch.float32, 64, w.abs().max().item())
             torch.testing.assert_close(llm.prompt_logits(prompt), w, atol=atol, rtol=0)
+
+
+def test_compressed_tensors_int4_per_channel_is_one_group_a_row() -> None:
+    from edgemoe.quant.publish import pack_int32
+
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+          "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}}}
+    scheme = scheme_for({"quantization_config": qc})
+    g = torch.Generator().manual_seed(3)
+    n, k = 6, 200
+    q = torch.randint(0, 16, (n, k), generator=g)
+    s = torch.rand(n, 1, generator=g).half()
+    fmt, parts = scheme.decode({"weight_packed": pack_int32(q, 1), "weight_scale": s, "weight_shape": torch.tensor([n, k])})
+    assert torch.equal(fmt.dequantise(parts, n, k), (q - 8).float() * s.float())

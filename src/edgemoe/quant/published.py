@@ -303,9 +303,10 @@ def _compressed(qc: dict[str, Any]) -> Scheme:
     bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
     if fmt_name == "naive-quantized":  # the weight in the bit width's torch dtype: int8 / e4m3, as these
         fmt_name = "float-quantized" if kind == "float" else "int-quantized"
-    if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy == "group":
+    if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy in ("group", "channel"):
         parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-        return PackedScheme("compressed-tensors", parts, Int4Group(int(w["group_size"])))
+        group = int(w["group_size"]) if strategy == "group" else 1 << 30  # channel: one group a row
+        return PackedScheme("compressed-tensors", parts, Int4Group(group))
     symmetric_channel8 = bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True)
     if fmt_name == "pack-quantized" and symmetric_channel8:
         return Packed8Scheme("compressed-tensors", ("weight_packed", "weight_scale", "weight_shape"), Int8Channel())
@@ -319,5 +320,5 @@ def _compressed(qc: dict[str, Any]) -> Scheme:
     if fmt_name == "float-quantized" and bits == 8 and strategy == "channel":
         return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block())
     raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
-                           "is not supported (pack-quantized int4 group or int8 channel, int-quantized int8 channel, "
+                           "is not supported (pack-quantized int4 group or channel, int8 channel, int-quantized int8 channel, "
                            "float-quantized fp8 by block, channel or tensor)")
