@@ -34,17 +34,17 @@ from edgemoe.models.checkpoint_files import (
     with_stored_lm_head,
 )
 from edgemoe.models.names import NameMap, Placement, StackedMap
-from edgemoe.models.quant_load import (  # noqa: F401 - checkpoint_scheme: the loader's API too
+from edgemoe.models.quant_load import (
     PartCollector,
     Upcasts,
     Value,
     checkpoint_scheme,
-    stored_expert_format,
     dense_value,
     expert_parts,
     expert_shape,
     pin_keys,
     place_expert_parts,
+    stored_expert_format,
 )
 from edgemoe.models.registry import model_arch, model_module
 from edgemoe.moe.mmap_store import MmapStore
@@ -106,7 +106,7 @@ def load_checkpoint(
     scheme = checkpoint_scheme(config, model_dir / "config.json")
     names = module.checkpoint_map(arch)
     files = safetensors_files(model_dir)
-    fmt = resolve_expert_format(expert_dtype, stored_expert_format(model_dir, arch, scheme), arch.dtype)
+    fmt = resolve_expert_format(expert_dtype, stored_expert_format(model_dir, arch, scheme, names, files), arch.dtype)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
     tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}

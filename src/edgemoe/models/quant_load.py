@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from edgemoe.models.names import Placement
+from edgemoe.models.checkpoint_files import CheckpointError, all_float, safetensors_files
+from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.registry import model_module
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
-from edgemoe.models.checkpoint_files import CheckpointError, all_float, safetensors_files
-from edgemoe.models.registry import model_module
 from edgemoe.quant.fused_experts import FusedExperts
 from edgemoe.quant.published import Decoded, Fp8Scheme, QuantConfigError, Scheme, scheme_for
 
@@ -44,15 +44,18 @@ def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json")
         raise CheckpointError(f"{where}: quantization_config is malformed ({type(e).__name__}: {e})") from None
 
 
-def stored_expert_format(model_dir: Path, arch: Any, scheme: Scheme | None) -> ExpertFormat | None:
+def stored_expert_format(model_dir: Path, arch: Any, scheme: Scheme | None, names: NameMap | None = None,
+                         files: dict[str, list[str]] | None = None) -> ExpertFormat | None:
     """The format the checkpoint stores its experts in (None: unquantised): the scheme's,
     unless every expert matrix is stored unquantised beside it (transformers' FP8 save
-    leaves a matrix its blocks don't divide as it was: a tiny model's, all of them)."""
+    leaves a matrix its blocks don't divide as it was: a tiny model's, all of them).
+    `names` / `files`: the name map and file list, when the caller has them already."""
     if scheme is None:
         return None
-    names = model_module(arch.model_type).checkpoint_map(arch)
+    names = names if names is not None else model_module(arch.model_type).checkpoint_map(arch)
+    files = files if files is not None else safetensors_files(model_dir)
     experts = {n for n, p in names.items() if p.target.startswith("experts.")}
-    return None if all_float(model_dir, safetensors_files(model_dir), experts) else scheme.format
+    return None if all_float(model_dir, files, experts) else scheme.format
 
 
 class PartCollector:
