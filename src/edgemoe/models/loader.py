@@ -33,7 +33,7 @@ from edgemoe.models.checkpoint_files import (
     safetensors_files,
     with_stored_lm_head,
 )
-from edgemoe.models.names import NameMap, Placement, StackedMap
+from edgemoe.models.names import NameMap, Placement, StackedMap, names_as_stored
 from edgemoe.models.quant_load import (
     PartCollector,
     Upcasts,
@@ -104,15 +104,16 @@ def load_checkpoint(
     arch, config = read_arch(model_dir, dtype)
     module = model_module(arch.model_type)
     scheme = checkpoint_scheme(config, model_dir / "config.json")
-    names = module.checkpoint_map(arch)
     files = safetensors_files(model_dir)
+    stored = all_names(model_dir, files)
+    names, stacked = names_as_stored(module, arch, stored)
     fmt = resolve_expert_format(expert_dtype, stored_expert_format(model_dir, arch, scheme, names, files), arch.dtype)
     params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
     table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
     tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
     pins = _pin_tracker(experts, names, registrar) if expert_store == "pinned" else None
-    collector = (PartCollector(scheme, all_names(model_dir, files), arch.moe_intermediate_size, arch.store_experts)
+    collector = (PartCollector(scheme, stored, arch.moe_intermediate_size, arch.store_experts)
                  if scheme else None)
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
@@ -123,8 +124,6 @@ def load_checkpoint(
     held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}
     names = {n: p for n, p in names.items() if n not in held}
     ignored = (ignored[0] + tuple(held), ignored[1])
-    # ... and another spelling of a layer's experts: stacked in one tensor.
-    stacked: StackedMap = module.stacked_expert_names(arch) if hasattr(module, "stacked_expert_names") else {}
     dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
     try:
         filled = _stream_files(

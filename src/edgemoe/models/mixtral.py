@@ -12,7 +12,8 @@ from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.layers.attention import Attention
 from edgemoe.models.arch import DecoderArch, HFConfig, check_experts, common_fields
 from edgemoe.models.llama_moe import assemble, attention_spec, rope_table, to_device
-from edgemoe.models.names import NameMap, Placement, common_names, expert_names
+from edgemoe.models.names import NameMap, Placement, Spelling, StackedMap, common_names, expert_names
+from edgemoe.models.names import stacked_expert_names as stacked_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -45,6 +46,18 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         m[moe + "gate.weight"] = Placement(f"layers.{i}.router")
         m |= expert_names(a, i, moe + "experts.{e}.{w}.weight", "w1", "w3", "w2")
     return m
+
+
+def stacked_expert_names(a: DecoderArch) -> StackedMap:
+    """The experts stacked a layer at a time (transformers 5's `experts.gate_up_proj`)."""
+    return stacked_names(a, a.moe_layers, "model.layers.{layer}.block_sparse_moe.experts.", "w1", "w3", "w2")
+
+
+# transformers 5's module names, under which gptqmodel writes its GPTQ / AWQ Mixtral checkpoints
+# (`mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`, stacked `mlp.experts.gate_up_proj`)
+SPELLINGS: tuple[Spelling, ...] = (
+    ((r"\.block_sparse_moe\.", ".mlp."), (r"\.w1\.", ".gate_proj."), (r"\.w3\.", ".up_proj."), (r"\.w2\.", ".down_proj.")),
+)
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

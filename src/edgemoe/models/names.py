@@ -7,7 +7,10 @@ Model files own their names; these helpers only cover the names they have in com
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from types import ModuleType
 
 from edgemoe.models.arch import DecoderArch
 
@@ -34,6 +37,10 @@ class Stacked:
 
 
 StackedMap = dict[str, Stacked]
+
+# Another tool's spelling of a model's names: regex substitutions applied to ours (e.g.
+# gptqmodel writes Mixtral's experts under transformers 5's module names, `mlp.experts.E.gate_proj`).
+Spelling = tuple[tuple[str, str], ...]
 
 
 def common_names(a: DecoderArch, prefix: str = "model.") -> NameMap:
@@ -80,3 +87,55 @@ def dense_mlp_names(a: DecoderArch, layer: int, prefix: str) -> NameMap:
         prefix + "up_proj.weight": Placement(our + "gate_up", (slice(inter, None),)),
         prefix + "down_proj.weight": Placement(our + "down"),
     }
+
+
+def stacked_expert_names(a: DecoderArch, layers: Iterable[int], fmt: str, gate: str = "gate_proj",
+                         up: str = "up_proj", down: str = "down_proj") -> StackedMap:
+    """The routed experts as transformers 5 holds them: `<experts>.gate_up_proj` [E, 2I, H]
+    (gate rows first) and `<experts>.down_proj` [E, H, I] per layer, the other spelling of
+    `expert_names`' per-expert names. `fmt`: the experts' prefix with a `{layer}` hole,
+    e.g. "model.layers.{layer}.mlp.experts."."""
+    m: StackedMap = {}
+    for i in layers:
+        lp, bank, n = fmt.format(layer=i), f"experts.{i}.", a.num_experts
+        per = expert_names(a, i, lp + "{e}.{w}.weight", gate, up, down)
+        gate_up = tuple(k for k, p in per.items() if p.target.endswith("gate_up"))
+        down_names = tuple(k for k, p in per.items() if p.target.endswith("down"))
+        m[lp + "gate_up_proj"] = Stacked(Placement(bank + "gate_up", (slice(0, n),)), gate_up)
+        m[lp + "down_proj"] = Stacked(Placement(bank + "down", (slice(0, n),)), down_names)
+    return m
+
+
+def names_as_stored(module: ModuleType, a: DecoderArch, stored: Iterable[str]) -> tuple[NameMap, StackedMap]:
+    """A model module's maps (`checkpoint_map`, `stacked_expert_names` if it has one) in the
+    spelling `stored`, the checkpoint's tensor names, uses (ours or one of its `SPELLINGS`)."""
+    stacked = module.stacked_expert_names(a) if hasattr(module, "stacked_expert_names") else {}
+    return spelled_as_stored(module.checkpoint_map(a), stacked, stored, getattr(module, "SPELLINGS", ()))
+
+
+def spelled_as_stored(names: NameMap, stacked: StackedMap, stored: Iterable[str],
+                      spellings: Iterable[Spelling]) -> tuple[NameMap, StackedMap]:
+    """The name maps in whichever spelling (ours or one of `spellings`) matches more of the
+    checkpoint's `stored` names; a quantised linear counts by its module (`X.qweight`: X)."""
+    stored = set(stored)
+    modules = stored | {n.rpartition(".")[0] for n in stored}
+
+    def matches(m: NameMap, st: StackedMap) -> int:
+        return sum(k.removesuffix(".weight") in modules for k in m) + sum(k in stored for k in st)
+
+    best, score = (names, stacked), matches(names, stacked)
+    for spelling in spellings:
+        respelled = _respell(names, stacked, spelling)
+        if (s := matches(*respelled)) > score:
+            best, score = respelled, s
+    return best
+
+
+def _respell(names: NameMap, stacked: StackedMap, spelling: Spelling) -> tuple[NameMap, StackedMap]:
+    def spell(name: str) -> str:
+        for pattern, repl in spelling:
+            name = re.sub(pattern, repl, name)
+        return name
+
+    return ({spell(k): p for k, p in names.items()},
+            {spell(k): Stacked(v.placement, tuple(map(spell, v.covers))) for k, v in stacked.items()})

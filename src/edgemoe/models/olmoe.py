@@ -23,7 +23,8 @@ from edgemoe.models.llama_moe import (
     rope_table,
     to_device,
 )
-from edgemoe.models.names import NameMap, Placement, common_names, expert_names
+from edgemoe.models.names import NameMap, Placement, StackedMap, common_names, expert_names
+from edgemoe.models.names import stacked_expert_names as stacked_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -60,6 +61,11 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         m[mlp + "gate.weight"] = Placement(f"layers.{i}.router")
         m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
     return m
+
+
+def stacked_expert_names(a: DecoderArch) -> StackedMap:
+    """The experts stacked a layer at a time (transformers 5's `mlp.experts.gate_up_proj`)."""
+    return stacked_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

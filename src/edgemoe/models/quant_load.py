@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from edgemoe.models.checkpoint_files import CheckpointError, all_float, safetensors_files
-from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.checkpoint_files import CheckpointError, all_float, all_names, safetensors_files
+from edgemoe.models.names import NameMap, Placement, names_as_stored
 from edgemoe.models.registry import model_module
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
@@ -52,8 +52,9 @@ def stored_expert_format(model_dir: Path, arch: Any, scheme: Scheme | None, name
     `names` / `files`: the name map and file list, when the caller has them already."""
     if scheme is None:
         return None
-    names = names if names is not None else model_module(arch.model_type).checkpoint_map(arch)
     files = files if files is not None else safetensors_files(model_dir)
+    if names is None:
+        names, _ = names_as_stored(model_module(arch.model_type), arch, all_names(model_dir, files))
     experts = {n for n, p in names.items() if p.target.startswith("experts.")}
     return None if all_float(model_dir, files, experts) else scheme.format
 

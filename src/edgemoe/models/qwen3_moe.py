@@ -30,10 +30,12 @@ from edgemoe.models.llama_moe import (
 from edgemoe.models.names import (
     NameMap,
     Placement,
+    StackedMap,
     common_names,
     dense_mlp_names,
     expert_names,
 )
+from edgemoe.models.names import stacked_expert_names as stacked_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -74,6 +76,11 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         else:
             m |= dense_mlp_names(a, i, mlp)
     return m
+
+
+def stacked_expert_names(a: DecoderArch) -> StackedMap:
+    """The experts stacked a layer at a time (transformers 5's `mlp.experts.gate_up_proj`)."""
+    return stacked_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

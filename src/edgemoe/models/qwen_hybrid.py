@@ -28,11 +28,11 @@ from edgemoe.models.hybrid_arch import HybridArch
 from edgemoe.models.names import (
     NameMap,
     Placement,
-    Stacked,
     StackedMap,
     dense_mlp_names,
     expert_names,
 )
+from edgemoe.models.names import stacked_expert_names as stacked_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -137,15 +137,7 @@ def stacked_expert_names(a: HybridArch) -> StackedMap:
     """The routed experts as transformers 5 stores them (and Qwen3.5's checkpoints ship
     them): `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I]
     per layer, the other spelling of the per-expert names."""
-    m: StackedMap = {}
-    for i in a.moe_layers:
-        lp, bank, E = f"{a.checkpoint_prefix}layers.{i}.mlp.experts.", f"experts.{i}.", a.num_experts
-        per = expert_names(a, i, lp + "{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")  # type: ignore[arg-type]
-        gate_up = tuple(n for n, p in per.items() if p.target.endswith("gate_up"))
-        down = tuple(n for n, p in per.items() if p.target.endswith("down"))
-        m[lp + "gate_up_proj"] = Stacked(Placement(bank + "gate_up", (slice(0, E),)), gate_up)
-        m[lp + "down_proj"] = Stacked(Placement(bank + "down", (slice(0, E),)), down)
-    return m
+    return stacked_names(a, a.moe_layers, a.checkpoint_prefix + "layers.{layer}.mlp.experts.")  # type: ignore[arg-type]
 
 
 # -- assembly ------------------------------------------------------------------------------
