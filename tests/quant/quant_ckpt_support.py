@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from edgemoe.assets.checkpoint import init_tensor, tensor_specs
 from edgemoe.assets.model_files import write_model_files
+from edgemoe.quant import ExpertFormat
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of an int32 holds column 8j + AWQ_ORDER[i]
 
@@ -80,8 +81,9 @@ def _pack_rows(v: torch.Tensor) -> torch.Tensor:
 
 
 def write_int4(config: dict[str, Any], out: Path, dense_out: Path, method: str, seed: int = 0,
-               group: int = 32) -> tuple[Path, Path]:
-    """The `method` ("awq" / "gptq") checkpoint and its dense fp32 twin."""
+               group: int = 32, act_order: bool = False) -> tuple[Path, Path]:
+    """The `method` ("awq" / "gptq") checkpoint and its dense fp32 twin; `act_order` (GPTQ):
+    each input's group from a random permutation (`desc_act`), as g_idx says."""
     g = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     dense: dict[str, torch.Tensor] = {}
@@ -94,7 +96,8 @@ def write_int4(config: dict[str, Any], out: Path, dense_out: Path, method: str, 
         z = torch.randint(5, 11, (k // group, n), generator=g)
         s = (torch.rand(k // group, n, generator=g) + 0.5) / (4.6 * math.sqrt(k))  # W ~ 1/sqrt(K)
         s = s.to(torch.float16)
-        dense[name] = ((q - z.repeat_interleave(group, 0)) * s.float().repeat_interleave(group, 0)).T.contiguous()
+        g_of_k = torch.randperm(k, generator=g) // group if act_order else torch.arange(k) // group
+        dense[name] = ((q - z[g_of_k]) * s.float()[g_of_k]).T.contiguous()
         base = name.removesuffix(".weight")
         if method == "awq":
             tensors[base + ".qweight"] = _pack_cols(q, AWQ_ORDER)
@@ -102,11 +105,11 @@ def write_int4(config: dict[str, Any], out: Path, dense_out: Path, method: str, 
         else:
             tensors[base + ".qweight"] = _pack_rows(q)
             tensors[base + ".qzeros"] = _pack_cols(z - 1, list(range(8)))  # GPTQ v1 stores zero - 1
-            tensors[base + ".g_idx"] = (torch.arange(k) // group).to(torch.int32)
+            tensors[base + ".g_idx"] = g_of_k.to(torch.int32)
         tensors[base + ".scales"] = s
     qc = ({"quant_method": "awq", "bits": 4, "group_size": group, "version": "gemm", "zero_point": True}
           if method == "awq" else
-          {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": False,
+          {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": False,
            "checkpoint_format": "gptq"})
     fp16 = {n: (t.to(torch.float16) if t.is_floating_point() and t.dtype == torch.float32 else t)
             for n, t in tensors.items()}  # published 4-bit models are fp16
@@ -115,6 +118,19 @@ def write_int4(config: dict[str, Any], out: Path, dense_out: Path, method: str, 
     _save(dense_out, {n: (fp16[n].float() if n in fp16 else t) for n, t in dense.items()},
           config | {"torch_dtype": "float32"})
     return out, dense_out
+
+
+def write_requantised(dense: Path, out: Path, fmt: ExpertFormat) -> Path:
+    """`dense` with every expert matrix W replaced by `fmt`'s rounding of it,
+    dequantise(quantise(W)): what quantising those experts at load must give."""
+    config = json.loads((dense / "config.json").read_text())
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(dense.glob("*.safetensors")):
+        tensors |= load_file(str(f))
+    for name, w in tensors.items():
+        if ".experts." in name and quantised_linear(name):
+            tensors[name] = fmt.dequantise(fmt.quantise(w.float()), *w.shape)
+    return _save(out, tensors, config)
 
 
 def hf_fp8_model(path):  # noqa: ANN001, ANN201

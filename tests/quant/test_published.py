@@ -17,6 +17,7 @@ from quant_ckpt_support import (
     write_fp8,
     write_fp8_rows,
     write_int4,
+    write_requantised,
 )
 from safetensors.torch import load_file, save_file
 from tolerances import network_atol
@@ -60,13 +61,21 @@ def test_int4_decoders_dequantise_to_the_packed_values(method: str) -> None:
     assert torch.equal(fmt.dequantise(ours, N, K), want)
 
 
-def test_gptq_act_order_is_refused() -> None:
-    scheme = scheme_for({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32}})
-    q = torch.zeros(64, 8, dtype=torch.int64)
-    parts = {"qweight": _pack_rows(q), "qzeros": _pack_cols(torch.zeros(2, 8, dtype=torch.int64), list(range(8))),
-             "scales": torch.ones(2, 8).half(), "g_idx": torch.arange(64).flip(0).to(torch.int32) // 32}
-    with pytest.raises(QuantConfigError, match="act-order"):
-        scheme.decode(parts)
+def test_gptq_act_order_decodes_by_its_g_idx() -> None:
+    """An act-order linear (a permuted g_idx) decodes to its exact weights, each input
+    scaled by its own group's scale and zero."""
+    scheme = scheme_for({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32,
+                                                 "desc_act": True}})
+    g = torch.Generator().manual_seed(3)
+    q, z = torch.randint(0, 16, (64, 8), generator=g), torch.randint(1, 15, (2, 8), generator=g)
+    s = (torch.rand(2, 8, generator=g) + 0.5).half()
+    g_idx = torch.randperm(64, generator=g) // 32
+    parts = {"qweight": _pack_rows(q), "qzeros": _pack_cols(z - 1, list(range(8))), "scales": s,
+             "g_idx": g_idx.to(torch.int32)}
+    want = torch.stack([(q[k] - z[g_idx[k]]) * s[g_idx[k]].float() for k in range(64)]).T  # [N, K], a row at a time
+    assert torch.equal(scheme.decode(parts), want)
+    with pytest.raises(QuantConfigError, match="g_idx"):
+        scheme.decode(parts | {"g_idx": (g_idx + 1).to(torch.int32)})  # a group past the scales
 
 
 def test_unsupported_configs_are_named() -> None:
@@ -111,6 +120,46 @@ def test_fp8_checkpoint_matches_transformers(fp8_ckpt) -> None:  # noqa: ANN001
                                max_new_tokens=24, min_new_tokens=24, do_sample=False, eos_token_id=None,
                                pad_token_id=151643)
             assert out[0, len(prompt):].tolist() == tokens
+
+
+def test_compressed_tensors_act_order_decodes_by_its_g_idx() -> None:
+    """compressed-tensors `actorder: group` (pack-quantized int4, a permuted weight_g_idx)."""
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "actorder": "group"}}}}
+    scheme = scheme_for({"quantization_config": qc})
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 16, (8, 64), generator=g)  # [N, K], unsigned: q + 8
+    s = torch.rand(8, 2, generator=g) + 0.5
+    g_idx = torch.randperm(64, generator=g) // 32
+    parts = {"weight_packed": _pack_cols(q, list(range(8))), "weight_scale": s, "weight_shape": torch.tensor([8, 64]),
+             "weight_g_idx": g_idx.to(torch.int32)}
+    want = torch.stack([(q[:, k] - 8) * s[:, g_idx[k]] for k in range(64)], dim=1)
+    assert torch.equal(scheme.decode(parts), want)
+
+
+def test_gptq_act_order_checkpoint_loads(tmp_path_factory) -> None:  # noqa: ANN001
+    """Act-order GPTQ: exact under `--expert-dtype bf16`; under auto the experts are the
+    exact weights quantised into our int4 groups at load, as `Int4Group.quantise` does
+    them (the reference: the twin's experts through quantise + dequantise)."""
+    config = model_config("qwen3_moe", num_hidden_layers=2)
+    root = tmp_path_factory.mktemp("act-order")
+    # group 16: every expert matrix (down's K is 32) has groups to permute
+    ckpt, dense = write_int4(config, root / "q", root / "dense", "gptq", group=16, act_order=True)
+    with LLM(str(dense), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    with LLM(str(ckpt), dtype="float32", expert_dtype="bf16") as llm:
+        for prompt, ref in zip(PROMPTS, want, strict=True):
+            atol = network_atol(torch.float32, 64, ref.abs().max().item())
+            torch.testing.assert_close(llm.prompt_logits(prompt), ref, atol=atol, rtol=0)
+    requantised = write_requantised(dense, root / "requantised", Int4Group(16))
+    with LLM(str(requantised), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    with LLM(str(ckpt), dtype="float32", moe_backend="cpu") as llm:
+        engine = llm._engine()
+        assert engine.runtime.plan.expert_format == "int4 (group 16)"
+        for prompt, ref in zip(PROMPTS, want, strict=True):
+            atol = network_atol(torch.float32, 64, ref.abs().max().item())
+            torch.testing.assert_close(llm.prompt_logits(prompt), ref, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize(("method", "backend"), [("awq", "resident"), ("gptq", "cpu")])

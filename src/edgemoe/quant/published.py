@@ -8,7 +8,9 @@ linear's checkpoint tensors into one of our formats, losslessly.
   [0, 2, 4, 6, 1, 3, 5, 7] (nibble i holds column 8j + AWQ_ORDER[i]) → `Int4Group`.
 - GPTQ (`gptq`): `qweight` int32 [K/8, N] (nibble i of row j: input 8j + i), `qzeros` int32
   [K/G, N/8] (sequential nibbles along N; `checkpoint_format` "gptq" stores zero - 1,
-  "gptq_v2" the zero itself), `scales` fp16 [K/G, N], `g_idx` int32 [K] → `Int4Group`.
+  "gptq_v2" the zero itself), `scales` fp16 [K/G, N], `g_idx` int32 [K] → `Int4Group`;
+  act-order (a permuted g_idx, here or compressed-tensors') → dequantised, experts
+  quantised again at load into contiguous groups.
 - compressed-tensors: "pack-quantized" int4 (`weight_packed` int32 [N, K/8], sequential
   nibbles of q + 8; `weight_scale` [N, K/G]; `weight_zero_point` packed along N when
   asymmetric) → `Int4Group`; "pack-quantized" int8 per channel (`weight_packed` int32
@@ -172,10 +174,11 @@ class AwqScheme(Scheme):
 class GptqScheme(Scheme):
     zero_offset: int = 1  # checkpoint_format "gptq" stores zero - 1
 
-    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded | torch.Tensor:  # type: ignore[override]
         q = unpack_int32(parts["qweight"], 0)  # [K, N]
         z = unpack_int32(parts["qzeros"], 1).to(torch.int16) + self.zero_offset  # [G, N]
-        _check_g_idx(parts.get("g_idx"), self.format)
+        if _act_order(parts.get("g_idx"), self.format):
+            return _by_g_idx(q.T, z.T, parts["scales"].T, parts["g_idx"], self.format)
         return _int4(self.format, q.T, z.T.clamp(0, 255), parts["scales"].T)
 
 
@@ -183,16 +186,17 @@ class GptqScheme(Scheme):
 class PackedScheme(Scheme):
     """compressed-tensors "pack-quantized" (int4)."""
 
-    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded | torch.Tensor:  # type: ignore[override]
         n, k = (int(v) for v in parts["weight_shape"].tolist())
         q = unpack_int32(parts["weight_packed"], 1)[:, :k]  # [N, K], unsigned: q + 8
         scale = parts["weight_scale"]
-        _check_g_idx(parts.get("weight_g_idx"), self.format)
         if "weight_zero_point" in parts:
             # Packed like the weights (zero + 8, unsigned), along N: that is our unsigned zero.
             zero = unpack_int32(parts["weight_zero_point"], 0)[:n]
         else:
             zero = torch.full(scale.shape, 8, dtype=torch.int16)
+        if _act_order(parts.get("weight_g_idx"), self.format):
+            return _by_g_idx(q, zero, scale, parts["weight_g_idx"], self.format)
         return _int4(self.format, q, zero, scale)
 
 
@@ -222,13 +226,31 @@ class IntScheme(Scheme):
         return self.format, {"": w, "_scale": s.float()}
 
 
-def _check_g_idx(g_idx: torch.Tensor | None, fmt: ExpertFormat) -> None:
-    """g_idx [K] (input k's group) must be k // group: act-order checkpoints permute it."""
+def _act_order(g_idx: torch.Tensor | None, fmt: ExpertFormat) -> bool:
+    """Whether g_idx [K] (input k's group) is other than k // group: act-order (`desc_act`)
+    checkpoints permute it, so a group's inputs are not contiguous."""
     if g_idx is None:
-        return
+        return False
     trivial = torch.arange(g_idx.numel(), dtype=torch.int32) // fmt.group  # type: ignore[attr-defined]
-    if not torch.equal(g_idx.to(torch.int32), trivial):
-        raise QuantConfigError("act-order 4-bit weights (desc_act: a permuted g_idx) are not supported yet")
+    return not torch.equal(g_idx.to(torch.int32), trivial)
+
+
+def _by_g_idx(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor, g_idx: torch.Tensor,
+              fmt: ExpertFormat) -> torch.Tensor:
+    """An act-order linear dequantised, W[n, k] = s[n, g[k]] · (q[n, k] − z[n, g[k]]) in
+    fp32 (exact), from q [N, K], zero and scale [N, G]. Our int4 groups are contiguous in
+    K, so its experts are quantised again at load (into `fmt`, or `--expert-dtype`): that
+    adds our rounding to the checkpoint's, said once."""
+    n, k = q.shape
+    g = g_idx.long()
+    if g.shape != (k,) or int(g.min()) < 0 or int(g.max()) >= scale.shape[1] or zero.shape != scale.shape:
+        raise QuantConfigError(f"act-order int4 [{n}, {k}]: g_idx {tuple(g.shape)} (groups {int(g.min())}.."
+                               f"{int(g.max())}) against scales {tuple(scale.shape)} / zeros {tuple(zero.shape)}")
+    if not _said_once("act-order"):
+        log.warning("act-order 4-bit weights (a permuted g_idx): dequantised, and the experts quantised again "
+                    "at load into contiguous %s, which adds that rounding to the checkpoint's; --expert-dtype "
+                    "int8 (twice the bytes) or bf16 keeps them nearer", fmt.label)
+    return scale.float()[:, g] * (q.float() - zero.float()[:, g])
 
 
 def _int4(fmt: ExpertFormat, q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor) -> Decoded:
