@@ -4,9 +4,10 @@
   rows first, `experts.down_proj` [E, H, I]); a checkpoint saved without its conversion
   back (or by a tool patching it, as gptqmodel does) ships them so, for every family.
 - gptqmodel writes Mixtral's GPTQ / AWQ checkpoints under transformers 5's module names
-  (`mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`), not the classic
-  `block_sparse_moe.experts.E.w1` / `w3` / `w2` (seen with gptqmodel 7.7:
-  `scripts/gptqmodel_check.py` runs gptqmodel itself).
+  (`mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`), llm-compressor its
+  compressed-tensors ones as `block_sparse_moe.experts.E.gate_proj` / ..., not the classic
+  `block_sparse_moe.experts.E.w1` / `w3` / `w2` (seen with gptqmodel 7.7 and
+  llm-compressor 0.14: `scripts/gptqmodel_check.py`, `scripts/llmcompressor_check.py`).
 
 Each respelled checkpoint holds the same values, so it must give the same logits, bitwise.
 """
@@ -27,8 +28,8 @@ from edgemoe import LLM
 from edgemoe.models.names import Placement, Stacked, spelled_as_stored
 
 PROMPT = list(range(2000, 2023))
-MIXTRAL_AS_GPTQMODEL = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."),
-                        (".w2.", ".down_proj."))
+MIXTRAL_AS_LLMCOMPRESSOR = ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
+MIXTRAL_AS_GPTQMODEL = ((".block_sparse_moe.", ".mlp."), *MIXTRAL_AS_LLMCOMPRESSOR)
 EXPERTS = {"qwen3_moe": "mlp.experts", "olmoe": "mlp.experts", "mixtral": "block_sparse_moe.experts"}
 HALVES = {"qwen3_moe": ("gate_proj", "up_proj", "down_proj"), "olmoe": ("gate_proj", "up_proj", "down_proj"),
           "mixtral": ("w1", "w3", "w2")}
@@ -84,21 +85,23 @@ def test_experts_stacked_as_transformers_holds_them(model_type: str, make_ckpt, 
             assert torch.equal(_logits(stacked, expert_store=store), want), (prefix, store)
 
 
-def test_mixtral_in_gptqmodel_names(make_ckpt, tmp_path: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("spelling", [MIXTRAL_AS_GPTQMODEL, MIXTRAL_AS_LLMCOMPRESSOR], ids=["gptqmodel", "llmcompressor"])
+def test_mixtral_in_other_tools_names(spelling, make_ckpt, tmp_path: Path) -> None:  # noqa: ANN001
     src = make_ckpt("mixtral", torch_dtype="float32")
 
     def respell(name: str) -> str:
-        for ours, theirs in MIXTRAL_AS_GPTQMODEL:
+        for ours, theirs in spelling:
             name = name.replace(ours, theirs)
         return name
 
     theirs = _write(src, tmp_path / "m", {respell(k): v for k, v in _tensors(src).items()})
-    assert any(".mlp.experts.0.gate_proj." in k for k in _tensors(theirs))
+    assert any(".experts.0.gate_proj." in k for k in _tensors(theirs))
     assert torch.equal(_logits(theirs), _logits(src))
 
 
 def test_mixtral_gptq_in_gptqmodel_names(tmp_path: Path) -> None:
-    """A 4-bit Mixtral as gptqmodel writes it: quantised parts under the other names."""
+    """A 4-bit Mixtral as gptqmodel writes it: quantised parts under the other names
+    (llm-compressor's compressed-tensors Mixtral: `block_sparse_moe.experts.E.gate_proj`)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))
     from quant_ckpt_support import write_int4
 

@@ -21,7 +21,8 @@ from quant_ckpt_support import assert_logits_match
 
 from edgemoe import LLM
 from edgemoe.quant.fused_experts import split_fused_scale
-from edgemoe.quant.published import QuantConfigError, scheme_for
+from edgemoe.quant.published import QuantConfigError
+from edgemoe.quant.published_config import scheme_for
 
 transformers = pytest.importorskip("transformers")
 fp8_quantizer = pytest.importorskip("transformers.quantizers.quantizer_finegrained_fp8")

@@ -6,6 +6,7 @@ W = (q - z)·s written in fp32, i.e. dequantise first)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -19,13 +20,13 @@ from quant_ckpt_support import (
     write_int4,
     write_requantised,
 )
-from safetensors.torch import load_file, save_file
 from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.assets.checkpoint import model_config
 from edgemoe.quant import Fp8Block, Int4Group, Int8Channel
-from edgemoe.quant.published import QuantConfigError, scheme_for, unpack_int32
+from edgemoe.quant.published import QuantConfigError, unpack_int32
+from edgemoe.quant.published_config import scheme_for
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,6 +138,89 @@ def test_compressed_tensors_act_order_decodes_by_its_g_idx() -> None:
     assert torch.equal(scheme.decode(parts), want)
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_compressed_tensors_int8_by_group_decodes_exactly(symmetric: bool) -> None:
+    """llm-compressor's W8A16 preset: pack-quantized int8 by groups of 128 (our int8 has a
+    scale a row: the linear decodes to W = s[g] · (q − z[g]), its experts quantised at load)."""
+    weights = {"num_bits": 8, "type": "int", "strategy": "group", "group_size": 32, "symmetric": symmetric}
+    qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+          "config_groups": {"group_0": {"weights": weights}}}
+    scheme = scheme_for({"quantization_config": qc})
+    assert scheme.format == Int8Channel()
+    g = torch.Generator().manual_seed(5)
+    q = torch.randint(-128, 128, (8, 64), generator=g)
+    s = torch.rand(8, 2, generator=g) + 0.5
+    z = torch.randint(-20, 20, (8, 2), generator=g) if not symmetric else torch.zeros(8, 2, dtype=torch.int64)
+
+    def pack_bytes(v: torch.Tensor, dim: int) -> torch.Tensor:  # four v + 128 a word along `dim`, low byte first
+        u = (v + 128).long().movedim(dim, -1)
+        u = u.reshape(*u.shape[:-1], -1, 4)
+        words = sum(u[..., i] << (8 * i) for i in range(4))
+        return words.to(torch.int32).movedim(-1, dim)  # int64 → int32 wraps bit 31, as the packers' int32 does
+
+    parts = {"weight_packed": pack_bytes(q, 1), "weight_scale": s, "weight_shape": torch.tensor([8, 64])}
+    if not symmetric:
+        parts["weight_zero_point"] = pack_bytes(z, 0)
+    want = torch.stack([s[:, k // 32] * (q[:, k] - z[:, k // 32]) for k in range(64)], dim=1)
+    assert torch.equal(scheme.decode(parts), want)
+
+
+def _pack8(v: torch.Tensor, dim: int) -> torch.Tensor:
+    """Values 0..255 → int32, four a word along `dim` (byte i of word j: position 4j + i)."""
+    u = v.long().movedim(dim, -1)
+    u = u.reshape(*u.shape[:-1], -1, 4)
+    return sum(u[..., i] << (8 * i) for i in range(4)).to(torch.int32).movedim(-1, dim)
+
+
+@pytest.mark.parametrize("config_bits", [8, 4])
+def test_gptq_8bit_linears_decode_by_their_own_width(config_bits: int) -> None:
+    """An 8-bit GPTQ linear (qweight [K/4, N]) dequantises exactly, whether the config says 8
+    (its experts then go to int8 per channel) or 4 (a per-layer recipe, AutoRound's
+    `extra_config`: the width is read off the linear's shapes)."""
+    K, N, G = 64, 8, 32
+    g = torch.Generator().manual_seed(6)
+    q, z = torch.randint(0, 256, (K, N), generator=g), torch.randint(1, 256, (K // G, N), generator=g)
+    s = (torch.rand(K // G, N, generator=g) + 0.5).half()
+    scheme = scheme_for({"quantization_config": {"quant_method": "gptq", "bits": config_bits, "group_size": G}})
+    assert scheme.format == (Int8Channel() if config_bits == 8 else Int4Group(G))
+    parts = {"qweight": _pack8(q, 0), "qzeros": _pack8(z - 1, 1), "scales": s}
+    want = torch.stack([(q[k] - z[k // G]) * s[k // G].float() for k in range(K)]).T
+    assert torch.equal(scheme.decode(parts), want)
+    with pytest.raises(QuantConfigError, match="neither 4 nor 8"):
+        scheme.decode(parts | {"qweight": parts["qweight"][:3]})  # 12 or 24 inputs, not 33..64
+
+
+def test_auto_round_configs_name_their_layout() -> None:
+    def scheme(**qc: object):  # noqa: ANN202
+        return scheme_for({"quantization_config": {"quant_method": "auto-round", "bits": 4, "group_size": 128, **qc}})
+
+    assert (type(scheme()).__name__, scheme().zero_offset) == ("GptqScheme", 1)  # the default: auto_gptq
+    assert scheme(packing_format="auto_round:gptqmodel").zero_offset == 0
+    assert scheme(packing_format="auto_round").zero_offset == 0
+    assert type(scheme(packing_format="auto_round:auto_awq")).__name__ == "AwqScheme"
+    for refused in ({"data_type": "nv_fp"}, {"packing_format": "auto_round:fp8"}, {"bits": 2}):
+        with pytest.raises(QuantConfigError):
+            scheme(**refused)
+
+
+@pytest.mark.parametrize(("method", "packing"), [("gptq", "auto_round:auto_gptq"), ("awq", "auto_round:auto_awq")])
+def test_auto_round_checkpoints_load_as_their_packing(method: str, packing: str, tmp_path_factory) -> None:  # noqa: ANN001
+    """Intel's AutoRound writes GPTQ / AWQ layouts under its own `quant_method`: the same
+    tensors under either config load the same model."""
+    root = tmp_path_factory.mktemp(f"auto-round-{method}")
+    ckpt, _ = write_int4(model_config("qwen3_moe", num_hidden_layers=2), root / "q", root / "dense", method)
+    with LLM(str(ckpt), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    config = json.loads((ckpt / "config.json").read_text())
+    qc = config["quantization_config"]
+    config["quantization_config"] = {"quant_method": "auto-round", "packing_format": packing, "bits": 4,
+                                     "group_size": qc["group_size"], "sym": False, "data_type": "int",
+                                     "extra_config": {".*mlp\\.gate.*": {"bits": 16, "data_type": "float"}}}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with LLM(str(ckpt), dtype="float32") as llm:
+        assert all(torch.equal(llm.prompt_logits(p), w) for p, w in zip(PROMPTS, want, strict=True))
+
+
 def test_gptq_act_order_checkpoint_loads(tmp_path_factory) -> None:  # noqa: ANN001
     """Act-order GPTQ: exact under `--expert-dtype bf16`; under auto the experts are the
     exact weights quantised into our int4 groups at load, as `Int4Group.quantise` does
@@ -180,11 +264,11 @@ def test_int4_checkpoint_matches_its_dense_twin(method: str, backend: str, tmp_p
     assert len(set(want_tokens[0])) > 4, "degenerate reference output: weak test"
 
 
-def test_fp8_row_scaled_checkpoint_loads_with_its_experts_re_blocked(tmp_path_factory) -> None:  # noqa: ANN001
+def test_fp8_row_scaled_checkpoint_loads_with_its_experts_in_int8_rows(tmp_path_factory) -> None:  # noqa: ANN001
     """compressed-tensors FP8 with per-channel scales (FP8_DYNAMIC): the layout checked by
     transformers (weight-only, so it doesn't quantise activations), then our load: dense
-    layers as W = q·s, experts quantised into 128-blocks at load — the dequantise-first
-    reference of that format."""
+    layers as W = q·s, experts quantised at load into int8 per channel (a byte a weight
+    and a scale a row, as stored) — the dequantise-first reference of that format."""
     config = model_config("qwen3_moe", num_hidden_layers=2)
     root = tmp_path_factory.mktemp("fp8rows")
     weight_only, dense = write_fp8_rows(config, root / "w8a16", root / "dense", dynamic_activations=False)
@@ -194,17 +278,8 @@ def test_fp8_row_scaled_checkpoint_loads_with_its_experts_re_blocked(tmp_path_fa
         with torch.no_grad():
             assert torch.equal(theirs(torch.tensor([PROMPTS[0]])).logits, twin(torch.tensor([PROMPTS[0]])).logits)
     ckpt, _ = write_fp8_rows(config, root / "dynamic", root / "dense2")
-    fmt = Fp8Block()
-    reblocked = root / "reblocked"
-    reblocked.mkdir()
-    for f in dense.iterdir():
-        if f.suffix == ".safetensors":
-            t = load_file(f)
-            save_file({n: (fmt.dequantise(fmt.quantise(w), *w.shape) if ".experts." in n else w) for n, w in t.items()},
-                      str(reblocked / f.name))
-        else:
-            (reblocked / f.name).write_bytes(f.read_bytes())
-    with LLM(str(reblocked), dtype="float32") as llm:
+    fmt = Int8Channel()
+    with LLM(str(write_requantised(dense, root / "int8-rows", fmt)), dtype="float32") as llm:
         want = [llm.prompt_logits(p) for p in PROMPTS]
     with LLM(str(ckpt), dtype="float32") as llm:
         plan = llm._engine().runtime.plan

@@ -53,11 +53,11 @@ def stacked_expert_names(a: DecoderArch) -> StackedMap:
     return stacked_names(a, a.moe_layers, "model.layers.{layer}.block_sparse_moe.experts.", "w1", "w3", "w2")
 
 
-# transformers 5's module names, under which gptqmodel writes its GPTQ / AWQ Mixtral checkpoints
-# (`mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`, stacked `mlp.experts.gate_up_proj`)
-SPELLINGS: tuple[Spelling, ...] = (
-    ((r"\.block_sparse_moe\.", ".mlp."), (r"\.w1\.", ".gate_proj."), (r"\.w3\.", ".up_proj."), (r"\.w2\.", ".down_proj.")),
-)
+# Other tools' names for the experts: llm-compressor's (`block_sparse_moe.experts.E.gate_proj` /
+# `up_proj` / `down_proj`) and gptqmodel's, transformers 5's module names (the same under `mlp`,
+# with `mlp.gate` and the stacked `mlp.experts.gate_up_proj`)
+_GLU_NAMES: Spelling = ((r"\.w1\.", ".gate_proj."), (r"\.w3\.", ".up_proj."), (r"\.w2\.", ".down_proj."))
+SPELLINGS: tuple[Spelling, ...] = (_GLU_NAMES, ((r"\.block_sparse_moe\.", ".mlp."), *_GLU_NAMES))
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

@@ -27,7 +27,8 @@ from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.store import ExpertStore
 from edgemoe.quant import ExpertFormat, Parts
 from edgemoe.quant.fused_experts import FusedExperts
-from edgemoe.quant.published import Decoded, Fp8Scheme, QuantConfigError, Scheme, scheme_for
+from edgemoe.quant.published import Decoded, Fp8Scheme, QuantConfigError, Scheme
+from edgemoe.quant.published_config import scheme_for
 
 log = logging.getLogger(__name__)
 

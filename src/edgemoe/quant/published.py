@@ -17,7 +17,8 @@ linear's checkpoint tensors into one of our formats, losslessly.
   [N, K/4], sequential bytes of q + 128) and "int-quantized" int8 (`weight` int8,
   `weight_scale` [N, 1]) → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`,
   with one scale a tensor → `Fp8Block` (that scale in every block), with channel scales
-  (FP8_DYNAMIC) → dequantised, experts re-blocked at load.
+  (FP8_DYNAMIC) → dequantised, experts quantised at load into int8 per channel;
+  "pack-quantized" int8 by group (W8A16) → the same.
 - FP8 with `weight_block_size` null (per-tensor) → `Fp8Block(128)`, every block the tensor's scale.
 
 A linear is recognised by its parts: the names a scheme knows, sharing a base name
@@ -29,14 +30,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from edgemoe.quant.formats import ExpertFormat, Parts
 from edgemoe.quant.fp8 import Fp8Block
 from edgemoe.quant.int4 import Int4Group, pack_nibbles
-from edgemoe.quant.int8 import Int8Channel
 
 log = logging.getLogger(__name__)
 
@@ -128,17 +127,53 @@ class Fp8Scheme(Scheme):
 @dataclass(frozen=True)
 class Fp8RowScheme(Scheme):
     """compressed-tensors "float-quantized" fp8 with one scale per output channel
-    (llm-compressor's FP8 / FP8_DYNAMIC): no block layout of ours holds row scales, so each
-    linear is dequantised (w = q·s, exact in fp32) and experts are quantised into
-    `format`'s blocks at load, as `--expert-dtype` would (the plan says so). A tensor's
-    one scale is every block's: `Fp8Scheme` takes those as they are."""
+    (llm-compressor's FP8 / FP8_DYNAMIC): no fp8 layout of ours holds row scales, so each
+    linear is dequantised (w = q·s, exact in fp32) and the experts are quantised at load
+    into `format`, int8 per channel: the same byte a weight and a scale a row, as the
+    checkpoint's, which keeps them nearer its values than fp8's 128-blocks (a block's
+    scale is its largest row's). A tensor's one scale is every block's: `Fp8Scheme` takes
+    those as they are."""
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
         w, s = parts["weight"], parts["weight_scale"].float()
         if w.dtype != torch.float8_e4m3fn or w.dim() != 2 or s.numel() not in (1, w.shape[0]):
             raise QuantConfigError(f"fp8 weight {w.dtype} {tuple(w.shape)} with scales {tuple(s.shape)}: "
                                    "expected float8_e4m3fn and one scale per row")
+        _say_requantised(self, "fp8 with a scale per channel")
         return w.float() * s.reshape(-1, 1)
+
+
+@dataclass(frozen=True)
+class Int8GroupScheme(Scheme):
+    """compressed-tensors "pack-quantized" int8 by group (llm-compressor's W8A16 preset):
+    four q + 128 bytes per int32 along K, `weight_scale` [N, K/G], `weight_zero_point`
+    (asymmetric) packed four a word along N. Our int8 has a scale a row, so each linear
+    is dequantised (exact in fp32) and the experts quantised at load into `format`."""
+
+    group: int = 128
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        n, k = (int(v) for v in parts["weight_shape"].tolist())
+        q = unpack_int32(parts["weight_packed"], 1, bits=8)[:, :k].to(torch.int16) - 128
+        s, groups = parts["weight_scale"].float(), -(-k // self.group)
+        z = (unpack_int32(parts["weight_zero_point"], 0, bits=8)[:n].to(torch.int16) - 128
+             if "weight_zero_point" in parts else torch.zeros_like(s, dtype=torch.int16))
+        if tuple(q.shape) != (n, k) or tuple(s.shape) != (n, groups) or z.shape != s.shape:
+            raise QuantConfigError(f"packed int8 [{n}, {k}] by groups of {self.group}: words "
+                                   f"{tuple(parts['weight_packed'].shape)}, scales {tuple(s.shape)}, zeros "
+                                   f"{tuple(z.shape)}; expected [N, K/4], [N, {groups}], [N, {groups}]")
+        g = parts["weight_g_idx"].long() if "weight_g_idx" in parts else torch.arange(k) // self.group  # act-order
+        if g.shape != (k,) or int(g.min()) < 0 or int(g.max()) >= groups:
+            raise QuantConfigError(f"packed int8 [{n}, {k}]: weight_g_idx {tuple(g.shape)} names groups past {groups}")
+        _say_requantised(self, f"int8 by groups of {self.group}")
+        return s[:, g] * (q - z[:, g]).float()
+
+
+def _say_requantised(scheme: Scheme, what: str) -> None:
+    if not _said_once(f"requantised {what}"):
+        log.warning("%s checkpoint with %s weights: no layout of ours holds them, so each linear is dequantised "
+                    "and the experts quantised again at load into %s (--expert-dtype bf16 keeps them exact)",
+                    scheme.method, what, scheme.format.label)
 
 
 @dataclass(frozen=True)
@@ -172,14 +207,43 @@ class AwqScheme(Scheme):
 
 @dataclass(frozen=True)
 class GptqScheme(Scheme):
+    """GPTQ's layout (AutoGPTQ, gptqmodel, AutoRound's auto_gptq / gptqmodel packing), 4 or
+    8 bits a weight: a linear's own width is read off its qweight rows, since per-layer
+    recipes (AutoRound's `extra_config`) mix them. 4-bit linears keep their values in
+    `Int4Group`; 8-bit ones, and act-order ones, are dequantised (their experts quantised
+    again at load into `format`)."""
+
     zero_offset: int = 1  # checkpoint_format "gptq" stores zero - 1
+    bits: int = 4  # the config's, for a linear whose width its shapes don't tell
+    group: int = 128  # the config's group_size (-1: 2^30, one group a row)
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded | torch.Tensor:  # type: ignore[override]
-        q = unpack_int32(parts["qweight"], 0)  # [K, N]
-        z = unpack_int32(parts["qzeros"], 1).to(torch.int16) + self.zero_offset  # [G, N]
-        if _act_order(parts.get("g_idx"), self.format):
-            return _by_g_idx(q.T, z.T, parts["scales"].T, parts["g_idx"], self.format)
+        bits = self._bits(parts)
+        q = unpack_int32(parts["qweight"], 0, bits=bits)  # [K, N]
+        z = unpack_int32(parts["qzeros"], 1, bits=bits).to(torch.int16) + self.zero_offset  # [G, N]
+        g_idx = parts.get("g_idx")
+        act_order = _act_order(g_idx, self.group)
+        if bits != 4 or self.format != Int4Group(self.group) or act_order:
+            g_idx = g_idx if g_idx is not None else torch.arange(q.shape[0]) // self.group
+            why = f"act-order {bits}-bit weights (a permuted g_idx)" if act_order else f"{bits}-bit GPTQ weights"
+            return _by_g_idx(q.T, z.T, parts["scales"].T, g_idx, self.format, why)
         return _int4(self.format, q.T, z.T.clamp(0, 255), parts["scales"].T)
+
+    def _bits(self, parts: dict[str, torch.Tensor]) -> int:
+        """qweight is [K·bits/32, N]: K is g_idx's length, or within the last of its groups."""
+        rows, group = parts["qweight"].shape[0], self.group
+        if "g_idx" in parts:
+            lo = hi = parts["g_idx"].numel()
+        elif group < 1 << 30:
+            hi = parts["scales"].shape[0] * group
+            lo = hi - group + 1
+        else:  # one group a row, no g_idx: nothing tells
+            return self.bits
+        fits = [b for b in (4, 8) if lo <= rows * 32 // b <= hi]
+        if not fits:
+            raise QuantConfigError(f"GPTQ qweight {tuple(parts['qweight'].shape)} for {lo}..{hi} inputs: "
+                                   "neither 4 nor 8 bits a weight")
+        return self.bits if self.bits in fits else fits[0]
 
 
 @dataclass(frozen=True)
@@ -195,7 +259,7 @@ class PackedScheme(Scheme):
             zero = unpack_int32(parts["weight_zero_point"], 0)[:n]
         else:
             zero = torch.full(scale.shape, 8, dtype=torch.int16)
-        if _act_order(parts.get("weight_g_idx"), self.format):
+        if _act_order(parts.get("weight_g_idx"), self.format.group):  # type: ignore[attr-defined]
             return _by_g_idx(q, zero, scale, parts["weight_g_idx"], self.format)
         return _int4(self.format, q, zero, scale)
 
@@ -226,30 +290,29 @@ class IntScheme(Scheme):
         return self.format, {"": w, "_scale": s.float()}
 
 
-def _act_order(g_idx: torch.Tensor | None, fmt: ExpertFormat) -> bool:
+def _act_order(g_idx: torch.Tensor | None, group: int) -> bool:
     """Whether g_idx [K] (input k's group) is other than k // group: act-order (`desc_act`)
     checkpoints permute it, so a group's inputs are not contiguous."""
     if g_idx is None:
         return False
-    trivial = torch.arange(g_idx.numel(), dtype=torch.int32) // fmt.group  # type: ignore[attr-defined]
+    trivial = torch.arange(g_idx.numel(), dtype=torch.int32) // group
     return not torch.equal(g_idx.to(torch.int32), trivial)
 
 
 def _by_g_idx(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor, g_idx: torch.Tensor,
-              fmt: ExpertFormat) -> torch.Tensor:
-    """An act-order linear dequantised, W[n, k] = s[n, g[k]] · (q[n, k] − z[n, g[k]]) in
-    fp32 (exact), from q [N, K], zero and scale [N, G]. Our int4 groups are contiguous in
-    K, so its experts are quantised again at load (into `fmt`, or `--expert-dtype`): that
-    adds our rounding to the checkpoint's, said once."""
+              fmt: ExpertFormat, why: str = "act-order 4-bit weights (a permuted g_idx)") -> torch.Tensor:
+    """A linear no format of ours holds (act-order: our int4 groups are contiguous in K;
+    8-bit by group) dequantised, W[n, k] = s[n, g[k]] · (q[n, k] − z[n, g[k]]) in fp32
+    (exact), from q [N, K], zero and scale [N, G]. Its experts are quantised again at load
+    (into `fmt`, or `--expert-dtype`): that adds our rounding to the checkpoint's, said once."""
     n, k = q.shape
     g = g_idx.long()
     if g.shape != (k,) or int(g.min()) < 0 or int(g.max()) >= scale.shape[1] or zero.shape != scale.shape:
         raise QuantConfigError(f"act-order int4 [{n}, {k}]: g_idx {tuple(g.shape)} (groups {int(g.min())}.."
                                f"{int(g.max())}) against scales {tuple(scale.shape)} / zeros {tuple(zero.shape)}")
-    if not _said_once("act-order"):
-        log.warning("act-order 4-bit weights (a permuted g_idx): dequantised, and the experts quantised again "
-                    "at load into contiguous %s, which adds that rounding to the checkpoint's; --expert-dtype "
-                    "int8 (twice the bytes) or bf16 keeps them nearer", fmt.label)
+    if not _said_once(why):
+        log.warning("%s: dequantised, and the experts quantised again at load into %s, which adds that "
+                    "rounding to the checkpoint's; --expert-dtype int8 or bf16 keeps them nearer", why, fmt.label)
     return scale.float()[:, g] * (q.float() - zero.float()[:, g])
 
 
@@ -264,83 +327,3 @@ def _int4(fmt: ExpertFormat, q: torch.Tensor, zero: torch.Tensor, scale: torch.T
     if not torch.equal(scale16.to(scale.dtype), scale):
         log.warning("int4 scales in %s rounded to fp16 (ours)", scale.dtype)
     return fmt, {"": pack_nibbles(q.contiguous()), "_scale": scale16.contiguous(), "_zero": zero.to(torch.uint8).contiguous()}
-
-
-# ---- quantization_config → scheme ----
-
-
-def scheme_for(config: dict[str, Any]) -> Scheme | None:
-    """The scheme of a checkpoint's config.json (None: not quantised)."""
-    qc = config.get("quantization_config")
-    if not qc:
-        return None
-    if not isinstance(qc, dict):
-        raise QuantConfigError(f"quantization_config={qc!r}: expected an object")
-    method = str(qc.get("quant_method", "")).lower()
-    if method == "fp8":
-        return _fp8(qc)
-    if method in ("awq", "gptq"):
-        return _four_bit(method, qc)
-    if method == "compressed-tensors":
-        return _compressed(qc)
-    if method == "mxfp4":
-        from edgemoe.quant.mxfp4 import Mxfp4
-
-        return Mxfp4Scheme("mxfp4", ("blocks", "scales"), Mxfp4())
-    raise QuantConfigError(f"quantization_config quant_method {method!r} is not supported "
-                           "(fp8, awq, gptq, compressed-tensors, mxfp4)")
-
-
-def _fp8(qc: dict[str, Any]) -> Scheme:
-    block = qc.get("weight_block_size") or [128, 128]
-    if qc.get("fmt", "e4m3") != "e4m3" or len(block) != 2 or block[0] != block[1]:
-        raise QuantConfigError(f"fp8 checkpoint with fmt {qc.get('fmt')!r} and blocks {block}: "
-                               "only e4m3 with square blocks is supported")
-    return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(int(block[0])))
-
-
-def _four_bit(method: str, qc: dict[str, Any]) -> Scheme:
-    bits, group = int(qc.get("bits", qc.get("w_bit", 4))), int(qc.get("group_size", qc.get("q_group_size", 128)))
-    if bits != 4:
-        raise QuantConfigError(f"{method} with {bits} bits: only 4-bit is supported")
-    fmt = Int4Group(group if group > 0 else 1 << 30)  # group -1: one group per row
-    if method == "awq":
-        if str(qc.get("version", "gemm")).lower() != "gemm" or not qc.get("zero_point", True):
-            raise QuantConfigError(f"AWQ version {qc.get('version')!r} / zero_point {qc.get('zero_point')}: "
-                                   "only the GEMM layout with zero points is supported")
-        return AwqScheme("awq", ("qweight", "qzeros", "scales"), fmt)
-    layout = str(qc.get("checkpoint_format", "gptq")).lower()
-    if layout not in ("gptq", "gptq_v2") or qc.get("is_marlin_format"):
-        raise QuantConfigError(f"GPTQ checkpoint_format {qc.get('checkpoint_format')!r}"
-                               + (" (is_marlin_format)" if qc.get("is_marlin_format") else "")
-                               + ": only the gptq and gptq_v2 layouts are supported")
-    return GptqScheme("gptq", ("qweight", "qzeros", "scales", "g_idx"), fmt, 0 if layout == "gptq_v2" else 1)
-
-
-def _compressed(qc: dict[str, Any]) -> Scheme:
-    groups = [g for g in (qc.get("config_groups") or {}).values() if g.get("weights")]
-    if len(groups) != 1:
-        raise QuantConfigError(f"compressed-tensors with {len(groups)} weight groups: exactly one is supported")
-    w, fmt_name = groups[0]["weights"], groups[0].get("format") or qc.get("format")  # a group's own wins
-    bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
-    if fmt_name == "naive-quantized":  # the weight in the bit width's torch dtype: int8 / e4m3, as these
-        fmt_name = "float-quantized" if kind == "float" else "int-quantized"
-    if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy in ("group", "channel"):
-        parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-        group = int(w["group_size"]) if strategy == "group" else 1 << 30  # channel: one group a row
-        return PackedScheme("compressed-tensors", parts, Int4Group(group))
-    symmetric_channel8 = bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True)
-    if fmt_name == "pack-quantized" and symmetric_channel8:
-        return Packed8Scheme("compressed-tensors", ("weight_packed", "weight_scale", "weight_shape"), Int8Channel())
-    if fmt_name == "int-quantized" and symmetric_channel8:
-        return IntScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
-    block = w.get("block_structure") or [0, 0]
-    if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
-        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
-    if fmt_name == "float-quantized" and bits == 8 and strategy == "tensor":
-        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(), "weight_scale")
-    if fmt_name == "float-quantized" and bits == 8 and strategy == "channel":
-        return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block())
-    raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
-                           "is not supported (pack-quantized int4 group or channel, int8 channel, int-quantized int8 channel, "
-                           "float-quantized fp8 by block, channel or tensor)")

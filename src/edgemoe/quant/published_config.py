@@ -1,0 +1,125 @@
+"""A checkpoint's `quantization_config` → the `Scheme` (quant/published.py) that decodes
+its quantised linears: FP8 (`fp8`), AWQ / GPTQ (4 bits; GPTQ 8 too), Intel's AutoRound
+(`auto-round`, by its `packing_format`), compressed-tensors (by format, bits, type and
+strategy) and gpt-oss MXFP4. Anything else is refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgemoe.quant.fp8 import Fp8Block
+from edgemoe.quant.int4 import Int4Group
+from edgemoe.quant.int8 import Int8Channel
+from edgemoe.quant.published import (
+    AwqScheme,
+    Fp8RowScheme,
+    Fp8Scheme,
+    GptqScheme,
+    Int8GroupScheme,
+    IntScheme,
+    Mxfp4Scheme,
+    Packed8Scheme,
+    PackedScheme,
+    QuantConfigError,
+    Scheme,
+)
+
+
+def scheme_for(config: dict[str, Any]) -> Scheme | None:
+    """The scheme of a checkpoint's config.json (None: not quantised)."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    if not isinstance(qc, dict):
+        raise QuantConfigError(f"quantization_config={qc!r}: expected an object")
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "fp8":
+        return _fp8(qc)
+    if method in ("awq", "gptq"):
+        return _four_bit(method, qc)
+    if method in ("auto-round", "autoround", "intel/auto-round"):
+        return _auto_round(qc)
+    if method == "compressed-tensors":
+        return _compressed(qc)
+    if method == "mxfp4":
+        from edgemoe.quant.mxfp4 import Mxfp4
+
+        return Mxfp4Scheme("mxfp4", ("blocks", "scales"), Mxfp4())
+    raise QuantConfigError(f"quantization_config quant_method {method!r} is not supported "
+                           "(fp8, awq, gptq, auto-round, compressed-tensors, mxfp4)")
+
+
+def _fp8(qc: dict[str, Any]) -> Scheme:
+    block = qc.get("weight_block_size") or [128, 128]
+    if qc.get("fmt", "e4m3") != "e4m3" or len(block) != 2 or block[0] != block[1]:
+        raise QuantConfigError(f"fp8 checkpoint with fmt {qc.get('fmt')!r} and blocks {block}: "
+                               "only e4m3 with square blocks is supported")
+    return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(int(block[0])))
+
+
+def _four_bit(method: str, qc: dict[str, Any], name: str | None = None) -> Scheme:
+    """AWQ (4 bits) or GPTQ (4 or 8) from their configs; `name`: the method as said (auto-round)."""
+    bits, group = int(qc.get("bits", qc.get("w_bit", 4))), int(qc.get("group_size", qc.get("q_group_size", 128)))
+    group = group if group > 0 else 1 << 30  # group -1: one group per row
+    said = name or method
+    if bits not in (4, 8) or (bits == 8 and method == "awq"):
+        raise QuantConfigError(f"{said} with {bits} bits: only 4-bit{' and 8-bit GPTQ' if method == 'gptq' else ''} "
+                               "is supported")
+    fmt = Int4Group(group) if bits == 4 else Int8Channel()  # 8-bit: experts quantised again at load
+    if method == "awq":
+        if str(qc.get("version", "gemm")).lower() != "gemm" or not qc.get("zero_point", True):
+            raise QuantConfigError(f"AWQ version {qc.get('version')!r} / zero_point {qc.get('zero_point')}: "
+                                   "only the GEMM layout with zero points is supported")
+        return AwqScheme(said, ("qweight", "qzeros", "scales"), fmt)
+    layout = str(qc.get("checkpoint_format", "gptq")).lower()
+    if layout not in ("gptq", "gptq_v2") or qc.get("is_marlin_format"):
+        raise QuantConfigError(f"GPTQ checkpoint_format {qc.get('checkpoint_format')!r}"
+                               + (" (is_marlin_format)" if qc.get("is_marlin_format") else "")
+                               + ": only the gptq and gptq_v2 layouts are supported")
+    return GptqScheme(said, ("qweight", "qzeros", "scales", "g_idx"), fmt, 0 if layout == "gptq_v2" else 1, bits, group)
+
+
+def _auto_round(qc: dict[str, Any]) -> Scheme:
+    """Intel's AutoRound: integer weights in the layout its `packing_format` names
+    (AutoGPTQ's by default: zero − 1; gptqmodel's and its own: the zero itself; AutoAWQ's)."""
+    packing = str(qc.get("packing_format", "auto_round:auto_gptq")).lower()
+    if str(qc.get("data_type", "int")).lower() != "int" or ("gptq" not in packing and "awq" not in packing
+                                                          and packing != "auto_round"):
+        raise QuantConfigError(f"auto-round data_type {qc.get('data_type')!r} packed as {packing!r}: only integer "
+                               "weights in the auto_gptq, gptqmodel, auto_round or auto_awq packing are supported")
+    if "awq" in packing:
+        return _four_bit("awq", qc | {"version": "gemm", "zero_point": True}, "auto-round")
+    v2 = "auto_gptq" not in packing  # auto_round:gptqmodel and auto_round store the zero itself
+    return _four_bit("gptq", qc | {"checkpoint_format": "gptq_v2" if v2 else "gptq"}, "auto-round")
+
+
+def _compressed(qc: dict[str, Any]) -> Scheme:
+    groups = [g for g in (qc.get("config_groups") or {}).values() if g.get("weights")]
+    if len(groups) != 1:
+        raise QuantConfigError(f"compressed-tensors with {len(groups)} weight groups: exactly one is supported")
+    w, fmt_name = groups[0]["weights"], groups[0].get("format") or qc.get("format")  # a group's own wins
+    bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
+    if fmt_name == "naive-quantized":  # the weight in the bit width's torch dtype: int8 / e4m3, as these
+        fmt_name = "float-quantized" if kind == "float" else "int-quantized"
+    if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy in ("group", "channel"):
+        parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+        group = int(w["group_size"]) if strategy == "group" else 1 << 30  # channel: one group a row
+        return PackedScheme("compressed-tensors", parts, Int4Group(group))
+    symmetric_channel8 = bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True)
+    if fmt_name == "pack-quantized" and symmetric_channel8:
+        return Packed8Scheme("compressed-tensors", ("weight_packed", "weight_scale", "weight_shape"), Int8Channel())
+    if fmt_name == "pack-quantized" and bits == 8 and kind == "int" and strategy == "group":
+        parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+        return Int8GroupScheme("compressed-tensors", parts, Int8Channel(), int(w["group_size"]))
+    if fmt_name == "int-quantized" and symmetric_channel8:
+        return IntScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
+    block = w.get("block_structure") or [0, 0]
+    if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
+        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
+    if fmt_name == "float-quantized" and bits == 8 and strategy == "tensor":
+        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(), "weight_scale")
+    if fmt_name == "float-quantized" and bits == 8 and strategy == "channel":
+        return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
+    raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
+                           "is not supported (pack-quantized int4 group or channel, int8 channel or group, int-quantized int8 channel, "
+                           "float-quantized fp8 by block, channel or tensor)")
