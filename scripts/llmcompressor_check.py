@@ -38,8 +38,10 @@ VARIANTS = {
     "fp8-block": "FP8_BLOCK",
     "w8a8": "W8A8",
     "gptq-w4a16": ("GPTQ", "W4A16", "weight"),  # its default act-order: groups stay contiguous
+    "mxfp4": "MXFP4A16",
+    "nvfp4": "NVFP4A16",
 }
-REQUANTISED = ("w8a16-group", "fp8-dynamic-rows")  # exact only under bf16
+REQUANTISED = ("w8a16-group", "fp8-dynamic-rows", "nvfp4")  # exact only under bf16
 
 
 def _quantise(src: Path, out: Path, variant: str) -> None:
@@ -65,6 +67,18 @@ def _quantise(src: Path, out: Path, variant: str) -> None:
     tok.save_pretrained(out)
 
 
+def _fp4_in_fp32() -> None:
+    """compressed-tensors unpacks FP4 into bf16 by default and dequantises in that dtype,
+    rounding code · scale / global; the twin wants the products exact."""
+    import functools
+
+    import compressed_tensors.compressors.nvfp4.base as nvfp4
+    import torch
+
+    if not isinstance(nvfp4.unpack_fp4_from_uint8, functools.partial):
+        nvfp4.unpack_fp4_from_uint8 = functools.partial(nvfp4.unpack_fp4_from_uint8, dtype=torch.float32)
+
+
 def _write_twin(src: Path, out: Path) -> int:
     """compressed-tensors' decompression of each quantised linear of `src`, as fp32."""
     from compressed_tensors.compressors.base import BaseCompressor
@@ -76,13 +90,15 @@ def _write_twin(src: Path, out: Path) -> int:
     fmt = group.get("format") or qc["format"]
     scheme = QuantizationScheme(targets=group["targets"], weights=QuantizationArgs(**group["weights"]), format=fmt)
     compressor = BaseCompressor.get_value_from_registry(fmt)
+    _fp4_in_fp32()
     tensors = {}
     for f in src.glob("*.safetensors"):
         tensors |= load_file(str(f))
     bases = sorted({k.rpartition(".")[0] for k in tensors if k.endswith(".weight_scale")})
     for base in bases:
         local = {k.rpartition(".")[2]: tensors.pop(k) for k in [k for k in tensors if k.rpartition(".")[0] == base]}
-        local["weight_scale"] = local["weight_scale"].float()  # fp32 products: exact
+        if local["weight_scale"].is_floating_point():  # fp32 products: exact (MXFP4's are exponent bytes)
+            local["weight_scale"] = local["weight_scale"].float()
         tensors[base + ".weight"] = compressor.decompress(local, scheme)["weight"].float()
     save_twin(src, out, tensors)
     return len(bases)

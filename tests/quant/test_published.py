@@ -221,6 +221,29 @@ def test_auto_round_checkpoints_load_as_their_packing(method: str, packing: str,
         assert all(torch.equal(llm.prompt_logits(p), w) for p, w in zip(PROMPTS, want, strict=True))
 
 
+def test_compressed_tensors_fp4_decodes() -> None:
+    """mxfp4-pack-quantized is our Mxfp4 as stored (E2M1 pairs low nibble first, E8M0 a
+    32); nvfp4-pack-quantized dequantises to code · (e4m3 scale a 16 / global scale)."""
+    def scheme(fmt: str, group: int):  # noqa: ANN202
+        w = {"num_bits": 4, "type": "float", "strategy": "group", "group_size": group}
+        return scheme_for({"quantization_config": {"quant_method": "compressed-tensors", "format": fmt,
+                                                   "config_groups": {"g": {"weights": w}}}})
+
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (8, 64), generator=g)
+    packed = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8)  # element 2j low
+    e8m0 = torch.randint(120, 134, (8, 2), generator=g).to(torch.uint8)
+    mx = scheme("mxfp4-pack-quantized", 32)
+    fmt, parts = mx.decode({"weight_packed": packed, "weight_scale": e8m0})
+    lut = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    value = torch.tensor(lut + [-v for v in lut])[codes]
+    assert torch.equal(fmt.dequantise(parts, 8, 64), value * 2.0 ** (e8m0.float() - 127)[:, torch.arange(64) // 32])
+    e4m3 = (torch.rand(8, 4, generator=g) * 400).to(torch.float8_e4m3fn)
+    nv = scheme("nvfp4-pack-quantized", 16)
+    got = nv.decode({"weight_packed": packed, "weight_scale": e4m3, "weight_global_scale": torch.tensor([5888.0])})
+    assert torch.equal(got, value * (e4m3.float() / 5888.0)[:, torch.arange(64) // 16])
+
+
 def test_gptq_act_order_checkpoint_loads(tmp_path_factory) -> None:  # noqa: ANN001
     """Act-order GPTQ: exact under `--expert-dtype bf16`; under auto the experts are the
     exact weights quantised into our int4 groups at load, as `Int4Group.quantise` does

@@ -35,7 +35,8 @@ import torch
 
 from edgemoe.quant.formats import ExpertFormat, Parts
 from edgemoe.quant.fp8 import Fp8Block
-from edgemoe.quant.int4 import Int4Group, pack_nibbles
+from edgemoe.quant.int4 import Int4Group, pack_nibbles, unpack_nibbles
+from edgemoe.quant.mxfp4 import e2m1_lut
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,29 @@ class Mxfp4Scheme(Scheme):
                                    "expected uint8 [E, N, K/32, 16] and [E, N, K/32]")
         e, n, g, _ = blocks.shape
         return self.format, {"": blocks.reshape(e, n, g * 16), "_scale": scales}
+
+
+@dataclass(frozen=True)
+class PackedFp4Scheme(Scheme):
+    """compressed-tensors FP4: `weight_packed` uint8 [N, K/2] (E2M1 codes, element 2j in
+    the low nibble, as ours). "mxfp4-pack-quantized": `weight_scale` uint8 [N, K/32], E8M0
+    exponents, is our `Mxfp4` as it stands. "nvfp4-pack-quantized": e4m3 scales a 16
+    [N, K/16] over `weight_global_scale`, which no format of ours holds: dequantised,
+    W = code · (scale / global), its experts quantised again at load into `format`."""
+
+    def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded | torch.Tensor:  # type: ignore[override]
+        packed, scale = parts["weight_packed"], parts["weight_scale"]
+        n, k = packed.shape[0], packed.shape[1] * 2
+        block = 16 if "weight_global_scale" in parts else 32
+        if packed.dtype != torch.uint8 or tuple(scale.shape) != (n, -(-k // block)):
+            raise QuantConfigError(f"fp4 weights {packed.dtype} {tuple(packed.shape)} with scales {tuple(scale.shape)}: "
+                                   f"expected uint8 [N, K/2] and [N, K/{block}]")
+        if block == 32:
+            return self.format, {"": packed, "_scale": scale.to(torch.uint8)}
+        _say_requantised(self, "nvfp4 (e4m3 scales a 16 over a global scale)")
+        codes = unpack_nibbles(packed, k).long()
+        per16 = scale.float() / parts["weight_global_scale"].float().reshape(())
+        return e2m1_lut()[codes] * per16[:, torch.arange(k) // 16]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 from edgemoe.quant.fp8 import Fp8Block
 from edgemoe.quant.int4 import Int4Group
 from edgemoe.quant.int8 import Int8Channel
+from edgemoe.quant.mxfp4 import Mxfp4
 from edgemoe.quant.published import (
     AwqScheme,
     Fp8RowScheme,
@@ -19,6 +20,7 @@ from edgemoe.quant.published import (
     IntScheme,
     Mxfp4Scheme,
     Packed8Scheme,
+    PackedFp4Scheme,
     PackedScheme,
     QuantConfigError,
     Scheme,
@@ -120,6 +122,10 @@ def _compressed(qc: dict[str, Any]) -> Scheme:
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(), "weight_scale")
     if fmt_name == "float-quantized" and bits == 8 and strategy == "channel":
         return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
+    if fmt_name in ("mxfp4-pack-quantized", "nvfp4-pack-quantized") and bits == 4 and kind == "float":
+        nv = fmt_name.startswith("nv")
+        parts = ("weight_packed", "weight_scale") + (("weight_global_scale",) if nv else ())
+        return PackedFp4Scheme("compressed-tensors", parts, Mxfp4())
     raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
-                           "is not supported (pack-quantized int4 group or channel, int8 channel or group, int-quantized int8 channel, "
+                           "is not supported (pack-quantized int4 group or channel, int8 channel or group, mxfp4 and nvfp4 pack-quantized, int-quantized int8 channel, "
                            "float-quantized fp8 by block, channel or tensor)")
