@@ -20,10 +20,12 @@ from quant_ckpt_support import (
     write_int4,
     write_requantised,
 )
+from safetensors.torch import load_file, save_file
 from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.assets.checkpoint import model_config
+from edgemoe.models.checkpoint_files import CheckpointError
 from edgemoe.quant import Fp8Block, Int4Group, Int8Channel
 from edgemoe.quant.published import QuantConfigError, unpack_int32
 from edgemoe.quant.published_config import scheme_for
@@ -188,6 +190,19 @@ def test_gptq_8bit_linears_decode_by_their_own_width(config_bits: int) -> None:
     assert torch.equal(scheme.decode(parts), want)
     with pytest.raises(QuantConfigError, match="neither 4 nor 8"):
         scheme.decode(parts | {"qweight": parts["qweight"][:3]})  # 12 or 24 inputs, not 33..64
+
+
+def test_a_bad_quantised_linear_is_named_with_its_file(tmp_path_factory) -> None:  # noqa: ANN001
+    root = tmp_path_factory.mktemp("bad-gptq")
+    ckpt, _ = write_int4(model_config("qwen3_moe", num_hidden_layers=2), root / "q", root / "dense", "gptq")
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.layers.1.mlp.experts.3.up_proj.qweight"
+    shard = ckpt / index[name]
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name][:1].contiguous()  # 8 inputs' worth: neither width fits 64
+    save_file(tensors, str(shard))
+    with pytest.raises(CheckpointError, match=rf"{shard.name}: model\.layers\.1\.mlp\.experts\.3\.up_proj: GPTQ"):
+        LLM(str(ckpt), dtype="float32")
 
 
 def test_auto_round_configs_name_their_layout() -> None:

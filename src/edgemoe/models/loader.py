@@ -216,7 +216,7 @@ def _stream_files(
         with handle:
             for name in handle.keys():
                 if collector is not None and collector.base(name) is not None:
-                    for done in collector.add(name, _read(handle, path, name)):
+                    for done in collector.add(name, _read(handle, path, name), path):
                         new = _place_linear(path, *done, names, params, experts, upcasts)
                         if not new and not done[0].startswith(ignored[1]):  # a vision tower's: skipped quietly
                             unexpected.append(done[0])

@@ -87,22 +87,26 @@ class PartCollector:
         split = self.scheme.split(name)
         return split[0] if split is not None else None
 
-    def add(self, name: str, tensor: torch.Tensor) -> list[tuple[str, Value]]:
+    def add(self, name: str, tensor: torch.Tensor, where: Path | str = "") -> list[tuple[str, Value]]:
         """Keep one part (or a fused tensor: a part of each expert matrix); every linear this
-        completes, as (base name, decoded value)."""
+        completes, as (base name, decoded value). `where`: the file, for errors."""
         if self.fused is not None and name in self.fused.fused:
             part = self.fused.part(name)
-            return [done for base, t in self.fused.split(name, tensor).items() if (done := self._keep(base, part, t))]
+            return [done for base, t in self.fused.split(name, tensor).items()
+                    if (done := self._keep(base, part, t, where))]
         base, part = self.scheme.split(name)  # type: ignore[misc]
-        return [done] if (done := self._keep(base, part, tensor)) else []
+        return [done] if (done := self._keep(base, part, tensor, where)) else []
 
-    def _keep(self, base: str, part: str, tensor: torch.Tensor) -> tuple[str, Value] | None:
+    def _keep(self, base: str, part: str, tensor: torch.Tensor, where: Path | str) -> tuple[str, Value] | None:
         got = self.pending.setdefault(base, {})
         got[part] = tensor
         if set(got) != self.expected.get(base, {part}):
             return None
         del self.pending[base]
-        return base, self.scheme.decode(got)
+        try:
+            return base, self.scheme.decode(got)
+        except QuantConfigError as e:  # name the file and the linear
+            raise CheckpointError(f"{where}: {base.removesuffix('.weight')}: {e}") from None
 
 
 @dataclass
