@@ -173,8 +173,8 @@ class Int8GroupScheme(Scheme):
 def _say_requantised(scheme: Scheme, what: str) -> None:
     if not _said_once(f"requantised {what}"):
         log.warning("%s checkpoint with %s weights: no layout of ours holds them, so each linear is dequantised "
-                    "and the experts quantised again at load into %s (--expert-dtype bf16 keeps them exact)",
-                    scheme.method, what, scheme.format.label)
+                    "and the experts quantised again at load, into %s unless --expert-dtype names another "
+                    "(bf16 keeps them exact)", scheme.method, what, scheme.format.label)
 
 
 @dataclass(frozen=True)
@@ -335,8 +335,9 @@ def _by_g_idx(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor, g_idx: t
         raise QuantConfigError(f"act-order int4 [{n}, {k}]: g_idx {tuple(g.shape)} (groups {int(g.min())}.."
                                f"{int(g.max())}) against scales {tuple(scale.shape)} / zeros {tuple(zero.shape)}")
     if not _said_once(why):
-        log.warning("%s: dequantised, and the experts quantised again at load into %s, which adds that "
-                    "rounding to the checkpoint's; --expert-dtype int8 or bf16 keeps them nearer", why, fmt.label)
+        log.warning("%s: dequantised; experts among them are quantised again at load, into %s unless "
+                    "--expert-dtype names another, which adds that rounding to the checkpoint's (int8 or bf16 "
+                    "keep them nearer)", why, fmt.label)
     return scale.float()[:, g] * (q.float() - zero.float()[:, g])
 
 
