@@ -14,6 +14,7 @@ from quant_ckpt_support import (
     AWQ_ORDER,
     _pack_cols,
     _pack_rows,
+    _save,
     hf_fp8_model,
     write_fp8,
     write_fp8_rows,
@@ -257,6 +258,60 @@ def test_compressed_tensors_fp4_decodes() -> None:
     nv = scheme("nvfp4-pack-quantized", 16)
     got = nv.decode({"weight_packed": packed, "weight_scale": e4m3, "weight_global_scale": torch.tensor([5888.0])})
     assert torch.equal(got, value * (e4m3.float() / 5888.0)[:, torch.arange(64) // 16])
+
+
+def test_modelopt_configs_and_nvfp4_scales() -> None:
+    """NVIDIA ModelOpt: `quant_algo` names the layout; NVFP4's `weight_scale_2` multiplies
+    (compressed-tensors' global scale divides)."""
+    def scheme(algo: str):  # noqa: ANN202
+        return scheme_for({"quantization_config": {"quant_method": "modelopt", "quant_algo": algo}})
+
+    assert scheme("FP8").format == Fp8Block() and scheme("FP8_PER_CHANNEL_PER_TOKEN").format == Int8Channel()
+    with pytest.raises(QuantConfigError, match="W4A8_AWQ"):
+        scheme("W4A8_AWQ")
+    g = torch.Generator().manual_seed(8)
+    codes = torch.randint(0, 16, (8, 32), generator=g)
+    packed = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8)
+    e4m3 = (torch.rand(8, 2, generator=g) * 400).to(torch.float8_e4m3fn)
+    lut = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    want = torch.tensor(lut + [-v for v in lut])[codes] * (e4m3.float() * 0.25)[:, torch.arange(32) // 16]
+    got = scheme("NVFP4").decode({"weight": packed, "weight_scale": e4m3, "weight_scale_2": torch.tensor(0.25),
+                                  "input_scale": torch.tensor(1.0)})
+    assert torch.equal(got, want)
+
+
+def test_modelopt_fp8_checkpoint_loads_from_either_config(tmp_path_factory) -> None:  # noqa: ANN001
+    """ModelOpt FP8 (a scale a tensor, static input scales beside it) is lossless, whether
+    config.json says it or, as older exports do, only hf_quant_config.json."""
+    root = tmp_path_factory.mktemp("modelopt")
+    config = model_config("qwen3_moe", num_hidden_layers=2)
+    _, dense = write_int4(config, root / "unused", root / "dense", "gptq")  # any dense fp32 model
+    tensors = {}
+    for f in sorted(dense.glob("*.safetensors")):
+        tensors |= load_file(str(f))
+    for name in [n for n in tensors if n.endswith("_proj.weight")]:
+        w = tensors.pop(name)
+        s = w.abs().max() / 448.0
+        base = name.removesuffix(".weight")
+        tensors |= {name: (w / s).to(torch.float8_e4m3fn), base + ".weight_scale": s.reshape(()),
+                    base + ".input_scale": torch.tensor(0.5)}
+        tensors[name.replace(".weight", ".twin")] = (w / s).to(torch.float8_e4m3fn).float() * s
+    twin = {n.replace(".twin", ".weight"): t for n, t in tensors.items() if n.endswith(".twin")}
+    quantised = {n: t for n, t in tensors.items() if not n.endswith(".twin")}
+    qc = {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head"]}
+    ckpt = _save(root / "fp8", quantised, config | {"quantization_config": qc})
+    old = _save(root / "fp8-old", quantised, config)
+    (old / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    want_dir = _save(root / "twin", {n: twin.get(n, t) for n, t in quantised.items() if ".weight_scale" not in n
+                                     and ".input_scale" not in n}, config | {"torch_dtype": "float32"})
+    with LLM(str(want_dir), dtype="float32") as llm:
+        want = [llm.prompt_logits(p) for p in PROMPTS]
+    for path in (ckpt, old):
+        with LLM(str(path), dtype="float32") as llm:
+            assert llm._engine().runtime.plan.expert_format == Fp8Block().label
+            for prompt, ref in zip(PROMPTS, want, strict=True):
+                atol = network_atol(torch.float32, 64, ref.abs().max().item())
+                torch.testing.assert_close(llm.prompt_logits(prompt), ref, atol=atol, rtol=0)
 
 
 def test_gptq_act_order_checkpoint_loads(tmp_path_factory) -> None:  # noqa: ANN001

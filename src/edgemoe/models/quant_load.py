@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from edgemoe.models.checkpoint_files import CheckpointError, all_float, all_names, safetensors_files
+from edgemoe.models.checkpoint_files import CheckpointError, all_float, all_names, read_json, safetensors_files
 from edgemoe.models.names import NameMap, Placement, names_as_stored
 from edgemoe.models.registry import model_module
 from edgemoe.moe.parts_store import PartsStore
@@ -36,8 +36,14 @@ Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
 
 
 def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
-    """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported."""
+    """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported.
+    Older NVIDIA ModelOpt exports leave config.json alone and say it in hf_quant_config.json."""
+    beside = Path(where).with_name("hf_quant_config.json")
     try:
+        if "quantization_config" not in config and beside.is_file():
+            where = beside
+            config = config | {"quantization_config": {"quant_method": "modelopt",
+                                                       **(read_json(beside).get("quantization") or {})}}
         return scheme_for(config)
     except QuantConfigError as e:
         raise CheckpointError(f"{where}: {e}") from None

@@ -200,16 +200,21 @@ class Mxfp4Scheme(Scheme):
 
 @dataclass(frozen=True)
 class PackedFp4Scheme(Scheme):
-    """compressed-tensors FP4: `weight_packed` uint8 [N, K/2] (E2M1 codes, element 2j in
-    the low nibble, as ours). "mxfp4-pack-quantized": `weight_scale` uint8 [N, K/32], E8M0
-    exponents, is our `Mxfp4` as it stands. "nvfp4-pack-quantized": e4m3 scales a 16
-    [N, K/16] over `weight_global_scale`, which no format of ours holds: dequantised,
-    W = code · (scale / global), its experts quantised again at load into `format`."""
+    """FP4 weights: `packed` uint8 [N, K/2] (E2M1 codes, element 2j in the low nibble, as
+    ours). MXFP4 (compressed-tensors "mxfp4-pack-quantized"): `weight_scale` uint8
+    [N, K/32], E8M0 exponents, is our `Mxfp4` as it stands. NVFP4: e4m3 scales a 16
+    [N, K/16] and a tensor's `global_scale` (compressed-tensors "nvfp4-pack-quantized":
+    `weight_global_scale`, a divisor; NVIDIA ModelOpt: `weight_scale_2`, a factor), which no
+    format of ours holds: dequantised, its experts quantised again at load into `format`."""
+
+    packed: str = "weight_packed"
+    global_scale: str = "weight_global_scale"
+    global_divides: bool = True
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded | torch.Tensor:  # type: ignore[override]
-        packed, scale = parts["weight_packed"], parts["weight_scale"]
+        packed, scale = parts[self.packed], parts["weight_scale"]
         n, k = packed.shape[0], packed.shape[1] * 2
-        block = 16 if "weight_global_scale" in parts else 32
+        block = 16 if self.global_scale in parts else 32
         if packed.dtype != torch.uint8 or tuple(scale.shape) != (n, -(-k // block)):
             raise QuantConfigError(f"fp4 weights {packed.dtype} {tuple(packed.shape)} with scales {tuple(scale.shape)}: "
                                    f"expected uint8 [N, K/2] and [N, K/{block}]")
@@ -217,7 +222,8 @@ class PackedFp4Scheme(Scheme):
             return self.format, {"": packed, "_scale": scale.to(torch.uint8)}
         _say_requantised(self, "nvfp4 (e4m3 scales a 16 over a global scale)")
         codes = unpack_nibbles(packed, k).long()
-        per16 = scale.float() / parts["weight_global_scale"].float().reshape(())
+        g = parts[self.global_scale].float().reshape(())
+        per16 = scale.float() / g if self.global_divides else scale.float() * g
         return e2m1_lut()[codes] * per16[:, torch.arange(k) // 16]
 
 

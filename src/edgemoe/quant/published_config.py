@@ -43,12 +43,31 @@ def scheme_for(config: dict[str, Any]) -> Scheme | None:
         return _auto_round(qc)
     if method == "compressed-tensors":
         return _compressed(qc)
+    if method == "modelopt":
+        return _modelopt(qc)
     if method == "mxfp4":
         from edgemoe.quant.mxfp4 import Mxfp4
 
         return Mxfp4Scheme("mxfp4", ("blocks", "scales"), Mxfp4())
     raise QuantConfigError(f"quantization_config quant_method {method!r} is not supported "
-                           "(fp8, awq, gptq, auto-round, compressed-tensors, mxfp4)")
+                           "(fp8, awq, gptq, auto-round, compressed-tensors, modelopt, mxfp4)")
+
+
+def _modelopt(qc: dict[str, Any]) -> Scheme:
+    """NVIDIA ModelOpt (TensorRT Model Optimizer) exports, by `quant_algo`: FP8 (a scale a
+    tensor: lossless), FP8_PER_CHANNEL_PER_TOKEN (a scale a row: to int8 rows, as
+    compressed-tensors' FP8_DYNAMIC), NVFP4 (e4m3 scales a 16 times `weight_scale_2`).
+    Static `input_scale`s are read and ignored: compute is weight-only."""
+    algo = str(qc.get("quant_algo", "")).upper()
+    if algo == "FP8":
+        return Fp8Scheme("modelopt", ("weight", "weight_scale", "input_scale"), Fp8Block(), "weight_scale")
+    if algo == "FP8_PER_CHANNEL_PER_TOKEN":
+        return Fp8RowScheme("modelopt", ("weight", "weight_scale", "input_scale"), Int8Channel())
+    if algo in ("NVFP4", "W4A16_NVFP4"):
+        parts = ("weight", "weight_scale", "weight_scale_2", "input_scale")
+        return PackedFp4Scheme("modelopt", parts, Mxfp4(), "weight", "weight_scale_2", global_divides=False)
+    raise QuantConfigError(f"modelopt quant_algo {qc.get('quant_algo')!r} is not supported "
+                           "(FP8, FP8_PER_CHANNEL_PER_TOKEN, NVFP4)")
 
 
 def _fp8(qc: dict[str, Any]) -> Scheme:
