@@ -10,8 +10,9 @@ CPU; it runs in llmcompressor_check.py's side venv:
     .venv/bin/python scripts/modelopt_check.py check /tmp/moc
 
 The twin holds each exported linear as ModelOpt's own quantised tensors dequantise it
-(`FP8QTensor`, `NVFP4QTensor`), in fp32. Per-channel FP8's scale [N] is given to it as a
-column [N, 1]. NVFP4 loads with its experts quantised again at load (into mxfp4), so it is
+(`FP8QTensor`, `NVFP4QTensor`, `MXFP4QTensor`), in fp32. Per-channel FP8's scale [N] is
+given to it as a column [N, 1], block scales [N/B, 1, K/B, 1] as [N/B, K/B]; W8A16 (int8)
+has no tensor class there: q · s a row. NVFP4 loads with its experts quantised again at load (into mxfp4), so it is
 compared with `--expert-dtype bf16`, as is FP8 per channel (into int8 rows).
 """
 
@@ -23,7 +24,9 @@ from pathlib import Path
 
 from quant_tool_check import Tool, main, save_twin
 
-VARIANTS = {"fp8": "FP8_DEFAULT_CFG", "fp8-rows": "FP8_PER_CHANNEL_PER_TOKEN_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
+VARIANTS = {"fp8": "FP8_DEFAULT_CFG", "fp8-rows": "FP8_PER_CHANNEL_PER_TOKEN_CFG", "nvfp4": "NVFP4_DEFAULT_CFG",
+            "fp8-blocks": "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG", "mxfp4": "MXFP4_DEFAULT_CFG",
+            "int8": "INT8_WEIGHT_ONLY_CFG"}
 
 
 def _quantise(src: Path, out: Path, variant: str) -> None:
@@ -48,6 +51,7 @@ def _quantise(src: Path, out: Path, variant: str) -> None:
 def _write_twin(src: Path, out: Path) -> int:
     import torch
     from modelopt.torch.quantization.qtensor.fp8_tensor import FP8QTensor
+    from modelopt.torch.quantization.qtensor.mxfp4_tensor import MXFP4QTensor
     from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
     from safetensors.torch import load_file
 
@@ -58,11 +62,20 @@ def _write_twin(src: Path, out: Path) -> int:
     for b in bases:
         w, scale = tensors.pop(b + ".weight"), tensors.pop(b + ".weight_scale")
         tensors.pop(b + ".input_scale", None)
-        if w.dtype == torch.uint8:  # NVFP4: two codes a byte
-            shape = torch.Size([w.shape[0], w.shape[1] * 2])
+        shape = torch.Size([w.shape[0], w.shape[1] * 2])  # FP4: two codes a byte
+        if w.dtype == torch.uint8 and scale.dtype == torch.uint8:  # MXFP4: E8M0 a 32
+            dense = MXFP4QTensor(shape, torch.float32, w).dequantize(dtype=torch.float32, scale=scale,
+                                                                     block_sizes={-1: 32})
+        elif w.dtype == torch.uint8:  # NVFP4
             dense = NVFP4QTensor(shape, torch.float32, w).dequantize(
                 dtype=torch.float32, scale=scale, double_scale=tensors.pop(b + ".weight_scale_2").float(),
                 block_sizes={-1: 16})
+        elif scale.dim() == 4:  # blocks: [N/B, 1, K/B, 1] as [N/B, K/B]
+            blocks = {0: w.shape[0] // scale.shape[0], 1: w.shape[1] // scale.shape[2]}
+            dense = FP8QTensor(w.shape, torch.float32, w).dequantize(dtype=torch.float32, scale=scale[:, 0, :, 0].float(),
+                                                                     block_sizes=blocks)
+        elif w.dtype == torch.int8:  # W8A16: a scale a row
+            dense = w.float() * scale.float().reshape(-1, 1)
         else:
             col = scale.float().reshape(-1, 1) if scale.numel() > 1 else scale.float()
             dense = FP8QTensor(w.shape, torch.float32, w).dequantize(dtype=torch.float32, scale=col)

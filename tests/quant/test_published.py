@@ -28,6 +28,7 @@ from edgemoe import LLM, SamplingParams
 from edgemoe.assets.checkpoint import model_config
 from edgemoe.models.checkpoint_files import CheckpointError
 from edgemoe.quant import Fp8Block, Int4Group, Int8Channel
+from edgemoe.quant.mxfp4 import Mxfp4
 from edgemoe.quant.published import QuantConfigError, unpack_int32
 from edgemoe.quant.published_config import scheme_for
 
@@ -278,6 +279,18 @@ def test_modelopt_configs_and_nvfp4_scales() -> None:
     got = scheme("NVFP4").decode({"weight": packed, "weight_scale": e4m3, "weight_scale_2": torch.tensor(0.25),
                                   "input_scale": torch.tensor(1.0)})
     assert torch.equal(got, want)
+    # lossless ones: 128-blocks with scales [N/128, 1, K/128, 1]; int8 with a scale [N] a row; MXFP4 as ours
+    q8 = (torch.randn(256, 384, generator=g) * 50).to(torch.float8_e4m3fn)
+    blocks = torch.rand(2, 1, 3, 1, generator=g) + 0.5
+    fmt, parts = scheme("fp8_pb_wo").decode({"weight": q8, "weight_scale": blocks})
+    want = q8.float() * blocks[:, 0, :, 0].repeat_interleave(128, 0).repeat_interleave(128, 1)
+    assert torch.equal(fmt.dequantise(parts, 256, 384), want)
+    i8, rows = torch.randint(-127, 128, (8, 32), generator=g).to(torch.int8), torch.rand(8, generator=g)
+    fmt, parts = scheme("W8A16").decode({"weight": i8, "weight_scale": rows, "input_scale": torch.tensor(1.0)})
+    assert torch.equal(fmt.dequantise(parts, 8, 32), i8.float() * rows[:, None])
+    e8m0 = torch.randint(120, 134, (8, 1), generator=g).to(torch.uint8)
+    fmt, parts = scheme("mxfp4").decode({"weight": packed, "weight_scale": e8m0})
+    assert fmt == Mxfp4() and torch.equal(parts[""], packed) and torch.equal(parts["_scale"], e8m0)
 
 
 def test_modelopt_fp8_checkpoint_loads_from_either_config(tmp_path_factory) -> None:  # noqa: ANN001

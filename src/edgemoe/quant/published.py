@@ -114,6 +114,8 @@ class Fp8Scheme(Scheme):
         if s.dtype == torch.uint8:  # `scale_fmt: ue8m0` stored as raw exponent bytes: 2^(e - 127)
             s = s.view(torch.float8_e8m0fnu)
         s = s.float()
+        if s.dim() == 4 and s.shape[1] == s.shape[3] == 1:  # ModelOpt's block scales: [N/B, 1, K/B, 1]
+            s = s[:, 0, :, 0]
         fmt = self.format
         assert isinstance(fmt, Fp8Block)
         want = fmt.matrix_specs(*w.shape)["_scale"][0]
@@ -311,10 +313,12 @@ class Packed8Scheme(Scheme):
 
 @dataclass(frozen=True)
 class IntScheme(Scheme):
-    """compressed-tensors "int-quantized" (int8, per channel)."""
+    """compressed-tensors "int-quantized" (int8, per channel; scales [N, 1]); ModelOpt's
+    W8A16 (scales [N])."""
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
         w, s = parts["weight"], parts["weight_scale"]
+        s = s.reshape(-1, 1) if s.dim() == 1 else s
         if w.dtype != torch.int8 or tuple(s.shape) != (w.shape[0], 1):
             raise QuantConfigError(f"int8 weight {w.dtype} with scales {tuple(s.shape)}: expected [N, 1] per channel")
         return self.format, {"": w, "_scale": s.float()}

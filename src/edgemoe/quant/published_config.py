@@ -55,19 +55,26 @@ def scheme_for(config: dict[str, Any]) -> Scheme | None:
 
 def _modelopt(qc: dict[str, Any]) -> Scheme:
     """NVIDIA ModelOpt (TensorRT Model Optimizer) exports, by `quant_algo`: FP8 (a scale a
-    tensor: lossless), FP8_PER_CHANNEL_PER_TOKEN (a scale a row: to int8 rows, as
-    compressed-tensors' FP8_DYNAMIC), NVFP4 (e4m3 scales a 16 times `weight_scale_2`).
+    tensor) and FP8_PB_WO (128-blocks), W8A16 (int8, a scale a row), MXFP4 — all lossless;
+    FP8_PER_CHANNEL_PER_TOKEN (a scale a row: to int8 rows, as compressed-tensors'
+    FP8_DYNAMIC), NVFP4 (e4m3 scales a 16 times `weight_scale_2`: experts into mxfp4).
     Static `input_scale`s are read and ignored: compute is weight-only."""
     algo = str(qc.get("quant_algo", "")).upper()
     if algo == "FP8":
         return Fp8Scheme("modelopt", ("weight", "weight_scale", "input_scale"), Fp8Block(), "weight_scale")
+    if algo == "FP8_PB_WO":  # 128x128 blocks, scales [N/128, 1, K/128, 1]
+        return Fp8Scheme("modelopt", ("weight", "weight_scale"), Fp8Block(128), "weight_scale")
+    if algo == "W8A16":
+        return IntScheme("modelopt", ("weight", "weight_scale", "input_scale"), Int8Channel())
+    if algo == "MXFP4":
+        return PackedFp4Scheme("modelopt", ("weight", "weight_scale", "input_scale"), Mxfp4(), "weight", "weight_scale_2")
     if algo == "FP8_PER_CHANNEL_PER_TOKEN":
         return Fp8RowScheme("modelopt", ("weight", "weight_scale", "input_scale"), Int8Channel())
     if algo in ("NVFP4", "W4A16_NVFP4"):
         parts = ("weight", "weight_scale", "weight_scale_2", "input_scale")
         return PackedFp4Scheme("modelopt", parts, Mxfp4(), "weight", "weight_scale_2", global_divides=False)
     raise QuantConfigError(f"modelopt quant_algo {qc.get('quant_algo')!r} is not supported "
-                           "(FP8, FP8_PER_CHANNEL_PER_TOKEN, NVFP4)")
+                           "(FP8, FP8_PB_WO, FP8_PER_CHANNEL_PER_TOKEN, W8A16, MXFP4, NVFP4)")
 
 
 def _fp8(qc: dict[str, Any]) -> Scheme:
