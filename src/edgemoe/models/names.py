@@ -117,6 +117,9 @@ def spelled_as_stored(names: NameMap, stacked: StackedMap, stored: Iterable[str]
                       spellings: Iterable[Spelling]) -> tuple[NameMap, StackedMap]:
     """The name maps in whichever spelling (ours or one of `spellings`) matches more of the
     checkpoint's `stored` names; a quantised linear counts by its module (`X.qweight`: X)."""
+    spellings = tuple(spellings)
+    if not spellings:
+        return names, stacked
     stored = set(stored)
     modules = stored | {n.rpartition(".")[0] for n in stored}
 

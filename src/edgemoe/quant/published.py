@@ -20,6 +20,10 @@ linear's checkpoint tensors into one of our formats, losslessly.
   (FP8_DYNAMIC) → dequantised, experts quantised at load into int8 per channel;
   "pack-quantized" int8 by group (W8A16) → the same.
 - FP8 with `weight_block_size` null (per-tensor) → `Fp8Block(128)`, every block the tensor's scale.
+- FP4 (compressed-tensors "mxfp4-/nvfp4-pack-quantized", NVIDIA ModelOpt MXFP4 / NVFP4):
+  E2M1 pairs, E8M0 a 32 → `Mxfp4`; e4m3 a 16 over a tensor scale → dequantised, experts
+  quantised again at load. ModelOpt's FP8 / int8 reuse the FP8 and int8 schemes
+  (published_config.py says which).
 
 A linear is recognised by its parts: the names a scheme knows, sharing a base name
 "X.weight". A floating-point "X.weight" with no other part is a linear the checkpoint
@@ -161,22 +165,20 @@ class Int8GroupScheme(Scheme):
         s, groups = parts["weight_scale"].float(), -(-k // self.group)
         z = (unpack_int32(parts["weight_zero_point"], 0, bits=8)[:n].to(torch.int16) - 128
              if "weight_zero_point" in parts else torch.zeros_like(s, dtype=torch.int16))
-        if tuple(q.shape) != (n, k) or tuple(s.shape) != (n, groups) or z.shape != s.shape:
+        if tuple(q.shape) != (n, k) or tuple(s.shape) != (n, groups):
             raise QuantConfigError(f"packed int8 [{n}, {k}] by groups of {self.group}: words "
-                                   f"{tuple(parts['weight_packed'].shape)}, scales {tuple(s.shape)}, zeros "
-                                   f"{tuple(z.shape)}; expected [N, K/4], [N, {groups}], [N, {groups}]")
-        g = parts["weight_g_idx"].long() if "weight_g_idx" in parts else torch.arange(k) // self.group  # act-order
-        if g.shape != (k,) or int(g.min()) < 0 or int(g.max()) >= groups:
-            raise QuantConfigError(f"packed int8 [{n}, {k}]: weight_g_idx {tuple(g.shape)} names groups past {groups}")
-        _say_requantised(self, f"int8 by groups of {self.group}")
-        return s[:, g] * (q - z[:, g]).float()
+                                   f"{tuple(parts['weight_packed'].shape)}, scales {tuple(s.shape)}; "
+                                   f"expected [N, K/4] and [N, {groups}]")
+        g = parts["weight_g_idx"] if "weight_g_idx" in parts else torch.arange(k) // self.group  # act-order
+        return _by_g_idx(self, q, z, s, g, f"int8 by groups of {self.group}")
 
 
 def _say_requantised(scheme: Scheme, what: str) -> None:
     if not _said_once(f"requantised {what}"):
-        log.warning("%s checkpoint with %s weights: no layout of ours holds them, so each linear is dequantised "
-                    "and the experts quantised again at load, into %s unless --expert-dtype names another "
-                    "(bf16 keeps them exact)", scheme.method, what, scheme.format.label)
+        log.warning("%s checkpoint with %s weights: no layout of ours holds them, so those linears are dequantised "
+                    "and the experts among them quantised again at load, into %s unless --expert-dtype names "
+                    "another, which adds that rounding to the checkpoint's (int8 or bf16 keep them nearer)",
+                    scheme.method, what, scheme.format.label)
 
 
 @dataclass(frozen=True)
@@ -257,8 +259,8 @@ class GptqScheme(Scheme):
         act_order = _act_order(g_idx, self.group)
         if bits != 4 or self.format != Int4Group(self.group) or act_order:
             g_idx = g_idx if g_idx is not None else torch.arange(q.shape[0]) // self.group
-            why = f"act-order {bits}-bit weights (a permuted g_idx)" if act_order else f"{bits}-bit GPTQ weights"
-            return _by_g_idx(q.T, z.T, parts["scales"].T, g_idx, self.format, why)
+            what = f"act-order {bits}-bit (a permuted g_idx)" if act_order else f"{bits}-bit"
+            return _by_g_idx(self, q.T, z.T, parts["scales"].T, g_idx, what)
         return _int4(self.format, q.T, z.T.clamp(0, 255), parts["scales"].T)
 
     def _bits(self, parts: dict[str, torch.Tensor]) -> int:
@@ -292,7 +294,7 @@ class PackedScheme(Scheme):
         else:
             zero = torch.full(scale.shape, 8, dtype=torch.int16)
         if _act_order(parts.get("weight_g_idx"), self.format.group):  # type: ignore[attr-defined]
-            return _by_g_idx(q, zero, scale, parts["weight_g_idx"], self.format)
+            return _by_g_idx(self, q, zero, scale, parts["weight_g_idx"], "act-order 4-bit (a permuted g_idx)")
         return _int4(self.format, q, zero, scale)
 
 
@@ -333,21 +335,17 @@ def _act_order(g_idx: torch.Tensor | None, group: int) -> bool:
     return not torch.equal(g_idx.to(torch.int32), trivial)
 
 
-def _by_g_idx(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor, g_idx: torch.Tensor,
-              fmt: ExpertFormat, why: str = "act-order 4-bit weights (a permuted g_idx)") -> torch.Tensor:
-    """A linear no format of ours holds (act-order: our int4 groups are contiguous in K;
-    8-bit by group) dequantised, W[n, k] = s[n, g[k]] · (q[n, k] − z[n, g[k]]) in fp32
-    (exact), from q [N, K], zero and scale [N, G]. Its experts are quantised again at load
-    (into `fmt`, or `--expert-dtype`): that adds our rounding to the checkpoint's, said once."""
+def _by_g_idx(scheme: Scheme, q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor, g_idx: torch.Tensor,
+              what: str) -> torch.Tensor:
+    """A linear no format of ours holds (act-order: our groups are contiguous in K; 8 bits
+    by group) dequantised, W[n, k] = s[n, g[k]] · (q[n, k] − z[n, g[k]]) in fp32 (exact),
+    from q [N, K], zero and scale [N, G]; its experts are quantised again at load, said once."""
     n, k = q.shape
     g = g_idx.long()
     if g.shape != (k,) or int(g.min()) < 0 or int(g.max()) >= scale.shape[1] or zero.shape != scale.shape:
-        raise QuantConfigError(f"act-order int4 [{n}, {k}]: g_idx {tuple(g.shape)} (groups {int(g.min())}.."
+        raise QuantConfigError(f"{what} [{n}, {k}]: g_idx {tuple(g.shape)} (groups {int(g.min())}.."
                                f"{int(g.max())}) against scales {tuple(scale.shape)} / zeros {tuple(zero.shape)}")
-    if not _said_once(why):
-        log.warning("%s: dequantised; experts among them are quantised again at load, into %s unless "
-                    "--expert-dtype names another, which adds that rounding to the checkpoint's (int8 or bf16 "
-                    "keep them nearer)", why, fmt.label)
+    _say_requantised(scheme, what)
     return scale.float()[:, g] * (q.float() - zero.float()[:, g])
 
 
