@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import pytest
 import torch
@@ -325,6 +326,36 @@ def test_modelopt_fp8_checkpoint_loads_from_either_config(tmp_path_factory) -> N
             for prompt, ref in zip(PROMPTS, want, strict=True):
                 atol = network_atol(torch.float32, 64, ref.abs().max().item())
                 torch.testing.assert_close(llm.prompt_logits(prompt), ref, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("qc", [
+    # llm-compressor's KV-cache-only recipe (as 0.14 writes it), and ModelOpt's KV-only export
+    {"quant_method": "compressed-tensors", "config_groups": {}, "format": "dense",
+     "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}},
+    {"quant_method": "modelopt", "quant_algo": None, "kv_cache_quant_algo": "FP8"},
+], ids=["compressed-tensors", "modelopt"])
+def test_kv_cache_only_configs_load_the_weights_as_stored(qc, make_ckpt, tmp_path, caplog) -> None:  # noqa: ANN001
+    """A quantization_config that quantises only the KV cache: the weights load as they
+    are, and its `self_attn.k_scale` / `v_scale` are passed over quietly."""
+    src = make_ckpt("qwen3_moe", torch_dtype="float32")
+    with LLM(str(src), dtype="float32") as llm:
+        want = llm.prompt_logits(PROMPTS[1])
+    ckpt = tmp_path / "kv"
+    shutil.copytree(src, ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(config | {"quantization_config": qc}))
+    save_file({"model.layers.0.self_attn.k_scale": torch.tensor(0.5), "model.layers.0.self_attn.v_scale": torch.tensor(0.5)},
+              str(ckpt / "kv-scales.safetensors"))
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        data["weight_map"] |= {"model.layers.0.self_attn.k_scale": "kv-scales.safetensors",
+                               "model.layers.0.self_attn.v_scale": "kv-scales.safetensors"}
+        index.write_text(json.dumps(data))
+    with LLM(str(ckpt), dtype="float32") as llm:
+        assert llm._engine().runtime.plan.expert_format == "unquantised (float32)"
+        assert torch.equal(llm.prompt_logits(PROMPTS[1]), want)
+    assert "unexpected tensor" not in caplog.text
 
 
 def test_gptq_act_order_checkpoint_loads(tmp_path_factory) -> None:  # noqa: ANN001

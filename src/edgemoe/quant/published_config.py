@@ -5,6 +5,7 @@ strategy) and gpt-oss MXFP4. Anything else is refused by name."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from edgemoe.quant.fp8 import Fp8Block
@@ -25,6 +26,8 @@ from edgemoe.quant.published import (
     QuantConfigError,
     Scheme,
 )
+
+log = logging.getLogger(__name__)
 
 
 def scheme_for(config: dict[str, Any]) -> Scheme | None:
@@ -53,13 +56,15 @@ def scheme_for(config: dict[str, Any]) -> Scheme | None:
                            "(fp8, awq, gptq, auto-round, compressed-tensors, modelopt, mxfp4)")
 
 
-def _modelopt(qc: dict[str, Any]) -> Scheme:
+def _modelopt(qc: dict[str, Any]) -> Scheme | None:
     """NVIDIA ModelOpt (TensorRT Model Optimizer) exports, by `quant_algo`: FP8 (a scale a
     tensor) and FP8_PB_WO (128-blocks), W8A16 (int8, a scale a row), MXFP4 — all lossless;
     FP8_PER_CHANNEL_PER_TOKEN (a scale a row: to int8 rows, as compressed-tensors'
     FP8_DYNAMIC), NVFP4 (e4m3 scales a 16 times `weight_scale_2`: experts into mxfp4).
     Static `input_scale`s are read and ignored: compute is weight-only."""
-    algo = str(qc.get("quant_algo", "")).upper()
+    algo = str(qc.get("quant_algo") or "").upper()
+    if not algo:  # a KV cache export (kv_cache_quant_algo alone): the weights are as they were
+        return _weights_unquantised("modelopt")
     if algo == "FP8":
         return Fp8Scheme("modelopt", ("weight", "weight_scale", "input_scale"), Fp8Block(), "weight_scale")
     if algo == "FP8_PB_WO":  # 128x128 blocks, scales [N/128, 1, K/128, 1]
@@ -75,6 +80,11 @@ def _modelopt(qc: dict[str, Any]) -> Scheme:
         return PackedFp4Scheme("modelopt", parts, Mxfp4(), "weight", "weight_scale_2", global_divides=False)
     raise QuantConfigError(f"modelopt quant_algo {qc.get('quant_algo')!r} is not supported "
                            "(FP8, FP8_PB_WO, FP8_PER_CHANNEL_PER_TOKEN, W8A16, MXFP4, NVFP4)")
+
+
+def _weights_unquantised(method: str) -> None:
+    log.info("%s quantization_config without weight quantisation: weights loaded as stored; its KV cache or "
+             "activation scales are not used (--kv-cache-dtype chooses the KV cache)", method)
 
 
 def _fp8(qc: dict[str, Any]) -> Scheme:
@@ -121,8 +131,10 @@ def _auto_round(qc: dict[str, Any]) -> Scheme:
     return _four_bit("gptq", qc | {"checkpoint_format": "gptq_v2" if v2 else "gptq"}, "auto-round")
 
 
-def _compressed(qc: dict[str, Any]) -> Scheme:
+def _compressed(qc: dict[str, Any]) -> Scheme | None:
     groups = [g for g in (qc.get("config_groups") or {}).values() if g.get("weights")]
+    if not groups:  # only a KV cache or activation scheme: the weights are as they were
+        return _weights_unquantised("compressed-tensors")
     if len(groups) != 1:
         raise QuantConfigError(f"compressed-tensors with {len(groups)} weight groups: exactly one is supported")
     w, fmt_name = groups[0]["weights"], groups[0].get("format") or qc.get("format")  # a group's own wins
