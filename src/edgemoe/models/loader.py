@@ -57,8 +57,9 @@ from edgemoe.quant.published import Scheme
 log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-# Tensors some checkpoints carry that we derive ourselves.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")  # + KV cache scales we do not use
+# Tensors some checkpoints carry that we derive ourselves (rotary frequencies) or do not use
+# (a quantised KV cache's static scales: --kv-cache-dtype fp8 keeps its own per head).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")
 
 
 @dataclass

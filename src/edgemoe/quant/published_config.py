@@ -41,7 +41,7 @@ def scheme_for(config: dict[str, Any]) -> Scheme | None:
     if method == "fp8":
         return _fp8(qc)
     if method in ("awq", "gptq"):
-        return _four_bit(method, qc)
+        return _awq_or_gptq(method, qc)
     if method in ("auto-round", "autoround", "intel/auto-round"):
         return _auto_round(qc)
     if method == "compressed-tensors":
@@ -49,8 +49,6 @@ def scheme_for(config: dict[str, Any]) -> Scheme | None:
     if method == "modelopt":
         return _modelopt(qc)
     if method == "mxfp4":
-        from edgemoe.quant.mxfp4 import Mxfp4
-
         return Mxfp4Scheme("mxfp4", ("blocks", "scales"), Mxfp4())
     raise QuantConfigError(f"quantization_config quant_method {method!r} is not supported "
                            "(fp8, awq, gptq, auto-round, compressed-tensors, modelopt, mxfp4)")
@@ -95,7 +93,7 @@ def _fp8(qc: dict[str, Any]) -> Scheme:
     return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(int(block[0])))
 
 
-def _four_bit(method: str, qc: dict[str, Any], name: str | None = None) -> Scheme:
+def _awq_or_gptq(method: str, qc: dict[str, Any], name: str | None = None) -> Scheme:
     """AWQ (4 bits) or GPTQ (4 or 8) from their configs; `name`: the method as said (auto-round)."""
     bits, group = int(qc.get("bits", qc.get("w_bit", 4))), int(qc.get("group_size", qc.get("q_group_size", 128)))
     group = group if group > 0 else 1 << 30  # group -1: one group per row
@@ -126,9 +124,9 @@ def _auto_round(qc: dict[str, Any]) -> Scheme:
         raise QuantConfigError(f"auto-round data_type {qc.get('data_type')!r} packed as {packing!r}: only integer "
                                "weights in the auto_gptq, gptqmodel, auto_round or auto_awq packing are supported")
     if "awq" in packing:
-        return _four_bit("awq", qc | {"version": "gemm", "zero_point": True}, "auto-round")
+        return _awq_or_gptq("awq", qc | {"version": "gemm", "zero_point": True}, "auto-round")
     v2 = "auto_gptq" not in packing  # auto_round:gptqmodel and auto_round store the zero itself
-    return _four_bit("gptq", qc | {"checkpoint_format": "gptq_v2" if v2 else "gptq"}, "auto-round")
+    return _awq_or_gptq("gptq", qc | {"checkpoint_format": "gptq_v2" if v2 else "gptq"}, "auto-round")
 
 
 def _compressed(qc: dict[str, Any]) -> Scheme | None:
