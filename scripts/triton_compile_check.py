@@ -120,9 +120,17 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
     yield from slot_plan_cases()
     yield Case("row gather", row_gather._gather_rows, dict(BLOCK_D=256, ROWS=row_gather.ROWS), 4,
                ptrs={"ids_ptr": "i64"})
-    yield Case("row gather into", row_gather._gather_rows_into,
-               dict(BLOCK_D=row_gather.BLOCK_INTO, CHUNK=row_gather.CHUNK_INTO), 4,
-               ptrs={"ids_ptr": "i32", "dst_ptr": "i32"})
+    yield from gather_into_cases()
+
+
+def gather_into_cases() -> Iterator[Case]:
+    """The mover's gather: one part (the PLE / sweep form), and an int4 expert's six
+    (int32 weights, int16 scales, uint8 zero points: the bit widths `moe/movers._bits` gives)."""
+    for parts, widths in ((1, ["i32"]), (6, ["i32", "i16", "u8"] * 2)):
+        tables = {f"{side}{k}_ptr": widths[k % len(widths)] for k in range(row_gather.MAX_PARTS) for side in "to"}
+        yield Case(f"row gather into, {parts} part(s)", row_gather._gather_parts_into,
+                   dict(PARTS=parts, BLOCK_D=row_gather.BLOCK_INTO, CHUNK=row_gather.CHUNK_INTO), 4,
+                   ptrs={"ids_ptr": "i32", "dst_ptr": "i32", **tables})
 
 
 def rope_cases(act: tl.dtype) -> Iterator[Case]:

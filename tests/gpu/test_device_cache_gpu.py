@@ -1,7 +1,8 @@
 """The expert cache on the device (`--expert-cache device`) on the GPU:
 
 - the mapped-memory gather (Triton, reading pinned host banks through their device
-  address) writes exactly the store's bytes into the slots, bf16 and fp8 parts alike;
+  address) writes exactly the store's bytes into the slots, bf16, fp8 and int4 parts alike
+  (every part of a wave in one launch);
 - a decode step captured whole in a CUDA graph with the device cache gives the host
   cache's greedy tokens (bitwise: same kernels, same decisions) and the same statistics,
   at pools down to top-k slots;
@@ -34,7 +35,7 @@ from edgemoe.moe.slots import SlotCache
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import BankStore
 from edgemoe.testing.moe_material import random_bank_store
-from edgemoe.quant import Fp8Block, quantise_expert
+from edgemoe.quant import ExpertFormat, Fp8Block, Int4Group, quantise_expert
 
 PROMPTS = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]  # decode batch 3: padded to 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -46,8 +47,8 @@ def pinned_bf16_store(layers: int, E: int, H: int, I: int) -> BankStore:
     return random_bank_store(layers, E, H, I, torch.bfloat16, pinned=True, scaled=False)
 
 
-def pinned_fp8_store(layers: int, E: int, H: int, I: int) -> PartsStore:
-    fmt, g = Fp8Block(), torch.Generator().manual_seed(1)
+def pinned_quant_store(layers: int, E: int, H: int, I: int, fmt: ExpertFormat = Fp8Block()) -> PartsStore:
+    g = torch.Generator().manual_seed(1)
     store = PartsStore.allocate_parts(list(range(layers)), E, H, I, fmt, pin=True)
     assert store.pinned
     for layer in range(layers):
@@ -65,11 +66,13 @@ def check_slots(store: BankStore, slots: SlotBanks, layer: int, pairs: list[tupl
             assert torch.equal(bank[slot].cpu().view(torch.uint8), host[expert].view(torch.uint8)), (name, expert)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "int4"])
 def test_mapped_gather_writes_the_store_bytes(kind: str) -> None:
-    # The Qwen3-30B-A3B expert shape (9.4 MB in bf16): thousands of column blocks per row.
+    # The Qwen3-30B-A3B expert shape (9.4 MB in bf16): thousands of column blocks per row;
+    # int4's six parts (weights, scales, zero points) in one launch.
     layers, E, H, I, S = 2, 8, 2048, 768, 5
-    store = pinned_bf16_store(layers, E, H, I) if kind == "bf16" else pinned_fp8_store(layers, E, H, I)
+    formats = {"fp8": Fp8Block(), "int4": Int4Group()}
+    store = pinned_bf16_store(layers, E, H, I) if kind == "bf16" else pinned_quant_store(layers, E, H, I, formats[kind])
     slots = SlotBanks(store, S, CUDA, MoEStats(layers))
     for bank in slots.parts.values():
         bank.view(torch.uint8).fill_(0xAB)  # stale bytes a missed row must not leave

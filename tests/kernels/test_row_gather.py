@@ -87,3 +87,51 @@ def test_triton_gather_into_shares_a_long_sparse_list(programs: int) -> None:
     empty = out.clone()
     gather_rows_into_triton(table, torch.full_like(ids, -1), out, dst, programs=programs)
     assert torch.equal(out, empty)  # nothing valid: nothing written
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("programs", [1, 5])
+def test_triton_gather_parts_writes_every_part_in_one_launch(programs: int) -> None:
+    """An int4 expert's six parts (int32 weights, int16 scales, uint8 zero points, widths from
+    one column to several blocks) under one list: each part's rows land as the one-table
+    form puts them, with the round-robin running on across parts and chunks."""
+    from edgemoe.kernels.triton_ops.row_gather import BLOCK_INTO, CHUNK_INTO, gather_parts_into_triton
+
+    g = torch.Generator().manual_seed(programs)
+    N, R = CHUNK_INTO + 9, 40
+    widths = [(2 * BLOCK_INTO + 5, torch.int32), (33, torch.int16), (1, torch.uint8),
+              (BLOCK_INTO, torch.int32), (300, torch.int16), (7, torch.uint8)]
+    tables = [torch.randint(0, 100, (R, d), generator=g).to(dt) for d, dt in widths]
+    outs = [torch.randint(0, 100, (N, d), generator=g).to(dt) for d, dt in widths]
+    ids = torch.full((N,), -1, dtype=torch.int32)
+    dst = torch.full((N,), -1, dtype=torch.int32)
+    picks = torch.randperm(N, generator=g)[:12]  # a sparse list: entries in both chunks
+    ids[picks] = torch.randint(0, R, (12,), generator=g, dtype=torch.int32)
+    dst[picks] = torch.randperm(N, generator=g)[:12].to(torch.int32)
+    want = [scatter_expected(t, ids, o, dst) for t, o in zip(tables, outs, strict=True)]
+    gather_parts_into_triton(tables, ids, outs, dst, programs=programs)
+    for part, (got, expected) in enumerate(zip(outs, want, strict=True)):
+        assert torch.equal(got, expected), part
+
+
+def test_gather_parts_reference_writes_every_table() -> None:
+    """Off CUDA the parts form is the reference, table by table (ten: more than a launch holds)."""
+    from edgemoe.kernels.row_gather import gather_parts_into
+
+    g = torch.Generator().manual_seed(3)
+    tables = [torch.randn(9, 4 + k, generator=g) for k in range(10)]
+    outs = [torch.randn(5, 4 + k, generator=g) for k in range(10)]
+    ids, dst = torch.tensor([8, -1, 0, 4]), torch.tensor([1, -1, 4, 0])
+    want = [scatter_expected(t, ids, o, dst) for t, o in zip(tables, outs, strict=True)]
+    gather_parts_into(tables, ids, outs, dst)
+    assert all(torch.equal(o, w) for o, w in zip(outs, want, strict=True))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+def test_gather_parts_refuses_more_parts_than_a_launch_holds() -> None:
+    from edgemoe.kernels.triton_ops.row_gather import MAX_PARTS, gather_parts_into_triton
+
+    t = torch.zeros(2, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="1..8"):
+        gather_parts_into_triton([t] * (MAX_PARTS + 1), torch.zeros(1, dtype=torch.int32), [t] * (MAX_PARTS + 1),
+                                 torch.zeros(1, dtype=torch.int32))

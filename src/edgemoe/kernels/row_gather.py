@@ -10,8 +10,9 @@ Triton kernel runs for CUDA tensors (a mapped host table is one) of any dtype: i
 bits, one program per (row tile, column block), no host sync, capturable in a CUDA graph.
 
 `gather_rows_into` is the same gather written into chosen rows of an existing tensor,
-skipping ids of -1: the device expert cache's mover (`moe/movers.py`) copies missed
-experts (one row per expert and part) from the mapped host store into their slots with it.
+skipping ids of -1; `gather_parts_into` does it for several tables that share one list in
+one launch: the device expert cache's mover (`moe/movers.py`) copies missed experts (one
+row per expert and part) from the mapped host store into their slots with it.
 """
 
 from __future__ import annotations
@@ -73,3 +74,19 @@ def gather_rows_into(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, 
 
     g = grid or GatherGrid()
     gather_rows_into_triton(table, ids, out, out_rows, programs=g.programs, block=g.block, num_warps=g.warps)
+
+
+def gather_parts_into(tables: list[torch.Tensor], ids: torch.Tensor, outs: list[torch.Tensor],
+                      out_rows: torch.Tensor, grid: GatherGrid | None = None) -> None:
+    """`gather_rows_into(tables[p], ids, outs[p], out_rows)` for every p: one Triton launch
+    on CUDA (up to `MAX_PARTS` tables; more go in groups), the reference elsewhere."""
+    if not all(t.is_cuda for t in (ids, *tables, *outs)) or not triton_importable():
+        for table, out in zip(tables, outs, strict=True):
+            gather_rows_into_ref(table, ids, out, out_rows)
+        return
+    from edgemoe.kernels.triton_ops.row_gather import MAX_PARTS, gather_parts_into_triton
+
+    g = grid or GatherGrid()
+    for i in range(0, len(tables), MAX_PARTS):
+        gather_parts_into_triton(tables[i:i + MAX_PARTS], ids, outs[i:i + MAX_PARTS], out_rows,
+                                 programs=g.programs, block=g.block, num_warps=g.warps)

@@ -6,9 +6,10 @@ host expert store, on the current stream, before the wave computes. Two ways:
 
 - `GatherMover` (`gather`): a device kernel reads the missed experts' rows straight from
   the pinned host store, mapped into the device's address space (`moe/pinning.uva_view`,
-  the PLE host store's mechanism), into the slots (`kernels/row_gather.gather_rows_into`,
-  Triton on CUDA). It reads only the miss list, so it needs no host read and is captured
-  in the decode graph; it takes SMs from compute while it runs. On a CPU it is the
+  the PLE host store's mechanism), into the slots (`kernels/row_gather.gather_parts_into`,
+  Triton on CUDA: every part of the wave's experts in one launch). It reads only the
+  miss list, so it needs no host read and is captured in the decode graph; it takes SMs
+  from compute while it runs. On a CPU it is the
   reference: an index copy from the store.
 - `CopyEngineMover` (`copy`): the copy engine, as the host-cache path copies: the miss
   list is brought to the host (a wait per wave, overlapped with the hit pass), then one
@@ -24,7 +25,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from edgemoe.kernels.backend import triton_importable
-from edgemoe.kernels.row_gather import GatherGrid, gather_rows_into
+from edgemoe.kernels.row_gather import GatherGrid, gather_parts_into
 from edgemoe.moe.offload import RoutingReadback, SlotBanks
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import BankStore, ExpertStore
@@ -82,8 +83,8 @@ class GatherMover(ExpertMover):
         self.graph_safe = not mapped or triton_importable()  # the reference reads the list back
 
     def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
-        for name, table in self.tables[layer].items():
-            gather_rows_into(table, misses[0], self.dest[name], misses[1], grid)
+        tables = self.tables[layer]
+        gather_parts_into(list(tables.values()), misses[0], [self.dest[n] for n in tables], misses[1], grid)
 
 
 class CopyEngineMover(ExpertMover):

@@ -29,6 +29,6 @@ def decode_step_kernels() -> list:
         norm._rms_norm, rope._rope_write_kv, attn_decode._decode_split, attn_decode._decode_merge,
         router._route_fused, router._route_topk, moe_gemv._gate_up_gemv, moe_gemv._down_gemv,
         moe_gemv_q._gate_up_gemv_q, moe_gemv_q._down_gemv_q, moe_combine._combine, moe_combine._combine_norm,
-        slot_plan._plan_wave, row_gather._gather_rows, row_gather._gather_rows_into, dense_gemv._dense_gemv,
+        slot_plan._plan_wave, row_gather._gather_rows, row_gather._gather_parts_into, dense_gemv._dense_gemv,
         prefetch_marks._prefetch_pins, prefetch_marks._prefetch_marks,
     ]
