@@ -21,7 +21,7 @@ from edgemoe.moe.quota_controller import QUARTERS, quota_rows
 from edgemoe.moe.replay import replay_share, warmup_accesses
 from edgemoe.moe.routing_spec import RoutingSpec
 from edgemoe.moe.routing_trace import Access
-from edgemoe.moe.synthetic_routing import RoutingProcess, Stream, calibrate
+from edgemoe.moe.synthetic_routing import RoutingProcess, calibrate
 
 LAYERS, EXPERTS, TOP_K = 48, 128, 8  # Qwen3-30B-A3B
 EXPERT_MB = 9.437  # bf16: 3 x 2048 x 768 x 2 bytes
@@ -30,7 +30,7 @@ HOST_GBPS, LINK_GBPS = 93.8, 52.6  # issue 13's bound: the host's read rate, the
 
 def trace(tokens: int, seed: int) -> list[Access]:
     process = RoutingProcess(LAYERS, EXPERTS, TOP_K, calibrate(RoutingSpec(seed=seed), LAYERS, EXPERTS, TOP_K), seed)
-    ids = process.tokens(Stream(LAYERS, EXPERTS), tokens)
+    ids = process.tokens(process.stream(), tokens)
     return [Access(layer, tuple(int(e) for e in ids[t, layer])) for t in range(tokens) for layer in range(LAYERS)]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 import torch
 from tolerances import log_softmax_atol, network_atol
@@ -334,14 +335,12 @@ def test_overlap_is_on_by_default_with_a_gpu_and_off_where_the_host_needs_the_to
     from edgemoe.engine.build import resolve_overlap
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert resolve_overlap(None, cuda, None, None) and not resolve_overlap(None, cpu, None, None)
-    assert resolve_overlap(True, cpu, None, None) and not resolve_overlap(False, cuda, None, None)
+    assert resolve_overlap(None, cuda, None) and not resolve_overlap(None, cpu, None)
+    assert resolve_overlap(True, cpu, None) and not resolve_overlap(False, cuda, None)
     disk_ple, device_ple = SimpleNamespace(hashes_on_device=False), SimpleNamespace(hashes_on_device=True)
-    assert resolve_overlap(None, cuda, device_ple, None)  # type: ignore[arg-type]
-    assert not resolve_overlap(None, cuda, disk_ple, None)  # type: ignore[arg-type]
+    assert resolve_overlap(None, cuda, device_ple)  # type: ignore[arg-type]
+    assert not resolve_overlap(None, cuda, disk_ple)  # type: ignore[arg-type]
     assert "hashes n-grams on the host" in caplog.text
-    assert not resolve_overlap(True, cpu, None, SimpleNamespace())  # type: ignore[arg-type]
-    assert "--routing synthetic" in caplog.text
 
 
 def test_padded_decode_batches_read_pending_ids_too(qwen3_ckpt, pair: dict[bool, LLM]) -> None:  # noqa: ANN001
@@ -354,3 +353,49 @@ def test_padded_decode_batches_read_pending_ids_too(qwen3_ckpt, pair: dict[bool,
         rt = llm.engine.runtime
         rt.runner.padding = DecodePadding([1, 2, 4], rt.page_table.scratch_row, rt.pool.scratch_page)
         assert [o.token_ids for o in llm.generate(PROMPTS[:3], greedy(10))] == want
+
+
+def test_synthetic_routing_draws_as_the_serial_loop_does(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """`--routing synthetic` overlaps too: a request stopped by a stop token gets one extra
+    step's draws under overlap (its token is dropped), and that must shift no other
+    sequence's draws — each sequence draws from its own numbers. Every sequence's draws,
+    by the order it started, are the serial loop's (the stopped one's plus that extra step)."""
+    drawn: dict[bool, dict[int, list]] = {}
+    outputs = {}
+    for overlap in (False, True):
+        with LLM(str(qwen3_ckpt), dtype="float32", page_size=4, overlap=overlap, routing="synthetic:seed=4") as llm:
+            engine = llm.engine
+            assert (engine.overlap is not None) == overlap
+            routing = engine.runner.routing
+            process, per_seq = routing.process, drawn.setdefault(overlap, {})
+            make_stream, draw = process.stream, process.tokens
+
+            def stream(ordinal: int = 0, make_stream=make_stream, per_seq=per_seq):  # noqa: ANN001, ANN202
+                s = make_stream(ordinal)
+                s.ordinal = ordinal
+                per_seq[ordinal] = []
+                return s
+
+            def tokens(s, n: int, draw=draw, per_seq=per_seq):  # noqa: ANN001, ANN202
+                ids = draw(s, n)
+                per_seq[s.ordinal].append(ids)
+                return ids
+
+            monkeypatch.setattr(process, "stream", stream)
+            monkeypatch.setattr(process, "tokens", tokens)
+            if overlap is False:
+                first = llm.generate([PROMPTS[0]], greedy(8))[0].token_ids
+                routing.started = 0  # the measured run's sequences number from 0 in both engines
+                per_seq.clear()
+            stop = greedy(8, stop_token_ids=[first[2]])
+            arrivals: Arrivals = {0: [("a", PROMPTS[0], stop), ("b", PROMPTS[1], greedy(9))],
+                                  2: [("c", PROMPTS[3], greedy(7))], 6: [("d", PROMPTS[5], greedy(5))]}
+            outputs[overlap] = drive(engine, arrivals)
+    assert outputs[True] == outputs[False]
+    assert outputs[False]["a"].finish_reason == "stop" and len(outputs[False]["a"].token_ids) == 3
+    serial, overlapped = ({k: np.concatenate(v) for k, v in d.items()} for d in (drawn[False], drawn[True]))
+    assert sorted(serial) == sorted(overlapped) == [0, 1, 2, 3]
+    extra = [k for k in serial if len(overlapped[k]) != len(serial[k])]
+    assert extra == [0] and len(overlapped[0]) == len(serial[0]) + 1  # the stopped request's extra step
+    for k in serial:
+        assert np.array_equal(overlapped[k][: len(serial[k])], serial[k]), k

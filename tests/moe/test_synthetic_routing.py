@@ -11,7 +11,7 @@ import torch
 
 from edgemoe.moe.routing_spec import RoutingSpec, parse_routing
 from edgemoe.moe.routing_trace import Access, RoutingTrace
-from edgemoe.moe.synthetic_routing import Params, RoutingProcess, Stream, SyntheticRouting, measure
+from edgemoe.moe.synthetic_routing import Params, RoutingProcess, SyntheticRouting, measure
 
 LAYERS, EXPERTS, K = 48, 128, 8  # Qwen3-30B-A3B
 
@@ -87,14 +87,17 @@ def test_other_targets_are_met_too() -> None:
 def test_k_distinct_experts_seeded_however_the_tokens_are_split(layers: int, experts: int, k: int,
                                                                  params: Params) -> None:
     n = 150  # more than a block of drawn-ahead random numbers
-    ids = RoutingProcess(layers, experts, k, params, seed=1).tokens(Stream(layers, experts), n)
+    ids = (p := RoutingProcess(layers, experts, k, params, seed=1)).tokens(p.stream(), n)
     assert ids.dtype == np.int64 and ids.shape == (n, layers, k)
     assert ids.min() >= 0 and ids.max() < experts
     assert (np.diff(np.sort(ids, axis=2), axis=2) > 0).all()  # K distinct per token and layer
-    same, stream = RoutingProcess(layers, experts, k, params, seed=1), Stream(layers, experts)
+    same = RoutingProcess(layers, experts, k, params, seed=1)
+    stream = same.stream()
     assert np.array_equal(np.concatenate([same.tokens(stream, m) for m in (1, 6, 70, 73)]), ids)
     if k < experts:
-        assert not np.array_equal(RoutingProcess(layers, experts, k, params, seed=2).tokens(Stream(layers, experts), n), ids)
+        other = RoutingProcess(layers, experts, k, params, seed=2)
+        assert not np.array_equal(other.tokens(other.stream(), n), ids)
+        assert not np.array_equal(same.tokens(same.stream(1), n), ids)  # the next sequence: its own numbers
 
 
 def plain_process(experts: int, k: int, params: Params, seed: int, tokens: int) -> np.ndarray:
@@ -150,7 +153,8 @@ def test_the_process_draws_as_its_plain_definition(params: Params) -> None:
     by 0.3 and more)."""
     experts, k = (24 if params.back > 0.5 else 64), 6
     plain = np.concatenate([plain_process(experts, k, params, seed, 1500) for seed in range(4)], axis=1)
-    ids = RoutingProcess(8, experts, k, params, seed=0).tokens(Stream(8, experts), 1500)
+    process = RoutingProcess(8, experts, k, params, seed=0)
+    ids = process.tokens(process.stream(), 1500)
     (plain_repeat, plain_lags), (repeat, lags) = overlap_profile(plain, experts), overlap_profile(ids, experts)
     assert 0.5 * np.abs(plain_repeat - repeat).sum() < 0.05
     assert np.abs(plain_lags - lags).max() < 0.08

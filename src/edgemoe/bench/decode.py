@@ -202,8 +202,9 @@ def measure(
         "prefill_s": prefill.seconds,
         "prefill_tok_s": batch * prompt_tokens / prefill.seconds,
         "prefill_moe": prefill.moe,
-        # Synthetic routing draws each token's experts on the host before the step (the GPU
-        # idles meanwhile): the engine's own prefill rate is the time without them.
+        # Synthetic routing draws each token's experts on the host before the step; the draws
+        # the GPU idled for (none in flight: `SyntheticRouting.draw_seconds`) are not the
+        # engine's: its own prefill rate is the time without them.
         **({"prefill_draw_s": prefill.draw_seconds,
             "prefill_tok_s_without_draws": batch * prompt_tokens / (prefill.seconds - prefill.draw_seconds)}
            if prefill.draw_seconds else {}),

@@ -306,7 +306,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
                   device, config.cache.kv_cache_dtype, index_dim=arch.index_key_dim)
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
-    overlap = resolve_overlap(config.scheduler.overlap, device, ple, routing)
+    overlap = resolve_overlap(config.scheduler.overlap, device, ple)
     buffers = BatchBuffers(max_tokens, sched.max_running_requests, table, page, overlap)
     states = make_state_pool(arch, plan, device)
     runner = make_runner(config, model, attention, executor, buffers, profiler, table, pool, routing, states, ple)
@@ -333,21 +333,18 @@ def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arc
     log.warning("decode prefetch on: predicted by %s", predictor.label)
 
 
-def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | None,
-                    routing: SyntheticRouting | None) -> bool:
+def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | None) -> bool:
     """--overlap: on by default with a GPU (on the CPU, launching a step computes it: nothing
     to overlap). Off, logged, where the host must see step N's tokens before step N+1: a
-    PLE store hashing n-grams on the host (disk) fills N+1's rows from them, and host-drawn
-    synthetic routing draws from one shared generator, so the extra step overlap computes
-    for a request that just finished would shift every later draw of a cache study."""
+    PLE store hashing n-grams on the host (disk) fills N+1's rows from them. Synthetic
+    routing overlaps too: each sequence draws from its own numbers
+    (`moe/synthetic_routing.py`), so the extra step overlap computes for a request that
+    has just finished changes no other sequence's draws, and a cache study's routing is
+    the serial loop's."""
     wanted = device.type == "cuda" if setting is None else setting
-    why = ""
-    if ple is not None and not ple.hashes_on_device:
-        why = "the PLE store hashes n-grams on the host and needs each step's tokens before the next"
-    elif routing is not None:
-        why = "--routing synthetic draws every step's experts from one generator (cache studies stay reproducible)"
-    if wanted and why:
-        log.warning("overlap scheduling is off: %s", why)
+    if wanted and ple is not None and not ple.hashes_on_device:
+        log.warning("overlap scheduling is off: the PLE store hashes n-grams on the host and needs each step's "
+                    "tokens before the next")
         return False
     return wanted
 

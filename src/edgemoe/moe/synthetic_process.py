@@ -53,13 +53,22 @@ def _eligible(span: int) -> np.ndarray:
 class Stream:
     """One sequence's history over all MoE layers, flat over (layer, expert) = layer·E +
     expert: the position of each expert's last use (all the process reads: t-1's set is
-    the age-1 experts, back's the age 2 … 8 ones) and t-1's experts."""
+    the age-1 experts, back's the age 2 … 8 ones) and t-1's experts; and the sequence's
+    own random numbers (`RoutingProcess.stream` seeds them), so its ids depend on nothing
+    but the seed and its place among the sequences: not on the steps it shares, or on
+    draws another sequence takes (an extra step that overlap scheduling computes for a
+    request that has just finished draws from that request's numbers alone)."""
 
-    def __init__(self, layers: int, experts: int) -> None:
+    def __init__(self, layers: int, experts: int, entropy: int | list[int]) -> None:
         # never used: older than the window; one slot more, for padding candidates to point at
         self.used = np.full(layers * experts + 1, -_AGES, dtype=np.int32)
         self.pos = 0  # tokens so far
         self.last: np.ndarray | None = None  # t-1's experts, flat [layers, K]
+        # independent streams of random numbers, each drawn a row at a time in token order,
+        # so the ids don't depend on how the sequence's tokens are split into calls or blocks
+        self.keep_rng, self.count_rng, self.back_rng, self.popular_rng, self.tail_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(entropy).spawn(5))
+        self.plan: _Plan | None = None  # the block of drawn-ahead numbers being handed out
 
     def push(self, ids: np.ndarray, at: np.ndarray | int) -> None:
         """A token's experts, flat [layers, K]; at: the position of their use — or, for the
@@ -158,11 +167,7 @@ class RoutingProcess:
     BLOCK = 64  # tokens whose random numbers are drawn together
 
     def __init__(self, layers: int, experts: int, top_k: int, params: Params, seed: int) -> None:
-        self.layers, self.experts, self.top_k, self.params = layers, experts, top_k, params
-        # independent streams of random numbers, each drawn a row at a time in token order,
-        # so the ids don't depend on how a sequence's tokens are split into calls or blocks
-        self.keep_rng, self.count_rng, self.back_rng, self.popular_rng, self.tail_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
+        self.layers, self.experts, self.top_k, self.params, self.seed = layers, experts, top_k, params, seed
         by_rank = np.argsort(np.random.default_rng([seed, 1]).random((layers, experts)), axis=1)  # [layer, rank-1]: expert
         self.layer_base = np.arange(layers, dtype=np.int32) * experts
         self.by_rank = (by_rank + self.layer_base[:, None]).ravel()  # [layer·E + rank-1]: layer·E + expert
@@ -176,7 +181,11 @@ class RoutingProcess:
         self.span = self.BLOCK + _AGES  # the ages a block sees (`_begin` clamps them at its start)
         self.eligible = _eligible(self.span)
         self.first_k = np.arange(top_k)
-        self.plan: _Plan | None = None  # the block being handed out
+
+    def stream(self, ordinal: int = 0) -> Stream:
+        """A fresh sequence, the `ordinal`-th of a run: its random numbers from the seed and
+        the ordinal (the first's from the seed alone: one sequence draws as it always has)."""
+        return Stream(self.layers, self.experts, self.seed if ordinal == 0 else [self.seed, ordinal])
 
     def tokens(self, stream: Stream, n: int) -> np.ndarray:
         """The next n tokens' experts: [n, layers, K] int64 (a layer's: kept, taken back,
@@ -184,9 +193,9 @@ class RoutingProcess:
         out = np.empty((n, self.layers, self.top_k), dtype=np.int64)
         done = 0
         while done < n:
-            if self.plan is None or self.plan.handed == len(self.plan.keep):
-                self.plan = self._plan(self.BLOCK)
-            plan = self.plan
+            if stream.plan is None or stream.plan.handed == len(stream.plan.keep):
+                stream.plan = self._plan(stream, self.BLOCK)
+            plan = stream.plan
             rows = slice(plan.handed, min(plan.handed + n - done, len(plan.keep)))
             plan.handed = rows.stop
             push = self._begin(plan, rows, stream)
@@ -226,14 +235,14 @@ class RoutingProcess:
         stream.push(ids, push)
         return ids
 
-    def _plan(self, count: int) -> _Plan:
+    def _plan(self, stream: Stream, count: int) -> _Plan:
         """The next count tokens' random choices (see `_Plan`)."""
         L, E, K, span = self.layers, self.experts, self.top_k, self.span
         rows = count * L  # (token, layer), token-major
         layer_base = self.block_base[:rows]
-        keep = self.keep_rng.random((count, L * K)) < self.params.keep
-        back, back_alive, back_first = self._back(rows)
-        fresh, fresh_alive = self._fresh(rows, layer_base)
+        keep = stream.keep_rng.random((count, L * K)) < self.params.keep
+        back, back_alive, back_first = self._back(stream, rows)
+        fresh, fresh_alive = self._fresh(stream, rows, layer_base)
         split = K + back.shape[1]
         base = np.empty((rows, split + fresh.shape[1]), dtype=np.int32)  # kind · span, for now
         np.multiply(keep.reshape(rows, K), _KEEP * span, out=base[:, :K])
@@ -249,17 +258,17 @@ class RoutingProcess:
         starts = np.arange(0, L * base.shape[1], base.shape[1])
         return _Plan(keep, candidates.reshape(count, L, -1), base.reshape(count, L, -1), starts)
 
-    def _back(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _back(self, stream: Stream, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The experts back may take, per row in a uniformly random order [rows, W] (padding:
         E), which entries count [rows, W], and where each row first drew each expert
         [rows·(E+1)] (W: not drawn). The distinct experts of a Poisson number of uniform
         draws, in the order first drawn: each expert independently with probability back,
         in an order that treats all experts alike, hence uniform."""
         E = self.experts
-        counts = np.searchsorted(self.back_counts, self.count_rng.random(rows), side="right")
+        counts = np.searchsorted(self.back_counts, stream.count_rng.random(rows), side="right")
         width = counts.max(initial=0)
         draws = np.full((rows, width), E, dtype=np.int32)
-        draws[np.arange(width) < counts[:, None]] = (self.back_rng.random(counts.sum()) * E).astype(np.int32)  # uniform (to 2^-53)
+        draws[np.arange(width) < counts[:, None]] = (stream.back_rng.random(counts.sum()) * E).astype(np.int32)  # uniform (to 2^-53)
         at = (draws + np.arange(0, rows * (E + 1), E + 1, dtype=np.int32)[:, None]).reshape(-1)
         position = np.tile(np.arange(width, dtype=np.int16 if width < 2**15 else np.int32), rows)
         first = np.full(rows * (E + 1), width, dtype=position.dtype)
@@ -267,31 +276,31 @@ class RoutingProcess:
         first[E :: E + 1] = width  # padding: never drawn
         return draws, (first.take(at) == position).reshape(rows, width), first
 
-    def _fresh(self, rows: int, layer_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _fresh(self, stream: Stream, rows: int, layer_base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The experts by popularity without replacement, per row as flat indices [rows, M],
         and which entries count [rows, M]: the order in which experts first come up in
         independent popularity draws (the order an exponential race, or Gumbel top-k,
         gives); at least K count in every row. layer_base [rows, 1]: each row's layer·E."""
         k = self.top_k
         if self.draws:
-            ranks = self.alias.sample(self.popular_rng, (rows, self.draws))
+            ranks = self.alias.sample(stream.popular_rng, (rows, self.draws))
             first = _first_seen(ranks)
             short = np.flatnonzero(first.sum(axis=1) < k)
             if len(short):
-                ranks[short, :k] = self._finish(ranks[short], first[short])
+                ranks[short, :k] = self._finish(stream, ranks[short], first[short])
                 first[short] = np.arange(self.draws) < k
         else:
-            ranks = self._finish(np.zeros((rows, 0), dtype=np.intp), np.zeros((rows, 0), dtype=bool))
+            ranks = self._finish(stream, np.zeros((rows, 0), dtype=np.intp), np.zeros((rows, 0), dtype=bool))
             first = np.ones(ranks.shape, dtype=bool)
         ranks += layer_base
         return self.by_rank.take(ranks), first
 
-    def _finish(self, ranks: np.ndarray, first: np.ndarray) -> np.ndarray:
+    def _finish(self, stream: Stream, ranks: np.ndarray, first: np.ndarray) -> np.ndarray:
         """Rows whose draws came up with fewer than K distinct experts [n, K]: those, then
         the rest from an exponential race over the experts not drawn yet (what more draws
         would give: the next new expert is a popularity draw among the others)."""
         n, k = len(ranks), self.top_k
-        keys = self.tail_rng.standard_exponential((n, self.experts)) / self.weight
+        keys = stream.tail_rng.standard_exponential((n, self.experts)) / self.weight
         keys[np.arange(n)[:, None], ranks] = np.inf
         both = np.concatenate([ranks, np.argsort(keys, axis=1)[:, :k]], axis=1)
         valid = np.concatenate([first, np.ones((n, k), dtype=bool)], axis=1)
