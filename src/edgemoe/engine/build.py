@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from edgemoe.engine.device_memory import allocator_limit, baseline, process_shar
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
 from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
+from edgemoe.engine.process_memory import release_device_memory
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.kernels.dense_gemv import make_dense_linear
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
@@ -111,19 +111,6 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
         log.warning("--gpu-memory %s is more than this process can have (%.2f GiB held + %.2f GiB free); "
                     "planning for %.2f GiB", config.model.gpu_memory, context / GiB, free / GiB, cap / GiB)
     return cap, context
-
-
-def release_device_memory(device: torch.device) -> None:
-    """Give the driver back what this process holds on `device` but no longer uses: collect
-    the reference cycles that keep a dropped engine's tensors alive, then return the caching
-    allocator's free blocks (the driver counts those as ours, and so would the next plan),
-    and lift the allocator limit the engine's plan set (`device_memory.allocator_limit`):
-    a closed engine's budget no longer binds the process (a 2 GiB engine left every later
-    allocation in the process under ~2 GiB)."""
-    gc.collect()
-    if device.type == "cuda" and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
 def resolve_dtype(setting: str, device: torch.device) -> str:

@@ -23,7 +23,8 @@ from edgemoe.cache.registry import make_prefix_cache
 from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import PENDING, SeqChunk
-from edgemoe.engine.build import Runtime, build_runtime, release_device_memory
+from edgemoe.engine.build import Runtime, build_runtime
+from edgemoe.engine.process_memory import freeze_heap, release_device_memory
 from edgemoe.engine.overlap import OverlapLoop
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
@@ -71,6 +72,7 @@ class Engine:
         ple = rt.ple
         self._ple_context = ple.geometry.context if ple is not None and not ple.hashes_on_device else 0
         self.overlap = OverlapLoop(self) if rt.overlap else None
+        freeze_heap()  # full collections while serving skip the engine's own objects
 
     # -- requests ---------------------------------------------------------------------
 
