@@ -247,9 +247,13 @@ def slot_plan_cases() -> Iterator[Case]:
             "hits_ptr": "u8", "misses_ptr": "i32", "overflow_ptr": "u8"}
     for experts, slots in ((128, 64), (512, 8192), (4096, 16384)):
         consts = dict(BLOCK_E=experts, BLOCK_S=slots, BLOCK_M=min(experts, slots), BLOCK_N=slot_plan.BLOCK_N,
-                      HAS_PINNED=True, MARK=True, SCAN=True)
+                      HAS_PINNED=True, MARK=True, SCAN=True, AHEAD=False, IN_REGISTERS=False)
         yield Case(f"slot plan E={experts} S={slots}", slot_plan._plan_wave, consts,
                    slot_plan.num_warps_for(slots), ptrs=ptrs)
+        pairs = min(slot_plan.BLOCK_N, slot_plan.REGISTER_COMPARES // experts)  # a decode wave's most
+        if pairs >= 16:
+            yield Case(f"slot plan E={experts} S={slots} in registers", slot_plan._plan_wave,
+                       {**consts, "BLOCK_N": pairs, "IN_REGISTERS": True}, slot_plan.num_warps_for(slots), ptrs=ptrs)
 
 
 # Quantised expert banks: (FMT code, GROUP, data, scale, zero pointer types) per format.

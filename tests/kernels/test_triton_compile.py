@@ -40,7 +40,7 @@ PDL_CASES = ("moe gate_up gemv S=1", "moe down gemv S=1", "moe gate_up gemv int8
              "moe combine", "moe combine + rms norm", "decode split D=128", "decode merge", "add rms norm",
              "add rms norm + router gemv + top-k",
              "q/k head norms + rope + kv write",
-             "route top-k", "router gemv + top-k", "slot plan E=128 S=64", "row gather", "row gather into, 1 part(s)",
+             "route top-k", "router gemv + top-k", "slot plan E=128 S=64", "slot plan E=128 S=64 in registers", "row gather", "row gather into, 1 part(s)",
              "row gather into, 6 part(s)",
              "dense gemv 1 token(s) a block", "dense gemv 8 token(s) a block",
              "hc norm + inject", "hc gates", "hc mix", "gdn gates", "conv update dilation 1", "gated norm",
