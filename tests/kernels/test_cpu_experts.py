@@ -460,3 +460,32 @@ def test_measurements_refuse_a_fallback_variant(monkeypatch, caplog) -> None:  #
         assert cpu_kernel.best_variant_strictly() == "amx"
     finally:
         cpu_kernel._auto_kernel.cache_clear()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread affinity")
+def test_a_pool_collected_while_another_pins_gives_its_cores_back(monkeypatch) -> None:  # noqa: ANN001
+    """The collector may run a dropped pool's `__del__` (which releases its cores) inside
+    `pin_workers`, on the pinning thread: that must not wait on itself, and the core it
+    gives back is free to the pin under way. The release runs here from inside pinning's
+    read of the cores, in a daemon thread given 10 s (the CPU suite hung on this, 2026-12-05)."""
+    import threading
+
+    from edgemoe.kernels import cpu_isa, cpu_pinning
+
+    monkeypatch.setattr(cpu_pinning, "_held", {})
+    last = cpu_pinning.free_cores()[-1]
+    cpu_pinning._held[last] = os.getpid()  # a dropped pool's worker holds the last core
+    real = cpu_isa.core_cpus
+
+    def core_cpus_collecting(allowed):  # noqa: ANN001, ANN202
+        cpu_pinning.release({0: last})  # as the collector would, mid-pin
+        return real(allowed)
+
+    monkeypatch.setattr(cpu_isa, "core_cpus", core_cpus_collecting)
+    placed: dict[int, int] = {}
+    pinner = threading.Thread(target=lambda: placed.update(cpu_pinning.pin_workers({threading.get_native_id()})),
+                              daemon=True)
+    pinner.start()
+    pinner.join(10)
+    assert not pinner.is_alive(), "pin_workers waited on its own lock"
+    assert list(placed.values()) == [last]  # the released core, taken at once (last cores first)

@@ -31,7 +31,10 @@ PIN_ENV = "EDGEMOE_CPU_PIN"
 THREADS_ENV = "EDGEMOE_CPU_THREADS"
 WORKER_NAME = "em-pool"
 
-_lock = threading.Lock()
+# NOTE: re-entrant. A dropped pool's `CpuExperts.__del__` releases its cores, and the
+# collector may run it inside `pin_workers` (any allocation there can collect): with a
+# plain lock the thread waited on itself (the CPU suite hung there, 2026-12-05).
+_lock = threading.RLock()
 _held: dict[int, int] = {}  # cpu -> pid of the process whose live pool holds it (fork: a child's copy is stale)
 
 
