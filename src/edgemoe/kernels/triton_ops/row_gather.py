@@ -83,7 +83,8 @@ def _gather_parts_into(ids_ptr, dst_ptr, N,  # then each part's table, out, widt
     # NOTE (why every part in one launch): even so a launch that copies nothing cost ~6 µs
     # in a graph (the 2026-12-05 profile), and an int4 expert is six tables (two weights,
     # their scales and zero points): six launches a layer. Parts past PARTS are never read
-    # (their arguments repeat part 0's).
+    # (their arguments repeat part 0's). Triton has no arrays of pointers: each part is
+    # its own arguments and its own line below.
     pid, P = tl.program_id(0), tl.num_programs(0)
     pdl_start(USE_PDL)
     done = tl.zeros([], tl.int64)
