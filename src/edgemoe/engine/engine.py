@@ -24,8 +24,8 @@ from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import PENDING, SeqChunk
 from edgemoe.engine.build import Runtime, build_runtime
-from edgemoe.engine.process_memory import freeze_heap, release_device_memory
 from edgemoe.engine.overlap import OverlapLoop
+from edgemoe.engine.process_memory import freeze_heap, release_device_memory
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, greedy_tokens, sample_step

@@ -104,7 +104,6 @@ class SyntheticRouting:
         self.last = np.zeros((len(moe_layers), 0, top_k), np.int64)  # the latest draws [layers, n, K]
         self.trace: RoutingObserver | None = None
         self.draw_seconds = 0.0  # host time in the draws the device idled for (benchmarks subtract it)
-        self.hidden_draw_seconds = 0.0  # ... and in those made while a step was still running (overlap)
 
     def prepare(self, q_lens: Sequence[int], seq_lens: Sequence[int], rows: Sequence[int],
                 padded: int | None = None) -> None:
@@ -127,11 +126,11 @@ class SyntheticRouting:
 
     def _count_draw_time(self, seconds: float) -> None:
         """A step's draws idle the device only if nothing is running once they are done
-        (overlap scheduling draws step N+1's ids while step N computes). NOTE: a device that
-        finished during the draws counts them whole: the benchmark's draw-free rate errs low."""
-        if self.staged.cuda and not torch.cuda.current_stream(self.staged.buffer.device).query():
-            self.hidden_draw_seconds += seconds
-        else:
+        (overlap scheduling draws step N+1's ids while step N computes: those cost nothing).
+        NOTE: a device that finished during the draws counts them whole: the benchmark's
+        draw-free rate errs low."""
+        idle = not self.staged.cuda or torch.cuda.current_stream(self.staged.buffer.device).query()
+        if idle:
             self.draw_seconds += seconds
 
     def ids(self, layer: int, router_ids: torch.Tensor) -> torch.Tensor:
