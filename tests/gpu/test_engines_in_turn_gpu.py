@@ -22,6 +22,8 @@ GROWTH = 64 << 20  # what a second engine may leave beyond the first's: the allo
 
 @isolated  # the baseline must be read before this process's first CUDA context
 def test_a_second_engine_plans_the_first_ones_context(small_ckpt) -> None:  # noqa: ANN001
+    import gc
+
     import torch
 
     use = DeviceUse()  # the first baseline read: the engines below reuse it
@@ -29,10 +31,12 @@ def test_a_second_engine_plans_the_first_ones_context(small_ckpt) -> None:  # no
     for _ in range(2):
         llm = LLM(str(small_ckpt), dtype="bfloat16", device="cuda", gpu_memory="2GiB")
         engine = llm.engine  # still held while the next engine builds, as a script's local would be
+        assert gc.get_freeze_count() > 10_000  # built: its heap out of full collections (process_memory.py)
         contexts.append(engine.runtime.plan.context)
         budgets.append(engine.runtime.plan.budget)
         tokens.append(llm.generate(PROMPT, GREEDY)[0].token_ids)
         llm.close()
+        assert gc.get_freeze_count() == 0  # thawed before close's collection
         reserved.append(torch.cuda.memory_reserved())
         held.append(use.now())
     gib = [f"{v / 2**30:.3f}" for v in (*contexts, *held, *reserved)]  # contexts, held, reserved

@@ -72,7 +72,7 @@ class Engine:
         ple = rt.ple
         self._ple_context = ple.geometry.context if ple is not None and not ple.hashes_on_device else 0
         self.overlap = OverlapLoop(self) if rt.overlap else None
-        freeze_heap()  # full collections while serving skip the engine's own objects
+        freeze_heap(rt.device)  # full collections while serving skip the engine's own objects
 
     # -- requests ---------------------------------------------------------------------
 

@@ -24,13 +24,17 @@ def release_device_memory(device: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def freeze_heap() -> None:
-    """Once an engine is built: every object alive now (the model's modules, tables, graphs,
-    the libraries' own) goes to the collector's permanent generation, so a full collection
-    while serving scans only what serving allocated since. Why: a full collection of a
-    built engine's process scans ~176K objects, 78 ms on the development VM (~0 frozen),
-    and every 320-step decode run on the GPU machine had one step of 90–145 ms at a step
-    that moved from run to run (2026-12-05): a serving stall too. `release_device_memory`
+def freeze_heap(device: torch.device) -> None:
+    """Once an engine on a GPU is built: every object alive now (the model's modules, tables,
+    graphs, the libraries' own) goes to the collector's permanent generation, so a full
+    collection while serving scans only what serving allocated since. Why: a full
+    collection of a built engine's process scans ~176K objects, 78 ms on the development
+    VM (~0 frozen), and every 320-step decode run on the GPU machine had one step of 90–145
+    ms at a step that moved from run to run (2026-12-05): a serving stall too, at ~5 ms a
+    step. Not on the CPU, where a decode step is itself ~100 ms of compute and the test
+    suite's thousand engines would pay a collection each (~50 s). `release_device_memory`
     thaws them."""
+    if device.type != "cuda":
+        return
     gc.collect()
     gc.freeze()
