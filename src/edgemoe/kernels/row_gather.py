@@ -66,14 +66,8 @@ def gather_rows_into(table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, 
                      grid: GatherGrid | None = None) -> None:
     """Same contract as `gather_rows_into_ref`; the Triton kernel for CUDA tensors (no host
     read, fixed grid: capturable in a CUDA graph), launched as `grid` says (default:
-    `GatherGrid()`)."""
-    if not (ids.is_cuda and table.is_cuda and out.is_cuda and triton_importable()):
-        gather_rows_into_ref(table, ids, out, out_rows)
-        return
-    from edgemoe.kernels.triton_ops.row_gather import gather_rows_into_triton
-
-    g = grid or GatherGrid()
-    gather_rows_into_triton(table, ids, out, out_rows, programs=g.programs, block=g.block, num_warps=g.warps)
+    `GatherGrid()`): `gather_parts_into` with one table."""
+    gather_parts_into([table], ids, [out], out_rows, grid)
 
 
 def gather_parts_into(tables: list[torch.Tensor], ids: torch.Tensor, outs: list[torch.Tensor],

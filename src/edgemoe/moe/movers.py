@@ -9,8 +9,7 @@ host expert store, on the current stream, before the wave computes. Two ways:
   the PLE host store's mechanism), into the slots (`kernels/row_gather.gather_parts_into`,
   Triton on CUDA: every part of the wave's experts in one launch). It reads only the
   miss list, so it needs no host read and is captured in the decode graph; it takes SMs
-  from compute while it runs. On a CPU it is the
-  reference: an index copy from the store.
+  from compute while it runs. On a CPU it is the reference: an index copy from the store.
 - `CopyEngineMover` (`copy`): the copy engine, as the host-cache path copies: the miss
   list is brought to the host (a wait per wave, overlapped with the hit pass), then one
   async copy per expert and part (`SlotBanks.copy_in`). Its addresses are fixed only at

@@ -55,7 +55,7 @@ def _gather_part(table_ptr, out_ptr, D, stride_t, stride_o, ids, dsts, valid, ra
     blocks = tl.cdiv(D, BLOCK_D)
     items = count * blocks
     cols = tl.arange(0, BLOCK_D).to(tl.int64)
-    first = (pid - done % P + P) % P
+    first = (pid - done % P + P) % P  # this program's first item here (a global round-robin)
     for w in range(first, items, P):
         k = (w // blocks).to(tl.int32)
         pick = valid & (rank == k)
@@ -87,13 +87,13 @@ def _gather_parts_into(ids_ptr, dst_ptr, N,  # then each part's table, out, widt
     # its own arguments and its own line below.
     pid, P = tl.program_id(0), tl.num_programs(0)
     pdl_start(USE_PDL)
-    done = tl.zeros([], tl.int64)
+    done = tl.zeros([], tl.int64)  # work items (valid entry x column block) of earlier chunks and parts
     for n0 in range(0, N, CHUNK):
         n = n0 + tl.arange(0, CHUNK)
         ids = tl.load(ids_ptr + n, mask=n < N, other=-1)
-        valid = ids >= 0
+        valid = ids >= 0  # -1: padding of a fixed-size list, nothing read or written
         dsts = tl.load(dst_ptr + n, mask=valid, other=0)
-        rank = tl.cumsum(valid.to(tl.int32), axis=0) - 1
+        rank = tl.cumsum(valid.to(tl.int32), axis=0) - 1  # each valid entry's index among them
         count = tl.sum(valid.to(tl.int32), axis=0).to(tl.int64)
         done = _gather_part(t0_ptr, o0_ptr, d0, st0, so0, ids, dsts, valid, rank, count, pid, P, done, BLOCK_D)
         if PARTS > 1:

@@ -46,14 +46,20 @@ REGISTER_COMPARES = 32768  # pairs x experts a wave may compare in registers (`I
 
 
 @triton.jit
+def _no_misses(misses_ptr, M, BLOCK_M: tl.constexpr):
+    """The miss list [2, M] all -1 (experts and slots): nothing to copy."""
+    m = tl.arange(0, BLOCK_M)
+    tl.store(misses_ptr + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+    tl.store(misses_ptr + M + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+
+
+@triton.jit
 def _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr):
     """Phase 1: hits_ptr[e] = 1 for routed experts, 0 for the rest; misses [2, M] = -1."""
     e = tl.arange(0, BLOCK_E)
     tl.store(hits_ptr + e, tl.zeros([BLOCK_E], tl.uint8), mask=e < E)
-    m = tl.arange(0, BLOCK_M)
-    tl.store(misses_ptr + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
-    tl.store(misses_ptr + M + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+    _no_misses(misses_ptr, M, BLOCK_M)
     tl.debug_barrier()  # the zeros land before any thread's ones
     for start in range(0, N, BLOCK_N):
         p = start + tl.arange(0, BLOCK_N)
@@ -128,9 +134,7 @@ def _all_hits(pair, hit, hit_rank, num_hits, slot_before, clock, counts, layer, 
     nothing read back."""
     e = tl.arange(0, BLOCK_E)
     tl.store(hits_ptr + e, hit.to(tl.uint8), mask=e < E)
-    m = tl.arange(0, BLOCK_M)
-    tl.store(misses_ptr + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
-    tl.store(misses_ptr + M + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+    _no_misses(misses_ptr, M, BLOCK_M)
     tl.store(recency_ptr + slot_before, clock + hit_rank, mask=hit)
     if MARK:
         events = tl.load(events_ptr + layer * E + e, mask=e < E, other=0)
@@ -176,9 +180,7 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
     else:
         if IN_REGISTERS:  # what the miss path reads back: the routed mask, a -1 filled miss list
             tl.store(hits_ptr + e, routed.to(tl.uint8), mask=e < E)
-            m = tl.arange(0, BLOCK_M)
-            tl.store(misses_ptr + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
-            tl.store(misses_ptr + M + m, tl.full([BLOCK_M], -1, tl.int32), mask=m < M)
+            _no_misses(misses_ptr, M, BLOCK_M)
             tl.debug_barrier()
         _with_misses(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
                      wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
