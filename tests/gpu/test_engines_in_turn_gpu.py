@@ -31,12 +31,16 @@ def test_a_second_engine_plans_the_first_ones_context(small_ckpt) -> None:  # no
     for _ in range(2):
         llm = LLM(str(small_ckpt), dtype="bfloat16", device="cuda", gpu_memory="2GiB")
         engine = llm.engine  # still held while the next engine builds, as a script's local would be
-        assert gc.get_freeze_count() > 10_000  # built: its heap out of full collections (process_memory.py)
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000  # built: its heap out of full collections (process_memory.py)
         contexts.append(engine.runtime.plan.context)
         budgets.append(engine.runtime.plan.budget)
         tokens.append(llm.generate(PROMPT, GREEDY)[0].token_ids)
         llm.close()
-        assert gc.get_freeze_count() == 0  # thawed before close's collection
+        # Thawed before close's collection. Not == 0: CPython 3.12's gc.collect() leaves a few
+        # hundred objects in the permanent generation after an unfreeze (375 in a bare 3.12.1
+        # process: freeze, unfreeze, collect), where 3.11 leaves none.
+        assert gc.get_freeze_count() < frozen // 20
         reserved.append(torch.cuda.memory_reserved())
         held.append(use.now())
     gib = [f"{v / 2**30:.3f}" for v in (*contexts, *held, *reserved)]  # contexts, held, reserved

@@ -20,6 +20,7 @@ from edgemoe.kernels.moe_fused import moe_combine, moe_decode
 from edgemoe.kernels.moe_quant import moe_decode_quant
 from edgemoe.kernels.norm_fused import add_rms_norm, rms_norm
 from edgemoe.kernels.paged_attention import decode_attention
+from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.kernels.rope_kv import rope_write_kv
 from edgemoe.kernels.router import (
     RouterWorkspace,
@@ -81,12 +82,22 @@ def build() -> SimpleNamespace:
         cells=torch.empty(T, K, H, dtype=torch.float32, device=dev),
         qcells=torch.empty(T, K, H, dtype=torch.float32, device=dev),
         attn_out=torch.empty(T, HQ, D, dtype=DT, device=dev),
+        # decode prefetch's bookkeeping (moe/prefetch.py): pins, in-flight slots, loaded experts, counts
+        pins=torch.zeros(S, dtype=torch.bool, device=dev), in_flight=torch.zeros(S, dtype=torch.bool, device=dev),
+        loaded=torch.zeros(E, dtype=torch.bool, device=dev), used=torch.zeros((), dtype=torch.int64, device=dev),
+        prefetched=torch.zeros((), dtype=torch.int64, device=dev),
     )
     # One earlier wave fills the pool, so the step's wave has hits, misses and evictions.
     warm = plan_wave_fused(state, 0, torch.arange(S, device=dev, dtype=torch.int32)[None, :], None, True, (1, 2))
     move_experts(b, warm.misses)
-    b.snapshot = [t.clone() for t in (*state, b.gu_slots, b.dn_slots, pb.k_cache, pb.v_cache)]
+    b.snapshot = [t.clone() for t in mutable(b)]
     return b
+
+
+def mutable(b: SimpleNamespace) -> tuple[torch.Tensor, ...]:
+    """What a step writes in place (restored before each replay)."""
+    return (*b.state, b.gu_slots, b.dn_slots, b.pb.k_cache, b.pb.v_cache, b.pins, b.in_flight, b.loaded, b.used,
+            b.prefetched)
 
 
 def move_experts(b: SimpleNamespace, misses: torch.Tensor) -> None:
@@ -96,7 +107,7 @@ def move_experts(b: SimpleNamespace, misses: torch.Tensor) -> None:
 
 
 def restore(b: SimpleNamespace) -> None:
-    for dst, src in zip((*b.state, b.gu_slots, b.dn_slots, b.pb.k_cache, b.pb.v_cache), b.snapshot, strict=True):
+    for dst, src in zip(mutable(b), b.snapshot, strict=True):
         dst.copy_(src)
 
 
@@ -125,6 +136,10 @@ def step(b: SimpleNamespace) -> dict[str, torch.Tensor]:
                                                                           K, True, DT, b.ws)
     plan = plan_wave_fused(b.state, 0, ids, None, True, (1, 2))  # the device cache's plan
     out["slot_ids"], out["misses"] = plan.slot_ids, plan.misses
+    out["side_misses"] = torch.empty_like(plan.misses)  # the side stream's copy of the list
+    prefetch_marks(plan.misses, out["side_misses"], b.in_flight, b.loaded, b.prefetched)  # as a prefetch
+    prefetch_pins(plan.slot_ids, b.pins, ids, b.loaded, b.used)  # as the next layer's pins + precision count
+    out |= {"pins": b.pins, "in_flight": b.in_flight, "loaded": b.loaded, "used": b.used, "prefetched": b.prefetched}
     move_experts(b, plan.misses)  # writes the slot banks the GEMVs read next
     b.cells.zero_()  # pairs the wave leaves out (-1) are not written
     moe_decode(h2, plan.slot_ids.view(T, K), w, b.gu_slots.view(S, 2 * I, H), b.dn_slots.view(S, H, I), b.cells,
