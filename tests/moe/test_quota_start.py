@@ -108,15 +108,19 @@ def test_a_wrong_prediction_is_corrected_by_the_climb(best: int, prediction: int
     assert ctl.predicted == prediction and ctl.snapshot()["cpu_quota_settled"] == best / QUARTERS
 
 
-def test_auto_measures_the_prediction_against_offload_first() -> None:
-    """auto starts at offload; a prediction that only slows steps loses its one window
-    and auto settles at offload; one that wins is where the climb goes on from."""
+def test_auto_surveys_half_and_the_prediction_then_confirms_against_offload() -> None:
+    """auto starts at offload, then surveys hybrid's start (one expert a layer by count)
+    and the prediction: where the shares only slow steps it goes back to offload; where
+    one wins the climb goes on from it, and the share it settles on beat offload again."""
     slower = QuotaController(max_level=32, start=0, label="auto")
     settle(slower, lambda level: 0.020 * (1 + 0.1 * level), (5.0, 1.0, 0.0))  # level 20
-    assert slower.history[1][0] == 20 and slower.snapshot()["cpu_quota_settled"] == 0 and slower.level == 0
+    levels = [lv for lv, _ in slower.history]
+    assert levels[:3] == [0, QUARTERS, 20] and slower.snapshot()["cpu_quota_settled"] == 0 and slower.level == 0
     faster = QuotaController(max_level=32, start=0, label="auto")
     settle(faster, bowl(18), (5.0, 1.0, 0.0))
-    assert faster.history[1][0] == 20 and faster.snapshot()["cpu_quota_settled"] == 4.5
+    levels = [lv for lv, _ in faster.history]
+    assert levels[:3] == [0, QUARTERS, 20] and faster.snapshot()["cpu_quota_settled"] == 4.5
+    assert levels[-1] == 0 and faster.level == 18  # offload measured again, last, before the share was held
 
 
 def test_a_prediction_during_a_hold_is_still_measured() -> None:

@@ -7,43 +7,72 @@ layer from that layer's timings as the host cache's controller does (`moe/contro
 What the host sees is whole steps: it times the period between the starts of consecutive
 decode steps of the same batch size (with the overlap scheduler, the device's step time
 once the queue is full) and rewrites the per-layer quota between steps (a device copy,
-stream-ordered: no re-capture, no sync).
+stream-ordered: no re-capture, no sync). The search variable is a level
+(`moe/quota_levels.py`: sixteenths of each layer's misses, or quarter experts); level 0 is
+offload exactly (the executor then replays graphs captured without the share).
 
-The search variable is a level: a quarter of an expert a layer, `quota[l] = (level + l
-mod 4) // 4`, so levels between whole experts mix two quotas across the layers. Level 0
-is offload exactly (the executor then replays graphs captured without the share). The
-controller hill-climbs on the median period of a window of steps:
-- a window measures one level (`window` periods, after `settle` steps that may still
-  overlap the previous level's work);
-- from the current level it measures the neighbours `level ± stride` that have no fresh
-  figure, then moves to the best of the three when it beats the current by `margin`;
-- after a move it measures the next level the same way first and moves on at once when
-  that beats the current by `margin` (the level behind it just lost): a far optimum costs
-  a window a stride, not two (Qwen3.8 settled at 6.5 of its ~9 misses a layer, 11
-  strides from the start at one: ~25 windows before, ~15 now);
-- where a neighbour is faster but by less than `margin` (a shallow slope: Qwen3.8's
-  ~1.6% a half expert between 3 and 6.5 experts a layer), it measures twice as far that
-  way before holding, so gains too small to tell from noise a stride apart are still
-  found two strides apart;
-- when the current level is best it holds for `hold` windows, then forgets its figures
-  and searches again, so a change (another process on the cores, a new routing mix,
-  longer contexts) is found, not locked in. Exploring costs a window at a neighbour per
-  `hold` windows: with the defaults ~1–2% of decode time at worst.
+A window is `window` periods after a switch's settle; its median is a reading, and a
+level beats another only by a margin scaled with the steps' measured noise, never below
+`margin` (`moe/quota_readings.py`). What the GPU machine's steps looked like (2026-12-05,
+int4 and fp8 experts, 5–9 ms a step) shaped the rest:
+- steps vary by a few %: a window's median by ~1.3%, so a fixed 2% margin between two
+  windows was one standard error of noise;
+- a switch has a transient: the cache still holds what the previous level admitted (the
+  CPU's misses are not admitted), so right after offload a large share looks faster than
+  it will be (int4: 13/16's window 4.30 ms, its steady state ~5 ms against offload's 4.7).
+  A switch skips `settle` steps plus `switch_settle` × its part of the range (0 ↔ 8/16:
+  9 steps; a stride of 2/16: 3), the cache's content that changes being about the share
+  of the misses whose admission changed;
+- the step time is not convex in the level: a small share pays the CPU calls and the
+  signalling without gain, a larger one may win (fp8: offload 9.08 ms, 2/16 9.36, 8/16
+  ~7.9), so a climb from offload never reaches the share that wins.
+
+auto (start 0, offload) therefore goes: a window at offload (after which the executor
+informs the prediction, below); a **survey** of two shares, half of the misses (hybrid's
+start) and the predicted balance, A B B A so drift and the transient's decay hit both
+alike, ending early once one beats the other by twice the margin; the **climb** below
+from the survey's faster share (measured again first: its survey windows are flattered
+by offload's cache); and a **confirmation** before it holds a share: offload again, after
+the long settle, the share held only where its figure beats offload's best recent window
+(the first window's included) by the margin — by three margins on offload's first window,
+which may still be slowed by the share's cache; otherwise offload's second decides.
+Offload is never interleaved window by window with a share: every switch between them
+starts a transient that favours the share. Where even the survey's faster share was no
+faster than offload's first window (flattered as it was), the climb is skipped for the
+confirmation. Every `crosscheck`-th re-check at a share is a confirmation again: cores
+that got busy make offload the better choice behind a hump that no neighbour shows. In
+the simulator of tests/moe/test_quota_auto.py (these curves, 3% noise, the transient)
+auto's first verdict comes 75–195 decode steps in and its 320 steps run 1.6–4.4% over
+the best fixed level's; the climb from offload alone ran 5.6–7% over at int4 (settled at
+11–15/16) and up to 15% at fp8 (held offload).
+
+The climb, from its centre (home):
+- it measures the neighbours `home ± stride` that have no fresh figure and moves to the
+  best when it beats home by the margin; after a move it measures the next level the
+  same way first and moves on at once when that wins (the level behind it just lost): a
+  far optimum costs a window a stride, not two (Qwen3.8 settled at 6.5 of its ~9 misses
+  a layer, 11 strides from a start at one);
+- where a neighbour is faster but within the margin, it measures it and home again,
+  interleaved, up to `repeats` windows each (the margin shrinks with more periods), then
+  twice as far that way before holding: gains too small to tell a stride apart are found
+  two strides apart (Qwen3.8 gained ~1.6% a half expert between 3 and 6.5);
+- when home is best it holds for a quarter of `hold` windows, doubling up to `hold` each
+  time a re-check keeps it (a noisy first verdict is soon looked at again, a settled one
+  costs little), then forgets its figures and searches again, so a change (another
+  process on the cores, a new routing mix, longer contexts) is found, not locked in.
 Figures older than the last move are stale: a level's time depends on the cache, which
-the split itself shapes, so only figures measured around the current level are compared.
+the split itself shapes, so only figures measured around the current home are compared.
 
 The informed start (`inform`, once): climbing from the start alone took Qwen3.8 ~100–200
 decode steps, and a fresh engine's first request ran slow meanwhile. After the first
 window the executor measures what the balance needs: m, the misses a layer a decode step
 (the CPU's included), a copy's seconds (t_link: an expert's bytes over the link) and a
 CPU expert's at one token (t_cpu, the share's fitted rate). The CPU and the link finish
-together at q* = m·t_link / (t_link + t_cpu) experts a layer; the controller measures
-that level next, as a candidate against the current centre (the start), and centres the
-search there when it beats the centre by `margin` — else it goes back and climbs as
-before. A candidate rather than a plain jump so that auto (start 0: offload) can never
-settle slower than offload on a wrong prediction: the predicted level must win a window
-against level 0 first. For hybrid (start one expert a layer) it is the jump whenever the
-prediction is any good. Either way the hill-climb refines from where it lands.
+together at q* = m·t_link / (t_link + t_cpu) experts a layer. auto's survey takes it as
+its second share; for hybrid (start half) it is measured next as a candidate against the
+start, and the search centres there when it wins by the margin, else goes back and climbs
+from the start. A prediction that comes later (during a hold, say) is such a candidate
+for either, and a losing one gives back the rest of the hold it interrupted.
 
 Torch-free: the executor turns levels into its quota tensor (`quota_rows`) and gathers
 the informed start's numbers.
@@ -52,169 +81,78 @@ the informed start's numbers.
 from __future__ import annotations
 
 import logging
-import os
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from edgemoe.moe.quota_levels import (COUNT, FRACTION, QUARTERS, SCALES, SIXTEENTHS, CountScale, FractionScale,
+                                      LevelScale, balance_level, quota_rows, share_scale)
+from edgemoe.moe.quota_readings import Readings
+
+__all__ = ["COUNT", "FRACTION", "QUARTERS", "SCALES", "SIXTEENTHS", "CountScale", "FractionScale", "LevelScale",
+           "QuotaController", "balance_level", "quota_rows", "share_scale"]
+
 log = logging.getLogger(__name__)
 
-QUARTERS = 4  # levels per expert (the count scale)
-SIXTEENTHS = 16  # levels of the whole of a layer's misses (the fraction scale; kernels/share_split.FRACTION_ONE)
 HISTORY = 64  # windows kept for inspection: (level, median period)
-
-
-@dataclass(frozen=True)
-class LevelScale:
-    """What a level means (`CountScale`, `FractionScale`): `per_unit` levels a unit of
-    `unit`; each level's per-layer quota and fraction for the share's tensors (`rows`,
-    `fraction`), and the levels' range and hybrid's start."""
-
-    name: str
-    per_unit: int  # levels a unit
-    unit: str  # what a unit is, for the log and the statistics
-
-    def value(self, level: int) -> float:
-        return level / self.per_unit
-
-    def describe(self, level: int) -> str:
-        raise NotImplementedError
-
-    def max_level(self, top_k: int) -> int:
-        """Every miss on the CPU (a decode token misses at most top-k a layer)."""
-        raise NotImplementedError
-
-    def hybrid_start(self) -> int:
-        """hybrid's first level (auto starts at 0: offload)."""
-        raise NotImplementedError
-
-    def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
-        """Each layer's quota (a cap on its CPU experts) at `level`."""
-        raise NotImplementedError
-
-    def fraction(self, level: int) -> int:
-        """The share of each layer's misses the CPU may take at `level`, in sixteenths."""
-        raise NotImplementedError
-
-    def taken(self, misses: float, part: float) -> float:
-        """The level's units where a layer that misses `misses` gives the CPU `part` of them."""
-        raise NotImplementedError
-
-
-class CountScale(LevelScale):
-    """`level` quarters of an expert a layer on average, the same count whatever a layer
-    missed (`quota_rows`); the fraction is the whole."""
-
-    def describe(self, level: int) -> str:
-        return f"{self.value(level):g} misses a layer"
-
-    def max_level(self, top_k: int) -> int:
-        return self.per_unit * top_k
-
-    def hybrid_start(self) -> int:
-        return self.per_unit  # one expert a layer
-
-    def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
-        return quota_rows(level, num_layers)
-
-    def fraction(self, level: int) -> int:
-        return SIXTEENTHS
-
-    def taken(self, misses: float, part: float) -> float:
-        return misses * part
-
-
-class FractionScale(LevelScale):
-    """`level` sixteenths of each layer's own misses (`kernels/share_split.decode_take`): a
-    layer that missed 4 gives the CPU more than one that missed 2, so each layer's CPU call
-    and copies end closer together — a layer's time is the later of the two, and a fixed
-    count leaves the CPU the longer side where a layer missed few and the link where it
-    missed many (docs/offload.md, "The split by each layer's misses"). No count cap."""
-
-    def describe(self, level: int) -> str:
-        return f"{level}/{self.per_unit} of each layer's misses"
-
-    def max_level(self, top_k: int) -> int:
-        return self.per_unit
-
-    def hybrid_start(self) -> int:
-        return self.per_unit // 2  # half of each layer's misses
-
-    def rows(self, level: int, num_layers: int, experts: int) -> list[int]:
-        return [experts if level else 0] * num_layers
-
-    def fraction(self, level: int) -> int:
-        return level
-
-    def taken(self, misses: float, part: float) -> float:
-        return part
-
-
-COUNT = CountScale("count", QUARTERS, "CPU experts a layer")
-FRACTION = FractionScale("fraction", SIXTEENTHS, "the share of each layer's misses on the CPU")
-SCALES = {s.name: s for s in (COUNT, FRACTION)}
-
-
-def share_scale() -> LevelScale:
-    """The live share's scale: `EDGEMOE_SHARE_SPLIT` (fraction, the default; count: the
-    same number of CPU experts in every layer, as before 2026-12-04) — for an A/B."""
-    name = os.environ.get("EDGEMOE_SHARE_SPLIT", FRACTION.name)
-    if name not in SCALES:
-        raise ValueError(f"EDGEMOE_SHARE_SPLIT must be one of {', '.join(SCALES)} (got {name!r})")
-    return SCALES[name]
-
-
-def quota_rows(level: int, num_layers: int) -> list[int]:
-    """The per-layer quota of a count level: `level` quarters of an expert a layer on average."""
-    return [(level + layer % QUARTERS) // QUARTERS for layer in range(num_layers)]
-
-
-def balance_level(misses: float, link_s: float, cpu_s: float, max_level: int, scale: LevelScale = COUNT) -> int:
-    """The level where a layer's CPU experts take as long as its copies of the rest:
-    q·t_cpu = (m − q)·t_link, so q* = m·t_link / (t_link + t_cpu) — in quarters of an
-    expert (count), or the part t_link / (t_link + t_cpu) of the misses in sixteenths
-    (fraction; 0 where nothing is missed) — within 0..max_level. `misses`: m, a layer's
-    misses a decode step; `link_s`, `cpu_s`: one expert's copy and one CPU expert at one
-    token, seconds."""
-    if link_s + cpu_s <= 0.0 or misses <= 0.0:
-        return 0
-    return min(max(round(scale.per_unit * scale.taken(misses, link_s / (link_s + cpu_s))), 0), max_level)
+OFFLOAD_READINGS = 3  # offload's latest readings kept for the confirmation (its best counts)
+CONFIRM_WINDOWS = 2  # offload's windows in a confirmation, at most: the second past the switch's transient
 
 
 @dataclass
 class QuotaController:
     """`max_level`: the highest level (`scale.max_level`: every miss on the CPU); `start`:
-    the first level; `label`: the backend, for the log line; `scale`: what a level means.
-    `step` each step; `inform` once, with the rates (the informed start, above)."""
+    the first level (0, auto's: offload, surveyed and confirmed as above); `label`: the
+    backend, for the log line; `scale`: what a level means. `step` each step; `inform`
+    once, with the rates (the informed start, above)."""
 
     max_level: int
     start: int = 0
     scale: LevelScale = COUNT
     window: int = 8
     settle: int = 1
+    switch_settle: int = 16  # more steps skipped after a switch, in proportion to its part of the range
     stride: int = 2
-    margin: float = 0.02
-    hold: int = 16
+    margin: float = 0.02  # the least margin; the measured noise may ask more (`Readings.margin`)
+    hold: int = 16  # the longest hold, in windows (a level held anew: a quarter of it)
+    repeats: int = 3  # windows a level and home may take each where one is faster within the noise
+    crosscheck: int = 4  # auto: every this many re-checks at a share compare it with offload again
     label: str = "hybrid"
     level: int = field(init=False)
-    figures: dict[int, float] = field(init=False, default_factory=dict)  # level -> median period (s), fresh
+    readings: Readings = field(init=False)
     history: deque[tuple[int, float]] = field(init=False, default_factory=lambda: deque(maxlen=HISTORY))
     windows: int = field(init=False, default=0)
+    predicted: int | None = field(init=False, default=None)  # the informed start's level (`inform`)
     _home: int = field(init=False)  # the level the search is centred on
     _periods: list[float] = field(init=False, default_factory=list)
     _skip: int = field(init=False, default=0)
     _last: tuple[float, int] | None = field(init=False, default=None)  # (start time, batch size) of the last step
-    _held: int = field(init=False, default=0)
+    _held: int = field(init=False, default=0)  # windows left in the hold
+    _held_at: int | None = field(init=False, default=None)  # the level of the last hold
+    _hold_len: int = field(init=False, default=0)  # the last hold's windows
+    _resume: int = field(init=False, default=0)  # the windows left of a hold the candidate interrupted
     _chosen: int | None = field(init=False, default=None)
     _heading: int = field(init=False, default=0)  # +1 / -1: the direction of the last move; 0: none
-    predicted: int | None = field(init=False, default=None)  # the informed start's level (`inform`)
     _candidate: int | None = field(init=False, default=None)  # the predicted level, until its window is judged
+    _auto: bool = field(init=False)  # a start at offload: survey the shares, confirm against offload
+    _survey: list[int] | None = field(init=False, default=None)  # the survey's visits to come; None: none running
+    _surveyed: bool = field(init=False, default=False)
+    _offload: deque[float] = field(init=False, default_factory=lambda: deque(maxlen=OFFLOAD_READINGS))
+    _confirm: int | None = field(init=False, default=None)  # auto, confirming: offload's windows still to come
+    _confirmed: bool = field(init=False, default=False)  # auto: the home share has beaten offload's visit
+    _rechecks: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if self.max_level < 0 or not 0 <= self.start <= self.max_level:
             raise ValueError(f"quota levels 0..{self.max_level}, start {self.start}")
         self.level = self._home = self.start
         self._skip = self.settle
+        self._auto = self.start == 0 and self.max_level > 0
+        self.readings = Readings(self.window, self.margin)
+
+    @property
+    def half(self) -> int:
+        """hybrid's start, the survey's neutral share (half of each layer's misses)."""
+        return max(1, min(self.scale.hybrid_start(), self.max_level))
 
     def step(self, now: float, batch: int | None) -> int:
         """A step starts at `now` (seconds); `batch`: its decode batch size, or None for a
@@ -227,25 +165,40 @@ class QuotaController:
             return self.level
         self._periods.append(now - last[0])
         if len(self._periods) >= self.window:
-            self._window_done(statistics.median(self._periods))
+            self._window_done()
         return self.level
 
-    def _window_done(self, period: float) -> None:
+    def _window_done(self) -> None:
+        period = self.readings.record(self._periods)
         self._periods.clear()
         self.windows += 1
         self.history.append((self.level, period))
-        self.figures[self.level] = period
+        if self._auto and self.level == 0:
+            self._offload.append(period)
         if self._held:  # holding at home: one window less, then search afresh around it
+            self.readings.replace(self.level, period)
             self._held -= 1
-            if self._held:
-                return
-            self.figures = {self._home: period}
+            if not self._held:
+                self._go(self._recheck())
+            return
+        self.readings.add(self.level, period)
         self._go(self._next())
 
+    def _recheck(self) -> int:
+        """After a hold: auto at a share compares it with offload every `crosscheck`-th time
+        (the cores may have got busy, which no neighbour shows on a curve with a hump
+        between); else the neighbours, around home's latest window."""
+        self._rechecks += 1
+        self.readings.keep(self._home)
+        if self._auto and self._home and self._rechecks % self.crosscheck == 0:
+            self._offload.clear()  # offload's old readings are from before the change looked for
+            return self._begin_confirm()
+        return self._next()
+
     def inform(self, misses: float, link_s: float, cpu_s: float) -> int:
-        """The informed start (once; later calls change nothing): measure the balance level
-        (`balance_level`) next, as a candidate against the current centre. Returns the
-        level for the coming step."""
+        """The informed start (once; later calls change nothing): auto's survey takes the
+        balance level (`balance_level`) among its shares; elsewhere it is measured next,
+        as a candidate against the current centre. Returns the level for the coming step."""
         if self.predicted is not None:
             return self.level
         self.predicted = balance_level(misses, link_s, cpu_s, self.max_level, self.scale)
@@ -253,65 +206,150 @@ class QuotaController:
                  "decode step, %.3f ms a copy, %.3f ms a CPU expert (the search's centre: %s)", self.label,
                  self.scale.describe(self.predicted), self.predicted, misses, link_s * 1e3, cpu_s * 1e3,
                  self.scale.describe(self._home))
+        if self._auto and (self._survey is not None or not self._surveyed):
+            if self._survey is not None and self.predicted not in (0, self.half):
+                self._survey = [self.predicted, self.predicted, self.half]  # after the visit in progress
+            return self.level
         if self.predicted != self._home:
-            self._candidate = self.predicted
-            self.figures.pop(self.predicted, None)  # measured fresh, after the settle
-            self._held = 0  # a hold already begun gives way to the candidate
+            self._candidate, self._confirm = self.predicted, None  # a confirmation comes again after it
+            self.readings.drop(self.predicted)  # measured fresh, after the settle
+            self._resume, self._held = self._held, 0  # a hold already begun gives way to the candidate
             self._periods.clear()
             self._go(self.predicted)
         return self.level
 
+    def _begin_survey(self) -> int:
+        """auto, after offload's first window: the shares half and the prediction, A B B A."""
+        self._surveyed = True
+        p, h = self.predicted, self.half
+        self._survey = [h, p, p, h] if p is not None and p not in (0, h) else [h]
+        return self._survey.pop(0)
+
+    def _survey_decided(self) -> bool:
+        """The survey may end early where one share beats every other by twice the margin."""
+        seen = self.readings
+        shares = sorted((lv for lv in seen.levels if lv > 0), key=seen.figure)
+        return len(shares) > 1 and all(
+            seen.wins(seen.figure(shares[0]), seen.count(shares[0]), seen.figure(lv), seen.count(lv), factor=2.0)
+            for lv in shares[1:])
+
+    def _end_survey(self) -> int:
+        """The survey's fastest share (by the median of its windows) is where the climb
+        starts — or, where even it was no faster than offload's first window, what the
+        confirmation measures at once: the survey came while the cache still held offload's
+        admissions, which flatters a share, so one that doesn't win then won't later."""
+        self._survey, seen = None, self.readings
+        best = min((lv for lv in seen.levels if lv > 0), key=seen.figure)
+        self._heading, self._home = 0, best
+        if self._offload and seen.figure(best) >= min(self._offload):
+            seen.keep(best)
+            return self._begin_confirm()
+        seen.keep()  # its windows are flattered (above): measured again as the climb's centre
+        return self._next()
+
     def _judge_candidate(self) -> int | None:
         """Once the predicted level has its window: the search's next level from it when it
-        beats the centre (or the centre has no figure yet), else None (its figure dropped:
-        the search goes on around the centre as if it had never been measured)."""
+        beats the centre (or the centre has no figure yet); else the centre again for the
+        rest of a hold it interrupted, or None (its figure dropped: the search goes on
+        around the centre as if it had never been measured)."""
         cand = self._candidate
-        if cand is None or cand not in self.figures:
+        if cand is None or cand not in self.readings:
             return None
         self._candidate = None
-        if self._home not in self.figures or self._beats(cand, self._home):
+        resume, self._resume = self._resume, 0
+        if self._home not in self.readings or self.readings.beats(cand, self._home):
             return self._move(cand)
-        del self.figures[cand]
+        self.readings.drop(cand)
+        if resume:  # it interrupted a hold: the rest of the hold
+            self._held = resume
+            return self._home
         return None
 
     def _next(self) -> int:
-        """The next level to measure, or the home level to hold."""
+        """The next level to measure, or the level to hold."""
+        if self._confirm is not None:
+            return self._confirm_next()
+        if self._survey is not None:
+            return self._survey.pop(0) if self._survey and not self._survey_decided() else self._end_survey()
+        if self._auto and not self._surveyed:
+            return self._begin_survey()
         judged = self._judge_candidate()
-        if judged is not None:
-            return judged
-        home = self._home
+        return judged if judged is not None else self._climb()
+
+    def _climb(self) -> int:
+        """The hill climb around home: its next level to measure, or the level to hold."""
+        home, seen = self._home, self.readings
+        if home not in seen:
+            return home
         ahead = home + self._heading * self.stride
-        if self._heading and ahead in self.figures and self._beats(ahead, home):
+        if self._heading and ahead in seen and seen.beats(ahead, home):
             return self._move(ahead)  # still going downhill: the level behind just lost
         for nb in (ahead, home - self._heading * self.stride) if self._heading else \
                 (home + self.stride, home - self.stride):
-            if 0 <= nb <= self.max_level and nb not in self.figures:
+            if 0 <= nb <= self.max_level and nb not in seen:
                 return nb
-        best = min(self.figures, key=lambda lv: self.figures[lv])
-        if best != home and self._beats(best, home):
+        best = min(seen.levels, key=seen.figure)
+        if best != home and seen.beats(best, home):
             return self._move(best)
+        if best != home:  # faster within the noise: both again, interleaved, until it tells or enough
+            again = min((home, best), key=seen.count)
+            if seen.count(again) < self.repeats * self.window:
+                return again
         stretch = home + 2 * (best - home)  # a shallow slope: look twice as far down it
         if best != home and abs(best - home) == self.stride and 0 <= stretch <= self.max_level \
-                and stretch not in self.figures:
+                and stretch not in seen:
             return stretch
-        self._heading = 0
-        self._held = self.hold
+        if self._auto and home and not self._confirmed:
+            return self._begin_confirm()
+        return self._hold(home)
+
+    def _begin_confirm(self) -> int:
+        """auto, before it holds a share (and at every `crosscheck`-th re-check): offload's
+        windows against the share's figure (the climb's windows, after the survey's)."""
+        self._confirm = CONFIRM_WINDOWS - 1
+        return 0
+
+    def _confirm_next(self) -> int:
+        """After each of offload's windows in the confirmation: the verdict, or offload again.
+        The share wins where it beats offload's best recent window (the base's included) by
+        the margin — by three while offload has windows to come, its first perhaps still
+        slowed by the share's cache — and loses where it doesn't beat even the latest."""
+        left, seen, share = self._confirm, self.readings, self._home
+        assert left is not None
+        figure, n = seen.figure(share), seen.count(share)
+        wins = seen.wins(figure, n, min(self._offload), self.window, factor=3.0 if left else 1.0)
+        if wins or not left or not seen.wins(figure, n, self._offload[-1], self.window):
+            self._confirm, self._confirmed = None, wins
+            if not wins:
+                self._home = 0
+            return self._hold(self._home)
+        self._confirm = left - 1
+        return 0
+
+    def _hold(self, home: int) -> int:
+        """Hold `home`: a quarter of `hold` windows where it is new, twice the last hold
+        (up to `hold`) where a re-check kept it — a noisy first verdict is soon looked at
+        again, a settled one costs little."""
+        first = max(1, self.hold // 4)
+        self._hold_len = min(2 * self._hold_len, self.hold) if home == self._held_at else first
+        self._held_at, self._held, self._heading = home, self._hold_len, 0
         self._decided(home)
         return home
 
-    def _beats(self, level: int, other: int) -> bool:
-        return self.figures[level] < self.figures[other] * (1 - self.margin)
-
     def _move(self, level: int) -> int:
         """Centre the search on `level`; figures around the old home are stale."""
+        if self._home == 0 and level:
+            self._confirmed = False  # a share reached from offload by a climb: to be confirmed
         self._heading = 1 if level > self._home else -1
         self._home = level
-        self.figures = {level: self.figures[level]}
+        self.readings.keep(level)
         return self._next()
 
     def _go(self, level: int) -> None:
+        """Measure `level` next: a switch skips `settle` steps and more the farther it goes,
+        while the cache's content turns over to what the new level admits."""
         if level != self.level:
-            self._skip = self.settle
+            self._skip = self.settle + round(self.switch_settle * abs(level - self.level) / max(self.max_level, 1))
         self.level = level
 
     def _decided(self, level: int) -> None:
@@ -319,7 +357,7 @@ class QuotaController:
         if level == self._chosen:
             return
         self._chosen = level
-        table = ", ".join(f"{self.scale.value(lv):g}: {t * 1e3:.2f} ms" for lv, t in sorted(self.figures.items()))
+        table = ", ".join(f"{self.scale.value(lv):g}: {t * 1e3:.2f} ms" for lv, t in self.readings.table().items())
         if level == 0:
             log.warning("moe %s: offload (no CPU share): a decode step was fastest without one (%s)", self.label, table)
         else:
@@ -333,7 +371,7 @@ class QuotaController:
             "cpu_quota_per_layer": self.scale.value(self.level),
             "cpu_quota_settled": None if self._chosen is None else self.scale.value(self._chosen),
             "cpu_quota_step_ms": {f"{self.scale.value(lv):g}": round(t * 1e3, 3)
-                                  for lv, t in sorted(self.figures.items())},
+                                  for lv, t in self.readings.table().items()},
             "cpu_quota_windows": self.windows,
             "cpu_quota_start_per_layer": None if self.predicted is None else self.scale.value(self.predicted),
         }

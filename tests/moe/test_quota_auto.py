@@ -1,0 +1,152 @@
+"""auto's choice between offload and a CPU share (moe/quota_controller.py), against a
+simulated host whose decode step behaves as the GPU machine's did (2026-12-05): the step
+time is not convex in the level (a small share costs its fixed overheads without gain),
+each step varies by a few %, and after a switch the cache still holds what the previous
+level admitted, so a larger share looks faster for a while than it will be. Over a
+benchmark's 320 decode steps, exploration included, auto must decode within 5% of the best
+fixed level's time (each fixed level simulated on the same host and noise)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+
+import pytest
+
+from edgemoe.moe.quota_controller import FRACTION, QuotaController
+
+STEPS = 320
+TOP = FRACTION.max_level(8)  # 16 sixteenths
+
+# Steady step times (ms) by level 0..16 (sixteenths of each layer's misses on the CPU), after
+# the GPU machine's readings: int4 offload 4.70, auto held at 13/16 ~5.0 (p50 4.96); fp8
+# offload 9.08, 2/16 9.36, hybrid settled near 8/16 at ~7.9; bf16's share best far up (hybrid
+# settled at 13/16). The levels between are interpolated.
+INT4 = [4.70] + [4.70 * r for r in (1.10, 1.10, 1.09, 1.08, 1.07, 1.065, 1.06, 1.06, 1.06, 1.06,
+                                    1.065, 1.07, 1.08, 1.09, 1.10, 1.12)]  # offload best, shares 6-12% slower
+FP8 = [9.08, 9.30, 9.36, 9.30, 9.10, 8.75, 8.40, 8.10, 7.90, 7.90, 7.95, 8.10, 8.30, 8.55, 8.80, 9.10, 9.50]
+BF16 = [17.0, 17.4, 17.3, 17.0, 16.6, 16.2, 15.8, 15.4, 15.1, 14.8, 14.6, 14.5, 14.4, 14.4, 14.6, 14.9, 15.5]
+
+
+@dataclass
+class Host:
+    """A decode step's time at a level: the steady curve, the cache's lag behind a switch
+    (`lag` steps; a step `gain` faster per whole range the cache's level lies below the
+    step's: offload admitted what a share would compute), a fresh engine's first steps
+    slower, a slow drift and per-step noise (`noise` relative, and a rare stall). With
+    these defaults a window of 13/16 right after offload (one step skipped, as the
+    controller did until 2026-12-05) reads ~12% under its steady time, as the GPU machine's did (4.30 ms
+    against ~5)."""
+
+    curve: list[float]
+    seed: int
+    noise: float = 0.03
+    lag: float = 12.0
+    gain: float = 0.25
+    warmup: int = 6
+    rng: random.Random = field(init=False)
+    cache: float = field(init=False, default=0.0)  # the level the cache's content is shaped by
+    steps: int = field(init=False, default=0)
+    phase: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.phase = self.rng.uniform(0, 2 * math.pi)
+
+    def period(self, level: int) -> float:
+        t, self.steps = self.steps, self.steps + 1
+        transient = 1 - self.gain * (level - self.cache) / TOP
+        self.cache += (level - self.cache) / self.lag
+        warm = 1 + 0.15 * max(self.warmup - t, 0) / self.warmup
+        drift = 1 + 0.02 * math.sin(self.phase + 2 * math.pi * t / 160)
+        jitter = 1 + self.rng.gauss(0, self.noise) + (0.3 if self.rng.random() < 0.02 else 0.0)
+        return self.curve[level] * 1e-3 * transient * warm * drift * jitter
+
+
+def run_fixed(curve: list[float], level: int, seed: int) -> float:
+    host = Host(curve, seed)
+    return statistics.fmean(host.period(level) for _ in range(STEPS))
+
+
+@dataclass
+class Run:
+    mean: float  # the mean step time (s)
+    settled_at: int | None  # the step of the first settled choice
+    settled: int | None  # its level
+
+
+def run_controller(ctl: QuotaController, curve: list[float], seed: int, predicted: int) -> Run:
+    """Drive `STEPS` decode steps as the executor does: the controller's level for each step,
+    `inform` (with rates that put the balance at `predicted`) once its first window is in."""
+    host, now, periods, first = Host(curve, seed), 0.0, [], None
+    for step in range(STEPS):
+        ctl.step(now, 1)
+        if ctl.windows >= 1 and ctl.predicted is None:
+            ctl.inform(3.0, float(predicted), float(TOP - predicted))  # link : cpu = predicted : the rest
+        period = host.period(ctl.level)
+        periods.append(period)
+        now += period
+        settled = ctl.snapshot()["cpu_quota_settled"]
+        if first is None and settled is not None:
+            first = (step, round(settled * ctl.scale.per_unit))
+    return Run(statistics.fmean(periods), *(first or (None, None)))
+
+
+def best_fixed(curve: list[float], seed: int, levels: range) -> float:
+    return min(run_fixed(curve, level, seed) for level in levels)
+
+
+SCENARIOS = {  # curve, the informed start's prediction
+    "int4, a share predicted": (INT4, 11),
+    "int4, a large share predicted": (INT4, 13),
+    "fp8, a small share predicted": (FP8, 2),
+    "fp8, the best share predicted": (FP8, 9),
+    "bf16, a far share best": (BF16, 8),
+}
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_auto_is_within_5_percent_of_the_best_fixed_level(scenario: str, seed: int) -> None:
+    curve, predicted = SCENARIOS[scenario]
+    auto = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
+    run = run_controller(auto, curve, seed, predicted)
+    best = best_fixed(curve, seed, range(TOP + 1))
+    assert run.mean <= best * 1.05, f"auto {run.mean * 1e3:.3f} ms, the best fixed {best * 1e3:.3f} ({auto.history})"
+    # Its first verdict comes within the benchmark's first 200 steps, and is itself right.
+    assert run.settled_at is not None and run.settled_at < 200 and run.settled is not None
+    assert curve[run.settled] <= min(curve) * 1.05
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("scenario", ["fp8, a small share predicted", "bf16, a far share best"])
+def test_hybrid_is_within_5_percent_of_the_best_share(scenario: str, seed: int) -> None:
+    curve, predicted = SCENARIOS[scenario]
+    hybrid = QuotaController(max_level=TOP, start=FRACTION.hybrid_start(), scale=FRACTION, label="hybrid")
+    run = run_controller(hybrid, curve, seed, predicted)
+    best = best_fixed(curve, seed, range(1, TOP + 1))
+    assert run.mean <= best * 1.05, f"hybrid {run.mean * 1e3:.3f} ms, the best share {best * 1e3:.3f}"
+
+
+@pytest.mark.parametrize("curve,choice", [(INT4, "offload"), (FP8, "share")])
+def test_the_choice_stays_right_over_long_runs(curve: list[float], choice: str) -> None:
+    """Re-checks after each hold, a confirmation against offload among them, don't flap:
+    from step 400 to 3,000 the settled choice is always the right kind, and a share stays
+    within 6/16..11/16 (steps within 6% of the best, 8/16–9/16)."""
+    for seed in range(3):
+        ctl = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
+        host, now, settled = Host(curve, seed), 0.0, []
+        for _ in range(3000):
+            ctl.step(now, 1)
+            if ctl.windows >= 1 and ctl.predicted is None:
+                ctl.inform(3.0, 8.0, 8.0)
+            now += host.period(ctl.level)
+            settled.append(ctl.snapshot()["cpu_quota_settled"])
+        late = [s for s in settled[400:] if s is not None]
+        assert late, "never settled"
+        if choice == "offload":
+            assert all(s == 0 for s in late), f"seed {seed}: left offload ({sorted(set(late))})"
+        else:
+            assert all(abs(s * TOP - 8.5) <= 2.5 for s in late), f"seed {seed}: off the best ({sorted(set(late))})"
