@@ -242,12 +242,12 @@ def hybrid_decode_cases(act: tl.dtype) -> Iterator[Case]:
 def slot_plan_cases() -> Iterator[Case]:
     """The device expert cache's fused plan (dtype-free: int state), at the sizes the
     dispatcher allows: Qwen3.8-Flash-Next's 512 experts and up to MAX_SLOTS slots."""
-    ptrs = {"ids_ptr": "i32", "pinned_ptr": "i1", "map_ptr": "i32", "owners_ptr": "i64", "recency_ptr": "i64",
+    ptrs = {"ids_ptr": "i32", "dead_ptr": "u8", "pinned_ptr": "i1", "map_ptr": "i32", "owners_ptr": "i64", "recency_ptr": "i64",
             "clock_ptr": "i64", "counts_ptr": "i64", "events_ptr": "u8", "wave_end_ptr": "i64", "slot_ids_ptr": "i32",
             "hits_ptr": "u8", "misses_ptr": "i32", "overflow_ptr": "u8"}
     for experts, slots in ((128, 64), (512, 8192), (4096, 16384)):
         consts = dict(BLOCK_E=experts, BLOCK_S=slots, BLOCK_M=min(experts, slots), BLOCK_N=slot_plan.BLOCK_N,
-                      HAS_PINNED=True, MARK=True, SCAN=True, AHEAD=False, IN_REGISTERS=False)
+                      HAS_PINNED=True, HAS_DEAD=True, MARK=True, SCAN=True, AHEAD=False, IN_REGISTERS=False)
         yield Case(f"slot plan E={experts} S={slots}", slot_plan._plan_wave, consts,
                    slot_plan.num_warps_for(slots), ptrs=ptrs)
         pairs = min(slot_plan.BLOCK_N, slot_plan.REGISTER_COMPARES // experts)  # a decode wave's most

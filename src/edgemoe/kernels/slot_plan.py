@@ -85,15 +85,18 @@ def plan_wave_fused(
     codes: tuple[int, int],
     scan: bool = True,
     ahead: bool = False,
+    dead: torch.Tensor | None = None,
 ) -> FusedPlan:
     """One wave of `layer` for `topk_ids` [T, K]; `codes`: the (hit, miss) event codes
     marked into `state.events` when `mark_events`; `scan`: victims in the scan-resistant
     order ("lru"), else by ascending recency ("lru-plain"); `ahead`: a prefetch's plan (hits
-    not counted, `wave_end` kept: `DeviceSlotCache.plan_wave`). On CPU tensors the kernel
+    not counted, `wave_end` kept: `DeviceSlotCache.plan_wave`); `dead` [T] bool: rows that
+    route nothing (a padded batch's), as if their ids were -1. On CPU tensors the kernel
     runs only under Triton's interpreter (tests)."""
     from edgemoe.kernels.triton_ops.slot_plan import plan_wave_triton
 
     ids = topk_ids.reshape(-1).contiguous()  # the kernel indexes flat (a copy only for odd strides)
     pinned = None if pinned is None else pinned.contiguous()
-    out = plan_wave_triton(*state, layer, ids, pinned, mark_events, *codes, scan, ahead)
+    dead = None if dead is None else dead.contiguous()
+    out = plan_wave_triton(*state, layer, ids, pinned, mark_events, *codes, scan, ahead, dead, topk_ids.shape[-1])
     return FusedPlan(*out)

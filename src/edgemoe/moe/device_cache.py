@@ -144,18 +144,23 @@ class DeviceSlotCache:
         return max(1, math.ceil(min(num_pairs, self.num_experts) / capacity))
 
     def layer_waves(
-        self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None, num_pinned: int = 0
+        self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None, num_pinned: int = 0,
+        dead: torch.Tensor | None = None,
     ) -> Iterator[WavePlan]:
         """Plan `layer` for `topk_ids` [T, K] (-1 = not routed), wave by wave. Each plan is
         made when the previous wave has been consumed (its copies and compute issued),
         so wave w+1's updates follow wave w's work in stream order.
 
         `pinned` [S] bool: slots no wave may evict (another layer's unreleased plan), and
-        `num_pinned` their number, known on the host (it sizes the waves)."""
+        `num_pinned` their number, known on the host (it sizes the waves). `dead` [T] bool:
+        rows that route nothing (a padded batch's), as if their ids were -1 — the fused
+        plan drops them itself, with no launch of its own on the decode chain."""
         waves = self.num_waves(topk_ids.numel(), num_pinned)
         if waves == 1:
-            yield self.plan_wave(layer, topk_ids, pinned)
+            yield self.plan_wave(layer, topk_ids, pinned, dead=dead)
             return
+        if dead is not None:
+            topk_ids = topk_ids.masked_fill(dead[:, None], -1)
         capacity = self.num_slots - num_pinned
         first = self._order(layer, topk_ids)
         wave_of = (first.rank // capacity)[first.experts.clamp(min=0)]  # [N] the wave of each pair
@@ -164,18 +169,22 @@ class DeviceSlotCache:
             yield self.plan_wave(layer, torch.where(wave_of.view(ids.shape) == w, ids, -1), pinned)
 
     def plan_wave(
-        self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None, ahead: bool = False
+        self, layer: int, topk_ids: torch.Tensor, pinned: torch.Tensor | None = None, ahead: bool = False,
+        dead: torch.Tensor | None = None,
     ) -> WavePlan:
         """One wave: every routed expert of `topk_ids` gets a slot if capacity allows.
 
         `ahead`: a plan made ahead of the layer's own (decode prefetch, `moe/prefetch.py`):
         the same decisions and updates, but its hits are not counted (no use yet) and the
         layer's cycle (`wave_end`, which the scan-resistant policy dates by real waves)
-        doesn't advance; its misses count (they are copied)."""
+        doesn't advance; its misses count (they are copied). `dead` [T] bool: rows that route
+        nothing (`layer_waves`)."""
         if self.fused:
             out = plan_wave_fused(self.state, layer, topk_ids, pinned, self.mark_events, (HIT, MISS), self.scan,
-                                  ahead)
+                                  ahead, dead)
             return WavePlan(out.slot_ids.view(topk_ids.shape), out.hits, out.misses, out.overflow)
+        if dead is not None:
+            topk_ids = topk_ids.masked_fill(dead[:, None], -1)
         S, E = self.num_slots, self.num_experts
         o = self._order(layer, topk_ids)
         stamp = self.clock + o.rank  # [E] recency of each use, in (hits, misses) order

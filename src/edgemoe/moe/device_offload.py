@@ -314,14 +314,17 @@ class DeviceOffloadExecutor(CellsExecutor):
         None); the CPU share (if any) takes its pairs first; `prefetch`: the decode prefetch
         when this step prefetches. Returns where the CPU's cells lie (None: no share ran)."""
         share, rule = self._share_rule(x)
+        planned_dead = None  # the dead rows the plan drops itself
         if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
+        elif share is None and prefetch is None:  # the plan does (no masking launch on the chain)
+            planned_dead = dead
         else:
             routed = ids = _masked(ids, dead)  # the prefetch counts its hits against the whole routing
             if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
                 ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
-        for plan in self.cache.layer_waves(layer, ids, pins, num_pinned):  # one wave when it prefetches
+        for plan in self.cache.layer_waves(layer, ids, pins, num_pinned, planned_dead):  # one wave when it prefetches
             after_move = None
             if prefetch is not None:  # the next layer's copies start before this layer waits for its own
                 def after_move(p: WavePlan = plan) -> None:

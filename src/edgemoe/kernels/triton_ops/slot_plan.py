@@ -6,7 +6,8 @@ what earlier ones wrote (the routed mask, the miss list) and several threads may
 the same element (small blocks are replicated across threads):
 
 1. `hits` is zeroed, then every routed pair stores 1 into it: `routed` [E] (a scatter, so
-   any number of pairs costs one pass over them); the miss list is filled with -1;
+   any number of pairs costs one pass over them); the miss list is filled with -1. A pair
+   of a padding row (`dead`, HAS_DEAD) reads as -1 wherever ids are read (`_load_ids`);
 2. experts [E] in registers: hit / miss against the map, their ranks (cumsum);
 3. slots [S] in registers: protected (routed by this layer, or pinned), the free ones
    taken in index order (cumsum), then the unprotected owned slots in the policy's order
@@ -46,6 +47,17 @@ REGISTER_COMPARES = 32768  # pairs x experts a wave may compare in registers (`I
 
 
 @triton.jit
+def _load_ids(ids_ptr, dead_ptr, p, N, K, HAS_DEAD: tl.constexpr):
+    """Pairs `p`'s experts as int32: -1 past N and, with HAS_DEAD, in a padding row's pairs
+    (`dead` [T] uint8, pair p in row p // K) — the routing masked inside the plan rather
+    than by a launch of its own on the decode chain."""
+    x = tl.load(ids_ptr + p, mask=p < N, other=-1).to(tl.int32)
+    if HAS_DEAD:
+        x = tl.where(tl.load(dead_ptr + p // K, mask=p < N, other=0) != 0, -1, x)
+    return x
+
+
+@triton.jit
 def _no_misses(misses_ptr, M, BLOCK_M: tl.constexpr):
     """The miss list [2, M] all -1 (experts and slots): nothing to copy."""
     m = tl.arange(0, BLOCK_M)
@@ -54,8 +66,8 @@ def _no_misses(misses_ptr, M, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr):
+def _routed(ids_ptr, dead_ptr, hits_ptr, misses_ptr, N, K, M, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, HAS_DEAD: tl.constexpr):
     """Phase 1: hits_ptr[e] = 1 for routed experts, 0 for the rest; misses [2, M] = -1."""
     e = tl.arange(0, BLOCK_E)
     tl.store(hits_ptr + e, tl.zeros([BLOCK_E], tl.uint8), mask=e < E)
@@ -63,7 +75,7 @@ def _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E: tl.constexpr, BLOCK
     tl.debug_barrier()  # the zeros land before any thread's ones
     for start in range(0, N, BLOCK_N):
         p = start + tl.arange(0, BLOCK_N)
-        x = tl.load(ids_ptr + p, mask=p < N, other=-1).to(tl.int32)
+        x = _load_ids(ids_ptr, dead_ptr, p, N, K, HAS_DEAD)
         tl.store(hits_ptr + x, tl.full([BLOCK_N], 1, tl.uint8), mask=x >= 0)  # duplicates write the same 1
     tl.debug_barrier()
 
@@ -105,21 +117,23 @@ def _choose_slots(pinned_ptr, owners_ptr, recency_ptr, wave_end_ptr, hits_ptr, m
 
 
 @triton.jit
-def _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N: tl.constexpr):
+def _pair_slots(ids_ptr, dead_ptr, map_ptr, slot_ids_ptr, layer, N, K, E, BLOCK_N: tl.constexpr,
+                HAS_DEAD: tl.constexpr):
     """Phase 5: each pair's slot in the updated map (-1 for pairs not routed)."""
     for start in range(0, N, BLOCK_N):
         p = start + tl.arange(0, BLOCK_N)
-        x = tl.load(ids_ptr + p, mask=p < N, other=-1).to(tl.int32)
+        x = _load_ids(ids_ptr, dead_ptr, p, N, K, HAS_DEAD)
         slot = tl.load(map_ptr + layer * E + x, mask=x >= 0, other=-1, volatile=True)
         tl.store(slot_ids_ptr + p, slot, mask=p < N)
 
 
 @triton.jit
-def _routed_in_registers(ids_ptr, N, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr):
+def _routed_in_registers(ids_ptr, dead_ptr, N, K, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+                         HAS_DEAD: tl.constexpr):
     """Phase 1 for a wave of ≤ BLOCK_N pairs: (the pairs' experts [BLOCK_N], -1 past N or not
     routed; routed [BLOCK_E]) in registers, each expert against every pair."""
     p = tl.arange(0, BLOCK_N)
-    pair = tl.load(ids_ptr + p, mask=p < N, other=-1).to(tl.int32)
+    pair = _load_ids(ids_ptr, dead_ptr, p, N, K, HAS_DEAD)
     e = tl.arange(0, BLOCK_E)
     return pair, tl.max((pair[:, None] == e[None, :]).to(tl.int32), axis=0) != 0
 
@@ -153,20 +167,20 @@ def _all_hits(pair, hit, hit_rank, num_hits, slot_before, clock, counts, layer, 
 
 
 @triton.jit(do_not_specialize=["layer", "N", "M"])
-def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
-               wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
+def _plan_wave(ids_ptr, dead_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
+               wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, K, M, E, S, HIT, MISS,
                BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_PINNED: tl.constexpr, MARK: tl.constexpr, SCAN: tl.constexpr, AHEAD: tl.constexpr,
-               IN_REGISTERS: tl.constexpr, USE_PDL: tl.constexpr):
+               HAS_PINNED: tl.constexpr, HAS_DEAD: tl.constexpr, MARK: tl.constexpr, SCAN: tl.constexpr,
+               AHEAD: tl.constexpr, IN_REGISTERS: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_start(USE_PDL)
     e = tl.arange(0, BLOCK_E)
     slot_before = tl.load(map_ptr + layer * E + e, mask=e < E, other=-1)
     clock = tl.load(clock_ptr)
     counts = tl.load(counts_ptr + layer * 2 + tl.arange(0, 2))
     if IN_REGISTERS:
-        pair, routed = _routed_in_registers(ids_ptr, N, BLOCK_E, BLOCK_N)
+        pair, routed = _routed_in_registers(ids_ptr, dead_ptr, N, K, BLOCK_E, BLOCK_N, HAS_DEAD)
     else:
-        _routed(ids_ptr, hits_ptr, misses_ptr, N, M, E, BLOCK_E, BLOCK_M, BLOCK_N)
+        _routed(ids_ptr, dead_ptr, hits_ptr, misses_ptr, N, K, M, E, BLOCK_E, BLOCK_M, BLOCK_N, HAS_DEAD)
         routed = tl.load(hits_ptr + e, mask=e < E, other=0, volatile=True) != 0
         pair = tl.full([BLOCK_N], -1, tl.int32)  # unused: the miss path reads the pairs back
     # Phase 2: the experts, and every scalar the last phase overwrites (loaded before a barrier).
@@ -182,18 +196,18 @@ def _plan_wave(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr,
             tl.store(hits_ptr + e, routed.to(tl.uint8), mask=e < E)
             _no_misses(misses_ptr, M, BLOCK_M)
             tl.debug_barrier()
-        _with_misses(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
-                     wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
-                     hit, miss, hit_rank, num_hits, num_misses, slot_before, clock, counts, BLOCK_E, BLOCK_S,
-                     BLOCK_M, BLOCK_N, HAS_PINNED, MARK, SCAN, AHEAD)
+        _with_misses(ids_ptr, dead_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr,
+                     events_ptr, wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, K, M, E, S,
+                     HIT, MISS, hit, miss, hit_rank, num_hits, num_misses, slot_before, clock, counts, BLOCK_E,
+                     BLOCK_S, BLOCK_M, BLOCK_N, HAS_PINNED, HAS_DEAD, MARK, SCAN, AHEAD)
 
 
 @triton.jit
-def _with_misses(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
-                 wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, M, E, S, HIT, MISS,
+def _with_misses(ids_ptr, dead_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_ptr, counts_ptr, events_ptr,
+                 wave_end_ptr, slot_ids_ptr, hits_ptr, misses_ptr, overflow_ptr, layer, N, K, M, E, S, HIT, MISS,
                  hit, miss, hit_rank, num_hits, num_misses, slot_before, clock, counts, BLOCK_E: tl.constexpr,
                  BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_PINNED: tl.constexpr,
-                 MARK: tl.constexpr, SCAN: tl.constexpr, AHEAD: tl.constexpr):
+                 HAS_DEAD: tl.constexpr, MARK: tl.constexpr, SCAN: tl.constexpr, AHEAD: tl.constexpr):
     """Phases 3-5 of a wave that may miss: slots chosen, state updated, pairs' slots read back."""
     e = tl.arange(0, BLOCK_E)
     miss_rank = tl.cumsum(miss.to(tl.int32), axis=0) - miss.to(tl.int32)
@@ -234,7 +248,7 @@ def _with_misses(ids_ptr, pinned_ptr, map_ptr, owners_ptr, recency_ptr, clock_pt
     tl.store(counts_ptr + layer * 2 + tl.arange(0, 2), counts + counted)
     tl.store(overflow_ptr, (num_misses > num_taken).to(tl.uint8))
     tl.debug_barrier()
-    _pair_slots(ids_ptr, map_ptr, slot_ids_ptr, layer, N, E, BLOCK_N)
+    _pair_slots(ids_ptr, dead_ptr, map_ptr, slot_ids_ptr, layer, N, K, E, BLOCK_N, HAS_DEAD)
 
 
 def num_warps_for(block_s: int) -> int:
@@ -259,9 +273,13 @@ def plan_wave_triton(
     miss_code: int,
     scan: bool,
     ahead: bool = False,
+    dead: torch.Tensor | None = None,
+    k: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(slot_ids [N] int32, hits [E] bool, misses [2, M] int32, overflow [] bool); state in place."""
+    """(slot_ids [N] int32, hits [E] bool, misses [2, M] int32, overflow [] bool); state in
+    place. `dead` [N / k] bool: rows whose `k` pairs route nothing (padding)."""
     S, E, N = owners.numel(), slot_map.shape[1], ids.numel()
+    assert dead is None or (dead.is_contiguous() and dead.numel() * k == N)
     M = min(N, E, S)
     for t in (slot_map, owners, recency, counts, events, wave_end, ids):
         assert t.is_contiguous(), "the plan kernel indexes flat, contiguous tensors"
@@ -276,11 +294,11 @@ def plan_wave_triton(
     in_registers = N <= BLOCK_N and max(16, triton.next_power_of_2(N)) * block_e <= REGISTER_COMPARES
     pdl = pdl_enabled(device)
     _plan_wave[(1,)](
-        ids, owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events, wave_end,
-        slot_ids, hits, misses, overflow, layer, N, M, E, S, hit_code, miss_code,
+        ids, ids if dead is None else dead.view(torch.uint8), owners if pinned is None else pinned, slot_map, owners, recency, clock, counts, events, wave_end,
+        slot_ids, hits, misses, overflow, layer, N, k, M, E, S, hit_code, miss_code,
         BLOCK_E=block_e, BLOCK_S=block_s, BLOCK_M=triton.next_power_of_2(min(E, S)),
         BLOCK_N=max(16, triton.next_power_of_2(N)) if in_registers else BLOCK_N, HAS_PINNED=pinned is not None,
-        MARK=mark_events, SCAN=scan, AHEAD=ahead, IN_REGISTERS=in_registers, USE_PDL=pdl,
+        HAS_DEAD=dead is not None, MARK=mark_events, SCAN=scan, AHEAD=ahead, IN_REGISTERS=in_registers, USE_PDL=pdl,
         launch_pdl=pdl, num_warps=num_warps_for(block_s),
     )
     return slot_ids, hits.view(torch.bool), misses, overflow.view(torch.bool)
