@@ -117,3 +117,14 @@ def test_a_shallow_slope_is_followed_two_strides_at_a_time() -> None:
     run(ctl, bowl(20, slope=0.00012), 400)
     settled = ctl.snapshot()["cpu_quota_settled"]
     assert settled is not None and abs(settled * QUARTERS - 20) <= ctl.stride
+
+
+def test_the_snapshot_keeps_each_windows_level_and_median() -> None:
+    """The statistics carry the search's history (each window's level, in the scale's unit,
+    and its median period in ms), oldest first: how a run's choice came about."""
+    ctl = QuotaController(max_level=32, start=4)
+    run(ctl, bowl(6), 200)
+    history = ctl.snapshot()["cpu_quota_history"]
+    assert len(history) == ctl.windows and history[0][0] == 4 / QUARTERS
+    assert history == [[lv / QUARTERS, round(t * 1e3, 3)] for lv, t in ctl.history]
+    assert min(ms for _, ms in history) == pytest.approx(20.0)  # the bowl's floor, at its best level

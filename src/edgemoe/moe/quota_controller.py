@@ -373,5 +373,8 @@ class QuotaController:
             "cpu_quota_step_ms": {f"{self.scale.value(lv):g}": round(t * 1e3, 3)
                                   for lv, t in self.readings.table().items()},
             "cpu_quota_windows": self.windows,
+            # each window's level and median period, oldest first (the last HISTORY): how the
+            # search went, for a run whose choice or cost needs explaining
+            "cpu_quota_history": [[self.scale.value(lv), round(t * 1e3, 3)] for lv, t in self.history],
             "cpu_quota_start_per_layer": None if self.predicted is None else self.scale.value(self.predicted),
         }
