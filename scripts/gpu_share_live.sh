@@ -34,6 +34,9 @@ d = json.load(open(path)); r = d["rows"][-1]; m = d["moe"]["final"]
 print({k: m.get(k) for k in ("cpu_quota_unit", "cpu_quota_per_layer", "cpu_quota_settled", "cpu_quota_step_ms", "cpu_us_per_call")},
       "decode", round(r["decode_tok_s"], 2), "tok/s p50", round(r["decode_step_ms_p50"], 2), "ms misses/tok",
       round(r["decode_moe"]["misses_per_token"], 1), "cpu", r["decode_moe"]["experts_cpu"], os.path.basename(path))
+each = r["decode_step_ms_each"]  # the slowest steps and where they fell; the quota's windows (level, ms) in order
+print("  slowest steps (index, ms):", sorted(enumerate(each), key=lambda s: -s[1])[:5],
+      "windows:", " ".join(f"{lv:g}:{ms:.2f}" for lv, ms in m.get("cpu_quota_history") or []))
 PY
 done
 save_jit_cache
