@@ -18,8 +18,9 @@ dots each group as 8 slices of 16 columns against the activations of the same co
 interleave. Both compile for sm_86/90 (mma.sync; wgmma at 64 rows on sm_90: checked with
 scripts/triton_compile_check.py's `compile_case`, 2026-12-05); neither has run on a GPU.
 
-Checks both against `Int4Group.dequantise` (the fp32 reference) at small shapes, then on a
-GPU times them and the engine's gate/up launch at Qwen3-30B-A3B's decode shape (128 experts,
+The lop3 form's row loop (`_rows_lop3`) serves the down projection too (`_down_mma_lop3`).
+Checks all three against `dequantise_expert` (the fp32 reference) at small shapes, then on a
+GPU times them and the engine's two launches at Qwen3-30B-A3B's decode shape (128 experts,
 H = 2048, I = 768, 8 pairs at T = 1, routes rotating past L2), each in a CUDA graph:
   run(command="source scripts/gpu_env.sh; OUT=$OUT python3 scripts/int4_mma_probe.py", carry=[".whl"])
 Under Triton's interpreter the check needs tests/kernels/conftest.py's patch for numpy 2.4
@@ -43,6 +44,7 @@ from edgemoe.kernels.triton_ops.dequant import _biased, _nibble_codes
 from edgemoe.kernels.triton_ops.moe_common import slot_banks
 from edgemoe.kernels.triton_ops.moe_gemv_q import gemv_bank
 from edgemoe.quant import expert_format, quantise_expert
+from edgemoe.quant.formats import dequantise_expert
 
 N_PAD = 16  # the activation's columns in the dot (the MMA's narrowest); column 0 is the token
 
@@ -114,65 +116,93 @@ def _q_pairs(w, zneg, s: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _x_cols(x_ptr, t, stride_xt, k0, s: tl.constexpr, H, N_PAD: tl.constexpr):
+def _x_cols(x_row, k0, s: tl.constexpr, C, N_PAD: tl.constexpr):
     """The dot's right operand [16, N_PAD] for the columns 8j + s (j = 0..15) of the group at
-    k0: column 0 the token's activations there, the rest 0."""
-    j = tl.arange(0, 16)
-    k = k0 + 8 * j + s
-    xv = tl.load(x_ptr + t * stride_xt + k, mask=k < H, other=0.0)
+    k0 of the input row `x_row` (C long): column 0 those activations, the rest 0."""
+    k = k0 + 8 * tl.arange(0, 16) + s
+    xv = tl.load(x_row + k, mask=k < C, other=0.0)
     col = tl.arange(0, N_PAD)
     return tl.where(col[None, :] == 0, xv[:, None], 0.0).to(tl.bfloat16)
+
+
+@triton.jit
+def _rows_lop3(bank, sbank, zbank, r64, row_ok, x_row, C, W_STORE, stride_wr, stride_sr, BN: tl.constexpr,
+               N_PAD: tl.constexpr, INTERP: tl.constexpr):
+    """[BN] fp32: the bank's rows `r64` (int4, group 128 along C) times the input row `x_row`.
+    Each group's 128 columns go to the dot as 8 slices of 16 (nibbles s and s + 4 of every
+    word: `_q_pairs`), each against the activations of the same columns (`_x_cols`): no
+    interleave; the group's fp32 sums take its scale once a row."""
+    jw = tl.arange(0, 16)
+    col = tl.arange(0, N_PAD)
+    acc = tl.zeros([BN, N_PAD], dtype=tl.float32)
+    for k0 in range(0, C, 128):
+        g = k0 // 128
+        words = tl.load(bank + r64[:, None] * stride_wr + (k0 // 8 + jw)[None, :],
+                        mask=row_ok[:, None] & (k0 // 8 + jw < W_STORE)[None, :], other=0)
+        z = tl.load(zbank + r64 * stride_sr + g, mask=row_ok, other=0).to(tl.int32)
+        zb = 0xC300 | z  # bf16 bits of -(128 + z)
+        zneg = (zb << 16) | zb
+        sums = tl.zeros([BN, N_PAD], dtype=tl.float32)
+        for s in tl.static_range(4):
+            lo, hi = _q_pairs(words, zneg[:, None], s, INTERP)
+            x_lo, x_hi = _x_cols(x_row, k0, s, C, N_PAD), _x_cols(x_row, k0, s + 4, C, N_PAD)
+            if INTERP:  # the interpreter's bf16 dot reads bits as integers: the same exact products in fp32
+                sums += tl.dot(lo.to(tl.float32), x_lo.to(tl.float32), input_precision="ieee")
+                sums += tl.dot(hi.to(tl.float32), x_hi.to(tl.float32), input_precision="ieee")
+            else:
+                sums = tl.dot(lo, x_lo, sums)
+                sums = tl.dot(hi, x_hi, sums)
+        scale = tl.load(sbank + r64 * stride_sr + g, mask=row_ok, other=0.0).to(tl.float32)
+        acc += sums * scale[:, None]
+    return tl.sum(tl.where(col[None, :] == 0, acc, 0.0), axis=1)
 
 
 @triton.jit
 def _gate_up_mma_lop3(x_ptr, slot_ptr, w_ptr, s_ptr, z_ptr, out_ptr, H, I, K, W_STORE, stride_xt, stride_ws,
                       stride_wr, stride_ss, stride_sr, stride_ot, BN: tl.constexpr, N_PAD: tl.constexpr,
                       INTERP: tl.constexpr):
-    """`_gate_up_mma` with the codes made two at a time by `_q_pairs` and no column
-    interleave: the group's 128 columns go to the dot as 8 slices of 16 (the nibble s and s + 4
-    of every word), each against the activations of the same columns (`_x_cols`). GROUP 128."""
+    """`_gate_up_mma` with `_rows_lop3`'s unpacking: the gate rows, then the up rows."""
     pair = tl.program_id(0)
     slot = tl.load(slot_ptr + pair)
     if slot < 0:
         return
-    t = pair // K
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok = rows < I
     bank, sbank, zbank = slot_banks(w_ptr, s_ptr, z_ptr, slot, stride_ws, stride_ss)
-    col = tl.arange(0, N_PAD)
-    jw = tl.arange(0, 16)
-    acc_g = tl.zeros([BN, N_PAD], dtype=tl.float32)
-    acc_u = tl.zeros([BN, N_PAD], dtype=tl.float32)
-    for k0 in range(0, H, 128):
-        g = k0 // 128
-        for half in tl.static_range(2):  # gate rows, then up rows
-            r64 = (rows + half * I).to(tl.int64)
-            words = tl.load(bank + r64[:, None] * stride_wr + (k0 // 8 + jw)[None, :],
-                            mask=row_ok[:, None] & (k0 // 8 + jw < W_STORE)[None, :], other=0)
-            z = tl.load(zbank + r64 * stride_sr + g, mask=row_ok, other=0).to(tl.int32)
-            zb = 0xC300 | z  # bf16 bits of -(128 + z)
-            zneg = (zb << 16) | zb
-            sums = tl.zeros([BN, N_PAD], dtype=tl.float32)
-            for s in tl.static_range(4):
-                lo, hi = _q_pairs(words, zneg[:, None], s, INTERP)
-                if INTERP:  # the interpreter's bf16 dot reads bits as integers: exact products in fp32
-                    sums += tl.dot(lo.to(tl.float32), _x_cols(x_ptr, t, stride_xt, k0, s, H, N_PAD).to(tl.float32),
-                                   input_precision="ieee")
-                    sums += tl.dot(hi.to(tl.float32),
-                                   _x_cols(x_ptr, t, stride_xt, k0, s + 4, H, N_PAD).to(tl.float32),
-                                   input_precision="ieee")
-                else:
-                    sums = tl.dot(lo, _x_cols(x_ptr, t, stride_xt, k0, s, H, N_PAD), sums)
-                    sums = tl.dot(hi, _x_cols(x_ptr, t, stride_xt, k0, s + 4, H, N_PAD), sums)
-            scale = tl.load(sbank + r64 * stride_sr + g, mask=row_ok, other=0.0).to(tl.float32)
-            if half == 0:
-                acc_g += sums * scale[:, None]
-            else:
-                acc_u += sums * scale[:, None]
-    out_g = tl.sum(tl.where(col[None, :] == 0, acc_g, 0.0), axis=1)
-    out_u = tl.sum(tl.where(col[None, :] == 0, acc_u, 0.0), axis=1)
-    tl.store(out_ptr + pair * stride_ot + rows, out_g, mask=row_ok)
-    tl.store(out_ptr + pair * stride_ot + I + rows, out_u, mask=row_ok)
+    x_row = x_ptr + (pair // K) * stride_xt
+    for half in tl.static_range(2):
+        r64 = (rows + half * I).to(tl.int64)
+        out = _rows_lop3(bank, sbank, zbank, r64, row_ok, x_row, H, W_STORE, stride_wr, stride_sr, BN, N_PAD, INTERP)
+        tl.store(out_ptr + pair * stride_ot + half * I + rows, out, mask=row_ok)
+
+
+@triton.jit
+def _down_mma_lop3(inter_ptr, slot_ptr, w_ptr, s_ptr, z_ptr, out_ptr, H, I, W_STORE, stride_it, stride_ws, stride_wr,
+                   stride_ss, stride_sr, stride_ot, BN: tl.constexpr, N_PAD: tl.constexpr, INTERP: tl.constexpr):
+    """out[pair, :H] = the pair's slot's down rows times its intermediate row (I long), fp32."""
+    pair = tl.program_id(0)
+    slot = tl.load(slot_ptr + pair)
+    if slot < 0:
+        return
+    rows = tl.program_id(1) * BN + tl.arange(0, BN)
+    row_ok = rows < H
+    bank, sbank, zbank = slot_banks(w_ptr, s_ptr, z_ptr, slot, stride_ws, stride_ss)
+    out = _rows_lop3(bank, sbank, zbank, rows.to(tl.int64), row_ok, inter_ptr + pair * stride_it, I, W_STORE,
+                     stride_wr, stride_sr, BN, N_PAD, INTERP)
+    tl.store(out_ptr + pair * stride_ot + rows, out, mask=row_ok)
+
+
+def down_mma(inter: torch.Tensor, slots: torch.Tensor, parts: dict, hidden: int, bn: int = 16, warps: int = 4,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """[pairs, H] fp32: each pair's down rows times its row of `inter` [pairs, I] (bf16)."""
+    b = gemv_bank(parts, "down", True)
+    assert b.words and inter.shape[1] % 128 == 0, "int4 group 128, nibble rows of whole int32 words"
+    if out is None:
+        out = torch.zeros(slots.numel(), hidden, dtype=torch.float32, device=inter.device)
+    _down_mma_lop3[(slots.numel(), triton.cdiv(hidden, bn))](
+        inter, slots, b.data, b.scale, b.zero, out, hidden, inter.shape[1], b.row_len, inter.stride(0), *b.strides,
+        out.stride(0), BN=bn, N_PAD=N_PAD, INTERP=os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps)
+    return out
 
 
 def gate_up_mma(x: torch.Tensor, slots: torch.Tensor, parts: dict, inter: int, top_k: int, group: int,
@@ -195,8 +225,8 @@ def gate_up_mma(x: torch.Tensor, slots: torch.Tensor, parts: dict, inter: int, t
     return out
 
 
-def banks(E: int, H: int, inter: int, device: str, seed: int = 0) -> tuple[dict, list[torch.Tensor]]:
-    """E random experts in int4 (group 128), stacked as slots, and each one's fp32 gate_up."""
+def banks(E: int, H: int, inter: int, device: str, seed: int = 0) -> tuple[dict, list[tuple[torch.Tensor, ...]]]:
+    """E random experts in int4 (group 128), stacked as slots, and each one's fp32 (gate_up, down)."""
     fmt = expert_format("int4")
     g = torch.Generator().manual_seed(seed)
     experts, refs = [], []
@@ -204,25 +234,27 @@ def banks(E: int, H: int, inter: int, device: str, seed: int = 0) -> tuple[dict,
         gu, dn = torch.randn(2 * inter, H, generator=g) * H**-0.5, torch.randn(H, inter, generator=g) * inter**-0.5
         p = quantise_expert(fmt, gu[:inter], gu[inter:], dn)
         experts.append(p)
-        refs.append(fmt.dequantise({s[len("gate_up"):]: t for s, t in p.items() if s.startswith("gate_up")},
-                                   2 * inter, H, halves=2))
+        refs.append(dequantise_expert(fmt, p, H, inter))
     parts = {n: torch.stack([p[n] for p in experts]).to(device) for n in experts[0]}
     return parts, refs
 
 
 def check(device: str) -> float:
     """The probe against the fp32 reference at small shapes; returns the worst relative error."""
-    E, H, inter, K, T = 6, 512, 48, 4, 3
+    E, H, inter, K, T = 6, 512, 256, 4, 3
     parts, refs = banks(E, H, inter, device)
-    x = (torch.randn(T, H, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16).to(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16).to(device)
+    inter_rows = torch.randn(T * K, inter, generator=g).to(torch.bfloat16).to(device)
     slots = torch.tensor([0, 5, -1, 2, 3, 1, 4, 0, 5, 2, -1, 1], dtype=torch.int32, device=device)
+    outs = [(0, gate_up_mma(x, slots, parts, inter, K, 128, lop3=lop3).cpu(), x, K) for lop3 in (False, True)]
+    outs.append((1, down_mma(inter_rows, slots, parts, H).cpu(), inter_rows, 1))
     worst = 0.0
-    for lop3 in (False, True):
-        got = gate_up_mma(x, slots, parts, inter, K, 128, lop3=lop3).cpu()
+    for proj, got, inputs, per_row in outs:
         for pair, s in enumerate(slots.tolist()):
             if s < 0:
                 continue
-            want = refs[s] @ x[pair // K].float().cpu()
+            want = refs[s][proj] @ inputs[pair // per_row].float().cpu()
             err = (got[pair] - want).abs().max() / want.abs().max()
             worst = max(worst, float(err))
     # fp32 sums of 512 exact products in another order: well under 1e-5 of the largest output
@@ -250,7 +282,7 @@ def time_graph(fn, reps: int = 50) -> float:  # noqa: ANN001
 def bench() -> dict:
     """Both gate/up launches at Qwen3-30B-A3B's decode shape, T = 1: 8 pairs, the routes
     rotating over 16 draws of the 128 experts (past L2)."""
-    from edgemoe.kernels.triton_ops.moe_gemv_q import decode_q_launch, gate_up_q_launch
+    from edgemoe.kernels.triton_ops.moe_gemv_q import decode_q_launch, down_q_launch, gate_up_q_launch
 
     E, H, inter, K, group = 128, 2048, 768, 8, 128
     parts, _ = banks(E, H, inter, "cuda")
@@ -264,6 +296,8 @@ def bench() -> dict:
     it = iter(range(1 << 30))
     engine_us = time_graph(lambda: gate_up_q_launch(launches[next(it) % 16]))
     it = iter(range(1 << 30))
+    engine_down_us = time_graph(lambda: down_q_launch(launches[next(it) % 16]))
+    it = iter(range(1 << 30))
     out = torch.zeros(K, 2 * inter, device="cuda")  # no memset inside the timed graph
     mma_us: dict[str, float] = {}
     for kind in ("plain", "lop3"):
@@ -274,9 +308,22 @@ def bench() -> dict:
                                                                       K, group, bn, warps, kind == "lop3", out))
             except Exception as e:  # noqa: BLE001 - a configuration that fails to build is reported, not fatal
                 print(f"{kind} BN={bn} warps={warps}: {type(e).__name__}: {str(e)[:200]}")
-    gb = K * 2 * inter * H / 2 / 1e9  # the int4 bytes a call reads (scales aside)
-    result = {"engine_gate_up_us": engine_us, "mma_gate_up_us": mma_us,
-              "engine_tb_s": gb / engine_us * 1e3, "mma_tb_s": {bn: gb / us * 1e3 for bn, us in mma_us.items()}}
+    inter_rows = torch.randn(K, inter, generator=g).to(torch.bfloat16).cuda()
+    cells_out = torch.zeros(K, H, device="cuda")
+    down_us: dict[str, float] = {}
+    for bn, warps in ((16, 4), (32, 4), (64, 4), (64, 8)):
+        try:
+            down_us[f"lop3 BN={bn} warps={warps}"] = time_graph(
+                lambda bn=bn, warps=warps: down_mma(inter_rows, routes[next(it) % 16].view(-1), parts, H, bn, warps,
+                                                    cells_out))
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            print(f"down BN={bn} warps={warps}: {type(e).__name__}: {str(e)[:200]}")
+    gb = K * 2 * inter * H / 2 / 1e9  # the int4 bytes a gate/up call reads (scales aside); down: half
+    result = {"engine_gate_up_us": engine_us, "mma_gate_up_us": mma_us, "engine_down_us": engine_down_us,
+              "mma_down_us": down_us, "engine_gate_up_tb_s": gb / engine_us * 1e3,
+              "mma_gate_up_tb_s": {k: gb / us * 1e3 for k, us in mma_us.items()},
+              "engine_down_tb_s": gb / 2 / engine_down_us * 1e3,
+              "mma_down_tb_s": {k: gb / 2 / us * 1e3 for k, us in down_us.items()}}
     print(json.dumps(result, indent=1))
     return result
 
