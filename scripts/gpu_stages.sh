@@ -56,6 +56,7 @@
 #   qwen4        scripts/gpu_qwen4_bench.py $QWEN4_ARGS
 #   shared-read  scripts/gpu_shared_read.py $SHARED_READ: do the CPU's expert reads and the device's copies of the
 #                same experts share the host's memory reads?
+#   mma-probe    scripts/int4_mma_probe.py: the int4 decode GEMV on tensor cores against the engine's launches
 # Through the device tool:
 #   run(command="STAGES='hotpath offload2' LIMITS='240 300' scripts/gpu_stages.sh", carry=[".whl"])
 set -uo pipefail
@@ -179,6 +180,7 @@ run_stage() {
     hybrids) OUT="$res/hybrids" PART=decode bash scripts/gpu_hybrids_bench.sh ;;
     qwen4) OUT="$res/qwen4" python3 scripts/gpu_qwen4_bench.py ${QWEN4_ARGS:-} ;;
     shared-read) mkdir -p "$res/shared-read" && OUT="$res/shared-read" python3 scripts/gpu_shared_read.py ${SHARED_READ:-} ;;
+    mma-probe) mkdir -p "$res/mma-probe" && OUT="$res/mma-probe" python3 scripts/int4_mma_probe.py ;;
     *) echo "unknown stage $1"; return 2 ;;
   esac
 }
