@@ -108,7 +108,7 @@ def parse_args(argv: list[str]) -> tuple[int, int, str, list[str], dict[str, obj
 def set_quota(engine, quota: str) -> None:  # noqa: ANN001
     """A fixed CPU share's pick for the coming steps: experts a layer, quarters allowed
     ("1.5"), or a share of each layer's own misses ("13/16": the live share's rule)."""
-    from edgemoe.moe.quota_controller import COUNT, FRACTION
+    from edgemoe.moe.quota_levels import COUNT, FRACTION
 
     share = engine.runtime.executor.cpu_share
     if share is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from edgemoe.moe.quota_controller import QUARTERS, quota_rows
+from edgemoe.moe.quota_levels import QUARTERS, quota_rows
 from edgemoe.moe.replay import replay_share, warmup_accesses
 from edgemoe.moe.routing_spec import RoutingSpec
 from edgemoe.moe.routing_trace import Access

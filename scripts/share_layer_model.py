@@ -15,7 +15,7 @@ slots, replayed through the engine's LRU with the share's admission rule
 (`moe/replay.py`, `replay_share`), once per level of each rule:
 
 - `count`: the same number of CPU experts in every layer, `level` quarters of an expert a
-  layer on average (`moe/quota_controller.quota_rows`; the live share before 2026-12-04);
+  layer on average (`moe/quota_levels.quota_rows`; the live share before 2026-12-04);
 - `fraction`: `level` sixteenths of each layer's own misses, rounded half up
   (`kernels/share_split.decode_take`; the live share's default since).
 
@@ -35,7 +35,7 @@ import argparse
 
 from share_ceiling import EXPERT_MB, EXPERTS, LAYERS, trace
 
-from edgemoe.moe.quota_controller import COUNT, FRACTION, LevelScale
+from edgemoe.moe.quota_levels import COUNT, FRACTION, LevelScale
 from edgemoe.moe.replay import replay_share
 
 

@@ -21,7 +21,7 @@ from edgemoe.moe.cache_choice import resolve_expert_cache
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.kernels.share_split import FRACTION_ONE
-from edgemoe.moe.quota_controller import COUNT, FRACTION, QUARTERS, LevelScale, quota_rows
+from edgemoe.moe.quota_levels import COUNT, FRACTION, QUARTERS, LevelScale, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
 from edgemoe.quant import ExpertFormat, Int4Group, Int8Channel

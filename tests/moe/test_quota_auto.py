@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from edgemoe.moe.quota_controller import FRACTION, QuotaController
+from edgemoe.moe.quota_controller import QuotaController
+from edgemoe.moe.quota_levels import FRACTION
 
 STEPS = 320
 TOP = FRACTION.max_level(8)  # 16 sixteenths

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from edgemoe.moe.quota_controller import QUARTERS, QuotaController, quota_rows
+from edgemoe.moe.quota_controller import QuotaController
+from edgemoe.moe.quota_levels import QUARTERS, quota_rows
 
 
 def run(ctl: QuotaController, cost: Callable[[int], float], steps: int, noise: float = 0.0,

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.kernels.share_split import FRACTION_ONE
-from edgemoe.moe.quota_controller import COUNT, FRACTION, QUARTERS, QuotaController, balance_level, share_scale
+from edgemoe.moe.quota_controller import QuotaController
+from edgemoe.moe.quota_levels import COUNT, FRACTION, QUARTERS, balance_level, share_scale
 from edgemoe.moe.registry import make_executor
 from edgemoe.testing.moe_material import random_bank_store
 

@@ -31,7 +31,7 @@ from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.host_counters import busy_threads, counters_delta, disturbance, host_counters, thread_ticks
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
-from edgemoe.moe.quota_controller import COUNT, FRACTION
+from edgemoe.moe.quota_levels import COUNT, FRACTION
 from edgemoe.moe.replay import REPLAYED, compare_policies, replay_share
 
 # Cumulative counters of `MoEStats.snapshot()`; a phase's traffic is their difference.

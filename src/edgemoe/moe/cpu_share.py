@@ -53,7 +53,7 @@ from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view
-from edgemoe.moe.quota_controller import LevelScale
+from edgemoe.moe.quota_levels import LevelScale
 from edgemoe.moe.store import ExpertStore
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class CpuShare:
 
     def set_levels(self, scale: LevelScale, max_level: int) -> None:
         """A live share's levels 0..max_level as device rows (`apply_level`): each level's
-        per-layer quota and its fraction, by `scale` (moe/quota_controller.py)."""
+        per-layer quota and its fraction, by `scale` (moe/quota_levels.py)."""
         layers = self.quota.shape[0]
         rows = [[*scale.rows(level, layers, self.num_experts), scale.fraction(level)] for level in range(max_level + 1)]
         self._levels = torch.tensor(rows, dtype=torch.int64, device=self.device)

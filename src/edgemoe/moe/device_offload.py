@@ -46,7 +46,8 @@ from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
-from edgemoe.moe.quota_controller import FRACTION, QuotaController, share_scale
+from edgemoe.moe.quota_controller import QuotaController
+from edgemoe.moe.quota_levels import FRACTION, share_scale
 from edgemoe.moe.slot_lending import SlotLending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore

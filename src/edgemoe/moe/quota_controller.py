@@ -84,12 +84,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from edgemoe.moe.quota_levels import (COUNT, FRACTION, QUARTERS, SCALES, SIXTEENTHS, CountScale, FractionScale,
-                                      LevelScale, balance_level, quota_rows, share_scale)
+from edgemoe.moe.quota_levels import COUNT, LevelScale, balance_level
 from edgemoe.moe.quota_readings import Readings
-
-__all__ = ["COUNT", "FRACTION", "QUARTERS", "SCALES", "SIXTEENTHS", "CountScale", "FractionScale", "LevelScale",
-           "QuotaController", "balance_level", "quota_rows", "share_scale"]
 
 log = logging.getLogger(__name__)
 
