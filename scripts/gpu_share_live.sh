@@ -37,6 +37,9 @@ print({k: m.get(k) for k in ("cpu_quota_unit", "cpu_quota_per_layer", "cpu_quota
 each = r["decode_step_ms_each"]  # the slowest steps and where they fell; the quota's windows (level, ms) in order
 print("  slowest steps (index, ms):", sorted(enumerate(each), key=lambda s: -s[1])[:5],
       "windows:", " ".join(f"{lv:g}:{ms:.2f}" for lv, ms in m.get("cpu_quota_history") or []))
+for s in r.get("decode_slow_steps", [])[:4]:  # where each slow step's time went (engine/step_anatomy.py)
+    print("  slow step", s)
+print("  phases over the run:", r.get("decode_phase_ms"))
 PY
 done
 save_jit_cache

@@ -109,11 +109,17 @@ def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt
     with LLM(str(qwen3_ckpt), dtype="float32", overlap=True) as llm:
         before = traffic(llm)
         row = measure(llm, prompt_tokens, batch, decode_tokens, seed=5)
-        after = traffic(llm)
+        after, loop = traffic(llm), llm.engine.overlap
     assert row["decode_steps"] == decode_tokens and row["decode_tokens_timed"] == batch * decode_tokens
     assert row["prefill_moe"]["tokens"] == batch * (prompt_tokens + 1)
     assert row["decode_moe"]["tokens"] == batch * decode_tokens  # each timed step launched one
     assert after["tokens"] - before["tokens"] == batch * (prompt_tokens + 1 + decode_tokens)
+    # every timed step's host phases were recorded (engine/step_anatomy.py), and the loop let go of the record
+    phases = row["decode_phase_ms"]
+    assert set(phases) == {"schedule_ms", "launch_ms", "complete_ms", "gc_ms", "gc_collections"}
+    assert 0 < phases["schedule_ms"] + phases["launch_ms"] + phases["complete_ms"] <= 1000 * row["decode_s"]
+    assert all(set(s) >= {"step", "ms", "launch_ms", "gc_ms"} for s in row["decode_slow_steps"])
+    assert loop.anatomy is None
 
 
 def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:

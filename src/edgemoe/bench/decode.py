@@ -31,6 +31,7 @@ from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.host_counters import busy_threads, counters_delta, disturbance, host_counters, thread_ticks
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
+from edgemoe.engine.step_anatomy import StepAnatomy, phase_totals, slow_steps
 from edgemoe.moe.quota_levels import COUNT, FRACTION
 from edgemoe.moe.replay import REPLAYED, compare_policies, replay_share
 
@@ -52,6 +53,7 @@ class Phase:
     draw_seconds: float = 0.0  # host time drawing synthetic routing (no real router's cost)
     host: dict[str, float] = field(default_factory=dict)  # the machine's counters (bench/host_counters.py)
     host_threads: list[list] = field(default_factory=list)  # [thread, share of the phase on a core], busiest first
+    anatomy: StepAnatomy | None = None  # each step's host phases and collections (overlap only)
 
 
 def draw_seconds(llm: Any) -> float:
@@ -142,18 +144,27 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     engine, phase, running = llm.engine, Phase(), set(request_ids)
     device = engine.runtime.device
     alloc, host, threads = allocator_snapshot(device), host_counters(), thread_ticks()
+    loop = engine.overlap
+    if loop is not None:
+        phase.anatomy = loop.anatomy = StepAnatomy()
+        phase.anatomy.start()
     before, t0 = llm.stats()["moe"], time.perf_counter()
     last = t0
-    while running and len(phase.step_seconds) < decode_tokens:
-        outputs = engine.step()
-        now = time.perf_counter()
-        phase.step_seconds.append(now - last)
-        phase.step_tokens.append(sum(len(out.token_ids) for out in outputs))
-        last = now
-        for out in outputs:
-            phase.tokens += len(out.token_ids)
-            if out.finished:
-                running.discard(out.request_id)
+    try:
+        while running and len(phase.step_seconds) < decode_tokens:
+            outputs = engine.step()
+            now = time.perf_counter()
+            phase.step_seconds.append(now - last)
+            phase.step_tokens.append(sum(len(out.token_ids) for out in outputs))
+            last = now
+            for out in outputs:
+                phase.tokens += len(out.token_ids)
+                if out.finished:
+                    running.discard(out.request_id)
+    finally:
+        if loop is not None:
+            loop.anatomy = None
+            phase.anatomy.stop()  # type: ignore[union-attr]
     phase.seconds = last - t0
     phase.moe = moe_traffic(before, llm.stats()["moe"])
     phase.allocator = allocator_traffic(device, alloc)
@@ -219,6 +230,9 @@ def measure(
         "decode_step_ms_p50": 1000 * statistics.median(steps[-rate.steps:]),
         "decode_step_ms_max": 1000 * max(steps[-rate.steps:]),
         "decode_step_ms_each": [round(1000 * t, 2) for t in steps],  # a trend (warming, settling) shows here
+        # where a slow step's time went: the host's schedule / launch / complete, the collector
+        **({"decode_slow_steps": slow_steps(steps, decode.anatomy), "decode_phase_ms": phase_totals(decode.anatomy)}
+           if decode.anatomy is not None else {}),
         "decode_moe": decode.moe,
         "decode_expert_read_gb_s": expert_read_gb_s(decode.moe, _expert_nbytes(llm), decode.seconds),
         # a slow request's cause: cores shared (involuntary switches), steal, memory scans

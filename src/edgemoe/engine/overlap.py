@@ -31,8 +31,10 @@ What keeps the outputs exactly the serial loop's (`Engine.step` without the swit
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+from edgemoe.engine.step_anatomy import StepAnatomy
 from edgemoe.messages import RequestOutput
 
 if TYPE_CHECKING:
@@ -45,16 +47,22 @@ class OverlapLoop:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.in_flight: StepHandle | None = None
+        self.anatomy: StepAnatomy | None = None  # each step's phases, when a benchmark asks
 
     def step(self) -> list[RequestOutput]:
         """Launch the next step, then complete the one in flight; returns its outputs."""
-        e = self.engine
+        e, clock = self.engine, time.perf_counter_ns
+        t0 = clock()
         outputs: list[RequestOutput] = []
         if self.in_flight is not None and e.scheduler.needs_room():
             outputs += self.drain()  # preemption / out-of-KV decisions see every token
         plan = e.scheduler.schedule()
+        t1 = clock()
         handle = e.launch(plan) if plan.seqs else None
+        t2 = clock()
         outputs += self.drain()
+        if self.anatomy is not None:
+            self.anatomy.record(t0, t1, t2, clock())
         outputs += e.finish_out_of_kv(plan)
         if handle is not None and handle.result is None:
             outputs += e.complete(handle)  # the launch failed: fail its requests now

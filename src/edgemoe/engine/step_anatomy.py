@@ -1,0 +1,100 @@
+"""Where the host's time went in each overlapped engine step, for benchmarks that must
+explain a slow step rather than average it away.
+
+`OverlapLoop.step` has three phases: *schedule* (the scheduler's plan), *launch* (the
+step's batch, the MoE executor's per-step work — the live quota's controller among it —,
+the graph replay or the eager forward, the sampler) and *complete* (waiting for the step
+in flight's sampled ids, then appending them: the device's time shows here when the
+host is ahead). A slow step whose launch is long was held on the host (a lazy module
+load, a capture, an allocation); one whose complete is long was held on the device or
+by what the device waited for (the CPU share's answer). The collector's pauses are
+counted apart (`gc.callbacks`): a full collection lands in whichever phase allocated.
+
+Off unless a caller sets `OverlapLoop.anatomy` (`edgemoe bench decode` does for its
+decode phase): then four clock reads a step. Not thread-safe (the engine's loop).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("schedule", "launch", "complete")
+
+
+@dataclass
+class StepRecord:
+    """One step's phases (ns, in `PHASES` order) and the collections that ran in it."""
+
+    phases_ns: tuple[int, int, int]
+    gc_ns: int = 0
+    gc_generations: tuple[int, ...] = ()
+
+
+@dataclass
+class StepAnatomy:
+    """The last `capacity` steps' records, oldest first; `start` hooks the collector."""
+
+    capacity: int = 4096
+    steps: deque[StepRecord] = field(init=False)
+    _gc_ns: int = field(init=False, default=0)
+    _gc_gens: list[int] = field(init=False, default_factory=list)
+    _gc_since: int | None = field(init=False, default=None)
+    _hooked: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.steps = deque(maxlen=self.capacity)
+
+    def start(self) -> None:
+        if not self._hooked:
+            gc.callbacks.append(self._on_gc)
+            self._hooked = True
+
+    def stop(self) -> None:
+        if self._hooked:
+            gc.callbacks.remove(self._on_gc)
+            self._hooked = False
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_since = time.perf_counter_ns()
+        elif self._gc_since is not None:
+            self._gc_ns += time.perf_counter_ns() - self._gc_since
+            self._gc_gens.append(int(info.get("generation", -1)))
+            self._gc_since = None
+
+    def record(self, t0: int, t1: int, t2: int, t3: int) -> None:
+        """A step that began at `t0` (perf_counter_ns), scheduled until `t1`, launched until
+        `t2` and completed at `t3`; the collections since the last record are its own."""
+        self.steps.append(StepRecord((t1 - t0, t2 - t1, t3 - t2), self._gc_ns, tuple(self._gc_gens)))
+        self._gc_ns, self._gc_gens = 0, []
+
+
+def slow_steps(step_seconds: list[float], anatomy: StepAnatomy, factor: float = 2.0,
+               most: int = 8) -> list[dict[str, Any]]:
+    """The `most` slowest of `step_seconds` (a benchmark's timing of the same steps, the
+    last len(step_seconds) of `anatomy`'s) over `factor` × their median, slowest first,
+    each with its phases and collections in ms."""
+    records = list(anatomy.steps)[-len(step_seconds):] if step_seconds else []
+    if not records or len(records) != len(step_seconds):
+        return []
+    median = statistics.median(step_seconds)
+    slow = sorted((i for i, s in enumerate(step_seconds) if s > factor * median), key=lambda i: -step_seconds[i])
+    return [{"step": i, "ms": round(1e3 * step_seconds[i], 2),
+             **{f"{name}_ms": round(ns / 1e6, 2) for name, ns in zip(PHASES, records[i].phases_ns, strict=True)},
+             "gc_ms": round(records[i].gc_ns / 1e6, 2), "gc_generations": list(records[i].gc_generations)}
+            for i in slow[:most]]
+
+
+def phase_totals(anatomy: StepAnatomy) -> dict[str, Any]:
+    """Each phase's and the collector's ms over every recorded step, and the collections
+    by generation."""
+    records = list(anatomy.steps)
+    totals = {f"{name}_ms": round(sum(r.phases_ns[k] for r in records) / 1e6, 2) for k, name in enumerate(PHASES)}
+    gens = [g for r in records for g in r.gc_generations]
+    return {**totals, "gc_ms": round(sum(r.gc_ns for r in records) / 1e6, 2),
+            "gc_collections": {str(g): gens.count(g) for g in sorted(set(gens))}}
