@@ -7,11 +7,15 @@ transformers' logits (its own class for the checkpoint, float64 for the hybrids)
   `lm_head.weight` (we read the text_config's flag and refused the checkpoint);
 - a tied config whose checkpoint also stores `lm_head.weight` (transformers uses the stored
   head; we used the embedding);
-- Qwen3-MoE with `use_sliding_window` (we refused it) on a prompt longer than the window.
+- Qwen3-MoE with `use_sliding_window` (we refused it) on a prompt longer than the window;
+- Qwen3-MoE with `use_sliding_window` and `sliding_window=None`, saved as null (transformers
+  attends to the whole context; we windowed at the class default, 4096 tokens);
+- a saved config.json with one field dropped, read with the config class's default.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -21,6 +25,8 @@ from safetensors.torch import load_file, save_file
 from tolerances import network_atol, peer_atol
 
 from edgemoe import LLM
+from edgemoe.models.hf_config import ConfigError
+from edgemoe.models.registry import model_arch
 from edgemoe.testing.checkpoint import write_tokenizer_files
 
 transformers = pytest.importorskip("transformers")
@@ -57,9 +63,9 @@ def save(model: torch.nn.Module, out: Path) -> Path:
     return out
 
 
-def ours(path: Path) -> torch.Tensor:
-    with LLM(str(path), dtype="float32", max_prefill_tokens=4096) as llm:
-        return llm.prompt_logits(SEQ)
+def ours(path: Path, seq: list[int] = SEQ) -> torch.Tensor:
+    with LLM(str(path), dtype="float32", max_prefill_tokens=max(4096, len(seq))) as llm:
+        return llm.prompt_logits(seq)
 
 
 def test_multimodal_qwen3_5_ties_its_head_by_the_top_level_flag(tmp_path: Path) -> None:
@@ -86,18 +92,19 @@ def test_multimodal_qwen3_5_ties_its_head_by_the_top_level_flag(tmp_path: Path) 
 
 
 def qwen3_moe(**overrides: object) -> transformers.Qwen3MoeForCausalLM:
-    config = transformers.Qwen3MoeConfig(**SMALL, num_hidden_layers=2, intermediate_size=32, moe_intermediate_size=16,
-                                         num_experts=4, num_experts_per_tok=2, **overrides)
+    config = transformers.Qwen3MoeConfig(**{**SMALL, "num_hidden_layers": 2, "intermediate_size": 32,
+                                            "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                                            **overrides})
     return transformers.Qwen3MoeForCausalLM(config)
 
 
-def assert_matches_transformers(path: Path) -> None:
+def assert_matches_transformers(path: Path, seq: list[int] = SEQ) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
-        theirs = model.eval()(torch.tensor([SEQ])).logits[0]
-    # the longest reduction: the hidden size, 32, or the context, 28 (experts and heads are narrower)
-    atol = network_atol(torch.float32, 32, theirs.abs().max().item())
-    torch.testing.assert_close(ours(path), theirs, atol=atol, rtol=0)
+        theirs = model.eval()(torch.tensor([seq])).logits[0]
+    # the longest reduction: the hidden size, 32, or the context (experts and heads are narrower)
+    atol = network_atol(torch.float32, max(32, len(seq)), theirs.abs().max().item())
+    torch.testing.assert_close(ours(path, seq), theirs, atol=atol, rtol=0)
 
 
 def test_a_stored_lm_head_wins_over_a_tied_config(tmp_path: Path) -> None:
@@ -112,3 +119,44 @@ def test_a_stored_lm_head_wins_over_a_tied_config(tmp_path: Path) -> None:
 def test_qwen3_moe_sliding_window_attends_within_the_window(tmp_path: Path) -> None:
     path = save(qwen3_moe(use_sliding_window=True, sliding_window=8), tmp_path)  # SEQ: 28 tokens
     assert_matches_transformers(path)
+
+
+def test_qwen3_moe_null_sliding_window_attends_to_the_whole_context(tmp_path: Path) -> None:
+    path = save(qwen3_moe(use_sliding_window=True, sliding_window=None, max_position_embeddings=8192), tmp_path)
+    assert json.loads((path / "config.json").read_text())["sliding_window"] is None  # not absent: no window
+    seq = [(7 * i) % 500 for i in range(4200)]  # past the class default window, 4096
+    assert_matches_transformers(path, seq)
+
+
+CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, none equals it
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                     num_experts=4, num_experts_per_tok=2),
+    "mixtral": lambda: transformers.MixtralConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                  num_local_experts=4, num_experts_per_tok=2),
+    "olmoe": lambda: transformers.OlmoeConfig(**{k: v for k, v in SMALL.items() if k != "head_dim"},
+                                              num_experts=4, num_experts_per_tok=2),
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                       num_experts=4, num_experts_per_tok=2),
+    "qwen3_5_moe_text": lambda: transformers.Qwen3_5MoeTextConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                                  num_experts=4, num_experts_per_tok=2),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_an_absent_field_reads_as_the_config_class_default(model_type: str) -> None:
+    """Each field of a saved config.json dropped in turn: we read what transformers' class
+    reads (its default), or refuse naming the field. Once Qwen3-MoE, Mixtral and the hybrids
+    took one kv head per query head (their classes: 4, 8, 2) and Qwen3.5 512 experts (256)."""
+    saved = CONFIGS[model_type]().to_dict()
+    for field in sorted(set(saved) - {"model_type"}):
+        partial = {k: v for k, v in saved.items() if k != field}
+        try:
+            theirs = type(CONFIGS[model_type]()).from_dict(partial).to_dict()
+        except Exception:  # noqa: BLE001 - transformers refuses the config without it
+            continue
+        try:
+            ours = model_arch(partial)
+        except ConfigError as e:
+            assert field in str(e), f"{field}: {e}"  # a refusal names the field
+            continue
+        assert ours == model_arch(theirs), f"config.json without {field!r}"

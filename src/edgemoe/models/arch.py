@@ -179,12 +179,16 @@ class DecoderArch:
         return shapes
 
 
-def common_fields(c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None = None) -> dict[str, Any]:
+def common_fields(
+    c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None = None, kv_heads: int | None = None,
+) -> dict[str, Any]:
     """The DecoderArch fields every Llama-style MoE config spells the same way (through
-    its aliases), each checked for its type and range; `eps` and `max_pos` are the family's
-    defaults when a field is absent, `head_dim` the family's own rule where it has one."""
+    its aliases), each checked for its type and range; `eps`, `max_pos` and `kv_heads` are
+    the family's defaults when a field is absent (NOTE: kv_heads as the config class's
+    default, e.g. Qwen3-MoE's 4; None: one per query head, as OLMoE's class), `head_dim`
+    the family's own rule where it has one."""
     heads, hidden = c.integer("num_attention_heads"), c.integer("hidden_size")
-    kv_heads = c.integer("num_key_value_heads", heads)
+    kv_heads = c.integer("num_key_value_heads", kv_heads or heads)
     if heads % kv_heads:
         raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     head_dim = head_dim or c.integer("head_dim", hidden // heads)

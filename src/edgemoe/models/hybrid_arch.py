@@ -171,18 +171,20 @@ def layer_types(c: HFConfig, num_layers: int) -> tuple[str, ...]:
 
 def hybrid_arch(
     c: HFConfig, *, model_type: str, checkpoint_prefix: str, gdn_layout: str, moe_layers: tuple[int, ...],
-    norm_topk_prob: bool,
+    norm_topk_prob: bool, num_experts: int = 512,
 ) -> HybridArch:
-    """The fields both families spell the same way, with transformers 5.24's defaults."""
+    """The fields both families spell the same way, with transformers 5.24's defaults
+    (`num_experts`: the family's, where its config class differs: Qwen3.5's 256)."""
     if c.flag("attention_bias", False):
         raise ConfigError(f"attention_bias=true (biased q/k/v/o projections) is not supported for {model_type}")
     if c.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ConfigError(f"hidden_act={c.get('hidden_act')!r}: the GDN short conv of {model_type} supports silu only")
-    fields: dict[str, Any] = common_fields(c, eps=1e-6, max_pos=32768, head_dim=c.integer("head_dim", 256))
+    fields: dict[str, Any] = common_fields(c, eps=1e-6, max_pos=32768, head_dim=c.integer("head_dim", 256), kv_heads=2)
     layers = fields["num_layers"]
     arch = HybridArch(
         model_type=model_type, checkpoint_prefix=checkpoint_prefix, gdn_layout=gdn_layout, **fields,
-        num_experts=c.integer("num_experts", 512), moe_intermediate_size=c.integer("moe_intermediate_size", 512),
+        num_experts=c.integer("num_experts", num_experts),
+        moe_intermediate_size=c.integer("moe_intermediate_size", 512),
         shared_expert_intermediate_size=c.integer("shared_expert_intermediate_size", 512, minimum=0),
         norm_topk_prob=norm_topk_prob, moe_layers=moe_layers, intermediate_size=c.integer("intermediate_size", 5632),
         layer_types=layer_types(c, layers), linear_num_key_heads=c.integer("linear_num_key_heads", 16),

@@ -22,7 +22,7 @@ MODEL_TYPE = "mixtral"
 
 def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
-    fields = common_fields(c, eps=1e-5, max_pos=131072)  # MixtralConfig: 4096 * 32
+    fields = common_fields(c, eps=1e-5, max_pos=131072, kv_heads=8)  # MixtralConfig: 4096 * 32
     experts, moe = c.integer("num_local_experts"), tuple(range(fields["num_layers"]))
     check_experts(c, experts, fields["top_k"], moe)
     return DecoderArch(

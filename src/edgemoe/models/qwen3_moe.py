@@ -49,21 +49,30 @@ def arch(config: dict[str, Any]) -> DecoderArch:
     layers, experts = c.integer("num_hidden_layers"), c.integer("num_experts", minimum=0)
     step, dense_only = c.integer("decoder_sparse_step", 1), set(c.int_list("mlp_only_layers"))
     moe = tuple(i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
-    fields = common_fields(c, eps=1e-6, max_pos=32768)
+    fields = common_fields(c, eps=1e-6, max_pos=32768, kv_heads=4)
     check_experts(c, experts, fields["top_k"], moe)
     return DecoderArch(
         model_type=MODEL_TYPE,
         **fields,
         qk_norm="head",
         clip_qkv=None,
-        # NOTE: transformers 5.24 windows every layer when use_sliding_window (max_window_layers is not read).
-        sliding_window=c.integer("sliding_window", 4096) if c.flag("use_sliding_window", False) else None,
+        sliding_window=sliding_window(c),
         num_experts=experts,
         moe_intermediate_size=c.integer("moe_intermediate_size", 768),  # Qwen3MoeConfig's defaults
         norm_topk_prob=c.flag("norm_topk_prob", False),
         moe_layers=moe,
         intermediate_size=c.integer("intermediate_size", 6144),
     )
+
+
+def sliding_window(c: HFConfig) -> int | None:
+    """The window of every layer (transformers 5.24 windows them all when use_sliding_window;
+    max_window_layers is not read), or None. NOTE: an absent `sliding_window` is the class
+    default 4096, but a null one (what save_pretrained writes for `sliding_window=None`)
+    leaves transformers' mask plain causal: no window, not the default."""
+    if not c.flag("use_sliding_window", False) or c.get("sliding_window", 4096) is None:
+        return None
+    return c.integer("sliding_window", 4096)
 
 
 def checkpoint_map(a: DecoderArch) -> NameMap:
