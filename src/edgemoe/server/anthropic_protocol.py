@@ -264,6 +264,6 @@ def tool_input(arguments: str) -> dict[str, Any]:
     """A call's JSON arguments as the `input` object (parsers emit JSON objects)."""
     try:
         value = json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # also a too-long integer, too-deep nesting
         return {}
     return value if isinstance(value, dict) else {}

@@ -25,6 +25,10 @@ YIELDING_BYTES = 4 * 2**20
 # its `content`), deeper ones whole.
 PIECEWISE_DEPTH = 4
 SMALL_CHARS = 512  # a container that ends within this many characters is parsed in one piece
+# pydantic's parser refuses arrays/objects nested deeper than this; the piecewise parse
+# (Python's decoder goes to ~990) refuses the same, or a big body would carry values
+# deep enough to fail the JSON encoders and templates downstream (RecursionError: a 500).
+MAX_NESTING = 200
 _WS = re.compile(r"[ \t\n\r]*")
 # Up to 4096 JSON integers in a row, not followed by more of a number.
 _INT_RUN = re.compile(r"-?(?:0|[1-9]\d{0,30})(?:[ \t\n\r]*,[ \t\n\r]*-?(?:0|[1-9]\d{0,30})){0,4095}(?![\d.eE])")
@@ -95,15 +99,17 @@ def _value(text: str, i: int, depth: int) -> tuple[Any, int]:
     """The value at `i`: containers down to PIECEWISE_DEPTH member by member, the rest whole."""
     opener = text[i : i + 1]
     if depth >= PIECEWISE_DEPTH or opener not in ("[", "{"):
-        return _decoder.raw_decode(text, i)
+        value, end = _decoder.raw_decode(text, i)
+        return _check_nesting(text, i, end, value, depth), end
     if depth > 0:
         # Most containers are small: one C call on a bounded slice (it fails unless the
         # container ends inside the slice, so its cost is bounded either way).
         try:
             value, end = _decoder.raw_decode(text[i : i + SMALL_CHARS])
-            return value, i + end
         except ValueError:
             pass
+        else:
+            return _check_nesting(text, i, i + end, value, depth), i + end
     closer = "]" if opener == "[" else "}"
     items: list[Any] = []
     members: dict[str, Any] = {}
@@ -130,6 +136,26 @@ def _value(text: str, i: int, depth: int) -> tuple[Any, int]:
         if not text.startswith(",", i):
             raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
         i = _skip(text, i + 1)
+
+
+def _check_nesting(text: str, start: int, end: int, value: Any, depth: int) -> Any:
+    """`value` (parsed from text[start:end] at `depth`) unless nested past MAX_NESTING."""
+    room = MAX_NESTING - depth
+    # Cheap filter (C speed): a piece with fewer brackets than the room left cannot be too deep.
+    if text.count("[", start, end) + text.count("{", start, end) <= room:
+        return value
+    deepest, stack = 0, [(value, 1)]
+    while stack:  # iterative: the walk itself must not recurse
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > room:
+            raise InvalidJSON(f"recursion limit exceeded: arrays and objects nested more than {MAX_NESTING} "
+                              f"deep (in the value at character {start})")
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return value
 
 
 def find_surrogate(value: Any) -> tuple[str, str] | None:

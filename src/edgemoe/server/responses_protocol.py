@@ -74,6 +74,10 @@ class ResponsesRequest(_Request):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     previous_response_id: str | None = None
+    # Server-side state too (a stored conversation, a stored prompt): refused like
+    # previous_response_id, not ignored, or the model would answer without that context.
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     text: dict[str, Any] | None = None
     # Extensions shared by local servers (vLLM, SGLang).
@@ -118,6 +122,10 @@ class ResponsesRequest(_Request):
                 "previous_response_id is not supported: this server stores no responses; send the whole "
                 "conversation in 'input'", param="previous_response_id",
             )
+        for name in ("conversation", "prompt"):
+            if getattr(self, name) is not None:
+                raise bad_request(f"{name} is not supported: this server stores no {name}s; send the whole "
+                                  "conversation in 'input' (and the instructions in 'instructions')", param=name)
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})

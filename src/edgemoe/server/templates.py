@@ -123,7 +123,9 @@ def _normalize_tool_call(call: object) -> object:
     elif isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
+            # Not JSON, or JSON Python won't build: nested past the recursion limit, or an
+            # integer of more digits than int() converts (both client text): stays a string.
             parsed = None
         if isinstance(parsed, dict):
             function["arguments"] = parsed

@@ -39,8 +39,15 @@ def _no_constant(name: str) -> Any:
 
 
 def loads(text: str) -> Any:
-    """Lenient on raw control characters in strings, strict on NaN/Infinity."""
-    return json.loads(text, strict=False, parse_constant=_no_constant)
+    """Lenient on raw control characters in strings, strict on NaN/Infinity.
+
+    Raises ValueError only: model output nested past Python's recursion limit raises
+    RecursionError in the decoder, which callers (catching ValueError) would let through
+    as a failed response instead of treating the text as not-a-call."""
+    try:
+        return json.loads(text, strict=False, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def scan_string(buf: str, pos: int) -> int | Scan:

@@ -254,15 +254,24 @@ def _to_string(raw: str) -> Any:
 def _to_integer(raw: str) -> Any:
     text = raw.strip()
     if _INT.fullmatch(text):
-        return int(text)
+        return _int(text)
     number = _to_number(raw)
     return number if isinstance(number, int) else _FAIL
+
+
+def _int(text: str) -> Any:
+    # int() refuses more than sys.get_int_max_str_digits() digits (4300) with ValueError;
+    # a model can emit such a run of digits, which must stay text, not fail the response.
+    try:
+        return int(text)
+    except ValueError:
+        return _FAIL
 
 
 def _to_number(raw: str) -> Any:
     text = raw.strip()
     if _INT.fullmatch(text):
-        return int(text)
+        return _int(text)
     if not _NUMBER.fullmatch(text):
         return _FAIL
     value = float(text)
