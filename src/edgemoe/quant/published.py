@@ -12,9 +12,9 @@ linear's checkpoint tensors into one of our formats, losslessly.
   act-order (a permuted g_idx, here or compressed-tensors') → dequantised, experts
   quantised again at load into contiguous groups.
 - compressed-tensors: "pack-quantized" int4 (`weight_packed` int32 [N, K/8], sequential
-  nibbles of q + 8; `weight_scale` [N, K/G]; `weight_zero_point` packed along N when
-  asymmetric) → `Int4Group`; "pack-quantized" int8 per channel (`weight_packed` int32
-  [N, K/4], sequential bytes of q + 128) and "int-quantized" int8 (`weight` int8,
+  nibbles of q + 8; `weight_scale` [N, K/G]; `weight_zero_point` when asymmetric, packed along
+  N, or unpacked int8 [N, G] as older versions stored it) → `Int4Group`; "pack-quantized"
+  int8 per channel (`weight_packed` int32 [N, K/4], sequential bytes of q + 128) and "int-quantized" int8 (`weight` int8,
   `weight_scale` [N, 1]) → `Int8Channel`; "float-quantized" fp8 with block scales → `Fp8Block`,
   with one scale a tensor → `Fp8Block` (that scale in every block), with channel scales
   (FP8_DYNAMIC) → dequantised, experts quantised at load into int8 per channel;
@@ -163,14 +163,14 @@ class Int8GroupScheme(Scheme):
         n, k = (int(v) for v in parts["weight_shape"].tolist())
         q = unpack_int32(parts["weight_packed"], 1, bits=8)[:, :k].to(torch.int16) - 128
         s, groups = parts["weight_scale"].float(), -(-k // self.group)
-        z = (unpack_int32(parts["weight_zero_point"], 0, bits=8)[:n].to(torch.int16) - 128
+        z = (ct_zero_point(parts["weight_zero_point"], n, 8).to(torch.int16) - 128
              if "weight_zero_point" in parts else torch.zeros_like(s, dtype=torch.int16))
+        what = f"int8 by groups of {self.group}" if self.group < k else "int8 by channel"  # channel: one group a row
         if tuple(q.shape) != (n, k) or tuple(s.shape) != (n, groups):
-            raise QuantConfigError(f"packed int8 [{n}, {k}] by groups of {self.group}: words "
-                                   f"{tuple(parts['weight_packed'].shape)}, scales {tuple(s.shape)}; "
-                                   f"expected [N, K/4] and [N, {groups}]")
+            raise QuantConfigError(f"packed {what} [{n}, {k}]: words {tuple(parts['weight_packed'].shape)}, "
+                                   f"scales {tuple(s.shape)}; expected [N, K/4] and [N, {groups}]")
         g = parts["weight_g_idx"] if "weight_g_idx" in parts else torch.arange(k) // self.group  # act-order
-        return _by_g_idx(self, q, z, s, g, f"int8 by groups of {self.group}")
+        return _by_g_idx(self, q, z, s, g, what)
 
 
 def _say_requantised(scheme: Scheme, what: str) -> None:
@@ -289,8 +289,7 @@ class PackedScheme(Scheme):
         q = unpack_int32(parts["weight_packed"], 1)[:, :k]  # [N, K], unsigned: q + 8
         scale = parts["weight_scale"]
         if "weight_zero_point" in parts:
-            # Packed like the weights (zero + 8, unsigned), along N: that is our unsigned zero.
-            zero = unpack_int32(parts["weight_zero_point"], 0)[:n]
+            zero = ct_zero_point(parts["weight_zero_point"], n, 4)
         else:
             zero = torch.full(scale.shape, 8, dtype=torch.int16)
         if _act_order(parts.get("weight_g_idx"), self.format.group):  # type: ignore[attr-defined]
@@ -324,6 +323,19 @@ class IntScheme(Scheme):
         if w.dtype != torch.int8 or tuple(s.shape) != (w.shape[0], 1):
             raise QuantConfigError(f"int8 weight {w.dtype} with scales {tuple(s.shape)}: expected [N, 1] per channel")
         return self.format, {"": w, "_scale": s.float()}
+
+
+def ct_zero_point(zp: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """compressed-tensors' `weight_zero_point` of a linear with n rows → the unsigned zero
+    [N, G] (zero + 2^(bits-1), as its unsigned q). Since compressed-tensors PR #296 (2025-04)
+    it is packed like the weights, along N (int32 [ceil(N·bits/32), G]); before, it was the
+    module's own signed [N, G] (int8), unpacked, and before PR #59 (2024-05) symmetric
+    checkpoints kept theirs too (all 0): unpacking those as words reads garbage of the right
+    shape, a silently wrong model."""
+    offset = 1 << (bits - 1)
+    if zp.dtype != torch.int32 or (zp.shape[0] == n and n != -(-n * bits // 32)):
+        return zp.to(torch.int16) + offset  # as stored: signed, one a row
+    return unpack_int32(zp, 0, bits=bits)[:n]
 
 
 def _act_order(g_idx: torch.Tensor | None, group: int) -> bool:

@@ -129,13 +129,33 @@ def _auto_round(qc: dict[str, Any]) -> Scheme:
     return _awq_or_gptq("gptq", qc | {"checkpoint_format": "gptq_v2" if v2 else "gptq"}, "auto-round")
 
 
+# What a weight scheme's tensors depend on (observers, actorder, dynamic: only how it was computed).
+_LAYOUT_KEYS = ("num_bits", "type", "symmetric", "strategy", "group_size", "block_structure")
+
+
+def _layout_value(weights: dict[str, Any], key: str) -> str:
+    """A scheme's `key` as compared between groups (`symmetric` absent: true, its default)."""
+    return str(weights.get(key, True if key == "symmetric" else None))
+
+
+def _weight_group(qc: dict[str, Any]) -> dict[str, Any] | None:
+    """The one weight scheme of `config_groups` (None: none quantises weights). Groups that
+    differ only in their `targets` (a recipe naming attention and experts apart) are one."""
+    groups = {k: g for k, g in (qc.get("config_groups") or {}).items() if g.get("weights")}
+    layouts = {k: (g.get("format") or qc.get("format"), *(_layout_value(g["weights"], f) for f in _LAYOUT_KEYS))
+               for k, g in groups.items()}
+    if len(set(layouts.values())) > 1:
+        raise QuantConfigError(f"compressed-tensors config_groups {sorted(groups)} store weights in "
+                               f"{len(set(layouts.values()))} different layouts ({', '.join(map(str, layouts.values()))}): "
+                               "only one weight layout (in one group or several) is supported")
+    return next(iter(groups.values()), None)
+
+
 def _compressed(qc: dict[str, Any]) -> Scheme | None:
-    groups = [g for g in (qc.get("config_groups") or {}).values() if g.get("weights")]
-    if not groups:  # only a KV cache or activation scheme: the weights are as they were
+    group = _weight_group(qc)
+    if group is None:  # only a KV cache or activation scheme: the weights are as they were
         return _weights_unquantised("compressed-tensors")
-    if len(groups) != 1:
-        raise QuantConfigError(f"compressed-tensors with {len(groups)} weight groups: exactly one is supported")
-    w, fmt_name = groups[0]["weights"], groups[0].get("format") or qc.get("format")  # a group's own wins
+    w, fmt_name = group["weights"], group.get("format") or qc.get("format")  # a group's own wins
     bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
     if fmt_name == "naive-quantized":  # the weight in the bit width's torch dtype: int8 / e4m3, as these
         fmt_name = "float-quantized" if kind == "float" else "int-quantized"
@@ -146,22 +166,27 @@ def _compressed(qc: dict[str, Any]) -> Scheme | None:
     symmetric_channel8 = bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True)
     if fmt_name == "pack-quantized" and symmetric_channel8:
         return Packed8Scheme("compressed-tensors", ("weight_packed", "weight_scale", "weight_shape"), Int8Channel())
-    if fmt_name == "pack-quantized" and bits == 8 and kind == "int" and strategy == "group":
+    if fmt_name == "pack-quantized" and bits == 8 and kind == "int" and strategy in ("group", "channel"):
+        # by group (W8A16), or asymmetric by channel (one group a row): dequantised, zero points applied
         parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-        return Int8GroupScheme("compressed-tensors", parts, Int8Channel(), int(w["group_size"]))
+        size = int(w["group_size"]) if strategy == "group" else 1 << 30
+        return Int8GroupScheme("compressed-tensors", parts, Int8Channel(), size)
     if fmt_name == "int-quantized" and symmetric_channel8:
         return IntScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
     block = w.get("block_structure") or [0, 0]
-    if fmt_name == "float-quantized" and bits == 8 and strategy == "block" and block[0] == block[1]:
+    fp8 = fmt_name == "float-quantized" and bits == 8 and w.get("symmetric", True)  # a zero point: refused below
+    if fp8 and strategy == "block" and block[0] == block[1]:
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
-    if fmt_name == "float-quantized" and bits == 8 and strategy == "tensor":
+    if fp8 and strategy == "tensor":
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(), "weight_scale")
-    if fmt_name == "float-quantized" and bits == 8 and strategy == "channel":
+    if fp8 and strategy == "channel":
         return Fp8RowScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
     if fmt_name in ("mxfp4-pack-quantized", "nvfp4-pack-quantized") and bits == 4 and kind == "float":
         nv = fmt_name.startswith("nv")
         parts = ("weight_packed", "weight_scale") + (("weight_global_scale",) if nv else ())
         return PackedFp4Scheme("compressed-tensors", parts, Mxfp4())
-    raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy} weights "
-                           "is not supported (pack-quantized int4 group or channel, int8 channel or group, mxfp4 and nvfp4 pack-quantized, int-quantized int8 channel, "
-                           "float-quantized fp8 by block, channel or tensor)")
+    asym = "" if w.get("symmetric", True) else " asymmetric (symmetric: false)"
+    raise QuantConfigError(f"compressed-tensors format {fmt_name!r} with {bits}-bit {kind} {strategy}{asym} weights "
+                           "is not supported (pack-quantized int4 group or channel, int8 channel or group, mxfp4 and "
+                           "nvfp4 pack-quantized, int-quantized int8 channel symmetric, float-quantized fp8 "
+                           "symmetric by block, channel or tensor)")
