@@ -149,11 +149,12 @@ def hf_fp8_model(path):  # noqa: ANN001, ANN201
 
 
 def write_fp8_rows(config: dict[str, Any], out: Path, dense_out: Path, seed: int = 0,
-                   dynamic_activations: bool = True) -> tuple[Path, Path]:
+                   dynamic_activations: bool = True, static_scales: bool = False) -> tuple[Path, Path]:
     """compressed-tensors FP8_DYNAMIC as llm-compressor writes it: every `*_proj.weight` as
     e4m3 with one fp32 scale per output row (`weight_scale` [N, 1]), and the dense twin
     (W = q·s in fp32). Without `dynamic_activations`: weight-only (FP8 W8A16), which
-    transformers runs without quantising its activations."""
+    transformers runs without quantising its activations. `static_scales`: each linear
+    also carries a static activation scale (`input_scale`, as the FP8 static recipe)."""
     tensors: dict[str, torch.Tensor] = {}
     dense: dict[str, torch.Tensor] = {}
     for name, shape in tensor_specs(config):
@@ -164,6 +165,8 @@ def write_fp8_rows(config: dict[str, Any], out: Path, dense_out: Path, seed: int
         s = w.abs().amax(dim=1, keepdim=True) / 448.0
         q = (w / s).to(torch.float8_e4m3fn)
         tensors[name], tensors[name.replace(".weight", ".weight_scale")] = q, s
+        if static_scales:
+            tensors[name.replace(".weight", ".input_scale")] = torch.tensor([0.25])
         dense[name] = q.float() * s
     weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "group_size": None,
                "dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax"}

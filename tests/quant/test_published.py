@@ -294,9 +294,10 @@ def test_modelopt_configs_and_nvfp4_scales() -> None:
     assert fmt == Mxfp4() and torch.equal(parts[""], packed) and torch.equal(parts["_scale"], e8m0)
 
 
-def test_modelopt_fp8_checkpoint_loads_from_either_config(tmp_path_factory) -> None:  # noqa: ANN001
+def test_modelopt_fp8_checkpoint_loads_from_either_config(tmp_path_factory, caplog) -> None:  # noqa: ANN001
     """ModelOpt FP8 (a scale a tensor, static input scales beside it) is lossless, whether
-    config.json says it or, as older exports do, only hf_quant_config.json."""
+    config.json says it or, as older exports do, only hf_quant_config.json; the input scales
+    are passed over quietly (compute is weight-only)."""
     root = tmp_path_factory.mktemp("modelopt")
     config = model_config("qwen3_moe", num_hidden_layers=2)
     _, dense = write_int4(config, root / "unused", root / "dense", "gptq")  # any dense fp32 model
@@ -326,6 +327,7 @@ def test_modelopt_fp8_checkpoint_loads_from_either_config(tmp_path_factory) -> N
             for prompt, ref in zip(PROMPTS, want, strict=True):
                 atol = network_atol(torch.float32, 64, ref.abs().max().item())
                 torch.testing.assert_close(llm.prompt_logits(prompt), ref, atol=atol, rtol=0)
+    assert "unexpected tensor" not in caplog.text
 
 
 @pytest.mark.parametrize("qc", [
@@ -401,11 +403,12 @@ def test_int4_checkpoint_matches_its_dense_twin(method: str, backend: str, tmp_p
     assert len(set(want_tokens[0])) > 4, "degenerate reference output: weak test"
 
 
-def test_fp8_row_scaled_checkpoint_loads_with_its_experts_in_int8_rows(tmp_path_factory) -> None:  # noqa: ANN001
+def test_fp8_row_scaled_checkpoint_loads_with_its_experts_in_int8_rows(tmp_path_factory, caplog) -> None:  # noqa: ANN001
     """compressed-tensors FP8 with per-channel scales (FP8_DYNAMIC): the layout checked by
     transformers (weight-only, so it doesn't quantise activations), then our load: dense
     layers as W = q·s, experts quantised at load into int8 per channel (a byte a weight
-    and a scale a row, as stored) — the dequantise-first reference of that format."""
+    and a scale a row, as stored) — the dequantise-first reference of that format. Static
+    activation scales beside the weights are passed over quietly (compute is weight-only)."""
     config = model_config("qwen3_moe", num_hidden_layers=2)
     root = tmp_path_factory.mktemp("fp8rows")
     weight_only, dense = write_fp8_rows(config, root / "w8a16", root / "dense", dynamic_activations=False)
@@ -414,7 +417,7 @@ def test_fp8_row_scaled_checkpoint_loads_with_its_experts_in_int8_rows(tmp_path_
         twin = transformers.AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32).eval()
         with torch.no_grad():
             assert torch.equal(theirs(torch.tensor([PROMPTS[0]])).logits, twin(torch.tensor([PROMPTS[0]])).logits)
-    ckpt, _ = write_fp8_rows(config, root / "dynamic", root / "dense2")
+    ckpt, _ = write_fp8_rows(config, root / "dynamic", root / "dense2", static_scales=True)
     fmt = Int8Channel()
     with LLM(str(write_requantised(dense, root / "int8-rows", fmt)), dtype="float32") as llm:
         want = [llm.prompt_logits(p) for p in PROMPTS]
@@ -424,6 +427,7 @@ def test_fp8_row_scaled_checkpoint_loads_with_its_experts_in_int8_rows(tmp_path_
         for prompt, w in zip(PROMPTS, want, strict=True):
             atol = network_atol(torch.float32, 64, w.abs().max().item())
             torch.testing.assert_close(llm.prompt_logits(prompt), w, atol=atol, rtol=0)
+    assert "unexpected tensor" not in caplog.text
 
 
 def test_compressed_tensors_int4_per_channel_is_one_group_a_row() -> None:

@@ -58,8 +58,10 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Tensors some checkpoints carry that we derive ourselves (rotary frequencies) or do not use
-# (a quantised KV cache's static scales: --kv-cache-dtype fp8 keeps its own per head).
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale")
+# (a quantised KV cache's static scales: --kv-cache-dtype fp8 keeps its own per head; static
+# activation scales of W8A8 / FP8 / NVFP4 recipes: every quantised linear computes weight-only).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale", ".input_scale",
+                    ".input_zero_point", ".input_global_scale", ".activation_scale")
 
 
 @dataclass
