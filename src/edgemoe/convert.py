@@ -7,23 +7,30 @@ as they arrive, like `--expert-dtype` at serve time), then written layer by laye
 safetensors shards with an index; the config gains the `quantization_config`, every
 other file of the model directory (tokenizer, chat template, generation config) is
 copied. Non-expert layers keep the checkpoint's dtype (a quantised source's are
-dequantised); peak memory is the converted model.
+dequantised); peak memory is the converted model. Tensors the loader skips (a vision
+tower, an MTP head) are copied as stored from an unquantised source, so the output is
+still the whole model for other tools; every linear left unquantised is in the config's
+ignore list (a tied LM head too: transformers builds it as a Linear).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from edgemoe.models.loader import LoadedModel, load_checkpoint
-from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.checkpoint_files import safetensors_files
+from edgemoe.models.loader import LoadedModel, load_checkpoint, read_arch
+from edgemoe.models.names import NameMap, Placement, Spelling, spelled_as_stored
 from edgemoe.models.registry import model_module
 from edgemoe.quant import Int4Group, Mxfp4
 from edgemoe.quant.publish import (
@@ -77,14 +84,19 @@ class ShardWriter:
 def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progress: bool = True) -> Path:
     """Write `model_dir` with its experts in `expert_dtype` to `out_dir` (must not exist or be empty)."""
     src, out = Path(model_dir), Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"out (--out) {out}: exists and is not empty")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # a file: the CLI's error, not a traceback
+        raise FileExistsError(f"out (--out) {out}: exists and is not an empty directory")
+    arch = read_arch(src)[0]
+    module = model_module(arch.model_type)
+    names = _output_names(module, arch, expert_dtype)  # before the (long) load: a refusal costs nothing
     loaded = load_checkpoint(src, "auto", progress, "ram", expert_dtype=expert_dtype)
     fmt = loaded.experts.format
-    names = model_module(loaded.arch.model_type).checkpoint_map(loaded.arch)
     out.mkdir(parents=True, exist_ok=True)
     writer = ShardWriter(out)
     unquantised = _write_dense(loaded, names, writer)
+    if loaded.arch.tie_word_embeddings:
+        unquantised.append("lm_head")  # tied: not stored, but transformers builds it as a Linear
+    unquantised += _copy_skipped(src, module, loaded, writer)
     group = shared_group(fmt, loaded.experts.down_shape) if isinstance(fmt, Int4Group) else 0
     asymmetric = _write_experts(loaded, names, writer, progress, group)
     writer.finish()
@@ -98,6 +110,76 @@ def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progr
             shutil.copy2(f, out / f.name)
     log.warning("converted %s → %s (experts %s)", src, out, fmt.label)
     return out
+
+
+def _output_names(module: ModuleType, arch: Any, expert_dtype: str) -> NameMap:
+    """The checkpoint names to write. gpt-oss's per-layer mxfp4 tensors are read back into
+    `<p>.experts.{e}.gate_proj/up_proj/down_proj`: a model whose experts are named otherwise
+    (Mixtral's w1/w3/w2) is written in the module's other spelling that has those names and
+    that the loader recognises from the written names (Mixtral: transformers 5's `mlp.`)."""
+    names = module.checkpoint_map(arch)
+    if expert_dtype == "mxfp4" and getattr(arch, "shared_in_store", False):
+        # NOTE: the loader reads a gpt-oss layer tensor as every expert of the bank, the
+        # shared one included, which gpt-oss's routed tensors do not hold: refused, not written unloadable.
+        raise ValueError(f"--expert-dtype mxfp4: {arch.model_type}'s shared expert is held with its routed experts "
+                         "(shared_expert_intermediate_size == moe_intermediate_size), which gpt-oss's layout has no "
+                         "place for; use fp8, int8 or int4")
+    if expert_dtype != "mxfp4" or _has_gpt_oss_names(names):
+        return names
+    for spelling in getattr(module, "SPELLINGS", ()):
+        respelled = {_respell(n, spelling): p for n, p in names.items()}
+        written = _fused_names(respelled)
+        if _has_gpt_oss_names(respelled) and spelled_as_stored(names, {}, written, module.SPELLINGS)[0] == respelled:
+            return respelled
+    raise ValueError(f"--expert-dtype mxfp4: {arch.model_type}'s experts have no gate_proj/up_proj/down_proj "
+                     "names, which gpt-oss's per-layer layout is read back into")
+
+
+def _respell(name: str, spelling: Spelling) -> str:
+    for pattern, repl in spelling:
+        name = re.sub(pattern, repl, name)
+    return name
+
+
+def _has_gpt_oss_names(names: NameMap) -> bool:
+    return any(".experts.0.gate_proj." in n for n in names)
+
+
+def _fused_names(names: NameMap) -> list[str]:
+    """The tensor names an mxfp4 output holds: the non-expert ones and each layer's fused parts."""
+    out = [n for n, p in names.items() if not p.target.startswith("experts.")]
+    for n in names:
+        if ".experts.0.gate_proj." in n:
+            prefix = n.split(".experts.")[0]
+            out += [f"{prefix}.experts.{proj}_{part}" for proj in ("gate_up_proj", "down_proj")
+                    for part in ("blocks", "scales")]
+    return out
+
+
+def _copy_skipped(src: Path, module: ModuleType, loaded: LoadedModel, writer: ShardWriter) -> list[str]:
+    """The tensors the loader skips by prefix (a vision tower, an MTP head), copied as stored:
+    the output is still the whole model for other tools. Returns their linears' names (left
+    unquantised). A quantised source's are left out (their layout is the source's scheme)."""
+    prefixes = tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    if not prefixes:
+        return []
+    linears, dropped = [], 0
+    for fname in safetensors_files(src):
+        with safe_open(str(src / fname), framework="pt") as f:
+            for name in f.keys():
+                if not name.startswith(prefixes):
+                    continue
+                if "quantization_config" in loaded.config:
+                    dropped += 1
+                    continue
+                t = f.get_tensor(name)
+                writer.add({name: t})
+                if t.dim() == 2 and name.endswith(".weight") and "embed" not in name:
+                    linears.append(name.removesuffix(".weight"))
+    if dropped:
+        log.warning("%s: %d tensor(s) edgemoe does not read (e.g. a vision tower) are not written: "
+                    "a quantised source's are in its own scheme", src, dropped)
+    return linears
 
 
 def _slice(t: torch.Tensor, place: Placement) -> torch.Tensor:
@@ -160,7 +242,7 @@ def _matrix(banks: dict[str, torch.Tensor], place: Placement, down_shape: tuple[
 
 def _fused(entries: list[tuple[str, Placement]], banks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     first = next((name for name, _ in entries if ".experts.0.gate_proj." in name), None)
-    if first is None:
+    if first is None:  # _output_names picked names that have them
         raise ValueError("mxfp4 output needs experts named <p>.experts.{e}.gate_proj/up_proj/down_proj (gpt-oss layout)")
     prefix = first.split(".experts.")[0]
     gate_up = {n[len("gate_up"):]: t for n, t in banks.items() if n.startswith("gate_up")}
