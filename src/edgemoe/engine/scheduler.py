@@ -234,6 +234,9 @@ class Scheduler:
         self.running.remove(victim)
         self._release_pages(victim)
         victim.num_computed = 0
+        # Its row may be reused by another request before it returns: make the engine
+        # rewrite the sampling state on readmission even if it gets the same row number.
+        victim.sampling_row = None
         victim.status = Status.WAITING
         self.waiting.appendleft(victim)
         return victim
