@@ -367,6 +367,43 @@ def test_text_stream_without_stops_is_the_detokenizer() -> None:
     assert out == tok.decode(ids)
 
 
+def _stream(ids: list[int], params: SamplingParams) -> tuple[str, TextStream]:
+    ts, out = TextStream.for_request(deepseek(), params), []
+    for i in ids:
+        delta = ts.push(i)
+        out.append(delta.text)
+        if delta.stopped:
+            return "".join(out), ts
+    return "".join(out) + ts.finish().text, ts
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1, 2, 3, 5, 8, 40])
+def test_min_tokens_hold_stop_strings_as_vllm_does(min_tokens: int) -> None:
+    """vLLM / SGLang semantics: a stop string ending within the first `min_tokens` tokens'
+    text does not stop; the first one ending after does (one begun earlier included), and
+    the text is cut before it. Oracle: the first occurrence of the stop that ends past the
+    text of `min_tokens` tokens."""
+    tok = deepseek()
+    ids = tok.encode("see the tree, then the bees, the end", add_special_tokens=False).ids
+    stop = "e"
+    armed_from = len(tok.decode(ids[:min_tokens])) if min_tokens < len(ids) else None
+    out, ts = _stream(ids, SamplingParams(stop=[stop], min_tokens=min_tokens))
+    text = tok.decode(ids)
+    end = next((i + 1 for i in range(len(text)) if text[i] == stop and armed_from is not None
+                and i + 1 > armed_from), None)
+    assert (out, ts.stopped) == ((text[: end - 1], True) if end is not None else (text, False))
+
+
+def test_min_tokens_let_a_stop_begun_before_them_end_after() -> None:
+    """A multi-character stop that begins inside the first `min_tokens` tokens' text and ends
+    after it stops (it ends where the stop check is on), cut where it begins."""
+    tok = deepseek()
+    ids = tok.encode("alpha beta gamma delta", add_special_tokens=False).ids
+    k = next(k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith("beta"))
+    out, ts = _stream(ids, SamplingParams(stop=["beta gam"], min_tokens=k))
+    assert ts.stopped and out == "alpha "
+
+
 def test_module_does_not_import_torch() -> None:
     code = "import sys, edgemoe.detokenizer; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

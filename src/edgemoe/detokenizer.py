@@ -223,8 +223,10 @@ class StopChecker:
     def stopped(self) -> bool:
         return self.matched is not None
 
-    def feed(self, text: str) -> StopResult:
-        """Add the next piece of text; return what may be emitted now."""
+    def feed(self, text: str, armed: bool = True) -> StopResult:
+        """Add the next piece of text; return what may be emitted now. Unless `armed`, a
+        stop string ending in this piece does not stop (`min_tokens` not reached yet); one
+        that begins here and ends in a later, armed piece does."""
         if self.stopped:
             return StopResult("", True)
         ac = self._automaton
@@ -234,7 +236,7 @@ class StopChecker:
         state, base = self._state, len(self._held)
         for i, ch in enumerate(text):
             state = ac.step(state, ch)
-            if ac.out[state] >= 0:
+            if armed and ac.out[state] >= 0:
                 # NOTE: the first position where any stop string ends: generation stops
                 # there; of those ending here, `out` is the longest (the one starting first).
                 self.matched = ac.stops[ac.out[state]]
@@ -271,13 +273,21 @@ class TextStream:
         *,
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
         self._stop = StopChecker(stop)
+        # vLLM / SGLang semantics: no stop string ends within the first `min_tokens` tokens' text
+        self._min_tokens, self._pushed = min_tokens, 0
 
     @classmethod
     def for_request(cls, tokenizer: TokenDecoder, params: SamplingParams) -> TextStream:
-        return cls(tokenizer, stop=params.stop, skip_special_tokens=params.skip_special_tokens)
+        return cls(tokenizer, stop=params.stop, skip_special_tokens=params.skip_special_tokens,
+                   min_tokens=params.min_tokens)
+
+    @property
+    def _armed(self) -> bool:
+        return self._pushed > self._min_tokens
 
     @property
     def stopped(self) -> bool:
@@ -291,13 +301,14 @@ class TextStream:
     def push(self, token_id: int) -> TextDelta:
         if self._stop.stopped:
             return TextDelta("", True)
-        return TextDelta(*self._stop.feed(self._detok.push(token_id)))
+        self._pushed += 1
+        return TextDelta(*self._stop.feed(self._detok.push(token_id), self._armed))
 
     def finish(self) -> TextDelta:
         """Flush everything held back; a stop string may still match in the last text."""
         if self._stop.stopped:
             return TextDelta("", True)
-        text, stopped = self._stop.feed(self._detok.flush())
+        text, stopped = self._stop.feed(self._detok.flush(), self._armed)
         if stopped:
             return TextDelta(text, True)
         return TextDelta(text + self._stop.flush(), False)

@@ -27,7 +27,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     `temperature=0` is greedy. `max_tokens=None` means "until the context is full".
     `stop` strings are matched on the detokenised text across token boundaries and
     are excluded from the output; `stop_token_ids` end generation on that token.
-    `min_tokens` masks every EOS id and stop token id until that many were generated.
+    `min_tokens` masks every EOS id and stop token id until that many were generated, and
+    a stop string ending within their text does not stop (vLLM's and SGLang's rule).
     `logprobs=N` returns the sampled token's logprob plus the top-N alternatives
     (raw model distribution, before penalties and filters).
     """

@@ -66,6 +66,20 @@ def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
     assert first not in held.token_ids[:4] and len(held.token_ids) >= 4
 
 
+def test_min_tokens_hold_stop_strings_back(llm: LLM) -> None:
+    """A stop string in the first `min_tokens` tokens' text does not stop (vLLM's rule):
+    the output runs on to the first occurrence ending after them, or to max_tokens."""
+    full = llm.generate([PROMPTS[0]], greedy(12))[0]
+    stop, k = full.text[:2], 3
+    if not stop or len(full.token_ids) < 12:
+        pytest.skip("no text in this sample")
+    head = llm.engine.tokenizer.tokenizer.decode(full.token_ids[:k])
+    out = llm.generate([PROMPTS[0]], greedy(12, stop=[stop], min_tokens=k))[0]
+    later = full.text.find(stop, max(0, len(head) - len(stop) + 1))
+    assert out.text == (full.text[:later] if later >= 0 else full.text)
+    assert len(out.token_ids) > k
+
+
 def test_min_tokens_holds_eos_back_exactly(make_ckpt) -> None:  # noqa: ANN001
     base = make_ckpt("qwen3_moe")
     with LLM(str(base), dtype="float32") as llm:
