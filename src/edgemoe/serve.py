@@ -135,8 +135,11 @@ class _Serve:
         announcer = asyncio.create_task(self._announce())
         try:
             await self.server.serve()
-        except SystemExit as exc:  # uvicorn exits on bind errors (port in use)
+        except SystemExit as exc:  # uvicorn exits on bind errors (port in use, a host it can't resolve)
             self.exit_code = exc.code if isinstance(exc.code, int) and exc.code else 1
+            # uvicorn's own line says why (e.g. "[Errno 98] address already in use"); this one says which flags
+            print(f"edgemoe serve: error: cannot listen on --host {self.config.host} --port {self.config.port} "
+                  "(the line above says why)", file=sys.stderr, flush=True)
         finally:
             self.stopping = True
             announcer.cancel()

@@ -181,6 +181,22 @@ def test_a_refused_checkpoint_is_a_message_not_a_traceback(served: Any, tmp_path
     assert f"{tmp_path / 'config.json'}: attention_bias=true" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("where", ["port in use", "unresolvable host"])
+def test_a_place_it_cannot_listen_on_is_named_and_the_engine_stops(served: Any, where: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = ("--port", str(taken.getsockname()[1])) if where == "port in use" else ("--host", "999.1.1.1")
+        s = served(*args)
+        code, _ = s.wait_exit(120)
+    err = s.stderr()
+    assert code != 0 and not any(READY.match(line) for line in s.stdout)
+    assert f"edgemoe serve: error: cannot listen on --host {'127.0.0.1' if where == 'port in use' else '999.1.1.1'}" in err
+    assert "Traceback" not in err
+
+
 def test_random_preset_is_served_under_its_name_and_says_so(served: Any) -> None:
     spec = "random:tiny-qwen3-moe?num_hidden_layers=1"
     s = served("--model", spec)
