@@ -56,6 +56,8 @@ def test_impossible_plans_say_what_to_lower(arch) -> None:  # noqa: ANN001
         plan(arch, budget=2 * GiB)
     with pytest.raises(PlanError, match="--kv-tokens"):
         plan(arch, kv_tokens=130_000)
+    with pytest.raises(PlanError, match=r"^0 expert slots \(0\.00 GiB\) \+ KV"):  # not a negative count
+        plan(arch, kv_tokens=10**11)
     with pytest.raises(PlanError, match="--moe-backend offload"):
         plan(arch, backend="resident")
     with pytest.raises(PlanError, match="--moe-slots"):

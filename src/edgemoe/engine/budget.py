@@ -350,7 +350,7 @@ def _plan_weights_kv(
     min_slots = arch.top_k
     kv = kv_tokens or max(1, min(max_model_len, int(free * KV_SHARE_DEFAULT) // per_tok))
     room = free - kv * per_tok
-    slots = moe_slots or min(total_experts, room // e_bytes)
+    slots = moe_slots or max(0, min(total_experts, room // e_bytes))  # a KV past the budget leaves none, not fewer
     if slots < min_slots or slots * e_bytes > room:
         raise PlanError(
             f"{slots} expert slots ({slots * e_bytes / GiB:.2f} GiB) + KV {kv} tokens "
