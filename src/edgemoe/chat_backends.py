@@ -8,6 +8,7 @@ whole); over HTTP the stream is closed and the server aborts the request.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -150,14 +151,19 @@ class RemoteBackend:
         self._response: httpx.Response | None = None
 
     def _get(self, path: str) -> dict[str, Any]:
-        r = self.http.get(self.url + path)
-        if r.status_code == 401:
-            raise ValueError(f"{self.url} wants an API key: --api-key KEY or $EDGEMOE_API_KEY")
-        r.raise_for_status()
-        body: dict[str, Any] = r.json()
+        with _said(self.url):
+            r = self.http.get(self.url + path)
+            if r.status_code == 401:
+                raise ValueError(f"{self.url} wants an API key: --api-key KEY or $EDGEMOE_API_KEY")
+            r.raise_for_status()
+            body: dict[str, Any] = r.json()
         return body
 
     def stream(self, messages: list[dict[str, Any]], answer: Answer) -> Iterator[Piece]:
+        with _said(self.url):
+            yield from self._stream(messages, answer)
+
+    def _stream(self, messages: list[dict[str, Any]], answer: Answer) -> Iterator[Piece]:
         body: dict[str, Any] = {"model": self.name, "messages": messages, "stream": True,
                                 "stream_options": {"include_usage": True}, "max_tokens": self.sampling.max_tokens}
         if self.sampling.temperature is not None:
@@ -197,6 +203,18 @@ class RemoteBackend:
 
     def close(self) -> None:
         self.http.close()
+
+
+@contextlib.contextmanager
+def _said(url: str) -> Iterator[None]:
+    """The transport's failures (no server there, it went away mid-answer, a non-JSON
+    body) as the one-line ValueError the chat prints, not a traceback."""
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        raise ValueError(f"cannot reach {url}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{url} answered something that is not JSON ({exc})") from None
 
 
 def _error(r: httpx.Response) -> str:
