@@ -57,7 +57,8 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     slot_plan,
 )
 
-SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}  # bytes per block
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024,
+                121: 99 * 1024}  # bytes per block (121: DGX Spark's GB10)
 DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 FLOATS = {"eps", "qk_scale", "weight_offset", "inv_hc", "sqrt_d"}
 
