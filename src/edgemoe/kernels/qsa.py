@@ -89,8 +89,19 @@ def select_blocks(
     scores = torch.relu(scores).sum(dim=1) / math.sqrt(qi.shape[-1])  # [n, NB], >= 0
     seen = torch.arange(NB, device=qi.device)[None, :] < visible[:, None]
     # -1 below every real score (>= 0): unseen blocks are picked only when the seen ones run out
-    top = torch.where(seen, scores, -1.0).topk(k, dim=-1).indices
+    top = ranked(torch.where(seen, scores, -1.0)).topk(k, dim=-1).indices
     return top, top < visible[:, None]
+
+
+def ranked(scores: torch.Tensor) -> torch.Tensor:
+    """int64 keys that order as `scores` [n, NB] (>= 0, or -1 where unseen) with equal scores
+    broken to the lower block id. NOTE: torch's top-k takes any of equal scores, and which
+    depends on the width NB (the page table's capacity in decode): blocks whose every indexer
+    head scored <= 0 tie at exactly 0, and on a tiny model a request's tokens changed with
+    --kv-tokens. Non-negative floats order as their bits; -1's bits are negative (below)."""
+    bits = (scores + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: no -0.0 below the zeros
+    ids = torch.arange(scores.shape[-1], device=scores.device, dtype=torch.int64)
+    return (bits << 32) + ((1 << 31) - 1 - ids)
 
 
 def top_blocks(
@@ -98,7 +109,7 @@ def top_blocks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(block ids [n, k], valid [n, k]) from scores [n, NB] (-1 where unseen), k = min(block_topk, NB);
     ordered=False: the same set in any order (no sort: ~20 µs of a 32K-block top-k on an H200)."""
-    top = scores.topk(min(block_topk, scores.shape[1]), dim=-1, sorted=ordered).indices
+    top = ranked(scores).topk(min(block_topk, scores.shape[1]), dim=-1, sorted=ordered).indices
     return top, top < visible[:, None]
 
 
