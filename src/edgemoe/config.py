@@ -227,6 +227,7 @@ class EngineConfig:
             for f in fields(part):
                 choices = f.metadata.get("choices")
                 value = getattr(part, f.name)
+                _check_type(f.name, value, str(f.type))
                 if choices and value not in choices:
                     raise ValueError(f"{flag_name(f.name)}={value!r}: choose one of {', '.join(choices)}")
         from edgemoe.moe.routing_spec import parse_routing  # torch-free
@@ -255,6 +256,23 @@ class EngineConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{flag_name(name)} must be >= 1 (got {value})")
+
+
+# What a setting's annotation accepts (the CLI's parsers give these; `LLM(**settings)` may not).
+_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """A TypeError naming the setting for a value its annotation refuses (a bool is no number)."""
+    base, optional = annotation.removesuffix(" | None"), annotation.endswith(" | None")
+    if value is None and optional:
+        return
+    accepted = _TYPES.get(base)
+    if accepted is None:
+        return
+    if not isinstance(value, accepted) or (base != "bool" and isinstance(value, bool)):
+        raise TypeError(f"{flag_name(name)} must be {'an ' if base == 'int' else 'a '}{base}"
+                        f"{' or None' if optional else ''} (got {value!r})")
 
 
 def setting_fields() -> list[dataclasses.Field[Any]]:

@@ -174,6 +174,10 @@ def test_bad_prompts_are_rejected(llm: LLM) -> None:
         llm.generate([[]], greedy(1))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[10**7]], greedy(1))
+    for odd in (1.5, True):  # a float id once ran as its integer part
+        with pytest.raises(ValueError, match=f"token ids must be integers \\(got {odd!r}\\)"):
+            llm.generate([[5, odd]], greedy(1))
+    assert not llm.engine.has_work()
 
 
 def test_unknown_setting_and_bad_values(qwen3_ckpt) -> None:  # noqa: ANN001
@@ -181,6 +185,13 @@ def test_unknown_setting_and_bad_values(qwen3_ckpt) -> None:  # noqa: ANN001
         LLM(str(qwen3_ckpt), pagesize=4)
     with pytest.raises(ValueError, match=r"page_size \(--page-size\) must be >= 1"):
         LLM(str(qwen3_ckpt), page_size=0)
+    # the Python API's values of the wrong type, named (the CLI's parsers never give them)
+    for kw, match in ((dict(max_model_len="big"), r"max_model_len \(--max-model-len\) must be an int or None"),
+                      (dict(page_size=2.0), r"page_size \(--page-size\) must be an int \(got 2\.0\)"),
+                      (dict(overlap="yes"), r"overlap \(--overlap\) must be a bool or None"),
+                      (dict(moe_hybrid_fraction=True), "must be a float or None")):
+        with pytest.raises(TypeError, match=match):
+            LLM(str(qwen3_ckpt), **kw)
     with pytest.raises(ValueError, match=r"dtype \(--dtype\)='float8'"):
         LLM(str(qwen3_ckpt), dtype="float8")
     with pytest.raises(FileNotFoundError, match="no such directory"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,8 @@ class Engine:
         params.validate(self.vocab_size)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        if odd := [t for t in prompt_ids if not isinstance(t, numbers.Integral) or isinstance(t, bool)][:1]:
+            raise ValueError(f"prompt token ids must be integers (got {odd[0]!r})")  # 1.5 once ran as token 1
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")
