@@ -49,6 +49,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     skip_special_tokens: bool = True
 
+    def __post_init__(self) -> None:
+        # One stop string as a plain str (vLLM takes both): iterated, "ab" would stop at "a" and at "b".
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError naming the field for any out-of-range value.
 

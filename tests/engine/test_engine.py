@@ -58,6 +58,17 @@ def test_stop_string_across_token_boundary(llm: LLM) -> None:
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
+def test_one_stop_string_may_be_a_plain_str(llm: LLM) -> None:
+    """`stop="ab"` is the one string "ab" (as vLLM takes it), not the stops "a" and "b"."""
+    full = llm.generate([PROMPTS[0]], greedy(12))[0].text
+    pair = next((full[i:i + 2] for i in range(1, len(full) - 1) if full[i] not in full[:i]
+                 and full[i:i + 2] not in full[:i + 1]), None)
+    if pair is None:
+        pytest.skip("no fresh two-character pair in this sample")
+    out = llm.generate([PROMPTS[0]], greedy(12, stop=pair))[0]
+    assert out.text == full[: full.index(pair)] and out.stop_reason == pair
+
+
 def test_stop_token_ids_and_min_tokens(llm: LLM) -> None:
     first = llm.generate([PROMPTS[2]], greedy(8))[0].token_ids[0]
     out = llm.generate([PROMPTS[2]], greedy(8, stop_token_ids=[first]))[0]
