@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,6 +85,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def result_dir(text: str) -> str:
+    """argparse type: a folder results can be written to, made now (not after a run of minutes)."""
+    try:
+        Path(text).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write results to {text!r}: {e.strerror or e}") from None
+    return text
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -193,49 +214,49 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--profile", action="store_true",
                      help="also break decode steps down by region (CUDA events) and count launches/host syncs")
     dec.add_argument("--profile-steps", type=positive_int, default=16, help="decode steps profiled per run")
-    dec.add_argument("--out", default="bench/results", help="result folder")
+    dec.add_argument("--out", default="bench/results", type=result_dir, help="result folder")
     agent = bench_sub.add_parser("agent", help="replay a synthetic coding-agent session against a server")
     add_engine_flags(agent)
     agent.add_argument("--url", default=None, help="a running server; default: start one per --cache-types value")
     agent.add_argument("--cache-types", nargs="+", default=["radix", "none"], help="servers to start (without --url)")
-    agent.add_argument("--turns", type=int, default=20)
-    agent.add_argument("--system-tokens", type=int, default=8000, help="system prompt + tools size")
-    agent.add_argument("--tool-result-tokens", type=int, default=1800)
-    agent.add_argument("--max-tokens", type=int, default=64, help="tokens generated per turn")
+    agent.add_argument("--turns", type=positive_int, default=20)
+    agent.add_argument("--system-tokens", type=positive_int, default=8000, help="system prompt + tools size")
+    agent.add_argument("--tool-result-tokens", type=positive_int, default=1800)
+    agent.add_argument("--max-tokens", type=positive_int, default=64, help="tokens generated per turn")
     agent.add_argument("--session-seed", type=int, default=0, help="seed of the synthetic session")
-    agent.add_argument("--out", default="bench/results", help="result folder")
+    agent.add_argument("--out", default="bench/results", type=result_dir, help="result folder")
     qe = bench_sub.add_parser("quant-error", help="relative error of each MoE layer's output per expert format")
     add_engine_flags(qe)
     qe.add_argument("--formats", nargs="+", default=["fp8", "int8", "int4", "mxfp4"],
                     choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
     qe.add_argument("--prompts", type=positive_int, default=4)
     qe.add_argument("--prompt-tokens", type=positive_int, default=64)
-    qe.add_argument("--out", default="bench/results", help="result folder")
+    qe.add_argument("--out", default="bench/results", type=result_dir, help="result folder")
     mq = bench_sub.add_parser("moe-quant", help="fused MoE kernels over quantised slot banks (GPU)")
     mq.add_argument("--formats", nargs="+", default=["bf16", "fp8", "int8", "int4", "mxfp4"],
                     choices=("bf16", "fp8", "int8", "int4", "mxfp4"))
-    mq.add_argument("--hidden", type=int, default=2048)
-    mq.add_argument("--intermediate", type=int, default=768)
-    mq.add_argument("--slots", type=int, default=64, help="experts in the slot banks the routing draws from")
+    mq.add_argument("--hidden", type=positive_int, default=2048)
+    mq.add_argument("--intermediate", type=positive_int, default=768)
+    mq.add_argument("--slots", type=positive_int, default=64, help="experts in the slot banks the routing draws from")
     mq.add_argument("--prefill-tokens", type=positive_int, default=4096)
     mq.add_argument("--reps", type=positive_int, default=200)
-    mq.add_argument("--out", default="bench/results", help="result folder")
+    mq.add_argument("--out", default="bench/results", type=result_dir, help="result folder")
     bw = bench_sub.add_parser("bw", help="host memory, CPU expert kernel and host-device copy bandwidth")
-    bw.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: physical cores)")
+    bw.add_argument("--threads", type=positive_int, default=None, help="CPU expert threads (default: physical cores)")
     bw.add_argument("--kernels", nargs="+", default=None, help="CPU expert kernels (default: all this CPU runs + torch)")
     bw.add_argument("--weights", nargs="+", default=["bf16", "int8", "fp8", "int4", "mxfp4"],
                     choices=("bf16", "int8", "fp8", "int4", "mxfp4"),
                     help="CPU expert weight formats measured (bf16 always runs)")
-    bw.add_argument("--read-gib", type=float, default=1.0, help="buffer size for the host read bandwidth")
-    bw.add_argument("--pool-mib", type=int, default=1024, help="expert pool the calls rotate through (> caches)")
-    bw.add_argument("--hidden", type=int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
-    bw.add_argument("--intermediate", type=int, default=768, help="expert shape: intermediate size I")
-    bw.add_argument("--seconds", type=float, default=0.5, help="minimum time per measurement")
+    bw.add_argument("--read-gib", type=positive_float, default=1.0, help="buffer size for the host read bandwidth")
+    bw.add_argument("--pool-mib", type=positive_int, default=1024, help="expert pool the calls rotate through (> caches)")
+    bw.add_argument("--hidden", type=positive_int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
+    bw.add_argument("--intermediate", type=positive_int, default=768, help="expert shape: intermediate size I")
+    bw.add_argument("--seconds", type=positive_float, default=0.5, help="minimum time per measurement")
     bw.add_argument("--prompt-shapes", nargs="*", type=prompt_shape, default=[(32, 16), (16, 32)],
                     metavar="TOKENSxEXPERTS",
                     help="prompt-shaped calls on the blocked kernels: tokens each x experts a call (a prompt chunk's "
                          "CPU share of a layer; default: %(default)s); none: skip")
-    bw.add_argument("--out", default="bench/results", help="result folder")
+    bw.add_argument("--out", default="bench/results", type=result_dir, help="result folder")
     _format_all(parser)
     return parser
 

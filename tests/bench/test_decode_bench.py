@@ -171,3 +171,21 @@ def test_the_printed_row_says_each_phases_cpu_experts(capsys) -> None:  # noqa: 
     assert "read from host memory" not in out  # rows without the figure
     _print_row({**row, "decode_expert_read_gb_s": 110.44})
     assert ", 110.4 GB/s of experts read from host memory" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["bench", "bw", "--seconds", "-1"], "--seconds"),
+    (["bench", "bw", "--read-gib", "nan"], "--read-gib"),
+    (["bench", "bw", "--threads", "0"], "--threads"),
+    (["bench", "agent", "--turns", "0"], "--turns"),
+    (["bench", "moe-quant", "--slots", "-2"], "--slots"),
+    (["bench", "decode", "--out", "/dev/null/results"], "--out"),
+])
+def test_every_bench_refuses_bad_numbers_and_unwritable_folders_by_flag(argv: list[str], flag: str,
+                                                                         capsys) -> None:  # noqa: ANN001
+    """At parse time, naming the flag (a bad --out once failed with a traceback after the whole run;
+    --seconds -1 and --turns 0 ran)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}:" in err and "Traceback" not in err
