@@ -87,15 +87,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
+def positive_float(text: str, least: float = 0.0, inclusive: bool = False) -> float:
+    """argparse type: a finite number > 0 (`non_negative`: >= 0)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not (least <= value if inclusive else least < value) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a {'non-negative' if inclusive else 'positive'} number, got {text}")
     return value
+
+
+def non_negative(text: str) -> float:
+    return positive_float(text, inclusive=True)
 
 
 def result_dir(text: str) -> str:
@@ -251,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--pool-mib", type=positive_int, default=1024, help="expert pool the calls rotate through (> caches)")
     bw.add_argument("--hidden", type=positive_int, default=2048, help="expert shape: hidden size H (Qwen3-30B-A3B)")
     bw.add_argument("--intermediate", type=positive_int, default=768, help="expert shape: intermediate size I")
-    bw.add_argument("--seconds", type=positive_float, default=0.5, help="minimum time per measurement")
+    bw.add_argument("--seconds", type=non_negative, default=0.5, help="minimum time per measurement")
     bw.add_argument("--prompt-shapes", nargs="*", type=prompt_shape, default=[(32, 16), (16, 32)],
                     metavar="TOKENSxEXPERTS",
                     help="prompt-shaped calls on the blocked kernels: tokens each x experts a call (a prompt chunk's "
