@@ -22,45 +22,18 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from hf_saved import save
 from tolerances import network_atol, peer_atol
 
 from edgemoe import LLM
 from edgemoe.models.hf_config import ConfigError
 from edgemoe.models.registry import model_arch
-from edgemoe.testing.checkpoint import write_tokenizer_files
 
 transformers = pytest.importorskip("transformers")
 
 SEQ = [5, 90, 17, 150, 3, 3, 200, 42] + list(range(100, 160, 3))  # 28 tokens
 SMALL = dict(vocab_size=512, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
              max_position_embeddings=256, pad_token_id=None)
-
-
-def scale_weights(model: torch.nn.Module, seed: int = 0) -> None:
-    """Unit-scale activations (transformers' init, std 0.02, makes near-uniform logits that
-    would not tell a wrong LM head from a right one): matrices N(0, 1/fan_in), the
-    embedding N(0, 1), 1-d weights (norms, zero-centred or not) shifted by N(0, 0.1²).
-    The GDN's A_log, dt_bias and conv keep transformers' init."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("A_log", "dt_bias")) or p.dim() == 3 and "conv" in name:
-                continue
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() == 1:
-                p.add_(0.1 * noise)
-            elif "embed_tokens" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[-1]))
-
-
-def save(model: torch.nn.Module, out: Path) -> Path:
-    scale_weights(model)
-    model.tie_weights()  # re-tie after the rewrite, where the config ties
-    model.save_pretrained(out)
-    write_tokenizer_files(out)
-    return out
 
 
 def ours(path: Path, seq: list[int] = SEQ) -> torch.Tensor:

@@ -18,17 +18,16 @@ lossless: equal logits), and transformers' load of the output.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
+from hf_saved import save
 from quant_ckpt_support import assert_logits_match
 from safetensors.torch import load_file
 
 from edgemoe import LLM
 from edgemoe.cli import main
-from edgemoe.testing.checkpoint import write_tokenizer_files
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,27 +37,6 @@ SMALL = dict(vocab_size=512, hidden_size=32, num_attention_heads=2, num_key_valu
 GDN = dict(layer_types=["linear_attention", "full_attention"], linear_num_key_heads=1, linear_num_value_heads=2,
            linear_key_head_dim=16, linear_value_head_dim=16)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
-
-
-def save(model: torch.nn.Module, out: Path) -> Path:
-    """As tests/models/test_saved_configs.py: matrices N(0, 1/fan_in), the embedding N(0, 1),
-    1-d weights shifted by N(0, 0.1²); the GDN's A_log, dt_bias and conv keep their init."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("A_log", "dt_bias")) or p.dim() == 3 and "conv" in name:
-                continue
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() == 1:
-                p.add_(0.1 * noise)
-            elif "embed_tokens" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[-1]))
-    model.tie_weights()
-    model.save_pretrained(out)
-    write_tokenizer_files(out)
-    return out
 
 
 def convert_cli(src: Path, fmt: str, out: Path) -> Path:
