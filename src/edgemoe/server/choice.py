@@ -25,6 +25,7 @@ from edgemoe.server.parsers import (
     ParsedDelta,
     ResponseParser,
     ThinkReasoningParser,
+    ToolCallDelta,
     get_tool_parser,
 )
 
@@ -95,12 +96,24 @@ class ChoiceState:
             self._unattributed = 0
 
     def _delta_events(self, delta: ParsedDelta) -> list[Event]:
+        # A ParsedDelta does not keep the order of its parts. Reasoning always comes
+        # first, and the rest of a call already under way (e.g. its closing "}" when the
+        # output ends) precedes the content: it was generated before that text, and
+        # block-based protocols (Anthropic, Responses) close a call once text arrives, so
+        # pieces after it would be lost. Calls starting here follow the content.
         events: list[Event] = []
         if delta.reasoning:
             events.append(ReasoningDelta(self.index, delta.reasoning))
+        started = {p.index for p in delta.tool_calls if p.name is not None}
+        events.extend(self._call_events([p for p in delta.tool_calls if p.index not in started]))
         if delta.content:
             events.append(TextDelta(self.index, delta.content))
-        for piece in delta.tool_calls:
+        events.extend(self._call_events([p for p in delta.tool_calls if p.index in started]))
+        return events
+
+    def _call_events(self, pieces: list[ToolCallDelta]) -> list[Event]:
+        events: list[Event] = []
+        for piece in pieces:
             if piece.index > 0 and not self.parallel_tool_calls:
                 continue  # parallel_tool_calls=false: only the first call is returned
             if piece.name is not None:
@@ -112,7 +125,10 @@ class ChoiceState:
 
     def _done(self, out: RequestOutput) -> ChoiceDone:
         reason = out.finish_reason or "stop"
-        if self._calls:
+        # A cut-off output says "length" even after calls: its last call or text may be
+        # truncated, and clients must not take it for a finished turn (OpenAI and
+        # Anthropic do the same: length / max_tokens win over tool_calls / tool_use).
+        if self._calls and reason != "length":
             reason = "tool_calls"
         elif reason not in ("stop", "length"):
             reason = "stop"  # "abort" only reaches us if the engine dropped the request itself

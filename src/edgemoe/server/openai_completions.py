@@ -131,7 +131,10 @@ async def _stream(gen: Generation, body: _Body, echo: str, n: int, include_usage
     def chunk(choice: int, text: str, finish_reason: str | None = None, **extra: Any) -> bytes:
         entries = pending.pop(choice, None)
         logprobs = body.logprobs(entries, offsets[choice]) if entries or finish_reason is None else None
-        offsets[choice] += len(text)
+        if logprobs is not None:
+            # Offsets count the tokens' own text, as the non-streamed `text_offset` does:
+            # the text sent so far can lag behind it (a possible stop string held back).
+            offsets[choice] += sum(map(len, logprobs["tokens"]))
         entry = {"index": choice, "text": text, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         return data_frame(body.envelope([entry]))
 
