@@ -16,6 +16,7 @@ import torch
 from edgemoe import LLM, SamplingParams
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.dense_gemv import dense_gemv
+from edgemoe.kernels.moe_experts import moe_combine_norm
 from edgemoe.kernels.moe_fused import moe_combine, moe_decode
 from edgemoe.kernels.moe_quant import moe_decode_quant
 from edgemoe.kernels.norm_fused import add_rms_norm, rms_norm
@@ -149,6 +150,8 @@ def step(b: SimpleNamespace) -> dict[str, torch.Tensor]:
     moe_decode_quant(h2, ids, w, b.qparts, b.fmt, b.qcells, "silu")  # experts addressed by id
     out["qcells"] = b.qcells
     out["out"] = moe_combine(b.cells, DT, residual=res2)
+    # the combine with the next layer's input norm fused (`_combine_norm`, what a decode step runs)
+    out["cn_h"], out["cn_normed"] = moe_combine_norm(b.cells, DT, res2, RMSNorm(b.norm_w, 1e-6))
     out["final_norm"] = rms_norm(out["out"], b.norm_w, 1e-6)
     for name, t in (("k_cache", pb.k_cache), ("v_cache", pb.v_cache), ("gu_slots", b.gu_slots)):
         out[name] = t
