@@ -87,19 +87,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str, least: float = 0.0, inclusive: bool = False) -> float:
-    """argparse type: a finite number > 0 (`non_negative`: >= 0)."""
+def positive_float(text: str, zero: bool = False) -> float:
+    """argparse type: a finite number > 0 (`zero`: >= 0)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (least <= value if inclusive else least < value) or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a {'non-negative' if inclusive else 'positive'} number, got {text}")
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a {'non-negative' if zero else 'positive'} number, got {text}")
     return value
 
 
 def non_negative(text: str) -> float:
-    return positive_float(text, inclusive=True)
+    return positive_float(text, zero=True)
 
 
 def result_dir(text: str) -> str:
