@@ -8,6 +8,7 @@ CLI builds its flags from these classes and cannot drift from them.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -259,7 +260,8 @@ class EngineConfig:
 
 
 # What a setting's annotation accepts (the CLI's parsers give these; `LLM(**settings)` may not).
-_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+_TYPES: dict[str, tuple[type, ...]] = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool,),
+                                       "str": (str,)}  # numbers.*: numpy's scalars too
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:
