@@ -163,13 +163,13 @@ def _copy_skipped(src: Path, module: ModuleType, loaded: LoadedModel, writer: Sh
     prefixes = tuple(getattr(module, "IGNORED_PREFIXES", ()))
     if not prefixes:
         return []
-    linears, dropped = [], 0
+    linears, dropped, quantised = [], 0, "quantization_config" in loaded.config
     for fname in safetensors_files(src):
         with safe_open(str(src / fname), framework="pt") as f:
             for name in f.keys():
                 if not name.startswith(prefixes):
                     continue
-                if "quantization_config" in loaded.config:
+                if quantised:
                     dropped += 1
                     continue
                 t = f.get_tensor(name)

@@ -95,8 +95,9 @@ class Engine:
         params.validate(self.vocab_size)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if odd := [t for t in prompt_ids if not isinstance(t, numbers.Integral) or isinstance(t, bool)][:1]:
-            raise ValueError(f"prompt token ids must be integers (got {odd[0]!r})")  # 1.5 once ran as token 1
+        for t in prompt_ids:  # 1.5 once ran as token 1
+            if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+                raise ValueError(f"prompt token ids must be integers (got {t!r})")
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})")

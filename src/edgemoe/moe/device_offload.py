@@ -212,12 +212,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         self._sample: tuple[torch.Tensor, int] | None = None  # the informed start's: (misses then, decode steps since)
         self.graph_variants = (PLAIN, SHARE)
         self._apply_level(start)
-        # NOTE: the informed start's sample (two int64 sums: the kernels an auto step launches
-        # beyond an offload step's, at level 0) launched once now, not first on a decode step:
-        # CUDA loads a kernel's module at its first launch (lazy loading, up to tens of ms for
-        # torch's reduction kernels). A guess at int4 auto's two steps of 40 and 53 ms at
-        # decode steps 3-4 on 2026-12-05, before any share ran (not checked).
-        self._misses_so_far()
         self.stats.sources.append(self.controller.snapshot)
 
     def _apply_level(self, level: int) -> None:
