@@ -116,7 +116,7 @@ def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt
     assert after["tokens"] - before["tokens"] == batch * (prompt_tokens + 1 + decode_tokens)
     # every timed step's host phases were recorded (engine/step_anatomy.py), and the loop let go of the record
     phases = row["decode_phase_ms"]
-    assert set(phases) == {"schedule_ms", "launch_ms", "complete_ms", "gc_ms", "gc_collections"}
+    assert set(phases) == {"schedule_ms", "launch_ms", "complete_ms", "gc_ms", "gc_collections", "switches"}
     assert 0 < phases["schedule_ms"] + phases["launch_ms"] + phases["complete_ms"] <= 1000 * row["decode_s"]
     assert all(set(s) >= {"step", "ms", "launch_ms", "gc_ms"} for s in row["decode_slow_steps"])
     assert loop.anatomy is None

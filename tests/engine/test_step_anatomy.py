@@ -49,3 +49,64 @@ def test_the_record_keeps_the_latest_steps() -> None:
     for i in range(5):
         anatomy.record(0, i, i, i)
     assert [r.phases_ns[0] for r in anatomy.steps] == [2, 3, 4]
+
+
+class FakeEvent:
+    """A CUDA timing event's interface on a fixed clock (ms)."""
+
+    def __init__(self, at_ms: float) -> None:
+        self.at_ms = at_ms
+        self.synced = False
+
+    def synchronize(self) -> None:
+        self.synced = True
+
+    def elapsed_time(self, later: "FakeEvent") -> float:
+        return later.at_ms - self.at_ms
+
+
+def test_device_spans_tell_a_slow_device_from_a_late_host() -> None:
+    """The step completed in a slow iteration is the one launched an iteration before: its
+    span says whether the device took the time (a wait inside it) or the host saw it late."""
+    anatomy = StepAnatomy()
+    spans = [(0.0, 4.0), (4.0, 72.0), (72.0, 76.5), (80.0, 84.0)]  # step 1's device work took 68 ms
+    times = [0.005, 0.005, 0.070, 0.005]
+    for (a, b), t in zip(spans, times, strict=True):
+        ns = round(t * 1e9)
+        anatomy.record(0, 1_000, 2_000, ns, (FakeEvent(a), FakeEvent(b)))
+    (slow,) = slow_steps(times, anatomy)
+    assert slow["step"] == 2
+    assert slow["completed"] == {"device_ms": 68.0, "device_gap_ms": 0.0}
+    assert slow["launched"] == {"device_ms": 4.5, "device_gap_ms": 0.0}
+    assert isinstance(slow["switches"], int) and slow["switches"] >= 0
+    totals = phase_totals(anatomy)
+    assert totals["device_ms"] == pytest.approx(4.0 + 68.0 + 4.5 + 4.0)
+    assert totals["device_gap_ms"] == pytest.approx(3.5)  # the device idle before the last step
+
+
+def test_without_events_no_device_figures() -> None:
+    anatomy = StepAnatomy()
+    assert anatomy.device_event() is None  # device timing off: no CUDA touched
+    for _ in range(3):
+        anatomy.record(0, 1_000, 2_000, 3_000, (None, None))
+    assert all(r.events is None for r in anatomy.steps)
+    assert "device_ms" not in phase_totals(anatomy)
+    slow = slow_steps([0.001, 0.001, 0.01], anatomy)
+    assert slow and "completed" not in slow[0] and "launched" not in slow[0]
+
+
+def test_involuntary_switches_are_charged_to_their_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    import edgemoe.engine.step_anatomy as mod
+
+    counts = iter([10, 10, 13, 13])  # start(), then one reading a record
+    monkeypatch.setattr(mod, "_thread_switches", lambda: next(counts))
+    anatomy = StepAnatomy()
+    anatomy.start()
+    try:
+        anatomy.record(0, 1, 2, 3)
+        anatomy.record(3, 4, 5, 6)
+        anatomy.record(6, 7, 8, 9)
+    finally:
+        anatomy.stop()
+    assert [r.switches for r in anatomy.steps] == [0, 3, 0]
+    assert phase_totals(anatomy)["switches"] == 3

@@ -146,7 +146,7 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     alloc, host, threads = allocator_snapshot(device), host_counters(), thread_ticks()
     loop = engine.overlap
     if loop is not None:
-        phase.anatomy = loop.anatomy = StepAnatomy()
+        phase.anatomy = loop.anatomy = StepAnatomy(device=device.type == "cuda")
         phase.anatomy.start()
     before, t0 = llm.stats()["moe"], time.perf_counter()
     last = t0

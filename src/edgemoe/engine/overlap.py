@@ -58,11 +58,13 @@ class OverlapLoop:
             outputs += self.drain()  # preemption / out-of-KV decisions see every token
         plan = e.scheduler.schedule()
         t1 = clock()
+        begin = self.anatomy.device_event() if self.anatomy is not None else None
         handle = e.launch(plan) if plan.seqs else None
+        events = (begin, self.anatomy.device_event()) if self.anatomy is not None else None
         t2 = clock()
         outputs += self.drain()
         if self.anatomy is not None:
-            self.anatomy.record(t0, t1, t2, clock())
+            self.anatomy.record(t0, t1, t2, clock(), events)
         outputs += e.finish_out_of_kv(plan)
         if handle is not None and handle.result is None:
             outputs += e.complete(handle)  # the launch failed: fail its requests now

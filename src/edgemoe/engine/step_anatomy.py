@@ -10,13 +10,23 @@ load, a capture, an allocation); one whose complete is long was held on the devi
 by what the device waited for (the CPU share's answer). The collector's pauses are
 counted apart (`gc.callbacks`): a full collection lands in whichever phase allocated.
 
+A long *complete* alone can't say which: the device slow, or the engine thread
+descheduled while the device finished (2026-12-05: `auto`'s early slow steps, 207
+involuntary switches in that run). So each record also carries the engine thread's
+involuntary context switches during the step (`getrusage(RUSAGE_THREAD)`, ~1 µs) and,
+with `device=True`, two CUDA events around the step's launch on the current stream: their
+span is the device's time on the step (its waits on the bell or a copy included), and the
+gap from the previous step's end the device's idle wait for the host.
+
 Off unless a caller sets `OverlapLoop.anatomy` (`edgemoe bench decode` does for its
-decode phase): then four clock reads a step. Not thread-safe (the engine's loop).
+decode phase): then four clock reads, a syscall and (on CUDA) two events a step. Not
+thread-safe (the engine's loop).
 """
 
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 import time
 from collections import deque
@@ -33,6 +43,8 @@ class StepRecord:
     phases_ns: tuple[int, int, int]
     gc_ns: int = 0
     gc_generations: tuple[int, ...] = ()
+    switches: int = 0  # the recording thread's involuntary context switches in the step
+    events: tuple[Any, Any] | None = None  # CUDA events before and after the step's launch
 
 
 @dataclass
@@ -40,7 +52,9 @@ class StepAnatomy:
     """The last `capacity` steps' records, oldest first; `start` hooks the collector."""
 
     capacity: int = 4096
+    device: bool = False  # time each step's launch on the device with two CUDA events
     steps: deque[StepRecord] = field(init=False)
+    _switches: int = field(init=False, default=0)
     _gc_ns: int = field(init=False, default=0)
     _gc_gens: list[int] = field(init=False, default_factory=list)
     _gc_since: int | None = field(init=False, default=None)
@@ -50,6 +64,7 @@ class StepAnatomy:
         self.steps = deque(maxlen=self.capacity)
 
     def start(self) -> None:
+        self._switches = _thread_switches()
         if not self._hooked:
             gc.callbacks.append(self._on_gc)
             self._hooked = True
@@ -67,18 +82,55 @@ class StepAnatomy:
             self._gc_gens.append(int(info.get("generation", -1)))
             self._gc_since = None
 
-    def record(self, t0: int, t1: int, t2: int, t3: int) -> None:
+    def device_event(self) -> Any:
+        """A timing event recorded now on the current CUDA stream (None: `device` off)."""
+        if not self.device:
+            return None
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def record(self, t0: int, t1: int, t2: int, t3: int, events: tuple[Any, Any] | None = None) -> None:
         """A step that began at `t0` (perf_counter_ns), scheduled until `t1`, launched until
-        `t2` and completed at `t3`; the collections since the last record are its own."""
-        self.steps.append(StepRecord((t1 - t0, t2 - t1, t3 - t2), self._gc_ns, tuple(self._gc_gens)))
+        `t2` and completed at `t3` (`events`: `device_event()`s before and after its launch);
+        the collections and switches since the last record are its own."""
+        switches, self._switches = self._switches, _thread_switches()
+        events = events if events is not None and None not in events else None
+        self.steps.append(StepRecord((t1 - t0, t2 - t1, t3 - t2), self._gc_ns, tuple(self._gc_gens),
+                                     self._switches - switches, events))
         self._gc_ns, self._gc_gens = 0, []
+
+
+def _thread_switches() -> int:
+    """The calling thread's involuntary context switches so far (0 where unsupported)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who).ru_nivcsw if who is not None else 0
+
+
+def device_ms(records: list[StepRecord], i: int) -> dict[str, float]:
+    """Record `i`'s device span (`device_ms`: the launched step's work, from the device
+    reaching it to its end) and the device's idle wait before it (`device_gap_ms`: from
+    the previous record's end), where both carry events; {} otherwise."""
+    here = records[i].events if 0 <= i < len(records) else None
+    if here is None:
+        return {}
+    here[1].synchronize()
+    out = {"device_ms": round(here[0].elapsed_time(here[1]), 2)}
+    before = records[i - 1].events if i > 0 else None
+    if before is not None:
+        out["device_gap_ms"] = round(before[1].elapsed_time(here[0]), 2)
+    return out
 
 
 def slow_steps(step_seconds: list[float], anatomy: StepAnatomy, factor: float = 2.0,
                most: int = 8) -> list[dict[str, Any]]:
     """The `most` slowest of `step_seconds` (a benchmark's timing of the same steps, the
     last len(step_seconds) of `anatomy`'s) over `factor` × their median, slowest first,
-    each with its phases and collections in ms."""
+    each with its phases, collections and involuntary switches, and with device events the
+    device's time on the step it completed (`completed`: the one launched a step before)
+    and on the one it launched (`launched`)."""
     records = list(anatomy.steps)[-len(step_seconds):] if step_seconds else []
     if not records or len(records) != len(step_seconds):
         return []
@@ -86,7 +138,10 @@ def slow_steps(step_seconds: list[float], anatomy: StepAnatomy, factor: float = 
     slow = sorted((i for i, s in enumerate(step_seconds) if s > factor * median), key=lambda i: -step_seconds[i])
     return [{"step": i, "ms": round(1e3 * step_seconds[i], 2),
              **{f"{name}_ms": round(ns / 1e6, 2) for name, ns in zip(PHASES, records[i].phases_ns, strict=True)},
-             "gc_ms": round(records[i].gc_ns / 1e6, 2), "gc_generations": list(records[i].gc_generations)}
+             "gc_ms": round(records[i].gc_ns / 1e6, 2), "gc_generations": list(records[i].gc_generations),
+             "switches": records[i].switches,
+             **({"completed": done} if (done := device_ms(records, i - 1)) else {}),
+             **({"launched": launched} if (launched := device_ms(records, i)) else {})}
             for i in slow[:most]]
 
 
@@ -96,5 +151,9 @@ def phase_totals(anatomy: StepAnatomy) -> dict[str, Any]:
     records = list(anatomy.steps)
     totals = {f"{name}_ms": round(sum(r.phases_ns[k] for r in records) / 1e6, 2) for k, name in enumerate(PHASES)}
     gens = [g for r in records for g in r.gc_generations]
+    spans = [device_ms(records, i) for i in range(len(records))]
+    device = {"device_ms": round(sum(s["device_ms"] for s in spans if s), 2),
+              "device_gap_ms": round(sum(s.get("device_gap_ms", 0.0) for s in spans), 2)} if any(spans) else {}
     return {**totals, "gc_ms": round(sum(r.gc_ns for r in records) / 1e6, 2),
-            "gc_collections": {str(g): gens.count(g) for g in sorted(set(gens))}}
+            "gc_collections": {str(g): gens.count(g) for g in sorted(set(gens))},
+            "switches": sum(r.switches for r in records), **device}

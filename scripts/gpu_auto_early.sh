@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 13's `auto` target: what makes auto's early slow decode steps (2026-12-05: steps 3-6
+# at 68 / 33 / 36 / 12 ms in one run of two, all in the host's *complete* phase). Each run is
+# its own process of `bench decode` (the 16 GiB scenario, synthetic routing, a 1K prompt,
+# $DECODE decode tokens), interleaved: $RUNS (dtype:backend) x $ROUNDS, each with the engine
+# thread spinning and sleeping on a step's result (EDGEMOE_BLOCKING_WAIT=0 / 1). Each slow
+# step says the device's span of the step it completed and the engine thread's involuntary
+# switches (engine/step_anatomy.py): a long span is the device's time, a short one with
+# switches the host's. A table at the end. Through the device tool:
+#   run(command="scripts/gpu_auto_early.sh", carry=[".whl"], timeout_s=600)
+set -uo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+res=$OUT/r; mkdir -p "$res"
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  for run in ${RUNS:-int4:offload int4:auto}; do
+    for bw in ${WAITS:-0 1}; do
+      dtype=${run%%:*} backend=${run#*:} dir=$res/$round-$dtype-$backend-bw$bw
+      mkdir -p "$dir"
+      EDGEMOE_BLOCKING_WAIT=$bw timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
+        --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" \
+        --prompt-tokens 1024 --batch-sizes 1 --decode-tokens "${DECODE:-320}" --out "$dir" > "$dir/log" 2>&1 \
+        || { echo "== $dir failed"; tail -5 "$dir/log"; }
+    done
+  done
+done
+python3 - "$res" <<'PY'
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "decode-*.json"))):
+    d = json.load(open(path)); r = d["rows"][-1]; m = d["moe"]["final"]
+    host = r.get("decode_host") or {}
+    print(os.path.basename(os.path.dirname(path)), "tok/s", round(r["decode_tok_s"], 1), "p50",
+          round(r["decode_step_ms_p50"], 2), "invol", host.get("ctx_switches_involuntary"),
+          "settled", m.get("cpu_quota_settled"), "phases", r.get("decode_phase_ms"))
+    for s in r.get("decode_slow_steps", [])[:5]:
+        print("   ", s)
+PY
+save_jit_cache
