@@ -14,6 +14,10 @@ field as required). An engine failure midway is an `event: error`.
 Usage follows Anthropic's accounting: `input_tokens` are the prompt tokens *not* read
 from the prefix cache, `cache_read_input_tokens` the ones that were (Claude Code adds
 them up for its context gauge); `cache_creation_input_tokens` is always 0.
+
+`/v1/models` answers an Anthropic client (one that sends `anthropic-version`) with
+Anthropic's model list (`type`, `display_name`, `created_at`, `has_more`, …): Claude
+Code's gateway model discovery and the SDK's `models.list()` read only that shape.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import functools
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
+from datetime import datetime, timezone
 from typing import Any
 
 import anyio
@@ -60,6 +65,7 @@ from edgemoe.server.state import ServerState
 
 Frame = dict[str, Any]
 _INTERLEAVED_BETA = "interleaved-thinking"
+ANTHROPIC_VERSION = "anthropic-version"  # the header every Anthropic client sends
 
 
 def to_generation_request(
@@ -203,6 +209,19 @@ async def count_tokens(state: ServerState, req: CountTokensRequest) -> dict[str,
     gen_req = await anyio.to_thread.run_sync(to_generation_request, req, model)
     thinking = gen_req.thinking if gen_req.thinking is not None else state.config.thinking_default
     return {"input_tokens": await anyio.to_thread.run_sync(count_prompt_tokens, model, gen_req, thinking)}
+
+
+def anthropic_model_card(model_id: str, model: ServedModel) -> dict[str, Any]:
+    """`GET /v1/models/{id}` in Anthropic's shape (the SDK's `ModelInfo`)."""
+    created = datetime.fromtimestamp(model.created, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": model_id, "display_name": model_id, "created_at": created,
+            "lifecycle": "active", "max_input_tokens": model.max_model_len}
+
+
+def anthropic_model_list(model: ServedModel) -> dict[str, Any]:
+    """`GET /v1/models` in Anthropic's shape: one page, every model on it."""
+    return {"data": [anthropic_model_card(model.name, model)], "has_more": False,
+            "first_id": model.name, "last_id": model.name}
 
 
 async def _collect(gen: Generation) -> BlockBuilder:

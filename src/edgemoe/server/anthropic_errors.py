@@ -8,6 +8,10 @@ the status, so the OpenAI body would be misread (a known bug of other servers).
 Status mapping: the status is kept, except that an `Overloaded` server answers 529
 `overloaded_error` (Anthropic's "try again later", which Claude Code retries) where
 the OpenAI routes answer 429; both carry `Retry-After`.
+
+A prompt over the context is worded as Anthropic words it, "prompt is too long: N tokens
+> M maximum": the body has no error code, so Claude Code (which then compacts) and the
+agents that copied its check (OpenCode, pi) recognise a full context by that text.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from edgemoe.server.api_error import APIError, Overloaded
+from edgemoe.server.api_error import APIError, ContextLengthExceeded, Overloaded
 from edgemoe.server.sse import event_frame
 
 ANTHROPIC_PATH = "/v1/messages"
@@ -55,8 +59,19 @@ def anthropic_error_type(err: APIError) -> str:
     return _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
+def anthropic_message(err: APIError) -> str:
+    """`err`'s message, in Anthropic's words where clients match on them."""
+    if isinstance(err, ContextLengthExceeded):
+        # A lower bound still exceeds the maximum; the note keeps the sentence honest.
+        note = "" if err.exact else " (counted up to the limit)"
+        return f"prompt is too long: {err.tokens} tokens > {err.max_prompt_tokens} maximum{note}"
+    if err.code == "context_length_exceeded":  # the engine's own refusal: no numbers to reword
+        return f"prompt is too long: {err.message}"
+    return err.message
+
+
 def anthropic_error_body(err: APIError) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": anthropic_error_type(err), "message": err.message}}
+    return {"type": "error", "error": {"type": anthropic_error_type(err), "message": anthropic_message(err)}}
 
 
 def retry_after_header(err: APIError) -> dict[str, str]:

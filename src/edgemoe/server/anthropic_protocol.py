@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.limits import MAX_TOKEN_COUNT, Range, StopStrings
-from edgemoe.server.protocol import TokenCount
+from edgemoe.server.protocol import Flag, TokenCount
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _MIN_THINKING_BUDGET = 1024
@@ -127,7 +127,7 @@ class CreateMessageRequest(CountTokensRequest):
 
     max_tokens: TokenCount
     stop_sequences: Annotated[list[str], StopStrings()] | None = None
-    stream: bool = False
+    stream: Flag = False
     temperature: Annotated[float, Range(0, 1)] | None = None
     top_p: Annotated[float, Range(0, 1, lo_open=True)] | None = None
     top_k: Annotated[int, Range(0, MAX_TOKEN_COUNT)] | None = None

@@ -40,6 +40,19 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class ContextLengthExceeded(APIError):
+    """A prompt the context cannot hold: 400 `context_length_exceeded`, with the numbers
+    each protocol words its own way. `tokens` is the prompt's size (a lower bound unless
+    `exact`); `max_prompt_tokens` the largest prompt that fits (the context length less
+    the one position the first generated token needs)."""
+
+    def __init__(self, message: str, *, tokens: int, max_prompt_tokens: int, exact: bool, param: str | None) -> None:
+        super().__init__(400, message, param=param, code="context_length_exceeded")
+        self.tokens = tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.exact = exact
+
+
 class Overloaded(APIError):
     """The server is at capacity (its queue is full): try again after `retry_after` seconds.
 

@@ -21,7 +21,13 @@ from fastapi.responses import JSONResponse, Response
 from edgemoe.server import access_log, engine_log
 from edgemoe.server.access_log import AccessLogMiddleware
 from edgemoe.server.admission import enforce_deadlines
-from edgemoe.server.anthropic import count_tokens, create_message
+from edgemoe.server.anthropic import (
+    ANTHROPIC_VERSION,
+    anthropic_model_card,
+    anthropic_model_list,
+    count_tokens,
+    create_message,
+)
 from edgemoe.server.anthropic_protocol import CountTokensRequest, CreateMessageRequest
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.disconnect_watch import CancelOnDisconnectMiddleware
@@ -141,15 +147,21 @@ def _add_info_routes(app: FastAPI) -> None:
             "random_weights": info.random_weights if info else None,
         }
 
+    # An Anthropic client (it sends `anthropic-version`; OpenAI clients never do) gets
+    # Anthropic's shape: Claude Code's gateway model discovery reads no other.
     @_both(app, "GET", "/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
         model = _state(request).serving(None)
+        if ANTHROPIC_VERSION in request.headers:
+            return anthropic_model_list(model)
         return {"object": "list", "data": [_card(model.name, request)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> dict[str, Any]:
         model_id = model_id.rstrip("/")
-        _state(request).serving(model_id)
+        model = _state(request).serving(model_id)
+        if ANTHROPIC_VERSION in request.headers:
+            return anthropic_model_card(model_id, model)
         return _card(model_id, request)
 
 

@@ -20,7 +20,13 @@ from edgemoe.server.anthropic_errors import (
     is_anthropic_path,
     retry_after_header,
 )
-from edgemoe.server.api_error import APIError, Overloaded, bad_request, unavailable  # noqa: F401 - re-exported
+from edgemoe.server.api_error import (  # noqa: F401 - re-exported
+    APIError,
+    ContextLengthExceeded,
+    Overloaded,
+    bad_request,
+    unavailable,
+)
 from edgemoe.server.validation import describe, param_of  # noqa: F401 - param_of re-exported
 
 

@@ -29,7 +29,7 @@ from edgemoe.server.engine_client import (
     EngineUnavailable,
     OutputStream,
 )
-from edgemoe.server.errors import APIError, bad_request, unavailable
+from edgemoe.server.errors import APIError, ContextLengthExceeded, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
@@ -181,9 +181,9 @@ def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bo
 
 
 def context_exceeded(model: ServedModel, req: GenerationRequest, n_tokens: int, *, exact: bool = True) -> APIError:
-    return bad_request(
+    return ContextLengthExceeded(
         f"the prompt has {'' if exact else 'at least '}{n_tokens} tokens, the context length is {model.max_model_len}",
-        param=req.prompt_param, code="context_length_exceeded",
+        tokens=n_tokens, max_prompt_tokens=model.max_model_len - 1, exact=exact, param=req.prompt_param,
     )
 
 

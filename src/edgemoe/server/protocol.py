@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from edgemoe.messages import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from edgemoe.server.limits import (
@@ -40,6 +40,15 @@ TokenId = Annotated[int, Range(0, MAX_TOKEN_ID)]
 Logprobs = Annotated[int, Range(0, MAX_LOGPROBS)]
 Choices = Annotated[int, Range(1, MAX_CHOICES)]
 Stop = Annotated[str | list[str], StopStrings()]
+
+
+def _null_is(default: object) -> BeforeValidator:
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
+# `null` means the default: OpenAI's spec makes `stream`, `n`, `logprobs`, `echo`
+# nullable, and clients generated from the specs send null for what they leave unset.
+Flag = Annotated[bool, _null_is(False)]
 
 
 class _Request(BaseModel):
@@ -100,8 +109,8 @@ class SamplingFields(_Request):
     """Sampling fields Chat Completions and Completions share (OpenAI's and local servers')."""
 
     model: str | None = None
-    n: Choices = 1
-    stream: bool = False
+    n: Annotated[Choices, _null_is(1)] = 1
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     stop: Stop | None = None
     seed: Seed | None = None
@@ -132,7 +141,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    logprobs: bool = False
+    logprobs: Flag = False
     top_logprobs: Logprobs | None = None
     max_tokens: TokenCount | None = None
     max_completion_tokens: TokenCount | None = None
@@ -146,7 +155,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
+    echo: Flag = False
     logprobs: Logprobs | None = None
     max_tokens: TokenCount | None = 16
     suffix: str | None = None

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.errors import bad_request
 from edgemoe.server.protocol import (
+    Flag,
     Probability,
     RepetitionPenalty,
     Seed,
@@ -70,7 +71,7 @@ class ResponsesRequest(_Request):
     max_output_tokens: TokenCount | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    stream: bool = False
+    stream: Flag = False
     store: bool | None = None
     metadata: dict[str, str] | None = None
     previous_response_id: str | None = None
