@@ -16,10 +16,14 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
     for bw in ${WAITS:-0 1}; do
       dtype=${run%%:*} backend=${run#*:} dir=$res/$round-$dtype-$backend-bw$bw
       mkdir -p "$dir"
+      # the GPU's power state and clocks every 50 ms (read-only): a memory-clock switch stalls the device
+      nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv,noheader \
+        -lms 50 > "$dir/clocks.csv" 2>/dev/null & smi=$!
       EDGEMOE_BLOCKING_WAIT=$bw timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
         --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" \
         --prompt-tokens 1024 --batch-sizes 1 --decode-tokens "${DECODE:-320}" --out "$dir" > "$dir/log" 2>&1 \
         || { echo "== $dir failed"; tail -5 "$dir/log"; }
+      kill $smi 2>/dev/null; wait $smi 2>/dev/null
     done
   done
 done
@@ -33,5 +37,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "decode-*.json"))):
           "settled", m.get("cpu_quota_settled"), "phases", r.get("decode_phase_ms"))
     for s in r.get("decode_slow_steps", [])[:5]:
         print("   ", s)
+    rows = [line.split(", ") for line in open(os.path.join(os.path.dirname(path), "clocks.csv")) if line.count(",") >= 5]
+    changes = [rows[0]] + [b for a, b in zip(rows, rows[1:]) if (a[1], a[3]) != (b[1], b[3])] if rows else []
+    print("    power state / memory clock changes:", [(c[0][-12:], c[1], c[3]) for c in changes][:12])
 PY
+tar czf "$OUT/results.tgz" -C "$res" . && rm -rf "$res"  # a call brings back at most 8 files
 save_jit_cache
