@@ -62,6 +62,7 @@ def test_qwen3_next_without_a_shared_expert_is_refused() -> None:
         f"{WHERE}: shared_expert_intermediate_size=0")
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "original_max_position_embeddings": 64}
 # (model_type, field, value): each failed with a raw Python error (or at the first token:
 # topk past the experts), or was read silently as something else (a string flag, a string
 # list, yarn without its factor).
@@ -86,6 +87,15 @@ BAD_VALUES = [
     ("mixtral", "sliding_window", 0),
     ("qwen3_next", "layer_types", "linear_attention"),
     ("qwen3_5_moe_text", "linear_conv_kernel_dim", 1),  # the conv state kernels failed (IndexError)
+    # YaRN's options were not checked: a TypeError (a math domain error for a negative beta)
+    # when the rotary tables were built, a string truncate read as true, and an
+    # AssertionError out of model_arch for a null original length
+    ("qwen3_moe", "rope_parameters", dict(YARN, beta_fast="32")),
+    ("mixtral", "rope_parameters", dict(YARN, attention_factor="0.8")),
+    ("olmoe", "rope_parameters", dict(YARN, mscale=[1.0], mscale_all_dim=1.0)),
+    ("qwen3_next", "rope_parameters", dict(YARN, beta_slow=-1)),
+    ("qwen3_moe", "rope_parameters", dict(YARN, truncate="false")),
+    ("qwen3_5_moe_text", "rope_parameters", dict(YARN, original_max_position_embeddings=None)),
 ]
 
 
@@ -93,6 +103,21 @@ BAD_VALUES = [
 def test_a_bad_value_is_refused_naming_the_file_and_field(model_type: str, field: str, value: Any) -> None:
     message = refusal(config(model_type, **{field: value}))
     assert message.startswith(f"{WHERE}: ") and field.split(".")[0] in message
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "olmoe", "mixtral"])
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn"])
+def test_partial_rotary_with_scaled_rope_on_a_whole_head_family_is_refused(model_type: str, rope_type: str) -> None:
+    """Their default RoPE ignores partial_rotary_factor (whole heads rotate), but a scaled
+    RoPE's frequencies cover only the partial dim, which their modeling cannot apply: we
+    served it as whole-head rotation. Asked of transformers' own model (it fails too)."""
+    rope = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    raw = config(model_type, rope_parameters=rope)
+    assert refusal(raw).startswith(f"{WHERE}: partial_rotary_factor 0.5 with rope_type {rope_type!r}")
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**raw))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        model(torch.tensor([[1, 2, 3]]))
+    assert model_arch(config(model_type, partial_rotary_factor=0.5), WHERE).rope.rotary_dim == 8  # default: whole
 
 
 def test_a_config_that_is_not_an_object_or_has_a_bad_quantization_config(tmp_path: Path) -> None:

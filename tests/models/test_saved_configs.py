@@ -10,7 +10,9 @@ transformers' logits (its own class for the checkpoint, float64 for the hybrids)
 - Qwen3-MoE with `use_sliding_window` (we refused it) on a prompt longer than the window;
 - Qwen3-MoE with `use_sliding_window` and `sliding_window=None`, saved as null (transformers
   attends to the whole context; we windowed at the class default, 4096 tokens);
-- a saved config.json with one field dropped, read with the config class's default.
+- a saved config.json with one field dropped, read with the config class's default;
+- a float64 checkpoint (`save_pretrained` of a `.double()` model: we refused its dtype, even
+  under an explicit float32).
 """
 
 from __future__ import annotations
@@ -99,6 +101,12 @@ def test_qwen3_moe_null_sliding_window_attends_to_the_whole_context(tmp_path: Pa
     assert json.loads((path / "config.json").read_text())["sliding_window"] is None  # not absent: no window
     seq = [(7 * i) % 500 for i in range(4200)]  # past the class default window, 4096
     assert_matches_transformers(path, seq)
+
+
+def test_a_float64_checkpoint_loads_in_float32(tmp_path: Path) -> None:
+    path = save(qwen3_moe().double(), tmp_path)
+    assert json.loads((path / "config.json").read_text())["dtype"] == "float64"
+    assert_matches_transformers(path)  # transformers reads it in float32 too
 
 
 CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, none equals it

@@ -10,6 +10,7 @@ config class knows beyond the JSON (aliases, RoPE defaults), copied from transfo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,9 +162,11 @@ def text_config(config: Mapping[str, Any], multimodal_type: str, text_type: str)
 
 
 def checkpoint_dtype(c: HFConfig) -> torch.dtype:
-    """`dtype` (transformers 5) wins over `torch_dtype` (4.x) when both are set."""
+    """`dtype` (transformers 5) wins over `torch_dtype` (4.x) when both are set. A float64
+    checkpoint (`save_pretrained` of a `.double()` model) computes in float32, the widest
+    dtype we have: refusing it refused `--dtype float32` / bfloat16 too, which cast it fine."""
     name = c.get("dtype") or c.get("torch_dtype") or "bfloat16"
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float32}
     if not isinstance(name, str) or name not in dtypes:
         raise ConfigError(f"dtype {name!r} is not supported ({', '.join(dtypes)})")
     return dtypes[name]
@@ -195,9 +198,9 @@ def rope_parameters(c: HFConfig, max_position_embeddings: int) -> dict[str, Any]
     return params
 
 
-def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeSpec:
-    """The model's RoPE; `max_position_embeddings` is config.json's (or the family default)."""
-    p = rope_parameters(c, max_position_embeddings)
+def check_rope_values(p: Mapping[str, Any]) -> None:
+    """Each rope_parameters value the rotary tables compute with is of its type, so a bad one
+    is refused by name here, not a TypeError (or math domain error) when the tables are built."""
     rope_type = p["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
@@ -208,7 +211,36 @@ def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeS
     for key in ("rope_theta", "factor", "partial_rotary_factor", "original_max_position_embeddings"):
         if p.get(key) is not None:
             positive_number(f"rope_parameters.{key}", p[key])
-    partial = float(p.get("partial_rotary_factor") or 1.0) if c.schema.partial_rotary else 1.0
+    if rope_type != "yarn":
+        return  # the other types read none of YaRN's options
+    if p.get("original_max_position_embeddings") is None:  # only an explicit null: absent is the native length
+        raise ConfigError("rope_parameters.original_max_position_embeddings=null: rope_type 'yarn' needs a number")
+    for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
+        value = p.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"rope_parameters.{key}={value!r}: expected a number")
+        if key.startswith("beta") and value < 0:  # rotations: 0 means the default, a log takes the rest
+            raise ConfigError(f"rope_parameters.{key}={value!r}: expected a number >= 0")
+    if p.get("truncate") is not None and not isinstance(p["truncate"], bool):
+        raise ConfigError(f"rope_parameters.truncate={p['truncate']!r}: expected true or false")
+
+
+def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeSpec:
+    """The model's RoPE; `max_position_embeddings` is config.json's (or the family default)."""
+    p = rope_parameters(c, max_position_embeddings)
+    rope_type = p["rope_type"]
+    check_rope_values(p)
+    partial = float(p.get("partial_rotary_factor") or 1.0)
+    if not c.schema.partial_rotary:
+        # NOTE: default RoPE ignores the factor there, but transformers' scaled RoPE computes
+        # frequencies for the partial dim, which whole-head modeling cannot apply (it fails
+        # on a shape mismatch): no model to match, so refused rather than rotated whole.
+        if partial != 1.0 and rope_type != "default":
+            raise ConfigError(f"partial_rotary_factor {partial} with rope_type {rope_type!r}: model_type "
+                              f"{c.model_type!r} rotates whole heads (transformers cannot run it either)")
+        partial = 1.0
     rotary_dim = int(head_dim * partial)
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise ConfigError(f"partial_rotary_factor {partial} gives rotary dim {rotary_dim} of head_dim {head_dim}")
