@@ -19,13 +19,13 @@ so far, its object is closed, and the rest of the raw text is content.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
 from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
+from edgemoe.server.parsers.schema import round_trip_json
 
 # A complete JSON string (unrolled loop: linear, no backtracking blow-up).
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
@@ -34,18 +34,14 @@ _SCALAR = re.compile(r"[^ \t\r\n,\]}]*")
 _IN_STRING = re.compile(r'["\\]')
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN/Infinity would not round-trip
-
-
 def loads(text: str) -> Any:
-    """Lenient on raw control characters in strings, strict on NaN/Infinity.
+    """Lenient on raw control characters in strings, strict on NaN/Infinity/overflow.
 
     Raises ValueError only: model output nested past Python's recursion limit raises
     RecursionError in the decoder, which callers (catching ValueError) would let through
     as a failed response instead of treating the text as not-a-call."""
     try:
-        return json.loads(text, strict=False, parse_constant=_no_constant)
+        return round_trip_json(text, strict=False)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 

@@ -310,12 +310,27 @@ def _serialisable(value: Any) -> bool:
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(name)
+    raise ValueError(f"{name} is not JSON")  # NaN/Infinity would not round-trip
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 is a valid JSON number but parses to inf, which json.dumps writes as the
+    # non-JSON token Infinity: refused like the NaN/Infinity names.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a float")
+    return value
+
+
+def round_trip_json(text: str, strict: bool = True) -> Any:
+    """`json.loads` of what `json.dumps` writes back as JSON: no NaN/Infinity, no number
+    that overflows a float (`strict=False`: raw control characters in strings allowed)."""
+    return json.loads(text, strict=strict, parse_constant=_no_constant, parse_float=_finite_float)
 
 
 def _to_json(raw: str) -> Any:
     try:
-        return json.loads(raw.strip(), parse_constant=_no_constant)
+        return round_trip_json(raw.strip())
     except (ValueError, RecursionError):
         return _FAIL
 
