@@ -7,6 +7,8 @@ the SDKs they build on) really send, answered in the shape they parse.
 - `GET /v1/models` from an Anthropic client (`anthropic-version`): Anthropic's model list,
   which Claude Code's gateway model discovery and the SDK's `models.list()` read.
 - `null` for the nullable `stream` / `n` / `logprobs` / `echo`: the default, not a 400.
+- A bad field named as the client wrote it: an Anthropic text block without its text, an
+  empty Responses `input`.
 """
 
 from __future__ import annotations
@@ -97,3 +99,24 @@ def test_null_means_the_default(scripted: ServerHarness, path: str, body: dict[s
     if path == "/v1/chat/completions":
         completion = strict(ChatCompletion, r.json())
         assert len(completion.choices) == 1 and completion.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    # an Anthropic text block without its text: named as such, not "unsupported block type 'text'"
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 5},
+     "messages.0.content.0.text"),
+    ("/v1/messages", {"system": [{"type": "text", "text": 3}], "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 5}, "system.0.text"),
+    # an empty Responses input: the field the client wrote, not the chat route's `messages`
+    ("/v1/responses", {"input": []}, "input"),
+])
+def test_a_bad_field_is_named_as_the_client_wrote_it(scripted: ServerHarness, path: str, body: dict[str, Any],
+                                                      param: str) -> None:
+    r = httpx.post(f"{scripted.base_url}{path}", json={"model": "m", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    if path == "/v1/messages":
+        assert error["type"] == "invalid_request_error" and error["message"].startswith(f"{param}:"), error
+        assert "unsupported content block" not in error["message"]
+    else:
+        assert error["param"] == param and "messages" not in error["message"], error

@@ -166,8 +166,11 @@ def strip_billing_header(text: str) -> str:
 
 
 def _block_text(block: object, where: str) -> str:
-    if isinstance(block, Mapping) and block.get("type") == "text" and isinstance(block.get("text"), str):
-        return block["text"]
+    if isinstance(block, Mapping) and block.get("type") == "text":
+        if isinstance(block.get("text"), str):
+            return block["text"]
+        raise bad_request(f"{where}.text: a text block needs a string 'text' (got {block.get('text')!r})",
+                          param=f"{where}.text")
     kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
     raise _block_error(kind, where)
 

@@ -132,6 +132,8 @@ class ResponsesRequest(_Request):
             messages.append({"role": "system", "content": self.instructions})
         if isinstance(self.input, str):
             return [*messages, {"role": "user", "content": self.input}]
+        if not self.input:  # else the chat template's error would name the chat route's `messages`
+            raise bad_request("input is an empty list: send at least one input item", param="input")
         builder = _Conversation(messages)
         for index, item in enumerate(self.input):
             builder.add(item, f"input[{index}]")
