@@ -8,7 +8,7 @@ the SDKs they build on) really send, answered in the shape they parse.
   which Claude Code's gateway model discovery and the SDK's `models.list()` read.
 - `null` for the nullable `stream` / `n` / `logprobs` / `echo`: the default, not a 400.
 - A bad field named as the client wrote it: an Anthropic text block without its text, an
-  empty Responses `input`.
+  empty Responses `input`; a compressed body by its Content-Encoding, not as "not valid JSON".
 """
 
 from __future__ import annotations
@@ -120,3 +120,18 @@ def test_a_bad_field_is_named_as_the_client_wrote_it(scripted: ServerHarness, pa
         assert "unsupported content block" not in error["message"]
     else:
         assert error["param"] == param and "messages" not in error["message"], error
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_compressed_body_is_refused_naming_its_encoding(scripted: ServerHarness, path: str) -> None:
+    import gzip
+    import json
+
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(f"{scripted.base_url}{path}", content=gzip.compress(json.dumps(body).encode()), timeout=30,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "Content-Encoding 'gzip'" in message and "JSON" not in message, message
+    ok = httpx.post(f"{scripted.base_url}{path}", json=body, timeout=30, headers={"content-encoding": "identity"})
+    assert ok.status_code == 200, ok.text

@@ -46,6 +46,10 @@ class ThreadedBodyRoute(APIRoute):
 
         async def parse_then_handle(request: Request) -> Response:
             body = await request.body()
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if body and encoding != "identity":  # else its bytes were refused as "not valid JSON"
+                raise bad_request(f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+                                  param="Content-Encoding")
             if body and not _is_json(request.headers.get("content-type")):
                 raise bad_request("the request body must be JSON, sent with Content-Type: application/json")
             if body:
