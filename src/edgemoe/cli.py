@@ -11,8 +11,8 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from edgemoe import __version__
