@@ -103,13 +103,15 @@ class StepAnatomy:
         self._gc_ns, self._gc_gens = 0, []
 
 
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux only
+
+
 def _thread_switches() -> int:
     """The calling thread's involuntary context switches so far (0 where unsupported)."""
-    who = getattr(resource, "RUSAGE_THREAD", None)
-    return resource.getrusage(who).ru_nivcsw if who is not None else 0
+    return resource.getrusage(_RUSAGE_THREAD).ru_nivcsw if _RUSAGE_THREAD is not None else 0
 
 
-def device_ms(records: list[StepRecord], i: int) -> dict[str, float]:
+def device_span(records: list[StepRecord], i: int) -> dict[str, float]:
     """Record `i`'s device span (`device_ms`: the launched step's work, from the device
     reaching it to its end) and the device's idle wait before it (`device_gap_ms`: from
     the previous record's end), where both carry events; {} otherwise."""
@@ -140,8 +142,8 @@ def slow_steps(step_seconds: list[float], anatomy: StepAnatomy, factor: float = 
              **{f"{name}_ms": round(ns / 1e6, 2) for name, ns in zip(PHASES, records[i].phases_ns, strict=True)},
              "gc_ms": round(records[i].gc_ns / 1e6, 2), "gc_generations": list(records[i].gc_generations),
              "switches": records[i].switches,
-             **({"completed": done} if (done := device_ms(records, i - 1)) else {}),
-             **({"launched": launched} if (launched := device_ms(records, i)) else {})}
+             **({"completed": done} if (done := device_span(records, i - 1)) else {}),
+             **({"launched": launched} if (launched := device_span(records, i)) else {})}
             for i in slow[:most]]
 
 
@@ -151,7 +153,7 @@ def phase_totals(anatomy: StepAnatomy) -> dict[str, Any]:
     records = list(anatomy.steps)
     totals = {f"{name}_ms": round(sum(r.phases_ns[k] for r in records) / 1e6, 2) for k, name in enumerate(PHASES)}
     gens = [g for r in records for g in r.gc_generations]
-    spans = [device_ms(records, i) for i in range(len(records))]
+    spans = [device_span(records, i) for i in range(len(records))]
     device = {"device_ms": round(sum(s["device_ms"] for s in spans if s), 2),
               "device_gap_ms": round(sum(s.get("device_gap_ms", 0.0) for s in spans), 2)} if any(spans) else {}
     return {**totals, "gc_ms": round(sum(r.gc_ns for r in records) / 1e6, 2),
