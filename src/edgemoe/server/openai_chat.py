@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgemoe.messages import TokenLogprob
+from edgemoe.server.allowed_tools import restrict
 from edgemoe.server.disconnect import unless_disconnected
 from edgemoe.server.errors import APIError
 from edgemoe.server.events import (
@@ -46,15 +47,18 @@ from edgemoe.server.generation import (
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
-from edgemoe.server.protocol import ChatCompletionRequest
+from edgemoe.server.protocol import AllowedToolsChoice, ChatCompletionRequest
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
 
 
 def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> GenerationRequest:
-    tool_choice, named = "auto", None
+    tool_choice, named, tools = "auto", None, req.function_tools()
     if isinstance(req.tool_choice, str):
         tool_choice = req.tool_choice
+    elif isinstance(req.tool_choice, AllowedToolsChoice):
+        allowed = req.tool_choice.allowed_tools
+        tool_choice, tools = allowed.mode, restrict(tools, allowed.tools, "tool_choice.allowed_tools.tools")
     elif req.tool_choice is not None:
         tool_choice, named = "required", req.tool_choice.function.name
     template_kwargs = dict(req.chat_template_kwargs or {})
@@ -73,7 +77,7 @@ def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> Gen
         params=params,
         n=req.n,
         thinking=thinking_from(template_kwargs.get("enable_thinking"), req.reasoning_effort),
-        tools=req.function_tools(),
+        tools=tools,
         tool_choice=tool_choice,
         named_tool=named,
         parallel_tool_calls=req.parallel_tool_calls is not False,

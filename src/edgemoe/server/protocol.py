@@ -84,7 +84,17 @@ class NamedToolChoice(_Request):
     function: NamedFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+class AllowedTools(_Request):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]  # `{type: "function", function: {name}}` (server/allowed_tools.py)
+
+
+class AllowedToolsChoice(_Request):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
 
 
 class StreamOptions(_Request):

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from edgemoe.server.allowed_tools import restrict
 from edgemoe.server.errors import bad_request
 from edgemoe.server.protocol import (
     Flag,
@@ -96,6 +97,13 @@ class ResponsesRequest(_Request):
             {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}}
             for t in self.function_tools()
         ]
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+            entries = choice.get("tools")
+            if not isinstance(entries, list):
+                raise bad_request("tool_choice.tools: an allowed_tools choice needs a list of tools",
+                                  param="tool_choice.tools")
+            return restrict(tools, entries, "tool_choice.tools")
         return tools or None
 
     def tool_choice_mode(self) -> tuple[str, str | None]:
