@@ -126,3 +126,14 @@ def test_context_length_where_max_position_embeddings_is_already_scaled(model_ty
 def test_unsupported_rope_is_refused_by_name(rope: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         rope_spec(HFConfig({"model_type": "qwen3_next", "rope_parameters": rope}), 64, 4096)
+
+
+@pytest.mark.parametrize("raw,match", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 1e30, "original_max_position_embeddings": 32768}},
+     r"original_max_position_embeddings x factor = 3.28e\+34 positions"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 1e9}}, r"max_position_embeddings x rope_parameters.factor"),
+    ({"max_position_embeddings": 2**40}, r"^max_position_embeddings = 1.1e\+12 positions"),
+])
+def test_a_context_past_int32_positions_is_refused_by_name(raw: dict, match: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=match):
+        model_module("qwen3_moe").arch(model_config("qwen3_moe", **{**QWEN3_30B, **raw}))

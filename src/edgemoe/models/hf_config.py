@@ -261,6 +261,9 @@ def rope_spec(c: HFConfig, head_dim: int, max_position_embeddings: int) -> RopeS
     )
 
 
+MAX_CONTEXT = 2**31 - 1  # positions are int32 on the device
+
+
 def context_length(spec: RopeSpec) -> int:
     """Positions the model serves: the native length (`spec.max_position_embeddings`),
     stretched by linear and YaRN scaling.
@@ -271,10 +274,15 @@ def context_length(spec: RopeSpec) -> int:
     stays at the native length (see layers/rotary.py)."""
     max_position_embeddings = spec.max_position_embeddings
     assert max_position_embeddings is not None
+    length, fields = max_position_embeddings, "max_position_embeddings"
     if spec.rope_type == "linear":
         assert spec.factor is not None
-        return int(max_position_embeddings * spec.factor)
+        length, fields = int(max_position_embeddings * spec.factor), "max_position_embeddings x rope_parameters.factor"
     if spec.rope_type == "yarn" and spec.factor is not None:
         assert spec.original_max_position_embeddings is not None
-        return max(max_position_embeddings, int(spec.original_max_position_embeddings * spec.factor))
-    return max_position_embeddings
+        stretched = int(spec.original_max_position_embeddings * spec.factor)
+        if stretched > length:
+            length, fields = stretched, "rope_parameters.original_max_position_embeddings x factor"
+    if length > MAX_CONTEXT:  # else the memory plan fails later, sized in GiB, naming no field
+        raise ConfigError(f"{fields} = {length:.3g} positions, beyond the {MAX_CONTEXT:,} a context can hold")
+    return length
