@@ -6,20 +6,25 @@
 # thread spinning and sleeping on a step's result (EDGEMOE_BLOCKING_WAIT=0 / 1). Each slow
 # step says the device's span of the step it completed and the engine thread's involuntary
 # switches (engine/step_anatomy.py): a long span is the device's time, a short one with
-# switches the host's. A table at the end. Through the device tool:
-#   run(command="scripts/gpu_auto_early.sh", carry=[".whl"], timeout_s=600)
+# switches the host's. auto runs once per $QUIETS (EDGEMOE_BELL_QUIET: 1, the bell polls
+# every 500 µs while auto runs offload's graphs; 0, every 20 µs for a second after each
+# burst, as before 2026-12-05 13:45). A table at the end. Through the device tool:
+#   run(command="ROUNDS=2 WAITS=0 scripts/gpu_auto_early.sh", carry=[".whl"], timeout_s=600)
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 res=$OUT/r; mkdir -p "$res"
+quiets=${QUIETS:-0 1}; last_q=${quiets##* }
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for run in ${RUNS:-int4:offload int4:auto}; do
-    for bw in ${WAITS:-0 1}; do
-      dtype=${run%%:*} backend=${run#*:} dir=$res/$round-$dtype-$backend-bw$bw
+    for arm in $(for bw in ${WAITS:-0 1}; do for q in $quiets; do echo "$bw:$q"; done; done); do
+      bw=${arm%%:*} q=${arm#*:} dtype=${run%%:*} backend=${run#*:}
+      [ "$backend" != auto ] && [ "$q" != "$last_q" ] && continue  # no bell in offload: one arm
+      dir=$res/$round-$dtype-$backend-bw$bw-q$q
       mkdir -p "$dir"
       # the GPU's power state and clocks every 50 ms (read-only): a memory-clock switch stalls the device
       nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv,noheader \
         -lms 50 > "$dir/clocks.csv" 2>/dev/null & smi=$!
-      EDGEMOE_BLOCKING_WAIT=$bw timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
+      EDGEMOE_BLOCKING_WAIT=$bw EDGEMOE_BELL_QUIET=$q timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
         --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" \
         --prompt-tokens 1024 --batch-sizes 1 --decode-tokens "${DECODE:-320}" --out "$dir" > "$dir/log" 2>&1 \
         || { echo "== $dir failed"; tail -5 "$dir/log"; }

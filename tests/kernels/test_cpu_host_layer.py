@@ -163,3 +163,42 @@ def cpu_isa_has(variant: str) -> bool:
     from edgemoe.kernels import cpu_isa
 
     return cpu_isa.supported(variant)
+
+
+def _voluntary_switches(name: str) -> int:
+    """The voluntary context switches of this process's thread called `name` (one)."""
+    from edgemoe.kernels.cpu_pinning import named_threads, task_texts
+
+    (tid,) = named_threads(name)
+    status = task_texts("status", {tid})[tid]
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("voluntary_ctxt_switches")))
+
+
+def test_a_quiet_bell_polls_slowly_and_still_answers() -> None:
+    """`set_quiet` (em_host.h): once its spin ends, a quiet bell sleeps 500 µs a poll — at
+    most one wake-up a poll, however late the scheduler brings it back — and a ring that
+    comes anyway is answered, then the next after it too."""
+    from edgemoe.kernels.cpu_bell import CpuBell
+
+    kernel = kernel_for("avx512" if cpu_isa_has("avx512") else "scalar", "gemv")
+    banks = {0: dict(zip(("gate_up", "down"), bf16_banks(seed=30), strict=True))}
+    mb = HostLayerMailboxes(banks, ("bf16", 0), kernel, T, K, torch.float32)
+    bell = CpuBell(mb, None)
+    try:
+        bell.set_quiet(True)
+        time.sleep(0.01)  # past the 2 ms spin
+        before, start = _voluntary_switches("em-bell"), time.monotonic()
+        time.sleep(0.1)
+        polls = _voluntary_switches("em-bell") - before
+        assert polls <= (time.monotonic() - start) / 500e-6 + 2, f"{polls} wake-ups in 0.1 s: not the 500 µs polls"
+        for seed in (40, 41):
+            x, ids, w = routing(seed)
+            tok, exp, pairs = cpu_pairs(ids, [2])
+            mb.fill(x, tok, exp, pairs, w.reshape(-1)[pairs])
+            bell.ring_host(0)
+            bell.wait_host(0)
+            got = mb.cells(pairs.numel()).clone()
+            mb.run(0)
+            assert torch.equal(got, mb.cells(pairs.numel())) and got.abs().sum() > 0
+    finally:
+        bell.close()

@@ -255,13 +255,17 @@ def test_a_live_quota_is_offload_bitwise_at_level_zero_and_follows_its_controlle
             assert same_state(live, plain)
     assert live.stats.snapshot()["experts_cpu"] == 0
     # Driven by step times: every level it picks lands in the quota tensor and the variant.
-    ctl, now = live.controller, 0.0
+    ctl, now, quiet_steps = live.controller, 0.0, 0
     for step in range(200):
         live.before_step(now, None if step % 25 == 0 else 1)  # a prompt step now and then: no period
         assert levels_in_place(live, scale, ctl.level)
         assert live.graph_variant == ("share" if ctl.level else "plain")
+        # the bell polls slowly only for decode steps that run without the share
+        assert live.cpu_share.quiet == (step % 25 != 0 and ctl.level == 0)
+        quiet_steps += live.cpu_share.quiet
         now += 0.01 * (1 + abs(ctl.level - best))
     assert ctl.snapshot()["cpu_quota_settled"] == scale.value(best)
+    assert 0 < quiet_steps < 200 - 8  # the confirmation's offload windows were quiet
     assert ctl.snapshot()["cpu_quota_unit"] == scale.unit
     x, ids, w = next(routings(seed=5, dtype=torch.bfloat16))
     live._apply_level(ctl.max_level)  # every miss on the CPU

@@ -113,6 +113,12 @@ def bell_wanted() -> bool:
     return os.environ.get("EDGEMOE_CPU_BELL", "1") != "0"
 
 
+def quiet_wanted() -> bool:
+    """`EDGEMOE_BELL_QUIET=0` keeps the bell polling every 20 µs for a second after each
+    burst even where the host expects no ring (the A/B's arm: `CpuBell.set_quiet`)."""
+    return os.environ.get("EDGEMOE_BELL_QUIET", "1") != "0"
+
+
 @functools.cache
 def bell_supported(device_index: int) -> bool:
     """Whether the driver runs stream memory operations on host words, captured in a graph
@@ -176,6 +182,12 @@ class CpuBell:
 
     def wait_host(self, layer: int, timeout_s: float = 10.0) -> None:
         _spin(self.words[LINE:LINE + 1], self.row(layer) + 1, timeout_s)
+
+    def set_quiet(self, quiet: bool) -> None:
+        """Whether the host expects no ring for a while: the thread then polls every 500 µs
+        once its spin ends, not every 20 µs (`em_host.h`); a ring is answered either way."""
+        if self._handle:
+            self._lib.em_bell_quiet(self._handle, int(quiet))
 
     def close(self) -> None:
         if self._handle:

@@ -132,6 +132,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_host_layer.restype, lib.em_host_layer.argtypes = None, [p]
     lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
     lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
+    lib.em_bell_quiet.restype, lib.em_bell_quiet.argtypes = None, [p, i32]
     if hasattr(lib, "em_phase_times"):  # EM_PHASE_TIMES=1 builds only (em_ptimes.h)
         lib.em_phase_times.restype, lib.em_phase_times.argtypes = i32, [ctypes.POINTER(ctypes.c_long), i32]
     return lib

@@ -46,7 +46,7 @@ import os
 import torch
 
 from edgemoe.kernels.cell_sources import CellSources
-from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, await_turn, bell_supported, bell_wanted
+from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, await_turn, bell_supported, bell_wanted, quiet_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, rings_itself, share_begin
@@ -178,6 +178,7 @@ class CpuShare:
         self._views: MailboxBuffers | None = None
         self._bell: CpuBell | None = None  # the hand-off on a GPU where the driver allows (kernels/cpu_bell.py)
         self._turn: BellTurn | None = None  # the turn the last `begin` rang from its launch (its join's combine awaits it)
+        self._quiet = False  # the bell's polling told that no ring is coming (`expect_rings`)
         if device.type == "cuda":
             self._side = torch.cuda.Stream(device)
             self._fork, self._join = torch.cuda.Event(), torch.cuda.Event()
@@ -243,6 +244,7 @@ class CpuShare:
             self._scratch = torch.zeros(self.num_experts, dtype=torch.int32, device=self.device)
             if self.device.type == "cuda" and bell_wanted() and bell_supported(self.device.index or 0):
                 self._bell = CpuBell(self.mailboxes, self.device)
+                self._bell.set_quiet(self._quiet)
         if x.dtype != self.mailboxes.buffers.x.dtype or top_k != self.mailboxes.top_k:
             raise ValueError("the CPU share's mailbox was built for other activations or another top-k")
         assert self._views is not None
@@ -265,6 +267,19 @@ class CpuShare:
         if self._turn is None:
             self._launch(layer)
         return device_ids
+
+    def expect_rings(self, expected: bool) -> None:
+        """Whether the coming steps may ring the bell (a live quota's level 0 runs graphs
+        without the share: none will). Without, the bell polls slowly between bursts."""
+        quiet = not expected and quiet_wanted()
+        if quiet != self._quiet and self._bell is not None:
+            self._bell.set_quiet(quiet)
+        self._quiet = quiet
+
+    @property
+    def quiet(self) -> bool:
+        """Whether the bell was last told that no ring is coming."""
+        return self._quiet
 
     def _launch(self, layer: int) -> None:
         assert self.mailboxes is not None

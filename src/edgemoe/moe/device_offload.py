@@ -236,6 +236,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         if self.controller.predicted is None:
             self._sample_start(taken is not None)
         self._apply_level(self.controller.level)
+        share.expect_rings(decode_batch is None or (taken is not None and self.graph_variant == SHARE))
 
     def _sample_start(self, decode: bool) -> None:
         """The informed start's sample (`QuotaController.inform`): the misses of consecutive
