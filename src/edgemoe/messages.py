@@ -19,6 +19,9 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_STOP_STRINGS = 64
 MAX_STOP_BYTES = 256
 MAX_STOP_TOKEN_IDS = 64
+# logit_bias: OpenAI's limits (entries, and the bias each may add to a logit).
+MAX_LOGIT_BIAS = 300
+LOGIT_BIAS_LIMIT = 100.0
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -29,8 +32,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     are excluded from the output; `stop_token_ids` end generation on that token.
     `min_tokens` masks every EOS id and stop token id until that many were generated, and
     a stop string ending within their text does not stop (vLLM's and SGLang's rule).
+    `logit_bias` maps token ids to a number in [-100, 100] added to that token's logit
+    before everything else (the min_tokens mask, penalties, filters, greedy argmax).
     `logprobs=N` returns the sampled token's logprob plus the top-N alternatives
-    (raw model distribution, before penalties and filters).
+    (raw model distribution, before logit_bias, penalties and filters).
     """
 
     temperature: float = 1.0
@@ -48,6 +53,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         # One stop string as a plain str (vLLM takes both): iterated, "ab" would stop at "a" and at "b".
@@ -63,10 +69,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         for ok, field, why in self._checks():
             if not ok:
                 raise ValueError(f"{field} {why} (got {_shown(getattr(self, field))})")
+        if self.logit_bias is not None:
+            _check_logit_bias(self.logit_bias)
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:
                 raise ValueError(f"stop_token_ids {_shown(bad[:5])} are outside the vocabulary [0, {vocab_size})")
+            bad = [t for t in self.logit_bias or () if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias token ids {_shown(bad[:5])} are outside the vocabulary [0, {vocab_size})")
 
     def _checks(self) -> list[tuple[bool, str, str]]:
         count = MAX_TOKEN_COUNT
@@ -96,13 +107,33 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         ]
 
 
+def _check_logit_bias(bias: object) -> None:
+    """Raise ValueError unless `bias` maps at most MAX_LOGIT_BIAS int token ids to finite
+    numbers within ±LOGIT_BIAS_LIMIT (`edgemoe.LLM` callers may pass anything)."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a mapping of token ids to numbers (got {_shown(bias)})")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries (got {len(bias)})")
+    for token, value in bias.items():
+        if not _is_int(token) or not 0 <= token <= MAX_TOKEN_COUNT:
+            raise ValueError(f"logit_bias keys must be token ids between 0 and {MAX_TOKEN_COUNT} (got {_shown(token)})")
+        number = _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+        if not number or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:  # type: ignore[operator]
+            raise ValueError(f"logit_bias values must be numbers between {-LOGIT_BIAS_LIMIT:g} and "
+                             f"{LOGIT_BIAS_LIMIT:g} (got {_shown(value)} for token {token})")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _shown(value: object) -> str:
     """A value for an error message, short whatever the client sent."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"an integer of {value.bit_length()} bits"
     if isinstance(value, list) and len(value) > 8:
         return f"{len(value)} items"
-    if isinstance(value, (list, str)):
+    if isinstance(value, (list, str, dict)):
         text = repr(value)
         return text if len(text) <= 200 else text[:200] + "…"
     return repr(value)

@@ -1,8 +1,9 @@
 """Batched sampling for one engine step: logits [B, V] -> one token per row.
 
-Order (HF's, and vLLM's up to v0): min_tokens mask -> repetition penalty ->
-frequency/presence penalties -> greedy rows take the argmax -> temperature -> top-k ->
-top-p -> min-p -> draw. Logprobs describe the raw model distribution (before all that).
+Order (HF's, and vLLM's up to v0, with OpenAI's logit_bias first): logit_bias ->
+min_tokens mask -> repetition penalty -> frequency/presence penalties -> greedy rows take
+the argmax -> temperature -> top-k -> top-p -> min-p -> draw. Logprobs describe the raw
+model distribution (before all that).
 
 The draw is an exponential race, argmax(p / E) = argmax(logit - log E) with E ~ Exp(1)
 i.i.d., which picks token i with probability p_i and needs no softmax. Every request
@@ -101,6 +102,15 @@ class Banned(NamedTuple):
     ids: Tensor  # [N] long: logits[rows[j], ids[j]] = -inf
 
 
+class LogitBias(NamedTuple):
+    """Each row's bias as padded (id, value) pairs: logits[b, ids[b, j]] += values[b, j].
+    NOTE: padding is (some id in the vocabulary, 0.0) and a row's real ids are distinct, so
+    the scatter-add is exact in any order (adding 0.0 changes nothing)."""
+
+    ids: Tensor  # [B, K] long
+    values: Tensor  # [B, K] f32
+
+
 @dataclass(frozen=True)
 class SamplingBatch:
     """The tensors one step needs; a field is None when no row uses that feature."""
@@ -120,6 +130,7 @@ class SamplingBatch:
     presence: Tensor | None  # [B] f32
     output_counts: Tensor | None  # [B, V] f32: occurrences in the output so far
     banned: Banned | None  # min_tokens mask
+    logit_bias: LogitBias | None  # None: no row has a bias
     seeds: Tensor  # [B] int64, every row's seed
     counters: Tensor  # [B] int64, every row's draw number (tokens generated so far)
     num_logprobs: int | None  # the largest `logprobs` asked for; None: nobody asked
@@ -168,6 +179,7 @@ class SamplingBatch:
             presence=presence if any(use_freq) else None,
             output_counts=_output_counts(states, use_freq, V, device) if any(use_freq) else None,
             banned=_banned(states, V, device),
+            logit_bias=_logit_bias(params, device),
             seeds=_as_ids([s.seed for s in states], device),
             counters=_as_ids([s.num_generated for s in states], device),
             num_logprobs=max(logprobs) if logprobs else None,
@@ -204,6 +216,21 @@ def _banned(states: Sequence[SamplingState], V: int, device: torch.device) -> Ba
     return Banned(_as_ids(rows, device), _as_ids(ids, device))
 
 
+def _logit_bias(params: Sequence[SamplingParams], device: torch.device) -> LogitBias | None:
+    width = max((len(p.logit_bias or ()) for p in params), default=0)
+    if not width:
+        return None
+    ids = torch.zeros((len(params), width), dtype=torch.long)
+    values = torch.zeros((len(params), width), dtype=torch.float32)
+    for row, p in enumerate(params):
+        bias = p.logit_bias
+        if not bias:
+            continue
+        ids[row, : len(bias)] = torch.tensor(list(bias), dtype=torch.long)
+        values[row, : len(bias)] = torch.tensor(list(bias.values()), dtype=torch.float32)
+    return LogitBias(ids.to(device), values.to(device))
+
+
 class TopLogprobs(NamedTuple):
     ids: Tensor  # [B, N] long, most likely first
     values: Tensor  # [B, N] f32
@@ -236,10 +263,13 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
 
 
 def apply_penalties(x: Tensor, b: SamplingBatch) -> Tensor:
-    """min_tokens mask, then repetition, then frequency/presence penalties.
+    """logit_bias, then the min_tokens mask, then repetition, then frequency/presence
+    penalties: everything that changes the logits before the greedy argmax.
 
     `x` is float32 [B, V] and may be modified in place; use the returned tensor.
     """
+    if b.logit_bias is not None:
+        x.scatter_add_(1, b.logit_bias.ids, b.logit_bias.values)
     if b.banned is not None:
         x[b.banned.rows, b.banned.ids] = NEG_INF
     if b.seen is not None and b.repetition is not None:

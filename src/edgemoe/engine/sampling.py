@@ -4,8 +4,8 @@ device after each draw; plus conversion of the sampled tensors into TokenLogprob
 records.
 
 Rows are written once when a request is admitted (its parameters, seed, draw counter,
-and for penalties its prompt and outputs so far) and changed only by device-side
-updates afterwards: nothing per step is rebuilt from Python lists.
+its logit_bias, and for penalties its prompt and outputs so far) and changed only by
+device-side updates afterwards: nothing per step is rebuilt from Python lists.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from edgemoe.engine.request import Request
 from edgemoe.engine.sampler import (
     GREEDY_BELOW,
     Banned,
+    LogitBias,
     SampleOutput,
     SamplingBatch,
     request_seed,
     sample,
 )
-from edgemoe.messages import SamplingParams, TokenLogprob
+from edgemoe.messages import MAX_LOGIT_BIAS, SamplingParams, TokenLogprob
 
 _FLOATS = ("temperature", "top_p", "min_p", "repetition", "frequency", "presence")
 
@@ -59,11 +60,13 @@ class _RowInfo:
 
 class SamplingRows:
     """Device rows [num_rows] of sampling parameters, seeds, draw counters, and (only
-    once some request uses penalties) the seen-token mask and output counts [R, V].
+    once some request uses penalties) the seen-token mask and output counts [R, V], and
+    (only once some request has a logit_bias) its padded (id, value) pairs [R, 300].
 
     NOTE: a row's penalty state is exact only while its request uses that penalty (it is
     reset at `assign` then); other rows may hold anything, which their neutral parameter
-    (repetition 1, frequency/presence 0) makes irrelevant."""
+    (repetition 1, frequency/presence 0) makes irrelevant. A bias has no neutral
+    parameter: a row's bias values are all 0.0 unless its request has a bias (`biased`)."""
 
     def __init__(self, num_rows: int, vocab_size: int, device: torch.device, seed: int) -> None:
         self.V, self.device = vocab_size, device
@@ -74,6 +77,9 @@ class SamplingRows:
         self.counters = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.seen: torch.Tensor | None = None  # [R, V] bool: prompt or output (repetition)
         self.counts: torch.Tensor | None = None  # [R, V] f32: output occurrences (frequency/presence)
+        self.bias_ids: torch.Tensor | None = None  # [R, MAX_LOGIT_BIAS] long: logit_bias ids, padded
+        self.bias_values: torch.Tensor | None = None  # [R, MAX_LOGIT_BIAS] f32: 0.0 past a row's entries
+        self.biased: set[int] = set()  # rows whose bias_values are not all 0.0
         self.info: dict[int, _RowInfo] = {}
         self.rng = random.Random(seed)  # seeds of unseeded requests: runs repeat
 
@@ -98,6 +104,7 @@ class SamplingRows:
         req.sampling_row = row
         eos = frozenset() if p.ignore_eos else eos_ids
         self.info[row] = _RowInfo(p, sorted(eos.union(p.stop_token_ids)), greedy)
+        self._write_bias(row, p.logit_bias)
         if p.repetition_penalty != 1.0:
             self._seen()[row] = False
             self._mark(self._seen(), row, req.prompt_ids, req.output_ids)
@@ -108,6 +115,24 @@ class SamplingRows:
 
     def release(self, row: int) -> None:
         self.info.pop(row, None)
+
+    def _write_bias(self, row: int, bias: dict[int, float] | None) -> None:
+        """The row's logit_bias. An unbiased request in a row that never held a bias costs
+        nothing; one in a row that did zeroes it, so gathering it beside a biased row adds 0."""
+        if not bias and row not in self.biased:
+            return
+        if self.bias_ids is None or self.bias_values is None:
+            num_rows = self.floats.shape[1]
+            self.bias_ids = torch.zeros((num_rows, MAX_LOGIT_BIAS), dtype=torch.int64, device=self.device)
+            self.bias_values = torch.zeros((num_rows, MAX_LOGIT_BIAS), dtype=torch.float32, device=self.device)
+        self.bias_values[row] = 0.0
+        self.biased.discard(row)
+        if bias:
+            n = len(bias)
+            self.bias_ids[row, :n] = self._ids(list(bias))
+            values = torch.tensor(list(bias.values()), dtype=torch.float32)
+            self.bias_values[row, :n] = values.to(self.device, non_blocking=True)
+            self.biased.add(row)
 
     def _seen(self) -> torch.Tensor:
         if self.seen is None:
@@ -130,15 +155,15 @@ class SamplingRows:
     # -- one step -------------------------------------------------------------------------
 
     def plain_greedy(self, rows: tuple[int, ...], generated: tuple[int, ...]) -> bool:
-        """Whether every row takes its raw argmax this step: greedy, no penalty, no logprobs,
-        and no min_tokens ban in force. Such a step needs no SamplingBatch (`greedy_tokens`).
+        """Whether every row takes its raw argmax this step: greedy, no logit_bias, no penalty,
+        no logprobs, and no min_tokens ban in force. Such a step needs no SamplingBatch (`greedy_tokens`).
         NOTE: its rows' draw counters are not advanced: only a sampled (non-greedy) row reads
         its counter, a request's parameters never change, and `assign` rewrites the counter
         from the request's output whenever it is (re)admitted."""
         for r, n in zip(rows, generated, strict=True):
             info = self.info[r]
             p = info.params
-            if not info.greedy or p.logprobs is not None or p.repetition_penalty != 1.0:
+            if not info.greedy or p.logprobs is not None or p.repetition_penalty != 1.0 or p.logit_bias:
                 return False
             if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
                 return False
@@ -157,6 +182,7 @@ class SamplingRows:
         use_freq = any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params)
         top_ks = [p.top_k if 0 < p.top_k < self.V else self.V for p in params]
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        bias_width = max((len(p.logit_bias or ()) for p in params), default=0)
         return SamplingBatch(
             vocab_size=self.V,
             temperature=f[0],
@@ -173,6 +199,7 @@ class SamplingRows:
             presence=f[5] if use_freq else None,
             output_counts=self._counts()[idx] if use_freq else None,
             banned=self._banned(infos, generated),
+            logit_bias=self._logit_bias(idx, bias_width) if bias_width else None,
             seeds=self.seeds[idx],
             counters=self.counters[idx],
             num_logprobs=max(logprobs) if logprobs else None,
@@ -188,6 +215,12 @@ class SamplingRows:
         if not rows:
             return None
         return Banned(self._ids(rows), self._ids(ids))
+
+    def _logit_bias(self, idx: torch.Tensor, width: int) -> LogitBias:
+        """The batch rows' first `width` (id, value) pairs: the widest bias among them, so
+        narrower and unbiased rows contribute their 0.0 padding."""
+        assert self.bias_ids is not None and self.bias_values is not None  # a row has a bias
+        return LogitBias(self.bias_ids[idx, :width], self.bias_values[idx, :width])
 
     def update(self, rows_dev: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> None:
         """After a draw: advance the counters, record the tokens for penalties (device).

@@ -14,6 +14,7 @@ for callers that skip the HTTP layer (`edgemoe.LLM`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
 from edgemoe.messages import (
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGIT_BIAS,
     MAX_STOP_BYTES,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -37,6 +40,7 @@ __all__ = [
     "MAX_TOKEN_COUNT",
     "SEED_MAX",
     "SEED_MIN",
+    "LogitBiasMap",
     "Range",
     "StopStrings",
     "describe_ids",
@@ -139,3 +143,62 @@ class StopStrings:
             if branch.get("type") == "array":
                 branch["maxItems"] = MAX_STOP_STRINGS
         return out
+
+
+_DECIMAL = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class LogitBiasMap:
+    """Annotation: OpenAI's `logit_bias`, an object of token ids (decimal strings: JSON keys
+    are strings) to numbers in [-100, 100], at most MAX_LOGIT_BIAS of them -> {id: bias}.
+
+    Every refusal names `logit_bias` itself, never a key (the client sent one field);
+    the ids' vocabulary is checked later, by `SamplingParams.validate`, against the size
+    the engine samples over."""
+
+    def check(self, value: Any) -> dict[int, float]:
+        if not isinstance(value, dict):
+            raise _bias_error("must be an object mapping token ids to numbers (got {got})", _short(value))
+        if len(value) > MAX_LOGIT_BIAS:
+            raise _bias_error(f"may hold at most {MAX_LOGIT_BIAS} entries (got {{got}})", str(len(value)))
+        out: dict[int, float] = {}
+        for key, bias in value.items():
+            if not isinstance(key, str) or not _DECIMAL.fullmatch(key):
+                raise _bias_error("must have token ids written as decimal integers as keys (got {got})", _short(key))
+            if len(key) > 10 or int(key) > MAX_TOKEN_ID:  # 10 digits: int() stays cheap
+                raise _bias_error(f"must have token ids of at most {MAX_TOKEN_ID} as keys (got {{got}})", _short(key))
+            number = isinstance(bias, (int, float)) and not isinstance(bias, bool)
+            # NaN compares false and ±inf is out of range; no float() of a huge integer.
+            if not number or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise _bias_error(f"must map each token id to a number between {-LOGIT_BIAS_LIMIT:g} and "
+                                  f"{LOGIT_BIAS_LIMIT:g} (got {{got}} for {_short(key)})", _short(bias))
+            if int(key) in out:  # "1" and "01": one token, two biases
+                raise _bias_error("must name each token id once (got {got} twice)", str(int(key)))
+            out[int(key)] = float(bias)
+        return out
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.check)
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        number = {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT}
+        return {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]+$"},
+                "additionalProperties": number}
+
+
+def _bias_error(template: str, got: str) -> PydanticCustomError:
+    return PydanticCustomError("logit_bias", template, {"got": got})
+
+
+def _short(value: object) -> str:
+    """A JSON value for an error message, short however large it is (no repr of it whole)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:40]) + "…"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, (int, float)):
+        return describe_number(value)
+    return {dict: "an object", list: "an array"}.get(type(value), type(value).__name__)

@@ -61,6 +61,7 @@ def to_generation_request(req: CompletionRequest, model: ServedModel) -> Generat
         repetition_penalty=req.repetition_penalty, seed=req.seed, max_tokens=req.max_tokens,
         min_tokens=req.min_tokens, ignore_eos=req.ignore_eos, stop=req.stop_list(),
         stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
+        logit_bias=req.logit_bias or None,  # {}: no bias, no cost
         logprobs=req.logprobs,
     )
     return GenerationRequest(

@@ -22,6 +22,7 @@ from edgemoe.server.limits import (
     MAX_TOKEN_ID,
     SEED_MAX,
     SEED_MIN,
+    LogitBiasMap,
     Range,
     StopStrings,
 )
@@ -40,6 +41,9 @@ TokenId = Annotated[int, Range(0, MAX_TOKEN_ID)]
 Logprobs = Annotated[int, Range(0, MAX_LOGPROBS)]
 Choices = Annotated[int, Range(1, MAX_CHOICES)]
 Stop = Annotated[str | list[str], StopStrings()]
+
+
+LogitBias = Annotated[dict[int, float], LogitBiasMap()]
 
 
 def _null_is(default: object) -> BeforeValidator:
@@ -136,6 +140,7 @@ class SamplingFields(_Request):
     ignore_eos: bool | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool | None = None
+    logit_bias: LogitBias | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
