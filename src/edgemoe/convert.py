@@ -102,6 +102,8 @@ def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progr
     writer.finish()
     config = dict(loaded.config)
     config.pop("quantization_config", None)
+    if isinstance(config.get("text_config"), dict):  # a multimodal source may say it there (quant_load)
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
     if (qc := quantization_config(fmt, unquantised, asymmetric, group)) is not None:
         config["quantization_config"] = qc
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -163,7 +165,9 @@ def _copy_skipped(src: Path, module: ModuleType, loaded: LoadedModel, writer: Sh
     prefixes = tuple(getattr(module, "IGNORED_PREFIXES", ()))
     if not prefixes:
         return []
-    linears, dropped, quantised = [], 0, "quantization_config" in loaded.config
+    text = loaded.config.get("text_config")
+    quantised = "quantization_config" in loaded.config or isinstance(text, dict) and "quantization_config" in text
+    linears, dropped = [], 0
     for fname in safetensors_files(src):
         with safe_open(str(src / fname), framework="pt") as f:
             for name in f.keys():

@@ -272,6 +272,13 @@ def _read(handle: Any, path: Path, name: str) -> torch.Tensor:
         raise CheckpointError(f"{path}: cannot read tensor {name!r}: corrupt or truncated ({e})") from None
 
 
+def _check_plain(path: Path, name: str, tensor: torch.Tensor) -> None:
+    """A tensor placed as stored must be a plain float one: fp8 / integer ones need their scales."""
+    if not tensor.is_floating_point() or tensor.element_size() == 1:
+        raise CheckpointError(f"{path}: tensor {name!r} is stored as {tensor.dtype}, which config.json's "
+                              "quantization_config (absent, or another method's) does not decode")
+
+
 def _map_expert(path: Path, name: str, place: Placement, store: MmapStore) -> None:
     """Register a per-expert tensor as a view into its file (nothing is read)."""
     _, layer, which = place.target.split(".")
@@ -281,6 +288,7 @@ def _map_expert(path: Path, name: str, place: Placement, store: MmapStore) -> No
         view = store.file(path).view(name)
     except (KeyError, ValueError, OSError) as e:
         raise CheckpointError(f"{path}: cannot map tensor {name!r}: corrupt or truncated ({e})") from None
+    _check_plain(path, name, view)
     want = store.expected_shape(part)
     if tuple(view.shape) != want:
         raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, expected {want}")
@@ -295,6 +303,7 @@ def _map_stacked(path: Path, name: str, place: Placement, store: MmapStore) -> N
         view = store.file(path).view(name)
     except (KeyError, ValueError, OSError) as e:
         raise CheckpointError(f"{path}: cannot map tensor {name!r}: corrupt or truncated ({e})") from None
+    _check_plain(path, name, view)
     part_shape = store.down_shape if which == "down" else store.gate_up_shape
     if tuple(view.shape) != (len(experts), *part_shape):
         raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, "
@@ -368,6 +377,7 @@ def _place(
     experts: ExpertStore,
     upcasts: Upcasts | None = None,
 ) -> None:
+    _check_plain(path, name, tensor)
     if place.target.startswith("experts.") and isinstance(experts, PartsStore):
         shape = expert_shape(experts, place)
         if tuple(tensor.shape) != shape:

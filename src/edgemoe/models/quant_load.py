@@ -37,8 +37,13 @@ Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
 
 def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
     """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported.
-    Older NVIDIA ModelOpt exports leave config.json alone and say it in hf_quant_config.json."""
+    Older NVIDIA ModelOpt exports leave config.json alone and say it in hf_quant_config.json;
+    a multimodal config may hold it in `text_config` (the language model's: the top level's wins)."""
     beside = Path(where).with_name("hf_quant_config.json")
+    text = config.get("text_config")
+    if "quantization_config" not in config and isinstance(text, dict) and "quantization_config" in text:
+        where = f"{where} (text_config)"
+        config = config | {"quantization_config": text["quantization_config"]}
     try:
         if "quantization_config" not in config and beside.is_file():
             where = beside

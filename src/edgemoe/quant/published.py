@@ -369,6 +369,6 @@ def _int4(fmt: ExpertFormat, q: torch.Tensor, zero: torch.Tensor, scale: torch.T
         raise QuantConfigError(f"int4 [{n}, {k}]: scales {tuple(scale.shape)} / zeros {tuple(zero.shape)}, "
                                f"expected {specs['_scale'][0]} ({fmt.label})")
     scale16 = scale.to(torch.float16)
-    if not torch.equal(scale16.to(scale.dtype), scale):
-        log.warning("int4 scales in %s rounded to fp16 (ours)", scale.dtype)
+    if not torch.equal(scale16.to(scale.dtype), scale) and not _said_once(f"int4 scales {scale.dtype}"):
+        log.warning("int4 scales in %s rounded to fp16 (ours)", scale.dtype)  # once: a load has thousands
     return fmt, {"": pack_nibbles(q.contiguous()), "_scale": scale16.contiguous(), "_zero": zero.to(torch.uint8).contiguous()}

@@ -85,18 +85,48 @@ def _weights_unquantised(method: str) -> None:
              "activation scales are not used (--kv-cache-dtype chooses the KV cache)", method)
 
 
+def _int_field(qc: dict[str, Any], key: str, default: Any = None, where: str = "quantization_config",
+              alias: str = "") -> int:
+    """`qc[key]` (or `qc[alias]`, else `default`) as an integer: a JSON integer, or a string
+    or float holding one ("4", 4.0); QuantConfigError naming the field otherwise (null, "four",
+    4.5, true), never a value silently truncated."""
+    value = qc.get(key, qc.get(alias, default) if alias else default)
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not float(number).is_integer():
+        raise QuantConfigError(f"{where} {key}={value!r}: expected an integer")
+    return int(number)
+
+
+def _square_block(block: Any, where: str) -> int:
+    """A [B, B] block (B >= 1) from `weight_block_size` / `block_structure`."""
+    b = [_int_field({"block": v}, "block", where=where) for v in block] if isinstance(block, list | tuple) else []
+    if len(b) != 2 or b[0] != b[1] or b[0] < 1:
+        raise QuantConfigError(f"{where} {block!r}: only square blocks [B, B] with B >= 1 are supported")
+    return b[0]
+
+
+def _group(qc: dict[str, Any], where: str, alias: str = "", default: Any = 128) -> int:
+    """`group_size`: >= 1, or -1 (one group a row: 2^30)."""
+    group = _int_field(qc, "group_size", default, where, alias)
+    if group == 0 or group < -1:
+        raise QuantConfigError(f"{where} group_size={group}: expected -1 (one group a row) or a size >= 1")
+    return group if group > 0 else 1 << 30
+
+
 def _fp8(qc: dict[str, Any]) -> Scheme:
-    block = qc.get("weight_block_size") or [128, 128]
-    if qc.get("fmt", "e4m3") != "e4m3" or len(block) != 2 or block[0] != block[1]:
-        raise QuantConfigError(f"fp8 checkpoint with fmt {qc.get('fmt')!r} and blocks {block}: "
-                               "only e4m3 with square blocks is supported")
-    return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(int(block[0])))
+    if str(qc.get("fmt") or "e4m3").lower() != "e4m3":  # null or absent: e4m3 (decode checks the dtype)
+        raise QuantConfigError(f"quantization_config fmt={qc.get('fmt')!r}: only e4m3 fp8 is supported")
+    block = _square_block(qc.get("weight_block_size") or [128, 128], "quantization_config weight_block_size")
+    return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(block))
 
 
 def _awq_or_gptq(method: str, qc: dict[str, Any], name: str | None = None) -> Scheme:
     """AWQ (4 bits) or GPTQ (4 or 8) from their configs; `name`: the method as said (auto-round)."""
-    bits, group = int(qc.get("bits", qc.get("w_bit", 4))), int(qc.get("group_size", qc.get("q_group_size", 128)))
-    group = group if group > 0 else 1 << 30  # group -1: one group per row
+    bits = _int_field(qc, "bits", 4, alias="w_bit")
+    group = _group(qc, "quantization_config", "q_group_size")  # -1: one group per row
     said = name or method
     if bits not in (4, 8) or (bits == 8 and method == "awq"):
         raise QuantConfigError(f"{said} with {bits} bits: only 4-bit{' and 8-bit GPTQ' if method == 'gptq' else ''} "
@@ -156,12 +186,14 @@ def _compressed(qc: dict[str, Any]) -> Scheme | None:
     if group is None:  # only a KV cache or activation scheme: the weights are as they were
         return _weights_unquantised("compressed-tensors")
     w, fmt_name = group["weights"], group.get("format") or qc.get("format")  # a group's own wins
-    bits, kind, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
+    where = "quantization_config config_groups weights"
+    bits = _int_field(w, "num_bits", 8, where)  # compressed-tensors' default: 8
+    kind, strategy = w.get("type"), w.get("strategy")
     if fmt_name == "naive-quantized":  # the weight in the bit width's torch dtype: int8 / e4m3, as these
         fmt_name = "float-quantized" if kind == "float" else "int-quantized"
     if fmt_name == "pack-quantized" and bits == 4 and kind == "int" and strategy in ("group", "channel"):
         parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-        group = int(w["group_size"]) if strategy == "group" else 1 << 30  # channel: one group a row
+        group = _group(w, where, default=None) if strategy == "group" else 1 << 30  # channel: one group a row
         return PackedScheme("compressed-tensors", parts, Int4Group(group))
     symmetric_channel8 = bits == 8 and kind == "int" and strategy == "channel" and w.get("symmetric", True)
     if fmt_name == "pack-quantized" and symmetric_channel8:
@@ -169,14 +201,14 @@ def _compressed(qc: dict[str, Any]) -> Scheme | None:
     if fmt_name == "pack-quantized" and bits == 8 and kind == "int" and strategy in ("group", "channel"):
         # by group (W8A16), or asymmetric by channel (one group a row): dequantised, zero points applied
         parts = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
-        size = int(w["group_size"]) if strategy == "group" else 1 << 30
+        size = _group(w, where, default=None) if strategy == "group" else 1 << 30
         return Int8GroupScheme("compressed-tensors", parts, Int8Channel(), size)
     if fmt_name == "int-quantized" and symmetric_channel8:
         return IntScheme("compressed-tensors", ("weight", "weight_scale"), Int8Channel())
-    block = w.get("block_structure") or [0, 0]
     fp8 = fmt_name == "float-quantized" and bits == 8 and w.get("symmetric", True)  # a zero point: refused below
-    if fp8 and strategy == "block" and block[0] == block[1]:
-        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(int(block[0])), "weight_scale")
+    if fp8 and strategy == "block":
+        block = _square_block(w.get("block_structure"), f"{where} block_structure")
+        return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(block), "weight_scale")
     if fp8 and strategy == "tensor":
         return Fp8Scheme("compressed-tensors", ("weight", "weight_scale"), Fp8Block(), "weight_scale")
     if fp8 and strategy == "channel":
