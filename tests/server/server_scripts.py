@@ -10,6 +10,8 @@ from typing import Any
 
 WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
 TIME_CALL = '{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}'
+WEATHER_REST = ' {"city": "Paris", "days": 3}}\n</tool_call>'  # after '… "arguments":'
+WEATHER_XML_REST = "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
 
 # Model outputs the scripted engine plays back when the prompt contains [[NAME]].
 SCRIPTS: dict[str, str] = {
@@ -18,6 +20,15 @@ SCRIPTS: dict[str, str] = {
     "two_tools": f"Checking both.\n<tool_call>\n{WEATHER_CALL}\n</tool_call>\n<tool_call>\n{TIME_CALL}\n</tool_call>",
     "unicode": "naïve café — 你好 🎉 ok",
     "stops": "one two three STOP four five",
+    # The rest of a call after a forced opening (edgemoe.server.forced_call): what the model
+    # writes once the prompt has opened the call for it.
+    "forced_named": WEATHER_REST,
+    "forced_any": f'get_weather", "arguments":{WEATHER_REST}',
+    "forced_two": f"{WEATHER_REST}\n<tool_call>\n{TIME_CALL}\n</tool_call>",
+    "forced_then_text": f"{WEATHER_REST}\nDone.",
+    "forced_bad": " I would rather not call anything.",
+    "forced_xml_named": WEATHER_XML_REST,
+    "forced_xml_any": f"=get_weather>\n{WEATHER_XML_REST}",
 }
 
 WEATHER_TOOL: dict[str, Any] = {

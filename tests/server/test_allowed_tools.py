@@ -55,7 +55,8 @@ def test_responses_allowed_tools_restrict_the_chat_tools() -> None:
 
 def test_chat_allowed_tools_show_only_the_allowed(scripted: ServerHarness, demo_tokenizer: TokenizerBundle) -> None:
     client = scripted.openai()
-    out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Go. [[tool]]"}],
+    # "required": the call is forced, so the script is the rest of a call after its opening.
+    out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Go. [[forced_any]]"}],
                                          tools=TOOLS, tool_choice=allowed("required", "get_weather"))
     prompt = demo_tokenizer.decode(scripted.engine.seen[-1][0])  # type: ignore[attr-defined]
     assert "get_weather" in prompt and "get_time" not in prompt

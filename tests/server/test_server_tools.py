@@ -88,15 +88,17 @@ def test_tool_choice_none_hides_tools(scripted: ServerHarness, demo_tokenizer: T
 
 
 def test_named_and_required_tool_choice(scripted: ServerHarness) -> None:
+    # A forced call: the prompt opens it, the script is the rest (test_forced_tool_calls.py).
     client = scripted.openai()
-    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+    for choice, script in (({"type": "function", "function": {"name": "get_weather"}}, "forced_named"),
+                           ("required", "forced_any")):
         for stream in (False, True):
             if stream:
                 finish = [c.choices[0].finish_reason for c in client.chat.completions.create(
-                    model="m", messages=ask("tool"), tools=TOOLS, tool_choice=choice, stream=True) if c.choices]
+                    model="m", messages=ask(script), tools=TOOLS, tool_choice=choice, stream=True) if c.choices]
                 assert finish[-1] == "tool_calls"
             else:
-                full = client.chat.completions.create(model="m", messages=ask("tool"), tools=TOOLS,
+                full = client.chat.completions.create(model="m", messages=ask(script), tools=TOOLS,
                                                       tool_choice=choice)
                 assert full.choices[0].finish_reason == "tool_calls"
     with pytest.raises(openai.BadRequestError) as err:

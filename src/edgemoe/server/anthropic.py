@@ -75,6 +75,7 @@ def to_generation_request(
 ) -> GenerationRequest:
     """The same translation serves /v1/messages and count_tokens, so both render one prompt."""
     messages, prefill = req.conversation()
+    req.check_forced_tool_use(prefill)
     tool_choice, named, parallel = req.tool_mode()
     params = sampling_params(model, max_tokens=max_tokens, stop=stop or [], temperature=temperature,
                              top_p=top_p, top_k=top_k)

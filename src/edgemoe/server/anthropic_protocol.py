@@ -17,7 +17,8 @@ Blocks → chat messages (the form every template takes):
 
 Validation follows the real API where clients depend on it: `model`, `max_tokens` (an
 integer ≥ 1) and `messages` are required; `thinking.budget_tokens` ≥ 1024 and below
-`max_tokens` (unless the interleaved-thinking beta is on).
+`max_tokens` (unless the interleaved-thinking beta is on); a `tool_choice` that forces a
+call (`any`/`tool`) with thinking enabled (the real API's message) or after a prefill.
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ class CountTokensRequest(_Request):
                 raise bad_request("tool_choice.name: Field required", param="tool_choice.name")
             return "required", choice.name, parallel
         return {"auto": "auto", "any": "required", "none": "none"}[choice.type], None, parallel
+
+    def check_forced_tool_use(self, prefill: str) -> None:
+        """Refuse a `tool_choice` that forces a call (`any`/`tool`) with thinking enabled, as
+        the real API does, and after a prefill: the forced call must open the turn."""
+        if self.tool_choice is None or self.tool_choice.type not in ("any", "tool"):
+            return
+        if self.thinking is not None and self.thinking.type == "enabled":
+            raise bad_request("Thinking may not be enabled when tool_choice forces tool use.", param="tool_choice")
+        if prefill:
+            raise bad_request(f"tool_choice: {self.tool_choice.type!r} forces a tool call to open the turn, so the "
+                              "last message cannot be an assistant prefill", param="tool_choice")
 
     def conversation(self) -> tuple[list[dict[str, Any]], str]:
         """(chat messages, prefill text) — the prefill is '' unless the last message is the assistant's."""

@@ -20,6 +20,7 @@ from edgemoe.server.events import (
     ToolCallArgumentsDelta,
     ToolCallStart,
 )
+from edgemoe.server.forced_call import PrimedParser
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import (
     ParsedDelta,
@@ -36,10 +37,16 @@ def make_parser(
     *,
     reasoning: bool,
     starts_in_reasoning: bool,
+    forced: str = "",
 ) -> ResponseParser | None:
-    """The parser pipeline for one choice, or None when the text passes through as is."""
-    reasoning_parser = ThinkReasoningParser(starts_in_reasoning=starts_in_reasoning) if reasoning else None
+    """The parser pipeline for one choice, or None when the text passes through as is.
+
+    `forced`: the tool-call opening the prompt ends with, read as if generated.
+    """
     tool_parser = get_tool_parser(model.tool_parser)(tools) if tools and model.tool_parser else None
+    if forced and tool_parser is not None:
+        return PrimedParser(tool_parser, forced)
+    reasoning_parser = ThinkReasoningParser(starts_in_reasoning=starts_in_reasoning) if reasoning else None
     if reasoning_parser is None and tool_parser is None:
         return None
     return ResponseParser(reasoning_parser, tool_parser)
@@ -58,11 +65,15 @@ class ChoiceState:
         self.reasoning_tokens = 0
         self._unattributed = 0  # tokens whose text the parser still holds back
         self._calls = 0
+        # A forced call's start that the prompt already wrote: it precedes every generated piece.
+        self._opening = parser.opening if isinstance(parser, PrimedParser) else None
 
     def on_output(self, out: RequestOutput) -> list[Event]:
         if self.done:
             return []
         events: list[Event] = []
+        if self._opening is not None:
+            events, self._opening = self._delta_events(self._opening), None
         if out.token_ids:
             self.completion_tokens += len(out.token_ids)
             events.append(TokensDelta(self.index, list(out.token_ids), out.logprobs))

@@ -31,6 +31,7 @@ from edgemoe.server.engine_client import (
 )
 from edgemoe.server.errors import APIError, ContextLengthExceeded, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
+from edgemoe.server.forced_call import check_named_tool, forced_opening
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
@@ -69,8 +70,9 @@ class GenerationRequest:
 
     `thinking`: None means the server's --default-thinking-mode (chat prompts only).
     `tools` are OpenAI function-tool dicts; `tool_choice` "none" hides them from the
-    template and parser, "auto"/"required" parse calls, and `named_tool` (a function
-    name) must be one of them. Raw prompts (`parse_output=False`) skip all parsing.
+    template and parser, "auto" parses calls, "required" and `named_tool` (a function
+    name, one of them) force one (`forced_call`). Raw prompts (`parse_output=False`)
+    skip all parsing.
     """
 
     prompt: Prompt
@@ -92,6 +94,7 @@ class RenderedPrompt:
     token_ids: list[int]
     text: str | None  # None when the client sent token ids
     starts_in_reasoning: bool
+    forced: str = ""  # the forced tool-call opening the prompt ends with (forced_call)
 
 
 def thinking_from(enable_thinking: object, effort: str | None) -> bool | None:
@@ -140,17 +143,18 @@ def render_text(model: ServedModel, req: GenerationRequest, thinking: bool) -> s
         why = model.template_error or "the model ships no chat template"
         raise bad_request(f"chat is not available: {why}", param="messages")
     kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in RESERVED_VARIABLES}
+    forced = forced_opening(model, req)
     try:
         text = model.template.render(
             prompt.messages,
             tools=active_tools(req),
             add_generation_prompt=prompt.add_generation_prompt,
-            enable_thinking=thinking,
+            enable_thinking=thinking and not forced,  # a forced call opens the turn: no thinking first
             **kwargs,
         )
     except ChatInputError as exc:
         raise bad_request(str(exc), param="messages") from exc
-    return text + prompt.continuation
+    return text + prompt.continuation + forced
 
 
 def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) -> RenderedPrompt:
@@ -170,7 +174,9 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
         ids = model.prompt_tokens.encode(text, limit=model.max_model_len - 1, add_special_tokens=raw)
     except TooManyTokens as exc:
         raise context_exceeded(model, req, exc.count, exact=exc.exact) from exc
-    return RenderedPrompt(ids, text, False if raw else prompt_opens_reasoning(text))
+    if raw:
+        return RenderedPrompt(ids, text, False)
+    return RenderedPrompt(ids, text, prompt_opens_reasoning(text), forced_opening(model, req))
 
 
 def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bool) -> int:
@@ -211,17 +217,7 @@ def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPr
         name, _, why = str(exc).partition(" ")
         name = req.field_names.get(name, name)
         raise bad_request(f"{name} {why}", param=name) from exc
-    if req.named_tool is not None and req.named_tool not in _tool_names(req.tools):
-        raise bad_request(f"tool_choice names {req.named_tool!r}, which is not in tools", param="tool_choice")
-
-
-def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
-    names = set()
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-        if isinstance(function.get("name"), str):
-            names.add(function["name"])
-    return names
+    check_named_tool(req)
 
 
 # --------------------------------------------------------------------------- running
@@ -366,8 +362,8 @@ async def start_generation(
     choices = [
         ChoiceState(
             i,
-            make_parser(model, active_tools(req) if req.parse_output else None,
-                        reasoning=reasoning, starts_in_reasoning=prompt.starts_in_reasoning),
+            make_parser(model, active_tools(req) if req.parse_output else None, reasoning=reasoning,
+                        starts_in_reasoning=prompt.starts_in_reasoning, forced=prompt.forced),
             parallel_tool_calls=req.parallel_tool_calls,
         )
         for i in range(req.n)

@@ -1,0 +1,92 @@
+"""Forced tool calls: `tool_choice` "required" or naming a function, by a forced opening.
+
+There is no grammar engine. Instead the assistant's turn is made to start with the
+opening of a call in the format the server parses, written as the model's own chat
+template writes an assistant tool call, so the model continues in distribution:
+
+    format       named                                              required
+    hermes       <tool_call>\\n{"name": "NAME", "arguments":         <tool_call>\\n{"name": "
+    qwen3_coder  <tool_call>\\n<function=NAME>\\n                     <tool_call>\\n<function
+
+NOTE: each opening ends on a token boundary of the template's rendering of a whole call
+(Qwen's tokenizer writes `":` then ` {"`, and `<` `function` then `=get`): an opening
+ending in the space before `{`, or in `=`, would split a token the model was trained
+to produce in one piece.
+
+The prompt ends with the opening (after the template and any prefill), rendered with
+thinking off: the template closes an empty think block first, as it does for a turn
+that calls a tool without reasoning. Each choice's tool parser reads the opening as if
+the model had generated it (`PrimedParser`): its tokens are not completion tokens and
+its text is no content, unless the model's continuation does not make a valid call,
+when the parser does exactly what it does with any invalid call it reads (the raw text,
+opening included, becomes content).
+
+Nothing is forced when tools are inactive (`tool_choice` "none", no tools), for raw
+prompts, or when the model's chat template teaches no tool-call format we parse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from edgemoe.server.errors import bad_request
+from edgemoe.server.parsers import ParsedDelta, ResponseParser, ToolParser, parser_for_chat_template
+
+if TYPE_CHECKING:
+    from edgemoe.server.generation import GenerationRequest
+    from edgemoe.server.model import ServedModel
+
+
+def call_opening(tool_format: str, name: str | None) -> str:
+    """The opening of a call to `name` (None: any tool) in `tool_format`; '' if unknown."""
+    if tool_format == "hermes":
+        if name is None:
+            return '<tool_call>\n{"name": "'
+        # The template writes the name raw; escaping keeps the JSON valid for the parser
+        # (the same text for every name without quotes, backslashes or control characters).
+        return '<tool_call>\n{"name": "' + json.dumps(name, ensure_ascii=False)[1:-1] + '", "arguments":'
+    if tool_format == "qwen3_coder":
+        return "<tool_call>\n<function" if name is None else f"<tool_call>\n<function={name}>\n"
+    return ""
+
+
+def forced_opening(model: ServedModel, req: GenerationRequest) -> str:
+    """What a chat prompt for `req` must end with to force its tool call; '' = nothing forced."""
+    forcing = req.tool_choice == "required" or req.named_tool is not None
+    if not (forcing and req.parse_output and req.tools and req.tool_choice != "none"):
+        return ""
+    if model.template is None or model.tool_parser is None:
+        return ""
+    if parser_for_chat_template(model.template.source) is None:
+        return ""  # the template never shows the model a call: an opening would be noise
+    return call_opening(model.tool_parser, req.named_tool)
+
+
+def check_named_tool(req: GenerationRequest) -> None:
+    """A named `tool_choice` must name one of the request's tools (400 otherwise)."""
+    if req.named_tool is not None and req.named_tool not in _tool_names(req.tools):
+        raise bad_request(f"tool_choice names {req.named_tool!r}, which is not in tools", param="tool_choice")
+
+
+def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
+    names = set()
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+        if isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return names
+
+
+class PrimedParser(ResponseParser):
+    """A tool parser that has read the forced opening; no reasoning stage (the template
+    closed the think block before the opening).
+
+    `opening` is what reading the opening produced (a qwen3_coder call's start, its name
+    being complete): the choice emits it before anything generated, streamed or not.
+    """
+
+    def __init__(self, tools: ToolParser, opening: str) -> None:
+        super().__init__(None, tools)
+        self.opening: ParsedDelta = tools.feed(opening)
