@@ -6,25 +6,27 @@
 # thread spinning and sleeping on a step's result (EDGEMOE_BLOCKING_WAIT=0 / 1). Each slow
 # step says the device's span of the step it completed and the engine thread's involuntary
 # switches (engine/step_anatomy.py): a long span is the device's time, a short one with
-# switches the host's. auto runs once per $QUIETS (EDGEMOE_BELL_QUIET: 1, the bell polls
-# every 500 µs while auto runs offload's graphs; 0, every 20 µs for a second after each
-# burst, as before 2026-12-05 13:45). A table at the end. Through the device tool:
+# switches the host's. auto runs once per entry of $AUTO_ENVS (NAME=VALUE, or several
+# joined by commas; default: the bell's quiet polling off and on, EDGEMOE_BELL_QUIET); offload
+# once a round. A table at the end. Through the device tool:
 #   run(command="ROUNDS=2 WAITS=0 scripts/gpu_auto_early.sh", carry=[".whl"], timeout_s=600)
+#   run(command="ROUNDS=3 WAITS=0 AUTO_ENVS='EDGEMOE_CPU_SPIN_US=200 EDGEMOE_CPU_SPIN_US=2000' scripts/gpu_auto_early.sh", ...)
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 res=$OUT/r; mkdir -p "$res"
-quiets=${QUIETS:-0 1}; last_q=${quiets##* }
+arms=${AUTO_ENVS:-EDGEMOE_BELL_QUIET=0 EDGEMOE_BELL_QUIET=1}; last_arm=${arms##* }
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for run in ${RUNS:-int4:offload int4:auto}; do
-    for arm in $(for bw in ${WAITS:-0 1}; do for q in $quiets; do echo "$bw:$q"; done; done); do
-      bw=${arm%%:*} q=${arm#*:} dtype=${run%%:*} backend=${run#*:}
-      [ "$backend" != auto ] && [ "$q" != "$last_q" ] && continue  # no bell in offload: one arm
-      dir=$res/$round-$dtype-$backend-bw$bw-q$q
+    for arm in $(for bw in ${WAITS:-0 1}; do for a in $arms; do echo "$bw:$a"; done; done); do
+      bw=${arm%%:*} envs=${arm#*:} dtype=${run%%:*} backend=${run#*:}
+      [ "$backend" != auto ] && [ "$envs" != "$last_arm" ] && continue  # the arms are auto's: offload once
+      [ "$backend" != auto ] && envs=""
+      dir=$res/$round-$dtype-$backend-bw$bw-$(echo "$envs" | tr -c 'A-Za-z0-9_\n' '-' | sed 's/EDGEMOE_//g')
       mkdir -p "$dir"
       # the GPU's power state and clocks every 50 ms (read-only): a memory-clock switch stalls the device
       nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv,noheader \
         -lms 50 > "$dir/clocks.csv" 2>/dev/null & smi=$!
-      EDGEMOE_BLOCKING_WAIT=$bw EDGEMOE_BELL_QUIET=$q timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
+      env EDGEMOE_BLOCKING_WAIT=$bw $(echo "$envs" | tr ',' ' ') timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
         --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" \
         --prompt-tokens 1024 --batch-sizes 1 --decode-tokens "${DECODE:-320}" --out "$dir" > "$dir/log" 2>&1 \
         || { echo "== $dir failed"; tail -5 "$dir/log"; }
@@ -40,6 +42,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "decode-*.json"))):
     print(os.path.basename(os.path.dirname(path)), "tok/s", round(r["decode_tok_s"], 1), "p50",
           round(r["decode_step_ms_p50"], 2), "invol", host.get("ctx_switches_involuntary"),
           "settled", m.get("cpu_quota_settled"), "phases", r.get("decode_phase_ms"))
+    print("    first steps (ms):", [round(x) for x in r["decode_step_ms_each"][:24]],
+          "windows:", (m.get("cpu_quota_history") or [])[:6], "cpu", (r.get("decode_moe") or {}).get("experts_cpu"))
     for s in r.get("decode_slow_steps", [])[:5]:
         print("   ", s)
     rows = [line.split(", ") for line in open(os.path.join(os.path.dirname(path), "clocks.csv")) if line.count(",") >= 5]
