@@ -30,7 +30,11 @@ def entry_name(entry: object) -> str | None:
 
 def restrict(tools: list[dict[str, Any]] | None, entries: list[Any], param: str) -> list[dict[str, Any]] | None:
     """The chat-shaped function `tools` the `entries` allow, in `tools`' order (None when
-    none is); an entry naming a function that is not among `tools` is a 400 naming `param`."""
+    none is); an entry naming a function that is not among `tools`, or one that is not an
+    object, has a `type` that is not a string or is a function without a string name, is a
+    400 naming `param` (or the entry)."""
+    for i, entry in enumerate(entries):
+        _check_entry(entry, f"{param}[{i}]")
     names = {name for name in map(entry_name, entries) if name is not None}
     defined = {tool["function"]["name"] for tool in tools or []}
     unknown = sorted(names - defined)
@@ -38,3 +42,13 @@ def restrict(tools: list[dict[str, Any]] | None, entries: list[Any], param: str)
         raise bad_request(f"{param}: {', '.join(map(repr, unknown))} not among the function tools", param=param)
     kept = [tool for tool in tools or [] if tool["function"]["name"] in names]
     return kept or None
+
+
+def _check_entry(entry: object, where: str) -> None:
+    """A malformed entry is a 400: skipped, it would silently widen or empty the allowed set."""
+    if not isinstance(entry, Mapping):
+        raise bad_request(f"{where} must be an object", param=where)
+    if not isinstance(entry.get("type", "function"), str):
+        raise bad_request(f"{where}.type must be a string", param=f"{where}.type")
+    if entry.get("type", "function") == "function" and entry_name(entry) is None:
+        raise bad_request(f"{where}: a function entry needs a 'name' (a string)", param=where)

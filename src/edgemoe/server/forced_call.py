@@ -61,7 +61,18 @@ def forced_opening(model: ServedModel, req: GenerationRequest) -> str:
         return ""
     if parser_for_chat_template(model.template.source) is None:
         return ""  # the template never shows the model a call: an opening would be noise
+    if req.named_tool is not None and not _writable(model.tool_parser, req.named_tool):
+        raise bad_request(f"tool_choice names {req.named_tool!r}, a name the model's tool-call format "
+                          f"({model.tool_parser}) cannot write", param="tool_choice")
     return call_opening(model.tool_parser, req.named_tool)
+
+
+def _writable(tool_format: str, name: str) -> bool:
+    """Whether the parser reads `name` back from a call to it: never a blank name, and in
+    `<function=NAME>` none with a tag character or a line break, or with spaces around it."""
+    if tool_format == "qwen3_coder":
+        return name == name.strip() and not any(c in name for c in "<>\n")
+    return bool(name.strip())
 
 
 def check_named_tool(req: GenerationRequest) -> None:

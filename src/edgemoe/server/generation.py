@@ -183,6 +183,7 @@ def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bo
     """How many tokens the prompt has, however many (blocking; memory of one piece)."""
     if isinstance(req.prompt, TokensPrompt):
         return len(req.prompt.token_ids)
+    check_named_tool(req)  # as the request itself would be refused
     return model.prompt_tokens.count(render_text(model, req, thinking))
 
 

@@ -166,16 +166,17 @@ class LogitBiasMap:
         for key, bias in value.items():
             if not isinstance(key, str) or not _DECIMAL.fullmatch(key):
                 raise _bias_error("must have token ids written as decimal integers as keys (got {got})", _short(key))
-            if len(key) > 10 or int(key) > MAX_TOKEN_ID:  # 10 digits: int() stays cheap
+            digits = key.lstrip("0") or "0"  # "007" is token 7, however many zeros lead
+            if len(digits) > 10 or int(digits) > MAX_TOKEN_ID:  # 10 digits: int() stays cheap
                 raise _bias_error(f"must have token ids of at most {MAX_TOKEN_ID} as keys (got {{got}})", _short(key))
             number = isinstance(bias, (int, float)) and not isinstance(bias, bool)
             # NaN compares false and ±inf is out of range; no float() of a huge integer.
             if not number or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
                 raise _bias_error(f"must map each token id to a number between {-LOGIT_BIAS_LIMIT:g} and "
                                   f"{LOGIT_BIAS_LIMIT:g} (got {{got}} for {_short(key)})", _short(bias))
-            if int(key) in out:  # "1" and "01": one token, two biases
-                raise _bias_error("must name each token id once (got {got} twice)", str(int(key)))
-            out[int(key)] = float(bias)
+            if int(digits) in out:  # "1" and "01": one token, two biases
+                raise _bias_error("must name each token id once (got {got} twice)", digits)
+            out[int(digits)] = float(bias)
         return out
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:

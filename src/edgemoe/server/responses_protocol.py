@@ -121,7 +121,10 @@ class ResponsesRequest(_Request):
             if not isinstance(name, str):
                 raise bad_request("tool_choice: a function choice needs a 'name'", param="tool_choice.name")
             return "required", name
-        if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
+        if kind == "allowed_tools":
+            if choice.get("mode") not in ("auto", "required"):
+                raise bad_request("tool_choice.mode: an allowed_tools choice needs a mode, 'auto' or 'required'",
+                                  param="tool_choice.mode")
             return str(choice["mode"]), None
         return "auto", None  # a hosted tool: we have none, so let the model choose
 
