@@ -46,33 +46,17 @@ auto's first verdict comes 75–195 decode steps in and its 320 steps run 1.6–
 the best fixed level's; the climb from offload alone ran 5.6–7% over at int4 (settled at
 11–15/16) and up to 15% at fp8 (held offload).
 
-The climb, from its centre (home):
-- it measures the neighbours `home ± stride` that have no fresh figure and moves to the
-  best when it beats home by the margin; after a move it measures the next level the
-  same way first and moves on at once when that wins (the level behind it just lost): a
-  far optimum costs a window a stride, not two (Qwen3.8 settled at 6.5 of its ~9 misses
-  a layer, 11 strides from a start at one);
-- where a neighbour is faster but within the margin, it measures it and home again,
-  interleaved, up to `repeats` windows each (the margin shrinks with more periods), then
-  twice as far that way before holding: gains too small to tell a stride apart are found
-  two strides apart (Qwen3.8 gained ~1.6% a half expert between 3 and 6.5);
-- when home is best it holds for a quarter of `hold` windows, doubling up to `hold` each
-  time a re-check keeps it (a noisy first verdict is soon looked at again, a settled one
-  costs little), then forgets its figures and searches again, so a change (another
-  process on the cores, a new routing mix, longer contexts) is found, not locked in.
-Figures older than the last move are stale: a level's time depends on the cache, which
-the split itself shapes, so only figures measured around the current home are compared.
+The climb, from its centre (home) (docs/offload.md "The quota, live" has its rules and why):
+the neighbours home ± stride without a fresh figure; a move where one beats home by the
+margin; within the margin, both again up to `repeats` windows, then twice as far; where
+home is best, a hold of a quarter of `hold` windows doubling up to `hold` while re-checks
+keep it, then a fresh search. Figures from before the last move are stale (the split
+shapes the cache, so a level's time depends on it).
 
-The informed start (`inform`, once): climbing from the start alone took Qwen3.8 ~100–200
-decode steps, and a fresh engine's first request ran slow meanwhile. After the first
-window the executor measures what the balance needs: m, the misses a layer a decode step
-(the CPU's included), a copy's seconds (t_link: an expert's bytes over the link) and a
-CPU expert's at one token (t_cpu, the share's fitted rate). The CPU and the link finish
-together at q* = m·t_link / (t_link + t_cpu) experts a layer. auto's survey takes it as
-its second share; for hybrid (start half) it is measured next as a candidate against the
-start, and the search centres there when it wins by the margin, else goes back and climbs
-from the start. A prediction that comes later (during a hold, say) is such a candidate
-for either, and a losing one gives back the rest of the hold it interrupted.
+The informed start (`inform`, once, after the first window; docs/offload.md): the level
+where the CPU and the link finish together, q* = m·t_link / (t_link + t_cpu) experts a
+layer from the executor's measured misses and rates. auto's survey takes it as its second
+share; elsewhere it is a candidate measured against the centre.
 
 Torch-free: the executor turns levels into its quota tensor (`quota_rows`) and gathers
 the informed start's numbers.
@@ -81,6 +65,7 @@ the informed start's numbers.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -92,6 +77,10 @@ log = logging.getLogger(__name__)
 HISTORY = 64  # windows kept for inspection: (level, median period)
 OFFLOAD_READINGS = 3  # offload's latest readings kept for the confirmation (its best counts)
 CONFIRM_WINDOWS = 2  # offload's windows in a confirmation, at most: the second past the switch's transient
+# auto: a share visit ends after CUT_AFTER periods in a row (settle steps too) over CUT x offload's best
+# window (an H100's first int4 share steps: 20-58 ms against 4.7, 3-16 of them, 4 runs in 10); in the
+# survey, up to SURVEY_RETRIES times, offload runs its next window and the survey begins again
+CUT, CUT_AFTER, SURVEY_RETRIES = float(os.environ.get("EDGEMOE_AUTO_CUT", "2.0")) or float("inf"), 2, 2  # 0: off
 
 
 @dataclass
@@ -136,6 +125,8 @@ class QuotaController:
     _confirm: int | None = field(init=False, default=None)  # auto, confirming: offload's windows still to come
     _confirmed: bool = field(init=False, default=False)  # auto: the home share has beaten offload's visit
     _rechecks: int = field(init=False, default=0)
+    _slow: list[float] = field(init=False, default_factory=list)  # this share visit's latest periods over CUT x offload
+    _retries: int = field(init=False, default=SURVEY_RETRIES)  # surveys a cut may still restart
 
     def __post_init__(self) -> None:
         if self.max_level < 0 or not 0 <= self.start <= self.max_level:
@@ -156,13 +147,42 @@ class QuotaController:
         last, self._last = self._last, (now, batch) if batch is not None else None
         if batch is None or last is None or last[1] != batch:
             return self.level  # no period to attribute (a prompt chunk, or a new batch size)
+        period = now - last[0]
+        if self._cut_short(period):
+            return self.level
         if self._skip:
             self._skip -= 1
             return self.level
-        self._periods.append(now - last[0])
+        self._periods.append(period)
         if len(self._periods) >= self.window:
             self._window_done()
         return self.level
+
+    def _cut_short(self, period: float) -> bool:
+        """auto at a share: whether this period ends the visit (`CUT`): waiting out the settle
+        and a window at steps far slower than offload's only costs time. A survey's visit so
+        cut starts the survey again after offload's next window (a cold CPU share warms
+        meanwhile at offload's pace; the survey is how a share that wins is found at all);
+        elsewhere the slow periods are the level's figure, and it loses."""
+        if not (self._auto and self.level and self._offload and period > CUT * min(self._offload)):
+            self._slow.clear()
+            return False
+        self._slow.append(period)
+        if len(self._slow) < CUT_AFTER:
+            return False
+        steps = ", ".join(f"{p * 1e3:.1f}" for p in self._slow)
+        log.info("moe %s: %s cut short: %s ms a step against offload's %.2f", self.label,
+                 self.scale.describe(self.level), steps, min(self._offload) * 1e3)
+        if self._survey is not None and self._retries:
+            self._retries -= 1
+            self._survey, self._surveyed = None, False
+            self.readings.drop(self.level)
+            self._periods.clear()
+            self._go(0)
+        else:
+            self._skip, self._periods = 0, list(self._slow)
+            self._window_done()
+        return True
 
     def _window_done(self) -> None:
         period = self.readings.record(self._periods)
@@ -346,6 +366,7 @@ class QuotaController:
         while the cache's content turns over to what the new level admits."""
         if level != self.level:
             self._skip = self.settle + round(self.switch_settle * abs(level - self.level) / max(self.max_level, 1))
+            self._slow.clear()
         self.level = level
 
     def _decided(self, level: int) -> None:
