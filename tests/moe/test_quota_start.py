@@ -114,9 +114,17 @@ def test_auto_surveys_half_and_the_prediction_then_confirms_against_offload() ->
     and the prediction: where the shares only slow steps it goes back to offload; where
     one wins the climb goes on from it, and the share it settles on beat offload again."""
     slower = QuotaController(max_level=32, start=0, label="auto")
-    settle(slower, lambda level: 0.020 * (1 + 0.1 * level), (5.0, 1.0, 0.0))  # level 20
+    settle(slower, lambda level: 0.020 * (1 + 0.04 * level), (5.0, 1.0, 0.0))  # level 20: 1.8x offload
     levels = [lv for lv, _ in slower.history]
     assert levels[:3] == [0, QUARTERS, 20] and slower.snapshot()["cpu_quota_settled"] == 0 and slower.level == 0
+    # Past twice offload's step (`CUT`), the prediction's visit is cut short after two steps
+    # and the survey begins again after offload's next window; the third time its two
+    # periods are its figure.
+    much = QuotaController(max_level=32, start=0, label="auto")
+    settle(much, lambda level: 0.020 * (1 + 0.1 * level), (5.0, 1.0, 0.0))  # level 20: 3x offload
+    levels = [lv for lv, _ in much.history]
+    assert levels[:3] == [0, QUARTERS, 0] and much.snapshot()["cpu_quota_settled"] == 0 and much.level == 0
+    assert any(lv == 20 and t == pytest.approx(0.060) for lv, t in much.history)
     faster = QuotaController(max_level=32, start=0, label="auto")
     settle(faster, bowl(18), (5.0, 1.0, 0.0))
     levels = [lv for lv, _ in faster.history]
