@@ -228,3 +228,14 @@ class ServerHarness:
 
 
 MakeServer = Callable[..., ServerHarness]
+
+
+DEMO_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def demo_with_template(demo_dir: Path, model_dir: Path, template: str) -> Path:
+    """`model_dir`: the demo model's config and tokenizer with `template` as its chat template."""
+    for name in DEMO_FILES:
+        shutil.copy(demo_dir / name, model_dir / name)
+    (model_dir / "chat_template.jinja").write_text(template)
+    return model_dir

@@ -10,7 +10,6 @@ the `openai` / `anthropic` SDKs' strict types over the scripted engine, whose sc
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from agents_support import call, strict
 from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
-from server_harness import MakeServer, ScriptedEngine, ServerHarness
+from server_harness import MakeServer, ScriptedEngine, ServerHarness, demo_with_template
 from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL
 
 from edgemoe.assets.chat_template import QWEN3_5_CHAT_TEMPLATE
@@ -201,12 +200,9 @@ def test_chat_forced_qwen3_coder(make_scripted: MakeServer, demo_tokenizer: Toke
 def formatless(demo_dir: Path, demo_tokenizer: TokenizerBundle, tmp_path_factory: pytest.TempPathFactory,
                ) -> Iterator[ServerHarness]:
     """The demo model with a chat template that teaches no tool-call format."""
-    model_dir = tmp_path_factory.mktemp("formatless")
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(demo_dir / name, model_dir / name)
-    (model_dir / "chat_template.jinja").write_text(
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    model_dir = demo_with_template(demo_dir, tmp_path_factory.mktemp("formatless"),
+                                   "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     engine = ScriptedEngine(demo_tokenizer, SCRIPTS)
     harness = ServerHarness(engine, engine.ready(model_dir), ServerConfig()).start()
     yield harness

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from hardening_support import ORDINARY, assert_unharmed, wait_idle
-from server_harness import ScriptedEngine, ServerHarness
+from server_harness import ScriptedEngine, ServerHarness, demo_with_template
 
 from edgemoe.server.config import ServerConfig
 from edgemoe.tokenizer import TokenizerBundle
@@ -250,10 +249,7 @@ HOSTILE_TEMPLATE = """\
 @pytest.fixture(scope="module")
 def hostile(demo_dir: Path, demo_tokenizer: TokenizerBundle, tmp_path_factory: pytest.TempPathFactory,
             ) -> Iterator[ServerHarness]:
-    model_dir = tmp_path_factory.mktemp("hostile")
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"):
-        shutil.copy(demo_dir / name, model_dir / name)
-    (model_dir / "chat_template.jinja").write_text(HOSTILE_TEMPLATE)
+    model_dir = demo_with_template(demo_dir, tmp_path_factory.mktemp("hostile"), HOSTILE_TEMPLATE)
     engine = ScriptedEngine(demo_tokenizer)
     harness = ServerHarness(engine, engine.ready(model_dir), ServerConfig(template_timeout=0.5)).start()
     yield harness
