@@ -15,17 +15,12 @@ A window is `window` periods after a switch's settle; its median is a reading, a
 level beats another only by a margin scaled with the steps' measured noise, never below
 `margin` (`moe/quota_readings.py`). What the GPU machine's steps looked like (2026-12-05,
 int4 and fp8 experts, 5–9 ms a step) shaped the rest:
-- steps vary by a few %: a window's median by ~1.3%, so a fixed 2% margin between two
-  windows was one standard error of noise;
-- a switch has a transient: the cache still holds what the previous level admitted (the
-  CPU's misses are not admitted), so right after offload a large share looks faster than
-  it will be (int4: 13/16's window 4.30 ms, its steady state ~5 ms against offload's 4.7).
-  A switch skips `settle` steps plus `switch_settle` × its part of the range (0 ↔ 8/16:
-  9 steps; a stride of 2/16: 3), the cache's content that changes being about the share
-  of the misses whose admission changed;
-- the step time is not convex in the level: a small share pays the CPU calls and the
-  signalling without gain, a larger one may win (fp8: offload 9.08 ms, 2/16 9.36, 8/16
-  ~7.9), so a climb from offload never reaches the share that wins.
+- steps vary by a few %: a fixed 2% margin between two windows was one standard error;
+- a switch has a transient (the cache still holds what the previous level admitted: right
+  after offload a large share looks faster than it will be), so a switch skips `settle`
+  steps plus `switch_settle` × its part of the range (0 ↔ 8/16: 9 steps);
+- the step time is not convex in the level (fp8: offload 9.08 ms, 2/16 9.36, 8/16 ~7.9),
+  so a climb from offload never reaches the share that wins.
 
 auto (start 0, offload) therefore goes: a window at offload (after which the executor
 informs the prediction, below); a **survey** of two shares, half of the misses (hybrid's
@@ -77,10 +72,20 @@ log = logging.getLogger(__name__)
 HISTORY = 64  # windows kept for inspection: (level, median period)
 OFFLOAD_READINGS = 3  # offload's latest readings kept for the confirmation (its best counts)
 CONFIRM_WINDOWS = 2  # offload's windows in a confirmation, at most: the second past the switch's transient
-# auto: a share visit ends after CUT_AFTER periods in a row (settle steps too) over CUT x offload's best
-# window (an H100's first int4 share steps: 20-58 ms against 4.7, 3-16 of them, 4 runs in 10); in the
-# survey, up to SURVEY_RETRIES times, offload runs its next window and the survey begins again
-CUT, CUT_AFTER, SURVEY_RETRIES = float(os.environ.get("EDGEMOE_AUTO_CUT", "2.0")) or float("inf"), 2, 2  # 0: off
+# auto: a share visit ends after CUT_AFTER periods in a row over CUT x offload's best window (an H100's
+# int4 share starts: 13-115 ms steps against 4.7); in the survey, up to SURVEY_RETRIES times, it restarts
+CUT_AFTER, SURVEY_RETRIES = 2, 2
+
+
+def _cut() -> float:
+    """`EDGEMOE_AUTO_CUT`: the factor over offload's window that cuts a visit (0: never), else 2."""
+    try:
+        return float(os.environ.get("EDGEMOE_AUTO_CUT", "2")) or float("inf")
+    except ValueError:
+        raise ValueError(f"EDGEMOE_AUTO_CUT must be a number (0: no cut): {os.environ['EDGEMOE_AUTO_CUT']!r}") from None
+
+
+CUT = _cut()
 
 
 @dataclass
@@ -159,11 +164,10 @@ class QuotaController:
         return self.level
 
     def _cut_short(self, period: float) -> bool:
-        """auto at a share: whether this period ends the visit (`CUT`): waiting out the settle
+        """auto at a share: whether this period ends the visit (`CUT`): sitting out the settle
         and a window at steps far slower than offload's only costs time. A survey's visit so
-        cut starts the survey again after offload's next window (a cold CPU share warms
-        meanwhile at offload's pace; the survey is how a share that wins is found at all);
-        elsewhere the slow periods are the level's figure, and it loses."""
+        cut restarts the survey after offload's next window (a cold share warms meanwhile;
+        the survey is how a winning share is found); elsewhere those periods are its figure."""
         if not (self._auto and self.level and self._offload and period > CUT * min(self._offload)):
             self._slow.clear()
             return False
@@ -390,8 +394,7 @@ class QuotaController:
             "cpu_quota_step_ms": {f"{self.scale.value(lv):g}": round(t * 1e3, 3)
                                   for lv, t in self.readings.table().items()},
             "cpu_quota_windows": self.windows,
-            # each window's level and median period, oldest first (the last HISTORY): how the
-            # search went, for a run whose choice or cost needs explaining
+            # each window's level and median period, oldest first (the last HISTORY): how the search went
             "cpu_quota_history": [[self.scale.value(lv), round(t * 1e3, 3)] for lv, t in self.history],
             "cpu_quota_start_per_layer": None if self.predicted is None else self.scale.value(self.predicted),
         }
