@@ -110,3 +110,20 @@ def test_involuntary_switches_are_charged_to_their_step(monkeypatch: pytest.Monk
         anatomy.stop()
     assert [r.switches for r in anatomy.steps] == [0, 3, 0]
     assert phase_totals(anatomy)["switches"] == 3
+
+
+def test_the_cpu_shares_calls_are_charged_to_their_step() -> None:
+    """With a reader of the CPU share's cumulative (calls, ns), each record carries what
+    the CPU did since the last: a slow step whose CPU was slow says so."""
+    totals = iter([(4, 1_000_000), (4, 1_000_000), (52, 30_000_000), (100, 31_000_000)])  # start(), then a record each
+    anatomy = StepAnatomy(cpu=lambda: next(totals))
+    anatomy.start()
+    for t0 in (0, 5_000_000, 40_000_000):
+        anatomy.record(t0, t0 + 1_000, t0 + 2_000, t0 + (35_000_000 if t0 == 5_000_000 else 5_000_000))
+    assert [r.cpu for r in anatomy.steps] == [(0, 0), (48, 29_000_000), (48, 1_000_000)]
+    (slow,) = slow_steps([0.005, 0.035, 0.005], anatomy)
+    assert slow["step"] == 1 and slow["cpu_calls"] == 48 and slow["cpu_ms"] == 29.0
+    assert phase_totals(anatomy)["cpu_ms"] == 30.0
+    plain = StepAnatomy()  # no reader: no CPU figures
+    plain.record(0, 1, 2, 3)
+    assert plain.steps[0].cpu is None and "cpu_ms" not in phase_totals(plain)

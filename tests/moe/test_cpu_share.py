@@ -269,8 +269,11 @@ def test_a_live_quota_is_offload_bitwise_at_level_zero_and_follows_its_controlle
     assert ctl.snapshot()["cpu_quota_unit"] == scale.unit
     x, ids, w = next(routings(seed=5, dtype=torch.bfloat16))
     live._apply_level(ctl.max_level)  # every miss on the CPU
+    calls, ns = live.cpu_share.busy_totals()
     live.forward(0, x[:2], ids[:2], w[:2])
     assert live.stats.snapshot()["experts_cpu"] > 0 and "cpu_quota_per_layer" in live.stats.snapshot()
+    after = live.cpu_share.busy_totals()  # the step anatomy's reader: the C calls' own counters
+    assert after[0] == calls + 1 and after[1] > ns
 
 
 def test_auto_gets_a_live_share_on_a_gpu_only() -> None:

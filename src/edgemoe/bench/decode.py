@@ -146,7 +146,8 @@ def decode_phase(llm: Any, request_ids: set[str], decode_tokens: int) -> Phase:
     alloc, host, threads = allocator_snapshot(device), host_counters(), thread_ticks()
     loop = engine.overlap
     if loop is not None:
-        phase.anatomy = loop.anatomy = StepAnatomy(device=device.type == "cuda")
+        share = getattr(engine.runtime.executor, "cpu_share", None)  # its calls beside each step
+        phase.anatomy = loop.anatomy = StepAnatomy(device=device.type == "cuda", cpu=share and share.busy_totals)
         phase.anatomy.start()
     before, t0 = llm.stats()["moe"], time.perf_counter()
     last = t0

@@ -18,6 +18,11 @@ with `device=True`, two CUDA events around the step's launch on the current stre
 span is the device's time on the step (its waits on the bell or a copy included), and the
 gap from the previous step's end the device's idle wait for the host.
 
+With `cpu` (a reader of the CPU share's cumulative calls and their wall ns: the C calls'
+own counters, host memory), each record also carries the CPU's calls and time since the
+last: a slow step whose device waited on a slow CPU shows it there, one whose CPU was quick
+points at the hand-off instead.
+
 Off unless a caller sets `OverlapLoop.anatomy` (`edgemoe bench decode` does for its
 decode phase): then four clock reads, a syscall and (on CUDA) two events a step. Not
 thread-safe (the engine's loop).
@@ -30,6 +35,7 @@ import resource
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +51,7 @@ class StepRecord:
     gc_generations: tuple[int, ...] = ()
     switches: int = 0  # the recording thread's involuntary context switches in the step
     events: tuple[Any, Any] | None = None  # CUDA events before and after the step's launch
+    cpu: tuple[int, int] | None = None  # the CPU share's calls and their wall ns since the last record
 
 
 @dataclass
@@ -53,7 +60,9 @@ class StepAnatomy:
 
     capacity: int = 4096
     device: bool = False  # time each step's launch on the device with two CUDA events
+    cpu: Callable[[], tuple[int, int]] | None = None  # the CPU share's calls and wall ns so far
     steps: deque[StepRecord] = field(init=False)
+    _cpu_last: tuple[int, int] = field(init=False, default=(0, 0))
     _switches: int = field(init=False, default=0)
     _gc_ns: int = field(init=False, default=0)
     _gc_gens: list[int] = field(init=False, default_factory=list)
@@ -65,6 +74,7 @@ class StepAnatomy:
 
     def start(self) -> None:
         self._switches = _thread_switches()
+        self._cpu_last = self.cpu() if self.cpu is not None else (0, 0)
         if not self._hooked:
             gc.callbacks.append(self._on_gc)
             self._hooked = True
@@ -98,8 +108,12 @@ class StepAnatomy:
         the collections and switches since the last record are its own."""
         switches, self._switches = self._switches, _thread_switches()
         events = events if events is not None and None not in events else None
+        cpu = None
+        if self.cpu is not None:
+            (calls, ns), (calls0, ns0) = self.cpu(), self._cpu_last
+            cpu, self._cpu_last = (calls - calls0, ns - ns0), (calls, ns)
         self.steps.append(StepRecord((t1 - t0, t2 - t1, t3 - t2), self._gc_ns, tuple(self._gc_gens),
-                                     self._switches - switches, events))
+                                     self._switches - switches, events, cpu))
         self._gc_ns, self._gc_gens = 0, []
 
 
@@ -141,10 +155,15 @@ def slow_steps(step_seconds: list[float], anatomy: StepAnatomy, factor: float = 
     return [{"step": i, "ms": round(1e3 * step_seconds[i], 2),
              **{f"{name}_ms": round(ns / 1e6, 2) for name, ns in zip(PHASES, records[i].phases_ns, strict=True)},
              "gc_ms": round(records[i].gc_ns / 1e6, 2), "gc_generations": list(records[i].gc_generations),
-             "switches": records[i].switches,
+             "switches": records[i].switches, **cpu_part(records[i]),
              **({"completed": done} if (done := device_span(records, i - 1)) else {}),
              **({"launched": launched} if (launched := device_span(records, i)) else {})}
             for i in slow[:most]]
+
+
+def cpu_part(record: StepRecord) -> dict[str, Any]:
+    """`cpu_calls` and `cpu_ms` of a record that carries the CPU share's counters; {} otherwise."""
+    return {} if record.cpu is None else {"cpu_calls": record.cpu[0], "cpu_ms": round(record.cpu[1] / 1e6, 2)}
 
 
 def phase_totals(anatomy: StepAnatomy) -> dict[str, Any]:
@@ -158,4 +177,5 @@ def phase_totals(anatomy: StepAnatomy) -> dict[str, Any]:
               "device_gap_ms": round(sum(s.get("device_gap_ms", 0.0) for s in spans), 2)} if any(spans) else {}
     return {**totals, "gc_ms": round(sum(r.gc_ns for r in records) / 1e6, 2),
             "gc_collections": {str(g): gens.count(g) for g in sorted(set(gens))},
-            "switches": sum(r.switches for r in records), **device}
+            "switches": sum(r.switches for r in records), **device,
+            **({"cpu_ms": round(sum(r.cpu[1] for r in records if r.cpu) / 1e6, 2)} if anatomy.cpu else {})}

@@ -339,6 +339,12 @@ class CpuShare:
             return None
         return self.mailboxes.busy()
 
+    def busy_totals(self) -> tuple[int, int]:
+        """(CPU calls with pairs, their wall ns) over every layer so far: (0, 0) before the
+        first step with a share (a step anatomy's reader, engine/step_anatomy.py)."""
+        busy = self.read_busy()
+        return (0, 0) if busy is None else (int(busy[0].sum()), int(busy[1].sum()))
+
     def read_counts(self) -> torch.Tensor:
         """[num_layers] CPU experts per layer since construction (one device read)."""
         return self.cpu_counts.to("cpu", copy=True)
