@@ -44,7 +44,8 @@ def test_restrict_keeps_the_tools_order_and_refuses_unknown_names() -> None:
 
 def test_responses_allowed_tools_restrict_the_chat_tools() -> None:
     tools = [{"type": "function", "name": "f"}, {"type": "function", "name": "g"}, {"type": "web_search"}]
-    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "g"}, {"type": "web_search"}]}
+    choice = {"type": "allowed_tools", "mode": "required",
+              "tools": [{"type": "function", "name": "g"}, {"type": "web_search"}]}
     req = ResponsesRequest(input="x", tools=tools, tool_choice=choice)
     assert req.chat_tools() == [{"type": "function", "function": {"name": "g"}}]
     assert req.tool_choice_mode() == ("required", None)
@@ -64,7 +65,8 @@ def test_chat_allowed_tools_show_only_the_allowed(scripted: ServerHarness, demo_
     assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
 
 
-def test_chat_allowed_tools_without_a_function_hides_all(scripted: ServerHarness, demo_tokenizer: TokenizerBundle) -> None:
+def test_chat_allowed_tools_without_a_function_hides_all(scripted: ServerHarness,
+                                                         demo_tokenizer: TokenizerBundle) -> None:
     body = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "custom", "name": "x"}]}}
     scripted.openai().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
                                               tool_choice=body)  # type: ignore[arg-type]
@@ -88,3 +90,20 @@ def test_chat_allowed_tools_refusals(scripted: ServerHarness, choice: dict[str, 
         assert body.get("param") == param and "no_such_tool" in body.get("message", "")
     else:
         assert str(body.get("param", "")).startswith("tool_choice")
+
+
+@pytest.mark.parametrize("tools,choice", [
+    (None, "required"),
+    (TOOLS, {"type": "allowed_tools",
+             "allowed_tools": {"mode": "required", "tools": [{"type": "custom", "name": "x"}]}}),
+])
+def test_chat_required_without_a_function_tool_is_400(scripted: ServerHarness, tools: Any, choice: Any) -> None:
+    """Nothing to force a call of (vLLM refuses it too); it was answered as `auto`."""
+    extra = {"tools": tools} if tools else {}
+    with pytest.raises(openai.BadRequestError) as err:
+        scripted.openai().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                  tool_choice=choice, **extra)
+    assert isinstance(err.value.body, dict) and err.value.body.get("param") == "tool_choice"
+    out = scripted.openai().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                    tool_choice="auto")  # auto without tools stays fine
+    assert out.choices[0].message.tool_calls is None
