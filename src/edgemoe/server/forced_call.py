@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from edgemoe.server.errors import bad_request
-from edgemoe.server.parsers import ParsedDelta, ResponseParser, ToolParser, parser_for_chat_template
+from edgemoe.server.parsers import ParsedDelta, ResponseParser, ToolParser
 
 if TYPE_CHECKING:
     from edgemoe.server.generation import GenerationRequest
@@ -57,10 +57,8 @@ def forced_opening(model: ServedModel, req: GenerationRequest) -> str:
     forcing = req.tool_choice == "required" or req.named_tool is not None
     if not (forcing and req.parse_output and req.tools and req.tool_choice != "none"):
         return ""
-    if model.template is None or model.tool_parser is None:
-        return ""
-    if parser_for_chat_template(model.template.source) is None:
-        return ""  # the template never shows the model a call: an opening would be noise
+    if model.template is None or model.tool_parser is None or not model.teaches_calls:
+        return ""  # no template, or one that never shows the model a call: an opening would be noise
     if req.named_tool is not None and not _writable(model.tool_parser, req.named_tool):
         raise bad_request(f"tool_choice names {req.named_tool!r}, a name the model's tool-call format "
                           f"({model.tool_parser}) cannot write", param="tool_choice")

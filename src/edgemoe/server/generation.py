@@ -133,8 +133,9 @@ def active_tools(req: GenerationRequest) -> list[dict[str, Any]] | None:
     return req.tools
 
 
-def render_text(model: ServedModel, req: GenerationRequest, thinking: bool) -> str:
-    """The prompt text of a chat or text prompt (blocking: the chat template runs here)."""
+def render_text(model: ServedModel, req: GenerationRequest, thinking: bool, forced: str) -> str:
+    """The prompt text of a chat or text prompt (blocking: the chat template runs here);
+    `forced`: the tool-call opening it ends with (`forced_opening`)."""
     prompt = req.prompt
     if isinstance(prompt, TextPrompt):
         return prompt.text
@@ -143,7 +144,6 @@ def render_text(model: ServedModel, req: GenerationRequest, thinking: bool) -> s
         why = model.template_error or "the model ships no chat template"
         raise bad_request(f"chat is not available: {why}", param="messages")
     kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in RESERVED_VARIABLES}
-    forced = forced_opening(model, req)
     try:
         text = model.template.render(
             prompt.messages,
@@ -166,7 +166,8 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
     prompt = req.prompt
     if isinstance(prompt, TokensPrompt):
         return RenderedPrompt(list(prompt.token_ids), None, False)
-    text = render_text(model, req, thinking)
+    forced = forced_opening(model, req)
+    text = render_text(model, req, thinking, forced)
     # A raw prompt gets the tokenizer's BOS; the template writes any BOS itself
     # (transformers' apply_chat_template does the same).
     raw = isinstance(prompt, TextPrompt)
@@ -176,7 +177,7 @@ def render_prompt(model: ServedModel, req: GenerationRequest, thinking: bool) ->
         raise context_exceeded(model, req, exc.count, exact=exc.exact) from exc
     if raw:
         return RenderedPrompt(ids, text, False)
-    return RenderedPrompt(ids, text, prompt_opens_reasoning(text), forced_opening(model, req))
+    return RenderedPrompt(ids, text, prompt_opens_reasoning(text), forced)
 
 
 def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bool) -> int:
@@ -184,7 +185,7 @@ def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bo
     if isinstance(req.prompt, TokensPrompt):
         return len(req.prompt.token_ids)
     check_named_tool(req)  # as the request itself would be refused
-    return model.prompt_tokens.count(render_text(model, req, thinking))
+    return model.prompt_tokens.count(render_text(model, req, thinking, forced_opening(model, req)))
 
 
 def context_exceeded(model: ServedModel, req: GenerationRequest, n_tokens: int, *, exact: bool = True) -> APIError:

@@ -37,6 +37,7 @@ class ServedModel:
     template_error: str | None  # why there is no template (None: it loaded, or none shipped)
     tool_parser: str | None
     reasoning: bool  # the template knows `<think>` blocks
+    teaches_calls: bool  # the template shows the model a tool-call format we parse (forced_call)
     sampling_defaults: dict[str, float | int]
     created: int
     tokens: TokenTexts
@@ -57,6 +58,7 @@ class ServedModel:
             template_error=error,
             tool_parser=_tool_parser(config.tool_call_parser, source, info.model_type),
             reasoning="</think>" in source,
+            teaches_calls=bool(source) and parser_for_chat_template(source) is not None,
             sampling_defaults=_sampling_defaults(model_dir / "generation_config.json"),
             created=int(time.time()),
             tokens=TokenTexts(tokenizer.tokenizer),
