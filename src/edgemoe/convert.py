@@ -31,6 +31,7 @@ from tqdm import tqdm
 from edgemoe.models.checkpoint_files import safetensors_files
 from edgemoe.models.loader import LoadedModel, load_checkpoint, read_arch
 from edgemoe.models.names import NameMap, Placement, Spelling, spelled_as_stored
+from edgemoe.models.quant_load import declares_quantization
 from edgemoe.models.registry import model_module
 from edgemoe.quant import Int4Group, Mxfp4
 from edgemoe.quant.publish import (
@@ -165,9 +166,7 @@ def _copy_skipped(src: Path, module: ModuleType, loaded: LoadedModel, writer: Sh
     prefixes = tuple(getattr(module, "IGNORED_PREFIXES", ()))
     if not prefixes:
         return []
-    text = loaded.config.get("text_config")
-    quantised = "quantization_config" in loaded.config or isinstance(text, dict) and "quantization_config" in text
-    linears, dropped = [], 0
+    linears, dropped, quantised = [], 0, declares_quantization(loaded.config)
     for fname in safetensors_files(src):
         with safe_open(str(src / fname), framework="pt") as f:
             for name in f.keys():

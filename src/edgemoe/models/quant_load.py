@@ -35,15 +35,28 @@ log = logging.getLogger(__name__)
 Value = torch.Tensor | Decoded  # a plain weight, or (format, parts)
 
 
+def text_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
+    """A multimodal config's `text_config.quantization_config` where the top level has none
+    (the language model's; the top level's wins when both do), else None."""
+    text = config.get("text_config")
+    if "quantization_config" not in config and isinstance(text, dict) and "quantization_config" in text:
+        return text["quantization_config"]
+    return None
+
+
+def declares_quantization(config: dict[str, Any]) -> bool:
+    """Whether config.json says the checkpoint is quantised, at its top or in `text_config`."""
+    return "quantization_config" in config or text_quantization(config) is not None
+
+
 def checkpoint_scheme(config: dict[str, Any], where: Path | str = "config.json") -> Scheme | None:
     """The checkpoint's quantisation scheme (None: unquantised); CheckpointError if unsupported.
     Older NVIDIA ModelOpt exports leave config.json alone and say it in hf_quant_config.json;
     a multimodal config may hold it in `text_config` (the language model's: the top level's wins)."""
     beside = Path(where).with_name("hf_quant_config.json")
-    text = config.get("text_config")
-    if "quantization_config" not in config and isinstance(text, dict) and "quantization_config" in text:
+    if (text := text_quantization(config)) is not None:
         where = f"{where} (text_config)"
-        config = config | {"quantization_config": text["quantization_config"]}
+        config = config | {"quantization_config": text}
     try:
         if "quantization_config" not in config and beside.is_file():
             where = beside
