@@ -85,6 +85,7 @@ class Run:
     mean: float  # the mean step time (s)
     settled_at: int | None  # the step of the first settled choice
     settled: int | None  # its level
+    final: int | None  # the last settled choice's level
 
 
 def run_controller(ctl: QuotaController, curve: list[float], seed: int, predicted: int, cold_s: float = 0.0) -> Run:
@@ -101,7 +102,9 @@ def run_controller(ctl: QuotaController, curve: list[float], seed: int, predicte
         settled = ctl.snapshot()["cpu_quota_settled"]
         if first is None and settled is not None:
             first = (step, round(settled * ctl.scale.per_unit))
-    return Run(statistics.fmean(periods), *(first or (None, None)))
+    last = ctl.snapshot()["cpu_quota_settled"]
+    final = None if last is None else round(last * ctl.scale.per_unit)
+    return Run(statistics.fmean(periods), *(first or (None, None)), final)
 
 
 def best_fixed(curve: list[float], seed: int, levels: range) -> float:
@@ -136,16 +139,18 @@ def test_auto_is_within_5_percent_of_the_best_fixed_level(scenario: str, seed: i
 def test_a_cold_cpu_share_costs_auto_its_first_steps_only(scenario: str, seed: int) -> None:
     """The CPU share's first steps on the GPU machine sometimes ran 4-12x slow, for 3-16 steps
     (2026-12-05, 4 int4 runs in 10): here 6x for 0.15 s from the share's first step. auto
-    cuts the visit after `CUT_AFTER` such steps and surveys again after offload's next window,
-    so the cold start costs it about those steps (0.13-0.31 ms a step over 320, against
-    0.42-0.46 when every visit ran its settle and window), and it still settles right."""
+    cuts the visit after `CUT_AFTER` such steps and surveys again after offload's next window
+    (then 8x as many after each cut), so the cold start costs it about those steps
+    (0.08-0.31 ms a step over 320, against 0.42-0.46 when every visit ran its settle and
+    window), and it still settles right."""
     curve, predicted = SCENARIOS[scenario]
     warm = run_controller(QuotaController(max_level=TOP, start=0, scale=FRACTION), curve, seed, predicted)
     auto = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
     cold = run_controller(auto, curve, seed, predicted, cold_s=0.15)
     cost = cold.mean - warm.mean
     assert cost < 0.34e-3, f"the cold start cost {cost * 1e3:.3f} ms a step ({auto.history})"
-    assert cold.settled is not None and curve[cold.settled] <= min(curve) * 1.05
+    # a cut says offload for now; the choice it ends on is right
+    assert cold.final is not None and curve[cold.final] <= min(curve) * 1.05
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -178,3 +183,42 @@ def test_the_choice_stays_right_over_long_runs(curve: list[float], choice: str) 
             assert all(s == 0 for s in late), f"seed {seed}: left offload ({sorted(set(late))})"
         else:
             assert all(abs(s * TOP - 8.5) <= 2.5 for s in late), f"seed {seed}: off the best ({sorted(set(late))})"
+
+
+def stolen(curve: list[float]) -> list[float]:
+    """A host losing CPU time to its hypervisor (an H100, 2026-12-05 15:50: 1.6-2.8% of the
+    CPU time stolen while the share ran): a share's steps slower the larger it is, half the
+    misses ~2.1x offload's step, 3/16 ~1.05x its healthy time, 2/16 unchanged."""
+    return [c * (1 + 1.1 * max(0.0, (lv - 2) / 6) ** 2) if lv else c for lv, c in enumerate(curve)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("scenario", ["int4, a share predicted", "fp8, the best share predicted"])
+def test_a_host_losing_cpu_time_costs_auto_a_few_steps(scenario: str, seed: int) -> None:
+    """On such a host offload wins throughout: auto cuts the survey's first visit, surveys
+    again after one window of offload and then after 8, 64: a few slow steps in 320 (2% over
+    offload), where surveying again after every window ran 4.5-18% over."""
+    curve, predicted = SCENARIOS[scenario]
+    curve = stolen(curve)
+    auto = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
+    run = run_controller(auto, curve, seed, predicted)
+    best = best_fixed(curve, seed, range(TOP + 1))
+    assert run.mean <= best * 1.03, f"auto {run.mean * 1e3:.3f} ms, offload {best * 1e3:.3f} ({auto.history})"
+    assert run.settled == 0 and run.final == 0
+
+
+def test_the_survey_ends_once_offload_beats_every_share_it_visits() -> None:
+    """Offload's windows at 4.7 ms, each share's at 5.6 (a margin of ~2%): after one visit to
+    each of the survey's two shares the confirmation starts (offload), not the survey's
+    second round."""
+    ctl = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
+    now, levels = 0.0, []
+    for _ in range(120):
+        ctl.step(now, 1)
+        if ctl.windows >= 1 and ctl.predicted is None:
+            ctl.inform(3.0, 4.0, 12.0)  # the balance at 4/16
+        levels.append(ctl.level)
+        now += 4.7e-3 if ctl.level == 0 else 5.6e-3
+    visits = [lv for i, lv in enumerate(levels) if i == 0 or lv != levels[i - 1]]
+    assert visits[:4] == [0, 8, 4, 0], visits
+    assert ctl.snapshot()["cpu_quota_settled"] == 0

@@ -13,45 +13,36 @@ offload exactly (the executor then replays graphs captured without the share).
 
 A window is `window` periods after a switch's settle; its median is a reading, and a
 level beats another only by a margin scaled with the steps' measured noise, never below
-`margin` (`moe/quota_readings.py`). What the GPU machine's steps looked like (2026-12-05,
-int4 and fp8 experts, 5–9 ms a step) shaped the rest:
-- steps vary by a few %: a fixed 2% margin between two windows was one standard error;
-- a switch has a transient (the cache still holds what the previous level admitted: right
-  after offload a large share looks faster than it will be), so a switch skips `settle`
-  steps plus `switch_settle` × its part of the range (0 ↔ 8/16: 9 steps);
-- the step time is not convex in the level (fp8: offload 9.08 ms, 2/16 9.36, 8/16 ~7.9),
-  so a climb from offload never reaches the share that wins.
+`margin` (`moe/quota_readings.py`). A switch has a transient (the cache still holds what
+the previous level admitted: right after offload a large share looks faster than it
+will be), so it skips `settle` steps plus `switch_settle` × its part of the range; and
+the step time is not convex in the level (fp8: offload 9.08 ms, 2/16 9.36, 8/16 ~7.9), so
+a climb from offload never reaches the share that wins. docs/offload.md ("The quota,
+live") has the rules below with the GPU machine's readings and the simulator's figures.
 
-auto (start 0, offload) therefore goes: a window at offload (after which the executor
-informs the prediction, below); a **survey** of two shares, half of the misses (hybrid's
-start) and the predicted balance, A B B A so drift and the transient's decay hit both
-alike, ending early once one beats the other by twice the margin; the **climb** below
-from the survey's faster share (measured again first: its survey windows are flattered
-by offload's cache); and a **confirmation** before it holds a share: offload again, after
-the long settle, the share held only where its figure beats offload's best recent window
-(the first window's included) by the margin — by three margins on offload's first window,
-which may still be slowed by the share's cache; otherwise offload's second decides.
+auto (start 0, offload): a window at offload, then the informed start (`inform`: the
+level q* = m·t_link / (t_link + t_cpu) where the CPU and the link finish together, from
+the executor's misses and rates); a **survey** of half of the misses and q*, A B B A so
+drift and the transient hit both alike, ended early once one beats the other by twice
+the margin, or once offload's windows beat every share seen by twice the margin (the
+shares' windows, flattered by offload's cache, would only lose by more); the **climb**
+from the survey's faster share (measured again first), or at once the confirmation where
+that share was no faster than offload's first window; a **confirmation** before it holds
+a share: offload again, the share held only where it beats offload's best recent window
+by the margin (by three on offload's first window, which the share's cache may slow).
 Offload is never interleaved window by window with a share: every switch between them
-starts a transient that favours the share. Where even the survey's faster share was no
-faster than offload's first window (flattered as it was), the climb is skipped for the
-confirmation. Every `crosscheck`-th re-check at a share is a confirmation again: cores
-that got busy make offload the better choice behind a hump that no neighbour shows. In
-the simulator of tests/moe/test_quota_auto.py (these curves, 3% noise, the transient)
-auto's first verdict comes 75–195 decode steps in and its 320 steps run 1.6–4.4% over
-the best fixed level's; the climb from offload alone ran 5.6–7% over at int4 (settled at
-11–15/16) and up to 15% at fp8 (held offload).
+starts a transient that favours the share. Every `crosscheck`-th re-check at a share is a
+confirmation again (cores that got busy). A share visit far slower than offload is cut
+short (`CUT`); a survey so cut starts again `RETRY_WAIT` of offload's windows later, and
+`RETRY_GROWTH` times later after each cut: a cold share warms meanwhile, and a host losing
+its CPU time to the hypervisor costs a few slow steps, ever more rarely.
 
-The climb, from its centre (home) (docs/offload.md "The quota, live" has its rules and why):
-the neighbours home ± stride without a fresh figure; a move where one beats home by the
-margin; within the margin, both again up to `repeats` windows, then twice as far; where
-home is best, a hold of a quarter of `hold` windows doubling up to `hold` while re-checks
-keep it, then a fresh search. Figures from before the last move are stale (the split
-shapes the cache, so a level's time depends on it).
-
-The informed start (`inform`, once, after the first window; docs/offload.md): the level
-where the CPU and the link finish together, q* = m·t_link / (t_link + t_cpu) experts a
-layer from the executor's measured misses and rates. auto's survey takes it as its second
-share; elsewhere it is a candidate measured against the centre.
+The climb around its centre (home): the neighbours home ± stride without a fresh figure;
+a move where one beats home by the margin; within the margin, both again up to `repeats`
+windows, then twice as far; where home is best, a hold of a quarter of `hold` windows
+doubling up to `hold` while re-checks keep it, then a fresh search. Figures from before
+the last move are stale (the split shapes the cache). Elsewhere than auto's survey the
+informed start is a candidate measured against the centre.
 
 Torch-free: the executor turns levels into its quota tensor (`quota_rows`) and gathers
 the informed start's numbers.
@@ -73,14 +64,17 @@ HISTORY = 64  # windows kept for inspection: (level, median period)
 OFFLOAD_READINGS = 3  # offload's latest readings kept for the confirmation (its best counts)
 CONFIRM_WINDOWS = 2  # offload's windows in a confirmation, at most: the second past the switch's transient
 # auto: a share visit ends after CUT_AFTER periods in a row over CUT x offload's best window (an H100's
-# int4 share starts: 13-115 ms steps against 4.7); in the survey, up to SURVEY_RETRIES times, it restarts
-CUT_AFTER, SURVEY_RETRIES = 2, 2
+# int4 share starts: 13-115 ms steps against 4.7); a survey so cut starts again after RETRY_WAIT of
+# offload's windows, RETRY_GROWTH times more after each cut (2026-12-05 15:50: on a host losing 2-3%
+# of its CPU time to the hypervisor, three visits a window apart were all slow, ~2x offload's steps)
+CUT_AFTER, RETRY_WAIT, RETRY_GROWTH = 2, 1, 8
 
 
 def _cut() -> float:
-    """`EDGEMOE_AUTO_CUT`: the factor over offload's window that cuts a visit (0: never), else 2."""
+    """`EDGEMOE_AUTO_CUT`: the factor over offload's window that cuts a visit (0: never), else 1.5
+    (a healthy share's first steps ran up to ~1.3x offload's window on the H100s)."""
     try:
-        return float(os.environ.get("EDGEMOE_AUTO_CUT", "2")) or float("inf")
+        return float(os.environ.get("EDGEMOE_AUTO_CUT", "1.5")) or float("inf")
     except ValueError:
         raise ValueError(f"EDGEMOE_AUTO_CUT must be a number (0: no cut): {os.environ['EDGEMOE_AUTO_CUT']!r}") from None
 
@@ -131,7 +125,8 @@ class QuotaController:
     _confirmed: bool = field(init=False, default=False)  # auto: the home share has beaten offload's visit
     _rechecks: int = field(init=False, default=0)
     _slow: list[float] = field(init=False, default_factory=list)  # this share visit's latest periods over CUT x offload
-    _retries: int = field(init=False, default=SURVEY_RETRIES)  # surveys a cut may still restart
+    _cuts: int = field(init=False, default=0)  # survey visits cut so far
+    _wait: int = field(init=False, default=0)  # offload's windows before a cut survey starts again
 
     def __post_init__(self) -> None:
         if self.max_level < 0 or not 0 <= self.start <= self.max_level:
@@ -166,8 +161,9 @@ class QuotaController:
     def _cut_short(self, period: float) -> bool:
         """auto at a share: whether this period ends the visit (`CUT`): sitting out the settle
         and a window at steps far slower than offload's only costs time. A survey's visit so
-        cut restarts the survey after offload's next window (a cold share warms meanwhile;
-        the survey is how a winning share is found); elsewhere those periods are its figure."""
+        cut restarts the survey after offload's windows (`RETRY_WAIT`, growing: a cold share
+        warms meanwhile; the survey is how a winning share is found); elsewhere those
+        periods are its figure."""
         if not (self._auto and self.level and self._offload and period > CUT * min(self._offload)):
             self._slow.clear()
             return False
@@ -177,12 +173,12 @@ class QuotaController:
         steps = ", ".join(f"{p * 1e3:.1f}" for p in self._slow)
         log.info("moe %s: %s cut short: %s ms a step against offload's %.2f", self.label,
                  self.scale.describe(self.level), steps, min(self._offload) * 1e3)
-        if self._survey is not None and self._retries:
-            self._retries -= 1
-            self._survey, self._surveyed = None, False
-            self.readings.drop(self.level)
-            self._periods.clear()
+        if self._survey is not None:  # offload for now (said once), the survey again later
+            self._wait, self._cuts = RETRY_WAIT * RETRY_GROWTH ** self._cuts, self._cuts + 1
+            self._survey, self._surveyed, self._periods = None, False, []
+            self.readings.keep(0)
             self._go(0)
+            self._decided(0)
         else:
             self._skip, self._periods = 0, list(self._slow)
             self._window_done()
@@ -245,13 +241,12 @@ class QuotaController:
         self._survey = [h, p, p, h] if p is not None and p not in (0, h) else [h]
         return self._survey.pop(0)
 
-    def _survey_decided(self) -> bool:
-        """The survey may end early where one share beats every other by twice the margin."""
-        seen = self.readings
-        shares = sorted((lv for lv in seen.levels if lv > 0), key=seen.figure)
-        return len(shares) > 1 and all(
-            seen.wins(seen.figure(shares[0]), seen.count(shares[0]), seen.figure(lv), seen.count(lv), factor=2.0)
-            for lv in shares[1:])
+    def _survey_lost(self) -> bool:
+        """The survey may end early where every share it visits has a reading and offload's
+        best window beats each by twice the margin."""
+        seen, measured = self.readings, bool(self._offload)
+        measured = measured and all(lv in seen for lv in self._survey or ())
+        return measured and seen.all_lose_to(min(self._offload), self.window, factor=2.0)
 
     def _end_survey(self) -> int:
         """The survey's fastest share (by the median of its windows) is where the climb
@@ -290,8 +285,13 @@ class QuotaController:
         if self._confirm is not None:
             return self._confirm_next()
         if self._survey is not None:
-            return self._survey.pop(0) if self._survey and not self._survey_decided() else self._end_survey()
+            going = self._survey and not (self.readings.clear_winner(factor=2.0) or self._survey_lost())
+            return self._survey.pop(0) if going else self._end_survey()
         if self._auto and not self._surveyed:
+            if self._wait > 1:  # the window just done was the first of the wait
+                self._wait -= 1
+                return 0
+            self._wait = 0
             return self._begin_survey()
         judged = self._judge_candidate()
         return judged if judged is not None else self._climb()

@@ -92,5 +92,16 @@ class Readings:
         """`period` (of `n` periods) shorter than `other` (of `n_other`) by `factor` margins."""
         return period < other * (1.0 - factor * self.margin(n, n_other))
 
+    def clear_winner(self, factor: float) -> bool:
+        """Whether the fastest share (level > 0) beats every other share by `factor` margins."""
+        shares = sorted((lv for lv in self.levels if lv > 0), key=self.figure)
+        return len(shares) > 1 and all(
+            self.wins(self.figure(shares[0]), self.count(shares[0]), self.figure(lv), self.count(lv), factor)
+            for lv in shares[1:])
+
+    def all_lose_to(self, period: float, n: int, factor: float) -> bool:
+        """Whether `period` (of `n` periods) beats every share's figure by `factor` margins."""
+        return all(self.wins(period, n, self.figure(lv), self.count(lv), factor) for lv in self.levels if lv > 0)
+
     def table(self) -> dict[int, float]:
         return {lv: self.figure(lv) for lv in sorted(self.levels)}
