@@ -16,6 +16,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from agents_support import call, strict
 from anthropic.types import Message
@@ -301,3 +302,32 @@ def test_anthropic_auto_and_none_unchanged(scripted: ServerHarness, demo_tokeniz
                 tool_choice={"type": "none"}, thinking=thinking)
     assert "get_weather" not in seen_prompt(scripted, demo_tokenizer)
     assert none.stop_reason == "end_turn" and all(b.type != "tool_use" for b in none.content)
+
+
+# --------------------------------------------------------------------------- nothing to call
+
+def test_a_forcing_choice_without_a_tool_is_400_on_every_route(scripted: ServerHarness) -> None:
+    """`required` / `any` with no function tool (none given, only hosted or server tools) was
+    served as `auto` on Responses and Messages; each route now refuses it naming
+    `tool_choice`, as OpenAI and Anthropic do (Chat did already, as vLLM)."""
+    oa = scripted.openai()
+    for extra in ({}, {"tools": [{"type": "web_search"}]}):
+        with pytest.raises(openai.BadRequestError) as err:
+            oa.responses.create(model="m", input="hi", tool_choice="required", **extra)  # type: ignore[arg-type]
+        assert err.value.body["param"] == "tool_choice"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tool_choice="required")
+    assert err.value.body["param"] == "tool_choice"  # type: ignore[index]
+    sdk = _anthropic(scripted)
+    for extra in ({}, {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}):
+        with pytest.raises(anthropic.BadRequestError) as a_err:
+            sdk.messages.create(model="claude-x", max_tokens=50, messages=ask("forced_any"),
+                                tool_choice={"type": "any"}, **extra)  # type: ignore[arg-type]
+        assert a_err.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        assert "tool_choice" in a_err.value.body["error"]["message"]  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError):
+        sdk.messages.count_tokens(model="claude-x", messages=ask("forced_any"), tool_choice={"type": "any"})
+    # auto without tools stays fine everywhere
+    assert oa.responses.create(model="m", input=ask("forced_any")[0]["content"], tool_choice="auto").status
+    assert sdk.messages.create(model="claude-x", max_tokens=50, messages=ask("forced_any"),
+                               tool_choice={"type": "auto"}).stop_reason

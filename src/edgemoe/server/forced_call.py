@@ -73,9 +73,14 @@ def _writable(tool_format: str, name: str) -> bool:
     return bool(name.strip())
 
 
-def check_named_tool(req: GenerationRequest) -> None:
-    """A named `tool_choice` must name one of the request's tools (400 otherwise)."""
-    if req.named_tool is not None and req.named_tool not in _tool_names(req.tools):
+def check_tool_choice(req: GenerationRequest) -> None:
+    """A `tool_choice` that forces a call needs a tool to call (400 otherwise, as OpenAI,
+    Anthropic and vLLM answer; it was served as `auto`), and a named one must be in tools."""
+    names = _tool_names(req.tools)
+    if req.tool_choice == "required" and req.named_tool is None and not names:
+        raise bad_request("tool_choice forces a tool call, but the request has no function tool to call "
+                          "(none in tools, or none allowed)", param="tool_choice")
+    if req.named_tool is not None and req.named_tool not in names:
         raise bad_request(f"tool_choice names {req.named_tool!r}, which is not in tools", param="tool_choice")
 
 

@@ -31,7 +31,7 @@ from edgemoe.server.engine_client import (
 )
 from edgemoe.server.errors import APIError, ContextLengthExceeded, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
-from edgemoe.server.forced_call import check_named_tool, forced_opening
+from edgemoe.server.forced_call import check_tool_choice, forced_opening
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
@@ -184,7 +184,7 @@ def count_prompt_tokens(model: ServedModel, req: GenerationRequest, thinking: bo
     """How many tokens the prompt has, however many (blocking; memory of one piece)."""
     if isinstance(req.prompt, TokensPrompt):
         return len(req.prompt.token_ids)
-    check_named_tool(req)  # as the request itself would be refused
+    check_tool_choice(req)  # as the request itself would be refused
     return model.prompt_tokens.count(render_text(model, req, thinking, forced_opening(model, req)))
 
 
@@ -219,7 +219,7 @@ def check_request(model: ServedModel, req: GenerationRequest, prompt: RenderedPr
         name, _, why = str(exc).partition(" ")
         name = req.field_names.get(name, name)
         raise bad_request(f"{name} {why}", param=name) from exc
-    check_named_tool(req)
+    check_tool_choice(req)
 
 
 # --------------------------------------------------------------------------- running

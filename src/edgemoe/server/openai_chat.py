@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from edgemoe.messages import TokenLogprob
 from edgemoe.server.allowed_tools import restrict
 from edgemoe.server.disconnect import unless_disconnected
-from edgemoe.server.errors import APIError, bad_request
+from edgemoe.server.errors import APIError
 from edgemoe.server.events import (
     ChoiceDone,
     ChoiceResult,
@@ -61,9 +61,6 @@ def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> Gen
         tool_choice, tools = allowed.mode, restrict(tools, allowed.tools, "tool_choice.allowed_tools.tools")
     elif req.tool_choice is not None:
         tool_choice, named = "required", req.tool_choice.function.name
-    if tool_choice == "required" and named is None and not tools:  # as vLLM: nothing to force a call of
-        raise bad_request("tool_choice 'required' needs at least one function tool in tools (or allowed)",
-                          param="tool_choice")
     template_kwargs = dict(req.chat_template_kwargs or {})
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(
