@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from parsers_harness import assert_chunking_invariant, chunks_at, maker, stream, summary
 
+from edgemoe.server.parsers.hermes import MAX_NAME, plausible_name
+
 MAKE = maker("hermes")
 
 
@@ -102,6 +104,26 @@ CASES = [
         ('<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>', "", []),
     ),
     (
+        "a name with a line break is text",
+        '<tool_call>\n{"name": "Sure, I can help.\nFirst", "arguments": {}}\n</tool_call>',
+        ('<tool_call>\n{"name": "Sure, I can help.\nFirst", "arguments": {}}\n</tool_call>', "", []),
+    ),
+    (
+        "a name that no object continues from is text",
+        '<tool_call>\n{"name": "Sure" is what I said. <tool_call>{"name": "f", "arguments": {}}</tool_call>',
+        ('<tool_call>\n{"name": "Sure" is what I said.', "", [("f", {})]),
+    ),
+    (
+        "a name not a string is text",
+        '<tool_call>\n{"name": 12, "arguments": {}}</tool_call>',
+        ('<tool_call>\n{"name": 12, "arguments": {}}</tool_call>', "", []),
+    ),
+    (
+        "arguments first with a line break in the name",
+        '<tool_call>\n{"arguments": {}, "name": "a\nb"}\n</tool_call>',
+        ('<tool_call>\n{"arguments": {}, "name": "a\nb"}\n</tool_call>', "", []),
+    ),
+    (
         "extra outer keys",
         '<tool_call>{"name": "f", "arguments": {"a": false}, "id": "x"}</tool_call>',
         ("", "", [("f", {"a": False})]),
@@ -159,3 +181,22 @@ def test_lone_surrogate_stays_escaped() -> None:
     args = MAKE().parse_complete(text).tool_calls[0].arguments
     args.encode("utf-8")
     assert json.loads(args) == {"a": "x\ud83d", "b": "é"}
+
+
+def test_prose_after_a_forced_opening_streams_at_its_first_line_break() -> None:
+    """A forced call's opening primes the parser inside a name (docs/api.md, "Forced tool
+    calls"); prose written there is text as soon as it can't be a name, not at the end."""
+    parser = MAKE()
+    assert parser.feed('<tool_call>\n{"name": "Sure, I can').content == ""  # may still be a name
+    first = parser.feed(" help.\nFirst, the weather")
+    assert first.content.startswith('<tool_call>\n{"name": "Sure, I can help.\nFirst')
+    assert parser.feed(" in Paris.").content == " in Paris."
+    long_name = MAKE()
+    assert long_name.feed('<tool_call>{"name": "' + "x" * 12 * MAX_NAME).content == ""
+    assert long_name.feed("x").content.startswith("<tool_call>")  # past any name's JSON text
+
+
+def test_plausible_names() -> None:
+    assert plausible_name("get_weather") and plausible_name("mcp__github__create_issue") and plausible_name("Read")
+    assert not plausible_name("") and not plausible_name("  ") and not plausible_name("a\nb")
+    assert plausible_name("x" * MAX_NAME) and not plausible_name("x" * (MAX_NAME + 1))

@@ -155,23 +155,41 @@ def _expect_all(buf: str, pos: int, parts: tuple[str, ...]) -> int | Scan:
     return pos
 
 
-def parse_header(buf: str, pos: int) -> Header | Scan:
-    """``{"name": "<string>", "arguments": {`` at ``pos``, whitespace-tolerant."""
+# Longer is no tool's name (OpenAI's and Anthropic's allow 64 characters; MCP prefixes add
+# some). A name's JSON text holds at most 12 characters per character (a surrogate pair's
+# escapes), so an unterminated one past 12 x MAX_NAME can't end as a name either.
+MAX_NAME = 256
+
+
+def plausible_name(name: str) -> bool:
+    """Whether a call may name `name`: not blank, no line break, at most MAX_NAME long."""
+    return bool(name.strip()) and len(name) <= MAX_NAME and "\n" not in name and "\r" not in name
+
+
+def parse_header(buf: str, pos: int) -> Header | Scan | None:
+    """``{"name": "<string>", "arguments": {`` at ``pos``, whitespace-tolerant. None: the
+    object opens with a name no call can have (not a string, not a plausible name, or a
+    string that no JSON object continues from), so it is text, decided as soon as it shows:
+    prose after a forced call's opening streams instead of waiting for the end."""
     p = _expect_all(buf, pos, _BEFORE_NAME)
     if not isinstance(p, int):
         return p
     p = skip_ws(buf, p)
     if p == len(buf):
         return Scan.NEED
-    end = scan_string(buf, p) if buf[p] == '"' else Scan.FAIL
+    if buf[p] != '"':
+        return None
+    end = scan_string(buf, p)
     if not isinstance(end, int):
-        return end
+        raw = buf[p + 1 :]
+        return None if "\n" in raw or "\r" in raw or len(raw) > 12 * MAX_NAME else end
     try:
         name = loads(buf[p:end])
     except ValueError:
-        return Scan.FAIL
-    if not name.strip():
-        return Scan.FAIL  # a call needs a name
+        return None
+    q = skip_ws(buf, end)
+    if not plausible_name(name) or (q < len(buf) and buf[q] not in ",}"):
+        return None
     args = _expect_all(buf, end, _AFTER_NAME)
     return Header(name, args) if isinstance(args, int) else args
 
@@ -185,7 +203,7 @@ def parse_whole(text: str) -> tuple[str, dict[str, Any]] | None:
             args = loads(args) if args.strip() else {}
     except ValueError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"].strip():
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not plausible_name(obj["name"]):
         return None
     return (obj["name"], args) if isinstance(args, dict) else None
 
@@ -251,6 +269,9 @@ class HermesToolParser(TaggedToolParser):
 
     def _step_header(self, final: bool) -> bool:
         header = parse_header(self.buf, self.pos)
+        if header is None:
+            self._reject()  # not a call's name: text, at once
+            return True
         if isinstance(header, Header):
             self._commit(header.name)
             self.pos, self._phase = header.args_pos, _Phase.ARGS
