@@ -141,7 +141,7 @@ def test_a_cold_cpu_share_costs_auto_its_first_steps_only(scenario: str, seed: i
     (2026-12-05, 4 int4 runs in 10): here 6x for 0.15 s from the share's first step. auto
     cuts the visit after `CUT_AFTER` such steps and surveys again after offload's next window
     (then 8x as many after each cut), so the cold start costs it about those steps
-    (0.08-0.31 ms a step over 320, against 0.42-0.46 when every visit ran its settle and
+    (0.01-0.21 ms a step over 320, against 0.42-0.46 when every visit ran its settle and
     window), and it still settles right."""
     curve, predicted = SCENARIOS[scenario]
     warm = run_controller(QuotaController(max_level=TOP, start=0, scale=FRACTION), curve, seed, predicted)
@@ -222,3 +222,18 @@ def test_the_survey_ends_once_offload_beats_every_share_it_visits() -> None:
     visits = [lv for i, lv in enumerate(levels) if i == 0 or lv != levels[i - 1]]
     assert visits[:4] == [0, 8, 4, 0], visits
     assert ctl.snapshot()["cpu_quota_settled"] == 0
+
+
+def test_one_period_far_slower_than_offload_ends_the_visit() -> None:
+    """Past `CUT_NOW` x offload's window one period is enough (a busy host's share starts ran
+    4-8x offload's steps, 2026-12-05 16:27: each one sat through cost a step of ~25 ms)."""
+    ctl = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
+    now, levels = 0.0, []
+    for _ in range(40):
+        level = ctl.step(now, 1)
+        if ctl.windows >= 1 and ctl.predicted is None:
+            ctl.inform(3.0, 4.0, 12.0)
+        levels.append(level)
+        now += 5e-3 if level == 0 else (25e-3 if levels.count(level) == 1 else 5.5e-3)
+    first = levels.index(8)
+    assert levels[first + 1] == 0, levels  # its first period, 5x offload's, ended it

@@ -63,11 +63,11 @@ log = logging.getLogger(__name__)
 HISTORY = 64  # windows kept for inspection: (level, median period)
 OFFLOAD_READINGS = 3  # offload's latest readings kept for the confirmation (its best counts)
 CONFIRM_WINDOWS = 2  # offload's windows in a confirmation, at most: the second past the switch's transient
-# auto: a share visit ends after CUT_AFTER periods in a row over CUT x offload's best window (an H100's
-# int4 share starts: 13-115 ms steps against 4.7); a survey so cut starts again after RETRY_WAIT of
-# offload's windows, RETRY_GROWTH times more after each cut (2026-12-05 15:50: on a host losing 2-3%
-# of its CPU time to the hypervisor, three visits a window apart were all slow, ~2x offload's steps)
-CUT_AFTER, RETRY_WAIT, RETRY_GROWTH = 2, 1, 8
+# auto: a share visit ends after CUT_AFTER periods in a row over CUT x offload's best window, or one
+# over CUT_NOW x (H100s, 2026-12-05: a stolen host's share steps ~2x offload's; four busy processes
+# beside the run, 18-39 ms against 4.6); a survey so cut starts again after RETRY_WAIT of offload's
+# windows, RETRY_GROWTH times more after each cut (15:50: three visits a window apart all slow)
+CUT_AFTER, CUT_NOW, RETRY_WAIT, RETRY_GROWTH = 2, 4.0, 1, 8
 
 
 def _cut() -> float:
@@ -168,7 +168,7 @@ class QuotaController:
             self._slow.clear()
             return False
         self._slow.append(period)
-        if len(self._slow) < CUT_AFTER:
+        if len(self._slow) < CUT_AFTER and period <= CUT_NOW * min(self._offload):
             return False
         steps = ", ".join(f"{p * 1e3:.1f}" for p in self._slow)
         log.info("moe %s: %s cut short: %s ms a step against offload's %.2f", self.label,
