@@ -226,7 +226,7 @@ def test_the_survey_ends_once_offload_beats_every_share_it_visits() -> None:
 
 def test_one_period_far_slower_than_offload_ends_the_visit() -> None:
     """Past `CUT_NOW` x offload's window one period is enough (a busy host's share starts ran
-    4-8x offload's steps, 2026-12-05 16:27: each one sat through cost a step of ~25 ms)."""
+    4-8x offload's steps, 2026-12-05 16:26: each one sat through cost a step of ~25 ms)."""
     ctl = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto")
     now, levels = 0.0, []
     for _ in range(40):
