@@ -20,29 +20,17 @@ the step time is not convex in the level (fp8: offload 9.08 ms, 2/16 9.36, 8/16 
 a climb from offload never reaches the share that wins. docs/offload.md ("The quota,
 live") has the rules below with the GPU machine's readings and the simulator's figures.
 
-auto (start 0, offload): a window at offload, then the informed start (`inform`: the
-level q* = m·t_link / (t_link + t_cpu) where the CPU and the link finish together, from
-the executor's misses and rates); a **survey** of half of the misses and q*, A B B A so
-drift and the transient hit both alike, ended early once one beats the other by twice
-the margin, or once offload's windows beat every share seen by twice the margin (the
-shares' windows, flattered by offload's cache, would only lose by more); the **climb**
-from the survey's faster share (measured again first), or at once the confirmation where
-that share was no faster than offload's first window; a **confirmation** before it holds
-a share: offload again, the share held only where it beats offload's best recent window
-by the margin (by three on offload's first window, which the share's cache may slow).
-Offload is never interleaved window by window with a share: every switch between them
-starts a transient that favours the share. Every `crosscheck`-th re-check at a share is a
-confirmation again (cores that got busy). A share visit far slower than offload is cut
-short (`CUT`); a survey so cut starts again `RETRY_WAIT` of offload's windows later, and
-`RETRY_GROWTH` times later after each cut: a cold share warms meanwhile, and a host losing
-its CPU time to the hypervisor costs a few slow steps, ever more rarely.
+auto (start 0, offload) adds a survey of shares, a confirmation against offload and
+cut-short visits (`moe/quota_auto.py`, mixed in). The informed start (`inform`, once,
+after the first window) is the level q* = m·t_link / (t_link + t_cpu) where the CPU and
+the link finish together, from the executor's misses and rates: auto's survey takes it
+as its second share; elsewhere it is a candidate measured against the centre.
 
 The climb around its centre (home): the neighbours home ± stride without a fresh figure;
 a move where one beats home by the margin; within the margin, both again up to `repeats`
 windows, then twice as far; where home is best, a hold of a quarter of `hold` windows
 doubling up to `hold` while re-checks keep it, then a fresh search. Figures from before
-the last move are stale (the split shapes the cache). Elsewhere than auto's survey the
-informed start is a candidate measured against the centre.
+the last move are stale (the split shapes the cache).
 
 Torch-free: the executor turns levels into its quota tensor (`quota_rows`) and gathers
 the informed start's numbers.
@@ -51,41 +39,22 @@ the informed start's numbers.
 from __future__ import annotations
 
 import logging
-import os
 from collections import deque
 from dataclasses import dataclass, field
 
+from edgemoe.moe.quota_auto import AutoSearch
 from edgemoe.moe.quota_levels import COUNT, LevelScale, balance_level
 from edgemoe.moe.quota_readings import Readings
 
 log = logging.getLogger(__name__)
 
 HISTORY = 64  # windows kept for inspection: (level, median period)
-OFFLOAD_READINGS = 3  # offload's latest readings kept for the confirmation (its best counts)
-CONFIRM_WINDOWS = 2  # offload's windows in a confirmation, at most: the second past the switch's transient
-# auto: a share visit ends after CUT_AFTER periods in a row over CUT x offload's best window, or one
-# over CUT_NOW x (H100s, 2026-12-05: a stolen host's share steps ~2x offload's; four busy processes
-# beside the run, 18-39 ms against 4.6); a survey so cut starts again after RETRY_WAIT of offload's
-# windows, RETRY_GROWTH times more after each cut (15:50: three visits a window apart all slow)
-CUT_AFTER, CUT_NOW, RETRY_WAIT, RETRY_GROWTH = 2, 4.0, 1, 8
-
-
-def _cut() -> float:
-    """`EDGEMOE_AUTO_CUT`: the factor over offload's window that cuts a visit (0: never), else 1.5
-    (a healthy share's first steps ran up to ~1.3x offload's window on the H100s)."""
-    try:
-        return float(os.environ.get("EDGEMOE_AUTO_CUT", "1.5")) or float("inf")
-    except ValueError:
-        raise ValueError(f"EDGEMOE_AUTO_CUT must be a number (0: no cut): {os.environ['EDGEMOE_AUTO_CUT']!r}") from None
-
-
-CUT = _cut()
 
 
 @dataclass
-class QuotaController:
+class QuotaController(AutoSearch):
     """`max_level`: the highest level (`scale.max_level`: every miss on the CPU); `start`:
-    the first level (0, auto's: offload, surveyed and confirmed as above); `label`: the
+    the first level (0, auto's: offload, then `moe/quota_auto.py`'s search); `label`: the
     backend, for the log line; `scale`: what a level means. `step` each step; `inform`
     once, with the rates (the informed start, above)."""
 
@@ -117,16 +86,7 @@ class QuotaController:
     _chosen: int | None = field(init=False, default=None)
     _heading: int = field(init=False, default=0)  # +1 / -1: the direction of the last move; 0: none
     _candidate: int | None = field(init=False, default=None)  # the predicted level, until its window is judged
-    _auto: bool = field(init=False)  # a start at offload: survey the shares, confirm against offload
-    _survey: list[int] | None = field(init=False, default=None)  # the survey's visits to come; None: none running
-    _surveyed: bool = field(init=False, default=False)
-    _offload: deque[float] = field(init=False, default_factory=lambda: deque(maxlen=OFFLOAD_READINGS))
-    _confirm: int | None = field(init=False, default=None)  # auto, confirming: offload's windows still to come
-    _confirmed: bool = field(init=False, default=False)  # auto: the home share has beaten offload's visit
     _rechecks: int = field(init=False, default=0)
-    _slow: list[float] = field(init=False, default_factory=list)  # this share visit's latest periods over CUT x offload
-    _cuts: int = field(init=False, default=0)  # survey visits cut so far
-    _wait: int = field(init=False, default=0)  # offload's windows before a cut survey starts again
 
     def __post_init__(self) -> None:
         if self.max_level < 0 or not 0 <= self.start <= self.max_level:
@@ -157,32 +117,6 @@ class QuotaController:
         if len(self._periods) >= self.window:
             self._window_done()
         return self.level
-
-    def _cut_short(self, period: float) -> bool:
-        """auto at a share: whether this period ends the visit (`CUT`): sitting out the settle
-        and a window at steps far slower than offload's only costs time. A survey's visit so
-        cut restarts the survey after offload's windows (`RETRY_WAIT`, growing: a cold share
-        warms meanwhile; the survey is how a winning share is found); elsewhere those
-        periods are its figure."""
-        if not (self._auto and self.level and self._offload and period > CUT * min(self._offload)):
-            self._slow.clear()
-            return False
-        self._slow.append(period)
-        if len(self._slow) < CUT_AFTER and period <= CUT_NOW * min(self._offload):
-            return False
-        steps = ", ".join(f"{p * 1e3:.1f}" for p in self._slow)
-        log.info("moe %s: %s cut short: %s ms a step against offload's %.2f", self.label,
-                 self.scale.describe(self.level), steps, min(self._offload) * 1e3)
-        if self._survey is not None:  # offload for now (said once), the survey again later
-            self._wait, self._cuts = RETRY_WAIT * RETRY_GROWTH ** self._cuts, self._cuts + 1
-            self._survey, self._surveyed, self._periods = None, False, []
-            self.readings.keep(0)
-            self._go(0)
-            self._decided(0)
-        else:
-            self._skip, self._periods = 0, list(self._slow)
-            self._window_done()
-        return True
 
     def _window_done(self) -> None:
         period = self.readings.record(self._periods)
@@ -222,9 +156,7 @@ class QuotaController:
                  "decode step, %.3f ms a copy, %.3f ms a CPU expert (the search's centre: %s)", self.label,
                  self.scale.describe(self.predicted), self.predicted, misses, link_s * 1e3, cpu_s * 1e3,
                  self.scale.describe(self._home))
-        if self._auto and (self._survey is not None or not self._surveyed):
-            if self._survey is not None and self.predicted not in (0, self.half):
-                self._survey = [self.predicted, self.predicted, self.half]  # after the visit in progress
+        if self._survey_takes_prediction():
             return self.level
         if self.predicted != self._home:
             self._candidate, self._confirm = self.predicted, None  # a confirmation comes again after it
@@ -233,34 +165,6 @@ class QuotaController:
             self._periods.clear()
             self._go(self.predicted)
         return self.level
-
-    def _begin_survey(self) -> int:
-        """auto, after offload's first window: the shares half and the prediction, A B B A."""
-        self._surveyed = True
-        p, h = self.predicted, self.half
-        self._survey = [h, p, p, h] if p is not None and p not in (0, h) else [h]
-        return self._survey.pop(0)
-
-    def _survey_lost(self) -> bool:
-        """The survey may end early where every share it visits has a reading and offload's
-        best window beats each by twice the margin."""
-        seen, measured = self.readings, bool(self._offload)
-        measured = measured and all(lv in seen for lv in self._survey or ())
-        return measured and seen.all_lose_to(min(self._offload), self.window, factor=2.0)
-
-    def _end_survey(self) -> int:
-        """The survey's fastest share (by the median of its windows) is where the climb
-        starts — or, where even it was no faster than offload's first window, what the
-        confirmation measures at once: the survey came while the cache still held offload's
-        admissions, which flatters a share, so one that doesn't win then won't later."""
-        self._survey, seen = None, self.readings
-        best = min((lv for lv in seen.levels if lv > 0), key=seen.figure)
-        self._heading, self._home = 0, best
-        if self._offload and seen.figure(best) >= min(self._offload):
-            seen.keep(best)
-            return self._begin_confirm()
-        seen.keep()  # its windows are flattered (above): measured again as the climb's centre
-        return self._next()
 
     def _judge_candidate(self) -> int | None:
         """Once the predicted level has its window: the search's next level from it when it
@@ -282,17 +186,9 @@ class QuotaController:
 
     def _next(self) -> int:
         """The next level to measure, or the level to hold."""
-        if self._confirm is not None:
-            return self._confirm_next()
-        if self._survey is not None:
-            going = self._survey and not (self.readings.clear_winner(factor=2.0) or self._survey_lost())
-            return self._survey.pop(0) if going else self._end_survey()
-        if self._auto and not self._surveyed:
-            if self._wait > 1:  # the window just done was the first of the wait
-                self._wait -= 1
-                return 0
-            self._wait = 0
-            return self._begin_survey()
+        auto = self._auto_next()
+        if auto is not None:
+            return auto
         judged = self._judge_candidate()
         return judged if judged is not None else self._climb()
 
@@ -322,29 +218,6 @@ class QuotaController:
         if self._auto and home and not self._confirmed:
             return self._begin_confirm()
         return self._hold(home)
-
-    def _begin_confirm(self) -> int:
-        """auto, before it holds a share (and at every `crosscheck`-th re-check): offload's
-        windows against the share's figure (the climb's windows, after the survey's)."""
-        self._confirm = CONFIRM_WINDOWS - 1
-        return 0
-
-    def _confirm_next(self) -> int:
-        """After each of offload's windows in the confirmation: the verdict, or offload again.
-        The share wins where it beats offload's best recent window (the base's included) by
-        the margin — by three while offload has windows to come, its first perhaps still
-        slowed by the share's cache — and loses where it doesn't beat even the latest."""
-        left, seen, share = self._confirm, self.readings, self._home
-        assert left is not None
-        figure, n = seen.figure(share), seen.count(share)
-        wins = seen.wins(figure, n, min(self._offload), self.window, factor=3.0 if left else 1.0)
-        if wins or not left or not seen.wins(figure, n, self._offload[-1], self.window):
-            self._confirm, self._confirmed = None, wins
-            if not wins:
-                self._home = 0
-            return self._hold(self._home)
-        self._confirm = left - 1
-        return 0
 
     def _hold(self, home: int) -> int:
         """Hold `home`: a quarter of `hold` windows where it is new, twice the last hold
