@@ -29,6 +29,7 @@ are counted on the device and read only when the statistics are asked for
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -66,6 +67,16 @@ def live_share(backend: str, device: torch.device) -> str | None:
     if backend == "hybrid" or (backend == "auto" and device.type == "cuda"):
         return backend
     return None
+
+
+def _prefetch_after(prefetch: DecodePrefetch, layer: int, x: torch.Tensor, routed: torch.Tensor,
+                    plan: WavePlan) -> Callable[[], None]:
+    """What runs once a wave's misses are moved: the next layer's copies start before this
+    layer waits for its own."""
+    def after_move() -> None:
+        prefetch.launch(layer, x, routed, plan.slot_ids)
+        prefetch.join(layer)
+    return after_move
 
 
 def _masked(ids: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
@@ -327,11 +338,7 @@ class DeviceOffloadExecutor(CellsExecutor):
                 ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned, planned_dead):  # one wave when it prefetches
-            after_move = None
-            if prefetch is not None:  # the next layer's copies start before this layer waits for its own
-                def after_move(p: WavePlan = plan) -> None:
-                    prefetch.launch(layer, x, routed, p.slot_ids)
-                    prefetch.join(layer)
+            after_move = None if prefetch is None else _prefetch_after(prefetch, layer, x, routed, plan)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
         return None if share is None else share.join(layer)
 
