@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgemoe.plan import add_plan_parser
 
     add_plan_parser(sub)
-    add_launch_parser(sub)
+    add_launch_parser(sub, add_engine_flags)
     add_ctl_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (decode, agent, bw); results under bench/results/")

@@ -157,7 +157,9 @@ class StartedServer:
                 self.proc.wait()
 
 
-def add_launch_parser(sub: Any) -> None:
+def add_launch_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`edgemoe launch`; `add_engine_flags`: the CLI's engine flags (passed in, as for
+    `edgemoe chat`: this module is the CLI's, never the other way round)."""
     launch = sub.add_parser("launch", help="run Claude Code, Codex or OpenCode against edgemoe (starting a server if needed)",
                             description=__doc__.split("\n\n", 1)[1], usage="%(prog)s AGENT [flags] [-- ARGS for the agent]")
     launch.add_argument("agent", choices=tuple(AGENTS), help="the coding agent to run")
@@ -168,8 +170,6 @@ def add_launch_parser(sub: Any) -> None:
                         help=f"always start a server for this run, even when one answers at {DEFAULT_URL}")
     launch.add_argument("--api-key", default=os.environ.get("EDGEMOE_API_KEY"),
                         help="the key of the server at --url (default: $EDGEMOE_API_KEY)")
-    from edgemoe.cli import add_engine_flags
-
     add_engine_flags(launch)
 
 
