@@ -6,12 +6,12 @@ A checkpoint directory holds what a Hub repo holds: ``config.json``,
 (Qwen3's real tokenizer), ``tokenizer_config.json`` and ``chat_template.jinja``.
 Model-type knowledge is two table entries per type: tiny config defaults and the
 Hub tensor names with their shapes. The GDN hybrids (qwen3_next, qwen3_5_moe) have
-their own tables in ``hybrid_checkpoint.py``.
+their own tables in ``hybrid_checkpoint.py``, Qwen3.8 in ``qwen4_checkpoint.py``; what all
+of them share (the seeded weights, the common config) is ``tensor_specs.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,40 +21,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from edgemoe.assets import hybrid_checkpoint, qwen4_checkpoint
 from edgemoe.assets.cache import write_json
 from edgemoe.assets.model_files import write_model_files
-
-# Weight scales, chosen so activations keep unit scale through the layers and greedy
-# decisions are decisive (see tests/testing: top-1 margins and non-degenerate output).
-EMBED_STD = 1.0  # the residual stream starts at rms ~1
-NORM_NOISE = 0.1  # norm weights are 1 + N(0, NORM_NOISE^2): non-trivial but mild
-LINEAR_GAIN = 1.0  # std = LINEAR_GAIN / sqrt(fan_in): each projection preserves rms
-ROUTER_GAIN = 4.0  # router logits std ~4, so top-k choices are far from ties
-LM_HEAD_GAIN = 4.0  # logits std ~4 over the vocab: clear top-1 margins
-
-Shape = tuple[int, ...]
-TensorSpec = tuple[str, Shape]
-
-_COMMON: dict[str, Any] = {
-    "vocab_size": 151936,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "hidden_act": "silu",
-    "max_position_embeddings": 4096,
-    "initializer_range": 0.02,
-    "rope_theta": 1000000.0,
-    "rope_scaling": None,
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "tie_word_embeddings": False,
-    "use_cache": True,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "num_experts_per_tok": 2,
-    "output_router_logits": False,
-}
+from edgemoe.assets.tensor_specs import COMMON_CONFIG, Shape, TensorSpec, init_tensor
 
 
 def _attention(p: str, c: dict[str, Any], head_dim: int) -> Iterator[TensorSpec]:
@@ -180,7 +150,7 @@ def model_config(model_type: str, **overrides: Any) -> dict[str, Any]:
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported model_type {model_type!r}; choose from {sorted(FAMILIES)}")
     family = FAMILIES[model_type]
-    config = {"architectures": [family.architecture], "model_type": model_type, **_COMMON, **family.defaults}
+    config = {"architectures": [family.architecture], "model_type": model_type, **COMMON_CONFIG, **family.defaults}
     config.update(overrides)
     return dict(sorted(config.items()))
 
@@ -198,27 +168,6 @@ def tensor_specs(config: dict[str, Any]) -> Iterator[TensorSpec]:
     yield "model.norm.weight", (h,)
     if not config["tie_word_embeddings"]:
         yield "lm_head.weight", (v, h)
-
-
-def init_tensor(name: str, shape: Shape, seed: int) -> torch.Tensor:
-    """Seeded fp32 weight; each tensor has its own stream so specs can grow without reshuffling."""
-    # NOTE: torch's CPU generator keeps only the low 32 bits of a seed, so hash (seed, name) to 32 bits.
-    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=4).digest()
-    gen = torch.Generator().manual_seed(int.from_bytes(digest, "little"))
-    x = torch.randn(shape, generator=gen, dtype=torch.float32)
-    if name.endswith("embed_tokens.weight"):
-        return x * EMBED_STD
-    if name.endswith("norm.weight"):
-        return 1.0 + NORM_NOISE * x
-    if name.endswith(".gate.weight"):  # router [E, H]
-        gain = ROUTER_GAIN
-    elif name == "lm_head.weight":
-        gain = LM_HEAD_GAIN
-    else:
-        gain = LINEAR_GAIN
-    if len(shape) == 1:  # a vector that is not a norm (e.g. a GDN layer's dt_bias): unit scale
-        return x
-    return x * (gain / math.sqrt(math.prod(shape[1:])))  # fan-in (a conv [C, 1, K]: its K taps)
 
 
 def _shard_plan(specs: list[TensorSpec], itemsize: int, max_shard_bytes: int | None) -> list[list[TensorSpec]]:
@@ -282,8 +231,6 @@ def make_checkpoint(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from edgemoe.assets import hybrid_checkpoint, qwen4_checkpoint
-
     if model_type in qwen4_checkpoint.QWEN4_TYPES:
         config = qwen4_checkpoint.qwen4_config(model_type, **config_overrides)
         specs, init = list(qwen4_checkpoint.qwen4_specs(config)), qwen4_checkpoint.qwen4_init(config)

@@ -4,7 +4,7 @@ multimodal layout: `text_config`, tensors under `model.language_model.*`, plus a
 and an MTP tensor that a text model must ignore) and `qwen3_5_moe_text`.
 
 Written through `checkpoint.make_checkpoint`, with the same weight scales
-(`checkpoint.init_tensor`) except where these models differ: their RMSNorms are
+(`tensor_specs.init_tensor`) except where these models differ: their RMSNorms are
 zero-centred (x·(1 + w), so w is small noise) but the GDN output norm's (plain w);
 A = exp(A_log) in [1, 16] (transformers draws it from [0.01, 16]); dt_bias of unit scale.
 """
@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from edgemoe.assets.checkpoint import _COMMON, TensorSpec, init_tensor
+from edgemoe.assets.tensor_specs import COMMON_CONFIG, TensorSpec, init_tensor
 
 HYBRID_TYPES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 GDN, ATTENTION = "linear_attention", "full_attention"
 
 _TEXT: dict[str, Any] = {
-    **_COMMON,
+    **COMMON_CONFIG,
     "num_hidden_layers": 4,
     "head_dim": 16,
     "rms_norm_eps": 1e-6,

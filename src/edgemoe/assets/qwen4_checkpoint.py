@@ -6,7 +6,7 @@ text model must ignore). Each PLE table is written as `split_ngram_parts` row ch
 buffers transformers saves (`layer_multipliers`, `ngram_heads_vocab_sizes`,
 `ngram_heads_offsets`, int64, derived from the config).
 
-Weight scales as `checkpoint.init_tensor`, except: every RMSNorm of this model is
+Weight scales as `tensor_specs.init_tensor`, except: every RMSNorm of this model is
 zero-centred (x·(1 + w): w is small noise) but the GDN output norm's; A = exp(A_log) in
 (1, 16). Defaults: 4 layers (three GDN, one indexed attention), PLE on GDN layers 1 and 3
 (one-indexed), two hyper-connection streams, a QSA budget of 8 tokens in blocks of 4 (so
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from edgemoe.assets.checkpoint import _COMMON, TensorSpec, init_tensor
+from edgemoe.assets.tensor_specs import COMMON_CONFIG, TensorSpec, init_tensor
 from edgemoe.assets.hybrid_checkpoint import _attention, _gdn, _glu, init_hybrid
 from edgemoe.ple.geometry import ple_geometry
 
@@ -28,7 +28,7 @@ QWEN4_TYPES = ("qwen4_exp", "qwen4_exp_text")
 GDN, INDEXED = "linear_attention", "indexed_attention"
 
 _TEXT: dict[str, Any] = {
-    **{k: v for k, v in _COMMON.items() if k not in ("rope_theta", "rope_scaling")},
+    **{k: v for k, v in COMMON_CONFIG.items() if k not in ("rope_theta", "rope_scaling")},
     "architectures": ["Qwen4ExpForCausalLM"], "model_type": "qwen4_exp_text",
     "num_hidden_layers": 4, "layer_types": [GDN, GDN, GDN, INDEXED], "head_dim": 16, "rms_norm_eps": 1e-6,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.25,
