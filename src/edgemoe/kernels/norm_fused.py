@@ -91,3 +91,14 @@ def grouped_rms_norm(
     from edgemoe.kernels.triton_ops.hyper_connection import hc_norm_triton
 
     return hc_norm_triton(x, weight, eps, group, None)[0]
+
+
+def check_head_norms(q_norm_w: torch.Tensor | None, k_norm_w: torch.Tensor | None, head_dim: int) -> bool:
+    """Whether head norms are given; they come together, each [head_dim]."""
+    if (q_norm_w is None) != (k_norm_w is None):
+        raise ValueError("q_norm_w and k_norm_w are given together or not at all")
+    if q_norm_w is None or k_norm_w is None:
+        return False
+    if q_norm_w.shape != (head_dim,) or k_norm_w.shape != (head_dim,):
+        raise ValueError(f"head norm weights must be [{head_dim}]; got {tuple(q_norm_w.shape)}, {tuple(k_norm_w.shape)}")
+    return True

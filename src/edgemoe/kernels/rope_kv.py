@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.backend import use_triton
-from edgemoe.kernels.norm_fused import rms_norm_ref
+from edgemoe.kernels.norm_fused import check_head_norms, rms_norm_ref
 from edgemoe.quant.kv import quantise_kv
 
 
@@ -44,17 +44,6 @@ def apply_rope_partial_ref(
     rot = c.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     return torch.cat((x_rot * c + _rotate_half(x_rot) * s, x_pass), dim=-1)
-
-
-def check_head_norms(q_norm_w: torch.Tensor | None, k_norm_w: torch.Tensor | None, head_dim: int) -> bool:
-    """Whether head norms are given; they come together, each [head_dim]."""
-    if (q_norm_w is None) != (k_norm_w is None):
-        raise ValueError("q_norm_w and k_norm_w are given together or not at all")
-    if q_norm_w is None or k_norm_w is None:
-        return False
-    if q_norm_w.shape != (head_dim,) or k_norm_w.shape != (head_dim,):
-        raise ValueError(f"head norm weights must be [{head_dim}]; got {tuple(q_norm_w.shape)}, {tuple(k_norm_w.shape)}")
-    return True
 
 
 def rope_write_kv_ref(

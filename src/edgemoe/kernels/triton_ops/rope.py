@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.rope_kv import check_head_norms
+from edgemoe.kernels.norm_fused import check_head_norms
 from edgemoe.kernels.triton_ops.attn_decode import kv_bytes, kv_scales
 from edgemoe.kernels.triton_ops.common import (
     f32_to_e4m3,
