@@ -32,21 +32,42 @@ What keeps the outputs exactly the serial loop's (`Engine.step` without the swit
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
+from edgemoe.engine.runner import HostResult
+from edgemoe.engine.scheduler import Scheduler, StepPlan
 from edgemoe.engine.step_anatomy import StepAnatomy
 from edgemoe.messages import RequestOutput
 
-if TYPE_CHECKING:
-    from edgemoe.engine.engine import Engine, StepHandle
+
+class LaunchedStep(Protocol):
+    """A launched step (`engine.StepHandle`): `result` is None when its launch failed."""
+
+    @property
+    def result(self) -> HostResult | None: ...
 
 
-class OverlapLoop:
+H = TypeVar("H", bound=LaunchedStep)
+
+
+class SteppedEngine(Protocol[H]):
+    """What the loop drives (`Engine`, its handles `StepHandle`): schedule, launch,
+    complete, and the checks that need a step's tokens on the host."""
+
+    scheduler: Scheduler
+
+    def launch(self, plan: StepPlan) -> H: ...
+    def complete(self, handle: H) -> list[RequestOutput]: ...
+    def finish_out_of_kv(self, plan: StepPlan) -> list[RequestOutput]: ...
+    def check_openers(self, handle: H) -> None: ...
+
+
+class OverlapLoop(Generic[H]):
     """Drives `Engine.launch`/`complete` one step apart. Not thread-safe (the engine's loop)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: SteppedEngine[H]) -> None:
         self.engine = engine
-        self.in_flight: StepHandle | None = None
+        self.in_flight: H | None = None
         self.anatomy: StepAnatomy | None = None  # each step's phases, when a benchmark asks
 
     def step(self) -> list[RequestOutput]:
