@@ -51,13 +51,12 @@ from edgemoe.server.events import (
     ToolCallStart,
 )
 from edgemoe.server.generation import (
-    ChatPrompt,
     Generation,
-    GenerationRequest,
     count_prompt_tokens,
     sampling_params,
     start_generation,
 )
+from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
 from edgemoe.server.heartbeat import ANTHROPIC_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.sse import event_frame, sse_response

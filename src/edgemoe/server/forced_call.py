@@ -35,7 +35,7 @@ from edgemoe.server.errors import bad_request
 from edgemoe.server.parsers import ParsedDelta, ResponseParser, ToolParser
 
 if TYPE_CHECKING:
-    from edgemoe.server.generation import GenerationRequest
+    from edgemoe.server.generation_request import GenerationRequest
     from edgemoe.server.model import ServedModel
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -32,6 +31,13 @@ from edgemoe.server.engine_client import (
 from edgemoe.server.errors import APIError, ContextLengthExceeded, bad_request, unavailable
 from edgemoe.server.events import ChoiceResult, Done, Event, Usage, fold_event
 from edgemoe.server.forced_call import check_tool_choice, forced_opening
+from edgemoe.server.generation_request import (
+    ChatPrompt,
+    GenerationRequest,
+    RenderedPrompt,
+    TextPrompt,
+    TokensPrompt,
+)
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import prompt_opens_reasoning
@@ -39,62 +45,6 @@ from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TokensPrompt:
-    token_ids: list[int]
-
-
-@dataclass(frozen=True)
-class TextPrompt:
-    text: str
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    """A conversation in OpenAI chat-message dicts (each protocol converts to this)."""
-
-    messages: list[dict[str, Any]]
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    add_generation_prompt: bool = True
-    continuation: str = ""  # text the assistant's turn starts with (a prefill), after the template
-
-
-Prompt = TokensPrompt | TextPrompt | ChatPrompt
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What to generate, protocol-neutral.
-
-    `thinking`: None means the server's --default-thinking-mode (chat prompts only).
-    `tools` are OpenAI function-tool dicts; `tool_choice` "none" hides them from the
-    template and parser, "auto" parses calls, "required" and `named_tool` (a function
-    name, one of them) force one (`forced_call`). Raw prompts (`parse_output=False`)
-    skip all parsing.
-    """
-
-    prompt: Prompt
-    params: SamplingParams
-    n: int = 1
-    thinking: bool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str = "auto"
-    named_tool: str | None = None
-    parallel_tool_calls: bool = True
-    parse_output: bool = True
-    prompt_param: str = "messages"  # the request field the prompt came from, for errors
-    # SamplingParams field → the client's name for it, where they differ (for errors).
-    field_names: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RenderedPrompt:
-    token_ids: list[int]
-    text: str | None  # None when the client sent token ids
-    starts_in_reasoning: bool
-    forced: str = ""  # the forced tool-call opening the prompt ends with (forced_call)
 
 
 def thinking_from(enable_thinking: object, effort: str | None) -> bool | None:

@@ -37,13 +37,12 @@ from edgemoe.server.events import (
     Usage,
 )
 from edgemoe.server.generation import (
-    ChatPrompt,
     Generation,
-    GenerationRequest,
     sampling_params,
     start_generation,
     thinking_from,
 )
+from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel

@@ -22,12 +22,14 @@ from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.events import ChoiceDone, Done, TextDelta, TokensDelta, Usage
 from edgemoe.server.generation import (
     Generation,
+    sampling_params,
+    start_generation,
+)
+from edgemoe.server.generation_request import (
     GenerationRequest,
     Prompt,
     TextPrompt,
     TokensPrompt,
-    sampling_params,
-    start_generation,
 )
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel

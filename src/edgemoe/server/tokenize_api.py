@@ -13,12 +13,8 @@ import anyio
 
 from edgemoe.messages import SamplingParams
 from edgemoe.server.errors import bad_request
-from edgemoe.server.generation import (
-    ChatPrompt,
-    GenerationRequest,
-    render_prompt,
-    thinking_from,
-)
+from edgemoe.server.generation import render_prompt, thinking_from
+from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.prompt_tokens import TooManyTokens
