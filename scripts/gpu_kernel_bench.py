@@ -36,7 +36,8 @@ import triton
 import triton.testing
 
 from edgemoe.bench.cuda_timing import graph_us
-from edgemoe.kernels.moe_fused import moe_combine, moe_decode, moe_prefill, moe_slots_ref
+from edgemoe.kernels.moe_experts import moe_combine
+from edgemoe.kernels.moe_fused import moe_decode, moe_prefill, moe_slots_ref
 from edgemoe.kernels.norm_fused import add_rms_norm
 from edgemoe.kernels.paged_attention import decode_attention, decode_attention_ref, extend_attention
 from edgemoe.kernels.rope_kv import rope_write_kv

@@ -18,13 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from router_support import check_routing, logit_bound, planted, router_inputs  # noqa: E402
 
 from edgemoe.kernels import moe_fused, norm_fused, paged_attention, rope_kv, router  # noqa: E402
-from edgemoe.kernels.moe_fused import (  # noqa: E402
-    moe_combine,
-    moe_combine_ref,
-    moe_decode,
-    moe_prefill,
-    moe_slots_ref,
-)
+from edgemoe.kernels.moe_experts import moe_combine  # noqa: E402
+from edgemoe.kernels.moe_fused import moe_decode, moe_prefill, moe_slots_ref  # noqa: E402
+from edgemoe.kernels.moe_reference import moe_combine_ref  # noqa: E402
 from edgemoe.kernels.norm_fused import (  # noqa: E402
     add_rms_norm,
     add_rms_norm_ref,

@@ -16,8 +16,8 @@ import torch
 from edgemoe import LLM, SamplingParams
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.dense_gemv import dense_gemv
-from edgemoe.kernels.moe_experts import moe_combine_norm
-from edgemoe.kernels.moe_fused import moe_combine, moe_decode
+from edgemoe.kernels.moe_experts import moe_combine, moe_combine_norm
+from edgemoe.kernels.moe_fused import moe_decode
 from edgemoe.kernels.moe_quant import moe_decode_quant
 from edgemoe.kernels.norm_fused import add_rms_norm, rms_norm
 from edgemoe.kernels.paged_attention import decode_attention

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from edgemoe.kernels.cell_sources import CellSources, apply_sources
-from edgemoe.kernels.moe_fused import moe_combine_ref
+from edgemoe.kernels.moe_reference import moe_combine_ref
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")

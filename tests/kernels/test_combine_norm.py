@@ -14,7 +14,7 @@ import torch
 from edgemoe import LLM, SamplingParams
 from edgemoe.kernels import moe_experts, norm_fused
 from edgemoe.kernels.backend import FAST_DTYPES
-from edgemoe.kernels.moe_fused import moe_combine_ref
+from edgemoe.kernels.moe_reference import moe_combine_ref
 from edgemoe.kernels.norm_fused import rms_norm_ref
 from edgemoe.layers.norm import OffsetRMSNorm, RMSNorm
 

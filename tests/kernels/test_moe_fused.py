@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from edgemoe.kernels import moe_experts
+from edgemoe.kernels import moe_experts, moe_reference
 from edgemoe.kernels.activations import ACTIVATIONS
-from edgemoe.kernels.moe_fused import moe_combine_ref, moe_slots_ref
+from edgemoe.kernels.moe_fused import moe_slots_ref
+from edgemoe.kernels.moe_reference import moe_combine_ref
 from edgemoe.testing.kernel_inputs import moe_batch
 
 T, K, H, I, S = 6, 3, 48, 40, 5  # H, I not multiples of the tiles: masks are exercised
@@ -45,7 +46,7 @@ def test_slot_ref_matches_executor_kernel(dtype: torch.dtype) -> None:
     for e in resident:
         gu_slots[slot_of[e]], down_slots[slot_of[e]] = b.gate_up[e], b.down[e]
     want = torch.full((T, K, H), float("nan"))
-    moe_experts.moe_experts_partial_ref(
+    moe_reference.moe_experts_partial_ref(
         b.x, b.slot_ids, b.weights, resident, slot_of[resident].tolist(), gu_slots, down_slots, ACTIVATIONS["silu"], want
     )
     got = torch.full((T, K, H), float("nan"))

@@ -68,7 +68,7 @@ def test_every_decode_kernel_takes_use_pdl_without_a_default() -> None:
 @pytest.mark.skipif(not INTERPRET, reason="needs Triton's interpreter (CPU)")
 def test_kernels_run_in_the_interpreter_with_the_switch_set(monkeypatch: pytest.MonkeyPatch) -> None:
     # EDGEMOE_PDL=1 on CPU tensors: the switch stays off, so `griddepcontrol` is never traced.
-    from edgemoe.kernels.moe_fused import moe_combine_ref
+    from edgemoe.kernels.moe_reference import moe_combine_ref
     from edgemoe.kernels.norm_fused import add_rms_norm_ref
     from edgemoe.kernels.triton_ops.moe_combine import moe_combine_triton
     from edgemoe.kernels.triton_ops.norm import rms_norm_triton

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
-from edgemoe.kernels.moe_experts import Activation, moe_experts_partial_ref
+from edgemoe.kernels.moe_reference import Activation, moe_experts_partial_ref
 
 ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, gate_up, down) → y fp32
 

@@ -23,51 +23,17 @@ masks, so every residency gives the same numbers for the same batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 import torch
-import torch.nn.functional as F
 
 from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.backend import use_triton
-from edgemoe.kernels.cell_sources import CellSources, apply_sources
+from edgemoe.kernels.cell_sources import CellSources
+from edgemoe.kernels.moe_reference import Activation, expert_mlp, moe_combine_ref
 from edgemoe.kernels.norm_fused import RowNorm, rms_norm
-
-Activation = Callable[[torch.Tensor], torch.Tensor]  # plain functions take the torch path
 
 # Pairs up to which the sync-free gather path runs on a GPU: 16 pairs gather
 # 16 experts' weights (~150 MB for Qwen3-30B-A3B in bf16) into a workspace.
 GATHER_MAX_PAIRS = 16
-
-
-def expert_mlp(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act: Activation
-) -> torch.Tensor:
-    """One expert on its tokens: x [n, H], gate_up [2I, H], down [H, I] → [n, H]."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(act(gate) * up, down)
-
-
-def moe_experts_partial_ref(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,  # [T, K] expert ids
-    topk_weights: torch.Tensor,
-    experts: Iterable[int],
-    rows: Iterable[int],
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    act: Activation,
-    contrib: torch.Tensor,
-) -> None:
-    """The plain reference in expert ids: fill contrib[t, k] for every (t, k) routed to
-    one of `experts`, whose weights are bank rows `rows`; each expert's tokens in (t, k)
-    order. The slot kernels and the CPU kernel are tested against it."""
-    for expert, row in zip(experts, rows, strict=True):
-        token_idx, k_idx = torch.where(topk_ids == expert)
-        if token_idx.numel() == 0:
-            continue
-        y = expert_mlp(x[token_idx], gate_up[row], down[row], act)  # [n, H]
-        contrib[token_idx, k_idx] = y.float() * topk_weights[token_idx, k_idx, None].float()
 
 
 def moe_slots_grouped(
@@ -162,12 +128,7 @@ def moe_combine(
         from edgemoe.kernels.triton_ops.moe_combine import moe_combine_triton
 
         return moe_combine_triton(cells, dtype, residual, sources)
-    cells = apply_sources(cells, sources)
-    acc = cells[:, 0].clone()
-    for k in range(1, cells.shape[1]):
-        acc += cells[:, k]
-    out = acc.to(dtype)
-    return out if residual is None else residual + out
+    return moe_combine_ref(cells, dtype, residual, sources)
 
 
 def moe_combine_norm(

@@ -14,8 +14,8 @@ product), but their fp32 accumulation orders differ, so the two paths agree with
 reference (and each other) to bf16 rounding, not bitwise. Each is batch-invariant on
 its own: a pair's cell depends only on x[t], its slot and its weight.
 
-`moe_combine` sums a token's K cells in the fixed order k = 0..K-1 in fp32, so any
-partition of the pairs over passes gives bitwise-identical sums.
+`moe_experts.moe_combine` sums a token's K cells in the fixed order k = 0..K-1 in fp32, so
+any partition of the pairs over passes gives bitwise-identical sums.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.kernels.backend import use_triton
-from edgemoe.kernels.moe_experts import moe_combine, moe_experts_partial_ref
+from edgemoe.kernels.moe_reference import moe_experts_partial_ref
 
 
 def _act_fn(act: str):  # noqa: ANN202 - a torch function
@@ -52,9 +52,6 @@ def moe_slots_ref(
 
 moe_decode_ref = moe_slots_ref
 moe_prefill_ref = moe_slots_ref
-
-
-moe_combine_ref = moe_combine  # the fixed-order k-sum of kernels/moe_experts.py
 
 
 def _check(x: torch.Tensor, slot_ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -93,12 +90,3 @@ def moe_prefill(
     from edgemoe.kernels.triton_ops.moe_gemm import moe_prefill_triton
 
     return moe_prefill_triton(x, slot_ids, weights, gate_up, down, cells, act, workspace)
-
-
-def moe_combine(cells: torch.Tensor, dtype: torch.dtype, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """Same contract as `moe_combine_ref`, one fused kernel on CUDA (bitwise equal)."""
-    if not use_triton(cells, dtype):
-        return moe_combine_ref(cells, dtype, residual)
-    from edgemoe.kernels.triton_ops.moe_combine import moe_combine_triton
-
-    return moe_combine_triton(cells, dtype, residual)
