@@ -20,7 +20,7 @@
  * bf16 as everywhere on the blocked path, fp32 sums scaled in fp32. A job of more token
  * tiles would convert each k-step once per pair of them; those keep the scratch path.
  *
- * NOTE: included by em_qtasks.h inside its blocked-path section; not standalone.
+ * NOTE: included by expert.c after em_qtasks.h (its scales, em_row_scales); not standalone.
  */
 #ifndef EM_QJIT_H
 #define EM_QJIT_H

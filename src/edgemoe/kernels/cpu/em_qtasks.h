@@ -228,63 +228,6 @@ static void em_qrow_bf16(const em_call *c, const em_job *jb, int down, int64_t r
     }
 }
 
-#include "em_qjit.h" /* AMX, int8 / fp8, one pair of token tiles: converting as the tiles go */
-
-static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const int64_t H = c->H, I = c->I;
-    int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
-#if defined(EM_ISA_AMX)
-    if (em_qjit(c, s)) {
-        em_qjit_task(c, jb, s, 0, lo, hi);
-        return;
-    }
-#endif
-    const int64_t ld = H + EM_QPAD;
-    uint16_t *rows = em_scratch((size_t)(2 * EM_QHALF * ld)); /* gate rows, then up rows from EM_QHALF */
-    if (!rows) {
-        atomic_store(&((em_call *)c)->failed, 1);
-        return;
-    }
-    for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
-        int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
-        long t0 = EM_PT_NOW();
-        for (int r = 0; r < nv; r++) {
-            em_qrow_bf16(c, jb, 0, i0 + r, rows + r * ld);
-            em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * ld);
-        }
-        long t1 = EM_PT_NOW();
-        em_gate_up_tiles(s, rows, rows + EM_QHALF * ld, ld, i0, nv, (int)H);
-        EM_PT_ADD(0, t1 - t0);
-        EM_PT_ADD(1, EM_PT_NOW() - t1);
-    }
-}
-
-static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const int64_t I = c->I;
-    int64_t lo = q * EM_P2_GEMM, hi = lo + EM_P2_GEMM < c->H ? lo + EM_P2_GEMM : c->H;
-#if defined(EM_ISA_AMX)
-    if (em_qjit(c, s)) {
-        em_qjit_task(c, jb, s, 1, lo, hi);
-        return;
-    }
-#endif
-    const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
-    const int64_t ld = I + EM_QPAD;
-    uint16_t *rows = em_scratch((size_t)(group * ld));
-    if (!rows) {
-        atomic_store(&((em_call *)c)->failed, 1);
-        return;
-    }
-    for (int64_t r0 = lo; r0 < hi; r0 += group) {
-        int nr = hi - r0 < group ? (int)(hi - r0) : group;
-        long t0 = EM_PT_NOW();
-        for (int r = 0; r < nr; r++) em_qrow_bf16(c, jb, 1, r0 + r, rows + r * ld);
-        long t1 = EM_PT_NOW();
-        em_down_tiles(c, jb, s, rows, ld, r0, nr);
-        EM_PT_ADD(0, t1 - t0);
-        EM_PT_ADD(1, EM_PT_NOW() - t1);
-    }
-}
 #endif
 
 #endif

@@ -375,6 +375,10 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
 #endif
 
 #include "em_qtasks.h" /* the quantised-weight tasks (uses everything above) */
+#if EM_HAS_GEMM
+#include "em_qjit.h"  /* AMX, int8 / fp8, one pair of token tiles: converting as the tiles go */
+#endif
+#include "em_qgemm.h" /* the quantised-weight GEMM tasks: em_qjit.h's path or em_qtasks.h's scratch */
 
 /* ---- scheduling ---- */
 
