@@ -20,7 +20,7 @@ import torch
 
 from edgemoe import LLM
 from edgemoe.bench.decode import measure
-from edgemoe.kernels.row_gather import GatherGrid
+from edgemoe.kernels.gather_grid import GatherGrid
 
 DEFAULT_GRIDS = ["32,2048,4", "32,4096,4", "32,8192,4", "32,8192,8", "16,8192,8", "64,2048,4", "64,8192,8",
                  "32,16384,8"]

@@ -26,7 +26,8 @@ import collections
 
 from share_ceiling import EXPERTS, EXPERT_MB, LAYERS, trace
 
-from edgemoe.kernels.share_split import FRACTION_ONE, HEAT_SHIFT, decode_take
+from edgemoe.kernels.share_split import decode_take
+from edgemoe.kernels.share_state import FRACTION_ONE, HEAT_SHIFT
 from edgemoe.moe.cpu_share import HEAT_UNIT
 from edgemoe.moe.replay import warmup_accesses
 

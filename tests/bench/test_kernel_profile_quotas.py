@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgemoe.kernels.share_split import FRACTION_ONE
+from edgemoe.kernels.share_state import FRACTION_ONE
 from edgemoe.moe.quota_levels import quota_rows
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_kernel_profile.py"

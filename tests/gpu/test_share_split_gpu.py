@@ -16,7 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from share_split_support import mailbox, state  # noqa: E402
 
-from edgemoe.kernels.share_split import DECODE, PROMPT, share_begin_ref  # noqa: E402
+from edgemoe.kernels.share_split import share_begin_ref  # noqa: E402
+from edgemoe.kernels.share_state import DECODE, PROMPT  # noqa: E402
 
 H = 2048
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
-from edgemoe.kernels.share_split import FRACTION_ONE, ShareState
+from edgemoe.kernels.share_state import FRACTION_ONE, ShareState
 
 
 def mailbox(rows: int, cap: int, hidden: int, device: str = "cpu") -> MailboxBuffers:

@@ -73,7 +73,8 @@ def test_the_decode_pick_takes_the_quota_and_the_fraction_of_each_layers_misses(
     """The reference's count of CPU experts a layer = decode_take(misses, quota, fraction):
     at most the quota, the fraction of this layer's misses rounded half up (10/16 of 2
     misses is 1, of 3 is 2, of 4 is 3), and they are the coldest (the higher id on a tie)."""
-    from edgemoe.kernels.share_split import FRACTION_ONE, decode_take
+    from edgemoe.kernels.share_split import decode_take
+    from edgemoe.kernels.share_state import FRACTION_ONE
 
     E, K = 32, 8
     assert decode_take(2, 40, 10) == 1 and decode_take(3, 40, 10) == 2 and decode_take(4, 40, 10) == 3
@@ -103,7 +104,7 @@ def test_the_decode_pick_takes_the_quota_and_the_fraction_of_each_layers_misses(
     (512, 66, 10, (50, 5, 600, 40), None),  # 512 experts, top-10
 ])
 def test_the_prompt_rule_matches_the_reference(E: int, T: int, K: int, rates: tuple, pairs: int | None) -> None:
-    from edgemoe.kernels.share_split import PROMPT
+    from edgemoe.kernels.share_state import PROMPT
     from edgemoe.kernels.triton_ops.share_split import share_begin_triton
 
     g = torch.Generator().manual_seed(E + T)

@@ -20,7 +20,7 @@ from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.moe.cache_choice import resolve_expert_cache
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.moe.parts_store import PartsStore
-from edgemoe.kernels.share_split import FRACTION_ONE
+from edgemoe.kernels.share_state import FRACTION_ONE
 from edgemoe.moe.quota_levels import COUNT, FRACTION, QUARTERS, LevelScale, quota_rows
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
@@ -294,7 +294,8 @@ def test_prompt_chunks_give_the_cpu_their_sparse_misses(kernel: CpuExperts, kind
     misses while the CPU's predicted time fits the device's for the rest): each layer's
     output bitwise its pieces, the cache a cache that never saw the CPU's experts; decode
     steps keep the quota's rule (0 here: nothing)."""
-    from edgemoe.kernels.share_split import ShareState, balanced_misses_ref
+    from edgemoe.kernels.share_split import balanced_misses_ref
+    from edgemoe.kernels.share_state import ShareState
 
     store = store_of(kind)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32

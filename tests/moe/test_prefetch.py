@@ -14,7 +14,8 @@ from edgemoe import LLM, SamplingParams
 from edgemoe.config import EngineConfig
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.kernels.share_split import FRACTION_ONE, decode_take
+from edgemoe.kernels.share_split import decode_take
+from edgemoe.kernels.share_state import FRACTION_ONE
 from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor, drop_cpu_picks
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
@@ -147,7 +148,7 @@ def test_the_flag_is_refused_where_nothing_prefetches() -> None:
 
 
 def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
+    from edgemoe.kernels.gather_grid import BLOCK_INTO, GatherGrid
     from edgemoe.moe.prefetch import DEFAULT_PROGRAMS, prefetch_grid
 
     monkeypatch.delenv("EDGEMOE_PREFETCH_PROGRAMS", raising=False)

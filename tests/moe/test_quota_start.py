@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.kernels.share_split import FRACTION_ONE
+from edgemoe.kernels.share_state import FRACTION_ONE
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import COUNT, FRACTION, QUARTERS, balance_level, share_scale
 from edgemoe.moe.registry import make_executor

@@ -17,26 +17,10 @@ row per expert and part) from the mapped host store into their slots with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from edgemoe.kernels.backend import triton_importable
-
-BLOCK_INTO = 2048  # columns a work item of the scatter form copies (its rows are whole experts: wide)
-
-
-@dataclass(frozen=True)
-class GatherGrid:
-    """The scatter form's launch: `programs` (None: a few a multiprocessor), the columns a
-    work item copies (`block`, a power of two) and the warps a program runs. A gather
-    beside other kernels takes fewer programs (`moe/prefetch.py`); each program's bytes in
-    flight are block x the row's element size."""
-
-    programs: int | None = None
-    block: int = BLOCK_INTO
-    warps: int = 4
-
+from edgemoe.kernels.gather_grid import GatherGrid
 
 def gather_rows_ref(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """table [R, D], ids [N] int64 (any shape: flattened) → [N, D] on ids' device."""

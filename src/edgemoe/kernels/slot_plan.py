@@ -28,12 +28,7 @@ from edgemoe.kernels.backend import triton_importable
 # The kernel holds the pool's keys (int64) and the layer's experts in one CTA's registers.
 MAX_SLOTS = 16384
 MAX_EXPERTS = 4096
-# Victim sort keys, shared by the torch plan (moe/device_cache.py) and the kernel: a slot
-# that may not be evicted sorts last; a fresh slot ("lru", scan-resistant) sorts as
-# FRESH - recency, above every stale key (a recency), in descending recency. NOTE: exact
-# while recency < 2**61 (uses counted since start-up).
-NEVER = 2**63 - 1
-FRESH = 2**62
+# The victim sort keys (NEVER, FRESH) are `kernels/slot_keys.py`'s.
 
 
 class SlotState(NamedTuple):

@@ -49,7 +49,8 @@ from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, await_turn, bell_supported, bell_wanted, quiet_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.share_split import DECODE, FRACTION_ONE, PROMPT, ShareState, rings_itself, share_begin
+from edgemoe.kernels.share_split import rings_itself, share_begin
+from edgemoe.kernels.share_state import DECODE, FRACTION_ONE, PROMPT, ShareState
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
 from edgemoe.moe.pinning import uva_view

@@ -47,13 +47,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from edgemoe.kernels.slot_plan import (
-    FRESH,
-    NEVER,
-    SlotState,
-    fused_plan_supported,
-    plan_wave_fused,
-)
+from edgemoe.kernels.slot_keys import FRESH, NEVER
+from edgemoe.kernels.slot_plan import SlotState, fused_plan_supported, plan_wave_fused
 from edgemoe.moe.activity import HIT, MISS
 from edgemoe.moe.cache_choice import DEVICE_POLICIES
 

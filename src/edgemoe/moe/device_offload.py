@@ -38,7 +38,7 @@ from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation
 from edgemoe.kernels.moe_quant import moe_slots_parts
-from edgemoe.kernels.share_split import DECODE
+from edgemoe.kernels.share_state import DECODE
 from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.device_counts import DeviceCounts

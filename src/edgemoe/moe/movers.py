@@ -24,7 +24,8 @@ from abc import ABC, abstractmethod
 import torch
 
 from edgemoe.kernels.backend import triton_importable
-from edgemoe.kernels.row_gather import GatherGrid, gather_parts_into
+from edgemoe.kernels.gather_grid import GatherGrid
+from edgemoe.kernels.row_gather import gather_parts_into
 from edgemoe.moe.offload import RoutingReadback, SlotBanks
 from edgemoe.moe.pinning import uva_view
 from edgemoe.moe.store import BankStore, ExpertStore

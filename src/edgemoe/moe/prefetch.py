@@ -42,8 +42,9 @@ from typing import NamedTuple, Protocol
 import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
-from edgemoe.kernels.row_gather import BLOCK_INTO, GatherGrid
-from edgemoe.kernels.share_split import FRACTION_ONE, coldest_of
+from edgemoe.kernels.gather_grid import BLOCK_INTO, GatherGrid
+from edgemoe.kernels.share_split import coldest_of
+from edgemoe.kernels.share_state import FRACTION_ONE
 from edgemoe.kernels.slot_plan import present
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too

@@ -90,7 +90,8 @@ def replay_share(trace: Sequence[Access], num_slots: int, num_layers: int, num_e
     (`kernels/share_split.decode_take`; None: the quota alone). `observe(layer, misses,
     cpu)`: called for every access after the warm-up with its misses and the CPU's part of
     them (a per-layer time model's input: scripts/share_layer_model.py)."""
-    from edgemoe.kernels.share_split import FRACTION_ONE, HEAT_SHIFT, decode_take
+    from edgemoe.kernels.share_split import decode_take
+    from edgemoe.kernels.share_state import FRACTION_ONE, HEAT_SHIFT
     from edgemoe.moe.cpu_share import HEAT_UNIT
 
     shift = HEAT_SHIFT if heat_shift is None else heat_shift

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from edgemoe.kernels.backend import pdl_enabled
-from edgemoe.kernels.row_gather import BLOCK_INTO
+from edgemoe.kernels.gather_grid import BLOCK_INTO
 from edgemoe.kernels.triton_ops.common import pdl_start
 
 ROWS = 8  # rows per program

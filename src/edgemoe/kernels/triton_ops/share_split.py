@@ -13,7 +13,7 @@ from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.cpu_bell import BellTurn
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
 from edgemoe.kernels.row_gather import gather_rows_into
-from edgemoe.kernels.share_split import DECODE, FRACTION_SHIFT, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
+from edgemoe.kernels.share_state import DECODE, FRACTION_SHIFT, HEAT_SHIFT, NOT_MISSED, PROMPT, ShareState
 from edgemoe.kernels.triton_ops.common import interpreting, pdl_start
 from edgemoe.kernels.triton_ops.host_words import publish
 

@@ -36,12 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels import slot_plan
+from edgemoe.kernels import slot_keys
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.common import pdl_start
 
-NEVER: tl.constexpr = tl.constexpr(slot_plan.NEVER)  # the key of a slot that may not be evicted
-FRESH: tl.constexpr = tl.constexpr(slot_plan.FRESH)  # a fresh slot's key is FRESH - recency
+NEVER: tl.constexpr = tl.constexpr(slot_keys.NEVER)  # the key of a slot that may not be evicted
+FRESH: tl.constexpr = tl.constexpr(slot_keys.FRESH)  # a fresh slot's key is FRESH - recency
 BLOCK_N = 256  # pairs per chunk of the routing scans
 REGISTER_COMPARES = 32768  # pairs x experts a wave may compare in registers (`IN_REGISTERS`)
 
