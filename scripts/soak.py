@@ -194,8 +194,17 @@ async def available_scenarios(http: httpx.AsyncClient) -> list[str]:
     return names
 
 
-async def client_loop(c: Client, scenarios: list[str], deadline: float) -> None:
-    while time.monotonic() < deadline:
+async def client_loop(c: Client, scenarios: list[str], deadline: float, min_requests: int = 0,
+                      hard_deadline: float | None = None) -> None:
+    """Requests until `deadline`, and past it until the clients have sent `min_requests`
+    together (a slow host still soaks that much), but never past `hard_deadline`."""
+    def going() -> bool:
+        now = time.monotonic()
+        if now < deadline:
+            return True
+        return sum(c.tally.requests.values()) < min_requests and now < (hard_deadline or deadline)
+
+    while going():
         name = c.rnd.choice(scenarios)
         c.tally.count(name)
         try:
@@ -230,8 +239,10 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 async def soak(url: str, *, clients: int, duration_s: float, disconnect_rate: float = 0.2,
-               max_tokens: int = 32, seed: int = 0, api_key: str | None = None) -> dict[str, Any]:
-    """Run the soak against `url`; returns the report (see `report_ok`)."""
+               max_tokens: int = 32, seed: int = 0, api_key: str | None = None,
+               min_requests: int = 0) -> dict[str, Any]:
+    """Run the soak against `url`; returns the report (see `report_ok`). `min_requests`:
+    go on past `duration_s` (up to 4x it) until the clients have sent that many."""
     check_bounds(url, clients, duration_s)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=clients + 4)
@@ -240,7 +251,8 @@ async def soak(url: str, *, clients: int, duration_s: float, disconnect_rate: fl
         tally, t0 = Tally(), time.monotonic()
         rnd = random.Random(seed)
         loops = [client_loop(Client(http, random.Random(rnd.random()), tally, disconnect_rate, max_tokens),
-                             scenarios, t0 + duration_s) for _ in range(clients)]
+                             scenarios, t0 + duration_s, min_requests, t0 + 4 * duration_s)
+                 for _ in range(clients)]
         await asyncio.gather(*loops)
         elapsed = time.monotonic() - t0
         idle = await wait_idle(http)
