@@ -237,25 +237,28 @@ class EngineConfig:
         if self.moe.moe_hybrid_fraction is not None and not 0.0 <= self.moe.moe_hybrid_fraction <= 1.0:
             raise ValueError(f"{flag_name('moe_hybrid_fraction')} must be in [0, 1] (got {self.moe.moe_hybrid_fraction})")
         # torch-free, so the config applies the executor registry's rules
-        from edgemoe.moe.cache_choice import check_cpu_quota, check_device_cache, check_prefetch, check_prompt_cpu
+        from edgemoe.moe.cache_choice import (
+            check_backend_settings, check_cpu_quota, check_device_cache, check_prefetch, check_prompt_cpu,
+        )
 
+        check_backend_settings(self.moe.moe_backend, self.moe.moe_slots, self.moe.moe_hybrid_fraction)
         check_cpu_quota(self.moe.moe_backend, self.moe.expert_cache, self.moe.cpu_experts_per_layer)
         check_prompt_cpu(self.moe.moe_backend, self.moe.expert_cache, self.moe.prompt_cpu)
         check_prefetch(self.moe.moe_backend, self.moe.expert_cache, self.moe.expert_mover, self.moe.moe_prefetch)
         if self.moe.expert_cache == "device":
             check_device_cache(self.moe.moe_backend, self.moe.moe_policy)
-        positive = {
-            "moe_slots": self.moe.moe_slots or 1,
+        positive = {  # None: unset (planned); NOTE: 0 is a value, refused, never read as unset
+            "moe_slots": self.moe.moe_slots,
             "page_size": self.cache.page_size,
             "max_running_requests": self.scheduler.max_running_requests,
             "max_prefill_tokens": self.scheduler.max_prefill_tokens,
-            "kv_tokens": self.cache.kv_tokens or 1,
-            "state_slots": 1 if self.cache.state_slots is None else self.cache.state_slots,
-            "max_model_len": self.model.max_model_len or 1,
+            "kv_tokens": self.cache.kv_tokens,
+            "state_slots": self.cache.state_slots,
+            "max_model_len": self.model.max_model_len,
             "cuda_graph_max_bs": self.kernels.cuda_graph_max_bs,
         }
         for name, value in positive.items():
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"{flag_name(name)} must be >= 1 (got {value})")
 
 

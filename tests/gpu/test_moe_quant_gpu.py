@@ -140,8 +140,9 @@ def test_quantised_model_on_cuda_gives_cpu_tokens(small_ckpt, expert_dtype: str,
 
     with LLM(str(small_ckpt), dtype="float32", device="cpu", expert_dtype=expert_dtype) as cpu:
         want = [o.token_ids for o in cpu.generate(PROMPTS, GREEDY)]
+        slots = {} if backend == "resident" else {"moe_slots": 24}  # resident has no slots (refused)
         with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", expert_dtype=expert_dtype, moe_backend=backend,
-                 moe_slots=24) as llm:
+                 **slots) as llm:
             got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
         # bf16 activations against the fp32 path (the same quantised weights): the tokens
         # agree, or first part where the fp32 path's top two logits are closer than two

@@ -12,7 +12,7 @@ from edgemoe.cache.host_tier import HostTier
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.state_pool import StatePool
-from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
+from edgemoe.config import CacheConfig, EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
 from edgemoe.engine.big_tables import TablePlan, plan_tables
 from edgemoe.engine.budget import (
@@ -91,6 +91,7 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
     """(cap in bytes, bytes the process already holds: CUDA context + cuBLAS). The cap
     counts this process alone (engine/device_memory.py); it is never more than this
     process holds plus what the device has free."""
+    requested = parse_size(config.model.gpu_memory) if config.model.gpu_memory else None  # a typo fails on a CPU too
     if device.type != "cuda":
         return None, 0
     before = baseline(device.index)  # read before our context exists on the device (or the first engine's)
@@ -100,7 +101,6 @@ def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | Non
     (a @ a).sum().item()  # materialise the context and the cuBLAS workspace
     del a
     free, total = torch.cuda.mem_get_info(device)
-    requested = parse_size(config.model.gpu_memory) if config.model.gpu_memory else None
     ours = before.ours(floor=torch.cuda.memory_reserved(device)) if before else None
     cap, context = process_share(total, free, ours, requested)
     others = total - free - context
@@ -140,7 +140,7 @@ def make_plan(
     moe, sched = config.moe, config.scheduler
     if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
         raise ValueError(f"{flag_name('moe_slots')} must be at least num_experts_per_tok = {arch.top_k}")
-    return plan_memory(
+    plan = plan_memory(
         arch,
         backend=moe.moe_backend,
         moe_slots=moe.moe_slots,
@@ -161,6 +161,11 @@ def make_plan(
         host_params=tables.host_params if tables else (),
         lend_tokens=lend_tokens(config, device),
     )
+    # The pool holds whole pages: a larger one outgrows the plan (the default page stays: a tiny context's one page).
+    if config.cache.page_size > max(plan.kv_tokens, CacheConfig().page_size):
+        raise ValueError(f"{flag_name('page_size')} {config.cache.page_size} is more than the KV cache's "
+                         f"{plan.kv_tokens} tokens: lower --page-size or raise --kv-tokens")
+    return plan
 
 
 def lend_tokens(config: EngineConfig, device: torch.device) -> int:

@@ -37,6 +37,17 @@ def check_device_cache(backend: str, policy: str) -> None:
                          f"(got --moe-policy {policy})")
 
 
+def check_backend_settings(backend: str, moe_slots: int | None, hybrid_fraction: float | None) -> None:
+    """`--moe-slots` sizes a slot cache, which resident experts have none of; `--moe-hybrid-fraction`
+    is hybrid's split (the executors read neither elsewhere: refused, never ignored)."""
+    if moe_slots is not None and backend == "resident":
+        raise ValueError("moe_slots (--moe-slots) sizes the expert slot cache of --moe-backend offload, cpu, hybrid or "
+                         "auto; --moe-backend resident holds every expert on the device and has no slots")
+    if hybrid_fraction is not None and backend != "hybrid":
+        raise ValueError("moe_hybrid_fraction (--moe-hybrid-fraction) fixes the CPU's share of --moe-backend hybrid "
+                         f"(got --moe-backend {backend})")
+
+
 def check_cpu_quota(backend: str, expert_cache: str, cpu_experts_per_layer: int | None) -> None:
     """`--cpu-experts-per-layer` belongs to hybrid on the device cache alone (never ignored)."""
     if cpu_experts_per_layer is None:

@@ -157,7 +157,9 @@ class CpuShare:
         weights = host_weights(store)
         if weights is None or not kernel.native:
             raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8, int4 or mxfp4 "
-                             f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name})")
+                             f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name}): use --dtype "
+                             "bfloat16 or --expert-dtype int8|fp8|int4|mxfp4, or --expert-cache host for the "
+                             "host cache's CPU split")
         if quota < 0:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
         self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
