@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     agent = bench_sub.add_parser("agent", help="replay a synthetic coding-agent session against a server")
     add_engine_flags(agent)
     agent.add_argument("--url", default=None, help="a running server; default: start one per --cache-types value")
-    agent.add_argument("--cache-types", nargs="+", default=["radix", "none"], help="servers to start (without --url)")
+    agent.add_argument("--cache-types", nargs="+", default=["radix", "none"], help="servers to start (without --url)",
+                       choices=next(f.metadata["choices"] for f in setting_fields() if f.name == "cache_type"))
     agent.add_argument("--turns", type=positive_int, default=20)
     agent.add_argument("--system-tokens", type=positive_int, default=8000, help="system prompt + tools size")
     agent.add_argument("--tool-result-tokens", type=positive_int, default=1800)

@@ -292,6 +292,20 @@ def all_setting_names() -> list[str]:
     return [f.name for f in setting_fields()]
 
 
+def setting_argv(settings: dict[str, Any]) -> list[str]:
+    """The flags that give `settings` to a child `edgemoe serve` (`launch`, `bench agent`): a
+    switch alone, `--no-foo` for a `bool | None` setting set False, else the value as text."""
+    optional = {f.name for f in setting_fields() if str(f.type) == "bool | None"}
+    argv: list[str] = []
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else [f"--no-{flag[2:]}"] if name in optional else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
 def flag_name(name: str) -> str:
     """How errors name a setting: the keyword and its CLI flag."""
     return f"{name} (--{name.replace('_', '-')})"

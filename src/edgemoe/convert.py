@@ -85,14 +85,19 @@ class ShardWriter:
 def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progress: bool = True) -> Path:
     """Write `model_dir` with its experts in `expert_dtype` to `out_dir` (must not exist or be empty)."""
     src, out = Path(model_dir), Path(out_dir)
+    if not src.is_dir():
+        raise FileNotFoundError(f"model (--model) {str(model_dir)!r}: no such directory")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):  # a file: the CLI's error, not a traceback
         raise FileExistsError(f"out (--out) {out}: exists and is not an empty directory")
     arch = read_arch(src)[0]
     module = model_module(arch.model_type)
     names = _output_names(module, arch, expert_dtype)  # before the (long) load: a refusal costs nothing
+    try:  # made now, so a folder that cannot be is refused before the load, not after it
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"out (--out) {out}: cannot make it ({e.strerror or e})") from None
     loaded = load_checkpoint(src, "auto", progress, "ram", expert_dtype=expert_dtype)
     fmt = loaded.experts.format
-    out.mkdir(parents=True, exist_ok=True)
     writer = ShardWriter(out)
     unquantised = _write_dense(loaded, names, writer)
     if loaded.arch.tie_word_embeddings:

@@ -33,12 +33,20 @@ def add_ctl_parser(sub: Any) -> None:
 
 def server_url(text: str) -> str:
     """A server's base URL from what a person types: `http://host:port`, `host:port`, `:port`
-    or a bare port (`1919`); no trailing slash."""
-    text = text.strip().rstrip("/")
-    if text.isdigit() or text.startswith(":"):
-        text = "127.0.0.1:" + text.lstrip(":")
+    or a bare port (`1919`); no trailing slash. ValueError (naming --url) for no address."""
+    given, text = text, text.strip()
+    if (bare := text.rstrip("/")).isdigit() or bare.startswith(":"):
+        text = "127.0.0.1:" + bare.lstrip(":")
     if "://" not in text:
         text = "http://" + text
+    text = text.rstrip("/")
+    try:
+        url, why = httpx.URL(text), "no host"
+    except httpx.InvalidURL as exc:
+        url, why = None, str(exc)
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        why = f"scheme {url.scheme}://" if url is not None and url.host else why
+        raise ValueError(f"--url {given!r} is not a server address ({why}): e.g. 127.0.0.1:1919 or http://HOST:PORT")
     return text
 
 
@@ -54,10 +62,17 @@ def run_ctl(args: argparse.Namespace) -> int:
         return 1
     body = _json(r)
     if r.status_code != 200:
-        message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
+        error = body.get("error") if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else error
         print(f"{'unavailable' if r.status_code == 503 else 'error'} ({r.status_code}): {message or r.text}")
         return 1
-    print({"health": format_health, "stats": format_stats, "requests": format_requests}[args.what](body))
+    try:
+        text = {"health": format_health, "stats": format_stats, "requests": format_requests}[args.what](body)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # another server (or none) at --url
+        print(f"edgemoe ctl: {url} did not answer as an edgemoe server does (--url; {type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return 1
+    print(text)
     return 0
 
 

@@ -67,8 +67,11 @@ def describe(url: str, api_key: str | None) -> Endpoint | None:
         raise ValueError(f"the server at {url} wants an API key: --api-key KEY or $EDGEMOE_API_KEY")
     if r.status_code != 200:
         return None
-    card = r.json()["data"][0]
-    return Endpoint(url, api_key, card["id"], int(card.get("max_model_len") or 32768))
+    try:
+        card = r.json()["data"][0]
+        return Endpoint(url, api_key, card["id"], int(card.get("max_model_len") or 32768))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        raise ValueError(f"{url}/v1/models does not list a model as an edgemoe server does (--url)") from None
 
 
 # --------------------------------------------------------------------------- agents' settings
@@ -118,11 +121,10 @@ class StartedServer:
     """`edgemoe serve` on a free loopback port with a fresh key; its output goes to our stderr."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
+        from edgemoe.config import setting_argv
+
         self.api_key = secrets.token_urlsafe(24)
-        argv = [sys.executable, "-m", "edgemoe.cli", "serve", "--port", "0", "--quiet"]
-        for name, value in settings.items():
-            flag = f"--{name.replace('_', '-')}"
-            argv += [flag] if value is True else [] if value is False else [flag, str(value)]  # switches alone
+        argv = [sys.executable, "-m", "edgemoe.cli", "serve", "--port", "0", "--quiet", *setting_argv(settings)]
         # NOTE: the key travels in the environment, never argv (visible in the process list).
         env = {**os.environ, "EDGEMOE_API_KEY": self.api_key}
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env=env,
@@ -175,21 +177,28 @@ def add_launch_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPar
 
 def run_launch(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     agent_args = list(getattr(args, "agent_args", []))
+    if args.url is not None and args.new_server:
+        raise ValueError("--url uses a running server, --new-server starts one: give one of them")
+    url = server_url(args.url if args.url is not None else DEFAULT_URL)
     command = agent_command(args.agent)
     if command is None:
         print(not_installed(args.agent), file=sys.stderr)
         return NOT_INSTALLED
-    endpoint = None if args.new_server else describe(server_url(args.url or DEFAULT_URL), args.api_key)
-    if args.url and endpoint is None:
-        raise ValueError(f"no edgemoe server answers at {server_url(args.url)}")
+    endpoint = None if args.new_server else describe(url, args.api_key)
+    if args.url is not None and endpoint is None:
+        raise ValueError(f"no edgemoe server answers at {url} (--url)")
     started = None
     if endpoint is None:
         print("edgemoe launch: starting edgemoe serve …", file=sys.stderr, flush=True)
         started = StartedServer(settings)
-        endpoint = describe(started.wait_ready(), started.api_key)
-        if endpoint is None:
+        try:
+            endpoint = describe(started.wait_ready(), started.api_key)
+            if endpoint is None:
+                raise RuntimeError("the server started but does not answer")
+        except RuntimeError as e:  # its own messages (the flag or file at fault) are above
             started.stop()
-            raise RuntimeError("the server started but does not answer")
+            print(f"edgemoe launch: {e}", file=sys.stderr)
+            return 1
     elif settings:
         print(f"edgemoe launch: using the server at {endpoint.url}; engine flags are ignored", file=sys.stderr)
     extra_args, env = SETTINGS[args.agent](endpoint)

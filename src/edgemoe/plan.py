@@ -29,6 +29,7 @@ from typing import Any
 from edgemoe import plan_speed as speed
 
 FORMATS = ("bf16", "fp8", "int8", "int4", "mxfp4")
+DEFAULT_BENCH_DIR = "bench/results"
 
 
 @dataclass(frozen=True)
@@ -82,22 +83,44 @@ def latest_bw(bench_dir: Path) -> Path | None:
     return files[-1] if files else None
 
 
+def _is_rate(x: Any) -> bool:
+    """A rate in GB/s: a finite number > 0."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
+
+
+def _bench_dir(args: argparse.Namespace) -> Path:
+    if args.bench_dir is None:
+        return Path(DEFAULT_BENCH_DIR)
+    if not Path(args.bench_dir).is_dir():  # given: a typo is refused, not read as "no result yet"
+        raise ValueError(f"--bench-dir {args.bench_dir}: no such directory")
+    return Path(args.bench_dir)
+
+
+def _named(args: argparse.Namespace, path: Path) -> str:
+    return f"--bw-json {path}" if args.bw_json is not None else f"{path} (the newest under --bench-dir)"
+
+
 def rates_from(args: argparse.Namespace) -> Rates:
     given = (args.pcie_gbps, args.cpu_gbps, args.device_gbps)
-    path = Path(args.bw_json) if args.bw_json else latest_bw(Path(args.bench_dir))
+    path = Path(args.bw_json) if args.bw_json is not None else latest_bw(_bench_dir(args))
     if path is None or None not in given:
         return Rates(*given[:2], None, given[2], None, "given")
-    data = json.loads(path.read_text())
-    decode_rows = [r["gb_s"] for r in data.get("experts", [])  # cache-resident rows are no CPU path's rate
-                   if r.get("tokens") == 1 and r.get("experts_per_call", 1) > 1 and not r.get("cache_resident")]
-    copies = data.get("copies", {})
-    d2d = copies.get("d2d_1GiB_gb_s")
-    measured = (copies.get("h2d_pinned_expert_gb_s"), max(decode_rows) if decode_rows else None,
-                2 * d2d if d2d else None)  # a d2d copy reads and writes each byte: twice its rate in traffic
+    try:  # a file that is not a `bench bw` result is named, whatever its shape
+        data = json.loads(path.read_text())
+        decode_rows = [r["gb_s"] for r in data.get("experts", [])  # cache-resident rows are no CPU path's rate
+                       if r.get("tokens") == 1 and r.get("experts_per_call", 1) > 1 and not r.get("cache_resident")]
+        copies = data.get("copies", {})
+        d2d = copies.get("d2d_1GiB_gb_s")
+        measured = (copies.get("h2d_pinned_expert_gb_s"), max(decode_rows) if decode_rows else None,
+                    2 * d2d if d2d else None)  # a d2d copy reads and writes each byte: twice its rate in traffic
+        host_read, gpu = data.get("host", {}).get("kernel_read_gb_s"), data.get("env", {}).get("gpu")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError, KeyError) as e:
+        raise ValueError(f"{_named(args, path)}: not a readable `edgemoe bench bw` result ({e})") from None
+    if not all(x is None or _is_rate(x) for x in (*measured, host_read)):
+        raise ValueError(f"{_named(args, path)}: not an `edgemoe bench bw` result (a rate is not a positive number)")
     pcie, cpu, device = (g if g is not None else m for g, m in zip(given, measured))
     source = f"{path}" if given == (None, None, None) else f"given, else {path}"
-    gpu = data.get("env", {}).get("gpu") if args.device_gbps is None else None
-    return Rates(pcie, cpu, data.get("host", {}).get("kernel_read_gb_s"), device, gpu, source)
+    return Rates(pcie, cpu, host_read, device, gpu if args.device_gbps is None else None, source)
 
 
 def _arch(model: str | None) -> tuple[str, Any]:
@@ -191,7 +214,8 @@ def add_plan_parser(sub: Any) -> None:
                       help="the GPU's memory bandwidth, GB/s, e.g. 960 for a 16 GB RTX 5080 (default: twice the "
                            "d2d copy rate of the newest `edgemoe bench bw` result)")
     plan.add_argument("--bw-json", default=None, help="a `bench bw` result to read rates from (default: the newest)")
-    plan.add_argument("--bench-dir", default="bench/results", help="where `bench bw` wrote its results")
+    plan.add_argument("--bench-dir", default=None,
+                      help=f"where `bench bw` wrote its results (default: {DEFAULT_BENCH_DIR})")
     plan.add_argument("--context-tokens", type=int, default=4096,
                       help="tokens in the sequence while decoding: the KV a step reads (default: 4096)")
     plan.add_argument("--routing-locality", type=float, default=0.0,
@@ -218,18 +242,27 @@ def _add_engine_settings(plan: Any) -> None:
 
 def plan_rows(args: argparse.Namespace) -> tuple[str, Any, Rates, list[Prediction]]:
     """What `edgemoe plan` prints: (model name, arch, rates, a prediction per format)."""
+    from edgemoe.config import EngineConfig
     from edgemoe.engine.budget import parse_size
 
     if not 0.0 <= args.routing_locality <= 1.0:
         raise ValueError(f"--routing-locality must be between 0 and 1 (got {args.routing_locality})")
     if args.context_tokens < 1:
         raise ValueError(f"--context-tokens must be at least 1 (got {args.context_tokens})")
+    for name in ("pcie_gbps", "cpu_gbps", "device_gbps"):
+        if getattr(args, name) is not None and not _is_rate(getattr(args, name)):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GB/s (got {getattr(args, name)})")
+    EngineConfig.from_kwargs(**{name: getattr(args, name) for name in PLAN_SETTINGS})  # the engine's own checks
     name, arch = _arch(args.model)
     cells = len(arch.moe_layers) * arch.moe_pairs
     if args.misses_per_token is not None and not 0.0 <= args.misses_per_token <= cells:
         raise ValueError(f"--misses-per-token must be between 0 and {cells} (MoE layers x experts a token) "
                          f"for {name} (got {args.misses_per_token})")
-    budget, context = parse_size(args.gpu_memory), parse_size(args.cuda_context)
+    budget = parse_size(args.gpu_memory)
+    try:
+        context = parse_size(args.cuda_context)
+    except ValueError:
+        raise ValueError(f"--cuda-context: cannot parse size {args.cuda_context!r} (e.g. 0.5GiB, 900MiB)") from None
     rates = rates_from(args)
     return name, arch, rates, [predict(arch, fmt, budget, context, args, rates) for fmt in args.formats]
 

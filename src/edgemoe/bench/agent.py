@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from typing import Any
 
@@ -116,14 +117,27 @@ def run_session(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run_agent_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    import httpx
+
+    from edgemoe.ctl import server_url
+
+    if args.url is not None and settings:
+        raise ValueError(f"--url talks to a running server; engine flags ({', '.join(sorted(settings))}) "
+                         "belong to `edgemoe serve` there")
+    given = server_url(args.url) if args.url is not None else None
     runs: dict[str, list[dict[str, Any]]] = {}
-    if args.url:
-        runs["server"] = run_session(args.url.rstrip("/"), args)
-    else:
-        for cache_type in args.cache_types:
-            print(f"== cache_type={cache_type}")
-            with running_server({**settings, "cache_type": cache_type}) as url:
-                runs[cache_type] = run_session(url, args)
+    try:
+        if given is not None:
+            runs["server"] = run_session(given, args)
+        else:
+            for cache_type in args.cache_types:
+                print(f"== cache_type={cache_type}")
+                with running_server({**settings, "cache_type": cache_type}) as url:
+                    runs[cache_type] = run_session(url, args)
+    except (RuntimeError, TimeoutError, httpx.HTTPError) as e:  # a server's own messages are above
+        where = f" (--url {given})" if given is not None else ""
+        print(f"edgemoe bench agent: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        return 1
     params = {k: getattr(args, k) for k in ("turns", "system_tokens", "tool_result_tokens", "max_tokens", "session_seed")}
     path = write_result(args.out, "agent", {"settings": settings, "params": params, "runs": runs})
     series = {f"prefilled ({k})": [(r["turn"], r["prefilled_tokens"]) for r in v] for k, v in runs.items()}

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from edgemoe.bench.host_counters import counters_delta, disturbance, host_counters
 from edgemoe.bench.results import plot_bars, write_result
+from edgemoe.engine.host_budget import mem_available
 from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import bank_job_table, moe_experts_partial_cpu
 from edgemoe.kernels.cpu_experts_quant import moe_experts_q_cpu, native_weights, quant_job_table
@@ -80,6 +81,9 @@ def unique_pages(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
     NOTE: a host (hypervisor) may merge identical pages; on the dev VM reads of merged
     pages ran at a third of the speed of distinct ones, and a kernel reading them
     looked faster than memory. Drawing random data everywhere is too slow."""
+    if (need := torch.Size(shape).numel() * 2) > (free := mem_available()):  # refused: no torch traceback, no OOM kill
+        raise ValueError(f"a {need / 2**30:.1f} GiB buffer does not fit the {free / 2**30:.1f} GiB of host memory "
+                         "available: lower --read-gib or --pool-mib (or --hidden / --intermediate)")
     out = torch.empty(shape, dtype=torch.bfloat16)
     flat = out.view(-1)
     block = (torch.randn(1 << 20, generator=g) * 0.02).bfloat16()
@@ -285,6 +289,8 @@ def available_kernels(threads: int | None, requested: list[str] | None) -> list[
             kernels.append(CpuExperts(name, threads=threads))
         except (ValueError, RuntimeError) as e:
             print(f"  {name}: unavailable ({e})")
+    if not kernels:
+        raise ValueError(f"--kernels {' '.join(names)}: none of them runs here (why is above)")
     return kernels
 
 

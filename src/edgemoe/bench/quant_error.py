@@ -83,7 +83,13 @@ def relative_errors(banks: dict[int, Parts], captures: dict[int, Capture], forma
 def run_quant_error(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
 
-    settings = {"expert_dtype": "bf16", "moe_backend": "resident", **settings}
+    fixed = {"expert_dtype": "bf16", "moe_backend": "resident"}  # the reference: every expert as stored, in bf16
+    for name, value in fixed.items():
+        if settings.get(name, value) != value:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} {settings[name]}: bench quant-error runs with {flag} {value} (its default): it "
+                             "quantises the experts itself, from the resident bf16 banks")
+    settings = {**settings, **fixed}
     with LLM(**settings) as llm:
         runtime = llm._engine().runtime
         if runtime.model.arch.hidden_act != "silu":

@@ -20,11 +20,10 @@ def free_port() -> int:
 
 
 def serve_command(settings: dict[str, Any], port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "edgemoe.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    for key, value in settings.items():
-        if value is not None:
-            cmd += ["--" + key.replace("_", "-"), str(value)]
-    return cmd
+    from edgemoe.config import setting_argv
+
+    return [sys.executable, "-m", "edgemoe.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+            *setting_argv(settings)]
 
 
 @contextlib.contextmanager

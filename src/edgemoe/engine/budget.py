@@ -36,7 +36,7 @@ class PlanError(ValueError):
 
 def parse_size(text: str) -> int:
     """'16GiB', '16G', '1.5 GiB', '900MiB', '1000000' → bytes."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?B?)\s*", text, flags=re.IGNORECASE)
+    m = re.fullmatch(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*([KMGT]?)(i?B?)\s*", text, flags=re.IGNORECASE)
     if not m:
         raise ValueError(f"gpu_memory (--gpu-memory): cannot parse size {text!r} (e.g. 16GiB, 900MiB)")
     scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()]

@@ -22,8 +22,10 @@ def resolve_api_key(flag: str | None, path: str | None, environ: Mapping[str, st
     if flag is not None and path is not None:
         raise ValueError("give --api-key or --api-key-file, not both")
     if flag is not None:
+        if not flag.strip():  # e.g. `--api-key "$KEY"` with KEY unset: refused, never served without a key
+            raise ValueError("--api-key is empty: give the key, or leave the flag out to serve without one")
         log.warning("--api-key is visible to other users in the process list; prefer --api-key-file or $%s", ENV_VAR)
-        return flag or None
+        return flag
     if path is not None:
         return read_key_file(Path(path))
     return environ.get(ENV_VAR) or None

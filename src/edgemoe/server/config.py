@@ -124,6 +124,10 @@ class ServerConfig:
         """Raise ValueError naming the flag of any bad value."""
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535] (got {self.port})")
+        if not self.host.strip():  # "" would listen on every interface, unasked
+            raise ValueError("--host is empty: give an address, e.g. 127.0.0.1 (0.0.0.0: every interface)")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name is empty: give a name, or leave the flag out for the model's own")
         if self.default_thinking_mode not in THINKING_MODES:
             raise ValueError(f"--default-thinking-mode must be on or off (got {self.default_thinking_mode!r})")
         if self.max_body_size < 1:
