@@ -37,18 +37,24 @@ def capture_layers(llm: Any, prompts: list[list[int]]) -> dict[int, Capture]:
     """Run `prompts` through the engine's prefill, keeping each MoE layer's last input."""
     executor = llm._engine().runtime.executor
     captured: dict[int, Capture] = {}
-    forward = executor.forward
+    # NOTE: both entries: a layer followed by another runs `forward_normed` (the next layer's
+    # norm fused into the combine, which never calls `forward`), the last layer `forward`.
+    originals = {name: getattr(executor, name) for name in ("forward", "forward_normed")}
 
-    def spy(layer, x, topk_ids, topk_weights, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        captured[layer] = Capture(x.detach().float().cpu(), topk_ids.cpu(), topk_weights.float().cpu())
-        return forward(layer, x, topk_ids, topk_weights, *args, **kwargs)
+    def spy(method):  # noqa: ANN001, ANN202
+        def run(layer, x, topk_ids, topk_weights, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            captured[layer] = Capture(x.detach().float().cpu(), topk_ids.cpu(), topk_weights.float().cpu())
+            return method(layer, x, topk_ids, topk_weights, *args, **kwargs)
+        return run
 
-    executor.forward = spy
+    for name, method in originals.items():
+        setattr(executor, name, spy(method))
     try:
         for p in prompts:
             llm.prompt_logits(p)
     finally:
-        executor.forward = forward
+        for name, method in originals.items():
+            setattr(executor, name, method)
     return captured
 
 
