@@ -317,3 +317,9 @@ def test_bench_agent_says_when_its_server_does_not_start(tmp_path: Path, capsys:
                  "--out", str(tmp_path)]) == 1
     assert "edgemoe serve exited with" in _error(capsys)
 
+
+
+def test_generate_refuses_an_empty_prompt_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    """`generate --prompt ""` failed after the model load with a message naming no flag."""
+    assert main(["generate", "--model", "/nonexistent-model-dir", "--prompt", ""]) == 2  # before --model is read
+    assert "--prompt is empty" in capsys.readouterr().err

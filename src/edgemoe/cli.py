@@ -286,6 +286,8 @@ def run_generate(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     )
     # Everything a person typed is checked before the (slow) load: sampling, settings, --model.
     params.validate()
+    if not all(args.prompt) and not args.chat:  # an empty raw prompt has no token to start from
+        raise ValueError("--prompt is empty: give the text to continue (or --chat, which wraps it in a turn)")
     resolve_model(EngineConfig.from_kwargs(**settings).model.model)
     with LLM(progress=True, **settings) as llm:
         for prompt in args.prompt:
