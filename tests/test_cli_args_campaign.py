@@ -323,3 +323,19 @@ def test_generate_refuses_an_empty_prompt_before_loading(capsys: pytest.CaptureF
     """`generate --prompt ""` failed after the model load with a message naming no flag."""
     assert main(["generate", "--model", "/nonexistent-model-dir", "--prompt", ""]) == 2  # before --model is read
     assert "--prompt is empty" in capsys.readouterr().err
+
+
+def test_bench_decode_refuses_a_prompt_past_the_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A prompt and its decode past the context failed after the load with the engine's
+    message, naming no flag."""
+    import edgemoe.bench.decode
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured a run the context cannot hold")
+
+    monkeypatch.setattr(edgemoe.bench.decode, "measure", refuse)
+    assert main(["bench", "decode", "--model", TINY, "--max-model-len", "64", "--prompt-tokens", "60",
+                 "--decode-tokens", "8", "--out", str(tmp_path)]) == 2
+    err = _error(capsys)
+    assert "--prompt-tokens 60" in err and "--decode-tokens 8" in err and "--max-model-len" in err

@@ -350,6 +350,7 @@ WARMUP_CHUNK = 600  # tokens of the warm-up's prompt-sized request
 
 def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
+    from edgemoe.bench.shapes import check_shapes
     from edgemoe.moe.slot_preload import restart_pool
 
     rows = []
@@ -357,8 +358,7 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     with LLM(progress=True, **settings) as llm:
         load_s = time.perf_counter() - t0
         print(f"engine built in {load_s:.1f} s")
-        if (big := max(args.batch_sizes)) > (running := llm.engine.runtime.scheduler.max_running_requests):  # else: hours
-            raise ValueError(f"--batch-sizes {big}: the engine runs at most {running} requests at once (--max-running-requests)")
+        check_shapes(llm.engine.runtime, args.prompt_tokens, args.batch_sizes, args.decode_tokens)
         # Warm-up: first-call allocations and kernel selection, for decode steps and for a prompt
         # chunk (past a decode step's rows, below a streamed chunk: the CPU share's prompt rule).
         measure(llm, 16, 1, 4, seed=0)
