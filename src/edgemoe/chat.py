@@ -221,13 +221,15 @@ def _load(settings: dict[str, Any]) -> Any:
 
 
 def run_chat(args: argparse.Namespace, settings: dict[str, Any]) -> int:
-    from edgemoe.messages import MAX_TEMPERATURE, MAX_TOKEN_COUNT
+    from edgemoe.messages import SamplingParams
 
     sampling = Sampling(args.max_tokens, args.temperature, None if args.thinking is None else args.thinking == "on")
-    if not 1 <= args.max_tokens <= MAX_TOKEN_COUNT:
-        raise ValueError(f"--max-tokens must be between 1 and {MAX_TOKEN_COUNT} (got {args.max_tokens})")
-    if args.temperature is not None and not 0 <= args.temperature <= MAX_TEMPERATURE:  # NaN too: checked here, not per turn
-        raise ValueError(f"--temperature must be between 0 and {MAX_TEMPERATURE:g} (got {args.temperature})")
+    chosen = {"max_tokens": args.max_tokens, **({} if args.temperature is None else {"temperature": args.temperature})}
+    try:  # the engine's own bounds, here rather than on every turn (NaN too), named as flags
+        SamplingParams(**chosen).validate()
+    except ValueError as exc:
+        field, _, why = str(exc).partition(" ")
+        raise ValueError(f"--{field.replace('_', '-')} {why}") from None
     backend: ChatBackend
     if args.url is not None:  # given, even empty: never the in-process model instead
         from edgemoe.ctl import server_url

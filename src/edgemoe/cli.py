@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgemoe import __version__
-from edgemoe.config import setting_fields
+from edgemoe.config import setting_fields, three_state
 
 DESCRIPTION = """\
 edgemoe serves Mixture-of-Experts language models (Qwen3-MoE, OLMoE, Mixtral, ...) from one
@@ -116,7 +116,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     for f in setting_fields():
         flag = "--" + f.name.replace("_", "-")
-        if str(f.type) == "bool | None":  # unset: decided at start-up; --foo / --no-foo say so
+        if three_state(f):  # unset: decided at start-up; --foo / --no-foo say so
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                help=f.metadata.get("help"))
             continue

@@ -292,10 +292,15 @@ def all_setting_names() -> list[str]:
     return [f.name for f in setting_fields()]
 
 
+def three_state(f: dataclasses.Field[Any]) -> bool:
+    """A `bool | None` setting: unset decides at start-up, so its flag is `--foo` / `--no-foo`."""
+    return str(f.type) == "bool | None"
+
+
 def setting_argv(settings: dict[str, Any]) -> list[str]:
     """The flags that give `settings` to a child `edgemoe serve` (`launch`, `bench agent`): a
     switch alone, `--no-foo` for a `bool | None` setting set False, else the value as text."""
-    optional = {f.name for f in setting_fields() if str(f.type) == "bool | None"}
+    optional = {f.name for f in setting_fields() if three_state(f)}
     argv: list[str] = []
     for name, value in settings.items():
         flag = "--" + name.replace("_", "-")
