@@ -24,7 +24,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 6  # NOTE: must equal EM_ABI_VERSION in expert.c
+ABI_VERSION = 7  # NOTE: must equal EM_ABI_VERSION in expert.c
 SOURCE_DIR = Path(__file__).parent / "cpu"
 CACHE_ENV = "EDGEMOE_CACHE_DIR"
 
@@ -129,10 +129,15 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_experts.restype = i32
     lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32, i32, i32]
     lib.em_read.restype, lib.em_read.argtypes = ctypes.c_uint64, [p, p, i64]
+    lib.em_pool_stats.restype, lib.em_pool_stats.argtypes = None, [p, ctypes.POINTER(i64)]
     lib.em_host_layer.restype, lib.em_host_layer.argtypes = None, [p]
     lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
     lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
     lib.em_bell_quiet.restype, lib.em_bell_quiet.argtypes = None, [p, i32]
+    if hasattr(lib, "em_test_stall"):  # EM_TEST_STALL=1 builds only (em_stall.h)
+        lib.em_test_stall.restype, lib.em_test_stall.argtypes = None, [i32, i32]
+        lib.em_test_holding.restype, lib.em_test_holding.argtypes = i32, []
+        lib.em_test_release.restype, lib.em_test_release.argtypes = None, []
     if hasattr(lib, "em_phase_times"):  # EM_PHASE_TIMES=1 builds only (em_ptimes.h)
         lib.em_phase_times.restype, lib.em_phase_times.argtypes = i32, [ctypes.POINTER(ctypes.c_long), i32]
     return lib

@@ -75,6 +75,8 @@ def _gemm_min_tokens_env() -> int | None:
         raise ValueError(f"EDGEMOE_CPU_GEMM_MIN_TOKENS must be a positive whole number of tokens (got {value!r})")
     return int(value)
 
+POOL_STATS = ("rescued", "left_behind", "slots_peak", "inside")  # em_pool_stats' order
+
 
 class CpuExperts:
     """A kernel variant with its thread pool (`name == "torch"`: no C kernel).
@@ -176,6 +178,17 @@ class CpuExperts:
             raise MemoryError("CPU expert kernel: workspace allocation failed")
         if rc != 0:
             raise ValueError(f"CPU expert kernel rejected its arguments ({rc})")
+
+    def pool_stats(self) -> dict[str, int]:
+        """The pool's counters (`em_pool_stats`, kernels/cpu/em_detach.h): tasks run again
+        for a late worker (`rescued`), the CPU share's calls that returned with a worker still
+        inside (`left_behind`), the most call slots in use at once (`slots_peak`), and the
+        threads inside a call now (`inside`); zeros before the pool's first call."""
+        if self._lib is None or self._pool is None or self._pid != os.getpid():
+            return dict.fromkeys(POOL_STATS, 0)
+        out = (ctypes.c_int64 * len(POOL_STATS))()
+        self._lib.em_pool_stats(self._pool, out)
+        return dict(zip(POOL_STATS, out, strict=True))
 
     def read(self, buf: torch.Tensor) -> int:
         """Read `buf` once across the pool (memory bandwidth probe); returns a checksum."""

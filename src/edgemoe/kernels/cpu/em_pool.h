@@ -10,6 +10,12 @@
  * wakes late, or is descheduled (more runnable threads than cores: the GPU-driving
  * thread, other processes), joins late or not at all and holds nobody up except
  * through a task it has claimed.
+ *
+ * Calls run in slots (`em_slot`: the call's state and workspace, and how many threads
+ * are inside it). A call takes the lowest slot nobody is inside; a *detached* call
+ * (em_detach.h) returns once its work is done, without waiting for a descheduled worker
+ * to leave it, and the next call takes another slot meanwhile. A worker is inside one
+ * slot at a time, so nthreads + 1 slots always leave one free.
  */
 #ifndef EM_POOL_H
 #define EM_POOL_H
@@ -17,7 +23,9 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -37,7 +45,21 @@ static inline void em_name_thread(const char *name) {
 
 typedef void (*em_task_fn)(void *ctx);
 
+static _Thread_local int em_in_worker; /* 1 on the pool's workers, 0 on callers */
+
 typedef struct em_pool em_pool;
+
+/* One call's place: its task function and state, and the threads inside it. */
+typedef struct {
+    em_task_fn fn;
+    void *ctx;
+    atomic_int open;   /* workers enter (active++) and run fn only while open */
+    atomic_int active; /* threads inside: its state may be read until this is 0 */
+    void *call;        /* the call's state (expert.c's em_call), allocated at first use */
+    void *ws;          /* workspace, grown on demand, kept between calls */
+    size_t ws_size;
+    char pad[64 - (sizeof(void *) * 4 + sizeof(atomic_int) * 2 + sizeof(size_t)) % 64];
+} em_slot;
 
 struct em_pool {
     int nthreads; /* including the caller */
@@ -49,14 +71,13 @@ struct em_pool {
     atomic_int generation; /* bumped once per call */
     int sleepers;          /* guarded by wake_lock */
     int stop;
-    /* The open call: workers enter (active++) and run fn only while `open`; the
-     * caller closes it and waits for active == 0 before its ctx goes away. */
-    em_task_fn fn;
-    void *ctx;
-    atomic_int open;
-    atomic_int active;
-    void *ws; /* workspace, grown on demand, kept between calls */
-    size_t ws_size;
+    int nslots; /* nthreads + 1 */
+    em_slot *slots;
+    _Atomic(em_slot *) current; /* the open call's slot (the last call's between calls) */
+    /* counters (em_pool_stats): tasks run again for a late thread, detached calls that
+     * returned with a thread still inside, the most slots in use at once */
+    atomic_long rescued, left_behind;
+    atomic_int slots_peak;
 };
 
 static inline void em_relax(void) {
@@ -101,37 +122,65 @@ static int em_wait_call(em_pool *p, int seen) {
 static void *em_worker(void *arg) {
     em_pool *p = (em_pool *)arg;
     int seen = 0;
+    em_in_worker = 1;
     em_name_thread("em-pool");
     for (;;) {
         int g = em_wait_call(p, seen);
         if (p->stop) return NULL;
-        atomic_fetch_add(&p->active, 1);
+        em_slot *s = atomic_load(&p->current);
+        atomic_fetch_add(&s->active, 1);
         /* NOTE: seq_cst pairs with the caller's store open=0 then load active: either
-         * this sees the call closed, or the caller sees this worker active. */
-        if (atomic_load(&p->open)) p->fn(p->ctx);
-        atomic_fetch_sub(&p->active, 1);
+         * this sees the call closed, or the caller sees this worker active. A slot taken
+         * for a new call after this thread read `current` is opened only once its state
+         * is written: entering it then is joining that call. */
+        if (atomic_load(&s->open)) s->fn(s->ctx);
+        atomic_fetch_sub(&s->active, 1);
         seen = g;
     }
 }
 
-/* Runs fn(ctx) on the caller and on every worker that wakes in time; fn must return
- * only when the call's work is complete. Caller holds call_lock. */
-static void em_pool_run(em_pool *p, em_task_fn fn, void *ctx) {
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store(&p->open, 1);
+/* The lowest slot nobody is inside (one always frees: a thread is in at most one). */
+static em_slot *em_pool_slot(em_pool *p) {
+    for (;;) {
+        for (int i = 0; i < p->nslots; i++) {
+            if (atomic_load(&p->slots[i].active)) continue;
+            if (i + 1 > atomic_load_explicit(&p->slots_peak, memory_order_relaxed))
+                atomic_store_explicit(&p->slots_peak, i + 1, memory_order_relaxed);
+            return &p->slots[i];
+        }
+        em_relax();
+    }
+}
+
+/* Runs fn(ctx) in slot s on the caller and on every worker that wakes in time; fn must
+ * return only when the call's work is complete. `detached`: return then, even while a
+ * worker is still inside s (ctx and s's workspace must hold everything such a worker may
+ * still read or write); else wait for every worker to leave. Caller holds call_lock. */
+static void em_pool_run(em_pool *p, em_slot *s, em_task_fn fn, void *ctx, int detached) {
+    s->fn = fn;
+    s->ctx = ctx;
+    atomic_store(&s->open, 1);
+    atomic_store(&p->current, s);
     pthread_mutex_lock(&p->wake_lock);
     atomic_fetch_add(&p->generation, 1);
     if (p->sleepers) pthread_cond_broadcast(&p->wake_cv);
     pthread_mutex_unlock(&p->wake_lock);
     fn(ctx);
-    atomic_store(&p->open, 0);
-    while (atomic_load(&p->active)) em_relax();
+    atomic_store(&s->open, 0);
+    if (detached) {
+        if (atomic_load(&s->active)) atomic_fetch_add_explicit(&p->left_behind, 1, memory_order_relaxed);
+        return;
+    }
+    while (atomic_load(&s->active)) em_relax();
 }
 
 static void em_pool_free(em_pool *p) {
+    for (int i = 0; p->slots && i < p->nslots; i++) {
+        free(p->slots[i].call);
+        free(p->slots[i].ws);
+    }
+    free(p->slots);
     free(p->threads);
-    free(p->ws);
     free(p);
 }
 
@@ -141,10 +190,14 @@ static em_pool *em_pool_new(int nthreads, int spin_us) {
     p->nthreads = nthreads < 1 ? 1 : nthreads;
     p->spin_ns = spin_us > 0 ? spin_us * 1000L : 0;
     p->threads = (pthread_t *)calloc((size_t)p->nthreads, sizeof(pthread_t));
-    if (!p->threads) {
+    p->nslots = p->nthreads + 1;
+    p->slots = (em_slot *)aligned_alloc(64, (size_t)p->nslots * sizeof(em_slot));
+    if (!p->threads || !p->slots) {
         em_pool_free(p);
         return NULL;
     }
+    memset(p->slots, 0, (size_t)p->nslots * sizeof(em_slot));
+    atomic_init(&p->current, &p->slots[0]);
     pthread_mutex_init(&p->call_lock, NULL);
     pthread_mutex_init(&p->wake_lock, NULL);
     pthread_cond_init(&p->wake_cv, NULL);
@@ -169,14 +222,25 @@ static void em_pool_destroy(em_pool *p) {
     em_pool_free(p);
 }
 
-/* Workspace of at least `size` bytes, 64-byte aligned; NULL if out of memory. */
-static void *em_pool_workspace(em_pool *p, size_t size) {
-    if (size <= p->ws_size) return p->ws;
-    free(p->ws);
+/* Slot s's workspace of at least `size` bytes, 64-byte aligned; NULL if out of memory. */
+static void *em_slot_workspace(em_slot *s, size_t size) {
+    if (size <= s->ws_size) return s->ws;
+    free(s->ws);
     size = (size + 63) & ~(size_t)63;
-    p->ws = aligned_alloc(64, size);
-    p->ws_size = p->ws ? size : 0;
-    return p->ws;
+    s->ws = aligned_alloc(64, size);
+    s->ws_size = s->ws ? size : 0;
+    return s->ws;
+}
+
+/* [tasks run again for a late thread, detached calls that returned with a thread still
+ * inside, the most slots in use at once] since the pool began, and [3] the threads inside
+ * a slot now (a racy count: between calls, the late workers still inside). */
+static void em_pool_read_stats(em_pool *p, int64_t *out) {
+    out[0] = atomic_load(&p->rescued);
+    out[1] = atomic_load(&p->left_behind);
+    out[2] = atomic_load(&p->slots_peak);
+    out[3] = 0;
+    for (int i = 0; i < p->nslots; i++) out[3] += atomic_load(&p->slots[i].active);
 }
 
 #endif

@@ -37,7 +37,7 @@ uint64_t em_read(void *pool, const void *buf, int64_t bytes) {
     c.ntasks = (c.words + EM_READ_CHUNK / 8 - 1) / (EM_READ_CHUNK / 8);
     em_pool *p = (em_pool *)pool;
     pthread_mutex_lock(&p->call_lock);
-    em_pool_run(p, em_read_task, &c);
+    em_pool_run(p, em_pool_slot(p), em_read_task, &c, 0);
     pthread_mutex_unlock(&p->call_lock);
     return (uint64_t)atomic_load(&c.sum);
 }

@@ -32,7 +32,7 @@
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 6
+#define EM_ABI_VERSION 7
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -97,6 +97,7 @@ typedef struct {
     float *xs, *hs;     /* GEMV: [n][Hs], [n][Is] split layout */
     uint32_t *xp, *hp;  /* GEMM: [Px][np], [Ph][np] pair layout */
     int64_t start[4];   /* first task of this job in phase 0..2 ([3] unused) */
+    int64_t pair0, p2;  /* its first pair of the call (detached calls' ys rows); rows a down task */
 } em_jobstate;
 
 #ifndef EM_LANES
@@ -141,6 +142,14 @@ typedef struct {
     atomic_long done[3]; /* tasks finished, per phase */
     atomic_int failed;   /* a task could not allocate its scratch: the call returns -2 */
     int join;            /* EM_PHASE_JOIN in this call: down waits by expert (`up_done`) */
+    /* detached calls (em_detach.h): tasks' first finishers and rescuers, a task's time per
+     * phase, and the caller's output (the stores go to the slot's ys rows) */
+    int detached;
+    atomic_uchar *won[3], *rescuing[3];
+    atomic_long task_ns[3];
+    float *final_out;
+    int64_t final_stride;
+    const int32_t *final_rows;
 #if EM_PHASE_JOIN
     atomic_int up_done[EM_JOIN_MAX_JOBS]; /* gate_up tasks finished, per job */
 #endif
@@ -454,48 +463,63 @@ static void em_join_job(em_call *c, int j) {
 #endif
 }
 
-static void em_run_phase(em_call *c, int ph) {
-    int lane = -1;
-    for (;; atomic_fetch_add(&c->done[ph], 1)) {
-        int64_t task = em_claim(c, ph, &lane);
-        if (task < 0) return;
-        int j = em_find_job(c, ph, task);
-        const em_job *jb = &c->jobs[j];
-        const em_jobstate *s = &c->st[j];
-        int64_t q = task - s->start[ph];
-        if (ph == 2 && c->join) em_join_job(c, j);
-        if (ph == 0) {
-            em_pack(c, jb, s, (int)q);
+/* Runs task `task` of phase ph. */
+static void em_run_task(em_call *c, int ph, int64_t task) {
+    int j = em_find_job(c, ph, task);
+    const em_job *jb = &c->jobs[j];
+    const em_jobstate *s = &c->st[j];
+    int64_t q = task - s->start[ph];
+    if (ph == 2 && c->join) em_join_job(c, j);
+    if (ph == 0) {
+        em_pack(c, jb, s, (int)q);
 #if EM_HAS_GEMM
-        } else if (s->gemm && c->wfmt != EM_W_BF16) {
-            if (ph == 1)
-                em_gate_up_gemm_q(c, jb, s, q);
-            else
-                em_down_gemm_q(c, jb, s, q);
-        } else if (s->gemm) {
-            if (ph == 1)
-                em_gate_up_gemm(c, jb, s, q);
-            else
-                em_down_gemm(c, jb, s, q);
+    } else if (s->gemm && c->wfmt != EM_W_BF16) {
+        if (ph == 1)
+            em_gate_up_gemm_q(c, jb, s, q);
+        else
+            em_down_gemm_q(c, jb, s, q);
+    } else if (s->gemm) {
+        if (ph == 1)
+            em_gate_up_gemm(c, jb, s, q);
+        else
+            em_down_gemm(c, jb, s, q);
 #endif
-        } else if (em_nibbles(c->wfmt)) {
-            if (ph == 1)
-                em_gate_up_gemv_i4(c, jb, s, q);
-            else
-                em_down_gemv_i4(c, jb, s, q);
-        } else if (c->wfmt != EM_W_BF16) {
-            if (ph == 1)
-                em_gate_up_gemv_q(c, jb, s, q);
-            else
-                em_down_gemv_q(c, jb, s, q);
-        } else if (ph == 1) {
-            em_gate_up_gemv(c, jb, s, q);
-        } else {
-            em_down_gemv(c, jb, s, q);
-        }
+    } else if (em_nibbles(c->wfmt)) {
+        if (ph == 1)
+            em_gate_up_gemv_i4(c, jb, s, q);
+        else
+            em_down_gemv_i4(c, jb, s, q);
+    } else if (c->wfmt != EM_W_BF16) {
+        if (ph == 1)
+            em_gate_up_gemv_q(c, jb, s, q);
+        else
+            em_down_gemv_q(c, jb, s, q);
+    } else if (ph == 1) {
+        em_gate_up_gemv(c, jb, s, q);
+    } else {
+        em_down_gemv(c, jb, s, q);
+    }
 #if EM_PHASE_JOIN
-        if (ph == 1 && c->join) atomic_fetch_add(&c->up_done[j], 1); /* seq_cst: publishes its h rows */
+    if (ph == 1 && c->join) atomic_fetch_add(&c->up_done[j], 1); /* seq_cst: publishes its h rows */
 #endif
+}
+
+#include "em_detach.h" /* detached calls: rescue, private state, commit (uses the above) */
+#include "em_stall.h"  /* EM_TEST_STALL builds: a worker held at a chosen task (tests only) */
+
+/* Claims and runs phase ph's tasks until none is left to claim; returns how many it ran. */
+static int64_t em_run_phase(em_call *c, int ph) {
+    int lane = -1;
+    for (int64_t ran = 0;; ran++) {
+        int64_t task = em_claim(c, ph, &lane);
+        if (task < 0) return ran;
+        EM_STALL_POINT(ph, 0);
+        em_run_task(c, ph, task);
+        EM_STALL_POINT(ph, 1);
+        if (c->detached)
+            em_detach_done(c, ph, task);
+        else
+            atomic_fetch_add(&c->done[ph], 1);
     }
 }
 
@@ -508,9 +532,13 @@ static void em_call_task(void *ctx) {
 #endif
     EM_PT_ENTER(me);
     for (int ph = 0; ph < 3; ph++) {
-        em_run_phase(c, ph);
+        long t0 = c->detached ? em_now_ns() : 0;
+        int64_t ran = em_run_phase(c, ph);
         EM_PT_MARK(me, 1 + 2 * ph);
-        if (ph != 1 || !c->join) em_wait_count(&c->done[ph], c->ntasks[ph]); /* join: down waits by expert */
+        if (c->detached)
+            em_detach_wait(c, ph, ran, t0);
+        else if (ph != 1 || !c->join)
+            em_wait_count(&c->done[ph], c->ntasks[ph]); /* join: down waits by expert */
         EM_PT_MARK(me, 2 + 2 * ph);
     }
     EM_PT_SUMS(me);
@@ -519,18 +547,21 @@ static void em_call_task(void *ctx) {
 #endif
 }
 
-/* Lays out job states and buffers in the pool's workspace; returns 0 or -2 (memory). */
-static int em_plan(em_call *c, int gemm_min_tokens) {
+/* Lays out job states and buffers (and a detached call's state) in the slot's
+ * workspace; returns 0 or -2 (memory). */
+static int em_plan(em_call *c, em_slot *slot, int gemm_min_tokens) {
     size_t size = (size_t)em_round_up((int64_t)c->njobs * (int64_t)sizeof(em_jobstate), 64);
     for (int pass = 0; pass < 2; pass++) {
-        uint8_t *base = pass ? (uint8_t *)em_pool_workspace(c->pool, size) : NULL;
+        uint8_t *base = pass ? (uint8_t *)em_slot_workspace(slot, size) : NULL;
         if (pass && !base) return -2;
         c->st = (em_jobstate *)base;
         size_t off = (size_t)em_round_up((int64_t)c->njobs * (int64_t)sizeof(em_jobstate), 64);
-        int64_t tasks[3] = {0, 0, 0};
+        int64_t tasks[3] = {0, 0, 0}, pairs = 0;
         for (int j = 0; j < c->njobs; j++) {
             em_jobstate s = {0};
             s.n = (int)c->jobs[j].n;
+            s.pair0 = pairs;
+            pairs += s.n;
             s.gemm = EM_HAS_GEMM && s.n >= gemm_min_tokens;
             s.np = (int)em_round_up(s.n, 16);
             size_t a = s.gemm ? (size_t)(c->Px * s.np * 4) : (size_t)(s.n * c->Hs * 4);
@@ -546,6 +577,7 @@ static int em_plan(em_call *c, int gemm_min_tokens) {
             int64_t p1 = s.gemm ? EM_P1_GEMM : q8 ? EM_P1_GEMV_Q : EM_P1_GEMV;
             int64_t p2 = s.gemm ? EM_P2_GEMM : q8 ? EM_P2_GEMV_Q : EM_P2_GEMV;
             int64_t counts[3] = {em_pack_tasks(c, &s), (c->I + p1 - 1) / p1, (c->H + p2 - 1) / p2};
+            s.p2 = p2;
             for (int ph = 0; ph < 3; ph++) {
                 s.start[ph] = tasks[ph];
                 tasks[ph] += s.n > 0 ? counts[ph] : 0;
@@ -553,8 +585,9 @@ static int em_plan(em_call *c, int gemm_min_tokens) {
             c->any_gemm |= s.gemm;
             if (pass) c->st[j] = s;
         }
-        size = off;
         for (int ph = 0; ph < 3; ph++) c->ntasks[ph] = tasks[ph];
+        if (c->detached && pass) em_detach_layout(c, base + off, pairs);
+        size = off + (c->detached ? em_detach_bytes(c, pairs) : 0);
     }
     return 0;
 }
@@ -580,45 +613,72 @@ void *em_create(int nthreads, int spin_us) { return em_pool_new(nthreads, spin_u
 int em_threads(void *pool) { return ((em_pool *)pool)->nthreads; }
 void em_destroy(void *pool) { em_pool_destroy((em_pool *)pool); }
 
-/* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, int4 in
- * groups of blk along K; blk a multiple of 32: AMX B tiles span 32 k, a block's tiles
- * must not read past the activations' padding, and an int4 group starts at a whole GEMV
- * step; mxfp4: blk 32); returns 0, -1 (bad arguments) or -2 (out of memory). */
-int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
-               const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
+/* The call's state in `slot` (allocated at its first call), zeroed; NULL: out of memory. */
+static em_call *em_slot_call(em_slot *slot) {
+    if (!slot->call) slot->call = aligned_alloc(64, (size_t)em_round_up((int64_t)sizeof(em_call), 64));
+    if (slot->call) memset(slot->call, 0, sizeof(em_call));
+    return (em_call *)slot->call;
+}
+
+/* em_experts; `detached` (em_detach.h): the call returns without waiting for a late worker,
+ * so every input (x, the weights and scales) must stay put after it returns — the jobs'
+ * arrays are copied — and the output rows are written by the call only. */
+static int em_experts_in(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H,
+                         int I, const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk, int detached) {
     if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
     if (wfmt < EM_W_BF16 || wfmt > EM_W_MXFP4) return -1;
     if ((wfmt == EM_W_FP8 || wfmt == EM_W_INT4) && (blk < 32 || blk % 32)) return -1;
     if (wfmt == EM_W_MXFP4 && blk != 32) return -1;
     if (njobs == 0) return 0;
-    em_call c;
-    memset(&c, 0, sizeof(c));
-    c.pool = (em_pool *)pool;
-    c.jobs = jobs;
-    c.njobs = njobs;
-    c.x = (const uint8_t *)x;
-    c.x_bf16 = x_bf16;
-    c.x_stride = x_stride;
-    c.out = out;
-    c.out_stride = out_stride;
-    c.H = H;
-    c.I = I;
-    c.wfmt = wfmt;
-    c.blk = blk;
-    c.Hs = em_round_up(H, 2 * EM_VW);
-    c.Is = em_round_up(I, 2 * EM_VW);
-    c.Px = em_round_up((H + 1) / 2, 16);
-    c.Ph = em_round_up((I + 1) / 2, 16);
-    pthread_mutex_lock(&c.pool->call_lock);
-    int rc = em_plan(&c, gemm_min_tokens);
-    if (rc == 0) em_plan_lanes(&c);
-    c.join = EM_PHASE_JOIN && njobs > 1 && njobs <= EM_JOIN_MAX_JOBS;
+    em_pool *p = (em_pool *)pool;
+    pthread_mutex_lock(&p->call_lock);
+    em_slot *slot = em_pool_slot(p);
+    em_call *c = em_slot_call(slot);
+    if (!c) {
+        pthread_mutex_unlock(&p->call_lock);
+        return -2;
+    }
+    c->pool = p;
+    c->jobs = jobs;
+    c->njobs = njobs;
+    c->x = (const uint8_t *)x;
+    c->x_bf16 = x_bf16;
+    c->x_stride = x_stride;
+    c->out = out;
+    c->out_stride = out_stride;
+    c->H = H;
+    c->I = I;
+    c->wfmt = wfmt;
+    c->blk = blk;
+    c->Hs = em_round_up(H, 2 * EM_VW);
+    c->Is = em_round_up(I, 2 * EM_VW);
+    c->Px = em_round_up((H + 1) / 2, 16);
+    c->Ph = em_round_up((I + 1) / 2, 16);
+    c->detached = EM_DETACH && detached;
+    int rc = em_plan(c, slot, gemm_min_tokens);
+    if (rc == 0) em_plan_lanes(c);
+    c->join = EM_PHASE_JOIN && njobs > 1 && njobs <= EM_JOIN_MAX_JOBS && !c->detached;
     EM_PT_CALL_START();
-    if (rc == 0) em_pool_run(c.pool, em_call_task, &c);
+    if (rc == 0) em_pool_run(p, slot, em_call_task, c, c->detached);
     EM_PT_CALL_END();
-    if (rc == 0 && atomic_load(&c.failed)) rc = -2;
-    pthread_mutex_unlock(&c.pool->call_lock);
+    if (rc == 0 && atomic_load(&c->failed)) rc = -2;
+    pthread_mutex_unlock(&p->call_lock);
     return rc;
 }
+
+/* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, int4 in
+ * groups of blk along K; blk a multiple of 32: AMX B tiles span 32 k, a block's tiles
+ * must not read past the activations' padding, and an int4 group starts at a whole GEMV
+ * step; mxfp4: blk 32); returns 0, -1 (bad arguments) or -2 (out of memory). Returns
+ * after every worker has left the call: the caller may free anything then. */
+int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
+               const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
+    return em_experts_in(pool, x, x_bf16, x_stride, out, out_stride, H, I, jobs, njobs, gemm_min_tokens, wfmt, blk, 0);
+}
+
+/* out[4]: [tasks run again for a late worker, detached calls that returned with a worker
+ * still inside, the most call slots in use at once] since the pool began, and the threads
+ * inside a call slot now. */
+void em_pool_stats(void *pool, int64_t *out) { em_pool_read_stats((em_pool *)pool, out); }
 
 #include "em_host.h" /* em_host_layer: one layer's CPU share as a CUDA host function */
