@@ -7,7 +7,8 @@
 # step says the device's span of the step it completed and the engine thread's involuntary
 # switches (engine/step_anatomy.py): a long span is the device's time, a short one with
 # switches the host's. auto runs once per entry of $AUTO_ENVS (NAME=VALUE, or several
-# joined by commas; default: the bell's quiet polling off and on, EDGEMOE_BELL_QUIET); offload
+# joined by commas; default: the bell's quiet polling off and on, EDGEMOE_BELL_QUIET), and so does
+# hybrid (a detached-call A/B: AUTO_ENVS="EDGEMOE_CPU_DEFINES=EM_DETACH=0 EDGEMOE_TREE=new"); offload
 # once a round. $HOG (0): that many busy-looping processes beside every run (a host whose CPU
 # time goes elsewhere, as a user's desktop or a busy VM host; each run's offload sees them too),
 # starting once the run's log shows $HOG_WHEN ("48/48": the random model's experts made; 2026-12-05
@@ -24,8 +25,8 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   for run in ${RUNS:-int4:offload int4:auto}; do
     for arm in $(for bw in ${WAITS:-0 1}; do for a in $arms; do echo "$bw:$a"; done; done); do
       bw=${arm%%:*} envs=${arm#*:} dtype=${run%%:*} backend=${run#*:}
-      [ "$backend" != auto ] && [ "$envs" != "$last_arm" ] && continue  # the arms are auto's: offload once
-      [ "$backend" != auto ] && envs=""
+      [ "$backend" = offload ] && [ "$envs" != "$last_arm" ] && continue  # the arms are auto's and hybrid's: offload once
+      [ "$backend" = offload ] && envs=""
       dir=$res/$round-$dtype-$backend-bw$bw-$(echo "$envs" | tr -c 'A-Za-z0-9_\n' '-' | sed 's/EDGEMOE_//g')
       mkdir -p "$dir"
       # the GPU's power state and clocks every 50 ms (read-only): a memory-clock switch stalls the device
@@ -49,7 +50,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "decode-*.json"))):
           round(r["decode_step_ms_p50"], 2), "invol", host.get("ctx_switches_involuntary"),
           "settled", m.get("cpu_quota_settled"), "phases", r.get("decode_phase_ms"))
     print("    first steps (ms):", [round(x) for x in r["decode_step_ms_each"][:24]],
-          "windows:", (m.get("cpu_quota_history") or [])[:6], "cpu", (r.get("decode_moe") or {}).get("experts_cpu"))
+          "windows:", (m.get("cpu_quota_history") or [])[:6], "cpu", (r.get("decode_moe") or {}).get("experts_cpu"),
+          "pool", m.get("cpu_pool"))
     for s in r.get("decode_slow_steps", [])[:5]:
         print("   ", s)
     rows = [line.split(", ") for line in open(os.path.join(os.path.dirname(path), "clocks.csv")) if line.count(",") >= 5]

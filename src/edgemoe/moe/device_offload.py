@@ -205,7 +205,7 @@ class DeviceOffloadExecutor(CellsExecutor):
                                    **({"cpu_quota_unit": FRACTION.unit} if quota is None else {}))
         self.stats.sources.append(lambda: {"cpu_ns_per_expert": share.rate_ns[0], "cpu_ns_per_pair": share.rate_ns[1],
                                            "cpu_pinned_workers": len(kernel.pinned),
-                                           "cpu_prior_times_ns": share.prior_times_ns})
+                                           "cpu_prior_times_ns": share.prior_times_ns, "cpu_pool": kernel.pool_stats()})
         return share
 
     def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
