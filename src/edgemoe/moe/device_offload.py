@@ -217,7 +217,7 @@ class DeviceOffloadExecutor(CellsExecutor):
             return
         scale = share_scale()
         start = scale.hybrid_start() if label == "hybrid" else 0
-        self.controller = QuotaController(max_level=scale.max_level(top_k), start=start, label=label, scale=scale)
+        self.controller = QuotaController.live(max_level=scale.max_level(top_k), start=start, label=label, scale=scale)
         self.cpu_share.set_levels(scale, self.controller.max_level)
         self._level = -1
         self._sample: tuple[torch.Tensor, int] | None = None  # the informed start's: (misses then, decode steps since)

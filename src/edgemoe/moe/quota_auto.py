@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from edgemoe.moe.quota_levels import LevelScale
     from edgemoe.moe.quota_readings import Readings
 
@@ -70,6 +72,7 @@ class AutoSearch:
     _slow: list[float] = field(init=False, default_factory=list)  # this share visit's latest periods over CUT x offload
     _cuts: int = field(init=False, default=0)  # survey visits cut so far
     _wait: int = field(init=False, default=0)  # offload's windows before a cut survey starts again
+    _busy: bool = field(init=False, default=False)  # other work held the cores at the last look (said once)
 
     if TYPE_CHECKING:  # QuotaController's, which the steps below read and move (not fields here)
         level: int
@@ -78,6 +81,8 @@ class AutoSearch:
         label: str
         scale: LevelScale
         predicted: int | None
+        host_load: Callable[[], float | None] | None
+        busy_cores: float
         _home: int
         _heading: int
         _periods: list[float]
@@ -129,8 +134,24 @@ class AutoSearch:
                 self._wait -= 1
                 return 0
             self._wait = 0
-            return self._begin_survey()
+            return 0 if self._host_busy() else self._begin_survey()
         return None
+
+    def _host_busy(self) -> bool:
+        """Whether other work holds more than `busy_cores` of this process's cores
+        (`moe/host_load.py`): then offload's window again, no share visit — a share's workers
+        would queue behind that work (said when it starts and when it ends)."""
+        others = self.host_load() if self.host_load is not None else None
+        busy = others is not None and others > self.busy_cores
+        if others is not None and busy != self._busy:
+            if busy:
+                log.info("moe %s: other work keeps %.1f of this process's cores busy: offload, no CPU share tried "
+                         "until they are free (EDGEMOE_AUTO_BUSY_CORES=%g)", self.label, others, self.busy_cores)
+            else:
+                log.info("moe %s: the cores are free again (%.1f busy with other work): trying CPU shares",
+                         self.label, others)
+            self._busy = busy
+        return busy
 
     def _survey_takes_prediction(self) -> bool:
         """At `inform`: whether auto's survey (begun or to come) takes the prediction as

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgemoe.moe.host_load import HostLoad, busy_cores_limit
 from edgemoe.moe.quota_auto import AutoSearch
 from edgemoe.moe.quota_levels import COUNT, LevelScale, balance_level
 from edgemoe.moe.quota_readings import Readings
@@ -70,6 +72,9 @@ class QuotaController(AutoSearch):
     repeats: int = 3  # windows a level and home may take each where one is faster within the noise
     crosscheck: int = 4  # auto: every this many re-checks at a share compare it with offload again
     label: str = "hybrid"
+    # auto: others' busy cores (`moe/host_load.py`; None: not known) and the most a share is tried beside
+    host_load: Callable[[], float | None] | None = None
+    busy_cores: float = float("inf")
     level: int = field(init=False)
     readings: Readings = field(init=False)
     history: deque[tuple[int, float]] = field(init=False, default_factory=lambda: deque(maxlen=HISTORY))
@@ -95,6 +100,15 @@ class QuotaController(AutoSearch):
         self._skip = self.settle
         self._auto = self.start == 0 and self.max_level > 0
         self.readings = Readings(self.window, self.margin)
+
+    @classmethod
+    def live(cls, **settings) -> QuotaController:  # noqa: ANN003
+        """An engine's controller: auto's (start 0) watches this host's load, so it tries no
+        CPU share while other work holds the cores (`EDGEMOE_AUTO_BUSY_CORES`)."""
+        ctl = cls(**settings)
+        if ctl._auto:
+            ctl.host_load, ctl.busy_cores = HostLoad().others, busy_cores_limit()
+        return ctl
 
     @property
     def half(self) -> int:

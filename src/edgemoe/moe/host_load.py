@@ -1,0 +1,97 @@
+"""How many of this process's CPUs other work keeps busy: `auto`'s reason not to try a CPU
+share on a host that is not its own (`moe/quota_auto.py`).
+
+A CPU share runs a worker on every core but one. Where other processes (a build, a
+browser, another engine) or the hypervisor (a VM's stolen time) hold some of those cores,
+the share's workers queue behind them: four busy processes beside a run on the GPU
+machine made every share visit start with 18–52 ms steps against offload's 4.6
+(docs/benchmarks.md, 2026-12-05 16:25), and the survey's visits alone cost auto 5–9% of
+offload's speed. Counting the others' use of our cores costs two small /proc reads.
+
+Others' cores = (busy + stolen time of the CPUs this process may run on − this process's
+own CPU time) ÷ the interval, from /proc/stat's per-CPU lines and /proc/self/stat, over
+intervals of at least `span` seconds (the counters tick 100 times a second: a shorter
+interval reads mostly their granularity). Linux only; elsewhere nothing is known (None).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+SPAN_S = 0.25  # the shortest interval a reading covers (25 ticks a CPU)
+_BUSY = (1, 2, 3, 6, 7, 8)  # user nice system (idle iowait) irq softirq steal: /proc/stat's columns 1..8
+
+
+class Sample(NamedTuple):
+    at: float  # monotonic seconds
+    busy: int  # busy and stolen ticks of the allowed CPUs
+    own: int  # this process's user + system ticks
+
+
+def read_sample(stat: str, self_stat: str, cpus: set[int], at: float) -> Sample | None:
+    """A sample from /proc/stat's and /proc/self/stat's texts, for the CPUs `cpus`; None if
+    they don't parse (not Linux's format)."""
+    busy, seen = 0, 0
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        fields = rest.split()
+        busy += sum(int(fields[i - 1]) for i in _BUSY if i <= len(fields))
+        seen += 1
+    after = self_stat[self_stat.rfind(")") + 2 :].split()  # from field 3 (state) on
+    if not seen or len(after) < 13:
+        return None
+    return Sample(at, busy, int(after[11]) + int(after[12]))  # utime, stime: fields 14, 15
+
+
+def _allowed_cpus() -> set[int]:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _proc_sample() -> Sample | None:
+    try:
+        return read_sample(Path("/proc/stat").read_text(), Path("/proc/self/stat").read_text(), _allowed_cpus(),
+                           time.monotonic())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class HostLoad:
+    """`others()`: the cores of this process's CPUs other work kept busy over the latest
+    interval of at least `span` seconds that ended by now (None: none yet, or no /proc).
+    `sample`: the counters' reader (tests pass their own)."""
+
+    def __init__(self, span: float = SPAN_S, sample: Callable[[], Sample | None] = _proc_sample) -> None:
+        self.span, self._sample = span, sample
+        self._start = sample()
+        self._reading: float | None = None
+
+    def others(self) -> float | None:
+        now = self._sample()
+        if now is None or self._start is None:
+            self._start = now
+            return self._reading
+        seconds = now.at - self._start.at
+        if seconds >= self.span:
+            hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+            self._reading = max(0.0, (now.busy - self._start.busy - (now.own - self._start.own)) / hz / seconds)
+            self._start = now
+        return self._reading
+
+
+def busy_cores_limit() -> float:
+    """`EDGEMOE_AUTO_BUSY_CORES`: others' cores past which auto doesn't try a CPU share
+    (default 1: one core's worth of other work displaces a worker for good; 0: never)."""
+    raw = os.environ.get("EDGEMOE_AUTO_BUSY_CORES", "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"EDGEMOE_AUTO_BUSY_CORES must be a number of cores (0: off): {raw!r}") from None
+    if value < 0 or value != value:
+        raise ValueError(f"EDGEMOE_AUTO_BUSY_CORES must be a number of cores >= 0 (0: off): {raw!r}")
+    return value or float("inf")
