@@ -11,9 +11,11 @@
 # hybrid (a detached-call A/B: AUTO_ENVS="EDGEMOE_CPU_DEFINES=EM_DETACH=0 EDGEMOE_TREE=new"); offload
 # once a round. $HOG (0): that many busy-looping processes beside every run (a host whose CPU
 # time goes elsewhere, as a user's desktop or a busy VM host; each run's offload sees them too),
-# starting once the run's log shows $HOG_WHEN ("48/48": the random model's experts made; 2026-12-05
-# 16:25, 4 hogs from the start: torch's loading threads made them at 4 s a layer, and every run
-# timed out).
+# starting once the run's log shows $HOG_WHEN (an extended regex; default "slots preloaded": the
+# model is loaded and the engine built; 2026-12-05 16:25, 4 hogs from the start: torch's loading
+# threads made the experts at 4 s a layer, and every run timed out; until 19:40 "48/48", which
+# tqdm's bar does not always print: in three runs of ten the hogs never started). Each run's
+# decode_host counters say whether they ran (the host's busy cores against this process's).
 # A table at the end. Through the device tool:
 #   run(command="ROUNDS=2 WAITS=0 scripts/gpu_auto_early.sh", carry=[".whl"], timeout_s=600)
 #   run(command="ROUNDS=3 WAITS=0 AUTO_ENVS='EDGEMOE_CPU_SPIN_US=200 EDGEMOE_CPU_SPIN_US=2000' scripts/gpu_auto_early.sh", ...)
@@ -32,7 +34,7 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
       # the GPU's power state and clocks every 50 ms (read-only): a memory-clock switch stalls the device
       nvidia-smi --query-gpu=timestamp,pstate,clocks.sm,clocks.mem,power.draw,utilization.gpu --format=csv,noheader \
         -lms 50 > "$dir/clocks.csv" 2>/dev/null & smi=$!
-      hogs=(); for _ in $(seq 1 "${HOG:-0}"); do sh -c "until grep -q '${HOG_WHEN:-48/48}' '$dir/log' 2>/dev/null; do sleep 0.2; done; while :; do :; done" & hogs+=($!); done
+      hogs=(); for _ in $(seq 1 "${HOG:-0}"); do sh -c "until grep -qE '${HOG_WHEN:-slots preloaded}' '$dir/log' 2>/dev/null; do sleep 0.2; done; while :; do :; done" & hogs+=($!); done
       env EDGEMOE_BLOCKING_WAIT=$bw $(echo "$envs" | tr ',' ' ') timeout 150 python3 -m edgemoe.cli bench decode --model random:qwen3-30b-a3b \
         --gpu-memory 16GiB --kv-tokens 8192 --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" \
         --prompt-tokens 1024 --batch-sizes 1 --decode-tokens "${DECODE:-320}" --out "$dir" > "$dir/log" 2>&1 \
