@@ -62,36 +62,55 @@ def test_busy_cores_limit_reads_the_environment(monkeypatch: pytest.MonkeyPatch)
             busy_cores_limit()
 
 
-def drive(ctl: QuotaController, steps: int, others: list[float | None]) -> list[int]:
-    """Each step's level; `others` is the gauge's reading, changed by the caller between runs."""
+def drive(ctl: QuotaController, steps: int, share_ms: float = 4.5) -> list[int]:
+    """Each step's level: offload's steps take 5 ms, a share's `share_ms`."""
     levels, now = [], 0.0
     for _ in range(steps):
         level = ctl.step(now, 1)
         if ctl.windows >= 1 and ctl.predicted is None:
             ctl.inform(3.0, 4.0, 12.0)
         levels.append(level)
-        now += 5e-3 if level == 0 else 4.5e-3
+        now += 5e-3 if level == 0 else share_ms * 1e-3
     return levels
+
+
+def auto(reading: list[float | None]) -> QuotaController:
+    return QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto", host_load=lambda: reading[0],
+                           busy_cores=1.0)
 
 
 def test_auto_tries_no_share_while_other_work_holds_the_cores(caplog: pytest.LogCaptureFixture) -> None:
     reading: list[float | None] = [4.0]
-    ctl = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto", host_load=lambda: reading[0],
-                          busy_cores=1.0)
+    ctl = auto(reading)
     with caplog.at_level(logging.INFO, logger="edgemoe.moe.quota_auto"):
-        assert set(drive(ctl, 200, reading)) == {0}  # 20+ windows at offload, never a share
+        assert set(drive(ctl, 200)) == {0}  # 20+ windows at offload, never a share
         busy_lines = [r for r in caplog.records if "other work keeps 4.0" in r.getMessage()]
-        assert len(busy_lines) == 1  # said once
+        assert len(busy_lines) == 1 and busy_lines[0].levelno == logging.WARNING  # said once, where a user sees it
         reading[0] = 0.2
-        levels = drive(ctl, 40, reading)
-    assert levels[0] == 0 and set(levels) != {0}, levels  # the survey, at the first window once free
-    assert any("free again" in r.getMessage() for r in caplog.records)
+        levels = drive(ctl, 40)
+        assert levels[0] == 0 and set(levels) != {0}, levels  # the survey, at the first window once free
+        assert any("free again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_later_survey_looks_again_and_says_it_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """A survey cut short (shares far slower) starts again later: the host is read again
+    then, and a second busy spell is logged at INFO (the warning was the first's)."""
+    reading: list[float | None] = [4.0]
+    ctl = auto(reading)
+    with caplog.at_level(logging.INFO, logger="edgemoe.moe.quota_auto"):
+        drive(ctl, 40)
+        reading[0] = 0.2
+        assert set(drive(ctl, 40, share_ms=30.0)) != {0}  # surveyed, cut short
+        reading[0] = 3.0
+        assert set(drive(ctl, 400, share_ms=30.0)) == {0}  # the retries find the host busy again
+    again = [r.levelno for r in caplog.records if "other work keeps 3.0" in r.getMessage()]
+    assert again == [logging.INFO]
 
 
 def test_an_unknown_load_or_no_gauge_does_not_stop_the_survey() -> None:
     for gauge in (None, lambda: None):
         ctl = QuotaController(max_level=TOP, start=0, scale=FRACTION, label="auto", host_load=gauge, busy_cores=1.0)
-        assert set(drive(ctl, 40, [])) != {0}
+        assert set(drive(ctl, 40)) != {0}
 
 
 def test_hybrid_and_engines_without_auto_take_no_gauge() -> None:

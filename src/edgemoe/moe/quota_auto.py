@@ -72,7 +72,8 @@ class AutoSearch:
     _slow: list[float] = field(init=False, default_factory=list)  # this share visit's latest periods over CUT x offload
     _cuts: int = field(init=False, default=0)  # survey visits cut so far
     _wait: int = field(init=False, default=0)  # offload's windows before a cut survey starts again
-    _busy: bool = field(init=False, default=False)  # other work held the cores at the last look (said once)
+    _busy: bool = field(init=False, default=False)  # other work held the cores at the last look
+    _busy_told: bool = field(init=False, default=False)  # said as a warning once; later turns at INFO
 
     if TYPE_CHECKING:  # QuotaController's, which the steps below read and move (not fields here)
         level: int
@@ -144,13 +145,14 @@ class AutoSearch:
         others = self.host_load() if self.host_load is not None else None
         busy = others is not None and others > self.busy_cores
         if others is not None and busy != self._busy:
+            told = log.warning if busy and not self._busy_told else log.info  # a user sees the first time
             if busy:
-                log.info("moe %s: other work keeps %.1f of this process's cores busy: offload, no CPU share tried "
-                         "until they are free (EDGEMOE_AUTO_BUSY_CORES=%g)", self.label, others, self.busy_cores)
+                told("moe %s: other work keeps %.1f of this process's cores busy: offload, no CPU share tried until "
+                     "they are free (EDGEMOE_AUTO_BUSY_CORES=%g)", self.label, others, self.busy_cores)
             else:
                 log.info("moe %s: the cores are free again (%.1f busy with other work): trying CPU shares",
                          self.label, others)
-            self._busy = busy
+            self._busy, self._busy_told = busy, self._busy_told or busy
         return busy
 
     def _survey_takes_prediction(self) -> bool:
