@@ -256,6 +256,38 @@ def test_convert_refuses_an_unmakeable_out_before_loading(qwen3_ckpt: Path, tmp_
     assert "--out" in _error(capsys)
 
 
+@pytest.mark.parametrize("existed", [False, True], ids=["made-by-convert", "empty-before"])
+def test_a_failed_convert_leaves_no_half_written_out(existed: bool, qwen3_ckpt: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A convert that fails after it began writing (here: the experts' step) takes back what
+    it wrote: `--out` is gone where convert made it, empty again where it was empty."""
+    import edgemoe.convert
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(edgemoe.convert, "_write_experts", fail)
+    out = tmp_path / "out"
+    if existed:
+        out.mkdir()
+    with pytest.raises(OSError, match="No space left"):
+        edgemoe.convert.convert(qwen3_ckpt, "fp8", out, progress=False)
+    assert (list(out.iterdir()) == []) if existed else not out.exists()
+
+
+def test_convert_says_a_write_failure_in_a_message(qwen3_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import edgemoe.convert
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(edgemoe.convert, "_write_experts", fail)
+    assert main(["convert", "--model", str(qwen3_ckpt), "--expert-dtype", "fp8", "--out", str(tmp_path / "o")]) == 2
+    err = _error(capsys)
+    assert "No space left on device" in err and "--out" in err and not (tmp_path / "o").exists()
+
+
 # --------------------------------------------------------------------------- bench
 
 

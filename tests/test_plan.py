@@ -166,3 +166,18 @@ def test_rates_from_the_newest_bw_result(tmp_path: Path) -> None:
     given = rates_from(build_parser().parse_args(["plan", "--gpu-memory", "8GiB", "--bench-dir", str(tmp_path),
                                                   "--pcie-gbps", "25", "--device-gbps", "960"]))
     assert given.pcie_gbps == 25 and given.cpu_gbps == 41.0 and given.device_gbps == 960 and given.gpu is None
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_plan_fit_names_a_results_directory_it_cannot_use(where: str, tmp_path, monkeypatch, capsys) -> None:
+    """`python -m edgemoe.bench.plan_fit --results DIR`: no directory, or one without the
+    calibration runs, is a usage error naming the flag (and the files), not a traceback."""
+    from edgemoe.bench import plan_fit
+
+    results = tmp_path / "nothing" if where == "missing" else tmp_path
+    monkeypatch.setattr("sys.argv", ["plan_fit", "--results", str(results)])
+    with pytest.raises(SystemExit) as exit_:
+        plan_fit.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--results {results}" in err
+    assert ("no such directory" in err) if where == "missing" else (plan_fit.BW_JSON in err)

@@ -92,10 +92,35 @@ def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progr
     arch = read_arch(src)[0]
     module = model_module(arch.model_type)
     names = _output_names(module, arch, expert_dtype)  # before the (long) load: a refusal costs nothing
+    made = not out.exists()
     try:  # made now, so a folder that cannot be is refused before the load, not after it
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"out (--out) {out}: cannot make it ({e.strerror or e})") from None
+    try:
+        label = _write(src, out, module, names, expert_dtype, progress)
+    except BaseException:  # a failed or interrupted convert leaves no half-written model behind
+        _clear(out, made)
+        raise
+    log.warning("converted %s → %s (experts %s)", src, out, label)
+    return out
+
+
+def _clear(out: Path, made: bool) -> None:
+    """Remove what a failed convert wrote: `out` itself where it made it, else its contents
+    (it was empty)."""
+    if made:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for child in out.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def _write(src: Path, out: Path, module: ModuleType, names: NameMap, expert_dtype: str, progress: bool) -> str:
+    """Load `src` with its experts in `expert_dtype` and write it to `out`; the format's label."""
     loaded = load_checkpoint(src, "auto", progress, "ram", expert_dtype=expert_dtype)
     fmt = loaded.experts.format
     writer = ShardWriter(out)
@@ -116,8 +141,7 @@ def convert(model_dir: str | Path, expert_dtype: str, out_dir: str | Path, progr
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name not in WEIGHT_FILES:
             shutil.copy2(f, out / f.name)
-    log.warning("converted %s → %s (experts %s)", src, out, fmt.label)
-    return out
+    return fmt.label
 
 
 def _output_names(module: ModuleType, arch: Any, expert_dtype: str) -> NameMap:
@@ -259,5 +283,11 @@ def _fused(entries: list[tuple[str, Placement]], banks: dict[str, torch.Tensor])
 
 
 def run_convert(args: Any) -> int:
-    convert(args.model, args.expert_dtype, args.out, progress=True)
+    try:
+        convert(args.model, args.expert_dtype, args.out, progress=True)
+    except OSError as e:  # a full disk, a file that can't be read or written: a message, not a traceback
+        if isinstance(e, (FileNotFoundError, FileExistsError)):
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        raise ValueError(f"{e.strerror or e}{where}; nothing of it is left in --out {args.out}") from None
     return 0

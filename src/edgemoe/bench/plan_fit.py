@@ -189,8 +189,13 @@ def table(results: Path) -> list[tuple[Run, Measured, float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", default="bench/results")
+    ap.add_argument("--results", default="bench/results", help="the directory holding the calibration runs' files")
     results = Path(ap.parse_args().results)
+    if not results.is_dir():
+        ap.error(f"--results {results}: no such directory")
+    if missing := sorted({run.file for run in RUNS if not (results / run.file).is_file()} | (
+            set() if (results / BW_JSON).is_file() else {BW_JSON})):
+        ap.error(f"--results {results}: the calibration runs' files are missing: {', '.join(missing)}")
     for name, value in fit(results).items():
         print(f"{name:<16} {value:.4f}")
     print("\n| run | file | misses / token | measured ms | predicted ms | error |\n|---|---|---|---|---|---|")
