@@ -20,11 +20,13 @@ threat model is the user's other processes, not a debugger.)
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +140,19 @@ class _OnlyTheEngine:
         return False
 
 
+GONE_GRACE_S = 0.5  # how long a dying engine's exit may lag its connection's end
+
+
+async def _gone_soon(engine_gone: Callable[[], bool]) -> bool:
+    """Whether the engine is gone, or goes within GONE_GRACE_S."""
+    deadline = time.monotonic() + GONE_GRACE_S
+    while not engine_gone():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 class LinkGuard:
     """The server's side: CURVE-serving sockets, a ZAP handler admitting only the engine,
     and a log of refused handshakes. `stop()` before the context is terminated."""
@@ -155,8 +170,11 @@ class LinkGuard:
         sock.curve_publickey = self.keys.server_public
         sock.curve_secretkey = self.keys.server_secret
 
-    async def report_refusals(self, actx: zmq.asyncio.Context, socks: Sequence[zmq.Socket[Any]]) -> None:
-        """Log failed handshakes on `socks` (rate-limited) until cancelled."""
+    async def report_refusals(self, actx: zmq.asyncio.Context, socks: Sequence[zmq.Socket[Any]],
+                              engine_gone: Callable[[], bool] = lambda: False) -> None:
+        """Log failed handshakes on `socks` (rate-limited) until cancelled; a handshake cut
+        short while the engine dies (`engine_gone` true soon after) is the engine's, not a
+        refusal."""
         monitors = []
         for i, sock in enumerate(socks):
             address = f"inproc://edgemoe-link-monitor-{id(self)}-{i}"
@@ -171,6 +189,11 @@ class LinkGuard:
             while True:
                 for monitor, _ in await poller.poll():
                     event = parse_monitor_message(await monitor.recv_multipart())
+                    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and await _gone_soon(engine_gone):
+                        # a peer gone mid-handshake: our own engine failing as it starts does this
+                        # (its own error says why); a foreign one is refused as below
+                        log.debug("engine link: the engine's connection closed during its handshake")
+                        continue
                     self.refusals.warning("engine link: refused a connection that failed the handshake "
                                           "(event %s); only this launch's engine may connect", event["event"])
         finally:

@@ -129,3 +129,57 @@ def test_keys_round_trip_through_an_inherited_socket() -> None:
     keys = EngineKeys(b"s" * 40, b"p" * 40, b"x" * 40)
     theirs = hand_over(keys)
     assert receive_keys(theirs.detach()) == keys
+
+
+@pytest.mark.parametrize("engine_gone", [False, True], ids=["a-foreign-peer", "the-engine-dying"])
+def test_a_handshake_cut_while_the_engine_dies_is_not_called_a_refusal(engine_gone: bool,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A peer that begins the handshake and goes (a greeting's first bytes, then closed: what
+    an engine failing as it loads does to its link) is a refusal while the engine lives; while
+    the engine is gone it is the engine's own, whose error says why: no warning."""
+    import asyncio
+    import shutil
+    import socket
+    import tempfile
+
+    import zmq.asyncio
+
+    from edgemoe.link_auth import LinkGuard, LinkKeys
+
+    where = tempfile.mkdtemp(prefix="eml", dir="/tmp")  # ipc paths stop at ~100 bytes
+
+    async def scenario() -> list[str]:
+        ctx: zmq.Context[Any] = zmq.Context()
+        actx = zmq.asyncio.Context.shadow(ctx.underlying)
+        guard = LinkGuard(ctx, LinkKeys.generate())
+        sock = ctx.socket(zmq.PULL)
+        guard.secure(sock)
+        sock.bind(f"ipc://{where}/link.sock")
+        report = asyncio.create_task(guard.report_refusals(actx, [sock], lambda: engine_gone))
+        try:
+            with caplog.at_level(logging.DEBUG, logger="edgemoe.link_auth"):
+                await asyncio.sleep(0.1)  # the monitor in place
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+                    peer.connect(f"{where}/link.sock")
+                    peer.sendall(b"\xff" + b"\x00" * 8 + b"\x7f")  # ZMTP's signature, no more
+                    await asyncio.sleep(0.1)
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline and not any(r.name == "edgemoe.link_auth" for r in caplog.records):
+                    await asyncio.sleep(0.05)
+        finally:
+            report.cancel()
+            await asyncio.gather(report, return_exceptions=True)
+            sock.close(linger=0)
+            guard.stop()
+            ctx.term()
+        return [f"{r.levelname} {r.getMessage()}" for r in caplog.records if r.name == "edgemoe.link_auth"]
+
+    try:
+        lines = asyncio.run(scenario())
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    assert lines, "the cut handshake was not seen"
+    if engine_gone:
+        assert all(line.startswith("DEBUG") for line in lines), lines
+    else:
+        assert any(line.startswith("WARNING") and "refused" in line for line in lines), lines

@@ -138,12 +138,8 @@ class OutputStream:
 
 
 class EngineClient:
-    def __init__(
-        self,
-        link: EngineLink,
-        handle: EngineHandle | None = None,
-        on_dead: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, link: EngineLink, handle: EngineHandle | None = None,
+                 on_dead: Callable[[str], None] | None = None) -> None:
         self.link = link
         self.handle = handle
         self.on_dead = on_dead
@@ -181,8 +177,12 @@ class EngineClient:
         self._recv_sock = self._async_ctx.socket(zmq.PULL)
         self._guard.secure(self._recv_sock)
         self._recv_sock.bind(self.link.from_engine)
-        refusals = self._guard.report_refusals(self._async_ctx, [self._send_sock, self._recv_sock])
+        refusals = self._guard.report_refusals(self._async_ctx, [self._send_sock, self._recv_sock], self._engine_gone)
         self._tasks = [asyncio.create_task(c) for c in (self._receive(), self._watch(), refusals)]
+
+    def _engine_gone(self) -> bool:  # failed, died or closed: a handshake it cut then is its own (link_auth)
+        return self.state in (State.DEAD, State.CLOSED) or self.failure is not None or (
+            self.handle is not None and not self.handle.alive())
 
     def watch(self, handle: EngineHandle) -> None:
         """Start watching the engine's liveness (the process is spawned after `start`)."""
