@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import json
 import subprocess
 import sys
 import threading
@@ -355,6 +356,26 @@ def test_generate_refuses_an_empty_prompt_before_loading(capsys: pytest.CaptureF
     """`generate --prompt ""` failed after the model load with a message naming no flag."""
     assert main(["generate", "--model", "/nonexistent-model-dir", "--prompt", ""]) == 2  # before --model is read
     assert "--prompt is empty" in capsys.readouterr().err
+
+
+def test_bench_decode_skips_a_batch_the_kv_cache_cannot_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --kv-tokens 64 (pages of 16) a batch of 4 requests of 24 + 4 tokens needs 128
+    tokens of KV: the scheduler would run it two at a time, labelled batch 4. It is skipped
+    and said (stdout and the JSON's `skipped`); the batches that fit run."""
+    assert main(["bench", "decode", "--model", TINY, "--kv-tokens", "64", "--prompt-tokens", "24",
+                 "--batch-sizes", "1", "2", "4", "--decode-tokens", "4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped prompt 24 x batch 4" in out and "--kv-tokens" in out
+    (result,) = tmp_path.glob("decode-*.json")
+    data = json.loads(result.read_text())
+    assert [(r["prompt_tokens"], r["batch"]) for r in data["rows"]] == [(24, 1), (24, 2)]
+    assert data["skipped"] == [{"prompt_tokens": 24, "batch": 4, "kv_tokens_needed": 128, "kv_tokens": 64}]
+
+
+def test_bench_decode_refuses_when_no_run_fits_the_kv_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "decode", "--model", TINY, "--kv-tokens", "32", "--prompt-tokens", "40",
+                 "--batch-sizes", "1", "--decode-tokens", "4", "--out", str(tmp_path)]) == 2
+    assert "--kv-tokens" in _error(capsys) and not list(tmp_path.glob("decode-*.json"))
 
 
 def test_bench_decode_refuses_a_prompt_past_the_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -350,7 +350,7 @@ WARMUP_CHUNK = 600  # tokens of the warm-up's prompt-sized request
 
 def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     from edgemoe import LLM
-    from edgemoe.bench.shapes import check_shapes
+    from edgemoe.bench.shapes import check_shapes, runs_that_fit
     from edgemoe.moe.slot_preload import restart_pool
 
     rows = []
@@ -359,6 +359,7 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         load_s = time.perf_counter() - t0
         print(f"engine built in {load_s:.1f} s")
         check_shapes(llm.engine.runtime, args.prompt_tokens, args.batch_sizes, args.decode_tokens)
+        runs, skipped = runs_that_fit(llm.engine.runtime, args.prompt_tokens, args.batch_sizes, args.decode_tokens)
         # Warm-up: first-call allocations and kernel selection, for decode steps and for a prompt
         # chunk (past a decode step's rows, below a streamed chunk: the CPU share's prompt rule).
         measure(llm, 16, 1, 4, seed=0)
@@ -366,7 +367,6 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         if (chunk := min(WARMUP_CHUNK, runtime.max_model_len, runtime.plan.kv_tokens) - 8) > 16:
             measure(llm, chunk, 1, 2, seed=0)
         restart_pool(runtime.executor)  # the first measured prompt meets the start-up pool
-        runs = [(n, b) for n in args.prompt_tokens for b in args.batch_sizes]
         for seed, (n, b) in enumerate(runs, start=1):
             rows.append(measure(llm, n, b, args.decode_tokens, seed=seed, profile_steps=args.profile_steps if args.profile else 0))
             _print_row(rows[-1])
@@ -378,12 +378,12 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     moe = {"backend": stats["moe_backend"], "slots": stats["memory_plan"]["num_slots"], "final": stats["moe"]}
     payload = {
         "model": model, "device": device, "routing": stats["routing"], "settings": settings, "load_s": load_s,
-        "overlap": overlap, "rows": rows, "moe": moe,
+        "overlap": overlap, "rows": rows, "moe": moe, "skipped": skipped,
     }
     path = write_result(args.out, "decode", payload)
     series = {
         f"decode b={b}": [(r["prompt_tokens"], r["decode_tok_s"]) for r in rows if r["batch"] == b]
-        for b in args.batch_sizes
+        for b in sorted({r["batch"] for r in rows})
     }
     title = "edgemoe bench decode" + ("" if stats["routing"] == "router" else f" ({stats['routing']})")
     png = plot_lines(path, title, "prompt tokens", "decode tok/s", series)
