@@ -182,7 +182,8 @@ class CpuExperts:
     def pool_stats(self) -> dict[str, int]:
         """The pool's counters (`em_pool_stats`, kernels/cpu/em_detach.h): tasks run again
         for a late worker (`rescued`), the CPU share's calls that returned with a worker still
-        inside (`left_behind`), the most call slots in use at once (`slots_peak`), and the
+        inside (`left_behind`: most only leaving it; stragglers show as `rescued`), the most
+        call slots in use at once (`slots_peak`), and the
         threads inside a call now (`inside`); zeros before the pool's first call."""
         if self._lib is None or self._pool is None or self._pid != os.getpid():
             return dict.fromkeys(POOL_STATS, 0)
