@@ -21,7 +21,8 @@
  *
  * A worker delayed inside a commit (a few hundred bytes' copy) still holds the call: the
  * copy is the one window no other thread can take over.
- * Included by expert.c after the scheduling code (uses em_call, em_job, em_find_job).
+ * The waits that rescue are the schedule's (em_sched.h: em_detach_wait). Included by expert.c
+ * before the schedule (uses em_call, em_job, em_jobstate).
  */
 #ifndef EM_DETACH_H
 #define EM_DETACH_H
@@ -83,9 +84,8 @@ static void em_detach_layout(em_call *c, uint8_t *base, int64_t pairs) {
     c->out_stride = c->H;
 }
 
-/* A down task's rows of ys, copied to the output rows of its job's tokens. */
-static void em_commit_rows(const em_call *c, int64_t task) {
-    int j = em_find_job(c, 2, task);
+/* Down task `task` (of job j)'s rows of ys, copied to the output rows of the job's tokens. */
+static void em_commit_rows(const em_call *c, int j, int64_t task) {
     const em_jobstate *s = &c->st[j];
     int64_t r0 = (task - s->start[2]) * s->p2, r1 = r0 + s->p2 < c->H ? r0 + s->p2 : c->H;
     for (int t = 0; t < s->n; t++) {
@@ -95,10 +95,10 @@ static void em_commit_rows(const em_call *c, int64_t task) {
     }
 }
 
-/* A finished task: counted by its first finisher only (a down task committed first). */
-static void em_detach_done(em_call *c, int ph, int64_t task) {
+/* A finished task (of job j): counted by its first finisher only (a down task committed first). */
+static void em_detach_done(em_call *c, int ph, int64_t task, int j) {
     if (atomic_exchange(&c->won[ph][task], 1)) return;
-    if (ph == 2) em_commit_rows(c, task);
+    if (ph == 2) em_commit_rows(c, j, task);
     atomic_fetch_add(&c->done[ph], 1); /* seq_cst: publishes the task's writes */
 }
 
@@ -113,33 +113,6 @@ static int64_t em_straggler(em_call *c, int ph, int64_t from) {
         if (!atomic_exchange(&c->rescuing[ph][task], 1)) return task;
     }
     return -1;
-}
-
-static void em_run_task(em_call *c, int ph, int64_t task);
-
-/* Waits for phase ph's tasks, running a late thread's task again after the grace period.
- * `ran`: tasks this thread ran since `t0` (its own measure of a task's time). */
-static void em_detach_wait(em_call *c, int ph, int64_t ran, long t0) {
-    long since = em_now_ns();
-    if (ran) atomic_store_explicit(&c->task_ns[ph], (since - t0) / ran, memory_order_relaxed);
-    int64_t from = (int64_t)(((uintptr_t)&since >> 6) % 4093);
-    for (long spins = 0; atomic_load(&c->done[ph]) < c->ntasks[ph]; spins++) {
-        if (spins < EM_SPIN_WAIT)
-            em_relax();
-        else
-            sched_yield();
-        if ((spins & 63) != 63) continue;
-        long mean = atomic_load_explicit(&c->task_ns[ph], memory_order_relaxed);
-        long grace = EM_RESCUE_TASKS * mean > EM_RESCUE_NS ? EM_RESCUE_TASKS * mean : EM_RESCUE_NS;
-        if (em_now_ns() - since < grace) continue;
-        int64_t task = em_straggler(c, ph, from);
-        if (task < 0) continue;
-        em_run_task(c, ph, task);
-        em_detach_done(c, ph, task);
-        atomic_fetch_add_explicit(&c->pool->rescued, 1, memory_order_relaxed);
-        since = em_now_ns();
-        spins = 0;
-    }
 }
 
 #endif

@@ -78,8 +78,8 @@ static void em_join_job(em_call *c, int j) {
 #endif
 }
 
-/* Runs task `task` of phase ph. */
-static void em_run_task(em_call *c, int ph, int64_t task) {
+/* Runs task `task` of phase ph; returns its job. */
+static int em_run_task(em_call *c, int ph, int64_t task) {
     int j = em_find_job(c, ph, task);
     const em_job *jb = &c->jobs[j];
     const em_jobstate *s = &c->st[j];
@@ -117,10 +117,8 @@ static void em_run_task(em_call *c, int ph, int64_t task) {
 #if EM_PHASE_JOIN
     if (ph == 1 && c->join) atomic_fetch_add(&c->up_done[j], 1); /* seq_cst: publishes its h rows */
 #endif
+    return j;
 }
-
-#include "em_detach.h" /* detached calls: rescue, private state, commit (uses the above) */
-#include "em_stall.h"  /* EM_TEST_STALL builds: a worker held at a chosen task (tests only) */
 
 /* Claims and runs phase ph's tasks until none is left to claim; returns how many it ran. */
 static int64_t em_run_phase(em_call *c, int ph) {
@@ -129,12 +127,36 @@ static int64_t em_run_phase(em_call *c, int ph) {
         int64_t task = em_claim(c, ph, &lane);
         if (task < 0) return ran;
         EM_STALL_POINT(ph, 0);
-        em_run_task(c, ph, task);
+        int j = em_run_task(c, ph, task);
         EM_STALL_POINT(ph, 1);
         if (c->detached)
-            em_detach_done(c, ph, task);
+            em_detach_done(c, ph, task, j);
         else
             atomic_fetch_add(&c->done[ph], 1);
+    }
+}
+
+/* Waits for phase ph's tasks, running a late thread's task again after the grace period.
+ * `ran`: tasks this thread ran since `t0` (its own measure of a task's time). */
+static void em_detach_wait(em_call *c, int ph, int64_t ran, long t0) {
+    long since = em_now_ns();
+    if (ran) atomic_store_explicit(&c->task_ns[ph], (since - t0) / ran, memory_order_relaxed);
+    int64_t from = (int64_t)(((uintptr_t)&since >> 6) % 4093);
+    for (long spins = 0; atomic_load(&c->done[ph]) < c->ntasks[ph]; spins++) {
+        if (spins < EM_SPIN_WAIT)
+            em_relax();
+        else
+            sched_yield();
+        if ((spins & 63) != 63) continue;
+        long mean = atomic_load_explicit(&c->task_ns[ph], memory_order_relaxed);
+        long grace = EM_RESCUE_TASKS * mean > EM_RESCUE_NS ? EM_RESCUE_TASKS * mean : EM_RESCUE_NS;
+        if (em_now_ns() - since < grace) continue;
+        int64_t task = em_straggler(c, ph, from);
+        if (task < 0) continue;
+        em_detach_done(c, ph, task, em_run_task(c, ph, task));
+        atomic_fetch_add_explicit(&c->pool->rescued, 1, memory_order_relaxed);
+        since = em_now_ns();
+        spins = 0;
     }
 }
 

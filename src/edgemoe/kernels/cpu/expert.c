@@ -389,6 +389,8 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
 #endif
 #include "em_qgemm.h" /* the quantised-weight GEMM tasks: em_qjit.h's path or em_qtasks.h's scratch */
 
+#include "em_detach.h" /* detached calls: private state, commit, first finishers (uses the above) */
+#include "em_stall.h"  /* EM_TEST_STALL builds: a worker held at a chosen task (tests only) */
 #include "em_sched.h" /* lanes, claims, the phases, the call's layout (uses everything above) */
 
 /* ---- exported ---- */
