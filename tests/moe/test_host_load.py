@@ -51,7 +51,7 @@ def test_others_are_busy_ticks_less_our_own_over_intervals_of_at_least_the_span(
 
 
 def test_busy_cores_limit_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert busy_cores_limit() == 1.0
+    assert busy_cores_limit() == 2.0
     monkeypatch.setenv("EDGEMOE_AUTO_BUSY_CORES", "2.5")
     assert busy_cores_limit() == 2.5
     monkeypatch.setenv("EDGEMOE_AUTO_BUSY_CORES", "0")

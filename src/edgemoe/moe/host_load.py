@@ -86,8 +86,10 @@ class HostLoad:
 
 def busy_cores_limit() -> float:
     """`EDGEMOE_AUTO_BUSY_CORES`: others' cores past which auto doesn't try a CPU share
-    (default 1: one core's worth of other work displaces a worker for good; 0: never)."""
-    raw = os.environ.get("EDGEMOE_AUTO_BUSY_CORES", "1")
+    (default 2: each core of other work displaces a worker, but a quiet GPU host read up to
+    0.8 with nothing but `nvidia-smi` polling beside it, and a desktop's light load must not
+    cost bf16 its share's ~15%; four busy processes read 4.0; 0: never)."""
+    raw = os.environ.get("EDGEMOE_AUTO_BUSY_CORES", "2")
     try:
         value = float(raw)
     except ValueError:
