@@ -98,7 +98,8 @@ class MoEConfig:
         "auto",
         "where routed experts run: resident (all on the device), offload (slot cache, misses copied), "
         "cpu (misses computed on the host), hybrid (misses split live between copies and the CPU); "
-        "auto = resident if they fit, else offload or hybrid as measured rates say (logged)",
+        "auto = resident if they fit, else offload or hybrid as measured rates say (logged; no CPU share "
+        "while other work keeps more than EDGEMOE_AUTO_BUSY_CORES=2 of its cores busy)",
         ("auto", "resident", "offload", "cpu", "hybrid"),
     )
     moe_slots: int | None = setting(None, "device expert slots shared by all layers; default: planned")
