@@ -139,3 +139,74 @@ def test_the_plain_entry_point_waits_for_a_held_worker() -> None:
     assert kernel.pool_stats()["left_behind"] == 0 and kernel.pool_stats()["rescued"] == 0
     assert torch.equal(got, want)
     kernel.close()
+
+
+@pytest.mark.parametrize("gemm_min", [10**9, 2], ids=["gemv", "blocked"])
+def test_a_late_pack_does_not_clear_what_gate_up_wrote(gemm_min: int) -> None:
+    """A pack task run twice (its claimant late, a rescuer first) may store after gate_up
+    ran: with I odd the blocked layout's last h pair is gate_up's alone, so a pack landing
+    then changes nothing (it zeroed the pair, and h[I-1] with it, before 2026-12-05 19:50).
+    The test build's caller packs again between the phases, every call."""
+    kernel = stall_kernel(gemm_min)
+    mb = HostLayerMailboxes({0: layer_banks(1)}, ("bf16", 0), kernel, T, K, torch.bfloat16)
+    a = step(5)
+    want = call(mb, 0, a)
+    kernel.lib.em_test_repack(1)
+    try:
+        for _ in range(3):
+            assert torch.equal(call(mb, 0, a), want)
+    finally:
+        kernel.lib.em_test_repack(0)
+    kernel.close()
+
+
+def test_a_rescuer_held_in_turn_is_taken_over() -> None:
+    """The worker that took a late task over loses its core too: after another grace period
+    a third thread runs the task, and the call still returns with the undisturbed cells."""
+    kernel = stall_kernel(10**9, threads=5)
+    lib = kernel.lib
+    mb = HostLayerMailboxes({0: layer_banks(1), 1: layer_banks(2)}, ("bf16", 0), kernel, T, K, torch.bfloat16)
+    a, b = step(3), step(4)
+    want_a, want_b = call(mb, 0, a), call(mb, 1, b)
+    lib.em_test_caller_rescues(0)  # workers take late tasks over, so one can be held doing it
+    lib.em_test_stall(2, 0)  # a worker holding a down task
+    lib.em_test_stall(2, 2)  # and the first worker to take such a task over
+    try:
+        for _ in range(400):
+            assert torch.equal(call(mb, 0, a), want_a)
+            if lib.em_test_holding() == 2:
+                break
+        assert lib.em_test_holding() == 2, "no worker took a held task over in 400 calls"
+        assert torch.equal(call(mb, 1, b), want_b)
+        assert kernel.pool_stats()["rescued"] >= 1  # the take-over (the held rescuer counts when it ends)
+    finally:
+        lib.em_test_release()
+        lib.em_test_caller_rescues(1)
+    wait_until(lambda: kernel.pool_stats()["inside"] == 0, "the released workers never left")
+    assert torch.equal(mb.cells(T * K), want_b)
+    kernel.close()
+
+
+def test_dropping_the_mailboxes_waits_for_a_late_worker() -> None:
+    """A late worker may still read the mailbox's x and the banks after its call returned:
+    dropping the mailboxes (their buffers freed) waits until it left (`CpuExperts.quiesce`)."""
+    kernel = stall_kernel(10**9)
+    lib = kernel.lib
+    holder = {"mb": HostLayerMailboxes({0: layer_banks(1)}, ("bf16", 0), kernel, T, K, torch.bfloat16)}
+    a = step(3)
+    lib.em_test_stall(0, 0)
+    try:
+        for _ in range(200):
+            call(holder["mb"], 0, a)
+            if lib.em_test_holding():
+                break
+        assert lib.em_test_holding(), "no worker claimed a task in 200 calls"
+        dropper = threading.Thread(target=holder.clear, daemon=True)
+        dropper.start()
+        dropper.join(0.3)
+        assert dropper.is_alive() and kernel.pool_stats()["inside"] >= 1  # still waiting for the held worker
+    finally:
+        lib.em_test_release()
+    dropper.join(HANG_S)
+    assert not dropper.is_alive() and kernel.pool_stats()["inside"] == 0
+    kernel.close()

@@ -130,6 +130,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32, i32, i32]
     lib.em_read.restype, lib.em_read.argtypes = ctypes.c_uint64, [p, p, i64]
     lib.em_pool_stats.restype, lib.em_pool_stats.argtypes = None, [p, ctypes.POINTER(i64)]
+    lib.em_quiesce.restype, lib.em_quiesce.argtypes = None, [p]
     lib.em_host_layer.restype, lib.em_host_layer.argtypes = None, [p]
     lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
     lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
@@ -138,6 +139,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.em_test_stall.restype, lib.em_test_stall.argtypes = None, [i32, i32]
         lib.em_test_holding.restype, lib.em_test_holding.argtypes = i32, []
         lib.em_test_release.restype, lib.em_test_release.argtypes = None, []
+        lib.em_test_repack.restype, lib.em_test_repack.argtypes = None, [i32]
+        lib.em_test_caller_rescues.restype, lib.em_test_caller_rescues.argtypes = None, [i32]
     if hasattr(lib, "em_phase_times"):  # EM_PHASE_TIMES=1 builds only (em_ptimes.h)
         lib.em_phase_times.restype, lib.em_phase_times.argtypes = i32, [ctypes.POINTER(ctypes.c_long), i32]
     return lib

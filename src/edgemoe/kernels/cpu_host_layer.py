@@ -74,7 +74,7 @@ class HostLayerMailboxes:
 
     Contract: the banks, the kernel and this object outlive every call of the function
     on a mailbox (a captured graph included); calls on one object are serialised (one
-    stream orders them)."""
+    stream orders them). Dropping it waits for the kernel's late workers (`quiesce`)."""
 
     def __init__(self, banks: dict[int, Parts], weights: tuple[str, int], kernel: CpuExperts, rows: int,
                  top_k: int, x_dtype: torch.dtype, pinned: bool = False, pairs: int | None = None) -> None:
@@ -120,6 +120,13 @@ class HostLayerMailboxes:
                 raise ValueError(f"layer {layer}'s {name} bank must be a contiguous host tensor")
             out[name], out[f"{name}_stride"] = t.data_ptr(), t.stride(0) * t.element_size()
         return out
+
+    def __del__(self) -> None:
+        # A detached call's late worker may still read the buffers and banks after the call
+        # returned (kernels/cpu/em_detach.h): they go only once it has left.
+        kernel = getattr(self, "kernel", None)
+        if kernel is not None:
+            kernel.quiesce()
 
     def address(self, layer: int) -> int:
         """The mailbox of `layer` (the host function's argument)."""

@@ -191,6 +191,13 @@ class CpuExperts:
         self._lib.em_pool_stats(self._pool, out)
         return dict(zip(POOL_STATS, out, strict=True))
 
+    def quiesce(self) -> None:
+        """Return once no pool thread is inside a call — a detached call's late worker may
+        still read the call's inputs after it returned (kernels/cpu/em_detach.h): call this
+        before freeing a host function's mailbox buffers or banks while the pool lives on."""
+        if self._lib is not None and self._pool is not None and self._pid == os.getpid():
+            self._lib.em_quiesce(self._pool)
+
     def read(self, buf: torch.Tensor) -> int:
         """Read `buf` once across the pool (memory bandwidth probe); returns a checksum."""
         if self._lib is None:

@@ -7,8 +7,9 @@
  *
  *  - rescue: a thread with nothing left to claim in a phase runs a claimed task that is
  *    not done once a grace period has passed (EM_RESCUE_NS, or EM_RESCUE_TASKS times a
- *    task's time in this call, whichever is longer); the first to finish a task counts
- *    it (`won`). A task's results are deterministic and its stores plain, so a second run
+ *    task's time in this call, whichever is longer), and again after as long if that run
+ *    has not finished either (its thread may lose its core too); the first to finish a task
+ *    counts it (`won`). A task's results are deterministic and its stores plain, so a second run
  *    writes the same bits where the first did;
  *  - private state: everything a late worker may still read or write lives in the call's
  *    slot (em_pool.h): the job table and its token / row / scale arrays are copied there,
@@ -37,11 +38,12 @@
 #define EM_RESCUE_TASKS 4 /* ... or this many of a task's times in this call, if longer */
 #endif
 
-/* Bytes of the detached state after the job states: flags per task, the copied job
- * table and its arrays, and the ys rows (pairs x H fp32). */
+/* Bytes of the detached state after the job states: per task its first finisher's flag and
+ * its latest rescue's start, the copied job table and its arrays, and the ys rows (pairs x H
+ * fp32). */
 static size_t em_detach_bytes(const em_call *c, int64_t pairs) {
     int64_t tasks = c->ntasks[0] + c->ntasks[1] + c->ntasks[2];
-    size_t b = (size_t)em_round_up(2 * tasks, 64);
+    size_t b = (size_t)em_round_up(tasks, 64) + (size_t)em_round_up(4 * tasks, 64);
     b += (size_t)em_round_up((int64_t)c->njobs * (int64_t)sizeof(em_job), 64);
     b += (size_t)em_round_up(4 * 4 * pairs, 64); /* tokens, ys rows, output rows, scales */
     return b + (size_t)(pairs * c->H * 4);
@@ -50,13 +52,13 @@ static size_t em_detach_bytes(const em_call *c, int64_t pairs) {
 /* Lays the detached state out at `base` (the slot's workspace past the job states),
  * copies the job table there and points the call's stores at `ys`. */
 static void em_detach_layout(em_call *c, uint8_t *base, int64_t pairs) {
-    int64_t tasks = c->ntasks[0] + c->ntasks[1] + c->ntasks[2];
-    memset(base, 0, (size_t)(2 * tasks));
+    int64_t tasks = c->ntasks[0] + c->ntasks[1] + c->ntasks[2], flags = em_round_up(tasks, 64);
+    memset(base, 0, (size_t)(flags + 4 * tasks));
     for (int ph = 0, at = 0; ph < 3; at += (int)c->ntasks[ph], ph++) {
         c->won[ph] = (atomic_uchar *)(base + at);
-        c->rescuing[ph] = (atomic_uchar *)(base + tasks + at);
+        c->rescued_at[ph] = (atomic_uint *)(base + flags) + at;
     }
-    base += em_round_up(2 * tasks, 64);
+    base += flags + em_round_up(4 * tasks, 64);
     em_job *jobs = (em_job *)base;
     base += em_round_up((int64_t)c->njobs * (int64_t)sizeof(em_job), 64);
     int32_t *tok = (int32_t *)base, *yrow = tok + pairs, *orow = yrow + pairs;
@@ -102,15 +104,18 @@ static void em_detach_done(em_call *c, int ph, int64_t task, int j) {
     atomic_fetch_add(&c->done[ph], 1); /* seq_cst: publishes the task's writes */
 }
 
-/* A task of phase ph claimed but not done that no other thread is running again, from a
- * place that differs by thread (several rescuers spread), or -1. */
-static int64_t em_straggler(em_call *c, int ph, int64_t from) {
+/* A task of phase ph claimed but not done that no thread began running again within
+ * `grace_us` (a rescuer may lose its core too: then another takes it over), from a place
+ * that differs by thread (several rescuers spread), or -1. `now_us`: since the call began. */
+static int64_t em_straggler(em_call *c, int ph, int64_t from, uint32_t now_us, uint32_t grace_us) {
     int64_t n = c->ntasks[ph];
     for (int64_t i = 0; i < n; i++) {
         int64_t task = (from + i) % n;
         if (atomic_load_explicit(&c->won[ph][task], memory_order_relaxed)) continue;
-        if (atomic_load_explicit(&c->rescuing[ph][task], memory_order_relaxed)) continue;
-        if (!atomic_exchange(&c->rescuing[ph][task], 1)) return task;
+        atomic_uint *at = &c->rescued_at[ph][task];
+        uint32_t began = atomic_load_explicit(at, memory_order_relaxed); /* 0: never; else 1 + µs */
+        if (began && (int64_t)now_us + 1 - (int64_t)began < (int64_t)grace_us) continue;
+        if (atomic_compare_exchange_strong(at, &began, now_us + 1)) return task;
     }
     return -1;
 }

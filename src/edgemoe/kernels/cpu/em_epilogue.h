@@ -50,13 +50,14 @@ static inline int em_tile_tokens(const em_jobstate *s, int t0) { return s->np - 
 
 /* h rows i0 .. i0+nv (i0 even) for the tokens [t0, t0 + nt) (nt 16 or 32: the tile's valid
  * columns): gate row r at tile[r * 32 + tt], up row r at tile[(up + r) * 32 + tt]. A row
- * without a partner (nv odd: the last row of an odd I) pairs with zeros, as the pack left. */
+ * without a partner (nv odd: the last row of an odd I) pairs with a zero written here: the
+ * pair is this phase's alone (the pack leaves it, em_pack_token_pairs). */
 static inline void em_put_h_rows(const em_jobstate *s, int64_t i0, int nv, int t0, int nt, const float *tile, int up) {
     if (!EM_VEC_EPILOGUE) {
-        for (int r = 0; r < nv; r++)
+        for (int r = 0; r < nv + (nv & 1); r++) /* nv odd: the last pair's high half is zero, as below */
             for (int tt = 0; tt < nt; tt++)
                 ((uint16_t *)s->hp)[(((i0 + r) >> 1) * s->np + t0 + tt) * 2 + ((i0 + r) & 1)] =
-                    em_f32_to_bf16(em_silu(tile[r * 32 + tt]) * tile[(up + r) * 32 + tt]);
+                    r < nv ? em_f32_to_bf16(em_silu(tile[r * 32 + tt]) * tile[(up + r) * 32 + tt]) : 0;
         return;
     }
     for (int r = 0; r < nv; r += 2) {

@@ -232,6 +232,21 @@ static void *em_slot_workspace(em_slot *s, size_t size) {
     return s->ws;
 }
 
+/* Waits until no thread is inside any slot (no call running, no late worker of a detached
+ * call still reading its inputs): before the buffers those calls read are freed while the
+ * pool lives on. */
+static void em_pool_quiesce(em_pool *p) {
+    pthread_mutex_lock(&p->call_lock);
+    for (int i = 0; i < p->nslots; i++)
+        for (long spins = 0; atomic_load(&p->slots[i].active); spins++) {
+            if (spins < EM_SPIN_WAIT)
+                em_relax();
+            else
+                sched_yield();
+        }
+    pthread_mutex_unlock(&p->call_lock);
+}
+
 /* [tasks run again for a late thread, detached calls that returned with a thread still
  * inside, the most slots in use at once] since the pool began, and [3] the threads inside
  * a slot now (a racy count: between calls, the late workers still inside). */

@@ -120,6 +120,8 @@ static int em_run_task(em_call *c, int ph, int64_t task) {
     return j;
 }
 
+#include "em_stall.h" /* EM_TEST_STALL builds: workers held at chosen points (tests only) */
+
 /* Claims and runs phase ph's tasks until none is left to claim; returns how many it ran. */
 static int64_t em_run_phase(em_call *c, int ph) {
     int lane = -1;
@@ -149,10 +151,11 @@ static void em_detach_wait(em_call *c, int ph, int64_t ran, long t0) {
             sched_yield();
         if ((spins & 63) != 63) continue;
         long mean = atomic_load_explicit(&c->task_ns[ph], memory_order_relaxed);
-        long grace = EM_RESCUE_TASKS * mean > EM_RESCUE_NS ? EM_RESCUE_TASKS * mean : EM_RESCUE_NS;
-        if (em_now_ns() - since < grace) continue;
-        int64_t task = em_straggler(c, ph, from);
+        long grace = EM_RESCUE_TASKS * mean > EM_RESCUE_NS ? EM_RESCUE_TASKS * mean : EM_RESCUE_NS, now = em_now_ns();
+        if (now - since < grace || !EM_MAY_RESCUE()) continue;
+        int64_t task = em_straggler(c, ph, from, (uint32_t)((now - c->began) / 1000), (uint32_t)(grace / 1000));
         if (task < 0) continue;
+        EM_STALL_POINT(ph, 2);
         em_detach_done(c, ph, task, em_run_task(c, ph, task));
         atomic_fetch_add_explicit(&c->pool->rescued, 1, memory_order_relaxed);
         since = em_now_ns();
@@ -176,6 +179,7 @@ static void em_call_task(void *ctx) {
             em_detach_wait(c, ph, ran, t0);
         else if (ph != 1 || !c->join)
             em_wait_count(&c->done[ph], c->ntasks[ph]); /* join: down waits by expert */
+        EM_REPACK_POINT(c, ph);
         EM_PT_MARK(me, 2 + 2 * ph);
     }
     EM_PT_SUMS(me);

@@ -145,7 +145,10 @@ typedef struct {
     /* detached calls (em_detach.h): tasks' first finishers and rescuers, a task's time per
      * phase, and the caller's output (the stores go to the slot's ys rows) */
     int detached;
-    atomic_uchar *won[3], *rescuing[3];
+    atomic_uchar *won[3];
+    atomic_uint *rescued_at[3]; /* 1 + µs since `began` of a task's latest rescue (0: none) */
+    long began;                 /* the call's start (ns) */
+    atomic_int repacked;        /* EM_TEST_STALL builds: the caller's second pack is done (em_stall.h) */
     atomic_long task_ns[3];
     float *final_out;
     int64_t final_stride;
@@ -221,8 +224,10 @@ static void em_pack_token_pairs(const em_call *c, const em_job *jb, const em_job
     } else {
         for (int64_t p = p0; p < px; p++) s->xp[p * np + t] = 0;
     }
-    /* NOTE: h pairs past I (and a half pair when I is odd) must read as zero. */
-    int64_t z0 = t < s->n ? c->I / 2 : 0;
+    /* NOTE: h pairs past I must read as zero. The last pair of an odd I is gate_up's, whole
+     * (its half past I written as zero there): a pack task run twice (a detached call's
+     * rescue, em_detach.h) may store late, and must not clear a pair gate_up has written. */
+    int64_t z0 = t < s->n ? (c->I + 1) / 2 : 0;
     for (int64_t p = z0 > p0 ? z0 : p0; p < ph; p++) s->hp[p * np + t] = 0;
 }
 
@@ -390,7 +395,6 @@ static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *
 #include "em_qgemm.h" /* the quantised-weight GEMM tasks: em_qjit.h's path or em_qtasks.h's scratch */
 
 #include "em_detach.h" /* detached calls: private state, commit, first finishers (uses the above) */
-#include "em_stall.h"  /* EM_TEST_STALL builds: a worker held at a chosen task (tests only) */
 #include "em_sched.h" /* lanes, claims, the phases, the call's layout (uses everything above) */
 
 /* ---- exported ---- */
@@ -456,6 +460,7 @@ static int em_experts_in(void *pool, const void *x, int x_bf16, int64_t x_stride
     c->Px = em_round_up((H + 1) / 2, 16);
     c->Ph = em_round_up((I + 1) / 2, 16);
     c->detached = EM_DETACH && detached;
+    c->began = em_now_ns();
     int rc = em_plan(c, slot, gemm_min_tokens);
     if (rc == 0) em_plan_lanes(c);
     c->join = EM_PHASE_JOIN && njobs > 1 && njobs <= EM_JOIN_MAX_JOBS && !c->detached;
@@ -481,5 +486,9 @@ int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *o
  * still inside, the most call slots in use at once] since the pool began, and the threads
  * inside a call slot now. */
 void em_pool_stats(void *pool, int64_t *out) { em_pool_read_stats((em_pool *)pool, out); }
+
+/* Returns once no worker is inside any call (a detached call's late ones included): call it
+ * before freeing what the host function's calls read (a mailbox's buffers, its banks). */
+void em_quiesce(void *pool) { em_pool_quiesce((em_pool *)pool); }
 
 #include "em_host.h" /* em_host_layer: one layer's CPU share as a CUDA host function */
