@@ -3,10 +3,11 @@ share on a host that is not its own (`moe/quota_auto.py`).
 
 A CPU share runs a worker on every core but one. Where other processes (a build, a
 browser, another engine) or the hypervisor (a VM's stolen time) hold some of those cores,
-the share's workers queue behind them: four busy processes beside a run on the GPU
-machine made every share visit start with 18–52 ms steps against offload's 4.6
-(docs/benchmarks.md, 2026-12-05 16:25), and the survey's visits alone cost auto 5–9% of
-offload's speed. Counting the others' use of our cores costs two small /proc reads.
+the share's workers queue behind them: with four busy processes beside each run on the GPU
+machine (docs/benchmarks.md, 2026-12-05 18:51 and 19:09) a share visit's steps ran 7–11 ms
+against offload's 4.5 (93–142 ms before the detached calls), and the survey's visits alone
+cost auto 5–6% of offload's speed. Counting the others' use of our cores costs two small
+/proc reads.
 
 Others' cores = (busy + stolen time of the CPUs this process may run on − this process's
 own CPU time) ÷ the interval, from /proc/stat's per-CPU lines and /proc/self/stat, over
