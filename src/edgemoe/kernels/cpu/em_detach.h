@@ -9,11 +9,14 @@
  *    not done once a grace period has passed (EM_RESCUE_NS, or EM_RESCUE_TASKS times a
  *    task's time in this call, whichever is longer), and again after as long if that run
  *    has not finished either (its thread may lose its core too); the first to finish a task
- *    counts it (`won`). A task's results are deterministic and its stores plain, so a second run
- *    writes the same bits where the first did;
- *  - private state: everything a late worker may still read or write lives in the call's
- *    slot (em_pool.h): the job table and its token / row / scale arrays are copied there,
- *    and the down rows are written to the slot's `ys` rows, not to the caller's output;
+ *    counts it (`won`). A task's results are deterministic and its stores plain, so a second
+ *    run writes the same bits where the first did, and no word is written by two phases (a
+ *    late pack lands after gate_up: em_pack_token_pairs leaves gate_up's pairs alone);
+ *  - private state: everything a late worker may still write lives in the call's slot
+ *    (em_pool.h): the job table and its token / row / scale arrays are copied there, and the
+ *    down rows are written to the slot's `ys` rows, not to the caller's output. What it may
+ *    still read beyond the slot (the mailbox's x, the banks) is freed only after
+ *    em_pool_quiesce;
  *  - commit: the first finisher of a down task copies its rows of `ys` to the output
  *    before counting the task done, so the call ends after every output write, and a
  *    late worker, whose task someone else committed, never writes the output;
