@@ -126,7 +126,10 @@ class HostLayerMailboxes:
         # returned (kernels/cpu/em_detach.h): they go only once it has left.
         kernel = getattr(self, "kernel", None)
         if kernel is not None:
-            kernel.quiesce()
+            try:
+                kernel.quiesce()
+            except Exception:  # noqa: BLE001 - interpreter shutdown: modules half gone, the pool's threads too
+                pass
 
     def address(self, layer: int) -> int:
         """The mailbox of `layer` (the host function's argument)."""
