@@ -143,8 +143,11 @@ class _OnlyTheEngine:
 GONE_GRACE_S = 0.5  # how long a dying engine's exit may lag its connection's end
 
 
-async def _gone_soon(engine_gone: Callable[[], bool]) -> bool:
-    """Whether the engine is gone, or goes within GONE_GRACE_S."""
+async def _gone_soon(engine_gone: Callable[[], bool | None]) -> bool:
+    """Whether the engine is gone, or goes within GONE_GRACE_S; at once False where it is
+    connected (`engine_gone` None: a handshake failing then is never its own)."""
+    if engine_gone() is None:
+        return False
     deadline = time.monotonic() + GONE_GRACE_S
     while not engine_gone():
         if time.monotonic() >= deadline:
@@ -171,10 +174,10 @@ class LinkGuard:
         sock.curve_secretkey = self.keys.server_secret
 
     async def report_refusals(self, actx: zmq.asyncio.Context, socks: Sequence[zmq.Socket[Any]],
-                              engine_gone: Callable[[], bool] = lambda: False) -> None:
-        """Log failed handshakes on `socks` (rate-limited) until cancelled; a handshake cut
-        short while the engine dies (`engine_gone` true soon after) is the engine's, not a
-        refusal."""
+                              engine_gone: Callable[[], bool | None] | None = None) -> None:
+        """Log failed handshakes on `socks` (rate-limited) until cancelled. `engine_gone`
+        says whether the engine is gone (None: it is connected, its handshake done): a
+        handshake cut short while it dies (true within GONE_GRACE_S) is its own, not a refusal."""
         monitors = []
         for i, sock in enumerate(socks):
             address = f"inproc://edgemoe-link-monitor-{id(self)}-{i}"
@@ -189,7 +192,8 @@ class LinkGuard:
             while True:
                 for monitor, _ in await poller.poll():
                     event = parse_monitor_message(await monitor.recv_multipart())
-                    if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and await _gone_soon(engine_gone):
+                    if (event["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and engine_gone is not None
+                            and await _gone_soon(engine_gone)):
                         # a peer gone mid-handshake: our own engine failing as it starts does this
                         # (its own error says why); a foreign one is refused as below
                         log.debug("engine link: the engine's connection closed during its handshake")

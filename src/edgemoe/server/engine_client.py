@@ -180,7 +180,9 @@ class EngineClient:
         refusals = self._guard.report_refusals(self._async_ctx, [self._send_sock, self._recv_sock], self._engine_gone)
         self._tasks = [asyncio.create_task(c) for c in (self._receive(), self._watch(), refusals)]
 
-    def _engine_gone(self) -> bool:  # failed, died or closed: a handshake it cut then is its own (link_auth)
+    def _engine_gone(self) -> bool | None:  # failed, died or closed: a handshake it cut then is its own (link_auth)
+        if self.state is State.READY:
+            return None  # connected: a failing handshake is never the engine's
         return self.state in (State.DEAD, State.CLOSED) or self.failure is not None or (
             self.handle is not None and not self.handle.alive())
 
