@@ -27,6 +27,8 @@ def test_a_sample_counts_busy_and_stolen_time_of_the_allowed_cpus_only() -> None
     s = read_sample(STAT, SELF, {0, 1}, at=2.0)
     # cpu0: user 100 + system 50 + irq 7 + softirq 3 + steal 10; cpu1: 200 + 50 + 20; idle and iowait not
     assert s == Sample(2.0, 170 + 270, 70 + 30)  # own: utime 70 + stime 30 (a name with spaces and parens)
+    assert read_sample(STAT, SELF, {0}, at=1.0, parent_stat=SELF).own == 200  # the server process's time is ours
+    assert read_sample(STAT, SELF, {0}, at=1.0, parent_stat="").own == 100  # no parent to read
     assert read_sample(STAT, SELF, {7}, at=0.0) is None  # none of the CPUs listed
     assert read_sample("intr 1\n", SELF, {0}, at=0.0) is None
     assert read_sample(STAT, "1 (x) R 1", {0}, at=0.0) is None

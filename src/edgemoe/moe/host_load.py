@@ -10,7 +10,8 @@ cost auto 5–6% of offload's speed. Counting the others' use of our cores costs
 /proc reads.
 
 Others' cores = (busy + stolen time of the CPUs this process may run on − this process's
-own CPU time) ÷ the interval, from /proc/stat's per-CPU lines and /proc/self/stat, over
+own CPU time and its parent's: `edgemoe serve`'s server process, whose HTTP work is the
+engine's own) ÷ the interval, from /proc/stat's per-CPU lines and /proc/self/stat, over
 intervals of at least `span` seconds (the counters tick 100 times a second: a shorter
 interval reads mostly their granularity). Linux only; elsewhere nothing is known (None).
 """
@@ -30,12 +31,18 @@ _BUSY = (1, 2, 3, 6, 7, 8)  # user nice system (idle iowait) irq softirq steal: 
 class Sample(NamedTuple):
     at: float  # monotonic seconds
     busy: int  # busy and stolen ticks of the allowed CPUs
-    own: int  # this process's user + system ticks
+    own: int  # this process's (and its parent's) user + system ticks
 
 
-def read_sample(stat: str, self_stat: str, cpus: set[int], at: float) -> Sample | None:
-    """A sample from /proc/stat's and /proc/self/stat's texts, for the CPUs `cpus`; None if
-    they don't parse (not Linux's format)."""
+def _cpu_ticks(proc_stat: str) -> int | None:
+    """utime + stime (fields 14, 15) of a /proc/PID/stat text; None if it doesn't parse."""
+    after = proc_stat[proc_stat.rfind(")") + 2 :].split()  # from field 3 (state) on
+    return int(after[11]) + int(after[12]) if len(after) >= 13 else None
+
+
+def read_sample(stat: str, self_stat: str, cpus: set[int], at: float, parent_stat: str = "") -> Sample | None:
+    """A sample from /proc/stat's and /proc/self/stat's texts (and the parent's, counted as
+    ours where it parses), for the CPUs `cpus`; None if they don't parse (not Linux's format)."""
     busy, seen = 0, 0
     for line in stat.splitlines():
         name, _, rest = line.partition(" ")
@@ -44,20 +51,27 @@ def read_sample(stat: str, self_stat: str, cpus: set[int], at: float) -> Sample 
         fields = rest.split()
         busy += sum(int(fields[i - 1]) for i in _BUSY if i <= len(fields))
         seen += 1
-    after = self_stat[self_stat.rfind(")") + 2 :].split()  # from field 3 (state) on
-    if not seen or len(after) < 13:
+    own = _cpu_ticks(self_stat)
+    if not seen or own is None:
         return None
-    return Sample(at, busy, int(after[11]) + int(after[12]))  # utime, stime: fields 14, 15
+    return Sample(at, busy, own + (_cpu_ticks(parent_stat) or 0))
 
 
 def _allowed_cpus() -> set[int]:
     return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
 def _proc_sample() -> Sample | None:
     try:
         return read_sample(Path("/proc/stat").read_text(), Path("/proc/self/stat").read_text(), _allowed_cpus(),
-                           time.monotonic())
+                           time.monotonic(), _read(f"/proc/{os.getppid()}/stat"))
     except (OSError, ValueError, IndexError):
         return None
 
