@@ -34,7 +34,9 @@ def best_variant() -> str:
 def stall_kernel(gemm_min: int, threads: int = 4) -> CpuExperts:
     variant = best_variant()
     kernel_for(variant, threads=threads)  # skips without a compiler
-    return CpuExperts(variant, threads=threads, gemm_min_tokens=gemm_min,
+    # workers spin 5 ms between calls (not 200 µs), so on any host they join the next call
+    # and claim some of its tasks rather than sleep through it while the caller does them all
+    return CpuExperts(variant, threads=threads, gemm_min_tokens=gemm_min, spin_us=5000,
                       lib=cpu_build.load_tuned(variant, "EM_TEST_STALL=1"))
 
 
