@@ -20,8 +20,10 @@ from cpu_expert_support import kernel_for, make_expert
 
 from edgemoe.kernels import cpu_build, cpu_isa
 from edgemoe.kernels.cpu_experts import ExpertJob, experts_cpu
+from edgemoe.kernels.cpu_experts_quant import native_weights
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
 from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.quant import Fp8Block, Int4Group, Int8Channel, quantise_expert
 
 E, H, I, T, K = 6, 67, 45, 5, 3  # odd H and I: every vector tail
 HANG_S = 60.0  # a guard against a hang (the failure), not a speed bound
@@ -55,8 +57,10 @@ def step(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 
 
 def call(mb: HostLayerMailboxes, layer: int, inputs) -> torch.Tensor:
-    """The layer's cells for `inputs`, from a call on another thread (a hang fails, not blocks)."""
+    """The layer's cells for `inputs`, from a call on another thread (a hang fails, not blocks);
+    the output is NaN before the call, so a row it leaves unwritten shows."""
     mb.fill(*inputs)
+    mb.buffers.out.fill_(float("nan"))
     worker = threading.Thread(target=mb.run, args=(layer,), daemon=True)
     worker.start()
     worker.join(HANG_S)
@@ -211,4 +215,37 @@ def test_dropping_the_mailboxes_waits_for_a_late_worker() -> None:
         lib.em_test_release()
     dropper.join(HANG_S)
     assert not dropper.is_alive() and kernel.pool_stats()["inside"] == 0
+    kernel.close()
+
+
+# int4 in groups of 32: H = 67 and I = 45 end in partial groups
+@pytest.mark.parametrize("fmt", [Int8Channel(), Fp8Block(block=32), Int4Group(group=32)], ids=["int8", "fp8", "int4"])
+@pytest.mark.parametrize("gemm_min", [10**9, 2], ids=["gemv", "blocked"])
+def test_quantised_experts_with_a_held_worker(fmt, gemm_min: int) -> None:  # noqa: ANN001
+    """The quantised paths' down tasks cover other row counts (int8 / fp8 GEMV 32, blocked
+    24 / 32, int4 16): a held down task is run again and committed over exactly its rows."""
+    kernel = stall_kernel(gemm_min)
+    lib = kernel.lib
+
+    def banks(seed: int) -> dict[str, torch.Tensor]:
+        experts = [quantise_expert(fmt, gu[:I], gu[I:], d) for gu, d in (make_expert(H, I, seed * 100 + e)
+                                                                          for e in range(E))]
+        return {name: torch.stack([q[name] for q in experts]) for name in experts[0]}
+
+    mb = HostLayerMailboxes({0: banks(1), 1: banks(2)}, native_weights(fmt), kernel, T, K, torch.bfloat16)
+    a, b = step(3), step(4)
+    want_a, want_b = call(mb, 0, a), call(mb, 1, b)
+    assert torch.isfinite(want_a).all() and torch.isfinite(want_b).all() and not torch.equal(want_a, want_b)
+    lib.em_test_stall(2, 1)
+    try:
+        for _ in range(200):
+            assert torch.equal(call(mb, 0, a), want_a)
+            if lib.em_test_holding():
+                break
+        assert lib.em_test_holding(), "no worker claimed a down task in 200 calls"
+        assert torch.equal(call(mb, 1, b), want_b)
+    finally:
+        lib.em_test_release()
+    wait_until(lambda: kernel.pool_stats()["inside"] == 0, "the released worker never left its call")
+    assert torch.equal(mb.cells(T * K), want_b)
     kernel.close()
