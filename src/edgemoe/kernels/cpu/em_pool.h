@@ -86,14 +86,17 @@ static inline void em_relax(void) {
 #endif
 }
 
+/* One turn of a wait: spin first, yield once it has lasted (EM_SPIN_WAIT turns). */
+static inline void em_backoff(long spins) {
+    if (spins < EM_SPIN_WAIT)
+        em_relax();
+    else
+        sched_yield();
+}
+
 /* Spin, then yield, until *counter reaches target. */
 static void em_wait_count(atomic_long *counter, long target) {
-    for (long spins = 0; atomic_load(counter) < target; spins++) {
-        if (spins < EM_SPIN_WAIT)
-            em_relax();
-        else
-            sched_yield();
-    }
+    for (long spins = 0; atomic_load(counter) < target; spins++) em_backoff(spins);
 }
 
 static inline long em_now_ns(void) {
@@ -238,12 +241,7 @@ static void *em_slot_workspace(em_slot *s, size_t size) {
 static void em_pool_quiesce(em_pool *p) {
     pthread_mutex_lock(&p->call_lock);
     for (int i = 0; i < p->nslots; i++)
-        for (long spins = 0; atomic_load(&p->slots[i].active); spins++) {
-            if (spins < EM_SPIN_WAIT)
-                em_relax();
-            else
-                sched_yield();
-        }
+        for (long spins = 0; atomic_load(&p->slots[i].active); spins++) em_backoff(spins);
     pthread_mutex_unlock(&p->call_lock);
 }
 

@@ -9,6 +9,13 @@
 #define EM_QGEMM_H
 
 #if EM_HAS_GEMM
+/* A task's scratch of n bf16 values, or NULL with the call marked failed (it returns -2). */
+static uint16_t *em_task_scratch(const em_call *c, size_t n) {
+    uint16_t *rows = em_scratch(n);
+    if (!rows) atomic_store(&((em_call *)c)->failed, 1);
+    return rows;
+}
+
 static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
     const int64_t H = c->H, I = c->I;
     int64_t lo = q * EM_P1_GEMM, hi = lo + EM_P1_GEMM < I ? lo + EM_P1_GEMM : I;
@@ -19,11 +26,8 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
     }
 #endif
     const int64_t ld = H + EM_QPAD;
-    uint16_t *rows = em_scratch((size_t)(2 * EM_QHALF * ld)); /* gate rows, then up rows from EM_QHALF */
-    if (!rows) {
-        atomic_store(&((em_call *)c)->failed, 1);
-        return;
-    }
+    uint16_t *rows = em_task_scratch(c, (size_t)(2 * EM_QHALF * ld)); /* gate rows, then up rows from EM_QHALF */
+    if (!rows) return;
     for (int64_t i0 = lo; i0 < hi; i0 += EM_QHALF) {
         int nv = hi - i0 < EM_QHALF ? (int)(hi - i0) : EM_QHALF;
         long t0 = EM_PT_NOW();
@@ -49,11 +53,8 @@ static void em_down_gemm_q(const em_call *c, const em_job *jb, const em_jobstate
 #endif
     const int group = 2 * EM_QHALF; /* rows per tile: both A tiles (AMX) or one microkernel (AVX-512) */
     const int64_t ld = I + EM_QPAD;
-    uint16_t *rows = em_scratch((size_t)(group * ld));
-    if (!rows) {
-        atomic_store(&((em_call *)c)->failed, 1);
-        return;
-    }
+    uint16_t *rows = em_task_scratch(c, (size_t)(group * ld));
+    if (!rows) return;
     for (int64_t r0 = lo; r0 < hi; r0 += group) {
         int nr = hi - r0 < group ? (int)(hi - r0) : group;
         long t0 = EM_PT_NOW();

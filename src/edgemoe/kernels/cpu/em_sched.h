@@ -66,12 +66,7 @@ static int64_t em_job_tasks(const em_call *c, int ph, int j) {
 static void em_join_job(em_call *c, int j) {
 #if EM_PHASE_JOIN
     int64_t want = em_job_tasks(c, 1, j);
-    for (long spins = 0; atomic_load(&c->up_done[j]) < want; spins++) {
-        if (spins < EM_SPIN_WAIT)
-            em_relax();
-        else
-            sched_yield();
-    }
+    for (long spins = 0; atomic_load(&c->up_done[j]) < want; spins++) em_backoff(spins);
 #else
     (void)c;
     (void)j;
@@ -145,10 +140,7 @@ static void em_detach_wait(em_call *c, int ph, int64_t ran, long t0) {
     if (ran) atomic_store_explicit(&c->task_ns[ph], (since - t0) / ran, memory_order_relaxed);
     int64_t from = (int64_t)(((uintptr_t)&since >> 6) % 4093);
     for (long spins = 0; atomic_load(&c->done[ph]) < c->ntasks[ph]; spins++) {
-        if (spins < EM_SPIN_WAIT)
-            em_relax();
-        else
-            sched_yield();
+        em_backoff(spins);
         if ((spins & 63) != 63) continue;
         long mean = atomic_load_explicit(&c->task_ns[ph], memory_order_relaxed);
         long grace = EM_RESCUE_TASKS * mean > EM_RESCUE_NS ? EM_RESCUE_TASKS * mean : EM_RESCUE_NS, now = em_now_ns();
@@ -161,6 +153,18 @@ static void em_detach_wait(em_call *c, int ph, int64_t ran, long t0) {
         since = em_now_ns();
         spins = 0;
     }
+}
+
+/* Test builds (em_stall.h's em_test_repack): after phase ph's wait, past gate_up (ph 1), the
+ * caller runs every pack task again while the workers wait for it (`repacked`). */
+static void em_repack_point(em_call *c, int ph) {
+    if (ph != 1 || !c->repack) return;
+    if (!em_in_worker) {
+        for (int64_t task = 0; task < c->ntasks[0]; task++) em_run_task(c, 0, task);
+        atomic_store(&c->repacked, 1);
+        return;
+    }
+    while (!atomic_load(&c->repacked)) em_relax();
 }
 
 /* Every thread in the call: claim tasks of a phase; when none are left, wait until
@@ -179,7 +183,7 @@ static void em_call_task(void *ctx) {
             em_detach_wait(c, ph, ran, t0);
         else if (ph != 1 || !c->join)
             em_wait_count(&c->done[ph], c->ntasks[ph]); /* join: down waits by expert */
-        EM_REPACK_POINT(c, ph);
+        if (EM_TEST_STALL) em_repack_point(c, ph);
         EM_PT_MARK(me, 2 + 2 * ph);
     }
     EM_PT_SUMS(me);

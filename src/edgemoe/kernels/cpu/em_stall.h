@@ -7,8 +7,9 @@
  * and is armed separately. `em_test_release()` lets every held one go; `em_test_holding()`
  * says how many are held now. `em_test_repack(on)`: in a detached call the caller runs every
  * pack task again after the gate_up phase and before any down task starts (a late pack's
- * stores landing there), deterministically. `em_test_caller_rescues(0)`: only workers run
- * late tasks again (so a test can hold a rescuer). Other builds: the points are nothing.
+ * stores landing there), deterministically (em_sched.h's em_repack_point).
+ * `em_test_caller_rescues(0)`: only workers run late tasks again (so a test can hold a
+ * rescuer). Other builds: the points are nothing.
  * Included by the schedule (em_sched.h). */
 #ifndef EM_STALL_H
 #define EM_STALL_H
@@ -44,23 +45,12 @@ static void em_stall_point(int ph, int point) {
     atomic_fetch_sub(&em_stall_holding, 1);
 }
 
-/* After phase ph's wait: with em_test_repack on, past gate_up (ph 1), the caller runs every
- * pack task again while the workers wait for it (`repacked`). */
-static void em_repack_point(em_call *c, int ph) {
-    if (ph != 1 || !c->detached || !atomic_load(&em_repack)) return;
-    if (!em_in_worker) {
-        for (int64_t task = 0; task < c->ntasks[0]; task++) em_run_task(c, 0, task);
-        atomic_store(&c->repacked, 1);
-        return;
-    }
-    while (!atomic_load(&c->repacked) && atomic_load(&c->done[2]) < c->ntasks[2]) em_relax();
-}
 #define EM_STALL_POINT(ph, point) em_stall_point(ph, point)
-#define EM_REPACK_POINT(c, ph) em_repack_point(c, ph)
+#define EM_REPACK_ARMED() atomic_load(&em_repack)
 #define EM_MAY_RESCUE() (em_in_worker || atomic_load(&em_caller_rescue))
 #else
 #define EM_STALL_POINT(ph, point) ((void)0)
-#define EM_REPACK_POINT(c, ph) ((void)0)
+#define EM_REPACK_ARMED() 0
 #define EM_MAY_RESCUE() 1
 #endif
 

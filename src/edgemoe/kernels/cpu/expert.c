@@ -148,7 +148,8 @@ typedef struct {
     atomic_uchar *won[3];
     atomic_uint *rescued_at[3]; /* 1 + µs since `began` of a task's latest rescue (0: none) */
     long began;                 /* the call's start (ns) */
-    atomic_int repacked;        /* EM_TEST_STALL builds: the caller's second pack is done (em_stall.h) */
+    int repack;                 /* EM_TEST_STALL builds: this call packs twice (em_stall.h), */
+    atomic_int repacked;        /* and its caller's second pack is done */
     atomic_long task_ns[3];
     float *final_out;
     int64_t final_stride;
@@ -460,7 +461,8 @@ static int em_experts_in(void *pool, const void *x, int x_bf16, int64_t x_stride
     c->Px = em_round_up((H + 1) / 2, 16);
     c->Ph = em_round_up((I + 1) / 2, 16);
     c->detached = EM_DETACH && detached;
-    c->began = em_now_ns();
+    c->began = c->detached ? em_now_ns() : 0; /* the rescues' clock (em_detach.h) */
+    c->repack = c->detached && EM_REPACK_ARMED(); /* decided once: a late worker may look after a test disarms it */
     int rc = em_plan(c, slot, gemm_min_tokens);
     if (rc == 0) em_plan_lanes(c);
     c->join = EM_PHASE_JOIN && njobs > 1 && njobs <= EM_JOIN_MAX_JOBS && !c->detached;
