@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from edgemoe.kernels.cpu_pinning import task_texts
+from edgemoe.moe.host_load import cpu_ticks
 
 # /proc/stat's "cpu" line, in order (USER_HZ ticks since boot).
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -56,8 +57,7 @@ def thread_ticks() -> dict[str, int]:
     out: dict[str, int] = {}
     for tid, stat in task_texts("stat").items():
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
-        out[f"{tid} {name}"] = int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
+        out[f"{tid} {name}"] = cpu_ticks(stat) or 0
     return out
 
 

@@ -179,13 +179,18 @@ class CpuExperts:
         if rc != 0:
             raise ValueError(f"CPU expert kernel rejected its arguments ({rc})")
 
+    def _live_pool(self) -> bool:
+        """This process's C pool exists (none before the first call, after close, or in a
+        forked child, whose copy of the handle names its parent's threads)."""
+        return self._pool is not None and self._pid == os.getpid() and self._lib is not None
+
     def pool_stats(self) -> dict[str, int]:
         """The pool's counters (`em_pool_stats`, kernels/cpu/em_detach.h): tasks run again
         for a late worker (`rescued`), the CPU share's calls that returned with a worker still
         inside (`left_behind`: most only leaving it; stragglers show as `rescued`), the most
         call slots in use at once (`slots_peak`), and the
         threads inside a call now (`inside`); zeros before the pool's first call."""
-        if self._lib is None or self._pool is None or self._pid != os.getpid():
+        if not self._live_pool():
             return dict.fromkeys(POOL_STATS, 0)
         out = (ctypes.c_int64 * len(POOL_STATS))()
         self._lib.em_pool_stats(self._pool, out)
@@ -195,7 +200,7 @@ class CpuExperts:
         """Return once no pool thread is inside a call — a detached call's late worker may
         still read the call's inputs after it returned (kernels/cpu/em_detach.h): call this
         before freeing a host function's mailbox buffers or banks while the pool lives on."""
-        if self._lib is not None and self._pool is not None and self._pid == os.getpid():
+        if self._live_pool():
             self._lib.em_quiesce(self._pool)
 
     def read(self, buf: torch.Tensor) -> int:
@@ -205,7 +210,7 @@ class CpuExperts:
         return int(self._lib.em_read(self._handle(), buf.data_ptr(), buf.numel() * buf.element_size() // 8 * 8))
 
     def close(self) -> None:
-        if self._pool is not None and self._pid == os.getpid() and self._lib is not None:
+        if self._live_pool():
             self._lib.em_destroy(self._pool)
             cpu_pinning.release(self.pinned)
         self._pool, self.pinned = None, {}

@@ -34,7 +34,7 @@ class Sample(NamedTuple):
     own: int  # this process's (and its parent's) user + system ticks
 
 
-def _cpu_ticks(proc_stat: str) -> int | None:
+def cpu_ticks(proc_stat: str) -> int | None:
     """utime + stime (fields 14, 15) of a /proc/PID/stat text; None if it doesn't parse."""
     after = proc_stat[proc_stat.rfind(")") + 2 :].split()  # from field 3 (state) on
     return int(after[11]) + int(after[12]) if len(after) >= 13 else None
@@ -51,10 +51,10 @@ def read_sample(stat: str, self_stat: str, cpus: set[int], at: float, parent_sta
         fields = rest.split()
         busy += sum(int(fields[i - 1]) for i in _BUSY if i <= len(fields))
         seen += 1
-    own = _cpu_ticks(self_stat)
+    own = cpu_ticks(self_stat)
     if not seen or own is None:
         return None
-    return Sample(at, busy, own + (_cpu_ticks(parent_stat) or 0))
+    return Sample(at, busy, own + (cpu_ticks(parent_stat) or 0))
 
 
 def _allowed_cpus() -> set[int]:
