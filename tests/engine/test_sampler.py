@@ -466,3 +466,22 @@ def test_float32_logits_are_not_modified_in_place() -> None:
 
 def _fields(p: SamplingParams) -> dict[str, object]:
     return {f: getattr(p, f) for f in p.__struct_fields__}
+
+
+def test_a_filtered_token_never_wins_where_its_noise_rounds_to_zero() -> None:
+    """The counter's top 24-bit value made U round to 1.0 in float32, so E = 0, log E =
+    -inf, and a filtered token's -inf - log E was NaN — which argmax picks. Found where
+    it happens (a pure function of seed, counter and token id), that token is filtered
+    and must not be drawn."""
+    from edgemoe.engine.sampler import _STEP, _shr, _splitmix64, _token_hashes
+
+    V, seeds = 4096, torch.arange(8192)
+    counters = torch.zeros_like(seeds)
+    key = _splitmix64(seeds ^ (counters * _STEP))[:, None]
+    top = _shr(_splitmix64(key ^ _token_hashes(V, seeds.device)[None, :]), 40) == (1 << 24) - 1
+    row, token = (int(i) for i in top.nonzero()[0])  # one (seed, token) with the top value
+    assert counter_exponential(seeds[row:row + 1], counters[:1], V)[0, token] > 0
+    logits = torch.zeros(1, V)
+    logits[0, token] = -INF  # filtered (a structured output's mask, top-k, top-p, min-p)
+    states = make_states([SamplingParams(temperature=1.0, seed=int(seeds[row]))])
+    assert run(logits, states).token_ids.item() != token

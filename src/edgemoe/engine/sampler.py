@@ -1,7 +1,7 @@
 """Batched sampling for one engine step: logits [B, V] -> one token per row.
 
 Order (HF's, and vLLM's up to v0, with OpenAI's logit_bias first): logit_bias ->
-min_tokens mask -> repetition penalty -> frequency/presence penalties -> greedy rows take
+structured outputs' masks -> min_tokens mask -> repetition penalty -> frequency/presence penalties -> greedy rows take
 the argmax -> temperature -> top-k -> top-p -> min-p -> draw. Logprobs describe the raw
 model distribution (before all that).
 
@@ -134,6 +134,7 @@ class SamplingBatch:
     seeds: Tensor  # [B] int64, every row's seed
     counters: Tensor  # [B] int64, every row's draw number (tokens generated so far)
     num_logprobs: int | None  # the largest `logprobs` asked for; None: nobody asked
+    allowed: Tensor | None = None  # [B, V] bool: structured outputs' masks (True: allowed); None: none
 
     @classmethod
     def build(
@@ -263,13 +264,15 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
 
 
 def apply_penalties(x: Tensor, b: SamplingBatch) -> Tensor:
-    """logit_bias, then the min_tokens mask, then repetition, then frequency/presence
+    """logit_bias, then the structured outputs' masks, then the min_tokens mask, then repetition, then frequency/presence
     penalties: everything that changes the logits before the greedy argmax.
 
     `x` is float32 [B, V] and may be modified in place; use the returned tensor.
     """
     if b.logit_bias is not None:
         x.scatter_add_(1, b.logit_bias.ids, b.logit_bias.values)
+    if b.allowed is not None:
+        x.masked_fill_(~b.allowed, NEG_INF)
     if b.banned is not None:
         x[b.banned.rows, b.banned.ids] = NEG_INF
     if b.seen is not None and b.repetition is not None:
@@ -330,6 +333,7 @@ _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
 _STEP = 0xD1B54A32D192ED03 - (1 << 64)
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
 
 
 def _shr(z: Tensor, n: int) -> Tensor:
@@ -354,12 +358,15 @@ def counter_exponential(seeds: Tensor, counters: Tensor, vocab_size: int) -> Ten
     """E ~ Exp(1) [B, V] float32, a pure function of (seed, counter, token id).
 
     Two splitmix64 rounds mix the row's key with the token id; the top 24 bits give
-    U in (0, 1) at float32 resolution (never 0, so log U is finite and filtered -inf
-    tokens can never win), and E = -log U.
+    U in (0, 1) at float32 resolution, and E = -log U. NOTE: neither end may be reached:
+    U = 0 makes E infinite, and U = 1 makes E = 0, so log E = -inf and a filtered token's
+    -inf - log E is NaN, which argmax picks. The top value (2^24 - 0.5) / 2^24 rounds to
+    1.0 in float32 (a 24-bit significand), so U is clamped to the float below 1: once in
+    2^24 tokens a filtered token won, ~1% of draws over a 150K vocabulary.
     """
     key = _splitmix64(seeds.long() ^ (counters.long() * _STEP))[:, None]  # [B, 1]
     z = _splitmix64(key ^ _token_hashes(vocab_size, seeds.device)[None, :])
-    u = (_shr(z, 40).float() + 0.5) * (1.0 / (1 << 24))
+    u = ((_shr(z, 40).float() + 0.5) * (1.0 / (1 << 24))).clamp_(max=_BELOW_ONE)
     return -torch.log(u)
 
 
