@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgemoe.messages import SamplingParams
+from edgemoe.messages import SamplingParams, StructuredOutput
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutput"]
 __version__ = "0.1.0"
 
 

@@ -24,6 +24,19 @@ MAX_LOGIT_BIAS = 300
 LOGIT_BIAS_LIMIT = 100.0
 
 
+class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The output must be JSON: matching `schema` (a JSON Schema as JSON text), or any JSON
+    object when it is None. `reasoning` says where the JSON starts (`structured/constraint.py`):
+    "none" at the first token, "open" after the prompt's open `<think>` block closes,
+    "start" after a `<think>` block the model may open first."""
+
+    schema: str | None = None
+    reasoning: str = "none"
+
+
+MAX_SCHEMA_BYTES = 256 * 1024  # a structured output's schema, as JSON text
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How to pick tokens for one request. Defaults mean plain sampling at T=1.
 
@@ -36,6 +49,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     before everything else (the min_tokens mask, penalties, filters, greedy argmax).
     `logprobs=N` returns the sampled token's logprob plus the top-N alternatives
     (raw model distribution, before logit_bias, penalties and filters).
+    `structured` masks every token that would make the output other than the JSON it
+    asks for (the engine compiles and checks its schema).
     """
 
     temperature: float = 1.0
@@ -54,6 +69,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         # One stop string as a plain str (vLLM takes both): iterated, "ab" would stop at "a" and at "b".
@@ -104,6 +120,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              f"may hold at most {MAX_STOP_TOKEN_IDS} ids"),
             (all(0 <= t <= MAX_TOKEN_COUNT for t in self.stop_token_ids), "stop_token_ids",
              f"must be token ids between 0 and {count}"),
+            (self.structured is None or self.structured.reasoning in ("none", "open", "start"), "structured",
+             "reasoning must be 'none', 'open' or 'start'"),
+            (self.structured is None or len((self.structured.schema or "").encode()) <= MAX_SCHEMA_BYTES,
+             "structured", f"schema may be at most {MAX_SCHEMA_BYTES} bytes of JSON"),
         ]
 
 
@@ -133,10 +153,8 @@ def _shown(value: object) -> str:
         return f"an integer of {value.bit_length()} bits"
     if isinstance(value, list) and len(value) > 8:
         return f"{len(value)} items"
-    if isinstance(value, (list, str, dict)):
-        text = repr(value)
-        return text if len(text) <= 200 else text[:200] + "…"
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):

@@ -15,7 +15,7 @@ import pytest
 from server_harness import ServerHarness
 
 from edgemoe.server.config import ServerConfig
-from edgemoe.server.logprobs import _unicode_to_byte
+from edgemoe.token_bytes import unicode_to_byte
 from edgemoe.tokenizer import TokenizerBundle
 
 USER = [{"role": "user", "content": "Tell me a story."}]
@@ -39,7 +39,7 @@ def real(demo_dir: Path) -> Iterator[ServerHarness]:
 def token_id(tokenizer: TokenizerBundle, raw: list[int] | None) -> int:
     """A logprob entry's `bytes` -> its token id (byte-level BPE piece, or an added token's text)."""
     assert raw is not None
-    to_unicode = {b: ch for ch, b in _unicode_to_byte().items()}
+    to_unicode = {b: ch for ch, b in unicode_to_byte().items()}
     found = tokenizer.tokenizer.token_to_id("".join(to_unicode[b] for b in raw))
     if found is None:
         found = tokenizer.tokenizer.token_to_id(bytes(raw).decode())

@@ -25,12 +25,14 @@ from edgemoe.config import EngineConfig
 from edgemoe.detokenizer import TextStream
 from edgemoe.engine.batch_buffers import PENDING, SeqChunk
 from edgemoe.engine.build import Runtime, build_runtime
+from edgemoe.engine.constraints import Constraints
 from edgemoe.engine.overlap import OverlapLoop
 from edgemoe.engine.process_memory import freeze_heap, release_device_memory
 from edgemoe.engine.request import Request
 from edgemoe.engine.runner import HostResult
 from edgemoe.engine.sampling import SampledTokens, SamplingRows, greedy_tokens, sample_step
 from edgemoe.engine.scheduler import ScheduledSeq, Scheduler, StepPlan
+from edgemoe.engine.scoring import prompt_logits
 from edgemoe.engine.state_snapshots import StateSnapshots, opener_token_ids
 from edgemoe.messages import RequestOutput, SamplingParams, TokenLogprob
 from edgemoe.ple.store import PleFillError
@@ -66,12 +68,13 @@ class Engine:
         self.profiler = rt.profiler
         self.sampling = SamplingRows(rt.page_table.max_rows + 1, self.vocab_size, rt.device, config.model.seed)
         self.eos_ids = frozenset(rt.tokenizer.eos_token_ids)
+        self.constraints = Constraints(rt.tokenizer.tokenizer, self.vocab_size, self.eos_ids)  # structured outputs
         self.requests: dict[str, Request] = {}
         self._streams: dict[str, TextStream] = {}
         self._ids = itertools.count()
         # A PLE store that hashes on the host (disk) needs each chunk's n-gram context.
         ple = rt.ple
-        self._ple_context = ple.geometry.context if ple is not None and not ple.hashes_on_device else 0
+        self.ple_context = ple.geometry.context if ple is not None and not ple.hashes_on_device else 0
         self.overlap = OverlapLoop(self) if rt.overlap else None
         freeze_heap(rt.device)  # full collections while serving skip the engine's own objects
 
@@ -88,11 +91,15 @@ class Engine:
         req = Request(request_id, list(prompt_ids), params)
         self.requests[request_id] = req
         self._streams[request_id] = TextStream.for_request(self.tokenizer.tokenizer, params)
+        if params.structured is not None:
+            self.constraints.attach(request_id, params.structured, params.stop_token_ids)
         self.scheduler.add(req)
         return request_id
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         params.validate(self.vocab_size)
+        if params.structured is not None:
+            self.constraints.check(params.structured)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         for t in prompt_ids:  # 1.5 once ran as token 1
@@ -114,6 +121,11 @@ class Engine:
         if req is None:
             return None
         return self._finish(req, "abort", None)
+
+    def needs_host_tokens(self) -> bool:
+        """Overlap: whether the next step needs the step in flight's tokens (a structured
+        output's mask follows every token it sampled)."""
+        return bool(self.constraints.by_request)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or (self.overlap is not None and self.overlap.in_flight is not None)
@@ -146,10 +158,11 @@ class Engine:
             with self.profiler.region("sampling"):
                 rows = tuple(s.request.row for s in sampling)  # type: ignore[misc]
                 generated = tuple(s.request.num_generated for s in sampling)  # pending ones too: min_tokens
-                if self.sampling.plain_greedy(rows, generated):
+                allowed = self.constraints.step_masks([s.request.request_id for s in sampling], logits.device)
+                if allowed is None and self.sampling.plain_greedy(rows, generated):
                     out = greedy_tokens(logits)  # one kernel, no per-row gathers
                 else:
-                    sb = self.sampling.batch(rows, batch.sample_rows, generated)
+                    sb = self.sampling.batch(rows, batch.sample_rows, generated, allowed)
                     out = sample_step(self.sampling, logits, sb, batch.sample_rows)
                 self.runner.buffers.keep_sampled(batch.sample_rows, out.token_ids)  # overlap: next step's input
                 result = HostResult.start(out)
@@ -164,7 +177,7 @@ class Engine:
         for s in sampling:
             s.request.num_pending += 1  # until `complete` appends it
         unchecked = self.snapshots.capture(plan) if self.snapshots is not None else ()
-        if self._ple_context:
+        if self.ple_context:
             self._prefetch_prompt_chunks(plan)
         return StepHandle(plan, sampling, result, unchecked=unchecked)
 
@@ -206,7 +219,7 @@ class Engine:
             token, n_top = sampled.token_ids[row], s.request.params.logprobs
             logprob = sampled.logprob_entry(row, n_top) if n_top is not None else None
             outputs.append(self._append_token(s.request, token, logprob))
-        if self._ple_context:
+        if self.ple_context:
             self._prefetch_decodes(handle)
         return outputs
 
@@ -215,7 +228,7 @@ class Engine:
 
     def _chunk_at(self, req: Request, start: int, end: int, samples: bool = True) -> SeqChunk:
         assert req.row is not None
-        ctx = self._ple_context
+        ctx = self.ple_context
         # Overlap: a decode's token the step in flight sampled is read on the device.
         ids = req.token_slice(start, end) if end <= req.num_known else [PENDING]
         assert ids != [PENDING] or end - start == 1 == end - req.num_known, "only a decode's token can be pending"
@@ -242,6 +255,7 @@ class Engine:
 
     def _append_token(self, req: Request, token: int, logprob: TokenLogprob | None) -> RequestOutput:
         req.output_ids.append(token)
+        self.constraints.accept(req.request_id, token)
         p, n_out = req.params, len(req.output_ids)
         can_stop = n_out >= p.min_tokens
         reason: tuple[str, str | int | None] | None = None
@@ -273,6 +287,7 @@ class Engine:
             finish_reason, stop_reason = "stop", stream.stop_reason
         if req.row is not None:
             self.sampling.release(req.row)
+        self.constraints.release(req.request_id)
         self.scheduler.finish(req)
         del self.requests[req.request_id]
         req.finish_reason, req.stop_reason = finish_reason, stop_reason
@@ -294,32 +309,8 @@ class Engine:
     # -- scoring ----------------------------------------------------------------------
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
-        """Float32 logits [T, V] at every prompt position, through the serving path
-        (paged KV, chunked by max_prefill_tokens)."""
-        self.validate(prompt_ids, SamplingParams())
-        req = Request("score", list(prompt_ids), SamplingParams())
-        table, chunk = self.scheduler.page_table, self.config.scheduler.max_prefill_tokens
-        if table.num_free == 0 or not self._reserve_scoring(req, len(prompt_ids)):
-            raise ValueError(f"the KV cache cannot hold {len(prompt_ids)} tokens while other requests run")
-        try:
-            rows = []
-            for start in range(0, len(prompt_ids), chunk):
-                end = min(len(prompt_ids), start + chunk)
-                ctx = self._ple_context  # a host-hashing PLE store's n-gram context
-                c = SeqChunk(req.row, start, prompt_ids[start:end], req.pages, True, False, all_logits=True,  # type: ignore[arg-type]
-                             context=prompt_ids[max(0, start - ctx) : start] if ctx else ())
-                rows.append(self.runner.forward([c])[1])
-            return torch.cat(rows)
-        finally:
-            self.runtime.pool.free(req.pages)
-            table.release(req.row)  # type: ignore[arg-type]
-
-    def _reserve_scoring(self, req: Request, num_tokens: int) -> bool:
-        req.row = self.scheduler.page_table.assign()
-        if self.scheduler.reserve(req, num_tokens):
-            return True
-        self.scheduler.page_table.release(req.row)
-        return False
+        """Float32 logits [T, V] at every prompt position, through the serving path."""
+        return prompt_logits(self, prompt_ids)
 
     def stats(self) -> dict[str, object]:
         """Engine statistics: expert traffic, KV pool occupancy, the memory plan."""

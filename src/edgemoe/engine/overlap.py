@@ -22,7 +22,8 @@ What keeps the outputs exactly the serial loop's (`Engine.step` without the swit
   (`num_computed` never counts the dropped token: nothing computes it).
 - Decisions that need every token on the host first: when the decodes need pages that
   only a preemption could give (`Scheduler.needs_room`), the step in flight is completed
-  before scheduling (this step runs serially); requests found out of KV are finished
+  before scheduling (this step runs serially), and so is it while a structured output
+  runs (`Engine.needs_host_tokens`: its next mask follows its last token); requests found out of KV are finished
   after the completion (a stop rule may have ended them); a failed launch is completed
   (failed) at once.
 - The stateful prefix cache's tool-call opener check waits for the token
@@ -60,6 +61,7 @@ class SteppedEngine(Protocol[H]):
     def complete(self, handle: H) -> list[RequestOutput]: ...
     def finish_out_of_kv(self, plan: StepPlan) -> list[RequestOutput]: ...
     def check_openers(self, handle: H) -> None: ...
+    def needs_host_tokens(self) -> bool: ...
 
 
 class OverlapLoop(Generic[H]):
@@ -75,8 +77,8 @@ class OverlapLoop(Generic[H]):
         e, clock = self.engine, time.perf_counter_ns
         t0 = clock()
         outputs: list[RequestOutput] = []
-        if self.in_flight is not None and e.scheduler.needs_room():
-            outputs += self.drain()  # preemption / out-of-KV decisions see every token
+        if self.in_flight is not None and (e.scheduler.needs_room() or e.needs_host_tokens()):
+            outputs += self.drain()  # preemption / out-of-KV decisions, structured outputs' masks see every token
         plan = e.scheduler.schedule()
         t1 = clock()
         begin = self.anatomy.device_event() if self.anatomy is not None else None

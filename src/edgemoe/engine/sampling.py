@@ -171,9 +171,11 @@ class SamplingRows:
                 return False
         return True
 
-    def batch(self, rows: tuple[int, ...], rows_dev: torch.Tensor, generated: tuple[int, ...]) -> SamplingBatch:
+    def batch(self, rows: tuple[int, ...], rows_dev: torch.Tensor, generated: tuple[int, ...],
+              allowed: torch.Tensor | None = None) -> SamplingBatch:
         """The SamplingBatch for these rows (`rows_dev`: the same on the device);
-        `generated[i]`: tokens row i's request generated so far (min_tokens bans)."""
+        `generated[i]`: tokens row i's request generated so far (min_tokens bans);
+        `allowed`: structured outputs' masks [B, V] (engine/constraints.py)."""
         infos = [self.info[r] for r in rows]
         params = [i.params for i in infos]
         idx = rows_dev.long()
@@ -203,6 +205,7 @@ class SamplingRows:
             seeds=self.seeds[idx],
             counters=self.counters[idx],
             num_logprobs=max(logprobs) if logprobs else None,
+            allowed=allowed,
         )
 
     def _banned(self, infos: list[_RowInfo], generated: tuple[int, ...]) -> Banned | None:

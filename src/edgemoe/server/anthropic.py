@@ -40,7 +40,7 @@ from edgemoe.server.anthropic_protocol import (
     tool_input,
 )
 from edgemoe.server.disconnect import unless_disconnected
-from edgemoe.server.errors import APIError
+from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.events import (
     ChoiceDone,
     Done,
@@ -59,6 +59,7 @@ from edgemoe.server.generation import (
 from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
 from edgemoe.server.heartbeat import ANTHROPIC_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
+from edgemoe.server.output_format import anthropic_output_format
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.state import ServerState
 
@@ -78,6 +79,9 @@ def to_generation_request(
     tool_choice, named, parallel = req.tool_mode()
     params = sampling_params(model, max_tokens=max_tokens, stop=stop or [], temperature=temperature,
                              top_p=top_p, top_k=top_k)
+    output_format = anthropic_output_format(req.output_config, req.output_format)
+    if output_format is not None and prefill:
+        raise bad_request("structured outputs cannot continue a prefilled assistant turn", param="messages")
     return GenerationRequest(
         prompt=ChatPrompt(messages, continuation=prefill),
         params=params,
@@ -88,6 +92,7 @@ def to_generation_request(
         named_tool=named,
         parallel_tool_calls=parallel,
         field_names={"stop": "stop_sequences"},
+        output_format=output_format,
     )
 
 

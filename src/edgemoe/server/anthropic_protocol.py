@@ -68,6 +68,9 @@ class CountTokensRequest(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    # Structured outputs (server/output_format.py checks them, naming the place).
+    output_config: Any = None
+    output_format: Any = None
 
     def thinking_switch(self) -> bool | None:
         """The request's thinking decision; None leaves it to --default-thinking-mode."""

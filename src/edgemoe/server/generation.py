@@ -40,6 +40,7 @@ from edgemoe.server.generation_request import (
 )
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
+from edgemoe.server.output_format import with_output_format
 from edgemoe.server.parsers import prompt_opens_reasoning
 from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
@@ -289,8 +290,11 @@ async def start_generation(
     request_id = request_id or uuid.uuid4().hex
     thinking = req.thinking if req.thinking is not None else default_thinking
     prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
+    reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
+    params = with_output_format(req.params, req.output_format, thinks=reasoning,
+                                starts_in_reasoning=prompt.starts_in_reasoning, forced=bool(prompt.forced))
     adds = [
-        AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(req.params, i))
+        AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(params, i))
         for i in range(req.n)
     ]
     try:
@@ -310,7 +314,6 @@ async def start_generation(
     if first is not None and first.finish_reason == "error":  # failed before any response byte: a plain 503
         stream.abort()
         raise step_failure(first)
-    reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
     choices = [
         ChoiceState(
             i,

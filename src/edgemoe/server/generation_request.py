@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgemoe.messages import SamplingParams
+from edgemoe.server.output_format import OutputFormat
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class GenerationRequest:
     `tools` are OpenAI function-tool dicts; `tool_choice` "none" hides them from the
     template and parser, "auto" parses calls, "required" and `named_tool` (a function
     name, one of them) force one (`forced_call`). Raw prompts (`parse_output=False`)
-    skip all parsing.
+    skip all parsing. `output_format`: the output must be JSON (server/output_format.py).
     """
 
     prompt: Prompt
@@ -54,6 +55,7 @@ class GenerationRequest:
     named_tool: str | None = None
     parallel_tool_calls: bool = True
     parse_output: bool = True
+    output_format: OutputFormat | None = None
     prompt_param: str = "messages"  # the request field the prompt came from, for errors
     # SamplingParams field → the client's name for it, where they differ (for errors).
     field_names: Mapping[str, str] = field(default_factory=dict)

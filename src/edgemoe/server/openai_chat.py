@@ -46,6 +46,7 @@ from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
+from edgemoe.server.output_format import chat_response_format
 from edgemoe.server.protocol import AllowedToolsChoice, ChatCompletionRequest
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
@@ -82,6 +83,7 @@ def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> Gen
         named_tool=named,
         parallel_tool_calls=req.parallel_tool_calls is not False,
         field_names={"max_tokens": "max_completion_tokens"} if req.max_completion_tokens is not None else {},
+        output_format=chat_response_format(req.response_format),
     )
 
 

@@ -162,6 +162,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: TokenCount | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: Any = None  # checked by server/output_format.py (its errors name the place)
 
     def function_tools(self) -> list[dict[str, Any]] | None:
         tools = [t.model_dump(exclude_none=True) for t in self.tools or [] if t.type == "function"]

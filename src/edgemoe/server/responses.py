@@ -47,6 +47,7 @@ from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.responses_protocol import ResponsesRequest
 from edgemoe.server.sse import event_frame, sse_response
+from edgemoe.server.output_format import responses_text_format
 from edgemoe.server.state import ServerState
 
 Frame = dict[str, Any]
@@ -68,6 +69,7 @@ def to_generation_request(req: ResponsesRequest, model: ServedModel) -> Generati
         parallel_tool_calls=req.parallel_tool_calls is not False,
         prompt_param="input",
         field_names={"max_tokens": "max_output_tokens"},
+        output_format=responses_text_format(req.text),
     )
 
 

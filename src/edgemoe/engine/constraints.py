@@ -1,0 +1,134 @@
+"""The engine's structured outputs (`SamplingParams.structured`): a grammar per schema,
+a constraint per request, and each step's allowed-token masks for the sampler.
+
+A request's mask depends on every token it sampled before, so a step that samples for a
+constrained request needs the previous step's tokens on the host first: overlap
+scheduling completes the step in flight before scheduling while one runs
+(`Engine.needs_host_tokens`). Masks are built on the host while the step's forward pass
+runs on the device, and go to the device as one bool [B, V] copy.
+
+The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
+grammars are compiled once per schema text and kept for the last `GRAMMARS`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from edgemoe.messages import StructuredOutput
+from edgemoe.structured import Grammar, GrammarError
+from edgemoe.structured.constraint import LeadingSpace, OutputConstraint, ThinkTokens
+from edgemoe.structured.token_masks import TokenMasks
+from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
+
+GRAMMARS = 32
+log = logging.getLogger(__name__)
+
+
+def compile_grammar(spec: StructuredOutput) -> Grammar:
+    """The grammar of a structured output; ValueError naming the schema's fault."""
+    if spec.schema is None:
+        return Grammar.json_object()
+    try:
+        schema = json.loads(spec.schema)
+    except ValueError as exc:
+        raise ValueError(f"structured output: the schema is not JSON ({exc})") from exc
+    try:
+        return Grammar.from_schema(schema)
+    except GrammarError as exc:
+        raise ValueError(f"structured output: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("structured output: the schema nests too deeply") from exc
+
+
+class Constraints:
+    """Every constrained request's `OutputConstraint`, by request id."""
+
+    def __init__(self, tokenizer: Tokenizer, width: int, eos_ids: frozenset[int]) -> None:
+        self._tokenizer = tokenizer
+        self._width = width
+        self._eos = eos_ids
+        self._bytes: list[bytes | None] | None = None
+        self._vocab: Vocabulary | None = None
+        self._masks: OrderedDict[str | None, TokenMasks] = OrderedDict()
+        self._think = _think_tokens(tokenizer)
+        self.by_request: dict[str, OutputConstraint] = {}
+
+    def check(self, spec: StructuredOutput) -> None:
+        """Compile (or find) the spec's grammar; ValueError naming what is wrong with it."""
+        self._masks_for(spec)
+
+    def attach(self, request_id: str, spec: StructuredOutput, stop_ids: Sequence[int]) -> None:
+        """Start constraining a request (its spec was checked by `compile_grammar`)."""
+        masks = self._masks_for(spec)
+        assert self._bytes is not None
+        eos = self._eos | frozenset(stop_ids)
+        reasoning = spec.reasoning if spec.reasoning in ("open", "start") else "none"
+        self.by_request[request_id] = OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
+
+    def release(self, request_id: str) -> None:
+        self.by_request.pop(request_id, None)
+
+    def accept(self, request_id: str, token_id: int) -> None:
+        c = self.by_request.get(request_id)
+        if c is not None:
+            try:
+                c.accept(token_id)
+            except Exception:  # a grammar bug must not stop the engine: this output goes unconstrained
+                log.exception("structured output: request %s's grammar failed; its output is no longer constrained",
+                              request_id)
+                c.state = None
+
+    def step_masks(self, request_ids: Sequence[str], device: torch.device) -> torch.Tensor | None:
+        """bool [B, width] for a step's sampling rows (True: allowed); None when no row is masked."""
+        masks = [self._mask(r) for r in request_ids]
+        if all(m is None for m in masks):
+            return None
+        out = np.ones((len(masks), self._width), dtype=bool)
+        for row, m in enumerate(masks):
+            if m is not None:
+                out[row] = m
+        # NOTE: from pageable memory the copy stages the array before it returns, without
+        # waiting for the device's queue (the step's forward pass runs on meanwhile).
+        return torch.from_numpy(out).to(device, non_blocking=True)
+
+    def _mask(self, request_id: str) -> np.ndarray | None:
+        c = self.by_request.get(request_id)
+        if c is None:
+            return None
+        try:
+            return c.mask()
+        except Exception:  # as in `accept`
+            log.exception("structured output: request %s's grammar failed; its output is no longer constrained",
+                          request_id)
+            c.state = None
+            return None
+
+    def _masks_for(self, spec: StructuredOutput) -> TokenMasks:
+        key = spec.schema
+        masks = self._masks.get(key)
+        if masks is None:
+            grammar = compile_grammar(spec)
+            if self._vocab is None:
+                self._bytes = grammar_token_bytes(self._tokenizer)
+                self._vocab = Vocabulary(self._bytes, self._width)
+            masks = TokenMasks(LeadingSpace(grammar), self._vocab)
+            self._masks[key] = masks
+            if len(self._masks) > GRAMMARS:
+                self._masks.popitem(last=False)
+        self._masks.move_to_end(key)
+        return masks
+
+
+def _think_tokens(tokenizer: Tokenizer) -> ThinkTokens | None:
+    """`<think>` / `</think>` when both are single tokens (Qwen3's family); else None: the
+    JSON starts at the first token."""
+    open_id, close_id = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    return ThinkTokens(open_id, close_id) if open_id is not None and close_id is not None else None

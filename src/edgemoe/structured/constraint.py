@@ -1,0 +1,132 @@
+"""One request's structured output: which tokens it may sample next, as it goes.
+
+The output is `[<think> reasoning </think>] [whitespace] JSON value` then EOS:
+- `reasoning="none"`: the JSON starts at the first token (thinking off, or a model
+  without `<think>` blocks);
+- `"open"`: the prompt ends inside `<think>`: unconstrained until `</think>`;
+- `"start"`: thinking on, the prompt not inside a block: the first token is `<think>` or
+  the JSON's first token (Qwen3's templates leave `<think>` to the model).
+Up to `LEAD_SPACE` whitespace bytes may precede the value (models write "\n\n" after
+`</think>`). EOS is allowed exactly where the value is complete; special and added
+tokens never are inside the value. A token the mask did not allow (none should come:
+the sampler applies the mask before every choice) ends the constraint, logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from edgemoe.structured import Grammar
+from edgemoe.structured.string_room import string_room
+from edgemoe.structured.token_masks import TokenMasks
+
+log = logging.getLogger(__name__)
+
+Reasoning = Literal["none", "open", "start"]
+LEAD_SPACE = 8
+_SPACE = frozenset(b" \t\n\r")
+
+
+@dataclass(frozen=True)
+class _Lead:
+    """Before the value's first byte: `spaces` whitespace bytes read so far."""
+
+    spaces: int
+
+
+class LeadingSpace:
+    """`grammar` with up to LEAD_SPACE whitespace bytes allowed before its value."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+        self._start = grammar.start()
+
+    def start(self) -> object:
+        return _Lead(0)
+
+    def advance(self, state: object, byte: int) -> object | None:
+        if isinstance(state, _Lead):
+            if byte in _SPACE:
+                return _Lead(state.spaces + 1) if state.spaces < LEAD_SPACE else None
+            return self.grammar.advance(self._start, byte)
+        return self.grammar.advance(state, byte)
+
+    def free_string(self, state: object) -> bool:
+        return not isinstance(state, _Lead) and self.grammar.free_string(state)
+
+    def string_room(self, state: object) -> int | None:
+        return None if isinstance(state, _Lead) else string_room(state)  # type: ignore[arg-type]
+
+    def is_complete(self, state: object) -> bool:
+        return self.grammar.is_complete(self._start if isinstance(state, _Lead) else state)
+
+
+@dataclass(frozen=True)
+class ThinkTokens:
+    open: int
+    close: int
+
+
+class OutputConstraint:
+    """The mask for a request's next token, and its state as tokens come."""
+
+    def __init__(self, masks: TokenMasks, token_bytes: list[bytes | None], eos_ids: frozenset[int],
+                 reasoning: Reasoning, think: ThinkTokens | None) -> None:
+        assert isinstance(masks.grammar, LeadingSpace)
+        self._masks = masks
+        self._grammar: LeadingSpace = masks.grammar
+        self._bytes = token_bytes
+        self._eos = np.array(sorted(t for t in eos_ids if 0 <= t < masks.vocab.width), dtype=np.int64)
+        self._think = think
+        self.state: object | None = self._grammar.start()
+        # "thinking" until the close tag; "first": <think> may still open the output.
+        self.phase = {"none": "value", "open": "thinking", "start": "first"}[reasoning] if think else "value"
+
+    @property
+    def active(self) -> bool:
+        """Whether the next token is masked (not while thinking, nor once ended)."""
+        return self.phase in ("value", "first") and self.state is not None
+
+    def mask(self) -> np.ndarray | None:
+        """bool [width], True where the next token is allowed; None: unconstrained."""
+        if not self.active:
+            return None
+        allowed = self._masks.allowed(self.state)
+        if self._grammar.is_complete(self.state):
+            allowed[self._eos] = True
+        if self.phase == "first":
+            assert self._think is not None
+            allowed[self._think.open] = True
+        return allowed
+
+    def accept(self, token_id: int) -> None:
+        """The token the request sampled (or took from its prompt's forced text: none yet)."""
+        if self.phase == "thinking":
+            if self._think is not None and token_id == self._think.close:
+                self.phase = "value"
+            return
+        if self.phase == "first":
+            if self._think is not None and token_id == self._think.open:
+                self.phase = "thinking"
+                return
+            self.phase = "value"
+        if self.state is None or token_id in self._eos:
+            return
+        data = self._bytes[token_id] if 0 <= token_id < len(self._bytes) else None
+        nxt = self._advance(data) if data else None
+        if nxt is None:
+            log.warning("structured output: token %d is not allowed here; the rest of this output is not "
+                        "constrained", token_id)
+        self.state = nxt
+
+    def _advance(self, data: bytes) -> object | None:
+        state = self.state
+        for b in data:
+            state = self._grammar.advance(state, b)
+            if state is None:
+                return None
+        return state

@@ -1,0 +1,52 @@
+"""Which JSON Schema keywords the grammar enforces, accepts without enforcing, or ignores.
+
+Enforced (ENFORCED):
+  type (a name or a list of: object, array, string, number, integer, boolean, null),
+  properties, required, additionalProperties, items, prefixItems, minItems, maxItems,
+  enum, const, anyOf, oneOf (generated as anyOf: an output may match two alternatives),
+  allOf (merged: see merge.py), $ref (local only: "#", "#/$defs/NAME",
+  "#/definitions/NAME" or any "#/json/pointer"), minLength, maxLength (code points),
+  nullable (OpenAPI: adds null).
+Accepted but NOT enforced (UNENFORCED; they narrow values in ways a byte grammar cannot
+check cheaply, so the output may break them):
+  format, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf,
+  uniqueItems, minProperties, maxProperties, contentEncoding, contentMediaType.
+Ignored annotations (ANNOTATIONS):
+  title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
+  writeOnly, strict, discriminator.
+$defs / definitions only hold subschemas for $ref (compiled only where referenced).
+Anything else raises GrammarError naming the subschema: not, if/then/else,
+patternProperties, dependentSchemas, dependentRequired, contains, unevaluatedProperties,
+unevaluatedItems, propertyNames, additionalItems, $anchor, $dynamicRef, unknown names.
+"""
+
+from __future__ import annotations
+
+TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+ENFORCED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+    "minLength", "maxLength", "nullable",
+})
+UNENFORCED = frozenset({
+    "format", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "uniqueItems", "minProperties", "maxProperties", "contentEncoding",
+    "contentMediaType",
+})
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly", "strict", "discriminator",
+})
+CONTAINERS = frozenset({"$defs", "definitions"})
+KNOWN = ENFORCED | UNENFORCED | ANNOTATIONS | CONTAINERS
+
+# Keywords that imply a type when `type` is absent: such a schema is generated as only
+# those types (e.g. {"properties": ...} as an object), which is sound but narrower than
+# JSON Schema's "any other type also passes".
+IMPLIES = {
+    "object": frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"}),
+    "array": frozenset({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"}),
+    "string": frozenset({"minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
+}

@@ -1,0 +1,139 @@
+"""Which tokens a grammar allows next: the vocabulary trie walked from a grammar state.
+
+`TokenMasks(grammar, vocab).allowed(state)` is a bool [width] array, exactly the tokens
+whose every byte the grammar accepts in turn from `state` (the test compares it with
+feeding each token's bytes on its own). It is cached per state: states are equal
+whenever the position is the same (inside the string value of one property, whatever
+was written in it so far), so most steps of a long output hit the cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+import numpy as np
+
+from edgemoe.structured import FREE_STRING_BYTES
+from edgemoe.structured.vocab import Vocabulary
+
+_FREE = bytes(b in FREE_STRING_BYTES for b in range(256))
+CACHED_MASKS = 256  # per grammar: ~19 KB each, packed, at a 150K vocabulary
+
+
+class ByteGrammar(Protocol):
+    """What the walk needs of a grammar (`Grammar`, or `LeadingSpace` around one)."""
+
+    def advance(self, state: object, byte: int) -> object | None: ...
+    def free_string(self, state: object) -> bool: ...
+    def string_room(self, state: object) -> int | None: ...
+
+
+# What a state is to the walk: inside a free string (a free byte keeps the state), inside
+# a length-bounded string at a character boundary (free bytes count), or anything else.
+OTHER, FREE, COUNTED = 0, 1, 2
+UNBOUNDED = 1 << 15  # more characters than any token holds (chars are uint16)
+
+
+class TokenMasks:
+    """The allowed-token masks of one grammar over one vocabulary, cached per state."""
+
+    def __init__(self, grammar: ByteGrammar, vocab: Vocabulary) -> None:
+        self.grammar = grammar
+        self.vocab = vocab
+        self._cache: OrderedDict[object, np.ndarray] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def allowed(self, state: object) -> np.ndarray:
+        """bool [width]: the tokens allowed from `state` (a fresh array: callers may add to it)."""
+        packed = self._cache.get(state)
+        if packed is not None:
+            self._cache.move_to_end(state)
+            self.hits += 1
+        else:
+            self.misses += 1
+            packed = np.packbits(self._walk(state))
+            self._cache[state] = packed
+            if len(self._cache) > CACHED_MASKS:
+                self._cache.popitem(last=False)
+        return np.unpackbits(packed, count=self.vocab.width).astype(bool)
+
+    def _walk(self, state: object) -> np.ndarray:
+        v = self.vocab
+        ok_nodes = np.zeros(v.num_nodes, dtype=bool)
+        explicit, ranges = _Walk(self.grammar, v).run(state)
+        ok_nodes[explicit] = True
+        for lo, hi, d, max_chars in ranges:
+            hit = v.nonfree_depth[lo:hi] <= d
+            if max_chars >= 0:  # a bounded string: valid UTF-8 and few enough characters
+                hit &= (v.utf8_mode[lo:hi] >= 0) & (v.chars[lo:hi] <= max_chars)
+            ok_nodes[lo:hi] |= hit
+        return ok_nodes[v.node_of_token] & v.allowed_ever
+
+
+class _Walk:
+    """One walk of the trie from a state: nodes reached by advancing the state edge by edge
+    (preorder, a refused edge skips its subtree), and ranges (lo, hi, d, max_chars) whose
+    nodes are reached from a string state at depth d through free-string bytes alone
+    (`Vocabulary.nonfree_depth[n] <= d`), for a bounded string also as valid UTF-8 with at
+    most `max_chars` characters on the path (-1: no such bound).
+
+    Below a string state the walk descends only where a byte that is not free lies below
+    (`nonfree_below`): under a free string without advancing (a free byte keeps the
+    state), under a bounded one advancing each byte (the count moves)."""
+
+    def __init__(self, grammar: ByteGrammar, vocab: Vocabulary) -> None:
+        self.g, self.v = grammar, vocab
+        self._room = getattr(grammar, "string_room", None)
+        self.explicit: list[int] = []
+        self.ranges: list[tuple[int, int, int, int]] = []
+
+    def kind(self, state: object) -> tuple[int, int]:
+        if self.g.free_string(state):
+            return FREE, -1
+        room = self._room(state) if self._room is not None else None
+        return (OTHER, -1) if room is None else (COUNTED, room)
+
+    def origin(self, node: int, hi: int, d: int, state: object) -> int:
+        """Mark the range below a string state reached at `node`; returns its kind."""
+        kind, room = self.kind(state)
+        if kind == FREE:
+            self.ranges.append((node, hi, d, -1))
+        elif kind == COUNTED:
+            if self.v.utf8_mode[node] != 0:
+                return OTHER  # the path from the root is mid-character: walk it all
+            self.ranges.append((node, hi, d, int(self.v.chars[node]) + min(room, UNBOUNDED)))
+        return kind
+
+    def run(self, state: object) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+        v, advance = self.v, self.g.advance
+        byte, depth, skip, below = v.byte, v.depth, v.skip, v.nonfree_below
+        states: list[object] = [state] * (v.max_depth + 1)
+        kinds = [self.origin(0, v.num_nodes, 0, state)] * len(states)
+        i, n = 1, v.num_nodes
+        while i < n:
+            d = depth[i] - 1  # the parent's depth
+            s, b, k = states[d], byte[i], kinds[d]
+            if k and _FREE[b]:  # covered by the range above; descend only towards a non-free byte
+                if not below[i]:
+                    i = skip[i]
+                    continue
+                s1 = s if k == FREE else advance(s, b)
+                if s1 is None:
+                    i = skip[i]
+                    continue
+                states[d + 1], kinds[d + 1] = s1, (k if k == FREE else self.kind(s1)[0])
+                i += 1
+                continue
+            s1 = advance(s, b)
+            if s1 is None:
+                i = skip[i]
+                continue
+            self.explicit.append(i)
+            k1 = self.origin(i, skip[i], d + 1, s1)
+            if k1 and not below[i]:
+                i = skip[i]
+                continue
+            states[d + 1], kinds[d + 1] = s1, k1
+            i += 1
+        return self.explicit, self.ranges

@@ -1,0 +1,72 @@
+"""Token ids → the exact bytes each token adds to the output.
+
+A byte-level BPE token (Qwen, DeepSeek, GLM, gpt-oss) may hold part of a UTF-8
+character, so its text alone is not decodable: the vocabulary entry is mapped back
+through GPT-2's byte↔unicode table. Added tokens (`<|im_end|>`, `<think>`) are their
+own text. Used by OpenAI logprobs (`server/logprobs.py`: a token's `bytes`) and by
+structured outputs (`structured/vocab.py`: which tokens a grammar allows).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from tokenizers import Tokenizer
+
+
+@lru_cache(maxsize=1)
+def unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's `bytes_to_unicode` (printable stand-ins for every byte)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+class TokenBytes:
+    """id → bytes for one tokenizer; `special` holds the ids of special added tokens
+    (control tokens such as `<|im_end|>`, never part of the text a grammar reads)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        self._added = {i: t.content for i, t in added.items()}
+        self.special = frozenset(i for i, t in added.items() if t.special)
+        self._byte_level = _uses_byte_level(_decoder_config(tokenizer))
+
+    def __call__(self, token_id: int) -> bytes:
+        if token_id in self._added:
+            return self._added[token_id].encode()
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            table = unicode_to_byte()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode()
+
+
+def _decoder_config(tokenizer: Tokenizer) -> dict[str, Any]:
+    # The decoder's own state is its JSON; far cheaper than serialising the whole tokenizer.
+    decoder = tokenizer.decoder
+    if decoder is None:
+        return {}
+    try:
+        config = json.loads(decoder.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _uses_byte_level(decoder: dict[str, Any]) -> bool:
+    if decoder.get("type") == "ByteLevel":
+        return True
+    return any(_uses_byte_level(d) for d in decoder.get("decoders") or [] if isinstance(d, dict))
