@@ -7,19 +7,15 @@ from __future__ import annotations
 import codecs
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from grammar_support import CASES, Case, Rows, instance, layouts, random_walk  # tests/structured/conftest.py
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grammar_support import CASES, Case, Rows, instance, layouts, random_walk  # noqa: E402
-
-from edgemoe.structured import FREE_STRING_BYTES, Grammar  # noqa: E402
-from edgemoe.structured.matcher import UNBOUNDED_ROOM  # noqa: E402
+from edgemoe.structured import FREE_STRING_BYTES, Grammar
+from edgemoe.structured.matcher import UNBOUNDED_ROOM
 
 WALKS = 48
 

@@ -21,7 +21,6 @@ from typing import Literal
 import numpy as np
 
 from edgemoe.structured import Grammar
-from edgemoe.structured.string_room import string_room
 from edgemoe.structured.token_masks import TokenMasks
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class LeadingSpace:
         return not isinstance(state, _Lead) and self.grammar.free_string(state)
 
     def string_room(self, state: object) -> int | None:
-        return None if isinstance(state, _Lead) else string_room(state)  # type: ignore[arg-type]
+        return None if isinstance(state, _Lead) else self.grammar.string_room(state)
 
     def is_complete(self, state: object) -> bool:
         return self.grammar.is_complete(self._start if isinstance(state, _Lead) else state)

@@ -76,7 +76,9 @@ class _Walk:
     (preorder, a refused edge skips its subtree), and ranges (lo, hi, d, max_chars) whose
     nodes are reached from a string state at depth d through free-string bytes alone
     (`Vocabulary.nonfree_depth[n] <= d`), for a bounded string also as valid UTF-8 with at
-    most `max_chars` characters on the path (-1: no such bound).
+    most `max_chars` characters on the path (-1: no such bound): exact because such a
+    string accepts a run of free bytes iff it is valid UTF-8 of at most `string_room`
+    characters (`Grammar.string_room`).
 
     Below a string state the walk descends only where a byte that is not free lies below
     (`nonfree_below`): under a free string without advancing (a free byte keeps the
