@@ -7,19 +7,30 @@ kept, then gives the row and pages back; other requests' state is untouched.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
+from edgemoe.config import EngineConfig
 from edgemoe.engine.batch_buffers import SeqChunk
 from edgemoe.engine.request import Request
+from edgemoe.engine.scheduler import Scheduler
 from edgemoe.messages import SamplingParams
 
-if TYPE_CHECKING:
-    from edgemoe.engine.engine import Engine
+
+class ScoringEngine(Protocol):
+    """What scoring reads of the engine (`Engine`)."""
+
+    config: EngineConfig
+    scheduler: Scheduler
+    runner: Any  # engine.runner.Runner
+    runtime: Any  # engine.build.Runtime
+    ple_context: int
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None: ...
 
 
-def prompt_logits(engine: Engine, prompt_ids: list[int]) -> torch.Tensor:
+def prompt_logits(engine: ScoringEngine, prompt_ids: list[int]) -> torch.Tensor:
     """Float32 logits [T, V] at every prompt position."""
     engine.validate(prompt_ids, SamplingParams())
     req = Request("score", list(prompt_ids), SamplingParams())
@@ -40,7 +51,7 @@ def prompt_logits(engine: Engine, prompt_ids: list[int]) -> torch.Tensor:
         table.release(req.row)  # type: ignore[arg-type]
 
 
-def _reserve(engine: Engine, req: Request, num_tokens: int) -> bool:
+def _reserve(engine: ScoringEngine, req: Request, num_tokens: int) -> bool:
     req.row = engine.scheduler.page_table.assign()
     if engine.scheduler.reserve(req, num_tokens):
         return True
