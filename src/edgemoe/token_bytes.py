@@ -10,6 +10,7 @@ structured outputs (`structured/vocab.py`: which tokens a grammar allows).
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -39,7 +40,13 @@ class TokenBytes:
         added = tokenizer.get_added_tokens_decoder()
         self._added = {i: t.content for i, t in added.items()}
         self.special = frozenset(i for i, t in added.items() if t.special)
-        self._byte_level = _uses_byte_level(_decoder_config(tokenizer))
+        decoder = _decoder_config(tokenizer)
+        self._byte_level = _uses_byte_level(decoder)
+        # SentencePiece-style (Llama, Mistral): "▁" stands for a space, and a byte-fallback
+        # piece `<0xE4>` is that one byte. Decoding such a token alone is wrong: the decoder
+        # strips the leading space of the first token and turns a lone byte into U+FFFD.
+        self._spaces = _space_pieces(decoder)
+        self._byte_fallback = bool(getattr(tokenizer.model, "byte_fallback", False)) or _has(decoder, "ByteFallback")
 
     def __call__(self, token_id: int) -> bytes:
         if token_id in self._added:
@@ -51,6 +58,12 @@ class TokenBytes:
             table = unicode_to_byte()
             if all(ch in table for ch in piece):
                 return bytes(table[ch] for ch in piece)
+        if self._byte_fallback and (m := _BYTE_PIECE.fullmatch(piece)):
+            return bytes([int(m[1], 16)])
+        if self._spaces:
+            for mark, text in self._spaces.items():
+                piece = piece.replace(mark, text)
+            return piece.encode()
         return self._tok.decode([token_id], skip_special_tokens=False).encode()
 
 
@@ -64,6 +77,35 @@ def _decoder_config(tokenizer: Tokenizer) -> dict[str, Any]:
     except (AttributeError, TypeError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _parts(decoder: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decoder and, for a Sequence, its decoders (flattened)."""
+    out = [decoder]
+    for d in decoder.get("decoders") or []:
+        if isinstance(d, dict):
+            out += _parts(d)
+    return out
+
+
+def _has(decoder: dict[str, Any], kind: str) -> bool:
+    return any(d.get("type") == kind for d in _parts(decoder))
+
+
+def _space_pieces(decoder: dict[str, Any]) -> dict[str, str]:
+    """Metaspace's replacement char, or a Replace decoder's string pattern, → its text."""
+    out: dict[str, str] = {}
+    for d in _parts(decoder):
+        if d.get("type") == "Metaspace" and isinstance(d.get("replacement"), str):
+            out[d["replacement"]] = " "
+        elif d.get("type") == "Replace" and isinstance(d.get("pattern"), dict):
+            mark, text = d["pattern"].get("String"), d.get("content")
+            if isinstance(mark, str) and mark and isinstance(text, str):
+                out[mark] = text
+    return out
 
 
 def _uses_byte_level(decoder: dict[str, Any]) -> bool:

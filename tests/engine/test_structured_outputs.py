@@ -97,3 +97,14 @@ def test_bad_schemas_are_refused_by_name(llm: LLM, schema: str, why: str) -> Non
 def test_reasoning_mode_is_checked(llm: LLM) -> None:
     with pytest.raises(ValueError, match="reasoning"):
         llm.generate([PROMPT], SamplingParams(structured=StructuredOutput(reasoning="later")))
+
+
+def test_min_tokens_after_a_complete_value_keeps_the_mask(llm: LLM) -> None:
+    """`1` is complete with nothing after it but EOS, which min_tokens bans: the row has no
+    token left, and the sampler's fallback must still take the mask's (EOS), not the raw
+    argmax (any token, breaking the JSON)."""
+    for temperature in (0.0, 1.0):
+        p = structured({"const": 1}, temperature=temperature, seed=3, min_tokens=6, max_tokens=12)
+        out = llm.generate([PROMPT], p)[0]
+        assert out.text.strip() == "1", out.text
+        assert out.finish_reason == "stop"

@@ -248,8 +248,9 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
     """Pick one token per row.
 
     Never NaN: every filter keeps each row's best token, and a row left with no finite
-    logit at all (which a sane model never produces) falls back to the argmax of its
-    raw logits, i.e. token 0 when every raw logit is -inf.
+    logit at all (which a sane model never produces, or min_tokens banning the EOS that
+    is all a structured output's mask allows) falls back to the argmax of its raw logits
+    among the mask's tokens, i.e. token 0 when every raw logit is -inf.
     """
     raw = logits.float()  # [B, V]
     x = apply_penalties(raw.clone(), batch)
@@ -258,7 +259,9 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
         sampled = _draw(apply_filters(x, batch), batch)
         tokens = torch.where(batch.greedy, tokens, sampled)
     dead = x.amax(-1) == NEG_INF
-    tokens = torch.where(dead, raw.argmax(-1), tokens)
+    # A structured output's mask holds even then (min_tokens may ban the only allowed EOS).
+    fallback = raw if batch.allowed is None else raw.masked_fill(~batch.allowed, NEG_INF)
+    tokens = torch.where(dead, fallback.argmax(-1), tokens)
     logprobs, top = _logprobs(raw, tokens, batch.num_logprobs)
     return SampleOutput(tokens, logprobs, top)
 
