@@ -143,3 +143,21 @@ def test_bounded_strings_masks_equal_brute_force() -> None:
         got = masks.allowed(state)
         assert np.array_equal(got, brute_force(lead, state, token_bytes, vocab.width)), BOUNDED_TEXT.encode()
     assert counted > 10  # the bounded shortcut was taken
+
+
+@pytest.mark.parametrize("schema, text", [
+    ({"anyOf": [{"type": "string"}, {"type": "string", "maxLength": 10}]}, '"abcé'),
+    ({"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "string", "minLength": 1}]}}, '["a", "bc'),
+])
+def test_mixed_string_states_split_and_equal_brute_force(schema: object, text: str) -> None:
+    """A state holding a free string and a bounded one (an anyOf) walks as its parts
+    (Grammar.split), or-ed: each part is fast, the union exact."""
+    token_bytes, vocab = qwen_vocab()
+    lead = LeadingSpace(Grammar.from_schema(schema))
+    masks = TokenMasks(lead, vocab)
+    state, split = lead.start(), 0
+    for b in text.encode():
+        state = lead.advance(state, b)
+        split += len(lead.split(state)) > 1
+        assert np.array_equal(masks.allowed(state), brute_force(lead, state, token_bytes, vocab.width))
+    assert split >= 3

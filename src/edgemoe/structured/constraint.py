@@ -57,6 +57,9 @@ class LeadingSpace:
     def free_string(self, state: object) -> bool:
         return not isinstance(state, _Lead) and self.grammar.free_string(state)
 
+    def split(self, state: object) -> list[object]:
+        return [state] if isinstance(state, _Lead) else self.grammar.split(state)  # type: ignore[arg-type]
+
     def string_room(self, state: object) -> int | None:
         return None if isinstance(state, _Lead) else self.grammar.string_room(state)
 

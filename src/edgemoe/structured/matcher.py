@@ -161,6 +161,26 @@ class Grammar:
             room = max(room, got)
         return room
 
+    def split(self, state: State) -> list[State]:
+        """`state` as the union of parts the token-mask walk covers fast: its free-string
+        threads, its bounded-string threads at a character boundary, and the rest (only
+        the non-empty ones; one part when there is nothing to split). A byte run is
+        accepted from a state iff it is from one of its threads, so a token is allowed
+        from `state` iff it is from one of the parts."""
+        if len(state) < 2:
+            return [state]
+        free, bounded, rest = [], [], []
+        for thread in state:
+            frame = thread[0]
+            if frame is FREE_BODY:
+                free.append(thread)
+            elif type(frame[0]) is BoundedString and frame[0].room(frame) is not None:
+                bounded.append(thread)
+            else:
+                rest.append(thread)
+        parts = [frozenset(p) for p in (free, bounded, rest) if p]
+        return [state] if len(parts) == 1 else [self._intern.setdefault(p, p) for p in parts]
+
     def free_string(self, state: State) -> bool:
         """True iff every byte of FREE_STRING_BYTES maps `state` to an equal state: every
         thread is inside an unconstrained string body (no bound pending, no escape open)."""

@@ -52,11 +52,23 @@ class TokenMasks:
             self.hits += 1
         else:
             self.misses += 1
-            packed = np.packbits(self._walk(state))
+            packed = np.packbits(self._mask(state))
             self._cache[state] = packed
             if len(self._cache) > CACHED_MASKS:
                 self._cache.popitem(last=False)
         return np.unpackbits(packed, count=self.vocab.width).astype(bool)
+
+    def _mask(self, state: object) -> np.ndarray:
+        """A state mixing string threads with others (anyOf of a string and a bounded
+        string, say) walks as its parts, each fast, their masks or-ed (`Grammar.split`)."""
+        split = getattr(self.grammar, "split", None)
+        parts = split(state) if split is not None else [state]
+        if len(parts) == 1:
+            return self._walk(state)
+        mask = self.allowed(parts[0])
+        for part in parts[1:]:
+            mask |= self.allowed(part)
+        return mask
 
     def _walk(self, state: object) -> np.ndarray:
         v = self.vocab
