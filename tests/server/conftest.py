@@ -56,3 +56,16 @@ def make_scripted(demo_dir: Path, demo_tokenizer: TokenizerBundle) -> Iterator[M
 def scripted(make_scripted: MakeServer) -> ServerHarness:
     """The default server (no key, lenient names, thinking on) over the scripted engine."""
     return make_scripted()
+
+
+@pytest.fixture(scope="module")
+def real_fp32(demo_dir: Path) -> Iterator[ServerHarness]:
+    """A server over the real engine (demo model, CPU) in float32: batch neighbours must
+    not move a greedy choice through rounding alone."""
+    from edgemoe.engine.service import build_engine
+
+    engine, ready = build_engine({"model": str(demo_dir), "max_model_len": 1024, "dtype": "float32"})
+    harness = ServerHarness(engine, ready, ServerConfig()).start(timeout=120)
+    yield harness
+    harness.stop()
+

@@ -4,9 +4,7 @@ logprobs describing the raw model, and every malformed map is a 400 naming the f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +12,6 @@ import openai
 import pytest
 from server_harness import ServerHarness
 
-from edgemoe.server.config import ServerConfig
 from edgemoe.token_bytes import unicode_to_byte
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -26,14 +23,8 @@ GREEDY: dict[str, Any] = {"model": "m", "temperature": 0, "max_tokens": 5, "reas
 
 
 @pytest.fixture(scope="module")
-def real(demo_dir: Path) -> Iterator[ServerHarness]:
-    from edgemoe.engine.service import build_engine
-
-    # float32: batch neighbours must not move a greedy choice through rounding alone.
-    engine, ready = build_engine({"model": str(demo_dir), "max_model_len": 1024, "dtype": "float32"})
-    harness = ServerHarness(engine, ready, ServerConfig()).start(timeout=120)
-    yield harness
-    harness.stop()
+def real(real_fp32: ServerHarness) -> ServerHarness:
+    return real_fp32
 
 
 def token_id(tokenizer: TokenizerBundle, raw: list[int] | None) -> int:

@@ -8,8 +8,6 @@ the client's field and the place in the schema."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 import anthropic
@@ -18,7 +16,6 @@ import pytest
 from pydantic import BaseModel, Field
 from server_harness import ServerHarness
 
-from edgemoe.server.config import ServerConfig
 from edgemoe.structured import Grammar
 
 USER = [{"role": "user", "content": "Describe a light."}]
@@ -32,13 +29,8 @@ class Light(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def real(demo_dir: Path) -> Iterator[ServerHarness]:
-    from edgemoe.engine.service import build_engine
-
-    engine, ready = build_engine({"model": str(demo_dir), "max_model_len": 1024, "dtype": "float32"})
-    harness = ServerHarness(engine, ready, ServerConfig()).start(timeout=120)
-    yield harness
-    harness.stop()
+def real(real_fp32: ServerHarness) -> ServerHarness:
+    return real_fp32
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 5}])
