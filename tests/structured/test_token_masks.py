@@ -128,21 +128,28 @@ BOUNDED = {"type": "object", "required": ["name", "bio", "t"], "properties": {
 BOUNDED_TEXT = '{"name": "aé", "bio": "Zoë 中文 and \\"more\\" text", "t": "x\\u00e9yz"}'
 
 
-def test_bounded_strings_masks_equal_brute_force() -> None:
-    """Inside a string with minLength / maxLength the walk covers tokens by their
-    character counts and UTF-8 validity (string_room.py) instead of visiting them: exact
-    at every position of an instance with multi-byte characters and escapes."""
+def states_checked_along(schema: object, text: str) -> list[object]:
+    """Every state along `text` (after the leading-space wrapper's start), each state's
+    mask checked against brute force; returns the states."""
     token_bytes, vocab = qwen_vocab()
-    lead = LeadingSpace(Grammar.from_schema(BOUNDED))
+    lead = LeadingSpace(Grammar.from_schema(schema))
     masks = TokenMasks(lead, vocab)
-    state, counted = lead.start(), 0
-    for b in BOUNDED_TEXT.encode():
+    state, states = lead.start(), []
+    for b in text.encode():
         state = lead.advance(state, b)
         assert state is not None
-        counted += lead.string_room(state) is not None
-        got = masks.allowed(state)
-        assert np.array_equal(got, brute_force(lead, state, token_bytes, vocab.width)), BOUNDED_TEXT.encode()
-    assert counted > 10  # the bounded shortcut was taken
+        assert np.array_equal(masks.allowed(state), brute_force(lead, state, token_bytes, vocab.width)), text
+        states.append(state)
+    return states
+
+
+def test_bounded_strings_masks_equal_brute_force() -> None:
+    """Inside a string with minLength / maxLength the walk covers tokens by their
+    character counts and UTF-8 validity (`Grammar.string_room`) instead of visiting them:
+    exact at every position of an instance with multi-byte characters and escapes."""
+    grammar = Grammar.from_schema(BOUNDED)
+    states = states_checked_along(BOUNDED, BOUNDED_TEXT)
+    assert sum(grammar.string_room(s) is not None for s in states) > 10  # the bounded shortcut was taken
 
 
 @pytest.mark.parametrize("schema, text", [
@@ -152,12 +159,5 @@ def test_bounded_strings_masks_equal_brute_force() -> None:
 def test_mixed_string_states_split_and_equal_brute_force(schema: object, text: str) -> None:
     """A state holding a free string and a bounded one (an anyOf) walks as its parts
     (Grammar.split), or-ed: each part is fast, the union exact."""
-    token_bytes, vocab = qwen_vocab()
-    lead = LeadingSpace(Grammar.from_schema(schema))
-    masks = TokenMasks(lead, vocab)
-    state, split = lead.start(), 0
-    for b in text.encode():
-        state = lead.advance(state, b)
-        split += len(lead.split(state)) > 1
-        assert np.array_equal(masks.allowed(state), brute_force(lead, state, token_bytes, vocab.width))
-    assert split >= 3
+    grammar = Grammar.from_schema(schema)
+    assert sum(len(grammar.split(s)) > 1 for s in states_checked_along(schema, text)) >= 3
