@@ -1,0 +1,48 @@
+"""How long a structured output's token mask takes from a cold state (CPU, Qwen3's 151K
+vocabulary): each schema's states along an instance, the walk timed without the cache.
+
+    PYTHONPATH=src python3 scripts/structured_mask_times.py
+"""
+
+from __future__ import annotations
+
+import time
+
+from tokenizers import Tokenizer
+
+from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json
+from edgemoe.structured import Grammar
+from edgemoe.structured.constraint import LeadingSpace
+from edgemoe.structured.token_masks import TokenMasks
+from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
+
+CASES = {
+    "object, free strings, numbers": ({"type": "object", "properties": {"name": {"type": "string"}, "n": {
+        "type": "number"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}},
+        '{"name": "Zoë q", "n": -12.5e3, "tags": ["a", "b"]}'),
+    "string maxLength 40": ({"type": "string", "maxLength": 40}, '"Zoë 中文 and more"'),
+    "anyOf string | string maxLength 10": ({"anyOf": [{"type": "string"}, {"type": "string", "maxLength": 10}]},
+                                           '"abcé"'),
+    "any JSON object": (None, '{"a": [1, {"b": null}], "c": "d"}'),
+}
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    token_bytes = grammar_token_bytes(Tokenizer.from_file(str(qwen3_tokenizer_json())))
+    vocab = Vocabulary(token_bytes, len(token_bytes))
+    print(f"vocabulary trie: {vocab.num_nodes} nodes, built in {time.perf_counter() - t0:.2f} s")
+    for name, (schema, text) in CASES.items():
+        lead = LeadingSpace(Grammar.json_object() if schema is None else Grammar.from_schema(schema))
+        state, times = lead.start(), []
+        for b in text.encode():
+            state = lead.advance(state, b)
+            t = time.perf_counter()
+            TokenMasks(lead, vocab).allowed(state)  # a fresh cache: the cold cost
+            times.append((time.perf_counter() - t) * 1e3)
+        times.sort()
+        print(f"{name}: {len(times)} states, median {times[len(times) // 2]:.1f} ms, max {times[-1]:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
