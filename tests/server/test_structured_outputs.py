@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import anthropic
 import httpx
+import jsonschema_rs
 import pytest
 from pydantic import BaseModel, Field
 from server_harness import ServerHarness
@@ -123,3 +124,33 @@ def test_schema_size_is_bounded(real: ServerHarness) -> None:
         "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": huge}}})
     assert r.status_code == 400 and "bytes" in r.json()["error"]["message"]
     assert len(json.dumps(huge)) > 256 * 1024
+
+
+TOOL_PARAMS = {"type": "object", "properties": {"on": {"type": "boolean"}, "room": {"enum": ["hall", "den"]},
+                                                "level": {"type": "integer"}},
+               "required": ["on", "room"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 2}])
+def test_forced_named_call_arguments_follow_the_tool_schema(real: ServerHarness, sampling: dict[str, Any]) -> None:
+    """A forced call to a named tool (Hermes: the prompt ends at `"arguments":`) has its
+    arguments constrained to the tool's parameters: the random model writes a valid call."""
+    tools = [{"type": "function", "function": {"name": "set_light", "parameters": TOOL_PARAMS}}]
+    out = real.openai().chat.completions.create(
+        model="m", messages=USER, tools=tools, tool_choice={"type": "function", "function": {"name": "set_light"}},
+        max_tokens=200, **sampling)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0].function
+    assert call.name == "set_light"
+    assert jsonschema_rs.validator_for(TOOL_PARAMS).is_valid(json.loads(call.arguments)), call.arguments
+
+
+def test_anthropic_forced_tool_input_follows_its_schema(real: ServerHarness) -> None:
+    client = anthropic.Anthropic(base_url=real.base_url, api_key="unused", max_retries=0, timeout=60)
+    out = client.messages.create(model="m", max_tokens=200, messages=USER,
+                                 tools=[{"name": "set_light", "input_schema": TOOL_PARAMS}],
+                                 tool_choice={"type": "tool", "name": "set_light"})
+    uses = [b for b in out.content if b.type == "tool_use"]
+    assert out.stop_reason == "tool_use" and uses and uses[0].name == "set_light"
+    assert jsonschema_rs.validator_for(TOOL_PARAMS).is_valid(uses[0].input), uses[0].input

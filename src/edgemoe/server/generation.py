@@ -40,7 +40,7 @@ from edgemoe.server.generation_request import (
 )
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
-from edgemoe.server.output_format import with_output_format
+from edgemoe.server.output_format import forced_arguments, with_output_format
 from edgemoe.server.parsers import prompt_opens_reasoning
 from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
@@ -291,8 +291,10 @@ async def start_generation(
     thinking = req.thinking if req.thinking is not None else default_thinking
     prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
     reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
-    params = with_output_format(req.params, req.output_format, thinks=reasoning,
-                                starts_in_reasoning=prompt.starts_in_reasoning, forced=bool(prompt.forced))
+    # A forced call's turn is the call (thinking off): its arguments, not the response format.
+    fmt = forced_arguments(model.tool_parser, req.named_tool, req.tools) if prompt.forced else req.output_format
+    params = with_output_format(req.params, fmt, thinks=reasoning and not prompt.forced,
+                                starts_in_reasoning=prompt.starts_in_reasoning)
     adds = [
         AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(params, i))
         for i in range(req.n)

@@ -11,7 +11,12 @@ The schema is compiled here (`edgemoe.structured.Grammar`), so a schema the gram
 cannot honour is a 400 naming the client's field and the place in the schema, before the
 engine sees it. Where the JSON starts (`StructuredOutput.reasoning`) is decided once the
 prompt is rendered (`with_output_format`): after the model's `<think>` block when it
-thinks; a forced tool call writes a call, not the format, so it is not constrained.
+thinks.
+
+A forced call to a named tool in the Hermes format (`forced_arguments`) writes the call,
+not the response format: its prompt ends with `{"name": "NAME", "arguments":`, so the
+output is constrained to the tool's `parameters` instead (when the grammar can honour
+them; else, as before, not at all), then EOS: the parser closes the call's object.
 """
 
 from __future__ import annotations
@@ -75,11 +80,31 @@ def anthropic_output_format(output_config: object, output_format: object) -> Out
     return _schema_format(fmt, f"{where}.schema")
 
 
+def forced_arguments(tool_format: str | None, named_tool: str | None,
+                     tools: list[dict[str, Any]] | None) -> OutputFormat | None:
+    """The arguments' format of a forced call to `named_tool` (Hermes only: its opening ends
+    where the arguments object starts); None where nothing can be constrained."""
+    if tool_format != "hermes" or named_tool is None:
+        return None
+    for tool in tools or []:
+        function = tool.get("function") or {}
+        if function.get("name") == named_tool:
+            schema = function.get("parameters")
+            if schema is None or schema == {}:
+                return OutputFormat(None)
+            try:
+                Grammar.from_schema(schema)
+                return OutputFormat(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+            except (GrammarError, RecursionError, TypeError, ValueError):
+                return None  # a schema the grammar can't honour: the call stays unconstrained
+    return None
+
+
 def with_output_format(params: SamplingParams, fmt: OutputFormat | None, *, thinks: bool,
-                       starts_in_reasoning: bool, forced: bool) -> SamplingParams:
+                       starts_in_reasoning: bool) -> SamplingParams:
     """The engine's params for a rendered prompt: the JSON starts after a `<think>` block
     when the model thinks (inside one the prompt opened: "open"; one it may open: "start")."""
-    if fmt is None or forced:
+    if fmt is None:
         return params
     reasoning = ("open" if starts_in_reasoning else "start") if thinks else "none"
     return msgspec.structs.replace(params, structured=StructuredOutput(schema=fmt.schema, reasoning=reasoning))
