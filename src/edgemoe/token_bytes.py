@@ -41,7 +41,7 @@ class TokenBytes:
         self._added = {i: t.content for i, t in added.items()}
         self.special = frozenset(i for i, t in added.items() if t.special)
         decoder = _decoder_config(tokenizer)
-        self._byte_level = _uses_byte_level(decoder)
+        self._byte_level = _has(decoder, "ByteLevel")
         # SentencePiece-style (Llama, Mistral): "▁" stands for a space, and a byte-fallback
         # piece `<0xE4>` is that one byte. Decoding such a token alone is wrong: the decoder
         # strips the leading space of the first token and turns a lone byte into U+FFFD.
@@ -106,9 +106,3 @@ def _space_pieces(decoder: dict[str, Any]) -> dict[str, str]:
             if isinstance(mark, str) and mark and isinstance(text, str):
                 out[mark] = text
     return out
-
-
-def _uses_byte_level(decoder: dict[str, Any]) -> bool:
-    if decoder.get("type") == "ByteLevel":
-        return True
-    return any(_uses_byte_level(d) for d in decoder.get("decoders") or [] if isinstance(d, dict))
