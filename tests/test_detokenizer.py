@@ -18,6 +18,7 @@ import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgemoe.assets.qwen3_tokenizer import bytes_to_unicode
 from edgemoe.detokenizer import (
     MAX_PENDING,
     REPLACEMENT,
@@ -55,21 +56,7 @@ def _byte_ids(data: bytes) -> list[int]:
     return [_BYTE_TO_ID[b] for b in data]
 
 
-def _gpt2_bytes_to_unicode() -> dict[int, str]:
-    """The byte -> printable char table that byte-level BPE vocabularies are written in."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-_BYTE_TO_ID = {b: deepseek().token_to_id(c) for b, c in _gpt2_bytes_to_unicode().items()}
+_BYTE_TO_ID = {b: deepseek().token_to_id(c) for b, c in bytes_to_unicode().items()}
 
 
 def stream(ids: Sequence[int], skip: bool = True) -> tuple[list[str], str]:

@@ -16,30 +16,23 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from edgemoe.assets.qwen3_tokenizer import bytes_to_unicode
+
 
 @lru_cache(maxsize=1)
 def unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's `bytes_to_unicode` (printable stand-ins for every byte)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = keep[:]
-    n = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+    return {ch: b for b, ch in bytes_to_unicode().items()}
 
 
 class TokenBytes:
-    """id → bytes for one tokenizer; `special` holds the ids of special added tokens
-    (control tokens such as `<|im_end|>`, never part of the text a grammar reads)."""
+    """id → bytes for one tokenizer; `added` holds the added tokens' ids (`<|im_end|>`,
+    `<think>`: control text, never part of what a grammar reads)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tok = tokenizer
-        added = tokenizer.get_added_tokens_decoder()
-        self._added = {i: t.content for i, t in added.items()}
-        self.special = frozenset(i for i, t in added.items() if t.special)
+        self._added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+        self.added = frozenset(self._added)
         decoder = _decoder_config(tokenizer)
         self._byte_level = _has(decoder, "ByteLevel")
         # SentencePiece-style (Llama, Mistral): "▁" stands for a space, and a byte-fallback

@@ -12,7 +12,7 @@ import openai
 import pytest
 from server_harness import ServerHarness
 
-from edgemoe.token_bytes import unicode_to_byte
+from edgemoe.assets.qwen3_tokenizer import bytes_to_unicode
 from edgemoe.tokenizer import TokenizerBundle
 
 USER = [{"role": "user", "content": "Tell me a story."}]
@@ -30,7 +30,7 @@ def real(real_fp32: ServerHarness) -> ServerHarness:
 def token_id(tokenizer: TokenizerBundle, raw: list[int] | None) -> int:
     """A logprob entry's `bytes` -> its token id (byte-level BPE piece, or an added token's text)."""
     assert raw is not None
-    to_unicode = {b: ch for ch, b in unicode_to_byte().items()}
+    to_unicode = bytes_to_unicode()
     found = tokenizer.tokenizer.token_to_id("".join(to_unicode[b] for b in raw))
     if found is None:
         found = tokenizer.tokenizer.token_to_id(bytes(raw).decode())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -81,13 +81,14 @@ class Constraints:
         if c is not None:
             try:
                 c.accept(token_id)
-            except Exception:  # a grammar bug must not stop the engine: this output goes unconstrained
-                log.exception("structured output: request %s's grammar failed; its output is no longer constrained",
-                              request_id)
-                c.state = None
+            except Exception:
+                _unconstrain(request_id, c)
 
-    def step_masks(self, request_ids: Sequence[str], device: torch.device) -> torch.Tensor | None:
-        """bool [B, width] for a step's sampling rows (True: allowed); None when no row is masked."""
+    def step_masks(self, request_ids: Iterable[str], device: torch.device) -> torch.Tensor | None:
+        """bool [B, width] for a step's sampling rows (True: allowed); None when no row is
+        masked (at once, without reading the ids, while no request is constrained)."""
+        if not self.by_request:
+            return None
         masks = [self._mask(r) for r in request_ids]
         if all(m is None for m in masks):
             return None
@@ -105,10 +106,8 @@ class Constraints:
             return None
         try:
             return c.mask()
-        except Exception:  # as in `accept`
-            log.exception("structured output: request %s's grammar failed; its output is no longer constrained",
-                          request_id)
-            c.state = None
+        except Exception:
+            _unconstrain(request_id, c)
             return None
 
     def _masks_for(self, spec: StructuredOutput) -> TokenMasks:
@@ -125,6 +124,12 @@ class Constraints:
                 self._masks.popitem(last=False)
         self._masks.move_to_end(key)
         return masks
+
+
+def _unconstrain(request_id: str, c: OutputConstraint) -> None:
+    """A grammar bug must not stop the engine: the request's output goes unconstrained."""
+    log.exception("structured output: request %s's grammar failed; its output is no longer constrained", request_id)
+    c.state = None
 
 
 def _think_tokens(tokenizer: Tokenizer) -> ThinkTokens | None:

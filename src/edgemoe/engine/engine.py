@@ -158,7 +158,7 @@ class Engine:
             with self.profiler.region("sampling"):
                 rows = tuple(s.request.row for s in sampling)  # type: ignore[misc]
                 generated = tuple(s.request.num_generated for s in sampling)  # pending ones too: min_tokens
-                allowed = self.constraints.step_masks([s.request.request_id for s in sampling], logits.device)
+                allowed = self.constraints.step_masks((s.request.request_id for s in sampling), logits.device)
                 if allowed is None and self.sampling.plain_greedy(rows, generated):
                     out = greedy_tokens(logits)  # one kernel, no per-row gathers
                 else:

@@ -14,10 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from edgemoe.structured import FREE_STRING_BYTES
+from edgemoe.structured.vocab import FREE_BYTE as _FREE
 from edgemoe.structured.vocab import Vocabulary
-
-_FREE = bytes(b in FREE_STRING_BYTES for b in range(256))
 CACHED_MASKS = 256  # per grammar: ~19 KB each, packed, at a 150K vocabulary
 
 

@@ -30,7 +30,7 @@ from edgemoe.structured import FREE_STRING_BYTES
 from edgemoe.structured.scalars import MODE_NEXT, UTF8_LEAD
 from edgemoe.token_bytes import TokenBytes
 
-_FREE = bytes(b in FREE_STRING_BYTES for b in range(256))
+FREE_BYTE = bytes(b in FREE_STRING_BYTES for b in range(256))  # a table: FREE_BYTE[b] is 1 for a free byte
 
 
 class Vocabulary:
@@ -82,7 +82,7 @@ class Vocabulary:
                 self.byte.append(b)
                 self.depth.append(d + 1)
                 self.skip.append(0)
-                nonfree_depth.append(nonfree_depth[path[-1]] if _FREE[b] else d + 1)
+                nonfree_depth.append(nonfree_depth[path[-1]] if FREE_BYTE[b] else d + 1)
                 parent.append(path[-1])
                 path.append(n)
             for t in ids[key]:
@@ -111,7 +111,7 @@ class Vocabulary:
         """1 where a node's subtree (below it) has an edge that is not a free-string byte."""
         below = array("B", bytes(len(self.byte)))
         for n in range(len(self.byte) - 1, 0, -1):
-            if below[n] or not _FREE[self.byte[n]]:
+            if below[n] or not FREE_BYTE[self.byte[n]]:
                 below[parent[n]] = 1
         return below
 
@@ -120,8 +120,8 @@ def grammar_token_bytes(tokenizer: Tokenizer) -> list[bytes | None]:
     """Each token id's bytes, None for added tokens (`<|im_end|>`, `<think>`, `<tool_call>`):
     control text, never part of a structured value."""
     token_bytes = TokenBytes(tokenizer)
-    added = tokenizer.get_added_tokens_decoder()
-    return [None if t in added else token_bytes(t) for t in range(tokenizer.get_vocab_size(with_added_tokens=True))]
+    return [None if t in token_bytes.added else token_bytes(t)
+            for t in range(tokenizer.get_vocab_size(with_added_tokens=True))]
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
