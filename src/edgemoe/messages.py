@@ -28,13 +28,22 @@ class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     """The output must be JSON: matching `schema` (a JSON Schema as JSON text), or any JSON
     object when it is None. `reasoning` says where the JSON starts (`structured/constraint.py`):
     "none" at the first token, "open" after the prompt's open `<think>` block closes,
-    "start" after a `<think>` block the model may open first."""
+    "start" after a `<think>` block the model may open first.
+
+    `target="calls"`: the output is free, but inside each Hermes `<tool_call>` … `</tool_call>`
+    the JSON must match `schema` (`structured/call_constraint.py`); `primed` is the call's
+    text the prompt already ends with (after its `<tool_call>`), for a forced call;
+    `one_call`: no call after the first (`parallel_tool_calls` false)."""
 
     schema: str | None = None
     reasoning: str = "none"
+    target: str = "value"
+    primed: str | None = None
+    one_call: bool = False
 
 
 MAX_SCHEMA_BYTES = 256 * 1024  # a structured output's schema, as JSON text
+MAX_PRIMED_BYTES = 4096  # a forced call's opening, already in the prompt
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -124,6 +133,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              "reasoning must be 'none', 'open' or 'start'"),
             (self.structured is None or len((self.structured.schema or "").encode()) <= MAX_SCHEMA_BYTES,
              "structured", f"schema may be at most {MAX_SCHEMA_BYTES} bytes of JSON"),
+            (self.structured is None or self.structured.target in ("value", "calls"), "structured",
+             "target must be 'value' or 'calls'"),
+            (self.structured is None or len((self.structured.primed or "").encode()) <= MAX_PRIMED_BYTES,
+             "structured", f"primed may be at most {MAX_PRIMED_BYTES} bytes"),
         ]
 
 

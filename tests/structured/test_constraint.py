@@ -11,7 +11,7 @@ import pytest
 from test_token_masks import qwen_vocab
 
 from edgemoe.structured import Grammar
-from edgemoe.structured.constraint import LEAD_SPACE, LeadingSpace, OutputConstraint, ThinkTokens
+from edgemoe.structured.constraint import LEAD_SPACE, PaddedValue, OutputConstraint, ThinkTokens
 from edgemoe.structured.token_masks import TokenMasks
 
 EOS = 151645  # <|im_end|>
@@ -21,7 +21,7 @@ THINK = ThinkTokens(151667, 151668)  # <think>, </think> in Qwen3's added tokens
 def constraint(reasoning: str, schema: object = None) -> tuple[OutputConstraint, list[bytes | None]]:
     token_bytes, vocab = qwen_vocab()
     grammar = Grammar.json_object() if schema is None else Grammar.from_schema(schema)
-    masks = TokenMasks(LeadingSpace(grammar), vocab)
+    masks = TokenMasks(PaddedValue(grammar), vocab)
     return OutputConstraint(masks, token_bytes, frozenset({EOS}), reasoning, THINK), token_bytes  # type: ignore[arg-type]
 
 
@@ -74,7 +74,24 @@ def test_eos_exactly_where_complete() -> None:
     c.accept(tok(tb, b"2"))
     c.accept(tok(tb, b"]"))
     m = c.mask()
-    assert m is not None and m[EOS] and m.sum() == 1  # nothing may follow a closed array
+    assert m is not None and m[EOS]
+    # Nothing but whitespace (at most LEAD_SPACE bytes) may follow a closed array.
+    spaces = {t for t, b in enumerate(tb) if b and len(b) <= LEAD_SPACE and not b.strip(b" \t\n\r")}
+    assert set(np.flatnonzero(m)) == spaces | {EOS} and len(spaces) > 20
+
+
+def test_trailing_space_is_bounded_and_ends_in_eos() -> None:
+    c, tb = constraint("none", {"type": "integer"})
+    c.accept(tok(tb, b"1"))  # Qwen's digits are single tokens
+    c.accept(tok(tb, b"2"))
+    m = c.mask()
+    assert m is not None and m[EOS] and m[tok(tb, b"3")] and m[tok(tb, b"\n")]  # 123 or 12 then space
+    newline = tok(tb, b"\n")
+    for _ in range(LEAD_SPACE):
+        assert c.mask()[newline] and c.mask()[EOS]  # type: ignore[index]
+        c.accept(newline)
+    m = c.mask()
+    assert m is not None and set(np.flatnonzero(m)) == {EOS}  # no digit after the space, no ninth byte
 
 
 def test_leading_space_is_bounded() -> None:

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json
 from edgemoe.structured import FREE_STRING_BYTES, Grammar
-from edgemoe.structured.constraint import LeadingSpace
+from edgemoe.structured.constraint import PaddedValue
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
 
@@ -108,7 +108,7 @@ def test_json_grammar_masks_equal_brute_force(indent: int | None) -> None:
 
 def test_leading_space_and_cache() -> None:
     token_bytes, vocab = qwen_vocab()
-    lead = LeadingSpace(Grammar.json_object())
+    lead = PaddedValue(Grammar.json_object())
     masks = TokenMasks(lead, vocab)
     start = lead.start()
     got = masks.allowed(start)
@@ -132,7 +132,7 @@ def states_checked_along(schema: object, text: str) -> list[object]:
     """Every state along `text` (after the leading-space wrapper's start), each state's
     mask checked against brute force; returns the states."""
     token_bytes, vocab = qwen_vocab()
-    lead = LeadingSpace(Grammar.from_schema(schema))
+    lead = PaddedValue(Grammar.from_schema(schema))
     masks = TokenMasks(lead, vocab)
     state, states = lead.start(), []
     for b in text.encode():

@@ -8,7 +8,9 @@ scheduling completes the step in flight before scheduling while one runs
 runs on the device, and go to the device as one bool [B, V] copy.
 
 The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
-grammars are compiled once per schema text and kept for the last `GRAMMARS`.
+grammars are compiled once per schema text and kept for the last `GRAMMARS`. A request's
+constraint is an `OutputConstraint` (the output is one JSON value) or a `CallConstraint`
+(its Hermes tool calls' JSON, `StructuredOutput.target="calls"`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from tokenizers import Tokenizer
 
 from edgemoe.messages import StructuredOutput
 from edgemoe.structured import Grammar, GrammarError
-from edgemoe.structured.constraint import LeadingSpace, OutputConstraint, ThinkTokens
+from edgemoe.structured.call_constraint import CallConstraint, CallRules, CallTags, SpaceTokens
+from edgemoe.structured.constraint import OutputConstraint, PaddedValue, ThinkTokens
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
 
@@ -57,21 +60,34 @@ class Constraints:
         self._eos = eos_ids
         self._bytes: list[bytes | None] | None = None
         self._vocab: Vocabulary | None = None
+        self._spaces: SpaceTokens | None = None
         self._masks: OrderedDict[str | None, TokenMasks] = OrderedDict()
         self._think = _think_tokens(tokenizer)
-        self.by_request: dict[str, OutputConstraint] = {}
+        self._call_tags = _call_tags(tokenizer)
+        self.by_request: dict[str, OutputConstraint | CallConstraint] = {}
 
     def check(self, spec: StructuredOutput) -> None:
         """Compile (or find) the spec's grammar; ValueError naming what is wrong with it."""
-        self._masks_for(spec)
+        if spec.target == "calls" and self._call_tags is None:
+            raise ValueError("structured output: the tokenizer has no <tool_call> and </tool_call> tokens")
+        self._constraint(spec, ())
 
     def attach(self, request_id: str, spec: StructuredOutput, stop_ids: Sequence[int]) -> None:
-        """Start constraining a request (its spec was checked by `compile_grammar`)."""
+        """Start constraining a request (its spec was checked by `check`)."""
+        self.by_request[request_id] = self._constraint(spec, stop_ids)
+
+    def _constraint(self, spec: StructuredOutput, stop_ids: Sequence[int]) -> OutputConstraint | CallConstraint:
         masks = self._masks_for(spec)
-        assert self._bytes is not None
-        eos = self._eos | frozenset(stop_ids)
+        assert self._bytes is not None and self._spaces is not None
         reasoning = spec.reasoning if spec.reasoning in ("open", "start") else "none"
-        self.by_request[request_id] = OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
+        eos = self._eos | frozenset(stop_ids)
+        if spec.target == "calls":
+            assert self._call_tags is not None
+            primed = spec.primed.encode() if spec.primed is not None else None
+            rules = CallRules(eos, spec.one_call)
+            return CallConstraint(masks, self._bytes, self._spaces, self._call_tags, rules, reasoning,  # type: ignore[arg-type]
+                                  self._think, primed)
+        return OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
 
     def release(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)
@@ -118,7 +134,8 @@ class Constraints:
             if self._vocab is None:
                 self._bytes = grammar_token_bytes(self._tokenizer)
                 self._vocab = Vocabulary(self._bytes, self._width)
-            masks = TokenMasks(LeadingSpace(grammar), self._vocab)
+                self._spaces = SpaceTokens(self._bytes)
+            masks = TokenMasks(PaddedValue(grammar), self._vocab)
             self._masks[key] = masks
             if len(self._masks) > GRAMMARS:
                 self._masks.popitem(last=False)
@@ -126,10 +143,10 @@ class Constraints:
         return masks
 
 
-def _unconstrain(request_id: str, c: OutputConstraint) -> None:
+def _unconstrain(request_id: str, c: OutputConstraint | CallConstraint) -> None:
     """A grammar bug must not stop the engine: the request's output goes unconstrained."""
     log.exception("structured output: request %s's grammar failed; its output is no longer constrained", request_id)
-    c.state = None
+    c.unconstrain()
 
 
 def _think_tokens(tokenizer: Tokenizer) -> ThinkTokens | None:
@@ -137,3 +154,9 @@ def _think_tokens(tokenizer: Tokenizer) -> ThinkTokens | None:
     JSON starts at the first token."""
     open_id, close_id = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
     return ThinkTokens(open_id, close_id) if open_id is not None and close_id is not None else None
+
+
+def _call_tags(tokenizer: Tokenizer) -> CallTags | None:
+    """`<tool_call>` / `</tool_call>` when both are single tokens (Hermes models); else None."""
+    open_id, close_id = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+    return CallTags(open_id, close_id) if open_id is not None and close_id is not None else None

@@ -89,6 +89,8 @@ class CountTokensRequest(_Request):
             function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
             if isinstance(tool.get("description"), str):
                 function["description"] = tool["description"]
+            if tool.get("strict") is True:
+                function["strict"] = True
             tools.append({"type": "function", "function": function})
         return tools or None
 

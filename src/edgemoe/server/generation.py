@@ -40,7 +40,8 @@ from edgemoe.server.generation_request import (
 )
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
-from edgemoe.server.output_format import forced_arguments, with_output_format
+from edgemoe.server.call_format import call_format
+from edgemoe.server.output_format import OutputFormat, forced_arguments, with_output_format
 from edgemoe.server.parsers import prompt_opens_reasoning
 from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
@@ -280,6 +281,20 @@ class Generation:
         )
 
 
+def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) -> OutputFormat | None:
+    """What the output is held to: a forced call's turn is the call (thinking off), its
+    arguments (named) or calls (required), not the response format; else the response
+    format, or the calls when a tool is strict (server/call_format.py)."""
+    if forced and req.named_tool is not None:
+        return forced_arguments(model.tool_parser, req.named_tool, req.tools)
+    if req.output_format is not None and not forced:
+        return req.output_format
+    if not req.parse_output or req.tool_choice == "none":
+        return None
+    return call_format(model.tool_parser if model.teaches_calls else None, req.tools, forced,
+                       one_call=not req.parallel_tool_calls)
+
+
 async def start_generation(
     client: EngineClient, model: ServedModel, req: GenerationRequest, *,
     default_thinking: bool, request_id: str | None = None, first_output_wait: float | None = None,
@@ -291,8 +306,7 @@ async def start_generation(
     thinking = req.thinking if req.thinking is not None else default_thinking
     prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
     reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
-    # A forced call's turn is the call (thinking off): its arguments, not the response format.
-    fmt = forced_arguments(model.tool_parser, req.named_tool, req.tools) if prompt.forced else req.output_format
+    fmt = _output_constraint(model, req, prompt.forced)
     params = with_output_format(req.params, fmt, thinks=reasoning and not prompt.forced,
                                 starts_in_reasoning=prompt.starts_in_reasoning)
     adds = [

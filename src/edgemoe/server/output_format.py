@@ -34,9 +34,13 @@ from edgemoe.structured import Grammar, GrammarError
 
 @dataclass(frozen=True)
 class OutputFormat:
-    """A checked output format: `schema` as JSON text, None for any JSON object."""
+    """A checked output format: `schema` as JSON text, None for any JSON object. `target`
+    "calls": the schema holds each tool call's JSON, not the content (server/call_format.py)."""
 
     schema: str | None
+    target: str = "value"
+    primed: str | None = None
+    one_call: bool = False
 
 
 def chat_response_format(value: object) -> OutputFormat | None:
@@ -107,7 +111,9 @@ def with_output_format(params: SamplingParams, fmt: OutputFormat | None, *, thin
     if fmt is None:
         return params
     reasoning = ("open" if starts_in_reasoning else "start") if thinks else "none"
-    return msgspec.structs.replace(params, structured=StructuredOutput(schema=fmt.schema, reasoning=reasoning))
+    spec = StructuredOutput(schema=fmt.schema, reasoning=reasoning, target=fmt.target, primed=fmt.primed,
+                            one_call=fmt.one_call)
+    return msgspec.structs.replace(params, structured=spec)
 
 
 def _plain_format(kind: object, param: str) -> OutputFormat | None:

@@ -7,7 +7,7 @@ The output is `[<think> reasoning </think>] [whitespace] JSON value` then EOS:
 - `"start"`: thinking on, the prompt not inside a block: the first token is `<think>` or
   the JSON's first token (Qwen3's templates leave `<think>` to the model).
 Up to `LEAD_SPACE` whitespace bytes may precede the value (models write "\n\n" after
-`</think>`). EOS is allowed exactly where the value is complete; special and added
+`</think>`) and as many follow it (a token such as `}\n` ends a value in one piece). EOS is allowed exactly where the value is complete; special and added
 tokens never are inside the value. A token the mask did not allow (none should come:
 the sampler applies the mask before every choice) ends the constraint, logged.
 """
@@ -37,8 +37,15 @@ class _Lead:
     spaces: int
 
 
-class LeadingSpace:
-    """`grammar` with up to LEAD_SPACE whitespace bytes allowed before its value."""
+@dataclass(frozen=True)
+class _Trail:
+    """After a complete value: `spaces` whitespace bytes read since."""
+
+    spaces: int
+
+
+class PaddedValue:
+    """`grammar` with up to LEAD_SPACE whitespace bytes allowed before its value and after it."""
 
     def __init__(self, grammar: Grammar) -> None:
         self.grammar = grammar
@@ -52,19 +59,35 @@ class LeadingSpace:
             if byte in _SPACE:
                 return _Lead(state.spaces + 1) if state.spaces < LEAD_SPACE else None
             return self.grammar.advance(self._start, byte)
-        return self.grammar.advance(state, byte)
+        if isinstance(state, _Trail):
+            return _Trail(state.spaces + 1) if byte in _SPACE and state.spaces < LEAD_SPACE else None
+        nxt = self.grammar.advance(state, byte)
+        if nxt is None and byte in _SPACE and self.grammar.is_complete(state):
+            return _Trail(1)
+        return nxt
 
     def free_string(self, state: object) -> bool:
-        return not isinstance(state, _Lead) and self.grammar.free_string(state)
+        return not isinstance(state, (_Lead, _Trail)) and self.grammar.free_string(state)
 
     def split(self, state: object) -> list[object]:
-        return [state] if isinstance(state, _Lead) else self.grammar.split(state)  # type: ignore[arg-type]
+        return [state] if isinstance(state, (_Lead, _Trail)) else self.grammar.split(state)  # type: ignore[arg-type]
 
     def string_room(self, state: object) -> int | None:
-        return None if isinstance(state, _Lead) else self.grammar.string_room(state)
+        return None if isinstance(state, (_Lead, _Trail)) else self.grammar.string_room(state)
 
     def is_complete(self, state: object) -> bool:
+        if isinstance(state, _Trail):
+            return True
         return self.grammar.is_complete(self._start if isinstance(state, _Lead) else state)
+
+
+def advance_bytes(grammar: PaddedValue, state: object, data: bytes) -> object | None:
+    """The state after `data` from `state`; None where a byte is refused."""
+    for b in data:
+        state = grammar.advance(state, b)
+        if state is None:
+            return None
+    return state
 
 
 @dataclass(frozen=True)
@@ -78,9 +101,9 @@ class OutputConstraint:
 
     def __init__(self, masks: TokenMasks, token_bytes: list[bytes | None], eos_ids: frozenset[int],
                  reasoning: Reasoning, think: ThinkTokens | None) -> None:
-        assert isinstance(masks.grammar, LeadingSpace)
+        assert isinstance(masks.grammar, PaddedValue)
         self._masks = masks
-        self._grammar: LeadingSpace = masks.grammar
+        self._grammar: PaddedValue = masks.grammar
         self._bytes = token_bytes
         self._eos = np.array(sorted(t for t in eos_ids if 0 <= t < masks.vocab.width), dtype=np.int64)
         self._think = think
@@ -119,16 +142,12 @@ class OutputConstraint:
         if self.state is None or token_id in self._eos:
             return
         data = self._bytes[token_id] if 0 <= token_id < len(self._bytes) else None
-        nxt = self._advance(data) if data else None
+        nxt = advance_bytes(self._grammar, self.state, data) if data else None
         if nxt is None:
             log.warning("structured output: token %d is not allowed here; the rest of this output is not "
                         "constrained", token_id)
         self.state = nxt
 
-    def _advance(self, data: bytes) -> object | None:
-        state = self.state
-        for b in data:
-            state = self._grammar.advance(state, b)
-            if state is None:
-                return None
-        return state
+    def unconstrain(self) -> None:
+        """The rest of the output goes unconstrained (a grammar failure)."""
+        self.state = None

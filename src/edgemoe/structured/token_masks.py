@@ -20,7 +20,7 @@ CACHED_MASKS = 256  # per grammar: ~19 KB each, packed, at a 150K vocabulary
 
 
 class ByteGrammar(Protocol):
-    """What the walk needs of a grammar (`Grammar`, or `LeadingSpace` around one)."""
+    """What the walk needs of a grammar (`Grammar`, or `PaddedValue` around one)."""
 
     def advance(self, state: object, byte: int) -> object | None: ...
     def free_string(self, state: object) -> bool: ...

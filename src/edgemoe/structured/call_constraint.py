@@ -1,0 +1,143 @@
+"""One request's Hermes tool calls, constrained: free text, and inside each
+`<tool_call>` … `</tool_call>` a call the grammar (`call_schema`) accepts.
+
+Phases, as tokens come:
+- `text`: unconstrained; the `<tool_call>` token opens a call, `<think>` a think block;
+- `thinking`: unconstrained until `</think>` (a call written while reasoning is not one
+  the parser reads, so it is not constrained either);
+- `call`: masked by the grammar (whitespace, the JSON, whitespace); `</tool_call>` is
+  allowed exactly where the call's JSON is complete;
+- `after`: once a call closed, only whitespace (LEAD_SPACE bytes), the next call's
+  `<tool_call>` (not with `one_call`: `parallel_tool_calls` false) or EOS — the calls end
+  the turn, as Hermes templates write them and as OpenAI's and Anthropic's replies are;
+- `off`: a token the mask did not allow, or a grammar failure: unconstrained from then on.
+
+A request forced to call (`tool_choice` "required") starts in `call`, its prompt having
+written the opening (`primed`: the bytes after `<tool_call>`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgemoe.structured.constraint import LEAD_SPACE, PaddedValue, Reasoning, ThinkTokens, advance_bytes
+from edgemoe.structured.token_masks import TokenMasks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CallTags:
+    """The `<tool_call>` and `</tool_call>` token ids."""
+
+    open: int
+    close: int
+
+
+class SpaceTokens:
+    """The vocabulary's all-whitespace tokens and their lengths in bytes."""
+
+    def __init__(self, token_bytes: list[bytes | None]) -> None:
+        spaces = [(t, len(b)) for t, b in enumerate(token_bytes) if b and len(b) <= LEAD_SPACE and not b.strip()]
+        self.ids = np.array([t for t, _ in spaces], dtype=np.int64)
+        self.lengths = np.array([n for _, n in spaces], dtype=np.int64)
+        self.length_of = dict(spaces)
+
+    def within(self, room: int) -> np.ndarray:
+        """The ids of whitespace tokens of at most `room` bytes."""
+        return self.ids[self.lengths <= room]
+
+
+@dataclass(frozen=True)
+class CallRules:
+    """What a request's calls end with: its EOS ids, and whether one call is all it may write."""
+
+    eos: frozenset[int]
+    one_call: bool = False
+
+
+class CallConstraint:
+    """The mask for a request's next token while it may write tool calls."""
+
+    def __init__(self, masks: TokenMasks, token_bytes: list[bytes | None], spaces: SpaceTokens, tags: CallTags,
+                 rules: CallRules, reasoning: Reasoning, think: ThinkTokens | None,
+                 primed: bytes | None = None) -> None:
+        assert isinstance(masks.grammar, PaddedValue)
+        self._masks = masks
+        self._grammar: PaddedValue = masks.grammar
+        self._bytes = token_bytes
+        self._spaces = spaces
+        self._tags = tags
+        self._eos = np.array(sorted(t for t in rules.eos if 0 <= t < masks.vocab.width), dtype=np.int64)
+        self._one_call = rules.one_call
+        self._think = think
+        self.phase = "thinking" if reasoning == "open" and think is not None else "text"
+        self.state: object | None = None
+        self._spaces_after = 0  # whitespace bytes since the last call closed
+        if primed is not None:
+            self.phase, self.state = "call", advance_bytes(self._grammar, self._grammar.start(), primed)
+            if self.state is None:
+                raise ValueError(f"structured output: the call's opening {primed!r} does not start a call")
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ("call", "after")
+
+    def mask(self) -> np.ndarray | None:
+        """bool [width], True where the next token is allowed; None: unconstrained."""
+        if self.phase == "after":
+            allowed = np.zeros(self._masks.vocab.width, dtype=bool)
+            allowed[self._spaces.within(LEAD_SPACE - self._spaces_after)] = True
+            allowed[self._eos] = True
+            allowed[self._tags.open] = not self._one_call
+            return allowed
+        if self.phase != "call":
+            return None
+        allowed = self._masks.allowed(self.state)
+        if self._grammar.is_complete(self.state):
+            allowed[self._tags.close] = True
+        return allowed
+
+    def accept(self, token_id: int) -> None:
+        """The token the request sampled."""
+        if self.phase == "thinking":
+            if self._think is not None and token_id == self._think.close:
+                self.phase = "text"
+        elif self.phase == "text":
+            if token_id == self._tags.open:
+                self.phase, self.state = "call", self._grammar.start()
+            elif self._think is not None and token_id == self._think.open:
+                self.phase = "thinking"
+        elif self.phase == "call":
+            self._accept_in_call(token_id)
+        elif self.phase == "after":
+            self._accept_after(token_id)
+
+    def _accept_in_call(self, token_id: int) -> None:
+        if token_id == self._tags.close and self._grammar.is_complete(self.state):
+            self.phase, self.state, self._spaces_after = "after", None, 0
+            return
+        data = self._bytes[token_id] if 0 <= token_id < len(self._bytes) else None
+        nxt = advance_bytes(self._grammar, self.state, data) if data else None
+        if nxt is None:
+            log.warning("structured output: token %d is not allowed in a tool call; the rest of this output is "
+                        "not constrained", token_id)
+            self.phase = "off"
+        self.state = nxt
+
+    def _accept_after(self, token_id: int) -> None:
+        if token_id == self._tags.open and not self._one_call:
+            self.phase, self.state = "call", self._grammar.start()
+        elif token_id in self._spaces.length_of:
+            self._spaces_after += self._spaces.length_of[token_id]
+        elif token_id not in self._eos:
+            log.warning("structured output: token %d is not allowed after a tool call; the rest of this output is "
+                        "not constrained", token_id)
+            self.phase = "off"
+
+    def unconstrain(self) -> None:
+        """The rest of the output goes unconstrained (a grammar failure)."""
+        self.phase, self.state = "off", None

@@ -1,0 +1,123 @@
+"""One request's Hermes tool calls over Qwen3's vocabulary: free text, a call held to
+the tools' schema from `<tool_call>` to `</tool_call>`, the template's own tokens allowed
+all the way, reasoning left alone, and a forced call primed with its opening."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from test_constraint import EOS, THINK
+from test_token_masks import qwen_vocab
+from tokenizers import Tokenizer
+
+from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json
+from edgemoe.structured import Grammar
+from edgemoe.structured.call_constraint import CallConstraint, CallRules, CallTags, SpaceTokens
+from edgemoe.structured.call_schema import call_schema
+from edgemoe.structured.constraint import LEAD_SPACE, PaddedValue
+from edgemoe.structured.token_masks import TokenMasks
+
+TAGS = CallTags(151657, 151658)  # <tool_call>, </tool_call>
+LIGHT = {"type": "object", "properties": {"on": {"type": "boolean"}, "room": {"enum": ["hall", "kitchen"]}},
+         "required": ["on", "room"], "additionalProperties": False}
+TOOLS = [("set_light", LIGHT), ("note", None)]
+
+
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(qwen3_tokenizer_json()))
+
+
+def constraint(reasoning: str = "none", primed: bytes | None = None, one_call: bool = False) -> CallConstraint:
+    token_bytes, vocab = qwen_vocab()
+    masks = TokenMasks(PaddedValue(Grammar.from_schema(call_schema(TOOLS))), vocab)
+    return CallConstraint(masks, token_bytes, SpaceTokens(token_bytes), TAGS, CallRules(frozenset({EOS}), one_call),
+                          reasoning, THINK, primed)  # type: ignore[arg-type]
+
+
+def spaces() -> set[int]:
+    return {i for i, b in enumerate(qwen_vocab()[0]) if b and len(b) <= LEAD_SPACE and not b.strip()}
+
+
+def feed(c: CallConstraint, ids: list[int]) -> None:
+    """Accept `ids`, each one allowed by the mask before it (None: unconstrained)."""
+    for t in ids:
+        m = c.mask()
+        assert m is None or m[t], (t, tokenizer().decode([t], skip_special_tokens=False))
+        c.accept(t)
+
+
+def test_tags_are_qwen3s() -> None:
+    t = tokenizer()
+    assert (t.token_to_id("<tool_call>"), t.token_to_id("</tool_call>")) == (TAGS.open, TAGS.close)
+
+
+def test_the_templates_call_passes_token_by_token() -> None:
+    """Qwen's template's call, tokenized as the model saw it in training (`}}\\n` and all)."""
+    call = {"name": "set_light", "arguments": {"on": True, "room": "kitchen"}}
+    text = f"Sure.\n<tool_call>\n{json.dumps(call)}\n</tool_call>\n<tool_call>\n" \
+           f'{json.dumps({"name": "note", "arguments": {"x": [1, "é"]}})}\n</tool_call>'
+    c = constraint()
+    assert c.mask() is None  # free text until a call opens
+    feed(c, [*tokenizer().encode(text, add_special_tokens=False).ids, EOS])
+    assert c.phase == "after"
+
+
+def test_a_call_is_held_to_the_tools() -> None:
+    c = constraint()
+    t = tokenizer()
+    feed(c, [TAGS.open, *t.encode('\n{"name": "', add_special_tokens=False).ids])
+    m = c.mask()
+    assert m is not None and m[t.token_to_id("set")] and not m[t.token_to_id("get")] and not m[EOS]
+    feed(c, t.encode('set_light", "arguments": {"on": true, "room": "', add_special_tokens=False).ids)
+    m = c.mask()
+    assert m is not None and m[t.token_to_id("hall")] and m[t.token_to_id("k")] and not m[t.token_to_id("bed")]
+    assert not m[TAGS.close] and not m[TAGS.open] and not m[EOS]  # the call is not complete
+    feed(c, t.encode('hall"}}', add_special_tokens=False).ids)
+    m = c.mask()
+    assert m is not None and m[TAGS.close] and not m[EOS]  # complete: only the close tag (or whitespace)
+    assert set(np.flatnonzero(m)) - {TAGS.close} <= spaces()
+
+
+@pytest.mark.parametrize("one_call", [False, True])
+def test_after_a_call_only_another_call_or_the_end(one_call: bool) -> None:
+    c = constraint(primed=b'\n{"name": "', one_call=one_call)
+    t = tokenizer()
+    feed(c, [*t.encode('note", "arguments": {}}\n', add_special_tokens=False).ids, TAGS.close])
+    want = spaces() | {EOS} | (set() if one_call else {TAGS.open})
+    assert set(np.flatnonzero(c.mask())) == want  # type: ignore[arg-type]
+    for _ in range(LEAD_SPACE):
+        feed(c, t.encode(" ", add_special_tokens=False).ids)
+    assert set(np.flatnonzero(c.mask())) == want - spaces()  # type: ignore[arg-type]
+
+
+def test_reasoning_is_free_and_its_calls_are_not_calls() -> None:
+    c = constraint("start")
+    feed(c, [THINK.open, TAGS.open, *tokenizer().encode("anything {", add_special_tokens=False).ids])
+    assert c.phase == "thinking" and c.mask() is None
+    feed(c, [THINK.close, TAGS.open])
+    assert c.phase == "call" and c.mask() is not None
+    opened = constraint("open")
+    feed(opened, [TAGS.open])
+    assert opened.phase == "thinking"
+
+
+def test_primed_starts_inside_the_call() -> None:
+    c = constraint(primed=b'\n{"name": "')
+    m = c.mask()
+    t = tokenizer()
+    assert m is not None and m[t.token_to_id("note")] and not m[t.token_to_id("get")]
+    with pytest.raises(ValueError, match="does not start a call"):
+        constraint(primed=b'\n{"nom": "')
+
+
+def test_a_refused_token_ends_the_constraint(caplog: pytest.LogCaptureFixture) -> None:
+    c = constraint()
+    c.accept(TAGS.open)
+    with caplog.at_level(logging.WARNING):
+        c.accept(tokenizer().token_to_id("hello"))
+    assert c.phase == "off" and c.mask() is None and "not allowed" in caplog.text
+    c.accept(TAGS.open)
+    assert c.mask() is None
