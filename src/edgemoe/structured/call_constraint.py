@@ -23,7 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgemoe.structured.constraint import LEAD_SPACE, PaddedValue, Reasoning, ThinkTokens, advance_bytes
+from edgemoe.structured.constraint import (
+    LEAD_SPACE,
+    PaddedValue,
+    Reasoning,
+    ThinkTokens,
+    advance_bytes,
+    advance_token,
+)
 from edgemoe.structured.token_masks import TokenMasks
 
 log = logging.getLogger(__name__)
@@ -120,8 +127,7 @@ class CallConstraint:
         if token_id == self._tags.close and self._grammar.is_complete(self.state):
             self.phase, self.state, self._spaces_after = "after", None, 0
             return
-        data = self._bytes[token_id] if 0 <= token_id < len(self._bytes) else None
-        nxt = advance_bytes(self._grammar, self.state, data) if data else None
+        nxt = advance_token(self._grammar, self.state, self._bytes, token_id)
         if nxt is None:
             log.warning("structured output: token %d is not allowed in a tool call; the rest of this output is "
                         "not constrained", token_id)

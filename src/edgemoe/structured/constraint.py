@@ -90,6 +90,13 @@ def advance_bytes(grammar: PaddedValue, state: object, data: bytes) -> object | 
     return state
 
 
+def advance_token(grammar: PaddedValue, state: object, token_bytes: list[bytes | None], token_id: int) -> object | None:
+    """The state after token `token_id`; None where it is refused (or has no bytes: an
+    added or special token, or one past the tokenizer's vocabulary)."""
+    data = token_bytes[token_id] if 0 <= token_id < len(token_bytes) else None
+    return advance_bytes(grammar, state, data) if data else None
+
+
 @dataclass(frozen=True)
 class ThinkTokens:
     open: int
@@ -141,8 +148,7 @@ class OutputConstraint:
             self.phase = "value"
         if self.state is None or token_id in self._eos:
             return
-        data = self._bytes[token_id] if 0 <= token_id < len(self._bytes) else None
-        nxt = advance_bytes(self._grammar, self.state, data) if data else None
+        nxt = advance_token(self._grammar, self.state, self._bytes, token_id)
         if nxt is None:
             log.warning("structured output: token %d is not allowed here; the rest of this output is not "
                         "constrained", token_id)
