@@ -84,13 +84,7 @@ def _arguments(name: str, parameters: object, strict: bool) -> object | None:
         return None
     try:
         Grammar.from_schema(parameters)
-    except GrammarError as exc:
-        if strict:
-            where = f" at {exc.path}" if exc.path else ""
-            raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced{where}: {exc}",
-                              param="tools") from exc
-        return None
-    except (RecursionError, TypeError, ValueError) as exc:
+    except _REFUSED as exc:  # a GrammarError says where in the schema
         if strict:
             raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced: {exc}",
                               param="tools") from exc
