@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 
 from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json
 from edgemoe.structured import Grammar
-from edgemoe.structured.constraint import LeadingSpace
+from edgemoe.structured.constraint import PaddedValue
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
 
@@ -33,7 +33,7 @@ def main() -> None:
     vocab = Vocabulary(token_bytes, len(token_bytes))
     print(f"vocabulary trie: {vocab.num_nodes} nodes, built in {time.perf_counter() - t0:.2f} s")
     for name, (schema, text) in CASES.items():
-        lead = LeadingSpace(Grammar.json_object() if schema is None else Grammar.from_schema(schema))
+        lead = PaddedValue(Grammar.json_object() if schema is None else Grammar.from_schema(schema))
         state, times = lead.start(), []
         for b in text.encode():
             state = lead.advance(state, b)

@@ -1,7 +1,8 @@
 """Structured outputs on the GPU engine (CUDA graphs and overlap on, the GPU defaults):
 masks built on the host go to the device with the step; a structured request beside
 plain ones changes only its own tokens; sampled outputs that end are valid instances
-(jsonschema_rs), and the overlapped engine draws exactly the serial one's tokens."""
+(jsonschema_rs), and the overlapped engine draws exactly the serial one's tokens; a strict
+tool set's calls are valid for their tools."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import pytest
 
 from edgemoe import LLM, SamplingParams, StructuredOutput
+from edgemoe.structured.call_schema import call_schema
 
 jsonschema_rs = pytest.importorskip("jsonschema_rs")  # carried in .whl (docs/gpu.md)
 
@@ -43,3 +45,24 @@ def test_overlap_draws_the_serial_tokens(small_ckpt) -> None:  # noqa: ANN001
         with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="resident", overlap=overlap) as llm:
             runs.append([o.token_ids for o in llm.generate(PROMPTS, params)])
     assert runs[0] == runs[1]
+
+
+def test_tool_calls_held_to_their_schema(small_ckpt) -> None:  # noqa: ANN001
+    """logit_bias opens a call at every chance; each closed call is valid for its tool."""
+    open_id, close_id = 151657, 151658  # <tool_call>, </tool_call>
+    spec = StructuredOutput(schema=json.dumps(call_schema([("set", SCHEMA)])), target="calls")
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=200, logit_bias={open_id: 30.0}, structured=spec)
+              for s in range(4)]
+    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="resident") as llm:
+        decode = llm.tokenizer.tokenizer.decode
+        validator = jsonschema_rs.validator_for(SCHEMA)
+        closed = 0
+        for out in llm.generate([PROMPTS[1]] * 4, params):
+            ids = out.token_ids
+            starts = [i for i, t in enumerate(ids) if t == open_id]
+            for a in starts:
+                if close_id in ids[a:]:
+                    call = json.loads(decode(ids[a + 1:ids.index(close_id, a)], skip_special_tokens=False))
+                    assert call["name"] == "set" and validator.is_valid(call["arguments"]), call
+                    closed += 1
+        assert closed >= 2
