@@ -114,3 +114,19 @@ def test_a_non_strict_tool_that_cannot_be_enforced_still_serves(real: ServerHarn
     out = real.openai().chat.completions.create(model="m", messages=USER, max_tokens=40, tool_choice="required",
                                                 tools=[function("odd", UNENFORCEABLE), function("note", NOTE)])
     assert out.choices[0].finish_reason in ("tool_calls", "stop", "length")
+
+
+def test_a_named_strict_tool_that_cannot_be_enforced_is_a_400(real: ServerHarness) -> None:
+    with pytest.raises(openai.BadRequestError, match="'odd'"):
+        real.openai().chat.completions.create(model="m", messages=USER, max_tokens=5,
+                                              tools=[function("odd", UNENFORCEABLE, True)],
+                                              tool_choice={"type": "function", "function": {"name": "odd"}})
+
+
+def test_min_tokens_does_not_force_more_calls(real: ServerHarness) -> None:
+    """min_tokens bans EOS: after the call only EOS is allowed, never a second call."""
+    out = real.openai().chat.completions.create(
+        model="m", messages=USER, tools=[function("note", NOTE, True)], tool_choice="required", max_tokens=200,
+        temperature=1.0, seed=3, reasoning_effort="none", extra_body={"min_tokens": 120})
+    calls = out.choices[0].message.tool_calls
+    assert calls and len(calls) == 1 and out.choices[0].finish_reason == "tool_calls"

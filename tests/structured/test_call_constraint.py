@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import cache
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from tokenizers import Tokenizer
 
 from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json
 from edgemoe.structured import Grammar
-from edgemoe.structured.call_constraint import CallConstraint, CallRules, CallTags, SpaceTokens
+from edgemoe.structured.call_constraint import CallConstraint, CallRules
+from edgemoe.structured.call_tokens import CallTags, CallTokens, SpaceTokens, SpelledTag
 from edgemoe.structured.call_schema import call_schema
 from edgemoe.structured.constraint import LEAD_SPACE, PaddedValue
 from edgemoe.structured.token_masks import TokenMasks
@@ -30,15 +32,22 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(qwen3_tokenizer_json()))
 
 
-def constraint(reasoning: str = "none", primed: bytes | None = None, one_call: bool = False) -> CallConstraint:
+@cache
+def call_tokens() -> CallTokens:
+    token_bytes, vocab = qwen_vocab()
+    return CallTokens(TAGS, SpaceTokens(token_bytes), SpelledTag(token_bytes, vocab.width))
+
+
+def constraint(reasoning: str = "none", primed: bytes | None = None, one_call: bool = False,
+               min_tokens: int = 0) -> CallConstraint:
     token_bytes, vocab = qwen_vocab()
     masks = TokenMasks(PaddedValue(Grammar.from_schema(call_schema(TOOLS))), vocab)
-    return CallConstraint(masks, token_bytes, SpaceTokens(token_bytes), TAGS, CallRules(frozenset({EOS}), one_call),
-                          reasoning, THINK, primed)  # type: ignore[arg-type]
+    rules = CallRules(frozenset({EOS}), one_call, min_tokens)
+    return CallConstraint(masks, token_bytes, call_tokens(), rules, reasoning, THINK, primed)  # type: ignore[arg-type]
 
 
 def spaces() -> set[int]:
-    return {i for i, b in enumerate(qwen_vocab()[0]) if b and len(b) <= LEAD_SPACE and not b.strip()}
+    return {i for i, b in enumerate(qwen_vocab()[0]) if b and len(b) <= LEAD_SPACE and not b.strip(b" \t\n\r")}
 
 
 def feed(c: CallConstraint, ids: list[int]) -> None:
@@ -121,3 +130,24 @@ def test_a_refused_token_ends_the_constraint(caplog: pytest.LogCaptureFixture) -
     assert c.phase == "off" and c.mask() is None and "not allowed" in caplog.text
     c.accept(TAGS.open)
     assert c.mask() is None
+
+
+def test_min_tokens_leaves_only_eos_after_a_call() -> None:
+    """EOS is banned until min_tokens: another call must not become the only choice."""
+    c = constraint(primed=b'\n{"name": "', min_tokens=50)
+    feed(c, [*tokenizer().encode('note", "arguments": {}}', add_special_tokens=False).ids, TAGS.close])
+    assert set(np.flatnonzero(c.mask())) == {EOS}  # type: ignore[arg-type]
+
+
+def test_a_tag_spelled_out_in_plain_tokens_is_refused() -> None:
+    """The parser reads text: `<` `tool` `_call` `>` would open a call the grammar never saw."""
+    t = tokenizer()
+    pieces = [t.token_to_id(p) for p in ("<", "tool", "_call", ">")]
+    assert None not in pieces
+    c = constraint()
+    feed(c, [*t.encode("I will call it. <tool", add_special_tokens=False).ids, pieces[2]])
+    m = c.mask()
+    assert m is not None and not m[pieces[3]] and m[t.token_to_id("(")] and m[TAGS.open]
+    assert m.sum() > 150_000  # only the tokens that would complete the tag are refused
+    feed(c, [t.token_to_id("(")])
+    assert c.mask() is None  # the partial tag is gone: free again

@@ -26,7 +26,8 @@ from tokenizers import Tokenizer
 
 from edgemoe.messages import StructuredOutput
 from edgemoe.structured import Grammar, GrammarError
-from edgemoe.structured.call_constraint import CallConstraint, CallRules, CallTags, SpaceTokens
+from edgemoe.structured.call_constraint import CallConstraint, CallRules
+from edgemoe.structured.call_tokens import CallTags, CallTokens, SpaceTokens, SpelledTag
 from edgemoe.structured.constraint import OutputConstraint, PaddedValue, ThinkTokens
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
@@ -60,7 +61,7 @@ class Constraints:
         self._eos = eos_ids
         self._bytes: list[bytes | None] | None = None
         self._vocab: Vocabulary | None = None
-        self._spaces: SpaceTokens | None = None
+        self._call_tokens: CallTokens | None = None
         self._masks: OrderedDict[str | None, TokenMasks] = OrderedDict()
         self._think = _think_tokens(tokenizer)
         self._call_tags = _call_tags(tokenizer)
@@ -70,23 +71,23 @@ class Constraints:
         """Compile (or find) the spec's grammar; ValueError naming what is wrong with it."""
         if spec.target == "calls" and self._call_tags is None:
             raise ValueError("structured output: the tokenizer has no <tool_call> and </tool_call> tokens")
-        self._constraint(spec, ())
+        self._constraint(spec, (), 0)
 
-    def attach(self, request_id: str, spec: StructuredOutput, stop_ids: Sequence[int]) -> None:
+    def attach(self, request_id: str, spec: StructuredOutput, stop_ids: Sequence[int], min_tokens: int = 0) -> None:
         """Start constraining a request (its spec was checked by `check`)."""
-        self.by_request[request_id] = self._constraint(spec, stop_ids)
+        self.by_request[request_id] = self._constraint(spec, stop_ids, min_tokens)
 
-    def _constraint(self, spec: StructuredOutput, stop_ids: Sequence[int]) -> OutputConstraint | CallConstraint:
+    def _constraint(self, spec: StructuredOutput, stop_ids: Sequence[int],
+                    min_tokens: int) -> OutputConstraint | CallConstraint:
         masks = self._masks_for(spec)
-        assert self._bytes is not None and self._spaces is not None
+        assert self._bytes is not None
         reasoning = spec.reasoning if spec.reasoning in ("open", "start") else "none"
         eos = self._eos | frozenset(stop_ids)
         if spec.target == "calls":
-            assert self._call_tags is not None
+            tokens = self._calls()
             primed = spec.primed.encode() if spec.primed is not None else None
-            rules = CallRules(eos, spec.one_call)
-            return CallConstraint(masks, self._bytes, self._spaces, self._call_tags, rules, reasoning,  # type: ignore[arg-type]
-                                  self._think, primed)
+            rules = CallRules(eos, spec.one_call, min_tokens)
+            return CallConstraint(masks, self._bytes, tokens, rules, reasoning, self._think, primed)  # type: ignore[arg-type]
         return OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
 
     def release(self, request_id: str) -> None:
@@ -134,13 +135,19 @@ class Constraints:
             if self._vocab is None:
                 self._bytes = grammar_token_bytes(self._tokenizer)
                 self._vocab = Vocabulary(self._bytes, self._width)
-                self._spaces = SpaceTokens(self._bytes)
             masks = TokenMasks(PaddedValue(grammar), self._vocab)
             self._masks[key] = masks
             if len(self._masks) > GRAMMARS:
                 self._masks.popitem(last=False)
         self._masks.move_to_end(key)
         return masks
+
+    def _calls(self) -> CallTokens:
+        """The call tags and the vocabulary's tables for them, built at the first call constraint."""
+        if self._call_tokens is None:
+            assert self._call_tags is not None and self._bytes is not None
+            self._call_tokens = CallTokens(self._call_tags, SpaceTokens(self._bytes), SpelledTag(self._bytes, self._width))
+        return self._call_tokens
 
 
 def _unconstrain(request_id: str, c: OutputConstraint | CallConstraint) -> None:

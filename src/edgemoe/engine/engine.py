@@ -92,7 +92,7 @@ class Engine:
         self.requests[request_id] = req
         self._streams[request_id] = TextStream.for_request(self.tokenizer.tokenizer, params)
         if params.structured is not None:
-            self.constraints.attach(request_id, params.structured, params.stop_token_ids)
+            self.constraints.attach(request_id, params.structured, params.stop_token_ids, params.min_tokens)
         self.scheduler.add(req)
         return request_id
 

@@ -21,12 +21,14 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+from edgemoe.messages import MAX_SCHEMA_BYTES
 from edgemoe.server.errors import bad_request
 from edgemoe.server.output_format import OutputFormat
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_schema import call_schema
 
 CALL_OPEN = "<tool_call>"
+CACHED_KEY_BYTES = 1 << 20  # tool sets up to this much JSON have their checked schema cached
 _REFUSED = (GrammarError, RecursionError, TypeError, ValueError)
 
 
@@ -34,13 +36,14 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
                 one_call: bool = False) -> OutputFormat | None:
     """The calls' format of a request with active `tools` (`forced`: the forced opening its
     prompt ends with, '' for none; `one_call`: parallel calls off); None where calls are not
-    constrained."""
+    constrained. Compiles schemas: call it off the event loop."""
     if tool_format != "hermes" or not tools:
         return None
     entries = _entries(tools)
     if not entries or not (forced or any(strict for _, _, strict in entries)):
         return None
-    schema = _checked(json.dumps(entries, ensure_ascii=False, separators=(",", ":")))
+    key = json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
+    schema = _checked(key) if len(key) <= CACHED_KEY_BYTES else _checked.__wrapped__(key)
     if schema is None:
         return None
     primed = None
@@ -65,28 +68,40 @@ def _checked(entries_json: str) -> str | None:
     """The call schema's JSON text for the tools (as JSON: an agent sends the same ones
     every turn); None where a non-strict set can't be constrained; 400 for a strict tool."""
     entries = json.loads(entries_json)
-    tools = [(name, _arguments(name, parameters, strict)) for name, parameters, strict in entries]
-    schema = call_schema(tools)
+    strict = any(s for _, _, s in entries)
+    schema = call_schema([(name, _arguments(name, parameters, s)) for name, parameters, s in entries])
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode())
     try:
+        if size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"the tools' schemas are {size} bytes of JSON without their descriptions; at most "
+                             f"{MAX_SCHEMA_BYTES} can be enforced")
         Grammar.from_schema(schema)
     except _REFUSED as exc:
-        if any(strict for _, _, strict in entries):
-            raise bad_request(f"tools: the strict tools' calls cannot be constrained together: {exc}",
-                              param="tools") from exc
+        if strict:
+            raise bad_request(f"tools: the strict tools' calls cannot be enforced: {exc}", param="tools") from exc
         return None
-    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    return text
 
 
 def _arguments(name: str, parameters: object, strict: bool) -> object | None:
     """A tool's arguments schema for the call: its parameters, None for any JSON object (no
-    parameters, or a non-strict tool's the grammar refuses)."""
+    parameters, or a non-strict tool's that the grammar refuses or that allow no object)."""
     if parameters is None or parameters == {} or parameters is True:
         return None
     try:
         Grammar.from_schema(parameters)
     except _REFUSED as exc:  # a GrammarError says where in the schema
-        if strict:
-            raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced: {exc}",
-                              param="tools") from exc
-        return None
+        return _refused(name, strict, str(exc) or type(exc).__name__, exc)
+    try:
+        Grammar.from_schema(call_schema([(name, parameters)]))
+    except _REFUSED as exc:
+        return _refused(name, strict, "its parameters allow no JSON object (a call's arguments are one)", exc)
     return parameters
+
+
+def _refused(name: str, strict: bool, why: str, exc: Exception) -> None:
+    """A tool whose calls can't be held to its parameters: any JSON object, or a 400 if strict."""
+    if strict:
+        raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced: {why}",
+                          param="tools") from exc

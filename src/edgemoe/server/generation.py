@@ -291,7 +291,8 @@ def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) 
         return req.output_format
     if not req.parse_output or req.tool_choice == "none":
         return None
-    return call_format(model.tool_parser if model.teaches_calls else None, req.tools, forced,
+    writes_calls = model.teaches_calls and model.writes_call_tags
+    return call_format(model.tool_parser if writes_calls else None, req.tools, forced,
                        one_call=not req.parallel_tool_calls)
 
 
@@ -306,7 +307,7 @@ async def start_generation(
     thinking = req.thinking if req.thinking is not None else default_thinking
     prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
     reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
-    fmt = _output_constraint(model, req, prompt.forced)
+    fmt = await anyio.to_thread.run_sync(_output_constraint, model, req, prompt.forced)  # compiles schemas
     params = with_output_format(req.params, fmt, thinks=reasoning and not prompt.forced,
                                 starts_in_reasoning=prompt.starts_in_reasoning)
     adds = [

@@ -66,6 +66,12 @@ class ServedModel:
         )
 
     @property
+    def writes_call_tags(self) -> bool:
+        """Whether `<tool_call>` and `</tool_call>` are single tokens (strict calls need them)."""
+        t = self.tokenizer.tokenizer
+        return t.token_to_id("<tool_call>") is not None and t.token_to_id("</tool_call>") is not None
+
+    @property
     def max_model_len(self) -> int:
         return self.info.max_model_len
 

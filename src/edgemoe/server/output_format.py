@@ -99,7 +99,10 @@ def forced_arguments(tool_format: str | None, named_tool: str | None,
             try:
                 Grammar.from_schema(schema)
                 return OutputFormat(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
-            except (GrammarError, RecursionError, TypeError, ValueError):
+            except (GrammarError, RecursionError, TypeError, ValueError) as exc:
+                if function.get("strict") is True:  # as for any strict tool (call_format.py)
+                    raise bad_request(f"tools: the strict tool {named_tool!r}'s parameters cannot be enforced: "
+                                      f"{exc}", param="tools") from exc
                 return None  # a schema the grammar can't honour: the call stays unconstrained
     return None
 

@@ -2,14 +2,18 @@
 `<tool_call>` … `</tool_call>` a call the grammar (`call_schema`) accepts.
 
 Phases, as tokens come:
-- `text`: unconstrained; the `<tool_call>` token opens a call, `<think>` a think block;
+- `text`: free, but for `<tool_call>` spelled out in plain tokens (the parser would read it
+  as a call the grammar never saw); the `<tool_call>` token opens a call, `<think>` a think
+  block;
 - `thinking`: unconstrained until `</think>` (a call written while reasoning is not one
   the parser reads, so it is not constrained either);
 - `call`: masked by the grammar (whitespace, the JSON, whitespace); `</tool_call>` is
   allowed exactly where the call's JSON is complete;
 - `after`: once a call closed, only whitespace (LEAD_SPACE bytes), the next call's
   `<tool_call>` (not with `one_call`: `parallel_tool_calls` false) or EOS — the calls end
-  the turn, as Hermes templates write them and as OpenAI's and Anthropic's replies are;
+  the turn, as Hermes templates write them and as OpenAI's and Anthropic's replies are.
+  While `min_tokens` still bans EOS only EOS is allowed (the engine then writes EOS until
+  it may stop, as after a complete JSON value): another call must not be the only choice;
 - `off`: a token the mask did not allow, or a grammar failure: unconstrained from then on.
 
 A request forced to call (`tool_choice` "required") starts in `call`, its prompt having
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgemoe.structured.call_tokens import CallTokens
 from edgemoe.structured.constraint import (
     LEAD_SPACE,
     PaddedValue,
@@ -37,53 +42,35 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class CallTags:
-    """The `<tool_call>` and `</tool_call>` token ids."""
-
-    open: int
-    close: int
-
-
-class SpaceTokens:
-    """The vocabulary's all-whitespace tokens and their lengths in bytes."""
-
-    def __init__(self, token_bytes: list[bytes | None]) -> None:
-        spaces = [(t, len(b)) for t, b in enumerate(token_bytes) if b and len(b) <= LEAD_SPACE and not b.strip()]
-        self.ids = np.array([t for t, _ in spaces], dtype=np.int64)
-        self.lengths = np.array([n for _, n in spaces], dtype=np.int64)
-        self.length_of = dict(spaces)
-
-    def within(self, room: int) -> np.ndarray:
-        """The ids of whitespace tokens of at most `room` bytes."""
-        return self.ids[self.lengths <= room]
-
-
-@dataclass(frozen=True)
 class CallRules:
-    """What a request's calls end with: its EOS ids, and whether one call is all it may write."""
+    """What a request's calls end with: its EOS ids, whether one call is all it may write,
+    and the tokens it must write before EOS may end it."""
 
     eos: frozenset[int]
     one_call: bool = False
+    min_tokens: int = 0
 
 
 class CallConstraint:
     """The mask for a request's next token while it may write tool calls."""
 
-    def __init__(self, masks: TokenMasks, token_bytes: list[bytes | None], spaces: SpaceTokens, tags: CallTags,
+    def __init__(self, masks: TokenMasks, token_bytes: list[bytes | None], tokens: CallTokens,
                  rules: CallRules, reasoning: Reasoning, think: ThinkTokens | None,
                  primed: bytes | None = None) -> None:
         assert isinstance(masks.grammar, PaddedValue)
         self._masks = masks
         self._grammar: PaddedValue = masks.grammar
         self._bytes = token_bytes
-        self._spaces = spaces
-        self._tags = tags
+        self._tokens = tokens
+        self._tags = tokens.tags
         self._eos = np.array(sorted(t for t in rules.eos if 0 <= t < masks.vocab.width), dtype=np.int64)
-        self._one_call = rules.one_call
+        self._rules = rules
         self._think = think
         self.phase = "thinking" if reasoning == "open" and think is not None else "text"
         self.state: object | None = None
+        self._spelled = 0  # bytes of `<tool_call>` the text ends with
         self._spaces_after = 0  # whitespace bytes since the last call closed
+        self._count = 0  # tokens accepted (min_tokens)
         if primed is not None:
             self.phase, self.state = "call", advance_bytes(self._grammar, self._grammar.start(), primed)
             if self.state is None:
@@ -96,11 +83,10 @@ class CallConstraint:
     def mask(self) -> np.ndarray | None:
         """bool [width], True where the next token is allowed; None: unconstrained."""
         if self.phase == "after":
-            allowed = np.zeros(self._masks.vocab.width, dtype=bool)
-            allowed[self._spaces.within(LEAD_SPACE - self._spaces_after)] = True
-            allowed[self._eos] = True
-            allowed[self._tags.open] = not self._one_call
-            return allowed
+            return self._after_mask()
+        if self.phase == "text":
+            blocked = self._tokens.spelled.blocked(self._spelled)
+            return None if blocked is None else ~blocked
         if self.phase != "call":
             return None
         allowed = self._masks.allowed(self.state)
@@ -108,16 +94,28 @@ class CallConstraint:
             allowed[self._tags.close] = True
         return allowed
 
+    def _after_mask(self) -> np.ndarray:
+        allowed = np.zeros(self._masks.vocab.width, dtype=bool)
+        allowed[self._eos] = True
+        if self._count < self._rules.min_tokens:
+            return allowed
+        allowed[self._tokens.spaces.within(LEAD_SPACE - self._spaces_after)] = True
+        allowed[self._tags.open] = not self._rules.one_call
+        return allowed
+
     def accept(self, token_id: int) -> None:
         """The token the request sampled."""
+        self._count += 1
         if self.phase == "thinking":
             if self._think is not None and token_id == self._think.close:
-                self.phase = "text"
+                self.phase, self._spelled = "text", 0
         elif self.phase == "text":
             if token_id == self._tags.open:
                 self.phase, self.state = "call", self._grammar.start()
             elif self._think is not None and token_id == self._think.open:
                 self.phase = "thinking"
+            else:
+                self._spelled = self._tokens.spelled.after(self._spelled, token_id)
         elif self.phase == "call":
             self._accept_in_call(token_id)
         elif self.phase == "after":
@@ -135,10 +133,10 @@ class CallConstraint:
         self.state = nxt
 
     def _accept_after(self, token_id: int) -> None:
-        if token_id == self._tags.open and not self._one_call:
+        if token_id == self._tags.open and not self._rules.one_call:
             self.phase, self.state = "call", self._grammar.start()
-        elif token_id in self._spaces.length_of:
-            self._spaces_after += self._spaces.length_of[token_id]
+        elif token_id in self._tokens.spaces.length_of:
+            self._spaces_after += self._tokens.spaces.length_of[token_id]
         elif token_id not in self._eos:
             log.warning("structured output: token %d is not allowed after a tool call; the rest of this output is "
                         "not constrained", token_id)

@@ -1,0 +1,136 @@
+"""A number or integer held to `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum`.
+
+Written without an exponent (`-?(0|[1-9][0-9]*)(\\.[0-9]+)?`, the digit runs capped as
+`Number`'s), so every prefix's future values are a few intervals: a prefix is allowed only
+where one of them meets the range, and the number may end only where its value is in it.
+The frame keeps the text read so far (a number is a few tokens: the masks' cache is not
+what it needs). A minus sign always leads to a value below zero ("-0" is not written).
+Exact arithmetic (`Fraction`) throughout: a bound such as 0.1 is the decimal the schema's
+JSON wrote, and so is the value compared with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable
+
+from edgemoe.structured.scalars import (
+    DOT,
+    IS_DIGIT,
+    MAX_FRAC_DIGITS,
+    MAX_INT_DIGITS,
+    MINUS,
+    Frame,
+    Leaf,
+    Parents,
+    Thread,
+    hand_on,
+)
+
+EPS = Fraction(1, 10**MAX_FRAC_DIGITS)  # the finest step a fraction can take
+_DIGITS = tuple(range(0x30, 0x3A))
+
+
+@dataclass(frozen=True)
+class NumRange:
+    """lo / hi: None for unbounded; `*_open`: exclusive."""
+
+    lo: Fraction | None = None
+    lo_open: bool = False
+    hi: Fraction | None = None
+    hi_open: bool = False
+
+    def contains(self, x: Fraction) -> bool:
+        above = self.lo is None or x > self.lo or (x == self.lo and not self.lo_open)
+        below = self.hi is None or x < self.hi or (x == self.hi and not self.hi_open)
+        return above and below
+
+    def meets(self, a: Fraction, b: Fraction, integer: bool) -> bool:
+        """Whether [a, b] (its integers, for `integer`) holds a value in the range."""
+        low, low_open = a, False
+        if self.lo is not None and (self.lo > a or (self.lo == a and self.lo_open)):
+            low, low_open = self.lo, self.lo_open
+        high, high_open = b, False
+        if self.hi is not None and (self.hi < b or (self.hi == b and self.hi_open)):
+            high, high_open = self.hi, self.hi_open
+        if integer:
+            first = int(low) + 1 if low_open and low == int(low) else -(-low.numerator // low.denominator)
+            last = int(high) - 1 if high_open and high == int(high) else high.numerator // high.denominator
+            return first <= last
+        return low < high or (low == high and not low_open and not high_open)
+
+
+def _value(text: bytes) -> Fraction:
+    return Fraction(text.decode())
+
+
+def _reach(text: bytes, integer: bool) -> list[tuple[Fraction, Fraction]]:
+    """Closed intervals holding every value the prefix `text` can still end as."""
+    neg = text.startswith(b"-")
+    body = text[1:] if neg else text
+    int_part, dot, frac = body.partition(b".")
+    step = 1 if integer else EPS
+    if dot:
+        base = _value(int_part + b"." + frac) if frac else Fraction(int(int_part))
+        out = [(base, base + Fraction(1, 10 ** len(frac)) - EPS)]
+    elif not int_part:
+        out = [(Fraction(0), Fraction(10**MAX_INT_DIGITS) - step)]
+    elif int_part == b"0":
+        out = [(Fraction(0), Fraction(0) if integer else 1 - EPS)]
+    else:
+        d = int(int_part)
+        out = [(Fraction(d * 10**m), Fraction((d + 1) * 10**m) - step)
+               for m in range(MAX_INT_DIGITS - len(int_part) + 1)]
+    if neg:  # below zero only
+        out = [(-b, min(-a, -step)) for a, b in out if -b <= -step]
+    return out
+
+
+class RangedNumber(Leaf):
+    """A number (or integer) in `range`; frames `(self, text)`."""
+
+    __slots__ = ("integer", "range")
+
+    def __init__(self, integer: bool, range: NumRange) -> None:  # noqa: A002
+        self.integer = integer
+        self.range = range
+
+    def viable(self, text: bytes) -> bool:
+        return any(self.range.meets(a, b, self.integer) for a, b in _reach(text, self.integer))
+
+    def complete(self, text: bytes) -> bool:
+        if not text or text[-1:] in (b"-", b"."):
+            return False
+        value = _value(text)
+        return (value < 0 or not text.startswith(b"-")) and self.range.contains(value)
+
+    def first_bytes(self) -> Iterable[int]:
+        return [b for b in (MINUS, *_DIGITS) if self.viable(bytes([b]))]
+
+    def begin(self, byte: int, parents: Parents, depth: int) -> Iterable[Thread]:
+        text = bytes([byte])
+        return (((self, text), parents),) if self.viable(text) else ()
+
+    def _extends(self, text: bytes, byte: int) -> bool:
+        """Whether `text + byte` is still the syntax's prefix (not yet asking the range)."""
+        int_part, dot, frac = text.lstrip(b"-").partition(b".")
+        if dot:
+            return IS_DIGIT[byte] and len(frac) < MAX_FRAC_DIGITS
+        if byte == DOT:
+            return not self.integer and bool(int_part)
+        return IS_DIGIT[byte] and int_part != b"0" and len(int_part) < MAX_INT_DIGITS
+
+    def step(self, thread: Thread, byte: int) -> Iterable[Thread]:
+        text = thread[0][1]
+        if self._extends(text, byte):
+            longer = text + bytes([byte])
+            return (((self, longer), thread[1]),) if self.viable(longer) else ()
+        return hand_on(thread[1], byte) if self.complete(text) else ()
+
+    def can_end(self, frame: Frame) -> bool:
+        return self.complete(frame[1])
+
+    def more(self, frame: Frame) -> bool:
+        text = frame[1]
+        return any(self._extends(text, b) and self.viable(text + bytes([b])) for b in (DOT, *_DIGITS))

@@ -1,0 +1,92 @@
+"""Which requests' tool calls are held to their schemas, and with what (no engine):
+annotations never count against the schema limit, a tool that can't be enforced falls
+back to any JSON object unless it is strict, and the chooser in generation.py picks the
+right constraint for each kind of request."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from edgemoe.messages import MAX_SCHEMA_BYTES, SamplingParams
+from edgemoe.server.api_error import APIError
+from edgemoe.server.call_format import call_format
+from edgemoe.server.generation import _output_constraint
+from edgemoe.server.generation_request import GenerationRequest, TextPrompt
+from edgemoe.server.output_format import OutputFormat
+
+OPENING = '<tool_call>\n{"name": "'
+
+
+def tool(name: str, parameters: object, strict: bool | None = None) -> dict:
+    f = {"name": name, "parameters": parameters}
+    if strict is not None:
+        f["strict"] = strict
+    return {"type": "function", "function": f}
+
+
+def alternatives(fmt: OutputFormat | None) -> dict[str, object]:
+    assert fmt is not None and fmt.schema is not None
+    return {a["properties"]["name"]["const"]: a["properties"]["arguments"] for a in json.loads(fmt.schema)["anyOf"]}
+
+
+def test_only_strict_or_forced_requests_are_constrained() -> None:
+    plain = [tool("a", {"type": "object"})]
+    assert call_format("hermes", plain, "") is None
+    assert call_format("hermes", plain, OPENING) is not None
+    assert call_format("hermes", [tool("a", {"type": "object"}, True)], "") is not None
+    assert call_format("qwen3_coder", [tool("a", {"type": "object"}, True)], "") is None
+    assert call_format(None, [tool("a", {"type": "object"}, True)], "") is None
+    fmt = call_format("hermes", plain, OPENING, one_call=True)
+    assert fmt is not None and fmt.target == "calls" and fmt.primed == '\n{"name": "' and fmt.one_call
+
+
+def test_tools_that_cannot_be_enforced_take_any_object_unless_strict() -> None:
+    odd = {"type": "object", "properties": {"a": {"not": {}}}}
+    shell = {"type": "array", "items": {"type": "string"}}
+    fmt = call_format("hermes", [tool("odd", odd), tool("shell", shell), tool("note", {"type": "object"})], OPENING)
+    assert alternatives(fmt)["odd"] == {"type": "object"} and alternatives(fmt)["shell"] == {"type": "object"}
+    for params, why in ((odd, "properties.a"), (shell, "allow no JSON object")):
+        with pytest.raises(APIError) as info:
+            call_format("hermes", [tool("t", params, True)], "")
+        assert info.value.status == 400 and info.value.param == "tools" and "'t'" in info.value.message
+        assert why in info.value.message
+
+
+def test_descriptions_do_not_count_against_the_limit() -> None:
+    """A large agent tool set (most of it descriptions) is still constrained."""
+    prop = {"type": "string", "description": "x" * 200, "title": "T"}
+    tools = [tool(f"t{i}", {"type": "object", "description": "d" * 500,
+                            "properties": {f"p{j}": prop for j in range(25)}, "required": ["p0"]})
+             for i in range(60)]
+    assert len(json.dumps(tools)) > MAX_SCHEMA_BYTES
+    fmt = call_format("hermes", tools, OPENING)
+    assert fmt is not None and "description" not in fmt.schema and len(fmt.schema) < MAX_SCHEMA_BYTES  # type: ignore[operator]
+    named = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
+    assert alternatives(call_format("hermes", [tool("n", named, True)], "")) is not None
+    assert "title" in json.loads(call_format("hermes", [tool("n", named, True)], "").schema)["$defs"]["tool0"]["properties"]  # type: ignore[union-attr]
+
+
+def model(parser: str = "hermes", tags: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(tool_parser=parser, teaches_calls=True, writes_call_tags=tags)
+
+
+def request(**kw: object) -> GenerationRequest:
+    base = dict(prompt=TextPrompt("hi"), params=SamplingParams(), tools=[tool("a", {"type": "object"}, True)])
+    return GenerationRequest(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_the_chooser() -> None:
+    fmt = OutputFormat(None)
+    assert _output_constraint(model(), request(), "").target == "calls"  # type: ignore[arg-type,union-attr]
+    assert _output_constraint(model(), request(output_format=fmt), "") is fmt  # type: ignore[arg-type]
+    assert _output_constraint(model(), request(tool_choice="none"), "") is None  # type: ignore[arg-type]
+    assert _output_constraint(model(), request(parse_output=False), "") is None  # type: ignore[arg-type]
+    assert _output_constraint(model(tags=False), request(), "") is None  # type: ignore[arg-type]
+    assert _output_constraint(model("qwen3_coder"), request(), "") is None  # type: ignore[arg-type]
+    forced = _output_constraint(model(), request(output_format=fmt, tool_choice="required"), OPENING)  # type: ignore[arg-type]
+    assert forced is not None and forced.target == "calls" and forced.primed  # the forced call wins
+    named = _output_constraint(model(), request(named_tool="a"), OPENING[:-1] + 'a", "arguments":')  # type: ignore[arg-type]
+    assert named is not None and named.target == "value"
