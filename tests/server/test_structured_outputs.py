@@ -154,3 +154,18 @@ def test_anthropic_forced_tool_input_follows_its_schema(real: ServerHarness) -> 
     uses = [b for b in out.content if b.type == "tool_use"]
     assert out.stop_reason == "tool_use" and uses and uses[0].name == "set_light"
     assert jsonschema_rs.validator_for(TOOL_PARAMS).is_valid(uses[0].input), uses[0].input
+
+
+class Dimmer(BaseModel):
+    level: int = Field(ge=1, le=10)
+    ratio: float = Field(gt=0, le=1)
+    offset: float = Field(ge=-2.5, lt=-1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_numeric_bounds_hold(real: ServerHarness, seed: int) -> None:
+    """pydantic's ge / le / gt / lt become minimum / maximum / exclusive*: enforced, so the
+    SDK's validation of the parsed reply passes whatever the random model prefers."""
+    out = real.openai().chat.completions.parse(model="m", messages=USER, response_format=Dimmer, max_tokens=200,
+                                                temperature=1.0, seed=seed, reasoning_effort="none")
+    assert out.choices[0].finish_reason == "stop" and isinstance(out.choices[0].message.parsed, Dimmer)

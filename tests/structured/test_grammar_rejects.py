@@ -257,7 +257,8 @@ def test_accepted_but_unenforced_keywords_compile() -> None:
                                    "exclusiveMaximum": 10, "multipleOf": 2},
                              "u": {"type": "array", "uniqueItems": True}}}
     g = Grammar.from_schema(schema)
-    assert refused_at(g, b'{"s":"anything","n":-5,"u":[1,1]}') is None
+    assert refused_at(g, b'{"s":"anything","n":5,"u":[1,1]}') is None  # 5: multipleOf 2 not enforced
+    assert refused_at(g, b'{"s":"anything","n":-5,"u":[1,1]}') == 20  # the bounds are (test_ranged_number.py)
 
 
 def test_nullable_and_one_of_and_merges() -> None:

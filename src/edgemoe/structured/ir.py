@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.nodes import ANY, ArrayLeaf, DictLeaf, ObjectLeaf, Slot
+from edgemoe.structured.ranged_number import NumRange, RangedNumber
 from edgemoe.structured.scalars import FREE, INTEGER, MAX_NESTING, NUMBER, BoundedString, Leaf, Literals
 
 
@@ -44,6 +45,7 @@ class LeafIR:
     lo: int = 0  # array minItems / string minLength
     hi: int | None = None  # array maxItems / string maxLength
     texts: frozenset[bytes] = frozenset()  # literals
+    num: NumRange | None = None  # number / integer: minimum, maximum, exclusive ones
 
     def needs(self) -> list[SlotIR | None]:
         """Slots that must produce a value for this leaf to (None: a position with no schema)."""
@@ -266,10 +268,11 @@ class Lowering:
 
     def _leaf(self, ir: LeafIR) -> Leaf:
         """The runtime leaf for one non-literal alternative."""
-        if ir.kind == "number":
-            return NUMBER
-        if ir.kind == "integer":
-            return INTEGER
+        if ir.kind in ("number", "integer"):
+            integer, num = ir.kind == "integer", ir.num
+            if num is None:
+                return INTEGER if integer else NUMBER
+            return self._shared(("number", integer, num), lambda: RangedNumber(integer, num))
         if ir.kind == "string":
             if ir.lo == 0 and ir.hi is None:
                 return FREE

@@ -6,11 +6,13 @@ Enforced (ENFORCED):
   enum, const, anyOf, oneOf (generated as anyOf: an output may match two alternatives),
   allOf (merged: see merge.py), $ref (local only: "#", "#/$defs/NAME",
   "#/definitions/NAME" or any "#/json/pointer"), minLength, maxLength (code points),
-  nullable (OpenAPI: adds null).
+  nullable (OpenAPI: adds null), minimum, maximum, exclusiveMinimum, exclusiveMaximum
+  (numbers, or draft 4's flags; a bounded number is written without an exponent:
+  ranged_number.py).
 Accepted but NOT enforced (UNENFORCED; they narrow values in ways a byte grammar cannot
 check cheaply, so the output may break them):
-  format, pattern, minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf,
-  uniqueItems, minProperties, maxProperties, contentEncoding, contentMediaType.
+  format, pattern, multipleOf, uniqueItems, minProperties, maxProperties,
+  contentEncoding, contentMediaType.
 Ignored annotations (ANNOTATIONS):
   title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
   writeOnly, strict, discriminator.
@@ -27,12 +29,11 @@ TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-    "minLength", "maxLength", "nullable",
+    "minLength", "maxLength", "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
 })
 UNENFORCED = frozenset({
-    "format", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "uniqueItems", "minProperties", "maxProperties", "contentEncoding",
-    "contentMediaType",
+    "format", "pattern", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+    "contentEncoding", "contentMediaType",
 })
 ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment",

@@ -3,9 +3,10 @@
 A byte grammar cannot run two schemas' automata in lockstep cheaply, so an intersection is
 computed on the keywords instead, where that is simple and exact: `type` lists intersect
 (integer within number), `required` lists unite, `properties` merge name by name (a name in
-both becomes an allOf of the two), min bounds take the larger and max bounds the smaller,
+both becomes an allOf of the two), min bounds take the larger and max bounds the smaller
+(numeric ones too; draft 4's boolean exclusive flags only where the parts agree),
 `enum` lists intersect, `items` schemas combine by allOf, `nullable: true` counts as null
-in the part's `type`, and unenforced keywords (format, minimum, ...) keep the first part's
+in the part's `type`, and unenforced keywords (format, pattern, ...) keep the first part's
 value.
 Parts that cannot meet (no common type, enum value or const) raise Unsatisfiable, which
 the compiler prunes like any part with no value. Anything else that differs between parts
@@ -93,6 +94,14 @@ _RULES: dict[str, Callable[[Any, Any], Any]] = {
     "minItems": max, "minLength": max,
     "maxItems": min, "maxLength": min,
 }
+_NUMERIC = {"minimum": max, "exclusiveMinimum": max, "maximum": min, "exclusiveMaximum": min}
+
+
+def _tighter(key: str, a: object, b: object, path: str) -> object:
+    """Two parts' numeric bound: the tighter (a draft 4 flag, or not a number: refused)."""
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (a, b)):
+        raise GrammarError(path, f"allOf parts give different values for {key!r}, which cannot be merged")
+    return _NUMERIC[key](a, b)
 
 
 def merge2(a: Schema, b: Schema, path: str) -> Schema:
@@ -111,6 +120,8 @@ def merge2(a: Schema, b: Schema, path: str) -> Schema:
             out[key] = _meet_enum(out[key], value, path)
         elif key in _RULES:
             out[key] = _RULES[key](out[key], value)
+        elif key in _NUMERIC:
+            out[key] = _tighter(key, out[key], value, path)
         elif key == "const" and _canon(out[key]) != _canon(value):
             raise Unsatisfiable(path, "allOf parts require different const values")
         elif key not in UNENFORCED:

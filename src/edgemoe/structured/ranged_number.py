@@ -11,9 +11,12 @@ JSON wrote, and so is the value compared with it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable
+from typing import Any, Iterable
+
+from edgemoe.structured.errors import GrammarError, Unsatisfiable
 
 from edgemoe.structured.scalars import (
     DOT,
@@ -59,6 +62,48 @@ class NumRange:
             last = int(high) - 1 if high_open and high == int(high) else high.numerator // high.denominator
             return first <= last
         return low < high or (low == high and not low_open and not high_open)
+
+
+def read_range(schema: dict[str, Any], path: str) -> NumRange | None:
+    """A schema's bounds: `minimum` / `maximum`, `exclusiveMinimum` / `exclusiveMaximum` as
+    numbers (draft 6 on) or as draft 4's flags on the other two; None when unbounded."""
+    lo, hi = _bound(schema, "minimum", path), _bound(schema, "maximum", path)
+    lo_open = hi_open = False
+    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if isinstance(xlo, bool):
+        lo_open = xlo and lo is not None
+    elif (v := _bound(schema, "exclusiveMinimum", path)) is not None and (lo is None or v >= lo):
+        lo, lo_open = v, True
+    if isinstance(xhi, bool):
+        hi_open = xhi and hi is not None
+    elif (v := _bound(schema, "exclusiveMaximum", path)) is not None and (hi is None or v <= hi):
+        hi, hi_open = v, True
+    return None if lo is None and hi is None else NumRange(lo, lo_open, hi, hi_open)
+
+
+def number_range(schema: dict[str, Any], path: str, integer: bool) -> NumRange | None:
+    """`read_range`, refusing a range no number of the kind can be in (Unsatisfiable: an
+    anyOf alternative or optional property is pruned, a root left with nothing refused)."""
+    rng = read_range(schema, path)
+    if rng is not None and not RangedNumber(integer, rng).first_bytes():
+        kind = "integer" if integer else "number"
+        raise Unsatisfiable(path, f"no {kind} is within the bounds (at most 20 digits either side of the point)")
+    return rng
+
+
+def as_fraction(value: int | float) -> Fraction:
+    """A JSON number exactly as written (a float by its shortest repr: 0.1 is 1/10)."""
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _bound(schema: dict[str, Any], key: str, path: str) -> Fraction | None:
+    value = schema.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                          and not math.isfinite(value)):
+        raise GrammarError(f"{path}.{key}" if path else key, f"{key} must be a number, not {value!r}")
+    return as_fraction(value)
 
 
 def _value(text: bytes) -> Fraction:

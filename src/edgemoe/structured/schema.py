@@ -39,6 +39,7 @@ from edgemoe.structured.ir import LeafIR, SlotIR, lower
 from edgemoe.structured.keywords import ENFORCED, IMPLIES, KNOWN, TYPES
 from edgemoe.structured.merge import merge_all
 from edgemoe.structured.nodes import Slot
+from edgemoe.structured.ranged_number import as_fraction, number_range, read_range
 
 MAX_SUBSCHEMAS = 5000
 MAX_DEPTH = 64
@@ -319,6 +320,8 @@ class _Compiler:
         if isinstance(value, str):
             lo, hi = _count(schema, "minLength", path) or 0, _count(schema, "maxLength", path)
             return lo <= len(value) and (hi is None or len(value) <= hi)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return (rng := read_range(schema, path)) is None or rng.contains(as_fraction(value))
         if isinstance(value, list):
             lo, hi = _count(schema, "minItems", path) or 0, _count(schema, "maxItems", path)
             return lo <= len(value) and (hi is None or len(value) <= hi)
@@ -335,7 +338,7 @@ class _Compiler:
             words = {b"null"} if name == "null" else {b"true", b"false"}
             slot.leaves.append(LeafIR("literals", path, texts=frozenset(words)))
         elif name in ("number", "integer"):
-            slot.leaves.append(LeafIR(name, path))
+            slot.leaves.append(LeafIR(name, path, num=number_range(schema, path, name == "integer")))
         elif name == "string":
             lo, hi = _count(schema, "minLength", path) or 0, _count(schema, "maxLength", path)
             if hi is not None and lo > hi:

@@ -1,0 +1,106 @@
+"""Numbers held to minimum / maximum / exclusiveMinimum / exclusiveMaximum: the grammar
+takes a number exactly where an independent validator (jsonschema_rs) does, among the
+texts the bounded leaf writes (no exponent, no "-0", digit runs capped); no state is a
+dead end; bounds meet through allOf; impossible ranges are pruned or refused; the token
+masks over Qwen3's vocabulary equal brute force along an instance."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema_rs
+import pytest
+from grammar_support import Rows, random_walk
+from test_token_masks import states_checked_along
+
+from edgemoe.structured import Grammar, GrammarError
+
+RANGES = [
+    {"type": "integer", "minimum": 0, "maximum": 100},
+    {"type": "integer", "exclusiveMinimum": 0},
+    {"type": "integer", "minimum": -25, "exclusiveMaximum": 7},
+    {"type": "integer", "maximum": -3},
+    {"type": "number", "minimum": -1.5, "maximum": 2.25},
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    {"type": "number", "minimum": 0.1},
+    {"type": "number", "maximum": -0.05},
+    {"type": "number", "minimum": 5, "exclusiveMinimum": True},  # draft 4's flag
+    {"type": "number", "minimum": 2, "maximum": 2},
+    {"type": "integer", "minimum": 1e3, "maximum": 12345.0},  # integral floats as bounds
+]
+SYNTAX = re.compile(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?")
+
+
+def validator(schema: dict) -> object:
+    """Draft 4's validator where its boolean exclusive flags are used."""
+    draft4 = any(isinstance(v, bool) for v in (schema.get("items", schema)).values())
+    return jsonschema_rs.Draft4Validator(schema) if draft4 else jsonschema_rs.validator_for(schema)
+
+
+def candidates(rng: random.Random) -> list[str]:
+    out = [str(i) for i in range(-320, 321)] + [f"{i / 20:.2f}" for i in range(-120, 121)]
+    out += [f"{i / 10:.1f}" for i in range(-60, 61)] + ["-0", "-0.0", "00", "01", "1.", ".5", "-", "1e2", "2.0e0",
+                                                         "0.05", "-0.05", "-0.049", "12345", "12346", "999", "1000",
+                                                         "99999999999999999999", "0." + "0" * 19 + "1"]
+    out += [f"{rng.uniform(-1e4, 1e4):.{rng.randint(0, 4)}f}" for _ in range(300)]
+    return out
+
+
+def complete(grammar: Grammar, text: str) -> bool:
+    state = grammar.advance_bytes(grammar.start(), text.encode())
+    return state is not None and grammar.is_complete(state)
+
+
+@pytest.mark.parametrize("index", range(len(RANGES)))
+def test_taken_exactly_where_valid(index: int) -> None:
+    schema = RANGES[index]
+    grammar, check = Grammar.from_schema(schema), validator(schema)
+    taken = 0
+    for text in candidates(random.Random(index)):
+        writable = bool(SYNTAX.fullmatch(text)) and not re.fullmatch(r"-0(\.0*)?", text)
+        writable = writable and ("." not in text or schema["type"] == "number")  # integers: no fraction
+        want = writable and check.is_valid(json.loads(text))  # type: ignore[attr-defined]
+        assert complete(grammar, text) == want, (schema, text)
+        taken += want
+    assert taken >= 1
+
+
+@pytest.mark.parametrize("index", range(len(RANGES)))
+def test_random_walks_end_in_valid_numbers(index: int) -> None:
+    """Rows.check asserts every visited state's contract (no dead end) on the way."""
+    schema = {"type": "array", "items": RANGES[index], "maxItems": 6}
+    rows, check, rng = Rows(Grammar.from_schema(schema)), validator(schema), random.Random(index)
+    for _ in range(30):
+        assert check.is_valid(json.loads(random_walk(rows, rng, soft=40)))  # type: ignore[attr-defined]
+
+
+def test_bounds_meet_through_all_of_and_prune_alternatives() -> None:
+    merged = Grammar.from_schema({"allOf": [{"type": "integer", "minimum": 3},
+                                            {"minimum": 5, "exclusiveMaximum": 8}, {"maximum": 9}]})
+    assert [t for t in map(str, range(0, 12)) if complete(merged, t)] == ["5", "6", "7"]
+    either = Grammar.from_schema({"anyOf": [{"type": "integer", "minimum": 3, "maximum": 2.5}, {"type": "string"}]})
+    assert complete(either, '"x"') and not complete(either, "3")
+    enum = Grammar.from_schema({"enum": [1, 5, 10.5, "a"], "minimum": 3})
+    assert [t for t in ("1", "5", "10.5", '"a"') if complete(enum, t)] == ["5", "10.5", '"a"']
+
+
+@pytest.mark.parametrize("schema, where", [
+    ({"type": "integer", "minimum": 0.5, "maximum": 0.7}, "no integer"),
+    ({"type": "number", "minimum": 1e30}, "no number"),
+    ({"type": "number", "minimum": "3"}, "minimum must be a number"),
+    ({"type": "object", "properties": {"a": {"type": "number", "maximum": True}}}, "properties.a.maximum"),
+    ({"allOf": [{"type": "number", "minimum": 1, "exclusiveMinimum": True}, {"exclusiveMinimum": False}]},
+     "exclusiveMinimum"),
+])
+def test_impossible_or_malformed_bounds_are_refused(schema: object, where: str) -> None:
+    with pytest.raises(GrammarError, match=where):
+        Grammar.from_schema(schema)
+
+
+def test_masks_equal_brute_force_along_an_instance() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 250},
+                                               "x": {"type": "number", "exclusiveMinimum": -1, "maximum": 0.5}},
+              "required": ["n", "x"]}
+    states_checked_along(schema, '{"n": 205, "x": -0.75}')
