@@ -13,6 +13,7 @@ from typing import Any, Literal
 import anthropic
 import httpx
 import jsonschema_rs
+import openai
 import pytest
 from pydantic import BaseModel, Field
 from server_harness import ServerHarness
@@ -169,3 +170,16 @@ def test_numeric_bounds_hold(real: ServerHarness, seed: int) -> None:
     out = real.openai().chat.completions.parse(model="m", messages=USER, response_format=Dimmer, max_tokens=200,
                                                 temperature=1.0, seed=seed, reasoning_effort="none")
     assert out.choices[0].finish_reason == "stop" and isinstance(out.choices[0].message.parsed, Dimmer)
+
+
+def test_completions_response_format(real: ServerHarness) -> None:
+    """vLLM's extension on the legacy route: the text is the JSON from its first token."""
+    for seed in range(2):
+        out = real.openai().completions.create(
+            model="m", prompt="A light:", max_tokens=200, temperature=1.0, seed=seed,
+            extra_body={"response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "d", "schema": Dimmer.model_json_schema()}}})
+        assert out.choices[0].finish_reason == "stop"
+        Dimmer.model_validate_json(out.choices[0].text)
+    with pytest.raises(openai.BadRequestError, match="response_format.type"):
+        real.openai().completions.create(model="m", prompt="x", max_tokens=5, extra_body={"response_format": {"type": "xml"}})

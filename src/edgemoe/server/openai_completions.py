@@ -34,6 +34,7 @@ from edgemoe.server.generation_request import (
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.model import ServedModel
 from edgemoe.server.openai_chat import usage_body
+from edgemoe.server.output_format import chat_response_format
 from edgemoe.server.protocol import CompletionRequest
 from edgemoe.server.sse import DONE, data_frame, error_frame, sse_response
 from edgemoe.server.state import ServerState
@@ -67,7 +68,8 @@ def to_generation_request(req: CompletionRequest, model: ServedModel) -> Generat
         logprobs=req.logprobs,
     )
     return GenerationRequest(
-        prompt=_prompt(req.prompt), params=params, n=req.n, parse_output=False, prompt_param="prompt"
+        prompt=_prompt(req.prompt), params=params, n=req.n, parse_output=False, prompt_param="prompt",
+        output_format=chat_response_format(req.response_format),  # the text is the JSON, from its first token
     )
 
 

@@ -171,6 +171,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
+    response_format: Any = None  # vLLM's extension: as chat's (server/output_format.py)
     echo: Flag = False
     logprobs: Logprobs | None = None
     max_tokens: TokenCount | None = 16
