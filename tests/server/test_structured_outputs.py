@@ -7,7 +7,9 @@ the client's field and the place in the schema."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import uuid
 from typing import Any, Literal
 
 import anthropic
@@ -183,3 +185,19 @@ def test_completions_response_format(real: ServerHarness) -> None:
         Dimmer.model_validate_json(out.choices[0].text)
     with pytest.raises(openai.BadRequestError, match="response_format.type"):
         real.openai().completions.create(model="m", prompt="x", max_tokens=5, extra_body={"response_format": {"type": "xml"}})
+
+
+class Booking(BaseModel):
+    when: datetime.datetime
+    day: datetime.date
+    ref: uuid.UUID
+    code: str = Field(pattern=r"^[A-Z]{3}-\d{2}$")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_formats_and_patterns_hold(real: ServerHarness, seed: int) -> None:
+    """pydantic's datetime / date / UUID fields (format) and constr patterns are enforced:
+    its parse of the reply passes whatever the random model prefers."""
+    out = real.openai().chat.completions.parse(model="m", messages=USER, response_format=Booking, max_tokens=300,
+                                                temperature=1.0, seed=seed, reasoning_effort="none")
+    assert out.choices[0].finish_reason == "stop" and isinstance(out.choices[0].message.parsed, Booking)

@@ -257,8 +257,9 @@ def test_accepted_but_unenforced_keywords_compile() -> None:
                                    "exclusiveMaximum": 10, "multipleOf": 2},
                              "u": {"type": "array", "uniqueItems": True}}}
     g = Grammar.from_schema(schema)
-    assert refused_at(g, b'{"s":"anything","n":5,"u":[1,1]}') is None  # 5: multipleOf 2 not enforced
-    assert refused_at(g, b'{"s":"anything","n":-5,"u":[1,1]}') == 20  # the bounds are (test_ranged_number.py)
+    assert refused_at(g, b'{"s":"xyz","n":5,"u":[1,1]}') is None  # 5: multipleOf 2 not enforced
+    assert refused_at(g, b'{"s":"xyz","n":-5,"u":[1,1]}') == 15  # the bounds are (test_ranged_number.py)
+    assert refused_at(g, b'{"s":"anything"}') == 6  # so is the pattern (test_pattern_string.py)
 
 
 def test_nullable_and_one_of_and_merges() -> None:

@@ -8,11 +8,12 @@ Enforced (ENFORCED):
   "#/definitions/NAME" or any "#/json/pointer"), minLength, maxLength (code points),
   nullable (OpenAPI: adds null), minimum, maximum, exclusiveMinimum, exclusiveMaximum
   (numbers, or draft 4's flags; a bounded number is written without an exponent:
-  ranged_number.py).
+  ranged_number.py), pattern and format (a regex subset and the formats of
+  pattern_string.py; a pattern outside them, an unknown format, or either beside
+  minLength/maxLength is accepted, not enforced).
 Accepted but NOT enforced (UNENFORCED; they narrow values in ways a byte grammar cannot
 check cheaply, so the output may break them):
-  format, pattern, multipleOf, uniqueItems, minProperties, maxProperties,
-  contentEncoding, contentMediaType.
+  multipleOf, uniqueItems, minProperties, maxProperties, contentEncoding, contentMediaType.
 Ignored annotations (ANNOTATIONS):
   title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
   writeOnly, strict, discriminator.
@@ -30,10 +31,10 @@ ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
     "minLength", "maxLength", "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "pattern", "format",
 })
 UNENFORCED = frozenset({
-    "format", "pattern", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "contentEncoding", "contentMediaType",
+    "multipleOf", "uniqueItems", "minProperties", "maxProperties", "contentEncoding", "contentMediaType",
 })
 ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment",

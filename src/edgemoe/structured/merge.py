@@ -6,8 +6,8 @@ computed on the keywords instead, where that is simple and exact: `type` lists i
 both becomes an allOf of the two), min bounds take the larger and max bounds the smaller
 (numeric ones too; draft 4's boolean exclusive flags only where the parts agree),
 `enum` lists intersect, `items` schemas combine by allOf, `nullable: true` counts as null
-in the part's `type`, and unenforced keywords (format, pattern, ...) keep the first part's
-value.
+in the part's `type`, two different `pattern`s (or `format`s) leave the string unenforced,
+and unenforced keywords (multipleOf, ...) keep the first part's value.
 Parts that cannot meet (no common type, enum value or const) raise Unsatisfiable, which
 the compiler prunes like any part with no value. Anything else that differs between parts
 raises GrammarError rather than be dropped: two different anyOf lists, prefixItems,
@@ -94,6 +94,7 @@ _RULES: dict[str, Callable[[Any, Any], Any]] = {
     "minItems": max, "minLength": max,
     "maxItems": min, "maxLength": min,
 }
+_UNENFORCEABLE = "(?!)"  # a pattern outside regex.py's subset: accepted, not enforced
 _NUMERIC = {"minimum": max, "exclusiveMinimum": max, "maximum": min, "exclusiveMaximum": min}
 
 
@@ -122,6 +123,8 @@ def merge2(a: Schema, b: Schema, path: str) -> Schema:
             out[key] = _RULES[key](out[key], value)
         elif key in _NUMERIC:
             out[key] = _tighter(key, out[key], value, path)
+        elif key in ("pattern", "format"):  # two patterns can't be intersected here: neither is enforced
+            out[key] = _UNENFORCEABLE
         elif key == "const" and _canon(out[key]) != _canon(value):
             raise Unsatisfiable(path, "allOf parts require different const values")
         elif key not in UNENFORCED:

@@ -13,8 +13,7 @@ Supported keywords and their limits are listed in keywords.py; choices made here
   ensure_ascii=False, separators=(",", ":")), and only that text. They are filtered by the
   schema's type/nullable, string length, array length and object required/closed keys;
   deeper constraints on them are trusted, not re-checked.
-- oneOf is generated as anyOf: an output matching two alternatives is not refused.
-- allOf, and $ref or anyOf/oneOf next to constraining keywords, are merged (merge.py).
+- oneOf as anyOf (an output may match two); allOf, $ref/anyOf beside constraints: merged (merge.py).
 - `items` absent means any items; `items: false` ends the array after prefixItems.
 - A part that can produce no finite value (false, items false below minItems, a required
   child that recurses forever, merged parts whose types/enum/const do not meet, an enum
@@ -39,6 +38,7 @@ from edgemoe.structured.ir import LeafIR, SlotIR, lower
 from edgemoe.structured.keywords import ENFORCED, IMPLIES, KNOWN, TYPES
 from edgemoe.structured.merge import merge_all
 from edgemoe.structured.nodes import Slot
+from edgemoe.structured.pattern_string import fits_pattern, string_dfa
 from edgemoe.structured.ranged_number import as_fraction, number_range, read_range
 
 MAX_SUBSCHEMAS = 5000
@@ -319,7 +319,7 @@ class _Compiler:
             return False
         if isinstance(value, str):
             lo, hi = _count(schema, "minLength", path) or 0, _count(schema, "maxLength", path)
-            return lo <= len(value) and (hi is None or len(value) <= hi)
+            return lo <= len(value) and (hi is None or len(value) <= hi) and fits_pattern(schema, value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return (rng := read_range(schema, path)) is None or rng.contains(as_fraction(value))
         if isinstance(value, list):
@@ -343,7 +343,7 @@ class _Compiler:
             lo, hi = _count(schema, "minLength", path) or 0, _count(schema, "maxLength", path)
             if hi is not None and lo > hi:
                 raise GrammarError(_join(path, "minLength"), f"minLength {lo} > maxLength {hi}")
-            slot.leaves.append(LeafIR("string", path, lo=lo, hi=hi))
+            slot.leaves.append(LeafIR("string", path, lo=lo, hi=hi, dfa=string_dfa(schema, lo, hi)))
         elif name == "array":
             slot.leaves.append(self._array(schema, path, depth))
         else:

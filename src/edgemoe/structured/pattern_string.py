@@ -1,0 +1,154 @@
+"""A string held to `pattern` or to a known `format`: the pattern's NFA (regex.py)
+determinised over the printable ASCII the string is written in, every state live.
+
+A string with a pattern or format is written without escapes, in printable ASCII (no `"`
+or `\\`): a subset of the valid instances, so every one the grammar writes matches. A
+format is a pattern that only writes valid values (`date` days 01-28, e-mail and URI parts
+of bounded length): `FORMATS`. Not enforced (as before): a pattern outside regex.py's
+subset, or one no such string matches; an unknown format; a pattern or format beside
+`minLength` / `maxLength` (the lengths are).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Iterable
+
+from edgemoe.structured.regex import ALPHABET, Nfa, Unsupported, build
+from edgemoe.structured.scalars import QUOTE, Frame, Leaf, Parents, Thread
+
+MAX_DFA = 4000  # states; past it the pattern is left unenforced
+MAX_WORK = 600_000  # (NFA state, character) pairs visited while determinising: a hostile pattern's bound
+
+_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])"
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_HOST = r"([a-z0-9]{1,20}\.){1,3}[a-z]{2,6}"
+FORMATS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}T{_TIME}$",
+    "uuid": r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+    "ipv4": r"^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$",
+    "email": rf"^[a-z0-9]{{1,20}}([._+-][a-z0-9]{{1,20}}){{0,2}}@{_HOST}$",
+    "uri": rf"^https?://{_HOST}(/[A-Za-z0-9._~-]{{1,20}}){{0,4}}/?$",
+}
+
+
+class Dfa:
+    """`moves[s][byte]` -> state, only into states from which an accepting one is reachable."""
+
+    def __init__(self, nfa: Nfa, start: int, accept: int) -> None:
+        first = _closure(nfa, {start})
+        index, sets = {first: 0}, [first]
+        moves: list[dict[int, int]] = []
+        i = work = 0
+        while i < len(sets):
+            row: dict[int, int] = {}
+            work += sum(len(chars) for s in sets[i] for chars, _ in nfa.moves[s])
+            if work > MAX_WORK:
+                raise Unsupported("pattern too complex to determinise")
+            for byte, targets in _step(nfa, sets[i]).items():
+                nxt = _closure(nfa, targets)
+                if nxt not in index:
+                    if len(sets) >= MAX_DFA:
+                        raise Unsupported(f"pattern too complex (over {MAX_DFA} states)")
+                    index[nxt] = len(sets)
+                    sets.append(nxt)
+                row[byte] = index[nxt]
+            moves.append(row)
+            i += 1
+        self.accepting = tuple(accept in s for s in sets)
+        live = _live(moves, self.accepting)
+        if not live[0]:
+            raise Unsupported("no printable-ASCII string matches the pattern")
+        self.moves = tuple({b: t for b, t in row.items() if live[t]} for row in moves)
+
+    def matches(self, text: str) -> bool:
+        state: int | None = 0
+        for ch in text.encode():
+            state = self.moves[state].get(ch) if state is not None else None
+        return state is not None and self.accepting[state]
+
+
+def _closure(nfa: Nfa, states: Iterable[int]) -> frozenset[int]:
+    seen, todo = set(states), list(states)
+    while todo:
+        for t in nfa.eps[todo.pop()]:
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return frozenset(seen)
+
+
+def _step(nfa: Nfa, states: frozenset[int]) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for s in states:
+        for chars, target in nfa.moves[s]:
+            for c in chars:
+                out.setdefault(c, set()).add(target)
+    return out
+
+
+def _live(moves: list[dict[int, int]], accepting: tuple[bool, ...]) -> list[bool]:
+    back: list[list[int]] = [[] for _ in moves]
+    for s, row in enumerate(moves):
+        for t in row.values():
+            back[t].append(s)
+    live = list(accepting)
+    todo = [s for s, ok in enumerate(live) if ok]
+    while todo:
+        for s in back[todo.pop()]:
+            if not live[s]:
+                live[s] = True
+                todo.append(s)
+    return live
+
+
+@lru_cache(maxsize=256)
+def compiled(pattern: str) -> Dfa | None:
+    """The pattern's DFA; None where it is not enforced (outside the subset, too large)."""
+    try:
+        return Dfa(*build(pattern))
+    except (Unsupported, RecursionError):
+        return None
+
+
+def string_dfa(schema: dict[str, Any], lo: int, hi: int | None) -> Dfa | None:
+    """The DFA a string schema is held to (`pattern`, else a known `format`), or None."""
+    if lo or hi is not None:
+        return None
+    pattern = schema.get("pattern")
+    if not isinstance(pattern, str):
+        pattern = FORMATS.get(schema.get("format"))  # type: ignore[arg-type]
+    return compiled(pattern) if isinstance(pattern, str) else None
+
+
+def fits_pattern(schema: dict[str, Any], value: str) -> bool:
+    """Whether an enum/const string may be written where the schema's pattern is enforced."""
+    dfa = string_dfa(schema, 0, None)
+    return dfa is None or dfa.matches(value)
+
+
+class PatternString(Leaf):
+    """A string whose body is a walk through `dfa`; frames `(self, state)`."""
+
+    __slots__ = ("dfa",)
+
+    def __init__(self, dfa: Dfa) -> None:
+        self.dfa = dfa
+
+    def first_bytes(self) -> Iterable[int]:
+        return (QUOTE,)
+
+    def begin(self, byte: int, parents: Parents, depth: int) -> Iterable[Thread]:
+        return (((self, 0), parents),)
+
+    def step(self, thread: Thread, byte: int) -> Iterable[Thread]:
+        state = thread[0][1]
+        if byte == QUOTE:
+            return thread[1] if self.dfa.accepting[state] else ()
+        nxt = self.dfa.moves[state].get(byte) if byte in ALPHABET else None
+        return () if nxt is None else (((self, nxt), thread[1]),)
+
+    def can_end(self, frame: Frame) -> bool:
+        return False
