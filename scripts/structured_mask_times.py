@@ -24,6 +24,13 @@ CASES = {
     "anyOf string | string maxLength 10": ({"anyOf": [{"type": "string"}, {"type": "string", "maxLength": 10}]},
                                            '"abcé"'),
     "any JSON object": (None, '{"a": [1, {"b": null}], "c": "d"}'),
+    "bounded numbers": ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 500},
+                                                       "x": {"type": "number", "exclusiveMinimum": 0}}},
+                        '{"n": 250, "x": 0.125}'),
+    "date-time and a pattern": ({"type": "array", "items": {"anyOf": [
+        {"type": "string", "format": "date-time"}, {"type": "string", "pattern": "^[A-Z]{2}-\\d+$"}]}},
+        '["2024-05-06T07:08:09Z", "AB-12"]'),
+    "unanchored pattern": ({"type": "string", "pattern": "needle"}, '"a needle here"'),
 }
 
 

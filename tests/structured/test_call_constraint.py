@@ -151,3 +151,14 @@ def test_a_tag_spelled_out_in_plain_tokens_is_refused() -> None:
     assert m.sum() > 150_000  # only the tokens that would complete the tag are refused
     feed(c, [t.token_to_id("(")])
     assert c.mask() is None  # the partial tag is gone: free again
+
+
+def test_a_special_token_between_tag_pieces_does_not_hide_it() -> None:
+    """skip_special_tokens drops `<|box_start|>` from the text: `<tool` + it + `_call` + `>`
+    still reads as the tag."""
+    t = tokenizer()
+    box = t.token_to_id("<|box_start|>")
+    c = constraint()
+    feed(c, [*t.encode(" <tool", add_special_tokens=False).ids, box, t.token_to_id("_call")])
+    m = c.mask()
+    assert m is not None and not m[t.token_to_id(">")] and m[TAGS.open]

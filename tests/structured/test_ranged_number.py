@@ -29,6 +29,7 @@ RANGES = [
     {"type": "number", "minimum": 5, "exclusiveMinimum": True},  # draft 4's flag
     {"type": "number", "minimum": 2, "maximum": 2},
     {"type": "integer", "minimum": 1e3, "maximum": 12345.0},  # integral floats as bounds
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 2e-20},  # one 20-digit decimal
 ]
 SYNTAX = re.compile(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?")
 
@@ -86,13 +87,28 @@ def test_bounds_meet_through_all_of_and_prune_alternatives() -> None:
     assert [t for t in ("1", "5", "10.5", '"a"') if complete(enum, t)] == ["5", "10.5", '"a"']
 
 
+def test_an_empty_range_drops_only_its_type() -> None:
+    assert complete(Grammar.from_schema({"type": ["integer", "string"], "minimum": 0.5, "maximum": 0.7}), '"x"')
+    nullable = Grammar.from_schema({"type": "integer", "minimum": 0.5, "maximum": 0.7, "nullable": True})
+    assert complete(nullable, "null") and not complete(nullable, "0")
+
+
+def test_draft4_flags_stay_with_their_part_through_all_of() -> None:
+    """`{minimum 1, exclusiveMinimum true}` and `{minimum 3}`: 3 is valid (Draft 4)."""
+    low = Grammar.from_schema({"type": "integer", "allOf": [{"minimum": 1, "exclusiveMinimum": True}, {"minimum": 3}]})
+    high = Grammar.from_schema({"type": "integer", "allOf": [{"maximum": 10, "exclusiveMaximum": True},
+                                                             {"maximum": 50}]})
+    assert complete(low, "3") and not complete(low, "2") and complete(high, "9") and not complete(high, "10")
+
+
 @pytest.mark.parametrize("schema, where", [
+    ({"type": "number", "minimum": 1e-25, "maximum": 2e-25}, "no number"),  # between two 20-digit decimals
+    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-20}, "no number"),
     ({"type": "integer", "minimum": 0.5, "maximum": 0.7}, "no integer"),
     ({"type": "number", "minimum": 1e30}, "no number"),
     ({"type": "number", "minimum": "3"}, "minimum must be a number"),
     ({"type": "object", "properties": {"a": {"type": "number", "maximum": True}}}, "properties.a.maximum"),
-    ({"allOf": [{"type": "number", "minimum": 1, "exclusiveMinimum": True}, {"exclusiveMinimum": False}]},
-     "exclusiveMinimum"),
+    ({"allOf": [{"type": "number", "minimum": "1"}, {"minimum": 2}]}, "minimum"),
 ])
 def test_impossible_or_malformed_bounds_are_refused(schema: object, where: str) -> None:
     with pytest.raises(GrammarError, match=where):

@@ -86,7 +86,11 @@ class CallConstraint:
             return self._after_mask()
         if self.phase == "text":
             blocked = self._tokens.spelled.blocked(self._spelled)
-            return None if blocked is None else ~blocked
+            if blocked is None:
+                return None
+            allowed = ~blocked
+            allowed[self._tags.open] = True  # the tag itself, were it a plain vocabulary entry too
+            return allowed
         if self.phase != "call":
             return None
         allowed = self._masks.allowed(self.state)

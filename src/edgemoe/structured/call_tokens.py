@@ -59,11 +59,12 @@ class SpelledTag:
         return self._blocked[matched]
 
     def after(self, matched: int, token_id: int) -> int:
-        """How much of the tag ends the text once `token_id` follows (an added or special
-        token, whose text is no plain bytes, breaks it)."""
+        """How much of the tag ends the text once `token_id` follows. A token without plain
+        bytes (added or special) leaves it as it was: a special one is dropped from the
+        text (`skip_special_tokens`), so `<tool` `<|box_start|>` `_call>` still spells it."""
         data = self._bytes[token_id] if 0 <= token_id < len(self._bytes) else None
         if not data:
-            return 0
+            return matched
         text = OPEN_TEXT[:matched] + data
         for n in range(min(len(text), len(OPEN_TEXT) - 1), 0, -1):
             if text.endswith(OPEN_TEXT[:n]):

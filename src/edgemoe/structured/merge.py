@@ -143,9 +143,20 @@ def _denull(part: Schema) -> Schema:
     return out
 
 
+def _draft4_bounds(part: Schema) -> Schema:
+    """Draft 4's `exclusiveMinimum: true` belongs to its own part's `minimum`: as a numeric
+    exclusive bound it meets another part's bounds correctly (and `false` says nothing)."""
+    out = dict(part)
+    for flag, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(flag), bool):
+            if out.pop(flag) and bound in out:
+                out[flag] = out.pop(bound)
+    return out
+
+
 def merge_all(parts: list[Schema], path: str) -> Schema:
     """The schema all `parts` (plain dicts, see merge2) describe together."""
-    parts = [_denull(p) for p in parts]
+    parts = [_draft4_bounds(_denull(p)) for p in parts]
     if not parts:
         return {}
     out = {k: v for k, v in parts[0].items() if k not in ANNOTATIONS and k not in CONTAINERS}

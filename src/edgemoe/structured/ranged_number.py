@@ -50,18 +50,19 @@ class NumRange:
         return above and below
 
     def meets(self, a: Fraction, b: Fraction, integer: bool) -> bool:
-        """Whether [a, b] (its integers, for `integer`) holds a value in the range."""
+        """Whether [a, b] holds a value in the range that can be written: an integer, or a
+        decimal of at most MAX_FRAC_DIGITS fraction digits (a multiple of EPS)."""
         low, low_open = a, False
         if self.lo is not None and (self.lo > a or (self.lo == a and self.lo_open)):
             low, low_open = self.lo, self.lo_open
         high, high_open = b, False
         if self.hi is not None and (self.hi < b or (self.hi == b and self.hi_open)):
             high, high_open = self.hi, self.hi_open
-        if integer:
-            first = int(low) + 1 if low_open and low == int(low) else -(-low.numerator // low.denominator)
-            last = int(high) - 1 if high_open and high == int(high) else high.numerator // high.denominator
-            return first <= last
-        return low < high or (low == high and not low_open and not high_open)
+        unit = 1 if integer else EPS
+        low, high = low / unit, high / unit  # in units: the values are the integers
+        first = math.floor(low) + 1 if low_open and low.denominator == 1 else math.ceil(low)
+        last = math.ceil(high) - 1 if high_open and high.denominator == 1 else math.floor(high)
+        return first <= last
 
 
 def read_range(schema: dict[str, Any], path: str) -> NumRange | None:

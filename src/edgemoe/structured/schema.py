@@ -9,18 +9,15 @@ Supported keywords and their limits are listed in keywords.py; choices made here
   value if absent/true); with additionalProperties false it is a GrammarError.
 - An object with no declared properties: additionalProperties false allows only {}; true,
   absent or a schema allows arbitrary string keys, each value of that schema.
-- enum/const values are written as their compact canonical text, json.dumps(v,
-  ensure_ascii=False, separators=(",", ":")), and only that text. They are filtered by the
-  schema's type/nullable, string length, array length and object required/closed keys;
-  deeper constraints on them are trusted, not re-checked.
+- enum/const values are written as their compact canonical text (json.dumps, no spaces),
+  filtered by type/nullable, bounds, lengths, pattern and required/closed keys (shallow).
 - oneOf as anyOf (an output may match two); allOf, $ref/anyOf beside constraints: merged (merge.py).
 - `items` absent means any items; `items: false` ends the array after prefixItems.
 - A part that can produce no finite value (false, items false below minItems, a required
   child that recurses forever, merged parts whose types/enum/const do not meet, an enum
-  with no value of the schema's type) is pruned: an anyOf alternative, an optional
-  property, an array length. If that leaves the root nothing, GrammarError naming the
-  part. Direct contradictions (minItems > maxItems, minLength > maxLength, a required name
-  that additionalProperties false forbids) are GrammarErrors wherever they are.
+  with no value of the schema's type, a type no value of which is in the bounds) is
+  pruned: a type, an anyOf alternative, an optional property, an array length; a root left
+  with nothing is a GrammarError naming the part, as are direct contradictions anywhere.
 - Objects and arrays nest at most MAX_NESTING (128) deep in the output (scalars.py).
 Bounds against hostile input: 5,000 subschemas, subschemas nested 64 deep, 1,000 enum
 values, 1 MB of enum/const text, 100,000 alternatives after expanding anyOf/$ref (ir.py).
@@ -98,10 +95,8 @@ class _Compiler:
         self.memo: dict[int, SlotIR] = {}
         self.keep: list[object] = []  # merged dicts, kept alive so their ids stay unique
         self.queue: deque[tuple[SlotIR, object, int]] = deque()
-        self.count = 0
-        self.literal_bytes = 0
+        self.count = self.literal_bytes = self.key_bytes = 0
         self.merged: dict[str, SlotIR] = {}  # canonical merged schema -> its slot
-        self.key_bytes = 0
 
     def run(self) -> Slot:
         """Compile the whole schema; GrammarError if it cannot be honoured."""
@@ -116,10 +111,9 @@ class _Compiler:
     def _tick(self, path: str, depth: int) -> None:
         """Bound the work on hostile input: subschema count and nesting depth."""
         self.count += 1
-        if self.count > MAX_SUBSCHEMAS:
-            raise GrammarError(path, f"more than {MAX_SUBSCHEMAS} subschemas")
-        if depth > MAX_DEPTH:
-            raise GrammarError(path, f"subschemas nested more than {MAX_DEPTH} deep")
+        if self.count > MAX_SUBSCHEMAS or depth > MAX_DEPTH:
+            raise GrammarError(path, f"more than {MAX_SUBSCHEMAS} subschemas" if depth <= MAX_DEPTH
+                               else f"subschemas nested more than {MAX_DEPTH} deep")
 
     def slot_for(self, schema: object, path: str, depth: int) -> SlotIR:
         """The slot of a subschema (one per dict object, so a $ref target is shared)."""
@@ -240,8 +234,14 @@ class _Compiler:
         if "enum" in schema or "const" in schema:
             self._literals(slot, schema, self._types({k: v for k, v in schema.items() if k in ("type", "nullable")}, path))
             return
+        empty = None
         for name in self._types(schema, path):
-            self._typed(slot, schema, name, depth)
+            try:
+                self._typed(slot, schema, name, depth)
+            except Unsatisfiable as exc:  # this type has no value here; the others may
+                empty = exc
+        if empty is not None and not slot.leaves:
+            raise empty
 
     def _or_null(self, slot: SlotIR, schema: dict, depth: int) -> None:
         """nullable: true next to $ref/allOf/anyOf/oneOf (OpenAPI): null, or the rest."""
