@@ -134,7 +134,9 @@ def _reach(text: bytes, integer: bool) -> list[tuple[Fraction, Fraction]]:
 
 
 class RangedNumber(Leaf):
-    """A number (or integer) in `range`; frames `(self, text)`."""
+    """A number (or integer) in `range`. Frames `(self, text)` while the bounds matter, then,
+    once every way the text can go on ends in the range, `(self, LOOSE, shape)`: only the
+    syntax is left, so such states are shared (the masks' cache hits, as for `Number`)."""
 
     __slots__ = ("integer", "range")
 
@@ -156,27 +158,65 @@ class RangedNumber(Leaf):
 
     def begin(self, byte: int, parents: Parents, depth: int) -> Iterable[Thread]:
         text = bytes([byte])
-        return (((self, text), parents),) if self.viable(text) else ()
+        return ((self._frame(text), parents),) if self.viable(text) else ()
 
-    def _extends(self, text: bytes, byte: int) -> bool:
-        """Whether `text + byte` is still the syntax's prefix (not yet asking the range)."""
-        int_part, dot, frac = text.lstrip(b"-").partition(b".")
-        if dot:
-            return IS_DIGIT[byte] and len(frac) < MAX_FRAC_DIGITS
-        if byte == DOT:
-            return not self.integer and bool(int_part)
-        return IS_DIGIT[byte] and int_part != b"0" and len(int_part) < MAX_INT_DIGITS
+    def _frame(self, text: bytes) -> Frame:
+        """The canonical frame: loose once the range holds every completion (the intervals'
+        ends are writable values, and the range is convex)."""
+        if all(self.range.contains(a) and self.range.contains(b) for a, b in _reach(text, self.integer)):
+            return (self, LOOSE, _shape(text))
+        return (self, text)
 
     def step(self, thread: Thread, byte: int) -> Iterable[Thread]:
-        text = thread[0][1]
-        if self._extends(text, byte):
+        frame, parents = thread
+        if frame[1] is LOOSE:
+            grown = _grow(frame[2], byte, self.integer)
+            if grown is not None:
+                return (((self, LOOSE, grown), parents),)
+            return hand_on(parents, byte) if _ends(frame[2]) else ()
+        text = frame[1]
+        if _grow(_shape(text), byte, self.integer) is not None:
             longer = text + bytes([byte])
-            return (((self, longer), thread[1]),) if self.viable(longer) else ()
-        return hand_on(thread[1], byte) if self.complete(text) else ()
+            return ((self._frame(longer), parents),) if self.viable(longer) else ()
+        return hand_on(parents, byte) if self.complete(text) else ()
 
     def can_end(self, frame: Frame) -> bool:
-        return self.complete(frame[1])
+        return _ends(frame[2]) if frame[1] is LOOSE else self.complete(frame[1])
 
     def more(self, frame: Frame) -> bool:
+        if frame[1] is LOOSE:
+            return any(_grow(frame[2], b, self.integer) is not None for b in (DOT, *_DIGITS))
         text = frame[1]
-        return any(self._extends(text, b) and self.viable(text + bytes([b])) for b in (DOT, *_DIGITS))
+        return any(_grow(_shape(text), b, self.integer) is not None and self.viable(text + bytes([b]))
+                   for b in (DOT, *_DIGITS))
+
+
+LOOSE = "loose"
+# A number's syntax position: (minus, integer digits, integer part "0", dot, fraction
+# digits, a digit other than 0 seen). "-" then only zeros never ends (no "-0").
+Shape = tuple[bool, int, bool, bool, int, bool]
+
+
+def _shape(text: bytes) -> Shape:
+    int_part, dot, frac = text.lstrip(b"-").partition(b".")
+    nonzero = any(c not in b"0" for c in int_part + frac)
+    return (text.startswith(b"-"), len(int_part), int_part == b"0", bool(dot), len(frac), nonzero)
+
+
+def _grow(shape: Shape, byte: int, integer: bool) -> Shape | None:
+    """The shape after `byte` where the syntax takes it (digit runs capped as `Number`'s)."""
+    neg, n_int, zero, dot, n_frac, nonzero = shape
+    digit = IS_DIGIT[byte]
+    if dot:
+        ok = digit and n_frac < MAX_FRAC_DIGITS
+        return (neg, n_int, zero, dot, n_frac + 1, nonzero or byte != 0x30) if ok else None
+    if byte == DOT:
+        return (neg, n_int, zero, True, 0, nonzero) if not integer and n_int else None
+    if digit and not zero and n_int < MAX_INT_DIGITS:
+        return (neg, n_int + 1, n_int == 0 and byte == 0x30, dot, 0, nonzero or byte != 0x30)
+    return None
+
+
+def _ends(shape: Shape) -> bool:
+    neg, n_int, _, dot, n_frac, nonzero = shape
+    return n_int > 0 and not (dot and n_frac == 0) and (nonzero or not neg)
