@@ -20,6 +20,7 @@ import anyio
 import msgspec
 
 from edgemoe.messages import SEED_MIN, AddRequest, RequestOutput, SamplingParams
+from edgemoe.server.call_format import call_format
 from edgemoe.server.choice import ChoiceState, make_parser
 from edgemoe.server.engine_client import (
     EngineClient,
@@ -40,7 +41,6 @@ from edgemoe.server.generation_request import (
 )
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
-from edgemoe.server.call_format import call_format
 from edgemoe.server.output_format import OutputFormat, forced_arguments, with_output_format
 from edgemoe.server.parsers import prompt_opens_reasoning
 from edgemoe.server.prompt_tokens import TooManyTokens
@@ -307,7 +307,8 @@ async def start_generation(
     thinking = req.thinking if req.thinking is not None else default_thinking
     prompt = await anyio.to_thread.run_sync(prepare_prompt, model, req, thinking)
     reasoning = req.parse_output and thinking and model.reasoning and isinstance(req.prompt, ChatPrompt)
-    fmt = await anyio.to_thread.run_sync(_output_constraint, model, req, prompt.forced)  # compiles schemas
+    fmt = (await anyio.to_thread.run_sync(_output_constraint, model, req, prompt.forced) if req.tools  # compiles
+           else _output_constraint(model, req, prompt.forced))
     params = with_output_format(req.params, fmt, thinks=reasoning and not prompt.forced,
                                 starts_in_reasoning=prompt.starts_in_reasoning)
     adds = [

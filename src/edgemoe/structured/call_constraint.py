@@ -76,10 +76,6 @@ class CallConstraint:
             if self.state is None:
                 raise ValueError(f"structured output: the call's opening {primed!r} does not start a call")
 
-    @property
-    def active(self) -> bool:
-        return self.phase in ("call", "after")
-
     def mask(self) -> np.ndarray | None:
         """bool [width], True where the next token is allowed; None: unconstrained."""
         if self.phase == "after":

@@ -117,9 +117,9 @@ def string_dfa(schema: dict[str, Any], lo: int, hi: int | None) -> Dfa | None:
     """The DFA a string schema is held to (`pattern`, else a known `format`), or None."""
     if lo or hi is not None:
         return None
-    pattern = schema.get("pattern")
+    pattern, fmt = schema.get("pattern"), schema.get("format")
     if not isinstance(pattern, str):
-        pattern = FORMATS.get(schema.get("format"))  # type: ignore[arg-type]
+        pattern = FORMATS.get(fmt) if isinstance(fmt, str) else None
     return compiled(pattern) if isinstance(pattern, str) else None
 
 
