@@ -130,3 +130,22 @@ def test_min_tokens_does_not_force_more_calls(real: ServerHarness) -> None:
         temperature=1.0, seed=3, reasoning_effort="none", extra_body={"min_tokens": 120})
     calls = out.choices[0].message.tool_calls
     assert calls and len(calls) == 1 and out.choices[0].finish_reason == "tool_calls"
+
+
+def test_anthropic_streamed_strict_tool(real: ServerHarness) -> None:
+    client = anthropic.Anthropic(base_url=real.base_url, api_key="unused", max_retries=0, timeout=60)
+    with client.messages.stream(model="m", max_tokens=200, messages=USER, thinking={"type": "disabled"},
+                                tools=[{"name": "note", "input_schema": NOTE, "strict": True}],
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
+        final = stream.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and len(uses) == 1
+    assert jsonschema_rs.validator_for(NOTE).is_valid(uses[0].input)
+
+
+def test_responses_streamed_required_call(real: ServerHarness) -> None:
+    stream = real.openai().responses.create(
+        model="m", input="Take a note.", tool_choice="required", max_output_tokens=200, temperature=1.0, stream=True,
+        reasoning={"effort": "none"}, tools=[{"type": "function", "name": "note", "parameters": NOTE, "strict": False}])
+    done = [e for e in stream if e.type == "response.function_call_arguments.done"]
+    assert done and jsonschema_rs.validator_for(NOTE).is_valid(json.loads(done[0].arguments))
