@@ -1,4 +1,5 @@
-"""Strings held to `pattern` and known `format`s: the grammar takes a string exactly where
+"""Strings held to `pattern` and known `format`s (with minLength / maxLength beside them or
+not): the grammar takes a string exactly where
 an independent validator (jsonschema_rs, formats validated) does, among the strings the
 pattern leaf writes (printable ASCII, no escapes); random walks never dead-end and always
 validate; patterns outside the subset and conflicting allOf patterns stay unenforced; the
@@ -61,6 +62,20 @@ def test_pattern_taken_exactly_where_valid(index: int) -> None:
         assert complete(grammar, text) == (writable(text) and check.is_valid(text)), (PATTERNS[index], text)
 
 
+@pytest.mark.parametrize("pattern, lo, hi", [
+    (r"^[a-z]+$", 3, 5), (r"^(ab)+$", 3, None), (r"^[A-Z]{3}-\d{2,4}$", 0, 7), (r"abc", 5, 8),
+    (r"^x*$", 2, 2), (r"^\w+@\w+\.(com|org)$", 9, None),
+])
+def test_pattern_with_lengths(pattern: str, lo: int, hi: int | None) -> None:
+    schema = {"type": "string", "pattern": pattern, "minLength": lo, **({} if hi is None else {"maxLength": hi})}
+    grammar, check, rng = Grammar.from_schema(schema), jsonschema_rs.validator_for(schema), random.Random(pattern)
+    made = samples(Rows(grammar), rng, 30, b'"zabc' if pattern == "abc" else b"")
+    assert all(check.is_valid(s) for s in made), made
+    noise = ["".join(rng.choice("abcxzAB@.-12com") for _ in range(rng.randint(0, 12))) for _ in range(400)]
+    for text in made + noise + ["abab", "ababa", "ABC-12", "ABC-1234", "xx", "zabcz", "a@b.com", "abc@de.org"]:
+        assert complete(grammar, text) == (writable(text) and check.is_valid(text)), (schema, text)
+
+
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_formats_write_only_valid_values(fmt: str) -> None:
     schema = {"type": "string", "format": fmt}
@@ -74,7 +89,7 @@ def test_formats_write_only_valid_values(fmt: str) -> None:
 def test_what_stays_unenforced() -> None:
     for schema in ({"type": "string", "pattern": r"(?=a)b"}, {"type": "string", "pattern": r"^(a)\1$"},
                    {"type": "string", "format": "color"}, {"type": "string", "pattern": "^é+$"},
-                   {"type": "string", "pattern": "^a", "maxLength": 5},
+                   {"type": "string", "format": "date", "maxLength": 5},  # no date fits: the lengths hold
                    {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}):
         assert complete(Grammar.from_schema(schema), "zz"), schema
     assert not complete(Grammar.from_schema({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "^a"}]}), "zz")

@@ -277,8 +277,8 @@ class Lowering:
             return self._shared(("number", integer, num), lambda: RangedNumber(integer, num))
         if ir.kind == "string":
             if ir.dfa is not None:
-                dfa = ir.dfa
-                return self._shared(("pattern", id(dfa)), lambda: PatternString(dfa))
+                dfa, lo, hi = ir.dfa, ir.lo, ir.hi
+                return self._shared(("pattern", id(dfa), lo, hi), lambda: PatternString(dfa, lo, hi))
             if ir.lo == 0 and ir.hi is None:
                 return FREE
             return self._shared(("string", ir.lo, ir.hi), lambda: BoundedString(ir.lo, ir.hi))

@@ -9,8 +9,8 @@ Enforced (ENFORCED):
   nullable (OpenAPI: adds null), minimum, maximum, exclusiveMinimum, exclusiveMaximum
   (numbers, or draft 4's flags; a bounded number is written without an exponent:
   ranged_number.py), pattern and format (a regex subset and the formats of
-  pattern_string.py; a pattern outside them, an unknown format, or either beside
-  minLength/maxLength is accepted, not enforced).
+  pattern_string.py, with minLength/maxLength where given; a pattern outside them or an
+  unknown format is accepted, not enforced).
 Accepted but NOT enforced (UNENFORCED; they narrow values in ways a byte grammar cannot
 check cheaply, so the output may break them):
   multipleOf, uniqueItems, minProperties, maxProperties, contentEncoding, contentMediaType.

@@ -5,8 +5,9 @@ A string with a pattern or format is written without escapes, in printable ASCII
 or `\\`): a subset of the valid instances, so every one the grammar writes matches. A
 format is a pattern that only writes valid values (`date` days 01-28, e-mail and URI parts
 of bounded length): `FORMATS`. Not enforced (as before): a pattern outside regex.py's
-subset, or one no such string matches; an unknown format; a pattern or format beside
-`minLength` / `maxLength` (the lengths are).
+subset, or one no such string matches; an unknown format. Beside `minLength` /
+`maxLength` both hold (`Paths`), unless the lengths make the pattern too costly to follow or
+leave it no string: then the lengths alone do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from edgemoe.structured.scalars import QUOTE, Frame, Leaf, Parents, Thread
 
 MAX_DFA = 4000  # states; past it the pattern is left unenforced
 MAX_WORK = 600_000  # (NFA state, character) pairs visited while determinising: a hostile pattern's bound
+MAX_PATH_WORK = 2_000_000  # DFA states x lengths x successors, for a pattern beside minLength / maxLength
 
 _DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])"
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
@@ -113,14 +115,53 @@ def compiled(pattern: str) -> Dfa | None:
         return None
 
 
-def string_dfa(schema: dict[str, Any], lo: int, hi: int | None) -> Dfa | None:
-    """The DFA a string schema is held to (`pattern`, else a known `format`), or None."""
-    if lo or hi is not None:
+class Paths:
+    """For a pattern with `minLength` / `maxLength` (code points: one byte each here): which
+    lengths of path lead from each DFA state to acceptance (`reach[s]` bit r: one of r
+    characters does), up to `cap` — maxLength, or minLength plus the state count, past which
+    a longer path exists iff one in the window does (a cycle repeats)."""
+
+    def __init__(self, dfa: Dfa, lo: int, hi: int | None) -> None:
+        n = len(dfa.moves)
+        self.lo, self.hi = lo, hi
+        self.cap = hi if hi is not None else lo + n
+        succ = [set(row.values()) for row in dfa.moves]
+        if n * (self.cap + 1) * max(1, max(map(len, succ))) > MAX_PATH_WORK:
+            raise Unsupported("pattern with lengths too complex")
+        reach = [0] * n
+        layer = {s for s in range(n) if dfa.accepting[s]}
+        for r in range(self.cap + 1):
+            for s in layer:
+                reach[s] |= 1 << r
+            layer = {s for s in range(n) if succ[s] & layer}
+        self.reach = reach
+
+    def viable(self, state: int, count: int) -> bool:
+        """Whether `state`, `count` characters in, can still end within the lengths."""
+        first = max(0, self.lo - count)
+        last = self.cap if self.hi is None else self.hi - count
+        return last >= first and (self.reach[state] >> first) & ((1 << (last - first + 1)) - 1) != 0
+
+
+@lru_cache(maxsize=256)
+def paths(dfa: Dfa, lo: int, hi: int | None) -> Paths | None:
+    try:
+        got = Paths(dfa, lo, hi)
+    except Unsupported:
         return None
+    return got if got.viable(0, 0) else None
+
+
+def string_dfa(schema: dict[str, Any], lo: int, hi: int | None) -> Dfa | None:
+    """The DFA a string schema is held to (`pattern`, else a known `format`), with its
+    lengths where it has them; None where neither is enforced (then the lengths alone are)."""
     pattern, fmt = schema.get("pattern"), schema.get("format")
     if not isinstance(pattern, str):
         pattern = FORMATS.get(fmt) if isinstance(fmt, str) else None
-    return compiled(pattern) if isinstance(pattern, str) else None
+    dfa = compiled(pattern) if isinstance(pattern, str) else None
+    if dfa is not None and (lo or hi is not None) and paths(dfa, lo, hi) is None:
+        return None
+    return dfa
 
 
 def fits_pattern(schema: dict[str, Any], value: str) -> bool:
@@ -130,25 +171,32 @@ def fits_pattern(schema: dict[str, Any], value: str) -> bool:
 
 
 class PatternString(Leaf):
-    """A string whose body is a walk through `dfa`; frames `(self, state)`."""
+    """A string whose body is a walk through `dfa`, `lo`..`hi` characters long; frames
+    `(self, state, count)`, the count saturated at `lo` when there is no `hi`."""
 
-    __slots__ = ("dfa",)
+    __slots__ = ("dfa", "paths", "lo", "hi")
 
-    def __init__(self, dfa: Dfa) -> None:
-        self.dfa = dfa
+    def __init__(self, dfa: Dfa, lo: int = 0, hi: int | None = None) -> None:
+        self.dfa, self.lo, self.hi = dfa, lo, hi
+        self.paths = paths(dfa, lo, hi) if lo or hi is not None else None
 
     def first_bytes(self) -> Iterable[int]:
         return (QUOTE,)
 
     def begin(self, byte: int, parents: Parents, depth: int) -> Iterable[Thread]:
-        return (((self, 0), parents),)
+        return (((self, 0, 0), parents),)
 
     def step(self, thread: Thread, byte: int) -> Iterable[Thread]:
-        state = thread[0][1]
+        _, state, count = thread[0]
         if byte == QUOTE:
-            return thread[1] if self.dfa.accepting[state] else ()
+            return thread[1] if self.dfa.accepting[state] and count >= self.lo else ()
         nxt = self.dfa.moves[state].get(byte) if byte in ALPHABET else None
-        return () if nxt is None else (((self, nxt), thread[1]),)
+        if nxt is None:
+            return ()
+        if self.paths is None:
+            return (((self, nxt, 0), thread[1]),)
+        count = count + 1 if self.hi is not None or count < self.lo else count
+        return (((self, nxt, count), thread[1]),) if self.paths.viable(nxt, count) else ()
 
     def can_end(self, frame: Frame) -> bool:
         return False
