@@ -90,3 +90,10 @@ def test_the_chooser() -> None:
     assert forced is not None and forced.target == "calls" and forced.primed  # the forced call wins
     named = _output_constraint(model(), request(named_tool="a"), OPENING[:-1] + 'a", "arguments":')  # type: ignore[arg-type]
     assert named is not None and named.target == "value"
+
+
+def test_too_many_tools_for_strict_calls() -> None:
+    many = [tool(f"t{i}", {"type": "object"}) for i in range(600)]
+    assert call_format("hermes", many, OPENING) is None  # required, not strict: served unconstrained
+    with pytest.raises(APIError, match="at most 512 tools"):
+        call_format("hermes", [*many, tool("s", {"type": "object"}, True)], "")

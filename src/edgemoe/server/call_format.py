@@ -29,6 +29,7 @@ from edgemoe.structured.call_schema import call_schema
 
 CALL_OPEN = "<tool_call>"
 CACHED_KEY_BYTES = 1 << 20  # tool sets up to this much JSON have their checked schema cached
+MAX_TOOLS = 512  # constrained calls over at most this many tools (OpenAI takes 128 a request)
 _REFUSED = (GrammarError, RecursionError, TypeError, ValueError)
 
 
@@ -40,7 +41,13 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
     if tool_format != "hermes" or not tools:
         return None
     entries = _entries(tools)
-    if not entries or not (forced or any(strict for _, _, strict in entries)):
+    strict = any(s for _, _, s in entries)
+    if not entries or not (forced or strict):
+        return None
+    if len(entries) > MAX_TOOLS:  # each tool's schema is compiled: bound the work a request asks for
+        if strict:
+            raise bad_request(f"tools: strict calls are enforced over at most {MAX_TOOLS} tools "
+                              f"(got {len(entries)})", param="tools")
         return None
     key = json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
     schema = _checked(key) if len(key) <= CACHED_KEY_BYTES else _checked.__wrapped__(key)
