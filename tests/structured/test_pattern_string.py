@@ -105,3 +105,15 @@ def test_masks_equal_brute_force_along_an_instance() -> None:
                                                "code": {"type": "string", "pattern": r"^[A-Z]{2}\d+$"}},
               "required": ["at", "code"]}
     states_checked_along(schema, '{"at": "2024-05-06T07:08:09.5+01:00", "code": "AB12"}')
+
+
+def test_a_schemas_patterns_share_a_work_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the schema's budget a pattern goes unenforced there, and is not remembered so:
+    alone it is enforced."""
+    import edgemoe.structured.pattern_string as ps
+    monkeypatch.setattr(ps, "SCHEMA_WORK", 3000)
+    props = {f"p{i}": {"type": "string", "pattern": f"^[a-z]{{{i + 1}}}q$"} for i in range(40)}
+    grammar = Grammar.from_schema({"type": "object", "properties": props, "required": ["p39"]})
+    state = grammar.advance_bytes(grammar.start(), b'{"p39": "zz"}')
+    assert state is not None and grammar.is_complete(state)  # unenforced in this schema
+    assert not complete(Grammar.from_schema(props["p39"]), "zz") and complete(Grammar.from_schema(props["p39"]), "a" * 40 + "q")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.nodes import ANY, ArrayLeaf, DictLeaf, ObjectLeaf, Slot
-from edgemoe.structured.pattern_string import Dfa, PatternString
+from edgemoe.structured.pattern_string import PatternRule, PatternString
 from edgemoe.structured.ranged_number import NumRange, RangedNumber
 from edgemoe.structured.scalars import FREE, INTEGER, MAX_NESTING, NUMBER, BoundedString, Leaf, Literals
 
@@ -47,7 +47,7 @@ class LeafIR:
     hi: int | None = None  # array maxItems / string maxLength
     texts: frozenset[bytes] = frozenset()  # literals
     num: NumRange | None = None  # number / integer: minimum, maximum, exclusive ones
-    dfa: Dfa | None = None  # string: its pattern or format, where enforced
+    pattern: PatternRule | None = None  # string: its pattern or format, where enforced
 
     def needs(self) -> list[SlotIR | None]:
         """Slots that must produce a value for this leaf to (None: a position with no schema)."""
@@ -276,9 +276,9 @@ class Lowering:
                 return INTEGER if integer else NUMBER
             return self._shared(("number", integer, num), lambda: RangedNumber(integer, num))
         if ir.kind == "string":
-            if ir.dfa is not None:
-                dfa, lo, hi = ir.dfa, ir.lo, ir.hi
-                return self._shared(("pattern", id(dfa), lo, hi), lambda: PatternString(dfa, lo, hi))
+            if ir.pattern is not None:
+                rule, lo, hi = ir.pattern, ir.lo, ir.hi
+                return self._shared(("pattern", id(rule.dfa), lo, hi), lambda: PatternString(rule, lo, hi))
             if ir.lo == 0 and ir.hi is None:
                 return FREE
             return self._shared(("string", ir.lo, ir.hi), lambda: BoundedString(ir.lo, ir.hi))

@@ -31,6 +31,7 @@ the limit only values that still fit are offered.
 from __future__ import annotations
 
 from edgemoe.structured.nodes import ANY_OBJECT, RootLeaf, Slot
+from edgemoe.structured.pattern_string import pattern_budget
 from edgemoe.structured.scalars import (
     DONE_FRAME, DONE_THREAD, FREE_BODY, FREE_STRING_BYTES, UNBOUNDED_ROOM, BoundedString, Thread,
 )
@@ -57,7 +58,8 @@ class Grammar:
     @classmethod
     def from_schema(cls, schema: object) -> "Grammar":
         """A JSON Schema (dict, or True for any value); raises GrammarError."""
-        return cls(compile_schema(schema))
+        with pattern_budget():  # a schema's patterns share one bound on the work they take
+            return cls(compile_schema(schema))
 
     @classmethod
     def json_object(cls) -> "Grammar":

@@ -12,6 +12,10 @@ leave it no string: then the lengths alone do.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable
 
@@ -20,7 +24,35 @@ from edgemoe.structured.scalars import QUOTE, Frame, Leaf, Parents, Thread
 
 MAX_DFA = 4000  # states; past it the pattern is left unenforced
 MAX_WORK = 600_000  # (NFA state, character) pairs visited while determinising: a hostile pattern's bound
-MAX_PATH_WORK = 2_000_000  # DFA states x lengths x successors, for a pattern beside minLength / maxLength
+MAX_PATH_WORK = 300_000  # DFA states x lengths x successors, for a pattern beside minLength / maxLength
+SCHEMA_WORK = 3 * MAX_WORK  # one schema's patterns together (a schema may hold thousands): ~0.5 s
+_budget: ContextVar[list[int] | None] = ContextVar("pattern_budget", default=None)
+
+
+class OverBudget(Exception):
+    """The schema's patterns used up its budget: this one is left unenforced (not cached:
+    alone, in another schema, it may be enforced)."""
+
+
+@contextmanager
+def pattern_budget() -> Iterator[None]:
+    """Bound the work of compiling one schema's patterns (`Grammar.from_schema`)."""
+    token = _budget.set([SCHEMA_WORK])
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def _charge(work: int, limit: int, what: str) -> None:
+    """Count `work` against one pattern's `limit` (Unsupported: cached) and the schema's budget."""
+    if work > limit:
+        raise Unsupported(f"{what} too complex")
+    budget = _budget.get()
+    if budget is not None:
+        if work > budget[0]:
+            raise OverBudget(what)
+        budget[0] -= work
 
 _DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])"
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
@@ -46,9 +78,9 @@ class Dfa:
         i = work = 0
         while i < len(sets):
             row: dict[int, int] = {}
-            work += sum(len(chars) for s in sets[i] for chars, _ in nfa.moves[s])
-            if work > MAX_WORK:
-                raise Unsupported("pattern too complex to determinise")
+            step = sum(len(chars) for s in sets[i] for chars, _ in nfa.moves[s])
+            _charge(step, MAX_WORK - work, "pattern")
+            work += step
             for byte, targets in _step(nfa, sets[i]).items():
                 nxt = _closure(nfa, targets)
                 if nxt not in index:
@@ -126,8 +158,7 @@ class Paths:
         self.lo, self.hi = lo, hi
         self.cap = hi if hi is not None else lo + n
         succ = [set(row.values()) for row in dfa.moves]
-        if n * (self.cap + 1) * max(1, max(map(len, succ))) > MAX_PATH_WORK:
-            raise Unsupported("pattern with lengths too complex")
+        _charge(n * (self.cap + 1) * max(1, max(map(len, succ))), MAX_PATH_WORK, "pattern with lengths")
         reach = [0] * n
         layer = {s for s in range(n) if dfa.accepting[s]}
         for r in range(self.cap + 1):
@@ -152,33 +183,46 @@ def paths(dfa: Dfa, lo: int, hi: int | None) -> Paths | None:
     return got if got.viable(0, 0) else None
 
 
-def string_dfa(schema: dict[str, Any], lo: int, hi: int | None) -> Dfa | None:
-    """The DFA a string schema is held to (`pattern`, else a known `format`), with its
-    lengths where it has them; None where neither is enforced (then the lengths alone are)."""
+@dataclass(frozen=True, eq=False)
+class PatternRule:
+    """What a string is held to: a DFA, and the lengths' paths through it where it has them."""
+
+    dfa: Dfa
+    paths: Paths | None
+
+
+def string_pattern(schema: dict[str, Any], lo: int, hi: int | None) -> PatternRule | None:
+    """A string schema's `pattern` (else its known `format`), with its lengths where it has
+    them; None where neither is enforced (then the lengths alone are)."""
     pattern, fmt = schema.get("pattern"), schema.get("format")
     if not isinstance(pattern, str):
         pattern = FORMATS.get(fmt) if isinstance(fmt, str) else None
-    dfa = compiled(pattern) if isinstance(pattern, str) else None
-    if dfa is not None and (lo or hi is not None) and paths(dfa, lo, hi) is None:
+    try:
+        dfa = compiled(pattern) if isinstance(pattern, str) else None
+        if dfa is None:
+            return None
+        lengths = paths(dfa, lo, hi) if lo or hi is not None else None
+    except OverBudget:
         return None
-    return dfa
+    if (lo or hi is not None) and lengths is None:
+        return None
+    return PatternRule(dfa, lengths)
 
 
 def fits_pattern(schema: dict[str, Any], value: str) -> bool:
     """Whether an enum/const string may be written where the schema's pattern is enforced."""
-    dfa = string_dfa(schema, 0, None)
-    return dfa is None or dfa.matches(value)
+    rule = string_pattern(schema, 0, None)
+    return rule is None or rule.dfa.matches(value)
 
 
 class PatternString(Leaf):
-    """A string whose body is a walk through `dfa`, `lo`..`hi` characters long; frames
-    `(self, state, count)`, the count saturated at `lo` when there is no `hi`."""
+    """A string whose body is a walk through the rule's DFA, `lo`..`hi` characters long;
+    frames `(self, state, count)`, the count saturated at `lo` when there is no `hi`."""
 
     __slots__ = ("dfa", "paths", "lo", "hi")
 
-    def __init__(self, dfa: Dfa, lo: int = 0, hi: int | None = None) -> None:
-        self.dfa, self.lo, self.hi = dfa, lo, hi
-        self.paths = paths(dfa, lo, hi) if lo or hi is not None else None
+    def __init__(self, rule: PatternRule, lo: int = 0, hi: int | None = None) -> None:
+        self.dfa, self.paths, self.lo, self.hi = rule.dfa, rule.paths, lo, hi
 
     def first_bytes(self) -> Iterable[int]:
         return (QUOTE,)

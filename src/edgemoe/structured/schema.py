@@ -35,7 +35,7 @@ from edgemoe.structured.ir import LeafIR, SlotIR, lower
 from edgemoe.structured.keywords import ENFORCED, IMPLIES, KNOWN, TYPES
 from edgemoe.structured.merge import merge_all
 from edgemoe.structured.nodes import Slot
-from edgemoe.structured.pattern_string import fits_pattern, string_dfa
+from edgemoe.structured.pattern_string import fits_pattern, string_pattern
 from edgemoe.structured.ranged_number import as_fraction, number_range, read_range
 
 MAX_SUBSCHEMAS = 5000
@@ -343,7 +343,7 @@ class _Compiler:
             lo, hi = _count(schema, "minLength", path) or 0, _count(schema, "maxLength", path)
             if hi is not None and lo > hi:
                 raise GrammarError(_join(path, "minLength"), f"minLength {lo} > maxLength {hi}")
-            slot.leaves.append(LeafIR("string", path, lo=lo, hi=hi, dfa=string_dfa(schema, lo, hi)))
+            slot.leaves.append(LeafIR("string", path, lo=lo, hi=hi, pattern=string_pattern(schema, lo, hi)))
         elif name == "array":
             slot.leaves.append(self._array(schema, path, depth))
         else:
