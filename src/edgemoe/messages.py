@@ -33,13 +33,16 @@ class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     `target="calls"`: the output is free, but inside each Hermes `<tool_call>` … `</tool_call>`
     the JSON must match `schema` (`structured/call_constraint.py`); `primed` is the call's
     text the prompt already ends with (after its `<tool_call>`), for a forced call;
-    `one_call`: no call after the first (`parallel_tool_calls` false)."""
+    `one_call`: no call after the first (`parallel_tool_calls` false). A "value" target with
+    `calls_schema` (the calls' schema) may instead be tool calls, chosen by its first token
+    (`structured/value_or_calls.py`)."""
 
     schema: str | None = None
     reasoning: str = "none"
     target: str = "value"
     primed: str | None = None
     one_call: bool = False
+    calls_schema: str | None = None
 
 
 MAX_SCHEMA_BYTES = 256 * 1024  # a structured output's schema, as JSON text
@@ -131,7 +134,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              f"must be token ids between 0 and {count}"),
             (self.structured is None or self.structured.reasoning in ("none", "open", "start"), "structured",
              "reasoning must be 'none', 'open' or 'start'"),
-            (self.structured is None or len((self.structured.schema or "").encode()) <= MAX_SCHEMA_BYTES,
+            (self.structured is None or max(len((self.structured.schema or "").encode()),
+                                            len((self.structured.calls_schema or "").encode())) <= MAX_SCHEMA_BYTES,
              "structured", f"schema may be at most {MAX_SCHEMA_BYTES} bytes of JSON"),
             (self.structured is None or self.structured.target in ("value", "calls"), "structured",
              "target must be 'value' or 'calls'"),

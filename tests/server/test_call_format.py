@@ -81,7 +81,10 @@ def request(**kw: object) -> GenerationRequest:
 def test_the_chooser() -> None:
     fmt = OutputFormat(None)
     assert _output_constraint(model(), request(), "").target == "calls"  # type: ignore[arg-type,union-attr]
-    assert _output_constraint(model(), request(output_format=fmt), "") is fmt  # type: ignore[arg-type]
+    beside = _output_constraint(model(), request(output_format=fmt), "")  # type: ignore[arg-type]
+    assert beside is not None and beside.target == "value" and beside.calls  # the JSON, or calls
+    assert _output_constraint(model("qwen3_coder"), request(output_format=fmt), "") is fmt  # type: ignore[arg-type]
+    assert _output_constraint(model(), request(output_format=fmt, tool_choice="none"), "") is fmt  # type: ignore[arg-type]
     assert _output_constraint(model(), request(tool_choice="none"), "") is None  # type: ignore[arg-type]
     assert _output_constraint(model(), request(parse_output=False), "") is None  # type: ignore[arg-type]
     assert _output_constraint(model(tags=False), request(), "") is None  # type: ignore[arg-type]

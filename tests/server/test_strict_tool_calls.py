@@ -149,3 +149,24 @@ def test_responses_streamed_required_call(real: ServerHarness) -> None:
         reasoning={"effort": "none"}, tools=[{"type": "function", "name": "note", "parameters": NOTE, "strict": False}])
     done = [e for e in stream if e.type == "response.function_call_arguments.done"]
     assert done and jsonschema_rs.validator_for(NOTE).is_valid(json.loads(done[0].arguments))
+
+
+class Answer(BaseModel):
+    done: bool
+    room: Literal["hall", "kitchen"]
+
+
+@pytest.mark.parametrize("bias", [None, {str(OPEN_CALL): 30}])
+def test_a_response_format_beside_tools_allows_calls(real: ServerHarness, bias: dict | None) -> None:
+    """OpenAI's Agents SDK sends text.format and tools together: the turn is the JSON, or
+    tool calls (each valid for its tool) — here the random model is pushed to call."""
+    out = real.openai().chat.completions.parse(
+        model="m", messages=USER, tools=[function("note", NOTE, True)], response_format=Answer, max_tokens=300,
+        temperature=1.0, seed=7, reasoning_effort="none", parallel_tool_calls=False,
+        **({"logit_bias": bias} if bias else {}))
+    message = out.choices[0].message
+    if bias:
+        assert out.choices[0].finish_reason == "tool_calls" and message.tool_calls and not message.content
+        assert jsonschema_rs.validator_for(NOTE).is_valid(json.loads(message.tool_calls[0].function.arguments))
+    else:
+        assert out.choices[0].finish_reason == "stop" and isinstance(message.parsed, Answer) and not message.tool_calls

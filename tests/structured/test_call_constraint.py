@@ -162,3 +162,28 @@ def test_a_special_token_between_tag_pieces_does_not_hide_it() -> None:
     feed(c, [*t.encode(" <tool", add_special_tokens=False).ids, box, t.token_to_id("_call")])
     m = c.mask()
     assert m is not None and not m[t.token_to_id(">")] and m[TAGS.open]
+
+
+def test_value_or_calls_is_chosen_by_the_first_token() -> None:
+    from edgemoe.structured.constraint import OutputConstraint
+    from edgemoe.structured.value_or_calls import ValueOrCalls
+    token_bytes, vocab = qwen_vocab()
+    t = tokenizer()
+
+    def both() -> ValueOrCalls:
+        value = OutputConstraint(TokenMasks(PaddedValue(Grammar.from_schema(LIGHT)), vocab), token_bytes,
+                                 frozenset({EOS}), "start", THINK)
+        return ValueOrCalls(value, constraint(), TAGS.open)
+
+    c = both()
+    first = c.mask()
+    assert first is not None and first[TAGS.open] and first[t.token_to_id("{")] and first[THINK.open]
+    feed(c, [THINK.open, t.token_to_id("hmm"), THINK.close, t.encode("\n\n", add_special_tokens=False).ids[0]])
+    assert c.mask()[TAGS.open]  # type: ignore[index]  # still before the value
+    feed(c, [t.token_to_id("{")])
+    m = c.mask()
+    assert m is not None and not m[TAGS.open] and not c.calling  # committed to the value
+    c = both()
+    feed(c, [TAGS.open])
+    m = c.mask()
+    assert c.calling and m is not None and m[t.token_to_id("{")] and not m[EOS]  # inside a call

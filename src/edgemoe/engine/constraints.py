@@ -9,8 +9,9 @@ runs on the device, and go to the device as one bool [B, V] copy.
 
 The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
 grammars are compiled once per schema text and kept for the last `GRAMMARS`. A request's
-constraint is an `OutputConstraint` (the output is one JSON value) or a `CallConstraint`
-(its Hermes tool calls' JSON, `StructuredOutput.target="calls"`).
+constraint is an `OutputConstraint` (the output is one JSON value), a `CallConstraint`
+(its Hermes tool calls' JSON, `StructuredOutput.target="calls"`), or a `ValueOrCalls` (a
+value, or calls, as its first token picks: `calls_schema` beside a response format).
 """
 
 from __future__ import annotations
@@ -30,18 +31,21 @@ from edgemoe.structured.call_constraint import CallConstraint, CallRules
 from edgemoe.structured.call_tokens import CallTags, CallTokens, SpaceTokens, SpelledTag
 from edgemoe.structured.constraint import OutputConstraint, PaddedValue, ThinkTokens
 from edgemoe.structured.token_masks import TokenMasks
+from edgemoe.structured.value_or_calls import ValueOrCalls
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
 
 GRAMMARS = 32
+Constraint = OutputConstraint | CallConstraint | ValueOrCalls
 log = logging.getLogger(__name__)
 
 
-def compile_grammar(spec: StructuredOutput) -> Grammar:
-    """The grammar of a structured output; ValueError naming the schema's fault."""
-    if spec.schema is None:
+def compile_grammar(text: str | None) -> Grammar:
+    """The grammar of a structured output's schema text (None: any JSON object); ValueError
+    naming the schema's fault."""
+    if text is None:
         return Grammar.json_object()
     try:
-        schema = json.loads(spec.schema)
+        schema = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"structured output: the schema is not JSON ({exc})") from exc
     try:
@@ -65,11 +69,11 @@ class Constraints:
         self._masks: OrderedDict[str | None, TokenMasks] = OrderedDict()
         self._think = _think_tokens(tokenizer)
         self._call_tags = _call_tags(tokenizer)
-        self.by_request: dict[str, OutputConstraint | CallConstraint] = {}
+        self.by_request: dict[str, Constraint] = {}
 
     def check(self, spec: StructuredOutput) -> None:
         """Compile (or find) the spec's grammar; ValueError naming what is wrong with it."""
-        if spec.target == "calls" and self._call_tags is None:
+        if (spec.target == "calls" or spec.calls_schema is not None) and self._call_tags is None:
             raise ValueError("structured output: the tokenizer has no <tool_call> and </tool_call> tokens")
         self._constraint(spec, (), 0)
 
@@ -77,18 +81,20 @@ class Constraints:
         """Start constraining a request (its spec was checked by `check`)."""
         self.by_request[request_id] = self._constraint(spec, stop_ids, min_tokens)
 
-    def _constraint(self, spec: StructuredOutput, stop_ids: Sequence[int],
-                    min_tokens: int) -> OutputConstraint | CallConstraint:
-        masks = self._masks_for(spec)
+    def _constraint(self, spec: StructuredOutput, stop_ids: Sequence[int], min_tokens: int) -> Constraint:
+        masks = self._masks_for(spec.schema)
         assert self._bytes is not None
         reasoning = spec.reasoning if spec.reasoning in ("open", "start") else "none"
         eos = self._eos | frozenset(stop_ids)
+        rules = CallRules(eos, spec.one_call, min_tokens)
         if spec.target == "calls":
-            tokens = self._calls()
             primed = spec.primed.encode() if spec.primed is not None else None
-            rules = CallRules(eos, spec.one_call, min_tokens)
-            return CallConstraint(masks, self._bytes, tokens, rules, reasoning, self._think, primed)  # type: ignore[arg-type]
-        return OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
+            return CallConstraint(masks, self._bytes, self._calls(), rules, reasoning, self._think, primed)  # type: ignore[arg-type]
+        value = OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
+        if spec.calls_schema is None:
+            return value
+        calls = CallConstraint(self._masks_for(spec.calls_schema), self._bytes, self._calls(), rules, "none", None)
+        return ValueOrCalls(value, calls, self._calls().tags.open)
 
     def release(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)
@@ -127,11 +133,10 @@ class Constraints:
             _unconstrain(request_id, c)
             return None
 
-    def _masks_for(self, spec: StructuredOutput) -> TokenMasks:
-        key = spec.schema
+    def _masks_for(self, key: str | None) -> TokenMasks:
         masks = self._masks.get(key)
         if masks is None:
-            grammar = compile_grammar(spec)
+            grammar = compile_grammar(key)
             if self._vocab is None:
                 self._bytes = grammar_token_bytes(self._tokenizer)
                 self._vocab = Vocabulary(self._bytes, self._width)
@@ -150,7 +155,7 @@ class Constraints:
         return self._call_tokens
 
 
-def _unconstrain(request_id: str, c: OutputConstraint | CallConstraint) -> None:
+def _unconstrain(request_id: str, c: Constraint) -> None:
     """A grammar bug must not stop the engine: the request's output goes unconstrained."""
     log.exception("structured output: request %s's grammar failed; its output is no longer constrained", request_id)
     c.unconstrain()

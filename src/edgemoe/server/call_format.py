@@ -34,15 +34,16 @@ _REFUSED = (GrammarError, RecursionError, TypeError, ValueError)
 
 
 def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, forced: str,
-                one_call: bool = False) -> OutputFormat | None:
+                one_call: bool = False, always: bool = False) -> OutputFormat | None:
     """The calls' format of a request with active `tools` (`forced`: the forced opening its
-    prompt ends with, '' for none; `one_call`: parallel calls off); None where calls are not
-    constrained. Compiles schemas: call it off the event loop."""
+    prompt ends with, '' for none; `one_call`: parallel calls off; `always`: whether or not
+    a tool is strict, as beside a response format); None where calls are not constrained.
+    Compiles schemas: call it off the event loop."""
     if tool_format != "hermes" or not tools:
         return None
     entries = _entries(tools)
     strict = any(s for _, _, s in entries)
-    if not entries or not (forced or strict):
+    if not entries or not (forced or strict or always):
         return None
     if len(entries) > MAX_TOOLS:  # each tool's schema is compiled: bound the work a request asks for
         if strict:

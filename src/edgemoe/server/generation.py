@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import replace
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -284,16 +285,17 @@ class Generation:
 def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) -> OutputFormat | None:
     """What the output is held to: a forced call's turn is the call (thinking off), its
     arguments (named) or calls (required), not the response format; else the response
-    format, or the calls when a tool is strict (server/call_format.py)."""
+    format (or, with tools, the format or tool calls: structured/value_or_calls.py), or the
+    calls when a tool is strict (server/call_format.py)."""
     if forced and req.named_tool is not None:
         return forced_arguments(model.tool_parser, req.named_tool, req.tools)
+    tools_active = req.parse_output and req.tool_choice != "none"
+    tool_format = model.tool_parser if model.teaches_calls and model.writes_call_tags and tools_active else None
     if req.output_format is not None and not forced:
-        return req.output_format
-    if not req.parse_output or req.tool_choice == "none":
-        return None
-    writes_calls = model.teaches_calls and model.writes_call_tags
-    return call_format(model.tool_parser if writes_calls else None, req.tools, forced,
-                       one_call=not req.parallel_tool_calls)
+        calls = call_format(tool_format, req.tools, "", one_call=not req.parallel_tool_calls, always=True)
+        return req.output_format if calls is None else replace(req.output_format, calls=calls.schema,
+                                                               one_call=calls.one_call)
+    return call_format(tool_format, req.tools, forced, one_call=not req.parallel_tool_calls)
 
 
 async def start_generation(

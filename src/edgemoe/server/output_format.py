@@ -41,6 +41,7 @@ class OutputFormat:
     target: str = "value"
     primed: str | None = None
     one_call: bool = False
+    calls: str | None = None  # beside a response format: the tool calls' schema (the turn may be calls)
 
 
 def chat_response_format(value: object) -> OutputFormat | None:
@@ -115,7 +116,7 @@ def with_output_format(params: SamplingParams, fmt: OutputFormat | None, *, thin
         return params
     reasoning = ("open" if starts_in_reasoning else "start") if thinks else "none"
     spec = StructuredOutput(schema=fmt.schema, reasoning=reasoning, target=fmt.target, primed=fmt.primed,
-                            one_call=fmt.one_call)
+                            one_call=fmt.one_call, calls_schema=fmt.calls)
     return msgspec.structs.replace(params, structured=spec)
 
 

@@ -123,6 +123,10 @@ class OutputConstraint:
         """Whether the next token is masked (not while thinking, nor once ended)."""
         return self.phase in ("value", "first") and self.state is not None
 
+    def before_value(self) -> bool:
+        """Whether the value has not begun (its next token is the value's first, or space)."""
+        return self.active and isinstance(self.state, _Lead)
+
     def mask(self) -> np.ndarray | None:
         """bool [width], True where the next token is allowed; None: unconstrained."""
         if not self.active:
