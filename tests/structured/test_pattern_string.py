@@ -88,6 +88,7 @@ def test_formats_write_only_valid_values(fmt: str) -> None:
 
 def test_what_stays_unenforced() -> None:
     for schema in ({"type": "string", "pattern": r"(?=a)b"}, {"type": "string", "pattern": r"^(a)\1$"},
+                   {"type": "string", "pattern": "(?<name"},  # an unclosed group name (was a ValueError)
                    {"type": "string", "format": "color"}, {"type": "string", "pattern": "^é+$"},
                    {"type": "string", "format": "date", "maxLength": 5},  # no date fits: the lengths hold
                    {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}):

@@ -111,8 +111,9 @@ class _Parser:
             if self.peek() == "?":
                 self.i += 1
                 kind = self.take()
-                if kind == "<" and self.peek() not in ("=", "!"):
-                    self.i = self.text.index(">", self.i) + 1  # a named group
+                end = self.text.find(">", self.i)
+                if kind == "<" and self.peek() not in ("=", "!") and end > 0:
+                    self.i = end + 1  # a named group
                 elif kind != ":":
                     raise Unsupported("lookaround or another (? group")
             node = self.alternation()
@@ -132,13 +133,18 @@ class _Parser:
         return ("chars", frozenset({ord(c)}) & ALPHABET)
 
     def _escape(self) -> frozenset[int]:
+        got = self._escaped()
+        return got if isinstance(got, frozenset) else frozenset({got}) & ALPHABET
+
+    def _escaped(self) -> int | frozenset[int]:
+        """After a backslash: a class (`\\d`, `\\W`, ...) or an escaped punctuation character."""
         c = self.take()
         if c.lower() in _CLASSES:
             base = _CLASSES[c.lower()]
             return base if c.islower() else ALPHABET - base
         if c.isalnum():  # \b, \1, \u, \n, \t, ...: not in the subset (or not writable)
             raise Unsupported(f"the escape \\{c}")
-        return frozenset({ord(c)}) & ALPHABET
+        return ord(c)
 
     def _class(self) -> frozenset[int]:
         negate = self.peek() == "^"
@@ -166,15 +172,7 @@ class _Parser:
 
     def _class_char(self) -> int | frozenset[int]:
         c = self.take()
-        if c != "\\":
-            return ord(c)
-        e = self.take()
-        if e.lower() in _CLASSES:
-            base = _CLASSES[e.lower()]
-            return base if e.islower() else ALPHABET - base
-        if e.isalnum():
-            raise Unsupported(f"the escape \\{e} in a class")
-        return ord(e)
+        return ord(c) if c != "\\" else self._escaped()
 
 
 def parse(pattern: str) -> Node:
