@@ -17,12 +17,12 @@ A forced call to a named tool is `output_format.forced_arguments`; a response fo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 from edgemoe.messages import MAX_SCHEMA_BYTES
 from edgemoe.server.errors import bad_request
+from edgemoe.server.forced_call import tool_functions
 from edgemoe.server.output_format import OutputFormat
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_schema import call_schema
@@ -63,12 +63,7 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
 
 def _entries(tools: list[dict[str, Any]]) -> list[tuple[str, object, bool]]:
     """(name, parameters, strict) of each function tool."""
-    entries = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-        if isinstance(function.get("name"), str):
-            entries.append((function["name"], function.get("parameters"), function.get("strict") is True))
-    return entries
+    return [(f["name"], f.get("parameters"), f.get("strict") is True) for f in tool_functions(tools)]
 
 
 @lru_cache(maxsize=64)
@@ -97,15 +92,16 @@ def _arguments(name: str, parameters: object, strict: bool) -> object | None:
     parameters, or a non-strict tool's that the grammar refuses or that allow no object)."""
     if parameters is None or parameters == {} or parameters is True:
         return None
-    try:
-        Grammar.from_schema(parameters)
-    except _REFUSED as exc:  # a GrammarError says where in the schema
-        return _refused(name, strict, str(exc) or type(exc).__name__, exc)
-    try:
+    try:  # the tool's own call: its parameters as the grammar takes them, and as an object
         Grammar.from_schema(call_schema([(name, parameters)]))
+        return parameters
     except _REFUSED as exc:
-        return _refused(name, strict, "its parameters allow no JSON object (a call's arguments are one)", exc)
-    return parameters
+        wrapped = exc
+    try:  # refused: say why (a GrammarError on the parameters alone names the place)
+        Grammar.from_schema(parameters)
+    except _REFUSED as exc:
+        return _refused(name, strict, str(exc) or type(exc).__name__, exc)
+    return _refused(name, strict, "its parameters allow no JSON object (a call's arguments are one)", wrapped)
 
 
 def _refused(name: str, strict: bool, why: str, exc: Exception) -> None:

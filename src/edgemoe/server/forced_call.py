@@ -85,12 +85,18 @@ def check_tool_choice(req: GenerationRequest) -> None:
 
 
 def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
-    names = set()
+    return {function["name"] for function in tool_functions(tools)}
+
+
+def tool_functions(tools: list[dict[str, Any]] | None) -> list[Mapping[str, Any]]:
+    """Each function tool's definition that has a name (`{"type": "function", "function":
+    {...}}` as the routes give them, or the definition itself)."""
+    out = []
     for tool in tools or []:
         function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
         if isinstance(function.get("name"), str):
-            names.add(function["name"])
-    return names
+            out.append(function)
+    return out
 
 
 class PrimedParser(ResponseParser):

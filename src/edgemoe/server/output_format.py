@@ -29,6 +29,7 @@ import msgspec
 
 from edgemoe.messages import MAX_SCHEMA_BYTES, SamplingParams, StructuredOutput
 from edgemoe.server.errors import bad_request
+from edgemoe.server.forced_call import tool_functions
 from edgemoe.structured import Grammar, GrammarError
 
 
@@ -91,9 +92,8 @@ def forced_arguments(tool_format: str | None, named_tool: str | None,
     where the arguments object starts); None where nothing can be constrained."""
     if tool_format != "hermes" or named_tool is None:
         return None
-    for tool in tools or []:
-        function = tool.get("function") or {}
-        if function.get("name") == named_tool:
+    for function in tool_functions(tools):
+        if function["name"] == named_tool:
             schema = function.get("parameters")
             if schema is None or schema == {}:
                 return OutputFormat(None)

@@ -277,8 +277,8 @@ class Lowering:
             return self._shared(("number", integer, num), lambda: RangedNumber(integer, num))
         if ir.kind == "string":
             if ir.pattern is not None:
-                rule, lo, hi = ir.pattern, ir.lo, ir.hi
-                return self._shared(("pattern", id(rule.dfa), lo, hi), lambda: PatternString(rule, lo, hi))
+                rule = ir.pattern
+                return self._shared(("pattern", id(rule.dfa), ir.lo, ir.hi), lambda: PatternString(rule))
             if ir.lo == 0 and ir.hi is None:
                 return FREE
             return self._shared(("string", ir.lo, ir.hi), lambda: BoundedString(ir.lo, ir.hi))

@@ -54,6 +54,7 @@ def _charge(work: int, limit: int, what: str) -> None:
             raise OverBudget(what)
         budget[0] -= work
 
+
 _DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])"
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,6})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _HOST = r"([a-z0-9]{1,20}\.){1,3}[a-z]{2,6}"
@@ -155,7 +156,7 @@ class Paths:
 
     def __init__(self, dfa: Dfa, lo: int, hi: int | None) -> None:
         n = len(dfa.moves)
-        self.lo, self.hi = lo, hi
+        self.lo, self.hi = lo, hi  # the string's lengths (PatternString reads them here)
         self.cap = hi if hi is not None else lo + n
         succ = [set(row.values()) for row in dfa.moves]
         _charge(n * (self.cap + 1) * max(1, max(map(len, succ))), MAX_PATH_WORK, "pattern with lengths")
@@ -197,16 +198,13 @@ def string_pattern(schema: dict[str, Any], lo: int, hi: int | None) -> PatternRu
     pattern, fmt = schema.get("pattern"), schema.get("format")
     if not isinstance(pattern, str):
         pattern = FORMATS.get(fmt) if isinstance(fmt, str) else None
+    bounded = bool(lo) or hi is not None
     try:
         dfa = compiled(pattern) if isinstance(pattern, str) else None
-        if dfa is None:
-            return None
-        lengths = paths(dfa, lo, hi) if lo or hi is not None else None
+        lengths = paths(dfa, lo, hi) if dfa is not None and bounded else None
     except OverBudget:
         return None
-    if (lo or hi is not None) and lengths is None:
-        return None
-    return PatternRule(dfa, lengths)
+    return None if dfa is None or (bounded and lengths is None) else PatternRule(dfa, lengths)
 
 
 def fits_pattern(schema: dict[str, Any], value: str) -> bool:
@@ -216,13 +214,14 @@ def fits_pattern(schema: dict[str, Any], value: str) -> bool:
 
 
 class PatternString(Leaf):
-    """A string whose body is a walk through the rule's DFA, `lo`..`hi` characters long;
+    """A string whose body is a walk through the rule's DFA, within its paths' lengths;
     frames `(self, state, count)`, the count saturated at `lo` when there is no `hi`."""
 
     __slots__ = ("dfa", "paths", "lo", "hi")
 
-    def __init__(self, rule: PatternRule, lo: int = 0, hi: int | None = None) -> None:
-        self.dfa, self.paths, self.lo, self.hi = rule.dfa, rule.paths, lo, hi
+    def __init__(self, rule: PatternRule) -> None:
+        self.dfa, self.paths = rule.dfa, rule.paths
+        self.lo, self.hi = (rule.paths.lo, rule.paths.hi) if rule.paths is not None else (0, None)
 
     def first_bytes(self) -> Iterable[int]:
         return (QUOTE,)

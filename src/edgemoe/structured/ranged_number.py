@@ -3,8 +3,9 @@
 Written without an exponent (`-?(0|[1-9][0-9]*)(\\.[0-9]+)?`, the digit runs capped as
 `Number`'s), so every prefix's future values are a few intervals: a prefix is allowed only
 where one of them meets the range, and the number may end only where its value is in it.
-The frame keeps the text read so far (a number is a few tokens: the masks' cache is not
-what it needs). A minus sign always leads to a value below zero ("-0" is not written).
+The frame keeps the text read so far until every continuation is in the range, then only
+its syntax (`RangedNumber`). A minus sign always leads to a value below zero ("-0" is not
+written).
 Exact arithmetic (`Fraction`) throughout: a bound such as 0.1 is the decimal the schema's
 JSON wrote, and so is the value compared with it.
 """
@@ -17,7 +18,6 @@ from fractions import Fraction
 from typing import Any, Iterable
 
 from edgemoe.structured.errors import GrammarError, Unsatisfiable
-
 from edgemoe.structured.scalars import (
     DOT,
     IS_DIGIT,
