@@ -12,7 +12,7 @@ import pytest
 
 from edgemoe.messages import MAX_SCHEMA_BYTES, SamplingParams
 from edgemoe.server.api_error import APIError
-from edgemoe.server.call_format import call_format
+from edgemoe.server.call_format import call_format, named_call_format
 from edgemoe.server.generation import _output_constraint
 from edgemoe.server.generation_request import GenerationRequest, TextPrompt
 from edgemoe.server.output_format import OutputFormat
@@ -37,7 +37,10 @@ def test_only_strict_or_forced_requests_are_constrained() -> None:
     assert call_format("hermes", plain, "") is None
     assert call_format("hermes", plain, OPENING) is not None
     assert call_format("hermes", [tool("a", {"type": "object"}, True)], "") is not None
-    assert call_format("qwen3_coder", [tool("a", {"type": "object"}, True)], "") is None
+    xml = call_format("qwen3_coder", [tool("a", {"type": "object"}, True)], "")
+    assert xml is not None and xml.tool_format == "qwen3_coder" and json.loads(xml.schema or "") == [
+        ["a", {"type": "object"}, True]]
+    assert call_format("qwen3_coder", plain, "") is None
     assert call_format(None, [tool("a", {"type": "object"}, True)], "") is None
     fmt = call_format("hermes", plain, OPENING, one_call=True)
     assert fmt is not None and fmt.target == "calls" and fmt.primed == '\n{"name": "' and fmt.one_call
@@ -83,12 +86,16 @@ def test_the_chooser() -> None:
     assert _output_constraint(model(), request(), "").target == "calls"  # type: ignore[arg-type,union-attr]
     beside = _output_constraint(model(), request(output_format=fmt), "")  # type: ignore[arg-type]
     assert beside is not None and beside.target == "value" and beside.calls  # the JSON, or calls
-    assert _output_constraint(model("qwen3_coder"), request(output_format=fmt), "") is fmt  # type: ignore[arg-type]
+    xml_beside = _output_constraint(model("qwen3_coder"), request(output_format=fmt), "")  # type: ignore[arg-type]
+    assert xml_beside is not None and xml_beside.calls and xml_beside.tool_format == "qwen3_coder"
     assert _output_constraint(model(), request(output_format=fmt, tool_choice="none"), "") is fmt  # type: ignore[arg-type]
     assert _output_constraint(model(), request(tool_choice="none"), "") is None  # type: ignore[arg-type]
     assert _output_constraint(model(), request(parse_output=False), "") is None  # type: ignore[arg-type]
     assert _output_constraint(model(tags=False), request(), "") is None  # type: ignore[arg-type]
-    assert _output_constraint(model("qwen3_coder"), request(), "") is None  # type: ignore[arg-type]
+    xml = _output_constraint(model("qwen3_coder"), request(), "")  # type: ignore[arg-type]
+    assert xml is not None and xml.target == "calls" and xml.tool_format == "qwen3_coder"
+    xml_named = _output_constraint(model("qwen3_coder"), request(named_tool="a"), "<tool_call>\n<function=a>\n")  # type: ignore[arg-type]
+    assert xml_named is not None and xml_named.target == "calls" and xml_named.primed == "\n<function=a>\n"
     forced = _output_constraint(model(), request(output_format=fmt, tool_choice="required"), OPENING)  # type: ignore[arg-type]
     assert forced is not None and forced.target == "calls" and forced.primed  # the forced call wins
     named = _output_constraint(model(), request(named_tool="a"), OPENING[:-1] + 'a", "arguments":')  # type: ignore[arg-type]
@@ -100,3 +107,18 @@ def test_too_many_tools_for_strict_calls() -> None:
     assert call_format("hermes", many, OPENING) is None  # required, not strict: served unconstrained
     with pytest.raises(APIError, match="at most 512 tools"):
         call_format("hermes", [*many, tool("s", {"type": "object"}, True)], "")
+
+
+def test_qwen3_coder_tools() -> None:
+    """XML calls: a strict tool the format can't hold is a 400 naming it and the parameter;
+    a named forced call holds the one tool (strict or not), primed past its opening."""
+    mixed = {"type": "object", "properties": {"a": {"type": ["string", "integer"]}}}
+    with pytest.raises(APIError) as info:
+        call_format("qwen3_coder", [tool("t", mixed, True)], "")
+    assert info.value.status == 400 and "'t'" in info.value.message and "properties.a" in info.value.message
+    assert call_format("qwen3_coder", [tool("t", mixed), tool("u", {"type": "object"}, True)], "") is not None
+    described = {"type": "object", "description": "d" * 100, "properties": {"a": {"type": "string", "title": "A"}}}
+    fmt = named_call_format("qwen3_coder", [tool("t", mixed), tool("u", described)], "u", "<tool_call>\n<function=u>\n")
+    assert fmt is not None and fmt.one_call and fmt.primed == "\n<function=u>\n"
+    assert json.loads(fmt.schema or "") == [["u", {"type": "object", "properties": {"a": {"type": "string"}}}, False]]
+    assert named_call_format("hermes", [tool("u", described)], "u", "<tool_call>") is None

@@ -28,7 +28,7 @@ from edgemoe.server.engine_client import (
 from edgemoe.server.engine_log import Sample, engine_line
 from edgemoe.server.json_body import InvalidJSON, InvalidUnicode, parse_json
 from edgemoe.server.metrics import ServerMetrics
-from edgemoe.server.parsers.schema import SchemaResolver, ValueType
+from edgemoe.tool_values import SchemaResolver, ValueType
 from edgemoe.server.prompt_tokens import PromptTokenizer, TooManyTokens
 from edgemoe.server.template_sandbox import RenderLimits
 from edgemoe.server.templates import ChatTemplate, TemplateRenderError

@@ -10,8 +10,9 @@ runs on the device, and go to the device as one bool [B, V] copy.
 The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
 grammars are compiled once per schema text and kept for the last `GRAMMARS`. A request's
 constraint is an `OutputConstraint` (the output is one JSON value), a `CallConstraint`
-(its Hermes tool calls' JSON, `StructuredOutput.target="calls"`), or a `ValueOrCalls` (a
-value, or calls, as its first token picks: `calls_schema` beside a response format).
+(its tool calls: Hermes JSON or Qwen3-Coder XML, `StructuredOutput.target="calls"`), or a
+`ValueOrCalls` (a value, or calls, as its first token picks: `calls_schema` beside a
+response format).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from edgemoe.structured.constraint import OutputConstraint, PaddedValue, ThinkTo
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.value_or_calls import ValueOrCalls
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
+from edgemoe.structured.xml_calls import XmlCalls
+from edgemoe.structured.xml_tools import xml_calls
 
 GRAMMARS = 32
 Constraint = OutputConstraint | CallConstraint | ValueOrCalls
@@ -56,6 +59,17 @@ def compile_grammar(text: str | None) -> Grammar:
         raise ValueError("structured output: the schema nests too deeply") from exc
 
 
+def compile_xml_calls(text: str | None) -> XmlCalls:
+    """The XML calls' grammar of a "qwen3_coder" calls text (the tools' [name, parameters,
+    strict] as JSON); ValueError naming the fault."""
+    try:
+        return xml_calls(json.loads(text or "null"))
+    except GrammarError as exc:
+        raise ValueError(f"structured output: {exc}") from exc
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ValueError(f"structured output: the tools are not [name, parameters, strict] lists ({exc})") from exc
+
+
 class Constraints:
     """Every constrained request's `OutputConstraint`, by request id."""
 
@@ -66,7 +80,7 @@ class Constraints:
         self._bytes: list[bytes | None] | None = None
         self._vocab: Vocabulary | None = None
         self._call_tokens: CallTokens | None = None
-        self._masks: OrderedDict[str | None, TokenMasks] = OrderedDict()
+        self._masks: OrderedDict[tuple[str, str | None], TokenMasks] = OrderedDict()
         self._think = _think_tokens(tokenizer)
         self._call_tags = _call_tags(tokenizer)
         self.by_request: dict[str, Constraint] = {}
@@ -82,18 +96,21 @@ class Constraints:
         self.by_request[request_id] = self._constraint(spec, stop_ids, min_tokens)
 
     def _constraint(self, spec: StructuredOutput, stop_ids: Sequence[int], min_tokens: int) -> Constraint:
-        masks = self._masks_for(spec.schema)
-        assert self._bytes is not None
         reasoning = spec.reasoning if spec.reasoning in ("open", "start") else "none"
         eos = self._eos | frozenset(stop_ids)
         rules = CallRules(eos, spec.one_call, min_tokens)
         if spec.target == "calls":
+            masks = self._masks_for(spec.schema, spec.tool_format)
+            assert self._bytes is not None
             primed = spec.primed.encode() if spec.primed is not None else None
-            return CallConstraint(masks, self._bytes, self._calls(), rules, reasoning, self._think, primed)  # type: ignore[arg-type]
+            return CallConstraint(masks, self._bytes, self._calls(), rules, reasoning, self._think, primed)
+        masks = self._masks_for(spec.schema)
+        assert self._bytes is not None
         value = OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
         if spec.calls_schema is None:
             return value
-        calls = CallConstraint(self._masks_for(spec.calls_schema), self._bytes, self._calls(), rules, "none", None)
+        calls_masks = self._masks_for(spec.calls_schema, spec.tool_format)
+        calls = CallConstraint(calls_masks, self._bytes, self._calls(), rules, "none", None)
         return ValueOrCalls(value, calls, self._calls().tags.open)
 
     def release(self, request_id: str) -> None:
@@ -133,14 +150,16 @@ class Constraints:
             _unconstrain(request_id, c)
             return None
 
-    def _masks_for(self, key: str | None) -> TokenMasks:
+    def _masks_for(self, text: str | None, tool_format: str = "") -> TokenMasks:
+        """The masks of a value's schema text, or (`tool_format` given) of the calls' text."""
+        key = (tool_format, text)
         masks = self._masks.get(key)
         if masks is None:
-            grammar = compile_grammar(key)
+            grammar = compile_xml_calls(text) if tool_format == "qwen3_coder" else PaddedValue(compile_grammar(text))
             if self._vocab is None:
                 self._bytes = grammar_token_bytes(self._tokenizer)
                 self._vocab = Vocabulary(self._bytes, self._width)
-            masks = TokenMasks(PaddedValue(grammar), self._vocab)
+            masks = TokenMasks(grammar, self._vocab)
             self._masks[key] = masks
             if len(self._masks) > GRAMMARS:
                 self._masks.popitem(last=False)

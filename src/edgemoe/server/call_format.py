@@ -1,7 +1,7 @@
-"""Tool calls held to their tools' schemas (Hermes format): which requests, and the
-engine's `StructuredOutput(target="calls")` for them.
+"""Tool calls held to their tools' schemas (Hermes JSON or Qwen3-Coder XML): which
+requests, and the engine's `StructuredOutput(target="calls")` for them.
 
-A request's calls are constrained when the model writes Hermes calls, tools are active,
+A request's calls are constrained when the model writes tagged calls, tools are active,
 and either `tool_choice` forces a call ("required": the prompt ends with the call's
 opening) or a tool is `strict` (OpenAI's `function.strict`, Anthropic's `strict`). Then
 every call the model opens with `<tool_call>` is made to be `{"name": N, "arguments": A}`
@@ -9,6 +9,11 @@ with N one of the tools' names and A valid for that tool's parameters, or, for a
 that is not strict and whose parameters the grammar cannot honour, any JSON object. A
 strict tool whose parameters the grammar cannot honour is a 400 naming the tool: the
 client asked for a guarantee the server cannot give. Text around the calls is free.
+
+In the qwen3_coder format (Qwen3.5/3.6, Qwen3-Coder) each call is
+`<function=NAME>` and one `<parameter=KEY>` block per argument, each value raw text the
+parser types by the schema: `structured/xml_tools.py` says which schemas can be held
+(a parameter that may be a string or another type can't: a 400 for a strict tool).
 
 A forced call to a named tool is `output_format.forced_arguments`; a response format
 (`response_format`, …) holds the content instead, and no call is constrained.
@@ -25,7 +30,9 @@ from edgemoe.server.errors import bad_request
 from edgemoe.server.forced_call import tool_functions
 from edgemoe.server.output_format import OutputFormat
 from edgemoe.structured import Grammar, GrammarError
-from edgemoe.structured.call_schema import call_schema
+from edgemoe.structured.call_schema import call_schema, rebase_refs
+from edgemoe.structured.keywords import ANNOTATIONS
+from edgemoe.structured.xml_tools import xml_tool
 
 CALL_OPEN = "<tool_call>"
 CACHED_KEY_BYTES = 1 << 20  # tool sets up to this much JSON have their checked schema cached
@@ -39,7 +46,7 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
     prompt ends with, '' for none; `one_call`: parallel calls off; `always`: whether or not
     a tool is strict, as beside a response format); None where calls are not constrained.
     Compiles schemas: call it off the event loop."""
-    if tool_format != "hermes" or not tools:
+    if tool_format not in ("hermes", "qwen3_coder") or not tools:
         return None
     entries = _entries(tools)
     strict = any(s for _, _, s in entries)
@@ -51,19 +58,33 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
                               f"(got {len(entries)})", param="tools")
         return None
     key = json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
-    schema = _checked(key) if len(key) <= CACHED_KEY_BYTES else _checked.__wrapped__(key)
+    check = _checked if tool_format == "hermes" else _checked_xml
+    schema = check(key) if len(key) <= CACHED_KEY_BYTES else check.__wrapped__(key)
     if schema is None:
         return None
     primed = None
     if forced:
         assert forced.startswith(CALL_OPEN), forced
         primed = forced[len(CALL_OPEN):]
-    return OutputFormat(schema, target="calls", primed=primed, one_call=one_call)
+    return OutputFormat(schema, target="calls", primed=primed, one_call=one_call, tool_format=tool_format)
+
+
+def named_call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, name: str,
+                      forced: str) -> OutputFormat | None:
+    """A forced call to the tool `name` in the qwen3_coder format: the one call, to that
+    tool, held to its parameters as a strict call's are (strict or not, as Hermes' forced
+    arguments are: `output_format.forced_arguments`). Compiles: off the event loop."""
+    if tool_format != "qwen3_coder" or not forced:
+        return None
+    named = [t for t in tools or [] if any(f["name"] == name for f in tool_functions([t]))]
+    return call_format(tool_format, named, forced, one_call=True) if named else None
 
 
 def _entries(tools: list[dict[str, Any]]) -> list[tuple[str, object, bool]]:
-    """(name, parameters, strict) of each function tool."""
-    return [(f["name"], f.get("parameters"), f.get("strict") is True) for f in tool_functions(tools)]
+    """(name, parameters, strict) of each function tool, its parameters without annotations
+    (descriptions are most of a tool set's bytes; neither grammar reads them)."""
+    return [(f["name"], rebase_refs(f.get("parameters"), "#", drop=ANNOTATIONS), f.get("strict") is True)
+            for f in tool_functions(tools)]
 
 
 @lru_cache(maxsize=64)
@@ -85,6 +106,25 @@ def _checked(entries_json: str) -> str | None:
             raise bad_request(f"tools: the strict tools' calls cannot be enforced: {exc}", param="tools") from exc
         return None
     return text
+
+
+@lru_cache(maxsize=64)
+def _checked_xml(entries_json: str) -> str | None:
+    """The qwen3_coder calls' text for the tools (their entries, checked: a strict tool that
+    can't be held is a 400 naming it; the others are held loosely where they can't be)."""
+    size = len(entries_json.encode())
+    if size > MAX_SCHEMA_BYTES:
+        if any(s for _, _, s in json.loads(entries_json)):
+            raise bad_request(f"tools: the tools' schemas are {size} bytes of JSON without their descriptions; "
+                              f"at most {MAX_SCHEMA_BYTES} can be enforced", param="tools")
+        return None
+    for name, parameters, strict in json.loads(entries_json):
+        try:
+            xml_tool(name, parameters, strict)
+        except GrammarError as exc:
+            raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced in the "
+                              f"qwen3_coder call format: {exc}", param="tools") from exc
+    return entries_json
 
 
 def _arguments(name: str, parameters: object, strict: bool) -> object | None:

@@ -21,7 +21,7 @@ import anyio
 import msgspec
 
 from edgemoe.messages import SEED_MIN, AddRequest, RequestOutput, SamplingParams
-from edgemoe.server.call_format import call_format
+from edgemoe.server.call_format import call_format, named_call_format
 from edgemoe.server.choice import ChoiceState, make_parser
 from edgemoe.server.engine_client import (
     EngineClient,
@@ -288,13 +288,15 @@ def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) 
     format (or, with tools, the format or tool calls: structured/value_or_calls.py), or the
     calls when a tool is strict (server/call_format.py)."""
     if forced and req.named_tool is not None:
+        if model.tool_parser == "qwen3_coder":
+            return named_call_format(model.tool_parser, req.tools, req.named_tool, forced)
         return forced_arguments(model.tool_parser, req.named_tool, req.tools)
     tools_active = req.parse_output and req.tool_choice != "none"
     tool_format = model.tool_parser if model.teaches_calls and model.writes_call_tags and tools_active else None
     if req.output_format is not None and not forced:
         calls = call_format(tool_format, req.tools, "", one_call=not req.parallel_tool_calls, always=True)
         return req.output_format if calls is None else replace(req.output_format, calls=calls.schema,
-                                                               one_call=calls.one_call)
+                                                               one_call=calls.one_call, tool_format=calls.tool_format)
     return call_format(tool_format, req.tools, forced, one_call=not req.parallel_tool_calls)
 
 

@@ -43,6 +43,7 @@ class OutputFormat:
     primed: str | None = None
     one_call: bool = False
     calls: str | None = None  # beside a response format: the tool calls' schema (the turn may be calls)
+    tool_format: str = "hermes"  # how the calls are written (StructuredOutput.tool_format)
 
 
 def chat_response_format(value: object) -> OutputFormat | None:
@@ -116,7 +117,7 @@ def with_output_format(params: SamplingParams, fmt: OutputFormat | None, *, thin
         return params
     reasoning = ("open" if starts_in_reasoning else "start") if thinks else "none"
     spec = StructuredOutput(schema=fmt.schema, reasoning=reasoning, target=fmt.target, primed=fmt.primed,
-                            one_call=fmt.one_call, calls_schema=fmt.calls)
+                            one_call=fmt.one_call, calls_schema=fmt.calls, tool_format=fmt.tool_format)
     return msgspec.structs.replace(params, structured=spec)
 
 

@@ -1,5 +1,6 @@
-"""One request's Hermes tool calls, constrained: free text, and inside each
-`<tool_call>` … `</tool_call>` a call the grammar (`call_schema`) accepts.
+"""One request's tool calls, constrained: free text, and inside each `<tool_call>` …
+`</tool_call>` a call the grammar accepts: the Hermes JSON (`call_schema`, in a
+`PaddedValue`) or the Qwen3-Coder XML (`xml_calls.XmlCalls`).
 
 Phases, as tokens come:
 - `text`: free, but for `<tool_call>` spelled out in plain tokens (the parser would read it
@@ -7,8 +8,8 @@ Phases, as tokens come:
   block;
 - `thinking`: unconstrained until `</think>` (a call written while reasoning is not one
   the parser reads, so it is not constrained either);
-- `call`: masked by the grammar (whitespace, the JSON, whitespace); `</tool_call>` is
-  allowed exactly where the call's JSON is complete;
+- `call`: masked by the grammar (whitespace, the JSON, whitespace; or the XML);
+  `</tool_call>` is allowed exactly where the call is complete;
 - `after`: once a call closed, only whitespace (LEAD_SPACE bytes), the next call's
   `<tool_call>` (not with `one_call`: `parallel_tool_calls` false) or EOS — the calls end
   the turn, as Hermes templates write them and as OpenAI's and Anthropic's replies are.
@@ -24,13 +25,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from edgemoe.structured.call_tokens import CallTokens
 from edgemoe.structured.constraint import (
     LEAD_SPACE,
-    PaddedValue,
     Reasoning,
     ThinkTokens,
     advance_bytes,
@@ -39,6 +40,14 @@ from edgemoe.structured.constraint import (
 from edgemoe.structured.token_masks import TokenMasks
 
 log = logging.getLogger(__name__)
+
+
+class CallGrammar(Protocol):
+    """What is inside a call's tags: the JSON (`PaddedValue`) or the XML (`XmlCalls`)."""
+
+    def start(self) -> object: ...
+    def advance(self, state: object, byte: int) -> object | None: ...
+    def is_complete(self, state: object) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,8 @@ class CallConstraint:
     def __init__(self, masks: TokenMasks, token_bytes: list[bytes | None], tokens: CallTokens,
                  rules: CallRules, reasoning: Reasoning, think: ThinkTokens | None,
                  primed: bytes | None = None) -> None:
-        assert isinstance(masks.grammar, PaddedValue)
         self._masks = masks
-        self._grammar: PaddedValue = masks.grammar
+        self._grammar: CallGrammar = masks.grammar  # type: ignore[assignment]
         self._bytes = token_bytes
         self._tokens = tokens
         self._tags = tokens.tags

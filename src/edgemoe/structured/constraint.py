@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 
 from edgemoe.structured import Grammar
-from edgemoe.structured.token_masks import TokenMasks
+from edgemoe.structured.token_masks import ByteGrammar, TokenMasks
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class PaddedValue:
         return self.grammar.is_complete(self._start if isinstance(state, _Lead) else state)
 
 
-def advance_bytes(grammar: PaddedValue, state: object, data: bytes) -> object | None:
+def advance_bytes(grammar: ByteGrammar, state: object, data: bytes) -> object | None:
     """The state after `data` from `state`; None where a byte is refused."""
     for b in data:
         state = grammar.advance(state, b)
@@ -90,7 +90,7 @@ def advance_bytes(grammar: PaddedValue, state: object, data: bytes) -> object | 
     return state
 
 
-def advance_token(grammar: PaddedValue, state: object, token_bytes: list[bytes | None], token_id: int) -> object | None:
+def advance_token(grammar: ByteGrammar, state: object, token_bytes: list[bytes | None], token_id: int) -> object | None:
     """The state after token `token_id`; None where it is refused (or has no bytes: an
     added or special token, or one past the tokenizer's vocabulary)."""
     data = token_bytes[token_id] if 0 <= token_id < len(token_bytes) else None

@@ -15,12 +15,14 @@ from typing import Protocol
 import numpy as np
 
 from edgemoe.structured.vocab import FREE_BYTE as _FREE
-from edgemoe.structured.vocab import Vocabulary
+from edgemoe.structured.vocab import FreeClass, Vocabulary
 CACHED_MASKS = 256  # per grammar: ~19 KB each, packed, at a 150K vocabulary
 
 
 class ByteGrammar(Protocol):
-    """What the walk needs of a grammar (`Grammar`, or `PaddedValue` around one)."""
+    """What the walk needs of a grammar (`Grammar`, or `PaddedValue` around one). A grammar
+    whose free or counted states free other bytes than a JSON string's (raw text) also has
+    `free_table(state) -> bytes` (`table[b]` 1 for a free byte), FREE_BYTE where it doesn't."""
 
     def advance(self, state: object, byte: int) -> object | None: ...
     def free_string(self, state: object) -> bool: ...
@@ -73,8 +75,8 @@ class TokenMasks:
         ok_nodes = np.zeros(v.num_nodes, dtype=bool)
         explicit, ranges = _Walk(self.grammar, v).run(state)
         ok_nodes[explicit] = True
-        for lo, hi, d, max_chars in ranges:
-            hit = v.nonfree_depth[lo:hi] <= d
+        for lo, hi, d, max_chars, free in ranges:
+            hit = free.nonfree_depth[lo:hi] <= d
             if max_chars >= 0:  # a bounded string: valid UTF-8 and few enough characters
                 hit &= (v.utf8_mode[lo:hi] >= 0) & (v.chars[lo:hi] <= max_chars)
             ok_nodes[lo:hi] |= hit
@@ -83,9 +85,9 @@ class TokenMasks:
 
 class _Walk:
     """One walk of the trie from a state: nodes reached by advancing the state edge by edge
-    (preorder, a refused edge skips its subtree), and ranges (lo, hi, d, max_chars) whose
-    nodes are reached from a string state at depth d through free-string bytes alone
-    (`Vocabulary.nonfree_depth[n] <= d`), for a bounded string also as valid UTF-8 with at
+    (preorder, a refused edge skips its subtree), and ranges (lo, hi, d, max_chars, free)
+    whose nodes are reached from a string state at depth d through its free bytes alone
+    (`FreeClass.nonfree_depth[n] <= d`), for a bounded string also as valid UTF-8 with at
     most `max_chars` characters on the path (-1: no such bound): exact because such a
     string accepts a run of free bytes iff it is valid UTF-8 of at most `string_room`
     characters (`Grammar.string_room`).
@@ -97,8 +99,10 @@ class _Walk:
     def __init__(self, grammar: ByteGrammar, vocab: Vocabulary) -> None:
         self.g, self.v = grammar, vocab
         self._room = getattr(grammar, "string_room", None)
+        self._table = getattr(grammar, "free_table", None)
+        self._json = vocab.free_class(_FREE)
         self.explicit: list[int] = []
-        self.ranges: list[tuple[int, int, int, int]] = []
+        self.ranges: list[tuple[int, int, int, int, FreeClass]] = []
 
     def kind(self, state: object) -> tuple[int, int]:
         if self.g.free_string(state):
@@ -106,28 +110,37 @@ class _Walk:
         room = self._room(state) if self._room is not None else None
         return (OTHER, -1) if room is None else (COUNTED, room)
 
-    def origin(self, node: int, hi: int, d: int, state: object) -> int:
-        """Mark the range below a string state reached at `node`; returns its kind."""
-        kind, room = self.kind(state)
-        if kind == FREE:
-            self.ranges.append((node, hi, d, -1))
-        elif kind == COUNTED:
-            if self.v.utf8_mode[node] != 0:
-                return OTHER  # the path from the root is mid-character: walk it all
-            self.ranges.append((node, hi, d, int(self.v.chars[node]) + min(room, UNBOUNDED)))
-        return kind
+    def free_class(self, state: object) -> FreeClass:
+        return self._json if self._table is None else self.v.free_class(self._table(state))
 
-    def run(self, state: object) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+    def origin(self, node: int, hi: int, d: int, state: object) -> tuple[int, FreeClass | None]:
+        """Mark the range below a string state reached at `node`; returns its kind and class."""
+        kind, room = self.kind(state)
+        if kind == OTHER:
+            return OTHER, None
+        free = self.free_class(state)
+        if kind == FREE:
+            self.ranges.append((node, hi, d, -1, free))
+        else:
+            if self.v.utf8_mode[node] != 0:
+                return OTHER, None  # the path from the root is mid-character: walk it all
+            self.ranges.append((node, hi, d, int(self.v.chars[node]) + min(room, UNBOUNDED), free))
+        return kind, free
+
+    def run(self, state: object) -> tuple[list[int], list[tuple[int, int, int, int, FreeClass]]]:
         v, advance = self.v, self.g.advance
-        byte, depth, skip, below = v.byte, v.depth, v.skip, v.nonfree_below
+        byte, depth, skip = v.byte, v.depth, v.skip
         states: list[object] = [state] * (v.max_depth + 1)
-        kinds = [self.origin(0, v.num_nodes, 0, state)] * len(states)
+        kind, free = self.origin(0, v.num_nodes, 0, state)
+        kinds = [kind] * len(states)
+        tables = [free.table if free else b""] * len(states)  # the free bytes at each depth
+        belows = [free.nonfree_below if free else b""] * len(states)
         i, n = 1, v.num_nodes
         while i < n:
             d = depth[i] - 1  # the parent's depth
             s, b, k = states[d], byte[i], kinds[d]
-            if k and _FREE[b]:  # covered by the range above; descend only towards a non-free byte
-                if not below[i]:
+            if k and tables[d][b]:  # covered by the range above; descend only towards a non-free byte
+                if not belows[d][i]:
                     i = skip[i]
                     continue
                 s1 = s if k == FREE else advance(s, b)
@@ -135,6 +148,7 @@ class _Walk:
                     i = skip[i]
                     continue
                 states[d + 1], kinds[d + 1] = s1, (k if k == FREE else self.kind(s1)[0])
+                tables[d + 1], belows[d + 1] = tables[d], belows[d]
                 i += 1
                 continue
             s1 = advance(s, b)
@@ -142,10 +156,12 @@ class _Walk:
                 i = skip[i]
                 continue
             self.explicit.append(i)
-            k1 = self.origin(i, skip[i], d + 1, s1)
-            if k1 and not below[i]:
+            k1, free = self.origin(i, skip[i], d + 1, s1)
+            if k1 and not free.nonfree_below[i]:  # type: ignore[union-attr]
                 i = skip[i]
                 continue
             states[d + 1], kinds[d + 1] = s1, k1
+            if free is not None:
+                tables[d + 1], belows[d + 1] = free.table, free.nonfree_below
             i += 1
         return self.explicit, self.ranges

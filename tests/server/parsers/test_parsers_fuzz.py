@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from parsers_harness import chunks_at, maker, stream, summary
 
-from edgemoe.server.parsers.schema import convert_value
+from edgemoe.tool_values import convert_value
 
 PROPERTIES = {
     "s": {"type": "string"}, "i": {"type": "integer"}, "n": {"type": "number"},

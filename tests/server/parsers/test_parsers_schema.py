@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edgemoe.server.parsers.schema import (
+from edgemoe.tool_values import (
     convert_value,
     property_schema,
     tool_schemas,

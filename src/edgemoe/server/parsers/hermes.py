@@ -25,7 +25,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
-from edgemoe.server.parsers.schema import round_trip_json
+from edgemoe.tool_values import round_trip_json
 
 # A complete JSON string (unrolled loop: linear, no backtracking blow-up).
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)

@@ -38,7 +38,7 @@ from edgemoe.server.parsers.base import (
     expect,
     skip_ws,
 )
-from edgemoe.server.parsers.schema import SchemaResolver, convert_typed, tool_schemas
+from edgemoe.tool_values import SchemaResolver, convert_typed, tool_schemas
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"

@@ -1,0 +1,168 @@
+"""A tool's parameters schema as its Qwen3-Coder XML calls are held (`xml_calls.XmlTool`).
+
+The parser types each value's raw text by the parameter's schema (edgemoe/tool_values.py,
+`convert_typed`), so a value's matcher is chosen by what the parser will read it as:
+
+- a string (the parser's type for it is `string` alone, or an enum of strings): raw
+  text, held to the schema's string rules (length, pattern, format, enum) through the
+  JSON grammar (`xml_value.ParamValue`); where the parser reads `null` as None (the type
+  is nullable) the text `null` is allowed too, if the schema allows null;
+- no type and no other keyword (`{}`): any raw text (the parser reads JSON where it
+  parses, else the string; either is valid);
+- no string possible: JSON text matching the schema (numbers, booleans, objects, arrays, null).
+
+A parameter that may be a string or another type (the parser would read `5` as 5 where
+the model meant "5"), a string the parser would read as null but the schema does not
+allow, and a parameters schema beyond an object of properties (`anyOf` at the top,
+`patternProperties`, …) raise GrammarError: a strict tool's calls can't be enforced then.
+Names and keys must be writable in a tag (no `<`, `>`, line break or surrounding space).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from edgemoe.tool_values import SchemaResolver
+from edgemoe.structured.call_schema import rebase_refs
+from edgemoe.structured.errors import GrammarError
+from edgemoe.structured.keywords import ANNOTATIONS, CONTAINERS
+from edgemoe.structured.matcher import Grammar
+from edgemoe.structured.xml_calls import XmlCalls, XmlTool
+from edgemoe.structured.xml_value import ParamValue
+
+_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"}) | ANNOTATIONS | CONTAINERS
+_BASE = "#/$defs/tool"
+MAX_PARAMETERS = 64  # a tool's parameters held in one call (the seen set is a bitmask)
+
+
+def xml_calls(entries: object) -> XmlCalls:
+    """The grammar of a call to any of the tools `entries` lists as [name, parameters, strict]
+    (a strict tool that can't be held raises GrammarError, `path` prefixed by its name)."""
+    if not isinstance(entries, list) or not entries:
+        raise TypeError("a non-empty list of tools")
+    tools = []
+    for name, parameters, strict in entries:
+        try:
+            tools.append(xml_tool(name, parameters, strict is True))
+        except GrammarError as exc:
+            raise GrammarError(f"{name}: {exc.path}" if exc.path else str(name), exc.problem) from exc
+    return XmlCalls(tools)
+
+
+def xml_tool(name: str, parameters: object, strict: bool) -> XmlTool:
+    """`name`'s calls held to `parameters` (None: no parameters). A tool that is not strict
+    and whose schema can't be held gets its declared keys with any text as values."""
+    _check_writable(name, "the tool's name")
+    try:
+        return _held(name, parameters)
+    except (GrammarError, RecursionError) as exc:
+        if strict:
+            raise exc if isinstance(exc, GrammarError) else GrammarError("", "the schema nests too deeply") from exc
+        return _loose(name, parameters)
+
+
+def _held(name: str, parameters: object) -> XmlTool:
+    if parameters is None or parameters is True or parameters == {}:
+        return XmlTool(name.encode(), (), (), 0)
+    if not isinstance(parameters, Mapping):
+        raise GrammarError("", "the parameters are not a schema object")
+    resolver = SchemaResolver(parameters)
+    top = resolver.resolve(parameters)
+    _check_object(top)
+    props = top.get("properties") or {}
+    required = top.get("required") or []
+    if not isinstance(props, Mapping) or not isinstance(required, list):
+        raise GrammarError("", "properties must be an object and required a list")
+    missing = [k for k in required if k not in props]
+    if missing:
+        raise GrammarError("required", f"{missing[0]!r} is required but not among the properties")
+    if len(props) > MAX_PARAMETERS:
+        raise GrammarError("properties", f"more than {MAX_PARAMETERS} parameters")
+    defs = {"tool": rebase_refs(parameters, _BASE, drop=ANNOTATIONS)}  # each value's $refs resolve here
+    keys, values = [], []
+    for key, schema in props.items():
+        _check_writable(key, f"the parameter {key!r}")
+        keys.append(key)
+        values.append(_param_value(defs, resolver, key, schema))
+    mask = sum(1 << keys.index(k) for k in set(required))
+    return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(values), mask)
+
+
+def _loose(name: str, parameters: object) -> XmlTool:
+    """Declared keys (those writable), any text for each, none required."""
+    props = parameters.get("properties") if isinstance(parameters, Mapping) else None
+    keys = [k for k in props if _writable(k)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
+    return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(_any_text() for _ in keys), 0)
+
+
+def _check_object(top: Mapping[str, Any]) -> None:
+    kind = top.get("type", "object")
+    if kind not in ("object", ["object"]):
+        raise GrammarError("type", "the parameters must be an object")
+    extra = sorted(k for k in top if k not in _OBJECT_KEYWORDS)
+    if extra:
+        raise GrammarError(extra[0], "not enforced on a call's parameters in the qwen3_coder format")
+
+
+def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schema: object) -> ParamValue:
+    where = f"properties.{key}"
+    if not isinstance(schema, Mapping):
+        if schema is True:
+            return _any_text()
+        raise GrammarError(where, "not a schema object")
+    vt = resolver.value_type(schema)
+    resolved = resolver.resolve(schema)
+    if not vt.types and vt.enum is None and not vt.nullable and all(k in ANNOTATIONS for k in resolved):
+        return _any_text()
+    string_only = set(vt.types) == {"string"} or (
+        not vt.types and vt.enum is not None and all(isinstance(m, str) or m is None for m in vt.enum))
+    grammar = _grammar(defs, schema, where, extra_null=False)
+    if string_only:
+        if vt.nullable:
+            if not _accepts(grammar, b"null"):
+                raise GrammarError(where, "the parser reads the text null as null here, which the schema refuses")
+            grammar = _grammar(defs, schema, where, extra_null=True)
+        try:
+            return ParamValue(grammar, raw=True)
+        except ValueError as exc:
+            raise GrammarError(where, "the parser reads a string here, which the schema refuses") from exc
+    if "string" in vt.types or any(isinstance(m, str) for m in vt.enum or ()):
+        raise GrammarError(where, "a value that may be a string or another type can't be held in the "
+                                  "qwen3_coder format (the parser reads 5 as a number)")
+    return ParamValue(grammar, raw=False)
+
+
+def _grammar(defs: dict[str, Any], schema: Mapping[str, Any], where: str, extra_null: bool) -> Grammar:
+    """The JSON grammar of one parameter, its `$ref`s resolved in the tool's schema (under
+    `defs`); `extra_null`: the string "null" allowed too (the parser reads it as null)."""
+    branches: list[object] = [rebase_refs(schema, _BASE, drop=ANNOTATIONS)]
+    if extra_null:
+        branches.append({"const": "null"})
+    doc = {"$defs": defs, "anyOf": branches}
+    try:
+        return Grammar.from_schema(doc)
+    except GrammarError as exc:
+        path = exc.path.removeprefix("anyOf.0").lstrip(".")
+        raise GrammarError(f"{where}.{path}" if path else where, exc.problem) from exc
+
+
+def _accepts(grammar: Grammar, text: bytes) -> bool:
+    state = grammar.advance_bytes(grammar.start(), text)
+    return state is not None and grammar.is_complete(state)
+
+
+@cache
+def _any_text() -> ParamValue:
+    return ParamValue(Grammar.from_schema({"type": "string"}), raw=True)
+
+
+def _writable(text: str) -> bool:
+    return bool(text) and text == text.strip() and not any(c in text for c in "<>\n")
+
+
+def _check_writable(text: str, what: str) -> None:
+    if not isinstance(text, str) or not _writable(text):
+        raise GrammarError("", f"{what} can't be written in a qwen3_coder tag (empty, or a <, > or "
+                               f"line break in it, or space around it)")
