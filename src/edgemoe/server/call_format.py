@@ -27,7 +27,7 @@ from typing import Any
 
 from edgemoe.messages import MAX_SCHEMA_BYTES
 from edgemoe.server.errors import bad_request
-from edgemoe.server.forced_call import tool_functions
+from edgemoe.server.tool_functions import tool_functions
 from edgemoe.server.output_format import OutputFormat
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_schema import call_schema, rebase_refs

@@ -28,11 +28,11 @@ prompts, or when the model's chat template teaches no tool-call format we parse.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from edgemoe.server.errors import bad_request
 from edgemoe.server.parsers import ParsedDelta, ResponseParser, ToolParser
+from edgemoe.server.tool_functions import tool_functions
 
 if TYPE_CHECKING:
     from edgemoe.server.generation_request import GenerationRequest
@@ -86,17 +86,6 @@ def check_tool_choice(req: GenerationRequest) -> None:
 
 def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
     return {function["name"] for function in tool_functions(tools)}
-
-
-def tool_functions(tools: list[dict[str, Any]] | None) -> list[Mapping[str, Any]]:
-    """Each function tool's definition that has a name (`{"type": "function", "function":
-    {...}}` as the routes give them, or the definition itself)."""
-    out = []
-    for tool in tools or []:
-        function = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-        if isinstance(function.get("name"), str):
-            out.append(function)
-    return out
 
 
 class PrimedParser(ResponseParser):

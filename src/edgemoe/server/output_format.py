@@ -29,7 +29,7 @@ import msgspec
 
 from edgemoe.messages import MAX_SCHEMA_BYTES, SamplingParams, StructuredOutput
 from edgemoe.server.errors import bad_request
-from edgemoe.server.forced_call import tool_functions
+from edgemoe.server.tool_functions import tool_functions
 from edgemoe.structured import Grammar, GrammarError
 
 
