@@ -1,4 +1,4 @@
-"""Numbers held to minimum / maximum / exclusiveMinimum / exclusiveMaximum: the grammar
+"""Numbers held to minimum / maximum / exclusiveMinimum / exclusiveMaximum / multipleOf: the grammar
 takes a number exactly where an independent validator (jsonschema_rs) does, among the
 texts the bounded leaf writes (no exponent, no "-0", digit runs capped); no state is a
 dead end; bounds meet through allOf; impossible ranges are pruned or refused; the token
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from fractions import Fraction
 
 import jsonschema_rs
 import pytest
@@ -30,6 +31,12 @@ RANGES = [
     {"type": "number", "minimum": 2, "maximum": 2},
     {"type": "integer", "minimum": 1e3, "maximum": 12345.0},  # integral floats as bounds
     {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 2e-20},  # one 20-digit decimal
+    {"type": "integer", "multipleOf": 7},  # multipleOf: steps a double divides exactly (the validator divides doubles)
+    {"type": "integer", "multipleOf": 3, "minimum": -20, "exclusiveMaximum": 40},
+    {"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -2, "maximum": 3.5},
+    {"type": "number", "multipleOf": 2.5},
+    {"type": "integer", "multipleOf": 0.5, "maximum": 9},  # every integer
+    {"type": "number", "multipleOf": 125, "minimum": 900, "maximum": 1000},  # one value
 ]
 SYNTAX = re.compile(r"-?(0|[1-9][0-9]{0,19})(\.[0-9]{1,20})?")
 
@@ -70,11 +77,19 @@ def test_taken_exactly_where_valid(index: int) -> None:
 
 @pytest.mark.parametrize("index", range(len(RANGES)))
 def test_random_walks_end_in_valid_numbers(index: int) -> None:
-    """Rows.check asserts every visited state's contract (no dead end) on the way."""
-    schema = {"type": "array", "items": RANGES[index], "maxItems": 6}
-    rows, check, rng = Rows(Grammar.from_schema(schema)), validator(schema), random.Random(index)
+    """Rows.check asserts every visited state's contract (no dead end) on the way. The
+    multiple is checked in exact decimals: past 2**53 a double no longer holds the text's
+    value (…195.0 reads as …196.0)."""
+    items = RANGES[index]
+    schema = {"type": "array", "items": items, "maxItems": 6}
+    rows, rng = Rows(Grammar.from_schema(schema)), random.Random(index)
+    check = validator({**schema, "items": {k: v for k, v in items.items() if k != "multipleOf"}})
+    step = Fraction(str(items["multipleOf"])) if "multipleOf" in items else None
     for _ in range(30):
-        assert check.is_valid(json.loads(random_walk(rows, rng, soft=40)))  # type: ignore[attr-defined]
+        text = random_walk(rows, rng, soft=40)
+        assert check.is_valid(json.loads(text))  # type: ignore[attr-defined]
+        exact = json.loads(text, parse_float=Fraction, parse_int=Fraction)
+        assert step is None or all((v / step).denominator == 1 for v in exact), text
 
 
 def test_bounds_meet_through_all_of_and_prune_alternatives() -> None:
@@ -115,8 +130,26 @@ def test_impossible_or_malformed_bounds_are_refused(schema: object, where: str) 
         Grammar.from_schema(schema)
 
 
+def test_multiple_of_is_exact_decimal_and_meets_through_all_of() -> None:
+    """0.3 is a multiple of 0.1 (exact decimals; a double's division says 2.9999…); two
+    parts' steps meet at their least common multiple; no multiple in range is refused."""
+    tenths = Grammar.from_schema({"type": "number", "multipleOf": 0.1, "minimum": 0, "maximum": 0.35})
+    assert [t for t in ("0.3", "0.30", "0.35", "0.31", "0.1", "0", "0.4") if complete(tenths, t)] == [
+        "0.3", "0.30", "0.1", "0"]
+    both = Grammar.from_schema({"allOf": [{"type": "integer", "multipleOf": 4}, {"multipleOf": 6}]})
+    assert [t for t in map(str, range(-13, 40)) if complete(both, t)] == ["-12", "0", "12", "24", "36"]
+    assert complete(Grammar.from_schema({"enum": [3, 4, 6], "multipleOf": 2}), "4")
+    assert not complete(Grammar.from_schema({"enum": [3, 4, 6], "multipleOf": 2}), "3")
+    with pytest.raises(GrammarError, match="no integer"):
+        Grammar.from_schema({"type": "integer", "multipleOf": 10, "minimum": 1, "maximum": 9})
+    with pytest.raises(GrammarError, match="multipleOf must be above 0"):
+        Grammar.from_schema({"type": "number", "multipleOf": 0})
+
+
 def test_masks_equal_brute_force_along_an_instance() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 250},
                                                "x": {"type": "number", "exclusiveMinimum": -1, "maximum": 0.5}},
               "required": ["n", "x"]}
     states_checked_along(schema, '{"n": 205, "x": -0.75}')
+    stepped = {"type": "array", "items": {"type": "number", "multipleOf": 0.05, "maximum": 7}}
+    states_checked_along(stepped, "[6.95, -12.3, 0]")

@@ -7,13 +7,13 @@ Enforced (ENFORCED):
   allOf (merged: see merge.py), $ref (local only: "#", "#/$defs/NAME",
   "#/definitions/NAME" or any "#/json/pointer"), minLength, maxLength (code points),
   nullable (OpenAPI: adds null), minimum, maximum, exclusiveMinimum, exclusiveMaximum
-  (numbers, or draft 4's flags; a bounded number is written without an exponent:
-  ranged_number.py), pattern and format (a regex subset and the formats of
+  (numbers, or draft 4's flags), multipleOf (exact decimals; a bounded number or a multiple
+  is written without an exponent: ranged_number.py), pattern and format (a regex subset and the formats of
   pattern_string.py, with minLength/maxLength where given; a pattern outside them or an
   unknown format is accepted, not enforced).
 Accepted but NOT enforced (UNENFORCED; they narrow values in ways a byte grammar cannot
 check cheaply, so the output may break them):
-  multipleOf, uniqueItems, minProperties, maxProperties, contentEncoding, contentMediaType.
+  uniqueItems, minProperties, maxProperties, contentEncoding, contentMediaType.
 Ignored annotations (ANNOTATIONS):
   title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
   writeOnly, strict, discriminator.
@@ -31,10 +31,10 @@ ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
     "minLength", "maxLength", "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "pattern", "format",
+    "multipleOf", "pattern", "format",
 })
 UNENFORCED = frozenset({
-    "multipleOf", "uniqueItems", "minProperties", "maxProperties", "contentEncoding", "contentMediaType",
+    "uniqueItems", "minProperties", "maxProperties", "contentEncoding", "contentMediaType",
 })
 ANNOTATIONS = frozenset({
     "title", "description", "default", "examples", "$schema", "$id", "$comment",

@@ -7,7 +7,8 @@ both becomes an allOf of the two), min bounds take the larger and max bounds the
 (numeric ones too; draft 4's boolean exclusive flags only where the parts agree),
 `enum` lists intersect, `items` schemas combine by allOf, `nullable: true` counts as null
 in the part's `type`, two different `pattern`s (or `format`s) leave the string unenforced,
-and unenforced keywords (multipleOf, ...) keep the first part's value.
+`multipleOf`s meet at their least common multiple, and unenforced keywords (uniqueItems,
+...) keep the first part's value.
 Parts that cannot meet (no common type, enum value or const) raise Unsatisfiable, which
 the compiler prunes like any part with no value. Anything else that differs between parts
 raises GrammarError rather than be dropped: two different anyOf lists, prefixItems,
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 from edgemoe.structured.errors import GrammarError, Unsatisfiable
 from edgemoe.structured.keywords import ANNOTATIONS, CONTAINERS, TYPES, UNENFORCED
+from edgemoe.structured.ranged_number import as_fraction, fraction_lcm
 
 Schema = dict[str, Any]
 
@@ -105,6 +107,18 @@ def _tighter(key: str, a: object, b: object, path: str) -> object:
     return _NUMERIC[key](a, b)
 
 
+def _common_multiple(a: object, b: object, path: str) -> object:
+    """Two parts' multipleOf: their least common multiple (as the schema's JSON would write it)."""
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in (a, b)):
+        raise GrammarError(path, "allOf parts give multipleOf values that are not positive numbers")
+    m = fraction_lcm(as_fraction(a), as_fraction(b))  # type: ignore[arg-type]
+    if m.denominator == 1:
+        return int(m)
+    if as_fraction(float(m)) != m:
+        raise GrammarError(path, f"allOf parts' multipleOf values {a} and {b} have no common multiple a double writes")
+    return float(m)
+
+
 def merge2(a: Schema, b: Schema, path: str) -> Schema:
     """The schema that both `a` and `b` (dicts without $ref/allOf) describe."""
     _check_closed(a, b, path)
@@ -123,6 +137,8 @@ def merge2(a: Schema, b: Schema, path: str) -> Schema:
             out[key] = _RULES[key](out[key], value)
         elif key in _NUMERIC:
             out[key] = _tighter(key, out[key], value, path)
+        elif key == "multipleOf":
+            out[key] = _common_multiple(out[key], value, path)
         elif key in ("pattern", "format"):  # two patterns can't be intersected here: neither is enforced
             out[key] = _UNENFORCEABLE
         elif key == "const" and _canon(out[key]) != _canon(value):

@@ -1,4 +1,5 @@
-"""A number or integer held to `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum`.
+"""A number or integer held to `minimum` / `maximum` / `exclusiveMinimum` / `exclusiveMaximum`
+and `multipleOf`.
 
 Written without an exponent (`-?(0|[1-9][0-9]*)(\\.[0-9]+)?`, the digit runs capped as
 `Number`'s), so every prefix's future values are a few intervals: a prefix is allowed only
@@ -7,7 +8,13 @@ The frame keeps the text read so far until every continuation is in the range, t
 its syntax (`RangedNumber`). A minus sign always leads to a value below zero ("-0" is not
 written).
 Exact arithmetic (`Fraction`) throughout: a bound such as 0.1 is the decimal the schema's
-JSON wrote, and so is the value compared with it.
+JSON wrote, and so is the value compared with it (0.3 is a multiple of 0.1 here, as it is
+in decimal; a validator dividing doubles may say otherwise).
+
+`multipleOf` m: the values that can be written are the multiples of the unit (1 for an
+integer, 10^-20 for a number), so those valid are the multiples of lcm(unit, m) — a
+prefix is allowed where an interval of its futures holds one inside the range; the text
+is kept to the end (never loose: whether it ends on a multiple depends on every digit).
 """
 
 from __future__ import annotations
@@ -37,28 +44,32 @@ _DIGITS = tuple(range(0x30, 0x3A))
 
 @dataclass(frozen=True)
 class NumRange:
-    """lo / hi: None for unbounded; `*_open`: exclusive."""
+    """lo / hi: None for unbounded; `*_open`: exclusive; `step`: multipleOf (None: any)."""
 
     lo: Fraction | None = None
     lo_open: bool = False
     hi: Fraction | None = None
     hi_open: bool = False
+    step: Fraction | None = None
 
     def contains(self, x: Fraction) -> bool:
         above = self.lo is None or x > self.lo or (x == self.lo and not self.lo_open)
         below = self.hi is None or x < self.hi or (x == self.hi and not self.hi_open)
-        return above and below
+        return above and below and (self.step is None or (x / self.step).denominator == 1)
 
     def meets(self, a: Fraction, b: Fraction, integer: bool) -> bool:
         """Whether [a, b] holds a value in the range that can be written: an integer, or a
-        decimal of at most MAX_FRAC_DIGITS fraction digits (a multiple of EPS)."""
+        decimal of at most MAX_FRAC_DIGITS fraction digits (a multiple of EPS); with a
+        step, a multiple of it too (of both: of their least common multiple)."""
         low, low_open = a, False
         if self.lo is not None and (self.lo > a or (self.lo == a and self.lo_open)):
             low, low_open = self.lo, self.lo_open
         high, high_open = b, False
         if self.hi is not None and (self.hi < b or (self.hi == b and self.hi_open)):
             high, high_open = self.hi, self.hi_open
-        unit = 1 if integer else EPS
+        unit = Fraction(1) if integer else EPS
+        if self.step is not None:
+            unit = fraction_lcm(unit, self.step)
         low, high = low / unit, high / unit  # in units: the values are the integers
         first = math.floor(low) + 1 if low_open and low.denominator == 1 else math.ceil(low)
         last = math.ceil(high) - 1 if high_open and high.denominator == 1 else math.floor(high)
@@ -79,7 +90,15 @@ def read_range(schema: dict[str, Any], path: str) -> NumRange | None:
         hi_open = xhi and hi is not None
     elif (v := _bound(schema, "exclusiveMaximum", path)) is not None and (hi is None or v <= hi):
         hi, hi_open = v, True
-    return None if lo is None and hi is None else NumRange(lo, lo_open, hi, hi_open)
+    step = _bound(schema, "multipleOf", path)
+    if step is not None and step <= 0:
+        raise GrammarError(f"{path}.multipleOf" if path else "multipleOf", f"multipleOf must be above 0, not {step}")
+    return None if lo is None and hi is None and step is None else NumRange(lo, lo_open, hi, hi_open, step)
+
+
+def fraction_lcm(a: Fraction, b: Fraction) -> Fraction:
+    """The least positive rational that is a multiple of both (positive) a and b."""
+    return Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
 
 
 def number_range(schema: dict[str, Any], path: str, integer: bool) -> NumRange | None:
@@ -88,7 +107,8 @@ def number_range(schema: dict[str, Any], path: str, integer: bool) -> NumRange |
     rng = read_range(schema, path)
     if rng is not None and not RangedNumber(integer, rng).first_bytes():
         kind = "integer" if integer else "number"
-        raise Unsatisfiable(path, f"no {kind} is within the bounds (at most 20 digits either side of the point)")
+        raise Unsatisfiable(path, f"no {kind} is within the bounds and a multiple of multipleOf (at most 20 "
+                                  f"digits either side of the point)")
     return rng
 
 
@@ -162,8 +182,8 @@ class RangedNumber(Leaf):
 
     def _frame(self, text: bytes) -> Frame:
         """The canonical frame: loose once the range holds every completion (the intervals'
-        ends are writable values, and the range is convex)."""
-        if all(self.range.contains(a) and self.range.contains(b) for a, b in _reach(text, self.integer)):
+        ends are writable values, and the range is convex); with a step, never."""
+        if self.range.step is None and all(self.range.contains(a) and self.range.contains(b) for a, b in _reach(text, self.integer)):
             return (self, LOOSE, _shape(text))
         return (self, text)
 
