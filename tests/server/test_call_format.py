@@ -122,3 +122,26 @@ def test_qwen3_coder_tools() -> None:
     assert fmt is not None and fmt.one_call and fmt.primed == "\n<function=u>\n"
     assert json.loads(fmt.schema or "") == [["u", {"type": "object", "properties": {"a": {"type": "string"}}}, False]]
     assert named_call_format("hermes", [tool("u", described)], "u", "<tool_call>") is None
+
+
+def test_responses_tools_are_held_unless_they_say_strict_false() -> None:
+    """The Responses API holds a tool that doesn't say `strict` (OpenAI's default there;
+    Chat Completions' is not to), never with a 400; `strict: false` opts out."""
+    from edgemoe.server.responses import to_generation_request
+    from edgemoe.server.responses_protocol import ResponsesRequest
+
+    body = {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "a", "parameters": {"type": "object"}}]}
+    served = SimpleNamespace(sampling_defaults={})
+    req = to_generation_request(ResponsesRequest.model_validate(body), served)  # type: ignore[arg-type]
+    assert req.strict_default
+    held = _output_constraint(model(), req, "")  # type: ignore[arg-type]
+    assert held is not None and held.target == "calls"
+    opted_out = {**body, "tools": [{**body["tools"][0], "strict": False}]}  # type: ignore[dict-item]
+    assert _output_constraint(model(), to_generation_request(ResponsesRequest.model_validate(opted_out), served), "") is None  # type: ignore[arg-type]
+    plain = request(tools=[tool("a", {"type": "object"})])
+    assert _output_constraint(model(), plain, "") is None  # type: ignore[arg-type]  (Chat Completions)
+    odd = {"type": "object", "properties": {"a": {"not": {}}}}
+    loose = _output_constraint(model(), request(tools=[tool("odd", odd)], strict_default=True), "")  # type: ignore[arg-type]
+    assert loose is not None and alternatives(loose)["odd"] == {"type": "object"}  # no 400: held loosely
+    xml = _output_constraint(model("qwen3_coder"), request(tools=[tool("odd", odd)], strict_default=True), "")  # type: ignore[arg-type]
+    assert xml is not None and xml.tool_format == "qwen3_coder"

@@ -41,16 +41,18 @@ _REFUSED = (GrammarError, RecursionError, TypeError, ValueError)
 
 
 def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, forced: str,
-                one_call: bool = False, always: bool = False) -> OutputFormat | None:
+                one_call: bool = False, always: bool = False, strict_default: bool = False) -> OutputFormat | None:
     """The calls' format of a request with active `tools` (`forced`: the forced opening its
     prompt ends with, '' for none; `one_call`: parallel calls off; `always`: whether or not
-    a tool is strict, as beside a response format); None where calls are not constrained.
-    Compiles schemas: call it off the event loop."""
+    a tool is strict, as beside a response format; `strict_default`: a tool that doesn't
+    say `strict` is held too, without the 400 — the Responses API's default); None where
+    calls are not constrained. Compiles schemas: call it off the event loop."""
     if tool_format not in ("hermes", "qwen3_coder") or not tools:
         return None
     entries = _entries(tools)
     strict = any(s for _, _, s in entries)
-    if not entries or not (forced or strict or always):
+    unsaid = strict_default and any(f.get("strict") is None for f in tool_functions(tools))
+    if not entries or not (forced or strict or unsaid or always):
         return None
     if len(entries) > MAX_TOOLS:  # each tool's schema is compiled: bound the work a request asks for
         if strict:

@@ -294,10 +294,12 @@ def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) 
     tools_active = req.parse_output and req.tool_choice != "none"
     tool_format = model.tool_parser if model.teaches_calls and model.writes_call_tags and tools_active else None
     if req.output_format is not None and not forced:
-        calls = call_format(tool_format, req.tools, "", one_call=not req.parallel_tool_calls, always=True)
+        calls = call_format(tool_format, req.tools, "", one_call=not req.parallel_tool_calls, always=True,
+                            strict_default=req.strict_default)
         return req.output_format if calls is None else replace(req.output_format, calls=calls.schema,
                                                                one_call=calls.one_call, tool_format=calls.tool_format)
-    return call_format(tool_format, req.tools, forced, one_call=not req.parallel_tool_calls)
+    return call_format(tool_format, req.tools, forced, one_call=not req.parallel_tool_calls,
+                       strict_default=req.strict_default)
 
 
 async def start_generation(

@@ -44,6 +44,8 @@ class GenerationRequest:
     template and parser, "auto" parses calls, "required" and `named_tool` (a function
     name, one of them) force one (`forced_call`). Raw prompts (`parse_output=False`)
     skip all parsing. `output_format`: the output must be JSON (server/output_format.py).
+    `strict_default`: a tool without `strict` has its calls held to its schema (the
+    Responses API's default; Chat Completions' is not to), never refused (call_format.py).
     """
 
     prompt: Prompt
@@ -56,6 +58,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     parse_output: bool = True
     output_format: OutputFormat | None = None
+    strict_default: bool = False
     prompt_param: str = "messages"  # the request field the prompt came from, for errors
     # SamplingParams field → the client's name for it, where they differ (for errors).
     field_names: Mapping[str, str] = field(default_factory=dict)

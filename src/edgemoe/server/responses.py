@@ -70,6 +70,7 @@ def to_generation_request(req: ResponsesRequest, model: ServedModel) -> Generati
         prompt_param="input",
         field_names={"max_tokens": "max_output_tokens"},
         output_format=responses_text_format(req.text),
+        strict_default=True,
     )
 
 
