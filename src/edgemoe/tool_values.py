@@ -104,7 +104,7 @@ class SchemaResolver:
         out: dict[str, Any] = {}
         ref = schema.get("$ref")
         if isinstance(ref, str):
-            out.update(self.resolve(_lookup(ref, self.root)))
+            out.update(self.resolve(lookup_ref(ref, self.root)))
         parts = schema.get("allOf")
         for part in parts if isinstance(parts, list) else []:
             if isinstance(part, Mapping):
@@ -182,7 +182,7 @@ def resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any
     return SchemaResolver(root).resolve(schema)
 
 
-def _lookup(ref: str, root: Mapping[str, Any]) -> Mapping[str, Any]:
+def lookup_ref(ref: str, root: Mapping[str, Any]) -> Mapping[str, Any]:
     if not ref.startswith("#"):
         return {}  # remote refs are not fetched
     node: Any = root
@@ -232,9 +232,10 @@ def convert_typed(raw: str, vt: ValueType) -> Any:
 
 def _enum_member(raw: str, members: tuple[Any, ...]) -> Any:
     text = raw.strip()
-    for m in members:
-        if isinstance(m, str) and m in (raw, text):
-            return m
+    for candidate in (raw, text):  # the text as written first: " a" is " a" where both " a" and "a" are members
+        for m in members:
+            if isinstance(m, str) and m == candidate:
+                return m
     parsed = _to_json(raw)
     for m in members:
         if not isinstance(m, str) and parsed is not _FAIL and _same(parsed, m):

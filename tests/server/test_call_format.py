@@ -122,6 +122,13 @@ def test_qwen3_coder_tools() -> None:
     assert fmt is not None and fmt.one_call and fmt.primed == "\n<function=u>\n"
     assert json.loads(fmt.schema or "") == [["u", {"type": "object", "properties": {"a": {"type": "string"}}}, False]]
     assert named_call_format("hermes", [tool("u", described)], "u", "<tool_call>") is None
+    assert call_format("qwen3_coder", [tool("bad name ", {"type": "object"})], "<tool_call>\n<function") is None
+    with pytest.raises(APIError, match="'a<b'"):
+        call_format("qwen3_coder", [tool("a<b", {"type": "object"}, True)], "")
+    hostile = {"type": "object", "properties": {"a": {}}, "required": [{"a": 1}]}
+    with pytest.raises(APIError):  # was a TypeError: a 500
+        call_format("qwen3_coder", [tool("t", hostile, True)], "")
+    assert call_format("qwen3_coder", [tool("t", hostile)], "<tool_call>\n<function") is not None
 
 
 def test_responses_tools_are_held_unless_they_say_strict_false() -> None:

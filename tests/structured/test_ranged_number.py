@@ -146,6 +146,28 @@ def test_multiple_of_is_exact_decimal_and_meets_through_all_of() -> None:
         Grammar.from_schema({"type": "number", "multipleOf": 0})
 
 
+@pytest.mark.parametrize("schema", [{"type": "number", "exclusiveMaximum": 1}, {"type": "number", "exclusiveMinimum": 0.1},
+                                    {"type": "number", "exclusiveMaximum": -2.5e-3, "exclusiveMinimum": -1}])
+def test_exclusive_bounds_hold_for_a_client_reading_doubles(schema: dict) -> None:
+    """A decimal just inside an exclusive bound may round to the bound in a double; the
+    bound moves in to the halfway point to the adjacent double, so every number taken reads
+    as a valid double, and one that rounds away from the bound is still taken."""
+    grammar, check = Grammar.from_schema(schema), validator(schema)
+    bound = Fraction(str(schema.get("exclusiveMaximum", schema.get("exclusiveMinimum"))))
+    taken = 0
+    for digits in range(12, 21):
+        for d in range(-40, 41):
+            x = bound + Fraction(d, 10**digits)
+            text = ("-" if x < 0 else "") + f"{abs(x.numerator) * 10**digits // x.denominator:0{digits + 1}d}"
+            text = text[:-digits] + "." + text[-digits:]
+            if complete(grammar, text):
+                taken += 1
+                assert check.is_valid(json.loads(text)), text  # type: ignore[attr-defined]
+    assert taken > 100
+    assert complete(Grammar.from_schema({"type": "number", "exclusiveMaximum": 1}), "0.9999999999999999")  # rounds down
+    assert not complete(Grammar.from_schema({"type": "number", "exclusiveMaximum": 1}), "0.99999999999999999999")
+
+
 def test_masks_equal_brute_force_along_an_instance() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 250},
                                                "x": {"type": "number", "exclusiveMinimum": -1, "maximum": 0.5}},

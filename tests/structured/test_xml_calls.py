@@ -21,7 +21,7 @@ from edgemoe.server.templates import ChatTemplate
 from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.xml_calls import XmlCalls
-from edgemoe.structured.xml_tools import xml_tool
+from edgemoe.structured.xml_tools import xml_calls, xml_tool
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"], "properties": {
     "city": {"type": "string"},
@@ -143,6 +143,15 @@ def test_invalid_calls_are_refused(calls: XmlCalls, body: bytes) -> None:
     ({"anyOf": [{"type": "object"}]}, "anyOf"),
     ({"type": "object", "properties": {"a<b": {"type": "string"}}}, ""),
     ({"type": "object", "required": ["b"], "properties": {"a": {}}}, "required"),
+    ({"type": "object", "required": [["a"]], "properties": {"a": {}}}, ""),  # was a TypeError: a 500
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, "allOf"),  # the parser merges later-wins
+    ({"$ref": "#/$defs/A", "required": ["b"], "$defs": {"A": {"type": "object", "properties": {"b": {}}}}}, "required"),
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}, "properties.x"),
+    ({"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}}, "properties.x"),
+    ({"type": "object", "properties": {  # past the parser's typing budget: it would read values untyped
+        "a": {"type": "object", "allOf": [{"properties": {f"p{i}_{j}": {"type": "integer"} for j in range(40)}}
+                                          for i in range(40)]}, "b": {"type": "integer"}}}, "properties"),
 ])
 def test_schemas_that_cannot_be_held(parameters: dict, where: str) -> None:
     with pytest.raises(GrammarError) as info:
@@ -189,3 +198,37 @@ def test_primed_openings(calls: XmlCalls) -> None:
     assert calls.advance_bytes(calls.start(), b"\n<function") is not None
     named = calls.advance_bytes(calls.start(), b"\n<function=note>\n")
     assert named is not None and calls.advance_bytes(named, b"<parameter=text>\n") is not None
+
+
+@pytest.mark.parametrize("parameters, text", [
+    ({"type": "object", "properties": {"x": {"enum": ["a</parameter>b", "c"]}}}, b"a</parameter"),
+    ({"type": "object", "properties": {"x": {"type": "string", "const": "</parameter>"}}}, b"</parameter"),
+    ({"type": "object", "properties": {"x": {"type": "array", "items": {"const": "</parameter>"}}}}, b'["</parameter'),
+])
+def test_a_value_the_closing_tag_would_complete_is_no_dead_end(parameters: dict, text: bytes) -> None:
+    """A member holding `</parameter>` can't be written (the parser would end the value
+    there): its prefix is refused where it would leave no byte, not accepted into a dead end."""
+    calls = XmlCalls([xml_tool("f", parameters, strict=True)])
+    state = calls.advance_bytes(calls.start(), b"<function=f>\n<parameter=x>\n" + text)
+    assert state is None or any(calls.advance(state, b) is not None for b in range(256))
+
+
+def test_a_non_strict_tool_a_tag_cannot_name_is_left_out() -> None:
+    """Its calls can't be written (nor read), so it is not held; the others are."""
+    calls = xml_calls([["bad name ", {"type": "object"}, False], ["a<b", None, False], ["g", {"type": "object"}, True]])
+    assert [t.name for t in calls.tools] == [b"g"]
+    with pytest.raises(GrammarError):
+        xml_calls([["bad name ", {"type": "object"}, True]])
+
+
+def test_an_enum_member_reads_back_as_written() -> None:
+    """" a" and "a" both members: the raw text " a" is " a" (the parser tried the stripped
+    text first and read "a", which the minLength refused)."""
+    schema = {"type": "object", "properties": {"x": {"enum": ["a", " a"], "minLength": 2}}, "required": ["x"]}
+    calls = XmlCalls([xml_tool("f", schema, strict=True)])
+    body = b"\n<function=f>\n<parameter=x>\n a\n</parameter>\n</function>\n"
+    state = calls.advance_bytes(calls.start(), body)
+    assert state is not None and calls.is_complete(state)
+    parser = Qwen3CoderToolParser([{"type": "function", "function": {"name": "f", "parameters": schema}}], lambda: "id")
+    got = ResponseParser(None, parser).parse_complete("<tool_call>" + body.decode() + "</tool_call>").tool_calls
+    assert json.loads(got[0].arguments) == {"x": " a"}

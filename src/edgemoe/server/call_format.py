@@ -120,13 +120,14 @@ def _checked_xml(entries_json: str) -> str | None:
             raise bad_request(f"tools: the tools' schemas are {size} bytes of JSON without their descriptions; "
                               f"at most {MAX_SCHEMA_BYTES} can be enforced", param="tools")
         return None
+    held = 0
     for name, parameters, strict in json.loads(entries_json):
         try:
-            xml_tool(name, parameters, strict)
+            held += xml_tool(name, parameters, strict) is not None
         except GrammarError as exc:
             raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced in the "
                               f"qwen3_coder call format: {exc}", param="tools") from exc
-    return entries_json
+    return entries_json if held else None  # none a tag can name: nothing to hold
 
 
 def _arguments(name: str, parameters: object, strict: bool) -> object | None:

@@ -96,6 +96,15 @@ def read_range(schema: dict[str, Any], path: str) -> NumRange | None:
     return None if lo is None and hi is None and step is None else NumRange(lo, lo_open, hi, hi_open, step)
 
 
+def _inside_doubles(rng: NumRange) -> NumRange:
+    lo, hi = rng.lo, rng.hi
+    if lo is not None and rng.lo_open:
+        lo = (Fraction(float(lo)) + Fraction(math.nextafter(float(lo), math.inf))) / 2
+    if hi is not None and rng.hi_open:
+        hi = (Fraction(float(hi)) + Fraction(math.nextafter(float(hi), -math.inf))) / 2
+    return NumRange(lo, rng.lo_open, hi, rng.hi_open, rng.step)
+
+
 def fraction_lcm(a: Fraction, b: Fraction) -> Fraction:
     """The least positive rational that is a multiple of both (positive) a and b."""
     return Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
@@ -103,8 +112,14 @@ def fraction_lcm(a: Fraction, b: Fraction) -> Fraction:
 
 def number_range(schema: dict[str, Any], path: str, integer: bool) -> NumRange | None:
     """`read_range`, refusing a range no number of the kind can be in (Unsatisfiable: an
-    anyOf alternative or optional property is pruned, a root left with nothing refused)."""
+    anyOf alternative or optional property is pruned, a root left with nothing refused).
+    A number's exclusive bounds move in to the halfway points to the adjacent doubles (still
+    exclusive): a client reads the number as a double, and a decimal just inside an
+    exclusive bound may round to the bound itself (0.99999999999999999999 reads as 1.0,
+    which `exclusiveMaximum: 1` refuses); one short of the halfway point rounds away."""
     rng = read_range(schema, path)
+    if rng is not None and not integer:
+        rng = _inside_doubles(rng)
     if rng is not None and not RangedNumber(integer, rng).first_bytes():
         kind = "integer" if integer else "number"
         raise Unsatisfiable(path, f"no {kind} is within the bounds and a multiple of multipleOf (at most 20 "

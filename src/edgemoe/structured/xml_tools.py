@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from edgemoe.tool_values import SchemaResolver
+from edgemoe.tool_values import SchemaResolver, lookup_ref
 from edgemoe.structured.call_schema import rebase_refs
 from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.keywords import ANNOTATIONS, CONTAINERS
@@ -34,26 +34,34 @@ from edgemoe.structured.xml_value import ParamValue
 
 _OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"}) | ANNOTATIONS | CONTAINERS
 _BASE = "#/$defs/tool"
-MAX_PARAMETERS = 64  # a tool's parameters held in one call (the seen set is a bitmask)
+MAX_PARAMETERS = 64
+MAX_REF_CHAIN = 32  # a tool's parameters held in one call (the seen set is a bitmask)
 
 
 def xml_calls(entries: object) -> XmlCalls:
     """The grammar of a call to any of the tools `entries` lists as [name, parameters, strict]
-    (a strict tool that can't be held raises GrammarError, `path` prefixed by its name)."""
-    if not isinstance(entries, list) or not entries:
-        raise TypeError("a non-empty list of tools")
+    (a strict tool that can't be held raises GrammarError, `path` prefixed by its name; a
+    non-strict one whose name a tag can't carry is left out: the parser can't read its
+    calls either). ValueError where no tool is left."""
+    if not isinstance(entries, list):
+        raise TypeError("a list of tools")
     tools = []
     for name, parameters, strict in entries:
         try:
-            tools.append(xml_tool(name, parameters, strict is True))
+            tool = xml_tool(name, parameters, strict is True)
         except GrammarError as exc:
             raise GrammarError(f"{name}: {exc.path}" if exc.path else str(name), exc.problem) from exc
+        if tool is not None:
+            tools.append(tool)
     return XmlCalls(tools)
 
 
-def xml_tool(name: str, parameters: object, strict: bool) -> XmlTool:
+def xml_tool(name: str, parameters: object, strict: bool) -> XmlTool | None:
     """`name`'s calls held to `parameters` (None: no parameters). A tool that is not strict
-    and whose schema can't be held gets its declared keys with any text as values."""
+    and whose schema can't be held gets its declared keys with any text as values; one
+    whose name can't be written in a tag, None."""
+    if not strict and not (isinstance(name, str) and _writable(name)):
+        return None
     _check_writable(name, "the tool's name")
     try:
         return _held(name, parameters)
@@ -68,24 +76,26 @@ def _held(name: str, parameters: object) -> XmlTool:
         return XmlTool(name.encode(), (), (), 0)
     if not isinstance(parameters, Mapping):
         raise GrammarError("", "the parameters are not a schema object")
-    resolver = SchemaResolver(parameters)
-    top = resolver.resolve(parameters)
-    _check_object(top)
+    top = _top_object(parameters)
     props = top.get("properties") or {}
     required = top.get("required") or []
-    if not isinstance(props, Mapping) or not isinstance(required, list):
-        raise GrammarError("", "properties must be an object and required a list")
+    if not isinstance(props, Mapping) or not isinstance(required, list) or not all(
+            isinstance(k, str) for k in required):
+        raise GrammarError("", "properties must be an object and required a list of names")
     missing = [k for k in required if k not in props]
     if missing:
         raise GrammarError("required", f"{missing[0]!r} is required but not among the properties")
     if len(props) > MAX_PARAMETERS:
         raise GrammarError("properties", f"more than {MAX_PARAMETERS} parameters")
     defs = {"tool": rebase_refs(parameters, _BASE, drop=ANNOTATIONS)}  # each value's $refs resolve here
+    resolver = SchemaResolver(parameters)  # the parser's own typing of each value
     keys, values = [], []
     for key, schema in props.items():
         _check_writable(key, f"the parameter {key!r}")
         keys.append(key)
         values.append(_param_value(defs, resolver, key, schema))
+    if resolver.exhausted:  # the parser would read some values untyped
+        raise GrammarError("properties", "the schema takes too much work to type its values")
     mask = sum(1 << keys.index(k) for k in set(required))
     return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(values), mask)
 
@@ -95,6 +105,26 @@ def _loose(name: str, parameters: object) -> XmlTool:
     props = parameters.get("properties") if isinstance(parameters, Mapping) else None
     keys = [k for k in props if _writable(k)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
     return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(_any_text() for _ in keys), 0)
+
+
+def _top_object(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The object schema the parameters are, through a chain of `$ref`s (each alone, as the
+    parser resolves them: a sibling or an `allOf` there would be merged its own way)."""
+    node: Mapping[str, Any] = parameters
+    for _ in range(MAX_REF_CHAIN):
+        if "allOf" in node:
+            raise GrammarError("allOf", "allOf at the top of the parameters can't be held in the qwen3_coder format")
+        ref = node.get("$ref")
+        if ref is None:
+            _check_object(node)
+            return node
+        extra = sorted(k for k in node if k != "$ref" and k not in ANNOTATIONS and k not in CONTAINERS)
+        if extra:
+            raise GrammarError(extra[0], "a keyword beside $ref at the top of the parameters")
+        node = lookup_ref(ref, parameters) if isinstance(ref, str) else {}
+        if not node:
+            raise GrammarError("$ref", f"{ref!r} names no schema in the parameters")
+    raise GrammarError("$ref", f"more than {MAX_REF_CHAIN} $refs in a chain")
 
 
 def _check_object(top: Mapping[str, Any]) -> None:
@@ -112,10 +142,9 @@ def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schem
         if schema is True:
             return _any_text()
         raise GrammarError(where, "not a schema object")
-    vt = resolver.value_type(schema)
-    resolved = resolver.resolve(schema)
-    if not vt.types and vt.enum is None and not vt.nullable and all(k in ANNOTATIONS for k in resolved):
+    if all(k in ANNOTATIONS for k in schema):  # {}: any value, and the parser reads any text as one
         return _any_text()
+    vt = resolver.property_type(key)
     string_only = set(vt.types) == {"string"} or (
         not vt.types and vt.enum is not None and all(isinstance(m, str) or m is None for m in vt.enum))
     grammar = _grammar(defs, schema, where, extra_null=False)

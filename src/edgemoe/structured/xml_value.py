@@ -73,11 +73,21 @@ class ParamValue:
         return None if inner is None else (inner, False, 0)
 
     def _holding(self, inner: State, newline: bool, held: int) -> ValueState | None:
-        """A held prefix, where the value may still close or the bytes be content."""
+        """A held prefix, where the value may still close or the bytes be content that can
+        go on (not only as the rest of `</parameter>`, which content may not hold: an
+        enum member "a</parameter>b" would leave no byte)."""
         if newline and self.can_end(inner):
             return (inner, newline, held)
         content = self._feed(inner, (b"\n" if newline else b"") + CLOSE[:held])
-        return None if content is None else (inner, newline, held)
+        return None if content is None or not self._escapes(content, held) else (inner, newline, held)
+
+    def _escapes(self, content: State | None, held: int) -> bool:
+        """Whether content that ends with `CLOSE[:held]` can take a byte that leaves the tag."""
+        while content is not None and held < len(CLOSE):
+            if any(b != CLOSE[held] and self._feed(content, bytes((b,))) is not None for b in range(256)):
+                return True
+            content, held = self._feed(content, CLOSE[held:held + 1]), held + 1
+        return False
 
     def _feed(self, inner: State | None, data: bytes) -> State | None:
         g = self.grammar
