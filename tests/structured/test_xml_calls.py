@@ -12,6 +12,9 @@ import random
 import jsonschema_rs
 import numpy as np
 import pytest
+from grammar_support import CASES
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_token_masks import brute_force, qwen_vocab
 
 from edgemoe.assets.chat_template import QWEN3_5_CHAT_TEMPLATE
@@ -232,3 +235,61 @@ def test_an_enum_member_reads_back_as_written() -> None:
     parser = Qwen3CoderToolParser([{"type": "function", "function": {"name": "f", "parameters": schema}}], lambda: "id")
     got = ResponseParser(None, parser).parse_complete("<tool_call>" + body.decode() + "</tool_call>").tool_calls
     assert json.loads(got[0].arguments) == {"x": " a"}
+
+
+PARAMETER_CASES = [c for c in CASES if isinstance(c.schema, dict) and "$ref" not in json.dumps(c.schema)]
+
+
+@pytest.mark.parametrize("case", PARAMETER_CASES, ids=[c.name for c in PARAMETER_CASES])
+def test_the_grammar_battery_as_parameters(case) -> None:  # noqa: ANN001
+    """Each schema of the JSON grammar's battery as a parameter (and twice, as a required
+    one beside an optional string): refused with a GrammarError, or every random call the
+    grammar lets through reads back (the qwen3_coder parser) as valid arguments."""
+    validate = case.validate if case.validate is not None else case.schema
+    parameters = {"type": "object", "properties": {"p": case.schema, "s": {"type": "string", "maxLength": 3}},
+                  "required": ["p"]}
+    try:
+        calls = XmlCalls([xml_tool("t", parameters, strict=True)])
+    except GrammarError:
+        return
+    check = jsonschema_rs.validator_for({**parameters, "properties": {"p": validate, "s": parameters["properties"]["s"]}})
+    tools = [{"type": "function", "function": {"name": "t", "parameters": parameters}}]
+    rng, made = random.Random(case.name), 0
+    for _ in range(40):
+        text = random_call(calls, rng, limit=300)
+        if text is None:
+            continue
+        parser = Qwen3CoderToolParser(tools, lambda: "id")
+        got = ResponseParser(None, parser).parse_complete("<tool_call>" + text.decode("utf-8", "replace") + "</tool_call>")
+        assert len(got.tool_calls) == 1 and not got.content.strip(), text
+        arguments = json.loads(got.tool_calls[0].arguments)
+        assert check.is_valid(arguments), (text, arguments)
+        made += 1
+    assert made >= 5
+
+
+JUNK = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, allow_infinity=False),
+              st.sampled_from(["string", "integer", "object", "array", "null", "number", "boolean", "#", "#/$defs/a",
+                               "</parameter>", "a<b", "", " x"])),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["type", "properties", "required", "enum", "const", "items", "anyOf", "allOf",
+                                         "oneOf", "$ref", "$defs", "minLength", "maxLength", "minimum",
+                                         "exclusiveMaximum", "multipleOf", "pattern", "nullable", "format",
+                                         "additionalProperties", "p", "a<b", "x"]), inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(parameters=JUNK, strict=st.booleans())
+def test_hostile_parameters_are_refused_cleanly(parameters: object, strict: bool) -> None:
+    """Whatever a client sends as a tool's parameters, the XML grammar is built or refused
+    with a GrammarError (a 400 at the server), never another exception (a 500)."""
+    try:
+        tool = xml_tool("t", parameters, strict=strict)
+    except GrammarError:
+        assert strict
+        return
+    if tool is not None:
+        random_call(XmlCalls([tool]), random.Random(0), limit=200)  # asserts no state on the way is a dead end
