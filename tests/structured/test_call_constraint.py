@@ -187,3 +187,19 @@ def test_value_or_calls_is_chosen_by_the_first_token() -> None:
     feed(c, [TAGS.open])
     m = c.mask()
     assert c.calling and m is not None and m[t.token_to_id("{")] and not m[EOS]  # inside a call
+
+
+def test_value_or_calls_counts_the_tokens_before_the_calls_for_min_tokens() -> None:
+    """min_tokens counts the whole output: a think block before the calls counts, so past
+    it another call (not only EOS) may follow the first."""
+    from edgemoe.structured.constraint import OutputConstraint
+    from edgemoe.structured.value_or_calls import ValueOrCalls
+    token_bytes, vocab = qwen_vocab()
+    t = tokenizer()
+    value = OutputConstraint(TokenMasks(PaddedValue(Grammar.from_schema(LIGHT)), vocab), token_bytes,
+                             frozenset({EOS}), "start", THINK)
+    c = ValueOrCalls(value, constraint(min_tokens=30), TAGS.open)
+    feed(c, [THINK.open, *t.encode(" x" * 25, add_special_tokens=False).ids, THINK.close, TAGS.open])
+    feed(c, [*t.encode('\n{"name": "note", "arguments": {}}', add_special_tokens=False).ids, TAGS.close])
+    m = c.mask()
+    assert m is not None and m[TAGS.open] and m[EOS]  # 30 tokens written: a second call may follow

@@ -78,7 +78,7 @@ class CallConstraint:
         self.state: object | None = None
         self._spelled = 0  # bytes of `<tool_call>` the text ends with
         self._spaces_after = 0  # whitespace bytes since the last call closed
-        self._count = 0  # tokens accepted (min_tokens)
+        self.count = 0  # tokens of the output so far (min_tokens), ValueOrCalls' before it too
         if primed is not None:
             self.phase, self.state = "call", advance_bytes(self._grammar, self._grammar.start(), primed)
             if self.state is None:
@@ -105,7 +105,7 @@ class CallConstraint:
     def _after_mask(self) -> np.ndarray:
         allowed = np.zeros(self._masks.vocab.width, dtype=bool)
         allowed[self._eos] = True
-        if self._count < self._rules.min_tokens:
+        if self.count < self._rules.min_tokens:
             return allowed
         allowed[self._tokens.spaces.within(LEAD_SPACE - self._spaces_after)] = True
         allowed[self._tags.open] = not self._rules.one_call
@@ -113,7 +113,7 @@ class CallConstraint:
 
     def accept(self, token_id: int) -> None:
         """The token the request sampled."""
-        self._count += 1
+        self.count += 1
         if self.phase == "thinking":
             if self._think is not None and token_id == self._think.close:
                 self.phase, self._spelled = "text", 0

@@ -22,6 +22,7 @@ class ValueOrCalls:
     def __init__(self, value: OutputConstraint, calls: CallConstraint, open_tag: int) -> None:
         self._value, self._calls, self._open = value, calls, open_tag
         self.calling = False
+        self._before = 0  # tokens before the calls began (they count towards min_tokens)
 
     def mask(self) -> np.ndarray | None:
         if self.calling:
@@ -34,6 +35,9 @@ class ValueOrCalls:
     def accept(self, token_id: int) -> None:
         if not self.calling and token_id == self._open and self._value.before_value():
             self.calling = True
+            self._calls.count = self._before
+        if not self.calling:
+            self._before += 1
         (self._calls if self.calling else self._value).accept(token_id)
 
     def unconstrain(self) -> None:
