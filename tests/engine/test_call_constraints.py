@@ -94,3 +94,29 @@ def test_without_a_call_nothing_is_masked(llm: LLM) -> None:
 def test_bad_specs_are_refused(llm: LLM, spec: StructuredOutput, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         llm.generate([PROMPT], SamplingParams(structured=spec))
+
+
+def test_overlap_goes_on_through_a_think_block(qwen3_ckpt, llm: LLM, monkeypatch) -> None:  # noqa: ANN001
+    """A tool-call constraint inside a think block doesn't make overlap scheduling complete
+    each step first (its masks are None whatever comes); once the block closes it does.
+    The tokens are the serial loop's either way."""
+    from edgemoe.engine.engine import Engine
+
+    think_open, think_close = 151667, 151668
+    spec = StructuredOutput(schema=CALLS, target="calls", reasoning="open")
+    thinking = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, logit_bias={think_close: -100.0},
+                               structured=spec) for s in range(2)]
+    closing = [SamplingParams(temperature=1.0, seed=s, max_tokens=60, logit_bias={think_close: 30.0},
+                              structured=spec) for s in range(2)]
+    prompt = PROMPT + [think_open]
+    waits: list[bool] = []
+    needs = Engine.needs_host_tokens
+    monkeypatch.setattr(Engine, "needs_host_tokens", lambda self: waits.append(needs(self)) or waits[-1])
+    got = [o.token_ids for o in llm.generate([prompt] * 2, thinking)]
+    assert len(waits) >= 39 and not any(waits)  # overlap through the whole block
+    waits.clear()
+    got += [o.token_ids for o in llm.generate([prompt] * 2, closing)]
+    assert True in waits and all(ids[0] == think_close for ids in got[2:])
+    monkeypatch.undo()
+    with LLM(str(qwen3_ckpt), dtype="float32", page_size=4, overlap=False) as serial:
+        assert [o.token_ids for o in serial.generate([prompt] * 4, thinking + closing)] == got

@@ -203,3 +203,18 @@ def test_value_or_calls_counts_the_tokens_before_the_calls_for_min_tokens() -> N
     feed(c, [*t.encode('\n{"name": "note", "arguments": {}}', add_special_tokens=False).ids, TAGS.close])
     m = c.mask()
     assert m is not None and m[TAGS.open] and m[EOS]  # 30 tokens written: a second call may follow
+
+
+def test_only_masks_that_follow_the_token_wait_for_it() -> None:
+    """Overlap scheduling completes the step in flight only for a constraint whose next
+    mask depends on the token it samples: not inside a think block (None whatever comes,
+    the close included), nor once off; in text (a tag may open) and in a call, always."""
+    t = tokenizer()
+    c = constraint(reasoning="open")
+    assert c.phase == "thinking" and not c.waits_for_token() and c.mask() is None
+    feed(c, [t.token_to_id("hmm"), THINK.close])
+    assert c.phase == "text" and c.mask() is None and c.waits_for_token()  # <tool_call> would mask the next
+    feed(c, [TAGS.open])
+    assert c.waits_for_token()
+    c.unconstrain()
+    assert not c.waits_for_token()

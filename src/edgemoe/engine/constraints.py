@@ -4,7 +4,8 @@ a constraint per request, and each step's allowed-token masks for the sampler.
 A request's mask depends on every token it sampled before, so a step that samples for a
 constrained request needs the previous step's tokens on the host first: overlap
 scheduling completes the step in flight before scheduling while one runs
-(`Engine.needs_host_tokens`). Masks are built on the host while the step's forward pass
+(`Engine.needs_host_tokens`), unless no request's next mask depends on that token (a
+tool-call constraint inside a think block: `wait_for_tokens`). Masks are built on the host while the step's forward pass
 runs on the device, and go to the device as one bool [B, V] copy.
 
 The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
@@ -112,6 +113,10 @@ class Constraints:
         calls_masks = self._masks_for(spec.calls_schema, spec.tool_format)
         calls = CallConstraint(calls_masks, self._bytes, self._calls(), rules, "none", None)
         return ValueOrCalls(value, calls, self._calls().tags.open)
+
+    def wait_for_tokens(self) -> bool:
+        """Whether some request's next mask follows the token its step in flight samples."""
+        return any(c.waits_for_token() for c in self.by_request.values())
 
     def release(self, request_id: str) -> None:
         self.by_request.pop(request_id, None)

@@ -124,8 +124,9 @@ class Engine:
 
     def needs_host_tokens(self) -> bool:
         """Overlap: whether the next step needs the step in flight's tokens (a structured
-        output's mask follows every token it sampled)."""
-        return bool(self.constraints.by_request)
+        output's mask follows every token it sampled; not a tool-call constraint's while it
+        thinks: its masks are None whatever the token)."""
+        return self.constraints.wait_for_tokens()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or (self.overlap is not None and self.overlap.in_flight is not None)

@@ -23,7 +23,9 @@ What keeps the outputs exactly the serial loop's (`Engine.step` without the swit
 - Decisions that need every token on the host first: when the decodes need pages that
   only a preemption could give (`Scheduler.needs_room`), the step in flight is completed
   before scheduling (this step runs serially), and so is it while a structured output
-  runs (`Engine.needs_host_tokens`: its next mask follows its last token); requests found out of KV are finished
+  runs whose next mask follows its last token (`Engine.needs_host_tokens`; a tool-call
+  constraint inside a think block does not wait: its mask is None whatever the token);
+  requests found out of KV are finished
   after the completion (a stop rule may have ended them); a failed launch is completed
   (failed) at once.
 - The stateful prefix cache's tool-call opener check waits for the token

@@ -102,6 +102,14 @@ class CallConstraint:
             allowed[self._tags.close] = True
         return allowed
 
+    def waits_for_token(self) -> bool:
+        """Whether the mask after the next token depends on that token. Not while thinking
+        (after any token, the close included, the mask is None: free text starts with no tag
+        spelled) nor once off: overlap scheduling goes on through a long think block."""
+        if self.phase == "off":
+            return False
+        return not (self.phase == "thinking" and self._tokens.spelled.blocked(0) is None)
+
     def _after_mask(self) -> np.ndarray:
         allowed = np.zeros(self._masks.vocab.width, dtype=bool)
         allowed[self._eos] = True

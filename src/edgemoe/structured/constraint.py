@@ -127,6 +127,12 @@ class OutputConstraint:
         """Whether the value has not begun (its next token is the value's first, or space)."""
         return self.active and isinstance(self.state, _Lead)
 
+    def waits_for_token(self) -> bool:
+        """Whether the mask after the next token depends on that token (overlap scheduling
+        then completes the step in flight first): always, until the output is unconstrained
+        for good (a think block's close opens the value)."""
+        return self.state is not None
+
     def mask(self) -> np.ndarray | None:
         """bool [width], True where the next token is allowed; None: unconstrained."""
         if not self.active:

@@ -40,6 +40,9 @@ class ValueOrCalls:
             self._before += 1
         (self._calls if self.calling else self._value).accept(token_id)
 
+    def waits_for_token(self) -> bool:
+        return (self._calls if self.calling else self._value).waits_for_token()
+
     def unconstrain(self) -> None:
         self._value.unconstrain()
         self._calls.unconstrain()
