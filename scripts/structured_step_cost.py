@@ -1,7 +1,8 @@
 """What a structured request costs the engine's decode step (docs/api.md, "Cost"): a batch
 decoded plain, then with one of its rows held to a strict tool set while it writes text
 (no mask, but overlap completes each step before the next: its mask would need the last
-token), then with one row inside a JSON value (a mask built and copied every step).
+token), then with that row inside a think block (no mask whatever comes: overlap goes on),
+then with one row inside a JSON value (a mask built and copied every step).
 
 Greedy, `ignore_eos`, every row `--tokens` long, one engine; the settings interleaved over
 `--rounds` rounds after a warm-up run each (the median kept: a busy host moves single
@@ -26,16 +27,18 @@ from edgemoe.structured.call_schema import call_schema
 
 PROMPT = [151644, 872, 198, 3838, 374, 279]
 OPEN_CALL = 151657  # <tool_call>: banned in the "calls" row, so it stays in free text
+THINK_OPEN, THINK_CLOSE = 151667, 151668  # the "thinking" row's prompt opens a block it never closes
 TOOLS = json.dumps(call_schema([("note", {"type": "object", "properties": {"text": {"type": "string"}}})]))
 SETTINGS = {
     "plain": None,
     "calls row, text": StructuredOutput(schema=TOOLS, target="calls"),
+    "calls row, thinking": StructuredOutput(schema=TOOLS, target="calls", reasoning="open"),
     "json row": StructuredOutput(schema=json.dumps({"type": "array", "items": {"type": "string"}})),
 }
 
 
 def params(spec: StructuredOutput | None, tokens: int, row: int) -> SamplingParams:
-    bias = {OPEN_CALL: -100.0} if spec is not None and spec.target == "calls" else None
+    bias = {OPEN_CALL: -100.0, THINK_CLOSE: -100.0} if spec is not None and spec.target == "calls" else None
     return SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logit_bias=bias,
                           structured=spec if row == 0 else None)
 
@@ -43,8 +46,10 @@ def params(spec: StructuredOutput | None, tokens: int, row: int) -> SamplingPara
 def timed(llm: LLM, spec: StructuredOutput | None, batch: int, tokens: int) -> float:
     """Decode tokens a second over the batch (prefill of the short prompt included)."""
     plist = [params(spec, tokens, row) for row in range(batch)]
+    thinking = spec is not None and spec.reasoning == "open"
+    prompts = [PROMPT + [THINK_OPEN] if thinking and row == 0 else PROMPT for row in range(batch)]
     t0 = time.perf_counter()
-    outs = llm.generate([PROMPT] * batch, plist)
+    outs = llm.generate(prompts, plist)
     return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
 
 
