@@ -13,8 +13,9 @@ The parser types each value's raw text by the parameter's schema (edgemoe/tool_v
 
 A parameter that may be a string or another type (the parser would read `5` as 5 where
 the model meant "5"), a string the parser would read as null but the schema does not
-allow, and a parameters schema beyond an object of properties (`anyOf` at the top,
-`patternProperties`, …) raise GrammarError: a strict tool's calls can't be enforced then.
+allow, and a parameters schema beyond an object of properties (`anyOf`, `allOf` or a
+keyword beside `$ref` at the top, `patternProperties`, …) raise GrammarError: a strict
+tool's calls can't be enforced then.
 Names and keys must be writable in a tag (no `<`, `>`, line break or surrounding space).
 """
 
@@ -24,18 +25,18 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from edgemoe.tool_values import SchemaResolver, lookup_ref
 from edgemoe.structured.call_schema import rebase_refs
 from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.keywords import ANNOTATIONS, CONTAINERS
 from edgemoe.structured.matcher import Grammar
 from edgemoe.structured.xml_calls import XmlCalls, XmlTool
 from edgemoe.structured.xml_value import ParamValue
+from edgemoe.tool_values import SchemaResolver, lookup_ref
 
 _OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties"}) | ANNOTATIONS | CONTAINERS
 _BASE = "#/$defs/tool"
-MAX_PARAMETERS = 64
-MAX_REF_CHAIN = 32  # a tool's parameters held in one call (the seen set is a bitmask)
+MAX_PARAMETERS = 64  # a tool's parameters held in one call (the seen set is a bitmask)
+MAX_REF_CHAIN = 32
 
 
 def xml_calls(entries: object) -> XmlCalls:
@@ -101,8 +102,8 @@ def _held(name: str, parameters: object) -> XmlTool:
 
 
 def _loose(name: str, parameters: object) -> XmlTool:
-    """Declared keys (those writable), any text for each, none required."""
-    props = parameters.get("properties") if isinstance(parameters, Mapping) else None
+    """Declared keys (those writable, as the parser finds them), any text for each, none required."""
+    props = SchemaResolver(parameters).resolve(parameters).get("properties") if isinstance(parameters, Mapping) else None
     keys = [k for k in props if _writable(k)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
     return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(_any_text() for _ in keys), 0)
 
