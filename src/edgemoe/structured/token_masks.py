@@ -17,6 +17,7 @@ import numpy as np
 from edgemoe.structured.vocab import FREE_BYTE as _FREE
 from edgemoe.structured.vocab import FreeClass, Vocabulary
 CACHED_MASKS = 256  # per grammar: ~19 KB each, packed, at a 150K vocabulary
+MANY_RANGES = 64  # past this many ranges a walk's hits are marked in one vector operation
 
 
 class ByteGrammar(Protocol):
@@ -75,12 +76,34 @@ class TokenMasks:
         ok_nodes = np.zeros(v.num_nodes, dtype=bool)
         explicit, ranges = _Walk(self.grammar, v).run(state)
         ok_nodes[explicit] = True
+        if len(ranges) > MANY_RANGES:
+            self._mark_many(ok_nodes, ranges)
+            return ok_nodes[v.node_of_token] & v.allowed_ever
         for lo, hi, d, max_chars, free in ranges:
             hit = free.nonfree_depth[lo:hi] <= d
             if max_chars >= 0:  # a bounded string: valid UTF-8 and few enough characters
                 hit &= (v.utf8_mode[lo:hi] >= 0) & (v.chars[lo:hi] <= max_chars)
             ok_nodes[lo:hi] |= hit
         return ok_nodes[v.node_of_token] & v.allowed_ever
+
+    def _mark_many(self, ok_nodes: np.ndarray, ranges: list[tuple[int, int, int, int, FreeClass]]) -> None:
+        """The ranges' hits as one vector operation per free class: a raw string's walk
+        re-enters free text after each newline or `<` inside a token (~18K small ranges at
+        Qwen's vocabulary), where a numpy call per range would cost ~3 µs each."""
+        v = self.vocab
+        by_class: dict[int, list[tuple[int, int, int, int, FreeClass]]] = {}
+        for r in ranges:
+            by_class.setdefault(id(r[4]), []).append(r)
+        for group in by_class.values():
+            lo, hi, d, max_chars = (np.array(col, dtype=np.int64) for col in list(zip(*group))[:4])
+            lengths = hi - lo
+            starts = np.cumsum(lengths) - lengths
+            nodes = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(lo - starts, lengths)
+            hit = group[0][4].nonfree_depth[nodes] <= np.repeat(d, lengths)
+            bound = np.repeat(max_chars, lengths)
+            counted = bound >= 0  # bounded strings: valid UTF-8 and few enough characters
+            hit &= ~counted | ((v.utf8_mode[nodes] >= 0) & (v.chars[nodes] <= bound))
+            ok_nodes[nodes[hit]] = True
 
 
 class _Walk:
