@@ -168,6 +168,21 @@ def test_exclusive_bounds_hold_for_a_client_reading_doubles(schema: dict) -> Non
     assert not complete(Grammar.from_schema({"type": "number", "exclusiveMaximum": 1}), "0.99999999999999999999")
 
 
+def test_exclusive_bounds_at_the_doubles_edges() -> None:
+    """The halfway point is taken where it rounds away from the bound (2**53 + 1 is 2**53, a
+    tie to even); bounds past the doubles or the 20 digits written stay as they are (the
+    move overflowed: a 500)."""
+    tie = Grammar.from_schema({"type": "number", "exclusiveMaximum": 9007199254740994})
+    assert complete(tie, "9007199254740993") and not complete(tie, "9007199254740993.5")
+    for bound in (1.7976931348623157e308, -1.7976931348623157e308, 10**400):
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            try:
+                grammar = Grammar.from_schema({"anyOf": [{"type": "number", key: bound}, {"type": "string"}]})
+            except GrammarError:
+                continue
+            assert complete(grammar, '"x"')
+
+
 def test_masks_equal_brute_force_along_an_instance() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 250},
                                                "x": {"type": "number", "exclusiveMinimum": -1, "maximum": 0.5}},

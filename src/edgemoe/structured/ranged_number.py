@@ -97,12 +97,29 @@ def read_range(schema: dict[str, Any], path: str) -> NumRange | None:
 
 
 def _inside_doubles(rng: NumRange) -> NumRange:
-    lo, hi = rng.lo, rng.hi
-    if lo is not None and rng.lo_open:
-        lo = (Fraction(float(lo)) + Fraction(math.nextafter(float(lo), math.inf))) / 2
-    if hi is not None and rng.hi_open:
-        hi = (Fraction(float(hi)) + Fraction(math.nextafter(float(hi), -math.inf))) / 2
-    return NumRange(lo, rng.lo_open, hi, rng.hi_open, rng.step)
+    lo, lo_open, hi, hi_open = rng.lo, rng.lo_open, rng.hi, rng.hi_open
+    if lo is not None and lo_open:
+        lo, lo_open = _moved_in(lo, math.inf)
+    if hi is not None and hi_open:
+        hi, hi_open = _moved_in(hi, -math.inf)
+    return NumRange(lo, lo_open, hi, hi_open, rng.step)
+
+
+def _moved_in(bound: Fraction, inward: float) -> tuple[Fraction, bool]:
+    """An exclusive bound as (bound, exclusive) over decimals whose doubles it excludes: the
+    halfway point to the next double inward, itself excluded where it rounds onto the
+    bound's double (ties go to even). Never looser than the bound as written; unmoved
+    beyond the numbers the grammar writes (20 integer digits) or the doubles' range."""
+    if abs(bound) >= 10**MAX_INT_DIGITS:
+        return bound, True
+    double = float(bound)
+    neighbour = math.nextafter(double, inward)
+    if math.isinf(neighbour):
+        return bound, True
+    halfway = (Fraction(double) + Fraction(neighbour)) / 2
+    if (halfway - bound) * (1 if inward > 0 else -1) < 0:  # the bound as written is tighter
+        return bound, True
+    return halfway, float(halfway) == double
 
 
 def fraction_lcm(a: Fraction, b: Fraction) -> Fraction:
@@ -122,8 +139,9 @@ def number_range(schema: dict[str, Any], path: str, integer: bool) -> NumRange |
         rng = _inside_doubles(rng)
     if rng is not None and not RangedNumber(integer, rng).first_bytes():
         kind = "integer" if integer else "number"
-        raise Unsatisfiable(path, f"no {kind} is within the bounds and a multiple of multipleOf (at most 20 "
-                                  f"digits either side of the point)")
+        step = " and a multiple of multipleOf" if rng.step is not None else ""
+        raise Unsatisfiable(path, f"no {kind} is within the bounds{step} (at most 20 digits either side of "
+                                  f"the point)")
     return rng
 
 
