@@ -30,6 +30,7 @@ the limit only values that still fit are offered.
 
 from __future__ import annotations
 
+from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.nodes import ANY_OBJECT, RootLeaf, Slot
 from edgemoe.structured.pattern_string import pattern_budget
 from edgemoe.structured.scalars import (
@@ -59,7 +60,10 @@ class Grammar:
     def from_schema(cls, schema: object) -> "Grammar":
         """A JSON Schema (dict, or True for any value); raises GrammarError."""
         with pattern_budget():  # a schema's patterns share one bound on the work they take
-            return cls(compile_schema(schema))
+            try:
+                return cls(compile_schema(schema))
+            except ArithmeticError as exc:  # a number no double holds, met where none was expected: a 400, not a 500
+                raise GrammarError("", f"a number in the schema is out of range ({exc})") from exc
 
     @classmethod
     def json_object(cls) -> "Grammar":
