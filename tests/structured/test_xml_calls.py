@@ -293,3 +293,18 @@ def test_hostile_parameters_are_refused_cleanly(parameters: object, strict: bool
         return
     if tool is not None:
         random_call(XmlCalls([tool]), random.Random(0), limit=200)  # asserts no state on the way is a dead end
+
+
+@pytest.mark.parametrize("written, value", [(b"True", True), (b"false", False), (b"null", None)])
+def test_booleans_as_either_template_writes_them(written: bytes, value: object) -> None:
+    """Qwen3-Coder's template writes a boolean with Python's str (`True`), Qwen3.5's with
+    tojson (`true`): both are taken and read back as the boolean."""
+    schema = {"type": "object", "properties": {"on": {"type": ["boolean", "null"]}}, "required": ["on"]}
+    calls = XmlCalls([xml_tool("f", schema, strict=True)])
+    body = b"\n<function=f>\n<parameter=on>\n" + written + b"\n</parameter>\n</function>\n"
+    state = calls.advance_bytes(calls.start(), body)
+    assert state is not None and calls.is_complete(state)
+    parser = Qwen3CoderToolParser([{"type": "function", "function": {"name": "f", "parameters": schema}}], lambda: "id")
+    got = ResponseParser(None, parser).parse_complete("<tool_call>" + body.decode() + "</tool_call>").tool_calls
+    assert json.loads(got[0].arguments) == {"on": value}
+    assert calls.advance_bytes(calls.start(), body.replace(written, b"yes")) is None

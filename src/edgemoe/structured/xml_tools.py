@@ -145,6 +145,8 @@ def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schem
         raise GrammarError(where, "not a schema object")
     if all(k in ANNOTATIONS for k in schema):  # {}: any value, and the parser reads any text as one
         return _any_text()
+    if _plain_boolean(schema):
+        return _boolean_text(nullable="null" in schema["type"])
     vt = resolver.property_type(key)
     string_only = set(vt.types) == {"string"} or (
         not vt.types and vt.enum is not None and all(isinstance(m, str) or m is None for m in vt.enum))
@@ -162,6 +164,20 @@ def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schem
         raise GrammarError(where, "a value that may be a string or another type can't be held in the "
                                   "qwen3_coder format (the parser reads 5 as a number)")
     return ParamValue(grammar, raw=False)
+
+
+def _plain_boolean(schema: Mapping[str, Any]) -> bool:
+    """`{"type": "boolean"}` (or with null), nothing else to hold."""
+    return schema.get("type") in ("boolean", ["boolean", "null"], ["null", "boolean"]) and all(
+        k == "type" or k in ANNOTATIONS for k in schema)
+
+
+@cache
+def _boolean_text(nullable: bool) -> ParamValue:
+    """A boolean as either template writes it: JSON's `true` (Qwen3.5/3.6: tojson) or
+    Python's `True` (Qwen3-Coder: `| string`); the parser reads either, in any case."""
+    words = ["true", "false", "True", "False"] + (["null"] if nullable else [])
+    return ParamValue(Grammar.from_schema({"enum": words}), raw=True)
 
 
 def _grammar(defs: dict[str, Any], schema: Mapping[str, Any], where: str, extra_null: bool) -> Grammar:
