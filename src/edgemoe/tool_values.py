@@ -8,7 +8,8 @@ The model writes every value as raw text; the schema says what it means. Rules:
 - ``string`` keeps the text as written; ``integer`` → int; ``number`` → int when
   whole, else float; ``boolean`` → true/false in any case; ``object``/``array`` →
   JSON, then a Python literal (``ast.literal_eval``: single quotes, True/None);
-- ``null`` (any case) → None, unless the type is a non-nullable string;
+- ``null`` (any case) → None, unless the type is a non-nullable string; ``None`` (Python's
+  str of it, as Qwen3-Coder's template writes a null) → None where no string is possible;
 - an ``enum``/``const`` without ``type`` keeps its members' own types: text equal to
   the string member ``"1"`` stays ``"1"``, text ``1`` matching the integer member is 1;
 - no schema, an unknown parameter, or text its type rejects: JSON if it parses,
@@ -220,8 +221,9 @@ def convert_typed(raw: str, vt: ValueType) -> Any:
         member = _enum_member(raw, vt.enum)
         if member is not _FAIL:
             return member
-    if text.lower() == "null" and (vt.nullable or "string" not in vt.types):
-        return None
+    low = text.lower()
+    if (low == "null" and (vt.nullable or "string" not in vt.types)) or (low == "none" and "string" not in vt.types):
+        return None  # "None": Qwen3-Coder's template writes a null with Python's str
     for name in sorted(vt.types, key=lambda t: _ORDER.index(t) if t in _ORDER else len(_ORDER)):
         value = _CONVERTERS.get(name, _to_json)(raw)
         if value is not _FAIL:

@@ -49,6 +49,8 @@ ROWS: list[tuple[str, dict[str, Any] | None, str, Any]] = [
     ("object set literal: raw", {"type": "object"}, "{1, 2}", "{1, 2}"),
     ("null for a typed value", {"type": "integer"}, "null", None),
     ("null any case", {"type": "object"}, "NULL", None),
+    ("Python's None for a typed value (Qwen3-Coder's template: str)", {"type": ["integer", "null"]}, "None", None),
+    ("None for a string stays a string", {"anyOf": [{"type": "string"}, {"type": "null"}]}, "None", "None"),
     ("no schema: JSON", None, '{"k": 1}', {"k": 1}),
     ("no schema: number", None, "7", 7),
     ("no schema: raw text", None, "hello there", "hello there"),
