@@ -84,6 +84,32 @@ def test_overlap_changes_nothing(qwen3_ckpt, llm: LLM) -> None:  # noqa: ANN001
     assert [o.token_ids for o in llm.generate([PROMPT] * 3, params)] == want
 
 
+def test_overlap_goes_on_through_a_think_block(qwen3_ckpt, llm: LLM, monkeypatch) -> None:  # noqa: ANN001
+    """A JSON output after a think block: while the model thinks the engine doesn't wait
+    for each token on the host; the mask after the close is picked on the device from the
+    token in flight (a close sampled at the first token makes the second the JSON's). The
+    tokens are the serial loop's, with the close at once, never, or at random."""
+    from edgemoe.engine.engine import Engine
+
+    think_open, think_close = 151667, 151668
+    spec = StructuredOutput(schema=json.dumps(SCHEMAS[1]), reasoning="open")
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=30, logit_bias={think_close: bias}, structured=spec)
+              for s, bias in enumerate((30.0, 30.0, -100.0, 0.0))]
+    prompt = PROMPT + [think_open]
+    waits: list[bool] = []
+    needs = Engine.needs_host_tokens
+    monkeypatch.setattr(Engine, "needs_host_tokens", lambda self: waits.append(needs(self)) or waits[-1])
+    outs = llm.generate([prompt] * 4, params)
+    monkeypatch.undo()
+    got = [o.token_ids for o in outs]
+    assert False in waits
+    for out in outs[:2]:  # closed at once, then the JSON (an array of "a"/"b") right after
+        assert out.token_ids[0] == think_close
+        assert_valid_or_prefix(SCHEMAS[1], out.text.split("</think>")[-1], out.finish_reason)
+    with LLM(str(qwen3_ckpt), dtype="float32", page_size=4, overlap=False) as serial:
+        assert [o.token_ids for o in serial.generate([prompt] * 4, params)] == got
+
+
 @pytest.mark.parametrize("schema, why", [
     ("{not json", "not JSON"),
     (json.dumps({"type": "object", "not": {}}), "not"),

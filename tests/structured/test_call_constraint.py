@@ -218,3 +218,26 @@ def test_only_masks_that_follow_the_token_wait_for_it() -> None:
     assert c.waits_for_token()
     c.unconstrain()
     assert not c.waits_for_token()
+
+
+def test_a_think_block_leaves_its_next_mask_to_the_device() -> None:
+    """Inside a think block an output constraint doesn't wait for the token in flight: its
+    next mask is the value's first where that token is the close, else none
+    (`pending_mask`); beside tools the close may be followed by a call's tag too."""
+    from edgemoe.structured.constraint import OutputConstraint
+    from edgemoe.structured.value_or_calls import ValueOrCalls
+    token_bytes, vocab = qwen_vocab()
+    t = tokenizer()
+
+    def value() -> OutputConstraint:
+        return OutputConstraint(TokenMasks(PaddedValue(Grammar.from_schema(LIGHT)), vocab), token_bytes,
+                                frozenset({EOS}), "open", THINK)
+
+    v = value()
+    assert not v.waits_for_token() and v.mask() is None
+    close, after = v.pending_mask()  # type: ignore[misc]
+    assert close == THINK.close and after[t.token_to_id("{")] and not after[TAGS.open] and not after[EOS]
+    v.accept(THINK.close)
+    assert v.waits_for_token() and v.pending_mask() is None and np.array_equal(v.mask(), after)  # type: ignore[arg-type]
+    both = ValueOrCalls(value(), constraint(), TAGS.open)
+    assert not both.waits_for_token() and both.pending_mask()[1][TAGS.open]  # type: ignore[index]

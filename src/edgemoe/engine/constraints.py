@@ -4,8 +4,10 @@ a constraint per request, and each step's allowed-token masks for the sampler.
 A request's mask depends on every token it sampled before, so a step that samples for a
 constrained request needs the previous step's tokens on the host first: overlap
 scheduling completes the step in flight before scheduling while one runs
-(`Engine.needs_host_tokens`), unless no request's next mask depends on that token (a
-tool-call constraint inside a think block: `wait_for_tokens`). Masks are built on the host while the step's forward pass
+(`Engine.needs_host_tokens`), unless no request's next mask needs that token on the host
+(`wait_for_tokens`): inside a think block a tool-call constraint's mask is None whatever
+comes, and a JSON output's is the value's first where the token in flight is the close,
+else None — picked on the device (`step_masks`). Masks are built on the host while the step's forward pass
 runs on the device, and go to the device as one bool [B, V] copy.
 
 The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
@@ -129,13 +131,25 @@ class Constraints:
             except Exception:
                 _unconstrain(request_id, c)
 
-    def step_masks(self, request_ids: Iterable[str], device: torch.device) -> torch.Tensor | None:
+    def step_masks(self, rows: Iterable[tuple[str, int | None]], device: torch.device,
+                   last_token: torch.Tensor | None = None) -> torch.Tensor | None:
         """bool [B, width] for a step's sampling rows (True: allowed); None when no row is
-        masked (at once, without reading the ids, while no request is constrained)."""
+        masked (at once, without reading the rows, while no request is constrained).
+
+        `rows`: each sampling row's request id and, where the step in flight sampled for
+        it (overlap: its constraint hasn't seen that token), its page-table row, whose
+        token `last_token` holds on the device. A constraint inside a think block then
+        has its mask picked there: the value's first where that token is the close, else
+        none (`pending_mask`), so the host needn't wait for the token."""
         if not self.by_request:
             return None
-        masks = [self._mask(r) for r in request_ids]
-        if all(m is None for m in masks):
+        masks, pending = [], []
+        for i, (request_id, behind) in enumerate(rows):
+            waiting = self._pending(request_id) if behind is not None and last_token is not None else None
+            if waiting is not None:
+                pending.append((i, behind, waiting))
+            masks.append(None if waiting is not None else self._mask(request_id))
+        if not pending and all(m is None for m in masks):
             return None
         out = np.ones((len(masks), self._width), dtype=bool)
         for row, m in enumerate(masks):
@@ -143,7 +157,22 @@ class Constraints:
                 out[row] = m
         # NOTE: from pageable memory the copy stages the array before it returns, without
         # waiting for the device's queue (the step's forward pass runs on meanwhile).
-        return torch.from_numpy(out).to(device, non_blocking=True)
+        allowed = torch.from_numpy(out).to(device, non_blocking=True)
+        for i, row, (trigger, after) in pending:
+            assert last_token is not None
+            fired = last_token[row] == trigger  # on the device: no wait for the token
+            allowed[i] = torch.where(fired, torch.from_numpy(after).to(device, non_blocking=True), allowed[i])
+        return allowed
+
+    def _pending(self, request_id: str) -> tuple[int, np.ndarray] | None:
+        c = self.by_request.get(request_id)
+        if c is None:
+            return None
+        try:
+            return c.pending_mask()
+        except Exception:
+            _unconstrain(request_id, c)
+            return None
 
     def _mask(self, request_id: str) -> np.ndarray | None:
         c = self.by_request.get(request_id)

@@ -124,8 +124,9 @@ class Engine:
 
     def needs_host_tokens(self) -> bool:
         """Overlap: whether the next step needs the step in flight's tokens (a structured
-        output's mask follows every token it sampled; not a tool-call constraint's while it
-        thinks: its masks are None whatever the token)."""
+        output's mask follows every token it sampled; not while it thinks: a tool-call
+        constraint's masks are None whatever the token, a JSON output's next one is picked
+        on the device from the token in flight, `Constraints.step_masks`)."""
         return self.constraints.wait_for_tokens()
 
     def has_work(self) -> bool:
@@ -159,7 +160,9 @@ class Engine:
             with self.profiler.region("sampling"):
                 rows = tuple(s.request.row for s in sampling)  # type: ignore[misc]
                 generated = tuple(s.request.num_generated for s in sampling)  # pending ones too: min_tokens
-                allowed = self.constraints.step_masks((s.request.request_id for s in sampling), logits.device)
+                allowed = self.constraints.step_masks(
+                    ((s.request.request_id, s.request.row if s.request.num_pending else None) for s in sampling),
+                    logits.device, self.runner.buffers.last_token)
                 if allowed is None and self.sampling.plain_greedy(rows, generated):
                     out = greedy_tokens(logits)  # one kernel, no per-row gathers
                 else:

@@ -23,8 +23,10 @@ What keeps the outputs exactly the serial loop's (`Engine.step` without the swit
 - Decisions that need every token on the host first: when the decodes need pages that
   only a preemption could give (`Scheduler.needs_room`), the step in flight is completed
   before scheduling (this step runs serially), and so is it while a structured output
-  runs whose next mask follows its last token (`Engine.needs_host_tokens`; a tool-call
-  constraint inside a think block does not wait: its mask is None whatever the token);
+  runs whose next mask follows its last token (`Engine.needs_host_tokens`; one inside a
+  think block does not wait: a tool-call constraint's mask is None whatever the token, a
+  JSON output's is picked on the device from the token in flight, the value's first
+  where it is the close);
   requests found out of KV are finished
   after the completion (a stop rule may have ended them); a failed launch is completed
   (failed) at once.

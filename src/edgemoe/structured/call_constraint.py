@@ -110,6 +110,10 @@ class CallConstraint:
             return False
         return not (self.phase == "thinking" and self._tokens.spelled.blocked(0) is None)
 
+    def pending_mask(self) -> None:
+        """No mask waits on the device: inside a think block every next one is None."""
+        return None
+
     def _after_mask(self) -> np.ndarray:
         allowed = np.zeros(self._masks.vocab.width, dtype=bool)
         allowed[self._eos] = True

@@ -128,21 +128,34 @@ class OutputConstraint:
         return self.active and isinstance(self.state, _Lead)
 
     def waits_for_token(self) -> bool:
-        """Whether the mask after the next token depends on that token (overlap scheduling
-        then completes the step in flight first): always, until the output is unconstrained
-        for good (a think block's close opens the value)."""
-        return self.state is not None
+        """Whether the mask after the next token depends on that token in a way only the
+        host can follow (overlap scheduling then completes the step in flight first): until
+        the output is unconstrained for good, but for a think block, whose next mask is
+        None unless the token is the close (`pending_mask`: the device picks)."""
+        return self.state is not None and self.phase != "thinking"
+
+    def pending_mask(self) -> tuple[int, np.ndarray] | None:
+        """Inside a think block, with a token in flight this constraint has not seen: the
+        close's id and the mask after it (the value's first). The next mask is that where
+        the token in flight is the close, else None."""
+        if self.phase != "thinking" or self.state is None or self._think is None:
+            return None
+        return self._think.close, self._value_mask()
 
     def mask(self) -> np.ndarray | None:
         """bool [width], True where the next token is allowed; None: unconstrained."""
         if not self.active:
             return None
-        allowed = self._masks.allowed(self.state)
-        if self._grammar.is_complete(self.state):
-            allowed[self._eos] = True
+        allowed = self._value_mask()
         if self.phase == "first":
             assert self._think is not None
             allowed[self._think.open] = True
+        return allowed
+
+    def _value_mask(self) -> np.ndarray:
+        allowed = self._masks.allowed(self.state)
+        if self._grammar.is_complete(self.state):
+            allowed[self._eos] = True
         return allowed
 
     def accept(self, token_id: int) -> None:

@@ -43,6 +43,13 @@ class ValueOrCalls:
     def waits_for_token(self) -> bool:
         return (self._calls if self.calling else self._value).waits_for_token()
 
+    def pending_mask(self) -> tuple[int, np.ndarray] | None:
+        """The value's think block (OutputConstraint.pending_mask); after it, a call may open too."""
+        pending = None if self.calling else self._value.pending_mask()
+        if pending is not None:
+            pending[1][self._open] = True
+        return pending
+
     def unconstrain(self) -> None:
         self._value.unconstrain()
         self._calls.unconstrain()
