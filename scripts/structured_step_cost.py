@@ -2,7 +2,8 @@
 decoded plain, then with one of its rows held to a strict tool set while it writes text
 (no mask, but overlap completes each step before the next: its mask would need the last
 token), then with that row inside a think block (no mask whatever comes: overlap goes on),
-then with one row inside a JSON value (a mask built and copied every step).
+then with one row inside a JSON value (a mask built and copied every step), and with a
+JSON row still inside its think block (its next mask picked on the device: overlap goes on).
 
 Greedy, `ignore_eos`, every row `--tokens` long, one engine; the settings interleaved over
 `--rounds` rounds after a warm-up run each (the median kept: a busy host moves single
@@ -34,11 +35,17 @@ SETTINGS = {
     "calls row, text": StructuredOutput(schema=TOOLS, target="calls"),
     "calls row, thinking": StructuredOutput(schema=TOOLS, target="calls", reasoning="open"),
     "json row": StructuredOutput(schema=json.dumps({"type": "array", "items": {"type": "string"}})),
+    "json row, thinking": StructuredOutput(schema=json.dumps({"type": "array", "items": {"type": "string"}}),
+                                           reasoning="open"),
 }
 
 
 def params(spec: StructuredOutput | None, tokens: int, row: int) -> SamplingParams:
-    bias = {OPEN_CALL: -100.0, THINK_CLOSE: -100.0} if spec is not None and spec.target == "calls" else None
+    bias = None
+    if spec is not None and spec.target == "calls":
+        bias = {OPEN_CALL: -100.0, THINK_CLOSE: -100.0}
+    elif spec is not None and spec.reasoning == "open":
+        bias = {THINK_CLOSE: -100.0}
     return SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logit_bias=bias,
                           structured=spec if row == 0 else None)
 
