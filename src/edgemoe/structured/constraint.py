@@ -115,6 +115,7 @@ class OutputConstraint:
         self._eos = np.array(sorted(t for t in eos_ids if 0 <= t < masks.vocab.width), dtype=np.int64)
         self._think = think
         self.state: object | None = self._grammar.start()
+        self._after_think: np.ndarray | None = None  # pending_mask's, built once
         # "thinking" until the close tag; "first": <think> may still open the output.
         self.phase = {"none": "value", "open": "thinking", "start": "first"}[reasoning] if think else "value"
 
@@ -136,11 +137,14 @@ class OutputConstraint:
 
     def pending_mask(self) -> tuple[int, np.ndarray] | None:
         """Inside a think block, with a token in flight this constraint has not seen: the
-        close's id and the mask after it (the value's first). The next mask is that where
-        the token in flight is the close, else None."""
+        close's id and the mask after it (the value's first: the same all through the
+        block, so kept; read it, don't change it). The next mask is that where the token in
+        flight is the close, else None."""
         if self.phase != "thinking" or self.state is None or self._think is None:
             return None
-        return self._think.close, self._value_mask()
+        if self._after_think is None:
+            self._after_think = self._value_mask()
+        return self._think.close, self._after_think
 
     def mask(self) -> np.ndarray | None:
         """bool [width], True where the next token is allowed; None: unconstrained."""

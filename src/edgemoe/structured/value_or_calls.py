@@ -23,6 +23,7 @@ class ValueOrCalls:
         self._value, self._calls, self._open = value, calls, open_tag
         self.calling = False
         self._before = 0  # tokens before the calls began (they count towards min_tokens)
+        self._after_think: np.ndarray | None = None
 
     def mask(self) -> np.ndarray | None:
         if self.calling:
@@ -46,9 +47,12 @@ class ValueOrCalls:
     def pending_mask(self) -> tuple[int, np.ndarray] | None:
         """The value's think block (OutputConstraint.pending_mask); after it, a call may open too."""
         pending = None if self.calling else self._value.pending_mask()
-        if pending is not None:
-            pending[1][self._open] = True
-        return pending
+        if pending is None:
+            return None
+        if self._after_think is None:
+            self._after_think = pending[1].copy()
+            self._after_think[self._open] = True
+        return pending[0], self._after_think
 
     def unconstrain(self) -> None:
         self._value.unconstrain()
