@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -165,21 +166,19 @@ class Constraints:
         return allowed
 
     def _pending(self, request_id: str) -> tuple[int, np.ndarray] | None:
-        c = self.by_request.get(request_id)
-        if c is None:
-            return None
-        try:
-            return c.pending_mask()
-        except Exception:
-            _unconstrain(request_id, c)
-            return None
+        return self._ask(request_id, lambda c: c.pending_mask())
 
     def _mask(self, request_id: str) -> np.ndarray | None:
+        return self._ask(request_id, lambda c: c.mask())
+
+    def _ask(self, request_id: str, question: Callable[[Constraint], Any]) -> Any:
+        """A request's constraint's answer; None for an unconstrained request, or one whose
+        grammar failed (it goes unconstrained: a grammar bug must not stop the engine)."""
         c = self.by_request.get(request_id)
         if c is None:
             return None
         try:
-            return c.mask()
+            return question(c)
         except Exception:
             _unconstrain(request_id, c)
             return None
