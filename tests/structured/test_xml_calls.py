@@ -80,7 +80,7 @@ def test_random_calls_parse_to_valid_arguments(calls: XmlCalls) -> None:
     rng = random.Random(7)
     schemas = {n: p or {"type": "object"} for n, p in TOOLS}
     made = 0
-    for _ in range(400):
+    for _ in range(240):
         text = random_call(calls, rng)
         if text is None:
             continue
@@ -89,7 +89,7 @@ def test_random_calls_parse_to_valid_arguments(calls: XmlCalls) -> None:
         arguments = json.loads(got[0].arguments)
         assert jsonschema_rs.is_valid(schemas[got[0].name], arguments), (text, arguments)
         made += 1
-    assert made > 150
+    assert made > 90
 
 
 VALID = [
