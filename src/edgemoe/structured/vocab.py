@@ -7,10 +7,11 @@ subtree is the range [node, skip[node])), ~3 MB for a 150K vocabulary where nest
 dicts take ~95 MB.
 
 Inside an unconstrained JSON string almost every byte keeps the grammar where it is
-(`FREE_STRING_BYTES`), so the walk does not visit such subtrees: `nonfree_depth[n]` (the
-depth of the last byte on the path to node n that is not a free-string byte) says which
-nodes below a string's opening are reached through free bytes alone, and
-`nonfree_below[n]` says whether the walk must still descend into n for the rest.
+(`FREE_STRING_BYTES`; a raw-text grammar frees others), so the walk does not visit such
+subtrees: per set of free bytes (`FreeClass`), `nonfree_depth[n]` (the depth of the last
+byte on the path to node n that is not free) says which nodes below a string's opening
+are reached through free bytes alone, and `nonfree_below[n]` says whether the walk must
+still descend into n for the rest.
 A string with a length bound counts characters and validates UTF-8, so there the nodes
 below must also parse as UTF-8 from the root (`utf8_mode[n]` ≥ 0: the decoder's mode after
 the path, 0 at a character boundary) and hold few enough characters (`chars[n]`: ASCII and
@@ -48,24 +49,21 @@ class Vocabulary:
         self.byte = array("B")  # the edge byte into node n (node 0 is the root: unused)
         self.depth = array("H")  # node 0 has depth 0, its children 1
         self.skip = array("i")  # the first node after n's subtree
-        nonfree_depth = array("H")
         node_of_token = np.full(width, -1, dtype=np.int32)
         parent = array("i")
-        self._build(sorted(by_bytes), by_bytes, node_of_token, nonfree_depth, parent)
+        self._build(sorted(by_bytes), by_bytes, node_of_token, parent)
         self.num_nodes = len(self.byte)
         self.utf8_mode, self.chars = self._utf8(parent)
         self.max_depth = max(self.depth)
         self.node_of_token = node_of_token
-        self.nonfree_depth = np.frombuffer(nonfree_depth, dtype=np.uint16)
-        self.nonfree_below = self._nonfree_below(parent)
         self.allowed_ever = node_of_token >= 0
         self._parent = np.frombuffer(parent, dtype=np.int32)
-        self._classes = {FREE_BYTE: FreeClass(FREE_BYTE, self.nonfree_depth, bytes(self.nonfree_below))}
+        self._classes: dict[bytes, FreeClass] = {}
 
     def free_class(self, table: bytes) -> "FreeClass":
-        """The walk's tables for another set of free bytes (`table[b]` 1 for a free byte):
-        built at its first use (a grammar of raw text frees other bytes than a JSON string),
-        level by level in numpy (~0.1 s at a 150K vocabulary), then kept."""
+        """The walk's tables for a set of free bytes (`table[b]` 1 for a free byte; a JSON
+        string's FREE_BYTE, or a raw text's): built at its first use, level by level in
+        numpy (~10 ms at a 150K vocabulary), then kept."""
         got = self._classes.get(table)
         if got is None:
             got = self._classes[table] = self._build_class(table)
@@ -87,13 +85,12 @@ class Vocabulary:
         return FreeClass(table, nonfree_depth, below.tobytes())
 
     def _build(self, keys: list[bytes], ids: dict[bytes, list[int]], node_of_token: np.ndarray,
-               nonfree_depth: array, parent: array) -> None:
+               parent: array) -> None:
         """Preorder nodes from the sorted keys: each key adds the nodes past its common
         prefix with the key before; a node's skip is set when the path leaves it."""
         self.byte.append(0)
         self.depth.append(0)
         self.skip.append(0)
-        nonfree_depth.append(0)
         parent.append(0)
         path = [0]  # node index at each depth of the current key
         prev = b""
@@ -108,7 +105,6 @@ class Vocabulary:
                 self.byte.append(b)
                 self.depth.append(d + 1)
                 self.skip.append(0)
-                nonfree_depth.append(nonfree_depth[path[-1]] if FREE_BYTE[b] else d + 1)
                 parent.append(path[-1])
                 path.append(n)
             for t in ids[key]:
@@ -132,14 +128,6 @@ class Vocabulary:
                 mode[n] = 0 if b < 0x80 else (UTF8_LEAD[b] or -1)
                 chars[n] = chars[p] + 1
         return np.frombuffer(mode, dtype=np.int8), np.frombuffer(chars, dtype=np.uint16)
-
-    def _nonfree_below(self, parent: array) -> array:
-        """1 where a node's subtree (below it) has an edge that is not a free-string byte."""
-        below = array("B", bytes(len(self.byte)))
-        for n in range(len(self.byte) - 1, 0, -1):
-            if below[n] or not FREE_BYTE[self.byte[n]]:
-                below[parent[n]] = 1
-        return below
 
 
 class FreeClass:
