@@ -22,17 +22,18 @@ A forced call to a named tool is `output_format.forced_arguments`; a response fo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
 from edgemoe.messages import MAX_SCHEMA_BYTES
 from edgemoe.server.errors import bad_request
-from edgemoe.server.tool_functions import tool_functions
 from edgemoe.server.output_format import OutputFormat
+from edgemoe.server.tool_functions import tool_functions
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_schema import call_schema, rebase_refs
 from edgemoe.structured.keywords import ANNOTATIONS
-from edgemoe.structured.xml_tools import xml_tool
+from edgemoe.structured.xml_tools import nameable, xml_tool
 
 CALL_OPEN = "<tool_call>"
 CACHED_KEY_BYTES = 1 << 20  # tool sets up to this much JSON have their checked schema cached
@@ -49,9 +50,10 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
     calls are not constrained. Compiles schemas: call it off the event loop."""
     if tool_format not in ("hermes", "qwen3_coder") or not tools:
         return None
-    entries = _entries(tools)
+    functions = tool_functions(tools)
+    entries = _entries(functions)
     strict = any(s for _, _, s in entries)
-    unsaid = strict_default and any(f.get("strict") is None for f in tool_functions(tools))
+    unsaid = strict_default and any(f.get("strict") is None for f in functions)
     if not entries or not (forced or strict or unsaid or always):
         return None
     if len(entries) > MAX_TOOLS:  # each tool's schema is compiled: bound the work a request asks for
@@ -82,11 +84,11 @@ def named_call_format(tool_format: str | None, tools: list[dict[str, Any]] | Non
     return call_format(tool_format, named, forced, one_call=True) if named else None
 
 
-def _entries(tools: list[dict[str, Any]]) -> list[tuple[str, object, bool]]:
+def _entries(functions: list[Mapping[str, Any]]) -> list[tuple[str, object, bool]]:
     """(name, parameters, strict) of each function tool, its parameters without annotations
     (descriptions are most of a tool set's bytes; neither grammar reads them)."""
     return [(f["name"], rebase_refs(f.get("parameters"), "#", drop=ANNOTATIONS), f.get("strict") is True)
-            for f in tool_functions(tools)]
+            for f in functions]
 
 
 @lru_cache(maxsize=64)
@@ -114,19 +116,24 @@ def _checked(entries_json: str) -> str | None:
 def _checked_xml(entries_json: str) -> str | None:
     """The qwen3_coder calls' text for the tools (their entries, checked: a strict tool that
     can't be held is a 400 naming it; the others are held loosely where they can't be)."""
+    entries = json.loads(entries_json)
     size = len(entries_json.encode())
     if size > MAX_SCHEMA_BYTES:
-        if any(s for _, _, s in json.loads(entries_json)):
+        if any(s for _, _, s in entries):
             raise bad_request(f"tools: the tools' schemas are {size} bytes of JSON without their descriptions; "
                               f"at most {MAX_SCHEMA_BYTES} can be enforced", param="tools")
         return None
     held = 0
-    for name, parameters, strict in json.loads(entries_json):
+    for name, parameters, strict in entries:
+        if not strict:  # held as far as it can be, never refused: only its name matters here
+            held += nameable(name)
+            continue
         try:
-            held += xml_tool(name, parameters, strict) is not None
+            xml_tool(name, parameters, strict)
         except GrammarError as exc:
             raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced in the "
                               f"qwen3_coder call format: {exc}", param="tools") from exc
+        held += 1
     return entries_json if held else None  # none a tag can name: nothing to hold
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from edgemoe.server.errors import bad_request
 from edgemoe.server.parsers import ParsedDelta, ResponseParser, ToolParser
 from edgemoe.server.tool_functions import tool_functions
+from edgemoe.structured.xml_tools import nameable
 
 if TYPE_CHECKING:
     from edgemoe.server.generation_request import GenerationRequest
@@ -69,7 +70,7 @@ def _writable(tool_format: str, name: str) -> bool:
     """Whether the parser reads `name` back from a call to it: never a blank name, and in
     `<function=NAME>` none with a tag character or a line break, or with spaces around it."""
     if tool_format == "qwen3_coder":
-        return name == name.strip() and not any(c in name for c in "<>\n")
+        return nameable(name)  # the XML calls' grammar asks the same of a name
     return bool(name.strip())
 
 

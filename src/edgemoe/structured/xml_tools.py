@@ -61,7 +61,7 @@ def xml_tool(name: str, parameters: object, strict: bool) -> XmlTool | None:
     """`name`'s calls held to `parameters` (None: no parameters). A tool that is not strict
     and whose schema can't be held gets its declared keys with any text as values; one
     whose name can't be written in a tag, None."""
-    if not strict and not (isinstance(name, str) and _writable(name)):
+    if not strict and not nameable(name):
         return None
     _check_writable(name, "the tool's name")
     try:
@@ -103,8 +103,10 @@ def _held(name: str, parameters: object) -> XmlTool:
 
 def _loose(name: str, parameters: object) -> XmlTool:
     """Declared keys (those writable, as the parser finds them), any text for each, none required."""
-    props = SchemaResolver(parameters).resolve(parameters).get("properties") if isinstance(parameters, Mapping) else None
-    keys = [k for k in props if _writable(k)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
+    props = None
+    if isinstance(parameters, Mapping):
+        props = SchemaResolver(parameters).resolve(parameters).get("properties")
+    keys = [k for k in props if nameable(k)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
     return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(_any_text() for _ in keys), 0)
 
 
@@ -146,16 +148,15 @@ def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schem
     if all(k in ANNOTATIONS for k in schema):  # {}: any value, and the parser reads any text as one
         return _any_text()
     if _plain_boolean(schema):
-        return _boolean_text(nullable="null" in schema["type"])
+        return _boolean_text(nullable=schema["type"] != "boolean")
     vt = resolver.property_type(key)
     string_only = set(vt.types) == {"string"} or (
         not vt.types and vt.enum is not None and all(isinstance(m, str) or m is None for m in vt.enum))
-    grammar = _grammar(defs, schema, where, extra_null=False)
+    # the text null reads as null: allowed as the string "null" too (its JSON null stays the schema's)
+    grammar = _grammar(defs, schema, where, extra_null=string_only and vt.nullable)
     if string_only:
-        if vt.nullable:
-            if not _accepts(grammar, b"null"):
-                raise GrammarError(where, "the parser reads the text null as null here, which the schema refuses")
-            grammar = _grammar(defs, schema, where, extra_null=True)
+        if vt.nullable and not _accepts(grammar, b"null"):
+            raise GrammarError(where, "the parser reads the text null as null here, which the schema refuses")
         try:
             return ParamValue(grammar, raw=True)
         except ValueError as exc:
@@ -204,11 +205,12 @@ def _any_text() -> ParamValue:
     return ParamValue(Grammar.from_schema({"type": "string"}), raw=True)
 
 
-def _writable(text: str) -> bool:
-    return bool(text) and text == text.strip() and not any(c in text for c in "<>\n")
+def nameable(text: object) -> bool:
+    """Whether a tag can carry `text` as a name or key (`<function=…>`, `<parameter=…>`)."""
+    return isinstance(text, str) and bool(text) and text == text.strip() and not any(c in text for c in "<>\n")
 
 
 def _check_writable(text: str, what: str) -> None:
-    if not isinstance(text, str) or not _writable(text):
+    if not nameable(text):
         raise GrammarError("", f"{what} can't be written in a qwen3_coder tag (empty, or a <, > or "
                                f"line break in it, or space around it)")
