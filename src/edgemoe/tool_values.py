@@ -24,7 +24,7 @@ import ast
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,17 +89,9 @@ class SchemaResolver:
     def resolve(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         """The schema with ``$ref`` followed and ``allOf`` merged in (later wins per key)."""
         key = id(schema)
-        if key in self._resolved:
-            return self._resolved[key][1]
-        if key in self._active or not self._spend(1 + len(schema)):
+        if key not in self._resolved and key not in self._active and not self._spend(1 + len(schema)):
             return {}
-        self._active.add(key)
-        try:
-            out = self._merge(schema)
-        finally:
-            self._active.discard(key)
-        self._resolved[key] = (schema, out)
-        return out
+        return self._once(schema, self._resolved, self._active, self._merge, {})
 
     def _merge(self, schema: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -133,18 +125,26 @@ class SchemaResolver:
         return self._properties[name]
 
     def value_type(self, schema: Mapping[str, Any]) -> ValueType:
+        # a cycle through anyOf/oneOf: no constraint from it
+        return self._once(schema, self._types, self._typing, self._value_type, ValueType())
+
+    @staticmethod
+    def _once(schema: Mapping[str, Any], done: dict[int, tuple[Any, Any]], active: set[int],
+              compute: Callable[[Mapping[str, Any]], Any], on_cycle: Any) -> Any:
+        """`compute(schema)` once per node (keyed by id, the node kept alive beside its
+        result); a node met again while it is computed is a cycle: `on_cycle`."""
         key = id(schema)
-        if key in self._types:
-            return self._types[key][1]
-        if key in self._typing:
-            return ValueType()  # a cycle through anyOf/oneOf: no constraint from it
-        self._typing.add(key)
+        if key in done:
+            return done[key][1]
+        if key in active:
+            return on_cycle
+        active.add(key)
         try:
-            vt = self._value_type(schema)
+            out = compute(schema)
         finally:
-            self._typing.discard(key)
-        self._types[key] = (schema, vt)
-        return vt
+            active.discard(key)
+        done[key] = (schema, out)
+        return out
 
     def _value_type(self, schema: Mapping[str, Any]) -> ValueType:
         s = self.resolve(schema)
