@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import replace
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import anyio

@@ -216,7 +216,8 @@ class RangedNumber(Leaf):
     def _frame(self, text: bytes) -> Frame:
         """The canonical frame: loose once the range holds every completion (the intervals'
         ends are writable values, and the range is convex); with a step, never."""
-        if self.range.step is None and all(self.range.contains(a) and self.range.contains(b) for a, b in _reach(text, self.integer)):
+        futures = _reach(text, self.integer)
+        if self.range.step is None and all(self.range.contains(a) and self.range.contains(b) for a, b in futures):
             return (self, LOOSE, _shape(text))
         return (self, text)
 
