@@ -120,6 +120,8 @@ CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, n
                                                        num_experts=4, num_experts_per_tok=2),
     "qwen3_5_moe_text": lambda: transformers.Qwen3_5MoeTextConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
                                                                   num_experts=4, num_experts_per_tok=2),
+    "glm4_moe": lambda: transformers.Glm4MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                   n_routed_experts=4, num_experts_per_tok=2),
 }
 
 

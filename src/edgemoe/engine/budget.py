@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from edgemoe.kernels.attn_decode_tiles import split_workspace_bytes
 from edgemoe.kernels.moe_gemv_tiles import split_partials_bytes
-from edgemoe.models.arch import ModelArch
+from edgemoe.models.arch import ModelArch, kept_dtypes
 from edgemoe.quant import Dense, ExpertFormat
 from edgemoe.quant import expert_nbytes as format_expert_nbytes
 
@@ -150,8 +150,8 @@ def expert_nbytes(arch: ModelArch, fmt: ExpertFormat | None = None) -> int:
 
 
 def dense_weight_bytes(arch: ModelArch) -> int:
-    n = sum(_numel(s) for s in arch.param_shapes().values())
-    return n * arch.dtype.itemsize
+    kept = kept_dtypes(arch)  # a few params in another dtype (a sigmoid router's fp32)
+    return sum(_numel(s) * kept.get(n, arch.dtype).itemsize for n, s in arch.param_shapes().items())
 
 
 def graph_pool_bytes(arch: ModelArch, max_bs: int) -> int:

@@ -3,7 +3,8 @@ clipping, rotary, attention through the backend, output projection.
 
 Model files choose the variant: `qk_norm="head"` normalises each head (Qwen3: the
 backend applies those norms with rotary, fused into one kernel in the Triton backend),
-`"full"` the whole projection (OLMoE), `"none"` nothing (Mixtral).
+`"full"` the whole projection (OLMoE), `"none"` nothing (Mixtral). `qkv_bias`: biased
+q/k/v projections (GLM-4.5's `attention_bias`; its o_proj has none).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ class Attention:
         qk_norm: str = "none",
         clip_qkv: float | None = None,
         linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel)
+        qkv_bias: torch.Tensor | None = None,  # [(Hq + 2 Hkv) D]
     ) -> None:
         if qk_norm not in ("none", "head", "full") or (qk_norm != "none") != (q_norm is not None):
             raise ValueError(f"qk_norm {qk_norm!r} needs q/k norms exactly when not 'none'")
         self.spec, self.qkv, self.o_proj = spec, qkv, o_proj
         self.q_norm, self.k_norm, self.qk_norm, self.clip_qkv = q_norm, k_norm, qk_norm, clip_qkv
-        self.linear = linear
+        self.linear, self.qkv_bias = linear, qkv_bias
         # "head": the backend applies them, fused into its rotary + KV write where it can.
         self.head_norms = HeadNorms(q_norm, k_norm) if qk_norm == "head" else None  # type: ignore[arg-type]
         D = spec.head_dim
@@ -47,7 +49,10 @@ class Attention:
         backend: AttentionBackend,
     ) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
-        q, k, v = self.linear(x, self.qkv).split(self.split, -1)
+        qkv = self.linear(x, self.qkv)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
+        q, k, v = qkv.split(self.split, -1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
         if self.clip_qkv is not None:

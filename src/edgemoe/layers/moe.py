@@ -1,4 +1,5 @@
-"""Sparse MoE block: a softmax top-k router, then the routed experts via an executor."""
+"""Sparse MoE block: a router (softmax top-k, or sigmoid with a selection bias and groups:
+`kernels/router_sigmoid.py`), then the routed experts via an executor."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import os
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
-from edgemoe.kernels.norm_fused import RowNorm
+from edgemoe.kernels.norm_fused import RowNorm, add_rms_norm
 from edgemoe.kernels.router import (
     NormedRoute,
     add_norm_route,
     fused_router_workspace,
     route_logits_topk,
 )
+from edgemoe.kernels.router_sigmoid import SigmoidRouter, route_grouped_sigmoid
 from edgemoe.moe.executor import MoEExecutor
 
 
@@ -33,19 +35,22 @@ class SparseMoE:
         norm_topk_prob: bool,
         executor: MoEExecutor,
         linear: Linear = dense_gemv_ref,  # the router's projection past the fused router's batches (--dense-kernel)
+        sigmoid: SigmoidRouter | None = None,  # GLM's router (then `router` is its weight); None: softmax
     ) -> None:
         self.layer, self.router, self.top_k = layer, router, top_k
         self.norm_topk_prob = norm_topk_prob
-        self.executor, self.linear = executor, linear
+        self.executor, self.linear, self.sigmoid = executor, linear, sigmoid
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
-        self.workspace = fused_router_workspace(router, top_k)
+        self.workspace = fused_router_workspace(router, top_k) if sigmoid is None else None
         executor.register_router(layer, router)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values
         rounded to x's dtype, as transformers' router casts them). With the executor's
         routing override (cache studies) the ids are its, the weights the router's."""
+        if self.sigmoid is not None:  # fp32 weights, unrounded (as transformers' sigmoid router)
+            return self._overridden(*route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob))
         ids, weights = route_logits_topk(  # [T, K] each
             x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear,
         )
@@ -54,7 +59,11 @@ class SparseMoE:
     def add_norm_route(self, a: torch.Tensor, residual: torch.Tensor, norm: RowNorm) -> NormedRoute:
         """The block's residual add and `norm` in front of this router, routed as `route`
         routes: x = norm(residual + a), h = residual + a; on a GPU one launch does all
-        (`kernels/router.py` `add_norm_route`). Pass (ids, weights) on as `routing`."""
+        (`kernels/router.py` `add_norm_route`; a sigmoid router: the add and norm, then
+        `route`). Pass (ids, weights) on as `routing`."""
+        if self.sigmoid is not None:
+            x, h = add_rms_norm(a, residual, norm.weight, norm.eps, norm.weight_offset)
+            return NormedRoute(x, h, *self.route(x))
         out = add_norm_route(
             a, residual, norm, self.router, self.top_k, self.norm_topk_prob, a.dtype, self.workspace, self.linear,
         )

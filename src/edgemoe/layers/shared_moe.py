@@ -1,6 +1,7 @@
-"""A sparse MoE block with a shared expert (Qwen3-Next, Qwen3.5):
+"""A sparse MoE block with a shared expert (Qwen3-Next, Qwen3.5; GLM-4.5 without the gate):
 
-    y = sum_k w_k · expert_{id_k}(x) + sigmoid(x · g_shared) · shared(x)
+    y = sum_k w_k · expert_{id_k}(x) + sigmoid(x · g_shared) · shared(x)     (gated)
+    y = sum_k w_k · expert_{id_k}(x) + shared(x)                            (ungated: GLM)
 
 When the shared expert has the routed experts' shape, it is expert E of the layer's bank
 in the expert store (the loader puts it there): every token routes to it as one more
@@ -8,7 +9,8 @@ in the expert store (the loader puts it there): every token routes to it as one 
 executor call as the routed experts. So it is cached, offloaded and computed on the CPU
 like any expert (an LRU keeps it resident: every token uses it), and the fixed-order k-sum
 covers it. A shared expert of another width cannot share the banks: it runs as a dense
-MLP on the device and is added after the routed sum.
+MLP on the device and is added after the routed sum. An ungated one (GLM) is always that
+dense MLP, added after the sum as transformers adds it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ class SharedExpertMoE:
     def __init__(
         self,
         routed: SparseMoE,
-        shared_gate: torch.Tensor,  # [1, H]
+        shared_gate: torch.Tensor | None,  # [1, H]; None: ungated (weight 1), dense only
         shared_id: int | None,  # the shared expert's id in the bank (E), or None when dense
         shared_mlp: DenseMLP | None = None,  # the shared expert when it is not in the bank
     ) -> None:
         if (shared_id is None) == (shared_mlp is None):
             raise ValueError("the shared expert is either in the bank (shared_id) or dense (shared_mlp)")
+        if shared_gate is None and shared_mlp is None:
+            raise ValueError("an ungated shared expert runs as a dense MLP (shared_mlp)")
         self.routed, self.shared_gate, self.shared_id, self.shared_mlp = routed, shared_gate, shared_id, shared_mlp
         self.linear = routed.linear  # the routed block's kernel choice (--dense-kernel)
 
@@ -46,7 +50,10 @@ class SharedExpertMoE:
             ids, weights = append_shared(x, self.shared_gate, ids, weights, self.shared_id, self.linear)
             return moe.executor.forward(moe.layer, x, ids, weights, residual, num_decode, num_padding)
         assert self.shared_mlp is not None
-        gate = torch.sigmoid(self.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
         out = moe.executor.forward(moe.layer, x, ids, weights, None, num_decode, num_padding)
-        out = out + gate * self.shared_mlp(x)
+        if self.shared_gate is None:
+            out = out + self.shared_mlp(x)
+        else:
+            gate = torch.sigmoid(self.linear(x, self.shared_gate))  # [T, 1] in x's dtype, as transformers
+            out = out + gate * self.shared_mlp(x)
         return out if residual is None else residual + out

@@ -13,6 +13,7 @@ import torch
 
 from edgemoe.cache.state_pool import StateShape
 from edgemoe.kernels.activations import ACTIVATIONS
+from edgemoe.kernels.router_sigmoid import GroupedSigmoid
 from edgemoe.layers.rotary import RopeSpec
 from edgemoe.models.hf_config import (
     ConfigError,
@@ -22,7 +23,7 @@ from edgemoe.models.hf_config import (
     rope_spec,
 )
 
-__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "check_experts", "common_fields"]
+__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "check_experts", "common_fields", "kept_dtypes"]
 
 
 class ModelArch(Protocol):
@@ -115,6 +116,9 @@ class DecoderArch:
     moe_layers: tuple[int, ...]  # layer indices with a sparse MoE block
     intermediate_size: int  # dense MLP layers
     dtype: torch.dtype
+    attention_bias: bool = False  # biased q/k/v projections (GLM-4.5)
+    sigmoid_routing: GroupedSigmoid | None = None  # GLM-4.5's router (fp32 weight and bias); None: softmax
+    shared_intermediate_size: int = 0  # an ungated shared expert in each MoE layer (GLM-4.5); 0: none
 
     @property
     def dense_layers(self) -> tuple[int, ...]:
@@ -166,6 +170,8 @@ class DecoderArch:
             shapes[p + "attn_norm"] = (H,)
             shapes[p + "mlp_norm"] = (H,)
             shapes[p + "qkv"] = (sum(self.qkv_rows), H)
+            if self.attention_bias:
+                shapes[p + "qkv_bias"] = (sum(self.qkv_rows),)
             shapes[p + "o_proj"] = (H, self.num_heads * D)
             if self.qk_norm == "head":
                 shapes[p + "q_norm"], shapes[p + "k_norm"] = (D,), (D,)
@@ -173,10 +179,30 @@ class DecoderArch:
                 shapes[p + "q_norm"], shapes[p + "k_norm"] = (self.num_heads * D,), (self.num_kv_heads * D,)
             if i in self.moe_layers:
                 shapes[p + "router"] = (self.num_experts, H)
+                if self.sigmoid_routing is not None:
+                    shapes[p + "router_bias"] = (self.num_experts,)
+                if self.shared_intermediate_size:
+                    shapes[p + "shared_gate_up"] = (2 * self.shared_intermediate_size, H)
+                    shapes[p + "shared_down"] = (H, self.shared_intermediate_size)
             else:
                 shapes[p + "gate_up"] = (2 * self.intermediate_size, H)
                 shapes[p + "down"] = (H, self.intermediate_size)
         return shapes
+
+    def param_dtypes(self) -> dict[str, torch.dtype]:
+        """The params kept in another dtype than the model's: a sigmoid router's weight and
+        bias stay fp32, as transformers keeps them (`_keep_in_fp32_modules_strict`): the
+        bias only chooses, and its fine differences decide between near-equal scores."""
+        if self.sigmoid_routing is None:
+            return {}
+        return {f"layers.{i}.{n}": torch.float32 for i in self.moe_layers for n in ("router", "router_bias")}
+
+
+def kept_dtypes(arch: ModelArch) -> dict[str, torch.dtype]:
+    """The params an arch keeps in another dtype than its own (`DecoderArch.param_dtypes`;
+    other archs keep none): every other param is `arch.dtype`."""
+    dtypes = getattr(arch, "param_dtypes", None)
+    return dtypes() if dtypes is not None else {}
 
 
 def common_fields(

@@ -16,17 +16,20 @@ from edgemoe.layers.attention_backend import AttentionSpec, RopeTable
 from edgemoe.layers.block import PreNormBlock, chain_norms
 from edgemoe.layers.mlp import DenseMLP, activation
 from edgemoe.layers.moe import SparseMoE
+from edgemoe.layers.shared_moe import SharedExpertMoE
 from edgemoe.layers.norm import RMSNorm
 from edgemoe.layers.rotary import Rotary
-from edgemoe.models.arch import DecoderArch
+from edgemoe.models.arch import DecoderArch, kept_dtypes
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
 Params = dict[str, torch.Tensor]
+MLP = SparseMoE | SharedExpertMoE | DenseMLP  # a layer's MLP: PreNormBlock fuses more around a SparseMoE
 
 
 def to_device(arch: DecoderArch, params: Params, device: torch.device) -> Params:
-    p = {k: v.to(device=device, dtype=arch.dtype) for k, v in params.items()}
+    kept = kept_dtypes(arch)
+    p = {k: v.to(device=device, dtype=kept.get(k, arch.dtype)) for k, v in params.items()}
     if arch.tie_word_embeddings:
         p["lm_head"] = p["embed"]
     return p
@@ -61,16 +64,17 @@ def mlp(
 
 def assemble(
     arch: DecoderArch, p: Params, attention: Callable[[int], Attention], executor: MoEExecutor,
-    device: torch.device, linear: Linear = dense_gemv_ref,
+    device: torch.device, linear: Linear = dense_gemv_ref, mlp_of: Callable[[int], MLP] | None = None,
 ) -> CausalLM:
-    """A CausalLM of pre-norm blocks with the model file's `attention(i)` per layer;
-    `linear`: the routers' and LM head's projection kernel (the model file hands the same
-    one to its attention layers)."""
+    """A CausalLM of pre-norm blocks with the model file's `attention(i)` per layer and its
+    `mlp_of(i)` (default: `mlp`, the softmax-routed experts or a dense MLP); `linear`: the
+    routers' and LM head's projection kernel (the model file hands the same one to its
+    attention layers)."""
     eps = arch.rms_norm_eps
     blocks = [
         PreNormBlock(
             attention(i), RMSNorm(p[f"layers.{i}.attn_norm"], eps),
-            mlp(arch, i, p, executor, linear), RMSNorm(p[f"layers.{i}.mlp_norm"], eps),
+            mlp(arch, i, p, executor, linear) if mlp_of is None else mlp_of(i), RMSNorm(p[f"layers.{i}.mlp_norm"], eps),
         )
         for i in range(arch.num_layers)
     ]

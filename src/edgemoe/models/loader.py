@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from edgemoe.models.arch import ModelArch
+from edgemoe.models.arch import ModelArch, kept_dtypes
 from edgemoe.models.checkpoint_files import (
     CheckpointError,
     all_names,
@@ -111,7 +111,8 @@ def load_checkpoint(
     stored = all_names(model_dir, files)
     names, stacked = names_as_stored(module, arch, stored)
     fmt = resolve_expert_format(expert_dtype, stored_expert_format(model_dir, arch, scheme, names, files), arch.dtype)
-    params = {k: torch.empty(s, dtype=arch.dtype) for k, s in arch.param_shapes().items()}
+    kept = kept_dtypes(arch)
+    params = {k: torch.empty(s, dtype=kept.get(k, arch.dtype)) for k, s in arch.param_shapes().items()}
     table_shapes: dict[str, tuple[int, ...]] = getattr(arch, "table_shapes", dict)()
     tables = {k: table_alloc(k, s, arch.dtype) for k, s in table_shapes.items()}
     experts = _allocate_store(model_dir, arch, fmt, scheme, expert_store)
@@ -120,8 +121,10 @@ def load_checkpoint(
                  if scheme else None)
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
+    prefixes = getattr(module, "ignored_prefixes", lambda _: ())(arch)  # ones that depend on the arch (GLM's MTP)
     ignored = (
-        IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())), tuple(getattr(module, "IGNORED_PREFIXES", ()))
+        IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())),
+        tuple(getattr(module, "IGNORED_PREFIXES", ())) + tuple(prefixes),
     )
     # ... or a table its destination already holds (a disk store's files): not read again.
     held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from edgemoe.models.arch import ModelArch
+from edgemoe.models.arch import ModelArch, kept_dtypes
 from edgemoe.models.loader import LoadedModel, TableAlloc, ram_tables
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, Registrar
@@ -83,7 +83,9 @@ def materialise(
         store: ExpertStore = fill_quantised(arch, expert_format, init, pinner, progress)
     else:
         store = fill_dense(arch, init, pinner, progress)
-    params = {name: dense_tensor(init, name, shape, arch.dtype) for name, shape in arch.param_shapes().items()}
+    kept = kept_dtypes(arch)
+    params = {name: dense_tensor(init, name, shape, kept.get(name, arch.dtype))
+              for name, shape in arch.param_shapes().items()}
     if arch.tie_word_embeddings:
         params["lm_head"] = params["embed"]
     tables = fill_tables(init, arch, table_alloc, progress)

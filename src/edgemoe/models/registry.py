@@ -19,6 +19,7 @@ MODEL_MODULES: dict[str, str] = {
     "qwen3_5_moe_text": "edgemoe.models.qwen3_5_moe",
     "qwen4_exp": "edgemoe.models.qwen4_exp",
     "qwen4_exp_text": "edgemoe.models.qwen4_exp",
+    "glm4_moe": "edgemoe.models.glm4_moe",
 }
 
 

@@ -94,7 +94,8 @@ class RouterPredictor:
         self.routers, self.top_k = routers, top_k
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        logits = torch.matmul(x, self.routers[layer].t()).float()
+        router = self.routers[layer]  # fp32 for a sigmoid router (GLM): its logits' ranking, bias left out
+        logits = torch.matmul(x.to(router.dtype), router.t()).float()
         return torch.topk(logits, self.top_k, dim=-1).indices.to(torch.int32)
 
 

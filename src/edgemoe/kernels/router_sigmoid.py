@@ -1,0 +1,75 @@
+"""Sigmoid routing with a selection bias and group-limited top-k (GLM-4.5 and later,
+DeepSeek-V3): the reference is transformers' `Glm4MoeTopkRouter`.
+
+    s = sigmoid(x · Wᵀ)              scores, fp32 (x and W upcast, as transformers does)
+    c = s + b                        the choice scores (b: `e_score_correction_bias`, fp32)
+    groups of E / n_group experts ranked by the sum of their two best c; only the experts
+    of the best `topk_group` groups compete, the others at -inf
+    ids = top-k of c;  w = s[ids], divided by their sum (+1e-20) when renormalised, × scale
+
+The weights stay fp32 (transformers multiplies the experts' outputs by them in fp32), not
+rounded to the activations' dtype as the softmax router's are. The bias only chooses: the
+weights are the plain scores. A CUDA graph can capture these ops (no host sync); on a GPU
+they are ~8 small launches a layer where the softmax router has one fused launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GroupedSigmoid:
+    """The routing settings a config names: `n_group`, `topk_group`, `routed_scaling_factor`."""
+
+    n_group: int = 1
+    topk_group: int = 1
+    scale: float = 1.0
+
+    def check(self, experts: int, top_k: int) -> str | None:
+        """Why this routing can't pick `top_k` of `experts` (None: it can). transformers
+        would fail on an uneven split or a group of one (its two-best sum), and would pick
+        -inf experts where the kept groups hold fewer than top_k."""
+        if experts % self.n_group or experts // self.n_group < 2:
+            return f"n_group={self.n_group} does not split {experts} experts into groups of two or more"
+        if not 1 <= self.topk_group <= self.n_group:
+            return f"topk_group={self.topk_group} is not between 1 and n_group={self.n_group}"
+        if top_k > self.topk_group * (experts // self.n_group):
+            return f"num_experts_per_tok={top_k} is more than the {self.topk_group} kept group(s) hold"
+        return None
+
+
+@dataclass(frozen=True)
+class SigmoidRouter:
+    """One layer's sigmoid router: its weight [E, H] and selection bias [E], both fp32."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    spec: GroupedSigmoid
+
+
+def route_grouped_sigmoid(
+    x: torch.Tensor, router: SigmoidRouter, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] → (ids [T, K] int32, weights [T, K] fp32)."""
+    scores = torch.sigmoid(torch.nn.functional.linear(x.float(), router.weight.float()))  # [T, E]
+    choice = scores + router.bias
+    spec, (T, E) = router.spec, scores.shape
+    if spec.topk_group < spec.n_group:  # the whole-group case is the mask's identity: skipped
+        choice = _kept_groups(choice, spec, T, E)
+    ids = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return ids.to(torch.int32), weights * spec.scale
+
+
+def _kept_groups(choice: torch.Tensor, spec: GroupedSigmoid, T: int, E: int) -> torch.Tensor:
+    """`choice` with the experts outside the best `topk_group` groups at -inf."""
+    grouped = choice.view(T, spec.n_group, E // spec.n_group)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
+    best = torch.topk(group_scores, spec.topk_group, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(T, E)

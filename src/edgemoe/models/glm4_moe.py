@@ -1,0 +1,144 @@
+"""GLM-4.5 / 4.6 / 4.7 MoE (zai-org/GLM-4.5-Air, GLM-4.5, GLM-4.6, GLM-4.7): transformers'
+`Glm4MoeForCausalLM`.
+
+Llama-style blocks with: biased q/k/v projections (`attention_bias`), optional per-head
+q/k RMSNorm (`use_qk_norm`), rotary on the first half of each head (`partial_rotary_factor`
+0.5); dense MLPs on the first `first_k_dense_replace` layers; in the others a sigmoid
+router with a selection bias and group-limited top-k (`kernels/router_sigmoid.py`), the
+routed experts' sum scaled by `routed_scaling_factor`, plus an ungated shared expert of
+`n_shared_experts` × `moe_intermediate_size`. The multi-token-prediction layers a
+checkpoint carries after the last layer (`num_nextn_predict_layers`) are not read, as
+transformers does not read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
+from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter
+from edgemoe.layers.attention import Attention
+from edgemoe.layers.mlp import DenseMLP, activation
+from edgemoe.layers.moe import SparseMoE
+from edgemoe.layers.shared_moe import SharedExpertMoE
+from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
+from edgemoe.models.llama_moe import MLP, Params, assemble, attention_spec, qk_norms, rope_table, to_device
+from edgemoe.models.names import NameMap, Placement, StackedMap, common_names, dense_mlp_names, expert_names
+from edgemoe.models.names import stacked_expert_names as stacked_names
+from edgemoe.models.transformer import CausalLM
+from edgemoe.moe.executor import MoEExecutor
+
+MODEL_TYPE = "glm4_moe"
+
+
+def arch(config: dict[str, Any]) -> DecoderArch:
+    c = HFConfig(config)
+    layers, experts = c.integer("num_hidden_layers"), c.integer("n_routed_experts", 128)
+    moe = moe_layers(c, layers)
+    fields = common_fields(c, eps=1e-5, max_pos=131072, kv_heads=8)
+    check_experts(c, experts, fields["top_k"], moe)
+    routing = GroupedSigmoid(c.integer("n_group", 1), c.integer("topk_group", 1),
+                             float(c.number("routed_scaling_factor", 1.0)))
+    if (why := routing.check(experts, fields["top_k"])) is not None:
+        raise ConfigError(why)
+    inter = c.integer("moe_intermediate_size", 1408)
+    return DecoderArch(
+        model_type=MODEL_TYPE,
+        **fields,
+        qk_norm="head" if c.flag("use_qk_norm", False) else "none",
+        clip_qkv=None,
+        sliding_window=None,
+        num_experts=experts,
+        moe_intermediate_size=inter,
+        norm_topk_prob=c.flag("norm_topk_prob", True),
+        moe_layers=moe,
+        intermediate_size=c.integer("intermediate_size", 10944),
+        attention_bias=c.flag("attention_bias", False),
+        sigmoid_routing=routing,
+        shared_intermediate_size=inter * c.integer("n_shared_experts", 1, minimum=0),
+    )
+
+
+def moe_layers(c: HFConfig, layers: int) -> tuple[int, ...]:
+    """The sparse layers: from `first_k_dense_replace` on (transformers 5.24's rule), or as
+    `mlp_layer_types` lists them ("dense" / "sparse", a later config's spelling); both given
+    must agree."""
+    first_dense = c.integer("first_k_dense_replace", 1, minimum=0)
+    by_count = tuple(range(first_dense, layers))
+    kinds = c.get("mlp_layer_types")
+    if kinds is None:
+        return by_count
+    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in ("dense", "sparse") for k in kinds):
+        raise ConfigError(f"mlp_layer_types={kinds!r}: expected {layers} entries of \"dense\" or \"sparse\"")
+    listed = tuple(i for i, k in enumerate(kinds) if k == "sparse")
+    if "first_k_dense_replace" in c.raw and listed != by_count:
+        raise ConfigError(f"mlp_layer_types and first_k_dense_replace={first_dense} name different sparse layers")
+    return listed
+
+
+def ignored_prefixes(a: DecoderArch) -> tuple[str, ...]:
+    """Checkpoint tensors not read: the MTP layers after the last decoder layer (GLM-4.5-Air
+    ships one as model.layers.46; four would be 46..49, so a few indices are covered)."""
+    return tuple(f"model.layers.{a.num_layers + j}." for j in range(8))
+
+
+def checkpoint_map(a: DecoderArch) -> NameMap:
+    m = common_names(a)
+    q, k, _ = a.qkv_rows
+    for i in range(a.num_layers):
+        lp, our, mlp = f"model.layers.{i}.self_attn.", f"layers.{i}.", f"model.layers.{i}.mlp."
+        if a.attention_bias:
+            m[lp + "q_proj.bias"] = Placement(our + "qkv_bias", (slice(0, q),))
+            m[lp + "k_proj.bias"] = Placement(our + "qkv_bias", (slice(q, q + k),))
+            m[lp + "v_proj.bias"] = Placement(our + "qkv_bias", (slice(q + k, None),))
+        if i not in a.moe_layers:
+            m |= dense_mlp_names(a, i, mlp)
+            continue
+        m[mlp + "gate.weight"] = Placement(our + "router")
+        m[mlp + "gate.e_score_correction_bias"] = Placement(our + "router_bias")
+        m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
+        if a.shared_intermediate_size:
+            m |= _shared_names(a, i, mlp + "shared_experts.")
+    return m
+
+
+def _shared_names(a: DecoderArch, i: int, prefix: str) -> NameMap:
+    inter, our = a.shared_intermediate_size, f"layers.{i}."
+    return {
+        prefix + "gate_proj.weight": Placement(our + "shared_gate_up", (slice(0, inter),)),
+        prefix + "up_proj.weight": Placement(our + "shared_gate_up", (slice(inter, None),)),
+        prefix + "down_proj.weight": Placement(our + "shared_down"),
+    }
+
+
+def stacked_expert_names(a: DecoderArch) -> StackedMap:
+    """The experts stacked a layer at a time (transformers 5's `mlp.experts.gate_up_proj`)."""
+    return stacked_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
+
+
+def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
+          linear: Linear = dense_gemv_ref) -> CausalLM:
+    p, rope = to_device(arch, params, device), rope_table(arch, device)
+
+    def attention(i: int) -> Attention:
+        pre = f"layers.{i}."
+        q_norm, k_norm = qk_norms(arch, i, p) if arch.qk_norm == "head" else (None, None)
+        return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
+                         qk_norm=arch.qk_norm, linear=linear, qkv_bias=p.get(pre + "qkv_bias"))
+
+    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear))
+
+
+def moe_block(arch: DecoderArch, i: int, p: Params, executor: MoEExecutor, linear: Linear) -> MLP:
+    """Layer i's MLP: dense, or the sigmoid-routed experts plus the ungated shared expert."""
+    pre, act = f"layers.{i}.", activation(arch.hidden_act)
+    if i not in arch.moe_layers:
+        return DenseMLP(p[pre + "gate_up"], p[pre + "down"], act)
+    assert arch.sigmoid_routing is not None
+    router = SigmoidRouter(p[pre + "router"], p[pre + "router_bias"], arch.sigmoid_routing)
+    routed = SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor, linear, sigmoid=router)
+    if not arch.shared_intermediate_size:
+        return routed
+    return SharedExpertMoE(routed, None, None, DenseMLP(p[pre + "shared_gate_up"], p[pre + "shared_down"], act))

@@ -1,0 +1,154 @@
+"""GLM-4.5 MoE (`glm4_moe`) against transformers' `Glm4MoeForCausalLM`: checkpoints written by
+its own `save_pretrained`, and the same weights in the Hub's per-expert layout with an MTP
+layer after the last one (as zai-org publishes them). The tiny config takes every branch:
+q/k/v biases, per-head q/k norms, half-head rotary, a dense first layer, two expert groups
+of which one is kept, a non-zero selection bias, a routed scale and the shared expert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hf_saved import save
+from safetensors.torch import load_file, save_file
+from tolerances import network_atol
+
+from edgemoe import LLM, SamplingParams
+from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter, route_grouped_sigmoid
+from edgemoe.models.hf_config import ConfigError
+from edgemoe.models.registry import model_arch
+
+transformers = pytest.importorskip("transformers")
+
+SEQ = [5, 90, 17, 150, 3, 3, 200, 42] + list(range(100, 160, 3))  # 28 tokens
+TINY = dict(vocab_size=512, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+            n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+            n_shared_experts=1, first_k_dense_replace=1, attention_bias=True, use_qk_norm=True,
+            norm_topk_prob=True, pad_token_id=None)
+
+
+def glm(**overrides: object) -> transformers.Glm4MoeForCausalLM:
+    model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**{**TINY, **overrides}))
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # a buffer, not a parameter: `save`'s rescaling does not reach it
+        for layer in model.model.layers[model.config.first_k_dense_replace:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(0.2 * torch.randn(TINY["n_routed_experts"], generator=g))
+    return model
+
+
+def reference(path: Path, seq: list[int] = SEQ) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        return model.eval()(torch.tensor([seq])).logits[0]
+
+
+def assert_logits_match(path: Path, theirs: torch.Tensor) -> None:
+    with LLM(str(path), dtype="float32") as llm:
+        ours = llm.prompt_logits(SEQ)
+    atol = network_atol(torch.float32, max(48, len(SEQ)), theirs.abs().max().item())
+    torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save(glm(), tmp_path_factory.mktemp("glm"))
+
+
+def test_save_pretrained_checkpoint_matches_transformers(saved: Path) -> None:
+    assert_logits_match(saved, reference(saved))
+
+
+def test_greedy_tokens_match_transformers(saved: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32, attn_implementation="eager")
+    prompts = [SEQ[:5], SEQ]
+    with torch.no_grad():
+        expected = [model.eval().generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                          max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None,
+                                          pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    with LLM(str(saved), dtype="float32") as llm:
+        got = [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12,
+                                                                         ignore_eos=True))]
+    assert got == expected
+    assert len(set(expected[1])) > 3, "degenerate reference output: weak test"
+
+
+def test_hub_layout_with_an_mtp_layer_loads_the_same(saved: Path, tmp_path: Path) -> None:
+    """Per-expert tensors and `model.layers.3.*` (the MTP layer GLM-4.5-Air ships) as on the Hub."""
+    tensors = load_file(saved / "model.safetensors")
+    hub = {}
+    for name, t in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base, inter = name.removesuffix("gate_up_proj"), t.shape[1] // 2
+            for e in range(t.shape[0]):
+                hub[f"{base}{e}.gate_proj.weight"], hub[f"{base}{e}.up_proj.weight"] = t[e, :inter], t[e, inter:]
+        elif name.endswith("mlp.experts.down_proj"):
+            for e in range(t.shape[0]):
+                hub[f"{name.removesuffix('down_proj')}{e}.down_proj.weight"] = t[e]
+        else:
+            hub[name] = t
+    hub["model.layers.3.eh_proj.weight"] = torch.zeros(32, 64)  # the MTP layer: not read
+    hub["model.layers.3.enorm.weight"] = torch.ones(32)
+    for f in saved.iterdir():
+        if f.name != "model.safetensors":
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    save_file({k: v.contiguous() for k, v in hub.items()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    assert_logits_match(tmp_path, reference(saved))
+
+
+def test_router_matches_transformers_on_many_rows() -> None:
+    """Our sigmoid router against transformers' on 500 rows with near-ties and four groups."""
+    config = transformers.Glm4MoeConfig(**{**TINY, "n_routed_experts": 16, "n_group": 4, "topk_group": 2,
+                                           "num_experts_per_tok": 4})
+    gate = transformers.models.glm4_moe.modeling_glm4_moe.Glm4MoeTopkRouter(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(16, 32, generator=g) / 6)
+        gate.e_score_correction_bias.copy_(0.3 * torch.randn(16, generator=g))
+        x = torch.randn(500, 32, generator=g)
+        _, weights, ids = gate(x)
+    spec = GroupedSigmoid(4, 2, config.routed_scaling_factor)
+    our_ids, our_weights = route_grouped_sigmoid(x, SigmoidRouter(gate.weight, gate.e_score_correction_bias, spec),
+                                                 4, True)
+    order, our_order = ids.sort(dim=-1), our_ids.long().sort(dim=-1)
+    assert torch.equal(order.values, our_order.values)
+    torch.testing.assert_close(our_weights.gather(1, our_order.indices), weights.gather(1, order.indices))
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    ({"n_group": 3}, "n_group=3"),
+    ({"topk_group": 3}, "topk_group=3"),
+    ({"num_experts_per_tok": 5}, "num_experts_per_tok=5"),
+    ({"mlp_layer_types": ["dense", "dense", "sparse"]}, "mlp_layer_types"),
+    ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
+])
+def test_configs_it_cannot_route_are_refused_by_name(overrides: dict[str, object], named: str) -> None:
+    config = {**transformers.Glm4MoeConfig(**TINY).to_dict(), **overrides}
+    with pytest.raises(ConfigError, match=named):
+        model_arch(config)
+
+
+def test_mlp_layer_types_spell_the_sparse_layers() -> None:
+    base = {k: v for k, v in transformers.Glm4MoeConfig(**TINY).to_dict().items() if k != "first_k_dense_replace"}
+    assert model_arch({**base, "mlp_layer_types": ["dense", "sparse", "sparse"]}).moe_layers == (1, 2)
+    assert model_arch({**base, "mlp_layer_types": ["sparse", "dense", "sparse"]}).moe_layers == (0, 2)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(moe_backend="offload", moe_slots=3),
+    dict(moe_backend="cpu", moe_slots=3),
+    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
+], ids=lambda s: s["moe_backend"])
+def test_backends_give_resident_tokens(saved: Path, settings: dict[str, object]) -> None:
+    """The sparse layers (1 and 2, after the dense one) through every executor."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    prompts = [SEQ[:6], SEQ]
+    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
+        expected = [o.token_ids for o in llm.generate(prompts, greedy)]
+    with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
+        got = [o.token_ids for o in llm.generate(prompts, greedy)]
+        moe = llm.stats()["moe"]
+    assert got == expected
+    by_layer = moe["misses_per_token_by_layer"]  # the dense layer 0 has no experts to miss
+    assert by_layer[0] == 0 and min(by_layer[1:]) > 0
