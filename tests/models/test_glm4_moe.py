@@ -152,3 +152,14 @@ def test_backends_give_resident_tokens(saved: Path, settings: dict[str, object])
     assert got == expected
     by_layer = moe["misses_per_token_by_layer"]  # the dense layer 0 has no experts to miss
     assert by_layer[0] == 0 and min(by_layer[1:]) > 0
+
+
+def test_the_air_preset_plans_its_fp32_routers_at_four_bytes() -> None:
+    from edgemoe.engine.budget import dense_weight_bytes
+    from edgemoe.models.presets import parse_random
+
+    a = model_arch(parse_random("random:glm-4.5-air").config)
+    assert (a.num_layers, a.moe_layers[0], a.num_experts, a.shared_intermediate_size) == (46, 1, 128, 1408)
+    n = sum(torch.Size(s).numel() for s in a.param_shapes().values())
+    routers = 45 * 128 * (4096 + 1)  # weight and bias of 45 sparse layers
+    assert dense_weight_bytes(a) == 2 * n + 2 * routers

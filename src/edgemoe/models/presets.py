@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from edgemoe.models.presets_glm import GLM_4_5_AIR, TINY_GLM4_MOE
+
 RANDOM_PREFIX = "random:"
 SEED_KEY = "seed"  # not a config field: the seed of the random weights
 
@@ -225,6 +227,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qwen3-moe": TINY_QWEN3_MOE,
     "tiny-qwen3.5-moe": TINY_QWEN3_5_MOE,
     "tiny-qwen3.8-flash-next": TINY_QWEN38_FLASH_NEXT,
+    "glm-4.5-air": GLM_4_5_AIR,
+    "tiny-glm4-moe": TINY_GLM4_MOE,
 }
 
 # Integer fields that are sizes or counts: an override must be >= 1.
@@ -233,7 +237,7 @@ POSITIVE_FIELDS = frozenset({
     "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "vocab_size",
     "max_position_embeddings", "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads",
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "shared_expert_intermediate_size",
-    "full_attention_interval",
+    "full_attention_interval", "n_routed_experts", "n_group", "topk_group",
 })
 _SAFE_QUERY = re.compile(r"[A-Za-z0-9_.,=+\-\[\]]+")
 
@@ -363,10 +367,9 @@ def _check_seed(text: str, raw: str) -> int:
 
 
 def _check_shape(text: str, c: dict[str, Any]) -> None:
-    if c["num_experts_per_tok"] > c["num_experts"]:
-        raise ValueError(
-            f"model (--model) {text!r}: num_experts_per_tok {c['num_experts_per_tok']} > num_experts {c['num_experts']}"
-        )
+    experts = c.get("num_experts", c.get("n_routed_experts"))  # GLM's name
+    if c["num_experts_per_tok"] > experts:
+        raise ValueError(f"model (--model) {text!r}: num_experts_per_tok {c['num_experts_per_tok']} > num_experts {experts}")
     if c["num_attention_heads"] % c["num_key_value_heads"]:
         raise ValueError(
             f"model (--model) {text!r}: num_attention_heads {c['num_attention_heads']} is not a multiple "
