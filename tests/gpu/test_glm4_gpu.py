@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_saved import save
-from tolerances import bf16_logit_error
+from tolerances import bf16_logit_error, network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.testing.isolation import DeviceUse, isolated
@@ -46,18 +46,45 @@ def test_offload_tokens_identical_to_resident(glm_ckpt: Path) -> None:
     assert greedy(glm_ckpt, moe_backend="resident", no_cuda_graph=True) == resident
 
 
+def test_fp32_on_the_gpu_matches_transformers(glm_ckpt: Path) -> None:
+    """The GPU's own code path (no Triton in fp32) against the reference: rounding only."""
+    seq = PROMPTS[2]
+    with LLM(str(glm_ckpt), dtype="float32", device="cuda") as llm:
+        got = llm.prompt_logits(seq).cpu()
+    ref = reference_logits(glm_ckpt, seq, torch.float32)
+    atol = network_atol(torch.float32, max(SMALL_GLM["intermediate_size"], len(seq)), ref.abs().max().item())
+    torch.testing.assert_close(got, ref, atol=atol, rtol=0)
+
+
 def test_bf16_gpu_agrees_with_fp32_reference(glm_ckpt: Path) -> None:
     with LLM(str(glm_ckpt), dtype="bfloat16", device="cuda") as llm:
         out = llm.generate([PROMPTS[2]], GREEDY)[0].token_ids
         got = llm.prompt_logits(PROMPTS[2] + out).cpu().float()
-    model = transformers.AutoModelForCausalLM.from_pretrained(glm_ckpt, dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = model(torch.tensor([PROMPTS[2] + out])).logits[0]
+    seq = PROMPTS[2] + out
+    ref = reference_logits(glm_ckpt, seq, torch.float32)
     agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
     assert agree >= 0.9, agree  # top-1 flips only where the top-2 gap is inside the error
     typical, worst = bf16_logit_error(SMALL_GLM["num_hidden_layers"])
-    err, scale = (ref - got).abs(), ref.std().item()
-    assert err.mean().item() < typical * scale and err.max().item() < worst * scale
+    scale = ref.std().item()
+    assert (ref - got).abs().mean().item() < typical * scale
+    # A position whose router input sits at a near-tie (a sigmoid score or a group's
+    # two-best sum) may pick other experts in bf16 than in fp32: another function there,
+    # not a rounding error (measured 2026-12-06: 12 of 300 positions here, transformers' own
+    # bf16 16, mostly the same ones; our fp32 on the GPU none). So the count of positions
+    # past the rounding bound is held to transformers' own in bf16 on the same tokens.
+    peer = reference_logits(glm_ckpt, seq, torch.bfloat16)
+    flipped, peer_flipped = (_past(x, ref, worst * scale) for x in (got, peer))
+    assert flipped <= 2 * peer_flipped + 2, (flipped, peer_flipped)
+
+
+def reference_logits(path: Path, seq: list[int], dtype: torch.dtype) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
+    with torch.no_grad():
+        return model(torch.tensor([seq]).cuda()).logits[0].float().cpu()
+
+
+def _past(logits: torch.Tensor, ref: torch.Tensor, bound: float) -> int:
+    return int(((logits - ref).abs().amax(-1) >= bound).sum())
 
 
 @isolated  # measures the driver-counted device memory of a fresh process

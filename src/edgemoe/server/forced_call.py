@@ -7,11 +7,13 @@ template writes an assistant tool call, so the model continues in distribution:
     format       named                                              required
     hermes       <tool_call>\\n{"name": "NAME", "arguments":         <tool_call>\\n{"name": "
     qwen3_coder  <tool_call>\\n<function=NAME>\\n                     <tool_call>\\n<function
+    glm45        \\n<tool_call>NAME\\n (GLM-4.7: <tool_call>NAME)     \\n<tool_call> (GLM-4.7: <tool_call>)
 
 NOTE: each opening ends on a token boundary of the template's rendering of a whole call
-(Qwen's tokenizer writes `":` then ` {"`, and `<` `function` then `=get`): an opening
-ending in the space before `{`, or in `=`, would split a token the model was trained
-to produce in one piece.
+(Qwen's tokenizer writes `":` then ` {"`, and `<` `function` then `=get`; GLM's `<arg_key>`
+is a special token): an opening ending in the space before `{`, or in `=`, would split a
+token the model was trained to produce in one piece. GLM's opening follows the template's
+spelling (4.5/4.6 put a newline before `<tool_call>` and after the name, 4.7 none).
 
 The prompt ends with the opening (after the template and any prefill), rendered with
 thinking off: the template closes an empty think block first, as it does for a turn
@@ -40,8 +42,9 @@ if TYPE_CHECKING:
     from edgemoe.server.model import ServedModel
 
 
-def call_opening(tool_format: str, name: str | None) -> str:
-    """The opening of a call to `name` (None: any tool) in `tool_format`; '' if unknown."""
+def call_opening(tool_format: str, name: str | None, template: str = "") -> str:
+    """The opening of a call to `name` (None: any tool) in `tool_format`; '' if unknown.
+    `template`: the chat template's source (GLM-4.7's spells calls without newlines)."""
     if tool_format == "hermes":
         if name is None:
             return '<tool_call>\n{"name": "'
@@ -50,6 +53,10 @@ def call_opening(tool_format: str, name: str | None) -> str:
         return '<tool_call>\n{"name": "' + json.dumps(name, ensure_ascii=False)[1:-1] + '", "arguments":'
     if tool_format == "qwen3_coder":
         return "<tool_call>\n<function" if name is None else f"<tool_call>\n<function={name}>\n"
+    if tool_format == "glm45":
+        from edgemoe.server.parsers import glm45  # parsers load when chosen (parsers/__init__.py)
+
+        return glm45.call_opening(name, compact=glm45.compact_template(template))
     return ""
 
 
@@ -63,7 +70,7 @@ def forced_opening(model: ServedModel, req: GenerationRequest) -> str:
     if req.named_tool is not None and not _writable(model.tool_parser, req.named_tool):
         raise bad_request(f"tool_choice names {req.named_tool!r}, a name the model's tool-call format "
                           f"({model.tool_parser}) cannot write", param="tool_choice")
-    return call_opening(model.tool_parser, req.named_tool)
+    return call_opening(model.tool_parser, req.named_tool, model.template.source)
 
 
 def _writable(tool_format: str, name: str) -> bool:
@@ -71,6 +78,10 @@ def _writable(tool_format: str, name: str) -> bool:
     `<function=NAME>` none with a tag character or a line break, or with spaces around it."""
     if tool_format == "qwen3_coder":
         return nameable(name)  # the XML calls' grammar asks the same of a name
+    if tool_format == "glm45":
+        from edgemoe.server.parsers.glm45 import writable_name
+
+        return writable_name(name)  # one run without blanks, tags, quotes or brackets
     return bool(name.strip())
 
 

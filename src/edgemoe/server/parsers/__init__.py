@@ -27,6 +27,7 @@ from edgemoe.server.parsers.reasoning import (
 TOOL_PARSERS: dict[str, str] = {
     "hermes": "edgemoe.server.parsers.hermes:HermesToolParser",
     "qwen3_coder": "edgemoe.server.parsers.qwen3_coder:Qwen3CoderToolParser",
+    "glm45": "edgemoe.server.parsers.glm45:Glm45ToolParser",
 }
 
 # HF model_type → its family's default tool-call format.
@@ -41,6 +42,8 @@ _MODEL_TYPE_PARSER: dict[str, str] = {
     "qwen3_5_moe_text": "qwen3_coder",
     "qwen3_next": "qwen3_coder",
     "qwen4_exp": "qwen3_coder",
+    "glm4_moe": "glm45",
+    "glm4_moe_lite": "glm45",
 }
 
 
@@ -70,6 +73,8 @@ def parser_for_chat_template(template: str) -> str | None:
     """The tool format a chat template teaches the model, if it teaches one we parse."""
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
+    if "<arg_key>" in template and "<arg_value>" in template:
+        return "glm45"  # before hermes: GLM's calls open with `<tool_call>` too
     if "<tool_call>" in template:
         return "hermes"
     return None

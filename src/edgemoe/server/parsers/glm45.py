@@ -1,0 +1,218 @@
+"""GLM-4.5 / 4.6 / 4.7 tool calls (what vLLM calls ``glm45`` / ``glm47``).
+
+Format (GLM-4.5's chat template; GLM-4.7's writes the same without the newlines)::
+
+    <tool_call>NAME
+    <arg_key>KEY</arg_key>
+    <arg_value>VALUE</arg_value>
+    </tool_call>
+
+Any whitespace may separate the tags. The template writes a string value as it is and
+anything else as JSON (``v | tojson``), so a value is typed by the tool's JSON schema
+exactly as the qwen3_coder parser types its values (``edgemoe.tool_values``): a string
+parameter keeps the text verbatim (no newline stripped: the template adds none), any
+other type is JSON (else a Python literal, else the raw text). A value may contain
+``</arg_value>``: it closes the value only when what follows (after whitespace) is
+``<arg_key>`` or ``</tool_call>``; at the end of the output a closing sequence cut off
+by the stop counts as complete.
+
+Streaming: id + name once the name is certain, i.e. followed (after whitespace) by
+``<arg_key>`` or ``</tool_call>``; ``{"k": v`` / ``, "k": v`` per completed pair; ``}``
+when the call closes. ``<tool_call>`` not followed by such a name (no blank, tag, quote
+or bracket in it, at most 256 characters) is prose and stays content. After the call is
+announced, anything that breaks the format (or the end of output inside a pair) closes
+the arguments with the completed pairs, and the rest of the raw text is content.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from enum import Enum
+
+from edgemoe.server.parsers.base import (
+    IdFactory,
+    Scan,
+    TaggedToolParser,
+    ToolSpec,
+    expect,
+    skip_ws,
+)
+from edgemoe.server.parsers.hermes import MAX_NAME
+from edgemoe.tool_values import SchemaResolver, convert_typed, tool_schemas
+
+KEY_OPEN = "<arg_key>"
+KEY_CLOSE = "</arg_key>"
+VALUE_OPEN = "<arg_value>"
+VALUE_CLOSE = "</arg_value>"
+MAX_KEY = 1024  # longer is no parameter's name; bounds the rescans of an unclosed key
+
+# A name is one run of these: prose ("<tool_call> tags are…") and other formats' JSON
+# (`<tool_call>{"name": …}`) never read as a call.
+_NAME = re.compile(r"""[^\s<>{}\[\]"'`]*""")
+
+
+def writable_name(name: str) -> bool:
+    """Whether a call to `name` reads back as that name (forced_call's check)."""
+    return 0 < len(name) <= MAX_NAME and _NAME.fullmatch(name) is not None
+
+
+def compact_template(source: str) -> bool:
+    """Whether a chat template teaches GLM-4.7's spelling (no newline after the name)."""
+    return "{function-name}<arg_key>" in source
+
+
+def call_opening(name: str | None, compact: bool) -> str:
+    """The forced opening of a call, as the template writes it after the closed think
+    block (4.5/4.6: ``\\n<tool_call>NAME\\n``; 4.7, ``compact``: ``<tool_call>NAME``)."""
+    lead, tail = ("", "") if compact else ("\n", "\n")
+    return f"{lead}<tool_call>" if name is None else f"{lead}<tool_call>{name}{tail}"
+
+
+def _expect_any(buf: str, pos: int, tags: tuple[str, ...]) -> int | Scan:
+    """Position after the first of `tags` at `pos`; NEED if one may still start there."""
+    results = [expect(buf, pos, tag) for tag in tags]
+    hit = next((r for r in results if isinstance(r, int)), None)
+    if hit is not None:
+        return hit
+    return Scan.NEED if Scan.NEED in results else Scan.FAIL
+
+
+def parse_name(buf: str, pos: int) -> tuple[str, int] | Scan:
+    """``NAME`` after ``<tool_call>``, certain once ``<arg_key>`` or ``</tool_call>``
+    follows: the name and where that tag starts."""
+    p = skip_ws(buf, pos)
+    end = _NAME.match(buf, p).end()  # type: ignore[union-attr]  # matches empty
+    if end - p > MAX_NAME:
+        return Scan.FAIL
+    if end == len(buf):
+        return Scan.NEED
+    if end == p:
+        return Scan.FAIL  # a tag, quote or bracket where the name should be
+    q = skip_ws(buf, end)
+    after = _expect_any(buf, q, (KEY_OPEN, TaggedToolParser.CLOSE))
+    return (buf[p:end], q) if isinstance(after, int) else after
+
+
+def parse_pair_head(buf: str, pos: int) -> tuple[str, int] | Scan:
+    """``<arg_key>KEY</arg_key><arg_value>`` at ``pos``: the key and where its value starts."""
+    r = expect(buf, pos, KEY_OPEN)
+    if not isinstance(r, int):
+        return r
+    lt = buf.find("<", r, r + MAX_KEY + 1)
+    if lt < 0:
+        return Scan.NEED if len(buf) - r <= MAX_KEY else Scan.FAIL
+    close = expect(buf, lt, KEY_CLOSE)
+    if not isinstance(close, int):
+        return close
+    key = buf[r:lt].strip()
+    if not key:
+        return Scan.FAIL
+    value = expect(buf, skip_ws(buf, close), VALUE_OPEN)
+    return (key, value) if isinstance(value, int) else value
+
+
+def value_closes(buf: str, pos: int) -> bool | Scan:
+    """Is the ``</arg_value>`` ending at ``pos`` the real end of its value?"""
+    r = _expect_any(buf, skip_ws(buf, pos), (KEY_OPEN, TaggedToolParser.CLOSE))
+    return Scan.NEED if r is Scan.NEED else isinstance(r, int)
+
+
+class _Phase(Enum):
+    HEADER = "header"  # expecting NAME
+    BODY = "body"  # committed: expecting <arg_key> or </tool_call>
+    VALUE = "value"  # inside <arg_value>
+
+
+class Glm45ToolParser(TaggedToolParser):
+    """Streaming parser for GLM-4.5/4.6/4.7 tool calls (see the module docstring)."""
+
+    def __init__(
+        self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None
+    ) -> None:
+        super().__init__(tools, id_factory)
+        self._schemas = tool_schemas(self.tools)
+        self._resolvers: dict[str, SchemaResolver] = {}  # per called tool, made on first use
+
+    def _begin_call(self) -> None:
+        self._phase = _Phase.HEADER
+        self._name = ""
+        self._key = ""
+        self._pair_start = 0  # where <arg_key> began: given back if the pair is cut off
+        self._value_start = 0
+        self._scan_from = 0  # no real </arg_value> starts before this
+
+    def _step_call(self, final: bool) -> bool:
+        if self._phase is _Phase.HEADER:
+            return self._step_header(final)
+        if self._phase is _Phase.BODY:
+            return self._step_body(final)
+        return self._step_value(final)
+
+    def _step_header(self, final: bool) -> bool:
+        named = parse_name(self.buf, self.pos)
+        if isinstance(named, tuple):
+            self._name = named[0]
+            self._commit(named[0])
+            self.pos, self._phase = named[1], _Phase.BODY
+            return True
+        if named is Scan.NEED and not final:
+            return False
+        self._reject()  # prose mentioning the tag, or cut off before the name was certain
+        return True
+
+    def _step_body(self, final: bool) -> bool:
+        buf = self.buf
+        p = skip_ws(buf, self.pos)
+        head = parse_pair_head(buf, p)
+        if isinstance(head, tuple):
+            self._key, self._pair_start = head[0], p
+            self.pos = self._value_start = self._scan_from = head[1]
+            self._phase = _Phase.VALUE
+            return True
+        close = expect(buf, p, self.CLOSE)
+        if isinstance(close, int):
+            self._end_call(close, lstrip=True)
+            return True
+        if Scan.NEED in (head, close) and not final:
+            return False
+        if p == len(buf) or (close is Scan.NEED and head is Scan.FAIL):
+            self._end_call(len(buf), lstrip=True)  # the stop cut the closing tag
+        else:
+            self._end_call(p, lstrip=False)  # not the format (or a pair cut off): the rest is text
+        return True
+
+    def _step_value(self, final: bool) -> bool:
+        end = self._find_value_end(final)
+        if end is Scan.NEED:
+            return False
+        if end is Scan.FAIL:
+            self._end_call(self._pair_start, lstrip=False)  # value cut off by the stop
+            return True
+        assert isinstance(end, int)
+        resolver = self._resolvers.get(self._name)
+        if resolver is None:
+            resolver = self._resolvers[self._name] = SchemaResolver(self._schemas.get(self._name))
+        raw = self.buf[self._value_start : end]
+        self._member(self._key, convert_typed(raw, resolver.property_type(self._key)))
+        self.pos, self._phase = end + len(VALUE_CLOSE), _Phase.BODY
+        return True
+
+    def _find_value_end(self, final: bool) -> int | Scan:
+        """Start of the ``</arg_value>`` that really closes the value (FAIL: none, final)."""
+        buf, start = self.buf, self._scan_from
+        while True:
+            i = buf.find(VALUE_CLOSE, start)
+            if i < 0:
+                if final:
+                    return Scan.FAIL
+                # Resume where a "</arg_value>" split by the chunking could begin.
+                self._scan_from = max(start, len(buf) - len(VALUE_CLOSE) + 1)
+                return Scan.NEED
+            closes = value_closes(buf, i + len(VALUE_CLOSE))
+            if closes is True or (closes is Scan.NEED and final):
+                return i
+            if closes is Scan.NEED:
+                self._scan_from = i
+                return Scan.NEED
+            start = i + 1
