@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from edgemoe.engine.mask_upload import MaskUpload
 from edgemoe.messages import StructuredOutput
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_constraint import CallConstraint, CallRules
@@ -80,6 +81,7 @@ class Constraints:
     def __init__(self, tokenizer: Tokenizer, width: int, eos_ids: frozenset[int]) -> None:
         self._tokenizer = tokenizer
         self._width = width
+        self._upload = MaskUpload(width)
         self._eos = eos_ids
         self._bytes: list[bytes | None] | None = None
         self._vocab: Vocabulary | None = None
@@ -152,17 +154,11 @@ class Constraints:
             masks.append(None if waiting is not None else self._mask(request_id))
         if not pending and all(m is None for m in masks):
             return None
-        out = np.ones((len(masks), self._width), dtype=bool)
-        for row, m in enumerate(masks):
-            if m is not None:
-                out[row] = m
-        # NOTE: from pageable memory the copy stages the array before it returns, without
-        # waiting for the device's queue (the step's forward pass runs on meanwhile).
-        allowed = torch.from_numpy(out).to(device, non_blocking=True)
+        allowed = self._upload.rows(masks, device)  # only the masked rows travel, page-locked
         for i, row, (trigger, after) in pending:
             assert last_token is not None
             fired = last_token[row] == trigger  # on the device: no wait for the token
-            allowed[i] = torch.where(fired, torch.from_numpy(after).to(device, non_blocking=True), allowed[i])
+            allowed[i] = torch.where(fired, self._upload.kept(after, device), allowed[i])
         return allowed
 
     def _pending(self, request_id: str) -> tuple[int, np.ndarray] | None:
