@@ -50,6 +50,25 @@ def test_start_allows_a_think_block_first() -> None:
     assert after is not None and after[tok(tb, b"\n\n")] and after[tok(tb, b"{")] and not after[THINK.open]
 
 
+def test_start_allows_whitespace_before_the_think_block() -> None:
+    """GLM-4.5 writes "\n<think>" after its generation prompt: the newline is the JSON's
+    leading space or the think block's lead, both still possible."""
+    c, tb = constraint("start")
+    c.accept(tok(tb, b"\n"))
+    m = c.mask()
+    assert m is not None and m[THINK.open] and m[tok(tb, b"{")]
+    c.accept(THINK.open)
+    assert c.phase == "thinking" and c.mask() is None
+    c.accept(THINK.close)
+    after = c.mask()
+    assert after is not None and after[tok(tb, b"{")] and not after[THINK.open]
+    c2, _ = constraint("start")
+    c2.accept(tok(tb, b"\n"))
+    c2.accept(tok(tb, b"{"))
+    m2 = c2.mask()
+    assert m2 is not None and not m2[THINK.open]  # the value began: no think block any more
+
+
 def test_start_without_think_constrains_the_first_token() -> None:
     c, tb = constraint("start")
     c.accept(tok(tb, b"{"))

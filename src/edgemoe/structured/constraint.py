@@ -5,7 +5,8 @@ The output is `[<think> reasoning </think>] [whitespace] JSON value` then EOS:
   without `<think>` blocks);
 - `"open"`: the prompt ends inside `<think>`: unconstrained until `</think>`;
 - `"start"`: thinking on, the prompt not inside a block: the first token is `<think>` or
-  the JSON's first token (Qwen3's templates leave `<think>` to the model).
+  the JSON's first token (Qwen3's templates leave `<think>` to the model), after any
+  leading whitespace (GLM-4.5's template has the model write "\n<think>").
 Up to `LEAD_SPACE` whitespace bytes may precede the value (models write "\n\n" after
 `</think>`) and as many follow it (a token such as `}\n` ends a value in one piece). EOS is allowed exactly where the value is complete; special and added
 tokens never are inside the value. A token the mask did not allow (none should come:
@@ -168,7 +169,8 @@ class OutputConstraint:
             if self._think is not None and token_id == self._think.close:
                 self.phase = "value"
             return
-        if self.phase == "first":
+        first = self.phase == "first"
+        if first:
             if self._think is not None and token_id == self._think.open:
                 self.phase = "thinking"
                 return
@@ -180,6 +182,8 @@ class OutputConstraint:
             log.warning("structured output: token %d is not allowed here; the rest of this output is not "
                         "constrained", token_id)
         self.state = nxt
+        if first and isinstance(nxt, _Lead):
+            self.phase = "first"  # whitespace only: a think block may still open (GLM-4.5 writes "\n<think>")
 
     def unconstrain(self) -> None:
         """The rest of the output goes unconstrained (a grammar failure)."""
