@@ -32,7 +32,7 @@ from edgemoe.models.checkpoint_files import safetensors_files
 from edgemoe.models.loader import LoadedModel, load_checkpoint, read_arch
 from edgemoe.models.names import NameMap, Placement, Spelling, spelled_as_stored
 from edgemoe.models.quant_load import declares_quantization
-from edgemoe.models.registry import model_module
+from edgemoe.models.registry import model_module, skipped_prefixes
 from edgemoe.quant import Int4Group, Mxfp4
 from edgemoe.quant.publish import (
     encode_fused_mxfp4,
@@ -192,7 +192,7 @@ def _copy_skipped(src: Path, module: ModuleType, loaded: LoadedModel, writer: Sh
     """The tensors the loader skips by prefix (a vision tower, an MTP head), copied as stored:
     the output is still the whole model for other tools. Returns their linears' names (left
     unquantised). A quantised source's are left out (their layout is the source's scheme)."""
-    prefixes = tuple(getattr(module, "IGNORED_PREFIXES", ()))
+    prefixes = skipped_prefixes(module, loaded.arch)
     if not prefixes:
         return []
     linears, dropped, quantised = [], 0, declares_quantization(loaded.config)

@@ -120,8 +120,6 @@ def test_router_matches_transformers_on_many_rows() -> None:
     ({"n_group": 3}, "n_group=3"),
     ({"topk_group": 3}, "topk_group=3"),
     ({"num_experts_per_tok": 5}, "num_experts_per_tok=5"),
-    ({"mlp_layer_types": ["dense", "dense", "sparse"]}, "mlp_layer_types"),
-    ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
 ])
 def test_configs_it_cannot_route_are_refused_by_name(overrides: dict[str, object], named: str) -> None:
     config = {**transformers.Glm4MoeConfig(**TINY).to_dict(), **overrides}
@@ -129,10 +127,13 @@ def test_configs_it_cannot_route_are_refused_by_name(overrides: dict[str, object
         model_arch(config)
 
 
-def test_mlp_layer_types_spell_the_sparse_layers() -> None:
+def test_mlp_layer_types_is_not_read(caplog: pytest.LogCaptureFixture) -> None:
+    """GLM-5's field: transformers 5.24's glm4_moe reads first_k_dense_replace (default 1) only."""
     base = {k: v for k, v in transformers.Glm4MoeConfig(**TINY).to_dict().items() if k != "first_k_dense_replace"}
     assert model_arch({**base, "mlp_layer_types": ["dense", "sparse", "sparse"]}).moe_layers == (1, 2)
-    assert model_arch({**base, "mlp_layer_types": ["sparse", "dense", "sparse"]}).moe_layers == (0, 2)
+    assert not caplog.records
+    assert model_arch({**base, "mlp_layer_types": ["sparse", "dense", "sparse"]}).moe_layers == (1, 2)
+    assert "not read" in caplog.text
 
 
 @pytest.mark.parametrize("settings", [
@@ -163,3 +164,29 @@ def test_the_air_preset_plans_its_fp32_routers_at_four_bytes() -> None:
     n = sum(torch.Size(s).numel() for s in a.param_shapes().values())
     routers = 45 * 128 * (4096 + 1)  # weight and bias of 45 sparse layers
     assert dense_weight_bytes(a) == 2 * n + 2 * routers
+
+
+def test_convert_keeps_the_mtp_layer_and_loads_as_its_source(saved: Path, tmp_path: Path) -> None:
+    """`edgemoe convert` copies what the loader skips (GLM's MTP layer) as stored, and its
+    output loads as the source quantised at load does."""
+    from safetensors import safe_open
+
+    from edgemoe.convert import convert
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in saved.iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    tensors["model.layers.3.eh_proj.weight"] = torch.ones(32, 64)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    out = convert(src, "int8", tmp_path / "out", progress=False)
+    names: set[str] = set()
+    for f in out.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            names |= set(h.keys())
+    assert "model.layers.3.eh_proj.weight" in names
+    with LLM(str(src), dtype="float32", expert_dtype="int8") as llm:
+        want = llm.prompt_logits(SEQ)
+    with LLM(str(out), dtype="float32") as llm:
+        assert torch.equal(llm.prompt_logits(SEQ), want)

@@ -61,7 +61,7 @@ class PreNormBlock:
         next_norm: RMSNorm | None, ctx: StepContext,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h + mlp(x), next_norm of it when a MoE combine can fuse it, else None)."""
-        with ctx.profiler.region("moe" if isinstance(self.mlp, SparseMoE) else "mlp"):
+        with ctx.profiler.region("mlp" if isinstance(self.mlp, DenseMLP) else "moe"):
             host = ctx.batch.host
             if not isinstance(self.mlp, SparseMoE):
                 return self.mlp(x, residual=h, num_decode=host.num_decode, num_padding=host.num_padding), None

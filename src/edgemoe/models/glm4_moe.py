@@ -13,6 +13,7 @@ transformers does not read them.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "glm4_moe"
+log = logging.getLogger(__name__)
 
 
 def arch(config: dict[str, Any]) -> DecoderArch:
@@ -62,20 +64,17 @@ def arch(config: dict[str, Any]) -> DecoderArch:
 
 
 def moe_layers(c: HFConfig, layers: int) -> tuple[int, ...]:
-    """The sparse layers: from `first_k_dense_replace` on (transformers 5.24's rule), or as
-    `mlp_layer_types` lists them ("dense" / "sparse", a later config's spelling); both given
-    must agree."""
+    """The sparse layers: from `first_k_dense_replace` on, transformers 5.24's rule for
+    glm4_moe. NOTE: its `mlp_layer_types` is GLM-5's (glm_moe_dsa) field, which glm4_moe's
+    modeling does not read; one naming other layers is ignored as transformers ignores it,
+    with a warning."""
     first_dense = c.integer("first_k_dense_replace", 1, minimum=0)
-    by_count = tuple(range(first_dense, layers))
+    sparse = tuple(range(first_dense, layers))
     kinds = c.get("mlp_layer_types")
-    if kinds is None:
-        return by_count
-    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in ("dense", "sparse") for k in kinds):
-        raise ConfigError(f"mlp_layer_types={kinds!r}: expected {layers} entries of \"dense\" or \"sparse\"")
-    listed = tuple(i for i, k in enumerate(kinds) if k == "sparse")
-    if "first_k_dense_replace" in c.raw and listed != by_count:
-        raise ConfigError(f"mlp_layer_types and first_k_dense_replace={first_dense} name different sparse layers")
-    return listed
+    if isinstance(kinds, list) and tuple(i for i, k in enumerate(kinds) if k == "sparse") != sparse:
+        log.warning("mlp_layer_types=%r is not read for glm4_moe (transformers reads first_k_dense_replace=%d: "
+                    "layers %d.. sparse)", kinds, first_dense, first_dense)
+    return sparse
 
 
 def ignored_prefixes(a: DecoderArch) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ from edgemoe.models.quant_load import (
     place_expert_parts,
     stored_expert_format,
 )
-from edgemoe.models.registry import model_arch, model_module
+from edgemoe.models.registry import model_arch, model_module, skipped_prefixes
 from edgemoe.moe.mmap_store import MmapStore
 from edgemoe.moe.parts_store import PartsStore
 from edgemoe.moe.pinning import InPlacePinner, PinWhenFilled, Registrar
@@ -121,11 +121,7 @@ def load_checkpoint(
                  if scheme else None)
     upcasts = Upcasts()
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
-    prefixes = getattr(module, "ignored_prefixes", lambda _: ())(arch)  # ones that depend on the arch (GLM's MTP)
-    ignored = (
-        IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())),
-        tuple(getattr(module, "IGNORED_PREFIXES", ())) + tuple(prefixes),
-    )
+    ignored = (IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())), skipped_prefixes(module, arch))
     # ... or a table its destination already holds (a disk store's files): not read again.
     held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}
     names = {n: p for n, p in names.items() if n not in held}

@@ -36,6 +36,15 @@ def model_module(model_type: str | None) -> ModuleType:
     return importlib.import_module(MODEL_MODULES[model_type])
 
 
+def skipped_prefixes(module: ModuleType, arch: object) -> tuple[str, ...]:
+    """Checkpoint tensor-name prefixes a model file does not read (a vision tower, an MTP
+    head): its fixed `IGNORED_PREFIXES` and, where they depend on the arch (GLM's MTP layers
+    after the last one), its `ignored_prefixes(arch)`. The loader skips them; `convert`
+    copies them as stored."""
+    by_arch = getattr(module, "ignored_prefixes", None)
+    return tuple(getattr(module, "IGNORED_PREFIXES", ())) + (tuple(by_arch(arch)) if by_arch else ())
+
+
 def model_arch(config: Mapping[str, Any], where: Path | str = "config.json") -> ModelArch:
     """The arch `config` (read from `where`) describes; every refusal is a ConfigError naming
     `where` and the field. NOTE: a config.json is data from whoever published it: a value
