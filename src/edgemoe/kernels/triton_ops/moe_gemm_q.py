@@ -30,7 +30,7 @@ from edgemoe.kernels.triton_ops.common import (
     round_to,
     to_e4m3,
 )
-from edgemoe.kernels.triton_ops.dequant import dequant, format_code
+from edgemoe.kernels.triton_ops.dequant import FMT_INT4, FMT_MXFP4, dequant, format_code
 from edgemoe.kernels.triton_ops.moe_common import (
     bank_args,
     block_pairs,
@@ -45,6 +45,12 @@ from edgemoe.quant import ExpertFormat, Parts
 
 GU_N, GU_K, GU_WARPS, GU_STAGES = 64, 64, 4, 3
 DOWN_N, DOWN_K, DOWN_WARPS, DOWN_STAGES = 64, 64, 4, 3
+# The 4-bit formats unpack two weights a byte before each MMA: with 4 warps their gate/up
+# launch ran ~10x its down's at GLM-4.5-Air's shape (a 1K prompt's profile, 2026-12-06),
+# so they take half-depth K tiles over 8 warps (`scripts/gpu_prefill_q_sweep.py`, H100,
+# T = 1024 x top-8 over 128 slots, both launches: int4 36.3 -> 6.2 ms at H 4096 / I 1408;
+# mxfp4 26.6 -> 7.6; int8 and fp8 best as they were: 6.8 and 2.4).
+PACKED_TILES = (64, 32, 8, 3)  # (N, K, warps, stages) of both launches
 F8_K = 128  # NOTE: F8DOT tiles span exactly one weight scale block along K
 E4M3_MAX = tl.constexpr(448.0)
 
@@ -163,20 +169,25 @@ def moe_prefill_q_triton(
     x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
     code, group = format_code(fmt)
     f8 = fp8_dot(code, group, x) if f8dot is None else f8dot
-    gu_k, dn_k = (F8_K, F8_K) if f8 else (GU_K, DOWN_K)
+    gu_n, gu_k, gu_warps, gu_stages = GU_N, GU_K, GU_WARPS, GU_STAGES
+    dn_n, dn_k, dn_warps, dn_stages = DOWN_N, DOWN_K, DOWN_WARPS, DOWN_STAGES
+    if code in (FMT_INT4, FMT_MXFP4):
+        gu_n, gu_k, gu_warps, gu_stages = dn_n, dn_k, dn_warps, dn_stages = PACKED_TILES
+    if f8:
+        gu_k = dn_k = F8_K
     blocks = align_pairs(slot_ids, parts["gate_up"].shape[0])
     num_blocks = blocks.block_slot.numel()
     gu, gus, guz, *gu_strides = bank_args(parts, "gate_up")
-    _gate_up_gemm_q[(triton.cdiv(I, GU_N), num_blocks)](
+    _gate_up_gemm_q[(triton.cdiv(I, gu_n), num_blocks)](
         x, blocks.sorted_pairs, blocks.block_slot, gu, gus, guz, inter,
         H, I, K, pairs, x.stride(0), *gu_strides, inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=run.dtype, BM=BLOCK_M, BN=GU_N, BK=gu_k, INTERP=run.interp, FMT=code, GROUP=group,
-        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=GU_WARPS, num_stages=GU_STAGES,
+        ACT=ACT_CODES[act], DTYPE=run.dtype, BM=BLOCK_M, BN=gu_n, BK=gu_k, INTERP=run.interp, FMT=code, GROUP=group,
+        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=gu_warps, num_stages=gu_stages,
     )
     dn, dns, dnz, *dn_strides = bank_args(parts, "down")
-    _down_gemm_q[(triton.cdiv(H, DOWN_N), num_blocks)](
+    _down_gemm_q[(triton.cdiv(H, dn_n), num_blocks)](
         inter, blocks.sorted_pairs, blocks.block_slot, run.weights, dn, dns, dnz, cells,
         H, I, K, pairs, inter.stride(0), *dn_strides, cells.stride(0), cells.stride(1),
-        DTYPE=run.dtype, BM=BLOCK_M, BN=DOWN_N, BK=dn_k, INTERP=run.interp, FMT=code, GROUP=group,
-        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
+        DTYPE=run.dtype, BM=BLOCK_M, BN=dn_n, BK=dn_k, INTERP=run.interp, FMT=code, GROUP=group,
+        FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=dn_warps, num_stages=dn_stages,
     )
