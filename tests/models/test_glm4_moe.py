@@ -190,3 +190,18 @@ def test_convert_keeps_the_mtp_layer_and_loads_as_its_source(saved: Path, tmp_pa
         want = llm.prompt_logits(SEQ)
     with LLM(str(out), dtype="float32") as llm:
         assert torch.equal(llm.prompt_logits(SEQ), want)
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+def test_no_shared_expert_or_a_wider_one(shared: int, tmp_path: Path) -> None:
+    """One shared expert rides in the bank (the other tests); none, or two (a dense MLP of
+    twice the width beside the routed sum), are as transformers computes them."""
+    path = save(glm(n_shared_experts=shared), tmp_path)
+    assert model_arch(transformers.Glm4MoeConfig(**{**TINY, "n_shared_experts": shared}).to_dict()).store_experts == 8
+    assert_logits_match(path, reference(path))
+
+
+def test_the_shared_expert_is_the_banks_last_pair() -> None:
+    a = model_arch(transformers.Glm4MoeConfig(**TINY).to_dict())
+    assert (a.shared_in_store, a.store_experts, a.moe_pairs) == (True, 9, 4)
+    assert not any("shared" in name for name in a.param_shapes())

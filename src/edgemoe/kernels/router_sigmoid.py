@@ -43,11 +43,23 @@ class GroupedSigmoid:
 
 @dataclass(frozen=True)
 class SigmoidRouter:
-    """One layer's sigmoid router: its weight [E, H] and selection bias [E], both fp32."""
+    """One layer's sigmoid router: its weight [E, H] and selection bias [E], both fp32;
+    `shared_id`: the bank's shared expert, routed by every token with weight 1 after the
+    routed pairs (`with_shared`; None: no shared expert in the bank)."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     spec: GroupedSigmoid
+    shared_id: int | None = None
+
+
+def with_shared(ids: torch.Tensor, weights: torch.Tensor, shared_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K] → [T, K+1]: the shared expert's pair appended, weight 1 (GLM adds its output
+    unscaled after the routed sum; the executor's fixed-order k-sum adds it last)."""
+    if shared_id is None:
+        return ids, weights
+    T = ids.shape[0]
+    return torch.cat([ids, ids.new_full((T, 1), shared_id)], 1), torch.cat([weights, weights.new_ones(T, 1)], 1)
 
 
 def route_grouped_sigmoid(

@@ -15,7 +15,7 @@ from edgemoe.kernels.router import (
     fused_router_workspace,
     route_logits_topk,
 )
-from edgemoe.kernels.router_sigmoid import SigmoidRouter, route_grouped_sigmoid
+from edgemoe.kernels.router_sigmoid import SigmoidRouter, route_grouped_sigmoid, with_shared
 from edgemoe.moe.executor import MoEExecutor
 
 
@@ -50,7 +50,8 @@ class SparseMoE:
         rounded to x's dtype, as transformers' router casts them). With the executor's
         routing override (cache studies) the ids are its, the weights the router's."""
         if self.sigmoid is not None:  # fp32 weights, unrounded (as transformers' sigmoid router)
-            return self._overridden(*route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob))
+            ids, weights = self._overridden(*route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob))
+            return with_shared(ids, weights, self.sigmoid.shared_id)  # after an override: it draws the routed ones
         ids, weights = route_logits_topk(  # [T, K] each
             x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear,
         )

@@ -129,12 +129,18 @@ class DecoderArch:
         return tuple(range(self.num_layers))
 
     @property
+    def shared_in_store(self) -> bool:
+        """The shared expert (GLM's, ungated) is expert `num_experts` of each bank, routed
+        as one more pair of weight 1: it has the routed experts' width."""
+        return self.shared_intermediate_size == self.moe_intermediate_size
+
+    @property
     def store_experts(self) -> int:
-        return self.num_experts
+        return self.num_experts + int(self.shared_in_store)
 
     @property
     def moe_pairs(self) -> int:
-        return self.top_k
+        return self.top_k + int(self.shared_in_store)
 
     @property
     def state_bytes(self) -> int:
@@ -181,7 +187,7 @@ class DecoderArch:
                 shapes[p + "router"] = (self.num_experts, H)
                 if self.sigmoid_routing is not None:
                     shapes[p + "router_bias"] = (self.num_experts,)
-                if self.shared_intermediate_size:
+                if self.shared_intermediate_size and not self.shared_in_store:
                     shapes[p + "shared_gate_up"] = (2 * self.shared_intermediate_size, H)
                     shapes[p + "shared_down"] = (H, self.shared_intermediate_size)
             else:

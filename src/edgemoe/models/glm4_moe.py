@@ -104,7 +104,17 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 
 def _shared_names(a: DecoderArch, i: int, prefix: str) -> NameMap:
-    inter, our = a.shared_intermediate_size, f"layers.{i}."
+    """The shared expert: expert E of the layer's bank when it has the routed width (every
+    GLM release: one shared expert), else a dense MLP's params."""
+    inter = a.shared_intermediate_size
+    if a.shared_in_store:
+        E, bank = a.num_experts, f"experts.{i}."
+        return {
+            prefix + "gate_proj.weight": Placement(bank + "gate_up", (E, slice(0, inter))),
+            prefix + "up_proj.weight": Placement(bank + "gate_up", (E, slice(inter, None))),
+            prefix + "down_proj.weight": Placement(bank + "down", (E,)),
+        }
+    our = f"layers.{i}."
     return {
         prefix + "gate_proj.weight": Placement(our + "shared_gate_up", (slice(0, inter),)),
         prefix + "up_proj.weight": Placement(our + "shared_gate_up", (slice(inter, None),)),
@@ -131,13 +141,16 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
 
 
 def moe_block(arch: DecoderArch, i: int, p: Params, executor: MoEExecutor, linear: Linear) -> MLP:
-    """Layer i's MLP: dense, or the sigmoid-routed experts plus the ungated shared expert."""
+    """Layer i's MLP: dense, or the sigmoid-routed experts plus the ungated shared expert
+    (in the bank as one more pair of weight 1: a plain SparseMoE, whose combine fuses the
+    next layer's norm; a wider one as a dense MLP beside it)."""
     pre, act = f"layers.{i}.", activation(arch.hidden_act)
     if i not in arch.moe_layers:
         return DenseMLP(p[pre + "gate_up"], p[pre + "down"], act)
     assert arch.sigmoid_routing is not None
-    router = SigmoidRouter(p[pre + "router"], p[pre + "router_bias"], arch.sigmoid_routing)
+    shared = arch.num_experts if arch.shared_in_store else None
+    router = SigmoidRouter(p[pre + "router"], p[pre + "router_bias"], arch.sigmoid_routing, shared)
     routed = SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor, linear, sigmoid=router)
-    if not arch.shared_intermediate_size:
+    if not arch.shared_intermediate_size or arch.shared_in_store:
         return routed
     return SharedExpertMoE(routed, None, None, DenseMLP(p[pre + "shared_gate_up"], p[pre + "shared_down"], act))
