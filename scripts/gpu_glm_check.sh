@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GLM-4.5 on the GPU machine in one device call (docs/models.md, docs/benchmarks.md):
-# its GPU tests, then random:glm-4.5-air at int4 at `GPU_MEMORY` (24 GiB: its 13.4 GiB of dense weights leave a 16 GiB card no room) (offload, synthetic
+# its GPU tests, then random:glm-4.5-air at int4 at `GPU_MEMORY` (24 GiB: its 12.0 GiB of dense weights and workspace leave a 16 GiB card no room for 8K of KV) (offload, synthetic
 # routing, batch 1, 1K prompt), then whatever `EXTRA` names (a command line, own limit).
 #   run(command="scripts/gpu_glm_check.sh", carry=[".whl"])
 set -uo pipefail
