@@ -52,6 +52,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     qsa,
     rope,
     router,
+    router_sigmoid,
     row_gather,
     shared_gate,
     slot_plan,
@@ -60,7 +61,7 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024,
                 121: 99 * 1024}  # bytes per block (121: DGX Spark's GB10)
 DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
-FLOATS = {"eps", "qk_scale", "weight_offset", "inv_hc", "sqrt_d"}
+FLOATS = {"eps", "qk_scale", "weight_offset", "inv_hc", "sqrt_d", "route_scale"}
 
 
 @dataclass
@@ -198,6 +199,11 @@ def router_cases(act: tl.dtype) -> Iterator[Case]:
     for offset in (False, True):
         name = f"add {'offset ' if offset else ''}rms norm + router gemv + top-k"
         yield fused_router_case(act, 128, 2048, offset, name)
+    # GLM-4.5-Air (128 experts, one group, the shared pair) and DeepSeek-V3's groups (256 in 8, 4 kept)
+    for e_pad, groups, kept in ((128, 1, 1), (256, 8, 4)):
+        yield Case(f"sigmoid route E={e_pad} groups={groups}", router_sigmoid._sigmoid_route, dict(
+                   K=8, K_PAD=16, E_PAD=e_pad, G=groups, G_PAD=groups, GS_PAD=e_pad // groups, TOPK_G=kept,
+                   RENORM=True, SHARED=1), 4, ptrs={"logits_ptr": f32, "bias_ptr": f32, "ids_ptr": "i32", "w_ptr": f32})
 
 
 def fused_router_case(act: tl.dtype, e_pad: int, H: int, offset: bool | None, name: str, k: int = 8) -> Case:

@@ -9,8 +9,9 @@ DeepSeek-V3): the reference is transformers' `Glm4MoeTopkRouter`.
 
 The weights stay fp32 (transformers multiplies the experts' outputs by them in fp32), not
 rounded to the activations' dtype as the softmax router's are. The bias only chooses: the
-weights are the plain scores. A CUDA graph can capture these ops (no host sync); on a GPU
-they are ~8 small launches a layer where the softmax router has one fused launch.
+weights are the plain scores. On a GPU (bf16 / fp16 activations) the logits are one fp32
+GEMV and the rest one Triton launch (`triton_ops/router_sigmoid.py`, the shared expert's
+pair appended there too); elsewhere these torch ops. A CUDA graph captures either.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from edgemoe.kernels.backend import use_triton
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,25 @@ def with_shared(ids: torch.Tensor, weights: torch.Tensor, shared_id: int | None)
 
 
 def route_grouped_sigmoid(
-    x: torch.Tensor, router: SigmoidRouter, top_k: int, renormalize: bool
+    x: torch.Tensor, router: SigmoidRouter, top_k: int, renormalize: bool, shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H] → (ids [T, K] int32, weights [T, K] fp32)."""
-    scores = torch.sigmoid(torch.nn.functional.linear(x.float(), router.weight.float()))  # [T, E]
+    """x [T, H] → (ids [T, K] int32, weights [T, K] fp32); `shared`: with the router's
+    shared pair appended ([T, K+1], `with_shared`)."""
+    logits = torch.nn.functional.linear(x.float(), router.weight.float())  # [T, E]
+    spec, shared_id = router.spec, router.shared_id if shared else None
+    if use_triton(x):
+        from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
+
+        return sigmoid_route_triton(logits, router.bias, top_k, renormalize, spec.n_group, spec.topk_group,
+                                    spec.scale, shared_id)
+    return with_shared(*route_scores_ref(logits, router, top_k, renormalize), shared_id)
+
+
+def route_scores_ref(
+    logits: torch.Tensor, router: SigmoidRouter, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing from fp32 logits [T, E], as transformers' router does it."""
+    scores = torch.sigmoid(logits)
     choice = scores + router.bias
     spec, (T, E) = router.spec, scores.shape
     if spec.topk_group < spec.n_group:  # the whole-group case is the mask's identity: skipped

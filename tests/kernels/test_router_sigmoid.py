@@ -1,0 +1,56 @@
+"""The sigmoid router's Triton launch (`triton_ops/router_sigmoid.py`) under Triton's
+interpreter against the torch routing it replaces on a GPU (`route_scores_ref`, itself
+checked against transformers' in tests/models/test_glm4_moe.py): the same ids in the
+same order and the same weights to fp32 rounding, with groups (a power of two or not),
+renormalised or not, scaled, with and without the shared expert's pair, E not a power of
+two; and `route_grouped_sigmoid` picking it for CUDA's activations only."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter, route_scores_ref, with_shared
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+
+# (experts, top_k, n_group, topk_group, renormalize, scale, shared)
+CASES = [
+    (16, 4, 4, 2, True, 2.5, True),
+    (128, 8, 1, 1, True, 1.0, True),  # GLM-4.5-Air
+    (160, 8, 1, 1, True, 2.5, False),  # GLM-4.5: E not a power of two
+    (24, 3, 3, 2, False, 1.0, True),  # three groups of eight
+    (64, 6, 8, 3, True, 1.5, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"E{c[0]}-k{c[1]}-g{c[2]}of{c[3]}")
+def test_triton_routing_equals_the_torch_routing(case: tuple) -> None:
+    from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
+
+    E, K, G, TG, renorm, scale, shared = case
+    g = torch.Generator().manual_seed(E + K)
+    logits = torch.randn(37, E, generator=g) * 2
+    router = SigmoidRouter(torch.empty(E, 1), 0.2 * torch.randn(E, generator=g), GroupedSigmoid(G, TG, scale),
+                           E if shared else None)
+    want = with_shared(*route_scores_ref(logits, router, K, renorm), router.shared_id)
+    got = sigmoid_route_triton(logits, router.bias, K, renorm, G, TG, scale, router.shared_id)
+    assert got[0].dtype == torch.int32 and got[0].shape == want[0].shape == (37, K + shared)
+    assert torch.equal(got[0], want[0])  # the same experts in the same (descending) order
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=4 * 2**-23)
+
+
+def test_the_torch_path_runs_off_cuda() -> None:
+    from edgemoe.kernels.router_sigmoid import route_grouped_sigmoid
+
+    g = torch.Generator().manual_seed(0)
+    router = SigmoidRouter(torch.randn(16, 8, generator=g), torch.zeros(16), GroupedSigmoid(4, 2, 2.0), 16)
+    x = torch.randn(5, 8, generator=g).bfloat16()  # bf16 on the CPU: the reference, not the launch
+    ids, weights = route_grouped_sigmoid(x, router, 3, True, shared=True)
+    want = with_shared(*route_scores_ref(torch.nn.functional.linear(x.float(), router.weight), router, 3, True), 16)
+    assert torch.equal(ids, want[0]) and torch.equal(weights, want[1])
+    assert (ids[:, -1] == 16).all() and (weights[:, -1] == 1).all()
