@@ -97,3 +97,18 @@ def test_air_slice_at_int4_runs_under_the_cap() -> None:
         assert all(len(o.token_ids) == 8 for o in out)
         peak = use.now()
     assert peak <= cap, peak / 2**30
+
+
+@pytest.mark.parametrize(("experts", "groups", "kept"), [(128, 1, 1), (160, 1, 1), (256, 8, 4)])
+def test_sigmoid_route_launch_equals_the_torch_routing(experts: int, groups: int, kept: int) -> None:
+    from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter, route_scores_ref, with_shared
+    from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
+
+    g = torch.Generator(device="cuda").manual_seed(experts)
+    logits = 2 * torch.randn(300, experts, device="cuda", generator=g)
+    router = SigmoidRouter(torch.empty(experts, 1), 0.2 * torch.randn(experts, device="cuda", generator=g),
+                           GroupedSigmoid(groups, kept, 2.5), experts)
+    want = with_shared(*route_scores_ref(logits, router, 8, True), experts)
+    got = sigmoid_route_triton(logits, router.bias, 8, True, groups, kept, 2.5, experts)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=4 * 2**-23)
