@@ -26,8 +26,7 @@ from edgemoe.layers.moe import SparseMoE
 from edgemoe.layers.shared_moe import SharedExpertMoE
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
 from edgemoe.models.llama_moe import MLP, Params, assemble, attention_spec, qk_norms, rope_table, to_device
-from edgemoe.models.names import NameMap, Placement, StackedMap, common_names, dense_mlp_names, expert_names
-from edgemoe.models.names import stacked_expert_names as stacked_names
+from edgemoe.models.names import NameMap, Placement, common_names, dense_mlp_names, expert_names, mlp_experts_stacked
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -122,9 +121,7 @@ def _shared_names(a: DecoderArch, i: int, prefix: str) -> NameMap:
     }
 
 
-def stacked_expert_names(a: DecoderArch) -> StackedMap:
-    """The experts stacked a layer at a time (transformers 5's `mlp.experts.gate_up_proj`)."""
-    return stacked_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
+stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.experts.*`
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

@@ -106,6 +106,12 @@ def stacked_expert_names(a: DecoderArch, layers: Iterable[int], fmt: str, gate: 
     return m
 
 
+def mlp_experts_stacked(a: DecoderArch) -> StackedMap:
+    """`stacked_expert_names` under `model.layers.L.mlp.experts.` (transformers 5's
+    `gate_up_proj` / `down_proj`): qwen3_moe's, olmoe's and glm4_moe's spelling."""
+    return stacked_expert_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
+
+
 def names_as_stored(module: ModuleType, a: DecoderArch, stored: Iterable[str]) -> tuple[NameMap, StackedMap]:
     """A model module's maps (`checkpoint_map`, `stacked_expert_names` if it has one) in the
     spelling `stored`, the checkpoint's tensor names, uses (ours or one of its `SPELLINGS`)."""

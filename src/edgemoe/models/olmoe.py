@@ -23,8 +23,7 @@ from edgemoe.models.llama_moe import (
     rope_table,
     to_device,
 )
-from edgemoe.models.names import NameMap, Placement, StackedMap, common_names, expert_names
-from edgemoe.models.names import stacked_expert_names as stacked_names
+from edgemoe.models.names import NameMap, Placement, common_names, expert_names, mlp_experts_stacked
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -63,9 +62,7 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
     return m
 
 
-def stacked_expert_names(a: DecoderArch) -> StackedMap:
-    """The experts stacked a layer at a time (transformers 5's `mlp.experts.gate_up_proj`)."""
-    return stacked_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
+stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.experts.*`
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

@@ -30,12 +30,11 @@ from edgemoe.models.llama_moe import (
 from edgemoe.models.names import (
     NameMap,
     Placement,
-    StackedMap,
     common_names,
     dense_mlp_names,
     expert_names,
+    mlp_experts_stacked,
 )
-from edgemoe.models.names import stacked_expert_names as stacked_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -87,9 +86,7 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
     return m
 
 
-def stacked_expert_names(a: DecoderArch) -> StackedMap:
-    """The experts stacked a layer at a time (transformers 5's `mlp.experts.gate_up_proj`)."""
-    return stacked_names(a, a.moe_layers, "model.layers.{layer}.mlp.experts.")
+stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.experts.*`
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,

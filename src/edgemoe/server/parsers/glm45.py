@@ -27,19 +27,11 @@ the arguments with the completed pairs, and the rest of the raw text is content.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from enum import Enum
 
-from edgemoe.server.parsers.base import (
-    IdFactory,
-    Scan,
-    TaggedToolParser,
-    ToolSpec,
-    expect,
-    skip_ws,
-)
+from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
 from edgemoe.server.parsers.hermes import MAX_NAME
-from edgemoe.tool_values import SchemaResolver, convert_typed, tool_schemas
+from edgemoe.server.parsers.keyed_values import KeyedValuesParser
 
 KEY_OPEN = "<arg_key>"
 KEY_CLOSE = "</arg_key>"
@@ -124,15 +116,8 @@ class _Phase(Enum):
     VALUE = "value"  # inside <arg_value>
 
 
-class Glm45ToolParser(TaggedToolParser):
+class Glm45ToolParser(KeyedValuesParser):
     """Streaming parser for GLM-4.5/4.6/4.7 tool calls (see the module docstring)."""
-
-    def __init__(
-        self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None
-    ) -> None:
-        super().__init__(tools, id_factory)
-        self._schemas = tool_schemas(self.tools)
-        self._resolvers: dict[str, SchemaResolver] = {}  # per called tool, made on first use
 
     def _begin_call(self) -> None:
         self._phase = _Phase.HEADER
@@ -183,36 +168,13 @@ class Glm45ToolParser(TaggedToolParser):
         return True
 
     def _step_value(self, final: bool) -> bool:
-        end = self._find_value_end(final)
+        end = self._find_close(VALUE_CLOSE, value_closes, final)
         if end is Scan.NEED:
             return False
         if end is Scan.FAIL:
             self._end_call(self._pair_start, lstrip=False)  # value cut off by the stop
             return True
         assert isinstance(end, int)
-        resolver = self._resolvers.get(self._name)
-        if resolver is None:
-            resolver = self._resolvers[self._name] = SchemaResolver(self._schemas.get(self._name))
-        raw = self.buf[self._value_start : end]
-        self._member(self._key, convert_typed(raw, resolver.property_type(self._key)))
+        self._typed_member(self._key, self.buf[self._value_start : end])
         self.pos, self._phase = end + len(VALUE_CLOSE), _Phase.BODY
         return True
-
-    def _find_value_end(self, final: bool) -> int | Scan:
-        """Start of the ``</arg_value>`` that really closes the value (FAIL: none, final)."""
-        buf, start = self.buf, self._scan_from
-        while True:
-            i = buf.find(VALUE_CLOSE, start)
-            if i < 0:
-                if final:
-                    return Scan.FAIL
-                # Resume where a "</arg_value>" split by the chunking could begin.
-                self._scan_from = max(start, len(buf) - len(VALUE_CLOSE) + 1)
-                return Scan.NEED
-            closes = value_closes(buf, i + len(VALUE_CLOSE))
-            if closes is True or (closes is Scan.NEED and final):
-                return i
-            if closes is Scan.NEED:
-                self._scan_from = i
-                return Scan.NEED
-            start = i + 1

@@ -1,0 +1,50 @@
+"""What the formats whose calls are key / raw-value pairs share (qwen3_coder's
+`<parameter=KEY>VALUE</parameter>`, glm45's `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>`):
+each value typed by the called tool's schema, and the search for the closing tag that
+really ends a value (a value may hold the tag itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from edgemoe.server.parsers.base import IdFactory, Scan, TaggedToolParser, ToolSpec
+from edgemoe.tool_values import SchemaResolver, convert_typed, tool_schemas
+
+
+class KeyedValuesParser(TaggedToolParser):
+    """A `TaggedToolParser` whose subclass reads `self._name`'s pairs; `self._scan_from`
+    (set by the subclass where a value begins): no real closing tag starts before it."""
+
+    def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
+        super().__init__(tools, id_factory)
+        self._schemas = tool_schemas(self.tools)
+        self._resolvers: dict[str, SchemaResolver] = {}  # per called tool, made on first use
+        self._name = ""
+        self._scan_from = 0
+
+    def _typed_member(self, key: str, raw: str) -> None:
+        """The pair `key`: `raw` as the called tool's schema types that parameter."""
+        resolver = self._resolvers.get(self._name)
+        if resolver is None:
+            resolver = self._resolvers[self._name] = SchemaResolver(self._schemas.get(self._name))
+        self._member(key, convert_typed(raw, resolver.property_type(key)))
+
+    def _find_close(self, tag: str, closes: Callable[[str, int], bool | Scan], final: bool) -> int | Scan:
+        """Start of the first `tag` from `self._scan_from` that `closes` (given the buffer and
+        the tag's end) says really ends the value; NEED until that is certain, FAIL when the
+        output ended without one (`final`)."""
+        buf, start = self.buf, self._scan_from
+        while True:
+            i = buf.find(tag, start)
+            if i < 0:
+                if final:
+                    return Scan.FAIL
+                self._scan_from = max(start, len(buf) - len(tag) + 1)  # a tag split by the chunking starts here
+                return Scan.NEED
+            ends = closes(buf, i + len(tag))
+            if ends is True or (ends is Scan.NEED and final):
+                return i
+            if ends is Scan.NEED:
+                self._scan_from = i
+                return Scan.NEED
+            start = i + 1
