@@ -27,11 +27,10 @@ the arguments with the completed pairs, and the rest of the raw text is content.
 from __future__ import annotations
 
 import re
-from enum import Enum
 
 from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
 from edgemoe.server.parsers.hermes import MAX_NAME
-from edgemoe.server.parsers.keyed_values import KeyedValuesParser
+from edgemoe.server.parsers.keyed_values import KeyedValuesParser, Phase
 
 KEY_OPEN = "<arg_key>"
 KEY_CLOSE = "</arg_key>"
@@ -110,41 +109,19 @@ def value_closes(buf: str, pos: int) -> bool | Scan:
     return Scan.NEED if r is Scan.NEED else isinstance(r, int)
 
 
-class _Phase(Enum):
-    HEADER = "header"  # expecting NAME
-    BODY = "body"  # committed: expecting <arg_key> or </tool_call>
-    VALUE = "value"  # inside <arg_value>
-
-
 class Glm45ToolParser(KeyedValuesParser):
     """Streaming parser for GLM-4.5/4.6/4.7 tool calls (see the module docstring)."""
 
     def _begin_call(self) -> None:
-        self._phase = _Phase.HEADER
+        self._phase = Phase.HEADER
         self._name = ""
         self._key = ""
         self._pair_start = 0  # where <arg_key> began: given back if the pair is cut off
         self._value_start = 0
         self._scan_from = 0  # no real </arg_value> starts before this
 
-    def _step_call(self, final: bool) -> bool:
-        if self._phase is _Phase.HEADER:
-            return self._step_header(final)
-        if self._phase is _Phase.BODY:
-            return self._step_body(final)
-        return self._step_value(final)
-
-    def _step_header(self, final: bool) -> bool:
-        named = parse_name(self.buf, self.pos)
-        if isinstance(named, tuple):
-            self._name = named[0]
-            self._commit(named[0])
-            self.pos, self._phase = named[1], _Phase.BODY
-            return True
-        if named is Scan.NEED and not final:
-            return False
-        self._reject()  # prose mentioning the tag, or cut off before the name was certain
-        return True
+    def _header(self) -> tuple[str, int] | Scan:
+        return parse_name(self.buf, self.pos)
 
     def _step_body(self, final: bool) -> bool:
         buf = self.buf
@@ -153,7 +130,7 @@ class Glm45ToolParser(KeyedValuesParser):
         if isinstance(head, tuple):
             self._key, self._pair_start = head[0], p
             self.pos = self._value_start = self._scan_from = head[1]
-            self._phase = _Phase.VALUE
+            self._phase = Phase.VALUE
             return True
         close = expect(buf, p, self.CLOSE)
         if isinstance(close, int):
@@ -176,5 +153,5 @@ class Glm45ToolParser(KeyedValuesParser):
             return True
         assert isinstance(end, int)
         self._typed_member(self._key, self.buf[self._value_start : end])
-        self.pos, self._phase = end + len(VALUE_CLOSE), _Phase.BODY
+        self.pos, self._phase = end + len(VALUE_CLOSE), Phase.BODY
         return True

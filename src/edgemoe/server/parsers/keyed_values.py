@@ -6,14 +6,23 @@ really ends a value (a value may hold the tag itself)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from enum import Enum
 
 from edgemoe.server.parsers.base import IdFactory, Scan, TaggedToolParser, ToolSpec
 from edgemoe.tool_values import SchemaResolver, convert_typed, tool_schemas
 
 
+class Phase(Enum):
+    HEADER = "header"  # expecting the call's name
+    BODY = "body"  # committed: expecting a pair or the call's close
+    VALUE = "value"  # inside a value
+
+
 class KeyedValuesParser(TaggedToolParser):
-    """A `TaggedToolParser` whose subclass reads `self._name`'s pairs; `self._scan_from`
-    (set by the subclass where a value begins): no real closing tag starts before it."""
+    """A `TaggedToolParser` whose calls go HEADER → (BODY ↔ VALUE): the subclass gives
+    `_header` (the name and where the body starts), `_step_body` and `_step_value`;
+    `self._scan_from` (set by the subclass where a value begins): no real closing tag
+    starts before it."""
 
     def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
         super().__init__(tools, id_factory)
@@ -21,6 +30,36 @@ class KeyedValuesParser(TaggedToolParser):
         self._resolvers: dict[str, SchemaResolver] = {}  # per called tool, made on first use
         self._name = ""
         self._scan_from = 0
+        self._phase = Phase.HEADER
+
+    def _header(self) -> tuple[str, int] | Scan:
+        """The call's name and where its body starts; NEED / FAIL as `Scan` says."""
+        raise NotImplementedError
+
+    def _step_body(self, final: bool) -> bool:
+        raise NotImplementedError
+
+    def _step_value(self, final: bool) -> bool:
+        raise NotImplementedError
+
+    def _step_call(self, final: bool) -> bool:
+        if self._phase is Phase.HEADER:
+            return self._step_header(final)
+        if self._phase is Phase.BODY:
+            return self._step_body(final)
+        return self._step_value(final)
+
+    def _step_header(self, final: bool) -> bool:
+        named = self._header()
+        if isinstance(named, tuple):
+            self._name = named[0]
+            self._commit(named[0])
+            self.pos, self._phase = named[1], Phase.BODY
+            return True
+        if named is Scan.NEED and not final:
+            return False
+        self._reject()  # prose mentioning the tag, or cut off before the name was certain
+        return True
 
     def _typed_member(self, key: str, raw: str) -> None:
         """The pair `key`: `raw` as the called tool's schema types that parameter."""

@@ -27,10 +27,8 @@ completed parameters and the rest of the raw text is content.
 
 from __future__ import annotations
 
-from enum import Enum
-
 from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
-from edgemoe.server.parsers.keyed_values import KeyedValuesParser
+from edgemoe.server.parsers.keyed_values import KeyedValuesParser, Phase
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
@@ -77,42 +75,20 @@ def strip_value(raw: str) -> str:
     return raw
 
 
-class _Phase(Enum):
-    HEADER = "header"  # expecting <function=NAME>
-    BODY = "body"  # committed: expecting <parameter=KEY> or </function>
-    VALUE = "value"  # inside a parameter value
-
-
 class Qwen3CoderToolParser(KeyedValuesParser):
     """Streaming parser for the Qwen3-Coder XML tool-call format (module docstring)."""
 
     def _begin_call(self) -> None:
-        self._phase = _Phase.HEADER
+        self._phase = Phase.HEADER
         self._name = ""
         self._key = ""
         self._param_start = 0  # where <parameter= began: given back if cut off
         self._value_start = 0
         self._scan_from = 0  # no real </parameter> starts before this
 
-    def _step_call(self, final: bool) -> bool:
-        if self._phase is _Phase.HEADER:
-            return self._step_header(final)
-        if self._phase is _Phase.BODY:
-            return self._step_body(final)
-        return self._step_value(final)
-
-    def _step_header(self, final: bool) -> bool:
+    def _header(self) -> tuple[str, int] | Scan:
         r = expect(self.buf, skip_ws(self.buf, self.pos), FUNCTION_OPEN)
-        named = parse_tag_name(self.buf, r) if isinstance(r, int) else r
-        if isinstance(named, tuple):
-            self._name = named[0]
-            self._commit(named[0])
-            self.pos, self._phase = named[1], _Phase.BODY
-            return True
-        if named is Scan.NEED and not final:
-            return False
-        self._reject()  # prose mentioning the tag, or cut off before the name
-        return True
+        return parse_tag_name(self.buf, r) if isinstance(r, int) else r
 
     def _step_body(self, final: bool) -> bool:
         buf = self.buf
@@ -140,7 +116,7 @@ class Qwen3CoderToolParser(KeyedValuesParser):
         if isinstance(named, tuple):
             self._key, self._param_start = named[0], start
             self.pos = self._value_start = self._scan_from = named[1]
-            self._phase = _Phase.VALUE
+            self._phase = Phase.VALUE
             return True
         if named is Scan.NEED and not final:
             return False
@@ -156,5 +132,5 @@ class Qwen3CoderToolParser(KeyedValuesParser):
             return True
         assert isinstance(end, int)
         self._typed_member(self._key, strip_value(self.buf[self._value_start : end]))
-        self.pos, self._phase = end + len(PARAM_CLOSE), _Phase.BODY
+        self.pos, self._phase = end + len(PARAM_CLOSE), Phase.BODY
         return True
