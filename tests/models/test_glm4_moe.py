@@ -205,3 +205,18 @@ def test_the_shared_expert_is_the_banks_last_pair() -> None:
     a = model_arch(transformers.Glm4MoeConfig(**TINY).to_dict())
     assert (a.shared_in_store, a.store_experts, a.moe_pairs) == (True, 9, 4)
     assert not any("shared" in name for name in a.param_shapes())
+
+
+def test_padded_router_logits_are_the_rows_own() -> None:
+    """A decode batch's logits through one padded GEMM shape (`router_logits`): each row's
+    as unpadded, whatever the batch (on the CPU's GEMM, to fp32 rounding of a 32-term sum)."""
+    from edgemoe.kernels.router_sigmoid import router_logits
+
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(5, 32, generator=g).bfloat16(), torch.randn(8, 32, generator=g)
+    want = torch.nn.functional.linear(x.float(), w)
+    got = router_logits(x, w, fixed_rows=32)
+    assert got.shape == (5, 8) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=64 * 2**-24 * want.abs().max().item(), rtol=0)
+    torch.testing.assert_close(router_logits(x[:1], w, fixed_rows=32), got[:1], atol=0, rtol=0)
+    assert torch.equal(router_logits(x, w, fixed_rows=4), want)  # past the fixed rows: unpadded

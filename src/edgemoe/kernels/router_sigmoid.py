@@ -10,7 +10,7 @@ DeepSeek-V3): the reference is transformers' `Glm4MoeTopkRouter`.
 The weights stay fp32 (transformers multiplies the experts' outputs by them in fp32), not
 rounded to the activations' dtype as the softmax router's are. The bias only chooses: the
 weights are the plain scores. On a GPU (bf16 / fp16 activations) the logits are one fp32
-GEMV and the rest one Triton launch (`triton_ops/router_sigmoid.py`, the shared expert's
+GEMM of a fixed shape for decode batches (`router_logits`) and the rest one Triton launch (`triton_ops/router_sigmoid.py`, the shared expert's
 pair appended there too); elsewhere these torch ops. A CUDA graph captures either.
 """
 
@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from edgemoe.kernels.backend import use_triton
+from edgemoe.kernels.dense_gemv import MAX_TOKENS
+
+FIXED_ROWS = MAX_TOKENS  # decode batches' logits from one GEMM shape on a GPU (`router_logits`)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def route_grouped_sigmoid(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] → (ids [T, K] int32, weights [T, K] fp32); `shared`: with the router's
     shared pair appended ([T, K+1], `with_shared`)."""
-    logits = torch.nn.functional.linear(x.float(), router.weight.float())  # [T, E]
+    logits = router_logits(x, router.weight, FIXED_ROWS if x.is_cuda else 0)  # [T, E] fp32
     spec, shared_id = router.spec, router.shared_id if shared else None
     if use_triton(x):
         from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
@@ -78,6 +81,20 @@ def route_grouped_sigmoid(
         return sigmoid_route_triton(logits, router.bias, top_k, renormalize, spec.n_group, spec.topk_group,
                                     spec.scale, shared_id)
     return with_shared(*route_scores_ref(logits, router, top_k, renormalize), shared_id)
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor, fixed_rows: int = 0) -> torch.Tensor:
+    """x [T, H] → fp32 logits [T, E]. With `fixed_rows`, a batch of at most that many rows
+    is zero-padded to it first: cuBLAS may pick another algorithm (another order of the
+    sums) for another batch size, and one GEMM shape for every decode batch keeps a token's
+    logits, so its route, independent of its batch (as the softmax router's fused launch
+    does); longer prompt chunks take their own shape, as the softmax router's do."""
+    T = x.shape[0]
+    if not 0 < T <= fixed_rows:
+        return torch.nn.functional.linear(x.float(), weight.float())
+    padded = x.new_zeros((fixed_rows, x.shape[1]), dtype=torch.float32)
+    padded[:T] = x
+    return torch.nn.functional.linear(padded, weight.float())[:T]
 
 
 def route_scores_ref(
