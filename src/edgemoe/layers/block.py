@@ -26,10 +26,12 @@ from edgemoe.layers.context import StepContext
 from edgemoe.layers.mlp import DenseMLP
 from edgemoe.layers.moe import SparseMoE, router_norm_enabled
 from edgemoe.layers.norm import RMSNorm
+from edgemoe.layers.shared_moe import SharedExpertMoE
 
 
 class PreNormBlock:
-    def __init__(self, attn: Attention, attn_norm: RMSNorm, mlp: SparseMoE | DenseMLP, mlp_norm: RMSNorm) -> None:
+    def __init__(self, attn: Attention, attn_norm: RMSNorm, mlp: SparseMoE | SharedExpertMoE | DenseMLP,
+                 mlp_norm: RMSNorm) -> None:
         self.attn, self.attn_norm, self.mlp, self.mlp_norm = attn, attn_norm, mlp, mlp_norm
         # The next block's attn_norm, computed with this block's MoE combine (`chain_norms`);
         # None: the next block norms its input itself.
