@@ -10,8 +10,9 @@ DeepSeek-V3): the reference is transformers' `Glm4MoeTopkRouter`.
 The weights stay fp32 (transformers multiplies the experts' outputs by them in fp32), not
 rounded to the activations' dtype as the softmax router's are. The bias only chooses: the
 weights are the plain scores. On a GPU (bf16 / fp16 activations) the logits are one fp32
-GEMM of a fixed shape for decode batches (`router_logits`) and the rest one Triton launch (`triton_ops/router_sigmoid.py`, the shared expert's
-pair appended there too); elsewhere these torch ops. A CUDA graph captures either.
+GEMM, of a fixed shape for decode batches (`router_logits`), and the rest one Triton launch
+(`triton_ops/router_sigmoid.py`, the shared expert's pair appended there too); elsewhere
+these torch ops. A CUDA graph captures either.
 """
 
 from __future__ import annotations
