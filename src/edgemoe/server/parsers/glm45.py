@@ -112,13 +112,8 @@ def value_closes(buf: str, pos: int) -> bool | Scan:
 class Glm45ToolParser(KeyedValuesParser):
     """Streaming parser for GLM-4.5/4.6/4.7 tool calls (see the module docstring)."""
 
-    def _begin_call(self) -> None:
-        self._phase = Phase.HEADER
-        self._name = ""
-        self._key = ""
-        self._pair_start = 0  # where <arg_key> began: given back if the pair is cut off
-        self._value_start = 0
-        self._scan_from = 0  # no real </arg_value> starts before this
+    VALUE_TAG = VALUE_CLOSE
+    _value_closes = staticmethod(value_closes)
 
     def _header(self) -> tuple[str, int] | Scan:
         return parse_name(self.buf, self.pos)
@@ -142,16 +137,4 @@ class Glm45ToolParser(KeyedValuesParser):
             self._end_call(len(buf), lstrip=True)  # the stop cut the closing tag
         else:
             self._end_call(p, lstrip=False)  # not the format (or a pair cut off): the rest is text
-        return True
-
-    def _step_value(self, final: bool) -> bool:
-        end = self._find_close(VALUE_CLOSE, value_closes, final)
-        if end is Scan.NEED:
-            return False
-        if end is Scan.FAIL:
-            self._end_call(self._pair_start, lstrip=False)  # value cut off by the stop
-            return True
-        assert isinstance(end, int)
-        self._typed_member(self._key, self.buf[self._value_start : end])
-        self.pos, self._phase = end + len(VALUE_CLOSE), Phase.BODY
         return True

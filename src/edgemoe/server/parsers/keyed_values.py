@@ -20,7 +20,8 @@ class Phase(Enum):
 
 class KeyedValuesParser(TaggedToolParser):
     """A `TaggedToolParser` whose calls go HEADER → (BODY ↔ VALUE): the subclass gives
-    `_header` (the name and where the body starts), `_step_body` and `_step_value`;
+    `_header` (the name and where the body starts), `_step_body` (which opens a pair:
+    `_key`, `_pair_start`, `_value_start`), `VALUE_TAG` and `_value_closes`;
     `self._scan_from` (set by the subclass where a value begins): no real closing tag
     starts before it."""
 
@@ -28,9 +29,15 @@ class KeyedValuesParser(TaggedToolParser):
         super().__init__(tools, id_factory)
         self._schemas = tool_schemas(self.tools)
         self._resolvers: dict[str, SchemaResolver] = {}  # per called tool, made on first use
-        self._name = ""
-        self._scan_from = 0
+        self._begin_call()
+
+    def _begin_call(self) -> None:
         self._phase = Phase.HEADER
+        self._name = ""
+        self._key = ""  # the pair being read
+        self._pair_start = 0  # where its key's tag began: given back if the pair is cut off
+        self._value_start = 0
+        self._scan_from = 0  # no real closing tag of the value starts before this
 
     def _header(self) -> tuple[str, int] | Scan:
         """The call's name and where its body starts; NEED / FAIL as `Scan` says."""
@@ -39,8 +46,27 @@ class KeyedValuesParser(TaggedToolParser):
     def _step_body(self, final: bool) -> bool:
         raise NotImplementedError
 
-    def _step_value(self, final: bool) -> bool:
+    VALUE_TAG = ""  # the tag that ends a value (a format may hold it inside one too)
+
+    def _value_closes(self, buf: str, end: int) -> bool | Scan:
+        """Whether the `VALUE_TAG` ending at `end` really ends its value (NEED: not yet known)."""
         raise NotImplementedError
+
+    def _raw_value(self, text: str) -> str:
+        """A value's text as the tool's schema types it (a format may strip its framing)."""
+        return text
+
+    def _step_value(self, final: bool) -> bool:
+        end = self._find_close(self.VALUE_TAG, self._value_closes, final)
+        if end is Scan.NEED:
+            return False
+        if end is Scan.FAIL:
+            self._end_call(self._pair_start, lstrip=False)  # value cut off by the stop
+            return True
+        assert isinstance(end, int)
+        self._typed_member(self._key, self._raw_value(self.buf[self._value_start : end]))
+        self.pos, self._phase = end + len(self.VALUE_TAG), Phase.BODY
+        return True
 
     def _step_call(self, final: bool) -> bool:
         if self._phase is Phase.HEADER:

@@ -78,13 +78,11 @@ def strip_value(raw: str) -> str:
 class Qwen3CoderToolParser(KeyedValuesParser):
     """Streaming parser for the Qwen3-Coder XML tool-call format (module docstring)."""
 
-    def _begin_call(self) -> None:
-        self._phase = Phase.HEADER
-        self._name = ""
-        self._key = ""
-        self._param_start = 0  # where <parameter= began: given back if cut off
-        self._value_start = 0
-        self._scan_from = 0  # no real </parameter> starts before this
+    VALUE_TAG = PARAM_CLOSE
+    _value_closes = staticmethod(parameter_closes)
+
+    def _raw_value(self, text: str) -> str:
+        return strip_value(text)  # one leading and one trailing newline are the format's
 
     def _header(self) -> tuple[str, int] | Scan:
         r = expect(self.buf, skip_ws(self.buf, self.pos), FUNCTION_OPEN)
@@ -114,23 +112,11 @@ class Qwen3CoderToolParser(KeyedValuesParser):
     def _open_param(self, start: int, name_pos: int, final: bool) -> bool:
         named = parse_tag_name(self.buf, name_pos)
         if isinstance(named, tuple):
-            self._key, self._param_start = named[0], start
+            self._key, self._pair_start = named[0], start
             self.pos = self._value_start = self._scan_from = named[1]
             self._phase = Phase.VALUE
             return True
         if named is Scan.NEED and not final:
             return False
         self._end_call(start, lstrip=False)
-        return True
-
-    def _step_value(self, final: bool) -> bool:
-        end = self._find_close(PARAM_CLOSE, parameter_closes, final)
-        if end is Scan.NEED:
-            return False
-        if end is Scan.FAIL:
-            self._end_call(self._param_start, lstrip=False)  # value cut off by the stop
-            return True
-        assert isinstance(end, int)
-        self._typed_member(self._key, strip_value(self.buf[self._value_start : end]))
-        self.pos, self._phase = end + len(PARAM_CLOSE), Phase.BODY
         return True
