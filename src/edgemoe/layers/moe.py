@@ -50,10 +50,10 @@ class SparseMoE:
         rounded to x's dtype, as transformers' router casts them). With the executor's
         routing override (cache studies) the ids are its, the weights the router's."""
         if self.sigmoid is not None:  # fp32 weights, unrounded (as transformers' sigmoid router)
-            if self.executor.routing is None:  # the shared pair appended in the routing's own launch
-                return route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob, shared=True)
-            ids, weights = self._overridden(*route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob))
-            return with_shared(ids, weights, self.sigmoid.shared_id)  # after the override: it draws the routed ones
+            # The shared pair is appended in the routing's own launch, or after an override (it draws the routed ones).
+            override = self.executor.routing is not None
+            ids, weights = route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob, shared=not override)
+            return with_shared(*self._overridden(ids, weights), self.sigmoid.shared_id) if override else (ids, weights)
         ids, weights = route_logits_topk(  # [T, K] each
             x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear,
         )

@@ -1,4 +1,4 @@
-"""A sparse MoE block with a shared expert (Qwen3-Next, Qwen3.5; GLM-4.5 without the gate):
+"""A sparse MoE block with a shared expert (Qwen3-Next, Qwen3.5; GLM's wider ones, ungated):
 
     y = sum_k w_k · expert_{id_k}(x) + sigmoid(x · g_shared) · shared(x)     (gated)
     y = sum_k w_k · expert_{id_k}(x) + shared(x)                            (ungated: GLM)
@@ -9,8 +9,9 @@ in the expert store (the loader puts it there): every token routes to it as one 
 executor call as the routed experts. So it is cached, offloaded and computed on the CPU
 like any expert (an LRU keeps it resident: every token uses it), and the fixed-order k-sum
 covers it. A shared expert of another width cannot share the banks: it runs as a dense
-MLP on the device and is added after the routed sum. An ungated one (GLM) is always that
-dense MLP, added after the sum as transformers adds it.
+MLP on the device and is added after the routed sum. GLM's are ungated: one of the routed
+width is the bank's last pair of weight 1 in a plain `SparseMoE` (`models/glm4_moe.py`);
+a wider one (`n_shared_experts` > 1) is this block's dense MLP, added unscaled.
 """
 
 from __future__ import annotations
