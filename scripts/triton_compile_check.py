@@ -22,8 +22,6 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # NOTE: before any kernel module is imported
 
@@ -33,11 +31,12 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from edgemoe.kernels import attn_decode_tiles, dense_gemv_tiles  # noqa: E402
-from edgemoe.kernels import moe_gemv_q_tiles  # noqa: E402
+from compile_case import Case  # noqa: E402
+from compile_cases_attn import attention_cases  # noqa: E402
+from compile_cases_moe import biased_moe_cases, bf16_gemv_cases, quant_moe_cases  # noqa: E402
+
+from edgemoe.kernels import dense_gemv_tiles  # noqa: E402
 from edgemoe.kernels.triton_ops import (  # noqa: E402
-    attn_decode,
-    attn_extend,
     causal_conv,
     dense_gemv,
     gated_norm,
@@ -45,9 +44,6 @@ from edgemoe.kernels.triton_ops import (  # noqa: E402
     hyper_connection,
     moe_combine,
     moe_gemm,
-    moe_gemm_q,
-    moe_gemv,
-    moe_gemv_q,
     norm,
     qsa,
     rope,
@@ -62,18 +58,6 @@ SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 10
                 121: 99 * 1024}  # bytes per block (121: DGX Spark's GB10)
 DTYPES = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 FLOATS = {"eps", "qk_scale", "weight_offset", "inv_hc", "sqrt_d", "route_scale"}
-
-
-@dataclass
-class Case:
-    name: str
-    kernel: Any  # a JITFunction
-    consts: dict[str, Any]
-    warps: int
-    stages: int = 2
-    ptrs: dict[str, str] = field(default_factory=dict)  # pointer element types other than the activation's
-    min_arch: int = 80  # e.g. fp8 tensor cores: sm_89
-    fp_fusion: bool = True  # the launch's enable_fp_fusion (a kernel's *_FP_FUSION constant where it sets one)
 
 
 def cases(dtype: tl.dtype) -> Iterator[Case]:
@@ -92,28 +76,8 @@ def cases(dtype: tl.dtype) -> Iterator[Case]:
     yield Case("moe combine + offset rms norm", moe_combine._combine_norm, dict(K=10, OFFSET=True, DTYPE=act,
                BLOCK=8192, INTERP=False), norm.norm_warps(8192), ptrs={"cells_ptr": f32})
     yield from quant_moe_cases(act)
-    ints = {"pt_ptr": "i32", "rows_ptr": "i32", "lens_ptr": "i32", "cu_ptr": "i32", "ks_ptr": f32, "vs_ptr": f32}
-    for d in (64, 128, 256):
-        for fp8 in (False, True):
-            kv = {"k_ptr": "u8", "v_ptr": "u8"} if fp8 else {}
-            tag = " fp8 kv" if fp8 else ""
-            t = attn_decode_tiles.tiles()
-            for hw in (False, True) if fp8 else (False,):  # e4m3 type on sm_89+, integer decode before
-                yield Case(f"decode split D={d}{tag}{' e4m3 type' if hw else ''}", attn_decode._decode_split,
-                           dict(G=8, G_PAD=16, D=d, D_PAD=d, BLOCK_N=attn_decode_tiles.block_n_for(t, d),
-                                SPLITS=t.splits, MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, FP8KV=fp8,
-                                FP8HW=hw, STAGES=t.stages, LONG_BLOCKS=t.long_blocks, LONG_STAGES=t.long_stages),
-                           t.warps, t.stages,
-                           ptrs={**ints, **kv, "o_ptr": f32, "lse_ptr": f32}, min_arch=89 if hw else 80)
-            block_m, block_n, warps, stages = attn_extend.extend_config(d)
-            yield Case(f"extend D={d}{tag}", attn_extend._extend, dict(G=8, D=d, D_PAD=d, BLOCK_M=block_m,
-                       BLOCK_N=block_n, DTYPE=act, INTERP=False, FP8KV=fp8, FP8HW=False), warps, stages,
-                       ptrs={**ints, **kv})
-    t = attn_decode_tiles.tiles()
-    yield Case("decode merge", attn_decode._decode_merge, dict(D=128, D_PAD=128, SPLITS=t.splits, BLOCK_N=t.block_n,
-               MIN_BLOCKS=t.min_blocks, DTYPE=act, INTERP=False, CHUNK=t.merge_chunk, WIDE_SPLITS=t.wide_splits,
-               WIDE_CHUNK=t.wide_chunk),
-               attn_decode_tiles.merge_warps(t, 128), ptrs={**ints, "o_ptr": f32, "lse_ptr": f32})
+    yield from biased_moe_cases(act)
+    yield from attention_cases(act)
     yield Case("add rms norm", norm._rms_norm, dict(HAS_RES=True, OFFSET=True, DTYPE=act, BLOCK=2048, INTERP=False), 8)
     yield from rope_cases(act)
     yield from dense_gemv_cases(act)
@@ -164,22 +128,6 @@ def dense_gemv_cases(act: tl.dtype) -> Iterator[Case]:
         yield Case(f"dense gemv {tokens} token(s) a block", dense_gemv._dense_gemv, dict(
                    DTYPE=act, ROWS=t.rows, COLS=t.cols, TOKENS=tokens, STAGES=t.stages, INTERP=False),
                    t.warps)
-
-
-def bf16_gemv_cases(act: tl.dtype) -> Iterator[Case]:
-    """The bf16 decode GEMV's two kernels at the default tiles, with split-K (fp32 partials
-    written by gate_up, summed by down), and software-pipelined (3 stages: async copies of
-    the weight and activation tiles through shared memory)."""
-    i32, f32 = {"slot_ptr": "i32"}, "fp32"
-    t = moe_gemv.tiles()
-    for splits, gu_stages, dn_stages in ((1, t.gu_stages, t.down_stages), (4, t.gu_stages, t.down_stages), (1, 3, 3)):
-        part = {"inter_ptr": f32} if splits > 1 else {}
-        tag = f"S={splits}" + (f" {gu_stages} stages" if gu_stages != t.gu_stages else "")
-        yield Case(f"moe gate_up gemv {tag}", moe_gemv._gate_up_gemv, dict(ACT=0, DTYPE=act, ROWS=t.gu_rows,
-                   COLS=t.gu_cols, SPLITS=splits, STAGES=gu_stages, INTERP=False), t.gu_warps, ptrs={**i32, **part})
-        yield Case(f"moe down gemv {tag}", moe_gemv._down_gemv, dict(ACT=0, DTYPE=act, ROWS=t.down_rows,
-                   COLS=t.down_cols, SPLITS=splits, STAGES=dn_stages, INTERP=False), t.down_warps,
-                   ptrs={**i32, **part, "w_ptr": f32, "cells_ptr": f32})
 
 
 def router_cases(act: tl.dtype) -> Iterator[Case]:
@@ -264,59 +212,6 @@ def slot_plan_cases() -> Iterator[Case]:
 
 
 # Quantised expert banks: (FMT code, GROUP, data, scale, zero pointer types) per format.
-QUANT_FORMATS = {"int8": (1, 1, "i8", "fp32", "fp32"), "fp8": (2, 128, "u8", "fp32", "fp32"),
-                 "int4": (3, 128, "u8", "fp16", "u8"), "mxfp4": (4, 32, "u8", "u8", "u8")}
-
-
-def quant_gemv_cases(act: tl.dtype, name: str, tiles: moe_gemv_q_tiles.MoeGemvQTiles, tag: str = "") -> Iterator[Case]:
-    """The quantised decode GEMV's two kernels of one format at `tiles`; nibble formats
-    read their data as int32 words (the real shapes' rows are whole words)."""
-    code, group, data, scale, zero = QUANT_FORMATS[name]
-    nibbles = code in (3, 4)
-    data = "i32" if nibbles else data
-    i32, f32 = {"slot_ptr": "i32"}, "fp32"
-    gu = {"gu_ptr": data, "gus_ptr": scale, "guz_ptr": zero}
-    dn = {"dn_ptr": data, "dns_ptr": scale, "dnz_ptr": zero}
-    q = dict(FMT=code, GROUP=group, INTERP=False, FP8HW=False, WORDS=nibbles)
-    sub, gw = moe_gemv_q.step_widths(code, group, tiles.gu_rows, tiles.gu_cols, tiles.gu_warps)
-    yield Case(f"moe gate_up gemv {name}{tag}", moe_gemv_q._gate_up_gemv_q, dict(
-               ACT=0, DTYPE=act, ROWS=tiles.gu_rows, COLS=tiles.gu_cols, SUB=sub, GW=gw, STAGES=tiles.gu_stages, **q),
-               tiles.gu_warps, ptrs={**i32, **gu})
-    if name == "fp8" and not tag:  # sm_89+ converts through the e4m3 type
-        yield Case("moe gate_up gemv fp8 e4m3 type", moe_gemv_q._gate_up_gemv_q, dict(
-                   ACT=0, DTYPE=act, ROWS=tiles.gu_rows, COLS=tiles.gu_cols, SUB=sub, GW=gw, STAGES=tiles.gu_stages,
-                   **(q | {"FP8HW": True})), tiles.gu_warps, ptrs={**i32, **gu}, min_arch=89)
-    sub, gw = moe_gemv_q.step_widths(code, group, tiles.down_rows, tiles.down_cols, tiles.down_warps)
-    yield Case(f"moe down gemv {name}{tag}", moe_gemv_q._down_gemv_q, dict(
-               DTYPE=act, ROWS=tiles.down_rows, COLS=tiles.down_cols, SUB=sub, GW=gw, STAGES=tiles.down_stages, **q),
-               tiles.down_warps, ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32})
-
-
-def quant_moe_cases(act: tl.dtype) -> Iterator[Case]:
-    """The fused MoE kernels over quantised banks (moe_gemv_q at each format's default
-    tiles, and pipelined; moe_gemm_q), every format; fp8 also with fp8 tensor-core MMAs
-    (sm_89+)."""
-    i32, f32 = {"slot_ptr": "i32", "sorted_ptr": "i32", "block_slot_ptr": "i32"}, "fp32"
-    for name, (code, group, data, scale, zero) in QUANT_FORMATS.items():
-        default = moe_gemv_q_tiles.DEFAULTS[name]
-        yield from quant_gemv_cases(act, name, default)
-        # software-pipelined steps (shared memory: 3 stages of weights and activations)
-        yield from quant_gemv_cases(act, name, default._replace(gu_stages=3, down_stages=3), " 3 stages")
-        gu = {"gu_ptr": data, "gus_ptr": scale, "guz_ptr": zero}
-        dn = {"dn_ptr": data, "dns_ptr": scale, "dnz_ptr": zero}
-        q = dict(FMT=code, GROUP=group, INTERP=False, FP8HW=False)
-        for f8 in (False, True) if name == "fp8" and act != tl.float32 else (False,):
-            bk = moe_gemm_q.F8_K if f8 else moe_gemm_q.GU_K
-            tag = " fp8 mma" if f8 else ""
-            q8 = q | {"FP8HW": f8}  # the fp8 MMA path needs the e4m3 type: sm_89+
-            yield Case(f"moe gate_up gemm {name}{tag}", moe_gemm_q._gate_up_gemm_q, dict(ACT=0, DTYPE=act,
-                       BM=moe_gemm_q.BLOCK_M, BN=moe_gemm_q.GU_N, BK=bk, F8DOT=f8, **q8), moe_gemm_q.GU_WARPS,
-                       moe_gemm_q.GU_STAGES, ptrs={**i32, **gu}, min_arch=89 if f8 else 80)
-            yield Case(f"moe down gemm {name}{tag}", moe_gemm_q._down_gemm_q, dict(DTYPE=act, BM=moe_gemm_q.BLOCK_M,
-                       BN=moe_gemm_q.DOWN_N, BK=bk, F8DOT=f8, **q8), moe_gemm_q.DOWN_WARPS, moe_gemm_q.DOWN_STAGES,
-                       ptrs={**i32, **dn, "w_ptr": f32, "cells_ptr": f32}, min_arch=89 if f8 else 80)
-
-
 PDL_MIN_ARCH = 90  # griddepcontrol: Hopper and later
 PDL_PTX = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
 

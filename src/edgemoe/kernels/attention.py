@@ -4,6 +4,9 @@ The KV pool stores keys/values by *slot* (page * page_size + offset). A sequence
 context is gathered through its page table; its queries are the last `q_len` positions.
 An fp8 pool passes its scales (`k_scale`, `v_scale` [S, Hkv]): writes quantise, and the
 gathered context is dequantised to the queries' dtype (`edgemoe.quant.kv`).
+
+Attention sinks (gpt-oss, `sinks` [Hq] fp32): query head h's learned logit s_h joins each
+row's softmax denominator and contributes no value: p_j = exp(z_j) / (Σ exp(z_j) + exp(s_h)).
 """
 
 from __future__ import annotations
@@ -70,10 +73,14 @@ def paged_attention_ref(
     window: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence: q [T, Hq, D] (rows q_start:q_start+q_len are its), ctx_slots [C].
 
-    Returns [q_len, Hq, D]. Softmax in float32, as transformers' eager path.
+    Returns [q_len, Hq, D]. Softmax in float32, as transformers' eager path. With `sinks`
+    [Hq]: transformers' gpt-oss operations (the sink column concatenated, the max
+    subtracted, softmax, the column dropped) in float32, where gpt-oss runs them in the
+    activations' dtype (the same operations in an fp32 model).
     """
     qs, ks, vs = gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots, k_scale, v_scale)
     groups = qs.shape[0] // ks.shape[0]
@@ -82,8 +89,19 @@ def paged_attention_ref(
     scores = torch.matmul(qs, ks.transpose(1, 2)) * scale  # [Hq, q, C]
     mask = causal_mask(q_len, ctx_slots.numel(), window, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is None:
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        probs = softmax_with_sinks(scores, sinks).to(q.dtype)
     return torch.matmul(probs, vs).transpose(0, 1)  # [q, Hq, D]
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """scores [Hq, q, C] -> fp32 probabilities [Hq, q, C] whose rows sum to 1 - p(sink)."""
+    sink_col = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+    combined = torch.cat([scores.float(), sink_col], dim=-1)  # [Hq, q, C + 1]
+    combined = combined - combined.amax(dim=-1, keepdim=True)  # transformers' overflow guard, kept for its bits
+    return F.softmax(combined, dim=-1)[..., :-1]
 
 
 def paged_attention_sdpa(
@@ -97,15 +115,43 @@ def paged_attention_sdpa(
     window: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_ref`, through torch's fused SDPA kernels
-    (flash / memory-efficient on CUDA): no [q, C] score matrix is materialised."""
+    (flash / memory-efficient on CUDA): no [q, C] score matrix is materialised. Sinks
+    enter as one more key (`append_sink_key`); in a 16-bit dtype s_h is then rounded to
+    it, as every score of this path is."""
     ctx_len = ctx_slots.numel()
     qs, ks, vs = (t[None] for t in gather_heads(q, k_cache, v_cache, q_start, q_len, ctx_slots, k_scale, v_scale))
     mask, causal = None, False
-    if window is not None or (1 < q_len < ctx_len):
+    if sinks is not None:
+        qs, ks, vs = append_sink_key(qs, ks, vs, sinks, scale)
+        mask = torch.cat([causal_mask(q_len, ctx_len, window, q.device),
+                          torch.ones(q_len, 1, dtype=torch.bool, device=q.device)], dim=1)  # the sink: always seen
+    elif window is not None or (1 < q_len < ctx_len):
         mask = causal_mask(q_len, ctx_len, window, q.device)
     elif q_len == ctx_len and q_len > 1:
         causal = True  # a whole sequence at once: the kernel's own causal path
     out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
-    return out[0].transpose(0, 1)  # [q, Hq, D]
+    return out[0, ..., : q.shape[-1]].transpose(0, 1)  # [q, Hq, D]
+
+
+SINK_PAD = 8  # coordinates the sink key adds: fused SDPA kernels want head dims a multiple of 8
+
+
+def append_sink_key(
+    qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, sinks: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qs [1, Hq, q, D], ks/vs [1, Hkv, C, D] -> head dim D + SINK_PAD and one more key, C,
+    of value 0 whose score is s_h for every query of head h: q's first new coordinate is
+    s_h / scale, the sink key's is 1, every real key's 0 (their scores do not move). The
+    mask stays one bool [q, C + 1] shared by the heads, where a per-head additive mask
+    would cost the [Hq, q, C] this path avoids."""
+    pad = lambda t: F.pad(t, (0, SINK_PAD))  # noqa: E731
+    qs = pad(qs)
+    qs[..., qs.shape[-1] - SINK_PAD] = (sinks.float() / scale).to(qs.dtype)[:, None]
+    sink_k = ks.new_zeros(*ks.shape[:2], 1, ks.shape[-1] + SINK_PAD)
+    sink_k[..., ks.shape[-1]] = 1.0
+    ks = torch.cat([pad(ks), sink_k], dim=2)
+    vs = torch.cat([pad(vs), vs.new_zeros(*vs.shape[:2], 1, vs.shape[-1] + SINK_PAD)], dim=2)
+    return qs, ks, vs

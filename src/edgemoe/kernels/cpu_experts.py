@@ -2,7 +2,7 @@
 weights read in place from the expert store, fp32 accumulation, fp32 results.
 
 Entry points (the kernel object and its variants: `cpu_kernel.CpuExperts`):
-- `expert_mlp_cpu(x, gate_up, down)` → [n, H]: one expert on its tokens
+- `expert_mlp_cpu(x, gate_up, down, kernel, act, bias)` → [n, H]: one expert on its tokens
   (reference: `expert_mlp_ref`, everything fp32);
 - `experts_cpu(x, jobs, out)`: several experts of one layer in one call, each an
   `ExpertJob` (weights, rows of x, rows of out, per-token scale) (`experts_ref`);
@@ -14,6 +14,11 @@ Entry points (the kernel object and its variants: `cpu_kernel.CpuExperts`):
   (cell indices + values), for executors that scatter them into device cells.
 The routed forms build their job table in numpy in one pass (a few µs), since a
 decode step calls them once per MoE layer.
+
+The C kernel computes bf16 SiLU experts without biases. Expert biases (`ExpertBias`,
+gpt-oss) and other activations (`Activation.glu`: gelu, swiglu_oai) take the torch path
+of every entry point here (`expert_mlp_torch`; the routed forms' `act` and `bias`,
+biases by expert id); `cpu_experts_quant.py` has neither.
 """
 
 from __future__ import annotations
@@ -27,75 +32,89 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
-from edgemoe.kernels.moe_reference import Activation, moe_experts_partial_ref
+from edgemoe.kernels.expert_bias import ExpertBias
+from edgemoe.kernels.moe_reference import Activation, expert_mlp, moe_experts_partial_ref
 
-ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, gate_up, down) → y fp32
+# (x, gate_up, down, act, this expert's biases) → y fp32
+ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Activation, ExpertBias | None], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class ExpertJob:
-    """One expert's work: rows `tokens` of x through (gate_up [2I, H], down [H, I]);
-    result row t goes to out[out_rows[t]] (default t), times scale[t] (default 1)."""
+    """One expert's work: rows `tokens` of x through (gate_up [2I, H], down [H, I]) and
+    its biases (`bias`: [2I], [H]; the torch path only); result row t goes to
+    out[out_rows[t]] (default t), times scale[t] (default 1)."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
     tokens: torch.Tensor
     out_rows: torch.Tensor | None = None
     scale: torch.Tensor | None = None
+    bias: ExpertBias | None = None
+
+
+def is_silu(act: Activation) -> bool:
+    """SiLU, the C kernel's activation, as a plain function (tests) or the engine's Activation."""
+    return act is F.silu or kernel_name(act) == "silu"
 
 
 # ---- references ----
 
 
-def expert_mlp_ref(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The oracle: everything in fp32 (weights upcast). x [n, H] → [n, H] fp32."""
-    gate, up = F.linear(x.float(), gate_up.float()).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down.float())
+def expert_mlp_ref(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act: Activation = F.silu,
+                   bias: ExpertBias | None = None) -> torch.Tensor:
+    """The oracle: everything in fp32 (weights and biases upcast). x [n, H] → [n, H] fp32."""
+    return expert_mlp(x.float(), gate_up.float(), down.float(), act, bias).float()
 
 
-def expert_mlp_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The fallback: torch in the weights' dtype (bf16 on CPU is slow: PERF-NOTES)."""
-    gate, up = F.linear(x.to(gate_up.dtype), gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down).float()
+def expert_mlp_torch(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act: Activation = F.silu,
+                     bias: ExpertBias | None = None) -> torch.Tensor:
+    """The fallback: torch in the weights' dtype (bf16 on CPU is slow: PERF-NOTES), at
+    `moe_reference.expert_mlp`'s rounding points."""
+    return expert_mlp(x.to(gate_up.dtype), gate_up, down, act, bias).float()
 
 
-def _run_jobs(mlp: ExpertMLP, x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor) -> None:
+def _run_jobs(mlp: ExpertMLP, x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
+              act: Activation = F.silu) -> None:
     for job in jobs:
         if job.tokens.numel() == 0:
             continue
-        y = mlp(x[job.tokens.long()], job.gate_up, job.down)  # [n, H] fp32
+        y = mlp(x[job.tokens.long()], job.gate_up, job.down, act, job.bias)  # [n, H] fp32
         if job.scale is not None:
             y = y * job.scale.float()[:, None]
         rows = job.out_rows.long() if job.out_rows is not None else torch.arange(y.shape[0])
         out[rows.to(out.device)] = y.to(out.device)
 
 
-def experts_ref(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor) -> None:
+def experts_ref(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor, act: Activation = F.silu) -> None:
     """`experts_cpu` through `expert_mlp_ref`."""
-    _run_jobs(expert_mlp_ref, x, jobs, out)
+    _run_jobs(expert_mlp_ref, x, jobs, out, act)
 
 
 # ---- one expert, explicit jobs ----
 
 
-def expert_mlp_cpu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                   kernel: CpuExperts | None = None) -> torch.Tensor:
-    """One expert on its tokens: x [n, H], gate_up [2I, H], down [H, I] → [n, H] fp32."""
+def expert_mlp_cpu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, kernel: CpuExperts | None = None,
+                   act: Activation = F.silu, bias: ExpertBias | None = None) -> torch.Tensor:
+    """One expert on its tokens: x [n, H], gate_up [2I, H], down [H, I] (biases [2I], [H])
+    → [n, H] fp32."""
     out = torch.empty(x.shape[0], x.shape[1], dtype=torch.float32)
-    experts_cpu(x, [ExpertJob(gate_up, down, torch.arange(x.shape[0], dtype=torch.int32))], out, kernel)
+    job = ExpertJob(gate_up, down, torch.arange(x.shape[0], dtype=torch.int32), bias=bias)
+    experts_cpu(x, [job], out, kernel, act)
     return out
 
 
 def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
-                kernel: CpuExperts | None = None) -> None:
+                kernel: CpuExperts | None = None, act: Activation = F.silu) -> None:
     """out[job.out_rows] = job.scale * expert(x[job.tokens]) for every job; other rows
-    of out are untouched. x [T, H] fp32/bf16; out [R, H] fp32; weights bf16 (others
-    run the torch path)."""
+    of out are untouched. x [T, H] fp32/bf16; out [R, H] fp32; weights bf16 (others,
+    biased jobs and activations other than SiLU run the torch path)."""
     kernel = kernel or default_cpu_experts()
     if not jobs:
         return
-    if not kernel.native or x.device.type != "cpu" or not all(_weights_ok(j.gate_up, j.down) for j in jobs):
-        _run_jobs(expert_mlp_torch, x, jobs, out)
+    native = kernel.native and x.device.type == "cpu" and is_silu(act)
+    if not (native and all(j.bias is None and _weights_ok(j.gate_up, j.down) for j in jobs)):
+        _run_jobs(expert_mlp_torch, x, jobs, out, act)
         return
     hidden, inter = _shape(jobs[0].gate_up, jobs[0].down)
     keep: list[torch.Tensor] = []  # NOTE: converted index tensors must outlive the call
@@ -193,16 +212,16 @@ def _contrib_ok(x: torch.Tensor, topk_ids: torch.Tensor, contrib: torch.Tensor) 
 def moe_experts_partial_cpu(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
     rows: Sequence[int], gate_up: torch.Tensor, down: torch.Tensor, act: Activation, contrib: torch.Tensor,
-    kernel: CpuExperts | None = None,
+    kernel: CpuExperts | None = None, bias: ExpertBias | None = None,
 ) -> None:
     """`moe_experts_partial_ref`'s contract on the CPU kernel: fill contrib[t, k] for
     every (t, k) routed to one of `experts`, whose weights are bank rows `rows` of
-    gate_up [S, 2I, H] / down [S, H, I]. Activations other than SiLU, weights other
-    than bf16, or device tensors run the reference instead."""
+    gate_up [S, 2I, H] / down [S, H, I]. Activations other than SiLU, biases ([E, …], by
+    expert id), weights other than bf16, or device tensors run the reference instead."""
     kernel = kernel or default_cpu_experts()
-    silu = act is F.silu or kernel_name(act) == "silu"  # a plain function (tests) or the engine's Activation
-    if not (kernel.native and silu and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
-        moe_experts_partial_ref(x, topk_ids, topk_weights, experts, rows, gate_up, down, act, contrib)
+    native = kernel.native and is_silu(act) and bias is None
+    if not (native and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
+        moe_experts_partial_ref(x, topk_ids, topk_weights, experts, rows, gate_up, down, act, contrib, bias)
         return
     hidden, inter = _shape(gate_up, down)
     table, _cells = bank_job_table(topk_ids, topk_weights, experts, rows, gate_up, down)
@@ -224,16 +243,17 @@ def bank_job_table(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: 
 def moe_experts_cpu(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
     weights: Sequence[tuple[torch.Tensor, torch.Tensor]], contrib: torch.Tensor, kernel: CpuExperts | None = None,
+    act: Activation = F.silu, bias: ExpertBias | None = None,
 ) -> None:
     """As `moe_experts_partial_cpu` with weights[i] = (gate_up [2I, H], down [H, I]) of
-    experts[i], e.g. `[store.expert(layer, e) for e in experts]`; SiLU experts only."""
+    experts[i], e.g. `[store.expert(layer, e) for e in experts]`; `bias` [E, …] by expert
+    id. The C kernel for bf16 SiLU experts without biases, torch otherwise."""
     kernel = kernel or default_cpu_experts()
     cells = route_cells(topk_ids, topk_weights, experts)
-    if not (kernel.native and _contrib_ok(x, topk_ids, contrib) and all(_weights_ok(*w) for w in weights)):
-        jobs = [ExpertJob(gu, dn, torch.from_numpy(cells.tokens[lo:hi]), torch.from_numpy(cells.cells[lo:hi]),
-                          torch.from_numpy(cells.scale[lo:hi]))
-                for (gu, dn), lo, hi in zip(weights, cells.lo, cells.hi, strict=True)]
-        _run_jobs(expert_mlp_torch, x, jobs, contrib.view(-1, contrib.shape[-1]))
+    native = kernel.native and is_silu(act) and bias is None
+    if not (native and _contrib_ok(x, topk_ids, contrib) and all(_weights_ok(*w) for w in weights)):
+        jobs = _torch_jobs(cells, experts, weights, cells.cells, bias)
+        _run_jobs(expert_mlp_torch, x, jobs, contrib.view(-1, contrib.shape[-1]), act)
         return
     hidden, inter = _shape(*weights[0]) if weights else (x.shape[1], 1)
     if any(_shape(*w) != (hidden, inter) for w in weights):
@@ -241,6 +261,14 @@ def moe_experts_cpu(
     table = _routed_table(cells, np.array([w[0].data_ptr() for w in weights], dtype=np.int64),
                           np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
     kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+
+
+def _torch_jobs(cells: RoutedCells, experts: Sequence[int], weights: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                out_rows: np.ndarray, bias: ExpertBias | None) -> list[ExpertJob]:
+    """The torch path's jobs: expert i's cells [lo, hi) into rows out_rows[lo:hi]."""
+    return [ExpertJob(gu, dn, torch.from_numpy(cells.tokens[lo:hi]), torch.from_numpy(out_rows[lo:hi]),
+                      torch.from_numpy(cells.scale[lo:hi]), bias.of(e) if bias is not None else None)
+            for e, (gu, dn), lo, hi in zip(experts, weights, cells.lo, cells.hi, strict=True)]
 
 
 def _only(cells: RoutedCells) -> RoutedCells:
@@ -256,17 +284,20 @@ def _only(cells: RoutedCells) -> RoutedCells:
 def moe_expert_cells_cpu(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
     weights: Sequence[tuple[torch.Tensor, torch.Tensor]], kernel: CpuExperts | None = None,
+    act: Activation = F.silu, bias: ExpertBias | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The cells of `experts` compactly, for executors that scatter them elsewhere (the
     device's cells): (cells [C] int64, values [C, H] fp32), values[i] = the contribution
     of cell `cells[i]` = t*K + k of the routing [T, K]; each expert's cells together, in
-    (t, k) order. weights[i] = (gate_up [2I, H], down [H, I]) of experts[i]; SiLU experts
-    only. Other weights, or no native kernel: torch in the weights' dtype."""
+    (t, k) order. weights[i] = (gate_up [2I, H], down [H, I]) of experts[i]; `bias` [E, …]
+    by expert id. Other weights than bf16, other activations than SiLU, biases, or no
+    native kernel: torch in the weights' dtype."""
     kernel = kernel or default_cpu_experts()
     cells = _only(route_cells(topk_ids, topk_weights, experts))
     rows = np.arange(len(cells.cells), dtype=np.int32)  # cell i → row i of values
     values = torch.empty(len(rows), x.shape[1], dtype=torch.float32)
-    if kernel.native and x.device.type == "cpu" and weights and all(_weights_ok(*w) for w in weights):
+    native = kernel.native and is_silu(act) and bias is None
+    if native and x.device.type == "cpu" and weights and all(_weights_ok(*w) for w in weights):
         hidden, inter = _shape(*weights[0])
         if any(_shape(*w) != (hidden, inter) for w in weights):
             raise ValueError("moe_expert_cells_cpu: every expert of a call must have the same [H, I]")
@@ -275,8 +306,5 @@ def moe_expert_cells_cpu(
                               np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
         kernel.call(x, table, values, hidden, inter)
     else:
-        jobs = [ExpertJob(gu, dn, torch.from_numpy(cells.tokens[lo:hi]), torch.from_numpy(rows[lo:hi]),
-                          torch.from_numpy(cells.scale[lo:hi]))
-                for (gu, dn), lo, hi in zip(weights, cells.lo, cells.hi, strict=True)]
-        _run_jobs(expert_mlp_torch, x, jobs, values)
+        _run_jobs(expert_mlp_torch, x, _torch_jobs(cells, experts, weights, rows, bias), values, act)
     return torch.from_numpy(cells.cells.astype(np.int64)), values

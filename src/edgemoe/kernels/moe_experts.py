@@ -19,15 +19,21 @@ two torch implementations with the same signature:
   workspace grows with T·K, so it serves small batches only (`GATHER_MAX_PAIRS`).
 A pair's result depends only on the number of pairs in the call, never on the slots'
 masks, so every residency gives the same numbers for the same batch.
+
+Expert biases (`ExpertBias`, gpt-oss) stay resident for every expert, so they are read by
+expert id (`expert_ids` [T, K], the routing's), while the weights are read by slot; the
+activation is GLU-level (`Activation.glu`: gpt-oss's clamped SwiGLU is no act(gate)·up).
 """
 
 from __future__ import annotations
 
 import torch
 
-from edgemoe.kernels.activations import kernel_name
+from edgemoe.kernels.activations import Activation as KernelActivation
+from edgemoe.kernels.activations import glu, kernel_name  # noqa: F401 - kernel_name re-exported
 from edgemoe.kernels.backend import use_triton
 from edgemoe.kernels.cell_sources import CellSources
+from edgemoe.kernels.expert_bias import ExpertBias, check_bias
 from edgemoe.kernels.moe_reference import Activation, expert_mlp, moe_combine_ref
 from edgemoe.kernels.norm_fused import RowNorm, rms_norm
 
@@ -44,6 +50,8 @@ def moe_slots_grouped(
     down: torch.Tensor,  # [S, H, I]
     act: Activation,
     cells: torch.Tensor,  # [T, K, H] float32
+    bias: ExpertBias | None = None,
+    expert_ids: torch.Tensor | None = None,  # [T, K]: addresses `bias`
 ) -> None:
     T, K = slot_ids.shape
     flat = slot_ids.flatten().long()  # [T*K]
@@ -57,7 +65,8 @@ def moe_slots_grouped(
         if n == 0:
             continue
         pairs = order[pos : pos + n]
-        y = expert_mlp(x[pairs // K], gate_up[slot], down[slot], act)  # [n, H]
+        b = bias.take(expert_ids.flatten()[pairs]) if bias is not None else None  # type: ignore[union-attr]
+        y = expert_mlp(x[pairs // K], gate_up[slot], down[slot], act, b)  # [n, H]
         cells_flat[pairs] = y.float() * w_flat[pairs, None].float()
         pos += n
 
@@ -70,6 +79,8 @@ def moe_slots_gather(
     down: torch.Tensor,
     act: Activation,
     cells: torch.Tensor,
+    bias: ExpertBias | None = None,
+    expert_ids: torch.Tensor | None = None,
 ) -> None:
     T, K = slot_ids.shape
     H = x.shape[1]
@@ -77,7 +88,14 @@ def moe_slots_gather(
     slots = flat.clamp(min=0).long()  # skipped pairs compute from slot 0, never written
     xs = x.repeat_interleave(K, dim=0)[:, :, None]  # [T*K, H, 1]
     gate, up = torch.bmm(gate_up[slots], xs).squeeze(-1).chunk(2, dim=-1)  # [T*K, I] each
-    y = torch.bmm(down[slots], (act(gate) * up)[:, :, None]).squeeze(-1)  # [T*K, H]
+    b = bias.take(expert_ids.flatten().clamp(min=0)) if bias is not None else None  # type: ignore[union-attr]
+    if b is not None:  # the reference's rounding points (`expert_mlp`)
+        gate_bias, up_bias = b.gate_up.float().chunk(2, dim=-1)
+        gate, up = gate.float() + gate_bias, up.float() + up_bias
+    h = glu(act, gate, up).to(down.dtype)
+    y = torch.bmm(down[slots], h[:, :, None]).squeeze(-1)  # [T*K, H]
+    if b is not None:
+        y = y.float() + b.down.float()
     y = y.float() * weights.flatten()[:, None].float()
     cells_flat = cells.view(T * K, H)
     cells_flat.copy_(torch.where((flat >= 0)[:, None], y, cells_flat))
@@ -92,27 +110,35 @@ def moe_slots(
     act: Activation,
     cells: torch.Tensor,
     num_decode: int = 0,
+    bias: ExpertBias | None = None,
+    expert_ids: torch.Tensor | None = None,
 ) -> None:
     """Fill cells[t, k] for every pair with slot_ids[t, k] >= 0 (see the module doc).
     `num_decode`: the leading rows that are decode tokens (the scheduler puts them
-    first). On a GPU without Triton, small batches take the path that never reads back."""
-    name = kernel_name(act)
-    if name is not None and use_triton(x):
-        _moe_slots_triton(x, slot_ids, weights, gate_up, down, name, cells, min(num_decode, x.shape[0]))
+    first). On a GPU without Triton, small batches take the path that never reads back.
+    `bias` (`ExpertBias`) is read by `expert_ids` [T, K] (required with it: ValueError)."""
+    check_bias(bias, expert_ids, slot_ids, gate_up.shape[1] // 2, x.shape[1])
+    if isinstance(act, KernelActivation) and use_triton(x):
+        _moe_slots_triton(x, slot_ids, weights, gate_up, down, act, cells, min(num_decode, x.shape[0]), bias,
+                          expert_ids)
     elif x.is_cuda and slot_ids.numel() <= GATHER_MAX_PAIRS:
-        moe_slots_gather(x, slot_ids, weights, gate_up, down, act, cells)
+        moe_slots_gather(x, slot_ids, weights, gate_up, down, act, cells, bias, expert_ids)
     else:
-        moe_slots_grouped(x, slot_ids, weights, gate_up, down, act, cells)
+        moe_slots_grouped(x, slot_ids, weights, gate_up, down, act, cells, bias, expert_ids)
 
 
-def _moe_slots_triton(x, slot_ids, weights, gate_up, down, act: str, cells, n: int) -> None:  # noqa: ANN001
+def _moe_slots_triton(x, slot_ids, weights, gate_up, down, act: KernelActivation, cells, n: int,  # noqa: ANN001
+                      bias: ExpertBias | None, expert_ids: torch.Tensor | None) -> None:
     from edgemoe.kernels.moe_fused import moe_decode, moe_prefill
 
     ids, w = slot_ids.to(torch.int32), weights.float()
+    eids = expert_ids.to(torch.int32) if expert_ids is not None else None
     if n:
-        moe_decode(x[:n], ids[:n], w[:n], gate_up, down, cells[:n], act)
+        moe_decode(x[:n], ids[:n], w[:n], gate_up, down, cells[:n], act, None, bias,
+                   eids[:n] if eids is not None else None)
     if n < x.shape[0]:
-        moe_prefill(x[n:], ids[n:], w[n:], gate_up, down, cells[n:], act)
+        moe_prefill(x[n:], ids[n:], w[n:], gate_up, down, cells[n:], act, None, bias,
+                    eids[n:] if eids is not None else None)
 
 
 def moe_combine(

@@ -1,18 +1,24 @@
 """Routed experts addressed by slot, fused: the hot-path form of `moe_experts.py`.
 
-cells[t, k] = weights[t, k] * down[s] @ (act(gate[s] @ x[t]) * (up[s] @ x[t])) for
-s = slot_ids[t, k] >= 0; a cell whose slot is -1 (not computed in this pass: a later
-wave, a CPU expert) is left untouched. gate_up [S, 2I, H] holds the gate rows first,
+cells[t, k] = weights[t, k] * down[s] @ act.glu(gate[s] @ x[t], up[s] @ x[t]) (glu =
+act(gate) * up but for swiglu_oai) for s = slot_ids[t, k] >= 0; a cell whose slot is -1
+(not computed in this pass: a later wave, a CPU expert) is left untouched. gate_up [S, 2I, H] holds the gate rows first,
 then the up rows; down [S, H, I]; cells [T, K, H] float32.
+
+Biases (`ExpertBias`, gpt-oss): `bias` [E, …] read by `expert_ids` [T, K] int32 (the
+routing's ids: biases stay resident for every expert, weights move between slots), added
+in fp32 where `moe_reference.expert_mlp` adds them. `act`: a kernel name or an
+`Activation` (swiglu_oai's alpha and limit travel with it into the kernels' constexprs).
 
 Two fast paths with that one signature:
 - `moe_decode`: one program per (routed pair, block of output rows), streaming the
   slot's weight rows (few tokens: pure weight bandwidth);
 - `moe_prefill`: the pairs sorted by slot on the device, then grouped GEMMs (many tokens).
 They round where the reference rounds (after each projection, the activation and the
-product), but their fp32 accumulation orders differ, so the two paths agree with the
-reference (and each other) to bf16 rounding, not bitwise. Each is batch-invariant on
-its own: a pair's cell depends only on x[t], its slot and its weight.
+product; with a bias or swiglu_oai, h once), but their fp32 accumulation orders differ,
+so the two paths agree with the reference (and each other) to bf16 rounding, not
+bitwise. Each is batch-invariant on its own: a pair's cell depends only on x[t], its
+slot, its expert id and its weight.
 
 `moe_experts.moe_combine` sums a token's K cells in the fixed order k = 0..K-1 in fp32, so
 any partition of the pairs over passes gives bitwise-identical sums.
@@ -21,15 +27,11 @@ any partition of the pairs over passes gives bitwise-identical sums.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from edgemoe.kernels.activations import Activation, kernel_activation
 from edgemoe.kernels.backend import use_triton
+from edgemoe.kernels.expert_bias import ExpertBias, check_bias
 from edgemoe.kernels.moe_reference import moe_experts_partial_ref
-
-
-def _act_fn(act: str):  # noqa: ANN202 - a torch function
-    return {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-            "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}[act]
 
 
 def moe_slots_ref(
@@ -39,15 +41,19 @@ def moe_slots_ref(
     gate_up: torch.Tensor,  # [S, 2I, H]
     down: torch.Tensor,  # [S, H, I]
     cells: torch.Tensor,  # [T, K, H] float32, written in place
-    act: str,
+    act: str | Activation,
     workspace: torch.Tensor | None = None,
+    bias: ExpertBias | None = None,  # [E, ...], read by expert_ids
+    expert_ids: torch.Tensor | None = None,  # [T, K] int
 ) -> None:
     """Torch reference: `moe_experts_partial_ref` with the bank row = the slot itself.
 
     One host sync (the distinct slots); `workspace` is accepted for the shared
     signature and unused."""
+    check_bias(bias, expert_ids, slot_ids, gate_up.shape[1] // 2, x.shape[1])
     slots = torch.unique(slot_ids[slot_ids >= 0]).tolist()
-    moe_experts_partial_ref(x, slot_ids, weights, slots, slots, gate_up, down, _act_fn(act), cells)
+    moe_experts_partial_ref(x, slot_ids, weights, slots, slots, gate_up, down, kernel_activation(act), cells, bias,
+                            expert_ids)
 
 
 moe_decode_ref = moe_slots_ref
@@ -67,26 +73,30 @@ def _check(x: torch.Tensor, slot_ids: torch.Tensor, gate_up: torch.Tensor, down:
 
 def moe_decode(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-    down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+    down: torch.Tensor, cells: torch.Tensor, act: str | Activation, workspace: torch.Tensor | None = None,
+    bias: ExpertBias | None = None, expert_ids: torch.Tensor | None = None,
 ) -> None:
     """Same contract as `moe_slots_ref`; per-pair weight streaming on CUDA. `workspace`:
     optional [>= T*K*I] buffer in x's dtype for the intermediate (static under graphs)."""
     _check(x, slot_ids, gate_up, down, cells)
+    check_bias(bias, expert_ids, slot_ids, gate_up.shape[1] // 2, x.shape[1])
     if not use_triton(x):
-        return moe_slots_ref(x, slot_ids, weights, gate_up, down, cells, act, workspace)
+        return moe_slots_ref(x, slot_ids, weights, gate_up, down, cells, act, workspace, bias, expert_ids)
     from edgemoe.kernels.triton_ops.moe_gemv import moe_decode_triton
 
-    return moe_decode_triton(x, slot_ids, weights, gate_up, down, cells, act, workspace)
+    return moe_decode_triton(x, slot_ids, weights, gate_up, down, cells, act, workspace, bias, expert_ids)
 
 
 def moe_prefill(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-    down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+    down: torch.Tensor, cells: torch.Tensor, act: str | Activation, workspace: torch.Tensor | None = None,
+    bias: ExpertBias | None = None, expert_ids: torch.Tensor | None = None,
 ) -> None:
     """Same contract as `moe_slots_ref`; grouped GEMM over slot-sorted pairs on CUDA."""
     _check(x, slot_ids, gate_up, down, cells)
+    check_bias(bias, expert_ids, slot_ids, gate_up.shape[1] // 2, x.shape[1])
     if not use_triton(x):
-        return moe_slots_ref(x, slot_ids, weights, gate_up, down, cells, act, workspace)
+        return moe_slots_ref(x, slot_ids, weights, gate_up, down, cells, act, workspace, bias, expert_ids)
     from edgemoe.kernels.triton_ops.moe_gemm import moe_prefill_triton
 
-    return moe_prefill_triton(x, slot_ids, weights, gate_up, down, cells, act, workspace)
+    return moe_prefill_triton(x, slot_ids, weights, gate_up, down, cells, act, workspace, bias, expert_ids)

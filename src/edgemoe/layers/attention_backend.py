@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -53,6 +53,9 @@ class AttentionSpec:
     scale: float
     window: int | None = None  # sliding window in tokens (None: full causal)
     rope: RopeTable | None = None  # for backends that rotate by position in a fused kernel
+    # Attention sinks (gpt-oss): [num_heads] float32 on the model's device, query head h's
+    # logit in each row's softmax denominator (no value). NOTE: kept out of eq/hash (a tensor).
+    sinks: torch.Tensor | None = field(default=None, compare=False)
 
 
 class AttentionBackend(ABC):
@@ -63,7 +66,9 @@ class AttentionBackend(ABC):
     - `write_kv(spec, k, v, batch)` stores k/v [T, Hkv, D] at `batch.out_loc` in layer
       `spec.layer` of the pool; `attend(spec, q, batch)` then returns [T, Hq, D]: each
       sequence's new queries attend causally to its first `seq_lens[b]` positions
-      (the tokens just written included), through its page-table row.
+      (the tokens just written included), through its page-table row; only to the last
+      `spec.window` of them when set; with `spec.sinks`, head h's softmax denominator
+      also holds exp(sinks[h]) (no value), in prefill/extend and decode alike.
     - The pages the batch references stay allocated until the step's kernels finish
       (the scheduler frees pages only between steps).
     - `rotate_and_write(spec, q, k, v, cos, sin, batch, norms=None)` applies the head

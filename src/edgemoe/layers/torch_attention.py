@@ -53,7 +53,7 @@ class TorchPagedAttention(AttentionBackend):
         for q_start, q_len, ctx in zip(h.q_starts, h.q_lens, self._ctx, strict=True):
             kernel = self._kernel(q.shape[1] * q_len * ctx.numel())
             out[q_start : q_start + q_len] = kernel(
-                q, k_cache, v_cache, q_start, q_len, ctx, spec.scale, spec.window, k_scale, v_scale
+                q, k_cache, v_cache, q_start, q_len, ctx, spec.scale, spec.window, k_scale, v_scale, spec.sinks
             )
         return out
 

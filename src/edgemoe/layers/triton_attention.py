@@ -3,7 +3,8 @@ write in one kernel by position, paged decode attention (split over long context
 split of the table's capacity in the grid so the launch is the same every step and a
 CUDA graph can hold it), and flash-style extend attention for prompt chunks
 (kernels/paged_attention.py). An fp8 pool (`--kv-cache-dtype fp8`) hands every kernel
-its scales: writes quantise, reads fold them in.
+its scales: writes quantise, reads fold them in. A layer's sinks (`spec.sinks`, a fixed
+tensor like its window a fixed int) go to both kernels: the captured decode holds them.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ class TritonPagedAttention(AttentionBackend):
             decode_attention(
                 q, k_cache, v_cache, batch.page_table, batch.req_rows, batch.seq_lens, batch.page_size,
                 spec.scale, spec.window, out, max_seq_len=capacity, k_scale=k_scale, v_scale=v_scale,
+                sinks=spec.sinks,
             )
             return out
         return extend_attention(
             q, k_cache, v_cache, batch.page_table, batch.req_rows, batch.cu_seqlens_q, batch.seq_lens,
-            batch.page_size, spec.scale, spec.window, batch.host.max_q_len, k_scale, v_scale,
+            batch.page_size, spec.scale, spec.window, batch.host.max_q_len, k_scale, v_scale, spec.sinks,
         )

@@ -9,6 +9,11 @@ them, so each kernel compiles to the code it had with them written out.
 fp8 cache (`FP8KV`): keys/values are e4m3 bytes with one fp32 scale per (slot, kv head);
 a key block is widened to the query dtype (exact) and its scales multiply the scores;
 the value scales multiply the probabilities before their rounding, so V is read as stored.
+
+Attention sinks (`HAS_SINKS`, gpt-oss): query head h's logit s_h joins each row's softmax
+denominator with no value. The kernels start a row's online softmax as if the sink were a
+key already seen (`sink_logit`: running max s_h in base 2, running sum exp2(0) = 1, output
+0): extend's rows in `_extend`, decode's in its merge (once per row, not per split).
 """
 
 from __future__ import annotations
@@ -73,3 +78,9 @@ def pv_accumulate(acc, alpha, p, v_ptr, vs_ptr, slot, kvh, d, kv_ok, n_ok, strid
     else:
         acc = mma(round_to(p, DTYPE, INTERP), v, acc * alpha[:, None], INTERP)
     return acc
+
+
+@triton.jit
+def sink_logit(sinks_ptr, head):
+    """Query head `head`'s sink logit (fp32) in the kernels' base-2 units: s_h · log2 e."""
+    return tl.load(sinks_ptr + head) * 1.4426950408889634

@@ -15,6 +15,12 @@ decode step, 395 vs 373 us over 48 layers), so it was removed.
 The key-block step (page table, scores, online softmax, P·V) is attn_common.py's, shared
 with the extend kernel; so is the fp8 cache's (`FP8KV`) reading.
 
+Attention sinks (`HAS_SINKS`) enter in the merge only: it starts each row's log-sum-exp
+merge from its head's sink, as a split of LSE s_h and output 0, so the sink is in the
+denominator exactly once whatever the split count, the splits and their workspace stay
+as they are (a split does not know whether it is its sequence's first live one, and the
+merge already runs per query head, the sink's granularity).
+
 NOTE: a sequence's context is cut into SPLITS splits of ceil(len / SPLITS) positions
 rounded up to a key block (and to MIN_BLOCKS blocks at least), so the cut depends only on
 the sequence's own length (its result never depends on the batch), batch 1 gets SPLITS x
@@ -49,6 +55,7 @@ from edgemoe.kernels.triton_ops.attn_common import (
     kv_slots,
     pv_accumulate,
     qk_scores,
+    sink_logit,
     softmax_step,
 )
 from edgemoe.kernels.triton_ops.common import (
@@ -72,22 +79,28 @@ def split_bounds(seq_len, window, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, M
 
 
 @triton.jit
-def merge_splits(o_row, lse_row, out_row, d_ok, stride_os, first, last,
-                 DTYPE: tl.constexpr, INTERP: tl.constexpr, CHUNK: tl.constexpr):
+def merge_splits(o_row, lse_row, out_row, d_ok, stride_os, first, last, sinks_ptr, h,
+                 DTYPE: tl.constexpr, INTERP: tl.constexpr, CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr):
     """Merges splits first..last-1 of one query row (o_row [1, D_PAD] and lse_row: split
     0's partial output and LSE; stride_os to the next split) and stores it to out_row in
     DTYPE. CHUNK splits a step, read as one [CHUNK, D_PAD] tile: the merge is
     latency-bound, one round trip a step. The order is fixed by the split count and CHUNK
-    alone: deterministic and batch-invariant. Splits past `last` weigh 0 (LSE -inf)."""
+    alone: deterministic and batch-invariant. Splits past `last` weigh 0 (LSE -inf).
+    HAS_SINKS: head h's sink is merged first, as a split of LSE s_h (base 2) and output 0."""
     c = tl.arange(0, CHUNK)[:, None]
-    e_max = tl.full([1, 1], float("-inf"), tl.float32)
-    e_sum = tl.zeros([1, 1], tl.float32)
+    if HAS_SINKS:
+        e_max = tl.zeros([1, 1], tl.float32) + sink_logit(sinks_ptr, h)
+        e_sum = tl.full([1, 1], 1.0, tl.float32)  # exp2(s_h - e_max)
+    else:
+        e_max = tl.full([1, 1], float("-inf"), tl.float32)
+        e_sum = tl.zeros([1, 1], tl.float32)
     acc = tl.zeros(o_row.shape, tl.float32)
     for s0 in range(first, last, CHUNK):
         live = s0 + c < last
         lse = tl.load(lse_row + (s0 + c), mask=live, other=float("-inf"))
         o = tl.load(o_row + (s0 + c) * stride_os, mask=live & d_ok, other=0.0)
         # split s0 is live, so new_max is finite: dead splits get weight exp2(-inf) = 0
+        # (and a sink of logit -inf, old_scale 0)
         new_max = tl.maximum(e_max, tl.max(lse, axis=0, keep_dims=True))
         old_scale = tl.exp2(e_max - new_max)
         w = tl.exp2(lse - new_max)
@@ -180,14 +193,14 @@ def _decode_split(
 
 @triton.jit
 def _decode_merge(
-    o_ptr, lse_ptr, lens_ptr, out_ptr,
+    o_ptr, lse_ptr, lens_ptr, out_ptr, sinks_ptr,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb, stride_outh,
     window,
     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_BLOCKS: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
-    WIDE_SPLITS: tl.constexpr, WIDE_CHUNK: tl.constexpr,
+    WIDE_SPLITS: tl.constexpr, WIDE_CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
-    """Launch 2: one program per (sequence, query head) merges its splits."""
+    """Launch 2: one program per (sequence, query head) merges its splits (and its sink)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     pdl_start(USE_PDL)
@@ -202,11 +215,14 @@ def _decode_merge(
     # trip for many splits; on few it reads mostly masked rows and reduces across warps.
     if WIDE_CHUNK != CHUNK:
         if last - first >= WIDE_SPLITS:
-            merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, DTYPE, INTERP, WIDE_CHUNK)
+            merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, sinks_ptr, h, DTYPE, INTERP,
+                         WIDE_CHUNK, HAS_SINKS)
         else:
-            merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, DTYPE, INTERP, CHUNK)
+            merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, sinks_ptr, h, DTYPE, INTERP,
+                         CHUNK, HAS_SINKS)
     else:
-        merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, DTYPE, INTERP, CHUNK)
+        merge_splits(o_row, lse_row, out_row, d < D, stride_os, first, last, sinks_ptr, h, DTYPE, INTERP, CHUNK,
+                     HAS_SINKS)
 
 
 def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
@@ -220,6 +236,17 @@ def kv_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
     return k_scale, v_scale, k_scale.stride(0)
 
 
+def sink_arg(sinks: torch.Tensor | None, num_heads: int, q: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(the sinks pointer argument, HAS_SINKS): the sinks, checked, or q as a never-read
+    placeholder."""
+    if sinks is None:
+        return q, False
+    if sinks.shape != (num_heads,) or sinks.dtype != torch.float32 or sinks.device != q.device:
+        raise ValueError(f"sinks must be [{num_heads}] float32 on {q.device}, got {tuple(sinks.shape)} "
+                         f"{sinks.dtype} on {sinks.device}")
+    return sinks, True
+
+
 def kv_bytes(cache: torch.Tensor) -> torch.Tensor:
     """An e4m3 cache as its bytes (sm_80/86 Triton has no e4m3 pointer type); others as is."""
     return cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
@@ -229,9 +256,10 @@ def decode_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     req_rows: torch.Tensor, seq_lens: torch.Tensor, page_size: int, scale: float, window: int | None,
     out: torch.Tensor, max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Two launches: the splits (`_decode_split`), then their merge (`_decode_merge`)."""
+    """Two launches: the splits (`_decode_split`), then their merge (`_decode_merge`, which
+    adds the sinks)."""
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     if B == 0:
@@ -247,6 +275,7 @@ def decode_attention_triton(
     block_n = block_n_for(t, D)
     dtype, interp, win = tl_dtype(q.dtype), interpreting(q), window or 0
     ks, vs, stride_ss = kv_scales(k_scale, v_scale, k_cache)
+    sinks_arg, has_sinks = sink_arg(sinks, Hq, q)
     k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     pdl = pdl_enabled(q.device)
     _decode_split[(B, Hkv, t.splits)](
@@ -260,10 +289,10 @@ def decode_attention_triton(
         num_warps=t.warps, num_stages=t.stages,
     )
     _decode_merge[(B, Hq)](
-        o_part, lse, seq_lens, out,
+        o_part, lse, seq_lens, out, sinks_arg,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
         out.stride(1), win, D=D, D_PAD=D_PAD, SPLITS=t.splits, BLOCK_N=block_n, MIN_BLOCKS=t.min_blocks, DTYPE=dtype,
         INTERP=interp, CHUNK=t.merge_chunk, USE_PDL=pdl, WIDE_SPLITS=t.wide_splits, WIDE_CHUNK=t.wide_chunk,
-        launch_pdl=pdl, num_warps=merge_warps(t, D_PAD),
+        HAS_SINKS=has_sinks, launch_pdl=pdl, num_warps=merge_warps(t, D_PAD),
     )
     return out

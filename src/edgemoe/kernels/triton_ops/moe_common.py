@@ -8,7 +8,13 @@ and the bank arguments of the quantised kernels.
 
 NOTE: the rounding points are the torch reference's (`moe_experts_partial_ref`): each
 projection's output, the activation and the product are rounded to the activation
-dtype, the down projection's output before its routing weight multiplies it.
+dtype, the down projection's output before its routing weight multiplies it. With expert
+biases (HAS_BIAS) or swiglu_oai (ACT 3) the biases are added in fp32 to the rounded
+projections and the GLU runs in fp32, h rounded once (`moe_reference.expert_mlp`).
+
+Biases are read by expert id (`eid_ptr`: the pair's routing id), never by slot: they stay
+resident for every expert. The epilogues take them as trailing arguments whose defaults
+(HAS_BIAS False) fold every bias load away, so a kernel without them compiles as before.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.activations import Activation, kernel_activation
+from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.triton_ops.common import (
+    ACT_CODES,
     activate,
     interpreting,
     round_to,
@@ -27,6 +36,11 @@ from edgemoe.kernels.triton_ops.common import (
     tl_dtype,
 )
 from edgemoe.quant import Parts
+
+# The MoE kernels' activation codes: `common.activate`'s elementwise ones, and gpt-oss's
+# GLU-level clamped SwiGLU (`glu_h`).
+MOE_ACT_CODES = {**ACT_CODES, "swiglu_oai": 3}
+SWIGLU_OAI: tl.constexpr = tl.constexpr(MOE_ACT_CODES["swiglu_oai"])
 
 
 @triton.jit
@@ -52,24 +66,72 @@ def slot_banks(data_ptr, scale_ptr, zero_ptr, slot, stride_ds, stride_ss):
 
 
 @triton.jit
+def glu_h(gate, up, ACT: tl.constexpr, FP32_GLU: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr,
+          DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """h = act(gate)·up of the rounded (and biased) projections, in fp32 before h's own
+    rounding. swiglu_oai, and any GLU with biases (FP32_GLU), stay in fp32 throughout;
+    otherwise the activation is rounded first, as torch rounds it."""
+    if ACT == SWIGLU_OAI:
+        g = tl.minimum(gate, LIMIT)
+        u = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+        h = (u + 1.0) * (g / (1.0 + tl.exp(-ALPHA * g)))  # g · sigmoid(alpha · g)
+    elif FP32_GLU:
+        h = activate(gate, ACT) * up
+    else:
+        h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    return h
+
+
+@triton.jit
+def bias_row(eid_ptr, b_ptr, pair, row_len, HAS_BIAS: tl.constexpr):
+    """GEMV: the pair's expert's bias row, b_ptr + expert id · row_len (b_ptr itself
+    without biases: never read)."""
+    row = b_ptr
+    if HAS_BIAS:
+        row = b_ptr + tl.load(eid_ptr + pair).to(tl.int64) * row_len
+    return row
+
+
+@triton.jit
+def bias_block(eid_ptr, b_ptr, safe, valid, cols, col_ok, row_len, offset):
+    """GEMM: the [BM, BN] bias tile of the block's pairs (`safe`: padding mapped to pair 0),
+    columns `cols` + offset of each pair's expert's row, in fp32 (0 for padding)."""
+    e = tl.load(eid_ptr + safe, mask=valid, other=0).to(tl.int64)
+    at = b_ptr + e[:, None] * row_len + offset + cols[None, :]
+    return tl.load(at, mask=valid[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u,
-                      ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+                      ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, eid_ptr=None, bgu_ptr=None,
+                      I=None, HAS_BIAS: tl.constexpr = False, ALPHA: tl.constexpr = None,
+                      LIMIT: tl.constexpr = None):
     """GEMM epilogue of gate/up: a [BM, BN] block of act(gate)·up into the pairs'
-    workspace rows (padding rows skipped)."""
+    workspace rows (padding rows skipped); with HAS_BIAS the experts' gate/up biases
+    (bgu_ptr [E, 2I]) added first."""
     gate = round_trip(acc_g, DTYPE, INTERP)
     up = round_trip(acc_u, DTYPE, INTERP)
-    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    if HAS_BIAS:
+        safe = tl.where(valid, pair, 0)
+        gate += bias_block(eid_ptr, bgu_ptr, safe, valid, cols, col_ok, 2 * I, 0)
+        up += bias_block(eid_ptr, bgu_ptr, safe, valid, cols, col_ok, 2 * I, I)
+    h = glu_h(gate, up, ACT, HAS_BIAS, ALPHA, LIMIT, DTYPE, INTERP)
     out = inter_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_it + cols[None, :]
     tl.store(out, round_to(h, DTYPE, INTERP), mask=valid[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck,
-                      DTYPE: tl.constexpr, INTERP: tl.constexpr):
-    """GEMM epilogue of down: a [BM, BN] block, rounded and weighted, into the pairs'
-    cells [T, K, H] (fp32; `safe`: the pair ids with padding mapped to 0)."""
+                      DTYPE: tl.constexpr, INTERP: tl.constexpr, eid_ptr=None, bd_ptr=None, H=None,
+                      HAS_BIAS: tl.constexpr = False):
+    """GEMM epilogue of down: a [BM, BN] block, rounded (plus the experts' down biases,
+    bd_ptr [E, H], with HAS_BIAS) and weighted, into the pairs' cells [T, K, H] (fp32;
+    `safe`: the pair ids with padding mapped to 0)."""
     w = tl.load(w_ptr + safe, mask=valid, other=0.0)
-    y = round_trip(acc, DTYPE, INTERP) * w[:, None]
+    y = round_trip(acc, DTYPE, INTERP)
+    if HAS_BIAS:
+        y += bias_block(eid_ptr, bd_ptr, safe, valid, cols, col_ok, H, 0)
+    y = y * w[:, None]
     t = (safe // K).to(tl.int64)
     out = cells_ptr + t[:, None] * stride_ct + (safe % K)[:, None] * stride_ck + cols[None, :]
     tl.store(out, y, mask=valid[:, None] & col_ok[None, :])
@@ -90,25 +152,75 @@ def gemv_x_tile(ptr, row, stride, c0, n, ROWS: tl.constexpr, COLS: tl.constexpr)
 
 @triton.jit
 def store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u,
-                     ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+                     ACT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr, bgu_row=None, I=None,
+                     HAS_BIAS: tl.constexpr = False, ALPHA: tl.constexpr = None, LIMIT: tl.constexpr = None):
     """GEMV epilogue of gate/up: the [ROWS, COLS] partial products summed, act(gate)·up
-    into rows of the pair's workspace row. NOTE: each sum is rounded before the next one
-    is taken (the order the kernel had when it was tuned: the same instructions)."""
+    into rows of the pair's workspace row; with HAS_BIAS the expert's gate/up biases
+    (`bgu_row`, its row of [E, 2I]: `bias_row`) added first. NOTE: each sum is rounded
+    before the next one is taken (the order the kernel had when it was tuned: the same
+    instructions)."""
     gate = round_trip(tl.sum(acc_g, axis=1), DTYPE, INTERP)
     up = round_trip(tl.sum(acc_u, axis=1), DTYPE, INTERP)
-    h = round_trip(activate(gate, ACT), DTYPE, INTERP) * up
+    if HAS_BIAS:
+        gate += tl.load(bgu_row + rows, mask=row_ok, other=0.0).to(tl.float32)
+        up += tl.load(bgu_row + I + rows, mask=row_ok, other=0.0).to(tl.float32)
+    h = glu_h(gate, up, ACT, HAS_BIAS, ALPHA, LIMIT, DTYPE, INTERP)
     tl.store(inter_ptr + pair.to(tl.int64) * stride_it + rows, round_to(h, DTYPE, INTERP), mask=row_ok)
 
 
 @triton.jit
 def store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck,
-                    DTYPE: tl.constexpr, INTERP: tl.constexpr):
-    """GEMV epilogue of down: the [ROWS, COLS] partial products summed, rounded and
-    weighted into rows of the pair's fp32 cell."""
-    y = round_trip(tl.sum(acc, axis=1), DTYPE, INTERP) * tl.load(w_ptr + pair)
+                    DTYPE: tl.constexpr, INTERP: tl.constexpr, bd_row=None, HAS_BIAS: tl.constexpr = False):
+    """GEMV epilogue of down: the [ROWS, COLS] partial products summed, rounded (plus the
+    expert's down biases, `bd_row`, with HAS_BIAS) and weighted into rows of the pair's
+    fp32 cell."""
+    y = round_trip(tl.sum(acc, axis=1), DTYPE, INTERP)
+    if HAS_BIAS:
+        y += tl.load(bd_row + rows, mask=row_ok, other=0.0).to(tl.float32)
+    y = y * tl.load(w_ptr + pair)
     t = pair // K
     k = pair % K
     tl.store(cells_ptr + t.to(tl.int64) * stride_ct + k * stride_ck + rows, y, mask=row_ok)
+
+
+class ActConsts(NamedTuple):
+    """An activation as the kernels' constexprs: ACT (`MOE_ACT_CODES`) and swiglu_oai's
+    ALPHA and LIMIT (0.0 for the others, never read)."""
+
+    code: int
+    alpha: float
+    limit: float
+
+    def consts(self) -> dict[str, int | float]:
+        return {"ACT": self.code, "ALPHA": self.alpha, "LIMIT": self.limit}
+
+
+def act_consts(act: str | Activation) -> ActConsts:
+    a = kernel_activation(act)
+    if a.kernel_name == "swiglu_oai":
+        assert a.alpha is not None and a.limit is not None
+        return ActConsts(MOE_ACT_CODES["swiglu_oai"], a.alpha, a.limit)
+    return ActConsts(MOE_ACT_CODES[a.kernel_name], 0.0, 0.0)
+
+
+class BiasArgs(NamedTuple):
+    """A launch's bias arguments: the pairs' expert ids [T*K] int32 and the biases [E, 2I],
+    [E, H] (contiguous); without biases, stand-ins the kernels never read."""
+
+    expert_ids: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    has_bias: bool
+
+
+def bias_args(bias: ExpertBias | None, expert_ids: torch.Tensor | None, slots: torch.Tensor) -> BiasArgs:
+    """`slots`: the launch's flat slot ids, the stand-in without biases (no allocation)."""
+    if bias is None:
+        return BiasArgs(slots, slots, slots, False)
+    if expert_ids is None:
+        raise ValueError("expert biases are addressed by expert id: pass expert_ids with bias")
+    ids = expert_ids.to(torch.int32).contiguous().view(-1)  # NOTE: device ops only (graph-safe)
+    return BiasArgs(ids, bias.gate_up.contiguous(), bias.down.contiguous(), True)
 
 
 class MoeLaunch(NamedTuple):

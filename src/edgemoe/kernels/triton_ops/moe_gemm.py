@@ -8,6 +8,9 @@ from the upper bound T*K + S*(BLOCK_M - 1) rows; blocks past the end exit at onc
 Launch 1: x rows @ gate/up tiles (tl.dot) → act(gate) * up into the workspace [T*K, I];
 launch 2: workspace rows @ down tiles → each pair's fp32 cell, weighted.
 
+Expert biases (HAS_BIAS) and swiglu_oai (ACT 3): in the epilogues (`moe_common`), each
+row's bias read by its pair's expert id; without them the kernels compile as before.
+
 NOTE: tile sizes are constants (never derived from T): an MMA computes each output
 row from its own operand row, so a pair's cell does not depend on its block-mates.
 """
@@ -20,8 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.triton_ops.common import ACT_CODES, mma
+from edgemoe.kernels.activations import Activation
+from edgemoe.kernels.expert_bias import ExpertBias
+from edgemoe.kernels.triton_ops.common import mma
 from edgemoe.kernels.triton_ops.moe_common import (
+    act_consts,
+    bias_args,
     block_pairs,
     moe_launch,
     store_cells_block,
@@ -74,9 +81,10 @@ def align_pairs(slot_ids: torch.Tensor, num_slots: int, block_m: int = BLOCK_M) 
 
 @triton.jit
 def _gate_up_gemm(
-    x_ptr, sorted_ptr, block_slot_ptr, gu_ptr, inter_ptr,
+    x_ptr, sorted_ptr, block_slot_ptr, gu_ptr, inter_ptr, eid_ptr, bgu_ptr,
     H, I, K, num_pairs, stride_xt, stride_gs, stride_gr, stride_it,
-    ACT: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr, DTYPE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     slot = tl.load(block_slot_ptr + tl.program_id(1))
@@ -102,14 +110,16 @@ def _gate_up_gemm(
         a_ptrs += BK
         g_ptrs += BK
         u_ptrs += BK
-    store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
+    store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u, ACT, DTYPE, INTERP, eid_ptr,
+                      bgu_ptr, I, HAS_BIAS, ALPHA, LIMIT)
 
 
 @triton.jit
 def _down_gemm(
-    inter_ptr, sorted_ptr, block_slot_ptr, w_ptr, down_ptr, cells_ptr,
+    inter_ptr, sorted_ptr, block_slot_ptr, w_ptr, down_ptr, cells_ptr, eid_ptr, bd_ptr,
     H, I, K, num_pairs, stride_it, stride_ds, stride_dr, stride_ct, stride_ck,
-    DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     slot = tl.load(block_slot_ptr + tl.program_id(1))
     if slot < 0:
@@ -128,29 +138,33 @@ def _down_gemm(
         acc = mma(a, b, acc, INTERP)
         a_ptrs += BK
         b_ptrs += BK
-    store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
+    store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck, DTYPE, INTERP,
+                      eid_ptr, bd_ptr, H, HAS_BIAS)
 
 
 def moe_prefill_triton(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-    down: torch.Tensor, cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+    down: torch.Tensor, cells: torch.Tensor, act: str | Activation, workspace: torch.Tensor | None = None,
+    bias: ExpertBias | None = None, expert_ids: torch.Tensor | None = None,
 ) -> None:
     run = moe_launch(x, slot_ids, weights, cells, gate_up.shape[1] // 2, workspace)
     if run is None:
         return
+    b = bias_args(bias, expert_ids, slot_ids)
     x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
     gate_up, down = gate_up.contiguous(), down.contiguous()
     blocks = align_pairs(slot_ids, gate_up.shape[0])
     num_blocks = blocks.block_slot.numel()
     _gate_up_gemm[(triton.cdiv(I, GU_N), num_blocks)](
-        x, blocks.sorted_pairs, blocks.block_slot, gate_up, inter,
+        x, blocks.sorted_pairs, blocks.block_slot, gate_up, inter, b.expert_ids, b.gate_up,
         H, I, K, pairs, x.stride(0), gate_up.stride(0), gate_up.stride(1), inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=run.dtype, BM=BLOCK_M, BN=GU_N, BK=GU_K, INTERP=run.interp,
+        **act_consts(act).consts(), HAS_BIAS=b.has_bias, DTYPE=run.dtype, BM=BLOCK_M, BN=GU_N, BK=GU_K,
+        INTERP=run.interp,
         num_warps=GU_WARPS, num_stages=GU_STAGES,
     )
     _down_gemm[(triton.cdiv(H, DOWN_N), num_blocks)](
-        inter, blocks.sorted_pairs, blocks.block_slot, run.weights, down, cells,
+        inter, blocks.sorted_pairs, blocks.block_slot, run.weights, down, cells, b.expert_ids, b.down,
         H, I, K, pairs, inter.stride(0), down.stride(0), down.stride(1), cells.stride(0), cells.stride(1),
-        DTYPE=run.dtype, BM=BLOCK_M, BN=DOWN_N, BK=DOWN_K, INTERP=run.interp,
+        HAS_BIAS=b.has_bias, DTYPE=run.dtype, BM=BLOCK_M, BN=DOWN_N, BK=DOWN_K, INTERP=run.interp,
         num_warps=DOWN_WARPS, num_stages=DOWN_STAGES,
     )

@@ -10,7 +10,8 @@ per row (its largest |a| / 448), so a tile's MMA is e4m3 x e4m3 → fp32, scaled
 activation row's and the weight block's scales: twice the tensor-core rate and half the
 shared memory, at e4m3's rounding of the activations (2^-4 relative).
 
-The pair alignment (`align_pairs`), grid and rounding points are moe_gemm.py's.
+The pair alignment (`align_pairs`), grid, rounding points and expert biases / swiglu_oai
+(the shared epilogues) are moe_gemm.py's.
 
 NOTE: tile sizes are constants (never derived from T): batch invariance, as moe_gemm.py.
 """
@@ -23,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.activations import Activation
+from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.triton_ops.common import (
-    ACT_CODES,
     fp8_hardware,
     mma,
     round_to,
@@ -32,7 +34,9 @@ from edgemoe.kernels.triton_ops.common import (
 )
 from edgemoe.kernels.triton_ops.dequant import FMT_INT4, FMT_MXFP4, dequant, format_code
 from edgemoe.kernels.triton_ops.moe_common import (
+    act_consts,
     bank_args,
+    bias_args,
     block_pairs,
     moe_launch,
     slot_banks,
@@ -86,9 +90,10 @@ def _f8_mma(a_q, a_s, w_ptrs, w_ok, w_s, acc, INTERP: tl.constexpr):
 
 @triton.jit
 def _gate_up_gemm_q(
-    x_ptr, sorted_ptr, block_slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr,
+    x_ptr, sorted_ptr, block_slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr, eid_ptr, bgu_ptr,
     H, I, K, num_pairs, stride_xt, stride_gs, stride_gr, stride_ss, stride_sr, stride_it,
-    ACT: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr, DTYPE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
 ):
     slot = tl.load(block_slot_ptr + tl.program_id(1))
@@ -122,14 +127,16 @@ def _gate_up_gemm_q(
                         GROUP, FP8HW)
             acc_g = mma(a, round_to(g, DTYPE, INTERP), acc_g, INTERP)
             acc_u = mma(a, round_to(u, DTYPE, INTERP), acc_u, INTERP)
-    store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
+    store_gated_block(inter_ptr, stride_it, pair, valid, cols, col_ok, acc_g, acc_u, ACT, DTYPE, INTERP, eid_ptr,
+                      bgu_ptr, I, HAS_BIAS, ALPHA, LIMIT)
 
 
 @triton.jit
 def _down_gemm_q(
-    inter_ptr, sorted_ptr, block_slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr,
+    inter_ptr, sorted_ptr, block_slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr, eid_ptr, bd_ptr,
     H, I, K, num_pairs, stride_it, stride_ds, stride_dr, stride_ss, stride_sr, stride_ct, stride_ck,
-    DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DTYPE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    INTERP: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, F8DOT: tl.constexpr, FP8HW: tl.constexpr,
 ):
     slot = tl.load(block_slot_ptr + tl.program_id(1))
@@ -155,17 +162,20 @@ def _down_gemm_q(
             b = dequant(bank, sbank, zbank, cols[None, :], ks[:, None], ok, H, stride_dr, stride_sr, FMT, GROUP,
                         FP8HW)
             acc = mma(a, round_to(b, DTYPE, INTERP), acc, INTERP)
-    store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
+    store_cells_block(cells_ptr, w_ptr, acc, safe, valid, cols, col_ok, K, stride_ct, stride_ck, DTYPE, INTERP,
+                      eid_ptr, bd_ptr, H, HAS_BIAS)
 
 
 def moe_prefill_q_triton(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, parts: Parts, fmt: ExpertFormat,
-    cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None, f8dot: bool | None = None,
+    cells: torch.Tensor, act: str | Activation, workspace: torch.Tensor | None = None, f8dot: bool | None = None,
+    bias: ExpertBias | None = None, expert_ids: torch.Tensor | None = None,
 ) -> None:
     """`f8dot`: force the fp8 arithmetic path on or off (default: `fp8_dot`)."""
     run = moe_launch(x, slot_ids, weights, cells, parts["gate_up"].shape[1] // 2, workspace)
     if run is None:
         return
+    b = bias_args(bias, expert_ids, slot_ids)
     x, H, I, K, pairs, inter = run.x, run.H, run.I, run.K, run.pairs, run.inter
     code, group = format_code(fmt)
     f8 = fp8_dot(code, group, x) if f8dot is None else f8dot
@@ -179,15 +189,16 @@ def moe_prefill_q_triton(
     num_blocks = blocks.block_slot.numel()
     gu, gus, guz, *gu_strides = bank_args(parts, "gate_up")
     _gate_up_gemm_q[(triton.cdiv(I, gu_n), num_blocks)](
-        x, blocks.sorted_pairs, blocks.block_slot, gu, gus, guz, inter,
+        x, blocks.sorted_pairs, blocks.block_slot, gu, gus, guz, inter, b.expert_ids, b.gate_up,
         H, I, K, pairs, x.stride(0), *gu_strides, inter.stride(0),
-        ACT=ACT_CODES[act], DTYPE=run.dtype, BM=BLOCK_M, BN=gu_n, BK=gu_k, INTERP=run.interp, FMT=code, GROUP=group,
+        **act_consts(act).consts(), HAS_BIAS=b.has_bias, DTYPE=run.dtype, BM=BLOCK_M, BN=gu_n, BK=gu_k,
+        INTERP=run.interp, FMT=code, GROUP=group,
         FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=gu_warps, num_stages=gu_stages,
     )
     dn, dns, dnz, *dn_strides = bank_args(parts, "down")
     _down_gemm_q[(triton.cdiv(H, dn_n), num_blocks)](
-        inter, blocks.sorted_pairs, blocks.block_slot, run.weights, dn, dns, dnz, cells,
+        inter, blocks.sorted_pairs, blocks.block_slot, run.weights, dn, dns, dnz, cells, b.expert_ids, b.down,
         H, I, K, pairs, inter.stride(0), *dn_strides, cells.stride(0), cells.stride(1),
-        DTYPE=run.dtype, BM=BLOCK_M, BN=dn_n, BK=dn_k, INTERP=run.interp, FMT=code, GROUP=group,
+        HAS_BIAS=b.has_bias, DTYPE=run.dtype, BM=BLOCK_M, BN=dn_n, BK=dn_k, INTERP=run.interp, FMT=code, GROUP=group,
         FP8HW=fp8_hardware(x), F8DOT=f8, num_warps=dn_warps, num_stages=dn_stages,
     )

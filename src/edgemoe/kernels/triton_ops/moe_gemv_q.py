@@ -22,6 +22,9 @@ bf16's 72 and ~130 (sm_90 SASS).
 No split-K here (moe_gemv.py's `gu_splits` is the bf16 kernel's alone): the quantised
 gate/up launch keeps one program per row tile, reducing all of H.
 
+Expert biases (HAS_BIAS, read by the pair's expert id) and swiglu_oai (ACT 3) as in
+moe_gemv.py: in the shared epilogues; without them the kernels compile as before.
+
 NOTE: tiles are constants per format (never derived from T): batch invariance, as
 moe_gemv.py. Sub-tiles accumulate into one tile, so a row's fp32 sum runs in another
 order than one COLS-wide tile would — fixed per configuration, whatever the batch.
@@ -35,13 +38,20 @@ import torch
 import triton
 import triton.language as tl
 
+from edgemoe.kernels.activations import Activation
 from edgemoe.kernels.backend import pdl_enabled
+from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.moe_gemv_q_tiles import MoeGemvQTiles, scale_cols, sub_cols, tiles
-from edgemoe.kernels.triton_ops.common import ACT_CODES, fp8_hardware, pdl_start
+from edgemoe.kernels.triton_ops.common import fp8_hardware, pdl_start
 from edgemoe.kernels.triton_ops.dequant import FMT_INT4, FMT_INT8, FMT_MXFP4, dequant_rows, format_code, scale_rows
 from edgemoe.kernels.triton_ops.moe_common import (
+    ActConsts,
+    BiasArgs,
     MoeLaunch,
+    act_consts,
     bank_args,
+    bias_args,
+    bias_row,
     gemv_x_tile,
     moe_launch,
     slot_banks,
@@ -54,9 +64,10 @@ from edgemoe.quant import ExpertFormat, Parts
 
 @triton.jit
 def _gate_up_gemv_q(
-    x_ptr, slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr,
+    x_ptr, slot_ptr, gu_ptr, gus_ptr, guz_ptr, inter_ptr, eid_ptr, bgu_ptr,
     H, I, K, H_STORE, stride_xt, stride_gs, stride_gr, stride_ss, stride_sr, stride_it,
-    ACT: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SUB: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr, DTYPE: tl.constexpr,
+    ROWS: tl.constexpr, COLS: tl.constexpr, SUB: tl.constexpr,
     GW: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
     FP8HW: tl.constexpr, WORDS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -82,14 +93,17 @@ def _gate_up_gemv_q(
                              FMT, GROUP, SUB, GW, FP8HW, WORDS)
             acc_g += g * xv
             acc_u += u * xv
-    store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, ACT, DTYPE, INTERP)
+    bgu_row = bias_row(eid_ptr, bgu_ptr, pair, 2 * I, HAS_BIAS)
+    store_gated_rows(inter_ptr, stride_it, pair, rows, row_ok, acc_g, acc_u, ACT, DTYPE, INTERP, bgu_row, I, HAS_BIAS,
+                     ALPHA, LIMIT)
 
 
 @triton.jit
 def _down_gemv_q(
-    inter_ptr, slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr,
+    inter_ptr, slot_ptr, w_ptr, dn_ptr, dns_ptr, dnz_ptr, cells_ptr, eid_ptr, bd_ptr,
     H, I, K, I_STORE, stride_it, stride_ds, stride_dr, stride_ss, stride_sr, stride_ct, stride_ck,
-    DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SUB: tl.constexpr,
+    GW: tl.constexpr,
     STAGES: tl.constexpr, INTERP: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, FP8HW: tl.constexpr,
     WORDS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -109,7 +123,8 @@ def _down_gemv_q(
             d = dequant_rows(bank, sbank, zbank, rows, srows, row_ok, k0, I, I_STORE, stride_dr, stride_sr,
                              FMT, GROUP, SUB, GW, FP8HW, WORDS)
             acc += d * a
-    store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP)
+    bd_row = bias_row(eid_ptr, bd_ptr, pair, H, HAS_BIAS)
+    store_cell_rows(cells_ptr, w_ptr, acc, pair, rows, row_ok, K, stride_ct, stride_ck, DTYPE, INTERP, bd_row, HAS_BIAS)
 
 
 class GemvBank(NamedTuple):
@@ -143,17 +158,19 @@ class DecodeQLaunch(NamedTuple):
     gate_up: GemvBank
     down: GemvBank
     cells: torch.Tensor
-    act: int
+    act: ActConsts
     fmt: int  # FMT code (dequant.py)
     group: int
     tiles: MoeGemvQTiles
     fp8hw: bool
     pdl: bool  # programmatic dependent launch (backend.pdl_enabled)
+    bias: BiasArgs
 
 
 def decode_q_launch(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, parts: Parts, fmt: ExpertFormat,
-    cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+    cells: torch.Tensor, act: str | Activation, workspace: torch.Tensor | None = None,
+    bias: ExpertBias | None = None, expert_ids: torch.Tensor | None = None,
 ) -> DecodeQLaunch | None:
     """The launches' arguments with the format's tiles (read now: the override may change
     between calls); None when there is no pair."""
@@ -164,7 +181,8 @@ def decode_q_launch(
     nibbles = code in (FMT_INT4, FMT_MXFP4)
     slots = slot_ids.to(torch.int32).contiguous().view(-1)
     return DecodeQLaunch(run, slots, gemv_bank(parts, "gate_up", nibbles), gemv_bank(parts, "down", nibbles), cells,
-                         ACT_CODES[act], code, group, tiles(fmt.name), fp8_hardware(run.x), pdl_enabled(run.x.device))
+                         act_consts(act), code, group, tiles(fmt.name), fp8_hardware(run.x), pdl_enabled(run.x.device),
+                         bias_args(bias, expert_ids, slots))
 
 
 def step_widths(fmt_code: int, group: int, rows: int, cols: int, warps: int) -> tuple[int, int]:
@@ -177,8 +195,9 @@ def gate_up_q_launch(d: DecodeQLaunch) -> None:
     run, t, b = d.run, d.tiles, d.gate_up
     sub, gw = step_widths(d.fmt, d.group, t.gu_rows, t.gu_cols, t.gu_warps)
     _gate_up_gemv_q[(run.pairs, triton.cdiv(run.I, t.gu_rows))](
-        run.x, d.slots, b.data, b.scale, b.zero, run.inter, run.H, run.I, run.K, b.row_len, run.x.stride(0),
-        *b.strides, run.inter.stride(0), ACT=d.act, DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SUB=sub, GW=gw,
+        run.x, d.slots, b.data, b.scale, b.zero, run.inter, d.bias.expert_ids, d.bias.gate_up, run.H, run.I, run.K,
+        b.row_len, run.x.stride(0), *b.strides, run.inter.stride(0), **d.act.consts(), HAS_BIAS=d.bias.has_bias,
+        DTYPE=run.dtype, ROWS=t.gu_rows, COLS=t.gu_cols, SUB=sub, GW=gw,
         STAGES=t.gu_stages, INTERP=run.interp, FMT=d.fmt, GROUP=d.group, FP8HW=d.fp8hw, WORDS=b.words,
         USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.gu_warps,
     )
@@ -188,8 +207,9 @@ def down_q_launch(d: DecodeQLaunch) -> None:
     run, t, b, cells = d.run, d.tiles, d.down, d.cells
     sub, gw = step_widths(d.fmt, d.group, t.down_rows, t.down_cols, t.down_warps)
     _down_gemv_q[(run.pairs, triton.cdiv(run.H, t.down_rows))](
-        run.inter, d.slots, run.weights, b.data, b.scale, b.zero, cells, run.H, run.I, run.K, b.row_len,
-        run.inter.stride(0), *b.strides, cells.stride(0), cells.stride(1), DTYPE=run.dtype, ROWS=t.down_rows,
+        run.inter, d.slots, run.weights, b.data, b.scale, b.zero, cells, d.bias.expert_ids, d.bias.down, run.H, run.I,
+        run.K, b.row_len, run.inter.stride(0), *b.strides, cells.stride(0), cells.stride(1),
+        HAS_BIAS=d.bias.has_bias, DTYPE=run.dtype, ROWS=t.down_rows,
         COLS=t.down_cols, SUB=sub, GW=gw, STAGES=t.down_stages, INTERP=run.interp, FMT=d.fmt, GROUP=d.group,
         FP8HW=d.fp8hw, WORDS=b.words, USE_PDL=d.pdl, launch_pdl=d.pdl, num_warps=t.down_warps,
     )
@@ -197,10 +217,11 @@ def down_q_launch(d: DecodeQLaunch) -> None:
 
 def moe_decode_q_triton(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, parts: Parts, fmt: ExpertFormat,
-    cells: torch.Tensor, act: str, workspace: torch.Tensor | None = None,
+    cells: torch.Tensor, act: str | Activation, workspace: torch.Tensor | None = None,
+    bias: ExpertBias | None = None, expert_ids: torch.Tensor | None = None,
 ) -> None:
     """`moe_quant.moe_decode_quant`'s contract on CUDA (and under the interpreter)."""
-    d = decode_q_launch(x, slot_ids, weights, parts, fmt, cells, act, workspace)
+    d = decode_q_launch(x, slot_ids, weights, parts, fmt, cells, act, workspace, bias, expert_ids)
     if d is not None:
         gate_up_q_launch(d)
         down_q_launch(d)
