@@ -23,6 +23,7 @@ from edgemoe.server.events import (
 from edgemoe.server.forced_call import PrimedParser
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import (
+    WHOLE_OUTPUT_FORMATS,
     ParsedDelta,
     ResponseParser,
     ThinkReasoningParser,
@@ -38,11 +39,19 @@ def make_parser(
     reasoning: bool,
     starts_in_reasoning: bool,
     forced: str = "",
+    parse: bool = True,
 ) -> ResponseParser | None:
-    """The parser pipeline for one choice, or None when the text passes through as is.
+    """The parser pipeline for one choice, or None when the text passes through as is
+    (`parse` false: a raw prompt's output is never parsed).
 
-    `forced`: the tool-call opening the prompt ends with, read as if generated.
+    `forced`: the opening the prompt ends with (a tool call's), read as if generated. A
+    format that frames all output (harmony) is parsed whole, with or without tools.
     """
+    if not parse:
+        return None
+    if model.tool_parser in WHOLE_OUTPUT_FORMATS:
+        whole = get_tool_parser(model.tool_parser)(tools)
+        return PrimedParser(whole, forced) if forced else ResponseParser(None, whole)
     tool_parser = get_tool_parser(model.tool_parser)(tools) if tools and model.tool_parser else None
     if forced and tool_parser is not None:
         return PrimedParser(tool_parser, forced)

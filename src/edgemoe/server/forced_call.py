@@ -8,12 +8,21 @@ template writes an assistant tool call, so the model continues in distribution:
     hermes       <tool_call>\\n{"name": "NAME", "arguments":         <tool_call>\\n{"name": "
     qwen3_coder  <tool_call>\\n<function=NAME>\\n                     <tool_call>\\n<function
     glm45        \\n<tool_call>NAME\\n (GLM-4.7: <tool_call>NAME)     \\n<tool_call> (GLM-4.7: <tool_call>)
+    harmony      <|channel|>commentary to=functions.NAME             <|channel|>commentary to=functions
+                 <|constrain|>json<|message|> (one line)
 
 NOTE: each opening ends on a token boundary of the template's rendering of a whole call
 (Qwen's tokenizer writes `":` then ` {"`, and `<` `function` then `=get`; GLM's `<arg_key>`
 is a special token): an opening ending in the space before `{`, or in `=`, would split a
 token the model was trained to produce in one piece. GLM's opening follows the template's
 spelling (4.5/4.6 put a newline before `<tool_call>` and after the name, 4.7 none).
+Harmony's follows the model's own spelling of a call after `<|start|>assistant` (the
+template writes history as `<|start|>assistant to=… json<|message|>`); o200k's pre-tokenizer
+starts a word at `.NAME`, so "required" stops at `to=functions`.
+
+Harmony also opens the final channel (`<|channel|>final<|message|>`) for a response
+format when no tool is active, so the format's constraint holds the answer, not the
+channel's header (`answer_opening`).
 
 The prompt ends with the opening (after the template and any prefill), rendered with
 thinking off: the template closes an empty think block first, as it does for a turn
@@ -57,20 +66,37 @@ def call_opening(tool_format: str, name: str | None, template: str = "") -> str:
         from edgemoe.server.parsers import glm45  # parsers load when chosen (parsers/__init__.py)
 
         return glm45.call_opening(name, compact=glm45.compact_template(template))
+    if tool_format == "harmony":
+        from edgemoe.server.parsers import harmony
+
+        return harmony.call_opening(name)
     return ""
 
 
 def forced_opening(model: ServedModel, req: GenerationRequest) -> str:
-    """What a chat prompt for `req` must end with to force its tool call; '' = nothing forced."""
+    """What a chat prompt for `req` must end with to force its tool call (or its answer:
+    `answer_opening`); '' = nothing forced."""
     forcing = req.tool_choice == "required" or req.named_tool is not None
     if not (forcing and req.parse_output and req.tools and req.tool_choice != "none"):
-        return ""
+        return answer_opening(model, req)
     if model.template is None or model.tool_parser is None or not model.teaches_calls:
         return ""  # no template, or one that never shows the model a call: an opening would be noise
     if req.named_tool is not None and not _writable(model.tool_parser, req.named_tool):
         raise bad_request(f"tool_choice names {req.named_tool!r}, a name the model's tool-call format "
                           f"({model.tool_parser}) cannot write", param="tool_choice")
     return call_opening(model.tool_parser, req.named_tool, model.template.source)
+
+
+def answer_opening(model: ServedModel, req: GenerationRequest) -> str:
+    """Harmony with a response format and no active tool: the prompt opens the final
+    channel (thinking off, as for a forced call), so the format holds the answer itself."""
+    if model.tool_parser != "harmony" or req.output_format is None or not req.parse_output:
+        return ""
+    if model.template is None or not model.teaches_calls or (req.tools and req.tool_choice != "none"):
+        return ""
+    from edgemoe.server.parsers.harmony import FINAL_OPENING
+
+    return FINAL_OPENING
 
 
 def _writable(tool_format: str, name: str) -> bool:
@@ -82,6 +108,10 @@ def _writable(tool_format: str, name: str) -> bool:
         from edgemoe.server.parsers.glm45 import writable_name
 
         return writable_name(name)  # one run without blanks, tags, quotes or brackets
+    if tool_format == "harmony":
+        from edgemoe.server.parsers import harmony
+
+        return harmony.writable_name(name)  # a header word: no blank, no marker
     return bool(name.strip())
 
 
@@ -102,7 +132,7 @@ def _tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
 
 class PrimedParser(ResponseParser):
     """A tool parser that has read the forced opening; no reasoning stage (the template
-    closed the think block before the opening).
+    closed the think block before the opening; harmony's parser splits reasoning itself).
 
     `opening` is what reading the opening produced (a qwen3_coder call's start, its name
     being complete): the choice emits it before anything generated, streamed or not.

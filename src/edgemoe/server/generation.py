@@ -43,7 +43,7 @@ from edgemoe.server.generation_request import (
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.output_format import OutputFormat, forced_arguments, with_output_format
-from edgemoe.server.parsers import prompt_opens_reasoning
+from edgemoe.server.parsers import WHOLE_OUTPUT_FORMATS, prompt_opens_reasoning
 from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
 
@@ -97,9 +97,14 @@ def render_text(model: ServedModel, req: GenerationRequest, thinking: bool, forc
         why = model.template_error or "the model ships no chat template"
         raise bad_request(f"chat is not available: {why}", param="messages")
     kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in RESERVED_VARIABLES}
+    messages = prompt.messages
     try:
+        if model.tool_parser == "harmony":
+            from edgemoe.server.parsers import harmony  # parsers load when chosen (parsers/__init__.py)
+
+            messages, kwargs = harmony.template_inputs(messages, kwargs, thinking)
         text = model.template.render(
-            prompt.messages,
+            messages,
             tools=active_tools(req),
             add_generation_prompt=prompt.add_generation_prompt,
             enable_thinking=thinking and not forced,  # a forced call opens the turn: no thinking first
@@ -286,14 +291,19 @@ def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) 
     """What the output is held to: a forced call's turn is the call (thinking off), its
     arguments (named) or calls (required), not the response format; else the response
     format (or, with tools, the format or tool calls: structured/value_or_calls.py), or the
-    calls when a tool is strict (server/call_format.py)."""
-    if forced and req.named_tool is not None:
+    calls when a tool is strict (server/call_format.py). Harmony: a response format holds
+    the final channel the prompt opened (`forced`), and nothing beside active tools (the
+    channel's header, special tokens, is not for a byte-level grammar to write)."""
+    call_forced = bool(forced) and (req.tool_choice == "required" or req.named_tool is not None)
+    if call_forced and req.named_tool is not None:
         if model.tool_parser == "qwen3_coder":
             return named_call_format(model.tool_parser, req.tools, req.named_tool, forced)
         return forced_arguments(model.tool_parser, req.named_tool, req.tools)
+    if model.tool_parser in WHOLE_OUTPUT_FORMATS and req.output_format is not None and not forced:
+        return None
     tools_active = req.parse_output and req.tool_choice != "none"
     tool_format = model.tool_parser if model.teaches_calls and model.writes_call_tags and tools_active else None
-    if req.output_format is not None and not forced:
+    if req.output_format is not None and not call_forced:
         calls = call_format(tool_format, req.tools, "", one_call=not req.parallel_tool_calls, always=True,
                             strict_default=req.strict_default)
         return req.output_format if calls is None else replace(req.output_format, calls=calls.schema,
@@ -317,6 +327,9 @@ async def start_generation(
            else _output_constraint(model, req, prompt.forced))
     params = with_output_format(req.params, fmt, thinks=reasoning and not prompt.forced,
                                 starts_in_reasoning=prompt.starts_in_reasoning)
+    if req.parse_output and model.tool_parser in WHOLE_OUTPUT_FORMATS:
+        # Its markers are special tokens, which a detokenizer skipping them would drop.
+        params = msgspec.structs.replace(params, skip_special_tokens=False)
     adds = [
         AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(params, i))
         for i in range(req.n)
@@ -342,7 +355,8 @@ async def start_generation(
         ChoiceState(
             i,
             make_parser(model, active_tools(req) if req.parse_output else None, reasoning=reasoning,
-                        starts_in_reasoning=prompt.starts_in_reasoning, forced=prompt.forced),
+                        starts_in_reasoning=prompt.starts_in_reasoning, forced=prompt.forced,
+                        parse=req.parse_output),
             parallel_tool_calls=req.parallel_tool_calls,
         )
         for i in range(req.n)

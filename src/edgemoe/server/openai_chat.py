@@ -62,6 +62,8 @@ def to_generation_request(req: ChatCompletionRequest, model: ServedModel) -> Gen
     elif req.tool_choice is not None:
         tool_choice, named = "required", req.tool_choice.function.name
     template_kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:  # templates that read it (gpt-oss's), unless the kwargs set it
+        template_kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(
         model,

@@ -17,6 +17,8 @@ A forced call to a named tool in the Hermes format (`forced_arguments`) writes t
 not the response format: its prompt ends with `{"name": "NAME", "arguments":`, so the
 output is constrained to the tool's `parameters` instead (when the grammar can honour
 them; else, as before, not at all), then EOS: the parser closes the call's object.
+Harmony's named call is held the same way: its opening ends with `<|message|>`, and the
+`<|call|>` after the arguments is an EOS id.
 """
 
 from __future__ import annotations
@@ -89,9 +91,9 @@ def anthropic_output_format(output_config: object, output_format: object) -> Out
 
 def forced_arguments(tool_format: str | None, named_tool: str | None,
                      tools: list[dict[str, Any]] | None) -> OutputFormat | None:
-    """The arguments' format of a forced call to `named_tool` (Hermes only: its opening ends
-    where the arguments object starts); None where nothing can be constrained."""
-    if tool_format != "hermes" or named_tool is None:
+    """The arguments' format of a forced call to `named_tool` (Hermes and harmony: their
+    openings end where the arguments object starts); None where nothing can be constrained."""
+    if tool_format not in ("hermes", "harmony") or named_tool is None:
         return None
     for function in tool_functions(tools):
         if function["name"] == named_tool:

@@ -59,10 +59,12 @@ def to_generation_request(req: ResponsesRequest, model: ServedModel) -> Generati
         model, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, seed=req.seed, max_tokens=req.max_output_tokens,
     )
+    effort = req.reasoning.effort if req.reasoning else None
     return GenerationRequest(
-        prompt=ChatPrompt(req.chat_messages()),
+        # The effort reaches templates that read it (gpt-oss's), as Chat Completions' does.
+        prompt=ChatPrompt(req.chat_messages(), {"reasoning_effort": effort} if effort is not None else {}),
         params=params,
-        thinking=thinking_from(None, req.reasoning.effort if req.reasoning else None),
+        thinking=thinking_from(None, effort),
         tools=req.chat_tools(),
         tool_choice=tool_choice,
         named_tool=named,

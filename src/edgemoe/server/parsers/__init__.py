@@ -28,7 +28,12 @@ TOOL_PARSERS: dict[str, str] = {
     "hermes": "edgemoe.server.parsers.hermes:HermesToolParser",
     "qwen3_coder": "edgemoe.server.parsers.qwen3_coder:Qwen3CoderToolParser",
     "glm45": "edgemoe.server.parsers.glm45:Glm45ToolParser",
+    "harmony": "edgemoe.server.parsers.harmony:HarmonyToolParser",
 }
+
+# Formats whose special tokens frame every message, reasoning included: their tool parser
+# reads the whole output, tools or not, with those tokens kept in the text (generation.py).
+WHOLE_OUTPUT_FORMATS = frozenset({"harmony"})
 
 # HF model_type → its family's default tool-call format.
 _MODEL_TYPE_PARSER: dict[str, str] = {
@@ -44,6 +49,7 @@ _MODEL_TYPE_PARSER: dict[str, str] = {
     "qwen4_exp": "qwen3_coder",
     "glm4_moe": "glm45",
     "glm4_moe_lite": "glm45",
+    "gpt_oss": "harmony",
 }
 
 
@@ -71,6 +77,8 @@ def parser_for_model_type(model_type: str) -> str:
 
 def parser_for_chat_template(template: str) -> str | None:
     """The tool format a chat template teaches the model, if it teaches one we parse."""
+    if "<|channel|>" in template and "<|message|>" in template:
+        return "harmony"  # gpt-oss: markers no other format uses, so checked first
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
     if "<arg_key>" in template and "<arg_value>" in template:
@@ -82,6 +90,7 @@ def parser_for_chat_template(template: str) -> str | None:
 
 __all__ = [
     "TOOL_PARSERS",
+    "WHOLE_OUTPUT_FORMATS",
     "ParsedDelta",
     "ParsedMessage",
     "ReasoningParser",

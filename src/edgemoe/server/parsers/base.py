@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 IdFactory = Callable[[], str]
 ToolSpec = Mapping[str, Any]
@@ -115,14 +115,18 @@ class ToolParser(ABC):
     """Extracts tool calls from content text, incrementally.
 
     Contract: as for ``ReasoningParser`` (feed*, finish once, one instance per
-    response). Returned deltas never carry reasoning. Call indices are 0-based and
-    contiguous per response. Every call emitted is closed by the time ``finish``
+    response). Returned deltas carry no reasoning, unless ``reads_whole_output``: a
+    format whose markup frames every message (harmony's channels) is read whole by its
+    tool parser, tools or not, reasoning included, with no reasoning parser before it.
+    Call indices are 0-based and contiguous per response. Every call emitted is closed by the time ``finish``
     returns, and its concatenated arguments are a valid JSON object text.
     ``tools`` is the request's tool list (OpenAI ``{"type": "function", "function":
     {...}}``, the flat Responses shape, or Anthropic's ``input_schema``); parsers that
     type values by schema use it, others ignore it. ``id_factory`` makes call ids
     (inject a counter in tests).
     """
+
+    reads_whole_output: ClassVar[bool] = False
 
     def __init__(
         self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None
@@ -331,7 +335,8 @@ class ResponseParser:
     """Reasoning parser, then tool parser on the content it lets through.
 
     Tool calls are only looked for in content: a ``<tool_call>`` inside reasoning is
-    reasoning. Either stage may be ``None`` (no reasoning split / no tools).
+    reasoning. Either stage may be ``None`` (no reasoning split / no tools); a tool
+    parser that ``reads_whole_output`` runs alone and splits the reasoning itself.
     """
 
     def __init__(
@@ -375,7 +380,8 @@ class ResponseParser:
             tail = self.tools.finish()
             out = ParsedDelta(
                 out.content + tail.content,
-                "",
+                out.reasoning + tail.reasoning,
                 merge_call_deltas(out.tool_calls + tail.tool_calls),
             )
-        return ParsedDelta(out.content, split.reasoning, out.tool_calls)
+        # Reasoning from the tool stage: a format that reads the whole output (harmony).
+        return ParsedDelta(out.content, split.reasoning + out.reasoning, out.tool_calls)
