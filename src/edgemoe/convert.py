@@ -214,6 +214,13 @@ def _copy_skipped(src: Path, module: ModuleType, loaded: LoadedModel, writer: Sh
     return linears
 
 
+def _to_stored(loaded: LoadedModel, name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` in the model family's stored layout where it has its own (the model file's
+    `to_stored`: gpt-oss's interleaved gate/up), so the loader's `stored_layout` reads it back."""
+    to_stored = getattr(model_module(loaded.arch.model_type), "to_stored", None)
+    return t if to_stored is None else to_stored(name, t)
+
+
 def _slice(t: torch.Tensor, place: Placement) -> torch.Tensor:
     return t[place.index] if place.index else t
 
@@ -225,7 +232,7 @@ def _write_dense(loaded: LoadedModel, names: NameMap, writer: ShardWriter) -> li
         if place.target.startswith("experts."):
             continue
         t = _slice(loaded.params[place.target], place)
-        writer.add({name: t.clone()})
+        writer.add({name: _to_stored(loaded, name, t.clone())})
         if t.dim() == 2 and "embed" not in place.target:
             linears.append(name.removesuffix(".weight"))
     return linears
@@ -243,7 +250,7 @@ def _write_experts(loaded: LoadedModel, names: NameMap, writer: ShardWriter, pro
     for layer in tqdm(sorted(by_layer), desc="writing experts", unit="layer", disable=not progress, leave=False):
         banks = store.layer_parts(layer)
         if isinstance(fmt, Mxfp4):
-            writer.add(_fused(by_layer[layer], banks))
+            writer.add({n: _to_stored(loaded, n, t) for n, t in _fused(by_layer[layer], banks).items()})
             continue
         for name, place in by_layer[layer]:
             parts, shape = _matrix(banks, place, store.down_shape)

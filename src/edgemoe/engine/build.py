@@ -31,8 +31,8 @@ from edgemoe.engine.runner import ModelRunner
 from edgemoe.kernels.dense_gemv import make_dense_linear
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.embedding import HostEmbedding
-from edgemoe.layers.mlp import activation
-from edgemoe.models.arch import ModelArch
+from edgemoe.engine.backend_limits import gpu_experts_only
+from edgemoe.models.arch import ModelArch, expert_activation
 from edgemoe.models.loader import ram_tables
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
@@ -237,6 +237,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
     arch = source.arch(dtype)
+    config = gpu_experts_only(config, arch)
     max_len = config.model.max_model_len or arch.max_position_embeddings
     measured = device_budget(config, device)
     tables = plan_tables(config, source, arch, device, measured[0], host_budget(config.model.host_memory)[0])
@@ -268,7 +269,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
                     "a CPU share of the misses where the backend has one (its quota by timing steps; prompt "
                     "chunks' fewest-token misses too unless --no-prompt-cpu)")
     executor = make_executor(
-        plan.backend, loaded.experts, device, activation(arch.hidden_act), arch.num_layers,
+        plan.backend, loaded.experts, device, expert_activation(arch), arch.num_layers,
         plan.num_slots, config.moe.moe_policy, config.moe.moe_hybrid_fraction, max_tokens, arch.top_k,
         expert_cache, config.moe.expert_mover, config.moe.cpu_experts_per_layer, config.moe.prompt_cpu,
         lend_slots=plan.lend_slots,

@@ -4,7 +4,8 @@ clipping, rotary, attention through the backend, output projection.
 Model files choose the variant: `qk_norm="head"` normalises each head (Qwen3: the
 backend applies those norms with rotary, fused into one kernel in the Triton backend),
 `"full"` the whole projection (OLMoE), `"none"` nothing (Mixtral). `qkv_bias`: biased
-q/k/v projections (GLM-4.5's `attention_bias`; its o_proj has none).
+q/k/v projections (GLM-4.5's `attention_bias`; its o_proj has none); `o_bias`: a biased
+output projection too (gpt-oss).
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ class Attention:
         clip_qkv: float | None = None,
         linear: Linear = dense_gemv_ref,  # the projections' kernel (--dense-kernel)
         qkv_bias: torch.Tensor | None = None,  # [(Hq + 2 Hkv) D]
+        o_bias: torch.Tensor | None = None,  # [H]
     ) -> None:
         if qk_norm not in ("none", "head", "full") or (qk_norm != "none") != (q_norm is not None):
             raise ValueError(f"qk_norm {qk_norm!r} needs q/k norms exactly when not 'none'")
         self.spec, self.qkv, self.o_proj = spec, qkv, o_proj
         self.q_norm, self.k_norm, self.qk_norm, self.clip_qkv = q_norm, k_norm, qk_norm, clip_qkv
-        self.linear, self.qkv_bias = linear, qkv_bias
+        self.linear, self.qkv_bias, self.o_bias = linear, qkv_bias, o_bias
         # "head": the backend applies them, fused into its rotary + KV write where it can.
         self.head_norms = HeadNorms(q_norm, k_norm) if qk_norm == "head" else None  # type: ignore[arg-type]
         D = spec.head_dim
@@ -62,4 +64,5 @@ class Attention:
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
         q = backend.rotate_and_write(s, q, k, v, cos, sin, batch, self.head_norms)  # head norms, rotary, KV write
         out = backend.attend(s, q, batch)  # [T, Hq, D]
-        return self.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)
+        o = self.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)
+        return o if self.o_bias is None else o + self.o_bias

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from edgemoe.cache.state_pool import StateShape
-from edgemoe.kernels.activations import ACTIVATIONS
+from edgemoe.kernels.activations import ACTIVATIONS, Activation, activation
 from edgemoe.kernels.router_sigmoid import GroupedSigmoid
 from edgemoe.layers.rotary import RopeSpec
 from edgemoe.models.hf_config import (
@@ -23,7 +23,8 @@ from edgemoe.models.hf_config import (
     rope_spec,
 )
 
-__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "check_experts", "common_fields", "kept_dtypes"]
+__all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "check_experts", "common_fields",
+           "expert_activation", "kept_dtypes"]
 
 
 class ModelArch(Protocol):
@@ -202,6 +203,13 @@ class DecoderArch:
         if self.sigmoid_routing is None:
             return {}
         return {f"layers.{i}.{n}": torch.float32 for i in self.moe_layers for n in ("router", "router_bias")}
+
+
+def expert_activation(arch: ModelArch) -> Activation:
+    """The routed experts' activation: the arch's own (`expert_activation()`, gpt-oss's clamped
+    SwiGLU) or `hidden_act`'s."""
+    own = getattr(arch, "expert_activation", None)
+    return own() if own is not None else activation(arch.hidden_act)
 
 
 def kept_dtypes(arch: ModelArch) -> dict[str, torch.dtype]:

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, TypeVar
 
+import torch
 from safetensors import safe_open
 
 log = logging.getLogger(__name__)
@@ -130,3 +131,10 @@ def all_float(model_dir: Path, files: dict[str, list[str]], names: set[str]) -> 
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{model_dir / fname}: corrupt or truncated safetensors file ({e})") from None
     return seen
+
+
+def check_plain(path: Path, name: str, tensor: torch.Tensor) -> None:
+    """A tensor placed as stored must be a plain float one: fp8 / integer ones need their scales."""
+    if not tensor.is_floating_point() or tensor.element_size() == 1:
+        raise CheckpointError(f"{path}: tensor {name!r} is stored as {tensor.dtype}, which config.json's "
+                              "quantization_config (absent, or another method's) does not decode")

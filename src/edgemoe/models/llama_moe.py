@@ -41,10 +41,11 @@ def rope_table(arch: DecoderArch, device: torch.device) -> RopeTable:
     return RopeTable(cos, sin)
 
 
-def attention_spec(arch: DecoderArch, i: int, rope: RopeTable, window: int | None = None) -> AttentionSpec:
+def attention_spec(arch: DecoderArch, i: int, rope: RopeTable, window: int | None = None,
+                   sinks: torch.Tensor | None = None) -> AttentionSpec:
     return AttentionSpec(
         layer=i, num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-        scale=arch.head_dim**-0.5, window=window, rope=rope,
+        scale=arch.head_dim**-0.5, window=window, rope=rope, sinks=sinks,
     )
 
 

@@ -9,8 +9,9 @@ pinning overlaps reading instead of following it.
 
 Quantised checkpoints (`quantization_config`: fp8, awq, gptq, compressed-tensors, mxfp4)
 load as published: a linear's parts are gathered and decoded (`models/quant_load.py`);
-experts stay quantised in a `PartsStore`, other layers are dequantised to the model's
-dtype. `expert_dtype` quantises a bf16 checkpoint's experts as they stream in.
+experts stay quantised in a `PartsStore`, others dequantised to the model's dtype;
+`expert_dtype` quantises a bf16 checkpoint's experts as they stream in; a model file's
+`stored_layout` turns tensors in another layout (gpt-oss's) into ours.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from edgemoe.models.arch import ModelArch, kept_dtypes
 from edgemoe.models.checkpoint_files import (
     CheckpointError,
     all_names,
+    check_plain,
     read_json,
     safetensors_files,
     with_stored_lm_head,
 )
+from edgemoe.models.mmap_load import map_expert, map_stacked
 from edgemoe.models.names import NameMap, Placement, StackedMap, names_as_stored
 from edgemoe.models.quant_load import (
     PartCollector,
@@ -42,6 +45,7 @@ from edgemoe.models.quant_load import (
     dense_value,
     expert_parts,
     expert_shape,
+    per_expert,
     pin_keys,
     place_expert_parts,
     stored_expert_format,
@@ -78,6 +82,8 @@ class LoadedModel:
 # written while loading: (our name, shape, dtype) → a tensor to fill (RAM, pinned, a mapped
 # file), or None when the destination already holds it (its checkpoint tensors are skipped).
 TableAlloc = Callable[[str, tuple[int, ...], torch.dtype], "torch.Tensor | None"]
+Layout = Callable[[str, Value], Value]  # a model file's `stored_layout`
+
 
 
 def ram_tables(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -110,6 +116,7 @@ def load_checkpoint(
     files = safetensors_files(model_dir)
     stored = all_names(model_dir, files)
     names, stacked = names_as_stored(module, arch, stored)
+    layout = getattr(module, "stored_layout", None)  # a stored layout that isn't ours (gpt-oss's experts)
     fmt = resolve_expert_format(expert_dtype, stored_expert_format(model_dir, arch, scheme, names, files), arch.dtype)
     kept = kept_dtypes(arch)
     params = {k: torch.empty(s, dtype=kept.get(k, arch.dtype)) for k, s in arch.param_shapes().items()}
@@ -129,7 +136,7 @@ def load_checkpoint(
     dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
     try:
         filled = _stream_files(
-            model_dir, files, names, dests, experts, progress, pins, collector, upcasts, ignored, stacked
+            model_dir, files, names, dests, experts, progress, pins, collector, upcasts, ignored, stacked, layout
         )
         _check_complete(model_dir, files, names, filled)
     except BaseException:
@@ -152,9 +159,10 @@ def _allocate_store(model_dir: Path, arch: ModelArch, fmt: ExpertFormat, scheme:
     """Pageable banks (pinned in place as they fill), quantised banks, or an mmap store."""
     layers, dims = list(arch.moe_layers), (arch.store_experts, arch.hidden_size, arch.moe_intermediate_size)
     if expert_store == "mmap":
-        if scheme is not None or fmt.quantised:
+        if scheme is not None or fmt.quantised or hasattr(model_module(arch.model_type), "stored_layout"):
             raise CheckpointError(f"{model_dir}: expert_store (--expert-store) mmap serves unquantised checkpoints "
-                                  "only; use pinned or pageable with quantised experts")
+                                  "with experts in our layout only (not gpt-oss's transposed ones); use pinned or "
+                                  "pageable")
         return MmapStore(layers, *dims, arch.dtype)
     if fmt.quantised:
         return PartsStore.allocate_parts(layers, *dims, fmt)
@@ -201,11 +209,13 @@ def _stream_files(
     upcasts: Upcasts | None = None,
     ignored: tuple[tuple[str, ...], tuple[str, ...]] = (IGNORED_SUFFIXES, ()),
     stacked: StackedMap | None = None,
+    layout: Layout | None = None,
 ) -> set[str]:
     """Place every tensor `names` (or `stacked`: filling the names it covers) knows,
     quantised linears through `collector`; `ignored` (suffixes, prefixes) are skipped
-    silently, any other with one warning."""
+    silently, any other with one warning; `layout`: the model file's `stored_layout`."""
     upcasts, stacked = upcasts or Upcasts(), stacked or {}
+    layout = layout or (lambda _name, value: value)
     filled: set[str] = set()
     unexpected: list[str] = []
     bar = tqdm(total=len(names), desc="loading", unit="tensor", disable=not progress, leave=False)
@@ -218,10 +228,10 @@ def _stream_files(
         with handle:
             for name in handle.keys():
                 if collector is not None and collector.base(name) is not None:
-                    for done in collector.add(name, _read(handle, path, name), path):
-                        new = _place_linear(path, *done, names, params, experts, upcasts)
-                        if not new and not done[0].startswith(ignored[1]):  # a vision tower's: skipped quietly
-                            unexpected.append(done[0])
+                    for base, value in collector.add(name, _read(handle, path, name), path):
+                        new = _place_linear(path, base, layout(base, value), names, params, experts, upcasts)
+                        if not new and not base.startswith(ignored[1]):  # a vision tower's: skipped quietly
+                            unexpected.append(base)
                         filled.update(new)
                         _mark_filled(pins, experts, names, new)
                         bar.update(len(new))
@@ -234,15 +244,11 @@ def _stream_files(
                         unexpected.append(name)
                     continue
                 if isinstance(experts, MmapStore) and place.target.startswith("experts."):
-                    (_map_stacked if covers else _map_expert)(path, name, place, experts)
-                    filled.add(name)
-                    filled.update(covers)
-                    bar.update(len(covers) or 1)
-                    continue
-                _place(path, name, _read(handle, path, name), place, params, experts, upcasts)
-                filled.add(name)
-                filled.update(covers)
-                _mark_filled(pins, experts, names, list(covers) or [name])
+                    (map_stacked if covers else map_expert)(path, name, place, experts)
+                else:
+                    _place(path, name, layout(name, _read(handle, path, name)), place, params, experts, upcasts)
+                    _mark_filled(pins, experts, names, list(covers) or [name])
+                filled.update((name, *covers))
                 bar.update(len(covers) or 1)
     bar.close()
     if collector is not None and collector.pending:
@@ -269,51 +275,6 @@ def _read(handle: Any, path: Path, name: str) -> torch.Tensor:
         return handle.get_tensor(name)
     except Exception as e:
         raise CheckpointError(f"{path}: cannot read tensor {name!r}: corrupt or truncated ({e})") from None
-
-
-def _check_plain(path: Path, name: str, tensor: torch.Tensor) -> None:
-    """A tensor placed as stored must be a plain float one: fp8 / integer ones need their scales."""
-    if not tensor.is_floating_point() or tensor.element_size() == 1:
-        raise CheckpointError(f"{path}: tensor {name!r} is stored as {tensor.dtype}, which config.json's "
-                              "quantization_config (absent, or another method's) does not decode")
-
-
-def _map_expert(path: Path, name: str, place: Placement, store: MmapStore) -> None:
-    """Register a per-expert tensor as a view into its file (nothing is read)."""
-    _, layer, which = place.target.split(".")
-    expert = place.index[0]
-    part = "down" if which == "down" else ("gate" if place.index[1].start == 0 else "up")  # type: ignore[union-attr]
-    try:
-        view = store.file(path).view(name)
-    except (KeyError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path}: cannot map tensor {name!r}: corrupt or truncated ({e})") from None
-    _check_plain(path, name, view)
-    want = store.expected_shape(part)
-    if tuple(view.shape) != want:
-        raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, expected {want}")
-    store.add(int(layer), int(expert), part, view)  # type: ignore[arg-type]
-
-
-def _map_stacked(path: Path, name: str, place: Placement, store: MmapStore) -> None:
-    """Register each expert of a stacked [E, 2I, H] / [E, H, I] tensor as a view (nothing is read)."""
-    _, layer, which = place.target.split(".")
-    experts = range(store.num_experts)[place.index[0]]  # type: ignore[index]
-    try:
-        view = store.file(path).view(name)
-    except (KeyError, ValueError, OSError) as e:
-        raise CheckpointError(f"{path}: cannot map tensor {name!r}: corrupt or truncated ({e})") from None
-    _check_plain(path, name, view)
-    part_shape = store.down_shape if which == "down" else store.gate_up_shape
-    if tuple(view.shape) != (len(experts), *part_shape):
-        raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(view.shape)}, "
-                              f"expected {(len(experts), *part_shape)}")
-    inter = store.gate_up_shape[0] // 2
-    for j, e in enumerate(experts):
-        if which == "down":
-            store.add(int(layer), e, "down", view[j])
-        else:
-            store.add(int(layer), e, "gate", view[j, :inter])
-            store.add(int(layer), e, "up", view[j, inter:])
 
 
 def _place_linear(
@@ -376,8 +337,12 @@ def _place(
     experts: ExpertStore,
     upcasts: Upcasts | None = None,
 ) -> None:
-    _check_plain(path, name, tensor)
+    check_plain(path, name, tensor)
     if place.target.startswith("experts.") and isinstance(experts, PartsStore):
+        if tensor.dim() == 3:  # a layer's experts stacked (gpt-oss): each matrix quantised on its own
+            for one, matrix in per_expert(place, tensor, experts.down_shape[1]):
+                _place(path, name, matrix, one, params, experts, upcasts)
+            return
         shape = expert_shape(experts, place)
         if tuple(tensor.shape) != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgemoe.models.presets_glm import GLM_4_5_AIR, TINY_GLM4_MOE
+from edgemoe.models.presets_gpt_oss import GPT_OSS_20B, GPT_OSS_120B, TINY_GPT_OSS
 
 RANDOM_PREFIX = "random:"
 SEED_KEY = "seed"  # not a config field: the seed of the random weights
@@ -229,6 +230,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qwen3.8-flash-next": TINY_QWEN38_FLASH_NEXT,
     "glm-4.5-air": GLM_4_5_AIR,
     "tiny-glm4-moe": TINY_GLM4_MOE,
+    "gpt-oss-20b": GPT_OSS_20B,
+    "gpt-oss-120b": GPT_OSS_120B,
+    "tiny-gpt-oss": TINY_GPT_OSS,
 }
 
 # Integer fields that are sizes or counts: an override must be >= 1.
@@ -237,7 +241,7 @@ POSITIVE_FIELDS = frozenset({
     "num_experts", "num_experts_per_tok", "moe_intermediate_size", "intermediate_size", "vocab_size",
     "max_position_embeddings", "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads",
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "shared_expert_intermediate_size",
-    "full_attention_interval", "n_routed_experts", "n_group", "topk_group",
+    "full_attention_interval", "n_routed_experts", "n_group", "topk_group", "num_local_experts",
 })
 _SAFE_QUERY = re.compile(r"[A-Za-z0-9_.,=+\-\[\]]+")
 
@@ -367,7 +371,7 @@ def _check_seed(text: str, raw: str) -> int:
 
 
 def _check_shape(text: str, c: dict[str, Any]) -> None:
-    experts = c.get("num_experts", c.get("n_routed_experts"))  # GLM's name
+    experts = c.get("num_experts", c.get("n_routed_experts", c.get("num_local_experts")))  # GLM's, gpt-oss's names
     if c["num_experts_per_tok"] > experts:
         raise ValueError(f"model (--model) {text!r}: num_experts_per_tok {c['num_experts_per_tok']} > num_experts {experts}")
     if c["num_attention_heads"] % c["num_key_value_heads"]:

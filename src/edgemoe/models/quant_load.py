@@ -13,7 +13,7 @@ list of names says which exist — then the scheme decodes them into our format.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,19 @@ def place_expert_parts(store: PartsStore, place: Placement, parts: Parts) -> Non
         if tuple(dest.shape) != tuple(t.shape):
             raise ValueError(f"part {which + suffix} has shape {tuple(t.shape)}, expected {tuple(dest.shape)}")
         dest.copy_(t)
+
+
+def per_expert(place: Placement, stacked: torch.Tensor, inter: int) -> Iterator[tuple[Placement, torch.Tensor]]:
+    """A layer's experts stacked ([n, 2I, H] gate rows first, or [n, H, I]) as one placement
+    per matrix, as per-expert checkpoints store them: gate and up apart, then down."""
+    experts = place.index[0]
+    first = (experts.start or 0) if isinstance(experts, slice) else int(experts)  # type: ignore[arg-type]
+    for j in range(stacked.shape[0]):
+        if place.target.endswith(".down"):
+            yield Placement(place.target, (first + j,)), stacked[j]
+        else:
+            yield Placement(place.target, (first + j, slice(0, inter))), stacked[j, :inter]
+            yield Placement(place.target, (first + j, slice(inter, None))), stacked[j, inter:]
 
 
 def expert_shape(experts: ExpertStore, place: Placement) -> tuple[int, int]:

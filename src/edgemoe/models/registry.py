@@ -20,6 +20,7 @@ MODEL_MODULES: dict[str, str] = {
     "qwen4_exp": "edgemoe.models.qwen4_exp",
     "qwen4_exp_text": "edgemoe.models.qwen4_exp",
     "glm4_moe": "edgemoe.models.glm4_moe",
+    "gpt_oss": "edgemoe.models.gpt_oss",
 }
 
 

@@ -10,10 +10,9 @@ pass runs meanwhile) and runs eagerly.
 
 With a CPU share (`--moe-backend hybrid` or `auto`), the coldest misses of each layer run
 on the CPU inside the same step (`moe/cpu_share.py`: the C kernel on a thread the device
-rings, no host read), and the cache plans the routing without them. Their number a layer is fixed
-(`--cpu-experts-per-layer`, and/or `--moe-hybrid-fraction`'s share of the layer's misses) or
-live: chosen between steps by timing decode steps (`moe/quota_controller.py`), with graphs
-captured with and without the share.
+rings, no host read), and the cache plans the routing without them. Their number a layer is
+fixed (`--cpu-experts-per-layer`, and/or `--moe-hybrid-fraction`'s share of the layer's
+misses) or live: chosen between steps by timing decode steps (`moe/quota_controller.py`).
 
 Prompt chunks of ≥ 1,024 tokens stream every layer's experts through slots the cache lends
 (`moe/prefill_stream.py`) instead of planning; decode steps may prefetch the next layer's
@@ -150,7 +149,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.workspace = CellWorkspace(planned_tokens if loaned else max_tokens, store.down_shape[0], device,  # type: ignore[arg-type]
                                        loaned=loaned)
         self.expert_nbytes = store.expert_nbytes
-        self.num_decode = 0  # of the layer being computed
+        self.num_decode, self._bias = 0, {}  # the layer being computed's, and its expert biases' `bias_args`
         self._dead: torch.Tensor | None = None  # the step's padding rows: ~live, once a step, not a layer
         self._sources: CellSources | None = None  # the last layer's cells left to the combine
         self.stats.info.update(expert_cache="device", expert_mover=self.mover.name, expert_policy=policy)
@@ -296,7 +295,7 @@ class DeviceOffloadExecutor(CellsExecutor):
     def _cells(self, layer, x, topk_ids, topk_weights, num_decode, num_padding) -> torch.Tensor:  # noqa: ANN001
         """The layer's contribution cells [T, K, H]: every live pair computed, padding rows zeros."""
         self.stats.count_tokens(layer, x.shape[0] - num_padding)
-        self.num_decode = num_decode
+        self.num_decode, self._bias = num_decode, self.bias_args(layer, topk_ids)
         dead = self._dead_rows(topk_ids, num_padding)
         cells = self.workspace.cells(topk_ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
@@ -377,8 +376,9 @@ class DeviceOffloadExecutor(CellsExecutor):
             end.record()
             self.stats.add_copy_interval(start, end)
 
-    def _compute(self, x, slot_ids, topk_weights, cells) -> None:
-        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
+    def _compute(self, x, slot_ids, topk_weights, cells) -> None:  # noqa: ANN001
+        s = self.slots
+        moe_slots_parts(x, slot_ids, topk_weights, s.parts, s.format, self.act, cells, self.num_decode, **self._bias)
 
     def resident_mask(self) -> np.ndarray:
         return self.cache.slot_map.cpu().numpy() >= 0

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from edgemoe.kernels.cell_sources import CellSources
+from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.moe_experts import Activation, moe_combine, moe_combine_norm
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.kernels.norm_fused import RowNorm, rms_norm
@@ -106,6 +107,16 @@ class MoEExecutor(ABC):
     def register_router(self, layer: int, router: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """A MoE block hands over its router [E, H] (decode prefetch predicts with the next
         layer's); executors that predict keep it."""
+
+    def register_expert_bias(self, layer: int, bias: ExpertBias) -> None:
+        """A model with biased experts (gpt-oss) hands over layer `layer`'s biases, resident
+        for every expert; the executor's kernels add them by expert id."""
+        self.__dict__.setdefault("expert_biases", {})[layer] = bias
+
+    def bias_args(self, layer: int, topk_ids: torch.Tensor) -> dict[str, object]:
+        """`moe_slots_parts`' bias arguments for this layer's routing ({} without biases)."""
+        bias = self.__dict__.get("expert_biases", {}).get(layer)
+        return {} if bias is None else {"bias": bias, "expert_ids": topk_ids}
 
     def use_graph_variant(self, variant: str | None) -> None:
         """Run the following forwards as `variant` (one of `graph_variants`): the runner
@@ -218,7 +229,8 @@ class ResidentExecutor(CellsExecutor):
         if self.stats.activity is not None:  # a live view watches: mark the real rows' experts
             self.stats.mark_routed(layer, topk_ids[: topk_ids.shape[0] - num_padding], self.num_experts)
         cells = self.workspace.cells(topk_ids)
-        moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells, num_decode)
+        moe_slots_parts(x, topk_ids, topk_weights, self.banks[layer], self.format, self.act, cells, num_decode,
+                        **self.bias_args(layer, topk_ids))
         return cells
 
     def close(self) -> None:

@@ -176,6 +176,7 @@ class OffloadExecutor(MoEExecutor):
         self.workspace = CellWorkspace(max_tokens, store.down_shape[0], device)
         self.readback = RoutingReadback(device)
         self.num_decode = 0  # of the layer being computed
+        self._bias: dict[str, object] = {}  # its expert biases' arguments (`bias_args`)
         # The device mirror of the slot map (on the CPU: the map itself).
         self.slot_map = self.cache.slot_map.to(device)
         self._mirrored = self.cache.map_version
@@ -183,7 +184,7 @@ class OffloadExecutor(MoEExecutor):
     def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
         x, topk_ids, topk_weights, residual = real_rows(x, topk_ids, topk_weights, residual, num_padding)
         self.stats.count_tokens(layer, x.shape[0])
-        self.num_decode = num_decode
+        self.num_decode, self._bias = num_decode, self.bias_args(layer, topk_ids)
         cells = self.workspace.cells(topk_ids)
         self.readback.start(topk_ids)
         self.compute_hits(layer, x, topk_ids, topk_weights, cells)
@@ -192,7 +193,8 @@ class OffloadExecutor(MoEExecutor):
         return pad_rows(moe_combine(cells, x.dtype, residual), num_padding)
 
     def _compute(self, x, slot_ids, topk_weights, cells) -> None:  # noqa: ANN001
-        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode)
+        moe_slots_parts(x, slot_ids, topk_weights, self.slots.parts, self.slots.format, self.act, cells, self.num_decode,
+                        **self._bias)
 
     def compute_hits(self, layer: int, x, topk_ids, topk_weights, cells) -> None:  # noqa: ANN001
         """The experts resident before this layer, from the device map (no host read)."""
