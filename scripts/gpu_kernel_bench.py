@@ -48,6 +48,8 @@ from edgemoe.quant import ExpertFormat
 
 HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; dense bf16 peak
 H, I, E, K, HQ, HKV, D, PAGE = 2048, 768, 128, 8, 32, 4, 128, 16
+# The MoE sweeps' expert shape, "H,I,E,K" (e.g. gpt-oss-20b's "2880,2880,32,4"); Qwen3-30B-A3B's by default.
+H, I, E, K = (int(v) for v in os.environ.get("BENCH_MOE_SHAPE", f"{H},{I},{E},{K}").split(","))
 BF16, DEV = torch.bfloat16, "cuda"
 L2_BYTES = 64 << 20
 DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192

@@ -52,12 +52,14 @@ def _nibble(data, r64, k, mask, stride_d):
 
 @triton.jit
 def _e2m1(code):
-    """E2M1 codes (int32, 0..15) → fp32: exponent 0 holds 0 and 0.5; else (1 + m/2)·2^(e-1)
-    = (2 + m)·2^e / 4; bit 3 the sign."""
-    e, m = (code >> 1) & 3, (code & 1).to(tl.float32)
-    pow_e = ((e + 127) << 23).to(tl.float32, bitcast=True)  # 2^e, exact
-    mag = tl.where(e == 0, 0.5 * m, (2.0 + m) * pow_e * 0.25)
-    return tl.where((code & 8) != 0, -mag, mag)
+    """E2M1 codes (int32; bits above the low 4 ignored) → fp32, exactly, in a few integer ops:
+    the sign bit moved to an fp16's sign and the 3 magnitude bits (e1 e0 m) to its exponent's
+    low two bits and its first mantissa bit read that fp16 as (1 + m/2)·2^(e-15) for e ≥ 1 and,
+    for e = 0, the subnormal m·2^-15: times 2^14, E2M1's (1 + m/2)·2^(e-1) and 0.5·m.
+    (The old form, exponent and mantissa apart and two selects, cost ~12 ALU ops a weight,
+    which held gpt-oss's MXFP4 decode GEMV at ~0.4 TB/s, below bf16's.)"""
+    h = ((code & 8) << 12) | ((code & 7) << 9)
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
 
 
 @triton.jit
@@ -187,5 +189,5 @@ def dequant_rows(data, scale, zero, rows, srows, row_ok, k0, n, n_store, stride_
         else:
             e8 = tl.load(s_at + kc[None, :] // GROUP, mask=s_ok, other=127).to(tl.int32)
             two = _e8m0(e8)
-            w = _pieces(_e2m1(code & 0xF), two, two, SUB, GW, False)
+            w = _pieces(_e2m1(code), two, two, SUB, GW, False)
     return w
