@@ -75,28 +75,30 @@ class Sampling:
 
 
 class LocalBackend:
-    """The engine in this process (`edgemoe.LLM`)."""
+    """The engine in this process (`edgemoe.LLM`). Its output is read as the server reads it:
+    `<think>` reasoning, or a format that frames every message (harmony: gpt-oss's channels,
+    whose markers are special tokens kept in the text for its parser)."""
 
     def __init__(self, llm: Any, sampling: Sampling) -> None:
-        from edgemoe.server.parsers.reasoning import (
-            ThinkReasoningParser,
-            prompt_opens_reasoning,
-        )
-
         self.llm, self.sampling = llm, sampling
-        self._parser_cls, self._opens = ThinkReasoningParser, prompt_opens_reasoning
         source = llm.engine.runtime.source
         self.name, self.random_weights = source.name, source.random_weights
+        self.whole_format = _whole_output_format(llm)
         self._stopped = False
 
     def stream(self, messages: list[dict[str, Any]], answer: Answer) -> Iterator[Piece]:
         self._stopped = False
-        text = self.llm.render_chat(messages, enable_thinking=self.sampling.thinking)
+        variables: dict[str, Any] = {}
+        if self.whole_format == "harmony":
+            from edgemoe.server.parsers import harmony
+
+            messages, variables = harmony.template_inputs(messages, variables, self.sampling.thinking is not False)
+        text = self.llm.render_chat(messages, enable_thinking=self.sampling.thinking, chat_template_kwargs=variables)
         prompt = self.llm.tokenizer.encode(text, add_special_tokens=False)
-        params = SamplingParams(max_tokens=self.sampling.max_tokens)
+        params = SamplingParams(max_tokens=self.sampling.max_tokens, skip_special_tokens=self.whole_format is None)
         if self.sampling.temperature is not None:
             params.temperature = self.sampling.temperature
-        parser = self._parser_cls(starts_in_reasoning=self._opens(text)) if self.sampling.thinking is not False else None
+        parser = self._parser(text)
         deltas = self.llm.stream(prompt, params)
         try:
             for delta in deltas:
@@ -111,6 +113,15 @@ class LocalBackend:
         finally:
             deltas.close()  # aborts the request if it is still running
 
+    def _parser(self, prompt: str) -> Any:
+        from edgemoe.server.parsers import ResponseParser, ThinkReasoningParser, get_tool_parser, prompt_opens_reasoning
+
+        if self.whole_format is not None:
+            return ResponseParser(None, get_tool_parser(self.whole_format)(None))
+        if self.sampling.thinking is False:
+            return None
+        return ThinkReasoningParser(starts_in_reasoning=prompt_opens_reasoning(prompt))
+
     def stop(self) -> None:
         self._stopped = True
 
@@ -121,6 +132,21 @@ class LocalBackend:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def _whole_output_format(llm: Any) -> str | None:
+    """The model's output format when it frames every message (`WHOLE_OUTPUT_FORMATS`),
+    chosen as the server chooses (`pick_tool_format`), else None."""
+    from edgemoe.server.parsers import WHOLE_OUTPUT_FORMATS, pick_tool_format
+    from edgemoe.server.templates import ChatTemplate
+
+    try:
+        template = ChatTemplate.from_tokenizer(llm.tokenizer)
+    except ValueError:
+        template = None
+    arch = getattr(llm.engine.runtime.model, "arch", None)
+    chosen = pick_tool_format(None, template.source if template else "", getattr(arch, "model_type", ""))
+    return chosen if chosen in WHOLE_OUTPUT_FORMATS else None
 
 
 def _split(parser: Any, text: str) -> Iterator[Piece]:

@@ -271,3 +271,62 @@ def test_anthropic_sdk_gets_thinking_and_tool_use(harmony: ServerHarness) -> Non
     assert [b.type for b in message.content] == ["thinking", "tool_use"]
     assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [("get_weather",
                                                                                      json.loads(WEATHER))]
+
+
+# --------------------------------------------------------------------------- edgemoe chat
+
+
+class ScriptedLLM:
+    """What `edgemoe chat`'s in-process backend uses of `edgemoe.LLM`, with scripted output."""
+
+    def __init__(self, tokenizer: TokenizerBundle, model_type: str, output: str) -> None:
+        from types import SimpleNamespace
+
+        self.tokenizer, self.output, self.params = tokenizer, output, None
+        arch = SimpleNamespace(model_type=model_type)
+        source = SimpleNamespace(name="scripted", random_weights=False)
+        self.engine = SimpleNamespace(runtime=SimpleNamespace(source=source, model=SimpleNamespace(arch=arch)))
+
+    def render_chat(self, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        template = ChatTemplate.from_tokenizer(self.tokenizer)
+        assert template is not None
+        return template.render(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
+                               **(chat_template_kwargs or {}))
+
+    def stream(self, prompt: list[int], params: Any) -> Iterator[Any]:
+        from types import SimpleNamespace
+
+        self.params = params
+        cut = len(self.output) // 3  # in pieces that split markers: the parser joins them
+        for i, piece in enumerate((self.output[:cut], self.output[cut:2 * cut], self.output[2 * cut:])):
+            yield SimpleNamespace(text=piece, token_ids=[0], finished=i == 2, finish_reason="stop" if i == 2 else None)
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "qwen3_moe"])
+def test_edgemoe_chat_reads_harmony_channels(harmony_dir: Path, harmony_tokenizer: TokenizerBundle,
+                                             model_type: str) -> None:
+    """The in-process chat backend picks the format as the server does (here the template
+    teaches harmony, whatever the model_type): analysis → reasoning, final → content, the
+    markers kept in the decoded text for the parser."""
+    from edgemoe.chat_backends import Answer, LocalBackend, Sampling
+
+    llm = ScriptedLLM(harmony_tokenizer, model_type, ANSWER + "<|return|>")
+    backend = LocalBackend(llm, Sampling(max_tokens=64, temperature=None, thinking=None))
+    answer = Answer()
+    for piece in backend.stream([{"role": "user", "content": "2 + 2?"}], answer):
+        answer.add(piece)
+    assert (answer.reasoning, answer.content) == ("Simple.", "2 + 2 = 4.")
+    assert backend.whole_format == "harmony" and llm.params.skip_special_tokens is False
+
+
+def test_edgemoe_chat_keeps_think_parsing_elsewhere(demo_dir: Path) -> None:
+    from edgemoe.chat_backends import Answer, LocalBackend, Sampling
+
+    llm = ScriptedLLM(TokenizerBundle.load(demo_dir), "gpt_oss", "<think>Hm.</think>Hi.")
+    backend = LocalBackend(llm, Sampling(max_tokens=64, temperature=None, thinking=True))
+    answer = Answer()
+    for piece in backend.stream([{"role": "user", "content": "Hi"}], answer):
+        answer.add(piece)
+    assert backend.whole_format is None and llm.params.skip_special_tokens is True
+    assert (answer.reasoning.strip(), answer.content.strip()) == ("Hm.", "Hi.")

@@ -16,7 +16,7 @@ from typing import Any
 from edgemoe.messages import EngineReady
 from edgemoe.server.config import ServerConfig
 from edgemoe.server.logprobs import TokenTexts
-from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
+from edgemoe.server.parsers import parser_for_chat_template, pick_tool_format
 from edgemoe.server.prompt_tokens import PromptTokenizer
 from edgemoe.server.template_sandbox import RenderLimits
 from edgemoe.server.templates import ChatTemplate
@@ -56,7 +56,7 @@ class ServedModel:
             tokenizer=tokenizer,
             template=template,
             template_error=error,
-            tool_parser=_tool_parser(config.tool_call_parser, source, info.model_type),
+            tool_parser=pick_tool_format(config.tool_call_parser, source, info.model_type),
             reasoning="</think>" in source,
             teaches_calls=bool(source) and parser_for_chat_template(source) is not None,
             sampling_defaults=_sampling_defaults(model_dir / "generation_config.json"),
@@ -91,19 +91,6 @@ def _load_template(tokenizer: TokenizerBundle, limits: RenderLimits) -> tuple[Ch
         # Serve anyway: /v1/completions and tokenize still work; chat answers 400 with this.
         log.warning("chat template unusable: %s", exc)
         return None, str(exc)
-
-
-def _tool_parser(explicit: str | None, template_source: str, model_type: str) -> str | None:
-    """Explicit flag, else the format the template teaches, else the family's default."""
-    if explicit is not None:
-        return explicit
-    from_template = parser_for_chat_template(template_source) if template_source else None
-    if from_template is not None:
-        return from_template
-    try:
-        return parser_for_model_type(model_type)
-    except ValueError:
-        return None
 
 
 def _sampling_defaults(path: Path) -> dict[str, float | int]:

@@ -88,6 +88,20 @@ def parser_for_chat_template(template: str) -> str | None:
     return None
 
 
+def pick_tool_format(explicit: str | None, template_source: str, model_type: str) -> str | None:
+    """The format a served model's output is parsed in (the server and `edgemoe chat` alike):
+    the explicit flag, else the one the template teaches, else the family's default."""
+    if explicit is not None:
+        return explicit
+    from_template = parser_for_chat_template(template_source) if template_source else None
+    if from_template is not None:
+        return from_template
+    try:
+        return parser_for_model_type(model_type)
+    except ValueError:
+        return None
+
+
 __all__ = [
     "TOOL_PARSERS",
     "WHOLE_OUTPUT_FORMATS",
@@ -100,6 +114,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolParser",
     "accumulate",
+    "pick_tool_format",
     "get_tool_parser",
     "parser_for_chat_template",
     "parser_for_model_type",
