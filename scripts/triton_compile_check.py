@@ -147,6 +147,8 @@ def router_cases(act: tl.dtype) -> Iterator[Case]:
     for offset in (False, True):
         name = f"add {'offset ' if offset else ''}rms norm + router gemv + top-k"
         yield fused_router_case(act, 128, 2048, offset, name)
+    # gpt-oss-20b: 32 experts, top-4, H = 2,880 (two loads along H), the router's logit bias
+    yield fused_router_case(act, 32, 2880, False, "add rms norm + biased router gemv + top-4 E=32", k=4, bias=True)
     # GLM-4.5-Air (128 experts, one group, the shared pair) and DeepSeek-V3's groups (256 in 8, 4 kept)
     for e_pad, groups, kept in ((128, 1, 1), (256, 8, 4)):
         yield Case(f"sigmoid route E={e_pad} groups={groups}", router_sigmoid._sigmoid_route, dict(
@@ -154,13 +156,14 @@ def router_cases(act: tl.dtype) -> Iterator[Case]:
                    RENORM=True, SHARED=1), 4, ptrs={"logits_ptr": f32, "bias_ptr": f32, "ids_ptr": "i32", "w_ptr": f32})
 
 
-def fused_router_case(act: tl.dtype, e_pad: int, H: int, offset: bool | None, name: str, k: int = 8) -> Case:
+def fused_router_case(act: tl.dtype, e_pad: int, H: int, offset: bool | None, name: str, k: int = 8,
+                      bias: bool = False) -> Case:
     """`_route_fused` at hidden size H, its warps and tiles; `offset` None: no norm."""
     warps = router.router_warps(H)
     return Case(name, router._route_fused, dict(
                 K=k, K_PAD=triton.next_power_of_2(k), E_PAD=e_pad, RENORM=True, LOGIT_DTYPE=act, DTYPE=act, INTERP=False, BLOCK_E=router.BLOCK_E,
-                BLOCK_H=min(H, router.MAX_BLOCK_H), RANK_CHUNK=router.rank_chunk(e_pad, warps), NORM=offset is not None,
-                OFFSET=bool(offset), BLOCK_N=triton.next_power_of_2(H)), warps,
+                BLOCK_H=min(triton.next_power_of_2(H), router.MAX_BLOCK_H), RANK_CHUNK=router.rank_chunk(e_pad, warps),
+                NORM=offset is not None, OFFSET=bool(offset), BLOCK_N=triton.next_power_of_2(H), HAS_BIAS=bias), warps,
                 ptrs={"logits_ptr": "fp32", "arrivals_ptr": "i32", "ids_ptr": "i32", "wout_ptr": "fp32"})
 
 

@@ -206,3 +206,28 @@ def test_sparse_moe_route_fused_and_override(triton_on_cpu: None) -> None:
     executor.routing = SimpleNamespace(ids=lambda layer, router_ids: forced)
     ids2, wts2 = moe.route(x)
     assert ids2.dtype == torch.int32 and torch.equal(ids2, forced.int()) and torch.equal(wts2, wts)
+
+
+@needs_triton
+def test_router_bias_enters_before_the_rounding() -> None:
+    """gpt-oss's router bias: the fused launch's logits are round(x·Wᵀ + b) to x's dtype,
+    F.linear(x, W, b)'s (exact logits planted, so bitwise), routed as the reference routes
+    them; and the bias moves the routing (not vacuous). The torch path is F.linear's."""
+    T, E, K, H = 4, 16, 4, 512
+    x, w, L = planted(T, E, H, seed=7)  # L: a permutation of -8..7, times 2^-4, a token
+    # A permutation of 0..15 (L's spread each step): every biased logit distinct (no ties)
+    # and bf16-exact (at most 247 · 2^-4: 8 significant bits).
+    b = torch.randperm(E, generator=torch.Generator().manual_seed(7)).bfloat16()
+    ws = RouterWorkspace.allocate(E, CPU)
+    from edgemoe.kernels.triton_ops.router import route_logits_topk_triton
+
+    ids, wts = route_logits_topk_triton(x, w, K, True, torch.bfloat16, ws.logits, ws.arrivals, b)
+    want_logits = (L + b.float()).bfloat16()
+    assert torch.equal(ws.logits[:T], want_logits.float())
+    want_ids, want_w = route_topk_ref(want_logits, K, True, torch.bfloat16)
+    assert torch.equal(ids, want_ids)
+    assert ((wts - want_w).abs() <= eps(torch.bfloat16) / 2 * want_w).all()
+    assert not torch.equal(ids, route_topk_ref(L.bfloat16(), K, True, torch.bfloat16)[0])
+    torch_ids, _ = route_logits_topk(x, w, K, True, torch.bfloat16, None, dense_gemv_ref, b)
+    assert torch.equal(torch_ids, route_logits_topk_ref(x, w, K, True, torch.bfloat16, b)[0])
+    assert torch.equal(torch_ids, want_ids)

@@ -10,7 +10,7 @@ its fp32 exp may differ from torch's in the last bit, so a near-tie between the 
 (k+1)-th expert may resolve differently (a token's choice never depends on its batch).
 
 `route_logits_topk(x, router, ...)`: the same from the hidden states, logits = x @ W.T
-rounded to x's dtype (`F.linear`). For batches of at most `FUSED_MAX_TOKENS` tokens on a
+(+ the router's bias, gpt-oss's) rounded to x's dtype (`F.linear`). For batches of at most `FUSED_MAX_TOKENS` tokens on a
 GPU (whatever `--dense-kernel` says), with a `RouterWorkspace`, one Triton launch computes the logits and routes
 (`triton_ops/router.py`): it replaces the router GEMV (~5 µs of latency for a 0.5 MB
 weight) and `route_topk`'s launch. Larger batches (prefill) take the projection and
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from edgemoe.kernels.backend import use_triton
 from edgemoe.kernels.dense_gemv import MAX_TOKENS, Linear, dense_gemv_ref
@@ -102,15 +103,22 @@ def fused_router_workspace(router: torch.Tensor, top_k: int) -> RouterWorkspace 
 
 
 def route_logits_topk_ref(
-    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
+    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H], router [E, H] → `route_topk_ref` of the logits x @ W.T in x's dtype."""
-    return route_topk_ref(dense_gemv_ref(x, router), top_k, renormalize, dtype)
+    """x [T, H], router [E, H] → `route_topk_ref` of the logits x @ W.T (+ `bias` [E], gpt-oss's:
+    `F.linear`'s, rounded once) in x's dtype."""
+    return route_topk_ref(_logits(x, router, bias, dense_gemv_ref), top_k, renormalize, dtype)
+
+
+def _logits(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor | None, linear: Linear) -> torch.Tensor:
+    """The router's logits in x's dtype: `linear`'s, or with a bias cuBLAS's `F.linear`."""
+    return linear(x, router) if bias is None else F.linear(x, router, bias)
 
 
 def route_logits_topk(
     x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-    workspace: RouterWorkspace | None = None, linear: Linear = dense_gemv_ref,
+    workspace: RouterWorkspace | None = None, linear: Linear = dense_gemv_ref, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contract of `route_logits_topk_ref`. One fused launch when `workspace` is given and
     the batch fits it (CUDA, bf16/fp16); else `route_topk(linear(x, router), ...)`."""
@@ -118,8 +126,9 @@ def route_logits_topk(
     if workspace is not None and x.dim() == 2 and 0 < T <= workspace.max_tokens and use_triton(x, dtype):
         from edgemoe.kernels.triton_ops.router import route_logits_topk_triton
 
-        return route_logits_topk_triton(x, router, top_k, renormalize, dtype, workspace.logits, workspace.arrivals)
-    return route_topk(linear(x, router), top_k, renormalize, dtype)
+        return route_logits_topk_triton(x, router, top_k, renormalize, dtype, workspace.logits, workspace.arrivals,
+                                        bias)
+    return route_topk(_logits(x, router, bias, linear), top_k, renormalize, dtype)
 
 
 class NormedRoute(NamedTuple):
@@ -134,16 +143,17 @@ class NormedRoute(NamedTuple):
 
 def add_norm_route_ref(
     a: torch.Tensor, residual: torch.Tensor, norm: RowNorm, router: torch.Tensor, top_k: int, renormalize: bool,
-    dtype: torch.dtype,
+    dtype: torch.dtype, bias: torch.Tensor | None = None,
 ) -> NormedRoute:
     """`add_rms_norm_ref` of (a, residual), then `route_logits_topk_ref` of the normed rows."""
     x, h = add_rms_norm_ref(a, residual, norm.weight, norm.eps, norm.weight_offset)
-    return NormedRoute(x, h, *route_logits_topk_ref(x, router, top_k, renormalize, dtype))
+    return NormedRoute(x, h, *route_logits_topk_ref(x, router, top_k, renormalize, dtype, bias))
 
 
 def add_norm_route(
     a: torch.Tensor, residual: torch.Tensor, norm: RowNorm, router: torch.Tensor, top_k: int, renormalize: bool,
     dtype: torch.dtype, workspace: RouterWorkspace | None = None, linear: Linear = dense_gemv_ref,
+    bias: torch.Tensor | None = None,
 ) -> NormedRoute:
     """Contract of `add_norm_route_ref`. One fused launch where `route_logits_topk` would
     take its fused launch and a, residual and the norm's weight share x's dtype; else
@@ -157,7 +167,7 @@ def add_norm_route(
 
         return NormedRoute(*add_norm_route_triton(
             a, residual, norm.weight, norm.eps, norm.weight_offset, router, top_k, renormalize, dtype,
-            workspace.logits, workspace.arrivals,
+            workspace.logits, workspace.arrivals, bias,
         ))
     x, h = add_rms_norm(a, residual, norm.weight, norm.eps, norm.weight_offset)
-    return NormedRoute(x, h, *route_logits_topk(x, router, top_k, renormalize, dtype, workspace, linear))
+    return NormedRoute(x, h, *route_logits_topk(x, router, top_k, renormalize, dtype, workspace, linear, bias))

@@ -15,7 +15,6 @@ from edgemoe.kernels.router import (
     add_norm_route,
     fused_router_workspace,
     route_logits_topk,
-    route_topk,
 )
 from edgemoe.kernels.router_sigmoid import SigmoidRouter, route_grouped_sigmoid, with_shared
 from edgemoe.moe.executor import MoEExecutor
@@ -43,12 +42,10 @@ class SparseMoE:
         self.layer, self.router, self.top_k = layer, router, top_k
         self.norm_topk_prob = norm_topk_prob
         self.executor, self.linear, self.sigmoid = executor, linear, sigmoid
-        self.router_bias = None if router_bias is None else router_bias.float()
+        self.router_bias = router_bias
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
-        # `route_topk`); allocated here, before any CUDA graph captures the layer. The fused
-        # launch has no logit bias: a biased router takes the projection.
-        fused = sigmoid is None and router_bias is None
-        self.workspace = fused_router_workspace(router, top_k) if fused else None
+        # `route_topk`); allocated here, before any CUDA graph captures the layer.
+        self.workspace = fused_router_workspace(router, top_k) if sigmoid is None else None
         executor.register_router(layer, router)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,11 +57,8 @@ class SparseMoE:
             override = self.executor.routing is not None
             ids, weights = route_grouped_sigmoid(x, self.sigmoid, self.top_k, self.norm_topk_prob, shared=not override)
             return with_shared(*self._overridden(ids, weights), self.sigmoid.shared_id) if override else (ids, weights)
-        if self.router_bias is not None:  # the logits x @ W.T + b in fp32 (F.linear's bias rounds once there)
-            logits = self.linear(x, self.router).float() + self.router_bias
-            return self._overridden(*route_topk(logits, self.top_k, self.norm_topk_prob, x.dtype))
         ids, weights = route_logits_topk(  # [T, K] each
-            x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear,
+            x, self.router, self.top_k, self.norm_topk_prob, x.dtype, self.workspace, self.linear, self.router_bias,
         )
         return self._overridden(ids, weights)
 
@@ -73,11 +67,12 @@ class SparseMoE:
         routes: x = norm(residual + a), h = residual + a; on a GPU one launch does all
         (`kernels/router.py` `add_norm_route`; a sigmoid router: the add and norm, then
         `route`). Pass (ids, weights) on as `routing`."""
-        if self.sigmoid is not None or self.router_bias is not None:
+        if self.sigmoid is not None:
             x, h = add_rms_norm(a, residual, norm.weight, norm.eps, norm.weight_offset)
             return NormedRoute(x, h, *self.route(x))
         out = add_norm_route(
             a, residual, norm, self.router, self.top_k, self.norm_topk_prob, a.dtype, self.workspace, self.linear,
+            self.router_bias,
         )
         ids, weights = self._overridden(out.ids, out.weights)
         return out._replace(ids=ids, weights=weights)

@@ -190,11 +190,11 @@ def route_topk_triton(
 @triton.jit
 def _route_fused(
     x_ptr, w_ptr, logits_ptr, arrivals_ptr, ids_ptr, wout_ptr, E, H, stride_xt, stride_we, stride_lt,
-    res_ptr, nw_ptr, h_ptr, xo_ptr, stride_rt, stride_ht, stride_ot, eps, weight_offset,
+    res_ptr, nw_ptr, h_ptr, xo_ptr, stride_rt, stride_ht, stride_ot, eps, weight_offset, bias_ptr,
     K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, LOGIT_DTYPE: tl.constexpr,
     DTYPE: tl.constexpr, INTERP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
     RANK_CHUNK: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, HAS_BIAS: tl.constexpr = False,
 ):
     """NORM: x_ptr holds the attention's output a, and the router's input is x = norm(h),
     h = residual + a: every program computes the row's statistic itself (BLOCK_N columns),
@@ -224,8 +224,12 @@ def _route_fused(
         xv = _router_input(x_ptr, res_ptr, nw_ptr, t, hs, H, rstd, weight_offset, stride_xt, stride_rt,
                            NORM, OFFSET, LOGIT_DTYPE, INTERP)
         acc += _weight_tile(w_ptr, rows, row_ok, hs, H, stride_we) * xv[None, :]
-    # One rounding to the activation dtype, where F.linear rounds its output.
-    logit = round_to(tl.sum(acc, axis=1), LOGIT_DTYPE, INTERP).to(tl.float32)
+    # One rounding to the activation dtype, where F.linear rounds its output (with the
+    # router's bias, gpt-oss's, added before it, as F.linear adds it).
+    logit = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        logit += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    logit = round_to(logit, LOGIT_DTYPE, INTERP).to(tl.float32)
     tl.store(logits_ptr + t * stride_lt + rows, logit, mask=row_ok)
     # NOTE: every thread's stores precede the (single-thread) release of the arrival.
     tl.debug_barrier()
@@ -301,33 +305,35 @@ def _normed_cols(
 
 def route_logits_topk_triton(
     x: torch.Tensor, w: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype,
-    logits: torch.Tensor, arrivals: torch.Tensor,
+    logits: torch.Tensor, arrivals: torch.Tensor, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H], w [E, H] (x's dtype) → (ids [T, K] int32, weights [T, K] fp32) in one
     launch. `logits` [>= T, E] fp32 and `arrivals` [>= T] int32 (all zero) are the static
-    workspace; after the call `logits[:T]` holds the token's logits (x's dtype's values)."""
-    return _launch(x, None, w, top_k, renormalize, dtype, logits, arrivals)[2:]
+    workspace; after the call `logits[:T]` holds the token's logits (x's dtype's values).
+    `bias` [E]: added to the logits before their rounding (`F.linear(x, w, bias)`)."""
+    return _launch(x, None, w, top_k, renormalize, dtype, logits, arrivals, bias)[2:]
 
 
 def add_norm_route_triton(
     a: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight_offset: float,
     w: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype, logits: torch.Tensor, arrivals: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(x, h, ids, weights): h = residual + a, x = rms_norm(h) (`add_rms_norm`'s Triton
-    kernel's bits), routed as `route_logits_topk_triton(x, ...)` routes, in one launch.
+    kernel's bits), routed as `route_logits_topk_triton(x, ..., bias)` routes, in one launch.
     a, residual [T, H] and norm_weight [H] in one dtype; h and x are new tensors."""
     same_dtype = residual.dtype == norm_weight.dtype == a.dtype
     if residual.shape != a.shape or norm_weight.shape != a.shape[1:] or not same_dtype:
         raise ValueError(f"residual must be {tuple(a.shape)} and the norm's weight [{a.shape[1]}], both {a.dtype}")
     x, h, ids, weights = _launch(a, (residual, norm_weight.contiguous(), eps, weight_offset), w, top_k, renormalize,
-                                 dtype, logits, arrivals)
+                                 dtype, logits, arrivals, bias)
     assert x is not None and h is not None
     return x, h, ids, weights
 
 
 def _launch(
     x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float, float] | None, w: torch.Tensor, top_k: int,
-    renormalize: bool, dtype: torch.dtype, logits: torch.Tensor, arrivals: torch.Tensor,
+    renormalize: bool, dtype: torch.dtype, logits: torch.Tensor, arrivals: torch.Tensor, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """One `_route_fused` launch; with `norm` (residual, weight, eps, offset) x is the
     attention's output and the launch returns the normed rows and the new residual first."""
@@ -337,6 +343,8 @@ def _launch(
         raise ValueError(f"top_k {top_k} of {E} experts: top_k must be at least 1 and at most E")
     if T > min(arrivals.shape[0], logits.shape[0]) or logits.shape[1] != E or logits.stride(1) != 1:
         raise ValueError(f"workspace {tuple(logits.shape)} does not fit {T} tokens x {E} experts")
+    if bias is not None and (bias.shape != (E,) or bias.stride(0) != 1):
+        raise ValueError(f"the router's bias must be [{E}] and contiguous, got {tuple(bias.shape)}")
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -354,6 +362,7 @@ def _launch(
     _route_fused[(triton.cdiv(E, BLOCK_E), T)](
         x, w, logits, arrivals, ids, weights, E, H, x.stride(0), w.stride(0), logits.stride(0),
         res, nw, out[1], out[0], res.stride(0), out[1].stride(0), out[0].stride(0), eps, offset,
+        x if bias is None else bias, HAS_BIAS=bias is not None,
         K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad, RENORM=renormalize, LOGIT_DTYPE=tl_dtype(x.dtype), DTYPE=tl_dtype(dtype),
         INTERP=interpreting(x), BLOCK_E=BLOCK_E, BLOCK_H=min(triton.next_power_of_2(H), MAX_BLOCK_H),
         RANK_CHUNK=rank_chunk(e_pad, warps), NORM=norm is not None, OFFSET=offset != 0.0,
