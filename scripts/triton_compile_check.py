@@ -128,6 +128,8 @@ def dense_gemv_cases(act: tl.dtype) -> Iterator[Case]:
         yield Case(f"dense gemv {tokens} token(s) a block", dense_gemv._dense_gemv, dict(
                    DTYPE=act, ROWS=t.rows, COLS=t.cols, TOKENS=tokens, STAGES=t.stages, INTERP=False),
                    t.warps)
+    yield Case("dense gemv biased", dense_gemv._dense_gemv, dict(DTYPE=act, ROWS=t.rows, COLS=t.cols, TOKENS=t.tokens,
+               STAGES=t.stages, INTERP=False, HAS_BIAS=True), t.warps)  # GLM's q/k/v, gpt-oss's o_proj too
 
 
 def router_cases(act: tl.dtype) -> Iterator[Case]:

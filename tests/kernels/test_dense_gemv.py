@@ -93,6 +93,24 @@ def test_half_matches_linear(dtype: torch.dtype) -> None:
 
 
 @needs_triton
+def test_bias_enters_before_the_rounding() -> None:
+    """A projection's bias (GLM's q/k/v, gpt-oss's o_proj) added to the fp32 sum before the
+    one rounding, as F.linear adds it: within the same bound as without, of |x·w| + |b|."""
+    from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
+
+    x, w = inputs(3, torch.bfloat16, seed=8)
+    b = (torch.randn(N, generator=torch.Generator().manual_seed(9)) * 4).to(torch.bfloat16)
+    got = dense_gemv_triton(x, w, TILES[0], bias=b)
+    want = F.linear(x.float(), w.float(), b.float())
+    magnitude = x.float().abs() @ w.float().abs().T + b.float().abs()
+    bound = sum_atol(torch.float32, K + 1, 1.0) * magnitude + rounding_atol(torch.bfloat16, 1, 1.0) * want.abs()
+    assert ((got.float() - want).abs() <= bound).all()
+    no_bias = dense_gemv_triton(x, w, TILES[0]).float()
+    assert ((no_bias - want).abs() > bound).any()  # the bias is there (not vacuous)
+    assert torch.equal(dense_gemv_ref(x, w, b), F.linear(x, w, b))
+
+
+@needs_triton
 @pytest.mark.parametrize("t", TILES[:2], ids=IDS[:2])
 def test_batch_invariant_bitwise(t: DenseGemvTiles) -> None:
     # A row's output must not depend on M, on its slot in a token block or on the other
@@ -133,8 +151,8 @@ def test_auto_takes_the_gemv_for_one_token_only(monkeypatch) -> None:  # noqa: A
     assert dense.resolve_dense_kernel("auto", gpu) == "auto"
     assert dense.make_dense_linear("auto", gpu) is dense.dense_gemv_single
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(dense, "dense_gemv", lambda x, w: calls.append(("gemv", x.shape[0])) or F.linear(x, w))
-    monkeypatch.setattr(dense, "dense_gemv_ref", lambda x, w: calls.append(("ref", x.shape[0])) or F.linear(x, w))
+    monkeypatch.setattr(dense, "dense_gemv", lambda x, w, b=None: calls.append(("gemv", x.shape[0])) or F.linear(x, w))
+    monkeypatch.setattr(dense, "dense_gemv_ref", lambda x, w, b=None: calls.append(("ref", x.shape[0])) or F.linear(x, w))
     x, w = inputs(3, torch.float32, seed=4)
     for m in (1, 2, 3):
         assert torch.equal(dense.dense_gemv_single(x[:m], w), F.linear(x[:m], w))

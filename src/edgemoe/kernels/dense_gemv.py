@@ -24,7 +24,7 @@ between M = 1 and M = 7 (auto: M = 1 takes the GEMV, M = 2 cuBLAS).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -34,30 +34,34 @@ from edgemoe.kernels.backend import triton_importable, use_triton
 MAX_TOKENS = 32  # the largest M the Triton GEMV takes (decode batches up to cuda_graph_max_bs' default)
 DENSE_KERNELS = ("torch", "triton", "auto")
 
-Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+class Linear(Protocol):
+    """A projection: x [M, K] @ w [N, K].T (+ bias [N]) → [M, N] in x's dtype."""
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
-def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Torch reference: x [M, K] @ w[N, K].T → [M, N] in x's dtype."""
-    return F.linear(x, w)
+def dense_gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch reference: x [M, K] @ w[N, K].T (+ bias, added before the one rounding) → [M, N]
+    in x's dtype."""
+    return F.linear(x, w, None if bias is None else bias.to(x.dtype))
 
 
-def dense_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def dense_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton GEMV where it applies (CUDA, bf16/fp16, M <= MAX_TOKENS, 2-D x),
     else the reference. Same signature as `dense_gemv_ref`."""
     if x.dim() == 2 and 0 < x.shape[0] <= MAX_TOKENS and w.dtype == x.dtype and use_triton(x):
         from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
 
-        return dense_gemv_triton(x, w)
-    return dense_gemv_ref(x, w)
+        return dense_gemv_triton(x, w, bias=bias)
+    return dense_gemv_ref(x, w, bias)
 
 
-def dense_gemv_single(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def dense_gemv_single(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`--dense-kernel auto`: the Triton GEMV for one token (where it beats cuBLAS), the
     reference for more. Same signature as `dense_gemv_ref`."""
     if x.dim() == 2 and x.shape[0] == 1:
-        return dense_gemv(x, w)
-    return dense_gemv_ref(x, w)
+        return dense_gemv(x, w, bias)
+    return dense_gemv_ref(x, w, bias)
 
 
 def resolve_dense_kernel(setting: str, device: torch.device) -> str:

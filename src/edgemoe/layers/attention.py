@@ -51,9 +51,7 @@ class Attention:
         backend: AttentionBackend,
     ) -> torch.Tensor:
         s, T = self.spec, x.shape[0]
-        qkv = self.linear(x, self.qkv)
-        if self.qkv_bias is not None:
-            qkv = qkv + self.qkv_bias
+        qkv = self.linear(x, self.qkv, self.qkv_bias)  # a bias added before the one rounding, as F.linear's
         q, k, v = qkv.split(self.split, -1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)  # type: ignore[misc]
@@ -64,5 +62,4 @@ class Attention:
         v = v.reshape(T, s.num_kv_heads, s.head_dim)
         q = backend.rotate_and_write(s, q, k, v, cos, sin, batch, self.head_norms)  # head norms, rotary, KV write
         out = backend.attend(s, q, batch)  # [T, Hq, D]
-        o = self.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj)
-        return o if self.o_bias is None else o + self.o_bias
+        return self.linear(out.reshape(T, s.num_heads * s.head_dim), self.o_proj, self.o_bias)

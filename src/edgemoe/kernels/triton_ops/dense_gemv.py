@@ -46,10 +46,10 @@ def _token_fma(acc, w, x_ptr, tok, M, stride_xm, c0, K, ROWS: tl.constexpr, COLS
 
 
 @triton.jit
-def _store_token(out_ptr, acc, tok, M, stride_om, rows, row_ok, DTYPE: tl.constexpr, INTERP: tl.constexpr):
-    """Token `tok`'s output rows: its [ROWS, COLS] products summed over COLS, rounded once
-    (`out_ptr`: the program's first row)."""
-    y = round_to(tl.sum(acc, axis=1), DTYPE, INTERP)
+def _store_token(out_ptr, acc, bias, tok, M, stride_om, rows, row_ok, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """Token `tok`'s output rows: its [ROWS, COLS] products summed over COLS, plus the rows'
+    `bias` (fp32 [ROWS]; zeros without one), rounded once (`out_ptr`: the program's first row)."""
+    y = round_to(tl.sum(acc, axis=1) + bias, DTYPE, INTERP)
     tl.store(out_ptr + tok.to(tl.int64) * stride_om + rows, y, mask=row_ok & (tok < M))
 
 
@@ -57,9 +57,9 @@ def _store_token(out_ptr, acc, tok, M, stride_om, rows, row_ok, DTYPE: tl.conste
 # one compiled kernel serves every batch size, so no M can pick different code for a row.
 @triton.jit(do_not_specialize=["M", "blocks"])
 def _dense_gemv(
-    x_ptr, w_ptr, out_ptr, M, N, K, blocks, stride_xm, stride_wn, stride_om,
+    x_ptr, w_ptr, out_ptr, M, N, K, blocks, stride_xm, stride_wn, stride_om, b_ptr,
     DTYPE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, TOKENS: tl.constexpr,
-    STAGES: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr,
+    STAGES: tl.constexpr, INTERP: tl.constexpr, USE_PDL: tl.constexpr, HAS_BIAS: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t0 = (pid % blocks) * TOKENS
@@ -93,23 +93,29 @@ def _dense_gemv(
             acc6 = _token_fma(acc6, w, x_ptr, t0 + 6, M, stride_xm, c0, K, ROWS, COLS)
             acc7 = _token_fma(acc7, w, x_ptr, t0 + 7, M, stride_xm, c0, K, ROWS, COLS)
     out = out_ptr + row0
-    _store_token(out, acc0, t0, M, stride_om, rows, row_ok, DTYPE, INTERP)
+    # The projection's bias (q/k/v's, o's: GLM, gpt-oss) added before the rounding, as F.linear does.
+    b = tl.zeros([ROWS], dtype=tl.float32)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + row0 + rows, mask=row_ok, other=0.0).to(tl.float32)
+    _store_token(out, acc0, b, t0, M, stride_om, rows, row_ok, DTYPE, INTERP)
     if TOKENS > 1:
-        _store_token(out, acc1, t0 + 1, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc1, b, t0 + 1, M, stride_om, rows, row_ok, DTYPE, INTERP)
     if TOKENS > 2:
-        _store_token(out, acc2, t0 + 2, M, stride_om, rows, row_ok, DTYPE, INTERP)
-        _store_token(out, acc3, t0 + 3, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc2, b, t0 + 2, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc3, b, t0 + 3, M, stride_om, rows, row_ok, DTYPE, INTERP)
     if TOKENS > 4:
-        _store_token(out, acc4, t0 + 4, M, stride_om, rows, row_ok, DTYPE, INTERP)
-        _store_token(out, acc5, t0 + 5, M, stride_om, rows, row_ok, DTYPE, INTERP)
-        _store_token(out, acc6, t0 + 6, M, stride_om, rows, row_ok, DTYPE, INTERP)
-        _store_token(out, acc7, t0 + 7, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc4, b, t0 + 4, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc5, b, t0 + 5, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc6, b, t0 + 6, M, stride_om, rows, row_ok, DTYPE, INTERP)
+        _store_token(out, acc7, b, t0 + 7, M, stride_om, rows, row_ok, DTYPE, INTERP)
 
 
-def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, t: DenseGemvTiles | None = None) -> torch.Tensor:
-    """x [M, K] , w [N, K] (same dtype) → [M, N] in x's dtype, fp32 accumulation, one
-    rounding. `t`: the tiles (default `dense_gemv_tiles.tiles()`, which a sweep overrides).
-    Capturable: no host sync, one launch, the output from torch's allocator."""
+def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, t: DenseGemvTiles | None = None,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] , w [N, K] (same dtype) → [M, N] in x's dtype, fp32 accumulation, plus
+    `bias` [N] (any float dtype), one rounding. `t`: the tiles (default
+    `dense_gemv_tiles.tiles()`, which a sweep overrides). Capturable: no host sync, one
+    launch, the output from torch's allocator."""
     t = tiles() if t is None else t
     check(t)
     M, K = x.shape
@@ -121,12 +127,14 @@ def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, t: DenseGemvTiles | None
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
+    if bias is not None and (bias.shape != (N,) or bias.stride(0) != 1):
+        raise ValueError(f"bias must be [{N}] and contiguous, got {tuple(bias.shape)}")
     rows = rows_for(N, t)
     blocks = triton.cdiv(M, t.tokens)
     pdl = pdl_enabled(x.device)
     _dense_gemv[(triton.cdiv(N, rows) * blocks,)](
-        x, w, out, M, N, K, blocks, x.stride(0), w.stride(0), out.stride(0),
+        x, w, out, M, N, K, blocks, x.stride(0), w.stride(0), out.stride(0), x if bias is None else bias,
         DTYPE=tl_dtype(x.dtype), ROWS=rows, COLS=t.cols, TOKENS=t.tokens, STAGES=t.stages,
-        INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=t.warps,
+        INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=t.warps, HAS_BIAS=bias is not None,
     )
     return out
