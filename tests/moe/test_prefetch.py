@@ -166,3 +166,24 @@ def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.M
         monkeypatch.setenv("EDGEMOE_PREFETCH_TILE", bad)
         with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_TILE"):
             prefetch_grid()
+
+
+def test_router_predictor_ranks_as_each_router_does() -> None:
+    """gpt-oss's logit bias and GLM's sigmoid scores plus selection bias change the ranking
+    the next layer's router makes: the predictor ranks the same way (a plain weight: the
+    logits alone)."""
+    from edgemoe.moe.prefetch import RouterScores
+
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(5, H, generator=g), torch.randn(E, H, generator=g) / H**0.5
+    bias = 3 * torch.randn(E, generator=g)
+    logits = x @ w.t()
+    like = torch.full((5, K), -1, dtype=torch.int32)
+    cases = {"plain": (w, logits), "gpt-oss": (RouterScores(w, bias), logits + bias),
+             "glm": (RouterScores(w, bias, sigmoid=True), logits.sigmoid() + bias)}
+    picks = {}
+    for name, (router, scores) in cases.items():
+        got = RouterPredictor({0: router}, K)(0, x, like)
+        assert torch.equal(got.long(), torch.topk(scores, K, dim=-1).indices), name
+        picks[name] = got
+    assert not torch.equal(picks["plain"], picks["gpt-oss"]) and not torch.equal(picks["plain"], picks["glm"])

@@ -46,7 +46,10 @@ class SparseMoE:
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
         self.workspace = fused_router_workspace(router, top_k) if sigmoid is None else None
-        executor.register_router(layer, router)
+        if sigmoid is not None:
+            executor.register_router(layer, router, sigmoid.bias, sigmoid=True)
+        else:
+            executor.register_router(layer, router, router_bias)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] → (topk_ids [T, K] int32, topk_weights [T, K] fp32 holding values

@@ -44,7 +44,7 @@ from edgemoe.moe.device_counts import DeviceCounts
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
-from edgemoe.moe.prefetch import DecodePrefetch, Predictor
+from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
@@ -143,7 +143,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.streaming = PrefillStream(self.cache, self.slots, store, min_tokens, below)
         self.stats.sources.append(lambda: {"streamed_chunks": self.streaming.chunks,
                                            "slot_loans": self.lending.loans if self.lending else 0})
-        self.routers: dict[int, torch.Tensor] = {}
+        self.routers: dict[int, RouterScores] = {}  # the decode prefetch's predictor reads them
         self.prefetch: DecodePrefetch | None = None
         loaned = self.lending is not None and planned_tokens is not None
         self.workspace = CellWorkspace(planned_tokens if loaned else max_tokens, store.down_shape[0], device,  # type: ignore[arg-type]
@@ -176,8 +176,8 @@ class DeviceOffloadExecutor(CellsExecutor):
             return None
         return SlotLending(self.cache, self.slots, lend_slots, min_tokens, lambda: self.workspace.drop_loaned())
 
-    def register_router(self, layer: int, router: torch.Tensor) -> None:
-        self.routers[layer] = router
+    def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False) -> None:  # noqa: ANN001
+        self.routers[layer] = RouterScores(router, bias, sigmoid)
 
     def enable_prefetch(self, predictor: Predictor, top_k: int) -> None:
         """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token."""

@@ -85,18 +85,34 @@ class Predictor(Protocol):
         ...
 
 
+class RouterScores(NamedTuple):
+    """How a layer's router ranks its experts, for prediction: the logits x·Wᵀ (a softmax
+    router's top-k is theirs), plus gpt-oss's logit `bias`; or, `sigmoid`, GLM's scores
+    sigmoid(x·Wᵀ) plus its selection bias (its expert groups left out: one in GLM-4.5)."""
+
+    weight: torch.Tensor  # [E, H]
+    bias: torch.Tensor | None = None  # [E]
+    sigmoid: bool = False
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
+        s = s.sigmoid() if self.sigmoid else s
+        return s if self.bias is None else s + self.bias.float()
+
+
 class RouterPredictor:
-    """The next layer's router (softmax top-k, i.e. the logits' top-k) on x."""
+    """The next layer's router on x: its experts' top-k by `RouterScores` (a plain weight
+    [E, H]: the logits')."""
 
     label = "router"
 
-    def __init__(self, routers: dict[int, torch.Tensor], top_k: int) -> None:
+    def __init__(self, routers: dict[int, RouterScores | torch.Tensor], top_k: int) -> None:
         self.routers, self.top_k = routers, top_k
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        router = self.routers[layer]  # fp32 for a sigmoid router (GLM): its logits' ranking, bias left out
-        logits = torch.matmul(x.to(router.dtype), router.t()).float()
-        return torch.topk(logits, self.top_k, dim=-1).indices.to(torch.int32)
+        router = self.routers[layer]
+        scores = (router if isinstance(router, RouterScores) else RouterScores(router)).scores(x)
+        return torch.topk(scores, self.top_k, dim=-1).indices.to(torch.int32)
 
 
 class StagedPredictor:
