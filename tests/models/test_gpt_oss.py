@@ -200,3 +200,11 @@ def test_convert_writes_the_published_mxfp4_layout(saved: Path, tmp_path: Path) 
             want = llm.prompt_logits(SEQ)
         with LLM(str(converted), dtype="float32") as llm:
             assert torch.equal(llm.prompt_logits(SEQ), want), fmt
+
+
+def test_unbiased_attention_and_tied_embeddings_match_transformers(tmp_path: Path) -> None:
+    """Configs the published ones don't use: `attention_bias` false (no q/k/v/o biases
+    stored), tied embeddings, the default layer_types (alternating from a sliding first)."""
+    overrides = dict(attention_bias=False, tie_word_embeddings=True, layer_types=None)
+    path = save(gpt_oss(**overrides), tmp_path)
+    assert_close_logits(ours(path), reference(path))

@@ -60,7 +60,8 @@ class GptOssArch(DecoderArch):
         H, E, I = self.hidden_size, self.num_experts, self.moe_intermediate_size
         for i in range(self.num_layers):
             p = f"layers.{i}."
-            shapes[p + "o_bias"] = (H,)
+            if self.attention_bias:  # q/k/v's and o's together, as transformers' `attention_bias`
+                shapes[p + "o_bias"] = (H,)
             shapes[p + "sinks"] = (self.num_heads,)
             shapes[p + "router_bias"] = (E,)
             shapes[p + "expert_gate_up_bias"] = (E, 2 * I)
@@ -118,7 +119,7 @@ def checkpoint_map(a: GptOssArch) -> NameMap:
             m[lp + "q_proj.bias"] = Placement(our + "qkv_bias", (slice(0, q),))
             m[lp + "k_proj.bias"] = Placement(our + "qkv_bias", (slice(q, q + k),))
             m[lp + "v_proj.bias"] = Placement(our + "qkv_bias", (slice(q + k, None),))
-        m[lp + "o_proj.bias"] = Placement(our + "o_bias")
+            m[lp + "o_proj.bias"] = Placement(our + "o_bias")
         m[lp + "sinks"] = Placement(our + "sinks")
         m[mlp + "router.weight"] = Placement(our + "router")
         m[mlp + "router.bias"] = Placement(our + "router_bias")
@@ -177,7 +178,7 @@ def build(arch: GptOssArch, params: dict[str, torch.Tensor], executor: MoEExecut
         pre = f"layers.{i}."
         spec = attention_spec(arch, i, rope, arch.layer_windows[i], sinks=p[pre + "sinks"].float())
         return Attention(spec, p[pre + "qkv"], p[pre + "o_proj"], linear=linear, qkv_bias=p.get(pre + "qkv_bias"),
-                         o_bias=p[pre + "o_bias"])
+                         o_bias=p.get(pre + "o_bias"))
 
     return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear))
 
