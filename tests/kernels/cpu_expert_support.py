@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from edgemoe.kernels import cpu_build, cpu_isa
+from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.kernels.expert_bias import ExpertBias
 
 U32 = 2.0**-24  # fp32 unit roundoff
 UBF = 2.0**-8  # bf16 unit roundoff (8 significant bits, round to nearest even)
@@ -64,14 +66,17 @@ def q_weights_rounded(variant: str, path: str) -> bool:
 
 
 def error_bound(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                x_rounded: bool, h_rounded: bool, bf16_ops: bool = False, w_rounded: bool = False) -> torch.Tensor:
-    """Per-element bound on |kernel − fp32 reference| for y = down @ (silu(g) * u),
-    to first order, from the exact (fp64) intermediates:
+                x_rounded: bool, h_rounded: bool, bf16_ops: bool = False, w_rounded: bool = False,
+                act=F.silu, bias: ExpertBias | None = None) -> torch.Tensor:  # noqa: ANN001
+    """Per-element bound on |kernel − fp32 reference| for y = down @ (silu(g) * u) (or
+    `act`'s GLU, and `bias`: this expert's [2I], [H] rows), to first order, from the exact
+    (fp64) intermediates:
     - sums of n terms in fp32, in any order, err by at most n·u32·Σ|terms|, once in the
       kernel and once in the reference (hence 2n);
     - x and h rounded to bf16 (blocked paths) add u_bf·|x| and u_bf·|h|; the weights
       rounded to bf16 (`w_rounded`: a quantised blocked path) u_bf·|w| each;
-    - silu in fp32 (expf, a divide, a multiply; both sides): 16·u32·|h|;
+    - the biases added in fp32 (both sides): 2·u32 of each sum;
+    - the GLU in fp32 (`_glu_error`);
     - torch's bf16 path (`bf16_ops`) also rounds g, u, silu(g)·u and y to bf16."""
     xd, w, d = x.double(), gate_up.double(), down.double()
     hidden, inter = w.shape[1], d.shape[1]
@@ -79,13 +84,38 @@ def error_bound(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     ag, au = (xd.abs() @ w.abs().T).chunk(2, dim=-1)
     coef = UBF * (x_rounded + w_rounded) + 2 * hidden * U32
     eg, eu = coef * ag + UBF * bf16_ops * g.abs(), coef * au + UBF * bf16_ops * u.abs()
-    s = F.silu(g)
-    h = s * u
-    eh = SILU_SLOPE * eg * u.abs() + s.abs() * eu + SILU_SLOPE * eg * eu + 16 * U32 * h.abs()
+    if bias is not None:
+        b_g, b_u = bias.gate_up.double().chunk(2, dim=-1)
+        g, u = g + b_g, u + b_u
+        eg, eu = eg + 2 * U32 * (g.abs() + eg), eu + 2 * U32 * (u.abs() + eu)
+    h, eh = _glu_error(act, g, u, eg, eu)
     eh = eh + UBF * (h_rounded + 2 * bf16_ops) * (h.abs() + eh)
     y = h @ d.T
     ey = eh @ d.abs().T + 2 * inter * U32 * (h.abs() @ d.abs().T) + UBF * w_rounded * ((h.abs() + eh) @ d.abs().T)
+    if bias is not None:
+        y = y + bias.down.double()
+        ey = ey + 2 * U32 * (y.abs() + ey)
     return (ey + UBF * bf16_ops * (y.abs() + ey)).float()
+
+
+def _glu_error(act, g: torch.Tensor, u: torch.Tensor, eg: torch.Tensor,  # noqa: ANN001
+               eu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, its error bound) for h = act's GLU of the exact (g, u), whose errors are (eg, eu):
+    - silu(g)·u: silu's slope is at most 1.1; its fp32 ops (expf, a divide, a multiply;
+      both sides): 16·u32·|h|;
+    - swiglu_oai, (clamp(u, ±L) + 1) · g'·sigmoid(α·g'), g' = min(g, L): the clamps are
+      1-Lipschitz and d/dg (g·sigmoid(α·g)) is silu's slope at α·g (at most 1.1); its fp32
+      ops 16·u32·|h|, and α·g rounded before expf (both sides): 2·α·|g'|·u32·|h|. (The
+      blocked path's polynomial exp errs by < 4·u32, and its h is rounded to bf16 next.)"""
+    if kernel_name(act) != "swiglu_oai":
+        s = F.silu(g)
+        h = s * u
+        return h, SILU_SLOPE * eg * u.abs() + s.abs() * eu + SILU_SLOPE * eg * eu + 16 * U32 * h.abs()
+    gc, uc = g.clamp(max=act.limit), u.clamp(-act.limit, act.limit)
+    psi = gc * torch.sigmoid(act.alpha * gc)
+    h = (uc + 1) * psi
+    eh = SILU_SLOPE * eg * (uc.abs() + 1) + psi.abs() * eu + SILU_SLOPE * eg * eu
+    return h, eh + (16 + 2 * act.alpha * gc.abs()) * U32 * h.abs()
 
 
 def routed_q_cells(experts: list, fmt, kernel: CpuExperts, H: int, weight_floor: float = 0.0):  # noqa: ANN001, ANN201

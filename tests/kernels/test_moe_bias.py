@@ -1,9 +1,10 @@
 """Biased experts and gpt-oss's clamped SwiGLU (`ExpertBias`, `clamped_swiglu`) through every
 MoE expert path: the torch paths, the Triton kernels (under the interpreter on CPU: bf16
 decode with and without split-K, prefill; each quantised format's decode and prefill) and
-the CPU experts' torch fallback, against the fp32 formula within `cell_bound` (the dtype's
-roundings propagated through the magnitudes of this very case). Weights sit in a permuted
-slot map (slot != expert id), so a bias read by slot instead of expert id shows."""
+the CPU experts' torch fallback (no compiler; the C kernel: test_cpu_experts_bias.py),
+against the fp32 formula within `cell_bound` (the dtype's roundings propagated through
+the magnitudes of this very case). Weights sit in a permuted slot map (slot != expert id),
+so a bias read by slot instead of expert id shows."""
 
 from __future__ import annotations
 
@@ -300,12 +301,12 @@ def test_triton_quantised(triton_on_cpu: None, fmt_name: str) -> None:
 
 
 class NoNativeCall:
-    """A CPU kernel that must not be called: biased or non-SiLU experts take torch."""
+    """A machine without a compiler (`CpuExperts("torch")`): the entry points take torch."""
 
-    native = True
+    native = False
 
-    def call(self, *args: object) -> None:
-        raise AssertionError("the C kernel has no biased / swiglu_oai path")
+    def call(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("no C kernel to call")
 
 
 @pytest.mark.parametrize("kind", ["swiglu_oai+bias", "silu+bias"])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 7  # NOTE: must equal EM_ABI_VERSION in expert.c
+ABI_VERSION = 8  # NOTE: must equal EM_ABI_VERSION in expert.c
 SOURCE_DIR = Path(__file__).parent / "cpu"
 CACHE_ENV = "EDGEMOE_CACHE_DIR"
 
@@ -127,7 +127,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_threads.restype, lib.em_threads.argtypes = i32, [p]
     lib.em_destroy.restype, lib.em_destroy.argtypes = None, [p]
     lib.em_experts.restype = i32
-    lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32, i32, i32]
+    f32 = ctypes.c_float
+    lib.em_experts.argtypes = [p, p, i32, i64, p, i64, i32, i32, p, i32, i32, i32, i32, i32, f32, f32, i32]
     lib.em_read.restype, lib.em_read.argtypes = ctypes.c_uint64, [p, p, i64]
     lib.em_pool_stats.restype, lib.em_pool_stats.argtypes = None, [p, ctypes.POINTER(i64)]
     lib.em_quiesce.restype, lib.em_quiesce.argtypes = None, [p]

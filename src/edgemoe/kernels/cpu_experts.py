@@ -1,5 +1,7 @@
 """Routed experts on the host CPU: y = down @ (silu(gate @ x) * (up @ x)) with bf16
-weights read in place from the expert store, fp32 accumulation, fp32 results.
+weights read in place from the expert store, fp32 accumulation, fp32 results; or
+gpt-oss's experts, y = down @ glu(gate @ x + b_g, up @ x + b_u) + b_d with its clamped
+SwiGLU (`kernels/cpu/em_glu.h`).
 
 Entry points (the kernel object and its variants: `cpu_kernel.CpuExperts`):
 - `expert_mlp_cpu(x, gate_up, down, kernel, act, bias)` → [n, H]: one expert on its tokens
@@ -15,10 +17,11 @@ Entry points (the kernel object and its variants: `cpu_kernel.CpuExperts`):
 The routed forms build their job table in numpy in one pass (a few µs), since a
 decode step calls them once per MoE layer.
 
-The C kernel computes bf16 SiLU experts without biases. Expert biases (`ExpertBias`,
-gpt-oss) and other activations (`Activation.glu`: gelu, swiglu_oai) take the torch path
-of every entry point here (`expert_mlp_torch`; the routed forms' `act` and `bias`,
-biases by expert id); `cpu_experts_quant.py` has neither.
+The C kernel computes SiLU and swiglu_oai (`clamped_swiglu`: its alpha and limit are
+the call's), with or without expert biases (`ExpertBias`, bf16 or fp32, read in place:
+the routed forms' `bias` [E, …] by expert id, an `ExpertJob`'s its expert's rows). Other
+activations (gelu, …), biases elsewhere than on the CPU, or no compiler take the torch
+path (`expert_mlp_torch`).
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgemoe.kernels.activations import kernel_name
-from edgemoe.kernels.cpu_kernel import JOB_FIELDS, CpuExperts, default_cpu_experts
+from edgemoe.kernels.cpu_kernel import BIAS_FIELDS, JOB_FIELDS, CpuExperts, default_cpu_experts, kernel_glu
 from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.moe_reference import Activation, expert_mlp, moe_experts_partial_ref
 
@@ -42,8 +44,8 @@ ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Activation, Expe
 @dataclass(frozen=True)
 class ExpertJob:
     """One expert's work: rows `tokens` of x through (gate_up [2I, H], down [H, I]) and
-    its biases (`bias`: [2I], [H]; the torch path only); result row t goes to
-    out[out_rows[t]] (default t), times scale[t] (default 1)."""
+    its biases (`bias`: [2I], [H], or None); result row t goes to out[out_rows[t]]
+    (default t), times scale[t] (default 1)."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
@@ -53,9 +55,28 @@ class ExpertJob:
     bias: ExpertBias | None = None
 
 
-def is_silu(act: Activation) -> bool:
-    """SiLU, the C kernel's activation, as a plain function (tests) or the engine's Activation."""
-    return act is F.silu or kernel_name(act) == "silu"
+def bias_addresses(bias: ExpertBias | None, experts: Sequence[int], hidden: int, inter: int) -> np.ndarray:
+    """int64 [len(experts), 2]: each expert's gate_up and down bias rows in the bias banks
+    [E, 2I] / [E, H], by expert id (a job table's BIAS_FIELDS); zeros without biases."""
+    out = np.zeros((len(experts), 2), dtype=np.int64)
+    if bias is None:
+        return out
+    E = bias.gate_up.shape[0]
+    if tuple(bias.gate_up.shape) != (E, 2 * inter) or tuple(bias.down.shape) != (E, hidden):
+        raise ValueError(f"bias gate_up {tuple(bias.gate_up.shape)} / down {tuple(bias.down.shape)} "
+                         f"are not [E, 2I={2 * inter}] / [E, H={hidden}]")
+    ids = np.asarray(experts, dtype=np.int64)
+    # NOTE: the C kernel trusts every address: an id past the banks would read wild memory.
+    if ids.size and (ids.min() < 0 or ids.max() >= E):
+        raise IndexError(f"expert ids outside the biases' [0, {E})")
+    for col, bank in enumerate((bias.gate_up, bias.down)):
+        out[:, col] = bank.data_ptr() + ids * bank.stride(0) * bank.element_size()
+    return out
+
+
+def _one_expert(bias: ExpertBias) -> ExpertBias:
+    """An expert's biases ([2I], [H]) as banks of one expert ([1, 2I], [1, H])."""
+    return ExpertBias(bias.gate_up.unsqueeze(0), bias.down.unsqueeze(0))
 
 
 # ---- references ----
@@ -107,15 +128,19 @@ def expert_mlp_cpu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, k
 def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
                 kernel: CpuExperts | None = None, act: Activation = F.silu) -> None:
     """out[job.out_rows] = job.scale * expert(x[job.tokens]) for every job; other rows
-    of out are untouched. x [T, H] fp32/bf16; out [R, H] fp32; weights bf16 (others,
-    biased jobs and activations other than SiLU run the torch path)."""
+    of out are untouched. x [T, H] fp32/bf16; out [R, H] fp32; weights bf16; the jobs'
+    biases (if any) in one dtype (others, or an activation the C kernel lacks: torch)."""
     kernel = kernel or default_cpu_experts()
     if not jobs:
         return
-    native = kernel.native and x.device.type == "cpu" and is_silu(act)
-    if not (native and all(j.bias is None and _weights_ok(j.gate_up, j.down) for j in jobs)):
+    biased = [j.bias for j in jobs if j.bias is not None]
+    glus = {kernel_glu(act, b) for b in biased} if biased else {kernel_glu(act)}
+    glu = glus.pop() if len(glus) == 1 else None  # jobs' biases in two dtypes: torch
+    native = kernel.native and x.device.type == "cpu" and glu is not None
+    if not (native and all(_weights_ok(j.gate_up, j.down) for j in jobs)):
         _run_jobs(expert_mlp_torch, x, jobs, out, act)
         return
+    assert glu is not None
     hidden, inter = _shape(jobs[0].gate_up, jobs[0].down)
     keep: list[torch.Tensor] = []  # NOTE: converted index tensors must outlive the call
     table = np.zeros((len(jobs), JOB_FIELDS), dtype=np.int64)
@@ -129,7 +154,9 @@ def experts_cpu(x: torch.Tensor, jobs: Sequence[ExpertJob], out: torch.Tensor,
         # bf16: no scale or zero-point addresses (the table's later fields stay 0)
         table[j, :6] = (job.gate_up.data_ptr(), job.down.data_ptr(), tokens.data_ptr(),
                         rows.data_ptr() if rows is not None else 0, scale.data_ptr() if scale is not None else 0, n)
-    kernel.call(x, table, out, hidden, inter)
+        if job.bias is not None:
+            table[j, BIAS_FIELDS] = bias_addresses(_one_expert(job.bias), [0], hidden, inter)[0]
+    kernel.call(x, table, out, hidden, inter, glu=glu)
 
 
 def _shape(gate_up: torch.Tensor, down: torch.Tensor) -> tuple[int, int]:
@@ -191,9 +218,14 @@ def route_cells(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Seq
                        np.searchsorted(grouped, ids, "left"), np.searchsorted(grouped, ids, "right"))
 
 
-def _routed_table(cells: RoutedCells, gate_up_addr: np.ndarray, down_addr: np.ndarray) -> np.ndarray:
+def _routed_table(cells: RoutedCells, gate_up_addr: np.ndarray, down_addr: np.ndarray,
+                  bias_addr: np.ndarray | None = None) -> np.ndarray:
+    """The job table of `cells`: expert i's weights at gate_up_addr[i] / down_addr[i], its
+    bias rows at bias_addr[i] ([jobs, 2], `bias_addresses`; None: none)."""
     table = np.zeros((len(cells.lo), JOB_FIELDS), dtype=np.int64)
     table[:, 0], table[:, 1] = gate_up_addr, down_addr
+    if bias_addr is not None:
+        table[:, BIAS_FIELDS] = bias_addr
     for col, arr in ((2, cells.tokens), (3, cells.cells), (4, cells.scale)):
         table[:, col] = _address(arr) + 4 * cells.lo  # 4 bytes: int32 / float32
     table[:, 5] = cells.hi - cells.lo
@@ -216,27 +248,31 @@ def moe_experts_partial_cpu(
 ) -> None:
     """`moe_experts_partial_ref`'s contract on the CPU kernel: fill contrib[t, k] for
     every (t, k) routed to one of `experts`, whose weights are bank rows `rows` of
-    gate_up [S, 2I, H] / down [S, H, I]. Activations other than SiLU, biases ([E, …], by
-    expert id), weights other than bf16, or device tensors run the reference instead."""
+    gate_up [S, 2I, H] / down [S, H, I], biases `bias` [E, …] by expert id. Activations the
+    C kernel lacks, weights other than bf16, or device tensors run the reference instead."""
     kernel = kernel or default_cpu_experts()
-    native = kernel.native and is_silu(act) and bias is None
-    if not (native and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
+    glu = kernel_glu(act, bias)
+    if not (kernel.native and glu is not None and _weights_ok(gate_up, down) and _contrib_ok(x, topk_ids, contrib)):
         moe_experts_partial_ref(x, topk_ids, topk_weights, experts, rows, gate_up, down, act, contrib, bias)
         return
     hidden, inter = _shape(gate_up, down)
-    table, _cells = bank_job_table(topk_ids, topk_weights, experts, rows, gate_up, down)
-    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+    table, _cells = bank_job_table(topk_ids, topk_weights, experts, rows, gate_up, down, bias)
+    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, glu=glu)
 
 
 def bank_job_table(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int], rows: Sequence[int],
-                   gate_up: torch.Tensor, down: torch.Tensor) -> tuple[np.ndarray, RoutedCells]:
-    """`moe_experts_partial_cpu`'s job table (bf16 bank rows `rows` of `experts`) and the
-    cells its addresses point into: keep both alive until the call returns."""
+                   gate_up: torch.Tensor, down: torch.Tensor,
+                   bias: ExpertBias | None = None) -> tuple[np.ndarray, RoutedCells]:
+    """`moe_experts_partial_cpu`'s job table (bf16 bank rows `rows` of `experts`, their
+    biases by expert id) and the cells its addresses point into: keep both alive until the
+    call returns."""
     r = np.asarray(rows, dtype=np.int64)
     if r.size and (r.min() < 0 or r.max() >= gate_up.shape[0] or gate_up.shape[0] != down.shape[0]):
         raise IndexError(f"bank rows outside [0, {gate_up.shape[0]})")
+    hidden, inter = _shape(gate_up, down)
     cells = route_cells(topk_ids, topk_weights, experts)
-    table = _routed_table(cells, gate_up.data_ptr() + r * gate_up.stride(0) * 2, down.data_ptr() + r * down.stride(0) * 2)
+    gate_up_addr, down_addr = gate_up.data_ptr() + r * gate_up.stride(0) * 2, down.data_ptr() + r * down.stride(0) * 2
+    table = _routed_table(cells, gate_up_addr, down_addr, bias_addresses(bias, experts, hidden, inter))
     return table, cells
 
 
@@ -247,10 +283,11 @@ def moe_experts_cpu(
 ) -> None:
     """As `moe_experts_partial_cpu` with weights[i] = (gate_up [2I, H], down [H, I]) of
     experts[i], e.g. `[store.expert(layer, e) for e in experts]`; `bias` [E, …] by expert
-    id. The C kernel for bf16 SiLU experts without biases, torch otherwise."""
+    id. The C kernel for bf16 experts (`kernel_glu`), torch otherwise."""
     kernel = kernel or default_cpu_experts()
     cells = route_cells(topk_ids, topk_weights, experts)
-    native = kernel.native and is_silu(act) and bias is None
+    glu = kernel_glu(act, bias)
+    native = kernel.native and glu is not None
     if not (native and _contrib_ok(x, topk_ids, contrib) and all(_weights_ok(*w) for w in weights)):
         jobs = _torch_jobs(cells, experts, weights, cells.cells, bias)
         _run_jobs(expert_mlp_torch, x, jobs, contrib.view(-1, contrib.shape[-1]), act)
@@ -259,8 +296,9 @@ def moe_experts_cpu(
     if any(_shape(*w) != (hidden, inter) for w in weights):
         raise ValueError("moe_experts_cpu: every expert of a call must have the same [H, I]")
     table = _routed_table(cells, np.array([w[0].data_ptr() for w in weights], dtype=np.int64),
-                          np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
-    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter)
+                          np.array([w[1].data_ptr() for w in weights], dtype=np.int64),
+                          bias_addresses(bias, experts, hidden, inter))
+    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, glu=glu)
 
 
 def _torch_jobs(cells: RoutedCells, experts: Sequence[int], weights: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -290,21 +328,23 @@ def moe_expert_cells_cpu(
     device's cells): (cells [C] int64, values [C, H] fp32), values[i] = the contribution
     of cell `cells[i]` = t*K + k of the routing [T, K]; each expert's cells together, in
     (t, k) order. weights[i] = (gate_up [2I, H], down [H, I]) of experts[i]; `bias` [E, …]
-    by expert id. Other weights than bf16, other activations than SiLU, biases, or no
-    native kernel: torch in the weights' dtype."""
+    by expert id. Other weights than bf16, an activation or biases the C kernel can't take
+    (`kernel_glu`), or no native kernel: torch in the weights' dtype."""
     kernel = kernel or default_cpu_experts()
     cells = _only(route_cells(topk_ids, topk_weights, experts))
     rows = np.arange(len(cells.cells), dtype=np.int32)  # cell i → row i of values
     values = torch.empty(len(rows), x.shape[1], dtype=torch.float32)
-    native = kernel.native and is_silu(act) and bias is None
+    glu = kernel_glu(act, bias)
+    native = kernel.native and glu is not None
     if native and x.device.type == "cpu" and weights and all(_weights_ok(*w) for w in weights):
         hidden, inter = _shape(*weights[0])
         if any(_shape(*w) != (hidden, inter) for w in weights):
             raise ValueError("moe_expert_cells_cpu: every expert of a call must have the same [H, I]")
         table = _routed_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi),
                               np.array([w[0].data_ptr() for w in weights], dtype=np.int64),
-                              np.array([w[1].data_ptr() for w in weights], dtype=np.int64))
-        kernel.call(x, table, values, hidden, inter)
+                              np.array([w[1].data_ptr() for w in weights], dtype=np.int64),
+                              bias_addresses(bias, experts, hidden, inter))
+        kernel.call(x, table, values, hidden, inter, glu=glu)
     else:
         _run_jobs(expert_mlp_torch, x, _torch_jobs(cells, experts, weights, rows, bias), values, act)
     return torch.from_numpy(cells.cells.astype(np.int64)), values

@@ -8,7 +8,10 @@ Weights come as a format's parts (`edgemoe.quant`): "gate_up", "gate_up_scale", 
 "down_scale" (int4: also "gate_up_zero", "down_zero"; mxfp4: the scales are E8M0 bytes). Entry points mirror `cpu_experts.py`:
 - `expert_mlp_q_cpu(x, parts, fmt)` → [n, H] fp32 (reference: `expert_mlp_q_ref`);
 - `moe_experts_q_cpu(x, topk_ids, topk_weights, experts, weights, fmt, contrib)`: the
-  routed form, weights[i] = the parts of experts[i] (e.g. `store.expert_parts(layer, e)`).
+  routed form, weights[i] = the parts of experts[i] (e.g. `store.expert_parts(layer, e)`);
+- `moe_expert_cells_q_cpu(...)`: the routed form's cells compactly.
+Each takes `act` (SiLU, or gpt-oss's swiglu_oai) and `bias` (`ExpertBias`: the one
+expert's rows, or [E, …] by expert id in the routed forms), as `cpu_experts.py`'s do.
 """
 
 from __future__ import annotations
@@ -17,16 +20,21 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_experts import (
     RoutedCells,
     _contrib_ok,
+    _one_expert,
     _only,
     _routed_table,
+    bias_addresses,
     expert_mlp_ref,
     route_cells,
 )
-from edgemoe.kernels.cpu_kernel import CpuExperts, default_cpu_experts
+from edgemoe.kernels.cpu_kernel import CpuExperts, default_cpu_experts, kernel_glu
+from edgemoe.kernels.expert_bias import ExpertBias
+from edgemoe.kernels.moe_reference import Activation
 from edgemoe.quant import ExpertFormat, Fp8Block, Int4Group, Int8Channel, Parts, dequantise_expert, expert_specs
 from edgemoe.quant.mxfp4 import BLOCK as MX_BLOCK
 from edgemoe.quant.mxfp4 import Mxfp4
@@ -58,10 +66,12 @@ def native_weights(fmt: ExpertFormat) -> tuple[str, int] | None:
     return None
 
 
-def expert_mlp_q_ref(x: torch.Tensor, parts: Parts, fmt: ExpertFormat) -> torch.Tensor:
-    """The oracle: the expert dequantised to fp32, then everything in fp32."""
+def expert_mlp_q_ref(x: torch.Tensor, parts: Parts, fmt: ExpertFormat, act: Activation = F.silu,
+                     bias: ExpertBias | None = None) -> torch.Tensor:
+    """The oracle: the expert dequantised to fp32, then everything in fp32 (`bias`: its
+    [2I], [H] rows, or each token's)."""
     hidden, inter = x.shape[1], parts["gate_up"].shape[0] // 2
-    return expert_mlp_ref(x, *dequantise_expert(fmt, parts, hidden, inter))
+    return expert_mlp_ref(x, *dequantise_expert(fmt, parts, hidden, inter), act, bias)
 
 
 def _parts_ok(parts: Parts, fmt: ExpertFormat) -> bool:
@@ -91,77 +101,93 @@ def _inter(weights: Sequence[Parts], fmt: ExpertFormat, hidden: int) -> int:
     return inter
 
 
-def _quant_table(cells: RoutedCells, weights: Sequence[Parts]) -> np.ndarray:
+def _quant_table(cells: RoutedCells, weights: Sequence[Parts], bias_addr: np.ndarray | None = None) -> np.ndarray:
     """The job table of `cells` over quantised experts: data, scale and zero-point addresses
-    (zero points: int4 only; 0 otherwise)."""
-    table = _routed_table(cells, _addresses(weights, "gate_up"), _addresses(weights, "down"))
+    (zero points: int4 only; 0 otherwise), bias rows `bias_addr` (`bias_addresses`)."""
+    table = _routed_table(cells, _addresses(weights, "gate_up"), _addresses(weights, "down"), bias_addr)
     for col, name in ((6, "gate_up_scale"), (7, "down_scale"), (8, "gate_up_zero"), (9, "down_zero")):
         table[:, col] = _addresses(weights, name)
     return table
 
 
-def expert_mlp_q_cpu(x: torch.Tensor, parts: Parts, fmt: ExpertFormat, kernel: CpuExperts | None = None) -> torch.Tensor:
-    """One expert on its tokens: x [n, H] → [n, H] fp32."""
+def expert_mlp_q_cpu(x: torch.Tensor, parts: Parts, fmt: ExpertFormat, kernel: CpuExperts | None = None,
+                     act: Activation = F.silu, bias: ExpertBias | None = None) -> torch.Tensor:
+    """One expert on its tokens: x [n, H] → [n, H] fp32 (`bias`: its [2I], [H] rows)."""
     n, hidden = x.shape
     contrib = torch.empty(n, 1, hidden)
     ids = torch.zeros(n, 1, dtype=torch.int64)
-    moe_experts_q_cpu(x, ids, torch.ones(n, 1), [0], [parts], fmt, contrib, kernel)
+    banks = _one_expert(bias) if bias is not None else None
+    moe_experts_q_cpu(x, ids, torch.ones(n, 1), [0], [parts], fmt, contrib, kernel, act, banks)
     return contrib[:, 0]
+
+
+def _ref_cells(x: torch.Tensor, cells: RoutedCells, experts: Sequence[int], weights: Sequence[Parts],
+               fmt: ExpertFormat, act: Activation, bias: ExpertBias | None, out: torch.Tensor,
+               out_rows: np.ndarray) -> None:
+    """The reference's cells: expert i's [lo, hi) weighted into rows out_rows[lo:hi] of out."""
+    for e, parts, lo, hi in zip(experts, weights, cells.lo, cells.hi, strict=True):
+        if hi > lo:
+            b = bias.of(e) if bias is not None else None
+            y = expert_mlp_q_ref(x[torch.from_numpy(cells.tokens[lo:hi]).long()], parts, fmt, act, b)
+            out[torch.from_numpy(out_rows[lo:hi]).long()] = y * torch.from_numpy(cells.scale[lo:hi])[:, None]
 
 
 def moe_experts_q_cpu(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
     weights: Sequence[Parts], fmt: ExpertFormat, contrib: torch.Tensor, kernel: CpuExperts | None = None,
+    act: Activation = F.silu, bias: ExpertBias | None = None,
 ) -> None:
     """Fill contrib[t, k] = w[t, k] · expert(x[t]) for every (t, k) routed to one of
-    `experts` (SiLU experts), weights[i] holding experts[i]'s parts in `fmt`."""
+    `experts`, weights[i] holding experts[i]'s parts in `fmt`, `bias` [E, …] by expert id.
+    No native path (the format, `act`, the biases' place or dtype): the reference, in fp32."""
     kernel = kernel or default_cpu_experts()
     cells = route_cells(topk_ids, topk_weights, experts)
-    native = native_weights(fmt)
-    ok = native and kernel.native and _contrib_ok(x, topk_ids, contrib) and all(_parts_ok(p, fmt) for p in weights)
-    if not ok:
-        flat = contrib.view(-1, contrib.shape[-1])
-        for parts, lo, hi in zip(weights, cells.lo, cells.hi, strict=True):
-            if hi > lo:
-                y = expert_mlp_q_ref(x[torch.from_numpy(cells.tokens[lo:hi]).long()], parts, fmt)
-                flat[torch.from_numpy(cells.cells[lo:hi]).long()] = y * torch.from_numpy(cells.scale[lo:hi])[:, None]
+    native, glu = native_weights(fmt), kernel_glu(act, bias)
+    ok = native is not None and glu is not None and kernel.native and _contrib_ok(x, topk_ids, contrib)
+    if not (ok and all(_parts_ok(p, fmt) for p in weights)):
+        _ref_cells(x, cells, experts, weights, fmt, act, bias, contrib.view(-1, contrib.shape[-1]), cells.cells)
         return
     hidden = x.shape[1]
     inter = _inter(weights, fmt, hidden)
-    table = _quant_table(cells, weights)
+    table = _quant_table(cells, weights, bias_addresses(bias, experts, hidden, inter))
     kind, block = native  # type: ignore[misc]
-    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, kind, block)
+    kernel.call(x, table, contrib.view(-1, hidden), hidden, inter, kind, block, glu)  # type: ignore[arg-type]
 
 
 def quant_job_table(topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
-                    weights: Sequence[Parts]) -> tuple[np.ndarray, RoutedCells]:
-    """`moe_experts_q_cpu`'s job table and the cells its addresses point into (keep both
-    alive until the call returns); the caller has checked the parts (`moe_experts_q_cpu`)."""
+                    weights: Sequence[Parts], bias: ExpertBias | None = None) -> tuple[np.ndarray, RoutedCells]:
+    """`moe_experts_q_cpu`'s job table (biases by expert id) and the cells its addresses
+    point into (keep both alive until the call returns); the caller has checked the parts
+    (`moe_experts_q_cpu`)."""
     cells = route_cells(topk_ids, topk_weights, experts)
-    return _quant_table(cells, weights), cells
+    if bias is None:
+        return _quant_table(cells, weights), cells
+    hidden, inter = weights[0]["down"].shape[0], weights[0]["gate_up"].shape[0] // 2  # int4's columns are packed
+    return _quant_table(cells, weights, bias_addresses(bias, experts, hidden, inter)), cells
 
 
 def moe_expert_cells_q_cpu(
     x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, experts: Sequence[int],
     weights: Sequence[Parts], fmt: ExpertFormat, kernel: CpuExperts | None = None,
+    act: Activation = F.silu, bias: ExpertBias | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`cpu_experts.moe_expert_cells_cpu` for quantised experts: (cells [C] int64, values
-    [C, H] fp32), each expert's cells together in (t, k) order. `kernel` None (or no
-    native path for `fmt`): the dequantise-first reference, in fp32."""
+    [C, H] fp32), each expert's cells together in (t, k) order; `bias` [E, …] by expert id.
+    `kernel` None (or no native path for `fmt`, `act` or the biases): the dequantise-first
+    reference, in fp32."""
     cells = _only(route_cells(topk_ids, topk_weights, experts))
     rows = np.arange(len(cells.cells), dtype=np.int32)  # cell i → row i of values
     values = torch.empty(len(rows), x.shape[1], dtype=torch.float32)
-    native = native_weights(fmt)
-    if kernel is not None and kernel.native and native and weights and all(_parts_ok(p, fmt) for p in weights):
+    native, glu = native_weights(fmt), kernel_glu(act, bias)
+    ok = kernel is not None and kernel.native and native is not None and glu is not None and len(weights) > 0
+    if ok and all(_parts_ok(p, fmt) for p in weights):
         hidden = x.shape[1]
         inter = _inter(weights, fmt, hidden)
-        table = _quant_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi), weights)
-        kernel.call(x, table, values, hidden, inter, *native)
+        table = _quant_table(RoutedCells(cells.tokens, rows, cells.scale, cells.lo, cells.hi), weights,
+                             bias_addresses(bias, experts, hidden, inter))
+        kernel.call(x, table, values, hidden, inter, *native, glu)  # type: ignore[union-attr, misc]
     else:
-        for parts, lo, hi in zip(weights, cells.lo, cells.hi, strict=True):
-            if hi > lo:
-                y = expert_mlp_q_ref(x[torch.from_numpy(cells.tokens[lo:hi]).long()], parts, fmt)
-                values[lo:hi] = y * torch.from_numpy(cells.scale[lo:hi])[:, None]
+        _ref_cells(x, cells, experts, weights, fmt, act, bias, values, rows)
     return torch.from_numpy(cells.cells.astype(np.int64)), values
 
 

@@ -13,16 +13,24 @@ Everything is allocated once, at fixed addresses (a captured graph holds them): 
 and mapped into the device's address space on a GPU (`moe/cpu_share.device_views`), plain memory on a
 CPU. `HostLayerMailboxes.fill` + `run` are the CPU-test path (the same mailbox and C
 function, called directly).
+
+gpt-oss's experts: the model's activation (`act`: swiglu_oai's alpha and limit) and each
+layer's expert biases (`ExpertBias` banks [E, 2I] / [E, H] on the CPU, bf16 or fp32) are
+registered once, with the banks; the function reads a pair's biases by its expert id.
 """
 
 from __future__ import annotations
 
 import ctypes
+import struct
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+from torch.nn.functional import silu
 
-from edgemoe.kernels.cpu_kernel import WEIGHT_FORMATS, CpuExperts
+from edgemoe.kernels.cpu_kernel import JOB_FIELDS, WEIGHT_FORMATS, CpuExperts, Glu, kernel_glu
+from edgemoe.kernels.expert_bias import ExpertBias
 
 Parts = dict[str, torch.Tensor]  # a layer's banks by part: gate_up [E, 2I, H], down [E, H, I], scales
 
@@ -34,14 +42,34 @@ MAILBOX_FIELDS = (
     "x", "x_bf16", "x_stride", "x_rows", "count", "pairs", "weights", "cap", "out", "scratch", "status",
     "calls", "busy_ns",
     "fit_seq", "fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt",
+    "act", "alpha", "limit", "bias_bf16", "gate_up_bias", "down_bias", "gate_up_bias_stride", "down_bias_stride",
 )
 FIT_SUMS = ("fit_n", "fit_j", "fit_p", "fit_t", "fit_jj", "fit_jp", "fit_pp", "fit_jt", "fit_pt")
 F = {name: i for i, name in enumerate(MAILBOX_FIELDS)}
-JOB_BYTES = 80  # sizeof(em_job): 10 int64 (cpu_kernel.JOB_FIELDS)
+JOB_BYTES = 8 * JOB_FIELDS  # sizeof(em_job): int64 fields
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, pin_memory=pinned)
+
+
+def _f64_bits(value: float) -> int:
+    """A double's bits as an int64 (the mailbox's alpha and limit)."""
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+def _glu_fields(glu: Glu, bias: ExpertBias | None, shape: tuple[int, int, int]) -> dict[str, int]:
+    """A layer's GLU and bias banks (checked: [E, 2I] / [E, H], dense, on the CPU) as mailbox fields."""
+    out = {"act": glu.act, "alpha": _f64_bits(glu.alpha), "limit": _f64_bits(glu.limit),
+           "bias_bf16": int(glu.bias_bf16)}
+    if bias is None:
+        return out
+    E, hidden, inter = shape
+    for name, bank, want in (("gate_up_bias", bias.gate_up, (E, 2 * inter)), ("down_bias", bias.down, (E, hidden))):
+        if tuple(bank.shape) != want or not bank.is_contiguous():
+            raise ValueError(f"expert bias {name} {tuple(bank.shape)} must be a contiguous [{want[0]}, {want[1]}] bank")
+        out[name], out[f"{name}_stride"] = bank.data_ptr(), bank.stride(0) * bank.element_size()
+    return out
 
 
 class MailboxBuffers(NamedTuple):
@@ -70,20 +98,31 @@ class HostLayerMailboxes:
     token rows of `top_k` pairs each (or `pairs` CPU pairs a call, when fewer than the rows
     could route), activations in `x_dtype` (bf16 or fp32). `kernel`:
     a native `CpuExperts` (its pool runs the experts); `pinned`: page-locked buffers (a GPU
-    writes them through mapped views, `moe/cpu_share.device_views`).
+    writes them through mapped views, `moe/cpu_share.device_views`). `act`: the experts'
+    activation (SiLU or swiglu_oai); `biases`: layer → its `ExpertBias` (gpt-oss; None or
+    a layer left out: no biases).
 
-    Contract: the banks, the kernel and this object outlive every call of the function
-    on a mailbox (a captured graph included); calls on one object are serialised (one
-    stream orders them). Dropping it waits for the kernel's late workers (`quiesce`)."""
+    Contract: the banks, the biases, the kernel and this object outlive every call of the
+    function on a mailbox (a captured graph included); calls on one object are serialised
+    (one stream orders them). Dropping it waits for the kernel's late workers (`quiesce`)."""
 
     def __init__(self, banks: dict[int, Parts], weights: tuple[str, int], kernel: CpuExperts, rows: int,
-                 top_k: int, x_dtype: torch.dtype, pinned: bool = False, pairs: int | None = None) -> None:
+                 top_k: int, x_dtype: torch.dtype, pinned: bool = False, pairs: int | None = None,
+                 act: Callable[[torch.Tensor], torch.Tensor] = silu,
+                 biases: dict[int, ExpertBias] | None = None) -> None:
         if not kernel.native or weights[0] not in WEIGHT_FORMATS:
             raise ValueError(f"the CPU share needs the C expert kernel and bf16/int8/fp8/int4/mxfp4 weights "
                              f"(got {weights[0]}, kernel {kernel.name})")
         if x_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"activations must be bf16 or fp32 (got {x_dtype})")
-        self.banks, self.kernel, self.rows, self.top_k = banks, kernel, rows, top_k
+        biases = biases or {}
+        if unknown := set(biases) - set(banks):
+            raise ValueError(f"biases for layers without banks: {sorted(unknown)}")
+        glus = {layer: kernel_glu(act, biases.get(layer)) for layer in banks}
+        if None in glus.values():
+            raise ValueError(f"the C expert kernel can't compute {getattr(act, 'kernel_name', act)!r} experts "
+                             f"with these biases (CPU tensors, bf16 or fp32, gate_up's dtype as down's)")
+        self.banks, self.biases, self.kernel, self.rows, self.top_k = banks, biases, kernel, rows, top_k
         first = next(iter(banks.values()))
         # NOTE: from gate_up's rows and down's rows: int4's packed columns are not I
         E, hidden, inter = first["down"].shape[0], first["down"].shape[1], first["gate_up"].shape[1] // 2
@@ -106,7 +145,8 @@ class HostLayerMailboxes:
             "out": b.out.data_ptr(), "scratch": b.scratch.data_ptr(),
         }
         for layer, row in self.layer_row.items():
-            for name, value in {**common, **self._bank_fields(layer)}.items():
+            glu = _glu_fields(glus[layer], biases.get(layer), (E, hidden, inter))  # type: ignore[arg-type]
+            for name, value in {**common, **self._bank_fields(layer), **glu}.items():
                 self.table[row, F[name]] = value
 
     def _bank_fields(self, layer: int) -> dict[str, int]:

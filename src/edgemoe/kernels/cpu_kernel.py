@@ -22,11 +22,16 @@ import functools
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from edgemoe.kernels import cpu_build, cpu_isa, cpu_pinning
+from edgemoe.kernels.activations import kernel_name
+from edgemoe.kernels.expert_bias import ExpertBias
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +50,47 @@ AMX_GEMM_MIN_TOKENS = {"bf16": 8, "fp8": 8, "int8": 12, "int4": 8, "mxfp4": 8}
 _creating = threading.Lock()  # one pool starting at a time: its workers are found as the new threads
 SPIN_US = 200  # idle workers spin this long for the next call (a layer later), then sleep
 # NOTE: em_job in expert.c: gate_up, down, tokens, out_rows, scale addresses; n; gate_up/down
-# scales; gate_up/down zero points (int4)
-JOB_FIELDS = 10
+# scales; gate_up/down zero points (int4); gate_up/down bias rows (0: none)
+JOB_FIELDS = 12
+BIAS_FIELDS = slice(10, 12)  # a job's gate_up [2I] and down [H] bias addresses
 # Weight formats of a call (EM_W_* in em_quant.h).
 WEIGHT_FORMATS = {"bf16": 0, "int8": 1, "fp8": 2, "int4": 3, "mxfp4": 4}
+# The GLUs the C kernel computes (EM_ACT_* in em_glu.h), by `Activation.kernel_name`.
+KERNEL_ACTS = {"silu": 0, "swiglu_oai": 1}
+
+
+class Glu(NamedTuple):
+    """A call's GLU and its jobs' bias dtype, as `em_experts` takes them (em_glu.h): `act`
+    an EM_ACT_* code, swiglu_oai's `alpha` and `limit`, biases bf16 (`bias_bf16`) or fp32."""
+
+    act: int = KERNEL_ACTS["silu"]
+    alpha: float = 0.0
+    limit: float = 0.0
+    bias_bf16: bool = False
+
+
+SILU = Glu()  # the kernel's GLU without biases: every caller before gpt-oss
+
+
+def kernel_glu(act: Callable[[torch.Tensor], torch.Tensor], bias: ExpertBias | None = None) -> Glu | None:
+    """The C kernel's form of `act` (SiLU as F.silu or an Activation, swiglu_oai with its
+    alpha and limit) with `bias` (None: no biases), or None when the kernel can't compute
+    them — an activation it lacks (gelu, …), or biases it can't read in place (off the CPU,
+    another dtype than bf16 / fp32, gate_up's unlike down's, rows not dense): the caller's
+    torch path."""
+    bf16 = False
+    if bias is not None:
+        gu, dn = bias.gate_up, bias.down
+        if not (gu.device.type == dn.device.type == "cpu" and gu.dtype == dn.dtype
+                and gu.dtype in (torch.bfloat16, torch.float32) and gu.stride(-1) == dn.stride(-1) == 1):
+            return None
+        bf16 = gu.dtype == torch.bfloat16
+    name = "silu" if act is F.silu else kernel_name(act)
+    if name == "silu":
+        return Glu(bias_bf16=bf16)
+    if name == "swiglu_oai":
+        return Glu(KERNEL_ACTS[name], float(act.alpha), float(act.limit), bf16)  # type: ignore[attr-defined]
+    return None
 
 
 def _spin_us() -> int:
@@ -155,10 +197,11 @@ class CpuExperts:
             log.info("CPU expert pool: %d workers float (fewer free cores than workers)", len(workers))
 
     def call(self, x: torch.Tensor, table: np.ndarray, out: torch.Tensor, hidden: int, inter: int,
-             weights: str = "bf16", block: int = 0) -> None:
+             weights: str = "bf16", block: int = 0, glu: Glu = SILU) -> None:
         """Run a job table (int64 [jobs, JOB_FIELDS], see expert.c's em_job) on x [T, H]
         (fp32/bf16, CPU) into out [R, H] fp32, the weights in `weights` (bf16, int8, fp8
-        in `block` x `block` blocks, or int4 in groups of `block` along K). The caller
+        in `block` x `block` blocks, or int4 in groups of `block` along K), the GLU `glu`
+        (`kernel_glu`; its bias dtype that of the jobs' bias rows, BIAS_FIELDS). The caller
         guarantees the addresses."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
@@ -172,7 +215,7 @@ class CpuExperts:
         rc = self._lib.em_experts(
             self._handle(), x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), out.data_ptr(),
             out.stride(0), hidden, inter, table.__array_interface__["data"][0], table.shape[0], self.gemm_threshold(weights),
-            WEIGHT_FORMATS[weights], block,
+            WEIGHT_FORMATS[weights], block, glu.act, glu.alpha, glu.limit, int(glu.bias_bf16),
         )
         if rc == -2:
             raise MemoryError("CPU expert kernel: workspace allocation failed")

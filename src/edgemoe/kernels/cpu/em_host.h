@@ -18,6 +18,9 @@
  * `calls`, `busy_ns`: cumulative counts of calls that had pairs and the wall time they
  * took here (the CPU side of the split, read by the statistics; nothing else times a
  * host node inside a graph); `fit_*`: decayed sums for the CPU's cost law (em_host_fit).
+ * `act`, `alpha`, `limit`: the layer's GLU (em_glu.h; alpha and limit as fp64 bits);
+ * `gate_up_bias`, `down_bias`: bias bank bases [E][2I], [E][H] (0: none) in bf16
+ * (`bias_bf16`) or fp32, addressed by expert id as the weight banks are.
  */
 #ifndef EM_HOST_H
 #define EM_HOST_H
@@ -45,6 +48,9 @@ typedef struct {
     /* written here, under the sequence number `fit_seq` (odd while writing): decayed sums of
      * the calls' (jobs j, pairs p, ns t) for a fit t = c + a j + b p (doubles in int64 slots) */
     int64_t fit_seq, fit_n, fit_j, fit_p, fit_t, fit_jj, fit_jp, fit_pp, fit_jt, fit_pt;
+    int64_t act, alpha, limit;                       /* EM_ACT_*; swiglu_oai's alpha, limit (fp64 bits) */
+    int64_t bias_bf16, gate_up_bias, down_bias;      /* bias banks (0: none), bf16 or fp32 */
+    int64_t gate_up_bias_stride, down_bias_stride;   /* bytes per expert */
 } em_mailbox;
 
 #define EM_FIT_DECAY 0.995 /* ~200 calls of memory: a few prompt chunks of a 48-layer model */
@@ -118,6 +124,8 @@ static int em_host_jobs(em_mailbox *m, int64_t n, em_job *jobs) {
         jb->down_scale = m->down_scale ? m->down_scale + e * m->down_scale_stride : 0;
         jb->gate_up_zero = m->gate_up_zero ? m->gate_up_zero + e * m->gate_up_zero_stride : 0;
         jb->down_zero = m->down_zero ? m->down_zero + e * m->down_zero_stride : 0;
+        jb->gate_up_bias = m->gate_up_bias ? m->gate_up_bias + e * m->gate_up_bias_stride : 0;
+        jb->down_bias = m->down_bias ? m->down_bias + e * m->down_bias_stride : 0;
     }
     return njobs;
 }
@@ -142,10 +150,14 @@ void em_host_layer(void *mailbox) {
         em_host_fail(m, n, -1);
         return;
     }
+    double alpha, limit;
+    memcpy(&alpha, &m->alpha, sizeof alpha);
+    memcpy(&limit, &m->limit, sizeof limit);
+    const em_glu_spec glu = {(int)m->act, (float)alpha, (float)limit, (int)m->bias_bf16};
     /* detached: x, the banks and out stay put between calls (the mailbox's contract) */
     int rc = em_experts_in(EM_PTR(void *, m->pool), EM_PTR(const void *, m->x), (int)m->x_bf16, m->x_stride,
                            EM_PTR(float *, m->out), m->H, (int)m->H, (int)m->I, jobs, njobs, (int)m->gemm_min_tokens,
-                           (int)m->wfmt, (int)m->blk, 1);
+                           (int)m->wfmt, (int)m->blk, &glu, 1);
     if (rc != 0) em_host_fail(m, n, rc);
     long took = em_now_ns() - start;
     m->calls += 1;

@@ -36,7 +36,7 @@ static void em_gate_up_gemm_q(const em_call *c, const em_job *jb, const em_jobst
             em_qrow_bf16(c, jb, 0, I + i0 + r, rows + (EM_QHALF + r) * ld);
         }
         long t1 = EM_PT_NOW();
-        em_gate_up_tiles(s, rows, rows + EM_QHALF * ld, ld, i0, nv, (int)H);
+        em_gate_up_tiles(c, jb, s, rows, rows + EM_QHALF * ld, ld, i0, nv, (int)H);
         EM_PT_ADD(0, t1 - t0);
         EM_PT_ADD(1, EM_PT_NOW() - t1);
     }

@@ -147,7 +147,7 @@ static void em_gate_up_qjit(const em_call *c, const em_job *jb, const em_jobstat
         }
         m.n0 = m.n1 = nv;
         em_amx_2x2_q(&m, c->wfmt == EM_W_FP8, c->blk, (int)H, s->xp, s->np, 0, s->np > 16, tmp);
-        em_put_h_rows(s, i0, nv, 0, em_tile_tokens(s, 0), tmp, 16);
+        em_put_h_rows(c, jb, s, i0, nv, 0, em_tile_tokens(s, 0), tmp, 16);
     }
 }
 

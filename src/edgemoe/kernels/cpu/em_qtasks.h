@@ -3,7 +3,7 @@
  * tokens) over scale blocks (int4: groups).
  *
  * NOTE: included by expert.c after its types (em_call, em_job, em_jobstate), helpers
- * (em_store, em_silu, em_put_h_rows, em_store_rows) and the bf16 GEMM microkernels it reuses; not standalone.
+ * (em_store, em_glu, em_put_h_rows, em_store_rows) and the bf16 GEMM microkernels it reuses; not standalone.
  */
 #ifndef EM_QTASKS_H
 #define EM_QTASKS_H
@@ -40,10 +40,11 @@ static inline void em_q_rows4(const em_call *c, const em_job *jb, int down, cons
     }
 }
 
-/* hs[i] = silu(gate) * up for the gate/up rows whose dots are at (g, u) of `dots`. */
-static inline void em_q_put(const em_call *c, const em_jobstate *s, int64_t i, const float *f, const float *dots, int g,
-                            int u, int t0, int nt) {
-    for (int t = 0; t < nt; t++) s->hs[(t0 + t) * c->Is + i] = em_silu(f[g] * dots[g * nt + t]) * (f[u] * dots[u * nt + t]);
+/* hs[i] = the GLU of the gate/up rows whose dots are at (g, u) of `dots` (em_glu). */
+static inline void em_q_put(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t i, const float *f,
+                            const float *dots, int g, int u, int t0, int nt) {
+    for (int t = 0; t < nt; t++)
+        s->hs[(t0 + t) * c->Is + i] = em_glu(c, jb, i, f[g] * dots[g * nt + t], f[u] * dots[u * nt + t]);
 }
 
 #ifndef EM_QPAGES
@@ -77,10 +78,10 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
                 /* first pass prefetches the second rows; the second, the next group's first */
                 em_gemv4q(wa, sa, c->blk, fp8, xs, c->Hs, nt, (int)H, H, da);
                 em_gemv4q(wb, sb, c->blk, fp8, xs, c->Hs, nt, (int)H, EM_QPF_PAST || i + 4 < i1 ? 3 * H : 0, db);
-                em_q_put(c, s, i, fa, da, 0, 1, t0, nt);
-                em_q_put(c, s, i + 2, fa, da, 2, 3, t0, nt);
-                em_q_put(c, s, i + 1, fb, db, 0, 1, t0, nt);
-                em_q_put(c, s, i + 3, fb, db, 2, 3, t0, nt);
+                em_q_put(c, jb, s, i, fa, da, 0, 1, t0, nt);
+                em_q_put(c, jb, s, i + 2, fa, da, 2, 3, t0, nt);
+                em_q_put(c, jb, s, i + 1, fb, db, 0, 1, t0, nt);
+                em_q_put(c, jb, s, i + 3, fb, db, 2, 3, t0, nt);
             }
             i += 4;
             continue;
@@ -95,8 +96,8 @@ static void em_gate_up_gemv_q(const em_call *c, const em_job *jb, const em_jobst
              * them here too cost int8 5% (8 experts at batch 1, 2 threads) */
             em_gemv4q(wa, sa, c->blk, fp8, s->xs + t0 * c->Hs, c->Hs, nt, (int)H,
                       EM_QPF_PAST || i + 2 * EM_QPF_GROUPS < i1 ? 2 * EM_QPF_GROUPS * H : 0, da);
-            em_q_put(c, s, i, fa, da, 0, 1, t0, nt);
-            if (i2 != i) em_q_put(c, s, i2, fa, da, 2, 3, t0, nt);
+            em_q_put(c, jb, s, i, fa, da, 0, 1, t0, nt);
+            if (i2 != i) em_q_put(c, jb, s, i2, fa, da, 2, 3, t0, nt);
         }
         i += 2;
     }
@@ -170,8 +171,8 @@ static void em_gate_up_gemv_i4(const em_call *c, const em_job *jb, const em_jobs
             em_gemv4_i4(&m, c->blk, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * em_nib_row(c, H), dots);
             for (int t = 0; t < nt; t++) {
                 float *hs = s->hs + (t0 + t) * c->Is;
-                hs[em_split_pos(i)] = em_silu(dots[t]) * dots[2 * nt + t];
-                if (i2 != i) hs[em_split_pos(i2)] = em_silu(dots[nt + t]) * dots[3 * nt + t];
+                hs[em_split_pos(i)] = em_glu(c, jb, i, dots[t], dots[2 * nt + t]);
+                if (i2 != i) hs[em_split_pos(i2)] = em_glu(c, jb, i2, dots[nt + t], dots[3 * nt + t]);
             }
         }
     }

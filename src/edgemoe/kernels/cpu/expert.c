@@ -1,16 +1,16 @@
 /* CPU routed experts: y = down @ (silu(gate @ x) * (up @ x)) for several experts of one
- * layer in one call, weights bf16, int8, fp8 e4m3 or int4 (gate_up [2I, H], gate rows
- * first; down [H, I]; quantised ones with their scales, em_quant.h / em_int4.h),
- * activations fp32 or bf16,
- * accumulation fp32. Built by edgemoe/kernels/cpu_build.py
- * once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 | nothing = portable C) and loaded with
- * ctypes: plain pointers, no Python or torch ABI.
+ * layer in one call, weights bf16, int8, fp8 e4m3, int4 or mxfp4 (gate_up [2I, H], gate
+ * rows first; down [H, I]; quantised ones with their scales, em_quant.h / em_int4.h),
+ * activations fp32 or bf16, accumulation fp32. Or gpt-oss's experts: per-expert biases
+ * and the clamped SwiGLU, y = down @ glu(gate @ x + b_g, up @ x + b_u) + b_d (em_glu.h).
+ * Built by edgemoe/kernels/cpu_build.py once per ISA (-DEM_ISA_AMX | AVX512 | AVX2 |
+ * nothing = portable C) and loaded with ctypes: plain pointers, no Python or torch ABI.
  *
  * A call has three phases, each a list of tasks claimed from an atomic counter by the
  * threads in the call; a phase starts when the previous one's tasks are all done:
  *   0. pack each job's token rows (gathered from x) into the layout its path reads;
- *   1. gate_up rows of all jobs → h = silu(gate) * up;
- *   2. down rows of all jobs → out[out_rows[t]] = scale[t] * y.
+ *   1. gate_up rows of all jobs → h = silu(gate) * up (or the call's GLU of the biased rows);
+ *   2. down rows of all jobs → out[out_rows[t]] = scale[t] * (y + b_d).
  * Splitting output rows of all experts over all threads lets every core stream
  * weights at once. A phase's tasks are cut into one contiguous lane per pool thread
  * (EM_LANES): a thread takes a lane as it arrives and claims the lane's tasks in order,
@@ -32,7 +32,7 @@
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 7
+#define EM_ABI_VERSION 8
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -90,7 +90,17 @@ typedef struct {
                               mxfp4: e8m0 uint8 [H, ceil(I/32)] */
     int64_t gate_up_zero;  /* int4: uint8 [2I, ceil(H/blk)] zero points; else unused */
     int64_t down_zero;     /* int4: uint8 [H, ceil(I/blk)] */
+    int64_t gate_up_bias;  /* this expert's bias [2I] (gate's, then up's), bf16 or fp32 (the call's
+                              bias_bf16); 0: none */
+    int64_t down_bias;     /* its bias [H]; 0: none */
 } em_job;
+
+/* A call's GLU and its jobs' bias dtype (em_glu.h). */
+typedef struct {
+    int act;            /* EM_ACT_SILU or EM_ACT_SWIGLU_OAI */
+    float alpha, limit; /* swiglu_oai's: h = (clamp(u, ±limit) + 1) · g · sigmoid(alpha · g), g = min(g, limit) */
+    int bias_bf16;      /* the jobs' biases: bf16 (1) or fp32 (0) */
+} em_glu_spec;
 
 typedef struct {
     int gemm, n, np;
@@ -133,6 +143,7 @@ typedef struct {
     int64_t out_stride;
     int H, I;
     int wfmt, blk; /* EM_W_BF16 / INT8 / FP8 / INT4; fp8 scale block, int4 group */
+    em_glu_spec glu; /* the jobs' GLU and bias dtype */
     int64_t Hs, Is, Px, Ph;
     int64_t ntasks[3];
     atomic_long next[3]; /* next task to claim, per phase (EM_LANES 0) */
@@ -162,6 +173,8 @@ typedef struct {
 static inline int64_t em_round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 static inline float em_silu(float g) { return g / (1.0f + expf(-g)); }
 
+#include "em_glu.h" /* the jobs' GLU and biases (uses the types above) */
+
 static inline float em_x(const em_call *c, int64_t tok, int64_t k) {
     if (c->x_bf16) return em_bf16_to_f32(((const uint16_t *)c->x)[tok * c->x_stride + k]);
     return ((const float *)c->x)[tok * c->x_stride + k];
@@ -180,7 +193,9 @@ static inline float *em_out_row(const em_call *c, const em_job *jb, int t) {
 }
 static inline float em_scale(const em_job *jb, int t) { return jb->scale ? ((const float *)(intptr_t)jb->scale)[t] : 1.0f; }
 
+/* out = scale · (v + the row's down bias): the bias before the routing weight, as the reference. */
 static inline void em_store(const em_call *c, const em_job *jb, int t, int64_t row, float v) {
+    if (jb->down_bias) v += em_bias_at(c, jb->down_bias, row); /* NOTE: no `+ 0`: it would turn -0 into +0 */
     em_out_row(c, jb, t)[row] = em_scale(jb, t) * v;
 }
 
@@ -248,146 +263,7 @@ static void em_pack(const em_call *c, const em_job *jb, const em_jobstate *s, in
     for (int t = 0; t < s->np; t++) em_pack_token_pairs(c, jb, s, t, p0, p1);
 }
 
-/* ---- GEMV path ---- */
-
-static void em_gate_up_gemv(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
-    const int64_t H = c->H, I = c->I;
-    int64_t i1 = (q + 1) * EM_P1_GEMV < I ? (q + 1) * EM_P1_GEMV : I;
-    float dots[4 * EM_NT];
-    for (int64_t i = q * EM_P1_GEMV; i < i1; i += 2) {
-        int64_t i2 = i + 1 < i1 ? i + 1 : i;
-        const uint16_t *w[4] = {gu + i * H, gu + i2 * H, gu + (I + i) * H, gu + (I + i2) * H};
-        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
-            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4(w, s->xs + t0 * c->Hs, c->Hs, nt, (int)H, 2 * H, dots); /* next group: 2 rows on */
-            for (int t = 0; t < nt; t++) {
-                float *hs = s->hs + (t0 + t) * c->Is;
-                hs[em_split_pos(i)] = em_silu(dots[t]) * dots[2 * nt + t];
-                if (i2 != i) hs[em_split_pos(i2)] = em_silu(dots[nt + t]) * dots[3 * nt + t];
-            }
-        }
-    }
-}
-
-#ifndef EM_DN_STREAMS
-#define EM_DN_STREAMS 1
-#endif
-/* down: a whole task's rows as 4 streams (its quarters), each read in order, a row of each
- * a pass (EM_DN_STREAMS; a partial task: 4 adjacent rows a pass), as em_down_gemv_q. */
-static void em_down_gemv(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
-    const int64_t I = c->I, r0 = q * EM_P2_GEMV;
-    int64_t r1 = (q + 1) * EM_P2_GEMV < c->H ? (q + 1) * EM_P2_GEMV : c->H;
-    const int streams = EM_DN_STREAMS && r1 - r0 == EM_P2_GEMV, quarter = EM_P2_GEMV / 4;
-    float dots[4 * EM_NT];
-    for (int64_t p = 0; p < (streams ? quarter : r1 - r0); p += streams ? 1 : 4) {
-        int nr = streams ? 4 : (r1 - r0 - p < 4 ? (int)(r1 - r0 - p) : 4);
-        int64_t rows[4];
-        const uint16_t *w[4];
-        for (int j = 0; j < 4; j++) {
-            rows[j] = streams ? r0 + j * quarter + p : r0 + p + (j < nr ? j : 0);
-            w[j] = dn + rows[j] * I;
-        }
-        int64_t pf = streams ? I : 4 * I; /* the next row of each stream, or the next 4 rows */
-        for (int t0 = 0; t0 < s->n; t0 += EM_NT) {
-            int nt = s->n - t0 < EM_NT ? s->n - t0 : EM_NT;
-            em_gemv4(w, s->hs + t0 * c->Is, c->Is, nt, (int)I, pf, dots);
-            for (int j = 0; j < nr; j++)
-                for (int t = 0; t < nt; t++) em_store(c, jb, t0 + t, rows[j], dots[j * nt + t]);
-        }
-    }
-}
-
-/* ---- GEMM path ---- */
-
-#if EM_HAS_GEMM
-#include "em_epilogue.h" /* the vector epilogues (uses the types above) */
-#endif
-
-/* The tiles of a gate_up task and of a down task over bf16 rows read in place (row stride
- * ld): the bf16 weights' own rows, or a quantised task's rows dequantised into its scratch
- * (em_qtasks.h). Gate rows g and up rows u (nv each) → h rows i0.. for every token tile;
- * down rows w (nr) → output rows r0.. */
-#if defined(EM_ISA_AMX)
-static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t i0,
-                             int nv, int K) {
-    float tmp[32 * 32];
-    for (int t0 = 0; t0 < s->np; t0 += 32) {
-        em_amx_2x2(g, nv, u, nv, ld, s->xp, s->np, t0, s->np - t0 > 16, K, tmp);
-        em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), tmp, 16);
-    }
-}
-
-static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *w, int64_t ld,
-                          int64_t r0, int nr) {
-    int n0 = nr < 16 ? nr : 16, n1 = nr - n0; /* n1 > 0 only when n0 is 16 */
-    float tmp[32 * 32];
-    for (int t0 = 0; t0 < s->np; t0 += 32) {
-        em_amx_2x2(w, n0, n1 ? w + 16 * ld : w, n1, ld, s->hp, s->np, t0, s->np - t0 > 16, (int)c->I, tmp);
-        em_store_rows(c, jb, s, tmp, t0, em_tile_tokens(s, t0), r0, nr);
-    }
-}
-
-static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
-    const int64_t H = c->H, I = c->I, i0 = q * 16;
-    em_gate_up_tiles(s, gu + i0 * H, gu + (I + i0) * H, H, i0, I - i0 < 16 ? (int)(I - i0) : 16, (int)H);
-}
-
-static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const int64_t r0 = q * 32;
-    em_down_tiles(c, jb, s, (const uint16_t *)(intptr_t)jb->down + r0 * c->I, c->I, r0,
-                  c->H - r0 < 32 ? (int)(c->H - r0) : 32);
-}
-#elif defined(EM_ISA_AVX512)
-static void em_gemm12(const uint16_t *const *w, const uint32_t *xp, int64_t np, int t0, int K, float *out) {
-    if (np - t0 >= 32)
-        em_gemm12_2(w, xp, np, t0, K, out);
-    else
-        em_gemm12_1(w, xp, np, t0, K, out);
-}
-
-static void em_gate_up_tiles(const em_jobstate *s, const uint16_t *g, const uint16_t *u, int64_t ld, int64_t i0,
-                             int nv, int K) {
-    const uint16_t *w[EM_GR];
-    float tmp[EM_GR * 32];
-    for (int j = 0; j < EM_GR / 2; j++) { /* rows past nv repeat the first: computed, never stored */
-        w[j] = g + (j < nv ? j : 0) * ld;
-        w[EM_GR / 2 + j] = u + (j < nv ? j : 0) * ld;
-    }
-    for (int t0 = 0; t0 < s->np; t0 += 32) {
-        em_gemm12(w, s->xp, s->np, t0, K, tmp);
-        em_put_h_rows(s, i0, nv, t0, em_tile_tokens(s, t0), tmp, EM_GR / 2);
-    }
-}
-
-static void em_down_tiles(const em_call *c, const em_job *jb, const em_jobstate *s, const uint16_t *rows, int64_t ld,
-                          int64_t r0, int nr) {
-    const uint16_t *w[EM_GR];
-    float tmp[EM_GR * 32];
-    for (int j = 0; j < EM_GR; j++) w[j] = rows + (j < nr ? j : 0) * ld;
-    for (int t0 = 0; t0 < s->np; t0 += 32) {
-        em_gemm12(w, s->hp, s->np, t0, (int)c->I, tmp);
-        em_store_rows(c, jb, s, tmp, t0, 32, r0, nr);
-    }
-}
-
-static void em_gate_up_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *gu = (const uint16_t *)(intptr_t)jb->gate_up;
-    const int64_t H = c->H, I = c->I;
-    int64_t i1 = (q + 1) * EM_P1_GEMM < I ? (q + 1) * EM_P1_GEMM : I;
-    for (int64_t i = q * EM_P1_GEMM; i < i1; i += EM_GR / 2)
-        em_gate_up_tiles(s, gu + i * H, gu + (I + i) * H, H, i, i1 - i < EM_GR / 2 ? (int)(i1 - i) : EM_GR / 2, (int)H);
-}
-
-static void em_down_gemm(const em_call *c, const em_job *jb, const em_jobstate *s, int64_t q) {
-    const uint16_t *dn = (const uint16_t *)(intptr_t)jb->down;
-    int64_t r1 = (q + 1) * EM_P2_GEMM < c->H ? (q + 1) * EM_P2_GEMM : c->H;
-    for (int64_t r = q * EM_P2_GEMM; r < r1; r += EM_GR)
-        em_down_tiles(c, jb, s, dn + r * c->I, c->I, r, r1 - r < EM_GR ? (int)(r1 - r) : EM_GR);
-}
-#endif
+#include "em_btasks.h" /* the bf16-weight tasks: GEMV and blocked tiles (uses the above) */
 
 #include "em_qtasks.h" /* the quantised-weight tasks (uses everything above) */
 #if EM_HAS_GEMM
@@ -430,9 +306,10 @@ static em_call *em_slot_call(em_slot *slot) {
  * so every input (x, the weights and scales) must stay put after it returns — the jobs'
  * arrays are copied — and the output rows are written by the call only. */
 static int em_experts_in(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H,
-                         int I, const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk, int detached) {
+                         int I, const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk,
+                         const em_glu_spec *glu, int detached) {
     if (!pool || H < 1 || I < 1 || njobs < 0 || (njobs && (!x || !out || !jobs))) return -1;
-    if (wfmt < EM_W_BF16 || wfmt > EM_W_MXFP4) return -1;
+    if (wfmt < EM_W_BF16 || wfmt > EM_W_MXFP4 || !em_glu_ok(glu)) return -1;
     if ((wfmt == EM_W_FP8 || wfmt == EM_W_INT4) && (blk < 32 || blk % 32)) return -1;
     if (wfmt == EM_W_MXFP4 && blk != 32) return -1;
     if (njobs == 0) return 0;
@@ -456,6 +333,7 @@ static int em_experts_in(void *pool, const void *x, int x_bf16, int64_t x_stride
     c->I = I;
     c->wfmt = wfmt;
     c->blk = blk;
+    c->glu = *glu;
     c->Hs = em_round_up(H, 2 * EM_VW);
     c->Is = em_round_up(I, 2 * EM_VW);
     c->Px = em_round_up((H + 1) / 2, 16);
@@ -477,11 +355,15 @@ static int em_experts_in(void *pool, const void *x, int x_bf16, int64_t x_stride
 /* Runs `njobs` experts with weights in `wfmt` (EM_W_*; fp8 in blk x blk blocks, int4 in
  * groups of blk along K; blk a multiple of 32: AMX B tiles span 32 k, a block's tiles
  * must not read past the activations' padding, and an int4 group starts at a whole GEMV
- * step; mxfp4: blk 32); returns 0, -1 (bad arguments) or -2 (out of memory). Returns
- * after every worker has left the call: the caller may free anything then. */
+ * step; mxfp4: blk 32), the GLU `act` (EM_ACT_*, swiglu_oai's alpha and limit) and the
+ * jobs' biases in bf16 (bias_bf16 1) or fp32; returns 0, -1 (bad arguments) or -2 (out of
+ * memory). Returns after every worker has left the call: the caller may free anything then. */
 int em_experts(void *pool, const void *x, int x_bf16, int64_t x_stride, float *out, int64_t out_stride, int H, int I,
-               const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk) {
-    return em_experts_in(pool, x, x_bf16, x_stride, out, out_stride, H, I, jobs, njobs, gemm_min_tokens, wfmt, blk, 0);
+               const em_job *jobs, int njobs, int gemm_min_tokens, int wfmt, int blk, int act, float alpha, float limit,
+               int bias_bf16) {
+    const em_glu_spec glu = {act, alpha, limit, bias_bf16};
+    return em_experts_in(pool, x, x_bf16, x_stride, out, out_stride, H, I, jobs, njobs, gemm_min_tokens, wfmt, blk,
+                         &glu, 0);
 }
 
 /* out[4]: [tasks run again for a late worker, detached calls that returned with a worker
