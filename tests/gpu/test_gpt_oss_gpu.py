@@ -77,6 +77,24 @@ def test_bf16_gpu_agrees_with_fp32_reference(ckpt: Path) -> None:
     assert flipped <= 2 * peer_flipped + 2, (flipped, peer_flipped)
 
 
+@pytest.mark.parametrize("expert_dtype", ["auto", "mxfp4"])
+def test_hybrid_cpu_share_agrees_with_resident(ckpt: Path, expert_dtype: str) -> None:
+    """The device cache's CPU share (the C kernel's biased clamped SwiGLU on half of each
+    layer's misses, prompt chunks' too) against resident: the same function to bf16's
+    rounding (another arithmetic on the CPU: not bitwise), and the CPU did compute."""
+    seq, fmt = PROMPTS[2], {"expert_dtype": expert_dtype}
+    with LLM(str(ckpt), dtype="bfloat16", device="cuda", moe_backend="resident", **fmt) as llm:
+        want = llm.prompt_logits(seq).cpu().float()
+    with LLM(str(ckpt), dtype="bfloat16", device="cuda", moe_backend="hybrid", moe_slots=6, moe_hybrid_fraction=0.5,
+             **fmt) as llm:
+        got = llm.prompt_logits(seq).cpu().float()
+        llm.generate([PROMPTS[1]], GREEDY)
+        assert llm.stats()["moe"]["experts_cpu"] > 0
+    typical, _ = bf16_logit_error(SMALL["num_hidden_layers"])
+    assert (got - want).abs().mean().item() < typical * want.std().item()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.9
+
+
 @isolated  # measures the driver-counted device memory of a fresh process
 def test_20b_slice_in_mxfp4_runs_under_the_cap() -> None:
     cap = 6 * 2**30

@@ -138,23 +138,20 @@ def test_hub_mxfp4_layout_loads_as_its_dequantised_weights(saved: Path, tmp_path
 
 @pytest.mark.parametrize("settings", [
     dict(moe_backend="offload", moe_slots=3),
-    dict(moe_backend="auto", moe_slots=4),
-], ids=lambda s: s["moe_backend"])
+    dict(moe_backend="cpu", moe_slots=3),
+    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
+    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5, expert_dtype="int8"),
+], ids=lambda s: s["moe_backend"] + s.get("expert_dtype", ""))
 def test_backends_give_resident_tokens(saved: Path, settings: dict[str, object]) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     prompts = [SEQ[:6], SEQ]
-    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
+    fmt = {"expert_dtype": settings["expert_dtype"]} if "expert_dtype" in settings else {}
+    with LLM(str(saved), dtype="float32", moe_backend="resident", **fmt) as llm:
         expected = [o.token_ids for o in llm.generate(prompts, greedy)]
     with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
         got = [o.token_ids for o in llm.generate(prompts, greedy)]
         assert min(llm.stats()["moe"]["misses_per_token_by_layer"]) > 0
     assert got == expected
-
-
-@pytest.mark.parametrize("backend", ["cpu", "hybrid"])
-def test_cpu_expert_backends_are_refused_by_name(saved: Path, backend: str) -> None:
-    with pytest.raises(ValueError, match=f"moe-backend.*{backend}.*biases"):
-        LLM(str(saved), dtype="float32", moe_backend=backend, moe_slots=3)
 
 
 @pytest.mark.parametrize(("overrides", "named"), [

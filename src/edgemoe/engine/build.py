@@ -31,7 +31,6 @@ from edgemoe.engine.runner import ModelRunner
 from edgemoe.kernels.dense_gemv import make_dense_linear
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.embedding import HostEmbedding
-from edgemoe.engine.backend_limits import gpu_experts_only
 from edgemoe.models.arch import ModelArch, expert_activation
 from edgemoe.models.loader import ram_tables
 from edgemoe.models.registry import model_module
@@ -237,7 +236,6 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
     arch = source.arch(dtype)
-    config = gpu_experts_only(config, arch)
     max_len = config.model.max_model_len or arch.max_position_embeddings
     measured = device_budget(config, device)
     tables = plan_tables(config, source, arch, device, measured[0], host_budget(config.model.host_memory)[0])

@@ -28,13 +28,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
 from edgemoe.kernels.cpu_experts_quant import moe_expert_cells_q_cpu, native_weights
-from edgemoe.kernels.cpu_kernel import CpuExperts
-from edgemoe.kernels.moe_experts import Activation, expert_mlp, kernel_name, moe_combine
+from edgemoe.kernels.cpu_kernel import CpuExperts, kernel_glu
+from edgemoe.kernels.moe_experts import Activation, expert_mlp, moe_combine
 from edgemoe.moe.activity import CPU
 from edgemoe.moe.controller import SplitController
 from edgemoe.moe.offload import OffloadExecutor, pad_rows, real_rows
@@ -97,7 +96,7 @@ class SplitExecutor(OffloadExecutor):
     def forward(self, layer, x, topk_ids, topk_weights, residual=None, num_decode=0, num_padding=0):  # type: ignore[override]
         x, topk_ids, topk_weights, residual = real_rows(x, topk_ids, topk_weights, residual, num_padding)
         self.stats.count_tokens(layer, x.shape[0])
-        self.num_decode = num_decode
+        self.num_decode, self._bias = num_decode, self.bias_args(layer, topk_ids)
         cells = self.workspace.cells(topk_ids)
         ctl = self.controller
         self.readback.start(topk_ids, x if ctl is None or ctl.wants_cpu() else None)
@@ -167,22 +166,24 @@ class SplitExecutor(OffloadExecutor):
             parts: list[Parts] = [self.store.expert_parts(layer, e) for e in experts]
             # NOTE: fp32 activations take the reference (bitwise the device's on the CPU), as bf16 stores do.
             kernel = self.qkernel if x.dtype == torch.bfloat16 else None
-            return moe_expert_cells_q_cpu(x, torch.from_numpy(ids), weights, experts, parts, self.store.format, kernel)
+            return moe_expert_cells_q_cpu(x, torch.from_numpy(ids), weights, experts, parts, self.store.format, kernel,
+                                          self.act, self.host_bias(layer))
         if self.kernel is not None:
             pairs = [self.store.expert(layer, e) for e in experts]
-            return moe_expert_cells_cpu(x, torch.from_numpy(ids), weights, experts, pairs, self.kernel)
+            return moe_expert_cells_cpu(x, torch.from_numpy(ids), weights, experts, pairs, self.kernel, self.act,
+                                        self.host_bias(layer))
         return self._cpu_cells_torch(layer, experts, x, ids, weights)
 
     def _cpu_cells_torch(self, layer, experts, x, ids, weights) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
         """The torch path: each expert's tokens in (t, k) order, as the device's
         reference kernel batches them, so the cells are bitwise the device's on the CPU."""
-        K = ids.shape[1]
+        K, bias = ids.shape[1], self.host_bias(layer)
         pair_parts, value_parts = [], []
         for e in experts:
             t, k = np.nonzero(ids == e)
             t_idx, k_idx = torch.from_numpy(t), torch.from_numpy(k)
             gate_up, down = self.store.expert(layer, e)
-            y = expert_mlp(x[t_idx], gate_up, down, self.act)
+            y = expert_mlp(x[t_idx], gate_up, down, self.act, None if bias is None else bias.of(e))
             value_parts.append(y.float() * weights[t_idx, k_idx, None].float())
             pair_parts.append(t_idx * K + k_idx)
         return torch.cat(pair_parts), torch.cat(value_parts)
@@ -223,24 +224,24 @@ def cpu_threads(device: torch.device) -> int:
     return max(1, cores - 1) if device.type == "cuda" else cores
 
 
-def is_silu(act: Activation) -> bool:
-    """SiLU as the engine passes it (an `Activation`) or as a plain function (tests)."""
-    return act is F.silu or kernel_name(act) == "silu"
+def kernel_computes(act: Activation) -> bool:
+    """Whether the C kernel has `act` (SiLU; gpt-oss's clamped SwiGLU, its biases too)."""
+    return kernel_glu(act) is not None
 
 
 def quant_cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
-    """The C kernel for int8 / fp8 / int4 / mxfp4 experts (SiLU, a compiled variant); None: the
-    reference."""
-    if native_weights(store.format) is None or not is_silu(act):
+    """The C kernel for int8 / fp8 / int4 / mxfp4 experts (an activation it has, a compiled
+    variant); None: the reference."""
+    if native_weights(store.format) is None or not kernel_computes(act):
         return None
     kernel = CpuExperts(threads=cpu_threads(device))
     return kernel if kernel.native else None
 
 
 def cpu_kernel_for(store: ExpertStore, act: Activation, device: torch.device) -> CpuExperts | None:
-    """The C kernel when it can run these experts (bf16 SiLU, a compiled variant);
+    """The C kernel when it can run these experts (bf16, an activation it has, a compiled variant);
     None: the torch path (fp32 stays bitwise equal to the device's reference kernel)."""
-    if store.format.quantised or store.dtype != torch.bfloat16 or not is_silu(act):
+    if store.format.quantised or store.dtype != torch.bfloat16 or not kernel_computes(act):
         return None
     kernel = CpuExperts(threads=cpu_threads(device))
     if not kernel.native:

@@ -42,13 +42,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
+from torch.nn.functional import silu
 
 from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, await_turn, bell_supported, bell_wanted, quiet_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
+from edgemoe.kernels.expert_bias import ExpertBias
+from edgemoe.kernels.moe_reference import Activation
 from edgemoe.kernels.share_split import rings_itself, share_begin
 from edgemoe.kernels.share_state import DECODE, FRACTION_ONE, PROMPT, ShareState
 from edgemoe.moe import share_prior
@@ -153,7 +157,8 @@ class CpuShare:
     executor's)."""
 
     def __init__(self, store: ExpertStore, kernel: CpuExperts, num_layers: int, quota: int, device: torch.device,
-                 rows: int = ROWS, prompt_rows: int = 0) -> None:
+                 rows: int = ROWS, prompt_rows: int = 0, act: Activation = silu,
+                 biases: Callable[[], dict[int, ExpertBias]] = dict) -> None:
         weights = host_weights(store)
         if weights is None or not kernel.native:
             raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8, int4 or mxfp4 "
@@ -163,6 +168,9 @@ class CpuShare:
         if quota < 0:
             raise ValueError(f"cpu_experts_per_layer must be >= 0 (got {quota})")
         self.store, self.kernel, self.weights, self.device, self.rows = store, kernel, weights, device, rows
+        # The experts' activation and (gpt-oss) biases by layer, read when the mailboxes are
+        # built at the first step: the model registers its biases after the executor exists.
+        self.act, self.biases = act, biases
         self.prompt_rows = prompt_rows if prompt_rows > rows else 0  # 0: prompt chunks run every miss on the device
         self.rate_ns = share_rates(store, weights)  # [fixed, per pair, copy, GEMM] ns: refined by `refit_rates`
         self.prior_times_ns: list[float] | None = None  # the start-up calls' times (stats: what the prior read)
@@ -241,7 +249,8 @@ class CpuShare:
             rows = max(self.rows, self.prompt_rows)
             pairs = max(self.rows * top_k, PROMPT_PAIRS if self.prompt_rows else 0)
             self.mailboxes = HostLayerMailboxes(banks, self.weights, self.kernel, rows, top_k, x.dtype,
-                                                pinned=self.device.type == "cuda", pairs=pairs)
+                                                pinned=self.device.type == "cuda", pairs=pairs, act=self.act,
+                                                biases=self.biases())
             self._views = device_views(self.mailboxes.buffers, self.device)
             self._cpu_col = torch.full((rows * top_k,), -1, dtype=torch.int32, device=self.device)
             self._scratch = torch.zeros(self.num_experts, dtype=torch.int32, device=self.device)

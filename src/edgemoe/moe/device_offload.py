@@ -196,7 +196,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         if kernel is None:  # ours: closed with the executor (its pool's pinned cores back for the next engine)
             kernel = self._own_kernel = CpuExperts(threads=cpu_threads(self.device))
         cap = self.num_experts if quota is None else quota
-        share = CpuShare(self.store, kernel, self.cache.num_layers, cap, self.device, prompt_rows=self._prompt_rows)
+        share = CpuShare(self.store, kernel, self.cache.num_layers, cap, self.device, prompt_rows=self._prompt_rows,
+                         act=self.act, biases=self.host_biases)
         self.stats.info.update(cpu_kernel=kernel.name, cpu_threads=kernel.threads, cpu_experts_per_layer=quota,
                                prompt_cpu=bool(share.prompt_rows))
         if fraction is not None:  # a fixed share of each layer's misses (the cache replay's unit too, when uncapped)
@@ -311,8 +312,7 @@ class DeviceOffloadExecutor(CellsExecutor):
             self.streaming.computed(layer)
         else:
             cpu = self._planned(layer, x, topk_ids, dead, topk_weights, cells, prefetch)
-        # Padding rows' cells were never written, the CPU's lie in its mailbox: the combine
-        # reads 0 and the mailbox rows for them (no launch of their own on the chain).
+        # Unwritten padding cells and the CPU's in its mailbox: the combine reads 0 / the mailbox (no launch of its own).
         self._sources = (cpu or CellSources())._replace(dead=dead) if dead is not None or cpu is not None else None
         return cells
 

@@ -115,6 +115,21 @@ class MoEExecutor(ABC):
         for every expert; the executor's kernels add them by expert id."""
         self.__dict__.setdefault("expert_biases", {})[layer] = bias
 
+    def host_bias(self, layer: int) -> ExpertBias | None:
+        """Layer `layer`'s expert biases in host memory, where the CPU expert kernel reads
+        them in place (copied at the first ask; None: no biases)."""
+        bias = self.__dict__.get("expert_biases", {}).get(layer)
+        if bias is None or bias.gate_up.device.type == "cpu":
+            return bias
+        copies = self.__dict__.setdefault("_host_biases", {})
+        if layer not in copies:
+            copies[layer] = ExpertBias(bias.gate_up.cpu().contiguous(), bias.down.cpu().contiguous())
+        return copies[layer]
+
+    def host_biases(self) -> dict[int, ExpertBias]:
+        """`host_bias` of every layer with biases (the CPU share's mailboxes take them all)."""
+        return {layer: b for layer in self.__dict__.get("expert_biases", {}) if (b := self.host_bias(layer))}
+
     def bias_args(self, layer: int, topk_ids: torch.Tensor) -> dict[str, object]:
         """`moe_slots_parts`' bias arguments for this layer's routing ({} without biases)."""
         bias = self.__dict__.get("expert_biases", {}).get(layer)
