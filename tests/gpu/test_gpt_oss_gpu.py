@@ -66,13 +66,17 @@ def test_bf16_gpu_agrees_with_fp32_reference(ckpt: Path) -> None:
         got = llm.prompt_logits(PROMPTS[2] + out).cpu().float()
     seq = PROMPTS[2] + out
     ref = reference_logits(ckpt, seq, torch.float32)
-    assert (ref.argmax(-1) == got.argmax(-1)).float().mean().item() >= 0.9
+    peer = reference_logits(ckpt, seq, torch.bfloat16)  # transformers' own bf16 on the same tokens
+    agree, peer_agree = ((x.argmax(-1) == ref.argmax(-1)).float().mean().item() for x in (got, peer))
+    print(f"top-1 agreement with fp32: ours {agree:.3f}, transformers' bf16 {peer_agree:.3f}")
+    # A random model's top two logits are often near-ties, which bf16's rounding flips:
+    # 0.9, or as near to fp32 as transformers' own bf16 run gets less 0.05.
+    assert agree >= min(0.9, peer_agree - 0.05), (agree, peer_agree)
     typical, worst = bf16_logit_error(SMALL["num_hidden_layers"])
     scale = ref.std().item()
     assert (ref - got).abs().mean().item() < typical * scale
     # A near-tie in the router may route other experts in bf16 than in fp32: held to
     # transformers' own bf16 count of positions past the bound on the same tokens.
-    peer = reference_logits(ckpt, seq, torch.bfloat16)
     flipped, peer_flipped = (int(((x - ref).abs().amax(-1) >= worst * scale).sum()) for x in (got, peer))
     assert flipped <= 2 * peer_flipped + 2, (flipped, peer_flipped)
 
