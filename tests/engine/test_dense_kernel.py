@@ -33,9 +33,9 @@ def record_projections(monkeypatch) -> set[int]:  # noqa: ANN001
     seen: set[int] = set()
     reference = dense.dense_gemv_ref
 
-    def recording(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def recording(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         seen.add(w.data_ptr())
-        return reference(x, w)
+        return reference(x, w, bias)
 
     monkeypatch.setattr(dense, "dense_gemv_ref", recording)
     return seen
