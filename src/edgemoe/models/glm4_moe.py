@@ -26,7 +26,15 @@ from edgemoe.layers.moe import SparseMoE
 from edgemoe.layers.shared_moe import SharedExpertMoE
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
 from edgemoe.models.llama_moe import MLP, Params, assemble, attention_spec, qk_norms, rope_table, to_device
-from edgemoe.models.names import NameMap, Placement, common_names, dense_mlp_names, expert_names, mlp_experts_stacked
+from edgemoe.models.names import (
+    NameMap,
+    Placement,
+    common_names,
+    dense_mlp_names,
+    expert_names,
+    mlp_experts_stacked,
+    qkv_bias_names,
+)
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -84,13 +92,10 @@ def ignored_prefixes(a: DecoderArch) -> tuple[str, ...]:
 
 def checkpoint_map(a: DecoderArch) -> NameMap:
     m = common_names(a)
-    q, k, _ = a.qkv_rows
     for i in range(a.num_layers):
-        lp, our, mlp = f"model.layers.{i}.self_attn.", f"layers.{i}.", f"model.layers.{i}.mlp."
+        our, mlp = f"layers.{i}.", f"model.layers.{i}.mlp."
         if a.attention_bias:
-            m[lp + "q_proj.bias"] = Placement(our + "qkv_bias", (slice(0, q),))
-            m[lp + "k_proj.bias"] = Placement(our + "qkv_bias", (slice(q, q + k),))
-            m[lp + "v_proj.bias"] = Placement(our + "qkv_bias", (slice(q + k, None),))
+            m |= qkv_bias_names(a, i)
         if i not in a.moe_layers:
             m |= dense_mlp_names(a, i, mlp)
             continue

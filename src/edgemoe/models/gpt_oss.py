@@ -31,7 +31,7 @@ from edgemoe.layers.attention import Attention
 from edgemoe.layers.moe import SparseMoE
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
 from edgemoe.models.llama_moe import MLP, Params, assemble, attention_spec, rope_table, to_device
-from edgemoe.models.names import NameMap, Placement, common_names, expert_names, mlp_experts_stacked
+from edgemoe.models.names import NameMap, Placement, common_names, expert_names, mlp_experts_stacked, qkv_bias_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -112,13 +112,10 @@ def layer_windows(c: HFConfig, layers: int) -> tuple[int | None, ...]:
 
 def checkpoint_map(a: GptOssArch) -> NameMap:
     m = common_names(a)
-    q, k, _ = a.qkv_rows
     for i in range(a.num_layers):
         lp, our, mlp = f"model.layers.{i}.self_attn.", f"layers.{i}.", f"model.layers.{i}.mlp."
         if a.attention_bias:
-            m[lp + "q_proj.bias"] = Placement(our + "qkv_bias", (slice(0, q),))
-            m[lp + "k_proj.bias"] = Placement(our + "qkv_bias", (slice(q, q + k),))
-            m[lp + "v_proj.bias"] = Placement(our + "qkv_bias", (slice(q + k, None),))
+            m |= qkv_bias_names(a, i)
             m[lp + "o_proj.bias"] = Placement(our + "o_bias")
         m[lp + "sinks"] = Placement(our + "sinks")
         m[mlp + "router.weight"] = Placement(our + "router")

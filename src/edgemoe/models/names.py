@@ -66,6 +66,17 @@ def common_names(a: DecoderArch, prefix: str = "model.") -> NameMap:
     return m
 
 
+def qkv_bias_names(a: DecoderArch, layer: int, prefix: str = "model.") -> NameMap:
+    """q/k/v projection biases into the fused `qkv_bias` (GLM's, gpt-oss's `attention_bias`)."""
+    q, k, _ = a.qkv_rows
+    lp, our = f"{prefix}layers.{layer}.self_attn.", f"layers.{layer}.qkv_bias"
+    return {
+        lp + "q_proj.bias": Placement(our, (slice(0, q),)),
+        lp + "k_proj.bias": Placement(our, (slice(q, q + k),)),
+        lp + "v_proj.bias": Placement(our, (slice(q + k, None),)),
+    }
+
+
 def expert_names(
     a: DecoderArch, layer: int, fmt: str, gate: str, up: str, down: str
 ) -> NameMap:

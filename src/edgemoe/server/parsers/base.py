@@ -208,7 +208,39 @@ def merge_call_deltas(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
     return merged
 
 
-class TaggedToolParser(ToolParser):
+class BufferedToolParser(ToolParser):
+    """A tool parser over a text buffer: `feed` appends to ``buf`` and drains, `finish`
+    drains once more with ``final`` (a step must then resolve); each call's steps are the
+    subclass's `_drain`. Counts its calls in ``_count``."""
+
+    def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
+        super().__init__(tools, id_factory)
+        self.buf = ""
+        self._count = 0
+        self._finished = False
+
+    @property
+    def tool_calls_emitted(self) -> int:
+        return self._count
+
+    def feed(self, text: str) -> ParsedDelta:
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        self.buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> ParsedDelta:
+        if self._finished:
+            raise RuntimeError("finish() called twice")
+        self._finished = True
+        return self._drain(final=True)
+
+    @abstractmethod
+    def _drain(self, final: bool) -> ParsedDelta:
+        """Parse as far as the buffer allows (all of it when `final`): the new delta."""
+
+
+class TaggedToolParser(BufferedToolParser):
     """Shared machinery of formats that wrap each call in ``<tool_call>…</tool_call>``.
 
     Outside a call (text mode) text is content, except a held-back tail that could
@@ -230,34 +262,15 @@ class TaggedToolParser(ToolParser):
         self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None
     ) -> None:
         super().__init__(tools, id_factory)
-        self.buf = ""
         self.pos = 0
         self.in_call = False
         self._call_start = 0  # where the current call's <tool_call> begins
         self._call_ws = ""  # whitespace before it, given back if it is no call
         self._lstrip = False  # drop whitespace at pos (a call just ended)
-        self._count = 0
         self._members = 0
         self._args_open = False
-        self._finished = False
         self._content: list[str] = []
         self._calls: list[ToolCallDelta] = []
-
-    @property
-    def tool_calls_emitted(self) -> int:
-        return self._count
-
-    def feed(self, text: str) -> ParsedDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self.buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> ParsedDelta:
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
 
     @abstractmethod
     def _begin_call(self) -> None:

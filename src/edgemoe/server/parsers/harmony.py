@@ -38,11 +38,11 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from edgemoe.server.parsers.base import (
+    BufferedToolParser,
     IdFactory,
     ParsedDelta,
     Scan,
     ToolCallDelta,
-    ToolParser,
     ToolSpec,
     dumps,
     expect,
@@ -141,7 +141,7 @@ class _Args(Enum):
     TAIL = "tail"  # after its "}": expecting the terminator
 
 
-class HarmonyToolParser(ToolParser):
+class HarmonyToolParser(BufferedToolParser):
     """Streaming parser for the harmony format (see the module docstring).
 
     It reads the whole output, reasoning included (``reads_whole_output``): its deltas
@@ -153,7 +153,6 @@ class HarmonyToolParser(ToolParser):
     def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
         super().__init__(tools, id_factory)
         self._names = set(tool_schemas(self.tools))
-        self.buf = ""
         self.pos = 0
         self._state = _State.HEADER
         self._framed = False  # the header began after <|start|>: every word of it is framing
@@ -164,27 +163,9 @@ class HarmonyToolParser(ToolParser):
         self._memo = ValueScan()
         self._no_terminator_before = 0  # in a call's body: no terminator starts before this
         self._body: str | None = None  # the call's text up to its terminator, once that arrived
-        self._count = 0
-        self._finished = False
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[ToolCallDelta] = []
-
-    @property
-    def tool_calls_emitted(self) -> int:
-        return self._count
-
-    def feed(self, text: str) -> ParsedDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self.buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> ParsedDelta:
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> ParsedDelta:
         while self._step(final):
