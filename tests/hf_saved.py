@@ -37,3 +37,22 @@ def save(model: torch.nn.Module, out: Path) -> Path:
     model.save_pretrained(out)
     write_tokenizer_files(out)
     return out
+
+
+def assert_greedy_matches_transformers(path: Path, prompts: list[list[int]], tokens: int = 12) -> None:
+    """Our greedy tokens for `prompts` are transformers' own (fp32, eager attention) on the
+    checkpoint at `path`, and the reference's are not degenerate (a weak test otherwise)."""
+    import transformers
+
+    from edgemoe import LLM, SamplingParams
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        expected = [model.eval().generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                          max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                                          eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    with LLM(str(path), dtype="float32") as llm:
+        greedy = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        got = [o.token_ids for o in llm.generate(prompts, greedy)]
+    assert got == expected
+    assert len(set(expected[-1])) > 3, "degenerate reference output: weak test"
