@@ -109,6 +109,8 @@ def test_a_float64_checkpoint_loads_in_float32(tmp_path: Path) -> None:
     assert_matches_transformers(path)  # transformers reads it in float32 too
 
 
+MLA_SMALL = {**{k: v for k, v in SMALL.items() if k != "head_dim"}, "num_attention_heads": 16, "q_lora_rank": 16,
+             "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}
 CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, none equals it
     "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
                                                      num_experts=4, num_experts_per_tok=2),
@@ -122,6 +124,9 @@ CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, n
                                                                   num_experts=4, num_experts_per_tok=2),
     "glm4_moe": lambda: transformers.Glm4MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
                                                    n_routed_experts=4, num_experts_per_tok=2),
+    "glm4_moe_lite": lambda: transformers.Glm4MoeLiteConfig(**MLA_SMALL, n_routed_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(**MLA_SMALL, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+                                                         topk_group=1, first_k_dense_replace=1),
 }
 
 

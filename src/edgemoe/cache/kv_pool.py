@@ -6,7 +6,9 @@ With `kv_cache_dtype="fp8"` the keys/values are e4m3 with one fp32 scale per (sl
 head) in `k_scale` / `v_scale` [L, slots, Hkv] (`edgemoe.quant.kv`); else they are None.
 A model with a sparse-attention indexer (Qwen3.8-Flash-Next's QSA) keeps one more
 per-slot tensor, `index_k` [L, S, index_dim] in the model dtype (`layers/qsa_attention.py`
-says what it holds). Every page operation carries every per-slot tensor (`slot_tensors`).
+says what it holds). With `shared_kv` (multi-head latent attention, `layers/mla_attention.py`)
+the value is the key: `v` is `k`'s tensor (and `v_scale` `k_scale`'s), one row a token.
+Every page operation carries every per-slot tensor once (`slot_tensors`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class KVPool:
         device: torch.device,
         kv_cache_dtype: str = "auto",
         index_dim: int = 0,
+        shared_kv: bool = False,
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
@@ -43,10 +46,11 @@ class KVPool:
         shape = (num_layers, (num_pages + 1) * page_size, num_kv_heads, head_dim)
         fp8 = kv_cache_dtype == "fp8"
         self.k = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
-        self.v = torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
+        self.v = self.k if shared_kv else torch.zeros(shape, dtype=KV_FP8 if fp8 else dtype, device=device)
         # Scales of 1 for unwritten slots: a dequantised padding row reads as zeros.
         self.k_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
-        self.v_scale = torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None
+        self.v_scale = self.k_scale if shared_kv else (
+            torch.ones(shape[:3], dtype=torch.float32, device=device) if fp8 else None)
         self.index_k = (
             torch.zeros((num_layers, shape[1], index_dim), dtype=dtype, device=device) if index_dim else None
         )
@@ -77,8 +81,8 @@ class KVPool:
     @property
     def slot_tensors(self) -> tuple[torch.Tensor, ...]:
         """Every per-slot tensor, each [L, S, ...]: K, V, their fp8 scales and the index keys, if any."""
-        extra = (self.k_scale, self.v_scale, self.index_k)
-        return (self.k, self.v, *(t for t in extra if t is not None))
+        every = (self.k, self.v, self.k_scale, self.v_scale, self.index_k)
+        return tuple(t for i, t in enumerate(every) if t is not None and all(t is not u for u in every[:i]))
 
     def read_pages(self, pages: list[int]) -> tuple[torch.Tensor, ...]:
         """Each of `slot_tensors` at `pages`: [L, len(pages) * page_size, ...] (gathered copies)."""

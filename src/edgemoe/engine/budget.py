@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from edgemoe.kernels.attn_decode_tiles import split_workspace_bytes
 from edgemoe.kernels.moe_gemv_tiles import split_partials_bytes
-from edgemoe.models.arch import ModelArch, kept_dtypes
+from edgemoe.models.arch import ModelArch, kept_dtypes, shared_kv
 from edgemoe.quant import Dense, ExpertFormat
 from edgemoe.quant import expert_nbytes as format_expert_nbytes
 
@@ -139,9 +139,11 @@ def slot_pool_warning(num_slots: int, moe_layers: int, pairs_per_layer: int) -> 
 def kv_bytes_per_token(arch: ModelArch, kv_cache_dtype: str = "auto") -> int:
     """K and V of every layer that holds KV (a hybrid's GDN layers hold none) for one
     token: the model dtype, or e4m3 plus a 4-byte scale per kv head (`--kv-cache-dtype fp8`);
-    and its sparse-attention index key (Qwen3.8-Flash-Next's QSA, model dtype) where it has one."""
+    and its sparse-attention index key (Qwen3.8-Flash-Next's QSA, model dtype) where it has one.
+    Multi-head latent attention keeps one row (its value is its key: `shared_kv`)."""
     per_head = arch.head_dim + 4 if kv_cache_dtype == "fp8" else arch.head_dim * arch.dtype.itemsize
-    return len(arch.kv_layers) * (2 * arch.num_kv_heads * per_head + arch.index_key_dim * arch.dtype.itemsize)
+    planes = 1 if shared_kv(arch) else 2
+    return len(arch.kv_layers) * (planes * arch.num_kv_heads * per_head + arch.index_key_dim * arch.dtype.itemsize)
 
 
 def expert_nbytes(arch: ModelArch, fmt: ExpertFormat | None = None) -> int:

@@ -31,7 +31,7 @@ from edgemoe.engine.runner import ModelRunner
 from edgemoe.kernels.dense_gemv import make_dense_linear
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
 from edgemoe.layers.embedding import HostEmbedding
-from edgemoe.models.arch import ModelArch, expert_activation
+from edgemoe.models.arch import ModelArch, expert_activation, shared_kv
 from edgemoe.models.loader import ram_tables
 from edgemoe.models.registry import model_module
 from edgemoe.models.transformer import CausalLM
@@ -294,7 +294,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
-                  device, config.cache.kv_cache_dtype, index_dim=arch.index_key_dim)
+                  device, config.cache.kv_cache_dtype, index_dim=arch.index_key_dim, shared_kv=shared_kv(arch))
     table = PageTable(sched.max_running_requests, min(pool.num_pages, pool.pages_for(max_len)), device, pool.scratch_page)
     attention = make_attention_backend(config.kernels.attention_backend, pool, device)
     overlap = resolve_overlap(config.scheduler.overlap, device, ple)

@@ -24,7 +24,7 @@ from edgemoe.models.hf_config import (
 )
 
 __all__ = ["ConfigError", "DecoderArch", "HFConfig", "ModelArch", "check_experts", "common_fields",
-           "expert_activation", "kept_dtypes"]
+           "expert_activation", "kept_dtypes", "shared_kv"]
 
 
 class ModelArch(Protocol):
@@ -217,6 +217,12 @@ def kept_dtypes(arch: ModelArch) -> dict[str, torch.dtype]:
     other archs keep none): every other param is `arch.dtype`."""
     dtypes = getattr(arch, "param_dtypes", None)
     return dtypes() if dtypes is not None else {}
+
+
+def shared_kv(arch: ModelArch) -> bool:
+    """Whether the arch's value is its key (multi-head latent attention, `models/mla.py`):
+    the KV pool then holds one row a token and layer, not two."""
+    return bool(getattr(arch, "shared_kv", False))
 
 
 def common_fields(

@@ -70,17 +70,17 @@ def arch(config: dict[str, Any]) -> DecoderArch:
     )
 
 
-def moe_layers(c: HFConfig, layers: int) -> tuple[int, ...]:
-    """The sparse layers: from `first_k_dense_replace` on, transformers 5.24's rule for
-    glm4_moe. NOTE: its `mlp_layer_types` is GLM-5's (glm_moe_dsa) field, which glm4_moe's
+def moe_layers(c: HFConfig, layers: int, default_dense: int = 1) -> tuple[int, ...]:
+    """The sparse layers: from `first_k_dense_replace` on (`default_dense` when absent: the
+    config class's default), transformers 5.24's rule for glm4_moe and deepseek_v3. NOTE: its `mlp_layer_types` is GLM-5's (glm_moe_dsa) field, which glm4_moe's
     modeling does not read; one naming other layers is ignored as transformers ignores it,
     with a warning."""
-    first_dense = c.integer("first_k_dense_replace", 1, minimum=0)
+    first_dense = c.integer("first_k_dense_replace", default_dense, minimum=0)
     sparse = tuple(range(first_dense, layers))
     kinds = c.get("mlp_layer_types")
     if isinstance(kinds, list) and tuple(i for i, k in enumerate(kinds) if k == "sparse") != sparse:
-        log.warning("mlp_layer_types=%r is not read for glm4_moe (transformers reads first_k_dense_replace=%d: "
-                    "layers %d.. sparse)", kinds, first_dense, first_dense)
+        log.warning("mlp_layer_types=%r is not read for %s (transformers reads first_k_dense_replace=%d: "
+                    "layers %d.. sparse)", kinds, c.model_type, first_dense, first_dense)
     return sparse
 
 
@@ -103,11 +103,11 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
         m[mlp + "gate.e_score_correction_bias"] = Placement(our + "router_bias")
         m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
         if a.shared_intermediate_size:
-            m |= _shared_names(a, i, mlp + "shared_experts.")
+            m |= shared_expert_names(a, i, mlp + "shared_experts.")
     return m
 
 
-def _shared_names(a: DecoderArch, i: int, prefix: str) -> NameMap:
+def shared_expert_names(a: DecoderArch, i: int, prefix: str) -> NameMap:
     """The shared expert: expert E of the layer's bank when it has the routed width (every
     GLM release: one shared expert), else a dense MLP's params."""
     inter = a.shared_intermediate_size

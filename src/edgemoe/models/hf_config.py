@@ -54,6 +54,7 @@ SCHEMAS: dict[str, ConfigSchema] = {
         },
     ),
     "deepseek_v3": ConfigSchema({"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"}),
+    "glm4_moe_lite": ConfigSchema({"num_local_experts": "n_routed_experts", "head_dim": "qk_rope_head_dim"}),
     "glm4_moe": ConfigSchema(
         {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
         partial_rotary_factor=0.5,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgemoe.models.presets_glm import GLM_4_5_AIR, TINY_GLM4_MOE
+from edgemoe.models.presets_mla import GLM_4_7_FLASH, TINY_GLM_4_7_FLASH
 from edgemoe.models.presets_gpt_oss import GPT_OSS_20B, GPT_OSS_120B, TINY_GPT_OSS
 
 RANDOM_PREFIX = "random:"
@@ -230,6 +231,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qwen3.8-flash-next": TINY_QWEN38_FLASH_NEXT,
     "glm-4.5-air": GLM_4_5_AIR,
     "tiny-glm4-moe": TINY_GLM4_MOE,
+    "glm-4.7-flash": GLM_4_7_FLASH,
+    "tiny-glm-4.7-flash": TINY_GLM_4_7_FLASH,
     "gpt-oss-20b": GPT_OSS_20B,
     "gpt-oss-120b": GPT_OSS_120B,
     "tiny-gpt-oss": TINY_GPT_OSS,

@@ -1,0 +1,135 @@
+"""Multi-head latent attention (MLA: DeepSeek-V2/V3, GLM-4.7-Flash), absorbed into the
+latent space so the KV cache holds one 576-wide row a token and layer, not 2 × heads.
+
+Per token the checkpoint's projections give a query per head (through a low-rank
+`q_a` → RMSNorm → `q_b`, or one `q` projection) split into a no-position part of
+`nope` dims and a rotary part of `rope` dims, and one shared key/value latent: `kv_a`
+→ the latent `c` (`kv_lora` dims, RMSNorm'd) and one rotary key `k_pe` (`rope` dims).
+`kv_b` expands `c` into each head's no-position key (W_UK, `nope` rows a head) and value
+(W_UV, `v` rows a head). transformers expands the cache to keys and values; here the
+expansion is folded into the query and the output instead (the same sums, associated
+the other way):
+
+    score_h(t, s) = q_nope_h(t) · (W_UK_h c(s)) + q_pe_h(t) · k_pe(s)
+                  = (W_UK_hᵀ q_nope_h(t)) · c(s) + q_pe_h(t) · k_pe(s)
+    out_h(t)      = W_UV_h Σ_s p_h(t, s) c(s)
+
+so attention is multi-query over one head of D = rope + kv_lora dims: query
+[q_pe_h | W_UK_hᵀ q_nope_h], key [k_pe | c], and the value is the key itself (its first
+`rope` output dims are dropped). The KV pool stores that one row (`KVPool(shared_kv=True)`:
+V is K's tensor), which any attention backend reads as it reads GQA's K and V.
+
+Rotary: this layer rotates q_pe and k_pe itself (the key is written once, as K and V,
+rotated), from the step's tables or, for a backend that rotates by position, from
+`spec.rope`'s table at the batch's positions. DeepSeek's interleaved rotary pairs (dims
+2i, 2i + 1) are the rotate-half pairs (i, i + rope/2) of rows permuted at build
+(`deinterleave_rope`): scores are dot products, unchanged by one permutation of q and k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
+from edgemoe.kernels.rotary import apply_rope
+from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec
+from edgemoe.layers.batch import ForwardBatch
+from edgemoe.layers.norm import RMSNorm
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    num_heads: int
+    nope: int  # qk_nope_head_dim
+    rope: int  # qk_rope_head_dim
+    kv_lora: int  # kv_lora_rank: the latent's width
+    v: int  # v_head_dim
+
+    @property
+    def cache_dim(self) -> int:
+        """The one cached row a token: [k_pe | c]."""
+        return self.rope + self.kv_lora
+
+
+@dataclass
+class MlaWeights:
+    """One layer's projections as `F.linear` takes them ([out, in]); W_UK / W_UV split per head."""
+
+    q: torch.Tensor  # [Hq (nope + rope), q_lora or hidden]: q_b, or the one q projection
+    kv_a: torch.Tensor  # [kv_lora + rope, hidden]
+    kv_a_norm: RMSNorm
+    w_uk: torch.Tensor  # [Hq, nope, kv_lora]
+    w_uv_t: torch.Tensor  # [Hq, kv_lora, v]
+    o_proj: torch.Tensor  # [hidden, Hq v]
+    q_a: torch.Tensor | None = None  # [q_lora, hidden] (None: one q projection)
+    q_a_norm: RMSNorm | None = None
+    q_a_bias: torch.Tensor | None = None
+    kv_a_bias: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None
+
+
+def split_kv_b(kv_b: torch.Tensor, d: MlaDims) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_b [Hq (nope + v), kv_lora] → (W_UK [Hq, nope, kv_lora], W_UVᵀ [Hq, kv_lora, v]), contiguous."""
+    per_head = kv_b.view(d.num_heads, d.nope + d.v, d.kv_lora)
+    return per_head[:, : d.nope].contiguous(), per_head[:, d.nope :].transpose(1, 2).contiguous()
+
+
+def deinterleave_rope(w: torch.Tensor, groups: int, start: int) -> torch.Tensor:
+    """`w` [groups · width, ...] with each group's rows from `start` on (a rotary part: pairs
+    2i, 2i + 1) reordered evens first, then odds: DeepSeek's interleaved rotary becomes the
+    rotate-half layout (a new tensor)."""
+    g = w.reshape(groups, -1, *w.shape[1:])
+    rot = g[:, start:]
+    return torch.cat((g[:, :start], rot[:, 0::2], rot[:, 1::2]), 1).reshape(w.shape)
+
+
+class MlaAttention:
+    def __init__(self, spec: AttentionSpec, dims: MlaDims, w: MlaWeights, linear: Linear = dense_gemv_ref) -> None:
+        if spec.num_kv_heads != 1 or spec.head_dim != dims.cache_dim:
+            raise ValueError(f"MLA attends over one head of {dims.cache_dim} dims, got {spec.num_kv_heads} x "
+                             f"{spec.head_dim}")
+        self.spec, self.dims, self.w, self.linear = spec, dims, w, linear
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor | None,  # [T, rope] this step's rotary tables (None: from spec.rope by position)
+        sin: torch.Tensor | None,
+        batch: ForwardBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        d, w, T = self.dims, self.w, x.shape[0]
+        q = self._query(x).view(T, d.num_heads, d.nope + d.rope)
+        kv = self.linear(x, w.kv_a, w.kv_a_bias)  # [T, kv_lora + rope]
+        latent = w.kv_a_norm(kv[:, : d.kv_lora])
+        cos, sin = self._tables(cos, sin, batch, x.dtype)
+        q_pe = apply_rope(q[..., d.nope :], cos, sin)  # [T, Hq, rope]
+        k_pe = apply_rope(kv[:, None, d.kv_lora :], cos, sin)  # [T, 1, rope]
+        q_latent = torch.bmm(q[..., : d.nope].transpose(0, 1), w.w_uk).transpose(0, 1)  # [T, Hq, kv_lora]
+        key = torch.cat((k_pe, latent[:, None, :]), -1)  # [T, 1, rope + kv_lora]
+        backend.write_kv(self.spec, key, key, batch)  # V is K: one row a token (the pool shares them)
+        out = backend.attend(self.spec, torch.cat((q_pe, q_latent), -1), batch)  # [T, Hq, rope + kv_lora]
+        heads = torch.bmm(out[..., d.rope :].transpose(0, 1), w.w_uv_t)  # [Hq, T, v]
+        return self.linear(heads.transpose(0, 1).reshape(T, d.num_heads * d.v), w.o_proj, w.o_bias)
+
+    def _query(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        if w.q_a is None:
+            return self.linear(x, w.q)
+        assert w.q_a_norm is not None
+        return self.linear(w.q_a_norm(self.linear(x, w.q_a, w.q_a_bias)), w.q)
+
+    def _tables(self, cos: torch.Tensor | None, sin: torch.Tensor | None, batch: ForwardBatch,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's [T, rope] tables, or the same values gathered from `spec.rope` (fp32
+        half-width rows by position, cast as `rope_cos_sin` casts)."""
+        if cos is not None and sin is not None:
+            return cos, sin
+        table = self.spec.rope
+        if table is None:
+            raise ValueError(f"layer {self.spec.layer}: MLA needs the step's rotary tables or the spec's table")
+        pos = batch.positions.long()
+        c, s = table.cos[pos], table.sin[pos]
+        return torch.cat((c, c), -1).to(dtype), torch.cat((s, s), -1).to(dtype)
