@@ -1,20 +1,8 @@
 #!/usr/bin/env bash
 # gpt-oss on the GPU machine in one device call (docs/models.md, docs/benchmarks.md): its GPU
 # tests, then random:gpt-oss-20b in MXFP4 (as published) per `RUNS` (backend:gpu-memory,
-# e.g. "resident:24GiB offload:8GiB"; synthetic routing, batch 1, 1K prompt), then whatever
-# `EXTRA` names (a command line, own limit).
+# default "resident:24GiB offload:8GiB"; `MODEL=random:gpt-oss-120b` for the big one), then
+# `EXTRA` — `scripts/gpu_model_check.sh` with gpt-oss's defaults.
 #   run(command="scripts/gpu_gpt_oss_check.sh", carry=[".whl"])
-set -uo pipefail
-source "$(dirname "$0")/gpu_env.sh"
-out="${OUT:-/tmp}"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-timeout "${TEST_LIMIT:-200}" python3 -m pytest tests/gpu/test_gpt_oss_gpu.py ${TESTS:-} -q -p no:cacheprovider \
-  -o addopts="--import-mode=importlib" 2>&1 | tail -n 25
-for run in ${RUNS:-resident:24GiB offload:8GiB}; do
-  timeout "${BENCH_LIMIT:-150}" python3 -m edgemoe.cli bench decode --model "${MODEL:-random:gpt-oss-20b}" \
-    --expert-dtype mxfp4 --gpu-memory "${run#*:}" --kv-tokens 8192 --moe-backend "${run%%:*}" --routing synthetic \
-    --prompt-tokens 1024 --batch-sizes 1 --decode-tokens "${DECODE_TOKENS:-160}" --out "$out" 2>&1 \
-    | grep -v "it/s\]\|s/it\]\|layer/s\]" | tail -n 14
-done
-if [ -n "${EXTRA:-}" ]; then timeout "${EXTRA_LIMIT:-150}" bash -c "$EXTRA" 2>&1 | tail -n 25; fi
-save_jit_cache
+TEST_FILE=tests/gpu/test_gpt_oss_gpu.py MODEL="${MODEL:-random:gpt-oss-20b}" EXPERT_DTYPE=mxfp4 \
+  RUNS="${RUNS:-resident:24GiB offload:8GiB}" exec "$(dirname "$0")/gpu_model_check.sh"

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import importlib.util
+import os
+
 import pytest
 import torch
 from hf_saved import assert_greedy_matches_transformers, save
@@ -126,6 +129,19 @@ def test_a_cached_prefix_gives_the_same_tokens(saved: Path) -> None:
         reused = llm.generate([longer], greedy)[0]
         assert reused.token_ids == fresh
         assert llm.stats()["prefix_cache"]["hit_tokens"] >= 16
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="needs triton (interpreter, CPU-only machine)")
+def test_the_triton_backend_reads_the_latent_cache_as_torch_does(saved: Path) -> None:
+    """The Triton decode / extend kernels over one kv head of rope + kv_lora dims (24: padded
+    to 32 in their tiles), K and V the same tensor, rotary from the spec's table by position."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    got = {}
+    for backend in ("torch", "triton"):
+        with LLM(str(saved), dtype="float32", attention_backend=backend) as llm:
+            got[backend] = [o.token_ids for o in llm.generate([SEQ[:6], SEQ], greedy)]
+    assert got["triton"] == got["torch"]
 
 
 @pytest.mark.parametrize(("overrides", "named"), [
