@@ -10,12 +10,16 @@ template writes an assistant tool call, so the model continues in distribution:
     glm45        \\n<tool_call>NAME\\n (GLM-4.7: <tool_call>NAME)     \\n<tool_call> (GLM-4.7: <tool_call>)
     harmony      <|channel|>commentary to=functions.NAME             <|channel|>commentary to=functions
                  <|constrain|>json<|message|> (one line)
+    deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
+                 (V3/R1: …function<｜tool▁sep｜>NAME\\n```json\\n)
 
 NOTE: each opening ends on a token boundary of the template's rendering of a whole call
 (Qwen's tokenizer writes `":` then ` {"`, and `<` `function` then `=get`; GLM's `<arg_key>`
 is a special token): an opening ending in the space before `{`, or in `=`, would split a
 token the model was trained to produce in one piece. GLM's opening follows the template's
-spelling (4.5/4.6 put a newline before `<tool_call>` and after the name, 4.7 none).
+spelling (4.5/4.6 put a newline before `<tool_call>` and after the name, 4.7 none);
+DeepSeek's too (V3.1's `NAME<｜tool▁sep｜>`, V3/R1's `function<｜tool▁sep｜>NAME` and a ```json
+fence), its markers single tokens.
 Harmony's follows the model's own spelling of a call after `<|start|>assistant` (the
 template writes history as `<|start|>assistant to=… json<|message|>`); o200k's pre-tokenizer
 starts a word at `.NAME`, so "required" stops at `to=functions`.
@@ -70,6 +74,10 @@ def call_opening(tool_format: str, name: str | None, template: str = "") -> str:
         from edgemoe.server.parsers import harmony
 
         return harmony.call_opening(name)
+    if tool_format == "deepseek_v3":
+        from edgemoe.server.parsers import deepseek_v3
+
+        return deepseek_v3.call_opening(name, fenced=deepseek_v3.fenced_template(template))
     return ""
 
 
@@ -112,6 +120,10 @@ def _writable(tool_format: str, name: str) -> bool:
         from edgemoe.server.parsers import harmony
 
         return harmony.writable_name(name)  # a header word: no blank, no marker
+    if tool_format == "deepseek_v3":
+        from edgemoe.server.parsers import deepseek_v3
+
+        return deepseek_v3.writable_name(name)  # as glm45's: one run without blanks, tags, quotes or brackets
     return bool(name.strip())
 
 

@@ -128,8 +128,28 @@ def _normalize_tool_call(call: object) -> object:
             # integer of more digits than int() converts (both client text): stays a string.
             parsed = None
         if isinstance(parsed, dict):
-            function["arguments"] = parsed
+            function["arguments"] = ToolArguments(parsed, arguments)
     return {**call, "function": function}
+
+
+class ToolArguments(dict):
+    """A call's parsed arguments that are still their text where a template adds them to a
+    string: Qwen's and GLM's templates iterate or `tojson` the object, DeepSeek's write
+    `'<｜tool▁sep｜>' + arguments` (the client's JSON text, as sent)."""
+
+    def __init__(self, parsed: dict[str, Any], text: str) -> None:
+        super().__init__(parsed)
+        self.text = text
+
+    def __add__(self, other: object) -> str:
+        if isinstance(other, str):
+            return self.text + other
+        return NotImplemented
+
+    def __radd__(self, other: object) -> str:
+        if isinstance(other, str):
+            return other + self.text
+        return NotImplemented
 
 
 def _alias_reasoning(msg: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ TOOL_PARSERS: dict[str, str] = {
     "qwen3_coder": "edgemoe.server.parsers.qwen3_coder:Qwen3CoderToolParser",
     "glm45": "edgemoe.server.parsers.glm45:Glm45ToolParser",
     "harmony": "edgemoe.server.parsers.harmony:HarmonyToolParser",
+    "deepseek_v3": "edgemoe.server.parsers.deepseek_v3:DeepSeekV3ToolParser",
 }
 
 # Formats whose special tokens frame every message, reasoning included: their tool parser
@@ -50,6 +51,7 @@ _MODEL_TYPE_PARSER: dict[str, str] = {
     "glm4_moe": "glm45",
     "glm4_moe_lite": "glm45",
     "gpt_oss": "harmony",
+    "deepseek_v3": "deepseek_v3",
 }
 
 
@@ -79,6 +81,8 @@ def parser_for_chat_template(template: str) -> str | None:
     """The tool format a chat template teaches the model, if it teaches one we parse."""
     if "<|channel|>" in template and "<|message|>" in template:
         return "harmony"  # gpt-oss: markers no other format uses, so checked first
+    if "<｜tool▁calls▁begin｜>" in template:
+        return "deepseek_v3"  # DeepSeek's markers (fullwidth bars) are no other format's either
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
     if "<arg_key>" in template and "<arg_value>" in template:
