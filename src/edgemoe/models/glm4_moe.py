@@ -93,17 +93,23 @@ def ignored_prefixes(a: DecoderArch) -> tuple[str, ...]:
 def checkpoint_map(a: DecoderArch) -> NameMap:
     m = common_names(a)
     for i in range(a.num_layers):
-        our, mlp = f"layers.{i}.", f"model.layers.{i}.mlp."
         if a.attention_bias:
             m |= qkv_bias_names(a, i)
-        if i not in a.moe_layers:
-            m |= dense_mlp_names(a, i, mlp)
-            continue
-        m[mlp + "gate.weight"] = Placement(our + "router")
-        m[mlp + "gate.e_score_correction_bias"] = Placement(our + "router_bias")
-        m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
-        if a.shared_intermediate_size:
-            m |= shared_expert_names(a, i, mlp + "shared_experts.")
+        m |= mlp_names(a, i)
+    return m
+
+
+def mlp_names(a: DecoderArch, i: int) -> NameMap:
+    """Layer i's MLP: dense, or the sigmoid router with its selection bias, the routed experts
+    and the shared expert (GLM-4.5's names, DeepSeek-V3's and GLM-4.7-Flash's too)."""
+    our, mlp = f"layers.{i}.", f"model.layers.{i}.mlp."
+    if i not in a.moe_layers:
+        return dense_mlp_names(a, i, mlp)
+    m = {mlp + "gate.weight": Placement(our + "router"),
+         mlp + "gate.e_score_correction_bias": Placement(our + "router_bias")}
+    m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
+    if a.shared_intermediate_size:
+        m |= shared_expert_names(a, i, mlp + "shared_experts.")
     return m
 
 

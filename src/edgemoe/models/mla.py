@@ -33,9 +33,9 @@ from edgemoe.layers.mla_attention import MlaAttention, MlaDims, MlaWeights, dein
 from edgemoe.layers.norm import RMSNorm
 from edgemoe.layers.rotary import RopeSpec
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
-from edgemoe.models.glm4_moe import ignored_prefixes, moe_block, moe_layers, shared_expert_names
+from edgemoe.models.glm4_moe import ignored_prefixes, mlp_names, moe_block, moe_layers
 from edgemoe.models.llama_moe import Params, assemble, rope_table, to_device
-from edgemoe.models.names import NameMap, Placement, dense_mlp_names, expert_names, mlp_experts_stacked
+from edgemoe.models.names import NameMap, Placement, mlp_experts_stacked
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 
@@ -162,18 +162,10 @@ def checkpoint_map(a: MlaArch) -> NameMap:
     if not a.tie_word_embeddings:
         m["lm_head.weight"] = Placement("lm_head")
     for i in range(a.num_layers):
-        lp, our, mlp = f"model.layers.{i}.", f"layers.{i}.", f"model.layers.{i}.mlp."
+        lp, our = f"model.layers.{i}.", f"layers.{i}."
         m[lp + "input_layernorm.weight"] = Placement(our + "attn_norm")
         m[lp + "post_attention_layernorm.weight"] = Placement(our + "mlp_norm")
-        m |= _attention_names(a, lp + "self_attn.", our)
-        if i not in a.moe_layers:
-            m |= dense_mlp_names(a, i, mlp)
-            continue
-        m[mlp + "gate.weight"] = Placement(our + "router")
-        m[mlp + "gate.e_score_correction_bias"] = Placement(our + "router_bias")
-        m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
-        if a.shared_intermediate_size:
-            m |= shared_expert_names(a, i, mlp + "shared_experts.")
+        m |= _attention_names(a, lp + "self_attn.", our) | mlp_names(a, i)
     return m
 
 
