@@ -50,6 +50,10 @@ HBM_BYTES_S, BF16_FLOP_S = 4.2e12, 989e12  # H200: measured device copy bound; d
 H, I, E, K, HQ, HKV, D, PAGE = 2048, 768, 128, 8, 32, 4, 128, 16
 # The MoE sweeps' expert shape, "H,I,E,K" (e.g. gpt-oss-20b's "2880,2880,32,4"); Qwen3-30B-A3B's by default.
 H, I, E, K = (int(v) for v in os.environ.get("BENCH_MOE_SHAPE", f"{H},{I},{E},{K}").split(","))
+# The decode attention sweep's heads, "HQ,HKV,D[,shared]" (GLM-4.7-Flash's latent cache: "20,1,576,shared",
+# the value the key's own tensor as `KVPool(shared_kv=True)` holds it); Qwen3-30B-A3B's by default.
+_ATTN = os.environ.get("BENCH_ATTN_SHAPE", f"{HQ},{HKV},{D}").split(",")
+HQ, HKV, D, SHARED_KV = int(_ATTN[0]), int(_ATTN[1]), int(_ATTN[2]), _ATTN[3:] == ["shared"]
 BF16, DEV = torch.bfloat16, "cuda"
 L2_BYTES = 64 << 20
 DECODE_TOKENS, PREFILL_TOKENS = (1, 8, 32), 8192
@@ -206,11 +210,11 @@ class DecodeAttentionCase(NamedTuple):
 def decode_attention_case(batch: int, ctx: int, g: torch.Generator) -> DecodeAttentionCase:
     """`batch` sequences of `ctx` keys, pages scattered at random, in enough copies that
     one round of calls reads more than L2 holds."""
-    kv_bytes = batch * ctx * HKV * D * 2 * 2
+    kv_bytes = batch * ctx * HKV * D * 2 * (1 if SHARED_KV else 2)
     n = copies_for(kv_bytes)
     pages = ctx // PAGE
     k_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
-    v_pool = torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
+    v_pool = k_pool if SHARED_KV else torch.randn(n * batch * ctx, HKV, D, generator=g, device=DEV).to(BF16)
     tables = [(torch.randperm(batch * pages, generator=g, device=DEV) + i * batch * pages).view(batch, pages)
               .to(torch.int32) for i in range(n)]
     rows = torch.arange(batch, dtype=torch.int32, device=DEV)
