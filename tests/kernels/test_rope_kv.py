@@ -84,6 +84,32 @@ def test_triton_rope_write_kv_bitwise(dtype: torch.dtype, hq: int, hkv: int, d: 
         assert torch.equal(bits(got), bits(want))
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("path", ["ref", pytest.param("triton", marks=needs_triton)])
+def test_a_shared_value_is_the_key_written_once_rotated(path: str, fp8: bool) -> None:
+    """`v` None (MLA's latent row: the pool's V is K's tensor): rotated k lands in the cache,
+    as the write of k alone would put it; the value is never written over it unrotated."""
+    from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
+
+    write = rope_write_kv_ref if path == "ref" else rope_write_kv_triton
+    q, k, _, positions, out_loc = qkv(torch.bfloat16, 5, 1, 24, seed=4)  # 5 heads over one row of 24 (8 rotating)
+    _, cos, sin = tables(8)
+    cache = torch.full((SLOTS, 1, 24), 7.0, dtype=torch.bfloat16)
+    scale = torch.ones(SLOTS, 1) if fp8 else None
+    if fp8:
+        cache = cache.to(KV_FP8)
+    got_q = write(q, k, None, positions, cos, sin, cache, cache, out_loc, scale, scale)
+    want = torch.full_like(cache, 7.0) if not fp8 else torch.full((SLOTS, 1, 24), 7.0, dtype=torch.bfloat16).to(KV_FP8)
+    want_scale = torch.ones(SLOTS, 1) if fp8 else None
+    want_q = rope_write_kv_ref(q, k, k, positions, cos, sin, want, torch.empty_like(want), out_loc, want_scale,
+                               torch.ones(SLOTS, 1) if fp8 else None)
+    assert torch.equal(bits(got_q), bits(want_q)) and torch.equal(bits(cache), bits(want))
+    if fp8:
+        assert torch.equal(scale, want_scale)
+    rotated = apply_rope_partial_ref(k, positions, cos, sin)
+    assert not torch.equal(rotated, k)  # the check can tell rotated from not
+
+
 def bits(x: torch.Tensor) -> torch.Tensor:
     """x's bit patterns (as integers of its width): equal exactly when x is bitwise equal."""
     return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()])

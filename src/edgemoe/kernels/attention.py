@@ -18,16 +18,20 @@ from edgemoe.quant.kv import dequantise_kv, quantise_kv
 
 
 def write_kv_ref(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, slots: torch.Tensor,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """k_cache/v_cache [S, Hkv, D]; k/v [T, Hkv, D]; slots [T]; scales [S, Hkv] (fp8 pools)."""
+    """k_cache/v_cache [S, Hkv, D]; k/v [T, Hkv, D]; slots [T]; scales [S, Hkv] (fp8 pools).
+    `v` None: the value is the key (a pool whose V is K's tensor, `KVPool(shared_kv=True)`):
+    k is written once."""
     if k_scale is None or v_scale is None:
         k_cache[slots] = k
-        v_cache[slots] = v
+        if v is not None:
+            v_cache[slots] = v
         return
     k_cache[slots], k_scale[slots] = quantise_kv(k)
-    v_cache[slots], v_scale[slots] = quantise_kv(v)
+    if v is not None:
+        v_cache[slots], v_scale[slots] = quantise_kv(v)
 
 
 def context_slots(table_row: torch.Tensor, ctx_len: int, page_size: int) -> torch.Tensor:

@@ -4,7 +4,9 @@ optionally with the per-head q/k RMSNorm in front of it (Qwen3's `q_norm`/`k_nor
 `rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache, out_loc)` rotates the
 first R = 2 * cos.shape[1] dims of every q and k head at its token's position (the
 rest pass through), writes rotated k and plain v into the caches at out_loc, and
-returns rotated q. cos/sin [P, R/2] are fp32 tables indexed by position, already
+returns rotated q (`v` None: the value is the key, whose cache is k_cache's tensor —
+multi-head latent attention's one row — so only rotated k is written). cos/sin [P, R/2]
+are fp32 tables indexed by position, already
 scaled (e.g. YaRN's attention factor). Rounding as transformers: the tables are cast
 to the activation dtype, then x * cos + rotate_half(x) * sin in the dtype; the fast
 path rounds at the same points and is bitwise equal in bf16/fp16. An fp8 cache passes
@@ -49,7 +51,7 @@ def apply_rope_partial_ref(
 def rope_write_kv_ref(
     q: torch.Tensor,  # [T, Hq, D]
     k: torch.Tensor,  # [T, Hkv, D]
-    v: torch.Tensor,  # [T, Hkv, D]
+    v: torch.Tensor | None,  # [T, Hkv, D]; None: the value is the key (written once, rotated)
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [P, R/2] float32
     sin: torch.Tensor,  # [P, R/2] float32
@@ -67,15 +69,17 @@ def rope_write_kv_ref(
     k_rot = apply_rope_partial_ref(k, positions, cos, sin)
     if k_scale is not None and v_scale is not None:
         k_cache[out_loc], k_scale[out_loc] = quantise_kv(k_rot)
-        v_cache[out_loc], v_scale[out_loc] = quantise_kv(v)
+        if v is not None:
+            v_cache[out_loc], v_scale[out_loc] = quantise_kv(v)
     else:
         k_cache[out_loc] = k_rot.to(k_cache.dtype)
-        v_cache[out_loc] = v.to(v_cache.dtype)
+        if v is not None:
+            v_cache[out_loc] = v.to(v_cache.dtype)
     return apply_rope_partial_ref(q, positions, cos, sin)
 
 
 def rope_write_kv(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
     sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     q_norm_w: torch.Tensor | None = None, k_norm_w: torch.Tensor | None = None, norm_eps: float = 1e-6,

@@ -74,7 +74,8 @@ class AttentionBackend(ABC):
     - `rotate_and_write(spec, q, k, v, cos, sin, batch, norms=None)` applies the head
       norms when given (`norms.q` to every q head, `norms.k` to every k head, as the
       norms' own `__call__` computes them), then rotary to q/k, and writes k/v, returning
-      the rotated q. q/k/v may be strided views (heads of one fused projection). The
+      the rotated q; `v` None: the value is the key (a pool whose V is K's tensor, MLA's
+      latent row), rotated k written once; `write_kv` takes `v` None the same way. q/k/v may be strided views (heads of one fused projection). The
       default uses this step's tables (cos/sin [T, D], in the activations' dtype) and
       applies the norms as separate ops; a backend with `needs_step_rope = False` rotates
       from `spec.rope` by position in one fused kernel (the model then skips building
@@ -97,7 +98,7 @@ class AttentionBackend(ABC):
         """Per-step metadata (default: none)."""
 
     @abstractmethod
-    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None: ...
+    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor | None, batch: ForwardBatch) -> None: ...
 
     @abstractmethod
     def attend(self, spec: AttentionSpec, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor: ...
@@ -109,7 +110,7 @@ class AttentionBackend(ABC):
         return self.attend(spec, q, batch)
 
     def rotate_and_write(
-        self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        self, spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None,
         cos: torch.Tensor | None, sin: torch.Tensor | None, batch: ForwardBatch, norms: HeadNorms | None = None,
     ) -> torch.Tensor:
         assert cos is not None and sin is not None, "this backend needs the step's rotary tables"

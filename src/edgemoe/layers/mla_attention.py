@@ -19,9 +19,10 @@ so attention is multi-query over one head of D = rope + kv_lora dims: query
 `rope` output dims are dropped). The KV pool stores that one row (`KVPool(shared_kv=True)`:
 V is K's tensor), which any attention backend reads as it reads GQA's K and V.
 
-Rotary: this layer rotates q_pe and k_pe itself (the key is written once, as K and V,
-rotated), from the step's tables or, for a backend that rotates by position, from
-`spec.rope`'s table at the batch's positions. DeepSeek's interleaved rotary pairs (dims
+Rotary: the rotary dims lead the query and the key, so the backend rotates them as any
+partial rotary (`spec.head_dim` dims, the first `rope` turning) and writes the key once
+(`rotate_and_write`'s `v` None: the value is the key; the Triton backend in one launch,
+`rope_write_kv`). DeepSeek's interleaved rotary pairs (dims
 2i, 2i + 1) are the rotate-half pairs (i, i + rope/2) of rows permuted at build
 (`deinterleave_rope`): scores are dot products, unchanged by one permutation of q and k.
 """
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 import torch
 
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
-from edgemoe.kernels.rotary import apply_rope
 from edgemoe.layers.attention_backend import AttentionBackend, AttentionSpec
 from edgemoe.layers.batch import ForwardBatch
 from edgemoe.layers.norm import RMSNorm
@@ -95,7 +95,7 @@ class MlaAttention:
     def __call__(
         self,
         x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor | None,  # [T, rope] this step's rotary tables (None: from spec.rope by position)
+        cos: torch.Tensor | None,  # [T, rope] this step's rotary tables (None: the backend rotates by position)
         sin: torch.Tensor | None,
         batch: ForwardBatch,
         backend: AttentionBackend,
@@ -104,13 +104,12 @@ class MlaAttention:
         q = self._query(x).view(T, d.num_heads, d.nope + d.rope)
         kv = self.linear(x, w.kv_a, w.kv_a_bias)  # [T, kv_lora + rope]
         latent = w.kv_a_norm(kv[:, : d.kv_lora])
-        cos, sin = self._tables(cos, sin, batch, x.dtype)
-        q_pe = apply_rope(q[..., d.nope :], cos, sin)  # [T, Hq, rope]
-        k_pe = apply_rope(kv[:, None, d.kv_lora :], cos, sin)  # [T, 1, rope]
         q_latent = torch.bmm(q[..., : d.nope].transpose(0, 1), w.w_uk).transpose(0, 1)  # [T, Hq, kv_lora]
-        key = torch.cat((k_pe, latent[:, None, :]), -1)  # [T, 1, rope + kv_lora]
-        backend.write_kv(self.spec, key, key, batch)  # V is K: one row a token (the pool shares them)
-        out = backend.attend(self.spec, torch.cat((q_pe, q_latent), -1), batch)  # [T, Hq, rope + kv_lora]
+        query = torch.cat((q[..., d.nope :], q_latent), -1)  # [T, Hq, rope + kv_lora]: rotary dims first
+        key = torch.cat((kv[:, None, d.kv_lora :], latent[:, None, :]), -1)  # [T, 1, rope + kv_lora]
+        # The backend rotates the first `rope` dims of each and writes the key once: V is K.
+        query = backend.rotate_and_write(self.spec, query, key, None, cos, sin, batch)
+        out = backend.attend(self.spec, query, batch)  # [T, Hq, rope + kv_lora]
         heads = torch.bmm(out[..., d.rope :].transpose(0, 1), w.w_uv_t)  # [Hq, T, v]
         return self.linear(heads.transpose(0, 1).reshape(T, d.num_heads * d.v), w.o_proj, w.o_bias)
 
@@ -120,16 +119,3 @@ class MlaAttention:
             return self.linear(x, w.q)
         assert w.q_a_norm is not None
         return self.linear(w.q_a_norm(self.linear(x, w.q_a, w.q_a_bias)), w.q)
-
-    def _tables(self, cos: torch.Tensor | None, sin: torch.Tensor | None, batch: ForwardBatch,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's [T, rope] tables, or the same values gathered from `spec.rope` (fp32
-        half-width rows by position, cast as `rope_cos_sin` casts)."""
-        if cos is not None and sin is not None:
-            return cos, sin
-        table = self.spec.rope
-        if table is None:
-            raise ValueError(f"layer {self.spec.layer}: MLA needs the step's rotary tables or the spec's table")
-        pos = batch.positions.long()
-        c, s = table.cos[pos], table.sin[pos]
-        return torch.cat((c, c), -1).to(dtype), torch.cat((s, s), -1).to(dtype)

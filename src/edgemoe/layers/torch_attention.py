@@ -42,7 +42,7 @@ class TorchPagedAttention(AttentionBackend):
             for row, n in zip(h.req_rows, h.seq_lens, strict=True)
         ]
 
-    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
+    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor | None, batch: ForwardBatch) -> None:
         write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc, *self.pool.scales(spec.layer))
 
     def attend(self, spec: AttentionSpec, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

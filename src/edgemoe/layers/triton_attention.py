@@ -27,7 +27,7 @@ class TritonPagedAttention(AttentionBackend):
         super().__init__(pool)
         self.device = device
 
-    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
+    def write_kv(self, spec: AttentionSpec, k: torch.Tensor, v: torch.Tensor | None, batch: ForwardBatch) -> None:
         write_kv_ref(self.pool.k[spec.layer], self.pool.v[spec.layer], k, v, batch.out_loc, *self.pool.scales(spec.layer))
 
     def rotate_and_write(self, spec, q, k, v, cos, sin, batch, norms=None):  # type: ignore[override]

@@ -138,7 +138,7 @@ def _rope_write_kv(
     HKV: tl.constexpr, HKV_PAD: tl.constexpr, QG: tl.constexpr, QG_PAD: tl.constexpr, HALF: tl.constexpr,
     NORM: tl.constexpr,
     D_PAD: tl.constexpr, DTYPE: tl.constexpr, CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr,
-    FP8KV: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr,
+    FP8KV: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr, HAS_V: tl.constexpr,
 ):
     pdl_start(USE_PDL)
     # A token's HKV programs are adjacent (pid = t·HKV + g): they share its cos/sin rows in L2/L1.
@@ -160,7 +160,8 @@ def _rope_write_kv(
     loc = tl.load(loc_ptr + t).to(tl.int64)
     xq, xq_p, ok_q = _load_heads(q_ptr + t * stride_qt, stride_qh, hq, live_q, d, D, HALF)
     xk, xk_p, ok_k = _load_heads(k_ptr + t * stride_kt, stride_kh, hk, live_k, d, D, HALF)
-    vv = tl.load(v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :], mask=ok_k, other=0.0)
+    if HAS_V:  # else the value is the key: its cache is k's, written once below
+        vv = tl.load(v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :], mask=ok_k, other=0.0)
     if NORM:
         wq, wq_p = _load_norm_weight(qw_ptr, d, D, HALF, QG_PAD, D_PAD)
         wk, wk_p = _load_norm_weight(kw_ptr, d, D, HALF, HKV_PAD, D_PAD)
@@ -175,12 +176,13 @@ def _rope_write_kv(
     tl.store(qo_ptr + t * stride_qot + hq[:, None] * stride_qoh + d[None, :], round_to(yq, DTYPE, INTERP), mask=ok_q)
     _store_kv(kc_ptr, ks_ptr, loc, yk, ok_k, hk, live_k, stride_kcs, stride_kch, stride_ss, d, CACHE_DTYPE, INTERP,
               FP8KV, FP8HW)
-    _store_kv(vc_ptr, vs_ptr, loc, vv.to(tl.float32), ok_k, hk, live_k, stride_vcs, stride_vch, stride_ss, d,
-              CACHE_DTYPE, INTERP, FP8KV, FP8HW)
+    if HAS_V:
+        _store_kv(vc_ptr, vs_ptr, loc, vv.to(tl.float32), ok_k, hk, live_k, stride_vcs, stride_vch, stride_ss, d,
+                  CACHE_DTYPE, INTERP, FP8KV, FP8HW)
 
 
 def rope_write_kv_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
     sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
     q_norm_w: torch.Tensor | None = None, k_norm_w: torch.Tensor | None = None, norm_eps: float = 1e-6,
@@ -190,6 +192,8 @@ def rope_write_kv_triton(
     half = cos.shape[1]
     if 2 * half > D or cos.stride() != sin.stride() or cos.stride(-1) != 1:
         raise ValueError(f"cos/sin must be contiguous [P, R/2] with R <= D ({D}); got {tuple(cos.shape)}")
+    has_v = v is not None
+    v = v if has_v else k  # unread without HAS_V
     for t in (q, k, v, k_cache, v_cache):
         if t.stride(-1) != 1:
             raise ValueError("need a unit stride on the head dim")
@@ -216,6 +220,6 @@ def rope_write_kv_triton(
         HKV=Hkv, HKV_PAD=triton.next_power_of_2(Hkv), QG=qg, QG_PAD=triton.next_power_of_2(qg), HALF=half, NORM=norm,
         D_PAD=triton.next_power_of_2(D),
         DTYPE=tl_dtype(q.dtype), CACHE_DTYPE=tl.uint8 if fp8 else tl_dtype(k_cache.dtype), INTERP=interpreting(q),
-        FP8KV=fp8, FP8HW=fp8_hardware(q), USE_PDL=pdl, launch_pdl=pdl, num_warps=NUM_WARPS,
+        FP8KV=fp8, FP8HW=fp8_hardware(q), USE_PDL=pdl, HAS_V=has_v, launch_pdl=pdl, num_warps=NUM_WARPS,
     )
     return q_out
