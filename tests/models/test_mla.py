@@ -118,17 +118,23 @@ def test_backends_and_chunked_prefill_give_resident_tokens(saved: Path, settings
     assert got == expected
 
 
-def test_a_cached_prefix_gives_the_same_tokens(saved: Path) -> None:
-    """A second request reusing the first's cached latent pages decodes as a fresh one."""
+def test_cached_and_revived_prefixes_give_the_same_tokens(saved: Path) -> None:
+    """A request reusing cached latent pages decodes as a fresh one; so do both after every
+    page went to the host tier (one tensor a page: V is K's) and came back."""
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     longer = SEQ + [7, 8, 9]
     with LLM(str(saved), dtype="float32") as llm:
-        fresh = llm.generate([longer], greedy)[0].token_ids
-    with LLM(str(saved), dtype="float32") as llm:
-        llm.generate([SEQ], greedy)
+        fresh = [o.token_ids for o in llm.generate([SEQ, longer], greedy)]
+    with LLM(str(saved), dtype="float32", page_size=8, host_cache="32MiB") as llm:
+        assert llm.generate([SEQ], greedy)[0].token_ids == fresh[0]
         reused = llm.generate([longer], greedy)[0]
-        assert reused.token_ids == fresh
-        assert llm.stats()["prefix_cache"]["hit_tokens"] >= 16
+        assert reused.token_ids == fresh[1] and reused.num_cached_tokens >= 24
+        cache = llm.engine.prefix_cache
+        cache.evict(cache.total_pages)
+        assert cache.total_pages == 0
+        revived = llm.generate([SEQ, longer], greedy)
+    assert [o.token_ids for o in revived] == fresh
+    assert all(o.num_cached_tokens >= 24 for o in revived)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
