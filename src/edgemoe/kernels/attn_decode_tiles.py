@@ -65,6 +65,16 @@ class AttnDecodeTiles(NamedTuple):
 
 DEFAULT = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCKS, LONG_BLOCKS, LONG_STAGES,
                           WIDE_SPLITS, WIDE_CHUNK)
+# Rows padded to 512 dims or more (MLA's one latent head of 576, padded to 1,024): the default's
+# [16+, 1,024] fp32 accumulator over 4 warps spills, and one kv head gives a sequence only
+# SPLITS programs. Measured on an H100 (2026-12-06, CUDA-graph replay, 20 query heads over one
+# 576-wide shared K/V row, bf16; bench/results/kernels-mla-attn-sweep-h100-20261206.json), µs a
+# layer at B=1 1K / 8K / 32K / 128K and B=8 4K: the default 137 / 357 / 1,148 / 4,316 / 1,211;
+# 8 warps and 16-key blocks at 64 splits 18 / 54 / 169 / 628 / 116, at 128 splits 23 / 49 /
+# 109 / 340 / 157 (taken: a long single context is an agent's), at 32 splits 19 / 88 / 321 /
+# 1,244 / 98.
+WIDE_HEAD = AttnDecodeTiles(128, 32, 8, 2, MERGE_CHUNK, MIN_BLOCKS, LONG_BLOCKS, 2, WIDE_SPLITS, MERGE_CHUNK)
+WIDE_HEAD_DIM = 512  # rows padded to this many dims or more take WIDE_HEAD
 
 
 def tiles() -> AttnDecodeTiles:
@@ -79,6 +89,18 @@ def tiles() -> AttnDecodeTiles:
     if t.block_n < 16:  # tl.dot wants 16 keys at least
         raise ValueError(f"{ENV}={os.environ[ENV]!r}: block_n must be one of the powers of two >= 16")
     return t
+
+
+def tiles_for(head_dim: int) -> AttnDecodeTiles:
+    """The tiles at this head dim: `tiles()` (the override, else the default), or WIDE_HEAD
+    for rows padded to WIDE_HEAD_DIM or more when nothing is overridden."""
+    if os.environ.get(ENV) or _padded(head_dim) < WIDE_HEAD_DIM:
+        return tiles()
+    return WIDE_HEAD
+
+
+def _padded(head_dim: int) -> int:
+    return 1 << max(0, head_dim - 1).bit_length()
 
 
 def block_n_for(t: AttnDecodeTiles, head_dim: int) -> int:
@@ -97,4 +119,4 @@ def merge_warps(t: AttnDecodeTiles, d_pad: int) -> int:
 def split_workspace_bytes(rows: int, q_heads: int, head_dim: int) -> int:
     """Device bytes of the split outputs and LSEs (fp32) one decode launch over `rows`
     sequences allocates."""
-    return rows * q_heads * tiles().splits * (head_dim + 1) * 4
+    return rows * q_heads * tiles_for(head_dim).splits * (head_dim + 1) * 4

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from edgemoe.kernels.attn_decode_tiles import block_n_for, merge_warps, tiles
+from edgemoe.kernels.attn_decode_tiles import block_n_for, merge_warps, tiles_for
 from edgemoe.kernels.backend import pdl_enabled
 from edgemoe.kernels.triton_ops.attn_common import (
     kv_slots,
@@ -267,7 +267,7 @@ def decode_attention_triton(
     if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     G, D_PAD = Hq // Hkv, triton.next_power_of_2(D)
-    t = tiles()
+    t = tiles_for(D)
     # NOTE: `max_seq_len` sizes nothing (kept in the signature): the grid is t.splits wide.
     # The workspace's bytes: attn_decode_tiles.split_workspace_bytes (the memory plan's).
     o_part = torch.empty(B, Hq, t.splits, D, dtype=torch.float32, device=q.device)

@@ -38,8 +38,12 @@ from edgemoe.kernels.triton_ops.common import (
 
 def extend_config(head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) by head dim; K and V tiles stay within
-    16 KiB per stage so sm_86/sm_89 (~99 KiB of shared memory per block) run them."""
-    return (64, 64, 4, 2) if head_dim <= 128 else (64, 32, 8, 2)
+    16 KiB per stage so sm_86/sm_89 (~99 KiB of shared memory per block) run them. Rows
+    padded to 512 dims or more (MLA's 576-wide latent row, padded to 1,024): 16 x 16 tiles,
+    one stage (64 x 32 at two stages asked 384 KiB of an H100's 227, 2026-12-06)."""
+    if head_dim <= 128:
+        return (64, 64, 4, 2)
+    return (64, 32, 8, 2) if head_dim <= 256 else (16, 16, 8, 1)
 
 
 @triton.jit
