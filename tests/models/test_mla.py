@@ -37,6 +37,7 @@ DEEPSEEK = {  # each a DeepSeek-V3 variant of the tiny config
     "yarn-mscale": {"rope_scaling": YARN},
     "rotate-half": {"rope_interleave": False},
     "biased": {"attention_bias": True},
+    "biased-one-q-projection": {"attention_bias": True, "q_lora_rank": None},
 }
 
 

@@ -55,18 +55,19 @@ class MlaDims:
 
 @dataclass
 class MlaWeights:
-    """One layer's projections as `F.linear` takes them ([out, in]); W_UK / W_UV split per head."""
+    """One layer's projections as `F.linear` takes them ([out, in]); W_UK / W_UV split per head.
+    The two projections of the layer's input are one (`first`: the query's first, q_a or
+    the one q projection, then kv_a): x is read once, one launch."""
 
-    q: torch.Tensor  # [Hq (nope + rope), q_lora or hidden]: q_b, or the one q projection
-    kv_a: torch.Tensor  # [kv_lora + rope, hidden]
+    first: torch.Tensor  # [q_rows + kv_lora + rope, hidden]
+    q_rows: int  # the query's rows of `first`: q_lora, or Hq (nope + rope) without q_a
     kv_a_norm: RMSNorm
     w_uk: torch.Tensor  # [Hq, nope, kv_lora]
     w_uv_t: torch.Tensor  # [Hq, kv_lora, v]
     o_proj: torch.Tensor  # [hidden, Hq v]
-    q_a: torch.Tensor | None = None  # [q_lora, hidden] (None: one q projection)
+    q_b: torch.Tensor | None = None  # [Hq (nope + rope), q_lora] (None: one q projection)
     q_a_norm: RMSNorm | None = None
-    q_a_bias: torch.Tensor | None = None
-    kv_a_bias: torch.Tensor | None = None
+    first_bias: torch.Tensor | None = None
     o_bias: torch.Tensor | None = None
 
 
@@ -101,8 +102,12 @@ class MlaAttention:
         backend: AttentionBackend,
     ) -> torch.Tensor:
         d, w, T = self.dims, self.w, x.shape[0]
-        q = self._query(x).view(T, d.num_heads, d.nope + d.rope)
-        kv = self.linear(x, w.kv_a, w.kv_a_bias)  # [T, kv_lora + rope]
+        first = self.linear(x, w.first, w.first_bias)
+        q, kv = first[:, : w.q_rows], first[:, w.q_rows :]  # kv: [T, kv_lora + rope]
+        if w.q_b is not None:
+            assert w.q_a_norm is not None
+            q = self.linear(w.q_a_norm(q), w.q_b)
+        q = q.view(T, d.num_heads, d.nope + d.rope)
         latent = w.kv_a_norm(kv[:, : d.kv_lora])
         q_latent = torch.bmm(q[..., : d.nope].transpose(0, 1), w.w_uk).transpose(0, 1)  # [T, Hq, kv_lora]
         query = torch.cat((q[..., d.nope :], q_latent), -1)  # [T, Hq, rope + kv_lora]: rotary dims first
@@ -112,10 +117,3 @@ class MlaAttention:
         out = backend.attend(self.spec, query, batch)  # [T, Hq, rope + kv_lora]
         heads = torch.bmm(out[..., d.rope :].transpose(0, 1), w.w_uv_t)  # [Hq, T, v]
         return self.linear(heads.transpose(0, 1).reshape(T, d.num_heads * d.v), w.o_proj, w.o_bias)
-
-    def _query(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.w
-        if w.q_a is None:
-            return self.linear(x, w.q)
-        assert w.q_a_norm is not None
-        return self.linear(w.q_a_norm(self.linear(x, w.q_a, w.q_a_bias)), w.q)

@@ -206,10 +206,16 @@ def _weights(arch: MlaArch, i: int, p: Params) -> MlaWeights:
         kv_a = deinterleave_rope(kv_a, 1, d.kv_lora)
         kv_a_bias = None if kv_a_bias is None else deinterleave_rope(kv_a_bias, 1, d.kv_lora)
     w_uk, w_uv_t = split_kv_b(p.pop(pre + "kv_b"), d)
-    q_a = p.pop(pre + "q_a", None)
+    q_a, q_a_bias = p.pop(pre + "q_a", None), p.pop(pre + "q_a_bias", None)
+    q_first = q if q_a is None else q_a
+    first_bias = None
+    if kv_a_bias is not None:  # a lone q projection has no bias: zeros there add nothing
+        q_bias = q_a_bias if q_a_bias is not None else kv_a_bias.new_zeros(q_first.shape[0])
+        first_bias = torch.cat((q_bias, kv_a_bias))
     return MlaWeights(
-        q=q, kv_a=kv_a, kv_a_norm=RMSNorm(p.pop(pre + "kv_a_norm"), LATENT_NORM_EPS), w_uk=w_uk, w_uv_t=w_uv_t,
-        o_proj=p.pop(pre + "o_proj"), q_a=q_a,
+        first=torch.cat((q_first, kv_a)), q_rows=q_first.shape[0],
+        kv_a_norm=RMSNorm(p.pop(pre + "kv_a_norm"), LATENT_NORM_EPS), w_uk=w_uk, w_uv_t=w_uv_t,
+        o_proj=p.pop(pre + "o_proj"), q_b=None if q_a is None else q,
         q_a_norm=None if q_a is None else RMSNorm(p.pop(pre + "q_a_norm"), LATENT_NORM_EPS),
-        q_a_bias=p.pop(pre + "q_a_bias", None), kv_a_bias=kv_a_bias, o_bias=p.pop(pre + "o_bias", None),
+        first_bias=first_bias, o_bias=p.pop(pre + "o_bias", None),
     )
