@@ -163,24 +163,28 @@ def test_triton_decode_dtypes_and_split_edges(
 
 
 @needs_triton
-@pytest.mark.parametrize("kernel", ["decode", "extend"])
-def test_triton_wide_shared_rows(kernel: str) -> None:
-    """MLA's latent cache: one kv head whose row pads to 1,024 dims (the wide-row tiles:
+@pytest.mark.parametrize(("kernel", "d", "window"), [("decode", 576, None), ("decode", 520, 100), ("extend", 520, None)])
+def test_triton_wide_shared_rows(kernel: str, d: int, window: int | None) -> None:
+    """MLA's latent cache: one kv head whose row pads past 512 dims (the wide-row tiles:
     `attn_decode_tiles.WIDE_HEAD`, `attn_extend.extend_config`), 5 query heads over it, and
-    the value the key's own tensor (`KVPool(shared_kv=True)`)."""
+    the value the key's own tensor (`KVPool(shared_kv=True)`): decode takes the split of
+    `attn_decode_shared` (the row as 512 + the rest), with a window too."""
     import dataclasses
 
     from edgemoe.kernels.triton_ops.attn_decode import decode_attention_triton
+    from edgemoe.kernels.triton_ops.attn_decode_shared import takes_shared_split
     from edgemoe.kernels.triton_ops.attn_extend import extend_attention_triton
 
     decode = kernel == "decode"
-    b = paged_batch([300, 17, 1], [1, 1, 1] if decode else [40, 17, 1], 5, 1, 520, 16, torch.bfloat16, seed=5)
+    b = paged_batch([300, 17, 1], [1, 1, 1] if decode else [40, 17, 1], 5, 1, d, 16, torch.bfloat16, seed=d)
     b = dataclasses.replace(b, v_cache=b.k_cache)
+    assert takes_shared_split(b.k_cache, b.k_cache, None)
+    assert not takes_shared_split(b.k_cache, b.k_cache.clone(), None)
     if decode:
         out = torch.full_like(b.q, float("nan"))
-        decode_attention_triton(b.q, b.k_cache, b.k_cache, b.page_table, b.req_rows, b.seq_lens, 16, 520**-0.5,
-                                None, out)
+        decode_attention_triton(b.q, b.k_cache, b.k_cache, b.page_table, b.req_rows, b.seq_lens, 16, d**-0.5,
+                                window, out)
     else:
         out = extend_attention_triton(b.q, b.k_cache, b.k_cache, b.page_table, b.req_rows, b.cu_seqlens_q,
-                                      b.seq_lens, 16, 520**-0.5, None, b.max_q_len)
-    assert_attention_close(out, fp32_reference(b, None, decode=decode), b.k_cache)
+                                      b.seq_lens, 16, d**-0.5, window, b.max_q_len)
+    assert_attention_close(out, fp32_reference(b, window, decode=decode), b.k_cache)

@@ -258,8 +258,12 @@ def decode_attention_triton(
     out: torch.Tensor, max_seq_len: int | None = None, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Two launches: the splits (`_decode_split`), then their merge (`_decode_merge`, which
+    """Two launches: the splits (`_decode_split`; a cache whose value is its key and whose row
+    is no power of two, `attn_decode_shared`'s), then their merge (`_decode_merge`, which
     adds the sinks)."""
+    # NOTE: imported here: attn_decode_shared imports this module's split_bounds.
+    from edgemoe.kernels.triton_ops.attn_decode_shared import shared_split, takes_shared_split
+
     B, Hq, D = q.shape
     Hkv = k_cache.shape[1]
     if B == 0:
@@ -278,16 +282,20 @@ def decode_attention_triton(
     sinks_arg, has_sinks = sink_arg(sinks, Hq, q)
     k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     pdl = pdl_enabled(q.device)
-    _decode_split[(B, Hkv, t.splits)](
-        q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        stride_ss, scale * LOG2E, win, page_size,
-        G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=t.splits,
-        MIN_BLOCKS=t.min_blocks, DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q),
-        USE_PDL=pdl, STAGES=t.stages, LONG_BLOCKS=t.long_blocks, LONG_STAGES=t.long_stages, launch_pdl=pdl,
-        num_warps=t.warps, num_stages=t.stages,
-    )
+    if takes_shared_split(k_cache, v_cache, k_scale):  # MLA's latent row: V is K, 576 = 512 + 64 dims
+        shared_split(q, k_cache, page_table, req_rows, seq_lens, page_size, scale * LOG2E, win, o_part, lse, block_n,
+                     t.splits, t.min_blocks, t.warps, t.stages, dtype, interp, pdl)
+    else:
+        _decode_split[(B, Hkv, t.splits)](
+            q, k_cache, v_cache, page_table, req_rows, seq_lens, o_part, lse, ks, vs,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            page_table.stride(0), o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
+            stride_ss, scale * LOG2E, win, page_size,
+            G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, D_PAD=D_PAD, BLOCK_N=block_n, SPLITS=t.splits,
+            MIN_BLOCKS=t.min_blocks, DTYPE=dtype, INTERP=interp, FP8KV=k_scale is not None, FP8HW=fp8_hardware(q),
+            USE_PDL=pdl, STAGES=t.stages, LONG_BLOCKS=t.long_blocks, LONG_STAGES=t.long_stages, launch_pdl=pdl,
+            num_warps=t.warps, num_stages=t.stages,
+        )
     _decode_merge[(B, Hq)](
         o_part, lse, seq_lens, out, sinks_arg,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1), out.stride(0),
