@@ -185,3 +185,15 @@ def test_a_tiny_random_preset_generates() -> None:
     with LLM("random:tiny-glm-4.7-flash", dtype="float32") as llm:
         out = llm.generate([SEQ], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
     assert len(out.token_ids) == 6
+
+
+def test_convert_to_fp8_loads_as_its_source_quantised_at_load(saved: Path, tmp_path: Path) -> None:
+    """`edgemoe convert --expert-dtype fp8` (DeepSeek's own FP8 layout: e4m3 blocks and
+    `weight_scale_inv`) of an MLA checkpoint loads as the source quantised at load does."""
+    from edgemoe.convert import convert
+
+    out = convert(saved, "fp8", tmp_path / "out", progress=False)
+    with LLM(str(saved), dtype="float32", expert_dtype="fp8") as llm:
+        want = llm.prompt_logits(SEQ)
+    with LLM(str(out), dtype="float32") as llm:
+        assert torch.equal(llm.prompt_logits(SEQ), want)
