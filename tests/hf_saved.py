@@ -39,6 +39,28 @@ def save(model: torch.nn.Module, out: Path) -> Path:
     return out
 
 
+def transformers_logits(path: Path, seq: list[int]) -> torch.Tensor:
+    """transformers' own fp32 logits (eager attention) of `seq` on the checkpoint at `path`."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        return model.eval()(torch.tensor([seq])).logits[0]
+
+
+def assert_logits_match(path: Path, seq: list[int], theirs: torch.Tensor, width: int = 48) -> None:
+    """Our fp32 prompt logits of `seq` on `path` are `theirs` to fp32's reduction bound over
+    sums of max(`width`, len(seq)) terms."""
+    from tolerances import network_atol
+
+    from edgemoe import LLM
+
+    with LLM(str(path), dtype="float32") as llm:
+        ours = llm.prompt_logits(seq)
+    atol = network_atol(torch.float32, max(width, len(seq)), theirs.abs().max().item())
+    torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
+
+
 def assert_greedy_matches_transformers(path: Path, prompts: list[list[int]], tokens: int = 12) -> None:
     """Our greedy tokens for `prompts` are transformers' own (fp32, eager attention) on the
     checkpoint at `path`, and the reference's are not degenerate (a weak test otherwise)."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_saved import assert_greedy_matches_transformers, save
+from hf_saved import assert_greedy_matches_transformers, save, transformers_logits
+from hf_saved import assert_logits_match as assert_logits_match_on
 from safetensors.torch import load_file, save_file
-from tolerances import network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter, route_grouped_sigmoid
@@ -39,16 +39,11 @@ def glm(**overrides: object) -> transformers.Glm4MoeForCausalLM:
 
 
 def reference(path: Path, seq: list[int] = SEQ) -> torch.Tensor:
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    with torch.no_grad():
-        return model.eval()(torch.tensor([seq])).logits[0]
+    return transformers_logits(path, seq)
 
 
 def assert_logits_match(path: Path, theirs: torch.Tensor) -> None:
-    with LLM(str(path), dtype="float32") as llm:
-        ours = llm.prompt_logits(SEQ)
-    atol = network_atol(torch.float32, max(48, len(SEQ)), theirs.abs().max().item())
-    torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
+    assert_logits_match_on(path, SEQ, theirs)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import os
 
 import pytest
 import torch
-from hf_saved import assert_greedy_matches_transformers, save
-from tolerances import network_atol
+from hf_saved import assert_greedy_matches_transformers, save, transformers_logits
+from hf_saved import assert_logits_match as assert_logits_match_on
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.engine.budget import kv_bytes_per_token
@@ -63,13 +63,7 @@ def deepseek(**overrides: object) -> torch.nn.Module:
 
 
 def assert_logits_match(path: Path) -> None:
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    with torch.no_grad():
-        theirs = model.eval()(torch.tensor([SEQ])).logits[0]
-    with LLM(str(path), dtype="float32") as llm:
-        ours = llm.prompt_logits(SEQ)
-    atol = network_atol(torch.float32, max(48, len(SEQ)), theirs.abs().max().item())
-    torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
+    assert_logits_match_on(path, SEQ, transformers_logits(path, SEQ))
 
 
 @pytest.fixture(scope="module")
