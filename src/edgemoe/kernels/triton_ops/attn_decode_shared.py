@@ -10,10 +10,13 @@ parts are loaded once, its scores are the two parts' products summed, and both p
 the accumulator take P times the same loaded parts. The split bounds, the online softmax
 and the workspace ([B, Hq, SPLITS, D] fp32 outputs and base-2 LSEs) are the generic
 split's, so `_decode_merge` merges them unchanged (sinks and windows included). No fp8
-cache here (the generic split reads one).
+cache here (the generic split reads one). `EDGEMOE_SHARED_SPLIT=0` sends every cache to the
+generic split (an A/B, or a way around a GPU this launch does not compile for).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -34,7 +37,7 @@ def takes_shared_split(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: to
     """A cache this launch serves: V is K's tensor (same memory, same layout), one kv head,
     a row wider than 256 dims that is not a power of two, no fp8 scales."""
     D = k_cache.shape[-1]
-    return (k_scale is None and k_cache.shape[1] == 1 and D > 256 and D & (D - 1) != 0
+    return (os.environ.get("EDGEMOE_SHARED_SPLIT", "1") != "0" and k_scale is None and k_cache.shape[1] == 1 and D > 256 and D & (D - 1) != 0
             and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride())
 
 
