@@ -188,3 +188,16 @@ def test_triton_wide_shared_rows(kernel: str, d: int, window: int | None) -> Non
         out = extend_attention_triton(b.q, b.k_cache, b.k_cache, b.page_table, b.req_rows, b.cu_seqlens_q,
                                       b.seq_lens, 16, d**-0.5, window, b.max_q_len)
     assert_attention_close(out, fp32_reference(b, window, decode=decode), b.k_cache)
+
+
+def test_the_shared_split_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("triton")
+    from edgemoe.kernels.triton_ops.attn_decode_shared import shared_parts, takes_shared_split
+
+    row = torch.zeros(4, 1, 576)
+    assert takes_shared_split(row, row, None) and shared_parts(576) == (512, 64)
+    two_heads, pow2 = torch.zeros(4, 2, 576), torch.zeros(4, 1, 512)
+    assert not takes_shared_split(two_heads, two_heads, None) and not takes_shared_split(pow2, pow2, None)
+    assert not takes_shared_split(row, row.clone(), None) and not takes_shared_split(row, row, torch.ones(4, 1))
+    monkeypatch.setenv("EDGEMOE_SHARED_SPLIT", "0")
+    assert not takes_shared_split(row, row, None)
