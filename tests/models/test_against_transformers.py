@@ -87,13 +87,19 @@ def test_logits_match_transformers_at_every_position(pair) -> None:  # noqa: ANN
             torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def default_tokens(qwen3_ckpt) -> list[list[int]]:  # noqa: ANN001
+    """The default engine's greedy tokens: one run, shared by every chunking and page size."""
+    with LLM(str(qwen3_ckpt), dtype="float32") as llm:
+        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("max_prefill_tokens", [7, 4096])
-def test_chunking_and_page_size_do_not_change_tokens(qwen3_ckpt, page_size, max_prefill_tokens) -> None:  # noqa: ANN001
-    with LLM(str(qwen3_ckpt), dtype="float32") as llm:
-        baseline = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+def test_chunking_and_page_size_do_not_change_tokens(qwen3_ckpt, default_tokens, page_size,  # noqa: ANN001
+                                                     max_prefill_tokens) -> None:
     with LLM(
         str(qwen3_ckpt), dtype="float32", page_size=page_size, max_prefill_tokens=max_prefill_tokens
     ) as llm:
         got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-    assert got == baseline
+    assert got == default_tokens

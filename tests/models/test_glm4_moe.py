@@ -121,21 +121,29 @@ def test_mlp_layer_types_is_not_read(caplog: pytest.LogCaptureFixture) -> None:
     assert "not read" in caplog.text
 
 
+BACKEND_GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+BACKEND_PROMPTS = [SEQ[:6], SEQ]
+
+
+@pytest.fixture(scope="module")
+def resident_tokens(saved: Path) -> list[list[int]]:
+    """The resident executor's greedy tokens: one run, shared by every backend's test."""
+    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
+        return [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
+
+
 @pytest.mark.parametrize("settings", [
     dict(moe_backend="offload", moe_slots=3),
     dict(moe_backend="cpu", moe_slots=3),
     dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
 ], ids=lambda s: s["moe_backend"])
-def test_backends_give_resident_tokens(saved: Path, settings: dict[str, object]) -> None:
+def test_backends_give_resident_tokens(saved: Path, resident_tokens: list[list[int]],
+                                       settings: dict[str, object]) -> None:
     """The sparse layers (1 and 2, after the dense one) through every executor."""
-    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    prompts = [SEQ[:6], SEQ]
-    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
-        expected = [o.token_ids for o in llm.generate(prompts, greedy)]
     with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
-        got = [o.token_ids for o in llm.generate(prompts, greedy)]
+        got = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
         moe = llm.stats()["moe"]
-    assert got == expected
+    assert got == resident_tokens
     by_layer = moe["misses_per_token_by_layer"]  # the dense layer 0 has no experts to miss
     assert by_layer[0] == 0 and min(by_layer[1:]) > 0
 

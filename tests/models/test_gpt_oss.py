@@ -8,6 +8,7 @@ experts whose clamped SwiGLU clamps (a limit of 1.5 on unit-scale activations)."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -126,20 +127,38 @@ def test_hub_mxfp4_layout_loads_as_its_dequantised_weights(saved: Path, tmp_path
     assert_close_logits(ours(out / "hub"), reference(out / "dequantised"))
 
 
+BACKEND_GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+BACKEND_PROMPTS = [SEQ[:6], SEQ]
+
+
+@pytest.fixture(scope="module")
+def resident_tokens(saved: Path) -> Callable[..., list[list[int]]]:
+    """resident_tokens(**expert format) -> the resident executor's greedy tokens, one run
+    per format, shared by the backends' tests."""
+    runs: dict[tuple, list[list[int]]] = {}
+
+    def get(**fmt: object) -> list[list[int]]:
+        key = tuple(sorted(fmt.items()))
+        if key not in runs:
+            with LLM(str(saved), dtype="float32", moe_backend="resident", **fmt) as llm:
+                runs[key] = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
+        return [list(t) for t in runs[key]]
+
+    return get
+
+
 @pytest.mark.parametrize("settings", [
     dict(moe_backend="offload", moe_slots=3),
     dict(moe_backend="cpu", moe_slots=3),
     dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
     dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5, expert_dtype="int8"),
 ], ids=lambda s: s["moe_backend"] + s.get("expert_dtype", ""))
-def test_backends_give_resident_tokens(saved: Path, settings: dict[str, object]) -> None:
-    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    prompts = [SEQ[:6], SEQ]
+def test_backends_give_resident_tokens(saved: Path, resident_tokens: Callable[..., list[list[int]]],
+                                       settings: dict[str, object]) -> None:
     fmt = {"expert_dtype": settings["expert_dtype"]} if "expert_dtype" in settings else {}
-    with LLM(str(saved), dtype="float32", moe_backend="resident", **fmt) as llm:
-        expected = [o.token_ids for o in llm.generate(prompts, greedy)]
+    expected = resident_tokens(**fmt)
     with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
-        got = [o.token_ids for o in llm.generate(prompts, greedy)]
+        got = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
         assert min(llm.stats()["moe"]["misses_per_token_by_layer"]) > 0
     assert got == expected
 

@@ -11,7 +11,7 @@ from functools import cache
 import numpy as np
 import pytest
 from test_constraint import EOS, THINK
-from test_token_masks import qwen_vocab
+from mask_support import qwen_vocab
 from tokenizers import Tokenizer
 
 from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json

@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 import pytest
-from test_token_masks import qwen_vocab
+from mask_support import qwen_vocab
 
 from edgemoe.structured import Grammar
 from edgemoe.structured.constraint import LEAD_SPACE, PaddedValue, OutputConstraint, ThinkTokens

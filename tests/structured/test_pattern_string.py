@@ -13,7 +13,7 @@ import random
 import jsonschema_rs
 import pytest
 from grammar_support import Rows, random_walk
-from test_token_masks import states_checked_along
+from mask_support import states_checked_along
 
 from edgemoe.structured import Grammar
 from edgemoe.structured.pattern_string import FORMATS

@@ -14,7 +14,7 @@ from fractions import Fraction
 import jsonschema_rs
 import pytest
 from grammar_support import Rows, random_walk
-from test_token_masks import states_checked_along
+from mask_support import states_checked_along
 
 from edgemoe.structured import Grammar, GrammarError
 

@@ -7,23 +7,14 @@ from __future__ import annotations
 
 import json
 import random
-from functools import cache
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from mask_support import brute_force, qwen_vocab, states_checked_along
 
-from edgemoe.assets.qwen3_tokenizer import qwen3_tokenizer_json
 from edgemoe.structured import FREE_STRING_BYTES, Grammar
 from edgemoe.structured.constraint import PaddedValue
 from edgemoe.structured.token_masks import TokenMasks
-from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
-
-
-@cache
-def qwen_vocab() -> tuple[list[bytes | None], Vocabulary]:
-    token_bytes = grammar_token_bytes(Tokenizer.from_file(str(qwen3_tokenizer_json())))
-    return token_bytes, Vocabulary(token_bytes, len(token_bytes) + 7)  # wider logits than the tokenizer
 
 
 class Toy:
@@ -41,20 +32,6 @@ class Toy:
 
     def free_string(self, state: int) -> bool:
         return state == 1
-
-
-def brute_force(grammar: object, state: object, token_bytes: list[bytes | None], width: int) -> np.ndarray:
-    want = np.zeros(width, dtype=bool)
-    for t, data in enumerate(token_bytes):
-        if not data:
-            continue
-        s: object | None = state
-        for b in data:
-            s = grammar.advance(s, b)  # type: ignore[attr-defined]
-            if s is None:
-                break
-        want[t] = s is not None
-    return want
 
 
 @pytest.mark.parametrize("state", [0, 1, 2, 4, 5])
@@ -126,21 +103,6 @@ BOUNDED = {"type": "object", "required": ["name", "bio", "t"], "properties": {
     "bio": {"type": "string", "minLength": 2, "maxLength": 40},
     "t": {"type": "string", "minLength": 3}}}
 BOUNDED_TEXT = '{"name": "aé", "bio": "Zoë 中文 and \\"more\\" text", "t": "x\\u00e9yz"}'
-
-
-def states_checked_along(schema: object, text: str) -> list[object]:
-    """Every state along `text` (after the leading-space wrapper's start), each state's
-    mask checked against brute force; returns the states."""
-    token_bytes, vocab = qwen_vocab()
-    lead = PaddedValue(Grammar.from_schema(schema))
-    masks = TokenMasks(lead, vocab)
-    state, states = lead.start(), []
-    for b in text.encode():
-        state = lead.advance(state, b)
-        assert state is not None
-        assert np.array_equal(masks.allowed(state), brute_force(lead, state, token_bytes, vocab.width)), text
-        states.append(state)
-    return states
 
 
 def test_bounded_strings_masks_equal_brute_force() -> None:

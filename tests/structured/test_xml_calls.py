@@ -15,7 +15,7 @@ import pytest
 from grammar_support import CASES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_token_masks import brute_force, qwen_vocab
+from mask_support import brute_force, qwen_vocab
 
 from edgemoe.assets.chat_template import QWEN3_5_CHAT_TEMPLATE
 from edgemoe.server.parsers import ResponseParser
