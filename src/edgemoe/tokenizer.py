@@ -8,7 +8,10 @@ vocabulary size). Everything comes from the files Hugging Face checkpoints ship:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +41,8 @@ class TokenizerBundle:
     def load(cls, model_dir: Path) -> TokenizerBundle:
         """Load from a checkpoint directory. Raises ValueError naming any unreadable file."""
         model_dir = Path(model_dir)
-        tokenizer = _load_tokenizer(model_dir / "tokenizer.json")
         tok_cfg = _read_json(model_dir / "tokenizer_config.json")
-        _add_declared_tokens(tokenizer, tok_cfg, model_dir / "tokenizer_config.json")
+        tokenizer = _parsed_tokenizer(model_dir, tok_cfg)
         bos, eos, pad = (_token_str(tok_cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token"))
         bos_id = tokenizer.token_to_id(bos) if bos is not None else None
 
@@ -100,11 +102,44 @@ class TokenizerBundle:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
-def _load_tokenizer(path: Path) -> Tokenizer:
+# Parsed tokenizers by content: parsing a 6 MB tokenizer.json takes ~0.4 s, and one process
+# (the test suite, a server restarting its engine, an agent harness) loads the same
+# tokenizer again and again from fresh checkpoint directories. Hashing the bytes costs
+# a few ms. The Tokenizer is shared between bundles: nothing here mutates it after load
+# (encode/decode take it read-only). A few entries only: a serving process holds one.
+_PARSED: OrderedDict[bytes, Tokenizer] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+_PARSED_MAX = 4
+
+
+def _parsed_tokenizer(model_dir: Path, tok_cfg: dict[str, Any]) -> Tokenizer:
+    """tokenizer.json parsed, with the tokens tokenizer_config.json declares added; cached
+    by the bytes of the one and the declarations of the other."""
+    path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise ValueError(f"{path}: tokenizer file not found")
     try:
-        return Tokenizer.from_file(str(path))
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read tokenizer: {exc}") from exc
+    declared = json.dumps(tok_cfg.get("added_tokens_decoder") or {}, sort_keys=True, default=str)
+    key = hashlib.blake2b(data + b"\0" + declared.encode(), digest_size=20).digest()
+    with _PARSED_LOCK:
+        if (cached := _PARSED.get(key)) is not None:
+            _PARSED.move_to_end(key)
+            return cached
+    tokenizer = _load_tokenizer(path, data)
+    _add_declared_tokens(tokenizer, tok_cfg, model_dir / "tokenizer_config.json")
+    with _PARSED_LOCK:
+        _PARSED[key] = tokenizer
+        while len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    return tokenizer
+
+
+def _load_tokenizer(path: Path, data: bytes) -> Tokenizer:
+    try:
+        return Tokenizer.from_buffer(data)
     except Exception as exc:  # tokenizers raises a bare Exception for every parse error
         raise ValueError(f"{path}: cannot load tokenizer: {exc}") from exc
 

@@ -232,18 +232,42 @@ def test_a_gpu_engine_heap_is_frozen_out_of_full_collections_and_thawed_at_relea
     class Node:
         pass
 
+    owners = gc.get_freeze_count()  # the suite freezes its imports (tests/conftest.py)
     freeze_heap(torch.device("cpu"))
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == owners
     cycle = Node()
     cycle.me = cycle  # garbage only the collector finds, once dropped
     gone = weakref.ref(cycle)
     freeze_heap(torch.device("cuda"))  # the collector's part only: nothing touches CUDA
-    assert gc.get_freeze_count() > 10_000
+    assert gc.get_freeze_count() > owners
     del cycle
     gc.collect()
     assert gone() is not None  # frozen: a full collection passes it over
     release_device_memory(torch.device("cpu"))
     assert gc.get_freeze_count() == 0 and gone() is None
+
+
+def test_release_keeps_a_heap_its_owner_froze_and_still_collects_the_engine() -> None:
+    """Only what an engine froze is thawed at release: a process (the test suite, an
+    embedding application) that froze its own heap keeps it frozen, and a dropped engine,
+    made after the owner's freeze, is collected all the same."""
+    import gc
+    import weakref
+
+    from edgemoe.engine.process_memory import release_device_memory
+
+    class Node:
+        pass
+
+    gc.collect()
+    gc.freeze()
+    owners = gc.get_freeze_count()
+    cycle = Node()
+    cycle.me = cycle
+    gone = weakref.ref(cycle)
+    del cycle
+    release_device_memory(torch.device("cpu"))
+    assert gone() is None and gc.get_freeze_count() == owners > 0
 
 
 @pytest.mark.parametrize("held", [False, True])
