@@ -3,7 +3,8 @@ interpreter against the torch routing it replaces on a GPU (`route_scores_ref`, 
 checked against transformers' in tests/models/test_glm4_moe.py): the same ids in the
 same order and the same weights to fp32 rounding, with groups (a power of two or not),
 renormalised or not, scaled, with and without the shared expert's pair, E not a power of
-two; and `route_grouped_sigmoid` picking it for CUDA's activations only."""
+two; the softmax mode (DeepSeek-V2: no bias, a group ranked by its best score) likewise;
+and `route_grouped_sigmoid` picking it for CUDA's activations only."""
 
 from __future__ import annotations
 
@@ -42,6 +43,33 @@ def test_triton_routing_equals_the_torch_routing(case: tuple) -> None:
     assert got[0].dtype == torch.int32 and got[0].shape == want[0].shape == (37, K + shared)
     assert torch.equal(got[0], want[0])  # the same experts in the same (descending) order
     torch.testing.assert_close(got[1], want[1], atol=0, rtol=4 * 2**-23)
+
+
+# (experts, top_k, n_group, topk_group, renormalize, scale, shared): DeepSeek-V2's softmax router
+SOFTMAX_CASES = [
+    (64, 6, 1, 1, False, 1.0, False),  # V2-Lite: greedy, one group
+    (160, 6, 8, 3, False, 16.0, False),  # V2 / V2.5: group-limited greedy, E not a power of two
+    (24, 4, 3, 1, True, 2.0, True),  # three groups of eight, renormalised, a shared pair
+    (12, 3, 12, 5, False, 1.0, False),  # groups of one (softmax only: a group's best is its one score)
+]
+
+
+@pytest.mark.parametrize("case", SOFTMAX_CASES, ids=lambda c: f"E{c[0]}-k{c[1]}-g{c[2]}of{c[3]}")
+def test_triton_softmax_routing_equals_the_torch_routing(case: tuple) -> None:
+    from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
+
+    E, K, G, TG, renorm, scale, shared = case
+    g = torch.Generator().manual_seed(E + K)
+    logits = torch.randn(37, E, generator=g) * 2
+    spec = GroupedSigmoid(G, TG, scale, softmax=True)
+    assert spec.check(E, K) is None
+    router = SigmoidRouter(torch.empty(E, 1), None, spec, E if shared else None)
+    want = with_shared(*route_scores_ref(logits, router, K, renorm), router.shared_id)
+    got = sigmoid_route_triton(logits, None, K, renorm, G, TG, scale, router.shared_id, softmax=True)
+    assert torch.equal(got[0], want[0])  # the same experts in the same (descending) order
+    # Each weight, either way: exp within an ulp, a sum of E exps (γ_E), the division, the
+    # renormalisation's sum of K and division, the scale: under (E + 8) roundings (u = 2^-24).
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=2 * (E + 8) * 2**-24)
 
 
 def test_the_torch_path_runs_off_cuda() -> None:

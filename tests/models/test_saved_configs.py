@@ -127,6 +127,10 @@ CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, n
     "glm4_moe_lite": lambda: transformers.Glm4MoeLiteConfig(**MLA_SMALL, n_routed_experts=4, num_experts_per_tok=2),
     "deepseek_v3": lambda: transformers.DeepseekV3Config(**MLA_SMALL, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
                                                          topk_group=1, first_k_dense_replace=1),
+    # The group-limited router: n_group / topk_group (class default null) are read, and refused absent.
+    "deepseek_v2": lambda: transformers.DeepseekV2Config(**MLA_SMALL, n_routed_experts=8, num_experts_per_tok=2,
+                                                         topk_method="group_limited_greedy", n_group=2, topk_group=1,
+                                                         first_k_dense_replace=1, routed_scaling_factor=2.0),
 }
 
 

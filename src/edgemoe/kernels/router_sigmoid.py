@@ -1,5 +1,6 @@
 """Sigmoid routing with a selection bias and group-limited top-k (GLM-4.5 and later,
-DeepSeek-V3): the reference is transformers' `Glm4MoeTopkRouter`.
+DeepSeek-V3): the reference is transformers' `Glm4MoeTopkRouter`. Also its softmax mode
+(`GroupedSigmoid.softmax`, DeepSeek-V2's `DeepseekV2TopkRouter`), described after.
 
     s = sigmoid(x · Wᵀ)              scores, fp32 (x and W upcast, as transformers does)
     c = s + b                        the choice scores (b: `e_score_correction_bias`, fp32)
@@ -13,6 +14,12 @@ weights are the plain scores. On a GPU (bf16 / fp16 activations) the logits are 
 GEMM, of a fixed shape for decode batches (`router_logits`), and the rest one Triton launch
 (`triton_ops/router_sigmoid.py`, the shared expert's pair appended there too); elsewhere
 these torch ops. A CUDA graph captures either.
+
+The softmax mode (DeepSeek-V2 / V2.5, `topk_method` greedy or group_limited_greedy): the
+same fp32 logits, weights and scale, but s = softmax(x · Wᵀ), no selection bias (c = s), and
+a group ranked by its best score (a group of one is fine). transformers zeroes the
+discarded groups' scores where we put -inf: the same choice while the kept groups hold
+top_k experts (`check`) of scores > 0.
 """
 
 from __future__ import annotations
@@ -29,18 +36,23 @@ FIXED_ROWS = MAX_TOKENS  # decode batches' logits from one GEMM shape on a GPU (
 
 @dataclass(frozen=True)
 class GroupedSigmoid:
-    """The routing settings a config names: `n_group`, `topk_group`, `routed_scaling_factor`."""
+    """The routing settings a config names: `n_group`, `topk_group`, `routed_scaling_factor`;
+    `softmax`: DeepSeek-V2's scores (softmax, no selection bias, a group ranked by its best)."""
 
     n_group: int = 1
     topk_group: int = 1
     scale: float = 1.0
+    softmax: bool = False
 
     def check(self, experts: int, top_k: int) -> str | None:
         """Why this routing can't pick `top_k` of `experts` (None: it can). transformers
         would fail on an uneven split or a group of one (its two-best sum), and would pick
-        -inf experts where the kept groups hold fewer than top_k."""
-        if experts % self.n_group or experts // self.n_group < 2:
-            return f"n_group={self.n_group} does not split {experts} experts into groups of two or more"
+        -inf experts where the kept groups hold fewer than top_k (softmax: a group of one
+        is fine, its best score is its only one)."""
+        smallest = 1 if self.softmax else 2
+        if experts % self.n_group or experts // self.n_group < smallest:
+            what = "evenly" if self.softmax else "into groups of two or more"
+            return f"n_group={self.n_group} does not split {experts} experts {what}"
         if not 1 <= self.topk_group <= self.n_group:
             return f"topk_group={self.topk_group} is not between 1 and n_group={self.n_group}"
         if top_k > self.topk_group * (experts // self.n_group):
@@ -50,12 +62,12 @@ class GroupedSigmoid:
 
 @dataclass(frozen=True)
 class SigmoidRouter:
-    """One layer's sigmoid router: its weight [E, H] and selection bias [E], both fp32;
-    `shared_id`: the bank's shared expert, routed by every token with weight 1 after the
-    routed pairs (`with_shared`; None: no shared expert in the bank)."""
+    """One layer's sigmoid router: its weight [E, H] and selection bias [E] (None: none, the
+    softmax mode's), both fp32; `shared_id`: the bank's shared expert, routed by every token
+    with weight 1 after the routed pairs (`with_shared`; None: no shared expert in the bank)."""
 
     weight: torch.Tensor
-    bias: torch.Tensor
+    bias: torch.Tensor | None
     spec: GroupedSigmoid
     shared_id: int | None = None
 
@@ -80,7 +92,7 @@ def route_grouped_sigmoid(
         from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
 
         return sigmoid_route_triton(logits, router.bias, top_k, renormalize, spec.n_group, spec.topk_group,
-                                    spec.scale, shared_id)
+                                    spec.scale, shared_id, softmax=spec.softmax)
     return with_shared(*route_scores_ref(logits, router, top_k, renormalize), shared_id)
 
 
@@ -102,9 +114,10 @@ def route_scores_ref(
     logits: torch.Tensor, router: SigmoidRouter, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The routing from fp32 logits [T, E], as transformers' router does it."""
-    scores = torch.sigmoid(logits)
-    choice = scores + router.bias
-    spec, (T, E) = router.spec, scores.shape
+    spec = router.spec
+    scores = torch.softmax(logits, dim=-1) if spec.softmax else torch.sigmoid(logits)
+    choice = scores if router.bias is None else scores + router.bias
+    T, E = scores.shape
     if spec.topk_group < spec.n_group:  # the whole-group case is the mask's identity: skipped
         choice = _kept_groups(choice, spec, T, E)
     ids = torch.topk(choice, top_k, dim=-1).indices
@@ -115,9 +128,13 @@ def route_scores_ref(
 
 
 def _kept_groups(choice: torch.Tensor, spec: GroupedSigmoid, T: int, E: int) -> torch.Tensor:
-    """`choice` with the experts outside the best `topk_group` groups at -inf."""
+    """`choice` with the experts outside the best `topk_group` groups at -inf; a group ranks
+    by its two best choice scores summed (softmax: by its best)."""
     grouped = choice.view(T, spec.n_group, E // spec.n_group)
-    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]
+    if spec.softmax:
+        group_scores = grouped.amax(dim=-1)  # [T, n_group]
+    else:
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
     best = torch.topk(group_scores, spec.topk_group, dim=-1).indices
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
     return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view(T, E)

@@ -36,7 +36,7 @@ class SparseMoE:
         norm_topk_prob: bool,
         executor: MoEExecutor,
         linear: Linear = dense_gemv_ref,  # the router's projection past the fused router's batches (--dense-kernel)
-        sigmoid: SigmoidRouter | None = None,  # GLM's router (then `router` is its weight); None: softmax
+        sigmoid: SigmoidRouter | None = None,  # GLM's (or DeepSeek-V2's) router, `router` its weight; None: softmax
         router_bias: torch.Tensor | None = None,  # [E] added to a softmax router's logits (gpt-oss)
     ) -> None:
         self.layer, self.router, self.top_k = layer, router, top_k
@@ -46,8 +46,9 @@ class SparseMoE:
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
         self.workspace = fused_router_workspace(router, top_k) if sigmoid is None else None
-        if sigmoid is not None:
-            executor.register_router(layer, router, sigmoid.bias, sigmoid=True)
+        if sigmoid is not None:  # a softmax ranks as its logits do: prefetch predicts by them
+            softmax = sigmoid.spec.softmax
+            executor.register_router(layer, router, None if softmax else sigmoid.bias, sigmoid=not softmax)
         else:
             executor.register_router(layer, router, router_bias)
 

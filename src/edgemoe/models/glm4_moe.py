@@ -101,12 +101,14 @@ def checkpoint_map(a: DecoderArch) -> NameMap:
 
 def mlp_names(a: DecoderArch, i: int) -> NameMap:
     """Layer i's MLP: dense, or the sigmoid router with its selection bias, the routed experts
-    and the shared expert (GLM-4.5's names, DeepSeek-V3's and GLM-4.7-Flash's too)."""
+    and the shared expert (GLM-4.5's names, DeepSeek-V3's and GLM-4.7-Flash's too; DeepSeek-V2's
+    without the bias)."""
     our, mlp = f"layers.{i}.", f"model.layers.{i}.mlp."
     if i not in a.moe_layers:
         return dense_mlp_names(a, i, mlp)
-    m = {mlp + "gate.weight": Placement(our + "router"),
-         mlp + "gate.e_score_correction_bias": Placement(our + "router_bias")}
+    m = {mlp + "gate.weight": Placement(our + "router")}
+    if a.sigmoid_routing is not None and not a.sigmoid_routing.softmax:  # DeepSeek-V2's softmax router has none
+        m[mlp + "gate.e_score_correction_bias"] = Placement(our + "router_bias")
     m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
     if a.shared_intermediate_size:
         m |= shared_expert_names(a, i, mlp + "shared_experts.")
@@ -157,7 +159,7 @@ def moe_block(arch: DecoderArch, i: int, p: Params, executor: MoEExecutor, linea
         return DenseMLP(p[pre + "gate_up"], p[pre + "down"], act)
     assert arch.sigmoid_routing is not None
     shared = arch.num_experts if arch.shared_in_store else None
-    router = SigmoidRouter(p[pre + "router"], p[pre + "router_bias"], arch.sigmoid_routing, shared)
+    router = SigmoidRouter(p[pre + "router"], p.get(pre + "router_bias"), arch.sigmoid_routing, shared)
     routed = SparseMoE(i, p[pre + "router"], arch.top_k, arch.norm_topk_prob, executor, linear, sigmoid=router)
     if not arch.shared_intermediate_size or arch.shared_in_store:
         return routed

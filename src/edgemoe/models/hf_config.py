@@ -53,6 +53,8 @@ SCHEMAS: dict[str, ConfigSchema] = {
             "truncate": False, "original_max_position_embeddings": 4096,
         },
     ),
+    # Its default rope ignores partial_rotary_factor; its YaRN fails on one (as _FULL_HEAD's families).
+    "deepseek_v2": ConfigSchema({"num_experts": "n_routed_experts"}, **_FULL_HEAD),
     "deepseek_v3": ConfigSchema({"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"}),
     "glm4_moe_lite": ConfigSchema({"num_local_experts": "n_routed_experts", "head_dim": "qk_rope_head_dim"}),
     "glm4_moe": ConfigSchema(

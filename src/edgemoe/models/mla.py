@@ -109,8 +109,9 @@ def arch(config: dict[str, Any]) -> MlaArch:
                              float(c.number("routed_scaling_factor", 1.8 if glm else 2.5)))
     if (why := routing.check(experts, fields["top_k"])) is not None:
         raise ConfigError(why)
-    q_lora = c.get("q_lora_rank", 768 if glm else 1536)
-    q_lora = 0 if q_lora is None else c.integer("q_lora_rank")
+    # null: one q projection; absent: the class default (was refused: `integer` had no default)
+    q_null = "q_lora_rank" in c and c.get("q_lora_rank") is None
+    q_lora = 0 if q_null else c.integer("q_lora_rank", 768 if glm else 1536)
     kv_lora, nope = c.integer("kv_lora_rank", 512), c.integer("qk_nope_head_dim", 192 if glm else 128)
     inter = c.integer("moe_intermediate_size", 1536 if glm else 2048)
     return MlaArch(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgemoe.models.presets_glm import GLM_4_5_AIR, TINY_GLM4_MOE
-from edgemoe.models.presets_mla import GLM_4_7_FLASH, TINY_GLM_4_7_FLASH
+from edgemoe.models.presets_mla import DEEPSEEK_V2_LITE, GLM_4_7_FLASH, TINY_DEEPSEEK_V2_LITE, TINY_GLM_4_7_FLASH
 from edgemoe.models.presets_gpt_oss import GPT_OSS_20B, GPT_OSS_120B, TINY_GPT_OSS
 
 RANDOM_PREFIX = "random:"
@@ -233,6 +233,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-glm4-moe": TINY_GLM4_MOE,
     "glm-4.7-flash": GLM_4_7_FLASH,
     "tiny-glm-4.7-flash": TINY_GLM_4_7_FLASH,
+    "deepseek-v2-lite": DEEPSEEK_V2_LITE,
+    "tiny-deepseek-v2-lite": TINY_DEEPSEEK_V2_LITE,
     "gpt-oss-20b": GPT_OSS_20B,
     "gpt-oss-120b": GPT_OSS_120B,
     "tiny-gpt-oss": TINY_GPT_OSS,

@@ -21,6 +21,7 @@ MODEL_MODULES: dict[str, str] = {
     "qwen4_exp_text": "edgemoe.models.qwen4_exp",
     "glm4_moe": "edgemoe.models.glm4_moe",
     "gpt_oss": "edgemoe.models.gpt_oss",
+    "deepseek_v2": "edgemoe.models.deepseek_v2",
     "deepseek_v3": "edgemoe.models.mla",
     "glm4_moe_lite": "edgemoe.models.mla",
 }

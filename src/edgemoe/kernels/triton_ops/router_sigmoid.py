@@ -8,6 +8,11 @@ It replaces ~11 small torch launches a layer (2026-12-06's GLM-4.5-Air decode pr
 ms a step). Its fp32 sigmoid and sums may differ from torch's in the last bit, so a
 near-tie may resolve differently than on the torch path (a token's choice never depends
 on its batch: one program, fixed order).
+
+`SOFTMAX` (DeepSeek-V2): the scores are the row's softmax (its max, then exp(l - max) over
+their sum: torch's order of operations), there is no bias (`HAS_BIAS` off), and a group
+ranks by its best score. The group filter recomputes each score elementwise from the same
+row max and sum, so its scores are bitwise the top-k's.
 """
 
 from __future__ import annotations
@@ -22,19 +27,33 @@ _NEG = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def _kept_experts(logits_ptr, bias_ptr, e, ok, E, GS, G: tl.constexpr, G_PAD: tl.constexpr,
-                  GS_PAD: tl.constexpr, TOPK_G: tl.constexpr):
-    """[E_PAD] bool: the experts of the TOPK_G groups whose two best choice scores sum highest."""
+def _scores(logits, row_max, row_sum, SOFTMAX: tl.constexpr):
+    """The scores of `logits` (any shape): sigmoid, or softmax from the row's max and sum."""
+    if SOFTMAX:
+        return tl.exp(logits - row_max) / row_sum
+    return 1.0 / (1.0 + tl.exp(-logits))
+
+
+@triton.jit
+def _kept_experts(logits_ptr, bias_ptr, e, ok, E, GS, row_max, row_sum, G: tl.constexpr, G_PAD: tl.constexpr,
+                  GS_PAD: tl.constexpr, TOPK_G: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """[E_PAD] bool: the experts of the TOPK_G groups whose two best choice scores sum highest
+    (SOFTMAX: whose best score is highest)."""
     g = tl.arange(0, G_PAD)
     j = tl.arange(0, GS_PAD)
     idx = g[:, None] * GS + j[None, :]
     ok2 = (g[:, None] < G) & (j[None, :] < GS)
-    c2 = tl.load(logits_ptr + idx, mask=ok2, other=0.0)
-    c2 = tl.where(ok2, 1.0 / (1.0 + tl.exp(-c2)) + tl.load(bias_ptr + idx, mask=ok2, other=0.0), _NEG)
-    best = tl.argmax(c2, axis=1)
+    c2 = _scores(tl.load(logits_ptr + idx, mask=ok2, other=0.0), row_max, row_sum, SOFTMAX)
+    if HAS_BIAS:
+        c2 += tl.load(bias_ptr + idx, mask=ok2, other=0.0)
+    c2 = tl.where(ok2, c2, _NEG)
     first = tl.max(c2, axis=1)
-    second = tl.max(tl.where(j[None, :] == best[:, None], _NEG, c2), axis=1)
-    score = tl.where(g < G, first + second, _NEG)
+    if SOFTMAX:
+        score = tl.where(g < G, first, _NEG)
+    else:
+        best = tl.argmax(c2, axis=1)
+        second = tl.max(tl.where(j[None, :] == best[:, None], _NEG, c2), axis=1)
+        score = tl.where(g < G, first + second, _NEG)
     kept = tl.zeros([G_PAD], dtype=tl.int32)
     for _ in tl.static_range(TOPK_G):
         pick = tl.argmax(score, axis=0)
@@ -48,15 +67,26 @@ def _kept_experts(logits_ptr, bias_ptr, e, ok, E, GS, G: tl.constexpr, G_PAD: tl
 def _sigmoid_route(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, GS, stride_l, stride_o, route_scale, shared,
                    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, G: tl.constexpr,
                    G_PAD: tl.constexpr, GS_PAD: tl.constexpr, TOPK_G: tl.constexpr, RENORM: tl.constexpr,
-                   SHARED: tl.constexpr):
+                   SHARED: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     row = logits_ptr + t * stride_l
     e = tl.arange(0, E_PAD)
     ok = e < E
-    s = 1.0 / (1.0 + tl.exp(-tl.load(row + e, mask=ok, other=0.0)))
-    choice = tl.where(ok, s + tl.load(bias_ptr + e, mask=ok, other=0.0), _NEG)
+    logits = tl.load(row + e, mask=ok, other=0.0)
+    row_max = 0.0
+    row_sum = 1.0
+    if SOFTMAX:
+        row_max = tl.max(tl.where(ok, logits, _NEG), axis=0)
+        row_sum = tl.sum(tl.where(ok, tl.exp(logits - row_max), 0.0), axis=0)
+    s = tl.where(ok, _scores(logits, row_max, row_sum, SOFTMAX), 0.0)
+    choice = s
+    if HAS_BIAS:
+        choice += tl.load(bias_ptr + e, mask=ok, other=0.0)
+    choice = tl.where(ok, choice, _NEG)
     if TOPK_G < G:
-        choice = tl.where(_kept_experts(row, bias_ptr, e, ok, E, GS, G, G_PAD, GS_PAD, TOPK_G), choice, _NEG)
+        kept = _kept_experts(row, bias_ptr, e, ok, E, GS, row_max, row_sum, G, G_PAD, GS_PAD, TOPK_G, SOFTMAX,
+                             HAS_BIAS)
+        choice = tl.where(kept, choice, _NEG)
     kk = tl.arange(0, K_PAD)
     ids = tl.zeros([K_PAD], dtype=tl.int32)
     ws = tl.zeros([K_PAD], dtype=tl.float32)
@@ -76,11 +106,14 @@ def _sigmoid_route(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, GS, stride_l, stride
     tl.store(w_ptr + t * stride_o + kk, ws, mask=out)
 
 
-def sigmoid_route_triton(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool, n_group: int,
-                         topk_group: int, scale: float, shared_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] fp32 → (ids [T, K(+1)] int32, weights [T, K(+1)] fp32)."""
+def sigmoid_route_triton(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool, n_group: int,
+                         topk_group: int, scale: float, shared_id: int | None,
+                         softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] fp32 → (ids [T, K(+1)] int32, weights [T, K(+1)] fp32); `bias` None: no
+    selection bias; `softmax`: DeepSeek-V2's scores and group ranking."""
     T, E = logits.shape
-    logits, bias = logits.contiguous(), bias.float().contiguous()
+    logits = logits.contiguous()
+    bias = None if bias is None else bias.float().contiguous()
     width = top_k + (shared_id is not None)
     ids = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     weights = torch.empty(T, width, dtype=torch.float32, device=logits.device)
@@ -88,10 +121,11 @@ def sigmoid_route_triton(logits: torch.Tensor, bias: torch.Tensor, top_k: int, r
         return ids, weights
     GS = E // n_group
     _sigmoid_route[(T,)](
-        logits, bias, ids, weights, E, GS, logits.stride(0), width, float(scale),
+        logits, logits if bias is None else bias, ids, weights, E, GS, logits.stride(0), width, float(scale),
         -1 if shared_id is None else shared_id,
         K=top_k, K_PAD=triton.next_power_of_2(width), E_PAD=triton.next_power_of_2(E), G=n_group,
         G_PAD=triton.next_power_of_2(n_group), GS_PAD=triton.next_power_of_2(GS), TOPK_G=topk_group,
-        RENORM=renormalize, SHARED=int(shared_id is not None), num_warps=1 if interpreting(logits) else 4,
+        RENORM=renormalize, SHARED=int(shared_id is not None), SOFTMAX=softmax, HAS_BIAS=bias is not None,
+        num_warps=1 if interpreting(logits) else 4,
     )
     return ids, weights
