@@ -65,9 +65,12 @@ def test_partial_ref_matches_transformers(dtype: torch.dtype) -> None:
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
 # the grid is (token, kv head), each program a kv head and ceil(HQ / HKV) q heads: 2 a
-# group, 3 (padded to 4), 5 under one kv head, 1 a kv head, and 7 over 3 programs (3, 3, 1)
+# group, 3 (padded to 4), 5 under one kv head, 1 a kv head, and 7 over 3 programs (3, 3, 1);
+# groups too wide for one program's tile in chunks (`q_chunk`): MLA's 20 heads over one
+# 576-wide row (5 chunks of 4), and groups of 5 over 640 dims (chunks of 4 and 1, two kv heads)
 @pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"),
-                         [(4, 2, 64, 64), (6, 2, 32, 8), (5, 1, 64, 16), (4, 4, 32, 32), (7, 3, 48, 8)])
+                         [(4, 2, 64, 64), (6, 2, 32, 8), (5, 1, 64, 16), (4, 4, 32, 32), (7, 3, 48, 8),
+                          (20, 1, 576, 64), (10, 2, 640, 32)])
 def test_triton_rope_write_kv_bitwise(dtype: torch.dtype, hq: int, hkv: int, d: int, rotary_dim: int) -> None:
     from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
 
@@ -86,20 +89,22 @@ def test_triton_rope_write_kv_bitwise(dtype: torch.dtype, hq: int, hkv: int, d: 
 
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("path", ["ref", pytest.param("triton", marks=needs_triton)])
-def test_a_shared_value_is_the_key_written_once_rotated(path: str, fp8: bool) -> None:
+# 5 heads over one row of 24 (8 rotating); MLA's shape, 20 heads over 576 (64 rotating), in chunks
+@pytest.mark.parametrize(("hq", "d", "rotary_dim"), [(5, 24, 8), (20, 576, 64)])
+def test_a_shared_value_is_the_key_written_once_rotated(path: str, fp8: bool, hq: int, d: int, rotary_dim: int) -> None:
     """`v` None (MLA's latent row: the pool's V is K's tensor): rotated k lands in the cache,
     as the write of k alone would put it; the value is never written over it unrotated."""
     from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
 
     write = rope_write_kv_ref if path == "ref" else rope_write_kv_triton
-    q, k, _, positions, out_loc = qkv(torch.bfloat16, 5, 1, 24, seed=4)  # 5 heads over one row of 24 (8 rotating)
-    _, cos, sin = tables(8)
-    cache = torch.full((SLOTS, 1, 24), 7.0, dtype=torch.bfloat16)
+    q, k, _, positions, out_loc = qkv(torch.bfloat16, hq, 1, d, seed=4)
+    _, cos, sin = tables(rotary_dim)
+    cache = torch.full((SLOTS, 1, d), 7.0, dtype=torch.bfloat16)
     scale = torch.ones(SLOTS, 1) if fp8 else None
     if fp8:
         cache = cache.to(KV_FP8)
     got_q = write(q, k, None, positions, cos, sin, cache, cache, out_loc, scale, scale)
-    want = torch.full_like(cache, 7.0) if not fp8 else torch.full((SLOTS, 1, 24), 7.0, dtype=torch.bfloat16).to(KV_FP8)
+    want = torch.full_like(cache, 7.0) if not fp8 else torch.full((SLOTS, 1, d), 7.0, dtype=torch.bfloat16).to(KV_FP8)
     want_scale = torch.ones(SLOTS, 1) if fp8 else None
     want_q = rope_write_kv_ref(q, k, k, positions, cos, sin, want, torch.empty_like(want), out_loc, want_scale,
                                torch.ones(SLOTS, 1) if fp8 else None)
@@ -133,9 +138,10 @@ def assert_within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) ->
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # odd head counts, partial rotary, a head dim that is not a power of two (padded lanes
-# must not count in the mean of squares), 7 q heads over 3 programs (3, 3, 1)
+# must not count in the mean of squares), 7 q heads over 3 programs (3, 3, 1), groups of 5
+# over 640 dims in chunks of 4 and 1
 @pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim"),
-                         [(4, 2, 64, 64), (5, 1, 64, 16), (3, 3, 48, 8), (7, 3, 32, 16)])
+                         [(4, 2, 64, 64), (5, 1, 64, 16), (3, 3, 48, 8), (7, 3, 32, 16), (10, 2, 640, 32)])
 def test_triton_head_norms_match_norm_then_rope(dtype: torch.dtype, hq: int, hkv: int, d: int, rotary_dim: int) -> None:
     from edgemoe.kernels.triton_ops.rope import rope_write_kv_triton
 
@@ -233,7 +239,8 @@ def test_triton_fp8_cache_each_kv_head_by_its_program(hq: int, hkv: int, d: int,
 
 
 @needs_triton
-@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim", "fp8"), [(6, 2, 32, 16, True), (7, 3, 48, 8, False)])
+@pytest.mark.parametrize(("hq", "hkv", "d", "rotary_dim", "fp8"),
+                         [(6, 2, 32, 16, True), (7, 3, 48, 8, False), (10, 2, 640, 32, True)])
 def test_triton_rows_do_not_depend_on_the_batch(hq: int, hkv: int, d: int, rotary_dim: int, fp8: bool) -> None:
     """Batch invariance (the launch depends on the heads only): with head norms (the path
     with a reduction), token 4 alone (T = 1) and tokens 2-4 (T = 3) give bitwise the rows

@@ -11,6 +11,10 @@ statistics stay a row sum of the tile the program loads anyway. Finer splits (a 
 program) would repeat pos/cos/sin/weight loads per head for little more overlap. The grid
 depends on the head counts only, never on T (batch invariance; one CUDA graph holds any
 batch); T = 8192 prefill gets HKV × T programs of 1/HKV the work each, the same HBM bytes.
+A group too wide for one program (MLA: 20 q heads over one 576-wide latent row, padded to a
+[32, 1,024] tile, spilled: 22 µs a layer on an H100, 2026-12-06) is dealt in chunks of
+QC heads (`q_chunk`: [QC_PAD, D_PAD] at most 4,096 values), each a program of its own; the
+first chunk of a kv head writes its k and v. Chunks depend on the head counts and D only.
 
 NOTE: inside a program every load is issued before anything is computed or stored: the
 q/k/v tiles, their rotate_half partners and the norm weights first (independent of
@@ -42,6 +46,7 @@ from edgemoe.kernels.triton_ops.common import (
 )
 
 NUM_WARPS = 4  # a [8, 128] bf16 q tile (Qwen3's group): one 16-byte load a thread
+MAX_TILE = 4096  # q tile values a program takes at most ([QC_PAD, D_PAD]; wider groups are chunked)
 
 
 @triton.jit
@@ -135,26 +140,29 @@ def _rope_write_kv(
     qw_ptr, kw_ptr, eps, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cp,
     stride_kcs, stride_kch, stride_vcs, stride_vch, stride_qot, stride_qoh, stride_ss,
     HQ, D,
-    HKV: tl.constexpr, HKV_PAD: tl.constexpr, QG: tl.constexpr, QG_PAD: tl.constexpr, HALF: tl.constexpr,
-    NORM: tl.constexpr,
+    HKV: tl.constexpr, HKV_PAD: tl.constexpr, QG: tl.constexpr, QC: tl.constexpr, QC_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr,
     D_PAD: tl.constexpr, DTYPE: tl.constexpr, CACHE_DTYPE: tl.constexpr, INTERP: tl.constexpr,
     FP8KV: tl.constexpr, FP8HW: tl.constexpr, USE_PDL: tl.constexpr, HAS_V: tl.constexpr,
 ):
     pdl_start(USE_PDL)
-    # A token's HKV programs are adjacent (pid = t·HKV + g): they share its cos/sin rows in L2/L1.
+    # A token's HKV × CHUNKS programs are adjacent (pid = (t·HKV + g)·CHUNKS + c): they share
+    # its cos/sin rows in L2/L1.
     pid = tl.program_id(0)
-    t = (pid // HKV).to(tl.int64)
-    g = pid % HKV
+    c = pid % CHUNKS
+    g = (pid // CHUNKS) % HKV
+    t = (pid // (CHUNKS * HKV)).to(tl.int64)
     d = tl.arange(0, D_PAD)
-    hq = g * QG + tl.arange(0, QG_PAD)
-    live_q = (tl.arange(0, QG_PAD) < QG) & (hq < HQ)
+    j = c * QC + tl.arange(0, QC_PAD)  # the chunk's heads within the group
+    hq = g * QG + j
+    live_q = (tl.arange(0, QC_PAD) < QC) & (j < QG) & (hq < HQ)
     # NOTE: k and v are [HKV_PAD, D_PAD] tiles of the token's kv heads with only row g live
     # (the others masked: never read or written). A [1, D_PAD] tile would spread its one row
     # over the 4 warps, so the norm's row sum would cross warps through shared memory (a
     # barrier on the latency path) in another order; this is the previous kernel's k tile
     # and layout, each row within one warp.
     hk = tl.arange(0, HKV_PAD)
-    live_k = hk == g
+    live_k = (hk == g) & (c == 0)  # the kv head's first chunk writes its k and v
     # Loads, independent ones first (see the module docstring).
     pos = tl.load(pos_ptr + t).to(tl.int64)
     loc = tl.load(loc_ptr + t).to(tl.int64)
@@ -163,12 +171,12 @@ def _rope_write_kv(
     if HAS_V:  # else the value is the key: its cache is k's, written once below
         vv = tl.load(v_ptr + t * stride_vt + hk[:, None] * stride_vh + d[None, :], mask=ok_k, other=0.0)
     if NORM:
-        wq, wq_p = _load_norm_weight(qw_ptr, d, D, HALF, QG_PAD, D_PAD)
+        wq, wq_p = _load_norm_weight(qw_ptr, d, D, HALF, QC_PAD, D_PAD)
         wk, wk_p = _load_norm_weight(kw_ptr, d, D, HALF, HKV_PAD, D_PAD)
     else:
         wq, wq_p, wk, wk_p = d, d, d, d  # unread without NORM
     # Then those that wait for pos: the tables, once in each tile's shape (see `_rows_of`).
-    cq, sq = _load_tables(cos_ptr, sin_ptr, pos, stride_cp, d, HALF, QG_PAD, D_PAD)
+    cq, sq = _load_tables(cos_ptr, sin_ptr, pos, stride_cp, d, HALF, QC_PAD, D_PAD)
     ck, sk = _load_tables(cos_ptr, sin_ptr, pos, stride_cp, d, HALF, HKV_PAD, D_PAD)
     # Compute, then the stores.
     yq = _norm_rotate(xq, xq_p, cq, sq, wq, wq_p, d, eps, D, HALF, NORM, DTYPE, INTERP)
@@ -179,6 +187,16 @@ def _rope_write_kv(
     if HAS_V:
         _store_kv(vc_ptr, vs_ptr, loc, vv.to(tl.float32), ok_k, hk, live_k, stride_vcs, stride_vch, stride_ss, d,
                   CACHE_DTYPE, INTERP, FP8KV, FP8HW)
+
+
+def q_chunk(group: int, head_dim: int) -> int:
+    """q heads a program takes of its kv head's `group`: all of them while the padded tile
+    holds at most MAX_TILE values (every GQA model's group: Qwen3's [8, 128], GLM-4.5's
+    [16, 128]), else as many as fit (MLA's [20 → 32, 576 → 1,024]: 4 a program, 5 programs)."""
+    d_pad = triton.next_power_of_2(head_dim)
+    if triton.next_power_of_2(group) * d_pad <= MAX_TILE:
+        return group
+    return max(1, MAX_TILE // d_pad)
 
 
 def rope_write_kv_triton(
@@ -210,14 +228,17 @@ def rope_write_kv_triton(
     kc, vc = kv_bytes(k_cache), kv_bytes(v_cache)
     pdl = pdl_enabled(q.device)
     qg = triton.cdiv(Hq, Hkv)
-    # NOTE: the programs a token (Hkv) and their tiles depend on the heads and head dim
-    # only, never on T: batch invariant, and a CUDA graph holds it for any batch.
-    _rope_write_kv[(T * Hkv,)](
+    qc = q_chunk(qg, D)
+    chunks = triton.cdiv(qg, qc)
+    # NOTE: the programs a token (Hkv × chunks) and their tiles depend on the heads and head
+    # dim only, never on T: batch invariant, and a CUDA graph holds it for any batch.
+    _rope_write_kv[(T * Hkv * chunks,)](
         q, k, v, positions, cos, sin, kc, vc, out_loc, q_out, ks, vs, qw, kw, float(norm_eps),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), q_out.stride(0), q_out.stride(1),
         stride_ss, Hq, D,
-        HKV=Hkv, HKV_PAD=triton.next_power_of_2(Hkv), QG=qg, QG_PAD=triton.next_power_of_2(qg), HALF=half, NORM=norm,
+        HKV=Hkv, HKV_PAD=triton.next_power_of_2(Hkv), QG=qg, QC=qc, QC_PAD=triton.next_power_of_2(qc), CHUNKS=chunks,
+        HALF=half, NORM=norm,
         D_PAD=triton.next_power_of_2(D),
         DTYPE=tl_dtype(q.dtype), CACHE_DTYPE=tl.uint8 if fp8 else tl_dtype(k_cache.dtype), INTERP=interpreting(q),
         FP8KV=fp8, FP8HW=fp8_hardware(q), USE_PDL=pdl, HAS_V=has_v, launch_pdl=pdl, num_warps=NUM_WARPS,
