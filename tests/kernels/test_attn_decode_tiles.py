@@ -45,16 +45,20 @@ def test_override_takes_four_to_six_or_ten_values(monkeypatch: pytest.MonkeyPatc
 
 
 def test_wide_rows_take_their_own_tiles_unless_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows padded to 512+ dims (MLA's 576) take WIDE_HEAD, and the memory plan's workspace
-    counts its splits; an override (a sweep) sets every head dim's."""
-    from edgemoe.kernels.attn_decode_tiles import WIDE_HEAD, split_workspace_bytes, tiles_for
+    """Rows padded to 512+ dims (MLA's 576) take WIDE_HEAD, or SHARED_ROW where the launch
+    loads the row in its parts, and the memory plan's workspace counts the larger of their
+    splits (either may run: an fp8 latent cache takes the generic split); an override (a
+    sweep) sets every head dim's."""
+    from edgemoe.kernels.attn_decode_tiles import SHARED_ROW, WIDE_HEAD, split_workspace_bytes, tiles_for
 
     monkeypatch.delenv(attn_decode_tiles.ENV, raising=False)
     assert [tiles_for(d) for d in (64, 128, 256, 257)] == [tiles()] * 3 + [WIDE_HEAD]
+    assert [tiles_for(d, shared_row=True) for d in (128, 576)] == [tiles(), SHARED_ROW]
     assert tiles_for(576) == WIDE_HEAD and WIDE_HEAD.warps == 8 and block_n_for(WIDE_HEAD, 576) == 16
+    assert SHARED_ROW.splits <= WIDE_HEAD.splits and SHARED_ROW.wide_chunk == 64
     assert split_workspace_bytes(2, 20, 576) == 2 * 20 * WIDE_HEAD.splits * 577 * 4
     monkeypatch.setenv(attn_decode_tiles.ENV, "32,16,2,5")
-    assert tiles_for(576) == tiles() and tiles().splits == 32
+    assert tiles_for(576) == tiles_for(576, shared_row=True) == tiles() and tiles().splits == 32
 
 
 def test_block_and_merge_warps_by_head_dim() -> None:

@@ -93,6 +93,27 @@ def test_half_matches_linear(dtype: torch.dtype) -> None:
 
 
 @needs_triton
+def test_fp32_router_weight_over_bf16_activations() -> None:
+    """A sigmoid router's logits (`router_sigmoid.router_logits` on a GPU): bf16 x, fp32
+    weight, fp32 out, never rounded: F.linear(x.float(), w)'s terms within γ_K of each
+    other's order, and each row's the same whatever the batch (the route must not depend
+    on it)."""
+    from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
+
+    x, _ = inputs(5, torch.bfloat16, seed=13)
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(14)) * 0.05
+    got = dense_gemv_triton(x, w, TILES[0], out_dtype=torch.float32)
+    want = F.linear(x.float(), w)
+    magnitude = x.float().abs() @ w.abs().T
+    assert got.dtype == torch.float32
+    assert ((got - want).abs() <= sum_atol(torch.float32, K, 1.0) * magnitude).all()
+    rounded = dense_gemv_triton(x, w.to(torch.bfloat16), TILES[0]).float()
+    assert ((rounded - want).abs() > sum_atol(torch.float32, K, 1.0) * magnitude).any()  # fp32 kept, not bf16
+    for i in (0, 4):
+        assert torch.equal(got[i], dense_gemv_triton(x[i : i + 1], w, TILES[0], out_dtype=torch.float32)[0]), i
+
+
+@needs_triton
 def test_bias_enters_before_the_rounding() -> None:
     """A projection's bias (GLM's q/k/v, gpt-oss's o_proj) added to the fp32 sum before the
     one rounding, as F.linear adds it: within the same bound as without, of |x·w| + |b|."""

@@ -75,6 +75,14 @@ DEFAULT = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCK
 # 1,244 / 98.
 WIDE_HEAD = AttnDecodeTiles(128, 32, 8, 2, MERGE_CHUNK, MIN_BLOCKS, LONG_BLOCKS, 2, WIDE_SPLITS, MERGE_CHUNK)
 WIDE_HEAD_DIM = 512  # rows padded to this many dims or more take WIDE_HEAD
+# Such a row when V is K and it is loaded in its two power-of-two parts
+# (`triton_ops/attn_decode_shared.py`: MLA's bf16 latent cache): no padded tile to spill, so
+# the default geometry, its merge 64 splits a step from 32 live. Measured on an H100
+# (2026-12-06 15:39, CUDA-graph replay, 20 query heads over one 576-wide row; the split and
+# the merge, µs at B=1 1K / 8K / 32K / 128K and B=8 4K): 10.8 / 22.6 / 64.9 / 234.8 / 48.6
+# against the default merge's 12.4 / 27.6 / 70.2 / 243.7 / 52.5; in the engine WIDE_HEAD
+# over the shared split took 7.8 + 9.8 µs a layer at 1K (its merge of 128 splits the most).
+SHARED_ROW = AttnDecodeTiles(SPLITS, BLOCK_N, WARPS, STAGES, MERGE_CHUNK, MIN_BLOCKS, LONG_BLOCKS, STAGES, 32, 64)
 
 
 def tiles() -> AttnDecodeTiles:
@@ -91,12 +99,14 @@ def tiles() -> AttnDecodeTiles:
     return t
 
 
-def tiles_for(head_dim: int) -> AttnDecodeTiles:
-    """The tiles at this head dim: `tiles()` (the override, else the default), or WIDE_HEAD
-    for rows padded to WIDE_HEAD_DIM or more when nothing is overridden."""
+def tiles_for(head_dim: int, shared_row: bool = False) -> AttnDecodeTiles:
+    """The tiles at this head dim: `tiles()` (the override, else the default), or for rows
+    padded to WIDE_HEAD_DIM or more when nothing is overridden SHARED_ROW where the launch
+    loads the row in parts (`shared_row`: `attn_decode_shared.takes_shared_split`), else
+    WIDE_HEAD."""
     if os.environ.get(ENV) or _padded(head_dim) < WIDE_HEAD_DIM:
         return tiles()
-    return WIDE_HEAD
+    return SHARED_ROW if shared_row else WIDE_HEAD
 
 
 def _padded(head_dim: int) -> int:
@@ -119,4 +129,5 @@ def merge_warps(t: AttnDecodeTiles, d_pad: int) -> int:
 def split_workspace_bytes(rows: int, q_heads: int, head_dim: int) -> int:
     """Device bytes of the split outputs and LSEs (fp32) one decode launch over `rows`
     sequences allocates."""
-    return rows * q_heads * tiles_for(head_dim).splits * (head_dim + 1) * 4
+    splits = max(tiles_for(head_dim).splits, tiles_for(head_dim, shared_row=True).splits)  # either launch
+    return rows * q_heads * splits * (head_dim + 1) * 4

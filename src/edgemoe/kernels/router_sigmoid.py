@@ -97,14 +97,20 @@ def route_grouped_sigmoid(
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor, fixed_rows: int = 0) -> torch.Tensor:
-    """x [T, H] → fp32 logits [T, E]. With `fixed_rows`, a batch of at most that many rows
-    is zero-padded to it first: cuBLAS may pick another algorithm (another order of the
-    sums) for another batch size, and one GEMM shape for every decode batch keeps a token's
-    logits, so its route, independent of its batch (as the softmax router's fused launch
-    does); longer prompt chunks take their own shape, as the softmax router's do."""
+    """x [T, H] → fp32 logits [T, E]. A batch of at most `fixed_rows` rows must not depend on
+    its size (a token's logits, so its route, independent of its batch, as the softmax
+    router's fused launch): on a GPU with Triton the dense GEMV (batch-invariant by
+    construction; fp32 products and sums of the exactly upcast x, one launch where the
+    padded GEMM took four: a fill, a copy, cuBLAS's SIMT sgemm and its split-K reduce, ~12 µs
+    a layer on an H100, 2026-12-06), else the batch zero-padded to `fixed_rows` so cuBLAS
+    sees one shape. Longer prompt chunks take their own shape, as the softmax router's do."""
     T = x.shape[0]
     if not 0 < T <= fixed_rows:
         return torch.nn.functional.linear(x.float(), weight.float())
+    if T <= MAX_TOKENS and weight.dtype == torch.float32 and use_triton(x):
+        from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
+
+        return dense_gemv_triton(x, weight, out_dtype=torch.float32)
     padded = x.new_zeros((fixed_rows, x.shape[1]), dtype=torch.float32)
     padded[:T] = x
     return torch.nn.functional.linear(padded, weight.float())[:T]

@@ -271,7 +271,8 @@ def decode_attention_triton(
     if Hq % Hkv or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("need Hq % Hkv == 0 and a unit stride on the head dim")
     G, D_PAD = Hq // Hkv, triton.next_power_of_2(D)
-    t = tiles_for(D)
+    shared = takes_shared_split(k_cache, v_cache, k_scale)  # MLA's latent row: V is K, 576 = 512 + 64 dims
+    t = tiles_for(D, shared)
     # NOTE: `max_seq_len` sizes nothing (kept in the signature): the grid is t.splits wide.
     # The workspace's bytes: attn_decode_tiles.split_workspace_bytes (the memory plan's).
     o_part = torch.empty(B, Hq, t.splits, D, dtype=torch.float32, device=q.device)
@@ -282,7 +283,7 @@ def decode_attention_triton(
     sinks_arg, has_sinks = sink_arg(sinks, Hq, q)
     k_cache, v_cache = kv_bytes(k_cache), kv_bytes(v_cache)
     pdl = pdl_enabled(q.device)
-    if takes_shared_split(k_cache, v_cache, k_scale):  # MLA's latent row: V is K, 576 = 512 + 64 dims
+    if shared:
         shared_split(q, k_cache, page_table, req_rows, seq_lens, page_size, scale * LOG2E, win, o_part, lse, block_n,
                      t.splits, t.min_blocks, t.warps, t.stages, dtype, interp, pdl)
     else:

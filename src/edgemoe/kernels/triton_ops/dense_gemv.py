@@ -111,11 +111,13 @@ def _dense_gemv(
 
 
 def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, t: DenseGemvTiles | None = None,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
+                      bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] , w [N, K] (same dtype) → [M, N] in x's dtype, fp32 accumulation, plus
     `bias` [N] (any float dtype), one rounding. `t`: the tiles (default
     `dense_gemv_tiles.tiles()`, which a sweep overrides). Capturable: no host sync, one
-    launch, the output from torch's allocator."""
+    launch, the output from torch's allocator. `out_dtype` float32 with an fp32 `w` (a
+    sigmoid router's, `router_sigmoid.router_logits`): x upcast exactly, fp32 products and
+    sums, no rounding: `F.linear(x.float(), w)`'s terms summed in this kernel's order."""
     t = tiles() if t is None else t
     check(t)
     M, K = x.shape
@@ -124,7 +126,7 @@ def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, t: DenseGemvTiles | None
         x = x.contiguous()
     if w.stride(-1) != 1:
         w = w.contiguous()
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    out = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
     if bias is not None and (bias.shape != (N,) or bias.stride(0) != 1):
@@ -134,7 +136,7 @@ def dense_gemv_triton(x: torch.Tensor, w: torch.Tensor, t: DenseGemvTiles | None
     pdl = pdl_enabled(x.device)
     _dense_gemv[(triton.cdiv(N, rows) * blocks,)](
         x, w, out, M, N, K, blocks, x.stride(0), w.stride(0), out.stride(0), x if bias is None else bias,
-        DTYPE=tl_dtype(x.dtype), ROWS=rows, COLS=t.cols, TOKENS=t.tokens, STAGES=t.stages,
+        DTYPE=tl_dtype(out.dtype), ROWS=rows, COLS=t.cols, TOKENS=t.tokens, STAGES=t.stages,
         INTERP=interpreting(x), USE_PDL=pdl, launch_pdl=pdl, num_warps=t.warps, HAS_BIAS=bias is not None,
     )
     return out
