@@ -43,7 +43,7 @@ def test_dir_names_are_readable_or_a_digest() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("random:nope", r"unknown preset 'nope'; known: deepseek-v2-lite, glm-4.5-air, glm-4.7-flash, gpt-oss-120b, gpt-oss-20b, qwen3-30b-a3b, qwen3-coder-30b-a3b, qwen3.5-35b-a3b, qwen3.8-flash-next, tiny-deepseek-v2-lite, tiny-glm-4.7-flash, tiny-glm4-moe, tiny-gpt-oss, tiny-qwen3-moe, tiny-qwen3.5-moe, tiny-qwen3.8-flash-next"),
+    ("random:nope", r"unknown preset 'nope'; known: deepseek-v2-lite, glm-4.5-air, glm-4.7-flash, gpt-oss-120b, gpt-oss-20b, minimax-m2, qwen3-30b-a3b, qwen3-coder-30b-a3b, qwen3.5-35b-a3b, qwen3.8-flash-next, tiny-deepseek-v2-lite, tiny-glm-4.7-flash, tiny-glm4-moe, tiny-gpt-oss, tiny-minimax-m2, tiny-qwen3-moe, tiny-qwen3.5-moe, tiny-qwen3.8-flash-next"),
     ("random:tiny-qwen3-moe?num_layers=2", r"unknown field 'num_layers' for preset 'tiny-qwen3-moe'; known: .*num_hidden_layers"),
     ("random:tiny-qwen3-moe?num_hidden_layers=0", r"num_hidden_layers must be >= 1 \(got 0\)"),
     ("random:tiny-qwen3-moe?num_hidden_layers=1.5", r"num_hidden_layers=1.5 must be int"),

@@ -125,6 +125,9 @@ CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, n
     "glm4_moe": lambda: transformers.Glm4MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
                                                    n_routed_experts=4, num_experts_per_tok=2),
     "glm4_moe_lite": lambda: transformers.Glm4MoeLiteConfig(**MLA_SMALL, n_routed_experts=4, num_experts_per_tok=2),
+    # The published `rotary_dim` saved beside rope_parameters' factor: either alone decides.
+    "minimax_m2": lambda: transformers.MiniMaxM2Config(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                       num_local_experts=4, num_experts_per_tok=2, rotary_dim=4),
     "deepseek_v3": lambda: transformers.DeepseekV3Config(**MLA_SMALL, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
                                                          topk_group=1, first_k_dense_replace=1),
     # The group-limited router: n_group / topk_group (class default null) are read, and refused absent.

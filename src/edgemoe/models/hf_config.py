@@ -61,6 +61,8 @@ SCHEMAS: dict[str, ConfigSchema] = {
         {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
         partial_rotary_factor=0.5,
     ),
+    # Its legacy `rotary_dim` (the factor's other spelling) is read by models/minimax_m2.py.
+    "minimax_m2": ConfigSchema({"num_experts": "num_local_experts"}, default_theta=5000000.0),
 }
 
 _MISSING = object()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgemoe.models.presets_glm import GLM_4_5_AIR, TINY_GLM4_MOE
+from edgemoe.models.presets_minimax import MINIMAX_M2, TINY_MINIMAX_M2
 from edgemoe.models.presets_mla import DEEPSEEK_V2_LITE, GLM_4_7_FLASH, TINY_DEEPSEEK_V2_LITE, TINY_GLM_4_7_FLASH
 from edgemoe.models.presets_gpt_oss import GPT_OSS_20B, GPT_OSS_120B, TINY_GPT_OSS
 
@@ -238,6 +239,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt-oss-20b": GPT_OSS_20B,
     "gpt-oss-120b": GPT_OSS_120B,
     "tiny-gpt-oss": TINY_GPT_OSS,
+    "minimax-m2": MINIMAX_M2,
+    "tiny-minimax-m2": TINY_MINIMAX_M2,
 }
 
 # Integer fields that are sizes or counts: an override must be >= 1.

@@ -24,6 +24,7 @@ MODEL_MODULES: dict[str, str] = {
     "deepseek_v2": "edgemoe.models.deepseek_v2",
     "deepseek_v3": "edgemoe.models.mla",
     "glm4_moe_lite": "edgemoe.models.mla",
+    "minimax_m2": "edgemoe.models.minimax_m2",
 }
 
 

@@ -117,7 +117,8 @@ def _group(qc: dict[str, Any], where: str, alias: str = "", default: Any = 128) 
 
 
 def _fp8(qc: dict[str, Any]) -> Scheme:
-    if str(qc.get("fmt") or "e4m3").lower() != "e4m3":  # null or absent: e4m3 (decode checks the dtype)
+    # null or absent: e4m3 (decode checks the dtype); MiniMax-M2 spells it as torch's dtype name
+    if str(qc.get("fmt") or "e4m3").lower() not in ("e4m3", "float8_e4m3fn"):
         raise QuantConfigError(f"quantization_config fmt={qc.get('fmt')!r}: only e4m3 fp8 is supported")
     block = _square_block(qc.get("weight_block_size") or [128, 128], "quantization_config weight_block_size")
     return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(block))
