@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import uvicorn
 
@@ -228,6 +229,31 @@ class ServerHarness:
 
 
 MakeServer = Callable[..., ServerHarness]
+
+
+def scripted_server(tokenizer: TokenizerBundle, scripts: dict[str, str], model_dir: Path,
+                    model_type: str | None = None, **engine: Any) -> ServerHarness:
+    """A started server over a `ScriptedEngine` for the checkpoint files in `model_dir`
+    (`model_type`: the family the engine reports; default the demo's)."""
+    scripted = ScriptedEngine(tokenizer, scripts, **engine)
+    ready = scripted.ready(model_dir)
+    if model_type is not None:
+        ready = msgspec.structs.replace(ready, model_type=model_type)
+    return ServerHarness(scripted, ready, ServerConfig()).start()
+
+
+def streamed_completion(client: openai.OpenAI, **request: Any) -> Any:
+    """The completion the openai SDK assembles from the streamed response to `request`."""
+    with client.chat.completions.stream(**request) as stream:
+        for _ in stream:
+            pass
+        return stream.get_final_completion()
+
+
+def last_request(server: ServerHarness, tokenizer: TokenizerBundle) -> tuple[str, SamplingParams]:
+    """The prompt text and the params of the last request the scripted engine accepted."""
+    prompt_ids, params = server.engine.seen[-1]  # type: ignore[attr-defined]
+    return tokenizer.decode(prompt_ids), params
 
 
 DEMO_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")

@@ -6,6 +6,7 @@ called ``conftest`` is ambiguous once several test folders are on ``sys.path``.)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 WEATHER_CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
@@ -47,3 +48,31 @@ TIME_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}},
 }
+
+# A tool whose parameters take every JSON type, and arguments for it that read back exactly
+# from the XML call formats (values typed by the schema): round trips through a template.
+EDIT_TOOL: dict[str, Any] = {"type": "function", "function": {"name": "edit", "parameters": {
+    "type": "object", "properties": {
+        "path": {"type": "string"}, "text": {"type": "string"}, "line": {"type": ["integer", "null"]},
+        "scale": {"type": "number"}, "force": {"type": "boolean"}, "opts": {"type": "object"},
+        "tags": {"type": "array"}}}}}
+EDIT_ARGUMENTS: list[dict[str, Any]] = [
+    {"path": "a.py", "line": 7, "scale": 0.5, "force": True, "opts": {"a": [1, "ü"], "b": None}, "tags": ["x"]},
+    {"path": "007", "text": '{"looks": "like JSON"}', "line": None, "force": False, "tags": []},
+    {},
+]
+
+
+def ask(script: str) -> list[dict[str, Any]]:
+    """A user turn that makes the scripted engine play back `SCRIPTS`-style entry `script`."""
+    return [{"role": "user", "content": f"Go. [[{script}]]"}]
+
+
+def tool_call(name: str, arguments: Any, call_id: str = "c1") -> dict[str, Any]:
+    """An assistant message's tool call as OpenAI clients send it back."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def message_calls(message: Any) -> list[tuple[str, Any]]:
+    """(name, parsed arguments) of an openai SDK message's tool calls."""
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]

@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import msgspec
 import pytest
-from server_harness import ScriptedEngine, ServerHarness
-from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL
+from server_harness import ServerHarness, last_request, scripted_server, streamed_completion
+from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL, ask, message_calls, tool_call
 
 from edgemoe.detokenizer import TextStream
-from edgemoe.server.config import ServerConfig
 from edgemoe.server.forced_call import PrimedParser, call_opening
 from edgemoe.server.parsers import (
     ResponseParser,
@@ -81,10 +79,6 @@ R1_CALL = ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ c.function.n
 TEMPLATE_V31 = TEMPLATE_BASE.replace("@BETWEEN@", "").replace("@CALL@", V31_CALL)
 TEMPLATE_R1 = TEMPLATE_BASE.replace("@BETWEEN@", "{{ '\\n' }}").replace("@CALL@", R1_CALL)
 TEMPLATES = {"v3.1": TEMPLATE_V31, "r1": TEMPLATE_R1}
-
-
-def tool_call(name: str, arguments: Any, call_id: str = "c1") -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 @pytest.fixture(scope="module")
@@ -195,24 +189,9 @@ def deepseek(ds_tokenizer: TokenizerBundle, tmp_path_factory: pytest.TempPathFac
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(DS_DIR / name, model_dir / name)
     (model_dir / "chat_template.jinja").write_text(TEMPLATE_V31, encoding="utf-8")
-    engine = ScriptedEngine(ds_tokenizer, DS_SCRIPTS, vocab_size=ds_tokenizer.vocab_size)
-    ready = msgspec.structs.replace(engine.ready(model_dir), model_type="deepseek_v3")
-    harness = ServerHarness(engine, ready, ServerConfig()).start()
+    harness = scripted_server(ds_tokenizer, DS_SCRIPTS, model_dir, "deepseek_v3", vocab_size=ds_tokenizer.vocab_size)
     yield harness
     harness.stop()
-
-
-def ask(script: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Go. [[{script}]]"}]
-
-
-def last_request(server: ServerHarness, tokenizer: TokenizerBundle) -> tuple[str, Any]:
-    prompt_ids, params = server.engine.seen[-1]  # type: ignore[attr-defined]
-    return tokenizer.decode(prompt_ids), params
-
-
-def _calls(message: Any) -> list[tuple[str, Any]]:
-    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
 @pytest.mark.parametrize("script", ["ds_tool", "ds_r1"])
@@ -222,14 +201,11 @@ def test_openai_sdk_gets_reasoning_and_calls(deepseek: ServerHarness, ds_tokeniz
     full = client.chat.completions.create(model="m", messages=ask(script), tools=TOOLS)
     prompt, params = last_request(deepseek, ds_tokenizer)
     assert prompt.endswith("<｜Assistant｜><think>") and params.skip_special_tokens is True
-    with client.chat.completions.stream(model="m", messages=ask(script), tools=TOOLS) as stream:
-        for _ in stream:
-            pass
-        streamed = stream.get_final_completion()
+    streamed = streamed_completion(client, model="m", messages=ask(script), tools=TOOLS)
     for out in (full, streamed):
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
-        assert _calls(choice.message) == BOTH_CALLS
+        assert message_calls(choice.message) == BOTH_CALLS
         assert (choice.message.model_extra or {})["reasoning_content"] == "I should call the tools."
 
 
@@ -244,7 +220,7 @@ def test_forced_calls(deepseek: ServerHarness, ds_tokenizer: TokenizerBundle, ch
     assert prompt.endswith("<｜Assistant｜></think>" + call_opening("deepseek_v3", "get_weather" if named else None))
     assert params.structured is None
     assert out.choices[0].finish_reason == "tool_calls" and not out.choices[0].message.content
-    assert _calls(out.choices[0].message) == [("get_weather", WEATHER)]
+    assert message_calls(out.choices[0].message) == [("get_weather", WEATHER)]
 
 
 def test_anthropic_sdk_gets_tool_use(deepseek: ServerHarness) -> None:

@@ -16,11 +16,10 @@ from typing import Any
 
 import anthropic
 import pytest
-from server_harness import ScriptedEngine, ServerHarness, demo_with_template
-from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL
+from server_harness import ServerHarness, demo_with_template, scripted_server, streamed_completion
+from server_scripts import EDIT_ARGUMENTS, EDIT_TOOL, SCRIPTS, TIME_TOOL, WEATHER_TOOL, ask, message_calls, tool_call
 
 from edgemoe.assets.glm_template import GLM4_5_CHAT_TEMPLATE
-from edgemoe.server.config import ServerConfig
 from edgemoe.server.forced_call import call_opening
 from edgemoe.server.parsers import ResponseParser, ThinkReasoningParser, get_tool_parser, prompt_opens_reasoning
 from edgemoe.server.templates import ChatTemplate
@@ -36,10 +35,6 @@ TOOLS_BLOCK = (
     "format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n"
     "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>"
 )
-
-
-def tool_call(name: str, arguments: Any, call_id: str = "c1") -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 CONVERSATION = [
@@ -96,29 +91,19 @@ def test_transformers_renders_it_the_same() -> None:
         assert ours == theirs
 
 
-ROUND_TRIP_TOOL = {"type": "function", "function": {"name": "edit", "parameters": {"type": "object", "properties": {
-    "path": {"type": "string"}, "text": {"type": "string"}, "line": {"type": ["integer", "null"]},
-    "scale": {"type": "number"}, "force": {"type": "boolean"}, "opts": {"type": "object"},
-    "tags": {"type": "array"}}}}}
-
-
 @pytest.mark.parametrize("arguments", [
-    {"path": "a.py", "line": 7, "scale": 0.5, "force": True, "opts": {"a": [1, "ü"], "b": None}, "tags": ["x"]},
-    {"path": "007", "text": '{"looks": "like JSON"}', "line": None, "force": False, "tags": []},
-    {"text": "def f():\n    return '</arg_value>'  # <tool_call>\n", "path": " spaced "},
-    {},
-])
+    *EDIT_ARGUMENTS, {"text": "def f():\n    return '</arg_value>'  # <tool_call>\n", "path": " spaced "}])
 def test_template_call_parses_back(arguments: dict[str, Any]) -> None:
     """What the template writes for an assistant call, read as model output after the
     generation prompt, is that call again."""
     messages = [{"role": "user", "content": "Edit it."}]
     turn = {"role": "assistant", "content": "On it.", "tool_calls": [
         tool_call("edit", arguments), tool_call("edit", json.dumps({"path": "b.py"}), "c2")]}
-    prompt = TEMPLATE.render(messages, tools=[ROUND_TRIP_TOOL])
-    whole = TEMPLATE.render([*messages, turn], tools=[ROUND_TRIP_TOOL], add_generation_prompt=False)
+    prompt = TEMPLATE.render(messages, tools=[EDIT_TOOL])
+    whole = TEMPLATE.render([*messages, turn], tools=[EDIT_TOOL], add_generation_prompt=False)
     assert whole.startswith(prompt)
     parser = ResponseParser(ThinkReasoningParser(prompt_opens_reasoning(prompt)),
-                            get_tool_parser("glm45")([ROUND_TRIP_TOOL]))
+                            get_tool_parser("glm45")([EDIT_TOOL]))
     got = parser.parse_complete(whole[len(prompt):])
     assert (got.content, got.reasoning) == ("On it.", "")
     calls = [(c.name, json.loads(c.arguments)) for c in got.tool_calls]
@@ -159,31 +144,19 @@ def glm(demo_dir: Path, demo_tokenizer: TokenizerBundle, tmp_path_factory: pytes
         ) -> Iterator[ServerHarness]:
     """The demo tokenizer with GLM-4.5's template: the template picks the glm45 parser."""
     model_dir = demo_with_template(demo_dir, tmp_path_factory.mktemp("glm45"), GLM4_5_CHAT_TEMPLATE)
-    engine = ScriptedEngine(demo_tokenizer, GLM_SCRIPTS)
-    harness = ServerHarness(engine, engine.ready(model_dir), ServerConfig()).start()
+    harness = scripted_server(demo_tokenizer, GLM_SCRIPTS, model_dir)
     yield harness
     harness.stop()
-
-
-def ask(script: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Go. [[{script}]]"}]
-
-
-def _calls(message: Any) -> list[tuple[str, Any]]:
-    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
 def test_openai_sdk_gets_the_call(glm: ServerHarness) -> None:
     client = glm.openai()
     full = client.chat.completions.create(model="m", messages=ask("glm_tool"), tools=TOOLS)
-    with client.chat.completions.stream(model="m", messages=ask("glm_tool"), tools=TOOLS) as stream:
-        for _ in stream:
-            pass
-        streamed = stream.get_final_completion()
+    streamed = streamed_completion(client, model="m", messages=ask("glm_tool"), tools=TOOLS)
     for out in (full, streamed):
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls" and not choice.message.content
-        assert _calls(choice.message) == [("get_weather", WEATHER_ARGS)]
+        assert message_calls(choice.message) == [("get_weather", WEATHER_ARGS)]
         assert (choice.message.model_extra or {})["reasoning_content"] == "I should call the weather tool."
 
 
@@ -199,7 +172,7 @@ def test_forced_and_strict_calls(glm: ServerHarness, demo_tokenizer: TokenizerBu
     opening = "\n<tool_call>get_weather\n" if named else "\n<tool_call>"
     assert prompt.endswith("/nothink<|assistant|>\n<think></think>" + opening)
     assert out.choices[0].finish_reason == "tool_calls" and not out.choices[0].message.content
-    assert _calls(out.choices[0].message) == [("get_weather", WEATHER_ARGS)]
+    assert message_calls(out.choices[0].message) == [("get_weather", WEATHER_ARGS)]
 
 
 def test_anthropic_sdk_gets_tool_use(glm: ServerHarness) -> None:

@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import msgspec
 import pytest
-from server_harness import ScriptedEngine, ServerHarness, demo_with_template
-from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL
+from server_harness import ServerHarness, demo_with_template, last_request, scripted_server, streamed_completion
+from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL, ask, message_calls, tool_call
 
-from edgemoe.server.config import ServerConfig
 from edgemoe.server.forced_call import PrimedParser, call_opening
 from edgemoe.server.parsers import ResponseParser, get_tool_parser, parser_for_chat_template, parser_for_model_type
 from edgemoe.server.parsers.harmony import FINAL_OPENING, template_inputs
@@ -87,10 +85,6 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {%- endif %}{% endfor %}
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
 TEMPLATE = ChatTemplate(TEMPLATE_SOURCE)
-
-
-def tool_call(name: str, arguments: Any, call_id: str = "c1") -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 CONVERSATION = [
@@ -184,24 +178,9 @@ HARMONY_SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def harmony(harmony_dir: Path, harmony_tokenizer: TokenizerBundle) -> Iterator[ServerHarness]:
-    engine = ScriptedEngine(harmony_tokenizer, HARMONY_SCRIPTS)
-    ready = msgspec.structs.replace(engine.ready(harmony_dir), model_type="gpt_oss")
-    harness = ServerHarness(engine, ready, ServerConfig()).start()
+    harness = scripted_server(harmony_tokenizer, HARMONY_SCRIPTS, harmony_dir, "gpt_oss")
     yield harness
     harness.stop()
-
-
-def ask(script: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Go. [[{script}]]"}]
-
-
-def last_request(server: ServerHarness, tokenizer: TokenizerBundle) -> tuple[str, Any]:
-    prompt_ids, params = server.engine.seen[-1]  # type: ignore[attr-defined]
-    return tokenizer.decode(prompt_ids), params
-
-
-def _calls(message: Any) -> list[tuple[str, Any]]:
-    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
 def test_openai_sdk_gets_reasoning_content_and_calls(harmony: ServerHarness, harmony_tokenizer: TokenizerBundle,
@@ -213,14 +192,11 @@ def test_openai_sdk_gets_reasoning_content_and_calls(harmony: ServerHarness, har
     assert answer.choices[0].message.content == "2 + 2 = 4."
     assert (answer.choices[0].message.model_extra or {})["reasoning_content"] == "Simple."
     full = client.chat.completions.create(model="m", messages=ask("h_tool"), tools=TOOLS)
-    with client.chat.completions.stream(model="m", messages=ask("h_tool"), tools=TOOLS) as stream:
-        for _ in stream:
-            pass
-        streamed = stream.get_final_completion()
+    streamed = streamed_completion(client, model="m", messages=ask("h_tool"), tools=TOOLS)
     for out in (full, streamed):
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls" and not choice.message.content
-        assert _calls(choice.message) == [("get_weather", json.loads(WEATHER))]
+        assert message_calls(choice.message) == [("get_weather", json.loads(WEATHER))]
         assert (choice.message.model_extra or {})["reasoning_content"] == "I should call the weather tool."
 
 
@@ -235,7 +211,7 @@ def test_forced_calls(harmony: ServerHarness, harmony_tokenizer: TokenizerBundle
     assert prompt.endswith(A + call_opening("harmony", "get_weather" if named else None))
     assert (params.structured is not None) == named
     assert out.choices[0].finish_reason == "tool_calls" and not out.choices[0].message.content
-    assert _calls(out.choices[0].message) == [("get_weather", json.loads(WEATHER))]
+    assert message_calls(out.choices[0].message) == [("get_weather", json.loads(WEATHER))]
 
 
 def test_response_format_holds_the_final_channel(harmony: ServerHarness, harmony_tokenizer: TokenizerBundle) -> None:

@@ -12,6 +12,7 @@ template writes an assistant tool call, so the model continues in distribution:
                  <|constrain|>json<|message|> (one line)
     deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>
                  (V3/R1: …function<｜tool▁sep｜>NAME\\n```json\\n)
+    minimax_m2   <minimax:tool_call>\\n<invoke name="NAME">\\n             <minimax:tool_call>\\n<invoke name="
 
 NOTE: each opening ends on a token boundary of the template's rendering of a whole call
 (Qwen's tokenizer writes `":` then ` {"`, and `<` `function` then `=get`; GLM's `<arg_key>`
@@ -19,7 +20,9 @@ is a special token): an opening ending in the space before `{`, or in `=`, would
 token the model was trained to produce in one piece. GLM's opening follows the template's
 spelling (4.5/4.6 put a newline before `<tool_call>` and after the name, 4.7 none);
 DeepSeek's too (V3.1's `NAME<｜tool▁sep｜>`, V3/R1's `function<｜tool▁sep｜>NAME` and a ```json
-fence), its markers single tokens.
+fence), its markers single tokens. MiniMax-M2's ends on the invoke's line (named) or at the
+name's opening quote (`="` is one pre-token of GPT-style byte-level BPE), its block marker a
+single token.
 Harmony's follows the model's own spelling of a call after `<|start|>assistant` (the
 template writes history as `<|start|>assistant to=… json<|message|>`); o200k's pre-tokenizer
 starts a word at `.NAME`, so "required" stops at `to=functions`.
@@ -30,11 +33,13 @@ channel's header (`answer_opening`).
 
 The prompt ends with the opening (after the template and any prefill), rendered with
 thinking off: the template closes an empty think block first, as it does for a turn
-that calls a tool without reasoning. Each choice's tool parser reads the opening as if
-the model had generated it (`PrimedParser`): its tokens are not completion tokens and
-its text is no content, unless the model's continuation does not make a valid call,
-when the parser does exactly what it does with any invalid call it reads (the raw text,
-opening included, becomes content).
+that calls a tool without reasoning; a template that leaves it open all the same
+(MiniMax-M2's always ends `<think>\\n`) has it closed by the server (`</think>\\n\\n`).
+Each choice's tool parser reads the opening as if the model had generated it
+(`PrimedParser`): its tokens are not completion tokens and its text is no content,
+unless the model's continuation does not make a valid call, when the parser does
+exactly what it does with any invalid call it reads (the raw text, opening included,
+becomes content).
 
 Nothing is forced when tools are inactive (`tool_choice` "none", no tools), for raw
 prompts, or when the model's chat template teaches no tool-call format we parse.
@@ -78,6 +83,10 @@ def call_opening(tool_format: str, name: str | None, template: str = "") -> str:
         from edgemoe.server.parsers import deepseek_v3
 
         return deepseek_v3.call_opening(name, fenced=deepseek_v3.fenced_template(template))
+    if tool_format == "minimax_m2":
+        from edgemoe.server.parsers import minimax_m2
+
+        return minimax_m2.call_opening(name)
     return ""
 
 
@@ -124,6 +133,10 @@ def _writable(tool_format: str, name: str) -> bool:
         from edgemoe.server.parsers import deepseek_v3
 
         return deepseek_v3.writable_name(name)  # as glm45's: one run without blanks, tags, quotes or brackets
+    if tool_format == "minimax_m2":
+        from edgemoe.server.parsers import minimax_m2
+
+        return minimax_m2.writable_name(name)  # an attribute: no tag, quote or line break, no blanks around it
     return bool(name.strip())
 
 

@@ -43,7 +43,12 @@ from edgemoe.server.generation_request import (
 from edgemoe.server.limits import describe_ids
 from edgemoe.server.model import ServedModel
 from edgemoe.server.output_format import OutputFormat, forced_arguments, with_output_format
-from edgemoe.server.parsers import WHOLE_OUTPUT_FORMATS, prompt_opens_reasoning
+from edgemoe.server.parsers import (
+    KEEPS_SPECIAL_TOKENS,
+    WHOLE_OUTPUT_FORMATS,
+    close_open_reasoning,
+    prompt_opens_reasoning,
+)
 from edgemoe.server.prompt_tokens import TooManyTokens
 from edgemoe.server.templates import RESERVED_VARIABLES, ChatInputError
 
@@ -112,6 +117,8 @@ def render_text(model: ServedModel, req: GenerationRequest, thinking: bool, forc
         )
     except ChatInputError as exc:
         raise bad_request(str(exc), param="messages") from exc
+    if forced:  # the call follows a closed think block, even where the template ignores enable_thinking
+        text += close_open_reasoning(text)
     return text + prompt.continuation + forced
 
 
@@ -327,8 +334,8 @@ async def start_generation(
            else _output_constraint(model, req, prompt.forced))
     params = with_output_format(req.params, fmt, thinks=reasoning and not prompt.forced,
                                 starts_in_reasoning=prompt.starts_in_reasoning)
-    if req.parse_output and model.tool_parser in WHOLE_OUTPUT_FORMATS:
-        # Its markers are special tokens, which a detokenizer skipping them would drop.
+    if req.parse_output and model.tool_parser in KEEPS_SPECIAL_TOKENS:
+        # Its markers are (or may be) special tokens, which a detokenizer skipping them would drop.
         params = msgspec.structs.replace(params, skip_special_tokens=False)
     adds = [
         AddRequest(request_id=f"{request_id}-{i}", prompt_ids=prompt.token_ids, params=_seeded(params, i))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -93,3 +94,46 @@ def summary(message: ParsedMessage) -> tuple[str, str, list[tuple[str, Any]]]:
     """(content, reasoning, [(name, arguments as dict)]) for readable expectations."""
     calls = [(c.name, json.loads(c.arguments)) for c in message.tool_calls]
     return message.content, message.reasoning, calls
+
+
+# A tool's parameters of every type, values as the XML formats write them, and what they
+# read as (glm45, minimax_m2: strings raw, anything else as JSON).
+TYPED_PROPERTIES: dict[str, Any] = {
+    "city": {"type": "string"},
+    "days": {"type": "integer"},
+    "scale": {"type": "number"},
+    "dry_run": {"type": "boolean"},
+    "opts": {"type": "object"},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "line": {"type": ["integer", "null"]},
+    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    "text": {"type": "string"},
+}
+TYPED_PAIRS = [("city", "San Francisco"), ("days", "3"), ("scale", "2.5"), ("dry_run", "false"),
+               ("opts", '{"a": [1, "ü"]}'), ("tags", '["x", "y"]'), ("line", "null"), ("note", "null"),
+               ("text", '{"looks": "like JSON"}')]
+TYPED_ARGS = {"city": "San Francisco", "days": 3, "scale": 2.5, "dry_run": False, "opts": {"a": [1, "ü"]},
+              "tags": ["x", "y"], "line": None, "note": None, "text": '{"looks": "like JSON"}'}
+
+Written = Callable[[random.Random], tuple[str, list[dict[str, Any]]]]
+
+
+def fuzz_written_and_damaged(make: MakeParser, written: Written, damage: Sequence[str], seed: int,
+                             rounds: int = 150) -> None:
+    """Fixed-seed fuzz: `written(rnd)` gives the text of calls to "f" as a template writes them
+    and their arguments; prose goes around them, then random `damage`. Undamaged, the calls read
+    back exactly; always, streamed (char by char, and at random cuts) equals one shot."""
+    rnd = random.Random(seed)
+    for _ in range(rounds):
+        parts = [written(rnd) for _ in range(rnd.randint(0, 2))]
+        text = "".join(rnd.choice(["", "Ok.\n", "a <b> c\n"]) + t for t, _ in parts)
+        damaged = rnd.random() < 0.5
+        for _ in range(rnd.randint(1, 2) if damaged else 0):
+            i = rnd.randint(0, len(text))
+            text = text[:i] + rnd.choice(damage) + text[i + rnd.randint(0, 3):]
+        whole = make().parse_complete(text)
+        if not damaged:
+            expected = [("f", args) for _, calls in parts for args in calls]
+            assert expected == [(c.name, json.loads(c.arguments)) for c in whole.tool_calls]
+        for chunks in (list(text), chunks_at(text, [rnd.randint(0, len(text)) for _ in range(8)])):
+            assert stream(make, chunks) == whole, chunks

@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 import pytest
-from parsers_harness import assert_chunking_invariant, chunks_at, maker, stream, summary
+from parsers_harness import assert_chunking_invariant, fuzz_written_and_damaged, maker, stream, summary
 
 from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
 from edgemoe.server.parsers.deepseek_v3 import (
@@ -206,17 +206,4 @@ def written_section(rnd: random.Random) -> tuple[str, list[dict[str, Any]]]:
 
 
 def test_fuzz_written_and_damaged_calls() -> None:
-    rnd = random.Random(3107)
-    for _ in range(150):
-        written = [written_section(rnd) for _ in range(rnd.randint(0, 2))]
-        text = "".join(rnd.choice(["", "Ok.\n", "a <b> c\n"]) + t for t, _ in written)
-        damaged = rnd.random() < 0.5
-        for _ in range(rnd.randint(1, 2) if damaged else 0):
-            i = rnd.randint(0, len(text))
-            text = text[:i] + rnd.choice(DAMAGE) + text[i + rnd.randint(0, 3):]
-        whole = MAKE().parse_complete(text)
-        if not damaged:
-            assert [("f", a) for _, calls in written for a in calls] == [
-                (c.name, json.loads(c.arguments)) for c in whole.tool_calls]
-        for chunks in (list(text), chunks_at(text, [rnd.randint(0, len(text)) for _ in range(8)])):
-            assert stream(MAKE, chunks) == whole, chunks
+    fuzz_written_and_damaged(MAKE, written_section, DAMAGE, seed=3107)

@@ -7,23 +7,14 @@ import random
 from typing import Any
 
 import pytest
-from parsers_harness import assert_chunking_invariant, chunks_at, maker, stream, summary
+from parsers_harness import TYPED_ARGS, TYPED_PAIRS, TYPED_PROPERTIES, fuzz_written_and_damaged
+from parsers_harness import assert_chunking_invariant, maker, stream, summary
 
 from edgemoe.server.parsers import parser_for_chat_template, parser_for_model_type
 from edgemoe.server.parsers.glm45 import call_opening, compact_template, writable_name
 
-PROPERTIES = {
-    "city": {"type": "string"},
-    "days": {"type": "integer"},
-    "scale": {"type": "number"},
-    "dry_run": {"type": "boolean"},
-    "opts": {"type": "object"},
-    "tags": {"type": "array", "items": {"type": "string"}},
-    "line": {"type": ["integer", "null"]},
-    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-    "text": {"type": "string"},
-}
-TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": PROPERTIES}}},
+F_PARAMETERS = {"type": "object", "properties": TYPED_PROPERTIES}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": F_PARAMETERS}},
          {"type": "function", "function": {"name": "list_files", "parameters": {"type": "object"}}}]
 MAKE = maker("glm45", TOOLS)
 
@@ -40,17 +31,12 @@ def call47(name: str, pairs: list[tuple[str, str]]) -> str:
     return f"<tool_call>{name}{body}</tool_call>"
 
 
-TYPED = [("city", "San Francisco"), ("days", "3"), ("scale", "2.5"), ("dry_run", "false"),
-         ("opts", '{"a": [1, "ü"]}'), ("tags", '["x", "y"]'), ("line", "null"), ("note", "null"),
-         ("text", '{"looks": "like JSON"}')]
-TYPED_ARGS = {"city": "San Francisco", "days": 3, "scale": 2.5, "dry_run": False, "opts": {"a": [1, "ü"]},
-              "tags": ["x", "y"], "line": None, "note": None, "text": '{"looks": "like JSON"}'}
 CODE = 'if a < b:\n    s = "</arg_value>"  # </tool_call>\n'
 
 CASES = [
     ("plain", "Just text.\n", ("Just text.\n", "", [])),
-    ("4.5 typed", "Sure.\n" + call45("f", TYPED), ("Sure.", "", [("f", TYPED_ARGS)])),
-    ("4.7 typed", "Sure." + call47("f", TYPED), ("Sure.", "", [("f", TYPED_ARGS)])),
+    ("4.5 typed", "Sure.\n" + call45("f", TYPED_PAIRS), ("Sure.", "", [("f", TYPED_ARGS)])),
+    ("4.7 typed", "Sure." + call47("f", TYPED_PAIRS), ("Sure.", "", [("f", TYPED_ARGS)])),
     ("string keeps its text", call45("f", [("city", "  007\n"), ("text", "null"), ("note", "true")]),
      ("", "", [("f", {"city": "  007\n", "text": "null", "note": "true"})])),
     ("type mismatch falls back", call45("f", [("days", "three"), ("dry_run", "maybe"), ("opts", "[1]"),
@@ -184,23 +170,11 @@ SAMPLES: dict[str, list[Any]] = {
 DAMAGE = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_value>", "<arg_value>", "\n", " ", "x", "<"]
 
 
-def written_call(rnd: random.Random) -> tuple[str, dict[str, Any]]:
+def written_call(rnd: random.Random) -> tuple[str, list[dict[str, Any]]]:
     args = {k: rnd.choice(SAMPLES[k]) for k in rnd.sample(sorted(SAMPLES), rnd.randint(0, 3))}
     pairs = [(k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in args.items()]
-    return rnd.choice([call45, call47])("f", pairs), args
+    return rnd.choice([call45, call47])("f", pairs), [args]
 
 
 def test_fuzz_written_and_damaged_calls() -> None:
-    rnd = random.Random(4507)
-    for _ in range(150):
-        written = [written_call(rnd) for _ in range(rnd.randint(0, 2))]
-        text = "".join(rnd.choice(["", "Ok.\n", "a <b> c\n"]) + t for t, _ in written)
-        damaged = rnd.random() < 0.5
-        for _ in range(rnd.randint(1, 2) if damaged else 0):
-            i = rnd.randint(0, len(text))
-            text = text[:i] + rnd.choice(DAMAGE) + text[i + rnd.randint(0, 3):]
-        whole = MAKE().parse_complete(text)
-        if not damaged:
-            assert [("f", a) for _, a in written] == [(c.name, json.loads(c.arguments)) for c in whole.tool_calls]
-        for chunks in (list(text), chunks_at(text, [rnd.randint(0, len(text)) for _ in range(8)])):
-            assert stream(MAKE, chunks) == whole, chunks
+    fuzz_written_and_damaged(MAKE, written_call, DAMAGE, seed=4507)

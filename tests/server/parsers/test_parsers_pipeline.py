@@ -24,7 +24,7 @@ from edgemoe.server.parsers.base import ToolParser
 
 
 def test_registry_names_resolve_to_tool_parsers() -> None:
-    assert set(TOOL_PARSERS) == {"hermes", "qwen3_coder", "glm45", "harmony", "deepseek_v3"}
+    assert set(TOOL_PARSERS) == {"hermes", "qwen3_coder", "glm45", "harmony", "deepseek_v3", "minimax_m2"}
     for name in TOOL_PARSERS:
         assert issubclass(get_tool_parser(name), ToolParser)
     with pytest.raises(ValueError, match="hermes"):
@@ -35,7 +35,7 @@ def test_registry_names_resolve_to_tool_parsers() -> None:
     ("model_type", "name"),
     [("qwen3_moe", "hermes"), ("olmoe", "hermes"), ("mixtral", "hermes"), ("qwen2_moe", "hermes"),
      ("qwen3_5_moe", "qwen3_coder"), ("qwen3_next", "qwen3_coder"), ("qwen4_exp", "qwen3_coder"),
-     ("glm4_moe", "glm45"), ("gpt_oss", "harmony"), ("deepseek_v3", "deepseek_v3")],
+     ("glm4_moe", "glm45"), ("gpt_oss", "harmony"), ("deepseek_v3", "deepseek_v3"), ("minimax_m2", "minimax_m2")],
 )
 def test_family_defaults(model_type: str, name: str) -> None:
     assert parser_for_model_type(model_type) == name

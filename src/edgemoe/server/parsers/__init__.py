@@ -20,6 +20,7 @@ from edgemoe.server.parsers.base import (
 )
 from edgemoe.server.parsers.reasoning import (
     ThinkReasoningParser,
+    close_open_reasoning,
     prompt_opens_reasoning,
 )
 
@@ -30,11 +31,18 @@ TOOL_PARSERS: dict[str, str] = {
     "glm45": "edgemoe.server.parsers.glm45:Glm45ToolParser",
     "harmony": "edgemoe.server.parsers.harmony:HarmonyToolParser",
     "deepseek_v3": "edgemoe.server.parsers.deepseek_v3:DeepSeekV3ToolParser",
+    "minimax_m2": "edgemoe.server.parsers.minimax_m2:MiniMaxM2ToolParser",
 }
 
 # Formats whose special tokens frame every message, reasoning included: their tool parser
 # reads the whole output, tools or not, with those tokens kept in the text (generation.py).
 WHOLE_OUTPUT_FORMATS = frozenset({"harmony"})
+
+# Formats whose markers a tokenizer flags (or may flag) special: the detokenizer keeps special
+# tokens in the text these parsers read (generation.py). Harmony's channel markers are
+# special; MiniMax-M2's `<minimax:tool_call>` / `<think>` are added tokens of its own
+# tokenizer, which the parser must see whatever their flag.
+KEEPS_SPECIAL_TOKENS = frozenset({"harmony", "minimax_m2"})
 
 # HF model_type → its family's default tool-call format.
 _MODEL_TYPE_PARSER: dict[str, str] = {
@@ -52,6 +60,7 @@ _MODEL_TYPE_PARSER: dict[str, str] = {
     "glm4_moe_lite": "glm45",
     "gpt_oss": "harmony",
     "deepseek_v3": "deepseek_v3",
+    "minimax_m2": "minimax_m2",
 }
 
 
@@ -83,6 +92,8 @@ def parser_for_chat_template(template: str) -> str | None:
         return "harmony"  # gpt-oss: markers no other format uses, so checked first
     if "<｜tool▁calls▁begin｜>" in template:
         return "deepseek_v3"  # DeepSeek's markers (fullwidth bars) are no other format's either
+    if "<minimax:tool_call>" in template:
+        return "minimax_m2"  # MiniMax-M2's block; its `<parameter name=` is not Qwen3-Coder's `<parameter=`
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
     if "<arg_key>" in template and "<arg_value>" in template:
@@ -107,6 +118,7 @@ def pick_tool_format(explicit: str | None, template_source: str, model_type: str
 
 
 __all__ = [
+    "KEEPS_SPECIAL_TOKENS",
     "TOOL_PARSERS",
     "WHOLE_OUTPUT_FORMATS",
     "ParsedDelta",
@@ -118,6 +130,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolParser",
     "accumulate",
+    "close_open_reasoning",
     "pick_tool_format",
     "get_tool_parser",
     "parser_for_chat_template",

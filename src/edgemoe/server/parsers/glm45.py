@@ -30,13 +30,12 @@ import re
 
 from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
 from edgemoe.server.parsers.hermes import MAX_NAME
-from edgemoe.server.parsers.keyed_values import KeyedValuesParser, Phase
+from edgemoe.server.parsers.keyed_values import MAX_KEY, KeyedValuesParser, expect_any, followed_by
 
 KEY_OPEN = "<arg_key>"
 KEY_CLOSE = "</arg_key>"
 VALUE_OPEN = "<arg_value>"
 VALUE_CLOSE = "</arg_value>"
-MAX_KEY = 1024  # longer is no parameter's name; bounds the rescans of an unclosed key
 
 # A name is one run of these: prose ("<tool_call> tags are…") and other formats' JSON
 # (`<tool_call>{"name": …}`) never read as a call.
@@ -60,15 +59,6 @@ def call_opening(name: str | None, compact: bool) -> str:
     return f"{lead}<tool_call>" if name is None else f"{lead}<tool_call>{name}{tail}"
 
 
-def _expect_any(buf: str, pos: int, tags: tuple[str, ...]) -> int | Scan:
-    """Position after the first of `tags` at `pos`; NEED if one may still start there."""
-    results = [expect(buf, pos, tag) for tag in tags]
-    hit = next((r for r in results if isinstance(r, int)), None)
-    if hit is not None:
-        return hit
-    return Scan.NEED if Scan.NEED in results else Scan.FAIL
-
-
 def parse_name(buf: str, pos: int) -> tuple[str, int] | Scan:
     """``NAME`` after ``<tool_call>``, certain once ``<arg_key>`` or ``</tool_call>``
     follows: the name and where that tag starts."""
@@ -81,7 +71,7 @@ def parse_name(buf: str, pos: int) -> tuple[str, int] | Scan:
     if end == p:
         return Scan.FAIL  # a tag, quote or bracket where the name should be
     q = skip_ws(buf, end)
-    after = _expect_any(buf, q, (KEY_OPEN, TaggedToolParser.CLOSE))
+    after = expect_any(buf, q, (KEY_OPEN, TaggedToolParser.CLOSE))
     return (buf[p:end], q) if isinstance(after, int) else after
 
 
@@ -105,8 +95,7 @@ def parse_pair_head(buf: str, pos: int) -> tuple[str, int] | Scan:
 
 def value_closes(buf: str, pos: int) -> bool | Scan:
     """Is the ``</arg_value>`` ending at ``pos`` the real end of its value?"""
-    r = _expect_any(buf, skip_ws(buf, pos), (KEY_OPEN, TaggedToolParser.CLOSE))
-    return Scan.NEED if r is Scan.NEED else isinstance(r, int)
+    return followed_by(buf, pos, (KEY_OPEN, TaggedToolParser.CLOSE))
 
 
 class Glm45ToolParser(KeyedValuesParser):
@@ -118,23 +107,8 @@ class Glm45ToolParser(KeyedValuesParser):
     def _header(self) -> tuple[str, int] | Scan:
         return parse_name(self.buf, self.pos)
 
-    def _step_body(self, final: bool) -> bool:
-        buf = self.buf
-        p = skip_ws(buf, self.pos)
-        head = parse_pair_head(buf, p)
-        if isinstance(head, tuple):
-            self._key, self._pair_start = head[0], p
-            self.pos = self._value_start = self._scan_from = head[1]
-            self._phase = Phase.VALUE
-            return True
-        close = expect(buf, p, self.CLOSE)
-        if isinstance(close, int):
-            self._end_call(close, lstrip=True)
-            return True
-        if Scan.NEED in (head, close) and not final:
-            return False
-        if p == len(buf) or (close is Scan.NEED and head is Scan.FAIL):
-            self._end_call(len(buf), lstrip=True)  # the stop cut the closing tag
-        else:
-            self._end_call(p, lstrip=False)  # not the format (or a pair cut off): the rest is text
-        return True
+    def _pair_head(self, pos: int) -> tuple[str, int] | Scan:
+        return parse_pair_head(self.buf, pos)
+
+    def _body_close(self, pos: int) -> int | Scan:
+        return expect(self.buf, pos, self.CLOSE)

@@ -1,15 +1,49 @@
 """What the formats whose calls are key / raw-value pairs share (qwen3_coder's
-`<parameter=KEY>VALUE</parameter>`, glm45's `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>`):
-each value typed by the called tool's schema, and the search for the closing tag that
-really ends a value (a value may hold the tag itself)."""
+`<parameter=KEY>VALUE</parameter>`, glm45's `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>`,
+minimax_m2's `<parameter name="KEY">VALUE</parameter>`): each value typed by the called
+tool's schema, the step between pairs, and the search for the closing tag that really
+ends a value (a value may hold the tag itself)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from enum import Enum
 
-from edgemoe.server.parsers.base import IdFactory, Scan, TaggedToolParser, ToolSpec
+from edgemoe.server.parsers.base import IdFactory, Scan, TaggedToolParser, ToolSpec, expect, skip_ws
 from edgemoe.tool_values import SchemaResolver, convert_typed, tool_schemas
+
+
+MAX_KEY = 1024  # longer is no parameter's name; bounds the rescans of an unclosed key
+
+
+def expect_any(buf: str, pos: int, tags: tuple[str, ...]) -> int | Scan:
+    """Position after the first of `tags` at `pos`; NEED if one may still start there."""
+    results = [expect(buf, pos, tag) for tag in tags]
+    hit = next((r for r in results if isinstance(r, int)), None)
+    if hit is not None:
+        return hit
+    return Scan.NEED if Scan.NEED in results else Scan.FAIL
+
+
+def followed_by(buf: str, pos: int, tags: tuple[str, ...]) -> bool | Scan:
+    """Whether one of `tags` follows `pos` after optional whitespace (NEED: one may still)."""
+    r = expect_any(buf, skip_ws(buf, pos), tags)
+    return Scan.NEED if r is Scan.NEED else isinstance(r, int)
+
+
+def value_ends(buf: str, pos: int, pair_open: str, call_close: str,
+               call_closes: Callable[[str, int], bool | Scan]) -> bool | Scan:
+    """Is the value's closing tag ending at `pos` the real end of its value? It is when the
+    next pair's `pair_open` follows (after whitespace), or `call_close` that `call_closes`
+    (given the buffer and the end of `call_close`) says really closes the call."""
+    p = skip_ws(buf, pos)
+    nxt = expect(buf, p, pair_open)
+    if isinstance(nxt, int):
+        return True
+    end = expect(buf, p, call_close)
+    if isinstance(end, int):
+        return call_closes(buf, end)
+    return Scan.NEED if Scan.NEED in (nxt, end) else False
 
 
 class Phase(Enum):
@@ -20,10 +54,10 @@ class Phase(Enum):
 
 class KeyedValuesParser(TaggedToolParser):
     """A `TaggedToolParser` whose calls go HEADER → (BODY ↔ VALUE): the subclass gives
-    `_header` (the name and where the body starts), `_step_body` (which opens a pair:
-    `_key`, `_pair_start`, `_value_start`), `VALUE_TAG` and `_value_closes`;
-    `self._scan_from` (set by the subclass where a value begins): no real closing tag
-    starts before it."""
+    `_header` (the name and where the body starts), `_pair_head` (a pair's key and where
+    its value starts), `_body_close` (where the call's closing tags end), `VALUE_TAG` and
+    `_value_closes`; `_leave_body` says what a closed body leaves (the call, by default).
+    `self._scan_from`: no real closing tag of the value starts before it."""
 
     def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
         super().__init__(tools, id_factory)
@@ -43,8 +77,38 @@ class KeyedValuesParser(TaggedToolParser):
         """The call's name and where its body starts; NEED / FAIL as `Scan` says."""
         raise NotImplementedError
 
-    def _step_body(self, final: bool) -> bool:
+    def _pair_head(self, pos: int) -> tuple[str, int] | Scan:
+        """The key of the pair opening at `pos` and where its value starts; NEED / FAIL."""
         raise NotImplementedError
+
+    def _body_close(self, pos: int) -> int | Scan:
+        """Where the closing tags of the body at `pos` end; NEED / FAIL as `Scan` says."""
+        raise NotImplementedError
+
+    def _leave_body(self, end: int) -> None:
+        """The body closed with tags ending at `end`: by default the call ends there."""
+        self._end_call(end, lstrip=True)
+
+    def _step_body(self, final: bool) -> bool:
+        buf = self.buf
+        p = skip_ws(buf, self.pos)
+        head = self._pair_head(p)
+        if isinstance(head, tuple):
+            self._key, self._pair_start = head[0], p
+            self.pos = self._value_start = self._scan_from = head[1]
+            self._phase = Phase.VALUE
+            return True
+        close = self._body_close(p)
+        if isinstance(close, int):
+            self._leave_body(close)
+            return True
+        if Scan.NEED in (head, close) and not final:
+            return False
+        if p == len(buf) or (close is Scan.NEED and head is Scan.FAIL):
+            self._end_call(len(buf), lstrip=True)  # the stop cut the closing tags
+        else:
+            self._end_call(p, lstrip=False)  # not the format (or a pair cut off): the rest is text
+        return True
 
     VALUE_TAG = ""  # the tag that ends a value (a format may hold it inside one too)
 

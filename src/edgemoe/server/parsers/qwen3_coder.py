@@ -28,7 +28,7 @@ completed parameters and the rest of the raw text is content.
 from __future__ import annotations
 
 from edgemoe.server.parsers.base import Scan, TaggedToolParser, expect, skip_ws
-from edgemoe.server.parsers.keyed_values import KeyedValuesParser, Phase
+from edgemoe.server.parsers.keyed_values import KeyedValuesParser, followed_by, value_ends
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
@@ -50,20 +50,12 @@ def parse_tag_name(buf: str, pos: int) -> tuple[str, int] | Scan:
 
 def function_closes(buf: str, pos: int) -> bool | Scan:
     """Is the ``</function>`` ending at ``pos`` followed by ``</tool_call>``?"""
-    r = expect(buf, skip_ws(buf, pos), TaggedToolParser.CLOSE)
-    return Scan.NEED if r is Scan.NEED else isinstance(r, int)
+    return followed_by(buf, pos, (TaggedToolParser.CLOSE,))
 
 
 def parameter_closes(buf: str, pos: int) -> bool | Scan:
     """Is the ``</parameter>`` ending at ``pos`` the real end of its value?"""
-    p = skip_ws(buf, pos)
-    nxt = expect(buf, p, PARAM_OPEN)
-    if isinstance(nxt, int):
-        return True
-    end = expect(buf, p, FUNCTION_CLOSE)
-    if isinstance(end, int):
-        return function_closes(buf, end)
-    return Scan.NEED if Scan.NEED in (nxt, end) else False
+    return value_ends(buf, pos, PARAM_OPEN, FUNCTION_CLOSE, function_closes)
 
 
 def strip_value(raw: str) -> str:
@@ -88,35 +80,15 @@ class Qwen3CoderToolParser(KeyedValuesParser):
         r = expect(self.buf, skip_ws(self.buf, self.pos), FUNCTION_OPEN)
         return parse_tag_name(self.buf, r) if isinstance(r, int) else r
 
-    def _step_body(self, final: bool) -> bool:
-        buf = self.buf
-        p = skip_ws(buf, self.pos)
-        param = expect(buf, p, PARAM_OPEN)
-        if isinstance(param, int):
-            return self._open_param(p, param, final)
-        end = expect(buf, p, FUNCTION_CLOSE)
-        closes = function_closes(buf, end) if isinstance(end, int) else end
-        if closes is True:
-            tag_end = expect(buf, skip_ws(buf, end), self.CLOSE)  # type: ignore[arg-type]
-            assert isinstance(tag_end, int)
-            self._end_call(tag_end, lstrip=True)
-            return True
-        if Scan.NEED in (closes, param) and not final:
-            return False
-        if p == len(buf) or (closes is Scan.NEED and param is Scan.FAIL):
-            self._end_call(len(buf), lstrip=True)  # the stop cut the closing tags
-        else:
-            self._end_call(p, lstrip=False)  # not the format: the rest is text
-        return True
+    def _pair_head(self, pos: int) -> tuple[str, int] | Scan:
+        r = expect(self.buf, pos, PARAM_OPEN)
+        return parse_tag_name(self.buf, r) if isinstance(r, int) else r
 
-    def _open_param(self, start: int, name_pos: int, final: bool) -> bool:
-        named = parse_tag_name(self.buf, name_pos)
-        if isinstance(named, tuple):
-            self._key, self._pair_start = named[0], start
-            self.pos = self._value_start = self._scan_from = named[1]
-            self._phase = Phase.VALUE
-            return True
-        if named is Scan.NEED and not final:
-            return False
-        self._end_call(start, lstrip=False)
-        return True
+    def _body_close(self, pos: int) -> int | Scan:
+        end = expect(self.buf, pos, FUNCTION_CLOSE)
+        if not isinstance(end, int):
+            return end
+        closes = function_closes(self.buf, end)  # a </function> closes only before </tool_call>
+        if closes is True:
+            return expect(self.buf, skip_ws(self.buf, end), self.CLOSE)
+        return Scan.NEED if closes is Scan.NEED else Scan.FAIL

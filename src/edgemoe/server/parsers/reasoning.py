@@ -41,6 +41,13 @@ def prompt_opens_reasoning(prompt: str) -> bool:
     return prompt.rstrip().endswith(THINK_OPEN)
 
 
+def close_open_reasoning(prompt: str) -> str:
+    """What closes the ``<think>`` block a rendered prompt left open ('' if none): a
+    template that ignores ``enable_thinking`` (MiniMax-M2's) still opens one, and a forced
+    call must not start inside reasoning. Closed as Qwen's templates close an empty one."""
+    return THINK_CLOSE + "\n\n" if prompt_opens_reasoning(prompt) else ""
+
+
 class _Phase(Enum):
     START = "start"  # a <think> may still open the output
     REASONING = "reasoning"
