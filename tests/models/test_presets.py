@@ -43,7 +43,7 @@ def test_dir_names_are_readable_or_a_digest() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("random:nope", r"unknown preset 'nope'; known: deepseek-v2-lite, glm-4.5-air, glm-4.7-flash, gpt-oss-120b, gpt-oss-20b, minimax-m2, qwen3-30b-a3b, qwen3-coder-30b-a3b, qwen3.5-35b-a3b, qwen3.8-flash-next, tiny-deepseek-v2-lite, tiny-glm-4.7-flash, tiny-glm4-moe, tiny-gpt-oss, tiny-minimax-m2, tiny-qwen3-moe, tiny-qwen3.5-moe, tiny-qwen3.8-flash-next"),
+    ("random:nope", r"unknown preset 'nope'; known: deepseek-v2-lite, ernie-4.5-21b-a3b, glm-4.5-air, glm-4.7-flash, gpt-oss-120b, gpt-oss-20b, minimax-m2, qwen3-30b-a3b, qwen3-coder-30b-a3b, qwen3.5-35b-a3b, qwen3.8-flash-next, tiny-deepseek-v2-lite, tiny-ernie-4.5, tiny-glm-4.7-flash, tiny-glm4-moe, tiny-gpt-oss, tiny-minimax-m2, tiny-qwen3-moe, tiny-qwen3.5-moe, tiny-qwen3.8-flash-next"),
     ("random:tiny-qwen3-moe?num_layers=2", r"unknown field 'num_layers' for preset 'tiny-qwen3-moe'; known: .*num_hidden_layers"),
     ("random:tiny-qwen3-moe?num_hidden_layers=0", r"num_hidden_layers must be >= 1 \(got 0\)"),
     ("random:tiny-qwen3-moe?num_hidden_layers=1.5", r"num_hidden_layers=1.5 must be int"),
@@ -53,6 +53,8 @@ def test_dir_names_are_readable_or_a_digest() -> None:
     ("random:tiny-qwen3-moe?seed=1,seed=2", r"'seed' given twice"),
     ("random:tiny-qwen3-moe?hidden_size", r"'hidden_size' is not key=value"),
     ("random:tiny-qwen3-moe?num_experts=1", r"num_experts_per_tok 2 > num_experts 1"),
+    ("random:tiny-ernie-4.5?moe_num_experts=1", r"num_experts_per_tok 2 > num_experts 1"),  # ERNIE's spellings
+    ("random:tiny-ernie-4.5?moe_k=0", r"moe_k must be >= 1 \(got 0\)"),
     ("random:tiny-qwen3-moe?num_key_value_heads=3", r"num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
 ])
 def test_bad_specs_say_what_is_wrong(text: str, message: str) -> None:

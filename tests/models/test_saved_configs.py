@@ -134,6 +134,10 @@ CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, n
     "deepseek_v2": lambda: transformers.DeepseekV2Config(**MLA_SMALL, n_routed_experts=8, num_experts_per_tok=2,
                                                          topk_method="group_limited_greedy", n_group=2, topk_group=1,
                                                          first_k_dense_replace=1, routed_scaling_factor=2.0),
+    # Aliased counts (moe_num_experts / moe_k), a tied head by default, MoE on every second layer from
+    # the start index to an end index that the class saves as the last layer (its default, -1).
+    "ernie4_5_moe": lambda: transformers.Ernie4_5_MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
+                                                            moe_num_experts=4, moe_k=2, moe_layer_interval=2),
 }
 
 

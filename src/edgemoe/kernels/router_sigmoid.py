@@ -20,6 +20,12 @@ same fp32 logits, weights and scale, but s = softmax(x · Wᵀ), no selection bi
 a group ranked by its best score (a group of one is fine). transformers zeroes the
 discarded groups' scores where we put -inf: the same choice while the kept groups hold
 top_k experts (`check`) of scores > 0.
+
+The softmax mode with a selection bias (ERNIE-4.5's `Ernie4_5_MoeTopKRouter`): c = s + b,
+one group, the chosen plain softmax scores renormalised by max(Σ, `norm_min`) (transformers'
+clamp at `moe_norm_min`). NOTE: the renormalisation divides by max(Σ, norm_min) + 1e-20
+in every mode; with norm_min = 0 that is GLM's Σ + 1e-20, and with ERNIE's 1e-12 the 1e-20
+is under half an ulp of anything >= 1e-12 in fp32, so the division is transformers' bit for bit.
 """
 
 from __future__ import annotations
@@ -37,12 +43,16 @@ FIXED_ROWS = MAX_TOKENS  # decode batches' logits from one GEMM shape on a GPU (
 @dataclass(frozen=True)
 class GroupedSigmoid:
     """The routing settings a config names: `n_group`, `topk_group`, `routed_scaling_factor`;
-    `softmax`: DeepSeek-V2's scores (softmax, no selection bias, a group ranked by its best)."""
+    `softmax`: softmax scores (a group ranked by its best); `selection_bias`: the router has an
+    `e_score_correction_bias` (GLM, DeepSeek-V3, MiniMax, ERNIE; not DeepSeek-V2); `norm_min`:
+    the renormalisation's least divisor (ERNIE's `moe_norm_min`; 0: none)."""
 
     n_group: int = 1
     topk_group: int = 1
     scale: float = 1.0
     softmax: bool = False
+    selection_bias: bool = True
+    norm_min: float = 0.0
 
     def check(self, experts: int, top_k: int) -> str | None:
         """Why this routing can't pick `top_k` of `experts` (None: it can). transformers
@@ -92,7 +102,7 @@ def route_grouped_sigmoid(
         from edgemoe.kernels.triton_ops.router_sigmoid import sigmoid_route_triton
 
         return sigmoid_route_triton(logits, router.bias, top_k, renormalize, spec.n_group, spec.topk_group,
-                                    spec.scale, shared_id, softmax=spec.softmax)
+                                    spec.scale, shared_id, softmax=spec.softmax, norm_min=spec.norm_min)
     return with_shared(*route_scores_ref(logits, router, top_k, renormalize), shared_id)
 
 
@@ -128,8 +138,8 @@ def route_scores_ref(
         choice = _kept_groups(choice, spec, T, E)
     ids = torch.topk(choice, top_k, dim=-1).indices
     weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if renormalize:  # the module docstring's NOTE: transformers' clamp (ERNIE) or + 1e-20 (GLM), both exact
+        weights = weights / (weights.sum(dim=-1, keepdim=True).clamp(min=spec.norm_min) + 1e-20)
     return ids.to(torch.int32), weights * spec.scale
 
 

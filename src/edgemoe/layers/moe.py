@@ -46,7 +46,9 @@ class SparseMoE:
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
         self.workspace = fused_router_workspace(router, top_k) if sigmoid is None else None
-        if sigmoid is not None:  # a softmax ranks as its logits do: prefetch predicts by them
+        # A softmax ranks as its logits do: prefetch predicts by them (NOTE: without ERNIE's selection
+        # bias, which the logits' scale does not take: a prediction, speed only).
+        if sigmoid is not None:
             softmax = sigmoid.spec.softmax
             executor.register_router(layer, router, None if softmax else sigmoid.bias, sigmoid=not softmax)
         else:

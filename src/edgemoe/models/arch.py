@@ -118,7 +118,8 @@ class DecoderArch:
     intermediate_size: int  # dense MLP layers
     dtype: torch.dtype
     attention_bias: bool = False  # biased q/k/v projections (GLM-4.5)
-    # GLM-4.5's router (fp32 weight and bias; DeepSeek-V2's softmax mode: no bias); None: softmax
+    # GLM-4.5's router (fp32 weight and bias; its softmax mode: DeepSeek-V2's without a bias, ERNIE's
+    # with); None: softmax
     sigmoid_routing: GroupedSigmoid | None = None
     shared_intermediate_size: int = 0  # an ungated shared expert in each MoE layer (GLM-4.5); 0: none
 
@@ -187,7 +188,7 @@ class DecoderArch:
                 shapes[p + "q_norm"], shapes[p + "k_norm"] = (self.num_heads * D,), (self.num_kv_heads * D,)
             if i in self.moe_layers:
                 shapes[p + "router"] = (self.num_experts, H)
-                if self.sigmoid_routing is not None and not self.sigmoid_routing.softmax:
+                if self.sigmoid_routing is not None and self.sigmoid_routing.selection_bias:
                     shapes[p + "router_bias"] = (self.num_experts,)
                 if self.shared_intermediate_size and not self.shared_in_store:
                     shapes[p + "shared_gate_up"] = (2 * self.shared_intermediate_size, H)
@@ -203,7 +204,7 @@ class DecoderArch:
         bias only chooses, and its fine differences decide between near-equal scores."""
         if self.sigmoid_routing is None:
             return {}
-        names = ("router",) if self.sigmoid_routing.softmax else ("router", "router_bias")  # DeepSeek-V2: no bias
+        names = ("router", "router_bias") if self.sigmoid_routing.selection_bias else ("router",)  # DeepSeek-V2: none
         return {f"layers.{i}.{n}": torch.float32 for i in self.moe_layers for n in names}
 
 

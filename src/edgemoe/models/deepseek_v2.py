@@ -97,8 +97,8 @@ def routing(c: HFConfig) -> GroupedSigmoid:
                           "deepseek_v3's)")
     scale = float(c.number("routed_scaling_factor", 1.0))
     if method == "greedy":  # n_group / topk_group are not read (V2-Lite sets both 1)
-        return GroupedSigmoid(1, 1, scale, softmax=True)
-    return GroupedSigmoid(c.integer("n_group"), c.integer("topk_group"), scale, softmax=True)
+        return GroupedSigmoid(1, 1, scale, softmax=True, selection_bias=False)
+    return GroupedSigmoid(c.integer("n_group"), c.integer("topk_group"), scale, softmax=True, selection_bias=False)
 
 
 def _warn_unread(c: HFConfig) -> None:

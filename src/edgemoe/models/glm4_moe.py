@@ -107,7 +107,7 @@ def mlp_names(a: DecoderArch, i: int) -> NameMap:
     if i not in a.moe_layers:
         return dense_mlp_names(a, i, mlp)
     m = {mlp + "gate.weight": Placement(our + "router")}
-    if a.sigmoid_routing is not None and not a.sigmoid_routing.softmax:  # DeepSeek-V2's softmax router has none
+    if a.sigmoid_routing is not None and a.sigmoid_routing.selection_bias:  # DeepSeek-V2's softmax router has none
         m[mlp + "gate.e_score_correction_bias"] = Placement(our + "router_bias")
     m |= expert_names(a, i, mlp + "experts.{e}.{w}.weight", "gate_proj", "up_proj", "down_proj")
     if a.shared_intermediate_size:

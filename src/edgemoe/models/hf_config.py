@@ -63,6 +63,9 @@ SCHEMAS: dict[str, ConfigSchema] = {
     ),
     # Its legacy `rotary_dim` (the factor's other spelling) is read by models/minimax_m2.py.
     "minimax_m2": ConfigSchema({"num_experts": "num_local_experts"}, default_theta=5000000.0),
+    # Its default rope ignores partial_rotary_factor; its interleaved rotary fails on a partial scaled one.
+    "ernie4_5_moe": ConfigSchema({"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"},
+                                 default_theta=500000.0, **_FULL_HEAD),
 }
 
 _MISSING = object()

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from edgemoe.models.arch import DecoderArch
 
-Index = tuple[int | slice, ...]
+Index = tuple[int | slice | None, ...]  # None: a new axis of one (a [1, E] tensor into our [E])
 
 
 @dataclass(frozen=True)

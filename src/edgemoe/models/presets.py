@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from edgemoe.models.presets_ernie import ERNIE_4_5_21B_A3B, TINY_ERNIE_4_5
 from edgemoe.models.presets_glm import GLM_4_5_AIR, TINY_GLM4_MOE
 from edgemoe.models.presets_minimax import MINIMAX_M2, TINY_MINIMAX_M2
 from edgemoe.models.presets_mla import DEEPSEEK_V2_LITE, GLM_4_7_FLASH, TINY_DEEPSEEK_V2_LITE, TINY_GLM_4_7_FLASH
@@ -241,6 +242,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-gpt-oss": TINY_GPT_OSS,
     "minimax-m2": MINIMAX_M2,
     "tiny-minimax-m2": TINY_MINIMAX_M2,
+    "ernie-4.5-21b-a3b": ERNIE_4_5_21B_A3B,
+    "tiny-ernie-4.5": TINY_ERNIE_4_5,
 }
 
 # Integer fields that are sizes or counts: an override must be >= 1.
@@ -250,6 +253,7 @@ POSITIVE_FIELDS = frozenset({
     "max_position_embeddings", "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads",
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "shared_expert_intermediate_size",
     "full_attention_interval", "n_routed_experts", "n_group", "topk_group", "num_local_experts",
+    "moe_num_experts", "moe_k", "moe_layer_interval",
 })
 _SAFE_QUERY = re.compile(r"[A-Za-z0-9_.,=+\-\[\]]+")
 
@@ -379,9 +383,11 @@ def _check_seed(text: str, raw: str) -> int:
 
 
 def _check_shape(text: str, c: dict[str, Any]) -> None:
-    experts = c.get("num_experts", c.get("n_routed_experts", c.get("num_local_experts")))  # GLM's, gpt-oss's names
-    if c["num_experts_per_tok"] > experts:
-        raise ValueError(f"model (--model) {text!r}: num_experts_per_tok {c['num_experts_per_tok']} > num_experts {experts}")
+    # GLM's, gpt-oss's, ERNIE's names
+    experts = next(c[k] for k in ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts") if k in c)
+    top_k = c.get("num_experts_per_tok", c.get("moe_k"))
+    if top_k > experts:
+        raise ValueError(f"model (--model) {text!r}: num_experts_per_tok {top_k} > num_experts {experts}")
     if c["num_attention_heads"] % c["num_key_value_heads"]:
         raise ValueError(
             f"model (--model) {text!r}: num_attention_heads {c['num_attention_heads']} is not a multiple "

@@ -25,6 +25,7 @@ MODEL_MODULES: dict[str, str] = {
     "deepseek_v3": "edgemoe.models.mla",
     "glm4_moe_lite": "edgemoe.models.mla",
     "minimax_m2": "edgemoe.models.minimax_m2",
+    "ernie4_5_moe": "edgemoe.models.ernie4_5_moe",
 }
 
 

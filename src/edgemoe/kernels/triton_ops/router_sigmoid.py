@@ -9,10 +9,12 @@ ms a step). Its fp32 sigmoid and sums may differ from torch's in the last bit, s
 near-tie may resolve differently than on the torch path (a token's choice never depends
 on its batch: one program, fixed order).
 
-`SOFTMAX` (DeepSeek-V2): the scores are the row's softmax (its max, then exp(l - max) over
-their sum: torch's order of operations), there is no bias (`HAS_BIAS` off), and a group
-ranks by its best score. The group filter recomputes each score elementwise from the same
-row max and sum, so its scores are bitwise the top-k's.
+`SOFTMAX` (DeepSeek-V2, ERNIE-4.5): the scores are the row's softmax (its max, then
+exp(l - max) over their sum: torch's order of operations), and a group ranks by its best
+score. The group filter recomputes each score elementwise from the same row max and sum, so
+its scores are bitwise the top-k's. `HAS_BIAS` adds a selection bias in either mode (off for
+DeepSeek-V2, on for ERNIE); the renormalisation divides by max(Σ, `norm_min`) + 1e-20
+(ERNIE's clamp at `moe_norm_min`; 0 elsewhere).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _kept_experts(logits_ptr, bias_ptr, e, ok, E, GS, row_max, row_sum, G: tl.co
 
 
 @triton.jit
-def _sigmoid_route(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, GS, stride_l, stride_o, route_scale, shared,
+def _sigmoid_route(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, GS, stride_l, stride_o, route_scale, norm_min, shared,
                    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, G: tl.constexpr,
                    G_PAD: tl.constexpr, GS_PAD: tl.constexpr, TOPK_G: tl.constexpr, RENORM: tl.constexpr,
                    SHARED: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -96,7 +98,7 @@ def _sigmoid_route(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, GS, stride_l, stride
         ws = tl.where(kk == k, tl.sum(tl.where(e == pick, s, 0.0), axis=0), ws)
         choice = tl.where(e == pick, _NEG, choice)
     if RENORM:
-        ws = ws / (tl.sum(ws, axis=0) + 1e-20)
+        ws = ws / (tl.maximum(tl.sum(ws, axis=0), norm_min) + 1e-20)
     ws = ws * route_scale
     if SHARED:
         ids = tl.where(kk == K, shared, ids)
@@ -108,9 +110,10 @@ def _sigmoid_route(logits_ptr, bias_ptr, ids_ptr, w_ptr, E, GS, stride_l, stride
 
 def sigmoid_route_triton(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, renormalize: bool, n_group: int,
                          topk_group: int, scale: float, shared_id: int | None,
-                         softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         softmax: bool = False, norm_min: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] fp32 → (ids [T, K(+1)] int32, weights [T, K(+1)] fp32); `bias` None: no
-    selection bias; `softmax`: DeepSeek-V2's scores and group ranking."""
+    selection bias; `softmax`: softmax scores and group ranking; `norm_min`: the renormalisation's
+    least divisor."""
     T, E = logits.shape
     logits = logits.contiguous()
     bias = None if bias is None else bias.float().contiguous()
@@ -122,7 +125,7 @@ def sigmoid_route_triton(logits: torch.Tensor, bias: torch.Tensor | None, top_k:
     GS = E // n_group
     _sigmoid_route[(T,)](
         logits, logits if bias is None else bias, ids, weights, E, GS, logits.stride(0), width, float(scale),
-        -1 if shared_id is None else shared_id,
+        float(norm_min), -1 if shared_id is None else shared_id,
         K=top_k, K_PAD=triton.next_power_of_2(width), E_PAD=triton.next_power_of_2(E), G=n_group,
         G_PAD=triton.next_power_of_2(n_group), GS_PAD=triton.next_power_of_2(GS), TOPK_G=topk_group,
         RENORM=renormalize, SHARED=int(shared_id is not None), SOFTMAX=softmax, HAS_BIAS=bias is not None,
