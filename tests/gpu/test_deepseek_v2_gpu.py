@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_family import assert_fp32_matches_transformers, assert_residencies_agree
 from hf_saved import save
-from tolerances import network_atol
-
-from edgemoe import LLM, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,8 +23,6 @@ SMALL = dict(
     first_k_dense_replace=1, topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0,
     pad_token_id=None, eos_token_id=None, bos_token_id=None,
 )
-PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2040)), [(7 * i * i + 3 * i) % 150000 + 100 for i in range(300)]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.mark.parametrize(("experts", "top_k", "groups", "kept", "scale"), [(64, 6, 1, 1, 1.0), (160, 6, 8, 3, 16.0)])
@@ -51,23 +47,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save(model, tmp_path_factory.mktemp("dsv2"))
 
 
-def greedy(path: Path, **settings: object) -> list[list[int]]:
-    with LLM(str(path), dtype="bfloat16", device="cuda", **settings) as llm:
-        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-
-
 def test_fp32_on_the_gpu_matches_transformers(ckpt: Path) -> None:
-    seq = PROMPTS[2]
-    with LLM(str(ckpt), dtype="float32", device="cuda") as llm:
-        got = llm.prompt_logits(seq).cpu()
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
-    with torch.no_grad():
-        ref = model.cuda().eval()(torch.tensor([seq]).cuda()).logits[0].float().cpu()
-    atol = network_atol(torch.float32, max(SMALL["intermediate_size"], len(seq)), ref.abs().max().item())
-    torch.testing.assert_close(got, ref, atol=atol, rtol=0)
+    assert_fp32_matches_transformers(ckpt, SMALL["intermediate_size"])
 
 
 def test_offload_and_graphs_give_resident_tokens(ckpt: Path) -> None:
-    resident = greedy(ckpt, moe_backend="resident")
-    assert greedy(ckpt, moe_backend="offload", moe_slots=6) == resident
-    assert greedy(ckpt, moe_backend="resident", no_cuda_graph=True) == resident
+    assert_residencies_agree(ckpt)

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_family import assert_slice_runs_under_cap
 from hf_saved import save
 from tolerances import bf16_logit_error, network_atol
 
 from edgemoe import LLM, SamplingParams
-from edgemoe.testing.isolation import DeviceUse, isolated
+from edgemoe.testing.isolation import isolated
 
 transformers = pytest.importorskip("transformers")
 
@@ -89,14 +90,7 @@ def _past(logits: torch.Tensor, ref: torch.Tensor, bound: float) -> int:
 
 @isolated  # measures the driver-counted device memory of a fresh process
 def test_air_slice_at_int4_runs_under_the_cap() -> None:
-    cap = 8 * 2**30
-    use = DeviceUse()
-    with LLM("random:glm-4.5-air?num_hidden_layers=6", device="cuda", gpu_memory="8GiB", expert_dtype="int4",
-             kv_tokens=8192) as llm:
-        out = llm.generate([list(range(1000, 1000 + 2000)), [5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))
-        assert all(len(o.token_ids) == 8 for o in out)
-        peak = use.now()
-    assert peak <= cap, peak / 2**30
+    assert_slice_runs_under_cap("random:glm-4.5-air?num_hidden_layers=6", 8, expert_dtype="int4")
 
 
 @pytest.mark.parametrize(("experts", "groups", "kept"), [(128, 1, 1), (160, 1, 1), (256, 8, 4)])

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_family import assert_slice_runs_under_cap
 from hf_saved import save
 from tolerances import bf16_logit_error, network_atol
 
 from edgemoe import LLM, SamplingParams
-from edgemoe.testing.isolation import DeviceUse, isolated
+from edgemoe.testing.isolation import isolated
 
 transformers = pytest.importorskip("transformers")
 
@@ -101,11 +102,4 @@ def test_hybrid_cpu_share_agrees_with_resident(ckpt: Path, expert_dtype: str) ->
 
 @isolated  # measures the driver-counted device memory of a fresh process
 def test_20b_slice_in_mxfp4_runs_under_the_cap() -> None:
-    cap = 6 * 2**30
-    use = DeviceUse()
-    with LLM("random:gpt-oss-20b?num_hidden_layers=6", device="cuda", gpu_memory="6GiB", expert_dtype="mxfp4",
-             kv_tokens=8192) as llm:
-        out = llm.generate([list(range(1000, 3000)), [5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))
-        assert all(len(o.token_ids) == 8 for o in out)
-        peak = use.now()
-    assert peak <= cap, peak / 2**30
+    assert_slice_runs_under_cap("random:gpt-oss-20b?num_hidden_layers=6", 6, expert_dtype="mxfp4")

@@ -11,11 +11,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from gpu_family import (
+    GREEDY,
+    PROMPTS,
+    assert_fp32_matches_transformers,
+    assert_residencies_agree,
+    assert_slice_runs_under_cap,
+)
 from hf_saved import save
-from tolerances import bf16_logit_error, network_atol
+from tolerances import bf16_logit_error
 
-from edgemoe import LLM, SamplingParams
-from edgemoe.testing.isolation import DeviceUse, isolated
+from edgemoe import LLM
+from edgemoe.testing.isolation import isolated
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,19 +32,12 @@ SMALL = dict(
     qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=16, num_experts_per_tok=4, n_group=2, topk_group=1,
     routed_scaling_factor=1.8, pad_token_id=None, eos_token_id=None, bos_token_id=None,
 )
-PROMPTS = [[9707, 11, 1879, 0], list(range(2000, 2040)), [(7 * i * i + 3 * i) % 150000 + 100 for i in range(300)]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = transformers.Glm4MoeLiteForCausalLM(transformers.Glm4MoeLiteConfig(**SMALL))
     return save(model, tmp_path_factory.mktemp("mla"))
-
-
-def greedy(path: Path, **settings: object) -> list[list[int]]:
-    with LLM(str(path), dtype="bfloat16", device="cuda", **settings) as llm:
-        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
 def reference_logits(path: Path, seq: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -47,9 +47,7 @@ def reference_logits(path: Path, seq: list[int], dtype: torch.dtype) -> torch.Te
 
 
 def test_offload_and_graphs_give_resident_tokens(ckpt: Path) -> None:
-    resident = greedy(ckpt, moe_backend="resident")
-    assert greedy(ckpt, moe_backend="offload", moe_slots=6) == resident
-    assert greedy(ckpt, moe_backend="resident", no_cuda_graph=True) == resident
+    assert_residencies_agree(ckpt)
 
 
 def test_triton_attention_agrees_with_torch(ckpt: Path) -> None:
@@ -66,12 +64,7 @@ def test_triton_attention_agrees_with_torch(ckpt: Path) -> None:
 
 
 def test_fp32_on_the_gpu_matches_transformers(ckpt: Path) -> None:
-    seq = PROMPTS[2]
-    with LLM(str(ckpt), dtype="float32", device="cuda") as llm:
-        got = llm.prompt_logits(seq).cpu()
-    ref = reference_logits(ckpt, seq, torch.float32)
-    atol = network_atol(torch.float32, max(SMALL["intermediate_size"], len(seq)), ref.abs().max().item())
-    torch.testing.assert_close(got, ref, atol=atol, rtol=0)
+    assert_fp32_matches_transformers(ckpt, SMALL["intermediate_size"])
 
 
 def test_bf16_gpu_agrees_with_fp32_reference(ckpt: Path) -> None:
@@ -96,10 +89,4 @@ def test_bf16_gpu_agrees_with_fp32_reference(ckpt: Path) -> None:
 @isolated  # measures the driver-counted device memory of a fresh process
 def test_flash_slice_at_its_attention_shape_runs_under_the_cap() -> None:
     """576-wide latent rows and 20 heads through the compiled kernels, graphs included."""
-    cap = 6 * 2**30
-    use = DeviceUse()
-    with LLM("random:glm-4.7-flash?num_hidden_layers=6", device="cuda", gpu_memory="6GiB", kv_tokens=8192) as llm:
-        out = llm.generate([list(range(1000, 3000)), [5, 6, 7]], SamplingParams(max_tokens=8, ignore_eos=True))
-        assert all(len(o.token_ids) == 8 for o in out)
-        peak = use.now()
-    assert peak <= cap, peak / 2**30
+    assert_slice_runs_under_cap("random:glm-4.7-flash?num_hidden_layers=6", 6)

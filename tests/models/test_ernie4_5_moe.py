@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import backend_tokens
 import pytest
 import torch
 from hf_saved import assert_greedy_matches_transformers, scale_weights, transformers_logits
@@ -194,27 +195,18 @@ def test_router_matches_transformers_on_many_rows(norm_min: float) -> None:
     assert ((weights.sum(-1) < 0.99).sum() > 25) == (norm_min == 0.8)  # the clamp acted where asked
 
 
-BACKEND_GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-BACKEND_PROMPTS = [SEQ[:6], SEQ]
-
-
 @pytest.fixture(scope="module")
 def resident_tokens(saved: Path) -> list[list[int]]:
-    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
-        return [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
+    """The resident executor's greedy tokens: one run, shared by every backend's test."""
+    return backend_tokens.resident(saved, SEQ)
 
 
-@pytest.mark.parametrize("settings", [
-    dict(moe_backend="offload", moe_slots=3),
-    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
-], ids=lambda s: s["moe_backend"])
+@pytest.mark.parametrize("settings", backend_tokens.OFFLOAD_AND_HYBRID, ids=lambda s: s["moe_backend"])
 def test_backends_give_resident_tokens(saved: Path, resident_tokens: list[list[int]],
                                        settings: dict[str, object]) -> None:
     """Experts copied into 3-4 slots or computed on the CPU, prompts prefilled in chunks: the
     resident executor's greedy tokens (the shared experts stay beside the bank)."""
-    with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
-        got = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
-        misses = llm.stats()["moe"]["misses_per_token_by_layer"]
+    got, misses = backend_tokens.backend(saved, SEQ, **settings)
     assert got == resident_tokens
     assert misses[0] == 0 and min(misses[1:]) > 0  # 3 or 4 slots for 8 experts: every MoE layer missed
 

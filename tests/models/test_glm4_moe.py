@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import backend_tokens
 import pytest
 import torch
 from hf_saved import assert_greedy_matches_transformers, save, transformers_logits
 from hf_saved import assert_logits_match as assert_logits_match_on
 from safetensors.torch import load_file, save_file
 
-from edgemoe import LLM, SamplingParams
+from edgemoe import LLM
 from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter, route_grouped_sigmoid
 from edgemoe.models.hf_config import ConfigError
 from edgemoe.models.registry import model_arch
@@ -121,30 +122,19 @@ def test_mlp_layer_types_is_not_read(caplog: pytest.LogCaptureFixture) -> None:
     assert "not read" in caplog.text
 
 
-BACKEND_GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-BACKEND_PROMPTS = [SEQ[:6], SEQ]
-
-
 @pytest.fixture(scope="module")
 def resident_tokens(saved: Path) -> list[list[int]]:
     """The resident executor's greedy tokens: one run, shared by every backend's test."""
-    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
-        return [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
+    return backend_tokens.resident(saved, SEQ)
 
 
-@pytest.mark.parametrize("settings", [
-    dict(moe_backend="offload", moe_slots=3),
-    dict(moe_backend="cpu", moe_slots=3),
-    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
-], ids=lambda s: s["moe_backend"])
+@pytest.mark.parametrize("settings", [dict(moe_backend="cpu", moe_slots=3), *backend_tokens.OFFLOAD_AND_HYBRID],
+                         ids=lambda s: s["moe_backend"])
 def test_backends_give_resident_tokens(saved: Path, resident_tokens: list[list[int]],
                                        settings: dict[str, object]) -> None:
     """The sparse layers (1 and 2, after the dense one) through every executor."""
-    with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
-        got = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
-        moe = llm.stats()["moe"]
-    assert got == resident_tokens
-    by_layer = moe["misses_per_token_by_layer"]  # the dense layer 0 has no experts to miss
+    got, by_layer = backend_tokens.backend(saved, SEQ, **settings)
+    assert got == resident_tokens  # and the dense layer 0 has no experts to miss:
     assert by_layer[0] == 0 and min(by_layer[1:]) > 0
 
 

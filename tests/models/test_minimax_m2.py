@@ -14,6 +14,7 @@ import shutil
 from fnmatch import fnmatch
 from pathlib import Path
 
+import backend_tokens
 import pytest
 import torch
 from hf_saved import assert_greedy_matches_transformers, save, transformers_logits
@@ -235,27 +236,17 @@ def test_router_matches_transformers_on_many_rows() -> None:
     torch.testing.assert_close(our_weights.gather(1, our_order.indices), weights.gather(1, order.indices))
 
 
-BACKEND_GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-BACKEND_PROMPTS = [SEQ[:6], SEQ]
-
-
 @pytest.fixture(scope="module")
 def resident_tokens(saved: Path) -> list[list[int]]:
     """The resident executor's greedy tokens: one run, shared by every backend's test."""
-    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
-        return [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
+    return backend_tokens.resident(saved, SEQ)
 
 
-@pytest.mark.parametrize("settings", [
-    dict(moe_backend="offload", moe_slots=3),
-    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
-], ids=lambda s: s["moe_backend"])
+@pytest.mark.parametrize("settings", backend_tokens.OFFLOAD_AND_HYBRID, ids=lambda s: s["moe_backend"])
 def test_backends_give_resident_tokens(saved: Path, resident_tokens: list[list[int]],
                                        settings: dict[str, object]) -> None:
     """Prompts prefilled in chunks through the slot-addressed executors: the resident tokens."""
-    with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
-        got = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
-        misses = llm.stats()["moe"]["misses_per_token_by_layer"]
+    got, misses = backend_tokens.backend(saved, SEQ, **settings)
     assert got == resident_tokens
     assert min(misses) > 0  # 3 or 4 slots for 8 experts: every layer missed
 

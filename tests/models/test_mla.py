@@ -11,6 +11,7 @@ from pathlib import Path
 import importlib.util
 import os
 
+import backend_tokens
 import pytest
 import torch
 from hf_saved import assert_greedy_matches_transformers, save, transformers_logits
@@ -94,21 +95,14 @@ def test_the_cache_holds_one_latent_row_a_token(saved: Path) -> None:
         assert pool.v is pool.k and len(pool.slot_tensors) == 1
 
 
-BACKEND_GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-BACKEND_PROMPTS = [SEQ[:6], SEQ]
-
-
 @pytest.fixture(scope="module")
 def resident_tokens(saved: Path) -> list[list[int]]:
     """The resident executor's greedy tokens: one run, shared by every backend's test."""
-    with LLM(str(saved), dtype="float32", moe_backend="resident") as llm:
-        return [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
+    return backend_tokens.resident(saved, SEQ)
 
 
 @pytest.mark.parametrize("settings", [
-    dict(moe_backend="offload", moe_slots=3),
-    dict(moe_backend="cpu", moe_slots=3),
-    dict(moe_backend="hybrid", moe_slots=4, moe_hybrid_fraction=0.5),
+    dict(moe_backend="cpu", moe_slots=3), *backend_tokens.OFFLOAD_AND_HYBRID,
     dict(moe_backend="resident", kv_cache_dtype="fp8"),
 ], ids=lambda s: s.get("kv_cache_dtype") or s["moe_backend"])
 def test_backends_and_chunked_prefill_give_resident_tokens(saved: Path, resident_tokens: list[list[int]],
@@ -116,9 +110,7 @@ def test_backends_and_chunked_prefill_give_resident_tokens(saved: Path, resident
     """Every executor, prompts prefilled in chunks (later chunks attend to earlier chunks'
     latents), and the fp8 cache: the same greedy tokens (fp8 within its rounding: the
     same tokens on this model)."""
-    with LLM(str(saved), dtype="float32", max_prefill_tokens=11, **settings) as llm:
-        got = [o.token_ids for o in llm.generate(BACKEND_PROMPTS, BACKEND_GREEDY)]
-    assert got == resident_tokens
+    assert backend_tokens.backend(saved, SEQ, **settings)[0] == resident_tokens
 
 
 def test_cached_and_revived_prefixes_give_the_same_tokens(saved: Path) -> None:
