@@ -102,21 +102,25 @@ def gather_into_cases() -> Iterator[Case]:
 def rope_cases(act: tl.dtype) -> Iterator[Case]:
     """The rope + KV write, a program per (token, kv head): Qwen3-30B-A3B's group (8 q heads
     and 1 kv head of 128, HKV = 4), a partial rotary of D = 256 (Qwen3-Next's 16 / 2), an odd
-    group padded (GLM-4.5's 96 / 8: 12 -> 16) and one q head a kv head (OLMoE's 16 / 16)."""
+    group padded (GLM-4.5's 96 / 8: 12 -> 16), one q head a kv head (OLMoE's 16 / 16), and MLA's
+    20 heads over one 576-wide row whose value is its key, in chunks of heads (`rope.q_chunk`)."""
     ptrs = {"pos_ptr": "i64", "loc_ptr": "i64", "cos_ptr": "fp32", "sin_ptr": "fp32", "ks_ptr": "fp32",
             "vs_ptr": "fp32"}
     kernel, warps = rope._rope_write_kv, rope.NUM_WARPS
-    plain = dict(DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False)
-    yield Case("rope + kv write", kernel, dict(HKV=2, HKV_PAD=2, QG=8, QG_PAD=8, HALF=32, NORM=False, D_PAD=256,
-               **plain), warps, ptrs=ptrs)
+    plain = dict(DTYPE=act, CACHE_DTYPE=act, INTERP=False, FP8KV=False, FP8HW=False, HAS_V=True)
+    yield Case("rope + kv write", kernel, dict(HKV=2, HKV_PAD=2, QG=8, QC=8, QC_PAD=8, CHUNKS=1, HALF=32, NORM=False,
+               D_PAD=256, **plain), warps, ptrs=ptrs)
+    # MLA's latent row: 20 q heads over one kv head of 576 (padded 1,024) in 5 chunks of 4, the value the key
+    yield Case("rope + shared kv write, heads in chunks", kernel, dict(HKV=1, HKV_PAD=1, QG=20, QC=4, QC_PAD=4, CHUNKS=5,
+               HALF=32, NORM=False, D_PAD=1024, **{**plain, "HAS_V": False}), warps, ptrs=ptrs)
     for name, hkv, qg, qg_pad in (("", 4, 8, 8), (" 12 q a kv head", 8, 12, 16), (" 1 q a kv head", 16, 1, 1)):
         yield Case(f"q/k head norms + rope + kv write{name}", kernel, dict(
-                   HKV=hkv, HKV_PAD=hkv, QG=qg, QG_PAD=qg_pad, HALF=64, NORM=True, D_PAD=128, **plain), warps,
-                   ptrs=ptrs)
+                   HKV=hkv, HKV_PAD=hkv, QG=qg, QC=qg, QC_PAD=qg_pad, CHUNKS=1, HALF=64, NORM=True, D_PAD=128,
+                   **plain), warps, ptrs=ptrs)
     for hw in (False, True):  # fp8 bytes by integer arithmetic (sm_80/86), or the e4m3 type (sm_89+)
-        fp8 = dict(DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw)
+        fp8 = dict(DTYPE=act, CACHE_DTYPE=tl.uint8, INTERP=False, FP8KV=True, FP8HW=hw, HAS_V=True)
         yield Case(f"head norms + rope + fp8 kv write{' e4m3 type' if hw else ''}", kernel, dict(
-                   HKV=4, HKV_PAD=4, QG=8, QG_PAD=8, HALF=32, NORM=True, D_PAD=256, **fp8), warps,
+                   HKV=4, HKV_PAD=4, QG=8, QC=8, QC_PAD=8, CHUNKS=1, HALF=32, NORM=True, D_PAD=256, **fp8), warps,
                    ptrs={**ptrs, "kc_ptr": "u8", "vc_ptr": "u8"}, min_arch=89 if hw else 80)
 
 

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 IDLE_POLL_MS = 250
 # How long closing sockets may take to flush the last messages (the fatal error, say).
 LINGER_MS = 2000
+HANDSHAKE_MS = 10_000  # the most the engine waits for its command link before announcing itself
 
 
 class EngineLike(Protocol):
@@ -84,7 +85,9 @@ class _Sockets:
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.commands = self.ctx.socket(zmq.PULL)
         secure_engine_socket(self.commands, keys)
+        handshake = self.commands.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)  # before connect: no event missed
         self.commands.connect(to_engine)
+        _await_handshake(self.commands, handshake)
         self.events = self.ctx.socket(zmq.PUSH)
         self.events.setsockopt(zmq.SNDHWM, 0)  # never drop or block on outputs
         secure_engine_socket(self.events, keys)
@@ -110,6 +113,20 @@ class _Sockets:
         self.commands.close(linger=0)
         self.events.close(linger=LINGER_MS)
         self.ctx.term()
+
+
+def _await_handshake(sock: zmq.Socket[Any], monitor: zmq.Socket[Any], timeout_ms: int = HANDSHAKE_MS) -> None:
+    """Wait until `sock`'s connection to the server has finished its (CURVE) handshake.
+    Why: the server's command socket sends without blocking and fails while it has no
+    peer, and it takes the ready event as "the engine can be sent to": announced before
+    the command link was up, a request right after it got a 503 (a scripted engine, ready
+    at once, did in CI). A server that never answers costs `timeout_ms`, then we go on."""
+    try:
+        if not monitor.poll(timeout_ms):
+            log.warning("the command link's handshake did not finish in %d ms; going on", timeout_ms)
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
 
 
 def run_loop(
