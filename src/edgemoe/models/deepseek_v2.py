@@ -32,9 +32,9 @@ import logging
 from typing import Any
 
 from edgemoe.kernels.router_sigmoid import GroupedSigmoid
-from edgemoe.models.arch import ConfigError, HFConfig, check_experts, common_fields
+from edgemoe.models.arch import ConfigError, HFConfig, check_experts
 from edgemoe.models.glm4_moe import moe_layers
-from edgemoe.models.mla import MlaArch, attention_scale, build, checkpoint_map, stacked_expert_names
+from edgemoe.models.mla import MlaArch, build, checkpoint_map, latent_attention, stacked_expert_names
 
 __all__ = ["arch", "build", "checkpoint_map", "routing", "stacked_expert_names"]
 
@@ -48,26 +48,18 @@ def arch(config: dict[str, Any]) -> MlaArch:
     layers, experts = c.integer("num_hidden_layers"), c.integer("n_routed_experts", 64)
     moe = moe_layers(c, layers, default_dense=0)
     _warn_unread(c)
-    rope_dim = c.integer("qk_rope_head_dim", 64)
-    # One latent serves every head: num_key_value_heads means nothing to MLA.
-    latent = HFConfig({k: v for k, v in config.items() if k != "num_key_value_heads"})
-    fields = common_fields(latent, eps=1e-6, max_pos=2048, head_dim=rope_dim)
+    fields, attn = latent_attention(config, eps=1e-6, max_pos=2048, q_lora=1536, nope=128, v=128)
     check_experts(c, experts, fields["top_k"], moe)
     route = routing(c)
     if (why := route.check(experts, fields["top_k"])) is not None:
         raise ConfigError(why)
     if c.flag("mlp_bias", False):
         raise ConfigError("mlp_bias=true: biased dense and shared-expert MLPs are not supported")
-    # null: one q projection (V2-Lite); absent: the class default
-    q_lora = 0 if "q_lora_rank" in c and c.get("q_lora_rank") is None else c.integer("q_lora_rank", 1536)
-    kv_lora, nope = c.integer("kv_lora_rank", 512), c.integer("qk_nope_head_dim", 128)
     inter = c.integer("moe_intermediate_size", 1407)
     return MlaArch(
         model_type=MODEL_TYPE,
-        **{**fields, "num_kv_heads": 1, "head_dim": rope_dim + kv_lora},
-        qk_norm="none",
-        clip_qkv=None,
-        sliding_window=None,
+        **fields,
+        **attn,  # q_lora_rank null on the Lite models: one q projection
         num_experts=experts,
         moe_intermediate_size=inter,
         norm_topk_prob=False,  # the NOTE above: transformers' V2 router never renormalises
@@ -76,13 +68,7 @@ def arch(config: dict[str, Any]) -> MlaArch:
         attention_bias=c.flag("attention_bias", False),
         sigmoid_routing=route,
         shared_intermediate_size=inter * c.integer("n_shared_experts", 2, minimum=0),
-        q_lora_rank=q_lora,
-        kv_lora_rank=kv_lora,
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope_dim,
-        v_head_dim=c.integer("v_head_dim", 128),
         rope_interleave=True,
-        attn_scale=attention_scale(nope + rope_dim, fields["rope"]),
     )
 
 

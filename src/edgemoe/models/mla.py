@@ -97,29 +97,20 @@ def arch(config: dict[str, Any]) -> MlaArch:
     glm = model_type == "glm4_moe_lite"
     layers, experts = c.integer("num_hidden_layers"), c.integer("n_routed_experts", 64 if glm else 256)
     moe = _glm_lite_moe_layers(c, layers) if glm else moe_layers(c, layers, default_dense=3)
-    rope_dim = c.integer("qk_rope_head_dim", 64)
-    # One latent serves every head: num_key_value_heads means nothing to MLA (the V3 class
-    # default, 128, need not divide the heads).
-    latent = HFConfig({k: v for k, v in config.items() if k != "num_key_value_heads"})
-    fields = common_fields(latent, eps=1e-5 if glm else 1e-6, max_pos=202752 if glm else 4096, head_dim=rope_dim)
-    if fields["rope"].rotary_dim != rope_dim:
+    fields, attn = latent_attention(config, eps=1e-5 if glm else 1e-6, max_pos=202752 if glm else 4096,
+                                    q_lora=768 if glm else 1536, nope=192 if glm else 128, v=256 if glm else 128)
+    if fields["rope"].rotary_dim != (rope_dim := attn["qk_rope_head_dim"]):
         raise ConfigError(f"partial_rotary_factor: MLA rotates all qk_rope_head_dim={rope_dim} dims")
     check_experts(c, experts, fields["top_k"], moe)
     routing = GroupedSigmoid(c.integer("n_group", 1 if glm else 8), c.integer("topk_group", 1 if glm else 4),
                              float(c.number("routed_scaling_factor", 1.8 if glm else 2.5)))
     if (why := routing.check(experts, fields["top_k"])) is not None:
         raise ConfigError(why)
-    # null: one q projection; absent: the class default (was refused: `integer` had no default)
-    q_null = "q_lora_rank" in c and c.get("q_lora_rank") is None
-    q_lora = 0 if q_null else c.integer("q_lora_rank", 768 if glm else 1536)
-    kv_lora, nope = c.integer("kv_lora_rank", 512), c.integer("qk_nope_head_dim", 192 if glm else 128)
     inter = c.integer("moe_intermediate_size", 1536 if glm else 2048)
     return MlaArch(
         model_type=str(model_type),
-        **{**fields, "num_kv_heads": 1, "head_dim": rope_dim + kv_lora},
-        qk_norm="none",
-        clip_qkv=None,
-        sliding_window=None,
+        **fields,
+        **attn,
         num_experts=experts,
         moe_intermediate_size=inter,
         norm_topk_prob=c.flag("norm_topk_prob", True),
@@ -128,14 +119,29 @@ def arch(config: dict[str, Any]) -> MlaArch:
         attention_bias=c.flag("attention_bias", False),
         sigmoid_routing=routing,
         shared_intermediate_size=inter * c.integer("n_shared_experts", 1, minimum=0),
-        q_lora_rank=q_lora,
-        kv_lora_rank=kv_lora,
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope_dim,
-        v_head_dim=c.integer("v_head_dim", 256 if glm else 128),
         rope_interleave=c.flag("rope_interleave", True),
+    )
+
+
+def latent_attention(config: dict[str, Any], *, eps: float, max_pos: int, q_lora: int, nope: int,
+                     v: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(common_fields, the MlaArch attention fields) of an MLA family's config.json, with
+    the family's class defaults for `q_lora_rank`, `qk_nope_head_dim` and `v_head_dim`:
+    one kv head of rope + kv_lora dims (num_key_value_heads means nothing to MLA: one
+    latent serves every head, and V3's class default, 128, need not divide the heads), a
+    null `q_lora_rank` one q projection, the softmax scale with YaRN's mscale."""
+    c = HFConfig({k: val for k, val in config.items() if k != "num_key_value_heads"})
+    rope_dim, kv_lora = c.integer("qk_rope_head_dim", 64), c.integer("kv_lora_rank", 512)
+    fields = common_fields(c, eps=eps, max_pos=max_pos, head_dim=rope_dim)
+    q_null = "q_lora_rank" in c and c.get("q_lora_rank") is None  # absent: the class default
+    nope = c.integer("qk_nope_head_dim", nope)
+    attn = dict(
+        qk_norm="none", clip_qkv=None, sliding_window=None,
+        q_lora_rank=0 if q_null else c.integer("q_lora_rank", q_lora), kv_lora_rank=kv_lora,
+        qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=c.integer("v_head_dim", v),
         attn_scale=attention_scale(nope + rope_dim, fields["rope"]),
     )
+    return {**fields, "num_kv_heads": 1, "head_dim": rope_dim + kv_lora}, attn
 
 
 def attention_scale(qk_head_dim: int, rope: RopeSpec) -> float:
