@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,3 +79,25 @@ def assert_greedy_matches_transformers(path: Path, prompts: list[list[int]], tok
         got = [o.token_ids for o in llm.generate(prompts, greedy)]
     assert got == expected
     assert len(set(expected[-1])) > 3, "degenerate reference output: weak test"
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
+
+
+def served_chat(model_dir: Path, model_type: str, vocab_size: int, eos_ids: list[int]) -> tuple[Any, str, str]:
+    """(the server's model for the checkpoint files in `model_dir`, its rendering of CHAT
+    with the generation prompt, transformers' rendering of the same)."""
+    import transformers
+
+    from edgemoe.messages import EngineReady
+    from edgemoe.server.config import ServerConfig
+    from edgemoe.server.model import ServedModel
+
+    ready = EngineReady(model_dir=str(model_dir), model_type=model_type, max_model_len=4096, vocab_size=vocab_size,
+                        eos_token_ids=eos_ids, pid=0)
+    served = ServedModel.load(ready, ServerConfig())
+    assert served.template is not None
+    theirs = transformers.AutoTokenizer.from_pretrained(model_dir)
+    return (served, served.template.render(CHAT, add_generation_prompt=True),
+            theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True))

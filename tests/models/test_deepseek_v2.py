@@ -21,7 +21,7 @@ from pathlib import Path
 import backend_tokens
 import pytest
 import torch
-from hf_saved import assert_greedy_matches_transformers, save, transformers_logits
+from hf_saved import assert_greedy_matches_transformers, save, served_chat, transformers_logits
 from hf_saved import assert_logits_match as assert_logits_match_on
 
 from edgemoe import LLM, SamplingParams
@@ -194,10 +194,6 @@ V2_CHAT_TEMPLATE = (
     "{{ message['content'] + '\\n\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
     "{{ 'Assistant:' }}{% endif %}"
 )
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
-
-
 @pytest.fixture(scope="module")
 def chat_checkpoint_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DeepSeek's tokenizer (V3's vocabulary; V2's BOS / EOS spellings are the same) with the
@@ -212,20 +208,12 @@ def chat_checkpoint_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_v2_chat_template_renders_as_transformers_and_picks_no_parser(chat_checkpoint_dir: Path) -> None:
-    from edgemoe.messages import EngineReady
-    from edgemoe.server.config import ServerConfig
-    from edgemoe.server.model import ServedModel
     from edgemoe.server.parsers import pick_tool_format
 
-    ready = EngineReady(model_dir=str(chat_checkpoint_dir), model_type="deepseek_v2", max_model_len=4096,
-                        vocab_size=129280, eos_token_ids=[1], pid=0)
-    served = ServedModel.load(ready, ServerConfig())
-    assert served.template is not None
-    ours = served.template.render(CHAT, add_generation_prompt=True)
+    served, ours, theirs = served_chat(chat_checkpoint_dir, "deepseek_v2", 129280, [1])
     assert ours == ("<｜begin▁of▁sentence｜>Be brief.\n\nUser: Hi\n\nAssistant: Hello.<｜end▁of▁sentence｜>"
                     "User: 2+2?\n\nAssistant:")
-    theirs = transformers.AutoTokenizer.from_pretrained(chat_checkpoint_dir)
-    assert ours == theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert ours == theirs
     # No tool format in the template and none by default for the family; no <think> blocks.
     assert (served.tool_parser, served.reasoning, served.teaches_calls) == (None, False, False)
     # V2.5's template teaches DeepSeek's call markers (R1's fenced form): those pick its parser.

@@ -17,7 +17,7 @@ from pathlib import Path
 import backend_tokens
 import pytest
 import torch
-from hf_saved import assert_greedy_matches_transformers, scale_weights, transformers_logits
+from hf_saved import assert_greedy_matches_transformers, scale_weights, served_chat, transformers_logits
 from hf_saved import assert_logits_match as assert_logits_match_on
 from safetensors.torch import load_file, save_file
 from tolerances import network_atol
@@ -293,28 +293,17 @@ PT_TEMPLATE = (
     '{%- elif message["role"] == "system" -%}{{- message["content"] + "\n" -}}{%- endif -%}{%- endfor -%}'
     '{%- if add_generation_prompt -%}{{- "Assistant: " -}}{%- endif -%}'
 )
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
 
 
 def test_the_pt_chat_template_renders_as_transformers_and_picks_no_parser(tmp_path: Path) -> None:
-    from edgemoe.messages import EngineReady
-    from edgemoe.server.config import ServerConfig
-    from edgemoe.server.model import ServedModel
-
     write_tokenizer_files(tmp_path)  # Qwen3's tokenizer: it names no cls / sep token, as ERNIE's names its defaults
     tok_cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": PT_TEMPLATE}))
     (tmp_path / "chat_template.jinja").write_text(PT_TEMPLATE)
-    ready = EngineReady(model_dir=str(tmp_path), model_type="ernie4_5_moe", max_model_len=4096, vocab_size=151936,
-                        eos_token_ids=[151645], pid=0)
-    served = ServedModel.load(ready, ServerConfig())
-    assert served.template is not None
-    ours = served.template.render(CHAT, add_generation_prompt=True)
+    served, ours, theirs = served_chat(tmp_path, "ernie4_5_moe", 151936, [151645])
     assert ours == ("<|begin_of_sentence|>Be brief.\nUser: Hi\nAssistant: Hello.<|end_of_sentence|>User: 2+2?\n"
                     "Assistant: ")
-    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    assert ours == theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert ours == theirs
     # No tool format in the template and none by default for the family; no <think> blocks.
     assert (served.tool_parser, served.reasoning, served.teaches_calls) == (None, False, False)
 
