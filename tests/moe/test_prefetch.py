@@ -169,9 +169,9 @@ def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.M
 
 
 def test_router_predictor_ranks_as_each_router_does() -> None:
-    """gpt-oss's logit bias and GLM's sigmoid scores plus selection bias change the ranking
-    the next layer's router makes: the predictor ranks the same way (a plain weight: the
-    logits alone)."""
+    """gpt-oss's logit bias, GLM's sigmoid scores plus selection bias and ERNIE's softmax
+    probabilities plus selection bias change the ranking the next layer's router makes: the
+    predictor ranks the same way (a plain weight: the logits alone)."""
     from edgemoe.moe.prefetch import RouterScores
 
     g = torch.Generator().manual_seed(4)
@@ -180,10 +180,31 @@ def test_router_predictor_ranks_as_each_router_does() -> None:
     logits = x @ w.t()
     like = torch.full((5, K), -1, dtype=torch.int32)
     cases = {"plain": (w, logits), "gpt-oss": (RouterScores(w, bias), logits + bias),
-             "glm": (RouterScores(w, bias, sigmoid=True), logits.sigmoid() + bias)}
+             "glm": (RouterScores(w, bias, sigmoid=True), logits.sigmoid() + bias),
+             "ernie": (RouterScores(w, bias / E, softmax=True), logits.softmax(-1) + bias / E)}
     picks = {}
     for name, (router, scores) in cases.items():
         got = RouterPredictor({0: router}, K)(0, x, like)
         assert torch.equal(got.long(), torch.topk(scores, K, dim=-1).indices), name
         picks[name] = got
-    assert not torch.equal(picks["plain"], picks["gpt-oss"]) and not torch.equal(picks["plain"], picks["glm"])
+    assert all(not torch.equal(picks["plain"], picks[name]) for name in ("gpt-oss", "glm", "ernie"))
+
+
+@pytest.mark.parametrize("family", ["glm", "deepseek-v2", "ernie"])
+def test_moe_block_hands_prefetch_its_ranking(family: str) -> None:
+    """Each grouped router hands the executor the ranking its own selection makes: GLM's
+    sigmoid plus bias, DeepSeek-V2's plain logits (a softmax without bias ranks as they do),
+    ERNIE's softmax plus bias."""
+    from edgemoe.kernels.router_sigmoid import GroupedSigmoid, SigmoidRouter
+    from edgemoe.layers.moe import SparseMoE
+
+    w, bias = torch.randn(E, H), torch.randn(E)
+    spec = {"glm": GroupedSigmoid(1, 1, 1.0), "deepseek-v2": GroupedSigmoid(1, 1, 1.0, softmax=True, selection_bias=False),
+            "ernie": GroupedSigmoid(1, 1, 1.0, softmax=True, norm_min=1e-12)}[family]
+    got = {}
+    executor = DeviceOffloadExecutor.__new__(DeviceOffloadExecutor)
+    executor.routers, executor.routing = got, None
+    SparseMoE(3, w, K, True, executor, sigmoid=SigmoidRouter(w, None if family == "deepseek-v2" else bias, spec))
+    ranking = got[3]
+    assert (ranking.sigmoid, ranking.softmax, ranking.bias is not None) == {
+        "glm": (True, False, True), "deepseek-v2": (False, False, False), "ernie": (False, True, True)}[family]

@@ -46,11 +46,12 @@ class SparseMoE:
         # Static buffers of the fused router GEMV + top-k (None: the projection, then
         # `route_topk`); allocated here, before any CUDA graph captures the layer.
         self.workspace = fused_router_workspace(router, top_k) if sigmoid is None else None
-        # A softmax ranks as its logits do: prefetch predicts by them (NOTE: without ERNIE's selection
-        # bias, which the logits' scale does not take: a prediction, speed only).
+        # A softmax ranks as its logits do (DeepSeek-V2: prefetch predicts by them); a selection bias
+        # on its probabilities (ERNIE) does not: the prediction adds it to the softmax.
         if sigmoid is not None:
             softmax = sigmoid.spec.softmax
-            executor.register_router(layer, router, None if softmax else sigmoid.bias, sigmoid=not softmax)
+            executor.register_router(layer, router, sigmoid.bias, sigmoid=not softmax,
+                                     softmax=softmax and sigmoid.bias is not None)
         else:
             executor.register_router(layer, router, router_bias)
 

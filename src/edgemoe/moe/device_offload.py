@@ -176,8 +176,9 @@ class DeviceOffloadExecutor(CellsExecutor):
             return None
         return SlotLending(self.cache, self.slots, lend_slots, min_tokens, lambda: self.workspace.drop_loaned())
 
-    def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False) -> None:  # noqa: ANN001
-        self.routers[layer] = RouterScores(router, bias, sigmoid)
+    def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False,  # noqa: ANN001
+                        softmax: bool = False) -> None:
+        self.routers[layer] = RouterScores(router, bias, sigmoid, softmax)
 
     def enable_prefetch(self, predictor: Predictor, top_k: int) -> None:
         """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token."""

@@ -105,9 +105,10 @@ class MoEExecutor(ABC):
     graph_variant: str | None = None
 
     def register_router(self, layer: int, router: torch.Tensor, bias: torch.Tensor | None = None,  # noqa: B027
-                        sigmoid: bool = False) -> None:
+                        sigmoid: bool = False, softmax: bool = False) -> None:
         """A MoE block hands over its router [E, H] and how it ranks (`prefetch.RouterScores`:
-        gpt-oss's logit bias; GLM's sigmoid scores and selection bias): decode prefetch predicts
+        gpt-oss's logit bias; GLM's sigmoid scores and selection bias; ERNIE's softmax
+        probabilities and selection bias): decode prefetch predicts
         with the next layer's; executors that predict keep it."""
 
     def register_expert_bias(self, layer: int, bias: ExpertBias) -> None:

@@ -88,15 +88,18 @@ class Predictor(Protocol):
 class RouterScores(NamedTuple):
     """How a layer's router ranks its experts, for prediction: the logits x·Wᵀ (a softmax
     router's top-k is theirs), plus gpt-oss's logit `bias`; or, `sigmoid`, GLM's scores
-    sigmoid(x·Wᵀ) plus its selection bias (its expert groups left out: one in GLM-4.5)."""
+    sigmoid(x·Wᵀ) plus its selection bias (its expert groups left out: one in GLM-4.5); or,
+    `softmax`, ERNIE's softmax(x·Wᵀ) plus its selection bias (a bias on probabilities
+    reorders what the logits alone would pick)."""
 
     weight: torch.Tensor  # [E, H]
     bias: torch.Tensor | None = None  # [E]
     sigmoid: bool = False
+    softmax: bool = False
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
-        s = s.sigmoid() if self.sigmoid else s
+        s = s.sigmoid() if self.sigmoid else s.softmax(-1) if self.softmax else s
         return s if self.bias is None else s + self.bias.float()
 
 
