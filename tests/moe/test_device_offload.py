@@ -175,3 +175,47 @@ def test_expert_cache_auto_is_the_device_on_a_gpu_for_offload_hybrid_and_auto() 
         assert resolve_expert_cache("auto", device, backend, policy) == "host"
     assert resolve_expert_cache("host", "cuda", "offload", "lru") == "host"  # an explicit choice stands
     assert resolve_expert_cache("device", "cpu", "offload", "lru") == "device"
+
+
+@pytest.mark.parametrize("quantised", [False, True])
+def test_hits_computed_beside_the_gather_give_the_same_outputs(store: BankStore, int8_store: PartsStore,
+                                                              quantised: bool, monkeypatch) -> None:  # noqa: ANN001
+    """EDGEMOE_OVERLAP_HITS (moe/hit_overlap.py): outputs bitwise the resident executor's; the
+    pass beside the gather reads no slot the gather writes, and the two passes cover every
+    routed pair once."""
+    from edgemoe.moe.hit_overlap import HitOverlap
+
+    monkeypatch.setenv("EDGEMOE_OVERLAP_HITS", "1")
+    banks = int8_store if quantised else store
+    dev = make_executor("offload", banks, CPU, F.silu, L, 5, expert_cache="device")
+    resident = make_executor("resident", banks, CPU, F.silu, L, 0)
+    assert isinstance(dev._overlap, HitOverlap)
+    passes = []
+
+    def spy(plan, ids, move, compute):  # noqa: ANN001, ANN202
+        seen = []
+        HitOverlap.run(dev._overlap, plan, ids, move, lambda slot_ids: (seen.append(slot_ids.clone()), compute(slot_ids)))
+        passes.append((seen, plan.misses[1].clone(), (plan.slot_ids >= 0).clone()))
+
+    monkeypatch.setattr(dev._overlap, "run", spy)
+    for x, ids, w in routings(seed=3):
+        for layer in range(L):
+            assert torch.equal(dev.forward(layer, x, ids, w), resident.forward(layer, x, ids, w))
+    assert passes and any((moved >= 0).any() for _, moved, _ in passes)
+    for (hit_pass, miss_pass), moved, routed in passes:
+        written = moved[moved >= 0]
+        assert not torch.isin(hit_pass[hit_pass >= 0], written).any()  # never reads a slot being filled
+        assert torch.equal((hit_pass >= 0) ^ (miss_pass >= 0), routed)  # every pair once
+    assert any((h >= 0).any() for (h, _), _, _ in passes) and any((m >= 0).any() for (_, m), _, _ in passes)
+
+
+def test_overlap_setting_is_checked(monkeypatch) -> None:  # noqa: ANN001
+    from edgemoe.moe.hit_overlap import SIDE_PROGRAMS, overlap_grid
+
+    for value, programs in (("0", None), ("", None), ("1", SIDE_PROGRAMS), ("48", 48)):
+        monkeypatch.setenv("EDGEMOE_OVERLAP_HITS", value)
+        grid = overlap_grid()
+        assert (grid.programs if grid else None) == programs
+    monkeypatch.setenv("EDGEMOE_OVERLAP_HITS", "on")
+    with pytest.raises(ValueError, match="EDGEMOE_OVERLAP_HITS"):
+        overlap_grid()

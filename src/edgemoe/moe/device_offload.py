@@ -38,9 +38,10 @@ from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.kernels.share_state import DECODE
-from edgemoe.moe.cpu_share import CpuShare
+from edgemoe.moe.cpu_share import ROWS, CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.device_counts import DeviceCounts
+from edgemoe.moe.hit_overlap import HitOverlap, overlap_grid
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
@@ -48,7 +49,7 @@ from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
-from edgemoe.moe.slot_lending import SlotLending
+from edgemoe.moe.slot_lending import make_lending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
 
@@ -137,8 +138,11 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
+        side_grid = overlap_grid() if self.mover.graph_safe else None  # hits beside the gather (hit_overlap.py)
+        self._overlap = HitOverlap(device, side_grid) if side_grid is not None else None
         min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
-        self.lending = self._make_lending(lend_slots, min_tokens)
+        self.lending = make_lending(self.cache, self.slots, lend_slots, min_tokens, self.num_experts,
+                                    lambda: self.workspace.drop_loaned())
         below = self.lending.first if self.lending is not None else num_slots
         self.streaming = PrefillStream(self.cache, self.slots, store, min_tokens, below)
         self.stats.sources.append(lambda: {"streamed_chunks": self.streaming.chunks,
@@ -163,18 +167,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         if prompt_cpu and self.cpu_share is None:
             log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
                         "their misses")
-
-    def _make_lending(self, lend_slots: int, min_tokens: int) -> SlotLending | None:
-        """The tail of `lend_slots` slots lent to streamed chunks, if it can be (the plan
-        asked, the banks' memory can be lent, the chunks stream)."""
-        if not lend_slots:
-            return None
-        if not self.slots.tail_bytes or not min_tokens or self.cache.num_slots - lend_slots < 2 * self.num_experts:
-            log.warning("the memory plan lends %d slots to long prompt chunks, but they can't be lent here "
-                        "(no virtual memory management, or no streamed chunks): such a chunk may exceed "
-                        "--gpu-memory", lend_slots)
-            return None
-        return SlotLending(self.cache, self.slots, lend_slots, min_tokens, lambda: self.workspace.drop_loaned())
 
     def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False,  # noqa: ANN001
                         softmax: bool = False) -> None:
@@ -360,18 +352,22 @@ class DeviceOffloadExecutor(CellsExecutor):
                 self.mover.move(layer, plan.misses)
             self._compute(x, plan.slot_ids.masked_fill(hit_pairs, -1), topk_weights, cells)
             return
+        if self._overlap is not None and after_move is None and x.shape[0] <= ROWS:  # a decode wave
+            self._overlap.run(plan, ids, lambda grid: self._timed_move(layer, plan.misses, grid),
+                              lambda slot_ids: self._compute(x, slot_ids, topk_weights, cells))
+            return
         self._timed_move(layer, plan.misses)
         if after_move is not None:
             after_move()
         self._compute(x, plan.slot_ids, topk_weights, cells)
 
-    def _timed_move(self, layer: int, misses: torch.Tensor) -> None:
-        """The gather, timed with CUDA events when eager (a graph replays it untimed)."""
+    def _timed_move(self, layer: int, misses: torch.Tensor, grid=None) -> None:  # noqa: ANN001
+        """The gather (on `grid`, None: the mover's), timed with CUDA events when eager."""
         timed = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
         start = torch.cuda.Event(enable_timing=True) if timed else None
         if start is not None:
             start.record()
-        self.mover.move(layer, misses)
+        self.mover.move(layer, misses, grid)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()

@@ -94,3 +94,18 @@ class SlotLending:
             torch.cuda.empty_cache()  # the blocks torch cached in the tail's memory
         self.banks.map_tail()
         self.lent = False
+
+
+def make_lending(cache: DeviceSlotCache, banks: SlotBanks, lend_slots: int, min_tokens: int, num_experts: int,
+                 drop_loaned: Callable[[], None]) -> SlotLending | None:
+    """The tail of `lend_slots` slots lent to streamed chunks, if it can be (the plan asked,
+    the banks' memory can be lent, the chunks stream); `drop_loaned`: the executor's hook
+    that lets go of the cells it took from a loan."""
+    if not lend_slots:
+        return None
+    if not banks.tail_bytes or not min_tokens or cache.num_slots - lend_slots < 2 * num_experts:
+        log.warning("the memory plan lends %d slots to long prompt chunks, but they can't be lent here "
+                    "(no virtual memory management, or no streamed chunks): such a chunk may exceed "
+                    "--gpu-memory", lend_slots)
+        return None
+    return SlotLending(cache, banks, lend_slots, min_tokens, drop_loaned)
