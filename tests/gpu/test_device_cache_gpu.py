@@ -147,20 +147,6 @@ def test_preloaded_slots_give_the_same_tokens_with_fewer_misses(small_ckpt, slot
         assert warm[key] == host[key], key
 
 
-@pytest.mark.parametrize("slots,hybrid", [(TOP_K, False), (16, False), (16, True)])
-def test_hits_beside_the_gather_give_the_same_tokens(small_ckpt, slots: int, hybrid: bool, monkeypatch) -> None:  # noqa: ANN001
-    """EDGEMOE_OVERLAP_HITS (moe/hit_overlap.py): the gather on a side stream inside the
-    decode graph, the hits' GEMVs beside it: the tokens and decisions without it (offload:
-    the host cache's; hybrid, a fixed CPU share: the device cache's in one pass)."""
-    share = {"moe_backend": "hybrid", "cpu_experts_per_layer": 1} if hybrid else {"moe_backend": "offload"}
-    want, host, _ = run(small_ckpt, moe_slots=slots, expert_cache="device" if hybrid else "host", **share)
-    monkeypatch.setenv("EDGEMOE_OVERLAP_HITS", "1")
-    tokens, dev, graphs = run(small_ckpt, moe_slots=slots, expert_cache="device", **share)
-    assert graphs and tokens == want
-    for key in ("hits", "misses", "bytes_copied"):
-        assert dev[key] == host[key], key
-
-
 def test_copy_engine_mover_gives_the_same_tokens(small_ckpt) -> None:  # noqa: ANN001
     want, _, _ = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="host")
     tokens, moe, graphs = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device",

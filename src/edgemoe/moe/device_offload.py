@@ -38,10 +38,9 @@ from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.moe_experts import Activation
 from edgemoe.kernels.moe_quant import moe_slots_parts
 from edgemoe.kernels.share_state import DECODE
-from edgemoe.moe.cpu_share import ROWS, CpuShare
+from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.device_counts import DeviceCounts
-from edgemoe.moe.hit_overlap import HitOverlap, overlap_grid
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
@@ -138,8 +137,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
-        side_grid = overlap_grid() if self.mover.graph_safe else None  # hits beside the gather (hit_overlap.py)
-        self._overlap = HitOverlap(device, side_grid) if side_grid is not None else None
         min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
         self.lending = make_lending(self.cache, self.slots, lend_slots, min_tokens, self.num_experts,
                                     lambda: self.workspace.drop_loaned())
@@ -352,22 +349,18 @@ class DeviceOffloadExecutor(CellsExecutor):
                 self.mover.move(layer, plan.misses)
             self._compute(x, plan.slot_ids.masked_fill(hit_pairs, -1), topk_weights, cells)
             return
-        if self._overlap is not None and after_move is None and x.shape[0] <= ROWS:  # a decode wave
-            self._overlap.run(plan, ids, lambda grid: self._timed_move(layer, plan.misses, grid),
-                              lambda slot_ids: self._compute(x, slot_ids, topk_weights, cells))
-            return
         self._timed_move(layer, plan.misses)
         if after_move is not None:
             after_move()
         self._compute(x, plan.slot_ids, topk_weights, cells)
 
-    def _timed_move(self, layer: int, misses: torch.Tensor, grid=None) -> None:  # noqa: ANN001
-        """The gather (on `grid`, None: the mover's), timed with CUDA events when eager."""
+    def _timed_move(self, layer: int, misses: torch.Tensor) -> None:
+        """The gather, timed with CUDA events when eager (a graph replays it untimed)."""
         timed = self.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
         start = torch.cuda.Event(enable_timing=True) if timed else None
         if start is not None:
             start.record()
-        self.mover.move(layer, misses, grid)
+        self.mover.move(layer, misses)
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
