@@ -32,7 +32,11 @@ from edgemoe.kernels.dense_gemv_tiles import ENV, DenseGemvTiles, check, rows_fo
 from edgemoe.kernels.triton_ops.dense_gemv import dense_gemv_triton
 
 # (N, K) and how many times a batch-1 step runs it (Qwen3-30B-A3B: 48 layers, one LM head)
-SHAPES = {"qkv": (5120, 2048, 48), "o_proj": (2048, 4096, 48), "lm_head": (151936, 2048, 1)}
+SHAPES = {"qkv": (5120, 2048, 48), "o_proj": (2048, 4096, 48), "lm_head": (151936, 2048, 1),
+          # GLM-4.7-Flash's latent attention (47 layers; `--shapes mla_a,mla_q_b,mla_o` alone, as the
+          # step sums its shapes): q_a and kv_a in one weight (768 + 576 rows), q_b (20 heads x 256),
+          # o_proj (20 x 256 values in)
+          "mla_a": (1344, 2048, 47), "mla_q_b": (5120, 768, 47), "mla_o": (2048, 5120, 47)}
 TOKENS = (1, 2, 4, 8, 16, 32)
 L2_BYTES = 64 << 20  # more than an H200's 50 MB L2: two L2s of weight copies per round
 REPLAYS = 10
