@@ -36,8 +36,9 @@ class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     `one_call`: no call after the first (`parallel_tool_calls` false). A "value" target with
     `calls_schema` (the calls' schema) may instead be tool calls, chosen by its first token
     (`structured/value_or_calls.py`). `tool_format` says how calls are written: "hermes"
-    (the call's JSON; the schema is its JSON Schema) or "qwen3_coder" (XML; the schema is
-    the JSON list of the tools' [name, parameters, strict]: `structured/xml_tools.py`)."""
+    (the call's JSON; the schema is its JSON Schema), "qwen3_coder" or "minimax_m2" (XML,
+    the latter in `<minimax:tool_call>` blocks of invokes; the schema is the JSON list of
+    the tools' [name, parameters, strict]: `structured/xml_tools.py`)."""
 
     schema: str | None = None
     reasoning: str = "none"
@@ -142,8 +143,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
              "structured", f"schema may be at most {MAX_SCHEMA_BYTES} bytes of JSON"),
             (self.structured is None or self.structured.target in ("value", "calls"), "structured",
              "target must be 'value' or 'calls'"),
-            (self.structured is None or self.structured.tool_format in ("hermes", "qwen3_coder"), "structured",
-             "tool_format must be 'hermes' or 'qwen3_coder'"),
+            (self.structured is None or self.structured.tool_format in ("hermes", "qwen3_coder", "minimax_m2"),
+             "structured", "tool_format must be 'hermes', 'qwen3_coder' or 'minimax_m2'"),
             (self.structured is None or len((self.structured.primed or "").encode()) <= MAX_PRIMED_BYTES,
              "structured", f"primed may be at most {MAX_PRIMED_BYTES} bytes"),
         ]

@@ -152,3 +152,61 @@ def test_responses_tools_are_held_unless_they_say_strict_false() -> None:
     assert loose is not None and alternatives(loose)["odd"] == {"type": "object"}  # no 400: held loosely
     xml = _output_constraint(model("qwen3_coder"), request(tools=[tool("odd", odd)], strict_default=True), "")  # type: ignore[arg-type]
     assert xml is not None and xml.tool_format == "qwen3_coder"
+
+
+MINIMAX_ANY = '<minimax:tool_call>\n<invoke name="'
+
+
+def test_minimax_m2_tools() -> None:
+    """MiniMax's blocks are held as Qwen3-Coder's calls are (the same schemas, the same 400
+    for a strict tool that can't be), primed past the block's own tag, a quote kept out of
+    its names; without single block tokens (`writes_call_tags`) nothing is held, no 400."""
+    mixed = {"type": "object", "properties": {"a": {"type": ["string", "integer"]}}}
+    with pytest.raises(APIError) as info:
+        call_format("minimax_m2", [tool("t", mixed, True)], "")
+    assert info.value.status == 400 and info.value.param == "tools"
+    assert "'t'" in info.value.message and "properties.a" in info.value.message and "minimax_m2" in info.value.message
+    held = call_format("minimax_m2", [tool("t", mixed), tool("u", {"type": "object"}, True)], "", one_call=True)
+    assert held is not None and held.tool_format == "minimax_m2" and held.one_call
+    forced = call_format("minimax_m2", [tool("t", mixed)], MINIMAX_ANY)
+    assert forced is not None and forced.primed == '\n<invoke name="' and not forced.one_call
+    named = named_call_format("minimax_m2", [tool("t", mixed), tool("u", {"type": "object"})], "u",
+                              '<minimax:tool_call>\n<invoke name="u">\n')
+    assert named is not None and named.one_call and named.primed == '\n<invoke name="u">\n'
+    assert json.loads(named.schema or "") == [["u", {"type": "object"}, False]]
+    assert call_format("qwen3_coder", [tool('say"hi', {"type": "object"}, True)], "") is not None
+    with pytest.raises(APIError, match="say\"hi"):
+        call_format("minimax_m2", [tool('say"hi', {"type": "object"}, True)], "")
+    assert call_format("minimax_m2", [tool('say"hi', {"type": "object"})], MINIMAX_ANY) is None  # no name to hold
+    assert _output_constraint(model("minimax_m2"), request(), "").tool_format == "minimax_m2"  # type: ignore[arg-type,union-attr]
+    beside = _output_constraint(model("minimax_m2"), request(output_format=OutputFormat(None)), "")  # type: ignore[arg-type]
+    assert beside is not None and beside.target == "value" and beside.calls and beside.tool_format == "minimax_m2"
+    named_req, named_opening = request(named_tool="a"), '<minimax:tool_call>\n<invoke name="a">\n'
+    got = _output_constraint(model("minimax_m2"), named_req, named_opening)  # type: ignore[arg-type]
+    assert got is not None and got.target == "calls" and got.one_call
+    for req, forced_text in ((request(), ""), (named_req, named_opening), (request(tool_choice="required"), MINIMAX_ANY)):
+        assert _output_constraint(model("minimax_m2", tags=False), req, forced_text) is None  # type: ignore[arg-type]
+
+
+def test_each_format_looks_for_its_own_call_tags(demo_tokenizer) -> None:  # noqa: ANN001
+    """Qwen3's tokenizer has `<tool_call>` as one token, not MiniMax's block tags."""
+    from edgemoe.server.model import ServedModel
+
+    def served(parser: str) -> bool:
+        model = SimpleNamespace(tokenizer=demo_tokenizer, tool_parser=parser)
+        return ServedModel.writes_call_tags.fget(model)  # type: ignore[attr-defined]
+
+    assert served("hermes") and served("qwen3_coder") and not served("minimax_m2")
+
+
+@pytest.mark.parametrize("name", ["get_weather", "mcp__fs__read", "a b", " a", "a\tb", 'say"hi', "it's", "a<b", "a>b",
+                                  "a\nb", "x" * 256, "x" * 257, "", "é中"])
+def test_minimax_names_the_grammar_holds_are_those_the_parser_reads(name: str) -> None:
+    """A forced call's name check (the parser's) and the grammar's agree, limits included."""
+    from edgemoe.server.parsers.keyed_values import MAX_KEY
+    from edgemoe.server.parsers.minimax_m2 import writable_name
+    from edgemoe.structured.xml_calls import MINIMAX_M2
+    from edgemoe.structured.xml_tools import nameable
+
+    assert nameable(name, MINIMAX_M2) == writable_name(name)
+    assert MINIMAX_M2.max_key == MAX_KEY

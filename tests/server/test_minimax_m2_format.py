@@ -250,7 +250,8 @@ def test_markup_in_prose_stays_text(minimax: ServerHarness) -> None:
 def test_forced_calls(minimax: ServerHarness, demo_tokenizer: TokenizerBundle, choice: Any) -> None:
     """The forced turn closes the think block MiniMax's template leaves open (it ignores
     enable_thinking), then opens the call as the template writes one; nothing else is
-    constrained (no grammar writes MiniMax's calls)."""
+    constrained (the demo tokenizer has no single `<minimax:tool_call>` token:
+    test_strict_minimax_calls.py holds calls where it has)."""
     named = isinstance(choice, dict)
     for stream in (False, True):
         out = minimax.openai().chat.completions.create(model="m", messages=ask("mm_rest" if named else "mm_any"),
@@ -268,6 +269,17 @@ def test_forced_calls(minimax: ServerHarness, demo_tokenizer: TokenizerBundle, c
             message = out.choices[0].message  # type: ignore[union-attr]
             assert out.choices[0].finish_reason == "tool_calls" and not message.content  # type: ignore[union-attr]
             assert message_calls(message) == [("get_weather", WEATHER)]
+
+
+def test_without_single_block_tokens_nothing_is_held(minimax: ServerHarness, demo_tokenizer: TokenizerBundle) -> None:
+    """A tokenizer without `<minimax:tool_call>` / `</minimax:tool_call>` as single tokens
+    (the demo's): a strict tool, even one the format could not hold, is served
+    unconstrained, with no 400 (the grammar needs the tags as tokens)."""
+    odd = {"type": "function", "function": {"name": "odd", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": {"type": ["string", "integer"]}}}}}
+    out = minimax.openai().chat.completions.create(model="m", messages=ask("mm_tool"), tools=[*TOOLS, odd])
+    _, params = last_request(minimax, demo_tokenizer)
+    assert params.structured is None and out.choices[0].finish_reason == "tool_calls"
 
 
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]

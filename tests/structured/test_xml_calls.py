@@ -60,8 +60,9 @@ def parse(text: bytes) -> list:
     return parsed.tool_calls
 
 
-def random_call(calls: XmlCalls, rng: random.Random, limit: int = 500) -> bytes | None:
-    """A call the grammar accepts, grown from fragments and bytes it allows (None if it ran
+def random_call(calls: XmlCalls, rng: random.Random, limit: int = 500,
+                fragments: list[bytes] = FRAGMENTS) -> bytes | None:
+    """A call the grammar accepts, grown from `fragments` and bytes it allows (None if it ran
     past `limit`). Every state on the way allows some byte or is complete: no dead end."""
     state, out = calls.start(), bytearray()
     while len(out) < limit:
@@ -69,7 +70,7 @@ def random_call(calls: XmlCalls, rng: random.Random, limit: int = 500) -> bytes 
         if calls.is_complete(state) and (not allowed or rng.random() < 0.3):
             return bytes(out)
         assert allowed, (bytes(out), state)
-        pieces = [f for f in FRAGMENTS if calls.advance_bytes(state, f) is not None] if rng.random() < 0.5 else []
+        pieces = [f for f in fragments if calls.advance_bytes(state, f) is not None] if rng.random() < 0.5 else []
         piece = rng.choice(pieces) if pieces else bytes([rng.choice(allowed)])
         state = calls.advance_bytes(state, piece)
         out += piece

@@ -13,7 +13,7 @@ runs on the device, and go to the device as one bool [B, V] copy.
 The vocabulary's trie is built at the first constrained request (~1 s at 150K tokens),
 grammars are compiled once per schema text and kept for the last `GRAMMARS`. A request's
 constraint is an `OutputConstraint` (the output is one JSON value), a `CallConstraint`
-(its tool calls: Hermes JSON or Qwen3-Coder XML, `StructuredOutput.target="calls"`), or a
+(its tool calls: Hermes JSON, Qwen3-Coder or MiniMax-M2 XML, `StructuredOutput.target="calls"`), or a
 `ValueOrCalls` (a value, or calls, as its first token picks: `calls_schema` beside a
 response format).
 """
@@ -34,12 +34,12 @@ from edgemoe.engine.mask_upload import MaskUpload
 from edgemoe.messages import StructuredOutput
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_constraint import CallConstraint, CallRules
-from edgemoe.structured.call_tokens import CallTags, CallTokens, SpaceTokens, SpelledTag
+from edgemoe.structured.call_tokens import CallTags, CallTokens, SpaceTokens, SpelledTag, tag_texts
 from edgemoe.structured.constraint import OutputConstraint, PaddedValue, ThinkTokens
 from edgemoe.structured.token_masks import TokenMasks
 from edgemoe.structured.value_or_calls import ValueOrCalls
 from edgemoe.structured.vocab import Vocabulary, grammar_token_bytes
-from edgemoe.structured.xml_calls import XmlCalls
+from edgemoe.structured.xml_calls import SPELLINGS, XmlCalls
 from edgemoe.structured.xml_tools import xml_calls
 
 GRAMMARS = 32
@@ -64,11 +64,11 @@ def compile_grammar(text: str | None) -> Grammar:
         raise ValueError("structured output: the schema nests too deeply") from exc
 
 
-def compile_xml_calls(text: str | None) -> XmlCalls:
-    """The XML calls' grammar of a "qwen3_coder" calls text (the tools' [name, parameters,
-    strict] as JSON); ValueError naming the fault."""
+def compile_xml_calls(text: str | None, tool_format: str = "qwen3_coder", one_call: bool = False) -> XmlCalls:
+    """The XML calls' grammar of a "qwen3_coder" or "minimax_m2" calls text (the tools'
+    [name, parameters, strict] as JSON); ValueError naming the fault."""
     try:
-        return xml_calls(json.loads(text or "null"))
+        return xml_calls(json.loads(text or "null"), SPELLINGS[tool_format], one_call)
     except GrammarError as exc:
         raise ValueError(f"structured output: {exc}") from exc
     except (ValueError, TypeError, RecursionError) as exc:
@@ -85,16 +85,18 @@ class Constraints:
         self._eos = eos_ids
         self._bytes: list[bytes | None] | None = None
         self._vocab: Vocabulary | None = None
-        self._call_tokens: CallTokens | None = None
-        self._masks: OrderedDict[tuple[str, str | None], TokenMasks] = OrderedDict()
+        self._spaces: SpaceTokens | None = None
+        self._call_tokens: dict[tuple[bytes, bytes], CallTokens] = {}  # by the tags' text
+        self._masks: OrderedDict[tuple[str, str | None, bool], TokenMasks] = OrderedDict()
         self._think = _think_tokens(tokenizer)
-        self._call_tags = _call_tags(tokenizer)
         self.by_request: dict[str, Constraint] = {}
 
     def check(self, spec: StructuredOutput) -> None:
         """Compile (or find) the spec's grammar; ValueError naming what is wrong with it."""
-        if (spec.target == "calls" or spec.calls_schema is not None) and self._call_tags is None:
-            raise ValueError("structured output: the tokenizer has no <tool_call> and </tool_call> tokens")
+        holds_calls = spec.target == "calls" or spec.calls_schema is not None
+        if holds_calls and _call_tags(self._tokenizer, spec.tool_format) is None:
+            opening, closing = (t.decode() for t in tag_texts(spec.tool_format))
+            raise ValueError(f"structured output: the tokenizer has no {opening} and {closing} tokens")
         self._constraint(spec, (), 0)
 
     def attach(self, request_id: str, spec: StructuredOutput, stop_ids: Sequence[int], min_tokens: int = 0) -> None:
@@ -106,18 +108,20 @@ class Constraints:
         eos = self._eos | frozenset(stop_ids)
         rules = CallRules(eos, spec.one_call, min_tokens)
         if spec.target == "calls":
-            masks = self._masks_for(spec.schema, spec.tool_format)
+            masks = self._masks_for(spec.schema, spec.tool_format, spec.one_call)
             assert self._bytes is not None
             primed = spec.primed.encode() if spec.primed is not None else None
-            return CallConstraint(masks, self._bytes, self._calls(), rules, reasoning, self._think, primed)
+            calls = self._calls(spec.tool_format)
+            return CallConstraint(masks, self._bytes, calls, rules, reasoning, self._think, primed)
         masks = self._masks_for(spec.schema)
         assert self._bytes is not None
         value = OutputConstraint(masks, self._bytes, eos, reasoning, self._think)  # type: ignore[arg-type]
         if spec.calls_schema is None:
             return value
-        calls_masks = self._masks_for(spec.calls_schema, spec.tool_format)
-        calls = CallConstraint(calls_masks, self._bytes, self._calls(), rules, "none", None)
-        return ValueOrCalls(value, calls, self._calls().tags.open)
+        calls_masks = self._masks_for(spec.calls_schema, spec.tool_format, spec.one_call)
+        tokens = self._calls(spec.tool_format)
+        calls = CallConstraint(calls_masks, self._bytes, tokens, rules, "none", None)
+        return ValueOrCalls(value, calls, tokens.tags.open)
 
     def wait_for_tokens(self) -> bool:
         """Whether some request's next mask follows the token its step in flight samples."""
@@ -179,12 +183,15 @@ class Constraints:
             _unconstrain(request_id, c)
             return None
 
-    def _masks_for(self, text: str | None, tool_format: str = "") -> TokenMasks:
-        """The masks of a value's schema text, or (`tool_format` given) of the calls' text."""
-        key = (tool_format, text)
+    def _masks_for(self, text: str | None, tool_format: str = "", one_call: bool = False) -> TokenMasks:
+        """The masks of a value's schema text, or (`tool_format` given) of the calls' text;
+        `one_call` shapes the grammar only where a block holds several calls (MiniMax's)."""
+        spelling = SPELLINGS.get(tool_format)
+        key = (tool_format, text, one_call and spelling is not None and spelling.repeats)
         masks = self._masks.get(key)
         if masks is None:
-            grammar = compile_xml_calls(text) if tool_format == "qwen3_coder" else PaddedValue(compile_grammar(text))
+            grammar = (compile_xml_calls(text, tool_format, key[2]) if spelling is not None
+                       else PaddedValue(compile_grammar(text)))
             if self._vocab is None:
                 self._bytes = grammar_token_bytes(self._tokenizer)
                 self._vocab = Vocabulary(self._bytes, self._width)
@@ -195,12 +202,18 @@ class Constraints:
         self._masks.move_to_end(key)
         return masks
 
-    def _calls(self) -> CallTokens:
-        """The call tags and the vocabulary's tables for them, built at the first call constraint."""
-        if self._call_tokens is None:
-            assert self._call_tags is not None and self._bytes is not None
-            self._call_tokens = CallTokens(self._call_tags, SpaceTokens(self._bytes), SpelledTag(self._bytes, self._width))
-        return self._call_tokens
+    def _calls(self, tool_format: str) -> CallTokens:
+        """The format's call tags and the vocabulary's tables for them, built at its first call constraint."""
+        texts = tag_texts(tool_format)
+        tokens = self._call_tokens.get(texts)
+        if tokens is None:
+            tags = _call_tags(self._tokenizer, tool_format)
+            assert tags is not None and self._bytes is not None
+            if self._spaces is None:
+                self._spaces = SpaceTokens(self._bytes)
+            spelled = SpelledTag(self._bytes, self._width, texts[0])
+            tokens = self._call_tokens[texts] = CallTokens(tags, self._spaces, spelled)
+        return tokens
 
 
 def _unconstrain(request_id: str, c: Constraint) -> None:
@@ -216,7 +229,8 @@ def _think_tokens(tokenizer: Tokenizer) -> ThinkTokens | None:
     return ThinkTokens(open_id, close_id) if open_id is not None and close_id is not None else None
 
 
-def _call_tags(tokenizer: Tokenizer) -> CallTags | None:
-    """`<tool_call>` / `</tool_call>` when both are single tokens (Hermes models); else None."""
-    open_id, close_id = tokenizer.token_to_id("<tool_call>"), tokenizer.token_to_id("</tool_call>")
+def _call_tags(tokenizer: Tokenizer, tool_format: str) -> CallTags | None:
+    """The format's call tags (`<tool_call>` / `</tool_call>`, MiniMax's block tags) when
+    both are single tokens; else None."""
+    open_id, close_id = (tokenizer.token_to_id(t.decode()) for t in tag_texts(tool_format))
     return CallTags(open_id, close_id) if open_id is not None and close_id is not None else None

@@ -1,5 +1,5 @@
-"""Tool calls held to their tools' schemas (Hermes JSON or Qwen3-Coder XML): which
-requests, and the engine's `StructuredOutput(target="calls")` for them.
+"""Tool calls held to their tools' schemas (Hermes JSON, Qwen3-Coder or MiniMax-M2 XML):
+which requests, and the engine's `StructuredOutput(target="calls")` for them.
 
 A request's calls are constrained when the model writes tagged calls, tools are active,
 and either `tool_choice` forces a call ("required": the prompt ends with the call's
@@ -13,7 +13,10 @@ client asked for a guarantee the server cannot give. Text around the calls is fr
 In the qwen3_coder format (Qwen3.5/3.6, Qwen3-Coder) each call is
 `<function=NAME>` and one `<parameter=KEY>` block per argument, each value raw text the
 parser types by the schema: `structured/xml_tools.py` says which schemas can be held
-(a parameter that may be a string or another type can't: a 400 for a strict tool).
+(a parameter that may be a string or another type can't: a 400 for a strict tool). The
+minimax_m2 format (MiniMax-M2/M2.1/M2.5) is held the same way: a `<minimax:tool_call>`
+block of `<invoke name="NAME">` calls, `<parameter name="KEY">VALUE</parameter>` each,
+typed alike; one invoke per block with parallel calls off.
 
 A forced call to a named tool is `output_format.forced_arguments`; a response format
 (`response_format`, …) holds the content instead, and no call is constrained.
@@ -32,10 +35,13 @@ from edgemoe.server.output_format import OutputFormat
 from edgemoe.server.tool_functions import tool_functions
 from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.call_schema import call_schema, rebase_refs
+from edgemoe.structured.call_tokens import tag_texts
 from edgemoe.structured.keywords import ANNOTATIONS
+from edgemoe.structured.xml_calls import SPELLINGS
 from edgemoe.structured.xml_tools import nameable, xml_tool
 
-CALL_OPEN = "<tool_call>"
+XML_FORMATS = tuple(SPELLINGS)  # qwen3_coder, minimax_m2
+HELD_FORMATS = ("hermes", *XML_FORMATS)  # the call formats whose calls can be held
 CACHED_KEY_BYTES = 1 << 20  # tool sets up to this much JSON have their checked schema cached
 MAX_TOOLS = 512  # constrained calls over at most this many tools (OpenAI takes 128 a request)
 _REFUSED = (GrammarError, RecursionError, TypeError, ValueError)
@@ -48,7 +54,7 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
     a tool is strict, as beside a response format; `strict_default`: a tool that doesn't
     say `strict` is held too, without the 400 — the Responses API's default); None where
     calls are not constrained. Compiles schemas: call it off the event loop."""
-    if tool_format not in ("hermes", "qwen3_coder") or not tools:
+    if tool_format not in HELD_FORMATS or not tools:
         return None
     functions = tool_functions(tools)
     entries = _entries(functions)
@@ -62,23 +68,27 @@ def call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, for
                               f"(got {len(entries)})", param="tools")
         return None
     key = json.dumps(entries, ensure_ascii=False, separators=(",", ":"))
-    check = _checked if tool_format == "hermes" else _checked_xml
-    schema = check(key) if len(key) <= CACHED_KEY_BYTES else check.__wrapped__(key)
+    cached = len(key) <= CACHED_KEY_BYTES  # a larger set is checked every time, not kept
+    if tool_format == "hermes":
+        schema = _checked(key) if cached else _checked.__wrapped__(key)
+    else:
+        schema = _checked_xml(key, tool_format) if cached else _checked_xml.__wrapped__(key, tool_format)
     if schema is None:
         return None
     primed = None
-    if forced:
-        assert forced.startswith(CALL_OPEN), forced
-        primed = forced[len(CALL_OPEN):]
+    if forced:  # the call's opening tag is one token of the prompt; the grammar starts after it
+        open_tag = tag_texts(tool_format)[0].decode()
+        assert forced.startswith(open_tag), forced
+        primed = forced[len(open_tag):]
     return OutputFormat(schema, target="calls", primed=primed, one_call=one_call, tool_format=tool_format)
 
 
 def named_call_format(tool_format: str | None, tools: list[dict[str, Any]] | None, name: str,
                       forced: str) -> OutputFormat | None:
-    """A forced call to the tool `name` in the qwen3_coder format: the one call, to that
-    tool, held to its parameters as a strict call's are (strict or not, as Hermes' forced
-    arguments are: `output_format.forced_arguments`). Compiles: off the event loop."""
-    if tool_format != "qwen3_coder" or not forced:
+    """A forced call to the tool `name` in an XML format (qwen3_coder, minimax_m2): the one
+    call, to that tool, held to its parameters as a strict call's are (strict or not, as
+    Hermes' forced arguments are: `output_format.forced_arguments`). Compiles: off the event loop."""
+    if tool_format not in XML_FORMATS or not forced:
         return None
     named = [t for t in tools or [] if any(f["name"] == name for f in tool_functions([t]))]
     return call_format(tool_format, named, forced, one_call=True) if named else None
@@ -113,9 +123,10 @@ def _checked(entries_json: str) -> str | None:
 
 
 @lru_cache(maxsize=64)
-def _checked_xml(entries_json: str) -> str | None:
-    """The qwen3_coder calls' text for the tools (their entries, checked: a strict tool that
-    can't be held is a 400 naming it; the others are held loosely where they can't be)."""
+def _checked_xml(entries_json: str, tool_format: str) -> str | None:
+    """The XML calls' text for the tools (their entries, checked: a strict tool that can't be
+    held in `tool_format` is a 400 naming it; the others are held loosely where they can't be)."""
+    spelling = SPELLINGS[tool_format]
     entries = json.loads(entries_json)
     size = len(entries_json.encode())
     if size > MAX_SCHEMA_BYTES:
@@ -126,13 +137,13 @@ def _checked_xml(entries_json: str) -> str | None:
     held = 0
     for name, parameters, strict in entries:
         if not strict:  # held as far as it can be, never refused: only its name matters here
-            held += nameable(name)
+            held += nameable(name, spelling)
             continue
         try:
-            xml_tool(name, parameters, strict)
+            xml_tool(name, parameters, strict, spelling)
         except GrammarError as exc:
             raise bad_request(f"tools: the strict tool {name!r}'s parameters cannot be enforced in the "
-                              f"qwen3_coder call format: {exc}", param="tools") from exc
+                              f"{tool_format} call format: {exc}", param="tools") from exc
         held += 1
     return entries_json if held else None  # none a tag can name: nothing to hold
 

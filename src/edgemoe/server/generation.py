@@ -21,7 +21,7 @@ import anyio
 import msgspec
 
 from edgemoe.messages import SEED_MIN, AddRequest, RequestOutput, SamplingParams
-from edgemoe.server.call_format import call_format, named_call_format
+from edgemoe.server.call_format import XML_FORMATS, call_format, named_call_format
 from edgemoe.server.choice import ChoiceState, make_parser
 from edgemoe.server.engine_client import (
     EngineClient,
@@ -300,11 +300,13 @@ def _output_constraint(model: ServedModel, req: GenerationRequest, forced: str) 
     format (or, with tools, the format or tool calls: structured/value_or_calls.py), or the
     calls when a tool is strict (server/call_format.py). Harmony: a response format holds
     the final channel the prompt opened (`forced`), and nothing beside active tools (the
-    channel's header, special tokens, is not for a byte-level grammar to write)."""
+    channel's header, special tokens, is not for a byte-level grammar to write). Calls are
+    held only where the format's call tags are single tokens (`writes_call_tags`)."""
     call_forced = bool(forced) and (req.tool_choice == "required" or req.named_tool is not None)
     if call_forced and req.named_tool is not None:
-        if model.tool_parser == "qwen3_coder":
-            return named_call_format(model.tool_parser, req.tools, req.named_tool, forced)
+        if model.tool_parser in XML_FORMATS:  # the XML call is held whole, from inside its block
+            held = model.tool_parser if model.writes_call_tags else None
+            return named_call_format(held, req.tools, req.named_tool, forced)
         return forced_arguments(model.tool_parser, req.named_tool, req.tools)
     if model.tool_parser in WHOLE_OUTPUT_FORMATS and req.output_format is not None and not forced:
         return None

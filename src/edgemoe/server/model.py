@@ -20,6 +20,7 @@ from edgemoe.server.parsers import parser_for_chat_template, pick_tool_format
 from edgemoe.server.prompt_tokens import PromptTokenizer
 from edgemoe.server.template_sandbox import RenderLimits
 from edgemoe.server.templates import ChatTemplate
+from edgemoe.structured.call_tokens import tag_texts
 from edgemoe.tokenizer import TokenizerBundle
 
 log = logging.getLogger(__name__)
@@ -67,9 +68,10 @@ class ServedModel:
 
     @property
     def writes_call_tags(self) -> bool:
-        """Whether `<tool_call>` and `</tool_call>` are single tokens (strict calls need them)."""
+        """Whether its format's call tags are single tokens (strict calls need them):
+        `<tool_call>` and `</tool_call>`, or MiniMax-M2's `<minimax:tool_call>` block tags."""
         t = self.tokenizer.tokenizer
-        return t.token_to_id("<tool_call>") is not None and t.token_to_id("</tool_call>") is not None
+        return all(t.token_to_id(tag.decode()) is not None for tag in tag_texts(self.tool_parser or ""))
 
     @property
     def max_model_len(self) -> int:

@@ -1,6 +1,9 @@
 """One request's tool calls, constrained: free text, and inside each `<tool_call>` …
 `</tool_call>` a call the grammar accepts: the Hermes JSON (`call_schema`, in a
-`PaddedValue`) or the Qwen3-Coder XML (`xml_calls.XmlCalls`).
+`PaddedValue`) or the Qwen3-Coder XML (`xml_calls.XmlCalls`). MiniMax-M2's calls are a
+`<minimax:tool_call>` … `</minimax:tool_call>` block of invokes (`XmlCalls` too): its tags
+stand for `<tool_call>` / `</tool_call>` below (`call_tokens.tag_texts`), and `one_call`
+holds the block to one invoke in its grammar as well.
 
 Phases, as tokens come:
 - `text`: free, but for `<tool_call>` spelled out in plain tokens (the parser would read it
@@ -18,7 +21,7 @@ Phases, as tokens come:
 - `off`: a token the mask did not allow, or a grammar failure: unconstrained from then on.
 
 A request forced to call (`tool_choice` "required") starts in `call`, its prompt having
-written the opening (`primed`: the bytes after `<tool_call>`).
+written the opening (`primed`: the bytes after the opening tag).
 """
 
 from __future__ import annotations

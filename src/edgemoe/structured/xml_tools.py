@@ -1,4 +1,6 @@
-"""A tool's parameters schema as its Qwen3-Coder XML calls are held (`xml_calls.XmlTool`).
+"""A tool's parameters schema as its XML calls are held (`xml_calls.XmlTool`), in
+Qwen3-Coder's or MiniMax-M2's spelling (`xml_calls.XmlSpelling`): both parsers type values
+alike, so one schema is held alike in both; only how a value closes differs.
 
 The parser types each value's raw text by the parameter's schema (edgemoe/tool_values.py,
 `convert_typed`), so a value's matcher is chosen by what the parser will read it as:
@@ -16,7 +18,8 @@ the model meant "5"), a string the parser would read as null but the schema does
 allow, and a parameters schema beyond an object of properties (`anyOf`, `allOf` or a
 keyword beside `$ref` at the top, `patternProperties`, …) raise GrammarError: a strict
 tool's calls can't be enforced then.
-Names and keys must be writable in a tag (no `<`, `>`, line break or surrounding space).
+Names and keys must be writable in a tag (no `<`, `>`, line break or surrounding space;
+in MiniMax-M2's `name="…"` no quote either, and within its parser's length limits).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from edgemoe.structured.call_schema import rebase_refs
 from edgemoe.structured.errors import GrammarError
 from edgemoe.structured.keywords import ANNOTATIONS, CONTAINERS
 from edgemoe.structured.matcher import Grammar
-from edgemoe.structured.xml_calls import XmlCalls, XmlTool
+from edgemoe.structured.xml_calls import QWEN3_CODER, XmlCalls, XmlSpelling, XmlTool
 from edgemoe.structured.xml_value import ParamValue
 from edgemoe.tool_values import SchemaResolver, lookup_ref
 
@@ -39,40 +42,40 @@ MAX_PARAMETERS = 64  # a tool's parameters held in one call (the seen set is a b
 MAX_REF_CHAIN = 32
 
 
-def xml_calls(entries: object) -> XmlCalls:
-    """The grammar of a call to any of the tools `entries` lists as [name, parameters, strict]
-    (a strict tool that can't be held raises GrammarError, `path` prefixed by its name; a
-    non-strict one whose name a tag can't carry is left out: the parser can't read its
-    calls either). ValueError where no tool is left."""
+def xml_calls(entries: object, spelling: XmlSpelling = QWEN3_CODER, one_call: bool = False) -> XmlCalls:
+    """The grammar of a block of calls to any of the tools `entries` lists as [name,
+    parameters, strict] (a strict tool that can't be held raises GrammarError, `path`
+    prefixed by its name; a non-strict one whose name a tag can't carry is left out: the
+    parser can't read its calls either). ValueError where no tool is left."""
     if not isinstance(entries, list):
         raise TypeError("a list of tools")
     tools = []
     for name, parameters, strict in entries:
         try:
-            tool = xml_tool(name, parameters, strict is True)
+            tool = xml_tool(name, parameters, strict is True, spelling)
         except GrammarError as exc:
             raise GrammarError(f"{name}: {exc.path}" if exc.path else str(name), exc.problem) from exc
         if tool is not None:
             tools.append(tool)
-    return XmlCalls(tools)
+    return XmlCalls(tools, spelling, one_call)
 
 
-def xml_tool(name: str, parameters: object, strict: bool) -> XmlTool | None:
+def xml_tool(name: str, parameters: object, strict: bool, spelling: XmlSpelling = QWEN3_CODER) -> XmlTool | None:
     """`name`'s calls held to `parameters` (None: no parameters). A tool that is not strict
     and whose schema can't be held gets its declared keys with any text as values; one
     whose name can't be written in a tag, None."""
-    if not strict and not nameable(name):
+    if not strict and not nameable(name, spelling):
         return None
-    _check_writable(name, "the tool's name")
+    _check_writable(name, "the tool's name", spelling)
     try:
-        return _held(name, parameters)
+        return _held(name, parameters, spelling)
     except (GrammarError, RecursionError) as exc:
         if strict:
             raise exc if isinstance(exc, GrammarError) else GrammarError("", "the schema nests too deeply") from exc
-        return _loose(name, parameters)
+        return _loose(name, parameters, spelling)
 
 
-def _held(name: str, parameters: object) -> XmlTool:
+def _held(name: str, parameters: object, spelling: XmlSpelling) -> XmlTool:
     if parameters is None or parameters is True or parameters == {}:
         return XmlTool(name.encode(), (), (), 0)
     if not isinstance(parameters, Mapping):
@@ -92,22 +95,23 @@ def _held(name: str, parameters: object) -> XmlTool:
     resolver = SchemaResolver(parameters)  # the parser's own typing of each value
     keys, values = [], []
     for key, schema in props.items():
-        _check_writable(key, f"the parameter {key!r}")
+        _check_writable(key, f"the parameter {key!r}", spelling, key=True)
         keys.append(key)
-        values.append(_param_value(defs, resolver, key, schema))
+        values.append(_param_value(defs, resolver, key, schema, spelling.newline_close))
     if resolver.exhausted:  # the parser would read some values untyped
         raise GrammarError("properties", "the schema takes too much work to type its values")
     mask = sum(1 << keys.index(k) for k in set(required))
     return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(values), mask)
 
 
-def _loose(name: str, parameters: object) -> XmlTool:
+def _loose(name: str, parameters: object, spelling: XmlSpelling) -> XmlTool:
     """Declared keys (those writable, as the parser finds them), any text for each, none required."""
     props = None
     if isinstance(parameters, Mapping):
         props = SchemaResolver(parameters).resolve(parameters).get("properties")
-    keys = [k for k in props if nameable(k)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
-    return XmlTool(name.encode(), tuple(k.encode() for k in keys), tuple(_any_text() for _ in keys), 0)
+    keys = [k for k in props if nameable(k, spelling, key=True)][:MAX_PARAMETERS] if isinstance(props, Mapping) else []
+    values = tuple(_any_text(spelling.newline_close) for _ in keys)
+    return XmlTool(name.encode(), tuple(k.encode() for k in keys), values, 0)
 
 
 def _top_object(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -116,7 +120,7 @@ def _top_object(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
     node: Mapping[str, Any] = parameters
     for _ in range(MAX_REF_CHAIN):
         if "allOf" in node:
-            raise GrammarError("allOf", "allOf at the top of the parameters can't be held in the qwen3_coder format")
+            raise GrammarError("allOf", "allOf at the top of the parameters can't be held in an XML call")
         ref = node.get("$ref")
         if ref is None:
             _check_object(node)
@@ -136,19 +140,20 @@ def _check_object(top: Mapping[str, Any]) -> None:
         raise GrammarError("type", "the parameters must be an object")
     extra = sorted(k for k in top if k not in _OBJECT_KEYWORDS)
     if extra:
-        raise GrammarError(extra[0], "not enforced on a call's parameters in the qwen3_coder format")
+        raise GrammarError(extra[0], "not enforced on an XML call's parameters")
 
 
-def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schema: object) -> ParamValue:
+def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schema: object,
+                 newline_close: bool) -> ParamValue:
     where = f"properties.{key}"
     if not isinstance(schema, Mapping):
         if schema is True:
-            return _any_text()
+            return _any_text(newline_close)
         raise GrammarError(where, "not a schema object")
     if all(k in ANNOTATIONS for k in schema):  # {}: any value, and the parser reads any text as one
-        return _any_text()
+        return _any_text(newline_close)
     if _plain_boolean(schema):
-        return _boolean_text(nullable=schema["type"] != "boolean")
+        return _boolean_text(schema["type"] != "boolean", newline_close)
     vt = resolver.property_type(key)
     string_only = set(vt.types) == {"string"} or (
         not vt.types and vt.enum is not None and all(isinstance(m, str) or m is None for m in vt.enum))
@@ -158,13 +163,13 @@ def _param_value(defs: dict[str, Any], resolver: SchemaResolver, key: str, schem
         if vt.nullable and not _accepts(grammar, b"null"):
             raise GrammarError(where, "the parser reads the text null as null here, which the schema refuses")
         try:
-            return ParamValue(grammar, raw=True)
+            return ParamValue(grammar, raw=True, newline_close=newline_close)
         except ValueError as exc:
             raise GrammarError(where, "the parser reads a string here, which the schema refuses") from exc
     if "string" in vt.types or any(isinstance(m, str) for m in vt.enum or ()):
-        raise GrammarError(where, "a value that may be a string or another type can't be held in the "
-                                  "qwen3_coder format (the parser reads 5 as a number)")
-    return ParamValue(grammar, raw=False)
+        raise GrammarError(where, "a value that may be a string or another type can't be held in an "
+                                  "XML call (the parser reads 5 as a number)")
+    return ParamValue(grammar, raw=False, newline_close=newline_close)
 
 
 def _plain_boolean(schema: Mapping[str, Any]) -> bool:
@@ -174,11 +179,11 @@ def _plain_boolean(schema: Mapping[str, Any]) -> bool:
 
 
 @cache
-def _boolean_text(nullable: bool) -> ParamValue:
-    """A boolean as either template writes it: JSON's `true` (Qwen3.5/3.6: tojson) or
-    Python's `True` (Qwen3-Coder: `| string`); the parser reads either, in any case."""
+def _boolean_text(nullable: bool, newline_close: bool) -> ParamValue:
+    """A boolean as either template writes it: JSON's `true` (Qwen3.5/3.6, MiniMax-M2:
+    tojson) or Python's `True` (Qwen3-Coder: `| string`); the parsers read either, in any case."""
     words = ["true", "false", "True", "False"] + (["null"] if nullable else [])
-    return ParamValue(Grammar.from_schema({"enum": words}), raw=True)
+    return ParamValue(Grammar.from_schema({"enum": words}), raw=True, newline_close=newline_close)
 
 
 def _grammar(defs: dict[str, Any], schema: Mapping[str, Any], where: str, extra_null: bool) -> Grammar:
@@ -201,16 +206,20 @@ def _accepts(grammar: Grammar, text: bytes) -> bool:
 
 
 @cache
-def _any_text() -> ParamValue:
-    return ParamValue(Grammar.from_schema({"type": "string"}), raw=True)
+def _any_text(newline_close: bool) -> ParamValue:
+    return ParamValue(Grammar.from_schema({"type": "string"}), raw=True, newline_close=newline_close)
 
 
-def nameable(text: object) -> bool:
-    """Whether a tag can carry `text` as a name or key (`<function=…>`, `<parameter=…>`)."""
-    return isinstance(text, str) and bool(text) and text == text.strip() and not any(c in text for c in "<>\n")
+def nameable(text: object, spelling: XmlSpelling = QWEN3_CODER, key: bool = False) -> bool:
+    """Whether a tag in `spelling` can carry `text` as a tool's name (or a parameter's `key`):
+    `<function=…>`, `<invoke name="…">`, and read it back as written."""
+    limit = spelling.max_key if key else spelling.max_name
+    return (isinstance(text, str) and bool(text) and text == text.strip()
+            and not any(c in text for c in spelling.forbidden) and (limit is None or len(text) <= limit))
 
 
-def _check_writable(text: str, what: str) -> None:
-    if not nameable(text):
-        raise GrammarError("", f"{what} can't be written in a qwen3_coder tag (empty, or a <, > or "
-                               f"line break in it, or space around it)")
+def _check_writable(text: str, what: str, spelling: XmlSpelling, key: bool = False) -> None:
+    if not nameable(text, spelling, key):
+        shown = ", ".join(repr(c) for c in spelling.forbidden)
+        raise GrammarError("", f"{what} can't be written in a {spelling.format} tag (empty, or a {shown} in it, "
+                               f"space around it, or too long)")

@@ -1,7 +1,10 @@
-"""One parameter's value in a Qwen3-Coder XML call, byte by byte.
+"""One parameter's value in an XML tool call (Qwen3-Coder's, MiniMax-M2's), byte by byte.
 
-The template writes `<parameter=KEY>` `\\n` VALUE `\\n</parameter>`; the parser strips one
-newline on each side of a string and all whitespace around any other value. A value is
+Qwen3-Coder's template writes `<parameter=KEY>` `\\n` VALUE `\\n</parameter>`; the parser
+strips one newline on each side of a string and all whitespace around any other value, so
+there the value closes at `\\n</parameter>` (`newline_close`). MiniMax-M2's writes
+`<parameter name="KEY">VALUE</parameter>` and its parser keeps a string verbatim: the value
+closes at `</parameter>` and a newline is content like any byte. A value is
 either raw text (a string parameter: the text is the string, as is) or JSON text (any
 other type), and here it is matched by a JSON `Grammar` of the parameter's schema:
 
@@ -10,7 +13,7 @@ other type), and here it is matched by a JSON `Grammar` of the parameter's schem
   end where the grammar would take the closing `"` and be complete;
 - JSON: bytes go to the grammar as they are; the value may end where it is complete.
 
-The value ends at `\\n</parameter>`, and never holds `</parameter>` otherwise: the parser
+The value ends at its closing tag, and never holds `</parameter>` otherwise: the parser
 takes the first `</parameter>` followed by the next tag as the end, so a value holding one
 could be cut short. While the text ends with a prefix of `\\n</parameter>` (or of
 `</parameter>`), those bytes are held back from the grammar: they close the value if the
@@ -32,6 +35,7 @@ CLOSED = ("closed",)
 # Bytes that keep a value in a free string where it is: a raw string's every byte but the
 # newline and `<` (either may begin the closing tag); in JSON a free string's but `<`.
 RAW_FREE = bytes(b not in (NEWLINE, CLOSE[0]) for b in range(256))
+RAW_FREE_BARE = bytes(b != CLOSE[0] for b in range(256))  # a raw string closed by `</parameter>` alone
 JSON_FREE = bytes(f and b != CLOSE[0] for b, f in enumerate(FREE_BYTE))
 _SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
 ESCAPED = [_SHORT.get(b, b"\\u%04x" % b if b < 0x20 else bytes([b])) for b in range(256)]
@@ -40,32 +44,33 @@ ValueState = tuple
 
 
 class ParamValue:
-    """The matcher of one parameter's value (module doc): `raw` text or JSON, by `grammar`."""
+    """The matcher of one parameter's value (module doc): `raw` text or JSON, by `grammar`;
+    `newline_close`: it closes at `\\n</parameter>` (Qwen3-Coder), else at `</parameter>`."""
 
-    __slots__ = ("grammar", "raw", "_start", "free_bytes")
+    __slots__ = ("grammar", "raw", "newline_close", "_start", "free_bytes")
 
-    def __init__(self, grammar: Grammar, raw: bool) -> None:
-        self.grammar, self.raw = grammar, raw
+    def __init__(self, grammar: Grammar, raw: bool, newline_close: bool = True) -> None:
+        self.grammar, self.raw, self.newline_close = grammar, raw, newline_close
         start = grammar.advance(grammar.start(), QUOTE) if raw else grammar.start()
         if start is None:
             raise ValueError("a raw value's grammar takes no string")
         self._start: State = start
-        self.free_bytes = RAW_FREE if raw else JSON_FREE
+        self.free_bytes = (RAW_FREE if newline_close else RAW_FREE_BARE) if raw else JSON_FREE
 
     def start(self) -> ValueState:
         return (self._start, False, 0)
 
     def advance(self, state: ValueState, byte: int) -> ValueState | None:
-        """The state after `byte`: CLOSED where it completed `\\n</parameter>`; None if refused."""
+        """The state after `byte`: CLOSED where it completed the closing tag; None if refused."""
         inner, newline, held = state
         if byte == CLOSE[held]:
             if held + 1 == len(CLOSE):
-                return CLOSED if newline and self.can_end(inner) else None
+                return CLOSED if self._closes(inner, newline) else None
             return self._holding(inner, newline, held + 1)
         inner = self._feed(inner, (b"\n" if newline else b"") + CLOSE[:held])
         if inner is None:
             return None
-        if byte == NEWLINE:
+        if byte == NEWLINE and self.newline_close:
             return self._holding(inner, True, 0)
         if byte == CLOSE[0]:
             return self._holding(inner, False, 1)
@@ -76,10 +81,14 @@ class ParamValue:
         """A held prefix, where the value may still close or the bytes be content that can
         go on (not only as the rest of `</parameter>`, which content may not hold: an
         enum member "a</parameter>b" would leave no byte)."""
-        if newline and self.can_end(inner):
+        if self._closes(inner, newline):
             return (inner, newline, held)
         content = self._feed(inner, (b"\n" if newline else b"") + CLOSE[:held])
         return None if content is None or not self._escapes(content, held) else (inner, newline, held)
+
+    def _closes(self, inner: State, newline: bool) -> bool:
+        """Whether the closing tag may end the value here (after the newline it needs, if any)."""
+        return (newline or not self.newline_close) and self.can_end(inner)
 
     def _escapes(self, content: State | None, held: int) -> bool:
         """Whether content that ends with `CLOSE[:held]` can take a byte that leaves the tag."""
