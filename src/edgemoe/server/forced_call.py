@@ -1,8 +1,9 @@
 """Forced tool calls: `tool_choice` "required" or naming a function, by a forced opening.
 
-There is no grammar engine. Instead the assistant's turn is made to start with the
-opening of a call in the format the server parses, written as the model's own chat
-template writes an assistant tool call, so the model continues in distribution:
+The assistant's turn is made to start with the opening of a call in the format the
+server parses, written as the model's own chat template writes an assistant tool call, so
+the model continues in distribution (where the format's calls can be held, the grammar
+then holds the rest of the call from inside the opening: `server/call_format.py`):
 
     format       named                                              required
     hermes       <tool_call>\\n{"name": "NAME", "arguments":         <tool_call>\\n{"name": "
