@@ -196,7 +196,7 @@ def test_sparse_moe_route_fused_and_override(triton_on_cpu: None) -> None:
     router's weights."""
     E, H, K, T = 16, 32, 4, 3
     x, w = inputs(T, E, H, torch.bfloat16, seed=9)
-    executor = SimpleNamespace(routing=None, register_router=lambda layer, router, **ranking: None)
+    executor = SimpleNamespace(routing=None, register_router=lambda layer, router, bias=None, **ranking: None)
     moe = SparseMoE(0, w, K, True, executor, dense_gemv_ref)  # type: ignore[arg-type]
     assert moe.workspace is not None
     ids, wts = moe.route(x)

@@ -162,7 +162,7 @@ def test_sparse_moe_add_norm_route_keeps_the_override_and_trace(monkeypatch: pyt
     recorded: list[torch.Tensor] = []
     executor = SimpleNamespace(routing=None, trace=SimpleNamespace(record=lambda layer, ids: recorded.append(ids)),
                                forward=lambda layer, x, ids, weights, *rest: (ids, weights),
-                               register_router=lambda layer, router, **ranking: None)
+                               register_router=lambda layer, router, bias=None, **ranking: None)
     moe = SparseMoE(0, w, K, True, executor, dense_gemv_ref)  # type: ignore[arg-type]
     out = moe.add_norm_route(a, residual, RMSNorm(weight, EPS))
     assert moe.workspace is not None and moe.workspace.logits[:T].any()  # the fused launch ran
