@@ -7,12 +7,13 @@ logic, so tool calls and reasoning go through the real parser path.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,13 @@ def demo_with_template(demo_dir: Path, model_dir: Path, template: str) -> Path:
         shutil.copy(demo_dir / name, model_dir / name)
     (model_dir / "chat_template.jinja").write_text(template)
     return model_dir
+
+
+def add_tokens(model_dir: Path, first_id: int, contents: Sequence[str], special: bool) -> None:
+    """`contents` added to `model_dir`'s tokenizer at ids first_id, first_id + 1, … (single
+    tokens, as a family's own tokenizer has its markers)."""
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    for i, content in enumerate(contents):
+        config["added_tokens_decoder"][str(first_id + i)] = {"content": content, "special": special}
+    config_path.write_text(json.dumps(config))

@@ -18,7 +18,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from server_harness import ServerHarness, demo_with_template, last_request, scripted_server, streamed_completion
+from server_harness import ServerHarness, add_tokens, demo_with_template, last_request, scripted_server, streamed_completion
 from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL, ask, message_calls, tool_call
 
 from edgemoe.server.forced_call import PrimedParser, call_opening
@@ -132,11 +132,7 @@ def harmony_dir(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """The demo model with harmony's markers as special tokens, `<|return|>` and `<|call|>`
     as EOS ids (as gpt-oss's generation_config has them) and the test template."""
     model_dir = demo_with_template(demo_dir, tmp_path_factory.mktemp("harmony"), TEMPLATE_SOURCE)
-    config_path = model_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    for i, marker in enumerate(MARKERS):
-        config["added_tokens_decoder"][str(FIRST_MARKER_ID + i)] = {"content": marker, "special": True}
-    config_path.write_text(json.dumps(config))
+    add_tokens(model_dir, FIRST_MARKER_ID, MARKERS, special=True)
     generation_path = model_dir / "generation_config.json"
     generation = json.loads(generation_path.read_text())
     generation["eos_token_id"] += [FIRST_MARKER_ID + MARKERS.index(m) for m in ("<|return|>", "<|call|>")]

@@ -10,72 +10,30 @@ Without those single tokens nothing is held: test_minimax_m2_format.py."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anthropic
 import httpx
-import jsonschema_rs
 import openai
 import pytest
-from pydantic import BaseModel, Field
-from server_harness import ServerHarness, demo_with_template
+from server_harness import ServerHarness, add_tokens, demo_with_template
+from strict_call_support import MIXED, NOTE, USER, SetLight, check, function, served
 
-from edgemoe.server.config import ServerConfig
 
 SOURCE = (Path(__file__).parent / "fixtures" / "minimax_m2_chat_template.jinja").read_text(encoding="utf-8")
 BLOCK_TAGS = ("<minimax:tool_call>", "</minimax:tool_call>")
 FIRST_TAG_ID = 151669  # after Qwen3's added tokens, within the demo model's 151936 embedding rows
 BLOCK_CLOSE = FIRST_TAG_ID + 1
-USER = [{"role": "user", "content": "Turn on a light."}]
-
-
-class SetLight(BaseModel):
-    on: bool
-    room: Literal["hall", "kitchen"]
-    level: int = Field(ge=0, le=100)
-    label: str = Field(max_length=6)
-    tags: list[Literal["warm", "cold"]] = Field(max_length=2)
-
-
-NOTE = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 8},
-                                         "when": {"anyOf": [{"type": "string", "maxLength": 4}, {"type": "null"}]}},
-        "required": ["text", "when"], "additionalProperties": False}
-MIXED = {"type": "object", "properties": {"a": {"type": ["string", "integer"]}}}
 
 
 @pytest.fixture(scope="module")
 def minimax(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHarness]:
     """The demo checkpoint with MiniMax-M2's template and block tags (the real engine, CPU)."""
-    from edgemoe.engine.service import build_engine
-
     model_dir = demo_with_template(demo_dir, tmp_path_factory.mktemp("minimax_strict"), SOURCE)
-    config_path = model_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    for i, tag in enumerate(BLOCK_TAGS):
-        config["added_tokens_decoder"][str(FIRST_TAG_ID + i)] = {"content": tag, "special": False}
-    config_path.write_text(json.dumps(config))
-    for weights in demo_dir.glob("*.safetensors*"):
-        (model_dir / weights.name).symlink_to(weights)
-    engine, ready = build_engine({"model": str(model_dir), "max_model_len": 1024, "dtype": "float32"})
-    harness = ServerHarness(engine, ready, ServerConfig()).start(timeout=120)
-    yield harness
-    harness.stop()
-
-
-def function(name: str, parameters: dict[str, Any], strict: bool | None = None) -> dict[str, Any]:
-    f: dict[str, Any] = {"name": name, "parameters": parameters}
-    if strict is not None:
-        f["strict"] = strict
-    return {"type": "function", "function": f}
-
-
-def check(name: str, arguments: str | dict) -> None:
-    args = json.loads(arguments) if isinstance(arguments, str) else arguments
-    schema = SetLight.model_json_schema() if name == "SetLight" else NOTE
-    assert jsonschema_rs.is_valid(schema, args), (name, args)
+    add_tokens(model_dir, FIRST_TAG_ID, BLOCK_TAGS, special=False)
+    yield from served(demo_dir, model_dir)
 
 
 def test_the_server_reads_minimax_calls(minimax: ServerHarness) -> None:

@@ -7,63 +7,24 @@ format can't hold is a 400 naming the tool and the parameter."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anthropic
-import jsonschema_rs
 import openai
 import pytest
-from pydantic import BaseModel, Field
 from server_harness import ServerHarness, demo_with_template
+from strict_call_support import MIXED, NOTE, USER, SetLight, check, function, served
 
 from edgemoe.assets.chat_template import QWEN3_5_CHAT_TEMPLATE
-from edgemoe.server.config import ServerConfig
 
-USER = [{"role": "user", "content": "Turn on a light."}]
 OPEN_CALL = 151657  # <tool_call> in the demo model's (Qwen3's) vocabulary
-
-
-class SetLight(BaseModel):
-    on: bool
-    room: Literal["hall", "kitchen"]
-    level: int = Field(ge=0, le=100)
-    label: str = Field(max_length=6)
-    tags: list[Literal["warm", "cold"]] = Field(max_length=2)
-
-
-NOTE = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 8},
-                                         "when": {"anyOf": [{"type": "string", "maxLength": 4}, {"type": "null"}]}},
-        "required": ["text", "when"], "additionalProperties": False}
-MIXED = {"type": "object", "properties": {"a": {"type": ["string", "integer"]}}}
 
 
 @pytest.fixture(scope="module")
 def xml(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHarness]:
-    from edgemoe.engine.service import build_engine
-
-    model_dir = demo_with_template(demo_dir, tmp_path_factory.mktemp("qwen35"), QWEN3_5_CHAT_TEMPLATE)
-    for weights in demo_dir.glob("*.safetensors*"):
-        (model_dir / weights.name).symlink_to(weights)
-    engine, ready = build_engine({"model": str(model_dir), "max_model_len": 1024, "dtype": "float32"})
-    harness = ServerHarness(engine, ready, ServerConfig()).start(timeout=120)
-    yield harness
-    harness.stop()
-
-
-def function(name: str, parameters: dict[str, Any], strict: bool | None = None) -> dict[str, Any]:
-    f: dict[str, Any] = {"name": name, "parameters": parameters}
-    if strict is not None:
-        f["strict"] = strict
-    return {"type": "function", "function": f}
-
-
-def check(name: str, arguments: str | dict) -> None:
-    args = json.loads(arguments) if isinstance(arguments, str) else arguments
-    schema = SetLight.model_json_schema() if name == "SetLight" else NOTE
-    assert jsonschema_rs.is_valid(schema, args), (name, args)
+    yield from served(demo_dir, demo_with_template(demo_dir, tmp_path_factory.mktemp("qwen35"), QWEN3_5_CHAT_TEMPLATE))
 
 
 @pytest.mark.parametrize("choice, bias, seed", [
