@@ -83,7 +83,11 @@ class LocalBackend:
         self.llm, self.sampling = llm, sampling
         source = llm.engine.runtime.source
         self.name, self.random_weights = source.name, source.random_weights
-        self.whole_format = _whole_output_format(llm)
+        template_source, model_type = _template_and_type(llm)
+        self.whole_format = _whole_output_format(template_source, model_type)
+        from edgemoe.server.parsers import strips_answer_tags
+
+        self.answer_tags = strips_answer_tags(model_type, template_source)  # ERNIE's <response> … </response>
         self._stopped = False
 
     def stream(self, messages: list[dict[str, Any]], answer: Answer) -> Iterator[Piece]:
@@ -114,13 +118,19 @@ class LocalBackend:
             deltas.close()  # aborts the request if it is still running
 
     def _parser(self, prompt: str) -> Any:
-        from edgemoe.server.parsers import ResponseParser, ThinkReasoningParser, get_tool_parser, prompt_opens_reasoning
+        from edgemoe.server.parsers import (
+            AnswerTagResponseParser,
+            ResponseParser,
+            ThinkReasoningParser,
+            get_tool_parser,
+            prompt_opens_reasoning,
+        )
 
         if self.whole_format is not None:
             return ResponseParser(None, get_tool_parser(self.whole_format)(None))
-        if self.sampling.thinking is False:
-            return None
-        return ThinkReasoningParser(starts_in_reasoning=prompt_opens_reasoning(prompt))
+        thinking = None if self.sampling.thinking is False else ThinkReasoningParser(
+            starts_in_reasoning=prompt_opens_reasoning(prompt))
+        return AnswerTagResponseParser(thinking) if self.answer_tags else thinking
 
     def stop(self) -> None:
         self._stopped = True
@@ -134,18 +144,25 @@ class LocalBackend:
         self.llm.close()
 
 
-def _whole_output_format(llm: Any) -> str | None:
-    """The model's output format when it frames every message (`WHOLE_OUTPUT_FORMATS`),
-    chosen as the server chooses (`pick_tool_format`), else None."""
-    from edgemoe.server.parsers import WHOLE_OUTPUT_FORMATS, pick_tool_format
+def _template_and_type(llm: Any) -> tuple[str, str]:
+    """The model's chat template source ('' without one) and its model type, as the server
+    reads them to choose its parsers."""
     from edgemoe.server.templates import ChatTemplate
 
     try:
-        template = ChatTemplate.from_tokenizer(llm.tokenizer)
+        source = ChatTemplate.from_tokenizer(llm.tokenizer).source
     except ValueError:
-        template = None
+        source = ""
     arch = getattr(llm.engine.runtime.model, "arch", None)
-    chosen = pick_tool_format(None, template.source if template else "", getattr(arch, "model_type", ""))
+    return source, getattr(arch, "model_type", "")
+
+
+def _whole_output_format(template_source: str, model_type: str) -> str | None:
+    """The model's output format when it frames every message (`WHOLE_OUTPUT_FORMATS`),
+    chosen as the server chooses (`pick_tool_format`), else None."""
+    from edgemoe.server.parsers import WHOLE_OUTPUT_FORMATS, pick_tool_format
+
+    chosen = pick_tool_format(None, template_source, model_type)
     return chosen if chosen in WHOLE_OUTPUT_FORMATS else None
 
 

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from edgemoe.engine.service import EngineCrashed, EngineLike, run_loop
 from edgemoe.messages import EngineReady, RequestOutput, SamplingParams, TokenLogprob
 from edgemoe.server.app import create_app
 from edgemoe.server.config import ServerConfig
+from edgemoe.server.templates import ChatTemplate
 from edgemoe.server.connections import uvicorn_options
 from edgemoe.server.engine_client import EngineClient, EngineLink
 from edgemoe.tokenizer import TokenizerBundle
@@ -276,3 +277,30 @@ def add_tokens(model_dir: Path, first_id: int, contents: Sequence[str], special:
     for i, content in enumerate(contents):
         config["added_tokens_decoder"][str(first_id + i)] = {"content": content, "special": special}
     config_path.write_text(json.dumps(config))
+
+
+class ScriptedLLM:
+    """What `edgemoe chat`'s in-process backend uses of `edgemoe.LLM`, with scripted output."""
+
+    def __init__(self, tokenizer: TokenizerBundle, model_type: str, output: str) -> None:
+        from types import SimpleNamespace
+
+        self.tokenizer, self.output, self.params = tokenizer, output, None
+        arch = SimpleNamespace(model_type=model_type)
+        source = SimpleNamespace(name="scripted", random_weights=False)
+        self.engine = SimpleNamespace(runtime=SimpleNamespace(source=source, model=SimpleNamespace(arch=arch)))
+
+    def render_chat(self, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        template = ChatTemplate.from_tokenizer(self.tokenizer)
+        assert template is not None
+        return template.render(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
+                               **(chat_template_kwargs or {}))
+
+    def stream(self, prompt: list[int], params: Any) -> Iterator[Any]:
+        from types import SimpleNamespace
+
+        self.params = params
+        cut = len(self.output) // 3  # in pieces that split markers: the parser joins them
+        for i, piece in enumerate((self.output[:cut], self.output[cut:2 * cut], self.output[2 * cut:])):
+            yield SimpleNamespace(text=piece, token_ids=[0], finished=i == 2, finish_reason="stop" if i == 2 else None)

@@ -18,7 +18,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from server_harness import ServerHarness, add_tokens, demo_with_template, last_request, scripted_server, streamed_completion
+from server_harness import ScriptedLLM, ServerHarness, add_tokens, demo_with_template, last_request, scripted_server, streamed_completion
 from server_scripts import SCRIPTS, TIME_TOOL, WEATHER_TOOL, ask, message_calls, tool_call
 
 from edgemoe.server.forced_call import PrimedParser, call_opening
@@ -246,33 +246,6 @@ def test_anthropic_sdk_gets_thinking_and_tool_use(harmony: ServerHarness) -> Non
 
 
 # --------------------------------------------------------------------------- edgemoe chat
-
-
-class ScriptedLLM:
-    """What `edgemoe chat`'s in-process backend uses of `edgemoe.LLM`, with scripted output."""
-
-    def __init__(self, tokenizer: TokenizerBundle, model_type: str, output: str) -> None:
-        from types import SimpleNamespace
-
-        self.tokenizer, self.output, self.params = tokenizer, output, None
-        arch = SimpleNamespace(model_type=model_type)
-        source = SimpleNamespace(name="scripted", random_weights=False)
-        self.engine = SimpleNamespace(runtime=SimpleNamespace(source=source, model=SimpleNamespace(arch=arch)))
-
-    def render_chat(self, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None,
-                    chat_template_kwargs: dict[str, Any] | None = None) -> str:
-        template = ChatTemplate.from_tokenizer(self.tokenizer)
-        assert template is not None
-        return template.render(messages, add_generation_prompt=True, enable_thinking=enable_thinking,
-                               **(chat_template_kwargs or {}))
-
-    def stream(self, prompt: list[int], params: Any) -> Iterator[Any]:
-        from types import SimpleNamespace
-
-        self.params = params
-        cut = len(self.output) // 3  # in pieces that split markers: the parser joins them
-        for i, piece in enumerate((self.output[:cut], self.output[cut:2 * cut], self.output[2 * cut:])):
-            yield SimpleNamespace(text=piece, token_ids=[0], finished=i == 2, finish_reason="stop" if i == 2 else None)
 
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "qwen3_moe"])

@@ -24,11 +24,13 @@ from edgemoe.server.forced_call import PrimedParser
 from edgemoe.server.model import ServedModel
 from edgemoe.server.parsers import (
     WHOLE_OUTPUT_FORMATS,
+    AnswerTagResponseParser,
     ParsedDelta,
     ResponseParser,
     ThinkReasoningParser,
     ToolCallDelta,
     get_tool_parser,
+    strips_answer_tags,
 )
 
 
@@ -56,6 +58,9 @@ def make_parser(
     if forced and tool_parser is not None:
         return PrimedParser(tool_parser, forced)
     reasoning_parser = ThinkReasoningParser(starts_in_reasoning=starts_in_reasoning) if reasoning else None
+    # ERNIE-4.5 Thinking wraps its answer in <response> tags, thinking or not: unwrap the content.
+    if strips_answer_tags(model.info.model_type, model.template.source if model.template else ""):
+        return AnswerTagResponseParser(reasoning_parser, tool_parser)
     if reasoning_parser is None and tool_parser is None:
         return None
     return ResponseParser(reasoning_parser, tool_parser)

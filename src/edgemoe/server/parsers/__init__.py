@@ -1,7 +1,8 @@
 """Reasoning and tool-call parsers: model text → content, reasoning, tool calls.
 
 Tool parsers are chosen by name (``--tool-call-parser``) and imported only when chosen.
-``parser_for_model_type`` gives a family's default format.
+``parser_for_model_type`` gives a family's default format. ``strips_answer_tags`` says
+whether a model's content is unwrapped from ERNIE's ``<response>`` tags (ernie45.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from edgemoe.server.parsers.base import (
     ToolParser,
     accumulate,
 )
+from edgemoe.server.parsers.ernie45 import AnswerTagResponseParser, strips_answer_tags
 from edgemoe.server.parsers.reasoning import (
     ThinkReasoningParser,
     close_open_reasoning,
@@ -118,6 +120,7 @@ def pick_tool_format(explicit: str | None, template_source: str, model_type: str
 
 
 __all__ = [
+    "AnswerTagResponseParser",
     "KEEPS_SPECIAL_TOKENS",
     "TOOL_PARSERS",
     "WHOLE_OUTPUT_FORMATS",
@@ -136,4 +139,5 @@ __all__ = [
     "parser_for_chat_template",
     "parser_for_model_type",
     "prompt_opens_reasoning",
+    "strips_answer_tags",
 ]
