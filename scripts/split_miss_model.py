@@ -1,0 +1,102 @@
+"""What decode could reach if each missed expert were split by intermediate channels between
+the CPU and the link — on the CPU alone, before any of it is built (docs/benchmarks.md,
+"A miss split by channels, modelled").
+
+Today's CPU share takes whole experts and never loads them (`scripts/share_layer_model.py`):
+a layer with one miss (fp8 averages ~1.1) uses the link or the CPU, never both, and the
+share's picks miss again at their next use. Split instead, every miss of a layer gives the
+CPU a fraction `f` of its channels (gate/up rows and down columns: the two partial outputs
+add in the combine) and the link the rest, so a layer of `m` misses waits for
+
+    max(fixed + m·f·cpu, m·(1 − f)·copy, m·bytes / host) + chain
+
+with `f` chosen per layer to balance the two sides (in `--grain` steps of the channels).
+The CPU's channels are copied into the slot afterwards, while the link idles during the
+layers' chains, so every miss is loaded and the cache keeps LRU's hit rate: the link
+carries `m·copy` a layer in all, and a step can't be shorter than the link's whole load.
+The trace is synthetic routing's at the scenario's slots through the engine's LRU
+(`moe/replay.py`, `replay_share` at quota 0); offload (`f = 0`) and the CPU-only split
+(`f = 1` with every miss's copy still made, to keep the hits) print beside it.
+
+Defaults are bf16's (the profile `scripts/share_layer_model.py` fits); fp8 at its slots:
+`--slots 2426 --copy-us 92 --cpu-us 55 --chain-us 73 --expert-mb 4.72` (2026-12-06 18:29's
+profile: 108 µs of gather a layer for ~1.16 misses, ~3.5 ms of other kernels a step).
+
+    PYTHONPATH=src:scripts python3 scripts/split_miss_model.py [--slots 1213 --copy-us 184 --cpu-us 92
+        --fixed-us 25 --chain-us 108 --host-gbps 122 --grain 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from share_ceiling import EXPERT_MB, EXPERTS, LAYERS, trace
+
+from edgemoe.moe.quota_levels import quota_rows
+from edgemoe.moe.replay import replay_share
+
+
+def balanced_fraction(misses: int, args: argparse.Namespace) -> float:
+    """The CPU's fraction of a layer's channels that finishes both sides together, rounded
+    to the nearest `--grain` step whose layer time is the shorter."""
+    if misses == 0:
+        return 0.0
+    exact = (misses * args.copy_us - args.fixed_us) / (misses * (args.cpu_us + args.copy_us))
+    steps = [min(max(int(exact * args.grain) + d, 0), args.grain) / args.grain for d in (0, 1)]
+    return min(steps, key=lambda f: miss_us(misses, f, args))
+
+
+def miss_us(misses: int, f: float, args: argparse.Namespace) -> float:
+    """A layer's wait for its misses with `f` of their channels on the CPU."""
+    cpu = args.fixed_us + misses * f * args.cpu_us if f > 0 else 0.0
+    host = misses * args.expert_mb / args.host_gbps * 1e3 if args.host_gbps else 0.0
+    return max(cpu, misses * (1 - f) * args.copy_us, host)
+
+
+def step_ms(accesses, args: argparse.Namespace, rule: str) -> tuple[float, float, float, float]:  # noqa: ANN001
+    """(ms a token, the layers' sum, the link's whole load, misses a token) under `rule`:
+    `offload` (f = 0), `split` (balanced), `cpu` (f = 1)."""
+    layers_us, link_us, misses_seen, counted = [0.0], [0.0], [0], [0]
+
+    def observe(layer: int, misses: int, cpu: int) -> None:  # noqa: ARG001 - quota 0: cpu is 0
+        f = {"offload": 0.0, "cpu": 1.0 if misses else 0.0}.get(rule)
+        f = balanced_fraction(misses, args) if f is None else f
+        layers_us[0] += miss_us(misses, f, args) + args.chain_us
+        link_us[0] += misses * args.copy_us
+        misses_seen[0] += misses
+        counted[0] += 1
+
+    replay_share(accesses, args.slots, LAYERS, EXPERTS, quota_rows(0, LAYERS), observe=observe)
+    if not counted[0]:
+        raise SystemExit(f"--tokens {args.tokens} never fill {args.slots} slots: no access after the warm-up")
+    per_token = LAYERS / counted[0] / 1e3
+    layers, link = layers_us[0] * per_token, link_us[0] * per_token
+    return max(layers, link), layers, link, misses_seen[0] * per_token * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--slots", type=int, default=1213, help="the plan's slots (bf16, 16 GiB, 8K KV)")
+    ap.add_argument("--tokens", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--copy-us", type=float, default=184.0, help="a copied expert's time in the step (µs)")
+    ap.add_argument("--cpu-us", type=float, default=92.0, help="a CPU expert's time in its layer's call (µs)")
+    ap.add_argument("--fixed-us", type=float, default=25.0, help="a CPU call's own time: the bell, the wake-up (µs)")
+    ap.add_argument("--chain-us", type=float, default=108.0, help="a layer's other kernels and gaps (µs)")
+    ap.add_argument("--host-gbps", type=float, default=122.0,
+                    help="the host memory's read rate in a layer's miss window (0: no limit)")
+    ap.add_argument("--expert-mb", type=float, default=EXPERT_MB, help="an expert's bytes (MB; bf16 Qwen3-30B-A3B)")
+    ap.add_argument("--grain", type=int, default=16, help="the split's steps: the channels in this many parts")
+    args = ap.parse_args()
+    accesses = trace(args.tokens, args.seed)
+    print(f"{args.slots} slots, {args.tokens} tokens: a copy {args.copy_us:g} µs, a CPU expert {args.cpu_us:g} µs "
+          f"+ {args.fixed_us:g} a call, {args.chain_us:g} µs a layer besides, host "
+          f"{args.host_gbps or 'unlimited'} GB/s, channels in {args.grain} parts")
+    print(f"{'rule':>8} {'step ms':>8} {'tok/s':>6} {'layers ms':>9} {'link ms':>8} {'misses':>7}")
+    for rule in ("offload", "split", "cpu"):
+        ms, layers, link, misses = step_ms(accesses, args, rule)
+        print(f"{rule:>8} {ms:8.2f} {1e3 / ms:6.1f} {layers:9.2f} {link:8.2f} {misses:7.1f}")
+
+
+if __name__ == "__main__":
+    main()
