@@ -15,8 +15,9 @@ The CPU's channels are copied into the slot afterwards, while the link idles dur
 layers' chains, so every miss is loaded and the cache keeps LRU's hit rate: the link
 carries `m·copy` a layer in all, and a step can't be shorter than the link's whole load.
 The trace is synthetic routing's at the scenario's slots through the engine's LRU
-(`moe/replay.py`, `replay_share` at quota 0); offload (`f = 0`) and the CPU-only split
-(`f = 1` with every miss's copy still made, to keep the hits) print beside it.
+(`moe/replay.py`, `replay_share` at quota 0); offload (`f = 0`), the share's grain (`whole`:
+the CPU takes k of a layer's m misses, every one loaded after) and the CPU alone (`f = 1`,
+every miss's copy still made, to keep the hits) print beside it.
 
 Defaults are bf16's (the profile `scripts/share_layer_model.py` fits); fp8 at its slots:
 `--slots 2426 --copy-us 92 --cpu-us 55 --chain-us 73 --expert-mb 4.72` (2026-12-06 18:29's
@@ -46,6 +47,13 @@ def balanced_fraction(misses: int, args: argparse.Namespace) -> float:
     return min(steps, key=lambda f: miss_us(misses, f, args))
 
 
+def whole_fraction(misses: int, args: argparse.Namespace) -> float:
+    """The balanced fraction when the CPU takes whole experts: k of the layer's m misses."""
+    if misses == 0:
+        return 0.0
+    return min((k / misses for k in range(misses + 1)), key=lambda f: miss_us(misses, f, args))
+
+
 def miss_us(misses: int, f: float, args: argparse.Namespace) -> float:
     """A layer's wait for its misses with `f` of their channels on the CPU."""
     cpu = args.fixed_us + misses * f * args.cpu_us if f > 0 else 0.0
@@ -55,12 +63,17 @@ def miss_us(misses: int, f: float, args: argparse.Namespace) -> float:
 
 def step_ms(accesses, args: argparse.Namespace, rule: str) -> tuple[float, float, float, float]:  # noqa: ANN001
     """(ms a token, the layers' sum, the link's whole load, misses a token) under `rule`:
-    `offload` (f = 0), `split` (balanced), `cpu` (f = 1)."""
+    `offload` (f = 0), `split` (balanced to the grain), `whole` (balanced in whole experts:
+    today's share with its picks loaded after), `cpu` (f = 1)."""
     layers_us, link_us, misses_seen, counted = [0.0], [0.0], [0], [0]
 
     def observe(layer: int, misses: int, cpu: int) -> None:  # noqa: ARG001 - quota 0: cpu is 0
-        f = {"offload": 0.0, "cpu": 1.0 if misses else 0.0}.get(rule)
-        f = balanced_fraction(misses, args) if f is None else f
+        if rule == "offload":
+            f = 0.0
+        elif rule == "cpu":
+            f = 1.0 if misses else 0.0
+        else:
+            f = (balanced_fraction if rule == "split" else whole_fraction)(misses, args)
         layers_us[0] += miss_us(misses, f, args) + args.chain_us
         link_us[0] += misses * args.copy_us
         misses_seen[0] += misses
@@ -93,7 +106,7 @@ def main() -> None:
           f"+ {args.fixed_us:g} a call, {args.chain_us:g} µs a layer besides, host "
           f"{args.host_gbps or 'unlimited'} GB/s, channels in {args.grain} parts")
     print(f"{'rule':>8} {'step ms':>8} {'tok/s':>6} {'layers ms':>9} {'link ms':>8} {'misses':>7}")
-    for rule in ("offload", "split", "cpu"):
+    for rule in ("offload", "whole", "split", "cpu"):
         ms, layers, link, misses = step_ms(accesses, args, rule)
         print(f"{rule:>8} {ms:8.2f} {1e3 / ms:6.1f} {layers:9.2f} {link:8.2f} {misses:7.1f}")
 

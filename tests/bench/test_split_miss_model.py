@@ -46,6 +46,15 @@ def test_balanced_fraction_beats_both_sides_alone(model, misses: int) -> None:
     assert abs(cpu - link) <= misses * (args.cpu_us + args.copy_us) / args.grain
 
 
+def test_whole_experts_pick_the_best_count(model) -> None:
+    args = fp8_args()
+    assert model.whole_fraction(0, args) == 0.0
+    assert model.whole_fraction(1, args) in (0.0, 1.0)
+    f = model.whole_fraction(3, args)
+    assert f * 3 == round(f * 3)
+    assert model.miss_us(3, f, args) == min(model.miss_us(3, k / 3, args) for k in range(4))
+
+
 def test_no_miss_no_wait_and_host_limits(model) -> None:
     args = fp8_args(host_gbps=10.0)
     assert model.balanced_fraction(0, args) == 0.0
@@ -57,12 +66,13 @@ def test_no_miss_no_wait_and_host_limits(model) -> None:
 def test_rules_load_every_miss_and_split_is_fastest(model) -> None:
     args = fp8_args(slots=600)  # the cache full after a few tokens: most of the short trace counts
     accesses = model.trace(args.tokens, args.seed)
-    rows = {rule: model.step_ms(accesses, args, rule) for rule in ("offload", "split", "cpu")}
+    rows = {rule: model.step_ms(accesses, args, rule) for rule in ("offload", "whole", "split", "cpu")}
     misses = {row[3] for row in rows.values()}
     assert len(misses) == 1 and misses.pop() > 0  # one replay: the same LRU misses
     links = {round(row[2], 9) for row in rows.values()}
     assert len(links) == 1  # every miss copied once, whichever side computed it first
-    assert rows["split"][1] <= rows["cpu"][1] and rows["split"][1] < rows["offload"][1]
+    assert rows["split"][1] <= rows["whole"][1] <= min(rows["cpu"][1], rows["offload"][1])
+    assert rows["split"][1] < rows["offload"][1]
     for ms, layers, link, _ in rows.values():
         assert ms == max(layers, link)
 
