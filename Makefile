@@ -44,8 +44,12 @@ test-tools:
 	  fi; \
 	fi
 
+# The suite's files dealt over one worker a core, at most 4 (each worker imports torch: ~0.7 GB);
+# a file's tests stay in one worker, so its module fixtures are built once. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
+
 test: install-test test-tools
-	$(BIN)/python -m pytest tests -m "not gpu" -p no:cacheprovider --durations=25
+	$(BIN)/python -m pytest tests -m "not gpu" -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # Claude Code, Codex and OpenCode from the npm registry (into .agents/), one tool-call
 # turn each against `edgemoe serve` with a scripted backend. Not part of `test`.

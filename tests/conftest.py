@@ -17,6 +17,23 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+
+def _share_cores_among_workers() -> None:
+    """Under pytest-xdist (`make test`), each worker's torch gets its share of the cores, and
+    the processes its tests start inherit it (OMP_NUM_THREADS): two workers each running torch
+    on every core fight over them (the suite on 2 cores: 15:51 so, 11:18 at one thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+_share_cores_among_workers()
+
 # NOTE: Triton picks its interpreter when a kernel is decorated, at import, and any test
 # module may import a kernel module while it is collected (tests/gpu is collected before
 # tests/kernels, even when deselected): so the choice is made here, before collection.
