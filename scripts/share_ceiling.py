@@ -34,6 +34,22 @@ def trace(tokens: int, seed: int) -> list[Access]:
     return [Access(layer, tuple(int(e) for e in ids[t, layer])) for t in range(tokens) for layer in range(LAYERS)]
 
 
+def add_layer_model_args(ap: argparse.ArgumentParser, host_gbps: float) -> None:
+    """The layer-by-layer step models' inputs (`share_layer_model.py`, `split_miss_model.py`):
+    issue 13's bf16 scenario as the GPU machine profiled it by default; `host_gbps` the host
+    memory's read rate, the copies and the CPU together, in a layer's miss window (0: no limit)."""
+    ap.add_argument("--slots", type=int, default=1213, help="the plan's slots (bf16, 16 GiB, 8K KV)")
+    ap.add_argument("--tokens", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--copy-us", type=float, default=184.0, help="a copied expert's time in the step (µs)")
+    ap.add_argument("--cpu-us", type=float, default=92.0, help="a CPU expert's time in its layer's call (µs)")
+    ap.add_argument("--fixed-us", type=float, default=25.0, help="a CPU call's own time: the bell, the wake-up (µs)")
+    ap.add_argument("--chain-us", type=float, default=108.0, help="a layer's other kernels and gaps (µs)")
+    ap.add_argument("--host-gbps", type=float, default=host_gbps,
+                    help="the host memory's read rate, the copies and the CPU together (2026-12-02: 122; 0: no limit)")
+    ap.add_argument("--expert-mb", type=float, default=EXPERT_MB, help="an expert's bytes (MB; bf16 Qwen3-30B-A3B)")
+
+
 def per_token(count: int, accesses: int) -> float:
     return count * LAYERS / accesses
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 
-from share_ceiling import EXPERT_MB, EXPERTS, LAYERS, trace
+from share_ceiling import EXPERTS, LAYERS, add_layer_model_args, trace
 
 from edgemoe.moe.quota_levels import COUNT, FRACTION, LevelScale
 from edgemoe.moe.replay import replay_share
@@ -77,16 +77,7 @@ def step_ms(accesses, slots: int, scale: LevelScale, level: int,  # noqa: ANN001
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--slots", type=int, default=1213, help="the plan's slots (bf16, 16 GiB, 8K KV)")
-    ap.add_argument("--tokens", type=int, default=600)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--copy-us", type=float, default=184.0, help="a copied expert's time in the step (µs)")
-    ap.add_argument("--cpu-us", type=float, default=92.0, help="a CPU expert's time in its layer's call (µs)")
-    ap.add_argument("--fixed-us", type=float, default=25.0, help="a CPU call's own time: the bell, the wake-up (µs)")
-    ap.add_argument("--chain-us", type=float, default=108.0, help="a layer's other kernels and gaps (µs)")
-    ap.add_argument("--host-gbps", type=float, default=0.0,
-                    help="the host memory's read rate, the copies and the CPU together (2026-12-02: 122; 0: no limit)")
-    ap.add_argument("--expert-mb", type=float, default=EXPERT_MB, help="an expert's bytes (MB; bf16 Qwen3-30B-A3B)")
+    add_layer_model_args(ap, host_gbps=0.0)
     ap.add_argument("--parts", type=int, default=1, help="each expert as this many channel parts, slots and misses in parts")
     args = ap.parse_args()
     if args.parts < 1:

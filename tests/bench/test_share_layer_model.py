@@ -4,29 +4,17 @@ misses the expert (the same step, misses counted in parts)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 
 from edgemoe.moe.quota_levels import FRACTION
 from edgemoe.moe.routing_trace import Access
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
-    sys.path.insert(0, str(SCRIPTS))  # the script imports share_ceiling beside it
-    try:
-        spec = importlib.util.spec_from_file_location("share_layer_model", SCRIPTS / "share_layer_model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPTS))
+def model(script_module):  # noqa: ANN001, ANN201
+    return script_module("share_layer_model")
 
 
 def test_parts_expand_each_pick_in_place(model) -> None:

@@ -4,26 +4,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
-    sys.path.insert(0, str(SCRIPTS))  # the script imports share_ceiling beside it
-    try:
-        spec = importlib.util.spec_from_file_location("split_miss_model", SCRIPTS / "split_miss_model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPTS))
+def model(script_module):  # noqa: ANN001, ANN201
+    return script_module("split_miss_model")
 
 
 def fp8_args(**overrides: float) -> Namespace:
