@@ -4,10 +4,11 @@ with CUDA graphs off, and a slice of the real-shape preset under a device-memory
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
-from tolerances import network_atol
+from tolerances import bf16_logit_error, network_atol
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.testing.isolation import DeviceUse
@@ -53,3 +54,20 @@ def assert_slice_runs_under_cap(model: str, cap_gib: int, **settings: object) ->
         assert all(len(o.token_ids) == 8 for o in out)
         peak = use.now()
     assert peak <= cap_gib * 2**30, peak / 2**30
+
+
+def assert_parted_only_at_near_ties(path: Path, prompts: list[list[int]], want: list[list[int]],
+                                    got: list[list[int]], **settings: object) -> None:
+    """`got`'s greedy texts against `want`'s (the bf16 run under `settings`): where one parts,
+    `want`'s run's logits at that token are a near-tie (two bf16 logit errors apart) — a CPU
+    expert's fp32 GEMV rounds apart from the GPU's kernel (then the texts follow other text)."""
+    layers = json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"]
+    _, worst = bf16_logit_error(layers)
+    with LLM(str(path), dtype="bfloat16", device="cuda", **settings) as llm:
+        for prompt, a, b in zip(prompts, want, got, strict=True):
+            if a == b:
+                continue
+            j = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+            logits = llm.prompt_logits(prompt + a[:j])[-1].float()
+            margin = (logits[a[j]] - logits[b[j]]).item()
+            assert margin <= 2 * worst * logits.std().item(), f"parted at token {j}, margin {margin:.3g}"

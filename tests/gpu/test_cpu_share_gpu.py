@@ -11,13 +11,13 @@ from a CUDA graph:
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from gpu_family import assert_parted_only_at_near_ties
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
@@ -128,8 +128,6 @@ def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graph
     """A fixed quota, and the live one (None: hybrid starts at one CPU expert a layer and
     its controller moves between levels, the runner between the two captured variants);
     with `prompt_cpu` the 100-token prompt's chunk takes the prompt rule too."""
-    from tolerances import bf16_logit_error
-
     settings = {} if graphs else {"no_cuda_graph": True}
     if quota is not None:
         settings["cpu_experts_per_layer"] = quota
@@ -139,19 +137,8 @@ def test_greedy_tokens_with_a_cpu_quota_match_offload(small_ckpt, offload, graph
     assert moe["experts_cpu"] > 0 and moe["expert_cache"] == "device"
     if quota is None:
         assert "cpu_quota_per_layer" in moe
-    layers = json.loads((Path(small_ckpt) / "config.json").read_text())["num_hidden_layers"]
-    _, worst = bf16_logit_error(layers)
-    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8,
-             expert_cache="device") as llm:
-        for prompt, want, have in zip(PROMPTS, offload, got, strict=True):
-            if want == have:
-                continue
-            # The CPU's fp32 GEMV rounds apart from the GPU's kernel: the texts may part
-            # only at a near-tie of the offload run's logits (then follow other text).
-            j = next(i for i, (a, b) in enumerate(zip(want, have, strict=True)) if a != b)
-            logits = llm.prompt_logits(prompt + want[:j])[-1].float()
-            margin = (logits[want[j]] - logits[have[j]]).item()
-            assert margin <= 2 * worst * logits.std().item(), f"parted at token {j}, margin {margin:.3g}"
+    assert_parted_only_at_near_ties(small_ckpt, PROMPTS, offload, got, moe_backend="offload", moe_slots=8,
+                                    expert_cache="device")
 
 
 def test_engines_in_turn_each_pin_their_share_workers(small_ckpt, monkeypatch) -> None:

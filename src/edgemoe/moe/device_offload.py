@@ -16,7 +16,8 @@ misses) or live: chosen between steps by timing decode steps (`moe/quota_control
 
 Prompt chunks of ≥ 1,024 tokens stream every layer's experts through slots the cache lends
 (`moe/prefill_stream.py`) instead of planning; decode steps may prefetch the next layer's
-predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`).
+predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`), or load the
+CPU share's picks after their layer there (`moe/share_admission.py`, `EDGEMOE_SHARE_ADMIT=1`).
 
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
 `SlotCache` with the same policy ("lru" or "lru-plain"), and every wave a mask over one
@@ -28,7 +29,7 @@ are counted on the device and read only when the statistics are asked for
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
+from edgemoe.moe.share_admission import ShareAdmission, admission_wanted
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
 from edgemoe.moe.slot_lending import make_lending
@@ -57,25 +59,6 @@ log = logging.getLogger(__name__)
 
 PLAIN, SHARE = "plain", "share"  # graph variants with a live quota: without / with the CPU share
 DEFAULT_TOP_K = 8  # the live quota's ceiling (experts a layer) when the caller doesn't say top-k
-
-
-def live_share(backend: str, device: torch.device) -> str | None:
-    """Whether a device-cache executor without a fixed quota gets a live CPU share: hybrid
-    always (it asked for the CPU), auto on a GPU (on a CPU-only machine the experts are
-    host memory either way)."""
-    if backend == "hybrid" or (backend == "auto" and device.type == "cuda"):
-        return backend
-    return None
-
-
-def _prefetch_after(prefetch: DecodePrefetch, layer: int, x: torch.Tensor, routed: torch.Tensor,
-                    plan: WavePlan) -> Callable[[], None]:
-    """What runs once a wave's misses are moved: the next layer's copies start before this
-    layer waits for its own."""
-    def after_move() -> None:
-        prefetch.launch(layer, x, routed, plan.slot_ids)
-        prefetch.join(layer)
-    return after_move
 
 
 def _masked(ids: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
@@ -164,6 +147,17 @@ class DeviceOffloadExecutor(CellsExecutor):
         if prompt_cpu and self.cpu_share is None:
             log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
                         "their misses")
+        self.admission = self._make_admission(top_k or DEFAULT_TOP_K) if admission_wanted() else None
+
+    def _make_admission(self, top_k: int) -> ShareAdmission | None:
+        """The share's picks loaded after their layer, where a share runs and the mover is a kernel."""
+        if self.cpu_share is None or not self.mover.graph_safe:
+            log.warning("EDGEMOE_SHARE_ADMIT=1: no CPU share, or the %s mover can't copy on a side stream: "
+                        "nothing is loaded after its layer", self.mover.name)
+            return None
+        admission = ShareAdmission(self.cache, self.mover, list(self.store.layers), top_k)
+        self.stats.sources.append(admission.snapshot)
+        return admission
 
     def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False,  # noqa: ANN001
                         softmax: bool = False) -> None:
@@ -174,6 +168,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
                              f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
+        if self.admission is not None:  # one side gather at a time
+            log.warning("--moe-prefetch on: the share's picks are not loaded after their layer (EDGEMOE_SHARE_ADMIT)")
+            self.admission = None
         self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
                                        self.cpu_share)
         self.stats.sources.append(self.prefetch.snapshot)
@@ -294,6 +291,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
         if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
+        if self.admission is not None and not self.admission.covers(x.shape[0]):
+            self.admission.join_all()  # nor with loads in flight
         cpu: CellSources | None = None
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             if self.lending is not None and not self.lending.lent:  # a caller that skipped before_step
@@ -316,8 +315,11 @@ class DeviceOffloadExecutor(CellsExecutor):
         None); the CPU share (if any) takes its pairs first; `prefetch`: the decode prefetch
         when this step prefetches. Returns where the CPU's cells lie (None: no share ran)."""
         share, rule = self._share_rule(x)
+        routed = None  # the routing without the padding rows, where the prefetch or the admission reads it
+        admit = self.admission if self.admission is not None and self.admission.covers(x.shape[0]) else None
         planned_dead = None  # the dead rows the plan drops itself
         if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
+            routed = _masked(ids, dead) if admit is not None and rule == DECODE else None  # the CPU's picks to load
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
         elif share is None and prefetch is None:  # the plan does (no masking launch on the chain)
             planned_dead = dead
@@ -325,10 +327,15 @@ class DeviceOffloadExecutor(CellsExecutor):
             routed = ids = _masked(ids, dead)  # the prefetch counts its hits against the whole routing
             if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
                 ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
-        pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
+        side = prefetch or admit  # the side gather in flight, if any: its slots pinned, joined before compute
+        pins, num_pinned = (None, 0) if side is None else side.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned, planned_dead):  # one wave when it prefetches
-            after_move = None if prefetch is None else _prefetch_after(prefetch, layer, x, routed, plan)
+            after_move = None if side is None else partial(side.join, layer)
+            if prefetch is not None:
+                after_move = partial(prefetch.after_move, layer, x, routed, plan.slot_ids)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
+        if admit is not None and prefetch is None and routed is not None:
+            admit.launch(layer, routed, ids)  # after the layer's own work: the CPU's experts into the cache
         return None if share is None else share.join(layer)
 
     def _dead_rows(self, topk_ids: torch.Tensor, num_padding: int) -> torch.Tensor | None:
@@ -378,6 +385,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.streaming.reset()
         if self.prefetch is not None:
             self.prefetch.reset()
+        if self.admission is not None:
+            self.admission.reset()
         if self.lending is not None and self.lending.lent:  # the next step may plan into the tail
             self.lending.take_back()
         self.cache.clear()

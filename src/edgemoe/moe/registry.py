@@ -16,6 +16,15 @@ EXECUTORS = ("resident", "offload", "cpu", "hybrid", "auto")
 log = logging.getLogger(__name__)
 
 
+def live_share(backend: str, device: torch.device) -> str | None:
+    """Whether a device-cache executor without a fixed quota gets a live CPU share: hybrid
+    always (it asked for the CPU), auto on a GPU (on a CPU-only machine the experts are
+    host memory either way)."""
+    if backend == "hybrid" or (backend == "auto" and device.type == "cuda"):
+        return backend
+    return None
+
+
 def make_executor(
     backend: str,
     store: ExpertStore,
@@ -43,7 +52,7 @@ def make_executor(
     `expert_cache` "device": the slot cache on the device ("lru" or "lru-plain"), misses moved
     by `expert_mover` ("gather" | "copy"); hybrid and auto add the CPU share (fixed by a quota
     `cpu_experts_per_layer` and/or hybrid's `hybrid_fraction` of each layer's misses, or a
-    live one: `device_offload.live_share` says when), and
+    live one: `live_share` says when), and
     `prompt_cpu` its prompt rule (None: wherever the share runs); prompt chunks of `stream_tokens` or more (default
     `moe/prefill_stream.py`'s) stream their experts, with the last `lend_slots` slots'
     memory lent to them (`moe/slot_lending.py`; the memory plan's `lend_slots`; the
@@ -54,7 +63,7 @@ def make_executor(
         return ResidentExecutor(store, device, act, num_layers, max_tokens)
     if expert_cache == "device":
         check_device_cache(backend, policy)
-        from edgemoe.moe.device_offload import DeviceOffloadExecutor, live_share
+        from edgemoe.moe.device_offload import DeviceOffloadExecutor
 
         quota = cpu_experts_per_layer if backend == "hybrid" else None
         fraction = hybrid_fraction if backend == "hybrid" else None
