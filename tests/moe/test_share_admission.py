@@ -78,6 +78,7 @@ def test_loaded_picks_are_hits_later(kernel: CpuExperts, monkeypatch: pytest.Mon
         num_cpu, _ = run(ex, store, kernel, torch.bfloat16, rows=1)
         info = ex.stats.snapshot()
         got[admit] = (num_cpu, info["hits"], info["misses"] - info.get("share_admitted", 0))
+        assert int(ex._misses_so_far()) == got[admit][2]  # what the live quota's informed start counts
         ex.close()
     assert got[False][1] == 0 and got[True][1] > 0
     assert got[True][0] < got[False][0]

@@ -47,9 +47,9 @@ from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
-from edgemoe.moe.share_admission import ShareAdmission, admission_wanted
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
+from edgemoe.moe.share_admission import ShareAdmission, admission_wanted
 from edgemoe.moe.slot_lending import make_lending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -252,8 +252,9 @@ class DeviceOffloadExecutor(CellsExecutor):
                 self._inform(base, steps)
 
     def _misses_so_far(self) -> torch.Tensor:
-        """Every miss so far, the CPU's included: a device scalar (no read)."""
-        return self.cache.counts[:, 1].sum() + self.cpu_share.cpu_counts.sum()  # type: ignore[union-attr]
+        """Every miss so far, the CPU's included, the share's loads not (no routing missed them): a device scalar."""
+        misses = self.cache.counts[:, 1].sum() + self.cpu_share.cpu_counts.sum()  # type: ignore[union-attr]
+        return misses if self.admission is None else misses - self.admission.admitted.sum()
 
     def _inform(self, base: torch.Tensor, steps: int) -> None:
         """The controller's informed start from the sample: m (misses a layer a decode step),
@@ -334,7 +335,7 @@ class DeviceOffloadExecutor(CellsExecutor):
             if prefetch is not None:
                 after_move = partial(prefetch.after_move, layer, x, routed, plan.slot_ids)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
-        if admit is not None and prefetch is None and routed is not None:
+        if admit is not None and routed is not None:  # (with prefetch on, no admission: enable_prefetch)
             admit.launch(layer, routed, ids)  # after the layer's own work: the CPU's experts into the cache
         return None if share is None else share.join(layer)
 
