@@ -50,7 +50,7 @@ from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
-from edgemoe.moe.side_gather import SideGather
+from edgemoe.moe.side_gather import SideCopier, SideGather
 
 
 # The side stream's gather grid. The decode step's default (4 programs a multiprocessor,
@@ -143,7 +143,7 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
     return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
 
-class DecodePrefetch:
+class DecodePrefetch(SideCopier):
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
     experts a token; `share` (or None): the CPU share whose quota's picks are left to it.
     One thread; `reset()` after a failed step."""
@@ -161,16 +161,6 @@ class DecodePrefetch:
         self._like = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)  # the predictors' shape
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
         self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
-
-    def covers(self, rows: int) -> bool:
-        """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
-        plans in one wave with the next layer's in-flight slots pinned."""
-        return self.side.covers(rows)
-
-    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
-        """The slots `layer`'s own plan may not evict: those its prefetch is still filling
-        (a mispredicted expert's slot is being written), and a bound on their number."""
-        return self.side.pins(layer, rows)
 
     def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """After `layer`'s own copies are issued: count what its prefetch gave it, predict
@@ -199,14 +189,6 @@ class DecodePrefetch:
         this layer waits for its own."""
         self.launch(layer, x, routed, slot_ids)
         self.join(layer)
-
-    def join(self, layer: int) -> None:
-        """Before `layer` computes: the stream waits for the copies its prefetch started."""
-        self.side.join(layer)
-
-    def join_all(self) -> None:
-        """Before a step that doesn't prefetch touches the cache: nothing stays in flight."""
-        self.side.join_all()
 
     def reset(self) -> None:
         """After a failed step: nothing in flight, nothing to count."""

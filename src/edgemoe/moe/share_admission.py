@@ -35,7 +35,7 @@ from edgemoe.kernels.prefetch_marks import prefetch_marks
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
 from edgemoe.moe.prefetch import prefetch_grid
-from edgemoe.moe.side_gather import SideGather
+from edgemoe.moe.side_gather import SideCopier, SideGather
 
 
 def admission_wanted() -> bool:
@@ -46,7 +46,7 @@ def admission_wanted() -> bool:
     return raw == "1"
 
 
-class ShareAdmission:
+class ShareAdmission(SideCopier):
     """Loads the CPU share's picks of the cache's MoE layers `layers` (ascending) by `mover`
     after their layer; `top_k` routed experts a token. One thread; `reset()` after a failed step."""
 
@@ -58,16 +58,6 @@ class ShareAdmission:
         self.side = SideGather(cache, mover, top_k)
         self._experts = torch.zeros(cache.num_experts, dtype=torch.bool, device=cache.device)  # marks' scratch: unread
         self.admitted = torch.zeros(cache.num_layers, dtype=torch.int64, device=cache.device)
-
-    def covers(self, rows: int) -> bool:
-        """Whether a step of `rows` token rows loads its picks: a decode-sized step whose layer
-        plans in one wave beside the slots in flight."""
-        return self.side.covers(rows)
-
-    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
-        """The slots `layer`'s own plan may not evict (the previous layer's load is writing
-        them) and a bound on their number."""
-        return self.side.pins(layer, rows)
 
     def launch(self, layer: int, routed: torch.Tensor, device_ids: torch.Tensor) -> None:
         """After `layer`'s waves are issued: plan the experts the CPU took (`routed` [T, K]
@@ -81,14 +71,6 @@ class ShareAdmission:
         misses, in_flight = self.side.buffers(p, plan.misses.shape[1])
         prefetch_marks(plan.misses, misses, in_flight, self._experts, self.admitted[layer])
         self.side.start(layer, misses, p, nxt, self.grid)
-
-    def join(self, layer: int) -> None:
-        """Before `layer` computes: the stream waits for the previous layer's load."""
-        self.side.join(layer)
-
-    def join_all(self) -> None:
-        """Before a step that doesn't load touches the cache: nothing stays in flight."""
-        self.side.join_all()
 
     def reset(self) -> None:
         """After a failed step: nothing in flight."""
