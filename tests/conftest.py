@@ -25,7 +25,8 @@ def _share_cores_among_workers() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
 
