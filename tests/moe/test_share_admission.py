@@ -122,3 +122,21 @@ def test_pins_name_the_slots_in_flight_until_joined(kernel: CpuExperts, monkeypa
     assert all(admission.pins(layer, 1) == (None, 0) for layer in range(L))
     assert bool((ex.cache.slot_map[2][[0, 1]] < 0).all())
     ex.close()
+
+
+def test_prefetch_takes_the_side_stream(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """One side gather at a time: decode prefetch switches the loads off, and says so."""
+    ex = hybrid(store_of("bf16"), 6, kernel, True, monkeypatch)
+
+    class Nothing:  # a predictor that predicts no expert
+        label = "none"
+
+        def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+            return like
+
+    with caplog.at_level("WARNING"):
+        ex.enable_prefetch(Nothing(), K)
+    assert ex.admission is None and ex.prefetch is not None
+    assert any("EDGEMOE_SHARE_ADMIT" in r.getMessage() for r in caplog.records)
+    ex.close()
