@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 IdFactory = Callable[[], str]
 ToolSpec = Mapping[str, Any]
@@ -92,6 +92,36 @@ def accumulate(deltas: Iterable[ParsedDelta]) -> ParsedMessage:
                 call.arguments += piece.arguments
     ordered = [calls[i] for i in sorted(calls)]
     return ParsedMessage("".join(content), "".join(reasoning), ordered)
+
+
+D = TypeVar("D")
+
+
+class FedOnce(Generic[D]):
+    """A streaming parser's text fed in pieces into ``buf``, then finished once: `feed`
+    drains as far as no later text could change, `finish` drains the rest (each subclass's
+    `_drain`); feeding after `finish`, or finishing twice, raises ``RuntimeError``. Listed
+    first among a parser's bases, so its `feed` and `finish` are the ones called."""
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self._finished = False
+
+    def feed(self, text: str) -> D:
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        self.buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> D:
+        if self._finished:
+            raise RuntimeError("finish() called twice")
+        self._finished = True
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> D:
+        """Parse as far as the buffer allows (all of it when `final`): the new delta."""
+        raise NotImplementedError
 
 
 class ReasoningParser(ABC):
@@ -208,32 +238,19 @@ def merge_call_deltas(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
     return merged
 
 
-class BufferedToolParser(ToolParser):
+class BufferedToolParser(FedOnce[ParsedDelta], ToolParser):
     """A tool parser over a text buffer: `feed` appends to ``buf`` and drains, `finish`
     drains once more with ``final`` (a step must then resolve); each call's steps are the
     subclass's `_drain`. Counts its calls in ``_count``."""
 
     def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
-        super().__init__(tools, id_factory)
-        self.buf = ""
+        ToolParser.__init__(self, tools, id_factory)
+        FedOnce.__init__(self)
         self._count = 0
-        self._finished = False
 
     @property
     def tool_calls_emitted(self) -> int:
         return self._count
-
-    def feed(self, text: str) -> ParsedDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self.buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> ParsedDelta:
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
 
     @abstractmethod
     def _drain(self, final: bool) -> ParsedDelta:

@@ -21,6 +21,7 @@ from enum import Enum
 
 from edgemoe.server.parsers.base import (
     WS,
+    FedOnce,
     ParsedDelta,
     ReasoningParser,
     ResponseParser,
@@ -49,7 +50,7 @@ class _Phase(Enum):
     PLAIN = "plain"  # no tag opened the content: everything passes
 
 
-class AnswerTagFilter:
+class AnswerTagFilter(FedOnce[str]):
     """Streaming filter over content text; see the module docstring for the rules.
 
     ``feed`` any number of times, then ``finish`` once; the concatenated output does not
@@ -58,28 +59,15 @@ class AnswerTagFilter:
 
     def __init__(self) -> None:
         self._phase = _Phase.START
-        self._buf = ""
+        FedOnce.__init__(self)
         self._pos = 0
         self._lstrip = False  # drop "\n" at pos: just after <response>
         self._out: list[str] = []
-        self._finished = False
-
-    def feed(self, text: str) -> str:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> str:
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> str:
         while self._step(final):
             pass
-        self._buf, self._pos = self._buf[self._pos :], 0
+        self.buf, self._pos = self.buf[self._pos :], 0
         out, self._out = "".join(self._out), []
         return out
 
@@ -88,19 +76,19 @@ class AnswerTagFilter:
         if self._phase is _Phase.START:
             return self._step_start(final)
         if self._phase is _Phase.PLAIN:
-            self._emit_to(len(self._buf))
+            self._emit_to(len(self.buf))
             return False
         if self._lstrip:
-            while self._pos < len(self._buf) and self._buf[self._pos] == "\n":
+            while self._pos < len(self.buf) and self.buf[self._pos] == "\n":
                 self._pos += 1
-            if self._pos == len(self._buf):
+            if self._pos == len(self.buf):
                 return False  # more newlines may follow the tag
             self._lstrip = False
         return self._step_answer(final)
 
     def _step_start(self, final: bool) -> bool:
-        first = len(self._buf) - len(self._buf.lstrip("\n"))
-        end = expect(self._buf, first, ANSWER_OPEN)
+        first = len(self.buf) - len(self.buf.lstrip("\n"))
+        end = expect(self.buf, first, ANSWER_OPEN)
         if isinstance(end, int):
             self._pos, self._phase, self._lstrip = end, _Phase.ANSWER, True
             return True
@@ -110,7 +98,7 @@ class AnswerTagFilter:
         return True
 
     def _step_answer(self, final: bool) -> bool:
-        buf, pos = self._buf, self._pos
+        buf, pos = self.buf, self._pos
         i = buf.find(ANSWER_CLOSE, pos)
         if i < 0:
             self._emit_to(len(buf) if final else hold_start(buf, pos, ANSWER_CLOSE, "\n"))
@@ -126,7 +114,7 @@ class AnswerTagFilter:
         return False
 
     def _emit_to(self, end: int) -> None:
-        self._out.append(self._buf[self._pos : end])
+        self._out.append(self.buf[self._pos : end])
         self._pos = end
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from enum import Enum
 
 from edgemoe.server.parsers.base import (
+    FedOnce,
     ReasoningDelta,
     ReasoningParser,
     Scan,
@@ -54,35 +55,22 @@ class _Phase(Enum):
     CONTENT = "content"
 
 
-class ThinkReasoningParser(ReasoningParser):
+class ThinkReasoningParser(FedOnce[ReasoningDelta], ReasoningParser):
     """Streaming ``<think>`` splitter; see the module docstring for the rules."""
 
     def __init__(self, starts_in_reasoning: bool = False) -> None:
         self.starts_in_reasoning = starts_in_reasoning
         self._phase = _Phase.START
-        self._buf = ""
+        FedOnce.__init__(self)
         self._pos = 0
         self._lstrip = False  # drop "\n" at pos: just after a tag
-        self._finished = False
         self._reasoning: list[str] = []
         self._content: list[str] = []
-
-    def feed(self, text: str) -> ReasoningDelta:
-        if self._finished:
-            raise RuntimeError("feed() after finish()")
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> ReasoningDelta:
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> ReasoningDelta:
         while self._step(final):
             pass
-        self._buf, self._pos = self._buf[self._pos :], 0
+        self.buf, self._pos = self.buf[self._pos :], 0
         out = ReasoningDelta("".join(self._reasoning), "".join(self._content))
         self._reasoning, self._content = [], []
         return out
@@ -91,20 +79,20 @@ class ThinkReasoningParser(ReasoningParser):
         if self._phase is _Phase.START:
             return self._step_start(final)
         if self._lstrip:
-            while self._pos < len(self._buf) and self._buf[self._pos] == "\n":
+            while self._pos < len(self.buf) and self.buf[self._pos] == "\n":
                 self._pos += 1
-            if self._pos == len(self._buf):
+            if self._pos == len(self.buf):
                 return False
             self._lstrip = False
         if self._phase is _Phase.REASONING:
             return self._step_reasoning(final)
-        self._content.append(self._buf[self._pos :])
-        self._pos = len(self._buf)
+        self._content.append(self.buf[self._pos :])
+        self._pos = len(self.buf)
         return False
 
     def _step_start(self, final: bool) -> bool:
-        p = len(self._buf) - len(self._buf[self._pos :].lstrip())
-        end = expect(self._buf, p, THINK_OPEN)
+        p = len(self.buf) - len(self.buf[self._pos :].lstrip())
+        end = expect(self.buf, p, THINK_OPEN)
         if isinstance(end, int):
             self._pos, self._phase, self._lstrip = end, _Phase.REASONING, True
             return True
@@ -118,7 +106,7 @@ class ThinkReasoningParser(ReasoningParser):
         return True
 
     def _step_reasoning(self, final: bool) -> bool:
-        buf, pos = self._buf, self._pos
+        buf, pos = self.buf, self._pos
         i = buf.find(THINK_CLOSE, pos)
         if i >= 0:
             self._reasoning.append(buf[pos:i].rstrip("\n"))
