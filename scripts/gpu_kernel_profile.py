@@ -63,12 +63,25 @@ STEPS = int(os.environ.get("KPROFILE_STEPS", 16))
 IDLE_MAX_US = int(os.environ.get("KPROFILE_IDLE_MAX_US", 5_000))
 
 
+def device_kernels(events) -> list[object]:  # noqa: ANN001
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def by_stream(events) -> dict[int, list[object]]:  # noqa: ANN001
+    """The kernels by the stream that ran them, the step's own stream (the most kernel time) first."""
+    streams: dict[int, list[object]] = defaultdict(list)
+    for e in device_kernels(events):
+        streams[getattr(e, "device_resource_id", 0)].append(e)
+    return dict(sorted(streams.items(), key=lambda kv: -sum(e.time_range.elapsed_us() for e in kv[1])))
+
+
 def idle_before(events) -> dict[str, list[float]]:  # noqa: ANN001
-    """Gaps between consecutive kernels (one stream's order, by start time) summed by the
-    name of the kernel that ended each: where the device waited (a memory-operation wait,
-    a host node, the host launching), not counting gaps between steps."""
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    """Gaps between consecutive kernels of the step's own stream (a side stream's copies
+    overlap it) summed by the name of the kernel that ended each: where the device waited
+    (a memory-operation wait, an event from a side stream, a host node, the host
+    launching), not counting gaps between steps."""
+    main = next(iter(by_stream(events).values()), [])
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in main)
     gaps: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for (_, end, _), (start, _, name) in zip(kernels, kernels[1:]):
         if 0 < start - end < IDLE_MAX_US:
@@ -90,19 +103,21 @@ def busy_us(events) -> float:  # noqa: ANN001
     return total
 
 
-def parse_args(argv: list[str]) -> tuple[int, int, str, list[str], dict[str, object], str, bool]:
-    """(batch, prompt, model, quotas, engine settings, file tag, prefill) from the command
-    line; `model=`, `quotas=` and `prefill=` are the script's own (not engine settings)."""
+def parse_args(argv: list[str]) -> tuple[int, int, str, list[str], dict[str, object], str, bool, dict[str, str]]:
+    """(batch, prompt, model, quotas, engine settings, file tag, prefill, environment) from
+    the command line; `model=`, `quotas=` and `prefill=` are the script's own (not engine
+    settings), and upper-case names are environment settings (`EDGEMOE_SHARE_ADMIT=1`)."""
     batch = int(argv[1]) if len(argv) > 1 else 1
     prompt = int(argv[2]) if len(argv) > 2 else 1024
     given = dict(arg.split("=", 1) for arg in argv[3:])
     tag = "".join(f"_{k}-{v}" for k, v in given.items()).replace(":", "-").replace("/", "-")
+    env = {k: given.pop(k) for k in list(given) if k.isupper()}  # EDGEMOE_*=v: set before the engine is built
     model = given.pop("model", "random:qwen3-30b-a3b")
     quotas = given.pop("quotas").split(",") if "quotas" in given else []
     prefill = given.pop("prefill", "0") != "0"
     settings: dict[str, object] = {"moe_backend": "resident", "kv_tokens": 65536}
     settings.update({k: int(v) if v.isdigit() else v for k, v in given.items()})
-    return batch, prompt, model, quotas, settings, tag, prefill
+    return batch, prompt, model, quotas, settings, tag, prefill, env
 
 
 def set_quota(engine, quota: str) -> None:  # noqa: ANN001
@@ -201,6 +216,27 @@ def profile_prompts(engine, prompt: int) -> tuple[object, float, dict[str, float
     return recorded, wall * 1e6 / STEPS, cpu
 
 
+def stream_table(cycles) -> list[dict[str, object]]:  # noqa: ANN001
+    """Each stream's kernel time a step and, for the side streams (decode prefetch's or
+    the share's loads' copies), their kernels' mean µs a call; printed."""
+    acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    for cycle in cycles:
+        for stream, kernels in by_stream(cycle).items():
+            for e in kernels:
+                acc[stream][e.name][0] += e.time_range.elapsed_us()
+                acc[stream][e.name][1] += 1
+    table = []
+    for i, (stream, names) in enumerate(sorted(acc.items(), key=lambda kv: -sum(t for t, _ in kv[1].values()))):
+        us, calls = sum(t for t, _ in names.values()), sum(c for _, c in names.values())
+        top = sorted(names.items(), key=lambda kv: -kv[1][0])[:3]
+        kernels = [{"kernel": n, "us_per_step": t / STEPS, "us_per_call": t / c} for n, (t, c) in top]
+        print(f"stream {stream}{' (the step)' if i == 0 else ''}: {us / STEPS:.0f} µs of kernels a step in "
+              f"{calls / STEPS:.1f} calls" + ("" if i == 0 else "; " + ", ".join(
+                  f"{k['kernel'][:40]} {k['us_per_call']:.1f} µs a call" for k in kernels)))
+        table.append({"stream": stream, "us_per_step": us / STEPS, "calls_per_step": calls / STEPS, "top": kernels})
+    return table
+
+
 def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str, object]:  # noqa: ANN001
     """Print the kernel table and the idle gaps; the JSON record of one profile."""
     per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
@@ -225,19 +261,21 @@ def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str,
     for name, (us, calls) in rows[:40]:
         print(f"{us / STEPS:9.1f} {100 * us / total:5.1f}% {calls / STEPS:6.1f}  {name[:110]}")
         table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
+    streams = stream_table(cycles)
     span = sum(g for g, _ in gaps.values())
     print(f"{span / STEPS:.0f} µs a step with no kernel running, by the kernel that ran next "
           "(the CPU share's decode wait is inside `_combine_norm`):")
     for name, (us, calls) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:12]:
         print(f"{us / STEPS:9.1f} {calls / STEPS:6.1f}  {name[:110]}")
     return {"label": label, "steps": STEPS, "us_per_step": total / STEPS, "busy_us_per_step": busy,
-            "wall_us_per_step": wall_us, **cpu, "kernels": table, "idle_us_per_step": span / STEPS,
+            "wall_us_per_step": wall_us, **cpu, "kernels": table, "streams": streams, "idle_us_per_step": span / STEPS,
             "idle_before": {name: {"us_per_step": us / STEPS, "calls_per_step": calls / STEPS} for name, (us, calls) in
                             sorted(gaps.items(), key=lambda kv: -kv[1][0])[:40]}}
 
 
 def main() -> int:
-    batch, prompt, model, quotas, settings, tag, prefill = parse_args(sys.argv)
+    batch, prompt, model, quotas, settings, tag, prefill, env = parse_args(sys.argv)
+    os.environ.update(env)
     records = []
     with LLM(model, **settings) as llm:
         engine = llm.engine

@@ -35,9 +35,12 @@ def engine_with_share(layers: int = 6, experts: int = 16) -> SimpleNamespace:
 
 
 def test_quotas_by_count_and_by_fraction(script) -> None:  # noqa: ANN001
-    batch, prompt, _, quotas, settings, _, _ = script.parse_args(
-        ["x", "1", "1024", "moe_backend=hybrid", "cpu_experts_per_layer=2", "quotas=1.5,13/16,2"])
+    batch, prompt, _, quotas, settings, tag, _, env = script.parse_args(
+        ["x", "1", "1024", "moe_backend=hybrid", "cpu_experts_per_layer=2", "quotas=1.5,13/16,2",
+         "EDGEMOE_SHARE_ADMIT=1"])
     assert (batch, prompt, quotas) == (1, 1024, ["1.5", "13/16", "2"]) and settings["cpu_experts_per_layer"] == 2
+    assert env == {"EDGEMOE_SHARE_ADMIT": "1"} and "EDGEMOE_SHARE_ADMIT" not in settings  # the environment's
+    assert "_EDGEMOE_SHARE_ADMIT-1" in tag  # and named in the file
     engine = engine_with_share()
     share = engine.runtime.executor.cpu_share
     script.set_quota(engine, "13/16")
@@ -46,3 +49,21 @@ def test_quotas_by_count_and_by_fraction(script) -> None:  # noqa: ANN001
     assert share.quota.tolist() == quota_rows(6, 6) and int(share.fraction) == FRACTION_ONE
     script.set_quota(engine, "1/2")
     assert int(share.fraction) == 8
+
+
+def kernel(name: str, stream: int, start: float, end: float) -> SimpleNamespace:
+    return SimpleNamespace(name=name, device_resource_id=stream, device_type=torch.autograd.DeviceType.CUDA,
+                           time_range=SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start))
+
+
+def test_a_side_streams_copies_are_apart_from_the_steps_gaps(script, monkeypatch) -> None:  # noqa: ANN001
+    """Kernels of a side stream (the share's loads, decode prefetch) overlap the step's own
+    stream: the gaps are the step's stream's alone, and each stream's time is its own."""
+    monkeypatch.setattr(script, "STEPS", 1)
+    step = [kernel("attn", 7, 0, 10), kernel("gemv", 7, 30, 40), kernel("gemv", 7, 40, 45)]
+    side = [kernel("gather", 9, 12, 28)]  # inside the step's gap: not a kernel the step ran next
+    gaps = script.idle_before(step + side)
+    assert dict(gaps) == {"gemv": [20.0, 1]}
+    table = script.stream_table([step + side])
+    assert [(r["stream"], r["us_per_step"], r["calls_per_step"]) for r in table] == [(7, 25.0, 3), (9, 16.0, 1)]
+    assert table[1]["top"] == [{"kernel": "gather", "us_per_step": 16.0, "us_per_call": 16.0}]

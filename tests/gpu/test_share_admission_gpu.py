@@ -127,8 +127,9 @@ def test_graph_replay_is_the_eager_twin(store, kernel: CpuExperts, monkeypatch: 
 
 
 def test_greedy_tokens_match_offload_but_at_near_ties(small_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """24 slots of 64 experts: a step of the three prompts plans beside a load in flight."""
-    settings = dict(moe_slots=24, expert_cache="device")
+    """32 slots of 64 experts: a decode step of the three prompts (a graph of 4 rows, at most
+    16 experts a layer) plans beside a load in flight (`SideGather.covers`: twice that)."""
+    settings = dict(moe_slots=32, expert_cache="device")
     with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", **settings) as llm:
         offload = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
     monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", "1")
