@@ -1,5 +1,6 @@
 """The CPU share's picks loaded after their layer on the GPU (moe/share_admission.py,
-`EDGEMOE_SHARE_ADMIT=1`): the side stream's gather inside the decode step.
+`EDGEMOE_SHARE_ADMIT=N`): the side stream's gather inside the decode step, joined one or two
+layers later.
 - One executor, eager: every layer bitwise what its pieces give computed apart (the device
   kernel's cells for every pair, the CPU's picks' cells by the host path's C kernel): a
   loaded slot holds its expert's exact weights when later steps hit it; the picks resident
@@ -42,8 +43,9 @@ def store():  # noqa: ANN201
     return random_bank_store(LAYERS, E, H, I, torch.bfloat16, pinned=True)
 
 
-def admitting(store, kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch) -> DeviceOffloadExecutor:  # noqa: ANN001
-    monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", "1")
+def admitting(store, kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+              lag: int = 1) -> DeviceOffloadExecutor:
+    monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", str(lag))
     ex = DeviceOffloadExecutor(store, CUDA, F.silu, LAYERS, S, cpu_experts_per_layer=QUOTA, cpu_kernel=kernel, top_k=K)
     assert ex.admission is not None and ex.admission.covers(1)
     return ex
@@ -66,9 +68,10 @@ def cpu_picks(ex: DeviceOffloadExecutor, layer: int, ids: torch.Tensor) -> list[
     return sorted(sorted(misses, key=lambda e: (heat[e], -e))[:QUOTA])
 
 
+@pytest.mark.parametrize("lag", [1, 2])
 def test_eager_layers_are_their_pieces_and_picks_load(store, kernel: CpuExperts,  # noqa: ANN001
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    ex = admitting(store, kernel, monkeypatch)
+                                                      monkeypatch: pytest.MonkeyPatch, lag: int) -> None:
+    ex = admitting(store, kernel, monkeypatch, lag)
     banks = {layer: {n: t.to(CUDA) for n, t in store.layer_parts(layer).items()} for layer in range(LAYERS)}
     loaded = 0
     for x, ids, w in steps(40, seed=3):
@@ -90,8 +93,10 @@ def test_eager_layers_are_their_pieces_and_picks_load(store, kernel: CpuExperts,
     ex.close()
 
 
-def test_graph_replay_is_the_eager_twin(store, kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    eager, captured = admitting(store, kernel, monkeypatch), admitting(store, kernel, monkeypatch)
+@pytest.mark.parametrize("lag", [1, 2])
+def test_graph_replay_is_the_eager_twin(store, kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                        lag: int) -> None:
+    eager, captured = admitting(store, kernel, monkeypatch, lag), admitting(store, kernel, monkeypatch, lag)
     x = torch.zeros(1, H, dtype=torch.bfloat16, device=CUDA)
     ids = torch.zeros(1, K, dtype=torch.int32, device=CUDA)
     w = torch.zeros(1, K, device=CUDA)

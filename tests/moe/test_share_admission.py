@@ -12,15 +12,16 @@ import torch.nn.functional as F
 
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.moe.share_admission import admission_wanted
+from edgemoe.moe.share_admission import admission_lag
 
 from cpu_share_support import CPU, E, K, L, Heat, cpu_experts_of, expected, routings, store_of
 
 
 
-def hybrid(store, slots: int, kernel: CpuExperts, admit: bool, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+def hybrid(store, slots: int, kernel: CpuExperts, lag: int, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
            mover: str = "gather") -> DeviceOffloadExecutor:
-    monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", "1" if admit else "0")
+    """The share at 2 experts a layer, its picks loaded `lag` layers ahead of their join (0: not loaded)."""
+    monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", str(int(lag)))
     ex = DeviceOffloadExecutor(store, CPU, F.silu, L, slots, mover, cpu_experts_per_layer=2, cpu_kernel=kernel, top_k=K)
     ex.cpu_share.rows = 4  # steps of 7 and 16 tokens run every miss on the device (and load nothing after)
     return ex
@@ -53,12 +54,13 @@ def run(ex: DeviceOffloadExecutor, store, kernel: CpuExperts, dtype: torch.dtype
     return num_cpu, loadable
 
 
-@pytest.mark.parametrize("kind,slots", [("bf16", 5), ("int8", 6), ("int4", 4), ("bf16", 12)])
+@pytest.mark.parametrize("kind,slots,lag", [("bf16", 5, 1), ("int8", 6, 1), ("int4", 4, 1), ("bf16", 12, 1),
+                                            ("bf16", 12, 2), ("int4", 9, 3)])
 def test_picks_load_after_their_layer_and_compute_bitwise(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch,
-                                                          kind: str, slots: int) -> None:
+                                                          kind: str, slots: int, lag: int) -> None:
     store = store_of(kind)
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
-    admitted = hybrid(store, slots, kernel, True, monkeypatch)
+    admitted = hybrid(store, slots, kernel, lag, monkeypatch)
     assert admitted.admission is not None
     num_cpu, loadable = run(admitted, store, kernel, dtype)
     assert loadable > 0
@@ -92,34 +94,46 @@ def test_a_copy_engine_mover_or_no_share_loads_nothing(kernel: CpuExperts, monke
     assert DeviceOffloadExecutor(store, CPU, F.silu, L, 4).admission is None  # offload: no share
 
 
-def test_the_setting_is_0_or_1(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_setting_is_off_or_a_lag(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EDGEMOE_SHARE_ADMIT", raising=False)
-    assert admission_wanted() is False
-    for raw, want in (("0", False), ("1", True)):
+    assert admission_lag() == 0
+    for raw, want in (("0", 0), ("1", 1), ("3", 3), ("8", 8)):
         monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", raw)
-        assert admission_wanted() is want
-    monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", "yes")
-    with pytest.raises(ValueError, match="EDGEMOE_SHARE_ADMIT='yes': 0 or 1"):
-        admission_wanted()
+        assert admission_lag() == want
+    for raw in ("yes", "9", "-1", "1.5", ""):
+        monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", raw)
+        with pytest.raises(ValueError, match=f"EDGEMOE_SHARE_ADMIT={raw!r}: 0 \\(off\\) or the MoE layers"):
+            admission_lag()
 
 
-def test_pins_name_the_slots_in_flight_until_joined(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a layer loads its picks, the next layer's plan is handed their slots (a bound of
-    a layer's most experts with them); once that layer joined, nothing is pinned."""
+def slots_of(mask: torch.Tensor) -> set[int]:
+    return {int(v) for v in mask.nonzero().flatten()}
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_every_plan_pins_the_last_lists_until_the_step_ends(kernel: CpuExperts, monkeypatch: pytest.MonkeyPatch,
+                                                             lag: int) -> None:
+    """After a layer loads its picks, every later plan of the step is handed the slots of the
+    last `lag` lists (a bound of `lag` layers' most experts) and the join waits `lag` layers
+    (the last layer at most); the last layer joins every load and empties the mask."""
     store = store_of("bf16")
-    ex = hybrid(store, 6, kernel, True, monkeypatch)
+    ex = hybrid(store, 6, kernel, lag, monkeypatch)
     ids = torch.tensor([[0, 1]], dtype=torch.int32)
     x, w = torch.randn(1, 32).to(torch.bfloat16), torch.tensor([[0.5, 0.5]])
-    ex.cpu_share.quota.fill_(E)  # every miss on the CPU: both experts of layer 0 loaded after it
-    ex.forward(0, x, ids, w)
+    ex.cpu_share.quota.fill_(E)  # every miss on the CPU: both experts of each layer loaded after it
     admission = ex.admission
+    assert admission.join_layer == {0: min(lag, 2), 1: 2} and admission.covers(1) and not admission.covers(2)
+    ex.forward(0, x, ids, w)
+    first = {int(s) for s in ex.cache.slot_map[0][[0, 1]]}
     pins, bound = admission.pins(1, 1)
-    assert bound == 2 and pins is not None
-    assert torch.equal(pins.nonzero().flatten().sort().values, ex.cache.slot_map[0][[0, 1]].long().sort().values)
-    ex.forward(1, x, ids, w)  # joins layer 0's load; loads its own for layer 2
-    assert admission.pins(1, 1) == (None, 0) and admission.pins(2, 1)[0] is not None
-    ex.forward(2, x, ids, w)  # the last layer: joins, loads nothing
-    assert all(admission.pins(layer, 1) == (None, 0) for layer in range(L))
+    assert bound == 2 * lag and slots_of(pins) == first
+    ex.forward(1, x, ids, w)  # lag 1: joins layer 0's load, whose list leaves the mask when its buffer takes 1's
+    second = {int(s) for s in ex.cache.slot_map[1][[0, 1]]}
+    assert slots_of(admission.pins(2, 1)[0]) == (second if lag == 1 else first | second)
+    assert list(admission.side._pending) == [2]
+    ex.forward(2, x, ids, w)  # the last layer: joins all, loads nothing
+    assert not admission.union.any() and not admission.side._pending
+    assert bool((admission.side.ring(slice(None)) == -1).all())  # no list left to clear into the next step
     assert bool((ex.cache.slot_map[2][[0, 1]] < 0).all())
     ex.close()
 

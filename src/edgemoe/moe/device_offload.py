@@ -49,7 +49,7 @@ from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
-from edgemoe.moe.share_admission import ShareAdmission, admission_wanted
+from edgemoe.moe.share_admission import make_admission
 from edgemoe.moe.slot_lending import make_lending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -147,17 +147,10 @@ class DeviceOffloadExecutor(CellsExecutor):
         if prompt_cpu and self.cpu_share is None:
             log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
                         "their misses")
-        self.admission = self._make_admission(top_k or DEFAULT_TOP_K) if admission_wanted() else None
-
-    def _make_admission(self, top_k: int) -> ShareAdmission | None:
-        """The share's picks loaded after their layer, where a share runs and the mover is a kernel."""
-        if self.cpu_share is None or not self.mover.graph_safe:
-            log.warning("EDGEMOE_SHARE_ADMIT=1: no CPU share, or the %s mover can't copy on a side stream: "
-                        "nothing is loaded after its layer", self.mover.name)
-            return None
-        admission = ShareAdmission(self.cache, self.mover, list(self.store.layers), top_k)
-        self.stats.sources.append(admission.snapshot)
-        return admission
+        self.admission = make_admission(self.cache, self.mover, list(self.store.layers), top_k or DEFAULT_TOP_K,
+                                        self.cpu_share is not None)
+        if self.admission is not None:
+            self.stats.sources.append(self.admission.snapshot)
 
     def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False,  # noqa: ANN001
                         softmax: bool = False) -> None:
