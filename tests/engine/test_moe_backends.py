@@ -192,21 +192,6 @@ def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt) -> None:  
     assert moe["cpu_quota_per_layer"] == ctl.level / ctl.scale.per_unit and moe["cpu_quota_windows"] == ctl.windows
 
 
-def test_the_shares_picks_load_after_their_layer_through_the_engine(qwen3_ckpt, monkeypatch) -> None:  # noqa: ANN001
-    """`EDGEMOE_SHARE_ADMIT=1` through the engine (moe/share_admission.py; the loads' values
-    are proven bitwise at the executor, tests/moe/test_share_admission.py): 12 slots let the
-    three prompts' decode steps plan beside a load, and the share's picks load."""
-    monkeypatch.setenv("EDGEMOE_SHARE_ADMIT", "1")
-    with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=12,
-             moe_hybrid_fraction=0.5) as llm:
-        out = llm.generate(PROMPTS, GREEDY)
-        moe = llm.stats()["moe"]
-        admission = llm.engine.runtime.executor.admission
-    assert admission is not None and admission.side.top_k == TOP_K  # the engine tells the executor its top-k
-    assert [len(o.token_ids) for o in out] == [GREEDY.max_tokens] * len(PROMPTS)
-    assert moe["experts_cpu"] > 0 and moe["share_admitted"] > 0
-
-
 def test_prompt_cpu_runs_prompt_chunks_through_the_share(qwen3_ckpt) -> None:  # noqa: ANN001
     """`--prompt-cpu` through the engine: a prompt chunk over the decode rows takes the
     prompt rule (its CPU experts counted in the prefill), then decode continues."""

@@ -1,4 +1,4 @@
-"""The CPU share's test material (tests/moe/test_cpu_share.py, test_share_admission.py): small
+"""The CPU share's test material (tests/moe/test_cpu_share.py): small
 stores in every weight format, a skewed routing trace, the reference split and heat, and a
 layer's output computed piece by piece."""
 

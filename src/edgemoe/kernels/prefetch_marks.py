@@ -9,12 +9,6 @@ instead of ~20 small torch ops on the decode step's serial chain:
   static buffer the side stream reads), `in_flight` [S] = its slots (the next plan of
   that layer pins them), `loaded` [E] = its experts, `prefetched` += their number.
 
-- `ring_marks` (after the share's loads' plan, `moe/share_admission.py`): a ring buffer's
-  previous list (its whole width: lists of other steps' sizes), whose copies have landed,
-  leaves the pool's in-flight mask `union`; the new list `misses` [2, M] takes its place
-  (the rest -1) and joins `union`; `count` += its length. Several loads stay in flight;
-  every plan pins their union.
-
 The torch functions are the reference and the CPU path; on CUDA each is one Triton launch
 (`triton_ops/prefetch_marks.py`), the same values. Fixed shapes, no host read: capturable.
 Masks are bool tensors; -1 entries of any list are ignored.
@@ -51,14 +45,6 @@ def prefetch_marks_ref(misses: torch.Tensor, out: torch.Tensor, in_flight: torch
     prefetched += (misses[0] >= 0).sum()
 
 
-def ring_marks_ref(misses: torch.Tensor, buffer: torch.Tensor, union: torch.Tensor, count: torch.Tensor) -> None:
-    union &= ~present(buffer[1], union.numel())
-    buffer.fill_(-1)
-    buffer[:, : misses.shape[1]] = misses
-    union |= present(misses[1], union.numel())
-    count += (misses[0] >= 0).sum()
-
-
 def prefetch_pins(slot_ids: torch.Tensor, pins: torch.Tensor, routed: torch.Tensor | None = None,
                   loaded: torch.Tensor | None = None, used: torch.Tensor | None = None) -> None:
     """`pins` = the slots of `slot_ids`; `used` (0-d int64, optional) += |routed ∩ loaded|."""
@@ -80,14 +66,3 @@ def prefetch_marks(misses: torch.Tensor, out: torch.Tensor, in_flight: torch.Ten
         prefetch_marks_triton(misses, out, in_flight, loaded, prefetched)
         return
     prefetch_marks_ref(misses, out, in_flight, loaded, prefetched)
-
-
-def ring_marks(misses: torch.Tensor, buffer: torch.Tensor, union: torch.Tensor, count: torch.Tensor) -> None:
-    """`union` [S] loses the slots of `buffer` [2, W]'s previous list (landed) and gains
-    those of `misses` [2, M ≤ W]; `buffer` = misses then -1s; `count` (0-d int64) += M's valid."""
-    if misses.is_cuda and triton_importable():
-        from edgemoe.kernels.triton_ops.prefetch_marks import ring_marks_triton
-
-        ring_marks_triton(misses, buffer, union, count)
-        return
-    ring_marks_ref(misses, buffer, union, count)

@@ -16,8 +16,7 @@ misses) or live: chosen between steps by timing decode steps (`moe/quota_control
 
 Prompt chunks of ≥ 1,024 tokens stream every layer's experts through slots the cache lends
 (`moe/prefill_stream.py`) instead of planning; decode steps may prefetch the next layer's
-predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`), or load the
-CPU share's picks after their layer there (`moe/share_admission.py`, `EDGEMOE_SHARE_ADMIT=1`).
+predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`).
 
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
 `SlotCache` with the same policy ("lru" or "lru-plain"), and every wave a mask over one
@@ -49,7 +48,6 @@ from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
-from edgemoe.moe.share_admission import make_admission
 from edgemoe.moe.slot_lending import make_lending
 from edgemoe.moe.stats import MoEStats
 from edgemoe.moe.store import ExpertStore
@@ -147,10 +145,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         if prompt_cpu and self.cpu_share is None:
             log.warning("--prompt-cpu: no CPU share here (offload, or the share can't run): prompt chunks copy "
                         "their misses")
-        self.admission = make_admission(self.cache, self.mover, list(self.store.layers), top_k or DEFAULT_TOP_K,
-                                        self.cpu_share is not None)
-        if self.admission is not None:
-            self.stats.sources.append(self.admission.snapshot)
 
     def register_router(self, layer: int, router: torch.Tensor, bias=None, sigmoid: bool = False,  # noqa: ANN001
                         softmax: bool = False) -> None:
@@ -161,9 +155,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
                              f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
-        if self.admission is not None:  # one side gather at a time
-            log.warning("--moe-prefetch on: the share's picks are not loaded after their layer (EDGEMOE_SHARE_ADMIT)")
-            self.admission = None
         self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
                                        self.cpu_share)
         self.stats.sources.append(self.prefetch.snapshot)
@@ -245,9 +236,8 @@ class DeviceOffloadExecutor(CellsExecutor):
                 self._inform(base, steps)
 
     def _misses_so_far(self) -> torch.Tensor:
-        """Every miss so far, the CPU's included, the share's loads not (no routing missed them): a device scalar."""
-        misses = self.cache.counts[:, 1].sum() + self.cpu_share.cpu_counts.sum()  # type: ignore[union-attr]
-        return misses if self.admission is None else misses - self.admission.admitted.sum()
+        """Every miss so far, the CPU's included: a device scalar (no read)."""
+        return self.cache.counts[:, 1].sum() + self.cpu_share.cpu_counts.sum()  # type: ignore[union-attr]
 
     def _inform(self, base: torch.Tensor, steps: int) -> None:
         """The controller's informed start from the sample: m (misses a layer a decode step),
@@ -285,8 +275,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
         if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
-        if self.admission is not None and not self.admission.covers(x.shape[0]):
-            self.admission.join_all()  # nor with loads in flight
         cpu: CellSources | None = None
         if self.streaming.covers(layer, x.shape[0] - num_decode - num_padding):  # a long chunk: no plan, no share
             if self.lending is not None and not self.lending.lent:  # a caller that skipped before_step
@@ -309,11 +297,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         None); the CPU share (if any) takes its pairs first; `prefetch`: the decode prefetch
         when this step prefetches. Returns where the CPU's cells lie (None: no share ran)."""
         share, rule = self._share_rule(x)
-        routed = None  # the routing without the padding rows, where the prefetch or the admission reads it
-        admit = self.admission if self.admission is not None and self.admission.covers(x.shape[0]) else None
+        routed = None  # the routing without the padding rows, where the prefetch reads it
         planned_dead = None  # the dead rows the plan drops itself
         if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
-            routed = _masked(ids, dead) if admit is not None and rule == DECODE else None  # the CPU's picks to load
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)
         elif share is None and prefetch is None:  # the plan does (no masking launch on the chain)
             planned_dead = dead
@@ -321,15 +307,10 @@ class DeviceOffloadExecutor(CellsExecutor):
             routed = ids = _masked(ids, dead)  # the prefetch counts its hits against the whole routing
             if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
                 ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
-        side = prefetch or admit  # the side gather in flight, if any: its slots pinned, joined before compute
-        pins, num_pinned = (None, 0) if side is None else side.pins(layer, x.shape[0])
+        pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned, planned_dead):  # one wave when it prefetches
-            after_move = None if side is None else partial(side.join, layer)
-            if prefetch is not None:
-                after_move = partial(prefetch.after_move, layer, x, routed, plan.slot_ids)
+            after_move = None if prefetch is None else partial(prefetch.after_move, layer, x, routed, plan.slot_ids)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
-        if admit is not None and routed is not None:  # (with prefetch on, no admission: enable_prefetch)
-            admit.launch(layer, routed, ids)  # after the layer's own work: the CPU's experts into the cache
         return None if share is None else share.join(layer)
 
     def _dead_rows(self, topk_ids: torch.Tensor, num_padding: int) -> torch.Tensor | None:
@@ -379,8 +360,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.streaming.reset()
         if self.prefetch is not None:
             self.prefetch.reset()
-        if self.admission is not None:
-            self.admission.reset()
         if self.lending is not None and self.lending.lent:  # the next step may plan into the tail
             self.lending.take_back()
         self.cache.clear()

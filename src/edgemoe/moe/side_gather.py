@@ -1,6 +1,5 @@
-"""Copies into the device cache's slots on a side stream while the decode step goes on — the
-mechanism decode prefetch (`moe/prefetch.py`) and the share's loads (`moe/share_admission.py`)
-have in common. Its owner plans the copies on the stream (the cache's state is only ever
+"""Copies into the device cache's slots on a side stream while the decode step goes on — decode
+prefetch's mechanism (`moe/prefetch.py`), apart from what it predicts. Its owner plans the copies on the stream (the cache's state is only ever
 touched there, in order) and hands the miss list here:
 
 - `buffers(p, n)`: the static miss list of buffer `p` (the side stream reads it after the
@@ -10,9 +9,8 @@ touched there, in order) and hands the miss list here:
 - `pins(layer, rows)`: what `layer`'s own plan may not evict (slots still being written);
 - `join(layer)`: the stream waits for the copies `layer` needs, before it computes.
 
-`buffers` lists and events (decode prefetch: two, by layer parity; the share's loads: one a
-layer of their lag); `in_flight`: the copies a layer's plan may meet still in flight, which
-`covers` counts. On a CPU the copy is the stream's own. One thread; `reset()` after a failed step.
+Two copies in flight at most (buffers by parity). On a CPU the copy is the stream's own.
+One thread; `reset()` after a failed step.
 """
 
 from __future__ import annotations
@@ -28,17 +26,16 @@ from edgemoe.moe.movers import ExpertMover
 class SideGather:
     """Side copies into `cache`'s slots by `mover`; `top_k` routed experts a token."""
 
-    def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, top_k: int, buffers: int = 2,
-                 in_flight: int = 1) -> None:
-        self.cache, self.mover, self.top_k, self.in_flight = cache, mover, top_k, in_flight
+    def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, top_k: int) -> None:
+        self.cache, self.mover, self.top_k = cache, mover, top_k
         device = cache.device
         cuda = device.type == "cuda"
         self._side = torch.cuda.Stream(device) if cuda else None
-        self._landed = [torch.cuda.Event() if cuda else None for _ in range(buffers)]
+        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
         S, E = cache.num_slots, cache.num_experts
-        self.width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
-        self._misses = torch.full((buffers, 2, self.width), -1, dtype=torch.int32, device=device)  # the side stream's
-        self._in_flight = torch.zeros(buffers, S, dtype=torch.bool, device=device)  # each copy's slots
+        width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
+        self._misses = torch.full((2, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
+        self._in_flight = torch.zeros(2, S, dtype=torch.bool, device=device)  # each copy's slots
         self._pending: dict[int, int] = {}  # the layer that joins -> the buffer of its copies
 
     def most(self, rows: int) -> int:
@@ -48,15 +45,11 @@ class SideGather:
     def covers(self, rows: int) -> bool:
         """Whether a step of `rows` token rows may copy aside: a decode-sized step whose layer
         plans in one wave beside the slots in flight."""
-        return 0 < rows <= ROWS and self.cache.num_slots >= (self.in_flight + 1) * self.most(rows)
+        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * self.most(rows)
 
     def buffers(self, p: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Buffer `p`'s miss list [2, n] (static: the side stream reads it later) and slot mask [S]."""
         return self._misses[p, :, :n], self._in_flight[p]
-
-    def ring(self, p: int | slice) -> torch.Tensor:
-        """Buffer `p`'s whole list [2, width] (`kernels/prefetch_marks.ring_marks` clears its last)."""
-        return self._misses[p]
 
     def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
         """The slots `layer`'s own plan may not evict (copies it waits for are writing them)
@@ -65,8 +58,7 @@ class SideGather:
         return (None, 0) if p is None else (self._in_flight[p], self.most(rows))
 
     def start(self, layer: int, misses: torch.Tensor, p: int, join: int, grid: GatherGrid) -> None:
-        """Gather `layer`'s `misses` (buffer `p`'s) on the side stream; `join` waits for them
-        (and for every copy started before: the side stream runs them in order)."""
+        """Gather `layer`'s `misses` (buffer `p`'s) on the side stream; `join` waits for them."""
         self._pending[join] = p
         if self._side is None:
             self.mover.move(layer, misses)
@@ -95,8 +87,8 @@ class SideGather:
 
 
 class SideCopier:
-    """What decode prefetch and the share's loads answer alike, through their `SideGather`:
-    which steps copy aside, what a layer's plan pins, and the joins."""
+    """What a side copier (decode prefetch) answers through its `SideGather`: which steps
+    copy aside, what a layer's plan pins, and the joins."""
 
     side: SideGather
 

@@ -1,4 +1,4 @@
-"""Decode prefetch's and the share's loads' bookkeeping as one launch each (see `kernels/prefetch_marks.py`): the
+"""Decode prefetch's bookkeeping as one launch each (see `kernels/prefetch_marks.py`): the
 same values as the torch reference. One program each: the lists are a decode step's
 (≤ 64 rows x top-k) and the masks one pool's and one layer's."""
 
@@ -58,23 +58,6 @@ def _prefetch_marks(misses_ptr, out_ptr, in_flight_ptr, loaded_ptr, count_ptr, M
     tl.store(count_ptr, tl.load(count_ptr) + tl.sum((expert >= 0).to(tl.int64), axis=0))
 
 
-@triton.jit
-def _ring_marks(misses_ptr, buffer_ptr, union_ptr, count_ptr, M, W, stride_buffer,
-                BLOCK_W: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_start(USE_PDL)
-    w = tl.arange(0, BLOCK_W)
-    landed = tl.load(buffer_ptr + stride_buffer + w, mask=w < W, other=-1)
-    tl.debug_barrier()  # every thread has read the previous list before any writes the new one
-    tl.store(union_ptr + landed, tl.zeros([BLOCK_W], tl.uint8), mask=landed >= 0)
-    expert = tl.load(misses_ptr + w, mask=w < M, other=-1)
-    slot = tl.load(misses_ptr + M + w, mask=w < M, other=-1)
-    tl.store(buffer_ptr + w, expert, mask=w < W)
-    tl.store(buffer_ptr + stride_buffer + w, slot, mask=w < W)
-    tl.debug_barrier()  # the landed slots' zeros before the new ones (a slot is never in both: it was pinned)
-    tl.store(union_ptr + slot, tl.full([BLOCK_W], 1, tl.uint8), mask=slot >= 0)
-    tl.store(count_ptr, tl.load(count_ptr) + tl.sum((expert >= 0).to(tl.int64), axis=0))
-
-
 def prefetch_pins_triton(slot_ids: torch.Tensor, pins: torch.Tensor, routed: torch.Tensor | None,
                          loaded: torch.Tensor | None, used: torch.Tensor | None) -> None:
     slots = slot_ids.reshape(-1).contiguous()
@@ -100,11 +83,3 @@ def prefetch_marks_triton(misses: torch.Tensor, out: torch.Tensor, in_flight: to
                           out.stride(0), loaded.numel(), in_flight.numel(), BLOCK_M=triton.next_power_of_2(M),
                           BLOCK_E=triton.next_power_of_2(loaded.numel()),
                           BLOCK_S=triton.next_power_of_2(in_flight.numel()), USE_PDL=pdl, launch_pdl=pdl)
-
-
-def ring_marks_triton(misses: torch.Tensor, buffer: torch.Tensor, union: torch.Tensor, count: torch.Tensor) -> None:
-    M, W = misses.shape[1], buffer.shape[1]
-    assert misses.is_contiguous() and W >= M and buffer.stride(1) == 1 and union.is_contiguous()
-    pdl = pdl_enabled(misses.device)
-    _ring_marks[(1,)](misses, buffer, union.view(torch.uint8), count, M, W, buffer.stride(0),
-                      BLOCK_W=triton.next_power_of_2(max(W, 1)), USE_PDL=pdl, launch_pdl=pdl)
