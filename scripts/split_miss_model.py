@@ -19,6 +19,10 @@ The trace is synthetic routing's at the scenario's slots through the engine's LR
 the CPU takes k of a layer's m misses, every one loaded after) and the CPU alone (`f = 1`,
 every miss's copy still made, to keep the hits) print beside it.
 
+`--carried-loads` charges each layer's host reads with the previous layer's CPU part being
+loaded beside them: the GPU machine measured that contention (2026-12-06 23:21, docs/benchmarks.md,
+"The share's loads on the GPU, measured and removed"), which the model without it left out.
+
 Defaults are bf16's (the profile `scripts/share_layer_model.py` fits); fp8 at its slots:
 `--slots 2426 --copy-us 92 --cpu-us 55 --chain-us 73 --expert-mb 4.72` (2026-12-06 18:29's
 profile: 108 µs of gather a layer for ~1.16 misses, ~3.5 ms of other kernels a step).
@@ -54,10 +58,12 @@ def whole_fraction(misses: int, args: argparse.Namespace) -> float:
     return min((k / misses for k in range(misses + 1)), key=lambda f: miss_us(misses, f, args))
 
 
-def miss_us(misses: int, f: float, args: argparse.Namespace) -> float:
-    """A layer's wait for its misses with `f` of their channels on the CPU."""
+def miss_us(misses: int, f: float, args: argparse.Namespace, carried: float = 0.0) -> float:
+    """A layer's wait for its misses with `f` of their channels on the CPU; `carried`: the
+    experts' worth of the previous layer's CPU part being loaded in this layer's window
+    (`--carried-loads`), read from host memory beside them."""
     cpu = args.fixed_us + misses * f * args.cpu_us if f > 0 else 0.0
-    host = misses * args.expert_mb / args.host_gbps * 1e3 if args.host_gbps else 0.0
+    host = (misses + carried) * args.expert_mb / args.host_gbps * 1e3 if args.host_gbps else 0.0
     return max(cpu, misses * (1 - f) * args.copy_us, host)
 
 
@@ -65,7 +71,7 @@ def step_ms(accesses, args: argparse.Namespace, rule: str) -> tuple[float, float
     """(ms a token, the layers' sum, the link's whole load, misses a token) under `rule`:
     `offload` (f = 0), `split` (balanced to the grain), `whole` (balanced in whole experts:
     today's share with its picks loaded after), `cpu` (f = 1)."""
-    layers_us, link_us, misses_seen, counted = [0.0], [0.0], [0], [0]
+    layers_us, link_us, misses_seen, counted, carried = [0.0], [0.0], [0], [0], [0.0]
 
     def observe(layer: int, misses: int, cpu: int) -> None:  # noqa: ARG001 - quota 0: cpu is 0
         if rule == "offload":
@@ -74,7 +80,8 @@ def step_ms(accesses, args: argparse.Namespace, rule: str) -> tuple[float, float
             f = 1.0 if misses else 0.0
         else:
             f = (balanced_fraction if rule == "split" else whole_fraction)(misses, args)
-        layers_us[0] += miss_us(misses, f, args) + args.chain_us
+        layers_us[0] += miss_us(misses, f, args, carried[0]) + args.chain_us
+        carried[0] = f * misses if args.carried_loads else 0.0  # loaded in the next layer's window
         link_us[0] += misses * args.copy_us
         misses_seen[0] += misses
         counted[0] += 1
@@ -91,6 +98,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_layer_model_args(ap, host_gbps=122.0)
     ap.add_argument("--grain", type=int, default=16, help="the split's steps: the channels in this many parts")
+    ap.add_argument("--carried-loads", action="store_true",
+                    help="the CPU's part of a layer is loaded in the next layer's window, its host reads beside that "
+                         "layer's (the GPU machine, 2026-12-06 23:25: the CPU's fp8 experts 93 -> 155 µs beside the loads)")
     args = ap.parse_args()
     accesses = trace(args.tokens, args.seed)
     print(f"{args.slots} slots, {args.tokens} tokens: a copy {args.copy_us:g} µs, a CPU expert {args.cpu_us:g} µs "

@@ -16,7 +16,7 @@ def model(script_module):  # noqa: ANN001, ANN201
 
 def fp8_args(**overrides: float) -> Namespace:
     base = dict(slots=2426, tokens=24, seed=0, copy_us=92.0, cpu_us=55.0, fixed_us=25.0, chain_us=73.0,
-                host_gbps=0.0, expert_mb=4.72, grain=16)
+                host_gbps=0.0, expert_mb=4.72, grain=16, carried_loads=False)
     return Namespace(**{**base, **overrides})
 
 
@@ -63,6 +63,23 @@ def test_rules_load_every_miss_and_split_is_fastest(model) -> None:
     assert rows["split"][1] < rows["offload"][1]
     for ms, layers, link, _ in rows.values():
         assert ms == max(layers, link)
+
+
+def test_carried_loads_read_beside_the_next_layers_misses(model) -> None:
+    """`--carried-loads`: the previous layer's CPU part is read from host memory in this
+    layer's window: offload (nothing on the CPU) is unchanged, the rules that load the CPU's
+    part after their layer wait longer where the host limits."""
+    args = fp8_args(host_gbps=10.0)
+    assert model.miss_us(2, 0.5, args, carried=1.0) == pytest.approx(3 * 4.72 / 10.0 * 1e3)
+    args = fp8_args(slots=600, host_gbps=94.0)
+    accesses = model.trace(args.tokens, args.seed)
+    carried = Namespace(**{**vars(args), "carried_loads": True})
+    for rule in ("offload", "whole", "split", "cpu"):
+        plain, loaded = model.step_ms(accesses, args, rule), model.step_ms(accesses, carried, rule)
+        if rule == "offload":
+            assert loaded == plain
+        else:
+            assert loaded[1] > plain[1] and loaded[2:] == plain[2:]  # the same copies, longer layers
 
 
 def test_a_trace_that_never_fills_the_cache_is_a_clear_error(model) -> None:
