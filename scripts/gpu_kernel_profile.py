@@ -106,7 +106,7 @@ def busy_us(events) -> float:  # noqa: ANN001
 def parse_args(argv: list[str]) -> tuple[int, int, str, list[str], dict[str, object], str, bool, dict[str, str]]:
     """(batch, prompt, model, quotas, engine settings, file tag, prefill, environment) from
     the command line; `model=`, `quotas=` and `prefill=` are the script's own (not engine
-    settings), and upper-case names are environment settings (`EDGEMOE_SHARE_ADMIT=1`)."""
+    settings), and upper-case names are environment settings (`EDGEMOE_PREFETCH_PROGRAMS=64`)."""
     batch = int(argv[1]) if len(argv) > 1 else 1
     prompt = int(argv[2]) if len(argv) > 2 else 1024
     given = dict(arg.split("=", 1) for arg in argv[3:])
@@ -217,23 +217,29 @@ def profile_prompts(engine, prompt: int) -> tuple[object, float, dict[str, float
 
 
 def stream_table(cycles) -> list[dict[str, object]]:  # noqa: ANN001
-    """Each stream's kernel time a step and, for the side streams (decode prefetch's or
-    the share's loads' copies), their kernels' mean µs a call; printed."""
-    acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    """The step's stream's kernel time a step, then the other streams' together (a side
+    stream's copies, which a CUDA graph's replay spreads over streams of its own: one a
+    branch) with their top kernels' mean µs a call; printed."""
+    acc: list[dict[str, list[float]]] = [defaultdict(lambda: [0.0, 0]), defaultdict(lambda: [0.0, 0])]
+    streams = [0, 0]
     for cycle in cycles:
-        for stream, kernels in by_stream(cycle).items():
+        split = list(by_stream(cycle).values())
+        streams[1] = max(streams[1], len(split) - 1)
+        for i, kernels in enumerate(split):
             for e in kernels:
-                acc[stream][e.name][0] += e.time_range.elapsed_us()
-                acc[stream][e.name][1] += 1
+                acc[min(i, 1)][e.name][0] += e.time_range.elapsed_us()
+                acc[min(i, 1)][e.name][1] += 1
     table = []
-    for i, (stream, names) in enumerate(sorted(acc.items(), key=lambda kv: -sum(t for t, _ in kv[1].values()))):
+    for i, names in enumerate(acc):
+        if not names:
+            continue
         us, calls = sum(t for t, _ in names.values()), sum(c for _, c in names.values())
         top = sorted(names.items(), key=lambda kv: -kv[1][0])[:3]
         kernels = [{"kernel": n, "us_per_step": t / STEPS, "us_per_call": t / c} for n, (t, c) in top]
-        print(f"stream {stream}{' (the step)' if i == 0 else ''}: {us / STEPS:.0f} µs of kernels a step in "
-              f"{calls / STEPS:.1f} calls" + ("" if i == 0 else "; " + ", ".join(
-                  f"{k['kernel'][:40]} {k['us_per_call']:.1f} µs a call" for k in kernels)))
-        table.append({"stream": stream, "us_per_step": us / STEPS, "calls_per_step": calls / STEPS, "top": kernels})
+        label = "the step's stream" if i == 0 else f"{streams[1]} other streams"
+        print(f"{label}: {us / STEPS:.0f} µs of kernels a step in {calls / STEPS:.1f} calls; " + ", ".join(
+            f"{k['kernel'][:40]} {k['us_per_call']:.1f} µs a call" for k in kernels))
+        table.append({"streams": label, "us_per_step": us / STEPS, "calls_per_step": calls / STEPS, "top": kernels})
     return table
 
 

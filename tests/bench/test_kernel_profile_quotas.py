@@ -37,10 +37,10 @@ def engine_with_share(layers: int = 6, experts: int = 16) -> SimpleNamespace:
 def test_quotas_by_count_and_by_fraction(script) -> None:  # noqa: ANN001
     batch, prompt, _, quotas, settings, tag, _, env = script.parse_args(
         ["x", "1", "1024", "moe_backend=hybrid", "cpu_experts_per_layer=2", "quotas=1.5,13/16,2",
-         "EDGEMOE_SHARE_ADMIT=1"])
+         "EDGEMOE_PREFETCH_PROGRAMS=64"])
     assert (batch, prompt, quotas) == (1, 1024, ["1.5", "13/16", "2"]) and settings["cpu_experts_per_layer"] == 2
-    assert env == {"EDGEMOE_SHARE_ADMIT": "1"} and "EDGEMOE_SHARE_ADMIT" not in settings  # the environment's
-    assert "_EDGEMOE_SHARE_ADMIT-1" in tag  # and named in the file
+    assert env == {"EDGEMOE_PREFETCH_PROGRAMS": "64"} and "EDGEMOE_PREFETCH_PROGRAMS" not in settings  # the environment's
+    assert "_EDGEMOE_PREFETCH_PROGRAMS-64" in tag  # and named in the file
     engine = engine_with_share()
     share = engine.runtime.executor.cpu_share
     script.set_quota(engine, "13/16")
@@ -57,13 +57,15 @@ def kernel(name: str, stream: int, start: float, end: float) -> SimpleNamespace:
 
 
 def test_a_side_streams_copies_are_apart_from_the_steps_gaps(script, monkeypatch) -> None:  # noqa: ANN001
-    """Kernels of a side stream (the share's loads, decode prefetch) overlap the step's own
-    stream: the gaps are the step's stream's alone, and each stream's time is its own."""
+    """Kernels of other streams (a side stream's copies, spread by a graph's replay over
+    streams of its own) overlap the step's own stream: the gaps are the step's stream's
+    alone, and the other streams' time is counted together, apart."""
     monkeypatch.setattr(script, "STEPS", 1)
     step = [kernel("attn", 7, 0, 10), kernel("gemv", 7, 30, 40), kernel("gemv", 7, 40, 45)]
-    side = [kernel("gather", 9, 12, 28)]  # inside the step's gap: not a kernel the step ran next
+    side = [kernel("gather", 9, 12, 28), kernel("gather", 11, 46, 50)]  # inside the step's gap: not what it ran next
     gaps = script.idle_before(step + side)
     assert dict(gaps) == {"gemv": [20.0, 1]}
     table = script.stream_table([step + side])
-    assert [(r["stream"], r["us_per_step"], r["calls_per_step"]) for r in table] == [(7, 25.0, 3), (9, 16.0, 1)]
-    assert table[1]["top"] == [{"kernel": "gather", "us_per_step": 16.0, "us_per_call": 16.0}]
+    assert [(r["streams"], r["us_per_step"], r["calls_per_step"]) for r in table] == [
+        ("the step's stream", 25.0, 3), ("2 other streams", 20.0, 2)]
+    assert table[1]["top"] == [{"kernel": "gather", "us_per_step": 20.0, "us_per_call": 10.0}]
