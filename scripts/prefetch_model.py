@@ -1,0 +1,75 @@
+"""What decode prefetch could reach at most (an oracle: every miss of layer l+1 known during
+layer l), on the CPU alone, as the engine orders it (`moe/prefetch.py`, `DecodePrefetch`):
+
+- a layer's chain is its plan part (attention, router, the plan: `--plan-us`) then the rest
+  (its expert GEMVs and the combine: `--chain-us` less the plan part);
+- after layer l's plan and own gather, its `after_move` forks the side stream, which copies
+  layer l+1's misses once both the stream's work so far and the side's previous copy are
+  done, each at `--side-copy-us` (the side grid's rate beside compute); layer l then joins
+  its own prefetched copies before it computes;
+- the step's first MoE layer has no prefetch (the last layer prefetches nothing): its misses
+  copy on the stream at `--copy-us`, before anything else is on the link.
+
+The trace is synthetic routing's at the scenario's slots through the engine's LRU (every miss
+loaded), as `scripts/split_miss_model.py` replays it; offload (each layer's own misses on
+the stream, at `--copy-us`) prints beside it. fp8 at 16 GiB (2026-12-06's profiles):
+`--slots 2426 --copy-us 92 --chain-us 73 --plan-us 50 --side-copy-us 135`.
+
+    PYTHONPATH=src:scripts python3 scripts/prefetch_model.py [--side-copy-us 92 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from share_ceiling import EXPERTS, LAYERS, add_layer_model_args, trace
+
+from edgemoe.moe.quota_levels import quota_rows
+from edgemoe.moe.replay import replay_share
+
+
+def step_times(misses: list[int], args: argparse.Namespace) -> tuple[float, float]:
+    """(offload µs, oracle prefetch µs) of one step whose MoE layers miss `misses` experts."""
+    rest = args.chain_us - args.plan_us
+    offload = sum(args.chain_us + m * args.copy_us for m in misses)
+    planned = args.plan_us + misses[0] * args.copy_us  # the first layer: planned, its own copies on the stream
+    landed = side_free = planned  # when the layer's copies are in, when the side stream is free
+    for m in misses[1:]:
+        side_free = max(side_free, planned) + m * args.side_copy_us  # forked after the previous layer's move
+        planned = max(planned, landed) + rest + args.plan_us  # the previous layer joins, computes; this one plans
+        landed = side_free
+    return offload, max(planned, landed) + rest
+
+
+def model(accesses, args: argparse.Namespace) -> tuple[float, float, float]:  # noqa: ANN001
+    """(offload ms a token, prefetch ms a token, misses a token) over the trace's whole steps."""
+    layers: list[int] = []
+
+    def observe(layer: int, misses: int, cpu: int) -> None:  # noqa: ARG001 - quota 0: cpu is 0
+        layers.append(misses)
+
+    replay_share(accesses, args.slots, LAYERS, EXPERTS, quota_rows(0, LAYERS), observe=observe)
+    steps = [layers[i:i + LAYERS] for i in range(len(layers) - len(layers) % LAYERS - LAYERS, -1, -LAYERS)]
+    if not steps:
+        raise SystemExit(f"--tokens {args.tokens} leave no whole step after {args.slots} slots fill")
+    # The warm-up may end mid-step: whole steps are counted from the trace's end.
+    times = [step_times(s, args) for s in steps]
+    n = len(steps)
+    return (sum(o for o, _ in times) / n / 1e3, sum(p for _, p in times) / n / 1e3,
+            sum(sum(s) for s in steps) / n)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_layer_model_args(ap, host_gbps=0.0)
+    ap.add_argument("--plan-us", type=float, default=50.0, help="a layer's chain before its copies (µs)")
+    ap.add_argument("--side-copy-us", type=float, default=135.0,
+                    help="a prefetched expert's copy on the side grid beside compute (µs; fp8 at ~35 GB/s)")
+    args = ap.parse_args()
+    offload, prefetch, misses = model(trace(args.tokens, args.seed), args)
+    print(f"{args.slots} slots, {misses:.1f} misses a token: offload {offload:.2f} ms ({1e3 / offload:.1f} tok/s), "
+          f"oracle prefetch {prefetch:.2f} ms ({1e3 / prefetch:.1f} tok/s), ×{offload / prefetch:.2f}")
+
+
+if __name__ == "__main__":
+    main()
