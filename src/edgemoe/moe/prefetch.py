@@ -50,7 +50,7 @@ from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
-from edgemoe.moe.side_gather import SideCopier, SideGather
+from edgemoe.moe.side_gather import SideGather
 
 
 # The side stream's gather grid. The decode step's default (4 programs a multiprocessor,
@@ -143,7 +143,7 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
     return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
 
-class DecodePrefetch(SideCopier):
+class DecodePrefetch:
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
     experts a token; `share` (or None): the CPU share whose quota's picks are left to it.
     One thread; `reset()` after a failed step."""
@@ -183,6 +183,22 @@ class DecodePrefetch(SideCopier):
         misses, in_flight = self.side.buffers(p, plan.misses.shape[1])
         prefetch_marks(plan.misses, misses, in_flight, self._loaded, self.counts[nxt, 0])
         self.side.start(nxt, misses, p, nxt, self.grid)
+
+    def covers(self, rows: int) -> bool:
+        """Whether a step of `rows` token rows prefetches (`SideGather.covers`)."""
+        return self.side.covers(rows)
+
+    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
+        """The slots `layer`'s own plan may not evict (its prefetch is writing them) and a bound on their number."""
+        return self.side.pins(layer, rows)
+
+    def join(self, layer: int) -> None:
+        """Before `layer` computes: the stream waits for its prefetched copies."""
+        self.side.join(layer)
+
+    def join_all(self) -> None:
+        """Before a step that doesn't prefetch touches the cache: nothing stays in flight."""
+        self.side.join_all()
 
     def after_move(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """What runs once `layer`'s misses are moved: the next layer's copies start before

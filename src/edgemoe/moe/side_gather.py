@@ -85,26 +85,3 @@ class SideGather:
             self._side.synchronize()
         self._pending.clear()
 
-
-class SideCopier:
-    """What a side copier (decode prefetch) answers through its `SideGather`: which steps
-    copy aside, what a layer's plan pins, and the joins."""
-
-    side: SideGather
-
-    def covers(self, rows: int) -> bool:
-        """Whether a step of `rows` token rows copies aside (`SideGather.covers`)."""
-        return self.side.covers(rows)
-
-    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
-        """The slots `layer`'s own plan may not evict (copies it waits for are writing them)
-        and a bound on their number."""
-        return self.side.pins(layer, rows)
-
-    def join(self, layer: int) -> None:
-        """Before `layer` computes: the stream waits for the copies it needs."""
-        self.side.join(layer)
-
-    def join_all(self) -> None:
-        """Before a step that copies nothing aside touches the cache: nothing stays in flight."""
-        self.side.join_all()
