@@ -1,6 +1,7 @@
 """Copies into the device cache's slots on a side stream while the decode step goes on — decode
-prefetch's mechanism (`moe/prefetch.py`), apart from what it predicts. Its owner plans the copies on the stream (the cache's state is only ever
-touched there, in order) and hands the miss list here:
+prefetch's mechanism (`moe/prefetch.py`), apart from what it predicts. Its owner plans the
+copies on the stream (the cache's state is only ever touched there, in order) and hands the
+miss list here:
 
 - `buffers(p, n)`: the static miss list of buffer `p` (the side stream reads it after the
   plan wrote it) and its in-flight slot mask, which the owner marks;
