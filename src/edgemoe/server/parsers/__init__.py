@@ -13,13 +13,13 @@ from edgemoe.server.parsers.base import (
     ParsedDelta,
     ParsedMessage,
     ReasoningParser,
-    ResponseParser,
     ToolCall,
     ToolCallDelta,
     ToolParser,
     accumulate,
 )
 from edgemoe.server.parsers.ernie45 import AnswerTagResponseParser, strips_answer_tags
+from edgemoe.server.parsers.response import ResponseParser
 from edgemoe.server.parsers.reasoning import (
     ThinkReasoningParser,
     close_open_reasoning,

@@ -24,12 +24,12 @@ from edgemoe.server.parsers.base import (
     FedOnce,
     ParsedDelta,
     ReasoningParser,
-    ResponseParser,
     Scan,
     ToolParser,
     expect,
     hold_start,
 )
+from edgemoe.server.parsers.response import ResponseParser
 
 ANSWER_OPEN = "<response>"
 ANSWER_CLOSE = "</response>"
