@@ -1,5 +1,6 @@
-"""What decode prefetch could reach at most (an oracle: every miss of layer l+1 known during
-layer l), on the CPU alone, as the engine orders it (`moe/prefetch.py`, `DecodePrefetch`):
+"""What decode prefetch could reach — at most with an oracle (every miss of layer l+1 known
+during layer l), less with a predictor's `--recall` and `--precision` — on the CPU alone, as
+the engine orders it (`moe/prefetch.py`, `DecodePrefetch`):
 
 - a layer's chain is its plan part (attention, router, the plan: `--plan-us`) then the rest
   (its expert GEMVs and the combine: `--chain-us` less the plan part);
@@ -8,7 +9,9 @@ layer l), on the CPU alone, as the engine orders it (`moe/prefetch.py`, `DecodeP
   done, each at `--side-copy-us` (the side grid's rate beside compute); layer l then joins
   its own prefetched copies before it computes;
 - the step's first MoE layer has no prefetch (the last layer prefetches nothing): its misses
-  copy on the stream at `--copy-us`, before anything else is on the link.
+  copy on the stream at `--copy-us`, before anything else is on the link; so do the misses a
+  predictor missed, after their layer's plan, behind the side stream's copy in flight
+  (its unused copies' evictions are left out).
 
 The trace is synthetic routing's at the scenario's slots through the engine's LRU (every miss
 loaded), as `scripts/split_miss_model.py` replays it; offload (each layer's own misses on
@@ -29,16 +32,21 @@ from edgemoe.moe.replay import replay_share
 
 
 def step_times(misses: list[int], args: argparse.Namespace) -> tuple[float, float]:
-    """(offload µs, oracle prefetch µs) of one step whose MoE layers miss `misses` experts."""
+    """(offload µs, prefetch µs) of one step whose MoE layers miss `misses` experts: a
+    predictor with `recall` (its share of a layer's misses copied ahead; the rest copied on
+    the stream after the layer's plan, queued behind the side stream's copy) and
+    `precision` (its unused copies take side time too)."""
     rest = args.chain_us - args.plan_us
     offload = sum(args.chain_us + m * args.copy_us for m in misses)
-    planned = args.plan_us + misses[0] * args.copy_us  # the first layer: planned, its own copies on the stream
-    landed = side_free = planned  # when the layer's copies are in, when the side stream is free
+    moved = args.plan_us + misses[0] * args.copy_us  # the first layer: planned, its own copies on the stream
+    landed = side_free = moved  # when the layer's copies are in, when the side stream is free
     for m in misses[1:]:
-        side_free = max(side_free, planned) + m * args.side_copy_us  # forked after the previous layer's move
-        planned = max(planned, landed) + rest + args.plan_us  # the previous layer joins, computes; this one plans
+        ahead, late = args.recall * m, (1 - args.recall) * m
+        side_free = max(side_free, moved) + ahead / args.precision * args.side_copy_us  # forked after the move
+        planned = max(moved, landed) + rest + args.plan_us  # the previous layer joins, computes; this one plans
+        moved = max(planned, side_free) + late * args.copy_us if late else planned
         landed = side_free
-    return offload, max(planned, landed) + rest
+    return offload, max(moved, landed) + rest
 
 
 def model(accesses, args: argparse.Namespace) -> tuple[float, float, float]:  # noqa: ANN001
@@ -63,12 +71,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_layer_model_args(ap, host_gbps=0.0)
     ap.add_argument("--plan-us", type=float, default=50.0, help="a layer's chain before its copies (µs)")
+    ap.add_argument("--recall", type=float, default=1.0, help="the predictor's share of a layer's misses (1: an oracle)")
+    ap.add_argument("--precision", type=float, default=1.0, help="its used share of what it copies (1: no waste)")
     ap.add_argument("--side-copy-us", type=float, default=135.0,
                     help="a prefetched expert's copy on the side grid beside compute (µs; fp8 at ~35 GB/s)")
     args = ap.parse_args()
     offload, prefetch, misses = model(trace(args.tokens, args.seed), args)
     print(f"{args.slots} slots, {misses:.1f} misses a token: offload {offload:.2f} ms ({1e3 / offload:.1f} tok/s), "
-          f"oracle prefetch {prefetch:.2f} ms ({1e3 / prefetch:.1f} tok/s), ×{offload / prefetch:.2f}")
+          f"prefetch (recall {args.recall:g}, precision {args.precision:g}) {prefetch:.2f} ms ({1e3 / prefetch:.1f} tok/s), ×{offload / prefetch:.2f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ def model(script_module):  # noqa: ANN001, ANN201
 
 
 def args_of(**overrides: float) -> Namespace:
-    base = dict(slots=600, tokens=24, seed=0, copy_us=5.0, side_copy_us=5.0, chain_us=10.0, plan_us=4.0)
+    base = dict(slots=600, tokens=24, seed=0, copy_us=5.0, side_copy_us=5.0, chain_us=10.0, plan_us=4.0, recall=1.0,
+                precision=1.0)
     return Namespace(**{**base, **overrides})
 
 
@@ -35,6 +36,19 @@ def test_a_late_copy_holds_its_layer(model) -> None:
 def test_the_first_layer_copies_on_the_stream_and_no_miss_no_wait(model) -> None:
     assert model.step_times([2, 0, 0], args_of()) == (40.0, 40.0)
     assert model.step_times([0, 0, 0], args_of()) == (30.0, 30.0)
+
+
+def test_a_predictor_that_predicts_nothing_is_offload(model) -> None:
+    for misses in ([0, 2, 0], [1, 3, 2, 0, 4], [0, 0, 0]):
+        offload, prefetch = model.step_times(misses, args_of(recall=0.0))
+        assert prefetch == pytest.approx(offload)
+
+
+def test_missed_and_unused_predictions_cost(model) -> None:
+    # half of layer 1's 2 misses ahead (lands at 9), the other after its plan at 14: 14 + 5
+    assert model.step_times([0, 2, 0], args_of(recall=0.5)) == (40.0, 35.0)
+    # precision 1/2: its 2 predicted copies take the side 20 µs, landing at 24 — after the plan at 14
+    assert model.step_times([0, 2, 0], args_of(precision=0.5)) == (40.0, 40.0)
 
 
 def test_the_trace_whole_steps(model) -> None:
