@@ -16,7 +16,9 @@ the engine orders it (`moe/prefetch.py`, `DecodePrefetch`):
 The trace is synthetic routing's at the scenario's slots through the engine's LRU (every miss
 loaded), as `scripts/split_miss_model.py` replays it; offload (each layer's own misses on
 the stream, at `--copy-us`) prints beside it. fp8 at 16 GiB (2026-12-06's profiles):
-`--slots 2426 --copy-us 92 --chain-us 73 --plan-us 50 --side-copy-us 135`.
+`--slots 2426 --copy-us 92 --chain-us 73 --plan-us 50 --side-copy-us 135` (18:29's offload
+profile a layer: qkv, RoPE, attention, o_proj, the norm, the router and the plan ≈ 50 µs
+before its copies, the expert GEMVs ≈ 21 after; a copy at 32 programs ≈ 135 on 2026-12-02).
 
     PYTHONPATH=src:scripts python3 scripts/prefetch_model.py [--side-copy-us 92 ...]
 """
