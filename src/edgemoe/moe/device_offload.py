@@ -297,7 +297,6 @@ class DeviceOffloadExecutor(CellsExecutor):
         None); the CPU share (if any) takes its pairs first; `prefetch`: the decode prefetch
         when this step prefetches. Returns where the CPU's cells lie (None: no share ran)."""
         share, rule = self._share_rule(x)
-        routed = None  # the routing without the padding rows, where the prefetch reads it
         planned_dead = None  # the dead rows the plan drops itself
         if share is not None and prefetch is None:  # the share drops the dead rows' pairs in its own launch
             ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule, dead)

@@ -50,7 +50,6 @@ from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
-from edgemoe.moe.side_gather import SideGather
 
 
 # The side stream's gather grid. The decode step's default (4 programs a multiprocessor,
@@ -154,13 +153,36 @@ class DecodePrefetch:
         self.next_layer = dict(zip(layers, layers[1:], strict=False))
         self.grid = prefetch_grid()
         self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
-        self.side = SideGather(cache, mover, top_k)
-        device, S, E = cache.device, cache.num_slots, cache.num_experts
+        device = cache.device
+        cuda = device.type == "cuda"
+        self._side = torch.cuda.Stream(device) if cuda else None
+        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        S, E = cache.num_slots, cache.num_experts
+        width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
+        self._misses = torch.full((2, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
+        self._in_flight = torch.zeros(2, S, dtype=torch.bool, device=device)  # each prefetch's slots
         self._loaded = torch.zeros(E, dtype=torch.bool, device=device)  # the latest prefetch's experts
         self._pins = torch.zeros(S, dtype=torch.bool, device=device)  # the planned layer's slots
         self._like = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)  # the predictors' shape
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
+        self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
         self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
+
+    def covers(self, rows: int) -> bool:
+        """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
+        plans in one wave with the next layer's in-flight slots pinned."""
+        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * self._experts(rows)
+
+    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
+        """The slots `layer`'s own plan may not evict: those its prefetch is still filling
+        (a mispredicted expert's slot is being written), and a bound on their number."""
+        if layer not in self._pending:
+            return None, 0
+        return self._in_flight[self.parity[layer]], self._experts(rows)
+
+    def _experts(self, rows: int) -> int:
+        """The most distinct experts a layer of `rows` token rows routes (or a prefetch copies)."""
+        return min(rows * self.top_k, self.cache.num_experts)
 
     def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """After `layer`'s own copies are issued: count what its prefetch gave it, predict
@@ -180,25 +202,23 @@ class DecodePrefetch:
                                  self.share.fraction)
         plan = self.cache.plan_wave(nxt, ids, self._pins, ahead=True)
         p = self.parity[nxt]
-        misses, in_flight = self.side.buffers(p, plan.misses.shape[1])
-        prefetch_marks(plan.misses, misses, in_flight, self._loaded, self.counts[nxt, 0])
-        self.side.start(nxt, misses, p, nxt, self.grid)
-
-    def covers(self, rows: int) -> bool:
-        """Whether a step of `rows` token rows prefetches (`SideGather.covers`)."""
-        return self.side.covers(rows)
-
-    def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
-        """The slots `layer`'s own plan may not evict (its prefetch is writing them) and a bound on their number."""
-        return self.side.pins(layer, rows)
+        misses = self._misses[p, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
+        prefetch_marks(plan.misses, misses, self._in_flight[p], self._loaded, self.counts[nxt, 0])
+        self._pending.add(nxt)
+        if self._side is None:
+            self.mover.move(nxt, misses)
+            return
+        self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
+        with torch.cuda.stream(self._side):
+            self.mover.move(nxt, misses, self.grid)
+            self._landed[p].record(self._side)
 
     def join(self, layer: int) -> None:
-        """Before `layer` computes: the stream waits for its prefetched copies."""
-        self.side.join(layer)
-
-    def join_all(self) -> None:
-        """Before a step that doesn't prefetch touches the cache: nothing stays in flight."""
-        self.side.join_all()
+        """Before `layer` computes: the stream waits for the copies its prefetch started."""
+        if layer in self._pending:
+            self._pending.discard(layer)
+            if self._side is not None:
+                torch.cuda.current_stream(self.cache.device).wait_event(self._landed[self.parity[layer]])
 
     def after_move(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """What runs once `layer`'s misses are moved: the next layer's copies start before
@@ -206,9 +226,16 @@ class DecodePrefetch:
         self.launch(layer, x, routed, slot_ids)
         self.join(layer)
 
+    def join_all(self) -> None:
+        """Before a step that doesn't prefetch touches the cache: nothing stays in flight."""
+        for layer in list(self._pending):
+            self.join(layer)
+
     def reset(self) -> None:
         """After a failed step: nothing in flight, nothing to count."""
-        self.side.reset()
+        if self._side is not None:
+            self._side.synchronize()
+        self._pending.clear()
         self._loaded_for = None
 
     def snapshot(self) -> dict[str, object]:
