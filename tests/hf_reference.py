@@ -4,6 +4,7 @@ for a greedy divergence. Importable from any test (tests/ is on sys.path, confte
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, NamedTuple
 
 import torch
@@ -56,15 +57,27 @@ def assert_same_or_near_tie(ref: Reference, prompt: list[int], want: list[int], 
     assert margin <= 2 * atol, f"diverged at token {j} with a reference margin {margin:.3g} > {2 * atol:.3g}"
 
 
+def torch_function(fn):  # noqa: ANN001, ANN201
+    """The torch function under transformers' kernel-hub decorators: without the `kernels`
+    package, a `functools.wraps` wrapper (`__wrapped__`); with it (a dependency of
+    transformers since 5.25), a `kernels` `Func` module whose forward closes over that
+    wrapper (`func`) and has no `__wrapped__`."""
+    if isinstance(fn, torch.nn.Module):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals["func"]
+    return inspect.unwrap(fn)
+
+
 def torch_gdn_reference(model: torch.nn.Module, monkeypatch) -> None:  # noqa: ANN001
     """With fla-core importable (it is carried to the GPU machine), transformers swaps its
     GDN and causal-conv functions for fla's Triton kernels, which refuse CPU tensors: put
-    the torch functions (`__wrapped__`) back in the model's modules for the reference."""
+    the torch functions (`torch_function`) back in the model's modules for the reference."""
     import importlib
 
     for cls in {type(m) for m in model.modules()}:
         mod = importlib.import_module(cls.__module__)
         for name in dir(mod):
             fn = getattr(mod, name)
-            if callable(fn) and hasattr(fn, "__wrapped__") and ("delta_rule" in name or "causal_conv1d" in name):
-                monkeypatch.setattr(mod, name, fn.__wrapped__)
+            if callable(fn) and ("delta_rule" in name or "causal_conv1d" in name):
+                unwrapped = torch_function(fn)
+                if unwrapped is not fn:
+                    monkeypatch.setattr(mod, name, unwrapped)

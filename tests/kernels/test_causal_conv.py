@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hf_reference import torch_function
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from edgemoe.kernels.causal_conv import (
@@ -16,8 +17,8 @@ from edgemoe.kernels.causal_conv import (
     causal_conv1d_varlen_ref,
 )
 
-HF_CONV = hf.causal_conv1d_fn.__wrapped__
-HF_UPDATE = hf.causal_conv1d_update.__wrapped__
+HF_CONV = torch_function(hf.causal_conv1d_fn)
+HF_UPDATE = torch_function(hf.causal_conv1d_update)
 C, K, POOL = 6, 4, 5
 EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps}
 

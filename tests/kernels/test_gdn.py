@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 from gdn_support import gdn_inputs, recurrence_atol
+from hf_reference import torch_function
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from edgemoe.kernels.gdn import (
@@ -16,9 +17,9 @@ from edgemoe.kernels.gdn import (
     recurrent_gated_delta_rule_ref,
 )
 
-# `__wrapped__`: the torch functions themselves, even where a kernel package would replace them.
-HF_CHUNK = hf.torch_chunk_gated_delta_rule.__wrapped__
-HF_RECURRENT = hf.torch_recurrent_gated_delta_rule.__wrapped__
+# The torch functions themselves, even where a kernel package would replace them.
+HF_CHUNK = torch_function(hf.torch_chunk_gated_delta_rule)
+HF_RECURRENT = torch_function(hf.torch_recurrent_gated_delta_rule)
 HK, HV, DK, DV = 2, 4, 16, 8  # two value heads per key head, as the 35B-A3B's 16 / 32
 POOL, ROWS = 7, [5, 2, 6, 0, 3]
 

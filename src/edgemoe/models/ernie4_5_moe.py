@@ -29,7 +29,9 @@ Refused by name: `use_bias` true (every linear, LM head included, would carry a 
 sets it), a `moe_gate_act` other than softmax (Baidu's field, which transformers does not read:
 another value would name another router), layer-placement fields that leave no MoE layer.
 Not read, as transformers does not read them: `moe_use_aux_free` (the bias tensor is read
-whatever it says), `moe_capacity`, `moe_gate`, `num_nextn_predict_layers`.
+whatever it says), `moe_capacity`, `moe_gate`. Nor `num_nextn_predict_layers` (transformers
+5.25's `num_mtp_layers`, saved under that name, null by default): transformers reads it only
+for MTP speculative decoding (`generate(use_mtp=True)`) and refuses a value above 1.
 """
 
 from __future__ import annotations

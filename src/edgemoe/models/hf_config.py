@@ -5,7 +5,7 @@ saves `num_local_experts` since transformers 5 and `num_experts` before), `dtype
 `torch_dtype`, and RoPE as `rope_parameters` or as `rope_theta` + `rope_scaling`.
 `HFConfig` answers for a setting under any of its names; `ConfigSchema` holds what a
 config class knows beyond the JSON (aliases, RoPE defaults), copied from transformers
-5.24 and checked against it in tests/models/test_hf_config.py.
+5.25 and checked against it in tests/models/test_hf_config.py.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ SCHEMAS: dict[str, ConfigSchema] = {
     # Its legacy `rotary_dim` (the factor's other spelling) is read by models/minimax_m2.py.
     "minimax_m2": ConfigSchema({"num_experts": "num_local_experts"}, default_theta=5000000.0),
     # Its default rope ignores partial_rotary_factor; its interleaved rotary fails on a partial scaled one.
-    "ernie4_5_moe": ConfigSchema({"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"},
+    "ernie4_5_moe": ConfigSchema({"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k",
+                                  "num_mtp_layers": "num_nextn_predict_layers"},
                                  default_theta=500000.0, **_FULL_HEAD),
 }
 
