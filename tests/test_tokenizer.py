@@ -183,3 +183,31 @@ def test_tokenizer_config_optional(tmp_path: Path) -> None:
     b = TokenizerBundle.load(d)
     assert b.bos_token is None and b.eos_token_ids == frozenset() and not b.add_bos_token
     assert b.encode("Hello world") == b.tokenizer.encode("Hello world", add_special_tokens=False).ids
+
+
+def test_encoding_leaves_other_threads_running(bundle: TokenizerBundle) -> None:
+    """A long text with no cut point is encoded in one call (a server's worker thread does
+    it, ~1 s a MB): the call must not hold the GIL, or the event loop (every other client)
+    stops for all of it. The main thread counts its turns while a thread encodes; a call
+    that held the GIL would let it take at most the one before the call began."""
+    import threading
+    import time
+
+    text = "x" * 1_500_000
+    started, done = threading.Event(), threading.Event()
+    out: list[list[int]] = []
+
+    def encode() -> None:
+        started.set()
+        out.append(bundle.encode(text, add_special_tokens=False))
+        done.set()
+
+    worker = threading.Thread(target=encode, daemon=True)
+    worker.start()
+    started.wait(30)
+    turns = 0
+    while not done.wait(0.001):
+        turns += 1
+    worker.join(30)
+    assert out and out[0] == bundle.tokenizer.encode(text, add_special_tokens=False).ids
+    assert turns >= 5, f"the main thread ran {turns} turns while the text was encoded"

@@ -92,7 +92,10 @@ class TokenizerBundle:
         NOTE: the tokenizer.json post-processor is never applied, so no EOS/SEP sneaks in, and
         a BOS already at the start of `text` (templates write `{{ bos_token }}`) is not doubled.
         """
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        # NOTE: encode_batch runs without the GIL; encode holds it for the whole call, and a
+        # server tokenises in a worker thread: a long prompt with no cut point (tens of MB of
+        # one "word", ~20 s) froze the event loop and so every other client.
+        ids = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         bos_id = self.bos_token_id
         if add_special_tokens and self.add_bos_token and bos_id is not None and ids[:1] != [bos_id]:
             ids.insert(0, bos_id)

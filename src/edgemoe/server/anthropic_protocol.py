@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.limits import MAX_TOKEN_COUNT, Range, StopStrings
 from edgemoe.server.protocol import Flag, TokenCount
+from edgemoe.server.tool_functions import check_function
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _MIN_THINKING_BUDGET = 1024
@@ -86,6 +87,7 @@ class CountTokensRequest(_Request):
                 continue
             if not isinstance(tool.get("name"), str):
                 raise bad_request(f"tools.{i}.name: Field required", param=f"tools[{i}].name")
+            check_function(tool, f"tools[{i}]", parameters="input_schema")
             function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
             if isinstance(tool.get("description"), str):
                 function["description"] = tool["description"]

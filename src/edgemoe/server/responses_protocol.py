@@ -37,6 +37,7 @@ from edgemoe.server.protocol import (
     TopK,
     TopP,
 )
+from edgemoe.server.tool_functions import check_function
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 _ROLES = frozenset({"user", "developer", "system", "assistant"})
@@ -89,8 +90,14 @@ class ResponsesRequest(_Request):
     seed: Seed | None = None
 
     def function_tools(self) -> list[dict[str, Any]]:
-        """The flat function tools as given (echoed in the response)."""
-        return [t for t in self.tools or [] if t.get("type") == "function" and isinstance(t.get("name"), str)]
+        """The flat function tools as given (echoed in the response); 400 for one whose
+        fields are not what Chat Completions' function takes (`check_function`)."""
+        tools = []
+        for i, tool in enumerate(self.tools or []):
+            if tool.get("type") == "function":
+                check_function(tool, f"tools[{i}]")
+                tools.append(tool)
+        return tools
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         tools = [

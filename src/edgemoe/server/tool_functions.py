@@ -7,6 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edgemoe.server.api_error import bad_request
+
+# A function definition's optional fields and the JSON type each must have when present (Chat
+# Completions' `FunctionDefinition` holds them so): OpenAI and Anthropic answer 400 otherwise,
+# and a schema that is no object would leave the model's calls unconstrained, silently.
+_FIELD_TYPES = (("description", str, "a string"), ("parameters", dict, "a JSON Schema object"),
+                ("strict", bool, "a boolean"))
+
 
 def tool_functions(tools: list[dict[str, Any]] | None) -> list[Mapping[str, Any]]:
     """Each function tool's definition that has a name (`{"type": "function", "function":
@@ -17,3 +25,16 @@ def tool_functions(tools: list[dict[str, Any]] | None) -> list[Mapping[str, Any]
         if isinstance(function.get("name"), str):
             out.append(function)
     return out
+
+
+def check_function(tool: Mapping[str, Any], where: str, parameters: str = "parameters") -> None:
+    """400 unless `tool` (a flat definition: Responses' function tool, Anthropic's custom
+    tool with its schema under `parameters`=`input_schema`) has a string name and its other
+    fields, where given, the types Chat Completions takes."""
+    if not isinstance(tool.get("name"), str):
+        raise bad_request(f"{where}.name: field required (a string)", param=f"{where}.name")
+    for key, kind, what in _FIELD_TYPES:
+        key = parameters if key == "parameters" else key
+        value = tool.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise bad_request(f"{where}.{key}: must be {what}", param=f"{where}.{key}")
