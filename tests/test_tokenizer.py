@@ -191,7 +191,6 @@ def test_encoding_leaves_other_threads_running(bundle: TokenizerBundle) -> None:
     stops for all of it. The main thread counts its turns while a thread encodes; a call
     that held the GIL would let it take at most the one before the call began."""
     import threading
-    import time
 
     text = "x" * 1_500_000
     started, done = threading.Event(), threading.Event()
