@@ -145,6 +145,7 @@ def test_ops_routes_need_the_key_health_does_not(demo_dir: Path, demo_tokenizer:
     h = start_ops_server(demo_dir, demo_tokenizer, api_key="sekret")
     try:
         assert httpx.get(f"{h.base_url}/health").status_code == 200
+        assert httpx.head(f"{h.base_url}/health").status_code == 200
         for path in ("/metrics", "/v1/stats", "/v1/requests", "/openapi.json", "/debug/engine"):
             assert httpx.get(f"{h.base_url}{path}").status_code == 401, path
             ok = httpx.get(f"{h.base_url}{path}", headers={"Authorization": "Bearer sekret"})

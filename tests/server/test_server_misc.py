@@ -17,6 +17,8 @@ def test_health_and_debug(scripted: ServerHarness, demo_dir: Any) -> None:
     r = httpx.get(f"{scripted.base_url}/health")
     assert r.status_code == 200 and set(r.json()) == {"status", "model", "uptime"}
     assert r.json()["status"] == "ok" and r.json()["model"] == demo_dir.name and r.json()["uptime"] > 0
+    head = httpx.head(f"{scripted.base_url}/health")  # what uptime probes and load balancers send
+    assert head.status_code == 200 and head.content == b""
     info = httpx.get(f"{scripted.base_url}/debug/engine").json()
     assert info["state"] == "ready" and info["model_dir"] == str(demo_dir)
     assert info["served_model_name"] == demo_dir.name and info["tool_call_parser"] == "hermes"

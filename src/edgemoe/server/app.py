@@ -124,7 +124,8 @@ def _both(app: FastAPI, method: str, path: str) -> Callable[[Any], Any]:
 
 
 def _add_info_routes(app: FastAPI) -> None:
-    @app.get("/health", response_model=None, responses={200: {"model": Health}})
+    # HEAD too: load balancers and uptime probes (Docker, k8s httpGet, AWS) often send it.
+    @app.api_route("/health", methods=["GET", "HEAD"], response_model=None, responses={200: {"model": Health}})
     async def health(request: Request) -> Response:
         state = _state(request)
         if not state.healthy:
