@@ -127,6 +127,40 @@ def test_encoding_stops_about_a_piece_past_the_limit(demo_tokenizer: TokenizerBu
     assert tokens.min_tokens(text) <= len(demo_tokenizer.encode(text[:100_000], add_special_tokens=False)) * 46
 
 
+def test_pieces_with_no_cut_point_are_encoded_one_at_a_time(demo_tokenizer: TokenizerBundle) -> None:
+    """Megabytes of one "word" cannot be cut: such pieces take their whole size in tokenizer
+    state, so many at once (one client's parallel requests) would take the host's memory.
+    They run one at a time (a piece that was cut does not wait for them)."""
+    import threading
+    import time
+
+    active, peak, lock = [0, 0], {"long": 0, "short": 0}, threading.Lock()
+
+    class Watching:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(demo_tokenizer, name)
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            kind = int(len(text) > 300)
+            with lock:
+                active[kind] += 1
+                peak["long" if kind else "short"] = max(peak["long" if kind else "short"], active[kind])
+            time.sleep(0.2 if kind else 0.01)  # long enough for the other threads to arrive
+            with lock:
+                active[kind] -= 1
+            return demo_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    tokens = PromptTokenizer(Watching(), chunk_chars=100)  # type: ignore[arg-type]
+    texts = ["x" * 1_000, "y" * 1_000, "z" * 1_000, "alpha beta\n" * 10, "gamma delta\n" * 10]
+    threads = [threading.Thread(target=tokens.encode, args=(t,)) for t in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert peak["long"] == 1 and peak["short"] >= 1
+    assert tokens.encode("x" * 1_000) == demo_tokenizer.encode("x" * 1_000, add_special_tokens=False)
+
+
 def test_length_bound_is_a_lower_bound(demo_tokenizer: TokenizerBundle) -> None:
     # The worst case for it: the longest tokens (runs of spaces) back to back.
     tokens = PromptTokenizer(demo_tokenizer, chunk_chars=10)

@@ -13,6 +13,12 @@ between two letters (no pre-tokenizer pattern of the byte-level BPE families we 
 Qwen, GPT-4/o200k and DeepSeek, spans those points, and Unicode normalisation never
 composes across a newline or a space). This is checked on the loaded tokenizer at
 start (`_cuts_are_exact`); a tokenizer that fails the check is encoded whole.
+
+Text with no such point (megabytes of one "word") is one piece however long: ~1 s and
+~60 MB of tokenizer state a MB. Such pieces are encoded one at a time in the process
+(`_LONG_PIECE`), so a client sending many of them at once queues behind itself instead of
+taking the host's memory from every other client; the encoder runs without the GIL
+(`TokenizerBundle.encode`), so nobody else waits for it.
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from typing import Any
 
 from edgemoe.tokenizer import TokenizerBundle
 
 CHUNK_CHARS = 1 << 18  # ~256 K characters: a few tens of MB of tokenizer state at most
+_LONG_PIECE = threading.Lock()  # held while a piece past LONG_PIECE_CHUNKS chunks is encoded
+LONG_PIECE_CHUNKS = 2  # a cut piece is at most about one chunk: longer ones had no cut point
 # Normalisers that never shrink text by more than a factor (NFC composes at most four
 # code points into one); with any other the length bound is not used.
 _SAFE_NORMALIZERS = {"NFC": 4, "NFKC": 4, "NFD": 1, "NFKD": 1, "Lowercase": 1, "Prepend": 1}
@@ -71,14 +80,21 @@ class PromptTokenizer:
         ids: list[int] = []
         pieces = self.pieces(text)
         for i, piece in enumerate(pieces):
-            ids.extend(self.bundle.encode(piece, add_special_tokens=add_special_tokens and i == 0))
+            ids.extend(self._encode_piece(piece, add_special_tokens and i == 0))
             if limit is not None and len(ids) > limit:
                 raise TooManyTokens(len(ids), exact=i == len(pieces) - 1)
         return ids
 
     def count(self, text: str) -> int:
         """How many tokens `text` has, holding no more than a piece's ids at a time."""
-        return sum(len(self.bundle.encode(piece, add_special_tokens=False)) for piece in self.pieces(text))
+        return sum(len(self._encode_piece(piece, False)) for piece in self.pieces(text))
+
+    def _encode_piece(self, piece: str, add_special_tokens: bool) -> list[int]:
+        """One piece's ids; a piece with no cut point in it waits for any other such piece."""
+        if len(piece) <= LONG_PIECE_CHUNKS * self.chunk_chars:
+            return self.bundle.encode(piece, add_special_tokens=add_special_tokens)
+        with _LONG_PIECE:
+            return self.bundle.encode(piece, add_special_tokens=add_special_tokens)
 
     def pieces(self, text: str) -> list[str]:
         """`text` cut at allowed points into pieces of about `chunk_chars` (whole if it cannot be)."""
