@@ -239,7 +239,8 @@ def _parts_text(parts: object, where: str) -> str:
             if isinstance(text, str):
                 texts.append(text)
                 continue
-            raise bad_request(f"{where}[{i}].text: a {kind!r} part needs its text (a string)", param=f"{where}[{i}].text")
+            raise bad_request(f"{where}[{i}].text: a {kind!r} part needs its text (a string)",
+                              param=f"{where}[{i}].text")
         if kind in ("input_image", "input_file", "input_audio", "image"):
             raise bad_request(f"{where}[{i}]: content of type {kind!r} is not supported: this is a text-only model",
                               param=f"{where}[{i}]", code="unsupported_content")
