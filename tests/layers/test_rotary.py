@@ -1,4 +1,4 @@
-"""RoPE tables against transformers 5.25: each family's own RotaryEmbedding (default,
+"""RoPE tables against transformers 5.24 (and 5.25): each family's own RotaryEmbedding (default,
 linear, dynamic, YaRN in its variants, partial rotary), and rotate-half on a partial slice."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoints written by transformers' own `save_pretrained` (5.25 spelling), and the
+"""Checkpoints written by transformers' own `save_pretrained` (5.24 and 5.25 spelling), and the
 same configs respelled the ways other writers spell them (transformers 4.x, the Hub):
 transformers reads every spelling as the same config, and so do we — logits checked."""
 

@@ -22,11 +22,18 @@ transformers = pytest.importorskip("transformers")
 CONFIG_MAPPING = transformers.models.auto.configuration_auto.CONFIG_MAPPING
 
 
+# Aliases a transformers release after the pinned one added (our schema reads checkpoints
+# either writes): checked against the installed one only where it has them.
+NEWER_ALIASES = {"ernie4_5_moe": {"num_mtp_layers"}}  # 5.25
+
+
 @pytest.mark.parametrize("model_type", sorted(SCHEMAS))
 def test_schema_is_transformers_config_class(model_type: str) -> None:
     cls = CONFIG_MAPPING[model_type]
     schema = SCHEMAS[model_type]
-    assert dict(schema.attribute_map) == cls.attribute_map
+    ours = {k: v for k, v in schema.attribute_map.items()
+            if k in cls.attribute_map or k not in NEWER_ALIASES.get(model_type, ())}
+    assert ours == cls.attribute_map
     assert schema.default_theta == cls.default_theta
     # An empty config.json standardises to the class defaults (theta, partial factor, yarn default).
     default = cls()

@@ -1,4 +1,4 @@
-"""Checkpoints written by transformers 5.25's own `save_pretrained` at settings the other
+"""Checkpoints written by transformers 5.24 (and 5.25)'s own `save_pretrained` at settings the other
 model tests do not use, each once a bug: loaded with `edgemoe.LLM` and compared with
 transformers' logits (its own class for the checkpoint, float64 for the hybrids).
 

@@ -5,7 +5,8 @@ saves `num_local_experts` since transformers 5 and `num_experts` before), `dtype
 `torch_dtype`, and RoPE as `rope_parameters` or as `rope_theta` + `rope_scaling`.
 `HFConfig` answers for a setting under any of its names; `ConfigSchema` holds what a
 config class knows beyond the JSON (aliases, RoPE defaults), copied from transformers
-5.25 and checked against it in tests/models/test_hf_config.py.
+5.24 (with 5.25's one new alias) and checked against the installed one in
+tests/models/test_hf_config.py.
 """
 
 from __future__ import annotations
