@@ -124,13 +124,16 @@ def _both(app: FastAPI, method: str, path: str) -> Callable[[Any], Any]:
 
 
 def _add_info_routes(app: FastAPI) -> None:
-    # HEAD too: load balancers and uptime probes (Docker, k8s httpGet, AWS) often send it.
-    @app.api_route("/health", methods=["GET", "HEAD"], response_model=None, responses={200: {"model": Health}})
+    @app.get("/health", response_model=None, responses={200: {"model": Health}})
     async def health(request: Request) -> Response:
         state = _state(request)
         if not state.healthy:
             return JSONResponse(unavailable(state.unavailable_reason()).body(), status_code=503)
         return JSONResponse(health_body(state).model_dump())
+
+    # HEAD too (out of the schema: one operation a path and method): load balancers and
+    # uptime probes (Docker, k8s httpGet, AWS) often send it.
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @_both(app, "GET", "/debug/engine")
     async def engine_info(request: Request) -> dict[str, Any]:
