@@ -23,6 +23,7 @@ taking the host's memory from every other client; the encoder runs without the G
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -91,9 +92,8 @@ class PromptTokenizer:
 
     def _encode_piece(self, piece: str, add_special_tokens: bool) -> list[int]:
         """One piece's ids; a piece with no cut point in it waits for any other such piece."""
-        if len(piece) <= LONG_PIECE_CHUNKS * self.chunk_chars:
-            return self.bundle.encode(piece, add_special_tokens=add_special_tokens)
-        with _LONG_PIECE:
+        long = len(piece) > LONG_PIECE_CHUNKS * self.chunk_chars
+        with _LONG_PIECE if long else contextlib.nullcontext():
             return self.bundle.encode(piece, add_special_tokens=add_special_tokens)
 
     def pieces(self, text: str) -> list[str]:

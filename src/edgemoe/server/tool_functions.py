@@ -33,8 +33,8 @@ def check_function(tool: Mapping[str, Any], where: str, parameters: str = "param
     fields, where given, the types Chat Completions takes."""
     if not isinstance(tool.get("name"), str):
         raise bad_request(f"{where}.name: field required (a string)", param=f"{where}.name")
-    for key, kind, what in _FIELD_TYPES:
-        key = parameters if key == "parameters" else key
-        value = tool.get(key)
+    for name, kind, what in _FIELD_TYPES:
+        field = parameters if name == "parameters" else name
+        value = tool.get(field)
         if value is not None and not isinstance(value, kind):
-            raise bad_request(f"{where}.{key}: must be {what}", param=f"{where}.{key}")
+            raise bad_request(f"{where}.{field}: must be {what}", param=f"{where}.{field}")

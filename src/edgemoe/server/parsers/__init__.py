@@ -19,12 +19,12 @@ from edgemoe.server.parsers.base import (
     accumulate,
 )
 from edgemoe.server.parsers.ernie45 import AnswerTagResponseParser, strips_answer_tags
-from edgemoe.server.parsers.response import ResponseParser
 from edgemoe.server.parsers.reasoning import (
     ThinkReasoningParser,
     close_open_reasoning,
     prompt_opens_reasoning,
 )
+from edgemoe.server.parsers.response import ResponseParser
 
 # name → "module:Class", imported on first use.
 TOOL_PARSERS: dict[str, str] = {
