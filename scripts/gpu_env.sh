@@ -20,6 +20,7 @@ save_jit_cache() {  # by the outermost script only
     # the files that exist): the IR text levels are 6/7 of the bytes (337 MB -> 71 MB).
     find .triton-cache -type f \( -name '*.ptx' -o -name '*.llir' -o -name '*.ttir' -o -name '*.ttgir' \
       -o -name '*.source' \) -delete 2>/dev/null
+    python3 scripts/prune_jit_cache.py .triton-cache  # under the carry limit: the newest entries a kernel
     tar czf - -C .triton-cache . 2>/dev/null | split -b 15M - "$OUT/triton-cache.tgz.part-" || true
   fi
 }
