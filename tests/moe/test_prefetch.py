@@ -168,6 +168,20 @@ def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.M
             prefetch_grid()
 
 
+def test_the_side_stream_priority_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemoe.moe.prefetch import DEFAULT_PRIORITY, side_priority
+
+    monkeypatch.delenv("EDGEMOE_PREFETCH_PRIORITY", raising=False)
+    assert side_priority() == (-1 if DEFAULT_PRIORITY == "high" else 0)
+    monkeypatch.setenv("EDGEMOE_PREFETCH_PRIORITY", "high")
+    assert side_priority() == -1  # torch's streams: lower is higher
+    monkeypatch.setenv("EDGEMOE_PREFETCH_PRIORITY", "normal")
+    assert side_priority() == 0
+    monkeypatch.setenv("EDGEMOE_PREFETCH_PRIORITY", "urgent")
+    with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_PRIORITY"):
+        side_priority()
+
+
 def test_router_predictor_ranks_as_each_router_does() -> None:
     """gpt-oss's logit bias, GLM's sigmoid scores plus selection bias and ERNIE's softmax
     probabilities plus selection bias change the ranking the next layer's router makes: the

@@ -58,11 +58,24 @@ from edgemoe.moe.movers import ExpertMover
 # (52 GB/s x ~2 µs), so a few dozen programs keep it busy. EDGEMOE_PREFETCH_PROGRAMS and
 # EDGEMOE_PREFETCH_TILE ("block,warps": a work item's columns, a program's warps): A/B.
 DEFAULT_PROGRAMS = 32
+DEFAULT_PRIORITY = "normal"
 
 
 class GatherTile(NamedTuple):
     block: int = BLOCK_INTO  # a work item's columns
     warps: int = 4  # a program's warps
+
+
+def side_priority() -> int:
+    """The side stream's priority (torch's: lower is higher; 0 is the default streams'). A
+    captured graph keeps each kernel's stream priority (torch instantiates graphs with
+    `cudaGraphInstantiateFlagUseNodePriority`), so a high-priority side gather's programs are
+    placed ahead of the expert GEMVs' waiting ones as the SMs free up, instead of after their
+    whole grids. EDGEMOE_PREFETCH_PRIORITY=high|normal: A/B."""
+    value = os.environ.get("EDGEMOE_PREFETCH_PRIORITY", "") or DEFAULT_PRIORITY
+    if value not in ("high", "normal"):
+        raise ValueError(f"EDGEMOE_PREFETCH_PRIORITY={value!r}: high or normal")
+    return -1 if value == "high" else 0
 
 
 def prefetch_grid() -> GatherGrid:
@@ -155,7 +168,7 @@ class DecodePrefetch:
         self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
         device = cache.device
         cuda = device.type == "cuda"
-        self._side = torch.cuda.Stream(device) if cuda else None
+        self._side = torch.cuda.Stream(device, priority=side_priority()) if cuda else None
         self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
         S, E = cache.num_slots, cache.num_experts
         width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
