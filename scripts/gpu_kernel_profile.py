@@ -92,6 +92,22 @@ def idle_before(events) -> dict[str, list[float]]:  # noqa: ANN001
     return gaps
 
 
+def device_idle_before(events) -> dict[str, list[float]]:  # noqa: ANN001
+    """Gaps in which no kernel ran on any stream, summed by the kernel that started each gap's
+    end: what the whole device waited on. With a forked graph (decode prefetch) the busiest
+    stream's gaps (`idle_before`) may be one branch waiting for the other while the device
+    is busy."""
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in device_kernels(events))
+    gaps: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    reach = float("inf")
+    for start, end, name in kernels:
+        if 0 < start - reach < IDLE_MAX_US:
+            gaps[name][0] += start - reach
+            gaps[name][1] += 1
+        reach = end if reach == float("inf") else max(reach, end)
+    return gaps
+
+
 def busy_us(events) -> float:  # noqa: ANN001
     """The time at least one kernel ran (the union over streams): with a side stream
     (decode prefetch) the kernels' sum counts overlapped time twice."""
@@ -255,11 +271,7 @@ def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str,
     total = sum(t for t, _ in per_kernel.values())
     rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])
     cycles = prof.cycles() if hasattr(prof, "cycles") else [prof.events()]
-    gaps: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for cycle in cycles:
-        for name, (us, calls) in idle_before(cycle).items():
-            gaps[name][0] += us
-            gaps[name][1] += calls
+    gaps, device_gaps = summed_gaps(cycles, idle_before), summed_gaps(cycles, device_idle_before)
     busy = sum(busy_us(cycle) for cycle in cycles) / STEPS
     print(f"{label}: {total / STEPS:.0f} µs of kernels per step, {busy:.0f} µs with a kernel "
           f"running (streams overlapped: {total / STEPS - busy:.0f}), {wall_us:.0f} µs a step by the clock (profiled); "
@@ -270,15 +282,37 @@ def report(prof, wall_us: float, cpu: dict[str, float], label: str) -> dict[str,
         print(f"{us / STEPS:9.1f} {100 * us / total:5.1f}% {calls / STEPS:6.1f}  {name[:110]}")
         table.append({"kernel": name, "us_per_step": us / STEPS, "share": us / total, "calls_per_step": calls / STEPS})
     streams = stream_table(cycles)
+    span = print_gaps("with the busiest stream idle", gaps)
+    device_span = print_gaps("with no kernel running on any stream", device_gaps)
+    return {"label": label, "steps": STEPS, "us_per_step": total / STEPS, "busy_us_per_step": busy,
+            "wall_us_per_step": wall_us, **cpu, "kernels": table, "streams": streams, "idle_us_per_step": span / STEPS,
+            "idle_before": gap_table(gaps), "device_idle_us_per_step": device_span / STEPS,
+            "device_idle_before": gap_table(device_gaps)}
+
+
+def summed_gaps(cycles, gaps_of) -> dict[str, list[float]]:  # noqa: ANN001
+    """`gaps_of` (idle_before, device_idle_before) over every cycle: {next kernel: [µs, gaps]}."""
+    total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for cycle in cycles:
+        for name, (us, calls) in gaps_of(cycle).items():
+            total[name][0] += us
+            total[name][1] += calls
+    return total
+
+
+def print_gaps(what: str, gaps: dict[str, list[float]]) -> float:
+    """Prints a gap table by the kernel that ran next; returns its µs over the profile."""
     span = sum(g for g, _ in gaps.values())
-    print(f"{span / STEPS:.0f} µs a step with no kernel running, by the kernel that ran next "
+    print(f"{span / STEPS:.0f} µs a step {what}, by the kernel that ran next "
           "(the CPU share's decode wait is inside `_combine_norm`):")
     for name, (us, calls) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:12]:
         print(f"{us / STEPS:9.1f} {calls / STEPS:6.1f}  {name[:110]}")
-    return {"label": label, "steps": STEPS, "us_per_step": total / STEPS, "busy_us_per_step": busy,
-            "wall_us_per_step": wall_us, **cpu, "kernels": table, "streams": streams, "idle_us_per_step": span / STEPS,
-            "idle_before": {name: {"us_per_step": us / STEPS, "calls_per_step": calls / STEPS} for name, (us, calls) in
-                            sorted(gaps.items(), key=lambda kv: -kv[1][0])[:40]}}
+    return span
+
+
+def gap_table(gaps: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {name: {"us_per_step": us / STEPS, "calls_per_step": calls / STEPS} for name, (us, calls) in
+            sorted(gaps.items(), key=lambda kv: -kv[1][0])[:40]}
 
 
 def main() -> int:

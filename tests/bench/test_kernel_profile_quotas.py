@@ -69,3 +69,13 @@ def test_a_side_streams_copies_are_apart_from_the_steps_gaps(script, monkeypatch
     assert [(r["streams"], r["us_per_step"], r["calls_per_step"]) for r in table] == [
         ("the step's stream", 25.0, 3), ("2 other streams", 20.0, 2)]
     assert table[1]["top"] == [{"kernel": "gather", "us_per_step": 20.0, "us_per_call": 10.0}]
+
+
+def test_the_device_waits_only_where_no_stream_runs(script, monkeypatch) -> None:  # noqa: ANN001
+    """A forked graph: the side stream's gap while the chain runs is not the device's; the
+    device's gaps (no kernel on any stream) go to the kernel that ended each."""
+    monkeypatch.setattr(script, "STEPS", 1)
+    chain = [kernel("attn", 7, 0, 10), kernel("gemv", 7, 12, 40), kernel("route", 7, 55, 60)]
+    side = [kernel("gather", 9, 5, 20), kernel("gather", 9, 45, 50)]  # waits 20..45 beside the chain's 12..40
+    assert dict(script.device_idle_before(chain + side)) == {"gather": [5.0, 1], "route": [5.0, 1]}
+    assert dict(script.idle_before(side + [kernel("gather", 9, 60, 70)])) == {"gather": [35.0, 2]}
