@@ -75,3 +75,26 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
     assert moe["prefetched"] > 0
     if routing != "router":
         assert moe["prefetch"] == "synthetic oracle" and moe["prefetch_used"] == moe["prefetched"]
+
+
+@pytest.mark.parametrize("biased", [False, True])
+def test_the_fused_router_predicts_a_top_k_of_the_logits(biased: bool) -> None:
+    """The predictor's one fused launch (plain and gpt-oss-biased routers) picks k experts
+    whose logits are each at least the k-th largest, within the bf16 rounding by which its
+    sums and cuBLAS's may differ: a top-k, whatever order ties take."""
+    from edgemoe.moe.prefetch import RouterScores
+
+    g = torch.Generator(device=CUDA).manual_seed(5)
+    E_, K_, T = 128, 8, 7
+    w = (torch.randn(E_, H, device=CUDA, generator=g) / H**0.5).to(torch.bfloat16)
+    bias = torch.randn(E_, device=CUDA, generator=g).to(torch.bfloat16) if biased else None
+    predictor = RouterPredictor({0: RouterScores(w, bias)}, K_)
+    assert predictor.workspace is not None  # the fused path is the one tested
+    x = torch.randn(T, H, device=CUDA, generator=g).to(torch.bfloat16)
+    ids = predictor(0, x, torch.full((T, K_), -1, dtype=torch.int32, device=CUDA))
+    scores = F.linear(x, w, bias).float()
+    kth = torch.topk(scores, K_, dim=-1).values[:, -1:]
+    assert ids.dtype == torch.int32 and ids.shape == (T, K_)
+    assert all(len(set(row)) == K_ for row in ids.tolist())
+    ulp = kth.abs() * 2.0**-7  # the fused sums and cuBLAS's may round a logit a bf16 step apart
+    assert bool((scores.gather(1, ids.long()) >= kth - 2 * ulp).all())

@@ -42,6 +42,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
+from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
 from edgemoe.kernels.gather_grid import BLOCK_INTO, GatherGrid
 from edgemoe.kernels.share_split import coldest_of
 from edgemoe.kernels.share_state import FRACTION_ONE
@@ -118,17 +119,27 @@ class RouterScores(NamedTuple):
 
 class RouterPredictor:
     """The next layer's router on x: its experts' top-k by `RouterScores` (a plain weight
-    [E, H]: the logits')."""
+    [E, H]: the logits'). Where the ranking is the logits' (plus a logit bias: gpt-oss) and
+    the fused router runs (CUDA, bf16/fp16), one `_route_fused` launch on a workspace of the
+    predictor's own — the torch form's projection, cast, top-k and cast are four launches on
+    the decode chain a layer; a softmax's top-k is its logits'."""
 
     label = "router"
 
     def __init__(self, routers: dict[int, RouterScores | torch.Tensor], top_k: int) -> None:
         self.routers, self.top_k = routers, top_k
+        first = next(iter(routers.values()), None)  # NOTE: allocated now, never inside a graph's capture
+        weight = first.weight if isinstance(first, RouterScores) else first
+        self.workspace = None if weight is None else fused_router_workspace(weight, top_k)
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         router = self.routers[layer]
-        scores = (router if isinstance(router, RouterScores) else RouterScores(router)).scores(x)
-        return torch.topk(scores, self.top_k, dim=-1).indices.to(torch.int32)
+        router = router if isinstance(router, RouterScores) else RouterScores(router)
+        if self.workspace is not None and not (router.sigmoid or router.softmax):
+            w = router.weight
+            bias = None if router.bias is None else router.bias.to(w.dtype)
+            return route_logits_topk(x.to(w.dtype), w, self.top_k, False, w.dtype, self.workspace, bias=bias)[0]
+        return torch.topk(router.scores(x), self.top_k, dim=-1).indices.to(torch.int32)
 
 
 class StagedPredictor:
