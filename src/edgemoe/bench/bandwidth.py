@@ -12,8 +12,11 @@
 - Quantised experts (`--weights int8 fp8 int4`): the same cases with int8 (per-row
   scales), fp8 e4m3 (128x128 block scales) and int4 (groups of 128: fp16 scales, zero
   points) weights, GB/s of the format's bytes (scales and zero points included).
-- With CUDA: pinned and pageable host→device copies of one expert and of 256 MiB, and
-  a device-to-device copy.
+- With CUDA: pinned and pageable host→device copies of one expert and of 256 MiB, a
+  device-to-device copy, and the device cache's gather (the SMs reading the pinned pool
+  mapped into the device) of one expert a call at the decode step's grid and at decode
+  prefetch's side grid: hosts differ here (2026-12-07, two H100 hosts: 33 and 48 GB/s
+  gathered against 48.8 and 47.7 by the copy engine).
 Experts rotate through a pool larger than the caches, so every call reads RAM.
 """
 
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from edgemoe.bench.copy_rates import copy_rates
 from edgemoe.bench.host_counters import counters_delta, disturbance, host_counters
 from edgemoe.bench.results import plot_bars, write_result
 from edgemoe.engine.host_budget import mem_available
@@ -314,33 +318,6 @@ def measure_experts(kernels: list[CpuExperts], banks: tuple[torch.Tensor, torch.
     return rows
 
 
-def _cuda_rate(dst: torch.Tensor, sources: list[torch.Tensor], reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    dst.copy_(sources[0], non_blocking=True)
-    torch.cuda.synchronize()
-    start.record()
-    for i in range(reps):
-        dst.copy_(sources[i % len(sources)], non_blocking=True)
-    end.record()
-    end.synchronize()
-    return reps * dst.numel() * dst.element_size() / (start.elapsed_time(end) / 1e3) / 1e9
-
-
-def copy_rates(pool_bytes: int, one_expert: int) -> dict[str, float]:
-    """Host→device (pinned, pageable; one expert, 256 MiB) and device→device GB/s."""
-    pageable = torch.empty(pool_bytes, dtype=torch.uint8).fill_(1)
-    pinned = torch.empty(pool_bytes, dtype=torch.uint8, pin_memory=True).fill_(1)
-    rates = {}
-    for size, label in ((one_expert, "expert"), (256 * 2**20, "256MiB")):
-        dst = torch.empty(size, dtype=torch.uint8, device="cuda")
-        for kind, host in (("pinned", pinned), ("pageable", pageable)):
-            chunks = [host[i : i + size] for i in range(0, host.numel() - size + 1, size)]  # rotate: no cache reuse
-            rates[f"h2d_{kind}_{label}_gb_s"] = _cuda_rate(dst, chunks, max(8, 4 * len(chunks)) if label == "expert" else 8)
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    rates["d2d_1GiB_gb_s"] = _cuda_rate(torch.empty_like(a), [a], 10)  # bytes copied (each read once, written once)
-    return rates
-
-
 def _label(row: dict[str, Any]) -> str:
     what = f"{row['experts_per_call']}×n=1 layer" if row["experts_per_call"] > 1 else f"n={row['tokens']}"
     if row["experts_per_call"] > 1 and row["tokens"] > 1:
@@ -387,8 +364,9 @@ def run_bw_bench(args: argparse.Namespace) -> int:
     }
     path = write_result(args.out, "bw", payload)
     marks = {"host read": read["kernel_read_gb_s"]}
-    if copies:
-        marks["pinned H2D (expert)"] = copies["h2d_pinned_expert_gb_s"]
+    for key, mark in (("h2d_pinned_expert_gb_s", "pinned H2D (expert)"), ("h2d_gather_expert_gb_s", "gather H2D (expert)")):
+        if key in copies:
+            marks[mark] = copies[key]
     bars = {_label(r): r["gb_s"] for r in rows} | {f"{_label(r)} (C calls)": r["kernel_gb_s"] for r in rows
                                                    if "kernel_gb_s" in r}
     png = plot_bars(path, "edgemoe bench bw: CPU experts", "GB/s of weights (format bytes)", bars, marks)
