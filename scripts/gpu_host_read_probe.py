@@ -25,6 +25,7 @@ import subprocess
 
 import torch
 
+from edgemoe.bench.cuda_timing import eager_us
 from edgemoe.kernels.triton_ops.row_gather import gather_parts_into_triton
 from edgemoe.moe.pinning import CudaRegistrar, uva_view
 
@@ -93,18 +94,6 @@ class Registered:
         self.registrar.unregister(self.tensor.data_ptr())
 
 
-def timed(fn) -> float:  # noqa: ANN001
-    """µs a call, CUDA events around REPS calls after one warm-up."""
-    fn(0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for r in range(1, REPS + 1):
-        fn(r)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / REPS
-
-
 def movers(hosts: list[torch.Tensor], device: torch.device) -> list[dict]:
     """The copy engine and the gather's grids over one pool, one expert a call."""
     tables = [uva_view(h, device) for h in hosts]
@@ -123,8 +112,8 @@ def movers(hosts: list[torch.Tensor], device: torch.device) -> list[dict]:
         return lambda r: gather_parts_into_triton(tables, lists[r][0], outs, lists[r][1], programs=grid[0],
                                                   block=grid[1], num_warps=grid[2])
 
-    rows = [{"mover": "copy engine", "us": timed(engine)}]
-    rows += [{"mover": "gather", "grid": list(g), "us": timed(gather(g))} for g in GRIDS]
+    rows = [{"mover": "copy engine", "us": eager_us(engine, REPS)}]
+    rows += [{"mover": "gather", "grid": list(g), "us": eager_us(gather(g), REPS)} for g in GRIDS]
     assert all(torch.equal(o[REPS % SLOTS].cpu(), h[REPS % POOL]) for o, h in zip(outs, hosts, strict=True))
     for row in rows:
         row["us"] = round(row["us"], 1)

@@ -18,6 +18,7 @@ import os
 
 import torch
 
+from edgemoe.bench.cuda_timing import eager_us
 from edgemoe.kernels.triton_ops.row_gather import gather_parts_into_triton
 from edgemoe.moe.pinning import uva_view
 
@@ -25,18 +26,6 @@ WIDTHS = (2 * 768 * 2048, 2048 * 768)  # gate/up and down of one fp8 expert, in 
 POOL, SLOTS, LIST, REPS = 40, 8, 16, 30
 GRIDS = [(32, 2048, 4), (64, 2048, 4), (132, 2048, 4), (32, 8192, 8), (32, 16384, 8), (64, 16384, 8),
          (32, 32768, 16), (16, 32768, 16), (528, 2048, 4)]
-
-
-def timed(fn, reps: int = REPS) -> float:  # noqa: ANN001
-    """µs a call, CUDA events around `reps` calls after one warm-up."""
-    fn(0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for r in range(1, reps + 1):
-        fn(r)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
 
 
 def main() -> None:
@@ -63,9 +52,9 @@ def main() -> None:
         for host, out in zip(hosts, outs, strict=True):
             out[r % SLOTS].copy_(host[r % POOL], non_blocking=True)
 
-    rows = [{"mover": "copy engine", "us": round(timed(engine), 1)}]
+    rows = [{"mover": "copy engine", "us": round(eager_us(engine, REPS), 1)}]
     for grid in GRIDS:
-        us = timed(gather(grid))
+        us = eager_us(gather(grid), REPS)
         rows.append({"mover": "side gather", "programs": grid[0], "block": grid[1], "warps": grid[2],
                      "item_kb": grid[1] / 1024, "us": round(us, 1)})
     for row in rows:

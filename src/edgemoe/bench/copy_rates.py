@@ -9,10 +9,9 @@ CUDA only; the caller checks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from edgemoe.bench.cuda_timing import eager_us
 from edgemoe.kernels.backend import triton_importable
 from edgemoe.kernels.gather_grid import GatherGrid
 from edgemoe.kernels.row_gather import gather_parts_into
@@ -62,25 +61,12 @@ def gather_rates(pinned: torch.Tensor, one_expert: int) -> dict[str, float]:
     table = uva_view(pinned[: rows * one_expert].view(rows, one_expert), device)
     out = torch.empty(2, one_expert, dtype=torch.uint8, device=device)
     reps = max(8, 2 * rows)
-    lists = torch.full((reps, 2, 16), -1, dtype=torch.int32)  # a miss list a call, -1 padded as the cache writes it
-    lists[:, 0, 0], lists[:, 1, 0] = torch.arange(reps) % rows, torch.arange(reps) % 2
+    lists = torch.full((reps + 1, 2, 16), -1, dtype=torch.int32)  # a miss list a call, -1 padded as the cache writes it
+    lists[:, 0, 0], lists[:, 1, 0] = torch.arange(reps + 1) % rows, torch.arange(reps + 1) % 2
     lists = lists.to(device)
     rates = {}
     for label, grid in (("gather", GatherGrid()), ("gather_side", prefetch_grid())):
         def call(i: int, grid: GatherGrid = grid) -> None:
             gather_parts_into([table], lists[i, 0], [out], lists[i, 1], grid)
-        rates[f"h2d_{label}_expert_gb_s"] = _events_rate(call, reps, one_expert)
+        rates[f"h2d_{label}_expert_gb_s"] = one_expert / eager_us(call, reps) / 1e3
     return rates
-
-
-def _events_rate(call: Callable[[int], object], reps: int, nbytes: int) -> float:
-    """GB/s of `reps` calls of `nbytes` each on the current stream, timed by CUDA events after a warm-up."""
-    call(0)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(reps):
-        call(i)
-    end.record()
-    end.synchronize()
-    return reps * nbytes / (start.elapsed_time(end) / 1e3) / 1e9

@@ -5,6 +5,10 @@ compiles and autotunes there, outside the capture), then captured `rounds` times
 into one graph, replayed once to settle, then `replays` times between two CUDA events.
 Returns the mean µs per call — each call's share includes its ~1 µs in-graph launch, not
 the ~10 µs of an eager Python launch. Used by the GPU scripts (scripts/gpu_*.py).
+
+`eager_us(call, reps)`: `call(0)` to warm up, then `call(1)` … `call(reps)` launched eagerly
+between two CUDA events; the mean µs per call (copies long enough that launching is hidden:
+a call's index picks what it moves, so a pool larger than L2 rotates).
 """
 
 from __future__ import annotations
@@ -35,3 +39,15 @@ def graph_us(calls: Sequence[Callable[[], object]], rounds: int = 1, replays: in
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1000 / (replays * rounds * len(calls))
+
+
+def eager_us(call: Callable[[int], object], reps: int) -> float:
+    call(0)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(1, reps + 1):
+        call(i)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
