@@ -37,18 +37,22 @@ def step_times(misses: list[int], args: argparse.Namespace) -> tuple[float, floa
     """(offload µs, prefetch µs) of one step whose MoE layers miss `misses` experts: a
     predictor with `recall` (its share of a layer's misses copied ahead; the rest copied on
     the stream after the layer's plan, queued behind the side stream's copy) and
-    `precision` (its unused copies take side time too)."""
+    `precision` (its unused copies take side time too), `depth` layers ahead (1: the engine
+    today — layer i's copies fork after layer i-1's plan; 2: after layer i-2's, the layers
+    before the depth after the first layer's)."""
     rest = args.chain_us - args.plan_us
     offload = sum(args.chain_us + m * args.copy_us for m in misses)
-    moved = args.plan_us + misses[0] * args.copy_us  # the first layer: planned, its own copies on the stream
-    landed = side_free = moved  # when the layer's copies are in, when the side stream is free
-    for m in misses[1:]:
+    moved = [args.plan_us + misses[0] * args.copy_us]  # the first layer: planned, its own copies on the stream
+    landed = [moved[0]]  # when each layer's copies are in
+    side_free = moved[0]  # when the side stream is free
+    for i, m in enumerate(misses[1:], start=1):
         ahead, late = args.recall * m, (1 - args.recall) * m
-        side_free = max(side_free, moved) + ahead / args.precision * args.side_copy_us  # forked after the move
-        planned = max(moved, landed) + rest + args.plan_us  # the previous layer joins, computes; this one plans
-        moved = max(planned, side_free) + late * args.copy_us if late else planned
-        landed = side_free
-    return offload, max(moved, landed) + rest
+        fork = moved[max(i - getattr(args, "depth", 1), 0)]
+        side_free = max(side_free, fork) + ahead / args.precision * args.side_copy_us
+        planned = max(moved[-1], landed[-1]) + rest + args.plan_us  # the previous layer joins, computes; this one plans
+        moved.append(max(planned, side_free) + late * args.copy_us if late else planned)
+        landed.append(side_free)
+    return offload, max(moved[-1], landed[-1]) + rest
 
 
 def model(accesses, args: argparse.Namespace) -> tuple[float, float, float]:  # noqa: ANN001
@@ -75,12 +79,14 @@ def main() -> None:
     ap.add_argument("--plan-us", type=float, default=50.0, help="a layer's chain before its copies (µs)")
     ap.add_argument("--recall", type=float, default=1.0, help="the predictor's share of a layer's misses (1: an oracle)")
     ap.add_argument("--precision", type=float, default=1.0, help="its used share of what it copies (1: no waste)")
+    ap.add_argument("--depth", type=int, default=1, choices=(1, 2, 3),
+                    help="layers ahead the copies start (1: the engine's: after the previous layer's plan)")
     ap.add_argument("--side-copy-us", type=float, default=135.0,
                     help="a prefetched expert's copy on the side grid beside compute (µs; fp8 at ~35 GB/s)")
     args = ap.parse_args()
     offload, prefetch, misses = model(trace(args.tokens, args.seed), args)
     print(f"{args.slots} slots, {misses:.1f} misses a token: offload {offload:.2f} ms ({1e3 / offload:.1f} tok/s), "
-          f"prefetch (recall {args.recall:g}, precision {args.precision:g}) {prefetch:.2f} ms ({1e3 / prefetch:.1f} tok/s), ×{offload / prefetch:.2f}")
+          f"prefetch (recall {args.recall:g}, precision {args.precision:g}, depth {args.depth}) {prefetch:.2f} ms ({1e3 / prefetch:.1f} tok/s), ×{offload / prefetch:.2f}")
 
 
 if __name__ == "__main__":

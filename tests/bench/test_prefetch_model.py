@@ -16,7 +16,7 @@ def model(script_module):  # noqa: ANN001, ANN201
 
 def args_of(**overrides: float) -> Namespace:
     base = dict(slots=600, tokens=24, seed=0, copy_us=5.0, side_copy_us=5.0, chain_us=10.0, plan_us=4.0, recall=1.0,
-                precision=1.0)
+                precision=1.0, depth=1)
     return Namespace(**{**base, **overrides})
 
 
@@ -49,6 +49,15 @@ def test_missed_and_unused_predictions_cost(model) -> None:
     assert model.step_times([0, 2, 0], args_of(recall=0.5)) == (40.0, 35.0)
     # precision 1/2: its 2 predicted copies take the side 20 µs, landing at 24 — after the plan at 14
     assert model.step_times([0, 2, 0], args_of(precision=0.5)) == (40.0, 40.0)
+
+
+def test_copies_forked_two_layers_ahead_fill_a_layer_without_misses(model) -> None:
+    # Layer 2's 3 copies fork after layer 1's plan (14) and land at 29, 5 µs after layer 2
+    # planned (24): 45. Two layers ahead they fork after layer 0's plan (4), land at 19: 40.
+    assert model.step_times([0, 0, 3, 0], args_of()) == (55.0, 45.0)
+    assert model.step_times([0, 0, 3, 0], args_of(depth=2)) == (55.0, 40.0)
+    # a side stream busy throughout gains nothing from forking earlier
+    assert model.step_times([0, 2, 2, 2, 0], args_of(depth=2)) == model.step_times([0, 2, 2, 2, 0], args_of())
 
 
 def test_the_trace_whole_steps(model) -> None:
