@@ -48,9 +48,13 @@ def slots_hold_their_experts(ex: DeviceOffloadExecutor, store: BankStore) -> Non
                 assert torch.equal(ex.slots.down[slot], store.banks[layer].down[e]), (layer, e)
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
-@pytest.mark.parametrize("slots", [2 * K + 1, 12])  # prefetching one-token steps only, and every step
-def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predictor: str, slots: int) -> None:
+@pytest.mark.parametrize("tight", [True, False])  # prefetching one-token steps only, and every step
+def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predictor: str, tight: bool, depth: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    slots = (depth + 1) * K + 1 if tight else 6 * (depth + 1)
     ex = make_executor("offload", store, CPU, F.silu, L, slots, expert_cache="device")
     resident = make_executor("resident", store, CPU, F.silu, L, 0)
     assert isinstance(ex, DeviceOffloadExecutor)
@@ -68,10 +72,13 @@ def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predicto
         assert snap["prefetch_used"] == snap["prefetched"]  # nothing predicted that wasn't routed
 
 
-def test_an_oracle_leaves_later_layers_no_misses(store: BankStore) -> None:
+@pytest.mark.parametrize("depth", [1, 2])
+def test_an_oracle_leaves_later_layers_no_misses(store: BankStore, depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     ex = make_executor("offload", store, CPU, F.silu, L, L * E, expert_cache="device")
     oracle = KnownRouting()
     ex.enable_prefetch(oracle, K)
+    assert ex.prefetch.depth == depth  # type: ignore[union-attr]
     for x, ids, w in steps(seed=3, n=6):
         oracle.step = ids
         for layer in range(L):
@@ -102,12 +109,14 @@ def test_drop_cpu_picks_leaves_the_quota_coldest_misses() -> None:
             assert torch.equal(drop_cpu_picks(ids, resident, heat, quota), want)  # the default: the quota alone
 
 
-def test_prefetch_leaves_the_share_its_quota() -> None:
+@pytest.mark.parametrize("depth", [1, 2])
+def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     kernel = CpuExperts(threads=2)
     if not kernel.native:
         pytest.skip("no compiled CPU expert kernel (no C compiler)")
     bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
-    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_experts_per_layer=1, cpu_kernel=kernel)
+    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 6 * (depth + 1), cpu_experts_per_layer=1, cpu_kernel=kernel)
     resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
     oracle = KnownRouting()
     ex.enable_prefetch(oracle, K)
@@ -138,6 +147,34 @@ def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001
             assert got == want
         assert moe["prefetch"] == ("router" if routing == "router" else "synthetic oracle")
         assert moe["prefetched"] > 0
+
+
+def test_engine_tokens_with_prefetch_two_layers_ahead(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """EDGEMOE_PREFETCH_DEPTH=2 through the engine (the model's router predicting two layers
+    ahead): the greedy tokens stay the resident engine's."""
+    prompts = [[9707, 11, 1879], list(range(3000, 3020))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
+        want = [o.token_ids for o in llm.generate(prompts, greedy)]
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", "2")
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=12,
+             moe_prefetch="on") as llm:
+        got = [o.token_ids for o in llm.generate(prompts, greedy)]
+        moe = llm.stats()["moe"]
+    assert got == want and moe["prefetch_depth"] == 2 and moe["prefetched"] > 0
+
+
+def test_the_prefetch_depth_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemoe.moe.prefetch import prefetch_depth
+
+    monkeypatch.delenv("EDGEMOE_PREFETCH_DEPTH", raising=False)
+    assert prefetch_depth() == 1
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", "2")
+    assert prefetch_depth() == 2
+    for bad in ("0", "3", "two"):
+        monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", bad)
+        with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_DEPTH"):
+            prefetch_depth()
 
 
 def test_the_flag_is_refused_where_nothing_prefetches() -> None:

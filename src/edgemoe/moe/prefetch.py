@@ -20,8 +20,18 @@ layer plans in one wave with the in-flight slots pinned: `covers`):
 Everything that touches the cache's state runs on the stream, in order; the side stream
 only copies. A slot it is still writing is pinned by its layer's own plan; the next
 prefetch may reuse a misprediction's slot, but its copy queues behind on the same stream.
-Two prefetches are in flight at most (buffers and events by layer parity). A step that doesn't
+At depth 1 two prefetches are in flight at most (buffers and events by a layer's position mod 2). A step that doesn't
 prefetch joins everything in flight first (`join_all`).
+
+Depth (`EDGEMOE_PREFETCH_DEPTH=2`, an A/B; 1 by default): with one layer of lookahead layer
+l+2's copies cannot start before layer l+1 has planned, so a layer with few misses leaves
+the link idle while the chain runs (`scripts/prefetch_model.py` reproduces the measured steps
+so). At depth 2 layer l starts layer l+2's copies (the first layer the next two's), planned
+with l's slots and l+1's in-flight slots pinned; each layer's own plan pins the in-flight
+slots of every layer still pending (its own and the next one's); three prefetches are in
+flight at most (buffers and events by a layer's position mod depth + 1), and a step
+prefetches only where the slots hold depth + 1 layers' worth (`covers`). The router
+predictor then ranks layer l+2's experts on l's input, a weaker guess than one layer ahead.
 
 Predictors: `RouterPredictor` — the next layer's router on this layer's MoE input (the
 input norms differ between layers: an approximation, the common one); `StagedPredictor`
@@ -77,6 +87,17 @@ def side_priority() -> int:
     if value not in ("high", "normal"):
         raise ValueError(f"EDGEMOE_PREFETCH_PRIORITY={value!r}: high or normal")
     return -1 if value == "high" else 0
+
+
+def prefetch_depth() -> int:
+    """How many MoE layers ahead a decode step's copies start: 1 (layer l+1's after layer l's
+    plan) by default; EDGEMOE_PREFETCH_DEPTH=2 starts layer l+2's there (the first layer
+    starts the next two), so a layer with few misses doesn't leave the link idle while the
+    chain runs (`scripts/prefetch_model.py --depth`: x1.09-1.11 at fp8, oracle; an A/B)."""
+    raw = os.environ.get("EDGEMOE_PREFETCH_DEPTH", "") or "1"
+    if raw not in ("1", "2"):
+        raise ValueError(f"EDGEMOE_PREFETCH_DEPTH={raw!r}: 1 or 2 layers ahead")
+    return int(raw)
 
 
 def prefetch_grid() -> GatherGrid:
@@ -168,41 +189,60 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
 
 class DecodePrefetch:
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
-    experts a token; `share` (or None): the CPU share whose quota's picks are left to it.
+    experts a token; `share` (or None): the CPU share whose quota's picks are left to it;
+    `depth` (default `prefetch_depth()`): how many MoE layers ahead the copies start.
     One thread; `reset()` after a failed step."""
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
-                 top_k: int, share=None) -> None:  # noqa: ANN001 - CpuShare
+                 top_k: int, share=None, depth: int | None = None) -> None:  # noqa: ANN001 - CpuShare
         self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
-        self.next_layer = dict(zip(layers, layers[1:], strict=False))
+        self.depth = prefetch_depth() if depth is None else depth
+        self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
+                        for i, layer in enumerate(layers)}  # the layers whose copies start at each
         self.grid = prefetch_grid()
-        self.parity = {layer: i % 2 for i, layer in enumerate(layers)}  # two prefetches in flight at most
+        B = self.depth + 1  # prefetches in flight at most
+        self.buffer = {layer: i % B for i, layer in enumerate(layers)}
         device = cache.device
         cuda = device.type == "cuda"
         self._side = torch.cuda.Stream(device, priority=side_priority()) if cuda else None
-        self._landed = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._landed = [torch.cuda.Event() if cuda else None for _ in range(B)]
         S, E = cache.num_slots, cache.num_experts
         width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
-        self._misses = torch.full((2, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
-        self._in_flight = torch.zeros(2, S, dtype=torch.bool, device=device)  # each prefetch's slots
-        self._loaded = torch.zeros(E, dtype=torch.bool, device=device)  # the latest prefetch's experts
+        self._misses = torch.full((B, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
+        self._in_flight = torch.zeros(B, S, dtype=torch.bool, device=device)  # each prefetch's slots
+        self._loaded = torch.zeros(B, E, dtype=torch.bool, device=device)  # each prefetch's experts
         self._pins = torch.zeros(S, dtype=torch.bool, device=device)  # the planned layer's slots
+        self._union = torch.zeros(2, S, dtype=torch.bool, device=device)  # several prefetches' slots (depth > 1)
         self._like = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)  # the predictors' shape
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
         self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
-        self._loaded_for: int | None = None  # the layer `_loaded` marks experts of
+        self._counting: set[int] = set()  # layers whose `_loaded` row marks their prefetched experts
 
     def covers(self, rows: int) -> bool:
         """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
-        plans in one wave with the next layer's in-flight slots pinned."""
-        return 0 < rows <= ROWS and self.cache.num_slots >= 2 * self._experts(rows)
+        plans in one wave with the in-flight slots of the layers ahead pinned."""
+        return 0 < rows <= ROWS and self.cache.num_slots >= (self.depth + 1) * self._experts(rows)
 
     def pins(self, layer: int, rows: int) -> tuple[torch.Tensor | None, int]:
-        """The slots `layer`'s own plan may not evict: those its prefetch is still filling
-        (a mispredicted expert's slot is being written), and a bound on their number."""
-        if layer not in self._pending:
+        """The slots `layer`'s own plan may not evict: those its prefetch and the prefetches
+        of the layers after it are still filling (a mispredicted expert's slot is being
+        written), and a bound on their number."""
+        pending = sorted(p for p in self._pending if p >= layer)
+        if not pending:
             return None, 0
-        return self._in_flight[self.parity[layer]], self._experts(rows)
+        return self._slots_of(pending, None, 0), len(pending) * self._experts(rows)
+
+    def _slots_of(self, layers: list[int], base: torch.Tensor | None, row: int) -> torch.Tensor:
+        """The in-flight slots of `layers`' prefetches (and `base`'s), as one mask: one of
+        them as it is, several or'ed into `_union[row]` (one launch each)."""
+        masks = ([] if base is None else [base]) + [self._in_flight[self.buffer[p]] for p in layers]
+        if len(masks) == 1:
+            return masks[0]
+        out = self._union[row]
+        torch.logical_or(masks[0], masks[1], out=out)
+        for mask in masks[2:]:
+            out |= mask
+        return out
 
     def _experts(self, rows: int) -> int:
         """The most distinct experts a layer of `rows` token rows routes (or a prefetch copies)."""
@@ -210,39 +250,47 @@ class DecodePrefetch:
 
     def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """After `layer`'s own copies are issued: count what its prefetch gave it, predict
-        the next MoE layer's experts from x, plan them ahead with `layer`'s slots pinned,
-        and copy the misses on the side stream (after the last layer: only the count)."""
-        counted = self._loaded_for == layer
-        nxt = self._loaded_for = self.next_layer.get(layer)
-        if nxt is None and not counted:
+        the experts of the layers whose copies start here (the next MoE layer, or `depth`
+        ahead) from x, plan them ahead with `layer`'s slots and the layers in flight between
+        pinned, and copy the misses on the side stream (after the last: only the count)."""
+        counted = layer in self._counting
+        targets = self.targets[layer]
+        if not targets and not counted:
             return
-        used = (routed, self._loaded, self.counts[layer, 1]) if counted else (None, None, None)
+        used = (routed, self._loaded[self.buffer[layer]], self.counts[layer, 1]) if counted else (None, None, None)
+        self._counting.discard(layer)
         prefetch_pins(slot_ids, self._pins, *used)  # after the last layer: the count alone
-        if nxt is None:
-            return
-        ids = self.predictor(nxt, x, self._like[: x.shape[0]])
+        for target in targets:
+            between = sorted(p for p in self._pending if layer < p < target)
+            self._start(target, x, self._slots_of(between, self._pins, 1))
+
+    def _start(self, layer: int, x: torch.Tensor, pinned: torch.Tensor) -> None:
+        """`layer`'s predicted experts planned ahead with `pinned` slots kept, the misses
+        marked and copied on the side stream."""
+        ids = self.predictor(layer, x, self._like[: x.shape[0]])
         if self.share is not None:
-            ids = drop_cpu_picks(ids, self.cache.slot_map[nxt], self.share.heat[nxt], self.share.quota[nxt],
+            ids = drop_cpu_picks(ids, self.cache.slot_map[layer], self.share.heat[layer], self.share.quota[layer],
                                  self.share.fraction)
-        plan = self.cache.plan_wave(nxt, ids, self._pins, ahead=True)
-        p = self.parity[nxt]
-        misses = self._misses[p, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
-        prefetch_marks(plan.misses, misses, self._in_flight[p], self._loaded, self.counts[nxt, 0])
-        self._pending.add(nxt)
+        plan = self.cache.plan_wave(layer, ids, pinned, ahead=True)
+        b = self.buffer[layer]
+        misses = self._misses[b, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
+        prefetch_marks(plan.misses, misses, self._in_flight[b], self._loaded[b], self.counts[layer, 0])
+        self._pending.add(layer)
+        self._counting.add(layer)
         if self._side is None:
-            self.mover.move(nxt, misses)
+            self.mover.move(layer, misses)
             return
         self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(self._side):
-            self.mover.move(nxt, misses, self.grid)
-            self._landed[p].record(self._side)
+            self.mover.move(layer, misses, self.grid)
+            self._landed[b].record(self._side)
 
     def join(self, layer: int) -> None:
         """Before `layer` computes: the stream waits for the copies its prefetch started."""
         if layer in self._pending:
             self._pending.discard(layer)
             if self._side is not None:
-                torch.cuda.current_stream(self.cache.device).wait_event(self._landed[self.parity[layer]])
+                torch.cuda.current_stream(self.cache.device).wait_event(self._landed[self.buffer[layer]])
 
     def after_move(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
         """What runs once `layer`'s misses are moved: the next layer's copies start before
@@ -260,11 +308,12 @@ class DecodePrefetch:
         if self._side is not None:
             self._side.synchronize()
         self._pending.clear()
-        self._loaded_for = None
+        self._counting.clear()
 
     def snapshot(self) -> dict[str, object]:
         """The counters (one device read) and the predictor's label."""
         prefetched, used = (int(v) for v in self.counts.sum(0).tolist())
         return {"prefetch": self.predictor.label, "prefetched": prefetched, "prefetch_used": used,
                 "prefetch_precision": used / prefetched if prefetched else None,
-                "prefetch_programs": self.grid.programs, "prefetch_tile": [self.grid.block, self.grid.warps]}
+                "prefetch_programs": self.grid.programs, "prefetch_tile": [self.grid.block, self.grid.warps],
+                "prefetch_depth": self.depth}
