@@ -26,9 +26,12 @@ CUDA = torch.device("cuda")
 L, E, K, H, I = 6, 16, 4, 1024, 512
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
-@pytest.mark.parametrize("slots", [3 * K + 2, 8 * K + 2])  # one-token steps prefetch; every step does
-def test_prefetched_steps_match_resident(predictor: str, slots: int) -> None:
+@pytest.mark.parametrize("slots", [3 * K + 2, 8 * K + 2])  # one-token steps prefetch; every step does (depth 1)
+def test_prefetched_steps_match_resident(predictor: str, slots: int, depth: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
     ex = make_executor("offload", store, CUDA, F.silu, L, slots, expert_cache="device")
     resident = make_executor("resident", store, CUDA, F.silu, L, 0)
@@ -58,21 +61,24 @@ def test_prefetched_steps_match_resident(predictor: str, slots: int) -> None:
         assert snap["prefetch_used"] == snap["prefetched"]
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("routing", ["router", "synthetic:seed=3"])
-def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str) -> None:  # noqa: ANN001
+def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str, depth: int,  # noqa: ANN001
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     prompts = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     out = {}
     for prefetch in ("off", "on"):
-        # 40 slots: a padded batch of 4 routes up to 16 experts a layer; a step prefetches when
-        # the pool holds two layers' worth (its own, and the next one's in flight).
-        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=40,
+        # A padded batch of 4 routes up to 16 experts a layer; a step prefetches when the pool
+        # holds depth + 1 layers' worth (its own, and those of the layers ahead in flight).
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=24 + 16 * depth,
                  expert_cache="device", moe_prefetch=prefetch, routing=routing) as llm:
             assert llm.engine.runner.graphs is not None
             out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
             moe = llm.stats()["moe"]
     assert out["on"] == out["off"]
-    assert moe["prefetched"] > 0
+    assert moe["prefetched"] > 0 and moe["prefetch_depth"] == depth
     if routing != "router":
         assert moe["prefetch"] == "synthetic oracle" and moe["prefetch_used"] == moe["prefetched"]
 
