@@ -2,7 +2,8 @@
 
 On 2026-12-07 an H100 host copied an fp8 expert (4.72 MB) at 48.8 GB/s with the copy engine
 and at ~33 GB/s with the gather kernel at every grid tried (2 KB to 32 KB items, 16 to 528
-programs: `scripts/gpu_side_gather_probe.py`), where earlier hosts gathered at 47–51 GB/s.
+programs: GRIDS, then this file's predecessor, the `pin_memory` pool alone), where earlier
+hosts gathered at 47–51 GB/s.
 A grid-independent cap points at the host side of the link: how the pages are mapped (an
 IOMMU translates each of the SMs' small reads; 2 MB pages need 512× fewer translations than
 4 KB ones) or which NUMA node holds them. This prints the host's topology, then times both
@@ -32,7 +33,8 @@ from edgemoe.moe.pinning import CudaRegistrar, uva_view
 WIDTHS = (2 * 768 * 2048, 2048 * 768)  # gate/up and down of one fp8 expert, in bytes
 POOL, SLOTS, LIST, REPS = 40, 8, 16, 30
 HUGE = 2 << 20
-GRIDS = [(32, 2048, 4), (132, 2048, 4), (132, 16384, 8)]
+GRIDS = [(32, 2048, 4), (64, 2048, 4), (132, 2048, 4), (528, 2048, 4), (32, 8192, 8), (32, 16384, 8),
+         (64, 16384, 8), (132, 16384, 8), (16, 32768, 16), (32, 32768, 16)]  # (programs, block, warps)
 
 
 def shell(cmd: str) -> str:

@@ -47,7 +47,7 @@ def step_times(misses: list[int], args: argparse.Namespace) -> tuple[float, floa
     side_free = moved[0]  # when the side stream is free
     for i, m in enumerate(misses[1:], start=1):
         ahead, late = args.recall * m, (1 - args.recall) * m
-        fork = moved[max(i - getattr(args, "depth", 1), 0)]
+        fork = moved[max(i - args.depth, 0)]
         side_free = max(side_free, fork) + ahead / args.precision * args.side_copy_us
         planned = max(moved[-1], landed[-1]) + rest + args.plan_us  # the previous layer joins, computes; this one plans
         moved.append(max(planned, side_free) + late * args.copy_us if late else planned)

@@ -227,7 +227,7 @@ class DecodePrefetch:
         """The slots `layer`'s own plan may not evict: those its prefetch and the prefetches
         of the layers after it are still filling (a mispredicted expert's slot is being
         written), and a bound on their number."""
-        pending = sorted(p for p in self._pending if p >= layer)
+        pending = [p for p in self._pending if p >= layer]
         if not pending:
             return None, 0
         return self._slots_of(pending, None, 0), len(pending) * self._experts(rows)
@@ -261,7 +261,7 @@ class DecodePrefetch:
         self._counting.discard(layer)
         prefetch_pins(slot_ids, self._pins, *used)  # after the last layer: the count alone
         for target in targets:
-            between = sorted(p for p in self._pending if layer < p < target)
+            between = [p for p in self._pending if layer < p < target]
             self._start(target, x, self._slots_of(between, self._pins, 1))
 
     def _start(self, layer: int, x: torch.Tensor, pinned: torch.Tensor) -> None:
