@@ -26,12 +26,13 @@ CUDA = torch.device("cuda")
 L, E, K, H, I = 6, 16, 4, 1024, 512
 
 
-@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
-@pytest.mark.parametrize("slots", [3 * K + 2, 8 * K + 2])  # one-token steps prefetch; every step does (depth 1)
-def test_prefetched_steps_match_resident(predictor: str, slots: int, depth: int,
+@pytest.mark.parametrize("roomy", [False, True])  # one-token steps prefetch; every step (up to 4 rows) does
+def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    slots = (depth + 1) * K * (4 if roomy else 1) + 2  # `covers`: depth + 1 layers' worth
     store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
     ex = make_executor("offload", store, CUDA, F.silu, L, slots, expert_cache="device")
     resident = make_executor("resident", store, CUDA, F.silu, L, 0)
@@ -61,7 +62,7 @@ def test_prefetched_steps_match_resident(predictor: str, slots: int, depth: int,
         assert snap["prefetch_used"] == snap["prefetched"]
 
 
-@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("routing", ["router", "synthetic:seed=3"])
 def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str, depth: int,  # noqa: ANN001
                                                          monkeypatch: pytest.MonkeyPatch) -> None:

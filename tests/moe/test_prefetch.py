@@ -48,7 +48,7 @@ def slots_hold_their_experts(ex: DeviceOffloadExecutor, store: BankStore) -> Non
                 assert torch.equal(ex.slots.down[slot], store.banks[layer].down[e]), (layer, e)
 
 
-@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
 @pytest.mark.parametrize("tight", [True, False])  # prefetching one-token steps only, and every step
 def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predictor: str, tight: bool, depth: int,
@@ -72,7 +72,7 @@ def test_outputs_are_resident_whatever_the_prediction(store: BankStore, predicto
         assert snap["prefetch_used"] == snap["prefetched"]  # nothing predicted that wasn't routed
 
 
-@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("depth", [1, 2, 3])
 def test_an_oracle_leaves_later_layers_no_misses(store: BankStore, depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     ex = make_executor("offload", store, CPU, F.silu, L, L * E, expert_cache="device")
@@ -109,7 +109,7 @@ def test_drop_cpu_picks_leaves_the_quota_coldest_misses() -> None:
             assert torch.equal(drop_cpu_picks(ids, resident, heat, quota), want)  # the default: the quota alone
 
 
-@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("depth", [1, 2, 3])
 def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     kernel = CpuExperts(threads=2)
@@ -171,7 +171,7 @@ def test_the_prefetch_depth_is_read_from_the_environment(monkeypatch: pytest.Mon
     assert prefetch_depth() == 1
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", "2")
     assert prefetch_depth() == 2
-    for bad in ("0", "3", "two"):
+    for bad in ("0", "4", "two"):
         monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", bad)
         with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_DEPTH"):
             prefetch_depth()

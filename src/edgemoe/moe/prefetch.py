@@ -93,10 +93,11 @@ def prefetch_depth() -> int:
     """How many MoE layers ahead a decode step's copies start: 1 (layer l+1's after layer l's
     plan) by default; EDGEMOE_PREFETCH_DEPTH=2 starts layer l+2's there (the first layer
     starts the next two), so a layer with few misses doesn't leave the link idle while the
-    chain runs (`scripts/prefetch_model.py --depth`: x1.09-1.11 at fp8, oracle; an A/B)."""
+    chain runs (`scripts/prefetch_model.py --depth`: x1.09-1.11 at fp8, oracle; 3: x1.15;
+    each depth holds one more layer's worth of slots pinned; an A/B)."""
     raw = os.environ.get("EDGEMOE_PREFETCH_DEPTH", "") or "1"
-    if raw not in ("1", "2"):
-        raise ValueError(f"EDGEMOE_PREFETCH_DEPTH={raw!r}: 1 or 2 layers ahead")
+    if raw not in ("1", "2", "3"):
+        raise ValueError(f"EDGEMOE_PREFETCH_DEPTH={raw!r}: 1, 2 or 3 layers ahead")
     return int(raw)
 
 
