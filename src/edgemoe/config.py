@@ -54,8 +54,9 @@ class ModelConfig:
         "default: under the cache directory",
     )
     embed_weights: str = setting(
-        "device", "token embedding: on the device, or in pinned host RAM gathered per step (host: frees its "
-        "device memory for expert slots; not for tied embeddings)", ("device", "host"),
+        "auto", "token embedding: on the device, or in pinned host RAM gathered per step (host: frees its "
+        "device memory for expert slots; not for tied embeddings); auto: host on a GPU whose experts don't "
+        "all fit, for an untied embedding with host memory to spare, else device", ("auto", "device", "host"),
     )
 
 

@@ -146,20 +146,31 @@ def streams(chunk: int, slots: int, experts: int) -> bool:
 
 
 def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates) -> Prediction:
+    import torch
+
+    from edgemoe.engine.big_tables import auto_embed_on_host, check_embed_setting, embed_nbytes
     from edgemoe.engine.budget import expert_nbytes, plan_memory
     from edgemoe.moe.slot_lending import lend_tokens
     from edgemoe.quant import expert_format
 
     form = expert_format(fmt, arch.dtype)
     e_bytes = expert_nbytes(arch, form)  # what a slot holds and a miss copies, scales included
-    plan = plan_memory(
-        arch, backend=args.moe_backend, moe_slots=args.moe_slots, kv_tokens=args.kv_tokens,
-        max_model_len=args.max_model_len or arch.max_position_embeddings, max_prefill_tokens=args.max_prefill_tokens,
-        max_running=args.max_running_requests, budget=budget, context=context, expert_format=form,
-        graph_max_bs=min(args.cuda_graph_max_bs, args.max_running_requests),  # as the engine plans on a GPU
-        # the device cache's streamed chunks borrow from the slots, as on a GPU (docs/offload.md)
-        lend_tokens=lend_tokens() if args.moe_backend in ("offload", "hybrid", "auto") else 0,
-    )
+
+    def plan_with(embed_on_host: bool) -> Any:
+        return plan_memory(
+            arch, backend=args.moe_backend, moe_slots=args.moe_slots, kv_tokens=args.kv_tokens,
+            max_model_len=args.max_model_len or arch.max_position_embeddings,
+            max_prefill_tokens=args.max_prefill_tokens, max_running=args.max_running_requests, budget=budget,
+            context=context, expert_format=form,
+            graph_max_bs=min(args.cuda_graph_max_bs, args.max_running_requests),  # as the engine plans on a GPU
+            # the device cache's streamed chunks borrow from the slots, as on a GPU (docs/offload.md)
+            lend_tokens=lend_tokens() if args.moe_backend in ("offload", "hybrid", "auto") else 0,
+            host_params=("embed",) if embed_on_host else (),
+        )
+
+    plan = plan_with(check_embed_setting(args.embed_weights, arch))
+    if auto_embed_on_host(args.embed_weights, arch, torch.device("cuda"), plan.backend, lambda: embed_nbytes(arch)):
+        plan = plan_with(True)  # as the engine on a GPU, the host assumed to have the room
     moe_layers, K, E = len(arch.moe_layers), arch.top_k, arch.num_experts
     total = moe_layers * E
     resident = plan.backend == "resident"
@@ -195,7 +206,7 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
 
 # Engine settings the plan depends on, with the engine's own defaults and help.
 PLAN_SETTINGS = ("max_model_len", "kv_tokens", "max_running_requests", "max_prefill_tokens", "moe_backend", "moe_slots",
-                 "cuda_graph_max_bs")
+                 "cuda_graph_max_bs", "embed_weights")
 
 
 def add_plan_parser(sub: Any) -> None:

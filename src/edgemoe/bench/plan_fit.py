@@ -99,7 +99,9 @@ def plan_args(run: Run, results: Path, misses: float) -> list[str]:
     """`edgemoe plan` for the run, given its measured misses and the machine's `bench bw` rates."""
     return ["plan", "--model", run.preset, "--gpu-memory", run.gpu_memory, "--formats", run.fmt,
             "--context-tokens", str(run.context), "--misses-per-token", repr(misses),
-            "--bw-json", str(results / BW_JSON), *run.plan_flags]
+            "--bw-json", str(results / BW_JSON),
+            "--embed-weights", "device",  # as every run planned it (before --embed-weights auto, 2026-12-07)
+            *run.plan_flags]
 
 
 def fit(results: Path) -> dict[str, float]:

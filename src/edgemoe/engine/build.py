@@ -14,7 +14,7 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.state_pool import StatePool
 from edgemoe.config import CacheConfig, EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
-from edgemoe.engine.big_tables import TablePlan, plan_tables
+from edgemoe.engine.big_tables import TablePlan, auto_embed_on_host, plan_tables
 from edgemoe.engine.budget import (
     GiB,
     MemoryPlan,
@@ -25,7 +25,7 @@ from edgemoe.engine.budget import (
 from edgemoe.engine.device_memory import allocator_limit, baseline, process_share
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
 from edgemoe.engine.host_budget import HostRow, host_budget
-from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
+from edgemoe.engine.model_source import ModelSource, host_plan, load_model, resolve_model
 from edgemoe.engine.process_memory import release_device_memory
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.kernels.dense_gemv import make_dense_linear
@@ -240,6 +240,20 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     measured = device_budget(config, device)
     tables = plan_tables(config, source, arch, device, measured[0], host_budget(config.model.host_memory)[0])
     plan = make_plan(config, arch, device, max_len, source, tables, measured)
+    host_cache = host_cache_bytes(config)
+    cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
+    store_kind = host_store_kind(config.moe.expert_store, device)
+    host_rows = (*(cache_row if host_cache else ()), *tables.host_rows(arch, device.type == "cuda"))
+
+    def host_room() -> int:
+        need = host_plan(source, arch, store_kind, device, config.model.host_memory, plan, host_rows,
+                         config.moe.expert_dtype)
+        return need.available - need.total
+
+    if auto_embed_on_host(config.model.embed_weights, arch, device, plan.backend, host_room):
+        tables = replace(tables, embed_on_host=True)  # its device bytes to the slots
+        plan = make_plan(config, arch, device, max_len, source, tables, measured)
+        host_rows = (*(cache_row if host_cache else ()), *tables.host_rows(arch, True))
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
     warn_about_plan(plan, arch, max_len)
@@ -247,13 +261,10 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     if plan.budget is not None:  # the cap on the caching allocator too
         torch_limit = allocator_limit(plan, device)
         torch_limit(0)
-    host_cache = host_cache_bytes(config)
-    cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
-    store_kind = host_store_kind(config.moe.expert_store, device)
     loaded = load_model(
         source, arch, expert_store=store_kind, device=device,
         host_memory=config.model.host_memory, device_plan=plan, progress=progress,
-        extra=(*(cache_row if host_cache else ()), *tables.host_rows(arch, device.type == "cuda")),
+        extra=host_rows,
         table_alloc=tables.ple.alloc if tables.ple else ram_tables,
         expert_dtype=config.moe.expert_dtype,
     )

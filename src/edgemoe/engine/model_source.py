@@ -21,7 +21,7 @@ import torch
 from edgemoe.assets.cache import atomic_dir, cache_dir
 from edgemoe.assets.model_files import write_model_files
 from edgemoe.engine.budget import MemoryPlan
-from edgemoe.engine.host_budget import HostRow, host_budget, plan_host
+from edgemoe.engine.host_budget import HostPlan, HostRow, host_budget, plan_host
 from edgemoe.models.arch import ModelArch
 from edgemoe.models.checkpoint_files import with_stored_lm_head
 from edgemoe.models.loader import (
@@ -105,6 +105,21 @@ def preset_dir(spec: RandomSpec) -> Path:
     return dest
 
 
+def host_plan(source: ModelSource, arch: ModelArch, expert_store: str, device: torch.device, host_memory: str | None,
+              device_plan: MemoryPlan, extra: tuple[HostRow, ...] = (), expert_dtype: str = "auto") -> HostPlan:
+    """What loading `source` will hold in host RAM against `--host-memory` (load_model's
+    arguments, which it checks before allocating anything)."""
+    available, where = host_budget(host_memory)
+    hints = ("or a smaller preset (random:…?num_hidden_layers=N)",) if source.random else (
+        ("or --expert-store mmap",) if expert_store != "mmap" else ()
+    )
+    return plan_host(
+        arch, expert_store=expert_store, available=available, source=where,
+        device_plan=device_plan if device.type == "cpu" else None, extra=extra, hints=hints,
+        expert_format=source.expert_format(expert_dtype, arch),
+    )
+
+
 def load_model(
     source: ModelSource,
     arch: ModelArch,
@@ -128,14 +143,7 @@ def load_model(
     fmt = source.expert_format(expert_dtype, arch)
     if source.random is not None and expert_store == "mmap":
         raise ValueError(f"expert_store (--expert-store) mmap maps checkpoint files; {source.name} has none")
-    available, where = host_budget(host_memory)
-    hints = ("or a smaller preset (random:…?num_hidden_layers=N)",) if source.random else (
-        ("or --expert-store mmap",) if expert_store != "mmap" else ()
-    )
-    plan = plan_host(
-        arch, expert_store=expert_store, available=available, source=where,
-        device_plan=device_plan if device.type == "cpu" else None, extra=extra, hints=hints, expert_format=fmt,
-    )
+    plan = host_plan(source, arch, expert_store, device, host_memory, device_plan, extra, expert_dtype)
     # WARNING level on purpose, like the device plan: what a person starting a server wants to see.
     log.warning("%s", plan.table())
     plan.check()

@@ -57,7 +57,7 @@ from edgemoe.models.names import (
     expert_names,
     mlp_experts_stacked,
 )
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 __all__ = ["IGNORED_PREFIXES", "SPELLINGS", "arch", "build", "checkpoint_map", "routing", "stacked_expert_names"]
@@ -164,7 +164,7 @@ def rotate_half_rows(a: DecoderArch, qkv: torch.Tensor) -> torch.Tensor:
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     """Llama attention over the reordered q/k rows; GLM-4.5's MoE block (the softmax router
     with its selection bias, the shared experts)."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
@@ -174,4 +174,5 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
         qkv = rotate_half_rows(arch, p.pop(pre + "qkv"))  # popped: the device holds one copy
         return Attention(attention_spec(arch, i, rope), qkv, p[pre + "o_proj"], linear=linear)
 
-    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear))
+    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear),
+                    embed=embed)

@@ -35,7 +35,7 @@ from edgemoe.models.names import (
     mlp_experts_stacked,
     qkv_bias_names,
 )
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "glm4_moe"
@@ -138,7 +138,7 @@ stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.expe
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
@@ -147,7 +147,8 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
         return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
                          qk_norm=arch.qk_norm, linear=linear, qkv_bias=p.get(pre + "qkv_bias"))
 
-    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear))
+    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear),
+                    embed=embed)
 
 
 def moe_block(arch: DecoderArch, i: int, p: Params, executor: MoEExecutor, linear: Linear) -> MLP:

@@ -32,7 +32,7 @@ from edgemoe.layers.moe import SparseMoE
 from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_experts, common_fields
 from edgemoe.models.llama_moe import MLP, Params, assemble, attention_spec, rope_table, to_device
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names, mlp_experts_stacked, qkv_bias_names
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "gpt_oss"
@@ -168,7 +168,7 @@ def stored_layout(name: str, value: Any) -> Any:
 
 
 def build(arch: GptOssArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
     def attention(i: int) -> Attention:
@@ -177,7 +177,8 @@ def build(arch: GptOssArch, params: dict[str, torch.Tensor], executor: MoEExecut
         return Attention(spec, p[pre + "qkv"], p[pre + "o_proj"], linear=linear, qkv_bias=p.get(pre + "qkv_bias"),
                          o_bias=p.get(pre + "o_bias"))
 
-    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear))
+    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear),
+                    embed=embed)
 
 
 def moe_block(arch: GptOssArch, i: int, p: Params, executor: MoEExecutor, linear: Linear) -> MLP:

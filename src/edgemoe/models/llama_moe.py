@@ -20,7 +20,7 @@ from edgemoe.layers.shared_moe import SharedExpertMoE
 from edgemoe.layers.norm import RMSNorm
 from edgemoe.layers.rotary import Rotary
 from edgemoe.models.arch import DecoderArch, kept_dtypes
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 Params = dict[str, torch.Tensor]
@@ -66,11 +66,13 @@ def mlp(
 def assemble(
     arch: DecoderArch, p: Params, attention: Callable[[int], Attention], executor: MoEExecutor,
     device: torch.device, linear: Linear = dense_gemv_ref, mlp_of: Callable[[int], MLP] | None = None,
+    embed: Embed | None = None,
 ) -> CausalLM:
     """A CausalLM of pre-norm blocks with the model file's `attention(i)` per layer and its
     `mlp_of(i)` (default: `mlp`, the softmax-routed experts or a dense MLP); `linear`: the
     routers' and LM head's projection kernel (the model file hands the same one to its
-    attention layers)."""
+    attention layers); `embed`: a host-resident embedding (`--embed-weights`; `p` then has
+    no "embed")."""
     eps = arch.rms_norm_eps
     blocks = [
         PreNormBlock(
@@ -80,5 +82,5 @@ def assemble(
         for i in range(arch.num_layers)
     ]
     chain_norms(blocks)  # each MoE combine also writes the next block's input norm
-    return CausalLM(arch, p["embed"], blocks, RMSNorm(p["norm"], eps), p["lm_head"], Rotary(arch.rope, device),
-                    linear=linear)
+    return CausalLM(arch, p["embed"] if embed is None else embed, blocks, RMSNorm(p["norm"], eps), p["lm_head"],
+                    Rotary(arch.rope, device), linear=linear)

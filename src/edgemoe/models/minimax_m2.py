@@ -45,7 +45,7 @@ from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_expert
 from edgemoe.models.glm4_moe import moe_block
 from edgemoe.models.llama_moe import assemble, attention_spec, qk_norms, rope_table, to_device
 from edgemoe.models.names import NameMap, Placement, Spelling, StackedMap, common_names, expert_names
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 __all__ = ["SPELLINGS", "arch", "build", "checkpoint_map", "stacked_expert_names"]
@@ -142,7 +142,7 @@ SPELLINGS: tuple[Spelling, ...] = mixtral.SPELLINGS
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     """q/k norms over the whole projection before the partial rotary; GLM-4.5's sigmoid-routed
     MoE block (no shared expert: a plain SparseMoE)."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
@@ -153,4 +153,5 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
         return Attention(attention_spec(arch, i, rope), p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm,
                          qk_norm="full", linear=linear)
 
-    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear))
+    return assemble(arch, p, attention, executor, device, linear, lambda i: moe_block(arch, i, p, executor, linear),
+                    embed=embed)

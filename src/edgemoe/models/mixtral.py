@@ -14,7 +14,7 @@ from edgemoe.models.arch import DecoderArch, HFConfig, check_experts, common_fie
 from edgemoe.models.llama_moe import assemble, attention_spec, rope_table, to_device
 from edgemoe.models.names import NameMap, Placement, Spelling, StackedMap, common_names, expert_names
 from edgemoe.models.names import stacked_expert_names as stacked_names
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "mixtral"
@@ -61,7 +61,7 @@ SPELLINGS: tuple[Spelling, ...] = (_GLU_NAMES, ((r"\.block_sparse_moe\.", ".mlp.
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     """No q/k norm; sliding-window attention when the config sets a window."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
@@ -70,4 +70,4 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
         return Attention(attention_spec(arch, i, rope, arch.sliding_window), p[pre + "qkv"], p[pre + "o_proj"],
                          linear=linear)
 
-    return assemble(arch, p, attention, executor, device, linear)
+    return assemble(arch, p, attention, executor, device, linear, embed=embed)

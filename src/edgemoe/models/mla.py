@@ -36,7 +36,7 @@ from edgemoe.models.arch import ConfigError, DecoderArch, HFConfig, check_expert
 from edgemoe.models.glm4_moe import ignored_prefixes, mlp_names, moe_block, moe_layers
 from edgemoe.models.llama_moe import Params, assemble, rope_table, to_device
 from edgemoe.models.names import NameMap, Placement, mlp_experts_stacked
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 __all__ = ["MlaArch", "arch", "build", "checkpoint_map", "ignored_prefixes", "stacked_expert_names"]
@@ -191,7 +191,7 @@ stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.expe
 
 
 def build(arch: MlaArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     p, rope = to_device(arch, params, device), rope_table(arch, device)
     d = arch.mla_dims
 
@@ -201,7 +201,7 @@ def build(arch: MlaArch, params: dict[str, torch.Tensor], executor: MoEExecutor,
         return MlaAttention(spec, d, _weights(arch, i, p), linear=linear)
 
     return assemble(arch, p, attention, executor, device, linear,  # type: ignore[arg-type]
-                    lambda i: moe_block(arch, i, p, executor, linear))
+                    lambda i: moe_block(arch, i, p, executor, linear), embed=embed)
 
 
 def _weights(arch: MlaArch, i: int, p: Params) -> MlaWeights:

@@ -24,7 +24,7 @@ from edgemoe.models.llama_moe import (
     to_device,
 )
 from edgemoe.models.names import NameMap, Placement, common_names, expert_names, mlp_experts_stacked
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "olmoe"
@@ -66,7 +66,7 @@ stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.expe
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     """q/k RMSNorm over the whole projection, then the optional clip."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
@@ -78,4 +78,4 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
             qk_norm="full", clip_qkv=arch.clip_qkv, linear=linear,
         )
 
-    return assemble(arch, p, attention, executor, device, linear)
+    return assemble(arch, p, attention, executor, device, linear, embed=embed)

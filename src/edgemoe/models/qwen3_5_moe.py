@@ -30,7 +30,7 @@ from edgemoe.models.qwen_hybrid import (
     stacked_expert_names,
     to_device,
 )
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE, TEXT_MODEL_TYPE = "qwen3_5_moe", "qwen3_5_moe_text"
@@ -66,5 +66,5 @@ def checkpoint_map(a: HybridArch) -> NameMap:
 
 
 def build(arch: HybridArch, params: Params, executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
-    return assemble(arch, to_device(arch, params, device), executor, device, linear)
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
+    return assemble(arch, to_device(arch, params, device), executor, device, linear, embed=embed)

@@ -35,7 +35,7 @@ from edgemoe.models.names import (
     expert_names,
     mlp_experts_stacked,
 )
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "qwen3_moe"
@@ -90,7 +90,7 @@ stacked_expert_names = mlp_experts_stacked  # transformers 5's stacked `mlp.expe
 
 
 def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     """Per-head q/k RMSNorm before rotary; every layer windowed when the config sets a window."""
     p, rope = to_device(arch, params, device), rope_table(arch, device)
 
@@ -100,4 +100,4 @@ def build(arch: DecoderArch, params: dict[str, torch.Tensor], executor: MoEExecu
         spec = attention_spec(arch, i, rope, arch.sliding_window)
         return Attention(spec, p[pre + "qkv"], p[pre + "o_proj"], q_norm, k_norm, qk_norm="head", linear=linear)
 
-    return assemble(arch, p, attention, executor, device, linear)
+    return assemble(arch, p, attention, executor, device, linear, embed=embed)

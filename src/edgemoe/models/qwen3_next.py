@@ -26,7 +26,7 @@ from edgemoe.models.qwen_hybrid import (
     stacked_expert_names,
     to_device,
 )
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 MODEL_TYPE = "qwen3_next"
@@ -64,9 +64,9 @@ def deinterleave(a: HybridArch, qkvz: torch.Tensor, ba: torch.Tensor) -> torch.T
 
 
 def build(arch: HybridArch, params: Params, executor: MoEExecutor, device: torch.device,
-          linear: Linear = dense_gemv_ref) -> CausalLM:
+          linear: Linear = dense_gemv_ref, embed: Embed | None = None) -> CausalLM:
     p = to_device(arch, params, device)
     for i in arch.gdn_layers:
         pre = f"layers.{i}."
         p[pre + "in_proj"] = deinterleave(arch, p.pop(pre + "in_qkvz"), p.pop(pre + "in_ba"))
-    return assemble(arch, p, executor, device, linear)
+    return assemble(arch, p, executor, device, linear, embed=embed)

@@ -79,11 +79,6 @@ class Qwen4ExpArch(HybridArch):
         qsa = (self.qsa.num_heads + 1) * self.qsa.head_dim if self.qsa else 0
         return max(super().projection_width + qsa, 2 * self.hc_width + self.hc_lowrank)
 
-    @property
-    def host_embedding(self) -> bool:
-        """The model file takes a host-resident embedding (`--embed-weights host`)."""
-        return True
-
     def workspace_rows(self, max_running: int, max_len: int) -> list[tuple[str, int]]:
         """QSA selection, per attention layer call (freed between layers): decode scores every
         block the page table can hold for each running sequence and gathers its selected

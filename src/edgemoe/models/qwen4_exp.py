@@ -207,8 +207,8 @@ def build(
         def hook(ctx: StepContext) -> StepContext:
             return dataclasses.replace(ctx, ple=inputs.step(ctx))
 
-    return CausalLM(arch, embed or p["embed"], blocks, lambda h: final.mix(h)[0], p["lm_head"], rotary, streams=hc,
-                    step_hook=hook, linear=linear)
+    return CausalLM(arch, p["embed"] if embed is None else embed, blocks, lambda h: final.mix(h)[0], p["lm_head"],
+                    rotary, streams=hc, step_hook=hook, linear=linear)
 
 
 def _indexed(arch: Qwen4ExpArch, layer: int, pre: str, p: Params, rope: RopeTable, linear: Linear) -> QsaAttention:

@@ -33,7 +33,7 @@ from edgemoe.models.names import (
     expert_names,
 )
 from edgemoe.models.names import stacked_expert_names as stacked_names
-from edgemoe.models.transformer import CausalLM
+from edgemoe.models.transformer import CausalLM, Embed
 from edgemoe.moe.executor import MoEExecutor
 
 Params = dict[str, torch.Tensor]
@@ -152,10 +152,12 @@ def to_device(arch: HybridArch, params: Params, device: torch.device) -> Params:
 
 def assemble(
     arch: HybridArch, p: Params, executor: MoEExecutor, device: torch.device, linear: Linear = dense_gemv_ref,
+    embed: Embed | None = None,
 ) -> CausalLM:
     """A CausalLM of hybrid blocks; `p` on the device, every GDN layer's `in_proj` in the
     q | k | v | z | b | a layout (the model file's build() makes it so); `linear`: the
-    dense projections' kernel (--dense-kernel)."""
+    dense projections' kernel (--dense-kernel); `embed`: a host-resident embedding
+    (`--embed-weights`; `p` then has no "embed")."""
     eps, kernels = arch.rms_norm_eps, gdn_kernels("auto", device)
     rotary = Rotary(arch.rope, device)
     rope = RopeTable(*rotary.cos_sin_table(arch.max_position_embeddings))  # for backends that rotate by position
@@ -176,7 +178,8 @@ def assemble(
             mixer, OffsetRMSNorm(p[pre + "attn_norm"], eps), _mlp(arch, i, p, executor, linear),
             OffsetRMSNorm(p[pre + "mlp_norm"], eps), "gdn" if i in gdn_index else "attention",
         ))
-    return CausalLM(arch, p["embed"], blocks, OffsetRMSNorm(p["norm"], eps), p["lm_head"], rotary, linear=linear)
+    return CausalLM(arch, p["embed"] if embed is None else embed, blocks, OffsetRMSNorm(p["norm"], eps), p["lm_head"],
+                    rotary, linear=linear)
 
 
 def _gdn(arch: HybridArch, j: int, pre: str, p: Params, kernels: GdnKernels, linear: Linear) -> GatedDeltaNet:

@@ -20,6 +20,10 @@ from edgemoe.layers.norm import RMSNorm
 from edgemoe.layers.rotary import Rotary
 
 
+# ids [T] → rows [T, H]: a host-resident embedding (layers/embedding.py)
+Embed = Callable[[torch.Tensor], torch.Tensor]
+
+
 class Block(Protocol):
     """One layer: h [T, H] → h. cos/sin are this step's rotary tables [T, D], or None
     when the attention backend rotates by position itself (`needs_step_rope`)."""
@@ -33,7 +37,7 @@ class CausalLM:
     def __init__(
         self,
         arch: object,  # the model file's arch (DecoderArch or its own)
-        embed: torch.Tensor | Callable[[torch.Tensor], torch.Tensor],  # [V, H], or ids [T] → [T, H]
+        embed: torch.Tensor | Embed,  # [V, H], or ids [T] → [T, H]
         blocks: Sequence[Block],
         norm: RMSNorm | Callable[[torch.Tensor], torch.Tensor],  # [N, streams·H] → [N, H]
         lm_head: torch.Tensor,  # [V, H]
