@@ -204,7 +204,8 @@ def _load(settings: dict[str, Any]) -> Any:
     from edgemoe import LLM
 
     print(f"loading {settings.get('model') or 'the demo model'} …", file=sys.stderr, flush=True)
-    quiet = [logging.getLogger(n) for n in ("edgemoe.engine.build", "edgemoe.engine.model_source")]
+    quiet = [logging.getLogger(n) for n in ("edgemoe.engine.build", "edgemoe.engine.device_plan",
+                                            "edgemoe.engine.model_source")]
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.ERROR)

@@ -12,21 +12,14 @@ from edgemoe.cache.host_tier import HostTier
 from edgemoe.cache.kv_pool import KVPool
 from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.state_pool import StatePool
-from edgemoe.config import CacheConfig, EngineConfig, SchedulerConfig, flag_name
+from edgemoe.config import EngineConfig, SchedulerConfig, flag_name
 from edgemoe.engine.batch_buffers import BatchBuffers
-from edgemoe.engine.big_tables import TablePlan, auto_embed_on_host, plan_tables
-from edgemoe.engine.budget import (
-    GiB,
-    MemoryPlan,
-    parse_size,
-    plan_memory,
-    slot_pool_warning,
-)
-from edgemoe.engine.device_memory import allocator_limit, baseline, process_share
+from edgemoe.engine.budget import GiB, MemoryPlan, parse_size, slot_pool_warning
+from edgemoe.engine.device_memory import allocator_limit
+from edgemoe.engine.device_plan import plan_device
 from edgemoe.engine.graphs import DecodePadding, graph_sizes
-from edgemoe.engine.host_budget import HostRow, host_budget
-from edgemoe.engine.model_source import ModelSource, host_plan, load_model, resolve_model
-from edgemoe.engine.process_memory import release_device_memory
+from edgemoe.engine.host_budget import HostRow
+from edgemoe.engine.model_source import ModelSource, load_model, resolve_model
 from edgemoe.engine.runner import ModelRunner
 from edgemoe.kernels.dense_gemv import make_dense_linear
 from edgemoe.layers.attention_backend import AttentionBackend, make_attention_backend
@@ -86,32 +79,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def device_budget(config: EngineConfig, device: torch.device) -> tuple[int | None, int]:
-    """(cap in bytes, bytes the process already holds: CUDA context + cuBLAS). The cap
-    counts this process alone (engine/device_memory.py); it is never more than this
-    process holds plus what the device has free."""
-    requested = parse_size(config.model.gpu_memory) if config.model.gpu_memory else None  # a typo fails on a CPU too
-    if device.type != "cuda":
-        return None, 0
-    before = baseline(device.index)  # read before our context exists on the device (or the first engine's)
-    release_device_memory(device)  # what an earlier engine here left unreferenced is not ours to count
-    torch.cuda.set_device(device)
-    a = torch.ones(64, 64, device=device)
-    (a @ a).sum().item()  # materialise the context and the cuBLAS workspace
-    del a
-    free, total = torch.cuda.mem_get_info(device)
-    ours = before.ours(floor=torch.cuda.memory_reserved(device)) if before else None
-    cap, context = process_share(total, free, ours, requested)
-    others = total - free - context
-    if others >= 256 << 20:
-        log.warning("other processes hold %.2f GiB of the device: --gpu-memory counts this process's share only",
-                    others / GiB)
-    if requested is not None and cap < requested:
-        log.warning("--gpu-memory %s is more than this process can have (%.2f GiB held + %.2f GiB free); "
-                    "planning for %.2f GiB", config.model.gpu_memory, context / GiB, free / GiB, cap / GiB)
-    return cap, context
-
-
 def resolve_dtype(setting: str, device: torch.device) -> str:
     """auto: the checkpoint's dtype on a GPU; float32 on the CPU, where bf16/fp16
     GEMMs without native support run many times slower than fp32."""
@@ -125,71 +92,6 @@ def host_store_kind(setting: str, device: torch.device) -> str:
     if setting == "auto":
         return "pinned" if device.type == "cuda" else "ram"
     return "ram" if setting == "pageable" else setting
-
-
-def make_plan(
-    config: EngineConfig, arch: ModelArch, device: torch.device, max_len: int, source: ModelSource | None = None,
-    tables: TablePlan | None = None, measured: tuple[int | None, int] | None = None,
-) -> MemoryPlan:
-    """`tables`: what the model's big tables reserve (PLE, a host embedding); `measured`:
-    `device_budget`'s answer when the caller already has it."""
-    budget, context = measured or device_budget(config, device)
-    fmt = source.expert_format(config.moe.expert_dtype, arch) if source is not None else None
-    method = source.quant_method if source is not None else None
-    moe, sched = config.moe, config.scheduler
-    if moe.moe_slots is not None and moe.moe_slots < arch.top_k:
-        raise ValueError(f"{flag_name('moe_slots')} must be at least num_experts_per_tok = {arch.top_k}")
-    plan = plan_memory(
-        arch,
-        backend=moe.moe_backend,
-        moe_slots=moe.moe_slots,
-        kv_tokens=config.cache.kv_tokens,
-        max_model_len=max_len,
-        max_prefill_tokens=sched.max_prefill_tokens,
-        max_running=sched.max_running_requests,
-        budget=budget,
-        context=context,
-        expert_format=fmt,
-        # NOTE: an MXFP4 checkpoint quantises only its experts; the others' dense layers are dequantised.
-        dense_note=f"{method} checkpoint, dequantised at load" if method and method != "mxfp4" else "",
-        kv_cache_dtype=config.cache.kv_cache_dtype,
-        graph_max_bs=graph_max_bs(config, device),
-        state_slots=config.cache.state_slots,
-        snapshots=config.cache.cache_type == "radix",
-        extras=tables.device_rows() if tables else (),
-        host_params=tables.host_params if tables else (),
-        lend_tokens=lend_tokens(config, device),
-    )
-    # The pool holds whole pages: a larger one outgrows the plan (the default page stays: a tiny context's one page).
-    if config.cache.page_size > max(plan.kv_tokens, CacheConfig().page_size):
-        raise ValueError(f"{flag_name('page_size')} {config.cache.page_size} is more than the KV cache's "
-                         f"{plan.kv_tokens} tokens: lower --page-size or raise --kv-tokens")
-    return plan
-
-
-def lend_tokens(config: EngineConfig, device: torch.device) -> int:
-    """The prompt chunks that stream through the device cache and may borrow the slot
-    banks' tail for their workspace (`moe/slot_lending.py`): the streaming threshold, or 0
-    where none can (a CPU, the host cache, a driver without virtual memory management,
-    `EDGEMOE_LEND_SLOTS=0`)."""
-    from edgemoe.moe.lendable_memory import vmm_granularity
-    from edgemoe.moe.slot_lending import lend_tokens as lend_setting
-
-    if device.type != "cuda":
-        return 0
-    moe = config.moe
-    backend = "offload" if moe.moe_backend == "auto" else moe.moe_backend
-    cache = resolve_expert_cache(moe.expert_cache, device.type, backend, moe.moe_policy, moe.cpu_experts_per_layer)
-    if cache != "device" or vmm_granularity(device) is None:
-        return 0
-    return lend_setting()
-
-
-def graph_max_bs(config: EngineConfig, device: torch.device) -> int:
-    """The largest decode batch the plan reserves graph memory for (0: no graphs)."""
-    if device.type != "cuda" or config.kernels.no_cuda_graph:
-        return 0
-    return min(config.kernels.cuda_graph_max_bs, config.scheduler.max_running_requests)
 
 
 def make_runner(
@@ -237,23 +139,11 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     dtype = resolve_dtype(config.model.dtype, device)
     arch = source.arch(dtype)
     max_len = config.model.max_model_len or arch.max_position_embeddings
-    measured = device_budget(config, device)
-    tables = plan_tables(config, source, arch, device, measured[0], host_budget(config.model.host_memory)[0])
-    plan = make_plan(config, arch, device, max_len, source, tables, measured)
     host_cache = host_cache_bytes(config)
     cache_row = (HostRow("host cache", host_cache, "--host-cache: evicted KV pages and state snapshots"),)
     store_kind = host_store_kind(config.moe.expert_store, device)
-    host_rows = (*(cache_row if host_cache else ()), *tables.host_rows(arch, device.type == "cuda"))
-
-    def host_room() -> int:
-        need = host_plan(source, arch, store_kind, device, config.model.host_memory, plan, host_rows,
-                         config.moe.expert_dtype)
-        return need.available - need.total
-
-    if auto_embed_on_host(config.model.embed_weights, arch, device, plan.backend, host_room):
-        tables = replace(tables, embed_on_host=True)  # its device bytes to the slots
-        plan = make_plan(config, arch, device, max_len, source, tables, measured)
-        host_rows = (*(cache_row if host_cache else ()), *tables.host_rows(arch, True))
+    tables, plan, host_rows = plan_device(config, source, arch, device, max_len, store_kind,
+                                          cache_row if host_cache else ())
     # WARNING level on purpose: the plan is what a person starting a server wants to see.
     log.warning("%s", plan.table())
     warn_about_plan(plan, arch, max_len)
