@@ -1,4 +1,5 @@
-"""The token embedding kept in host memory (`--embed-weights host`): the table stays in
+"""The token embedding kept in host memory (`--embed-weights host`, or `auto` where the
+experts don't all fit on the device: engine/device_plan.py): the table stays in
 pinned RAM, mapped into the device's address space, and each step gathers its tokens'
 rows over PCIe (a few KiB per token: H · dtype bytes each), so the table's device memory
 (0.95 GiB for a 248K × 2048 bf16 vocabulary) goes to expert slots instead. On a machine
@@ -29,7 +30,8 @@ class HostEmbedding:
             self.pinner = InPlacePinner(registrar, "token embedding")
             self.pinner.submit(self.host)
             if not self.pinner.finish():
-                raise RuntimeError("--embed-weights host: the embedding could not be page-locked; use device")
+                raise RuntimeError("--embed-weights host/auto: the token embedding could not be page-locked; "
+                                   "use --embed-weights device")
             self.table = uva_view(self.host, device)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
