@@ -68,12 +68,16 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     prompts = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]
+    # A padded batch of 4 routes up to 16 experts a layer; a step prefetches when the pool
+    # holds depth + 1 layers' worth (its own, and those of the layers ahead in flight). At
+    # depth 3 that is all 64 experts, which leaves nothing to miss: two prompts (8 a layer).
+    rows = 2 if depth == 3 else 4
+    prompts = prompts[:rows]
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     out = {}
     for prefetch in ("off", "on"):
-        # A padded batch of 4 routes up to 16 experts a layer; a step prefetches when the pool
-        # holds depth + 1 layers' worth (its own, and those of the layers ahead in flight).
-        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=24 + 16 * depth,
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload",
+                 moe_slots=24 + 4 * rows * depth,
                  expert_cache="device", moe_prefetch=prefetch, routing=routing) as llm:
             assert llm.engine.runner.graphs is not None
             out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]

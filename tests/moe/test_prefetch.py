@@ -164,17 +164,20 @@ def test_engine_tokens_with_prefetch_two_layers_ahead(qwen3_ckpt, monkeypatch: p
     assert got == want and moe["prefetch_depth"] == 2 and moe["prefetched"] > 0
 
 
-def test_the_prefetch_depth_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_prefetch_depth_is_the_deepest_the_pool_holds_or_the_environments(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from edgemoe.moe.prefetch import prefetch_depth
 
     monkeypatch.delenv("EDGEMOE_PREFETCH_DEPTH", raising=False)
-    assert prefetch_depth() == 1
+    # depth + 1 layers' worth of the largest step's experts (128 at Qwen3-30B-A3B's shape)
+    depths = [prefetch_depth(slots, 128) for slots in (100, 255, 256, 383, 384, 511, 512, 2558)]
+    assert depths == [1, 1, 1, 1, 2, 2, 3, 3]
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", "2")
-    assert prefetch_depth() == 2
+    assert prefetch_depth(2558, 128) == 2 and prefetch_depth(10, 128) == 2  # as set: `covers` still decides a step
     for bad in ("0", "4", "two"):
         monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", bad)
         with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_DEPTH"):
-            prefetch_depth()
+            prefetch_depth(2558, 128)
 
 
 def test_the_flag_is_refused_where_nothing_prefetches() -> None:

@@ -23,15 +23,16 @@ prefetch may reuse a misprediction's slot, but its copy queues behind on the sam
 At depth 1 two prefetches are in flight at most (buffers and events by a layer's position mod 2). A step that doesn't
 prefetch joins everything in flight first (`join_all`).
 
-Depth (`EDGEMOE_PREFETCH_DEPTH=2`, an A/B; 1 by default): with one layer of lookahead layer
+Depth (`prefetch_depth`: 3 where the pool holds four layers' worth of the largest step's
+experts, else 2 or 1; `EDGEMOE_PREFETCH_DEPTH` sets it): with one layer of lookahead layer
 l+2's copies cannot start before layer l+1 has planned, so a layer with few misses leaves
 the link idle while the chain runs (`scripts/prefetch_model.py` reproduces the measured steps
-so). At depth 2 layer l starts layer l+2's copies (the first layer the next two's), planned
-with l's slots and l+1's in-flight slots pinned; each layer's own plan pins the in-flight
-slots of every layer still pending (its own and the next one's); three prefetches are in
-flight at most (buffers and events by a layer's position mod depth + 1), and a step
-prefetches only where the slots hold depth + 1 layers' worth (`covers`). The router
-predictor then ranks layer l+2's experts on l's input, a weaker guess than one layer ahead.
+so). At depth d layer l starts layer l+d's copies (the first layer the next d's), planned
+with l's slots and the in-flight slots of the layers between pinned; each layer's own plan
+pins the in-flight slots of every layer still pending; d + 1 prefetches are in flight at
+most (buffers and events by a layer's position mod d + 1), and a step prefetches only where
+the slots hold d + 1 layers' worth (`covers`). The router predictor then ranks layer l+d's
+experts on l's input, a weaker guess than one layer ahead (unmeasured on a trained model).
 
 Predictors: `RouterPredictor` — the next layer's router on this layer's MoE input (the
 input norms differ between layers: an approximation, the common one); `StagedPredictor`
@@ -70,6 +71,7 @@ from edgemoe.moe.movers import ExpertMover
 # EDGEMOE_PREFETCH_TILE ("block,warps": a work item's columns, a program's warps): A/B.
 DEFAULT_PROGRAMS = 32
 DEFAULT_PRIORITY = "normal"
+DEFAULT_DEPTH = 3  # layers ahead where the pool holds depth + 1 layers' worth (`prefetch_depth`)
 
 
 class GatherTile(NamedTuple):
@@ -89,16 +91,21 @@ def side_priority() -> int:
     return -1 if value == "high" else 0
 
 
-def prefetch_depth() -> int:
-    """How many MoE layers ahead a decode step's copies start: 1 (layer l+1's after layer l's
-    plan) by default; EDGEMOE_PREFETCH_DEPTH=2 starts layer l+2's there (the first layer
-    starts the next two), so a layer with few misses doesn't leave the link idle while the
-    chain runs (`scripts/prefetch_model.py --depth`: x1.09-1.11 at fp8, oracle; 3: x1.15;
-    each depth holds one more layer's worth of slots pinned; an A/B)."""
-    raw = os.environ.get("EDGEMOE_PREFETCH_DEPTH", "") or "1"
-    if raw not in ("1", "2", "3"):
-        raise ValueError(f"EDGEMOE_PREFETCH_DEPTH={raw!r}: 1, 2 or 3 layers ahead")
-    return int(raw)
+def prefetch_depth(slots: int, step_experts: int) -> int:
+    """How many MoE layers ahead a decode step's copies start. With one layer of lookahead
+    layer l+2's copies wait for layer l+1's plan, so a layer with few misses leaves the link
+    idle while the chain runs; at depth d layer l starts layer l+d's. Measured on an H100
+    (fp8, 16 GiB, the oracle, 2026-12-07): 144.3 / 158.5 / 164.1 tok/s at depth 1 / 2 / 3,
+    as `scripts/prefetch_model.py --depth` predicted. A step prefetches only where the pool
+    holds depth + 1 layers' worth of its experts (`covers`), so by default the depth is the
+    deepest up to DEFAULT_DEPTH whose depth + 1 layers of the largest prefetching step's
+    experts (`step_experts`) fit in `slots`, at least 1. EDGEMOE_PREFETCH_DEPTH=1|2|3 sets it."""
+    raw = os.environ.get("EDGEMOE_PREFETCH_DEPTH", "")
+    if raw:
+        if raw not in ("1", "2", "3"):
+            raise ValueError(f"EDGEMOE_PREFETCH_DEPTH={raw!r}: 1, 2 or 3 layers ahead")
+        return int(raw)
+    return next((d for d in range(DEFAULT_DEPTH, 1, -1) if (d + 1) * step_experts <= slots), 1)
 
 
 def prefetch_grid() -> GatherGrid:
@@ -191,13 +198,14 @@ def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor
 class DecodePrefetch:
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
     experts a token; `share` (or None): the CPU share whose quota's picks are left to it;
-    `depth` (default `prefetch_depth()`): how many MoE layers ahead the copies start.
+    `depth` (default: `prefetch_depth`'s for this pool): how many MoE layers ahead the copies start.
     One thread; `reset()` after a failed step."""
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
                  top_k: int, share=None, depth: int | None = None) -> None:  # noqa: ANN001 - CpuShare
         self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
-        self.depth = prefetch_depth() if depth is None else depth
+        largest = min(ROWS * top_k, cache.num_experts)  # the experts of the largest step that prefetches
+        self.depth = prefetch_depth(cache.num_slots, largest) if depth is None else depth
         self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
                         for i, layer in enumerate(layers)}  # the layers whose copies start at each
         self.grid = prefetch_grid()
