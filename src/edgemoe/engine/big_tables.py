@@ -1,8 +1,9 @@
 """Tables that need not sit on the device: Qwen3.8-Flash-Next's PLE tables (`--ple-store`,
 `--ple-dir`) and the token embedding (`--embed-weights`: host, or auto: host on a GPU whose
-experts don't all fit). Decided before anything is allocated, so both memory plans count them: the device plan reserves what stays on the
-device (a device PLE store, the disk store's step rows; an embedding left on the device
-is in the dense weights), the host plan what is pinned in RAM.
+experts don't all fit). Decided before anything is allocated, so both memory plans count
+them: the device plan reserves what stays on the device (a device PLE store, the disk
+store's step rows; an embedding left on the device is in the dense weights), the host plan
+what is pinned in RAM.
 """
 
 from __future__ import annotations

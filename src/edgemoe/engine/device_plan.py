@@ -97,7 +97,6 @@ def make_plan(
         budget=budget,
         context=context,
         expert_format=fmt,
-
         dense_note=dense_note(method, tables),
         kv_cache_dtype=config.cache.kv_cache_dtype,
         graph_max_bs=graph_max_bs(config, device),
