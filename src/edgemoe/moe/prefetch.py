@@ -204,8 +204,7 @@ class DecodePrefetch:
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
                  top_k: int, share=None, depth: int | None = None) -> None:  # noqa: ANN001 - CpuShare
         self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
-        largest = min(ROWS * top_k, cache.num_experts)  # the experts of the largest step that prefetches
-        self.depth = prefetch_depth(cache.num_slots, largest) if depth is None else depth
+        self.depth = prefetch_depth(cache.num_slots, self._experts(ROWS)) if depth is None else depth
         self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
                         for i, layer in enumerate(layers)}  # the layers whose copies start at each
         self.grid = prefetch_grid()
