@@ -2,8 +2,9 @@
 against the torch reference on the CPU, bit for bit, at real shapes: a decode step's quota
 pick (which heats the routed experts) and a prompt chunk's balance (one sort and prefix
 sums), Qwen3-30B-A3B's 128 experts and Qwen3.8's 512, the mailbox's pairs binding or not.
-The interpreter runs the same comparisons on CPU tensors (tests/kernels/test_share_split.py);
-this is the compiled kernel's (its barriers and scattered stores)."""
+The decode prefetch's drop of the same pick (`drop_cpu_picks`, one launch) likewise, captured in
+a graph and replayed on new routing. The interpreter runs the same comparisons on CPU tensors
+(tests/kernels/test_share_split.py); this is the compiled kernel's (its barriers and scattered stores)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from share_split_support import mailbox, state  # noqa: E402
 
-from edgemoe.kernels.share_split import share_begin_ref  # noqa: E402
+from edgemoe.kernels.share_split import drop_cpu_picks, drop_cpu_picks_ref, share_begin_ref  # noqa: E402
 from edgemoe.kernels.share_state import DECODE, PROMPT  # noqa: E402
 
 H = 2048
@@ -71,3 +72,27 @@ def test_begin_matches_the_reference(E: int, T: int, K: int, rule: int, quota: i
         assert torch.equal(mb_tri.weights[:n].cpu(), mb_ref.weights[:n])
         assert n == 0 or torch.equal(mb_tri.x[:T].cpu(), mb_ref.x[:T])  # x is written for CPU pairs only
         assert [int(ref.cpu_col[mb_ref.pairs[2, c]]) for c in range(n)] == list(range(n))  # the mailbox's pairs
+
+
+@pytest.mark.parametrize("E,T,K", [(128, 1, 8), (128, 64, 8), (512, 2, 10)])
+def test_the_prefetch_drop_matches_the_reference_replayed(E: int, T: int, K: int) -> None:
+    g = torch.Generator().manual_seed(E + T)
+    cuda = torch.device("cuda")
+    ids = skewed_ids(E, T, K, g).to(cuda)
+    resident = torch.full((E,), -1, dtype=torch.int32, device=cuda)
+    heat = torch.zeros(E, dtype=torch.int64, device=cuda)
+    quota, fraction = torch.zeros((), dtype=torch.int64, device=cuda), torch.zeros((), dtype=torch.int64, device=cuda)
+    scratch = torch.zeros(E, dtype=torch.int32, device=cuda)
+    drop_cpu_picks(ids, resident, heat, quota, fraction, scratch)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = drop_cpu_picks(ids, resident, heat, quota, fraction, scratch)
+    for trial in range(5):
+        ids.copy_(skewed_ids(E, T, K, g))
+        resident.copy_(torch.where(torch.rand(E, generator=g) < 0.4, torch.arange(E), -1).int())
+        heat.copy_(torch.randint(0, 3, (E,), generator=g) * 1024)  # ties: the higher id first
+        quota.fill_([1, 3, E, 2, 0][trial])
+        fraction.fill_([16, 16, 6, 11, 16][trial])
+        graph.replay()
+        want = drop_cpu_picks_ref(ids.cpu(), resident.cpu(), heat.cpu(), quota.cpu(), fraction.cpu())
+        assert torch.equal(out.cpu(), want), trial

@@ -2,7 +2,8 @@
 the interpreter on CPU tensors against the torch reference, bit for bit — the device's
 routing, the heat, the CPU expert count, the mailbox's used columns and count, x's rows,
 and each pair's mailbox column (the combine's map to the CPU's cells). Quotas from 0 to every miss, padding rows (-1),
-ties in heat (the higher id first), several steps so heat builds up, E past one chunk."""
+ties in heat (the higher id first), several steps so heat builds up, E past one chunk. The decode
+prefetch's drop of the same pick (`drop_cpu_picks`), one launch, against its reference too."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from share_split_support import mailbox, state
 
-from edgemoe.kernels.share_split import share_begin_ref
+from edgemoe.kernels.share_split import drop_cpu_picks_ref, share_begin_ref
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -163,3 +164,26 @@ def test_the_prompt_rule_counts_the_devices_gemms_the_hits_too() -> None:
     with_gemms = state(6, 11, resident, 0, (10, 5, 20, 25))
     # k = 3: 45 <= 2 x 20 + 3 x 25; k = 4 (e3, 2 tokens): 65 <= 1 x 20 + 2 x 25; k = 5: 95 > 0 + 25
     assert balanced_misses_ref(ids, with_gemms, 10).tolist() == [False, True, True, True, True, False]
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("E,T,K", [(8, 1, 2), (40, 5, 4), (128, 64, 8), (512, 2, 10), (128, 3, 8)])
+def test_the_prefetch_drop_matches_the_reference(E: int, T: int, K: int) -> None:
+    from edgemoe.kernels.triton_ops.share_split import drop_picks_triton
+
+    g = torch.Generator().manual_seed(E + T)
+    scratch = torch.full((E,), 7, dtype=torch.int32)  # stale values: the launch writes every expert's
+    for trial in range(6):
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+        if trial % 2 and T > 1:
+            ids[-1] = -1  # a padding row routes nothing
+        resident = torch.where(torch.rand(E, generator=g) < 0.4, torch.arange(E), -1).int()
+        heat = torch.randint(0, 3, (E,), generator=g) * 1024  # ties: the higher id first
+        quota = torch.tensor([0, 1, 3, E][trial % 4])
+        fraction = torch.tensor([16, 16, 6, 11, 0, 16][trial])
+        want = drop_cpu_picks_ref(ids, resident, heat, quota, fraction)
+        got = drop_picks_triton(ids, resident, heat, quota, fraction, scratch)
+        assert torch.equal(got, want), trial
+        missed = bool(((resident[ids.clamp(min=0).long()] < 0) & (ids >= 0)).any())
+        if missed and int(quota) > 0 and int(fraction) == 16:  # the pick takes a miss at least: something dropped
+            assert not torch.equal(got, ids), trial

@@ -120,7 +120,7 @@ def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.Mon
     resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
     oracle = KnownRouting()
     ex.enable_prefetch(oracle, K)
-    assert isinstance(ex.prefetch, DecodePrefetch) and ex.prefetch.share is ex.cpu_share
+    assert isinstance(ex.prefetch, DecodePrefetch)
     for x, ids, w in steps(seed=7, n=8):
         oracle.step = ids
         x = x.bfloat16()
@@ -131,6 +131,37 @@ def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.Mon
     snap = ex.stats.snapshot()
     # With an oracle every GPU miss after the first layer was prefetched; the CPU kept its quota.
     assert snap["experts_cpu"] > 0 and snap["prefetch_used"] == snap["prefetched"] > 0
+
+
+@pytest.mark.parametrize("top", [False, True])
+def test_a_live_quota_drops_picks_only_where_its_share_runs(top: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live quota at level 0 runs the step without the share (its graphs): the prefetch
+    then leaves every predicted miss to the link and asks the share nothing (no launches
+    on the chain for a pick nobody takes); at a level > 0 it leaves the share its picks."""
+    import edgemoe.moe.prefetch as prefetch
+
+    kernel = CpuExperts(threads=2)
+    if not kernel.native:
+        pytest.skip("no compiled CPU expert kernel (no C compiler)")
+    calls = []
+    monkeypatch.setattr(prefetch, "drop_cpu_picks", lambda ids, *a: calls.append(1) or drop_cpu_picks(ids, *a))
+    bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
+    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_kernel=kernel, live_quota="auto", top_k=K)
+    resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
+    level = ex.controller.max_level if top else 0  # type: ignore[union-attr]  # the top: every miss to the CPU
+    ex._apply_level(level)
+    oracle = KnownRouting()
+    ex.enable_prefetch(oracle, K)
+    for x, ids, w in steps(seed=11, n=8):
+        oracle.step = ids
+        x = x.bfloat16()
+        for layer in range(L):
+            got, want = ex.forward(layer, x, ids[layer], w).float(), resident.forward(layer, x, ids[layer], w).float()
+            # The CPU's cells sum in the C kernel's order: the bf16 outputs may differ by one rounding step.
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
+    snap = ex.stats.snapshot()
+    assert (len(calls) > 0) == (level > 0) and (snap["experts_cpu"] > 0) == (level > 0)
+    ex.close()
 
 
 def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001

@@ -23,6 +23,7 @@ from edgemoe.kernels.backend import triton_importable
 from edgemoe.kernels.cpu_bell import BellTurn
 from edgemoe.kernels.cpu_host_layer import MailboxBuffers
 from edgemoe.kernels.row_gather import gather_rows_into
+from edgemoe.kernels.slot_plan import present
 from edgemoe.kernels.share_state import (
     DECODE,
     FRACTION_ONE,
@@ -54,6 +55,29 @@ def coldest_of(miss: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor | int
 
 def _fused(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_importable()
+
+
+def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,
+                   fraction: torch.Tensor | int = FRACTION_ONE, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """ids [T, K] without the pairs of the decode pick's misses against `resident` [E]
+    (-1: not), the heat left as it is (the decode prefetch leaves them to the share). On CUDA
+    with `scratch` ([E] int32, overwritten) and a tensor `fraction`: one launch; else the
+    reference's ~20 small ops."""
+    if scratch is not None and isinstance(fraction, torch.Tensor) and _fused(ids):
+        from edgemoe.kernels.triton_ops.share_split import drop_picks_triton
+
+        return drop_picks_triton(ids.contiguous(), resident, heat, quota, fraction, scratch)
+    return drop_cpu_picks_ref(ids, resident, heat, quota, fraction)
+
+
+def drop_cpu_picks_ref(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,
+                       fraction: torch.Tensor | int = FRACTION_ONE) -> torch.Tensor:
+    """`drop_cpu_picks` in torch (the reference and the CPU path): `coldest_of` the misses."""
+    E = heat.numel()
+    flat = ids.reshape(-1).long()
+    cpu = coldest_of(present(ids, E) & (resident < 0), heat, quota, fraction)
+    cpu = torch.cat((cpu, torch.zeros(1, dtype=torch.bool, device=ids.device)))
+    return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
 
 
 def rings_itself(ids: torch.Tensor, x: torch.Tensor) -> bool:

@@ -155,8 +155,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
                              f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
-        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
-                                       self.cpu_share)
+        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k)
         self.stats.sources.append(self.prefetch.snapshot)
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
@@ -308,7 +307,8 @@ class DeviceOffloadExecutor(CellsExecutor):
                 ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned, planned_dead):  # one wave when it prefetches
-            after_move = None if prefetch is None else partial(prefetch.after_move, layer, x, routed, plan.slot_ids)
+            after_move = None if prefetch is None else partial(prefetch.after_move, layer, x, routed, plan.slot_ids,
+                                                               share)
             self._run_wave(layer, x, ids, plan, topk_weights, cells, after_move)
         return None if share is None else share.join(layer)
 

@@ -11,8 +11,8 @@ layer plans in one wave with the in-flight slots pinned: `covers`):
 - l's own plan pins the slots l's prefetch is still filling (`pins`): a mispredicted
   expert's slot is being written and may not be handed to a miss;
 - after l's own misses are issued, `launch(l, ...)` on the stream: the predictor's ids for
-  the next MoE layer, minus the misses the CPU share will take there (its quota's coldest
-  by heat, the share's own rule), planned `ahead` (`DeviceSlotCache.plan_wave`: the same
+  the next MoE layer, minus the misses the CPU share will take there when it runs in this
+  step (its quota's coldest by heat, the share's own rule), planned `ahead` (`DeviceSlotCache.plan_wave`: the same
   decisions and updates, hits not counted, the layer's cycle not advanced) with l's slots
   pinned; the miss list goes to a static buffer, and the side stream, forked there, gathers it;
 - `join(l)`: the stream waits for the copies of l's own prefetch (launched one layer
@@ -55,9 +55,7 @@ import torch
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
 from edgemoe.kernels.gather_grid import BLOCK_INTO, GatherGrid
-from edgemoe.kernels.share_split import coldest_of
-from edgemoe.kernels.share_state import FRACTION_ONE
-from edgemoe.kernels.slot_plan import present
+from edgemoe.kernels.share_split import drop_cpu_picks
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
@@ -184,26 +182,14 @@ class StagedPredictor:
         return self.routing.real_ids(layer, like).to(torch.int32)  # padding rows: like's -1
 
 
-def drop_cpu_picks(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,
-                   fraction: torch.Tensor | int = FRACTION_ONE) -> torch.Tensor:
-    """ids [T, K] without the pairs of the decode pick's misses against `resident` [E]
-    (-1: not): `kernels/share_split.coldest_of`, the heat left as it is."""
-    E = heat.numel()
-    flat = ids.reshape(-1).long()
-    cpu = coldest_of(present(ids, E) & (resident < 0), heat, quota, fraction)
-    cpu = torch.cat((cpu, torch.zeros(1, dtype=torch.bool, device=ids.device)))
-    return torch.where(cpu[torch.where(flat >= 0, flat, E)].view(ids.shape), -1, ids)
-
-
 class DecodePrefetch:
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
-    experts a token; `share` (or None): the CPU share whose quota's picks are left to it;
-    `depth` (default: `prefetch_depth`'s for this pool): how many MoE layers ahead the copies start.
-    One thread; `reset()` after a failed step."""
+    experts a token; `depth` (default: `prefetch_depth`'s for this pool): how many MoE layers
+    ahead the copies start. One thread; `reset()` after a failed step."""
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
-                 top_k: int, share=None, depth: int | None = None) -> None:  # noqa: ANN001 - CpuShare
-        self.cache, self.mover, self.predictor, self.share, self.top_k = cache, mover, predictor, share, top_k
+                 top_k: int, depth: int | None = None) -> None:
+        self.cache, self.mover, self.predictor, self.top_k = cache, mover, predictor, top_k
         self.depth = prefetch_depth(cache.num_slots, self._experts(ROWS)) if depth is None else depth
         self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
                         for i, layer in enumerate(layers)}  # the layers whose copies start at each
@@ -222,6 +208,7 @@ class DecodePrefetch:
         self._pins = torch.zeros(S, dtype=torch.bool, device=device)  # the planned layer's slots
         self._union = torch.zeros(2, S, dtype=torch.bool, device=device)  # several prefetches' slots (depth > 1)
         self._like = torch.full((ROWS, top_k), -1, dtype=torch.int32, device=device)  # the predictors' shape
+        self._scratch = torch.zeros(E, dtype=torch.int32, device=device)  # the share's picks, by expert
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
         self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
         self._counting: set[int] = set()  # layers whose `_loaded` row marks their prefetched experts
@@ -256,11 +243,15 @@ class DecodePrefetch:
         """The most distinct experts a layer of `rows` token rows routes (or a prefetch copies)."""
         return min(rows * self.top_k, self.cache.num_experts)
 
-    def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
+    def launch(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor,
+               share=None) -> None:  # noqa: ANN001 - CpuShare
         """After `layer`'s own copies are issued: count what its prefetch gave it, predict
         the experts of the layers whose copies start here (the next MoE layer, or `depth`
         ahead) from x, plan them ahead with `layer`'s slots and the layers in flight between
-        pinned, and copy the misses on the side stream (after the last: only the count)."""
+        pinned, and copy the misses on the side stream (after the last: only the count).
+        `share`: the CPU share when it runs in this step (its quota's picks are left to it),
+        else None: then no pick is dropped, and no launch on the chain asks which (a live
+        quota's level-0 graphs ran ~20 small launches a layer here, 1.7 ms a step at fp8)."""
         counted = layer in self._counting
         targets = self.targets[layer]
         if not targets and not counted:
@@ -270,15 +261,15 @@ class DecodePrefetch:
         prefetch_pins(slot_ids, self._pins, *used)  # after the last layer: the count alone
         for target in targets:
             between = [p for p in self._pending if layer < p < target]
-            self._start(target, x, self._slots_of(between, self._pins, 1))
+            self._start(target, x, self._slots_of(between, self._pins, 1), share)
 
-    def _start(self, layer: int, x: torch.Tensor, pinned: torch.Tensor) -> None:
-        """`layer`'s predicted experts planned ahead with `pinned` slots kept, the misses
-        marked and copied on the side stream."""
+    def _start(self, layer: int, x: torch.Tensor, pinned: torch.Tensor, share) -> None:  # noqa: ANN001 - CpuShare
+        """`layer`'s predicted experts (without `share`'s picks, if any) planned ahead with
+        `pinned` slots kept, the misses marked and copied on the side stream."""
         ids = self.predictor(layer, x, self._like[: x.shape[0]])
-        if self.share is not None:
-            ids = drop_cpu_picks(ids, self.cache.slot_map[layer], self.share.heat[layer], self.share.quota[layer],
-                                 self.share.fraction)
+        if share is not None:
+            ids = drop_cpu_picks(ids, self.cache.slot_map[layer], share.heat[layer], share.quota[layer], share.fraction,
+                                 self._scratch)
         plan = self.cache.plan_wave(layer, ids, pinned, ahead=True)
         b = self.buffer[layer]
         misses = self._misses[b, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
@@ -300,10 +291,11 @@ class DecodePrefetch:
             if self._side is not None:
                 torch.cuda.current_stream(self.cache.device).wait_event(self._landed[self.buffer[layer]])
 
-    def after_move(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor) -> None:
+    def after_move(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor,
+                   share=None) -> None:  # noqa: ANN001 - CpuShare
         """What runs once `layer`'s misses are moved: the next layer's copies start before
-        this layer waits for its own."""
-        self.launch(layer, x, routed, slot_ids)
+        this layer waits for its own (`share`: as `launch`'s)."""
+        self.launch(layer, x, routed, slot_ids, share)
         self.join(layer)
 
     def join_all(self) -> None:

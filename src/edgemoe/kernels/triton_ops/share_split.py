@@ -33,6 +33,58 @@ def _routed_ids(ids_ptr, dead_ptr, n, N, K, HAS_DEAD: tl.constexpr):
 
 
 @triton.jit
+def _coldest_pick(miss, heat, e, E, quota_ptr, fraction_ptr, BIG: tl.constexpr, FSHIFT: tl.constexpr,
+                  BLOCK_E: tl.constexpr):
+    """[BLOCK_E] int32, 1 for the decode pick among `miss`: the coldest by `heat` (ties to the
+    higher id), one at a time, as many as share_split.decode_take allows."""
+    key = tl.where(miss, heat * E + (E - 1 - e), BIG)  # distinct for misses
+    misses = tl.sum(miss.to(tl.int64), axis=0)
+    take = tl.minimum(tl.load(quota_ptr), (tl.load(fraction_ptr) * misses + (1 << (FSHIFT - 1))) >> FSHIFT)
+    on_cpu = tl.zeros([BLOCK_E], tl.int32)
+    for _ in range(0, take):
+        m = tl.min(key, axis=0)
+        pick = (key == m) & (m != BIG)
+        on_cpu = tl.where(pick, 1, on_cpu)
+        key = tl.where(pick, BIG, key)
+    return on_cpu
+
+
+@triton.jit
+def _drop_picks(ids_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, out_ptr, scratch_ptr, N, E,
+                BIG: tl.constexpr, FSHIFT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+                USE_PDL: tl.constexpr):
+    """The decode pick's pairs dropped from a routing (`share_split.drop_cpu_picks`), heat untouched."""
+    e = tl.arange(0, BLOCK_E)
+    ok_e = e < E
+    n = tl.arange(0, BLOCK_N)
+    ok_n = n < N
+    pdl_start(USE_PDL)
+    idn = tl.load(ids_ptr + n, mask=ok_n, other=-1).to(tl.int32)
+    routed = tl.histogram(idn, BLOCK_E, mask=idn >= 0)
+    miss = (routed > 0) & (tl.load(resident_ptr + e, mask=ok_e, other=0) < 0) & ok_e
+    on_cpu = _coldest_pick(miss, tl.load(heat_ptr + e, mask=ok_e, other=0), e, E, quota_ptr, fraction_ptr,
+                           BIG, FSHIFT, BLOCK_E)
+    tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
+    tl.debug_barrier()  # every thread's stores before any reads them back by expert
+    live = ok_n & (idn >= 0)
+    cpu = live & (tl.load(scratch_ptr + tl.where(live, idn, 0), mask=live, other=0) != 0)
+    tl.store(out_ptr + n, tl.where(cpu, -1, idn), mask=ok_n)
+
+
+def drop_picks_triton(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor,
+                      fraction: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """One launch: `share_split.drop_cpu_picks`'s values; `scratch` [E] int32 (overwritten)."""
+    E, N = heat.numel(), ids.numel()
+    assert ids.is_contiguous() and resident.is_contiguous() and heat.is_contiguous() and scratch.numel() >= E
+    out = torch.empty_like(ids)
+    pdl = pdl_enabled(ids.device)
+    _drop_picks[(1,)](ids, resident, heat, quota, fraction, out, scratch, N, E, BIG=NOT_MISSED, FSHIFT=FRACTION_SHIFT,
+                      BLOCK_E=triton.next_power_of_2(E), BLOCK_N=triton.next_power_of_2(N), USE_PDL=pdl,
+                      launch_pdl=pdl)
+    return out
+
+
+@triton.jit
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
                  rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, col_ptr, scratch_ptr,
                  dead_ptr, ring_ptr, done_ptr, ring_value, N, K, T, H, E, cap, stride_x, stride_mbx,
@@ -53,16 +105,9 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
     resident = tl.load(resident_ptr + e, mask=ok_e, other=0)
     miss = (routed > 0) & (resident < 0) & ok_e
     on_cpu = tl.zeros([BLOCK_E], tl.int32)
-    if RULE == 0:  # decode: the coldest misses, one at a time (share_split.decode_take's count); then heat
+    if RULE == 0:  # decode: the coldest misses (share_split.decode_take's count); then heat
         heat = tl.load(heat_ptr + e, mask=ok_e, other=0)
-        key = tl.where(miss, heat * E + (E - 1 - e), BIG)  # distinct for misses
-        misses = tl.sum(miss.to(tl.int64), axis=0)
-        take = tl.minimum(tl.load(quota_ptr), (tl.load(fraction_ptr) * misses + (1 << (FSHIFT - 1))) >> FSHIFT)
-        for _ in range(0, take):
-            m = tl.min(key, axis=0)
-            pick = (key == m) & (m != BIG)
-            on_cpu = tl.where(pick, 1, on_cpu)
-            key = tl.where(pick, BIG, key)
+        on_cpu = _coldest_pick(miss, heat, e, E, quota_ptr, fraction_ptr, BIG, FSHIFT, BLOCK_E)
         tl.store(heat_ptr + e, heat - (heat >> SHIFT) + routed * tl.load(unit_ptr), mask=ok_e)
         ncpu = tl.sum(on_cpu, axis=0)
         tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
