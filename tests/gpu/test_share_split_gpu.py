@@ -96,3 +96,23 @@ def test_the_prefetch_drop_matches_the_reference_replayed(E: int, T: int, K: int
         graph.replay()
         want = drop_cpu_picks_ref(ids.cpu(), resident.cpu(), heat.cpu(), quota.cpu(), fraction.cpu())
         assert torch.equal(out.cpu(), want), trial
+
+
+@pytest.mark.parametrize("E,K,fraction", [(128, 8, 12), (512, 10, 8)])
+def test_the_pick_with_prefetched_experts_matches_the_reference(E: int, K: int, fraction: int) -> None:
+    """The decode pick counting the prefetch's copies as misses (`ShareState.prefetched`)."""
+    from edgemoe.kernels.triton_ops.share_split import share_begin_triton
+
+    g = torch.Generator().manual_seed(E + K)
+    resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.arange(E), -1).int()
+    ref, dev = state(E, K + 3, resident, E, fraction=fraction), state(E, K + 3, resident, E, device="cuda", fraction=fraction)
+    mb_ref, mb_dev = mailbox(1, K + 1, H), mailbox(1, K + 1, H, "cuda")
+    for step in range(4):
+        ids = skewed_ids(E, 1, K, g)
+        prefetched = torch.rand(E, generator=g) < 0.5
+        w = torch.softmax(torch.randn(1, K, generator=g), -1)
+        x = torch.randn(1, H, generator=g).bfloat16()
+        want = share_begin_ref(ids, w, x, ref._replace(prefetched=prefetched), mb_ref)
+        got = share_begin_triton(ids.cuda(), w.cuda(), x.cuda(), dev._replace(prefetched=prefetched.cuda()), mb_dev)
+        assert torch.equal(got.cpu(), want) and torch.equal(dev.heat.cpu(), ref.heat), step
+        assert int(mb_dev.count) == int(mb_ref.count)

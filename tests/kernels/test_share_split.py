@@ -187,3 +187,27 @@ def test_the_prefetch_drop_matches_the_reference(E: int, T: int, K: int) -> None
         missed = bool(((resident[ids.clamp(min=0).long()] < 0) & (ids >= 0)).any())
         if missed and int(quota) > 0 and int(fraction) == 16:  # the pick takes a miss at least: something dropped
             assert not torch.equal(got, ids), trial
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton (interpreter, CPU-only machine)")
+@pytest.mark.parametrize("E,T,K,quota,fraction", [(40, 1, 4, 40, 8), (128, 1, 8, 128, 12), (40, 3, 4, 2, 16)])
+def test_the_pick_counts_the_prefetched_experts_as_misses(E: int, T: int, K: int, quota: int, fraction: int) -> None:
+    """With the experts the decode prefetch copied counted, the pick takes its fraction of
+    the misses they and the layer's misses were: bitwise the reference, and (a fraction
+    of 8/16) as many experts as the prefetch left it."""
+    from edgemoe.kernels.triton_ops.share_split import share_begin_triton
+
+    g = torch.Generator().manual_seed(E + fraction)
+    resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.arange(E), -1).int()
+    ref, tri = state(E, T * K + 3, resident, quota, fraction=fraction), state(E, T * K + 3, resident, quota,
+                                                                              fraction=fraction)
+    mb_ref, mb_tri = mailbox(T, T * K + 1, H), mailbox(T, T * K + 1, H)
+    for step in range(4):
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).int()
+        prefetched = torch.rand(E, generator=g) < 0.5  # routed or not, resident or not: only routed ones count
+        w = torch.softmax(torch.randn(T, K, generator=g), -1)
+        x = torch.randn(T, H, generator=g).bfloat16()
+        want = share_begin_ref(ids, w, x, ref._replace(prefetched=prefetched), mb_ref)
+        got = share_begin_triton(ids, w, x, tri._replace(prefetched=prefetched), mb_tri)
+        assert torch.equal(got, want) and torch.equal(tri.heat, ref.heat), step
+        assert torch.equal(tri.cpu_col[: T * K], ref.cpu_col[: T * K]) and int(mb_tri.count) == int(mb_ref.count)

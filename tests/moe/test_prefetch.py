@@ -133,6 +133,32 @@ def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.Mon
     assert snap["experts_cpu"] > 0 and snap["prefetch_used"] == snap["prefetched"] > 0
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_an_oracle_with_a_fraction_on_the_cpu_leaves_no_copy_to_the_chain(depth: int,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The share takes a fraction of each layer's misses; the prefetch left it that fraction
+    of the predicted misses and copied the rest. At the layer the share counts the copied
+    ones as the misses they were, so it takes every expert left to it: with an oracle no copy
+    waits for the layer's own plan after the first layer (taking its fraction of what was
+    left instead would leave the rest to copies on the chain)."""
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    kernel = CpuExperts(threads=2)
+    if not kernel.native:
+        pytest.skip("no compiled CPU expert kernel (no C compiler)")
+    bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
+    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, L * E, cpu_fraction=0.5, cpu_kernel=kernel)  # no evictions
+    oracle = KnownRouting()
+    ex.enable_prefetch(oracle, K)
+    for x, ids, w in steps(seed=13, n=8):
+        oracle.step = ids
+        for layer in range(L):
+            ex.forward(layer, x.bfloat16(), ids[layer], w)
+    counts, pf = ex.cache.read_counts(), ex.prefetch.counts.numpy()  # type: ignore[union-attr]
+    assert ex.stats.snapshot()["experts_cpu"] > 0 and (pf[1:, 0] == pf[1:, 1]).all()
+    assert (counts[1:, 1] == pf[1:, 0]).all(), (counts[:, 1], pf[:, 0])  # every copy after the first layer prefetched
+    ex.close()
+
+
 @pytest.mark.parametrize("top", [False, True])
 def test_a_live_quota_drops_picks_only_where_its_share_runs(top: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A live quota at level 0 runs the step without the share (its graphs): the prefetch

@@ -41,15 +41,17 @@ def decode_take(misses: int, quota: int, fraction: int) -> int:
 
 
 def coldest_of(miss: torch.Tensor, heat: torch.Tensor, quota: torch.Tensor | int,
-               fraction: torch.Tensor | int) -> torch.Tensor:
+               fraction: torch.Tensor | int, counted: torch.Tensor | None = None) -> torch.Tensor:
     """[E] bool: the decode pick among `miss` [E] bool — the coldest by `heat` [E] (ties to
-    the higher id), as many as `decode_take` allows. Device work only (capturable)."""
+    the higher id), as many as `decode_take` allows of the misses, or of `counted` [E] bool
+    (the misses and more) where given. Device work only (capturable)."""
     E = miss.numel()
+    counted = miss if counted is None else counted
     key = torch.where(miss, heat * E + torch.arange(E - 1, -1, -1, device=miss.device), NOT_MISSED)
     # A miss's rank: the keys below its own (distinct among misses; the rest sort last). One
     # [E, E] comparison instead of a sort and a scatter on the decode step's chain.
     rank = (key[None, :] < key[:, None]).sum(1)
-    take = torch.minimum(torch.as_tensor(quota), (fraction * miss.sum() + FRACTION_ONE // 2) >> FRACTION_SHIFT)
+    take = torch.minimum(torch.as_tensor(quota), (fraction * counted.sum() + FRACTION_ONE // 2) >> FRACTION_SHIFT)
     return miss & (rank < take)
 
 
@@ -127,7 +129,8 @@ def _routed_misses(ids: torch.Tensor, st: ShareState) -> tuple[torch.Tensor, tor
 def coldest_misses_ref(ids: torch.Tensor, st: ShareState) -> torch.Tensor:
     """[E] bool: the CPU's experts; heats the routed experts (the reference)."""
     routed, miss, _ = _routed_misses(ids, st)
-    on_cpu = coldest_of(miss, st.heat, st.quota, st.fraction)
+    counted = None if st.prefetched is None else miss | ((routed > 0) & st.prefetched)
+    on_cpu = coldest_of(miss, st.heat, st.quota, st.fraction, counted)
     st.heat.sub_(st.heat >> HEAT_SHIFT).add_(routed * st.heat_unit)
     return on_cpu
 

@@ -23,7 +23,10 @@ class ShareState(NamedTuple):
     cells from the mailbox by it — `kernels/cell_sources.py`), `scratch` [E] int32 (the
     fused kernel's), `rates` [4] int64 ns (a CPU expert's fixed cost, each of its tokens; a
     device expert's copy, and its share of the chunk's grouped GEMMs: the prompt rule's
-    balance)."""
+    balance). `prefetched` [E] bool or None: the experts the decode prefetch copied into this
+    layer's slots for this step, counted with the misses by the decode pick's count (they were
+    misses when the prefetch left the pick's share of them to the CPU, `drop_cpu_picks`: the
+    pick takes as many as were left, not its fraction of what the prefetch left)."""
 
     resident: torch.Tensor
     heat: torch.Tensor
@@ -34,6 +37,7 @@ class ShareState(NamedTuple):
     cpu_col: torch.Tensor
     scratch: torch.Tensor
     rates: torch.Tensor
+    prefetched: torch.Tensor | None = None
 
 
 DECODE, PROMPT = 0, 1  # the pick: the quota's coldest misses (decode steps), or the balance (prompt chunks)

@@ -263,14 +263,16 @@ class CpuShare:
         return self._views
 
     def begin(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-              resident: torch.Tensor, rule: int = DECODE, dead: torch.Tensor | None = None) -> torch.Tensor:
+              resident: torch.Tensor, rule: int = DECODE, dead: torch.Tensor | None = None,
+              prefetched: torch.Tensor | None = None) -> torch.Tensor:
         """Split `ids` [T, K] (-1 = not routed; the `dead` rows', [T] bool, too) against
         `resident` (the layer's slot map row [E], -1 = not resident) by `rule`
         (`rule_for`); write the mailbox and start the CPU's pairs. Returns the device's
-        routing (the CPU pairs and dead rows -1)."""
+        routing (the CPU pairs and dead rows -1). `prefetched` ([E] bool or None): the
+        experts the decode prefetch copied for this layer (`ShareState.prefetched`)."""
         mb = self._build(x, ids.shape[1])
         state = ShareState(resident, self.heat[layer], self.quota[layer], self.fraction, self.heat_unit,
-                           self.cpu_counts[layer], self._cpu_col, self._scratch, self.rates)
+                           self.cpu_counts[layer], self._cpu_col, self._scratch, self.rates, prefetched)
         in_launch = self._bell is not None and rings_itself(ids, x)
         self._turn = self._bell.turn(layer) if in_launch else None
         device_ids = share_begin(ids if ids.is_contiguous() else ids.contiguous(),

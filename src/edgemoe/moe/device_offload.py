@@ -304,7 +304,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         else:
             routed = ids = _masked(ids, dead)  # the prefetch counts its hits against the whole routing
             if share is not None:  # the CPU's pairs start now; the device plans and runs the rest
-                ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule)
+                ids = share.begin(layer, x, ids, topk_weights, self.cache.slot_map[layer], rule,
+                                  prefetched=prefetch.loaded(layer))
         pins, num_pinned = (None, 0) if prefetch is None else prefetch.pins(layer, x.shape[0])
         for plan in self.cache.layer_waves(layer, ids, pins, num_pinned, planned_dead):  # one wave when it prefetches
             after_move = None if prefetch is None else partial(prefetch.after_move, layer, x, routed, plan.slot_ids,

@@ -239,6 +239,11 @@ class DecodePrefetch:
             out |= mask
         return out
 
+    def loaded(self, layer: int) -> torch.Tensor | None:
+        """[E] bool: the experts `layer`'s prefetch copied for this step (before its launch
+        counts them), or None where none was started for it."""
+        return self._loaded[self.buffer[layer]] if layer in self._counting else None
+
     def _experts(self, rows: int) -> int:
         """The most distinct experts a layer of `rows` token rows routes (or a prefetch copies)."""
         return min(rows * self.top_k, self.cache.num_experts)

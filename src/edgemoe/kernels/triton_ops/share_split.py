@@ -33,12 +33,12 @@ def _routed_ids(ids_ptr, dead_ptr, n, N, K, HAS_DEAD: tl.constexpr):
 
 
 @triton.jit
-def _coldest_pick(miss, heat, e, E, quota_ptr, fraction_ptr, BIG: tl.constexpr, FSHIFT: tl.constexpr,
+def _coldest_pick(miss, counted, heat, e, E, quota_ptr, fraction_ptr, BIG: tl.constexpr, FSHIFT: tl.constexpr,
                   BLOCK_E: tl.constexpr):
     """[BLOCK_E] int32, 1 for the decode pick among `miss`: the coldest by `heat` (ties to the
-    higher id), one at a time, as many as share_split.decode_take allows."""
+    higher id), one at a time, as many as share_split.decode_take allows of `counted`'s number."""
     key = tl.where(miss, heat * E + (E - 1 - e), BIG)  # distinct for misses
-    misses = tl.sum(miss.to(tl.int64), axis=0)
+    misses = tl.sum(counted.to(tl.int64), axis=0)
     take = tl.minimum(tl.load(quota_ptr), (tl.load(fraction_ptr) * misses + (1 << (FSHIFT - 1))) >> FSHIFT)
     on_cpu = tl.zeros([BLOCK_E], tl.int32)
     for _ in range(0, take):
@@ -62,7 +62,7 @@ def _drop_picks(ids_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, out_pt
     idn = tl.load(ids_ptr + n, mask=ok_n, other=-1).to(tl.int32)
     routed = tl.histogram(idn, BLOCK_E, mask=idn >= 0)
     miss = (routed > 0) & (tl.load(resident_ptr + e, mask=ok_e, other=0) < 0) & ok_e
-    on_cpu = _coldest_pick(miss, tl.load(heat_ptr + e, mask=ok_e, other=0), e, E, quota_ptr, fraction_ptr,
+    on_cpu = _coldest_pick(miss, miss, tl.load(heat_ptr + e, mask=ok_e, other=0), e, E, quota_ptr, fraction_ptr,
                            BIG, FSHIFT, BLOCK_E)
     tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
     tl.debug_barrier()  # every thread's stores before any reads them back by expert
@@ -87,11 +87,11 @@ def drop_picks_triton(ids: torch.Tensor, resident: torch.Tensor, heat: torch.Ten
 @triton.jit
 def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fraction_ptr, unit_ptr, count_ptr,
                  rates_ptr, out_ids_ptr, pairs_ptr, mb_w_ptr, mb_count_ptr, mb_x_ptr, col_ptr, scratch_ptr,
-                 dead_ptr, ring_ptr, done_ptr, ring_value, N, K, T, H, E, cap, stride_x, stride_mbx,
+                 dead_ptr, ring_ptr, done_ptr, prefetched_ptr, ring_value, N, K, T, H, E, cap, stride_x, stride_mbx,
                  BIG: tl.constexpr, SHIFT: tl.constexpr, FSHIFT: tl.constexpr, RULE: tl.constexpr,
                  CHUNK_N: tl.constexpr, BLOCK_E: tl.constexpr, HIST: tl.constexpr, BLOCK_H: tl.constexpr,
-                 COPY_X: tl.constexpr, HAS_DEAD: tl.constexpr, RING: tl.constexpr, INTERP: tl.constexpr,
-                 USE_PDL: tl.constexpr):
+                 COPY_X: tl.constexpr, HAS_DEAD: tl.constexpr, RING: tl.constexpr, HAS_PREFETCHED: tl.constexpr,
+                 INTERP: tl.constexpr, USE_PDL: tl.constexpr):
     e = tl.arange(0, BLOCK_E)
     ok_e = e < E
     pdl_start(USE_PDL)
@@ -107,7 +107,10 @@ def _share_begin(ids_ptr, w_ptr, x_ptr, resident_ptr, heat_ptr, quota_ptr, fract
     on_cpu = tl.zeros([BLOCK_E], tl.int32)
     if RULE == 0:  # decode: the coldest misses (share_split.decode_take's count); then heat
         heat = tl.load(heat_ptr + e, mask=ok_e, other=0)
-        on_cpu = _coldest_pick(miss, heat, e, E, quota_ptr, fraction_ptr, BIG, FSHIFT, BLOCK_E)
+        counted = miss
+        if HAS_PREFETCHED:  # the prefetch's copies were misses when it left the pick's share to the CPU
+            counted = miss | ((routed > 0) & (tl.load(prefetched_ptr + e, mask=ok_e, other=0) != 0))
+        on_cpu = _coldest_pick(miss, counted, heat, e, E, quota_ptr, fraction_ptr, BIG, FSHIFT, BLOCK_E)
         tl.store(heat_ptr + e, heat - (heat >> SHIFT) + routed * tl.load(unit_ptr), mask=ok_e)
         ncpu = tl.sum(on_cpu, axis=0)
         tl.store(scratch_ptr + e, on_cpu, mask=ok_e)
@@ -183,12 +186,14 @@ def share_begin_triton(ids: torch.Tensor, weights: torch.Tensor, x: torch.Tensor
         ids, weights, x, st.resident, st.heat, st.quota, st.fraction, st.heat_unit, st.cpu_count, st.rates, out,
         mb.pairs, mb.weights, mb.count, mb.x, st.cpu_col, st.scratch, dead if dead is not None else st.scratch,
         turn.ring if turn is not None else st.scratch, turn.done if turn is not None else st.scratch,
+        st.prefetched if st.prefetched is not None else st.scratch,
         turn.value if turn is not None else 0, N, K, T, H, E, mb.cap, x.stride(0), mb.x.stride(0),
         BIG=NOT_MISSED, SHIFT=HEAT_SHIFT, FSHIFT=FRACTION_SHIFT, RULE=rule,
         CHUNK_N=min(CHUNK_N, triton.next_power_of_2(N)),
         BLOCK_E=triton.next_power_of_2(E), HIST=min(HIST, triton.next_power_of_2(N)),
         BLOCK_H=min(BLOCK_H, triton.next_power_of_2(H)),
-        COPY_X=copy_x, HAS_DEAD=dead is not None, RING=turn is not None, INTERP=interpreting(ids),
+        COPY_X=copy_x, HAS_DEAD=dead is not None, RING=turn is not None, HAS_PREFETCHED=st.prefetched is not None,
+        INTERP=interpreting(ids),
         USE_PDL=pdl, launch_pdl=pdl,
     )
     if not copy_x:
