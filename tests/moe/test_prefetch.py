@@ -109,25 +109,36 @@ def test_drop_cpu_picks_leaves_the_quota_coldest_misses() -> None:
             assert torch.equal(drop_cpu_picks(ids, resident, heat, quota), want)  # the default: the quota alone
 
 
-@pytest.mark.parametrize("depth", [1, 2, 3])
-def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+def native_kernel() -> CpuExperts:
     kernel = CpuExperts(threads=2)
     if not kernel.native:
         pytest.skip("no compiled CPU expert kernel (no C compiler)")
-    bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
-    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 6 * (depth + 1), cpu_experts_per_layer=1, cpu_kernel=kernel)
-    resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
-    oracle = KnownRouting()
-    ex.enable_prefetch(oracle, K)
-    assert isinstance(ex.prefetch, DecodePrefetch)
-    for x, ids, w in steps(seed=7, n=8):
+    return kernel
+
+
+def matches_resident_with_a_share(ex: DeviceOffloadExecutor, store: BankStore, oracle: KnownRouting,
+                                  seed: int) -> None:
+    """bf16 steps through `ex` (the oracle told each step's routing) against the resident executor's."""
+    resident = make_executor("resident", store, CPU, F.silu, L, 0)
+    for x, ids, w in steps(seed=seed, n=8):
         oracle.step = ids
         x = x.bfloat16()
         for layer in range(L):
             got, want = ex.forward(layer, x, ids[layer], w).float(), resident.forward(layer, x, ids[layer], w).float()
             # The CPU's cells sum in the C kernel's order: the bf16 outputs may differ by one rounding step.
             torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_prefetch_leaves_the_share_its_quota(depth: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    kernel = native_kernel()
+    bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
+    ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 6 * (depth + 1), cpu_experts_per_layer=1, cpu_kernel=kernel)
+    oracle = KnownRouting()
+    ex.enable_prefetch(oracle, K)
+    assert isinstance(ex.prefetch, DecodePrefetch)
+    matches_resident_with_a_share(ex, bf16, oracle, seed=7)
     snap = ex.stats.snapshot()
     # With an oracle every GPU miss after the first layer was prefetched; the CPU kept its quota.
     assert snap["experts_cpu"] > 0 and snap["prefetch_used"] == snap["prefetched"] > 0
@@ -142,9 +153,7 @@ def test_an_oracle_with_a_fraction_on_the_cpu_leaves_no_copy_to_the_chain(depth:
     waits for the layer's own plan after the first layer (taking its fraction of what was
     left instead would leave the rest to copies on the chain)."""
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
-    kernel = CpuExperts(threads=2)
-    if not kernel.native:
-        pytest.skip("no compiled CPU expert kernel (no C compiler)")
+    kernel = native_kernel()
     bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
     ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, L * E, cpu_fraction=0.5, cpu_kernel=kernel)  # no evictions
     oracle = KnownRouting()
@@ -166,25 +175,16 @@ def test_a_live_quota_drops_picks_only_where_its_share_runs(top: bool, monkeypat
     on the chain for a pick nobody takes); at a level > 0 it leaves the share its picks."""
     import edgemoe.moe.prefetch as prefetch
 
-    kernel = CpuExperts(threads=2)
-    if not kernel.native:
-        pytest.skip("no compiled CPU expert kernel (no C compiler)")
+    kernel = native_kernel()
     calls = []
     monkeypatch.setattr(prefetch, "drop_cpu_picks", lambda ids, *a: calls.append(1) or drop_cpu_picks(ids, *a))
     bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
     ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_kernel=kernel, live_quota="auto", top_k=K)
-    resident = make_executor("resident", bf16, CPU, F.silu, L, 0)
     level = ex.controller.max_level if top else 0  # type: ignore[union-attr]  # the top: every miss to the CPU
     ex._apply_level(level)
     oracle = KnownRouting()
     ex.enable_prefetch(oracle, K)
-    for x, ids, w in steps(seed=11, n=8):
-        oracle.step = ids
-        x = x.bfloat16()
-        for layer in range(L):
-            got, want = ex.forward(layer, x, ids[layer], w).float(), resident.forward(layer, x, ids[layer], w).float()
-            # The CPU's cells sum in the C kernel's order: the bf16 outputs may differ by one rounding step.
-            torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7 * float(want.abs().max()))
+    matches_resident_with_a_share(ex, bf16, oracle, seed=11)
     snap = ex.stats.snapshot()
     assert (len(calls) > 0) == (level > 0) and (snap["experts_cpu"] > 0) == (level > 0)
     ex.close()
