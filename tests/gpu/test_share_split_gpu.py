@@ -105,7 +105,8 @@ def test_the_pick_with_prefetched_experts_matches_the_reference(E: int, K: int, 
 
     g = torch.Generator().manual_seed(E + K)
     resident = torch.where(torch.rand(E, generator=g) < 0.3, torch.arange(E), -1).int()
-    ref, dev = state(E, K + 3, resident, E, fraction=fraction), state(E, K + 3, resident, E, device="cuda", fraction=fraction)
+    ref = state(E, K + 3, resident, E, fraction=fraction)
+    dev = state(E, K + 3, resident, E, device="cuda", fraction=fraction)
     mb_ref, mb_dev = mailbox(1, K + 1, H), mailbox(1, K + 1, H, "cuda")
     for step in range(4):
         ids = skewed_ids(E, 1, K, g)

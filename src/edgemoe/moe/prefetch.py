@@ -12,9 +12,11 @@ layer plans in one wave with the in-flight slots pinned: `covers`):
   expert's slot is being written and may not be handed to a miss;
 - after l's own misses are issued, `launch(l, ...)` on the stream: the predictor's ids for
   the next MoE layer, minus the misses the CPU share will take there when it runs in this
-  step (its quota's coldest by heat, the share's own rule), planned `ahead` (`DeviceSlotCache.plan_wave`: the same
-  decisions and updates, hits not counted, the layer's cycle not advanced) with l's slots
-  pinned; the miss list goes to a static buffer, and the side stream, forked there, gathers it;
+  step (its quota's coldest by heat, the share's own rule; at that layer the share counts
+  the prefetch's copies as the misses they were, `CpuShare.begin`'s `prefetched`), planned
+  `ahead` (`DeviceSlotCache.plan_wave`: the same decisions and updates, hits not counted,
+  the layer's cycle not advanced) with l's slots pinned; the miss list goes to a static
+  buffer, and the side stream, forked there, gathers it;
 - `join(l)`: the stream waits for the copies of l's own prefetch (launched one layer
   earlier) — just before l computes, not before it plans.
 Everything that touches the cache's state runs on the stream, in order; the side stream
