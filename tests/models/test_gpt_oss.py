@@ -174,6 +174,14 @@ def test_configs_it_cannot_run_are_refused_by_name(overrides: dict[str, object],
         model_arch(config)
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu_new"])
+def test_hidden_act_is_not_read_as_transformers_does_not(act: str) -> None:
+    """gpt-oss's experts are its clamped SwiGLU whatever `hidden_act` says: transformers'
+    modelling never reads the field, so a checkpoint naming another loads as the default."""
+    base = transformers.GptOssConfig(**TINY).to_dict()
+    assert model_arch({**base, "hidden_act": act}) == model_arch(base)
+
+
 def test_the_published_shapes() -> None:
     """The presets' arch: 20b and 120b as published (windows alternate from the first layer)."""
     from edgemoe.models.presets import parse_random

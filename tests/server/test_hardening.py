@@ -315,6 +315,35 @@ def test_invalid_unicode_is_400_everywhere_and_the_connection_lives_on(scripted:
     wait_idle(scripted)
 
 
+def _call_with_arguments(arguments: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "a", "type": "function",
+                                                  "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "x"}]
+
+
+@pytest.mark.parametrize("arguments", ['{"a": "\\ud800"}', '{"\\udc00x": 1}', '{"a": ["ok", {"b": "\\udfff"}]}'])
+def test_a_surrogate_inside_tool_call_arguments_is_400_on_every_route(scripted: ServerHarness, arguments: str) -> None:
+    """The body holds `\\ud800` as text inside the arguments string, which is valid JSON and
+    valid Unicode; decoding the arguments' own JSON makes the lone surrogate (was a 500)."""
+    messages = _call_with_arguments(arguments)
+    item = {"type": "function_call", "call_id": "c", "name": "f", "arguments": arguments}
+    requests = [("/v1/chat/completions", chat(messages=messages)),
+                ("/v1/chat/completions", chat(messages=messages, stream=True)),
+                ("/v1/tokenize", {"model": "m", "messages": messages}),
+                ("/v1/responses", {"model": "m", "input": [{"role": "user", "content": "hi"}, item,
+                                                           {"type": "function_call_output", "call_id": "c",
+                                                            "output": "x"}]})]
+    with httpx.Client(base_url=scripted.base_url, timeout=30) as client:
+        for path, body in requests:
+            r = client.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            assert "invalid Unicode" in error_of(r)[0], (path, r.text)
+        assert client.post("/v1/chat/completions", json=chat(messages=_call_with_arguments('{"a": "\\u00e9"}'))
+                           ).status_code == 200  # an escaped character that is one decodes as before
+    wait_idle(scripted)
+
+
 def test_an_unexpected_failure_is_a_clean_500_and_the_connection_lives_on(
     scripted: ServerHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

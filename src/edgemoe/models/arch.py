@@ -230,12 +230,14 @@ def shared_kv(arch: ModelArch) -> bool:
 
 def common_fields(
     c: HFConfig, *, eps: float, max_pos: int, head_dim: int | None = None, kv_heads: int | None = None,
+    hidden_act: str | None = None,
 ) -> dict[str, Any]:
     """The DecoderArch fields every Llama-style MoE config spells the same way (through
     its aliases), each checked for its type and range; `eps`, `max_pos` and `kv_heads` are
     the family's defaults when a field is absent (NOTE: kv_heads as the config class's
     default, e.g. Qwen3-MoE's 4; None: one per query head, as OLMoE's class), `head_dim`
-    the family's own rule where it has one."""
+    the family's own rule where it has one, `hidden_act` the family's fixed activation where
+    its modelling never reads the field (gpt-oss: whatever `hidden_act` says)."""
     heads, hidden = c.integer("num_attention_heads"), c.integer("hidden_size")
     kv_heads = c.integer("num_key_value_heads", kv_heads or heads)
     if heads % kv_heads:
@@ -243,7 +245,7 @@ def common_fields(
     head_dim = head_dim or c.integer("head_dim", hidden // heads)
     native_len = c.integer("max_position_embeddings", max_pos)
     rope = rope_spec(c, head_dim, native_len)
-    act = c.get("hidden_act", "silu")
+    act = c.get("hidden_act", "silu") if hidden_act is None else hidden_act
     if not isinstance(act, str) or act not in ACTIVATIONS:
         raise ConfigError(f"hidden_act={act!r} is not supported ({', '.join(ACTIVATIONS)})")
     return dict(

@@ -25,6 +25,7 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
 
+from edgemoe.server.json_body import find_surrogate
 from edgemoe.server.template_sandbox import BoundedSandbox, RenderBudget, RenderLimits
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         msg = {key: value for key, value in message.items() if value is not None}
         msg["content"] = _content_text(message.get("content"), index)
         if isinstance(msg.get("tool_calls"), list):
-            msg["tool_calls"] = [_normalize_tool_call(call) for call in msg["tool_calls"]]
+            msg["tool_calls"] = [_normalize_tool_call(call, f"messages[{index}].tool_calls[{i}]")
+                                 for i, call in enumerate(msg["tool_calls"])]
         out.append(_alias_reasoning(msg))
     return out
 
@@ -113,7 +115,11 @@ def _content_text(content: object, index: int) -> str:
     return "\n".join(texts)
 
 
-def _normalize_tool_call(call: object) -> object:
+def _normalize_tool_call(call: object, where: str) -> object:
+    """`where`'s call with its JSON-object `arguments` string as a dict (`normalize_messages`).
+    A lone surrogate the JSON's escapes decode to is refused: the request body held it as
+    plain text (`\\ud800` inside a string), which the body's own check can't see, and no
+    tokenizer encodes it."""
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         return call
     function = dict(call["function"])
@@ -128,6 +134,10 @@ def _normalize_tool_call(call: object) -> object:
             # integer of more digits than int() converts (both client text): stays a string.
             parsed = None
         if isinstance(parsed, dict):
+            if (found := find_surrogate(parsed)) is not None:
+                path = found[0].encode("utf-8", "backslashreplace").decode("utf-8")  # a key may hold it
+                raise ChatInputError(f"{where}.function.arguments holds invalid Unicode: its JSON decodes to a "
+                                     f"lone surrogate (U+{ord(found[1]):04X}) at {path}")
             function["arguments"] = ToolArguments(parsed, arguments)
     return {**call, "function": function}
 
