@@ -45,6 +45,42 @@ def test_decode_never_stalls_behind_a_long_prompt() -> None:
         assert sum(s.length for s in seqs if s.request.request_id != "short") <= 16
 
 
+def test_a_short_request_behind_a_long_prompt_starts_at_the_next_step() -> None:
+    """While a long prompt is prefilled, a request that arrives is admitted with half of the
+    step's prompt budget: its short prompt is done in that step and it decodes from the next,
+    while the long prompt keeps the other half (and the whole budget once nothing waits)."""
+    sched = Scheduler(SchedulerConfig(max_running_requests=8, max_prefill_tokens=16), pool(512))
+    rng = random.Random(0)
+    long = Request("long", list(range(200)), SamplingParams())
+    sched.add(long)
+    assert run_step(sched, rng)[1] == 16  # alone: the whole budget
+    short = Request("short", [1, 2, 3, 4, 5], SamplingParams())
+    sched.add(short)
+    seqs, prefill = run_step(sched, rng)
+    by_id = {s.request.request_id: s for s in seqs}
+    assert by_id["short"].length == 5 and by_id["long"].length == 11 and prefill == 16  # 8 + the 3 short left
+    seqs, prefill = run_step(sched, rng)
+    by_id = {s.request.request_id: s for s in seqs}
+    assert by_id["short"].length == 1 and by_id["long"].length == 16  # short decodes; nothing waits
+
+
+def test_the_share_no_admission_takes_goes_back_to_the_running_prompt() -> None:
+    """A waiting request that cannot be admitted (the running limit) leaves the running
+    prompt the whole budget; one that can't get pages leaves it what the admission didn't use."""
+    sched = Scheduler(SchedulerConfig(max_running_requests=1, max_prefill_tokens=16), pool(512))
+    rng = random.Random(0)
+    sched.add(Request("long", list(range(200)), SamplingParams()))
+    run_step(sched, rng)
+    sched.add(Request("later", [1, 2, 3], SamplingParams()))
+    assert run_step(sched, rng)[1] == 16  # the running limit: no admission, no share held
+    tight = Scheduler(SchedulerConfig(max_running_requests=8, max_prefill_tokens=16), pool(2, page_size=16))
+    tight.add(Request("long", list(range(40)), SamplingParams()))
+    run_step(tight, rng)  # one page
+    tight.add(Request("big", list(range(30)), SamplingParams()))  # no page left for it once long holds two
+    seqs, prefill = run_step(tight, rng)
+    assert [s.request.request_id for s in seqs] == ["long"] and prefill == 16 and not tight.waiting[0].pages
+
+
 def test_random_workload_respects_limits_and_returns_every_page() -> None:
     rng = random.Random(1)
     kv = pool(40)

@@ -2,8 +2,12 @@
 
 Each step: every decoding request gets its one token first (decode never stalls behind
 a long prompt), then prompt chunks fill up to `max_prefill_tokens`, first for requests
-already running, then for newly admitted ones. A prompt longer than the budget is
-prefilled over several steps.
+already running, then for newly admitted ones. While requests wait and a running prompt
+is being prefilled, the running prompts leave half of that budget (`ADMIT_SHARE`) to
+admissions, so a short request that arrives behind a long prompt starts at the next step
+instead of after the whole long prefill; what the admissions could not use (no pages)
+goes back to the running prompts' chunks in the same step. A prompt longer than the
+budget is prefilled over several steps.
 
 With a prefix cache, an admitted request starts from the longest cached prefix of its
 tokens (pages shared, locked while in use) and a released request offers its computed
@@ -39,6 +43,13 @@ from edgemoe.cache.page_table import PageTable
 from edgemoe.cache.prefix_cache import NoPrefixCache, PrefixCache
 from edgemoe.config import SchedulerConfig
 from edgemoe.engine.request import Request, Status
+
+
+# The share of a step's prompt budget the running prompts leave to admissions while
+# requests wait: half lets a short request's prompt through in the next step and costs a
+# long prefill at most half its pace while others arrive (vLLM's scheduler caps long
+# prefills' chunks for the same reason).
+ADMIT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -129,24 +140,48 @@ class Scheduler:
     def _try_schedule(self) -> StepPlan:
         preempted: list[Request] = []
         out_of_kv: list[Request] = []
-        seqs = self._schedule_decodes(preempted, out_of_kv)
+        decodes = self._schedule_decodes(preempted, out_of_kv)
         budget = self.config.max_prefill_tokens
-        for req in [r for r in self.running if r.num_remaining > 1]:
-            seq = self._chunk(req, budget)
+        prefilling = [r for r in self.running if r.num_remaining > 1]
+        room = self.waiting and len(self.running) < self.config.max_running_requests
+        held = int(budget * ADMIT_SHARE) if prefilling and room else 0  # the waiting's share
+        chunks: list[ScheduledSeq] = []
+        for req in prefilling:  # the running prompts first: their pages before a newcomer's
+            seq = self._chunk(req, budget - held)
             if seq is None:
                 break
-            seqs.append(seq)
+            chunks.append(seq)
             budget -= seq.length
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
-            seq = self._admit(self.waiting[0], budget)
+        admitted: list[ScheduledSeq] = []
+        budget -= self._admit_waiting(admitted, budget)
+        if held and budget > 0:  # what the waiting could not take goes back to the running prompts
+            self._lengthen(chunks, budget)
+        return StepPlan(tuple(decodes + chunks + admitted), tuple(preempted), tuple(out_of_kv))
+
+    def _admit_waiting(self, seqs: list[ScheduledSeq], budget: int) -> int:
+        """Admit waiting requests in arrival order, their first chunks within `budget`
+        (appended to `seqs`), while pages and the running limit allow. Returns the tokens used."""
+        used = 0
+        while self.waiting and used < budget and len(self.running) < self.config.max_running_requests:
+            seq = self._admit(self.waiting[0], budget - used)
             if seq is None:
                 break
             req = self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
             seqs.append(seq)
-            budget -= seq.length
-        return StepPlan(tuple(seqs), tuple(preempted), tuple(out_of_kv))
+            used += seq.length
+        return used
+
+    def _lengthen(self, chunks: list[ScheduledSeq], budget: int) -> None:
+        """Grow `chunks` (in place, in order) by up to `budget` tokens where pages allow."""
+        for i, seq in enumerate(chunks):
+            if budget <= 0:
+                break
+            longer = self._chunk(seq.request, seq.length + budget)
+            if longer is not None and longer.length > seq.length:
+                budget -= longer.length - seq.length
+                chunks[i] = longer
 
     def _schedule_decodes(self, preempted: list[Request], out_of_kv: list[Request]) -> list[ScheduledSeq]:
         seqs: list[ScheduledSeq] = []
