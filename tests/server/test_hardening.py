@@ -380,6 +380,30 @@ def test_error_messages_are_written_for_the_client(scripted: ServerHarness, body
     assert (r.json()["error"]["param"], r.json()["error"]["message"]) == expected
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", chat(max_tokens="4"), "max_tokens"),
+    ("/v1/chat/completions", chat(max_tokens=True), "max_tokens"),
+    ("/v1/chat/completions", chat(max_tokens=4.0), "max_tokens"),
+    ("/v1/chat/completions", chat(seed="1"), "seed"),
+    ("/v1/chat/completions", chat(stream="yes"), "stream"),
+    ("/v1/chat/completions", chat(logprobs="yes"), "logprobs"),
+    ("/v1/chat/completions", chat(temperature="0.5"), "temperature"),
+    ("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": "4"}, "max_tokens"),
+    ("/v1/responses", {"model": "m", "input": "x", "max_output_tokens": "4"}, "max_output_tokens"),
+    ("/v1/messages", {"model": "m", "max_tokens": "4", "messages": [{"role": "user", "content": "x"}]}, None),
+])
+def test_values_of_the_wrong_json_type_are_400_not_coerced(scripted: ServerHarness, path: str,
+                                                           body: dict[str, Any], param: str | None) -> None:
+    """A string, a boolean or a float where the API takes an integer (or a string where it takes a
+    number or a boolean) is refused as the OpenAI and Anthropic APIs refuse it, never read as
+    the value it might mean; an integer where a number goes stays fine (below)."""
+    r = post(scripted, path, body)
+    assert r.status_code == 400, r.text
+    if param is not None:
+        assert r.json()["error"]["param"] == param
+    assert post(scripted, "/v1/chat/completions", chat(temperature=1, top_p=1, max_tokens=2)).status_code == 200
+
+
 # --------------------------------------------------------------------------- logging
 
 

@@ -87,7 +87,7 @@ def parse_body(model: type[BaseModel], body: bytes) -> BaseModel:
     try:
         if isinstance(data, dict):
             _validate_long_lists(model, data)
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)  # JSON types as sent: "4" is not a number, true not 1
     except ValidationError as exc:
         raise _request_error(exc.errors(include_url=False)) from None
 
@@ -115,7 +115,7 @@ def _validate_long_lists(model: type[BaseModel], data: dict[str, Any]) -> None:
         validated = []
         for i, item in enumerate(items):
             try:
-                validated.append(item_model.model_validate(item))
+                validated.append(item_model.model_validate(item, strict=True))
             except ValidationError as exc:
                 raise _request_error(exc.errors(include_url=False), key, i) from None
         data[key] = validated
