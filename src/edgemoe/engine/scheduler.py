@@ -143,7 +143,7 @@ class Scheduler:
         decodes = self._schedule_decodes(preempted, out_of_kv)
         budget = self.config.max_prefill_tokens
         prefilling = [r for r in self.running if r.num_remaining > 1]
-        room = self.waiting and len(self.running) < self.config.max_running_requests
+        room = bool(self.waiting) and len(self.running) < self.config.max_running_requests
         held = int(budget * ADMIT_SHARE) if prefilling and room else 0  # the waiting's share
         chunks: list[ScheduledSeq] = []
         for req in prefilling:  # the running prompts first: their pages before a newcomer's

@@ -25,7 +25,7 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
 
-from edgemoe.server.json_body import find_surrogate
+from edgemoe.server.json_body import InvalidUnicode, find_surrogate
 from edgemoe.server.template_sandbox import BoundedSandbox, RenderBudget, RenderLimits
 
 if TYPE_CHECKING:
@@ -135,9 +135,9 @@ def _normalize_tool_call(call: object, where: str) -> object:
             parsed = None
         if isinstance(parsed, dict):
             if (found := find_surrogate(parsed)) is not None:
-                path = found[0].encode("utf-8", "backslashreplace").decode("utf-8")  # a key may hold it
+                bad = InvalidUnicode(*found)  # its path escaped: a key may hold the surrogate
                 raise ChatInputError(f"{where}.function.arguments holds invalid Unicode: its JSON decodes to a "
-                                     f"lone surrogate (U+{ord(found[1]):04X}) at {path}")
+                                     f"lone surrogate (U+{ord(bad.char):04X}) at {bad.path}")
             function["arguments"] = ToolArguments(parsed, arguments)
     return {**call, "function": function}
 
