@@ -14,9 +14,9 @@ from edgemoe import LLM, SamplingParams
 from edgemoe.config import EngineConfig
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.kernels.share_split import decode_take
+from edgemoe.kernels.share_split import decode_take, drop_cpu_picks
 from edgemoe.kernels.share_state import FRACTION_ONE
-from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor, drop_cpu_picks
+from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
 from edgemoe.testing.moe_material import KnownRouting, random_bank_store
@@ -173,11 +173,11 @@ def test_a_live_quota_drops_picks_only_where_its_share_runs(top: bool, monkeypat
     """A live quota at level 0 runs the step without the share (its graphs): the prefetch
     then leaves every predicted miss to the link and asks the share nothing (no launches
     on the chain for a pick nobody takes); at a level > 0 it leaves the share its picks."""
-    import edgemoe.moe.prefetch as prefetch
+    import edgemoe.moe.cpu_share as cpu_share
 
     kernel = native_kernel()
     calls = []
-    monkeypatch.setattr(prefetch, "drop_cpu_picks", lambda ids, *a: calls.append(1) or drop_cpu_picks(ids, *a))
+    monkeypatch.setattr(cpu_share, "drop_cpu_picks", lambda ids, *a: calls.append(1) or drop_cpu_picks(ids, *a))
     bf16 = random_bank_store(L, E, H, I, torch.bfloat16)
     ex = DeviceOffloadExecutor(bf16, CPU, F.silu, L, 12, cpu_kernel=kernel, live_quota="auto", top_k=K)
     level = ex.controller.max_level if top else 0  # type: ignore[union-attr]  # the top: every miss to the CPU

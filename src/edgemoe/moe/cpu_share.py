@@ -53,7 +53,7 @@ from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.moe_reference import Activation
-from edgemoe.kernels.share_split import rings_itself, share_begin
+from edgemoe.kernels.share_split import drop_cpu_picks, rings_itself, share_begin
 from edgemoe.kernels.share_state import DECODE, FRACTION_ONE, PROMPT, ShareState
 from edgemoe.moe import share_prior
 from edgemoe.moe.controller import FLOOR_S, NOISE, LinearCost
@@ -281,6 +281,12 @@ class CpuShare:
         if self._turn is None:
             self._launch(layer)
         return device_ids
+
+    def drop_picks(self, layer: int, ids: torch.Tensor, resident: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+        """`ids` [T, K] without the pairs of the misses (against `resident`, the layer's slot
+        map row) that `layer`'s decode pick would give the CPU now, the heat untouched: the
+        decode prefetch leaves them to it. `scratch`: [E] int32, the caller's (overwritten)."""
+        return drop_cpu_picks(ids, resident, self.heat[layer], self.quota[layer], self.fraction, scratch)
 
     def expect_rings(self, expected: bool) -> None:
         """Whether the coming steps may ring the bell (a live quota's level 0 runs graphs

@@ -57,7 +57,6 @@ import torch
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
 from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
 from edgemoe.kernels.gather_grid import BLOCK_INTO, GatherGrid
-from edgemoe.kernels.share_split import drop_cpu_picks
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
@@ -275,8 +274,7 @@ class DecodePrefetch:
         `pinned` slots kept, the misses marked and copied on the side stream."""
         ids = self.predictor(layer, x, self._like[: x.shape[0]])
         if share is not None:
-            ids = drop_cpu_picks(ids, self.cache.slot_map[layer], share.heat[layer], share.quota[layer], share.fraction,
-                                 self._scratch)
+            ids = share.drop_picks(layer, ids, self.cache.slot_map[layer], self._scratch)
         plan = self.cache.plan_wave(layer, ids, pinned, ahead=True)
         b = self.buffer[layer]
         misses = self._misses[b, :, : plan.misses.shape[1]]  # NOTE: static: the side stream reads it later
