@@ -1,6 +1,7 @@
 """Decode prefetch (moe/prefetch.py) on the GPU: the next layer's plan on the stream, its
-copies on a side stream, joined by an event just before that layer computes (its own plan
-pins the slots still being filled).
+copies on a side stream (the gather), or on the copy engine through the copier's thread
+(`EDGEMOE_PREFETCH_MOVER=copy`), awaited just before that layer computes (its own plan pins
+the slots still being filled). Every test runs with both movers.
 
 - executor level (eager): decode-sized steps give bitwise the resident executor's outputs
   with an oracle predictor and with a wrong one (a random router), and every mapped slot
@@ -26,12 +27,14 @@ CUDA = torch.device("cuda")
 L, E, K, H, I = 6, 16, 4, 1024, 512
 
 
+@pytest.mark.parametrize("mover", ["gather", "copy"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("predictor", ["oracle", "router"])
 @pytest.mark.parametrize("roomy", [False, True])  # one-token steps prefetch; every step (up to 4 rows) does
-def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int,
+def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int, mover: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", mover)
     slots = (depth + 1) * K * (4 if roomy else 1) + 2  # `covers`: depth + 1 layers' worth
     store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
     ex = make_executor("offload", store, CUDA, F.silu, L, slots, expert_cache="device")
@@ -57,16 +60,21 @@ def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int
                 if slot >= 0:
                     assert torch.equal(ex.slots.gate_up[slot].cpu(), store.banks[layer].gate_up[e]), (step, layer, e)
     snap = ex.stats.snapshot()
-    assert snap["prefetched"] > 0
+    ex.close()
+    assert snap["prefetched"] > 0 and snap["prefetch_mover"] == mover
+    if mover == "copy":
+        assert snap["copier_errors"] == 0 and snap["copier_copies"] >= 2 * snap["prefetched"]  # two parts each
     if predictor == "oracle":
         assert snap["prefetch_used"] == snap["prefetched"]
 
 
+@pytest.mark.parametrize("mover", ["gather", "copy"])
 @pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("routing", ["router", "synthetic:seed=3"])
-def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str, depth: int,  # noqa: ANN001
+def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str, depth: int, mover: str,  # noqa: ANN001
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", mover)
     prompts = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]
     # A padded batch of 4 routes up to 16 experts a layer; a step prefetches when the pool
     # holds depth + 1 layers' worth (its own, and those of the layers ahead in flight). At
@@ -83,7 +91,7 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
             out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
             moe = llm.stats()["moe"]
     assert out["on"] == out["off"]
-    assert moe["prefetched"] > 0 and moe["prefetch_depth"] == depth
+    assert moe["prefetched"] > 0 and moe["prefetch_depth"] == depth and moe["prefetch_mover"] == mover
     if routing != "router":
         assert moe["prefetch"] == "synthetic oracle" and moe["prefetch_used"] == moe["prefetched"]
 

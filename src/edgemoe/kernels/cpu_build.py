@@ -24,7 +24,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ABI_VERSION = 8  # NOTE: must equal EM_ABI_VERSION in expert.c
+ABI_VERSION = 9  # NOTE: must equal EM_ABI_VERSION in expert.c
 SOURCE_DIR = Path(__file__).parent / "cpu"
 CACHE_ENV = "EDGEMOE_CACHE_DIR"
 
@@ -136,6 +136,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
     lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
     lib.em_bell_quiet.restype, lib.em_bell_quiet.argtypes = None, [p, i32]
+    lib.em_copier_start.restype, lib.em_copier_start.argtypes = p, [p, p, p, p, p] + [i64] * 11
+    lib.em_copier_stats.restype, lib.em_copier_stats.argtypes = None, [p, ctypes.POINTER(i64)]
+    lib.em_copier_busy.restype, lib.em_copier_busy.argtypes = i32, [p]
+    lib.em_copier_stop.restype, lib.em_copier_stop.argtypes = None, [p]
     if hasattr(lib, "em_test_stall"):  # EM_TEST_STALL=1 builds only (em_stall.h)
         lib.em_test_stall.restype, lib.em_test_stall.argtypes = None, [i32, i32]
         lib.em_test_holding.restype, lib.em_test_holding.argtypes = i32, []

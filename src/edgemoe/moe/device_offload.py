@@ -46,6 +46,7 @@ from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
+from edgemoe.moe.side_copies import engine_copies
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
 from edgemoe.moe.slot_lending import make_lending
@@ -155,7 +156,9 @@ class DeviceOffloadExecutor(CellsExecutor):
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
                              f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
-        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k)
+        self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
+                                       engine=lambda buffers, width: engine_copies(self.store, self.slots, buffers,
+                                                                                   width, self.device))
         self.stats.sources.append(self.prefetch.snapshot)
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
@@ -365,6 +368,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.cache.clear()
 
     def close(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.close()
         if self.cpu_share is not None:
             self.cpu_share.close()
         if self._own_kernel is not None:

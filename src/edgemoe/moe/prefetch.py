@@ -50,6 +50,7 @@ misses left to the step) and precision = used / prefetched.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import torch
@@ -61,6 +62,7 @@ from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
+from edgemoe.moe.side_copies import InlineCopies, SideCopies, SideGather, side_mover
 
 
 # The side stream's gather grid. The decode step's default (4 programs a multiprocessor,
@@ -189,7 +191,8 @@ class DecodePrefetch:
     ahead the copies start. One thread; `reset()` after a failed step."""
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
-                 top_k: int, depth: int | None = None) -> None:
+                 top_k: int, depth: int | None = None,
+                 engine: Callable[[int, int], SideCopies | None] | None = None) -> None:
         self.cache, self.mover, self.predictor, self.top_k = cache, mover, predictor, top_k
         self.depth = prefetch_depth(cache.num_slots, self._experts(ROWS)) if depth is None else depth
         self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
@@ -198,11 +201,9 @@ class DecodePrefetch:
         B = self.depth + 1  # prefetches in flight at most
         self.buffer = {layer: i % B for i, layer in enumerate(layers)}
         device = cache.device
-        cuda = device.type == "cuda"
-        self._side = torch.cuda.Stream(device, priority=side_priority()) if cuda else None
-        self._landed = [torch.cuda.Event() if cuda else None for _ in range(B)]
         S, E = cache.num_slots, cache.num_experts
         width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
+        self.copies = self._side_copies(mover, B, width, engine)
         self._misses = torch.full((B, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
         self._in_flight = torch.zeros(B, S, dtype=torch.bool, device=device)  # each prefetch's slots
         self._loaded = torch.zeros(B, E, dtype=torch.bool, device=device)  # each prefetch's experts
@@ -213,6 +214,18 @@ class DecodePrefetch:
         self.counts = torch.zeros(cache.num_layers, 2, dtype=torch.int64, device=device)  # prefetched, used
         self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
         self._counting: set[int] = set()  # layers whose `_loaded` row marks their prefetched experts
+
+    def _side_copies(self, mover: ExpertMover, buffers: int, width: int,
+                     engine: Callable[[int, int], SideCopies | None] | None) -> SideCopies:
+        """How the copies run beside the chain (`moe/side_copies.py`): `engine(buffers, width)`
+        (the copy engine's copier) where EDGEMOE_PREFETCH_MOVER=copy asks and it can run,
+        else the gather on a side stream; on a CPU in stream order."""
+        device = self.cache.device
+        if device.type != "cuda":
+            return InlineCopies(mover)
+        if side_mover() == "copy" and engine is not None and (copies := engine(buffers, width)) is not None:
+            return copies
+        return SideGather(mover, buffers, device, self.grid, side_priority())
 
     def covers(self, rows: int) -> bool:
         """Whether a step of `rows` token rows prefetches: a decode-sized step whose layer
@@ -281,20 +294,13 @@ class DecodePrefetch:
         prefetch_marks(plan.misses, misses, self._in_flight[b], self._loaded[b], self.counts[layer, 0])
         self._pending.add(layer)
         self._counting.add(layer)
-        if self._side is None:
-            self.mover.move(layer, misses)
-            return
-        self._side.wait_stream(torch.cuda.current_stream(self.cache.device))
-        with torch.cuda.stream(self._side):
-            self.mover.move(layer, misses, self.grid)
-            self._landed[b].record(self._side)
+        self.copies.issue(b, layer, misses)
 
     def join(self, layer: int) -> None:
         """Before `layer` computes: the stream waits for the copies its prefetch started."""
         if layer in self._pending:
             self._pending.discard(layer)
-            if self._side is not None:
-                torch.cuda.current_stream(self.cache.device).wait_event(self._landed[self.buffer[layer]])
+            self.copies.wait(self.buffer[layer])
 
     def after_move(self, layer: int, x: torch.Tensor, routed: torch.Tensor, slot_ids: torch.Tensor,
                    share=None) -> None:  # noqa: ANN001 - CpuShare
@@ -310,15 +316,18 @@ class DecodePrefetch:
 
     def reset(self) -> None:
         """After a failed step: nothing in flight, nothing to count."""
-        if self._side is not None:
-            self._side.synchronize()
+        self.copies.drain()
         self._pending.clear()
         self._counting.clear()
+
+    def close(self) -> None:
+        """Stops what runs beside the chain (the copier's thread), nothing in flight first."""
+        self.reset()
+        self.copies.close()
 
     def snapshot(self) -> dict[str, object]:
         """The counters (one device read) and the predictor's label."""
         prefetched, used = (int(v) for v in self.counts.sum(0).tolist())
         return {"prefetch": self.predictor.label, "prefetched": prefetched, "prefetch_used": used,
                 "prefetch_precision": used / prefetched if prefetched else None,
-                "prefetch_programs": self.grid.programs, "prefetch_tile": [self.grid.block, self.grid.warps],
-                "prefetch_depth": self.depth}
+                "prefetch_depth": self.depth, **self.copies.snapshot()}

@@ -32,7 +32,7 @@
 #include "em_quant.h"
 #include "em_read.h" /* em_read: the memory bandwidth probe of `edgemoe bench bw` */
 
-#define EM_ABI_VERSION 8
+#define EM_ABI_VERSION 9
 
 #if defined(EM_ISA_AMX) && defined(EM_AMX_EMULATE)
 #define EM_ISA_NAME "amx-emu"
@@ -376,3 +376,4 @@ void em_pool_stats(void *pool, int64_t *out) { em_pool_read_stats((em_pool *)poo
 void em_quiesce(void *pool) { em_pool_quiesce((em_pool *)pool); }
 
 #include "em_host.h" /* em_host_layer: one layer's CPU share as a CUDA host function */
+#include "em_copier.h" /* em_copier_*: a decode prefetch's copies issued on the copy engine (uses em_host.h's EM_PTR) */

@@ -1,0 +1,181 @@
+"""The copier: a decode prefetch's misses moved by the GPU's copy engine from inside a
+captured graph (issue 13, item 1: the copy engine in the real step). `kernels/cpu/em_copier.h`
+says the protocol: a launch of the graph publishes a miss list in a page-locked row and
+rings it; a C thread (no Python, no GIL) issues one `cuMemcpyHtoDAsync` per miss and part on
+a stream of its own, then `cuStreamWriteValue32` of the row's done word behind them; the
+graph's stream waits for that word (`cuStreamWaitValue32`, a node of the graph) before the
+layer computes. The graph stays one graph: nothing in it holds an expert's address.
+
+Against the device gather (`moe/movers.GatherMover` on a side stream): the copy engine takes
+no SMs from the GEMVs running beside it, and it reads pinned memory at the link's rate on
+hosts where SMs reading mapped memory do not (33 against 48.8 GB/s on an H100 host of
+2026-12-07). The price is the thread's hop, a few µs, hidden a prefetch's depth ahead.
+
+`publish` (`triton_ops/copy_ring.py` on CUDA, `publish_ref` elsewhere) is the device's part;
+without a GPU the driver's functions are the library's host stand-ins (a memcpy and a store:
+the CPU tests drive the whole protocol so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+
+import torch
+
+from edgemoe.kernels.backend import triton_importable
+
+HEADER = 2  # a row's ints before its ids: the store table's layer, unused
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuCtxGetCurrent.restype, lib.cuCtxGetCurrent.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p)]
+    return lib
+
+
+def _address(fn: object) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+def _driver_functions(device: torch.device) -> tuple[int, int, int, int]:
+    """(copy, write, set context, context): the driver's `cuMemcpyHtoDAsync`,
+    `cuStreamWriteValue32`, `cuCtxSetCurrent` and `device`'s current context."""
+    lib = _driver()
+    torch.cuda.init()
+    with torch.cuda.device(device):
+        torch.cuda.current_stream(device).synchronize()  # the primary context made current here
+        ctx = ctypes.c_void_p()
+        if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+            raise RuntimeError("copier: no current CUDA context")
+    copy = getattr(lib, "cuMemcpyHtoDAsync_v2", None) or lib.cuMemcpyHtoDAsync
+    write = getattr(lib, "cuStreamWriteValue32_v2", None) or lib.cuStreamWriteValue32
+    return _address(copy), _address(write), _address(lib.cuCtxSetCurrent), ctx.value
+
+
+def copier_library() -> ctypes.CDLL | None:
+    """The CPU expert library this machine loads (its copier is in every variant), or None
+    where none builds (no C compiler: the device gather moves the prefetch's copies)."""
+    from edgemoe.kernels import cpu_build
+    from edgemoe.kernels.cpu_kernel import _auto_kernel
+
+    variant = _auto_kernel()
+    return None if variant == "torch" else cpu_build.load(variant)
+
+
+def publish_ref(misses: torch.Tensor, layer: int, row: torch.Tensor, flag: torch.Tensor, done: torch.Tensor) -> None:
+    """The device's part in torch (the CPU path and the reference): `done` cleared, `row`
+    [HEADER + 2W] = the table layer, 0, the miss list's ids then slots (`misses` [2, M],
+    M ≤ W; the rest -1), then `flag` set. In this order: the thread acts on the flag."""
+    width = (row.numel() - HEADER) // 2
+    m = misses.shape[1]
+    done.zero_()
+    row[0], row[1] = layer, 0
+    row[HEADER:].fill_(-1)
+    row[HEADER:HEADER + m] = misses[0]
+    row[HEADER + width:HEADER + width + m] = misses[1]
+    flag.fill_(1)
+
+
+def publish(misses: torch.Tensor, layer: int, row: torch.Tensor, flag: torch.Tensor, done: torch.Tensor) -> None:
+    """`publish_ref`'s values; on CUDA one launch whose flag store is released at system
+    scope after the row's (what the thread reads once it sees the flag)."""
+    if misses.is_cuda and triton_importable():
+        from edgemoe.kernels.triton_ops.copy_ring import publish_triton
+
+        publish_triton(misses, layer, row, flag, done)
+        return
+    publish_ref(misses, layer, row, flag, done)
+
+
+class CopyBell:
+    """The thread over `rows` rows of up to `width` misses each, copying expert e of store
+    layer `layers[i]` into slot s of every part: `sources[i][part]` the host bank [E, ...]
+    (page-locked on a GPU), `slots[part]` the slot bank [S, ...]. `device` None: the host
+    plays the device (tests; the slot banks are host tensors)."""
+
+    def __init__(self, lib: ctypes.CDLL, layers: list[int], sources: list[dict[str, torch.Tensor]],
+                 slots: dict[str, torch.Tensor], rows: int, width: int, device: torch.device | None) -> None:
+        cuda = device is not None and device.type == "cuda"
+        self.device, self.width, self._lib = device, width, lib
+        self.table = {layer: i for i, layer in enumerate(layers)}
+        names = list(slots)
+        self._flags = torch.zeros(rows, dtype=torch.int32, pin_memory=cuda)
+        self._rows = torch.full((rows, HEADER + 2 * width), -1, dtype=torch.int32, pin_memory=cuda)
+        self._src = torch.tensor([[[t.data_ptr(), t[0].nbytes] for t in (src[n] for n in names)] for src in sources],
+                                 dtype=torch.int64)
+        self._dst = torch.tensor([[slots[n].data_ptr(), slots[n][0].nbytes, slots[n][0].nbytes] for n in names],
+                                 dtype=torch.int64)
+        self.done = torch.zeros(rows, dtype=torch.int32, device=device if cuda else "cpu")
+        self._done_at = torch.tensor([self.done.data_ptr() + 4 * r for r in range(rows)], dtype=torch.int64)
+        if cuda:
+            from edgemoe.moe.pinning import uva_view
+
+            self.flags, self.rows = uva_view(self._flags, device), uva_view(self._rows, device)
+            self.stream = torch.cuda.Stream(device)  # NOTE: torch's streams don't sync with the legacy default
+            copy, write, set_ctx, ctx = _driver_functions(device)
+            stream = self.stream.cuda_stream
+        else:
+            self.flags, self.rows, self.stream = self._flags, self._rows, None
+            copy, write = _address(lib.em_copier_test_copy), _address(lib.em_copier_test_write)
+            set_ctx, ctx, stream = 0, 0, 0
+        E, S = next(iter(sources[0].values())).shape[0], next(iter(slots.values())).shape[0]
+        self._handle = lib.em_copier_start(copy, write, set_ctx or None, ctx or None, stream or None,
+                                           self._flags.data_ptr(), self._rows.data_ptr(), rows, width,
+                                           self._src.data_ptr(), len(sources), len(names), self._dst.data_ptr(),
+                                           self._done_at.data_ptr(), E, S)
+        if not self._handle:
+            raise RuntimeError("copier: the thread did not start (its CUDA context refused)")
+        self._keep = (sources, slots)  # NOTE: the thread reads these banks' memory until close()
+
+    def ring(self, row: int, layer: int, misses: torch.Tensor) -> None:
+        """On the current stream, after its earlier work: copy `misses` [2, M] (ids, slots;
+        -1 padded) of store layer `layer` through row `row`."""
+        publish(misses, self.table[layer], self.rows[row], self.flags[row:row + 1], self.done[row:row + 1])
+
+    def wait(self, row: int) -> None:
+        """The current stream (a GPU) or this thread (the host) waits for row `row`'s copies."""
+        if self.done.is_cuda:
+            from edgemoe.kernels.cpu_bell import _wait
+
+            _wait(torch.cuda.current_stream(self.device), self._done_at[row].item(), 1)
+            return
+        deadline = time.monotonic() + 10.0
+        while int(self.done[row]) != 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"copier: row {row} not done in 10 s")
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Once the rings issued so far are answered: every copy landed (after a failed
+        step; the host waits)."""
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the rings published
+        deadline = time.monotonic() + timeout_s
+        while bool(self._flags.any()) or self._lib.em_copier_busy(self._handle):
+            if time.monotonic() > deadline:
+                raise TimeoutError("copier: rings not taken")
+            time.sleep(1e-4)
+        self._check()
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def stats(self) -> dict[str, int]:
+        out = (ctypes.c_int64 * 6)()
+        if self._handle:
+            self._lib.em_copier_stats(self._handle, out)
+        return dict(zip(("rings", "copies", "bytes", "busy_ns", "errors", "last_error"), out, strict=True))
+
+    def _check(self) -> None:
+        stats = self.stats()
+        if stats["errors"]:
+            raise RuntimeError(f"copier: {stats['errors']} rows failed (last CUresult {stats['last_error']})")
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.em_copier_stop(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
