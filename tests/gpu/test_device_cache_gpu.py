@@ -148,10 +148,12 @@ def test_preloaded_slots_give_the_same_tokens_with_fewer_misses(small_ckpt, slot
 
 
 def test_copy_engine_mover_gives_the_same_tokens(small_ckpt) -> None:  # noqa: ANN001
+    """The copy engine through the copier: captured in the decode graphs (nothing in them
+    holds an expert's address), the host cache's tokens."""
     want, _, _ = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="host")
     tokens, moe, graphs = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device",
                               expert_mover="copy")
-    assert tokens == want and not graphs and moe["expert_mover"] == "copy"
+    assert tokens == want and graphs and moe["expert_mover"] == "copy"
 
 
 @pytest.mark.parametrize("cache,graphs", [("device", True), ("device", False), ("host", False)])

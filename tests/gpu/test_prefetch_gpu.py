@@ -68,13 +68,15 @@ def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int
         assert snap["prefetch_used"] == snap["prefetched"]
 
 
-@pytest.mark.parametrize("mover", ["gather", "copy"])
+@pytest.mark.parametrize("mover", ["gather", "copy", "chain-copy"])  # chain-copy: --expert-mover copy, one copier
 @pytest.mark.parametrize("depth", [1, 2, 3])
 @pytest.mark.parametrize("routing", ["router", "synthetic:seed=3"])
 def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str, depth: int, mover: str,  # noqa: ANN001
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
-    monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", mover)
+    if mover != "chain-copy":
+        monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", mover)
+    chain = "copy" if mover == "chain-copy" else "gather"
     prompts = [list(range(2000, 2041)), [9707, 11, 1879, 0], list(range(40000, 40300, 3))]
     # A padded batch of 4 routes up to 16 experts a layer; a step prefetches when the pool
     # holds depth + 1 layers' worth (its own, and those of the layers ahead in flight). At
@@ -86,12 +88,13 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
     for prefetch in ("off", "on"):
         with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload",
                  moe_slots=24 + 4 * rows * depth,
-                 expert_cache="device", moe_prefetch=prefetch, routing=routing) as llm:
+                 expert_cache="device", moe_prefetch=prefetch, routing=routing, expert_mover=chain) as llm:
             assert llm.engine.runner.graphs is not None
             out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
             moe = llm.stats()["moe"]
     assert out["on"] == out["off"]
-    assert moe["prefetched"] > 0 and moe["prefetch_depth"] == depth and moe["prefetch_mover"] == mover
+    assert moe["prefetched"] > 0 and moe["prefetch_depth"] == depth
+    assert moe["prefetch_mover"] == mover.removeprefix("chain-") and moe["expert_mover"] == chain
     if routing != "router":
         assert moe["prefetch"] == "synthetic oracle" and moe["prefetch_used"] == moe["prefetched"]
 

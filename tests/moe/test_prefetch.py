@@ -238,10 +238,21 @@ def test_the_prefetch_depth_is_the_deepest_the_pool_holds_or_the_environments(
 
 
 def test_the_flag_is_refused_where_nothing_prefetches() -> None:
-    for settings in (dict(expert_cache="host"), dict(moe_backend="cpu"), dict(expert_mover="copy")):
+    for settings in (dict(expert_cache="host"), dict(moe_backend="cpu")):
         with pytest.raises(ValueError, match="moe-prefetch on"):
             EngineConfig.from_kwargs(moe_prefetch="on", **settings)
     EngineConfig.from_kwargs(moe_prefetch="on", moe_backend="hybrid")
+    EngineConfig.from_kwargs(moe_prefetch="on", expert_mover="copy")  # the copier's, where it runs
+
+
+def test_a_mover_that_reads_the_host_refuses_prefetch() -> None:
+    """The copy mover without the copier (no GPU here) reads each miss list back: nothing
+    can run beside the chain, and the executor says so instead of prefetching wrong."""
+    store = random_bank_store(2, 8, 16, 8, torch.bfloat16)
+    ex = make_executor("offload", store, CPU, F.silu, 2, 6, expert_cache="device", expert_mover="copy")
+    assert ex.mover.name == "copy" and not ex.mover.graph_safe
+    with pytest.raises(ValueError, match="moe_prefetch"):
+        ex.enable_prefetch(KnownRouting(), 2)
 
 
 def test_the_side_gather_grid_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,10 +94,12 @@ class CopyBell:
     """The thread over `rows` rows of up to `width` misses each, copying expert e of store
     layer `layers[i]` into slot s of every part: `sources[i][part]` the host bank [E, ...]
     (page-locked on a GPU), `slots[part]` the slot bank [S, ...]. `device` None: the host
-    plays the device (tests; the slot banks are host tensors)."""
+    plays the device (tests; the slot banks are host tensors). `urgent`: a row the thread
+    looks at first (a decode layer's own misses), or None."""
 
     def __init__(self, lib: ctypes.CDLL, layers: list[int], sources: list[dict[str, torch.Tensor]],
-                 slots: dict[str, torch.Tensor], rows: int, width: int, device: torch.device | None) -> None:
+                 slots: dict[str, torch.Tensor], rows: int, width: int, device: torch.device | None,
+                 urgent: int | None = None) -> None:
         cuda = device is not None and device.type == "cuda"
         self.device, self.width, self._lib = device, width, lib
         self.table = {layer: i for i, layer in enumerate(layers)}
@@ -125,7 +127,7 @@ class CopyBell:
         self._handle = lib.em_copier_start(copy, write, set_ctx or None, ctx or None, stream or None,
                                            self._flags.data_ptr(), self._rows.data_ptr(), rows, width,
                                            self._src.data_ptr(), len(sources), len(names), self._dst.data_ptr(),
-                                           self._done_at.data_ptr(), E, S)
+                                           self._done_at.data_ptr(), E, S, -1 if urgent is None else urgent)
         if not self._handle:
             raise RuntimeError("copier: the thread did not start (its CUDA context refused)")
         self._keep = (sources, slots)  # NOTE: the thread reads these banks' memory until close()

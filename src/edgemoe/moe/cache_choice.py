@@ -71,11 +71,11 @@ def check_prompt_cpu(backend: str, expert_cache: str, prompt_cpu: bool | None) -
 
 
 def check_prefetch(backend: str, expert_cache: str, mover: str, prefetch: str) -> None:
-    """`--moe-prefetch on` is the device cache's, moving by the gather (never ignored)."""
+    """`--moe-prefetch on` is the device cache's (never ignored); its mover must run beside
+    the chain (the executor says so where `copy` can't: no GPU or no C compiler)."""
     if prefetch != "on":
         return
-    if backend in ("resident", "cpu") or expert_cache == "host" or mover != "gather":
-        raise ValueError("moe_prefetch (--moe-prefetch on) prefetches into the device expert cache with the gather "
-                         "mover: --moe-backend offload, hybrid or auto, --expert-cache auto or device, "
-                         f"--expert-mover gather (got --moe-backend {backend}, --expert-cache {expert_cache}, "
-                         f"--expert-mover {mover})")
+    if backend in ("resident", "cpu") or expert_cache == "host":
+        raise ValueError("moe_prefetch (--moe-prefetch on) prefetches into the device expert cache: "
+                         "--moe-backend offload, hybrid or auto, --expert-cache auto or device "
+                         f"(got --moe-backend {backend}, --expert-cache {expert_cache}, --expert-mover {mover})")

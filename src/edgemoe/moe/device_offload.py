@@ -154,11 +154,12 @@ class DeviceOffloadExecutor(CellsExecutor):
     def enable_prefetch(self, predictor: Predictor, top_k: int) -> None:
         """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token."""
         if not self.mover.graph_safe:
-            raise ValueError("moe_prefetch (--moe-prefetch on) copies on a side stream with the gather mover "
-                             f"(--expert-mover gather and a page-locked store; this run moves by {self.mover.name})")
+            raise ValueError("moe_prefetch (--moe-prefetch on) copies beside the chain: the gather, or the copy "
+                             "engine through the copier (a GPU, a C compiler), from a page-locked store (this run "
+                             "moves after a host read)")
         self.prefetch = DecodePrefetch(self.cache, self.mover, list(self.store.layers), predictor, top_k,
-                                       engine=lambda buffers, width: engine_copies(self.store, self.slots, buffers,
-                                                                                   width, self.device))
+                                       engine=lambda buffers: engine_copies(self.mover, self.store, self.slots,
+                                                                            buffers))
         self.stats.sources.append(self.prefetch.snapshot)
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
@@ -374,4 +375,5 @@ class DeviceOffloadExecutor(CellsExecutor):
             self.cpu_share.close()
         if self._own_kernel is not None:
             self._own_kernel.close()
+        self.mover.close()
         del self.slots, self.mover

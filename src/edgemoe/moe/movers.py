@@ -10,10 +10,17 @@ host expert store, on the current stream, before the wave computes. Two ways:
   Triton on CUDA: every part of the wave's experts in one launch). It reads only the
   miss list, so it needs no host read and is captured in the decode graph; it takes SMs
   from compute while it runs. On a CPU it is the reference: an index copy from the store.
-- `CopyEngineMover` (`copy`): the copy engine, as the host-cache path copies: the miss
-  list is brought to the host (a wait per wave, overlapped with the hit pass), then one
-  async copy per expert and part (`SlotBanks.copy_in`). Its addresses are fixed only at
-  run time, so it runs eagerly.
+- `CopierMover` (`copy`, on a GPU with the CPU expert library and a page-locked store): the
+  copy engine, its copies issued at run time by the copier's C thread, which a launch of the
+  step rings with the miss list (`kernels/copy_bell.py`); the stream waits for its answer
+  before the wave computes. Nothing in the step holds an expert's address, so it is captured
+  in the decode graph too, and it takes no SMs. The decode prefetch shares its thread and
+  copy stream (`moe/side_copies.py`): a layer's own misses first (its row is `urgent`), the
+  prefetches behind.
+- `CopyEngineMover` (`copy` elsewhere): the copy engine, as the host-cache path copies: the
+  miss list is brought to the host (a wait per wave, overlapped with the hit pass), then
+  one async copy per expert and part (`SlotBanks.copy_in`). Its addresses are fixed only
+  at run time, so it runs eagerly.
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ class ExpertMover(ABC):
     @abstractmethod
     def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
         """`grid`: the gather's launch where the mover is a kernel (None: its default)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop what the mover runs beside the process (the copier's thread)."""
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -105,6 +115,48 @@ class CopyEngineMover(ExpertMover):
         self.slots.copy_in(layer, [(int(e), int(s)) for e, s in zip(host[0], host[1], strict=True) if e >= 0])
 
 
+class CopierMover(ExpertMover):
+    """The copy engine through the copier (`bell`: `kernels/copy_bell.CopyBell`), its row
+    `row`: ring, then the stream waits."""
+
+    name = "copy"
+    graph_safe = True
+
+    def __init__(self, bell, row: int) -> None:  # noqa: ANN001 - kernels/copy_bell.CopyBell
+        self.bell, self.row = bell, row
+
+    def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
+        self.bell.ring(self.row, layer, misses)
+        self.bell.wait(self.row)
+
+    def close(self) -> None:
+        self.bell.close()
+
+
+# The copier's rows: a decode prefetch's buffers (depth + 1 <= 4, moe/prefetch.py), then
+# the chain's own, looked at first.
+COPIER_ROWS = 5
+CHAIN_ROW = COPIER_ROWS - 1
+
+
+def copier_for(store: ExpertStore, slots: SlotBanks):  # noqa: ANN201 - kernels/copy_bell.CopyBell | None
+    """A copier over `store`'s banks and `slots`, or None where it can't run: no GPU, a
+    store that isn't page-locked banks, no C compiler for the library (the reason logged)."""
+    from edgemoe.kernels.copy_bell import CopyBell, copier_library
+
+    if slots.device.type != "cuda" or not gatherable(store, slots.device):
+        log.info("copier: needs a GPU and page-locked stacked banks")
+        return None
+    lib = copier_library()
+    if lib is None:
+        log.warning("copier: no C compiler for the CPU expert library")
+        return None
+    layers = list(store.layers)  # type: ignore[attr-defined]
+    sources = [{name: store.tensor(layer, name) for name in slots.parts} for layer in layers]  # type: ignore[attr-defined]
+    width = min(store.num_experts, next(iter(slots.parts.values())).shape[0])
+    return CopyBell(lib, layers, sources, slots.parts, COPIER_ROWS, width, slots.device, urgent=CHAIN_ROW)
+
+
 def gatherable(store: ExpertStore, device: torch.device) -> bool:
     """Whether the gather mover can read `store`: stacked banks, page-locked on a GPU."""
     return isinstance(store, BankStore) and (device.type != "cuda" or bool(store.pinned))
@@ -120,4 +172,6 @@ def make_mover(name: str, store: ExpertStore, slots: SlotBanks) -> ExpertMover:
     if name == "gather":
         log.warning("expert mover: the store is not page-locked stacked banks (mmap, or pinning refused): "
                     "misses go through the copy engine, and decode steps are not captured in CUDA graphs")
+    elif (bell := copier_for(store, slots)) is not None:
+        return CopierMover(bell, CHAIN_ROW)
     return CopyEngineMover(slots)

@@ -192,7 +192,7 @@ class DecodePrefetch:
 
     def __init__(self, cache: DeviceSlotCache, mover: ExpertMover, layers: list[int], predictor: Predictor,
                  top_k: int, depth: int | None = None,
-                 engine: Callable[[int, int], SideCopies | None] | None = None) -> None:
+                 engine: Callable[[int], SideCopies | None] | None = None) -> None:
         self.cache, self.mover, self.predictor, self.top_k = cache, mover, predictor, top_k
         self.depth = prefetch_depth(cache.num_slots, self._experts(ROWS)) if depth is None else depth
         self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
@@ -203,7 +203,7 @@ class DecodePrefetch:
         device = cache.device
         S, E = cache.num_slots, cache.num_experts
         width = min(ROWS * top_k, E, S)  # the longest miss list a covered step plans
-        self.copies = self._side_copies(mover, B, width, engine)
+        self.copies = self._side_copies(mover, B, engine)
         self._misses = torch.full((B, 2, width), -1, dtype=torch.int32, device=device)  # read by the side stream
         self._in_flight = torch.zeros(B, S, dtype=torch.bool, device=device)  # each prefetch's slots
         self._loaded = torch.zeros(B, E, dtype=torch.bool, device=device)  # each prefetch's experts
@@ -215,15 +215,15 @@ class DecodePrefetch:
         self._pending: set[int] = set()  # layers whose prefetch is in flight (not yet joined)
         self._counting: set[int] = set()  # layers whose `_loaded` row marks their prefetched experts
 
-    def _side_copies(self, mover: ExpertMover, buffers: int, width: int,
-                     engine: Callable[[int, int], SideCopies | None] | None) -> SideCopies:
-        """How the copies run beside the chain (`moe/side_copies.py`): `engine(buffers, width)`
-        (the copy engine's copier) where EDGEMOE_PREFETCH_MOVER=copy asks and it can run,
-        else the gather on a side stream; on a CPU in stream order."""
+    def _side_copies(self, mover: ExpertMover, buffers: int,
+                     engine: Callable[[int], SideCopies | None] | None) -> SideCopies:
+        """How the copies run beside the chain (`moe/side_copies.py`): `engine(buffers)` (the
+        copier's copy engine) where the chain's mover or EDGEMOE_PREFETCH_MOVER says copy and
+        it can run, else the gather on a side stream; on a CPU in stream order."""
         device = self.cache.device
         if device.type != "cuda":
             return InlineCopies(mover)
-        if side_mover() == "copy" and engine is not None and (copies := engine(buffers, width)) is not None:
+        if side_mover(mover) == "copy" and engine is not None and (copies := engine(buffers)) is not None:
             return copies
         return SideGather(mover, buffers, device, self.grid, side_priority())
 

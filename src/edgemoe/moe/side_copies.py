@@ -5,12 +5,14 @@ contract (`SideCopies`): `issue(buffer, layer, misses)` starts the copies of `mi
 makes the stream wait for them; `drain()` returns once everything issued has landed (after a
 failed step). A buffer is issued again only after its wait.
 
-- `SideGather` (`EDGEMOE_PREFETCH_MOVER=gather`, the default): the device gather on a side
-  stream forked at the issue and joined at the wait (events; in a graph a fork and a join).
-  Its programs read mapped host memory on SMs, beside the GEMVs.
-- `EngineCopies` (`EDGEMOE_PREFETCH_MOVER=copy`): the copy engine, its copies issued by a C
-  thread the graph rings (`kernels/copy_bell.py`): no SMs taken, nothing in the graph that
-  holds an expert's address.
+- `SideGather` (`--expert-mover gather`): the device gather on a side stream forked at the
+  issue and joined at the wait (events; in a graph a fork and a join). Its programs read
+  mapped host memory on SMs, beside the GEMVs.
+- `EngineCopies` (`--expert-mover copy`): the copy engine, its copies issued by the copier's
+  C thread, which the graph rings (`kernels/copy_bell.py`): no SMs taken, nothing in the
+  graph that holds an expert's address. It shares the chain's copier (one thread, one copy
+  stream: a layer's own misses queue ahead of the prefetches).
+`EDGEMOE_PREFETCH_MOVER=gather|copy` moves prefetch otherwise than the chain (the A/B).
 - `InlineCopies`: no GPU: the mover's copies in stream order (the CPU tests' path).
 """
 
@@ -23,7 +25,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.kernels.gather_grid import GatherGrid
-from edgemoe.moe.movers import ExpertMover
+from edgemoe.moe.movers import CHAIN_ROW, CopierMover, ExpertMover, copier_for
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +106,8 @@ class EngineCopies:
 
     name = "copy"
 
-    def __init__(self, bell) -> None:  # noqa: ANN001 - kernels/copy_bell.CopyBell
-        self.bell = bell
+    def __init__(self, bell, owned: bool) -> None:  # noqa: ANN001 - kernels/copy_bell.CopyBell
+        self.bell, self.owned = bell, owned  # owned: closed here (else the chain's mover's)
 
     def issue(self, buffer: int, layer: int, misses: torch.Tensor) -> None:
         self.bell.ring(buffer, layer, misses)
@@ -124,30 +126,28 @@ class EngineCopies:
                 "copier_errors": stats["errors"]}
 
     def close(self) -> None:
-        self.bell.close()
+        if self.owned:
+            self.bell.close()
 
 
-def side_mover() -> str:
-    """`EDGEMOE_PREFETCH_MOVER`: gather (default) or copy."""
-    name = os.environ.get("EDGEMOE_PREFETCH_MOVER", "") or "gather"
+def side_mover(chain: ExpertMover) -> str:
+    """How prefetch copies: as the chain moves its misses (`--expert-mover`), or as
+    `EDGEMOE_PREFETCH_MOVER` (gather | copy: the A/B) says."""
+    name = os.environ.get("EDGEMOE_PREFETCH_MOVER", "") or ("copy" if isinstance(chain, CopierMover) else "gather")
     if name not in SIDE_MOVERS:
         raise ValueError(f"EDGEMOE_PREFETCH_MOVER={name!r}: {' or '.join(SIDE_MOVERS)}")
     return name
 
 
-def engine_copies(store, slots, buffers: int, width: int, device: torch.device) -> EngineCopies | None:  # noqa: ANN001
-    """The copier over `store`'s banks (a page-locked `moe/store.BankStore`) and the slot
-    banks `slots` (`moe/offload.SlotBanks`), or None where it can't run (logged)."""
-    from edgemoe.kernels.copy_bell import CopyBell, copier_library
-    from edgemoe.moe.movers import gatherable
-
-    if not gatherable(store, device):
-        log.warning("EDGEMOE_PREFETCH_MOVER=copy: the store is not page-locked banks: the gather moves prefetch")
+def engine_copies(chain: ExpertMover, store, slots, buffers: int) -> EngineCopies | None:  # noqa: ANN001
+    """Prefetch's copies on the copy engine, `buffers` rows of the copier: the chain's own
+    (`chain` a `CopierMover`: one thread and copy stream, the chain's row first), else one
+    of its own over `store`'s banks and the slot banks `slots`; None where none can run
+    (logged: the gather moves prefetch)."""
+    if buffers > CHAIN_ROW:
+        raise ValueError(f"prefetch: {buffers} buffers, the copier has {CHAIN_ROW}")
+    bell = chain.bell if isinstance(chain, CopierMover) else copier_for(store, slots)
+    if bell is None:
+        log.warning("EDGEMOE_PREFETCH_MOVER=copy: no copier here (the log says why): the gather moves prefetch")
         return None
-    lib = copier_library()
-    if lib is None:
-        log.warning("EDGEMOE_PREFETCH_MOVER=copy: no C compiler for the copier: the gather moves prefetch")
-        return None
-    layers = list(store.layers)
-    sources = [{name: store.tensor(layer, name) for name in slots.parts} for layer in layers]
-    return EngineCopies(CopyBell(lib, layers, sources, slots.parts, buffers, width, device))
+    return EngineCopies(bell, owned=not isinstance(chain, CopierMover))

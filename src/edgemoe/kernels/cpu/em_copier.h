@@ -14,6 +14,8 @@
  *
  * Rows are reused round-robin (a prefetch's buffer); a row is rung again only after its
  * wait, so a row holds one request at a time and the clear of done[r] precedes its answer.
+ * One row may be `urgent` (a decode layer's own misses, which the layer waits for at once):
+ * looked at before the others, so its copies queue ahead of prefetches rung beside it.
  * The driver's functions come as pointers from the caller (no CUDA headers or link here);
  * a host build for the tests passes em_copier_test_copy / em_copier_test_write, which do
  * the same with memcpy and a plain store.
@@ -42,7 +44,7 @@ typedef struct {
     void *stream;
     volatile int32_t *flags; /* [nrows]: rung rows (page-locked, written by the device) */
     const int32_t *rows;     /* [nrows][2 + 2 * width]: table layer, 0, ids[width], slots[width] */
-    int64_t nrows, width;
+    int64_t nrows, width, urgent; /* urgent: a row looked at first (a decode layer's own misses), or -1 */
     const int64_t *src; /* [nlayers][nparts][2]: a layer's host bank base, bytes per expert */
     const int64_t *dst; /* [nparts][3]: the slot bank's device base, bytes per slot, bytes a copy */
     const int64_t *done; /* [nrows]: device addresses of the done words */
@@ -101,7 +103,7 @@ static void *em_copier_main(void *arg) {
     long idle_since = em_now_ns();
     int64_t next = 0;
     for (;;) {
-        int64_t found = -1;
+        int64_t found = c->urgent >= 0 && __atomic_load_n(&c->flags[c->urgent], __ATOMIC_ACQUIRE) ? c->urgent : -1;
         for (int64_t k = 0; k < c->nrows && found < 0; k++) {
             int64_t r = (next + k) % c->nrows; /* rows ring in order: start where the last one was */
             if (__atomic_load_n(&c->flags[r], __ATOMIC_ACQUIRE)) found = r;
@@ -121,7 +123,7 @@ static void *em_copier_main(void *arg) {
         atomic_fetch_add(&c->busy_ns, idle_since - start);
         atomic_fetch_add(&c->rings, 1);
         atomic_store(&c->inside, 0);
-        next = (found + 1) % c->nrows;
+        if (found != c->urgent) next = (found + 1) % c->nrows;
     }
     return NULL;
 }
@@ -131,7 +133,7 @@ static void *em_copier_main(void *arg) {
  * the caller's, and alive, until em_copier_stop. */
 void *em_copier_start(void *copy, void *write, void *set_ctx, void *ctx, void *stream, int64_t flags, int64_t rows,
                       int64_t nrows, int64_t width, int64_t src, int64_t nlayers, int64_t nparts, int64_t dst,
-                      int64_t done, int64_t num_experts, int64_t num_slots) {
+                      int64_t done, int64_t num_experts, int64_t num_slots, int64_t urgent) {
     em_copier *c = (em_copier *)calloc(1, sizeof(em_copier));
     if (!c) return NULL;
     c->copy = (em_cu_copy_fn)copy;
@@ -143,6 +145,7 @@ void *em_copier_start(void *copy, void *write, void *set_ctx, void *ctx, void *s
     c->rows = EM_PTR(const int32_t *, rows);
     c->nrows = nrows;
     c->width = width;
+    c->urgent = urgent >= 0 && urgent < nrows ? urgent : -1;
     c->src = EM_PTR(const int64_t *, src);
     c->dst = EM_PTR(const int64_t *, dst);
     c->done = EM_PTR(const int64_t *, done);
