@@ -141,11 +141,16 @@ CHAIN_ROW = COPIER_ROWS - 1
 
 def copier_for(store: ExpertStore, slots: SlotBanks):  # noqa: ANN201 - kernels/copy_bell.CopyBell | None
     """A copier over `store`'s banks and `slots`, or None where it can't run: no GPU, a
-    store that isn't page-locked banks, no C compiler for the library (the reason logged)."""
+    store that isn't page-locked banks, a driver without stream memory operations in graphs,
+    no C compiler for the library (the reason logged)."""
     from edgemoe.kernels.copy_bell import CopyBell, copier_library
+
+    from edgemoe.kernels.cpu_bell import bell_supported
 
     if slots.device.type != "cuda" or not gatherable(store, slots.device):
         log.info("copier: needs a GPU and page-locked stacked banks")
+        return None
+    if not bell_supported(slots.device.index or 0):  # the same stream memory operations, probed once
         return None
     lib = copier_library()
     if lib is None:
