@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import time
 
 import torch
@@ -53,6 +54,16 @@ def _driver_functions(device: torch.device) -> tuple[int, int, int, int]:
     copy = getattr(lib, "cuMemcpyHtoDAsync_v2", None) or lib.cuMemcpyHtoDAsync
     write = getattr(lib, "cuStreamWriteValue32_v2", None) or lib.cuStreamWriteValue32
     return _address(copy), _address(write), _address(lib.cuCtxSetCurrent), ctx.value
+
+
+def spin_us() -> int:
+    """`EDGEMOE_COPIER_SPIN_US`: how long the thread spins after a ring before it polls (0,
+    the default: polls every 5 µs; a spinning thread takes a core the CPU share's pool may
+    need). The A/B's knob."""
+    raw = os.environ.get("EDGEMOE_COPIER_SPIN_US", "") or "0"
+    if not raw.isdigit():
+        raise ValueError(f"EDGEMOE_COPIER_SPIN_US={raw!r}: microseconds, a whole number")
+    return int(raw)
 
 
 def copier_library() -> ctypes.CDLL | None:
@@ -127,7 +138,8 @@ class CopyBell:
         self._handle = lib.em_copier_start(copy, write, set_ctx or None, ctx or None, stream or None,
                                            self._flags.data_ptr(), self._rows.data_ptr(), rows, width,
                                            self._src.data_ptr(), len(sources), len(names), self._dst.data_ptr(),
-                                           self._done_at.data_ptr(), E, S, -1 if urgent is None else urgent)
+                                           self._done_at.data_ptr(), E, S, -1 if urgent is None else urgent,
+                                           spin_us() * 1000)
         if not self._handle:
             raise RuntimeError("copier: the thread did not start (its CUDA context refused)")
         self._keep = (sources, slots)  # NOTE: the thread reads these banks' memory until close()

@@ -136,7 +136,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.em_bell_start.restype, lib.em_bell_start.argtypes = p, [i64, i64, i64, i64, i64]
     lib.em_bell_stop.restype, lib.em_bell_stop.argtypes = None, [p]
     lib.em_bell_quiet.restype, lib.em_bell_quiet.argtypes = None, [p, i32]
-    lib.em_copier_start.restype, lib.em_copier_start.argtypes = p, [p, p, p, p, p] + [i64] * 12
+    lib.em_copier_start.restype, lib.em_copier_start.argtypes = p, [p, p, p, p, p] + [i64] * 13
     lib.em_copier_stats.restype, lib.em_copier_stats.argtypes = None, [p, ctypes.POINTER(i64)]
     lib.em_copier_busy.restype, lib.em_copier_busy.argtypes = i32, [p]
     lib.em_copier_stop.restype, lib.em_copier_stop.argtypes = None, [p]

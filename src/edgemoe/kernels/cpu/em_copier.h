@@ -20,9 +20,10 @@
  * a host build for the tests passes em_copier_test_copy / em_copier_test_write, which do
  * the same with memcpy and a plain store.
  *
- * The thread never spins long: a decode step rings a row every MoE layer (~100 µs apart),
- * and the CPU share's pool owns the cores. It polls every EM_COPIER_POLL_NS while rings
- * come (timer slack 1 µs), and every 500 µs after a second without one.
+ * By default the thread does not spin: a decode step rings a row every MoE layer (~100 µs
+ * apart), and the CPU share's pool owns the cores. It polls every EM_COPIER_POLL_NS while
+ * rings come (timer slack 1 µs), and every 500 µs after a second without one; `spin_ns`
+ * (the caller's) spins that long after each ring first.
  */
 #ifndef EM_COPIER_H
 #define EM_COPIER_H
@@ -44,7 +45,8 @@ typedef struct {
     void *stream;
     volatile int32_t *flags; /* [nrows]: rung rows (page-locked, written by the device) */
     const int32_t *rows;     /* [nrows][2 + 2 * width]: table layer, 0, ids[width], slots[width] */
-    int64_t nrows, width, urgent; /* urgent: a row looked at first (a decode layer's own misses), or -1 */
+    int64_t nrows, width, urgent;
+    long spin_ns; /* spin this long after a ring before polling (0: poll only) */ /* urgent: a row looked at first (a decode layer's own misses), or -1 */
     const int64_t *src; /* [nlayers][nparts][2]: a layer's host bank base, bytes per expert */
     const int64_t *dst; /* [nparts][3]: the slot bank's device base, bytes per slot, bytes a copy */
     const int64_t *done; /* [nrows]: device addresses of the done words */
@@ -110,8 +112,12 @@ static void *em_copier_main(void *arg) {
         }
         if (found < 0) {
             if (atomic_load(&c->stop)) break;
-            long slow = em_now_ns() - idle_since >= 1000000000L;
-            struct timespec ts = {0, slow ? 500000L : EM_COPIER_POLL_NS};
+            long idle = em_now_ns() - idle_since;
+            if (idle < c->spin_ns) {
+                em_relax();
+                continue;
+            }
+            struct timespec ts = {0, idle >= 1000000000L ? 500000L : EM_COPIER_POLL_NS};
             nanosleep(&ts, NULL);
             continue;
         }
@@ -133,7 +139,8 @@ static void *em_copier_main(void *arg) {
  * the caller's, and alive, until em_copier_stop. */
 void *em_copier_start(void *copy, void *write, void *set_ctx, void *ctx, void *stream, int64_t flags, int64_t rows,
                       int64_t nrows, int64_t width, int64_t src, int64_t nlayers, int64_t nparts, int64_t dst,
-                      int64_t done, int64_t num_experts, int64_t num_slots, int64_t urgent) {
+                      int64_t done, int64_t num_experts, int64_t num_slots, int64_t urgent,
+                      int64_t spin_ns) {
     em_copier *c = (em_copier *)calloc(1, sizeof(em_copier));
     if (!c) return NULL;
     c->copy = (em_cu_copy_fn)copy;
@@ -145,6 +152,7 @@ void *em_copier_start(void *copy, void *write, void *set_ctx, void *ctx, void *s
     c->rows = EM_PTR(const int32_t *, rows);
     c->nrows = nrows;
     c->width = width;
+    c->spin_ns = (long)spin_ns;
     c->urgent = urgent >= 0 && urgent < nrows ? urgent : -1;
     c->src = EM_PTR(const int64_t *, src);
     c->dst = EM_PTR(const int64_t *, dst);
