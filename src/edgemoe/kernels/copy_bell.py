@@ -101,6 +101,15 @@ def publish(misses: torch.Tensor, layer: int, row: torch.Tensor, flag: torch.Ten
     publish_ref(misses, layer, row, flag, done)
 
 
+def _bank(bank: torch.Tensor, like: torch.Tensor) -> list[int]:
+    """[base address, bytes from one expert (or slot) to the next] of `bank` [N, ...], whose
+    rows are contiguous and as long as `like`'s (what one copy moves)."""
+    if not bank[0].is_contiguous() or bank[0].nbytes != like[0].nbytes:
+        raise ValueError(f"copier: a bank's rows must be contiguous and {like[0].nbytes} bytes (got {bank.shape}, "
+                         f"{bank.dtype}, strides {bank.stride()})")
+    return [bank.data_ptr(), bank.stride(0) * bank.element_size()]
+
+
 class CopyBell:
     """The thread over `rows` rows of up to `width` misses each, copying expert e of store
     layer `layers[i]` into slot s of every part: `sources[i][part]` the host bank [E, ...]
@@ -117,10 +126,8 @@ class CopyBell:
         names = list(slots)
         self._flags = torch.zeros(rows, dtype=torch.int32, pin_memory=cuda)
         self._rows = torch.full((rows, HEADER + 2 * width), -1, dtype=torch.int32, pin_memory=cuda)
-        self._src = torch.tensor([[[t.data_ptr(), t[0].nbytes] for t in (src[n] for n in names)] for src in sources],
-                                 dtype=torch.int64)
-        self._dst = torch.tensor([[slots[n].data_ptr(), slots[n][0].nbytes, slots[n][0].nbytes] for n in names],
-                                 dtype=torch.int64)
+        self._src = torch.tensor([[_bank(src[n], slots[n]) for n in names] for src in sources], dtype=torch.int64)
+        self._dst = torch.tensor([[*_bank(slots[n], slots[n]), slots[n][0].nbytes] for n in names], dtype=torch.int64)
         self.done = torch.zeros(rows, dtype=torch.int32, device=device if cuda else "cpu")
         self._done_at = torch.tensor([self.done.data_ptr() + 4 * r for r in range(rows)], dtype=torch.int64)
         if cuda:
