@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from edgemoe import LLM, SamplingParams
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
-from edgemoe.moe.prefetch import RouterPredictor
+from edgemoe.moe.predictors import RouterPredictor
 from edgemoe.moe.registry import make_executor
 from edgemoe.testing.moe_material import KnownRouting, random_bank_store
 
@@ -42,7 +42,8 @@ def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int
     assert isinstance(ex, DeviceOffloadExecutor)
     oracle = KnownRouting()
     routers = {layer: torch.randn(E, H, device=CUDA, dtype=torch.bfloat16) for layer in range(L)}
-    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K), K)
+    gains = {layer: torch.rand(H, device=CUDA) + 0.5 for layer in range(L)}  # the norm-gain fold's launch too
+    ex.enable_prefetch(oracle if predictor == "oracle" else RouterPredictor(routers, K, gains), K)
     g = torch.Generator(device=CUDA).manual_seed(1)
     for step in range(12):
         T = 1 + step % 4
@@ -104,7 +105,7 @@ def test_the_fused_router_predicts_a_top_k_of_the_logits(biased: bool) -> None:
     """The predictor's one fused launch (plain and gpt-oss-biased routers) picks k experts
     whose logits are each at least the k-th largest, within the bf16 rounding by which its
     sums and cuBLAS's may differ: a top-k, whatever order ties take."""
-    from edgemoe.moe.prefetch import RouterScores
+    from edgemoe.moe.predictors import RouterScores
 
     g = torch.Generator(device=CUDA).manual_seed(5)
     E_, K_, T = 128, 8, 7

@@ -16,7 +16,8 @@ from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.device_offload import DeviceOffloadExecutor
 from edgemoe.kernels.share_split import decode_take, drop_cpu_picks
 from edgemoe.kernels.share_state import FRACTION_ONE
-from edgemoe.moe.prefetch import DecodePrefetch, RouterPredictor
+from edgemoe.moe.predictors import RouterPredictor
+from edgemoe.moe.prefetch import DecodePrefetch
 from edgemoe.moe.registry import make_executor
 from edgemoe.moe.store import BankStore
 from edgemoe.testing.moe_material import KnownRouting, random_bank_store
@@ -294,7 +295,7 @@ def test_router_predictor_ranks_as_each_router_does() -> None:
     """gpt-oss's logit bias, GLM's sigmoid scores plus selection bias and ERNIE's softmax
     probabilities plus selection bias change the ranking the next layer's router makes: the
     predictor ranks the same way (a plain weight: the logits alone)."""
-    from edgemoe.moe.prefetch import RouterScores
+    from edgemoe.moe.predictors import RouterScores
 
     g = torch.Generator().manual_seed(4)
     x, w = torch.randn(5, H, generator=g), torch.randn(E, H, generator=g) / H**0.5

@@ -191,7 +191,7 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     linear = make_dense_linear(config.kernels.dense_kernel, device)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device, linear=linear, **extras)
     if config.moe.moe_prefetch == "on":
-        enable_prefetch(executor, routing, arch)
+        enable_prefetch(executor, routing, arch, model.blocks)
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
@@ -211,16 +211,18 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     )
 
 
-def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch) -> None:
-    """--moe-prefetch on: the device cache predicts with the next layer's router (the drawn ids
-    under synthetic routing: an oracle, said so); nothing to prefetch where everything is resident."""
+def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch, blocks: list) -> None:
+    """--moe-prefetch on: the device cache predicts with the next layer's router, the input
+    scaled by the layers' norm gains (`blocks`: the model's; the drawn ids under synthetic
+    routing: an oracle, said so); nothing to prefetch where everything is resident."""
     from edgemoe.moe.device_offload import DeviceOffloadExecutor
-    from edgemoe.moe.prefetch import RouterPredictor, StagedPredictor
+    from edgemoe.moe.predictors import RouterPredictor, StagedPredictor, moe_input_gains
 
     if not isinstance(executor, DeviceOffloadExecutor):
         log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
         return
-    predictor = StagedPredictor(routing) if routing is not None else RouterPredictor(executor.routers, arch.top_k)
+    predictor = StagedPredictor(routing) if routing is not None else \
+        RouterPredictor(executor.routers, arch.top_k, moe_input_gains(blocks, set(executor.routers)))
     executor.enable_prefetch(predictor, arch.top_k)
     log.warning("decode prefetch on: predicted by %s", predictor.label)
 

@@ -44,7 +44,8 @@ from edgemoe.moe.device_counts import DeviceCounts
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
 from edgemoe.moe.movers import make_mover
 from edgemoe.moe.offload import SlotBanks
-from edgemoe.moe.prefetch import DecodePrefetch, Predictor, RouterScores
+from edgemoe.moe.predictors import Predictor, RouterScores
+from edgemoe.moe.prefetch import DecodePrefetch
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.side_copies import engine_copies
 from edgemoe.moe.quota_controller import QuotaController

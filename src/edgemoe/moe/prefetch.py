@@ -51,17 +51,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 
 from edgemoe.kernels.prefetch_marks import prefetch_marks, prefetch_pins
-from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
 from edgemoe.kernels.gather_grid import BLOCK_INTO, GatherGrid
 from edgemoe.kernels.tile_override import override
 from edgemoe.moe.cpu_share import ROWS  # the largest decode step that prefetches: the share's too
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.movers import ExpertMover
+from edgemoe.moe.predictors import Predictor
 from edgemoe.moe.side_copies import InlineCopies, SideCopies, SideGather, side_mover
 
 
@@ -120,71 +120,6 @@ def prefetch_grid() -> GatherGrid:
     return GatherGrid(int(programs), block=tile.block, warps=tile.warps)
 
 
-class Predictor(Protocol):
-    label: str
-
-    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """[T, K] int32 ids predicted for MoE `layer` from the previous layer's input x [T, H];
-        `like`: a [T, K] int32 tensor of -1 (the shape; padding rows' ids)."""
-        ...
-
-
-class RouterScores(NamedTuple):
-    """How a layer's router ranks its experts, for prediction: the logits x·Wᵀ (a softmax
-    router's top-k is theirs), plus gpt-oss's logit `bias`; or, `sigmoid`, GLM's scores
-    sigmoid(x·Wᵀ) plus its selection bias (its expert groups left out: one in GLM-4.5); or,
-    `softmax`, ERNIE's softmax(x·Wᵀ) plus its selection bias (a bias on probabilities
-    reorders what the logits alone would pick)."""
-
-    weight: torch.Tensor  # [E, H]
-    bias: torch.Tensor | None = None  # [E]
-    sigmoid: bool = False
-    softmax: bool = False
-
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
-        s = s.sigmoid() if self.sigmoid else s.softmax(-1) if self.softmax else s
-        return s if self.bias is None else s + self.bias.float()
-
-
-class RouterPredictor:
-    """The next layer's router on x: its experts' top-k by `RouterScores` (a plain weight
-    [E, H]: the logits'). Where the ranking is the logits' (plus a logit bias: gpt-oss) and
-    the fused router runs (CUDA, bf16/fp16), one `_route_fused` launch on a workspace of the
-    predictor's own — the torch form's projection, cast, top-k and cast are four launches on
-    the decode chain a layer; a softmax's top-k is its logits'."""
-
-    label = "router"
-
-    def __init__(self, routers: dict[int, RouterScores | torch.Tensor], top_k: int) -> None:
-        self.routers, self.top_k = routers, top_k
-        first = next(iter(routers.values()), None)  # NOTE: allocated now, never inside a graph's capture
-        weight = first.weight if isinstance(first, RouterScores) else first
-        self.workspace = None if weight is None else fused_router_workspace(weight, top_k)
-
-    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        router = self.routers[layer]
-        router = router if isinstance(router, RouterScores) else RouterScores(router)
-        if self.workspace is not None and not (router.sigmoid or router.softmax):
-            w = router.weight
-            bias = None if router.bias is None else router.bias.to(w.dtype)
-            return route_logits_topk(x.to(w.dtype), w, self.top_k, False, w.dtype, self.workspace, bias=bias)[0]
-        return torch.topk(router.scores(x), self.top_k, dim=-1).indices.to(torch.int32)
-
-
-class StagedPredictor:
-    """Synthetic routing's drawn ids for the layer: an oracle (the step's draws are staged
-    before its forward)."""
-
-    label = "synthetic oracle"
-
-    def __init__(self, routing) -> None:  # noqa: ANN001 - moe/synthetic_routing.SyntheticRouting
-        self.routing = routing
-
-    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return self.routing.real_ids(layer, like).to(torch.int32)  # padding rows: like's -1
-
-
 class DecodePrefetch:
     """Prefetch for the cache's MoE layers `layers` (ascending) by `mover`; `top_k` routed
     experts a token; `depth` (default: `prefetch_depth`'s for this pool): how many MoE layers
@@ -197,6 +132,7 @@ class DecodePrefetch:
         self.depth = prefetch_depth(cache.num_slots, self._experts(ROWS)) if depth is None else depth
         self.targets = {layer: layers[i + 1:i + 1 + self.depth] if i == 0 else layers[i + self.depth:i + self.depth + 1]
                         for i, layer in enumerate(layers)}  # the layers whose copies start at each
+        predictor.prepare([(source, target) for source, targets in self.targets.items() for target in targets])
         self.grid = prefetch_grid()
         B = self.depth + 1  # prefetches in flight at most
         self.buffer = {layer: i % B for i, layer in enumerate(layers)}
@@ -280,12 +216,12 @@ class DecodePrefetch:
         prefetch_pins(slot_ids, self._pins, *used)  # after the last layer: the count alone
         for target in targets:
             between = [p for p in self._pending if layer < p < target]
-            self._start(target, x, self._slots_of(between, self._pins, 1), share)
+            self._start(target, x, self._slots_of(between, self._pins, 1), share, layer)
 
-    def _start(self, layer: int, x: torch.Tensor, pinned: torch.Tensor, share) -> None:  # noqa: ANN001 - CpuShare
+    def _start(self, layer: int, x: torch.Tensor, pinned: torch.Tensor, share, source: int) -> None:  # noqa: ANN001
         """`layer`'s predicted experts (without `share`'s picks, if any) planned ahead with
         `pinned` slots kept, the misses marked and copied on the side stream."""
-        ids = self.predictor(layer, x, self._like[: x.shape[0]])
+        ids = self.predictor(layer, x, self._like[: x.shape[0]], source)
         if share is not None:
             ids = share.drop_picks(layer, ids, self.cache.slot_map[layer], self._scratch)
         plan = self.cache.plan_wave(layer, ids, pinned, ahead=True)

@@ -54,5 +54,8 @@ class KnownRouting:
     def __init__(self) -> None:
         self.step: dict[int, torch.Tensor] = {}
 
-    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
         return self.step[layer]
+
+    def prepare(self, pairs: list[tuple[int, int]]) -> None:
+        pass

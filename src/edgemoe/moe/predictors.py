@@ -1,0 +1,130 @@
+"""What decode prefetch copies (`moe/prefetch.py`): a predictor ranks a later MoE layer's
+experts from an earlier layer's MoE input.
+
+- `RouterPredictor`: the target layer's own router on that input, the input first scaled by
+  the two layers' norm gains (`moe_input_gains`: what differs between the layers' inputs when
+  the residual doesn't). The usual approximation; on random weights its recall says nothing
+  about a trained model's.
+- `StagedPredictor`: under `--routing synthetic`, the target layer's drawn ids: an oracle
+  (recall 1), labelled so, which shows what the mechanism saves at perfect prediction.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+from edgemoe.kernels.router import fused_router_workspace, route_logits_topk
+
+
+class Predictor(Protocol):
+    label: str
+
+    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
+        """[T, K] int32 ids predicted for MoE `layer` from x [T, H], MoE layer `source`'s input
+        (an earlier layer's); `like`: a [T, K] int32 tensor of -1 (the shape; padding rows' ids)."""
+        ...
+
+    def prepare(self, pairs: list[tuple[int, int]]) -> None:
+        """Before any graph captures a prediction: the (source, target) pairs it will make."""
+        ...
+
+
+class RouterScores(NamedTuple):
+    """How a layer's router ranks its experts, for prediction: the logits x·Wᵀ (a softmax
+    router's top-k is theirs), plus gpt-oss's logit `bias`; or, `sigmoid`, GLM's scores
+    sigmoid(x·Wᵀ) plus its selection bias (its expert groups left out: one in GLM-4.5); or,
+    `softmax`, ERNIE's softmax(x·Wᵀ) plus its selection bias (a bias on probabilities
+    reorders what the logits alone would pick)."""
+
+    weight: torch.Tensor  # [E, H]
+    bias: torch.Tensor | None = None  # [E]
+    sigmoid: bool = False
+    softmax: bool = False
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
+        s = s.sigmoid() if self.sigmoid else s.softmax(-1) if self.softmax else s
+        return s if self.bias is None else s + self.bias.float()
+
+
+class RouterPredictor:
+    """The next layer's router on x: its experts' top-k by `RouterScores` (a plain weight
+    [E, H]: the logits'). Where the ranking is the logits' (plus a logit bias: gpt-oss) and
+    the fused router runs (CUDA, bf16/fp16), one `_route_fused` launch on a workspace of the
+    predictor's own — the torch form's projection, cast, top-k and cast are four launches on
+    the decode chain a layer; a softmax's top-k is its logits'.
+
+    `gains` {layer: [H]}: each MoE layer's input norm's effective weight (`moe_input_gains`).
+    x is layer s's normed residual scaled by s's gain, while layer t's router sees its own
+    residual scaled by t's; with the residual alike across the layers between (the premise of
+    predicting at all), x·(g_t / g_s) is what t's router sees up to a positive factor, which
+    no top-k of logits or softmax changes. So each pair whose gains differ (a trained model's
+    do: they vary by layer and channel) multiplies x by that ratio first (one launch); a
+    channel s's gain zeroes carries nothing and gets 0. Equal gains (random presets, all
+    ones) cost nothing."""
+
+    label = "router"
+
+    def __init__(self, routers: dict[int, RouterScores | torch.Tensor], top_k: int,
+                 gains: dict[int, torch.Tensor] | None = None) -> None:
+        self.routers, self.top_k, self.gains = routers, top_k, gains or {}
+        first = next(iter(routers.values()), None)  # NOTE: allocated now, never inside a graph's capture
+        weight = first.weight if isinstance(first, RouterScores) else first
+        self.workspace = None if weight is None else fused_router_workspace(weight, top_k)
+        self.ratios: dict[tuple[int, int], torch.Tensor] = {}  # (source, target): t's gain over s's
+
+    def prepare(self, pairs: list[tuple[int, int]]) -> None:
+        for source, target in pairs:
+            g_s, g_t = self.gains.get(source), self.gains.get(target)
+            if g_s is None or g_t is None or torch.equal(g_s, g_t):
+                continue
+            g_s, g_t = g_s.float(), g_t.float()
+            ratio = torch.where(g_s.abs() > torch.finfo(torch.float32).tiny, g_t / g_s, torch.zeros_like(g_t))
+            self.ratios[(source, target)] = ratio.to(self._weight(target).dtype)  # one launch: x is in that dtype
+
+    def _weight(self, layer: int) -> torch.Tensor:
+        router = self.routers[layer]
+        return router.weight if isinstance(router, RouterScores) else router
+
+    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
+        ratio = self.ratios.get((source, layer)) if source is not None else None
+        router = self.routers[layer]
+        router = router if isinstance(router, RouterScores) else RouterScores(router)
+        w = router.weight
+        if ratio is not None:
+            x = x.to(w.dtype) * ratio
+        if self.workspace is not None and not (router.sigmoid or router.softmax):
+            bias = None if router.bias is None else router.bias.to(w.dtype)
+            return route_logits_topk(x.to(w.dtype), w, self.top_k, False, w.dtype, self.workspace, bias=bias)[0]
+        return torch.topk(router.scores(x), self.top_k, dim=-1).indices.to(torch.int32)
+
+
+def moe_input_gains(blocks: list, layers: set[int]) -> dict[int, torch.Tensor]:  # noqa: ANN001 - model blocks
+    """{layer: [H] fp32}: the effective weight of the norm in front of each MoE layer in
+    `layers` (RMSNorm's weight, plus 1 for the zero-centred norm of Qwen3-Next / Qwen3.5),
+    from blocks that have one (`mlp_norm`); others are left out (their pairs unscaled)."""
+    gains = {}
+    for i, block in enumerate(blocks):
+        norm = getattr(block, "mlp_norm", None)
+        weight = getattr(norm, "weight", None)
+        if i in layers and isinstance(weight, torch.Tensor) and weight.dim() == 1:
+            gains[i] = weight.float() + float(getattr(norm, "weight_offset", 0.0))
+    return gains
+
+
+class StagedPredictor:
+    """Synthetic routing's drawn ids for the layer: an oracle (the step's draws are staged
+    before its forward)."""
+
+    label = "synthetic oracle"
+
+    def __init__(self, routing) -> None:  # noqa: ANN001 - moe/synthetic_routing.SyntheticRouting
+        self.routing = routing
+
+    def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
+        return self.routing.real_ids(layer, like).to(torch.int32)  # padding rows: like's -1
+
+    def prepare(self, pairs: list[tuple[int, int]]) -> None:
+        pass
