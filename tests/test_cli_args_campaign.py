@@ -95,7 +95,7 @@ def fake_agent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(edgemoe.launch, "StartedServer", refuse)
 
 
-@pytest.mark.parametrize("url", ["localhost:notaport", "", "ftp://127.0.0.1:1"])
+@pytest.mark.parametrize("url", ["localhost:notaport", "", "ftp://127.0.0.1:1", "127.0.0.1:70000"])
 @pytest.mark.parametrize("command", [["ctl", "health"], ["chat"], ["launch", "claude"], ["bench", "agent"]])
 def test_a_url_that_is_no_address_is_named(command: list[str], url: str, tmp_path: Path, no_local_model: None,
                                            fake_agent: None, capsys: pytest.CaptureFixture[str]) -> None:

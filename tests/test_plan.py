@@ -181,3 +181,17 @@ def test_plan_fit_names_a_results_directory_it_cannot_use(where: str, tmp_path, 
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"--results {results}" in err
     assert ("no such directory" in err) if where == "missing" else (plan_fit.BW_JSON in err)
+
+
+@pytest.mark.parametrize("backend", ["auto", "offload"])
+def test_a_hybrid_without_attention_layers_is_planned(backend: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Every layer linear attention (layer_types, or a full_attention_interval past the layers):
+    no KV a token, which was a ZeroDivisionError in the plan (transformers runs such a model)."""
+    from edgemoe.engine.model_source import parse_random
+
+    config = {k: v for k, v in parse_random("random:tiny-qwen3.5-moe").config.items() if k != "seed"}
+    config["layer_types"] = ["linear_attention"] * config["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "16GiB", "--moe-backend", backend]) == 0
+    assert "Traceback" not in capsys.readouterr().err

@@ -154,6 +154,13 @@ def test_added_tokens_decoder_extends_tokenizer(tmp_path: Path) -> None:
         TokenizerBundle.load(make_dir(tmp_path / "gap", _tok_config(added_tokens_decoder=extra)))
 
 
+@pytest.mark.parametrize("declared", [[1, 2], "x", {"abc": {"content": "<t>", "special": True}}])
+def test_malformed_added_tokens_decoder_is_named(tmp_path: Path, declared: Any) -> None:
+    """A list or a string was an AttributeError, a key not an id a ValueError naming no file."""
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json: added_tokens_decoder"):
+        TokenizerBundle.load(make_dir(tmp_path, _tok_config(added_tokens_decoder=declared)))
+
+
 def test_missing_tokenizer_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"tokenizer\.json.*not found"):
         TokenizerBundle.load(tmp_path)

@@ -305,8 +305,12 @@ def _chat_prompt(tokenizer: Any, text: str) -> str:
 
     if not tokenizer.chat_template:
         raise ValueError("--chat: the model has no chat template (chat_template.jinja or tokenizer_config.json)")
-    template = ChatTemplate(tokenizer.chat_template, bos_token=None, eos_token=None)
-    return template.render([{"role": "user", "content": text}], add_generation_prompt=True)
+    name = str(tokenizer.chat_template_path or "<chat_template>")  # errors name the file
+    template = ChatTemplate(tokenizer.chat_template, bos_token=None, eos_token=None, name=name)
+    try:
+        return template.render([{"role": "user", "content": text}], add_generation_prompt=True)
+    except ValueError as e:  # the template's own words (raise_exception, an undefined name)
+        raise ValueError(f"--chat: {name}: the chat template failed: {e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

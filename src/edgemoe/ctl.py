@@ -44,6 +44,8 @@ def server_url(text: str) -> str:
         url, why = httpx.URL(text), "no host"
     except httpx.InvalidURL as exc:
         url, why = None, str(exc)
+    if url is not None and url.port is not None and not 0 < url.port <= 65535:  # httpx takes 70000, -1
+        url, why = None, f"port {url.port} is not in 1..65535"
     if url is None or url.scheme not in ("http", "https") or not url.host:
         why = f"scheme {url.scheme}://" if url is not None and url.host else why
         raise ValueError(f"--url {given!r} is not a server address ({why}): e.g. 127.0.0.1:1919 or http://HOST:PORT")

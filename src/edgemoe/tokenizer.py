@@ -178,6 +178,8 @@ def _eos_ids(config: dict[str, Any]) -> Iterable[int]:
 def _add_declared_tokens(tokenizer: Tokenizer, tok_cfg: dict[str, Any], cfg_path: Path) -> None:
     """Add tokens that tokenizer_config.json declares but tokenizer.json lacks (older checkpoints)."""
     declared = tok_cfg.get("added_tokens_decoder") or {}
+    if not isinstance(declared, dict) or not all(k.isdigit() for k in declared):
+        raise ValueError(f"{cfg_path}: added_tokens_decoder must map token ids (\"151643\") to tokens")
     for id_str, tok in sorted(declared.items(), key=lambda kv: int(kv[0])):
         content = _token_str(tok)
         if not isinstance(tok, dict) or content is None or tokenizer.token_to_id(content) is not None:

@@ -189,3 +189,14 @@ def test_every_bench_refuses_bad_numbers_and_unwritable_folders_by_flag(argv: li
         main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"argument {flag}:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("limit", [["--kv-tokens", "4"], ["--max-model-len", "12"]])
+def test_a_run_that_fits_is_not_refused_by_the_warm_up(limit: list[str], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The warm-up's own 16-token prompt failed where the asked-for runs fit: "the prompt has
+    16 tokens, the KV cache holds 16" (or "the context length is 12"), naming no flag."""
+    assert main(["bench", "decode", "--model", "random:tiny-qwen3-moe", *limit, "--prompt-tokens", "4",
+                 "--batch-sizes", "1", "--decode-tokens", "2", "--out", str(tmp_path)]) == 0
+    assert len(json.loads(next(tmp_path.glob("decode-*.json")).read_text())["rows"]) == 1
+    assert "Traceback" not in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -87,6 +88,23 @@ def test_missing_config_and_bad_json(ckpt: Path) -> None:
         load_checkpoint(ckpt, progress=False)
     (ckpt / "config.json").unlink()
     with pytest.raises(CheckpointError, match=r"config\.json: file not found"):
+        load_checkpoint(ckpt, progress=False)
+
+
+@pytest.mark.timeout(60)  # a FIFO read blocked forever before the check
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink loop"])
+def test_a_json_file_that_is_no_regular_file_is_named(ckpt: Path, name: str, kind: str) -> None:
+    """Each was a raw OSError (IsADirectoryError, ELOOP) or a read that never returned."""
+    path = ckpt / name
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(name)
+    with pytest.raises(CheckpointError, match=rf"{name}: (not a regular file|cannot read it)"):
         load_checkpoint(ckpt, progress=False)
 
 

@@ -237,3 +237,16 @@ def test_one_period_far_slower_than_offload_ends_the_visit() -> None:
         now += 5e-3 if level == 0 else (25e-3 if levels.count(level) == 1 else 5.5e-3)
     first = levels.index(8)
     assert levels[first + 1] == 0, levels  # its first period, 5x offload's, ended it
+
+
+@pytest.mark.parametrize("raw,want", [("2", 2.0), ("0", math.inf), ("-1", None), ("nan", None), ("x", None)])
+def test_the_cut_factor_from_the_environment(raw: str, want: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-1 cut every visit and nan none, silently; "x" was refused already."""
+    from edgemoe.moe.quota_auto import _cut
+
+    monkeypatch.setenv("EDGEMOE_AUTO_CUT", raw)
+    if want is None:
+        with pytest.raises(ValueError, match="EDGEMOE_AUTO_CUT"):
+            _cut()
+    else:
+        assert _cut() == want

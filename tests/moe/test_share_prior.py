@@ -88,3 +88,7 @@ def test_the_gemm_cost_can_be_replaced_for_an_ab(monkeypatch: pytest.MonkeyPatch
     assert share_rates(store, host_weights(store))[3] == 0  # the default: not counted (docs/offload.md)
     monkeypatch.setenv("EDGEMOE_SHARE_GEMM_NS", "12000")
     assert share_rates(store, host_weights(store))[3] == 12000
+    for bad in ("x", "-5", "1.5"):  # "x" was int()'s message, naming no variable; -5 a negative cost
+        monkeypatch.setenv("EDGEMOE_SHARE_GEMM_NS", bad)
+        with pytest.raises(ValueError, match="EDGEMOE_SHARE_GEMM_NS"):
+            share_rates(store, host_weights(store))

@@ -16,7 +16,11 @@ def cache_dir() -> Path:
     """``$EDGEMOE_CACHE_DIR`` or ``~/.cache/edgemoe``; created on demand."""
     root = os.environ.get("EDGEMOE_CACHE_DIR")
     path = Path(root) if root else Path.home() / ".cache" / "edgemoe"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file there, a parent that is one, no permission
+        where = f"EDGEMOE_CACHE_DIR={root!r}" if root else f"the cache directory {path}"
+        raise ValueError(f"{where}: cannot make it a directory ({e.strerror or e})") from None
     return path
 
 

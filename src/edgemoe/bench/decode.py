@@ -362,7 +362,7 @@ def run_decode_bench(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         runs, skipped = runs_that_fit(llm.engine.runtime, args.prompt_tokens, args.batch_sizes, args.decode_tokens)
         # Warm-up: first-call allocations and kernel selection, for decode steps and for a prompt
         # chunk (past a decode step's rows, below a streamed chunk: the CPU share's prompt rule).
-        measure(llm, 16, 1, 4, seed=0)
+        measure(llm, min(16, *(n for n, _ in runs)), 1, min(4, args.decode_tokens), seed=0)
         runtime = llm.engine.runtime
         if (chunk := min(WARMUP_CHUNK, runtime.max_model_len, runtime.plan.kv_tokens) - 8) > 16:
             measure(llm, chunk, 1, 2, seed=0)

@@ -338,11 +338,12 @@ def _plan_weights_kv(
             + (" / --state-slots" if reserved else "")
         )
     all_experts = total_experts * e_bytes
+    # NOTE: per_tok is 0 for a hybrid whose layers are all linear attention (no KV): divide by 1
     if backend == "auto":
         # Too big to hold: the slot cache, with the CPU used or not as the live rates say.
         backend = "resident" if all_experts + max_model_len * per_tok <= free else "auto"
     if backend == "resident":
-        kv = kv_tokens or min((free - all_experts) // per_tok, max_running * max_model_len)
+        kv = kv_tokens or min((free - all_experts) // max(per_tok, 1), max_running * max_model_len)
         if kv < 1 or all_experts + kv * per_tok > free:
             raise PlanError(
                 f"resident experts ({all_experts / GiB:.2f} GiB) + KV do not fit in {free / GiB:.2f} GiB: "
@@ -350,7 +351,7 @@ def _plan_weights_kv(
             )
         return MemoryPlan(budget, context, weights, all_experts, 0, e_bytes, kv, kv * per_tok, ws, backend, graphs)
     min_slots = arch.top_k
-    kv = kv_tokens or max(1, min(max_model_len, int(free * KV_SHARE_DEFAULT) // per_tok))
+    kv = kv_tokens or max(1, min(max_model_len, int(free * KV_SHARE_DEFAULT) // max(per_tok, 1)))
     room = free - kv * per_tok
     slots = moe_slots or max(0, min(total_experts, room // e_bytes))  # a KV past the budget leaves none, not fewer
     if slots < min_slots or slots * e_bytes > room:

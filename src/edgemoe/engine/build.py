@@ -70,7 +70,12 @@ class Runtime:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # torch's message lists device types the engine never runs on
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{flag_name('device')}={name!r}: choose cpu, cuda, cuda:N or auto")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"{flag_name('device')}={name!r} but CUDA is not available")
@@ -121,6 +126,12 @@ def make_runner(
 
 def warn_about_plan(plan: MemoryPlan, arch: ModelArch, max_len: int) -> None:
     """What a person starting the engine should know about the plan's limits."""
+    if max_len > arch.max_position_embeddings:  # transformers takes any position: so do we, but say so
+        log.warning(
+            "--max-model-len %d is past the %d positions the model serves (config.json's max_position_embeddings, "
+            "scaled by its rope_scaling): the model was not trained on the positions past them",
+            max_len, arch.max_position_embeddings,
+        )
     if plan.kv_tokens < max_len:
         log.warning(
             "the KV cache holds %d tokens, less than the context length %d: a request that outgrows it "

@@ -89,9 +89,12 @@ def resolve_model(model: str | None) -> ModelSource:
     if is_random(model):
         spec = parse_random(model)
         return ModelSource(spec.name, preset_dir(spec), spec.config, random=spec)
+    if not model.strip():  # `--model "$MODEL"` with $MODEL unset read the working directory
+        raise ValueError("model (--model) is empty: give a model directory, or leave it out for the demo model")
     path = Path(model).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(f"model (--model) {model!r}: no such directory")
+        why = "not a directory (give the checkpoint's directory)" if path.exists() else "no such directory"
+        raise FileNotFoundError(f"model (--model) {model!r}: {why}")
     return ModelSource(path.name, path, read_json(path / "config.json"))
 
 

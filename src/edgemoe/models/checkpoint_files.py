@@ -24,12 +24,17 @@ class CheckpointError(ValueError):
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path` (config.json, the index), CheckpointError naming the file."""
+    # NOTE: a FIFO would block the read forever, a directory or a symlink loop raise OSError.
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: not a regular file")
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -42,7 +47,7 @@ def safetensors_files(model_dir: Path) -> dict[str, list[str]]:
     data from whoever published it, and must not make the loader open other files.
     """
     index = model_dir / "model.safetensors.index.json"
-    if index.exists():
+    if index.exists() or index.is_symlink():  # a broken link is reported, not read as no index
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: no 'weight_map' object")

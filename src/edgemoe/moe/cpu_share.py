@@ -121,7 +121,17 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
     its GEMMs)."""
     nbytes, (hidden, inter) = store.expert_nbytes, (store.down_shape[0], store.down_shape[1])
     return [round(nbytes / CPU_GBPS[weights[0]]), round(6 * hidden * inter / CPU_FLOPS[weights[0]] * 1e9),
-            round(nbytes / DEVICE_GBPS), int(os.environ.get("EDGEMOE_SHARE_GEMM_NS", DEVICE_GEMM_NS))]
+            round(nbytes / DEVICE_GBPS), _gemm_ns()]
+
+
+def _gemm_ns() -> int:
+    """`EDGEMOE_SHARE_GEMM_NS` (ns a device GEMM of an expert, for an A/B), else DEVICE_GEMM_NS."""
+    raw = os.environ.get("EDGEMOE_SHARE_GEMM_NS", "")
+    if not raw:
+        return DEVICE_GEMM_NS
+    if not raw.isdigit():
+        raise ValueError(f"EDGEMOE_SHARE_GEMM_NS must be a whole number of nanoseconds (got {raw!r})")
+    return int(raw)
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:

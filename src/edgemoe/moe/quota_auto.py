@@ -49,10 +49,14 @@ CUT_AFTER, CUT_NOW, RETRY_WAIT, RETRY_GROWTH = 2, 4.0, 1, 8
 def _cut() -> float:
     """`EDGEMOE_AUTO_CUT`: the factor over offload's window that cuts a visit (0: never), else 1.5
     (a healthy share's first steps ran up to ~1.3x offload's window on the H100s)."""
+    raw = os.environ.get("EDGEMOE_AUTO_CUT", "1.5")
     try:
-        return float(os.environ.get("EDGEMOE_AUTO_CUT", "1.5")) or float("inf")
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"EDGEMOE_AUTO_CUT must be a number (0: no cut): {os.environ['EDGEMOE_AUTO_CUT']!r}") from None
+        value = float("nan")
+    if not value >= 0:  # NOTE: a negative factor cut every visit, nan none
+        raise ValueError(f"EDGEMOE_AUTO_CUT must be a number >= 0 (0: no cut): {raw!r}")
+    return value or float("inf")
 
 
 CUT = _cut()
