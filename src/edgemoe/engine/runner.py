@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Protocol
 
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.cache.state_pool import StatePool
 from edgemoe.engine.batch_buffers import BatchBuffers, SeqChunk, all_decode
 from edgemoe.engine.graphs import DecodeGraphs, DecodePadding, GraphVariants, trim
@@ -138,7 +138,7 @@ def blocking_wait() -> bool:
     every step. Off: measured on the GPU machine (docs/benchmarks.md "Pinned CPU workers")
     it gained nothing once the C pool's workers were pinned. Read at each step, so one
     engine can A/B it (`gpu_qwen4_bench.py --alternate-env`)."""
-    return os.environ.get("EDGEMOE_BLOCKING_WAIT", "0") == "1"
+    return env_switch("EDGEMOE_BLOCKING_WAIT", False)
 
 
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from edgemoe.env_switch import env_switch
+
 
 @functools.cache
 def triton_importable() -> bool:
@@ -32,7 +34,7 @@ def use_triton(t: torch.Tensor, dtype: torch.dtype | None = None) -> bool:
     2-byte elements: fp32 extend tiles at head dim 256 overflow sm_86's shared memory).
     `EDGEMOE_TRITON=0` forces the torch references (A/B runs, bisecting a numeric issue).
     """
-    if os.environ.get("EDGEMOE_TRITON", "1") == "0":
+    if not env_switch("EDGEMOE_TRITON", True):
         return False
     return t.is_cuda and (dtype or t.dtype) in FAST_DTYPES and triton_importable()
 
@@ -58,6 +60,6 @@ def pdl_enabled(device: torch.device) -> bool:
     NOTE: the one place the switch is read. It is read at every launch, so a CUDA graph
     records what was set when it was captured.
     """
-    if os.environ.get("EDGEMOE_PDL", "1") == "0" or device.type != "cuda" or _interpreting():
+    if not env_switch("EDGEMOE_PDL", True) or device.type != "cuda" or _interpreting():
         return False
     return _capability(torch.cuda.current_device() if device.index is None else device.index) >= (9, 0)

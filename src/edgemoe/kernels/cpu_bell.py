@@ -24,12 +24,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import time
 from typing import NamedTuple
 
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,13 @@ def _spin(word: torch.Tensor, value: int, timeout_s: float) -> None:
 
 
 def bell_wanted() -> bool:
-    return os.environ.get("EDGEMOE_CPU_BELL", "1") != "0"
+    return env_switch("EDGEMOE_CPU_BELL", True)
 
 
 def quiet_wanted() -> bool:
     """`EDGEMOE_BELL_QUIET=0` keeps the bell polling every 20 µs for a second after each
     burst even where the host expects no ring (the A/B's arm: `CpuBell.set_quiet`)."""
-    return os.environ.get("EDGEMOE_BELL_QUIET", "1") != "0"
+    return env_switch("EDGEMOE_BELL_QUIET", True)
 
 
 @functools.cache

@@ -18,11 +18,11 @@ registers (`fused_plan_supported`); `EDGEMOE_TRITON=0` keeps the torch ops (A/B 
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.kernels.backend import triton_importable
 
 # The kernel holds the pool's keys (int64) and the layer's experts in one CTA's registers.
@@ -65,7 +65,7 @@ def present(ids: torch.Tensor, n: int) -> torch.Tensor:
 
 def fused_plan_supported(device: torch.device, num_slots: int, num_experts: int) -> bool:
     """Whether the cache on `device` should plan with the fused kernel by default."""
-    if os.environ.get("EDGEMOE_TRITON", "1") == "0":
+    if not env_switch("EDGEMOE_TRITON", True):
         return False
     fits = num_slots <= MAX_SLOTS and num_experts <= MAX_EXPERTS
     return torch.device(device).type == "cuda" and fits and triton_importable()

@@ -15,12 +15,12 @@ launch (`SparseMoE.add_norm_route`, on a GPU for decode batches): one kernel few
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.layers.attention import Attention
 from edgemoe.layers.context import StepContext
 from edgemoe.layers.mlp import DenseMLP
@@ -94,7 +94,7 @@ def chain_norms(blocks: Sequence[PreNormBlock]) -> None:
     `EDGEMOE_COMBINE_NORM=0` (A/B runs; the results are bitwise the same either way).
     The last block keeps its own output unnormed: the final norm sees only the rows
     whose logits are wanted."""
-    if os.environ.get("EDGEMOE_COMBINE_NORM", "1") == "0":
+    if not env_switch("EDGEMOE_COMBINE_NORM", True):
         return
     for block, nxt in pairwise(blocks):
         block.next_norm = nxt.attn_norm

@@ -4,10 +4,10 @@ experts via an executor."""
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.kernels.dense_gemv import Linear, dense_gemv_ref
 from edgemoe.kernels.norm_fused import RowNorm, add_rms_norm
 from edgemoe.kernels.router import (
@@ -24,7 +24,7 @@ def router_norm_enabled() -> bool:
     """Whether MoE blocks run their residual add + norm inside the router's launch
     (`SparseMoE.add_norm_route`); `EDGEMOE_ROUTER_NORM=0` turns it off (A/B runs: the
     results are bitwise the same either way)."""
-    return os.environ.get("EDGEMOE_ROUTER_NORM", "1") != "0"
+    return env_switch("EDGEMOE_ROUTER_NORM", True)
 
 
 class SparseMoE:

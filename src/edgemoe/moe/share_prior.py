@@ -18,11 +18,11 @@ contradict the cost law (`solve`) keep the constants, as does `EDGEMOE_SHARE_PRI
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes
 from edgemoe.kernels.cpu_kernel import CpuExperts
 from edgemoe.moe.rate_probe import cpu_seconds
@@ -40,7 +40,7 @@ RESIDUAL_MAX = 0.1  # a shape's time off the fitted law, of that time (quiet run
 
 
 def wanted() -> bool:
-    return os.environ.get("EDGEMOE_SHARE_PRIOR", "1") != "0"
+    return env_switch("EDGEMOE_SHARE_PRIOR", True)
 
 
 def measure_times(store: ExpertStore, weights: tuple[str, int], kernel: CpuExperts) -> list[float] | None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from edgemoe.env_switch import env_switch
 from edgemoe.moe.device_cache import DeviceSlotCache
 from edgemoe.moe.offload import SlotBanks
 
@@ -36,11 +37,9 @@ LEND_ENV = "EDGEMOE_LEND_SLOTS"  # "0": chunks never borrow (the A/B, and runs m
 def lend_tokens() -> int:
     """The prompt chunks that borrow the pool's tail where the device cache streams them: the
     streaming threshold (`EDGEMOE_PREFILL_STREAM_TOKENS`), 0 with `EDGEMOE_LEND_SLOTS=0`."""
-    import os
-
     from edgemoe.moe.prefill_stream import stream_min_tokens
 
-    return 0 if os.environ.get(LEND_ENV, "") == "0" else stream_min_tokens()
+    return stream_min_tokens() if env_switch(LEND_ENV, True) else 0
 
 
 class SlotLending:

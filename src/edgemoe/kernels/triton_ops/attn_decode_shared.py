@@ -16,12 +16,12 @@ generic split (an A/B, or a way around a GPU this launch does not compile for).
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from edgemoe.env_switch import env_switch
 from edgemoe.kernels.triton_ops.attn_common import kv_slots, softmax_step
 from edgemoe.kernels.triton_ops.attn_decode import split_bounds
 from edgemoe.kernels.triton_ops.common import mma, pdl_start, round_to
@@ -37,7 +37,7 @@ def takes_shared_split(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: to
     """A cache this launch serves: V is K's tensor (same memory, same layout), one kv head,
     a row wider than 256 dims that is not a power of two, no fp8 scales."""
     D = k_cache.shape[-1]
-    return (os.environ.get("EDGEMOE_SHARED_SPLIT", "1") != "0" and k_scale is None and k_cache.shape[1] == 1 and D > 256 and D & (D - 1) != 0
+    return (env_switch("EDGEMOE_SHARED_SPLIT", True) and k_scale is None and k_cache.shape[1] == 1 and D > 256 and D & (D - 1) != 0
             and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride())
 
 

@@ -18,12 +18,12 @@ NOTE: tile sizes are constants (never derived from T): batch invariance, as moe_
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from edgemoe.env_switch import env_switch
 from edgemoe.kernels.activations import Activation
 from edgemoe.kernels.expert_bias import ExpertBias
 from edgemoe.kernels.triton_ops.common import (
@@ -65,7 +65,7 @@ def fp8_dot(fmt_code: int, group: int, x: torch.Tensor) -> bool:
     forces weight-only dequantisation."""
     from edgemoe.kernels.triton_ops.dequant import FMT_FP8
 
-    if os.environ.get("EDGEMOE_FP8_DOT", "1") == "0" or fmt_code != FMT_FP8 or group != F8_K:
+    if not env_switch("EDGEMOE_FP8_DOT", True) or fmt_code != FMT_FP8 or group != F8_K:
         return False
     if x.dtype not in (torch.bfloat16, torch.float16):
         return False
