@@ -195,3 +195,12 @@ def test_a_hybrid_without_attention_layers_is_planned(backend: str, tmp_path: Pa
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert main(["plan", "--model", str(tmp_path), "--gpu-memory", "16GiB", "--moe-backend", backend]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_layer_count_past_any_model_is_refused_at_once(capsys) -> None:  # noqa: ANN001
+    """A typo's million layers planned for minutes (quadratic lookups); now refused by name."""
+    from edgemoe.models.hf_config import MAX_LAYERS
+
+    rc = main(["plan", "--gpu-memory", "16GiB", "--model", f"random:qwen3-30b-a3b?num_hidden_layers={MAX_LAYERS + 1}"])
+    assert rc != 0
+    assert f"num_hidden_layers={MAX_LAYERS + 1}: expected at most {MAX_LAYERS}" in capsys.readouterr().err

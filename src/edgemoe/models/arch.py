@@ -251,7 +251,7 @@ def common_fields(
     return dict(
         vocab_size=c.integer("vocab_size"),
         hidden_size=hidden,
-        num_layers=c.integer("num_hidden_layers"),
+        num_layers=c.layers(),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,

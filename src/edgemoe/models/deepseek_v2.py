@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def arch(config: dict[str, Any]) -> MlaArch:
     c = HFConfig(config)
-    layers, experts = c.integer("num_hidden_layers"), c.integer("n_routed_experts", 64)
+    layers, experts = c.layers(), c.integer("n_routed_experts", 64)
     moe = moe_layers(c, layers, default_dense=0)
     _warn_unread(c)
     fields, attn = latent_attention(config, eps=1e-6, max_pos=2048, q_lora=1536, nope=128, v=128)

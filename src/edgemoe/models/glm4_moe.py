@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
-    layers, experts = c.integer("num_hidden_layers"), c.integer("n_routed_experts", 128)
+    layers, experts = c.layers(), c.integer("n_routed_experts", 128)
     moe = moe_layers(c, layers)
     fields = common_fields(c, eps=1e-5, max_pos=131072, kv_heads=8)
     check_experts(c, experts, fields["top_k"], moe)

@@ -71,7 +71,7 @@ class GptOssArch(DecoderArch):
 
 def arch(config: dict[str, Any]) -> GptOssArch:
     c = HFConfig(config)
-    layers, experts = c.integer("num_hidden_layers"), c.integer("num_local_experts", 128)
+    layers, experts = c.layers(), c.integer("num_local_experts", 128)
     # Its experts' clamped SwiGLU whatever `hidden_act` says (transformers' modelling never reads it).
     fields = common_fields(c, eps=1e-5, max_pos=131072, head_dim=c.integer("head_dim", 64), kv_heads=8,
                            hidden_act="silu")

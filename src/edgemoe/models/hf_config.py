@@ -71,6 +71,7 @@ SCHEMAS: dict[str, ConfigSchema] = {
 }
 
 _MISSING = object()
+MAX_LAYERS = 1024  # the deepest published models have ~130
 
 
 class HFConfig:
@@ -108,8 +109,8 @@ class HFConfig:
     # the wrong type; so do these, naming the field, before a bad value reaches the model.
     # A null counts as absent (the class default), as for the `X | None` fields.
 
-    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1) -> int:
-        """An integer >= `minimum` (a bool is not one); `default` when absent or null."""
+    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None) -> int:
+        """An integer >= `minimum` (and <= `maximum`; a bool is not one); `default` when absent or null."""
         value = self.get(key)
         if value is None:
             if default is _MISSING:
@@ -118,7 +119,13 @@ class HFConfig:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{key}={value!r}: expected an integer >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{key}={value!r}: expected at most {maximum}")
         return value
+
+    def layers(self) -> int:
+        """`num_hidden_layers`, at most MAX_LAYERS (a typo's million layers planned for minutes)."""
+        return self.integer("num_hidden_layers", maximum=MAX_LAYERS)
 
     def number(self, key: str, default: float | None) -> float | None:
         """A finite number > 0; `default` when absent or null."""

@@ -95,7 +95,7 @@ def arch(config: dict[str, Any]) -> MlaArch:
     c = HFConfig(config)
     model_type = c.model_type
     glm = model_type == "glm4_moe_lite"
-    layers, experts = c.integer("num_hidden_layers"), c.integer("n_routed_experts", 64 if glm else 256)
+    layers, experts = c.layers(), c.integer("n_routed_experts", 64 if glm else 256)
     moe = _glm_lite_moe_layers(c, layers) if glm else moe_layers(c, layers, default_dense=3)
     fields, attn = latent_attention(config, eps=1e-5 if glm else 1e-6, max_pos=202752 if glm else 4096,
                                     q_lora=768 if glm else 1536, nope=192 if glm else 128, v=256 if glm else 128)

@@ -49,7 +49,7 @@ def arch(config: dict[str, Any]) -> HybridArch:
     return hybrid_arch(
         c, model_type=MODEL_TYPE if multimodal else TEXT_MODEL_TYPE,
         checkpoint_prefix="model.language_model." if multimodal else "model.", gdn_layout="split",
-        moe_layers=tuple(range(c.integer("num_hidden_layers"))), norm_topk_prob=True, num_experts=256,
+        moe_layers=tuple(range(c.layers())), norm_topk_prob=True, num_experts=256,
     )
 
 

@@ -45,7 +45,7 @@ def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
     if c.flag("attention_bias", False):
         raise ConfigError("attention_bias=true (biased q/k/v/o projections) is not supported for qwen3_moe")
-    layers, experts = c.integer("num_hidden_layers"), c.integer("num_experts", minimum=0)
+    layers, experts = c.layers(), c.integer("num_experts", minimum=0)
     step, dense_only = c.integer("decoder_sparse_step", 1), set(c.int_list("mlp_only_layers"))
     moe = tuple(i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
     fields = common_fields(c, eps=1e-6, max_pos=32768, kv_heads=4)

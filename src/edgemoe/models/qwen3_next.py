@@ -35,7 +35,7 @@ __all__ = ["IGNORED_PREFIXES", "arch", "build", "checkpoint_map", "stacked_exper
 
 def arch(config: dict[str, Any]) -> HybridArch:
     c = HFConfig(config)
-    layers, experts = c.integer("num_hidden_layers"), c.integer("num_experts", 512, minimum=0)
+    layers, experts = c.layers(), c.integer("num_experts", 512, minimum=0)
     step, dense_only = c.integer("decoder_sparse_step", 1), set(c.int_list("mlp_only_layers"))
     moe = tuple(i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
     return hybrid_arch(

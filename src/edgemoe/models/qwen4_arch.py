@@ -142,7 +142,7 @@ class Qwen4ExpArch(HybridArch):
 
 def qwen4_arch(c: HFConfig, *, model_type: str, checkpoint_prefix: str) -> Qwen4ExpArch:
     """The fields transformers 5.24's `Qwen4ExpTextConfig` reads, with its defaults."""
-    layers = c.integer("num_hidden_layers")
+    layers = c.layers()
     types = c.get("layer_types")
     if isinstance(types, list):  # the real checkpoint says full_attention for the indexed layers
         types = [ATTENTION if t in (INDEXED, ATTENTION) else t for t in types]
