@@ -142,11 +142,14 @@ CHAIN_ROW = COPIER_ROWS - 1
 def copier_for(store: ExpertStore, slots: SlotBanks):  # noqa: ANN201 - kernels/copy_bell.CopyBell | None
     """A copier over `store`'s banks and `slots`, or None where it can't run: no GPU, a
     store that isn't page-locked banks, a driver without stream memory operations in graphs,
-    no C compiler for the library (the reason logged)."""
+    no C compiler for the library (the reason logged), or `EDGEMOE_COPIER=0`."""
     from edgemoe.kernels.copy_bell import CopyBell, copier_library
 
+    from edgemoe.env_switch import env_switch
     from edgemoe.kernels.cpu_bell import bell_supported
 
+    if not env_switch("EDGEMOE_COPIER", True):  # the eager copy mover (a fallback; the A/B's other arm)
+        return None
     if slots.device.type != "cuda" or not gatherable(store, slots.device):
         log.info("copier: needs a GPU and page-locked stacked banks")
         return None
