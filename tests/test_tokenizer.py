@@ -161,6 +161,13 @@ def test_malformed_added_tokens_decoder_is_named(tmp_path: Path, declared: Any) 
         TokenizerBundle.load(make_dir(tmp_path, _tok_config(added_tokens_decoder=declared)))
 
 
+@pytest.mark.parametrize("value", ["no", "false", 0, 1])
+def test_a_non_boolean_add_bos_token_is_named(tmp_path: Path, value: Any) -> None:
+    """transformers' config takes a bool; the string "no" was read as true."""
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json: add_bos_token="):
+        TokenizerBundle.load(make_dir(tmp_path, _tok_config(add_bos_token=value)))
+
+
 def test_missing_tokenizer_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"tokenizer\.json.*not found"):
         TokenizerBundle.load(tmp_path)

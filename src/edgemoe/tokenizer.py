@@ -47,6 +47,8 @@ class TokenizerBundle:
         bos_id = tokenizer.token_to_id(bos) if bos is not None else None
 
         add_bos = tok_cfg.get("add_bos_token")
+        if add_bos is not None and not isinstance(add_bos, bool):  # "no" would read as true
+            raise ValueError(f"{model_dir / 'tokenizer_config.json'}: add_bos_token={add_bos!r}: expected true or false")
         if add_bos is None:
             # No explicit setting: transformers then relies on the post-processor, so do
             # what it would do (Llama-3's tokenizer.json adds BOS there).
