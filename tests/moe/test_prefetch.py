@@ -246,6 +246,27 @@ def test_the_flag_is_refused_where_nothing_prefetches() -> None:
     EngineConfig.from_kwargs(moe_prefetch="on", expert_mover="copy")  # the copier's, where it runs
 
 
+def test_the_prefetch_mover_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefetch moves as the chain does unless EDGEMOE_PREFETCH_MOVER says otherwise: copy
+    beside a gathering chain; a gather beside the copier's chain is refused by name (the side
+    gather would run the chain's own mover), as is any other word."""
+    from edgemoe.moe.movers import CopierMover, GatherMover
+    from edgemoe.moe.side_copies import side_mover
+
+    gather, copier = object.__new__(GatherMover), object.__new__(CopierMover)
+    monkeypatch.delenv("EDGEMOE_PREFETCH_MOVER", raising=False)
+    assert (side_mover(gather), side_mover(copier)) == ("gather", "copy")
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", "copy")
+    assert (side_mover(gather), side_mover(copier)) == ("copy", "copy")
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", "gather")
+    assert side_mover(gather) == "gather"
+    with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_MOVER=gather: the chain moves by the copier"):
+        side_mover(copier)
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", "dma")
+    with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_MOVER='dma'"):
+        side_mover(gather)
+
+
 def test_a_mover_that_reads_the_host_refuses_prefetch() -> None:
     """The copy mover without the copier (no GPU here) reads each miss list back: nothing
     can run beside the chain, and the executor says so instead of prefetching wrong."""

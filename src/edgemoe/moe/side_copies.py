@@ -11,8 +11,8 @@ failed step). A buffer is issued again only after its wait.
 - `EngineCopies` (`--expert-mover copy`): the copy engine, its copies issued by the copier's
   C thread, which the graph rings (`kernels/copy_bell.py`): no SMs taken, nothing in the
   graph that holds an expert's address. It shares the chain's copier (one thread, one copy
-  stream: a layer's own misses queue ahead of the prefetches).
-`EDGEMOE_PREFETCH_MOVER=gather|copy` moves prefetch otherwise than the chain (the A/B).
+  stream: a layer's own misses queue ahead of the prefetches). `EDGEMOE_PREFETCH_MOVER=copy`
+  beside `--expert-mover gather` gives prefetch a copier of its own (the A/B).
 - `InlineCopies`: no GPU: the mover's copies in stream order (the CPU tests' path).
 """
 
@@ -132,10 +132,15 @@ class EngineCopies:
 
 def side_mover(chain: ExpertMover) -> str:
     """How prefetch copies: as the chain moves its misses (`--expert-mover`), or as
-    `EDGEMOE_PREFETCH_MOVER` (gather | copy: the A/B) says."""
-    name = os.environ.get("EDGEMOE_PREFETCH_MOVER", "") or ("copy" if isinstance(chain, CopierMover) else "gather")
+    `EDGEMOE_PREFETCH_MOVER` says: `copy` beside a gathering chain (the A/B); `gather` beside
+    the copier's chain is refused (the side gather runs the chain's own mover)."""
+    chain_copies = isinstance(chain, CopierMover)
+    name = os.environ.get("EDGEMOE_PREFETCH_MOVER", "") or ("copy" if chain_copies else "gather")
     if name not in SIDE_MOVERS:
         raise ValueError(f"EDGEMOE_PREFETCH_MOVER={name!r}: {' or '.join(SIDE_MOVERS)}")
+    if name == "gather" and chain_copies:
+        raise ValueError("EDGEMOE_PREFETCH_MOVER=gather: the chain moves by the copier (--expert-mover copy); "
+                         "prefetch gathers beside --expert-mover gather only")
     return name
 
 
