@@ -1,5 +1,6 @@
-"""The copier: a decode prefetch's misses moved by the GPU's copy engine from inside a
-captured graph (issue 13, item 1: the copy engine in the real step). `kernels/cpu/em_copier.h`
+"""The copier: the device cache's misses (a decode layer's own, `--expert-mover copy`, and
+decode prefetch's) moved by the GPU's copy engine from inside a captured graph (issue 13,
+item 1: the copy engine in the real step). `kernels/cpu/em_copier.h`
 says the protocol: a launch of the graph publishes a miss list in a page-locked row and
 rings it; a C thread (no Python, no GIL) issues one `cuMemcpyHtoDAsync` per miss and part on
 a stream of its own, then `cuStreamWriteValue32` of the row's done word behind them; the
@@ -171,6 +172,8 @@ class CopyBell:
     def drain(self, timeout_s: float = 10.0) -> None:
         """Once the rings issued so far are answered: every copy landed (after a failed
         step; the host waits)."""
+        if not self._handle:
+            return
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the rings published
         deadline = time.monotonic() + timeout_s

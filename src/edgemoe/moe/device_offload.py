@@ -42,7 +42,7 @@ from edgemoe.moe.cpu_share import CpuShare
 from edgemoe.moe.device_cache import DeviceSlotCache, WavePlan
 from edgemoe.moe.device_counts import DeviceCounts
 from edgemoe.moe.executor import CellsExecutor, CellWorkspace
-from edgemoe.moe.movers import make_mover
+from edgemoe.moe.movers import CopierMover, make_mover
 from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.predictors import Predictor, RouterScores
 from edgemoe.moe.prefetch import DecodePrefetch
@@ -120,6 +120,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
+        if isinstance(self.mover, CopierMover):  # its thread's counts; a failed copy counts in copier_errors
+            self.stats.sources.append(lambda: {f"copier_{k}": v for k, v in self.mover.bell.stats().items()})
         min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
         self.lending = make_lending(self.cache, self.slots, lend_slots, min_tokens, self.num_experts,
                                     lambda: self.workspace.drop_loaned())

@@ -119,7 +119,7 @@ class EngineCopies:
         self.bell.drain()
 
     def snapshot(self) -> dict[str, object]:
-        stats = self.bell.stats()
+        stats = self.bell.stats()  # the chain's rings too where it shares the chain's copier
         rings = stats["rings"]
         return {"prefetch_mover": self.name, "copier_rings": rings, "copier_copies": stats["copies"],
                 "copier_us_per_ring": stats["busy_ns"] / rings / 1e3 if rings else None,
