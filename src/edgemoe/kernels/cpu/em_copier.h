@@ -45,8 +45,9 @@ typedef struct {
     void *stream;
     volatile int32_t *flags; /* [nrows]: rung rows (page-locked, written by the device) */
     const int32_t *rows;     /* [nrows][2 + 2 * width]: table layer, 0, ids[width], slots[width] */
-    int64_t nrows, width, urgent;
-    long spin_ns; /* spin this long after a ring before polling (0: poll only) */ /* urgent: a row looked at first (a decode layer's own misses), or -1 */
+    int64_t nrows, width;
+    int64_t urgent; /* a row looked at first (a decode layer's own misses), or -1 */
+    long spin_ns;   /* spin this long after a ring before polling (0: poll only) */
     const int64_t *src; /* [nlayers][nparts][2]: a layer's host bank base, bytes per expert */
     const int64_t *dst; /* [nparts][3]: the slot bank's device base, bytes per slot, bytes a copy */
     const int64_t *done; /* [nrows]: device addresses of the done words */
