@@ -1,8 +1,9 @@
-"""On/off switches read from the environment (`EDGEMOE_TRITON=0` and the other A/B knobs).
+"""Knobs read from the environment (`EDGEMOE_TRITON=0` and the other A/B settings).
 
-"1", "on", "true", "yes" and "0", "off", "false", "no" (any case), or unset / empty for the
-default; anything else is refused naming the variable. The knobs compared the value with
-"0" or "1", so `EDGEMOE_TRITON=off` silently meant on: an A/B that measured one arm twice.
+`env_switch`: "1", "on", "true", "yes" and "0", "off", "false", "no" (any case), or unset /
+empty for the default; anything else is refused naming the variable. The knobs compared the
+value with "0" or "1", so `EDGEMOE_TRITON=off` silently meant on: an A/B that measured one arm
+twice. `env_whole`: a whole number (µs, ns: the unit named in the refusal).
 """
 
 from __future__ import annotations
@@ -23,3 +24,14 @@ def env_switch(name: str, default: bool) -> bool:
     if raw in OFF:
         return False
     raise ValueError(f"{name}={os.environ[name]!r}: 1 or 0 (on / off, true / false, yes / no)")
+
+
+def env_whole(name: str, default: int, unit: str) -> int:
+    """The whole number `name` holds (of `unit`, named when it is refused), `default` where
+    unset or empty."""
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{name} must be a whole number of {unit} (got {raw!r})")
+    return int(raw)

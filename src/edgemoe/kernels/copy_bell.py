@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import time
 
 import torch
 
+from edgemoe.env_switch import env_whole
 from edgemoe.kernels.backend import triton_importable
 
 HEADER = 2  # a row's ints before its ids: the store table's layer, unused
@@ -61,10 +61,7 @@ def spin_us() -> int:
     """`EDGEMOE_COPIER_SPIN_US`: how long the thread spins after a ring before it polls (0,
     the default: polls every 5 µs; a spinning thread takes a core the CPU share's pool may
     need). The A/B's knob."""
-    raw = os.environ.get("EDGEMOE_COPIER_SPIN_US", "") or "0"
-    if not raw.isdigit():
-        raise ValueError(f"EDGEMOE_COPIER_SPIN_US={raw!r}: microseconds, a whole number")
-    return int(raw)
+    return env_whole("EDGEMOE_COPIER_SPIN_US", 0, "microseconds")
 
 
 def copier_library() -> ctypes.CDLL | None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgemoe.env_switch import env_whole
 from edgemoe.kernels import cpu_build, cpu_isa, cpu_pinning
 from edgemoe.kernels.activations import kernel_name
 from edgemoe.kernels.expert_bias import ExpertBias
@@ -95,12 +96,7 @@ def kernel_glu(act: Callable[[torch.Tensor], torch.Tensor], bias: ExpertBias | N
 
 def _spin_us() -> int:
     """`EDGEMOE_CPU_SPIN_US` (µs idle workers spin before sleeping), else SPIN_US."""
-    value = os.environ.get("EDGEMOE_CPU_SPIN_US", "")
-    if not value:
-        return SPIN_US
-    if not value.isdigit():
-        raise ValueError(f"EDGEMOE_CPU_SPIN_US must be a whole number of microseconds (got {value!r})")
-    return int(value)
+    return env_whole("EDGEMOE_CPU_SPIN_US", SPIN_US, "microseconds")
 
 
 def default_gemm_min_tokens(variant: str, weights: str) -> int:

@@ -41,12 +41,12 @@ than computing them where they lie.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
 from torch.nn.functional import silu
 
+from edgemoe.env_switch import env_whole
 from edgemoe.kernels.cell_sources import CellSources
 from edgemoe.kernels.cpu_bell import BellTurn, CpuBell, await_turn, bell_supported, bell_wanted, quiet_wanted
 from edgemoe.kernels.cpu_host_layer import HostLayerMailboxes, MailboxBuffers
@@ -126,12 +126,7 @@ def share_rates(store: ExpertStore, weights: tuple[str, int]) -> list[int]:
 
 def _gemm_ns() -> int:
     """`EDGEMOE_SHARE_GEMM_NS` (ns a device GEMM of an expert, for an A/B), else DEVICE_GEMM_NS."""
-    raw = os.environ.get("EDGEMOE_SHARE_GEMM_NS", "")
-    if not raw:
-        return DEVICE_GEMM_NS
-    if not raw.isdigit():
-        raise ValueError(f"EDGEMOE_SHARE_GEMM_NS must be a whole number of nanoseconds (got {raw!r})")
-    return int(raw)
+    return env_whole("EDGEMOE_SHARE_GEMM_NS", DEVICE_GEMM_NS, "nanoseconds")
 
 
 def host_weights(store: ExpertStore) -> tuple[str, int] | None:
