@@ -20,22 +20,15 @@ the CPU tests drive the whole protocol so).
 from __future__ import annotations
 
 import ctypes
-import functools
 import time
 
 import torch
 
 from edgemoe.env_switch import env_whole
 from edgemoe.kernels.backend import triton_importable
+from edgemoe.kernels.cpu_bell import _libcuda, _spin, _wait
 
 HEADER = 2  # a row's ints before its ids: the store table's layer, unused
-
-
-@functools.cache
-def _driver() -> ctypes.CDLL:
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuCtxGetCurrent.restype, lib.cuCtxGetCurrent.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p)]
-    return lib
 
 
 def _address(fn: object) -> int:
@@ -44,8 +37,12 @@ def _address(fn: object) -> int:
 
 def _driver_functions(device: torch.device) -> tuple[int, int, int, int]:
     """(copy, write, set context, context): the driver's `cuMemcpyHtoDAsync`,
-    `cuStreamWriteValue32`, `cuCtxSetCurrent` and `device`'s current context."""
-    lib = _driver()
+    `cuStreamWriteValue32`, `cuCtxSetCurrent` and `device`'s current context (the driver the
+    bell loaded: `copier_for` checked its stream memory operations)."""
+    lib = _libcuda()
+    if lib is None:
+        raise RuntimeError("copier: no CUDA driver with stream memory operations")
+    lib.cuCtxGetCurrent.restype, lib.cuCtxGetCurrent.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p)]
     torch.cuda.init()
     with torch.cuda.device(device):
         torch.cuda.current_stream(device).synchronize()  # the primary context made current here
@@ -157,14 +154,9 @@ class CopyBell:
     def wait(self, row: int) -> None:
         """The current stream (a GPU) or this thread (the host) waits for row `row`'s copies."""
         if self.done.is_cuda:
-            from edgemoe.kernels.cpu_bell import _wait
-
             _wait(torch.cuda.current_stream(self.device), self._done_at[row].item(), 1)
-            return
-        deadline = time.monotonic() + 10.0
-        while int(self.done[row]) != 1:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"copier: row {row} not done in 10 s")
+        else:
+            _spin(self.done[row:row + 1], 1, 10.0, f"copier row {row}")
 
     def drain(self, timeout_s: float = 10.0) -> None:
         """Once the rings issued so far are answered: every copy landed (after a failed

@@ -101,12 +101,12 @@ def await_turn(turn: BellTurn) -> None:
     _spin(turn.done, turn.value, 10.0)
 
 
-def _spin(word: torch.Tensor, value: int, timeout_s: float) -> None:
-    """On the host: until the int32 `word` (a host tensor) holds `value`."""
+def _spin(word: torch.Tensor, value: int, timeout_s: float, what: str = "the CPU share's bell") -> None:
+    """On the host: until the int32 `word` (a host tensor) holds `value` (`what` waits, for the error)."""
     deadline = time.monotonic() + timeout_s
     while int(word.view(-1)[0]) != value:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the CPU share's bell: value {value} not done in {timeout_s} s")
+            raise TimeoutError(f"{what}: value {value} not done in {timeout_s} s")
 
 
 def bell_wanted() -> bool:
