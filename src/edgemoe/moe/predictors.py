@@ -69,10 +69,11 @@ class RouterPredictor:
 
     def __init__(self, routers: dict[int, RouterScores | torch.Tensor], top_k: int,
                  gains: dict[int, torch.Tensor] | None = None) -> None:
-        self.routers, self.top_k, self.gains = routers, top_k, gains or {}
-        first = next(iter(routers.values()), None)  # NOTE: allocated now, never inside a graph's capture
-        weight = first.weight if isinstance(first, RouterScores) else first
-        self.workspace = None if weight is None else fused_router_workspace(weight, top_k)
+        # A plain weight is the logits' ranking: wrapped once here, not per prediction.
+        self.routers = {layer: r if isinstance(r, RouterScores) else RouterScores(r) for layer, r in routers.items()}
+        self.top_k, self.gains = top_k, gains or {}
+        first = next(iter(self.routers.values()), None)  # NOTE: allocated now, never inside a graph's capture
+        self.workspace = None if first is None else fused_router_workspace(first.weight, top_k)
         self.ratios: dict[tuple[int, int], torch.Tensor] = {}  # (source, target): t's gain over s's
 
     def prepare(self, pairs: list[tuple[int, int]]) -> None:
@@ -82,16 +83,11 @@ class RouterPredictor:
                 continue
             g_s, g_t = g_s.float(), g_t.float()
             ratio = torch.where(g_s.abs() > torch.finfo(torch.float32).tiny, g_t / g_s, torch.zeros_like(g_t))
-            self.ratios[(source, target)] = ratio.to(self._weight(target).dtype)  # one launch: x is in that dtype
-
-    def _weight(self, layer: int) -> torch.Tensor:
-        router = self.routers[layer]
-        return router.weight if isinstance(router, RouterScores) else router
+            self.ratios[(source, target)] = ratio.to(self.routers[target].weight.dtype)  # one launch: x's dtype
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
         ratio = self.ratios.get((source, layer)) if source is not None else None
         router = self.routers[layer]
-        router = router if isinstance(router, RouterScores) else RouterScores(router)
         w = router.weight
         if ratio is not None:
             x = x.to(w.dtype) * ratio
