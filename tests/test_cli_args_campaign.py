@@ -232,6 +232,25 @@ def test_serve_refuses_empty_values(argv: list[str], flag: str, monkeypatch: pyt
     assert flag in _error(capsys)
 
 
+def test_serve_checks_engine_settings_before_starting_the_engine(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import edgemoe.serve
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the engine process was started")
+
+    monkeypatch.setattr(edgemoe.serve, "_Serve", refuse)  # was: the engine's failure, printed twice, ~3 s later
+    assert main(["serve", "--port", "0", "--kv-tokens", "0"]) == 2
+    assert "--kv-tokens" in _error(capsys)
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve", "--port", "0"]])
+def test_a_negative_engine_seed_is_refused(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # random.Random(-5) is Random(5): two seeds would have named one generator
+    assert main([*command, "--seed", "-5"]) == 2
+    assert "--seed" in _error(capsys)
+
+
 # --------------------------------------------------------------------------- convert
 
 

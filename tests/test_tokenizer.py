@@ -95,6 +95,14 @@ def test_eos_single_int_and_nested_text_config(tmp_path: Path) -> None:
     assert TokenizerBundle.load(d2).eos_token_ids == frozenset({2})
 
 
+@pytest.mark.parametrize("value,kept", [("<|im_end|>", {2}), ([5, "x"], {2, 5}), (-1, {2}), (True, {2})])
+def test_a_malformed_eos_token_id_is_said_not_dropped(tmp_path: Path, value: object, kept: set[int],
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    d = make_dir(tmp_path, _tok_config(eos_token="<｜▁pad▁｜>"), generation_config__json={"eos_token_id": value})
+    assert TokenizerBundle.load(d).eos_token_ids == frozenset(kept)  # the well-formed ids and the tokenizer's
+    assert "generation_config.json: eos_token_id=" in caplog.text
+
+
 def test_add_bos_token_prepends_once(tmp_path: Path) -> None:
     b = TokenizerBundle.load(make_dir(tmp_path, _tok_config(add_bos_token=True)))
     plain = b.encode("hi", add_special_tokens=False)

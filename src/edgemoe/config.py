@@ -264,6 +264,8 @@ class EngineConfig:
         for name, value in positive.items():
             if value is not None and value < 1:
                 raise ValueError(f"{flag_name(name)} must be >= 1 (got {value})")
+        if self.model.seed < 0:  # random.Random(-5) is Random(5): two seeds, one generator
+            raise ValueError(f"{flag_name('seed')} must be >= 0 (got {self.model.seed})")
 
 
 # What a setting's annotation accepts (the CLI's parsers give these; `LLM(**settings)` may not).

@@ -178,8 +178,10 @@ class _Serve:
 
 def run_serve(config: ServerConfig, settings: dict[str, Any]) -> int:
     """Serve until a signal (exit 0) or the engine's death (exit 1)."""
+    from edgemoe.config import EngineConfig
     from edgemoe.moe.routing_spec import ROUTER
 
+    EngineConfig.from_kwargs(**settings)  # torch-free: a bad flag is one message before the engine starts
     if settings.get("routing", ROUTER) != ROUTER:
         raise ValueError(
             f"routing (--routing) {settings['routing']!r} replaces the model's expert choices with a synthetic "

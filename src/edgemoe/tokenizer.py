@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TokenizerBundle"]
 
@@ -54,8 +57,8 @@ class TokenizerBundle:
             # what it would do (Llama-3's tokenizer.json adds BOS there).
             add_bos = bos_id is not None and tokenizer.encode("", add_special_tokens=True).ids[:1] == [bos_id]
 
-        eos_ids = set(_eos_ids(_read_json(model_dir / "config.json")))
-        eos_ids |= set(_eos_ids(_read_json(model_dir / "generation_config.json")))
+        eos_ids = set(_eos_ids(_read_json(model_dir / "config.json"), model_dir / "config.json"))
+        eos_ids |= set(_eos_ids(_read_json(model_dir / "generation_config.json"), model_dir / "generation_config.json"))
         if eos is not None and (eos_id := tokenizer.token_to_id(eos)) is not None:
             eos_ids.add(eos_id)
 
@@ -169,12 +172,17 @@ def _token_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _eos_ids(config: dict[str, Any]) -> Iterable[int]:
-    """eos_token_id from a (generation) config: an int, a list, or nested in text_config."""
+def _eos_ids(config: dict[str, Any], path: Path) -> Iterable[int]:
+    """eos_token_id from a (generation) config: an int, a list, or nested in text_config.
+    Anything else is said, not silently dropped: without its stop token a model runs to max_tokens."""
     for cfg in (config, config.get("text_config") or {}):
         value = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
         values = value if isinstance(value, list) else [value]
-        yield from (v for v in values if isinstance(v, int) and not isinstance(v, bool))
+        ids = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+        if value is not None and len(ids) != len(values):
+            log.warning("%s: eos_token_id=%r: expected a token id or a list of them; using %s", path, value,
+                        ids or "the tokenizer's eos_token alone")
+        yield from ids
 
 
 def _add_declared_tokens(tokenizer: Tokenizer, tok_cfg: dict[str, Any], cfg_path: Path) -> None:
