@@ -12,7 +12,7 @@ import pytest
 from edgemoe import plan_speed as speed
 from edgemoe.bench.plan_fit import PREFILL_RUNS, RUNS, fit, measured, plan_args, predicted_ms, predicted_prefill, run_env
 from edgemoe.cli import build_parser, main
-from edgemoe.plan import hit_rate, plan_rows, rates_from
+from edgemoe.plan import FORMATS, hit_rate, plan_rows, rates_from
 from edgemoe.plan_speed import decode_bound, prefill_bound, prefill_streamed
 
 EXPERT_BF16 = 3 * 2048 * 768 * 2  # one Qwen3-30B-A3B expert: 9.44 MB
@@ -204,3 +204,67 @@ def test_a_layer_count_past_any_model_is_refused_at_once(capsys) -> None:  # noq
     rc = main(["plan", "--gpu-memory", "16GiB", "--model", f"random:qwen3-30b-a3b?num_hidden_layers={MAX_LAYERS + 1}"])
     assert rc != 0
     assert f"num_hidden_layers={MAX_LAYERS + 1}: expected at most {MAX_LAYERS}" in capsys.readouterr().err
+
+
+def _checkpoint_dir(tmp_path: Path, quantization_config: dict | None) -> Path:
+    """A model directory holding only config.json: qwen3-30b-a3b's, quantised as said."""
+    from edgemoe.engine.model_source import parse_random
+
+    config = {k: v for k, v in parse_random("random:qwen3-30b-a3b").config.items() if k != "seed"}
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+FP8_BLOCK_64 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}
+GPTQ_GROUP_32 = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
+
+
+@pytest.mark.parametrize(("qc", "own"), [(FP8_BLOCK_64, "fp8"), (GPTQ_GROUP_32, "int4")], ids=["fp8", "gptq"])
+def test_plan_sizes_experts_as_the_engine_loads_the_checkpoint(qc: dict, own: str, tmp_path: Path) -> None:
+    """Each row's format is resolved against the checkpoint's quantization_config as the engine
+    resolves --expert-dtype: the checkpoint's own kind keeps its block / group size (its scales)."""
+    from edgemoe.engine.budget import expert_nbytes
+    from edgemoe.models.quant_load import checkpoint_scheme
+    from edgemoe.quant import expert_format, resolve_expert_format
+
+    model = _checkpoint_dir(tmp_path, qc)
+    stored = checkpoint_scheme(json.loads((model / "config.json").read_text()), model / "config.json").format
+    _, arch, _, rows = plan_rows(build_parser().parse_args(["plan", "--model", str(model), "--gpu-memory", "16GiB"]))
+    for r in rows:
+        assert r.expert_bytes == expert_nbytes(arch, resolve_expert_format(r.fmt, stored, arch.dtype)), r.fmt
+        assert r.auto == (r.fmt == own), r.fmt
+    row = next(r for r in rows if r.fmt == own)
+    assert row.expert_bytes == expert_nbytes(arch, stored)
+    assert row.expert_bytes > expert_nbytes(arch, expert_format(own, arch.dtype))  # smaller blocks: more scales
+
+
+def test_plan_marks_the_format_auto_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _checkpoint_dir(tmp_path, FP8_BLOCK_64)
+    assert main(["plan", "--model", str(model), "--gpu-memory", "16GiB", "--bench-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    firsts = [line.split(" ", 1)[0] for line in out.splitlines()]
+    assert [f for f in firsts if f.rstrip("*") in FORMATS] == ["bf16", "fp8*", "int8", "int4", "mxfp4"]
+    assert ("experts    fp8 checkpoint: --expert-dtype auto (the default; the row marked *) loads the experts in "
+            "fp8 e4m3 (64x64 blocks)") in out
+    assert main(["plan", "--model", "random:tiny-qwen3-moe", "--gpu-memory", "16GiB", "--bench-dir", str(tmp_path),
+                 "--formats", "bf16", "fp8"]) == 0
+    out = capsys.readouterr().out  # a random preset: unquantised, auto keeps the model's dtype
+    assert "\nbf16*" in out and "\nfp8 " in out and "keeps the experts in the model's dtype (bfloat16)" in out
+    assert main(["plan", "--model", str(model), "--gpu-memory", "16GiB", "--bench-dir", str(tmp_path),
+                 "--formats", "int4"]) == 0
+    assert "(the default; not among --formats) loads the experts in fp8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("qc", "said"), [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes' is not supported"),
+    ({"quant_method": "fp8", "weight_block_size": [0, 0]}, "weight_block_size [0, 0]"),
+], ids=["unsupported", "malformed"])
+def test_a_quantization_config_plan_cannot_read_is_a_clean_error(qc: dict, said: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    model = _checkpoint_dir(tmp_path, qc)
+    assert main(["plan", "--model", str(model), "--gpu-memory", "16GiB"]) != 0
+    err = capsys.readouterr().err
+    assert f"edgemoe plan: error: {model / 'config.json'}: " in err and said in err
+    assert "Traceback" not in err

@@ -1,7 +1,9 @@
 """`edgemoe plan`: the memory plan and the speed to expect, before downloading or loading anything.
 
 Reads only the model's `config.json` (or a random preset's), plans device memory exactly
-as the engine would (`engine/budget.py`), and predicts, per expert format:
+as the engine would (`engine/budget.py`), each format resolved as `--expert-dtype` is
+against the checkpoint's `quantization_config` (`plan_checkpoint.py`), and predicts, per
+expert format:
 
 - misses per token from the hit-rate model (uniform routing, or `--routing-locality`), or
   as given (`--misses-per-token`, e.g. a `bench decode` run's, to check the speed model);
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from edgemoe import plan_speed as speed
+from edgemoe.plan_checkpoint import UNQUANTISED, Checkpoint, checkpoint_of
 
 FORMATS = ("bf16", "fp8", "int8", "int4", "mxfp4")
 DEFAULT_BENCH_DIR = "bench/results"
@@ -55,6 +58,7 @@ class Prediction:
     decode_copy_cpu: float | None  # predicted tok/s with the CPU's share (hybrid; uncalibrated)
     prefill: float | None
     backend: str
+    auto: bool = False  # the format `--expert-dtype auto` (the default) loads the checkpoint's experts in
 
     @property
     def decode(self) -> float | None:
@@ -123,17 +127,24 @@ def rates_from(args: argparse.Namespace) -> Rates:
     return Rates(pcie, cpu, host_read, device, gpu if args.device_gbps is None else None, source)
 
 
-def _arch(model: str | None) -> tuple[str, Any]:
-    """(name, DecoderArch) from the config alone: no weights, no tokenizer."""
+def _model(model: str | None) -> tuple[str, Any, Checkpoint]:
+    """(name, DecoderArch, its checkpoint's expert format) from the config files alone: no
+    weights, no tokenizer. A random preset has no quantization_config."""
     from edgemoe.engine.model_source import resolve_model
     from edgemoe.models.presets import is_random, parse_random
     from edgemoe.models.registry import model_arch
 
     if is_random(model):
         spec = parse_random(model)  # type: ignore[arg-type]
-        return spec.name, model_arch(spec.config, model)  # type: ignore[arg-type]
+        return spec.name, model_arch(spec.config, model), UNQUANTISED  # type: ignore[arg-type]
     source = resolve_model(model)
-    return source.name, model_arch(source.config, source.model_dir / "config.json")
+    where = source.model_dir / "config.json"
+    return source.name, model_arch(source.config, where), checkpoint_of(source.config, where)
+
+
+def _arch(model: str | None) -> tuple[str, Any]:
+    """(name, DecoderArch) from the config alone."""
+    return _model(model)[:2]
 
 
 def streams(chunk: int, slots: int, experts: int) -> bool:
@@ -145,15 +156,15 @@ def streams(chunk: int, slots: int, experts: int) -> bool:
     return 0 < threshold <= chunk and slots >= 2 * experts
 
 
-def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates) -> Prediction:
+def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Namespace, rates: Rates,
+            ckpt: Checkpoint = UNQUANTISED) -> Prediction:
     import torch
 
     from edgemoe.engine.big_tables import auto_embed_on_host, check_embed_setting, embed_nbytes
     from edgemoe.engine.budget import expert_nbytes, plan_memory
     from edgemoe.moe.slot_lending import lend_tokens
-    from edgemoe.quant import expert_format
 
-    form = expert_format(fmt, arch.dtype)
+    form = ckpt.resolve(fmt, arch.dtype)  # as the engine: the checkpoint's own kind keeps its group / block
     e_bytes = expert_nbytes(arch, form)  # what a slot holds and a miss copies, scales included
 
     def plan_with(embed_on_host: bool) -> Any:
@@ -199,7 +210,8 @@ def predict(arch: Any, fmt: str, budget: int, context: int, args: argparse.Names
             if rates.host_read_gbps:  # both paths read host memory: its bandwidth caps the sum
                 rate = min(rate, rates.host_read_gbps)
             both = at(rate).tok_s
-    return Prediction(fmt, e_bytes, slots, slots / total, plan.kv_tokens, h, misses, step, both, prefill, plan.backend)
+    return Prediction(fmt, e_bytes, slots, slots / total, plan.kv_tokens, h, misses, step, both, prefill, plan.backend,
+                      ckpt.is_auto(fmt, arch.dtype))
 
 
 # --------------------------------------------------------------------------- command line
@@ -246,13 +258,19 @@ def _add_engine_settings(plan: Any) -> None:
     group = plan.add_argument_group("engine settings the plan depends on")
     for name in PLAN_SETTINGS:
         f = by_name[name]
-        group.add_argument("--" + name.replace("_", "-"), dest=name, default=f.default, choices=f.metadata.get("choices"),
+        group.add_argument("--" + name.replace("_", "-"), dest=name, default=f.default,
+                           choices=f.metadata.get("choices"),
                            type=int if isinstance(f.default, int) or "int" in str(f.type) else str,
                            help=f.metadata.get("help"))
 
 
 def plan_rows(args: argparse.Namespace) -> tuple[str, Any, Rates, list[Prediction]]:
     """What `edgemoe plan` prints: (model name, arch, rates, a prediction per format)."""
+    name, arch, _, rates, rows = _planned(args)
+    return name, arch, rates, rows
+
+
+def _planned(args: argparse.Namespace) -> tuple[str, Any, Checkpoint, Rates, list[Prediction]]:
     from edgemoe.config import EngineConfig
     from edgemoe.engine.budget import parse_size
 
@@ -262,9 +280,10 @@ def plan_rows(args: argparse.Namespace) -> tuple[str, Any, Rates, list[Predictio
         raise ValueError(f"--context-tokens must be at least 1 (got {args.context_tokens})")
     for name in ("pcie_gbps", "cpu_gbps", "device_gbps"):
         if getattr(args, name) is not None and not _is_rate(getattr(args, name)):
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GB/s (got {getattr(args, name)})")
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number of GB/s "
+                             f"(got {getattr(args, name)})")
     EngineConfig.from_kwargs(**{name: getattr(args, name) for name in PLAN_SETTINGS})  # the engine's own checks
-    name, arch = _arch(args.model)
+    name, arch, ckpt = _model(args.model)
     cells = len(arch.moe_layers) * arch.moe_pairs
     if args.misses_per_token is not None and not 0.0 <= args.misses_per_token <= cells:
         raise ValueError(f"--misses-per-token must be between 0 and {cells} (MoE layers x experts a token) "
@@ -275,111 +294,14 @@ def plan_rows(args: argparse.Namespace) -> tuple[str, Any, Rates, list[Predictio
     except ValueError:
         raise ValueError(f"--cuda-context: cannot parse size {args.cuda_context!r} (e.g. 0.5GiB, 900MiB)") from None
     rates = rates_from(args)
-    return name, arch, rates, [predict(arch, fmt, budget, context, args, rates) for fmt in args.formats]
+    rows = [predict(arch, fmt, budget, context, args, rates, ckpt) for fmt in args.formats]
+    return name, arch, ckpt, rates, rows
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from edgemoe.engine.budget import parse_size
+    from edgemoe.plan_report import report
 
-    name, arch, rates, rows = plan_rows(args)
-    print(report(name, arch, parse_size(args.gpu_memory), parse_size(args.cuda_context), rates, rows, args))
+    name, arch, ckpt, rates, rows = _planned(args)
+    print(report(name, arch, parse_size(args.gpu_memory), parse_size(args.cuda_context), rates, rows, args, ckpt))
     return 0
-
-
-def _rate(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return "resident" if math.isinf(x) else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def report(name: str, arch: Any, budget: int, context: int, rates: Rates, rows: list[Prediction],
-           args: argparse.Namespace) -> str:
-    from edgemoe.engine.budget import GiB, dense_weight_bytes
-
-    moe_layers = len(arch.moe_layers)
-    lines = [
-        (f"model      {name} ({arch.model_type}): {moe_layers} MoE layers x {arch.num_experts} experts, "
-        f"{arch.top_k} per token; dense weights {dense_weight_bytes(arch) / GiB:.2f} GiB"),
-        f"budget     {budget / GiB:.2f} GiB (--gpu-memory), CUDA context {context / GiB:.2f} GiB (--cuda-context)",
-        f"rates      PCIe {_gbps(rates.pcie_gbps)}, device {_gbps(rates.device_gbps)}"
-        + (f" ({rates.gpu})" if rates.gpu else "") + f", CPU experts {_gbps(rates.cpu_gbps)}"
-        + (f", host read {_gbps(rates.host_read_gbps)}" if rates.host_read_gbps else "") + f" ({rates.source or 'none'})",
-        f"misses     {_misses_line(args)}",
-        f"decode     batch 1 at {args.context_tokens} tokens of context (--context-tokens)",
-        "",
-        (f"{'format':<6} {'expert':>9} {'backend':>8} {'slots':>6} {'share':>6} {'KV tok':>7} {'hit':>5} "
-        f"{'miss/tok':>8} {'base ms':>7} {'copy ms':>7} {'decode tok/s':>12} {'copy+CPU':>8} "
-        f"{'prefill@' + str(args.max_prefill_tokens):>13}"),
-    ]
-    for r in rows:
-        lines.append(
-            f"{r.fmt:<6} {r.expert_bytes / 1e6:>7.2f}MB {r.backend:>8} {r.num_slots:>6} {r.slot_share:>6.1%} "
-            f"{r.kv_tokens:>7} {r.hit_rate:>5.2f} {r.misses_per_token:>8.1f} "
-            f"{_ms(r.step.base_ms if r.step else None):>7} {_ms(r.step.copy_ms if r.step else None):>7} "
-            f"{_rate(r.decode):>12} {_rate(r.decode_copy_cpu):>8} {_rate(r.prefill):>13}")
-    return "\n".join(lines + [""] + _pool_warnings(arch, rows) + provenance(rates, args))
-
-
-def _pool_warnings(arch: Any, rows: list[Prediction]) -> list[str]:
-    """The start-up warning of a slot pool below one token's experts, per format it hits."""
-    from edgemoe.engine.budget import slot_pool_warning
-
-    out = []
-    for r in rows:
-        text = slot_pool_warning(r.num_slots, len(arch.moe_layers), arch.moe_pairs) if r.backend != "resident" else None
-        if text:
-            out.append(f"warning    {r.fmt}: {text}")
-    return out
-
-
-def _misses_line(args: argparse.Namespace) -> str:
-    if args.misses_per_token is not None:
-        return f"{args.misses_per_token:g} per token as given (--misses-per-token): the hit-rate model is not used"
-    how = ("uniform routing: hit rate = slot share" if args.routing_locality == 0
-           else f"routing locality {args.routing_locality:.2f} (--routing-locality)")
-    return f"modelled, {how}"
-
-
-def provenance(rates: Rates, args: argparse.Namespace) -> list[str]:
-    """What in the table was measured and what is only modelled."""
-    cal = speed.CALIBRATION
-    measured_formats = ", ".join(speed.EXPERT_EFFICIENCY)
-    lines = [
-        (f"measured   the decode step given its misses: constants fitted to `bench decode` runs on one {cal.gpu} "
-        f"(device {cal.device_gbps:,.0f} GB/s, PCIe {cal.pcie_gbps:.1f} GB/s; batch 1, CUDA graphs, device expert "
-        f"cache), reproduced within 15% (docs/plan.md): expert kernels {measured_formats}, KV, slot cache, copies"),
-        "modelled   " + "; ".join(_modelled(rates, args)),
-    ]
-    if rates.pcie_gbps is None or rates.device_gbps is None:
-        lines.append("no PCIe or device rate: run `edgemoe bench bw` on the GPU machine, or pass --pcie-gbps and "
-                     "--device-gbps (and --cpu-gbps)")
-    return lines
-
-
-def _modelled(rates: Rates, args: argparse.Namespace) -> list[str]:
-    out = []
-    if args.misses_per_token is None and not speed.HIT_RATE_CALIBRATED:
-        out.append("misses per token (hit-rate model, not calibrated: that needs a trained checkpoint's routing; "
-                   "the random presets' router is not one)")
-    borrowed = [f"{f} (as {speed.BORROWED_EFFICIENCY[f]})" for f in args.formats if f in speed.BORROWED_EFFICIENCY]
-    if borrowed:
-        out.append("expert kernel efficiency of " + ", ".join(borrowed) + ", not measured")
-    if rates.gpu != speed.CALIBRATION.gpu:
-        out.append(f"other GPUs: the base step scaled by the device bandwidth (kernels assumed to reach the "
-                   f"{speed.CALIBRATION.gpu}'s share of it), the slot cache's {speed.SLOT_CACHE_US:.0f} µs a layer kept")
-    if not speed.CPU_SHARE_CALIBRATED:
-        out.append("copy+CPU (uncalibrated: no run measured the CPU's share beside the device cache)")
-    out.append(f"prefill (chunks of {args.max_prefill_tokens}: streamed when >= 1,024 tokens, the copies of every "
-               f"expert not held x {speed.STREAM_EFFICIENCY:.2f}, else the copy bound x {speed.PREFILL_EFFICIENCY:.2f}; "
-               "fitted to synthetic-routing runs; "
-               "it assumes the chunk routes like the hit-rate model: a model that concentrates a prompt on "
-               "few experts prefills faster)")
-    return out
-
-
-def _gbps(x: float | None) -> str:
-    return "unknown" if x is None else f"{x:,.1f} GB/s"
