@@ -147,13 +147,16 @@ def test_preloaded_slots_give_the_same_tokens_with_fewer_misses(small_ckpt, slot
         assert warm[key] == host[key], key
 
 
-def test_copy_engine_mover_gives_the_same_tokens(small_ckpt) -> None:  # noqa: ANN001
-    """The copy engine through the copier: captured in the decode graphs (nothing in them
-    holds an expert's address), the host cache's tokens."""
+@pytest.mark.parametrize("copier", ["1", "0"])
+def test_copy_engine_mover_gives_the_same_tokens(small_ckpt, copier: str,  # noqa: ANN001
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy engine through the copier (EDGEMOE_COPIER=1: captured in the decode graphs,
+    nothing in them holds an expert's address) or eagerly: the host cache's tokens."""
+    monkeypatch.setenv("EDGEMOE_COPIER", copier)
     want, _, _ = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="host")
     tokens, moe, graphs = run(small_ckpt, moe_backend="offload", moe_slots=8, expert_cache="device",
                               expert_mover="copy")
-    assert tokens == want and graphs and moe["expert_mover"] == "copy"
+    assert tokens == want and graphs == (copier == "1") and moe["expert_mover"] == "copy"
 
 
 @pytest.mark.parametrize("cache,graphs", [("device", True), ("device", False), ("host", False)])

@@ -35,6 +35,7 @@ def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
     monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", mover)
+    monkeypatch.setenv("EDGEMOE_COPIER", "1")  # opt-in (moe/movers.CopierMover's note)
     slots = (depth + 1) * K * (4 if roomy else 1) + 2  # `covers`: depth + 1 layers' worth
     store = random_bank_store(L, E, H, I, torch.bfloat16, pinned=True)
     ex = make_executor("offload", store, CUDA, F.silu, L, slots, expert_cache="device")
@@ -75,6 +76,7 @@ def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int
 def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: str, depth: int, mover: str,  # noqa: ANN001
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", str(depth))
+    monkeypatch.setenv("EDGEMOE_COPIER", "1")  # opt-in (moe/movers.CopierMover's note)
     if mover != "chain-copy":
         monkeypatch.setenv("EDGEMOE_PREFETCH_MOVER", mover)
     chain = "copy" if mover == "chain-copy" else "gather"

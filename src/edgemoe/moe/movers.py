@@ -117,15 +117,26 @@ class CopyEngineMover(ExpertMover):
 
 class CopierMover(ExpertMover):
     """The copy engine through the copier (`bell`: `kernels/copy_bell.CopyBell`), its row
-    `row`: ring, then the stream waits."""
+    `row`, in captured graphs: ring, then the stream waits. Eager steps (prompt chunks)
+    read the list on the host and copy from this thread, as `CopyEngineMover` does.
+
+    NOTE: an eager step is where new kernels load, and a module load waits for the context
+    to go idle while holding the driver, so a stream waiting on the copier's answer and
+    the copier's own driver calls deadlock it (measured, H100, 2026-12-07: Triton's first
+    `moe_combine` of a prompt chunk). A graph's kernels were loaded at capture."""
 
     name = "copy"
     graph_safe = True
 
-    def __init__(self, bell, row: int) -> None:  # noqa: ANN001 - kernels/copy_bell.CopyBell
+    def __init__(self, bell, row: int, slots: SlotBanks) -> None:  # noqa: ANN001 - kernels/copy_bell.CopyBell
         self.bell, self.row = bell, row
+        self.eager = CopyEngineMover(slots)
 
     def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
+        if not torch.cuda.is_current_stream_capturing():
+            self.eager.begin(misses)
+            self.eager.move(layer, misses)
+            return
         self.bell.ring(self.row, layer, misses)
         self.bell.wait(self.row)
 
@@ -142,13 +153,14 @@ CHAIN_ROW = COPIER_ROWS - 1
 def copier_for(store: ExpertStore, slots: SlotBanks):  # noqa: ANN201 - kernels/copy_bell.CopyBell | None
     """A copier over `store`'s banks and `slots`, or None where it can't run: no GPU, a
     store that isn't page-locked banks, a driver without stream memory operations in graphs,
-    no C compiler for the library (the reason logged), or `EDGEMOE_COPIER=0`."""
+    no C compiler for the library (the reason logged), or without `EDGEMOE_COPIER=1` (an
+    experiment: a module loading while a graph waits on it deadlocks, CopierMover's note)."""
     from edgemoe.kernels.copy_bell import CopyBell, copier_library
 
     from edgemoe.env_switch import env_switch
     from edgemoe.kernels.cpu_bell import bell_supported
 
-    if not env_switch("EDGEMOE_COPIER", True):  # the eager copy mover (a fallback; the A/B's other arm)
+    if not env_switch("EDGEMOE_COPIER", False):  # opt-in: module loads beside its waits (CopierMover's note)
         return None
     if slots.device.type != "cuda" or not gatherable(store, slots.device):
         log.info("copier: needs a GPU and page-locked stacked banks")
@@ -181,5 +193,5 @@ def make_mover(name: str, store: ExpertStore, slots: SlotBanks) -> ExpertMover:
         log.warning("expert mover: the store is not page-locked stacked banks (mmap, or pinning refused): "
                     "misses go through the copy engine, and decode steps are not captured in CUDA graphs")
     elif (bell := copier_for(store, slots)) is not None:
-        return CopierMover(bell, CHAIN_ROW)
+        return CopierMover(bell, CHAIN_ROW, slots)
     return CopyEngineMover(slots)
