@@ -28,7 +28,7 @@
 #   stream-ab    short prompts ($STREAM_AB_PROMPTS: 512 700) streamed or planned: EDGEMOE_PREFILL_STREAM_TOKENS in $STREAM_AB
 #   prefetch-ab  issue 13's decode scenario (16 GiB, synthetic routing, 1K prompt) per $PREFETCH_RUNS
 #                ("dtype:backend:on|off[:VAR=value[+VAR=value...][:flags, "+"-joined]]" each; an empty VAR
-#                field is "::"), $PREFETCH_DECODE tokens (240)
+#                field is "::"), $PREFETCH_DECODE tokens (240), each run at most $RUN_LIMIT s (900)
 #   tree-ab      a build against another, interleaved, one process each: issue 13's decode scenario
 #                (or `bench decode` flags in $TREE_ARGS) per tree in $TREES (default "ab-tree ."), $TREE_ROUNDS
 #                rounds (2); a tree is a directory holding src/ (scripts/ab_tree.sh REV extracts REV's to ab-tree/,
@@ -137,7 +137,8 @@ run_stage() {
     prefetch-ab) for run in ${PREFETCH_RUNS:-bf16:hybrid:off bf16:hybrid:on}; do  # dtype:backend:prefetch[:VAR=value[:flags]]
                    IFS=: read -r dtype backend pf setting flags <<< "$run"  # flags "+"-joined, e.g. --expert-preload+off
                    echo "== $dtype $backend --moe-prefetch $pf $setting ${flags:-}"
-                   env ${setting//+/ } python3 -m edgemoe.cli bench decode --model "$model" --gpu-memory 16GiB --kv-tokens 8192 \
+                   env ${setting//+/ } timeout "${RUN_LIMIT:-900}" python3 -m edgemoe.cli bench decode --model "$model" \
+                     --gpu-memory 16GiB --kv-tokens 8192 \
                      --routing synthetic --moe-backend "$backend" --expert-dtype "$dtype" --moe-prefetch "$pf" \
                      --prompt-tokens 1024 --batch-sizes 1 --decode-tokens ${PREFETCH_DECODE:-240} ${flags//+/ } \
                      --out "$res/prefetch-ab"
