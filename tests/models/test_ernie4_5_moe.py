@@ -223,7 +223,8 @@ def config(**overrides: object) -> dict[str, object]:
     ({"moe_layer_end_index": -2}, "moe_layer_end_index=-2"),
     ({"moe_layer_interval": 0}, "moe_layer_interval=0"),
     ({"moe_layer_interval": 4}, "moe_layer_interval=4"),
-    ({"moe_k": 9}, "moe_num_experts"),  # more than the 8 experts
+    ({"moe_k": 9}, "moe_k=9 .*moe_num_experts"),  # more than the 8 experts
+    ({"moe_k": 0}, "moe_k=0"),  # named as the file spells it (the message said num_experts_per_tok)
     ({"moe_num_shared_experts": -1}, "moe_num_shared_experts=-1"),
     ({"moe_norm_min": -1e-12}, "moe_norm_min"),
     ({"moe_num_experts": [8, 8]}, "moe_num_experts"),  # ERNIE-4.5-VL's text and vision experts

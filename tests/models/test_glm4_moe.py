@@ -106,6 +106,7 @@ def test_router_matches_transformers_on_many_rows() -> None:
     ({"n_group": 3}, "n_group=3"),
     ({"topk_group": 3}, "topk_group=3"),
     ({"num_experts_per_tok": 5}, "num_experts_per_tok=5"),
+    ({"first_k_dense_replace": 3}, "first_k_dense_replace=3"),  # every layer of 3 dense (the message named others)
 ])
 def test_configs_it_cannot_route_are_refused_by_name(overrides: dict[str, object], named: str) -> None:
     config = {**transformers.Glm4MoeConfig(**TINY).to_dict(), **overrides}

@@ -216,9 +216,17 @@ def test_convert_writes_the_published_mxfp4_layout(saved: Path, tmp_path: Path) 
             assert torch.equal(llm.prompt_logits(SEQ), want), fmt
 
 
-def test_unbiased_attention_and_tied_embeddings_match_transformers(tmp_path: Path) -> None:
-    """Configs the published ones don't use: `attention_bias` false (no q/k/v/o biases
-    stored), tied embeddings, the default layer_types (alternating from a sliding first)."""
-    overrides = dict(attention_bias=False, tie_word_embeddings=True, layer_types=None)
-    path = save(gpt_oss(**overrides), tmp_path)
+UNPUBLISHED = {
+    # `attention_bias` false (no q/k/v/o biases stored), tied embeddings, the default layer_types
+    # (alternating from a sliding first)
+    "unbiased-tied": dict(attention_bias=False, tie_word_embeddings=True, layer_types=None),
+    # plain RoPE with a partial factor, which gpt-oss's rotary ignores (we rotated half of each head)
+    "default-rope-partial": dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                  "partial_rotary_factor": 0.5}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(UNPUBLISHED))
+def test_configs_the_releases_do_not_use_match_transformers(variant: str, tmp_path: Path) -> None:
+    path = save(gpt_oss(**UNPUBLISHED[variant]), tmp_path)
     assert_close_logits(ours(path), reference(path))

@@ -69,12 +69,16 @@ def test_rope_spellings_standardise_as_transformers(model_type: str, spelling: i
 
 @pytest.mark.parametrize("model_type,partial", [("qwen3_moe", False), ("olmoe", False), ("mixtral", False),
                                                  ("qwen3_next", True), ("glm4_moe", True), ("minimax_m2", True),
-                                                 ("ernie4_5_moe", False)])
+                                                 ("ernie4_5_moe", False), ("gpt_oss", False)])
 def test_which_families_rotate_part_of_a_head(model_type: str, partial: bool) -> None:
-    """Llama-style modeling code ignores partial_rotary_factor; the hybrids honour it."""
-    config = CONFIG_MAPPING[model_type](hidden_size=64, num_attention_heads=4, head_dim=16, partial_rotary_factor=0.5)
+    """Llama-style modeling code ignores partial_rotary_factor; the hybrids honour it. (gpt-oss's
+    default rope ignores it too: we rotated half of each head, its logits off by ~2.)"""
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    config = CONFIG_MAPPING[model_type](hidden_size=64, num_attention_heads=4, head_dim=16, partial_rotary_factor=0.5,
+                                        rope_parameters=rope)
     stem = {"qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe", "mixtral": "Mixtral", "qwen3_next": "Qwen3Next",
-            "glm4_moe": "Glm4Moe", "minimax_m2": "MiniMaxM2", "ernie4_5_moe": "Ernie4_5_Moe"}[model_type]
+            "glm4_moe": "Glm4Moe", "minimax_m2": "MiniMaxM2", "ernie4_5_moe": "Ernie4_5_Moe",
+            "gpt_oss": "GptOss"}[model_type]
     module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     theirs = getattr(module, f"{stem}RotaryEmbedding")(config).inv_freq.numel() * 2
     mine = rope_spec(HFConfig(config.to_dict()), 16, config.max_position_embeddings).rotary_dim

@@ -148,6 +148,7 @@ def test_the_triton_backend_reads_the_latent_cache_as_torch_does(saved: Path) ->
 @pytest.mark.parametrize(("overrides", "named"), [
     ({"mlp_layer_types": ["dense", "sparse"]}, "mlp_layer_types"),
     ({"mlp_layer_types": ["dense", "moe", "sparse"]}, "mlp_layer_types"),
+    ({"mlp_layer_types": ["dense", "dense", "dense"]}, "mlp_layer_types"),  # the message named other fields
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"n_group": 3}, "n_group=3"),
 ])
@@ -163,7 +164,7 @@ def test_dense_layers_follow_each_familys_field() -> None:
     v3 = transformers.DeepseekV3Config(**{**TINY, "first_k_dense_replace": 2}).to_dict()
     assert model_arch(v3).moe_layers == (2,)
     del v3["first_k_dense_replace"]
-    with pytest.raises(ConfigError, match="no layer has a sparse MoE block"):  # 3 layers, the default 3 dense
+    with pytest.raises(ConfigError, match="first_k_dense_replace=3 leaves no MoE layer"):  # the default: 3 of 3 dense
         model_arch(v3)
 
 

@@ -243,6 +243,8 @@ def common_fields(
     if heads % kv_heads:
         raise ConfigError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     head_dim = head_dim or c.integer("head_dim", hidden // heads)
+    if head_dim < 1:  # more heads than hidden dims, no head_dim: else refused as rotary dim 0
+        raise ConfigError(f"num_attention_heads={heads} is more than hidden_size={hidden} (and no head_dim is set)")
     native_len = c.integer("max_position_embeddings", max_pos)
     rope = rope_spec(c, head_dim, native_len)
     act = c.get("hidden_act", "silu") if hidden_act is None else hidden_act
@@ -272,5 +274,5 @@ def check_experts(c: HFConfig, num_experts: int, top_k: int, moe_layers: tuple[i
         raise ConfigError(f"no layer has a sparse MoE block ({' / '.join(c.names('num_experts'))}, mlp_only_layers, "
                           "decoder_sparse_step): a dense model, which edgemoe does not serve")
     if top_k > num_experts:
-        raise ConfigError(f"num_experts_per_tok={top_k} is more than the {num_experts} experts "
+        raise ConfigError(f"{c.spelled('num_experts_per_tok')}={top_k} is more than the {num_experts} experts "
                           f"({' / '.join(c.names('num_experts'))})")

@@ -77,6 +77,9 @@ def moe_layers(c: HFConfig, layers: int, default_dense: int = 1) -> tuple[int, .
     with a warning."""
     first_dense = c.integer("first_k_dense_replace", default_dense, minimum=0)
     sparse = tuple(range(first_dense, layers))
+    if not sparse:  # else check_experts' refusal names fields these families do not have
+        raise ConfigError(f"first_k_dense_replace={first_dense} leaves no MoE layer of {layers}: a dense model, "
+                          "which edgemoe does not serve")
     kinds = c.get("mlp_layer_types")
     if isinstance(kinds, list) and tuple(i for i, k in enumerate(kinds) if k == "sparse") != sparse:
         log.warning("mlp_layer_types=%r is not read for %s (transformers reads first_k_dense_replace=%d: "

@@ -46,6 +46,7 @@ SCHEMAS: dict[str, ConfigSchema] = {
     "qwen3_5_moe_text": ConfigSchema(partial_rotary_factor=0.25),
     # Its __post_init__ skips Qwen3.5's: partial_rotary_factor comes from config.json only (1.0 if absent).
     "qwen4_exp_text": ConfigSchema(),
+    # Its default rope rotates whole heads whatever partial_rotary_factor says (its YaRN fails on one).
     "gpt_oss": ConfigSchema(
         {"num_experts": "num_local_experts"},
         default_theta=150000.0,
@@ -53,6 +54,7 @@ SCHEMAS: dict[str, ConfigSchema] = {
             "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
             "truncate": False, "original_max_position_embeddings": 4096,
         },
+        **_FULL_HEAD,
     ),
     # Its default rope ignores partial_rotary_factor; its YaRN fails on one (as _FULL_HEAD's families).
     "deepseek_v2": ConfigSchema({"num_experts": "n_routed_experts"}, **_FULL_HEAD),
@@ -89,6 +91,11 @@ class HFConfig:
         canonical = amap.get(key, key)
         return [canonical] + sorted(a for a, target in amap.items() if target == canonical)
 
+    def spelled(self, key: str) -> str:
+        """The name the setting `key` has in config.json (ERNIE's `moe_k`), for messages: a
+        refusal names the field the file holds; `key` when it holds none."""
+        return next((n for n in self.names(key) if n in self.raw), key)
+
     def get(self, key: str, default: Any = None) -> Any:
         found = [(n, self.raw[n]) for n in self.names(key) if n in self.raw]
         if not found:
@@ -115,12 +122,12 @@ class HFConfig:
         if value is None:
             if default is _MISSING:
                 self.require(key)
-                raise ConfigError(f"{key}=null: expected an integer >= {minimum}")
+                raise ConfigError(f"{self.spelled(key)}=null: expected an integer >= {minimum}")
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(f"{key}={value!r}: expected an integer >= {minimum}")
+            raise ConfigError(f"{self.spelled(key)}={value!r}: expected an integer >= {minimum}")
         if maximum is not None and value > maximum:
-            raise ConfigError(f"{key}={value!r}: expected at most {maximum}")
+            raise ConfigError(f"{self.spelled(key)}={value!r}: expected at most {maximum}")
         return value
 
     def layers(self) -> int:
@@ -132,14 +139,14 @@ class HFConfig:
         value = self.get(key)
         if value is None:
             return default
-        return positive_number(key, value)
+        return positive_number(self.spelled(key), value)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.get(key)
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: expected true or false")
+            raise ConfigError(f"{self.spelled(key)}={value!r}: expected true or false")
         return value
 
     def int_list(self, key: str) -> list[int]:
@@ -148,7 +155,7 @@ class HFConfig:
         if value is None:
             return []
         if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value):
-            raise ConfigError(f"{key}={value!r}: expected a list of integers >= 0")
+            raise ConfigError(f"{self.spelled(key)}={value!r}: expected a list of integers >= 0")
         return value
 
     def __contains__(self, key: str) -> bool:
@@ -197,7 +204,9 @@ def rope_parameters(c: HFConfig, max_position_embeddings: int) -> dict[str, Any]
     if not isinstance(given, Mapping):
         raise ConfigError(f"rope_parameters={given!r}: expected an object")
     params = dict(given)
-    if any(key in (c.get("layer_types") or ()) for key in params):
+    # NOTE: a layer_types that is no list (a number) is the model file's to refuse by name.
+    kinds = c.get("layer_types")
+    if isinstance(kinds, list) and any(key in kinds for key in params):
         raise ConfigError("rope_parameters per layer type are not supported yet")
     if params.get("rope_theta") is None:
         theta = c.get("rope_theta")

@@ -161,6 +161,8 @@ def _glm_lite_moe_layers(c: HFConfig, layers: int) -> tuple[int, ...]:
         kinds = ["dense"] + ["sparse"] * (layers - 1)
     if not isinstance(kinds, list) or len(kinds) != layers or any(k not in MLP_KINDS for k in kinds):
         raise ConfigError(f"mlp_layer_types must list num_hidden_layers={layers} of {' / '.join(MLP_KINDS)}")
+    if "sparse" not in kinds:
+        raise ConfigError("mlp_layer_types has no 'sparse' layer: a dense model, which edgemoe does not serve")
     return tuple(i for i, k in enumerate(kinds) if k == "sparse")
 
 
