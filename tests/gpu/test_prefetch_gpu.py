@@ -64,8 +64,8 @@ def test_prefetched_steps_match_resident(predictor: str, roomy: bool, depth: int
     snap = ex.stats.snapshot()
     ex.close()
     assert snap["prefetched"] > 0 and snap["prefetch_mover"] == mover
-    if mover == "copy":
-        assert snap["copier_errors"] == 0 and snap["copier_copies"] >= 2 * snap["prefetched"]  # two parts each
+    if mover == "copy":  # eager steps: the copies made at the issue, not rung (moe/movers.CopierMover's note)
+        assert snap["copier_errors"] == 0 and snap["copier_rings"] == 0
     if predictor == "oracle":
         assert snap["prefetch_used"] == snap["prefetched"]
 

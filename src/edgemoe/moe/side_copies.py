@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 
 from edgemoe.kernels.gather_grid import GatherGrid
-from edgemoe.moe.movers import CHAIN_ROW, CopierMover, ExpertMover, copier_for
+from edgemoe.moe.movers import CHAIN_ROW, CopierMover, CopyEngineMover, ExpertMover, copier_for
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +102,29 @@ class SideGather:
 
 
 class EngineCopies:
-    """The copy engine through the copier (`kernels/copy_bell.CopyBell`), one row a buffer."""
+    """The copy engine through the copier (`kernels/copy_bell.CopyBell`), one row a buffer,
+    inside captured graphs; in eager steps the copies are made at the issue, after a host
+    read of the list (moe/movers.CopierMover's note: a module load beside a wait deadlocks)."""
 
     name = "copy"
 
-    def __init__(self, bell, owned: bool) -> None:  # noqa: ANN001 - kernels/copy_bell.CopyBell
+    def __init__(self, bell, owned: bool, slots) -> None:  # noqa: ANN001 - CopyBell, SlotBanks
         self.bell, self.owned = bell, owned  # owned: closed here (else the chain's mover's)
+        self.eager = CopyEngineMover(slots)
+        self._rung: set[int] = set()  # buffers rung and not yet awaited
 
     def issue(self, buffer: int, layer: int, misses: torch.Tensor) -> None:
+        if not torch.cuda.is_current_stream_capturing():
+            self.eager.begin(misses)
+            self.eager.move(layer, misses)
+            return
         self.bell.ring(buffer, layer, misses)
+        self._rung.add(buffer)
 
     def wait(self, buffer: int) -> None:
-        self.bell.wait(buffer)
+        if buffer in self._rung:
+            self._rung.discard(buffer)
+            self.bell.wait(buffer)
 
     def drain(self) -> None:
         self.bell.drain()
@@ -155,4 +166,4 @@ def engine_copies(chain: ExpertMover, store, slots, buffers: int) -> EngineCopie
     if bell is None:
         log.warning("EDGEMOE_PREFETCH_MOVER=copy: no copier here (the log says why): the gather moves prefetch")
         return None
-    return EngineCopies(bell, owned=not isinstance(chain, CopierMover))
+    return EngineCopies(bell, owned=not isinstance(chain, CopierMover), slots=slots)
