@@ -148,9 +148,9 @@ class MoEConfig:
     expert_mover: str = setting(
         "gather",
         "--expert-cache device: how misses reach their slots: gather (a device kernel reads the pinned host store "
-        "mapped into the GPU's address space; capturable; it takes SMs) or copy (the copy engine: on a GPU with a C "
-        "compiler its copies are issued by a host thread the step rings with the miss list, capturable and taking "
-        "no SMs; elsewhere eager, after reading each layer's miss list back). --moe-prefetch moves as this does",
+        "mapped into the GPU's address space; capturable; it takes SMs) or copy (the copy engine, eager, after "
+        "reading each layer's miss list back; with EDGEMOE_COPIER=1, an experiment that hangs the full-size engine, "
+        "a host thread the captured step rings issues them: docs/offload.md). --moe-prefetch moves as this does",
         ("gather", "copy"),
     )
     expert_preload: str = setting(

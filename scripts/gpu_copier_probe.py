@@ -1,0 +1,72 @@
+"""Where the copier hangs in the full-size engine (docs/offload.md, "The copy engine inside the
+graph"). On the H100 (2026-12-07 14:48-14:57) every `EDGEMOE_COPIER=1 --expert-mover copy` run of
+`random:qwen3-30b-a3b` hung after the engine was built (its GPU tests, on a small model, pass):
+the engine thread waited in a device read after the prompt while the overlapped first decode
+step's graph waited on a done word. This builds the same engine, generates in a worker
+thread, and if that does not finish in `--seconds`, prints what the host can read without
+the device: the copier's counts (did its thread see any ring? did a copy fail?), each row's
+flag (a ring published and not taken), whether its thread is inside a ring (stuck in a
+driver call), and every Python thread's stack; then exits 3 (the device is wedged).
+
+    EDGEMOE_COPIER=1 PYTHONPATH=/tmp/site:src python3 scripts/gpu_copier_probe.py [--seconds 60]
+        [--expert-dtype fp8] [--prompt-tokens 256] [--decode-tokens 16] [--no-cuda-graph]
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import threading
+
+from edgemoe import LLM, SamplingParams
+
+
+def copier_state(llm: LLM) -> dict[str, object]:
+    """The host's view of the chain's copier: nothing here reads device memory."""
+    mover = getattr(llm.engine.runtime.executor, "mover", None)
+    bell = getattr(mover, "bell", None)
+    if bell is None:
+        return {"copier": None, "mover": type(mover).__name__}
+    busy = bool(bell._lib.em_copier_busy(bell._handle)) if bell._handle else None
+    return {"copier": bell.stats(), "flags": bell._flags.tolist(), "inside_a_ring": busy,
+            "rows": [row[:6] for row in bell._rows.tolist()]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--model", default="random:qwen3-30b-a3b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--expert-dtype", default="fp8")
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--no-cuda-graph", action="store_true")
+    args = p.parse_args()
+    if os.environ.get("EDGEMOE_COPIER") != "1":
+        print("set EDGEMOE_COPIER=1: the copier is opt-in", file=sys.stderr)
+        return 2
+    llm = LLM(args.model, device=args.device, gpu_memory="16GiB", kv_tokens=8192, routing="synthetic",
+              moe_backend="offload", expert_cache="device", expert_dtype=args.expert_dtype, expert_mover="copy",
+              no_cuda_graph=args.no_cuda_graph)
+    print("before:", json.dumps(copier_state(llm)), flush=True)
+    params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
+    done = threading.Event()
+
+    def generate() -> None:
+        llm.generate([list(range(1000, 1000 + args.prompt_tokens))], params)
+        done.set()
+
+    threading.Thread(target=generate, daemon=True).start()
+    if done.wait(args.seconds):
+        print("finished:", json.dumps(copier_state(llm)), flush=True)
+        return 0
+    print(f"hung after {args.seconds:.0f} s:", json.dumps(copier_state(llm)), flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(3)  # NOTE: no clean exit: the device is waiting on a word nobody will write
+
+
+if __name__ == "__main__":
+    sys.exit(main())
