@@ -2,11 +2,18 @@
 graph"). On the H100 (2026-12-07 14:48-14:57) every `EDGEMOE_COPIER=1 --expert-mover copy` run of
 `random:qwen3-30b-a3b` hung after the engine was built (its GPU tests, on a small model, pass):
 the engine thread waited in a device read after the prompt while the overlapped first decode
-step's graph waited on a done word. This builds the same engine, generates in a worker
-thread, and if that does not finish in `--seconds`, prints what the host can read without
-the device: the copier's counts (did its thread see any ring? did a copy fail?), each row's
-flag (a ring published and not taken), whether its thread is inside a ring (stuck in a
-driver call), and every Python thread's stack; then exits 3 (the device is wedged).
+step's graph waited on a done word. The suspect: a blocking driver call on the engine thread
+(that read is a copy to pageable memory; a module load is another) holds the driver while it
+waits for the device, so the copier's `cuMemcpyHtoDAsync` cannot be issued and the device
+waits for ever. This builds the same engine and runs two phases in a worker thread, each
+under `--seconds`:
+- generate: a whole request, nothing read from the device until it ends (should finish);
+- read-in-flight: a prompt stepped to its first token, then the statistics read at once,
+  while the overlapped decode step is in flight (the bench's order; hangs if the suspect).
+A phase that does not finish prints what the host can read without the device: the
+copier's counts (did its thread see any ring? did a copy fail?), each row's flag (a ring
+published and not taken), whether its thread is inside a ring (stuck in a driver call), and
+every Python thread's stack; then the probe exits 3 (the device is wedged).
 
     EDGEMOE_COPIER=1 PYTHONPATH=/tmp/site:src python3 scripts/gpu_copier_probe.py [--seconds 60]
         [--expert-dtype fp8] [--prompt-tokens 256] [--decode-tokens 16] [--no-cuda-graph]
@@ -53,17 +60,37 @@ def main() -> int:
               no_cuda_graph=args.no_cuda_graph)
     print("before:", json.dumps(copier_state(llm)), flush=True)
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
+    prompt = list(range(1000, 1000 + args.prompt_tokens))
+    for name, phase in (("generate", lambda: llm.generate([prompt], params)),
+                        ("read-in-flight", lambda: read_in_flight(llm, prompt, params))):
+        watch(llm, name, phase, args.seconds)
+    return 0
+
+
+def read_in_flight(llm: LLM, prompt: list[int], params: SamplingParams) -> None:
+    """The bench's order: a prompt stepped to its first token, then a device read at once."""
+    engine = llm.engine
+    rid = engine.add_request(prompt, params)
+    while not any(out.request_id == rid and out.token_ids for out in engine.step()):
+        pass
+    llm.stats()  # a pageable device read while the next step may be in flight
+    while engine.has_work():
+        engine.step()
+
+
+def watch(llm: LLM, name: str, phase, seconds: float) -> None:  # noqa: ANN001 - a callable
+    """`phase` in a worker thread; on a timeout the host's view and every stack, then exit 3."""
     done = threading.Event()
 
-    def generate() -> None:
-        llm.generate([list(range(1000, 1000 + args.prompt_tokens))], params)
+    def run() -> None:
+        phase()
         done.set()
 
-    threading.Thread(target=generate, daemon=True).start()
-    if done.wait(args.seconds):
-        print("finished:", json.dumps(copier_state(llm)), flush=True)
-        return 0
-    print(f"hung after {args.seconds:.0f} s:", json.dumps(copier_state(llm)), flush=True)
+    threading.Thread(target=run, daemon=True).start()
+    if done.wait(seconds):
+        print(f"{name} finished:", json.dumps(copier_state(llm)), flush=True)
+        return
+    print(f"{name} hung after {seconds:.0f} s:", json.dumps(copier_state(llm)), flush=True)
     faulthandler.dump_traceback(all_threads=True)
     os._exit(3)  # NOTE: no clean exit: the device is waiting on a word nobody will write
 
