@@ -8,8 +8,10 @@ waits for the device, so the copier's `cuMemcpyHtoDAsync` cannot be issued and t
 waits for ever. This builds the same engine and runs two phases in a worker thread, each
 under `--seconds`:
 - generate: a whole request, nothing read from the device until it ends (should finish);
-- read-in-flight: a prompt stepped to its first token, then the statistics read at once,
-  while the overlapped decode step is in flight (the bench's order; hangs if the suspect).
+- stats-in-flight: a prompt stepped to its first token, then the statistics read at once
+  (the bench's order; `Engine.stats` now waits for the step in flight first: should finish);
+- raw-read-in-flight: the same with the expert cache's counts copied to pageable memory
+  directly, while the overlapped decode step is in flight (hangs if the suspect is right).
 A phase that does not finish prints what the host can read without the device: the
 copier's counts (did its thread see any ring? did a copy fail?), each row's flag (a ring
 published and not taken), whether its thread is inside a ring (stuck in a driver call), and
@@ -61,19 +63,21 @@ def main() -> int:
     print("before:", json.dumps(copier_state(llm)), flush=True)
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
     prompt = list(range(1000, 1000 + args.prompt_tokens))
+    raw = llm.engine.runtime.executor.cache.read_counts  # a copy to pageable memory, no wait first
     for name, phase in (("generate", lambda: llm.generate([prompt], params)),
-                        ("read-in-flight", lambda: read_in_flight(llm, prompt, params))):
+                        ("stats-in-flight", lambda: read_in_flight(llm, prompt, params, llm.stats)),
+                        ("raw-read-in-flight", lambda: read_in_flight(llm, prompt, params, raw))):
         watch(llm, name, phase, args.seconds)
     return 0
 
 
-def read_in_flight(llm: LLM, prompt: list[int], params: SamplingParams) -> None:
-    """The bench's order: a prompt stepped to its first token, then a device read at once."""
+def read_in_flight(llm: LLM, prompt: list[int], params: SamplingParams, read) -> None:  # noqa: ANN001
+    """The bench's order: a prompt stepped to its first token, then `read()` at once."""
     engine = llm.engine
     rid = engine.add_request(prompt, params)
     while not any(out.request_id == rid and out.token_ids for out in engine.step()):
         pass
-    llm.stats()  # a pageable device read while the next step may be in flight
+    read()  # while the next step may be in flight
     while engine.has_work():
         engine.step()
 

@@ -159,6 +159,33 @@ def test_copy_engine_mover_gives_the_same_tokens(small_ckpt, copier: str,  # noq
     assert tokens == want and graphs == (copier == "1") and moe["expert_mover"] == "copy"
 
 
+def read_then_admit(path, **settings):  # noqa: ANN001, ANN003, ANN202
+    """A prompt stepped to its first token, the statistics read at once (the next step in
+    flight), then a second prompt admitted (an eager chunk) beside the decoding row: each
+    request's tokens, and the last statistics."""
+    with LLM(str(path), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8, **settings) as llm:
+        engine, got = llm.engine, {}
+        ids = [engine.add_request(PROMPTS[0], GREEDY)]
+        while not any(o.token_ids for o in engine.step()):
+            pass
+        llm.stats()  # blocking copies: the step in flight ends first
+        ids.append(engine.add_request(PROMPTS[1], GREEDY))
+        while engine.has_work():
+            for o in engine.step():
+                got.setdefault(o.request_id, []).extend(o.token_ids)
+        return [got[i] for i in ids], llm.stats()["moe"], engine.runtime.executor.quiet_eager
+
+
+def test_the_copier_survives_a_read_and_a_prompt_beside_its_graphs(small_ckpt,  # noqa: ANN001
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full-size bench's order, which hung the copier (moe/movers.CopierMover's note),
+    gives the host cache's tokens."""
+    monkeypatch.setenv("EDGEMOE_COPIER", "1")
+    want, _, _ = read_then_admit(small_ckpt, expert_cache="host")
+    tokens, moe, quiet = read_then_admit(small_ckpt, expert_cache="device", expert_mover="copy")
+    assert tokens == want and quiet and moe["copier_errors"] == 0 and moe["copier_rings"] > 0
+
+
 @pytest.mark.parametrize("cache,graphs", [("device", True), ("device", False), ("host", False)])
 def test_decode_step_waits_once_with_the_device_cache(small_ckpt, cache: str, graphs: bool) -> None:  # noqa: ANN001
     with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=8,

@@ -319,6 +319,8 @@ class Engine:
     def stats(self) -> dict[str, object]:
         """Engine statistics: expert traffic, KV pool occupancy, the memory plan."""
         pool, plan = self.runtime.pool, self.runtime.plan
+        if self.runtime.device.type == "cuda":  # NOTE: the reads below are blocking copies: the step
+            torch.cuda.current_stream(self.runtime.device).synchronize()  # in flight ends first (the copier)
         return {
             "moe_backend": plan.backend,
             "routing": self.runtime.routing,

@@ -28,6 +28,8 @@ from edgemoe.profiling import DISABLED, StepProfiler
 class MoEStepHooks(GraphVariants, Protocol):
     """The MoE executor as the runner drives it between steps (`MoEExecutor`)."""
 
+    quiet_eager: bool  # an eager step waits for the step before it (`MoEExecutor`'s note)
+
     def before_step(self, now: float, decode_batch: int | None, prompt_rows: int = 0) -> None: ...
 
 
@@ -92,12 +94,14 @@ class ModelRunner:
         if self.routing is not None:  # outside run_batch: a replay must find its ids staged
             self.routing.prepare([len(c.token_ids) for c in chunks], [c.start + len(c.token_ids) for c in chunks],
                                  [c.row for c in chunks], size)
+        if size is not None and self.graphs is not None:
+            with self.profiler.region("graph"):
+                return self.graphs.replay(chunks, size)
+        if self.moe is not None and self.moe.quiet_eager:  # NOTE: a host wait, not a read
+            torch.cuda.current_stream().synchronize()
         if size is None:
             batch = self.buffers.build(chunks)
             return batch, self.run_batch(batch)
-        if self.graphs is not None:
-            with self.profiler.region("graph"):
-                return self.graphs.replay(chunks, size)
         batch = self.buffers.build(padded)
         return trim(batch, len(chunks)), self.run_batch(batch)[: len(chunks)]
 

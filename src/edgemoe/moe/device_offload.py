@@ -120,6 +120,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self.slots = SlotBanks(store, num_slots, device, self.stats, lend_slots)
         self.mover = make_mover(mover, store, self.slots)
         self.graph_safe = self.mover.graph_safe
+        self.quiet_eager = isinstance(self.mover, CopierMover)  # MoEExecutor's note
         if isinstance(self.mover, CopierMover):  # its thread's counts; a failed copy counts in copier_errors
             self.stats.sources.append(lambda: {f"copier_{k}": v for k, v in self.mover.bell.stats().items()})
         min_tokens = stream_min_tokens() if stream_tokens is None else stream_tokens
@@ -164,6 +165,7 @@ class DeviceOffloadExecutor(CellsExecutor):
                                        engine=lambda buffers: engine_copies(self.mover, self.store, self.slots,
                                                                             buffers))
         self.stats.sources.append(self.prefetch.snapshot)
+        self.quiet_eager = self.quiet_eager or self.prefetch.copies.name == "copy"  # a copier of its own
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
         """The share at a fixed `quota` a layer (None: no cap) and `fraction` of each layer's

@@ -62,6 +62,9 @@ class MoEExecutor(ABC):
     stats: MoEStats
     profiler: StepProfiler = DISABLED  # the runtime shares its own
     graph_safe = False  # whether a forward may be captured in a CUDA graph (no host reads)
+    # A host thread answers waits in its graphs with driver calls (the copier): an eager step,
+    # which may load a kernel while holding the driver, starts once the step before it ended.
+    quiet_eager = False
     routing: RoutingOverride | None = None
     trace: RoutingObserver | None = None
 
