@@ -319,8 +319,7 @@ class Engine:
     def stats(self) -> dict[str, object]:
         """Engine statistics: expert traffic, KV pool occupancy, the memory plan."""
         pool, plan = self.runtime.pool, self.runtime.plan
-        if self.runtime.device.type == "cuda":  # NOTE: the reads below are blocking copies: the step
-            torch.cuda.current_stream(self.runtime.device).synchronize()  # in flight ends first (the copier)
+        self._step_ended()
         return {
             "moe_backend": plan.backend,
             "routing": self.runtime.routing,
@@ -351,9 +350,16 @@ class Engine:
         executor, arch = self.runtime.executor, self.runtime.model.arch
         if executor.stats.activity is None:
             return None
+        self._step_ended()
         executor.stats.resolve()  # the resident executor's device counters mark their hits
         cells = executor.stats.activity.take(arch.moe_layers, executor.resident_mask())
         return {"layers": list(arch.moe_layers), "num_experts": arch.num_experts, "cells": cells}
+
+    def _step_ended(self) -> None:
+        """The step in flight ends before the statistics' blocking copies, waited for without
+        holding the driver (moe/movers.CopierMover's note: its graph may wait on the copier)."""
+        if self.runtime.device.type == "cuda":
+            torch.cuda.current_stream(self.runtime.device).synchronize()
 
     def _device_memory(self) -> dict[str, int]:
         """What the engine holds on the device (nothing to report on CPU): the caching
@@ -362,10 +368,8 @@ class Engine:
         if device.type != "cuda":
             return {}
         banks = getattr(getattr(self.runtime.executor, "slots", None), "outside_allocator", 0)
-        return {
-            "device_memory_allocated": torch.cuda.memory_allocated(device) + banks,
-            "device_memory_reserved": torch.cuda.memory_reserved(device) + banks,
-        }
+        return {"device_memory_allocated": torch.cuda.memory_allocated(device) + banks,
+                "device_memory_reserved": torch.cuda.memory_reserved(device) + banks}
 
     def close(self) -> None:
         """Stop the engine's threads and give back its device memory, so the next engine in
