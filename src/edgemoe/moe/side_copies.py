@@ -128,6 +128,7 @@ class EngineCopies:
 
     def drain(self) -> None:
         self.bell.drain()
+        self._rung.clear()  # after a failed step (or capture): nothing awaited later
 
     def snapshot(self) -> dict[str, object]:
         stats = self.bell.stats()  # the chain's rings too where it shares the chain's copier
