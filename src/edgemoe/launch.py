@@ -77,14 +77,23 @@ def describe(url: str, api_key: str | None) -> Endpoint | None:
 # --------------------------------------------------------------------------- agents' settings
 
 
+# Claude Code compacts at its window less min(its output, 20,000) tokens, and its own prompt is
+# ~12K: below this window compacting ahead cannot work, and the server's "prompt is too long"
+# (reactive compaction) is the better signal.
+CLAUDE_WINDOW_MIN = 32768
+
+
 def claude_env(e: Endpoint) -> tuple[list[str], dict[str, str]]:
-    return [], {
+    env = {
         "ANTHROPIC_BASE_URL": e.url,
         "ANTHROPIC_AUTH_TOKEN": e.api_key or "edgemoe",  # any token: a keyless local server ignores it
         "ANTHROPIC_MODEL": e.model,
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": e.model,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
+    if e.context >= CLAUDE_WINDOW_MIN:  # a model it doesn't know is taken for a 1M window (2.1.337): no compaction
+        env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(e.context)  # its window for a custom model id
+    return [], env
 
 
 def codex_env(e: Endpoint) -> tuple[list[str], dict[str, str]]:

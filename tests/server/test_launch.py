@@ -100,3 +100,14 @@ def test_missing_agent_is_a_message(tmp_path: Path) -> None:
     done = _launch(["codex"], str(tmp_path), tmp_path / "none.json")
     assert done.returncode == 127
     assert "Codex is not installed" in done.stderr and "npm install -g @openai/codex" in done.stderr
+
+
+@pytest.mark.parametrize("context,window", [(4096, None), (32767, None), (32768, "32768"), (262144, "262144")])
+def test_claude_code_hears_the_servers_window_where_it_can_compact_ahead(context: int, window: str | None) -> None:
+    # Claude Code 2.1.337 takes a model it doesn't know for a 1M window, so it never compacted
+    # ahead; below 32K its ~12K prompt and 20K output reserve leave it nothing to compact into.
+    from edgemoe.launch import Endpoint, claude_env
+
+    _, env = claude_env(Endpoint("http://127.0.0.1:1919", None, "qwen3-coder", context))
+    assert env.get("CLAUDE_CODE_MAX_CONTEXT_TOKENS") == window
+
