@@ -268,3 +268,86 @@ def test_a_quantization_config_plan_cannot_read_is_a_clean_error(qc: dict, said:
     err = capsys.readouterr().err
     assert f"edgemoe plan: error: {model / 'config.json'}: " in err and said in err
     assert "Traceback" not in err
+
+
+def _published_dir(tmp_path: Path, preset: str, qc: dict, text_config: bool = False) -> Path:
+    """config.json as published: the preset's, its quantization_config at the top or, as
+    Qwen3.5's multimodal checkpoints hold it, inside `text_config`."""
+    from edgemoe.engine.model_source import parse_random
+
+    config = {k: v for k, v in parse_random(f"random:{preset}").config.items() if k != "seed"}
+    if text_config:
+        config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+                  "text_config": config | {"quantization_config": qc}, "vision_config": {"depth": 27}}
+    else:
+        config["quantization_config"] = qc
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+_CT_W = {"actorder": None, "block_structure": None, "dynamic": False, "observer": "minmax", "symmetric": True}
+_CT_IN_FP8 = {"dynamic": True, "num_bits": 8, "strategy": "token", "symmetric": True, "type": "float"}
+
+
+def _ct(fmt: str, weights: dict, inputs: dict | None = None) -> dict:
+    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": _CT_W | weights,
+                                          "input_activations": inputs, "output_activations": None}},
+            "ignore": ["lm_head", "model.layers.0.mlp.gate"], "kv_cache_scheme": None, "sparsity_config": {}}
+
+
+PUBLISHED = {  # id: (preset, quantization_config, in text_config, the format auto loads)
+    "Qwen3-30B-A3B-FP8": ("qwen3-30b-a3b", {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                          "weight_block_size": [128, 128],
+                          "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]},
+                          False, "fp8 e4m3 (128x128 blocks)"),
+    "Qwen3-30B-A3B-GPTQ-Int4": ("qwen3-30b-a3b", {"bits": 4, "checkpoint_format": "gptq", "desc_act": False,
+                                "group_size": 128, "quant_method": "gptq", "sym": True, "true_sequential": True},
+                                False, "int4 (group 128)"),
+    "AWQ": ("qwen3-30b-a3b", {"bits": 4, "group_size": 128, "modules_to_not_convert": ["gate"], "quant_method": "awq",
+                              "version": "gemm", "zero_point": True}, False, "int4 (group 128)"),
+    "W4A16": ("qwen3-30b-a3b", _ct("pack-quantized", {"group_size": 128, "num_bits": 4, "strategy": "group",
+                                                      "type": "int"}), False, "int4 (group 128)"),
+    "W8A16": ("qwen3-30b-a3b", _ct("pack-quantized", {"group_size": None, "num_bits": 8, "strategy": "channel",
+                                                      "type": "int"}), False, "int8"),
+    "FP8-dynamic": ("glm-4.5-air", _ct("float-quantized", {"group_size": None, "num_bits": 8, "strategy": "channel",
+                                                           "type": "float"}, _CT_IN_FP8), False, "int8"),
+    "gpt-oss-20b": ("gpt-oss-20b", {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}, False, "mxfp4"),
+    "Qwen3.5-FP8-text_config": ("qwen3.5-35b-a3b", {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                "quant_method": "fp8", "weight_block_size": [128, 128]},
+                                True, "fp8 e4m3 (128x128 blocks)"),
+    # AutoFP8 / vLLM per-tensor (DeepSeek-Coder-V2-Lite-Instruct-FP8): no weight_block_size, scales
+    # `weight_scale` + `input_scale`; was: planned as fp8 blocks, the load refused ("without its 'weight_scale_inv'")
+    "AutoFP8-per-tensor": ("deepseek-v2-lite", {"activation_scheme": "static", "quant_method": "fp8",
+                           "ignored_layers": ["lm_head", "model.layers.1.mlp.gate"]},
+                           False, "fp8 e4m3 (128x128 blocks)"),
+}
+
+
+@pytest.mark.parametrize("case", PUBLISHED)
+def test_plan_reads_published_quantization_configs(case: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """config.json shaped as the published checkpoints': the * row and the experts line name
+    the format the engine loads, with its group / block, and size it as the engine does."""
+    import torch
+
+    from edgemoe.engine.budget import expert_nbytes
+    from edgemoe.models.quant_load import checkpoint_scheme
+
+    preset, qc, in_text, said = PUBLISHED[case]
+    model = _published_dir(tmp_path, preset, qc, in_text)
+    argv = ["plan", "--model", str(model), "--gpu-memory", "16GiB", "--bench-dir", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    scheme = checkpoint_scheme(json.loads((model / "config.json").read_text()), model / "config.json")
+    assert scheme is not None and scheme.format.label.startswith(said)
+    assert f"loads the experts in {said}" in out
+    _, arch, _, rows = plan_rows(build_parser().parse_args(argv))
+    (auto,) = [r for r in rows if r.auto]
+    assert f"\n{auto.fmt}* " in out and auto.fmt == scheme.format.name
+    assert auto.expert_bytes == expert_nbytes(arch, scheme.format)
+    if case == "AutoFP8-per-tensor":  # the loader reads such a linear: one scale, every block's
+        q = torch.full((200, 136), 2.0).to(torch.float8_e4m3fn)
+        fmt, parts = scheme.decode({"weight": q, "weight_scale": torch.tensor(0.5), "input_scale": torch.tensor(1.0)})
+        assert fmt == scheme.format and torch.equal(fmt.dequantise(parts, 200, 136), torch.ones(200, 136))

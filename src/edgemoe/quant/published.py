@@ -19,7 +19,8 @@ linear's checkpoint tensors into one of our formats, losslessly.
   with one scale a tensor → `Fp8Block` (that scale in every block), with channel scales
   (FP8_DYNAMIC) → dequantised, experts quantised at load into int8 per channel;
   "pack-quantized" int8 by group (W8A16) → the same.
-- FP8 with `weight_block_size` null (per-tensor) → `Fp8Block(128)`, every block the tensor's scale.
+- FP8 with `weight_block_size` null (per-tensor) → `Fp8Block(128)`, every block the tensor's scale;
+  the scale `weight_scale_inv` (transformers) or `weight_scale` beside `input_scale` (AutoFP8, vLLM).
 - FP4 (compressed-tensors "mxfp4-/nvfp4-pack-quantized", NVIDIA ModelOpt MXFP4 / NVFP4):
   E2M1 pairs, E8M0 a 32 → `Mxfp4`; e4m3 a 16 over a tensor scale → dequantised, experts
   quantised again at load. ModelOpt's FP8 / int8 reuse the FP8 and int8 schemes
@@ -114,7 +115,9 @@ class Fp8Scheme(Scheme):
     scale_name: str = "weight_scale_inv"
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
-        w, s = parts["weight"], parts[self.scale_name]
+        # per-tensor FP8 as AutoFP8 / vLLM save it (DeepSeek-Coder-V2-Lite-Instruct-FP8): `weight_scale`
+        scale = self.scale_name if self.scale_name in parts or "weight_scale" not in parts else "weight_scale"
+        w, s = parts["weight"], parts[scale]
         if s.dtype == torch.uint8:  # `scale_fmt: ue8m0` stored as raw exponent bytes: 2^(e - 127)
             s = s.view(torch.float8_e8m0fnu)
         s = s.float()

@@ -121,6 +121,8 @@ def _fp8(qc: dict[str, Any]) -> Scheme:
     if str(qc.get("fmt") or "e4m3").lower() not in ("e4m3", "float8_e4m3fn"):
         raise QuantConfigError(f"quantization_config fmt={qc.get('fmt')!r}: only e4m3 fp8 is supported")
     block = _square_block(qc.get("weight_block_size") or [128, 128], "quantization_config weight_block_size")
+    if qc.get("weight_block_size") is None:  # per-tensor: AutoFP8 / vLLM call the scale weight_scale (+ input_scale)
+        return Fp8Scheme("fp8", ("weight", "weight_scale_inv", "weight_scale", "input_scale"), Fp8Block(block))
     return Fp8Scheme("fp8", ("weight", "weight_scale_inv"), Fp8Block(block))
 
 
