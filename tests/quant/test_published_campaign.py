@@ -234,3 +234,37 @@ def test_fp8_blocks_decode_to_their_definition(block: int, shape: tuple[int, int
           "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]}
     fmt, parts = scheme_for({"quantization_config": qc}).decode({"weight": q, "weight_scale_inv": s})
     assert torch.equal(fmt.dequantise(parts, n, k), want)
+
+
+def _per_tensor_fp8(config: dict, out: Path, autofp8: bool) -> Path:
+    """`config`'s linears in fp8 with one scale a tensor: as AutoFP8 / vLLM save them
+    (`weight_scale`, an `input_scale`, no `weight_block_size`) or as transformers does
+    (`weight_scale_inv`, `weight_block_size: null`). The same numbers either way."""
+    from quant_ckpt_support import _save, quantised_linear
+
+    from edgemoe.assets.checkpoint import init_tensor, tensor_specs
+
+    tensors = {}
+    for name, shape in tensor_specs(config):
+        w = init_tensor(name, shape, 0)
+        if not quantised_linear(name):
+            tensors[name] = w.to(torch.bfloat16)
+            continue
+        s = w.abs().max() / 448.0
+        tensors[name] = (w / s).to(torch.float8_e4m3fn)
+        tensors[name.replace(".weight", ".weight_scale" if autofp8 else ".weight_scale_inv")] = s.reshape(())
+        if autofp8:
+            tensors[name.replace(".weight", ".input_scale")] = torch.tensor(0.01)
+    qc = ({"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]} if autofp8 else
+          {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": None})
+    return _save(out, tensors, config | {"quantization_config": qc})
+
+
+def test_autofp8_per_tensor_checkpoints_load_as_their_scales_say(tmp_path: Path) -> None:
+    # was: refused, "fp8 linear without its 'weight_scale_inv' tensor" (DeepSeek-Coder-V2-Lite-Instruct-FP8)
+    config = model_config("qwen3_moe", num_hidden_layers=1)
+    logits = []
+    for autofp8 in (False, True):
+        with LLM(str(_per_tensor_fp8(config, tmp_path / str(autofp8), autofp8)), dtype="float32") as llm:
+            logits.append(llm.prompt_logits(SEQ))
+    assert torch.equal(*logits)
