@@ -26,12 +26,13 @@ def env_switch(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={os.environ[name]!r}: 1 or 0 (on / off, true / false, yes / no)")
 
 
-def env_whole(name: str, default: int, unit: str) -> int:
-    """The whole number `name` holds (of `unit`, named when it is refused), `default` where
-    unset or empty."""
+def env_whole(name: str, default: int, unit: str, minimum: int = 0) -> int:
+    """The whole number `name` holds (of `unit`, named when it is refused; at least
+    `minimum`), `default` where unset or empty."""
     raw = os.environ.get(name, "")
     if not raw:
         return default
-    if not raw.isdigit():
-        raise ValueError(f"{name} must be a whole number of {unit} (got {raw!r})")
+    if not raw.isdigit() or int(raw) < minimum:
+        least = f" >= {minimum}" if minimum else ""
+        raise ValueError(f"{name} must be a whole number of {unit}{least} (got {raw!r})")
     return int(raw)

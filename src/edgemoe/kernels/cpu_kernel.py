@@ -106,12 +106,8 @@ def default_gemm_min_tokens(variant: str, weights: str) -> int:
 
 def _gemm_min_tokens_env() -> int | None:
     """`EDGEMOE_CPU_GEMM_MIN_TOKENS` (one threshold for every format: an A/B), else None."""
-    value = os.environ.get("EDGEMOE_CPU_GEMM_MIN_TOKENS", "")
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"EDGEMOE_CPU_GEMM_MIN_TOKENS must be a positive whole number of tokens (got {value!r})")
-    return int(value)
+    value = env_whole("EDGEMOE_CPU_GEMM_MIN_TOKENS", 0, "tokens", minimum=1)
+    return value or None
 
 POOL_STATS = ("rescued", "left_behind", "slots_peak", "inside")  # em_pool_stats' order
 

@@ -4,7 +4,6 @@ experts via an executor."""
 
 from __future__ import annotations
 
-
 import torch
 
 from edgemoe.env_switch import env_switch

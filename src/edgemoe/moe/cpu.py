@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from edgemoe.env_switch import env_whole
 from edgemoe.kernels import cpu_isa
 from edgemoe.kernels.cpu_experts import moe_expert_cells_cpu
 from edgemoe.kernels.cpu_experts_quant import moe_expert_cells_q_cpu, native_weights
@@ -215,11 +215,9 @@ def cpu_threads(device: torch.device) -> int:
     """Threads for the CPU experts: every physical core, less one for the thread that
     drives the GPU when there is one (it must keep launching while the CPU computes);
     `EDGEMOE_CPU_THREADS` overrides (a host shared with other work)."""
-    override = os.environ.get("EDGEMOE_CPU_THREADS", "")
+    override = env_whole("EDGEMOE_CPU_THREADS", 0, "threads", minimum=1)
     if override:
-        if not override.isdigit() or int(override) < 1:
-            raise ValueError(f"EDGEMOE_CPU_THREADS must be a positive integer (got {override!r})")
-        return int(override)
+        return override
     cores = cpu_isa.physical_cores()
     return max(1, cores - 1) if device.type == "cuda" else cores
 

@@ -18,7 +18,6 @@ contradict the cost law (`solve`) keep the constants, as does `EDGEMOE_SHARE_PRI
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 

@@ -16,7 +16,6 @@ generic split (an A/B, or a way around a GPU this launch does not compile for).
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
@@ -37,8 +36,8 @@ def takes_shared_split(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: to
     """A cache this launch serves: V is K's tensor (same memory, same layout), one kv head,
     a row wider than 256 dims that is not a power of two, no fp8 scales."""
     D = k_cache.shape[-1]
-    return (env_switch("EDGEMOE_SHARED_SPLIT", True) and k_scale is None and k_cache.shape[1] == 1 and D > 256 and D & (D - 1) != 0
-            and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride())
+    return (env_switch("EDGEMOE_SHARED_SPLIT", True) and k_scale is None and k_cache.shape[1] == 1 and D > 256
+            and D & (D - 1) != 0 and v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride())
 
 
 @triton.jit

@@ -18,7 +18,6 @@ NOTE: tile sizes are constants (never derived from T): batch invariance, as moe_
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
