@@ -57,8 +57,7 @@ class TokenizerBundle:
             # what it would do (Llama-3's tokenizer.json adds BOS there).
             add_bos = bos_id is not None and tokenizer.encode("", add_special_tokens=True).ids[:1] == [bos_id]
 
-        eos_ids = set(_eos_ids(_read_json(model_dir / "config.json"), model_dir / "config.json"))
-        eos_ids |= set(_eos_ids(_read_json(model_dir / "generation_config.json"), model_dir / "generation_config.json"))
+        eos_ids = set(_eos_ids(model_dir / "config.json")) | set(_eos_ids(model_dir / "generation_config.json"))
         if eos is not None and (eos_id := tokenizer.token_to_id(eos)) is not None:
             eos_ids.add(eos_id)
 
@@ -172,9 +171,10 @@ def _token_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _eos_ids(config: dict[str, Any], path: Path) -> Iterable[int]:
-    """eos_token_id from a (generation) config: an int, a list, or nested in text_config.
+def _eos_ids(path: Path) -> Iterable[int]:
+    """eos_token_id from a (generation) config file: an int, a list, or nested in text_config.
     Anything else is said, not silently dropped: without its stop token a model runs to max_tokens."""
+    config = _read_json(path)
     for cfg in (config, config.get("text_config") or {}):
         value = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
         values = value if isinstance(value, list) else [value]
