@@ -142,11 +142,6 @@ def _model(model: str | None) -> tuple[str, Any, Checkpoint]:
     return source.name, model_arch(source.config, where), checkpoint_of(source.config, where)
 
 
-def _arch(model: str | None) -> tuple[str, Any]:
-    """(name, DecoderArch) from the config alone."""
-    return _model(model)[:2]
-
-
 def streams(chunk: int, slots: int, experts: int) -> bool:
     """Whether a full chunk streams through the device cache's lent slots (moe/prefill_stream.py,
     with the engine's threshold: EDGEMOE_PREFILL_STREAM_TOKENS read the same way)."""

@@ -112,13 +112,13 @@ def fit(results: Path) -> dict[str, float]:
     PREFILL_EFFICIENCY from 5's prefill against the plan's prefill bound, STREAM_EFFICIENCY
     from 13's streamed chunk against `prefill_streamed`."""
     from edgemoe.engine.budget import expert_nbytes
-    from edgemoe.plan import _arch
+    from edgemoe.plan import _model
     from edgemoe.quant import expert_format
 
     cal = speed.CALIBRATION
     rate = cal.device_gbps * speed.GB / 1000  # bytes per ms
     by = {r.label.split()[0]: r for r in RUNS}
-    _, arch = _arch(QWEN3)
+    arch = _model(QWEN3)[1]
     e = {f: expert_nbytes(arch, expert_format(f)) for f in ("bf16", "fp8", "int4")}
     m = {k: measured(r, results) for k, r in by.items()}
     b1k, b32k = (speed.step_bytes(arch, e["bf16"], by[k].context) for k in ("6a", "6b"))
