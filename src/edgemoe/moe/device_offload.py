@@ -47,7 +47,7 @@ from edgemoe.moe.offload import SlotBanks
 from edgemoe.moe.predictors import Predictor, RouterScores
 from edgemoe.moe.prefetch import DecodePrefetch
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
-from edgemoe.moe.side_copies import engine_copies
+from edgemoe.moe.side_copies import EngineCopies, engine_copies
 from edgemoe.moe.quota_controller import QuotaController
 from edgemoe.moe.quota_levels import FRACTION, share_scale
 from edgemoe.moe.slot_lending import make_lending
@@ -165,7 +165,7 @@ class DeviceOffloadExecutor(CellsExecutor):
                                        engine=lambda buffers: engine_copies(self.mover, self.store, self.slots,
                                                                             buffers))
         self.stats.sources.append(self.prefetch.snapshot)
-        self.quiet_eager = self.quiet_eager or self.prefetch.copies.name == "copy"  # a copier of its own
+        self.quiet_eager = self.quiet_eager or isinstance(self.prefetch.copies, EngineCopies)  # a copier of its own
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
         """The share at a fixed `quota` a layer (None: no cap) and `fraction` of each layer's

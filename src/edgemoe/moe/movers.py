@@ -114,6 +114,11 @@ class CopyEngineMover(ExpertMover):
         host, _ = self.readback.wait()  # NOTE: the wave's one host read
         self.slots.copy_in(layer, [(int(e), int(s)) for e, s in zip(host[0], host[1], strict=True) if e >= 0])
 
+    def copy_now(self, layer: int, misses: torch.Tensor) -> None:
+        """`begin` and `move` at once: the list read, then copied (nothing to overlap)."""
+        self.begin(misses)
+        self.move(layer, misses)
+
 
 class CopierMover(ExpertMover):
     """The copy engine through the copier (`bell`: `kernels/copy_bell.CopyBell`), its row
@@ -134,8 +139,7 @@ class CopierMover(ExpertMover):
 
     def move(self, layer: int, misses: torch.Tensor, grid: GatherGrid | None = None) -> None:
         if not torch.cuda.is_current_stream_capturing():
-            self.eager.begin(misses)
-            self.eager.move(layer, misses)
+            self.eager.copy_now(layer, misses)
             return
         self.bell.ring(self.row, layer, misses)
         self.bell.wait(self.row)

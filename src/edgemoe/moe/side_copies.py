@@ -115,8 +115,7 @@ class EngineCopies:
 
     def issue(self, buffer: int, layer: int, misses: torch.Tensor) -> None:
         if not torch.cuda.is_current_stream_capturing():
-            self.eager.begin(misses)
-            self.eager.move(layer, misses)
+            self.eager.copy_now(layer, misses)
             return
         self.bell.ring(buffer, layer, misses)
         self._rung.add(buffer)
