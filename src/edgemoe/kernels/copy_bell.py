@@ -26,7 +26,7 @@ import torch
 
 from edgemoe.env_switch import env_whole
 from edgemoe.kernels.backend import triton_importable
-from edgemoe.kernels.cpu_bell import _libcuda, _spin, _wait
+from edgemoe.kernels.cpu_bell import host_spin, libcuda, stream_wait
 
 HEADER = 2  # a row's ints before its ids: the store table's layer, unused
 
@@ -39,7 +39,7 @@ def _driver_functions(device: torch.device) -> tuple[int, int, int, int]:
     """(copy, write, set context, context): the driver's `cuMemcpyHtoDAsync`,
     `cuStreamWriteValue32`, `cuCtxSetCurrent` and `device`'s current context (the driver the
     bell loaded: `copier_for` checked its stream memory operations)."""
-    lib = _libcuda()
+    lib = libcuda()
     if lib is None:
         raise RuntimeError("copier: no CUDA driver with stream memory operations")
     lib.cuCtxGetCurrent.restype, lib.cuCtxGetCurrent.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p)]
@@ -154,9 +154,9 @@ class CopyBell:
     def wait(self, row: int) -> None:
         """The current stream (a GPU) or this thread (the host) waits for row `row`'s copies."""
         if self.done.is_cuda:
-            _wait(torch.cuda.current_stream(self.device), self._done_at[row].item(), 1)
+            stream_wait(torch.cuda.current_stream(self.device), self._done_at[row].item(), 1)
         else:
-            _spin(self.done[row:row + 1], 1, 10.0, f"copier row {row}")
+            host_spin(self.done[row:row + 1], 1, 10.0, f"copier row {row}")
 
     def drain(self, timeout_s: float = 10.0) -> None:
         """Once the rings issued so far are answered: every copy landed (after a failed

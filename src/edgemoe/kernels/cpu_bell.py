@@ -39,7 +39,7 @@ LINE = 16  # int32 words between ring and done: separate 64-byte cache lines
 
 
 @functools.cache
-def _libcuda() -> ctypes.CDLL | None:
+def libcuda() -> ctypes.CDLL | None:
     """The driver API's stream memory operations, or None (no libcuda, or too old)."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
@@ -57,7 +57,7 @@ def _libcuda() -> ctypes.CDLL | None:
 
 def _memop(name: str, stream: torch.cuda.Stream, addr: int, value: int, flags: int) -> None:
     """`cuStreamWriteValue32` / `cuStreamWaitValue32` (`name`) on `stream`."""
-    rc = getattr(_libcuda(), f"em_{name}")(ctypes.c_void_p(stream.cuda_stream), addr, value, flags)
+    rc = getattr(libcuda(), f"em_{name}")(ctypes.c_void_p(stream.cuda_stream), addr, value, flags)
     if rc != 0:
         raise RuntimeError(f"{name} failed (CUresult {rc})")
 
@@ -66,7 +66,7 @@ def _write(stream: torch.cuda.Stream, addr: int, value: int) -> None:
     _memop("cuStreamWriteValue32", stream, addr, value, 0)
 
 
-def _wait(stream: torch.cuda.Stream, addr: int, value: int) -> None:
+def stream_wait(stream: torch.cuda.Stream, addr: int, value: int) -> None:
     _memop("cuStreamWaitValue32", stream, addr, value, WAIT_EQ)
 
 
@@ -96,12 +96,12 @@ def await_turn(turn: BellTurn) -> None:
     """Wait for `turn`'s answer outside a kernel: on a GPU the current stream waits (a
     stream memory operation), on the host this thread spins."""
     if turn.done.is_cuda:
-        _wait(torch.cuda.current_stream(turn.done.device), turn.done.data_ptr(), turn.value)
+        stream_wait(torch.cuda.current_stream(turn.done.device), turn.done.data_ptr(), turn.value)
         return
-    _spin(turn.done, turn.value, 10.0)
+    host_spin(turn.done, turn.value, 10.0)
 
 
-def _spin(word: torch.Tensor, value: int, timeout_s: float, what: str = "the CPU share's bell") -> None:
+def host_spin(word: torch.Tensor, value: int, timeout_s: float, what: str = "the CPU share's bell") -> None:
     """On the host: until the int32 `word` (a host tensor) holds `value` (`what` waits, for the error)."""
     deadline = time.monotonic() + timeout_s
     while int(word.view(-1)[0]) != value:
@@ -123,7 +123,7 @@ def quiet_wanted() -> bool:
 def bell_supported(device_index: int) -> bool:
     """Whether the driver runs stream memory operations on host words, captured in a graph
     (one probe a process and device; logged when not)."""
-    if _libcuda() is None:
+    if libcuda() is None:
         log.warning("CPU share: no stream memory operations in the driver: the host node hands off")
         return False
     device = torch.device("cuda", device_index)
@@ -134,7 +134,7 @@ def bell_supported(device_index: int) -> bool:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 _write(stream, view.data_ptr(), 7)
-                _wait(stream, view.data_ptr(), 7)
+                stream_wait(stream, view.data_ptr(), 7)
             graph.replay()
         stream.synchronize()
         ok = int(words[0]) == 7
@@ -181,7 +181,7 @@ class CpuBell:
         self.words[0] = self.row(layer) + 1
 
     def wait_host(self, layer: int, timeout_s: float = 10.0) -> None:
-        _spin(self.words[LINE:LINE + 1], self.row(layer) + 1, timeout_s)
+        host_spin(self.words[LINE:LINE + 1], self.row(layer) + 1, timeout_s)
 
     def set_quiet(self, quiet: bool) -> None:
         """Whether the host expects no ring for a while: the thread then polls every 500 µs
