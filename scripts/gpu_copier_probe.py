@@ -39,9 +39,7 @@ def copier_state(llm: LLM) -> dict[str, object]:
     bell = getattr(mover, "bell", None)
     if bell is None:
         return {"copier": None, "mover": type(mover).__name__}
-    busy = bool(bell._lib.em_copier_busy(bell._handle)) if bell._handle else None
-    return {"copier": bell.stats(), "flags": bell._flags.tolist(), "inside_a_ring": busy,
-            "rows": [row[:6] for row in bell._rows.tolist()]}
+    return bell.host_view()
 
 
 def main() -> int:

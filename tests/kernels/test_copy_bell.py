@@ -79,6 +79,21 @@ def test_a_row_reused_after_its_wait(lib) -> None:  # noqa: ANN001
         bell.close()
 
 
+def test_the_host_view_reads_the_thread_without_the_device(lib) -> None:  # noqa: ANN001
+    store, slots = _store([0, 4]), _slots()
+    bell = CopyBell(lib, [0, 4], store, slots, rows=2, width=3, device=None)
+    try:
+        bell.ring(1, 4, _misses([(6, 1), (2, 0)], 3))
+        bell.wait(1)
+        view = bell.host_view()
+        assert view["flags"] == [0, 0] and view["inside_a_ring"] is False  # taken, answered
+        assert view["rows"][1] == [1, 0, 6, 2, -1, 1]  # table layer 1 (store layer 4), ids, then slots
+        assert view["copier"]["rings"] == 1 and view["copier"]["copies"] == 2 * len(slots)
+    finally:
+        bell.close()
+    assert bell.host_view()["inside_a_ring"] is None  # closed: nothing to ask
+
+
 @pytest.mark.parametrize("bad", [(E, 1), (-2, 1), (1, S), (1, -1)])
 def test_a_bad_entry_is_answered_copied_nowhere_and_raised(lib, bad) -> None:  # noqa: ANN001
     store, slots = _store([0]), _slots()

@@ -180,6 +180,14 @@ class CopyBell:
             self._lib.em_copier_stats(self._handle, out)
         return dict(zip(("rings", "copies", "bytes", "busy_ns", "errors", "last_error"), out, strict=True))
 
+    def host_view(self) -> dict[str, object]:
+        """What the host can read of the thread without the device (a hung graph's diagnosis):
+        its counts, each row's flag (rung, not taken), whether it is inside a ring (a driver
+        call), and each row's head (the table layer, then ids)."""
+        inside = bool(self._lib.em_copier_busy(self._handle)) if self._handle else None
+        return {"copier": self.stats(), "flags": self._flags.tolist(), "inside_a_ring": inside,
+                "rows": [row[:6] for row in self._rows.tolist()]}
+
     def _check(self) -> None:
         stats = self.stats()
         if stats["errors"]:
