@@ -149,8 +149,9 @@ class MoEConfig:
         "gather",
         "--expert-cache device: how misses reach their slots: gather (a device kernel reads the pinned host store "
         "mapped into the GPU's address space; capturable; it takes SMs) or copy (the copy engine, eager, after "
-        "reading each layer's miss list back; with EDGEMOE_COPIER=1, an experiment that hangs the full-size engine, "
-        "a host thread the captured step rings issues them: docs/offload.md). --moe-prefetch moves as this does",
+        "reading each layer's miss list back; with EDGEMOE_COPIER=1, an experiment slower than gather (0.62-0.82 of "
+        "it at full size), a host thread the captured step rings issues them: docs/offload.md). --moe-prefetch "
+        "moves as this does",
         ("gather", "copy"),
     )
     expert_preload: str = setting(
