@@ -3,6 +3,9 @@
 - transformers 5 holds a layer's experts stacked (`experts.gate_up_proj` [E, 2I, H], gate
   rows first, `experts.down_proj` [E, H, I]); a checkpoint saved without its conversion
   back (or by a tool patching it, as gptqmodel does) ships them so, for every family.
+- transformers 5's `save_pretrained(save_original_format=False)` writes each of Qwen3.8's
+  n-gram (PLE) tables whole, `ple.ple_embedding.ngram_embedding.weight`: its `shard_K`
+  row chunks concatenated (the reverse of transformers' `Concatenate(dim=0)` conversion).
 - gptqmodel writes Mixtral's GPTQ / AWQ checkpoints under transformers 5's module names
   (`mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`), llm-compressor its
   compressed-tensors ones as `block_sparse_moe.experts.E.gate_proj` / ..., not the classic
@@ -83,6 +86,26 @@ def test_experts_stacked_as_transformers_holds_them(model_type: str, make_ckpt, 
         stacked = _write(src, tmp_path / f"s{k}", _stacked(_tensors(src), model_type, prefix))
         for store in ("pageable", "mmap"):
             assert torch.equal(_logits(stacked, expert_store=store), want), (prefix, store)
+
+
+def test_qwen4_ple_tables_whole_as_transformers_holds_them(make_ckpt, tmp_path: Path) -> None:  # noqa: ANN001
+    """Once refused as missing every `ngram_embedding.shard_K.weight`; a disk PLE store's second
+    load (tables already in its files) skips the whole table as it skips the shards."""
+    src = make_ckpt("qwen4_exp_text", torch_dtype="float32")
+    shard = re.compile(r"(.*\.ngram_embedding)\.shard_(\d+)\.weight")
+    tensors, chunks = {}, {}
+    for name, t in _tensors(src).items():
+        if m := shard.fullmatch(name):
+            chunks.setdefault(m[1], {})[int(m[2])] = t
+        else:
+            tensors[name] = t
+    assert chunks  # the tiny model has PLE layers
+    whole = _write(src, tmp_path / "whole", tensors | {
+        table + ".weight": torch.cat([parts[k] for k in sorted(parts)]) for table, parts in chunks.items()})
+    want = _logits(src)
+    assert torch.equal(_logits(whole), want)
+    for _ in range(2):  # the first load writes the table files, the second reads them
+        assert torch.equal(_logits(whole, ple_store="disk", ple_dir=str(tmp_path / "ple")), want)
 
 
 @pytest.mark.parametrize("spelling", [MIXTRAL_AS_GPTQMODEL, MIXTRAL_AS_LLMCOMPRESSOR], ids=["gptqmodel", "llmcompressor"])

@@ -130,8 +130,10 @@ def load_checkpoint(
     # A model file may name checkpoint parts it does not read (vision tower, MTP head) ...
     ignored = (IGNORED_SUFFIXES + tuple(getattr(module, "IGNORED_SUFFIXES", ())), skipped_prefixes(module, arch))
     # ... or a table its destination already holds (a disk store's files): not read again.
-    held = {n for n, p in names.items() if p.target in tables and tables[p.target] is None}
+    held = {n for n, p in (*names.items(), *((n, s.placement) for n, s in stacked.items()))
+            if p.target in tables and tables[p.target] is None}
     names = {n: p for n, p in names.items() if n not in held}
+    stacked = {n: s for n, s in stacked.items() if n not in held}
     ignored = (ignored[0] + tuple(held), ignored[1])
     dests = {**params, **{k: t for k, t in tables.items() if t is not None}}
     try:

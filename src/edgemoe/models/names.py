@@ -29,8 +29,9 @@ NameMap = dict[str, Placement]
 @dataclass(frozen=True)
 class Stacked:
     """One checkpoint tensor holding a whole layer's experts, stacked ([E, 2I, H] gate
-    rows first, or [E, H, I]: transformers 5's layout, which some checkpoints ship): the
-    other spelling of the per-expert names in `covers`, which it fills."""
+    rows first, or [E, H, I]: transformers 5's layout, which some checkpoints ship), or
+    another whole that a checkpoint may store in parts (Qwen3.8's PLE table, sharded): the
+    other spelling of the names in `covers`, which it fills."""
 
     placement: Placement  # into the layer's bank, experts 0 .. E-1
     covers: tuple[str, ...]

@@ -12,8 +12,10 @@ after the embedding repeated hc times; the final mixer's x feeds the LM head (no
 anywhere else). The multimodal checkpoint (`qwen4_exp`: `text_config`, tensors under
 `model.language_model.*`) loads its language model; the vision tower and MTP weights are
 not read. The PLE tables are not params: the loader hands them to the PLE store
-(`table_shapes`), and their hash constants (`layer_multipliers`, `ngram_heads_*`, buffers
-a checkpoint may carry) are derived from config.json as transformers derives them.
+(`table_shapes`), from their `shard_K` row chunks or whole (`ngram_embedding.weight`, as
+transformers 5's `save_pretrained(save_original_format=False)` writes them), and their
+hash constants (`layer_multipliers`, `ngram_heads_*`, buffers a checkpoint may carry) are
+derived from config.json as transformers derives them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from edgemoe.layers.qsa_attention import QsaAttention, QsaSpec
 from edgemoe.layers.rotary import Rotary
 from edgemoe.models.arch import HFConfig
 from edgemoe.models.hf_config import text_config as hf_text_config
-from edgemoe.models.names import NameMap, Placement
+from edgemoe.models.names import NameMap, Placement, Stacked, StackedMap
 from edgemoe.models.qwen4_arch import PLE_CONV, Qwen4ExpArch, qwen4_arch
 from edgemoe.models.qwen_hybrid import (
     IGNORED_PREFIXES,
@@ -46,9 +48,9 @@ from edgemoe.models.qwen_hybrid import (
     _gdn_names,
     _mlp,
     _mlp_names,
-    stacked_expert_names,
     to_device,
 )
+from edgemoe.models.qwen_hybrid import stacked_expert_names as hybrid_stacked_names
 from edgemoe.models.transformer import CausalLM
 from edgemoe.moe.executor import MoEExecutor
 from edgemoe.ple.inputs import PleInputs
@@ -130,6 +132,20 @@ def _ple_names(a: Qwen4ExpArch, j: int, lp: str, our: str) -> NameMap:
     for k, n in enumerate(a.ple.chunk_rows(j)):  # the table in torch.chunk row chunks
         m[lp + f"ple_embedding.ngram_embedding.shard_{k}.weight"] = Placement(f"ple.{j}", (slice(start, start + n),))
         start += n
+    return m
+
+
+def stacked_expert_names(a: Qwen4ExpArch) -> StackedMap:
+    """The one-tensor spellings the loader accepts for several of ours: the routed experts
+    stacked (`qwen_hybrid`), and each PLE table whole, `ngram_embedding.weight`, which
+    transformers holds at run time (its `Concatenate(dim=0)` of the shards) and so
+    `save_pretrained(save_original_format=False)` writes."""
+    m = hybrid_stacked_names(a)
+    for j, i in enumerate(a.ple_layers):
+        assert a.ple is not None
+        lp = f"{a.checkpoint_prefix}layers.{i}.ple.ple_embedding.ngram_embedding."
+        shards = tuple(lp + f"shard_{k}.weight" for k in range(len(a.ple.chunk_rows(j))))
+        m[lp + "weight"] = Stacked(Placement(f"ple.{j}"), shards)
     return m
 
 
