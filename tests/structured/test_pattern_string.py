@@ -15,7 +15,7 @@ import pytest
 from grammar_support import Rows, random_walk
 from mask_support import states_checked_along
 
-from edgemoe.structured import Grammar
+from edgemoe.structured import Grammar, GrammarError
 from edgemoe.structured.pattern_string import FORMATS
 from edgemoe.structured.regex import ALPHABET
 
@@ -118,3 +118,27 @@ def test_a_schemas_patterns_share_a_work_budget(monkeypatch: pytest.MonkeyPatch)
     state = grammar.advance_bytes(grammar.start(), b'{"p39": "zz"}')
     assert state is not None and grammar.is_complete(state)  # unenforced in this schema
     assert not complete(Grammar.from_schema(props["p39"]), "zz") and complete(Grammar.from_schema(props["p39"]), "a" * 40 + "q")
+
+
+NOT_REGEXES = ["([a-", "a{5,2}", "*a", "a**", "[z-a]", "abc\\", "(a", "a)", "{2}", "a???"]
+
+
+@pytest.mark.parametrize("pattern", NOT_REGEXES)
+def test_a_pattern_that_is_no_regex_is_refused_naming_it(pattern: str) -> None:
+    """These were accepted and silently left unenforced; an independent validator refuses
+    them as schemas too (ECMA-262 has no such regex)."""
+    with pytest.raises(ValueError):
+        jsonschema_rs.validator_for({"type": "string", "pattern": pattern})
+    for schema, where in (({"type": "string", "pattern": pattern}, "pattern"),
+                          ({"properties": {"a": {"pattern": pattern}}}, "properties.a.pattern"),
+                          ({"allOf": [{"pattern": "^a"}, {"pattern": pattern}]}, "allOf.1.pattern")):
+        with pytest.raises(GrammarError, match="not a regular expression") as err:
+            Grammar.from_schema(schema)
+        assert err.value.path == where
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "pattern": 5}, {"type": "string", "format": ["date"]},
+                                    {"enum": ["a"], "pattern": None}])
+def test_a_pattern_or_format_that_is_no_string_is_refused(schema: dict) -> None:
+    with pytest.raises(GrammarError, match="must be a string"):
+        Grammar.from_schema(schema)

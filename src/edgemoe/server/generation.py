@@ -103,6 +103,9 @@ def render_text(model: ServedModel, req: GenerationRequest, thinking: bool, forc
         raise bad_request(f"chat is not available: {why}", param="messages")
     kwargs = {k: v for k, v in prompt.template_kwargs.items() if k not in RESERVED_VARIABLES}
     messages = prompt.messages
+    if not messages:  # else the template's own error: "list object has no element 0"
+        raise bad_request("the conversation is empty: send a user message (an assistant prefill, reasoning or "
+                          "skipped tool items alone leave the model nothing to answer)", param=req.prompt_param)
     try:
         if model.tool_parser == "harmony":
             from edgemoe.server.parsers import harmony  # parsers load when chosen (parsers/__init__.py)
@@ -116,7 +119,7 @@ def render_text(model: ServedModel, req: GenerationRequest, thinking: bool, forc
             **kwargs,
         )
     except ChatInputError as exc:
-        raise bad_request(str(exc), param="messages") from exc
+        raise bad_request(str(exc), param=req.prompt_param) from exc
     if forced:  # the call follows a closed think block, even where the template ignores enable_thinking
         text += close_open_reasoning(text)
     return text + prompt.continuation + forced

@@ -20,10 +20,17 @@ Ignored annotations (ANNOTATIONS):
 $defs / definitions only hold subschemas for $ref (compiled only where referenced).
 Anything else raises GrammarError naming the subschema: not, if/then/else,
 patternProperties, dependentSchemas, dependentRequired, contains, unevaluatedProperties,
-unevaluatedItems, propertyNames, additionalItems, $anchor, $dynamicRef, unknown names.
+unevaluatedItems, propertyNames, additionalItems, $anchor, $dynamicRef, unknown names;
+so does a `pattern` or `format` that is not a string, or a `pattern` that is no regular
+expression at all (`check_keywords`).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from edgemoe.structured.errors import GrammarError
+from edgemoe.structured.regex import syntax_error
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
@@ -52,3 +59,21 @@ IMPLIES = {
     "string": frozenset({"minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType"}),
     "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}),
 }
+
+
+def check_keywords(schema: dict[str, Any], path: str) -> None:
+    """Refuse unknown keywords and malformed string rules. Without this a `pattern` of 5
+    or `"([a-"` was silently dropped: the client believed the strings were held to it."""
+    for key in schema:
+        if key not in KNOWN:
+            raise GrammarError(path, f"unsupported keyword {key!r}")
+    for key in ("pattern", "format"):
+        if key in schema and not isinstance(schema[key], str):
+            raise GrammarError(_at(path, key), f"{key} must be a string, not {schema[key]!r:.80}")
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and (why := syntax_error(pattern)) is not None:
+        raise GrammarError(_at(path, "pattern"), f"pattern {pattern!r:.80} is not a regular expression: {why}")
+
+
+def _at(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key

@@ -7,6 +7,9 @@ The subset: literals, `.`, classes `[...]` / `[^...]` with ranges, the escapes `
 alternation, the quantifiers `* + ? {n} {n,} {n,m}` (lazy forms mean the same language), `^`
 at the start and `$` at the end. Anything else (lookaround, backreferences, anchors inside,
 `\\b`, `\\u` escapes) raises `Unsupported`: the caller leaves such a pattern unenforced.
+What is no ECMA-262 regular expression at all (an unclosed group or class, a stray `)`, a
+quantifier with nothing to repeat, `{5,2}`, `[z-a]`, a trailing backslash) raises `Invalid`:
+a client's mistake, refused (`syntax_error`), not silently left unenforced.
 Characters outside the alphabet are never written: a class or `.` matches its ASCII
 members only, a literal outside it matches nothing.
 """
@@ -29,6 +32,10 @@ _BOUND = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 class Unsupported(ValueError):
     """A pattern outside the subset (it is then accepted but not enforced)."""
+
+
+class Invalid(Unsupported):
+    """A pattern that is not a regular expression (ECMA-262 refuses it too)."""
 
 
 @dataclass
@@ -60,7 +67,7 @@ class _Parser:
     def take(self) -> str:
         c = self.peek()
         if not c:
-            raise Unsupported("pattern ends early")
+            raise Invalid("it ends early (an unclosed group or class, or a trailing backslash)")
         self.i += 1
         return c
 
@@ -89,7 +96,7 @@ class _Parser:
         if self.peek() == "?":  # lazy: the same language
             self.i += 1
         if self.peek() in ("*", "+", "?") or self._is_bound():
-            raise Unsupported("a quantifier on a quantifier")
+            raise Invalid("a quantifier on a quantifier")
         return ("rep", node, lo, hi)
 
     def _is_bound(self) -> bool:
@@ -101,7 +108,9 @@ class _Parser:
         self.i = m.end()
         lo = int(m[1])
         hi = lo if m[2] is None else (int(m[3]) if m[3] else None)
-        if max(lo, hi or 0) > MAX_REPEAT or (hi is not None and hi < lo):
+        if hi is not None and hi < lo:
+            raise Invalid(f"the repetition bound {m[0]} is out of order")
+        if max(lo, hi or 0) > MAX_REPEAT:
             raise Unsupported(f"repetition bound {m[0]} (at most {MAX_REPEAT})")
         return lo, hi
 
@@ -118,7 +127,7 @@ class _Parser:
                     raise Unsupported("lookaround or another (? group")
             node = self.alternation()
             if self.take() != ")":
-                raise Unsupported("unbalanced parentheses")
+                raise Invalid("unbalanced parentheses")
             return node
         if c == "[":
             return ("chars", self._class())
@@ -129,7 +138,7 @@ class _Parser:
         if c in "^$":
             raise Unsupported("an anchor inside the pattern")
         if c in "*+?)" or (c == "{" and _BOUND.match(self.text, self.i - 1)):
-            raise Unsupported(f"a misplaced {c!r}")
+            raise Invalid(f"{c!r} has nothing to repeat")
         return ("chars", frozenset({ord(c)}) & ALPHABET)
 
     def _escape(self) -> frozenset[int]:
@@ -150,10 +159,10 @@ class _Parser:
         negate = self.peek() == "^"
         if negate:
             self.i += 1
+        if self.peek() == "]":  # ECMA's empty class `[]` (or `[^]`, any character): not in the subset
+            raise Unsupported("an empty class")
         members: set[int] = set()
-        first = True
-        while first or self.peek() != "]":
-            first = False
+        while self.peek() != "]":
             lo = self._class_char()
             if isinstance(lo, frozenset):
                 members |= lo
@@ -161,8 +170,10 @@ class _Parser:
             if self.peek() == "-" and self.text[self.i + 1:self.i + 2] not in ("]", ""):
                 self.i += 1
                 hi = self._class_char()
-                if isinstance(hi, frozenset) or hi < lo:
-                    raise Unsupported("a bad class range")
+                if isinstance(hi, frozenset):
+                    raise Unsupported("a class range ending in a class escape")
+                if hi < lo:
+                    raise Invalid(f"the class range {chr(lo)}-{chr(hi)} is out of order")
                 members |= set(range(lo, hi + 1))
             else:
                 members.add(lo)
@@ -183,9 +194,21 @@ def parse(pattern: str) -> Node:
     p = _Parser(body)
     tree = p.alternation()
     if p.i != len(body):
-        raise Unsupported("unbalanced parentheses")
+        raise Invalid("unbalanced parentheses")
     anything = ("rep", ("chars", ALPHABET), 0, None)
     return ("cat", [*([] if start else [anything]), tree, *([] if end else [anything])])
+
+
+def syntax_error(pattern: str) -> str | None:
+    """Why `pattern` is no regular expression at all; None where it is one (in the subset
+    or not: a pattern outside it is accepted, unenforced). Linear in the pattern's length."""
+    try:
+        parse(pattern)
+    except Invalid as exc:
+        return str(exc)
+    except (Unsupported, RecursionError):
+        return None
+    return None
 
 
 def build(pattern: str) -> tuple[Nfa, int, int]:

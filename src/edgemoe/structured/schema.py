@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 from edgemoe.structured.errors import GrammarError, Unsatisfiable
 from edgemoe.structured.ir import LeafIR, SlotIR, lower
-from edgemoe.structured.keywords import ENFORCED, IMPLIES, KNOWN, TYPES
+from edgemoe.structured.keywords import ENFORCED, IMPLIES, TYPES, check_keywords
 from edgemoe.structured.merge import merge_all
 from edgemoe.structured.nodes import Slot
 from edgemoe.structured.pattern_string import fits_pattern, string_pattern
@@ -155,6 +155,7 @@ class _Compiler:
                 raise Unsatisfiable(path, "allOf has a false part")
             raise GrammarError(path, "allOf part must be a schema object")
         rest = {k: v for k, v in schema.items() if k not in ("$ref", "allOf")}
+        check_keywords(rest, path)  # before merging: two parts' patterns merge into an unenforced one
         parts = [rest]
         if "$ref" in schema:
             target, tpath = self._resolve(schema["$ref"], path)
@@ -205,9 +206,7 @@ class _Compiler:
             return  # no value: pruned by ir.lower, or an error naming this path
         if not isinstance(schema, dict):
             raise GrammarError(path, f"a schema must be an object or a boolean, not {type(schema).__name__}")
-        for key in schema:
-            if key not in KNOWN:
-                raise GrammarError(path, f"unsupported keyword {key!r}")
+        check_keywords(schema, path)
         if schema.get("nullable") is True and {"$ref", "allOf", "anyOf", "oneOf"} & schema.keys():
             self._or_null(slot, schema, depth)
             return
