@@ -104,3 +104,15 @@ def make_ckpt(checkpoint_root: Path):  # noqa: ANN201
 @pytest.fixture(scope="session")
 def qwen3_ckpt(make_ckpt) -> Path:  # noqa: ANN001
     return make_ckpt("qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def c_expert_kernel() -> None:
+    """Skip, saying why, where the process's CPU expert kernel is not compiled C: the device
+    cache's CPU share runs only on it, and `auto` takes torch on a CPU without AVX2 (or with
+    no C compiler, or `EDGEMOE_CPU_KERNEL=torch`), where hybrid falls back to offload."""
+    from edgemoe.kernels.cpu_kernel import CpuExperts
+
+    kernel = CpuExperts(threads=1)
+    if not kernel.native:
+        pytest.skip(f"the CPU expert kernel here is {kernel.name!r}, not compiled C: no CPU share on the device cache")

@@ -90,7 +90,7 @@ def test_bad_routing_is_refused_by_name() -> None:
         LLM(routing="synth")
 
 
-def test_a_cpu_share_is_replayed_with_its_admission_rule(qwen3_ckpt, capsys) -> None:  # noqa: ANN001
+def test_a_cpu_share_is_replayed_with_its_admission_rule(qwen3_ckpt, capsys, c_expert_kernel) -> None:  # noqa: ANN001
     """The device cache with a fixed CPU quota: the row replays the run's policy with the
     share at the quota the CPU took (its misses never loaded), beside plain LRU."""
     with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=3,
@@ -105,7 +105,7 @@ def test_a_cpu_share_is_replayed_with_its_admission_rule(qwen3_ckpt, capsys) -> 
     assert f"lru+share@1 {share['hit_rate']:.3f}" in capsys.readouterr().out
 
 
-def test_a_live_share_is_replayed_at_its_fraction_of_the_misses(qwen3_ckpt, capsys) -> None:  # noqa: ANN001
+def test_a_live_share_is_replayed_at_its_fraction_of_the_misses(qwen3_ckpt, capsys, c_expert_kernel) -> None:  # noqa: ANN001
     """The live share (no fixed quota) splits each layer's own misses: the row replays the
     policy with the share at the part of the misses the CPU took."""
     with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=3,

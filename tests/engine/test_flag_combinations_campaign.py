@@ -85,3 +85,13 @@ def test_cpu_share_refusal_names_the_flags(qwen3_ckpt) -> None:  # noqa: ANN001
              cpu_experts_per_layer=1, moe_slots=4) as llm:
         assert len(llm.generate([PROMPT], GREEDY)[0].token_ids) == 4
         assert llm.stats()["moe"]["experts_cpu"] > 0
+
+
+def test_cpu_share_refusal_without_the_c_kernel_names_the_kernel(qwen3_ckpt, monkeypatch) -> None:  # noqa: ANN001
+    """On a CPU without AVX2 `auto` takes torch's kernel (as `EDGEMOE_CPU_KERNEL=torch` does here):
+    the refusal names that cause, not the dtype flags, which would not help."""
+    monkeypatch.setenv("EDGEMOE_CPU_KERNEL", "torch")
+    with pytest.raises(ValueError, match=r"compiled C expert kernel.*'torch'.*--expert-cache host") as caught:
+        LLM(str(qwen3_ckpt), device="cpu", dtype="bfloat16", moe_backend="hybrid", expert_cache="device",
+            cpu_experts_per_layer=1, moe_slots=4)
+    assert "--dtype" not in str(caught.value)

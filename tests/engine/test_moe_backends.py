@@ -177,7 +177,7 @@ def test_a_pool_below_one_tokens_experts_is_warned_about(qwen3_ckpt, caplog) -> 
         assert any("smaller than one token's experts" in r.getMessage() for r in caplog.records) == warned
 
 
-def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt) -> None:  # noqa: ANN001
+def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt, c_expert_kernel) -> None:  # noqa: ANN001
     """Through the engine: the runner tells the executor each step's start (its controller
     times decode steps); hybrid starts with one CPU expert a layer, counted as misses."""
     with LLM(str(qwen3_ckpt), dtype="bfloat16", moe_backend="hybrid", expert_cache="device", moe_slots=4) as llm:
@@ -192,7 +192,7 @@ def test_hybrid_on_the_device_cache_runs_a_live_cpu_quota(qwen3_ckpt) -> None:  
     assert moe["cpu_quota_per_layer"] == ctl.level / ctl.scale.per_unit and moe["cpu_quota_windows"] == ctl.windows
 
 
-def test_prompt_cpu_runs_prompt_chunks_through_the_share(qwen3_ckpt) -> None:  # noqa: ANN001
+def test_prompt_cpu_runs_prompt_chunks_through_the_share(qwen3_ckpt, c_expert_kernel) -> None:  # noqa: ANN001
     """`--prompt-cpu` through the engine: a prompt chunk over the decode rows takes the
     prompt rule (its CPU experts counted in the prefill), then decode continues."""
     long_prompt = list(range(3000, 3100))  # 100 tokens: one chunk past the 64 decode rows

@@ -139,7 +139,7 @@ def test_stacked_expert_checkpoints_load_the_same_model(reference, make_ckpt) ->
 
 
 @pytest.mark.parametrize("variant", ["qwen3_5_moe", "qwen3_next-dense"])
-def test_the_device_cache_cpu_share_runs_them(reference, variant: str) -> None:  # noqa: ANN001
+def test_the_device_cache_cpu_share_runs_them(reference, variant: str, c_expert_kernel) -> None:  # noqa: ANN001
     """hybrid on the device cache with bf16 experts, both of the share's rules (the
     100-token prompt by the prompt rule, decode by the live quota), beside the shared
     expert (and a dense layer): the CPU's experts are counted and the texts are the

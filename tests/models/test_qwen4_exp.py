@@ -137,7 +137,7 @@ def test_hash_constants_equal_transformers_buffers(reference) -> None:  # noqa: 
         assert g.rows == emb.ngram_embedding.weight.shape[0]
 
 
-def test_the_device_cache_cpu_share_runs_it(reference) -> None:  # noqa: ANN001
+def test_the_device_cache_cpu_share_runs_it(reference, c_expert_kernel) -> None:  # noqa: ANN001
     """hybrid on the device cache with bf16 experts (what the C kernel reads), both of the
     share's rules: the 100-token prompt's chunk by the prompt rule (`prompt_cpu`), decode
     steps by the live quota (hybrid starts at one CPU expert a layer); the CPU's experts are

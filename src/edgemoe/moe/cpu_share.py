@@ -165,7 +165,11 @@ class CpuShare:
                  rows: int = ROWS, prompt_rows: int = 0, act: Activation = silu,
                  biases: Callable[[], dict[int, ExpertBias]] = dict) -> None:
         weights = host_weights(store)
-        if weights is None or not kernel.native:
+        if not kernel.native:  # auto takes torch without AVX2 or a C compiler (kernels/cpu_kernel.py)
+            raise ValueError("the CPU share inside the step needs the compiled C expert kernel, and this "
+                             f"process has {kernel.name!r} (a CPU without AVX2, no C compiler, or "
+                             "EDGEMOE_CPU_KERNEL): use --expert-cache host for the host cache's CPU split")
+        if weights is None:
             raise ValueError(f"the CPU share inside the step needs the C expert kernel and bf16, int8, fp8, int4 or mxfp4 "
                              f"experts (got {store.format.name} {store.dtype}, kernel {kernel.name}): use --dtype "
                              "bfloat16 or --expert-dtype int8|fp8|int4|mxfp4, or --expert-cache host for the "
