@@ -80,7 +80,7 @@ def test_frames_carry_stats_rates_and_expert_maps(live: Any) -> None:
 
 def test_key_and_bounds(live: Any) -> None:
     assert httpx.get(f"{live.base_url}/v1/stats/stream", timeout=5).status_code == 401
-    for bad in ("interval=0.01", "interval=11", "interval=x", "experts=maybe"):
+    for bad in ("interval=0.01", "interval=11", "interval=x", "experts=maybe", "window=5", "interval=1&interval=x"):
         r = httpx.get(f"{live.base_url}/v1/stats/stream?{bad}", headers={"x-api-key": KEY}, timeout=5)
         assert r.status_code == 400, bad
     frames = _frames(live.base_url, 2, "interval=0.1&experts=false")

@@ -117,6 +117,20 @@ def test_stats(ops: ServerHarness) -> None:
     assert engine["prefix_cache"]["query_tokens"] > 0
 
 
+@pytest.mark.parametrize(("query", "param"), [
+    ("/v1/stats?window=abc", "window"), ("/v1/stats?window=60", "window"),
+    ("/v1/requests?limit=abc", "limit"), ("/v1/requests?limit=5&limit=abc", "limit"),
+    ("/v1/requests?limit=5&since=1", "since"),
+])
+def test_ops_query_parameters_are_checked(ops: ServerHarness, query: str, param: str) -> None:
+    """A parameter a route does not take, or one given twice, is a 400 naming it, never ignored."""
+    r = httpx.get(f"{ops.base_url}{query}")
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(f"{ops.base_url}/v1/stats").status_code == 200
+    assert httpx.get(f"{ops.base_url}/v1/requests?limit=5").status_code == 200
+
+
 def test_requests_log_has_timings_and_no_text(ops: ServerHarness) -> None:
     secret = "zebra-quartz-marker"
     ops.openai().chat.completions.create(model="m", messages=[{"role": "user", "content": secret}], max_tokens=3)

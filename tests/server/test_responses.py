@@ -247,3 +247,61 @@ def test_api_key(make_scripted: Any) -> None:
         call(harness.openai(api_key="wrong").responses.create, model="m", input="hi [[unicode]]")
     ok = call(harness.openai(api_key="sekret").responses.create, model="m", input="hi [[unicode]]")
     assert ok.output_text == SCRIPTS["unicode"]
+
+
+# --------------------------------------------------------------------------- include, logprobs, limits
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"top_logprobs": 99}, "top_logprobs"), ({"top_logprobs": -1}, "top_logprobs"),
+    ({"max_tool_calls": -1}, "max_tool_calls"), ({"max_tool_calls": "3"}, "max_tool_calls"),
+    ({"include": "x"}, "include"), ({"include": ["reasoning.encrypted_content", "x"]}, "include[1]"),
+    ({"text": {"verbosity": 5}}, "text.verbosity"), ({"text": {"verbosity": "loud"}}, "text.verbosity"),
+])
+def test_option_values_outside_the_api_are_400(server: ServerHarness, extra: dict[str, Any], param: str) -> None:
+    r = raw(server, {"input": "hi [[unicode]]", **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_logprobs_are_honoured(server: ServerHarness) -> None:
+    client = server.openai()
+    response = call(client.responses.create, model="m", input=ask("think"), top_logprobs=2,
+                    include=["message.output_text.logprobs"])
+    message = response.output[-1]
+    assert message.type == "message" and response.top_logprobs == 2
+    logprobs = message.content[0].logprobs  # type: ignore[union-attr]
+    assert logprobs and all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in logprobs)
+    # Streamed: the deltas carry them, and add up to the done part's.
+    events = raw_events(server, {"input": ask("think"), "include": ["message.output_text.logprobs"]})
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.content_part.done" and e["part"]["type"] == "output_text")
+    assert streamed and streamed == done["part"]["logprobs"] and all(lp["top_logprobs"] == [] for lp in streamed)
+    plain = raw(server, {"input": ask("think")}).json()
+    assert "logprobs" not in plain["output"][-1]["content"][0]
+    # As the real API: top_logprobs without the include sizes nothing (the SDK sees no logprobs).
+    sized = call(client.responses.create, model="m", input=ask("think"), top_logprobs=2)
+    assert not sized.output[-1].content[0].logprobs  # type: ignore[union-attr]
+
+
+def test_encrypted_reasoning_round_trips(server: ServerHarness, demo_tokenizer: TokenizerBundle) -> None:
+    client = server.openai()
+    first = call(client.responses.create, model="m", input=ask("tool"), tools=[WEATHER],
+                 include=["reasoning.encrypted_content"], max_tool_calls=1)
+    reasoning, fc = first.output
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content and first.max_tool_calls == 1
+    kept = {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}
+    history = [*ask("tool"), kept, fc.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": fc.call_id, "output": "sunny [[answer]]"}]
+    call(client.responses.create, model="m", input=history, tools=[WEATHER])
+    assert "I should call the weather tool." in last_prompt(server, demo_tokenizer)
+    assert not call(client.responses.create, model="m", input=ask("tool"), tools=[WEATHER]).output[0].encrypted_content
+
+
+def test_valid_options_are_taken(server: ServerHarness) -> None:
+    """max_tool_calls caps hosted-tool calls only (the SDK's words): function calls stay."""
+    body = raw(server, {"input": ask("two_tools"), "tools": [WEATHER, TIME], "max_tool_calls": 1,
+                        "text": {"verbosity": "low"}, "include": ["web_search_call.action.sources"]}).json()
+    response = strict(Response, body)
+    assert [i.type for i in response.output].count("function_call") == 2
+    assert response.max_tool_calls == 1 and response.text is not None and response.text.verbosity == "low"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import anthropic as anthropic_sdk
 import httpx
+import openai
 import pytest
 from server_harness import ServerHarness
 
@@ -67,3 +69,52 @@ def test_well_formed_tools_are_taken(scripted: ServerHarness, request_: tuple[st
     path, body = request_
     r = httpx.post(f"{scripted.base_url}{path}", json=body, timeout=30)
     assert r.status_code == 200, r.text
+
+
+def chat(*tools: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": USER,
+                                    "tools": [{"type": "function", "function": t} for t in tools]}
+
+
+def many(make: Any, *tools: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    path, body = make(tools[0])
+    return path, {**body, "tools": list(tools)}
+
+
+F = {"type": "object", "properties": {"x": {"type": "string"}}}
+NAMES_REFUSED = [
+    (chat({"name": "f", "parameters": F}, {"name": "f", "parameters": {"type": "object"}}), "tools[1].function.name"),
+    (chat({"name": "", "parameters": F, "strict": True}), "tools[0].function.name"),
+    (many(responses, {"type": "function", "name": "f"}, {"type": "web_search"}, {"type": "function", "name": "f"}),
+     "tools[2].name"),
+    (responses({"type": "function", "name": "", "parameters": F, "strict": True}), "tools[0].name"),
+    (many(anthropic, {"name": "f"}, {"name": "f", "input_schema": F}), "tools[1].name"),
+    (many(anthropic, {"type": "web_search_20250305", "name": "web_search"}, {"name": "web_search"}), "tools[1].name"),
+    (anthropic({"name": "", "strict": True}), "tools[0].name"),
+]
+
+
+@pytest.mark.parametrize(("request_", "field"), NAMES_REFUSED, ids=[f"{r[0]}:{f}" for r, f in NAMES_REFUSED])
+def test_an_empty_or_repeated_tool_name_is_400(scripted: ServerHarness, request_: tuple[str, dict[str, Any]],
+                                               field: str) -> None:
+    """Both real APIs refuse them (Anthropic: "tools: Tool names must be unique."); a call to a
+    repeated name could not say whose schema holds its arguments."""
+    path, body = request_
+    r = httpx.post(f"{scripted.base_url}{path}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert field in error["message"]
+    if path == "/v1/messages":
+        assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
+    else:
+        assert error["param"] == field
+
+
+def test_the_sdks_see_a_repeated_tool_name_refused(scripted: ServerHarness) -> None:
+    tool: Any = {"type": "function", "function": {"name": "f", "parameters": F}}
+    with pytest.raises(openai.BadRequestError, match="unique"):
+        scripted.openai().chat.completions.create(model="m", messages=USER, tools=[tool, tool])  # type: ignore
+    client = anthropic_sdk.Anthropic(base_url=scripted.base_url, api_key="unused", max_retries=0, timeout=30)
+    with pytest.raises(anthropic_sdk.BadRequestError, match="Tool names must be unique"):
+        client.messages.create(model="m", max_tokens=4, messages=USER,  # type: ignore[arg-type]
+                               tools=[{"name": "f", "input_schema": F}] * 2)

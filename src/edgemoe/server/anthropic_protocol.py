@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.limits import MAX_TOKEN_COUNT, Range, StopStrings
 from edgemoe.server.protocol import Flag, TokenCount
-from edgemoe.server.tool_functions import check_function
+from edgemoe.server.tool_functions import check_function, check_names
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _MIN_THINKING_BUDGET = 1024
@@ -81,6 +81,9 @@ class CountTokensRequest(_Request):
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """Custom tools as chat tools; server tools (typed `web_search_…`, `bash_…`) are skipped."""
+        # Server tools' names count too: the real API refuses a custom tool named as one.
+        check_names((tool.get("name") if isinstance(tool, dict) else None, f"tools[{i}].name")
+                    for i, tool in enumerate(self.tools or []))
         tools = []
         for i, tool in enumerate(self.tools or []):
             if tool.get("type") not in (None, "custom"):

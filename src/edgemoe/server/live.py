@@ -20,12 +20,12 @@ import time
 from collections.abc import AsyncIterator
 
 import numpy as np
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
 from edgemoe.messages import EngineStats, ExpertMap
 from edgemoe.server.state import ServerState
-from edgemoe.server.stats_api import FRESH_STATS_TIMEOUT_S, stats_body
+from edgemoe.server.stats_api import FRESH_STATS_TIMEOUT_S, only_query, stats_body
 from edgemoe.server.stats_models import (
     ExpertMapView,
     LiveFrame,
@@ -130,4 +130,5 @@ def add_live_routes(app: FastAPI) -> None:
                                  media_type="text/event-stream", headers=headers)
 
     for path in ("/v1/stats/stream", "/v1/stats/stream/"):
-        app.add_api_route(path, stats_stream, methods=["GET"], include_in_schema=False)
+        app.add_api_route(path, stats_stream, methods=["GET"], include_in_schema=False,
+                          dependencies=[Depends(only_query("interval", "experts"))])

@@ -26,6 +26,7 @@ from edgemoe.server.limits import (
     Range,
     StopStrings,
 )
+from edgemoe.server.tool_functions import check_names
 
 # The bounded number types every protocol's fields use (edgemoe.server.limits).
 Temperature = Annotated[float, Range(0, MAX_TEMPERATURE)]
@@ -165,6 +166,9 @@ class ChatCompletionRequest(SamplingFields):
     response_format: Any = None  # checked by server/output_format.py (its errors name the place)
 
     def function_tools(self) -> list[dict[str, Any]] | None:
+        """The function tools; 400 for an empty or repeated name (`check_names`)."""
+        check_names((t.function.name, f"tools[{i}].function.name")
+                    for i, t in enumerate(self.tools or []) if t.type == "function" and t.function is not None)
         tools = [t.model_dump(exclude_none=True) for t in self.tools or [] if t.type == "function"]
         return tools or None
 

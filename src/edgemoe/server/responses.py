@@ -7,6 +7,10 @@ the streamed one without its events. Items open in the order the model produces 
 `output_item.added` … `output_item.done`. Stream frames are `event: TYPE` + `data`, with
 a `sequence_number` counting every event from 0.
 
+Logprobs (`include: ["message.output_text.logprobs"]` or `top_logprobs`): a token's
+logprobs go to the next text delta after it (parsers may hold text back a while); tokens
+followed by reasoning or a tool call instead are not the message's, and are dropped.
+
 Ends: `response.completed`; `response.incomplete` (`max_output_tokens`) when the token
 limit or the context cut the output; `response.failed` when the engine fails midway or,
 for a streamed request, the prompt does not fit (`context_length_exceeded`, which Codex
@@ -32,6 +36,7 @@ from edgemoe.server.events import (
     Event,
     ReasoningDelta,
     TextDelta,
+    TokensDelta,
     ToolCallArgumentsDelta,
     ToolCallStart,
     Usage,
@@ -43,9 +48,11 @@ from edgemoe.server.generation import (
     thinking_from,
 )
 from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
+from edgemoe.messages import TokenLogprob
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
+from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
-from edgemoe.server.responses_protocol import ResponsesRequest
+from edgemoe.server.responses_protocol import ResponsesRequest, seal
 from edgemoe.server.sse import event_frame, sse_response
 from edgemoe.server.output_format import responses_text_format
 from edgemoe.server.state import ServerState
@@ -58,11 +65,13 @@ def to_generation_request(req: ResponsesRequest, model: ServedModel) -> Generati
     params = sampling_params(
         model, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, seed=req.seed, max_tokens=req.max_output_tokens,
+        logprobs=req.logprobs(),
     )
     effort = req.reasoning.effort if req.reasoning else None
+    # The effort reaches templates that read it (gpt-oss's), as Chat Completions' does; so does verbosity.
+    kwargs = {k: v for k, v in (("reasoning_effort", effort), ("verbosity", req.verbosity())) if v is not None}
     return GenerationRequest(
-        # The effort reaches templates that read it (gpt-oss's), as Chat Completions' does.
-        prompt=ChatPrompt(req.chat_messages(), {"reasoning_effort": effort} if effort is not None else {}),
+        prompt=ChatPrompt(req.chat_messages(), kwargs),
         params=params,
         thinking=thinking_from(None, effort),
         tools=req.chat_tools(),
@@ -110,29 +119,43 @@ class ResponseShell:
                           "summary": req.reasoning.summary if req.reasoning else None},
             "store": bool(req.store), "temperature": req.temperature, "text": req.text or {"format": {"type": "text"}},
             "tool_choice": tool_choice, "tools": req.function_tools(), "top_p": req.top_p, "truncation": "disabled",
+            "top_logprobs": req.top_logprobs, "max_tool_calls": req.max_tool_calls,
             "usage": usage_body(usage) if usage is not None else None, "metadata": req.metadata or {},
         }
 
 
 class OutputBuilder:
-    """Events → output items + stream frames (without sequence numbers; `_Sequencer` adds them)."""
+    """Events → output items + stream frames (without sequence numbers; `_Sequencer` adds them).
+    `tokens` and `top_logprobs`: the message text carries logprobs; `sealed`: reasoning items
+    carry `encrypted_content`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: TokenTexts | None = None, top_logprobs: int | None = None,
+                 sealed: bool = False) -> None:
         self.items: list[dict[str, Any]] = []  # done items, in output order
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self._open: dict[str, Any] | None = None  # the item being streamed
+        self._tokens = tokens if top_logprobs is not None else None
+        self._top = top_logprobs or 0
+        self._sealed = sealed
+        self._pending: list[TokenLogprob] = []  # logprobs of tokens whose text has not come yet
 
     @property
     def _index(self) -> int:
         return len(self.items)
 
     def feed(self, event: Event) -> list[Frame]:
+        if isinstance(event, TokensDelta):
+            if self._tokens is not None and event.logprobs is not None:
+                self._pending.extend(event.logprobs)
+            return []
         if isinstance(event, ReasoningDelta):
+            self._pending.clear()
             return self._delta("reasoning", event.text)
         if isinstance(event, TextDelta):
             return self._delta("message", event.text)
         if isinstance(event, ToolCallStart):
+            self._pending.clear()
             frames = self.close()
             item = {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "in_progress",
                     "call_id": event.id, "name": event.name, "arguments": ""}
@@ -162,8 +185,13 @@ class OutputBuilder:
         frame: Frame = {"type": event, "item_id": item["id"], "output_index": self._index,
                         "content_index": 0, "delta": text}
         if kind == "message":
-            frame["logprobs"] = []
+            frame["logprobs"] = self._take_logprobs()
+            item["logprobs"] += frame["logprobs"]
         return [*frames, frame]
+
+    def _take_logprobs(self) -> list[dict[str, Any]]:
+        tokens, pending, self._pending = self._tokens, self._pending, []
+        return [tokens.chat_entry(lp, self._top) for lp in pending] if tokens is not None else []
 
     def _open_item(self, kind: str) -> list[Frame]:
         if kind == "message":
@@ -173,7 +201,7 @@ class OutputBuilder:
         else:
             item = {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [], "status": "in_progress"}
             part = {"type": "reasoning_text", "text": ""}
-        self._open = {**item, "text": ""}
+        self._open = {**item, "text": "", "logprobs": []}
         return [
             {"type": "response.output_item.added", "output_index": self._index, "item": item},
             {"type": "response.content_part.added", "item_id": item["id"], "output_index": self._index,
@@ -196,16 +224,19 @@ class OutputBuilder:
         self.items.append(done)
         return [*frames, {"type": "response.output_item.done", "output_index": index, "item": done}]
 
-    @staticmethod
-    def _close_text(item: dict[str, Any], index: int) -> tuple[dict[str, Any], list[Frame]]:
-        text = item.pop("text")
+    def _close_text(self, item: dict[str, Any], index: int) -> tuple[dict[str, Any], list[Frame]]:
+        text, logprobs = item.pop("text"), item.pop("logprobs")
         ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
         if item["type"] == "message":
-            part = {"type": "output_text", "text": text, "annotations": []}
-            frames = [{"type": "response.output_text.done", **ids, "text": text, "logprobs": []}]
+            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+            if self._tokens is not None:
+                part["logprobs"] = logprobs
+            frames = [{"type": "response.output_text.done", **ids, "text": text, "logprobs": logprobs}]
         else:
             part = {"type": "reasoning_text", "text": text}
             frames = [{"type": "response.reasoning_text.done", **ids, "text": text}]
+            if self._sealed:
+                item = {**item, "encrypted_content": seal(text)}
         frames.append({"type": "response.content_part.done", **ids, "part": part})
         return {**item, "status": "completed", "content": [part]}, frames
 
@@ -230,14 +261,18 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
             return sse_response(_failed_stream(shell, err))
         raise
     if req.stream:
-        return sse_response(with_heartbeat(_stream(gen, shell), COMMENT_PING, beat, ping_first=gen.pending))
-    builder = await unless_disconnected(request, _collect(gen))
+        frames = _stream(gen, shell, _builder(req, model))
+        return sse_response(with_heartbeat(frames, COMMENT_PING, beat, ping_first=gen.pending))
+    builder = await unless_disconnected(request, _collect(gen, _builder(req, model)))
     assert builder.usage is not None
     return JSONResponse(shell.body(builder.status, builder.items, builder.usage))
 
 
-async def _collect(gen: Generation) -> OutputBuilder:
-    builder = OutputBuilder()
+def _builder(req: ResponsesRequest, model: ServedModel) -> OutputBuilder:
+    return OutputBuilder(model.tokens, req.logprobs(), req.seals_reasoning())
+
+
+async def _collect(gen: Generation, builder: OutputBuilder) -> OutputBuilder:
     async for event in gen.events():
         builder.feed(event)
     return builder
@@ -280,8 +315,8 @@ async def _failed_stream(shell: ResponseShell, err: APIError) -> AsyncIterator[b
     yield seq.frame({"type": "response.failed", "response": shell.body("failed", [], error=_error_body(err))})
 
 
-async def _stream(gen: Generation, shell: ResponseShell) -> AsyncIterator[bytes]:
-    seq, builder = _Sequencer(), OutputBuilder()
+async def _stream(gen: Generation, shell: ResponseShell, builder: OutputBuilder) -> AsyncIterator[bytes]:
+    seq = _Sequencer()
     try:
         for frame in _lifecycle(shell, seq):
             yield frame

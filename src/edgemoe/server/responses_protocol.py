@@ -15,20 +15,30 @@ Input items become OpenAI chat messages, the form every template takes:
 
 Tools: flat function tools become chat tools; every other tool type is skipped, never
 refused (Codex always sends some).
+
+`include` (the SDK's `ResponseIncludable`): `message.output_text.logprobs` and
+`reasoning.encrypted_content` are honoured (responses.py); the others ask for parts of
+hosted-tool items and image inputs, which this server never produces (images are
+refused), so there is never anything to add: accepted, as the real API accepts them for
+a response that used no such tool. An unknown value is a 400 naming it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.allowed_tools import restrict
 from edgemoe.server.errors import bad_request
+from edgemoe.server.limits import MAX_TOKEN_COUNT, Range
 from edgemoe.server.protocol import (
     Flag,
+    Logprobs,
     Probability,
     RepetitionPenalty,
     Seed,
@@ -37,7 +47,21 @@ from edgemoe.server.protocol import (
     TopK,
     TopP,
 )
-from edgemoe.server.tool_functions import check_function
+from edgemoe.server.tool_functions import check_function, check_names
+
+Includable = Literal[
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+    "reasoning.encrypted_content", "message.output_text.logprobs",
+]
+# NOTE: the SDK gives no bounds; a negative count means nothing, and 0 (no hosted-tool
+# calls) is what this server does anyway.
+ToolCallCount = Annotated[int, Range(0, MAX_TOKEN_COUNT)]
+_VERBOSITY = ("low", "medium", "high")
+# `encrypted_content` of our reasoning items: the text itself (nothing here is secret from
+# the client that reads `content` anyway), marked so that another server's blob is never
+# read back as reasoning text.
+_SEAL = "edgemoe-reasoning-v1:"
 
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 _ROLES = frozenset({"user", "developer", "system", "assistant"})
@@ -60,8 +84,8 @@ class ReasoningConfig(_Request):
 
 
 class ResponsesRequest(_Request):
-    """`POST /v1/responses`. Unknown fields (`store`, `include`, `prompt_cache_key`, `text`,
-    `truncation`, `user`, `service_tier` …) are accepted and have no effect."""
+    """`POST /v1/responses`. Unknown fields (`store`, `truncation`, `user`, `service_tier` …)
+    are accepted and have no effect."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
@@ -83,6 +107,11 @@ class ResponsesRequest(_Request):
     prompt: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     text: dict[str, Any] | None = None
+    include: list[Includable] | None = None
+    top_logprobs: Logprobs | None = None
+    # Counts hosted ("built-in") tool calls only, per the SDK: this server runs none, so any
+    # cap holds; function calls are not capped by it (nor by OpenAI). Checked and echoed.
+    max_tool_calls: ToolCallCount | None = None
     # Extensions shared by local servers (vLLM, SGLang).
     top_k: TopK | None = None
     min_p: Probability | None = None
@@ -91,13 +120,37 @@ class ResponsesRequest(_Request):
 
     def function_tools(self) -> list[dict[str, Any]]:
         """The flat function tools as given (echoed in the response); 400 for one whose
-        fields are not what Chat Completions' function takes (`check_function`)."""
-        tools = []
+        fields are not what Chat Completions' function takes (`check_function`), or whose
+        name is empty or another function tool's (`check_names`)."""
+        tools, names = [], []
         for i, tool in enumerate(self.tools or []):
             if tool.get("type") == "function":
                 check_function(tool, f"tools[{i}]")
                 tools.append(tool)
+                names.append((tool["name"], f"tools[{i}].name"))
+        check_names(names)
         return tools
+
+    def logprobs(self) -> int | None:
+        """Alternatives per token when `include` asks for the message text's logprobs, else
+        None. As the real API: `top_logprobs` alone only sizes them (it answers `logprobs: []`
+        then), so a client's default of it does not make every step pay for them."""
+        if "message.output_text.logprobs" in (self.include or ()):
+            return self.top_logprobs or 0
+        return None
+
+    def seals_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or ())
+
+    def verbosity(self) -> str | None:
+        """`text.verbosity` (400 unless low / medium / high). It reaches templates that
+        read it, as `reasoning.effort` does; the others have no such switch."""
+        value = self.text.get("verbosity") if isinstance(self.text, dict) else None
+        if value is not None and value not in _VERBOSITY:
+            got = json.dumps(value) if isinstance(value, (str, int, float, bool)) else type(value).__name__
+            raise bad_request(f"text.verbosity must be 'low', 'medium' or 'high' (got {got[:80]})",
+                              param="text.verbosity")
+        return value
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         tools = [
@@ -177,7 +230,7 @@ class _Conversation:
             self.messages.append({"role": "tool", "tool_call_id": _str(item, "call_id", where), "content": text})
         elif kind == "reasoning":
             text = _parts_text(item.get("content") or [], f"{where}.content") or _parts_text(
-                item.get("summary") or [], f"{where}.summary")
+                item.get("summary") or [], f"{where}.summary") or unseal(item.get("encrypted_content"))
             if text:
                 self._reasoning.append(text)
         elif kind == "item_reference":
@@ -246,3 +299,17 @@ def _parts_text(parts: object, where: str) -> str:
                               param=f"{where}[{i}]", code="unsupported_content")
         raise bad_request(f"{where}[{i}]: unsupported content part {kind!r}", param=f"{where}[{i}].type")
     return "\n".join(texts)
+
+
+def seal(text: str) -> str:
+    return _SEAL + base64.b64encode(text.encode()).decode()
+
+
+def unseal(blob: object) -> str:
+    """Our own `encrypted_content` read back (a client that kept only it); "" for another's."""
+    if not isinstance(blob, str) or not blob.startswith(_SEAL):
+        return ""
+    try:
+        return base64.b64decode(blob[len(_SEAL):], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return ""

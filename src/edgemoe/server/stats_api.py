@@ -3,16 +3,21 @@
 All but `/health` sit behind `--api-key` like every other route (the guard middleware).
 `/v1/stats` asks the engine for a fresh snapshot first (waiting at most a moment, so a
 busy engine cannot hold the answer up), so an idle server shows its idle KV pool.
+
+Their query parameters are checked (`only_query`): one a route does not take (`/v1/stats?window=10`:
+the window is fixed, `window_s`), or one given twice, is a 400 naming it, never silently ignored.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import Response
 
 from edgemoe.messages import EngineStats
+from edgemoe.server.errors import bad_request
 from edgemoe.server.metrics import CONTENT_TYPE
 from edgemoe.server.state import ServerState
 from edgemoe.server.stats_models import (
@@ -47,6 +52,23 @@ def health_body(state: ServerState) -> Health:
     return Health(status="ok", model=name, uptime=round(state.uptime_s, 3))
 
 
+def only_query(*names: str) -> Callable[[Request], None]:
+    """A dependency: 400 for a query parameter outside `names`, or one given twice (FastAPI
+    would read one of the values and drop the other)."""
+
+    def check(request: Request) -> None:
+        takes = f"takes {', '.join(names)}" if names else "takes no query parameters"
+        seen: set[str] = set()
+        for key, _ in request.query_params.multi_items():
+            if key not in names:
+                raise bad_request(f"{key}: unknown query parameter; {request.url.path} {takes}", param=key)
+            if key in seen:
+                raise bad_request(f"{key}: given more than once", param=key)
+            seen.add(key)
+
+    return check
+
+
 def add_ops_routes(app: FastAPI) -> None:
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format"}
 
@@ -54,13 +76,13 @@ def add_ops_routes(app: FastAPI) -> None:
     async def metrics(request: Request) -> Response:
         return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/stats")
+    @app.get("/v1/stats", dependencies=[Depends(only_query())])
     async def stats(request: Request) -> Stats:
         state = _state(request)
         snapshot = await state.client.fresh_stats(FRESH_STATS_TIMEOUT_S)
         return stats_body(state, snapshot)
 
-    @app.get("/v1/requests")
+    @app.get("/v1/requests", dependencies=[Depends(only_query("limit"))])
     async def requests(request: Request, limit: int = Query(50, ge=1, le=MAX_REQUESTS_LIMIT)) -> RequestList:
         tracker = _state(request).tracker
         live = tracker.in_flight()

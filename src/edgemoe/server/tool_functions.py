@@ -4,7 +4,7 @@ and the request type imports the output formats)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edgemoe.server.api_error import bad_request
@@ -38,3 +38,20 @@ def check_function(tool: Mapping[str, Any], where: str, parameters: str = "param
         value = tool.get(field)
         if value is not None and not isinstance(value, kind):
             raise bad_request(f"{where}.{field}: must be {what}", param=f"{where}.{field}")
+
+
+def check_names(names: Iterable[tuple[object, str]]) -> None:
+    """400 for a tool name (`(name, param)` per tool, in order) that is empty or repeats an
+    earlier one. Both real APIs refuse them (OpenAI's names match `^[a-zA-Z0-9_-]{1,64}$`,
+    Anthropic's answer "tools: Tool names must be unique."); here a call naming a repeated
+    tool could not say whose schema types, and a strict grammar holds, its arguments."""
+    seen: dict[str, str] = {}
+    for name, where in names:
+        if not isinstance(name, str):
+            continue
+        if not name:
+            raise bad_request(f"{where}: a tool name may not be empty", param=where)
+        if name in seen:
+            raise bad_request(f"tools: Tool names must be unique ({name!r} is both {seen[name]} and {where})",
+                              param=where)
+        seen[name] = where
