@@ -43,14 +43,7 @@ def test_a_function_tool_of_wrong_types_is_400_naming_the_field(
     scripted: ServerHarness, request_: tuple[str, dict[str, Any]], field: str
 ) -> None:
     path, body = request_
-    r = httpx.post(f"{scripted.base_url}{path}", json=body, timeout=30)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert field in error["message"]
-    if path == "/v1/messages":
-        assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
-    else:
-        assert error["param"] == field
+    assert_refused_naming(scripted, path, body, field)
     if path == "/v1/messages":  # the token count reads the same tools
         count = httpx.post(f"{scripted.base_url}/v1/messages/count_tokens",
                            json={k: body[k] for k in ("model", "messages", "tools")}, timeout=30)
@@ -99,8 +92,12 @@ def test_an_empty_or_repeated_tool_name_is_400(scripted: ServerHarness, request_
                                                field: str) -> None:
     """Both real APIs refuse them (Anthropic: "tools: Tool names must be unique."); a call to a
     repeated name could not say whose schema holds its arguments."""
-    path, body = request_
-    r = httpx.post(f"{scripted.base_url}{path}", json=body, timeout=30)
+    assert_refused_naming(scripted, *request_, field)
+
+
+def assert_refused_naming(server: ServerHarness, path: str, body: dict[str, Any], field: str) -> None:
+    """A 400 in the route's protocol shape whose message names `field` (and, on OpenAI's routes, its param)."""
+    r = httpx.post(f"{server.base_url}{path}", json=body, timeout=30)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert field in error["message"]
