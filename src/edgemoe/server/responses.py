@@ -28,6 +28,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from edgemoe.messages import TokenLogprob
 from edgemoe.server.disconnect import unless_disconnected
 from edgemoe.server.errors import APIError
 from edgemoe.server.events import (
@@ -48,7 +49,6 @@ from edgemoe.server.generation import (
     thinking_from,
 )
 from edgemoe.server.generation_request import ChatPrompt, GenerationRequest
-from edgemoe.messages import TokenLogprob
 from edgemoe.server.heartbeat import COMMENT_PING, with_heartbeat
 from edgemoe.server.logprobs import TokenTexts
 from edgemoe.server.model import ServedModel
