@@ -116,7 +116,7 @@ class Fp8Scheme(Scheme):
 
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded:
         # per-tensor FP8 as AutoFP8 / vLLM save it (DeepSeek-Coder-V2-Lite-Instruct-FP8): `weight_scale`
-        scale = self.scale_name if self.scale_name in parts or "weight_scale" not in parts else "weight_scale"
+        scale = next((n for n in (self.scale_name, "weight_scale") if n in parts), self.scale_name)
         w, s = parts["weight"], parts[scale]
         if s.dtype == torch.uint8:  # `scale_fmt: ue8m0` stored as raw exponent bytes: 2^(e - 127)
             s = s.view(torch.float8_e8m0fnu)
