@@ -131,9 +131,10 @@ class MoEConfig:
     )
     routing: str = setting(
         "router",
-        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F], a seeded process "
-        "with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
-        "labelled in every output; refused by serve)",
+        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F,recall=F], a seeded "
+        "process with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
+        "recall < 1: decode prefetch predicts with that recall instead of an oracle; labelled in every output; "
+        "refused by serve)",
     )
     expert_cache: str = setting(
         "auto",
@@ -164,7 +165,8 @@ class MoEConfig:
     moe_prefetch: str = setting(
         "off",
         "decode prefetch with the device expert cache: during each MoE layer, predict the next layer's experts "
-        "(its router on this layer's input; under --routing synthetic the drawn ids, an oracle) and copy the "
+        "(its router on this layer's input; under --routing synthetic the drawn ids, an oracle, or a guess of "
+        "the spec's recall) and copy the "
         "predicted misses on a side stream up to three layers ahead of their compute (off by default: x1.39 at fp8 "
         "and x1.19 at bf16 with perfect prediction on the GPU machine, unmeasured with a trained router; "
         "docs/offload.md)",

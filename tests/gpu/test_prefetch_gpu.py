@@ -102,6 +102,23 @@ def test_graph_replayed_prefetch_keeps_the_greedy_tokens(small_ckpt, routing: st
         assert moe["prefetch"] == "synthetic oracle" and moe["prefetch_used"] == moe["prefetched"]
 
 
+def test_a_guess_replayed_from_graphs_keeps_the_greedy_tokens(small_ckpt) -> None:  # noqa: ANN001
+    """`--routing synthetic:recall=0.6`: the guess's own staged buffer read by captured
+    steps; the tokens are prefetch-off's, and some of its copies go unused."""
+    prompts = [list(range(2000, 2041)), [9707, 11, 1879, 0]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    out = {}
+    for prefetch in ("off", "on"):
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="offload", moe_slots=48,
+                 expert_cache="device", moe_prefetch=prefetch, routing="synthetic:seed=3,recall=0.6") as llm:
+            assert llm.engine.runner.graphs is not None
+            out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
+            moe = llm.stats()["moe"]
+    assert out["on"] == out["off"]
+    assert moe["prefetch"] == "synthetic guess, recall 0.6"
+    assert 0 < moe["prefetch_used"] < moe["prefetched"]
+
+
 @pytest.mark.parametrize("biased", [False, True])
 def test_the_fused_router_predicts_a_top_k_of_the_logits(biased: bool) -> None:
     """The predictor's one fused launch (plain and gpt-oss-biased routers) picks k experts

@@ -207,6 +207,22 @@ def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001
         assert moe["prefetched"] > 0
 
 
+def test_a_guess_of_lower_recall_changes_no_token_and_copies_unused_experts(qwen3_ckpt) -> None:  # noqa: ANN001
+    """`--routing synthetic:recall=R`: prefetch copies a guess, not the draws; the tokens are
+    the same routing's without prefetch, and some copied experts go unused."""
+    prompts = [[9707, 11, 1879], list(range(3000, 3020))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    out, moe = {}, {}
+    for prefetch in ("off", "on"):
+        with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=8,
+                 moe_prefetch=prefetch, routing="synthetic:seed=1,recall=0.5") as llm:
+            out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
+            moe[prefetch] = llm.stats()["moe"]
+    assert out["on"] == out["off"]
+    assert moe["on"]["prefetch"] == "synthetic guess, recall 0.5"
+    assert 0 < moe["on"]["prefetch_used"] < moe["on"]["prefetched"]
+
+
 def test_engine_tokens_with_prefetch_two_layers_ahead(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """EDGEMOE_PREFETCH_DEPTH=2 through the engine (the model's router predicting two layers
     ahead): the greedy tokens stay the resident engine's."""

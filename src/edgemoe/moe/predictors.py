@@ -6,7 +6,9 @@ experts from an earlier layer's MoE input.
   the residual doesn't). The usual approximation; on random weights its recall says nothing
   about a trained model's.
 - `StagedPredictor`: under `--routing synthetic`, the target layer's drawn ids: an oracle
-  (recall 1), labelled so, which shows what the mechanism saves at perfect prediction.
+  (recall 1), labelled so, which shows what the mechanism saves at perfect prediction; or,
+  with `synthetic:recall=R`, a guess of recall R drawn from them, which shows what it saves
+  at a trained predictor's recall.
 """
 
 from __future__ import annotations
@@ -112,15 +114,16 @@ def moe_input_gains(blocks: list, layers: set[int]) -> dict[int, torch.Tensor]: 
 
 class StagedPredictor:
     """Synthetic routing's drawn ids for the layer: an oracle (the step's draws are staged
-    before its forward)."""
-
-    label = "synthetic oracle"
+    before its forward); with `--routing synthetic:recall=R` (R < 1), a guess of that recall
+    drawn from them (`moe/noisy_prediction.py`), labelled with it."""
 
     def __init__(self, routing) -> None:  # noqa: ANN001 - moe/synthetic_routing.SyntheticRouting
         self.routing = routing
+        recall = routing.spec.recall
+        self.label = "synthetic oracle" if recall >= 1 else f"synthetic guess, recall {recall:g}"
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
-        return self.routing.real_ids(layer, like).to(torch.int32)  # padding rows: like's -1
+        return self.routing.predicted_ids(layer, like).to(torch.int32)  # padding rows: like's -1
 
     def prepare(self, pairs: list[tuple[int, int]]) -> None:
         pass

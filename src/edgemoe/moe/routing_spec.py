@@ -9,39 +9,44 @@ from dataclasses import dataclass, replace
 WINDOW = 8  # tokens of history the `window` statistic looks back over
 PREFIX = "synthetic"
 ROUTER = "router"
+KEYS = ("seed", "repeat", "window", "top", "recall")
 
 
 @dataclass(frozen=True)
 class RoutingSpec:
-    """What `--routing synthetic:…` asks for: targets and the seed."""
+    """What `--routing synthetic:…` asks for: targets, the seed, and decode prefetch's
+    predictor's recall (1: the drawn ids, an oracle; below 1: `moe/noisy_prediction.py`)."""
 
     seed: int = 0
     repeat: float = 0.45
     window: float = 0.80
     top: float = 0.05
+    recall: float = 1.0
 
     @property
     def label(self) -> str:
-        return f"{PREFIX}:seed={self.seed},repeat={self.repeat:g},window={self.window:g},top={self.top:g}"
+        guess = f",recall={self.recall:g}" if self.recall < 1 else ""  # the oracle's label as it always was
+        return f"{PREFIX}:seed={self.seed},repeat={self.repeat:g},window={self.window:g},top={self.top:g}{guess}"
 
 
 def parse_routing(text: str) -> RoutingSpec | None:
-    """`router` → None (the model's own router); `synthetic[:seed=…,repeat=…,window=…,top=…]`
+    """`router` → None (the model's own router); `synthetic[:seed=…,repeat=…,window=…,top=…,recall=…]`
     → its spec; anything else → ValueError naming the setting."""
     if text == ROUTER:
         return None
     head, _, rest = text.partition(":")
     if head != PREFIX:
-        raise ValueError(f"routing (--routing) {text!r}: router or synthetic[:seed=N,repeat=F,window=F,top=F]")
+        raise ValueError(f"routing (--routing) {text!r}: router or synthetic[:seed=N,repeat=F,window=F,top=F,recall=F]")
     spec = RoutingSpec()
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("seed", "repeat", "window", "top"):
-            raise ValueError(f"routing (--routing): unknown key {key!r} (seed, repeat, window, top)")
+        if key not in KEYS:
+            raise ValueError(f"routing (--routing): unknown key {key!r} ({', '.join(KEYS)})")
         try:
             spec = replace(spec, **{key: int(value) if key == "seed" else float(value)})
         except ValueError:
             raise ValueError(f"routing (--routing): {key}={value!r} is not a number") from None
-    if not (0 < spec.top <= 1 and 0 <= spec.repeat <= spec.window <= 1):
-        raise ValueError(f"routing (--routing): need 0 < top <= 1 and 0 <= repeat <= window <= 1 ({text!r})")
+    if not (0 < spec.top <= 1 and 0 <= spec.repeat <= spec.window <= 1 and 0 <= spec.recall <= 1):
+        raise ValueError(f"routing (--routing): need 0 < top <= 1, 0 <= repeat <= window <= 1 and 0 <= recall <= 1 "
+                         f"({text!r})")
     return spec

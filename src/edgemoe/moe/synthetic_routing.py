@@ -26,6 +26,11 @@ weights are kept, its ids replaced (on a padded decode batch's padding rows the 
 ids stay: no draws for them). The ids are staged in one static device buffer, so decode
 steps replay from CUDA graphs as with the router. Off by default; `serve` refuses it;
 every output that it affects says so.
+
+Decode prefetch's predictor under synthetic routing reads the drawn ids (an oracle), or, with
+`recall` below 1, a guess drawn from them per step (`moe/noisy_prediction.py`), staged in a
+buffer of its own, for decode steps of up to `PREDICTED_ROWS` tokens: wider steps never
+prefetch (the slots hold a decode step's experts, not a prompt chunk's).
 """
 
 from __future__ import annotations
@@ -37,11 +42,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from edgemoe.moe.noisy_prediction import predict
 from edgemoe.moe.routing_spec import WINDOW, RoutingSpec
 from edgemoe.moe.staged_ids import StagedIds
 from edgemoe.moe.synthetic_process import Params, RoutingProcess, Stream
 
 __all__ = ["Params", "RoutingProcess", "Stream", "SyntheticRouting", "calibrate", "measure"]
+
+PREDICTED_ROWS = 64  # the widest step whose prefetch guess is drawn (decode prefetch's steps are narrower)
 
 if TYPE_CHECKING:
     from edgemoe.moe.executor import RoutingObserver
@@ -101,6 +109,9 @@ class SyntheticRouting:
         self.streams: dict[int, Stream] = {}  # by page-table row
         self.started = 0  # sequences so far: the next one's ordinal (its random numbers)
         self.staged = StagedIds(len(moe_layers), top_k, max_tokens, device)
+        self.predicted = StagedIds(len(moe_layers), top_k, min(max_tokens, PREDICTED_ROWS), device) \
+            if spec.recall < 1 else None  # None: prefetch reads `staged`, the oracle
+        self.guess_rng = np.random.default_rng([spec.seed, 0x9E55])  # the guesses' own numbers
         self.last = np.zeros((len(moe_layers), 0, top_k), np.int64)  # the latest draws [layers, n, K]
         self.trace: RoutingObserver | None = None
         self.draw_seconds = 0.0  # host time in the draws the device idled for (benchmarks subtract it)
@@ -119,10 +130,22 @@ class SyntheticRouting:
         self._count_draw_time(time.perf_counter() - t0)
         ids = np.concatenate(parts) if parts else np.zeros((0, self.process.layers, self.process.top_k), np.int64)
         self.last = np.ascontiguousarray(ids.transpose(1, 0, 2))
-        self.staged.stage(self.last, ids.shape[0] if padded is None else padded)
+        rows = ids.shape[0] if padded is None else padded
+        self.staged.stage(self.last, rows)
+        self._stage_guess(rows)
         if self.trace is not None:
             for i, layer in enumerate(self.moe_layers):
                 self.trace.record(layer, torch.from_numpy(self.last[i]))
+
+    def _stage_guess(self, rows: int) -> None:
+        """The prefetch predictor's guess at this step's draws (`recall` < 1), for a step
+        narrow enough to prefetch; its host time counts with the draws'."""
+        if self.predicted is None or rows > self.predicted.max_tokens:
+            return
+        t0 = time.perf_counter()
+        guess = predict(self.last, self.spec.recall, self.process, self.guess_rng)
+        self._count_draw_time(time.perf_counter() - t0)
+        self.predicted.stage(guess, rows)
 
     def _count_draw_time(self, seconds: float) -> None:
         """A step's draws idle the device only if nothing is running once they are done
@@ -139,3 +162,9 @@ class SyntheticRouting:
     def real_ids(self, layer: int, fill: torch.Tensor) -> torch.Tensor:
         """The step's draws for `layer` on its real rows, `fill`'s on the padding rows."""
         return self.staged.view_real(self.index[layer], fill)
+
+    def predicted_ids(self, layer: int, fill: torch.Tensor) -> torch.Tensor:
+        """Decode prefetch's guess at `layer`'s draws (`real_ids` itself at recall 1), `fill`'s
+        on the padding rows."""
+        staged = self.staged if self.predicted is None else self.predicted
+        return staged.view_real(self.index[layer], fill)
