@@ -88,6 +88,7 @@ BAD_VALUES = [
     ("qwen3_next", "layer_types", "linear_attention"),
     ("qwen3_5_moe_text", "layer_types", 2),  # a TypeError caught, naming no field
     ("olmoe", "num_attention_heads", 64),  # more heads than hidden dims: refused as a rotary dim of 0
+    ("olmoe", "head_dim", 16),  # not hidden / heads (8): a tensor-shape error; transformers' q/k norms fail on it
     ("qwen3_5_moe_text", "linear_conv_kernel_dim", 1),  # the conv state kernels failed (IndexError)
     # YaRN's options were not checked: a TypeError (a math domain error for a negative beta)
     # when the rotary tables were built, a string truncate read as true, and an

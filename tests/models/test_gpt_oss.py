@@ -174,6 +174,20 @@ def test_configs_it_cannot_run_are_refused_by_name(overrides: dict[str, object],
         model_arch(config)
 
 
+def test_a_null_window_is_refused_where_a_layer_slides() -> None:
+    """`sliding_window=None` (a valid value of GptOssConfig) with sliding layers loaded as
+    plain causal attention; transformers' sliding mask raises on it, so nothing says that
+    is the model. Without sliding layers the window is unread and the config loads."""
+    config = transformers.GptOssConfig(**{**TINY, "sliding_window": None})
+    with pytest.raises(ConfigError, match=r"sliding_window=null with sliding_attention layers"):
+        model_arch(config.to_dict())
+    model = transformers.GptOssForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="sliding_window"), torch.no_grad():  # its cache fails first (TypeError)
+        model(torch.tensor([[1, 2, 3]]), use_cache=False)
+    full = {**config.to_dict(), "layer_types": ["full_attention"] * 3}
+    assert model_arch(full).layer_windows == (None, None, None)
+
+
 @pytest.mark.parametrize("act", ["relu", "gelu_new"])
 def test_hidden_act_is_not_read_as_transformers_does_not(act: str) -> None:
     """gpt-oss's experts are its clamped SwiGLU whatever `hidden_act` says: transformers'

@@ -12,7 +12,9 @@ transformers' logits (its own class for the checkpoint, float64 for the hybrids)
   attends to the whole context; we windowed at the class default, 4096 tokens);
 - a saved config.json with one field dropped, read with the config class's default;
 - a float64 checkpoint (`save_pretrained` of a `.double()` model: we refused its dtype, even
-  under an explicit float32).
+  under an explicit float32);
+- DeepSeek-V3 with `norm_topk_prob` or `rope_interleave` null (its class keeps the null and
+  its modelling reads it as false; we read the class default, true).
 """
 
 from __future__ import annotations
@@ -73,12 +75,12 @@ def qwen3_moe(**overrides: object) -> transformers.Qwen3MoeForCausalLM:
     return transformers.Qwen3MoeForCausalLM(config)
 
 
-def assert_matches_transformers(path: Path, seq: list[int] = SEQ) -> None:
+def assert_matches_transformers(path: Path, seq: list[int] = SEQ, width: int = 32) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         theirs = model.eval()(torch.tensor([seq])).logits[0]
-    # the longest reduction: the hidden size, 32, or the context (experts and heads are narrower)
-    atol = network_atol(torch.float32, max(32, len(seq)), theirs.abs().max().item())
+    # the longest reduction: `width` (the hidden size, 32, where experts and heads are narrower) or the context
+    atol = network_atol(torch.float32, max(width, len(seq)), theirs.abs().max().item())
     torch.testing.assert_close(ours(path, seq), theirs, atol=atol, rtol=0)
 
 
@@ -139,6 +141,16 @@ CONFIGS = {  # 16 heads: every family's default kv heads (4, 8, 2) divides it, n
     "ernie4_5_moe": lambda: transformers.Ernie4_5_MoeConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 8},
                                                             moe_num_experts=4, moe_k=2, moe_layer_interval=2),
 }
+
+
+@pytest.mark.parametrize("field", ["norm_topk_prob", "rope_interleave"])
+def test_deepseek_v3_reads_a_null_flag_as_false(field: str, tmp_path: Path) -> None:
+    config = transformers.DeepseekV3Config(**{**MLA_SMALL, "num_key_value_heads": 16}, n_routed_experts=8,
+                                           num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
+                                           **{field: None})
+    path = save(transformers.DeepseekV3ForCausalLM(config), tmp_path)
+    assert json.loads((path / "config.json").read_text())[field] is None  # saved as null, not dropped
+    assert_matches_transformers(path, width=16 * 8)  # the longest reduction: o_proj's 16 heads x v_head_dim 8
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))

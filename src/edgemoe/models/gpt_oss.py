@@ -101,14 +101,21 @@ def arch(config: dict[str, Any]) -> GptOssArch:
 
 def layer_windows(c: HFConfig, layers: int) -> tuple[int | None, ...]:
     """Each layer's window from `layer_types` (transformers' default when absent: sliding on
-    even layers, full on odd), the window `sliding_window` (128); a null window leaves the
-    sliding layers plain causal, as transformers' mask does."""
+    even layers, full on odd), the window `sliding_window` (128). NOTE: a null window is
+    refused where a layer slides: transformers' sliding mask raises on it (5.24 and 5.25,
+    eager and flex), so no reference says what it means; plain causal attention there
+    would be a guess (the model trained with some window), and wrong logits unannounced."""
     kinds = c.get("layer_types")
     if kinds is None:
         kinds = [LAYER_TYPES[i % 2] for i in range(layers)]
     if not isinstance(kinds, list) or len(kinds) != layers or any(k not in LAYER_TYPES for k in kinds):
         raise ConfigError(f"layer_types must list num_hidden_layers={layers} of {' / '.join(LAYER_TYPES)}")
-    window = None if c.get("sliding_window", 128) is None else c.integer("sliding_window", 128)
+    if c.get("sliding_window", 128) is None:
+        if "sliding_attention" in kinds:
+            raise ConfigError("sliding_window=null with sliding_attention layers (layer_types): gpt_oss needs "
+                              "the window's size (transformers cannot run it either)")
+        return (None,) * layers
+    window = c.integer("sliding_window", 128)
     return tuple(window if k == "sliding_attention" else None for k in kinds)
 
 

@@ -141,10 +141,13 @@ class HFConfig:
             return default
         return positive_number(self.spelled(key), value)
 
-    def flag(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool, null: bool | None = None) -> bool:
+        """true or false; `default` when absent. A null is `null` where given: a class whose
+        field is `bool | None` keeps the null, and modelling that tests the field's truth
+        then reads it as false (DeepSeek-V3's `norm_topk_prob`, `rope_interleave`)."""
         value = self.get(key)
         if value is None:
-            return default
+            return default if null is None or key not in self else null
         if not isinstance(value, bool):
             raise ConfigError(f"{self.spelled(key)}={value!r}: expected true or false")
         return value

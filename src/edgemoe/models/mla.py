@@ -113,13 +113,15 @@ def arch(config: dict[str, Any]) -> MlaArch:
         **attn,
         num_experts=experts,
         moe_intermediate_size=inter,
-        norm_topk_prob=c.flag("norm_topk_prob", True),
+        # NOTE: null is false here: DeepseekV3Config keeps it and the modelling tests its truth
+        # (Glm4MoeLiteConfig refuses a null outright).
+        norm_topk_prob=c.flag("norm_topk_prob", True, null=False),
         moe_layers=moe,
         intermediate_size=c.integer("intermediate_size", 10240 if glm else 18432),
         attention_bias=c.flag("attention_bias", False),
         sigmoid_routing=routing,
         shared_intermediate_size=inter * c.integer("n_shared_experts", 1, minimum=0),
-        rope_interleave=c.flag("rope_interleave", True),
+        rope_interleave=c.flag("rope_interleave", True, null=False),
     )
 
 

@@ -34,8 +34,12 @@ def arch(config: dict[str, Any]) -> DecoderArch:
     c = HFConfig(config)
     if c.flag("attention_bias", False):
         raise ConfigError("attention_bias=true (biased q/k/v/o projections) is not supported for olmoe")
-    # NOTE: OLMoE has no head_dim field; its norms assume hidden / heads.
+    # NOTE: OLMoE has no head_dim field; its norms assume hidden / heads. transformers' projections
+    # read a head_dim written anyway, and its q/k norms then fail: refused by name, not by tensor shape.
     head_dim = c.integer("hidden_size") // c.integer("num_attention_heads")
+    if c.get("head_dim") not in (None, head_dim):
+        raise ConfigError(f"head_dim={c.get('head_dim')!r}: olmoe's q/k norms need hidden_size / num_attention_heads "
+                          f"= {head_dim} (transformers cannot run another either)")
     fields = common_fields(c, eps=1e-5, max_pos=4096, head_dim=head_dim)
     experts, moe = c.integer("num_experts"), tuple(range(fields["num_layers"]))
     check_experts(c, experts, fields["top_k"], moe)
