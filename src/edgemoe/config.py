@@ -168,8 +168,8 @@ class MoEConfig:
         "(its router on this layer's input; under --routing synthetic the drawn ids, an oracle, or a guess of "
         "the spec's recall) and copy the "
         "predicted misses on a side stream up to three layers ahead of their compute (off by default: x1.39 at fp8 "
-        "and x1.19 at bf16 with perfect prediction on the GPU machine, unmeasured with a trained router; "
-        "docs/offload.md)",
+        "and x1.19 at bf16 with perfect prediction on the GPU machine, but x0.96 at fp8 with a guess of recall 0.8, "
+        "its wrong guesses copied for nothing; unmeasured with a trained router; docs/offload.md)",
         ("on", "off"),
     )
     expert_store: str = setting(
