@@ -188,8 +188,16 @@ def test_max_output_tokens_is_incomplete(server: ServerHarness) -> None:
     response = strict(Response, body)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 4
+    assert response.output[-1].status == "incomplete"  # the item the limit cut, as OpenAI marks it
     events = raw_events(server, {"input": ask("think"), "max_output_tokens": 4})
     assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["status"] == "incomplete"
+    assert events[-1]["response"]["output"][-1]["status"] == "incomplete"
+    assert all(e["item"]["status"] == "incomplete" for e in events if e["type"] == "response.output_item.done")
+
+
+def test_an_answer_that_ends_is_completed_item_by_item(server: ServerHarness) -> None:
+    body = raw(server, {"input": ask("think")}).json()
+    assert body["status"] == "completed" and all(item["status"] == "completed" for item in body["output"])
 
 
 # --------------------------------------------------------------------------- errors

@@ -210,14 +210,14 @@ class OutputBuilder:
 
     def close(self) -> list[Frame]:
         """Finish the open item: its closing events, then it joins `items`. The item still
-        open when a length limit ended the output is `incomplete` (as OpenAI marks it): its
-        text, or its call's arguments (the completed ones), may be cut short."""
+        open when a length limit ended the output is `incomplete`, as OpenAI marks it (the
+        output ends only once, so only the item open then can be cut)."""
         item, self._open = self._open, None
         if item is None:
             return []
         index, frames = self._index, []
         if item["type"] == "function_call":
-            item["status"] = self._closing_status
+            item["status"] = self.status
             frames.append({"type": "response.function_call_arguments.done", "item_id": item["id"],
                            "output_index": index, "arguments": item["arguments"]})
             done = dict(item)
@@ -240,16 +240,11 @@ class OutputBuilder:
             if self._sealed:
                 item = {**item, "encrypted_content": seal(text)}
         frames.append({"type": "response.content_part.done", **ids, "part": part})
-        return {**item, "status": self._closing_status, "content": [part]}, frames
+        return {**item, "status": self.status, "content": [part]}, frames
 
     @property
     def status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
-
-    @property
-    def _closing_status(self) -> str:
-        # finish_reason is set only by the end, so only the item open then can be cut.
-        return self.status
 
 
 # --------------------------------------------------------------------------- the route
