@@ -131,10 +131,10 @@ class MoEConfig:
     )
     routing: str = setting(
         "router",
-        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F,recall=F], a seeded "
-        "process with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache studies; "
-        "recall < 1: decode prefetch predicts with that recall instead of an oracle; labelled in every output; "
-        "refused by serve)",
+        "expert choices: the model's router, or synthetic[:seed=N,repeat=F,window=F,top=F,recall=F,precision=F], a "
+        "seeded process with Qwen3-30B-A3B's published routing statistics replacing the router's ids (cache "
+        "studies; recall < 1: decode prefetch predicts with that recall instead of an oracle, precision >= recall: "
+        "a smaller guess of that precision; labelled in every output; refused by serve)",
     )
     expert_cache: str = setting(
         "auto",

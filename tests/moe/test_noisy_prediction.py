@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from edgemoe.moe import cpu_share, synthetic_routing
-from edgemoe.moe.noisy_prediction import predict
+from edgemoe.moe.noisy_prediction import predict, wrong_share
 from edgemoe.moe.predictors import StagedPredictor
 from edgemoe.moe.routing_spec import RoutingSpec, parse_routing
 from edgemoe.moe.synthetic_routing import Params, RoutingProcess, SyntheticRouting
@@ -33,7 +33,10 @@ def test_the_setting_reads_recall_and_labels_it() -> None:
     assert spec == RoutingSpec(seed=2, recall=0.8)
     assert spec.label.endswith(",recall=0.8") and parse_routing(spec.label) == spec
     assert "recall" not in RoutingSpec().label  # the oracle's label as every earlier output has it
-    for bad in ("synthetic:recall=1.5", "synthetic:recall=-0.1", "synthetic:recall=nan", "synthetic:recall=x"):
+    spec = parse_routing("synthetic:recall=0.5,precision=0.9")
+    assert spec == RoutingSpec(recall=0.5, precision=0.9) and parse_routing(spec.label) == spec
+    for bad in ("synthetic:recall=1.5", "synthetic:recall=-0.1", "synthetic:recall=nan", "synthetic:recall=x",
+                "synthetic:recall=0.8,precision=0.5", "synthetic:recall=0.5,precision=1.5"):
         with pytest.raises(ValueError, match=r"routing \(--routing\)"):
             parse_routing(bad)
 
@@ -101,3 +104,39 @@ def test_at_recall_one_prefetch_reads_the_draws() -> None:
 
 def test_a_guess_is_drawn_for_every_step_that_prefetches() -> None:
     assert synthetic_routing.PREDICTED_ROWS == cpu_share.ROWS  # prefetch's widest step (moe/prefetch.py)
+
+
+@pytest.mark.parametrize(("recall", "precision"), [(0.5, 0.9), (0.4, 0.98), (0.7, 0.7), (0.3, 1.0)])
+def test_a_confident_guess_has_the_precision_asked(process: RoutingProcess, recall: float, precision: float) -> None:
+    """`precision=P`: a smaller guess (-1 where nothing is named), R·K right experts a row and
+    the wrong ones in proportion, so right / named is P (each a binomial count: 5 sigmas)."""
+    ids = routed(process, 400)
+    guess = predict(ids, recall, process, np.random.default_rng(4), precision)
+    named = guess >= 0
+    rows = zip(guess.reshape(-1, K), ids.reshape(-1, K))
+    right = sum(len(set(g[g >= 0].tolist()) & set(r.tolist())) for g, r in rows)
+    n = ids.size
+    assert abs(right - recall * n) <= 5 * np.sqrt(n * recall * (1 - recall)) + 1e-9
+    wrong = int(named.sum()) - right
+    q = wrong_share(recall, precision)
+    dropped = n - right
+    assert abs(wrong - q * dropped) <= 5 * np.sqrt(dropped * q * (1 - q)) + 1e-9
+    for row in guess.reshape(-1, K):
+        kept = row[row >= 0].tolist()
+        assert len(set(kept)) == len(kept)  # distinct experts; -1 names none
+
+
+def test_a_confident_guess_with_missing_entries_runs_through_the_engine(qwen3_ckpt) -> None:  # noqa: ANN001
+    """-1 entries (nothing named) reach the prefetch's plan, as padding rows' do."""
+    from edgemoe import LLM, SamplingParams
+
+    prompts = [[9707, 11, 1879], list(range(3000, 3020))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    out = {}
+    for prefetch in ("off", "on"):
+        with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=8,
+                 moe_prefetch=prefetch, routing="synthetic:seed=1,recall=0.5,precision=0.9") as llm:
+            out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
+            moe = llm.stats()["moe"]
+    assert out["on"] == out["off"]
+    assert moe["prefetch"] == "synthetic guess, recall 0.5, precision 0.9" and moe["prefetched"] > 0

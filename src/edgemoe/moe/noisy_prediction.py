@@ -10,7 +10,10 @@ the row does not route to, drawn by the layer's popularity (the process's Zipf),
 guess is a plausible expert, as a trained router's runner-up is, and is often one the cache
 holds already. The predicted set has K experts, like the router's top-k, so its recall and
 precision against the routed set are both R in expectation (the engine's measured precision
-counts only the experts it copied, so it reads higher).
+counts only the experts it copied, so it reads higher). `precision=P` (≥ R) makes a smaller
+guess instead, a confident predictor's subset: of the dropped experts only the share
+`wrong_share(R, P)` is replaced, the rest are left out (-1, nothing to copy), so the guess
+has R·K right experts and precision P.
 
 One draw per step and layer serves every depth: a trained router's guess three layers
 ahead is weaker than one layer ahead, which `EDGEMOE_PREFETCH_DEPTH=1` isolates.
@@ -25,11 +28,19 @@ from edgemoe.moe.synthetic_process import RoutingProcess
 ROUNDS = 64  # popularity draws for the replacements before the rest are filled in order
 
 
-def predict(ids: np.ndarray, recall: float, process: RoutingProcess, rng: np.random.Generator) -> np.ndarray:
+def predict(ids: np.ndarray, recall: float, process: RoutingProcess, rng: np.random.Generator,
+            precision: float | None = None) -> np.ndarray:
     """[layers, n, K] routed ids → [layers, n, K] predicted ids: each kept with probability
-    `recall`, the others replaced by distinct experts the row does not route to."""
+    `recall`, the others replaced by distinct experts the row does not route to — or, with
+    `precision` (≥ recall), each replaced with the probability that gives the guess that
+    precision and the rest -1 (no expert: a smaller guess, a confident predictor's subset)."""
     out = ids.copy()
-    wrong = np.argwhere(rng.random(ids.shape) >= recall)  # [m, 3]: layer, row, k
+    dropped = rng.random(ids.shape) >= recall
+    if precision is not None and precision > recall:
+        named = rng.random(ids.shape) < wrong_share(recall, precision)
+        out[dropped & ~named] = -1
+        dropped &= named
+    wrong = np.argwhere(dropped)  # [m, 3]: layer, row, k
     if len(wrong) == 0:
         return out
     L, n, _ = ids.shape
@@ -41,6 +52,15 @@ def predict(ids: np.ndarray, recall: float, process: RoutingProcess, rng: np.ran
             return out
     _replace_in_order(out, taken, wrong)
     return out
+
+
+def wrong_share(recall: float, precision: float) -> float:
+    """The share of the dropped experts replaced by a wrong one for a guess of `precision`:
+    per row recall·K right and (1 − recall)·K·q wrong, so precision = recall / (recall +
+    (1 − recall)·q). Needs precision ≥ recall (q ≤ 1: the guess holds at most K)."""
+    if recall >= 1 or precision >= 1:
+        return 0.0
+    return recall * (1 - precision) / (precision * (1 - recall))
 
 
 def _replace_by_popularity(out: np.ndarray, taken: np.ndarray, wrong: np.ndarray, process: RoutingProcess,

@@ -115,12 +115,14 @@ def moe_input_gains(blocks: list, layers: set[int]) -> dict[int, torch.Tensor]: 
 class StagedPredictor:
     """Synthetic routing's drawn ids for the layer: an oracle (the step's draws are staged
     before its forward); with `--routing synthetic:recall=R` (R < 1), a guess of that recall
-    drawn from them (`moe/noisy_prediction.py`), labelled with it."""
+    drawn from them (`moe/noisy_prediction.py`; `precision=P`: a smaller guess of that
+    precision), labelled with them."""
 
     def __init__(self, routing) -> None:  # noqa: ANN001 - moe/synthetic_routing.SyntheticRouting
         self.routing = routing
-        recall = routing.spec.recall
-        self.label = "synthetic oracle" if recall >= 1 else f"synthetic guess, recall {recall:g}"
+        recall, precision = routing.spec.recall, routing.spec.precision
+        self.label = "synthetic oracle" if recall >= 1 else f"synthetic guess, recall {recall:g}" + (
+            f", precision {precision:g}" if precision is not None else "")
 
     def __call__(self, layer: int, x: torch.Tensor, like: torch.Tensor, source: int | None = None) -> torch.Tensor:
         return self.routing.predicted_ids(layer, like).to(torch.int32)  # padding rows: like's -1

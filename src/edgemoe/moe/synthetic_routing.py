@@ -143,7 +143,7 @@ class SyntheticRouting:
         if self.predicted is None or rows > self.predicted.max_tokens:
             return
         t0 = time.perf_counter()
-        guess = predict(self.last, self.spec.recall, self.process, self.guess_rng)
+        guess = predict(self.last, self.spec.recall, self.process, self.guess_rng, self.spec.precision)
         self._count_draw_time(time.perf_counter() - t0)
         self.predicted.stage(guess, rows)
 
