@@ -12,6 +12,12 @@ For each of Claude Code (`claude -p`), Codex (`codex exec`) and OpenCode (`openc
 4. pass when the recorded prompts show the tool result reaching the model and the
    agent printed the final answer.
 
+`--scenario cut-call [--cuts N]`: the backend cuts the first N shell calls by a length limit
+inside the command (the server returns each with `{}` arguments and finish_reason "length");
+each agent passes when it crashed on nothing, never ran the truncated command, and either
+recovered or reported the limit as it was seen to (`EXPECTED_CUT_OUTCOME`, docs/agents.md).
+Logs in `.agents/runs/cut-call/AGENT/`, results in `.agents/results-cut-call.json`.
+
 Not part of `make test`: it needs the npm registry and takes a minute.
 Exit status: 0 when every agent that installed passed, 1 otherwise.
 """
@@ -32,7 +38,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgemoe.testing.agent_backend import FACTORY, expected_output
+from edgemoe.testing.agent_backend import FACTORY, cut_file, expected_output
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS_DIR = ROOT / ".agents"
@@ -43,6 +49,7 @@ PROMPT = "Run the smoke-test shell command once, then tell me exactly what it pr
 READY = re.compile(r"^edgemoe ready on http://127\.0\.0\.1:(\d+) ")
 CLI = "import sys; from edgemoe.cli import main; sys.exit(main(sys.argv[1:]))"
 AGENT_TIMEOUT_S = 300
+SCENARIOS = ("tool-call", "cut-call")
 
 
 @dataclass
@@ -77,13 +84,18 @@ def install(agent: str) -> str | None:
 # --------------------------------------------------------------------------- server
 
 
+def backend_spec(marker: str, record: Path, cuts: int = 0) -> dict[str, object]:
+    """The scripted backend's spec; `cuts` > 0: cut that many shell calls by a length limit first."""
+    return {"marker": marker, "record": str(record), **({"cut_call": cuts} if cuts else {})}
+
+
 class Server:
     """`edgemoe serve` with the scripted backend, recording every prompt to `record`."""
 
-    def __init__(self, run_dir: Path, marker: str) -> None:
+    def __init__(self, run_dir: Path, marker: str, cuts: int = 0) -> None:
         self.record = run_dir / "prompts.jsonl"
         spec = run_dir / "backend.json"
-        spec.write_text(json.dumps({"marker": marker, "record": str(self.record)}))
+        spec.write_text(json.dumps(backend_spec(marker, self.record, cuts)))
         env = {**os.environ, "EDGEMOE_ENGINE_FACTORY": FACTORY, "EDGEMOE_SCRIPTED_BACKEND": str(spec)}
         self.log = (run_dir / "server.log").open("w")
         self.proc = subprocess.Popen(
@@ -157,18 +169,19 @@ def _bin(agent: str) -> str:
     return str(AGENTS_DIR / "node_modules" / ".bin" / agent)
 
 
-def run_agent(agent: str) -> Result:
+def run_agent(agent: str, cuts: int = 0) -> Result:
+    """One agent's run; `cuts` > 0: the cut-call scenario, cutting that many shell calls first."""
     why = install(agent)
     if why is not None:
         return Result(agent, "SKIP", why)
-    run_dir = AGENTS_DIR / "runs" / agent
+    run_dir = AGENTS_DIR / "runs" / ("cut-call" if cuts else "") / agent
     shutil.rmtree(run_dir, ignore_errors=True)
     home, work = run_dir / "home", run_dir / "work"
     home.mkdir(parents=True)
     work.mkdir()
     marker = uuid.uuid4().hex[:12]
     started = time.monotonic()
-    server = Server(run_dir, marker)
+    server = Server(run_dir, marker, cuts)
     try:
         argv, env = launch_command(agent, server, home)
         with (run_dir / "agent.out").open("w") as out, (run_dir / "agent.err").open("w") as err:
@@ -177,7 +190,8 @@ def run_agent(agent: str) -> Result:
                                       timeout=AGENT_TIMEOUT_S).returncode
             except subprocess.TimeoutExpired:
                 code = None
-        return _verdict(agent, run_dir, server, marker, code, time.monotonic() - started)
+        verdict = cut_call_verdict if cuts else _verdict
+        return verdict(agent, run_dir, server, marker, code, time.monotonic() - started)
     finally:
         server.stop()
 
@@ -192,23 +206,110 @@ def _verdict(agent: str, run_dir: Path, server: Server, marker: str, code: int |
     return Result(agent, "PASS" if ok else "FAIL", detail, seconds)
 
 
+# --------------------------------------------------------------------------- cut-call scenario
+
+# What each CLI does with a shell call cut by a length limit (arguments `{}`, finish_reason
+# "length"), as observed with the versions docs/agents.md names:
+# - recovers: its own argument check fails, the error goes back as the tool's result, it asks
+#   again and gets on with the turn (it asks again after every cut, however many: it never
+#   gives up, nor raises its output limit);
+# - reports: it ends the turn with an error naming the limit, exit status non-zero, runs nothing.
+EXPECTED_CUT_OUTCOME = {"claude": "recovers", "codex": "reports", "opencode": "recovers"}
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+# A Python traceback, a Rust panic, or a Node stack frame / unhandled rejection.
+_CRASH = re.compile(r"Traceback \(most recent call last\)|panicked at|^\s+at .+:\d+:\d+\)?$"
+                    r"|UnhandledPromiseRejection|Uncaught \w*Error", re.MULTILINE)
+_LIMIT_ERROR = re.compile(r"max_output_tokens|max_tokens|incomplete response|output token limit", re.IGNORECASE)
+
+
+def tool_results(prompts: list[dict[str, str]]) -> list[str]:
+    """The distinct tool results the agent sent back, in order (each prompt resends the earlier ones)."""
+    seen: list[str] = []
+    for p in prompts:
+        for block in _TOOL_RESPONSE.findall(p["prompt"]):
+            if block not in seen:
+                seen.append(block)
+    return seen
+
+
+def cut_outcome(code: int | None, decisions: list[str], printed: bool, output: str) -> str:
+    """recovers | reports | loops (ran into the timeout) | other."""
+    if code is None:
+        return "loops"
+    if code == 0 and "answer" in decisions and printed:
+        return "recovers"
+    if code != 0 and "answer" not in decisions and _LIMIT_ERROR.search(output):
+        return "reports"
+    return "other"
+
+
+def cut_call_problems(agent: str, outcome: str, crash: str | None, ran_cut: bool, tail_seen: bool,
+                      cuts_served: int, cuts: int) -> list[str]:
+    """Why the cut-call run fails; none: PASS."""
+    problems = [f"crashed ({crash})"] * bool(crash) + ["ran the truncated command"] * ran_cut
+    if tail_seen:  # the server drops a cut call's raw tail (docs/api.md, "Calls cut by a length limit")
+        problems.append("the cut call's raw text reached the agent")
+    if cuts_served == 0:
+        problems.append("no request offered the shell tool: nothing was cut")
+    if outcome != EXPECTED_CUT_OUTCOME.get(agent):
+        problems.append(f"{outcome}, expected {EXPECTED_CUT_OUTCOME.get(agent)}")
+    if outcome == "recovers" and cuts_served != cuts:
+        problems.append(f"recovered after {cuts_served} of {cuts} cut calls")
+    return problems
+
+
+def _tail(text: str, lines: int = 4) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+def cut_call_verdict(agent: str, run_dir: Path, server: Server, marker: str, code: int | None,
+                     seconds: float) -> Result:
+    """PASS: no crash, the truncated command never ran, and the agent did what it was seen doing."""
+    prompts = server.prompts()
+    decisions = [p["decision"] for p in prompts]
+    out, err = (run_dir / "agent.out").read_text(errors="replace"), (run_dir / "agent.err").read_text(errors="replace")
+    crash = _CRASH.search(out + "\n" + err)
+    outcome = cut_outcome(code, decisions, expected_output(marker) in out, out + err)
+    # Anything running the cut command's text creates this file: in the work folder, or wherever it ran.
+    ran_cut = any(run_dir.rglob(cut_file(marker)))
+    # The cut text named the file; it reaches the agent only if the server passed the raw tail on.
+    tail_seen = any(cut_file(marker) in p["prompt"] for p in prompts) or cut_file(marker) in out + err
+    cuts = int(json.loads((run_dir / "backend.json").read_text())["cut_call"])
+    problems = cut_call_problems(agent, outcome, crash.group(0).strip() if crash else None, ran_cut, tail_seen,
+                                 decisions.count("cut_call"), cuts)
+    results = [r[:100] for r in tool_results(prompts)]
+    detail = (f"{outcome}: exit {code}, {len(decisions)} requests ({decisions.count('cut_call')} cut), "
+              f"tool results {results}, raw tail reached the agent: {tail_seen}; stdout: {_tail(out)!r}; "
+              f"stderr: {_tail(err)!r}; {'; '.join(problems) + '; ' if problems else ''}"
+              f"logs in {run_dir.relative_to(ROOT)}")
+    return Result(agent, "FAIL" if problems else "PASS", detail, seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("agents", nargs="*", help=f"any of {', '.join(PACKAGES)} (default: all)")
+    parser.add_argument("--scenario", choices=SCENARIOS, default="tool-call",
+                        help="tool-call: one shell call, then the answer (default); cut-call: the shell call is "
+                             "first cut by a length limit inside its arguments (see EXPECTED_CUT_OUTCOME)")
+    parser.add_argument("--cuts", type=int, default=1,
+                        help="cut-call: how many shell calls are cut before one goes through (default 1)")
     args = parser.parse_args(argv)
     unknown = set(args.agents) - set(PACKAGES)
     if unknown:
         parser.error(f"unknown agents: {', '.join(sorted(unknown))}")
+    if args.cuts < 1:
+        parser.error("--cuts must be at least 1")
     AGENTS_DIR.mkdir(exist_ok=True)
     results = []
     for agent in args.agents or list(PACKAGES):
         try:
-            result = run_agent(agent)
+            result = run_agent(agent, args.cuts if args.scenario == "cut-call" else 0)
         except Exception as exc:  # one broken agent must not hide the others' results
             result = Result(agent, "FAIL", f"{type(exc).__name__}: {exc}")
         print(f"{result.agent:9} {result.status:4} ({result.seconds:.0f}s) {result.detail}", flush=True)
         results.append(result)
-    (AGENTS_DIR / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=2))
+    name = "results.json" if args.scenario == "tool-call" else f"results-{args.scenario}.json"
+    (AGENTS_DIR / name).write_text(json.dumps([r.__dict__ for r in results], indent=2))
     return 0 if all(r.status != "FAIL" for r in results) else 1
 
 

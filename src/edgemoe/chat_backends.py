@@ -113,7 +113,7 @@ class LocalBackend:
                 if self._stopped:  # checked between steps: the engine is never interrupted mid-step
                     return
             if parser is not None:
-                yield from _pieces(parser.finish())
+                yield from _pieces(_finish(parser, cut=answer.finish_reason == "length"))
         finally:
             deltas.close()  # aborts the request if it is still running
 
@@ -172,6 +172,14 @@ def _split(parser: Any, text: str) -> Iterator[Piece]:
             yield Piece("content", text)
         return
     yield from _pieces(parser.feed(text))
+
+
+def _finish(parser: Any, cut: bool) -> Any:
+    """The parser's rest. One with a tool stage (harmony's whole-output parser) is told whether a
+    length limit cut the output, so a call cut short drops its raw tail, as the server's does."""
+    from edgemoe.server.parsers import ResponseParser
+
+    return parser.finish(cut=cut) if isinstance(parser, ResponseParser) else parser.finish()
 
 
 def _pieces(delta: Any) -> Iterator[Piece]:

@@ -234,14 +234,14 @@ MakeServer = Callable[..., ServerHarness]
 
 
 def scripted_server(tokenizer: TokenizerBundle, scripts: dict[str, str], model_dir: Path,
-                    model_type: str | None = None, **engine: Any) -> ServerHarness:
+                    model_type: str | None = None, config: ServerConfig | None = None, **engine: Any) -> ServerHarness:
     """A started server over a `ScriptedEngine` for the checkpoint files in `model_dir`
-    (`model_type`: the family the engine reports; default the demo's)."""
+    (`model_type`: the family the engine reports; default the demo's; `config`: the server's)."""
     scripted = ScriptedEngine(tokenizer, scripts, **engine)
     ready = scripted.ready(model_dir)
     if model_type is not None:
         ready = msgspec.structs.replace(ready, model_type=model_type)
-    return ServerHarness(scripted, ready, ServerConfig()).start()
+    return ServerHarness(scripted, ready, config or ServerConfig()).start()
 
 
 def streamed_completion(client: openai.OpenAI, **request: Any) -> Any:

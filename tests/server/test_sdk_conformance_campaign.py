@@ -13,7 +13,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from server_harness import ScriptedEngine, ServerHarness
+from server_harness import ServerHarness, scripted_server
 from server_scripts import TIME_TOOL, WEATHER_TOOL
 
 from edgemoe.server.config import ServerConfig
@@ -23,6 +23,8 @@ QWEN_WEATHER = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<
                 "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
 SCRIPTS = {
     "two": "Checking both.\n" + QWEN_WEATHER,
+    # The model itself ends (EOS) inside the second parameter: its raw text is content.
+    "eos_in_call": "Checking both.\n" + QWEN_WEATHER[: QWEN_WEATHER.index("<parameter=days>") + 18],
     "reason": "<think>\nThe user wants weather. Paris it is.\n</think>\n\nThe answer is 42.",
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
@@ -34,8 +36,7 @@ CUT_IN_CALL = 24
 
 @pytest.fixture(scope="module")
 def qwen(demo_dir: Path, demo_tokenizer: TokenizerBundle) -> Iterator[ServerHarness]:
-    engine = ScriptedEngine(demo_tokenizer, SCRIPTS)
-    harness = ServerHarness(engine, engine.ready(demo_dir), ServerConfig(tool_call_parser="qwen3_coder")).start()
+    harness = scripted_server(demo_tokenizer, SCRIPTS, demo_dir, config=ServerConfig(tool_call_parser="qwen3_coder"))
     yield harness
     harness.stop()
 
@@ -44,25 +45,31 @@ def _anthropic(h: ServerHarness) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=h.base_url, api_key="x", max_retries=0, timeout=60)
 
 
-def _message_request(**extra: Any) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "[[two]]"}], "tools": ANTHROPIC_TOOLS, **extra}
+def _message_request(script: str = "two", **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": f"[[{script}]]"}], "tools": ANTHROPIC_TOOLS,
+            **extra}
 
 
-def test_cut_call_arguments_reach_tool_use_block(qwen: ServerHarness) -> None:
-    """The end of a call and the text after it arrive in one parser flush; the call's
-    closing "}" used to be sent after the text block opened, so Anthropic dropped it:
-    input {} non-streamed, and input_json deltas that were not JSON when streamed."""
+@pytest.mark.parametrize(("script", "limit", "blocks", "stop_reason"), [
+    ("eos_in_call", 200, ["text", "tool_use", "text"], "tool_use"),
+    ("two", CUT_IN_CALL, ["text", "tool_use"], "max_tokens")])
+def test_cut_call_arguments_reach_tool_use_block(qwen: ServerHarness, script: str, limit: int, blocks: list[str],
+                                                 stop_reason: str) -> None:
+    """The end of a call and the text after it arrive in one parser flush (EOS inside the
+    call: its raw tail is content); the call's closing "}" used to be sent after the text
+    block opened, so Anthropic dropped it: input {} non-streamed, and input_json deltas that
+    were not JSON when streamed. Cut by max_tokens instead, the raw tail is no text at all."""
     client = _anthropic(qwen)
-    full = client.messages.create(**_message_request(max_tokens=CUT_IN_CALL))
-    with client.messages.stream(**_message_request(max_tokens=CUT_IN_CALL)) as stream:
+    full = client.messages.create(**_message_request(script, max_tokens=limit))
+    with client.messages.stream(**_message_request(script, max_tokens=limit)) as stream:
         parts = [e.delta.partial_json for e in stream
                  if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
         streamed = stream.get_final_message()
     assert json.loads("".join(parts)) == {"city": "Paris"}
     for message in (full, streamed):
-        assert [b.type for b in message.content] == ["text", "tool_use", "text"]
+        assert [b.type for b in message.content] == blocks
         assert message.content[1].input == {"city": "Paris"}
-        assert message.stop_reason == "max_tokens"
+        assert message.stop_reason == stop_reason
 
 
 def test_cut_call_arguments_reach_function_call_item(qwen: ServerHarness) -> None:

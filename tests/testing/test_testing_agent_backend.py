@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from edgemoe.messages import SamplingParams
+from edgemoe.server.parsers import get_tool_parser
 from edgemoe.server.templates import ChatTemplate
 from edgemoe.testing import QWEN3_CHAT_TEMPLATE, demo_model_path
+from edgemoe.messages import RequestOutput
 from edgemoe.testing.agent_backend import (
     AgentScriptEngine,
     build_agent_backend,
+    cut_file,
     expected_output,
 )
 from edgemoe.tokenizer import TokenizerBundle
@@ -73,11 +76,55 @@ def test_answers_once_the_tool_result_is_back(tmp_path: Path, tokenizer: Tokeniz
     assert run(engine, TEMPLATE.render(messages, tools=tools), tokenizer, max_tokens=2) == "The command"
 
 
+def outputs(engine: AgentScriptEngine, prompt: str, tokenizer: TokenizerBundle) -> list[RequestOutput]:
+    engine.add_request(tokenizer.encode(prompt, add_special_tokens=False), SamplingParams(max_tokens=4096), "r")
+    done: list[RequestOutput] = []
+    while engine.has_work():
+        done += engine.step()
+    return done
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "array", "items": {"type": "string"}}])
+def test_cut_call_ends_by_length_inside_the_command(tmp_path: Path, tokenizer: TokenizerBundle,
+                                                    schema: dict[str, Any]) -> None:
+    engine = AgentScriptEngine(tokenizer, "m3", tmp_path / "rec.jsonl", cut_calls=1)
+    prompt = TEMPLATE.render([{"role": "user", "content": "go"}],
+                             tools=[tool("Bash", command=schema, description={"type": "string"})])
+    cut = outputs(engine, prompt, tokenizer)
+    text = "".join(o.text for o in cut)
+    assert cut[-1].finished and cut[-1].finish_reason == "length"  # a length limit, no EOS
+    assert text.startswith('<tool_call>\n{"name": "Bash", "arguments": {"command": ')
+    assert text.endswith(f'"touch {cut_file("m3")}; ec')  # inside the command's string value
+    # What the server makes of it: the call, named, with no argument completed.
+    parser = get_tool_parser("hermes")([])
+    calls = [*parser.feed(text).tool_calls, *parser.finish().tool_calls]
+    assert [c.name for c in calls if c.name] == ["Bash"] and json.loads("".join(c.arguments for c in calls)) == {}
+    # The cut is used up: the same prompt now gets the whole call, then the answer as ever.
+    assert run(engine, prompt, tokenizer).endswith("}}\n</tool_call>")
+    decisions = [json.loads(line)["decision"] for line in (tmp_path / "rec.jsonl").read_text().splitlines()]
+    assert decisions == ["cut_call", "tool_call"]
+
+
+def test_cut_calls_counts_only_shell_calls(tmp_path: Path, tokenizer: TokenizerBundle) -> None:
+    engine = AgentScriptEngine(tokenizer, "m4", tmp_path / "rec.jsonl", cut_calls=2)
+    shell = TEMPLATE.render([{"role": "user", "content": "go"}], tools=[tool("bash", command={"type": "string"})])
+    assert run(engine, TEMPLATE.render([{"role": "user", "content": "title?"}]), tokenizer) == "OK."
+    assert outputs(engine, shell, tokenizer)[-1].finish_reason == "length"
+    assert outputs(engine, shell, tokenizer)[-1].finish_reason == "length"
+    assert outputs(engine, shell, tokenizer)[-1].finish_reason == "stop"
+    records = [json.loads(line) for line in (tmp_path / "rec.jsonl").read_text().splitlines()]
+    assert [r["decision"] for r in records] == ["plain", "cut_call", "cut_call", "tool_call"]
+    assert [r["max_tokens"] for r in records] == [256, 4096, 4096, 4096]  # shows an agent raising it to retry
+
+
 def test_build_from_spec(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl")}))
     engine, ready = build_agent_backend({}, str(spec))
     assert engine.marker == "abc" and ready.model_type == "qwen3_moe" and ready.max_model_len >= 131072
+    assert engine.cuts_left == 0
+    spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl"), "cut_call": True}))
+    assert build_agent_backend({}, str(spec))[0].cuts_left == 1
 
 
 def test_engine_process_builds_it_from_the_factory_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,8 @@
 Each `RequestOutput` carries newly final text (stop strings already cut by the
 engine); it is fed to the choice's `ResponseParser`, and the parsed delta becomes
 `ReasoningDelta` / `TextDelta` / `ToolCallStart` / `ToolCallArgumentsDelta` events.
-The last increment also flushes the parser and ends the choice with `ChoiceDone`.
+The last increment also flushes the parser, telling it whether a length limit cut the
+output (`cut_by_length`), and ends the choice with `ChoiceDone`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def make_parser(
     return ResponseParser(reasoning_parser, tool_parser)
 
 
+def cut_by_length(out: RequestOutput) -> bool:
+    """Whether the output ended by a length limit (`max_tokens` or the context), not by the
+    model (EOS, a stop string or id). The parser then closes a call it was reading with its
+    completed arguments and drops the call's unfinished raw tail: the model did not break
+    the format, and that markup shown or kept as content would mislead agents and users."""
+    return out.finish_reason == "length"
+
+
 class ChoiceState:
     """Parser state and counters of one choice. Not thread-safe (one event loop)."""
 
@@ -105,7 +114,7 @@ class ChoiceState:
             return ParsedDelta(content=out.text)
         delta = self.parser.feed(out.text) if out.text else ParsedDelta()
         if out.finished:
-            tail = self.parser.finish()
+            tail = self.parser.finish(cut=cut_by_length(out))
             delta = ParsedDelta(
                 delta.content + tail.content, delta.reasoning + tail.reasoning, delta.tool_calls + tail.tool_calls
             )

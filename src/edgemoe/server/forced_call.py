@@ -40,7 +40,10 @@ Each choice's tool parser reads the opening as if the model had generated it
 (`PrimedParser`): its tokens are not completion tokens and its text is no content,
 unless the model's continuation does not make a valid call, when the parser does
 exactly what it does with any invalid call it reads (the raw text, opening included,
-becomes content).
+becomes content). A length cut (max_tokens, the context) before the parser could read the
+call's name back (e.g. `<tool_call>\n<function` + `=get_wea`) returns none of that text:
+it is the opening plus an unfinished call, not a message (`PrimedParser`); after the name,
+a cut call closes with its completed arguments as any call does (`parsers.base.ToolParser`).
 
 Nothing is forced when tools are inactive (`tool_choice` "none", no tools), for raw
 prompts, or when the model's chat template teaches no tool-call format we parse.
@@ -162,8 +165,29 @@ class PrimedParser(ResponseParser):
 
     `opening` is what reading the opening produced (a qwen3_coder call's start, its name
     being complete): the choice emits it before anything generated, streamed or not.
+
+    A length cut before the parser could tell what the forced call is (nothing read back
+    yet: `_undecided`) returns nothing of it: the text it holds is the server's own opening
+    plus the model's unfinished continuation, markup rather than a message (`_cut_opening`).
     """
 
     def __init__(self, tools: ToolParser, opening: str) -> None:
         super().__init__(None, tools)
         self.opening: ParsedDelta = tools.feed(opening)
+        self._undecided = self.opening.empty  # the parser still holds all of the call's text
+
+    def feed(self, text: str) -> ParsedDelta:
+        delta = super().feed(text)
+        self._undecided = self._undecided and delta.empty
+        return delta
+
+    def finish(self, cut: bool = False) -> ParsedDelta:
+        tail = super().finish(cut)
+        return _cut_opening(tail) if cut and self._undecided else tail
+
+
+def _cut_opening(tail: ParsedDelta) -> ParsedDelta:
+    """What is left of a forced call the length limit cut before anything of it was read
+    back: a call the end completed (a Hermes object read whole), none of the held text.
+    (EOS or a stop there keep the rule of any invalid call: the raw text is content.)"""
+    return tail if tail.tool_calls else ParsedDelta(reasoning=tail.reasoning)

@@ -4,7 +4,8 @@
 `EDGEMOE_ENGINE_FACTORY=edgemoe.testing.agent_backend:engine_from_env` and
 `EDGEMOE_SCRIPTED_BACKEND=SPEC.json`; the engine process then builds this engine
 instead of loading weights (see `edgemoe.engine.service.build_engine`). The spec is
-`{"marker": "…", "record": "prompts.jsonl"}`.
+`{"marker": "…", "record": "prompts.jsonl"}`, optionally with `"cut_call": true` (or a
+count, N): see "cut calls" below.
 
 What it answers, from the rendered prompt (the demo model's Qwen3 template, Hermes
 tool format):
@@ -17,8 +18,18 @@ tool format):
   the arguments shaped by the tool's schema (a string command, or an argv array);
 - anything else (titles, summaries, quota probes): "OK.".
 
-Every prompt is appended to the record file with the decision taken, so the smoke
-test can check what the agent sent. No torch.
+Cut calls (`cut_call`): the first N answers that would be the shell call are instead cut by
+a length limit inside the command's string value (the agents' reactions: docs/agents.md,
+"A call cut by a length limit"): the output is the call's text up to
+`touch edgemoe-cut-MARKER; ec` of the command `touch edgemoe-cut-MARKER; echo …` and the
+request finishes with finish_reason "length" (no EOS), so the server returns the call with
+`{}` arguments. Should anything run that truncated command, the file `edgemoe-cut-MARKER`
+appears in the agent's folder: the smoke test looks for it. Later prompts are answered as
+above, so an agent that retries, or reports and is asked again, can finish.
+
+Every prompt is appended to the record file with the decision taken (and the request's
+`max_tokens`, which shows an agent retrying with a higher limit), so the smoke test can
+check what the agent sent. No torch.
 """
 
 from __future__ import annotations
@@ -53,22 +64,44 @@ def command(marker: str) -> str:
     return f"echo edgemoe-smoke-$((6*7))-{marker}"
 
 
+def cut_file(marker: str) -> str:
+    """The file the cut call's command would create, were its truncated text ever run."""
+    return f"edgemoe-cut-{marker}"
+
+
+def cut_command(marker: str) -> str:
+    return f"touch {cut_file(marker)}; {command(marker)}"
+
+
+def cut_call_text(call_text: str, cmd: str) -> str:
+    """`call_text` (a Hermes call running `cmd`) cut inside the command's string value.
+
+    The cut falls after the `touch …;` and two letters of `echo`: a runnable prefix, so
+    running it by mistake leaves the file behind (an argv array is cut inside its last string).
+    """
+    start = call_text.index(json.dumps(cmd)) + 1  # past the value's opening quote
+    prefix = cmd[:cmd.index("; echo") + len("; ec")]
+    return call_text[:start] + json.dumps(prefix)[1:-1]
+
+
 @dataclass
 class _Request:
     plan: list[int]
     params: SamplingParams
     stream: TextStream
     prompt_len: int
+    cut: bool = False  # the plan ends by a length limit, not EOS
     output: list[int] = field(default_factory=list)
 
 
 class AgentScriptEngine:
     """An `EngineLike` playing the script above; one output of up to 8 tokens per step."""
 
-    def __init__(self, tokenizer: TokenizerBundle, marker: str, record: Path) -> None:
+    def __init__(self, tokenizer: TokenizerBundle, marker: str, record: Path, cut_calls: int = 0) -> None:
         self.tokenizer = tokenizer
         self.marker = marker
         self.record = record
+        self.cuts_left = cut_calls
         self.eos = sorted(tokenizer.eos_token_ids)[:1]
         self.requests: dict[str, _Request] = {}
 
@@ -78,10 +111,12 @@ class AgentScriptEngine:
         prompt = self.tokenizer.decode(prompt_ids)
         decision, text = self.answer(prompt)
         with self.record.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"request_id": request_id, "decision": decision, "prompt": prompt, "output": text}) + "\n")
-        plan = self.tokenizer.encode(text, add_special_tokens=False) + self.eos
+            f.write(json.dumps({"request_id": request_id, "decision": decision, "prompt": prompt, "output": text,
+                                "max_tokens": params.max_tokens}) + "\n")
+        cut = decision == "cut_call"
+        plan = self.tokenizer.encode(text, add_special_tokens=False) + ([] if cut else self.eos)
         stream = TextStream.for_request(self.tokenizer.tokenizer, params)
-        self.requests[request_id] = _Request(plan, params, stream, len(prompt_ids))
+        self.requests[request_id] = _Request(plan, params, stream, len(prompt_ids), cut)
         return request_id
 
     def answer(self, prompt: str) -> tuple[str, str]:
@@ -92,8 +127,11 @@ class AgentScriptEngine:
         tool = shell_tool(prompt)
         if tool is None:
             return "plain", "OK."
-        call = {"name": tool["name"], "arguments": shell_arguments(tool, command(self.marker))}
-        return "tool_call", f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        if self.cuts_left > 0:
+            self.cuts_left -= 1
+            cmd = cut_command(self.marker)
+            return "cut_call", cut_call_text(_call_text(tool, cmd), cmd)
+        return "tool_call", _call_text(tool, command(self.marker))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
@@ -124,6 +162,8 @@ class AgentScriptEngine:
                 reason = ("stop", req.stream.stop_reason)
             elif req.params.max_tokens is not None and len(req.output) >= req.params.max_tokens:
                 reason = ("length", None)
+            elif req.cut and len(req.output) >= len(req.plan):
+                reason = ("length", None)  # as if max_tokens had run out here
         if reason is None:
             return self._output(rid, req, tokens, text, None, None)
         del self.requests[rid]
@@ -135,6 +175,11 @@ class AgentScriptEngine:
         return RequestOutput(request_id=rid, token_ids=tokens, text=text, finished=finish is not None,
                              finish_reason=finish, stop_reason=stop, num_prompt_tokens=req.prompt_len,
                              num_output_tokens=len(req.output))
+
+
+def _call_text(tool: dict[str, Any], cmd: str) -> str:
+    call = {"name": tool["name"], "arguments": shell_arguments(tool, cmd)}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
 def shell_tool(prompt: str) -> dict[str, Any] | None:
@@ -171,7 +216,7 @@ def build_agent_backend(settings: dict[str, Any], spec_path: str) -> tuple[Agent
     model_dir = Path(settings["model"]) if settings.get("model") else demo_model_path()
     tokenizer = TokenizerBundle.load(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    engine = AgentScriptEngine(tokenizer, str(spec["marker"]), Path(spec["record"]))
+    engine = AgentScriptEngine(tokenizer, str(spec["marker"]), Path(spec["record"]), int(spec.get("cut_call", 0)))
     ready = EngineReady(
         model_dir=str(model_dir.resolve()), model_type=str(config.get("model_type", "qwen3_moe")),
         max_model_len=MAX_MODEL_LEN, vocab_size=int(config.get("vocab_size", 151936)),

@@ -5,6 +5,9 @@ adapters rely on: the concatenation of everything emitted by ``feed(...)`` calls
 the final ``finish()`` does not depend on how the model text was split into chunks.
 ``parse_complete(text)`` is defined as one ``feed(text)`` plus ``finish()``, so the
 non-streamed result equals the streamed concatenation by construction.
+
+How the output ended matters to a tool parser only at ``finish(cut=...)``: see
+``ToolParser`` (a length cut inside an announced call drops the call's raw tail).
 """
 
 from __future__ import annotations
@@ -150,6 +153,17 @@ class ToolParser(ABC):
     tool parser, tools or not, reasoning included, with no reasoning parser before it.
     Call indices are 0-based and contiguous per response. Every call emitted is closed by the time ``finish``
     returns, and its concatenated arguments are a valid JSON object text.
+
+    ``finish(cut=True)``: the output ended by a length limit (``max_tokens`` or the
+    context), not by the model. A call already announced (its name streamed) that the
+    parser was still reading is then closed with the arguments it completed, and its
+    unfinished raw tail (a half-written value, a pair's or the next call's tag cut off in
+    the same block) is dropped, not returned as content: it is markup the limit cut, and a
+    value cut short must not read as whole. Text that broke the format before the end
+    still degrades to content. ``cut=False`` (EOS, a stop string): the model itself ended
+    inside the call, so its raw text is content, as each format states. Text before a call
+    was announced is unaffected either way (a forced call's: ``forced_call.PrimedParser``).
+
     ``tools`` is the request's tool list (OpenAI ``{"type": "function", "function":
     {...}}``, the flat Responses shape, or Anthropic's ``input_schema``); parsers that
     type values by schema use it, others ignore it. ``id_factory`` makes call ids
@@ -168,7 +182,7 @@ class ToolParser(ABC):
     def feed(self, text: str) -> ParsedDelta: ...
 
     @abstractmethod
-    def finish(self) -> ParsedDelta: ...
+    def finish(self, cut: bool = False) -> ParsedDelta: ...
 
     @property
     @abstractmethod
@@ -241,16 +255,28 @@ def merge_call_deltas(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
 class BufferedToolParser(FedOnce[ParsedDelta], ToolParser):
     """A tool parser over a text buffer: `feed` appends to ``buf`` and drains, `finish`
     drains once more with ``final`` (a step must then resolve); each call's steps are the
-    subclass's `_drain`. Counts its calls in ``_count``."""
+    subclass's `_drain`. Counts its calls in ``_count``. ``cut_by_length``: `finish` was told
+    the output ended by a length limit (``ToolParser``); the final drain's steps read it."""
 
     def __init__(self, tools: Sequence[ToolSpec] | None = None, id_factory: IdFactory | None = None) -> None:
         ToolParser.__init__(self, tools, id_factory)
         FedOnce.__init__(self)
         self._count = 0
+        self.cut_by_length = False
+
+    def finish(self, cut: bool = False) -> ParsedDelta:
+        if not self._finished:
+            self.cut_by_length = cut
+        return FedOnce.finish(self)
 
     @property
     def tool_calls_emitted(self) -> int:
         return self._count
+
+    def _length_cut(self, need: bool) -> bool:
+        """Whether an announced call still reading (`need`: the text so far is a prefix of
+        more of it, nothing broke the format) was stopped by the length limit, not the model."""
+        return self.cut_by_length and need
 
     @abstractmethod
     def _drain(self, final: bool) -> ParsedDelta:
@@ -269,7 +295,8 @@ class TaggedToolParser(BufferedToolParser):
     commit: the tag and the text given back are content).
 
     NOTE: steps decide only what no continuation of the buffer could change; at
-    ``finish`` a step must resolve, so the stream never ends inside a call.
+    ``finish`` a step must resolve, so the stream never ends inside a call. A committed
+    call the length limit cut (``_length_cut``) ends with ``_drop_tail``.
     """
 
     OPEN = "<tool_call>"
@@ -359,4 +386,9 @@ class TaggedToolParser(BufferedToolParser):
         """Leave a committed call; text from ``resume`` on is parsed as text again."""
         self._close_args()
         self.pos, self.in_call, self._lstrip = resume, False, lstrip
+
+    def _drop_tail(self) -> None:
+        """The length limit cut a committed call: it closes with the arguments it completed,
+        and the rest of the output (the call's unfinished raw markup) is no content."""
+        self._end_call(len(self.buf), lstrip=True)
 

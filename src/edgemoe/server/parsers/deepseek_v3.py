@@ -24,11 +24,14 @@ arguments has been read, then each top-level member once its value is complete, 
 ``{"k": v`` / ``, "k": v``, and ``}`` when the object closes; values are re-serialised.
 A section whose first call is no call (no name, no object, or cut off before its ``{``)
 is text: ``<｜tool▁calls▁begin｜>`` stays content and what follows is read again as text.
-After a call was announced, invalid or unfinished JSON closes its arguments with the
-members completed so far, and the rest of the raw text is content; so is the rest from a
-later ``<｜tool▁call▁begin｜>`` that opens no call, or from anything else where a call or
-the section's end should be. At the end of the output a section cut off after a call
-(its closing markers stopped) keeps its calls.
+After a call was announced, invalid JSON (or the model's end, EOS or a stop string,
+inside it) closes its arguments with the members completed so far, and the rest of the raw
+text is content; so is the rest from a later ``<｜tool▁call▁begin｜>`` that opens no call, or
+from anything else where a call or the section's end should be. At the end of the output a
+section cut off after a call (its closing markers stopped) keeps its calls. A length limit
+(max_tokens, the context) that cuts the section after a call was announced closes that call
+with the completed members and drops the rest of the section's text (``ToolParser``): a
+member cut short, the next call's marker or head cut off.
 
 NOTE: the markers are added tokens that DeepSeek's tokenizer does not flag special, so
 the detokenizer keeps them with the server's default ``skip_special_tokens=True``.
@@ -185,6 +188,8 @@ class DeepSeekV3ToolParser(TaggedToolParser):
             self._reject()  # no call in it (or cut off before one): the section's marker is text
         elif p == len(buf) or end is Scan.NEED:
             self._end_call(len(buf), lstrip=True)  # the stop cut the closing markers
+        elif self._length_cut(begin is Scan.NEED):
+            self._drop_tail()  # the length limit cut the next call's marker: the section's markup
         else:
             self._end_call(p, lstrip=False)  # not the format: the rest is text
         return True
@@ -199,7 +204,9 @@ class DeepSeekV3ToolParser(TaggedToolParser):
             return True
         if opening is Scan.NEED and not final:
             return False
-        if self._section_calls:
+        if self._section_calls and self._length_cut(opening is Scan.NEED):
+            self._drop_tail()  # the length limit cut the next call's head: the section's markup
+        elif self._section_calls:
             self._end_call(self._call_begin, lstrip=False)  # no call here: from its marker on, text
         else:
             self._reject()  # the section opens with no call: text, read again after its marker
@@ -217,7 +224,10 @@ class DeepSeekV3ToolParser(TaggedToolParser):
             return True
         if r is Scan.NEED and not final:
             return False
-        self._end_call(self.pos, lstrip=False)  # broken or cut off: the rest is text
+        if self._length_cut(r is Scan.NEED):
+            self._drop_tail()  # the length limit cut the arguments: the completed members only
+        else:
+            self._end_call(self.pos, lstrip=False)  # broken, or the model ended inside: the rest is text
         return True
 
     def _step_tail(self, final: bool) -> bool:

@@ -133,7 +133,7 @@ class AnswerTagResponseParser(ResponseParser):
         delta = super().feed(text)
         return ParsedDelta(self._answer.feed(delta.content), delta.reasoning, delta.tool_calls)
 
-    def finish(self) -> ParsedDelta:
-        delta = super().finish()
+    def finish(self, cut: bool = False) -> ParsedDelta:
+        delta = super().finish(cut)
         content = self._answer.feed(delta.content) + self._answer.finish()
         return ParsedDelta(content, delta.reasoning, delta.tool_calls)

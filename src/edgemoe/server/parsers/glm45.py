@@ -20,8 +20,11 @@ Streaming: id + name once the name is certain, i.e. followed (after whitespace) 
 ``<arg_key>`` or ``</tool_call>``; ``{"k": v`` / ``, "k": v`` per completed pair; ``}``
 when the call closes. ``<tool_call>`` not followed by such a name (no blank, tag, quote
 or bracket in it, at most 256 characters) is prose and stays content. After the call is
-announced, anything that breaks the format (or the end of output inside a pair) closes
-the arguments with the completed pairs, and the rest of the raw text is content.
+announced, anything that breaks the format (or the model's end, EOS or a stop string,
+inside a pair) closes the arguments with the completed pairs, and the rest of the raw text
+is content. A length limit (max_tokens, the context) that cuts the call closes it with the
+completed pairs and drops the rest (``ToolParser``), an ``</arg_value>`` left without its
+lookahead included.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ the output). Each message becomes, by its header:
   Hermes parser streams them (``{"k": v`` / ``, "k": v`` per completed member, then ``}``;
   values re-serialised). A body that is no JSON object is content, no call; one cut off
   or broken after the call was announced closes the arguments with the completed
-  members, and the rest of the body is content. Whitespace after the object is dropped.
+  members, and the rest of the body is content, unless a length limit (max_tokens, the
+  context) cut it unfinished: then the rest is dropped (``ToolParser``). Whitespace after
+  the object is dropped.
 - channel ``analysis`` → reasoning; ``final``, ``commentary`` (a preamble the user may
   see) and any other channel → content. A recipient that is no function (the built-in
   ``python`` / ``browser.*`` tools) follows its channel.
@@ -327,7 +329,9 @@ class HarmonyToolParser(BufferedToolParser):
             return True
         if r is Scan.NEED and not ended and not final:
             return False
-        self._close_args()  # broken, or cut off by the terminator or the stop
+        self._close_args()  # broken, or cut off by the terminator or the end of the output
+        if self._length_cut(r is Scan.NEED and not ended):
+            return self._as_content(len(self.buf))  # the length limit cut it: the completed members only
         return self._as_content(self.pos)
 
     def _step_tail(self, final: bool) -> bool:
@@ -342,6 +346,8 @@ class HarmonyToolParser(BufferedToolParser):
             return True
         if Scan.NEED in results and not final:
             return False
+        if self._length_cut(Scan.NEED in results):
+            return self._as_content(len(self.buf))  # the length limit cut the terminator: markup, no content
         return self._as_content(p)  # text after the object: content
 
     def _piece(self, arguments: str) -> None:

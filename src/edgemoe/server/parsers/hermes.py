@@ -14,7 +14,11 @@ is parsed whole when ``</tool_call>`` arrives. ``<tool_call>`` not followed by `
 prose: the tag stays content. Invalid JSON before the call was announced: the raw
 text through ``</tool_call>`` is content, no call. Invalid or unfinished JSON after it
 was announced (the name cannot be taken back): the call keeps the arguments completed
-so far, its object is closed, and the rest of the raw text is content.
+so far, its object is closed, and the rest of the raw text is content. When a length
+limit (max_tokens, the context) cut it unfinished, the rest is dropped instead
+(``ToolParser``). No raw JSON of the arguments is ever streamed: a member is sent once its
+value is complete (a number once what follows ends it), so what was streamed is always a
+prefix of the final, valid object.
 """
 
 from __future__ import annotations
@@ -309,10 +313,14 @@ class HermesToolParser(TaggedToolParser):
         return self._stuck(r, final, lstrip=True)
 
     def _stuck(self, r: Scan, final: bool, lstrip: bool) -> bool:
-        """NEED: wait, unless the output ended; FAIL: the call ends, the rest is text."""
+        """NEED: wait, unless the output ended; FAIL: the call ends, the rest is text. At a
+        length cut that needed more (`_length_cut`), the rest is the call's: dropped."""
         if r is Scan.NEED and not final:
             return False
-        self._end_call(self.pos, lstrip)
+        if self._length_cut(r is Scan.NEED):
+            self._drop_tail()
+        else:
+            self._end_call(self.pos, lstrip)
         return True
 
     def _step_close(self, final: bool) -> bool:

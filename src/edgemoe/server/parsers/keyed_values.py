@@ -106,8 +106,10 @@ class KeyedValuesParser(TaggedToolParser):
             return False
         if p == len(buf) or (close is Scan.NEED and head is Scan.FAIL):
             self._end_call(len(buf), lstrip=True)  # the stop cut the closing tags
+        elif self._length_cut(Scan.NEED in (head, close)):
+            self._drop_tail()  # the length limit cut a pair's tag: no markup as content
         else:
-            self._end_call(p, lstrip=False)  # not the format (or a pair cut off): the rest is text
+            self._end_call(p, lstrip=False)  # not the format (or the model ended in a pair's tag): the rest is text
         return True
 
     VALUE_TAG = ""  # the tag that ends a value (a format may hold it inside one too)
@@ -124,8 +126,11 @@ class KeyedValuesParser(TaggedToolParser):
         end = self._find_close(self.VALUE_TAG, self._value_closes, final)
         if end is Scan.NEED:
             return False
-        if end is Scan.FAIL:
-            self._end_call(self._pair_start, lstrip=False)  # value cut off by the stop
+        if end is Scan.FAIL:  # the output ended inside the value
+            if self.cut_by_length:
+                self._drop_tail()  # by the length limit: a value cut short is no value, nor content
+            else:
+                self._end_call(self._pair_start, lstrip=False)  # by the model (EOS, a stop): the pair is text
             return True
         assert isinstance(end, int)
         self._typed_member(self._key, self._raw_value(self.buf[self._value_start : end]))
@@ -161,7 +166,10 @@ class KeyedValuesParser(TaggedToolParser):
     def _find_close(self, tag: str, closes: Callable[[str, int], bool | Scan], final: bool) -> int | Scan:
         """Start of the first `tag` from `self._scan_from` that `closes` (given the buffer and
         the tag's end) says really ends the value; NEED until that is certain, FAIL when the
-        output ended without one (`final`)."""
+        output ended without one (`final`). A tag whose lookahead the end cut off closes the
+        value when the model ended there; not when the length limit did (`cut_by_length`):
+        it may be a literal tag inside a value that goes on, and a value cut short must not
+        read as whole."""
         buf, start = self.buf, self._scan_from
         while True:
             i = buf.find(tag, start)
@@ -171,9 +179,9 @@ class KeyedValuesParser(TaggedToolParser):
                 self._scan_from = max(start, len(buf) - len(tag) + 1)  # a tag split by the chunking starts here
                 return Scan.NEED
             ends = closes(buf, i + len(tag))
-            if ends is True or (ends is Scan.NEED and final):
+            if ends is True or (ends is Scan.NEED and final and not self.cut_by_length):
                 return i
-            if ends is Scan.NEED:
+            if ends is Scan.NEED and not final:
                 self._scan_from = i
                 return Scan.NEED
             start = i + 1

@@ -28,9 +28,12 @@ Streaming: a block is one "call" of `TaggedToolParser`; each invoke in it is ann
 ``, "k": v`` per completed parameter, and ``}`` at its ``</invoke>``. A block whose first
 invoke is none (no ``<invoke name=…>``, or cut off before its ``>``) is text:
 ``<minimax:tool_call>`` stays content and what follows is read again as text. After a
-call was announced, anything that breaks the format (or the end of output inside a
-value) closes its arguments with the completed parameters, and the rest of the raw text
-is content; so is the rest from a later ``<invoke`` that opens no call.
+call was announced, anything that breaks the format (or the model's end, EOS or a stop
+string, inside a value) closes its arguments with the completed parameters, and the rest
+of the raw text is content; so is the rest from a later ``<invoke`` that opens no call. A
+length limit (max_tokens, the context) that cuts the block after a call was announced
+closes that call with the completed parameters and drops the rest of the block's text
+(``ToolParser``): a value cut short, a tag cut off, the next ``<invoke`` cut before its name.
 
 NOTE: ``<minimax:tool_call>`` and ``</minimax:tool_call>`` are added tokens of MiniMax's
 tokenizer that vLLM finds in its vocabulary; like DeepSeek's markers they are text the
@@ -144,6 +147,8 @@ class MiniMaxM2ToolParser(KeyedValuesParser):
             self._reject()  # prose mentioning the tag, or cut off before the first name was certain
         elif p == len(buf) or (end is Scan.NEED and named is Scan.FAIL):
             self._end_call(len(buf), lstrip=True)  # the stop cut the block's closing tag
+        elif self._length_cut(Scan.NEED in (named, end)):
+            self._drop_tail()  # the length limit cut the next invoke's tag: the block's markup, no content
         else:
             self._end_call(p, lstrip=False)  # no invoke here: from here on, text
         return True

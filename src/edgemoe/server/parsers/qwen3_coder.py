@@ -21,8 +21,12 @@ the stop counts as complete (``…</parameter>\\n</function>`` then EOS closes t
 Streaming: id + name when ``<function=NAME>`` is complete; ``{"k": v`` / ``, "k": v``
 per completed parameter; ``}`` when the call closes. ``<tool_call>`` not followed by
 ``<function=`` is prose and stays content. After the call is announced, anything that
-breaks the format (or the end of output inside a value) closes the arguments with the
-completed parameters and the rest of the raw text is content.
+breaks the format (or the model's end, EOS or a stop string, inside a value) closes the
+arguments with the completed parameters and the rest of the raw text is content. A length
+limit (max_tokens, the context) that cuts the call instead closes it with the completed
+parameters and drops the rest (``ToolParser``): the value being written, a tag cut off, and
+a ``</parameter>`` the limit left without its lookahead (it may be a literal one inside the
+value) are never content nor a value.
 """
 
 from __future__ import annotations

@@ -42,25 +42,27 @@ class ResponseParser:
             return self._through_tools(ReasoningDelta("", text), finish=False)
         return self._through_tools(self.reasoning.feed(text), finish=False)
 
-    def finish(self) -> ParsedDelta:
+    def finish(self, cut: bool = False) -> ParsedDelta:
+        """The rest, the output having ended; `cut`: by a length limit, not the model (only
+        the tool stage cares: `ToolParser`)."""
         if self._finished:
             raise RuntimeError("finish() called twice")
         self._used = self._finished = True
         split = self.reasoning.finish() if self.reasoning is not None else ReasoningDelta("", "")
-        return self._through_tools(split, finish=True)
+        return self._through_tools(split, finish=True, cut=cut)
 
-    def parse_complete(self, text: str) -> ParsedMessage:
-        """Non-streamed parse on a fresh parser: exactly ``feed(text)`` + ``finish()``."""
+    def parse_complete(self, text: str, cut: bool = False) -> ParsedMessage:
+        """Non-streamed parse on a fresh parser: exactly ``feed(text)`` + ``finish(cut)``."""
         if self._used:
             raise RuntimeError("parse_complete needs a fresh ResponseParser")
-        return accumulate([self.feed(text), self.finish()])
+        return accumulate([self.feed(text), self.finish(cut)])
 
-    def _through_tools(self, split: ReasoningDelta, finish: bool) -> ParsedDelta:
+    def _through_tools(self, split: ReasoningDelta, finish: bool, cut: bool = False) -> ParsedDelta:
         if self.tools is None:
             return ParsedDelta(split.content, split.reasoning)
         out = self.tools.feed(split.content) if split.content else ParsedDelta()
         if finish:
-            tail = self.tools.finish()
+            tail = self.tools.finish(cut)
             out = ParsedDelta(
                 out.content + tail.content,
                 out.reasoning + tail.reasoning,
