@@ -5,8 +5,6 @@ long prompt, each ending with every KV page back."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,20 +14,14 @@ from typing import Any
 import httpx
 import pytest
 from ops_support import metrics
+from script_module import load_script
 from server_harness import ServerHarness
 
 from edgemoe.server.config import ServerConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def load_soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "scripts" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("soak")
 
 
 @pytest.fixture

@@ -3,28 +3,20 @@ CLIs run only under `make agents-smoke`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from script_module import load_script
 
 from edgemoe.testing.agent_backend import cut_file, expected_output
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def smoke() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("agents_smoke", ROOT / "scripts" / "agents_smoke.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agents_smoke"] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("agents_smoke")
 
 
 class FakeServer:
