@@ -140,3 +140,24 @@ def test_the_fused_router_predicts_a_top_k_of_the_logits(biased: bool) -> None:
     assert all(len(set(row)) == K_ for row in ids.tolist())
     ulp = kth.abs() * 2.0**-7  # the fused sums and cuBLAS's may round a logit a bf16 step apart
     assert bool((scores.gather(1, ids.long()) >= kth - 2 * ulp).all())
+
+
+def test_the_fused_router_names_only_the_surer_picks() -> None:
+    """EDGEMOE_PREFETCH_MIN_PROB on the fused launch: a pick stays when the softmax of its logit
+    is at least p, within the bf16 rounding of the fused probabilities; the others are -1."""
+    from edgemoe.moe.predictors import RouterScores
+
+    g = torch.Generator(device=CUDA).manual_seed(6)
+    E_, K_, T, p = 128, 8, 7, 0.03
+    w = (torch.randn(E_, H, device=CUDA, generator=g) * 3 / H**0.5).to(torch.bfloat16)
+    x = torch.randn(T, H, device=CUDA, generator=g).to(torch.bfloat16)
+    like = torch.full((T, K_), -1, dtype=torch.int32, device=CUDA)
+    whole = RouterPredictor({0: RouterScores(w)}, K_)(0, x, like)
+    surer = RouterPredictor({0: RouterScores(w)}, K_, min_prob=p)
+    assert surer.workspace is not None  # the fused path is the one tested
+    got = surer(0, x, like)
+    probs = F.linear(x, w).float().softmax(-1).gather(1, whole.long())
+    tol = probs * 2.0**-6  # a bf16 logit a step apart moves its probability by about that much
+    assert bool(((got == whole) | (got == -1)).all())  # the kept picks stay where they were
+    assert bool((probs[got >= 0] >= p - tol[got >= 0]).all()) and bool((probs[got < 0] < p + tol[got < 0]).all())
+    assert 0 < int((got < 0).sum()) < got.numel()

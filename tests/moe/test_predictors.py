@@ -8,6 +8,7 @@ post-attention norms."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edgemoe.layers.norm import OffsetRMSNorm, RMSNorm
@@ -93,3 +94,39 @@ def test_an_engine_with_prefetch_folds_the_checkpoints_norms(make_ckpt, tmp_path
         predictor = llm.engine.runtime.executor.prefetch.predictor
         assert set(predictor.ratios) == {(0, 1), (1, 2)}
         assert torch.allclose(predictor.ratios[(0, 1)], norms[1] / norms[0])
+
+
+@pytest.mark.parametrize("family", ["plain", "gpt-oss", "glm"])
+def test_a_minimum_probability_names_only_the_surer_picks(family: str) -> None:
+    """EDGEMOE_PREFETCH_MIN_PROB's rule: of the top-k by the router's own ranking, the picks the
+    softmax of its logits (gpt-oss's logit bias in them) gives less than p are -1; the rest
+    stay where they were."""
+    from edgemoe.moe.predictors import RouterScores
+
+    g = torch.Generator().manual_seed(8)
+    x, w = 3 * torch.randn(T, H, generator=g), torch.randn(E, H, generator=g) / H**0.5
+    bias = torch.randn(E, generator=g)
+    router = {"plain": RouterScores(w), "gpt-oss": RouterScores(w, bias),
+              "glm": RouterScores(w, bias, sigmoid=True)}[family]
+    like = torch.full((T, K), -1, dtype=torch.int32)
+    whole = RouterPredictor({0: router}, K)(0, x, like)
+    p = 0.06
+    surer = RouterPredictor({0: router}, K, min_prob=p)
+    got = surer(0, x, like)
+    logits = x @ w.t() + (bias if family == "gpt-oss" else 0)
+    probs = logits.softmax(-1).gather(1, whole.long())
+    assert torch.equal(got, whole.masked_fill(probs < p, -1))
+    assert 0 < int((got < 0).sum()) < got.numel()  # some picks dropped, some kept: the rule is exercised
+    assert surer.label == "router, probability >= 0.06" and RouterPredictor({0: router}, K).label == "router"
+
+
+def test_the_minimum_probability_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemoe.moe.predictors import prefetch_min_prob
+
+    assert prefetch_min_prob() == 0.0
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MIN_PROB", "0.05")
+    assert prefetch_min_prob() == 0.05
+    for bad in ("1", "-0.1", "x", "nan"):
+        monkeypatch.setenv("EDGEMOE_PREFETCH_MIN_PROB", bad)
+        with pytest.raises(ValueError, match="EDGEMOE_PREFETCH_MIN_PROB"):
+            prefetch_min_prob()

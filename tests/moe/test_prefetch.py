@@ -207,6 +207,21 @@ def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001
         assert moe["prefetched"] > 0
 
 
+def test_engine_tokens_with_the_surer_picks_alone(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """EDGEMOE_PREFETCH_MIN_PROB through the engine: the router predictor's -1 picks reach the
+    plan; the greedy tokens stay the resident engine's."""
+    prompts = [[9707, 11, 1879], list(range(3000, 3020))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
+        want = [o.token_ids for o in llm.generate(prompts, greedy)]
+    monkeypatch.setenv("EDGEMOE_PREFETCH_MIN_PROB", "0.2")
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=8,
+             moe_prefetch="on") as llm:
+        assert [o.token_ids for o in llm.generate(prompts, greedy)] == want
+        moe = llm.stats()["moe"]
+    assert moe["prefetch"] == "router, probability >= 0.2"
+
+
 def test_a_guess_of_lower_recall_changes_no_token_and_copies_unused_experts(qwen3_ckpt) -> None:  # noqa: ANN001
     """`--routing synthetic:recall=R`: prefetch copies a guess, not the draws; the tokens are
     the same routing's without prefetch, and some copied experts go unused."""

@@ -227,13 +227,14 @@ def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arc
     scaled by the layers' norm gains (`blocks`: the model's; the drawn ids under synthetic
     routing: an oracle, said so); nothing to prefetch where everything is resident."""
     from edgemoe.moe.device_offload import DeviceOffloadExecutor
-    from edgemoe.moe.predictors import RouterPredictor, StagedPredictor, moe_input_gains
+    from edgemoe.moe.predictors import RouterPredictor, StagedPredictor, moe_input_gains, prefetch_min_prob
 
     if not isinstance(executor, DeviceOffloadExecutor):
         log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
         return
     predictor = StagedPredictor(routing) if routing is not None else \
-        RouterPredictor(executor.routers, arch.top_k, moe_input_gains(blocks, set(executor.routers)))
+        RouterPredictor(executor.routers, arch.top_k, moe_input_gains(blocks, set(executor.routers)),
+                        prefetch_min_prob())
     executor.enable_prefetch(predictor, arch.top_k)
     log.warning("decode prefetch on: predicted by %s", predictor.label)
 

@@ -4,7 +4,8 @@ experts from an earlier layer's MoE input.
 - `RouterPredictor`: the target layer's own router on that input, the input first scaled by
   the two layers' norm gains (`moe_input_gains`: what differs between the layers' inputs when
   the residual doesn't). The usual approximation; on random weights its recall says nothing
-  about a trained model's.
+  about a trained model's. `EDGEMOE_PREFETCH_MIN_PROB=p` keeps only the experts it gives
+  probability ≥ p (`prefetch_min_prob`): a smaller, surer guess.
 - `StagedPredictor`: under `--routing synthetic`, the target layer's drawn ids: an oracle
   (recall 1), labelled so, which shows what the mechanism saves at perfect prediction; or,
   with `synthetic:recall=R`, a guess of recall R drawn from them, which shows what it saves
@@ -13,6 +14,7 @@ experts from an earlier layer's MoE input.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Protocol
 
 import torch
@@ -50,6 +52,31 @@ class RouterScores(NamedTuple):
         s = s.sigmoid() if self.sigmoid else s.softmax(-1) if self.softmax else s
         return s if self.bias is None else s + self.bias.float()
 
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, E] the softmax of the logits (gpt-oss's logit bias in them): a softmax router's own
+        probabilities, and for the others a confidence ranked as their logits are."""
+        s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
+        biased = self.bias is not None and not (self.sigmoid or self.softmax)
+        return (s + self.bias.float() if biased else s).softmax(-1)
+
+
+def prefetch_min_prob() -> float:
+    """EDGEMOE_PREFETCH_MIN_PROB=p (0 ≤ p < 1; default 0: the whole top-k): the router predictor
+    names only the experts of its top-k it gives probability ≥ p (the softmax of the target
+    router's logits), the rest -1 (nothing to copy). Prefetch's gain is decided by the precision
+    of what it copies, not its recall: a miss the guess leaves out is copied by its own layer as
+    without prefetch, a wrong copy is link time for nothing (docs/benchmarks.md, "decode
+    prefetch below the oracle"; `--routing synthetic:recall=R,precision=P` measures the same
+    trade on synthetic routing). Unmeasured on a trained router: no default but 0."""
+    raw = os.environ.get("EDGEMOE_PREFETCH_MIN_PROB", "")
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise ValueError(f"EDGEMOE_PREFETCH_MIN_PROB={raw!r}: a probability, 0 <= p < 1")
+    return value
+
 
 class RouterPredictor:
     """The next layer's router on x: its experts' top-k by `RouterScores` (a plain weight
@@ -70,10 +97,12 @@ class RouterPredictor:
     label = "router"
 
     def __init__(self, routers: dict[int, RouterScores | torch.Tensor], top_k: int,
-                 gains: dict[int, torch.Tensor] | None = None) -> None:
+                 gains: dict[int, torch.Tensor] | None = None, min_prob: float = 0.0) -> None:
         # A plain weight is the logits' ranking: wrapped once here, not per prediction.
         self.routers = {layer: r if isinstance(r, RouterScores) else RouterScores(r) for layer, r in routers.items()}
-        self.top_k, self.gains = top_k, gains or {}
+        self.top_k, self.gains, self.min_prob = top_k, gains or {}, min_prob
+        if min_prob > 0:
+            self.label = f"router, probability >= {min_prob:g}"
         first = next(iter(self.routers.values()), None)  # NOTE: allocated now, never inside a graph's capture
         self.workspace = None if first is None else fused_router_workspace(first.weight, top_k)
         self.ratios: dict[tuple[int, int], torch.Tensor] = {}  # (source, target): t's gain over s's
@@ -95,8 +124,16 @@ class RouterPredictor:
             x = x.to(w.dtype) * ratio
         if self.workspace is not None and not (router.sigmoid or router.softmax):
             bias = None if router.bias is None else router.bias.to(w.dtype)
-            return route_logits_topk(x.to(w.dtype), w, self.top_k, False, w.dtype, self.workspace, bias=bias)[0]
-        return torch.topk(router.scores(x), self.top_k, dim=-1).indices.to(torch.int32)
+            ids, probs = route_logits_topk(x.to(w.dtype), w, self.top_k, False, w.dtype, self.workspace, bias=bias)
+            return self._surest(ids, probs)  # not renormalised: each pick's softmax probability
+        ids = torch.topk(router.scores(x), self.top_k, dim=-1).indices
+        return self._surest(ids.to(torch.int32), router.probs(x).gather(1, ids) if self.min_prob > 0 else None)
+
+    def _surest(self, ids: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+        """`ids` with the picks below `min_prob` named -1 (no launch when it is 0)."""
+        if self.min_prob <= 0 or probs is None:
+            return ids
+        return ids.masked_fill(probs < self.min_prob, -1)
 
 
 def moe_input_gains(blocks: list, layers: set[int]) -> dict[int, torch.Tensor]:  # noqa: ANN001 - model blocks
