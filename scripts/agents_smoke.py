@@ -18,6 +18,10 @@ each agent passes when it crashed on nothing, never ran the truncated command, a
 recovered or reported the limit as it was seen to (`EXPECTED_CUT_OUTCOME`, docs/agents.md).
 Logs in `.agents/runs/cut-call/AGENT/`, results in `.agents/results-cut-call.json`.
 
+`--scenario parallel-calls`: the shell call is two calls in one answer; `--scenario thinking`: the
+call and the answer start with a `<think>` block. How they are judged: scripts/agents_scenarios.py.
+Logs and results as for cut-call, under the scenario's name.
+
 Not part of `make test`: it needs the npm registry and takes a minute.
 Exit status: 0 when every agent that installed passed, 1 otherwise.
 """
@@ -40,6 +44,10 @@ from pathlib import Path
 
 from edgemoe.testing.agent_backend import FACTORY, cut_file, expected_output
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: find the sibling module
+from agents_scenarios import CRASH as _CRASH  # noqa: E402
+from agents_scenarios import parallel_verdict, thinking_verdict, tool_results  # noqa: E402,F401
+
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS_DIR = ROOT / ".agents"
 PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
@@ -49,7 +57,9 @@ PROMPT = "Run the smoke-test shell command once, then tell me exactly what it pr
 READY = re.compile(r"^edgemoe ready on http://127\.0\.0\.1:(\d+) ")
 CLI = "import sys; from edgemoe.cli import main; sys.exit(main(sys.argv[1:]))"
 AGENT_TIMEOUT_S = 300
-SCENARIOS = ("tool-call", "cut-call")
+SCENARIOS = ("tool-call", "cut-call", "parallel-calls", "thinking")
+# The backend spec's switch for each scenario beyond the default one (cut-call's is its count).
+_SCENARIO_SPEC = {"parallel-calls": "parallel", "thinking": "thinking"}
 
 
 @dataclass
@@ -84,18 +94,20 @@ def install(agent: str) -> str | None:
 # --------------------------------------------------------------------------- server
 
 
-def backend_spec(marker: str, record: Path, cuts: int = 0) -> dict[str, object]:
-    """The scripted backend's spec; `cuts` > 0: cut that many shell calls by a length limit first."""
-    return {"marker": marker, "record": str(record), **({"cut_call": cuts} if cuts else {})}
+def backend_spec(marker: str, record: Path, cuts: int = 0, scenario: str = "tool-call") -> dict[str, object]:
+    """The scripted backend's spec; `cuts` > 0: cut that many shell calls by a length limit first;
+    `scenario` parallel-calls or thinking: that script instead (docs: `edgemoe.testing.agent_backend`)."""
+    switch = {_SCENARIO_SPEC[scenario]: True} if scenario in _SCENARIO_SPEC else {}
+    return {"marker": marker, "record": str(record), **({"cut_call": cuts} if cuts else {}), **switch}
 
 
 class Server:
     """`edgemoe serve` with the scripted backend, recording every prompt to `record`."""
 
-    def __init__(self, run_dir: Path, marker: str, cuts: int = 0) -> None:
+    def __init__(self, run_dir: Path, marker: str, cuts: int = 0, scenario: str = "tool-call") -> None:
         self.record = run_dir / "prompts.jsonl"
         spec = run_dir / "backend.json"
-        spec.write_text(json.dumps(backend_spec(marker, self.record, cuts)))
+        spec.write_text(json.dumps(backend_spec(marker, self.record, cuts, scenario)))
         env = {**os.environ, "EDGEMOE_ENGINE_FACTORY": FACTORY, "EDGEMOE_SCRIPTED_BACKEND": str(spec)}
         self.log = (run_dir / "server.log").open("w")
         self.proc = subprocess.Popen(
@@ -169,19 +181,21 @@ def _bin(agent: str) -> str:
     return str(AGENTS_DIR / "node_modules" / ".bin" / agent)
 
 
-def run_agent(agent: str, cuts: int = 0) -> Result:
-    """One agent's run; `cuts` > 0: the cut-call scenario, cutting that many shell calls first."""
+def run_agent(agent: str, cuts: int = 0, scenario: str = "tool-call") -> Result:
+    """One agent's run; `cuts` > 0: the cut-call scenario, cutting that many shell calls first;
+    `scenario` parallel-calls or thinking: that one."""
     why = install(agent)
     if why is not None:
         return Result(agent, "SKIP", why)
-    run_dir = AGENTS_DIR / "runs" / ("cut-call" if cuts else "") / agent
+    scenario = "cut-call" if cuts else scenario
+    run_dir = AGENTS_DIR / "runs" / ("" if scenario == "tool-call" else scenario) / agent
     shutil.rmtree(run_dir, ignore_errors=True)
     home, work = run_dir / "home", run_dir / "work"
     home.mkdir(parents=True)
     work.mkdir()
     marker = uuid.uuid4().hex[:12]
     started = time.monotonic()
-    server = Server(run_dir, marker, cuts)
+    server = Server(run_dir, marker, cuts, scenario)
     try:
         argv, env = launch_command(agent, server, home)
         with (run_dir / "agent.out").open("w") as out, (run_dir / "agent.err").open("w") as err:
@@ -190,6 +204,8 @@ def run_agent(agent: str, cuts: int = 0) -> Result:
                                       timeout=AGENT_TIMEOUT_S).returncode
             except subprocess.TimeoutExpired:
                 code = None
+        if scenario in _SCENARIO_SPEC:
+            return scenario_verdict(scenario, agent, run_dir, server, marker, code, time.monotonic() - started)
         verdict = cut_call_verdict if cuts else _verdict
         return verdict(agent, run_dir, server, marker, code, time.monotonic() - started)
     finally:
@@ -215,21 +231,7 @@ def _verdict(agent: str, run_dir: Path, server: Server, marker: str, code: int |
 #   gives up, nor raises its output limit);
 # - reports: it ends the turn with an error naming the limit, exit status non-zero, runs nothing.
 EXPECTED_CUT_OUTCOME = {"claude": "recovers", "codex": "reports", "opencode": "recovers"}
-_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
-# A Python traceback, a Rust panic, or a Node stack frame / unhandled rejection.
-_CRASH = re.compile(r"Traceback \(most recent call last\)|panicked at|^\s+at .+:\d+:\d+\)?$"
-                    r"|UnhandledPromiseRejection|Uncaught \w*Error", re.MULTILINE)
 _LIMIT_ERROR = re.compile(r"max_output_tokens|max_tokens|incomplete response|output token limit", re.IGNORECASE)
-
-
-def tool_results(prompts: list[dict[str, str]]) -> list[str]:
-    """The distinct tool results the agent sent back, in order (each prompt resends the earlier ones)."""
-    seen: list[str] = []
-    for p in prompts:
-        for block in _TOOL_RESPONSE.findall(p["prompt"]):
-            if block not in seen:
-                seen.append(block)
-    return seen
 
 
 def cut_outcome(code: int | None, decisions: list[str], printed: bool, output: str) -> str:
@@ -285,12 +287,29 @@ def cut_call_verdict(agent: str, run_dir: Path, server: Server, marker: str, cod
     return Result(agent, "FAIL" if problems else "PASS", detail, seconds)
 
 
+def scenario_verdict(scenario: str, agent: str, run_dir: Path, server: Server, marker: str, code: int | None,
+                     seconds: float) -> Result:
+    """The parallel-calls or thinking run judged (scripts/agents_scenarios.py); PASS: no problem found."""
+    prompts = server.prompts()
+    out, err = (run_dir / "agent.out").read_text(errors="replace"), (run_dir / "agent.err").read_text(errors="replace")
+    log = (run_dir / "server.log").read_text(errors="replace")
+    if scenario == "parallel-calls":
+        problems, detail = parallel_verdict(prompts, out, err, code, marker, log)
+    else:
+        problems, detail = thinking_verdict(agent, prompts, out, err, code, marker, log)
+    detail += (f"; stdout: {_tail(out)!r}; stderr: {_tail(err)!r}; {'; '.join(problems) + '; ' if problems else ''}"
+               f"logs in {run_dir.relative_to(ROOT)}")
+    return Result(agent, "FAIL" if problems else "PASS", detail, seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("agents", nargs="*", help=f"any of {', '.join(PACKAGES)} (default: all)")
     parser.add_argument("--scenario", choices=SCENARIOS, default="tool-call",
                         help="tool-call: one shell call, then the answer (default); cut-call: the shell call is "
-                             "first cut by a length limit inside its arguments (see EXPECTED_CUT_OUTCOME)")
+                             "first cut by a length limit inside its arguments (see EXPECTED_CUT_OUTCOME); "
+                             "parallel-calls: two shell calls in one answer; thinking: a <think> block before "
+                             "the call and the answer (see scripts/agents_scenarios.py)")
     parser.add_argument("--cuts", type=int, default=1,
                         help="cut-call: how many shell calls are cut before one goes through (default 1)")
     args = parser.parse_args(argv)
@@ -303,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for agent in args.agents or list(PACKAGES):
         try:
-            result = run_agent(agent, args.cuts if args.scenario == "cut-call" else 0)
+            result = run_agent(agent, args.cuts if args.scenario == "cut-call" else 0, args.scenario)
         except Exception as exc:  # one broken agent must not hide the others' results
             result = Result(agent, "FAIL", f"{type(exc).__name__}: {exc}")
         print(f"{result.agent:9} {result.status:4} ({result.seconds:.0f}s) {result.detail}", flush=True)

@@ -19,6 +19,8 @@ from edgemoe.testing.agent_backend import (
     build_agent_backend,
     cut_file,
     expected_output,
+    reasoning_text,
+    second_output,
 )
 from edgemoe.tokenizer import TokenizerBundle
 
@@ -117,6 +119,59 @@ def test_cut_calls_counts_only_shell_calls(tmp_path: Path, tokenizer: TokenizerB
     assert [r["max_tokens"] for r in records] == [256, 4096, 4096, 4096]  # shows an agent raising it to retry
 
 
+def calls_of(text: str) -> list[dict[str, Any]]:
+    """The calls the server's Hermes parser reads from `text`, arguments parsed."""
+    parser = get_tool_parser("hermes")([])
+    deltas = [*parser.feed(text).tool_calls, *parser.finish().tool_calls]
+    calls: list[dict[str, Any]] = []
+    for d in deltas:
+        if d.name:
+            calls.append({"name": d.name, "arguments": ""})
+        calls[-1]["arguments"] += d.arguments
+    return [{**c, "arguments": json.loads(c["arguments"])} for c in calls]
+
+
+def test_parallel_calls_two_then_the_missing_one_then_the_answer(tmp_path: Path, tokenizer: TokenizerBundle) -> None:
+    engine = AgentScriptEngine(tokenizer, "m5", tmp_path / "rec.jsonl", parallel=True)
+    tools = [tool("bash", command={"type": "string"})]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    calls = calls_of(run(engine, TEMPLATE.render(messages, tools=tools), tokenizer))
+    assert [c["arguments"]["command"] for c in calls] == ["echo edgemoe-smoke-$((6*7))-m5",
+                                                           "echo edgemoe-smoke-$((6*9))-m5"]
+    # An agent returning one result per turn is asked for the other alone.
+    one = messages + [{"role": "assistant", "content": "", "tool_calls": [{"function": calls[0]}]},
+                      {"role": "tool", "content": expected_output("m5")}]
+    (again,) = calls_of(run(engine, TEMPLATE.render(one, tools=tools), tokenizer))
+    assert again["arguments"]["command"] == "echo edgemoe-smoke-$((6*9))-m5"
+    both = one + [{"role": "tool", "content": second_output("m5")}]
+    assert run(engine, TEMPLATE.render(both, tools=tools), tokenizer) == (
+        f"The commands printed {expected_output('m5')} and {second_output('m5')}.")
+    decisions = [json.loads(line)["decision"] for line in (tmp_path / "rec.jsonl").read_text().splitlines()]
+    assert decisions == ["parallel_calls", "missing_call", "answer"]
+
+
+def test_thinking_opens_the_call_and_the_answer(tmp_path: Path, tokenizer: TokenizerBundle) -> None:
+    engine = AgentScriptEngine(tokenizer, "m6", tmp_path / "rec.jsonl", thinking=True)
+    tools = [tool("bash", command={"type": "string"})]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    think = f"<think>\n{reasoning_text('tool_call', 'm6')}\n</think>\n\n"
+    text = run(engine, TEMPLATE.render(messages, tools=tools), tokenizer)
+    assert text.startswith(think + "<tool_call>\n") and reasoning_text("tool_call", "m6").startswith(
+        "edgemoe-think-tool_call-m6")
+    messages += [{"role": "assistant", "content": "", "reasoning_content": reasoning_text("tool_call", "m6"),
+                  "tool_calls": [{"function": {"name": "bash", "arguments": {}}}]},
+                 {"role": "tool", "content": expected_output("m6")}]
+    assert run(engine, TEMPLATE.render(messages, tools=tools), tokenizer) == (
+        f"<think>\n{reasoning_text('answer', 'm6')}\n</think>\n\nThe command printed {expected_output('m6')}.")
+    # Thinking off (the template wrote the empty block) or a background request: no reasoning.
+    off = run(engine, TEMPLATE.render(messages[:1], tools=tools, enable_thinking=False), tokenizer)
+    assert off.startswith("<tool_call>\n")
+    assert run(engine, TEMPLATE.render([{"role": "user", "content": "title?"}]), tokenizer) == "OK."
+    records = [json.loads(line) for line in (tmp_path / "rec.jsonl").read_text().splitlines()]
+    assert [(r["decision"], r["thinks"]) for r in records] == [("tool_call", True), ("answer", True),
+                                                               ("tool_call", False), ("plain", False)]
+
+
 def test_build_from_spec(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl")}))
@@ -125,6 +180,11 @@ def test_build_from_spec(tmp_path: Path) -> None:
     assert engine.cuts_left == 0
     spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl"), "cut_call": True}))
     assert build_agent_backend({}, str(spec))[0].cuts_left == 1
+    assert not engine.parallel and not engine.thinking
+    spec.write_text(json.dumps({"marker": "abc", "record": str(tmp_path / "r.jsonl"), "parallel": True,
+                                "thinking": True}))
+    engine = build_agent_backend({}, str(spec))[0]
+    assert engine.parallel and engine.thinking
 
 
 def test_engine_process_builds_it_from_the_factory_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@
 `EDGEMOE_SCRIPTED_BACKEND=SPEC.json`; the engine process then builds this engine
 instead of loading weights (see `edgemoe.engine.service.build_engine`). The spec is
 `{"marker": "…", "record": "prompts.jsonl"}`, optionally with `"cut_call": true` (or a
-count, N): see "cut calls" below.
+count, N), `"parallel": true` or `"thinking": true`: see the sections below.
 
 What it answers, from the rendered prompt (the demo model's Qwen3 template, Hermes
 tool format):
@@ -26,6 +26,18 @@ request finishes with finish_reason "length" (no EOS), so the server returns the
 `{}` arguments. Should anything run that truncated command, the file `edgemoe-cut-MARKER`
 appears in the agent's folder: the smoke test looks for it. Later prompts are answered as
 above, so an agent that retries, or reports and is asked again, can finish.
+
+Parallel calls (`parallel`): the shell call is instead two calls in one answer (two Hermes blocks),
+the second running `echo edgemoe-smoke-$((6*9))-MARKER` (prints `edgemoe-smoke-54-MARKER`); the
+answer comes once both outputs are back and quotes both. A prompt carrying only one of them gets
+a call of the missing one alone (decision "missing_call"), so an agent that returns one result per
+turn can still finish.
+
+Thinking (`thinking`): the shell call and the final answer start with a `<think>…</think>` block
+naming the decision and the marker (`reasoning_text`), as a Qwen3 model writes it when the prompt
+leaves thinking on (the demo template then opens nothing; with thinking off it writes an empty
+block, and the answer has none). The record says whether it thought (`thinks`), so the smoke test
+can find that reasoning again in the next prompt: the agent sent it back and the template kept it.
 
 Every prompt is appended to the record file with the decision taken (and the request's
 `max_tokens`, which shows an agent retrying with a higher limit), so the smoke test can
@@ -64,6 +76,25 @@ def command(marker: str) -> str:
     return f"echo edgemoe-smoke-$((6*7))-{marker}"
 
 
+def second_output(marker: str) -> str:
+    """What the parallel scenario's second command prints."""
+    return f"edgemoe-smoke-54-{marker}"
+
+
+def second_command(marker: str) -> str:
+    return f"echo edgemoe-smoke-$((6*9))-{marker}"
+
+
+def reasoning_text(decision: str, marker: str) -> str:
+    """The thinking scenario's reasoning before a `decision`: unique, so the next prompt shows where it went."""
+    return f"edgemoe-think-{decision}-{marker}: the user wants the smoke-test command run and its output quoted."
+
+
+def thinking_is_on(prompt: str) -> bool:
+    """Whether the demo (Qwen3) template left thinking on: with it off, the prompt ends in an empty block."""
+    return not prompt.endswith("<think>\n\n</think>\n\n")
+
+
 def cut_file(marker: str) -> str:
     """The file the cut call's command would create, were its truncated text ever run."""
     return f"edgemoe-cut-{marker}"
@@ -97,11 +128,14 @@ class _Request:
 class AgentScriptEngine:
     """An `EngineLike` playing the script above; one output of up to 8 tokens per step."""
 
-    def __init__(self, tokenizer: TokenizerBundle, marker: str, record: Path, cut_calls: int = 0) -> None:
+    def __init__(self, tokenizer: TokenizerBundle, marker: str, record: Path, cut_calls: int = 0,
+                 parallel: bool = False, thinking: bool = False) -> None:
         self.tokenizer = tokenizer
         self.marker = marker
         self.record = record
         self.cuts_left = cut_calls
+        self.parallel = parallel
+        self.thinking = thinking
         self.eos = sorted(tokenizer.eos_token_ids)[:1]
         self.requests: dict[str, _Request] = {}
 
@@ -110,9 +144,12 @@ class AgentScriptEngine:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, the context length is {MAX_MODEL_LEN}")
         prompt = self.tokenizer.decode(prompt_ids)
         decision, text = self.answer(prompt)
+        thinks = self.thinking and decision != "plain" and thinking_is_on(prompt)
+        if thinks:
+            text = f"<think>\n{reasoning_text(decision, self.marker)}\n</think>\n\n{text}"
         with self.record.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"request_id": request_id, "decision": decision, "prompt": prompt, "output": text,
-                                "max_tokens": params.max_tokens}) + "\n")
+                                "max_tokens": params.max_tokens, "thinks": thinks}) + "\n")
         cut = decision == "cut_call"
         plan = self.tokenizer.encode(text, add_special_tokens=False) + ([] if cut else self.eos)
         stream = TextStream.for_request(self.tokenizer.tokenizer, params)
@@ -122,6 +159,8 @@ class AgentScriptEngine:
     def answer(self, prompt: str) -> tuple[str, str]:
         """(decision, model output) for a rendered prompt."""
         wanted = expected_output(self.marker)
+        if self.parallel:
+            return self._parallel_answer(prompt)
         if any(wanted in block for block in _TOOL_RESPONSE.findall(prompt)):
             return "answer", f"The command printed {wanted}."
         tool = shell_tool(prompt)
@@ -132,6 +171,20 @@ class AgentScriptEngine:
             cmd = cut_command(self.marker)
             return "cut_call", cut_call_text(_call_text(tool, cmd), cmd)
         return "tool_call", _call_text(tool, command(self.marker))
+
+    def _parallel_answer(self, prompt: str) -> tuple[str, str]:
+        """Both commands' outputs back: the answer; none: both calls at once; one: the other alone."""
+        outputs = {command(self.marker): expected_output(self.marker),
+                   second_command(self.marker): second_output(self.marker)}
+        results = _TOOL_RESPONSE.findall(prompt)
+        missing = [cmd for cmd, out in outputs.items() if not any(out in block for block in results)]
+        if not missing:
+            return "answer", "The commands printed {} and {}.".format(*outputs.values())
+        tool = shell_tool(prompt)
+        if tool is None:
+            return "plain", "OK."
+        calls = "\n".join(_call_text(tool, cmd) for cmd in missing)
+        return ("parallel_calls" if len(missing) == 2 else "missing_call"), calls
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
@@ -216,7 +269,8 @@ def build_agent_backend(settings: dict[str, Any], spec_path: str) -> tuple[Agent
     model_dir = Path(settings["model"]) if settings.get("model") else demo_model_path()
     tokenizer = TokenizerBundle.load(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    engine = AgentScriptEngine(tokenizer, str(spec["marker"]), Path(spec["record"]), int(spec.get("cut_call", 0)))
+    engine = AgentScriptEngine(tokenizer, str(spec["marker"]), Path(spec["record"]), int(spec.get("cut_call", 0)),
+                               bool(spec.get("parallel")), bool(spec.get("thinking")))
     ready = EngineReady(
         model_dir=str(model_dir.resolve()), model_type=str(config.get("model_type", "qwen3_moe")),
         max_model_len=MAX_MODEL_LEN, vocab_size=int(config.get("vocab_size", 151936)),
