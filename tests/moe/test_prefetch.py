@@ -207,21 +207,6 @@ def test_engine_tokens_with_prefetch(qwen3_ckpt) -> None:  # noqa: ANN001
         assert moe["prefetched"] > 0
 
 
-def test_engine_tokens_with_the_surer_picks_alone(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """EDGEMOE_PREFETCH_MIN_PROB through the engine: the router predictor's -1 picks reach the
-    plan; the greedy tokens stay the resident engine's."""
-    prompts = [[9707, 11, 1879], list(range(3000, 3020))]
-    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
-        want = [o.token_ids for o in llm.generate(prompts, greedy)]
-    monkeypatch.setenv("EDGEMOE_PREFETCH_MIN_PROB", "0.2")
-    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=8,
-             moe_prefetch="on") as llm:
-        assert [o.token_ids for o in llm.generate(prompts, greedy)] == want
-        moe = llm.stats()["moe"]
-    assert moe["prefetch"] == "router, probability >= 0.2"
-
-
 def test_a_guess_of_lower_recall_changes_no_token_and_copies_unused_experts(qwen3_ckpt) -> None:  # noqa: ANN001
     """`--routing synthetic:recall=R`: prefetch copies a guess, not the draws; the tokens are
     the same routing's without prefetch, and some copied experts go unused."""
@@ -238,19 +223,27 @@ def test_a_guess_of_lower_recall_changes_no_token_and_copies_unused_experts(qwen
     assert 0 < moe["on"]["prefetch_used"] < moe["on"]["prefetched"]
 
 
-def test_engine_tokens_with_prefetch_two_layers_ahead(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """EDGEMOE_PREFETCH_DEPTH=2 through the engine (the model's router predicting two layers
-    ahead): the greedy tokens stay the resident engine's."""
+@pytest.mark.parametrize(("env", "slots", "stats"), [
+    ({"EDGEMOE_PREFETCH_DEPTH": "2"}, 12, {"prefetch_depth": 2}),
+    ({"EDGEMOE_PREFETCH_MIN_PROB": "0.2"}, 8, {"prefetch": "router, probability >= 0.2"}),
+])
+def test_engine_tokens_with_a_prefetch_setting(qwen3_ckpt, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+                                               env: dict[str, str], slots: int, stats: dict[str, object]) -> None:
+    """Prefetch settings through the engine, the model's router predicting: two layers ahead
+    (EDGEMOE_PREFETCH_DEPTH=2), or only its surer picks (EDGEMOE_PREFETCH_MIN_PROB: the -1 picks
+    reach the plan). The greedy tokens stay the resident engine's."""
     prompts = [[9707, 11, 1879], list(range(3000, 3020))]
     greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="resident") as llm:
         want = [o.token_ids for o in llm.generate(prompts, greedy)]
-    monkeypatch.setenv("EDGEMOE_PREFETCH_DEPTH", "2")
-    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=12,
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with LLM(str(qwen3_ckpt), dtype="float32", moe_backend="offload", expert_cache="device", moe_slots=slots,
              moe_prefetch="on") as llm:
         got = [o.token_ids for o in llm.generate(prompts, greedy)]
         moe = llm.stats()["moe"]
-    assert got == want and moe["prefetch_depth"] == 2 and moe["prefetched"] > 0
+    assert got == want and moe["prefetched"] > 0
+    assert {key: moe[key] for key in stats} == stats
 
 
 def test_the_prefetch_depth_is_the_deepest_the_pool_holds_or_the_environments(
