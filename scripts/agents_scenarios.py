@@ -1,7 +1,10 @@
-"""How `scripts/agents_smoke.py` judges its parallel-calls and thinking scenarios (and the helpers
-all its scenarios share), from what a run left behind: the recorded prompts, the agent's output,
-its exit status and the server's access log. Pure functions, so tests can feed made-up runs.
+"""How `scripts/agents_smoke.py` judges its cut-call, parallel-calls and thinking scenarios, from
+what a run left behind: the recorded prompts, the agent's output, its exit status and the
+server's access log. Pure functions, so tests can feed made-up runs.
 
+- cut-call: the backend cuts the first N shell calls by a length limit inside the command; the
+  agent must crash on nothing, never run the truncated command, never see the cut call's raw
+  text, and recover or report the limit as it was seen to (`EXPECTED_CUT_OUTCOME`).
 - parallel-calls: the backend asks for two shell calls in one answer; the agent must run both
   and send both results back (in one request or over two), and print the answer quoting both.
 - thinking: the shell call and the answer start with a `<think>` block; the agent must get
@@ -17,13 +20,14 @@ from typing import Any
 
 from edgemoe.testing.agent_backend import (
     command,
+    cut_file,
     expected_output,
     reasoning_text,
     second_command,
     second_output,
+    tool_responses,
 )
 
-_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 # A Python traceback, a Rust panic, or a Node stack frame / unhandled rejection.
 CRASH = re.compile(r"Traceback \(most recent call last\)|panicked at|^\s+at .+:\d+:\d+\)?$"
                    r"|UnhandledPromiseRejection|Uncaught \w*Error", re.MULTILINE)
@@ -43,7 +47,7 @@ def tool_results(prompts: Prompts) -> list[str]:
     """The distinct tool results the agent sent back, in order (each prompt resends the earlier ones)."""
     seen: list[str] = []
     for p in prompts:
-        for block in _TOOL_RESPONSE.findall(p["prompt"]):
+        for block in tool_responses(p["prompt"]):
             if block not in seen:
                 seen.append(block)
     return seen
@@ -66,6 +70,60 @@ def _crash(out: str, err: str) -> str | None:
     return match.group(0).strip() if match else None
 
 
+# --------------------------------------------------------------------------- cut-call
+
+# What each CLI does with a shell call cut by a length limit (arguments `{}`, finish_reason
+# "length"), as observed with the versions docs/agents.md names:
+# - recovers: its own argument check fails, the error goes back as the tool's result, it asks
+#   again and gets on with the turn (it asks again after every cut, however many: it never
+#   gives up, nor raises its output limit);
+# - reports: it ends the turn with an error naming the limit, exit status non-zero, runs nothing.
+EXPECTED_CUT_OUTCOME = {"claude": "recovers", "codex": "reports", "opencode": "recovers"}
+_LIMIT_ERROR = re.compile(r"max_output_tokens|max_tokens|incomplete response|output token limit", re.IGNORECASE)
+
+
+def cut_outcome(code: int | None, decisions: list[str], printed: bool, output: str) -> str:
+    """recovers | reports | loops (ran into the timeout) | other."""
+    if code is None:
+        return "loops"
+    if code == 0 and "answer" in decisions and printed:
+        return "recovers"
+    if code != 0 and "answer" not in decisions and _LIMIT_ERROR.search(output):
+        return "reports"
+    return "other"
+
+
+def cut_call_problems(agent: str, outcome: str, crash: str | None, ran_cut: bool, tail_seen: bool,
+                      cuts_served: int, cuts: int) -> list[str]:
+    """Why the cut-call run fails; none: PASS."""
+    problems = [f"crashed ({crash})"] * bool(crash) + ["ran the truncated command"] * ran_cut
+    if tail_seen:  # the server drops a cut call's raw tail (docs/api.md, "Calls cut by a length limit")
+        problems.append("the cut call's raw text reached the agent")
+    if cuts_served == 0:
+        problems.append("no request offered the shell tool: nothing was cut")
+    if outcome != EXPECTED_CUT_OUTCOME.get(agent):
+        problems.append(f"{outcome}, expected {EXPECTED_CUT_OUTCOME.get(agent)}")
+    if outcome == "recovers" and cuts_served != cuts:
+        problems.append(f"recovered after {cuts_served} of {cuts} cut calls")
+    return problems
+
+
+def cut_call_verdict(agent: str, prompts: Prompts, out: str, err: str, code: int | None, marker: str,
+                     cuts: int, ran_cut: bool) -> tuple[list[str], str]:
+    """(problems, detail) of a cut-call run; `cuts`: the calls the backend was to cut; `ran_cut`: the
+    file the cut command's text would create was found. No problems: PASS."""
+    decisions = [p["decision"] for p in prompts]
+    outcome = cut_outcome(code, decisions, expected_output(marker) in out, out + err)
+    # The cut text named the file; it reaches the agent only if the server passed the raw tail on.
+    tail_seen = any(cut_file(marker) in p["prompt"] for p in prompts) or cut_file(marker) in out + err
+    problems = cut_call_problems(agent, outcome, _crash(out, err), ran_cut, tail_seen,
+                                 decisions.count("cut_call"), cuts)
+    results = [r[:100] for r in tool_results(prompts)]
+    detail = (f"{outcome}: exit {code}, {len(decisions)} requests ({decisions.count('cut_call')} cut), "
+              f"tool results {results}, raw tail reached the agent: {tail_seen}")
+    return problems, detail
+
+
 # --------------------------------------------------------------------------- parallel-calls
 
 
@@ -75,7 +133,7 @@ def results_per_request(prompts: Prompts, marker: str) -> list[int]:
     counts: list[int] = []
     seen: set[str] = set()
     for p in prompts:
-        blocks = _TOOL_RESPONSE.findall(p["prompt"])
+        blocks = tool_responses(p["prompt"])
         new = {w for w in wanted if any(w in b for b in blocks)} - seen
         if new:
             counts.append(len(new))

@@ -45,8 +45,7 @@ from pathlib import Path
 from edgemoe.testing.agent_backend import FACTORY, cut_file, expected_output
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/ is no package: find the sibling module
-from agents_scenarios import CRASH as _CRASH  # noqa: E402
-from agents_scenarios import parallel_verdict, thinking_verdict, tool_results  # noqa: E402,F401
+from agents_scenarios import cut_call_verdict, parallel_verdict, thinking_verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS_DIR = ROOT / ".agents"
@@ -204,10 +203,9 @@ def run_agent(agent: str, cuts: int = 0, scenario: str = "tool-call") -> Result:
                                       timeout=AGENT_TIMEOUT_S).returncode
             except subprocess.TimeoutExpired:
                 code = None
-        if scenario in _SCENARIO_SPEC:
-            return scenario_verdict(scenario, agent, run_dir, server, marker, code, time.monotonic() - started)
-        verdict = cut_call_verdict if cuts else _verdict
-        return verdict(agent, run_dir, server, marker, code, time.monotonic() - started)
+        if scenario == "tool-call":
+            return _verdict(agent, run_dir, server, marker, code, time.monotonic() - started)
+        return scenario_verdict(scenario, agent, run_dir, server, marker, code, time.monotonic() - started)
     finally:
         server.stop()
 
@@ -222,81 +220,28 @@ def _verdict(agent: str, run_dir: Path, server: Server, marker: str, code: int |
     return Result(agent, "PASS" if ok else "FAIL", detail, seconds)
 
 
-# --------------------------------------------------------------------------- cut-call scenario
-
-# What each CLI does with a shell call cut by a length limit (arguments `{}`, finish_reason
-# "length"), as observed with the versions docs/agents.md names:
-# - recovers: its own argument check fails, the error goes back as the tool's result, it asks
-#   again and gets on with the turn (it asks again after every cut, however many: it never
-#   gives up, nor raises its output limit);
-# - reports: it ends the turn with an error naming the limit, exit status non-zero, runs nothing.
-EXPECTED_CUT_OUTCOME = {"claude": "recovers", "codex": "reports", "opencode": "recovers"}
-_LIMIT_ERROR = re.compile(r"max_output_tokens|max_tokens|incomplete response|output token limit", re.IGNORECASE)
-
-
-def cut_outcome(code: int | None, decisions: list[str], printed: bool, output: str) -> str:
-    """recovers | reports | loops (ran into the timeout) | other."""
-    if code is None:
-        return "loops"
-    if code == 0 and "answer" in decisions and printed:
-        return "recovers"
-    if code != 0 and "answer" not in decisions and _LIMIT_ERROR.search(output):
-        return "reports"
-    return "other"
-
-
-def cut_call_problems(agent: str, outcome: str, crash: str | None, ran_cut: bool, tail_seen: bool,
-                      cuts_served: int, cuts: int) -> list[str]:
-    """Why the cut-call run fails; none: PASS."""
-    problems = [f"crashed ({crash})"] * bool(crash) + ["ran the truncated command"] * ran_cut
-    if tail_seen:  # the server drops a cut call's raw tail (docs/api.md, "Calls cut by a length limit")
-        problems.append("the cut call's raw text reached the agent")
-    if cuts_served == 0:
-        problems.append("no request offered the shell tool: nothing was cut")
-    if outcome != EXPECTED_CUT_OUTCOME.get(agent):
-        problems.append(f"{outcome}, expected {EXPECTED_CUT_OUTCOME.get(agent)}")
-    if outcome == "recovers" and cuts_served != cuts:
-        problems.append(f"recovered after {cuts_served} of {cuts} cut calls")
-    return problems
-
-
 def _tail(text: str, lines: int = 4) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
-def cut_call_verdict(agent: str, run_dir: Path, server: Server, marker: str, code: int | None,
-                     seconds: float) -> Result:
-    """PASS: no crash, the truncated command never ran, and the agent did what it was seen doing."""
-    prompts = server.prompts()
-    decisions = [p["decision"] for p in prompts]
-    out, err = (run_dir / "agent.out").read_text(errors="replace"), (run_dir / "agent.err").read_text(errors="replace")
-    crash = _CRASH.search(out + "\n" + err)
-    outcome = cut_outcome(code, decisions, expected_output(marker) in out, out + err)
-    # Anything running the cut command's text creates this file: in the work folder, or wherever it ran.
-    ran_cut = any(run_dir.rglob(cut_file(marker)))
-    # The cut text named the file; it reaches the agent only if the server passed the raw tail on.
-    tail_seen = any(cut_file(marker) in p["prompt"] for p in prompts) or cut_file(marker) in out + err
-    cuts = int(json.loads((run_dir / "backend.json").read_text())["cut_call"])
-    problems = cut_call_problems(agent, outcome, crash.group(0).strip() if crash else None, ran_cut, tail_seen,
-                                 decisions.count("cut_call"), cuts)
-    results = [r[:100] for r in tool_results(prompts)]
-    detail = (f"{outcome}: exit {code}, {len(decisions)} requests ({decisions.count('cut_call')} cut), "
-              f"tool results {results}, raw tail reached the agent: {tail_seen}; stdout: {_tail(out)!r}; "
-              f"stderr: {_tail(err)!r}; {'; '.join(problems) + '; ' if problems else ''}"
-              f"logs in {run_dir.relative_to(ROOT)}")
-    return Result(agent, "FAIL" if problems else "PASS", detail, seconds)
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def scenario_verdict(scenario: str, agent: str, run_dir: Path, server: Server, marker: str, code: int | None,
                      seconds: float) -> Result:
-    """The parallel-calls or thinking run judged (scripts/agents_scenarios.py); PASS: no problem found."""
+    """The cut-call, parallel-calls or thinking run judged (scripts/agents_scenarios.py); PASS: no problem."""
     prompts = server.prompts()
-    out, err = (run_dir / "agent.out").read_text(errors="replace"), (run_dir / "agent.err").read_text(errors="replace")
-    log = (run_dir / "server.log").read_text(errors="replace")
-    if scenario == "parallel-calls":
-        problems, detail = parallel_verdict(prompts, out, err, code, marker, log)
+    out, err = _read(run_dir / "agent.out"), _read(run_dir / "agent.err")
+    if scenario == "cut-call":
+        cuts = int(json.loads((run_dir / "backend.json").read_text())["cut_call"])
+        # Anything running the cut command's text creates this file: in the work folder, or wherever it ran.
+        ran_cut = any(run_dir.rglob(cut_file(marker)))
+        problems, detail = cut_call_verdict(agent, prompts, out, err, code, marker, cuts, ran_cut)
+    elif scenario == "parallel-calls":
+        problems, detail = parallel_verdict(prompts, out, err, code, marker, _read(run_dir / "server.log"))
     else:
-        problems, detail = thinking_verdict(agent, prompts, out, err, code, marker, log)
+        problems, detail = thinking_verdict(agent, prompts, out, err, code, marker, _read(run_dir / "server.log"))
     detail += (f"; stdout: {_tail(out)!r}; stderr: {_tail(err)!r}; {'; '.join(problems) + '; ' if problems else ''}"
                f"logs in {run_dir.relative_to(ROOT)}")
     return Result(agent, "FAIL" if problems else "PASS", detail, seconds)
@@ -307,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("agents", nargs="*", help=f"any of {', '.join(PACKAGES)} (default: all)")
     parser.add_argument("--scenario", choices=SCENARIOS, default="tool-call",
                         help="tool-call: one shell call, then the answer (default); cut-call: the shell call is "
-                             "first cut by a length limit inside its arguments (see EXPECTED_CUT_OUTCOME); "
+                             "first cut by a length limit inside its arguments; "
                              "parallel-calls: two shell calls in one answer; thinking: a <think> block before "
                              "the call and the answer (see scripts/agents_scenarios.py)")
     parser.add_argument("--cuts", type=int, default=1,

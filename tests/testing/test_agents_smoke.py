@@ -19,6 +19,11 @@ def smoke() -> ModuleType:
     return load_script("agents_smoke")
 
 
+@pytest.fixture(scope="module")
+def sc() -> ModuleType:
+    return load_script("agents_scenarios")
+
+
 class FakeServer:
     def __init__(self, prompts: list[dict[str, Any]]) -> None:
         self._prompts = prompts
@@ -50,8 +55,8 @@ RECOVERED = [prompt("cut_call"), prompt("tool_call", "Error: command is missing"
              prompt("answer", "Error: command is missing", expected_output("mk"))]
 
 
-def test_tool_results_are_listed_once_in_order(smoke: ModuleType) -> None:
-    assert smoke.tool_results(RECOVERED) == ["Error: command is missing", expected_output("mk")]
+def test_tool_results_are_listed_once_in_order(sc: ModuleType) -> None:
+    assert sc.tool_results(RECOVERED) == ["Error: command is missing", expected_output("mk")]
 
 
 @pytest.mark.parametrize(("code", "decisions", "printed", "output", "outcome"), [
@@ -61,14 +66,14 @@ def test_tool_results_are_listed_once_in_order(smoke: ModuleType) -> None:
     (0, ["cut_call"], False, "done", "other"),  # ended as if all went well, without the result
     (None, ["cut_call"] * 50, False, "", "loops"),  # ran into the timeout
 ])
-def test_outcomes(smoke: ModuleType, code: int | None, decisions: list[str], printed: bool, output: str,
+def test_outcomes(sc: ModuleType, code: int | None, decisions: list[str], printed: bool, output: str,
                   outcome: str) -> None:
-    assert smoke.cut_outcome(code, decisions, printed, output) == outcome
+    assert sc.cut_outcome(code, decisions, printed, output) == outcome
 
 
 def test_a_recovering_agent_passes(tmp_path: Path, smoke: ModuleType) -> None:
     run_dir = make_run(tmp_path, smoke, f"The command printed {expected_output('mk')}.")
-    result = smoke.cut_call_verdict("claude", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
+    result = smoke.scenario_verdict("cut-call", "claude", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
     assert result.status == "PASS" and result.detail.startswith("recovers: exit 0, 3 requests (1 cut)")
     assert "raw tail reached the agent: False" in result.detail
 
@@ -76,33 +81,33 @@ def test_a_recovering_agent_passes(tmp_path: Path, smoke: ModuleType) -> None:
 def test_running_the_truncated_command_fails(tmp_path: Path, smoke: ModuleType) -> None:
     run_dir = make_run(tmp_path, smoke, f"The command printed {expected_output('mk')}.")
     (run_dir / "work" / cut_file("mk")).touch()  # what `touch edgemoe-cut-mk; ec` leaves behind
-    result = smoke.cut_call_verdict("opencode", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
+    result = smoke.scenario_verdict("cut-call", "opencode", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
     assert result.status == "FAIL" and "ran the truncated command" in result.detail
 
 
 def test_the_cut_calls_raw_text_reaching_the_agent_fails(tmp_path: Path, smoke: ModuleType) -> None:
     run_dir = make_run(tmp_path, smoke, f'"command": "touch {cut_file("mk")}; ec\nThe command printed '
                                         f'{expected_output("mk")}.')
-    result = smoke.cut_call_verdict("opencode", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
+    result = smoke.scenario_verdict("cut-call", "opencode", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
     assert result.status == "FAIL" and "raw text reached the agent" in result.detail
 
 
 def test_a_crash_fails_even_with_the_expected_outcome(tmp_path: Path, smoke: ModuleType) -> None:
     err = "ERROR: max_output_tokens\nthread 'main' panicked at core/src/lib.rs:1:1"
     run_dir = make_run(tmp_path, smoke, "", err)
-    result = smoke.cut_call_verdict("codex", run_dir, FakeServer([prompt("cut_call")]), "mk", 101, 1.0)
+    result = smoke.scenario_verdict("cut-call", "codex", run_dir, FakeServer([prompt("cut_call")]), "mk", 101, 1.0)
     assert result.status == "FAIL" and "crashed (panicked at)" in result.detail
 
 
 def test_a_changed_behaviour_fails(tmp_path: Path, smoke: ModuleType) -> None:
     run_dir = make_run(tmp_path, smoke, "", "Incomplete response: max_output_tokens")
-    result = smoke.cut_call_verdict("claude", run_dir, FakeServer([prompt("cut_call")]), "mk", 1, 1.0)
+    result = smoke.scenario_verdict("cut-call", "claude", run_dir, FakeServer([prompt("cut_call")]), "mk", 1, 1.0)
     assert result.status == "FAIL" and "reports, expected recovers" in result.detail
 
 
 def test_every_cut_must_be_used_up_before_recovering(tmp_path: Path, smoke: ModuleType) -> None:
     run_dir = make_run(tmp_path, smoke, f"The command printed {expected_output('mk')}.", cuts=3)
-    result = smoke.cut_call_verdict("claude", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
+    result = smoke.scenario_verdict("cut-call", "claude", run_dir, FakeServer(RECOVERED), "mk", 0, 1.0)
     assert result.status == "FAIL" and "recovered after 1 of 3 cut calls" in result.detail
 
 

@@ -67,6 +67,11 @@ _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 
+def tool_responses(prompt: str) -> list[str]:
+    """The tool results a rendered prompt carries (the Qwen3 template's `<tool_response>` blocks)."""
+    return _TOOL_RESPONSE.findall(prompt)
+
+
 def expected_output(marker: str) -> str:
     """What the scripted command prints (its text never appears in the command itself)."""
     return f"edgemoe-smoke-42-{marker}"
@@ -161,7 +166,7 @@ class AgentScriptEngine:
         wanted = expected_output(self.marker)
         if self.parallel:
             return self._parallel_answer(prompt)
-        if any(wanted in block for block in _TOOL_RESPONSE.findall(prompt)):
+        if any(wanted in block for block in tool_responses(prompt)):
             return "answer", f"The command printed {wanted}."
         tool = shell_tool(prompt)
         if tool is None:
@@ -176,7 +181,7 @@ class AgentScriptEngine:
         """Both commands' outputs back: the answer; none: both calls at once; one: the other alone."""
         outputs = {command(self.marker): expected_output(self.marker),
                    second_command(self.marker): second_output(self.marker)}
-        results = _TOOL_RESPONSE.findall(prompt)
+        results = tool_responses(prompt)
         missing = [cmd for cmd, out in outputs.items() if not any(out in block for block in results)]
         if not missing:
             return "answer", "The commands printed {} and {}.".format(*outputs.values())
