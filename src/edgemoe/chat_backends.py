@@ -113,7 +113,8 @@ class LocalBackend:
                 if self._stopped:  # checked between steps: the engine is never interrupted mid-step
                     return
             if parser is not None:
-                yield from _pieces(_finish(parser, cut=answer.finish_reason == "length"))
+                # a call the length limit cut drops its raw tail, as the server's does
+                yield from _pieces(parser.finish(cut=answer.finish_reason == "length"))
         finally:
             deltas.close()  # aborts the request if it is still running
 
@@ -130,7 +131,9 @@ class LocalBackend:
             return ResponseParser(None, get_tool_parser(self.whole_format)(None))
         thinking = None if self.sampling.thinking is False else ThinkReasoningParser(
             starts_in_reasoning=prompt_opens_reasoning(prompt))
-        return AnswerTagResponseParser(thinking) if self.answer_tags else thinking
+        if self.answer_tags:
+            return AnswerTagResponseParser(thinking)
+        return ResponseParser(thinking, None) if thinking is not None else None
 
     def stop(self) -> None:
         self._stopped = True
@@ -172,14 +175,6 @@ def _split(parser: Any, text: str) -> Iterator[Piece]:
             yield Piece("content", text)
         return
     yield from _pieces(parser.feed(text))
-
-
-def _finish(parser: Any, cut: bool) -> Any:
-    """The parser's rest. One with a tool stage (harmony's whole-output parser) is told whether a
-    length limit cut the output, so a call cut short drops its raw tail, as the server's does."""
-    from edgemoe.server.parsers import ResponseParser
-
-    return parser.finish(cut=cut) if isinstance(parser, ResponseParser) else parser.finish()
 
 
 def _pieces(delta: Any) -> Iterator[Piece]:
