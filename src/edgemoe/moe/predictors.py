@@ -47,17 +47,19 @@ class RouterScores(NamedTuple):
     sigmoid: bool = False
     softmax: bool = False
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
-        s = s.sigmoid() if self.sigmoid else s.softmax(-1) if self.softmax else s
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """[T, E] the ranking of `logits` (x·Wᵀ, fp32) this router selects by."""
+        s = logits.sigmoid() if self.sigmoid else logits.softmax(-1) if self.softmax else logits
         return s if self.bias is None else s + self.bias.float()
 
-    def probs(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, E] the softmax of the logits (gpt-oss's logit bias in them): a softmax router's own
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[T, E] the softmax of `logits` (gpt-oss's logit bias in them): a softmax router's own
         probabilities, and for the others a confidence ranked as their logits are."""
-        s = torch.matmul(x.to(self.weight.dtype), self.weight.t()).float()
         biased = self.bias is not None and not (self.sigmoid or self.softmax)
-        return (s + self.bias.float() if biased else s).softmax(-1)
+        return (logits + self.bias.float() if biased else logits).softmax(-1)
 
 
 def prefetch_min_prob() -> float:
@@ -126,8 +128,9 @@ class RouterPredictor:
             bias = None if router.bias is None else router.bias.to(w.dtype)
             ids, probs = route_logits_topk(x.to(w.dtype), w, self.top_k, False, w.dtype, self.workspace, bias=bias)
             return self._surest(ids, probs)  # not renormalised: each pick's softmax probability
-        ids = torch.topk(router.scores(x), self.top_k, dim=-1).indices
-        return self._surest(ids.to(torch.int32), router.probs(x).gather(1, ids) if self.min_prob > 0 else None)
+        logits = router.logits(x)
+        ids = torch.topk(router.scores(logits), self.top_k, dim=-1).indices
+        return self._surest(ids.to(torch.int32), router.probs(logits).gather(1, ids) if self.min_prob > 0 else None)
 
     def _surest(self, ids: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
         """`ids` with the picks below `min_prob` named -1 (no launch when it is 0)."""
