@@ -90,3 +90,31 @@ def test_responses_input_with_nothing_to_answer_is_a_clear_400(scripted: ServerH
     ok = httpx.post(f"{scripted.base_url}/v1/responses", timeout=30,
                     json={"model": "m", "input": [item, {"role": "user", "content": "hi"}], "max_output_tokens": 4})
     assert ok.status_code == 200, ok.text
+
+
+
+def _anthropic_body(k: object, where: str) -> dict[str, Any]:
+    if where == "system":
+        return {"model": "m", "max_tokens": 4, "system": [{"type": k}], "messages": ASK}
+    return {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": k}]}]}
+
+
+def _responses_body(k: object, where: str) -> dict[str, Any]:
+    item = {"item": {"type": k}, "role": {"type": "message", "role": k, "content": "hi"},
+            "part": {"role": "user", "content": [{"type": k, "text": "hi"}]}}[where]
+    return {"model": "m", "max_output_tokens": 4, "input": [item]}
+
+
+@pytest.mark.parametrize("kind", [[], {}, [["image"]]])
+@pytest.mark.parametrize(("path", "where"), [
+    ("/v1/messages", "system"), ("/v1/messages", "content"), ("/v1/messages/count_tokens", "system"),
+    ("/v1/responses", "item"), ("/v1/responses", "role"), ("/v1/responses", "part"),
+])
+def test_a_list_or_object_where_a_name_goes_is_400(scripted: ServerHarness, path: str, where: str,
+                                                   kind: object) -> None:
+    """A content block's `type`, an item's `type` or `role` that is a list or an object was hashed
+    for a set lookup: a TypeError, a 500 (the schema fuzz found it on count_tokens). Now the 400
+    any unknown name gets."""
+    body = _responses_body(kind, where) if path == "/v1/responses" else _anthropic_body(kind, where)
+    r = httpx.post(f"{scripted.base_url}{path}", timeout=30, json=body)
+    assert r.status_code == 400, r.text

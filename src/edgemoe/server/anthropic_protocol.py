@@ -31,12 +31,13 @@ from pydantic import BaseModel, ConfigDict
 
 from edgemoe.server.errors import APIError, bad_request
 from edgemoe.server.limits import MAX_TOKEN_COUNT, Range, StopStrings
+from edgemoe.server.names import Names
 from edgemoe.server.protocol import Flag, TokenCount
 from edgemoe.server.tool_functions import check_function, check_names
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _MIN_THINKING_BUDGET = 1024
-_UNSUPPORTED_BLOCKS = frozenset({"image", "document", "search_result", "container_upload"})
+_UNSUPPORTED_BLOCKS = Names({"image", "document", "search_result", "container_upload"})
 
 
 class _Request(BaseModel):

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from edgemoe.server.allowed_tools import restrict
 from edgemoe.server.errors import bad_request
 from edgemoe.server.limits import MAX_TOKEN_COUNT, Range
+from edgemoe.server.names import Names
 from edgemoe.server.protocol import (
     Flag,
     Logprobs,
@@ -63,10 +64,10 @@ _VERBOSITY = ("low", "medium", "high")
 # read back as reasoning text.
 _SEAL = "edgemoe-reasoning-v1:"
 
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
-_ROLES = frozenset({"user", "developer", "system", "assistant"})
+_TEXT_PARTS = Names({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
+_ROLES = Names({"user", "developer", "system", "assistant"})
 # Items that only record what hosted tools did: nothing a template can show.
-_SKIPPED_ITEMS = frozenset({
+_SKIPPED_ITEMS = Names({
     "web_search_call", "file_search_call", "computer_call", "computer_call_output", "image_generation_call",
     "code_interpreter_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
     "local_shell_call", "local_shell_call_output", "custom_tool_call", "custom_tool_call_output",
