@@ -99,6 +99,10 @@ def _anthropic_body(k: object, where: str) -> dict[str, Any]:
     return {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": k}]}]}
 
 
+def _chat_body(k: object, where: str) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": k, "text": "hi"}]}]}
+
+
 def _responses_body(k: object, where: str) -> dict[str, Any]:
     item = {"item": {"type": k}, "role": {"type": "message", "role": k, "content": "hi"},
             "part": {"role": "user", "content": [{"type": k, "text": "hi"}]}}[where]
@@ -109,12 +113,14 @@ def _responses_body(k: object, where: str) -> dict[str, Any]:
 @pytest.mark.parametrize(("path", "where"), [
     ("/v1/messages", "system"), ("/v1/messages", "content"), ("/v1/messages/count_tokens", "system"),
     ("/v1/responses", "item"), ("/v1/responses", "role"), ("/v1/responses", "part"),
+    ("/v1/chat/completions", "part"),
 ])
 def test_a_list_or_object_where_a_name_goes_is_400(scripted: ServerHarness, path: str, where: str,
                                                    kind: object) -> None:
-    """A content block's `type`, an item's `type` or `role` that is a list or an object was hashed
-    for a set lookup: a TypeError, a 500 (the schema fuzz found it on count_tokens). Now the 400
-    any unknown name gets."""
-    body = _responses_body(kind, where) if path == "/v1/responses" else _anthropic_body(kind, where)
+    """A content block's or part's `type`, an item's `type` or `role` that is a list or an object
+    was hashed for a set lookup: a TypeError, a 500 (the schema fuzz found it on count_tokens).
+    Now the 400 any unknown name gets."""
+    make = {"/v1/responses": _responses_body, "/v1/chat/completions": _chat_body}.get(path, _anthropic_body)
+    body = make(kind, where)
     r = httpx.post(f"{scripted.base_url}{path}", timeout=30, json=body)
     assert r.status_code == 400, r.text

@@ -26,6 +26,7 @@ import jinja2.parser
 import jinja2.utils
 
 from edgemoe.server.json_body import InvalidUnicode, find_surrogate
+from edgemoe.server.names import Names
 from edgemoe.server.template_sandbox import BoundedSandbox, RenderBudget, RenderLimits
 
 if TYPE_CHECKING:
@@ -40,8 +41,8 @@ __all__ = [
     "prompt_opens_thinking",
 ]
 
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
-_IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+_TEXT_PARTS = Names({"text", "input_text", "output_text"})
+_IMAGE_PARTS = Names({"image_url", "input_image", "image"})
 # transformers fills `reasoning_content` (the standard name) and `thinking` (gpt-oss
 # templates read it) from whichever of these names a message uses first.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
