@@ -169,8 +169,10 @@ class MoEConfig:
         "the spec's recall) and copy the "
         "predicted misses on a side stream up to three layers ahead of their compute (off by default: x1.39 at fp8 "
         "and x1.19 at bf16 with perfect prediction on the GPU machine, but x0.96 at fp8 with a guess of recall 0.8, "
-        "its wrong guesses copied for nothing; unmeasured with a trained router; docs/offload.md)",
-        ("on", "off"),
+        "its wrong guesses copied for nothing; unmeasured with a trained router; docs/offload.md); auto: on or "
+        "off, whichever makes decode steps faster, measured while serving and re-checked (graphs captured for both; "
+        "off where nothing can prefetch)",
+        ("on", "off", "auto"),
     )
     expert_store: str = setting(
         "auto", "host expert memory: pinned, pageable, or mmap (straight from the checkpoint files)",

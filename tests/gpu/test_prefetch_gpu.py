@@ -119,6 +119,33 @@ def test_a_guess_replayed_from_graphs_keeps_the_greedy_tokens(small_ckpt) -> Non
     assert 0 < moe["prefetch_used"] < moe["prefetched"]
 
 
+@pytest.mark.parametrize("backend", ["offload", "hybrid"])
+def test_prefetch_auto_switching_graph_variants_keeps_the_greedy_tokens(small_ckpt, backend: str,  # noqa: ANN001
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--moe-prefetch auto` with a chooser that switches every other step: graphs captured
+    with and without prefetch (and with and without the live share under hybrid) replayed in
+    turn; the tokens are prefetch-off's."""
+    from functools import partial
+
+    import edgemoe.moe.step_variants as step_variants
+
+    monkeypatch.setattr(step_variants, "PrefetchChooser", partial(step_variants.PrefetchChooser, window=1, settle=0,
+                                                                  rounds=1, max_rounds=1, hold=1))
+    prompts = [list(range(2000, 2041)), [9707, 11, 1879, 0]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    out = {}
+    for prefetch in ("off", "auto"):
+        with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend=backend, moe_slots=48,
+                 expert_cache="device", moe_prefetch=prefetch, routing="synthetic:seed=3,recall=0.6") as llm:
+            graphs = llm.engine.runner.graphs
+            out[prefetch] = [o.token_ids for o in llm.generate(prompts, greedy)]
+            moe = llm.stats()["moe"]
+    assert out["auto"] == out["off"]
+    variants = {variant for _, variant in graphs.graphs}
+    assert {v for v in variants if v is not None and v.endswith("prefetch")} and len(variants) in (2, 4)
+    assert moe["prefetch_auto_verdicts"] > 1 and moe["prefetched"] > 0
+
+
 @pytest.mark.parametrize("biased", [False, True])
 def test_the_fused_router_predicts_a_top_k_of_the_logits(biased: bool) -> None:
     """The predictor's one fused launch (plain and gpt-oss-biased routers) picks k experts

@@ -201,8 +201,8 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
         extras["embed"] = HostEmbedding(loaded.params.pop("embed"), device, registrar)
     linear = make_dense_linear(config.kernels.dense_kernel, device)
     model = model_module(arch.model_type).build(arch, loaded.params, executor, device, linear=linear, **extras)
-    if config.moe.moe_prefetch == "on":
-        enable_prefetch(executor, routing, arch, model.blocks)
+    if config.moe.moe_prefetch != "off":
+        enable_prefetch(executor, routing, arch, model.blocks, auto=config.moe.moe_prefetch == "auto")
     del loaded
     page = config.cache.page_size
     pool = KVPool(len(arch.kv_layers), -(-plan.kv_tokens // page), page, arch.num_kv_heads, arch.head_dim, arch.dtype,
@@ -222,21 +222,33 @@ def build_runtime(config: EngineConfig, progress: bool = True) -> Runtime:
     )
 
 
-def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch, blocks: list) -> None:
-    """--moe-prefetch on: the device cache predicts with the next layer's router, the input
-    scaled by the layers' norm gains (`blocks`: the model's; the drawn ids under synthetic
-    routing: an oracle, said so); nothing to prefetch where everything is resident."""
+def enable_prefetch(executor: MoEExecutor, routing: SyntheticRouting | None, arch: ModelArch, blocks: list,
+                    auto: bool = False) -> None:
+    """--moe-prefetch on|auto: the device cache predicts with the next layer's router, the
+    input scaled by the layers' norm gains (`blocks`: the model's; the drawn ids under
+    synthetic routing: an oracle, said so); nothing to prefetch where everything is
+    resident. auto: on or off by timing decode steps, and off (logged) where the cache's
+    mover can't copy beside the chain."""
     from edgemoe.moe.device_offload import DeviceOffloadExecutor
     from edgemoe.moe.predictors import RouterPredictor, StagedPredictor, moe_input_gains, prefetch_min_prob
 
+    flag = f"--moe-prefetch {'auto' if auto else 'on'}"
     if not isinstance(executor, DeviceOffloadExecutor):
-        log.warning("--moe-prefetch on: every expert is resident (or the host cache runs): nothing to prefetch")
+        (log.info if auto else log.warning)("%s: every expert is resident (or the host cache runs): nothing to "
+                                            "prefetch", flag)
         return
     predictor = StagedPredictor(routing) if routing is not None else \
         RouterPredictor(executor.routers, arch.top_k, moe_input_gains(blocks, set(executor.routers)),
                         prefetch_min_prob())
-    executor.enable_prefetch(predictor, arch.top_k)
-    log.warning("decode prefetch on: predicted by %s", predictor.label)
+    try:
+        executor.enable_prefetch(predictor, arch.top_k, auto=auto)
+    except ValueError as e:
+        if not auto:
+            raise
+        log.info("%s: off (%s)", flag, e)
+        return
+    log.warning("decode prefetch %s: predicted by %s", "auto (on or off by timing decode steps)" if auto else "on",
+                predictor.label)
 
 
 def resolve_overlap(setting: bool | None, device: torch.device, ple: PleStore | None) -> bool:

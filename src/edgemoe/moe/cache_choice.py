@@ -72,7 +72,8 @@ def check_prompt_cpu(backend: str, expert_cache: str, prompt_cpu: bool | None) -
 
 def check_prefetch(backend: str, expert_cache: str, mover: str, prefetch: str) -> None:
     """`--moe-prefetch on` is the device cache's (never ignored); its mover must run beside
-    the chain (the executor says so where `copy` can't: no GPU or no C compiler)."""
+    the chain (the executor says so where `copy` can't: no GPU or no C compiler). `auto`
+    is never refused: off, logged, where nothing can prefetch."""
     if prefetch != "on":
         return
     if backend in ("resident", "cpu") or expert_cache == "host":

@@ -48,17 +48,15 @@ from edgemoe.moe.predictors import Predictor, RouterScores
 from edgemoe.moe.prefetch import DecodePrefetch
 from edgemoe.moe.prefill_stream import PrefillStream, stream_min_tokens
 from edgemoe.moe.side_copies import EngineCopies, engine_copies
-from edgemoe.moe.quota_controller import QuotaController
-from edgemoe.moe.quota_levels import FRACTION, share_scale
+from edgemoe.moe.quota_levels import FRACTION
 from edgemoe.moe.slot_lending import make_lending
 from edgemoe.moe.stats import MoEStats
+from edgemoe.moe.step_variants import DEFAULT_TOP_K, PLAIN, StepVariants
 from edgemoe.moe.store import ExpertStore
 
 
 log = logging.getLogger(__name__)
 
-PLAIN, SHARE = "plain", "share"  # graph variants with a live quota: without / with the CPU share
-DEFAULT_TOP_K = 8  # the live quota's ceiling (experts a layer) when the caller doesn't say top-k
 
 
 def _masked(ids: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
@@ -66,7 +64,7 @@ def _masked(ids: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
     return ids if dead is None else ids.masked_fill(dead[:, None], -1)
 
 
-class DeviceOffloadExecutor(CellsExecutor):
+class DeviceOffloadExecutor(StepVariants, CellsExecutor):
     """The slot cache's state lives on the device (`cache`); `mover`: "gather" | "copy";
     `policy`: "lru" (scan-resistant) | "lru-plain".
 
@@ -144,7 +142,7 @@ class DeviceOffloadExecutor(CellsExecutor):
         self._own_kernel: CpuExperts | None = None  # the share's kernel when made here (`cpu_kernel` None)
         fixed = cpu_experts_per_layer is not None or cpu_fraction is not None
         self.cpu_share = self._make_share(cpu_experts_per_layer, cpu_kernel, cpu_fraction) if fixed else None
-        self.controller: QuotaController | None = None
+        self.controller = None  # the live quota's (`StepVariants._make_live_share`)
         if live_quota is not None and not fixed:
             self._make_live_share(live_quota, cpu_kernel, top_k or DEFAULT_TOP_K, num_layers)
         if prompt_cpu and self.cpu_share is None:
@@ -155,8 +153,9 @@ class DeviceOffloadExecutor(CellsExecutor):
                         softmax: bool = False) -> None:
         self.routers[layer] = RouterScores(router, bias, sigmoid, softmax)
 
-    def enable_prefetch(self, predictor: Predictor, top_k: int) -> None:
-        """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token."""
+    def enable_prefetch(self, predictor: Predictor, top_k: int, auto: bool = False) -> None:
+        """Decode prefetch (`moe/prefetch.py`) with `predictor`, `top_k` experts a token;
+        `auto`: on or off by timing decode steps (`moe/prefetch_choice.py`)."""
         if not self.mover.graph_safe:
             raise ValueError("moe_prefetch (--moe-prefetch on) copies beside the chain: the gather, or the copy "
                              "engine through the copier (a GPU, a C compiler), from a page-locked store (this run "
@@ -165,6 +164,8 @@ class DeviceOffloadExecutor(CellsExecutor):
                                        engine=lambda buffers: engine_copies(self.mover, self.store, self.slots,
                                                                             buffers))
         self.stats.sources.append(self.prefetch.snapshot)
+        if auto:
+            self._choose_prefetch()
         self.quiet_eager = self.quiet_eager or isinstance(self.prefetch.copies, EngineCopies)  # a copier of its own
 
     def _make_share(self, quota: int | None, kernel: CpuExperts | None, fraction: float | None = None) -> CpuShare:
@@ -187,85 +188,20 @@ class DeviceOffloadExecutor(CellsExecutor):
                                            "cpu_prior_times_ns": share.prior_times_ns, "cpu_pool": kernel.pool_stats()})
         return share
 
-    def _make_live_share(self, label: str, kernel: CpuExperts | None, top_k: int, num_layers: int) -> None:
-        """The share with a live quota and its two graph variants; offload where it can't run."""
-        try:
-            self.cpu_share = self._make_share(0, kernel)
-        except ValueError as e:
-            (log.warning if label == "hybrid" else log.info)("moe %s: no CPU share (%s): offload", label, e)
-            return
-        scale = share_scale()
-        start = scale.hybrid_start() if label == "hybrid" else 0
-        self.controller = QuotaController.live(max_level=scale.max_level(top_k), start=start, label=label, scale=scale)
-        self.cpu_share.set_levels(scale, self.controller.max_level)
-        self._level = -1
-        self._sample: tuple[torch.Tensor, int] | None = None  # the informed start's: (misses then, decode steps since)
-        self.graph_variants = (PLAIN, SHARE)
-        self._apply_level(start)
-        self.stats.sources.append(self.controller.snapshot)
-
-    def _apply_level(self, level: int) -> None:
-        """The share's pick at `level` (device copies, ordered before the next step's work)
-        and the variant that runs it (level 0: the graphs without the share)."""
-        if level != self._level:
-            self.cpu_share.apply_level(level)  # type: ignore[union-attr]
-            self._level = level
-        self.graph_variant = SHARE if level > 0 else PLAIN
-
     def before_step(self, now: float, decode_batch: int | None, prompt_rows: int = 0) -> None:
         if self.lending is not None:
             self.lending.before_step(prompt_rows)
         share = self.cpu_share
         if share is not None and share.prompt_rows and decode_batch is None:
             share.refit_rates()  # a prompt chunk comes: its rule balances by the CPU's latest rates
-        if self.controller is None:
-            return
-        assert share is not None
-        taken = decode_batch if decode_batch is not None and decode_batch <= share.rows else None
-        self.controller.step(now, taken)
-        if self.controller.predicted is None:
-            self._sample_start(taken is not None)
-        self._apply_level(self.controller.level)
-        share.expect_rings(decode_batch is None or (taken is not None and self.graph_variant == SHARE))
-
-    def _sample_start(self, decode: bool) -> None:
-        """The informed start's sample (`QuotaController.inform`): the misses of consecutive
-        decode steps the share takes, from a device snapshot at the first (stream-ordered,
-        no read) to one read once the controller has a window and the sample as many steps.
-        Any other step restarts it: a prompt chunk's misses are not a decode step's."""
-        if not decode:
-            self._sample = None
-        elif self._sample is None:
-            self._sample = (self._misses_so_far(), 0)
-        else:
-            base, steps = self._sample[0], self._sample[1] + 1  # the steps queued since the snapshot
-            self._sample = (base, steps)
-            if self.controller.windows and steps >= self.controller.window:  # type: ignore[union-attr]
-                self._inform(base, steps)
-
-    def _misses_so_far(self) -> torch.Tensor:
-        """Every miss so far, the CPU's included: a device scalar (no read)."""
-        return self.cache.counts[:, 1].sum() + self.cpu_share.cpu_counts.sum()  # type: ignore[union-attr]
-
-    def _inform(self, base: torch.Tensor, steps: int) -> None:
-        """The controller's informed start from the sample: m (misses a layer a decode step),
-        a copy's seconds (the share's device rate: the expert's bytes at `DEVICE_GBPS`; no
-        measured link rate here, since replayed steps time no copies) and a CPU expert's at
-        one token (the share's fit of its calls so far: fixed + one pair)."""
-        share = self.cpu_share
-        assert share is not None and self.controller is not None
-        misses = int((self._misses_so_far() - base).item())  # NOTE: the one device read: waits for the queued steps
-        share.refit_rates()
-        fixed, per_pair, device = share.rate_ns[:3]
-        self._sample = None
-        self.controller.inform(misses / (steps * self.cache.counts.shape[0]), device * 1e-9, (fixed + per_pair) * 1e-9)
+        self._steer(now, decode_batch)  # the live quota's level, prefetch on or off (`moe/step_variants.py`)
 
     def _share_rule(self, x: torch.Tensor) -> tuple[CpuShare | None, int]:
         """The share and its pick for this step, or (None, 0): a decode step of a live quota
         at level 0 (its variant runs without the share), or a step the share doesn't take."""
         share = self.cpu_share
         rule = share.rule_for(x) if share is not None else None
-        if rule is None or (rule == DECODE and self.graph_variant == PLAIN):
+        if rule is None or (rule == DECODE and self._share_variant == PLAIN):
             return None, 0
         return share, rule
 
@@ -280,7 +216,8 @@ class DeviceOffloadExecutor(CellsExecutor):
         cells = self.workspace.cells(topk_ids)
         # The live view's marks cost a few ops per wave: only while watched (when a graph is captured).
         self.cache.mark_events = self.stats.activity is not None
-        prefetch = self.prefetch if self.prefetch is not None and self.prefetch.covers(x.shape[0]) else None
+        prefetch = self.prefetch if self.prefetch is not None and self._prefetching and self.prefetch.covers(x.shape[0]) \
+            else None
         if self.prefetch is not None and prefetch is None:
             self.prefetch.join_all()  # a step that doesn't prefetch plans with nothing in flight
         cpu: CellSources | None = None

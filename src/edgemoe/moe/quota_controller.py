@@ -132,6 +132,12 @@ class QuotaController(AutoSearch):
             self._window_done()
         return self.level
 
+    def pause(self) -> None:
+        """A step this controller sits out (`--moe-prefetch auto` measures it): no period
+        spans it, and a window begun before it starts again."""
+        self._last = None
+        self._periods.clear()
+
     def _window_done(self) -> None:
         period = self.readings.record(self._periods)
         self._periods.clear()
