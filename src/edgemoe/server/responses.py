@@ -7,6 +7,10 @@ the streamed one without its events. Items open in the order the model produces 
 `output_item.added` … `output_item.done`. Stream frames are `event: TYPE` + `data`, with
 a `sequence_number` counting every event from 0.
 
+Reasoning items carry the thinking as one `reasoning_text` content part; when the request
+asks for a summary (`reasoning.summary` auto/concise/detailed) also as one `summary_text`
+part, with the summary events, since Codex shows reasoning only through summaries.
+
 Logprobs (`include: ["message.output_text.logprobs"]` or `top_logprobs`): a token's
 logprobs go to the next text delta after it (parsers may hold text back a while); tokens
 followed by reasoning or a tool call instead are not the message's, and are dropped.
@@ -115,8 +119,7 @@ class ResponseShell:
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": self.model,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": None, "prompt_cache_key": req.prompt_cache_key,
-            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
-                          "summary": req.reasoning.summary if req.reasoning else None},
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": req.summary_mode()},
             "store": bool(req.store), "temperature": req.temperature, "text": req.text or {"format": {"type": "text"}},
             "tool_choice": tool_choice, "tools": req.function_tools(), "top_p": req.top_p, "truncation": "disabled",
             "top_logprobs": req.top_logprobs, "max_tool_calls": req.max_tool_calls,
@@ -127,10 +130,10 @@ class ResponseShell:
 class OutputBuilder:
     """Events → output items + stream frames (without sequence numbers; `_Sequencer` adds them).
     `tokens` and `top_logprobs`: the message text carries logprobs; `sealed`: reasoning items
-    carry `encrypted_content`."""
+    carry `encrypted_content`; `summary`: they carry their text as a summary too (`_summary_*`)."""
 
     def __init__(self, tokens: TokenTexts | None = None, top_logprobs: int | None = None,
-                 sealed: bool = False) -> None:
+                 sealed: bool = False, summary: bool = False) -> None:
         self.items: list[dict[str, Any]] = []  # done items, in output order
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
@@ -138,6 +141,7 @@ class OutputBuilder:
         self._tokens = tokens if top_logprobs is not None else None
         self._top = top_logprobs or 0
         self._sealed = sealed
+        self._summary = summary
         self._pending: list[TokenLogprob] = []  # logprobs of tokens whose text has not come yet
 
     @property
@@ -187,6 +191,9 @@ class OutputBuilder:
         if kind == "message":
             frame["logprobs"] = self._take_logprobs()
             item["logprobs"] += frame["logprobs"]
+        elif self._summary:
+            return [*frames, frame, {"type": "response.reasoning_summary_text.delta", **self._summary_ids(item),
+                                     "delta": text}]
         return [*frames, frame]
 
     def _take_logprobs(self) -> list[dict[str, Any]]:
@@ -202,11 +209,31 @@ class OutputBuilder:
             item = {"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning", "summary": [], "status": "in_progress"}
             part = {"type": "reasoning_text", "text": ""}
         self._open = {**item, "text": "", "logprobs": []}
-        return [
+        frames: list[Frame] = [
             {"type": "response.output_item.added", "output_index": self._index, "item": item},
             {"type": "response.content_part.added", "item_id": item["id"], "output_index": self._index,
              "content_index": 0, "part": part},
         ]
+        if kind == "reasoning" and self._summary:
+            frames.append({"type": "response.reasoning_summary_part.added", **self._summary_ids(item),
+                           "part": {"type": "summary_text", "text": ""}})
+        return frames
+
+    # NOTE: this model has no summariser: a reasoning item's one summary part (index 0) is its
+    # whole text, streamed alongside `reasoning_text` so that clients which show only
+    # summaries (Codex, OpenAI's own API) show the thinking. Its events come last before
+    # the item's `output_item.done`, as OpenAI orders them.
+
+    def _summary_ids(self, item: dict[str, Any]) -> Frame:
+        return {"item_id": item["id"], "output_index": self._index, "summary_index": 0}
+
+    def _summary_done(self, item: dict[str, Any], text: str) -> list[Frame]:
+        ids = self._summary_ids(item)
+        part_done: Frame = {"type": "response.reasoning_summary_part.done", **ids,
+                            "part": {"type": "summary_text", "text": text}}
+        if self.status == "incomplete":  # the SDK's mark of a part the output limit cut
+            part_done["status"] = "incomplete"
+        return [{"type": "response.reasoning_summary_text.done", **ids, "text": text}, part_done]
 
     def close(self) -> list[Frame]:
         """Finish the open item: its closing events, then it joins `items`. The item still
@@ -229,18 +256,26 @@ class OutputBuilder:
     def _close_text(self, item: dict[str, Any], index: int) -> tuple[dict[str, Any], list[Frame]]:
         text, logprobs = item.pop("text"), item.pop("logprobs")
         ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        if item["type"] == "message":
-            part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
-            if self._tokens is not None:
-                part["logprobs"] = logprobs
-            frames = [{"type": "response.output_text.done", **ids, "text": text, "logprobs": logprobs}]
-        else:
-            part = {"type": "reasoning_text", "text": text}
-            frames = [{"type": "response.reasoning_text.done", **ids, "text": text}]
-            if self._sealed:
-                item = {**item, "encrypted_content": seal(text)}
-        frames.append({"type": "response.content_part.done", **ids, "part": part})
+        if item["type"] == "reasoning":
+            return self._close_reasoning(item, text, ids)
+        part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+        if self._tokens is not None:
+            part["logprobs"] = logprobs
+        frames = [{"type": "response.output_text.done", **ids, "text": text, "logprobs": logprobs},
+                  {"type": "response.content_part.done", **ids, "part": part}]
         return {**item, "status": self.status, "content": [part]}, frames
+
+    def _close_reasoning(self, item: dict[str, Any], text: str, ids: Frame) -> tuple[dict[str, Any], list[Frame]]:
+        part = {"type": "reasoning_text", "text": text}
+        frames = [{"type": "response.reasoning_text.done", **ids, "text": text},
+                  {"type": "response.content_part.done", **ids, "part": part}]
+        done = {**item, "status": self.status, "content": [part]}
+        if self._summary:
+            frames += self._summary_done(item, text)
+            done["summary"] = [{"type": "summary_text", "text": text}]
+        if self._sealed:
+            done["encrypted_content"] = seal(text)
+        return done, frames
 
     @property
     def status(self) -> str:
@@ -271,7 +306,7 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
 
 
 def _builder(req: ResponsesRequest, model: ServedModel) -> OutputBuilder:
-    return OutputBuilder(model.tokens, req.logprobs(), req.seals_reasoning())
+    return OutputBuilder(model.tokens, req.logprobs(), req.seals_reasoning(), req.summary_mode() is not None)
 
 
 async def _collect(gen: Generation, builder: OutputBuilder) -> OutputBuilder:

@@ -8,8 +8,9 @@ Input items become OpenAI chat messages, the form every template takes:
 - `function_call {call_id, name, arguments}` joins the assistant message right before it
   (a model turn is `[reasoning] [message] [function_call…]`), else starts one.
 - `function_call_output {call_id, output}` becomes a `tool` message.
-- `reasoning {content | summary}` becomes the next assistant message's
-  `reasoning_content` (templates keep it only where the model would see it again).
+- `reasoning {content | encrypted_content | summary}` (the first readable, never several:
+  they carry the same text) becomes the next assistant message's `reasoning_content`
+  (templates keep it only where the model would see it again).
 - other items (records of hosted tools) are skipped; `item_reference` cannot be resolved
   by a server that stores nothing, so it is refused, like `previous_response_id`.
 
@@ -55,6 +56,7 @@ Includable = Literal[
     "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
     "reasoning.encrypted_content", "message.output_text.logprobs",
 ]
+SummaryMode = Literal["auto", "concise", "detailed", "none"]
 # NOTE: the SDK gives no bounds; a negative count means nothing, and 0 (no hosted-tool
 # calls) is what this server does anyway.
 ToolCallCount = Annotated[int, Range(0, MAX_TOKEN_COUNT)]
@@ -81,7 +83,15 @@ class _Request(BaseModel):
 
 class ReasoningConfig(_Request):
     effort: str | None = None
-    summary: str | None = None
+    # The SDK's three, and "none": Codex's way of asking for none (`model_reasoning_summary`).
+    summary: SummaryMode | None = None
+    generate_summary: SummaryMode | None = None  # `summary`'s deprecated name (the SDK keeps it)
+
+    def summary_mode(self) -> str | None:
+        """The summary asked for (auto / concise / detailed), None for none; echoed as such,
+        since the SDK's response type has no "none"."""
+        mode = self.summary or self.generate_summary
+        return None if mode == "none" else mode
 
 
 class ResponsesRequest(_Request):
@@ -142,6 +152,9 @@ class ResponsesRequest(_Request):
 
     def seals_reasoning(self) -> bool:
         return "reasoning.encrypted_content" in (self.include or ())
+
+    def summary_mode(self) -> str | None:
+        return self.reasoning.summary_mode() if self.reasoning else None
 
     def verbosity(self) -> str | None:
         """`text.verbosity` (400 unless low / medium / high). It reaches templates that
@@ -230,8 +243,7 @@ class _Conversation:
             text = output if isinstance(output, str) else _parts_text(output, f"{where}.output")
             self.messages.append({"role": "tool", "tool_call_id": _str(item, "call_id", where), "content": text})
         elif kind == "reasoning":
-            text = _parts_text(item.get("content") or [], f"{where}.content") or _parts_text(
-                item.get("summary") or [], f"{where}.summary") or unseal(item.get("encrypted_content"))
+            text = _reasoning_text(item, where)
             if text:
                 self._reasoning.append(text)
         elif kind == "item_reference":
@@ -271,6 +283,14 @@ class _Conversation:
             message["reasoning_content"] = "\n".join(self._reasoning)
             self._reasoning = []
         return message
+
+
+def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
+    """One of the item's forms, never several: our summary is the same text as its `content`
+    and its sealed `encrypted_content`, and clients send back all three. The full text comes
+    first; a summary (another server's is a digest) only when nothing else is readable."""
+    return (_parts_text(item.get("content") or [], f"{where}.content") or unseal(item.get("encrypted_content"))
+            or _parts_text(item.get("summary") or [], f"{where}.summary"))
 
 
 def _str(item: Mapping[str, Any], key: str, where: str) -> str:
