@@ -137,6 +137,16 @@ def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:
     assert got["gb_prefetched_unused"] == 5 * 2 / 1e9
 
 
+def test_prefetch_auto_choice_reaches_the_row_and_its_line() -> None:
+    from edgemoe.bench.decode import _prefetch_note, prefetch_traffic
+
+    after = {"prefetch": "router", "prefetched": 0, "prefetch_used": 0, "prefetch_auto": "off",
+             "prefetch_auto_step_ms": {"on": 9.1, "off": 8.4}, "prefetch_auto_windows": 8, "prefetch_auto_verdicts": 1}
+    got = prefetch_traffic({}, after, {"misses": 50, "experts_cpu": 0, "bytes_copied": 90})
+    assert got["prefetch_auto"] == "off" and got["prefetch_auto_step_ms"] == {"on": 9.1, "off": 8.4}
+    assert _prefetch_note(got) == ", prefetch auto: off after 1 verdicts (on 9.10 ms, off 8.40 ms)"
+
+
 def test_the_rate_leaves_out_the_first_step() -> None:
     """A first step of 2 ms (with overlap: a step launched during the prefill phase) and three
     of 16 ms, two tokens each: 6 tokens in 48 ms, not 8 in 50."""

@@ -97,6 +97,9 @@ def _expert_nbytes(llm: Any) -> int:
     return int(store.expert_nbytes) if store is not None else 0
 
 
+AUTO_KEYS = ("prefetch_auto", "prefetch_auto_step_ms", "prefetch_auto_windows", "prefetch_auto_verdicts")
+
+
 def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     """Decode prefetch between two snapshots: experts prefetched and used, precision (used /
     prefetched), recall (used / every expert the step missed had prefetch not existed: the
@@ -112,7 +115,8 @@ def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str,
             "prefetch_precision": used / pf if pf else None,
             "prefetch_recall": used / (used + left) if used + left else None,
             "prefetch_recall_copies": used / copies if (copies := used + left - d["experts_cpu"]) > 0 else None,
-            "gb_prefetched_unused": (pf - used) * nbytes / 1e9}
+            "gb_prefetched_unused": (pf - used) * nbytes / 1e9,
+            **{k: after[k] for k in AUTO_KEYS if k in after}}
 
 
 def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phase, set[str]]:
@@ -321,13 +325,16 @@ def _draw_note(row: dict[str, Any]) -> str:
 
 
 def _prefetch_note(moe: dict[str, Any]) -> str:
-    """Decode prefetch's recall and precision, when it ran."""
+    """Decode prefetch's recall and precision, when it ran; `--moe-prefetch auto`'s choice."""
+    auto = moe.get("prefetch_auto")
+    figures = ", ".join(f"{k} {v:.2f} ms" for k, v in moe.get("prefetch_auto_step_ms", {}).items())
+    chose = f", prefetch auto: {auto} after {moe['prefetch_auto_verdicts']} verdicts ({figures})" if auto else ""
     if not moe.get("prefetched"):
-        return ""
+        return chose
     copies = moe.get("prefetch_recall_copies")
     among = f" ({copies:.2f} of the copies)" if copies is not None and moe.get("experts_cpu") else ""
     return (f" prefetch ({moe['prefetch']}) recall {moe['prefetch_recall']:.2f}{among} precision "
-            f"{moe['prefetch_precision']:.2f}, {moe['gb_prefetched_unused']:.2f} GB unused")
+            f"{moe['prefetch_precision']:.2f}, {moe['gb_prefetched_unused']:.2f} GB unused{chose}")
 
 
 def _cpu_note(moe: dict[str, Any]) -> str:
