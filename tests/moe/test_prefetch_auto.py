@@ -86,6 +86,17 @@ def test_a_kept_verdict_is_held_twice_as_long_up_to_the_longest_hold() -> None:
     assert [h // chooser.window for h in holds] == [4, 8, 16, 16, 16]
 
 
+def test_a_recheck_waits_until_it_may_begin() -> None:
+    chooser, now, cost = PrefetchChooser(hold=4), 0.0, noisy(6.0, 8.4)
+    while chooser.measuring:
+        now = drive(chooser, cost, 1, now)
+    for _ in range(3 * chooser.window):  # the hold ran out a window ago; the quota is still searching
+        chooser.step(now, 1, may_recheck=False)
+        now += cost(chooser.on)
+    assert not chooser.measuring
+    assert chooser.step(now, 1) and chooser.measuring
+
+
 def test_prompt_steps_and_new_batch_sizes_give_no_period() -> None:
     chooser = PrefetchChooser(window=2, settle=0)
     chooser.step(0.0, 1)

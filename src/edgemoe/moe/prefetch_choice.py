@@ -89,15 +89,17 @@ class PrefetchChooser:
     def measuring(self) -> bool:
         return self.verdict is None
 
-    def step(self, now: float, batch: int | None) -> bool:
+    def step(self, now: float, batch: int | None, may_recheck: bool = True) -> bool:
         """A step starts at `now` (seconds); `batch`: its decode batch size, or None for a
-        step prefetch doesn't cover (prompt chunks, batches above its rows). Returns whether
-        the chooser measures this step (the quota controller then sits it out)."""
+        step prefetch doesn't cover (prompt chunks, batches above its rows); `may_recheck`:
+        whether a re-check may begin now (the live quota holds a level: a re-check at a
+        level it is only visiting would judge prefetch where the quota won't stay). Returns
+        whether the chooser measures this step (the quota controller then sits it out)."""
         last, self._last = self._last, (now, batch) if batch is not None else None
         if self.verdict is not None:
             if batch is not None:
                 self._held -= 1
-                if self._held <= 0:
+                if self._held <= 0 and may_recheck:
                     self._measure_again()
             return self.measuring
         if batch is None or last is None or last[1] != batch:

@@ -132,6 +132,11 @@ class QuotaController(AutoSearch):
             self._window_done()
         return self.level
 
+    @property
+    def holding(self) -> bool:
+        """Whether a level is held (between searches)."""
+        return self._held > 0
+
     def pause(self) -> None:
         """A step this controller sits out (`--moe-prefetch auto` measures it): no period
         spans it, and a window begun before it starts again."""

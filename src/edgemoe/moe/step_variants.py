@@ -102,7 +102,8 @@ class StepVariants:
         measuring = False
         if (chooser := self.prefetch_chooser) is not None:
             covered = decode_batch is not None and self.prefetch.covers(decode_batch)  # type: ignore[union-attr]
-            measuring = chooser.step(now, decode_batch if covered else None)
+            settled = self.controller is None or self.controller.holding
+            measuring = chooser.step(now, decode_batch if covered else None, may_recheck=settled)
             self._prefetching = chooser.on
         if self.controller is None:
             return
