@@ -6,7 +6,8 @@ model's router on the previous layer's input is an approximation whose recall on
 model is unmeasured. On the GPU machine (fp8, 16 GiB, 2026-12-07) a perfect guess gave
 x1.40 and one of recall 0.8 x0.96: a wrong guess is a whole copy on a link-bound step. So
 `auto` measures: windows of decode steps with and without it, interleaved (drift hits both
-alike), judged by `Readings`' noise-scaled margin; a tie keeps it off (prefetch reads host
+alike), judged by `Readings`' noise-scaled margin (after one window each only a gap of
+`CLEAR` margins: each window of the slower choice costs); a tie keeps it off (prefetch reads host
 memory and uses the link that a tie hides). The verdict is held for a quarter of `hold`
 windows, then for twice as long while re-checks keep it, up to `hold`; each re-check
 measures both again, since routing, batch sizes and the CPU share's level change what it
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 PREFETCH = "prefetch"  # the variant tag of graphs captured with prefetch
 OFF, ON = 0, 1  # the readings' keys
+CLEAR = 3.0  # margins a one-window-each verdict must win by
 
 
 def prefetch_variant(base: str | None, on: bool) -> str | None:
@@ -117,7 +119,7 @@ class PrefetchChooser:
         self._periods.clear()
         self.windows += 1
         on, off = (self.readings.count(k) // self.window if k in self.readings else 0 for k in (ON, OFF))
-        if min(on, off) >= self.rounds and on == off:
+        if min(on, off) >= 1 and on == off:
             decided = self._judge(on)
             if decided is not None:
                 self._decide(decided)
@@ -125,13 +127,20 @@ class PrefetchChooser:
         self._switch(not self.on)
 
     def _judge(self, rounds: int) -> bool | None:
-        """The verdict once both have `rounds` readings: the faster by the margin; within it,
-        more rounds up to `max_rounds`, then off."""
-        if self.readings.beats(ON, OFF):
+        """The verdict once both have `rounds` readings: before `rounds` of them only a
+        clear one (`CLEAR` margins: a gap like the oracle's 28% shows in one window each,
+        and every window of the slower choice costs); from `rounds` on the faster by the
+        margin; within it, more rounds up to `max_rounds`, then off."""
+        factor = CLEAR if rounds < self.rounds else 1.0
+        if self._wins(ON, OFF, factor):
             return True
-        if self.readings.beats(OFF, ON) or rounds >= self.max_rounds:
+        if self._wins(OFF, ON, factor) or rounds >= self.max_rounds:
             return False
         return None
+
+    def _wins(self, a: int, b: int, factor: float) -> bool:
+        r = self.readings
+        return r.wins(r.figure(a), r.count(a), r.figure(b), r.count(b), factor)
 
     def _decide(self, on: bool) -> None:
         """Hold `on`: a quarter of `hold` windows where the verdict is new, twice the last
