@@ -210,3 +210,15 @@ def test_engine_tokens_with_prefetch_auto(qwen3_ckpt, monkeypatch: pytest.Monkey
 def test_auto_is_never_refused() -> None:
     for settings in ({"moe_backend": "resident"}, {"moe_backend": "cpu"}, {"expert_cache": "host"}):
         assert EngineConfig.from_kwargs(moe_prefetch="auto", **settings).moe.moe_prefetch == "auto"
+
+
+@pytest.mark.parametrize(("on_ms", "off_ms"), [(6.02, 8.43), (11.8, 8.43), (8.75, 8.43)])
+def test_the_chooser_costs_little_against_the_better_setting(on_ms: float, off_ms: float) -> None:
+    """scripts/prefetch_auto_model.py's replay at the GPU machine's fp8 figures (the oracle,
+    recall 0.6 and 0.8): over 512 simulated steps from a cold start auto keeps ≥ 0.96 of the
+    better setting's rate, the issue's 5% with room for a real host's drift."""
+    from script_module import load_script
+
+    model = load_script("prefetch_auto_model")
+    seconds, slow = model.replay(on_ms, off_ms, 512, 0.03, seed=0)
+    assert 512 / seconds >= 0.96 * 1e3 / min(on_ms, off_ms) and slow <= 64
