@@ -2,8 +2,9 @@
 faster of prefetch on and off from interleaved windows of simulated decode steps, keeps it
 off on a tie, holds its verdict and re-checks it; the executor's graph variants pair the
 live quota's with prefetch's, each forward runs as its variant names (bitwise the resident
-executor's either way), the quota's controller sits out the steps the chooser measures; the
-engine's tokens with it on CPU; the flag is never refused."""
+executor's either way), the quota's controller sits out the steps the chooser measures, and
+both settle on the best pair; the chooser's cost in scripts/prefetch_auto_model.py's replay;
+the engine's tokens with it on CPU; the flag is never refused."""
 
 from __future__ import annotations
 

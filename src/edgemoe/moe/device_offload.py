@@ -16,7 +16,8 @@ misses) or live: chosen between steps by timing decode steps (`moe/quota_control
 
 Prompt chunks of ≥ 1,024 tokens stream every layer's experts through slots the cache lends
 (`moe/prefill_stream.py`) instead of planning; decode steps may prefetch the next layer's
-predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`).
+predicted experts on a side stream (`moe/prefetch.py`, `--moe-prefetch on`, or `auto`: on or off
+by timing decode steps, `moe/step_variants.py`).
 
 Same outputs as `OffloadExecutor` (moe/offload.py): the same decisions as its
 `SlotCache` with the same policy ("lru" or "lru-plain"), and every wave a mask over one
@@ -56,7 +57,6 @@ from edgemoe.moe.store import ExpertStore
 
 
 log = logging.getLogger(__name__)
-
 
 
 def _masked(ids: torch.Tensor, dead: torch.Tensor | None) -> torch.Tensor:
