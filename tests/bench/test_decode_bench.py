@@ -123,7 +123,7 @@ def test_with_overlap_the_first_decode_step_runs_in_the_prefill_phase(qwen3_ckpt
 
 
 def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:
-    from edgemoe.bench.decode import prefetch_traffic
+    from edgemoe.bench.prefetch_report import prefetch_traffic
 
     before = {"prefetched": 10, "prefetch_used": 6}
     after = {"prefetch": "router", "prefetched": 30, "prefetch_used": 21}
@@ -138,13 +138,13 @@ def test_prefetch_traffic_counts_recall_precision_and_unused_bytes() -> None:
 
 
 def test_prefetch_auto_choice_reaches_the_row_and_its_line() -> None:
-    from edgemoe.bench.decode import _prefetch_note, prefetch_traffic
+    from edgemoe.bench.prefetch_report import prefetch_note, prefetch_traffic
 
     after = {"prefetch": "router", "prefetched": 0, "prefetch_used": 0, "prefetch_auto": "off",
              "prefetch_auto_step_ms": {"on": 9.1, "off": 8.4}, "prefetch_auto_windows": 8, "prefetch_auto_verdicts": 1}
     got = prefetch_traffic({}, after, {"misses": 50, "experts_cpu": 0, "bytes_copied": 90})
     assert got["prefetch_auto"] == "off" and got["prefetch_auto_step_ms"] == {"on": 9.1, "off": 8.4}
-    assert _prefetch_note(got) == ", prefetch auto: off after 1 verdicts (on 9.10 ms, off 8.40 ms)"
+    assert prefetch_note(got) == ", prefetch auto: off after 1 verdicts (on 9.10 ms, off 8.40 ms)"
 
 
 def test_the_rate_leaves_out_the_first_step() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from edgemoe.bench.allocator import allocator_snapshot, allocator_traffic
 from edgemoe.bench.host_counters import busy_threads, counters_delta, disturbance, host_counters, thread_ticks
+from edgemoe.bench.prefetch_report import prefetch_note, prefetch_traffic
 from edgemoe.bench.profile import TRACED_STEPS, format_profile, profile_decode
 from edgemoe.bench.results import plot_lines, plot_stacked, write_result
 from edgemoe.engine.step_anatomy import StepAnatomy, phase_totals, slow_steps
@@ -95,28 +96,6 @@ def expert_read_gb_s(moe: dict[str, Any], expert_nbytes: int, seconds: float) ->
 def _expert_nbytes(llm: Any) -> int:
     store = getattr(llm.engine.runtime.executor, "store", None)
     return int(store.expert_nbytes) if store is not None else 0
-
-
-AUTO_KEYS = ("prefetch_auto", "prefetch_auto_step_ms", "prefetch_auto_windows", "prefetch_auto_verdicts")
-
-
-def prefetch_traffic(before: dict[str, Any], after: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
-    """Decode prefetch between two snapshots: experts prefetched and used, precision (used /
-    prefetched), recall (used / every expert the step missed had prefetch not existed: the
-    used ones plus the misses left to the step, the CPU's included) and the bytes copied
-    for nothing; recall among the copied misses alone too (`prefetch_recall_copies`: the
-    prefetch leaves the CPU share's picks to it by design). Prefetched experts count among
-    `misses` (they were copied)."""
-    pf = after["prefetched"] - before.get("prefetched", 0)
-    used = after["prefetch_used"] - before.get("prefetch_used", 0)
-    left = d["misses"] - pf
-    nbytes = d["bytes_copied"] / max(1, d["misses"] - d["experts_cpu"])  # a copied expert's (the CPU's copy nothing)
-    return {"prefetch": after["prefetch"], "prefetched": pf, "prefetch_used": used,
-            "prefetch_precision": used / pf if pf else None,
-            "prefetch_recall": used / (used + left) if used + left else None,
-            "prefetch_recall_copies": used / copies if (copies := used + left - d["experts_cpu"]) > 0 else None,
-            "gb_prefetched_unused": (pf - used) * nbytes / 1e9,
-            **{k: after[k] for k in AUTO_KEYS if k in after}}
 
 
 def prefill_phase(llm: Any, prompts: list[list[int]], params: Any) -> tuple[Phase, set[str]]:
@@ -309,7 +288,7 @@ def _print_row(row: dict[str, Any]) -> None:
         f"decode {row['decode_tok_s']:8.1f} tok/s ({row['decode_step_ms']:.1f} ms/step)  "
         f"misses/token prefill {row['prefill_moe']['misses_per_token']:.2f}" + _cpu_note(row["prefill_moe"])
         + f" decode {row['decode_moe']['misses_per_token']:.2f}" + _cpu_note(row["decode_moe"])
-        + _prefetch_note(row["decode_moe"])
+        + prefetch_note(row["decode_moe"])
         + (f", {row['decode_expert_read_gb_s']:.1f} GB/s of experts read from host memory"
            if row.get("decode_expert_read_gb_s") else "")
         + _allocator_note(row.get("prefill_allocator"))
@@ -322,19 +301,6 @@ def _draw_note(row: dict[str, Any]) -> str:
     if "prefill_draw_s" not in row:
         return ""
     return f"; {row['prefill_tok_s_without_draws']:.1f} tok/s without {row['prefill_draw_s']:.3f} s of routing draws"
-
-
-def _prefetch_note(moe: dict[str, Any]) -> str:
-    """Decode prefetch's recall and precision, when it ran; `--moe-prefetch auto`'s choice."""
-    auto = moe.get("prefetch_auto")
-    figures = ", ".join(f"{k} {v:.2f} ms" for k, v in moe.get("prefetch_auto_step_ms", {}).items())
-    chose = f", prefetch auto: {auto} after {moe['prefetch_auto_verdicts']} verdicts ({figures})" if auto else ""
-    if not moe.get("prefetched"):
-        return chose
-    copies = moe.get("prefetch_recall_copies")
-    among = f" ({copies:.2f} of the copies)" if copies is not None and moe.get("experts_cpu") else ""
-    return (f" prefetch ({moe['prefetch']}) recall {moe['prefetch_recall']:.2f}{among} precision "
-            f"{moe['prefetch_precision']:.2f}, {moe['gb_prefetched_unused']:.2f} GB unused{chose}")
 
 
 def _cpu_note(moe: dict[str, Any]) -> str:
