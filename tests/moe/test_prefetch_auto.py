@@ -72,15 +72,23 @@ def test_a_gap_within_a_clear_one_is_judged_over_interleaved_rounds() -> None:
 
 def test_a_verdict_is_held_then_checked_again_and_changes_with_the_costs() -> None:
     chooser = PrefetchChooser()
-    now = drive(chooser, noisy(6.0, 8.4), 100)
+    now = drive(chooser, noisy(8.0, 8.4, jitter=0.005), 100)  # a gap within a clear one: a quarter hold
     assert chooser.verdict is True
     first_hold = chooser.hold // 4 * chooser.window
     now = drive(chooser, noisy(9.0, 8.4, seed=1), first_hold + 60, now)  # the guesses got worse meanwhile
     assert chooser.verdict is False and chooser.verdicts == 2 and chooser.snapshot()["prefetch_auto"] == "off"
 
 
+@pytest.mark.parametrize(("on_ms", "windows"), [(6.0, 64), (8.0, 16)])
+def test_a_clear_verdict_is_held_longest_at_once(on_ms: float, windows: int) -> None:
+    chooser, now = PrefetchChooser(), 0.0
+    while chooser.measuring:
+        now = drive(chooser, noisy(on_ms, 8.4, jitter=0.005), 1, now)
+    assert chooser._held == windows * chooser.window
+
+
 def test_a_kept_verdict_is_held_twice_as_long_up_to_the_longest_hold() -> None:
-    chooser, holds, now, cost = PrefetchChooser(hold=16), [], 0.0, noisy(6.0, 8.4)
+    chooser, holds, now, cost = PrefetchChooser(hold=16), [], 0.0, noisy(8.0, 8.4, jitter=0.005)
     for _ in range(5):
         while chooser.measuring:
             now = drive(chooser, cost, 1, now)
@@ -90,7 +98,7 @@ def test_a_kept_verdict_is_held_twice_as_long_up_to_the_longest_hold() -> None:
 
 
 def test_a_recheck_waits_until_it_may_begin() -> None:
-    chooser, now, cost = PrefetchChooser(hold=4), 0.0, noisy(6.0, 8.4)
+    chooser, now, cost = PrefetchChooser(hold=4), 0.0, noisy(8.0, 8.4, jitter=0.005)  # a hold of one window
     while chooser.measuring:
         now = drive(chooser, cost, 1, now)
     for _ in range(3 * chooser.window):  # the hold ran out a window ago; the quota is still searching
