@@ -79,7 +79,6 @@ class PrefetchChooser:
     _held: int = field(init=False, default=0)  # decode steps left in the hold
     _hold_len: int = field(init=False, default=0)  # the last hold's windows
     _told: bool | None = field(init=False, default=None)  # the choice the log last said
-    _clear: bool = field(init=False, default=False)  # the last judgement's gap was CLEAR margins wide
 
     def __post_init__(self) -> None:
         if not 1 <= self.rounds <= self.max_rounds or self.window < 1 or self.hold < 1:
@@ -123,7 +122,7 @@ class PrefetchChooser:
         if min(on, off) >= 1 and on == off:
             decided = self._judge(on)
             if decided is not None:
-                self._decide(decided)
+                self._decide(decided, clear=self._wins(ON, OFF, CLEAR) or self._wins(OFF, ON, CLEAR))
                 return
         self._switch(not self.on)
 
@@ -133,7 +132,6 @@ class PrefetchChooser:
         and every window of the slower choice costs); from `rounds` on the faster by the
         margin; within it, more rounds up to `max_rounds`, then off."""
         factor = CLEAR if rounds < self.rounds else 1.0
-        self._clear = self._wins(ON, OFF, CLEAR) or self._wins(OFF, ON, CLEAR)
         if self._wins(ON, OFF, factor):
             return True
         if self._wins(OFF, ON, factor) or rounds >= self.max_rounds:
@@ -144,14 +142,15 @@ class PrefetchChooser:
         r = self.readings
         return r.wins(r.figure(a), r.count(a), r.figure(b), r.count(b), factor)
 
-    def _decide(self, on: bool) -> None:
+    def _decide(self, on: bool, clear: bool) -> None:
         """Hold `on`: a quarter of `hold` windows where the verdict is new, twice the last
         hold (up to `hold`) where a re-check kept it; the whole of `hold` where it won by
-        `CLEAR` margins (a gap that wide doesn't close soon, and each re-check costs a window
-        of the slower choice and the transient after it: on the GPU machine ~0.96 of the
-        better setting over 512 steps with a quarter hold first)."""
-        first = self.hold if self._clear else max(1, self.hold // 4)
-        self._hold_len = min(2 * self._hold_len, self.hold) if on == self._told else first
+        `CLEAR` margins (`clear`: a gap that wide doesn't close soon, and each re-check costs
+        a window of the slower choice and the transient after it: on the GPU machine ~0.96 of
+        the better setting over 512 steps with a quarter hold first)."""
+        first = self.hold if clear else max(1, self.hold // 4)
+        doubled = min(2 * self._hold_len, self.hold) if on == self._told else 0
+        self._hold_len = max(first, doubled)
         self._held = self._hold_len * self.window
         self.verdict, self.verdicts = on, self.verdicts + 1
         self._switch(on)
