@@ -142,7 +142,6 @@ class DeviceOffloadExecutor(StepVariants, CellsExecutor):
         self._own_kernel: CpuExperts | None = None  # the share's kernel when made here (`cpu_kernel` None)
         fixed = cpu_experts_per_layer is not None or cpu_fraction is not None
         self.cpu_share = self._make_share(cpu_experts_per_layer, cpu_kernel, cpu_fraction) if fixed else None
-        self.controller = None  # the live quota's (`StepVariants._make_live_share`)
         if live_quota is not None and not fixed:
             self._make_live_share(live_quota, cpu_kernel, top_k or DEFAULT_TOP_K, num_layers)
         if prompt_cpu and self.cpu_share is None:

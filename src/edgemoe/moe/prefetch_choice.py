@@ -13,8 +13,8 @@ windows, then for twice as long while re-checks keep it, up to `hold`; each re-c
 measures both again, since routing, batch sizes and the CPU share's level change what it
 is worth.
 
-The measured periods are those of `QuotaController`: between the starts of consecutive
-decode steps of the same batch size. While the chooser measures, the executor pauses the
+The measured periods are those of `QuotaController` (`moe/step_periods.py`): between the
+starts of consecutive decode steps of the same batch size. While the chooser measures, the executor pauses the
 live quota's controller (its level fixed), so neither reads the other's switches as its own.
 
 Torch-free; the executor switches graph variants by the verdict (`prefetch_variant`).
@@ -26,6 +26,7 @@ import logging
 from dataclasses import dataclass, field
 
 from edgemoe.moe.quota_readings import Readings
+from edgemoe.moe.step_periods import StepPeriods
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class PrefetchChooser:
     windows: int = field(init=False, default=0)
     verdicts: int = field(init=False, default=0)
     _periods: list[float] = field(init=False, default_factory=list)
-    _last: tuple[float, int] | None = field(init=False, default=None)
+    _steps: StepPeriods = field(init=False, default_factory=StepPeriods)
     _skip: int = field(init=False, default=0)
     _held: int = field(init=False, default=0)  # decode steps left in the hold
     _hold_len: int = field(init=False, default=0)  # the last hold's windows
@@ -97,19 +98,19 @@ class PrefetchChooser:
         whether a re-check may begin now (the live quota holds a level: a re-check at a
         level it is only visiting would judge prefetch where the quota won't stay). Returns
         whether the chooser measures this step (the quota controller then sits it out)."""
-        last, self._last = self._last, (now, batch) if batch is not None else None
+        period = self._steps.period(now, batch)
         if self.verdict is not None:
             if batch is not None:
                 self._held -= 1
                 if self._held <= 0 and may_recheck:
                     self._measure_again()
             return self.measuring
-        if batch is None or last is None or last[1] != batch:
+        if period is None:
             return True  # no period to attribute (a prompt chunk, or a new batch size)
         if self._skip:
             self._skip -= 1
             return True
-        self._periods.append(now - last[0])
+        self._periods.append(period)
         if len(self._periods) >= self.window:
             self._window_done()
         return True

@@ -47,6 +47,7 @@ from edgemoe.moe.host_load import HostLoad, busy_cores_limit
 from edgemoe.moe.quota_auto import AutoSearch
 from edgemoe.moe.quota_levels import COUNT, LevelScale, balance_level
 from edgemoe.moe.quota_readings import Readings
+from edgemoe.moe.step_periods import StepPeriods
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class QuotaController(AutoSearch):
     _home: int = field(init=False)  # the level the search is centred on
     _periods: list[float] = field(init=False, default_factory=list)
     _skip: int = field(init=False, default=0)
-    _last: tuple[float, int] | None = field(init=False, default=None)  # (start time, batch size) of the last step
+    _steps: StepPeriods = field(init=False, default_factory=StepPeriods)
     _held: int = field(init=False, default=0)  # windows left in the hold
     _held_at: int | None = field(init=False, default=None)  # the level of the last hold
     _hold_len: int = field(init=False, default=0)  # the last hold's windows
@@ -118,10 +119,9 @@ class QuotaController(AutoSearch):
     def step(self, now: float, batch: int | None) -> int:
         """A step starts at `now` (seconds); `batch`: its decode batch size, or None for a
         step the share doesn't take (prompt chunks). Returns the level for this step."""
-        last, self._last = self._last, (now, batch) if batch is not None else None
-        if batch is None or last is None or last[1] != batch:
+        period = self._steps.period(now, batch)
+        if period is None:
             return self.level  # no period to attribute (a prompt chunk, or a new batch size)
-        period = now - last[0]
         if self._cut_short(period):
             return self.level
         if self._skip:
@@ -140,7 +140,7 @@ class QuotaController(AutoSearch):
     def pause(self) -> None:
         """A step this controller sits out (`--moe-prefetch auto` measures it): no period
         spans it, and a window begun before it starts again."""
-        self._last = None
+        self._steps.forget()
         self._periods.clear()
 
     def _window_done(self) -> None:
