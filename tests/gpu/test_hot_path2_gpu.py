@@ -4,7 +4,9 @@
   padded to the captured sizes either way), and for offload vs resident;
 - the Triton path (q/k head norms fused into the rope + KV write) against the torch path
   (separate norms): tie-aware top-1 agreement ≥ 99% over 512 teacher-forced positions;
-- a graph-replayed decode step is one graph launch and waits for the device once.
+- a graph-replayed decode step is one graph launch and waits for the device once;
+- every captured size writes one static logits buffer, and a batch shrinking through the
+  sizes gives eager decoding's tokens.
 """
 
 from __future__ import annotations
@@ -94,3 +96,19 @@ def test_a_graph_decode_step_is_one_launch_and_one_wait(small_ckpt) -> None:  # 
         print("\n" + json.dumps(counts.by_name))
         assert counts.graph_launches == 1
         assert counts.syncs <= 1, json.dumps(counts.by_name)
+
+
+def test_every_graph_writes_one_logits_buffer_as_the_batch_shrinks(small_ckpt) -> None:  # noqa: ANN001
+    # Requests ending at different steps walk the batch down through sizes 4, 2 and 1:
+    # each replay's logits come from the one static buffer every graph writes.
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (40, 24, 9)]
+    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="resident") as llm:
+        graphs = llm.engine.runner.graphs
+        assert graphs is not None and graphs.logits_out is not None
+        base = graphs.logits_out.untyped_storage().data_ptr()
+        assert {out.untyped_storage().data_ptr() for _, out in graphs.graphs.values()} == {base}
+        graphed = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    with LLM(str(small_ckpt), dtype="bfloat16", device="cuda", moe_backend="resident", no_cuda_graph=True) as llm:
+        eager = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    assert graphed == eager
+    assert [len(t) for t in graphed] == [40, 24, 9]

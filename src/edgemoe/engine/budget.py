@@ -157,8 +157,9 @@ def dense_weight_bytes(arch: ModelArch) -> int:
 
 
 def graph_pool_bytes(arch: ModelArch, max_bs: int) -> int:
-    """The decode graphs' shared pool: logits (bf16 and fp32) and one layer's
-    activations and kernel workspaces at the largest captured size, plus slack."""
+    """The decode graphs' shared pool and their one static fp32 logits buffer (every size
+    and variant writes it): logits (bf16 and fp32) and one layer's activations and kernel
+    workspaces at the largest captured size, plus slack."""
     if max_bs <= 0:
         return 0
     per_row = 6 * arch.vocab_size + 4 * arch.hidden_size * (arch.moe_pairs + 16) + 4 * arch.projection_width

@@ -13,8 +13,15 @@ II brings the expert cache inside). Sampling stays outside (its features change 
 step) and is a handful of kernels.
 
 An executor with graph variants (`MoEExecutor.graph_variants`: the device cache's CPU
-share on and off) has every size captured once per variant; a replay takes the variant
-the executor names at that step.
+share on and off, decode prefetch on and off) has every size captured once per variant;
+a replay takes the variant the executor names at that step.
+
+Every graph writes its fp32 logits into one static buffer of the largest size (the LM
+head's cast to fp32 is the copy into it), allocated outside the graphs' pool: the captures
+keep one [max_bs, V] buffer alive, not one per size and variant (53 MB a variant at
+max_bs 32 for Qwen3's vocabulary, ×4 with four variants). Replays never run concurrently
+and each step's sampling is queued before the next replay, so one buffer serves every
+size.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from edgemoe.layers.batch import ForwardBatch
 
 log = logging.getLogger(__name__)
 
-ForwardFn = Callable[[ForwardBatch], torch.Tensor]  # batch → logits [N, V], device work only
+# (batch, out) → logits [N, V] fp32, written into `out` when given; device work only
+ForwardFn = Callable[[ForwardBatch, "torch.Tensor | None"], torch.Tensor]
 
 
 class GraphVariants(Protocol):
@@ -92,6 +100,7 @@ class DecodeGraphs:
         self.variants = variants or OneVariant()
         self.graphs: dict[tuple[int, str | None], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.logits_out: torch.Tensor | None = None  # [max size, V] fp32: every graph's logits
 
     def capture(self) -> float:
         """Capture every size of every variant (largest first, so the shared memory pool is
@@ -118,12 +127,16 @@ class DecodeGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
             for _ in range(2):
-                self.forward(batch)
+                vocab = self.forward(batch, None).shape[-1]
         torch.cuda.current_stream().wait_stream(side)
+        if self.logits_out is None:  # at the first (largest) size; outside the pool
+            self.logits_out = torch.empty(self.padding.sizes[-1], vocab, dtype=torch.float32,
+                                          device=torch.cuda.current_device())
         graph = torch.cuda.CUDAGraph()
+        out = self.logits_out[:size]
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.forward(batch)
-        return graph, logits
+            self.forward(batch, out)
+        return graph, out
 
     def replay(self, chunks: Sequence[SeqChunk], size: int) -> tuple[ForwardBatch, torch.Tensor]:
         batch = self.buffers.build(self.padding.pad(chunks, size))

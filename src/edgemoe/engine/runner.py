@@ -110,15 +110,16 @@ class ModelRunner:
         if self.ple is not None:
             self.ple.prefetch(chunks)
 
-    def run_batch(self, batch: ForwardBatch) -> torch.Tensor:
-        """The forward of a built batch: logits [N, V] fp32 for its logits rows."""
+    def run_batch(self, batch: ForwardBatch, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward of a built batch: logits [N, V] fp32 for its logits rows (written into
+        `out` when given: the decode graphs' static buffer)."""
         self.buffers.fetch_pending(batch)  # overlap: decode ids the step in flight sampled
         self.attention.prepare(batch)
         self.live_rows(self._live_rows(batch))
         state = StateStep.prepare(self.states, batch) if self.states is not None else None
         hidden = self.model.forward(StepContext(batch, self.attention, self.profiler, state))
         with self.profiler.region("lm_head"):
-            return self.model.logits(hidden)
+            return self.model.logits(hidden, out)
 
     def _live_rows(self, batch: ForwardBatch) -> torch.Tensor | None:
         """[T] bool on the device: the real rows of a padded decode batch (one token per

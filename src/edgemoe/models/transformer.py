@@ -72,6 +72,7 @@ class CausalLM:
         return self.norm(h[batch.logits_indices])
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] → [N, V] float32."""
-        return self.linear(hidden, self.lm_head).float()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[N, H] → [N, V] float32 (cast into `out` when given: no second fp32 copy)."""
+        raw = self.linear(hidden, self.lm_head)
+        return raw.float() if out is None else out.copy_(raw)
