@@ -9,7 +9,8 @@ x1.40 and one of recall 0.8 x0.96: a wrong guess is a whole copy on a link-bound
 alike), judged by `Readings`' noise-scaled margin (after one window each only a gap of
 `CLEAR` margins: each window of the slower choice costs); a tie keeps it off (prefetch reads host
 memory and uses the link that a tie hides). The verdict is held for a quarter of `hold`
-windows, then for twice as long while re-checks keep it, up to `hold`; each re-check
+windows (all of `hold` where it won by `CLEAR` margins), then for twice as long while
+re-checks keep it, up to `hold`; each re-check
 measures both again, since routing, batch sizes and the CPU share's level change what it
 is worth.
 
