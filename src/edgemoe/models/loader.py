@@ -41,6 +41,7 @@ from edgemoe.models.quant_load import (
     PartCollector,
     Upcasts,
     Value,
+    check_decoded,
     checkpoint_scheme,
     dense_value,
     expert_parts,
@@ -289,12 +290,14 @@ def _place_linear(
         return _place_fused(path, base, value, names, experts, upcasts)
     if place.target.startswith("experts."):
         shape = expert_shape(experts, place)
+        check_decoded(path, base, value, shape)
         if isinstance(experts, PartsStore):
             _put_parts(path, base, experts, place, expert_parts(value, experts.format, shape, upcasts))
             return [base]
     else:
         dest = params[place.target]
         shape = tuple((dest[place.index] if place.index else dest).shape)
+        check_decoded(path, base, value, shape)
     _place(path, base, dense_value(value, shape, upcasts), place, params, experts, upcasts)
     return [base]
 

@@ -147,6 +147,20 @@ class Upcasts:
         return "; ".join(parts)
 
 
+def check_decoded(path: Path | str, name: str, value: Value, shape: tuple[int, ...]) -> None:
+    """A decoded linear's parts against those its format gives the destination's [N, K]:
+    dequantising reads K off the destination, so a linear decoded to another width would
+    be cut (or padded) to fit, silently."""
+    if isinstance(value, torch.Tensor) or len(shape) != 2:
+        return
+    fmt, parts = value
+    want = {s: spec[0] for s, spec in fmt.matrix_specs(*shape).items()}
+    got = {s: tuple(t.shape) for s, t in parts.items()}
+    if got != want:
+        raise CheckpointError(f"{path}: {name.removesuffix('.weight')}: decoded as {fmt.label} with parts {got}, "
+                              f"expected {want} for its shape {tuple(shape)}")
+
+
 def dense_value(value: Value, shape: tuple[int, ...], upcasts: Upcasts | None = None) -> torch.Tensor:
     """A plain tensor for a value (dequantised to fp32 when quantised)."""
     if isinstance(value, torch.Tensor):

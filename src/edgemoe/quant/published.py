@@ -257,7 +257,8 @@ class GptqScheme(Scheme):
     def _decode(self, parts: dict[str, torch.Tensor]) -> Decoded | torch.Tensor:  # type: ignore[override]
         bits = self._bits(parts)
         q = unpack_int32(parts["qweight"], 0, bits=bits)  # [K, N]
-        z = unpack_int32(parts["qzeros"], 1, bits=bits).to(torch.int16) + self.zero_offset  # [G, N]
+        zeros = gptq_v1_zeros(parts["qzeros"], bits) if self.zero_offset else parts["qzeros"]
+        z = unpack_int32(zeros, 1, bits=bits).to(torch.int16)  # [G, N]
         g_idx = parts.get("g_idx")
         act_order = _act_order(g_idx, self.group)
         if bits != 4 or self.format != Int4Group(self.group) or act_order:
@@ -267,19 +268,23 @@ class GptqScheme(Scheme):
         return _int4(self.format, q.T, z.T.clamp(0, 255), parts["scales"].T)
 
     def _bits(self, parts: dict[str, torch.Tensor]) -> int:
-        """qweight is [K·bits/32, N]: K is g_idx's length, or within the last of its groups."""
+        """qweight is [K·bits/32, N]: K is g_idx's length, or within the last of its groups;
+        where that leaves both widths (one group a row without g_idx, or K within one group),
+        qzeros [G, ceil(N·bits/32)] beside scales [G, N] tells."""
         rows, group = parts["qweight"].shape[0], self.group
         if "g_idx" in parts:
             lo = hi = parts["g_idx"].numel()
         elif group < 1 << 30:
             hi = parts["scales"].shape[0] * group
             lo = hi - group + 1
-        else:  # one group a row, no g_idx: nothing tells
-            return self.bits
+        else:  # one group a row, no g_idx: the rows tell nothing
+            lo, hi = 1, rows * 8
         fits = [b for b in (4, 8) if lo <= rows * 32 // b <= hi]
         if not fits:
             raise QuantConfigError(f"GPTQ qweight {tuple(parts['qweight'].shape)} for {lo}..{hi} inputs: "
                                    "neither 4 nor 8 bits a weight")
+        n, words = parts["scales"].shape[-1], parts["qzeros"].shape[-1]
+        fits = [b for b in fits if words == -(-n * b // 32)] or fits
         return self.bits if self.bits in fits else fits[0]
 
 
@@ -339,6 +344,19 @@ def ct_zero_point(zp: torch.Tensor, n: int, bits: int) -> torch.Tensor:
     if zp.dtype != torch.int32 or (zp.shape[0] == n and n != -(-n * bits // 32)):
         return zp.to(torch.int16) + offset  # as stored: signed, one a row
     return unpack_int32(zp, 0, bits=bits)[:n]
+
+
+def gptq_v1_zeros(qzeros: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQ v1 zero points (`checkpoint_format` "gptq": zero − 1 in each field) as the
+    zeros themselves, packed the same way (int64 words). gptqmodel writes v1 by subtracting
+    0x11111111 (4 bits; 0x01010101 for 8) from each packed word, so a zero of 0 (asymmetric
+    groups, ~13% of words by its own count) borrows from the next field; it reads v1 back by
+    adding that word (gptqmodel `utils/model.py`: convert_gptq_v2_to_v1_format_module,
+    convert_gptq_v1_to_v2_format_module; transformers loads GPTQ through it). Field by
+    field, +1 read such a zero as 2^bits and its neighbour's as one less: a silently wrong
+    model. Without a borrow (no field 2^bits − 1: a zero of 2^bits does not exist) both agree."""
+    ones = sum(1 << (bits * i) for i in range(32 // bits))
+    return (qzeros.long() + ones) & 0xFFFFFFFF
 
 
 def _act_order(g_idx: torch.Tensor | None, group: int) -> bool:
