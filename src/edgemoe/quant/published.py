@@ -263,7 +263,9 @@ class GptqScheme(Scheme):
         act_order = _act_order(g_idx, self.group)
         if bits != 4 or self.format != Int4Group(self.group) or act_order:
             g_idx = g_idx if g_idx is not None else torch.arange(q.shape[0]) // self.group
-            what = f"act-order {bits}-bit (a permuted g_idx)" if act_order else f"{bits}-bit"
+            # a g_idx other than k // group: act-order's permutation, or a per-module group size
+            what = f"{bits}-bit with a g_idx other than k // {self.group} (act-order or its own group size)" \
+                if act_order else f"{bits}-bit"
             return _by_g_idx(self, q.T, z.T, parts["scales"].T, g_idx, what)
         return _int4(self.format, q.T, z.T.clamp(0, 255), parts["scales"].T)
 
