@@ -283,8 +283,9 @@ class GptqScheme(Scheme):
             lo, hi = 1, rows * 8
         fits = [b for b in (4, 8) if lo <= rows * 32 // b <= hi]
         if not fits:
-            raise QuantConfigError(f"GPTQ qweight {tuple(parts['qweight'].shape)} for {lo}..{hi} inputs: "
-                                   "neither 4 nor 8 bits a weight")
+            raise QuantConfigError(f"GPTQ qweight {tuple(parts['qweight'].shape)} for {lo}..{hi} inputs "
+                                   f"(scales {tuple(parts['scales'].shape)} at the config's group_size {group}): "
+                                   "neither 4 nor 8 bits a weight (a per-module group size without g_idx?)")
         n, words = parts["scales"].shape[-1], parts["qzeros"].shape[-1]
         fits = [b for b in fits if words == -(-n * b // 32)] or fits
         return self.bits if self.bits in fits else fits[0]
