@@ -127,11 +127,11 @@ class DecodeGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: allocations and autotuning, off the graph
             for _ in range(2):
-                vocab = self.forward(batch, None).shape[-1]
+                logits = self.forward(batch, None)
         torch.cuda.current_stream().wait_stream(side)
         if self.logits_out is None:  # at the first (largest) size; outside the pool
-            self.logits_out = torch.empty(self.padding.sizes[-1], vocab, dtype=torch.float32,
-                                          device=torch.cuda.current_device())
+            self.logits_out = logits.new_empty((self.padding.sizes[-1], logits.shape[-1]))
+        del logits  # the warm-up's, back to the allocator before the capture
         graph = torch.cuda.CUDAGraph()
         out = self.logits_out[:size]
         with torch.cuda.graph(graph, pool=self.pool):
